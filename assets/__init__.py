@@ -1,0 +1,1 @@
+"""Sample inputs and label files shipped with attrlab (read with importlib.resources)."""

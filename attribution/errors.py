@@ -1,0 +1,51 @@
+"""
+User-facing errors: each names the problem in words a researcher can act on.
+
+Front ends (UI, REST, CLI) show the message of an :class:`AttrlabError` as it is and never
+a traceback; any other exception is a bug.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AttrlabError",
+    "InvalidInputError",
+    "InvalidParameterError",
+    "JobCancelledError",
+    "ModelLoadError",
+    "UnknownMethodError",
+    "UnknownModelError",
+    "UnsupportedMethodError",
+]
+
+
+class AttrlabError(Exception):
+    """Base class of every error whose message is meant for the user."""
+
+
+class InvalidInputError(AttrlabError):
+    """The text or image given cannot be explained (empty, unreadable, too large)."""
+
+
+class InvalidParameterError(AttrlabError):
+    """A method parameter is unknown, of the wrong type or out of range."""
+
+
+class UnknownModelError(AttrlabError):
+    """The model spec is neither a built-in alias, a local directory nor a reachable hub id."""
+
+
+class ModelLoadError(AttrlabError):
+    """The model was found but cannot be loaded or is of an unsupported family."""
+
+
+class UnknownMethodError(AttrlabError):
+    """No attribution method is registered under that name."""
+
+
+class UnsupportedMethodError(AttrlabError):
+    """The method exists but cannot be applied to this model or input."""
+
+
+class JobCancelledError(AttrlabError):
+    """The user cancelled the job; partial work is discarded."""

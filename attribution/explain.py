@@ -1,0 +1,107 @@
+"""``explain``: run one method on one input and assemble the :class:`Explanation`."""
+
+from __future__ import annotations
+
+import threading
+import time
+from functools import cache
+from importlib import metadata
+from typing import Any
+
+import torch
+
+from attribution.errors import UnsupportedMethodError
+from attribution.explanation import Explanation, ModelInfo, Prediction, Target, Timings
+from attribution.methods import get_method
+from attribution.models.base import Adapter, Inputs, TextInputs
+from attribution.params import validate_params
+from attribution.run import ProgressCallback, RunContext
+
+__all__ = ["explain", "predictions"]
+
+TOP_K = 5
+
+
+def explain(
+    adapter: Adapter,
+    method: str,
+    inputs: Inputs,
+    target: int | str | None = None,
+    params: dict[str, Any] | None = None,
+    seed: int = 0,
+    progress: ProgressCallback | None = None,
+    cancel: threading.Event | None = None,
+) -> Explanation:
+    """
+    Explain ``target`` (index, label or ``None`` = top prediction) with ``method``.
+
+    Raises:
+        UnknownMethodError, UnsupportedMethodError, InvalidParameterError, InvalidInputError.
+    """
+    method_cls = get_method(method)
+    reason = method_cls.unsupported_reason(adapter)
+    if reason is not None:
+        raise UnsupportedMethodError(reason)
+    if inputs.modality != adapter.modality:
+        raise UnsupportedMethodError(
+            f"model '{adapter.model_id}' takes {adapter.modality} input, not {inputs.modality}"
+        )
+    checked = validate_params(method_cls.params, params)
+    start = time.perf_counter()
+    with torch.no_grad():
+        logits = adapter.logits(**inputs.model_kwargs())[0].double()
+    index = adapter.target_index(target, logits)
+    probabilities = logits.softmax(-1)
+    run = RunContext(seed=seed, progress=progress, cancel=cancel)
+    run.count(forward=1)
+    if isinstance(inputs, TextInputs) and inputs.truncated:
+        run.warn(f"the text was truncated to the model's limit of {len(inputs.tokens)} tokens")
+    result = method_cls.attribute(adapter, inputs, index, checked, run)
+    return Explanation(
+        model=ModelInfo(adapter.model_id, adapter.revision, adapter.modality),
+        method=method_cls.name,
+        params=checked,
+        target=Target(
+            index=index,
+            label=adapter.label(index),
+            logit=float(logits[index]),
+            probability=float(probabilities[index]),
+        ),
+        predictions=predictions(adapter, probabilities),
+        scores=result.scores,
+        tokens=list(inputs.tokens) if isinstance(inputs, TextInputs) else None,
+        image_size=None if isinstance(inputs, TextInputs) else tuple(result.scores.shape),
+        positional_scores=result.positional_scores,
+        layers=result.layers,
+        maps=result.maps,
+        metrics=result.metrics,
+        timings=Timings(
+            total_s=time.perf_counter() - start,
+            forward_passes=run.forward_passes,
+            backward_passes=run.backward_passes,
+        ),
+        seed=seed,
+        versions=package_versions(),
+        warnings=run.warnings,
+    )
+
+
+def predictions(adapter: Adapter, probabilities: torch.Tensor, k: int = TOP_K) -> list[Prediction]:
+    """Top-``k`` outputs with labels and probabilities."""
+    top = probabilities.topk(min(k, probabilities.numel()))
+    return [
+        Prediction(index=int(i), label=adapter.label(int(i)), probability=float(p))
+        for p, i in zip(top.values, top.indices, strict=True)
+    ]
+
+
+@cache
+def package_versions() -> dict[str, str]:
+    """Versions of the packages that determine a result (for reproducibility)."""
+    versions = {}
+    for name in ("attrlab", "torch", "transformers", "captum", "numpy"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "unknown"
+    return versions

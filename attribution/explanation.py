@@ -1,0 +1,196 @@
+"""The single result type of every method, with a lossless JSON and ``.npz`` round trip."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["SCHEMA_VERSION", "Explanation", "ModelInfo", "Prediction", "Target", "Timings"]
+
+SCHEMA_VERSION = 1
+LAYER_COLUMNS = ("layer", "head", "metric", "value")
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Which model was explained."""
+
+    id: str
+    revision: str | None
+    modality: str
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One class (or next token) with its probability."""
+
+    index: int
+    label: str
+    probability: float
+
+
+@dataclass(frozen=True)
+class Target:
+    """The explained output: class index, its name, logit and probability."""
+
+    index: int
+    label: str
+    logit: float
+    probability: float
+
+
+@dataclass
+class Timings:
+    """Wall time and the number of model passes a method spent."""
+
+    total_s: float = 0.0
+    forward_passes: int = 0
+    backward_passes: int = 0
+
+
+@dataclass
+class Explanation:
+    """
+    Why the model predicted what it did, for one input, one method and one target.
+
+    ``scores`` holds one value per token (text) or per pixel of the model input (image, H×W).
+    ``layers`` is a long-format table (layer, head, metric, value) with ``head`` missing for
+    whole-layer metrics. ``maps`` holds optional extra arrays of the same shape as ``scores``
+    (e.g. a per-pixel standard error). ``warnings`` tells the user what was changed or is
+    unreliable (input truncated, convergence delta large, ...).
+    """
+
+    model: ModelInfo
+    method: str
+    params: dict[str, Any]
+    target: Target
+    predictions: list[Prediction]
+    scores: np.ndarray
+    tokens: list[str] | None = None
+    image_size: tuple[int, int] | None = None
+    positional_scores: np.ndarray | None = None
+    layers: pd.DataFrame | None = None
+    maps: dict[str, np.ndarray] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    timings: Timings = field(default_factory=Timings)
+    seed: int | None = None
+    versions: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.scores = np.asarray(self.scores, dtype=np.float64)
+        if self.positional_scores is not None:
+            self.positional_scores = np.asarray(self.positional_scores, dtype=np.float64)
+        self.maps = {k: np.asarray(v, dtype=np.float64) for k, v in self.maps.items()}
+        if self.layers is not None:
+            self.layers = _layer_frame(self.layers.to_dict("records"))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict (the REST and CLI wire format)."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "model": asdict(self.model),
+            "method": self.method,
+            "params": self.params,
+            "target": asdict(self.target),
+            "predictions": [asdict(p) for p in self.predictions],
+            "tokens": self.tokens,
+            "image_size": list(self.image_size) if self.image_size else None,
+            "scores": self.scores.tolist(),
+            "positional_scores": _list_or_none(self.positional_scores),
+            "layers": _layer_records(self.layers),
+            "maps": {k: v.tolist() for k, v in self.maps.items()},
+            "metrics": self.metrics,
+            "timings": asdict(self.timings),
+            "seed": self.seed,
+            "versions": self.versions,
+            "warnings": self.warnings,
+        }
+
+    def to_json(self, indent: int | None = None) -> str:
+        """Serialise to JSON; ``Explanation.from_json`` restores it exactly."""
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Explanation:
+        """Rebuild from :meth:`to_dict` output."""
+        layers = data.get("layers")
+        image_size = data.get("image_size")
+        positional = data.get("positional_scores")
+        return cls(
+            model=ModelInfo(**data["model"]),
+            method=data["method"],
+            params=dict(data["params"]),
+            target=Target(**data["target"]),
+            predictions=[Prediction(**p) for p in data["predictions"]],
+            scores=np.asarray(data["scores"], dtype=np.float64),
+            tokens=data.get("tokens"),
+            image_size=tuple(image_size) if image_size else None,
+            positional_scores=None if positional is None else np.asarray(positional),
+            layers=None if layers is None else _layer_frame(layers),
+            maps={k: np.asarray(v) for k, v in data.get("maps", {}).items()},
+            metrics=dict(data.get("metrics", {})),
+            timings=Timings(**data.get("timings", {})),
+            seed=data.get("seed"),
+            versions=dict(data.get("versions", {})),
+            warnings=list(data.get("warnings", [])),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Explanation:
+        """Inverse of :meth:`to_json`."""
+        return cls.from_dict(json.loads(text))
+
+    def save_npz(self, path: str | Path) -> None:
+        """Save arrays natively and everything else as JSON inside one ``.npz`` file."""
+        meta = self.to_dict()
+        arrays = {"scores": self.scores}
+        for key in ("scores", "positional_scores", "maps"):
+            meta.pop(key)
+        if self.positional_scores is not None:
+            arrays["positional_scores"] = self.positional_scores
+        arrays.update({f"map__{k}": v for k, v in self.maps.items()})
+        np.savez_compressed(path, meta=np.array(json.dumps(meta)), **arrays)
+
+    @classmethod
+    def load_npz(cls, path: str | Path) -> Explanation:
+        """Inverse of :meth:`save_npz`."""
+        with np.load(path, allow_pickle=False) as archive:
+            meta = json.loads(str(archive["meta"]))
+            meta["scores"] = archive["scores"]
+            files = set(archive.files)
+            meta["positional_scores"] = (
+                archive["positional_scores"] if "positional_scores" in files else None
+            )
+            meta["maps"] = {
+                k.removeprefix("map__"): archive[k] for k in archive.files if k.startswith("map__")
+            }
+        return cls.from_dict(meta)
+
+
+def _list_or_none(array: np.ndarray | None) -> list | None:
+    return None if array is None else array.tolist()
+
+
+def _layer_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
+    frame = pd.DataFrame.from_records(records, columns=list(LAYER_COLUMNS))
+    return frame.astype({"layer": "int64", "head": "Int64", "metric": "str", "value": "float64"})
+
+
+def _layer_records(frame: pd.DataFrame | None) -> list[dict[str, Any]] | None:
+    if frame is None:
+        return None
+    return [
+        {
+            "layer": int(row.layer),
+            "head": None if pd.isna(row.head) else int(row.head),
+            "metric": str(row.metric),
+            "value": float(row.value),
+        }
+        for row in frame.itertuples(index=False)
+    ]

@@ -1,0 +1,84 @@
+"""Base of every attribution method: capabilities as data, parameter schema, one hook."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+
+from attribution.models.base import Adapter, Inputs
+from attribution.params import Param
+from attribution.run import RunContext
+
+__all__ = ["Attribution", "AttributionMethod"]
+
+
+@dataclass
+class Attribution:
+    """What a method computes; :func:`attribution.explain` wraps it into an Explanation."""
+
+    scores: np.ndarray
+    positional_scores: np.ndarray | None = None
+    layers: pd.DataFrame | None = None
+    maps: dict[str, np.ndarray] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class AttributionMethod(ABC):
+    """
+    One attribution method. Subclasses fill in the class attributes and :meth:`attribute`.
+
+    Class attributes:
+        name: Registry key (``attrlab explain --method NAME``).
+        title: Display name.
+        paper: Citation link shown in docs and UI.
+        modalities: Input modalities it applies to.
+        requires: Adapter features it needs (see :class:`Adapter`).
+        params: Parameter schema.
+        has_convergence_delta: It reports a completeness / convergence delta in ``metrics``.
+    """
+
+    name: ClassVar[str]
+    title: ClassVar[str]
+    paper: ClassVar[str]
+    modalities: ClassVar[frozenset[str]] = frozenset({"text", "image"})
+    requires: ClassVar[frozenset[str]] = frozenset()
+    params: ClassVar[tuple[Param, ...]] = ()
+    has_convergence_delta: ClassVar[bool] = False
+
+    @classmethod
+    def unsupported_reason(cls, adapter: Adapter) -> str | None:
+        """``None`` if the method applies to ``adapter``, else why it does not."""
+        if adapter.modality not in cls.modalities:
+            kinds = "/".join(sorted(cls.modalities))
+            return f"{cls.name} works on {kinds} models, not {adapter.modality}"
+        missing = cls.requires - adapter.features
+        if missing:
+            return (
+                f"{cls.name} needs {', '.join(sorted(missing))}, which model "
+                f"'{adapter.model_id}' ({adapter.family}) does not offer"
+            )
+        return None
+
+    @classmethod
+    def describe(cls) -> dict[str, Any]:
+        """Name, paper, modalities, needs and parameter schema (CLI, REST docs, UI)."""
+        return {
+            "name": cls.name,
+            "title": cls.title,
+            "paper": cls.paper,
+            "modalities": sorted(cls.modalities),
+            "requires": sorted(cls.requires),
+            "has_convergence_delta": cls.has_convergence_delta,
+            "params": {p.name: p.to_schema() for p in cls.params},
+        }
+
+    @classmethod
+    @abstractmethod
+    def attribute(
+        cls, adapter: Adapter, inputs: Inputs, target: int, params: dict[str, Any], run: RunContext
+    ) -> Attribution:
+        """Compute the attribution of output ``target`` for one input (params validated)."""

@@ -1,0 +1,41 @@
+"""Gradient × Input (Shrikumar et al. 2016, https://arxiv.org/abs/1605.01713) via Captum."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from captum.attr import InputXGradient, LayerGradientXActivation
+
+from attribution.methods._captum import attribute_with, to_scores
+from attribution.methods.base import Attribution, AttributionMethod
+from attribution.methods.registry import register
+from attribution.models.base import Adapter, Inputs
+from attribution.run import RunContext
+
+__all__ = ["GradientXInput"]
+
+
+@register
+class GradientXInput(AttributionMethod):
+    """
+    Elementwise product of the input and the gradient of the target logit.
+
+    Text: gradient × token embedding (Captum ``LayerGradientXActivation`` on the embedding
+    layer), summed over the embedding dimension. Images: gradient × normalised pixel,
+    summed over colour channels.
+    """
+
+    name = "gradient_x_input"
+    title = "Gradient × Input"
+    paper = "https://arxiv.org/abs/1605.01713"
+    requires = frozenset({"gradients"})
+
+    @classmethod
+    def attribute(
+        cls, adapter: Adapter, inputs: Inputs, target: int, params: dict[str, Any], run: RunContext
+    ) -> Attribution:
+        attributions = attribute_with(
+            adapter, inputs, LayerGradientXActivation, InputXGradient, target=target
+        )
+        run.count(forward=1, backward=1)
+        return Attribution(scores=to_scores(attributions))

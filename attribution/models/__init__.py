@@ -1,0 +1,77 @@
+"""Model adapters: ``load(spec)`` turns an alias, hub id or local directory into an Adapter."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from attribution.errors import InvalidInputError, UnknownModelError
+from attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
+from attribution.models.builtin import BUILTIN_MODELS, BuiltinModel
+from attribution.models.hub import load_pretrained
+from attribution.models.images import load_image
+
+__all__ = [
+    "BUILTIN_MODELS",
+    "Adapter",
+    "BuiltinModel",
+    "ImageInputs",
+    "Inputs",
+    "TextInputs",
+    "load",
+    "load_image",
+]
+
+
+def load(
+    spec: str,
+    device: str | torch.device | None = None,
+    labels: Sequence[str] | None = None,
+    allowed_roots: Sequence[str | Path] | None = None,
+) -> Adapter:
+    """
+    Load a model by built-in alias, Hugging Face hub id or local directory.
+
+    Args:
+        spec: e.g. ``"minilm-zeroshot"``, ``"textattack/bert-base-uncased-SST-2"`` or a path.
+        device: ``"cpu"``, ``"cuda"``, ...; defaults to CUDA when available.
+        labels: Label names for zero-shot models (``with_labels``).
+        allowed_roots: If given, local directories must lie under one of these (servers).
+
+    Raises:
+        UnknownModelError: The spec names nothing loadable.
+        ModelLoadError: The model exists but is of an unsupported family.
+    """
+    spec = (spec or "").strip()
+    if not spec:
+        raise UnknownModelError(f"no model given; built-in aliases: {', '.join(BUILTIN_MODELS)}")
+    if spec in BUILTIN_MODELS:
+        adapter = BUILTIN_MODELS[spec].build()
+    else:
+        _check_local_path(spec, allowed_roots)
+        adapter = load_pretrained(spec)
+    adapter.model.to(_device(device))
+    return adapter.with_labels(labels) if labels else adapter
+
+
+def _device(device: str | torch.device | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError:
+        raise InvalidInputError(f"unknown device '{device}'; use cpu or cuda") from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise InvalidInputError("device 'cuda' was asked for, but no CUDA GPU is available")
+    return resolved
+
+
+def _check_local_path(spec: str, allowed_roots: Sequence[str | Path] | None) -> None:
+    looks_local = spec.startswith((".", "/", "~")) or Path(spec).exists()
+    if not looks_local or allowed_roots is None:
+        return
+    path = Path(spec).expanduser().resolve()
+    if not any(path.is_relative_to(Path(root).expanduser().resolve()) for root in allowed_roots):
+        raise UnknownModelError(f"local model path '{spec}' is outside the allowed model folders")

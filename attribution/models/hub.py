@@ -1,0 +1,109 @@
+"""Loading models from the Hugging Face hub or a local directory (transformers or timm)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import transformers as tf
+
+from attribution.errors import ModelLoadError, UnknownModelError
+from attribution.models.base import Adapter
+from attribution.models.builtin import imagenet_labels
+from attribution.models.families import FAMILIES, family_of
+from attribution.models.images import ImageTransform
+from attribution.models.text import DecoderLMAdapter, TextClassifierAdapter
+from attribution.models.vision import CNNAdapter, ViTAdapter
+
+__all__ = ["load_pretrained"]
+
+
+def load_pretrained(spec: str, revision: str | None = None) -> Adapter:
+    """Load a hub id or local directory; the adapter is chosen from the model's config."""
+    if spec.startswith(("timm/", "hf-hub:")) or _is_timm_dir(spec):
+        return _load_timm(spec)
+    config = _config(spec, revision)
+    family = family_of(config)
+    if family is None:
+        supported = ", ".join(sorted(FAMILIES))
+        raise ModelLoadError(
+            f"model '{spec}' is of type '{config.model_type}', which attrlab does not support; "
+            f"supported types: {supported} (and timm image classifiers)"
+        )
+    kwargs = {"revision": revision, "attn_implementation": "eager"}  # eager: attentions out
+    try:
+        if family == "vision-transformer":
+            return _load_vit(spec, kwargs)
+        tokenizer = tf.AutoTokenizer.from_pretrained(spec, revision=revision)
+        if family == "decoder-lm":
+            model = tf.AutoModelForCausalLM.from_pretrained(spec, **kwargs)
+            return DecoderLMAdapter(model, tokenizer, spec, revision)
+        if not any(a.endswith("ForSequenceClassification") for a in config.architectures or []):
+            raise ModelLoadError(
+                f"model '{spec}' has no sequence-classification head; pick a fine-tuned "
+                "classifier, or use 'minilm-zeroshot' for zero-shot labels"
+            )
+        model = tf.AutoModelForSequenceClassification.from_pretrained(spec, **kwargs)
+        return TextClassifierAdapter(model, tokenizer, spec, revision)
+    except (OSError, ValueError) as err:
+        raise ModelLoadError(f"model '{spec}' could not be loaded: {err}") from None
+
+
+def _config(spec: str, revision: str | None) -> Any:
+    try:
+        return tf.AutoConfig.from_pretrained(spec, revision=revision)
+    except (OSError, ValueError):
+        raise UnknownModelError(_not_found(spec)) from None
+
+
+def _not_found(spec: str) -> str:
+    from attribution.models.builtin import BUILTIN_MODELS
+
+    return (
+        f"model '{spec}' is not a built-in alias, not a local model directory, and could not "
+        "be fetched from the Hugging Face hub (offline, or no such id). Download it where the "
+        f"hub is reachable (huggingface-cli download {spec} --local-dir DIR) and pass DIR, or "
+        f"use a built-in alias: {', '.join(BUILTIN_MODELS)}"
+    )
+
+
+def _load_vit(spec: str, kwargs: dict[str, Any]) -> Adapter:
+    model = tf.AutoModelForImageClassification.from_pretrained(spec, **kwargs)
+    processor = tf.AutoImageProcessor.from_pretrained(spec, revision=kwargs["revision"])
+    size = processor.size
+    height, width = (size["height"], size["width"]) if "height" in size else (224, 224)
+    transform = ImageTransform(
+        (height, width), tuple(processor.image_mean), tuple(processor.image_std)
+    )
+    return ViTAdapter(model, spec, transform, revision=kwargs["revision"])
+
+
+def _is_timm_dir(spec: str) -> bool:
+    config = Path(spec) / "config.json"
+    return config.is_file() and "architecture" in json.loads(config.read_text())
+
+
+def _load_timm(spec: str) -> Adapter:
+    import timm
+
+    try:
+        if Path(spec).is_dir():
+            name = json.loads((Path(spec) / "config.json").read_text())["architecture"]
+            weights = next(Path(spec).glob("*.safetensors"), None) or next(Path(spec).glob("*.bin"))
+            model = timm.create_model(
+                name, pretrained=True, pretrained_cfg_overlay={"file": str(weights)}
+            )
+        else:
+            model = timm.create_model("hf-hub:" + spec.removeprefix("hf-hub:"), pretrained=True)
+    except (OSError, RuntimeError, StopIteration, ValueError):
+        raise UnknownModelError(_not_found(spec)) from None
+    data = timm.data.resolve_data_config({}, model=model)
+    transform = ImageTransform(tuple(data["input_size"][1:]), data["mean"], data["std"])
+    label_names = model.pretrained_cfg.get("label_names")
+    labels = label_names or (
+        imagenet_labels()
+        if model.num_classes == 1000
+        else [f"class_{i}" for i in range(model.num_classes)]
+    )
+    return CNNAdapter(model, spec, transform, labels)

@@ -1,0 +1,56 @@
+"""Run context handed to every method: seeded randomness, progress, cancellation, counters."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from attribution.errors import JobCancelledError
+
+__all__ = ["ProgressCallback", "RunContext"]
+
+#: Called with (done, total) units of work, typically forward passes.
+ProgressCallback = Callable[[int, int], None]
+
+
+@dataclass
+class RunContext:
+    """
+    Per-run state a method may use; nothing in it outlives the run.
+
+    Attributes:
+        seed: Seed of every random draw of the run (same seed, same result).
+        progress: Optional callback receiving (done, total).
+        cancel: Optional event; once set, :meth:`step` raises :class:`JobCancelledError`.
+    """
+
+    seed: int = 0
+    progress: ProgressCallback | None = None
+    cancel: threading.Event | None = None
+    forward_passes: int = 0
+    backward_passes: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.rng = np.random.default_rng(self.seed)
+        self.generator = torch.Generator().manual_seed(self.seed)
+
+    def step(self, done: int, total: int) -> None:
+        """Report progress and stop here if the job was cancelled."""
+        if self.cancel is not None and self.cancel.is_set():
+            raise JobCancelledError("the job was cancelled")
+        if self.progress is not None:
+            self.progress(done, total)
+
+    def count(self, forward: int = 0, backward: int = 0) -> None:
+        """Record model passes (reported in ``Explanation.timings``)."""
+        self.forward_passes += forward
+        self.backward_passes += backward
+
+    def warn(self, message: str) -> None:
+        """Attach a warning to the Explanation."""
+        self.warnings.append(message)

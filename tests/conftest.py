@@ -1,0 +1,39 @@
+"""Shared fixtures: models are built once per session (all offline)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import pytest
+import torch
+
+from attribution.models import Adapter, load
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def load_model():
+    """Load an alias once per session on the CPU: ``load_model("tiny-random-bert")``."""
+    cache: dict[str, Adapter] = {}
+
+    def _load(spec: str) -> Adapter:
+        if spec not in cache:
+            cache[spec] = load(spec, device="cpu")
+        return cache[spec]
+
+    return _load
+
+
+@pytest.fixture(scope="session")
+def minilm(load_model) -> Adapter:
+    return load_model("minilm-zeroshot")
+
+
+@pytest.fixture(scope="session")
+def effnet(load_model) -> Adapter:
+    return load_model("efficientnet-lite0")
