@@ -1,0 +1,35 @@
+# Two commands do all set-up on a fresh machine: `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+HOST ?= 127.0.0.1
+PORT ?= 7860
+
+.PHONY: install run test lint bench clean
+
+# constraints.txt pins the tested versions (torch 2.14.1 + torchvision 0.29.1 for timm);
+# pyproject.toml keeps ranges for users.
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[embedded,dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/attrlab serve --host $(HOST) --port $(PORT)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/perturbation.py
+	$(BIN)/python benchmarks/transformer.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

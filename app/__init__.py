@@ -1,0 +1,1 @@
+"""attrlab front ends: Gradio UI, REST API, worker and CLI (wiring only, no maths)."""

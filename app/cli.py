@@ -1,0 +1,117 @@
+"""``attrlab`` command line: explain, serve, models, methods."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from attribution.errors import AttrlabError
+
+__all__ = ["main"]
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from app.worker import ExplainRequest, ExplainWorker, parse_param_pairs
+    from viz.table import explanation_table
+
+    labels = [s.strip() for s in args.labels.split(",")] if args.labels else None
+    request = ExplainRequest(
+        model=args.model,
+        method=args.method,
+        text=args.text,
+        image=args.image,
+        labels=labels,
+        target=args.target,
+        params=parse_param_pairs(args.param),
+        seed=args.seed,
+    )
+    worker = ExplainWorker(device=args.device, max_models=1)
+    try:
+        explanation = worker.explain(request)
+    finally:
+        worker.close()
+    if args.format == "json":
+        print(explanation.to_json(indent=2))
+    else:
+        print(explanation_table(explanation))
+    return 0
+
+
+def _models(_: argparse.Namespace) -> int:
+    from attribution.models import BUILTIN_MODELS
+
+    for name, entry in BUILTIN_MODELS.items():
+        print(f"{name:<20} {entry.modality:<6} {entry.description}")
+    print("\nAlso: any Hugging Face hub id or local folder of a supported family.")
+    return 0
+
+
+def _methods(args: argparse.Namespace) -> int:
+    from attribution.methods import available_methods
+
+    described = [m.describe() for m in available_methods()]
+    if args.format == "json":
+        print(json.dumps(described, indent=2))
+        return 0
+    for d in described:
+        print(f"{d['name']}  ({d['title']}; {', '.join(d['modalities'])}; {d['paper']})")
+        for key, schema in d["params"].items():
+            print(f"    {key}: {schema}")
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from app.server import serve
+
+    serve(host=args.host, port=args.port, device=args.device)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``attrlab`` command."""
+    parser = argparse.ArgumentParser(prog="attrlab", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    explain = sub.add_parser("explain", help="explain one text or image")
+    explain.add_argument("--model", default=None, help="alias, hub id or local folder")
+    explain.add_argument("--method", required=True)
+    source = explain.add_mutually_exclusive_group(required=True)
+    source.add_argument("--text")
+    source.add_argument("--image", help="path of an image file")
+    explain.add_argument("--labels", help="comma-separated labels (zero-shot models)")
+    explain.add_argument("--target", help="label or output index (default: top prediction)")
+    explain.add_argument("--param", action="append", default=[], help="key=value, repeatable")
+    explain.add_argument("--seed", type=int, default=0)
+    explain.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
+    explain.add_argument("--format", choices=("json", "table"), default="table")
+    explain.set_defaults(run=_explain)
+
+    serve = sub.add_parser("serve", help="start the web app and REST API")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=7860)
+    serve.add_argument("--device", default=None)
+    serve.set_defaults(run=_serve)
+
+    sub.add_parser("models", help="list built-in models").set_defaults(run=_models)
+    methods = sub.add_parser("methods", help="list methods and their parameters")
+    methods.add_argument("--format", choices=("json", "table"), default="table")
+    methods.set_defaults(run=_methods)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; user errors print one line and exit with status 2."""
+    args = build_parser().parse_args(argv)
+    if args.command == "explain" and args.model is None:
+        args.model = "minilm-zeroshot" if args.text is not None else "efficientnet-lite0"
+    try:
+        return args.run(args)
+    except AttrlabError as err:
+        print(f"attrlab: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""Gradio page: pick a text or an image, a model and a method, see the heatmap."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import gradio as gr
+import numpy as np
+
+from app.worker import ExplainRequest, ExplainWorker, parse_param_pairs
+from attribution.errors import AttrlabError
+from attribution.explanation import Explanation
+from attribution.methods import available_methods
+from attribution.models import BUILTIN_MODELS
+from viz import heatmap_overlay, token_figure, token_highlights
+
+__all__ = ["build_ui"]
+
+log = logging.getLogger(__name__)
+
+SAMPLE_TEXT = "I loved this movie, the acting was wonderful."
+DEFAULT_METHOD = "integrated_gradients"
+
+
+def _choices(modality: str) -> tuple[list[str], list[str]]:
+    models = [name for name, m in BUILTIN_MODELS.items() if m.modality == modality]
+    methods = [m.name for m in available_methods() if modality in m.modalities]
+    return models, methods
+
+
+def _summary(explanation: Explanation) -> dict[str, Any]:
+    data = explanation.to_dict()
+    return {k: data[k] for k in ("target", "predictions", "metrics", "timings", "warnings")}
+
+
+def _run(worker: ExplainWorker, request: ExplainRequest) -> Explanation:
+    """Run a request, turning user errors into a message and bugs into a generic one."""
+    try:
+        return worker.explain(request)
+    except AttrlabError as err:
+        raise gr.Error(str(err)) from None
+    except Exception:
+        log.exception("explanation failed")
+        raise gr.Error("internal error while explaining; the server log has details") from None
+
+
+def build_ui(worker: ExplainWorker) -> gr.Blocks:
+    """The Blocks app; every handler goes through ``worker``."""
+    text_models, text_methods = _choices("text")
+    image_models, image_methods = _choices("image")
+
+    def explain_text(model, method, text, labels, target, params, seed):
+        request = ExplainRequest(
+            model=model,
+            method=method,
+            text=text,
+            labels=[s for s in (labels or "").split(",") if s.strip()] or None,
+            target=target or None,
+            params=_params(params),
+            seed=int(seed),
+        )
+        explanation = _run(worker, request)
+        return token_highlights(explanation), token_figure(explanation), _summary(explanation)
+
+    def explain_image(model, method, image, target, params, seed):
+        if image is None:
+            raise gr.Error("upload an image first")
+        request = ExplainRequest(
+            model=model,
+            method=method,
+            image=np.asarray(image),
+            target=target or None,
+            params=_params(params),
+            seed=int(seed),
+        )
+        explanation = _run(worker, request)
+        return heatmap_overlay(explanation, np.asarray(image)[..., :3]), _summary(explanation)
+
+    with gr.Blocks(title="attrlab") as demo:
+        gr.Markdown("# attrlab\nWhy did the model predict that? Pick an input, a model, a method.")
+        with gr.Tab("Text"):
+            with gr.Row():
+                t_model = gr.Dropdown(
+                    text_models, value=text_models[0], label="Model", allow_custom_value=True
+                )
+                t_method = gr.Dropdown(text_methods, value=DEFAULT_METHOD, label="Method")
+            t_text = gr.Textbox(SAMPLE_TEXT, label="Text", lines=3, elem_id="text-input")
+            with gr.Row():
+                t_labels = gr.Textbox("positive, negative", label="Labels (zero-shot models)")
+                t_target = gr.Textbox("", label="Target (label or index; empty = top)")
+                t_params = gr.Textbox("", label="Parameters (key=value, ...)")
+                t_seed = gr.Number(0, label="Seed", precision=0)
+            t_button = gr.Button("Explain", variant="primary", elem_id="text-explain")
+            t_tokens = gr.HighlightedText(label="Token relevance", elem_id="text-tokens")
+            t_plot = gr.Plot(label="Scores", elem_id="text-plot")
+            t_json = gr.JSON(label="Prediction and metrics")
+            t_button.click(
+                explain_text,
+                [t_model, t_method, t_text, t_labels, t_target, t_params, t_seed],
+                [t_tokens, t_plot, t_json],
+                api_name="explain_text",
+            )
+        with gr.Tab("Image"):
+            with gr.Row():
+                i_model = gr.Dropdown(
+                    image_models, value=image_models[0], label="Model", allow_custom_value=True
+                )
+                i_method = gr.Dropdown(image_methods, value=DEFAULT_METHOD, label="Method")
+            with gr.Row():
+                i_image = gr.Image(label="Image", type="numpy", elem_id="image-input")
+                i_overlay = gr.Image(label="Heatmap", elem_id="image-heatmap")
+            with gr.Row():
+                i_target = gr.Textbox("", label="Target (label or index; empty = top)")
+                i_params = gr.Textbox("", label="Parameters (key=value, ...)")
+                i_seed = gr.Number(0, label="Seed", precision=0)
+            i_button = gr.Button("Explain", variant="primary", elem_id="image-explain")
+            i_json = gr.JSON(label="Prediction and metrics")
+            i_button.click(
+                explain_image,
+                [i_model, i_method, i_image, i_target, i_params, i_seed],
+                [i_overlay, i_json],
+                api_name="explain_image",
+            )
+    return demo
+
+
+def _params(text: str | None) -> dict[str, str]:
+    try:
+        return parse_param_pairs((text or "").split(","))
+    except AttrlabError as err:
+        raise gr.Error(str(err)) from None
