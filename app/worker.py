@@ -11,11 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers.utils import logging as hf_logging
 
 from attribution import explain, load
 from attribution.errors import InvalidInputError, InvalidParameterError
 from attribution.explanation import Explanation
+from attribution.methods import get_method
 from attribution.models import Adapter
+from attribution.params import validate_params
 from attribution.run import ProgressCallback
 
 __all__ = ["ExplainRequest", "ExplainWorker", "Job", "parse_param_pairs"]
@@ -87,6 +90,7 @@ class ExplainWorker:
         self._models: OrderedDict[str, Adapter] = OrderedDict()
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="attrlab-worker")
+        hf_logging.disable_progress_bar()  # weight-loading bars would clutter CLI and server logs
 
     def adapter(self, spec: str, labels: Sequence[str] | None = None) -> Adapter:
         """Load (or reuse) a model; least recently used models are evicted past ``max_models``."""
@@ -121,6 +125,7 @@ class ExplainWorker:
         self, request: ExplainRequest, progress: ProgressCallback, cancel: threading.Event
     ) -> Explanation:
         raw = request.raw_input()
+        validate_params(get_method(request.method).params, request.params)  # fail before loading
         adapter = self.adapter(request.model, request.labels)
         inputs = adapter.preprocess(raw)
         return explain(

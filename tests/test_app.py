@@ -1,0 +1,189 @@
+"""REST API, Gradio page and worker, all in-process on loopback."""
+
+from __future__ import annotations
+
+import base64
+import io
+import socket
+import threading
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+from skimage import data
+
+from app.server import create_app
+from app.worker import ExplainRequest, ExplainWorker
+from attribution.errors import JobCancelledError
+from attribution.explanation import Explanation
+
+
+@pytest.fixture(scope="module")
+def worker():
+    w = ExplainWorker(device="cpu", max_models=2)
+    yield w
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def client(worker):
+    with TestClient(create_app(worker)) as c:
+        yield c
+
+
+def _png(array: np.ndarray) -> str:
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_rest_lists_models_and_methods(client):
+    models = {m["id"] for m in client.get("/api/v1/models").json()}
+    assert {"minilm-zeroshot", "efficientnet-lite0"} <= models
+    methods = {m["name"]: m for m in client.get("/api/v1/methods").json()}
+    assert methods["integrated_gradients"]["params"]["n_steps"]["default"] == 50
+
+
+def test_rest_explains_text_and_image(client):
+    text = client.post(
+        "/api/v1/explain",
+        json={
+            "model": "minilm-zeroshot",
+            "method": "integrated_gradients",
+            "text": "An awful, boring mess.",
+            "params": {"n_steps": 16},
+        },
+    )
+    assert text.status_code == 200, text.text
+    e = Explanation.from_dict(text.json())
+    assert e.target.label == "negative" and e.params["n_steps"] == 16
+    image = client.post(
+        "/api/v1/explain",
+        json={
+            "model": "efficientnet-lite0",
+            "method": "gradient_x_input",
+            "image_base64": _png(data.chelsea()),
+        },
+    )
+    assert image.status_code == 200, image.text
+    assert image.json()["image_size"] == [224, 224]
+    assert 281 <= image.json()["target"]["index"] <= 285
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"model": "minilm-zeroshot", "method": "gradient_x_input", "text": " "}, "empty"),
+        ({"model": "nope", "method": "gradient_x_input", "text": "hi"}, "not a built-in alias"),
+        ({"model": "minilm-zeroshot", "method": "gradient_x_input"}, "exactly one input"),
+        (
+            {"model": "efficientnet-lite0", "method": "gradient_x_input", "image_base64": "%%"},
+            "not valid base64",
+        ),
+        (
+            {
+                "model": "efficientnet-lite0",
+                "method": "gradient_x_input",
+                "image_base64": base64.b64encode(b"text").decode(),
+            },
+            "not a readable image",
+        ),
+        (
+            {
+                "model": "minilm-zeroshot",
+                "method": "integrated_gradients",
+                "text": "hi",
+                "params": {"n_steps": 100000},
+            },
+            "between 2 and 2000",
+        ),
+    ],
+)
+def test_rest_bad_input_is_a_400_with_the_reason(client, body, message):
+    response = client.post("/api/v1/explain", json=body)
+    assert response.status_code == 400 and message in response.json()["detail"]
+
+
+def test_rest_rejects_oversized_bodies(client):
+    response = client.post(
+        "/api/v1/explain",
+        json={"model": "minilm-zeroshot", "method": "gradient_x_input", "text": "x" * 30_000},
+    )
+    assert response.status_code == 422
+
+
+def test_worker_reports_progress_and_cancels(worker):
+    seen = []
+    cancelled = threading.Event()
+
+    def progress(done, total):
+        seen.append((done, total))
+
+    from attribution.run import RunContext
+
+    run = RunContext(progress=progress, cancel=cancelled)
+    run.step(1, 4)
+    cancelled.set()
+    with pytest.raises(JobCancelledError):
+        run.step(2, 4)
+    assert seen == [(1, 4)]
+    # A job cancelled before it starts never runs; the worker stays usable.
+    blocker = threading.Event()
+    worker._executor.submit(blocker.wait)
+    job = worker.submit(ExplainRequest("tiny-random-bert", "gradient_x_input", text="queued"))
+    job.cancel()
+    blocker.set()
+    assert job.future.cancelled()
+    done = worker.explain(ExplainRequest("tiny-random-bert", "gradient_x_input", text="next"))
+    assert done.model.id == "tiny-random-bert"
+
+
+def test_worker_model_cache_is_lru(worker):
+    for spec in ("tiny-random-bert", "tiny-random-gpt2", "tiny-random-bert", "tiny-random-vit"):
+        worker.adapter(spec)
+    assert list(worker._models) == ["tiny-random-bert", "tiny-random-vit"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_gradio_page_explains_through_its_api(worker):
+    from gradio_client import Client
+
+    from app.ui import build_ui
+
+    demo = build_ui(worker)
+    port = _free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        tokens, plot, summary = client.predict(
+            "minilm-zeroshot",
+            "gradient_x_input",
+            "A lovely, charming film.",
+            "positive, negative",
+            "",
+            "",
+            0,
+            api_name="/explain_text",
+        )
+        assert summary["target"]["label"] == "positive"
+        assert [t["token"] for t in tokens][:3] == ["[CLS]", "a", "lovely"]
+        assert plot["type"] == "plotly"
+        with pytest.raises(Exception, match="text is empty"):
+            client.predict(
+                "minilm-zeroshot",
+                "gradient_x_input",
+                "  ",
+                "positive, negative",
+                "",
+                "",
+                0,
+                api_name="/explain_text",
+            )
+    finally:
+        demo.close()

@@ -1,0 +1,72 @@
+"""Bad input gets one clear error and leaves everything usable."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from attribution import explain
+from attribution.errors import InvalidInputError, UnsupportedMethodError
+from attribution.models import load_image
+
+
+def test_long_text_is_truncated_and_the_explanation_says_so(minilm):
+    inputs = minilm.preprocess("good " * 2000)
+    assert inputs.truncated and inputs.input_ids.shape[1] == minilm.max_length == 512
+    e = explain(minilm, "gradient_x_input", inputs)
+    assert any("truncated" in w for w in e.warnings)
+    assert len(e.tokens) == 512
+
+
+@pytest.mark.parametrize("text", ["", "   \n\t", None])
+def test_empty_text(minilm, text):
+    with pytest.raises(InvalidInputError, match="empty"):
+        minilm.preprocess(text)
+
+
+def test_oversized_image_is_refused_before_decoding(tmp_path, monkeypatch):
+    path = tmp_path / "big.png"
+    Image.new("RGB", (3000, 2000)).save(path)
+    monkeypatch.setenv("ATTRLAB_MAX_IMAGE_PIXELS", "5000000")
+    with pytest.raises(InvalidInputError, match=r"3000×2000 = 6.0 megapixels.*limit of 5.0"):
+        load_image(path)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b"definitely not an image", "not a readable image"),
+        (np.zeros((4, 4, 5)), "must be H×W"),
+        (3.14, "expected an image file"),
+    ],
+)
+def test_unreadable_images(raw, message):
+    with pytest.raises(InvalidInputError, match=message):
+        load_image(raw)
+
+
+def test_truncated_image_file(tmp_path):
+    path = tmp_path / "cut.png"
+    Image.new("RGB", (64, 64), "red").save(path)
+    path.write_bytes(path.read_bytes()[:60])
+    with pytest.raises(InvalidInputError):
+        load_image(path)
+
+
+def test_modality_mismatch_and_recovery(minilm, effnet):
+    image_inputs = effnet.preprocess(np.zeros((10, 10, 3), dtype=np.uint8))
+    with pytest.raises(UnsupportedMethodError, match="takes text input, not image"):
+        explain(minilm, "gradient_x_input", image_inputs)
+    # The model is still usable afterwards.
+    e = explain(minilm, "gradient_x_input", minilm.preprocess("fine"))
+    assert np.isfinite(e.scores).all()
+
+
+def test_baseline_of_the_wrong_modality(minilm):
+    from attribution.errors import InvalidParameterError
+
+    with pytest.raises(InvalidParameterError, match="'black' does not apply to text"):
+        explain(
+            minilm, "integrated_gradients", minilm.preprocess("ok"), params={"baseline": "black"}
+        )

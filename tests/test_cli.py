@@ -1,0 +1,144 @@
+"""The attrlab command end to end: both methods, both modalities, errors without tracebacks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+from skimage import data
+
+from app.cli import main
+from attribution.explanation import Explanation
+
+
+@pytest.fixture(scope="module")
+def cat_png(tmp_path_factory):
+    path = tmp_path_factory.mktemp("img") / "cat.png"
+    Image.fromarray(data.chelsea()).save(path)
+    return path
+
+
+@pytest.mark.parametrize("method", ["gradient_x_input", "integrated_gradients"])
+def test_explain_text_json(capsys, method):
+    code = main(
+        [
+            "explain",
+            "--model",
+            "minilm-zeroshot",
+            "--method",
+            method,
+            "--device",
+            "cpu",
+            "--text",
+            "A wonderful, heartwarming story.",
+            "--format",
+            "json",
+        ]
+    )
+    assert code == 0
+    e = Explanation.from_json(capsys.readouterr().out)
+    assert e.method == method and e.target.label == "positive"
+    assert e.tokens[0] == "[CLS]" and len(e.scores) == len(e.tokens)
+    assert ("convergence_delta" in e.metrics) == (method == "integrated_gradients")
+
+
+@pytest.mark.parametrize("method", ["gradient_x_input", "integrated_gradients"])
+def test_explain_image_table(capsys, cat_png, method):
+    code = main(
+        [
+            "explain",
+            "--method",
+            method,
+            "--image",
+            str(cat_png),
+            "--device",
+            "cpu",
+            "--param",
+            "n_steps=8" if method == "integrated_gradients" else "",
+            "--format",
+            "table",
+        ]
+        if method == "integrated_gradients"
+        else ["explain", "--method", method, "--image", str(cat_png), "--device", "cpu"]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "efficientnet-lite0 (image)" in out and "cat" in out and "map       224×224" in out
+
+
+def test_labels_and_target_options(capsys):
+    code = main(
+        [
+            "explain",
+            "--method",
+            "gradient_x_input",
+            "--device",
+            "cpu",
+            "--format",
+            "json",
+            "--text",
+            "The striker scored twice in the final.",
+            "--labels",
+            "sports, cooking",
+            "--target",
+            "cooking",
+            "--seed",
+            "3",
+        ]
+    )
+    assert code == 0
+    e = json.loads(capsys.readouterr().out)
+    assert e["target"]["label"] == "cooking" and e["predictions"][0]["label"] == "sports"
+    assert e["seed"] == 3
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--text", "   "], "text is empty"),
+        (["--text", "hi", "--model", "no-such-alias"], "not a built-in alias"),
+        (["--text", "hi", "--method", "nope"], "unknown method 'nope'"),
+        (["--text", "hi", "--param", "n_steps=0"], "'n_steps' must be between 2"),
+        (["--text", "hi", "--param", "colour=red"], "unknown parameter"),
+        (["--text", "hi", "--param", "oops"], "key=value"),
+        (["--text", "hi", "--target", "neutral"], "unknown target label 'neutral'"),
+        (["--text", "hi", "--target", "7"], "out of range"),
+        (["--text", "hi", "--labels", "solo"], "at least two"),
+        (["--image", "/no/such/file.png"], "does not exist"),
+    ],
+)
+def test_bad_input_exits_2_with_one_clear_line(capsys, argv, message):
+    base = ["explain", "--method", "integrated_gradients", "--device", "cpu"]
+    assert main(base + argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_console_script_lists_and_fails_cleanly(tmp_path):
+    not_an_image = tmp_path / "notes.png"
+    not_an_image.write_text("just text")
+    run = [sys.executable, "-m", "app.cli"]
+    methods = subprocess.run([*run, "methods", "--format", "json"], capture_output=True, text=True)
+    names = {m["name"] for m in json.loads(methods.stdout)}
+    assert {"gradient_x_input", "integrated_gradients"} <= names
+    models = subprocess.run([*run, "models"], capture_output=True, text=True)
+    assert "minilm-zeroshot" in models.stdout and "efficientnet-lite0" in models.stdout
+    bad = subprocess.run(
+        [
+            *run,
+            "explain",
+            "--method",
+            "gradient_x_input",
+            "--image",
+            str(not_an_image),
+            "--device",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and "not a readable image" in bad.stderr
+    assert "Traceback" not in bad.stderr

@@ -1,0 +1,125 @@
+"""Explanation JSON / npz round trips and parameter validation."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from attribution.errors import InvalidParameterError
+from attribution.explanation import Explanation, ModelInfo, Prediction, Target, Timings
+from attribution.params import Param, power_of_two, validate_params
+
+
+def _full_explanation() -> Explanation:
+    rng = np.random.default_rng(1)
+    layers = pd.DataFrame(
+        {
+            "layer": [0, 0, 1],
+            "head": [None, 2, None],
+            "metric": ["residual_relevance", "head_importance", "residual_relevance"],
+            "value": [0.5, 1 / 3, np.pi],
+        }
+    )
+    return Explanation(
+        model=ModelInfo("tiny-random-bert", "abc123", "text"),
+        method="integrated_gradients",
+        params={"n_steps": 50, "baseline": "pad", "internal_batch_size": None},
+        target=Target(1, "LABEL_1", 0.123456789012345, 0.5),
+        predictions=[Prediction(1, "LABEL_1", 0.5), Prediction(0, "LABEL_0", 0.5)],
+        scores=rng.normal(size=5).astype(np.float32),
+        tokens=["[CLS]", "a", "b", "c", "[SEP]"],
+        positional_scores=rng.normal(size=5),
+        layers=layers,
+        maps={"std_error": rng.random(5)},
+        metrics={"convergence_delta": 1e-7},
+        timings=Timings(1.5, 53, 50),
+        seed=7,
+        versions={"torch": "x"},
+        warnings=["the text was truncated"],
+    )
+
+
+def _assert_same(a: Explanation, b: Explanation) -> None:
+    assert a.to_json() == b.to_json()
+    np.testing.assert_array_equal(a.scores, b.scores)
+    np.testing.assert_array_equal(a.positional_scores, b.positional_scores)
+    pd.testing.assert_frame_equal(a.layers, b.layers)
+
+
+def test_json_round_trip_is_lossless():
+    original = _full_explanation()
+    text = original.to_json()
+    restored = Explanation.from_json(text)
+    _assert_same(original, restored)
+    data = json.loads(text)
+    assert set(data) >= {
+        "schema_version",
+        "model",
+        "method",
+        "params",
+        "target",
+        "predictions",
+        "tokens",
+        "image_size",
+        "scores",
+        "positional_scores",
+        "layers",
+        "metrics",
+        "timings",
+        "seed",
+        "versions",
+    }
+    assert data["layers"][0]["head"] is None and data["layers"][1]["head"] == 2
+    assert data["target"]["logit"] == 0.123456789012345
+
+
+def test_npz_round_trip_keeps_arrays_and_metadata(tmp_path):
+    original = _full_explanation()
+    path = tmp_path / "e.npz"
+    original.save_npz(path)
+    _assert_same(original, Explanation.load_npz(path))
+
+
+def test_image_explanation_round_trip(tmp_path):
+    original = _full_explanation()
+    original.tokens, original.positional_scores, original.layers = None, None, None
+    original.scores = np.arange(12.0).reshape(3, 4)
+    original.image_size = (3, 4)
+    restored = Explanation.from_json(original.to_json())
+    assert restored.image_size == (3, 4) and restored.scores.shape == (3, 4)
+    _assert_same_image = restored.to_json() == original.to_json()
+    assert _assert_same_image
+
+
+def test_params_defaults_coercion_and_errors():
+    schema = (
+        Param("n", "int", 8, "count", 1, 64, check=power_of_two),
+        Param("p", "float", 0.5, "probability", 0.0, 1.0, exclusive=True),
+        Param("mode", "str", "a", "mode", choices=("a", "b")),
+        Param("flag", "bool", False, "flag"),
+        Param("batch", "int", None, "automatic when missing", 1, 10),
+    )
+    assert validate_params(schema, None) == {
+        "n": 8,
+        "p": 0.5,
+        "mode": "a",
+        "flag": False,
+        "batch": None,
+    }
+    assert validate_params(schema, {"n": "16", "p": "0.25", "flag": "yes"})["n"] == 16
+    cases = [
+        ({"n": 12}, "power of two"),
+        ({"n": 128}, "between 1 and 64"),
+        ({"p": 1.0}, "strictly between"),
+        ({"p": "x"}, "type float"),
+        ({"mode": "c"}, "one of a, b"),
+        ({"flag": "maybe"}, "type bool"),
+        ({"n": True}, "type int"),
+        ({"zzz": 1}, "unknown parameter.*takes: n, p, mode, flag, batch"),
+    ]
+    for params, message in cases:
+        with pytest.raises(InvalidParameterError, match=message):
+            validate_params(schema, params)
