@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 HOST ?= 127.0.0.1
 PORT ?= 7860
 
-.PHONY: install run test lint bench clean
+.PHONY: install run test lint browser bench clean
 
 # constraints.txt pins the tested versions (torch 2.14.1 + torchvision 0.29.1 for timm);
 # pyproject.toml keeps ranges for users.
@@ -24,7 +24,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: lint
+# Browser tests drive Debian's Chromium through Playwright (no browser download).
+browser:
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
+
+test: lint browser
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
