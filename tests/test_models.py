@@ -106,7 +106,7 @@ def test_fixed_head_refuses_custom_labels(load_model):
 
 
 def test_unknown_alias_and_offline_hub_id_name_the_problem():
-    with pytest.raises(UnknownModelError, match="no-such-org/no-such-model.*local-dir"):
+    with pytest.raises(UnknownModelError, match=r"no-such-org/no-such-model.*local-dir"):
         load("no-such-org/no-such-model", device="cpu")
     with pytest.raises(UnknownModelError, match="no model given"):
         load("  ", device="cpu")
@@ -151,7 +151,7 @@ def test_allowed_roots_confine_local_paths(tmp_path):
 def test_unsupported_model_type(tmp_path):
     config = tf.T5Config(vocab_size=50, d_model=8, num_layers=1, num_heads=2, d_ff=8)
     config.save_pretrained(tmp_path)
-    with pytest.raises(ModelLoadError, match="type 't5'.*supported types"):
+    with pytest.raises(ModelLoadError, match=r"type 't5'.*supported types"):
         load(str(tmp_path), device="cpu")
 
 

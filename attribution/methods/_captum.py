@@ -2,23 +2,41 @@
 Glue between adapters and Captum: forward functions, inputs, baselines, reductions.
 
 Text methods attribute to the output of the token-embedding layer (Captum ``Layer*``
-classes), images attribute to the normalised pixels.
+classes), images attribute to the normalised pixels. DeepLIFT needs the forward pass as an
+``nn.Module`` (it hooks the model's submodules): :class:`AdapterModule` provides that, and
+:func:`deeplift_scope` undoes what Captum's DeepLIFT leaves on modules when a forward fails.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import torch
 from captum.attr import Attribution as CaptumAttribution
+from captum.attr._core.deep_lift import SUPPORTED_NON_LINEAR
+from torch import nn
 
-from attribution.errors import InvalidParameterError
+from attribution.errors import InvalidParameterError, UnsupportedMethodError
 from attribution.models.base import Adapter, Inputs, TextInputs
 from attribution.params import Param
+from attribution.run import RunContext
 
-__all__ = ["BASELINE_PARAM", "attribute_with", "baseline_for"]
+__all__ = [
+    "BASELINE_PARAM",
+    "AdapterModule",
+    "attribute_with",
+    "baseline_for",
+    "deeplift_scope",
+    "delta_metrics",
+    "forward_function",
+    "to_scores",
+    "untreated_by_deeplift",
+    "warn_untreated",
+]
 
 BASELINE_PARAM = Param(
     "baseline",
@@ -36,6 +54,31 @@ def forward_function(adapter: Adapter, inputs: Inputs) -> Callable[..., torch.Te
     if isinstance(inputs, TextInputs):
         return lambda ids, mask: adapter.logits(input_ids=ids, attention_mask=mask)
     return lambda pixels: adapter.logits(pixel_values=pixels)
+
+
+class AdapterModule(nn.Module):
+    """
+    ``adapter.logits`` as an ``nn.Module`` taking positional tensors named by ``keys``.
+
+    The adapter's model is a registered child, so hooks that Captum places on every
+    submodule (DeepLIFT's nonlinearity rules) reach it; the model itself is not changed.
+    """
+
+    def __init__(self, adapter: Adapter, keys: Sequence[str]):
+        super().__init__()
+        self.model = adapter.model
+        self.keys = tuple(keys)
+        self._logits = adapter.logits
+
+    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+        """Logits ``(B, C)`` for the tensors given in the order of ``keys``."""
+        return self._logits(**dict(zip(self.keys, tensors, strict=True)))
+
+
+def forward_module(adapter: Adapter, inputs: Inputs) -> AdapterModule:
+    """Module form of :func:`forward_function` (same positional arguments)."""
+    keys = ("input_ids", "attention_mask") if isinstance(inputs, TextInputs) else ("pixel_values",)
+    return AdapterModule(adapter, keys)
 
 
 def main_input(inputs: Inputs) -> tuple[torch.Tensor, tuple[Any, ...]]:
@@ -74,13 +117,113 @@ def attribute_with(
     inputs: Inputs,
     text_method: Callable[..., CaptumAttribution],
     image_method: Callable[..., CaptumAttribution],
+    as_module: bool = False,
     **kwargs: Any,
 ) -> Any:
-    """Build the Captum method for the modality and call ``attribute`` on the main input."""
-    forward = forward_function(adapter, inputs)
+    """
+    Build the Captum method for the modality and call ``attribute`` on the main input.
+
+    ``as_module`` passes the forward pass as an :class:`AdapterModule` (DeepLIFT needs it).
+    """
+    forward = forward_module(adapter, inputs) if as_module else forward_function(adapter, inputs)
     tensor, extra = main_input(inputs)
     if isinstance(inputs, TextInputs):
         method = text_method(forward, adapter.token_embedding_module())
     else:
         method = image_method(forward)
     return method.attribute(tensor, additional_forward_args=extra or None, **kwargs)
+
+
+#: Attributes Captum's DeepLIFT sets on hooked modules and deletes only on a full backward.
+_DEEPLIFT_ATTRIBUTES = ("input", "output", "input_ref")
+_ACTIVATION_MODULES = ("torch.nn.modules.activation", "transformers.activations", "timm.layers")
+#: Normalisations dividing by statistics of their input (nonlinear); ``*Norm`` classes count too.
+_NORMS = (nn.LayerNorm, nn.GroupNorm, nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)
+#: Batch norm in eval mode is an affine map: DeepLIFT treats it exactly.
+_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+#: Share of the logit difference above which a DeepLIFT delta is worth a warning.
+_DELTA_WARNING = 1e-3
+
+
+@contextmanager
+def deeplift_scope(model: nn.Module) -> Iterator[None]:
+    """
+    Run Captum DeepLIFT on ``model`` and leave no trace on it, even when a forward fails.
+
+    Captum removes its hooks itself but keeps the saved inputs/outputs it attached to
+    nonlinear modules when the pass does not complete; they are deleted here. A module
+    called twice in one forward (which DeepLIFT's rules cannot handle) becomes an
+    :class:`UnsupportedMethodError`.
+    """
+    before = {id(m): {a for a in _DEEPLIFT_ATTRIBUTES if a in vars(m)} for m in model.modules()}
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Setting forward, backward hooks")
+            yield
+    except RuntimeError as err:
+        if "used more than once" not in str(err):
+            raise
+        raise UnsupportedMethodError(
+            "DeepLIFT cannot explain this model: it calls one nonlinearity module more than "
+            "once in a forward pass, so Captum cannot pair its inputs with its outputs"
+        ) from None
+    finally:
+        for module in model.modules():
+            for name in _DEEPLIFT_ATTRIBUTES:
+                if name in vars(module) and name not in before.get(id(module), ()):
+                    delattr(module, name)
+
+
+def untreated_by_deeplift(model: nn.Module) -> list[str]:
+    """
+    Class names of the submodules whose nonlinearity Captum's DeepLIFT passes as a gradient.
+
+    Found from module types: activation modules outside Captum's supported set (GELU, SiLU,
+    ReLU6, ...), normalisation layers other than batch norm (LayerNorm, RMSNorm, GroupNorm:
+    the division by σ), and attention modules (softmax of QKᵀ and the products with V).
+    Nonlinearities written as plain functions inside a forward cannot be seen here.
+    """
+    found = set()
+    for module in model.modules():
+        cls = type(module)
+        if cls in SUPPORTED_NON_LINEAR:
+            continue
+        is_attention = isinstance(module, nn.MultiheadAttention) or "Attention" in cls.__name__
+        is_norm = isinstance(module, _NORMS) or (
+            cls.__name__.endswith("Norm") and not isinstance(module, _BATCH_NORMS)
+        )
+        is_activation = cls.__module__.startswith(_ACTIVATION_MODULES) and not list(
+            module.children()
+        )
+        if is_attention or is_norm or is_activation:
+            found.add(cls.__name__)
+    return sorted(found)
+
+
+def delta_metrics(attribution_sum: float, delta: float) -> dict[str, float]:
+    """Convergence delta ``Σattr − (F(x) − F(x0))``, its share of the logit difference, and that."""
+    difference = attribution_sum - delta
+    return {
+        "convergence_delta": delta,
+        "relative_convergence_delta": abs(delta) / max(abs(difference), 1e-12),
+        "logit_difference": difference,
+    }
+
+
+def warn_untreated(model: nn.Module, run: RunContext, metrics: dict[str, float]) -> None:
+    """Warn when DeepLIFT's summation-to-delta cannot hold for ``model`` (or visibly fails)."""
+    untreated = untreated_by_deeplift(model)
+    if untreated:
+        shown = ", ".join(untreated[:8]) + (" ..." if len(untreated) > 8 else "")
+        run.warn(
+            f"this model contains operations Captum's DeepLIFT has no rule for ({shown}); "
+            "gradients pass through them unchanged, so the attributions need not sum to "
+            f"F(x) - F(baseline): the convergence delta is "
+            f"{metrics['relative_convergence_delta']:.1%} of the logit difference"
+        )
+    elif metrics["relative_convergence_delta"] > _DELTA_WARNING:
+        run.warn(
+            f"the convergence delta is {metrics['relative_convergence_delta']:.1%} of "
+            "F(x) - F(baseline): a nonlinearity is not conserved (a max-pool whose maximum moves "
+            "between input and baseline, or a function DeepLIFT cannot see)"
+        )

@@ -67,6 +67,9 @@ class Adapter(ABC):
     features: frozenset[str] = frozenset({"gradients"})
     #: Kind of positional encoding: "learned", "sinusoidal", "rope", "relative" or None.
     positional_encoding: str | None = None
+    #: Which final positions the output reads: "first" (CLS), "last" (next token of a decoder),
+    #: "mean" (mean over attended tokens) or None (no token sequence, e.g. a CNN).
+    readout: str | None = None
 
     def __init__(self, model: nn.Module, model_id: str, revision: str | None = None) -> None:
         self.model = model.eval()

@@ -56,6 +56,7 @@ class TextClassifierAdapter(Adapter):
 
     modality = "text"
     family = "text-classifier"
+    readout = "first"
     features = _TEXT_FEATURES
     add_special_tokens = True
 
@@ -153,6 +154,7 @@ class ZeroShotAdapter(TextClassifierAdapter):
     """Zero-shot classifier over a sentence encoder; labels are free text (``with_labels``)."""
 
     family = "zero-shot-text"
+    readout = "mean"
     features = _TEXT_FEATURES | {"custom_labels"}
     prompt = "This is {}."
 
@@ -202,6 +204,7 @@ class DecoderLMAdapter(TextClassifierAdapter):
     """Causal LM (GPT-2, LLaMA, Mistral, Qwen2); the outputs are next-token logits."""
 
     family = "decoder-lm"
+    readout = "last"
 
     def __init__(
         self,

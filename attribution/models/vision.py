@@ -45,6 +45,7 @@ class ViTAdapter(_ImageClassifierAdapter):
     """Hugging Face ViT / DeiT image classifier (eager attention, CLS token first)."""
 
     family = "vision-transformer"
+    readout = "first"
     features = frozenset({"gradients", "attentions"})
 
     def __init__(self, model: nn.Module, model_id: str, transform: ImageTransform, **kwargs: Any):

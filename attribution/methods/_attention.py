@@ -1,0 +1,154 @@
+"""
+Shared pieces of attention rollout and attention flow (Abnar & Zuidema 2020).
+
+Paper: https://arxiv.org/abs/2005.00928. Both methods model a transformer as a layered graph
+whose layer-``l`` edges are the head-fused attention of block ``l`` plus the residual
+connection, ``Ã_l = 0.5·A_l + 0.5·I`` with rows renormalised to sum to 1. Where the model reads
+its output (CLS, the last position or a mean over tokens) comes from ``Adapter.readout``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from attribution.errors import UnsupportedMethodError
+from attribution.models.base import Adapter, Inputs, TextInputs
+from attribution.params import Param
+from attribution.run import RunContext
+
+__all__ = [
+    "HEAD_FUSION_PARAM",
+    "AttentionGraph",
+    "attention_graph",
+    "fuse_heads",
+    "to_scores",
+    "with_residual",
+]
+
+HEAD_FUSION_PARAM = Param(
+    "head_fusion",
+    "str",
+    "mean",
+    "How the heads of a layer are combined into one attention matrix: mean, max or min.",
+    choices=("mean", "max", "min"),
+)
+
+
+@dataclass(frozen=True)
+class AttentionGraph:
+    """
+    Head-fused attention of one input, restricted to the tokens the model attends to.
+
+    Attributes:
+        fused: ``(L, n, n)`` float64 head-fused attention probabilities per layer.
+        keep: ``(T,)`` bool, which input positions the ``n`` graph tokens are (padding out).
+        readout: ``(n,)`` float64 weights with which the output reads the last layer's
+            tokens (one-hot for CLS / last position, uniform for mean pooling); sums to 1.
+    """
+
+    fused: torch.Tensor
+    keep: torch.Tensor
+    readout: torch.Tensor
+
+    @property
+    def num_layers(self) -> int:
+        """Number of attention layers ``L``."""
+        return int(self.fused.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        """Number of graph tokens ``n`` (attended positions)."""
+        return int(self.fused.shape[-1])
+
+
+def attention_graph(
+    adapter: Adapter, inputs: Inputs, run: RunContext, head_fusion: str
+) -> AttentionGraph:
+    """
+    One forward pass collecting every layer's attention for example 0, heads fused.
+
+    Heads are fused per layer in float64 (see :func:`fuse_heads`). Text keeps the positions
+    with ``attention_mask == 1``; images keep every token. The readout follows
+    ``adapter.readout``: ``"first"`` (CLS of encoders and ViT), ``"last"`` (the position a
+    decoder predicts from) or ``"mean"`` (mean-pooled sentence encoders, such as the zero-shot
+    MiniLM: the output is the mean of the attended tokens' final states, so the explained row
+    is the mean of their rows).
+
+    Raises:
+        UnsupportedMethodError: the adapter declares no readout position.
+    """
+    if adapter.readout not in ("first", "last", "mean"):
+        raise UnsupportedMethodError(
+            f"model '{adapter.model_id}' ({adapter.family}) does not say which token its output "
+            "reads, so its attention graph has no output node"
+        )
+    with torch.no_grad():
+        layers = adapter.attentions(**inputs.model_kwargs())
+    run.count(forward=1)
+    fused = torch.stack([fuse_heads(layer[0].double(), head_fusion) for layer in layers])
+    if isinstance(inputs, TextInputs):
+        keep = inputs.attention_mask[0].bool().to(fused.device)
+    else:
+        keep = torch.ones(fused.shape[-1], dtype=torch.bool, device=fused.device)
+    if not keep.all():
+        fused = fused[:, keep][:, :, keep]
+    n = fused.shape[-1]
+    readout = torch.zeros(n, dtype=torch.float64, device=fused.device)
+    if adapter.readout == "first":
+        readout[0] = 1.0
+    elif adapter.readout == "last":
+        readout[-1] = 1.0
+    else:
+        readout.fill_(1.0 / n)
+    return AttentionGraph(fused, keep, readout)
+
+
+def fuse_heads(attentions: torch.Tensor, how: str) -> torch.Tensor:
+    """Combine heads ``(..., H, n, n) -> (..., n, n)`` by their mean, maximum or minimum."""
+    if how == "mean":
+        return attentions.mean(dim=-3)
+    if how == "max":
+        return attentions.amax(dim=-3)
+    if how == "min":
+        return attentions.amin(dim=-3)
+    raise ValueError(f"unknown head fusion '{how}'")
+
+
+def with_residual(fused: torch.Tensor) -> torch.Tensor:
+    """``Ã = 0.5·A + 0.5·I`` with each row renormalised to sum to 1 (works on ``(..., n, n)``)."""
+    eye = torch.eye(fused.shape[-1], dtype=fused.dtype, device=fused.device)
+    mixed = 0.5 * fused + 0.5 * eye
+    return mixed / mixed.sum(dim=-1, keepdim=True)
+
+
+def to_scores(
+    adapter: Adapter, inputs: Inputs, graph: AttentionGraph, values: torch.Tensor
+) -> np.ndarray:
+    """
+    Per-token values of the graph tokens as the method's ``scores``.
+
+    Text: one value per input position (0 at padding). Images: the patch tokens (the last
+    ``gh·gw`` tokens; CLS and any distillation token are dropped) reshaped to the patch grid and
+    upsampled bilinearly to the model input size.
+
+    Returns:
+        ``np.ndarray`` of shape ``(T,)`` or ``(H, W)``, float64.
+    """
+    values = values.detach().double()
+    if isinstance(inputs, TextInputs):
+        full = torch.zeros(graph.keep.shape[0], dtype=torch.float64, device=values.device)
+        full[graph.keep] = values
+        return full.cpu().numpy()
+    rows, cols = adapter.patch_grid
+    if values.shape[0] < rows * cols:
+        raise UnsupportedMethodError(
+            f"model '{adapter.model_id}' has {values.shape[0]} tokens, fewer than its "
+            f"{rows}×{cols} patch grid"
+        )
+    grid = values[-rows * cols :].reshape(1, 1, rows, cols)
+    upsampled = F.interpolate(grid, size=tuple(adapter.transform.size), mode="bilinear")
+    return upsampled[0, 0].cpu().numpy()

@@ -1,0 +1,67 @@
+"""DeepLIFT, Rescale rule (Shrikumar et al. 2017, https://arxiv.org/abs/1704.02685) via Captum."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from captum.attr import DeepLift as CaptumDeepLift
+from captum.attr import LayerDeepLift
+
+from attribution.methods._captum import (
+    BASELINE_PARAM,
+    attribute_with,
+    baseline_for,
+    deeplift_scope,
+    delta_metrics,
+    to_scores,
+    warn_untreated,
+)
+from attribution.methods.base import Attribution, AttributionMethod
+from attribution.methods.registry import register
+from attribution.models.base import Adapter, Inputs
+from attribution.run import RunContext
+
+__all__ = ["DeepLift"]
+
+
+@register
+class DeepLift(AttributionMethod):
+    """
+    Difference from a reference input, propagated with DeepLIFT's Rescale multipliers.
+
+    Text: Captum ``LayerDeepLift`` on the token-embedding output, against pad or mask tokens
+    (special tokens kept), summed over the embedding dimension. Images: Captum ``DeepLift``
+    on the normalised pixels, summed over colour channels. ``metrics.convergence_delta`` is
+    ``Σ attributions − (F(x) − F(baseline))``: zero up to rounding when every nonlinearity is
+    a module Captum has a rule for (ReLU, Sigmoid, Tanh, MaxPool, ...). GELU/SiLU, ReLU6,
+    LayerNorm/RMSNorm and attention get plain gradients instead; the Explanation warns when
+    the model contains such modules.
+    """
+
+    name = "deeplift"
+    title = "DeepLIFT (Rescale)"
+    paper = "https://arxiv.org/abs/1704.02685"
+    requires = frozenset({"gradients"})
+    has_convergence_delta = True
+    params = (BASELINE_PARAM,)
+
+    @classmethod
+    def attribute(
+        cls, adapter: Adapter, inputs: Inputs, target: int, params: dict[str, Any], run: RunContext
+    ) -> Attribution:
+        with deeplift_scope(adapter.model):
+            attributions, delta = attribute_with(
+                adapter,
+                inputs,
+                LayerDeepLift,
+                CaptumDeepLift,
+                as_module=True,
+                baselines=baseline_for(adapter, inputs, params["baseline"]),
+                target=target,
+                return_convergence_delta=True,
+            )
+        run.count(forward=3, backward=1)  # input+baseline batch, then F(x) and F(x0) for delta
+        scores = to_scores(attributions)
+        metrics = delta_metrics(float(scores.sum()), float(delta.sum()))
+        warn_untreated(adapter.model, run, metrics)
+        return Attribution(scores=scores, metrics=metrics)

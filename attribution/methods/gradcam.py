@@ -1,0 +1,113 @@
+"""Grad-CAM (Selvaraju et al. 2017, https://arxiv.org/abs/1610.02391) via Captum."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from captum.attr import LayerAttribution, LayerGradCam
+from torch import nn
+
+from attribution.errors import InvalidParameterError, UnsupportedMethodError
+from attribution.methods._captum import forward_function
+from attribution.methods.base import Attribution, AttributionMethod
+from attribution.methods.registry import register
+from attribution.models.base import Adapter, ImageInputs, Inputs
+from attribution.params import Param
+from attribution.run import RunContext
+
+__all__ = ["GradCam", "last_feature_map"]
+
+
+def last_feature_map(adapter: Adapter, pixel_values: torch.Tensor) -> str:
+    """
+    Name of the submodule of ``adapter.model`` whose output is the last spatial feature map.
+
+    Runs one forward pass with a hook on every submodule and returns the last module, in
+    execution order, to return a ``(B, C, h, w)`` tensor with ``h·w > 1``: the output of the
+    last convolutional block after its normalisation and activation (e.g. ``layer4`` of a
+    ResNet, ``bn2`` of a timm EfficientNet). The hooks are removed even if the pass fails.
+
+    Raises:
+        UnsupportedMethodError: no submodule returns a spatial feature map.
+    """
+    found: list[str] = []
+
+    def record(name: str) -> Any:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            spatial = isinstance(output, torch.Tensor) and output.dim() == 4
+            if spatial and output.shape[-1] * output.shape[-2] > 1:
+                found.append(name)
+
+        return hook
+
+    handles = []
+    try:
+        for name, module in adapter.model.named_modules():
+            if name:
+                handles.append(module.register_forward_hook(record(name)))
+        with torch.no_grad():
+            adapter.logits(pixel_values=pixel_values)
+    finally:
+        for handle in handles:
+            handle.remove()
+    if not found:
+        raise UnsupportedMethodError(
+            "Grad-CAM found no module returning a spatial feature map (B, C, h, w) in this model"
+        )
+    return found[-1]
+
+
+@register
+class GradCam(AttributionMethod):
+    """
+    Class activation map weighted by the spatially averaged gradients of the target logit.
+
+    ``CAM = ReLU(Σ_k mean_{h,w}(∂y/∂A_k) · A_k)`` on a convolutional feature map ``A`` (Captum
+    ``LayerGradCam``), upsampled bilinearly to the model input. By default ``A`` is the last
+    spatial feature map the network computes (see :func:`last_feature_map`); ``layer`` names
+    another module (its dotted name in ``model.named_modules()``).
+    """
+
+    name = "gradcam"
+    title = "Grad-CAM"
+    paper = "https://arxiv.org/abs/1610.02391"
+    modalities = frozenset({"image"})
+    requires = frozenset({"gradients", "convolutions"})
+    params = (
+        Param(
+            "layer",
+            "str",
+            "auto",
+            "Module whose feature map is used (dotted name); 'auto' = the last feature map.",
+        ),
+    )
+
+    @classmethod
+    def attribute(
+        cls, adapter: Adapter, inputs: Inputs, target: int, params: dict[str, Any], run: RunContext
+    ) -> Attribution:
+        if not isinstance(inputs, ImageInputs):
+            raise UnsupportedMethodError("Grad-CAM explains images only")
+        name = params["layer"]
+        if name == "auto":
+            name = last_feature_map(adapter, inputs.pixel_values)
+            run.count(forward=1)
+        modules = dict(adapter.model.named_modules())
+        if name not in modules or not name:
+            raise InvalidParameterError(
+                f"parameter 'layer' must name a module of the model (e.g. "
+                f"'{last_feature_map(adapter, inputs.pixel_values)}'); got {name!r}"
+            )
+        cam = LayerGradCam(forward_function(adapter, inputs), modules[name]).attribute(
+            inputs.pixel_values, target=target, relu_attributions=True
+        )
+        run.count(forward=1, backward=1)
+        if cam.dim() != 4:
+            raise InvalidParameterError(
+                f"parameter 'layer': module '{name}' does not output a (B, C, h, w) feature map"
+            )
+        upsampled = LayerAttribution.interpolate(
+            cam, tuple(inputs.pixel_values.shape[-2:]), interpolate_mode="bilinear"
+        )
+        return Attribution(scores=upsampled[0, 0].detach().double().cpu().numpy())

@@ -1,0 +1,234 @@
+"""DeepLIFT, DeepLIFT-SHAP and Grad-CAM: completeness, linear-model identity, peaks, refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from attribution import explain, get_method
+from attribution.errors import InvalidParameterError, UnsupportedMethodError
+from attribution.methods._captum import untreated_by_deeplift
+from attribution.models.images import ImageTransform
+from attribution.models.vision import CNNAdapter
+from attribution.run import RunContext
+
+SIZE = 16
+MEAN, STD = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
+
+
+def adapter_for(model: nn.Module, size: int = SIZE, classes: int = 4) -> CNNAdapter:
+    transform = ImageTransform((size, size), MEAN, STD)
+    return CNNAdapter(model, "toy", transform, [f"c{i}" for i in range(classes)])
+
+
+def seeded(build):
+    torch.manual_seed(0)
+    return build()
+
+
+def relu_cnn() -> nn.Module:
+    return seeded(
+        lambda: nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.ReLU(),
+            nn.AvgPool2d(2),  # Captum's max-pool rule is exact only if the argmax is unchanged
+            nn.Conv2d(8, 8, 3, padding=1),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(8, 4),
+        )
+    )
+
+
+def random_image(seed: int = 0, size: int = SIZE) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 255, (size, size, 3)).astype(np.uint8)
+
+
+def hook_count(model: nn.Module) -> int:
+    return sum(
+        len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks)
+        for m in model.modules()
+    )
+
+
+@pytest.mark.parametrize("method", ["deeplift", "deeplift_shap"])
+def test_deeplift_on_a_relu_cnn_sums_to_the_logit_difference(method):
+    adapter = adapter_for(relu_cnn())
+    inputs = adapter.preprocess(random_image())
+    explanation = explain(adapter, method, inputs, target=1)
+    metrics = explanation.metrics
+    assert abs(metrics["relative_convergence_delta"]) < 1e-4
+    assert explanation.scores.sum() - metrics["logit_difference"] == pytest.approx(
+        metrics["convergence_delta"], abs=1e-6
+    )
+    assert not explanation.warnings  # ReLU and linear layers: all treated exactly by Captum
+
+
+@pytest.mark.parametrize("baseline", ["mean", "black"])
+@pytest.mark.parametrize("method", ["deeplift", "deeplift_shap"])
+def test_deeplift_on_a_linear_model_is_weight_times_difference(method, baseline):
+    model = seeded(lambda: nn.Sequential(nn.Flatten(), nn.Linear(3 * SIZE * SIZE, 4)))
+    adapter = adapter_for(model)
+    inputs = adapter.preprocess(random_image(1))
+    params = {"baseline": baseline} | ({"noise": 0.0} if method == "deeplift_shap" else {})
+    explanation = explain(adapter, method, inputs, target=2, params=params)
+    x = inputs.pixel_values[0].double()
+    if baseline == "mean":
+        x0 = torch.zeros_like(x)
+    else:  # black pixels, normalised
+        x0 = (-torch.tensor(MEAN) / torch.tensor(STD)).double().view(3, 1, 1).expand_as(x)
+    weight = model[1].weight[2].detach().double().view(3, SIZE, SIZE)
+    expected = (weight * (x - x0)).sum(dim=0).numpy()
+    np.testing.assert_allclose(explanation.scores, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_deeplift_shap_averages_over_seeded_references():
+    adapter = adapter_for(relu_cnn())
+    inputs = adapter.preprocess(random_image(2))
+    first = explain(adapter, "deeplift_shap", inputs, params={"n_references": 4}, seed=3)
+    again = explain(adapter, "deeplift_shap", inputs, params={"n_references": 4}, seed=3)
+    other = explain(adapter, "deeplift_shap", inputs, params={"n_references": 4}, seed=4)
+    np.testing.assert_array_equal(first.scores, again.scores)
+    assert not np.allclose(first.scores, other.scores)
+    assert first.metrics["max_abs_reference_delta"] < 1e-4 * max(
+        1.0, abs(first.metrics["logit_difference"])
+    )
+
+
+@pytest.mark.parametrize("method", ["deeplift", "deeplift_shap"])
+def test_deeplift_on_a_transformer_warns_and_reports_delta(load_model, method):
+    adapter = load_model("tiny-random-llama")
+    inputs = adapter.preprocess("the cat sat on the mat")
+    hooks = hook_count(adapter.model)  # transformers keeps its own output-capturing hooks
+    explanation = explain(adapter, method, inputs)
+    assert explanation.scores.shape == (len(inputs.tokens),)
+    assert "convergence_delta" in explanation.metrics
+    (warning,) = [w for w in explanation.warnings if "DeepLIFT" in w]
+    for kind in ("Attention", "RMSNorm", "SiLU"):
+        assert kind in warning
+    assert hook_count(adapter.model) == hooks
+
+
+def test_untreated_modules_are_found_by_type():
+    bert_like = nn.Sequential(nn.Linear(4, 4), nn.GELU(), nn.LayerNorm(4))
+    attention = nn.MultiheadAttention(4, 2)
+    assert untreated_by_deeplift(bert_like) == ["GELU", "LayerNorm"]
+    assert untreated_by_deeplift(nn.Sequential(attention)) == ["MultiheadAttention"]
+    assert untreated_by_deeplift(relu_cnn()) == []
+    assert untreated_by_deeplift(nn.Sequential(nn.BatchNorm2d(3), nn.ReLU6())) == ["ReLU6"]
+
+
+class ReusedReLU(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(3, 4, 3), nn.Conv2d(4, 4, 3)
+        self.relu = nn.ReLU()
+        self.head = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.relu(self.conv2(self.relu(self.conv1(x)))).mean(dim=(2, 3)))
+
+
+class FailsMidForward(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.relu = nn.Conv2d(3, 4, 3), nn.ReLU()
+        self.fail = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.relu(self.conv(x))
+        if self.fail:
+            raise RuntimeError("forced failure")
+        return hidden.mean(dim=(2, 3))
+
+
+def test_deeplift_refuses_a_module_used_twice_and_cleans_up():
+    model = seeded(ReusedReLU)
+    adapter = adapter_for(model)
+    inputs = adapter.preprocess(random_image())
+    with pytest.raises(UnsupportedMethodError, match="more than once"):
+        explain(adapter, "deeplift", inputs)
+    assert hook_count(model) == 0
+    assert not any(hasattr(m, "input") or hasattr(m, "output") for m in model.modules())
+
+
+@pytest.mark.parametrize("method", ["deeplift", "gradcam"])
+def test_an_error_mid_forward_leaves_the_model_unchanged(method):
+    model = seeded(FailsMidForward)
+    adapter = adapter_for(model)
+    inputs = adapter.preprocess(random_image())
+    with torch.no_grad():
+        before = model(inputs.pixel_values)
+    attributes = {name: set(vars(m)) for name, m in model.named_modules()}
+    model.fail = True
+    with pytest.raises(RuntimeError, match="forced failure"):
+        # explain() runs a plain forward first, so call the method itself
+        get_method(method).attribute(
+            adapter, inputs, 0, {"baseline": "auto", "layer": "auto"}, RunContext()
+        )
+    model.fail = False
+    assert hook_count(model) == 0
+    assert {name: set(vars(m)) for name, m in model.named_modules()} == attributes
+    with torch.no_grad():
+        assert torch.equal(model(inputs.pixel_values), before)
+
+
+def bright_corner_model() -> nn.Module:
+    model = nn.Sequential(
+        nn.Conv2d(3, 2, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(2, 2),
+    )
+    with torch.no_grad():
+        model[0].weight.zero_()
+        model[0].weight[0, :, 1, 1] = 1.0  # channel 0: brightness; channel 1: dark
+        model[0].weight[1, :, 1, 1] = -1.0
+        model[0].bias.zero_()
+        model[4].weight.copy_(torch.eye(2))
+        model[4].bias.zero_()
+    return model
+
+
+def test_gradcam_peaks_where_the_class_evidence_is():
+    adapter = CNNAdapter(
+        bright_corner_model(),
+        "corner",
+        ImageTransform((SIZE, SIZE), (0, 0, 0), (1, 1, 1)),
+        ["a", "b"],
+    )
+    image = np.zeros((SIZE, SIZE, 3), dtype=np.uint8)
+    image[:4, :4] = 255
+    explanation = explain(adapter, "gradcam", adapter.preprocess(image), target=0)
+    scores = explanation.scores
+    assert scores.shape == (SIZE, SIZE) and (scores >= 0).all()
+    row, col = np.unravel_index(scores.argmax(), scores.shape)
+    assert row < 5 and col < 5
+    assert scores[8:, 8:].max() == pytest.approx(0.0, abs=1e-9)
+
+
+def test_gradcam_layer_parameter():
+    adapter = adapter_for(relu_cnn())
+    inputs = adapter.preprocess(random_image())
+    auto = explain(adapter, "gradcam", inputs, target=0)
+    named = explain(adapter, "gradcam", inputs, target=0, params={"layer": "4"})  # last ReLU
+    np.testing.assert_allclose(auto.scores, named.scores)
+    with pytest.raises(InvalidParameterError, match="must name a module"):
+        explain(adapter, "gradcam", inputs, params={"layer": "no.such.layer"})
+
+
+def test_gradcam_on_efficientnet(effnet):
+    hooks = hook_count(effnet.model)
+    explanation = explain(effnet, "gradcam", effnet.preprocess(random_image(size=64)))
+    assert explanation.scores.shape == (224, 224)
+    assert (explanation.scores >= 0).all() and explanation.scores.max() > 0
+    assert hook_count(effnet.model) == hooks
+
+
+def test_gradcam_refuses_text(minilm):
+    with pytest.raises(UnsupportedMethodError, match="image"):
+        explain(minilm, "gradcam", minilm.preprocess("a text"))
