@@ -1,0 +1,229 @@
+"""
+Where each transformer family keeps what LRP needs: module paths as data, never code.
+
+Paths are dotted module names matched as a suffix of ``model.named_modules()`` names, so the
+same row serves a bare encoder, a classifier around it and the zero-shot wrapper (e.g.
+``"encoder.layer"`` matches ``bert.encoder.layer`` and ``encoder.encoder.layer``). Paths inside
+a block (``attention``, ``gated_product``) and inside the attention module (rotary ``query`` /
+``key``) are relative to it. Adding a family means adding a row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+from transformers import activations as hf_activations
+
+from attribution.errors import UnsupportedMethodError
+from attribution.models.base import Adapter
+
+__all__ = [
+    "ACTIVATION_TYPES",
+    "LAYOUTS",
+    "LRPLayout",
+    "RotaryLayout",
+    "find_module",
+    "find_parameter",
+    "layout_for",
+    "unsupported_reason",
+]
+
+_HF_ACTIVATIONS = (
+    "GELUActivation",
+    "NewGELUActivation",
+    "FastGELUActivation",
+    "QuickGELUActivation",
+    "GELUTanh",
+    "PytorchGELUTanh",
+    "AccurateGELUActivation",
+    "ClippedGELUActivation",
+    "SiLUActivation",
+    "MishActivation",
+)
+
+#: Elementwise activations that get the identity rule (transformers' own classes included).
+ACTIVATION_TYPES: tuple[type[nn.Module], ...] = (
+    nn.GELU,
+    nn.SiLU,
+    nn.ReLU,
+    nn.Tanh,
+    nn.Mish,
+    nn.ELU,
+    nn.LeakyReLU,
+    nn.Softplus,
+    *(getattr(hf_activations, name) for name in _HF_ACTIVATIONS if hasattr(hf_activations, name)),
+)
+
+
+@dataclass(frozen=True)
+class RotaryLayout:
+    """
+    Rotary position embedding (RoPE): where cos/sin enter and which projections they rotate.
+
+    Attributes:
+        kwarg: Keyword under which each attention module receives ``(cos, sin)``.
+        query: Query projection inside the attention module.
+        key: Key projection inside the attention module.
+    """
+
+    kwarg: str = "position_embeddings"
+    query: str = "q_proj"
+    key: str = "k_proj"
+
+
+@dataclass(frozen=True)
+class LRPLayout:
+    """
+    One architecture's LRP-relevant parts.
+
+    Attributes:
+        blocks: The ``ModuleList`` of transformer blocks.
+        attention: Module inside a block that calls the attention interface with (q, k, v).
+        embedding_sum: ``(module, "input" | "output")`` where the input embedding ``x0``
+            (token + positional for additive PE) is first visible as one tensor.
+        token_parts: Modules whose outputs are summed into the token embedding ``E`` (word and
+            token-type embeddings; ViT: the patch embedding).
+        prefix_tokens: Learned tokens concatenated before the patches (ViT CLS, DeiT
+            distillation token), as parameter paths.
+        position: ``(path, "module" | "parameter")`` of the additive positional embedding ``P``.
+        input_embedding: Text: the word-embedding module whose output becomes the leaf tensor
+            of the backward pass (images use the pixels instead).
+        rotary: RoPE details, for LLaMA-style models.
+        gated_product: Module inside a block whose input is the gated-MLP product ``act(g)·u``.
+    """
+
+    blocks: str
+    attention: str
+    embedding_sum: tuple[str, str]
+    token_parts: tuple[str, ...]
+    prefix_tokens: tuple[str, ...] = ()
+    position: tuple[str, str] | None = None
+    input_embedding: str | None = None
+    rotary: RotaryLayout | None = None
+    gated_product: str | None = None
+
+
+_BERT = LRPLayout(
+    blocks="encoder.layer",
+    attention="attention.self",
+    embedding_sum=("embeddings.LayerNorm", "input"),
+    token_parts=("embeddings.word_embeddings", "embeddings.token_type_embeddings"),
+    position=("embeddings.position_embeddings", "module"),
+    input_embedding="embeddings.word_embeddings",
+)
+_DISTILBERT = LRPLayout(
+    blocks="transformer.layer",
+    attention="attention",
+    embedding_sum=("embeddings.LayerNorm", "input"),
+    token_parts=("embeddings.word_embeddings",),
+    position=("embeddings.position_embeddings", "module"),
+    input_embedding="embeddings.word_embeddings",
+)
+_GPT2 = LRPLayout(
+    blocks="h",
+    attention="attn",
+    embedding_sum=("drop", "input"),
+    token_parts=("wte",),
+    position=("wpe", "module"),
+    input_embedding="wte",
+)
+_LLAMA = LRPLayout(
+    blocks="layers",
+    attention="self_attn",
+    embedding_sum=("embed_tokens", "output"),
+    token_parts=("embed_tokens",),
+    input_embedding="embed_tokens",
+    rotary=RotaryLayout(),
+    gated_product="mlp.down_proj",
+)
+_VIT = LRPLayout(
+    blocks="layers",
+    attention="attention",
+    embedding_sum=("embeddings", "output"),
+    token_parts=("embeddings.patch_embeddings",),
+    prefix_tokens=("embeddings.cls_token",),
+    position=("embeddings.position_embeddings", "parameter"),
+)
+_DEIT = LRPLayout(
+    blocks="layers",
+    attention="attention",
+    embedding_sum=("embeddings", "output"),
+    token_parts=("embeddings.patch_embeddings",),
+    prefix_tokens=("embeddings.cls_token", "embeddings.distillation_token"),
+    position=("embeddings.position_embeddings", "parameter"),
+)
+
+#: Hugging Face ``model_type`` -> layout.
+LAYOUTS: dict[str, LRPLayout] = {
+    "bert": _BERT,
+    "roberta": _BERT,
+    "xlm-roberta": _BERT,
+    "electra": _BERT,
+    "distilbert": _DISTILBERT,
+    "gpt2": _GPT2,
+    "llama": _LLAMA,
+    "mistral": _LLAMA,
+    "qwen2": _LLAMA,
+    "vit": _VIT,
+    "deit": _DEIT,
+}
+
+
+def unsupported_reason(adapter: Adapter) -> str | None:
+    """``None`` if the LRP patches know this model, else why not (for ``unsupported_reason``)."""
+    config = getattr(adapter, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in LAYOUTS:
+        known = ", ".join(sorted(LAYOUTS))
+        kind = f"'{model_type}'" if model_type else adapter.family
+        return (
+            f"LRP rules exist for transformer families ({known}); model '{adapter.model_id}' "
+            f"is {kind}"
+        )
+    implementation = getattr(config, "_attn_implementation", "eager")
+    if implementation not in (None, "eager"):
+        return (
+            f"LRP needs eager attention, but model '{adapter.model_id}' uses "
+            f"'{implementation}'; load it with attn_implementation='eager'"
+        )
+    return None
+
+
+def layout_for(adapter: Adapter) -> LRPLayout:
+    """
+    The layout of ``adapter``'s architecture.
+
+    Raises:
+        UnsupportedMethodError: For CNNs and transformer families without a row here.
+    """
+    reason = unsupported_reason(adapter)
+    if reason is not None:
+        raise UnsupportedMethodError(reason)
+    return LAYOUTS[adapter.config.model_type]
+
+
+def find_module(model: nn.Module, path: str) -> nn.Module:
+    """
+    The one module whose dotted name is ``path`` or ends with ``"." + path``.
+
+    Raises:
+        UnsupportedMethodError: If none or several modules match.
+    """
+    found = [m for name, m in model.named_modules() if name == path or name.endswith("." + path)]
+    if len(found) != 1:
+        problem = "no module" if not found else f"{len(found)} modules"
+        raise UnsupportedMethodError(
+            f"LRP could not locate '{path}' in {type(model).__name__}: {problem} match"
+        )
+    return found[0]
+
+
+def find_parameter(model: nn.Module, path: str) -> nn.Parameter:
+    """The one parameter whose dotted name is ``path`` or ends with ``"." + path``."""
+    found = [p for name, p in model.named_parameters() if name == path or name.endswith("." + path)]
+    if len(found) != 1:
+        raise UnsupportedMethodError(
+            f"LRP could not locate parameter '{path}' in {type(model).__name__}"
+        )
+    return found[0]

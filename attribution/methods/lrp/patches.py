@@ -1,0 +1,255 @@
+"""
+Undoable patches that put the LRP rules into a model without editing its source.
+
+Everything is a forward hook, a forward pre-hook or an attribute swap registered on an
+:class:`~contextlib.ExitStack`, so leaving the ``with`` block (normally or by an exception)
+removes all of it. Attention is routed through :func:`_lrp_attention` by giving each attention
+module a config view whose ``_attn_implementation`` names it; the family's own eager attention
+function then runs on (q, k, v) whose gradients carry the uniform rule.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from transformers.modeling_outputs import SequenceClassifierOutput
+from transformers.modeling_utils import AttentionInterface
+
+from attribution.errors import UnsupportedMethodError
+from attribution.methods.lrp import positional
+from attribution.methods.lrp.layouts import ACTIVATION_TYPES, LRPLayout, find_module
+from attribution.methods.lrp.rules import (
+    AffineOp,
+    gamma_rule,
+    identity_rule,
+    layer_norm_rule,
+    rms_norm_rule,
+    scale_gradient,
+)
+from attribution.models.base import Adapter
+
+__all__ = ["ATTENTION_IMPLEMENTATION", "Recorder", "lrp_rules", "transformer_lrp"]
+
+#: Name under which the LRP attention wrapper is registered with transformers.
+ATTENTION_IMPLEMENTATION = "attrlab_lrp"
+#: Uniform rule on QKᵀ (½) and on A·V (½): q and k get ¼ of their gradient, v ½.
+_QK_FACTOR, _V_FACTOR = 0.25, 0.5
+_ACTIVE: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+
+
+@dataclass
+class Recorder:
+    """Tensors captured during one patched forward pass (graph tensors and plain values)."""
+
+    embedding_sum: torch.Tensor | None = None
+    token_parts: list[torch.Tensor] = field(default_factory=list)
+    prefix_tokens: list[torch.Tensor] = field(default_factory=list)
+    position: torch.Tensor | None = None
+    blocks: dict[int, torch.Tensor] = field(default_factory=dict)
+    last: torch.Tensor | None = None
+    rotary: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    unrotated: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    attention: dict[int, tuple[torch.Tensor, ...]] = field(default_factory=dict)
+
+
+@contextmanager
+def lrp_rules(
+    model: nn.Module, gamma_linear: float = 0.0, gamma_conv: float = 0.0
+) -> Iterator[None]:
+    """
+    Architecture-independent rules on every module of ``model`` while the block runs.
+
+    Identity rule on elementwise activations, constant ``1/σ`` in LayerNorm and RMSNorm, the
+    γ-rule on linear layers / convolutions when ``gamma_linear`` / ``gamma_conv`` > 0, and eval
+    mode (dropout is the identity). Raises ``RuntimeError`` if ``model`` is already patched.
+    """
+    if model in _ACTIVE:
+        raise RuntimeError("LRP rules are already applied to this model (nested use)")
+    with ExitStack() as stack:
+        _ACTIVE.add(model)
+        stack.callback(_ACTIVE.discard, model)
+        stack.enter_context(_eval_mode(model))
+        for module in model.modules():
+            rule = _module_rule(module, gamma_linear, gamma_conv)
+            if rule is not None:
+                stack.callback(module.register_forward_hook(rule).remove)
+        yield
+
+
+def _module_rule(module: nn.Module, gamma_linear: float, gamma_conv: float) -> Callable | None:
+    if isinstance(module, ACTIVATION_TYPES):
+        return lambda _m, args, out: identity_rule(args[0], out)
+    if isinstance(module, nn.LayerNorm):
+        ndim, eps = len(module.normalized_shape), module.eps
+        return lambda m, args, out: layer_norm_rule(args[0], out, ndim, m.weight, eps)
+    if type(module).__name__.endswith("RMSNorm") and hasattr(module, "weight"):
+        eps = getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6))
+        return lambda m, args, out: rms_norm_rule(args[0], out, m.weight, eps)
+    gamma = gamma_conv if isinstance(module, nn.Conv2d) else gamma_linear
+    op = AffineOp.of(module) if gamma > 0 else None
+    if op is not None:
+        return lambda _m, args, out: gamma_rule(args[0], out, op, gamma)
+    return None
+
+
+@contextmanager
+def _eval_mode(model: nn.Module) -> Iterator[None]:
+    modes = {module: module.training for module in model.modules()}
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, mode in modes.items():
+            module.training = mode
+
+
+@contextmanager
+def transformer_lrp(
+    adapter: Adapter,
+    layout: LRPLayout,
+    pe_aware: bool,
+    gamma_linear: float = 0.0,
+    gamma_conv: float = 0.0,
+    record: bool = False,
+) -> Iterator[Recorder]:
+    """
+    AttnLRP (``pe_aware=False``) or PA-LRP rules on ``adapter.model``; yields the recorder.
+
+    On top of :func:`lrp_rules`: the uniform rule in every attention module, ½ on gated-MLP
+    products, the zero-shot cosine head with a constant ``1/‖x‖``, recording of the residual
+    stream and the input embedding, and (PA-LRP) the positional rules of
+    :mod:`~attribution.methods.lrp.positional`. ``record`` also keeps each attention call's
+    (q, k, v, output) and the unrotated q/k of RoPE models (for conservation checks).
+    """
+    model, recorder = adapter.model, Recorder()
+    with ExitStack() as stack:
+        stack.enter_context(lrp_rules(model, gamma_linear, gamma_conv))
+        blocks = list(find_module(model, layout.blocks).children())
+        for index, block in enumerate(blocks):
+            attention = block.get_submodule(layout.attention)
+            keep = recorder.attention if record else None
+            stack.enter_context(_route_attention(attention, index, keep))
+            hook = block.register_forward_pre_hook(
+                _block_recorder(recorder, index), with_kwargs=True
+            )
+            stack.callback(hook.remove)
+            if layout.gated_product is not None:
+                gate = block.get_submodule(layout.gated_product)
+                halve = gate.register_forward_pre_hook(
+                    lambda _m, args: (scale_gradient(args[0], 0.5),)
+                )
+                stack.callback(halve.remove)
+            if layout.rotary is not None:
+                positional.rotary_hooks(
+                    stack, attention, layout.rotary, recorder, index, pe_aware, record
+                )
+        last = blocks[-1].register_forward_hook(lambda _m, _a, out: _set_last(recorder, out))
+        stack.callback(last.remove)
+        positional.embedding_hooks(stack, model, layout, recorder)
+        head = _HEADS.get(adapter.family)
+        if head is not None:
+            head(stack, model)
+        yield recorder
+
+
+def _block_recorder(recorder: Recorder, index: int) -> Callable:
+    def hook(_module: nn.Module, args: tuple, kwargs: dict) -> None:
+        hidden = args[0] if args else kwargs.get("hidden_states")
+        if isinstance(hidden, torch.Tensor):
+            recorder.blocks[index] = hidden
+
+    return hook
+
+
+def _set_last(recorder: Recorder, output: Any) -> None:
+    recorder.last = output if isinstance(output, torch.Tensor) else output[0]
+
+
+class _AttentionConfig:
+    """An attention module's config as seen during LRP: same values, LRP attention function."""
+
+    def __init__(self, config: Any, eager: Callable, index: int, keep: dict | None):
+        self._config, self._lrp_eager, self._lrp_index, self._lrp_keep = config, eager, index, keep
+        self._attn_implementation = ATTENTION_IMPLEMENTATION
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_config":  # not yet set (copy, pickle): avoid recursing
+            raise AttributeError(name)
+        return getattr(self._config, name)
+
+
+def _lrp_attention(
+    module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args, **kwargs
+) -> Any:
+    """Eager attention of ``module``'s family with the uniform rule on both matmuls."""
+    route = module.config
+    if not isinstance(route, _AttentionConfig):
+        raise RuntimeError(f"'{ATTENTION_IMPLEMENTATION}' attention used outside an LRP context")
+    if "dropout" in kwargs:
+        kwargs["dropout"] = 0.0
+    ruled = (
+        scale_gradient(query, _QK_FACTOR),
+        scale_gradient(key, _QK_FACTOR),
+        scale_gradient(value, _V_FACTOR),
+    )
+    output, weights = route._lrp_eager(module, *ruled, *args, **kwargs)
+    if route._lrp_keep is not None:
+        route._lrp_keep[route._lrp_index] = (query, key, value, output)
+    return output, weights
+
+
+AttentionInterface.register(ATTENTION_IMPLEMENTATION, _lrp_attention)
+
+
+@contextmanager
+def _route_attention(attention: nn.Module, index: int, keep: dict | None) -> Iterator[None]:
+    eager = getattr(sys.modules[type(attention).__module__], "eager_attention_forward", None)
+    config = getattr(attention, "config", None)
+    if eager is None or config is None:
+        raise UnsupportedMethodError(
+            f"LRP cannot route attention of {type(attention).__name__}: it does not use the "
+            "transformers attention interface"
+        )
+    attention.config = _AttentionConfig(config, eager, index, keep)
+    try:
+        yield
+    finally:
+        attention.config = config
+
+
+def _cosine_head(stack: ExitStack, model: nn.Module) -> None:
+    """
+    Zero-shot head ``s·cos(mean_pool(h), e)``: the L2 normalisation gets a constant ``1/‖x‖``.
+
+    Treated like a norm layer under AttnLRP; mean pooling and the dot product are linear.
+    The logits keep their exact value; only their backward pass changes.
+    """
+    seen: dict[str, torch.Tensor] = {}
+
+    def keep_hidden(_m: nn.Module, _a: tuple, out: Any) -> None:
+        seen["hidden"] = out.last_hidden_state
+
+    def head(module: nn.Module, args: tuple, kwargs: dict, out: Any) -> Any:
+        mask = kwargs.get("attention_mask", args[0] if args else None)
+        hidden = seen.pop("hidden")
+        weights = mask.unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * weights).sum(1) / weights.sum(1).clamp_min(1e-9)
+        norm = pooled.detach().norm(dim=-1, keepdim=True).clamp_min(1e-12)
+        labels = module.label_embeddings.T.to(hidden.dtype)
+        surrogate = module.scale * (pooled / norm) @ labels
+        logits = out.logits.detach() + (surrogate - surrogate.detach())
+        return SequenceClassifierOutput(logits=logits, attentions=out.attentions)
+
+    stack.callback(model.encoder.register_forward_hook(keep_hidden).remove)
+    stack.callback(model.register_forward_hook(head, with_kwargs=True).remove)
+
+
+#: Adapter family -> patch of its classification head (heads other than linear layers).
+_HEADS: dict[str, Callable[[ExitStack, nn.Module], None]] = {"zero-shot-text": _cosine_head}

@@ -1,0 +1,191 @@
+"""
+Positional-encoding-aware LRP rules (PA-LRP; Bakish et al. 2025, https://arxiv.org/abs/2506.02138).
+
+The input of a transformer is a set of (token, position) pairs, so relevance should reach both.
+
+* Additive PE (BERT, RoBERTa, DistilBERT, GPT-2, ViT/DeiT): at ``x0 = E + P`` the proportional
+  rule gives ``R_E = E/(E+P)·R`` and ``R_P = P/(E+P)·R``. In Gradient × Input form these are
+  exactly ``E ⊙ g`` and ``P ⊙ g`` with ``g`` the gradient at ``x0``: the ε of the proportional
+  rule is not needed because nothing is divided. ``E`` counts every non-positional part of the
+  sum (word and token-type embeddings; ViT: patch embedding and CLS/distillation tokens).
+  Plain AttnLRP propagates through the same graph and reports only ``R_E``.
+* RoPE (LLaMA, Mistral, Qwen2): ``q' = q⊙cos + rot(q)⊙sin`` (same for k). The sum gets the
+  proportional rule (automatic for a sum), each product the uniform rule: ½ of its relevance
+  to q, ½ to cos/sin. Every layer gets its own cos/sin leaf tensors; the positional score of
+  position t is ``Σ_layers Σ_{cos,sin} |Σ_d R[t, d]|`` (the reference code's aggregation).
+  Plain AttnLRP treats cos/sin as constants, so all relevance stays with q/k.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from attribution.errors import UnsupportedMethodError
+from attribution.methods.lrp.layouts import LRPLayout, RotaryLayout, find_module, find_parameter
+from attribution.methods.lrp.rules import scale_gradient
+
+if TYPE_CHECKING:
+    from attribution.methods.lrp.patches import Recorder
+
+__all__ = ["embedding_hooks", "embedding_split", "rotary_hooks", "rotary_scores", "spread_patches"]
+
+
+def rotary_hooks(
+    stack: ExitStack,
+    attention: nn.Module,
+    rotary: RotaryLayout,
+    recorder: Recorder,
+    index: int,
+    pe_aware: bool,
+    record: bool,
+) -> None:
+    """
+    Register the RoPE rules of one attention module on ``stack``.
+
+    PA-LRP replaces the layer's ``(cos, sin)`` by fresh leaf tensors (recorded) whose gradient
+    is halved, and halves the gradient of the unrotated q and k: the uniform rule on
+    ``q⊙cos`` and ``rot(q)⊙sin``. With ``record`` the unrotated q/k are kept as well.
+    """
+    if pe_aware:
+
+        def leaves(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+            if rotary.kwarg not in kwargs:
+                raise UnsupportedMethodError(
+                    f"PA-LRP expected rotary '{rotary.kwarg}' = (cos, sin) in "
+                    f"{type(attention).__name__}'s arguments"
+                )
+            cos, sin = (t.detach().requires_grad_(True) for t in kwargs[rotary.kwarg])
+            recorder.rotary[index] = (cos, sin)
+            kwargs = {**kwargs, rotary.kwarg: (scale_gradient(cos, 0.5), scale_gradient(sin, 0.5))}
+            return args, kwargs
+
+        stack.callback(attention.register_forward_pre_hook(leaves, with_kwargs=True).remove)
+    if not (pe_aware or record):
+        return
+    for slot, path in enumerate((rotary.query, rotary.key)):
+        projection = attention.get_submodule(path)
+        hook = projection.register_forward_hook(_unrotated(recorder, index, slot, pe_aware, record))
+        stack.callback(hook.remove)
+
+
+def _unrotated(recorder: Recorder, index: int, slot: int, pe_aware: bool, record: bool) -> Any:
+    def hook(_m: nn.Module, _args: tuple, out: torch.Tensor) -> torch.Tensor | None:
+        if record:
+            pair = recorder.unrotated.get(index, (out, out))
+            recorder.unrotated[index] = (out, pair[1]) if slot == 0 else (pair[0], out)
+        return scale_gradient(out, 0.5) if pe_aware else None
+
+    return hook
+
+
+def embedding_hooks(
+    stack: ExitStack, model: nn.Module, layout: LRPLayout, recorder: Recorder
+) -> None:
+    """
+    Record ``x0``, the token parts ``E`` and the positional embedding ``P`` during the forward.
+
+    Text models also turn the word-embedding output into a leaf tensor, so the backward pass
+    stops there (no weight gradients) and works even with frozen parameters.
+    """
+    if layout.input_embedding is not None:
+        leaf = find_module(model, layout.input_embedding).register_forward_hook(
+            lambda _m, _a, out: out.detach().requires_grad_(True)
+        )
+        stack.callback(leaf.remove)
+    path, where = layout.embedding_sum
+    module = find_module(model, path)
+    if where == "input":
+        hook = module.register_forward_pre_hook(lambda _m, args: _keep_sum(recorder, args[0]))
+    else:
+        hook = module.register_forward_hook(lambda _m, _a, out: _keep_sum(recorder, out))
+    stack.callback(hook.remove)
+    for part in layout.token_parts:
+        hook = find_module(model, part).register_forward_hook(
+            lambda _m, _a, out: recorder.token_parts.append(out.detach())
+        )
+        stack.callback(hook.remove)
+    recorder.prefix_tokens = [find_parameter(model, p).detach() for p in layout.prefix_tokens]
+    if layout.position is not None:
+        path, kind = layout.position
+        if kind == "parameter":
+            recorder.position = find_parameter(model, path).detach()
+        else:
+            hook = find_module(model, path).register_forward_hook(
+                lambda _m, _a, out: setattr(recorder, "position", out.detach())
+            )
+            stack.callback(hook.remove)
+
+
+def _keep_sum(recorder: Recorder, tensor: torch.Tensor) -> None:
+    recorder.embedding_sum = tensor
+
+
+def embedding_split(
+    recorder: Recorder, grad: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """
+    Per-position relevance ``(Σ_d E⊙g, Σ_d P⊙g or None, Σ_d x0⊙g)`` at the embedding sum.
+
+    Raises:
+        UnsupportedMethodError: if the recorded parts do not add up to ``x0`` (the layout
+            does not describe this model).
+    """
+    if recorder.embedding_sum is None or not recorder.token_parts:
+        raise UnsupportedMethodError(
+            "LRP did not see the input embedding of this model (was it called with input ids?)"
+        )
+    x0 = recorder.embedding_sum.detach()
+    token = sum(recorder.token_parts[1:], recorder.token_parts[0])
+    if recorder.prefix_tokens:
+        prefix = [p.expand(token.shape[0], -1, -1) for p in recorder.prefix_tokens]
+        token = torch.cat([*prefix, token], dim=1)
+    position = recorder.position
+    rebuilt = token if position is None else token + position
+    if rebuilt.shape != x0.shape or not torch.allclose(rebuilt, x0, rtol=1e-4, atol=1e-5):
+        raise UnsupportedMethodError(
+            "PA-LRP could not split the input embedding into token and positional parts "
+            "for this model (its embedding layer differs from the known layout)"
+        )
+    token_relevance = (token * grad).sum(-1)[0]
+    position_relevance = None if position is None else (position * grad).sum(-1)[0]
+    return token_relevance, position_relevance, (x0 * grad).sum(-1)[0]
+
+
+def rotary_scores(
+    recorder: Recorder, grads: dict[str, torch.Tensor]
+) -> tuple[np.ndarray, list[float], float]:
+    """
+    RoPE positional relevance from the per-layer cos/sin leaves.
+
+    Returns:
+        Positional score per position (``Σ_layers Σ_{cos,sin} |Σ_d R|``), the per-layer sum of
+        that score over positions, and the signed total (what enters conservation).
+    """
+    scores, per_layer, signed = None, [], 0.0
+    for index in sorted(recorder.rotary):
+        layer = None
+        for slot, leaf in enumerate(recorder.rotary[index]):
+            grad = grads.get(f"rotary.{index}.{slot}")
+            relevance = torch.zeros(leaf.shape[-2]) if grad is None else (leaf * grad).sum(-1)[0]
+            relevance = relevance.detach().double().cpu()
+            signed += float(relevance.sum())
+            layer = relevance.abs() if layer is None else layer + relevance.abs()
+        per_layer.append(float(layer.sum()))
+        scores = layer if scores is None else scores + layer
+    return scores.numpy(), per_layer, signed
+
+
+def spread_patches(
+    values: torch.Tensor, grid: tuple[int, int], size: tuple[int, int]
+) -> np.ndarray:
+    """Spread one value per patch uniformly over the patch's pixels: ``(gh·gw,) -> (H, W)``."""
+    rows, cols = grid
+    patch_h, patch_w = size[0] // rows, size[1] // cols
+    per_pixel = values.detach().double().cpu().reshape(rows, cols) / (patch_h * patch_w)
+    block = torch.ones(patch_h, patch_w, dtype=per_pixel.dtype)
+    return torch.kron(per_pixel, block).numpy()

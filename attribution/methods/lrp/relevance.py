@@ -1,0 +1,231 @@
+"""
+One patched forward, one backward: relevance of the target logit for AttnLRP and PA-LRP.
+
+The backward starts from the target logit itself (gradient 1), so ``x ⊙ grad`` at any tensor
+is its LRP relevance and the relevance entering the last layer equals the logit. The result
+keeps token, positional and per-layer relevance separately; :func:`to_attribution` turns it
+into what a method returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+
+from attribution.errors import UnsupportedMethodError
+from attribution.methods.base import Attribution
+from attribution.methods.lrp import positional
+from attribution.methods.lrp.layouts import layout_for
+from attribution.methods.lrp.patches import Recorder, transformer_lrp
+from attribution.models.base import Adapter, ImageInputs, Inputs
+
+__all__ = ["LRPResult", "lrp", "to_attribution"]
+
+
+@dataclass
+class LRPResult:
+    """
+    Relevance of one explained output (float64).
+
+    Attributes:
+        target_logit: The explained logit (value of the patched forward, equal to the model's).
+        scores: Token relevance ``Σ_d R_E`` per token (text) or pixel relevance (image, H×W).
+        positional_scores: Positional relevance per token (text) or spread over each patch's
+            pixels (image); signed for additive PE, the absolute-value score for RoPE.
+            ``None`` when the model's positional encoding got no relevance (AttnLRP with RoPE).
+        token_total: Sum of the content relevance at the input (tokens, or pixels plus the
+            CLS/distillation tokens).
+        positional_total: Signed sum of all positional relevance.
+        prefix_relevance: Image models: content relevance of CLS/distillation tokens.
+        prefix_positional: Image models: positional relevance of those tokens.
+        embedding_relevance: Relevance at the embedding sum ``x0``.
+        residual: Relevance entering each block's residual stream, then leaving the last one.
+        positional_per_layer: Positional relevance per layer (layer 0 = the embedding for
+            additive PE; every block's cos/sin for RoPE).
+        attention_balance: Per layer, when recorded: relevance on cos/sin (``"rotary"``), on
+            the unrotated q/k (``"unrotated"``), on the q/k/v entering attention (``"query_key"``,
+            ``"value"``) and on the attention output (``"output"``).
+    """
+
+    target_logit: float
+    scores: np.ndarray
+    positional_scores: np.ndarray | None
+    token_total: float
+    positional_total: float
+    prefix_relevance: float
+    prefix_positional: float
+    embedding_relevance: float
+    residual: list[float]
+    positional_per_layer: list[float]
+    attention_balance: list[dict[str, float]] = field(default_factory=list)
+
+
+def lrp(
+    adapter: Adapter,
+    inputs: Inputs,
+    target: int,
+    pe_aware: bool,
+    gamma_linear: float = 0.0,
+    gamma_conv: float = 0.0,
+    record: bool = False,
+) -> LRPResult:
+    """
+    AttnLRP (``pe_aware=False``) or PA-LRP relevance of logit ``target`` for one input.
+
+    Raises:
+        UnsupportedMethodError: For models without an LRP layout or with non-eager attention.
+    """
+    layout = layout_for(adapter)
+    kwargs = dict(inputs.model_kwargs())
+    pixels = None
+    if isinstance(inputs, ImageInputs):
+        dtype = next(adapter.model.parameters()).dtype
+        pixels = inputs.pixel_values.detach().to(dtype).requires_grad_(True)
+        kwargs["pixel_values"] = pixels
+    patches = transformer_lrp(adapter, layout, pe_aware, gamma_linear, gamma_conv, record)
+    with torch.enable_grad(), patches as recorder:
+        logit = adapter.logits(**kwargs)[0, target]
+        if not logit.requires_grad:
+            raise UnsupportedMethodError(
+                "the model's output does not depend on its input embedding"
+            )
+        named = {k: t for k, t in _graph_tensors(recorder, pixels).items() if t.requires_grad}
+        found = torch.autograd.grad(logit, list(named.values()), allow_unused=True)
+    grads = {k: g for k, g in zip(named, found, strict=True) if g is not None}
+    return _assemble(adapter, recorder, grads, pixels, float(logit.detach()), pe_aware)
+
+
+def _graph_tensors(recorder: Recorder, pixels: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    tensors = {"embedding": recorder.embedding_sum}
+    if pixels is not None:
+        tensors["pixels"] = pixels
+    tensors.update({f"block.{i}": h for i, h in recorder.blocks.items()})
+    tensors["last"] = recorder.last
+    for group in ("rotary", "unrotated", "attention"):
+        for i, pair in getattr(recorder, group).items():
+            tensors.update({f"{group}.{i}.{slot}": t for slot, t in enumerate(pair)})
+    return {k: t for k, t in tensors.items() if isinstance(t, torch.Tensor)}
+
+
+def _relevance(tensor: torch.Tensor | None, grad: torch.Tensor | None) -> float:
+    if tensor is None or grad is None:
+        return 0.0
+    return float((tensor.detach().double() * grad.double()).sum())
+
+
+def _assemble(
+    adapter: Adapter,
+    recorder: Recorder,
+    grads: dict[str, torch.Tensor],
+    pixels: torch.Tensor | None,
+    logit: float,
+    pe_aware: bool,
+) -> LRPResult:
+    if "embedding" not in grads:
+        raise UnsupportedMethodError("no relevance reached the input embedding of this model")
+    token, pos, x0 = (
+        None if t is None else t.detach().double().cpu()
+        for t in positional.embedding_split(recorder, grads["embedding"])
+    )
+    prefix = len(recorder.prefix_tokens)
+    residual = [_relevance(h, grads.get(f"block.{i}")) for i, h in sorted(recorder.blocks.items())]
+    residual.append(_relevance(recorder.last, grads.get("last")))
+    positional_scores, per_layer, pos_total = None, [], 0.0
+    if pos is not None:
+        positional_scores, per_layer, pos_total = pos.numpy(), [float(pos.sum())], float(pos.sum())
+    if recorder.rotary:
+        positional_scores, per_layer, pos_total = positional.rotary_scores(recorder, grads)
+    if pixels is not None:
+        image = (pixels.detach().double() * grads["pixels"].double()).sum(1)[0].cpu().numpy()
+        size = (image.shape[0], image.shape[1])
+        if pos is not None:
+            grid = getattr(adapter, "patch_grid", None) or _square_grid(len(pos) - prefix)
+            positional_scores = positional.spread_patches(pos[prefix:], grid, size)
+        scores, prefix_relevance = image, float(token[:prefix].sum())
+        prefix_positional = 0.0 if pos is None else float(pos[:prefix].sum())
+        token_total = float(image.sum()) + prefix_relevance
+    else:
+        scores, prefix_relevance, prefix_positional = token.numpy(), 0.0, 0.0
+        token_total = float(token.sum())
+    return LRPResult(
+        target_logit=logit,
+        scores=scores,
+        positional_scores=positional_scores if pe_aware else None,
+        token_total=token_total,
+        positional_total=pos_total,
+        prefix_relevance=prefix_relevance,
+        prefix_positional=prefix_positional,
+        embedding_relevance=float(x0.sum()),
+        residual=residual,
+        positional_per_layer=per_layer,
+        attention_balance=_attention_balance(recorder, grads),
+    )
+
+
+def _square_grid(patches: int) -> tuple[int, int]:
+    side = round(patches**0.5)
+    return side, side
+
+
+def _attention_balance(
+    recorder: Recorder, grads: dict[str, torch.Tensor]
+) -> list[dict[str, float]]:
+    def total(group: str, i: int, slots: tuple[int, ...]) -> float:
+        tensors = getattr(recorder, group).get(i, ())
+        return sum(
+            _relevance(tensors[s], grads.get(f"{group}.{i}.{s}")) for s in slots if s < len(tensors)
+        )
+
+    return [
+        {
+            "rotary": total("rotary", i, (0, 1)),
+            "unrotated": total("unrotated", i, (0, 1)),
+            "query_key": total("attention", i, (0, 1)),
+            "value": total("attention", i, (2,)),
+            "output": total("attention", i, (3,)),
+        }
+        for i in sorted(recorder.attention)
+    ]
+
+
+def to_attribution(result: LRPResult, pe_aware: bool) -> Attribution:
+    """
+    Scores, per-layer table and metrics of one LRP run.
+
+    ``metrics.conservation_error`` is ``|Σ input relevance − logit| / |logit|`` where the
+    input relevance is the token share (AttnLRP) or token plus positional share (PA-LRP);
+    ``metrics.convergence_delta`` is the signed ``Σ input relevance − logit``.
+    """
+    total = result.token_total + (result.positional_total if pe_aware else 0.0)
+    metrics = {
+        "conservation_error": abs(total - result.target_logit)
+        / max(abs(result.target_logit), 1e-12),
+        "convergence_delta": total - result.target_logit,
+        "input_relevance": total,
+        "token_relevance": result.token_total,
+        "target_logit": result.target_logit,
+    }
+    rows = [(i, None, "residual_relevance", r) for i, r in enumerate(result.residual)]
+    maps = {}
+    if result.prefix_relevance or result.prefix_positional:
+        metrics["cls_relevance"] = result.prefix_relevance
+    if pe_aware:
+        metrics["positional_relevance"] = result.positional_total
+        if result.prefix_positional:
+            metrics["cls_positional_relevance"] = result.prefix_positional
+        rows += [
+            (i, None, "positional_relevance", r) for i, r in enumerate(result.positional_per_layer)
+        ]
+        if result.positional_scores is not None:
+            maps["combined"] = result.scores + result.positional_scores
+    layers = pd.DataFrame.from_records(rows, columns=["layer", "head", "metric", "value"])
+    return Attribution(
+        scores=result.scores,
+        positional_scores=result.positional_scores if pe_aware else None,
+        layers=layers,
+        maps=maps,
+        metrics=metrics,
+    )

@@ -1,0 +1,209 @@
+"""
+LRP rules in Gradient × Input form: the forward value is the layer's own, the backward the rule.
+
+AttnLRP (Achtibat et al. 2024, https://arxiv.org/abs/2402.05602) computes relevance as
+``x ⊙ ∂y/∂x`` once the backward pass of a few operations is replaced: elementwise activations
+pass ``act(x)/x`` (identity rule), norms treat ``1/σ`` as a constant, bilinear products split
+relevance uniformly (their gradients are halved), and linear layers keep their gradient
+(ε-rule with ε → 0, biases absorb their share). Each rule here is one autograd function that
+returns the tensor the model already computed and only changes what flows back, so applying
+a rule never changes a prediction. Rules are composable: a hook applies them to one module's
+output and several hooks chain in registration order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = [
+    "AffineOp",
+    "gamma_rule",
+    "identity_rule",
+    "layer_norm_rule",
+    "rms_norm_rule",
+    "scale_gradient",
+    "stabilize",
+    "with_backward",
+]
+
+_HALF_PRECISION = (torch.float16, torch.bfloat16)
+
+
+class _WithBackward(torch.autograd.Function):
+    """Return ``output`` unchanged; send ``vjp(grad)`` back to ``x`` (nothing to ``output``)."""
+
+    @staticmethod
+    def forward(ctx, x, output, vjp):  # type: ignore[override]
+        ctx.vjp = vjp
+        return output.detach()
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return ctx.vjp(grad), None, None
+
+
+def with_backward(
+    x: torch.Tensor, output: torch.Tensor, vjp: Callable[[torch.Tensor], torch.Tensor]
+) -> torch.Tensor:
+    """``output`` whose backward pass maps the incoming gradient with ``vjp`` onto ``x``."""
+    return _WithBackward.apply(x, output, vjp)
+
+
+def stabilize(value: torch.Tensor, epsilon: float = 1e-6) -> torch.Tensor:
+    """Shift ``value`` away from zero by ``epsilon`` (sign-preserving; zeros go to +ε)."""
+    return value + ((value == 0).to(value) + value.sign()) * epsilon
+
+
+def scale_gradient(x: torch.Tensor, factor: float) -> torch.Tensor:
+    """
+    Identity forward, gradient multiplied by ``factor``.
+
+    The uniform rule on a bilinear product ``a·b`` gives each factor half of the product's
+    relevance; in Gradient × Input form that is the factor's gradient times ½.
+    """
+    return with_backward(x, x, lambda grad: grad * factor)
+
+
+def identity_rule(x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+    """
+    Identity rule for an elementwise activation ``output = act(x)``: backward ``act(x)/x``.
+
+    ``x ⊙ grad_x = output ⊙ grad_out``, so relevance passes unchanged. Where ``x == 0`` the
+    ratio is set to 0 (no relevance to pass; for ReLU it is also the gradient).
+    """
+    with torch.no_grad():
+        safe = torch.where(x == 0, torch.ones_like(x), x)
+        ratio = torch.where(x == 0, torch.zeros_like(x), output / safe)
+    return with_backward(x, output, lambda grad: grad * ratio)
+
+
+def _reduced_dims(x: torch.Tensor, normalized_ndim: int) -> tuple[int, ...]:
+    return tuple(range(x.dim() - normalized_ndim, x.dim()))
+
+
+def layer_norm_rule(
+    x: torch.Tensor,
+    output: torch.Tensor,
+    normalized_ndim: int,
+    weight: torch.Tensor | None,
+    eps: float,
+) -> torch.Tensor:
+    """
+    LayerNorm with ``1/σ`` treated as a constant (AttnLRP): ``y = (x - μ)·w/σ + b``.
+
+    The mean subtraction stays in the backward pass (it is linear); only σ is frozen, so the
+    backward is ``P(w ⊙ g / σ)`` with ``P`` the centring projection.
+    """
+    dims = _reduced_dims(x, normalized_ndim)
+    with torch.no_grad():
+        stats = x.float() if x.dtype in _HALF_PRECISION else x
+        inv_std = torch.rsqrt(stats.var(dim=dims, unbiased=False, keepdim=True) + eps)
+        scale = inv_std.to(x.dtype) if weight is None else inv_std.to(x.dtype) * weight.detach()
+
+    def vjp(grad: torch.Tensor) -> torch.Tensor:
+        scaled = grad * scale
+        return scaled - scaled.mean(dim=dims, keepdim=True)
+
+    return with_backward(x, output, vjp)
+
+
+def rms_norm_rule(
+    x: torch.Tensor, output: torch.Tensor, weight: torch.Tensor | None, eps: float
+) -> torch.Tensor:
+    """RMSNorm ``y = w ⊙ x / rms(x)`` with ``1/rms`` treated as a constant (AttnLRP)."""
+    with torch.no_grad():
+        inv_rms = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps).to(x.dtype)
+        scale = inv_rms if weight is None else inv_rms * weight.detach()
+    return with_backward(x, output, lambda grad: grad * scale)
+
+
+@dataclass(frozen=True)
+class AffineOp:
+    """
+    A layer that is affine in its input: how to run it and its transposed Jacobian.
+
+    Attributes:
+        forward: ``(x, weight, bias) -> output``.
+        transpose: ``(grad_out, weight, input_shape) -> grad_in`` for the given weight.
+        weight: The layer's weight.
+        bias: The layer's bias, or ``None``.
+    """
+
+    forward: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+    transpose: Callable[[torch.Tensor, torch.Tensor, torch.Size], torch.Tensor]
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+    @classmethod
+    def of(cls, module: nn.Module) -> AffineOp | None:
+        """The op of an ``nn.Linear``, ``nn.Conv2d`` or transformers ``Conv1D``; else ``None``."""
+        weight = getattr(module, "weight", None)
+        if not isinstance(weight, torch.Tensor):
+            return None
+        weight, bias = weight.detach(), _detached(getattr(module, "bias", None))
+        if isinstance(module, nn.Linear):
+            return cls(F.linear, lambda g, w, _: g @ w, weight, bias)
+        if isinstance(module, nn.Conv2d) and module.padding_mode == "zeros":
+            conv = {
+                "stride": module.stride,
+                "padding": module.padding,
+                "dilation": module.dilation,
+                "groups": module.groups,
+            }
+            return cls(
+                lambda x, w, b: F.conv2d(x, w, b, **conv),
+                lambda g, w, shape: torch.nn.grad.conv2d_input(shape, w, g, **conv),
+                weight,
+                bias,
+            )
+        if type(module).__name__ == "Conv1D" and weight.dim() == 2:  # GPT-2: x @ W + b
+            return cls(
+                lambda x, w, b: x @ w if b is None else x @ w + b,
+                lambda g, w, _: g @ w.T,
+                weight,
+                bias,
+            )
+        return None
+
+
+def _detached(param: torch.Tensor | None) -> torch.Tensor | None:
+    return None if param is None else param.detach()
+
+
+def gamma_rule(x: torch.Tensor, output: torch.Tensor, op: AffineOp, gamma: float) -> torch.Tensor:
+    """
+    Generalised LRP-γ rule (Montavon et al. 2019; Andéol et al. 2021) in Gradient × Input form.
+
+    Positive outputs are redistributed in proportion to the contributions that push them up,
+    with positive weights amplified by ``γ`` (``x⁺·(w + γw⁺) + x⁻·(w + γw⁻)``); negative outputs
+    mirror it. The relevance ``R_in`` is returned as a gradient ``R_in / x`` so that
+    ``x ⊙ grad`` recovers it. Same conventions as zennit's ``Gamma`` (bias enters the
+    denominators of the positive-input terms only).
+    """
+
+    def vjp(grad: torch.Tensor) -> torch.Tensor:
+        w, b = op.weight, op.bias
+        w_up, w_down = w + gamma * w.clamp(min=0), w + gamma * w.clamp(max=0)
+        b_up = None if b is None else b + gamma * b.clamp(min=0)
+        b_down = None if b is None else b + gamma * b.clamp(max=0)
+        x_pos, x_neg = x.clamp(min=0), x.clamp(max=0)
+        relevance = grad * output
+        z_pos = op.forward(x_pos, w_up, b_up) + op.forward(x_neg, w_down, None)
+        z_neg = op.forward(x_pos, w_down, b_down) + op.forward(x_neg, w_up, None)
+        c_pos = torch.where(output > 0, relevance / stabilize(z_pos), torch.zeros_like(relevance))
+        c_neg = torch.where(output < 0, relevance / stabilize(z_neg), torch.zeros_like(relevance))
+        shape = x.shape
+        relevance_in = x_pos * (
+            op.transpose(c_pos, w_up, shape) + op.transpose(c_neg, w_down, shape)
+        )
+        relevance_in = relevance_in + x_neg * (
+            op.transpose(c_pos, w_down, shape) + op.transpose(c_neg, w_up, shape)
+        )
+        return relevance_in / stabilize(x, 1e-10)
+
+    return with_backward(x, output, vjp)

@@ -1,0 +1,196 @@
+"""
+Cost of transformer attribution methods relative to one forward + backward pass (issue 4).
+
+Run: ``.venv/bin/python benchmarks/transformer.py [--repeats 7] [--threads 2]``
+
+For MiniLM (zero-shot, 128 tokens) and the tiny random LLaMA (128 tokens) it times: the
+forward pass, forward + backward (gradient of the target logit at the input embedding), and
+each registered method's ``attribute`` (rollout, attnlrp, pa_lrp, deeplift on the 128-token
+input; attention_flow on a 64-token input). Times are the fastest of ``--repeats`` interleaved
+runs after one warm-up (the least disturbed by other load on the machine). Ratios are to
+forward + backward (rollout also to the forward). Peak memory compares
+pa_lrp with the plain forward + backward: the largest amount of CPU memory allocated by torch
+during the call above what was allocated when it started, from the torch profiler's memory
+timeline (``profile_memory=True``; it sees tensors, not Python objects). Methods that are not
+registered show as n/a. Targets: attnlrp and pa_lrp ≤ 2× forward+backward, rollout ≤ 1.5×
+forward, pa_lrp peak memory ≤ 2× plain backward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from attribution.methods import available_methods
+from attribution.models import load
+from attribution.params import validate_params
+from attribution.run import RunContext
+
+WORDS = [
+    "the",
+    "film",
+    "was",
+    "good",
+    "and",
+    "the",
+    "actors",
+    "were",
+    "great",
+    "but",
+    "the",
+    "plot",
+    "felt",
+    "slow",
+    "at",
+    "times",
+]
+METHODS = ("rollout", "attnlrp", "pa_lrp", "deeplift", "attention_flow")
+FLOW_TOKENS = 64
+
+
+def text_of(adapter, tokens: int) -> object:
+    """Inputs of exactly ``tokens`` tokens (special tokens included)."""
+    for words in range(tokens, 0, -1):
+        inputs = adapter.preprocess(" ".join(WORDS[i % len(WORDS)] for i in range(words)))
+        if len(inputs.tokens) <= tokens:
+            return inputs
+    raise ValueError("cannot build the input")
+
+
+def best_seconds(calls: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Fastest of ``repeats`` runs per call; runs are interleaved so load spikes hit all alike."""
+    for call in calls.values():
+        call()
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(repeats):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - start)
+    return {name: min(values) for name, values in times.items()}
+
+
+def forward(adapter, inputs) -> Callable[[], object]:
+    def run() -> object:
+        with torch.no_grad():
+            return adapter.logits(**inputs.model_kwargs())
+
+    return run
+
+
+def forward_backward(adapter, inputs, target: int) -> Callable[[], object]:
+    """Plain gradient of the target logit at the token embeddings (what LRP is compared to)."""
+
+    def run() -> object:
+        seen = {}
+
+        def leaf(_m, _a, out):
+            seen["embedding"] = out.detach().requires_grad_(True)
+            return seen["embedding"]
+
+        handle = adapter.token_embedding_module().register_forward_hook(leaf)
+        try:
+            logit = adapter.logits(**inputs.model_kwargs())[0, target]
+            return torch.autograd.grad(logit, seen["embedding"])
+        finally:
+            handle.remove()
+
+    return run
+
+
+def method_call(name: str, adapter, inputs, target: int) -> Callable[[], object] | None:
+    registered = {m.name: m for m in available_methods()}
+    method = registered.get(name)
+    if method is None or method.unsupported_reason(adapter) is not None:
+        return None
+    params = validate_params(method.params, {})
+    return lambda: method.attribute(adapter, inputs, target, params, RunContext())
+
+
+def peak_bytes(call: Callable[[], object]) -> float:
+    """Peak torch CPU allocation during ``call`` above the level at its start (bytes)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        activities = [ProfilerActivity.CPU]
+        with profile(
+            activities=activities, profile_memory=True, record_shapes=True, with_stack=True
+        ) as prof:
+            call()
+        path = Path(tempfile.mkdtemp()) / "memory.raw.json"
+        prof.export_memory_timeline(str(path), device="cpu")
+    _, sizes = json.loads(path.read_text())
+    totals = [sum(row) for row in sizes]
+    return float(max(totals) - totals[0]) if totals else float("nan")
+
+
+def bench(spec: str, tokens: int, repeats: int) -> list[tuple[str, str, str, str]]:
+    adapter = load(spec, device="cpu")
+    inputs, flow_inputs = text_of(adapter, tokens), text_of(adapter, FLOW_TOKENS)
+    with torch.no_grad():
+        target = int(adapter.logits(**inputs.model_kwargs())[0].argmax())
+    plain = forward_backward(adapter, inputs, target)
+    calls = {"forward": forward(adapter, inputs), "forward+backward": plain}
+    for name in METHODS:
+        use = flow_inputs if name == "attention_flow" else inputs
+        call = method_call(name, adapter, use, target)
+        if call is not None:
+            calls[name] = call
+    seconds = best_seconds(calls, repeats)
+    t_fwd, t_fb = seconds["forward"], seconds["forward+backward"]
+    rows = [
+        (f"forward ({len(inputs.tokens)} tok)", f"{t_fwd * 1e3:.1f}", f"{t_fwd / t_fb:.2f}", ""),
+        ("forward+backward", f"{t_fb * 1e3:.1f}", "1.00", ""),
+    ]
+    for name in METHODS:
+        if name not in seconds:
+            rows.append((name, "n/a", "n/a", "not registered"))
+            continue
+        note = f"{seconds[name] / t_fwd:.2f}× forward" if name == "rollout" else ""
+        if name == "attention_flow":
+            note = f"{len(flow_inputs.tokens)} tokens"
+        rows.append((name, f"{seconds[name] * 1e3:.1f}", f"{seconds[name] / t_fb:.2f}", note))
+    if "pa_lrp" in calls:
+        plain_peak, lrp_peak = peak_bytes(plain), peak_bytes(calls["pa_lrp"])
+        rows.append(
+            (
+                "peak memory pa_lrp / backward",
+                f"{lrp_peak / 2**20:.2f} / {plain_peak / 2**20:.2f} MiB",
+                f"{lrp_peak / plain_peak:.2f}",
+                "torch profiler memory timeline",
+            )
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    header = ("measure", "time (ms)", "× fwd+bwd", "note")
+    for spec in ("minilm-zeroshot", "tiny-random-llama"):
+        rows = [header, *bench(spec, 128, args.repeats)]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+        print(f"\n{spec}  (torch {torch.__version__}, {args.threads} threads, CPU)")
+        for i, row in enumerate(rows):
+            print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+            if i == 0:
+                print("  ".join("-" * width for width in widths))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,435 @@
+"""AttnLRP and PA-LRP: rules against plain references, conservation, positional relevance."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import numpy as np
+import pytest
+import torch
+import transformers as tf
+from captum.attr import DeepLift, InputXGradient
+from torch import nn
+
+import attribution
+from attribution.errors import UnsupportedMethodError
+from attribution.methods.lrp import lrp, lrp_rules, transformer_lrp
+from attribution.methods.lrp.layouts import find_module, layout_for
+from attribution.models.images import ImageTransform
+from attribution.models.text import DecoderLMAdapter, TextClassifierAdapter
+from attribution.models.vision import CNNAdapter, ViTAdapter
+
+LAYERS = 4
+TEXT = "the quick brown fox jumps over the lazy dog"
+IMAGE = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+
+
+def _zero_biases(model: nn.Module) -> nn.Module:
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.zero_()
+    return model
+
+
+def _seeded(build):
+    torch.manual_seed(0)
+    return build().double().eval()
+
+
+@pytest.fixture(scope="module")
+def tiny64(load_model):
+    """4-layer float64 models from configs; every bias zeroed except in LLaMA (it has none)."""
+    tok = load_model("tiny-random-bert").tokenizer
+    sizes = {"vocab_size": tok.vocab_size, "hidden_size": 32, "num_attention_heads": 4}
+    bert = _seeded(
+        lambda: tf.BertForSequenceClassification(
+            tf.BertConfig(**sizes, num_hidden_layers=LAYERS, intermediate_size=64, num_labels=2)
+        )
+    )
+    gpt2 = _seeded(
+        lambda: tf.GPT2LMHeadModel(
+            tf.GPT2Config(
+                vocab_size=tok.vocab_size, n_embd=32, n_layer=LAYERS, n_head=4, n_positions=64
+            )
+        )
+    )
+    llama = _seeded(
+        lambda: tf.LlamaForCausalLM(
+            tf.LlamaConfig(
+                **sizes,
+                num_hidden_layers=LAYERS,
+                num_key_value_heads=2,
+                intermediate_size=64,
+                max_position_embeddings=64,
+            )
+        )
+    )
+    vit = _seeded(
+        lambda: tf.ViTForImageClassification(
+            tf.ViTConfig(
+                image_size=32,
+                patch_size=8,
+                hidden_size=32,
+                num_hidden_layers=LAYERS,
+                num_attention_heads=4,
+                intermediate_size=64,
+                num_labels=10,
+            )
+        )
+    )
+    for model in (bert, gpt2, llama, vit):
+        model.config._attn_implementation = "eager"
+    transform = ImageTransform((32, 32), (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+    return {
+        "bert": TextClassifierAdapter(_zero_biases(bert), tok, "bert64"),
+        "gpt2": DecoderLMAdapter(_zero_biases(gpt2), tok, "gpt2-64", add_special_tokens=False),
+        "llama": DecoderLMAdapter(llama, tok, "llama64", add_special_tokens=False),
+        "vit": ViTAdapter(_zero_biases(vit), "vit64", transform),
+    }
+
+
+def _inputs(adapter):
+    return adapter.preprocess(IMAGE if adapter.modality == "image" else TEXT)
+
+
+def _logits(adapter, inputs):
+    kwargs = dict(inputs.model_kwargs())
+    if "pixel_values" in kwargs:
+        kwargs["pixel_values"] = kwargs["pixel_values"].to(next(adapter.model.parameters()).dtype)
+    with torch.no_grad():
+        return adapter.logits(**kwargs)[0]
+
+
+def _target(adapter, inputs):
+    return int(_logits(adapter, inputs).argmax())
+
+
+# --- rules against plain references -------------------------------------------------------
+
+
+def test_relu_mlp_lrp0_equals_gradient_x_input_and_deeplift():
+    torch.manual_seed(0)
+    layers = [nn.Linear(6, 8, bias=False), nn.Linear(8, 5, bias=False), nn.Linear(5, 3, bias=False)]
+    mlp = nn.Sequential(layers[0], nn.ReLU(), layers[1], nn.ReLU(), layers[2]).double()
+    x, target = torch.randn(4, 6, dtype=torch.float64), 1
+    with lrp_rules(mlp):
+        leaf = x.clone().requires_grad_(True)
+        (grad,) = torch.autograd.grad(mlp(leaf)[:, target].sum(), leaf)
+    ours = x * grad
+
+    # LRP-0 written out: R_j = Σ_i a_j w_ij R_i / z_i, relevance passes ReLUs unchanged.
+    activations = [x]
+    for layer in layers[:-1]:
+        activations.append(torch.relu(activations[-1] @ layer.weight.T))
+    out = activations[-1] @ layers[-1].weight.T
+    relevance = torch.zeros_like(out)
+    relevance[:, target] = out[:, target]
+    for layer, a in zip(reversed(layers), reversed(activations), strict=True):
+        z = a @ layer.weight.detach().T
+        ratio = torch.where(z == 0, torch.zeros_like(z), relevance / torch.where(z == 0, 1, z))
+        relevance = a * (ratio @ layer.weight.detach())
+    gxi = InputXGradient(mlp).attribute(x.clone(), target=target)
+    deeplift = DeepLift(mlp).attribute(x.clone(), baselines=torch.zeros_like(x), target=target)
+    torch.testing.assert_close(ours, relevance.detach(), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(ours, gxi.detach(), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(ours, deeplift.detach(), rtol=1e-10, atol=1e-12)
+
+
+def _gamma_reference(x, weight, bias, gamma, k):
+    """Generalised γ-rule for output ``k`` of ``x @ W.T + b``, one output at a time."""
+    z = weight @ x + bias
+    relevance = np.zeros_like(x)
+    w_pos, w_neg = weight.clip(min=0), weight.clip(max=0)
+    if z[k] > 0:
+        contrib = x.clip(min=0) * (weight[k] + gamma * w_pos[k])
+        contrib += x.clip(max=0) * (weight[k] + gamma * w_neg[k])
+        denominator = contrib.sum() + bias[k] + gamma * max(bias[k], 0)
+    else:
+        contrib = x.clip(min=0) * (weight[k] + gamma * w_neg[k])
+        contrib += x.clip(max=0) * (weight[k] + gamma * w_pos[k])
+        denominator = contrib.sum() + bias[k] + gamma * min(bias[k], 0)
+    relevance += contrib / (denominator + np.sign(denominator) * 1e-6) * z[k]
+    return relevance
+
+
+@pytest.mark.parametrize("kind", ["linear", "conv2d", "conv1d"])
+def test_gamma_rule_matches_plain_reference(kind):
+    torch.manual_seed(1)
+    gamma, features, outputs = 0.25, 12, 4
+    weight = torch.randn(outputs, features, dtype=torch.float64)
+    bias = torch.randn(outputs, dtype=torch.float64) * 0.3
+    x = torch.randn(features, dtype=torch.float64)
+    if kind == "linear":
+        layer, shaped = nn.Linear(features, outputs).double(), x[None]
+        layer.weight.data, layer.bias.data = weight.clone(), bias.clone()
+    elif kind == "conv2d":  # a 2×2 patch convolution is a linear map of the flattened patch
+        layer = nn.Conv2d(3, outputs, kernel_size=2, stride=2).double()
+        layer.weight.data, layer.bias.data = weight.reshape(outputs, 3, 2, 2).clone(), bias.clone()
+        shaped = x.reshape(1, 3, 2, 2)
+    else:
+        layer = tf.pytorch_utils.Conv1D(outputs, features).double()
+        layer.weight.data, layer.bias.data = weight.T.clone(), bias.clone()
+        shaped = x[None]
+    for k in range(outputs):
+        with lrp_rules(layer, gamma_linear=gamma, gamma_conv=gamma):
+            leaf = shaped.clone().requires_grad_(True)
+            (grad,) = torch.autograd.grad(layer(leaf).flatten()[k], leaf)
+        ours = (leaf * grad).detach().flatten().numpy()
+        expected = _gamma_reference(x.numpy(), weight.numpy(), bias.numpy(), gamma, k)
+        np.testing.assert_allclose(ours, expected, rtol=1e-6, atol=1e-9)
+
+
+# --- conservation ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "vit"])
+def test_local_conservation_at_embedding_sum(tiny64, name):
+    adapter = tiny64[name]
+    inputs = _inputs(adapter)
+    result = lrp(adapter, inputs, _target(adapter, inputs), pe_aware=True)
+    split = result.token_total + result.positional_total
+    assert result.positional_total != 0
+    assert split == pytest.approx(result.embedding_relevance, rel=1e-6, abs=1e-12)
+    assert split == pytest.approx(result.residual[0], rel=1e-6, abs=1e-12)
+
+
+@pytest.mark.parametrize("pe_aware", [False, True])
+def test_rope_local_conservation_every_layer(tiny64, pe_aware):
+    adapter = tiny64["llama"]
+    inputs = _inputs(adapter)
+    result = lrp(adapter, inputs, _target(adapter, inputs), pe_aware=pe_aware, record=True)
+    assert len(result.attention_balance) == LAYERS
+    for layer in result.attention_balance:
+        assert (layer["rotary"] != 0) == pe_aware
+        assert layer["rotary"] + layer["unrotated"] == pytest.approx(
+            layer["query_key"], rel=1e-6, abs=1e-15
+        )
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "llama", "vit"])
+def test_uniform_rule_gives_value_path_half_the_attention_output(tiny64, name):
+    adapter = tiny64[name]
+    inputs = _inputs(adapter)
+    result = lrp(adapter, inputs, _target(adapter, inputs), pe_aware=False, record=True)
+    for layer in result.attention_balance:
+        assert layer["value"] == pytest.approx(0.5 * layer["output"], rel=1e-9, abs=1e-15)
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "vit"])
+def test_pa_lrp_adds_exactly_the_positional_relevance(tiny64, name):
+    adapter = tiny64[name]
+    inputs = _inputs(adapter)
+    plain = attribution.explain(adapter, "attnlrp", inputs)
+    aware = attribution.explain(adapter, "pa_lrp", inputs)
+    print(
+        f"{name}: conservation error attnlrp {plain.metrics['conservation_error']:.2e}, "
+        f"pa_lrp {aware.metrics['conservation_error']:.2e}"
+    )
+    difference = aware.metrics["input_relevance"] - plain.metrics["input_relevance"]
+    assert difference == pytest.approx(aware.metrics["positional_relevance"], rel=1e-6, abs=1e-12)
+    np.testing.assert_allclose(plain.scores, aware.scores, rtol=1e-9, atol=1e-12)
+    assert plain.positional_scores is None and aware.positional_scores.shape == aware.scores.shape
+
+
+def test_llama_positional_share_in_every_layer(tiny64):
+    adapter = tiny64["llama"]
+    inputs = _inputs(adapter)
+    plain = attribution.explain(adapter, "attnlrp", inputs)
+    aware = attribution.explain(adapter, "pa_lrp", inputs)
+    print(
+        f"llama: conservation error attnlrp {plain.metrics['conservation_error']:.3e}, "
+        f"pa_lrp {aware.metrics['conservation_error']:.3e}"
+    )
+    per_layer = aware.layers[aware.layers.metric == "positional_relevance"]
+    assert list(per_layer.layer) == list(range(LAYERS))
+    assert (per_layer.value > 0).all()
+    assert aware.positional_scores.shape == (len(aware.tokens),)
+    assert np.all(aware.positional_scores >= 0) and aware.positional_scores.sum() > 0
+    np.testing.assert_allclose(aware.positional_scores.sum(), per_layer.value.sum(), rtol=1e-9)
+    assert not np.allclose(plain.scores, aware.scores)  # cos/sin took part of q/k's relevance
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "llama", "vit"])
+def test_residual_relevance_roughly_constant_across_layers(tiny64, name):
+    adapter = tiny64[name]
+    inputs = _inputs(adapter)
+    explanation = attribution.explain(adapter, "attnlrp", inputs)
+    residual = explanation.layers[
+        explanation.layers.metric == "residual_relevance"
+    ].value.to_numpy()
+    assert len(residual) == LAYERS + 1
+    logit = explanation.metrics["target_logit"]
+    assert residual[-1] == pytest.approx(logit, rel=1e-6)  # the head conserves (no biases)
+    assert np.all(np.abs(residual - logit) <= 0.25 * abs(logit)), residual
+
+
+def test_conservation_error_reported_and_images_have_maps(load_model):
+    vit = load_model("tiny-random-vit")
+    inputs = vit.preprocess(IMAGE)
+    for method in ("attnlrp", "pa_lrp"):
+        explanation = attribution.explain(vit, method, inputs)
+        assert explanation.scores.shape == (32, 32)
+        assert np.isfinite(explanation.metrics["conservation_error"])
+        assert "cls_relevance" in explanation.metrics
+    assert explanation.positional_scores.shape == (32, 32)
+    assert explanation.maps["combined"].shape == (32, 32)
+    patch = explanation.positional_scores[:8, :8]
+    assert np.allclose(patch, patch[0, 0])  # positional relevance spread evenly over a patch
+
+
+_SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4}
+_FAMILIES = {
+    "roberta": lambda v: tf.RobertaForSequenceClassification(
+        tf.RobertaConfig(vocab_size=v, **_SMALL, intermediate_size=64, max_position_embeddings=80)
+    ),
+    "electra": lambda v: tf.ElectraForSequenceClassification(
+        tf.ElectraConfig(vocab_size=v, embedding_size=16, **_SMALL, intermediate_size=64)
+    ),
+    "distilbert": lambda v: tf.DistilBertForSequenceClassification(
+        tf.DistilBertConfig(vocab_size=v, dim=32, n_layers=2, n_heads=4, hidden_dim=64)
+    ),
+    "distilbert-sinusoidal": lambda v: tf.DistilBertForSequenceClassification(
+        tf.DistilBertConfig(
+            vocab_size=v, dim=32, n_layers=2, n_heads=4, hidden_dim=64, sinusoidal_pos_embds=True
+        )
+    ),
+    "mistral": lambda v: tf.MistralForCausalLM(
+        tf.MistralConfig(vocab_size=v, **_SMALL, intermediate_size=64, num_key_value_heads=2)
+    ),
+    "qwen2": lambda v: tf.Qwen2ForCausalLM(
+        tf.Qwen2Config(vocab_size=v, **_SMALL, intermediate_size=64, num_key_value_heads=2)
+    ),
+    "deit": lambda _: tf.DeiTForImageClassificationWithTeacher(
+        tf.DeiTConfig(image_size=32, patch_size=8, **_SMALL, intermediate_size=64, num_labels=5)
+    ),
+}
+
+
+@pytest.mark.parametrize("family", sorted(_FAMILIES))
+def test_every_family_splits_the_embedding_sum(load_model, family):
+    tok = load_model("tiny-random-bert").tokenizer
+    model = _zero_biases(_seeded(lambda: _FAMILIES[family](tok.vocab_size)))
+    model.config._attn_implementation = "eager"
+    if family == "deit":
+        with torch.no_grad():  # DeiT initialises its positional embedding to zero
+            model.deit.embeddings.position_embeddings.normal_()
+        transform = ImageTransform((32, 32), (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+        adapter = ViTAdapter(model, family, transform)
+    elif family in ("mistral", "qwen2"):
+        adapter = DecoderLMAdapter(model, tok, family, add_special_tokens=False)
+    else:
+        adapter = TextClassifierAdapter(model, tok, family)
+    inputs = _inputs(adapter)
+    result = lrp(adapter, inputs, _target(adapter, inputs), pe_aware=True)
+    additive = 0.0 if adapter.positional_encoding == "rope" else result.positional_total
+    assert result.positional_total != 0
+    assert result.token_total + additive == pytest.approx(
+        result.embedding_relevance, rel=1e-6, abs=1e-12
+    )
+    explanation = attribution.explain(adapter, "pa_lrp", inputs, params={"gamma_linear": 0.05})
+    assert np.all(np.isfinite(explanation.scores))
+    assert np.isfinite(explanation.metrics["conservation_error"])
+
+
+# --- patches leave models untouched ----------------------------------------------------------
+
+
+def _state(model: nn.Module) -> list:
+    return [
+        (
+            name,
+            dict(m._forward_hooks),
+            dict(m._forward_pre_hooks),
+            dict(m._backward_hooks),
+            m.training,
+            id(getattr(m, "config", None)),
+        )
+        for name, m in model.named_modules()
+    ]
+
+
+@pytest.mark.parametrize("spec", ["tiny-random-bert", "tiny-random-llama", "tiny-random-vit"])
+def test_error_mid_forward_leaves_model_unchanged(load_model, spec):
+    adapter = load_model(spec)
+    inputs = _inputs(adapter)
+    before_logits, before_state = _logits(adapter, inputs), _state(adapter.model)
+    blocks = find_module(adapter.model, layout_for(adapter).blocks)
+
+    def boom(*_):
+        raise RuntimeError("boom")
+
+    for pe_aware in (False, True):
+        handle = blocks[1].register_forward_hook(boom)
+        try:
+            with pytest.raises(RuntimeError, match="boom"):
+                lrp(adapter, inputs, 0, pe_aware=pe_aware, gamma_linear=0.1, record=True)
+        finally:
+            handle.remove()
+        assert _state(adapter.model) == before_state
+        assert torch.equal(_logits(adapter, inputs), before_logits)
+
+
+@pytest.mark.parametrize(
+    "spec", ["tiny-random-bert", "tiny-random-gpt2", "tiny-random-llama", "tiny-random-vit"]
+)
+def test_patched_forward_keeps_the_prediction(load_model, spec):
+    adapter = load_model(spec)
+    inputs = _inputs(adapter)
+    expected = _logits(adapter, inputs)
+    with transformer_lrp(adapter, layout_for(adapter), pe_aware=True), torch.no_grad():
+        patched = adapter.logits(**inputs.model_kwargs())[0]
+    assert torch.equal(patched, expected)
+
+
+def test_nested_patching_is_refused(load_model):
+    model = load_model("tiny-random-bert").model
+    with lrp_rules(model), pytest.raises(RuntimeError, match="already applied"), lrp_rules(model):
+        pass
+    assert all(not m._forward_hooks for m in model.modules())
+
+
+def test_unsupported_models_are_refused_clearly():
+    cnn = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+    transform = ImageTransform((16, 16), (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+    adapter = CNNAdapter(nn.Sequential(cnn, nn.Linear(4, 3)), "tiny-cnn", transform, "abc")
+    inputs = adapter.preprocess(IMAGE[:16, :16])
+    for method in ("attnlrp", "pa_lrp"):
+        with pytest.raises(UnsupportedMethodError, match="attentions"):
+            attribution.explain(adapter, method, inputs)
+    adapter.features = frozenset({"gradients", "attentions"})
+    with pytest.raises(UnsupportedMethodError, match="LRP rules exist for transformer families"):
+        attribution.explain(adapter, "attnlrp", inputs)
+
+
+# --- the embedded MiniLM zero-shot model ------------------------------------------------------
+
+
+def _sentiment_samples() -> list[tuple[str, str, str]]:
+    text = resources.files("assets").joinpath("sentiment_samples.txt").read_text("utf-8")
+    return [tuple(line.split("\t")) for line in text.splitlines() if line.strip()]
+
+
+def test_minilm_runs_on_128_tokens(minilm):
+    words = ["good", "movie", "plot", "actor", "scene", "music", "story", "film", "great", "bad"]
+    inputs = minilm.preprocess(" ".join(words[i % len(words)] for i in range(126)))
+    assert len(inputs.tokens) == 128
+    for method in ("attnlrp", "pa_lrp"):
+        explanation = attribution.explain(minilm, method, inputs)
+        assert explanation.scores.shape == (128,) and np.all(np.isfinite(explanation.scores))
+        assert np.isfinite(explanation.metrics["conservation_error"])
+    assert explanation.positional_scores.shape == (128,)
+
+
+def test_minilm_sentiment_word_in_top3(minilm):
+    samples = _sentiment_samples()
+    assert len(samples) == 5
+    hits = 0
+    for text, label, word in samples:
+        inputs = minilm.preprocess(text)
+        explanation = attribution.explain(minilm, "pa_lrp", inputs, target=label)
+        scores = explanation.scores.copy()
+        scores[inputs.special_tokens.cpu().numpy()] = -np.inf
+        top = [explanation.tokens[i] for i in np.argsort(-scores)[:3]]
+        hits += word in top
+    assert hits >= 4
