@@ -16,8 +16,12 @@ METHOD_MODULES = (
     "gradcam",
     "gradient_x_input",
     "integrated_gradients",
+    "occlusion",
     "pa_lrp",
+    "rise",
     "rollout",
+    "shap_method",
+    "sobol",
 )
 for _module in METHOD_MODULES:
     import_module(f"{__name__}.{_module}")

@@ -1,0 +1,121 @@
+"""Occlusion (Zeiler & Fergus 2014, arXiv:1311.2901) via Captum: sliding patches / windows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from captum.attr import FeatureAblation
+from captum.attr import Occlusion as CaptumOcclusion
+
+from attribution.errors import InvalidParameterError
+from attribution.methods._captum import BASELINE_PARAM, baseline_for, main_input, to_scores
+from attribution.methods._masks import (
+    BATCH_SIZE_PARAM,
+    N_SEGMENTS_PARAM,
+    SEGMENTS_PARAM,
+    check_segments,
+    slic_segments,
+)
+from attribution.methods.base import Attribution, AttributionMethod
+from attribution.methods.registry import register
+from attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
+from attribution.params import Param
+from attribution.perturb import BatchRunner, auto_batch_size
+from attribution.run import RunContext
+
+__all__ = ["Occlusion"]
+
+
+@register
+class Occlusion(AttributionMethod):
+    """
+    Drop in the target logit when a window of the input is replaced by a baseline.
+
+    Images: a ``window×window`` patch moved with ``stride`` over the image (all channels),
+    filled with the mean colour (normalised zero) or black; each pixel gets the average drop
+    of the windows covering it. With ``segments=slic`` each SLIC superpixel is occluded once
+    instead (Captum ``FeatureAblation``). Text: windows of ``window`` tokens replaced by pad or
+    mask tokens (special tokens stay). Paper: https://arxiv.org/abs/1311.2901
+    """
+
+    name = "occlusion"
+    title = "Occlusion"
+    paper = "https://arxiv.org/abs/1311.2901"
+    params = (
+        Param(
+            "window",
+            "int",
+            None,
+            "Window side in pixels (default: an eighth of the image) or in tokens (default 1).",
+            1,
+            4096,
+        ),
+        Param("stride", "int", None, "Step between windows (default: half a window).", 1, 4096),
+        BASELINE_PARAM,
+        SEGMENTS_PARAM,
+        N_SEGMENTS_PARAM,
+        BATCH_SIZE_PARAM,
+    )
+
+    @classmethod
+    def attribute(
+        cls, adapter: Adapter, inputs: Inputs, target: int, params: dict[str, Any], run: RunContext
+    ) -> Attribution:
+        check_segments(inputs, params["segments"])
+        batch_size = params["batch_size"] or auto_batch_size(adapter, inputs)
+        tensor, extra = main_input(inputs)
+        baseline = baseline_for(adapter, inputs, params["baseline"])
+        if params["segments"] == "slic":
+            assert isinstance(inputs, ImageInputs)
+            labels = slic_segments(inputs, params["n_segments"]).to(tensor.device)
+            runner = BatchRunner(adapter, run, batch_size, int(labels.max()) + 2)
+            method = FeatureAblation(_forward(runner, inputs))
+            kwargs: dict[str, Any] = {"feature_mask": labels[None, None]}
+        else:
+            window, stride, windows = _windows(inputs, params["window"], params["stride"])
+            runner = BatchRunner(adapter, run, batch_size, windows + 1)
+            method = CaptumOcclusion(_forward(runner, inputs))
+            kwargs = {"sliding_window_shapes": window, "strides": stride}
+        attributions = method.attribute(
+            tensor,
+            baselines=baseline,
+            target=target,
+            additional_forward_args=extra or None,
+            perturbations_per_eval=batch_size,
+            **kwargs,
+        )
+        if isinstance(inputs, TextInputs):
+            return Attribution(scores=attributions[0].detach().double().cpu().numpy())
+        return Attribution(scores=to_scores(attributions))
+
+
+def _forward(runner: BatchRunner, inputs: Inputs) -> Any:
+    if isinstance(inputs, TextInputs):
+        return lambda ids, mask: runner.logits(input_ids=ids, attention_mask=mask)
+    return lambda pixels: runner.logits(pixel_values=pixels)
+
+
+def _windows(
+    inputs: Inputs, window: int | None, stride: int | None
+) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """Captum window and stride shapes, and the number of window positions."""
+    if isinstance(inputs, TextInputs):
+        sizes: tuple[int, ...] = (inputs.input_ids.shape[1],)
+        window = window or 1
+    else:
+        sizes = tuple(int(s) for s in inputs.pixel_values.shape[-2:])
+        window = window or max(1, min(sizes) // 8)
+    stride = stride or max(1, window // 2)
+    if window > min(sizes):
+        raise InvalidParameterError(
+            f"parameter 'window' must be at most the input size {min(sizes)}; got {window}"
+        )
+    if stride > window:
+        raise InvalidParameterError(
+            f"parameter 'stride' must not exceed the window ({window}); got {stride}"
+        )
+    counts = [int(np.ceil((size - window) / stride)) + 1 for size in sizes]
+    if isinstance(inputs, TextInputs):
+        return (window,), (stride,), counts[0]
+    return (3, window, window), (3, stride, stride), counts[0] * counts[1]

@@ -1,0 +1,183 @@
+"""RISE: Randomized Input Sampling for Explanation (Petsiuk et al. 2018, arXiv:1806.07421)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from attribution.methods._masks import (
+    BATCH_SIZE_PARAM,
+    N_SEGMENTS_PARAM,
+    SEED_PARAM,
+    SEGMENTS_PARAM,
+    TEXT_PERTURBATION_PARAM,
+    CellMasks,
+    SegmentMasks,
+    ShiftedGridMasks,
+    check_segments,
+    generator_for,
+    noise_ratio,
+    require_tokens,
+    scatter_tokens,
+    slic_segments,
+)
+from attribution.methods.base import Attribution, AttributionMethod
+from attribution.methods.registry import register
+from attribution.models.base import Adapter, Inputs, TextInputs
+from attribution.params import Param
+from attribution.perturb import (
+    BatchRunner,
+    ImagePerturbation,
+    MaskBatches,
+    TextPerturbation,
+    auto_batch_size,
+    perturbation_for,
+)
+from attribution.run import RunContext
+
+__all__ = ["RISE", "RiseEstimator"]
+
+#: Classes whose maps are kept for the UI's class switcher (top-k of the prediction).
+TOP_CLASSES = 5
+
+
+class RiseEstimator:
+    """
+    Running sums of ``S_c = Σ_i f_c(x ⊙ M_i) · M_i / (N·p)`` for a few classes.
+
+    Also keeps ``Σ_i (f_t(x ⊙ M_i) · M_i)²`` for the first class (the target), from which
+    the per-pixel standard error of ``S_t`` follows. Memory is O(classes × pixels),
+    independent of the number of masks.
+    """
+
+    def __init__(self, classes: list[int], n_cells: int, p: float) -> None:
+        self.classes = classes
+        self.p = p
+        self.n = 0
+        self.sums = torch.zeros(len(classes), n_cells, dtype=torch.float64)
+        self.squares = torch.zeros(n_cells, dtype=torch.float64)
+
+    def add(self, masks: torch.Tensor, scores: torch.Tensor) -> None:
+        """Accumulate one batch: ``masks (b, ...)`` and ``scores (b, num_classes)``."""
+        flat = masks.reshape(masks.shape[0], -1).float()
+        picked = scores[:, self.classes].float().to(flat.device)
+        if self.sums.device != flat.device:  # accumulate where the masks live (GPU or CPU)
+            self.sums, self.squares = self.sums.to(flat.device), self.squares.to(flat.device)
+        self.sums += picked.T @ flat
+        self.squares += (picked[:, 0] ** 2) @ (flat**2)
+        self.n += masks.shape[0]
+
+    def saliency(self) -> np.ndarray:
+        """``(classes, cells)`` saliency maps."""
+        return (self.sums / (self.n * self.p)).cpu().numpy()
+
+    def std_error(self) -> np.ndarray:
+        """Standard error of the target map (the mean of ``f_t·M_i / p`` over masks)."""
+        if self.n < 2:
+            return np.zeros(self.squares.shape[0])
+        mean = self.sums[0] / (self.n * self.p)
+        second = self.squares / (self.n * self.p**2)
+        variance = (second - mean**2).clamp_min(0) * self.n / (self.n - 1)
+        return (variance / self.n).sqrt().cpu().numpy()
+
+
+@register
+class RISE(AttributionMethod):
+    """
+    Saliency as the output-weighted average of random masks.
+
+    Images: binary ``grid×grid`` grids kept with probability ``p``, bilinearly upsampled and
+    randomly shifted; hidden pixels take the dataset mean colour (normalised zero) or a blurred
+    copy; optionally SLIC superpixels kept with probability ``p`` instead of the grid. Text:
+    each non-special token kept with probability ``p``. ``S = Σ f(x⊙M)·M / (N·p)`` with ``f``
+    the class probabilities (or logits). ``maps.std_error`` is the per-pixel standard error,
+    ``metrics.noise_ratio`` its mean over the map's spread; ``maps.class_<i>`` hold the maps of
+    the top predicted classes. Paper: https://arxiv.org/abs/1806.07421
+    """
+
+    name = "rise"
+    title = "RISE"
+    paper = "https://arxiv.org/abs/1806.07421"
+    params = (
+        Param("n_masks", "int", 4000, "Number of random masks (forward passes).", 1, 200_000),
+        Param("grid", "int", 7, "Cells per side of the random grid (images).", 2, 128),
+        Param("p", "float", 0.5, "Probability of keeping a cell / token.", 0.0, 1.0, True),
+        BATCH_SIZE_PARAM,
+        SEED_PARAM,
+        Param(
+            "perturbation",
+            "str",
+            "inpainting",
+            "Images: hidden pixels become the mean colour (inpainting) or a blurred copy.",
+            choices=("inpainting", "blur"),
+        ),
+        TEXT_PERTURBATION_PARAM,
+        SEGMENTS_PARAM,
+        N_SEGMENTS_PARAM,
+        Param(
+            "output",
+            "str",
+            "probability",
+            "Model output weighting the masks: softmax probability (paper) or logit.",
+            choices=("probability", "logit"),
+        ),
+    )
+
+    @classmethod
+    def attribute(
+        cls, adapter: Adapter, inputs: Inputs, target: int, params: dict[str, Any], run: RunContext
+    ) -> Attribution:
+        check_segments(inputs, params["segments"])
+        perturbation = perturbation_for(
+            adapter, inputs, params["perturbation"], params["text_perturbation"]
+        )
+        generator = generator_for(run, params["seed"])
+        masks = _masks(inputs, perturbation, params, generator, adapter.device)
+        classes = _classes(adapter, inputs, target, run)
+        first = masks.batch(0, 1)
+        estimator = RiseEstimator(classes, first[0].numel(), params["p"])
+        batch_size = params["batch_size"] or auto_batch_size(adapter, inputs)
+        runner = BatchRunner(adapter, run, batch_size, len(masks))
+        for batch, logits in runner.score(masks, perturbation):
+            scores = logits.softmax(-1) if params["output"] == "probability" else logits
+            estimator.add(batch, scores)
+        maps = estimator.saliency().reshape(len(classes), *first.shape[1:])
+        std_error = estimator.std_error().reshape(first.shape[1:])
+        if isinstance(inputs, TextInputs):
+            maps, std_error = scatter_tokens(maps, inputs), scatter_tokens(std_error, inputs)
+        extra = {f"class_{c}": maps[i] for i, c in enumerate(classes)}
+        return Attribution(
+            scores=maps[0],
+            maps={"std_error": std_error, **extra},
+            metrics={"noise_ratio": noise_ratio(std_error, maps[0])},
+        )
+
+
+def _masks(
+    inputs: Inputs,
+    perturbation: ImagePerturbation | TextPerturbation,
+    params: dict[str, Any],
+    generator: torch.Generator,
+    device: torch.device,
+) -> MaskBatches:
+    n, p = params["n_masks"], params["p"]
+    if isinstance(perturbation, TextPerturbation):
+        require_tokens(perturbation.n_tokens)
+        keep = torch.rand(n, perturbation.n_tokens, generator=generator) < p
+        return CellMasks(keep, device)
+    if params["segments"] == "slic":
+        labels = slic_segments(inputs, params["n_segments"])  # type: ignore[arg-type]
+        keep = torch.rand(n, int(labels.max()) + 1, generator=generator) < p
+        return SegmentMasks(keep, labels, device)
+    return ShiftedGridMasks(n, params["grid"], p, perturbation.size, generator, device)
+
+
+def _classes(adapter: Adapter, inputs: Inputs, target: int, run: RunContext) -> list[int]:
+    """The target first, then the top predicted classes (their maps come at little cost)."""
+    with torch.no_grad():
+        logits = adapter.logits(**inputs.model_kwargs())[0]
+    run.count(forward=1)
+    top = logits.topk(min(TOP_CLASSES, logits.numel())).indices.tolist()
+    return [target, *(c for c in top if c != target)]

@@ -1,0 +1,275 @@
+"""
+The batched perturbation engine shared by RISE, Sobol, occlusion, SHAP and the metrics.
+
+A method describes *which* inputs to score as a sequence of masks that it generates lazily,
+one batch at a time (never an N×H×W bank); a :class:`ImagePerturbation` or
+:class:`TextPerturbation` turns a batch of masks into model inputs; a :class:`BatchRunner`
+scores them through :meth:`Adapter.logits` and hands each batch of logits back so that the
+method accumulates its estimator on the fly. The runner picks a batch size, halves it and
+retries on CUDA out-of-memory, counts forward passes, reports progress and stops between
+batches when the job is cancelled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from attribution.errors import InvalidParameterError
+from attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
+from attribution.run import RunContext
+
+__all__ = [
+    "IMAGE_PERTURBATIONS",
+    "TEXT_PERTURBATIONS",
+    "BatchRunner",
+    "ImagePerturbation",
+    "MaskBatches",
+    "TextPerturbation",
+    "auto_batch_size",
+    "box_blur",
+    "perturbation_for",
+]
+
+#: Image perturbations: keep ``M`` of the input and fill ``1 - M`` with the dataset mean colour
+#: (normalised zero), a box-blurred copy or a user baseline; ``amplitude`` scales the input
+#: by ``(M - 0.5)·σ`` as in the Sobol authors' code.
+IMAGE_PERTURBATIONS = ("inpainting", "blur", "baseline", "amplitude")
+#: Text perturbations of hidden tokens: the mask token, the pad token, or deletion.
+TEXT_PERTURBATIONS = ("mask", "pad", "delete")
+
+#: Box-blur width of the Sobol authors' blur perturbation (``cv2.blur(x, (10, 10))``).
+DEFAULT_BLUR_SIZE = 10
+_REFERENCE_PIXELS = 224 * 224
+_REFERENCE_TOKENS = 128
+
+
+class MaskBatches(Protocol):
+    """A sequence of masks a method generates lazily, batch by batch."""
+
+    def __len__(self) -> int: ...
+
+    def batch(self, start: int, stop: int) -> torch.Tensor:
+        """Masks ``start..stop-1``: ``(b, H, W)`` for images, ``(b, n_tokens)`` for text."""
+        ...
+
+
+def box_blur(pixels: torch.Tensor, size: int) -> torch.Tensor:
+    """
+    Normalised box filter over H and W with reflected borders (as OpenCV's ``cv2.blur``).
+
+    Args:
+        pixels: ``(B, C, H, W)`` tensor.
+        size: Kernel width in pixels (clipped to the image size).
+    """
+    size = max(1, min(size, pixels.shape[-2], pixels.shape[-1]))
+    if size == 1:
+        return pixels.clone()
+    before, after = size // 2, size - 1 - size // 2
+    # Reflect padding needs pad < size of the dimension; the clip above guarantees it.
+    padded = F.pad(pixels, (before, after, before, after), mode="reflect")
+    return F.avg_pool2d(padded, size, stride=1)
+
+
+class ImagePerturbation:
+    """
+    Apply masks ``M ∈ [0, 1]^{H×W}`` (1 = keep) to one normalised image.
+
+    ``inpainting``: ``x·M`` (hidden pixels become the dataset mean colour, the normalised
+    zero); ``blur``: ``x·M + (1-M)·blur(x)``; ``baseline``: ``x·M + (1-M)·x0``;
+    ``amplitude``: ``x·(M - 0.5)·σ``.
+    """
+
+    def __init__(
+        self,
+        pixel_values: torch.Tensor,
+        kind: str = "inpainting",
+        baseline: torch.Tensor | None = None,
+        blur_size: int = DEFAULT_BLUR_SIZE,
+        amplitude_sigma: float = 1.0,
+    ) -> None:
+        if kind not in IMAGE_PERTURBATIONS:
+            raise InvalidParameterError(
+                f"image perturbation must be one of {', '.join(IMAGE_PERTURBATIONS)}; got {kind!r}"
+            )
+        self.kind = kind
+        self.pixels = pixel_values
+        self.sigma = amplitude_sigma
+        self.reference = torch.zeros_like(pixel_values)  # hidden pixels: the mean colour
+        if kind == "blur":
+            self.reference = box_blur(pixel_values, blur_size)
+        elif kind == "baseline":
+            if baseline is None or baseline.shape != pixel_values.shape:
+                raise InvalidParameterError(
+                    f"a baseline image of shape {tuple(pixel_values.shape)} is needed"
+                )
+            self.reference = baseline.to(pixel_values)
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(H, W) of the image."""
+        return int(self.pixels.shape[-2]), int(self.pixels.shape[-1])
+
+    def __call__(self, masks: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Model kwargs for a batch of ``(b, H, W)`` masks."""
+        masks = masks.to(self.pixels).unsqueeze(1)
+        if self.kind == "amplitude":
+            return {"pixel_values": self.pixels * (masks - 0.5) * self.sigma}
+        if self.kind == "inpainting":
+            return {"pixel_values": self.pixels * masks}
+        return {"pixel_values": self.pixels * masks + self.reference * (1.0 - masks)}
+
+
+class TextPerturbation:
+    """
+    Apply keep masks over the non-special tokens of one text (special tokens always stay).
+
+    A mask value ``>= 0.5`` keeps the token. Hidden tokens are replaced by the tokenizer's
+    mask token (``mask``) or pad token (``pad``), or removed (``delete``: the remaining tokens
+    shift left and the batch is right-padded with attention 0).
+    """
+
+    def __init__(self, adapter: Adapter, inputs: TextInputs, kind: str = "mask") -> None:
+        if kind not in TEXT_PERTURBATIONS:
+            raise InvalidParameterError(
+                f"text perturbation must be one of {', '.join(TEXT_PERTURBATIONS)}; got {kind!r}"
+            )
+        self.kind = kind
+        self.ids = inputs.input_ids[0]
+        self.attention = inputs.attention_mask[0]
+        #: Positions of the tokens that masks act on (mask column j -> token free[j]).
+        self.free = (~inputs.special_tokens).nonzero().squeeze(1).to(self.ids.device)
+        self.pad_id = adapter.pad_token_id
+        self.fill_id = adapter.mask_token_id if kind == "mask" else adapter.pad_token_id
+
+    @property
+    def n_tokens(self) -> int:
+        """Number of maskable (non-special) tokens."""
+        return int(self.free.numel())
+
+    def __call__(self, masks: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Model kwargs for a batch of ``(b, n_tokens)`` keep masks."""
+        b, length = masks.shape[0], self.ids.numel()
+        keep = torch.ones(b, length, dtype=torch.bool, device=self.ids.device)
+        keep[:, self.free] = masks.to(self.ids.device) >= 0.5
+        ids = self.ids.expand(b, length)
+        attention = self.attention.expand(b, length)
+        if self.kind != "delete":
+            return {"input_ids": torch.where(keep, ids, self.fill_id), "attention_mask": attention}
+        order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)
+        kept = keep.sum(dim=1, keepdim=True)
+        attention = torch.arange(length, device=ids.device).expand(b, length) < kept
+        ids = torch.where(attention, ids.gather(1, order), self.pad_id)
+        return {"input_ids": ids, "attention_mask": attention.to(self.attention.dtype)}
+
+
+def perturbation_for(
+    adapter: Adapter, inputs: Inputs, image_kind: str = "inpainting", text_kind: str = "mask"
+) -> ImagePerturbation | TextPerturbation:
+    """The perturbation matching the input's modality."""
+    if isinstance(inputs, TextInputs):
+        return TextPerturbation(adapter, inputs, text_kind)
+    return ImagePerturbation(inputs.pixel_values, image_kind)
+
+
+def auto_batch_size(adapter: Adapter, inputs: Inputs) -> int:
+    """
+    Default forward batch: 16 images of 224² on a CPU (256 on a GPU), scaled by input size.
+
+    Too large a guess on a GPU is harmless: :class:`BatchRunner` halves it on out-of-memory.
+    """
+    cuda = adapter.device.type == "cuda"
+    if isinstance(inputs, ImageInputs):
+        size = inputs.pixel_values.shape[-2] * inputs.pixel_values.shape[-1]
+        guess = (256 if cuda else 16) * _REFERENCE_PIXELS / max(size, 1)
+    else:
+        guess = (512 if cuda else 64) * _REFERENCE_TOKENS / max(inputs.input_ids.shape[1], 1)
+    return int(min(1024, max(1, guess)))
+
+
+class BatchRunner:
+    """
+    Score inputs through an adapter in batches, with OOM halving, progress and cancellation.
+
+    One runner serves a whole job: ``done`` accumulates over calls, so progress reads
+    ``done / total`` forward passes even when a library (Captum, shap) calls it repeatedly.
+
+    Args:
+        adapter: The model.
+        run: Run context (progress, cancellation, pass counter).
+        batch_size: Largest batch; halved for the rest of the job on CUDA out-of-memory.
+        total: Expected forward passes of the job (for progress).
+    """
+
+    def __init__(self, adapter: Adapter, run: RunContext, batch_size: int, total: int) -> None:
+        self.adapter = adapter
+        self.run = run
+        self.batch_size = max(1, int(batch_size))
+        self.total = max(1, int(total))
+        self.done = 0
+
+    def batches(
+        self, n: int, build: Callable[[int, int], dict[str, torch.Tensor]]
+    ) -> Iterator[tuple[int, int, torch.Tensor]]:
+        """
+        Yield ``(start, stop, logits)`` for items ``0..n-1``; ``build(start, stop)`` makes kwargs.
+
+        Raises:
+            JobCancelledError: between batches, once the job is cancelled.
+            torch.cuda.OutOfMemoryError: if even a batch of one does not fit.
+        """
+        self.run.step(self.done, self.total)
+        start = 0
+        while start < n:
+            stop = min(n, start + self.batch_size)
+            logits = self._forward(build, start, stop)
+            if logits is None:  # out of memory: retry the same items in a smaller batch
+                continue
+            yield start, stop, logits
+            self.done += stop - start
+            self.run.count(forward=stop - start)
+            self.run.step(min(self.done, self.total), self.total)
+            start = stop
+
+    def _forward(
+        self, build: Callable[[int, int], dict[str, torch.Tensor]], start: int, stop: int
+    ) -> torch.Tensor | None:
+        try:
+            with torch.no_grad():
+                return self.adapter.logits(**build(start, stop)).float()
+        except torch.cuda.OutOfMemoryError:
+            if self.batch_size == 1:
+                raise
+        self.batch_size = max(1, self.batch_size // 2)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return None
+
+    def logits(self, **model_kwargs: torch.Tensor) -> torch.Tensor:
+        """All logits of one large batch of kwargs, computed in chunks (a forward for Captum)."""
+        n = next(iter(model_kwargs.values())).shape[0]
+        chunks = [
+            logits
+            for _, _, logits in self.batches(
+                n, lambda a, b: {k: v[a:b] for k, v in model_kwargs.items()}
+            )
+        ]
+        return torch.cat(chunks) if chunks else torch.empty(0)
+
+    def score(
+        self,
+        masks: MaskBatches,
+        perturbation: ImagePerturbation | TextPerturbation,
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Yield ``(masks, logits)`` per batch; the masks are generated for that batch only."""
+        current: dict[str, torch.Tensor] = {}
+
+        def build(start: int, stop: int) -> dict[str, torch.Tensor]:
+            current["masks"] = masks.batch(start, stop)
+            return perturbation(current["masks"])
+
+        for _, _, logits in self.batches(len(masks), build):
+            yield current["masks"], logits

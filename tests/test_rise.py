@@ -1,0 +1,148 @@
+"""RISE: estimator, toy signals, reproducibility, noise report, the embedded EfficientNet."""
+
+from __future__ import annotations
+
+import _perturbation_toys as toys
+import numpy as np
+import pytest
+import torch
+
+import attribution
+from attribution.errors import InvalidParameterError
+from attribution.methods._masks import ShiftedGridMasks
+from attribution.models.base import Adapter
+
+SMALL = {"n_masks": 400, "grid": 4}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(load_model):
+    return load_model("tiny-random-bert").tokenizer
+
+
+@pytest.mark.parametrize("quadrant", ["top-left", "bottom-right", "top-right"])
+def test_toy_image_map_peaks_in_the_quadrant_the_model_reads(quadrant):
+    adapter = toys.image_adapter(toys.QuadrantModel(quadrant))
+    inputs = adapter.preprocess(toys.white_image())
+    explanation = attribution.explain(adapter, "rise", inputs, target=0, params=SMALL)
+    assert toys.in_quadrant(explanation.scores, quadrant)
+
+
+def test_map_equals_the_estimator_written_out():
+    """S = Σ f(I⊙M)·M / (N·p) with f = probabilities, for the same masks."""
+    model = toys.QuadrantModel("bottom-left")
+    adapter = toys.image_adapter(model)
+    inputs = adapter.preprocess(toys.white_image())
+    params = {"n_masks": 50, "grid": 3, "p": 0.3, "seed": 11}
+    explanation = attribution.explain(adapter, "rise", inputs, target=0, params=params)
+    masks = ShiftedGridMasks(
+        50, 3, 0.3, (32, 32), torch.Generator().manual_seed(11), adapter.device
+    )
+    stack = masks.batch(0, 50)
+    with torch.no_grad():
+        probs = model(inputs.pixel_values * stack[:, None]).softmax(-1)[:, 0].double()
+    terms = probs[:, None, None] * stack.double() / 0.3  # one estimate per mask
+    assert np.allclose(explanation.scores, terms.mean(0).numpy(), atol=1e-6)
+    std_error = terms.std(0, unbiased=True) / np.sqrt(50)
+    assert np.allclose(explanation.maps["std_error"], std_error.numpy(), atol=1e-6)
+
+
+def test_constant_output_shift_shifts_the_map_by_that_constant():
+    base = toys.image_adapter(toys.QuadrantModel("top-left"))
+    shifted = toys.image_adapter(toys.QuadrantModel("top-left", shift=3.0))
+    inputs = base.preprocess(toys.white_image())
+    params = {**SMALL, "output": "logit"}
+    plain = attribution.explain(base, "rise", inputs, target=0, params=params).scores
+    moved = attribution.explain(shifted, "rise", inputs, target=0, params=params).scores
+    difference = moved - plain
+    assert abs(difference.mean() - 3.0) < 0.15  # c · mean mask / p ≈ c
+    assert np.abs(difference - 3.0).max() < 0.6
+    doubled = toys.image_adapter(toys.QuadrantModel("top-left", scale=8.0, bias=-8.8))
+    twice = attribution.explain(doubled, "rise", inputs, target=0, params=params).scores
+    assert np.allclose(twice, 2 * plain, rtol=1e-5, atol=1e-6)  # linear in f
+
+
+@pytest.mark.parametrize("kind", ["mask", "pad", "delete"])
+def test_toy_text_model_ranks_the_token_it_reads_first(tokenizer, kind):
+    adapter = toys.token_reader_adapter(tokenizer, "wonderful")
+    inputs = adapter.preprocess("the plot was wonderful but far too long")
+    params = {"n_masks": 200, "text_perturbation": kind}
+    explanation = attribution.explain(adapter, "rise", inputs, target=0, params=params)
+    assert inputs.tokens[int(np.argmax(explanation.scores))] == "wonderful"
+    special = inputs.special_tokens.numpy()
+    assert not explanation.scores[special].any()  # never hidden, so no score
+
+
+def test_same_seed_same_map_other_seed_other_map():
+    adapter = toys.image_adapter(toys.QuadrantModel("top-left"))
+    inputs = adapter.preprocess(toys.white_image())
+    first = attribution.explain(adapter, "rise", inputs, params=SMALL, seed=5).scores
+    again = attribution.explain(adapter, "rise", inputs, params=SMALL, seed=5).scores
+    other = attribution.explain(adapter, "rise", inputs, params=SMALL, seed=6).scores
+    rebatched = attribution.explain(
+        adapter, "rise", inputs, params={**SMALL, "batch_size": 7}, seed=5
+    ).scores
+    own_seed = attribution.explain(
+        adapter, "rise", inputs, params={**SMALL, "seed": 5}, seed=123
+    ).scores
+    assert np.array_equal(first, again)
+    assert np.allclose(first, rebatched, atol=1e-9)  # masks do not depend on the batch size
+    assert np.array_equal(first, own_seed)
+    assert not np.allclose(first, other)
+
+
+def test_noise_report_shrinks_with_more_masks():
+    adapter = toys.image_adapter(toys.QuadrantModel("top-right"))
+    inputs = adapter.preprocess(toys.white_image())
+    few = attribution.explain(adapter, "rise", inputs, params={"n_masks": 50, "grid": 4})
+    many = attribution.explain(adapter, "rise", inputs, params={"n_masks": 800, "grid": 4})
+    ratio = few.maps["std_error"].mean() / many.maps["std_error"].mean()
+    assert 2.5 < ratio < 6.0  # about sqrt(800 / 50) = 4
+    assert few.metrics["noise_ratio"] > many.metrics["noise_ratio"] > 0
+
+
+def test_slic_superpixels_as_mask_basis(tokenizer):
+    adapter = toys.image_adapter(toys.QuadrantModel("bottom-right"))
+    inputs = adapter.preprocess(toys.quadrant_colours_image())
+    params = {"n_masks": 300, "segments": "slic", "n_segments": 16}
+    explanation = attribution.explain(adapter, "rise", inputs, target=0, params=params)
+    assert toys.in_quadrant(explanation.scores, "bottom-right")
+    text = toys.token_reader_adapter(tokenizer, "good")
+    with pytest.raises(InvalidParameterError, match="segments=slic applies to images"):
+        attribution.explain(text, "rise", text.preprocess("good"), params={"segments": "slic"})
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"n_masks": 0}, "'n_masks' must be between 1"),
+        ({"grid": 1}, "'grid' must be between 2"),
+        ({"p": 0.0}, "'p' must be strictly between 0.0 and 1.0"),
+        ({"p": 1.0}, "'p' must be strictly between"),
+        ({"p": 1.5}, "'p' must be strictly between"),
+        ({"perturbation": "smudge"}, "'perturbation' must be one of"),
+    ],
+)
+def test_bad_parameters_give_clear_errors(params, message):
+    adapter = toys.image_adapter(toys.QuadrantModel("top-left"))
+    inputs = adapter.preprocess(toys.white_image())
+    with pytest.raises(InvalidParameterError, match=message):
+        attribution.explain(adapter, "rise", inputs, params=params)
+
+
+def test_efficientnet_cat_in_corner(effnet: Adapter):
+    """The cat fills the top-left quadrant; two 1000-mask RISE maps agree and peak there."""
+    inputs = effnet.preprocess(toys.chelsea_in_corner())
+    params = {"n_masks": 1000, "batch_size": 16}
+    first = attribution.explain(effnet, "rise", inputs, params=params, seed=0)
+    second = attribution.explain(effnet, "rise", inputs, params=params, seed=1)
+    assert first.target.index in toys.CAT_CLASSES
+    for explanation in (first, second):
+        assert toys.in_quadrant(explanation.scores, "top-left")
+    correlation = np.corrcoef(first.scores.ravel(), second.scores.ravel())[0, 1]
+    assert correlation > 0.7
+    kept = {k for k in first.maps if k.startswith("class_")}
+    assert kept == {f"class_{p.index}" for p in first.predictions}  # top-5, target included
+    assert np.array_equal(first.maps[f"class_{first.target.index}"], first.scores)
+    assert first.maps["std_error"].shape == (224, 224)
+    assert 0 < first.metrics["noise_ratio"] < 1

@@ -1,0 +1,132 @@
+"""Occlusion (Captum) and SHAP (Partition explainer) against toy models and references."""
+
+from __future__ import annotations
+
+import _perturbation_toys as toys
+import numpy as np
+import pytest
+import torch
+
+import attribution
+from attribution.errors import InvalidParameterError
+from attribution.methods import get_method
+from attribution.models.base import Adapter
+from attribution.perturb import box_blur
+
+SENTENCE = "the plot was wonderful but far too long"
+
+
+@pytest.fixture(scope="module")
+def reader(load_model) -> Adapter:
+    return toys.token_reader_adapter(load_model("tiny-random-bert").tokenizer, "wonderful")
+
+
+def test_all_perturbation_methods_are_registered_with_schemas():
+    for name in ("rise", "sobol", "shap", "occlusion"):
+        described = get_method(name).describe()
+        assert described["modalities"] == ["image", "text"]
+        assert "batch_size" in described["params"]
+    assert get_method("shap").describe()["params"]["max_evals"]["default"] == 500
+
+
+def test_occlusion_equals_patch_differences_written_out():
+    """With stride == window each pixel's score is f(x) − f(x with its patch at the mean)."""
+    model = toys.QuadrantModel("top-right")
+    adapter = toys.image_adapter(model)
+    inputs = adapter.preprocess(toys.white_image())
+    params = {"window": 8, "stride": 8}
+    explanation = attribution.explain(adapter, "occlusion", inputs, target=0, params=params)
+    expected = np.zeros((32, 32))
+    with torch.no_grad():
+        full = model(inputs.pixel_values)[0, 0]
+        for y in range(0, 32, 8):
+            for x in range(0, 32, 8):
+                occluded = inputs.pixel_values.clone()
+                occluded[..., y : y + 8, x : x + 8] = 0.0
+                expected[y : y + 8, x : x + 8] = float(full - model(occluded)[0, 0])
+    # Captum gives each colour channel of a pixel the drop; the map sums the channels.
+    assert np.allclose(explanation.scores, 3 * expected, atol=1e-4)
+    assert toys.in_quadrant(explanation.scores, "top-right")
+    assert explanation.timings.forward_passes == 1 + 1 + 16
+
+
+def test_occlusion_default_windows_and_superpixels_find_the_quadrant():
+    adapter = toys.image_adapter(toys.QuadrantModel("bottom-left"))
+    inputs = adapter.preprocess(toys.quadrant_colours_image())
+    sliding = attribution.explain(adapter, "occlusion", inputs, target=0)
+    assert toys.in_quadrant(sliding.scores, "bottom-left")
+    params = {"segments": "slic", "n_segments": 16}
+    superpixels = attribution.explain(adapter, "occlusion", inputs, target=0, params=params)
+    assert toys.in_quadrant(superpixels.scores, "bottom-left")
+    assert len(np.unique(superpixels.scores)) <= 17  # one value per superpixel
+
+
+def test_occlusion_text_windows(reader):
+    inputs = reader.preprocess(SENTENCE)
+    single = attribution.explain(reader, "occlusion", inputs, target=0)
+    position = inputs.tokens.index("wonderful")
+    assert int(np.argmax(single.scores)) == position
+    assert single.scores[position] == pytest.approx(5.0)  # f(x) − f(x with it masked)
+    assert np.allclose(np.delete(single.scores, position), 0.0)
+    wide = attribution.explain(reader, "occlusion", inputs, target=0, params={"window": 3})
+    assert int(np.argmax(wide.scores)) == position
+
+
+def test_occlusion_bad_window():
+    adapter = toys.image_adapter(toys.QuadrantModel("top-left"))
+    inputs = adapter.preprocess(toys.white_image())
+    with pytest.raises(InvalidParameterError, match="'window' must be at most"):
+        attribution.explain(adapter, "occlusion", inputs, params={"window": 64})
+    with pytest.raises(InvalidParameterError, match="'stride' must not exceed"):
+        attribution.explain(adapter, "occlusion", inputs, params={"window": 4, "stride": 8})
+
+
+def test_shap_text_gives_the_read_token_all_the_credit(reader):
+    inputs = reader.preprocess(SENTENCE)
+    explanation = attribution.explain(reader, "shap", inputs, target=0)
+    position = inputs.tokens.index("wonderful")
+    assert int(np.argmax(explanation.scores)) == position
+    # Owen values are efficient: they add up to f(x) − f(all tokens masked) = 5 − 0.
+    assert explanation.scores.sum() == pytest.approx(5.0, abs=1e-6)
+    assert explanation.scores[position] == pytest.approx(5.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("model", ["tiny-random-bert", "tiny-random-gpt2"])
+def test_shap_text_aligns_with_the_model_tokens(load_model, model):
+    """Decoders here add no special tokens, unlike shap's masker: scores still align."""
+    adapter = load_model(model)
+    inputs = adapter.preprocess(SENTENCE)
+    explanation = attribution.explain(adapter, "shap", inputs, target=0, params={"max_evals": 64})
+    assert explanation.scores.shape == (len(inputs.tokens),)
+    with torch.no_grad():
+        full = adapter.logits(**inputs.model_kwargs())[0, 0]
+        ids = torch.where(inputs.special_tokens, inputs.input_ids, adapter.mask_token_id)
+        empty = adapter.logits(input_ids=ids, attention_mask=inputs.attention_mask)[0, 0]
+    # Owen values add up to f(x) − f(masked); with few evaluations part of the credit can
+    # stay on shap's own [CLS]/[SEP], which the decoder input lacks: it is reported.
+    total = explanation.scores.sum() + explanation.metrics["unassigned_credit"]
+    assert total == pytest.approx(float(full - empty), abs=1e-4)
+    assert explanation.metrics["base_value"] == pytest.approx(float(empty), abs=1e-4)
+    if model == "tiny-random-bert":
+        assert explanation.metrics["unassigned_credit"] == 0.0
+
+
+def test_shap_image_finds_the_quadrant_and_is_efficient():
+    model = toys.QuadrantModel("top-left")
+    adapter = toys.image_adapter(model)
+    inputs = adapter.preprocess(toys.quadrant_colours_image())
+    params = {"max_evals": 300, "blur": 32}
+    explanation = attribution.explain(adapter, "shap", inputs, target=0, params=params)
+    assert toys.in_quadrant(explanation.scores, "top-left")
+    with torch.no_grad():
+        full = model(inputs.pixel_values)[0, 0]
+        blurred = box_blur(inputs.pixel_values, 32)
+        hidden = model(blurred)[0, 0]
+    assert explanation.scores.sum() == pytest.approx(float(full - hidden), abs=1e-3)
+
+
+def test_efficientnet_cat_in_corner_occlusion(effnet: Adapter):
+    inputs = effnet.preprocess(toys.chelsea_in_corner())
+    explanation = attribution.explain(effnet, "occlusion", inputs, params={"batch_size": 16})
+    assert explanation.target.index in toys.CAT_CLASSES
+    assert toys.in_quadrant(explanation.scores, "top-left")
