@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from attribution.methods.base import Attribution, AttributionMethod
 from attribution.methods.lrp import GAMMA_PARAMS, lrp, to_attribution, unsupported_reason
@@ -34,6 +34,8 @@ class AttnLRP(AttributionMethod):
     requires = frozenset({"gradients", "attentions"})
     has_convergence_delta = True
     params = GAMMA_PARAMS
+    #: Whether relevance is also attributed to positional encodings (PA-LRP).
+    pe_aware: ClassVar[bool] = False
 
     @classmethod
     def unsupported_reason(cls, adapter: Adapter) -> str | None:
@@ -43,6 +45,8 @@ class AttnLRP(AttributionMethod):
     def attribute(
         cls, adapter: Adapter, inputs: Inputs, target: int, params: dict[str, Any], run: RunContext
     ) -> Attribution:
-        result = lrp(adapter, inputs, target, False, params["gamma_linear"], params["gamma_conv"])
+        result = lrp(
+            adapter, inputs, target, cls.pe_aware, params["gamma_linear"], params["gamma_conv"]
+        )
         run.count(forward=1, backward=1)
-        return to_attribution(result, pe_aware=False)
+        return to_attribution(result, pe_aware=cls.pe_aware)

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from attribution.methods.base import Attribution, AttributionMethod
-from attribution.methods.lrp import GAMMA_PARAMS, lrp, to_attribution, unsupported_reason
+from attribution.methods.attnlrp import AttnLRP
 from attribution.methods.registry import register
-from attribution.models.base import Adapter, Inputs
-from attribution.run import RunContext
+from attribution.models.base import Adapter
 
 __all__ = ["PALRP"]
 
@@ -16,7 +12,7 @@ _SUPPORTED_PE = ("learned", "sinusoidal", "rope")
 
 
 @register
-class PALRP(AttributionMethod):
+class PALRP(AttnLRP):
     """
     AttnLRP whose relevance also reaches the positional encoding.
 
@@ -33,24 +29,14 @@ class PALRP(AttributionMethod):
     name = "pa_lrp"
     title = "PA-LRP (positional-aware AttnLRP)"
     paper = "https://arxiv.org/abs/2506.02138"
-    requires = frozenset({"gradients", "attentions"})
-    has_convergence_delta = True
-    params = GAMMA_PARAMS
+    pe_aware = True
 
     @classmethod
     def unsupported_reason(cls, adapter: Adapter) -> str | None:
-        reason = super().unsupported_reason(adapter) or unsupported_reason(adapter)
+        reason = super().unsupported_reason(adapter)
         if reason is None and adapter.positional_encoding not in _SUPPORTED_PE:
             return (
                 f"pa_lrp handles learned, sinusoidal and rotary positional encodings; model "
                 f"'{adapter.model_id}' uses {adapter.positional_encoding or 'none'}"
             )
         return reason
-
-    @classmethod
-    def attribute(
-        cls, adapter: Adapter, inputs: Inputs, target: int, params: dict[str, Any], run: RunContext
-    ) -> Attribution:
-        result = lrp(adapter, inputs, target, True, params["gamma_linear"], params["gamma_conv"])
-        run.count(forward=1, backward=1)
-        return to_attribution(result, pe_aware=True)
