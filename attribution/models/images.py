@@ -54,7 +54,7 @@ def _open(raw: str | Path | bytes | bytearray) -> Image.Image:
     name = "the uploaded data" if isinstance(raw, (bytes, bytearray)) else f"'{raw}'"
     source = io.BytesIO(raw) if isinstance(raw, (bytes, bytearray)) else raw
     if not isinstance(raw, (bytes, bytearray)) and not Path(raw).is_file():
-        raise InvalidInputError(f"image file {name} does not exist")
+        raise InvalidInputError(f"image file {name} does not exist or is not a regular file")
     try:
         return Image.open(source)  # lazy: reads the header only, so the size check is cheap
     except (UnidentifiedImageError, OSError, ValueError):
