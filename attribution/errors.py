@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "AttrlabError",
+    "DeviceMemoryError",
     "InvalidInputError",
     "InvalidParameterError",
     "JobCancelledError",
@@ -49,3 +50,7 @@ class UnsupportedMethodError(AttrlabError):
 
 class JobCancelledError(AttrlabError):
     """The user cancelled the job; partial work is discarded."""
+
+
+class DeviceMemoryError(AttrlabError):
+    """The job does not fit in device memory even at batch size 1."""

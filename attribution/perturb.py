@@ -18,7 +18,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from attribution.errors import InvalidParameterError
+from attribution.errors import DeviceMemoryError, InvalidParameterError
 from attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
 from attribution.run import RunContext
 
@@ -219,7 +219,7 @@ class BatchRunner:
 
         Raises:
             JobCancelledError: between batches, once the job is cancelled.
-            torch.cuda.OutOfMemoryError: if even a batch of one does not fit.
+            DeviceMemoryError: if even a batch of one does not fit.
         """
         self.run.step(self.done, self.total)
         start = 0
@@ -242,7 +242,10 @@ class BatchRunner:
                 return self.adapter.logits(**build(start, stop)).float()
         except torch.cuda.OutOfMemoryError:
             if self.batch_size == 1:
-                raise
+                raise DeviceMemoryError(
+                    f"model '{self.adapter.model_id}' runs out of GPU memory even one input "
+                    "at a time; use a smaller input or another device"
+                ) from None
         self.batch_size = max(1, self.batch_size // 2)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

@@ -12,7 +12,7 @@ from scipy import ndimage
 from skimage.transform import resize
 
 import attribution
-from attribution.errors import InvalidParameterError, JobCancelledError
+from attribution.errors import DeviceMemoryError, InvalidParameterError, JobCancelledError
 from attribution.methods._masks import CellMasks, GridMasks, ShiftedGridMasks
 from attribution.models.base import Adapter
 from attribution.perturb import (
@@ -128,6 +128,7 @@ class _FlakyAdapter:
     """Adapter stand-in: logits = the input sums; 'CUDA out of memory' above 3 rows."""
 
     device = torch.device("cpu")
+    model_id = "flaky"
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -155,7 +156,7 @@ def test_out_of_memory_halves_the_batch_and_retries():
     assert torch.allclose(got, expected)
     assert runner.batch_size == 2 and max(adapter.batches) <= 3
     assert run.forward_passes == 11  # failed attempts are not counted
-    with pytest.raises(torch.cuda.OutOfMemoryError):
+    with pytest.raises(DeviceMemoryError, match="even one input at a time"):
         tiny = BatchRunner(_FlakyAdapter(limit=0), RunContext(), 4, 4)  # type: ignore[arg-type]
         list(tiny.score(masks, perturbation))
 
