@@ -9,7 +9,7 @@ from captum.attr import FeatureAblation
 from captum.attr import Occlusion as CaptumOcclusion
 
 from attribution.errors import InvalidParameterError
-from attribution.methods._captum import BASELINE_PARAM, baseline_for, main_input, to_scores
+from attribution.methods._captum import BASELINE_PARAM, baseline_for, main_input
 from attribution.methods._masks import (
     BATCH_SIZE_PARAM,
     N_SEGMENTS_PARAM,
@@ -85,9 +85,9 @@ class Occlusion(AttributionMethod):
             perturbations_per_eval=batch_size,
             **kwargs,
         )
-        if isinstance(inputs, TextInputs):
-            return Attribution(scores=attributions[0].detach().double().cpu().numpy())
-        return Attribution(scores=to_scores(attributions))
+        # Windows span all channels, so every channel holds the same drop: keep one.
+        scores = attributions[0] if isinstance(inputs, TextInputs) else attributions[0, 0]
+        return Attribution(scores=scores.detach().double().cpu().numpy())
 
 
 def _forward(runner: BatchRunner, inputs: Inputs) -> Any:
