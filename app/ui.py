@@ -34,10 +34,14 @@ def _summary(explanation: Explanation) -> dict[str, Any]:
     return {k: data[k] for k in ("target", "predictions", "metrics", "timings", "warnings")}
 
 
-def _run(worker: ExplainWorker, request: ExplainRequest) -> Explanation:
-    """Run a request, turning user errors into a message and bugs into a generic one."""
+def _run(worker: ExplainWorker, request: ExplainRequest, progress: gr.Progress) -> Explanation:
+    """Run a request with a progress bar; user errors become a message, bugs a generic one."""
+
+    def report(done: int, total: int) -> None:
+        progress(done / max(total, 1), desc=f"{done}/{total} forward passes")
+
     try:
-        return worker.explain(request)
+        return worker.explain(request, progress=report)
     except AttrlabError as err:
         raise gr.Error(str(err)) from None
     except Exception:
@@ -50,7 +54,16 @@ def build_ui(worker: ExplainWorker) -> gr.Blocks:
     text_models, text_methods = _choices("text")
     image_models, image_methods = _choices("image")
 
-    def explain_text(model, method, text, labels, target, params, seed):
+    def explain_text(
+        model,
+        method,
+        text,
+        labels,
+        target,
+        params,
+        seed,
+        progress=gr.Progress(),  # noqa: B008
+    ):
         request = ExplainRequest(
             model=model,
             method=method,
@@ -60,10 +73,18 @@ def build_ui(worker: ExplainWorker) -> gr.Blocks:
             params=_params(params),
             seed=int(seed),
         )
-        explanation = _run(worker, request)
+        explanation = _run(worker, request, progress)
         return token_highlights(explanation), token_figure(explanation), _summary(explanation)
 
-    def explain_image(model, method, image, target, params, seed):
+    def explain_image(
+        model,
+        method,
+        image,
+        target,
+        params,
+        seed,
+        progress=gr.Progress(),  # noqa: B008
+    ):
         if image is None:
             raise gr.Error("upload an image first")
         request = ExplainRequest(
@@ -74,7 +95,7 @@ def build_ui(worker: ExplainWorker) -> gr.Blocks:
             params=_params(params),
             seed=int(seed),
         )
-        explanation = _run(worker, request)
+        explanation = _run(worker, request, progress)
         return heatmap_overlay(explanation, np.asarray(image)[..., :3]), _summary(explanation)
 
     with gr.Blocks(title="attrlab") as demo:

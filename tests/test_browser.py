@@ -60,3 +60,16 @@ def test_text_tab_shows_a_clear_error_for_empty_text(page):
     page.locator("#text-input textarea").fill("   ")
     page.locator("#text-explain").click()
     expect(page.get_by_text("the text is empty").first).to_be_visible(timeout=30_000)
+
+
+def test_image_tab_shows_heatmap_overlay(page, tmp_path):
+    from PIL import Image
+    from skimage import data
+
+    path = tmp_path / "cat.png"
+    Image.fromarray(data.chelsea()).save(path)
+    page.get_by_role("tab", name="Image").click()
+    page.locator("#image-input input[type=file]").set_input_files(str(path))
+    page.locator("#image-explain").click()
+    expect(page.locator("#image-heatmap img")).to_be_visible(timeout=90_000)
+    expect(page.get_by_text("Egyptian cat").first).to_be_visible()
