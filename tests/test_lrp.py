@@ -20,6 +20,8 @@ from attribution.models.text import DecoderLMAdapter, TextClassifierAdapter
 from attribution.models.vision import CNNAdapter, ViTAdapter
 
 LAYERS = 4
+#: The plain AttnLRP rule everywhere (what the family defaults replace for vision transformers).
+ATTNLRP = {"attention_rule": "attnlrp", "gamma_linear": 0.0, "gamma_conv": 0.0}
 TEXT = "the quick brown fox jumps over the lazy dog"
 IMAGE = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
 
@@ -254,7 +256,7 @@ def test_llama_positional_share_in_every_layer(tiny64):
 def test_residual_relevance_roughly_constant_across_layers(tiny64, name):
     adapter = tiny64[name]
     inputs = _inputs(adapter)
-    explanation = attribution.explain(adapter, "attnlrp", inputs)
+    explanation = attribution.explain(adapter, "attnlrp", inputs, params=ATTNLRP)
     residual = explanation.layers[
         explanation.layers.metric == "residual_relevance"
     ].value.to_numpy()
@@ -262,6 +264,99 @@ def test_residual_relevance_roughly_constant_across_layers(tiny64, name):
     logit = explanation.metrics["target_logit"]
     assert residual[-1] == pytest.approx(logit, rel=1e-6)  # the head conserves (no biases)
     assert np.all(np.abs(residual - logit) <= 0.25 * abs(logit)), residual
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "llama", "vit"])
+def test_cp_rule_sends_all_attention_relevance_to_v(tiny64, name):
+    adapter = tiny64[name]
+    inputs = _inputs(adapter)
+    target = _target(adapter, inputs)
+    result = lrp(adapter, inputs, target, pe_aware=False, attention_rule="cp", record=True)
+    assert len(result.attention_balance) == LAYERS
+    for layer in result.attention_balance:
+        assert layer["query_key"] == 0.0  # the attention probabilities are constants
+        assert layer["output"] != 0.0
+        assert layer["value"] == pytest.approx(layer["output"], rel=1e-9, abs=1e-15)
+    if name != "llama":  # bias-free: nothing absorbs relevance once softmax is bypassed
+        logit = result.target_logit
+        np.testing.assert_allclose(result.residual, logit, rtol=1e-8)
+        assert result.embedding_relevance == pytest.approx(logit, rel=1e-8)
+
+
+def test_cp_on_rope_leaves_positions_without_relevance_and_says_so(tiny64):
+    adapter = tiny64["llama"]
+    aware = attribution.explain(
+        adapter, "pa_lrp", _inputs(adapter), params={"attention_rule": "cp"}
+    )
+    assert any("rotary positions get none" in w for w in aware.warnings)
+    assert aware.metrics["positional_relevance"] == 0.0
+    assert not np.any(aware.positional_scores)
+
+
+def _gamma_modules(adapter, gamma_linear, gamma_conv):
+    """Names of the modules whose forward hooks appear only because γ is on."""
+
+    def hooked(**gammas):
+        with transformer_lrp(adapter, layout_for(adapter), pe_aware=False, **gammas):
+            return {n: len(m._forward_hooks) for n, m in adapter.model.named_modules()}
+
+    plain, gamma = hooked(), hooked(gamma_linear=gamma_linear, gamma_conv=gamma_conv)
+    return {n for n in gamma if gamma[n] > plain[n]}
+
+
+def test_gamma_rule_only_outside_attention(tiny64):
+    """As in the references: γ on the patch conv, MLP and head; attention keeps ε."""
+    adapter = tiny64["vit"]
+    expected = {"vit.embeddings.patch_embeddings.projection", "classifier"}
+    expected |= {f"vit.layers.{i}.mlp.{fc}" for i in range(LAYERS) for fc in ("fc1", "fc2")}
+    assert _gamma_modules(adapter, 0.05, 100.0) == expected
+    assert _gamma_modules(adapter, 0.05, 0.0) == expected - {
+        "vit.embeddings.patch_embeddings.projection"
+    }
+    bert = _gamma_modules(tiny64["bert"], 0.05, 0.0)
+    assert bert and not any(".attention." in name for name in bert)
+
+
+@pytest.mark.parametrize(
+    ("spec", "resolved"),
+    [
+        ("tiny-random-vit", {"attention_rule": "cp", "gamma_linear": 0.05, "gamma_conv": 100.0}),
+        ("tiny-random-bert", ATTNLRP),
+    ],
+)
+def test_auto_settings_follow_the_model_family(load_model, spec, resolved):
+    adapter = load_model(spec)
+    inputs = _inputs(adapter)
+    for method in ("attnlrp", "pa_lrp"):
+        auto = attribution.explain(adapter, method, inputs)
+        assert auto.params == resolved
+        explicit = attribution.explain(adapter, method, inputs, params=resolved)
+        np.testing.assert_array_equal(auto.scores, explicit.scores)
+    if adapter.modality == "image":
+        other = attribution.explain(
+            adapter, "attnlrp", inputs, params={"attention_rule": "attnlrp"}
+        )
+        assert other.params["gamma_linear"] == 0.05  # unset γ still follows the family
+        assert not np.allclose(other.scores, auto.scores)
+
+
+def test_vit_gamma_defaults_are_applied(tiny64):
+    adapter = tiny64["vit"]
+    inputs = _inputs(adapter)
+    default = attribution.explain(adapter, "attnlrp", inputs)
+    explicit = attribution.explain(
+        adapter, "attnlrp", inputs, params={"gamma_linear": 0.05, "gamma_conv": 100}
+    )
+    off = attribution.explain(
+        adapter, "attnlrp", inputs, params={"gamma_linear": 0, "gamma_conv": 0}
+    )
+    np.testing.assert_array_equal(default.scores, explicit.scores)
+    assert off.params == {"attention_rule": "cp", "gamma_linear": 0.0, "gamma_conv": 0.0}
+    assert not np.allclose(default.scores, off.scores, rtol=1e-3, atol=0)
+    conv_only = attribution.explain(adapter, "attnlrp", inputs, params={"gamma_linear": 0})
+    assert conv_only.params["gamma_conv"] == 100.0
+    for explanation in (conv_only, off):
+        assert not np.allclose(default.scores, explanation.scores, rtol=1e-3, atol=0)
 
 
 def test_conservation_error_reported_and_images_have_maps(load_model):
@@ -359,11 +454,20 @@ def test_error_mid_forward_leaves_model_unchanged(load_model, spec):
     def boom(*_):
         raise RuntimeError("boom")
 
-    for pe_aware in (False, True):
+    for pe_aware, rule in ((False, "attnlrp"), (True, "attnlrp"), (True, "cp")):
         handle = blocks[1].register_forward_hook(boom)
         try:
             with pytest.raises(RuntimeError, match="boom"):
-                lrp(adapter, inputs, 0, pe_aware=pe_aware, gamma_linear=0.1, record=True)
+                lrp(
+                    adapter,
+                    inputs,
+                    0,
+                    pe_aware=pe_aware,
+                    gamma_linear=0.1,
+                    gamma_conv=1.0,
+                    record=True,
+                    attention_rule=rule,
+                )
         finally:
             handle.remove()
         assert _state(adapter.model) == before_state

@@ -5,7 +5,13 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from attribution.methods.base import Attribution, AttributionMethod
-from attribution.methods.lrp import GAMMA_PARAMS, lrp, to_attribution, unsupported_reason
+from attribution.methods.lrp import (
+    LRP_PARAMS,
+    lrp,
+    resolve_settings,
+    to_attribution,
+    unsupported_reason,
+)
 from attribution.methods.registry import register
 from attribution.models.base import Adapter, Inputs
 from attribution.run import RunContext
@@ -19,13 +25,19 @@ class AttnLRP(AttributionMethod):
     Attention-aware LRP in its Gradient × Input form: one forward, one modified backward.
 
     Rules: identity on elementwise activations, constant ``1/σ`` in LayerNorm / RMSNorm (and
-    ``1/‖x‖`` in the zero-shot cosine head), uniform split on QKᵀ and A·V, ½ on gated-MLP
-    products, gradient × input through softmax, ε → 0 on linear layers (optional γ). The
-    backward starts at the target logit. Text scores are token relevance at the input
-    embedding (word + token-type share of ``E + P``); images get pixel relevance (H×W) through
-    the patch embedding. Positional encodings receive relevance but are not reported: see
-    ``pa_lrp``. ``metrics.conservation_error`` = ``|Σ input relevance − logit| / |logit|``;
-    ``layers`` holds the relevance entering each residual stream (``residual_relevance``).
+    ``1/‖x‖`` in the zero-shot cosine head), ½ on gated-MLP products, ε → 0 on linear layers.
+    Attention (``attention_rule``): ``"attnlrp"`` = uniform split on QKᵀ and A·V with gradient
+    × input through softmax; ``"cp"`` = CP-LRP, the attention probabilities are constants and
+    v takes all of A·V's relevance. Optional LRP-γ on linear layers outside attention
+    (``gamma_linear``) and on the patch convolution (``gamma_conv``). Defaults follow the
+    authors' code per family: vision transformers ``cp``, γ_lin = 0.05, γ_conv = 100; text
+    models ``attnlrp`` without γ. The values that ran replace ``"auto"`` / empty in the
+    explanation's ``params``. The backward starts at the target logit. Text scores are token
+    relevance at the input embedding (word + token-type share of ``E + P``); images get pixel
+    relevance (H×W) through the patch embedding. Positional encodings receive relevance but
+    are not reported: see ``pa_lrp``. ``metrics.conservation_error`` =
+    ``|Σ input relevance − logit| / |logit|``; ``layers`` holds the relevance entering each
+    residual stream (``residual_relevance``).
     """
 
     name = "attnlrp"
@@ -33,7 +45,7 @@ class AttnLRP(AttributionMethod):
     paper = "https://arxiv.org/abs/2402.05602"
     requires = frozenset({"gradients", "attentions"})
     has_convergence_delta = True
-    params = GAMMA_PARAMS
+    params = LRP_PARAMS
     #: Whether relevance is also attributed to positional encodings (PA-LRP).
     pe_aware: ClassVar[bool] = False
 
@@ -45,8 +57,24 @@ class AttnLRP(AttributionMethod):
     def attribute(
         cls, adapter: Adapter, inputs: Inputs, target: int, params: dict[str, Any], run: RunContext
     ) -> Attribution:
+        params.update(resolve_settings(adapter, params))  # record what actually runs
+        if (
+            cls.pe_aware
+            and params["attention_rule"] == "cp"
+            and adapter.positional_encoding == "rope"
+        ):
+            run.warn(
+                "attention_rule 'cp' sends no relevance through q and k, so rotary positions "
+                "get none"
+            )
         result = lrp(
-            adapter, inputs, target, cls.pe_aware, params["gamma_linear"], params["gamma_conv"]
+            adapter,
+            inputs,
+            target,
+            cls.pe_aware,
+            gamma_linear=params["gamma_linear"],
+            gamma_conv=params["gamma_conv"],
+            attention_rule=params["attention_rule"],
         )
         run.count(forward=1, backward=1)
         return to_attribution(result, pe_aware=cls.pe_aware)

@@ -24,6 +24,9 @@ class PALRP(AttnLRP):
     ``Σ_layers Σ_{cos,sin} |Σ_d R|``), ``maps["combined"]`` = their sum,
     ``layers`` = ``positional_relevance`` and ``residual_relevance`` per layer, and
     ``metrics.conservation_error`` counts token plus (signed) positional relevance.
+    Parameters and per-family defaults are AttnLRP's (vision transformers: CP attention rule,
+    γ_lin = 0.05, γ_conv = 100, as in the PA-LRP DeiT experiments). With
+    ``attention_rule="cp"`` no relevance passes through q and k, so RoPE positions get none.
     """
 
     name = "pa_lrp"

@@ -91,6 +91,9 @@ class LRPLayout:
             of the backward pass (images use the pixels instead).
         rotary: RoPE details, for LLaMA-style models.
         gated_product: Module inside a block whose input is the gated-MLP product ``act(g)·u``.
+        attention_linears: Module inside a block that holds every linear layer of the attention
+            (q, k, v and output projections), which the γ-rule leaves alone; ``None`` means
+            ``attention`` holds them all.
     """
 
     blocks: str
@@ -102,11 +105,13 @@ class LRPLayout:
     input_embedding: str | None = None
     rotary: RotaryLayout | None = None
     gated_product: str | None = None
+    attention_linears: str | None = None
 
 
 _BERT = LRPLayout(
     blocks="encoder.layer",
     attention="attention.self",
+    attention_linears="attention",
     embedding_sum=("embeddings.LayerNorm", "input"),
     token_parts=("embeddings.word_embeddings", "embeddings.token_type_embeddings"),
     position=("embeddings.position_embeddings", "module"),

@@ -5,14 +5,14 @@ Everything is a forward hook, a forward pre-hook or an attribute swap registered
 :class:`~contextlib.ExitStack`, so leaving the ``with`` block (normally or by an exception)
 removes all of it. Attention is routed through :func:`_lrp_attention` by giving each attention
 module a config view whose ``_attn_implementation`` names it; the family's own eager attention
-function then runs on (q, k, v) whose gradients carry the uniform rule.
+function then runs on (q, k, v) whose gradients carry the chosen :class:`AttentionRule`.
 """
 
 from __future__ import annotations
 
 import sys
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +26,10 @@ from attribution.errors import UnsupportedMethodError
 from attribution.methods.lrp import positional
 from attribution.methods.lrp.layouts import ACTIVATION_TYPES, LRPLayout, find_module
 from attribution.methods.lrp.rules import (
+    ATTENTION_RULES,
     AffineOp,
+    AttentionRule,
+    attention_rule_inputs,
     gamma_rule,
     identity_rule,
     layer_norm_rule,
@@ -39,8 +42,6 @@ __all__ = ["ATTENTION_IMPLEMENTATION", "Recorder", "lrp_rules", "transformer_lrp
 
 #: Name under which the LRP attention wrapper is registered with transformers.
 ATTENTION_IMPLEMENTATION = "attrlab_lrp"
-#: Uniform rule on QKᵀ (½) and on A·V (½): q and k get ¼ of their gradient, v ½.
-_QK_FACTOR, _V_FACTOR = 0.25, 0.5
 _ACTIVE: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 
@@ -61,14 +62,18 @@ class Recorder:
 
 @contextmanager
 def lrp_rules(
-    model: nn.Module, gamma_linear: float = 0.0, gamma_conv: float = 0.0
+    model: nn.Module,
+    gamma_linear: float = 0.0,
+    gamma_conv: float = 0.0,
+    no_gamma: Collection[nn.Module] = (),
 ) -> Iterator[None]:
     """
     Architecture-independent rules on every module of ``model`` while the block runs.
 
     Identity rule on elementwise activations, constant ``1/σ`` in LayerNorm and RMSNorm, the
-    γ-rule on linear layers / convolutions when ``gamma_linear`` / ``gamma_conv`` > 0, and eval
-    mode (dropout is the identity). Raises ``RuntimeError`` if ``model`` is already patched.
+    γ-rule on linear layers / convolutions when ``gamma_linear`` / ``gamma_conv`` > 0 (except
+    the modules in ``no_gamma``, which keep the ε-rule with ε → 0), and eval mode (dropout is
+    the identity). Raises ``RuntimeError`` if ``model`` is already patched.
     """
     if model in _ACTIVE:
         raise RuntimeError("LRP rules are already applied to this model (nested use)")
@@ -76,8 +81,10 @@ def lrp_rules(
         _ACTIVE.add(model)
         stack.callback(_ACTIVE.discard, model)
         stack.enter_context(_eval_mode(model))
+        skip = {id(module) for module in no_gamma}
         for module in model.modules():
-            rule = _module_rule(module, gamma_linear, gamma_conv)
+            gammas = (0.0, 0.0) if id(module) in skip else (gamma_linear, gamma_conv)
+            rule = _module_rule(module, *gammas)
             if rule is not None:
                 stack.callback(module.register_forward_hook(rule).remove)
         yield
@@ -118,24 +125,35 @@ def transformer_lrp(
     gamma_linear: float = 0.0,
     gamma_conv: float = 0.0,
     record: bool = False,
+    attention_rule: str = "attnlrp",
 ) -> Iterator[Recorder]:
     """
     AttnLRP (``pe_aware=False``) or PA-LRP rules on ``adapter.model``; yields the recorder.
 
-    On top of :func:`lrp_rules`: the uniform rule in every attention module, ½ on gated-MLP
-    products, the zero-shot cosine head with a constant ``1/‖x‖``, recording of the residual
-    stream and the input embedding, and (PA-LRP) the positional rules of
-    :mod:`~attribution.methods.lrp.positional`. ``record`` also keeps each attention call's
+    On top of :func:`lrp_rules`: ``attention_rule`` (a key of :data:`ATTENTION_RULES`) in every
+    attention module, ½ on gated-MLP products, the zero-shot cosine head with a constant
+    ``1/‖x‖``, recording of the residual stream and the input embedding, and (PA-LRP) the
+    positional rules of :mod:`~attribution.methods.lrp.positional`. ``gamma_linear`` applies
+    to linear layers outside attention only (MLP, pooler, classifier head): the reference code
+    keeps the ε-rule on the attention projections. ``record`` also keeps each attention call's
     (q, k, v, output) and the unrotated q/k of RoPE models (for conservation checks).
     """
+    if attention_rule not in ATTENTION_RULES:
+        raise ValueError(f"attention_rule must be one of {', '.join(ATTENTION_RULES)}")
     model, recorder = adapter.model, Recorder()
+    rule = ATTENTION_RULES[attention_rule]
+    blocks = list(find_module(model, layout.blocks).children())
+    projections = [
+        module
+        for block in blocks
+        for module in block.get_submodule(layout.attention_linears or layout.attention).modules()
+    ]
     with ExitStack() as stack:
-        stack.enter_context(lrp_rules(model, gamma_linear, gamma_conv))
-        blocks = list(find_module(model, layout.blocks).children())
+        stack.enter_context(lrp_rules(model, gamma_linear, gamma_conv, no_gamma=projections))
         for index, block in enumerate(blocks):
             attention = block.get_submodule(layout.attention)
             keep = recorder.attention if record else None
-            stack.enter_context(_route_attention(attention, index, keep))
+            stack.enter_context(_route_attention(attention, index, keep, rule))
             hook = block.register_forward_pre_hook(
                 _block_recorder(recorder, index), with_kwargs=True
             )
@@ -175,8 +193,11 @@ def _set_last(recorder: Recorder, output: Any) -> None:
 class _AttentionConfig:
     """An attention module's config as seen during LRP: same values, LRP attention function."""
 
-    def __init__(self, config: Any, eager: Callable, index: int, keep: dict | None):
+    def __init__(
+        self, config: Any, eager: Callable, index: int, keep: dict | None, rule: AttentionRule
+    ):
         self._config, self._lrp_eager, self._lrp_index, self._lrp_keep = config, eager, index, keep
+        self._lrp_rule = rule
         self._attn_implementation = ATTENTION_IMPLEMENTATION
 
     def __getattr__(self, name: str) -> Any:
@@ -188,17 +209,13 @@ class _AttentionConfig:
 def _lrp_attention(
     module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args, **kwargs
 ) -> Any:
-    """Eager attention of ``module``'s family with the uniform rule on both matmuls."""
+    """Eager attention of ``module``'s family with the route's rule on q, k and v."""
     route = module.config
     if not isinstance(route, _AttentionConfig):
         raise RuntimeError(f"'{ATTENTION_IMPLEMENTATION}' attention used outside an LRP context")
     if "dropout" in kwargs:
         kwargs["dropout"] = 0.0
-    ruled = (
-        scale_gradient(query, _QK_FACTOR),
-        scale_gradient(key, _QK_FACTOR),
-        scale_gradient(value, _V_FACTOR),
-    )
+    ruled = attention_rule_inputs(query, key, value, route._lrp_rule)
     output, weights = route._lrp_eager(module, *ruled, *args, **kwargs)
     if route._lrp_keep is not None:
         route._lrp_keep[route._lrp_index] = (query, key, value, output)
@@ -209,7 +226,9 @@ AttentionInterface.register(ATTENTION_IMPLEMENTATION, _lrp_attention)
 
 
 @contextmanager
-def _route_attention(attention: nn.Module, index: int, keep: dict | None) -> Iterator[None]:
+def _route_attention(
+    attention: nn.Module, index: int, keep: dict | None, rule: AttentionRule
+) -> Iterator[None]:
     eager = getattr(sys.modules[type(attention).__module__], "eager_attention_forward", None)
     config = getattr(attention, "config", None)
     if eager is None or config is None:
@@ -217,7 +236,7 @@ def _route_attention(attention: nn.Module, index: int, keep: dict | None) -> Ite
             f"LRP cannot route attention of {type(attention).__name__}: it does not use the "
             "transformers attention interface"
         )
-    attention.config = _AttentionConfig(config, eager, index, keep)
+    attention.config = _AttentionConfig(config, eager, index, keep, rule)
     try:
         yield
     finally:

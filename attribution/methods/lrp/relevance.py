@@ -71,9 +71,15 @@ def lrp(
     gamma_linear: float = 0.0,
     gamma_conv: float = 0.0,
     record: bool = False,
+    attention_rule: str = "attnlrp",
 ) -> LRPResult:
     """
     AttnLRP (``pe_aware=False``) or PA-LRP relevance of logit ``target`` for one input.
+
+    The arguments are concrete (no family defaults here; see
+    :func:`~attribution.methods.lrp.settings.resolve_settings`): ``gamma_linear`` /
+    ``gamma_conv`` as in :func:`~attribution.methods.lrp.patches.transformer_lrp`,
+    ``attention_rule`` a key of :data:`~attribution.methods.lrp.patches.ATTENTION_RULES`.
 
     Raises:
         UnsupportedMethodError: For models without an LRP layout or with non-eager attention.
@@ -85,7 +91,9 @@ def lrp(
         dtype = next(adapter.model.parameters()).dtype
         pixels = inputs.pixel_values.detach().to(dtype).requires_grad_(True)
         kwargs["pixel_values"] = pixels
-    patches = transformer_lrp(adapter, layout, pe_aware, gamma_linear, gamma_conv, record)
+    patches = transformer_lrp(
+        adapter, layout, pe_aware, gamma_linear, gamma_conv, record, attention_rule
+    )
     with torch.enable_grad(), patches as recorder:
         logit = adapter.logits(**kwargs)[0, target]
         if not logit.requires_grad:

@@ -5,10 +5,12 @@ AttnLRP (Achtibat et al. 2024, https://arxiv.org/abs/2402.05602) computes releva
 ``x ⊙ ∂y/∂x`` once the backward pass of a few operations is replaced: elementwise activations
 pass ``act(x)/x`` (identity rule), norms treat ``1/σ`` as a constant, bilinear products split
 relevance uniformly (their gradients are halved), and linear layers keep their gradient
-(ε-rule with ε → 0, biases absorb their share). Each rule here is one autograd function that
-returns the tensor the model already computed and only changes what flows back, so applying
-a rule never changes a prediction. Rules are composable: a hook applies them to one module's
-output and several hooks chain in registration order.
+(ε-rule with ε → 0, biases absorb their share). Inside attention, CP-LRP (Ali et al. 2022,
+https://arxiv.org/abs/2202.07304) is the alternative the authors use for ViTs: the attention
+probabilities are constants and v takes all the relevance. Each rule here is one autograd
+function that returns the tensor the model already computed and only changes what flows back,
+so applying a rule never changes a prediction. Rules are composable: a hook applies them to
+one module's output and several hooks chain in registration order.
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
+    "ATTENTION_RULES",
     "AffineOp",
+    "AttentionRule",
+    "attention_rule_inputs",
     "gamma_rule",
     "identity_rule",
     "layer_norm_rule",
@@ -67,6 +72,41 @@ def scale_gradient(x: torch.Tensor, factor: float) -> torch.Tensor:
     relevance; in Gradient × Input form that is the factor's gradient times ½.
     """
     return with_backward(x, x, lambda grad: grad * factor)
+
+
+@dataclass(frozen=True)
+class AttentionRule:
+    """
+    How relevance crosses ``softmax(q·kᵀ)·v``, as gradient factors on q, k and v.
+
+    Attributes:
+        query_key: Factor on the gradients of q and k; ``None`` detaches them, so the attention
+            probabilities are constants and q, k get no relevance.
+        value: Factor on the gradient of v.
+    """
+
+    query_key: float | None
+    value: float
+
+
+#: ``"attnlrp"``: uniform rule on QKᵀ (½) and on A·V (½), so q and k get ¼ of their gradient
+#: and v ½ (Achtibat et al. 2024). ``"cp"``: CP-LRP (Ali et al. 2022) as in LXT's ViT map: the
+#: attention probabilities are constants, A·V is linear in v and v gets all of its relevance.
+ATTENTION_RULES: dict[str, AttentionRule] = {
+    "attnlrp": AttentionRule(query_key=0.25, value=0.5),
+    "cp": AttentionRule(query_key=None, value=1.0),
+}
+
+
+def attention_rule_inputs(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, rule: AttentionRule
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q, k, v) as they enter ``softmax(q·kᵀ)·v``, carrying ``rule`` in their backward pass."""
+    if rule.query_key is None:
+        query, key = query.detach(), key.detach()
+    else:
+        query, key = scale_gradient(query, rule.query_key), scale_gradient(key, rule.query_key)
+    return query, key, value if rule.value == 1.0 else scale_gradient(value, rule.value)
 
 
 def identity_rule(x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
