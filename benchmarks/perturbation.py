@@ -163,34 +163,43 @@ def main() -> None:
     )
     print(f"torch {torch.__version__}, {args.threads} CPU threads")
     print()
-    header = (
-        "model",
-        "method",
-        "forward passes",
-        "seconds",
-        "passes/s",
-        "ratio to plain",
-        "ratio to plain on perturbed inputs",
+    print_table(
+        (
+            "model",
+            "method",
+            "forward passes",
+            "seconds",
+            "passes/s",
+            "ratio to plain",
+            "ratio to plain on perturbed inputs",
+        ),
+        [
+            (model, name, count, f"{seconds:.1f}", f"{rate:.1f}", f"{ratio:.2f}", f"{masked:.2f}")
+            for model, name, count, seconds, rate, ratio, masked in rows
+        ],
     )
-    print("| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header))
-    for model, name, count, seconds, rate, ratio, masked_ratio in rows:
-        print(
-            f"| {model} | {name} | {count} | {seconds:.1f} | {rate:.1f} | {ratio:.2f} "
-            f"| {masked_ratio:.2f} |"
-        )
     print()
-    header = (
-        "n_masks",
-        "peak RSS before (MB)",
-        "peak RSS after (MB)",
-        "growth (MB)",
-        "N×H×W bank (MB)",
+    print_table(
+        (
+            "n_masks",
+            "peak RSS before (MB)",
+            "peak RSS after (MB)",
+            "growth (MB)",
+            "N×H×W bank (MB)",
+        ),
+        [
+            (n, *(f"{value:.0f}" for value in values))
+            for n, *values in memory_rows(args.memory_masks, args.threads)
+        ],
     )
+
+
+def print_table(header: tuple[str, ...], rows: list[tuple]) -> None:
+    """Print a Markdown table."""
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
-    for n, before, after, growth, bank in memory_rows(args.memory_masks, args.threads):
-        print(f"| {n} | {before:.0f} | {after:.0f} | {growth:.0f} | {bank:.0f} |")
+    for row in rows:
+        print("| " + " | ".join(str(cell) for cell in row) + " |")
 
 
 if __name__ == "__main__":
