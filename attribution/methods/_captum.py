@@ -85,7 +85,7 @@ def main_input(inputs: Inputs) -> tuple[torch.Tensor, tuple[Any, ...]]:
     """The tensor Captum attributes to, and the extra forward arguments."""
     if isinstance(inputs, TextInputs):
         return inputs.input_ids, (inputs.attention_mask,)
-    return inputs.pixel_values, ()
+    return inputs.pixel_values.detach().clone().requires_grad_(True), ()  # Captum wants grads on
 
 
 def baseline_for(adapter: Adapter, inputs: Inputs, kind: str) -> torch.Tensor:
