@@ -152,15 +152,3 @@ class Adapter(ABC):
         from attribution.methods import available_methods  # methods import adapters, not reverse
 
         return {m.name: m.unsupported_reason(self) for m in available_methods()}
-
-    def describe(self) -> dict[str, Any]:
-        """Summary used by ``attrlab models`` and the UI."""
-        return {
-            "id": self.model_id,
-            "family": self.family,
-            "modality": self.modality,
-            "classes": self.num_classes,
-            "layers": self.num_layers,
-            "heads": self.num_heads,
-            "positional_encoding": self.positional_encoding,
-        }
