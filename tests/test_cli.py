@@ -47,23 +47,10 @@ def test_explain_text_json(capsys, method):
 
 @pytest.mark.parametrize("method", ["gradient_x_input", "integrated_gradients"])
 def test_explain_image_table(capsys, cat_png, method):
-    code = main(
-        [
-            "explain",
-            "--method",
-            method,
-            "--image",
-            str(cat_png),
-            "--device",
-            "cpu",
-            "--param",
-            "n_steps=8" if method == "integrated_gradients" else "",
-            "--format",
-            "table",
-        ]
-        if method == "integrated_gradients"
-        else ["explain", "--method", method, "--image", str(cat_png), "--device", "cpu"]
-    )
+    argv = ["explain", "--method", method, "--image", str(cat_png), "--device", "cpu"]
+    if method == "integrated_gradients":
+        argv += ["--param", "n_steps=8"]
+    code = main([*argv, "--format", "table"])
     out = capsys.readouterr().out
     assert code == 0
     assert "efficientnet-lite0 (image)" in out and "cat" in out and "map       224×224" in out
