@@ -1,43 +1,96 @@
-"""REST API under /api/v1: the same worker and Explanation JSON as the UI and CLI."""
+"""
+REST API under /api/v1: the same worker and Explanation JSON as the UI and CLI.
+
+Every error is JSON ``{"error": {"code", "message"}}`` with a 4xx status for anything the
+client can fix; details of unexpected failures stay in the server log.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import binascii
+import hmac
 import logging
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException
-from pydantic import BaseModel, Field
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.errors import error_status, public_message
 from app.worker import ExplainRequest, ExplainWorker
 from attribution.errors import AttrlabError, InvalidInputError
 from attribution.methods import available_methods
 from attribution.models import BUILTIN_MODELS
 
-__all__ = ["ExplainBody", "build_router"]
+__all__ = ["BodySizeLimit", "ErrorBody", "ExplainBody", "build_router", "install_error_handlers"]
 
 log = logging.getLogger(__name__)
 
-MAX_TEXT_CHARS = 20_000
-MAX_IMAGE_BASE64_CHARS = 30_000_000  # ~22 MB of image bytes
+API_PREFIX = "/api/v1"
+_RETRY_AFTER_S = "5"
+
+
+class ErrorDetail(BaseModel):
+    """What went wrong, for programs (``code``) and people (``message``)."""
+
+    code: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    """The body of every error response."""
+
+    error: ErrorDetail
+
+
+_ERRORS = {
+    status: {"model": ErrorBody, "description": description}
+    for status, description in [
+        (400, "The input cannot be explained (empty, unreadable, wrong modality)"),
+        (404, "Unknown or unserved model or method"),
+        (413, "The request, text or image is larger than this server accepts"),
+        (422, "The request does not match the schema, or a parameter is out of range"),
+        (429, "The queue is full; retry after the Retry-After seconds"),
+        (503, "The server cannot run the request now (shutting down, out of memory)"),
+    ]
+}
+_HTTP_CODES = {
+    401: "unauthorized",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "request_too_large",
+}
+_BEARER = HTTPBearer(auto_error=False)
+_UNAUTHORIZED = {401: {"model": ErrorBody, "description": "Missing or wrong bearer token"}}
 
 
 class ExplainBody(BaseModel):
     """One explanation request (exactly one of ``text`` and ``image_base64``)."""
 
-    model: str = Field(..., max_length=500, examples=["minilm-zeroshot"])
-    method: str = Field(..., max_length=100, examples=["integrated_gradients"])
-    text: str | None = Field(None, max_length=MAX_TEXT_CHARS)
-    image_base64: str | None = Field(None, max_length=MAX_IMAGE_BASE64_CHARS)
-    labels: list[str] | None = Field(None, max_length=100)
-    target: int | str | None = None
-    params: dict[str, Any] = Field(default_factory=dict)
-    seed: int = 0
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(..., min_length=1, max_length=500, examples=["minilm-zeroshot"])
+    method: str = Field(..., min_length=1, max_length=100, examples=["integrated_gradients"])
+    text: str | None = Field(None, description="The text to explain (text models)")
+    image_base64: str | None = Field(
+        None, description="The image file's bytes (PNG, JPEG, ...), base64-encoded"
+    )
+    labels: list[Annotated[str, Field(max_length=200)]] | None = Field(None, max_length=100)
+    target: int | Annotated[str, Field(max_length=200)] | None = None
+    params: dict[Annotated[str, Field(max_length=100)], Any] = Field(
+        default_factory=dict, max_length=50
+    )
+    seed: int = Field(0, ge=0, le=2**32 - 1)
 
     def to_request(self) -> ExplainRequest:
-        """Decode the image and build the worker request."""
+        """Decode the image bytes (not the image: the worker does that) and build the request."""
         image = None
         if self.image_base64 is not None:
             try:
@@ -56,33 +109,145 @@ class ExplainBody(BaseModel):
         )
 
 
+def _token_guard(token: str | None) -> list[Any]:
+    """A dependency that checks ``Authorization: Bearer`` when a token is configured."""
+    if token is None:
+        return []
+
+    def require_token(
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)],
+    ) -> None:
+        given = credentials.credentials if credentials is not None else ""
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            raise HTTPException(
+                401, "a valid bearer token is required", headers={"WWW-Authenticate": "Bearer"}
+            )
+
+    return [Depends(require_token)]
+
+
 def build_router(worker: ExplainWorker) -> APIRouter:
-    """Routes: GET /models, GET /methods, POST /explain."""
-    router = APIRouter(prefix="/api/v1")
+    """Routes: GET /health (open), GET /models, GET /methods, POST /explain."""
+    settings = worker.settings
+    open_routes = APIRouter(prefix=API_PREFIX)
+    router = APIRouter(
+        dependencies=_token_guard(settings.api_token),
+        responses={**_ERRORS, **(_UNAUTHORIZED if settings.api_token else {})},
+    )
+
+    @open_routes.get("/health")
+    def health() -> dict[str, Any]:
+        """Liveness, device, loaded models (with how often each was loaded) and queue length."""
+        return {"status": "ok", **worker.status()}
 
     @router.get("/models")
     def models() -> list[dict[str, str]]:
+        """The models this server serves by name."""
+        served = settings.models if settings.models is not None else BUILTIN_MODELS
         return [
             {"id": name, "modality": m.modality, "description": m.description}
             for name, m in BUILTIN_MODELS.items()
+            if name in served
         ]
 
     @router.get("/methods")
     def methods() -> list[dict[str, Any]]:
+        """Every method with its modalities and parameter schema."""
         return [m.describe() for m in available_methods()]
 
     @router.post("/explain")
     async def explain(body: ExplainBody) -> dict[str, Any]:
+        """Explain one text or image; the Explanation as JSON."""
+        job = worker.submit(body.to_request())
         try:
-            job = worker.submit(body.to_request())
             explanation = await asyncio.wrap_future(job.future)
-        except AttrlabError as err:
-            raise HTTPException(status_code=400, detail=str(err)) from None
-        except Exception:
-            log.exception("explanation failed")
-            raise HTTPException(
-                status_code=500, detail="internal error; see the server log"
-            ) from None
+        except asyncio.CancelledError:  # the client went away: stop the work too
+            job.cancel()
+            raise
         return explanation.to_dict()
 
-    return router
+    @router.api_route(
+        "/{path:path}",
+        methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+        include_in_schema=False,
+    )
+    def unknown(request: Request, path: str) -> None:
+        # Without this the UI mounted at / would answer with its own, non-JSON 404.
+        allowed = sorted(
+            verb
+            for route in router.routes
+            if isinstance(route, APIRoute)
+            and route.path != "/{path:path}"
+            and route.path_regex.match(request.url.path.removeprefix(API_PREFIX))
+            for verb in route.methods
+        )
+        if allowed:
+            raise HTTPException(405, "method not allowed", headers={"Allow": ", ".join(allowed)})
+        raise HTTPException(404, f"no such API route: {path[:100]!r}; the OpenAPI docs list them")
+
+    open_routes.include_router(router)
+    return open_routes
+
+
+def _error(status: int, code: str, message: str, **headers: str) -> JSONResponse:
+    body = {"error": {"code": code, "message": public_message(message)}}
+    return JSONResponse(body, status_code=status, headers=headers or None)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Turn every failure into the JSON error body; log what the client does not see."""
+
+    @app.exception_handler(AttrlabError)
+    async def user_error(request: Request, err: AttrlabError) -> JSONResponse:
+        status, code = error_status(err)
+        log.info("%s %s -> %d %s: %s", request.method, request.url.path, status, code, err)
+        retry = {"Retry-After": _RETRY_AFTER_S} if status in (429, 503) else {}
+        return _error(status, code, str(err), **retry)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_: Request, err: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', 'invalid')}"
+            for e in err.errors()[:5]
+        )
+        return _error(422, "invalid_request", problems or "the request is not valid")
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, err: HTTPException) -> JSONResponse:
+        code = _HTTP_CODES.get(err.status_code, "http_error")
+        return _error(err.status_code, code, str(err.detail), **(err.headers or {}))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, _: Exception) -> JSONResponse:
+        log.exception("%s %s failed", request.method, request.url.path)
+        return _error(500, "internal", "internal error; the server log has the details")
+
+
+class BodySizeLimit:
+    """ASGI middleware: API request bodies over ``max_bytes`` get 413 before they are read."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, prefixes: tuple[str, ...]) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.prefixes = prefixes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith(self.prefixes):
+            await self.app(scope, receive, send)
+            return
+        too_large = f"the request body is larger than this server's limit of {self.max_bytes} bytes"
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            await _error(413, "request_too_large", too_large)(scope, receive, send)
+            return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:  # a chunked body that grows past the limit
+                raise HTTPException(413, too_large)
+            return message
+
+        await self.app(scope, counted, send)

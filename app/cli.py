@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
 
 from attribution.errors import AttrlabError
 
@@ -21,7 +23,7 @@ def _explain(args: argparse.Namespace) -> int:
         model=args.model,
         method=args.method,
         text=args.text,
-        image=args.image,
+        image=None if args.image is None else _read_image_file(args.image),
         labels=labels,
         target=args.target,
         params=parse_param_pairs(args.param),
@@ -37,6 +39,19 @@ def _explain(args: argparse.Namespace) -> int:
     else:
         print(explanation_table(explanation))
     return 0
+
+
+def _read_image_file(path: str) -> bytes:
+    """The bytes of the image file the user named (the only place attrlab opens a file)."""
+    from attribution.errors import InvalidInputError
+
+    file = Path(path).expanduser()
+    if not file.is_file():  # also refuses devices and FIFOs, which could block or never end
+        raise InvalidInputError(f"image file '{path}' does not exist or is not a regular file")
+    try:
+        return file.read_bytes()
+    except OSError as err:
+        raise InvalidInputError(f"image file '{path}' cannot be read: {err.strerror}") from None
 
 
 def _models(_: argparse.Namespace) -> int:
@@ -64,9 +79,38 @@ def _methods(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from app.server import serve
+    from app.settings import ServerSettings, parse_param_limits
 
-    serve(host=args.host, port=args.port, device=args.device)
+    settings = ServerSettings.for_server(
+        models=frozenset(_split(args.models)) if args.models else None,
+        allow_hub=True if args.allow_hub else None,
+        model_roots=tuple(Path(p).expanduser().resolve() for p in args.model_root) or None,
+        max_body_bytes=args.max_body_bytes,
+        max_text_chars=args.max_text_chars,
+        max_image_pixels=args.max_image_pixels,
+        max_queue=args.max_queue,
+    )
+    if args.param_limit:
+        limits = {**settings.param_limits, **parse_param_limits(args.param_limit)}
+        settings = replace(settings, param_limits=limits)
+    if args.host not in ("127.0.0.1", "localhost", "::1") and settings.api_token is None:
+        print(
+            f"attrlab: warning: listening on {args.host} without ATTRLAB_API_TOKEN: anyone who "
+            "reaches this address can run explanations",
+            file=sys.stderr,
+        )
+    serve(settings, host=args.host, port=args.port, device=args.device)
     return 0
+
+
+def _split(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number; got {text!r}")
+    return int(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,10 +132,38 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--format", choices=("json", "table"), default="table")
     explain.set_defaults(run=_explain)
 
-    serve = sub.add_parser("serve", help="start the web app and REST API")
-    serve.add_argument("--host", default="127.0.0.1")
+    serve = sub.add_parser(
+        "serve",
+        help="start the web app and REST API",
+        description="Start the web app and REST API. Flags override the ATTRLAB_* environment "
+        "variables of the same meaning; the bearer token is read from ATTRLAB_API_TOKEN only.",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (default: localhost)")
     serve.add_argument("--port", type=int, default=7860)
     serve.add_argument("--device", default=None)
+    serve.add_argument(
+        "--models", help="comma-separated models served (ATTRLAB_MODELS; default: built-ins)"
+    )
+    serve.add_argument(
+        "--allow-hub", action="store_true", help="serve any hub id (ATTRLAB_ALLOW_HUB)"
+    )
+    serve.add_argument(
+        "--model-root",
+        action="append",
+        default=[],
+        help="serve model folders under this folder; repeatable (ATTRLAB_MODEL_ROOTS)",
+    )
+    serve.add_argument("--max-body-bytes", type=_positive_int, help="ATTRLAB_MAX_BODY_BYTES")
+    serve.add_argument("--max-text-chars", type=_positive_int, help="ATTRLAB_MAX_TEXT_CHARS")
+    serve.add_argument("--max-image-pixels", type=_positive_int, help="ATTRLAB_MAX_IMAGE_PIXELS")
+    serve.add_argument(
+        "--param-limit",
+        action="append",
+        default=[],
+        help="name=max or method.name=max, e.g. rise.n_masks=2000; repeatable "
+        "(ATTRLAB_PARAM_LIMITS)",
+    )
+    serve.add_argument("--max-queue", type=_positive_int, help="ATTRLAB_MAX_QUEUE")
     serve.set_defaults(run=_serve)
 
     sub.add_parser("models", help="list built-in models").set_defaults(run=_models)

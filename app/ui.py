@@ -8,6 +8,7 @@ from typing import Any
 import gradio as gr
 import numpy as np
 
+from app.errors import public_message
 from app.worker import ExplainRequest, ExplainWorker, parse_param_pairs
 from attribution.errors import AttrlabError
 from attribution.explanation import Explanation
@@ -43,7 +44,7 @@ def _run(worker: ExplainWorker, request: ExplainRequest, progress: gr.Progress) 
     try:
         return worker.explain(request, progress=report)
     except AttrlabError as err:
-        raise gr.Error(str(err)) from None
+        raise gr.Error(public_message(str(err))) from None
     except Exception:
         log.exception("explanation failed")
         raise gr.Error("internal error while explaining; the server log has details") from None

@@ -1,27 +1,47 @@
-"""The only place that touches the device: model cache, one job at a time, progress, cancel."""
+"""
+The only place that touches the device: model cache, one job at a time, progress, cancel.
+
+Every front end submits here, so the server's settings (which models, how large an input, how
+many forward passes) are enforced once, for the REST API and the web page alike.
+"""
 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 from transformers.utils import logging as hf_logging
 
+from app.settings import ServerSettings
 from attribution import explain, load
-from attribution.errors import InvalidInputError, InvalidParameterError
+from attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
 from attribution.explanation import Explanation
 from attribution.methods import get_method
-from attribution.models import Adapter
+from attribution.models import Adapter, load_image
 from attribution.params import validate_params
 from attribution.run import ProgressCallback
 
-__all__ = ["ExplainRequest", "ExplainWorker", "Job", "parse_param_pairs"]
+__all__ = [
+    "ExplainRequest",
+    "ExplainWorker",
+    "Job",
+    "QueueFullError",
+    "WorkerClosedError",
+    "parse_param_pairs",
+]
+
+
+class QueueFullError(AttrlabError):
+    """As many requests as the server allows are already waiting; try again shortly."""
+
+
+class WorkerClosedError(AttrlabError):
+    """The worker is shutting down and takes no new work."""
 
 
 def parse_param_pairs(pairs: Sequence[str]) -> dict[str, str]:
@@ -39,7 +59,12 @@ def parse_param_pairs(pairs: Sequence[str]) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class ExplainRequest:
-    """One explanation to compute: a model, a method and a text or an image."""
+    """
+    One explanation to compute: a model, a method and a text or an image.
+
+    ``image`` holds encoded image bytes or a decoded array, never a path: front ends that read
+    files (the CLI) read them before building the request.
+    """
 
     model: str
     method: str
@@ -50,11 +75,12 @@ class ExplainRequest:
     params: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
 
-    def raw_input(self) -> Any:
-        """The text or image, refusing requests that give both or neither."""
+    @property
+    def modality(self) -> str:
+        """``"text"`` or ``"image"``, refusing requests that give both or neither."""
         if (self.text is None) == (self.image is None):
             raise InvalidInputError("give exactly one input: a text or an image")
-        return self.text if self.text is not None else self.image
+        return "text" if self.text is not None else "image"
 
 
 @dataclass
@@ -82,22 +108,28 @@ class ExplainWorker:
         self,
         device: str | None = None,
         max_models: int = 3,
-        allowed_roots: Sequence[str | Path] | None = None,
+        settings: ServerSettings | None = None,
     ) -> None:
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.max_models = max_models
-        self.allowed_roots = allowed_roots
+        self.settings = settings or ServerSettings.unrestricted()
+        self.model_loads: Counter[str] = Counter()
         self._models: OrderedDict[str, Adapter] = OrderedDict()
         self._lock = threading.Lock()
+        self._pending = 0
+        self._closed = False
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="attrlab-worker")
         hf_logging.disable_progress_bar()  # weight-loading bars would clutter CLI and server logs
 
     def adapter(self, spec: str, labels: Sequence[str] | None = None) -> Adapter:
-        """Load (or reuse) a model; least recently used models are evicted past ``max_models``."""
+        """Load (or reuse) a permitted model; the least recently used go past ``max_models``."""
+        spec = (spec or "").strip()
+        source = self.settings.model_source(spec)
         with self._lock:
             adapter = self._models.pop(spec, None)
             if adapter is None:
-                adapter = load(spec, device=self.device, allowed_roots=self.allowed_roots)
+                adapter = load(spec, device=self.device, hub_only=source == "hub")
+                self.model_loads[spec] += 1
             self._models[spec] = adapter
             while len(self._models) > self.max_models:
                 self._models.popitem(last=False)
@@ -105,6 +137,14 @@ class ExplainWorker:
 
     def submit(self, request: ExplainRequest, progress: ProgressCallback | None = None) -> Job:
         """Queue a request; the returned job reports progress and can be cancelled."""
+        with self._lock:
+            if self._closed:
+                raise WorkerClosedError("the server is shutting down; try again later")
+            if self._pending >= self.settings.max_queue:
+                raise QueueFullError(
+                    f"{self._pending} requests are already queued (the limit); try again shortly"
+                )
+            self._pending += 1
         job = Job(future=Future(), cancel_event=threading.Event())
 
         def report(done: int, total: int) -> None:
@@ -113,7 +153,12 @@ class ExplainWorker:
                 progress(done, total)
 
         job.future = self._executor.submit(self._run, request, report, job.cancel_event)
+        job.future.add_done_callback(self._finished)
         return job
+
+    def _finished(self, _: Future) -> None:
+        with self._lock:
+            self._pending -= 1
 
     def explain(
         self, request: ExplainRequest, progress: ProgressCallback | None = None
@@ -121,17 +166,41 @@ class ExplainWorker:
         """Submit and wait."""
         return self.submit(request, progress).result()
 
+    def status(self) -> dict[str, Any]:
+        """Device, loaded models, how often each was loaded, and the queue length."""
+        with self._lock:
+            return {
+                "device": self.device,
+                "models_loaded": list(self._models),
+                "model_loads": dict(self.model_loads),
+                "queued": self._pending,
+                "max_queue": self.settings.max_queue,
+            }
+
     def _run(
         self, request: ExplainRequest, progress: ProgressCallback, cancel: threading.Event
     ) -> Explanation:
-        raw = request.raw_input()
-        validate_params(get_method(request.method).params, request.params)  # fail before loading
+        modality = request.modality
+        if request.text is not None:
+            self.settings.check_text(request.text)
+        method = get_method(request.method)
+        # Fail on bad parameters before loading a model; budgets apply to resolved values.
+        self.settings.check_params(method.name, validate_params(method.params, request.params))
         adapter = self.adapter(request.model, request.labels)
-        inputs = adapter.preprocess(raw)
+        if adapter.modality != modality:
+            raise InvalidInputError(
+                f"model '{adapter.model_id}' takes {_article(adapter.modality)} as input, but "
+                f"the request gives {_article(modality)}"
+            )
+        raw = (
+            request.text
+            if request.text is not None
+            else load_image(request.image, max_pixels=self.settings.max_image_pixels)
+        )
         return explain(
             adapter,
-            request.method,
-            inputs,
+            method.name,
+            adapter.preprocess(raw),
             target=request.target,
             params=request.params,
             seed=request.seed,
@@ -141,5 +210,11 @@ class ExplainWorker:
 
     def close(self) -> None:
         """Stop accepting work and release the models."""
+        with self._lock:
+            self._closed = True
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._models.clear()
+
+
+def _article(modality: str) -> str:
+    return "an image" if modality == "image" else "text"

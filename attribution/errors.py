@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "AttrlabError",
     "DeviceMemoryError",
+    "InputTooLargeError",
     "InvalidInputError",
     "InvalidParameterError",
     "JobCancelledError",
@@ -26,6 +27,10 @@ class AttrlabError(Exception):
 
 class InvalidInputError(AttrlabError):
     """The text or image given cannot be explained (empty, unreadable, too large)."""
+
+
+class InputTooLargeError(InvalidInputError):
+    """The input exceeds a size limit (text length, image pixels, request size)."""
 
 
 class InvalidParameterError(AttrlabError):

@@ -82,28 +82,6 @@ def test_labels_and_target_options(capsys):
     assert e["seed"] == 3
 
 
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (["--text", "   "], "text is empty"),
-        (["--text", "hi", "--model", "no-such-alias"], "not a built-in alias"),
-        (["--text", "hi", "--method", "nope"], "unknown method 'nope'"),
-        (["--text", "hi", "--param", "n_steps=0"], "'n_steps' must be between 2"),
-        (["--text", "hi", "--param", "colour=red"], "unknown parameter"),
-        (["--text", "hi", "--param", "oops"], "key=value"),
-        (["--text", "hi", "--target", "neutral"], "unknown target label 'neutral'"),
-        (["--text", "hi", "--target", "7"], "out of range"),
-        (["--text", "hi", "--labels", "solo"], "at least two"),
-        (["--image", "/no/such/file.png"], "does not exist"),
-    ],
-)
-def test_bad_input_exits_2_with_one_clear_line(capsys, argv, message):
-    base = ["explain", "--method", "integrated_gradients", "--device", "cpu"]
-    assert main(base + argv) == 2
-    err = capsys.readouterr().err
-    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
-
-
 def test_console_script_lists_and_fails_cleanly(tmp_path):
     not_an_image = tmp_path / "notes.png"
     not_an_image.write_text("just text")

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 
 from attribution.errors import InvalidInputError, UnknownModelError
 from attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
 from attribution.models.builtin import BUILTIN_MODELS, BuiltinModel
-from attribution.models.hub import load_pretrained
+from attribution.models.hub import download, load_pretrained
 from attribution.models.images import load_image
 
 __all__ = [
@@ -29,7 +28,7 @@ def load(
     spec: str,
     device: str | torch.device | None = None,
     labels: Sequence[str] | None = None,
-    allowed_roots: Sequence[str | Path] | None = None,
+    hub_only: bool = False,
 ) -> Adapter:
     """
     Load a model by built-in alias, Hugging Face hub id or local directory.
@@ -38,7 +37,7 @@ def load(
         spec: e.g. ``"minilm-zeroshot"``, ``"textattack/bert-base-uncased-SST-2"`` or a path.
         device: ``"cpu"``, ``"cuda"``, ...; defaults to CUDA when available.
         labels: Label names for zero-shot models (``with_labels``).
-        allowed_roots: If given, local directories must lie under one of these (servers).
+        hub_only: Treat ``spec`` as a hub id only, never as a local folder (servers).
 
     Raises:
         UnknownModelError: The spec names nothing loadable.
@@ -49,8 +48,9 @@ def load(
         raise UnknownModelError(f"no model given; built-in aliases: {', '.join(BUILTIN_MODELS)}")
     if spec in BUILTIN_MODELS:
         adapter = BUILTIN_MODELS[spec].build()
+    elif hub_only:
+        adapter = load_pretrained(download(spec), model_id=spec)
     else:
-        _check_local_path(spec, allowed_roots)
         adapter = load_pretrained(spec)
     adapter.model.to(_device(device))
     return adapter.with_labels(labels) if labels else adapter
@@ -66,12 +66,3 @@ def _device(device: str | torch.device | None) -> torch.device:
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise InvalidInputError("device 'cuda' was asked for, but no CUDA GPU is available")
     return resolved
-
-
-def _check_local_path(spec: str, allowed_roots: Sequence[str | Path] | None) -> None:
-    looks_local = spec.startswith((".", "/", "~")) or Path(spec).exists()
-    if not looks_local or allowed_roots is None:
-        return
-    path = Path(spec).expanduser().resolve()
-    if not any(path.is_relative_to(Path(root).expanduser().resolve()) for root in allowed_roots):
-        raise UnknownModelError(f"local model path '{spec}' is outside the allowed model folders")

@@ -16,19 +16,52 @@ from attribution.models.images import ImageTransform
 from attribution.models.text import DecoderLMAdapter, TextClassifierAdapter
 from attribution.models.vision import CNNAdapter, ViTAdapter
 
-__all__ = ["load_pretrained"]
+__all__ = ["download", "load_pretrained"]
+
+# What a hub download fetches: configs, weights, tokenizers; never code (no remote code runs).
+_HUB_FILES = ["*.json", "*.safetensors", "*.bin", "*.txt", "*.model", "*.tiktoken"]
 
 
-def load_pretrained(spec: str, revision: str | None = None) -> Adapter:
-    """Load a hub id or local directory; the adapter is chosen from the model's config."""
+def load_pretrained(spec: str, revision: str | None = None, model_id: str | None = None) -> Adapter:
+    """
+    Load a hub id or local directory; the adapter is chosen from the model's config.
+
+    ``model_id`` names the model in the adapter and in messages when ``spec`` is a folder the
+    caller downloaded it to (so no server path reaches a user).
+    """
+    name = model_id or spec
     if spec.startswith(("timm/", "hf-hub:")) or _is_timm_dir(spec):
-        return _load_timm(spec)
-    config = _config(spec, revision)
+        adapter = _load_timm(spec)
+    else:
+        adapter = _load_transformers(spec, name, revision)
+    adapter.model_id = name
+    return adapter
+
+
+def download(repo_id: str, revision: str | None = None) -> str:
+    """
+    Fetch a hub repository's config, weights and tokenizer files; return the local snapshot.
+
+    Unlike ``from_pretrained``, this never reads a local folder of the same name.
+    """
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        return snapshot_download(
+            repo_id.removeprefix("hf-hub:"), revision=revision, allow_patterns=_HUB_FILES
+        )
+    except (OSError, ValueError, HFValidationError):
+        raise UnknownModelError(_not_found(repo_id)) from None
+
+
+def _load_transformers(spec: str, name: str, revision: str | None) -> Adapter:
+    config = _config(spec, name, revision)
     family = family_of(config)
     if family is None:
         supported = ", ".join(sorted(FAMILIES))
         raise ModelLoadError(
-            f"model '{spec}' is of type '{config.model_type}', which attrlab does not support; "
+            f"model '{name}' is of type '{config.model_type}', which attrlab does not support; "
             f"supported types: {supported} (and timm image classifiers)"
         )
     kwargs = {"revision": revision, "attn_implementation": "eager"}  # eager: attentions out
@@ -38,23 +71,23 @@ def load_pretrained(spec: str, revision: str | None = None) -> Adapter:
         tokenizer = tf.AutoTokenizer.from_pretrained(spec, revision=revision)
         if family == "decoder-lm":
             model = tf.AutoModelForCausalLM.from_pretrained(spec, **kwargs)
-            return DecoderLMAdapter(model, tokenizer, spec, revision)
+            return DecoderLMAdapter(model, tokenizer, name, revision)
         if not any(a.endswith("ForSequenceClassification") for a in config.architectures or []):
             raise ModelLoadError(
-                f"model '{spec}' has no sequence-classification head; pick a fine-tuned "
+                f"model '{name}' has no sequence-classification head; pick a fine-tuned "
                 "classifier, or use 'minilm-zeroshot' for zero-shot labels"
             )
         model = tf.AutoModelForSequenceClassification.from_pretrained(spec, **kwargs)
-        return TextClassifierAdapter(model, tokenizer, spec, revision)
+        return TextClassifierAdapter(model, tokenizer, name, revision)
     except (OSError, ValueError) as err:
-        raise ModelLoadError(f"model '{spec}' could not be loaded: {err}") from None
+        raise ModelLoadError(f"model '{name}' could not be loaded: {err}") from None
 
 
-def _config(spec: str, revision: str | None) -> Any:
+def _config(spec: str, name: str, revision: str | None) -> Any:
     try:
         return tf.AutoConfig.from_pretrained(spec, revision=revision)
     except (OSError, ValueError):
-        raise UnknownModelError(_not_found(spec)) from None
+        raise UnknownModelError(_not_found(name)) from None
 
 
 def _not_found(spec: str) -> str:

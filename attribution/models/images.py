@@ -1,23 +1,36 @@
-"""Image loading with a size check before decoding, and the resize-normalise transform."""
+"""
+Image decoding for untrusted bytes, and the resize-normalise transform.
+
+Images arrive as encoded bytes (an upload, a base64 field, a file the CLI read), a decoded
+array or a PIL image; never as a path: the library opens no files on behalf of a request.
+Encoded data is size-checked from its header before any pixel is decoded.
+"""
 
 from __future__ import annotations
 
 import io
+import logging
 import os
+import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps
 
-from attribution.errors import InvalidInputError
+from attribution.errors import InputTooLargeError, InvalidInputError
 from attribution.models.base import ImageInputs
 
 __all__ = ["ImageTransform", "load_image", "max_image_pixels"]
 
+log = logging.getLogger(__name__)
+
 _DEFAULT_MAX_PIXELS = 40_000_000
+_FORMATS = "PNG, JPEG, BMP, GIF, TIFF or WebP"
+# Pillow's own bomb guard (a warning, then an error at twice the limit) stays as a backstop;
+# our limit is checked first from the header and is far lower.
+_WIDE_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")  # 16/32-bit integer, float
 
 
 def max_image_pixels() -> int:
@@ -26,51 +39,106 @@ def max_image_pixels() -> int:
 
 
 def load_image(raw: Any, max_pixels: int | None = None) -> Image.Image:
-    """Open a path, bytes, PIL image or array as RGB, refusing oversized images undecoded."""
+    """
+    Decode encoded bytes, a PIL image or an array into an RGB image.
+
+    Bytes are checked against ``max_pixels`` from the header alone, before decoding. Animated
+    images give their first frame; EXIF orientation is applied; 16-bit, palette, CMYK and
+    transparent images are converted to 8-bit RGB (transparency over white).
+
+    Raises:
+        InvalidInputError: not an image (a str is refused: paths are never opened here).
+        InputTooLargeError: more pixels than ``max_pixels``.
+    """
     limit = max_image_pixels() if max_pixels is None else max_pixels
     if isinstance(raw, Image.Image):
-        image = raw
-    elif isinstance(raw, np.ndarray):
-        image = _from_array(raw)
-    elif isinstance(raw, (str, Path, bytes, bytearray)):
-        image = _open(raw)
-    else:
-        raise InvalidInputError(f"expected an image file, bytes or array; got {type(raw).__name__}")
-    width, height = image.size
-    if width * height > limit:
+        return _to_rgb(raw)
+    if isinstance(raw, np.ndarray):
+        return _from_array(raw, limit)
+    if isinstance(raw, (bytes, bytearray, memoryview)):
+        return _decode(bytes(raw), limit)
+    if isinstance(raw, str):
         raise InvalidInputError(
-            f"image is {width}×{height} = {width * height / 1e6:.1f} megapixels, above the "
-            f"limit of {limit / 1e6:.1f} megapixels; resize it first"
+            "got text where an image was expected; send the image's bytes (files are read "
+            "only by the command line, never by the library or the server)"
         )
+    raise InvalidInputError(f"expected image bytes or an array; got {type(raw).__name__}")
+
+
+def _check_size(width: int, height: int, limit: int) -> None:
     if width < 1 or height < 1:
-        raise InvalidInputError("image has no pixels")
-    try:
-        return image.convert("RGB")
-    except OSError as err:
-        raise InvalidInputError(f"image could not be decoded: {err}") from None
+        raise InvalidInputError("the image has no pixels")
+    if width * height > limit:
+        raise InputTooLargeError(
+            f"image is {width}×{height} = {_megapixels(width * height)} megapixels, above the "
+            f"limit of {_megapixels(limit)} megapixels; resize it first"
+        )
 
 
-def _open(raw: str | Path | bytes | bytearray) -> Image.Image:
-    name = "the uploaded data" if isinstance(raw, (bytes, bytearray)) else f"'{raw}'"
-    source = io.BytesIO(raw) if isinstance(raw, (bytes, bytearray)) else raw
-    if not isinstance(raw, (bytes, bytearray)) and not Path(raw).is_file():
-        raise InvalidInputError(f"image file {name} does not exist or is not a regular file")
+def _megapixels(pixels: int) -> str:
+    return f"{pixels / 1e6:,.2f}".rstrip("0").rstrip(".")
+
+
+def _decode(data: bytes, limit: int) -> Image.Image:
+    if not data:
+        raise InvalidInputError("the image is empty (0 bytes)")
     try:
-        return Image.open(source)  # lazy: reads the header only, so the size check is cheap
-    except (UnidentifiedImageError, OSError, ValueError):
+        image = Image.open(io.BytesIO(data))  # lazy: parses the header, decodes nothing
+    except Image.DecompressionBombError as err:
+        claimed = re.search(r"\((\d+) pixels\)", str(err))
+        size = f"{_megapixels(int(claimed.group(1)))} megapixels" if claimed else "more pixels"
+        raise InputTooLargeError(
+            f"the image header claims {size}, above the limit of {_megapixels(limit)} megapixels"
+        ) from None
+    except Exception as err:  # Pillow's parsers raise many types on hostile bytes
+        log.info("image header rejected: %r", err)
+        raise InvalidInputError(f"the data is not a readable image (expected {_FORMATS})") from None
+    _check_size(*image.size, limit)
+    try:
+        # Open positions animated GIF/WebP/APNG and multi-page TIFF on their first frame.
+        return _to_rgb(ImageOps.exif_transpose(image))
+    except InputTooLargeError:
+        raise
+    except Exception as err:  # truncated or corrupt pixel data, bad EXIF, odd modes
+        log.info("image decoding failed: %r", err)
         raise InvalidInputError(
-            f"{name} is not a readable image (expected PNG, JPEG, BMP, GIF, TIFF or WebP)"
+            "the image could not be decoded (truncated or corrupt file?)"
         ) from None
 
 
-def _from_array(array: np.ndarray) -> Image.Image:
+def _to_rgb(image: Image.Image) -> Image.Image:
+    """8-bit RGB: scale 16-bit data, composite transparency over white."""
+    if image.mode in _WIDE_MODES:
+        image = _from_array(np.asarray(image), limit=None)
+    if image.mode == "P" and "transparency" in image.info:
+        image = image.convert("RGBA")
+    if image.mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+        rgba = image.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def _from_array(array: np.ndarray, limit: int | None) -> Image.Image:
     if array.ndim == 2:
         array = np.stack([array] * 3, axis=-1)
-    if array.ndim != 3 or array.shape[-1] not in (3, 4):
+    if array.ndim != 3 or array.shape[-1] not in (3, 4) or 0 in array.shape:
         raise InvalidInputError(f"image array must be H×W, H×W×3 or H×W×4; got {array.shape}")
-    if np.issubdtype(array.dtype, np.floating):
-        array = np.clip(array * 255.0 if array.max() <= 1.0 else array, 0, 255)
-    return Image.fromarray(array.astype(np.uint8))
+    if limit is not None:
+        _check_size(array.shape[1], array.shape[0], limit)
+    if array.dtype == np.bool_:
+        array = array.astype(np.uint8) * 255
+    elif np.issubdtype(array.dtype, np.floating):
+        finite = np.nan_to_num(array.astype(np.float64), nan=0.0, posinf=255.0, neginf=0.0)
+        array = np.clip(finite * 255.0 if finite.max() <= 1.0 else finite, 0, 255)
+    elif np.issubdtype(array.dtype, np.integer) and array.max() > 255:
+        # 16-bit data: scale its range to 0..255 rather than clip it to white
+        top = 65535.0 if array.max() <= 65535 else float(array.max())
+        array = array.astype(np.float64) * (255.0 / top)
+    elif not np.issubdtype(array.dtype, np.number):
+        raise InvalidInputError(f"image array must be numeric; got dtype {array.dtype}")
+    image = Image.fromarray(np.clip(array, 0, 255).astype(np.uint8))
+    return _to_rgb(image) if image.mode == "RGBA" else image
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,9 @@ def tokenize(
     tokenizer: Any, text: str, max_length: int, add_special_tokens: bool, device: torch.device
 ) -> TextInputs:
     """Tokenise one text, truncating to ``max_length`` tokens and recording whether it did."""
-    if not isinstance(text, str) or not text.strip():
+    if text is not None and not isinstance(text, str):
+        raise InvalidInputError(f"expected text to tokenise; got {type(text).__name__}")
+    if text is None or not text.strip():
         raise InvalidInputError("the text is empty: give at least one word to explain")
     full = tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
     encoded = tokenizer(

@@ -1,0 +1,55 @@
+"""How user errors reach a client: one status and code per error class, no server paths."""
+
+from __future__ import annotations
+
+import re
+
+from app.settings import SettingsError
+from app.worker import QueueFullError, WorkerClosedError
+from attribution.errors import (
+    AttrlabError,
+    DeviceMemoryError,
+    InputTooLargeError,
+    InvalidInputError,
+    InvalidParameterError,
+    JobCancelledError,
+    ModelLoadError,
+    UnknownMethodError,
+    UnknownModelError,
+    UnsupportedMethodError,
+)
+
+__all__ = ["ERROR_STATUS", "error_status", "public_message"]
+
+#: HTTP status and machine-readable code of each user error (the most specific class wins).
+ERROR_STATUS: dict[type[AttrlabError], tuple[int, str]] = {
+    InputTooLargeError: (413, "input_too_large"),
+    InvalidInputError: (400, "invalid_input"),
+    UnsupportedMethodError: (400, "method_not_applicable"),
+    ModelLoadError: (400, "model_not_loadable"),
+    InvalidParameterError: (422, "invalid_parameter"),
+    UnknownModelError: (404, "unknown_model"),
+    UnknownMethodError: (404, "unknown_method"),
+    QueueFullError: (429, "queue_full"),
+    DeviceMemoryError: (503, "out_of_device_memory"),
+    JobCancelledError: (503, "cancelled"),
+    WorkerClosedError: (503, "shutting_down"),
+    SettingsError: (503, "misconfigured"),
+}
+
+# An absolute POSIX or Windows path not preceded by a word character, e.g. inside a library's
+# message about a cached file; hub ids ("org/model") and URLs keep their text.
+_SERVER_PATH = re.compile(r"(?<![\w:/.~-])(?:[A-Za-z]:\\|/)(?:[\w.@+-]+[/\\])*[\w.@+-]+")
+
+
+def error_status(err: AttrlabError) -> tuple[int, str]:
+    """Status and code for ``err``, looked up along its class hierarchy."""
+    for cls in type(err).__mro__:
+        if cls in ERROR_STATUS:
+            return ERROR_STATUS[cls]
+    return 400, "bad_request"
+
+
+def public_message(message: str) -> str:
+    """``message`` with any absolute filesystem path replaced by ``<path>``."""
+    return _SERVER_PATH.sub("<path>", message)

@@ -1,0 +1,193 @@
+"""
+What a running server accepts: models, sizes, parameter budgets, token (environment or flags).
+
+The command line and the library trust their user and run :meth:`ServerSettings.unrestricted`;
+``attrlab serve`` builds its settings with :meth:`ServerSettings.for_server`, whose defaults
+serve only the built-in aliases, download nothing and bound every request.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from attribution.errors import (
+    AttrlabError,
+    InputTooLargeError,
+    InvalidParameterError,
+    UnknownModelError,
+)
+from attribution.models import BUILTIN_MODELS
+from attribution.models.images import max_image_pixels
+
+__all__ = ["ModelSource", "ServerSettings", "SettingsError"]
+
+#: How a permitted spec is loaded: a built-in alias, a spec the operator listed, a hub download
+#: (never a local folder), a folder under a model root, or anything (unrestricted use only).
+ModelSource = Literal["builtin", "listed", "hub", "local", "any"]
+
+_HUB_ID = re.compile(r"^(hf-hub:)?[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+#: Per-request ceilings on the parameters that multiply the work; each is at least the method's
+#: default, so a request with default parameters is always accepted.
+DEFAULT_PARAM_LIMITS: dict[str, float] = {
+    "n_masks": 8000,
+    "n_designs": 1024,
+    "max_evals": 10_000,
+    "n_steps": 500,
+    "n_references": 64,
+    "bootstrap": 1000,
+    "max_tokens": 512,
+}
+
+
+class SettingsError(AttrlabError):
+    """A server setting (environment variable or flag) has an unusable value."""
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """
+    Limits and permissions applied to every request the worker runs.
+
+    Attributes:
+        models: Specs served (aliases, hub ids, folders); ``None`` means any (CLI, library).
+        allow_hub: Any Hugging Face hub id may be downloaded, not only those in ``models``.
+        model_roots: Local model folders are served when they lie under one of these.
+        max_body_bytes: Largest HTTP request body.
+        max_text_chars: Longest text explained.
+        max_image_pixels: Largest image, checked from its header before decoding.
+        param_limits: Ceiling per parameter, by name (``n_masks``) or method and name
+            (``rise.n_masks``, which wins).
+        api_token: When set, REST calls need ``Authorization: Bearer <token>``.
+        max_queue: Requests waiting or running at once; more are answered 429.
+    """
+
+    models: frozenset[str] | None = None
+    allow_hub: bool = True
+    model_roots: tuple[Path, ...] = ()
+    max_body_bytes: int = 32 * 2**20
+    max_text_chars: int | None = None
+    max_image_pixels: int = field(default_factory=max_image_pixels)
+    param_limits: Mapping[str, float] = field(default_factory=dict)
+    api_token: str | None = None
+    max_queue: int = 1024
+
+    @classmethod
+    def unrestricted(cls) -> ServerSettings:
+        """Any model, no budgets: for the command line and library use."""
+        return cls()
+
+    @classmethod
+    def for_server(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> ServerSettings:
+        """Server defaults, then ``ATTRLAB_*`` environment variables, then ``overrides``."""
+        env = os.environ if env is None else env
+        settings = cls(
+            models=frozenset(_list(env.get("ATTRLAB_MODELS")) or BUILTIN_MODELS),
+            allow_hub=_flag(env, "ATTRLAB_ALLOW_HUB", False),
+            model_roots=tuple(
+                Path(p).expanduser().resolve()
+                for p in (env.get("ATTRLAB_MODEL_ROOTS") or "").split(os.pathsep)
+                if p.strip()
+            ),
+            max_body_bytes=_positive(env, "ATTRLAB_MAX_BODY_BYTES", 32 * 2**20),
+            max_text_chars=_positive(env, "ATTRLAB_MAX_TEXT_CHARS", 20_000),
+            max_image_pixels=_positive(env, "ATTRLAB_MAX_IMAGE_PIXELS", 40_000_000),
+            param_limits={
+                **DEFAULT_PARAM_LIMITS,
+                **parse_param_limits(_list(env.get("ATTRLAB_PARAM_LIMITS"))),
+            },
+            api_token=env.get("ATTRLAB_API_TOKEN") or None,
+            max_queue=_positive(env, "ATTRLAB_MAX_QUEUE", 64),
+        )
+        return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+
+    def model_source(self, spec: str) -> ModelSource:
+        """
+        Where ``spec`` may be loaded from, or a refusal that reveals nothing about the disk.
+
+        The decision is lexical (no file is looked at), so refused specs all get one message.
+        """
+        spec = spec.strip()
+        if self.models is None:
+            return "any"
+        if spec in self.models:
+            return "builtin" if spec in BUILTIN_MODELS else "listed"
+        if self.allow_hub and _HUB_ID.match(spec) and ".." not in spec:
+            return "hub"
+        if self.model_roots and os.path.isabs(spec):
+            real = Path(os.path.realpath(spec))
+            if any(real.is_relative_to(root) for root in self.model_roots):
+                return "local"
+        served = ", ".join(sorted(self.models))
+        extra = (" and any Hugging Face hub id" if self.allow_hub else "") + (
+            " and model folders under its model roots" if self.model_roots else ""
+        )
+        raise UnknownModelError(
+            f"model '{spec}' is not served here; this server serves: {served}{extra}"
+        )
+
+    def check_text(self, text: str) -> None:
+        """Refuse a text longer than ``max_text_chars``."""
+        if self.max_text_chars is not None and len(text) > self.max_text_chars:
+            raise InputTooLargeError(
+                f"the text has {len(text)} characters; this server accepts at most "
+                f"{self.max_text_chars}"
+            )
+
+    def check_params(self, method: str, params: Mapping[str, Any]) -> None:
+        """Refuse resolved parameters above this server's budget for ``method``."""
+        for name, value in params.items():
+            limit = self.param_limits.get(f"{method}.{name}", self.param_limits.get(name))
+            if limit is None or not isinstance(value, (int, float)) or isinstance(value, bool):
+                continue
+            if value > limit:
+                raise InvalidParameterError(
+                    f"parameter '{name}' = {value} is above this server's limit of "
+                    f"{limit:g} for {method}; ask for less"
+                )
+
+
+def parse_param_limits(items: list[str]) -> dict[str, float]:
+    """``["n_masks=2000", "rise.grid=16"]`` -> ``{"n_masks": 2000.0, "rise.grid": 16.0}``."""
+    limits = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            number = float("nan")
+        if not sep or not key.strip() or not number >= 0:
+            raise SettingsError(
+                f"parameter limits are written name=number or method.name=number; got {item!r}"
+            )
+        limits[key.strip()] = number
+    return limits
+
+
+def _list(value: str | None) -> list[str]:
+    return [item.strip() for item in (value or "").split(",") if item.strip()]
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    value = env.get(name, "").strip().lower()
+    if not value:
+        return default
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise SettingsError(f"{name} must be true or false; got {value!r}")
+
+
+def _positive(env: Mapping[str, str], name: str, default: int) -> int:
+    value = env.get(name, "").strip()
+    if not value:
+        return default
+    if not value.isdigit() or int(value) < 1:
+        raise SettingsError(f"{name} must be a positive whole number; got {value!r}")
+    return int(value)

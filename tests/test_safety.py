@@ -1,0 +1,432 @@
+"""
+The bad-input table: each class of hostile or mistaken input, through the REST API and the CLI,
+with the exact status (or exit code), error code and message; plus the server settings.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import struct
+import subprocess
+import sys
+import threading
+import zlib
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from app.cli import main
+from app.server import create_app
+from app.settings import ServerSettings, SettingsError
+from app.worker import ExplainRequest, ExplainWorker
+from attribution.errors import UnknownModelError
+
+TEXT_MODEL = "tiny-random-bert"
+IMAGE_MODEL = "tiny-random-vit"
+
+
+def png(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def header_bomb(width: int, height: int) -> bytes:
+    """A valid 1×1 PNG whose header is rewritten to claim ``width``×``height`` pixels."""
+    data = bytearray(png(np.zeros((1, 1), dtype=np.uint8)))
+    chunk = b"IHDR" + struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    data[8:33] = struct.pack(">I", 13) + chunk + struct.pack(">I", zlib.crc32(chunk))
+    return bytes(data)
+
+
+SMALL_PNG = png(np.full((8, 8, 3), 200, dtype=np.uint8))
+NOISE_PNG = png(np.random.default_rng(0).integers(0, 255, (32, 32, 3), dtype=np.uint8))
+CUT_PNG = NOISE_PNG[: len(NOISE_PNG) // 2]  # header intact, pixel data cut off
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+@pytest.fixture(scope="module")
+def server_settings():
+    return ServerSettings.for_server(
+        {},
+        models=frozenset({TEXT_MODEL, IMAGE_MODEL}),
+        max_text_chars=1000,
+        max_image_pixels=100_000,
+        max_body_bytes=200_000,
+    )
+
+
+@pytest.fixture(scope="module")
+def client(server_settings):
+    worker = ExplainWorker(device="cpu", settings=server_settings)
+    with TestClient(create_app(worker)) as c:
+        yield c
+    worker.close()
+
+
+def _text(**extra):
+    return {"model": TEXT_MODEL, "method": "gradient_x_input", "text": "fine words", **extra}
+
+
+def _image(data: bytes, **extra):
+    return {"model": IMAGE_MODEL, "method": "gradient_x_input", "image_base64": b64(data), **extra}
+
+
+REST_CASES = [
+    # Inputs are data, never paths; the modality is explicit and checked.
+    (
+        _text(model=IMAGE_MODEL, text="/etc/hosts"),
+        400,
+        "invalid_input",
+        f"model '{IMAGE_MODEL}' takes an image as input, but the request gives text",
+    ),
+    (
+        _text(model=IMAGE_MODEL, text="/no/such/file.png"),
+        400,
+        "invalid_input",
+        f"model '{IMAGE_MODEL}' takes an image as input, but the request gives text",
+    ),
+    (
+        _image(SMALL_PNG, model=TEXT_MODEL),
+        400,
+        "invalid_input",
+        f"model '{TEXT_MODEL}' takes text as input, but the request gives an image",
+    ),
+    (_text(text="  \n\t "), 400, "invalid_input", "the text is empty"),
+    (
+        {"model": TEXT_MODEL, "method": "gradient_x_input"},
+        400,
+        "invalid_input",
+        "give exactly one input: a text or an image",
+    ),
+    (
+        {**_text(), "image_base64": b64(SMALL_PNG)},
+        400,
+        "invalid_input",
+        "give exactly one input: a text or an image",
+    ),
+    # Hostile and broken images.
+    (_image(b"definitely not an image"), 400, "invalid_input", "the data is not a readable image"),
+    (_image(b""), 400, "invalid_input", "the image is empty (0 bytes)"),
+    (
+        {**_image(b""), "image_base64": "%%%"},
+        400,
+        "invalid_input",
+        "image_base64 is not valid base64",
+    ),
+    (
+        _image(header_bomb(60_000, 60_000)),
+        413,
+        "input_too_large",
+        "the image header claims 3,600 megapixels, above the limit of 0.1 megapixels",
+    ),
+    (
+        _image(header_bomb(400, 300)),
+        413,
+        "input_too_large",
+        "image is 400×300 = 0.12 megapixels, above the limit of 0.1 megapixels",
+    ),
+    (_image(CUT_PNG), 400, "invalid_input", "the image could not be decoded"),
+    # Sizes.
+    (
+        _text(text="word " * 300),
+        413,
+        "input_too_large",
+        "the text has 1500 characters; this server accepts at most 1000",
+    ),
+    # Models and methods.
+    (_text(model="no-such-model"), 404, "unknown_model", "model 'no-such-model' is not served"),
+    (_text(model="/etc"), 404, "unknown_model", "model '<path>' is not served here"),
+    (_text(model="bert-base/uncased"), 404, "unknown_model", "is not served here"),
+    (_text(model="minilm-zeroshot"), 404, "unknown_model", "is not served here"),
+    (_text(method="no_such_method"), 404, "unknown_method", "unknown method 'no_such_method'"),
+    (_text(method="gradcam"), 400, "method_not_applicable", "gradcam"),
+    # Parameters, targets, labels.
+    (
+        _text(method="integrated_gradients", params={"colour": "red"}),
+        422,
+        "invalid_parameter",
+        "unknown parameter(s) colour",
+    ),
+    (
+        _text(method="integrated_gradients", params={"n_steps": 1}),
+        422,
+        "invalid_parameter",
+        "parameter 'n_steps' must be between 2 and 2000; got 1",
+    ),
+    (
+        _text(method="integrated_gradients", params={"n_steps": "many"}),
+        422,
+        "invalid_parameter",
+        "parameter 'n_steps' must be of type int",
+    ),
+    (
+        _text(method="integrated_gradients", params={"n_steps": 1000}),
+        422,
+        "invalid_parameter",
+        "parameter 'n_steps' = 1000 is above this server's limit of 500 for integrated_gradients",
+    ),
+    (_text(target=7), 400, "invalid_input", "target index 7 is out of range"),
+    (_text(target="neutral"), 400, "invalid_input", "unknown target label 'neutral'"),
+    (_text(labels=["a", "b"]), 400, "invalid_input", "has a fixed classification head"),
+    # Request shape.
+    (_text(seed=-1), 422, "invalid_request", "body.seed"),
+    (_text(seed=2**70), 422, "invalid_request", "body.seed"),
+    (_text(prams={}), 422, "invalid_request", "body.prams: Extra inputs are not permitted"),
+    ({"method": "gradient_x_input", "text": "x"}, 422, "invalid_request", "body.model"),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "code", "message"), REST_CASES)
+def test_rest_bad_input_table(client, body, status, code, message):
+    response = client.post("/api/v1/explain", json=body)
+    assert response.status_code == status, response.text
+    assert set(response.json()) == {"error"} and response.json()["error"]["code"] == code
+    assert message in response.json()["error"]["message"]
+
+
+def test_rest_transport_errors_are_json(client):
+    too_big = client.post(
+        "/api/v1/explain",
+        content=b'{"text": "' + b"x" * 300_000 + b'"}',
+        headers={"content-type": "application/json"},
+    )
+    assert too_big.status_code == 413
+    assert too_big.json()["error"]["code"] == "request_too_large"
+
+    def chunks():  # no Content-Length: the limit is enforced while reading
+        for _ in range(30):
+            yield b"x" * 10_000
+
+    chunked = client.post(
+        "/api/v1/explain", content=chunks(), headers={"content-type": "application/json"}
+    )
+    assert chunked.status_code == 413 and "200000 bytes" in chunked.json()["error"]["message"]
+    broken = client.post(
+        "/api/v1/explain", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert broken.status_code == 422 and broken.json()["error"]["code"] == "invalid_request"
+    unknown = client.get("/api/v1/no/such/route")
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "not_found"
+    wrong_verb = client.get("/api/v1/explain")
+    assert wrong_verb.status_code == 405
+    assert wrong_verb.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_no_file_is_read_for_a_request(client, tmp_path, monkeypatch):
+    """A text naming a real image on the server gives the same answer as any other text."""
+    secret = tmp_path / "secret.png"
+    secret.write_bytes(SMALL_PNG)
+    opened = []
+    real_open = open
+
+    def spy(file, *args, **kwargs):
+        opened.append(str(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", spy)
+    answers = {
+        client.post("/api/v1/explain", json=_text(model=IMAGE_MODEL, text=path)).text
+        for path in (str(secret), str(tmp_path / "absent.png"))
+    }
+    assert len(answers) == 1 and str(secret) not in opened
+
+
+def test_explicit_modality_in_the_library_adapters(load_model):
+    from attribution.errors import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match="got text where an image was expected"):
+        load_model(IMAGE_MODEL).preprocess("/etc/hosts")
+    with pytest.raises(InvalidInputError, match="expected text to tokenise; got bytes"):
+        load_model(TEXT_MODEL).preprocess(SMALL_PNG)
+
+
+def test_queue_full_answers_429_and_recovers(server_settings):
+    from dataclasses import replace
+
+    worker = ExplainWorker(device="cpu", settings=replace(server_settings, max_queue=1))
+    with TestClient(create_app(worker)) as c:
+        gate = threading.Event()
+        worker._executor.submit(gate.wait)  # keep the worker busy
+        first = worker.submit(ExplainRequest(TEXT_MODEL, "gradient_x_input", text="a"))
+        response = c.post("/api/v1/explain", json=_text())
+        assert response.status_code == 429 and response.headers["retry-after"] == "5"
+        assert response.json()["error"]["code"] == "queue_full"
+        gate.set()
+        first.result(timeout=60)
+        assert c.post("/api/v1/explain", json=_text()).status_code == 200
+    worker.close()
+
+
+def test_bearer_token_guards_the_api_but_not_health(server_settings):
+    from dataclasses import replace
+
+    worker = ExplainWorker(device="cpu", settings=replace(server_settings, api_token="s3cret"))
+    with TestClient(create_app(worker)) as c:
+        assert c.get("/api/v1/health").status_code == 200
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            denied = c.post("/api/v1/explain", json=_text(), headers=headers)
+            assert denied.status_code == 401 and denied.headers["www-authenticate"] == "Bearer"
+            assert denied.json()["error"]["code"] == "unauthorized"
+        ok = c.post("/api/v1/explain", json=_text(), headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200
+        assert "401" in str(c.get("/openapi.json").json()["paths"]["/api/v1/explain"])
+    worker.close()
+
+
+# The CLI reads the files its user names, and only those; everything else is refused alike.
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("files")
+    paths = {
+        "cat": folder / "cat.png",
+        "notes": folder / "notes.png",
+        "bomb": folder / "bomb.png",
+        "cut": folder / "cut.png",
+    }
+    paths["cat"].write_bytes(png(np.full((40, 40, 3), 90, dtype=np.uint8)))
+    paths["notes"].write_text("just text")
+    paths["bomb"].write_bytes(header_bomb(60_000, 60_000))
+    paths["cut"].write_bytes(CUT_PNG)
+    return {name: str(path) for name, path in paths.items()} | {"folder": str(folder)}
+
+
+CLI_CASES = [
+    (["--text", "   "], "the text is empty"),
+    (["--text", "hi", "--model", "no-such-alias"], "not a built-in alias"),
+    (["--text", "hi", "--method", "nope"], "unknown method 'nope'"),
+    (["--text", "hi", "--param", "n_steps=0"], "'n_steps' must be between 2"),
+    (["--text", "hi", "--param", "colour=red"], "unknown parameter"),
+    (["--text", "hi", "--param", "oops"], "key=value"),
+    (["--text", "hi", "--target", "7"], "out of range"),
+    (["--text", "hi", "--target", "neutral"], "unknown target label 'neutral'"),
+    (["--text", "hi", "--labels", "a,b"], "has a fixed classification head"),
+    (
+        ["--text", "hi", "--model", IMAGE_MODEL],
+        f"model '{IMAGE_MODEL}' takes an image as input, but the request gives text",
+    ),
+    (
+        ["--image", "{cat}", "--model", TEXT_MODEL],
+        f"model '{TEXT_MODEL}' takes text as input, but the request gives an image",
+    ),
+    (["--image", "/no/such/file.png"], "does not exist or is not a regular file"),
+    (["--image", "{folder}"], "does not exist or is not a regular file"),
+    (["--image", "/dev/zero"], "does not exist or is not a regular file"),
+    (["--image", "{notes}"], "the data is not a readable image"),
+    (["--image", "{bomb}"], "the image header claims 3,600 megapixels"),
+    (["--image", "{cut}"], "the image could not be decoded"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), CLI_CASES)
+def test_cli_bad_input_table(capsys, files, argv, message):
+    argv = [a.format(**files) for a in argv]
+    if "--model" not in argv:
+        argv += ["--model", IMAGE_MODEL if "--image" in argv else TEXT_MODEL]
+    assert main(["explain", "--method", "integrated_gradients", "--device", "cpu", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_console_script_fails_cleanly_on_a_bomb(files):
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "explain",
+            "--method",
+            "gradient_x_input",
+            "--image",
+            files["bomb"],
+            "--model",
+            IMAGE_MODEL,
+            "--device",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "megapixels" in bad.stderr
+
+
+# Server settings: what is served is decided from the spec's text alone.
+def test_model_policy(tmp_path):
+    root = tmp_path / "models"
+    (root / "mine").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    (root / "escape").symlink_to(tmp_path / "elsewhere")
+    settings = ServerSettings.for_server({}, model_roots=(root.resolve(),))
+    assert settings.model_source("minilm-zeroshot") == "builtin"
+    assert settings.model_source(str(root / "mine")) == "local"
+    assert settings.model_source(str(root / "not-yet")) == "local"
+    refusals = set()
+    for spec in (
+        str(root / "escape"),  # a link out of the root
+        str(root / ".." / "elsewhere"),
+        "models/mine",  # relative paths are never resolved against the server's folder
+        str(tmp_path / "elsewhere"),
+        str(tmp_path / "absent"),
+        "org/model",  # hub ids only when allowed
+    ):
+        with pytest.raises(UnknownModelError) as refused:
+            settings.model_source(spec)
+        refusals.add(str(refused.value).replace(spec, "SPEC"))
+    assert len(refusals) == 1  # existing and absent paths are refused in the same words
+    hub = ServerSettings.for_server({"ATTRLAB_ALLOW_HUB": "yes"})
+    assert hub.model_source("org/model") == "hub"
+    assert hub.model_source("hf-hub:timm/resnet18.a1_in1k") == "hub"
+    for spec in ("../org", "org/../x", "/abs/path", "a/b/c"):
+        with pytest.raises(UnknownModelError):
+            hub.model_source(spec)
+    assert ServerSettings.unrestricted().model_source("/anything") == "any"
+
+
+def test_settings_from_environment():
+    env = {
+        "ATTRLAB_MODELS": "tiny-random-bert, org/model",
+        "ATTRLAB_PARAM_LIMITS": "n_masks=100,rise.grid=4",
+        "ATTRLAB_MAX_TEXT_CHARS": "50",
+        "ATTRLAB_API_TOKEN": "t",
+    }
+    settings = ServerSettings.for_server(env)
+    assert settings.models == {"tiny-random-bert", "org/model"}
+    assert settings.model_source("org/model") == "listed"
+    assert settings.param_limits["n_masks"] == 100 and settings.param_limits["n_steps"] == 500
+    settings.check_params("sobol", {"grid": 8})  # the rise-only limit does not apply
+    with pytest.raises(Exception, match="limit of 4 for rise"):
+        settings.check_params("rise", {"grid": 8})
+    assert settings.api_token == "t" and settings.max_text_chars == 50
+    for bad in (
+        {"ATTRLAB_MAX_QUEUE": "many"},
+        {"ATTRLAB_ALLOW_HUB": "perhaps"},
+        {"ATTRLAB_PARAM_LIMITS": "n_masks"},
+        {"ATTRLAB_PARAM_LIMITS": "n_masks=-1"},
+    ):
+        with pytest.raises(SettingsError):
+            ServerSettings.for_server(bad)
+
+
+def test_server_defaults_accept_every_method_default():
+    """Budgets never refuse a request that leaves a method's parameters at their defaults."""
+    from attribution.methods import available_methods
+    from attribution.params import validate_params
+
+    settings = ServerSettings.for_server({})
+    for method in available_methods():
+        settings.check_params(method.name, validate_params(method.params, {}))
+
+
+def test_serve_refuses_bad_settings_with_exit_2(capsys, monkeypatch):
+    monkeypatch.setenv("ATTRLAB_MAX_QUEUE", "zero")
+    assert main(["serve", "--port", "1"]) == 2
+    assert "ATTRLAB_MAX_QUEUE must be a positive whole number" in capsys.readouterr().err
