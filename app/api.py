@@ -17,10 +17,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
+from starlette.routing import Match, Mount, Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.errors import error_status, public_message
@@ -29,12 +29,13 @@ from attribution.errors import AttrlabError, InvalidInputError
 from attribution.methods import available_methods
 from attribution.models import BUILTIN_MODELS
 
-__all__ = ["BodySizeLimit", "ErrorBody", "ExplainBody", "build_router", "install_error_handlers"]
+__all__ = ["ApiGuard", "ErrorBody", "ExplainBody", "build_router", "install_error_handlers"]
 
 log = logging.getLogger(__name__)
 
 API_PREFIX = "/api/v1"
 _RETRY_AFTER_S = "5"
+_VERBS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 
 
 class ErrorDetail(BaseModel):
@@ -74,7 +75,20 @@ _UNAUTHORIZED = {401: {"model": ErrorBody, "description": "Missing or wrong bear
 class ExplainBody(BaseModel):
     """One explanation request (exactly one of ``text`` and ``image_base64``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,  # JSON types as declared: false is not a seed, "3" is not a target index
+        json_schema_extra={
+            "examples": [
+                {
+                    "model": "minilm-zeroshot",
+                    "method": "integrated_gradients",
+                    "text": "A wonderful, heartwarming film.",
+                    "params": {"n_steps": 16},
+                }
+            ]
+        },
+    )
 
     model: str = Field(..., min_length=1, max_length=500, examples=["minilm-zeroshot"])
     method: str = Field(..., min_length=1, max_length=100, examples=["integrated_gradients"])
@@ -166,25 +180,6 @@ def build_router(worker: ExplainWorker) -> APIRouter:
             raise
         return explanation.to_dict()
 
-    @router.api_route(
-        "/{path:path}",
-        methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
-        include_in_schema=False,
-    )
-    def unknown(request: Request, path: str) -> None:
-        # Without this the UI mounted at / would answer with its own, non-JSON 404.
-        allowed = sorted(
-            verb
-            for route in router.routes
-            if isinstance(route, APIRoute)
-            and route.path != "/{path:path}"
-            and route.path_regex.match(request.url.path.removeprefix(API_PREFIX))
-            for verb in route.methods
-        )
-        if allowed:
-            raise HTTPException(405, "method not allowed", headers={"Allow": ", ".join(allowed)})
-        raise HTTPException(404, f"no such API route: {path[:100]!r}; the OpenAPI docs list them")
-
     open_routes.include_router(router)
     return open_routes
 
@@ -223,17 +218,34 @@ def install_error_handlers(app: FastAPI) -> None:
         return _error(500, "internal", "internal error; the server log has the details")
 
 
-class BodySizeLimit:
-    """ASGI middleware: API request bodies over ``max_bytes`` get 413 before they are read."""
+class ApiGuard:
+    """
+    ASGI middleware for API paths, answering in JSON before the app reads anything.
 
-    def __init__(self, app: ASGIApp, max_bytes: int, prefixes: tuple[str, ...]) -> None:
+    Unknown routes get 404 and known routes asked with another verb 405 (without this, the UI
+    mounted at / would answer them in HTML); bodies over ``max_bytes`` get 413, also when they
+    arrive in chunks without a Content-Length.
+    """
+
+    def __init__(self, app: ASGIApp, routes: Router, max_bytes: int, prefix: str) -> None:
         self.app = app
+        self.routes = routes
         self.max_bytes = max_bytes
-        self.prefixes = prefixes
+        self.prefix = prefix
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith(self.prefixes):
+        if scope["type"] != "http" or not scope["path"].startswith(self.prefix):
             await self.app(scope, receive, send)
+            return
+        if not self._matches(scope):
+            allowed = [verb for verb in _VERBS if self._matches({**scope, "method": verb})]
+            if allowed:
+                message = f"{scope['method']} is not allowed here"
+                response = _error(405, "method_not_allowed", message, Allow=", ".join(allowed))
+            else:
+                message = "no such API route; the OpenAPI schema lists them"
+                response = _error(404, "not_found", message)
+            await response(scope, receive, send)
             return
         too_large = f"the request body is larger than this server's limit of {self.max_bytes} bytes"
         declared = dict(scope["headers"]).get(b"content-length", b"")
@@ -251,3 +263,8 @@ class BodySizeLimit:
             return message
 
         await self.app(scope, counted, send)
+
+    def _matches(self, scope: Scope) -> bool:
+        # Only the API's own routes: the UI's mount at / matches every path.
+        routes = (r for r in self.routes.routes if not isinstance(r, Mount))
+        return any(r.matches(scope)[0] == Match.FULL for r in routes)

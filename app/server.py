@@ -10,7 +10,7 @@ import gradio as gr
 from fastapi import FastAPI
 from PIL import Image
 
-from app.api import API_PREFIX, BodySizeLimit, build_router, install_error_handlers
+from app.api import API_PREFIX, ApiGuard, build_router, install_error_handlers
 from app.settings import ServerSettings
 from app.ui import build_ui
 from app.worker import ExplainWorker
@@ -33,7 +33,7 @@ def create_app(
     install_error_handlers(app)
     app.include_router(build_router(worker))
     app.add_middleware(
-        BodySizeLimit, max_bytes=settings.max_body_bytes, prefixes=(API_PREFIX + "/",)
+        ApiGuard, routes=app.router, max_bytes=settings.max_body_bytes, prefix=API_PREFIX + "/"
     )
     return gr.mount_gradio_app(
         app,

@@ -61,7 +61,12 @@ class Param:
         if isinstance(value, str) and target is not str:
             return parse_param_value(self, value)
         if target is float and isinstance(value, int) and not isinstance(value, bool):
-            return float(value)
+            try:
+                return float(value)
+            except OverflowError:
+                raise InvalidParameterError(
+                    f"parameter '{self.name}' is too large a number"
+                ) from None
         if target is int and isinstance(value, float) and value.is_integer():
             return int(value)
         if not isinstance(value, target) or (target is not bool and isinstance(value, bool)):

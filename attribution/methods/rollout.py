@@ -92,7 +92,7 @@ class AttentionRollout(AttributionMethod):
             1.0,
             check=_below_one,
         ),
-        Param("start_layer", "int", 0, "First layer (0-based) included in the product.", 0),
+        Param("start_layer", "int", 0, "First layer (0-based) included in the product.", 0, 1000),
     )
 
     @classmethod

@@ -128,7 +128,14 @@ class Sobol(AttributionMethod):
         ),
         TEXT_PERTURBATION_PARAM,
         BATCH_SIZE_PARAM,
-        Param("bootstrap", "int", 100, "Bootstrap replicates for the standard error (0 = off).", 0),
+        Param(
+            "bootstrap",
+            "int",
+            100,
+            "Bootstrap replicates for the standard error (0 = off).",
+            0,
+            10_000,
+        ),
     )
 
     @classmethod
