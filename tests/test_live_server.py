@@ -1,0 +1,93 @@
+"""20 concurrent clients against a live ``attrlab serve`` process on loopback."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+TOKEN = "live-test-token"
+BODY = {
+    "model": "minilm-zeroshot",
+    "method": "integrated_gradients",
+    "text": "A warm, funny and moving film.",
+    "params": {"n_steps": 16},
+}
+
+
+@pytest.fixture(scope="module")
+def server():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {
+        **os.environ,
+        "ATTRLAB_API_TOKEN": TOKEN,
+        "ATTRLAB_MODELS": "minilm-zeroshot,tiny-random-bert",
+        "HF_HUB_OFFLINE": "1",
+        "GRADIO_ANALYTICS_ENABLED": "False",
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--device", "cpu"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/api/v1/health", timeout=2).status_code == 200:
+                break
+        except httpx.TransportError:
+            time.sleep(0.5)
+        assert process.poll() is None, process.stderr.read()
+    else:
+        process.kill()
+        pytest.fail("attrlab serve did not come up within 120 s")
+    yield url
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise
+    assert "Traceback" not in process.stderr.read()
+
+
+def test_twenty_concurrent_clients(server):
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+
+    def client(_: int) -> httpx.Response:
+        with httpx.Client(base_url=server, timeout=300) as http:
+            return http.post("/api/v1/explain", json=BODY, headers=headers)
+
+    with ThreadPoolExecutor(max_workers=20) as pool:
+        responses = list(pool.map(client, range(20)))
+    assert [r.status_code for r in responses] == [200] * 20
+    first = responses[0].json()
+    for r in responses[1:]:
+        e = r.json()
+        assert e["scores"] == first["scores"] and e["target"] == first["target"]
+    assert first["target"]["label"] == "positive"
+    health = httpx.get(f"{server}/api/v1/health").json()
+    assert health["model_loads"] == {"minilm-zeroshot": 1} and health["queued"] == 0
+
+
+def test_live_server_refuses_without_the_token(server):
+    denied = httpx.post(f"{server}/api/v1/explain", json=BODY)
+    assert denied.status_code == 401 and denied.json()["error"]["code"] == "unauthorized"
+    # The page's own API asks for the same token (as the login password), so it is no way round.
+    ui_call = httpx.post(
+        f"{server}/gradio_api/call/explain_text",
+        json={"data": ["minilm-zeroshot", "gradient_x_input", "good", "a, b", "", "", 0]},
+    )
+    assert ui_call.status_code == 401

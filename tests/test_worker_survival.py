@@ -1,0 +1,145 @@
+"""
+The worker survives whatever a request does: a job that fails mid-method or is cancelled
+mid-run leaves no model patched and no queue stuck, and the next job gives exactly what a
+fresh server gives.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from app.server import create_app
+from app.worker import ExplainRequest, ExplainWorker
+from attribution.errors import JobCancelledError
+
+LLAMA = ExplainRequest("tiny-random-llama", "attnlrp", text="the cat sat on the mat")
+RISE = ExplainRequest(
+    "tiny-random-bert", "rise", text="a fine day", params={"n_masks": 64, "batch_size": 8}
+)
+
+
+def _model_state(model: torch.nn.Module) -> list:
+    """Everything a patch could leave behind: hooks, modes, instance-level overrides."""
+    return [
+        (
+            name,
+            dict(m._forward_hooks),
+            dict(m._forward_pre_hooks),
+            dict(m._backward_hooks),
+            m.training,
+            sorted(k for k in vars(m) if k in ("forward", "__call__")),
+            getattr(getattr(m, "config", None), "_attn_implementation", None),
+        )
+        for name, m in model.named_modules()
+    ]
+
+
+def _fresh(request: ExplainRequest) -> np.ndarray:
+    worker = ExplainWorker(device="cpu")
+    try:
+        return worker.explain(request).scores
+    finally:
+        worker.close()
+
+
+@pytest.fixture
+def worker():
+    w = ExplainWorker(device="cpu")
+    yield w
+    w.close()
+
+
+def test_job_failing_mid_method_leaves_the_model_clean(worker):
+    adapter = worker.adapter(LLAMA.model)
+    before = _model_state(adapter.model)
+    inputs = adapter.preprocess(LLAMA.text).model_kwargs()
+    with torch.no_grad():
+        logits_before = adapter.logits(**inputs)
+    calls = []
+
+    def fail_inside_the_method(*_):
+        calls.append(1)
+        if len(calls) == 2:  # call 1 is explain()'s clean forward, call 2 the LRP forward
+            raise RuntimeError("failure inside the method")
+
+    handle = adapter.model.model.layers[-1].register_forward_hook(fail_inside_the_method)
+    try:
+        with pytest.raises(RuntimeError, match="failure inside the method"):
+            worker.explain(LLAMA)
+    finally:
+        handle.remove()
+    assert len(calls) == 2
+    assert _model_state(adapter.model) == before
+    with torch.no_grad():
+        torch.testing.assert_close(adapter.logits(**inputs), logits_before, rtol=0, atol=0)
+    np.testing.assert_array_equal(worker.explain(LLAMA).scores, _fresh(LLAMA))
+    assert worker.status()["queued"] == 0
+
+
+def test_job_cancelled_mid_run_stops_and_the_next_job_is_exact(worker):
+    jobs = []
+    reports = []
+
+    def cancel_after_first_batch(done, total):
+        reports.append((done, total))
+        if done < total:
+            jobs[0].cancel_event.set()  # what DELETE / the Cancel button do, mid-run
+
+    jobs.append(worker.submit(RISE, progress=cancel_after_first_batch))
+    with pytest.raises(JobCancelledError):
+        jobs[0].result(timeout=120)
+    assert reports and reports[-1][0] < reports[-1][1]  # it stopped before the end
+    adapter = worker.adapter(RISE.model)
+    before = _model_state(adapter.model)
+    np.testing.assert_array_equal(worker.explain(RISE).scores, _fresh(RISE))
+    assert _model_state(adapter.model) == before
+    assert worker.status()["queued"] == 0
+
+
+def test_unexpected_failure_is_a_500_without_details_and_the_server_goes_on(worker):
+    adapter = worker.adapter("tiny-random-bert")
+
+    def crash(*_):
+        raise RuntimeError("/secret/path/weights.bin exploded")
+
+    body = {"model": "tiny-random-bert", "method": "gradient_x_input", "text": "fine"}
+    with TestClient(create_app(worker), raise_server_exceptions=False) as client:
+        handle = adapter.model.register_forward_hook(crash)
+        try:
+            failed = client.post("/api/v1/explain", json=body)
+        finally:
+            handle.remove()
+        assert failed.status_code == 500
+        assert failed.json() == {
+            "error": {
+                "code": "internal",
+                "message": "internal error; the server log has the details",
+            }
+        }
+        assert client.post("/api/v1/explain", json=body).status_code == 200
+
+
+def test_many_jobs_at_once_all_finish(worker):
+    """Threads submitting together: every job completes, the queue drains to zero."""
+    results = []
+
+    def submit():
+        results.append(
+            worker.explain(
+                ExplainRequest("tiny-random-bert", "gradient_x_input", text="one two three")
+            ).scores
+        )
+
+    threads = [threading.Thread(target=submit) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert len(results) == 8 and all(np.array_equal(r, results[0]) for r in results)
+    assert worker.status()["queued"] == 0
+    assert worker.status()["model_loads"] == {"tiny-random-bert": 1}
