@@ -430,3 +430,33 @@ def test_serve_refuses_bad_settings_with_exit_2(capsys, monkeypatch):
     monkeypatch.setenv("ATTRLAB_MAX_QUEUE", "zero")
     assert main(["serve", "--port", "1"]) == 2
     assert "ATTRLAB_MAX_QUEUE must be a positive whole number" in capsys.readouterr().err
+
+
+def test_model_roots_and_hub_ids_end_to_end(tmp_path, monkeypatch, load_model):
+    """A folder under a root is served; a hub id is never read from a local folder."""
+    original = load_model(TEXT_MODEL)
+    root = tmp_path / "models"
+    for folder in (root / "mine", tmp_path / "org" / "model"):
+        original.model.save_pretrained(folder)
+        original.tokenizer.save_pretrained(folder)
+    monkeypatch.chdir(tmp_path)  # "org/model" now also names a local folder
+    settings = ServerSettings.for_server({}, model_roots=(root.resolve(),), allow_hub=True)
+    worker = ExplainWorker(device="cpu", settings=settings)
+    try:
+        served = worker.explain(
+            ExplainRequest(str(root / "mine"), "gradient_x_input", text="fine words")
+        )
+        expected = worker.explain(ExplainRequest(TEXT_MODEL, "gradient_x_input", text="fine words"))
+        np.testing.assert_allclose(served.scores, expected.scores, rtol=1e-6, atol=1e-9)
+        with pytest.raises(UnknownModelError, match="could not be fetched from the Hugging Face"):
+            worker.adapter("org/model")  # offline: the hub is asked, the folder is not read
+    finally:
+        worker.close()
+
+
+def test_a_closed_worker_answers_503(server_settings):
+    worker = ExplainWorker(device="cpu", settings=server_settings)
+    with TestClient(create_app(worker)) as c:
+        worker.close()
+        response = c.post("/api/v1/explain", json=_text())
+    assert response.status_code == 503 and response.json()["error"]["code"] == "shutting_down"
