@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import transformers as tf
+from _model_state import model_state
 from captum.attr import DeepLift, InputXGradient
 from torch import nn
 
@@ -430,25 +431,11 @@ def test_every_family_splits_the_embedding_sum(load_model, family):
 # --- patches leave models untouched ----------------------------------------------------------
 
 
-def _state(model: nn.Module) -> list:
-    return [
-        (
-            name,
-            dict(m._forward_hooks),
-            dict(m._forward_pre_hooks),
-            dict(m._backward_hooks),
-            m.training,
-            id(getattr(m, "config", None)),
-        )
-        for name, m in model.named_modules()
-    ]
-
-
 @pytest.mark.parametrize("spec", ["tiny-random-bert", "tiny-random-llama", "tiny-random-vit"])
 def test_error_mid_forward_leaves_model_unchanged(load_model, spec):
     adapter = load_model(spec)
     inputs = _inputs(adapter)
-    before_logits, before_state = _logits(adapter, inputs), _state(adapter.model)
+    before_logits, before_state = _logits(adapter, inputs), model_state(adapter.model)
     blocks = find_module(adapter.model, layout_for(adapter).blocks)
 
     def boom(*_):
@@ -470,7 +457,7 @@ def test_error_mid_forward_leaves_model_unchanged(load_model, spec):
                 )
         finally:
             handle.remove()
-        assert _state(adapter.model) == before_state
+        assert model_state(adapter.model) == before_state
         assert torch.equal(_logits(adapter, inputs), before_logits)
 
 

@@ -75,6 +75,10 @@ def _text(**extra):
     return {"model": TEXT_MODEL, "method": "gradient_x_input", "text": "fine words", **extra}
 
 
+def _ig(**params):
+    return _text(method="integrated_gradients", params=params)
+
+
 def _image(data: bytes, **extra):
     return {"model": IMAGE_MODEL, "method": "gradient_x_input", "image_base64": b64(data), **extra}
 
@@ -150,25 +154,25 @@ REST_CASES = [
     (_text(method="gradcam"), 400, "method_not_applicable", "gradcam"),
     # Parameters, targets, labels.
     (
-        _text(method="integrated_gradients", params={"colour": "red"}),
+        _ig(colour="red"),
         422,
         "invalid_parameter",
         "unknown parameter(s) colour",
     ),
     (
-        _text(method="integrated_gradients", params={"n_steps": 1}),
+        _ig(n_steps=1),
         422,
         "invalid_parameter",
         "parameter 'n_steps' must be between 2 and 2000; got 1",
     ),
     (
-        _text(method="integrated_gradients", params={"n_steps": "many"}),
+        _ig(n_steps="many"),
         422,
         "invalid_parameter",
         "parameter 'n_steps' must be of type int",
     ),
     (
-        _text(method="integrated_gradients", params={"n_steps": 1000}),
+        _ig(n_steps=1000),
         422,
         "invalid_parameter",
         "parameter 'n_steps' = 1000 is above this server's limit of 500 for integrated_gradients",

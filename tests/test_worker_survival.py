@@ -11,6 +11,7 @@ import threading
 import numpy as np
 import pytest
 import torch
+from _model_state import model_state
 from fastapi.testclient import TestClient
 
 from app.server import create_app
@@ -21,22 +22,6 @@ LLAMA = ExplainRequest("tiny-random-llama", "attnlrp", text="the cat sat on the 
 RISE = ExplainRequest(
     "tiny-random-bert", "rise", text="a fine day", params={"n_masks": 64, "batch_size": 8}
 )
-
-
-def _model_state(model: torch.nn.Module) -> list:
-    """Everything a patch could leave behind: hooks, modes, instance-level overrides."""
-    return [
-        (
-            name,
-            dict(m._forward_hooks),
-            dict(m._forward_pre_hooks),
-            dict(m._backward_hooks),
-            m.training,
-            sorted(k for k in vars(m) if k in ("forward", "__call__")),
-            getattr(getattr(m, "config", None), "_attn_implementation", None),
-        )
-        for name, m in model.named_modules()
-    ]
 
 
 def _fresh(request: ExplainRequest) -> np.ndarray:
@@ -56,7 +41,7 @@ def worker():
 
 def test_job_failing_mid_method_leaves_the_model_clean(worker):
     adapter = worker.adapter(LLAMA.model)
-    before = _model_state(adapter.model)
+    before = model_state(adapter.model)
     inputs = adapter.preprocess(LLAMA.text).model_kwargs()
     with torch.no_grad():
         logits_before = adapter.logits(**inputs)
@@ -74,7 +59,7 @@ def test_job_failing_mid_method_leaves_the_model_clean(worker):
     finally:
         handle.remove()
     assert len(calls) == 2
-    assert _model_state(adapter.model) == before
+    assert model_state(adapter.model) == before
     with torch.no_grad():
         torch.testing.assert_close(adapter.logits(**inputs), logits_before, rtol=0, atol=0)
     np.testing.assert_array_equal(worker.explain(LLAMA).scores, _fresh(LLAMA))
@@ -95,9 +80,9 @@ def test_job_cancelled_mid_run_stops_and_the_next_job_is_exact(worker):
         jobs[0].result(timeout=120)
     assert reports and reports[-1][0] < reports[-1][1]  # it stopped before the end
     adapter = worker.adapter(RISE.model)
-    before = _model_state(adapter.model)
+    before = model_state(adapter.model)
     np.testing.assert_array_equal(worker.explain(RISE).scores, _fresh(RISE))
-    assert _model_state(adapter.model) == before
+    assert model_state(adapter.model) == before
     assert worker.status()["queued"] == 0
 
 
