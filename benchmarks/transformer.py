@@ -3,7 +3,8 @@ Cost of transformer attribution methods relative to one forward + backward pass 
 
 Run: ``.venv/bin/python benchmarks/transformer.py [--repeats 7] [--threads 2]``
 
-For MiniLM (zero-shot, 128 tokens) and the tiny random LLaMA (128 tokens) it times: the
+For MiniLM (zero-shot), the tiny random LLaMA and the embedded SmolLM2-135M (30 layers, GQA), each
+at 128 tokens, it times: the
 forward pass, forward + backward (gradient of the target logit at the input embedding), and
 each registered method's ``attribute`` (rollout, attnlrp, pa_lrp, deeplift on the 128-token
 input; attention_flow on a 64-token input). Times are the fastest of ``--repeats`` interleaved
@@ -179,10 +180,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--models", default="minilm-zeroshot,tiny-random-llama,smollm2-135m", help="comma-separated"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     header = ("measure", "time (ms)", "× fwd+bwd", "note")
-    for spec in ("minilm-zeroshot", "tiny-random-llama"):
+    for spec in args.models.split(","):
         rows = [header, *bench(spec, 128, args.repeats)]
         widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
         print(f"\n{spec}  (torch {torch.__version__}, {args.threads} threads, CPU)")

@@ -37,3 +37,8 @@ def minilm(load_model) -> Adapter:
 @pytest.fixture(scope="session")
 def effnet(load_model) -> Adapter:
     return load_model("efficientnet-lite0")
+
+
+@pytest.fixture(scope="session")
+def smollm2(load_model) -> Adapter:
+    return load_model("smollm2-135m")

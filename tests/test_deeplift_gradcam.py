@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from skimage import data
 from torch import nn
 
 from attribution import explain, get_method
@@ -107,18 +108,57 @@ def test_deeplift_on_a_transformer_warns_and_reports_delta(load_model, method):
     assert explanation.scores.shape == (len(inputs.tokens),)
     assert "convergence_delta" in explanation.metrics
     (warning,) = [w for w in explanation.warnings if "DeepLIFT" in w]
-    for kind in ("Attention", "RMSNorm", "SiLU"):
+    for kind in ("Attention", "RMSNorm"):
         assert kind in warning
+    assert "SiLU" not in warning  # elementwise: the Rescale rule applies
     assert hook_count(adapter.model) == hooks
 
 
 def test_untreated_modules_are_found_by_type():
     bert_like = nn.Sequential(nn.Linear(4, 4), nn.GELU(), nn.LayerNorm(4))
     attention = nn.MultiheadAttention(4, 2)
-    assert untreated_by_deeplift(bert_like) == ["GELU", "LayerNorm"]
+    assert untreated_by_deeplift(bert_like) == ["LayerNorm"]
     assert untreated_by_deeplift(nn.Sequential(attention)) == ["MultiheadAttention"]
     assert untreated_by_deeplift(relu_cnn()) == []
-    assert untreated_by_deeplift(nn.Sequential(nn.BatchNorm2d(3), nn.ReLU6())) == ["ReLU6"]
+    assert untreated_by_deeplift(nn.Sequential(nn.BatchNorm2d(3), nn.ReLU6())) == []
+    assert untreated_by_deeplift(nn.Sequential(nn.Linear(4, 4), nn.GLU())) == ["GLU"]
+
+
+@pytest.mark.parametrize(
+    "activation", [nn.ReLU6(), nn.GELU(), nn.SiLU(), nn.Hardswish(), nn.Mish(), nn.ReLU6(True)]
+)
+def test_rescale_rule_on_every_elementwise_activation(activation):
+    """DeepLIFT multipliers (f(z) - f(z0)) / (z - z0), written out, on a one-hidden-layer net."""
+    from captum.attr import DeepLift as CaptumDeepLift
+    from captum.attr._core.deep_lift import SUPPORTED_NON_LINEAR
+
+    from attribution.methods._captum import deeplift_scope
+
+    torch.manual_seed(0)
+    first, second = nn.Linear(5, 7), nn.Linear(7, 1)
+    model = nn.Sequential(first, activation, second).double()
+    x, x0 = torch.randn(1, 5, dtype=torch.float64) * 3, torch.zeros(1, 5, dtype=torch.float64)
+    with deeplift_scope(model):
+        got = CaptumDeepLift(model).attribute(x, baselines=x0, target=0)
+    with torch.no_grad():
+        z, z0 = first(x), first(x0)
+        act = type(activation)()  # a fresh, not-in-place copy for the reference
+        multiplier = (act(z) - act(z0)) / (z - z0)
+        expected = ((second.weight * multiplier) @ first.weight) * (x - x0)
+    torch.testing.assert_close(got, expected)
+    assert got.sum().item() == pytest.approx(float(model(x) - model(x0)), rel=1e-9)
+    assert type(activation) not in SUPPORTED_NON_LINEAR  # the rule table is restored
+
+
+def test_deeplift_on_efficientnet_is_complete_and_not_gradient_times_input(effnet):
+    """ReLU6 gets the Rescale rule: DeepLIFT sums to the logit difference, unlike before."""
+    inputs = effnet.preprocess(data.chelsea())
+    deeplift = explain(effnet, "deeplift", inputs)
+    plain = explain(effnet, "gradient_x_input", inputs)
+    assert deeplift.metrics["relative_convergence_delta"] < 1e-4
+    assert not deeplift.warnings
+    gap = np.abs(deeplift.scores - plain.scores).max() / np.abs(plain.scores).max()
+    assert gap > 0.1
 
 
 class ReusedReLU(nn.Module):

@@ -9,6 +9,7 @@ classes), images attribute to the normalised pixels. DeepLIFT needs the forward 
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 from captum.attr import Attribution as CaptumAttribution
-from captum.attr._core.deep_lift import SUPPORTED_NON_LINEAR
+from captum.attr._core.deep_lift import SUPPORTED_NON_LINEAR, nonlinear
 from torch import nn
 
 from attribution.errors import InvalidParameterError, UnsupportedMethodError
@@ -137,6 +138,11 @@ def attribute_with(
 #: Attributes Captum's DeepLIFT sets on hooked modules and deletes only on a full backward.
 _DEEPLIFT_ATTRIBUTES = ("input", "output", "input_ref")
 _ACTIVATION_MODULES = ("torch.nn.modules.activation", "transformers.activations", "timm.layers")
+#: Activation-module classes that are not elementwise (they mix features or need their own rule).
+_NOT_ELEMENTWISE = ("Softmax", "Softmin", "Softmax2d", "LogSoftmax", "GLU", "MultiheadAttention")
+# Captum keeps its table of DeepLIFT rules in a module-level dict; the Rescale entries added for
+# one run are removed after it, and runs that edit the table take turns.
+_RULE_TABLE_LOCK = threading.Lock()
 #: Normalisations dividing by statistics of their input (nonlinear); ``*Norm`` classes count too.
 _NORMS = (nn.LayerNorm, nn.GroupNorm, nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)
 #: Batch norm in eval mode is an affine map: DeepLIFT treats it exactly.
@@ -156,37 +162,59 @@ def deeplift_scope(model: nn.Module) -> Iterator[None]:
     :class:`UnsupportedMethodError`.
     """
     before = {id(m): {a for a in _DEEPLIFT_ATTRIBUTES if a in vars(m)} for m in model.modules()}
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Setting forward, backward hooks")
-            yield
-    except RuntimeError as err:
-        if "used more than once" not in str(err):
-            raise
-        raise UnsupportedMethodError(
-            "DeepLIFT cannot explain this model: it calls one nonlinearity module more than "
-            "once in a forward pass, so Captum cannot pair its inputs with its outputs"
-        ) from None
-    finally:
-        for module in model.modules():
-            for name in _DEEPLIFT_ATTRIBUTES:
-                if name in vars(module) and name not in before.get(id(module), ()):
-                    delattr(module, name)
+    added = sorted(
+        (cls for cls in _elementwise_activations(model) if cls not in SUPPORTED_NON_LINEAR),
+        key=lambda cls: cls.__qualname__,
+    )
+    with _RULE_TABLE_LOCK:
+        for cls in added:  # Captum's Rescale rule, which it applies only to ReLU, Tanh, ...
+            SUPPORTED_NON_LINEAR[cls] = nonlinear
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Setting forward, backward hooks")
+                yield
+        except RuntimeError as err:
+            if "used more than once" not in str(err):
+                raise
+            raise UnsupportedMethodError(
+                "DeepLIFT cannot explain this model: it calls one nonlinearity module more than "
+                "once in a forward pass, so Captum cannot pair its inputs with its outputs"
+            ) from None
+        finally:
+            for cls in added:
+                SUPPORTED_NON_LINEAR.pop(cls, None)
+            for module in model.modules():
+                for name in _DEEPLIFT_ATTRIBUTES:
+                    if name in vars(module) and name not in before.get(id(module), ()):
+                        delattr(module, name)
+
+
+def _elementwise_activations(model: nn.Module) -> set[type[nn.Module]]:
+    """Classes of ``model``'s elementwise activation modules (GELU, SiLU, ReLU6, Hardswish...)."""
+    return {
+        type(module)
+        for module in model.modules()
+        if type(module).__module__.startswith(_ACTIVATION_MODULES)
+        and not list(module.children())
+        and type(module).__name__ not in _NOT_ELEMENTWISE
+    }
 
 
 def untreated_by_deeplift(model: nn.Module) -> list[str]:
     """
     Class names of the submodules whose nonlinearity Captum's DeepLIFT passes as a gradient.
 
-    Found from module types: activation modules outside Captum's supported set (GELU, SiLU,
-    ReLU6, ...), normalisation layers other than batch norm (LayerNorm, RMSNorm, GroupNorm:
-    the division by σ), and attention modules (softmax of QKᵀ and the products with V).
-    Nonlinearities written as plain functions inside a forward cannot be seen here.
+    Found from module types: normalisation layers other than batch norm (LayerNorm, RMSNorm,
+    GroupNorm: the division by σ), attention modules (softmax of QKᵀ and the products with V)
+    and activation modules that are not elementwise. Elementwise activations get the Rescale
+    rule from :func:`deeplift_scope`. Nonlinearities written as plain functions inside a
+    forward cannot be seen here.
     """
     found = set()
+    treated = _elementwise_activations(model)
     for module in model.modules():
         cls = type(module)
-        if cls in SUPPORTED_NON_LINEAR:
+        if cls in SUPPORTED_NON_LINEAR or cls in treated:
             continue
         is_attention = isinstance(module, nn.MultiheadAttention) or "Attention" in cls.__name__
         is_norm = isinstance(module, _NORMS) or (

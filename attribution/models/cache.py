@@ -1,0 +1,52 @@
+"""
+A folder of converted models under ``ATTRLAB_CACHE`` (default ``~/.cache/attrlab``).
+
+Some embedded models ship in a slow-to-load form (SmolLM2 as a quantised GGUF file takes
+seconds to dequantise); the converted weights are written here once and loaded from here after.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = ["cache_root", "converted"]
+
+_DONE = ".complete"
+
+
+def cache_root() -> Path:
+    """``ATTRLAB_CACHE``, else ``~/.cache/attrlab``."""
+    return Path(os.environ.get("ATTRLAB_CACHE") or Path.home() / ".cache" / "attrlab")
+
+
+def converted(name: str, convert: Callable[[Path], None]) -> Path:
+    """
+    The folder ``name`` in the cache, made by ``convert(folder)`` if it is not there yet.
+
+    ``convert`` writes into a private temporary folder that is renamed into place only when it
+    is complete, so an interrupted conversion leaves nothing half-written and two processes
+    converting at once both end up with one whole folder.
+    """
+    root = cache_root()
+    target = root / name
+    if (target / _DONE).is_file():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
+    try:
+        convert(staging)
+        (staging / _DONE).touch()
+        if target.exists() and not (target / _DONE).is_file():
+            shutil.rmtree(target, ignore_errors=True)  # left by an older, interrupted layout
+        try:
+            staging.rename(target)
+        except OSError:  # another process got there first
+            if not (target / _DONE).is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target

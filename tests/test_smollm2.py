@@ -1,0 +1,83 @@
+"""The embedded real decoder LM: SmolLM2-135M from its GGUF file, converted once and cached."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from attribution import explain
+from attribution.methods import available_methods
+from attribution.models.builtin import _smollm2_gguf, smollm2_from_gguf
+from attribution.models.cache import converted
+
+# Small budgets: the point is that every method applies and runs on a real 30-layer LLM.
+SMALL = {
+    "rise": {"n_masks": 32},
+    "sobol": {"n_designs": 4, "bootstrap": 0},
+    "shap": {"max_evals": 40},
+    "integrated_gradients": {"n_steps": 8},
+    "deeplift_shap": {"n_references": 2},
+}
+
+
+def _next_token(adapter, prompt: str) -> tuple[str, float]:
+    inputs = adapter.preprocess(prompt)
+    with torch.no_grad():
+        probabilities = adapter.logits(**inputs.model_kwargs())[0].softmax(-1)
+    p, index = probabilities.max(0)
+    return adapter.label(int(index)), float(p)
+
+
+def test_it_knows_things(smollm2):
+    assert smollm2.family == "decoder-lm" and smollm2.num_layers == 30
+    assert smollm2.num_heads == 9 and smollm2.config.num_key_value_heads == 3
+    label, p = _next_token(smollm2, "The capital of France is")
+    assert label == " Paris" and 0.7 < p < 0.85  # 0.77 in RECIPES.md
+    label, p = _next_token(smollm2, "When Mary and John went to the store, John gave a drink to")
+    assert label == " Mary" and p > 0.85
+
+
+def test_cached_weights_equal_a_fresh_dequantisation(smollm2):
+    reference, tokenizer = smollm2_from_gguf(_smollm2_gguf())
+    ids = tokenizer("The capital of France is", return_tensors="pt")
+    with torch.no_grad():
+        expected = reference(**ids).logits[0, -1]
+        got = smollm2.logits(**smollm2.preprocess("The capital of France is").model_kwargs())[0]
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_conversion_is_all_or_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTRLAB_CACHE", str(tmp_path))
+    calls = []
+
+    def fails(folder):
+        (folder / "half.bin").write_bytes(b"x")
+        raise RuntimeError("interrupted")
+
+    with pytest.raises(RuntimeError, match="interrupted"):
+        converted("m", fails)
+    assert list(tmp_path.iterdir()) == []  # nothing half-written is left behind
+
+    def works(folder):
+        calls.append(1)
+        (folder / "weights.bin").write_bytes(b"ok")
+
+    first = converted("m", works)
+    again = converted("m", works)
+    assert first == again == tmp_path / "m" and calls == [1]
+    assert (first / "weights.bin").read_bytes() == b"ok"
+
+
+@pytest.mark.parametrize("method", [m.name for m in available_methods() if "text" in m.modalities])
+def test_every_text_method_runs_on_it(smollm2, method):
+    inputs = smollm2.preprocess("The capital of France is")
+    kwargs = inputs.model_kwargs()
+    with torch.no_grad():
+        before = smollm2.logits(**kwargs)
+    e = explain(smollm2, method, inputs, params=SMALL.get(method, {}))
+    assert e.target.label == " Paris"
+    assert len(e.scores) == len(e.tokens) == inputs.input_ids.shape[1]
+    assert np.all(np.isfinite(e.scores))
+    with torch.no_grad():
+        torch.testing.assert_close(smollm2.logits(**kwargs), before, rtol=0, atol=0)
