@@ -23,6 +23,11 @@ FAMILIES: dict[str, tuple[str, str | None]] = {
     "llama": ("decoder-lm", "rope"),
     "mistral": ("decoder-lm", "rope"),
     "qwen2": ("decoder-lm", "rope"),
+    "qwen3": ("decoder-lm", "rope"),
+    "gemma": ("decoder-lm", "rope"),
+    "gemma2": ("decoder-lm", "rope"),
+    "gemma3_text": ("decoder-lm", "rope"),
+    "phi3": ("decoder-lm", "rope"),
     "vit": ("vision-transformer", "learned"),
     "deit": ("vision-transformer", "learned"),
 }

@@ -113,6 +113,15 @@ class TextClassifierAdapter(Adapter):
     def num_heads(self) -> int:
         return int(self.config.num_attention_heads)
 
+    @property
+    def num_kv_heads(self) -> int:
+        """Key/value heads per block; fewer than query heads under grouped-query attention."""
+        return int(getattr(self.config, "num_key_value_heads", None) or self.num_heads)
+
+    def kv_head(self, head: int) -> int:
+        """The key/value head that query head ``head`` shares (GQA groups are contiguous)."""
+        return head // (self.num_heads // self.num_kv_heads)
+
 
 def sentence_embedding(encoder: nn.Module, **encoder_kwargs: Any) -> tuple[torch.Tensor, Any]:
     """L2-normalised mean-pooled sentence embedding and the raw encoder output."""

@@ -4,8 +4,8 @@ Where each transformer family keeps what LRP needs: module paths as data, never 
 Paths are dotted module names matched as a suffix of ``model.named_modules()`` names, so the
 same row serves a bare encoder, a classifier around it and the zero-shot wrapper (e.g.
 ``"encoder.layer"`` matches ``bert.encoder.layer`` and ``encoder.encoder.layer``). Paths inside
-a block (``attention``, ``gated_product``) and inside the attention module (rotary ``query`` /
-``key``) are relative to it. Adding a family means adding a row.
+a block (``attention``, ``gated_product``) are relative to it. Adding a family means adding a
+row.
 """
 
 from __future__ import annotations
@@ -59,17 +59,18 @@ ACTIVATION_TYPES: tuple[type[nn.Module], ...] = (
 @dataclass(frozen=True)
 class RotaryLayout:
     """
-    Rotary position embedding (RoPE): where cos/sin enter and which projections they rotate.
+    Rotary position embedding (RoPE): where cos/sin enter and which function rotates q and k.
 
     Attributes:
         kwarg: Keyword under which each attention module receives ``(cos, sin)``.
-        query: Query projection inside the attention module.
-        key: Key projection inside the attention module.
+        function: Module-level function of the family's modeling file that rotates q and k,
+            called as ``function(q, k, cos, sin, ...)``. Wrapping it (rather than hooking the
+            q/k projections) sees q and k as they are rotated: after fused-QKV splits and q/k
+            norms, and with only the rotated features of partial rotary.
     """
 
     kwarg: str = "position_embeddings"
-    query: str = "q_proj"
-    key: str = "k_proj"
+    function: str = "apply_rotary_pos_emb"
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,9 @@ _DEIT = LRPLayout(
     position=("embeddings.position_embeddings", "parameter"),
 )
 
-#: Hugging Face ``model_type`` -> layout.
+#: Hugging Face ``model_type`` -> layout. Qwen3 (q/k norms), Gemma (``1 + w`` norms, scaled
+#: embeddings, soft-capping) and Phi-3 (fused QKV and gate/up, partial rotary) share LLaMA's
+#: module names; what differs is handled by rules that do not depend on names.
 LAYOUTS: dict[str, LRPLayout] = {
     "bert": _BERT,
     "roberta": _BERT,
@@ -170,6 +173,11 @@ LAYOUTS: dict[str, LRPLayout] = {
     "llama": _LLAMA,
     "mistral": _LLAMA,
     "qwen2": _LLAMA,
+    "qwen3": _LLAMA,
+    "gemma": _LLAMA,
+    "gemma2": _LLAMA,
+    "gemma3_text": _LLAMA,
+    "phi3": _LLAMA,
     "vit": _VIT,
     "deit": _DEIT,
 }
@@ -184,7 +192,8 @@ def unsupported_reason(adapter: Adapter) -> str | None:
         kind = f"'{model_type}'" if model_type else adapter.family
         return (
             f"LRP rules exist for transformer families ({known}); model '{adapter.model_id}' "
-            f"is {kind}"
+            f"is {kind}. A family is added as a row of LAYOUTS in "
+            "attribution/methods/lrp/layouts.py naming its blocks, attention and embeddings"
         )
     implementation = getattr(config, "_attn_implementation", "eager")
     if implementation not in (None, "eager"):

@@ -11,6 +11,7 @@ function then runs on (q, k, v) whose gradients carry the chosen :class:`Attenti
 from __future__ import annotations
 
 import sys
+import threading
 import weakref
 from collections.abc import Callable, Collection, Iterator
 from contextlib import ExitStack, contextmanager
@@ -43,6 +44,9 @@ __all__ = ["ATTENTION_IMPLEMENTATION", "Recorder", "lrp_rules", "transformer_lrp
 #: Name under which the LRP attention wrapper is registered with transformers.
 ATTENTION_IMPLEMENTATION = "attrlab_lrp"
 _ACTIVE: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+# Rotary rules wrap a function of the family's modeling module, which is process-wide: one LRP
+# context at a time, so that each restores exactly what it replaced.
+_PATCHING = threading.RLock()
 
 
 @dataclass
@@ -96,9 +100,8 @@ def _module_rule(module: nn.Module, gamma_linear: float, gamma_conv: float) -> C
     if isinstance(module, nn.LayerNorm):
         ndim, eps = len(module.normalized_shape), module.eps
         return lambda m, args, out: layer_norm_rule(args[0], out, ndim, m.weight, eps)
-    if type(module).__name__.endswith("RMSNorm") and hasattr(module, "weight"):
-        eps = getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6))
-        return lambda m, args, out: rms_norm_rule(args[0], out, m.weight, eps)
+    if type(module).__name__.endswith("RMSNorm"):
+        return lambda _m, args, out: rms_norm_rule(args[0], out)
     gamma = gamma_conv if isinstance(module, nn.Conv2d) else gamma_linear
     op = AffineOp.of(module) if gamma > 0 else None
     if op is not None:
@@ -149,6 +152,7 @@ def transformer_lrp(
         for module in block.get_submodule(layout.attention_linears or layout.attention).modules()
     ]
     with ExitStack() as stack:
+        stack.enter_context(_PATCHING)
         stack.enter_context(lrp_rules(model, gamma_linear, gamma_conv, no_gamma=projections))
         for index, block in enumerate(blocks):
             attention = block.get_submodule(layout.attention)
@@ -164,16 +168,20 @@ def transformer_lrp(
                     lambda _m, args: (scale_gradient(args[0], 0.5),)
                 )
                 stack.callback(halve.remove)
-            if layout.rotary is not None:
-                positional.rotary_hooks(
-                    stack, attention, layout.rotary, recorder, index, pe_aware, record
-                )
+            if layout.rotary is not None and (pe_aware or record):
+                if index == 0:  # one function serves every layer of the family
+                    positional.rotary_function(
+                        stack, attention, layout.rotary, recorder, pe_aware, record
+                    )
+                positional.rotary_hooks(stack, attention, layout.rotary, recorder, index, pe_aware)
         last = blocks[-1].register_forward_hook(lambda _m, _a, out: _set_last(recorder, out))
         stack.callback(last.remove)
         positional.embedding_hooks(stack, model, layout, recorder)
         head = _HEADS.get(adapter.family)
         if head is not None:
             head(stack, model)
+        if getattr(getattr(model, "config", None), "final_logit_softcapping", None):
+            _identity_on_final_softcap(stack, model)
         yield recorder
 
 
@@ -216,10 +224,64 @@ def _lrp_attention(
     if "dropout" in kwargs:
         kwargs["dropout"] = 0.0
     ruled = attention_rule_inputs(query, key, value, route._lrp_rule)
-    output, weights = route._lrp_eager(module, *ruled, *args, **kwargs)
+    if kwargs.get("softcap") is not None:
+        output, weights = _softcapped_attention(module, *ruled, *args, **kwargs)
+    else:
+        output, weights = route._lrp_eager(module, *ruled, *args, **kwargs)
     if route._lrp_keep is not None:
         route._lrp_keep[route._lrp_index] = (query, key, value, output)
     return output, weights
+
+
+def _softcapped_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    softcap: float | None = None,
+    **_: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """
+    Gemma's eager attention with the identity rule on the soft-cap ``c·tanh(s/c)`` of the scores.
+
+    The same operations as the family's own eager function, so the forward value is the same;
+    only the cap's backward passes relevance unchanged instead of damping it by ``1 - tanh²``.
+    """
+    groups = getattr(module, "num_key_value_groups", 1)
+    key = key.repeat_interleave(groups, dim=1)  # grouped-query attention: one k/v per group
+    value = value.repeat_interleave(groups, dim=1)
+    scale = module.head_dim**-0.5 if scaling is None else scaling
+    scores = torch.matmul(query, key.transpose(2, 3)) * scale
+    cap = float(softcap or 1.0)
+    scores = identity_rule(scores, torch.tanh(scores / cap) * cap)
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+
+def _identity_on_final_softcap(stack: ExitStack, model: nn.Module) -> None:
+    """
+    Identity rule on the soft-capped logits ``c·tanh(z/c)`` (Gemma 2/3).
+
+    The cap is applied inside the model's forward, after the output projection: the projection's
+    output ``z`` is kept and the model's logits get a backward that goes to ``z`` with the ratio
+    ``logits / z``, bypassing the tanh's gradient.
+    """
+    seen: dict[str, torch.Tensor] = {}
+
+    def keep(_m: nn.Module, _a: tuple, out: torch.Tensor) -> None:
+        seen["z"] = out
+
+    def cap(_m: nn.Module, _a: tuple, out: Any) -> Any:
+        out.logits = identity_rule(seen.pop("z"), out.logits)
+        return out
+
+    stack.callback(model.get_output_embeddings().register_forward_hook(keep).remove)
+    stack.callback(model.register_forward_hook(cap).remove)
 
 
 AttentionInterface.register(ATTENTION_IMPLEMENTATION, _lrp_attention)

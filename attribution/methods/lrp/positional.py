@@ -9,15 +9,17 @@ The input of a transformer is a set of (token, position) pairs, so relevance sho
   rule is not needed because nothing is divided. ``E`` counts every non-positional part of the
   sum (word and token-type embeddings; ViT: patch embedding and CLS/distillation tokens).
   Plain AttnLRP propagates through the same graph and reports only ``R_E``.
-* RoPE (LLaMA, Mistral, Qwen2): ``q' = q⊙cos + rot(q)⊙sin`` (same for k). The sum gets the
-  proportional rule (automatic for a sum), each product the uniform rule: ½ of its relevance
-  to q, ½ to cos/sin. Every layer gets its own cos/sin leaf tensors; the positional score of
-  position t is ``Σ_layers Σ_{cos,sin} |Σ_d R[t, d]|`` (the reference code's aggregation).
-  Plain AttnLRP treats cos/sin as constants, so all relevance stays with q/k.
+* RoPE (LLaMA, Mistral, Qwen2/3, Gemma, Phi-3): ``q' = q⊙cos + rot(q)⊙sin`` (same for k). The
+  sum gets the proportional rule (automatic for a sum), each product the uniform rule: ½ of
+  its relevance to q, ½ to cos/sin. Every layer gets its own cos/sin leaf tensors; the
+  positional score of position t is ``Σ_layers Σ_{cos,sin} |Σ_d R[t, d]|`` (the reference
+  code's aggregation). Plain AttnLRP treats cos/sin as constants, so all relevance stays with q/k.
 """
 
 from __future__ import annotations
 
+import sys
+import threading
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +34,14 @@ from attribution.methods.lrp.rules import scale_gradient
 if TYPE_CHECKING:
     from attribution.methods.lrp.patches import Recorder
 
-__all__ = ["embedding_hooks", "embedding_split", "rotary_hooks", "rotary_scores", "spread_patches"]
+__all__ = [
+    "embedding_hooks",
+    "embedding_split",
+    "rotary_function",
+    "rotary_hooks",
+    "rotary_scores",
+    "spread_patches",
+]
 
 
 def rotary_hooks(
@@ -42,45 +51,85 @@ def rotary_hooks(
     recorder: Recorder,
     index: int,
     pe_aware: bool,
+) -> None:
+    """
+    Register one attention module's RoPE rules on ``stack`` (with :func:`rotary_function`).
+
+    PA-LRP replaces the layer's ``(cos, sin)`` by fresh leaf tensors (recorded) whose gradient
+    is halved: the uniform rule on ``q⊙cos`` and ``rot(q)⊙sin``, whose other half goes to q
+    and k in the wrapped rotary function. Every layer also tells that function its index.
+    """
+
+    def enter(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        _ROTATION.layer = index
+        if not pe_aware:
+            return None
+        if rotary.kwarg not in kwargs:
+            raise UnsupportedMethodError(
+                f"PA-LRP expected rotary '{rotary.kwarg}' = (cos, sin) in "
+                f"{type(attention).__name__}'s arguments"
+            )
+        cos, sin = (t.detach().requires_grad_(True) for t in kwargs[rotary.kwarg])
+        recorder.rotary[index] = (cos, sin)
+        kwargs = {**kwargs, rotary.kwarg: (scale_gradient(cos, 0.5), scale_gradient(sin, 0.5))}
+        return args, kwargs
+
+    stack.callback(attention.register_forward_pre_hook(enter, with_kwargs=True).remove)
+
+
+#: The layer whose attention is running, set by :func:`rotary_hooks` for the rotary function.
+_ROTATION = threading.local()
+
+
+def rotary_function(
+    stack: ExitStack,
+    attention: nn.Module,
+    rotary: RotaryLayout,
+    recorder: Recorder,
+    pe_aware: bool,
     record: bool,
 ) -> None:
     """
-    Register the RoPE rules of one attention module on ``stack``.
+    Wrap the family's rotary function for this thread while ``stack`` is open.
 
-    PA-LRP replaces the layer's ``(cos, sin)`` by fresh leaf tensors (recorded) whose gradient
-    is halved, and halves the gradient of the unrotated q and k: the uniform rule on
-    ``q⊙cos`` and ``rot(q)⊙sin``. With ``record`` the unrotated q/k are kept as well.
+    The wrapper sees the unrotated q and k exactly as they are rotated, records them
+    (``record``) and, for PA-LRP, halves the gradient of the rotated features: for partial
+    rotary only the first ``cos.shape[-1]`` features are multiplied by cos/sin, the others
+    pass through with all of their relevance. Calls from other threads (other models of the
+    family) go to the original function unchanged.
     """
-    if pe_aware:
+    module = sys.modules[type(attention).__module__]
+    original = getattr(module, rotary.function, None)
+    if original is None:
+        raise UnsupportedMethodError(
+            f"LRP expected the rotary function '{rotary.function}' in {module.__name__}"
+        )
+    owner = threading.get_ident()
 
-        def leaves(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-            if rotary.kwarg not in kwargs:
-                raise UnsupportedMethodError(
-                    f"PA-LRP expected rotary '{rotary.kwarg}' = (cos, sin) in "
-                    f"{type(attention).__name__}'s arguments"
-                )
-            cos, sin = (t.detach().requires_grad_(True) for t in kwargs[rotary.kwarg])
-            recorder.rotary[index] = (cos, sin)
-            kwargs = {**kwargs, rotary.kwarg: (scale_gradient(cos, 0.5), scale_gradient(sin, 0.5))}
-            return args, kwargs
-
-        stack.callback(attention.register_forward_pre_hook(leaves, with_kwargs=True).remove)
-    if not (pe_aware or record):
-        return
-    for slot, path in enumerate((rotary.query, rotary.key)):
-        projection = attention.get_submodule(path)
-        hook = projection.register_forward_hook(_unrotated(recorder, index, slot, pe_aware, record))
-        stack.callback(hook.remove)
-
-
-def _unrotated(recorder: Recorder, index: int, slot: int, pe_aware: bool, record: bool) -> Any:
-    def hook(_m: nn.Module, _args: tuple, out: torch.Tensor) -> torch.Tensor | None:
+    def wrapped(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
+        if threading.get_ident() != owner:
+            return original(q, k, cos, sin, *args, **kwargs)
         if record:
-            pair = recorder.unrotated.get(index, (out, out))
-            recorder.unrotated[index] = (out, pair[1]) if slot == 0 else (pair[0], out)
-        return scale_gradient(out, 0.5) if pe_aware else None
+            recorder.unrotated[_ROTATION.layer] = (q, k)
+        if pe_aware:
+            q, k = _halve_rotated(q, cos.shape[-1]), _halve_rotated(k, cos.shape[-1])
+        return original(q, k, cos, sin, *args, **kwargs)
 
-    return hook
+    setattr(module, rotary.function, wrapped)
+    stack.callback(setattr, module, rotary.function, original)
+
+
+def _halve_rotated(x: torch.Tensor, rotary_dim: int) -> torch.Tensor:
+    if rotary_dim >= x.shape[-1]:
+        return scale_gradient(x, 0.5)
+    return torch.cat([scale_gradient(x[..., :rotary_dim], 0.5), x[..., rotary_dim:]], dim=-1)
 
 
 def embedding_hooks(

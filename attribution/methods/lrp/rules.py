@@ -111,15 +111,18 @@ def attention_rule_inputs(
 
 def identity_rule(x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
     """
-    Identity rule for an elementwise activation ``output = act(x)``: backward ``act(x)/x``.
+    Identity rule for an elementwise map ``output = f(x)``: backward ``f(x)/x``.
 
-    ``x ⊙ grad_x = output ⊙ grad_out``, so relevance passes unchanged. Where ``x == 0`` the
-    ratio is set to 0 (no relevance to pass; for ReLU it is also the gradient).
+    ``x ⊙ grad_x = output ⊙ grad_out``, so relevance passes unchanged (activations; soft-capping
+    ``c·tanh(x/c)``). Where ``x == 0`` the ratio is set to 0 (no relevance to pass; for ReLU it
+    is also the gradient). The ratio is computed in float32 at least (half-precision models).
     """
     with torch.no_grad():
-        safe = torch.where(x == 0, torch.ones_like(x), x)
-        ratio = torch.where(x == 0, torch.zeros_like(x), output / safe)
-    return with_backward(x, output, lambda grad: grad * ratio)
+        wide = torch.promote_types(x.dtype, torch.float32)
+        x_wide, out_wide = x.to(wide), output.to(wide)
+        safe = torch.where(x_wide == 0, torch.ones_like(x_wide), x_wide)
+        ratio = torch.where(x_wide == 0, torch.zeros_like(x_wide), out_wide / safe)
+    return with_backward(x, output, lambda grad: (grad.to(wide) * ratio).to(grad.dtype))
 
 
 def _reduced_dims(x: torch.Tensor, normalized_ndim: int) -> tuple[int, ...]:
@@ -152,14 +155,15 @@ def layer_norm_rule(
     return with_backward(x, output, vjp)
 
 
-def rms_norm_rule(
-    x: torch.Tensor, output: torch.Tensor, weight: torch.Tensor | None, eps: float
-) -> torch.Tensor:
-    """RMSNorm ``y = w ⊙ x / rms(x)`` with ``1/rms`` treated as a constant (AttnLRP)."""
-    with torch.no_grad():
-        inv_rms = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps).to(x.dtype)
-        scale = inv_rms if weight is None else inv_rms * weight.detach()
-    return with_backward(x, output, lambda grad: grad * scale)
+def rms_norm_rule(x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+    """
+    RMSNorm with ``1/rms`` treated as a constant (AttnLRP): backward ``output / x``.
+
+    With ``1/rms`` frozen the layer is elementwise linear, ``y_i = c_i·x_i``, and
+    ``c = y / x`` whatever the weight convention (LLaMA's ``w``, Gemma's ``1 + w``), so no
+    relevance is lost to a misread weight. The ratio is taken in float32 at least.
+    """
+    return identity_rule(x, output)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,174 @@
+"""
+Today's decoder families on tiny random float64 models: Qwen3 (q/k norms), Gemma 1/2/3 (``1 + w``
+norms, scaled embeddings, soft-capping), Phi-3 (fused QKV and gate/up, partial rotary).
+Every method runs or is refused with its reason; the LRP rules never change a prediction and
+keep relevance where the rules say they do.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import transformers as tf
+
+import attribution
+from attribution.methods import available_methods
+from attribution.methods.lrp import lrp, transformer_lrp
+from attribution.methods.lrp.layouts import layout_for
+from attribution.methods.lrp.rules import rms_norm_rule
+from attribution.models import load
+from attribution.models.text import DecoderLMAdapter
+
+TEXT = "the quick brown fox jumps over the lazy dog"
+SIZES = {
+    "hidden_size": 32,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 48,
+    "max_position_embeddings": 64,
+    "bos_token_id": None,
+    "eos_token_id": None,
+    "pad_token_id": 0,
+}
+CONFIGS = {
+    "qwen3": lambda v: tf.Qwen3Config(vocab_size=v, head_dim=8, **SIZES),
+    "gemma": lambda v: tf.GemmaConfig(vocab_size=v, head_dim=8, **SIZES),
+    "gemma2": lambda v: tf.Gemma2Config(
+        vocab_size=v,
+        head_dim=8,
+        query_pre_attn_scalar=8,
+        attn_logit_softcapping=0.5,  # small caps, so that tanh is far from the identity
+        final_logit_softcapping=0.1,
+        **SIZES,
+    ),
+    "gemma3_text": lambda v: tf.Gemma3TextConfig(
+        vocab_size=v, head_dim=8, query_pre_attn_scalar=8, sliding_window=4, **SIZES
+    ),
+    "phi3": lambda v: tf.Phi3Config(vocab_size=v, partial_rotary_factor=0.5, **SIZES),
+}
+SMALL = {
+    "rise": {"n_masks": 16},
+    "sobol": {"n_designs": 4, "bootstrap": 0},
+    "shap": {"max_evals": 20},
+    "integrated_gradients": {"n_steps": 4},
+    "deeplift_shap": {"n_references": 2},
+}
+
+
+@pytest.fixture(scope="module")
+def family(load_model, request):
+    return _build(load_model("tiny-random-bert").tokenizer, request.param)
+
+
+def _build(tokenizer, name: str) -> DecoderLMAdapter:
+    torch.manual_seed(0)
+    config = CONFIGS[name](tokenizer.vocab_size)
+    config._attn_implementation = "eager"
+    model = tf.AutoModelForCausalLM.from_config(config).double().eval()
+    with torch.no_grad():  # norm weights away from their init, so a misread convention shows
+        for param_name, param in model.named_parameters():
+            if "norm" in param_name:
+                param.normal_(0.0, 0.5)
+    return DecoderLMAdapter(model, tokenizer, f"tiny-{name}", add_special_tokens=False)
+
+
+def _logits(adapter, inputs):
+    with torch.no_grad():
+        return adapter.logits(**inputs.model_kwargs())[0]
+
+
+families = pytest.mark.parametrize("family", sorted(CONFIGS), indirect=True)
+
+
+@families
+@pytest.mark.parametrize(
+    ("pe_aware", "rule"), [(False, "attnlrp"), (True, "attnlrp"), (False, "cp")]
+)
+def test_rules_never_change_the_prediction(family, pe_aware, rule):
+    inputs = family.preprocess(TEXT)
+    plain = _logits(family, inputs)
+    layout = layout_for(family)
+    with transformer_lrp(family, layout, pe_aware, attention_rule=rule, record=True):
+        patched = _logits(family, inputs)
+    torch.testing.assert_close(patched, plain, rtol=0, atol=1e-12)
+    torch.testing.assert_close(_logits(family, inputs), plain, rtol=0, atol=0)
+
+
+@families
+@pytest.mark.parametrize("pe_aware", [False, True])
+def test_rotary_relevance_is_conserved_in_every_layer(family, pe_aware):
+    """q·k relevance = cos/sin relevance + unrotated q/k relevance, with partial rotary too."""
+    inputs = family.preprocess(TEXT)
+    target = int(_logits(family, inputs).argmax())
+    result = lrp(family, inputs, target, pe_aware=pe_aware, record=True)
+    assert len(result.attention_balance) == SIZES["num_hidden_layers"]
+    for layer in result.attention_balance:
+        assert (layer["rotary"] != 0) == pe_aware
+        assert layer["rotary"] + layer["unrotated"] == pytest.approx(
+            layer["query_key"], rel=1e-9, abs=1e-15
+        )
+        assert layer["value"] == pytest.approx(0.5 * layer["output"], rel=1e-9, abs=1e-15)
+
+
+def test_final_soft_cap_passes_the_logit_unchanged(load_model):
+    """Identity rule on c·tanh(z/c): the relevance leaving the last block is the capped logit."""
+    gemma2 = _build(load_model("tiny-random-bert").tokenizer, "gemma2")
+    inputs = gemma2.preprocess(TEXT)
+    target = int(_logits(gemma2, inputs).argmax())
+    result = lrp(gemma2, inputs, target, pe_aware=False)
+    cap = gemma2.config.final_logit_softcapping
+    assert abs(result.target_logit) > 0.3 * cap  # far enough along tanh for the rule to matter
+    assert result.residual[-1] == pytest.approx(result.target_logit, rel=1e-9)
+
+
+@pytest.mark.parametrize("norm", ["llama", "gemma"])
+def test_rms_norm_rule_conserves_whatever_the_weight_convention(norm):
+    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    torch.manual_seed(0)
+    layer = (LlamaRMSNorm if norm == "llama" else GemmaRMSNorm)(16).double()
+    with torch.no_grad():
+        layer.weight.normal_(0.0, 0.5)
+    x = torch.randn(3, 16, dtype=torch.float64, requires_grad=True)
+    y = rms_norm_rule(x, layer(x))
+    upstream = torch.randn(3, 16, dtype=torch.float64)
+    (grad,) = torch.autograd.grad(y, x, upstream)
+    torch.testing.assert_close(x * grad, y.detach() * upstream)  # relevance in = relevance out
+
+
+@families
+def test_every_method_runs_or_is_refused_with_a_reason(family):
+    inputs = family.preprocess(TEXT)
+    ids_before = inputs.input_ids.clone()
+    plain = _logits(family, inputs)
+    for method in available_methods():
+        reason = method.unsupported_reason(family)
+        if reason is not None:
+            assert "text" in reason or "image" in reason, (method.name, reason)
+            continue
+        e = attribution.explain(family, method.name, inputs, params=SMALL.get(method.name, {}))
+        assert len(e.scores) == len(e.tokens) and np.all(np.isfinite(e.scores)), method.name
+        torch.testing.assert_close(_logits(family, inputs), plain, rtol=0, atol=0)
+    assert torch.equal(inputs.input_ids, ids_before)
+
+
+@families
+def test_loads_from_a_folder_by_its_config(family, tmp_path):
+    family.model.save_pretrained(tmp_path)
+    family.tokenizer.save_pretrained(tmp_path)
+    reloaded = load(str(tmp_path), device="cpu")
+    assert reloaded.family == "decoder-lm" and reloaded.positional_encoding == "rope"
+    assert layout_for(reloaded) is layout_for(family)
+
+
+@pytest.mark.parametrize(
+    ("spec", "heads", "kv"), [("tiny-random-llama", 4, 2), ("tiny-random-gpt2", 4, 4)]
+)
+def test_grouped_query_attention_maps_heads_to_kv_heads(load_model, spec, heads, kv):
+    adapter = load_model(spec)
+    assert adapter.num_heads == heads and adapter.num_kv_heads == kv
+    per_group = heads // kv
+    assert [adapter.kv_head(h) for h in range(heads)] == [h // per_group for h in range(heads)]
