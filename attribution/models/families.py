@@ -19,6 +19,7 @@ FAMILIES: dict[str, tuple[str, str | None]] = {
     "electra": ("text-classifier", "learned"),
     "distilbert": ("text-classifier", "learned"),
     "deberta-v2": ("text-classifier", "relative"),
+    "modernbert": ("text-classifier", "rope"),
     "gpt2": ("decoder-lm", "learned"),
     "llama": ("decoder-lm", "rope"),
     "mistral": ("decoder-lm", "rope"),

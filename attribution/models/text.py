@@ -70,6 +70,8 @@ class TextClassifierAdapter(Adapter):
         self.config = model.config
         self.positional_encoding = positional_encoding_of(self.config)
         self.max_length = _max_length(tokenizer, self.config)
+        if getattr(self.config, "classifier_pooling", None) == "mean":  # ModernBERT's option
+            self.readout = "mean"
 
     @property
     def num_classes(self) -> int:

@@ -143,6 +143,15 @@ _LLAMA = LRPLayout(
     rotary=RotaryLayout(),
     gated_product="mlp.down_proj",
 )
+_MODERNBERT = LRPLayout(
+    blocks="layers",
+    attention="attn",
+    embedding_sum=("embeddings.tok_embeddings", "output"),
+    token_parts=("embeddings.tok_embeddings",),
+    input_embedding="embeddings.tok_embeddings",
+    rotary=RotaryLayout(),
+    gated_product="mlp.Wo",
+)
 _VIT = LRPLayout(
     blocks="layers",
     attention="attention",
@@ -178,6 +187,7 @@ LAYOUTS: dict[str, LRPLayout] = {
     "gemma2": _LLAMA,
     "gemma3_text": _LLAMA,
     "phi3": _LLAMA,
+    "modernbert": _MODERNBERT,
     "vit": _VIT,
     "deit": _DEIT,
 }
