@@ -73,15 +73,14 @@ def attention_graph(
 
     Heads are fused per layer in float64 (see :func:`fuse_heads`). Text keeps the positions
     with ``attention_mask == 1``; images keep every token. The readout follows
-    ``adapter.readout``: ``"first"`` (CLS of encoders and ViT), ``"last"`` (the position a
-    decoder predicts from) or ``"mean"`` (mean-pooled sentence encoders, such as the zero-shot
-    MiniLM: the output is the mean of the attended tokens' final states, so the explained row
-    is the mean of their rows).
+    ``adapter.readout`` (:func:`readout_weights`): mean-pooled sentence encoders, such as the
+    zero-shot MiniLM, read the mean of the attended tokens' final states, so the explained row
+    is the mean of their rows.
 
     Raises:
         UnsupportedMethodError: the adapter declares no readout position.
     """
-    if adapter.readout not in ("first", "last", "mean"):
+    if adapter.readout not in READOUTS:
         raise UnsupportedMethodError(
             f"model '{adapter.model_id}' ({adapter.family}) does not say which token its output "
             "reads, so its attention graph has no output node"
@@ -96,15 +95,37 @@ def attention_graph(
         keep = torch.ones(fused.shape[-1], dtype=torch.bool, device=fused.device)
     if not keep.all():
         fused = fused[:, keep][:, :, keep]
-    n = fused.shape[-1]
-    readout = torch.zeros(n, dtype=torch.float64, device=fused.device)
-    if adapter.readout == "first":
-        readout[0] = 1.0
-    elif adapter.readout == "last":
-        readout[-1] = 1.0
+    return AttentionGraph(fused, keep, readout_weights(adapter, fused.shape[-1]).to(fused.device))
+
+
+#: How each readout weighs the last layer's tokens (see :func:`readout_weights`).
+READOUTS = ("first", "last", "mean", "first_two", "first_and_patches")
+
+
+def readout_weights(adapter: Adapter, n: int) -> torch.Tensor:
+    """
+    ``(n,)`` float64 weights with which the output reads the last layer's ``n`` tokens.
+
+    ``first``: CLS; ``last``: the position a decoder predicts from; ``mean``: every token
+    equally; ``first_two``: CLS and distillation token, half each (distilled DeiT averages the
+    two heads); ``first_and_patches``: half on CLS, half spread over the patch tokens (DINOv2's
+    head reads CLS concatenated with the mean patch; register tokens get nothing).
+    """
+    weights = torch.zeros(n, dtype=torch.float64)
+    kind = adapter.readout
+    if kind == "first":
+        weights[0] = 1.0
+    elif kind == "last":
+        weights[-1] = 1.0
+    elif kind == "mean":
+        weights.fill_(1.0 / n)
+    elif kind == "first_two":
+        weights[:2] = 0.5
     else:
-        readout.fill_(1.0 / n)
-    return AttentionGraph(fused, keep, readout)
+        rows, cols = adapter.patch_grid
+        weights[0] = 0.5
+        weights[n - rows * cols :] += 0.5 / (rows * cols)
+    return weights
 
 
 def fuse_heads(attentions: torch.Tensor, how: str) -> torch.Tensor:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["FAMILIES", "family_of", "positional_encoding_of"]
+__all__ = ["FAMILIES", "READOUTS", "family_of", "positional_encoding_of", "readout_of"]
 
 #: model_type -> (adapter family, kind of positional encoding)
 FAMILIES: dict[str, tuple[str, str | None]] = {
@@ -31,6 +31,18 @@ FAMILIES: dict[str, tuple[str, str | None]] = {
     "phi3": ("decoder-lm", "rope"),
     "vit": ("vision-transformer", "learned"),
     "deit": ("vision-transformer", "learned"),
+    "dinov2": ("vision-transformer", "learned"),
+    "dinov2_with_registers": ("vision-transformer", "learned"),
+    "clip": ("zero-shot-image", "learned"),
+}
+
+#: Classifier class -> which tokens its logits read, when not the CLS token alone: distilled
+#: DeiT averages the CLS and distillation heads; DINOv2 reads CLS concatenated with the mean of
+#: the patch tokens (registers excluded). Rollout and attention flow explain that readout.
+READOUTS: dict[str, str] = {
+    "DeiTForImageClassificationWithTeacher": "first_two",
+    "Dinov2ForImageClassification": "first_and_patches",
+    "Dinov2WithRegistersForImageClassification": "first_and_patches",
 }
 
 
@@ -38,6 +50,11 @@ def family_of(config: Any) -> str | None:
     """Adapter family for a transformers config, or ``None`` if unsupported."""
     row = FAMILIES.get(getattr(config, "model_type", ""))
     return row[0] if row else None
+
+
+def readout_of(model: Any) -> str:
+    """The readout of a vision-transformer classifier (``"first"`` unless listed)."""
+    return READOUTS.get(type(model).__name__, "first")
 
 
 def positional_encoding_of(config: Any) -> str | None:

@@ -14,7 +14,7 @@ from attribution.models.builtin import imagenet_labels
 from attribution.models.families import FAMILIES, family_of
 from attribution.models.images import ImageTransform
 from attribution.models.text import DecoderLMAdapter, TextClassifierAdapter
-from attribution.models.vision import CNNAdapter, ViTAdapter
+from attribution.models.vision import CLIPZeroShotAdapter, CNNAdapter, ViTAdapter
 
 __all__ = ["download", "load_pretrained"]
 
@@ -68,6 +68,8 @@ def _load_transformers(spec: str, name: str, revision: str | None) -> Adapter:
     try:
         if family == "vision-transformer":
             return _load_vit(spec, kwargs)
+        if family == "zero-shot-image":
+            return _load_clip(spec, kwargs)
         tokenizer = tf.AutoTokenizer.from_pretrained(spec, revision=revision)
         if family == "decoder-lm":
             model = tf.AutoModelForCausalLM.from_pretrained(spec, **kwargs)
@@ -104,12 +106,48 @@ def _not_found(spec: str) -> str:
 def _load_vit(spec: str, kwargs: dict[str, Any]) -> Adapter:
     model = tf.AutoModelForImageClassification.from_pretrained(spec, **kwargs)
     processor = tf.AutoImageProcessor.from_pretrained(spec, revision=kwargs["revision"])
-    size = processor.size
-    height, width = (size["height"], size["width"]) if "height" in size else (224, 224)
-    transform = ImageTransform(
-        (height, width), tuple(processor.image_mean), tuple(processor.image_std)
+    return ViTAdapter(model, spec, _transform_of(processor), revision=kwargs["revision"])
+
+
+def _load_clip(spec: str, kwargs: dict[str, Any]) -> Adapter:
+    model = tf.CLIPModel.from_pretrained(spec, **kwargs)
+    processor = tf.AutoImageProcessor.from_pretrained(spec, revision=kwargs["revision"])
+    tokenizer = tf.AutoTokenizer.from_pretrained(spec, revision=kwargs["revision"])
+    return CLIPZeroShotAdapter(
+        model.eval(),
+        tokenizer,
+        spec,
+        _transform_of(processor),
+        _prompt_labels(),
+        kwargs["revision"],
     )
-    return ViTAdapter(model, spec, transform, revision=kwargs["revision"])
+
+
+def _prompt_labels() -> list[str]:
+    """ImageNet-1k classes as CLIP prompt words: each first synonym, repeated names made unique."""
+    labels: list[str] = []
+    for index, line in enumerate(imagenet_labels()):
+        synonyms = [name.strip() for name in line.split(",")]
+        fresh = [name for name in synonyms if name not in labels]
+        labels.append(fresh[0] if fresh else f"{synonyms[0]} ({index})")
+    return labels
+
+
+def _transform_of(processor: Any) -> ImageTransform:
+    """The model's input size (its centre crop if it crops) and normalisation."""
+    size = processor.size
+    crop = (
+        getattr(processor, "crop_size", None) if getattr(processor, "do_center_crop", 0) else None
+    )
+    if crop and "height" in crop:
+        height, width = crop["height"], crop["width"]
+    elif "height" in size:
+        height, width = size["height"], size["width"]
+    elif "shortest_edge" in size:
+        height = width = size["shortest_edge"]
+    else:
+        height = width = 224
+    return ImageTransform((height, width), tuple(processor.image_mean), tuple(processor.image_std))
 
 
 def _is_timm_dir(spec: str) -> bool:
