@@ -101,7 +101,8 @@ families = pytest.mark.parametrize("family", sorted(CONFIGS), indirect=True)
 
 @families
 @pytest.mark.parametrize(
-    ("pe_aware", "rule"), [(False, "attnlrp"), (True, "attnlrp"), (False, "cp")]
+    ("pe_aware", "rule"),
+    [(False, "attnlrp"), (True, "attnlrp"), (False, "cp"), (False, "cp_half"), (True, "cp_gate")],
 )
 def test_rules_never_change_the_prediction(family, pe_aware, rule):
     inputs = family.preprocess(TEXT)
@@ -127,6 +128,45 @@ def test_rotary_relevance_is_conserved_in_every_layer(family, pe_aware):
             layer["query_key"], rel=1e-7, abs=1e-12
         )
         assert layer["value"] == pytest.approx(0.5 * layer["output"], rel=1e-9, abs=1e-15)
+
+
+@families
+@pytest.mark.parametrize(("rule", "share"), [("cp", 1.0), ("cp_half", 0.5), ("cp_gate", 1.0)])
+def test_cp_variants_give_v_their_share_and_q_k_none(family, rule, share):
+    inputs = family.preprocess(TEXT)
+    target = int(_logits(family, inputs).argmax())
+    result = lrp(family, inputs, target, pe_aware=False, record=True, attention_rule=rule)
+    for layer in result.attention_balance:
+        assert layer["query_key"] == 0.0
+        assert layer["value"] == pytest.approx(share * layer["output"], rel=1e-9, abs=1e-15)
+
+
+def test_cp_gate_holds_the_mlp_gate_constant(load_model):
+    """
+    With the gate constant, act(g)·u is linear in u: u takes all of the MLP output's relevance;
+    under the uniform rule of plain 'cp' it takes half.
+    """
+    qwen3 = _build(load_model("tiny-random-bert").tokenizer, "qwen3")
+    inputs = qwen3.preprocess(TEXT)
+    target = int(_logits(qwen3, inputs).argmax())
+    seen = {}
+    mlp = qwen3.model.model.layers[-1].mlp
+    hooks = [
+        mlp.up_proj.register_forward_hook(lambda _m, _a, out: seen.setdefault("u", out)),
+        mlp.down_proj.register_forward_hook(lambda _m, _a, out: seen.setdefault("out", out)),
+    ]
+    try:
+        for rule, share in (("cp_gate", 1.0), ("cp", 0.5)):
+            seen.clear()
+            with transformer_lrp(qwen3, layout_for(qwen3), False, attention_rule=rule):
+                logit = qwen3.logits(**inputs.model_kwargs())[0, target]
+                grad_u, grad_out = torch.autograd.grad(logit, [seen["u"], seen["out"]])
+            relevance_u = float((seen["u"] * grad_u).sum())
+            relevance_out = float((seen["out"] * grad_out).sum())  # down_proj has no bias
+            assert relevance_u == pytest.approx(share * relevance_out, rel=1e-9), rule
+    finally:
+        for hook in hooks:
+            hook.remove()
 
 
 def test_final_soft_cap_passes_the_logit_unchanged(load_model):

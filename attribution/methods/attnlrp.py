@@ -60,12 +60,12 @@ class AttnLRP(AttributionMethod):
         params.update(resolve_settings(adapter, params))  # record what actually runs
         if (
             cls.pe_aware
-            and params["attention_rule"] == "cp"
+            and params["attention_rule"].startswith("cp")
             and adapter.positional_encoding == "rope"
         ):
             run.warn(
-                "attention_rule 'cp' sends no relevance through q and k, so rotary positions "
-                "get none"
+                f"attention_rule '{params['attention_rule']}' sends no relevance through q and "
+                "k, so rotary positions get none"
             )
         result = lrp(
             adapter,

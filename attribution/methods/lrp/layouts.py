@@ -10,7 +10,7 @@ row.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from torch import nn
 from transformers import activations as hf_activations
@@ -92,6 +92,7 @@ class LRPLayout:
             of the backward pass (images use the pixels instead).
         rotary: RoPE details, for LLaMA-style models.
         gated_product: Module inside a block whose input is the gated-MLP product ``act(g)·u``.
+        gate_activation: The activation module ``act`` of that gate (for ``cp_gate``).
         attention_linears: Module inside a block that holds every linear layer of the attention
             (q, k, v and output projections), which the γ-rule leaves alone; ``None`` means
             ``attention`` holds them all.
@@ -106,6 +107,7 @@ class LRPLayout:
     input_embedding: str | None = None
     rotary: RotaryLayout | None = None
     gated_product: str | None = None
+    gate_activation: str | None = None
     attention_linears: str | None = None
 
 
@@ -142,7 +144,9 @@ _LLAMA = LRPLayout(
     input_embedding="embed_tokens",
     rotary=RotaryLayout(),
     gated_product="mlp.down_proj",
+    gate_activation="mlp.act_fn",
 )
+_PHI3 = replace(_LLAMA, gate_activation="mlp.activation_fn")
 _MODERNBERT = LRPLayout(
     blocks="layers",
     attention="attn",
@@ -151,6 +155,7 @@ _MODERNBERT = LRPLayout(
     input_embedding="embeddings.tok_embeddings",
     rotary=RotaryLayout(),
     gated_product="mlp.Wo",
+    gate_activation="mlp.act",
 )
 _VIT = LRPLayout(
     blocks="layers",
@@ -186,7 +191,7 @@ LAYOUTS: dict[str, LRPLayout] = {
     "gemma": _LLAMA,
     "gemma2": _LLAMA,
     "gemma3_text": _LLAMA,
-    "phi3": _LLAMA,
+    "phi3": _PHI3,
     "modernbert": _MODERNBERT,
     "vit": _VIT,
     "deit": _DEIT,

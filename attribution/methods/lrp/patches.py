@@ -162,9 +162,13 @@ def transformer_lrp(
                 _block_recorder(recorder, index), with_kwargs=True
             )
             stack.callback(hook.remove)
-            if layout.gated_product is not None:
-                gate = block.get_submodule(layout.gated_product)
-                halve = gate.register_forward_pre_hook(
+            if rule.detach_gate and layout.gate_activation is not None:
+                gate = block.get_submodule(layout.gate_activation)
+                held = gate.register_forward_hook(lambda _m, _a, out: out.detach())
+                stack.callback(held.remove)
+            elif layout.gated_product is not None:
+                product = block.get_submodule(layout.gated_product)
+                halve = product.register_forward_pre_hook(
                     lambda _m, args: (scale_gradient(args[0], 0.5),)
                 )
                 stack.callback(halve.remove)

@@ -83,18 +83,26 @@ class AttentionRule:
         query_key: Factor on the gradients of q and k; ``None`` detaches them, so the attention
             probabilities are constants and q, k get no relevance.
         value: Factor on the gradient of v.
+        detach_gate: Also hold the gate of gated MLPs (``act(g)·u``) constant, so ``u`` takes
+            all of the product's relevance (LXT's full CP variant for LLaMA-style blocks).
     """
 
     query_key: float | None
     value: float
+    detach_gate: bool = False
 
 
 #: ``"attnlrp"``: uniform rule on QKᵀ (½) and on A·V (½), so q and k get ¼ of their gradient
 #: and v ½ (Achtibat et al. 2024). ``"cp"``: CP-LRP (Ali et al. 2022) as in LXT's ViT map: the
 #: attention probabilities are constants, A·V is linear in v and v gets all of its relevance.
+#: ``"cp_half"``: CP as in the PA-LRP reference code (PE-AWARE-LRP), where v gets half of the
+#: attention output's relevance. ``"cp_gate"``: LXT's full CP for LLaMA-style blocks, ``"cp"``
+#: plus the gated-MLP gate held constant.
 ATTENTION_RULES: dict[str, AttentionRule] = {
     "attnlrp": AttentionRule(query_key=0.25, value=0.5),
     "cp": AttentionRule(query_key=None, value=1.0),
+    "cp_half": AttentionRule(query_key=None, value=0.5),
+    "cp_gate": AttentionRule(query_key=None, value=1.0, detach_gate=True),
 }
 
 

@@ -52,10 +52,13 @@ LRP_PARAMS = (
         "str",
         "auto",
         "Rule inside attention: 'attnlrp' (relevance also flows through softmax to q and k: "
-        "q, k get ¼ of their gradient, v ½), 'cp' (attention probabilities held constant: "
-        "q, k get none, v all of it), or 'auto' (cp for vision transformers, attnlrp for "
-        "text, as in the authors' code).",
-        choices=("auto", "attnlrp", "cp"),
+        "q, k get ¼ of their gradient, v ½); 'cp' (attention probabilities held constant: "
+        "q, k get none, v all of it; LXT's ViT rule); 'cp_half' (as 'cp', but v gets half "
+        "of the attention output's relevance, as in the PA-LRP reference code); 'cp_gate' "
+        "('cp' with the gated-MLP gate held constant too, LXT's full CP for LLaMA-style "
+        "blocks); or 'auto' ('cp' for vision transformers, following LXT, and 'attnlrp' for "
+        "text).",
+        choices=("auto", "attnlrp", "cp", "cp_half", "cp_gate"),
     ),
     Param(
         "gamma_linear",
