@@ -36,6 +36,7 @@ test: lint browser
 bench: $(STAMP)
 	$(BIN)/python benchmarks/perturbation.py
 	$(BIN)/python benchmarks/transformer.py
+	$(BIN)/python benchmarks/embedded_load.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -124,6 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
     source = explain.add_mutually_exclusive_group(required=True)
     source.add_argument("--text")
     source.add_argument("--image", help="path of an image file")
+    explain.add_argument(
+        "--next-token",
+        action="store_true",
+        help="explain a decoder LM's next token (default model: smollm2-135m)",
+    )
     explain.add_argument("--labels", help="comma-separated labels (zero-shot models)")
     explain.add_argument("--target", help="label or output index (default: top prediction)")
     explain.add_argument("--param", action="append", default=[], help="key=value, repeatable")
@@ -177,7 +182,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; user errors print one line and exit with status 2."""
     args = build_parser().parse_args(argv)
     if args.command == "explain" and args.model is None:
-        args.model = "minilm-zeroshot" if args.text is not None else "efficientnet-lite0"
+        from attribution.models import DEFAULT_MODELS
+
+        kind = "image" if args.image is not None else "next-token" if args.next_token else "text"
+        args.model = DEFAULT_MODELS[kind]
     try:
         return args.run(args)
     except AttrlabError as err:

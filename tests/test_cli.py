@@ -107,3 +107,23 @@ def test_console_script_lists_and_fails_cleanly(tmp_path):
     )
     assert bad.returncode == 2 and "not a readable image" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_next_token_defaults_to_the_embedded_llm(capsys):
+    code = main(
+        [
+            "explain",
+            "--method",
+            "gradient_x_input",
+            "--next-token",
+            "--device",
+            "cpu",
+            "--text",
+            "The capital of France is",
+            "--format",
+            "json",
+        ]
+    )
+    assert code == 0
+    e = Explanation.from_json(capsys.readouterr().out)
+    assert e.model.id == "smollm2-135m" and e.target.label == " Paris"

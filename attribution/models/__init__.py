@@ -8,12 +8,13 @@ import torch
 
 from attribution.errors import InvalidInputError, UnknownModelError
 from attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
-from attribution.models.builtin import BUILTIN_MODELS, BuiltinModel
+from attribution.models.builtin import BUILTIN_MODELS, DEFAULT_MODELS, BuiltinModel
 from attribution.models.hub import download, load_pretrained
 from attribution.models.images import load_image
 
 __all__ = [
     "BUILTIN_MODELS",
+    "DEFAULT_MODELS",
     "Adapter",
     "BuiltinModel",
     "ImageInputs",

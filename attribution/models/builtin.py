@@ -26,7 +26,7 @@ from attribution.models.images import ImageTransform
 from attribution.models.text import DecoderLMAdapter, TextClassifierAdapter, ZeroShotAdapter
 from attribution.models.vision import CNNAdapter, ViTAdapter
 
-__all__ = ["BUILTIN_MODELS", "BuiltinModel", "imagenet_labels"]
+__all__ = ["BUILTIN_MODELS", "DEFAULT_MODELS", "BuiltinModel", "imagenet_labels"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -237,4 +237,11 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
     "tiny-random-vit": BuiltinModel(
         "image", "2-layer random ViT on 32×32 images (tests only)", _tiny_vit
     ),
+}
+
+#: The model each kind of request uses when none is named.
+DEFAULT_MODELS: dict[str, str] = {
+    "text": "minilm-zeroshot",
+    "next-token": "smollm2-135m",
+    "image": "efficientnet-lite0",
 }
