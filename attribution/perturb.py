@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from attribution.errors import DeviceMemoryError, InvalidParameterError
-from attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
+from attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs, text_adapter
 from attribution.run import RunContext
 
 __all__ = [
@@ -142,8 +142,9 @@ class TextPerturbation:
         self.attention = inputs.attention_mask[0]
         #: Positions of the tokens that masks act on (mask column j -> token free[j]).
         self.free = (~inputs.special_tokens).nonzero().squeeze(1).to(self.ids.device)
-        self.pad_id = adapter.pad_token_id
-        self.fill_id = adapter.mask_token_id if kind == "mask" else adapter.pad_token_id
+        text = text_adapter(adapter)
+        self.pad_id = text.pad_token_id
+        self.fill_id = text.mask_token_id if kind == "mask" else text.pad_token_id
 
     @property
     def n_tokens(self) -> int:

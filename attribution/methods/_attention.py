@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from attribution.errors import UnsupportedMethodError
-from attribution.models.base import Adapter, Inputs, TextInputs
+from attribution.models.base import Adapter, Inputs, TextInputs, image_adapter, patch_grid
 from attribution.params import Param
 from attribution.run import RunContext
 
@@ -122,7 +122,7 @@ def readout_weights(adapter: Adapter, n: int) -> torch.Tensor:
     elif kind == "first_two":
         weights[:2] = 0.5
     else:
-        rows, cols = adapter.patch_grid
+        rows, cols = patch_grid(adapter)
         weights[0] = 0.5
         weights[n - rows * cols :] += 0.5 / (rows * cols)
     return weights
@@ -164,12 +164,14 @@ def to_scores(
         full = torch.zeros(graph.keep.shape[0], dtype=torch.float64, device=values.device)
         full[graph.keep] = values
         return full.cpu().numpy()
-    rows, cols = adapter.patch_grid
+    rows, cols = patch_grid(adapter)
     if values.shape[0] < rows * cols:
         raise UnsupportedMethodError(
             f"model '{adapter.model_id}' has {values.shape[0]} tokens, fewer than its "
             f"{rows}×{cols} patch grid"
         )
     grid = values[-rows * cols :].reshape(1, 1, rows, cols)
-    upsampled = F.interpolate(grid, size=tuple(adapter.transform.size), mode="bilinear")
+    upsampled = F.interpolate(
+        grid, size=tuple(image_adapter(adapter).transform.size), mode="bilinear"
+    )
     return upsampled[0, 0].cpu().numpy()

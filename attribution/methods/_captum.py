@@ -22,7 +22,7 @@ from captum.attr._core.deep_lift import SUPPORTED_NON_LINEAR, nonlinear
 from torch import nn
 
 from attribution.errors import InvalidParameterError, UnsupportedMethodError
-from attribution.models.base import Adapter, Inputs, TextInputs
+from attribution.models.base import Adapter, Inputs, TextInputs, image_adapter, text_adapter
 from attribution.params import Param
 from attribution.run import RunContext
 
@@ -98,12 +98,14 @@ def baseline_for(adapter: Adapter, inputs: Inputs, kind: str) -> torch.Tensor:
             f"baseline '{kind}' does not apply to {inputs.modality}; use {' or '.join(allowed)}"
         )
     if isinstance(inputs, TextInputs):
-        fill = adapter.pad_token_id if kind == "pad" else adapter.mask_token_id
+        text = text_adapter(adapter)
+        fill = text.pad_token_id if kind == "pad" else text.mask_token_id
         return torch.where(inputs.special_tokens, inputs.input_ids, fill)
     if kind == "mean":
         return torch.zeros_like(inputs.pixel_values)
-    mean = torch.tensor(adapter.transform.mean, device=inputs.pixel_values.device)
-    std = torch.tensor(adapter.transform.std, device=inputs.pixel_values.device)
+    transform = image_adapter(adapter).transform
+    mean = torch.tensor(transform.mean, device=inputs.pixel_values.device)
+    std = torch.tensor(transform.std, device=inputs.pixel_values.device)
     return (-mean / std).view(1, 3, 1, 1).expand_as(inputs.pixel_values).clone()
 
 

@@ -13,7 +13,7 @@ from attribution.errors import UnsupportedMethodError
 from attribution.methods._masks import BATCH_SIZE_PARAM
 from attribution.methods.base import Attribution, AttributionMethod
 from attribution.methods.registry import register
-from attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
+from attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs, text_adapter
 from attribution.params import Param
 from attribution.perturb import BatchRunner, auto_batch_size, box_blur
 from attribution.run import RunContext
@@ -112,7 +112,9 @@ def _text(
             "shap's text masker tokenises this text differently from the model input; "
             "use rise, sobol or occlusion for this model"
         )
-    masker = shap.maskers.Text(tokenizer, mask_token=adapter.mask_token_id, output_type="token_ids")
+    masker = shap.maskers.Text(
+        tokenizer, mask_token=text_adapter(adapter).mask_token_id, output_type="token_ids"
+    )
     target_index = torch.as_tensor(target, device=ours.device)
 
     def model(batch: np.ndarray) -> np.ndarray:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -13,7 +13,20 @@ from torch import nn
 
 from attribution.errors import InvalidInputError, UnsupportedMethodError
 
-__all__ = ["Adapter", "ImageInputs", "Inputs", "TextInputs"]
+if TYPE_CHECKING:
+    from attribution.models.images import ImageTransform
+
+__all__ = [
+    "Adapter",
+    "ImageAdapter",
+    "ImageInputs",
+    "Inputs",
+    "TextAdapter",
+    "TextInputs",
+    "image_adapter",
+    "patch_grid",
+    "text_adapter",
+]
 
 
 @dataclass(frozen=True)
@@ -64,6 +77,9 @@ class Adapter(ABC):
 
     modality: str
     family: str
+    #: The Hugging Face config of the model, when it has one (LRP layouts and families key on
+    #: its ``model_type``); ``None`` for models without (timm CNNs).
+    config: Any = None
     features: frozenset[str] = frozenset({"gradients"})
     #: Kind of positional encoding: "learned", "sinusoidal", "rope", "relative" or None.
     positional_encoding: str | None = None
@@ -152,3 +168,74 @@ class Adapter(ABC):
         from attribution.methods import available_methods  # methods import adapters, not reverse
 
         return {m.name: m.unsupported_reason(self) for m in available_methods()}
+
+
+class TextAdapter(Adapter):
+    """
+    The text contract: what methods may use beyond :class:`Adapter` for token inputs.
+
+    Perturbation and baseline methods hide tokens with ``pad_token_id`` / ``mask_token_id``;
+    shap's text masker needs the ``tokenizer``.
+    """
+
+    modality = "text"
+    tokenizer: Any
+    max_length: int
+
+    @property
+    @abstractmethod
+    def pad_token_id(self) -> int:
+        """Id of the padding token."""
+
+    @property
+    @abstractmethod
+    def mask_token_id(self) -> int:
+        """Id used to hide a token (mask token, else pad, else unk)."""
+
+    @property
+    def num_kv_heads(self) -> int:
+        """Key/value heads per block; fewer than query heads under grouped-query attention."""
+        return int(getattr(self.config, "num_key_value_heads", None) or self.num_heads)
+
+    def kv_head(self, head: int) -> int:
+        """The key/value head that query head ``head`` shares (GQA groups are contiguous)."""
+        return head // (self.num_heads // self.num_kv_heads)
+
+
+class ImageAdapter(Adapter):
+    """
+    The image contract: what methods may use beyond :class:`Adapter` for pixel inputs.
+
+    Baselines in pixel space need the resize-normalise ``transform``'s mean and std; token
+    methods on vision transformers need the ``patch_grid`` of their tokens.
+    """
+
+    modality = "image"
+    transform: ImageTransform
+
+    @property
+    def patch_grid(self) -> tuple[int, int] | None:
+        """Patches along (H, W) for token-based models; ``None`` for CNNs."""
+        return None
+
+
+def text_adapter(adapter: Adapter) -> TextAdapter:
+    """``adapter`` as a :class:`TextAdapter`, or a clear refusal."""
+    if not isinstance(adapter, TextAdapter):
+        raise UnsupportedMethodError(f"model '{adapter.model_id}' does not take text")
+    return adapter
+
+
+def image_adapter(adapter: Adapter) -> ImageAdapter:
+    """``adapter`` as an :class:`ImageAdapter`, or a clear refusal."""
+    if not isinstance(adapter, ImageAdapter):
+        raise UnsupportedMethodError(f"model '{adapter.model_id}' does not take images")
+    return adapter
+
+
+def patch_grid(adapter: Adapter) -> tuple[int, int]:
+    """The patch grid of a token-based image model, or a clear refusal."""
+    grid = image_adapter(adapter).patch_grid
+    if grid is None:
+        raise UnsupportedMethodError(f"model '{adapter.model_id}' has no patch tokens")
+    return grid

@@ -11,7 +11,7 @@ from torch import nn
 from transformers.modeling_outputs import SequenceClassifierOutput
 
 from attribution.errors import InvalidInputError
-from attribution.models.base import Adapter, TextInputs
+from attribution.models.base import TextAdapter, TextInputs
 from attribution.models.families import positional_encoding_of
 
 __all__ = ["DecoderLMAdapter", "TextClassifierAdapter", "ZeroShotAdapter", "ZeroShotClassifier"]
@@ -53,10 +53,9 @@ def _max_length(tokenizer: Any, config: Any) -> int:
     return min(usable) if usable else 512
 
 
-class TextClassifierAdapter(Adapter):
+class TextClassifierAdapter(TextAdapter):
     """Encoder with a sequence-classification head (BERT, RoBERTa, DistilBERT, ...)."""
 
-    modality = "text"
     family = "text-classifier"
     readout = "first"
     features = _TEXT_FEATURES
@@ -114,15 +113,6 @@ class TextClassifierAdapter(Adapter):
     @property
     def num_heads(self) -> int:
         return int(self.config.num_attention_heads)
-
-    @property
-    def num_kv_heads(self) -> int:
-        """Key/value heads per block; fewer than query heads under grouped-query attention."""
-        return int(getattr(self.config, "num_key_value_heads", None) or self.num_heads)
-
-    def kv_head(self, head: int) -> int:
-        """The key/value head that query head ``head`` shares (GQA groups are contiguous)."""
-        return head // (self.num_heads // self.num_kv_heads)
 
 
 def sentence_embedding(encoder: nn.Module, **encoder_kwargs: Any) -> tuple[torch.Tensor, Any]:

@@ -16,16 +16,14 @@ from torch import nn
 from transformers.modeling_outputs import ImageClassifierOutput
 
 from attribution.errors import InvalidInputError
-from attribution.models.base import Adapter, ImageInputs
+from attribution.models.base import ImageAdapter, ImageInputs
 from attribution.models.families import positional_encoding_of, readout_of
 from attribution.models.images import ImageTransform
 
 __all__ = ["CLIPZeroShotAdapter", "CLIPZeroShotClassifier", "CNNAdapter", "ViTAdapter"]
 
 
-class _ImageClassifierAdapter(Adapter):
-    modality = "image"
-
+class _ImageClassifierAdapter(ImageAdapter):
     def __init__(
         self,
         model: nn.Module,
@@ -77,7 +75,7 @@ class ViTAdapter(_ImageClassifierAdapter):
 
     @property
     def patch_grid(self) -> tuple[int, int]:
-        """Number of patches along (H, W)."""
+        """Number of patches along (H, W) at the model's input size."""
         patch = self.config.patch_size
         return self.transform.size[0] // patch, self.transform.size[1] // patch
 
