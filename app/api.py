@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 API_PREFIX = "/api/v1"
 _RETRY_AFTER_S = "5"
+_DISCONNECT_POLL_S = 0.5
 _VERBS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 
 
@@ -141,7 +142,7 @@ def _token_guard(token: str | None) -> list[Any]:
 
 
 def build_router(worker: ExplainWorker) -> APIRouter:
-    """Routes: GET /health (open), GET /models, GET /methods, POST /explain."""
+    """Routes: GET /health (open), GET /status, GET /models, GET /methods, POST /explain."""
     settings = worker.settings
     open_routes = APIRouter(prefix=API_PREFIX)
     router = APIRouter(
@@ -149,19 +150,27 @@ def build_router(worker: ExplainWorker) -> APIRouter:
         responses={**_ERRORS, **(_UNAUTHORIZED if settings.api_token else {})},
     )
 
-    @open_routes.get("/health")
-    def health() -> dict[str, Any]:
-        """Liveness, device, loaded models (with how often each was loaded) and queue length."""
-        return {"status": "ok", **worker.status()}
+    @open_routes.api_route("/health", methods=["GET", "HEAD"])
+    def health() -> dict[str, str]:
+        """Liveness only (open, for load balancers and container health checks)."""
+        return {"status": "ok"}
+
+    @router.get("/status")
+    def status() -> dict[str, Any]:
+        """Device, loaded models (with how often each was loaded) and queue length."""
+        return worker.status()
 
     @router.get("/models")
-    def models() -> list[dict[str, str]]:
-        """The models this server serves by name."""
-        served = settings.models if settings.models is not None else BUILTIN_MODELS
+    def models() -> list[dict[str, str | None]]:
+        """The models this server serves by name (a listed hub id's modality shows once loaded)."""
+        served = sorted(settings.models) if settings.models is not None else list(BUILTIN_MODELS)
         return [
-            {"id": name, "modality": m.modality, "description": m.description}
-            for name, m in BUILTIN_MODELS.items()
-            if name in served
+            {
+                "id": name,
+                "modality": BUILTIN_MODELS[name].modality if name in BUILTIN_MODELS else None,
+                "description": BUILTIN_MODELS[name].description if name in BUILTIN_MODELS else "",
+            }
+            for name in served
         ]
 
     @router.get("/methods")
@@ -170,12 +179,17 @@ def build_router(worker: ExplainWorker) -> APIRouter:
         return [m.describe() for m in available_methods()]
 
     @router.post("/explain")
-    async def explain(body: ExplainBody) -> dict[str, Any]:
+    async def explain(body: ExplainBody, request: Request) -> dict[str, Any]:
         """Explain one text or image; the Explanation as JSON."""
         job = worker.submit(body.to_request())
+        result = asyncio.wrap_future(job.future)
         try:
-            explanation = await asyncio.wrap_future(job.future)
-        except asyncio.CancelledError:  # the client went away: stop the work too
+            while not (await asyncio.wait({result}, timeout=_DISCONNECT_POLL_S))[0]:
+                if await request.is_disconnected():  # nobody is waiting: stop the work
+                    job.cancel()
+                    break
+            explanation = await result
+        except asyncio.CancelledError:  # the server is stopping
             job.cancel()
             raise
         return explanation.to_dict()
@@ -195,7 +209,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(AttrlabError)
     async def user_error(request: Request, err: AttrlabError) -> JSONResponse:
         status, code = error_status(err)
-        log.info("%s %s -> %d %s: %s", request.method, request.url.path, status, code, err)
+        detail = getattr(err, "detail", None) or ""
+        log.info(
+            "%s %s -> %d %s: %s %s", request.method, request.url.path, status, code, err, detail
+        )
         retry = {"Retry-After": _RETRY_AFTER_S} if status in (429, 503) else {}
         return _error(status, code, str(err), **retry)
 
@@ -220,11 +237,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
 class ApiGuard:
     """
-    ASGI middleware for API paths, answering in JSON before the app reads anything.
+    ASGI middleware answering in JSON before the app reads anything.
 
-    Unknown routes get 404 and known routes asked with another verb 405 (without this, the UI
-    mounted at / would answer them in HTML); bodies over ``max_bytes`` get 413, also when they
-    arrive in chunks without a Content-Length.
+    Bodies over ``max_bytes`` get 413 on every path (API and page), also when they arrive in
+    chunks without a Content-Length. Under ``prefix``, unknown routes get 404 and known routes
+    asked with another verb 405 (without this, the page mounted at / would answer in HTML).
     """
 
     def __init__(self, app: ASGIApp, routes: Router, max_bytes: int, prefix: str) -> None:
@@ -234,10 +251,10 @@ class ApiGuard:
         self.prefix = prefix
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith(self.prefix):
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if not self._matches(scope):
+        if scope["path"].startswith(self.prefix) and not self._matches(scope):
             allowed = [verb for verb in _VERBS if self._matches({**scope, "method": verb})]
             if allowed:
                 message = f"{scope['method']} is not allowed here"
@@ -252,7 +269,7 @@ class ApiGuard:
         if declared.isdigit() and int(declared) > self.max_bytes:
             await _error(413, "request_too_large", too_large)(scope, receive, send)
             return
-        seen = 0
+        seen, started = 0, False
 
         async def counted() -> Message:
             nonlocal seen
@@ -262,7 +279,17 @@ class ApiGuard:
                 raise HTTPException(413, too_large)
             return message
 
-        await self.app(scope, counted, send)
+        async def watched(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted, watched)
+        except HTTPException as err:  # raised by counted() through an app that did not catch it
+            if err.status_code != 413 or started:
+                raise
+            await _error(413, "request_too_large", too_large)(scope, receive, send)
 
     def _matches(self, scope: Scope) -> bool:
         # Only the API's own routes: the UI's mount at / matches every path.

@@ -79,16 +79,17 @@ def _methods(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from app.server import serve
-    from app.settings import ServerSettings, parse_param_limits
+    from app.settings import ServerSettings, parse_param_limits, split_list
 
     settings = ServerSettings.for_server(
-        models=frozenset(_split(args.models)) if args.models else None,
+        models=frozenset(split_list(args.models)) if args.models else None,
         allow_hub=True if args.allow_hub else None,
         model_roots=tuple(Path(p).expanduser().resolve() for p in args.model_root) or None,
         max_body_bytes=args.max_body_bytes,
         max_text_chars=args.max_text_chars,
         max_image_pixels=args.max_image_pixels,
         max_queue=args.max_queue,
+        max_forward_passes=args.max_forward_passes,
     )
     if args.param_limit:
         limits = {**settings.param_limits, **parse_param_limits(args.param_limit)}
@@ -103,14 +104,13 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _split(text: str) -> list[str]:
-    return [item.strip() for item in text.split(",") if item.strip()]
-
-
 def _positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number; got {text!r}")
-    return int(text)
+    from app.settings import SettingsError, positive_int
+
+    try:
+        return positive_int(text, "the value")
+    except SettingsError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -169,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(ATTRLAB_PARAM_LIMITS)",
     )
     serve.add_argument("--max-queue", type=_positive_int, help="ATTRLAB_MAX_QUEUE")
+    serve.add_argument(
+        "--max-forward-passes", type=_positive_int, help="ATTRLAB_MAX_FORWARD_PASSES"
+    )
     serve.set_defaults(run=_serve)
 
     sub.add_parser("models", help="list built-in models").set_defaults(run=_models)
@@ -189,7 +192,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.run(args)
     except AttrlabError as err:
-        print(f"attrlab: error: {err}", file=sys.stderr)
+        detail = getattr(err, "detail", None)  # a library's own words, e.g. a model load error
+        line = f"{err} ({' '.join(detail.split())})" if detail else str(err)
+        print(f"attrlab: error: {line}", file=sys.stderr)
         return 2
 
 

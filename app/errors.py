@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import re
 
-from app.settings import SettingsError
 from app.worker import QueueFullError, WorkerClosedError
 from attribution.errors import (
     AttrlabError,
+    BudgetExceededError,
     DeviceMemoryError,
     InputTooLargeError,
     InvalidInputError,
@@ -28,13 +28,13 @@ ERROR_STATUS: dict[type[AttrlabError], tuple[int, str]] = {
     UnsupportedMethodError: (400, "method_not_applicable"),
     ModelLoadError: (400, "model_not_loadable"),
     InvalidParameterError: (422, "invalid_parameter"),
+    BudgetExceededError: (422, "over_budget"),
     UnknownModelError: (404, "unknown_model"),
     UnknownMethodError: (404, "unknown_method"),
     QueueFullError: (429, "queue_full"),
     DeviceMemoryError: (503, "out_of_device_memory"),
     JobCancelledError: (503, "cancelled"),
     WorkerClosedError: (503, "shutting_down"),
-    SettingsError: (503, "misconfigured"),
 }
 
 # An absolute POSIX or Windows path not preceded by a word character, e.g. inside a library's

@@ -10,7 +10,7 @@ import gradio as gr
 from fastapi import FastAPI
 from PIL import Image
 
-from app.api import API_PREFIX, ApiGuard, build_router, install_error_handlers
+from app.api import ApiGuard, build_router, install_error_handlers
 from app.settings import ServerSettings
 from app.ui import build_ui
 from app.worker import ExplainWorker
@@ -24,24 +24,33 @@ def create_app(
     """
     FastAPI app with the API routes and the UI mounted at the root.
 
-    ``settings`` default to the worker's, else to :meth:`ServerSettings.for_server`.
+    Without a ``worker``, one is made with ``settings`` (default
+    :meth:`ServerSettings.for_server`).
     """
-    if worker is None:
-        worker = ExplainWorker(settings=settings or ServerSettings.for_server())
+    if worker is not None and settings is not None:
+        raise ValueError("give a worker or settings, not both: the worker carries its settings")
+    worker = worker or ExplainWorker(settings=settings or ServerSettings.for_server())
     settings = worker.settings
+
     app = FastAPI(title="attrlab", version="0.1.0")
     install_error_handlers(app)
     app.include_router(build_router(worker))
     app.add_middleware(
-        ApiGuard, routes=app.router, max_bytes=settings.max_body_bytes, prefix=API_PREFIX + "/"
+        ApiGuard, routes=app.router, max_bytes=settings.max_body_bytes, prefix="/api"
     )
+
+    page = build_ui(worker).queue(max_size=settings.max_queue)
+    # Gradio checks that a file named in a request was uploaded by a user only once it counts
+    # as launched, which mounting alone never sets: without this, a request naming any path on
+    # the server would be read as "an upload".
+    page.has_launched = True
     return gr.mount_gradio_app(
         app,
-        build_ui(worker),
+        page,
         path="/",
         auth=_page_login(settings.api_token),
         max_file_size=settings.max_body_bytes,
-        show_error=True,
+        show_error=False,  # only gr.Error messages (already free of paths) reach the page
     )
 
 
@@ -59,9 +68,14 @@ def serve(
     import uvicorn
 
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    # Gradio decodes page uploads itself with Pillow: bound that decoder by the same limit
-    # (Pillow refuses images over twice this many pixels before decoding them). A process-wide
-    # setting, so it is made here, where the process is the server, not in create_app.
-    Image.MAX_IMAGE_PIXELS = settings.max_image_pixels
+    # Gradio decodes page uploads itself with Pillow: bound that decoder too. Pillow refuses,
+    # before decoding, images over twice this setting, so half the limit refuses over the limit.
+    # A process-wide setting, so it is made here, where the process is the server.
+    Image.MAX_IMAGE_PIXELS = max(1, settings.max_image_pixels // 2)
     worker = ExplainWorker(device=device, settings=settings)
-    uvicorn.run(create_app(worker), host=host, port=port)
+    try:
+        # On Ctrl-C, requests still waiting after a few seconds are cancelled, and a cancelled
+        # request cancels its job: the server stops without finishing long explanations.
+        uvicorn.run(create_app(worker), host=host, port=port, timeout_graceful_shutdown=3)
+    finally:
+        worker.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -18,13 +18,21 @@ from typing import Any, Literal
 from attribution.errors import (
     AttrlabError,
     InputTooLargeError,
+    InvalidInputError,
     InvalidParameterError,
     UnknownModelError,
 )
 from attribution.models import BUILTIN_MODELS
 from attribution.models.images import max_image_pixels
 
-__all__ = ["ModelSource", "ServerSettings", "SettingsError"]
+__all__ = [
+    "ModelSource",
+    "ServerSettings",
+    "SettingsError",
+    "parse_param_limits",
+    "positive_int",
+    "split_list",
+]
 
 #: How a permitted spec is loaded: a built-in alias, a spec the operator listed, a hub download
 #: (never a local folder), a folder under a model root, or anything (unrestricted use only).
@@ -42,7 +50,11 @@ DEFAULT_PARAM_LIMITS: dict[str, float] = {
     "n_references": 64,
     "bootstrap": 1000,
     "max_tokens": 512,
+    "batch_size": 64,  # a batch of images is held in memory at once
+    "internal_batch_size": 64,
 }
+#: Request fields bounded for every front end (the REST schema says the same).
+MAX_LABELS, MAX_LABEL_CHARS, MAX_TARGET_CHARS, MAX_SEED = 100, 200, 200, 2**32 - 1
 
 
 class SettingsError(AttrlabError):
@@ -65,6 +77,8 @@ class ServerSettings:
             (``rise.n_masks``, which wins).
         api_token: When set, REST calls need ``Authorization: Bearer <token>``.
         max_queue: Requests waiting or running at once; more are answered 429.
+        max_forward_passes: Most forward passes one request may need (sampling methods:
+            masks × cells, windows, evaluations); ``None`` means no limit.
     """
 
     models: frozenset[str] | None = None
@@ -76,6 +90,7 @@ class ServerSettings:
     param_limits: Mapping[str, float] = field(default_factory=dict)
     api_token: str | None = None
     max_queue: int = 1024
+    max_forward_passes: int | None = None
 
     @classmethod
     def unrestricted(cls) -> ServerSettings:
@@ -87,7 +102,7 @@ class ServerSettings:
         """Server defaults, then ``ATTRLAB_*`` environment variables, then ``overrides``."""
         env = os.environ if env is None else env
         settings = cls(
-            models=frozenset(_list(env.get("ATTRLAB_MODELS")) or BUILTIN_MODELS),
+            models=frozenset(split_list(env.get("ATTRLAB_MODELS")) or BUILTIN_MODELS),
             allow_hub=_flag(env, "ATTRLAB_ALLOW_HUB", False),
             model_roots=tuple(
                 Path(p).expanduser().resolve()
@@ -96,13 +111,14 @@ class ServerSettings:
             ),
             max_body_bytes=_positive(env, "ATTRLAB_MAX_BODY_BYTES", 32 * 2**20),
             max_text_chars=_positive(env, "ATTRLAB_MAX_TEXT_CHARS", 20_000),
-            max_image_pixels=_positive(env, "ATTRLAB_MAX_IMAGE_PIXELS", 40_000_000),
+            max_image_pixels=_image_pixels(env),
             param_limits={
                 **DEFAULT_PARAM_LIMITS,
-                **parse_param_limits(_list(env.get("ATTRLAB_PARAM_LIMITS"))),
+                **parse_param_limits(split_list(env.get("ATTRLAB_PARAM_LIMITS"))),
             },
             api_token=env.get("ATTRLAB_API_TOKEN") or None,
             max_queue=_positive(env, "ATTRLAB_MAX_QUEUE", 64),
+            max_forward_passes=_positive(env, "ATTRLAB_MAX_FORWARD_PASSES", 20_000),
         )
         return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
 
@@ -110,7 +126,8 @@ class ServerSettings:
         """
         Where ``spec`` may be loaded from, or a refusal that reveals nothing about the disk.
 
-        The decision is lexical (no file is looked at), so refused specs all get one message.
+        Decided from the spec's text; a path is only resolved (its links followed) to see
+        whether it stays under a model root. Every refusal has the same words.
         """
         spec = spec.strip()
         if self.models is None:
@@ -119,10 +136,8 @@ class ServerSettings:
             return "builtin" if spec in BUILTIN_MODELS else "listed"
         if self.allow_hub and _HUB_ID.match(spec) and ".." not in spec:
             return "hub"
-        if self.model_roots and os.path.isabs(spec):
-            real = Path(os.path.realpath(spec))
-            if any(real.is_relative_to(root) for root in self.model_roots):
-                return "local"
+        if self.model_roots and os.path.isabs(spec) and self._under_a_root(spec):
+            return "local"
         served = ", ".join(sorted(self.models))
         extra = (" and any Hugging Face hub id" if self.allow_hub else "") + (
             " and model folders under its model roots" if self.model_roots else ""
@@ -131,13 +146,32 @@ class ServerSettings:
             f"model '{spec}' is not served here; this server serves: {served}{extra}"
         )
 
-    def check_text(self, text: str) -> None:
-        """Refuse a text longer than ``max_text_chars``."""
-        if self.max_text_chars is not None and len(text) > self.max_text_chars:
+    def _under_a_root(self, spec: str) -> bool:
+        try:
+            real = Path(os.path.realpath(spec))
+        except (OSError, ValueError):  # a NUL byte, a name too long: not a path we serve
+            return False
+        return any(real.is_relative_to(root) for root in self.model_roots)
+
+    def check_request(
+        self, text: str | None, labels: Sequence[str] | None, target: Any, seed: Any
+    ) -> None:
+        """Refuse request fields out of bounds, whichever front end they came through."""
+        if text is not None and self.max_text_chars is not None and len(text) > self.max_text_chars:
             raise InputTooLargeError(
                 f"the text has {len(text)} characters; this server accepts at most "
                 f"{self.max_text_chars}"
             )
+        if labels is not None and (
+            len(labels) > MAX_LABELS or any(len(label) > MAX_LABEL_CHARS for label in labels)
+        ):
+            raise InvalidInputError(
+                f"give at most {MAX_LABELS} labels of at most {MAX_LABEL_CHARS} characters each"
+            )
+        if isinstance(target, str) and len(target) > MAX_TARGET_CHARS:
+            raise InvalidInputError(f"the target is longer than {MAX_TARGET_CHARS} characters")
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+            raise InvalidInputError(f"the seed must be a whole number from 0 to {MAX_SEED}")
 
     def check_params(self, method: str, params: Mapping[str, Any]) -> None:
         """Refuse resolved parameters above this server's budget for ``method``."""
@@ -169,7 +203,8 @@ def parse_param_limits(items: list[str]) -> dict[str, float]:
     return limits
 
 
-def _list(value: str | None) -> list[str]:
+def split_list(value: str | None) -> list[str]:
+    """``"a, b,,c"`` -> ``["a", "b", "c"]`` (environment lists and comma-separated flags)."""
     return [item.strip() for item in (value or "").split(",") if item.strip()]
 
 
@@ -184,10 +219,20 @@ def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     raise SettingsError(f"{name} must be true or false; got {value!r}")
 
 
+def positive_int(text: str, name: str) -> int:
+    """``text`` as a positive whole number, or a :class:`SettingsError` naming ``name``."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise SettingsError(f"{name} must be a positive whole number; got {text!r}")
+    return int(text)
+
+
 def _positive(env: Mapping[str, str], name: str, default: int) -> int:
     value = env.get(name, "").strip()
-    if not value:
-        return default
-    if not value.isdigit() or int(value) < 1:
-        raise SettingsError(f"{name} must be a positive whole number; got {value!r}")
-    return int(value)
+    return positive_int(value, name) if value else default
+
+
+def _image_pixels(env: Mapping[str, str]) -> int:
+    try:
+        return max_image_pixels(env)  # the library's own reading of the same variable
+    except InvalidParameterError as err:
+        raise SettingsError(str(err)) from None

@@ -7,6 +7,7 @@ many forward passes) are enforced once, for the REST API and the web page alike.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
@@ -83,7 +84,7 @@ class ExplainRequest:
         return "text" if self.text is not None else "image"
 
 
-@dataclass
+@dataclass(eq=False)  # identity: jobs are kept in a set while they wait or run
 class Job:
     """A submitted request: its future result, progress and a cancel switch."""
 
@@ -115,8 +116,11 @@ class ExplainWorker:
         self.settings = settings or ServerSettings.unrestricted()
         self.model_loads: Counter[str] = Counter()
         self._models: OrderedDict[str, Adapter] = OrderedDict()
+        # Two locks: loading a model (seconds, or minutes from the hub) holds only the first,
+        # so submitting and status, which the server's event loop calls, never wait for it.
+        self._loading = threading.Lock()
         self._lock = threading.Lock()
-        self._pending = 0
+        self._jobs: set[Job] = set()
         self._closed = False
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="attrlab-worker")
         hf_logging.disable_progress_bar()  # weight-loading bars would clutter CLI and server logs
@@ -125,27 +129,39 @@ class ExplainWorker:
         """Load (or reuse) a permitted model; the least recently used go past ``max_models``."""
         spec = (spec or "").strip()
         source = self.settings.model_source(spec)
-        with self._lock:
-            adapter = self._models.pop(spec, None)
+        # A served hub id is always fetched from the hub, never read from a same-named folder.
+        hub_only = source == "hub" or (source == "listed" and not os.path.isabs(spec))
+        with self._loading:
+            with self._lock:
+                adapter = self._models.pop(spec, None)
+            fresh = adapter is None
             if adapter is None:
-                adapter = load(spec, device=self.device, hub_only=source == "hub")
-                self.model_loads[spec] += 1
-            self._models[spec] = adapter
-            while len(self._models) > self.max_models:
-                self._models.popitem(last=False)
+                adapter = load(spec, device=self.device, hub_only=hub_only)
+            with self._lock:
+                self.model_loads[spec] += fresh
+                self._models[spec] = adapter
+                while len(self._models) > self.max_models:
+                    self._models.popitem(last=False)
         return adapter.with_labels(labels) if labels else adapter
 
     def submit(self, request: ExplainRequest, progress: ProgressCallback | None = None) -> Job:
-        """Queue a request; the returned job reports progress and can be cancelled."""
+        """
+        Queue a request; the returned job reports progress and can be cancelled.
+
+        Raises:
+            AttrlabError: at once, for a request out of bounds, a full queue or a closed worker.
+        """
+        request.modality  # noqa: B018 - exactly one input, checked before queueing
+        self.settings.check_request(request.text, request.labels, request.target, request.seed)
+        job = Job(future=Future(), cancel_event=threading.Event())
         with self._lock:
             if self._closed:
                 raise WorkerClosedError("the server is shutting down; try again later")
-            if self._pending >= self.settings.max_queue:
+            if len(self._jobs) >= self.settings.max_queue:
                 raise QueueFullError(
-                    f"{self._pending} requests are already queued (the limit); try again shortly"
+                    f"{len(self._jobs)} requests are already queued (the limit); try again shortly"
                 )
-            self._pending += 1
-        job = Job(future=Future(), cancel_event=threading.Event())
+            self._jobs.add(job)
 
         def report(done: int, total: int) -> None:
             job.progress = (done, total)
@@ -153,12 +169,12 @@ class ExplainWorker:
                 progress(done, total)
 
         job.future = self._executor.submit(self._run, request, report, job.cancel_event)
-        job.future.add_done_callback(self._finished)
+        job.future.add_done_callback(lambda _: self._finished(job))
         return job
 
-    def _finished(self, _: Future) -> None:
+    def _finished(self, job: Job) -> None:
         with self._lock:
-            self._pending -= 1
+            self._jobs.discard(job)
 
     def explain(
         self, request: ExplainRequest, progress: ProgressCallback | None = None
@@ -173,24 +189,21 @@ class ExplainWorker:
                 "device": self.device,
                 "models_loaded": list(self._models),
                 "model_loads": dict(self.model_loads),
-                "queued": self._pending,
+                "queued": len(self._jobs),
                 "max_queue": self.settings.max_queue,
             }
 
     def _run(
         self, request: ExplainRequest, progress: ProgressCallback, cancel: threading.Event
     ) -> Explanation:
-        modality = request.modality
-        if request.text is not None:
-            self.settings.check_text(request.text)
         method = get_method(request.method)
         # Fail on bad parameters before loading a model; budgets apply to resolved values.
         self.settings.check_params(method.name, validate_params(method.params, request.params))
         adapter = self.adapter(request.model, request.labels)
-        if adapter.modality != modality:
+        if adapter.modality != request.modality:
             raise InvalidInputError(
                 f"model '{adapter.model_id}' takes {_article(adapter.modality)} as input, but "
-                f"the request gives {_article(modality)}"
+                f"the request gives {_article(request.modality)}"
             )
         raw = (
             request.text
@@ -206,14 +219,19 @@ class ExplainWorker:
             seed=request.seed,
             progress=progress,
             cancel=cancel,
+            max_forward_passes=self.settings.max_forward_passes,
         )
 
     def close(self) -> None:
-        """Stop accepting work and release the models."""
+        """Stop accepting work, cancel what is queued or running, and release the models."""
         with self._lock:
             self._closed = True
+            jobs = list(self._jobs)
+        for job in jobs:  # the running job stops at its next batch boundary
+            job.cancel()
         self._executor.shutdown(wait=False, cancel_futures=True)
-        self._models.clear()
+        with self._lock:
+            self._models.clear()
 
 
 def _article(modality: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "AttrlabError",
+    "BudgetExceededError",
     "DeviceMemoryError",
     "InputTooLargeError",
     "InvalidInputError",
@@ -37,12 +38,25 @@ class InvalidParameterError(AttrlabError):
     """A method parameter is unknown, of the wrong type or out of range."""
 
 
+class BudgetExceededError(InvalidParameterError):
+    """The parameters ask for more forward passes than this server allows per request."""
+
+
 class UnknownModelError(AttrlabError):
     """The model spec is neither a built-in alias, a local directory nor a reachable hub id."""
 
 
 class ModelLoadError(AttrlabError):
-    """The model was found but cannot be loaded or is of an unsupported family."""
+    """
+    The model was found but cannot be loaded or is of an unsupported family.
+
+    ``detail`` keeps the underlying library's message (it may name files on the machine): the
+    command line shows it, servers log it and show only the message.
+    """
+
+    def __init__(self, message: str, detail: str | None = None) -> None:
+        super().__init__(message)
+        self.detail = detail
 
 
 class UnknownMethodError(AttrlabError):

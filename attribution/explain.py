@@ -31,9 +31,12 @@ def explain(
     seed: int = 0,
     progress: ProgressCallback | None = None,
     cancel: threading.Event | None = None,
+    max_forward_passes: int | None = None,
 ) -> Explanation:
     """
     Explain ``target`` (index, label or ``None`` = top prediction) with ``method``.
+
+    ``max_forward_passes`` bounds sampling methods (a server's budget per request).
 
     Raises:
         UnknownMethodError, UnsupportedMethodError, InvalidParameterError, InvalidInputError.
@@ -52,7 +55,9 @@ def explain(
         logits = adapter.logits(**inputs.model_kwargs())[0].double()
     index = adapter.target_index(target, logits)
     probabilities = logits.softmax(-1)
-    run = RunContext(seed=seed, progress=progress, cancel=cancel)
+    run = RunContext(
+        seed=seed, progress=progress, cancel=cancel, max_forward_passes=max_forward_passes
+    )
     run.count(forward=1)
     if isinstance(inputs, TextInputs) and inputs.truncated:
         run.warn(f"the text was truncated to the model's limit of {len(inputs.tokens)} tokens")

@@ -211,6 +211,7 @@ class BatchRunner:
         self.batch_size = max(1, int(batch_size))
         self.total = max(1, int(total))
         self.done = 0
+        run.plan(self.total)
 
     def batches(
         self, n: int, build: Callable[[int, int], dict[str, torch.Tensor]]

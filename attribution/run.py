@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from attribution.errors import JobCancelledError
+from attribution.errors import BudgetExceededError, JobCancelledError
 
 __all__ = ["ProgressCallback", "RunContext"]
 
@@ -26,11 +26,13 @@ class RunContext:
         seed: Seed of every random draw of the run (same seed, same result).
         progress: Optional callback receiving (done, total).
         cancel: Optional event; once set, :meth:`step` raises :class:`JobCancelledError`.
+        max_forward_passes: Optional budget; :meth:`plan` refuses jobs that need more.
     """
 
     seed: int = 0
     progress: ProgressCallback | None = None
     cancel: threading.Event | None = None
+    max_forward_passes: int | None = None
     forward_passes: int = 0
     backward_passes: int = 0
     warnings: list[str] = field(default_factory=list)
@@ -45,6 +47,20 @@ class RunContext:
             raise JobCancelledError("the job was cancelled")
         if self.progress is not None:
             self.progress(done, total)
+
+    def plan(self, forward_passes: int, lower: str = "the sample count") -> None:
+        """
+        Announce the forward passes a job will need, before building anything that big.
+
+        Raises:
+            BudgetExceededError: more than ``max_forward_passes``; ``lower`` names what to reduce.
+        """
+        budget = self.max_forward_passes
+        if budget is not None and forward_passes > budget:
+            raise BudgetExceededError(
+                f"this request needs {forward_passes:,} forward passes; this server allows at "
+                f"most {budget:,} per request: lower {lower}"
+            )
 
     def count(self, forward: int = 0, backward: int = 0) -> None:
         """Record model passes (reported in ``Explanation.timings``)."""

@@ -1,6 +1,7 @@
 """
-Schemathesis over /openapi.json against the whole app (API and mounted UI): whatever a client
-sends, no 5xx, and every response matches the documented schema and status codes.
+Schemathesis over /openapi.json (the REST API's routes) against the whole app, the page mounted
+too: whatever a client sends, no 5xx, and every response matches the documented schema and
+status codes.
 """
 
 from __future__ import annotations

@@ -131,9 +131,15 @@ def test_decoded_pixels_are_right():
     assert np.asarray(load_image(encode(cmyk, "JPEG"))).min() > 240
 
 
-def test_pixel_limit_is_checked_before_decoding():
+def test_pixel_limit_is_checked_before_decoding(monkeypatch):
     big = io.BytesIO()
     Image.new("L", (2000, 1000)).save(big, format="PNG")
+
+    def no_decoding(self):
+        raise AssertionError("pixels were decoded")
+
+    monkeypatch.setattr(Image.Image, "load", no_decoding)
+    monkeypatch.setattr("PIL.ImageFile.ImageFile.load", no_decoding)
     with pytest.raises(InputTooLargeError, match="2000×1000 = 2 megapixels"):
         load_image(big.getvalue(), max_pixels=1_000_000)
 

@@ -78,13 +78,29 @@ def test_twenty_concurrent_clients(server):
         e = r.json()
         assert e["scores"] == first["scores"] and e["target"] == first["target"]
     assert first["target"]["label"] == "positive"
-    health = httpx.get(f"{server}/api/v1/health").json()
-    assert health["model_loads"] == {"minilm-zeroshot": 1} and health["queued"] == 0
+    status = httpx.get(f"{server}/api/v1/status", headers=headers).json()
+    assert status["model_loads"] == {"minilm-zeroshot": 1} and status["queued"] == 0
+
+
+def test_a_client_that_goes_away_cancels_its_job(server):
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    long_job = {**BODY, "method": "rise", "params": {"n_masks": 8000, "batch_size": 8}}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{server}/api/v1/explain", json=long_job, headers=headers, timeout=2)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # 8000 masks take minutes; cancelled, they stop now
+        if httpx.get(f"{server}/api/v1/status", headers=headers).json()["queued"] == 0:
+            break
+        time.sleep(0.5)
+    else:
+        pytest.fail("the job went on after its client had gone")
 
 
 def test_live_server_refuses_without_the_token(server):
     denied = httpx.post(f"{server}/api/v1/explain", json=BODY)
     assert denied.status_code == 401 and denied.json()["error"]["code"] == "unauthorized"
+    assert httpx.get(f"{server}/api/v1/status").status_code == 401
+    assert httpx.get(f"{server}/api/v1/health").json() == {"status": "ok"}
     # The page's own API asks for the same token (as the login password), so it is no way round.
     ui_call = httpx.post(
         f"{server}/gradio_api/call/explain_text",

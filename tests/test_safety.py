@@ -48,6 +48,15 @@ NOISE_PNG = png(np.random.default_rng(0).integers(0, 255, (32, 32, 3), dtype=np.
 CUT_PNG = NOISE_PNG[: len(NOISE_PNG) // 2]  # header intact, pixel data cut off
 
 
+def _encoded(fmt: str) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8), "red").save(buffer, format=fmt)
+    return buffer.getvalue()
+
+
+TGA = _encoded("TGA")  # Pillow reads it, but it is not one of the formats we accept
+
+
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
@@ -60,6 +69,7 @@ def server_settings():
         max_text_chars=1000,
         max_image_pixels=100_000,
         max_body_bytes=200_000,
+        max_forward_passes=1000,
     )
 
 
@@ -118,6 +128,7 @@ REST_CASES = [
     ),
     # Hostile and broken images.
     (_image(b"definitely not an image"), 400, "invalid_input", "the data is not a readable image"),
+    (_image(TGA), 400, "invalid_input", "the data is not a readable image (expected PNG, JPEG"),
     (_image(b""), 400, "invalid_input", "the image is empty (0 bytes)"),
     (
         {**_image(b""), "image_base64": "%%%"},
@@ -150,6 +161,7 @@ REST_CASES = [
     (_text(model="/etc"), 404, "unknown_model", "model '<path>' is not served here"),
     (_text(model="bert-base/uncased"), 404, "unknown_model", "is not served here"),
     (_text(model="minilm-zeroshot"), 404, "unknown_model", "is not served here"),
+    (_text(model="/x/a\x00b"), 404, "unknown_model", "is not served here"),
     (_text(method="no_such_method"), 404, "unknown_method", "unknown method 'no_such_method'"),
     (_text(method="gradcam"), 400, "method_not_applicable", "gradcam"),
     # Parameters, targets, labels.
@@ -170,6 +182,19 @@ REST_CASES = [
         422,
         "invalid_parameter",
         "parameter 'n_steps' must be of type int",
+    ),
+    (
+        {**_image(NOISE_PNG, method="sobol"), "params": {"grid": 32, "n_designs": 1024}},
+        422,
+        "over_budget",
+        "this request needs 1,050,624 forward passes; this server allows at most 1,000 per "
+        "request: lower n_designs or grid",
+    ),
+    (
+        {**_image(NOISE_PNG, method="occlusion"), "params": {"window": 1, "stride": 1}},
+        422,
+        "over_budget",
+        "this request needs 1,025 forward passes",
     ),
     (
         _ig(n_steps=1000),
@@ -217,30 +242,47 @@ def test_rest_transport_errors_are_json(client):
         "/api/v1/explain", content=b"{not json", headers={"content-type": "application/json"}
     )
     assert broken.status_code == 422 and broken.json()["error"]["code"] == "invalid_request"
-    unknown = client.get("/api/v1/no/such/route")
-    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "not_found"
+    for route in ("/api/v1/no/such/route", "/api/v1", "/api//v1/explain", "/api"):
+        unknown = client.get(route)
+        assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "not_found"
+    assert client.head("/api/v1/health").status_code == 200
     wrong_verb = client.get("/api/v1/explain")
     assert wrong_verb.status_code == 405
     assert wrong_verb.json()["error"]["code"] == "method_not_allowed"
 
 
-def test_no_file_is_read_for_a_request(client, tmp_path, monkeypatch):
-    """A text naming a real image on the server gives the same answer as any other text."""
+def test_the_page_api_reads_no_server_file(client, tmp_path):
+    """A request naming a file on the server, as if uploaded, is refused alike for any path."""
     secret = tmp_path / "secret.png"
     secret.write_bytes(SMALL_PNG)
-    opened = []
-    real_open = open
+    answers = set()
+    for path in (str(secret), str(tmp_path / "absent.png"), "/etc/hostname", str(tmp_path)):
+        response = client.post(
+            "/gradio_api/run/explain_image",
+            json={
+                "data": [
+                    IMAGE_MODEL,
+                    "gradient_x_input",
+                    {"path": path, "meta": {"_type": "gradio.FileData"}},
+                    "",
+                    "",
+                    0,
+                ]
+            },
+        )
+        assert response.status_code != 200
+        answers.add((response.status_code, response.text))
+    assert len(answers) == 1  # nothing tells an existing file from an absent one
+    (answer,) = answers
+    assert "secret" not in answer[1] and "hostname" not in answer[1]
 
-    def spy(file, *args, **kwargs):
-        opened.append(str(file))
-        return real_open(file, *args, **kwargs)
 
-    monkeypatch.setattr("builtins.open", spy)
-    answers = {
-        client.post("/api/v1/explain", json=_text(model=IMAGE_MODEL, text=path)).text
-        for path in (str(secret), str(tmp_path / "absent.png"))
-    }
-    assert len(answers) == 1 and str(secret) not in opened
+def test_every_path_has_the_body_limit(client):
+    big = b'{"data": ["' + b"x" * 300_000 + b'"]}'
+    for path in ("/gradio_api/run/explain_text", "/api/v1/explain", "/anything"):
+        response = client.post(path, content=big, headers={"content-type": "application/json"})
+        assert response.status_code == 413, path
+        assert response.json()["error"]["code"] == "request_too_large"
 
 
 def test_explicit_modality_in_the_library_adapters(load_model):
@@ -250,6 +292,31 @@ def test_explicit_modality_in_the_library_adapters(load_model):
         load_model(IMAGE_MODEL).preprocess("/etc/hosts")
     with pytest.raises(InvalidInputError, match="expected text to tokenise; got bytes"):
         load_model(TEXT_MODEL).preprocess(SMALL_PNG)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"labels": [f"l{i}" for i in range(101)]}, "at most 100 labels"),
+        ({"labels": ["x" * 201, "y"]}, "of at most 200 characters"),
+        ({"target": "t" * 201}, "target is longer than 200"),
+        ({"seed": -1}, "seed must be a whole number from 0 to 4294967295"),
+        ({"seed": None}, "seed must be a whole number"),
+        ({"text": "w" * 1001}, "accepts at most 1000"),
+    ],
+)
+def test_request_bounds_hold_for_every_front_end(server_settings, fields, message):
+    """The worker checks them before queueing, so the page is bounded like the REST API."""
+    from attribution.errors import InvalidInputError
+
+    worker = ExplainWorker(device="cpu", settings=server_settings)
+    try:
+        request = ExplainRequest(TEXT_MODEL, "gradient_x_input", **{"text": "fine", **fields})
+        with pytest.raises(InvalidInputError, match=message):
+            worker.submit(request)
+        assert worker.status()["queued"] == 0
+    finally:
+        worker.close()
 
 
 def test_queue_full_answers_429_and_recovers(server_settings):
@@ -281,6 +348,8 @@ def test_bearer_token_guards_the_api_but_not_health(server_settings):
             assert denied.json()["error"]["code"] == "unauthorized"
         ok = c.post("/api/v1/explain", json=_text(), headers={"Authorization": "Bearer s3cret"})
         assert ok.status_code == 200
+        assert c.get("/api/v1/status").status_code == 401
+        assert c.get("/api/v1/health").json() == {"status": "ok"}  # no model names, no paths
         assert "401" in str(c.get("/openapi.json").json()["paths"]["/api/v1/explain"])
     worker.close()
 

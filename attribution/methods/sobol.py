@@ -149,11 +149,13 @@ class Sobol(AttributionMethod):
         if isinstance(perturbation, TextPerturbation):
             require_tokens(perturbation.n_tokens)
             dimension = perturbation.n_tokens
-            design = torch.from_numpy(sobol_design(dimension, n)).float()
-            masks = CellMasks(design, adapter.device)
         else:
             dimension = params["grid"] ** 2
-            design = torch.from_numpy(sobol_design(dimension, n)).float()
+        run.plan(n * (dimension + 2), "n_designs or grid")  # before the design is built
+        design = torch.from_numpy(sobol_design(dimension, n)).float()
+        if isinstance(perturbation, TextPerturbation):
+            masks = CellMasks(design, adapter.device)
+        else:
             masks = GridMasks(design, perturbation.size, adapter.device)
         batch_size = params["batch_size"] or auto_batch_size(adapter, inputs)
         runner = BatchRunner(adapter, run, batch_size, len(masks))

@@ -82,7 +82,7 @@ def _load_transformers(spec: str, name: str, revision: str | None) -> Adapter:
         model = tf.AutoModelForSequenceClassification.from_pretrained(spec, **kwargs)
         return TextClassifierAdapter(model, tokenizer, name, revision)
     except (OSError, ValueError) as err:
-        raise ModelLoadError(f"model '{name}' could not be loaded: {err}") from None
+        raise ModelLoadError(f"model '{name}' could not be loaded", detail=str(err)) from None
 
 
 def _config(spec: str, name: str, revision: str | None) -> Any:

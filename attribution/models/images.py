@@ -12,6 +12,7 @@ import io
 import logging
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
-from attribution.errors import InputTooLargeError, InvalidInputError
+from attribution.errors import InputTooLargeError, InvalidInputError, InvalidParameterError
 from attribution.models.base import ImageInputs
 
 __all__ = ["ImageTransform", "load_image", "max_image_pixels"]
@@ -27,15 +28,23 @@ __all__ = ["ImageTransform", "load_image", "max_image_pixels"]
 log = logging.getLogger(__name__)
 
 _DEFAULT_MAX_PIXELS = 40_000_000
+_FORMAT_NAMES = ("PNG", "JPEG", "BMP", "GIF", "TIFF", "WEBP")
 _FORMATS = "PNG, JPEG, BMP, GIF, TIFF or WebP"
 # Pillow's own bomb guard (a warning, then an error at twice the limit) stays as a backstop;
 # our limit is checked first from the header and is far lower.
 _WIDE_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")  # 16/32-bit integer, float
 
 
-def max_image_pixels() -> int:
+def max_image_pixels(env: Mapping[str, str] | None = None) -> int:
     """Largest accepted image in pixels (``ATTRLAB_MAX_IMAGE_PIXELS``, default 40 MP)."""
-    return int(os.environ.get("ATTRLAB_MAX_IMAGE_PIXELS", _DEFAULT_MAX_PIXELS))
+    value = (os.environ if env is None else env).get("ATTRLAB_MAX_IMAGE_PIXELS", "").strip()
+    if not value:
+        return _DEFAULT_MAX_PIXELS
+    if not value.isdigit() or int(value) < 1:
+        raise InvalidParameterError(
+            f"ATTRLAB_MAX_IMAGE_PIXELS must be a positive whole number; got {value!r}"
+        )
+    return int(value)
 
 
 def load_image(raw: Any, max_pixels: int | None = None) -> Image.Image:
@@ -83,7 +92,9 @@ def _decode(data: bytes, limit: int) -> Image.Image:
     if not data:
         raise InvalidInputError("the image is empty (0 bytes)")
     try:
-        image = Image.open(io.BytesIO(data))  # lazy: parses the header, decodes nothing
+        # Lazy: parses the header, decodes nothing. Only the common formats: Pillow's other
+        # decoders (TGA, PCX, SGI, EPS via Ghostscript, ...) are attack surface nobody needs here.
+        image = Image.open(io.BytesIO(data), formats=_FORMAT_NAMES)
     except Image.DecompressionBombError as err:
         claimed = re.search(r"\((\d+) pixels\)", str(err))
         size = f"{_megapixels(int(claimed.group(1)))} megapixels" if claimed else "more pixels"
