@@ -72,7 +72,7 @@ def build_ui(worker: ExplainWorker) -> gr.Blocks:
             labels=[s for s in (labels or "").split(",") if s.strip()] or None,
             target=target or None,
             params=_params(params),
-            seed=int(seed),
+            seed=_whole(seed),
         )
         explanation = _run(worker, request, progress)
         return token_highlights(explanation), token_figure(explanation), _summary(explanation)
@@ -94,7 +94,7 @@ def build_ui(worker: ExplainWorker) -> gr.Blocks:
             image=np.asarray(image),
             target=target or None,
             params=_params(params),
-            seed=int(seed),
+            seed=_whole(seed),
         )
         explanation = _run(worker, request, progress)
         return heatmap_overlay(explanation, np.asarray(image)[..., :3]), _summary(explanation)
@@ -145,6 +145,13 @@ def build_ui(worker: ExplainWorker) -> gr.Blocks:
                 api_name="explain_image",
             )
     return demo
+
+
+def _whole(value: Any) -> Any:
+    """A number field's whole value as an int; anything else goes to the worker's check as is."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
 
 def _params(text: str | None) -> dict[str, str]:
