@@ -25,6 +25,7 @@ run: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 # Browser tests drive Debian's Chromium through Playwright (no browser download).
 browser:

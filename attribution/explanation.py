@@ -149,13 +149,14 @@ class Explanation:
     def save_npz(self, path: str | Path) -> None:
         """Save arrays natively and everything else as JSON inside one ``.npz`` file."""
         meta = self.to_dict()
-        arrays = {"scores": self.scores}
+        arrays: dict[str, Any] = {"scores": self.scores}
         for key in ("scores", "positional_scores", "maps"):
             meta.pop(key)
         if self.positional_scores is not None:
             arrays["positional_scores"] = self.positional_scores
         arrays.update({f"map__{k}": v for k, v in self.maps.items()})
-        np.savez_compressed(path, meta=np.array(json.dumps(meta)), **arrays)
+        arrays["meta"] = np.array(json.dumps(meta))
+        np.savez_compressed(path, **arrays)
 
     @classmethod
     def load_npz(cls, path: str | Path) -> Explanation:

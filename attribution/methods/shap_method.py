@@ -75,7 +75,7 @@ class Shap(AttributionMethod):
 
 def _image(
     inputs: ImageInputs, runner: BatchRunner, blur: int
-) -> tuple[Any, np.ndarray, Callable[[np.ndarray], np.ndarray]]:
+) -> tuple[Any, Any, Callable[[np.ndarray], np.ndarray]]:
     """Partition explainer over normalised H×W×3 pixels, blurred where hidden."""
     device = inputs.pixel_values.device
     pixels = inputs.pixel_values[0].permute(1, 2, 0).cpu().numpy().astype(np.float32)
@@ -92,9 +92,9 @@ def _image(
 
 def _text(
     adapter: Adapter, inputs: TextInputs, runner: BatchRunner
-) -> tuple[Any, list[str], Callable[[np.ndarray], np.ndarray]]:
+) -> tuple[Any, Any, Callable[[np.ndarray], np.ndarray]]:
     """Partition explainer over the masker's tokens, mapped onto the model's tokens."""
-    tokenizer = adapter.tokenizer  # type: ignore[attr-defined]
+    tokenizer = text_adapter(adapter).tokenizer
     text = _kept_text(adapter, inputs)
     encoded = tokenizer(text, return_special_tokens_mask=True)
     masker_ids = np.asarray(encoded["input_ids"])
@@ -136,7 +136,7 @@ def _kept_text(adapter: Adapter, inputs: TextInputs) -> str:
     """The input text, cut after the last token the model kept when it was truncated."""
     if not inputs.truncated:
         return inputs.text
-    offsets = adapter.tokenizer(  # type: ignore[attr-defined]
+    offsets = text_adapter(adapter).tokenizer(
         inputs.text,
         return_offsets_mapping=True,
         add_special_tokens=False,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -23,7 +23,13 @@ from attribution.methods.base import Attribution, AttributionMethod
 from attribution.methods.registry import register
 from attribution.models.base import Adapter, Inputs, TextInputs
 from attribution.params import Param, power_of_two
-from attribution.perturb import BatchRunner, TextPerturbation, auto_batch_size, perturbation_for
+from attribution.perturb import (
+    BatchRunner,
+    ImagePerturbation,
+    TextPerturbation,
+    auto_batch_size,
+    perturbation_for,
+)
 from attribution.run import RunContext
 
 __all__ = ["Sobol", "jansen_total_order", "sobol_design", "total_order_indices"]
@@ -176,9 +182,12 @@ class Sobol(AttributionMethod):
         if isinstance(inputs, TextInputs):
             scores, std_error = scatter_tokens(indices, inputs), scatter_tokens(std_error, inputs)
         else:
-            shape = (params["grid"], params["grid"])
-            scores = upsample(indices.reshape(shape), perturbation.size)
-            std_error = np.clip(upsample(std_error.reshape(shape), perturbation.size), 0, None)
+            shape, size = (
+                (params["grid"], params["grid"]),
+                cast(ImagePerturbation, perturbation).size,
+            )
+            scores = upsample(indices.reshape(shape), size)
+            std_error = np.clip(upsample(std_error.reshape(shape), size), 0, None)
         return Attribution(
             scores=scores,
             maps={"std_error": std_error},

@@ -88,7 +88,9 @@ class Adapter(ABC):
     readout: str | None = None
 
     def __init__(self, model: nn.Module, model_id: str, revision: str | None = None) -> None:
-        self.model = model.eval()
+        # Any: transformers and timm models differ in attributes (config, heads, embeddings)
+        # that only their own family's code reads; nn.Module would claim every one is a Tensor.
+        self.model: Any = model.eval()
         self.model_id = model_id
         self.revision = revision
 

@@ -32,6 +32,9 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 DEFAULT_ZERO_SHOT_LABELS = ("positive", "negative")
 _TINY_SEED = 0
+#: Eager attention, so that attentions are returned and LRP can route them (config kwargs are
+#: typed loosely: transformers' stubs do not list the generic ones).
+_EAGER: dict[str, Any] = {"attn_implementation": "eager"}
 
 
 @dataclass(frozen=True)
@@ -105,7 +108,7 @@ def _smollm2_gguf() -> Path:
     return gguf
 
 
-def smollm2_from_gguf(gguf: Path) -> tuple[torch.nn.Module, Any]:
+def smollm2_from_gguf(gguf: Path) -> tuple[Any, Any]:
     """Dequantise the GGUF file into a float32 LlamaForCausalLM and its tokenizer (slow)."""
     tokenizer = tf.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = tf.AutoModelForCausalLM.from_pretrained(
@@ -157,7 +160,7 @@ def _tiny_text_config() -> dict[str, Any]:
 
 
 def _tiny_bert() -> Adapter:
-    config = tf.BertConfig(**_tiny_text_config(), num_labels=2, attn_implementation="eager")
+    config = tf.BertConfig(**_tiny_text_config(), **{"num_labels": 2, **_EAGER})
     model = _seeded(lambda: tf.BertForSequenceClassification(config))
     return TextClassifierAdapter(model, _minilm_tokenizer(), "tiny-random-bert")
 
@@ -172,7 +175,7 @@ def _tiny_gpt2() -> Adapter:
         n_positions=128,
         bos_token_id=None,
         eos_token_id=None,
-        attn_implementation="eager",
+        **_EAGER,
     )
     model = _seeded(lambda: tf.GPT2LMHeadModel(config))
     return DecoderLMAdapter(
@@ -186,7 +189,7 @@ def _tiny_llama() -> Adapter:
         num_key_value_heads=2,
         bos_token_id=None,
         eos_token_id=None,
-        attn_implementation="eager",
+        **_EAGER,
     )
     model = _seeded(lambda: tf.LlamaForCausalLM(config))
     return DecoderLMAdapter(
@@ -202,8 +205,7 @@ def _tiny_vit() -> Adapter:
         num_hidden_layers=2,
         num_attention_heads=4,
         intermediate_size=64,
-        num_labels=10,
-        attn_implementation="eager",
+        **{"num_labels": 10, **_EAGER},
     )
     model = _seeded(lambda: tf.ViTForImageClassification(config))
     transform = ImageTransform((32, 32), (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))

@@ -162,7 +162,7 @@ def _load_timm(spec: str) -> Adapter:
         if Path(spec).is_dir():
             name = json.loads((Path(spec) / "config.json").read_text())["architecture"]
             weights = next(Path(spec).glob("*.safetensors"), None) or next(Path(spec).glob("*.bin"))
-            model = timm.create_model(
+            model: Any = timm.create_model(
                 name, pretrained=True, pretrained_cfg_overlay={"file": str(weights)}
             )
         else:
@@ -171,10 +171,9 @@ def _load_timm(spec: str) -> Adapter:
         raise UnknownModelError(_not_found(spec)) from None
     data = timm.data.resolve_data_config({}, model=model)
     transform = ImageTransform(tuple(data["input_size"][1:]), data["mean"], data["std"])
-    label_names = model.pretrained_cfg.get("label_names")
+    classes = int(model.num_classes)
+    label_names = dict(model.pretrained_cfg).get("label_names")
     labels = label_names or (
-        imagenet_labels()
-        if model.num_classes == 1000
-        else [f"class_{i}" for i in range(model.num_classes)]
+        imagenet_labels() if classes == 1000 else [f"class_{i}" for i in range(classes)]
     )
     return CNNAdapter(model, spec, transform, labels)

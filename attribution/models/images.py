@@ -164,7 +164,9 @@ class ImageTransform:
         """Load, resize (bilinear) and normalise one image."""
         image = load_image(raw)
         original = (image.height, image.width)
-        resized = np.asarray(image.resize(self.size[::-1], Image.BILINEAR), dtype=np.uint8)
+        resized = np.asarray(
+            image.resize(self.size[::-1], Image.Resampling.BILINEAR), dtype=np.uint8
+        )
         pixels = torch.from_numpy(resized.copy()).permute(2, 0, 1).float().div(255.0)
         mean = torch.tensor(self.mean).view(3, 1, 1)
         std = torch.tensor(self.std).view(3, 1, 1)

@@ -131,7 +131,9 @@ class ZeroShotClassifier(nn.Module):
     through the encoder, so every attribution method sees an ordinary differentiable model.
     """
 
-    def __init__(self, encoder: nn.Module, label_embeddings: torch.Tensor, scale: float = 100.0):
+    label_embeddings: torch.Tensor
+
+    def __init__(self, encoder: Any, label_embeddings: torch.Tensor, scale: float = 100.0):
         super().__init__()
         self.encoder = encoder
         self.config = encoder.config

@@ -60,7 +60,7 @@ class ViTAdapter(_ImageClassifierAdapter):
     features = frozenset({"gradients", "attentions"})
 
     def __init__(self, model: nn.Module, model_id: str, transform: ImageTransform, **kwargs: Any):
-        config = model.config
+        config: Any = model.config
         labels = [config.id2label.get(i, f"LABEL_{i}") for i in range(config.num_labels)]
         super().__init__(model, model_id, transform, labels, **kwargs)
         self.config = config
@@ -96,7 +96,9 @@ class CLIPZeroShotClassifier(nn.Module):
     is the vision tower and its projection, as in CLIP's own zero-shot evaluation.
     """
 
-    def __init__(self, clip: nn.Module, label_embeddings: torch.Tensor):
+    label_embeddings: torch.Tensor
+
+    def __init__(self, clip: Any, label_embeddings: torch.Tensor):
         super().__init__()
         self.vision_model = clip.vision_model
         self.visual_projection = clip.visual_projection
@@ -124,7 +126,7 @@ class CLIPZeroShotAdapter(ViTAdapter):
 
     def __init__(
         self,
-        clip: nn.Module,
+        clip: Any,
         tokenizer: Any,
         model_id: str,
         transform: ImageTransform,

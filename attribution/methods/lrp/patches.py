@@ -257,7 +257,9 @@ def _softcapped_attention(
     groups = getattr(module, "num_key_value_groups", 1)
     key = key.repeat_interleave(groups, dim=1)  # grouped-query attention: one k/v per group
     value = value.repeat_interleave(groups, dim=1)
-    scale = module.head_dim**-0.5 if scaling is None else scaling
+    scale = (
+        float(getattr(module, "head_dim", query.shape[-1])) ** -0.5 if scaling is None else scaling
+    )
     scores = torch.matmul(query, key.transpose(2, 3)) * scale
     cap = float(softcap or 1.0)
     scores = identity_rule(scores, torch.tanh(scores / cap) * cap)
@@ -267,7 +269,7 @@ def _softcapped_attention(
     return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
 
 
-def _identity_on_final_softcap(stack: ExitStack, model: nn.Module) -> None:
+def _identity_on_final_softcap(stack: ExitStack, model: Any) -> None:
     """
     Identity rule on the soft-capped logits ``c·tanh(z/c)`` (Gemma 2/3).
 
@@ -293,7 +295,7 @@ AttentionInterface.register(ATTENTION_IMPLEMENTATION, _lrp_attention)
 
 @contextmanager
 def _route_attention(
-    attention: nn.Module, index: int, keep: dict | None, rule: AttentionRule
+    attention: Any, index: int, keep: dict | None, rule: AttentionRule
 ) -> Iterator[None]:
     eager = getattr(sys.modules[type(attention).__module__], "eager_attention_forward", None)
     config = getattr(attention, "config", None)
@@ -309,7 +311,7 @@ def _route_attention(
         attention.config = config
 
 
-def _cosine_head(stack: ExitStack, model: nn.Module) -> None:
+def _cosine_head(stack: ExitStack, model: Any) -> None:
     """
     Zero-shot head ``s·cos(mean_pool(h), e)``: the L2 normalisation gets a constant ``1/‖x‖``.
 
@@ -321,8 +323,8 @@ def _cosine_head(stack: ExitStack, model: nn.Module) -> None:
     def keep_hidden(_m: nn.Module, _a: tuple, out: Any) -> None:
         seen["hidden"] = out.last_hidden_state
 
-    def head(module: nn.Module, args: tuple, kwargs: dict, out: Any) -> Any:
-        mask = kwargs.get("attention_mask", args[0] if args else None)
+    def head(module: Any, args: tuple, kwargs: dict, out: Any) -> Any:
+        mask = kwargs["attention_mask"] if "attention_mask" in kwargs else args[0]
         hidden = seen.pop("hidden")
         weights = mask.unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * weights).sum(1) / weights.sum(1).clamp_min(1e-9)
@@ -337,4 +339,4 @@ def _cosine_head(stack: ExitStack, model: nn.Module) -> None:
 
 
 #: Adapter family -> patch of its classification head (heads other than linear layers).
-_HEADS: dict[str, Callable[[ExitStack, nn.Module], None]] = {"zero-shot-text": _cosine_head}
+_HEADS: dict[str, Callable[[ExitStack, Any], None]] = {"zero-shot-text": _cosine_head}

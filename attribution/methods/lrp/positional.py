@@ -215,17 +215,21 @@ def rotary_scores(
         Positional score per position (``Σ_layers Σ_{cos,sin} |Σ_d R|``), the per-layer sum of
         that score over positions, and the signed total (what enters conservation).
     """
-    scores, per_layer, signed = None, [], 0.0
+    scores: torch.Tensor | None = None
+    per_layer: list[float] = []
+    signed = 0.0
     for index in sorted(recorder.rotary):
-        layer = None
+        layer = torch.zeros(0, dtype=torch.float64)
         for slot, leaf in enumerate(recorder.rotary[index]):
             grad = grads.get(f"rotary.{index}.{slot}")
             relevance = torch.zeros(leaf.shape[-2]) if grad is None else (leaf * grad).sum(-1)[0]
             relevance = relevance.detach().double().cpu()
             signed += float(relevance.sum())
-            layer = relevance.abs() if layer is None else layer + relevance.abs()
+            layer = relevance.abs() if slot == 0 else layer + relevance.abs()
         per_layer.append(float(layer.sum()))
         scores = layer if scores is None else scores + layer
+    if scores is None:
+        raise UnsupportedMethodError("no rotary position embedding was recorded")
     return scores.numpy(), per_layer, signed
 
 

@@ -134,10 +134,9 @@ def _assemble(
 ) -> LRPResult:
     if "embedding" not in grads:
         raise UnsupportedMethodError("no relevance reached the input embedding of this model")
-    token, pos, x0 = (
-        None if t is None else t.detach().double().cpu()
-        for t in positional.embedding_split(recorder, grads["embedding"])
-    )
+    token_part, pos_part, sum_part = positional.embedding_split(recorder, grads["embedding"])
+    token, x0 = token_part.detach().double().cpu(), sum_part.detach().double().cpu()
+    pos = None if pos_part is None else pos_part.detach().double().cpu()
     prefix = len(recorder.prefix_tokens)
     residual = [_relevance(h, grads.get(f"block.{i}")) for i, h in sorted(recorder.blocks.items())]
     residual.append(_relevance(recorder.last, grads.get("last")))

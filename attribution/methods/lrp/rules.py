@@ -17,10 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.grad import conv2d_input
 
 __all__ = [
     "ATTENTION_RULES",
@@ -43,12 +45,12 @@ class _WithBackward(torch.autograd.Function):
     """Return ``output`` unchanged; send ``vjp(grad)`` back to ``x`` (nothing to ``output``)."""
 
     @staticmethod
-    def forward(ctx, x, output, vjp):  # type: ignore[override]
+    def forward(ctx, x, output, vjp):
         ctx.vjp = vjp
         return output.detach()
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
+    def backward(ctx, grad):
         return ctx.vjp(grad), None, None
 
 
@@ -201,7 +203,7 @@ class AffineOp:
         if isinstance(module, nn.Linear):
             return cls(F.linear, lambda g, w, _: g @ w, weight, bias)
         if isinstance(module, nn.Conv2d) and module.padding_mode == "zeros":
-            conv = {
+            conv: dict[str, Any] = {
                 "stride": module.stride,
                 "padding": module.padding,
                 "dilation": module.dilation,
@@ -209,7 +211,7 @@ class AffineOp:
             }
             return cls(
                 lambda x, w, b: F.conv2d(x, w, b, **conv),
-                lambda g, w, shape: torch.nn.grad.conv2d_input(shape, w, g, **conv),
+                lambda g, w, shape: conv2d_input(shape, w, g, **conv),
                 weight,
                 bias,
             )
