@@ -18,6 +18,8 @@ import subprocess
 import sys
 import tempfile
 
+from _tables import print_table
+
 CHILD = """
 import time, torch
 torch.set_num_threads(2)
@@ -44,7 +46,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    rows = [("model", "load (s)", "note")]
+    rows = []
     first, cached = [], []
     for _ in range(args.repeats):
         with tempfile.TemporaryDirectory() as cache:
@@ -68,11 +70,7 @@ def main() -> None:
         for alias in ("minilm-zeroshot", "efficientnet-lite0"):
             median = statistics.median(seconds(alias, cache) for _ in range(args.repeats))
             rows.append((alias, f"{median:.1f}", ""))
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    for i, row in enumerate(rows):
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
-        if i == 0:
-            print("  ".join("-" * width for width in widths))
+    print_table(("model", "load (s)", "note"), rows)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from _tables import print_table
 from skimage import data
 
 import attribution
@@ -192,14 +193,6 @@ def main() -> None:
             for n, *values in memory_rows(args.memory_masks, args.threads)
         ],
     )
-
-
-def print_table(header: tuple[str, ...], rows: list[tuple]) -> None:
-    """Print a Markdown table."""
-    print("| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header))
-    for row in rows:
-        print("| " + " | ".join(str(cell) for cell in row) + " |")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("KINETO_LOG_LEVEL", "5")
 
 import torch
+from _tables import print_table
 from torch.profiler import ProfilerActivity, profile
 
 from attribution.methods import available_methods
@@ -185,15 +186,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    header = ("measure", "time (ms)", "× fwd+bwd", "note")
     for spec in args.models.split(","):
-        rows = [header, *bench(spec, 128, args.repeats)]
-        widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-        print(f"\n{spec}  (torch {torch.__version__}, {args.threads} threads, CPU)")
-        for i, row in enumerate(rows):
-            print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
-            if i == 0:
-                print("  ".join("-" * width for width in widths))
+        print(f"\n{spec}  (torch {torch.__version__}, {args.threads} threads, CPU)\n")
+        print_table(("measure", "time (ms)", "× fwd+bwd", "note"), bench(spec, 128, args.repeats))
 
 
 if __name__ == "__main__":

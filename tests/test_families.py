@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 import transformers as tf
+from _small_budgets import SMALL_BUDGETS
 
 import attribution
 from attribution.methods import available_methods
@@ -61,13 +62,6 @@ CONFIGS = {
         num_labels=3,
         pad_token_id=0,
     ),
-}
-SMALL = {
-    "rise": {"n_masks": 16},
-    "sobol": {"n_designs": 4, "bootstrap": 0},
-    "shap": {"max_evals": 20},
-    "integrated_gradients": {"n_steps": 4},
-    "deeplift_shap": {"n_references": 2},
 }
 
 
@@ -206,7 +200,9 @@ def test_every_method_runs_or_is_refused_with_a_reason(family):
         if reason is not None:
             assert "text" in reason or "image" in reason, (method.name, reason)
             continue
-        e = attribution.explain(family, method.name, inputs, params=SMALL.get(method.name, {}))
+        e = attribution.explain(
+            family, method.name, inputs, params=SMALL_BUDGETS.get(method.name, {})
+        )
         assert len(e.scores) == len(e.tokens) and np.all(np.isfinite(e.scores)), method.name
         torch.testing.assert_close(_logits(family, inputs), plain, rtol=0, atol=0)
     assert torch.equal(inputs.input_ids, ids_before)

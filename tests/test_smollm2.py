@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from _small_budgets import SMALL_BUDGETS
 
 from attribution import explain
 from attribution.methods import available_methods
@@ -12,13 +13,6 @@ from attribution.models.builtin import _smollm2_gguf, smollm2_from_gguf
 from attribution.models.cache import converted
 
 # Small budgets: the point is that every method applies and runs on a real 30-layer LLM.
-SMALL = {
-    "rise": {"n_masks": 32},
-    "sobol": {"n_designs": 4, "bootstrap": 0},
-    "shap": {"max_evals": 40},
-    "integrated_gradients": {"n_steps": 8},
-    "deeplift_shap": {"n_references": 2},
-}
 
 
 def _next_token(adapter, prompt: str) -> tuple[str, float]:
@@ -75,7 +69,7 @@ def test_every_text_method_runs_on_it(smollm2, method):
     kwargs = inputs.model_kwargs()
     with torch.no_grad():
         before = smollm2.logits(**kwargs)
-    e = explain(smollm2, method, inputs, params=SMALL.get(method, {}))
+    e = explain(smollm2, method, inputs, params=SMALL_BUDGETS.get(method, {}))
     assert e.target.label == " Paris"
     assert len(e.scores) == len(e.tokens) == inputs.input_ids.shape[1]
     assert np.all(np.isfinite(e.scores))

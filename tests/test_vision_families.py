@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import transformers as tf
+from _small_budgets import SMALL_BUDGETS
 
 import attribution
 from attribution.methods import available_methods
@@ -27,15 +28,8 @@ VIT_SIZES = {
     "num_attention_heads": 4,
     "num_labels": 5,
 }
+IMAGE_BUDGETS = {**SMALL_BUDGETS, "occlusion": {"window": 8}}  # 8-pixel windows on 32×32
 TRANSFORM = ImageTransform((32, 32), (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
-SMALL = {
-    "rise": {"n_masks": 16},
-    "sobol": {"n_designs": 4, "bootstrap": 0},
-    "shap": {"max_evals": 20},
-    "integrated_gradients": {"n_steps": 4},
-    "deeplift_shap": {"n_references": 2},
-    "occlusion": {"window": 8},
-}
 
 
 def _seeded(build):
@@ -129,7 +123,9 @@ def _every_method(adapter):
         if reason is not None:
             assert adapter.model_id in reason or "image" in reason or "text" in reason, reason
             continue
-        e = attribution.explain(adapter, method.name, inputs, params=SMALL.get(method.name, {}))
+        e = attribution.explain(
+            adapter, method.name, inputs, params=IMAGE_BUDGETS.get(method.name, {})
+        )
         assert e.scores.shape == (32, 32) and np.all(np.isfinite(e.scores)), method.name
         with torch.no_grad():
             torch.testing.assert_close(adapter.logits(**inputs.model_kwargs()), before)
