@@ -226,3 +226,52 @@ def test_grouped_query_attention_maps_heads_to_kv_heads(load_model, spec, heads,
     assert adapter.num_heads == heads and adapter.num_kv_heads == kv
     per_group = heads // kv
     assert [adapter.kv_head(h) for h in range(heads)] == [h // per_group for h in range(heads)]
+
+
+def test_gpt2_that_upcasts_and_reorders_attention_keeps_its_prediction(load_model):
+    tokenizer = load_model("tiny-random-bert").tokenizer
+    config = tf.GPT2Config(
+        vocab_size=tokenizer.vocab_size,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        n_positions=64,
+        reorder_and_upcast_attn=True,
+        scale_attn_by_inverse_layer_idx=True,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    adapter = DecoderLMAdapter(
+        tf.GPT2LMHeadModel(config).eval(), tokenizer, "gpt2-upcast", add_special_tokens=False
+    )
+    inputs = adapter.preprocess(TEXT)
+    plain = _logits(adapter, inputs)
+    for pe_aware in (False, True):
+        with transformer_lrp(adapter, layout_for(adapter), pe_aware):
+            torch.testing.assert_close(_logits(adapter, inputs), plain)
+
+
+def test_half_precision_models_get_float_sums(load_model):
+    """A bf16 model (as hub LLMs load) keeps its prediction; relevance matches float32's."""
+    tokenizer = load_model("tiny-random-bert").tokenizer
+    adapters = [
+        DecoderLMAdapter(
+            _build(tokenizer, "qwen3").model.to(dtype),
+            tokenizer,
+            str(dtype),
+            add_special_tokens=False,
+        )
+        for dtype in (torch.float32, torch.bfloat16)
+    ]
+    inputs = adapters[0].preprocess(TEXT)
+    target = int(_logits(adapters[0], inputs).argmax())
+    scores = []
+    for adapter in adapters:
+        plain = _logits(adapter, inputs)
+        with transformer_lrp(adapter, layout_for(adapter), True):
+            torch.testing.assert_close(_logits(adapter, inputs), plain, rtol=0, atol=0)
+        scores.append(lrp(adapter, inputs, target, pe_aware=True).scores)
+    assert scores[1].dtype == np.float64 and np.all(np.isfinite(scores[1]))
+    assert np.corrcoef(scores[0], scores[1])[0, 1] > 0.95
