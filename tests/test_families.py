@@ -13,6 +13,7 @@ import pytest
 import torch
 import transformers as tf
 from _small_budgets import SMALL_BUDGETS
+from _tiny_families import CONFIGS, SIZES, build_family
 
 import attribution
 from attribution.methods import available_methods
@@ -20,69 +21,14 @@ from attribution.methods.lrp import lrp, transformer_lrp
 from attribution.methods.lrp.layouts import layout_for
 from attribution.methods.lrp.rules import rms_norm_rule
 from attribution.models import load
-from attribution.models.text import DecoderLMAdapter, TextClassifierAdapter
+from attribution.models.text import DecoderLMAdapter
 
 TEXT = "the quick brown fox jumps over the lazy dog"
-SIZES = {
-    "hidden_size": 32,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 48,
-    "max_position_embeddings": 64,
-    "bos_token_id": None,
-    "eos_token_id": None,
-    "pad_token_id": 0,
-}
-CONFIGS = {
-    "qwen3": lambda v: tf.Qwen3Config(vocab_size=v, head_dim=8, **SIZES),
-    "gemma": lambda v: tf.GemmaConfig(vocab_size=v, head_dim=8, **SIZES),
-    "gemma2": lambda v: tf.Gemma2Config(
-        vocab_size=v,
-        head_dim=8,
-        query_pre_attn_scalar=8,
-        attn_logit_softcapping=0.5,  # small caps, so that tanh is far from the identity
-        final_logit_softcapping=0.1,
-        **SIZES,
-    ),
-    "gemma3_text": lambda v: tf.Gemma3TextConfig(
-        vocab_size=v, head_dim=8, query_pre_attn_scalar=8, sliding_window=4, **SIZES
-    ),
-    "phi3": lambda v: tf.Phi3Config(vocab_size=v, partial_rotary_factor=0.5, **SIZES),
-    "modernbert": lambda v: tf.ModernBertConfig(
-        vocab_size=v,
-        hidden_size=32,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        intermediate_size=48,
-        max_position_embeddings=64,
-        global_attn_every_n_layers=2,  # layers 0 and 2 global, layer 1 local
-        local_attention=4,
-        classifier_pooling="mean",
-        num_labels=3,
-        pad_token_id=0,
-    ),
-}
 
 
 @pytest.fixture(scope="module")
 def family(load_model, request):
-    return _build(load_model("tiny-random-bert").tokenizer, request.param)
-
-
-def _build(tokenizer, name: str) -> DecoderLMAdapter | TextClassifierAdapter:
-    torch.manual_seed(0)
-    config = CONFIGS[name](tokenizer.vocab_size)
-    config._attn_implementation = "eager"
-    if name == "modernbert":
-        model = tf.ModernBertForSequenceClassification(config).double().eval()
-        return TextClassifierAdapter(model, tokenizer, "tiny-modernbert")
-    model = tf.AutoModelForCausalLM.from_config(config).double().eval()
-    with torch.no_grad():  # norm weights away from their init, so a misread convention shows
-        for param_name, param in model.named_parameters():
-            if "norm" in param_name:
-                param.normal_(0.0, 0.5)
-    return DecoderLMAdapter(model, tokenizer, f"tiny-{name}", add_special_tokens=False)
+    return build_family(load_model("tiny-random-bert").tokenizer, request.param)
 
 
 def _logits(adapter, inputs):
@@ -140,7 +86,7 @@ def test_cp_gate_holds_the_mlp_gate_constant(load_model):
     With the gate constant, act(g)·u is linear in u: u takes all of the MLP output's relevance;
     under the uniform rule of plain 'cp' it takes half.
     """
-    qwen3 = _build(load_model("tiny-random-bert").tokenizer, "qwen3")
+    qwen3 = build_family(load_model("tiny-random-bert").tokenizer, "qwen3")
     inputs = qwen3.preprocess(TEXT)
     target = int(_logits(qwen3, inputs).argmax())
     seen = {}
@@ -165,7 +111,7 @@ def test_cp_gate_holds_the_mlp_gate_constant(load_model):
 
 def test_final_soft_cap_passes_the_logit_unchanged(load_model):
     """Identity rule on c·tanh(z/c): the relevance leaving the last block is the capped logit."""
-    gemma2 = _build(load_model("tiny-random-bert").tokenizer, "gemma2")
+    gemma2 = build_family(load_model("tiny-random-bert").tokenizer, "gemma2")
     inputs = gemma2.preprocess(TEXT)
     target = int(_logits(gemma2, inputs).argmax())
     result = lrp(gemma2, inputs, target, pe_aware=False)
@@ -258,7 +204,7 @@ def test_half_precision_models_get_float_sums(load_model):
     tokenizer = load_model("tiny-random-bert").tokenizer
     adapters = [
         DecoderLMAdapter(
-            _build(tokenizer, "qwen3").model.to(dtype),
+            build_family(tokenizer, "qwen3").model.to(dtype),
             tokenizer,
             str(dtype),
             add_special_tokens=False,

@@ -1,0 +1,173 @@
+"""
+Conservation under the full AttnLRP rule, in float64, with every bias present.
+
+The target logit must equal, to 1e-6, what reaches the input embedding ``x0`` (tokens and, as
+AttnLRP drops it, positions) plus what the rules let go elsewhere, each measured where it goes:
+``b·g`` at every linear, convolution and LayerNorm bias (the ε-rule and the frozen-σ rule pass
+the rest on exactly), and in each attention the share that softmax's linearisation absorbs
+(its output's relevance minus what reaches v, q and k). Everything else (RMSNorm in either
+weight convention, activations, soft-caps, gated products, rotary, residuals, heads) must pass
+relevance on unchanged, so a rule that loses or creates relevance anywhere fails here.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import transformers as tf
+from _tiny_families import CONFIGS, build_family
+from torch import nn
+
+from attribution.methods.lrp import transformer_lrp
+from attribution.methods.lrp.layouts import find_module, layout_for
+from attribution.models.images import ImageTransform
+from attribution.models.text import DecoderLMAdapter, TextClassifierAdapter
+from attribution.models.vision import ViTAdapter
+
+TEXT = "the quick brown fox jumps over the lazy dog"
+IMAGE = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+SIZES = {"hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 3}
+BIASED = {  # configs of the newer families with every optional bias switched on
+    "qwen3": {"attention_bias": True},
+    "gemma": {"attention_bias": True},
+    "gemma2": {"attention_bias": True},
+    "gemma3_text": {"attention_bias": True},
+    "phi3": {},  # Phi-3 has no bias options
+    "modernbert": {"attention_bias": True, "mlp_bias": True, "norm_bias": True},
+}
+
+
+def _random_norms_and_biases(model: nn.Module) -> nn.Module:
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias") or "norm" in name.lower():
+                param.normal_(0.0, 0.3)
+    return model
+
+
+def _classic(tokenizer, name: str):
+    torch.manual_seed(0)
+    vocab = tokenizer.vocab_size
+    if name == "bert":
+        config = tf.BertConfig(vocab_size=vocab, intermediate_size=48, **SIZES)
+        model = tf.BertForSequenceClassification(config)
+    elif name == "gpt2":
+        config = tf.GPT2Config(vocab_size=vocab, n_embd=32, n_layer=3, n_head=4, n_positions=64)
+        model = tf.GPT2LMHeadModel(config)
+    elif name == "llama":
+        config = tf.LlamaConfig(
+            vocab_size=vocab,
+            intermediate_size=48,
+            num_key_value_heads=2,
+            attention_bias=True,
+            mlp_bias=True,
+            **SIZES,
+        )
+        model = tf.LlamaForCausalLM(config)
+    else:
+        config = tf.ViTConfig(image_size=32, patch_size=8, intermediate_size=48, **SIZES)
+        model = tf.ViTForImageClassification(config)
+    model.config._attn_implementation = "eager"
+    model = _random_norms_and_biases(model.double().eval())
+    if name == "vit":
+        return ViTAdapter(model, "vit", ImageTransform((32, 32), (0.5,) * 3, (0.5,) * 3))
+    if name == "bert":
+        return TextClassifierAdapter(model, tokenizer, "bert")
+    return DecoderLMAdapter(model, tokenizer, name, add_special_tokens=False)
+
+
+def _newer(tokenizer, name: str):
+    original = CONFIGS[name]
+    CONFIGS[name] = lambda v: _with(original(v), BIASED[name])
+    try:
+        adapter = build_family(tokenizer, name)
+    finally:
+        CONFIGS[name] = original
+    _random_norms_and_biases(adapter.model)
+    return adapter
+
+
+def _with(config, extra: dict):
+    for key, value in extra.items():
+        setattr(config, key, value)
+    return config
+
+
+def _balance(adapter) -> tuple[float, float, float, float]:
+    """(logit, relevance at x0, absorbed by biases, absorbed by softmax linearisation)."""
+    inputs = adapter.preprocess(IMAGE if adapter.modality == "image" else TEXT)
+    kwargs = dict(inputs.model_kwargs())
+    if "pixel_values" in kwargs:
+        kwargs["pixel_values"] = kwargs["pixel_values"].double()
+    with torch.no_grad():
+        target = int(adapter.logits(**kwargs)[0].argmax())
+    biases: list[tuple[torch.Tensor, torch.Tensor, bool]] = []
+    layout = layout_for(adapter)
+    path, where = layout.embedding_sum
+    # what computes x0 (a ViT's patch embedding) lies before it: its biases are inside x0
+    upstream = (
+        {id(m) for m in find_module(adapter.model, path).modules()} if where == "output" else set()
+    )
+    with torch.enable_grad(), transformer_lrp(adapter, layout, False, record=True) as recorder:
+        hooks = [
+            module.register_forward_hook(lambda m, _a, out: biases.append((m.bias, out, True)))
+            if isinstance(module, nn.Conv2d)
+            else module.register_forward_hook(
+                lambda m, _a, out: biases.append((m.bias, out, False))
+            )
+            for module in adapter.model.modules()
+            if id(module) not in upstream
+            and isinstance(getattr(module, "bias", None), torch.Tensor)
+            and (
+                isinstance(module, nn.Linear | nn.Conv2d | nn.LayerNorm)
+                or type(module).__name__ == "Conv1D"
+            )
+        ]
+        try:
+            logit = adapter.logits(**kwargs)[0, target]
+        finally:
+            for hook in hooks:
+                hook.remove()
+        attention = [t for i in sorted(recorder.attention) for t in recorder.attention[i]]
+        outputs = [out for _, out, _ in biases]
+        wanted = [recorder.embedding_sum, *attention, *outputs]
+        grads = torch.autograd.grad(logit, wanted, allow_unused=True)
+
+    def relevance(tensor, grad) -> float:
+        return 0.0 if grad is None else float((tensor.detach() * grad).sum())
+
+    at_input = relevance(recorder.embedding_sum, grads[0])
+    softmax = 0.0
+    for layer in range(len(attention) // 4):
+        q, k, v, o = (grads[1 + 4 * layer + j] for j in range(4))
+        qt, kt, vt, ot = attention[4 * layer : 4 * layer + 4]
+        softmax += relevance(ot, o) - relevance(vt, v) - relevance(qt, q) - relevance(kt, k)
+    absorbed = 0.0
+    for (bias, _, spatial), grad in zip(biases, grads[1 + len(attention) :], strict=True):
+        if grad is not None:
+            summed = grad.sum((0, 2, 3)) if spatial else grad.reshape(-1, grad.shape[-1]).sum(0)
+            absorbed += float((summed * bias.detach()).sum())
+    return float(logit.detach()), at_input, absorbed, softmax
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "llama", "vit", *sorted(BIASED)])
+def test_relevance_is_accounted_for(load_model, name):
+    tokenizer = load_model("tiny-random-bert").tokenizer
+    adapter = (
+        _classic(tokenizer, name)
+        if name in ("bert", "gpt2", "llama", "vit")
+        else (_newer(tokenizer, name))
+    )
+    logit, at_input, absorbed, softmax = _balance(adapter)
+    assert (absorbed != 0.0) == (name != "phi3")  # biases, where present, took their share
+    assert at_input + absorbed + softmax == pytest.approx(logit, rel=1e-6, abs=1e-9)
+
+
+def test_zero_shot_cosine_head_conserves(minilm):
+    adapter = copy.deepcopy(minilm)
+    adapter.model.double()
+    logit, at_input, absorbed, softmax = _balance(adapter)
+    assert at_input + absorbed + softmax == pytest.approx(logit, rel=1e-6, abs=1e-9)
