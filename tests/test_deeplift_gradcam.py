@@ -130,8 +130,8 @@ def test_untreated_modules_are_found_by_type():
 def test_rescale_rule_on_every_elementwise_activation(activation):
     """DeepLIFT multipliers (f(z) - f(z0)) / (z - z0), written out, on a one-hidden-layer net."""
     from captum.attr import DeepLift as CaptumDeepLift
-    from captum.attr._core.deep_lift import SUPPORTED_NON_LINEAR
 
+    from attribution.compat import deeplift_rules
     from attribution.methods._captum import deeplift_scope
 
     torch.manual_seed(0)
@@ -147,7 +147,7 @@ def test_rescale_rule_on_every_elementwise_activation(activation):
         expected = ((second.weight * multiplier) @ first.weight) * (x - x0)
     torch.testing.assert_close(got, expected)
     assert got.sum().item() == pytest.approx(float(model(x) - model(x0)), rel=1e-9)
-    assert type(activation) not in SUPPORTED_NON_LINEAR  # the rule table is restored
+    assert type(activation) not in deeplift_rules  # the rule table is restored
 
 
 def test_deeplift_on_efficientnet_is_complete_and_not_gradient_times_input(effnet):

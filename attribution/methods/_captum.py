@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 from captum.attr import Attribution as CaptumAttribution
-from captum.attr._core.deep_lift import SUPPORTED_NON_LINEAR, nonlinear
 from torch import nn
 
+from attribution.compat import deeplift_rules, rescale_rule
 from attribution.errors import InvalidParameterError, UnsupportedMethodError
 from attribution.models.base import Adapter, Inputs, TextInputs, image_adapter, text_adapter
 from attribution.params import Param
@@ -165,12 +165,12 @@ def deeplift_scope(model: nn.Module) -> Iterator[None]:
     """
     before = {id(m): {a for a in _DEEPLIFT_ATTRIBUTES if a in vars(m)} for m in model.modules()}
     added = sorted(
-        (cls for cls in _elementwise_activations(model) if cls not in SUPPORTED_NON_LINEAR),
+        (cls for cls in _elementwise_activations(model) if cls not in deeplift_rules),
         key=lambda cls: cls.__qualname__,
     )
     with _RULE_TABLE_LOCK:
         for cls in added:  # Captum's Rescale rule, which it applies only to ReLU, Tanh, ...
-            SUPPORTED_NON_LINEAR[cls] = nonlinear
+            deeplift_rules[cls] = rescale_rule
         try:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="Setting forward, backward hooks")
@@ -184,7 +184,7 @@ def deeplift_scope(model: nn.Module) -> Iterator[None]:
             ) from None
         finally:
             for cls in added:
-                SUPPORTED_NON_LINEAR.pop(cls, None)
+                deeplift_rules.pop(cls, None)
             for module in model.modules():
                 for name in _DEEPLIFT_ATTRIBUTES:
                     if name in vars(module) and name not in before.get(id(module), ()):
@@ -216,7 +216,7 @@ def untreated_by_deeplift(model: nn.Module) -> list[str]:
     treated = _elementwise_activations(model)
     for module in model.modules():
         cls = type(module)
-        if cls in SUPPORTED_NON_LINEAR or cls in treated:
+        if cls in deeplift_rules or cls in treated:
             continue
         is_attention = isinstance(module, nn.MultiheadAttention) or "Attention" in cls.__name__
         is_norm = isinstance(module, _NORMS) or (

@@ -10,7 +10,6 @@ function then runs on (q, k, v) whose gradients carry the chosen :class:`Attenti
 
 from __future__ import annotations
 
-import sys
 import threading
 import weakref
 from collections.abc import Callable, Collection, Iterator
@@ -21,8 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 from transformers.modeling_outputs import SequenceClassifierOutput
-from transformers.modeling_utils import AttentionInterface
 
+from attribution.compat import family_function, register_attention
 from attribution.errors import UnsupportedMethodError
 from attribution.methods.lrp import positional
 from attribution.methods.lrp.layouts import ACTIVATION_TYPES, LRPLayout, find_module
@@ -290,14 +289,14 @@ def _identity_on_final_softcap(stack: ExitStack, model: Any) -> None:
     stack.callback(model.register_forward_hook(cap).remove)
 
 
-AttentionInterface.register(ATTENTION_IMPLEMENTATION, _lrp_attention)
+register_attention(ATTENTION_IMPLEMENTATION, _lrp_attention)
 
 
 @contextmanager
 def _route_attention(
     attention: Any, index: int, keep: dict | None, rule: AttentionRule
 ) -> Iterator[None]:
-    eager = getattr(sys.modules[type(attention).__module__], "eager_attention_forward", None)
+    eager = family_function(type(attention), "eager_attention_forward")
     config = getattr(attention, "config", None)
     if eager is None or config is None:
         raise UnsupportedMethodError(

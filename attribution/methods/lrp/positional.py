@@ -18,7 +18,6 @@ The input of a transformer is a set of (token, position) pairs, so relevance sho
 
 from __future__ import annotations
 
-import sys
 import threading
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
@@ -27,6 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from attribution.compat import family_function, set_family_function
 from attribution.errors import UnsupportedMethodError
 from attribution.methods.lrp.layouts import LRPLayout, RotaryLayout, find_module, find_parameter
 from attribution.methods.lrp.rules import scale_gradient
@@ -98,11 +98,11 @@ def rotary_function(
     pass through with all of their relevance. Calls from other threads (other models of the
     family) go to the original function unchanged.
     """
-    module = sys.modules[type(attention).__module__]
-    original = getattr(module, rotary.function, None)
+    family = type(attention)
+    original = family_function(family, rotary.function)
     if original is None:
         raise UnsupportedMethodError(
-            f"LRP expected the rotary function '{rotary.function}' in {module.__name__}"
+            f"LRP expected the rotary function '{rotary.function}' beside {family.__name__}"
         )
     owner = threading.get_ident()
 
@@ -122,8 +122,8 @@ def rotary_function(
             q, k = _halve_rotated(q, cos.shape[-1]), _halve_rotated(k, cos.shape[-1])
         return original(q, k, cos, sin, *args, **kwargs)
 
-    setattr(module, rotary.function, wrapped)
-    stack.callback(setattr, module, rotary.function, original)
+    set_family_function(family, rotary.function, wrapped)
+    stack.callback(set_family_function, family, rotary.function, original)
 
 
 def _halve_rotated(x: torch.Tensor, rotary_dim: int) -> torch.Tensor:
