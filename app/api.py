@@ -27,7 +27,7 @@ from app.errors import error_status, public_message
 from app.worker import ExplainRequest, ExplainWorker
 from attribution.errors import AttrlabError, InvalidInputError
 from attribution.methods import available_methods
-from attribution.models import BUILTIN_MODELS
+from attribution.models import BUILTIN_MODELS, default_model
 
 __all__ = ["ApiGuard", "ErrorBody", "ExplainBody", "build_router", "install_error_handlers"]
 
@@ -91,7 +91,14 @@ class ExplainBody(BaseModel):
         },
     )
 
-    model: str = Field(..., min_length=1, max_length=500, examples=["minilm-zeroshot"])
+    model: str | None = Field(
+        None,
+        min_length=1,
+        max_length=500,
+        examples=["minilm-zeroshot"],
+        description="Default: minilm-zeroshot for text, smollm2-135m with next_token, "
+        "efficientnet-lite0 for images",
+    )
     method: str = Field(..., min_length=1, max_length=100, examples=["integrated_gradients"])
     text: str | None = Field(None, description="The text to explain (text models)")
     image_base64: str | None = Field(
@@ -103,6 +110,7 @@ class ExplainBody(BaseModel):
         default_factory=dict, max_length=50
     )
     seed: int = Field(0, ge=0, le=2**32 - 1)
+    next_token: bool = Field(False, description="Explain a decoder LM's next token")
 
     def to_request(self) -> ExplainRequest:
         """Decode the image bytes (not the image: the worker does that) and build the request."""
@@ -112,8 +120,9 @@ class ExplainBody(BaseModel):
                 image = base64.b64decode(self.image_base64, validate=True)
             except (binascii.Error, ValueError):
                 raise InvalidInputError("image_base64 is not valid base64") from None
+        modality = "image" if image is not None else "text"
         return ExplainRequest(
-            model=self.model,
+            model=self.model or default_model(modality, self.next_token),
             method=self.method,
             text=self.text,
             image=image,
@@ -121,6 +130,7 @@ class ExplainBody(BaseModel):
             target=self.target,
             params=self.params,
             seed=self.seed,
+            next_token=self.next_token,
         )
 
 

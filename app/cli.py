@@ -28,6 +28,7 @@ def _explain(args: argparse.Namespace) -> int:
         target=args.target,
         params=parse_param_pairs(args.param),
         seed=args.seed,
+        next_token=args.next_token,
     )
     worker = ExplainWorker(device=args.device, max_models=1)
     try:
@@ -185,10 +186,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; user errors print one line and exit with status 2."""
     args = build_parser().parse_args(argv)
     if args.command == "explain" and args.model is None:
-        from attribution.models import DEFAULT_MODELS
+        from attribution.models import default_model
 
-        kind = "image" if args.image is not None else "next-token" if args.next_token else "text"
-        args.model = DEFAULT_MODELS[kind]
+        args.model = default_model("image" if args.image else "text", args.next_token)
     try:
         return args.run(args)
     except AttrlabError as err:

@@ -23,7 +23,7 @@ from attribution import explain, load
 from attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
 from attribution.explanation import Explanation
 from attribution.methods import get_method
-from attribution.models import Adapter, load_image
+from attribution.models import DEFAULT_MODELS, Adapter, load_image
 from attribution.params import validate_params
 from attribution.run import ProgressCallback
 
@@ -75,6 +75,7 @@ class ExplainRequest:
     target: int | str | None = None
     params: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
+    next_token: bool = False  # the model must be a decoder LM; its next token is explained
 
     @property
     def modality(self) -> str:
@@ -204,6 +205,11 @@ class ExplainWorker:
             raise InvalidInputError(
                 f"model '{adapter.model_id}' takes {_article(adapter.modality)} as input, but "
                 f"the request gives {_article(request.modality)}"
+            )
+        if request.next_token and adapter.family != "decoder-lm":
+            raise InvalidInputError(
+                f"a next-token explanation needs a decoder LM; model '{adapter.model_id}' is a "
+                f"{adapter.family} (the default LM is '{DEFAULT_MODELS['next-token']}')"
             )
         raw = (
             request.text

@@ -209,7 +209,8 @@ REST_CASES = [
     (_text(seed=-1), 422, "invalid_request", "body.seed"),
     (_text(seed=2**70), 422, "invalid_request", "body.seed"),
     (_text(prams={}), 422, "invalid_request", "body.prams: Extra inputs are not permitted"),
-    ({"method": "gradient_x_input", "text": "x"}, 422, "invalid_request", "body.model"),
+    ({"method": "gradient_x_input", "image": "x"}, 422, "invalid_request", "body.image"),
+    (_text(next_token=True), 400, "invalid_input", "a next-token explanation needs a decoder LM"),
 ]
 
 

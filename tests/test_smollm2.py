@@ -75,3 +75,24 @@ def test_every_text_method_runs_on_it(smollm2, method):
     assert np.all(np.isfinite(e.scores))
     with torch.no_grad():
         torch.testing.assert_close(smollm2.logits(**kwargs), before, rtol=0, atol=0)
+
+
+def test_rest_defaults_to_it_for_next_tokens(smollm2):
+    from fastapi.testclient import TestClient
+
+    from app.server import create_app
+    from app.settings import ServerSettings
+    from app.worker import ExplainWorker
+
+    worker = ExplainWorker(device="cpu", settings=ServerSettings.for_server({}))
+    try:
+        with TestClient(create_app(worker)) as client:
+            body = {"method": "gradient_x_input", "text": "The capital of France is"}
+            answer = client.post("/api/v1/explain", json={**body, "next_token": True}).json()
+            assert answer["model"]["id"] == "smollm2-135m"
+            assert answer["target"]["label"] == " Paris"
+            assert client.post("/api/v1/explain", json=body).json()["model"]["id"] == (
+                "minilm-zeroshot"
+            )
+    finally:
+        worker.close()

@@ -8,7 +8,7 @@ import torch
 
 from attribution.errors import InvalidInputError, UnknownModelError
 from attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
-from attribution.models.builtin import BUILTIN_MODELS, DEFAULT_MODELS, BuiltinModel
+from attribution.models.builtin import BUILTIN_MODELS, DEFAULT_MODELS, BuiltinModel, default_model
 from attribution.models.hub import download, load_pretrained
 from attribution.models.images import load_image
 
@@ -20,6 +20,7 @@ __all__ = [
     "ImageInputs",
     "Inputs",
     "TextInputs",
+    "default_model",
     "load",
     "load_image",
 ]

@@ -26,7 +26,7 @@ from attribution.models.images import ImageTransform
 from attribution.models.text import DecoderLMAdapter, TextClassifierAdapter, ZeroShotAdapter
 from attribution.models.vision import CNNAdapter, ViTAdapter
 
-__all__ = ["BUILTIN_MODELS", "DEFAULT_MODELS", "BuiltinModel", "imagenet_labels"]
+__all__ = ["BUILTIN_MODELS", "DEFAULT_MODELS", "BuiltinModel", "default_model", "imagenet_labels"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -247,3 +247,8 @@ DEFAULT_MODELS: dict[str, str] = {
     "next-token": "smollm2-135m",
     "image": "efficientnet-lite0",
 }
+
+
+def default_model(modality: str, next_token: bool = False) -> str:
+    """The model a request without one uses: by modality, or the LM for a next token."""
+    return DEFAULT_MODELS["next-token" if next_token and modality == "text" else modality]

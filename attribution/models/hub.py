@@ -62,7 +62,9 @@ def _load_transformers(spec: str, name: str, revision: str | None) -> Adapter:
         supported = ", ".join(sorted(FAMILIES))
         raise ModelLoadError(
             f"model '{name}' is of type '{config.model_type}', which attrlab does not support; "
-            f"supported types: {supported} (and timm image classifiers)"
+            f"supported types: {supported} (and timm image classifiers). A family is added as a "
+            "row of FAMILIES in attribution/models/families.py (and, for LRP, of LAYOUTS in "
+            "attribution/methods/lrp/layouts.py)"
         )
     kwargs = {"revision": revision, "attn_implementation": "eager"}  # eager: attentions out
     try:
