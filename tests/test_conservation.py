@@ -25,7 +25,7 @@ from attribution.methods.lrp import transformer_lrp
 from attribution.methods.lrp.layouts import find_module, layout_for
 from attribution.models.images import ImageTransform
 from attribution.models.text import DecoderLMAdapter, TextClassifierAdapter
-from attribution.models.vision import ViTAdapter
+from attribution.models.vision import CLIPZeroShotAdapter, ViTAdapter
 
 TEXT = "the quick brown fox jumps over the lazy dog"
 IMAGE = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
@@ -171,3 +171,52 @@ def test_zero_shot_cosine_head_conserves(minilm):
     adapter.model.double()
     logit, at_input, absorbed, softmax = _balance(adapter)
     assert at_input + absorbed + softmax == pytest.approx(logit, rel=1e-6, abs=1e-9)
+
+
+def _dinov2(size: int = 32) -> ViTAdapter:
+    torch.manual_seed(0)
+    config = tf.Dinov2Config(image_size=32, patch_size=8, mlp_ratio=2, num_labels=5, **SIZES)
+    config._attn_implementation = "eager"
+    model = _random_norms_and_biases(tf.Dinov2ForImageClassification(config).double().eval())
+    return ViTAdapter(model, "dinov2", ImageTransform((size, size), (0.5,) * 3, (0.5,) * 3))
+
+
+def _clip(tokenizer) -> CLIPZeroShotAdapter:
+    torch.manual_seed(0)
+    config = tf.CLIPConfig(
+        text_config={
+            "vocab_size": tokenizer.vocab_size,
+            "intermediate_size": 48,
+            "max_position_embeddings": 32,
+            "eos_token_id": tokenizer.sep_token_id,
+            **SIZES,
+        },
+        vision_config={"image_size": 32, "patch_size": 8, "intermediate_size": 48, **SIZES},
+        projection_dim=16,
+    )
+    config._attn_implementation = "eager"
+    model = _random_norms_and_biases(tf.CLIPModel(config).double().eval())
+    transform = ImageTransform((32, 32), (0.5,) * 3, (0.5,) * 3)
+    return CLIPZeroShotAdapter(model, tokenizer, "clip", transform, ["cat", "dog", "car"])
+
+
+def test_dinov2_and_clip_conserve(load_model):
+    for adapter in (_dinov2(), _clip(load_model("tiny-random-bert").tokenizer)):
+        logit, at_input, absorbed, softmax = _balance(adapter)
+        assert absorbed != 0.0
+        assert at_input + absorbed + softmax == pytest.approx(logit, rel=1e-6, abs=1e-9)
+
+
+def test_dinov2_positions_resized_to_the_input_get_their_relevance():
+    """DINOv2 interpolates its position embeddings to the input size; PA-LRP splits x0 still."""
+    from attribution.methods.lrp import lrp
+
+    adapter = _dinov2(size=48)  # 6×6 patches where the embeddings were made for 4×4
+    with torch.no_grad():  # pixel relevance then equals the patches' share of x0 exactly
+        adapter.model.dinov2.embeddings.patch_embeddings.projection.bias.zero_()
+    inputs = adapter.preprocess(IMAGE)
+    result = lrp(adapter, inputs, 0, pe_aware=True)
+    assert result.positional_total != 0.0
+    assert result.token_total + result.positional_total == pytest.approx(
+        result.embedding_relevance, rel=1e-6, abs=1e-12
+    )

@@ -87,7 +87,9 @@ class LRPLayout:
             token-type embeddings; ViT: the patch embedding).
         prefix_tokens: Learned tokens concatenated before the patches (ViT CLS, DeiT
             distillation token), as parameter paths.
-        position: ``(path, "module" | "parameter")`` of the additive positional embedding ``P``.
+        position: ``(path, "module" | "parameter" | "method")`` of the additive positional
+            embedding ``P``: a module's output, a parameter, or what a method of a module
+            returns (``embeddings.interpolate_pos_encoding``: ``P`` resized to the input).
         input_embedding: Text: the word-embedding module whose output becomes the leaf tensor
             of the backward pass (images use the pixels instead).
         rotary: RoPE details, for LLaMA-style models.
@@ -174,6 +176,23 @@ _DEIT = LRPLayout(
     position=("embeddings.position_embeddings", "parameter"),
 )
 
+_DINOV2 = LRPLayout(
+    blocks="encoder.layer",
+    attention="attention",
+    embedding_sum=("embeddings", "output"),
+    token_parts=("embeddings.patch_embeddings",),
+    prefix_tokens=("embeddings.cls_token",),
+    position=("embeddings.interpolate_pos_encoding", "method"),  # resized to the input
+)
+_CLIP_VISION = LRPLayout(
+    blocks="encoder.layers",
+    attention="self_attn",
+    embedding_sum=("embeddings", "output"),
+    token_parts=("embeddings.patch_embedding",),
+    prefix_tokens=("embeddings.class_embedding",),
+    position=("embeddings.position_embedding", "module"),
+)
+
 #: Hugging Face ``model_type`` -> layout. Qwen3 (q/k norms), Gemma (``1 + w`` norms, scaled
 #: embeddings, soft-capping) and Phi-3 (fused QKV and gate/up, partial rotary) share LLaMA's
 #: module names; what differs is handled by rules that do not depend on names.
@@ -195,6 +214,8 @@ LAYOUTS: dict[str, LRPLayout] = {
     "modernbert": _MODERNBERT,
     "vit": _VIT,
     "deit": _DEIT,
+    "dinov2": _DINOV2,
+    "clip_vision_model": _CLIP_VISION,
 }
 
 

@@ -337,5 +337,26 @@ def _cosine_head(stack: ExitStack, model: Any) -> None:
     stack.callback(model.register_forward_hook(head, with_kwargs=True).remove)
 
 
+def _clip_head(stack: ExitStack, model: Any) -> None:
+    """CLIP's ``s·cos(projection, prompt)``: the L2 normalisation gets a constant ``1/‖x‖``."""
+    seen: dict[str, torch.Tensor] = {}
+
+    def keep(_m: nn.Module, _a: tuple, out: torch.Tensor) -> None:
+        seen["projected"] = out
+
+    def head(module: Any, _a: tuple, out: Any) -> Any:
+        projected = seen.pop("projected")
+        norm = projected.detach().norm(dim=-1, keepdim=True).clamp_min(1e-12)
+        surrogate = module.scale * (projected / norm) @ module.label_embeddings.T
+        out.logits = out.logits.detach() + (surrogate - surrogate.detach())
+        return out
+
+    stack.callback(model.visual_projection.register_forward_hook(keep).remove)
+    stack.callback(model.register_forward_hook(head).remove)
+
+
 #: Adapter family -> patch of its classification head (heads other than linear layers).
-_HEADS: dict[str, Callable[[ExitStack, Any], None]] = {"zero-shot-text": _cosine_head}
+_HEADS: dict[str, Callable[[ExitStack, Any], None]] = {
+    "zero-shot-text": _cosine_head,
+    "zero-shot-image": _clip_head,
+}

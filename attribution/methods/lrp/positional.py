@@ -163,11 +163,28 @@ def embedding_hooks(
         path, kind = layout.position
         if kind == "parameter":
             recorder.position = find_parameter(model, path).detach()
+        elif kind == "method":
+            _record_method(stack, model, path, recorder)
         else:
             hook = find_module(model, path).register_forward_hook(
                 lambda _m, _a, out: setattr(recorder, "position", out.detach())
             )
             stack.callback(hook.remove)
+
+
+def _record_method(stack: ExitStack, model: nn.Module, path: str, recorder: Recorder) -> None:
+    """Record what the method at ``path`` returns, by an instance attribute removed on exit."""
+    owner_path, name = path.rsplit(".", 1)
+    owner = find_module(model, owner_path)
+    original = getattr(owner, name)
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        recorder.position = out.detach()
+        return out
+
+    setattr(owner, name, recording)
+    stack.callback(delattr, owner, name)  # the class's method shows through again
 
 
 def _keep_sum(recorder: Recorder, tensor: torch.Tensor) -> None:
@@ -189,9 +206,13 @@ def embedding_split(
             "LRP did not see the input embedding of this model (was it called with input ids?)"
         )
     x0 = recorder.embedding_sum.detach()
-    token = sum(recorder.token_parts[1:], recorder.token_parts[0])
+    parts = [_as_tokens(part) for part in recorder.token_parts]
+    token = sum(parts[1:], parts[0])
     if recorder.prefix_tokens:
-        prefix = [p.expand(token.shape[0], -1, -1) for p in recorder.prefix_tokens]
+        prefix = [
+            p.reshape(1, -1, p.shape[-1]).expand(token.shape[0], -1, -1)
+            for p in recorder.prefix_tokens
+        ]
         token = torch.cat([*prefix, token], dim=1)
     position = recorder.position
     rebuilt = token if position is None else token + position
@@ -203,6 +224,11 @@ def embedding_split(
     token_relevance = (token * grad).sum(-1)[0]
     position_relevance = None if position is None else (position * grad).sum(-1)[0]
     return token_relevance, position_relevance, (x0 * grad).sum(-1)[0]
+
+
+def _as_tokens(part: torch.Tensor) -> torch.Tensor:
+    """A patch convolution's ``(B, C, h, w)`` output as ``(B, h·w, C)`` tokens (CLIP)."""
+    return part.flatten(2).transpose(1, 2) if part.dim() == 4 else part
 
 
 def rotary_scores(

@@ -37,9 +37,12 @@ class LRPDefaults:
 
 _TEXT = LRPDefaults(attention_rule="attnlrp", gamma_linear=0.0, gamma_conv=0.0)
 
+_VISION = LRPDefaults(attention_rule="cp", gamma_linear=0.05, gamma_conv=100.0)
+
 #: Adapter family -> defaults; families not listed get the language-model defaults.
 FAMILY_DEFAULTS: dict[str, LRPDefaults] = {
-    "vision-transformer": LRPDefaults(attention_rule="cp", gamma_linear=0.05, gamma_conv=100.0),
+    "vision-transformer": _VISION,
+    "zero-shot-image": _VISION,
     "text-classifier": _TEXT,
     "zero-shot-text": _TEXT,
     "decoder-lm": _TEXT,
