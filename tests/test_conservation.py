@@ -173,11 +173,17 @@ def test_zero_shot_cosine_head_conserves(minilm):
     assert at_input + absorbed + softmax == pytest.approx(logit, rel=1e-6, abs=1e-9)
 
 
-def _dinov2(size: int = 32) -> ViTAdapter:
+def _dinov2(size: int = 32, registers: int = 0) -> ViTAdapter:
     torch.manual_seed(0)
-    config = tf.Dinov2Config(image_size=32, patch_size=8, mlp_ratio=2, num_labels=5, **SIZES)
-    config._attn_implementation = "eager"
-    model = _random_norms_and_biases(tf.Dinov2ForImageClassification(config).double().eval())
+    sizes = {"image_size": 32, "patch_size": 8, "mlp_ratio": 2, "num_labels": 5, **SIZES}
+    if registers:
+        config = tf.Dinov2WithRegistersConfig(num_register_tokens=registers, **sizes)
+        model = tf.Dinov2WithRegistersForImageClassification(config)
+    else:
+        config = tf.Dinov2Config(**sizes)
+        model = tf.Dinov2ForImageClassification(config)
+    model.config._attn_implementation = "eager"
+    model = _random_norms_and_biases(model.double().eval())
     return ViTAdapter(model, "dinov2", ImageTransform((size, size), (0.5,) * 3, (0.5,) * 3))
 
 
@@ -201,19 +207,21 @@ def _clip(tokenizer) -> CLIPZeroShotAdapter:
 
 
 def test_dinov2_and_clip_conserve(load_model):
-    for adapter in (_dinov2(), _clip(load_model("tiny-random-bert").tokenizer)):
+    tokenizer = load_model("tiny-random-bert").tokenizer
+    for adapter in (_dinov2(), _dinov2(registers=2), _clip(tokenizer)):
         logit, at_input, absorbed, softmax = _balance(adapter)
         assert absorbed != 0.0
         assert at_input + absorbed + softmax == pytest.approx(logit, rel=1e-6, abs=1e-9)
 
 
-def test_dinov2_positions_resized_to_the_input_get_their_relevance():
-    """DINOv2 interpolates its position embeddings to the input size; PA-LRP splits x0 still."""
+@pytest.mark.parametrize("registers", [0, 3])
+def test_dinov2_positions_resized_to_the_input_get_their_relevance(registers):
+    """DINOv2 interpolates its position embeddings to the input size (registers get none)."""
     from attribution.methods.lrp import lrp
 
-    adapter = _dinov2(size=48)  # 6×6 patches where the embeddings were made for 4×4
+    adapter = _dinov2(size=48, registers=registers)  # 6×6 patches, embeddings made for 4×4
     with torch.no_grad():  # pixel relevance then equals the patches' share of x0 exactly
-        adapter.model.dinov2.embeddings.patch_embeddings.projection.bias.zero_()
+        find_module(adapter.model, "patch_embeddings.projection").bias.zero_()
     inputs = adapter.preprocess(IMAGE)
     result = lrp(adapter, inputs, 0, pe_aware=True)
     assert result.positional_total != 0.0

@@ -87,6 +87,8 @@ class LRPLayout:
             token-type embeddings; ViT: the patch embedding).
         prefix_tokens: Learned tokens concatenated before the patches (ViT CLS, DeiT
             distillation token), as parameter paths.
+        registers: Register tokens (a parameter) inserted after the first prefix token once
+            the positions are added, so they carry none (DINOv2 with registers).
         position: ``(path, "module" | "parameter" | "method")`` of the additive positional
             embedding ``P``: a module's output, a parameter, or what a method of a module
             returns (``embeddings.interpolate_pos_encoding``: ``P`` resized to the input).
@@ -105,6 +107,7 @@ class LRPLayout:
     embedding_sum: tuple[str, str]
     token_parts: tuple[str, ...]
     prefix_tokens: tuple[str, ...] = ()
+    registers: str | None = None
     position: tuple[str, str] | None = None
     input_embedding: str | None = None
     rotary: RotaryLayout | None = None
@@ -215,6 +218,7 @@ LAYOUTS: dict[str, LRPLayout] = {
     "vit": _VIT,
     "deit": _DEIT,
     "dinov2": _DINOV2,
+    "dinov2_with_registers": replace(_DINOV2, registers="embeddings.register_tokens"),
     "clip_vision_model": _CLIP_VISION,
 }
 

@@ -55,8 +55,20 @@ class Recorder:
     embedding_sum: torch.Tensor | None = None
     token_parts: list[torch.Tensor] = field(default_factory=list)
     prefix_tokens: list[torch.Tensor] = field(default_factory=list)
+    registers: torch.Tensor | None = None
     position: torch.Tensor | None = None
     blocks: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def prefix_count(self) -> int:
+        """Tokens before the patches: CLS, distillation token, registers."""
+        registers = (
+            0
+            if self.registers is None
+            else self.registers.reshape(-1, self.registers.shape[-1]).shape[0]
+        )
+        return len(self.prefix_tokens) + registers
+
     last: torch.Tensor | None = None
     rotary: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     unrotated: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)

@@ -159,6 +159,8 @@ def embedding_hooks(
         )
         stack.callback(hook.remove)
     recorder.prefix_tokens = [find_parameter(model, p).detach() for p in layout.prefix_tokens]
+    if layout.registers is not None:
+        recorder.registers = find_parameter(model, layout.registers).detach()
     if layout.position is not None:
         path, kind = layout.position
         if kind == "parameter":
@@ -215,6 +217,13 @@ def embedding_split(
         ]
         token = torch.cat([*prefix, token], dim=1)
     position = recorder.position
+    if recorder.registers is not None and position is not None:
+        registers = recorder.registers.reshape(1, -1, token.shape[-1]).expand(
+            token.shape[0], -1, -1
+        )
+        token = torch.cat([token[:, :1], registers, token[:, 1:]], dim=1)
+        no_position = torch.zeros_like(registers[:1])
+        position = torch.cat([position[:, :1], no_position, position[:, 1:]], dim=1)
     rebuilt = token if position is None else token + position
     if rebuilt.shape != x0.shape or not torch.allclose(rebuilt, x0, rtol=1e-4, atol=1e-5):
         raise UnsupportedMethodError(

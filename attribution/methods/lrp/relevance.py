@@ -137,7 +137,7 @@ def _assemble(
     token_part, pos_part, sum_part = positional.embedding_split(recorder, grads["embedding"])
     token, x0 = token_part.detach().double().cpu(), sum_part.detach().double().cpu()
     pos = None if pos_part is None else pos_part.detach().double().cpu()
-    prefix = len(recorder.prefix_tokens)
+    prefix = recorder.prefix_count
     residual = [_relevance(h, grads.get(f"block.{i}")) for i, h in sorted(recorder.blocks.items())]
     residual.append(_relevance(recorder.last, grads.get("last")))
     positional_scores, per_layer, pos_total = None, [], 0.0
