@@ -6,8 +6,10 @@ AttnLRP drops it, positions) plus what the rules let go elsewhere, each measured
 ``b·g`` at every linear, convolution and LayerNorm bias (the ε-rule and the frozen-σ rule pass
 the rest on exactly), and in each attention the share that softmax's linearisation absorbs
 (its output's relevance minus what reaches v, q and k). Everything else (RMSNorm in either
-weight convention, activations, soft-caps, gated products, rotary, residuals, heads) must pass
-relevance on unchanged, so a rule that loses or creates relevance anywhere fails here.
+weight convention, activations, the final soft-cap, gated products, rotary, residuals, heads)
+must pass relevance on unchanged, so a rule that loses or creates relevance there fails here.
+Inside attention the softmax share absorbs by definition; the last test checks what reaches
+q and k there against a reference computed from the recorded tensors.
 """
 
 from __future__ import annotations
@@ -228,3 +230,43 @@ def test_dinov2_positions_resized_to_the_input_get_their_relevance(registers):
     assert result.token_total + result.positional_total == pytest.approx(
         result.embedding_relevance, rel=1e-6, abs=1e-12
     )
+
+
+@pytest.mark.parametrize("name", ["qwen3", "gemma2", "phi3"])
+def test_inside_attention_q_and_k_get_a_quarter_through_the_cap(load_model, name):
+    """
+    What reaches q and k, against a reference computed here from the recorded tensors:
+    R(q) + R(k) = ½·Σ C ⊙ ∂L/∂C with C the (soft-capped) scores, since the uniform rule gives
+    q and k a quarter of the gradient of the bilinear q·kᵀ, and the cap passes relevance
+    unchanged (identity rule). A wrong factor or a cap with tanh's own gradient fails.
+    """
+    adapter = _newer(load_model("tiny-random-bert").tokenizer, name)
+    inputs = adapter.preprocess(TEXT)
+    with torch.no_grad():
+        target = int(adapter.logits(**inputs.model_kwargs())[0].argmax())
+    layout = layout_for(adapter)
+    with torch.enable_grad(), transformer_lrp(adapter, layout, False, record=True) as recorder:
+        logit = adapter.logits(**inputs.model_kwargs())[0, target]
+        tensors = [t for i in sorted(recorder.attention) for t in recorder.attention[i]]
+        grads = torch.autograd.grad(logit, tensors)
+    blocks = list(find_module(adapter.model, layout.blocks).children())
+    cap = getattr(adapter.config, "attn_logit_softcapping", None)
+    for layer, block in enumerate(blocks):
+        q, k, v, _ = (t.detach() for t in tensors[4 * layer : 4 * layer + 4])
+        g_q, g_k, _, g_o = grads[4 * layer : 4 * layer + 4]
+        attention = block.get_submodule(layout.attention)
+        groups = q.shape[1] // k.shape[1]
+        k_all, v_all = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+        scores = q @ k_all.transpose(-1, -2) * attention.scaling
+        capped = cap * torch.tanh(scores / cap) if cap else scores
+        length = scores.shape[-1]
+        causal = torch.full((length, length), float("-inf"), dtype=scores.dtype).triu(1)
+        probabilities = torch.softmax(capped + causal, dim=-1)
+        g_probabilities = g_o.transpose(1, 2) @ v_all.transpose(-1, -2)
+        g_capped = probabilities * (
+            g_probabilities - (probabilities * g_probabilities).sum(-1, keepdim=True)
+        )
+        expected = 0.5 * float((capped * g_capped).sum())
+        measured = float((q * g_q).sum() + (k * g_k).sum())
+        # the models' eager attention takes its softmax in float32: ~1e-5 relative here
+        assert measured == pytest.approx(expected, rel=1e-4, abs=1e-12), layer

@@ -272,3 +272,15 @@ def test_gradcam_on_efficientnet(effnet):
 def test_gradcam_refuses_text(minilm):
     with pytest.raises(UnsupportedMethodError, match="image"):
         explain(minilm, "gradcam", minilm.preprocess("a text"))
+
+
+def test_only_activation_modules_get_the_rescale_rule():
+    """timm's layers package also holds convolutions, linears and norms: those are not treated."""
+    from timm.layers import LayerNorm2d, Linear, StdConv2d
+    from timm.layers.activations import Swish
+
+    from attribution.methods._captum import _elementwise_activations
+
+    model = nn.Sequential(StdConv2d(3, 4, 3), Swish(), LayerNorm2d(4), nn.Flatten(), Linear(4, 2))
+    assert _elementwise_activations(model) == {Swish}
+    assert untreated_by_deeplift(model) == ["LayerNorm2d"]

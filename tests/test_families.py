@@ -21,7 +21,7 @@ from attribution.methods.lrp import lrp, transformer_lrp
 from attribution.methods.lrp.layouts import layout_for
 from attribution.methods.lrp.rules import rms_norm_rule
 from attribution.models import load
-from attribution.models.text import DecoderLMAdapter
+from attribution.models.text import DecoderLMAdapter, TextClassifierAdapter
 
 TEXT = "the quick brown fox jumps over the lazy dog"
 
@@ -221,3 +221,16 @@ def test_half_precision_models_get_float_sums(load_model):
         scores.append(lrp(adapter, inputs, target, pe_aware=True).scores)
     assert scores[1].dtype == np.float64 and np.all(np.isfinite(scores[1]))
     assert np.corrcoef(scores[0], scores[1])[0, 1] > 0.95
+
+
+def test_gemma_classifier_without_an_lm_head_runs(load_model):
+    """The final-logit cap rule belongs to the LM head; a sequence classifier has none."""
+    tokenizer = load_model("tiny-random-bert").tokenizer
+    config = CONFIGS["gemma2"](tokenizer.vocab_size)
+    config.num_labels, config._attn_implementation = 3, "eager"
+    torch.manual_seed(0)
+    model = tf.Gemma2ForSequenceClassification(config).double().eval()
+    adapter = TextClassifierAdapter(model, tokenizer, "gemma2-classifier")
+    inputs = adapter.preprocess(TEXT)
+    result = lrp(adapter, inputs, 0, pe_aware=True)
+    assert np.all(np.isfinite(result.scores))

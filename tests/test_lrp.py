@@ -526,3 +526,19 @@ def test_minilm_sentiment_word_in_top3(minilm):
         top = [explanation.tokens[i] for i in np.argsort(-scores)[:3]]
         hits += word in top
     assert hits >= 4
+
+
+def test_nested_contexts_in_one_thread_are_refused_and_undone(load_model):
+    """A second LRP context in the same thread would wrap the first's rotary wrapper."""
+    llama, bert = load_model("tiny-random-llama"), load_model("tiny-random-bert")
+    inputs = _inputs(llama)
+    expected = _logits(llama, inputs)
+    with (
+        transformer_lrp(bert, layout_for(bert), pe_aware=True),
+        pytest.raises(RuntimeError, match="nested"),
+        transformer_lrp(llama, layout_for(llama), pe_aware=True),
+    ):
+        pass
+    assert torch.equal(_logits(llama, inputs), expected)
+    with transformer_lrp(llama, layout_for(llama), pe_aware=True):  # usable again afterwards
+        pass

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -96,3 +98,14 @@ def test_rest_defaults_to_it_for_next_tokens(smollm2):
             )
     finally:
         worker.close()
+
+
+def test_staging_folders_of_dead_conversions_are_removed(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTRLAB_CACHE", str(tmp_path))
+    orphan = tmp_path / ".m-2147483646-abc"  # a process id that is not running
+    orphan.mkdir()
+    (orphan / "half.bin").write_bytes(b"x" * 10)
+    ours = tmp_path / f".m-{os.getpid()}-xyz"  # a conversion still under way here
+    ours.mkdir()
+    converted("m", lambda folder: (folder / "w.bin").write_bytes(b"ok"))
+    assert not orphan.exists() and ours.exists()

@@ -139,7 +139,13 @@ def attribute_with(
 
 #: Attributes Captum's DeepLIFT sets on hooked modules and deletes only on a full backward.
 _DEEPLIFT_ATTRIBUTES = ("input", "output", "input_ref")
-_ACTIVATION_MODULES = ("torch.nn.modules.activation", "transformers.activations", "timm.layers")
+#: Where activation modules live (timm's own layers package holds convolutions and norms too, so
+#: only its activation modules count).
+_ACTIVATION_MODULES = (
+    "torch.nn.modules.activation",
+    "transformers.activations",
+    "timm.layers.activations",
+)
 #: Activation-module classes that are not elementwise (they mix features or need their own rule).
 _NOT_ELEMENTWISE = ("Softmax", "Softmin", "Softmax2d", "LogSoftmax", "GLU", "MultiheadAttention")
 # Captum keeps its table of DeepLIFT rules in a module-level dict; the Rescale entries added for
@@ -164,11 +170,11 @@ def deeplift_scope(model: nn.Module) -> Iterator[None]:
     :class:`UnsupportedMethodError`.
     """
     before = {id(m): {a for a in _DEEPLIFT_ATTRIBUTES if a in vars(m)} for m in model.modules()}
-    added = sorted(
-        (cls for cls in _elementwise_activations(model) if cls not in deeplift_rules),
-        key=lambda cls: cls.__qualname__,
-    )
-    with _RULE_TABLE_LOCK:
+    with _RULE_TABLE_LOCK:  # read and edit the table under one lock: runs take turns
+        added = sorted(
+            (cls for cls in _elementwise_activations(model) if cls not in deeplift_rules),
+            key=lambda cls: cls.__qualname__,
+        )
         for cls in added:  # Captum's Rescale rule, which it applies only to ReLU, Tanh, ...
             deeplift_rules[cls] = rescale_rule
         try:

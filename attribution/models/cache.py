@@ -36,7 +36,8 @@ def converted(name: str, convert: Callable[[Path], None]) -> Path:
     if (target / _DONE).is_file():
         return target
     root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
+    _remove_orphans(root, name)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-{os.getpid()}-", dir=root))
     try:
         convert(staging)
         (staging / _DONE).touch()
@@ -50,3 +51,21 @@ def converted(name: str, convert: Callable[[Path], None]) -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _remove_orphans(root: Path, name: str) -> None:
+    """Staging folders of conversions whose process died (killed, out of memory) before cleanup."""
+    for folder in root.glob(f".{name}-*-*"):
+        pid = folder.name.removeprefix(f".{name}-").split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # somebody else's process: alive
+        return True
+    return True

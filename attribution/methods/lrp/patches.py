@@ -44,8 +44,22 @@ __all__ = ["ATTENTION_IMPLEMENTATION", "Recorder", "lrp_rules", "transformer_lrp
 ATTENTION_IMPLEMENTATION = "attrlab_lrp"
 _ACTIVE: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 # Rotary rules wrap a function of the family's modeling module, which is process-wide: one LRP
-# context at a time, so that each restores exactly what it replaced.
-_PATCHING = threading.RLock()
+# context at a time (others wait), so that each restores exactly what it replaced; a second one
+# in the same thread would wrap the first's wrapper and is refused.
+_PATCHING = threading.Lock()
+_PATCHING_THREAD = threading.local()
+
+
+@contextmanager
+def _one_lrp_context() -> Iterator[None]:
+    if getattr(_PATCHING_THREAD, "active", False):
+        raise RuntimeError("LRP rules are already applied in this thread (nested use)")
+    with _PATCHING:
+        _PATCHING_THREAD.active = True
+        try:
+            yield
+        finally:
+            _PATCHING_THREAD.active = False
 
 
 @dataclass
@@ -163,7 +177,7 @@ def transformer_lrp(
         for module in block.get_submodule(layout.attention_linears or layout.attention).modules()
     ]
     with ExitStack() as stack:
-        stack.enter_context(_PATCHING)
+        stack.enter_context(_one_lrp_context())
         stack.enter_context(lrp_rules(model, gamma_linear, gamma_conv, no_gamma=projections))
         for index, block in enumerate(blocks):
             attention = block.get_submodule(layout.attention)
@@ -195,7 +209,9 @@ def transformer_lrp(
         head = _HEADS.get(adapter.family)
         if head is not None:
             head(stack, model)
-        if getattr(getattr(model, "config", None), "final_logit_softcapping", None):
+        capped = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
+        output_layer = getattr(model, "get_output_embeddings", lambda: None)()
+        if capped and output_layer is not None:  # the LM head is where Gemma applies the cap
             _identity_on_final_softcap(stack, model)
         yield recorder
 
