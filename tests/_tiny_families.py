@@ -49,10 +49,14 @@ CONFIGS = {
 }
 
 
-def build_family(tokenizer, name: str) -> DecoderLMAdapter | TextClassifierAdapter:
-    """A seeded tiny model of family ``name``, norm weights drawn away from their init."""
+def build_family(
+    tokenizer, name: str, **overrides: object
+) -> DecoderLMAdapter | TextClassifierAdapter:
+    """A seeded tiny model of family ``name`` (config ``overrides`` applied), norms off init."""
     torch.manual_seed(0)
     config = CONFIGS[name](tokenizer.vocab_size)
+    for key, value in overrides.items():
+        setattr(config, key, value)
     config._attn_implementation = "eager"
     if name == "modernbert":
         model = tf.ModernBertForSequenceClassification(config).double().eval()

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 import transformers as tf
-from _tiny_families import CONFIGS, build_family
+from _tiny_families import build_family
 from torch import nn
 
 from attribution.methods.lrp import transformer_lrp
@@ -82,20 +82,9 @@ def _classic(tokenizer, name: str):
 
 
 def _newer(tokenizer, name: str):
-    original = CONFIGS[name]
-    CONFIGS[name] = lambda v: _with(original(v), BIASED[name])
-    try:
-        adapter = build_family(tokenizer, name)
-    finally:
-        CONFIGS[name] = original
+    adapter = build_family(tokenizer, name, **BIASED[name])
     _random_norms_and_biases(adapter.model)
     return adapter
-
-
-def _with(config, extra: dict):
-    for key, value in extra.items():
-        setattr(config, key, value)
-    return config
 
 
 def _balance(adapter) -> tuple[float, float, float, float]:
@@ -106,7 +95,7 @@ def _balance(adapter) -> tuple[float, float, float, float]:
         kwargs["pixel_values"] = kwargs["pixel_values"].double()
     with torch.no_grad():
         target = int(adapter.logits(**kwargs)[0].argmax())
-    biases: list[tuple[torch.Tensor, torch.Tensor, bool]] = []
+    biases: list[tuple[nn.Module, torch.Tensor]] = []
     layout = layout_for(adapter)
     path, where = layout.embedding_sum
     # what computes x0 (a ViT's patch embedding) lies before it: its biases are inside x0
@@ -115,11 +104,7 @@ def _balance(adapter) -> tuple[float, float, float, float]:
     )
     with torch.enable_grad(), transformer_lrp(adapter, layout, False, record=True) as recorder:
         hooks = [
-            module.register_forward_hook(lambda m, _a, out: biases.append((m.bias, out, True)))
-            if isinstance(module, nn.Conv2d)
-            else module.register_forward_hook(
-                lambda m, _a, out: biases.append((m.bias, out, False))
-            )
+            module.register_forward_hook(lambda m, _a, out: biases.append((m, out)))
             for module in adapter.model.modules()
             if id(module) not in upstream
             and isinstance(getattr(module, "bias", None), torch.Tensor)
@@ -134,7 +119,7 @@ def _balance(adapter) -> tuple[float, float, float, float]:
             for hook in hooks:
                 hook.remove()
         attention = [t for i in sorted(recorder.attention) for t in recorder.attention[i]]
-        outputs = [out for _, out, _ in biases]
+        outputs = [out for _, out in biases]
         wanted = [recorder.embedding_sum, *attention, *outputs]
         grads = torch.autograd.grad(logit, wanted, allow_unused=True)
 
@@ -148,10 +133,11 @@ def _balance(adapter) -> tuple[float, float, float, float]:
         qt, kt, vt, ot = attention[4 * layer : 4 * layer + 4]
         softmax += relevance(ot, o) - relevance(vt, v) - relevance(qt, q) - relevance(kt, k)
     absorbed = 0.0
-    for (bias, _, spatial), grad in zip(biases, grads[1 + len(attention) :], strict=True):
-        if grad is not None:
+    for (module, _), grad in zip(biases, grads[1 + len(attention) :], strict=True):
+        if grad is not None:  # b·g: a convolution's bias is per channel, the others per feature
+            spatial = isinstance(module, nn.Conv2d)
             summed = grad.sum((0, 2, 3)) if spatial else grad.reshape(-1, grad.shape[-1]).sum(0)
-            absorbed += float((summed * bias.detach()).sum())
+            absorbed += float((summed * module.bias.detach()).sum())
     return float(logit.detach()), at_input, absorbed, softmax
 
 
