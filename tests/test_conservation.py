@@ -19,72 +19,14 @@ import copy
 import numpy as np
 import pytest
 import torch
-import transformers as tf
-from _tiny_families import build_family
+from _tiny_families import BIASED, biased_family, classic_family, clip, dinov2
 from torch import nn
 
 from attribution.methods.lrp import transformer_lrp
 from attribution.methods.lrp.layouts import find_module, layout_for
-from attribution.models.images import ImageTransform
-from attribution.models.text import DecoderLMAdapter, TextClassifierAdapter
-from attribution.models.vision import CLIPZeroShotAdapter, ViTAdapter
 
 TEXT = "the quick brown fox jumps over the lazy dog"
 IMAGE = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
-SIZES = {"hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 3}
-BIASED = {  # configs of the newer families with every optional bias switched on
-    "qwen3": {"attention_bias": True},
-    "gemma": {"attention_bias": True},
-    "gemma2": {"attention_bias": True},
-    "gemma3_text": {"attention_bias": True},
-    "phi3": {},  # Phi-3 has no bias options
-    "modernbert": {"attention_bias": True, "mlp_bias": True, "norm_bias": True},
-}
-
-
-def _random_norms_and_biases(model: nn.Module) -> nn.Module:
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("bias") or "norm" in name.lower():
-                param.normal_(0.0, 0.3)
-    return model
-
-
-def _classic(tokenizer, name: str):
-    torch.manual_seed(0)
-    vocab = tokenizer.vocab_size
-    if name == "bert":
-        config = tf.BertConfig(vocab_size=vocab, intermediate_size=48, **SIZES)
-        model = tf.BertForSequenceClassification(config)
-    elif name == "gpt2":
-        config = tf.GPT2Config(vocab_size=vocab, n_embd=32, n_layer=3, n_head=4, n_positions=64)
-        model = tf.GPT2LMHeadModel(config)
-    elif name == "llama":
-        config = tf.LlamaConfig(
-            vocab_size=vocab,
-            intermediate_size=48,
-            num_key_value_heads=2,
-            attention_bias=True,
-            mlp_bias=True,
-            **SIZES,
-        )
-        model = tf.LlamaForCausalLM(config)
-    else:
-        config = tf.ViTConfig(image_size=32, patch_size=8, intermediate_size=48, **SIZES)
-        model = tf.ViTForImageClassification(config)
-    model.config._attn_implementation = "eager"
-    model = _random_norms_and_biases(model.double().eval())
-    if name == "vit":
-        return ViTAdapter(model, "vit", ImageTransform((32, 32), (0.5,) * 3, (0.5,) * 3))
-    if name == "bert":
-        return TextClassifierAdapter(model, tokenizer, "bert")
-    return DecoderLMAdapter(model, tokenizer, name, add_special_tokens=False)
-
-
-def _newer(tokenizer, name: str):
-    adapter = build_family(tokenizer, name, **BIASED[name])
-    _random_norms_and_biases(adapter.model)
-    return adapter
 
 
 def _balance(adapter) -> tuple[float, float, float, float]:
@@ -145,9 +87,9 @@ def _balance(adapter) -> tuple[float, float, float, float]:
 def test_relevance_is_accounted_for(load_model, name):
     tokenizer = load_model("tiny-random-bert").tokenizer
     adapter = (
-        _classic(tokenizer, name)
+        classic_family(tokenizer, name)
         if name in ("bert", "gpt2", "llama", "vit")
-        else (_newer(tokenizer, name))
+        else (biased_family(tokenizer, name))
     )
     logit, at_input, absorbed, softmax = _balance(adapter)
     assert (absorbed != 0.0) == (name != "phi3")  # biases, where present, took their share
@@ -161,42 +103,9 @@ def test_zero_shot_cosine_head_conserves(minilm):
     assert at_input + absorbed + softmax == pytest.approx(logit, rel=1e-6, abs=1e-9)
 
 
-def _dinov2(size: int = 32, registers: int = 0) -> ViTAdapter:
-    torch.manual_seed(0)
-    sizes = {"image_size": 32, "patch_size": 8, "mlp_ratio": 2, "num_labels": 5, **SIZES}
-    if registers:
-        config = tf.Dinov2WithRegistersConfig(num_register_tokens=registers, **sizes)
-        model = tf.Dinov2WithRegistersForImageClassification(config)
-    else:
-        config = tf.Dinov2Config(**sizes)
-        model = tf.Dinov2ForImageClassification(config)
-    model.config._attn_implementation = "eager"
-    model = _random_norms_and_biases(model.double().eval())
-    return ViTAdapter(model, "dinov2", ImageTransform((size, size), (0.5,) * 3, (0.5,) * 3))
-
-
-def _clip(tokenizer) -> CLIPZeroShotAdapter:
-    torch.manual_seed(0)
-    config = tf.CLIPConfig(
-        text_config={
-            "vocab_size": tokenizer.vocab_size,
-            "intermediate_size": 48,
-            "max_position_embeddings": 32,
-            "eos_token_id": tokenizer.sep_token_id,
-            **SIZES,
-        },
-        vision_config={"image_size": 32, "patch_size": 8, "intermediate_size": 48, **SIZES},
-        projection_dim=16,
-    )
-    config._attn_implementation = "eager"
-    model = _random_norms_and_biases(tf.CLIPModel(config).double().eval())
-    transform = ImageTransform((32, 32), (0.5,) * 3, (0.5,) * 3)
-    return CLIPZeroShotAdapter(model, tokenizer, "clip", transform, ["cat", "dog", "car"])
-
-
 def test_dinov2_and_clip_conserve(load_model):
     tokenizer = load_model("tiny-random-bert").tokenizer
-    for adapter in (_dinov2(), _dinov2(registers=2), _clip(tokenizer)):
+    for adapter in (dinov2(), dinov2(registers=2), clip(tokenizer)):
         logit, at_input, absorbed, softmax = _balance(adapter)
         assert absorbed != 0.0
         assert at_input + absorbed + softmax == pytest.approx(logit, rel=1e-6, abs=1e-9)
@@ -207,7 +116,7 @@ def test_dinov2_positions_resized_to_the_input_get_their_relevance(registers):
     """DINOv2 interpolates its position embeddings to the input size (registers get none)."""
     from attribution.methods.lrp import lrp
 
-    adapter = _dinov2(size=48, registers=registers)  # 6×6 patches, embeddings made for 4×4
+    adapter = dinov2(size=48, registers=registers)  # 6×6 patches, embeddings made for 4×4
     with torch.no_grad():  # pixel relevance then equals the patches' share of x0 exactly
         find_module(adapter.model, "patch_embeddings.projection").bias.zero_()
     inputs = adapter.preprocess(IMAGE)
@@ -226,7 +135,7 @@ def test_inside_attention_q_and_k_get_a_quarter_through_the_cap(load_model, name
     q and k a quarter of the gradient of the bilinear q·kᵀ, and the cap passes relevance
     unchanged (identity rule). A wrong factor or a cap with tanh's own gradient fails.
     """
-    adapter = _newer(load_model("tiny-random-bert").tokenizer, name)
+    adapter = biased_family(load_model("tiny-random-bert").tokenizer, name)
     inputs = adapter.preprocess(TEXT)
     with torch.no_grad():
         target = int(adapter.logits(**inputs.model_kwargs())[0].argmax())

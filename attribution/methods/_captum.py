@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -22,6 +22,11 @@ from torch import nn
 
 from attribution.compat import deeplift_rules, rescale_rule
 from attribution.errors import InvalidParameterError, UnsupportedMethodError
+from attribution.methods._deeplift_rules import (
+    DeepLiftReport,
+    transformer_deeplift_rules,
+    treated_norm,
+)
 from attribution.models.base import Adapter, Inputs, TextInputs, image_adapter, text_adapter
 from attribution.params import Param
 from attribution.run import RunContext
@@ -160,14 +165,21 @@ _DELTA_WARNING = 1e-3
 
 
 @contextmanager
-def deeplift_scope(model: nn.Module) -> Iterator[None]:
+def deeplift_scope(
+    model: nn.Module, config: Any = None, family: str = ""
+) -> Iterator[DeepLiftReport]:
     """
-    Run Captum DeepLIFT on ``model`` and leave no trace on it, even when a forward fails.
+    Run Captum DeepLIFT on ``model`` with rules for every nonlinearity attrlab knows.
 
-    Captum removes its hooks itself but keeps the saved inputs/outputs it attached to
-    nonlinear modules when the pass does not complete; they are deleted here. A module
-    called twice in one forward (which DeepLIFT's rules cannot handle) becomes an
-    :class:`UnsupportedMethodError`.
+    ``config`` (the model's Hugging Face config) and ``family`` (the adapter's) locate its
+    attention modules and classification head.
+
+    Elementwise activation modules get Captum's Rescale rule; norms, attention and cosine heads
+    get :func:`~attribution.methods._deeplift_rules.transformer_deeplift_rules`, whose report
+    is yielded. Nothing is left on the model, even when a forward fails: Captum removes its
+    hooks itself but keeps the saved inputs/outputs it attached to nonlinear modules when the
+    pass does not complete; they are deleted here. A module called twice in one forward (which
+    DeepLIFT's rules cannot handle) becomes an :class:`UnsupportedMethodError`.
     """
     before = {id(m): {a for a in _DEEPLIFT_ATTRIBUTES if a in vars(m)} for m in model.modules()}
     with _RULE_TABLE_LOCK:  # read and edit the table under one lock: runs take turns
@@ -178,9 +190,12 @@ def deeplift_scope(model: nn.Module) -> Iterator[None]:
         for cls in added:  # Captum's Rescale rule, which it applies only to ReLU, Tanh, ...
             deeplift_rules[cls] = rescale_rule
         try:
-            with warnings.catch_warnings():
+            with (
+                warnings.catch_warnings(),
+                transformer_deeplift_rules(model, config, family) as report,
+            ):
                 warnings.filterwarnings("ignore", message="Setting forward, backward hooks")
-                yield
+                yield report
         except RuntimeError as err:
             if "used more than once" not in str(err):
                 raise
@@ -208,23 +223,25 @@ def _elementwise_activations(model: nn.Module) -> set[type[nn.Module]]:
     }
 
 
-def untreated_by_deeplift(model: nn.Module) -> list[str]:
+def untreated_by_deeplift(model: nn.Module, routed: Collection[int] = ()) -> list[str]:
     """
-    Class names of the submodules whose nonlinearity Captum's DeepLIFT passes as a gradient.
+    Class names of the submodules whose nonlinearity DeepLIFT passes as a plain gradient.
 
-    Found from module types: normalisation layers other than batch norm (LayerNorm, RMSNorm,
-    GroupNorm: the division by σ), attention modules (softmax of QKᵀ and the products with V)
-    and activation modules that are not elementwise. Elementwise activations get the Rescale
-    rule from :func:`deeplift_scope`. Nonlinearities written as plain functions inside a
-    forward cannot be seen here.
+    Found from module types: normalisation layers other than batch norm, ``nn.LayerNorm`` and
+    RMSNorm (GroupNorm, channel-first LayerNorm variants), attention modules not routed through
+    the attention rule (``routed``: ids of the modules that were, and of their parents) and
+    activation modules that are not elementwise. Nonlinearities written as plain functions
+    inside a forward cannot be seen here.
     """
     found = set()
     treated = _elementwise_activations(model)
     for module in model.modules():
         cls = type(module)
-        if cls in deeplift_rules or cls in treated:
+        if cls in deeplift_rules or cls in treated or treated_norm(module):
             continue
-        is_attention = isinstance(module, nn.MultiheadAttention) or "Attention" in cls.__name__
+        is_attention = (
+            isinstance(module, nn.MultiheadAttention) or "Attention" in cls.__name__
+        ) and not any(id(inner) in routed for inner in module.modules())
         is_norm = isinstance(module, _NORMS) or (
             cls.__name__.endswith("Norm") and not isinstance(module, _BATCH_NORMS)
         )
@@ -246,13 +263,17 @@ def delta_metrics(attribution_sum: float, delta: float) -> dict[str, float]:
     }
 
 
-def warn_untreated(model: nn.Module, run: RunContext, metrics: dict[str, float]) -> None:
+def warn_untreated(
+    model: nn.Module, run: RunContext, metrics: dict[str, float], report: DeepLiftReport
+) -> None:
     """Warn when DeepLIFT's summation-to-delta cannot hold for ``model`` (or visibly fails)."""
-    untreated = untreated_by_deeplift(model)
+    untreated = sorted(
+        set(untreated_by_deeplift(model, report.routed_attention)) | report.untreated
+    )
     if untreated:
         shown = ", ".join(untreated[:8]) + (" ..." if len(untreated) > 8 else "")
         run.warn(
-            f"this model contains operations Captum's DeepLIFT has no rule for ({shown}); "
+            f"this model contains operations DeepLIFT has no rule for here ({shown}); "
             "gradients pass through them unchanged, so the attributions need not sum to "
             f"F(x) - F(baseline): the convergence delta is "
             f"{metrics['relative_convergence_delta']:.1%} of the logit difference"

@@ -32,10 +32,12 @@ class DeepLift(AttributionMethod):
     Text: Captum ``LayerDeepLift`` on the token-embedding output, against pad or mask tokens
     (special tokens kept), summed over the embedding dimension. Images: Captum ``DeepLift``
     on the normalised pixels, summed over colour channels. ``metrics.convergence_delta`` is
-    ``Σ attributions − (F(x) − F(baseline))``: zero up to rounding when every nonlinearity is
-    an elementwise activation module (ReLU, ReLU6, GELU, SiLU, Hardswish, Tanh, ...: all get
-    the Rescale multiplier ``Δy/Δx``) or a max-pool. LayerNorm/RMSNorm and attention have no
-    DeepLIFT rule and pass plain gradients; the Explanation warns when the model has them.
+    ``Σ attributions − (F(x) − F(baseline))``: zero up to rounding when every nonlinearity has
+    a rule. Elementwise activation modules (ReLU, ReLU6, GELU, SiLU, Hardswish, Tanh, ...) get
+    the Rescale multiplier ``Δy/Δx``; LayerNorm, RMSNorm, softmax attention, gated products and
+    cosine heads get DeepLIFT's rules composed exactly (``_deeplift_rules``). Whatever is left
+    (other norms, attention outside the transformers interface) passes plain gradients, and
+    the Explanation warns about it.
     """
 
     name = "deeplift"
@@ -49,7 +51,7 @@ class DeepLift(AttributionMethod):
     def attribute(
         cls, adapter: Adapter, inputs: Inputs, target: int, params: dict[str, Any], run: RunContext
     ) -> Attribution:
-        with deeplift_scope(adapter.model):
+        with deeplift_scope(adapter.model, adapter.config, adapter.family) as report:
             attributions, delta = attribute_with(
                 adapter,
                 inputs,
@@ -63,5 +65,5 @@ class DeepLift(AttributionMethod):
         run.count(forward=3, backward=1)  # input+baseline batch, then F(x) and F(x0) for delta
         scores = to_scores(attributions)
         metrics = delta_metrics(float(scores.sum()), float(delta.sum()))
-        warn_untreated(adapter.model, run, metrics)
+        warn_untreated(adapter.model, run, metrics, report)
         return Attribution(scores=scores, metrics=metrics)

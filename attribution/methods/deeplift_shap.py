@@ -103,7 +103,7 @@ class DeepLiftShap(AttributionMethod):
             references = reference_distribution(baseline, count, noise, 1.0, run)
             module = AdapterModule(adapter, ("pixel_values",))
             extra = None
-        with deeplift_scope(adapter.model):
+        with deeplift_scope(adapter.model, adapter.config, adapter.family) as report:
             attributions, delta = CaptumDeepLiftShap(module).attribute(
                 tensor,
                 baselines=references,
@@ -115,5 +115,5 @@ class DeepLiftShap(AttributionMethod):
         scores = to_scores(attributions)
         metrics = delta_metrics(float(scores.sum()), float(delta.double().mean()))
         metrics["max_abs_reference_delta"] = float(delta.abs().max())
-        warn_untreated(adapter.model, run, metrics)
+        warn_untreated(adapter.model, run, metrics, report)
         return Attribution(scores=scores, metrics=metrics)

@@ -3,9 +3,9 @@ Undoable patches that put the LRP rules into a model without editing its source.
 
 Everything is a forward hook, a forward pre-hook or an attribute swap registered on an
 :class:`~contextlib.ExitStack`, so leaving the ``with`` block (normally or by an exception)
-removes all of it. Attention is routed through :func:`_lrp_attention` by giving each attention
-module a config view whose ``_attn_implementation`` names it; the family's own eager attention
-function then runs on (q, k, v) whose gradients carry the chosen :class:`AttentionRule`.
+removes all of it. Attention is routed through :func:`_lrp_attention` (see
+:mod:`~attribution.methods._routing`); the family's own eager attention function then runs on
+(q, k, v) whose gradients carry the chosen :class:`AttentionRule`.
 """
 
 from __future__ import annotations
@@ -19,10 +19,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers.modeling_outputs import SequenceClassifierOutput
 
-from attribution.compat import family_function, register_attention
-from attribution.errors import UnsupportedMethodError
+from attribution.compat import register_attention
+from attribution.methods._routing import eager_attention, patch_heads, route_attention, route_of
 from attribution.methods.lrp import positional
 from attribution.methods.lrp.layouts import ACTIVATION_TYPES, LRPLayout, find_module
 from attribution.methods.lrp.rules import (
@@ -182,7 +181,8 @@ def transformer_lrp(
         for index, block in enumerate(blocks):
             attention = block.get_submodule(layout.attention)
             keep = recorder.attention if record else None
-            stack.enter_context(_route_attention(attention, index, keep, rule))
+            route = _LRPRoute(eager_attention(attention), index, keep, rule)
+            stack.enter_context(route_attention(attention, ATTENTION_IMPLEMENTATION, route))
             hook = block.register_forward_pre_hook(
                 _block_recorder(recorder, index), with_kwargs=True
             )
@@ -206,13 +206,7 @@ def transformer_lrp(
         last = blocks[-1].register_forward_hook(lambda _m, _a, out: _set_last(recorder, out))
         stack.callback(last.remove)
         positional.embedding_hooks(stack, model, layout, recorder)
-        head = _HEADS.get(adapter.family)
-        if head is not None:
-            head(stack, model)
-        capped = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
-        output_layer = getattr(model, "get_output_embeddings", lambda: None)()
-        if capped and output_layer is not None:  # the LM head is where Gemma applies the cap
-            _identity_on_final_softcap(stack, model)
+        patch_heads(stack, model, adapter.family, _normalize_constant_norm, identity_rule)
         yield recorder
 
 
@@ -229,38 +223,30 @@ def _set_last(recorder: Recorder, output: Any) -> None:
     recorder.last = output if isinstance(output, torch.Tensor) else output[0]
 
 
-class _AttentionConfig:
-    """An attention module's config as seen during LRP: same values, LRP attention function."""
+@dataclass(frozen=True)
+class _LRPRoute:
+    """What the LRP attention function needs for one attention module."""
 
-    def __init__(
-        self, config: Any, eager: Callable, index: int, keep: dict | None, rule: AttentionRule
-    ):
-        self._config, self._lrp_eager, self._lrp_index, self._lrp_keep = config, eager, index, keep
-        self._lrp_rule = rule
-        self._attn_implementation = ATTENTION_IMPLEMENTATION
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "_config":  # not yet set (copy, pickle): avoid recursing
-            raise AttributeError(name)
-        return getattr(self._config, name)
+    eager: Callable
+    index: int
+    keep: dict | None
+    rule: AttentionRule
 
 
 def _lrp_attention(
     module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args, **kwargs
 ) -> Any:
     """Eager attention of ``module``'s family with the route's rule on q, k and v."""
-    route = module.config
-    if not isinstance(route, _AttentionConfig):
-        raise RuntimeError(f"'{ATTENTION_IMPLEMENTATION}' attention used outside an LRP context")
+    route: _LRPRoute = route_of(module, ATTENTION_IMPLEMENTATION)
     if "dropout" in kwargs:
         kwargs["dropout"] = 0.0
-    ruled = attention_rule_inputs(query, key, value, route._lrp_rule)
+    ruled = attention_rule_inputs(query, key, value, route.rule)
     if kwargs.get("softcap") is not None:
         output, weights = _softcapped_attention(module, *ruled, *args, **kwargs)
     else:
-        output, weights = route._lrp_eager(module, *ruled, *args, **kwargs)
-    if route._lrp_keep is not None:
-        route._lrp_keep[route._lrp_index] = (query, key, value, output)
+        output, weights = route.eager(module, *ruled, *args, **kwargs)
+    if route.keep is not None:
+        route.keep[route.index] = (query, key, value, output)
     return output, weights
 
 
@@ -296,95 +282,9 @@ def _softcapped_attention(
     return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
 
 
-def _identity_on_final_softcap(stack: ExitStack, model: Any) -> None:
-    """
-    Identity rule on the soft-capped logits ``c·tanh(z/c)`` (Gemma 2/3).
-
-    The cap is applied inside the model's forward, after the output projection: the projection's
-    output ``z`` is kept and the model's logits get a backward that goes to ``z`` with the ratio
-    ``logits / z``, bypassing the tanh's gradient.
-    """
-    seen: dict[str, torch.Tensor] = {}
-
-    def keep(_m: nn.Module, _a: tuple, out: torch.Tensor) -> None:
-        seen["z"] = out
-
-    def cap(_m: nn.Module, _a: tuple, out: Any) -> Any:
-        out.logits = identity_rule(seen.pop("z"), out.logits)
-        return out
-
-    stack.callback(model.get_output_embeddings().register_forward_hook(keep).remove)
-    stack.callback(model.register_forward_hook(cap).remove)
-
-
 register_attention(ATTENTION_IMPLEMENTATION, _lrp_attention)
 
 
-@contextmanager
-def _route_attention(
-    attention: Any, index: int, keep: dict | None, rule: AttentionRule
-) -> Iterator[None]:
-    eager = family_function(type(attention), "eager_attention_forward")
-    config = getattr(attention, "config", None)
-    if eager is None or config is None:
-        raise UnsupportedMethodError(
-            f"LRP cannot route attention of {type(attention).__name__}: it does not use the "
-            "transformers attention interface"
-        )
-    attention.config = _AttentionConfig(config, eager, index, keep, rule)
-    try:
-        yield
-    finally:
-        attention.config = config
-
-
-def _cosine_head(stack: ExitStack, model: Any) -> None:
-    """
-    Zero-shot head ``s·cos(mean_pool(h), e)``: the L2 normalisation gets a constant ``1/‖x‖``.
-
-    Treated like a norm layer under AttnLRP; mean pooling and the dot product are linear.
-    The logits keep their exact value; only their backward pass changes.
-    """
-    seen: dict[str, torch.Tensor] = {}
-
-    def keep_hidden(_m: nn.Module, _a: tuple, out: Any) -> None:
-        seen["hidden"] = out.last_hidden_state
-
-    def head(module: Any, args: tuple, kwargs: dict, out: Any) -> Any:
-        mask = kwargs["attention_mask"] if "attention_mask" in kwargs else args[0]
-        hidden = seen.pop("hidden")
-        weights = mask.unsqueeze(-1).to(hidden.dtype)
-        pooled = (hidden * weights).sum(1) / weights.sum(1).clamp_min(1e-9)
-        norm = pooled.detach().norm(dim=-1, keepdim=True).clamp_min(1e-12)
-        labels = module.label_embeddings.T.to(hidden.dtype)
-        surrogate = module.scale * (pooled / norm) @ labels
-        logits = out.logits.detach() + (surrogate - surrogate.detach())
-        return SequenceClassifierOutput(logits=logits, attentions=out.attentions)
-
-    stack.callback(model.encoder.register_forward_hook(keep_hidden).remove)
-    stack.callback(model.register_forward_hook(head, with_kwargs=True).remove)
-
-
-def _clip_head(stack: ExitStack, model: Any) -> None:
-    """CLIP's ``s·cos(projection, prompt)``: the L2 normalisation gets a constant ``1/‖x‖``."""
-    seen: dict[str, torch.Tensor] = {}
-
-    def keep(_m: nn.Module, _a: tuple, out: torch.Tensor) -> None:
-        seen["projected"] = out
-
-    def head(module: Any, _a: tuple, out: Any) -> Any:
-        projected = seen.pop("projected")
-        norm = projected.detach().norm(dim=-1, keepdim=True).clamp_min(1e-12)
-        surrogate = module.scale * (projected / norm) @ module.label_embeddings.T
-        out.logits = out.logits.detach() + (surrogate - surrogate.detach())
-        return out
-
-    stack.callback(model.visual_projection.register_forward_hook(keep).remove)
-    stack.callback(model.register_forward_hook(head).remove)
-
-
-#: Adapter family -> patch of its classification head (heads other than linear layers).
-_HEADS: dict[str, Callable[[ExitStack, Any], None]] = {
-    "zero-shot-text": _cosine_head,
-    "zero-shot-image": _clip_head,
-}
+def _normalize_constant_norm(x: torch.Tensor) -> torch.Tensor:
+    """``x / ‖x‖`` with ``1/‖x‖`` a constant, as for norm layers under AttnLRP."""
+    return x / x.detach().norm(dim=-1, keepdim=True).clamp_min(1e-12)

@@ -1,0 +1,172 @@
+"""
+DeepLIFT on transformers: summation-to-delta against the model's own ``F(x) − F(x')``.
+
+Without rules for norms, softmax attention and products, DeepLIFT on a transformer misses the
+logit difference by tens of percent; with them every family sums to it up to rounding. The
+reference each time is two plain forward passes of the model, computed by Captum apart from
+the attribution.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from _tiny_families import BIASED, biased_family, classic_family, clip, dinov2
+from skimage import data
+
+from attribution import explain
+from attribution.methods import _deeplift_rules as rules
+from attribution.methods._captum import deeplift_scope
+
+TEXT = "the quick brown fox jumps over the lazy dog"
+IMAGE = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+#: Families whose eager code computes the softmax or RMSNorm in float32 even in a float64 model;
+#: their own forward values carry float32 rounding, which no attribution can sum to exactly.
+WEIGHT_SCALE = 4.0
+FLOAT32_INSIDE = {"llama", "vit", "clip", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3"} | {
+    "modernbert"
+}
+
+
+def _family(tokenizer, name: str):
+    """A tiny float64 model whose weights are scaled up from their 0.02 init, so that its
+    output depends on the input (otherwise ``F(x) − F(x')`` is ~1e-6 and proves nothing)."""
+    if name in ("bert", "gpt2", "llama", "vit"):
+        adapter = classic_family(tokenizer, name)
+    elif name == "dinov2":
+        adapter = dinov2(registers=2)
+    elif name == "clip":
+        adapter = clip(tokenizer)
+    else:
+        adapter = biased_family(tokenizer, name)
+        if name == "gemma2":  # the 0.1 cap of the shared config flattens every logit difference
+            adapter.config.final_logit_softcapping = 30.0
+    with torch.no_grad():
+        for param in adapter.model.parameters():
+            if param.dim() >= 2:
+                param.mul_(WEIGHT_SCALE)
+    return adapter
+
+
+def _inputs(adapter):
+    inputs = adapter.preprocess(IMAGE if adapter.modality == "image" else TEXT)
+    if adapter.modality == "image":
+        pixels = inputs.pixel_values.double()
+        inputs = type(inputs)(pixels, inputs.image, inputs.original_size)
+    return inputs
+
+
+@pytest.mark.parametrize(
+    "name", ["bert", "gpt2", "llama", "vit", "dinov2", "clip", *sorted(BIASED)]
+)
+@pytest.mark.parametrize("method", ["deeplift", "deeplift_shap"])
+def test_every_family_sums_to_the_logit_difference(load_model, name, method):
+    adapter = _family(load_model("tiny-random-bert").tokenizer, name)
+    explanation = explain(adapter, method, _inputs(adapter))
+    bound = 1e-4 if name in FLOAT32_INSIDE else 1e-8
+    assert explanation.metrics["relative_convergence_delta"] < bound
+    # a difference to sum to (tiny BERT's tanh pooler keeps its own near 1e-5; MiniLM below is
+    # BERT with a difference of 7.5)
+    assert abs(explanation.metrics["logit_difference"]) > 1e-6
+    assert not explanation.warnings
+
+
+def test_without_the_rules_the_sum_misses(load_model, monkeypatch):
+    """The same model and input with norms and attention passed as gradients misses by > 1 %."""
+    adapter = classic_family(load_model("tiny-random-bert").tokenizer, "bert")
+    with_rules = explain(adapter, "deeplift", _inputs(adapter))
+    monkeypatch.setattr(rules, "_attention_modules", lambda *_: [])
+    monkeypatch.setattr(rules, "treated_norm", lambda _module: False)
+    monkeypatch.setattr(rules.nn, "LayerNorm", type("NotALayerNorm", (), {}))
+    without = explain(adapter, "deeplift", _inputs(adapter))
+    assert with_rules.metrics["relative_convergence_delta"] < 1e-8
+    assert without.metrics["relative_convergence_delta"] > 1e-2
+    assert any("LayerNorm" in w for w in without.warnings)
+
+
+def _attention_relevance(scale: float) -> tuple[float, float]:
+    """Σ Δ·multiplier over q, k, v of softmax(q·kᵀ)·v, and the reference Σ Δ(output)·g."""
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 5, 4, generator=generator, dtype=torch.float64) for _ in "qkv")
+    q, k = q * scale, k * scale
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    keys = k.transpose(-1, -2)
+    scores = rules._product(q, keys, q.detach() @ keys.detach(), torch.matmul)
+    probabilities = rules._softmax(scores)
+    output = rules._product(probabilities, v, probabilities.detach() @ v.detach(), torch.matmul)
+    g = torch.randn(1, 2, 5, 4, generator=generator, dtype=torch.float64).expand(2, -1, -1, -1)
+    grads = torch.autograd.grad(output, (q, k, v), g)
+    got = sum(
+        float(((t[0] - t[1]).detach() * grad[0]).sum())
+        for t, grad in zip((q, k, v), grads, strict=True)
+    )
+    with torch.no_grad():  # reference: the plain attention at the two points
+        plain = torch.softmax(q @ keys, -1) @ v
+    return got, float(((plain[0] - plain[1]) * g[0]).sum())
+
+
+@pytest.mark.parametrize("scale", [1.0, 10.0, 100.0])
+def test_attention_rule_is_exact_even_when_the_halves_scores_differ_widely(scale):
+    """At scale 100 the two halves' softmax sums differ by e^1000s: nothing may overflow."""
+    got, expected = _attention_relevance(scale)
+    assert got == pytest.approx(expected, rel=1e-9, abs=1e-9)
+
+
+def _requiring_grad(_module, _args, out):
+    return out.requires_grad_(True)
+
+
+def test_rules_never_change_a_forward_value(load_model):
+    """Logits of a paired batch under the rules equal the plain logits, for each family kind."""
+    tokenizer = load_model("tiny-random-bert").tokenizer
+    for name in ("gemma2", "modernbert", "clip"):
+        adapter = _family(tokenizer, name)
+        inputs = _inputs(adapter)
+        kwargs = {k: torch.cat([t, t.flip(-1)]) for k, t in inputs.model_kwargs().items()}
+        if "attention_mask" in kwargs:
+            kwargs["attention_mask"] = torch.ones_like(kwargs["attention_mask"])
+        with torch.no_grad():
+            plain = adapter.logits(**kwargs)
+        hooks = []
+        if adapter.modality == "image":
+            kwargs["pixel_values"].requires_grad_(True)
+        else:  # the embeddings carry the gradient, as in Captum's layer methods
+            embedding = adapter.model.get_input_embeddings()
+            hooks.append(embedding.register_forward_hook(_requiring_grad))
+        try:
+            scope = deeplift_scope(adapter.model, adapter.config, adapter.family)
+            with torch.enable_grad(), scope as report:
+                ruled = adapter.logits(**kwargs)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        assert report.routed_attention and not report.untreated  # the rules were in the pass
+        torch.testing.assert_close(ruled.detach(), plain, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("method", ["deeplift", "deeplift_shap"])
+def test_minilm_deeplift_is_complete_and_not_gradient_times_input(minilm, method):
+    inputs = minilm.preprocess("The movie was wonderful, I loved it.")
+    explanation = explain(minilm, method, inputs)
+    plain = explain(minilm, "gradient_x_input", inputs)
+    assert explanation.metrics["relative_convergence_delta"] < 1e-4  # measured: 7e-7, 2e-7
+    assert not explanation.warnings
+    gap = np.abs(explanation.scores - plain.scores).max() / np.abs(plain.scores).max()
+    assert gap > 0.1
+
+
+def test_minilm_in_float64_sums_to_rounding(minilm):
+    adapter = copy.deepcopy(minilm)
+    adapter.model.double()
+    explanation = explain(adapter, "deeplift", adapter.preprocess("The movie was wonderful."))
+    assert explanation.metrics["relative_convergence_delta"] < 1e-10
+
+
+def test_efficientnet_deeplift_shap_is_complete(effnet):
+    explanation = explain(effnet, "deeplift_shap", effnet.preprocess(data.chelsea()))
+    assert explanation.metrics["relative_convergence_delta"] < 1e-4
+    assert not explanation.warnings
