@@ -12,14 +12,24 @@ batches when the job is cancelled.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from attribution.errors import DeviceMemoryError, InvalidParameterError
-from attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs, text_adapter
+from attribution.errors import DeviceMemoryError, InvalidInputError, InvalidParameterError
+from attribution.masks import (
+    CellMasks,
+    GridMasks,
+    SegmentMasks,
+    ShiftedGridMasks,
+    slic_segments,
+    upsample,
+)
+from attribution.models.base import Adapter, Inputs, TextInputs, text_adapter
 from attribution.run import RunContext
 
 __all__ = [
@@ -28,6 +38,7 @@ __all__ = [
     "BatchRunner",
     "ImagePerturbation",
     "MaskBatches",
+    "Perturbation",
     "TextPerturbation",
     "auto_batch_size",
     "box_blur",
@@ -43,8 +54,6 @@ TEXT_PERTURBATIONS = ("mask", "pad", "delete")
 
 #: Box-blur width of the Sobol authors' blur perturbation (``cv2.blur(x, (10, 10))``).
 DEFAULT_BLUR_SIZE = 10
-_REFERENCE_PIXELS = 224 * 224
-_REFERENCE_TOKENS = 128
 
 
 class MaskBatches(Protocol):
@@ -54,6 +63,51 @@ class MaskBatches(Protocol):
 
     def batch(self, start: int, stop: int) -> torch.Tensor:
         """Masks ``start..stop-1``: ``(b, H, W)`` for images, ``(b, n_tokens)`` for text."""
+        ...
+
+
+class Perturbation(Protocol):
+    """
+    What a perturbation method needs from a modality: masks, their model inputs, their maps.
+
+    A *cell* is what one design variable hides (a grid cell of an image, a token of a text);
+    a mask *element* is what a mask holds a value for (a pixel, a token).
+    """
+
+    def __call__(self, masks: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Model kwargs for a batch of masks."""
+        ...
+
+    def n_cells(self, grid: int) -> int:
+        """Number of cells for a ``grid×grid`` image design (text: its maskable tokens)."""
+        ...
+
+    def design_masks(self, design: torch.Tensor, grid: int, device: torch.device) -> MaskBatches:
+        """Masks from an ``(N, n_cells)`` design of cell values."""
+        ...
+
+    def random_masks(
+        self,
+        n: int,
+        p: float,
+        grid: int,
+        generator: torch.Generator,
+        device: torch.device,
+        superpixels: int | None = None,
+    ) -> MaskBatches:
+        """
+        ``n`` RISE masks keeping each cell with probability ``p``.
+
+        Images: shifted bilinear ``grid×grid`` masks, or ``superpixels`` SLIC segments.
+        """
+        ...
+
+    def cell_map(self, values: np.ndarray, grid: int) -> np.ndarray:
+        """Values per cell, ``(..., n_cells)``, as a map over the input (tokens or H×W)."""
+        ...
+
+    def element_map(self, values: np.ndarray) -> np.ndarray:
+        """Values per mask element as a map over the input (special tokens get 0)."""
         ...
 
 
@@ -90,6 +144,7 @@ class ImagePerturbation:
         baseline: torch.Tensor | None = None,
         blur_size: int = DEFAULT_BLUR_SIZE,
         amplitude_sigma: float = 1.0,
+        image: np.ndarray | None = None,
     ) -> None:
         if kind not in IMAGE_PERTURBATIONS:
             raise InvalidParameterError(
@@ -98,6 +153,7 @@ class ImagePerturbation:
         self.kind = kind
         self.pixels = pixel_values
         self.sigma = amplitude_sigma
+        self.image = image
         self.reference = torch.zeros_like(pixel_values)  # hidden pixels: the mean colour
         if kind == "blur":
             self.reference = box_blur(pixel_values, blur_size)
@@ -112,6 +168,42 @@ class ImagePerturbation:
     def size(self) -> tuple[int, int]:
         """(H, W) of the image."""
         return int(self.pixels.shape[-2]), int(self.pixels.shape[-1])
+
+    def n_cells(self, grid: int) -> int:
+        """``grid²`` cells."""
+        return grid * grid
+
+    def design_masks(self, design: torch.Tensor, grid: int, device: torch.device) -> MaskBatches:
+        """Each design row as a ``grid×grid`` mask upsampled nearest (Sobol)."""
+        return GridMasks(design, self.size, device)
+
+    def random_masks(
+        self,
+        n: int,
+        p: float,
+        grid: int,
+        generator: torch.Generator,
+        device: torch.device,
+        superpixels: int | None = None,
+    ) -> MaskBatches:
+        """Shifted bilinear grid masks (RISE), or binary masks over SLIC superpixels."""
+        if superpixels is None:
+            return ShiftedGridMasks(n, grid, p, self.size, generator, device)
+        if self.image is None:
+            raise InvalidParameterError("superpixels need the image as the model sees it")
+        labels = slic_segments(self.image, superpixels)
+        keep = torch.rand(n, int(labels.max()) + 1, generator=generator) < p
+        return SegmentMasks(keep, labels, device)
+
+    def cell_map(self, values: np.ndarray, grid: int) -> np.ndarray:
+        """Grid values upsampled bicubically to the image size."""
+        grids = values.reshape(-1, grid, grid)
+        maps = np.stack([upsample(one, self.size) for one in grids])
+        return maps.reshape(*values.shape[:-1], *self.size)
+
+    def element_map(self, values: np.ndarray) -> np.ndarray:
+        """Mask elements are pixels already."""
+        return values
 
     def __call__(self, masks: torch.Tensor) -> dict[str, torch.Tensor]:
         """Model kwargs for a batch of ``(b, H, W)`` masks."""
@@ -151,6 +243,41 @@ class TextPerturbation:
         """Number of maskable (non-special) tokens."""
         return int(self.free.numel())
 
+    def n_cells(self, grid: int) -> int:
+        """One cell per maskable token (``grid`` is for images)."""
+        if self.n_tokens == 0:
+            raise InvalidInputError("the text has no tokens to perturb besides special tokens")
+        return self.n_tokens
+
+    def design_masks(self, design: torch.Tensor, grid: int, device: torch.device) -> MaskBatches:
+        """Each design row keeps the tokens whose value is ≥ 0.5."""
+        return CellMasks(design, device)
+
+    def random_masks(
+        self,
+        n: int,
+        p: float,
+        grid: int,
+        generator: torch.Generator,
+        device: torch.device,
+        superpixels: int | None = None,
+    ) -> MaskBatches:
+        """Each token kept with probability ``p``."""
+        if superpixels is not None:
+            raise InvalidParameterError("segments=slic applies to images; text is masked per token")
+        keep = torch.rand(n, self.n_cells(grid), generator=generator) < p
+        return CellMasks(keep, device)
+
+    def cell_map(self, values: np.ndarray, grid: int) -> np.ndarray:
+        """Cells are tokens: as :meth:`element_map`."""
+        return self.element_map(values)
+
+    def element_map(self, values: np.ndarray) -> np.ndarray:
+        """Per-token scores from values over the maskable tokens (special tokens get 0)."""
+        out = np.zeros((*values.shape[:-1], self.ids.numel()), dtype=np.float64)
+        out[..., self.free.cpu().numpy()] = values
+        return out
+
     def __call__(self, masks: torch.Tensor) -> dict[str, torch.Tensor]:
         """Model kwargs for a batch of ``(b, n_tokens)`` keep masks."""
         b, length = masks.shape[0], self.ids.numel()
@@ -169,26 +296,28 @@ class TextPerturbation:
 
 def perturbation_for(
     adapter: Adapter, inputs: Inputs, image_kind: str = "inpainting", text_kind: str = "mask"
-) -> ImagePerturbation | TextPerturbation:
+) -> Perturbation:
     """The perturbation matching the input's modality."""
     if isinstance(inputs, TextInputs):
         return TextPerturbation(adapter, inputs, text_kind)
-    return ImagePerturbation(inputs.pixel_values, image_kind)
+    return ImagePerturbation(inputs.pixel_values, image_kind, image=inputs.image)
+
+
+#: Default forward batch per modality: (CPU, GPU) batch at a reference map size.
+_BATCH_GUESSES = {"image": (16, 256, 224 * 224), "text": (64, 512, 128)}
 
 
 def auto_batch_size(adapter: Adapter, inputs: Inputs) -> int:
     """
-    Default forward batch: 16 images of 224² on a CPU (256 on a GPU), scaled by input size.
+    Default forward batch, scaled by the input's size from a reference size.
+
+    16 images of 224² or 64 texts of 128 tokens on a CPU; 256 / 512 on a GPU.
 
     Too large a guess on a GPU is harmless: :class:`BatchRunner` halves it on out-of-memory.
     """
-    cuda = adapter.device.type == "cuda"
-    if isinstance(inputs, ImageInputs):
-        size = inputs.pixel_values.shape[-2] * inputs.pixel_values.shape[-1]
-        guess = (256 if cuda else 16) * _REFERENCE_PIXELS / max(size, 1)
-    else:
-        guess = (512 if cuda else 64) * _REFERENCE_TOKENS / max(inputs.input_ids.shape[1], 1)
-    return int(min(1024, max(1, guess)))
+    cpu, gpu, reference = _BATCH_GUESSES[inputs.modality]
+    guess = (gpu if adapter.device.type == "cuda" else cpu) * reference
+    return int(min(1024, max(1, guess / max(math.prod(inputs.map_shape), 1))))
 
 
 class BatchRunner:
@@ -267,7 +396,7 @@ class BatchRunner:
     def score(
         self,
         masks: MaskBatches,
-        perturbation: ImagePerturbation | TextPerturbation,
+        perturbation: Perturbation,
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Yield ``(masks, logits)`` per batch; the masks are generated for that batch only."""
         current: dict[str, torch.Tensor] = {}

@@ -26,7 +26,7 @@ from _tables import print_table
 from skimage import data
 
 import attribution
-from attribution.methods._masks import ShiftedGridMasks
+from attribution.masks import ShiftedGridMasks
 from attribution.models.base import Adapter, Inputs
 from attribution.perturb import TextPerturbation, perturbation_for
 

@@ -13,7 +13,7 @@ from skimage.transform import resize
 
 import attribution
 from attribution.errors import DeviceMemoryError, InvalidParameterError, JobCancelledError
-from attribution.methods._masks import CellMasks, GridMasks, ShiftedGridMasks
+from attribution.masks import CellMasks, GridMasks, ShiftedGridMasks
 from attribution.models.base import Adapter
 from attribution.perturb import (
     BatchRunner,

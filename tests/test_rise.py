@@ -9,7 +9,7 @@ import torch
 
 import attribution
 from attribution.errors import InvalidParameterError
-from attribution.methods._masks import ShiftedGridMasks
+from attribution.masks import ShiftedGridMasks
 from attribution.models.base import Adapter
 
 SMALL = {"n_masks": 400, "grid": 4}

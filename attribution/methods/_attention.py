@@ -13,10 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from attribution.errors import UnsupportedMethodError
-from attribution.models.base import Adapter, Inputs, TextInputs, image_adapter, patch_grid
+from attribution.models.base import Adapter, Inputs, patch_grid
 from attribution.params import Param
 from attribution.run import RunContext
 
@@ -89,10 +88,7 @@ def attention_graph(
         layers = adapter.attentions(**inputs.model_kwargs())
     run.count(forward=1)
     fused = torch.stack([fuse_heads(layer[0].double(), head_fusion) for layer in layers])
-    if isinstance(inputs, TextInputs):
-        keep = inputs.attention_mask[0].bool().to(fused.device)
-    else:
-        keep = torch.ones(fused.shape[-1], dtype=torch.bool, device=fused.device)
+    keep = inputs.visible_tokens(fused.shape[-1]).to(fused.device)
     if not keep.all():
         fused = fused[:, keep][:, :, keep]
     return AttentionGraph(fused, keep, readout_weights(adapter, fused.shape[-1]).to(fused.device))
@@ -159,19 +155,6 @@ def to_scores(
     Returns:
         ``np.ndarray`` of shape ``(T,)`` or ``(H, W)``, float64.
     """
-    values = values.detach().double()
-    if isinstance(inputs, TextInputs):
-        full = torch.zeros(graph.keep.shape[0], dtype=torch.float64, device=values.device)
-        full[graph.keep] = values
-        return full.cpu().numpy()
-    rows, cols = patch_grid(adapter)
-    if values.shape[0] < rows * cols:
-        raise UnsupportedMethodError(
-            f"model '{adapter.model_id}' has {values.shape[0]} tokens, fewer than its "
-            f"{rows}×{cols} patch grid"
-        )
-    grid = values[-rows * cols :].reshape(1, 1, rows, cols)
-    upsampled = F.interpolate(
-        grid, size=tuple(image_adapter(adapter).transform.size), mode="bilinear"
-    )
-    return upsampled[0, 0].cpu().numpy()
+    full = torch.zeros(graph.keep.shape[0], dtype=torch.float64, device=values.device)
+    full[graph.keep] = values.detach().double()
+    return inputs.token_map(adapter, full)

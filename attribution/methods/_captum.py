@@ -1,8 +1,9 @@
 """
-Glue between adapters and Captum: forward functions, inputs, baselines, reductions.
+Glue between adapters and Captum: forward functions, baselines, DeepLIFT's scope.
 
-Text methods attribute to the output of the token-embedding layer (Captum ``Layer*``
-classes), images attribute to the normalised pixels. DeepLIFT needs the forward pass as an
+What is attributed to (token embeddings or pixels), the references and how attributions reduce
+to scores belong to the inputs (:class:`~attribution.models.base.TextInputs`,
+:class:`~attribution.models.base.ImageInputs`). DeepLIFT needs the forward pass as an
 ``nn.Module`` (it hooks the model's submodules): :class:`AdapterModule` provides that, and
 :func:`deeplift_scope` undoes what Captum's DeepLIFT leaves on modules when a forward fails.
 """
@@ -15,7 +16,6 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-import numpy as np
 import torch
 from captum.attr import Attribution as CaptumAttribution
 from torch import nn
@@ -27,7 +27,7 @@ from attribution.methods._deeplift_rules import (
     transformer_deeplift_rules,
     treated_norm,
 )
-from attribution.models.base import Adapter, Inputs, TextInputs, image_adapter, text_adapter
+from attribution.models.base import Adapter, Inputs
 from attribution.params import Param
 from attribution.run import RunContext
 
@@ -39,7 +39,6 @@ __all__ = [
     "deeplift_scope",
     "delta_metrics",
     "forward_function",
-    "to_scores",
     "untreated_by_deeplift",
     "warn_untreated",
 ]
@@ -52,14 +51,12 @@ BASELINE_PARAM = Param(
     "(normalised zero) or 'black'. 'auto' = pad for text, mean for images.",
     choices=("auto", "pad", "mask", "mean", "black"),
 )
-_BASELINES = {"text": ("pad", "mask"), "image": ("mean", "black")}
 
 
 def forward_function(adapter: Adapter, inputs: Inputs) -> Callable[..., torch.Tensor]:
-    """Positional-argument forward for Captum, matching :func:`main_input`."""
-    if isinstance(inputs, TextInputs):
-        return lambda ids, mask: adapter.logits(input_ids=ids, attention_mask=mask)
-    return lambda pixels: adapter.logits(pixel_values=pixels)
+    """Positional-argument forward for Captum, in the order of ``inputs.forward_keys``."""
+    keys = inputs.forward_keys
+    return lambda *tensors: adapter.logits(**dict(zip(keys, tensors, strict=True)))
 
 
 class AdapterModule(nn.Module):
@@ -81,64 +78,40 @@ class AdapterModule(nn.Module):
         return self._logits(**dict(zip(self.keys, tensors, strict=True)))
 
 
-def forward_module(adapter: Adapter, inputs: Inputs) -> AdapterModule:
-    """Module form of :func:`forward_function` (same positional arguments)."""
-    keys = ("input_ids", "attention_mask") if isinstance(inputs, TextInputs) else ("pixel_values",)
-    return AdapterModule(adapter, keys)
-
-
-def main_input(inputs: Inputs) -> tuple[torch.Tensor, tuple[Any, ...]]:
-    """The tensor Captum attributes to, and the extra forward arguments."""
-    if isinstance(inputs, TextInputs):
-        return inputs.input_ids, (inputs.attention_mask,)
-    return inputs.pixel_values.detach().clone().requires_grad_(True), ()  # Captum wants grads on
-
-
 def baseline_for(adapter: Adapter, inputs: Inputs, kind: str) -> torch.Tensor:
-    """Reference input of the same shape as :func:`main_input`'s tensor."""
-    allowed = _BASELINES[inputs.modality]
+    """Reference input of the same shape as the tensor ``inputs.attributed()`` gives."""
+    allowed = inputs.references
     kind = allowed[0] if kind == "auto" else kind
     if kind not in allowed:
         raise InvalidParameterError(
             f"baseline '{kind}' does not apply to {inputs.modality}; use {' or '.join(allowed)}"
         )
-    if isinstance(inputs, TextInputs):
-        text = text_adapter(adapter)
-        fill = text.pad_token_id if kind == "pad" else text.mask_token_id
-        return torch.where(inputs.special_tokens, inputs.input_ids, fill)
-    if kind == "mean":
-        return torch.zeros_like(inputs.pixel_values)
-    transform = image_adapter(adapter).transform
-    mean = torch.tensor(transform.mean, device=inputs.pixel_values.device)
-    std = torch.tensor(transform.std, device=inputs.pixel_values.device)
-    return (-mean / std).view(1, 3, 1, 1).expand_as(inputs.pixel_values).clone()
-
-
-def to_scores(attributions: torch.Tensor) -> np.ndarray:
-    """Sum over embedding dimensions (text) or colour channels (image) for example 0."""
-    reduce_dim = -1 if attributions.dim() == 3 else 0
-    return attributions[0].sum(dim=reduce_dim).detach().double().cpu().numpy()
+    return inputs.reference(adapter, kind)
 
 
 def attribute_with(
     adapter: Adapter,
     inputs: Inputs,
-    text_method: Callable[..., CaptumAttribution],
-    image_method: Callable[..., CaptumAttribution],
+    layer_method: Callable[..., CaptumAttribution],
+    input_method: Callable[..., CaptumAttribution],
     as_module: bool = False,
     **kwargs: Any,
 ) -> Any:
     """
-    Build the Captum method for the modality and call ``attribute`` on the main input.
+    Build the Captum method and call ``attribute`` on ``inputs.attributed()``.
 
-    ``as_module`` passes the forward pass as an :class:`AdapterModule` (DeepLIFT needs it).
+    ``layer_method`` (Captum's ``Layer*`` class) when the inputs attribute to a layer (token
+    embeddings), else ``input_method``. ``as_module`` passes the forward pass as an
+    :class:`AdapterModule` (DeepLIFT needs it).
     """
-    forward = forward_module(adapter, inputs) if as_module else forward_function(adapter, inputs)
-    tensor, extra = main_input(inputs)
-    if isinstance(inputs, TextInputs):
-        method = text_method(forward, adapter.token_embedding_module())
-    else:
-        method = image_method(forward)
+    forward = (
+        AdapterModule(adapter, inputs.forward_keys)
+        if as_module
+        else forward_function(adapter, inputs)
+    )
+    tensor, extra = inputs.attributed()
+    layer = inputs.attribution_layer(adapter)
+    method = input_method(forward) if layer is None else layer_method(forward, layer)
     return method.attribute(tensor, additional_forward_args=extra or None, **kwargs)
 
 

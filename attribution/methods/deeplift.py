@@ -13,7 +13,6 @@ from attribution.methods._captum import (
     baseline_for,
     deeplift_scope,
     delta_metrics,
-    to_scores,
     warn_untreated,
 )
 from attribution.methods.base import Attribution, AttributionMethod
@@ -63,7 +62,7 @@ class DeepLift(AttributionMethod):
                 return_convergence_delta=True,
             )
         run.count(forward=3, backward=1)  # input+baseline batch, then F(x) and F(x0) for delta
-        scores = to_scores(attributions)
+        scores = inputs.reduce(attributions)
         metrics = delta_metrics(float(scores.sum()), float(delta.sum()))
         warn_untreated(adapter.model, run, metrics, report)
         return Attribution(scores=scores, metrics=metrics)

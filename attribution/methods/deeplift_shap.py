@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 from captum.attr import DeepLiftShap as CaptumDeepLiftShap
@@ -13,12 +14,11 @@ from attribution.methods._captum import (
     baseline_for,
     deeplift_scope,
     delta_metrics,
-    to_scores,
     warn_untreated,
 )
 from attribution.methods.base import Attribution, AttributionMethod
 from attribution.methods.registry import register
-from attribution.models.base import Adapter, Inputs, TextInputs
+from attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
 from attribution.params import Param
 from attribution.run import RunContext
 
@@ -43,6 +43,48 @@ def reference_distribution(
     return reference + (noise * scale) * epsilon.to(reference.device, reference.dtype)
 
 
+@dataclass(frozen=True)
+class _ReferenceSpace:
+    """Where the reference cloud lives: the tensor attributed to and how the model takes it."""
+
+    tensor: torch.Tensor  # (1, ...) the input in that space
+    reference: torch.Tensor  # (1, ...) the baseline in that space
+    scale: float  # typical spread of the input there
+    fixed: torch.Tensor  # broadcastable bool: positions every reference keeps from the input
+    keys: tuple[str, ...]  # model keywords for (tensor, *extra)
+    extra: tuple[torch.Tensor, ...] | None
+
+
+def _embedding_space(adapter: Adapter, inputs: Inputs, baseline: torch.Tensor) -> _ReferenceSpace:
+    """Text: token embeddings (``inputs_embeds``); special tokens stay the input's."""
+    text = cast(TextInputs, inputs)
+    embedding = adapter.token_embedding_module()
+    with torch.no_grad():
+        tensor, reference = embedding(text.input_ids), embedding(baseline)
+    weight = getattr(embedding, "weight", None)
+    scale = (
+        float(weight.detach().std()) if isinstance(weight, torch.Tensor) else float(tensor.std())
+    )
+    return _ReferenceSpace(
+        tensor,
+        reference,
+        scale,
+        text.special_tokens.view(1, -1, 1),
+        ("inputs_embeds", "attention_mask"),
+        (text.attention_mask,),
+    )
+
+
+def _pixel_space(adapter: Adapter, inputs: Inputs, baseline: torch.Tensor) -> _ReferenceSpace:
+    """Images: normalised pixels, in their own units."""
+    pixels = cast(ImageInputs, inputs).pixel_values
+    fixed = torch.zeros(1, dtype=torch.bool, device=pixels.device)
+    return _ReferenceSpace(pixels, baseline, 1.0, fixed, ("pixel_values",), None)
+
+
+_SPACES = {"text": _embedding_space, "image": _pixel_space}
+
+
 @register
 class DeepLiftShap(AttributionMethod):
     """
@@ -55,7 +97,7 @@ class DeepLiftShap(AttributionMethod):
     the model as ``inputs_embeds``), summed over the embedding dimension; images to pixels,
     summed over channels. ``metrics.convergence_delta`` is ``Σ attributions − (F(x) − mean
     F(references))``; ``max_abs_reference_delta`` is the largest delta of a single reference.
-    Captum's DeepLIFT has no rule for GELU/SiLU, LayerNorm or attention: a warning says so.
+    The multipliers are DeepLIFT's (see ``deeplift``), transformer rules included.
     """
 
     name = "deeplift_shap"
@@ -83,36 +125,20 @@ class DeepLiftShap(AttributionMethod):
     ) -> Attribution:
         baseline = baseline_for(adapter, inputs, params["baseline"])
         count, noise = params["n_references"], params["noise"]
-        if isinstance(inputs, TextInputs):
-            embedding = adapter.token_embedding_module()
-            with torch.no_grad():
-                tensor, reference = embedding(inputs.input_ids), embedding(baseline)
-            weight = getattr(embedding, "weight", None)
-            scale = (
-                float(weight.detach().std())
-                if isinstance(weight, torch.Tensor)
-                else float(tensor.std())
-            )
-            references = reference_distribution(reference, count, noise, scale, run)
-            special = inputs.special_tokens.view(1, -1, 1)
-            references = torch.where(special, tensor, references)
-            module = AdapterModule(adapter, ("inputs_embeds", "attention_mask"))
-            extra = (inputs.attention_mask,)
-        else:
-            tensor = inputs.pixel_values
-            references = reference_distribution(baseline, count, noise, 1.0, run)
-            module = AdapterModule(adapter, ("pixel_values",))
-            extra = None
+        space = _SPACES[inputs.modality](adapter, inputs, baseline)
+        references = reference_distribution(space.reference, count, noise, space.scale, run)
+        references = torch.where(space.fixed, space.tensor, references)
+        module = AdapterModule(adapter, space.keys)
         with deeplift_scope(adapter.model, adapter.config, adapter.family) as report:
             attributions, delta = CaptumDeepLiftShap(module).attribute(
-                tensor,
+                space.tensor,
                 baselines=references,
                 target=target,
-                additional_forward_args=extra,
+                additional_forward_args=space.extra,
                 return_convergence_delta=True,
             )
         run.count(forward=3 * count, backward=count)
-        scores = to_scores(attributions)
+        scores = inputs.reduce(attributions)
         metrics = delta_metrics(float(scores.sum()), float(delta.double().mean()))
         metrics["max_abs_reference_delta"] = float(delta.abs().max())
         warn_untreated(adapter.model, run, metrics, report)

@@ -12,7 +12,7 @@ from attribution.errors import InvalidParameterError, UnsupportedMethodError
 from attribution.methods._captum import forward_function
 from attribution.methods.base import Attribution, AttributionMethod
 from attribution.methods.registry import register
-from attribution.models.base import Adapter, ImageInputs, Inputs
+from attribution.models.base import Adapter, Inputs
 from attribution.params import Param
 from attribution.run import RunContext
 
@@ -87,27 +87,26 @@ class GradCam(AttributionMethod):
     def attribute(
         cls, adapter: Adapter, inputs: Inputs, target: int, params: dict[str, Any], run: RunContext
     ) -> Attribution:
-        if not isinstance(inputs, ImageInputs):
+        if inputs.modality != "image":
             raise UnsupportedMethodError("Grad-CAM explains images only")
+        pixels, _ = inputs.attributed()
         name = params["layer"]
         if name == "auto":
-            name = last_feature_map(adapter, inputs.pixel_values)
+            name = last_feature_map(adapter, pixels)
             run.count(forward=1)
         modules = dict(adapter.model.named_modules())
         if name not in modules or not name:
             raise InvalidParameterError(
                 f"parameter 'layer' must name a module of the model (e.g. "
-                f"'{last_feature_map(adapter, inputs.pixel_values)}'); got {name!r}"
+                f"'{last_feature_map(adapter, pixels)}'); got {name!r}"
             )
         cam = LayerGradCam(forward_function(adapter, inputs), modules[name]).attribute(
-            inputs.pixel_values, target=target, relu_attributions=True
+            pixels, target=target, relu_attributions=True
         )
         run.count(forward=1, backward=1)
         if cam.dim() != 4:
             raise InvalidParameterError(
                 f"parameter 'layer': module '{name}' does not output a (B, C, h, w) feature map"
             )
-        upsampled = LayerAttribution.interpolate(
-            cam, tuple(inputs.pixel_values.shape[-2:]), interpolate_mode="bilinear"
-        )
+        upsampled = LayerAttribution.interpolate(cam, inputs.map_shape, interpolate_mode="bilinear")
         return Attribution(scores=upsampled[0, 0].detach().double().cpu().numpy())

@@ -6,7 +6,7 @@ from typing import Any
 
 from captum.attr import InputXGradient, LayerGradientXActivation
 
-from attribution.methods._captum import attribute_with, to_scores
+from attribution.methods._captum import attribute_with
 from attribution.methods.base import Attribution, AttributionMethod
 from attribution.methods.registry import register
 from attribution.models.base import Adapter, Inputs
@@ -38,4 +38,4 @@ class GradientXInput(AttributionMethod):
             adapter, inputs, LayerGradientXActivation, InputXGradient, target=target
         )
         run.count(forward=1, backward=1)
-        return Attribution(scores=to_scores(attributions))
+        return Attribution(scores=inputs.reduce(attributions))

@@ -7,7 +7,7 @@ from typing import Any
 from captum.attr import IntegratedGradients as CaptumIG
 from captum.attr import LayerIntegratedGradients
 
-from attribution.methods._captum import BASELINE_PARAM, attribute_with, baseline_for, to_scores
+from attribution.methods._captum import BASELINE_PARAM, attribute_with, baseline_for
 from attribution.methods.base import Attribution, AttributionMethod
 from attribution.methods.registry import register
 from attribution.models.base import Adapter, Inputs
@@ -64,7 +64,7 @@ class IntegratedGradients(AttributionMethod):
             return_convergence_delta=True,
         )
         run.count(forward=params["n_steps"] + 2, backward=params["n_steps"])
-        scores = to_scores(attributions)
+        scores = inputs.reduce(attributions)
         delta_value = float(delta.sum())
         difference = float(scores.sum()) - delta_value  # F(x) - F(baseline)
         relative = abs(delta_value) / max(abs(difference), 1e-12)

@@ -2,24 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from captum.attr import FeatureAblation
 from captum.attr import Occlusion as CaptumOcclusion
 
 from attribution.errors import InvalidParameterError
-from attribution.methods._captum import BASELINE_PARAM, baseline_for, main_input
+from attribution.masks import slic_segments
+from attribution.methods._captum import BASELINE_PARAM, baseline_for
 from attribution.methods._masks import (
     BATCH_SIZE_PARAM,
     N_SEGMENTS_PARAM,
     SEGMENTS_PARAM,
     check_segments,
-    slic_segments,
 )
 from attribution.methods.base import Attribution, AttributionMethod
 from attribution.methods.registry import register
-from attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
+from attribution.models.base import Adapter, ImageInputs, Inputs
 from attribution.params import Param
 from attribution.perturb import BatchRunner, auto_batch_size
 from attribution.run import RunContext
@@ -64,16 +64,18 @@ class Occlusion(AttributionMethod):
     ) -> Attribution:
         check_segments(inputs, params["segments"])
         batch_size = params["batch_size"] or auto_batch_size(adapter, inputs)
-        tensor, extra = main_input(inputs)
+        tensor, extra = inputs.attributed()
         baseline = baseline_for(adapter, inputs, params["baseline"])
         if params["segments"] == "slic":
-            assert isinstance(inputs, ImageInputs)
-            labels = slic_segments(inputs, params["n_segments"]).to(tensor.device)
+            image = cast(ImageInputs, inputs).image  # check_segments: images only
+            labels = slic_segments(image, params["n_segments"]).to(tensor.device)
             runner = BatchRunner(adapter, run, batch_size, int(labels.max()) + 2)
             method = FeatureAblation(_forward(runner, inputs))
             kwargs: dict[str, Any] = {"feature_mask": labels[None, None]}
         else:
-            window, stride, windows = _windows(inputs, params["window"], params["stride"])
+            window, stride, windows = _windows(
+                inputs.map_shape, tensor.shape[1:], params["window"], params["stride"]
+            )
             runner = BatchRunner(adapter, run, batch_size, windows + 1)
             method = CaptumOcclusion(_forward(runner, inputs))
             kwargs = {"sliding_window_shapes": window, "strides": stride}
@@ -86,26 +88,26 @@ class Occlusion(AttributionMethod):
             **kwargs,
         )
         # Windows span all channels, so every channel holds the same drop: keep one.
-        scores = attributions[0] if isinstance(inputs, TextInputs) else attributions[0, 0]
+        scores = attributions[0].reshape(-1, *inputs.map_shape)[0]
         return Attribution(scores=scores.detach().double().cpu().numpy())
 
 
 def _forward(runner: BatchRunner, inputs: Inputs) -> Any:
-    if isinstance(inputs, TextInputs):
-        return lambda ids, mask: runner.logits(input_ids=ids, attention_mask=mask)
-    return lambda pixels: runner.logits(pixel_values=pixels)
+    keys = inputs.forward_keys
+    return lambda *tensors: runner.logits(**dict(zip(keys, tensors, strict=True)))
 
 
 def _windows(
-    inputs: Inputs, window: int | None, stride: int | None
+    sizes: tuple[int, ...], attributed: tuple[int, ...], window: int | None, stride: int | None
 ) -> tuple[tuple[int, ...], tuple[int, ...], int]:
-    """Captum window and stride shapes, and the number of window positions."""
-    if isinstance(inputs, TextInputs):
-        sizes: tuple[int, ...] = (inputs.input_ids.shape[1],)
-        window = window or 1
-    else:
-        sizes = tuple(int(s) for s in inputs.pixel_values.shape[-2:])
-        window = window or max(1, min(sizes) // 8)
+    """
+    Captum window and stride shapes, and the number of window positions.
+
+    ``sizes`` is the score map's shape (tokens, or H×W); the attributed tensor's leading
+    dimensions before it (colour channels) are covered whole. By default a window is one token
+    of a text, an eighth of an image's shorter side.
+    """
+    window = window or (1 if len(sizes) == 1 else max(1, min(sizes) // 8))
     stride = stride or max(1, window // 2)
     if window > min(sizes):
         raise InvalidParameterError(
@@ -115,7 +117,10 @@ def _windows(
         raise InvalidParameterError(
             f"parameter 'stride' must not exceed the window ({window}); got {stride}"
         )
+    lead = tuple(attributed[: len(attributed) - len(sizes)])
     counts = [int(np.ceil((size - window) / stride)) + 1 for size in sizes]
-    if isinstance(inputs, TextInputs):
-        return (window,), (stride,), counts[0]
-    return (3, window, window), (3, stride, stride), counts[0] * counts[1]
+    return (
+        (*lead, *(window,) * len(sizes)),
+        (*lead, *(stride,) * len(sizes)),
+        int(np.prod(counts)),
+    )

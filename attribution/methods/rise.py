@@ -13,28 +13,15 @@ from attribution.methods._masks import (
     SEED_PARAM,
     SEGMENTS_PARAM,
     TEXT_PERTURBATION_PARAM,
-    CellMasks,
-    SegmentMasks,
-    ShiftedGridMasks,
     check_segments,
     generator_for,
     noise_ratio,
-    require_tokens,
-    scatter_tokens,
-    slic_segments,
 )
 from attribution.methods.base import Attribution, AttributionMethod
 from attribution.methods.registry import register
-from attribution.models.base import Adapter, Inputs, TextInputs
+from attribution.models.base import Adapter, Inputs
 from attribution.params import Param
-from attribution.perturb import (
-    BatchRunner,
-    ImagePerturbation,
-    MaskBatches,
-    TextPerturbation,
-    auto_batch_size,
-    perturbation_for,
-)
+from attribution.perturb import BatchRunner, auto_batch_size, perturbation_for
 from attribution.run import RunContext
 
 __all__ = ["RISE", "RiseEstimator"]
@@ -134,7 +121,14 @@ class RISE(AttributionMethod):
             adapter, inputs, params["perturbation"], params["text_perturbation"]
         )
         generator = generator_for(run, params["seed"])
-        masks = _masks(inputs, perturbation, params, generator, adapter.device)
+        masks = perturbation.random_masks(
+            params["n_masks"],
+            params["p"],
+            params["grid"],
+            generator,
+            adapter.device,
+            params["n_segments"] if params["segments"] == "slic" else None,
+        )
         classes = _classes(adapter, inputs, target, run)
         first = masks.batch(0, 1)
         estimator = RiseEstimator(classes, first[0].numel(), params["p"])
@@ -145,33 +139,13 @@ class RISE(AttributionMethod):
             estimator.add(batch, scores)
         maps = estimator.saliency().reshape(len(classes), *first.shape[1:])
         std_error = estimator.std_error().reshape(first.shape[1:])
-        if isinstance(inputs, TextInputs):
-            maps, std_error = scatter_tokens(maps, inputs), scatter_tokens(std_error, inputs)
+        maps, std_error = perturbation.element_map(maps), perturbation.element_map(std_error)
         extra = {f"class_{c}": maps[i] for i, c in enumerate(classes)}
         return Attribution(
             scores=maps[0],
             maps={"std_error": std_error, **extra},
             metrics={"noise_ratio": noise_ratio(std_error, maps[0])},
         )
-
-
-def _masks(
-    inputs: Inputs,
-    perturbation: ImagePerturbation | TextPerturbation,
-    params: dict[str, Any],
-    generator: torch.Generator,
-    device: torch.device,
-) -> MaskBatches:
-    n, p = params["n_masks"], params["p"]
-    if isinstance(perturbation, TextPerturbation):
-        require_tokens(perturbation.n_tokens)
-        keep = torch.rand(n, perturbation.n_tokens, generator=generator) < p
-        return CellMasks(keep, device)
-    if params["segments"] == "slic":
-        labels = slic_segments(inputs, params["n_segments"])  # type: ignore[arg-type]
-        keep = torch.rand(n, int(labels.max()) + 1, generator=generator) < p
-        return SegmentMasks(keep, labels, device)
-    return ShiftedGridMasks(n, params["grid"], p, perturbation.size, generator, device)
 
 
 def _classes(adapter: Adapter, inputs: Inputs, target: int, run: RunContext) -> list[int]:

@@ -15,7 +15,7 @@ from attribution.methods._attention import (
 )
 from attribution.methods.base import Attribution, AttributionMethod
 from attribution.methods.registry import register
-from attribution.models.base import Adapter, ImageInputs, Inputs, patch_grid
+from attribution.models.base import Adapter, Inputs, patch_grid
 from attribution.params import Param
 from attribution.run import RunContext
 
@@ -108,7 +108,7 @@ class AttentionRollout(AttributionMethod):
         rolled = attention_rollout(graph.fused, params["discard_ratio"], params["start_layer"])
         row = graph.readout @ rolled
         metrics = {}
-        if isinstance(inputs, ImageInputs):
+        if inputs.modality == "image":  # how much ends on CLS / registers rather than patches
             rows, cols = patch_grid(adapter)
             metrics["non_patch_share"] = float(row[: row.shape[0] - rows * cols].sum())
         return Attribution(scores=to_scores(adapter, inputs, graph, row), metrics=metrics)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import shap
@@ -49,10 +49,7 @@ class Shap(AttributionMethod):
     ) -> Attribution:
         batch_size = params["batch_size"] or auto_batch_size(adapter, inputs)
         runner = BatchRunner(adapter, run, batch_size, params["max_evals"])
-        if isinstance(inputs, TextInputs):
-            explain, data, reduce = _text(adapter, inputs, runner)
-        else:
-            explain, data, reduce = _image(inputs, runner, params["blur"])
+        explain, data, reduce = _EXPLAINERS[inputs.modality](adapter, inputs, runner, params)
         result = explain(
             data,
             max_evals=params["max_evals"],
@@ -74,12 +71,13 @@ class Shap(AttributionMethod):
 
 
 def _image(
-    inputs: ImageInputs, runner: BatchRunner, blur: int
+    adapter: Adapter, inputs: Inputs, runner: BatchRunner, params: dict[str, Any]
 ) -> tuple[Any, Any, Callable[[np.ndarray], np.ndarray]]:
     """Partition explainer over normalised H×W×3 pixels, blurred where hidden."""
-    device = inputs.pixel_values.device
-    pixels = inputs.pixel_values[0].permute(1, 2, 0).cpu().numpy().astype(np.float32)
-    blurred = box_blur(inputs.pixel_values, blur)[0].permute(1, 2, 0).cpu().numpy()
+    image, blur = cast(ImageInputs, inputs), params["blur"]
+    device = image.pixel_values.device
+    pixels = image.pixel_values[0].permute(1, 2, 0).cpu().numpy().astype(np.float32)
+    blurred = box_blur(image.pixel_values, blur)[0].permute(1, 2, 0).cpu().numpy()
     masker = shap.maskers.Image(blurred.astype(np.float32), pixels.shape)
 
     def model(batch: np.ndarray) -> np.ndarray:
@@ -91,16 +89,17 @@ def _image(
 
 
 def _text(
-    adapter: Adapter, inputs: TextInputs, runner: BatchRunner
+    adapter: Adapter, inputs: Inputs, runner: BatchRunner, params: dict[str, Any]
 ) -> tuple[Any, Any, Callable[[np.ndarray], np.ndarray]]:
     """Partition explainer over the masker's tokens, mapped onto the model's tokens."""
+    tokens = cast(TextInputs, inputs)
     tokenizer = text_adapter(adapter).tokenizer
-    text = _kept_text(adapter, inputs)
+    text = _kept_text(adapter, tokens)
     encoded = tokenizer(text, return_special_tokens_mask=True)
     masker_ids = np.asarray(encoded["input_ids"])
     masker_free = np.flatnonzero(np.asarray(encoded["special_tokens_mask"]) == 0)
-    ours = inputs.input_ids[0]
-    our_free = (~inputs.special_tokens).nonzero().squeeze(1).cpu().numpy()
+    ours = tokens.input_ids[0]
+    our_free = (~tokens.special_tokens).nonzero().squeeze(1).cpu().numpy()
     if np.array_equal(masker_ids, ours.cpu().numpy()):
         source = target = np.arange(len(masker_ids))  # same tokens, special ones included
     elif len(masker_free) == len(our_free) and np.array_equal(
@@ -121,15 +120,19 @@ def _text(
         masked = torch.as_tensor(np.asarray(batch, dtype=np.int64)[:, source], device=ours.device)
         ids = ours.expand(masked.shape[0], -1).clone()
         ids[:, target_index] = masked
-        mask = inputs.attention_mask.expand_as(ids)
+        mask = tokens.attention_mask.expand_as(ids)
         return runner.logits(input_ids=ids, attention_mask=mask).cpu().numpy()
 
     def reduce(values: np.ndarray) -> np.ndarray:
-        scores = np.zeros(len(inputs.tokens))
+        scores = np.zeros(len(tokens.tokens))
         scores[target] = values[source]
         return scores
 
     return shap.explainers.Partition(model, masker), [text], reduce
+
+
+#: The shap masker and data for each modality.
+_EXPLAINERS = {"text": _text, "image": _image}
 
 
 def _kept_text(adapter: Adapter, inputs: TextInputs) -> str:

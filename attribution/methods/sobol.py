@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
@@ -12,24 +12,13 @@ from scipy.stats import qmc
 from attribution.methods._masks import (
     BATCH_SIZE_PARAM,
     TEXT_PERTURBATION_PARAM,
-    CellMasks,
-    GridMasks,
     noise_ratio,
-    require_tokens,
-    scatter_tokens,
-    upsample,
 )
 from attribution.methods.base import Attribution, AttributionMethod
 from attribution.methods.registry import register
-from attribution.models.base import Adapter, Inputs, TextInputs
+from attribution.models.base import Adapter, Inputs
 from attribution.params import Param, power_of_two
-from attribution.perturb import (
-    BatchRunner,
-    ImagePerturbation,
-    TextPerturbation,
-    auto_batch_size,
-    perturbation_for,
-)
+from attribution.perturb import BatchRunner, auto_batch_size, perturbation_for
 from attribution.run import RunContext
 
 __all__ = ["Sobol", "jansen_total_order", "sobol_design", "total_order_indices"]
@@ -152,17 +141,10 @@ class Sobol(AttributionMethod):
         perturbation = perturbation_for(
             adapter, inputs, params["perturbation"], params["text_perturbation"]
         )
-        if isinstance(perturbation, TextPerturbation):
-            require_tokens(perturbation.n_tokens)
-            dimension = perturbation.n_tokens
-        else:
-            dimension = params["grid"] ** 2
+        dimension = perturbation.n_cells(params["grid"])
         run.plan(n * (dimension + 2), "n_designs or grid")  # before the design is built
         design = torch.from_numpy(sobol_design(dimension, n)).float()
-        if isinstance(perturbation, TextPerturbation):
-            masks = CellMasks(design, adapter.device)
-        else:
-            masks = GridMasks(design, perturbation.size, adapter.device)
+        masks = perturbation.design_masks(design, params["grid"], adapter.device)
         batch_size = params["batch_size"] or auto_batch_size(adapter, inputs)
         runner = BatchRunner(adapter, run, batch_size, len(masks))
         y = np.concatenate(
@@ -179,15 +161,9 @@ class Sobol(AttributionMethod):
                 "the target logit did not vary under the Sobol masks (zero variance): "
                 "the map is all zeros"
             )
-        if isinstance(inputs, TextInputs):
-            scores, std_error = scatter_tokens(indices, inputs), scatter_tokens(std_error, inputs)
-        else:
-            shape, size = (
-                (params["grid"], params["grid"]),
-                cast(ImagePerturbation, perturbation).size,
-            )
-            scores = upsample(indices.reshape(shape), size)
-            std_error = np.clip(upsample(std_error.reshape(shape), size), 0, None)
+        scores = perturbation.cell_map(indices, params["grid"])
+        # bicubic upsampling may dip below zero between cells; an error is not negative
+        std_error = np.clip(perturbation.cell_map(std_error, params["grid"]), 0, None)
         return Attribution(
             scores=scores,
             maps={"std_error": std_error},

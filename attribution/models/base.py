@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from attribution.errors import InvalidInputError, UnsupportedMethodError
@@ -41,10 +42,45 @@ class TextInputs:
     truncated: bool = False
 
     modality = "text"
+    #: :meth:`Adapter.logits` keywords, in the order gradient methods pass them positionally.
+    forward_keys = ("input_ids", "attention_mask")
+    #: Reference inputs gradient methods may start from (the first is the default).
+    references = ("pad", "mask")
 
     def model_kwargs(self) -> dict[str, torch.Tensor]:
         """Keyword arguments for :meth:`Adapter.logits`."""
         return {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
+
+    @property
+    def map_shape(self) -> tuple[int, ...]:
+        """Shape of a score map: one score per token."""
+        return (int(self.input_ids.shape[1]),)
+
+    def attributed(self) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """The tensor gradient methods attribute to (via its embeddings) and the other args."""
+        return self.input_ids, (self.attention_mask,)
+
+    def attribution_layer(self, adapter: Adapter) -> nn.Module | None:
+        """Token ids are not differentiable: attributions land on the token embeddings."""
+        return adapter.token_embedding_module()
+
+    def reduce(self, attributions: torch.Tensor) -> np.ndarray:
+        """Per-token scores from ``(1, T, D)`` embedding attributions (summed over ``D``)."""
+        return attributions[0].sum(dim=-1).detach().double().cpu().numpy()
+
+    def reference(self, adapter: Adapter, kind: str) -> torch.Tensor:
+        """Token ids with every non-special token replaced by the pad or mask token."""
+        text = text_adapter(adapter)
+        fill = text.pad_token_id if kind == "pad" else text.mask_token_id
+        return torch.where(self.special_tokens, self.input_ids, fill)
+
+    def visible_tokens(self, count: int) -> torch.Tensor:
+        """Which of the model's ``count`` token positions attend (padding does not)."""
+        return self.attention_mask[0, :count].bool()
+
+    def token_map(self, adapter: Adapter, values: torch.Tensor) -> np.ndarray:
+        """Values per model token as a score map: the tokens are the input's."""
+        return values.detach().double().cpu().numpy()
 
 
 @dataclass(frozen=True)
@@ -56,10 +92,61 @@ class ImageInputs:
     original_size: tuple[int, int]
 
     modality = "image"
+    #: :meth:`Adapter.logits` keywords, in the order gradient methods pass them positionally.
+    forward_keys = ("pixel_values",)
+    #: Reference inputs gradient methods may start from (the first is the default).
+    references = ("mean", "black")
 
     def model_kwargs(self) -> dict[str, torch.Tensor]:
         """Keyword arguments for :meth:`Adapter.logits`."""
         return {"pixel_values": self.pixel_values}
+
+    @property
+    def map_shape(self) -> tuple[int, ...]:
+        """Shape of a score map: one score per pixel of the model input, ``(H, W)``."""
+        return int(self.pixel_values.shape[-2]), int(self.pixel_values.shape[-1])
+
+    def attributed(self) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """The pixels (a copy that requires gradients) and no other arguments."""
+        return self.pixel_values.detach().clone().requires_grad_(True), ()
+
+    def attribution_layer(self, adapter: Adapter) -> nn.Module | None:
+        """Pixels are differentiable: attributions land on them, no layer needed."""
+        return None
+
+    def reduce(self, attributions: torch.Tensor) -> np.ndarray:
+        """Per-pixel scores from ``(1, 3, H, W)`` attributions (summed over colour channels)."""
+        return attributions[0].sum(dim=0).detach().double().cpu().numpy()
+
+    def reference(self, adapter: Adapter, kind: str) -> torch.Tensor:
+        """The dataset mean colour (normalised zero) or black, in normalised pixel units."""
+        if kind == "mean":
+            return torch.zeros_like(self.pixel_values)
+        transform = image_adapter(adapter).transform
+        mean = torch.tensor(transform.mean, device=self.pixel_values.device)
+        std = torch.tensor(transform.std, device=self.pixel_values.device)
+        return (-mean / std).view(1, 3, 1, 1).expand_as(self.pixel_values).clone()
+
+    def visible_tokens(self, count: int) -> torch.Tensor:
+        """Every patch and prefix token attends."""
+        return torch.ones(count, dtype=torch.bool, device=self.pixel_values.device)
+
+    def token_map(self, adapter: Adapter, values: torch.Tensor) -> np.ndarray:
+        """
+        Values per token of a vision transformer as an ``(H, W)`` map of its input.
+
+        The patch tokens (the last ``gh·gw``; CLS, distillation and register tokens are
+        dropped) reshaped to the patch grid and upsampled bilinearly to the input size.
+        """
+        rows, cols = patch_grid(adapter)
+        if values.shape[0] < rows * cols:
+            raise UnsupportedMethodError(
+                f"model '{adapter.model_id}' has {values.shape[0]} tokens, fewer than its "
+                f"{rows}×{cols} patch grid"
+            )
+        grid = values[-rows * cols :].detach().double().reshape(1, 1, rows, cols)
+        upsampled = F.interpolate(grid, size=self.map_shape, mode="bilinear")
+        return upsampled[0, 0].cpu().numpy()
 
 
 Inputs = TextInputs | ImageInputs

@@ -20,7 +20,7 @@ from attribution.methods.base import Attribution
 from attribution.methods.lrp import positional
 from attribution.methods.lrp.layouts import layout_for
 from attribution.methods.lrp.patches import Recorder, transformer_lrp
-from attribution.models.base import Adapter, ImageInputs, Inputs
+from attribution.models.base import Adapter, Inputs
 
 __all__ = ["LRPResult", "lrp", "to_attribution"]
 
@@ -87,10 +87,10 @@ def lrp(
     layout = layout_for(adapter)
     kwargs = dict(inputs.model_kwargs())
     pixels = None
-    if isinstance(inputs, ImageInputs):
+    if inputs.attribution_layer(adapter) is None:  # pixels: the leaf of the backward pass
         dtype = next(adapter.model.parameters()).dtype
-        pixels = inputs.pixel_values.detach().to(dtype).requires_grad_(True)
-        kwargs["pixel_values"] = pixels
+        pixels = inputs.attributed()[0].detach().to(dtype).requires_grad_(True)
+        kwargs[inputs.forward_keys[0]] = pixels
     patches = transformer_lrp(
         adapter, layout, pe_aware, gamma_linear, gamma_conv, record, attention_rule
     )
