@@ -1,4 +1,4 @@
-"""Gradio page: pick a text or an image, a model and a method, see the heatmap."""
+"""Gradio page: a text, a prompt's next token or an image; a model and a method; the map."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from app.worker import ExplainRequest, ExplainWorker, parse_param_pairs
 from attribution.errors import AttrlabError
 from attribution.explanation import Explanation
 from attribution.methods import available_methods
-from attribution.models import BUILTIN_MODELS
+from attribution.models import BUILTIN_MODELS, default_model
 from viz import heatmap_overlay, token_figure, token_highlights
 
 __all__ = ["build_ui"]
@@ -21,11 +21,19 @@ __all__ = ["build_ui"]
 log = logging.getLogger(__name__)
 
 SAMPLE_TEXT = "I loved this movie, the acting was wonderful."
+SAMPLE_PROMPT = "The capital of France is"
 DEFAULT_METHOD = "integrated_gradients"
+#: One backward pass, conservative, and built for decoder LMs.
+DEFAULT_NEXT_TOKEN_METHOD = "attnlrp"
 
 
-def _choices(modality: str) -> tuple[list[str], list[str]]:
-    models = [name for name, m in BUILTIN_MODELS.items() if m.modality == modality]
+def _choices(modality: str, next_token: bool = False) -> tuple[list[str], list[str]]:
+    """Built-in models of the tab (classifiers, or decoder LMs for next tokens) and methods."""
+    models = [
+        name
+        for name, m in BUILTIN_MODELS.items()
+        if m.modality == modality and m.next_token == next_token
+    ]
     methods = [m.name for m in available_methods() if modality in m.modalities]
     return models, methods
 
@@ -53,6 +61,7 @@ def _run(worker: ExplainWorker, request: ExplainRequest, progress: gr.Progress) 
 def build_ui(worker: ExplainWorker) -> gr.Blocks:
     """The Blocks app; every handler goes through ``worker``."""
     text_models, text_methods = _choices("text")
+    lm_models, _ = _choices("text", next_token=True)
     image_models, image_methods = _choices("image")
 
     def explain_text(
@@ -73,6 +82,27 @@ def build_ui(worker: ExplainWorker) -> gr.Blocks:
             target=target or None,
             params=_params(params),
             seed=_whole(seed),
+        )
+        explanation = _run(worker, request, progress)
+        return token_highlights(explanation), token_figure(explanation), _summary(explanation)
+
+    def explain_next_token(
+        model,
+        method,
+        prompt,
+        target,
+        params,
+        seed,
+        progress=gr.Progress(),  # noqa: B008
+    ):
+        request = ExplainRequest(
+            model=model,
+            method=method,
+            text=prompt,
+            target=target or None,
+            params=_params(params),
+            seed=_whole(seed),
+            next_token=True,
         )
         explanation = _run(worker, request, progress)
         return token_highlights(explanation), token_figure(explanation), _summary(explanation)
@@ -122,6 +152,35 @@ def build_ui(worker: ExplainWorker) -> gr.Blocks:
                 [t_model, t_method, t_text, t_labels, t_target, t_params, t_seed],
                 [t_tokens, t_plot, t_json],
                 api_name="explain_text",
+            )
+        with gr.Tab("Next token"):
+            with gr.Row():
+                n_model = gr.Dropdown(
+                    lm_models,
+                    value=default_model("text", next_token=True),
+                    label="Language model",
+                    allow_custom_value=True,
+                    elem_id="next-model",
+                )
+                n_method = gr.Dropdown(
+                    text_methods, value=DEFAULT_NEXT_TOKEN_METHOD, label="Method"
+                )
+            n_prompt = gr.Textbox(SAMPLE_PROMPT, label="Prompt", lines=3, elem_id="next-prompt")
+            with gr.Row():
+                n_target = gr.Textbox(
+                    "", label="Next token to explain (e.g. ' Paris', or an id; empty = top)"
+                )
+                n_params = gr.Textbox("", label="Parameters (key=value, ...)")
+                n_seed = gr.Number(0, label="Seed", precision=0)
+            n_button = gr.Button("Explain", variant="primary", elem_id="next-explain")
+            n_tokens = gr.HighlightedText(label="Prompt token relevance", elem_id="next-tokens")
+            n_plot = gr.Plot(label="Scores", elem_id="next-plot")
+            n_json = gr.JSON(label="Next-token prediction and metrics")
+            n_button.click(
+                explain_next_token,
+                [n_model, n_method, n_prompt, n_target, n_params, n_seed],
+                [n_tokens, n_plot, n_json],
+                api_name="explain_next_token",
             )
         with gr.Tab("Image"):
             with gr.Row():

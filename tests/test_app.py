@@ -145,3 +145,36 @@ def test_gradio_page_explains_through_its_api(worker):
             )
     finally:
         demo.close()
+
+
+def test_gradio_next_token_tab_defaults_to_smollm2_and_explains_a_decoder(worker):
+    from gradio_client import Client
+
+    from app.ui import build_ui
+
+    demo = build_ui(worker)
+    dropdown = next(
+        c for c in demo.config["components"] if c.get("props", {}).get("elem_id") == "next-model"
+    )
+    assert dropdown["props"]["value"] == "smollm2-135m"
+    port = _free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        tokens, _plot, summary = client.predict(
+            "tiny-random-llama",
+            "attnlrp",
+            "the cat sat on the",
+            "",
+            "",
+            0,
+            api_name="/explain_next_token",
+        )
+        assert len(tokens) == 5  # one relevance per prompt token, no special tokens added
+        assert summary["target"]["index"] == summary["predictions"][0]["index"]
+        with pytest.raises(Exception, match="needs a decoder LM"):
+            client.predict(
+                "minilm-zeroshot", "attnlrp", "a text", "", "", 0, api_name="/explain_next_token"
+            )
+    finally:
+        demo.close()

@@ -44,6 +44,8 @@ class BuiltinModel:
     modality: str
     description: str
     build: Callable[[], Adapter]
+    #: A decoder LM: what it explains is its next token.
+    next_token: bool = False
 
 
 def imagenet_labels() -> list[str]:
@@ -226,15 +228,19 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
         "SmolLM2-135M-Instruct (embedded GGUF, LLaMA architecture, 30 layers, GQA 9/3 heads), "
         "next-token",
         _smollm2,
+        next_token=True,
     ),
     "tiny-random-bert": BuiltinModel(
         "text", "2-layer random BERT classifier (tests only)", _tiny_bert
     ),
     "tiny-random-gpt2": BuiltinModel(
-        "text", "2-layer random GPT-2, next-token (tests only)", _tiny_gpt2
+        "text", "2-layer random GPT-2, next-token (tests only)", _tiny_gpt2, next_token=True
     ),
     "tiny-random-llama": BuiltinModel(
-        "text", "2-layer random LLaMA with RoPE, next-token (tests only)", _tiny_llama
+        "text",
+        "2-layer random LLaMA with RoPE, next-token (tests only)",
+        _tiny_llama,
+        next_token=True,
     ),
     "tiny-random-vit": BuiltinModel(
         "image", "2-layer random ViT on 32×32 images (tests only)", _tiny_vit
