@@ -221,6 +221,15 @@ class Adapter(ABC):
         """Attention heads per block (0 for models without them)."""
         return 0
 
+    @property
+    def num_kv_heads(self) -> int:
+        """Key/value heads per block; fewer than query heads under grouped-query attention."""
+        return int(getattr(self.config, "num_key_value_heads", None) or self.num_heads)
+
+    def kv_head(self, head: int) -> int:
+        """The key/value head that query head ``head`` shares (GQA groups are contiguous)."""
+        return head // (self.num_heads // self.num_kv_heads)
+
     def target_index(self, target: int | str | None, logits: torch.Tensor) -> int:
         """Resolve a user target (index, label or None = top prediction) to an output index."""
         if target is None or (isinstance(target, str) and not target.strip()):
@@ -280,15 +289,6 @@ class TextAdapter(Adapter):
     @abstractmethod
     def mask_token_id(self) -> int:
         """Id used to hide a token (mask token, else pad, else unk)."""
-
-    @property
-    def num_kv_heads(self) -> int:
-        """Key/value heads per block; fewer than query heads under grouped-query attention."""
-        return int(getattr(self.config, "num_key_value_heads", None) or self.num_heads)
-
-    def kv_head(self, head: int) -> int:
-        """The key/value head that query head ``head`` shares (GQA groups are contiguous)."""
-        return head // (self.num_heads // self.num_kv_heads)
 
 
 class ImageAdapter(Adapter):

@@ -1,5 +1,5 @@
 """
-Where each transformer family keeps what LRP needs: module paths as data, never code.
+Where each transformer family keeps what LRP and layer analysis need: module paths as data.
 
 Paths are dotted module names matched as a suffix of ``model.named_modules()`` names, so the
 same row serves a bare encoder, a classifier around it and the zero-shot wrapper (e.g.
@@ -100,6 +100,11 @@ class LRPLayout:
         attention_linears: Module inside a block that holds every linear layer of the attention
             (q, k, v and output projections), which the γ-rule leaves alone; ``None`` means
             ``attention`` holds them all.
+        attention_output: The attention's output projection inside a block; its input is the
+            heads' outputs side by side ``(B, T, heads·head_dim)`` (head gates, ablations and
+            per-head relevance act there).
+        mlp_output: The MLP's last linear layer inside a block (its output is the MLP branch).
+        final_norm: Decoders: the norm between the last block and the unembedding (logit lens).
     """
 
     blocks: str
@@ -114,12 +119,17 @@ class LRPLayout:
     gated_product: str | None = None
     gate_activation: str | None = None
     attention_linears: str | None = None
+    attention_output: str = "attention.o_proj"
+    mlp_output: str = "mlp.fc2"
+    final_norm: str | None = None
 
 
 _BERT = LRPLayout(
     blocks="encoder.layer",
     attention="attention.self",
     attention_linears="attention",
+    attention_output="attention.output.dense",
+    mlp_output="output.dense",
     embedding_sum=("embeddings.LayerNorm", "input"),
     token_parts=("embeddings.word_embeddings", "embeddings.token_type_embeddings"),
     position=("embeddings.position_embeddings", "module"),
@@ -128,6 +138,8 @@ _BERT = LRPLayout(
 _DISTILBERT = LRPLayout(
     blocks="transformer.layer",
     attention="attention",
+    attention_output="attention.out_lin",
+    mlp_output="ffn.lin2",
     embedding_sum=("embeddings.LayerNorm", "input"),
     token_parts=("embeddings.word_embeddings",),
     position=("embeddings.position_embeddings", "module"),
@@ -136,6 +148,9 @@ _DISTILBERT = LRPLayout(
 _GPT2 = LRPLayout(
     blocks="h",
     attention="attn",
+    attention_output="attn.c_proj",
+    mlp_output="mlp.c_proj",
+    final_norm="ln_f",
     embedding_sum=("drop", "input"),
     token_parts=("wte",),
     position=("wpe", "module"),
@@ -144,6 +159,9 @@ _GPT2 = LRPLayout(
 _LLAMA = LRPLayout(
     blocks="layers",
     attention="self_attn",
+    attention_output="self_attn.o_proj",
+    mlp_output="mlp.down_proj",
+    final_norm="norm",
     embedding_sum=("embed_tokens", "output"),
     token_parts=("embed_tokens",),
     input_embedding="embed_tokens",
@@ -155,6 +173,8 @@ _PHI3 = replace(_LLAMA, gate_activation="mlp.activation_fn")
 _MODERNBERT = LRPLayout(
     blocks="layers",
     attention="attn",
+    attention_output="attn.Wo",
+    mlp_output="mlp.Wo",
     embedding_sum=("embeddings.tok_embeddings", "output"),
     token_parts=("embeddings.tok_embeddings",),
     input_embedding="embeddings.tok_embeddings",
@@ -190,6 +210,7 @@ _DINOV2 = LRPLayout(
 _CLIP_VISION = LRPLayout(
     blocks="encoder.layers",
     attention="self_attn",
+    attention_output="self_attn.out_proj",
     embedding_sum=("embeddings", "output"),
     token_parts=("embeddings.patch_embedding",),
     prefix_tokens=("embeddings.class_embedding",),

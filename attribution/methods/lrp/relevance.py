@@ -9,11 +9,15 @@ into what a method returns.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
+from torch import nn
 
 from attribution.errors import UnsupportedMethodError
 from attribution.methods.base import Attribution
@@ -48,6 +52,8 @@ class LRPResult:
         attention_balance: Per layer, when recorded: relevance on cos/sin (``"rotary"``), on
             the unrotated q/k (``"unrotated"``), on the q/k/v entering attention (``"query_key"``,
             ``"value"``) and on the attention output (``"output"``).
+        probes: Relevance ``x ⊙ grad`` (float64, the tensor's shape, batch row 0) of each
+            tensor asked for with ``probes`` (a module's input or output).
     """
 
     target_logit: float
@@ -61,6 +67,7 @@ class LRPResult:
     residual: list[float]
     positional_per_layer: list[float]
     attention_balance: list[dict[str, float]] = field(default_factory=list)
+    probes: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def lrp(
@@ -72,6 +79,7 @@ def lrp(
     gamma_conv: float = 0.0,
     record: bool = False,
     attention_rule: str = "attnlrp",
+    probes: Sequence[tuple[str, nn.Module, str]] = (),
 ) -> LRPResult:
     """
     AttnLRP (``pe_aware=False``) or PA-LRP relevance of logit ``target`` for one input.
@@ -80,6 +88,7 @@ def lrp(
     :func:`~attribution.methods.lrp.settings.resolve_settings`): ``gamma_linear`` /
     ``gamma_conv`` as in :func:`~attribution.methods.lrp.patches.transformer_lrp`,
     ``attention_rule`` a key of :data:`~attribution.methods.lrp.patches.ATTENTION_RULES`.
+    ``probes`` names modules whose ``"input"`` or ``"output"`` relevance is also returned.
 
     Raises:
         UnsupportedMethodError: For models without an LRP layout or with non-eager attention.
@@ -94,16 +103,52 @@ def lrp(
     patches = transformer_lrp(
         adapter, layout, pe_aware, gamma_linear, gamma_conv, record, attention_rule
     )
-    with torch.enable_grad(), patches as recorder:
+    probed: dict[str, torch.Tensor] = {}
+    with torch.enable_grad(), patches as recorder, ExitStack() as hooks:
+        for name, module, where in probes:
+            hooks.enter_context(_probe(module, where, name, probed))
         logit = adapter.logits(**kwargs)[0, target]
         if not logit.requires_grad:
             raise UnsupportedMethodError(
                 "the model's output does not depend on its input embedding"
             )
         named = {k: t for k, t in _graph_tensors(recorder, pixels).items() if t.requires_grad}
+        named.update({f"probe.{k}": t for k, t in probed.items() if t.requires_grad})
         found = torch.autograd.grad(logit, list(named.values()), allow_unused=True)
     grads = {k: g for k, g in zip(named, found, strict=True) if g is not None}
-    return _assemble(adapter, recorder, grads, pixels, float(logit.detach()), pe_aware)
+    result = _assemble(adapter, recorder, grads, pixels, float(logit.detach()), pe_aware)
+    for name, tensor in probed.items():
+        grad = grads.get(f"probe.{name}")
+        relevance = (
+            torch.zeros_like(tensor, dtype=torch.float64)
+            if grad is None
+            else (tensor.detach().double() * grad.double())
+        )
+        result.probes[name] = relevance[0].cpu()
+    return result
+
+
+@contextmanager
+def _probe(
+    module: nn.Module, where: str, name: str, into: dict[str, torch.Tensor]
+) -> Iterator[None]:
+    """Keep ``module``'s input (first argument) or output under ``name`` during the pass."""
+    if where == "input":
+
+        def keep_input(_m: nn.Module, args: tuple) -> None:
+            into[name] = args[0]
+
+        handle = module.register_forward_pre_hook(keep_input)
+    else:
+
+        def keep_output(_m: nn.Module, _a: tuple, out: Any) -> None:
+            into[name] = out if isinstance(out, torch.Tensor) else out[0]
+
+        handle = module.register_forward_hook(keep_output)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def _graph_tensors(recorder: Recorder, pixels: torch.Tensor | None) -> dict[str, torch.Tensor]:

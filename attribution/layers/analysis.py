@@ -1,0 +1,414 @@
+"""
+Per-layer and per-head measures of one prediction, as one long table.
+
+Definitions (METHODS.md, "Layer and head importance"):
+
+* ``block_influence``: ``1 − cos(h_in, h_out)`` of each block on the residual stream, averaged
+  over visible tokens (ShortGPT, Men et al. 2024).
+* ``skip``: the block's output replaced by its input; ``skip_logprob`` is the change of the
+  target's log-probability, ``skip_kl`` the KL divergence ``KL(p ‖ p_skip)``.
+* ``logit_lens`` (decoders): the residual after each block through the final norm and the
+  unembedding: the target's probability (``lens_probability``) and rank (``lens_rank``, 1 =
+  top) at the position the model predicts from (nostalgebraist 2020).
+* ``lrp``: AttnLRP (PA-LRP where the model has positional encodings) in one backward pass:
+  relevance entering each block (``lrp_block``), through its attention and MLP branches
+  (``lrp_attention``, ``lrp_mlp``), through each head (``head_lrp``: the output projection's
+  input, split by head) and, with PA-LRP, on positions per layer (``positional_relevance``).
+* ``gradient``: ``|∂ log p_target / ∂ξ_h|`` at ``ξ = 1`` for a gate ``ξ_h`` on each head's
+  output (Michel et al. 2019, https://arxiv.org/abs/1905.10650). Values are raw, so they
+  compare across layers (the paper's per-layer ℓ2 normalisation serves pruning).
+* ``ablation``: change of the target logit with the head zeroed (``ablation_zero``) or replaced
+  by its mean over the sequence (``ablation_mean``); all heads of a layer in one batch.
+* ``entropy``: attention entropy of each query normalised by the log of its visible keys
+  (causal and sliding-window queries see fewer), averaged over queries seeing more than one.
+* ``sink``: attention mass on the first token, averaged over queries.
+
+Query heads are reported; ``kv_head`` names the key/value head each shares (GQA).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import torch
+from torch import nn
+
+from attribution.errors import InvalidParameterError, UnsupportedMethodError
+from attribution.layers.hooks import ablate_heads, block_io, gate_heads, skip_blocks
+from attribution.methods.lrp.layouts import LRPLayout, find_module, layout_for
+from attribution.methods.lrp.relevance import lrp
+from attribution.methods.lrp.settings import resolve_settings
+from attribution.models.base import Adapter, Inputs
+from attribution.run import RunContext
+
+__all__ = ["COLUMNS", "HEAD_ESTIMATORS", "MEASURES", "Measure", "analyze_layers"]
+
+#: Columns of the long table; ``head`` and ``kv_head`` are null on layer rows.
+COLUMNS = ("layer", "head", "kv_head", "component", "measure", "value")
+
+
+@dataclass(frozen=True)
+class Measure:
+    """A group of measures computed together, and what it costs."""
+
+    name: str
+    produces: tuple[str, ...]
+    level: str  # "layer" or "head"
+    cost: str
+    description: str
+    decoders_only: bool = False
+
+
+#: Every measure group, in the order they run; ``measures=`` picks by ``name``.
+MEASURES: dict[str, Measure] = {
+    m.name: m
+    for m in (
+        Measure(
+            "block_influence",
+            ("block_influence",),
+            "layer",
+            "1 forward (shared)",
+            "1 − cos(h_in, h_out) per block on the residual stream",
+        ),
+        Measure("entropy", ("entropy",), "head", "1 forward (shared)", "normalised entropy"),
+        Measure("sink", ("sink_share",), "head", "1 forward (shared)", "mass on the first token"),
+        Measure(
+            "logit_lens",
+            ("lens_probability", "lens_rank"),
+            "layer",
+            "1 forward (shared)",
+            "target probability and rank from each block's residual",
+            decoders_only=True,
+        ),
+        Measure(
+            "skip",
+            ("skip_logprob", "skip_kl"),
+            "layer",
+            "1 forward of L+1 rows",
+            "Δ log p(target) and KL when a block is bypassed",
+        ),
+        Measure(
+            "gradient",
+            ("head_gradient",),
+            "head",
+            "1 forward + 1 backward",
+            "|∂ log p / ∂ξ_h| at a head gate (Michel et al. 2019)",
+        ),
+        Measure(
+            "lrp",
+            ("lrp_block", "lrp_attention", "lrp_mlp", "head_lrp", "positional_relevance"),
+            "layer",
+            "1 forward + 1 backward",
+            "AttnLRP / PA-LRP relevance per block, branch, head and position",
+        ),
+        Measure(
+            "ablation",
+            ("ablation_zero", "ablation_mean"),
+            "head",
+            "L forwards of 2H+1 rows",
+            "Δ target logit with a head zeroed or mean-ablated",
+        ),
+    )
+}
+#: Head measures that estimate importance; rankings compare their absolute values.
+HEAD_ESTIMATORS = ("head_gradient", "ablation_zero", "ablation_mean", "head_lrp")
+
+
+@dataclass
+class _Model:
+    """What the measures need to know about the model, found once."""
+
+    adapter: Adapter
+    layout: LRPLayout
+    blocks: list[nn.Module]
+    projections: list[nn.Module]
+    mlps: list[nn.Module]
+    heads: int
+
+    @classmethod
+    def of(cls, adapter: Adapter) -> _Model:
+        layout = layout_for(adapter)
+        blocks = list(find_module(adapter.model, layout.blocks).children())
+        projections = [block.get_submodule(layout.attention_output) for block in blocks]
+        mlps = [block.get_submodule(layout.mlp_output) for block in blocks]
+        if adapter.num_heads <= 0:
+            raise UnsupportedMethodError(f"model '{adapter.model_id}' reports no attention heads")
+        return cls(adapter, layout, blocks, projections, mlps, adapter.num_heads)
+
+    def head_rows(self, layer: int) -> list[tuple[int, int, int]]:
+        return [(layer, h, self.adapter.kv_head(h)) for h in range(self.heads)]
+
+
+def _check_measures(adapter: Adapter, measures: Collection[str] | None) -> list[str]:
+    chosen = list(MEASURES) if measures is None else list(dict.fromkeys(measures))
+    unknown = [m for m in chosen if m not in MEASURES]
+    if unknown:
+        raise InvalidParameterError(
+            f"unknown measure(s) {', '.join(map(repr, unknown))}; choose from {', '.join(MEASURES)}"
+        )
+    decoder = adapter.family == "decoder-lm"
+    if measures is None:
+        return [m for m in chosen if decoder or not MEASURES[m].decoders_only]
+    refused = [m for m in chosen if MEASURES[m].decoders_only and not decoder]
+    if refused:
+        raise InvalidParameterError(
+            f"measure(s) {', '.join(refused)} apply to decoder LMs; model "
+            f"'{adapter.model_id}' is a {adapter.family}"
+        )
+    return chosen
+
+
+def _repeat(kwargs: dict[str, torch.Tensor], rows: int) -> dict[str, torch.Tensor]:
+    return {k: v.expand(rows, *v.shape[1:]).contiguous() for k, v in kwargs.items()}
+
+
+def _visible(inputs: Inputs, tokens: int) -> torch.Tensor:
+    return inputs.visible_tokens(tokens).cpu()
+
+
+def _shared_pass(
+    model: _Model, inputs: Inputs, target: int, chosen: list[str], run: RunContext
+) -> list[tuple]:
+    """Block influence, entropy, sink share and logit lens from one forward pass."""
+    rows: list[tuple] = []
+    with torch.no_grad(), block_io(model.blocks) as seen:
+        attentions = model.adapter.attentions(**inputs.model_kwargs())
+    run.count(forward=1)
+    visible = _visible(inputs, seen[0][0].shape[1])
+    if "block_influence" in chosen:
+        for layer, (h_in, h_out) in enumerate(seen):
+            cos = torch.nn.functional.cosine_similarity(h_in[0].double(), h_out[0].double(), dim=-1)
+            rows.append(
+                (layer, None, None, "block", "block_influence", float(1 - cos[visible].mean()))
+            )
+    if "entropy" in chosen or "sink" in chosen:
+        for layer, attention in enumerate(attentions):
+            entropy, sink = _entropy_and_sink(attention[0].double().cpu(), visible)
+            for head, kv in ((h, model.adapter.kv_head(h)) for h in range(model.heads)):
+                if "entropy" in chosen:
+                    rows.append((layer, head, kv, "head", "entropy", float(entropy[head])))
+                if "sink" in chosen:
+                    rows.append((layer, head, kv, "head", "sink_share", float(sink[head])))
+    if "logit_lens" in chosen:
+        rows += _logit_lens(model, inputs, [out for _, out in seen], target)
+    return rows
+
+
+def _entropy_and_sink(
+    attention: torch.Tensor, visible: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """
+    Per head of ``(H, T, T)`` attention: normalised entropy and first-token share.
+
+    The entropy is averaged over queries with more than one visible key, the share over all
+    visible queries.
+    """
+    attention = attention[:, visible][:, :, visible]
+    keys = (attention > 0).sum(-1)  # keys each query sees (causal, sliding window, padding)
+    plogp = torch.where(attention > 0, attention * attention.log(), torch.zeros_like(attention))
+    entropy = -plogp.sum(-1)
+    several = keys > 1
+    normalised = torch.where(several, entropy / keys.clamp_min(2).double().log(), 0.0)
+    counted = several.sum(-1).clamp_min(1)
+    return normalised.sum(-1) / counted, attention[..., 0].mean(-1)
+
+
+def _logit_lens(
+    model: _Model, inputs: Inputs, residuals: list[torch.Tensor], target: int
+) -> list[tuple]:
+    adapter = model.adapter
+    if model.layout.final_norm is None:
+        raise UnsupportedMethodError(f"no final norm is known for model '{adapter.model_id}'")
+    norm = find_module(adapter.model, model.layout.final_norm)
+    unembed = adapter.model.get_output_embeddings()
+    cap = getattr(adapter.config, "final_logit_softcapping", None)
+    position = int(inputs.model_kwargs()["attention_mask"][0].sum()) - 1
+    rows = []
+    with torch.no_grad():
+        for layer, residual in enumerate(residuals):
+            logits = unembed(norm(residual[:, position]))[0].double()
+            if cap:
+                logits = torch.tanh(logits / cap) * cap
+            probability = float(logits.softmax(-1)[target])
+            rank = int((logits > logits[target]).sum()) + 1
+            rows.append((layer, None, None, "residual", "lens_probability", probability))
+            rows.append((layer, None, None, "residual", "lens_rank", float(rank)))
+    return rows
+
+
+def _skip(
+    model: _Model, inputs: Inputs, target: int, run: RunContext, tick: Callable[[], None]
+) -> list[tuple]:
+    tick()
+    layers = len(model.blocks)
+    kwargs = _repeat(inputs.model_kwargs(), layers + 1)
+    with torch.no_grad(), skip_blocks(model.blocks, range(1, layers + 1)):
+        logp = model.adapter.logits(**kwargs).double().log_softmax(-1)
+    run.count(forward=layers + 1)
+    rows = []
+    for layer in range(layers):
+        skipped = logp[layer + 1]
+        kl = float((logp[0].exp() * (logp[0] - skipped)).sum())
+        rows.append(
+            (layer, None, None, "block", "skip_logprob", float(skipped[target] - logp[0, target]))
+        )
+        rows.append((layer, None, None, "block", "skip_kl", kl))
+    return rows
+
+
+def _gradient(
+    model: _Model, inputs: Inputs, target: int, run: RunContext, tick: Callable[[], None]
+) -> list[tuple]:
+    tick()
+    gates = [torch.ones(model.heads, requires_grad=True) for _ in model.blocks]
+    with torch.enable_grad(), gate_heads(model.projections, gates):
+        logp = model.adapter.logits(**inputs.model_kwargs())[0].log_softmax(-1)[target]
+        grads = torch.autograd.grad(logp, gates, allow_unused=True)
+    run.count(forward=1, backward=1)
+    rows = []
+    for layer, grad in enumerate(grads):
+        values = torch.zeros(model.heads) if grad is None else grad.abs()
+        for _, head, kv in model.head_rows(layer):
+            rows.append((layer, head, kv, "head", "head_gradient", float(values[head])))
+    return rows
+
+
+def _ablation(
+    model: _Model, inputs: Inputs, target: int, run: RunContext, tick: Callable[[], None]
+) -> list[tuple]:
+    heads = model.heads
+    kwargs = _repeat(inputs.model_kwargs(), 1 + 2 * heads)
+    rows = []
+    for layer, projection in enumerate(model.projections):
+        tick()
+        visible = None
+        if "attention_mask" in kwargs:
+            visible = kwargs["attention_mask"][0].bool()
+        with torch.no_grad(), ablate_heads(projection, heads, visible):
+            logits = model.adapter.logits(**kwargs)[:, target].double()
+        run.count(forward=1 + 2 * heads)
+        for _, head, kv in model.head_rows(layer):
+            rows.append(
+                (layer, head, kv, "head", "ablation_zero", float(logits[1 + head] - logits[0]))
+            )
+            rows.append(
+                (
+                    layer,
+                    head,
+                    kv,
+                    "head",
+                    "ablation_mean",
+                    float(logits[1 + heads + head] - logits[0]),
+                )
+            )
+    return rows
+
+
+def _lrp(
+    model: _Model, inputs: Inputs, target: int, run: RunContext, tick: Callable[[], None]
+) -> list[tuple]:
+    tick()
+    adapter = model.adapter
+    settings = resolve_settings(adapter, {})
+    pe_aware = adapter.positional_encoding is not None
+    probes = []
+    for layer, (projection, mlp) in enumerate(zip(model.projections, model.mlps, strict=True)):
+        probes += [
+            (f"heads.{layer}", projection, "input"),
+            (f"attention.{layer}", projection, "output"),
+            (f"mlp.{layer}", mlp, "output"),
+        ]
+    result = lrp(
+        adapter,
+        inputs,
+        target,
+        pe_aware,
+        settings["gamma_linear"],
+        settings["gamma_conv"],
+        attention_rule=settings["attention_rule"],
+        probes=probes,
+    )
+    run.count(forward=1, backward=1)
+    rows: list[tuple] = []
+    for layer in range(len(model.blocks)):
+        rows.append((layer, None, None, "block", "lrp_block", result.residual[layer]))
+        for branch in ("attention", "mlp"):
+            value = float(result.probes[f"{branch}.{layer}"].sum())
+            rows.append((layer, None, None, branch, f"lrp_{branch}", value))
+        per_head = result.probes[f"heads.{layer}"]
+        per_head = per_head.reshape(-1, model.heads, per_head.shape[-1] // model.heads).sum((0, 2))
+        for _, head, kv in model.head_rows(layer):
+            rows.append((layer, head, kv, "head", "head_lrp", float(per_head[head])))
+    if pe_aware:
+        rows += [
+            (layer, None, None, "position", "positional_relevance", value)
+            for layer, value in enumerate(result.positional_per_layer)
+        ]
+    return rows
+
+
+_RUNNERS = {
+    "skip": _skip,
+    "gradient": _gradient,
+    "lrp": _lrp,
+    "ablation": _ablation,
+}
+
+
+def analyze_layers(
+    adapter: Adapter,
+    inputs: Inputs,
+    target: int,
+    measures: Collection[str] | None = None,
+    run: RunContext | None = None,
+) -> pd.DataFrame:
+    """
+    The measures of :data:`MEASURES` (all that apply by default) for ``target`` on one input.
+
+    Returns:
+        A long table with :data:`COLUMNS`: one row per layer (``head`` null) or per query head
+        and measure.
+
+    Raises:
+        UnsupportedMethodError: For models without transformer blocks attrlab knows.
+        InvalidParameterError: For unknown measures, or decoder-only ones on other models.
+    """
+    run = run or RunContext()
+    chosen = _check_measures(adapter, measures)
+    model = _Model.of(adapter)
+    layers, heads = len(model.blocks), model.heads
+    passes = {"skip": layers + 1, "gradient": 1, "lrp": 1, "ablation": layers * (1 + 2 * heads)}
+    run.plan(1 + sum(passes.get(name, 0) for name in chosen), "the measures (ablation)")
+    steps = 1 + sum(layers if name == "ablation" else 1 for name in chosen if name in _RUNNERS)
+    done = iter(range(steps))
+
+    def tick() -> None:
+        run.step(next(done), steps)
+
+    rows: list[tuple[Any, ...]] = []
+    tick()
+    if {"block_influence", "entropy", "sink", "logit_lens"} & set(chosen):
+        rows += _shared_pass(model, inputs, target, chosen, run)
+    for name in chosen:
+        if name in _RUNNERS:
+            rows += _RUNNERS[name](model, inputs, target, run, tick)
+    run.step(steps, steps)
+    return frame(rows)
+
+
+def frame(rows: list[tuple[Any, ...]]) -> pd.DataFrame:
+    """Rows of :data:`COLUMNS` as the typed long table (nullable integer head columns)."""
+    table = pd.DataFrame.from_records(rows, columns=list(COLUMNS))
+    return table.astype(
+        {
+            "layer": "int64",
+            "head": "Int64",
+            "kv_head": "Int64",
+            "component": "str",
+            "measure": "str",
+            "value": "float64",
+        }
+    )

@@ -1,0 +1,113 @@
+"""
+Scoped hooks for layer and head analysis, each undone when its ``with`` block exits.
+
+Transformers v5 has no ``head_mask``: heads are reached at the input of each attention's output
+projection, where their outputs sit side by side as ``(B, T, heads·head_dim)``. A gate scales
+each head there, an ablation zeroes or mean-replaces one head per batch row; a skipped block
+returns its input as its output for one batch row. All of them act on batch rows so that many
+variants run in one forward batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["ablate_heads", "block_io", "gate_heads", "skip_blocks"]
+
+
+def _hidden(args: tuple, kwargs: dict) -> torch.Tensor:
+    """A block's residual-stream input, passed positionally or as ``hidden_states``."""
+    return args[0] if args else kwargs["hidden_states"]
+
+
+def _replace_hidden(output: Any, hidden: torch.Tensor) -> Any:
+    """A block's output with its residual stream replaced (blocks return a tensor or a tuple)."""
+    if isinstance(output, torch.Tensor):
+        return hidden
+    return (hidden, *output[1:])
+
+
+def _output_hidden(output: Any) -> torch.Tensor:
+    return output if isinstance(output, torch.Tensor) else output[0]
+
+
+@contextmanager
+def block_io(blocks: Sequence[nn.Module]) -> Iterator[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Record each block's residual input and output ``(B, T, D)`` during the passes inside."""
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    with ExitStack() as stack:
+        for block in blocks:
+
+            def keep(_m: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
+                seen.append((_hidden(args, kwargs), _output_hidden(out)))
+
+            stack.callback(block.register_forward_hook(keep, with_kwargs=True).remove)
+        yield seen
+
+
+@contextmanager
+def skip_blocks(blocks: Sequence[nn.Module], rows: Sequence[int]) -> Iterator[None]:
+    """Block ``i`` returns its input as its output in batch row ``rows[i]`` (others untouched)."""
+    with ExitStack() as stack:
+        for block, row in zip(blocks, rows, strict=True):
+
+            def bypass(_m: nn.Module, args: tuple, kwargs: dict, out: Any, row: int = row) -> Any:
+                hidden = _output_hidden(out).clone()
+                hidden[row] = _hidden(args, kwargs)[row]
+                return _replace_hidden(out, hidden)
+
+            stack.callback(block.register_forward_hook(bypass, with_kwargs=True).remove)
+        yield
+
+
+def _split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    return x.view(*x.shape[:-1], heads, x.shape[-1] // heads)
+
+
+@contextmanager
+def gate_heads(projections: Sequence[nn.Module], gates: Sequence[torch.Tensor]) -> Iterator[None]:
+    """Multiply head ``h`` of layer ``l`` by ``gates[l][h]`` at its output projection's input."""
+    with ExitStack() as stack:
+        for projection, gate in zip(projections, gates, strict=True):
+
+            def scale(_m: nn.Module, args: tuple, gate: torch.Tensor = gate) -> tuple:
+                x = args[0]
+                gated = _split_heads(x, gate.numel()) * gate.to(x.dtype).view(-1, 1)
+                return (gated.reshape(x.shape), *args[1:])
+
+            stack.callback(projection.register_forward_pre_hook(scale).remove)
+        yield
+
+
+@contextmanager
+def ablate_heads(
+    projection: nn.Module, heads: int, visible: torch.Tensor | None = None
+) -> Iterator[None]:
+    """
+    Ablate each head of one layer in its own batch row.
+
+    Row ``1 + h`` zeroes head ``h``; row ``1 + heads + h`` replaces it by its mean over the
+    sequence (over ``visible`` positions, from row 0); row 0 stays as it is. The batch must
+    hold ``1 + 2·heads`` copies of one input.
+    """
+
+    def ablate(_m: nn.Module, args: tuple) -> tuple:
+        x = args[0]
+        split = _split_heads(x.clone(), heads)  # (1 + 2H, T, H, d)
+        keep = visible if visible is not None else torch.ones(x.shape[1], dtype=torch.bool)
+        mean = split[0, keep.to(x.device)].mean(dim=0)  # (H, d)
+        index = torch.arange(heads, device=x.device)
+        split[1 + index, :, index] = 0.0
+        split[1 + heads + index, :, index] = mean[index].unsqueeze(1)
+        return (split.reshape(x.shape), *args[1:])
+
+    handle = projection.register_forward_pre_hook(ablate)
+    try:
+        yield
+    finally:
+        handle.remove()

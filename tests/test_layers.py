@@ -1,0 +1,226 @@
+"""
+Layer and head analysis on models whose answer is known by construction.
+
+Each test builds the situation it checks (one head carrying all the signal, a block that is
+the identity, uniform attention) or recomputes the measure by hand (a head zeroed in the
+weights, logit lens against the model's own output).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from _tiny_families import classic_family
+from torch import nn
+
+from attribution.errors import InvalidParameterError, UnsupportedMethodError
+from attribution.layers import HEAD_ESTIMATORS, analyze_layers
+from attribution.layers.analysis import _entropy_and_sink
+from attribution.layers.hooks import ablate_heads, block_io, gate_heads, skip_blocks
+from attribution.methods.lrp.layouts import find_module, layout_for
+
+TEXT = "the quick brown fox jumps over the lazy dog"
+HEADS, KV_HEADS, LAYERS = 4, 2, 3
+
+
+@pytest.fixture
+def llama(load_model):
+    """Tiny float64 LLaMA: 3 layers, 4 query heads over 2 key/value heads, biases on."""
+    return classic_family(load_model("tiny-random-bert").tokenizer, "llama")
+
+
+def _target(adapter, inputs) -> int:
+    with torch.no_grad():
+        return int(adapter.logits(**inputs.model_kwargs())[0].argmax())
+
+
+def _blocks(adapter):
+    return list(find_module(adapter.model, layout_for(adapter).blocks).children())
+
+
+def _head_values(table, measure):
+    rows = table[table.measure == measure]
+    return {(int(r.layer), int(r.head)): r.value for r in rows.itertuples()}
+
+
+def test_the_one_head_that_carries_the_signal_ranks_first_everywhere(llama):
+    """All heads but (layer 1, head 2) write nothing: their output-projection columns are 0."""
+    carrier, head_dim = (1, 2), 32 // HEADS
+    with torch.no_grad():
+        for layer, block in enumerate(_blocks(llama)):
+            for head in range(HEADS):
+                if (layer, head) != carrier:
+                    block.self_attn.o_proj.weight[:, head * head_dim : (head + 1) * head_dim] = 0
+    inputs = llama.preprocess(TEXT)
+    table = analyze_layers(llama, inputs, _target(llama, inputs))
+    for measure in HEAD_ESTIMATORS:
+        values = _head_values(table, measure)
+        ranked = sorted(values, key=lambda key: -abs(values[key]))
+        assert ranked[0] == carrier, measure
+        others = [abs(v) for key, v in values.items() if key != carrier]
+        assert max(others) <= 1e-9 * abs(values[carrier]) + 1e-12, measure
+
+
+def test_an_identity_block_has_no_influence_and_no_skip_effect(llama):
+    block = _blocks(llama)[1]
+    with torch.no_grad():  # both branches write zero: the block returns its input
+        for linear in (block.self_attn.o_proj, block.mlp.down_proj):
+            linear.weight.zero_()
+            if linear.bias is not None:
+                linear.bias.zero_()
+    inputs = llama.preprocess(TEXT)
+    table = analyze_layers(llama, inputs, _target(llama, inputs), ["block_influence", "skip"])
+    per_layer = {(r.measure, int(r.layer)): r.value for r in table.itertuples()}
+    assert per_layer["block_influence", 1] == pytest.approx(0.0, abs=1e-12)
+    assert per_layer["skip_logprob", 1] == pytest.approx(0.0, abs=1e-12)
+    assert per_layer["skip_kl", 1] == pytest.approx(0.0, abs=1e-12)
+    assert per_layer["block_influence", 0] > 1e-4 and abs(per_layer["skip_kl", 0]) > 1e-8
+
+
+def test_logit_lens_at_the_last_layer_is_the_model_output(llama):
+    inputs = llama.preprocess(TEXT)
+    with torch.no_grad():
+        probabilities = llama.logits(**inputs.model_kwargs())[0].double().softmax(-1)
+    target = int(probabilities.argsort()[-3])  # the third most likely token: rank 3
+    table = analyze_layers(llama, inputs, target, ["logit_lens"])
+    last = table[table.layer == LAYERS - 1].set_index("measure").value
+    assert last["lens_probability"] == pytest.approx(float(probabilities[target]), rel=1e-9)
+    assert last["lens_rank"] == 3
+
+
+def test_entropy_of_uniform_attention_is_one_also_under_a_causal_mask():
+    tokens = 6
+    full = torch.full((1, tokens, tokens), 1.0 / tokens, dtype=torch.float64)
+    causal = torch.tril(torch.ones(tokens, tokens, dtype=torch.float64))
+    causal = (causal / causal.sum(-1, keepdim=True)).unsqueeze(0)
+    visible = torch.ones(tokens, dtype=torch.bool)
+    for attention in (full, causal):
+        entropy, sink = _entropy_and_sink(attention, visible)
+        assert float(entropy[0]) == pytest.approx(1.0, abs=1e-12)
+    one_hot = torch.zeros(1, tokens, tokens, dtype=torch.float64)
+    one_hot[..., 0] = 1.0  # everything on the first token: entropy 0, sink share 1
+    entropy, sink = _entropy_and_sink(one_hot, visible)
+    assert float(entropy[0]) == 0.0 and float(sink[0]) == 1.0
+
+
+def test_a_model_with_constant_scores_attends_uniformly(llama):
+    """q and k projections zeroed: every causal query spreads evenly over what it sees."""
+    with torch.no_grad():
+        for block in _blocks(llama):
+            for linear in (block.self_attn.q_proj, block.self_attn.k_proj):
+                linear.weight.zero_()
+                linear.bias.zero_()
+    inputs = llama.preprocess(TEXT)
+    table = analyze_layers(llama, inputs, 0, ["entropy", "sink"])
+    entropy = table[table.measure == "entropy"].value
+    np.testing.assert_allclose(entropy, 1.0, atol=1e-12)
+    tokens = inputs.input_ids.shape[1]  # query q sees q + 1 keys: mean of 1/(q+1)
+    expected_sink = np.mean([1 / (q + 1) for q in range(tokens)])
+    np.testing.assert_allclose(table[table.measure == "sink_share"].value, expected_sink)
+
+
+def test_hook_ablation_equals_zeroing_the_heads_weights_by_hand(llama):
+    inputs = llama.preprocess(TEXT)
+    target = _target(llama, inputs)
+    table = analyze_layers(llama, inputs, target, ["ablation"])
+    zeroed = _head_values(table, "ablation_zero")
+    with torch.no_grad():
+        before = float(llama.logits(**inputs.model_kwargs())[0, target])
+    head_dim = 32 // HEADS
+    for layer, head in [(0, 1), (2, 3)]:
+        edited = copy.deepcopy(llama)
+        projection = _blocks(edited)[layer].self_attn.o_proj
+        with torch.no_grad():
+            projection.weight[:, head * head_dim : (head + 1) * head_dim] = 0
+            after = float(edited.logits(**inputs.model_kwargs())[0, target])
+        assert zeroed[layer, head] == pytest.approx(after - before, rel=1e-9, abs=1e-12)
+
+
+def test_mean_ablation_replaces_the_head_by_its_sequence_mean(llama):
+    """By hand: the head's slice of the o_proj input set to its mean over positions."""
+    inputs = llama.preprocess(TEXT)
+    target = _target(llama, inputs)
+    means = _head_values(analyze_layers(llama, inputs, target, ["ablation"]), "ablation_mean")
+    head_dim, layer, head = 32 // HEADS, 1, 0
+    projection = _blocks(llama)[layer].self_attn.o_proj
+
+    def replace(_m, args):
+        x = args[0].clone()
+        part = x[..., head * head_dim : (head + 1) * head_dim]
+        x[..., head * head_dim : (head + 1) * head_dim] = part.mean(dim=1, keepdim=True)
+        return (x,)
+
+    with torch.no_grad():
+        before = float(llama.logits(**inputs.model_kwargs())[0, target])
+        handle = projection.register_forward_pre_hook(replace)
+        try:
+            after = float(llama.logits(**inputs.model_kwargs())[0, target])
+        finally:
+            handle.remove()
+    assert means[layer, head] == pytest.approx(after - before, rel=1e-9, abs=1e-12)
+
+
+def test_grouped_query_heads_report_their_key_value_head(llama):
+    inputs = llama.preprocess(TEXT)
+    table = analyze_layers(llama, inputs, _target(llama, inputs))
+    for measure in (*HEAD_ESTIMATORS, "entropy", "sink_share"):
+        rows = table[table.measure == measure]
+        assert len(rows) == LAYERS * HEADS
+        for layer in range(LAYERS):
+            per_layer = rows[rows.layer == layer].sort_values("head")
+            assert per_layer["head"].tolist() == [0, 1, 2, 3]
+            assert per_layer["kv_head"].tolist() == [0, 0, 1, 1]
+    assert table[table["head"].isna()]["kv_head"].isna().all()
+
+
+def test_head_relevance_adds_up_to_the_attention_branch(llama):
+    """The output projection is linear (ε-rule): without its bias, the heads' relevance at its
+    input sums to the branch's relevance at its output, measured on the other side of it."""
+    with torch.no_grad():
+        for block in _blocks(llama):
+            block.self_attn.o_proj.bias.zero_()
+    inputs = llama.preprocess(TEXT)
+    table = analyze_layers(llama, inputs, _target(llama, inputs), ["lrp"])
+    heads = table[table.measure == "head_lrp"].groupby("layer").value.sum()
+    branch = table[table.measure == "lrp_attention"].set_index("layer").value
+    assert branch.abs().max() > 1e-6  # the heads carry relevance
+    np.testing.assert_allclose(heads.sort_index(), branch.sort_index(), rtol=1e-9, atol=1e-12)
+
+
+def test_measures_are_checked(llama, load_model):
+    inputs = llama.preprocess(TEXT)
+    with pytest.raises(InvalidParameterError, match="unknown measure"):
+        analyze_layers(llama, inputs, 0, ["everything"])
+    bert = load_model("tiny-random-bert")
+    with pytest.raises(InvalidParameterError, match="decoder LMs"):
+        analyze_layers(bert, bert.preprocess("a text"), 0, ["logit_lens"])
+    cnn = load_model("efficientnet-lite0")
+    with pytest.raises(UnsupportedMethodError):
+        analyze_layers(cnn, cnn.preprocess(np.zeros((32, 32, 3), np.uint8)), 0)
+
+
+def _hook_count(model: nn.Module) -> int:
+    return sum(
+        len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks)
+        for m in model.modules()
+    )
+
+
+def test_every_hook_is_removed_when_the_pass_fails(llama):
+    blocks = _blocks(llama)
+    projections = [b.self_attn.o_proj for b in blocks]
+    before = _hook_count(llama.model)
+    contexts = [
+        lambda: block_io(blocks),
+        lambda: skip_blocks(blocks, range(len(blocks))),
+        lambda: gate_heads(projections, [torch.ones(HEADS) for _ in blocks]),
+        lambda: ablate_heads(projections[0], HEADS),
+    ]
+    for context in contexts:
+        with pytest.raises(RuntimeError, match="boom"), context():
+            assert _hook_count(llama.model) > before
+            raise RuntimeError("boom")
+        assert _hook_count(llama.model) == before
