@@ -34,7 +34,11 @@ def _choices(modality: str, next_token: bool = False) -> tuple[list[str], list[s
         for name, m in BUILTIN_MODELS.items()
         if m.modality == modality and m.next_token == next_token
     ]
-    methods = [m.name for m in available_methods() if modality in m.modalities]
+    methods = [
+        m.name
+        for m in available_methods()
+        if modality in m.modalities and m.category == "attribution"
+    ]
     return models, methods
 
 

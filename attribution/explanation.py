@@ -10,10 +10,20 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["SCHEMA_VERSION", "Explanation", "ModelInfo", "Prediction", "Target", "Timings"]
+__all__ = [
+    "LAYER_COLUMNS",
+    "SCHEMA_VERSION",
+    "Explanation",
+    "ModelInfo",
+    "Prediction",
+    "Target",
+    "Timings",
+    "layer_table",
+]
 
-SCHEMA_VERSION = 1
-LAYER_COLUMNS = ("layer", "head", "metric", "value")
+SCHEMA_VERSION = 2
+#: Columns of the layer table; ``head`` and ``kv_head`` are null on whole-layer rows.
+LAYER_COLUMNS = ("layer", "head", "kv_head", "component", "measure", "value")
 
 
 @dataclass(frozen=True)
@@ -59,8 +69,9 @@ class Explanation:
     Why the model predicted what it did, for one input, one method and one target.
 
     ``scores`` holds one value per token (text) or per pixel of the model input (image, H×W).
-    ``layers`` is a long-format table (layer, head, metric, value) with ``head`` missing for
-    whole-layer metrics. ``maps`` holds optional extra arrays of the same shape as ``scores``
+    ``layers`` is a long-format table (:data:`LAYER_COLUMNS`: layer, head, kv_head, component,
+    measure, value) with ``head`` and ``kv_head`` missing on whole-layer rows. ``maps`` holds
+    optional extra arrays of the same shape as ``scores``
     (e.g. a per-pixel standard error). ``warnings`` tells the user what was changed or is
     unreliable (input truncated, convergence delta large, ...).
     """
@@ -88,7 +99,7 @@ class Explanation:
             self.positional_scores = np.asarray(self.positional_scores, dtype=np.float64)
         self.maps = {k: np.asarray(v, dtype=np.float64) for k, v in self.maps.items()}
         if self.layers is not None:
-            self.layers = _layer_frame(self.layers.to_dict("records"))
+            self.layers = layer_table(self.layers.to_dict("records"))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict (the REST and CLI wire format)."""
@@ -132,7 +143,7 @@ class Explanation:
             tokens=data.get("tokens"),
             image_size=tuple(image_size) if image_size else None,
             positional_scores=None if positional is None else np.asarray(positional),
-            layers=None if layers is None else _layer_frame(layers),
+            layers=None if layers is None else layer_table(layers),
             maps={k: np.asarray(v) for k, v in data.get("maps", {}).items()},
             metrics=dict(data.get("metrics", {})),
             timings=Timings(**data.get("timings", {})),
@@ -178,9 +189,35 @@ def _list_or_none(array: np.ndarray | None) -> list | None:
     return None if array is None else array.tolist()
 
 
-def _layer_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
+def layer_table(records: list[dict[str, Any]] | list[tuple[Any, ...]]) -> pd.DataFrame:
+    """
+    Records (dicts or tuples in :data:`LAYER_COLUMNS` order) as the typed layer table.
+
+    Schema-1 records (``metric`` instead of ``measure``, no ``kv_head`` / ``component``) are
+    read too: their component is ``block`` for layer rows and ``head`` for head rows.
+    """
+    if records and isinstance(records[0], dict):
+        records = [_current(dict(r)) for r in records]
     frame = pd.DataFrame.from_records(records, columns=list(LAYER_COLUMNS))
-    return frame.astype({"layer": "int64", "head": "Int64", "metric": "str", "value": "float64"})
+    return frame.astype(
+        {
+            "layer": "int64",
+            "head": "Int64",
+            "kv_head": "Int64",
+            "component": "str",
+            "measure": "str",
+            "value": "float64",
+        }
+    )
+
+
+def _current(record: dict[str, Any]) -> dict[str, Any]:
+    if "metric" in record and "measure" not in record:
+        record["measure"] = record.pop("metric")
+    record.setdefault("kv_head", None)
+    if "component" not in record:
+        record["component"] = "block" if pd.isna(record.get("head")) else "head"
+    return record
 
 
 def _layer_records(frame: pd.DataFrame | None) -> list[dict[str, Any]] | None:
@@ -190,7 +227,9 @@ def _layer_records(frame: pd.DataFrame | None) -> list[dict[str, Any]] | None:
         {
             "layer": int(row.layer),
             "head": None if pd.isna(row.head) else int(row.head),
-            "metric": str(row.metric),
+            "kv_head": None if pd.isna(row.kv_head) else int(row.kv_head),
+            "component": str(row.component),
+            "measure": str(row.measure),
             "value": float(row.value),
         }
         for row in frame.itertuples(index=False)

@@ -19,7 +19,9 @@ def _full_explanation() -> Explanation:
         {
             "layer": [0, 0, 1],
             "head": [None, 2, None],
-            "metric": ["residual_relevance", "head_importance", "residual_relevance"],
+            "kv_head": [None, 1, None],
+            "component": ["block", "head", "block"],
+            "measure": ["residual_relevance", "head_gradient", "residual_relevance"],
             "value": [0.5, 1 / 3, np.pi],
         }
     )
@@ -123,3 +125,17 @@ def test_params_defaults_coercion_and_errors():
     for params, message in cases:
         with pytest.raises(InvalidParameterError, match=message):
             validate_params(schema, params)
+
+
+def test_schema_1_layer_records_are_read():
+    """Files written before kv_head/component existed load with the columns filled in."""
+    data = _full_explanation().to_dict()
+    data["schema_version"] = 1
+    data["layers"] = [
+        {"layer": 0, "head": None, "metric": "residual_relevance", "value": 0.5},
+        {"layer": 0, "head": 3, "metric": "head_importance", "value": 0.25},
+    ]
+    layers = Explanation.from_dict(data).layers
+    assert layers["measure"].tolist() == ["residual_relevance", "head_importance"]
+    assert layers["component"].tolist() == ["block", "head"]
+    assert layers["kv_head"].isna().all() and layers["head"].tolist()[1] == 3

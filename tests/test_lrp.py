@@ -244,7 +244,7 @@ def test_llama_positional_share_in_every_layer(tiny64):
         f"llama: conservation error attnlrp {plain.metrics['conservation_error']:.3e}, "
         f"pa_lrp {aware.metrics['conservation_error']:.3e}"
     )
-    per_layer = aware.layers[aware.layers.metric == "positional_relevance"]
+    per_layer = aware.layers[aware.layers.measure == "positional_relevance"]
     assert list(per_layer.layer) == list(range(LAYERS))
     assert (per_layer.value > 0).all()
     assert aware.positional_scores.shape == (len(aware.tokens),)
@@ -259,7 +259,7 @@ def test_residual_relevance_roughly_constant_across_layers(tiny64, name):
     inputs = _inputs(adapter)
     explanation = attribution.explain(adapter, "attnlrp", inputs, params=ATTNLRP)
     residual = explanation.layers[
-        explanation.layers.metric == "residual_relevance"
+        explanation.layers.measure == "residual_relevance"
     ].value.to_numpy()
     assert len(residual) == LAYERS + 1
     logit = explanation.metrics["target_logit"]

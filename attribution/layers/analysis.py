@@ -37,17 +37,26 @@ import torch
 from torch import nn
 
 from attribution.errors import InvalidParameterError, UnsupportedMethodError
+from attribution.explanation import LAYER_COLUMNS, layer_table
 from attribution.layers.hooks import ablate_heads, block_io, gate_heads, skip_blocks
 from attribution.methods.lrp.layouts import LRPLayout, find_module, layout_for
-from attribution.methods.lrp.relevance import lrp
+from attribution.methods.lrp.relevance import LRPResult, lrp
 from attribution.methods.lrp.settings import resolve_settings
 from attribution.models.base import Adapter, Inputs
 from attribution.run import RunContext
 
-__all__ = ["COLUMNS", "HEAD_ESTIMATORS", "MEASURES", "Measure", "analyze_layers"]
+__all__ = [
+    "COLUMNS",
+    "HEAD_ESTIMATORS",
+    "MEASURES",
+    "LayerReport",
+    "Measure",
+    "analyze",
+    "analyze_layers",
+]
 
 #: Columns of the long table; ``head`` and ``kv_head`` are null on layer rows.
-COLUMNS = ("layer", "head", "kv_head", "component", "measure", "value")
+COLUMNS = LAYER_COLUMNS
 
 
 @dataclass(frozen=True)
@@ -127,6 +136,7 @@ class _Model:
     projections: list[nn.Module]
     mlps: list[nn.Module]
     heads: int
+    lrp_result: LRPResult | None = None
 
     @classmethod
     def of(cls, adapter: Adapter) -> _Model:
@@ -332,6 +342,7 @@ def _lrp(
         probes=probes,
     )
     run.count(forward=1, backward=1)
+    model.lrp_result = result
     rows: list[tuple] = []
     for layer in range(len(model.blocks)):
         rows.append((layer, None, None, "block", "lrp_block", result.residual[layer]))
@@ -358,24 +369,22 @@ _RUNNERS = {
 }
 
 
-def analyze_layers(
+@dataclass
+class LayerReport:
+    """The long table, and the token relevance of the LRP pass when it ran."""
+
+    table: pd.DataFrame
+    lrp: LRPResult | None
+
+
+def analyze(
     adapter: Adapter,
     inputs: Inputs,
     target: int,
     measures: Collection[str] | None = None,
     run: RunContext | None = None,
-) -> pd.DataFrame:
-    """
-    The measures of :data:`MEASURES` (all that apply by default) for ``target`` on one input.
-
-    Returns:
-        A long table with :data:`COLUMNS`: one row per layer (``head`` null) or per query head
-        and measure.
-
-    Raises:
-        UnsupportedMethodError: For models without transformer blocks attrlab knows.
-        InvalidParameterError: For unknown measures, or decoder-only ones on other models.
-    """
+) -> LayerReport:
+    """:func:`analyze_layers`, keeping the LRP pass's token relevance too."""
     run = run or RunContext()
     chosen = _check_measures(adapter, measures)
     model = _Model.of(adapter)
@@ -396,19 +405,25 @@ def analyze_layers(
         if name in _RUNNERS:
             rows += _RUNNERS[name](model, inputs, target, run, tick)
     run.step(steps, steps)
-    return frame(rows)
+    return LayerReport(layer_table(rows), model.lrp_result)
 
 
-def frame(rows: list[tuple[Any, ...]]) -> pd.DataFrame:
-    """Rows of :data:`COLUMNS` as the typed long table (nullable integer head columns)."""
-    table = pd.DataFrame.from_records(rows, columns=list(COLUMNS))
-    return table.astype(
-        {
-            "layer": "int64",
-            "head": "Int64",
-            "kv_head": "Int64",
-            "component": "str",
-            "measure": "str",
-            "value": "float64",
-        }
-    )
+def analyze_layers(
+    adapter: Adapter,
+    inputs: Inputs,
+    target: int,
+    measures: Collection[str] | None = None,
+    run: RunContext | None = None,
+) -> pd.DataFrame:
+    """
+    The measures of :data:`MEASURES` (all that apply by default) for ``target`` on one input.
+
+    Returns:
+        A long table with :data:`COLUMNS`: one row per layer (``head`` null) or per query head
+        and measure.
+
+    Raises:
+        UnsupportedMethodError: For models without transformer blocks attrlab knows.
+        InvalidParameterError: For unknown measures, or decoder-only ones on other models.
+    """
+    return analyze(adapter, inputs, target, measures, run).table

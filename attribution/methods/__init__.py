@@ -16,6 +16,7 @@ METHOD_MODULES = (
     "gradcam",
     "gradient_x_input",
     "integrated_gradients",
+    "layers",
     "occlusion",
     "pa_lrp",
     "rise",

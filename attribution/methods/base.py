@@ -39,6 +39,8 @@ class AttributionMethod(ABC):
         requires: Adapter features it needs (see :class:`Adapter`).
         params: Parameter schema.
         has_convergence_delta: It reports a completeness / convergence delta in ``metrics``.
+        category: ``"attribution"`` (a map over the input) or ``"analysis"`` (per-layer and
+            per-head measures, with a map as a by-product).
     """
 
     name: ClassVar[str]
@@ -48,6 +50,7 @@ class AttributionMethod(ABC):
     requires: ClassVar[frozenset[str]] = frozenset()
     params: ClassVar[tuple[Param, ...]] = ()
     has_convergence_delta: ClassVar[bool] = False
+    category: ClassVar[str] = "attribution"
 
     @classmethod
     def unsupported_reason(cls, adapter: Adapter) -> str | None:
@@ -73,6 +76,7 @@ class AttributionMethod(ABC):
             "modalities": sorted(cls.modalities),
             "requires": sorted(cls.requires),
             "has_convergence_delta": cls.has_convergence_delta,
+            "category": cls.category,
             "params": {p.name: p.to_schema() for p in cls.params},
         }
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import torch
 from torch import nn
 
 from attribution.errors import UnsupportedMethodError
+from attribution.explanation import layer_table
 from attribution.methods.base import Attribution
 from attribution.methods.lrp import positional
 from attribution.methods.lrp.layouts import layout_for
@@ -260,7 +260,9 @@ def to_attribution(result: LRPResult, pe_aware: bool) -> Attribution:
         "token_relevance": result.token_total,
         "target_logit": result.target_logit,
     }
-    rows = [(i, None, "residual_relevance", r) for i, r in enumerate(result.residual)]
+    rows = [
+        (i, None, None, "block", "residual_relevance", r) for i, r in enumerate(result.residual)
+    ]
     maps = {}
     if result.prefix_relevance or result.prefix_positional:
         metrics["cls_relevance"] = result.prefix_relevance
@@ -269,11 +271,12 @@ def to_attribution(result: LRPResult, pe_aware: bool) -> Attribution:
         if result.prefix_positional:
             metrics["cls_positional_relevance"] = result.prefix_positional
         rows += [
-            (i, None, "positional_relevance", r) for i, r in enumerate(result.positional_per_layer)
+            (i, None, None, "position", "positional_relevance", r)
+            for i, r in enumerate(result.positional_per_layer)
         ]
         if result.positional_scores is not None:
             maps["combined"] = result.scores + result.positional_scores
-    layers = pd.DataFrame.from_records(rows, columns=["layer", "head", "metric", "value"])
+    layers = layer_table(rows)
     return Attribution(
         scores=result.scores,
         positional_scores=result.positional_scores if pe_aware else None,

@@ -1,0 +1,83 @@
+"""Layer and head analysis as a registered method: the long table in ``Explanation.layers``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from attribution.layers.agreement import agreement, agreement_metrics
+from attribution.layers.analysis import HEAD_ESTIMATORS, MEASURES, analyze
+from attribution.methods.base import Attribution, AttributionMethod
+from attribution.methods.lrp.layouts import unsupported_reason
+from attribution.methods.registry import register
+from attribution.models.base import Adapter, Inputs
+from attribution.params import Param
+from attribution.run import RunContext
+
+__all__ = ["LayerAnalysis", "measure_names"]
+
+
+def measure_names(value: str) -> list[str] | None:
+    """``"all"`` -> ``None`` (every measure that applies); else the comma-separated names."""
+    names = [part.strip() for part in value.split(",") if part.strip()]
+    return None if names in ([], ["all"]) else names
+
+
+def _known(value: str) -> str | None:
+    unknown = [n for n in measure_names(value) or [] if n not in MEASURES]
+    if unknown:
+        return f"names unknown measure(s) {', '.join(unknown)}; choose from {', '.join(MEASURES)}"
+    return None
+
+
+@register
+class LayerAnalysis(AttributionMethod):
+    """
+    Which layers and heads carried the prediction (``attribution.layers``).
+
+    Per-layer and per-head measures go to ``layers``, the agreement of the head estimators to
+    ``metrics`` (``spearman:a:b``, ``top_k_overlap:a:b``), and AttnLRP token relevance (the
+    ``lrp`` measure's pass) to ``scores``.
+    """
+
+    name = "layers"
+    title = "Layer and head analysis"
+    paper = "https://arxiv.org/abs/1905.10650"
+    category = "analysis"
+    requires = frozenset({"gradients", "attentions"})
+    params = (
+        Param(
+            "measures",
+            "str",
+            "all",
+            "Comma-separated measures, or 'all' (those that apply): " + ", ".join(MEASURES),
+            check=_known,
+        ),
+        Param("top_k", "int", 5, "Heads compared by the top-k overlap of estimators.", 1, 1000),
+    )
+
+    @classmethod
+    def unsupported_reason(cls, adapter: Adapter) -> str | None:
+        reason = super().unsupported_reason(adapter)
+        if reason is None and (layout := unsupported_reason(adapter)) is not None:
+            return f"{cls.name} needs a transformer attrlab knows: {layout}"
+        return reason
+
+    @classmethod
+    def attribute(
+        cls, adapter: Adapter, inputs: Inputs, target: int, params: dict[str, Any], run: RunContext
+    ) -> Attribution:
+        report = analyze(adapter, inputs, target, measure_names(params["measures"]), run)
+        pairs = agreement(report.table, HEAD_ESTIMATORS, params["top_k"])
+        if report.lrp is None:
+            run.warn("scores are zero: token relevance comes with the 'lrp' measure")
+            scores, positional = np.zeros(inputs.map_shape), None
+        else:
+            scores, positional = report.lrp.scores, report.lrp.positional_scores
+        return Attribution(
+            scores=scores,
+            positional_scores=positional,
+            layers=report.table,
+            metrics=agreement_metrics(pairs),
+        )
