@@ -11,13 +11,21 @@ from __future__ import annotations
 import copy
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from _tiny_families import classic_family
 from torch import nn
 
 from attribution.errors import InvalidParameterError, UnsupportedMethodError
-from attribution.layers import HEAD_ESTIMATORS, analyze_layers
+from attribution.explanation import layer_table
+from attribution.layers import (
+    HEAD_ESTIMATORS,
+    DatasetItem,
+    agreement,
+    analyze_dataset,
+    analyze_layers,
+)
 from attribution.layers.analysis import _entropy_and_sink
 from attribution.layers.hooks import ablate_heads, block_io, gate_heads, skip_blocks
 from attribution.methods.lrp.layouts import find_module, layout_for
@@ -224,3 +232,42 @@ def test_every_hook_is_removed_when_the_pass_fails(llama):
             assert _hook_count(llama.model) > before
             raise RuntimeError("boom")
         assert _hook_count(llama.model) == before
+
+
+def test_dataset_mode_over_ten_inputs_is_the_mean_of_ten_runs(llama):
+    texts = [f"{word} sat on the mat number {i}" for i, word in enumerate("abcdefghij")]
+    items = [DatasetItem(text) for text in texts]
+    seen: list[int] = []
+    summary = analyze_dataset(
+        llama, items, ["block_influence", "gradient", "ablation"], progress=seen.append
+    )
+    assert seen == list(range(1, 11))
+    singles = []
+    for text in texts:
+        inputs = llama.preprocess(text)
+        singles.append(
+            analyze_layers(
+                llama, inputs, _target(llama, inputs), ["block_influence", "gradient", "ablation"]
+            )
+        )
+    stacked = pd.concat(singles)
+    expected = stacked.groupby(["layer", "head", "measure"], dropna=False).value.agg(
+        ["mean", "std", "count"]
+    )
+    got = summary.set_index(["layer", "head", "measure"])[["mean", "std", "count"]].sort_index()
+    pd.testing.assert_frame_equal(
+        got, expected.sort_index(), check_dtype=False, check_index_type=False, rtol=1e-12
+    )
+
+
+def test_agreement_of_identical_and_reversed_rankings():
+    rows = []
+    for head in range(6):
+        rows.append((0, head, head, "head", "head_gradient", float(head)))
+        rows.append((0, head, head, "head", "head_lrp", float(-head)))  # same magnitudes
+        rows.append((0, head, head, "head", "ablation_zero", float(5 - head)))  # reversed
+    pairs = agreement(layer_table(rows), HEAD_ESTIMATORS, k=2).set_index(["first", "second"])
+    assert pairs.loc[("head_gradient", "head_lrp"), "spearman"] == pytest.approx(1.0)
+    assert pairs.loc[("head_gradient", "head_lrp"), "top_k_overlap"] == 1.0
+    assert pairs.loc[("head_gradient", "ablation_zero"), "spearman"] == pytest.approx(-1.0)
+    assert pairs.loc[("head_gradient", "ablation_zero"), "top_k_overlap"] == 0.0
