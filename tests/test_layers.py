@@ -236,27 +236,19 @@ def test_every_hook_is_removed_when_the_pass_fails(llama):
 
 def test_dataset_mode_over_ten_inputs_is_the_mean_of_ten_runs(llama):
     texts = [f"{word} sat on the mat number {i}" for i, word in enumerate("abcdefghij")]
-    items = [DatasetItem(text) for text in texts]
+    measures = ["block_influence", "sink"]  # a layer and a head measure
     seen: list[int] = []
-    summary = analyze_dataset(
-        llama, items, ["block_influence", "gradient", "ablation"], progress=seen.append
-    )
-    assert seen == list(range(1, 11))
+    summary = analyze_dataset(llama, map(DatasetItem, texts), measures, progress=seen.append)
+    assert seen == list(range(1, 11))  # streamed: one report per input
     singles = []
     for text in texts:
         inputs = llama.preprocess(text)
-        singles.append(
-            analyze_layers(
-                llama, inputs, _target(llama, inputs), ["block_influence", "gradient", "ablation"]
-            )
-        )
-    stacked = pd.concat(singles)
-    expected = stacked.groupby(["layer", "head", "measure"], dropna=False).value.agg(
-        ["mean", "std", "count"]
-    )
+        singles.append(analyze_layers(llama, inputs, _target(llama, inputs), measures))
+    grouped = pd.concat(singles).groupby(["layer", "head", "measure"], dropna=False).value
+    expected = grouped.agg(["mean", "std", "count"]).sort_index()
     got = summary.set_index(["layer", "head", "measure"])[["mean", "std", "count"]].sort_index()
     pd.testing.assert_frame_equal(
-        got, expected.sort_index(), check_dtype=False, check_index_type=False, rtol=1e-12
+        got, expected, check_dtype=False, check_index_type=False, rtol=1e-12
     )
 
 
