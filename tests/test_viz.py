@@ -3,9 +3,22 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from attribution.explanation import Explanation, ModelInfo, Target
-from viz import heatmap_overlay, image_figure, token_figure, token_highlights
+from attribution.layers import HEAD_ESTIMATORS, agreement, analyze_layers
+from viz import (
+    agreement_figure,
+    export_figure,
+    head_heatmap,
+    heatmap_overlay,
+    image_figure,
+    layer_lines,
+    positional_figure,
+    token_figure,
+    token_highlights,
+    top_heads_figure,
+)
 from viz.image import robust_peak
 from viz.table import explanation_table
 
@@ -54,3 +67,52 @@ def test_token_views():
     assert list(token_figure(e).data[0].y) == [0.5, -2.0, 1.0]
     table = explanation_table(e)
     assert "b  -2.000000  --------------------" in table
+
+
+@pytest.fixture(scope="module")
+def layer_tables(load_model):
+    """The full layer table (every measure that applies) on each kind of transformer."""
+    tables = {}
+    for spec in ("tiny-random-bert", "tiny-random-gpt2", "tiny-random-llama", "tiny-random-vit"):
+        adapter = load_model(spec)
+        raw = np.zeros((32, 32, 3), np.uint8) if adapter.modality == "image" else "a short text"
+        inputs = adapter.preprocess(raw)
+        tables[spec] = (adapter, analyze_layers(adapter, inputs, 0))
+    minilm = load_model("minilm-zeroshot")
+    tables["minilm-zeroshot"] = (minilm, analyze_layers(minilm, minilm.preprocess("good"), 0))
+    return tables
+
+
+def test_layer_figures_build_for_every_measure(layer_tables):
+    for spec, (adapter, table) in layer_tables.items():
+        for measure in table["measure"].unique():
+            is_head = table[table["measure"] == measure]["head"].notna().all()
+            if is_head:
+                figure = head_heatmap(table, measure)
+                z = np.asarray(figure.data[0].z)
+                assert z.shape == (adapter.num_layers, adapter.num_heads), (spec, measure)
+                expected = table[
+                    (table.measure == measure) & (table.layer == 1) & (table["head"] == 0)
+                ]
+                assert z[1, 0] == pytest.approx(float(expected.value.iloc[0]))
+            else:
+                figure = layer_lines(table, [measure], normalise=True)
+                assert len(figure.data[0].x) == len(table[table.measure == measure])
+        assert len(layer_lines(table).data) == table[table["head"].isna()]["measure"].nunique()
+        assert positional_figure(table).data[1].y is not None
+        top = top_heads_figure(table, HEAD_ESTIMATORS, k=3)
+        assert np.asarray(top.data[0].z).shape == (3, len(HEAD_ESTIMATORS))
+        pairs = agreement(table, HEAD_ESTIMATORS)
+        matrix = np.asarray(agreement_figure(pairs).data[0].z)
+        assert matrix.shape == (len(HEAD_ESTIMATORS),) * 2 and np.allclose(np.diag(matrix), 1)
+
+
+def test_layer_figures_export_to_html_and_png(layer_tables, tmp_path):
+    _, table = layer_tables["tiny-random-llama"]
+    figure = head_heatmap(table, "head_gradient")
+    html = export_figure(figure, tmp_path / "heads.html").read_text()
+    assert "plotly" in html.lower() and "head_gradient" in html
+    png = export_figure(figure, tmp_path / "heads.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5_000
+    with pytest.raises(ValueError, match=r"html or \.png"):
+        export_figure(figure, tmp_path / "heads.svg")
