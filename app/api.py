@@ -29,7 +29,14 @@ from attribution.errors import AttrlabError, InvalidInputError
 from attribution.methods import available_methods
 from attribution.models import BUILTIN_MODELS, default_model
 
-__all__ = ["ApiGuard", "ErrorBody", "ExplainBody", "build_router", "install_error_handlers"]
+__all__ = [
+    "ApiGuard",
+    "ErrorBody",
+    "ExplainBody",
+    "LayersBody",
+    "build_router",
+    "install_error_handlers",
+]
 
 log = logging.getLogger(__name__)
 
@@ -73,12 +80,57 @@ _BEARER = HTTPBearer(auto_error=False)
 _UNAUTHORIZED = {401: {"model": ErrorBody, "description": "Missing or wrong bearer token"}}
 
 
-class ExplainBody(BaseModel):
-    """One explanation request (exactly one of ``text`` and ``image_base64``)."""
+class _InputBody(BaseModel):
+    """What every request names: the input, the model and the target."""
 
     model_config = ConfigDict(
         extra="forbid",
         strict=True,  # JSON types as declared: false is not a seed, "3" is not a target index
+    )
+
+    model: str | None = Field(
+        None,
+        min_length=1,
+        max_length=500,
+        examples=["minilm-zeroshot"],
+        description="Default: minilm-zeroshot for text, smollm2-135m with next_token, "
+        "efficientnet-lite0 for images",
+    )
+    text: str | None = Field(None, description="The text to explain (text models)")
+    image_base64: str | None = Field(
+        None, description="The image file's bytes (PNG, JPEG, ...), base64-encoded"
+    )
+    labels: list[Annotated[str, Field(max_length=200)]] | None = Field(None, max_length=100)
+    target: int | Annotated[str, Field(max_length=200)] | None = None
+    seed: int = Field(0, ge=0, le=2**32 - 1)
+    next_token: bool = Field(False, description="Explain a decoder LM's next token")
+
+    def request_for(self, method: str, params: dict[str, Any]) -> ExplainRequest:
+        """Decode the image bytes (not the image: the worker does that) and build the request."""
+        image = None
+        if self.image_base64 is not None:
+            try:
+                image = base64.b64decode(self.image_base64, validate=True)
+            except (binascii.Error, ValueError):
+                raise InvalidInputError("image_base64 is not valid base64") from None
+        modality = "image" if image is not None else "text"
+        return ExplainRequest(
+            model=self.model or default_model(modality, self.next_token),
+            method=method,
+            text=self.text,
+            image=image,
+            labels=self.labels,
+            target=self.target,
+            params=params,
+            seed=self.seed,
+            next_token=self.next_token,
+        )
+
+
+class ExplainBody(_InputBody):
+    """One explanation request (exactly one of ``text`` and ``image_base64``)."""
+
+    model_config = ConfigDict(
         json_schema_extra={
             "examples": [
                 {
@@ -91,47 +143,41 @@ class ExplainBody(BaseModel):
         },
     )
 
-    model: str | None = Field(
-        None,
-        min_length=1,
-        max_length=500,
-        examples=["minilm-zeroshot"],
-        description="Default: minilm-zeroshot for text, smollm2-135m with next_token, "
-        "efficientnet-lite0 for images",
-    )
     method: str = Field(..., min_length=1, max_length=100, examples=["integrated_gradients"])
-    text: str | None = Field(None, description="The text to explain (text models)")
-    image_base64: str | None = Field(
-        None, description="The image file's bytes (PNG, JPEG, ...), base64-encoded"
-    )
-    labels: list[Annotated[str, Field(max_length=200)]] | None = Field(None, max_length=100)
-    target: int | Annotated[str, Field(max_length=200)] | None = None
     params: dict[Annotated[str, Field(max_length=100)], Any] = Field(
         default_factory=dict, max_length=50
     )
-    seed: int = Field(0, ge=0, le=2**32 - 1)
-    next_token: bool = Field(False, description="Explain a decoder LM's next token")
 
     def to_request(self) -> ExplainRequest:
-        """Decode the image bytes (not the image: the worker does that) and build the request."""
-        image = None
-        if self.image_base64 is not None:
-            try:
-                image = base64.b64decode(self.image_base64, validate=True)
-            except (binascii.Error, ValueError):
-                raise InvalidInputError("image_base64 is not valid base64") from None
-        modality = "image" if image is not None else "text"
-        return ExplainRequest(
-            model=self.model or default_model(modality, self.next_token),
-            method=self.method,
-            text=self.text,
-            image=image,
-            labels=self.labels,
-            target=self.target,
-            params=self.params,
-            seed=self.seed,
-            next_token=self.next_token,
-        )
+        """The worker request for this body."""
+        return self.request_for(self.method, self.params)
+
+
+class LayersBody(_InputBody):
+    """One layer and head analysis (exactly one of ``text`` and ``image_base64``)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "model": "smollm2-135m",
+                    "text": "The capital of France is",
+                    "next_token": True,
+                    "measures": ["gradient", "lrp", "entropy"],
+                }
+            ]
+        },
+    )
+
+    measures: list[Annotated[str, Field(min_length=1, max_length=50)]] | None = Field(
+        None, max_length=20, description="Measures to compute (default: all that apply)"
+    )
+    top_k: int = Field(5, ge=1, le=1000, description="Heads compared by top-k overlap")
+
+    def to_request(self) -> ExplainRequest:
+        """The worker request: the registered ``layers`` method with these parameters."""
+        measures = ",".join(self.measures) if self.measures else "all"
+        return self.request_for("layers", {"measures": measures, "top_k": self.top_k})
 
 
 def _token_guard(token: str | None) -> list[Any]:
@@ -152,7 +198,7 @@ def _token_guard(token: str | None) -> list[Any]:
 
 
 def build_router(worker: ExplainWorker) -> APIRouter:
-    """Routes: GET /health (open), GET /status, GET /models, GET /methods, POST /explain."""
+    """Routes: GET /health (open), /status, /models, /methods; POST /explain, /layers."""
     settings = worker.settings
     open_routes = APIRouter(prefix=API_PREFIX)
     router = APIRouter(
@@ -188,9 +234,7 @@ def build_router(worker: ExplainWorker) -> APIRouter:
         """Every method with its modalities and parameter schema."""
         return [m.describe() for m in available_methods()]
 
-    @router.post("/explain")
-    async def explain(body: ExplainBody, request: Request) -> dict[str, Any]:
-        """Explain one text or image; the Explanation as JSON."""
+    async def run(body: ExplainBody | LayersBody, request: Request) -> dict[str, Any]:
         job = worker.submit(body.to_request())
         result = asyncio.wrap_future(job.future)
         try:
@@ -203,6 +247,21 @@ def build_router(worker: ExplainWorker) -> APIRouter:
             job.cancel()
             raise
         return explanation.to_dict()
+
+    @router.post("/explain")
+    async def explain(body: ExplainBody, request: Request) -> dict[str, Any]:
+        """Explain one text or image; the Explanation as JSON."""
+        return await run(body, request)
+
+    @router.post("/layers")
+    async def layers(body: LayersBody, request: Request) -> dict[str, Any]:
+        """
+        Which layers and heads carried the prediction (Explanation JSON).
+
+        ``layers`` holds one row per layer / head and measure; ``metrics`` say how far the head
+        estimators agree (Spearman ρ and top-k overlap per pair).
+        """
+        return await run(body, request)
 
     open_routes.include_router(router)
     return open_routes

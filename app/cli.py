@@ -1,13 +1,14 @@
-"""``attrlab`` command line: explain, serve, models, methods."""
+"""``attrlab`` command line: explain, layers, serve, models, methods."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from attribution.errors import AttrlabError
 
@@ -18,7 +19,7 @@ def _explain(args: argparse.Namespace) -> int:
     from app.worker import ExplainRequest, ExplainWorker, parse_param_pairs
     from viz.table import explanation_table
 
-    labels = [s.strip() for s in args.labels.split(",")] if args.labels else None
+    labels = _labels(args.labels)
     request = ExplainRequest(
         model=args.model,
         method=args.method,
@@ -40,6 +41,146 @@ def _explain(args: argparse.Namespace) -> int:
     else:
         print(explanation_table(explanation))
     return 0
+
+
+def _layers(args: argparse.Namespace) -> int:
+    from app.worker import ExplainRequest, ExplainWorker
+
+    if args.format == "parquet" and args.output is None:
+        raise _usage_error("--format parquet writes a file: give --output PATH")
+    worker = ExplainWorker(device=args.device, max_models=1)
+    try:
+        if args.input is not None:
+            from attribution.layers import analyze_dataset
+
+            labels = _labels(args.labels)
+            adapter = worker.adapter(args.model, labels)
+            items = _dataset_items(args.input, args.target)
+            table = analyze_dataset(
+                adapter, items, _measures(args.measures), args.seed, progress=_report_progress
+            )
+            print(file=sys.stderr)
+            _write_table(table, args, lambda: table.to_string(index=False))
+            return 0
+        request = ExplainRequest(
+            model=args.model,
+            method="layers",
+            text=args.text,
+            image=None if args.image is None else _read_image_file(args.image),
+            labels=_labels(args.labels),
+            target=args.target,
+            params={"measures": args.measures or "all", "top_k": args.top_k},
+            seed=args.seed,
+            next_token=args.next_token,
+        )
+        explanation = worker.explain(request)
+    finally:
+        worker.close()
+    if args.figures is not None:
+        _write_figures(explanation, Path(args.figures), args.figure_format)
+    if args.format == "json":
+        _write_text(explanation.to_json(indent=2), args.output)
+        return 0
+    from viz.table import layers_text
+
+    _write_table(explanation.layers, args, lambda: layers_text(explanation))
+    return 0
+
+
+def _labels(text: str | None) -> list[str] | None:
+    return [s.strip() for s in text.split(",")] if text else None
+
+
+def _measures(text: str | None) -> list[str] | None:
+    from attribution.methods.layers import measure_names
+
+    return measure_names(text or "all")
+
+
+def _usage_error(message: str) -> AttrlabError:
+    from attribution.errors import InvalidParameterError
+
+    return InvalidParameterError(message)
+
+
+def _report_progress(done: int) -> None:
+    print(f"\r{done} inputs analysed", end="", file=sys.stderr, flush=True)
+
+
+def _dataset_items(path: str, target: str | None) -> Iterator[Any]:
+    """One :class:`DatasetItem` per JSONL line: ``{"text": ...}`` or ``{"image": path}``."""
+    from attribution.errors import InvalidInputError
+    from attribution.layers import DatasetItem
+
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise InvalidInputError(f"input file '{path}' does not exist or is not a regular file")
+    with file.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise InvalidInputError(f"{path} line {number}: not JSON ({err.msg})") from None
+            if not isinstance(record, dict) or ("text" in record) == ("image" in record):
+                raise InvalidInputError(
+                    f'{path} line {number}: give an object with "text" or "image" (a path)'
+                )
+            if "image" in record:  # relative to the JSONL file, read here like --image
+                raw: Any = _read_image_file(str(file.parent / str(record["image"])))
+            else:
+                raw = str(record["text"])
+            yield DatasetItem(raw, record.get("target", target))
+
+
+def _write_text(text: str, output: str | None) -> None:
+    if output is None:
+        print(text)
+    else:
+        Path(output).expanduser().write_text(text + "\n", encoding="utf-8")
+
+
+def _write_table(table: Any, args: argparse.Namespace, as_text: Callable[[], str]) -> None:
+    """The long table as the chosen ``--format``, to ``--output`` or stdout."""
+    output = None if args.output is None else Path(args.output).expanduser()
+    if args.format == "parquet":
+        table.to_parquet(output, index=False)
+    elif args.format == "csv":
+        _write_text(table.to_csv(index=False).rstrip("\n"), args.output)
+    elif args.format == "json":
+        _write_text(table.to_json(orient="records", indent=2), args.output)
+    else:
+        _write_text(as_text(), args.output)
+
+
+def _write_figures(explanation: Any, folder: Path, kind: str) -> None:
+    """Every layer figure of ``explanation`` as ``folder/NAME.{html,png}``."""
+    from attribution.layers import HEAD_ESTIMATORS, agreement
+    from viz import (
+        agreement_figure,
+        export_figure,
+        head_heatmap,
+        layer_lines,
+        positional_figure,
+        top_heads_figure,
+    )
+
+    table = explanation.layers
+    folder.expanduser().mkdir(parents=True, exist_ok=True)
+    figures = {"layers": layer_lines(table, normalise=True)}
+    for measure in table[table["head"].notna()]["measure"].unique():
+        figures[f"heads_{measure}"] = head_heatmap(table, measure)
+    if {"lrp_block", "positional_relevance"} <= set(table["measure"]):
+        figures["positional"] = positional_figure(table)
+    if set(HEAD_ESTIMATORS) & set(table["measure"]):
+        figures["top_heads"] = top_heads_figure(table, HEAD_ESTIMATORS)
+        pairs = agreement(table, HEAD_ESTIMATORS, int(explanation.params["top_k"]))
+        if not pairs.empty:
+            figures["agreement"] = agreement_figure(pairs)
+    for name, figure in figures.items():
+        export_figure(figure, folder.expanduser() / f"{name}.{kind}")
+    print(f"wrote {len(figures)} figures to {folder}", file=sys.stderr)
 
 
 def _read_image_file(path: str) -> bytes:
@@ -175,6 +316,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.set_defaults(run=_serve)
 
+    layers = sub.add_parser(
+        "layers", help="which layers and heads carried a prediction (one input or a dataset)"
+    )
+    layers.add_argument("--model", default=None, help="alias, hub id or local folder")
+    source = layers.add_mutually_exclusive_group(required=True)
+    source.add_argument("--text")
+    source.add_argument("--image", help="path of an image file")
+    source.add_argument(
+        "--input", help='JSONL file, one {"text": ...} or {"image": path} (+ "target") per line'
+    )
+    layers.add_argument(
+        "--measures",
+        help="comma-separated measure names (listed by `attrlab methods` under 'layers'); "
+        "default: all that apply",
+    )
+    layers.add_argument("--top-k", type=_positive_int, default=5, help="heads compared (top-k)")
+    layers.add_argument("--next-token", action="store_true", help="explain a decoder's next token")
+    layers.add_argument("--labels", help="comma-separated labels (zero-shot models)")
+    layers.add_argument("--target", help="label or output index (default: top prediction)")
+    layers.add_argument("--seed", type=int, default=0)
+    layers.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
+    layers.add_argument("--format", choices=("table", "json", "csv", "parquet"), default="table")
+    layers.add_argument("--output", help="file to write (default: stdout; parquet needs one)")
+    layers.add_argument("--figures", help="folder for the figures (one input)")
+    layers.add_argument("--figure-format", choices=("html", "png"), default="html")
+    layers.set_defaults(run=_layers)
+
     sub.add_parser("models", help="list built-in models").set_defaults(run=_models)
     methods = sub.add_parser("methods", help="list methods and their parameters")
     methods.add_argument("--format", choices=("json", "table"), default="table")
@@ -185,7 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; user errors print one line and exit with status 2."""
     args = build_parser().parse_args(argv)
-    if args.command == "explain" and args.model is None:
+    if args.command in ("explain", "layers") and args.model is None:
         from attribution.models import default_model
 
         args.model = default_model("image" if args.image else "text", args.next_token)

@@ -71,6 +71,45 @@ def test_rest_explains_text_and_image(client):
     assert 281 <= image.json()["target"]["index"] <= 285
 
 
+def test_rest_layers_returns_the_table_and_the_agreement(client):
+    response = client.post(
+        "/api/v1/layers",
+        json={
+            "model": "tiny-random-llama",
+            "text": "the cat sat on the",
+            "next_token": True,
+            "measures": ["gradient", "ablation", "logit_lens"],
+            "top_k": 3,
+        },
+    )
+    assert response.status_code == 200, response.text
+    e = Explanation.from_dict(response.json())
+    assert e.method == "layers" and e.params == {
+        "measures": "gradient,ablation,logit_lens",
+        "top_k": 3,
+    }
+    heads = e.layers[e.layers.measure == "head_gradient"]
+    assert len(heads) == 2 * 4 and heads["kv_head"].notna().all()  # 2 layers x 4 query heads
+    assert set(e.layers.measure) >= {"ablation_zero", "ablation_mean", "lens_rank"}
+    assert "top_k_overlap:head_gradient:ablation_zero" in e.metrics
+    assert any("scores are zero" in w for w in e.warnings)  # no lrp measure: no token map
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "words"),
+    [
+        ({"model": "tiny-random-llama", "text": "a", "measures": ["everything"]}, 422, "unknown"),
+        ({"model": "tiny-random-bert", "text": "a", "measures": ["logit_lens"]}, 422, "decoder"),
+        ({"model": "efficientnet-lite0", "image_base64": _png(data.chelsea())}, 400, "attention"),
+        ({"model": "tiny-random-llama", "text": "a", "top_k": 0}, 422, "top_k"),
+    ],
+)
+def test_rest_layers_refuses_what_it_cannot_do(client, body, status, words):
+    response = client.post("/api/v1/layers", json=body)
+    assert response.status_code == status, response.text
+    assert words in response.json()["error"]["message"]
+
+
 def test_worker_reports_progress_and_cancels(worker):
     seen = []
     cancelled = threading.Event()

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
 from PIL import Image
 from skimage import data
@@ -127,3 +128,75 @@ def test_next_token_defaults_to_the_embedded_llm(capsys):
     assert code == 0
     e = Explanation.from_json(capsys.readouterr().out)
     assert e.model.id == "smollm2-135m" and e.target.label == " Paris"
+
+
+def test_layers_one_text_as_json_csv_and_figures(capsys, tmp_path):
+    base = ["layers", "--model", "tiny-random-llama", "--device", "cpu", "--text", "the cat sat"]
+    assert main([*base, "--measures", "gradient,entropy", "--format", "json"]) == 0
+    e = Explanation.from_json(capsys.readouterr().out)
+    assert set(e.layers.measure) == {"head_gradient", "entropy"}
+    csv = tmp_path / "heads.csv"
+    figures = tmp_path / "figures"
+    assert (
+        main(
+            [
+                *base,
+                "--measures",
+                "lrp",
+                "--format",
+                "csv",
+                "--output",
+                str(csv),
+                "--figures",
+                str(figures),
+            ]
+        )
+        == 0
+    )
+    table = pd.read_csv(csv)
+    assert list(table.columns) == ["layer", "head", "kv_head", "component", "measure", "value"]
+    assert (table.measure == "head_lrp").sum() == 2 * 4
+    assert {p.name for p in figures.iterdir()} >= {"layers.html", "heads_head_lrp.html"}
+    assert main([*base, "--measures", "skip"]) == 0  # the terminal table
+    assert "skip_kl" in capsys.readouterr().out
+
+
+def test_layers_over_a_jsonl_dataset_to_parquet(tmp_path, capsys):
+    data_file = tmp_path / "data.jsonl"
+    data_file.write_text('{"text": "the cat sat"}\n\n{"text": "a dog ran", "target": 3}\n')
+    out = tmp_path / "summary.parquet"
+    args = [
+        "layers",
+        "--model",
+        "tiny-random-llama",
+        "--input",
+        str(data_file),
+        "--measures",
+        "sink",
+        "--format",
+        "parquet",
+        "--output",
+        str(out),
+    ]
+    assert main(args) == 0
+    table = pd.read_parquet(out)
+    assert (table["count"] == 2).all() and set(table.measure) == {"sink_share"}
+    assert len(table) == 2 * 4
+
+
+@pytest.mark.parametrize(
+    ("lines", "extra", "words"),
+    [
+        ("oops\n", [], "line 1: not JSON"),
+        ('{"text": "a", "image": "b.png"}\n', [], "line 1: give an object"),
+        ('{"image": "missing.png"}\n', [], "does not exist"),
+        ('{"text": "a"}\n', ["--format", "parquet"], "give --output"),
+        ('{"text": "a"}\n', ["--measures", "nope"], "unknown measure"),
+    ],
+)
+def test_layers_dataset_errors_exit_2(tmp_path, capsys, lines, extra, words):
+    data_file = tmp_path / "data.jsonl"
+    data_file.write_text(lines)
+    code = main(["layers", "--model", "tiny-random-llama", "--input", str(data_file), *extra])
+    assert code == 2
+    assert words in capsys.readouterr().err

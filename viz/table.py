@@ -6,7 +6,7 @@ import numpy as np
 
 from attribution.explanation import Explanation
 
-__all__ = ["explanation_table"]
+__all__ = ["explanation_table", "layers_text"]
 
 _BAR_WIDTH = 20
 
@@ -50,3 +50,38 @@ def _image_rows(e: Explanation) -> list[str]:
         f"max       {e.scores.max():.6g} at (row {high[0]}, col {high[1]})",
         f"min       {e.scores.min():.6g} at (row {low[0]}, col {low[1]})",
     ]
+
+
+def layers_text(explanation: Explanation, top: int = 5) -> str:
+    """
+    Terminal view of a layer analysis (``attrlab layers --format table``).
+
+    Summary lines, the per-layer measures as one row per layer, the ``top`` heads of each head
+    measure, and the estimators' agreement.
+    """
+    e, table = explanation, explanation.layers
+    lines = [
+        f"model     {e.model.id} ({e.model.modality})",
+        f"target    {e.target.label!r} (index {e.target.index})  p={e.target.probability:.4f}",
+    ]
+    if table is None or table.empty:
+        return "\n".join([*lines, "no layer measures"])
+    per_layer = table[table["head"].isna()].pivot_table(
+        index="layer", columns="measure", values="value", aggfunc="first"
+    )
+    if not per_layer.empty:
+        lines += ["", "per layer", per_layer.to_string(float_format=lambda v: f"{v:.4g}")]
+    heads = table[table["head"].notna()]
+    for measure in heads["measure"].unique():
+        rows = heads[heads["measure"] == measure]
+        ranked = rows.reindex(rows["value"].abs().sort_values(ascending=False).index).head(top)
+        shown = ", ".join(
+            f"L{int(r.layer)}H{int(r.head)}={r.value:.4g}" for r in ranked.itertuples(index=False)
+        )
+        lines.append(f"top heads {measure}: {shown}")
+    agreement = {k: v for k, v in e.metrics.items() if ":" in k}
+    if agreement:
+        lines += ["", "agreement of head estimators"]
+        lines += [f"  {k} = {v:.3f}" for k, v in agreement.items()]
+    lines += [f"warning   {w}" for w in e.warnings]
+    return "\n".join(lines)
