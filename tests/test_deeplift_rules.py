@@ -16,6 +16,7 @@ import pytest
 import torch
 from _tiny_families import BIASED, biased_family, classic_family, clip, dinov2
 from skimage import data
+from torch import nn
 
 from attribution import explain
 from attribution.methods import _deeplift_rules as rules
@@ -170,3 +171,95 @@ def test_efficientnet_deeplift_shap_is_complete(effnet):
     explanation = explain(effnet, "deeplift_shap", effnet.preprocess(data.chelsea()))
     assert explanation.metrics["relative_convergence_delta"] < 1e-4
     assert not explanation.warnings
+
+
+class _Gated(nn.Module):
+    """``y = Σ_j (W1 x)_j · (W2 x)_j``: a product the rules never see as such."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.first, self.second = nn.Linear(4, 3, bias=False), nn.Linear(4, 3, bias=False)
+
+    def forward(self, x):
+        return (self.first(x) * self.second(x)).sum(-1, keepdim=True)
+
+
+def test_an_unseen_product_gets_deeplifts_product_rule_written_out():
+    """Attribution to x_i = Σ_j (b̄_j W1_ji + ā_j W2_ji) Δx_i with ā, b̄ the means of x and x'."""
+    from captum.attr import DeepLift as CaptumDeepLift
+
+    model = _Gated().double()
+    x = torch.tensor([[1.0, -2.0, 0.5, 3.0]], dtype=torch.float64)
+    x0 = torch.tensor([[0.2, 0.1, -1.0, 0.0]], dtype=torch.float64)
+    with deeplift_scope(model):
+        got = CaptumDeepLift(model).attribute(x, baselines=x0, target=0)
+    with torch.no_grad():
+        a_bar = (model.first(x) + model.first(x0)) / 2
+        b_bar = (model.second(x) + model.second(x0)) / 2
+        multiplier = b_bar @ model.first.weight + a_bar @ model.second.weight
+    torch.testing.assert_close(got.detach(), multiplier * (x - x0))
+
+
+def test_the_product_rule_gives_each_factor_the_mean_of_the_other():
+    """Both halves' gradients: ``a`` gets b̄, ``b`` gets ā (not b or b' alone)."""
+    a = torch.tensor([[2.0, -1.0], [0.5, 3.0]], dtype=torch.float64, requires_grad=True)
+    b = torch.tensor([[1.0, 4.0], [-3.0, 2.0]], dtype=torch.float64, requires_grad=True)
+    product = rules._product(a, b, a.detach() * b.detach())
+    grad_a, grad_b = torch.autograd.grad(product.sum(), (a, b))
+    torch.testing.assert_close(grad_a, b.detach().mean(0).expand(2, -1))
+    torch.testing.assert_close(grad_b, a.detach().mean(0).expand(2, -1))
+
+
+def test_a_failing_forward_leaves_no_rule_on_a_transformer(load_model):
+    """Norm hooks, linear pre-hooks, routed attention and Captum's table: all undone."""
+    from attribution.compat import deeplift_rules
+    from attribution.methods._routing import _RoutedConfig
+
+    adapter = load_model("tiny-random-llama")
+    model = adapter.model
+    hooks = _hook_count(model)
+    table = dict(deeplift_rules)
+    blocks = list(model.model.layers)
+
+    def fail(_m, _a, _o):
+        raise RuntimeError("boom in block 1")
+
+    handle = blocks[1].register_forward_hook(fail)
+    try:
+        with pytest.raises(RuntimeError, match="boom"):
+            explain(adapter, "deeplift", adapter.preprocess("the cat sat"))
+    finally:
+        handle.remove()
+    assert _hook_count(model) == hooks
+    assert not any(isinstance(getattr(m, "config", None), _RoutedConfig) for m in model.modules())
+    assert deeplift_rules == table
+    assert not any(hasattr(m, "input") or hasattr(m, "output") for m in model.modules())
+
+
+def _hook_count(model: nn.Module) -> int:
+    return sum(
+        len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks)
+        for m in model.modules()
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_keeps_the_rules_or_says_why_not(load_model, dtype):
+    """
+    bf16 norms are checked at bf16's own rounding (the rules stay on); float16 never returns
+    NaN silently. The delta itself is not bounded: the model's own forward rounds at 1e-2.
+    """
+    adapter = copy.deepcopy(_family(load_model("tiny-random-bert").tokenizer, "llama"))
+    adapter.model.to(dtype)
+    explanation = explain(adapter, "deeplift", adapter.preprocess(TEXT))
+    assert not any("RMSNorm" in w for w in explanation.warnings)
+    finite = np.isfinite(explanation.scores).all()
+    assert finite or any("non-finite" in w for w in explanation.warnings)
+
+
+def test_builtin_decoders_say_so(load_model):
+    from attribution.models import BUILTIN_MODELS
+
+    for name in ("tiny-random-bert", "tiny-random-gpt2", "tiny-random-llama", "minilm-zeroshot"):
+        assert BUILTIN_MODELS[name].next_token == (load_model(name).family == "decoder-lm")

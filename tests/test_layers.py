@@ -25,6 +25,7 @@ from attribution.layers import (
     agreement,
     analyze_dataset,
     analyze_layers,
+    joint_ablation,
 )
 from attribution.layers.analysis import _entropy_and_sink
 from attribution.layers.hooks import ablate_heads, block_io, gate_heads, skip_blocks
@@ -263,3 +264,22 @@ def test_agreement_of_identical_and_reversed_rankings():
     assert pairs.loc[("head_gradient", "head_lrp"), "top_k_overlap"] == 1.0
     assert pairs.loc[("head_gradient", "ablation_zero"), "spearman"] == pytest.approx(-1.0)
     assert pairs.loc[("head_gradient", "ablation_zero"), "top_k_overlap"] == 0.0
+
+
+def test_joint_ablation_equals_zeroing_the_weights_of_the_set_by_hand(llama):
+    inputs = llama.preprocess(TEXT)
+    target = _target(llama, inputs)
+    sets = [[(0, 1)], [(0, 1), (2, 3)], [(1, 0), (1, 2), (2, 0)]]
+    probabilities = joint_ablation(llama, inputs, target, sets)
+    with torch.no_grad():
+        plain = llama.logits(**inputs.model_kwargs())[0].double().softmax(-1)[target]
+    assert probabilities[0] == pytest.approx(float(plain), rel=1e-12)
+    head_dim = 32 // HEADS
+    for row, chosen in enumerate(sets, start=1):
+        edited = copy.deepcopy(llama)
+        with torch.no_grad():
+            for layer, head in chosen:
+                projection = _blocks(edited)[layer].self_attn.o_proj
+                projection.weight[:, head * head_dim : (head + 1) * head_dim] = 0
+            expected = edited.logits(**inputs.model_kwargs())[0].double().softmax(-1)[target]
+        assert probabilities[row] == pytest.approx(float(expected), rel=1e-9)

@@ -9,6 +9,7 @@ from attribution.layers.analysis import (
     Measure,
     analyze,
     analyze_layers,
+    joint_ablation,
 )
 from attribution.layers.dataset import DATASET_COLUMNS, DatasetItem, analyze_dataset
 
@@ -25,4 +26,5 @@ __all__ = [
     "analyze",
     "analyze_dataset",
     "analyze_layers",
+    "joint_ablation",
 ]

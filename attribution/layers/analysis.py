@@ -28,17 +28,24 @@ Query heads are reported; ``kv_head`` names the key/value head each shares (GQA)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 from torch import nn
 
 from attribution.errors import InvalidParameterError, UnsupportedMethodError
 from attribution.explanation import LAYER_COLUMNS, layer_table
-from attribution.layers.hooks import ablate_heads, block_io, gate_heads, skip_blocks
+from attribution.layers.hooks import (
+    ablate_head_sets,
+    ablate_heads,
+    block_io,
+    gate_heads,
+    skip_blocks,
+)
 from attribution.methods.lrp.layouts import LRPLayout, find_module, layout_for
 from attribution.methods.lrp.relevance import LRPResult, lrp
 from attribution.methods.lrp.settings import resolve_settings
@@ -53,6 +60,7 @@ __all__ = [
     "Measure",
     "analyze",
     "analyze_layers",
+    "joint_ablation",
 ]
 
 #: Columns of the long table; ``head`` and ``kv_head`` are null on layer rows.
@@ -427,3 +435,20 @@ def analyze_layers(
         InvalidParameterError: For unknown measures, or decoder-only ones on other models.
     """
     return analyze(adapter, inputs, target, measures, run).table
+
+
+def joint_ablation(
+    adapter: Adapter, inputs: Inputs, target: int, head_sets: Sequence[Collection[tuple[int, int]]]
+) -> np.ndarray:
+    """
+    Target probability with each set of ``(layer, head)`` zeroed together, in one batch.
+
+    Returns:
+        ``(1 + len(head_sets),)``: the plain probability, then one per set.
+    """
+    model = _Model.of(adapter)
+    sets = [(), *head_sets]
+    kwargs = _repeat(inputs.model_kwargs(), len(sets))
+    with torch.no_grad(), ablate_head_sets(model.projections, model.heads, sets):
+        probabilities = adapter.logits(**kwargs).double().softmax(-1)[:, target]
+    return probabilities.cpu().numpy()

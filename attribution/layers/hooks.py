@@ -10,14 +10,14 @@ variants run in one forward batch.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["ablate_heads", "block_io", "gate_heads", "skip_blocks"]
+__all__ = ["ablate_head_sets", "ablate_heads", "block_io", "gate_heads", "skip_blocks"]
 
 
 def _hidden(args: tuple, kwargs: dict) -> torch.Tensor:
@@ -111,3 +111,25 @@ def ablate_heads(
         yield
     finally:
         handle.remove()
+
+
+@contextmanager
+def ablate_head_sets(
+    projections: Sequence[nn.Module], heads: int, sets: Sequence[Collection[tuple[int, int]]]
+) -> Iterator[None]:
+    """Batch row ``i`` has every ``(layer, head)`` of ``sets[i]`` zeroed (jointly)."""
+    with ExitStack() as stack:
+        for layer, projection in enumerate(projections):
+            rows = [(i, h) for i, chosen in enumerate(sets) for (ll, h) in chosen if ll == layer]
+            if not rows:
+                continue
+
+            def zero(_m: nn.Module, args: tuple, rows: list[tuple[int, int]] = rows) -> tuple:
+                x = args[0]
+                split = _split_heads(x.clone(), heads)
+                for row, head in rows:
+                    split[row, :, head] = 0.0
+                return (split.reshape(x.shape), *args[1:])
+
+            stack.callback(projection.register_forward_pre_hook(zero).remove)
+        yield

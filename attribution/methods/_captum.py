@@ -16,6 +16,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import torch
 from captum.attr import Attribution as CaptumAttribution
 from torch import nn
@@ -36,6 +37,7 @@ __all__ = [
     "AdapterModule",
     "attribute_with",
     "baseline_for",
+    "deeplift_eps",
     "deeplift_scope",
     "delta_metrics",
     "forward_function",
@@ -95,6 +97,7 @@ def attribute_with(
     layer_method: Callable[..., CaptumAttribution],
     input_method: Callable[..., CaptumAttribution],
     as_module: bool = False,
+    eps: float | None = None,
     **kwargs: Any,
 ) -> Any:
     """
@@ -102,7 +105,7 @@ def attribute_with(
 
     ``layer_method`` (Captum's ``Layer*`` class) when the inputs attribute to a layer (token
     embeddings), else ``input_method``. ``as_module`` passes the forward pass as an
-    :class:`AdapterModule` (DeepLIFT needs it).
+    :class:`AdapterModule` (DeepLIFT needs it); ``eps`` sets DeepLIFT's zero threshold.
     """
     forward = (
         AdapterModule(adapter, inputs.forward_keys)
@@ -112,6 +115,8 @@ def attribute_with(
     tensor, extra = inputs.attributed()
     layer = inputs.attribution_layer(adapter)
     method = input_method(forward) if layer is None else layer_method(forward, layer)
+    if eps is not None:
+        method.eps = eps  # DeepLIFT's zero threshold (LayerDeepLift inherits it)
     return method.attribute(tensor, additional_forward_args=extra or None, **kwargs)
 
 
@@ -226,9 +231,27 @@ def untreated_by_deeplift(model: nn.Module, routed: Collection[int] = ()) -> lis
     return sorted(found)
 
 
-def delta_metrics(attribution_sum: float, delta: float) -> dict[str, float]:
-    """Convergence delta ``Σattr − (F(x) − F(x0))``, its share of the logit difference, and that."""
-    difference = attribution_sum - delta
+def delta_metrics(
+    forward: Callable[..., torch.Tensor],
+    tensor: torch.Tensor,
+    references: torch.Tensor,
+    extra: tuple[torch.Tensor, ...] | None,
+    target: int,
+    attribution_sum: float,
+) -> dict[str, float]:
+    """
+    Convergence delta ``Σattr − (F(x) − mean F(x0))``, its share, and the logit difference.
+
+    All in float64: the two sides come from the model's own logits, cast to float64 before
+    subtracting, so a half-precision model's delta is not rounded away.
+    """
+    extra = extra or ()
+    rows = references.shape[0]
+    with torch.no_grad():
+        output = forward(tensor, *extra)[0, target].double()
+        reference = forward(references, *(e.expand(rows, *e.shape[1:]) for e in extra))
+    difference = float(output - reference[:, target].double().mean())
+    delta = attribution_sum - difference
     return {
         "convergence_delta": delta,
         "relative_convergence_delta": abs(delta) / max(abs(difference), 1e-12),
@@ -236,10 +259,30 @@ def delta_metrics(attribution_sum: float, delta: float) -> dict[str, float]:
     }
 
 
+def deeplift_eps(model: nn.Module) -> float:
+    """
+    Captum's threshold under which ``Δx`` counts as zero, for ``model``'s precision.
+
+    ``1e-10``, raised to the smallest normal number of a float16 model, where ``1e-10`` rounds
+    to 0 and Captum's Rescale rule divides 0 by 0.
+    """
+    dtype = next(model.parameters()).dtype
+    return max(1e-10, float(torch.finfo(dtype).tiny)) if dtype.is_floating_point else 1e-10
+
+
 def warn_untreated(
-    model: nn.Module, run: RunContext, metrics: dict[str, float], report: DeepLiftReport
+    model: nn.Module,
+    run: RunContext,
+    scores: np.ndarray,
+    metrics: dict[str, float],
+    report: DeepLiftReport,
 ) -> None:
     """Warn when DeepLIFT's summation-to-delta cannot hold for ``model`` (or visibly fails)."""
+    if not (np.isfinite(scores).all() and np.isfinite(metrics["convergence_delta"])):
+        run.warn(
+            "DeepLIFT produced non-finite values (overflow or 0/0 in the model's precision); "
+            "load the model in float32 for this method"
+        )
     untreated = sorted(
         set(untreated_by_deeplift(model, report.routed_attention)) | report.untreated
     )

@@ -14,12 +14,14 @@ LayerNorm a centring, a square, a mean, ``1/√(·+ε)`` and a product. Every mu
 exact, so the attributions sum to ``F(x) − F(x')`` up to rounding.
 
 Multipliers come from the two halves of the batch and are the same for both halves, as Captum's
-are, so gradients stay equal in the two halves. Products the code does not see (gated MLPs,
-``act(g)·u``) get the product rule from that symmetry: averaging the halves' gradients at the
-input of every linear layer turns ``g·u`` and ``g·u'`` into ``g·ū``. A rule never changes a
-forward value: it returns the model's own tensor with another backward. A norm or attention
-whose recomputation does not reproduce the model's value keeps its plain gradient and is
-reported.
+are, so gradients stay equal in the two halves. Products the code does not see (gated MLPs
+``act(g)·u``, squeeze-excite gates) get the product rule from that symmetry: averaging the
+halves' gradients at the input of every linear layer and convolution turns ``g·u`` and
+``g·u'`` into ``g·ū``, provided only linear maps and Rescale'd activations lie between the
+product and that layer (products of products need their own rule, as attention has here).
+A rule never changes a forward value: it returns the model's own tensor with another
+backward. A norm, attention or head whose recomputation does not reproduce the model's value
+keeps its plain gradient and is reported.
 """
 
 from __future__ import annotations
@@ -44,7 +46,9 @@ __all__ = ["DeepLiftReport", "is_rms_norm", "transformer_deeplift_rules", "treat
 
 #: Name under which the DeepLIFT attention function is registered with transformers.
 ATTENTION_IMPLEMENTATION = "attrlab_deeplift"
-_LINEAR_TYPES = (nn.Linear, Conv1D)
+#: Linear maps at whose input the halves' gradients are averaged (products behind them then get
+#: the product rule: gated MLPs, squeeze-excite gates behind convolutions).
+_LINEAR_TYPES = (nn.Linear, Conv1D, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 
 @dataclass
@@ -189,8 +193,9 @@ def _softcap(cap: float) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     return rule
 
 
-def _agrees(recomputed: torch.Tensor, actual: torch.Tensor) -> bool:
-    tolerance = max(1e-4, 4 * torch.finfo(actual.dtype).eps)
+def _agrees(recomputed: torch.Tensor, actual: torch.Tensor, precision: torch.dtype) -> bool:
+    """Equal up to the rounding of the model's ``precision`` (bf16 keeps ~3 digits)."""
+    tolerance = max(1e-4, 8 * torch.finfo(precision).eps)
     return torch.allclose(recomputed, actual.to(recomputed.dtype), rtol=tolerance, atol=tolerance)
 
 
@@ -208,7 +213,7 @@ def _layer_norm_hook(report: DeepLiftReport) -> Callable[..., Any]:
             y = y * module.weight.detach().to(y.dtype)
         if module.bias is not None:
             y = y + module.bias.detach().to(y.dtype)
-        if not _agrees(y.detach(), out):
+        if not _agrees(y.detach(), out, out.dtype):
             report.untreated.add(type(module).__name__)
             return None
         return out.detach() + (y - y.detach()).to(out.dtype)
@@ -239,7 +244,7 @@ def _rms_norm_hook(report: DeepLiftReport) -> Callable[..., Any]:
             c2 = o2 / torch.where(n2 == 0, torch.ones_like(n2), n2)
             both = (n1.abs() > 1e-3 * big) & (n2.abs() > 1e-3 * big)
             scale = _both_halves(torch.where(n1.abs() >= n2.abs(), c1, c2))
-        if not _agrees(c1[both], c2[both]):
+        if not _agrees(c1[both], c2[both], out.dtype):
             report.untreated.add(type(module).__name__)
             return None
         y = normed * scale
@@ -295,7 +300,9 @@ def _deeplift_attention(
         else:
             scores = scores + mask.to(wide)
     probabilities = _softmax(scores)
-    if probabilities.shape != weights.shape or not _agrees(probabilities.detach(), weights):
+    if probabilities.shape != weights.shape or not _agrees(
+        probabilities.detach(), weights, weights.dtype
+    ):
         route.report.untreated.add(type(module).__name__)
         return output, weights
     mixed = _product(probabilities, v, probabilities.detach() @ v.detach(), torch.matmul)
@@ -352,5 +359,12 @@ def transformer_deeplift_rules(
             route = _Route(eager_attention(attention), report)
             stack.enter_context(route_attention(attention, ATTENTION_IMPLEMENTATION, route))
         cap = getattr(config, "final_logit_softcapping", None)
-        patch_heads(stack, model, family, _normalize, _softcap(float(cap or 1.0)))
+        patch_heads(
+            stack,
+            model,
+            family,
+            _normalize,
+            _softcap(float(cap or 1.0)),
+            lambda name: report.untreated.add(name),
+        )
         yield report

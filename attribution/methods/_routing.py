@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers.modeling_outputs import SequenceClassifierOutput
 
 from attribution.compat import family_function
 from attribution.errors import UnsupportedMethodError
@@ -30,6 +29,22 @@ __all__ = ["Normalize", "eager_attention", "patch_heads", "route_attention", "ro
 Normalize = Callable[[torch.Tensor], torch.Tensor]
 #: ``(z, c·tanh(z/c)) -> c·tanh(z/c)`` with a method's backward (identity rule, Rescale, ...).
 SoftcapRule = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+#: Told the head's class name when a recomputed head does not reproduce the model's logits.
+Mismatch = Callable[[str], None]
+
+
+def _with_surrogate(
+    logits: torch.Tensor, surrogate: torch.Tensor, head: Any, mismatch: Mismatch
+) -> torch.Tensor:
+    """The model's logits with ``surrogate``'s backward, if the surrogate reproduces them."""
+    tolerance = max(1e-4, 8 * torch.finfo(logits.dtype).eps)
+    scale = float(logits.detach().abs().max()) or 1.0
+    if surrogate.shape != logits.shape or not torch.allclose(
+        surrogate.detach().to(logits.dtype), logits.detach(), rtol=tolerance, atol=tolerance * scale
+    ):
+        mismatch(type(head).__name__)
+        return logits
+    return logits.detach() + (surrogate - surrogate.detach()).to(logits.dtype)
 
 
 class _RoutedConfig:
@@ -76,7 +91,7 @@ def route_of(module: nn.Module, implementation: str) -> Any:
     return config._route
 
 
-def _cosine_head(stack: ExitStack, model: Any, normalize: Normalize) -> None:
+def _cosine_head(stack: ExitStack, model: Any, normalize: Normalize, mismatch: Mismatch) -> None:
     """Zero-shot text head ``s·cos(mean_pool(h), e)`` with ``normalize`` as its backward."""
     seen: dict[str, torch.Tensor] = {}
 
@@ -90,14 +105,14 @@ def _cosine_head(stack: ExitStack, model: Any, normalize: Normalize) -> None:
         pooled = (hidden * weights).sum(1) / weights.sum(1).clamp_min(1e-9)
         labels = module.label_embeddings.T.to(hidden.dtype)
         surrogate = module.scale * normalize(pooled) @ labels
-        logits = out.logits.detach() + (surrogate - surrogate.detach())
-        return SequenceClassifierOutput(logits=logits, attentions=out.attentions)
+        out.logits = _with_surrogate(out.logits, surrogate, module, mismatch)
+        return out
 
     stack.callback(model.encoder.register_forward_hook(keep_hidden).remove)
     stack.callback(model.register_forward_hook(head, with_kwargs=True).remove)
 
 
-def _clip_head(stack: ExitStack, model: Any, normalize: Normalize) -> None:
+def _clip_head(stack: ExitStack, model: Any, normalize: Normalize, mismatch: Mismatch) -> None:
     """CLIP's ``s·cos(projection, prompt)`` with ``normalize`` as its backward."""
     seen: dict[str, torch.Tensor] = {}
 
@@ -107,7 +122,7 @@ def _clip_head(stack: ExitStack, model: Any, normalize: Normalize) -> None:
     def head(module: Any, _a: tuple, out: Any) -> Any:
         projected = seen.pop("projected")
         surrogate = module.scale * normalize(projected) @ module.label_embeddings.T
-        out.logits = out.logits.detach() + (surrogate - surrogate.detach())
+        out.logits = _with_surrogate(out.logits, surrogate, module, mismatch)
         return out
 
     stack.callback(model.visual_projection.register_forward_hook(keep).remove)
@@ -115,7 +130,7 @@ def _clip_head(stack: ExitStack, model: Any, normalize: Normalize) -> None:
 
 
 #: Adapter family -> patch of its classification head (heads other than linear layers).
-_HEADS: dict[str, Callable[[ExitStack, Any, Normalize], None]] = {
+_HEADS: dict[str, Callable[[ExitStack, Any, Normalize, Mismatch], None]] = {
     "zero-shot-text": _cosine_head,
     "zero-shot-image": _clip_head,
 }
@@ -142,12 +157,23 @@ def _final_softcap(stack: ExitStack, model: Any, rule: SoftcapRule) -> None:
 
 
 def patch_heads(
-    stack: ExitStack, model: Any, family: str, normalize: Normalize, softcap: SoftcapRule
+    stack: ExitStack,
+    model: Any,
+    family: str,
+    normalize: Normalize,
+    softcap: SoftcapRule,
+    mismatch: Mismatch,
 ) -> None:
-    """The model's cosine head and final soft-cap, where it has them, with these rules."""
+    """
+    The model's cosine head and final soft-cap, where it has them, with these rules.
+
+    A cosine head is recomputed from the model's pooled state; when that does not reproduce
+    the model's logits (the model's head changed), the plain gradient stays and ``mismatch``
+    is told the head's class name.
+    """
     head = _HEADS.get(family)
     if head is not None:
-        head(stack, model, normalize)
+        head(stack, model, normalize, mismatch)
     capped = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
     output_layer = getattr(model, "get_output_embeddings", lambda: None)()
     if capped and output_layer is not None:  # the LM head is where Gemma applies the cap

@@ -11,8 +11,10 @@ from attribution.methods._captum import (
     BASELINE_PARAM,
     attribute_with,
     baseline_for,
+    deeplift_eps,
     deeplift_scope,
     delta_metrics,
+    forward_function,
     warn_untreated,
 )
 from attribution.methods.base import Attribution, AttributionMethod
@@ -50,19 +52,22 @@ class DeepLift(AttributionMethod):
     def attribute(
         cls, adapter: Adapter, inputs: Inputs, target: int, params: dict[str, Any], run: RunContext
     ) -> Attribution:
+        baseline = baseline_for(adapter, inputs, params["baseline"])
         with deeplift_scope(adapter.model, adapter.config, adapter.family) as report:
-            attributions, delta = attribute_with(
+            attributions = attribute_with(
                 adapter,
                 inputs,
                 LayerDeepLift,
                 CaptumDeepLift,
                 as_module=True,
-                baselines=baseline_for(adapter, inputs, params["baseline"]),
+                eps=deeplift_eps(adapter.model),
+                baselines=baseline,
                 target=target,
-                return_convergence_delta=True,
             )
-        run.count(forward=3, backward=1)  # input+baseline batch, then F(x) and F(x0) for delta
         scores = inputs.reduce(attributions)
-        metrics = delta_metrics(float(scores.sum()), float(delta.sum()))
-        warn_untreated(adapter.model, run, metrics, report)
+        tensor, extra = inputs.attributed()
+        forward = forward_function(adapter, inputs)
+        metrics = delta_metrics(forward, tensor, baseline, extra, target, float(scores.sum()))
+        run.count(forward=3, backward=1)  # input+baseline batch, then F(x) and F(x0) for delta
+        warn_untreated(adapter.model, run, scores, metrics, report)
         return Attribution(scores=scores, metrics=metrics)

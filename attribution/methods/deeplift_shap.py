@@ -12,6 +12,7 @@ from attribution.methods._captum import (
     BASELINE_PARAM,
     AdapterModule,
     baseline_for,
+    deeplift_eps,
     deeplift_scope,
     delta_metrics,
     warn_untreated,
@@ -129,8 +130,10 @@ class DeepLiftShap(AttributionMethod):
         references = reference_distribution(space.reference, count, noise, space.scale, run)
         references = torch.where(space.fixed, space.tensor, references)
         module = AdapterModule(adapter, space.keys)
+        explainer = CaptumDeepLiftShap(module)
+        explainer.eps = deeplift_eps(adapter.model)
         with deeplift_scope(adapter.model, adapter.config, adapter.family) as report:
-            attributions, delta = CaptumDeepLiftShap(module).attribute(
+            attributions, delta = explainer.attribute(
                 space.tensor,
                 baselines=references,
                 target=target,
@@ -139,7 +142,9 @@ class DeepLiftShap(AttributionMethod):
             )
         run.count(forward=3 * count, backward=count)
         scores = inputs.reduce(attributions)
-        metrics = delta_metrics(float(scores.sum()), float(delta.double().mean()))
-        metrics["max_abs_reference_delta"] = float(delta.abs().max())
-        warn_untreated(adapter.model, run, metrics, report)
+        metrics = delta_metrics(
+            module, space.tensor, references, space.extra, target, float(scores.sum())
+        )
+        metrics["max_abs_reference_delta"] = float(delta.double().abs().max())
+        warn_untreated(adapter.model, run, scores, metrics, report)
         return Attribution(scores=scores, metrics=metrics)

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from attribution.compat import register_attention
+from attribution.errors import UnsupportedMethodError
 from attribution.methods._routing import eager_attention, patch_heads, route_attention, route_of
 from attribution.methods.lrp import positional
 from attribution.methods.lrp.layouts import ACTIVATION_TYPES, LRPLayout, find_module
@@ -206,7 +207,9 @@ def transformer_lrp(
         last = blocks[-1].register_forward_hook(lambda _m, _a, out: _set_last(recorder, out))
         stack.callback(last.remove)
         positional.embedding_hooks(stack, model, layout, recorder)
-        patch_heads(stack, model, adapter.family, _normalize_constant_norm, identity_rule)
+        patch_heads(
+            stack, model, adapter.family, _normalize_constant_norm, identity_rule, _head_mismatch
+        )
         yield recorder
 
 
@@ -283,6 +286,12 @@ def _softcapped_attention(
 
 
 register_attention(ATTENTION_IMPLEMENTATION, _lrp_attention)
+
+
+def _head_mismatch(name: str) -> None:
+    raise UnsupportedMethodError(
+        f"LRP's rule for the {name} head does not reproduce the model's logits"
+    )
 
 
 def _normalize_constant_norm(x: torch.Tensor) -> torch.Tensor:
