@@ -38,6 +38,8 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/perturbation.py
 	$(BIN)/python benchmarks/transformer.py
 	$(BIN)/python benchmarks/embedded_load.py
+	$(BIN)/python benchmarks/layers.py
+	$(BIN)/python benchmarks/layer_report.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import tempfile
-import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +33,7 @@ os.environ.setdefault("KINETO_LOG_LEVEL", "5")
 
 import torch
 from _tables import print_table
+from _timing import best_seconds, forward, forward_backward, text_of
 from torch.profiler import ProfilerActivity, profile
 
 from attribution.methods import available_methods
@@ -41,76 +41,8 @@ from attribution.models import load
 from attribution.params import validate_params
 from attribution.run import RunContext
 
-WORDS = [
-    "the",
-    "film",
-    "was",
-    "good",
-    "and",
-    "the",
-    "actors",
-    "were",
-    "great",
-    "but",
-    "the",
-    "plot",
-    "felt",
-    "slow",
-    "at",
-    "times",
-]
 METHODS = ("rollout", "attnlrp", "pa_lrp", "deeplift", "attention_flow")
 FLOW_TOKENS = 64
-
-
-def text_of(adapter, tokens: int) -> object:
-    """Inputs of exactly ``tokens`` tokens (special tokens included)."""
-    for words in range(tokens, 0, -1):
-        inputs = adapter.preprocess(" ".join(WORDS[i % len(WORDS)] for i in range(words)))
-        if len(inputs.tokens) <= tokens:
-            return inputs
-    raise ValueError("cannot build the input")
-
-
-def best_seconds(calls: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Fastest of ``repeats`` runs per call; runs are interleaved so load spikes hit all alike."""
-    for call in calls.values():
-        call()
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(repeats):
-        for name, call in calls.items():
-            start = time.perf_counter()
-            call()
-            times[name].append(time.perf_counter() - start)
-    return {name: min(values) for name, values in times.items()}
-
-
-def forward(adapter, inputs) -> Callable[[], object]:
-    def run() -> object:
-        with torch.no_grad():
-            return adapter.logits(**inputs.model_kwargs())
-
-    return run
-
-
-def forward_backward(adapter, inputs, target: int) -> Callable[[], object]:
-    """Plain gradient of the target logit at the token embeddings (what LRP is compared to)."""
-
-    def run() -> object:
-        seen = {}
-
-        def leaf(_m, _a, out):
-            seen["embedding"] = out.detach().requires_grad_(True)
-            return seen["embedding"]
-
-        handle = adapter.token_embedding_module().register_forward_hook(leaf)
-        try:
-            logit = adapter.logits(**inputs.model_kwargs())[0, target]
-            return torch.autograd.grad(logit, seen["embedding"])
-        finally:
-            handle.remove()
-
-    return run
 
 
 def method_call(name: str, adapter, inputs, target: int) -> Callable[[], object] | None:

@@ -14,7 +14,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from _tiny_families import classic_family
+import transformers as tf
+from _tiny_families import BIASED, biased_family, classic_family, clip, dinov2
 from torch import nn
 
 from attribution.errors import InvalidParameterError, UnsupportedMethodError
@@ -30,6 +31,7 @@ from attribution.layers import (
 from attribution.layers.analysis import _entropy_and_sink
 from attribution.layers.hooks import ablate_heads, block_io, gate_heads, skip_blocks
 from attribution.methods.lrp.layouts import find_module, layout_for
+from attribution.models.text import TextClassifierAdapter
 
 TEXT = "the quick brown fox jumps over the lazy dog"
 HEADS, KV_HEADS, LAYERS = 4, 2, 3
@@ -283,3 +285,71 @@ def test_joint_ablation_equals_zeroing_the_weights_of_the_set_by_hand(llama):
                 projection.weight[:, head * head_dim : (head + 1) * head_dim] = 0
             expected = edited.logits(**inputs.model_kwargs())[0].double().softmax(-1)[target]
         assert probabilities[row] == pytest.approx(float(expected), rel=1e-9)
+
+
+def _every_family(tokenizer):
+    yield from (classic_family(tokenizer, name) for name in ("bert", "gpt2", "llama", "vit"))
+    yield from (biased_family(tokenizer, name) for name in sorted(BIASED))
+    yield dinov2(registers=2)
+    yield clip(tokenizer)
+    torch.manual_seed(0)
+    config = tf.DistilBertConfig(
+        vocab_size=tokenizer.vocab_size, dim=32, n_layers=2, n_heads=4, hidden_dim=48
+    )
+    config._attn_implementation = "eager"
+    model = tf.DistilBertForSequenceClassification(config).double().eval()
+    yield TextClassifierAdapter(model, tokenizer, "tiny-distilbert")
+
+
+def test_every_family_gets_every_measure(load_model):
+    """Each layout names real modules: all measures run, with one row per query head."""
+    tokenizer = load_model("tiny-random-bert").tokenizer
+    image = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    for adapter in _every_family(tokenizer):
+        inputs = adapter.preprocess(image if adapter.modality == "image" else TEXT)
+        table = analyze_layers(adapter, inputs, _target(adapter, inputs))
+        assert np.isfinite(table.value).all(), adapter.model_id
+        for measure in (*HEAD_ESTIMATORS, "entropy", "sink_share"):
+            rows = table[table.measure == measure]
+            assert len(rows) == adapter.num_layers * adapter.num_heads, (adapter.model_id, measure)
+        decoder = adapter.family == "decoder-lm"
+        assert ("lens_rank" in set(table.measure)) == decoder, adapter.model_id
+
+
+def _zero_head_by_hand(adapter, layer: int, head: int) -> None:
+    """Zero head ``head``'s columns of layer ``layer``'s output projection (any layout)."""
+    layout = layout_for(adapter)
+    block = list(find_module(adapter.model, layout.blocks).children())[layer]
+    projection = block.get_submodule(layout.attention_output)
+    width = adapter.num_heads
+    with torch.no_grad():
+        if isinstance(projection, nn.Linear):
+            size = projection.in_features // width
+            projection.weight[:, head * size : (head + 1) * size] = 0
+        else:  # GPT-2's Conv1D keeps its weight as (in, out)
+            size = projection.weight.shape[0] // width
+            projection.weight[head * size : (head + 1) * size, :] = 0
+
+
+def test_ablation_matches_the_weights_zeroed_by_hand_in_every_family(load_model):
+    """The hooks (and the rows widened from the ablated block on) against edited weights."""
+    tokenizer = load_model("tiny-random-bert").tokenizer
+    image = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    for adapter in _every_family(tokenizer):
+        inputs = adapter.preprocess(image if adapter.modality == "image" else TEXT)
+        target = _target(adapter, inputs)
+        zeroed = _head_values(
+            analyze_layers(adapter, inputs, target, ["ablation"]), "ablation_zero"
+        )
+        with torch.no_grad():
+            before = float(adapter.logits(**inputs.model_kwargs())[0, target])
+        for layer, head in [(0, 0), (adapter.num_layers - 1, adapter.num_heads - 1)]:
+            edited = copy.deepcopy(adapter)
+            _zero_head_by_hand(edited, layer, head)
+            with torch.no_grad():
+                after = float(edited.logits(**inputs.model_kwargs())[0, target])
+            assert zeroed[layer, head] == pytest.approx(after - before, rel=1e-7, abs=1e-10), (
+                adapter.model_id,
+                layer,
+                head,
+            )

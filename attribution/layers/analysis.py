@@ -125,7 +125,7 @@ MEASURES: dict[str, Measure] = {
             "ablation",
             ("ablation_zero", "ablation_mean"),
             "head",
-            "L forwards of 2H+1 rows",
+            "L forwards, 2H+1 rows from the ablated block on",
             "Δ target logit with a head zeroed or mean-ablated",
         ),
     )
@@ -298,30 +298,21 @@ def _ablation(
     model: _Model, inputs: Inputs, target: int, run: RunContext, tick: Callable[[], None]
 ) -> list[tuple]:
     heads = model.heads
-    kwargs = _repeat(inputs.model_kwargs(), 1 + 2 * heads)
+    kwargs = inputs.model_kwargs()
+    mask = kwargs.get("attention_mask")
+    visible = None if mask is None else mask[0].bool()
     rows = []
     for layer, projection in enumerate(model.projections):
         tick()
-        visible = None
-        if "attention_mask" in kwargs:
-            visible = kwargs["attention_mask"][0].bool()
-        with torch.no_grad(), ablate_heads(projection, heads, visible):
+        # one row up to this block, 1 + 2H rows from it on (the blocks before are unchanged)
+        widen = ablate_heads(projection, heads, visible, widen_at=model.blocks[layer])
+        with torch.no_grad(), widen:
             logits = model.adapter.logits(**kwargs)[:, target].double()
         run.count(forward=1 + 2 * heads)
+        change = (logits - logits[0]).tolist()
         for _, head, kv in model.head_rows(layer):
-            rows.append(
-                (layer, head, kv, "head", "ablation_zero", float(logits[1 + head] - logits[0]))
-            )
-            rows.append(
-                (
-                    layer,
-                    head,
-                    kv,
-                    "head",
-                    "ablation_mean",
-                    float(logits[1 + heads + head] - logits[0]),
-                )
-            )
+            rows.append((layer, head, kv, "head", "ablation_zero", change[1 + head]))
+            rows.append((layer, head, kv, "head", "ablation_mean", change[1 + heads + head]))
     return rows
 
 

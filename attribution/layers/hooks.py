@@ -86,15 +86,21 @@ def gate_heads(projections: Sequence[nn.Module], gates: Sequence[torch.Tensor]) 
 
 @contextmanager
 def ablate_heads(
-    projection: nn.Module, heads: int, visible: torch.Tensor | None = None
+    projection: nn.Module,
+    heads: int,
+    visible: torch.Tensor | None = None,
+    widen_at: nn.Module | None = None,
 ) -> Iterator[None]:
     """
     Ablate each head of one layer in its own batch row.
 
     Row ``1 + h`` zeroes head ``h``; row ``1 + heads + h`` replaces it by its mean over the
     sequence (over ``visible`` positions, from row 0); row 0 stays as it is. The batch must
-    hold ``1 + 2·heads`` copies of one input.
+    hold ``1 + 2·heads`` copies of one input, or one input and ``widen_at``: the block whose
+    input is then repeated into those rows, so the blocks before it run once (their output is
+    the same in every row).
     """
+    rows = 1 + 2 * heads
 
     def ablate(_m: nn.Module, args: tuple) -> tuple:
         x = args[0]
@@ -106,11 +112,17 @@ def ablate_heads(
         split[1 + heads + index, :, index] = mean[index].unsqueeze(1)
         return (split.reshape(x.shape), *args[1:])
 
-    handle = projection.register_forward_pre_hook(ablate)
-    try:
+    def widen(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        if args:
+            return (args[0].expand(rows, *args[0].shape[1:]), *args[1:]), kwargs
+        hidden = kwargs["hidden_states"]
+        return args, {**kwargs, "hidden_states": hidden.expand(rows, *hidden.shape[1:])}
+
+    with ExitStack() as stack:
+        if widen_at is not None:
+            stack.callback(widen_at.register_forward_pre_hook(widen, with_kwargs=True).remove)
+        stack.callback(projection.register_forward_pre_hook(ablate).remove)
         yield
-    finally:
-        handle.remove()
 
 
 @contextmanager

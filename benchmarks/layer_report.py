@@ -1,0 +1,97 @@
+"""
+Which heads carry two predictions of the embedded models, by four estimators (issue 9 report).
+
+Run: ``.venv/bin/python benchmarks/layer_report.py``
+
+SmolLM2-135M on "When Mary and John went to the store, John gave a drink to" (target " Mary")
+and MiniLM zero-shot on a positive review (labels positive / negative). For each head
+estimator: its top-5 heads; the agreement of the estimators (Spearman over all heads, top-5
+overlap); and the drop of the target probability when an estimator's top-5 heads are zeroed
+together, against 5 heads drawn at random (mean and standard deviation of 20 seeded draws).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import numpy as np
+import torch
+from _tables import print_table
+
+from attribution.layers import HEAD_ESTIMATORS, agreement, analyze_layers, joint_ablation
+from attribution.layers.agreement import head_ranking
+from attribution.models import load
+
+CASES = (
+    ("smollm2-135m", "When Mary and John went to the store, John gave a drink to", " Mary", None),
+    ("minilm-zeroshot", "A moving, beautifully acted film.", "positive", ["positive", "negative"]),
+)
+TOP, DRAWS = 5, 20
+
+
+def report(spec: str, text: str, target_label: str, labels: list[str] | None) -> None:
+    adapter = load(spec, device="cpu")
+    if labels is not None:
+        adapter = adapter.with_labels(labels)
+    inputs = adapter.preprocess(text)
+    with torch.no_grad():
+        logits = adapter.logits(**inputs.model_kwargs())[0]
+    target = adapter.target_index(target_label, logits)
+    table = analyze_layers(adapter, inputs, target)
+    print(f"\n### {spec}: {text!r} -> {adapter.label(target)!r}\n")
+    top = {m: list(head_ranking(table, m).nlargest(TOP).index) for m in HEAD_ESTIMATORS}
+    print_table(
+        ("estimator", f"top {TOP} heads (layer.head)"),
+        [(m, ", ".join(f"{int(layer)}.{int(head)}" for layer, head in top[m])) for m in top],
+    )
+    print()
+    pairs = agreement(table, HEAD_ESTIMATORS, TOP)
+    print_table(
+        ("estimators", "Spearman ρ", f"top-{TOP} overlap"),
+        [
+            (f"{r.first} / {r.second}", f"{r.spearman:.2f}", f"{r.top_k_overlap:.1f}")
+            for r in pairs.itertuples(index=False)
+        ],
+    )
+    heads = [
+        (layer, head) for layer in range(adapter.num_layers) for head in range(adapter.num_heads)
+    ]
+    rng = np.random.default_rng(0)
+    random_sets = [
+        [heads[i] for i in rng.choice(len(heads), TOP, replace=False)] for _ in range(DRAWS)
+    ]
+    sets = [[(int(layer), int(head)) for layer, head in top[m]] for m in HEAD_ESTIMATORS]
+    probabilities = joint_ablation(adapter, inputs, target, [*sets, *random_sets])
+    plain, by_estimator, drawn = (
+        probabilities[0],
+        probabilities[1 : 1 + len(sets)],
+        probabilities[1 + len(sets) :],
+    )
+    print()
+    rows = [
+        (m, f"{p:.4f}", f"{plain - p:+.4f}")
+        for m, p in zip(HEAD_ESTIMATORS, by_estimator, strict=True)
+    ]
+    drops = plain - drawn
+    rows.append(
+        (
+            f"{TOP} random heads ({DRAWS} draws)",
+            f"{drawn.mean():.4f}",
+            f"{drops.mean():+.4f} ± {drops.std(ddof=1):.4f}",
+        )
+    )
+    print(f"target probability without ablation: {plain:.4f}\n")
+    print_table((f"top-{TOP} heads of", "target probability", "drop"), rows)
+
+
+def main() -> None:
+    torch.set_num_threads(2)
+    for case in CASES:
+        report(*case)
+
+
+if __name__ == "__main__":
+    main()

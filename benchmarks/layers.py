@@ -1,0 +1,85 @@
+"""
+Cost of the layer and head analysis relative to one forward + backward pass (issue 9).
+
+Run: ``.venv/bin/python benchmarks/layers.py [--repeats 3] [--threads 2]``
+
+On MiniLM (zero-shot, 64 tokens) and the embedded SmolLM2-135M (32 tokens), it times one
+forward, one forward + backward (gradient of the target logit at the token embeddings), each
+measure group of ``attribution.layers.MEASURES`` alone, and all of them in one call; the
+fastest of ``--repeats`` interleaved runs after a warm-up. Target: every measure of one input
+≤ (number of layers + 3) × forward+backward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch
+from _tables import print_table
+from _timing import best_seconds, forward, forward_backward, text_of
+
+from attribution.layers import MEASURES, analyze_layers
+from attribution.models import load
+
+CASES = (("minilm-zeroshot", 64), ("smollm2-135m", 32))
+
+
+def analysis(adapter, inputs, target: int, measures: list[str] | None) -> Callable[[], object]:
+    return lambda: analyze_layers(adapter, inputs, target, measures)
+
+
+def bench(spec: str, tokens: int, repeats: int) -> list[tuple[str, str, str, str]]:
+    adapter = load(spec, device="cpu")
+    inputs = text_of(adapter, tokens)
+    with torch.no_grad():
+        target = int(adapter.logits(**inputs.model_kwargs())[0].argmax())
+    groups = [m for m in MEASURES.values() if adapter.family == "decoder-lm" or not m.decoders_only]
+    calls = {
+        "forward": forward(adapter, inputs),
+        "forward+backward": forward_backward(adapter, inputs, target),
+        **{m.name: analysis(adapter, inputs, target, [m.name]) for m in groups},
+        "all but ablation": analysis(
+            adapter, inputs, target, [m.name for m in groups if m.name != "ablation"]
+        ),
+        "all measures": analysis(adapter, inputs, target, None),
+    }
+    seconds = best_seconds(calls, repeats)
+    unit = seconds["forward+backward"]
+    layers = adapter.num_layers
+    rows = [
+        (f"forward ({len(inputs.tokens)} tokens)", f"{seconds['forward'] * 1e3:.0f}", "", ""),
+        ("forward+backward", f"{unit * 1e3:.0f}", "1.00", ""),
+    ]
+    for m in groups:
+        rows.append(
+            (m.name, f"{seconds[m.name] * 1e3:.0f}", f"{seconds[m.name] / unit:.2f}", m.cost)
+        )
+    for name in ("all but ablation", "all measures"):
+        total = seconds[name] / unit
+        verdict = "met" if total <= layers + 3 else "missed"
+        rows.append(
+            (name, f"{seconds[name] * 1e3:.0f}", f"{total:.2f}", f"≤ L+3 = {layers + 3}: {verdict}")
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    for spec, tokens in CASES:
+        print(f"\n{spec}  (torch {torch.__version__}, {args.threads} threads, CPU)\n")
+        print_table(
+            ("measure", "time (ms)", "× fwd+bwd", "note"), bench(spec, tokens, args.repeats)
+        )
+
+
+if __name__ == "__main__":
+    main()
