@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 import torch
 from _perturbation_toys import QUADRANTS, SIZE, QuadrantModel, image_adapter, token_reader_adapter
+from torch import nn
 
+from attribution import explain
 from attribution.errors import InvalidInputError
-from attribution.metrics import faithfulness
+from attribution.metrics import cascading_units, faithfulness, randomisation_check
 from attribution.metrics.faithfulness import gaussian_blur
 from attribution.run import RunContext
 
@@ -94,3 +96,63 @@ def test_comprehensiveness_of_the_oracle_token_beats_random(load_model):
 def test_scores_must_match_the_input(quadrant):
     with pytest.raises(InvalidInputError, match="do not match"):
         faithfulness(quadrant, _bright(quadrant), np.zeros((4, 4)), 0)
+
+
+def _small_cnn():
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(4),
+        nn.Flatten(),
+        nn.Linear(128, 2),
+    )
+    return image_adapter(model)
+
+
+def test_randomisation_decorrelates_a_gradient_map_but_not_a_model_free_map():
+    adapter = _small_cnn()
+    image = np.random.default_rng(1).integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8)
+    inputs = adapter.preprocess(image)
+    gradient = randomisation_check(
+        adapter, lambda a: explain(a, "gradient_x_input", inputs, target=0).scores
+    )
+    brightness = randomisation_check(adapter, lambda a: inputs.pixel_values[0].sum(0).numpy())
+    assert list(gradient["layer"]) == ["none", "6", "2", "0"]  # top layer first, cascading
+    assert gradient["spearman"].iloc[-1] < 0.5 and gradient["spearman_abs"].iloc[-1] < 0.8
+    assert (brightness["spearman"] == 1.0).all()
+
+
+def test_randomisation_restores_the_model_exactly_even_on_error():
+    adapter = _small_cnn()
+    inputs = adapter.preprocess(np.zeros((SIZE, SIZE, 3), np.uint8))
+    with torch.no_grad():
+        before = adapter.logits(**inputs.model_kwargs()).clone()
+    randomisation_check(adapter, lambda a: explain(a, "gradient_x_input", inputs).scores)
+    calls = []
+
+    def failing(a):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("boom")
+        return np.arange(4.0)
+
+    with pytest.raises(RuntimeError, match="boom"):
+        randomisation_check(adapter, failing)
+    with torch.no_grad():
+        torch.testing.assert_close(adapter.logits(**inputs.model_kwargs()), before, rtol=0, atol=0)
+
+
+def test_transformers_cascade_from_the_head_down_to_the_embeddings(load_model):
+    adapter = load_model("tiny-random-llama")
+    names = [name for name, _ in cascading_units(adapter)]
+    assert names == ["output (norm and head)", "block 1", "block 0", "embeddings"]
+    inputs = adapter.preprocess("the cat sat on the mat")
+    with torch.no_grad():
+        before = adapter.logits(**inputs.model_kwargs()).clone()
+    table = randomisation_check(adapter, lambda a: explain(a, "attnlrp", inputs, target=5).scores)
+    assert len(table) == 5 and table["spearman"].iloc[-1] < 0.9
+    with torch.no_grad():
+        torch.testing.assert_close(adapter.logits(**inputs.model_kwargs()), before, rtol=0, atol=0)
