@@ -1,8 +1,9 @@
-"""``attrlab`` command line: explain, layers, serve, models, methods."""
+"""``attrlab`` command line: explain, layers, evaluate, serve, models, methods."""
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -107,10 +108,9 @@ def _report_progress(done: int) -> None:
     print(f"\r{done} inputs analysed", end="", file=sys.stderr, flush=True)
 
 
-def _dataset_items(path: str, target: str | None) -> Iterator[Any]:
-    """One :class:`DatasetItem` per JSONL line: ``{"text": ...}`` or ``{"image": path}``."""
+def _jsonl_records(path: str, target: str | None) -> Iterator[tuple[Any, Any, str]]:
+    """``(raw, target, name)`` per JSONL line: ``{"text": ...}`` or ``{"image": path}``."""
     from attribution.errors import InvalidInputError
-    from attribution.layers import DatasetItem
 
     file = Path(path).expanduser()
     if not file.is_file():
@@ -129,9 +129,76 @@ def _dataset_items(path: str, target: str | None) -> Iterator[Any]:
                 )
             if "image" in record:  # relative to the JSONL file, read here like --image
                 raw: Any = _read_image_file(str(file.parent / str(record["image"])))
+                name = str(record["image"])
             else:
-                raw = str(record["text"])
-            yield DatasetItem(raw, record.get("target", target))
+                raw = name = str(record["text"])
+            yield raw, record.get("target", target), name
+
+
+def _dataset_items(path: str, target: str | None) -> Iterator[Any]:
+    """One :class:`DatasetItem` per JSONL line."""
+    from attribution.layers import DatasetItem
+
+    for raw, item_target, _ in _jsonl_records(path, target):
+        yield DatasetItem(raw, item_target)
+
+
+_IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from app.worker import ExplainWorker, parse_param_pairs
+    from attribution.errors import InvalidInputError
+    from attribution.methods import available_methods
+    from attribution.metrics import EvalItem, bundled_items, evaluate_methods, summarise
+
+    worker = ExplainWorker(device=args.device, max_models=1)
+    try:
+        adapter = worker.adapter(args.model, _labels(args.labels))
+        if args.images is not None:
+            folder = Path(args.images).expanduser()
+            if not folder.is_dir():
+                raise InvalidInputError(f"image folder '{args.images}' does not exist")
+            files = sorted(p for p in folder.iterdir() if p.suffix.lower() in _IMAGE_SUFFIXES)
+            items: Any = (EvalItem(_read_image_file(str(f)), args.target, f.name) for f in files)
+        elif args.input is not None:
+            items = (EvalItem(*record) for record in _jsonl_records(args.input, args.target))
+        else:
+            items = bundled_items(adapter.modality)
+        if args.methods:
+            methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+        else:
+            methods = [m.name for m in available_methods() if m.category == "attribution"]
+        params: dict[str, dict[str, str]] = {}
+        for pair in args.param:
+            method, dot, rest = pair.partition(".")
+            if not dot:
+                raise _usage_error(f"--param is method.key=value; got {pair!r}")
+            params.setdefault(method.strip(), {}).update(parse_param_pairs([rest]))
+        per_item = evaluate_methods(
+            adapter,
+            itertools.islice(items, args.max_items),
+            methods,
+            params,
+            args.steps,
+            args.random_orders,
+            args.seed,
+            progress=lambda done: print(f"\r{done} items", end="", file=sys.stderr, flush=True),
+        )
+        print(file=sys.stderr)
+    finally:
+        worker.close()
+    if per_item.empty:
+        raise InvalidInputError("nothing was evaluated: no items, or no method applies")
+    if args.per_item is not None:
+        path = Path(args.per_item).expanduser()
+        if path.suffix == ".parquet":
+            per_item.to_parquet(path, index=False)
+        else:
+            per_item.to_csv(path, index=False)
+    summary = summarise(per_item, adapter.modality, args.seed)
+    _write_table(summary, args, lambda: summary.to_string(index=False, float_format="%.4f"))
+    return 0
 
 
 def _write_text(text: str, output: str | None) -> None:
@@ -343,6 +410,29 @@ def build_parser() -> argparse.ArgumentParser:
     layers.add_argument("--figure-format", choices=("html", "png"), default="html")
     layers.set_defaults(run=_layers)
 
+    evaluate = sub.add_parser(
+        "evaluate", help="faithfulness leaderboard of methods over images or sentences"
+    )
+    evaluate.add_argument("--model", default=None, help="alias, hub id or local folder")
+    evaluate.add_argument("--methods", help="comma-separated (default: every method that applies)")
+    items = evaluate.add_mutually_exclusive_group()
+    items.add_argument("--images", help="folder of images (default: the bundled evaluation set)")
+    items.add_argument("--input", help='JSONL, one {"text": ...} or {"image": path} per line')
+    evaluate.add_argument("--max-items", type=_positive_int, default=None)
+    evaluate.add_argument("--labels", help="comma-separated labels (zero-shot models)")
+    evaluate.add_argument("--target", help="label or index for every item (default: top)")
+    evaluate.add_argument(
+        "--param", action="append", default=[], help="method.key=value, repeatable"
+    )
+    evaluate.add_argument("--steps", type=_positive_int, default=50, help="points per curve")
+    evaluate.add_argument("--random-orders", type=int, default=3)
+    evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.add_argument("--device", default=None)
+    evaluate.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    evaluate.add_argument("--output", help="file for the summary (default: stdout)")
+    evaluate.add_argument("--per-item", help="file for the per-item rows (.csv or .parquet)")
+    evaluate.set_defaults(run=_evaluate)
+
     sub.add_parser("models", help="list built-in models").set_defaults(run=_models)
     methods = sub.add_parser("methods", help="list methods and their parameters")
     methods.add_argument("--format", choices=("json", "table"), default="table")
@@ -353,10 +443,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; user errors print one line and exit with status 2."""
     args = build_parser().parse_args(argv)
-    if args.command in ("explain", "layers") and args.model is None:
+    if args.command in ("explain", "layers", "evaluate") and args.model is None:
         from attribution.models import default_model
 
-        args.model = default_model("image" if args.image else "text", args.next_token)
+        image = getattr(args, "image", None) or getattr(args, "images", None)
+        args.model = default_model("image" if image else "text", getattr(args, "next_token", False))
     try:
         return args.run(args)
     except AttrlabError as err:

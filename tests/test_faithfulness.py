@@ -5,7 +5,10 @@ quadrant, and one that reads one word.
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from _perturbation_toys import QUADRANTS, SIZE, QuadrantModel, image_adapter, token_reader_adapter
@@ -156,3 +159,57 @@ def test_transformers_cascade_from_the_head_down_to_the_embeddings(load_model):
     assert len(table) == 5 and table["spearman"].iloc[-1] < 0.9
     with torch.no_grad():
         torch.testing.assert_close(adapter.logits(**inputs.model_kwargs()), before, rtol=0, atol=0)
+
+
+def test_leaderboard_runs_on_the_bundled_images_and_sentences(capsys, tmp_path):
+    from app.cli import main
+
+    per_item = tmp_path / "items.csv"
+    args = [
+        "evaluate",
+        "--model",
+        "efficientnet-lite0",
+        "--methods",
+        "gradient_x_input,gradcam",
+        "--steps",
+        "8",
+        "--random-orders",
+        "1",
+        "--per-item",
+        str(per_item),
+        "--format",
+        "csv",
+    ]
+    assert main(args) == 0
+    summary = pd.read_csv(io.StringIO(capsys.readouterr().out))
+    assert list(summary.method) == ["gradient_x_input", "gradcam"]
+    assert (summary["items"] == 4).all()  # the four bundled images
+    rows = pd.read_csv(per_item)
+    assert len(rows) == 8 and rows["deletion_morf_auc"].between(0, 1).all()
+    assert main(["evaluate", "--methods", "gradient_x_input,attnlrp", "--format", "json"]) == 0
+    text = pd.read_json(io.StringIO(capsys.readouterr().out))
+    assert set(text.method) == {"gradient_x_input", "attnlrp"} and (text["items"] == 10).all()
+    assert {"comprehensiveness", "sufficiency_wins"} <= set(text.columns)
+
+
+def test_summary_intervals_and_wins_are_computed_from_the_rows():
+    from attribution.metrics import summarise
+
+    rows = pd.DataFrame(
+        {
+            "item": list("abcd"),
+            "method": ["m"] * 4,
+            "comprehensiveness": [0.4, 0.5, 0.6, 0.5],
+            "comprehensiveness_random": [0.1, 0.6, 0.1, 0.1],
+            "sufficiency": [0.1, 0.2, 0.0, 0.1],
+            "sufficiency_random": [0.3, 0.1, 0.3, 0.3],
+            "forward_passes": [2, 2, 2, 2],
+            "seconds": [1.0, 2.0, 3.0, 4.0],
+        }
+    )
+    summary = summarise(rows, "text").iloc[0]
+    assert summary["comprehensiveness"] == pytest.approx(0.5)
+    assert summary["comprehensiveness_wins"] == 0.75 and summary["sufficiency_wins"] == 0.75
+    low, high = (float(v) for v in summary["comprehensiveness_ci"].strip("[]").split(","))
+    assert 0.4 <= low <= 0.5 <= high <= 0.6
+    assert summary["seconds"] == 2.5

@@ -1,6 +1,13 @@
-"""Evidence for an explanation: faithfulness of its map, randomisation sanity check."""
+"""Evidence for an explanation: faithfulness, randomisation sanity check, leaderboard."""
 
 from attribution.metrics.faithfulness import AOPC_FRACTIONS, Faithfulness, faithfulness
+from attribution.metrics.leaderboard import (
+    SCORES,
+    EvalItem,
+    bundled_items,
+    evaluate_methods,
+    summarise,
+)
 from attribution.metrics.randomisation import (
     cascading_units,
     randomisation_check,
@@ -9,9 +16,14 @@ from attribution.metrics.randomisation import (
 
 __all__ = [
     "AOPC_FRACTIONS",
+    "SCORES",
+    "EvalItem",
     "Faithfulness",
+    "bundled_items",
     "cascading_units",
+    "evaluate_methods",
     "faithfulness",
     "randomisation_check",
     "restored_weights",
+    "summarise",
 ]
