@@ -12,6 +12,7 @@ import base64
 import binascii
 import hmac
 import logging
+from dataclasses import replace
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -147,10 +148,13 @@ class ExplainBody(_InputBody):
     params: dict[Annotated[str, Field(max_length=100)], Any] = Field(
         default_factory=dict, max_length=50
     )
+    evaluate: bool = Field(
+        False, description="Add the map's faithfulness scores (deletion/insertion or ERASER)"
+    )
 
     def to_request(self) -> ExplainRequest:
         """The worker request for this body."""
-        return self.request_for(self.method, self.params)
+        return replace(self.request_for(self.method, self.params), evaluate=self.evaluate)
 
 
 class LayersBody(_InputBody):

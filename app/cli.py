@@ -31,6 +31,7 @@ def _explain(args: argparse.Namespace) -> int:
         params=parse_param_pairs(args.param),
         seed=args.seed,
         next_token=args.next_token,
+        evaluate=args.evaluate,
     )
     worker = ExplainWorker(device=args.device, max_models=1)
     try:
@@ -344,6 +345,11 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--seed", type=int, default=0)
     explain.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
     explain.add_argument("--format", choices=("json", "table"), default="table")
+    explain.add_argument(
+        "--evaluate",
+        action="store_true",
+        help="add the map's faithfulness scores beside random orders (deletion/insertion, ERASER)",
+    )
     explain.set_defaults(run=_explain)
 
     serve = sub.add_parser(

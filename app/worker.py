@@ -76,6 +76,7 @@ class ExplainRequest:
     params: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
     next_token: bool = False  # the model must be a decoder LM; its next token is explained
+    evaluate: bool = False  # add the map's faithfulness scores (the trust card) to metrics
 
     @property
     def modality(self) -> str:
@@ -226,6 +227,7 @@ class ExplainWorker:
             progress=progress,
             cancel=cancel,
             max_forward_passes=self.settings.max_forward_passes,
+            evaluate=request.evaluate,
         )
 
     def close(self) -> None:

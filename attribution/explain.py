@@ -32,11 +32,14 @@ def explain(
     progress: ProgressCallback | None = None,
     cancel: threading.Event | None = None,
     max_forward_passes: int | None = None,
+    evaluate: bool = False,
 ) -> Explanation:
     """
     Explain ``target`` (index, label or ``None`` = top prediction) with ``method``.
 
     ``max_forward_passes`` bounds sampling methods (a server's budget per request).
+    ``evaluate`` adds the map's faithfulness scores and their random-order counterparts to
+    ``metrics`` (the trust card: :func:`attribution.metrics.faithfulness` with its defaults).
 
     Raises:
         UnknownMethodError, UnsupportedMethodError, InvalidParameterError, InvalidInputError.
@@ -62,6 +65,10 @@ def explain(
     if isinstance(inputs, TextInputs) and inputs.truncated:
         run.warn(f"the text was truncated to the model's limit of {len(inputs.tokens)} tokens")
     result = method_cls.attribute(adapter, inputs, index, checked, run)
+    if evaluate:
+        from attribution.metrics import faithfulness  # metrics explain through this module
+
+        result.metrics.update(faithfulness(adapter, inputs, result.scores, index, run=run).metrics)
     return Explanation(
         model=ModelInfo(adapter.model_id, adapter.revision, adapter.modality),
         method=method_cls.name,

@@ -71,6 +71,21 @@ def test_rest_explains_text_and_image(client):
     assert 281 <= image.json()["target"]["index"] <= 285
 
 
+def test_rest_explain_with_the_trust_card(client):
+    response = client.post(
+        "/api/v1/explain",
+        json={
+            "model": "minilm-zeroshot",
+            "method": "gradient_x_input",
+            "text": "A lovely, charming film.",
+            "evaluate": True,
+        },
+    )
+    assert response.status_code == 200, response.text
+    metrics = response.json()["metrics"]
+    assert {"comprehensiveness", "comprehensiveness_random", "sufficiency"} <= set(metrics)
+
+
 def test_rest_layers_returns_the_table_and_the_agreement(client):
     response = client.post(
         "/api/v1/layers",

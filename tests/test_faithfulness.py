@@ -16,7 +16,12 @@ from torch import nn
 
 from attribution import explain
 from attribution.errors import InvalidInputError
-from attribution.metrics import cascading_units, faithfulness, randomisation_check
+from attribution.metrics import (
+    cascading_units,
+    faithfulness,
+    map_agreement,
+    randomisation_check,
+)
 from attribution.metrics.faithfulness import gaussian_blur
 from attribution.run import RunContext
 
@@ -213,3 +218,28 @@ def test_summary_intervals_and_wins_are_computed_from_the_rows():
     low, high = (float(v) for v in summary["comprehensiveness_ci"].strip("[]").split(","))
     assert 0.4 <= low <= 0.5 <= high <= 0.6
     assert summary["seconds"] == 2.5
+
+
+def test_map_agreement_on_maps_with_known_rankings():
+    base = np.arange(20.0).reshape(4, 5)
+    pairs = map_agreement(
+        {"a": base, "negated": -base, "reversed": base.max() - base, "same": base * 3}, 0.2
+    ).set_index(["first", "second"])
+    assert pairs.loc[("a", "same"), "spearman"] == pytest.approx(1.0)
+    assert pairs.loc[("a", "negated"), "spearman"] == pytest.approx(1.0)  # importance = |score|
+    assert pairs.loc[("a", "reversed"), "spearman"] == pytest.approx(-1.0)
+    assert pairs.loc[("a", "reversed"), "top_k_overlap"] == 0.0
+    assert (pairs["k"] == 4).all()
+    with pytest.raises(ValueError, match="different shapes"):
+        map_agreement({"a": base, "b": np.zeros(3)})
+
+
+def test_the_trust_card_adds_faithfulness_to_the_explanation(quadrant):
+    inputs = _bright(quadrant)
+    card = explain(quadrant, "gradient_x_input", inputs, target=0, evaluate=True)
+    plain = explain(quadrant, "gradient_x_input", inputs, target=0)
+    scores = faithfulness(quadrant, inputs, plain.scores, 0).metrics
+    for name, value in scores.items():
+        assert card.metrics[name] == pytest.approx(value)
+    assert card.timings.forward_passes > plain.timings.forward_passes + 100
+    assert "deletion_morf_auc" not in plain.metrics

@@ -7,7 +7,8 @@ from itertools import combinations
 
 import numpy as np
 import pandas as pd
-from scipy.stats import spearmanr
+
+from attribution.agreement import rank_agreement
 
 __all__ = ["agreement", "agreement_metrics", "head_ranking"]
 
@@ -23,7 +24,7 @@ def agreement(table: pd.DataFrame, estimators: Sequence[str], k: int = 5) -> pd.
     Agreement of each pair of ``estimators`` present in ``table``.
 
     Spearman's ρ over all heads of their importance (``|value|``), and the share of heads both
-    put in their top ``k``.
+    put in their top ``k`` (:func:`attribution.agreement.rank_agreement`).
 
     Returns:
         Columns ``first, second, spearman, top_k_overlap, k`` (ρ is NaN when an estimator gives
@@ -34,12 +35,10 @@ def agreement(table: pd.DataFrame, estimators: Sequence[str], k: int = 5) -> pd.
     rows = []
     for first, second in combinations(present, 2):
         a, b = rankings[first].align(rankings[second], join="inner")
-        top = min(k, len(a))
-        if top == 0:
+        if len(a) == 0:
             continue
-        constant = a.nunique() < 2 or b.nunique() < 2
-        rho = float("nan") if constant else float(spearmanr(a.to_numpy(), b.to_numpy())[0])
-        overlap = len(set(a.nlargest(top).index) & set(b.nlargest(top).index)) / top
+        top = min(k, len(a))
+        rho, overlap = rank_agreement(a.to_numpy(), b.to_numpy(), top)
         rows.append((first, second, rho, overlap, top))
     return pd.DataFrame.from_records(
         rows, columns=["first", "second", "spearman", "top_k_overlap", "k"]

@@ -1,5 +1,6 @@
 """Evidence for an explanation: faithfulness, randomisation sanity check, leaderboard."""
 
+from attribution.agreement import map_agreement
 from attribution.metrics.faithfulness import AOPC_FRACTIONS, Faithfulness, faithfulness
 from attribution.metrics.leaderboard import (
     SCORES,
@@ -23,6 +24,7 @@ __all__ = [
     "cascading_units",
     "evaluate_methods",
     "faithfulness",
+    "map_agreement",
     "randomisation_check",
     "restored_weights",
     "summarise",

@@ -1,0 +1,55 @@
+"""
+Do two importance rankings agree? Spearman's ρ and top-k overlap, for heads or for map pixels.
+
+One policy for both uses: importance is the absolute value; ρ is over every element, the overlap
+is the share of the ``k`` most important elements the two rankings share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from itertools import combinations
+
+import numpy as np
+import pandas as pd
+from scipy.stats import spearmanr
+
+__all__ = ["map_agreement", "rank_agreement"]
+
+
+def rank_agreement(a: np.ndarray, b: np.ndarray, k: int) -> tuple[float, float]:
+    """
+    ``(ρ, overlap)`` of the importances ``|a|`` and ``|b|`` (same shape).
+
+    ρ is NaN when either gives every element the same importance.
+    """
+    a, b = np.abs(np.asarray(a, dtype=float)).ravel(), np.abs(np.asarray(b, dtype=float)).ravel()
+    k = max(1, min(k, a.size))
+    constant = np.ptp(a) == 0 or np.ptp(b) == 0
+    rho = float("nan") if constant else float(spearmanr(a, b)[0])
+    top_a = set(np.argsort(-a, kind="stable")[:k])
+    top_b = set(np.argsort(-b, kind="stable")[:k])
+    return rho, len(top_a & top_b) / k
+
+
+def map_agreement(maps: Mapping[str, np.ndarray], top_fraction: float = 0.1) -> pd.DataFrame:
+    """
+    Agreement of each pair of maps of one input (method name -> scores of the same shape).
+
+    Returns:
+        Columns ``first, second, spearman, top_k_overlap, k``; ``k`` is ``top_fraction`` of
+        the elements (tokens or pixels), at least one.
+    """
+    names = list(maps)
+    shapes = {np.shape(maps[n]) for n in names}
+    if len(shapes) > 1:
+        raise ValueError(f"the maps have different shapes: {sorted(shapes)}")
+    rows = []
+    for first, second in combinations(names, 2):
+        size = np.size(maps[first])
+        k = max(1, round(top_fraction * size))
+        rho, overlap = rank_agreement(maps[first], maps[second], k)
+        rows.append((first, second, rho, overlap, k))
+    return pd.DataFrame.from_records(
+        rows, columns=["first", "second", "spearman", "top_k_overlap", "k"]
+    )
