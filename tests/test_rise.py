@@ -146,3 +146,38 @@ def test_efficientnet_cat_in_corner(effnet: Adapter):
     assert np.array_equal(first.maps[f"class_{first.target.index}"], first.scores)
     assert first.maps["std_error"].shape == (224, 224)
     assert 0 < first.metrics["noise_ratio"] < 1
+
+
+def test_tolerance_stops_early_on_the_corner_cat_and_agrees_with_four_times_the_masks(effnet):
+    """The estimate at the stopping point against an independent run at 4× its masks."""
+    inputs = effnet.preprocess(toys.chelsea_in_corner())
+    stopped = attribution.explain(
+        effnet, "rise", inputs, params={"tolerance": 0.18, "n_masks": 8000}
+    )
+    used = int(stopped.metrics["masks_used"])
+    assert used < 8000 and stopped.metrics["top_decile_error"] <= 0.18
+    assert not stopped.warnings
+    assert stopped.timings.forward_passes <= used + 2  # the target's forward, the classes'
+    reference = attribution.explain(effnet, "rise", inputs, params={"n_masks": 4 * used}, seed=1)
+    assert np.corrcoef(stopped.scores.ravel(), reference.scores.ravel())[0, 1] >= 0.9
+
+
+def test_tolerance_not_reached_within_the_cap_warns(effnet):
+    from skimage import data
+
+    inputs = effnet.preprocess(data.chelsea())  # the cat fills the frame: a flat, noisy map
+    e = attribution.explain(effnet, "rise", inputs, params={"tolerance": 0.05, "n_masks": 256})
+    assert e.metrics["masks_used"] == 256
+    assert e.metrics["top_decile_error"] > 0.05
+    (warning,) = e.warnings
+    assert "did not reach tolerance 0.05" in warning
+
+
+def test_top_decile_error_of_a_map_written_out():
+    from attribution.perturb import top_decile_error
+
+    saliency = np.zeros(100)
+    saliency[:10] = 1.0  # centred: the top decile deviates by 0.9, the rest by 0.1
+    std_error = np.full(100, 0.09)
+    assert top_decile_error(saliency, std_error) == pytest.approx(0.1)
+    assert top_decile_error(np.full(100, 3.0), std_error) == float("inf")  # no structure

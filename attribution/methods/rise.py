@@ -21,10 +21,14 @@ from attribution.methods.base import Attribution, AttributionMethod
 from attribution.methods.registry import register
 from attribution.models.base import Adapter, Inputs
 from attribution.params import Param
-from attribution.perturb import BatchRunner, auto_batch_size, perturbation_for
+from attribution.perturb import BatchRunner, auto_batch_size, perturbation_for, top_decile_error
 from attribution.run import RunContext
 
 __all__ = ["RISE", "RiseEstimator"]
+
+#: Masks every estimate rests on before convergence is judged (standard errors of fewer are
+#: themselves too noisy to trust).
+MIN_MASKS_BEFORE_STOPPING = 128
 
 #: Classes whose maps are kept for the UI's class switcher (top-k of the prediction).
 TOP_CLASSES = 5
@@ -88,7 +92,25 @@ class RISE(AttributionMethod):
     title = "RISE"
     paper = "https://arxiv.org/abs/1806.07421"
     params = (
-        Param("n_masks", "int", 4000, "Number of random masks (forward passes).", 1, 200_000),
+        Param(
+            "n_masks",
+            "int",
+            4000,
+            "Number of random masks (forward passes); the cap when a tolerance is set.",
+            1,
+            200_000,
+        ),
+        Param(
+            "tolerance",
+            "float",
+            None,
+            "Stop early once the top decile's relative standard error (mean standard error of "
+            f"the 10 % largest values over their mean) is at most this, checked after each "
+            f"batch from {MIN_MASKS_BEFORE_STOPPING} masks on; empty = always n_masks.",
+            0.0,
+            1.0,
+            True,
+        ),
         Param("grid", "int", 7, "Cells per side of the random grid (images).", 2, 128),
         Param("p", "float", 0.5, "Probability of keeping a cell / token.", 0.0, 1.0, True),
         BATCH_SIZE_PARAM,
@@ -134,18 +156,30 @@ class RISE(AttributionMethod):
         estimator = RiseEstimator(classes, first[0].numel(), params["p"])
         batch_size = params["batch_size"] or auto_batch_size(adapter, inputs)
         runner = BatchRunner(adapter, run, batch_size, len(masks))
+        tolerance, error = params["tolerance"], float("nan")
         for batch, logits in runner.score(masks, perturbation):
             scores = logits.softmax(-1) if params["output"] == "probability" else logits
             estimator.add(batch, scores)
+            if tolerance is not None and estimator.n >= MIN_MASKS_BEFORE_STOPPING:
+                error = top_decile_error(estimator.saliency()[0], estimator.std_error())
+                if error <= tolerance:
+                    break
         maps = estimator.saliency().reshape(len(classes), *first.shape[1:])
         std_error = estimator.std_error().reshape(first.shape[1:])
+        metrics = {"masks_used": float(estimator.n)}
+        if tolerance is not None:
+            error = top_decile_error(maps[0], std_error)
+            metrics["top_decile_error"] = error
+            if error > tolerance:
+                run.warn(
+                    f"RISE did not reach tolerance {tolerance:g} within n_masks="
+                    f"{params['n_masks']}: the top decile's relative standard error is "
+                    f"{error:.3g}; raise n_masks or the tolerance"
+                )
         maps, std_error = perturbation.element_map(maps), perturbation.element_map(std_error)
         extra = {f"class_{c}": maps[i] for i, c in enumerate(classes)}
-        return Attribution(
-            scores=maps[0],
-            maps={"std_error": std_error, **extra},
-            metrics={"noise_ratio": noise_ratio(std_error, maps[0])},
-        )
+        metrics["noise_ratio"] = noise_ratio(std_error, maps[0])
+        return Attribution(scores=maps[0], maps={"std_error": std_error, **extra}, metrics=metrics)
 
 
 def _classes(adapter: Adapter, inputs: Inputs, target: int, run: RunContext) -> list[int]:
