@@ -40,6 +40,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/embedded_load.py
 	$(BIN)/python benchmarks/layers.py
 	$(BIN)/python benchmarks/layer_report.py
+	$(BIN)/python benchmarks/leaderboard.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

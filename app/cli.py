@@ -50,6 +50,8 @@ def _layers(args: argparse.Namespace) -> int:
 
     if args.format == "parquet" and args.output is None:
         raise _usage_error("--format parquet writes a file: give --output PATH")
+    _output_path(args.output)
+    _output_path(args.figures, folder=True)
     worker = ExplainWorker(device=args.device, max_models=1)
     try:
         if args.input is not None:
@@ -116,24 +118,34 @@ def _jsonl_records(path: str, target: str | None) -> Iterator[tuple[Any, Any, st
     file = Path(path).expanduser()
     if not file.is_file():
         raise InvalidInputError(f"input file '{path}' does not exist or is not a regular file")
-    with file.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise InvalidInputError(f"{path} line {number}: not JSON ({err.msg})") from None
-            if not isinstance(record, dict) or ("text" in record) == ("image" in record):
-                raise InvalidInputError(
-                    f'{path} line {number}: give an object with "text" or "image" (a path)'
-                )
-            if "image" in record:  # relative to the JSONL file, read here like --image
-                raw: Any = _read_image_file(str(file.parent / str(record["image"])))
-                name = str(record["image"])
-            else:
-                raw = name = str(record["text"])
-            yield raw, record.get("target", target), name
+    try:
+        lines = file.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise InvalidInputError(
+            f"input file '{path}' cannot be read as UTF-8 text: {err}"
+        ) from None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise InvalidInputError(f"{path} line {number}: not JSON ({err.msg})") from None
+        if not isinstance(record, dict) or ("text" in record) == ("image" in record):
+            raise InvalidInputError(
+                f'{path} line {number}: give an object with "text" or "image" (a path)'
+            )
+        item_target = record.get("target", target)
+        if item_target is not None and not isinstance(item_target, str | int):
+            raise InvalidInputError(
+                f"{path} line {number}: target must be a label or an index; got {item_target!r}"
+            )
+        if "image" in record:  # relative to the JSONL file, read here like --image
+            raw: Any = _read_image_file(str(file.parent / str(record["image"])))
+            name = str(record["image"])
+        else:
+            raw = name = str(record["text"])
+        yield raw, item_target, name
 
 
 def _dataset_items(path: str, target: str | None) -> Iterator[Any]:
@@ -153,6 +165,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     from attribution.methods import available_methods
     from attribution.metrics import EvalItem, bundled_items, evaluate_methods, summarise
 
+    _output_path(args.output)
+    per_item_path = _output_path(args.per_item)
     worker = ExplainWorker(device=args.device, max_models=1)
     try:
         adapter = worker.adapter(args.model, _labels(args.labels))
@@ -191,29 +205,60 @@ def _evaluate(args: argparse.Namespace) -> int:
         worker.close()
     if per_item.empty:
         raise InvalidInputError("nothing was evaluated: no items, or no method applies")
-    if args.per_item is not None:
-        path = Path(args.per_item).expanduser()
-        if path.suffix == ".parquet":
-            per_item.to_parquet(path, index=False)
-        else:
-            per_item.to_csv(path, index=False)
+    if per_item_path is not None:
+        try:
+            if per_item_path.suffix == ".parquet":
+                per_item.to_parquet(per_item_path, index=False)
+            else:
+                per_item.to_csv(per_item_path, index=False)
+        except OSError as err:
+            raise InvalidInputError(f"cannot write '{args.per_item}': {err}") from None
     summary = summarise(per_item, adapter.modality, args.seed)
     _write_table(summary, args, lambda: summary.to_string(index=False, float_format="%.4f"))
     return 0
 
 
+def _output_path(path: str | None, folder: bool = False) -> Path | None:
+    """
+    The path of a file (or, with ``folder``, a folder) to write, checked before any work.
+
+    Its parent must exist and it must not be the other kind of thing.
+    """
+    from attribution.errors import InvalidInputError
+
+    if path is None:
+        return None
+    target = Path(path).expanduser()
+    if not target.parent.is_dir():
+        raise InvalidInputError(f"cannot write '{path}': folder '{target.parent}' does not exist")
+    if target.exists() and target.is_dir() != folder:
+        kind = "a file" if folder else "a folder"
+        raise InvalidInputError(f"cannot write '{path}': it is {kind}")
+    return target
+
+
 def _write_text(text: str, output: str | None) -> None:
     if output is None:
         print(text)
-    else:
+        return
+    from attribution.errors import InvalidInputError
+
+    try:
         Path(output).expanduser().write_text(text + "\n", encoding="utf-8")
+    except OSError as err:
+        raise InvalidInputError(f"cannot write '{output}': {err.strerror}") from None
 
 
 def _write_table(table: Any, args: argparse.Namespace, as_text: Callable[[], str]) -> None:
     """The long table as the chosen ``--format``, to ``--output`` or stdout."""
-    output = None if args.output is None else Path(args.output).expanduser()
+    output = _output_path(args.output)
     if args.format == "parquet":
-        table.to_parquet(output, index=False)
+        from attribution.errors import InvalidInputError
+
+        try:
+            table.to_parquet(output, index=False)
+        except OSError as err:
+            raise InvalidInputError(f"cannot write '{args.output}': {err}") from None
     elif args.format == "csv":
         _write_text(table.to_csv(index=False).rstrip("\n"), args.output)
     elif args.format == "json":

@@ -50,15 +50,18 @@ class RunContext:
 
     def plan(self, forward_passes: int, lower: str = "the sample count") -> None:
         """
-        Announce the forward passes a job will need, before building anything that big.
+        Announce the forward passes a stage will need, before building anything that big.
+
+        The budget covers the whole run: passes already spent count against it.
 
         Raises:
             BudgetExceededError: more than ``max_forward_passes``; ``lower`` names what to reduce.
         """
         budget = self.max_forward_passes
-        if budget is not None and forward_passes > budget:
+        needed = self.forward_passes + forward_passes  # what the run spent so far counts too
+        if budget is not None and needed > budget:
             raise BudgetExceededError(
-                f"this request needs {forward_passes:,} forward passes; this server allows at "
+                f"this request needs {needed:,} forward passes; this server allows at "
                 f"most {budget:,} per request: lower {lower}"
             )
 

@@ -192,11 +192,14 @@ def test_layers_over_a_jsonl_dataset_to_parquet(tmp_path, capsys):
         ('{"image": "missing.png"}\n', [], "does not exist"),
         ('{"text": "a"}\n', ["--format", "parquet"], "give --output"),
         ('{"text": "a"}\n', ["--measures", "nope"], "unknown measure"),
+        ('{"text": "a", "target": [1]}\n', [], "target must be a label or an index"),
+        ('{"text": "a"}\n', ["--format", "csv", "--output", "/nonexistent/x.csv"], "does not"),
+        ("\udcff\n", [], "cannot be read as UTF-8"),
     ],
 )
 def test_layers_dataset_errors_exit_2(tmp_path, capsys, lines, extra, words):
     data_file = tmp_path / "data.jsonl"
-    data_file.write_text(lines)
+    data_file.write_bytes(lines.encode("utf-8", "surrogateescape"))
     code = main(["layers", "--model", "tiny-random-llama", "--input", str(data_file), *extra])
     assert code == 2
     assert words in capsys.readouterr().err

@@ -75,13 +75,20 @@ def test_forward_passes_are_counted_and_batched(quadrant):
     assert run.forward_passes == 2 * 5 * (2 + 1)  # two kinds × 5 points × (MoRF, LeRF, random)
 
 
-def test_gaussian_blur_keeps_a_flat_image_and_smooths_an_edge():
-    flat = torch.full((1, 3, 16, 16), 0.7)
-    torch.testing.assert_close(gaussian_blur(flat), flat)
-    edge = torch.zeros(1, 1, 16, 16)
-    edge[..., 8:] = 1.0
-    blurred = gaussian_blur(edge)
-    assert 0.0 < float(blurred[0, 0, 0, 7]) < 0.5 < float(blurred[0, 0, 0, 8]) < 1.0
+def test_gaussian_blur_is_the_rise_kernel_written_out():
+    """RISE's gkern: gaussian_filter(σ=5) of an 11×11 delta, convolved with zero padding."""
+    from scipy.ndimage import gaussian_filter
+
+    delta = np.zeros((11, 11))
+    delta[5, 5] = 1.0
+    kernel = gaussian_filter(delta, 5)
+    assert kernel.sum() == pytest.approx(1.0) and kernel.min() / kernel.max() > 0.85  # ~flat
+    image = torch.from_numpy(np.random.default_rng(0).random((1, 1, 20, 20)))
+    padded = np.pad(image[0, 0].numpy(), 5)
+    expected = np.array(
+        [[(padded[i : i + 11, j : j + 11] * kernel).sum() for j in range(20)] for i in range(20)]
+    )
+    np.testing.assert_allclose(gaussian_blur(image)[0, 0].numpy(), expected, rtol=1e-12)
 
 
 def test_comprehensiveness_of_the_oracle_token_beats_random(load_model):
@@ -156,7 +163,15 @@ def test_randomisation_restores_the_model_exactly_even_on_error():
 def test_transformers_cascade_from_the_head_down_to_the_embeddings(load_model):
     adapter = load_model("tiny-random-llama")
     names = [name for name, _ in cascading_units(adapter)]
-    assert names == ["output (norm and head)", "block 1", "block 0", "embeddings"]
+    assert names == [
+        "output (after the blocks)",
+        "block 1",
+        "block 0",
+        "embeddings (before the blocks)",
+    ]
+    units = dict(cascading_units(adapter))
+    head = adapter.model.get_output_embeddings().weight
+    assert any(p is head for p in units["output (after the blocks)"].parameters())
     inputs = adapter.preprocess("the cat sat on the mat")
     with torch.no_grad():
         before = adapter.logits(**inputs.model_kwargs()).clone()
@@ -164,6 +179,15 @@ def test_transformers_cascade_from_the_head_down_to_the_embeddings(load_model):
     assert len(table) == 5 and table["spearman"].iloc[-1] < 0.9
     with torch.no_grad():
         torch.testing.assert_close(adapter.logits(**inputs.model_kwargs()), before, rtol=0, atol=0)
+
+
+def test_a_vit_cascade_keeps_its_patch_embedding_for_last(load_model):
+    adapter = load_model("tiny-random-vit")
+    units = cascading_units(adapter)
+    first, last = dict(units)["output (after the blocks)"], units[-1][1]
+    patch = adapter.model.vit.embeddings.patch_embeddings.projection.weight
+    assert not any(p is patch for p in first.parameters())
+    assert any(p is patch for p in last.parameters())
 
 
 def test_leaderboard_runs_on_the_bundled_images_and_sentences(capsys, tmp_path):
@@ -243,3 +267,16 @@ def test_the_trust_card_adds_faithfulness_to_the_explanation(quadrant):
         assert card.metrics[name] == pytest.approx(value)
     assert card.timings.forward_passes > plain.timings.forward_passes + 100
     assert "deletion_morf_auc" not in plain.metrics
+
+
+def test_the_trust_card_counts_against_the_servers_budget():
+    """A request's budget covers the method and the scoring of its map together."""
+    from attribution.errors import BudgetExceededError
+
+    adapter = image_adapter(QuadrantModel("top-left"))
+    inputs = _bright(adapter)
+    explain(adapter, "rise", inputs, params={"n_masks": 90}, max_forward_passes=100)
+    with pytest.raises(BudgetExceededError, match="forward passes"):
+        explain(
+            adapter, "rise", inputs, params={"n_masks": 90}, max_forward_passes=100, evaluate=True
+        )

@@ -187,14 +187,15 @@ REST_CASES = [
         {**_image(NOISE_PNG, method="sobol"), "params": {"grid": 32, "n_designs": 1024}},
         422,
         "over_budget",
-        "this request needs 1,050,624 forward passes; this server allows at most 1,000 per "
+        # 1024·(32² + 2) Sobol passes and the prediction's own forward pass
+        "this request needs 1,050,625 forward passes; this server allows at most 1,000 per "
         "request: lower n_designs or grid",
     ),
     (
         {**_image(NOISE_PNG, method="occlusion"), "params": {"window": 1, "stride": 1}},
         422,
         "over_budget",
-        "this request needs 1,025 forward passes",
+        "this request needs 1,026 forward passes",  # 32² windows + 1, and the prediction
     ),
     (
         _ig(n_steps=1000),

@@ -150,8 +150,14 @@ class _Model:
     def of(cls, adapter: Adapter) -> _Model:
         layout = layout_for(adapter)
         blocks = list(find_module(adapter.model, layout.blocks).children())
-        projections = [block.get_submodule(layout.attention_output) for block in blocks]
-        mlps = [block.get_submodule(layout.mlp_output) for block in blocks]
+        try:
+            projections = [block.get_submodule(layout.attention_output) for block in blocks]
+            mlps = [block.get_submodule(layout.mlp_output) for block in blocks]
+        except AttributeError as err:  # a variant of the family with other module names
+            raise UnsupportedMethodError(
+                f"layer analysis cannot find its modules in model '{adapter.model_id}': {err}; "
+                "its family's row in attribution/methods/lrp/layouts.py needs these paths"
+            ) from None
         if adapter.num_heads <= 0:
             raise UnsupportedMethodError(f"model '{adapter.model_id}' reports no attention heads")
         return cls(adapter, layout, blocks, projections, mlps, adapter.num_heads)
@@ -281,7 +287,8 @@ def _gradient(
     model: _Model, inputs: Inputs, target: int, run: RunContext, tick: Callable[[], None]
 ) -> list[tuple]:
     tick()
-    gates = [torch.ones(model.heads, requires_grad=True) for _ in model.blocks]
+    device = model.adapter.device
+    gates = [torch.ones(model.heads, device=device, requires_grad=True) for _ in model.blocks]
     with torch.enable_grad(), gate_heads(model.projections, gates):
         logp = model.adapter.logits(**inputs.model_kwargs())[0].log_softmax(-1)[target]
         grads = torch.autograd.grad(logp, gates, allow_unused=True)

@@ -77,7 +77,7 @@ def gate_heads(projections: Sequence[nn.Module], gates: Sequence[torch.Tensor]) 
 
             def scale(_m: nn.Module, args: tuple, gate: torch.Tensor = gate) -> tuple:
                 x = args[0]
-                gated = _split_heads(x, gate.numel()) * gate.to(x.dtype).view(-1, 1)
+                gated = _split_heads(x, gate.numel()) * gate.to(x).view(-1, 1)
                 return (gated.reshape(x.shape), *args[1:])
 
             stack.callback(projection.register_forward_pre_hook(scale).remove)

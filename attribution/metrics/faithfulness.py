@@ -30,6 +30,7 @@ from typing import cast
 
 import numpy as np
 import torch
+from scipy.ndimage import gaussian_filter
 
 from attribution.errors import InvalidInputError, InvalidParameterError
 from attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
@@ -53,24 +54,23 @@ class Faithfulness:
     """Scores (flat, for ``Explanation.metrics``) and the curves they come from."""
 
     metrics: dict[str, float] = field(default_factory=dict)
-    #: Curve name -> target probability at each step (the removed share is ``linspace(0, 1)``).
+    #: Curve name -> target probability at each step (removed or revealed share: 0 … 1).
     curves: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def gaussian_blur(pixels: torch.Tensor, kernel: int = 11, sigma: float = 5.0) -> torch.Tensor:
-    """Separable Gaussian blur over H and W with reflected borders (the RISE insertion start)."""
-    kernel = max(1, min(kernel, 2 * (min(pixels.shape[-2:]) // 2) - 1 or 1))
-    offsets = torch.arange(kernel, dtype=pixels.dtype, device=pixels.device) - (kernel - 1) / 2
-    weights = torch.exp(-(offsets**2) / (2 * sigma**2))
-    weights = weights / weights.sum()
+    """
+    The RISE insertion start: each channel convolved, zero-padded, with RISE's ``gkern``.
+
+    ``gkern`` is SciPy's ``gaussian_filter(σ)`` of a ``kernel × kernel`` delta (nearly flat
+    for σ = 5 on 11 × 11), as in the authors' ``evaluation.py``.
+    """
+    delta = np.zeros((kernel, kernel))
+    delta[kernel // 2, kernel // 2] = 1.0
+    weights = torch.as_tensor(gaussian_filter(delta, sigma), dtype=pixels.dtype)
     channels = pixels.shape[1]
-    pad = kernel // 2
-    rows = weights.view(1, 1, -1, 1).expand(channels, 1, -1, 1)
-    cols = weights.view(1, 1, 1, -1).expand(channels, 1, 1, -1)
-    out = torch.nn.functional.pad(pixels, (0, 0, pad, pad), mode="reflect")
-    out = torch.nn.functional.conv2d(out, rows, groups=channels)
-    out = torch.nn.functional.pad(out, (pad, pad, 0, 0), mode="reflect")
-    return torch.nn.functional.conv2d(out, cols, groups=channels)
+    weights = weights.to(pixels.device).expand(channels, 1, kernel, kernel)
+    return torch.nn.functional.conv2d(pixels, weights, padding=kernel // 2, groups=channels)
 
 
 class _OrderMasks:
@@ -118,8 +118,10 @@ def _probabilities(
     return np.concatenate(parts)
 
 
-def _area(curve: np.ndarray) -> float:
-    return float(np.trapezoid(curve, np.linspace(0.0, 1.0, curve.size)))
+def _areas(curves: dict[str, np.ndarray], counts: Sequence[int]) -> dict[str, float]:
+    """Trapezoid areas over the share removed or revealed (exact when the last step is short)."""
+    shares = np.asarray(counts, dtype=np.float64) / max(counts[-1], 1)
+    return {f"{name}_auc": float(np.trapezoid(curve, shares)) for name, curve in curves.items()}
 
 
 def faithfulness(
@@ -236,8 +238,7 @@ def _image(
     curves = _curves(
         runner, target, scores, scores.shape, counts, deletion, insertion, random_orders, run.seed
     )
-    metrics = {f"{name}_auc": _area(curve) for name, curve in curves.items()}
-    return Faithfulness(metrics, curves)
+    return Faithfulness(_areas(curves, counts), curves)
 
 
 def _text(
@@ -264,9 +265,10 @@ def _text(
     curves = _curves(
         runner, target, values, (n,), counts, perturbation, perturbation, random_orders, run.seed
     )
-    metrics = {f"{name}_auc": _area(curve) for name, curve in curves.items()}
+    metrics = _areas(curves, counts)
     plain = curves["deletion_morf"][0]
-    ks = [max(1, math.ceil(k * n)) for k in AOPC_FRACTIONS]
+    # as ferret: int(k·n) tokens, leaving out 0 and repeats (short texts have fewer cut-offs)
+    ks = sorted({int(k * n) for k in AOPC_FRACTIONS} - {0}) or [1]
     for order in ("morf", "random"):
         if f"deletion_{order}" not in curves:
             continue

@@ -8,9 +8,10 @@ the original (an edge detector, a constant) does not depend on what the model le
 similarity is Spearman's ρ between the original and the randomised map, signed and of absolute
 values (the paper reports both). Every weight is restored afterwards, also on error.
 
-Layers are the transformer blocks of the model's LRP layout, with what comes after them (norm
-and head) first and the embeddings last; for other models, the parameterised children of the
-model, containers (``Sequential``, ``ModuleList``) opened up. A re-initialised parameter is
+Layers are the transformer blocks of the model's LRP layout, with what comes after them (norm,
+head; a tied LM head too) first and what comes before them (embeddings) last; for other
+models, the parameterised children of the model, containers (``Sequential``, ``ModuleList``)
+opened up. A re-initialised parameter is
 drawn from a normal distribution with the parameter's own mean and standard deviation (seeded):
 its scale stays, what was learned goes.
 """
@@ -59,23 +60,41 @@ def _children(module: nn.Module, prefix: str) -> list[tuple[str, nn.Module]]:
     return units
 
 
+def _holder(parameters: list[nn.Parameter]) -> nn.Module:
+    """A module viewing ``parameters`` (the same tensors, randomised in place)."""
+    holder = nn.Module()
+    holder.held = nn.ParameterList(parameters)
+    return holder
+
+
 def cascading_units(adapter: Adapter) -> list[tuple[str, nn.Module]]:
-    """The model's layers in the order they are randomised: output side first."""
+    """
+    The model's layers in the order they are randomised: output side first.
+
+    For a transformer: everything after its blocks (final norm, pooler, classifier, and the LM
+    head even where it is tied to the token embeddings), then the blocks from the last, then
+    everything before them (token, position and patch embeddings, CLS tokens).
+    """
     model = adapter.model
     layout = LAYOUTS.get(getattr(adapter.config, "model_type", None) or "")
     if layout is None:
         return list(reversed(_children(model, "")))
     blocks = find_module(model, layout.blocks)
-    block_units = [(f"block {i}", b) for i, b in enumerate(blocks.children())]
     inside = {id(p) for p in blocks.parameters()}
-    embedding = adapter.token_embedding_module() if adapter.modality == "text" else None
-    embedded = {id(p) for p in embedding.parameters()} if embedding is not None else set()
-    rest = [p for p in model.parameters() if id(p) not in inside and id(p) not in embedded]
-    holder = nn.Module()
-    holder.rest = nn.ParameterList(rest)  # a view: the same tensors, randomised in place
-    units = [("output (norm and head)", holder), *reversed(block_units)]
-    if embedding is not None:
-        units.append(("embeddings", embedding))
+    named = list(model.named_parameters())
+    positions = [i for i, (_, p) in enumerate(named) if id(p) in inside]
+    head = getattr(model, "get_output_embeddings", lambda: None)()
+    output = [p for _, p in named[positions[-1] + 1 :]]
+    taken = {id(p) for p in output}
+    for p in head.parameters() if head is not None else ():
+        if id(p) not in taken:  # a tied LM head is listed with the embeddings
+            output.append(p)
+            taken.add(id(p))
+    before = [p for _, p in named[: positions[0]] if id(p) not in taken]
+    units = [("output (after the blocks)", _holder(output))] if output else []
+    units += [(f"block {i}", b) for i, b in reversed(list(enumerate(blocks.children())))]
+    if before:
+        units.append(("embeddings (before the blocks)", _holder(before)))
     return units
 
 
