@@ -1,4 +1,4 @@
-"""``attrlab`` command line: explain, layers, evaluate, serve, models, methods."""
+"""``attrlab`` command line: explain, layers, evaluate, check, serve, models, methods."""
 
 from __future__ import annotations
 
@@ -109,6 +109,50 @@ def _usage_error(message: str) -> AttrlabError:
 
 def _report_progress(done: int) -> None:
     print(f"\r{done} inputs analysed", end="", file=sys.stderr, flush=True)
+
+
+def _check(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from app.worker import ExplainWorker
+    from attribution import explain
+    from attribution.metrics import map_agreement, randomisation_check
+    from attribution.models import load_image
+
+    _output_path(args.output)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    worker = ExplainWorker(device=args.device, max_models=1)
+    try:
+        adapter = worker.adapter(args.model, _labels(args.labels))
+        raw: Any = args.text if args.image is None else load_image(_read_image_file(args.image))
+        inputs = adapter.preprocess(raw)
+        explained = {m: explain(adapter, m, inputs, args.target, seed=args.seed) for m in methods}
+        maps = {m: e.scores for m, e in explained.items()}
+        target = next(iter(explained.values())).target.index  # the same class at every step
+        tables = []
+        if len(methods) > 1:
+            tables.append(map_agreement(maps, args.top_fraction).assign(check="agreement"))
+        if args.randomise:
+            for method in methods:
+
+                def recompute(model: Any, method: str = method) -> Any:
+                    return explain(model, method, inputs, target, seed=args.seed).scores
+
+                table = randomisation_check(adapter, recompute, args.seed)
+                tables.append(table.assign(check="randomisation", method=method))
+    finally:
+        worker.close()
+    if not tables:
+        raise _usage_error("nothing to check: give two or more --methods, or --randomise")
+    result = pd.concat(tables, ignore_index=True)
+
+    def as_text() -> str:
+        return "\n\n".join(
+            t.dropna(axis=1, how="all").to_string(index=False, float_format="%.3f") for t in tables
+        )
+
+    _write_table(result, args, as_text)
+    return 0
 
 
 def _jsonl_records(path: str, target: str | None) -> Iterator[tuple[Any, Any, str]]:
@@ -484,6 +528,31 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--per-item", help="file for the per-item rows (.csv or .parquet)")
     evaluate.set_defaults(run=_evaluate)
 
+    check = sub.add_parser(
+        "check",
+        help="sanity checks of maps on one input: agreement between methods, randomisation",
+    )
+    check.add_argument("--model", default=None, help="alias, hub id or local folder")
+    check.add_argument("--methods", required=True, help="comma-separated methods")
+    source = check.add_mutually_exclusive_group(required=True)
+    source.add_argument("--text")
+    source.add_argument("--image", help="path of an image file")
+    check.add_argument("--labels", help="comma-separated labels (zero-shot models)")
+    check.add_argument("--target", help="label or output index (default: top prediction)")
+    check.add_argument(
+        "--randomise",
+        action="store_true",
+        help="cascading model-parameter randomisation test (Adebayo et al. 2018) per method",
+    )
+    check.add_argument(
+        "--top-fraction", type=float, default=0.1, help="share of elements in the top-k overlap"
+    )
+    check.add_argument("--seed", type=int, default=0)
+    check.add_argument("--device", default=None)
+    check.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    check.add_argument("--output", help="file to write (default: stdout)")
+    check.set_defaults(run=_check)
+
     sub.add_parser("models", help="list built-in models").set_defaults(run=_models)
     methods = sub.add_parser("methods", help="list methods and their parameters")
     methods.add_argument("--format", choices=("json", "table"), default="table")
@@ -494,7 +563,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; user errors print one line and exit with status 2."""
     args = build_parser().parse_args(argv)
-    if args.command in ("explain", "layers", "evaluate") and args.model is None:
+    if args.command in ("explain", "layers", "evaluate", "check") and args.model is None:
         from attribution.models import default_model
 
         image = getattr(args, "image", None) or getattr(args, "images", None)

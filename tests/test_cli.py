@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -203,3 +204,27 @@ def test_layers_dataset_errors_exit_2(tmp_path, capsys, lines, extra, words):
     code = main(["layers", "--model", "tiny-random-llama", "--input", str(data_file), *extra])
     assert code == 2
     assert words in capsys.readouterr().err
+
+
+def test_check_agreement_and_randomisation(capsys):
+    args = [
+        "check",
+        "--model",
+        "tiny-random-llama",
+        "--text",
+        "the cat sat on the mat",
+        "--methods",
+        "gradient_x_input,attnlrp",
+        "--randomise",
+        "--format",
+        "json",
+    ]
+    assert main(args) == 0
+    rows = pd.read_json(io.StringIO(capsys.readouterr().out))
+    agreement = rows[rows.check == "agreement"]
+    assert len(agreement) == 1 and -1 <= agreement.spearman.iloc[0] <= 1
+    randomised = rows[rows.check == "randomisation"]
+    assert len(randomised) == 2 * 5  # none + output + 2 blocks + embeddings, per method
+    assert (randomised[randomised.step == 0].spearman == 1.0).all()
+    assert main(["check", "--model", "tiny-random-llama", "--text", "a", "--methods", "rise"]) == 2
+    assert "nothing to check" in capsys.readouterr().err

@@ -72,8 +72,8 @@ class Measure:
     """A group of measures computed together, and what it costs."""
 
     name: str
+    #: The ``measure`` values of its rows.
     produces: tuple[str, ...]
-    level: str  # "layer" or "head"
     cost: str
     description: str
     decoders_only: bool = False
@@ -86,16 +86,19 @@ MEASURES: dict[str, Measure] = {
         Measure(
             "block_influence",
             ("block_influence",),
-            "layer",
             "1 forward (shared)",
             "1 − cos(h_in, h_out) per block on the residual stream",
         ),
-        Measure("entropy", ("entropy",), "head", "1 forward (shared)", "normalised entropy"),
-        Measure("sink", ("sink_share",), "head", "1 forward (shared)", "mass on the first token"),
+        Measure(
+            "entropy",
+            ("entropy",),
+            "1 forward (shared)",
+            "attention entropy over log(visible keys)",
+        ),
+        Measure("sink", ("sink_share",), "1 forward (shared)", "mass on the first token"),
         Measure(
             "logit_lens",
             ("lens_probability", "lens_rank"),
-            "layer",
             "1 forward (shared)",
             "target probability and rank from each block's residual",
             decoders_only=True,
@@ -103,28 +106,24 @@ MEASURES: dict[str, Measure] = {
         Measure(
             "skip",
             ("skip_logprob", "skip_kl"),
-            "layer",
             "1 forward of L+1 rows",
             "Δ log p(target) and KL when a block is bypassed",
         ),
         Measure(
             "gradient",
             ("head_gradient",),
-            "head",
             "1 forward + 1 backward",
             "|∂ log p / ∂ξ_h| at a head gate (Michel et al. 2019)",
         ),
         Measure(
             "lrp",
             ("lrp_block", "lrp_attention", "lrp_mlp", "head_lrp", "positional_relevance"),
-            "layer",
             "1 forward + 1 backward",
             "AttnLRP / PA-LRP relevance per block, branch, head and position",
         ),
         Measure(
             "ablation",
             ("ablation_zero", "ablation_mean"),
-            "head",
             "L forwards, 2H+1 rows from the ablated block on",
             "Δ target logit with a head zeroed or mean-ablated",
         ),

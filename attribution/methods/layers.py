@@ -51,7 +51,11 @@ class LayerAnalysis(AttributionMethod):
             "measures",
             "str",
             "all",
-            "Comma-separated measures, or 'all' (those that apply): " + ", ".join(MEASURES),
+            "Comma-separated measures, or 'all' (those that apply): "
+            + "; ".join(
+                f"{m.name} ({m.description}; rows {', '.join(m.produces)}; {m.cost})"
+                for m in MEASURES.values()
+            ),
             check=_known,
         ),
         Param("top_k", "int", 5, "Heads compared by the top-k overlap of estimators.", 1, 1000),
