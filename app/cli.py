@@ -108,7 +108,7 @@ def _usage_error(message: str) -> AttrlabError:
 
 
 def _report_progress(done: int) -> None:
-    print(f"\r{done} inputs analysed", end="", file=sys.stderr, flush=True)
+    print(f"\r{done} inputs done", end="", file=sys.stderr, flush=True)
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -242,7 +242,7 @@ def _evaluate(args: argparse.Namespace) -> int:
             args.steps,
             args.random_orders,
             args.seed,
-            progress=lambda done: print(f"\r{done} items", end="", file=sys.stderr, flush=True),
+            progress=_report_progress,
         )
         print(file=sys.stderr)
     finally:

@@ -87,8 +87,7 @@ def build_ui(worker: ExplainWorker) -> gr.Blocks:
             params=_params(params),
             seed=_whole(seed),
         )
-        explanation = _run(worker, request, progress)
-        return token_highlights(explanation), token_figure(explanation), _summary(explanation)
+        return text_views(request, progress)
 
     def explain_next_token(
         model,
@@ -108,6 +107,9 @@ def build_ui(worker: ExplainWorker) -> gr.Blocks:
             seed=_whole(seed),
             next_token=True,
         )
+        return text_views(request, progress)
+
+    def text_views(request: ExplainRequest, progress: gr.Progress) -> tuple:
         explanation = _run(worker, request, progress)
         return token_highlights(explanation), token_figure(explanation), _summary(explanation)
 

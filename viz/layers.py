@@ -15,6 +15,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from attribution.layers.agreement import head_ranking
+
 __all__ = [
     "agreement_figure",
     "export_figure",
@@ -141,9 +143,8 @@ def top_heads_figure(table: pd.DataFrame, estimators: Sequence[str], k: int = 10
     """
     ranks = {}
     for name in estimators:
-        rows = table[(table["measure"] == name) & table["head"].notna()]
-        if not rows.empty:
-            magnitude = rows.set_index(["layer", "head"])["value"].abs()
+        magnitude = head_ranking(table, name)
+        if not magnitude.empty:
             ranks[name] = magnitude.rank(ascending=False, method="min")
     if not ranks:
         raise ValueError("the table has none of these estimators: " + ", ".join(estimators))

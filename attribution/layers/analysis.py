@@ -50,6 +50,7 @@ from attribution.methods.lrp.layouts import LRPLayout, find_module, layout_for
 from attribution.methods.lrp.relevance import LRPResult, lrp
 from attribution.methods.lrp.settings import resolve_settings
 from attribution.models.base import Adapter, Inputs
+from attribution.models.text import DecoderLMAdapter
 from attribution.run import RunContext
 
 __all__ = [
@@ -248,7 +249,8 @@ def _logit_lens(
     norm = find_module(adapter.model, model.layout.final_norm)
     unembed = adapter.model.get_output_embeddings()
     cap = getattr(adapter.config, "final_logit_softcapping", None)
-    position = int(inputs.model_kwargs()["attention_mask"][0].sum()) - 1
+    mask = inputs.model_kwargs()["attention_mask"]
+    position = int(DecoderLMAdapter.predicted_positions(mask)[0])
     rows = []
     with torch.no_grad():
         for layer, residual in enumerate(residuals):

@@ -38,7 +38,13 @@ from torch import nn
 from transformers.pytorch_utils import Conv1D
 
 from attribution.compat import register_attention
-from attribution.methods._routing import eager_attention, patch_heads, route_attention, route_of
+from attribution.methods._routing import (
+    eager_attention,
+    patch_heads,
+    precision_tolerance,
+    route_attention,
+    route_of,
+)
 from attribution.methods.lrp.layouts import LAYOUTS, find_module
 from attribution.methods.lrp.rules import with_backward
 
@@ -195,7 +201,7 @@ def _softcap(cap: float) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 def _agrees(recomputed: torch.Tensor, actual: torch.Tensor, precision: torch.dtype) -> bool:
     """Equal up to the rounding of the model's ``precision`` (bf16 keeps ~3 digits)."""
-    tolerance = max(1e-4, 8 * torch.finfo(precision).eps)
+    tolerance = precision_tolerance(precision)
     return torch.allclose(recomputed, actual.to(recomputed.dtype), rtol=tolerance, atol=tolerance)
 
 

@@ -23,7 +23,14 @@ from torch import nn
 from attribution.compat import family_function
 from attribution.errors import UnsupportedMethodError
 
-__all__ = ["Normalize", "eager_attention", "patch_heads", "route_attention", "route_of"]
+__all__ = [
+    "Normalize",
+    "eager_attention",
+    "patch_heads",
+    "precision_tolerance",
+    "route_attention",
+    "route_of",
+]
 
 #: ``x -> x / ‖x‖`` along the last dimension, with a method's backward.
 Normalize = Callable[[torch.Tensor], torch.Tensor]
@@ -33,11 +40,16 @@ SoftcapRule = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Mismatch = Callable[[str], None]
 
 
+def precision_tolerance(dtype: torch.dtype) -> float:
+    """How far a recomputation may differ from the model's own value: its dtype's rounding."""
+    return max(1e-4, 8 * torch.finfo(dtype).eps)
+
+
 def _with_surrogate(
     logits: torch.Tensor, surrogate: torch.Tensor, head: Any, mismatch: Mismatch
 ) -> torch.Tensor:
     """The model's logits with ``surrogate``'s backward, if the surrogate reproduces them."""
-    tolerance = max(1e-4, 8 * torch.finfo(logits.dtype).eps)
+    tolerance = precision_tolerance(logits.dtype)
     scale = float(logits.detach().abs().max()) or 1.0
     if surrogate.shape != logits.shape or not torch.allclose(
         surrogate.detach().to(logits.dtype), logits.detach(), rtol=tolerance, atol=tolerance * scale

@@ -17,13 +17,13 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import torch
 from scipy.stats import bootstrap
 
 from attribution.explain import explain
 from attribution.methods import get_method
 from attribution.metrics.faithfulness import faithfulness
 from attribution.models.base import Adapter
+from attribution.run import RunContext
 
 __all__ = ["SCORES", "EvalItem", "bundled_items", "evaluate_methods", "summarise"]
 
@@ -85,12 +85,15 @@ def evaluate_methods(
     rows = []
     for done, item in enumerate(items, start=1):
         inputs = adapter.preprocess(item.raw)
-        with torch.no_grad():
-            logits = adapter.logits(**inputs.model_kwargs())[0]
-        target = adapter.target_index(item.target, logits)
+        orders = RunContext(seed=seed + done)  # each item its own random orders
         for name in applicable:
-            explanation = explain(adapter, name, inputs, target, (params or {}).get(name), seed)
-            scored = faithfulness(adapter, inputs, explanation.scores, target, steps, random_orders)
+            explanation = explain(
+                adapter, name, inputs, item.target, (params or {}).get(name), seed
+            )
+            target = explanation.target.index
+            scored = faithfulness(
+                adapter, inputs, explanation.scores, target, steps, random_orders, run=orders
+            )
             rows.append(
                 {
                     "item": item.name or str(done),

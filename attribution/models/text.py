@@ -229,10 +229,14 @@ class DecoderLMAdapter(TextClassifierAdapter):
     def label(self, index: int) -> str:
         return self.tokenizer.decode([index])
 
+    @staticmethod
+    def predicted_positions(attention_mask: torch.Tensor) -> torch.Tensor:
+        """Right padding: the next token follows the last attended position of each row."""
+        return attention_mask.sum(dim=1).long() - 1
+
     def logits(self, **model_kwargs: torch.Tensor) -> torch.Tensor:
         all_logits = self.model(**model_kwargs).logits
-        # Right padding: the next token follows the last attended position of each row.
-        last = model_kwargs["attention_mask"].sum(dim=1).long() - 1
+        last = self.predicted_positions(model_kwargs["attention_mask"])
         return all_logits[torch.arange(all_logits.shape[0], device=all_logits.device), last]
 
     def _label_index(self, label: str) -> int:
