@@ -243,6 +243,8 @@ def _evaluate(args: argparse.Namespace) -> int:
             args.random_orders,
             args.seed,
             progress=_report_progress,
+            image_fill=args.image_fill,
+            text_removal=args.text_removal,
         )
         print(file=sys.stderr)
     finally:
@@ -521,6 +523,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument("--steps", type=_positive_int, default=50, help="points per curve")
     evaluate.add_argument("--random-orders", type=int, default=3)
+    evaluate.add_argument(
+        "--image-fill",
+        default="rise",
+        help="hidden pixels: rise (zero / blurred copy) or road (noisy linear imputation)",
+    )
+    evaluate.add_argument(
+        "--text-removal",
+        default="delete",
+        help="hidden tokens: delete, or mask (replaced by the mask token)",
+    )
     evaluate.add_argument("--seed", type=int, default=0)
     evaluate.add_argument("--device", default=None)
     evaluate.add_argument("--format", choices=("table", "json", "csv"), default="table")

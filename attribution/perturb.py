@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from attribution.errors import DeviceMemoryError, InvalidInputError, InvalidParameterError
+from attribution.imputation import noisy_linear_imputation
 from attribution.masks import (
     CellMasks,
     GridMasks,
@@ -48,8 +49,12 @@ __all__ = [
 
 #: Image perturbations: keep ``M`` of the input and fill ``1 - M`` with the dataset mean colour
 #: (normalised zero), a box-blurred copy or a user baseline; ``amplitude`` scales the input
-#: by ``(M - 0.5)·σ`` as in the Sobol authors' code.
-IMAGE_PERTURBATIONS = ("inpainting", "blur", "baseline", "amplitude")
+#: by ``(M - 0.5)·σ`` as in the Sobol authors' code; ``road`` imputes the hidden pixels
+#: (``M < 0.5``) from the visible ones by noisy linear imputation.
+IMAGE_PERTURBATIONS = ("inpainting", "blur", "baseline", "amplitude", "road")
+
+#: Noise of ROAD's imputation (its authors' default), in normalised pixel units.
+ROAD_NOISE = 0.01
 #: Text perturbations of hidden tokens: the mask token, the pad token, or deletion.
 TEXT_PERTURBATIONS = ("mask", "pad", "delete")
 
@@ -135,7 +140,9 @@ class ImagePerturbation:
 
     ``inpainting``: ``x·M`` (hidden pixels become the dataset mean colour, the normalised
     zero); ``blur``: ``x·M + (1-M)·blur(x)``; ``baseline``: ``x·M + (1-M)·x0``;
-    ``amplitude``: ``x·(M - 0.5)·σ``.
+    ``amplitude``: ``x·(M - 0.5)·σ``; ``road``: hidden pixels (``M < 0.5``) imputed from the
+    visible ones with Gaussian noise of scale ``noise`` drawn from ``seed``
+    (:func:`~attribution.imputation.noisy_linear_imputation`).
     """
 
     def __init__(
@@ -146,6 +153,8 @@ class ImagePerturbation:
         blur_size: int = DEFAULT_BLUR_SIZE,
         amplitude_sigma: float = 1.0,
         image: np.ndarray | None = None,
+        noise: float = ROAD_NOISE,
+        seed: int = 0,
     ) -> None:
         if kind not in IMAGE_PERTURBATIONS:
             raise InvalidParameterError(
@@ -155,6 +164,8 @@ class ImagePerturbation:
         self.pixels = pixel_values
         self.sigma = amplitude_sigma
         self.image = image
+        self.noise = noise
+        self.rng = np.random.default_rng(seed)
         self.reference = torch.zeros_like(pixel_values)  # hidden pixels: the mean colour
         if kind == "blur":
             self.reference = box_blur(pixel_values, blur_size)
@@ -208,12 +219,20 @@ class ImagePerturbation:
 
     def __call__(self, masks: torch.Tensor) -> dict[str, torch.Tensor]:
         """Model kwargs for a batch of ``(b, H, W)`` masks."""
+        if self.kind == "road":
+            return {"pixel_values": self._imputed(masks)}
         masks = masks.to(self.pixels).unsqueeze(1)
         if self.kind == "amplitude":
             return {"pixel_values": self.pixels * (masks - 0.5) * self.sigma}
         if self.kind == "inpainting":
             return {"pixel_values": self.pixels * masks}
         return {"pixel_values": self.pixels * masks + self.reference * (1.0 - masks)}
+
+    def _imputed(self, masks: torch.Tensor) -> torch.Tensor:
+        image = self.pixels[0].double().cpu().numpy()
+        keep = (masks >= 0.5).cpu().numpy()
+        imputed = [noisy_linear_imputation(image, one, self.noise, self.rng) for one in keep]
+        return torch.as_tensor(np.stack(imputed)).to(self.pixels)
 
 
 class TextPerturbation:

@@ -15,7 +15,8 @@ from _perturbation_toys import QUADRANTS, SIZE, QuadrantModel, image_adapter, to
 from torch import nn
 
 from attribution import explain
-from attribution.errors import InvalidInputError
+from attribution.errors import InvalidInputError, InvalidParameterError
+from attribution.imputation import noisy_linear_imputation
 from attribution.metrics import (
     cascading_units,
     faithfulness,
@@ -69,6 +70,58 @@ def test_curve_endpoints_are_the_models_own_output(quadrant):
         assert len(curve) == 9
 
 
+def test_road_imputes_a_hidden_pixel_as_the_weighted_mean_of_its_neighbours():
+    """ROAD's weights written out: edge neighbours 1/6, diagonal 1/12, off-image ones dropped."""
+    image = np.arange(1.0, 10.0).reshape(1, 3, 3) ** 2
+    centre = np.ones((3, 3), bool)
+    centre[1, 1] = False
+    x = image[0]
+    expected = (x[0, 1] + x[1, 0] + x[1, 2] + x[2, 1]) / 6 + (
+        x[0, 0] + x[0, 2] + x[2, 0] + x[2, 2]
+    ) / 12
+    out = noisy_linear_imputation(image, centre, 0.0, np.random.default_rng(0))
+    assert out[0, 1, 1] == pytest.approx(expected)
+    corner = np.ones((3, 3), bool)
+    corner[0, 0] = False
+    out = noisy_linear_imputation(image, corner, 0.0, np.random.default_rng(0))
+    expected = (x[0, 1] / 6 + x[1, 0] / 6 + x[1, 1] / 12) / (5 / 12)
+    assert out[0, 0, 0] == pytest.approx(expected)
+    np.testing.assert_array_equal(np.delete(out.ravel(), 0), np.delete(image.ravel(), 0))
+
+
+def test_road_restores_a_linear_ramp_and_adds_noise_of_the_given_scale():
+    """Hidden pixels of an affine image, away from the border, are its own values (+ noise)."""
+    rows, cols = np.mgrid[0:40, 0:30]
+    image = np.stack([2.0 * rows + 3.0 * cols + 1.0, 0.5 * cols - rows]).astype(np.float64)
+    keep = np.ones((40, 30), bool)
+    keep[5:35, 4:26] = False
+    exact = noisy_linear_imputation(image, keep, 0.0, np.random.default_rng(0))
+    np.testing.assert_allclose(exact, image, atol=1e-9)
+    noisy = noisy_linear_imputation(image, keep, 0.5, np.random.default_rng(1))
+    deviation = (noisy - image)[:, ~keep]
+    assert deviation.std() == pytest.approx(0.5, rel=0.05)
+    np.testing.assert_array_equal(noisy[:, keep], image[:, keep])
+    nothing = noisy_linear_imputation(image, np.zeros_like(keep), 0.0, np.random.default_rng(0))
+    assert not nothing.any()  # no visible pixel: the normalised zero
+
+
+def test_road_keeps_the_oracle_ahead_of_random_and_the_endpoints_at_the_models_output(quadrant):
+    inputs = _bright(quadrant)
+    good = faithfulness(quadrant, inputs, _oracle(), 0, 16, 3, image_fill="road")
+    bad = faithfulness(quadrant, inputs, -_oracle(), 0, 16, 0, image_fill="road").metrics
+    scores = good.metrics
+    assert scores["deletion_morf_auc"] < scores["deletion_random_auc"] < bad["deletion_morf_auc"]
+    assert scores["insertion_morf_auc"] > scores["insertion_random_auc"]
+    assert scores["insertion_random_auc"] > bad["insertion_morf_auc"]
+    with torch.no_grad():
+        plain = float(quadrant.logits(**inputs.model_kwargs()).softmax(-1)[0, 0])
+    for name, curve in good.curves.items():
+        assert curve[0 if name.startswith("deletion") else -1] == pytest.approx(plain)
+    # differs from RISE's fill: imputation, not the constant, replaces the hidden pixels
+    rise = faithfulness(quadrant, inputs, _oracle(), 0, 16, 0).metrics
+    assert rise["deletion_morf_auc"] != pytest.approx(scores["deletion_morf_auc"])
+
+
 def test_forward_passes_are_counted_and_batched(quadrant):
     run = RunContext()
     faithfulness(quadrant, _bright(quadrant), _oracle(), 0, steps=4, random_orders=1, run=run)
@@ -111,6 +164,9 @@ def test_comprehensiveness_of_the_oracle_token_beats_random(load_model):
 def test_scores_must_match_the_input(quadrant):
     with pytest.raises(InvalidInputError, match="do not match"):
         faithfulness(quadrant, _bright(quadrant), np.zeros((4, 4)), 0)
+    for bad, name in (({"image_fill": "zero"}, "image_fill"), ({"text_removal": "x"}, "removal")):
+        with pytest.raises(InvalidParameterError, match=name):
+            faithfulness(quadrant, _bright(quadrant), _oracle(), 0, **bad)
 
 
 def _small_cnn():
@@ -219,6 +275,21 @@ def test_leaderboard_runs_on_the_bundled_images_and_sentences(capsys, tmp_path):
     text = pd.read_json(io.StringIO(capsys.readouterr().out))
     assert set(text.method) == {"gradient_x_input", "attnlrp"} and (text["items"] == 10).all()
     assert {"comprehensiveness", "sufficiency_wins"} <= set(text.columns)
+
+
+def test_leaderboard_scores_with_road_imputation_and_refuses_an_unknown_fill(capsys):
+    from app.cli import main
+
+    args = ["evaluate", "--model", "efficientnet-lite0", "--methods", "gradient_x_input"]
+    args += ["--max-items", "1", "--steps", "6", "--random-orders", "1", "--format", "json"]
+    assert main([*args, "--image-fill", "road"]) == 0
+    road = pd.read_json(io.StringIO(capsys.readouterr().out)).iloc[0]
+    assert main(args) == 0
+    rise = pd.read_json(io.StringIO(capsys.readouterr().out)).iloc[0]
+    assert 0 <= road["deletion_morf_auc"] <= 1
+    assert road["deletion_morf_auc"] != pytest.approx(rise["deletion_morf_auc"])
+    assert main([*args, "--image-fill", "zero"]) == 2
+    assert "image_fill must be one of rise, road" in capsys.readouterr().err
 
 
 def test_summary_intervals_and_wins_are_computed_from_the_rows():

@@ -7,7 +7,9 @@ normalised zero (the dataset mean colour); *insertion* starts from a Gaussian-bl
 (kernel 11, σ 5) and reveals the original. The score is the softmax probability of the target;
 each curve's area is a trapezoid over the removed share in [0, 1]. Both orders are reported:
 most relevant first (MoRF: low deletion and high insertion areas are good) and least relevant
-first (LeRF: the reverse).
+first (LeRF: the reverse). With ``image_fill="road"`` (ROAD, Rong et al. 2022,
+https://arxiv.org/abs/2202.00449) hidden pixels are instead imputed from the visible ones by noisy
+linear imputation, in both curves, so that the shape of what was removed does not leak the class.
 
 Text (ERASER, DeYoung et al. 2020, https://arxiv.org/abs/1911.03429, as ferret computes it):
 *comprehensiveness* is ``p(x) − p(x without its top-k % tokens)``, *sufficiency* ``p(x) −
@@ -43,10 +45,23 @@ from attribution.perturb import (
 )
 from attribution.run import RunContext
 
-__all__ = ["AOPC_FRACTIONS", "Faithfulness", "faithfulness", "gaussian_blur"]
+__all__ = [
+    "AOPC_FRACTIONS",
+    "IMAGE_FILLS",
+    "TEXT_REMOVALS",
+    "Faithfulness",
+    "faithfulness",
+    "gaussian_blur",
+]
 
 #: Shares of the tokens removed (comprehensiveness) or kept (sufficiency), as in ERASER.
 AOPC_FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5)
+
+#: How hidden pixels are filled: RISE's (deletion to the normalised zero, insertion from a
+#: blurred copy) or ROAD's noisy linear imputation from the visible pixels.
+IMAGE_FILLS = ("rise", "road")
+#: How hidden tokens are treated: removed, or replaced by the mask token.
+TEXT_REMOVALS = ("delete", "mask")
 
 
 @dataclass
@@ -134,6 +149,7 @@ def faithfulness(
     text_removal: str = "delete",
     batch_size: int | None = None,
     run: RunContext | None = None,
+    image_fill: str = "rise",
 ) -> Faithfulness:
     """
     Deletion / insertion and (text) comprehensiveness / sufficiency of ``scores``.
@@ -141,14 +157,24 @@ def faithfulness(
     Each is computed for ``target`` beside the mean over ``random_orders`` seeded random orders.
 
     ``steps``: points per image curve beyond the first (the pixels removed per step are
-    ``ceil(H·W / steps)``); token curves take one token per step.
+    ``ceil(H·W / steps)``); token curves take one token per step. ``image_fill``: one of
+    :data:`IMAGE_FILLS`; ``text_removal``: one of :data:`TEXT_REMOVALS`.
 
     Raises:
-        InvalidParameterError: for a bad ``steps``, ``random_orders`` or ``text_removal``.
+        InvalidParameterError: for a bad ``steps``, ``random_orders``, ``image_fill`` or
+            ``text_removal``.
         InvalidInputError: when ``scores`` do not match the input, or a text has no tokens.
     """
     if steps < 1 or random_orders < 0:
         raise InvalidParameterError("steps must be at least 1 and random_orders at least 0")
+    if image_fill not in IMAGE_FILLS:
+        raise InvalidParameterError(
+            f"image_fill must be one of {', '.join(IMAGE_FILLS)}; got {image_fill!r}"
+        )
+    if text_removal not in TEXT_REMOVALS:
+        raise InvalidParameterError(
+            f"text_removal must be one of {', '.join(TEXT_REMOVALS)}; got {text_removal!r}"
+        )
     run = run or RunContext()
     scores = np.asarray(scores, dtype=np.float64)
     if scores.shape != inputs.map_shape:
@@ -166,6 +192,7 @@ def faithfulness(
             random_orders,
             batch_size,
             run,
+            image_fill,
         )
     return _text(
         adapter,
@@ -226,6 +253,7 @@ def _image(
     random_orders: int,
     batch_size: int,
     run: RunContext,
+    fill: str,
 ) -> Faithfulness:
     pixels = inputs.pixel_values
     size = scores.size
@@ -233,8 +261,11 @@ def _image(
     counts = [min(size, i * step) for i in range(math.ceil(size / step) + 1)]
     total = 2 * len(counts) * (2 + random_orders)
     runner = BatchRunner(adapter, run, batch_size, total)
-    deletion = ImagePerturbation(pixels, "inpainting")  # hidden pixels: the normalised zero
-    insertion = ImagePerturbation(pixels, "baseline", baseline=gaussian_blur(pixels))
+    if fill == "road":
+        deletion = insertion = ImagePerturbation(pixels, "road", seed=run.seed)
+    else:
+        deletion = ImagePerturbation(pixels, "inpainting")  # hidden pixels: the normalised zero
+        insertion = ImagePerturbation(pixels, "baseline", baseline=gaussian_blur(pixels))
     curves = _curves(
         runner, target, scores, scores.shape, counts, deletion, insertion, random_orders, run.seed
     )
@@ -251,8 +282,6 @@ def _text(
     batch_size: int,
     run: RunContext,
 ) -> Faithfulness:
-    if removal not in ("delete", "mask"):
-        raise InvalidParameterError(f"text_removal must be 'delete' or 'mask'; got {removal!r}")
     free = (~inputs.special_tokens).cpu().numpy()
     values = scores[free]
     n = values.size

@@ -73,11 +73,15 @@ def evaluate_methods(
     random_orders: int = 3,
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
+    image_fill: str = "rise",
+    text_removal: str = "delete",
 ) -> pd.DataFrame:
     """
     One row per item and method: faithfulness and random-order scores, and the method's cost.
 
     The cost is the method's own forward passes and seconds (scoring the map is not counted).
+    ``steps``, ``random_orders``, ``image_fill`` and ``text_removal`` are
+    :func:`~attribution.metrics.faithfulness`'s.
 
     Methods that do not apply to ``adapter`` are left out; an unknown name is an error.
     """
@@ -92,7 +96,15 @@ def evaluate_methods(
             )
             target = explanation.target.index
             scored = faithfulness(
-                adapter, inputs, explanation.scores, target, steps, random_orders, run=orders
+                adapter,
+                inputs,
+                explanation.scores,
+                target,
+                steps,
+                random_orders,
+                text_removal,
+                run=orders,
+                image_fill=image_fill,
             )
             rows.append(
                 {
