@@ -125,6 +125,46 @@ def test_shap_image_finds_the_quadrant_and_is_efficient():
     assert explanation.scores.sum() == pytest.approx(float(full - hidden), abs=1e-3)
 
 
+def test_shap_refinements_cost_what_the_last_one_costs_and_give_its_values():
+    """An unreachable tolerance refines 64, 128, 256, 300 evals: the same as one 300-eval run."""
+    adapter = toys.image_adapter(toys.QuadrantModel("top-left"))
+    inputs = adapter.preprocess(toys.quadrant_colours_image())
+    plain = attribution.explain(adapter, "shap", inputs, 0, {"max_evals": 300, "blur": 32})
+    params = {"max_evals": 300, "blur": 32, "tolerance": 1e-12}
+    refined = attribution.explain(adapter, "shap", inputs, 0, params)
+    np.testing.assert_array_equal(refined.scores, plain.scores)
+    assert refined.timings.forward_passes == plain.timings.forward_passes
+    assert refined.metrics["evals_used"] == plain.timings.forward_passes - 1  # the target's
+    assert any("did not reach tolerance 1e-12" in w for w in refined.warnings)
+
+
+def test_shap_tolerance_stops_once_the_map_settles(load_model):
+    adapter = load_model("tiny-random-bert")
+    inputs = adapter.preprocess("a long and winding road through the hills of the old country")
+    full = attribution.explain(adapter, "shap", inputs, 0, {"max_evals": 4000})
+    params = {"max_evals": 4000, "tolerance": 0.1}
+    stopped = attribution.explain(adapter, "shap", inputs, 0, params)
+    assert stopped.metrics["top_decile_error"] <= 0.1 and not stopped.warnings
+    assert stopped.metrics["evals_used"] < full.timings.forward_passes - 1
+    assert np.corrcoef(stopped.scores, full.scores)[0, 1] >= 0.9
+
+
+def test_shap_seeds_numpys_global_generator_and_restores_it_on_error():
+    from attribution.methods.shap_method import _numpy_seeded
+
+    np.random.seed(123)
+    state = np.random.get_state()
+    with pytest.raises(RuntimeError), _numpy_seeded(7):
+        np.random.random()
+        raise RuntimeError("fails inside")
+    after = np.random.get_state()
+    assert all(np.array_equal(a, b) for a, b in zip(state, after, strict=True))
+    with _numpy_seeded(7):
+        first = np.random.random()
+    with _numpy_seeded(7):
+        assert np.random.random() == first
+
+
 def test_efficientnet_cat_in_corner_occlusion(effnet: Adapter):
     inputs = effnet.preprocess(toys.chelsea_in_corner())
     explanation = attribution.explain(effnet, "occlusion", inputs, params={"batch_size": 16})

@@ -101,6 +101,35 @@ def test_toy_text_model_ranks_the_token_it_reads_first(load_model):
     assert np.allclose(others, 0.0)  # the model ignores every other token
 
 
+def test_tolerance_stops_in_doubling_blocks_and_agrees_with_four_times_the_designs():
+    adapter = toys.image_adapter(toys.QuadrantModel("top-right"))
+    inputs = adapter.preprocess(toys.quadrant_colours_image())
+    params = {"grid": 4, "n_designs": 2048, "tolerance": 0.2}
+    stopped = attribution.explain(adapter, "sobol", inputs, target=0, params=params)
+    used = int(stopped.metrics["designs_used"])
+    assert used in (8, 16, 32, 64, 128, 256, 512, 1024) and not stopped.warnings
+    assert stopped.metrics["top_decile_error"] <= 0.2
+    assert stopped.timings.forward_passes == 1 + used * (16 + 2)  # the target's, then designs
+    params = {"grid": 4, "n_designs": 4 * used}
+    reference = attribution.explain(adapter, "sobol", inputs, target=0, params=params)
+    assert np.corrcoef(stopped.scores.ravel(), reference.scores.ravel())[0, 1] >= 0.9
+    # the first `used` designs of the longer run are the stopped run's designs
+    prefix = attribution.explain(adapter, "sobol", inputs, 0, {"grid": 4, "n_designs": used})
+    np.testing.assert_allclose(stopped.scores, prefix.scores, rtol=1e-12, atol=1e-15)
+
+
+def test_tolerance_not_reached_within_the_cap_warns_and_needs_a_bootstrap():
+    adapter = toys.image_adapter(toys.ConstantModel())  # no structure: the error never falls
+    inputs = adapter.preprocess(toys.white_image())
+    params = {"grid": 2, "n_designs": 32, "tolerance": 0.2}
+    explanation = attribution.explain(adapter, "sobol", inputs, params=params)
+    assert explanation.metrics["designs_used"] == 32
+    assert explanation.timings.forward_passes == 1 + 32 * (4 + 2)
+    assert any("did not reach tolerance 0.2" in w for w in explanation.warnings)
+    with pytest.raises(InvalidParameterError, match="set bootstrap to 2 or more"):
+        attribution.explain(adapter, "sobol", inputs, params={**params, "bootstrap": 0})
+
+
 def test_same_seed_same_map():
     adapter = toys.image_adapter(toys.QuadrantModel("top-left"))
     inputs = adapter.preprocess(toys.white_image())

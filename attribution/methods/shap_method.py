@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import hashlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, cast
 
 import numpy as np
@@ -15,10 +17,13 @@ from attribution.methods.base import Attribution, AttributionMethod
 from attribution.methods.registry import register
 from attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs, text_adapter
 from attribution.params import Param
-from attribution.perturb import BatchRunner, auto_batch_size, box_blur
+from attribution.perturb import BatchRunner, auto_batch_size, box_blur, top_decile_error
 from attribution.run import RunContext
 
 __all__ = ["Shap"]
+
+#: Evaluations of the first refinement when a tolerance is set (doubled until it is met).
+MIN_EVALS_BEFORE_STOPPING = 64
 
 
 @register
@@ -31,7 +36,15 @@ class Shap(AttributionMethod):
     hiding regions with a box-blurred copy of the image (``blur×blur``, as the masker's
     ``"blur(k,k)"`` option, computed without OpenCV) over axis-aligned splits; pixel values
     are summed over colour channels. Scores explain the target logit. The explainer spends at
-    most ``max_evals`` forward passes. Paper: https://arxiv.org/abs/1705.07874
+    most ``max_evals`` forward passes.
+
+    The Partition explainer is deterministic, so it has no sampling error; with a ``tolerance``
+    it is refined instead, with ``64, 128, 256, …`` evaluations up to ``max_evals``, until the
+    top decile's relative change from the previous refinement (mean change of the 10 % largest
+    values over their mean) is at most the tolerance. Each refinement expands the same cluster
+    tree further in the same order, and outputs are remembered by input, so the refinements
+    together cost what the last one costs (``evals_used``). Ties in the explainer's queue are
+    broken from the run's seed. Paper: https://arxiv.org/abs/1705.07874
     """
 
     name = "shap"
@@ -39,6 +52,17 @@ class Shap(AttributionMethod):
     paper = "https://arxiv.org/abs/1705.07874"
     params = (
         Param("max_evals", "int", 500, "Most forward passes the explainer may spend.", 10, 100_000),
+        Param(
+            "tolerance",
+            "float",
+            None,
+            "Stop refining once the top decile's relative change (mean change of the 10 % "
+            "largest values over their mean) between refinements with twice the evaluations, "
+            f"from {MIN_EVALS_BEFORE_STOPPING} on, is at most this; empty = always max_evals.",
+            0.0,
+            1.0,
+            True,
+        ),
         Param("blur", "int", 128, "Images: side of the box blur hiding masked regions.", 1, 4096),
         BATCH_SIZE_PARAM,
     )
@@ -48,20 +72,39 @@ class Shap(AttributionMethod):
         cls, adapter: Adapter, inputs: Inputs, target: int, params: dict[str, Any], run: RunContext
     ) -> Attribution:
         batch_size = params["batch_size"] or auto_batch_size(adapter, inputs)
-        runner = BatchRunner(adapter, run, batch_size, params["max_evals"])
-        explain, data, reduce = _EXPLAINERS[inputs.modality](adapter, inputs, runner, params)
-        result = explain(
-            data,
-            max_evals=params["max_evals"],
-            batch_size=batch_size,
-            outputs=[target],
-            silent=True,
+        max_evals, tolerance = params["max_evals"], params["tolerance"]
+        runner = BatchRunner(adapter, run, batch_size, max_evals)
+        remember = tolerance is not None
+        explain, data, reduce = _EXPLAINERS[inputs.modality](
+            adapter, inputs, runner, params, remember
         )
-        values = np.asarray(result.values[0], dtype=np.float64)[..., 0]
+        metrics: dict[str, float] = {}
+        previous: np.ndarray | None = None
+        with _numpy_seeded(run.seed):
+            for evals in _refinements(max_evals, remember):
+                result = explain(
+                    data, max_evals=evals, batch_size=batch_size, outputs=[target], silent=True
+                )
+                values = np.asarray(result.values[0], dtype=np.float64)[..., 0]
+                if previous is not None:
+                    change = top_decile_error(values, np.abs(values - previous))
+                    metrics["top_decile_error"] = change
+                    if change <= tolerance:
+                        break
+                previous = values
+        if remember:
+            metrics["evals_used"] = float(runner.done)
+            if metrics.get("top_decile_error", np.inf) > tolerance:
+                run.warn(
+                    f"SHAP did not reach tolerance {tolerance:g} within max_evals={max_evals}: "
+                    f"the top decile's relative change is {metrics.get('top_decile_error'):.3g}; "
+                    "raise max_evals or the tolerance"
+                )
         scores = reduce(values)
         return Attribution(
             scores=scores,
             metrics={
+                **metrics,
                 "base_value": float(np.asarray(result.base_values).ravel()[0]),
                 # Credit of groups left unsplit within max_evals that fell on special
                 # tokens the model input lacks (0 once max_evals suffices).
@@ -70,8 +113,55 @@ class Shap(AttributionMethod):
         )
 
 
+def _refinements(max_evals: int, stopping: bool) -> list[int]:
+    """Evaluation budgets in turn: ``max_evals`` alone, or doubling up to it when stopping."""
+    if not stopping:
+        return [max_evals]
+    budgets = [min(MIN_EVALS_BEFORE_STOPPING, max_evals)]
+    while budgets[-1] < max_evals:
+        budgets.append(min(2 * budgets[-1], max_evals))
+    return budgets
+
+
+@contextmanager
+def _numpy_seeded(seed: int) -> Iterator[None]:
+    """NumPy's global generator (the explainer breaks ties with it) seeded, then restored."""
+    state = np.random.get_state()
+    np.random.seed(seed % 2**32)
+    try:
+        yield
+    finally:
+        np.random.set_state(state)
+
+
+class _Remembered:
+    """A batch model function that computes each distinct input row once."""
+
+    def __init__(self, model: Callable[[np.ndarray], np.ndarray]) -> None:
+        self.model = model
+        self.outputs: dict[bytes, np.ndarray] = {}
+
+    def __call__(self, batch: np.ndarray) -> np.ndarray:
+        rows = np.asarray(batch)
+        keys = [
+            hashlib.blake2b(np.ascontiguousarray(r).tobytes(), digest_size=16).digest()
+            for r in rows
+        ]
+        new = {key: i for i, key in enumerate(keys) if key not in self.outputs}
+        if new:
+            computed = self.model(rows[list(new.values())])
+            self.outputs.update(zip(new, computed, strict=True))
+        return np.stack([self.outputs[key] for key in keys])
+
+
+def _model_function(
+    model: Callable[[np.ndarray], np.ndarray], remember: bool
+) -> Callable[[np.ndarray], np.ndarray]:
+    return _Remembered(model) if remember else model
+
+
 def _image(
-    adapter: Adapter, inputs: Inputs, runner: BatchRunner, params: dict[str, Any]
+    adapter: Adapter, inputs: Inputs, runner: BatchRunner, params: dict[str, Any], remember: bool
 ) -> tuple[Any, Any, Callable[[np.ndarray], np.ndarray]]:
     """Partition explainer over normalised H×W×3 pixels, blurred where hidden."""
     image, blur = cast(ImageInputs, inputs), params["blur"]
@@ -84,12 +174,12 @@ def _image(
         tensor = torch.as_tensor(np.asarray(batch, dtype=np.float32), device=device)
         return runner.logits(pixel_values=tensor.permute(0, 3, 1, 2)).cpu().numpy()
 
-    explainer = shap.explainers.Partition(model, masker)
+    explainer = shap.explainers.Partition(_model_function(model, remember), masker)
     return explainer, pixels[None], lambda values: values.sum(-1)
 
 
 def _text(
-    adapter: Adapter, inputs: Inputs, runner: BatchRunner, params: dict[str, Any]
+    adapter: Adapter, inputs: Inputs, runner: BatchRunner, params: dict[str, Any], remember: bool
 ) -> tuple[Any, Any, Callable[[np.ndarray], np.ndarray]]:
     """Partition explainer over the masker's tokens, mapped onto the model's tokens."""
     tokens = cast(TextInputs, inputs)
@@ -128,7 +218,7 @@ def _text(
         scores[target] = values[source]
         return scores
 
-    return shap.explainers.Partition(model, masker), [text], reduce
+    return shap.explainers.Partition(_model_function(model, remember), masker), [text], reduce
 
 
 #: The shap masker and data for each modality.

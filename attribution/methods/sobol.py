@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -9,6 +10,7 @@ import numpy as np
 import torch
 from scipy.stats import qmc
 
+from attribution.errors import InvalidParameterError
 from attribution.methods._masks import (
     BATCH_SIZE_PARAM,
     TEXT_PERTURBATION_PARAM,
@@ -18,13 +20,18 @@ from attribution.methods.base import Attribution, AttributionMethod
 from attribution.methods.registry import register
 from attribution.models.base import Adapter, Inputs
 from attribution.params import Param, power_of_two
-from attribution.perturb import BatchRunner, auto_batch_size, perturbation_for
+from attribution.perturb import BatchRunner, auto_batch_size, perturbation_for, top_decile_error
 from attribution.run import RunContext
 
 __all__ = ["Sobol", "jansen_total_order", "sobol_design", "total_order_indices"]
 
 #: Below this output variance (relative to the squared mean) the indices are undefined.
 _MIN_VARIANCE = 1e-10
+
+#: Designs every estimate rests on before convergence is judged; with a tolerance the design
+#: points are scored in blocks that double the count from here (8, 16, 32, …: powers of two,
+#: where a Sobol' sequence is balanced), and the estimate is checked after each block.
+MIN_DESIGNS_BEFORE_STOPPING = 8
 
 
 def sobol_design(dimension: int, n_designs: int) -> np.ndarray:
@@ -34,7 +41,12 @@ def sobol_design(dimension: int, n_designs: int) -> np.ndarray:
     ``A`` and ``B`` are the first and last ``d`` columns of an unscrambled Sobol' sequence in
     ``2d`` dimensions; ``C_i`` is ``A`` with column ``i`` taken from ``B``.
     """
-    points = qmc.Sobol(2 * dimension, scramble=False).random(n_designs)
+    return replicated_design(qmc.Sobol(2 * dimension, scramble=False).random(n_designs))
+
+
+def replicated_design(points: np.ndarray) -> np.ndarray:
+    """``[A; B; C_1; …; C_d]`` from ``(N, 2d)`` points: ``A``, ``B`` their halves (see above)."""
+    dimension = points.shape[1] // 2
     a, b = points[:, :dimension], points[:, dimension:]
     c = np.repeat(a[None], dimension, axis=0)
     columns = np.arange(dimension)
@@ -97,7 +109,10 @@ class Sobol(AttributionMethod):
     colour), blurring or amplitude scaling; the target logit is scored and Jansen's estimator
     gives each cell's total-order index, upsampled bicubically to the image. For text a token
     is kept when its mask value is ≥ 0.5. ``maps.std_error`` is a bootstrap over designs.
-    Costs ``n_designs·(cells + 2)`` forwards. Paper: https://arxiv.org/abs/2111.04138
+    Costs ``n_designs·(cells + 2)`` forwards; with a ``tolerance`` the designs are scored in
+    doubling blocks and the run stops once the top decile's relative standard error (of the
+    cell indices, from the bootstrap) is at most the tolerance, reporting ``designs_used``.
+    Paper: https://arxiv.org/abs/2111.04138
     """
 
     name = "sobol"
@@ -121,6 +136,18 @@ class Sobol(AttributionMethod):
             "Images: mean-colour inpainting x⊙M, blur, or amplitude x⊙(M-0.5).",
             choices=("inpainting", "blur", "amplitude"),
         ),
+        Param(
+            "tolerance",
+            "float",
+            None,
+            "Stop early once the top decile's relative standard error (bootstrap standard error "
+            "of the 10 % largest cell indices over their mean) is at most this, checked at "
+            f"{MIN_DESIGNS_BEFORE_STOPPING}, {2 * MIN_DESIGNS_BEFORE_STOPPING}, … designs; "
+            "needs bootstrap > 1; empty = always n_designs.",
+            0.0,
+            1.0,
+            True,
+        ),
         TEXT_PERTURBATION_PARAM,
         BATCH_SIZE_PARAM,
         Param(
@@ -137,25 +164,46 @@ class Sobol(AttributionMethod):
     def attribute(
         cls, adapter: Adapter, inputs: Inputs, target: int, params: dict[str, Any], run: RunContext
     ) -> Attribution:
-        n = params["n_designs"]
+        n, tolerance, replicates = params["n_designs"], params["tolerance"], params["bootstrap"]
+        if tolerance is not None and replicates < 2:
+            raise InvalidParameterError(
+                "a Sobol tolerance needs the bootstrap's standard error: set bootstrap to 2 or more"
+            )
         perturbation = perturbation_for(
             adapter, inputs, params["perturbation"], params["text_perturbation"]
         )
         dimension = perturbation.n_cells(params["grid"])
         run.plan(n * (dimension + 2), "n_designs or grid")  # before the design is built
-        design = torch.from_numpy(sobol_design(dimension, n)).float()
-        masks = perturbation.design_masks(design, params["grid"], adapter.device)
+        points = qmc.Sobol(2 * dimension, scramble=False).random(n)
         batch_size = params["batch_size"] or auto_batch_size(adapter, inputs)
-        runner = BatchRunner(adapter, run, batch_size, len(masks))
-        y = np.concatenate(
-            [
-                logits[:, target].double().cpu().numpy()
-                for _, logits in runner.score(masks, perturbation)
-            ]
-        )
-        y_a, y_c = split_outputs(y, dimension, n)
-        indices = jansen_total_order(y_a, y_c)
-        std_error = bootstrap_std_error(y_a, y_c, run.rng, params["bootstrap"])
+        runner = BatchRunner(adapter, run, batch_size, n * (dimension + 2))
+        outputs_a, outputs_c = [], []
+        for start, stop in _blocks(n, tolerance is not None):
+            design = torch.from_numpy(replicated_design(points[start:stop])).float()
+            masks = perturbation.design_masks(design, params["grid"], adapter.device)
+            y = np.concatenate(
+                [
+                    logits[:, target].double().cpu().numpy()
+                    for _, logits in runner.score(masks, perturbation)
+                ]
+            )
+            block_a, block_c = split_outputs(y, dimension, stop - start)
+            outputs_a.append(block_a)
+            outputs_c.append(block_c)
+            y_a, y_c = np.concatenate(outputs_a), np.concatenate(outputs_c, axis=1)
+            indices = jansen_total_order(y_a, y_c)
+            std_error = bootstrap_std_error(y_a, y_c, run.rng, replicates)
+            if tolerance is not None and top_decile_error(indices, std_error) <= tolerance:
+                break
+        metrics = {"designs_used": float(y_a.size)}
+        if tolerance is not None:
+            metrics["top_decile_error"] = error = top_decile_error(indices, std_error)
+            if error > tolerance:
+                run.warn(
+                    f"Sobol did not reach tolerance {tolerance:g} within n_designs={n}: the top "
+                    f"decile's relative standard error is {error:.3g}; raise n_designs or the "
+                    "tolerance"
+                )
         if not indices.any():
             run.warn(
                 "the target logit did not vary under the Sobol masks (zero variance): "
@@ -168,7 +216,18 @@ class Sobol(AttributionMethod):
             scores=scores,
             maps={"std_error": std_error},
             metrics={
+                **metrics,
                 "noise_ratio": noise_ratio(std_error, scores),
                 "output_variance": float(np.var(y_a, ddof=1)),
             },
         )
+
+
+def _blocks(n_designs: int, stopping: bool) -> list[tuple[int, int]]:
+    """Design points scored together: all at once, or doubling blocks when stopping early."""
+    if not stopping or n_designs <= MIN_DESIGNS_BEFORE_STOPPING:
+        return [(0, n_designs)]
+    bounds = [0, MIN_DESIGNS_BEFORE_STOPPING]
+    while bounds[-1] < n_designs:
+        bounds.append(min(2 * bounds[-1], n_designs))
+    return list(itertools.pairwise(bounds))
