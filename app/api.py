@@ -12,7 +12,6 @@ import base64
 import binascii
 import hmac
 import logging
-from dataclasses import replace
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -25,13 +24,14 @@ from starlette.routing import Match, Mount, Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.errors import error_status, public_message
-from app.worker import ExplainRequest, ExplainWorker
+from app.worker import CheckRequest, ExplainRequest, ExplainWorker, InputRequest
 from attribution.errors import AttrlabError, InvalidInputError
 from attribution.methods import available_methods
 from attribution.models import BUILTIN_MODELS, default_model
 
 __all__ = [
     "ApiGuard",
+    "CheckBody",
     "ErrorBody",
     "ExplainBody",
     "LayersBody",
@@ -106,8 +106,8 @@ class _InputBody(BaseModel):
     seed: int = Field(0, ge=0, le=2**32 - 1)
     next_token: bool = Field(False, description="Explain a decoder LM's next token")
 
-    def request_for(self, method: str, params: dict[str, Any]) -> ExplainRequest:
-        """Decode the image bytes (not the image: the worker does that) and build the request."""
+    def input_fields(self) -> dict[str, Any]:
+        """The worker request's input fields; the image's bytes decoded (the image is not)."""
         image = None
         if self.image_base64 is not None:
             try:
@@ -115,17 +115,15 @@ class _InputBody(BaseModel):
             except (binascii.Error, ValueError):
                 raise InvalidInputError("image_base64 is not valid base64") from None
         modality = "image" if image is not None else "text"
-        return ExplainRequest(
-            model=self.model or default_model(modality, self.next_token),
-            method=method,
-            text=self.text,
-            image=image,
-            labels=self.labels,
-            target=self.target,
-            params=params,
-            seed=self.seed,
-            next_token=self.next_token,
-        )
+        return {
+            "model": self.model or default_model(modality, self.next_token),
+            "text": self.text,
+            "image": image,
+            "labels": self.labels,
+            "target": self.target,
+            "seed": self.seed,
+            "next_token": self.next_token,
+        }
 
 
 class ExplainBody(_InputBody):
@@ -154,7 +152,9 @@ class ExplainBody(_InputBody):
 
     def to_request(self) -> ExplainRequest:
         """The worker request for this body."""
-        return replace(self.request_for(self.method, self.params), evaluate=self.evaluate)
+        return ExplainRequest(
+            **self.input_fields(), method=self.method, params=self.params, evaluate=self.evaluate
+        )
 
 
 class LayersBody(_InputBody):
@@ -181,7 +181,58 @@ class LayersBody(_InputBody):
     def to_request(self) -> ExplainRequest:
         """The worker request: the registered ``layers`` method with these parameters."""
         measures = ",".join(self.measures) if self.measures else "all"
-        return self.request_for("layers", {"measures": measures, "top_k": self.top_k})
+        return ExplainRequest(
+            **self.input_fields(),
+            method="layers",
+            params={"measures": measures, "top_k": self.top_k},
+        )
+
+
+class CheckBody(_InputBody):
+    """
+    Several methods on one input: their maps' agreement and each map's randomisation check.
+
+    Exactly one of ``text`` and ``image_base64``.
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "model": "minilm-zeroshot",
+                    "text": "A wonderful, heartwarming film.",
+                    "methods": ["integrated_gradients", "attnlrp", "occlusion"],
+                    "randomise": True,
+                }
+            ]
+        },
+    )
+
+    methods: list[Annotated[str, Field(min_length=1, max_length=100)]] = Field(
+        ..., min_length=1, max_length=13, description="Methods to explain and compare"
+    )
+    params: dict[
+        Annotated[str, Field(max_length=100)],
+        dict[Annotated[str, Field(max_length=100)], Any],
+    ] = Field(default_factory=dict, max_length=13, description="Method name -> its parameters")
+    randomise: bool = Field(
+        False,
+        description="Also the cascading model-parameter randomisation check of each method "
+        "(Adebayo et al. 2018): one explanation per method and randomised layer",
+    )
+    top_fraction: float = Field(
+        0.1, gt=0.0, le=1.0, description="Share of tokens or pixels in the top-k overlap"
+    )
+
+    def to_request(self) -> CheckRequest:
+        """The worker request for this body."""
+        return CheckRequest(
+            **self.input_fields(),
+            methods=tuple(self.methods),
+            params=self.params,
+            randomise=self.randomise,
+            top_fraction=self.top_fraction,
+        )
 
 
 def _token_guard(token: str | None) -> list[Any]:
@@ -202,7 +253,7 @@ def _token_guard(token: str | None) -> list[Any]:
 
 
 def build_router(worker: ExplainWorker) -> APIRouter:
-    """Routes: GET /health (open), /status, /models, /methods; POST /explain, /layers."""
+    """Routes: GET /health (open), /status, /models, /methods; POST /explain, /layers, /check."""
     settings = worker.settings
     open_routes = APIRouter(prefix=API_PREFIX)
     router = APIRouter(
@@ -238,19 +289,20 @@ def build_router(worker: ExplainWorker) -> APIRouter:
         """Every method with its modalities and parameter schema."""
         return [m.describe() for m in available_methods()]
 
-    async def run(body: ExplainBody | LayersBody, request: Request) -> dict[str, Any]:
-        job = worker.submit(body.to_request())
+    async def run(body: ExplainBody | LayersBody | CheckBody, request: Request) -> dict[str, Any]:
+        submitted: InputRequest[Any] = body.to_request()
+        job = worker.submit(submitted)
         result = asyncio.wrap_future(job.future)
         try:
             while not (await asyncio.wait({result}, timeout=_DISCONNECT_POLL_S))[0]:
                 if await request.is_disconnected():  # nobody is waiting: stop the work
                     job.cancel()
                     break
-            explanation = await result
+            outcome = await result
         except asyncio.CancelledError:  # the server is stopping
             job.cancel()
             raise
-        return explanation.to_dict()
+        return outcome.to_dict()
 
     @router.post("/explain")
     async def explain(body: ExplainBody, request: Request) -> dict[str, Any]:
@@ -264,6 +316,19 @@ def build_router(worker: ExplainWorker) -> APIRouter:
 
         ``layers`` holds one row per layer / head and measure; ``metrics`` say how far the head
         estimators agree (Spearman ρ and top-k overlap per pair).
+        """
+        return await run(body, request)
+
+    @router.post("/check")
+    async def check(body: CheckBody, request: Request) -> dict[str, Any]:
+        """
+        Which of several maps of one input to believe.
+
+        ``explanations``: each method's Explanation JSON (all for the first method's class);
+        ``agreement``: Spearman ρ and top-k overlap per pair of maps; ``randomisation`` (with
+        ``randomise``): Spearman ρ between each map and its map after randomising the model
+        from the top layer down, one row per method and step (step 0: nothing randomised).
+        The server's forward-pass budget covers the whole check.
         """
         return await run(body, request)
 

@@ -114,36 +114,46 @@ def _report_progress(done: int) -> None:
 def _check(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from app.worker import ExplainWorker
-    from attribution import explain
-    from attribution.metrics import map_agreement, randomisation_check
-    from attribution.models import load_image
+    from app.worker import CheckRequest, ExplainWorker
 
     _output_path(args.output)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    _output_path(args.figures, folder=True)
+    request = CheckRequest(
+        model=args.model,
+        methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
+        text=args.text,
+        image=None if args.image is None else _read_image_file(args.image),
+        labels=_labels(args.labels),
+        target=args.target,
+        params=_method_params(args.param),
+        seed=args.seed,
+        randomise=args.randomise,
+        top_fraction=args.top_fraction,
+    )
     worker = ExplainWorker(device=args.device, max_models=1)
     try:
-        adapter = worker.adapter(args.model, _labels(args.labels))
-        raw: Any = args.text if args.image is None else load_image(_read_image_file(args.image))
-        inputs = adapter.preprocess(raw)
-        explained = {m: explain(adapter, m, inputs, args.target, seed=args.seed) for m in methods}
-        maps = {m: e.scores for m, e in explained.items()}
-        target = next(iter(explained.values())).target.index  # the same class at every step
-        tables = []
-        if len(methods) > 1:
-            tables.append(map_agreement(maps, args.top_fraction).assign(check="agreement"))
-        if args.randomise:
-            for method in methods:
-
-                def recompute(model: Any, method: str = method) -> Any:
-                    return explain(model, method, inputs, target, seed=args.seed).scores
-
-                table = randomisation_check(adapter, recompute, args.seed)
-                tables.append(table.assign(check="randomisation", method=method))
+        checked = worker.explain(request)
     finally:
         worker.close()
-    if not tables:
-        raise _usage_error("nothing to check: give two or more --methods, or --randomise")
+    tables = [
+        table.assign(check=name)
+        for name, table in (
+            ("agreement", checked.agreement),
+            ("randomisation", checked.randomisation),
+        )
+        if not table.empty
+    ]
+    if args.figures is not None:
+        from viz import export_figure, method_agreement_figure, randomisation_figure
+
+        folder = Path(args.figures).expanduser()
+        folder.mkdir(parents=True, exist_ok=True)
+        if not checked.agreement.empty:
+            figure = method_agreement_figure(checked.agreement)
+            export_figure(figure, folder / f"agreement.{args.figure_format}")
+        if not checked.randomisation.empty:
+            figure = randomisation_figure(checked.randomisation)
+            export_figure(figure, folder / f"randomisation.{args.figure_format}")
     result = pd.concat(tables, ignore_index=True)
 
     def as_text() -> str:
@@ -153,6 +163,19 @@ def _check(args: argparse.Namespace) -> int:
 
     _write_table(result, args, as_text)
     return 0
+
+
+def _method_params(pairs: Sequence[str]) -> dict[str, dict[str, str]]:
+    """``["rise.n_masks=500", ...]`` -> ``{"rise": {"n_masks": "500"}}``."""
+    from app.worker import parse_param_pairs
+
+    params: dict[str, dict[str, str]] = {}
+    for pair in pairs:
+        method, dot, rest = pair.partition(".")
+        if not dot:
+            raise _usage_error(f"--param is method.key=value; got {pair!r}")
+        params.setdefault(method.strip(), {}).update(parse_param_pairs([rest]))
+    return params
 
 
 def _jsonl_records(path: str, target: str | None) -> Iterator[tuple[Any, Any, str]]:
@@ -204,7 +227,7 @@ _IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".w
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from app.worker import ExplainWorker, parse_param_pairs
+    from app.worker import ExplainWorker
     from attribution.errors import InvalidInputError
     from attribution.methods import available_methods
     from attribution.metrics import EvalItem, bundled_items, evaluate_methods, summarise
@@ -228,17 +251,11 @@ def _evaluate(args: argparse.Namespace) -> int:
             methods = [m.strip() for m in args.methods.split(",") if m.strip()]
         else:
             methods = [m.name for m in available_methods() if m.category == "attribution"]
-        params: dict[str, dict[str, str]] = {}
-        for pair in args.param:
-            method, dot, rest = pair.partition(".")
-            if not dot:
-                raise _usage_error(f"--param is method.key=value; got {pair!r}")
-            params.setdefault(method.strip(), {}).update(parse_param_pairs([rest]))
         per_item = evaluate_methods(
             adapter,
             itertools.islice(items, args.max_items),
             methods,
-            params,
+            _method_params(args.param),
             args.steps,
             args.random_orders,
             args.seed,
@@ -559,7 +576,15 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--top-fraction", type=float, default=0.1, help="share of elements in the top-k overlap"
     )
+    check.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        help="method.key=value, e.g. rise.n_masks=500 (repeatable)",
+    )
     check.add_argument("--seed", type=int, default=0)
+    check.add_argument("--figures", help="folder for the agreement and randomisation figures")
+    check.add_argument("--figure-format", choices=("html", "png"), default="html")
     check.add_argument("--device", default=None)
     check.add_argument("--format", choices=("table", "json", "csv"), default="table")
     check.add_argument("--output", help="file to write (default: stdout)")

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import os
 import threading
+from abc import ABC, abstractmethod
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 from transformers.utils import logging as hf_logging
@@ -23,18 +24,25 @@ from attribution import explain, load
 from attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
 from attribution.explanation import Explanation
 from attribution.methods import get_method
-from attribution.models import DEFAULT_MODELS, Adapter, load_image
+from attribution.metrics.check import MethodCheck, check_methods
+from attribution.models import DEFAULT_MODELS, Adapter, Inputs, load_image
 from attribution.params import validate_params
 from attribution.run import ProgressCallback
 
 __all__ = [
+    "CheckRequest",
     "ExplainRequest",
     "ExplainWorker",
+    "InputRequest",
     "Job",
     "QueueFullError",
     "WorkerClosedError",
     "parse_param_pairs",
 ]
+
+
+#: What a job computes: an Explanation, or a check of several methods.
+Result = TypeVar("Result")
 
 
 class QueueFullError(AttrlabError):
@@ -58,25 +66,22 @@ def parse_param_pairs(pairs: Sequence[str]) -> dict[str, str]:
     return params
 
 
-@dataclass(frozen=True)
-class ExplainRequest:
+@dataclass(frozen=True, kw_only=True)
+class InputRequest(ABC, Generic[Result]):
     """
-    One explanation to compute: a model, a method and a text or an image.
+    What every job names: a model, a text or an image, the target and the seed.
 
     ``image`` holds encoded image bytes or a decoded array, never a path: front ends that read
     files (the CLI) read them before building the request.
     """
 
     model: str
-    method: str
     text: str | None = None
     image: Any = None
     labels: Sequence[str] | None = None
     target: int | str | None = None
-    params: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
     next_token: bool = False  # the model must be a decoder LM; its next token is explained
-    evaluate: bool = False  # add the map's faithfulness scores (the trust card) to metrics
 
     @property
     def modality(self) -> str:
@@ -85,12 +90,92 @@ class ExplainRequest:
             raise InvalidInputError("give exactly one input: a text or an image")
         return "text" if self.text is not None else "image"
 
+    @abstractmethod
+    def method_params(self) -> dict[str, dict[str, Any]]:
+        """Method name -> the parameters the job runs it with."""
+
+    @abstractmethod
+    def run_on(self, adapter: Adapter, inputs: Inputs, run: JobContext) -> Result:
+        """Compute the job's result on the loaded model."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExplainRequest(InputRequest[Explanation]):
+    """One explanation to compute: a model, a method and a text or an image."""
+
+    method: str
+    params: dict[str, Any] = field(default_factory=dict)
+    evaluate: bool = False  # add the map's faithfulness scores (the trust card) to metrics
+
+    def method_params(self) -> dict[str, dict[str, Any]]:
+        """The one method and its parameters."""
+        return {self.method: self.params}
+
+    def run_on(self, adapter: Adapter, inputs: Inputs, run: JobContext) -> Explanation:
+        """The explanation."""
+        return explain(
+            adapter,
+            self.method,
+            inputs,
+            target=self.target,
+            params=self.params,
+            seed=self.seed,
+            progress=run.progress,
+            cancel=run.cancel,
+            max_forward_passes=run.max_forward_passes,
+            evaluate=self.evaluate,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckRequest(InputRequest[MethodCheck]):
+    """
+    Several methods on one input, compared.
+
+    Their maps' agreement and (``randomise``) each map's randomisation check
+    (:func:`attribution.metrics.check.check_methods`).
+    """
+
+    methods: tuple[str, ...]
+    params: dict[str, dict[str, Any]] = field(default_factory=dict)  # per method
+    randomise: bool = False
+    top_fraction: float = 0.1
+
+    def method_params(self) -> dict[str, dict[str, Any]]:
+        """Each method and its parameters."""
+        return {method: self.params.get(method, {}) for method in self.methods}
+
+    def run_on(self, adapter: Adapter, inputs: Inputs, run: JobContext) -> MethodCheck:
+        """The explanations, their agreement and the randomisation checks."""
+        return check_methods(
+            adapter,
+            self.methods,
+            inputs,
+            self.target,
+            self.params,
+            self.seed,
+            self.randomise,
+            self.top_fraction,
+            progress=run.progress,
+            cancel=run.cancel,
+            max_forward_passes=run.max_forward_passes,
+        )
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """What the worker hands a job: progress, the cancel switch and the server's budget."""
+
+    progress: ProgressCallback
+    cancel: threading.Event
+    max_forward_passes: int | None
+
 
 @dataclass(eq=False)  # identity: jobs are kept in a set while they wait or run
-class Job:
+class Job(Generic[Result]):
     """A submitted request: its future result, progress and a cancel switch."""
 
-    future: Future
+    future: Future[Result]
     cancel_event: threading.Event
     progress: tuple[int, int] = (0, 0)
 
@@ -99,8 +184,8 @@ class Job:
         self.cancel_event.set()
         self.future.cancel()
 
-    def result(self, timeout: float | None = None) -> Explanation:
-        """Wait for the Explanation (re-raising the job's error)."""
+    def result(self, timeout: float | None = None) -> Result:
+        """Wait for the result (re-raising the job's error)."""
         return self.future.result(timeout)
 
 
@@ -146,7 +231,9 @@ class ExplainWorker:
                     self._models.popitem(last=False)
         return adapter.with_labels(labels) if labels else adapter
 
-    def submit(self, request: ExplainRequest, progress: ProgressCallback | None = None) -> Job:
+    def submit(
+        self, request: InputRequest[Result], progress: ProgressCallback | None = None
+    ) -> Job[Result]:
         """
         Queue a request; the returned job reports progress and can be cancelled.
 
@@ -155,7 +242,7 @@ class ExplainWorker:
         """
         request.modality  # noqa: B018 - exactly one input, checked before queueing
         self.settings.check_request(request.text, request.labels, request.target, request.seed)
-        job = Job(future=Future(), cancel_event=threading.Event())
+        job: Job[Result] = Job(future=Future(), cancel_event=threading.Event())
         with self._lock:
             if self._closed:
                 raise WorkerClosedError("the server is shutting down; try again later")
@@ -174,13 +261,13 @@ class ExplainWorker:
         job.future.add_done_callback(lambda _: self._finished(job))
         return job
 
-    def _finished(self, job: Job) -> None:
+    def _finished(self, job: Job[Any]) -> None:
         with self._lock:
             self._jobs.discard(job)
 
     def explain(
-        self, request: ExplainRequest, progress: ProgressCallback | None = None
-    ) -> Explanation:
+        self, request: InputRequest[Result], progress: ProgressCallback | None = None
+    ) -> Result:
         """Submit and wait."""
         return self.submit(request, progress).result()
 
@@ -196,11 +283,12 @@ class ExplainWorker:
             }
 
     def _run(
-        self, request: ExplainRequest, progress: ProgressCallback, cancel: threading.Event
-    ) -> Explanation:
-        method = get_method(request.method)
+        self, request: InputRequest[Result], progress: ProgressCallback, cancel: threading.Event
+    ) -> Result:
         # Fail on bad parameters before loading a model; budgets apply to resolved values.
-        self.settings.check_params(method.name, validate_params(method.params, request.params))
+        for name, params in request.method_params().items():
+            method = get_method(name)
+            self.settings.check_params(method.name, validate_params(method.params, params))
         adapter = self.adapter(request.model, request.labels)
         if adapter.modality != request.modality:
             raise InvalidInputError(
@@ -217,18 +305,8 @@ class ExplainWorker:
             if request.text is not None
             else load_image(request.image, max_pixels=self.settings.max_image_pixels)
         )
-        return explain(
-            adapter,
-            method.name,
-            adapter.preprocess(raw),
-            target=request.target,
-            params=request.params,
-            seed=request.seed,
-            progress=progress,
-            cancel=cancel,
-            max_forward_passes=self.settings.max_forward_passes,
-            evaluate=request.evaluate,
-        )
+        context = JobContext(progress, cancel, self.settings.max_forward_passes)
+        return request.run_on(adapter, adapter.preprocess(raw), context)
 
     def close(self) -> None:
         """Stop accepting work, cancel what is queued or running, and release the models."""

@@ -125,6 +125,56 @@ def test_rest_layers_refuses_what_it_cannot_do(client, body, status, words):
     assert words in response.json()["error"]["message"]
 
 
+def test_rest_check_compares_maps_and_randomises_each_then_leaves_the_model_intact(client):
+    from scipy.stats import spearmanr
+
+    body = {
+        "model": "tiny-random-llama",
+        "text": "the cat sat on the mat",
+        "methods": ["gradient_x_input", "attnlrp"],
+        "randomise": True,
+        "top_fraction": 0.5,
+    }
+    plain = {"model": "tiny-random-llama", "method": "attnlrp", "text": body["text"]}
+    before = client.post("/api/v1/explain", json=plain).json()
+    response = client.post("/api/v1/check", json=body)
+    assert response.status_code == 200, response.text
+    result = response.json()
+    maps = {m: Explanation.from_dict(e) for m, e in result["explanations"].items()}
+    assert list(maps) == ["gradient_x_input", "attnlrp"]
+    assert maps["attnlrp"].target.index == maps["gradient_x_input"].target.index
+    (pair,) = result["agreement"]
+    importance = [np.abs(maps[m].scores) for m in maps]  # agreement ranks magnitudes
+    rho = spearmanr(*importance).statistic
+    assert pair["spearman"] == pytest.approx(rho)
+    assert pair["k"] == round(len(importance[0]) / 2)  # top_fraction 0.5 of the tokens
+    steps = result["randomisation"]
+    assert len(steps) == 2 * 5  # per method: none, output, 2 blocks, embeddings
+    assert all(row["spearman"] == 1.0 for row in steps if row["step"] == 0)
+    assert any(abs(row["spearman"]) < 0.9 for row in steps if row["method"] == "attnlrp")
+    after = client.post("/api/v1/explain", json=plain).json()
+    assert after["scores"] == before["scores"]  # the weights were restored
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "words"),
+    [
+        ({"methods": []}, 422, "methods"),
+        ({"methods": ["attnlrp"]}, 422, "nothing to check"),
+        ({"methods": ["attnlrp", "attnlrp"]}, 422, "named twice"),
+        ({"methods": ["attnlrp", "rise"], "params": {"ig": {}}}, 422, "which is not checked"),
+        ({"methods": ["attnlrp", "rise"], "params": {"rise": {"n_masks": -1}}}, 422, "n_masks"),
+        ({"methods": ["attnlrp", "nope"]}, 404, "nope"),
+        ({"methods": ["attnlrp", "rise"], "top_fraction": 0}, 422, "top_fraction"),
+    ],
+)
+def test_rest_check_refuses_what_it_cannot_do(client, body, status, words):
+    body = {"model": "tiny-random-llama", "text": "a cat", **body}
+    response = client.post("/api/v1/check", json=body)
+    assert response.status_code == status, response.text
+    assert words in response.json()["error"]["message"]
+
+
 def test_worker_reports_progress_and_cancels(worker):
     seen = []
     cancelled = threading.Event()
@@ -143,11 +193,15 @@ def test_worker_reports_progress_and_cancels(worker):
     # A job cancelled before it starts never runs; the worker stays usable.
     blocker = threading.Event()
     worker._executor.submit(blocker.wait)
-    job = worker.submit(ExplainRequest("tiny-random-bert", "gradient_x_input", text="queued"))
+    job = worker.submit(
+        ExplainRequest(model="tiny-random-bert", method="gradient_x_input", text="queued")
+    )
     job.cancel()
     blocker.set()
     assert job.future.cancelled()
-    done = worker.explain(ExplainRequest("tiny-random-bert", "gradient_x_input", text="next"))
+    done = worker.explain(
+        ExplainRequest(model="tiny-random-bert", method="gradient_x_input", text="next")
+    )
     assert done.model.id == "tiny-random-bert"
 
 

@@ -206,7 +206,7 @@ def test_layers_dataset_errors_exit_2(tmp_path, capsys, lines, extra, words):
     assert words in capsys.readouterr().err
 
 
-def test_check_agreement_and_randomisation(capsys):
+def test_check_agreement_and_randomisation(capsys, tmp_path):
     args = [
         "check",
         "--model",
@@ -218,6 +218,8 @@ def test_check_agreement_and_randomisation(capsys):
         "--randomise",
         "--format",
         "json",
+        "--figures",
+        str(tmp_path),
     ]
     assert main(args) == 0
     rows = pd.read_json(io.StringIO(capsys.readouterr().out))
@@ -226,5 +228,6 @@ def test_check_agreement_and_randomisation(capsys):
     randomised = rows[rows.check == "randomisation"]
     assert len(randomised) == 2 * 5  # none + output + 2 blocks + embeddings, per method
     assert (randomised[randomised.step == 0].spearman == 1.0).all()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["agreement.html", "randomisation.html"]
     assert main(["check", "--model", "tiny-random-llama", "--text", "a", "--methods", "rise"]) == 2
     assert "nothing to check" in capsys.readouterr().err

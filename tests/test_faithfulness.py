@@ -6,6 +6,8 @@ quadrant, and one that reads one word.
 from __future__ import annotations
 
 import io
+import json
+import threading
 
 import numpy as np
 import pandas as pd
@@ -235,6 +237,53 @@ def test_transformers_cascade_from_the_head_down_to_the_embeddings(load_model):
     assert len(table) == 5 and table["spearman"].iloc[-1] < 0.9
     with torch.no_grad():
         torch.testing.assert_close(adapter.logits(**inputs.model_kwargs()), before, rtol=0, atol=0)
+
+
+def test_a_check_shares_one_budget_and_restores_the_model_when_cancelled(load_model):
+    from attribution.errors import BudgetExceededError, JobCancelledError
+    from attribution.metrics.check import check_methods
+
+    adapter = load_model("tiny-random-llama")
+    inputs = adapter.preprocess("the cat sat on the mat")
+    with torch.no_grad():
+        before = adapter.logits(**inputs.model_kwargs())
+    seen = []
+    methods, params = ["rise", "occlusion"], {"rise": {"n_masks": 40}}
+    checked = check_methods(
+        adapter, methods, inputs, params=params, progress=lambda *p: seen.append(p)
+    )
+    spent = sum(e.timings.forward_passes for e in checked.explanations.values())
+    assert seen == [(1, 2), (2, 2)] and checked.randomisation.empty
+    # one pass short of the whole check: the second method is refused, not the first
+    with pytest.raises(BudgetExceededError, match=f"'occlusion' needs .* {spent - 1} this server"):
+        check_methods(adapter, methods, inputs, params=params, max_forward_passes=spent - 1)
+    check_methods(adapter, methods, inputs, params=params, max_forward_passes=spent)
+    cancel = threading.Event()
+
+    def cancel_after_the_second(done: int, total: int) -> None:
+        if done == 2:  # inside the randomisation check, one layer randomised
+            cancel.set()
+
+    with pytest.raises(JobCancelledError):
+        check_methods(
+            adapter,
+            ["gradient_x_input"],
+            inputs,
+            randomise=True,
+            progress=cancel_after_the_second,
+            cancel=cancel,
+        )
+    with torch.no_grad():
+        torch.testing.assert_close(adapter.logits(**inputs.model_kwargs()), before, rtol=0, atol=0)
+
+
+def test_an_undefined_agreement_is_null_in_json():
+    from attribution.metrics.check import MethodCheck
+
+    table = map_agreement({"flat": np.ones(4), "ranked": np.arange(4.0)})
+    record = MethodCheck({}, table, pd.DataFrame()).to_dict()["agreement"][0]
+    assert record["spearman"] is None and record["top_k_overlap"] == 0.0  # {0} vs {3}
+    assert json.loads(json.dumps(record, allow_nan=False)) == record
 
 
 def test_a_vit_cascade_keeps_its_patch_embedding_for_last(load_model):

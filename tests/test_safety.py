@@ -313,7 +313,9 @@ def test_request_bounds_hold_for_every_front_end(server_settings, fields, messag
 
     worker = ExplainWorker(device="cpu", settings=server_settings)
     try:
-        request = ExplainRequest(TEXT_MODEL, "gradient_x_input", **{"text": "fine", **fields})
+        request = ExplainRequest(
+            model=TEXT_MODEL, method="gradient_x_input", **{"text": "fine", **fields}
+        )
         with pytest.raises(InvalidInputError, match=message):
             worker.submit(request)
         assert worker.status()["queued"] == 0
@@ -328,7 +330,7 @@ def test_queue_full_answers_429_and_recovers(server_settings):
     with TestClient(create_app(worker)) as c:
         gate = threading.Event()
         worker._executor.submit(gate.wait)  # keep the worker busy
-        first = worker.submit(ExplainRequest(TEXT_MODEL, "gradient_x_input", text="a"))
+        first = worker.submit(ExplainRequest(model=TEXT_MODEL, method="gradient_x_input", text="a"))
         response = c.post("/api/v1/explain", json=_text())
         assert response.status_code == 429 and response.headers["retry-after"] == "5"
         assert response.json()["error"]["code"] == "queue_full"
@@ -519,9 +521,11 @@ def test_model_roots_and_hub_ids_end_to_end(tmp_path, monkeypatch, load_model):
     worker = ExplainWorker(device="cpu", settings=settings)
     try:
         served = worker.explain(
-            ExplainRequest(str(root / "mine"), "gradient_x_input", text="fine words")
+            ExplainRequest(model=str(root / "mine"), method="gradient_x_input", text="fine words")
         )
-        expected = worker.explain(ExplainRequest(TEXT_MODEL, "gradient_x_input", text="fine words"))
+        expected = worker.explain(
+            ExplainRequest(model=TEXT_MODEL, method="gradient_x_input", text="fine words")
+        )
         np.testing.assert_allclose(served.scores, expected.scores, rtol=1e-6, atol=1e-9)
         with pytest.raises(UnknownModelError, match="could not be fetched from the Hugging Face"):
             worker.adapter("org/model")  # offline: the hub is asked, the folder is not read

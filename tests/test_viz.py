@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from attribution.explanation import Explanation, ModelInfo, Target
@@ -116,3 +117,31 @@ def test_layer_figures_export_to_html_and_png(layer_tables, tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5_000
     with pytest.raises(ValueError, match=r"html or \.png"):
         export_figure(figure, tmp_path / "heads.svg")
+
+
+def test_check_figures_plot_the_tables_values():
+    from viz import method_agreement_figure, randomisation_figure
+
+    steps = pd.DataFrame(
+        {
+            "method": ["a", "a", "b", "b"],
+            "step": [0, 1, 0, 1],
+            "layer": ["none", "output", "none", "output"],
+            "spearman": [1.0, 0.2, 1.0, 0.9],
+            "spearman_abs": [1.0, 0.4, 1.0, 0.95],
+        }
+    )
+    figure = randomisation_figure(steps)
+    lines = {trace.name: list(trace.y) for trace in figure.data}
+    assert lines == {
+        "a (ρ)": [1.0, 0.2],
+        "a (|ρ|)": [1.0, 0.4],
+        "b (ρ)": [1.0, 0.9],
+        "b (|ρ|)": [1.0, 0.95],
+    }
+    pairs = pd.DataFrame(
+        {"first": ["a"], "second": ["b"], "spearman": [0.5], "top_k_overlap": [0.25], "k": [2]}
+    )
+    (heatmap,) = method_agreement_figure(pairs).data
+    np.testing.assert_array_equal(heatmap.z, [[1.0, 0.5], [0.5, 1.0]])
+    np.testing.assert_array_equal(heatmap.customdata, [[1.0, 0.25], [0.25, 1.0]])

@@ -18,9 +18,12 @@ from app.server import create_app
 from app.worker import ExplainRequest, ExplainWorker
 from attribution.errors import JobCancelledError
 
-LLAMA = ExplainRequest("tiny-random-llama", "attnlrp", text="the cat sat on the mat")
+LLAMA = ExplainRequest(model="tiny-random-llama", method="attnlrp", text="the cat sat on the mat")
 RISE = ExplainRequest(
-    "tiny-random-bert", "rise", text="a fine day", params={"n_masks": 64, "batch_size": 8}
+    model="tiny-random-bert",
+    method="rise",
+    text="a fine day",
+    params={"n_masks": 64, "batch_size": 8},
 )
 
 
@@ -127,7 +130,9 @@ def test_many_jobs_at_once_all_finish(worker):
     def submit():
         results.append(
             worker.explain(
-                ExplainRequest("tiny-random-bert", "gradient_x_input", text="one two three")
+                ExplainRequest(
+                    model="tiny-random-bert", method="gradient_x_input", text="one two three"
+                )
             ).scores
         )
 

@@ -1,4 +1,4 @@
-"""Rendering of Explanation objects and layer tables: Plotly figures, overlays, highlights."""
+"""Rendering of Explanations, layer tables and checks: Plotly figures, overlays, highlights."""
 
 from viz.image import heatmap_overlay, image_figure
 from viz.layers import (
@@ -10,6 +10,7 @@ from viz.layers import (
     top_heads_figure,
 )
 from viz.text import token_figure, token_highlights
+from viz.trust import method_agreement_figure, randomisation_figure
 
 __all__ = [
     "agreement_figure",
@@ -18,7 +19,9 @@ __all__ = [
     "heatmap_overlay",
     "image_figure",
     "layer_lines",
+    "method_agreement_figure",
     "positional_figure",
+    "randomisation_figure",
     "token_figure",
     "token_highlights",
     "top_heads_figure",

@@ -172,8 +172,14 @@ def top_heads_figure(table: pd.DataFrame, estimators: Sequence[str], k: int = 10
     return figure
 
 
-def agreement_figure(pairs: pd.DataFrame) -> go.Figure:
-    """Spearman's ρ between estimators (the agreement table), top-k overlap in the hover."""
+def agreement_figure(
+    pairs: pd.DataFrame, title: str = "agreement of head-importance estimators"
+) -> go.Figure:
+    """
+    Spearman's ρ between estimators or methods (an agreement table), top-k overlap in the hover.
+
+    ``pairs``: columns ``first, second, spearman, top_k_overlap``, one row per pair.
+    """
     names = list(dict.fromkeys([*pairs["first"], *pairs["second"]]))
     size = len(names)
     rho, overlap = np.eye(size), np.eye(size)
@@ -199,7 +205,7 @@ def agreement_figure(pairs: pd.DataFrame) -> go.Figure:
             colorbar={"title": "ρ"},
         )
     )
-    figure.update_layout(title="agreement of head-importance estimators", template="plotly_white")
+    figure.update_layout(title=title, template="plotly_white")
     return figure
 
 

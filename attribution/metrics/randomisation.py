@@ -114,16 +114,23 @@ def _spearman(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def randomisation_check(
-    adapter: Adapter, explain_map: Callable[[Adapter], np.ndarray], seed: int = 0
+    adapter: Adapter,
+    explain_map: Callable[[Adapter], np.ndarray],
+    seed: int = 0,
+    original: np.ndarray | None = None,
 ) -> pd.DataFrame:
     """
     Spearman's ρ between ``explain_map(adapter)`` and the same map after each cascading step.
+
+    ``original``: the map of the intact model when already computed.
 
     Returns:
         One row per step: ``step`` (0 = nothing randomised), ``layer`` (the unit randomised at
         that step), ``spearman`` and ``spearman_abs``.
     """
-    original = np.asarray(explain_map(adapter), dtype=np.float64).ravel()
+    if original is None:
+        original = explain_map(adapter)
+    original = np.asarray(original, dtype=np.float64).ravel()
     rows: list[tuple[Any, ...]] = [(0, "none", 1.0, 1.0)]
     generator = torch.Generator().manual_seed(seed)
     with restored_weights(adapter.model):

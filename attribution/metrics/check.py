@@ -1,0 +1,157 @@
+"""
+Checks of several methods on one input.
+
+How far their maps agree, and whether each map depends on the model's weights at all (the
+randomisation sanity check).
+
+One run shares one forward-pass budget, one cancel switch and one progress count over every
+explanation it computes; the class explained is the first method's, kept for every method and
+every randomisation step.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from attribution.agreement import map_agreement
+from attribution.errors import BudgetExceededError, InvalidParameterError, JobCancelledError
+from attribution.explain import explain
+from attribution.explanation import Explanation
+from attribution.metrics.randomisation import cascading_units, randomisation_check
+from attribution.models.base import Adapter, Inputs
+from attribution.run import ProgressCallback
+
+__all__ = ["MethodCheck", "check_methods"]
+
+
+@dataclass
+class MethodCheck:
+    """Each method's explanation, the agreement of their maps, the randomisation check."""
+
+    explanations: dict[str, Explanation]
+    #: One row per pair of methods: ``first, second, spearman, top_k_overlap, k``.
+    agreement: pd.DataFrame
+    #: One row per method and cascading step: ``method, step, layer, spearman, spearman_abs``
+    #: (empty without ``randomise``).
+    randomisation: pd.DataFrame
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the explanations as Explanation JSON, the tables as lists of rows."""
+        return {
+            "explanations": {name: e.to_dict() for name, e in self.explanations.items()},
+            "agreement": _records(self.agreement),
+            "randomisation": _records(self.randomisation),
+        }
+
+
+def check_methods(
+    adapter: Adapter,
+    methods: Sequence[str],
+    inputs: Inputs,
+    target: int | str | None = None,
+    params: Mapping[str, dict[str, Any]] | None = None,
+    seed: int = 0,
+    randomise: bool = False,
+    top_fraction: float = 0.1,
+    progress: ProgressCallback | None = None,
+    cancel: threading.Event | None = None,
+    max_forward_passes: int | None = None,
+) -> MethodCheck:
+    """
+    Explain ``inputs`` with every method, then compare the maps and (``randomise``) check each.
+
+    ``params``: method name -> its parameters. ``max_forward_passes`` bounds the whole check;
+    each explanation is refused once the passes left cannot cover it. ``progress`` counts
+    explanations done out of those planned.
+
+    Raises:
+        InvalidParameterError: for fewer than two methods without ``randomise``, a method named
+            twice, parameters for a method not checked, or a ``top_fraction`` outside (0, 1].
+        JobCancelledError: once ``cancel`` is set (weights are restored first).
+    """
+    methods = list(methods)
+    if not methods:
+        raise InvalidParameterError("name at least one method to check")
+    unknown = set(params or {}) - set(methods)
+    if unknown:
+        raise InvalidParameterError(
+            f"parameters are given for {', '.join(sorted(unknown))}, which is not checked"
+        )
+    if len(set(methods)) != len(methods):
+        raise InvalidParameterError("each method can be checked once; one is named twice")
+    if len(methods) < 2 and not randomise:
+        raise InvalidParameterError("nothing to check: give two or more methods, or randomise")
+    if not 0 < top_fraction <= 1:
+        raise InvalidParameterError(f"top_fraction must be in (0, 1]; got {top_fraction}")
+    steps = len(cascading_units(adapter)) if randomise else 0
+    planned = len(methods) * (1 + steps)
+    spent = {"forward": 0, "explanations": 0}
+
+    def run(method: str, model: Adapter, index: int | str | None) -> Explanation:
+        if cancel is not None and cancel.is_set():
+            raise JobCancelledError("the job was cancelled")
+        left = None if max_forward_passes is None else max_forward_passes - spent["forward"]
+        try:
+            explanation = explain(
+                model,
+                method,
+                inputs,
+                index,
+                (params or {}).get(method),
+                seed,
+                cancel=cancel,
+                max_forward_passes=left,
+            )
+        except BudgetExceededError:
+            raise BudgetExceededError(
+                f"'{method}' needs more forward passes than the {left:,} left of the "
+                f"{max_forward_passes:,} this server allows per request (the whole check "
+                "counts): lower its sample count, or check fewer methods"
+            ) from None
+        spent["forward"] += explanation.timings.forward_passes
+        spent["explanations"] += 1
+        if progress is not None:
+            progress(spent["explanations"], planned)
+        return explanation
+
+    first = run(methods[0], adapter, target)
+    index = first.target.index  # the same class for every method and step
+    explanations = {methods[0]: first, **{m: run(m, adapter, index) for m in methods[1:]}}
+    maps = {name: e.scores for name, e in explanations.items()}
+    agreement = map_agreement(maps, top_fraction) if len(methods) > 1 else _empty(_AGREEMENT)
+    tables = []
+    for method in methods if randomise else []:
+
+        def recompute(model: Adapter, method: str = method) -> np.ndarray:
+            return run(method, model, index).scores
+
+        table = randomisation_check(adapter, recompute, seed, original=maps[method])
+        tables.append(table.assign(method=method))
+    randomisation = (
+        pd.concat(tables, ignore_index=True)[_RANDOMISATION] if tables else _empty(_RANDOMISATION)
+    )
+    return MethodCheck(explanations, agreement, randomisation)
+
+
+_AGREEMENT = ["first", "second", "spearman", "top_k_overlap", "k"]
+_RANDOMISATION = ["method", "step", "layer", "spearman", "spearman_abs"]
+
+
+def _empty(columns: list[str]) -> pd.DataFrame:
+    return pd.DataFrame({name: [] for name in columns})
+
+
+def _records(table: pd.DataFrame) -> list[dict[str, Any]]:
+    """Rows as plain JSON values: NumPy scalars unwrapped, an undefined ρ (NaN) as null."""
+    return [{key: _plain(value) for key, value in row.items()} for row in table.to_dict("records")]
+
+
+def _plain(value: Any) -> Any:
+    value = value.item() if isinstance(value, np.generic) else value
+    return None if isinstance(value, float) and not np.isfinite(value) else value
