@@ -368,13 +368,17 @@ class BatchRunner:
         run: Run context (progress, cancellation, pass counter).
         batch_size: Largest batch; halved for the rest of the job on CUDA out-of-memory.
         total: Expected forward passes of the job (for progress).
+        report: Report progress in forward passes (off where the caller reports its own).
     """
 
-    def __init__(self, adapter: Adapter, run: RunContext, batch_size: int, total: int) -> None:
+    def __init__(
+        self, adapter: Adapter, run: RunContext, batch_size: int, total: int, report: bool = True
+    ) -> None:
         self.adapter = adapter
         self.run = run
         self.batch_size = max(1, int(batch_size))
         self.total = max(1, int(total))
+        self.report = report
         self.done = 0
         run.plan(self.total)
 
@@ -388,25 +392,46 @@ class BatchRunner:
             JobCancelledError: between batches, once the job is cancelled.
             DeviceMemoryError: if even a batch of one does not fit.
         """
-        self.run.step(self.done, self.total)
+        return self.chunks(n, lambda start, stop: self.adapter.logits(**build(start, stop)).float())
+
+    def chunks(
+        self, n: int, forward: Callable[[int, int], torch.Tensor]
+    ) -> Iterator[tuple[int, int, torch.Tensor]]:
+        """
+        Yield ``(start, stop, forward(start, stop))`` for items ``0..n-1``, one pass per item.
+
+        For forwards that batches alone cannot express (rows patched by hooks); the output is
+        computed without gradients.
+
+        Raises:
+            JobCancelledError: between batches, once the job is cancelled.
+            DeviceMemoryError: if even a batch of one does not fit.
+        """
+        self._step()
         start = 0
         while start < n:
             stop = min(n, start + self.batch_size)
-            logits = self._forward(build, start, stop)
-            if logits is None:  # out of memory: retry the same items in a smaller batch
+            output = self._forward(forward, start, stop)
+            if output is None:  # out of memory: retry the same items in a smaller batch
                 continue
-            yield start, stop, logits
+            yield start, stop, output
             self.done += stop - start
             self.run.count(forward=stop - start)
-            self.run.step(min(self.done, self.total), self.total)
+            self._step()
             start = stop
 
+    def _step(self) -> None:
+        if self.report:
+            self.run.step(min(self.done, self.total), self.total)
+        else:
+            self.run.stop_if_cancelled()
+
     def _forward(
-        self, build: Callable[[int, int], dict[str, torch.Tensor]], start: int, stop: int
+        self, forward: Callable[[int, int], torch.Tensor], start: int, stop: int
     ) -> torch.Tensor | None:
         try:
             with torch.no_grad():
-                return self.adapter.logits(**build(start, stop)).float()
+                return forward(start, stop)
         except torch.cuda.OutOfMemoryError:
             if self.batch_size == 1:
                 raise DeviceMemoryError(

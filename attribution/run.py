@@ -43,10 +43,14 @@ class RunContext:
 
     def step(self, done: int, total: int) -> None:
         """Report progress and stop here if the job was cancelled."""
-        if self.cancel is not None and self.cancel.is_set():
-            raise JobCancelledError("the job was cancelled")
+        self.stop_if_cancelled()
         if self.progress is not None:
             self.progress(done, total)
+
+    def stop_if_cancelled(self) -> None:
+        """Raise :class:`JobCancelledError` once the job was cancelled."""
+        if self.cancel is not None and self.cancel.is_set():
+            raise JobCancelledError("the job was cancelled")
 
     def plan(self, forward_passes: int, lower: str = "the sample count") -> None:
         """

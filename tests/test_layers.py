@@ -24,6 +24,7 @@ from attribution.layers import (
     HEAD_ESTIMATORS,
     DatasetItem,
     agreement,
+    analyze,
     analyze_dataset,
     analyze_layers,
     joint_ablation,
@@ -32,6 +33,7 @@ from attribution.layers.analysis import _entropy_and_sink
 from attribution.layers.hooks import ablate_heads, block_io, gate_heads, skip_blocks
 from attribution.methods.lrp.layouts import find_module, layout_for
 from attribution.models.text import TextClassifierAdapter
+from attribution.run import RunContext
 
 TEXT = "the quick brown fox jumps over the lazy dog"
 HEADS, KV_HEADS, LAYERS = 4, 2, 3
@@ -115,6 +117,20 @@ def test_entropy_of_uniform_attention_is_one_also_under_a_causal_mask():
     one_hot[..., 0] = 1.0  # everything on the first token: entropy 0, sink share 1
     entropy, sink = _entropy_and_sink(one_hot, visible)
     assert float(entropy[0]) == 0.0 and float(sink[0]) == 1.0
+
+
+def test_entropy_counts_keys_any_head_sees_so_underflowed_weights_stay_visible():
+    """Head 1 puts half its weight on each of the first two keys; the rest rounded to 0."""
+    causal = torch.tril(torch.ones(4, 4, dtype=torch.float64))
+    uniform = causal / causal.sum(-1, keepdim=True)
+    halves = torch.zeros(4, 4, dtype=torch.float64)
+    halves[0, 0] = 1.0
+    halves[1:, :2] = 0.5  # in fp16 the small weights of keys 2 and 3 would read exactly 0
+    entropy, _ = _entropy_and_sink(torch.stack([uniform, halves]), torch.ones(4, dtype=torch.bool))
+    # queries 1..3 see 2, 3, 4 keys (query 0 sees one and is left out)
+    expected = np.mean([np.log(2) / np.log(keys) for keys in (2, 3, 4)])
+    assert float(entropy[1]) == pytest.approx(expected, abs=1e-12)
+    assert float(entropy[0]) == pytest.approx(1.0, abs=1e-12)
 
 
 def test_a_model_with_constant_scores_attends_uniformly(llama):
@@ -228,13 +244,41 @@ def test_every_hook_is_removed_when_the_pass_fails(llama):
         lambda: block_io(blocks),
         lambda: skip_blocks(blocks, range(len(blocks))),
         lambda: gate_heads(projections, [torch.ones(HEADS) for _ in blocks]),
-        lambda: ablate_heads(projections[0], HEADS),
+        lambda: ablate_heads(projections[0], HEADS, [None, (0, "zero"), (1, "mean")]),
     ]
     for context in contexts:
         with pytest.raises(RuntimeError, match="boom"), context():
             assert _hook_count(llama.model) > before
             raise RuntimeError("boom")
         assert _hook_count(llama.model) == before
+
+
+def test_skip_and_ablation_batches_halve_on_out_of_memory_with_the_same_values(llama):
+    """Every attention output projection refuses more than 2 rows, as a full GPU would."""
+    inputs = llama.preprocess(TEXT)
+    target = _target(llama, inputs)
+    measures = ["skip", "ablation"]
+    plain_run = RunContext()
+    plain = analyze(llama, inputs, target, measures, plain_run).table
+
+    def refuse(_module, args):
+        if args[0].shape[0] > 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    projections = [block.self_attn.o_proj for block in _blocks(llama)]
+    handles = [p.register_forward_pre_hook(refuse) for p in projections]
+    try:
+        tight_run = RunContext()
+        tight = analyze(llama, inputs, target, measures, tight_run).table
+    finally:
+        for handle in handles:
+            handle.remove()
+    pd.testing.assert_frame_equal(tight, plain, rtol=1e-9)
+    # one unchanged row per batch: the 3 skipped blocks and each layer's 8 ablated heads go
+    # one per batch (3 → 1 and 8 → 4 → 2 → 1 rows besides the unchanged one)
+    skip_extra = 2
+    ablation_extra = 3 * (8 - 1)
+    assert tight_run.forward_passes == plain_run.forward_passes + skip_extra + ablation_extra
 
 
 def test_dataset_mode_over_ten_inputs_is_the_mean_of_ten_runs(llama):

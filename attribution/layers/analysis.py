@@ -40,6 +40,7 @@ from torch import nn
 from attribution.errors import InvalidParameterError, UnsupportedMethodError
 from attribution.explanation import LAYER_COLUMNS, layer_table
 from attribution.layers.hooks import (
+    ABLATIONS,
     ablate_head_sets,
     ablate_heads,
     block_io,
@@ -51,6 +52,7 @@ from attribution.methods.lrp.relevance import LRPResult, lrp
 from attribution.methods.lrp.settings import resolve_settings
 from attribution.models.base import Adapter, Inputs
 from attribution.models.text import DecoderLMAdapter
+from attribution.perturb import BatchRunner
 from attribution.run import RunContext
 
 __all__ = [
@@ -228,10 +230,12 @@ def _entropy_and_sink(
     Per head of ``(H, T, T)`` attention: normalised entropy and first-token share.
 
     The entropy is averaged over queries with more than one visible key, the share over all
-    visible queries.
+    visible queries. A key is visible to a query when any head of the layer gives it weight:
+    masked keys (causal, sliding window, padding) get exactly 0 in every head, while in fp16
+    or bf16 one head's small weight can round to 0 on a key that is visible.
     """
     attention = attention[:, visible][:, :, visible]
-    keys = (attention > 0).sum(-1)  # keys each query sees (causal, sliding window, padding)
+    keys = (attention > 0).any(0).sum(-1).expand(attention.shape[:2])  # per head and query
     plogp = torch.where(attention > 0, attention * attention.log(), torch.zeros_like(attention))
     entropy = -plogp.sum(-1)
     several = keys > 1
@@ -269,18 +273,23 @@ def _skip(
 ) -> list[tuple]:
     tick()
     layers = len(model.blocks)
-    kwargs = _repeat(inputs.model_kwargs(), layers + 1)
-    with torch.no_grad(), skip_blocks(model.blocks, range(1, layers + 1)):
-        logp = model.adapter.logits(**kwargs).double().log_softmax(-1)
-    run.count(forward=layers + 1)
+    kwargs = inputs.model_kwargs()
+
+    def forward(start: int, stop: int) -> torch.Tensor:
+        # row 0 unchanged, row 1 + i skips block start + i
+        with skip_blocks(model.blocks[start:stop], range(1, stop - start + 1)):
+            return model.adapter.logits(**_repeat(kwargs, 1 + stop - start))
+
     rows = []
-    for layer in range(layers):
-        skipped = logp[layer + 1]
-        kl = float((logp[0].exp() * (logp[0] - skipped)).sum())
-        rows.append(
-            (layer, None, None, "block", "skip_logprob", float(skipped[target] - logp[0, target]))
-        )
-        rows.append((layer, None, None, "block", "skip_kl", kl))
+    runner = BatchRunner(model.adapter, run, layers, layers, report=False)
+    for start, stop, logits in runner.chunks(layers, forward):
+        run.count(forward=1)  # the unchanged row
+        logp = logits.double().log_softmax(-1)
+        for row, layer in enumerate(range(start, stop), start=1):
+            kl = float((logp[0].exp() * (logp[0] - logp[row])).sum())
+            change = float(logp[row, target] - logp[0, target])
+            rows.append((layer, None, None, "block", "skip_logprob", change))
+            rows.append((layer, None, None, "block", "skip_kl", kl))
     return rows
 
 
@@ -309,18 +318,31 @@ def _ablation(
     kwargs = inputs.model_kwargs()
     mask = kwargs.get("attention_mask")
     visible = None if mask is None else mask[0].bool()
+    variants = [(head, kind) for kind in ABLATIONS for head in range(heads)]
+    total = len(variants) * len(model.blocks)
+    runner = BatchRunner(model.adapter, run, len(variants), total, report=False)
     rows = []
-    for layer, projection in enumerate(model.projections):
+    for layer in range(len(model.blocks)):
         tick()
-        # one row up to this block, 1 + 2H rows from it on (the blocks before are unchanged)
-        widen = ablate_heads(projection, heads, visible, widen_at=model.blocks[layer])
-        with torch.no_grad(), widen:
-            logits = model.adapter.logits(**kwargs)[:, target].double()
-        run.count(forward=1 + 2 * heads)
-        change = (logits - logits[0]).tolist()
+
+        def forward(start: int, stop: int, layer: int = layer) -> torch.Tensor:
+            # row 0 unablated, then one ablated head per row; one row up to this block, all
+            # rows from it on (the blocks before are unchanged)
+            batch = [None, *variants[start:stop]]
+            widen = ablate_heads(
+                model.projections[layer], heads, batch, visible, widen_at=model.blocks[layer]
+            )
+            with widen:
+                return model.adapter.logits(**kwargs)[:, target]
+
+        change: dict[tuple[int, str], float] = {}
+        for start, stop, logits in runner.chunks(len(variants), forward):
+            run.count(forward=1)  # the unablated row
+            values = logits.double()
+            change.update(zip(variants[start:stop], (values[1:] - values[0]).tolist(), strict=True))
         for _, head, kv in model.head_rows(layer):
-            rows.append((layer, head, kv, "head", "ablation_zero", change[1 + head]))
-            rows.append((layer, head, kv, "head", "ablation_mean", change[1 + heads + head]))
+            rows.append((layer, head, kv, "head", "ablation_zero", change[head, "zero"]))
+            rows.append((layer, head, kv, "head", "ablation_mean", change[head, "mean"]))
     return rows
 
 

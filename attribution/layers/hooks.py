@@ -17,7 +17,14 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["ablate_head_sets", "ablate_heads", "block_io", "gate_heads", "skip_blocks"]
+__all__ = [
+    "ABLATIONS",
+    "ablate_head_sets",
+    "ablate_heads",
+    "block_io",
+    "gate_heads",
+    "skip_blocks",
+]
 
 
 def _hidden(args: tuple, kwargs: dict) -> torch.Tensor:
@@ -84,39 +91,57 @@ def gate_heads(projections: Sequence[nn.Module], gates: Sequence[torch.Tensor]) 
         yield
 
 
+#: How :func:`ablate_heads` takes a head out: zeroed, or replaced by its mean over the sequence.
+ABLATIONS = ("zero", "mean")
+
+
 @contextmanager
 def ablate_heads(
     projection: nn.Module,
     heads: int,
+    rows: Sequence[tuple[int, str] | None],
     visible: torch.Tensor | None = None,
     widen_at: nn.Module | None = None,
 ) -> Iterator[None]:
     """
-    Ablate each head of one layer in its own batch row.
+    Ablate one head of one layer per batch row.
 
-    Row ``1 + h`` zeroes head ``h``; row ``1 + heads + h`` replaces it by its mean over the
-    sequence (over ``visible`` positions, from row 0); row 0 stays as it is. The batch must
-    hold ``1 + 2·heads`` copies of one input, or one input and ``widen_at``: the block whose
-    input is then repeated into those rows, so the blocks before it run once (their output is
-    the same in every row).
+    Row ``r`` ablates head ``rows[r][0]`` by ``rows[r][1]`` (one of :data:`ABLATIONS`), or
+    stays as it is where ``rows[r]`` is None. A ``mean`` ablation writes the head's mean over
+    the ``visible`` positions of the first unablated row at every position. The batch must hold
+    ``len(rows)`` copies of one input, or one input and ``widen_at``: the block whose input is
+    then repeated into those rows, so the blocks before it run once (their output is the same
+    in every row).
     """
-    rows = 1 + 2 * heads
+    count = len(rows)
+    ablated = [(r, row) for r, row in enumerate(rows) if row is not None]
+    if any(kind not in ABLATIONS for _, (_, kind) in ablated):
+        raise ValueError(f"an ablation is one of {', '.join(ABLATIONS)}")
+    plain = [r for r, row in enumerate(rows) if row is None]
+    if any(kind == "mean" for _, (_, kind) in ablated) and not plain:
+        raise ValueError("a mean ablation needs an unablated row to take the mean from")
+    index = torch.tensor([r for r, _ in ablated], dtype=torch.long)
+    head = torch.tensor([h for _, (h, _) in ablated], dtype=torch.long)
+    by_mean = torch.tensor([kind == "mean" for _, (_, kind) in ablated])
 
     def ablate(_m: nn.Module, args: tuple) -> tuple:
         x = args[0]
-        split = _split_heads(x.clone(), heads)  # (1 + 2H, T, H, d)
-        keep = visible if visible is not None else torch.ones(x.shape[1], dtype=torch.bool)
-        mean = split[0, keep.to(x.device)].mean(dim=0)  # (H, d)
-        index = torch.arange(heads, device=x.device)
-        split[1 + index, :, index] = 0.0
-        split[1 + heads + index, :, index] = mean[index].unsqueeze(1)
+        split = _split_heads(x.clone(), heads)  # (rows, T, H, d)
+        at, where = head.to(x.device), index.to(x.device)
+        replaced = torch.zeros_like(split[where, :, at])  # (ablated rows, T, d)
+        if by_mean.any():
+            keep = visible if visible is not None else torch.ones(x.shape[1], dtype=torch.bool)
+            mean = split[plain[0], keep.to(x.device)].mean(dim=0)  # (H, d)
+            filled = mean[at].unsqueeze(1).expand_as(replaced)
+            replaced = torch.where(by_mean.to(x.device).view(-1, 1, 1), filled, replaced)
+        split[where, :, at] = replaced
         return (split.reshape(x.shape), *args[1:])
 
     def widen(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         if args:
-            return (args[0].expand(rows, *args[0].shape[1:]), *args[1:]), kwargs
+            return (args[0].expand(count, *args[0].shape[1:]), *args[1:]), kwargs
         hidden = kwargs["hidden_states"]
-        return args, {**kwargs, "hidden_states": hidden.expand(rows, *hidden.shape[1:])}
+        return args, {**kwargs, "hidden_states": hidden.expand(count, *hidden.shape[1:])}
 
     with ExitStack() as stack:
         if widen_at is not None:
