@@ -35,7 +35,7 @@ from attribution.models import load
 #: Each sampling method with its cap and the tolerance compared against it.
 CONVERGENCE = (
     ("rise", {"n_masks": 4000}, 0.18, "masks_used"),
-    ("sobol", {"n_designs": 128}, 0.3, "designs_used"),
+    ("sobol", {"n_designs": 64}, 0.5, "designs_used"),
     ("shap", {"max_evals": 2000}, 0.1, "evals_used"),
 )
 #: Methods scored with both image fills (RISE's and ROAD's), at fewer steps: every ROAD
