@@ -328,7 +328,8 @@ def build_router(worker: ExplainWorker) -> APIRouter:
         ``agreement``: Spearman ρ and top-k overlap per pair of maps; ``randomisation`` (with
         ``randomise``): Spearman ρ between each map and its map after randomising the model
         from the top layer down, one row per method and step (step 0: nothing randomised).
-        The server's forward-pass budget covers the whole check.
+        The server's forward-pass budget covers the whole check: no explanation starts once it
+        is spent, and a sampling method is refused when the passes left cannot cover it.
         """
         return await run(body, request)
 

@@ -231,7 +231,9 @@ def _evaluate(args: argparse.Namespace) -> int:
     from attribution.errors import InvalidInputError
     from attribution.methods import available_methods
     from attribution.metrics import EvalItem, bundled_items, evaluate_methods, summarise
+    from attribution.metrics.faithfulness import check_options
 
+    check_options(args.image_fill, args.text_removal)  # before the model loads
     _output_path(args.output)
     per_item_path = _output_path(args.per_item)
     worker = ExplainWorker(device=args.device, max_models=1)

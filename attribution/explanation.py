@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,7 +117,8 @@ class Explanation:
             "positional_scores": _list_or_none(self.positional_scores),
             "layers": _layer_records(self.layers),
             "maps": {k: v.tolist() for k, v in self.maps.items()},
-            "metrics": self.metrics,
+            # JSON has no inf / NaN (an error that is not defined, a flat map): they travel as null
+            "metrics": {k: v if math.isfinite(v) else None for k, v in self.metrics.items()},
             "timings": asdict(self.timings),
             "seed": self.seed,
             "versions": self.versions,
@@ -145,7 +147,9 @@ class Explanation:
             positional_scores=None if positional is None else np.asarray(positional),
             layers=None if layers is None else layer_table(layers),
             maps={k: np.asarray(v) for k, v in data.get("maps", {}).items()},
-            metrics=dict(data.get("metrics", {})),
+            metrics={
+                k: float("nan") if v is None else v for k, v in data.get("metrics", {}).items()
+            },
             timings=Timings(**data.get("timings", {})),
             seed=data.get("seed"),
             versions=dict(data.get("versions", {})),

@@ -13,6 +13,7 @@ batches when the job is cancelled.
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
@@ -36,6 +37,7 @@ from attribution.run import RunContext
 __all__ = [
     "IMAGE_PERTURBATIONS",
     "TEXT_PERTURBATIONS",
+    "TOP_DECILE",
     "BatchRunner",
     "ImagePerturbation",
     "MaskBatches",
@@ -141,8 +143,11 @@ class ImagePerturbation:
     ``inpainting``: ``x·M`` (hidden pixels become the dataset mean colour, the normalised
     zero); ``blur``: ``x·M + (1-M)·blur(x)``; ``baseline``: ``x·M + (1-M)·x0``;
     ``amplitude``: ``x·(M - 0.5)·σ``; ``road``: hidden pixels (``M < 0.5``) imputed from the
-    visible ones with Gaussian noise of scale ``noise`` drawn from ``seed``
-    (:func:`~attribution.imputation.noisy_linear_imputation`).
+    visible ones with Gaussian noise of scale ``noise``
+    (:func:`~attribution.imputation.noisy_linear_imputation`), drawn from ``seed`` and the mask
+    itself, so that a mask gets the same noise whatever batch it is scored in (a retry after
+    out-of-memory changes nothing). Each imputation is a sparse solve on the CPU:
+    ``stop_if_cancelled`` is called before each one.
     """
 
     def __init__(
@@ -155,6 +160,7 @@ class ImagePerturbation:
         image: np.ndarray | None = None,
         noise: float = ROAD_NOISE,
         seed: int = 0,
+        stop_if_cancelled: Callable[[], None] | None = None,
     ) -> None:
         if kind not in IMAGE_PERTURBATIONS:
             raise InvalidParameterError(
@@ -165,7 +171,8 @@ class ImagePerturbation:
         self.sigma = amplitude_sigma
         self.image = image
         self.noise = noise
-        self.rng = np.random.default_rng(seed)
+        self.seed = seed
+        self.stop_if_cancelled = stop_if_cancelled
         self.reference = torch.zeros_like(pixel_values)  # hidden pixels: the mean colour
         if kind == "blur":
             self.reference = box_blur(pixel_values, blur_size)
@@ -230,8 +237,12 @@ class ImagePerturbation:
 
     def _imputed(self, masks: torch.Tensor) -> torch.Tensor:
         image = self.pixels[0].double().cpu().numpy()
-        keep = (masks >= 0.5).cpu().numpy()
-        imputed = [noisy_linear_imputation(image, one, self.noise, self.rng) for one in keep]
+        imputed = []
+        for keep in (masks >= 0.5).cpu().numpy():
+            if self.stop_if_cancelled is not None:
+                self.stop_if_cancelled()
+            rng = np.random.default_rng([self.seed, zlib.crc32(np.packbits(keep).tobytes())])
+            imputed.append(noisy_linear_imputation(image, keep, self.noise, rng))
         return torch.as_tensor(np.stack(imputed)).to(self.pixels)
 
 
@@ -312,6 +323,13 @@ class TextPerturbation:
         attention = torch.arange(length, device=ids.device).expand(b, length) < kept
         ids = torch.where(attention, ids.gather(1, order), self.pad_id)
         return {"input_ids": ids, "attention_mask": attention.to(self.attention.dtype)}
+
+
+#: What :func:`top_decile_error` measures, for the help of every ``tolerance`` parameter.
+TOP_DECILE = (
+    "the top decile's relative {error} (the mean {error} of the 10 % of values deviating most "
+    "from the map's mean, over their mean deviation)"
+)
 
 
 def top_decile_error(saliency: np.ndarray, std_error: np.ndarray) -> float:

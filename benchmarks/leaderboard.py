@@ -109,7 +109,9 @@ def convergence() -> None:
                     f"{stopped.timings.forward_passes}",
                     f"{stopped.metrics['top_decile_error']:.3f}",
                     f"{stopped.metrics[used]:.0f}",
-                    "yes" if stopped.warnings else "no",
+                    "yes"
+                    if any("did not reach tolerance" in w for w in stopped.warnings)
+                    else "no",
                     f"{stopped_s:.1f}",
                 )
             )

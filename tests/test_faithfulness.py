@@ -107,6 +107,27 @@ def test_road_restores_a_linear_ramp_and_adds_noise_of_the_given_scale():
     assert not nothing.any()  # no visible pixel: the normalised zero
 
 
+def test_road_noise_follows_the_mask_not_the_batch_and_imputation_stops_when_cancelled():
+    from attribution.errors import JobCancelledError
+    from attribution.perturb import ImagePerturbation
+
+    pixels = torch.rand(1, 3, 12, 12, generator=torch.Generator().manual_seed(0))
+    masks = (torch.rand(3, 12, 12, generator=torch.Generator().manual_seed(1)) > 0.5).float()
+    road = ImagePerturbation(pixels, "road", seed=4)
+    together = road(masks)["pixel_values"]
+    alone = torch.cat([road(masks[i : i + 1])["pixel_values"] for i in range(3)])
+    torch.testing.assert_close(together, alone, rtol=0, atol=0)  # as after an OOM retry
+    assert not torch.equal(
+        together, ImagePerturbation(pixels, "road", seed=5)(masks)["pixel_values"]
+    )
+
+    def cancelled() -> None:
+        raise JobCancelledError("the job was cancelled")
+
+    with pytest.raises(JobCancelledError):
+        ImagePerturbation(pixels, "road", stop_if_cancelled=cancelled)(masks)
+
+
 def test_road_keeps_the_oracle_ahead_of_random_and_the_endpoints_at_the_models_output(quadrant):
     inputs = _bright(quadrant)
     good = faithfulness(quadrant, inputs, _oracle(), 0, 16, 3, image_fill="road")
@@ -258,6 +279,12 @@ def test_a_check_shares_one_budget_and_restores_the_model_when_cancelled(load_mo
     with pytest.raises(BudgetExceededError, match=f"'occlusion' needs .* {spent - 1} this server"):
         check_methods(adapter, methods, inputs, params=params, max_forward_passes=spent - 1)
     check_methods(adapter, methods, inputs, params=params, max_forward_passes=spent)
+    # a method that plans nothing is not started once the budget is spent
+    with pytest.raises(BudgetExceededError, match="before 'rollout'"):
+        rise_spent = checked.explanations["rise"].timings.forward_passes
+        check_methods(
+            adapter, ["rise", "rollout"], inputs, params=params, max_forward_passes=rise_spent
+        )
     cancel = threading.Event()
 
     def cancel_after_the_second(done: int, total: int) -> None:

@@ -149,6 +149,13 @@ def test_shap_tolerance_stops_once_the_map_settles(load_model):
     assert np.corrcoef(stopped.scores, full.scores)[0, 1] >= 0.9
 
 
+def test_shap_tolerance_needs_room_for_two_refinements():
+    adapter = toys.image_adapter(toys.QuadrantModel("top-left"))
+    inputs = adapter.preprocess(toys.quadrant_colours_image())
+    with pytest.raises(InvalidParameterError, match="set max_evals above 64"):
+        attribution.explain(adapter, "shap", inputs, 0, {"max_evals": 64, "tolerance": 0.1})
+
+
 def test_shap_seeds_numpys_global_generator_and_restores_it_on_error():
     from attribution.methods.shap_method import _numpy_seeded
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import _perturbation_toys as toys
 import numpy as np
 import pytest
@@ -9,6 +11,7 @@ from scipy.stats import qmc
 
 import attribution
 from attribution.errors import InvalidParameterError
+from attribution.explanation import Explanation
 from attribution.methods.sobol import (
     jansen_total_order,
     sobol_design,
@@ -126,6 +129,11 @@ def test_tolerance_not_reached_within_the_cap_warns_and_needs_a_bootstrap():
     assert explanation.metrics["designs_used"] == 32
     assert explanation.timings.forward_passes == 1 + 32 * (4 + 2)
     assert any("did not reach tolerance 0.2" in w for w in explanation.warnings)
+    # a flat map has no finite relative error: JSON carries it as null
+    assert explanation.metrics["top_decile_error"] == float("inf")
+    wire = json.loads(json.dumps(explanation.to_dict(), allow_nan=False))
+    assert wire["metrics"]["top_decile_error"] is None
+    assert np.isnan(Explanation.from_dict(wire).metrics["top_decile_error"])
     with pytest.raises(InvalidParameterError, match="set bootstrap to 2 or more"):
         attribution.explain(adapter, "sobol", inputs, params={**params, "bootstrap": 0})
 

@@ -21,7 +21,13 @@ from attribution.methods.base import Attribution, AttributionMethod
 from attribution.methods.registry import register
 from attribution.models.base import Adapter, Inputs
 from attribution.params import Param
-from attribution.perturb import BatchRunner, auto_batch_size, perturbation_for, top_decile_error
+from attribution.perturb import (
+    TOP_DECILE,
+    BatchRunner,
+    auto_batch_size,
+    perturbation_for,
+    top_decile_error,
+)
 from attribution.run import RunContext
 
 __all__ = ["RISE", "RiseEstimator"]
@@ -104,9 +110,9 @@ class RISE(AttributionMethod):
             "tolerance",
             "float",
             None,
-            "Stop early once the top decile's relative standard error (mean standard error of "
-            f"the 10 % largest values over their mean) is at most this, checked after each "
-            f"batch from {MIN_MASKS_BEFORE_STOPPING} masks on; empty = always n_masks.",
+            f"Stop early once {TOP_DECILE.format(error='standard error')} is at most this, "
+            f"checked after each batch from {MIN_MASKS_BEFORE_STOPPING} masks on; empty = "
+            "always n_masks.",
             0.0,
             1.0,
             True,

@@ -11,13 +11,19 @@ import numpy as np
 import shap
 import torch
 
-from attribution.errors import UnsupportedMethodError
+from attribution.errors import InvalidParameterError, UnsupportedMethodError
 from attribution.methods._masks import BATCH_SIZE_PARAM
 from attribution.methods.base import Attribution, AttributionMethod
 from attribution.methods.registry import register
 from attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs, text_adapter
 from attribution.params import Param
-from attribution.perturb import BatchRunner, auto_batch_size, box_blur, top_decile_error
+from attribution.perturb import (
+    TOP_DECILE,
+    BatchRunner,
+    auto_batch_size,
+    box_blur,
+    top_decile_error,
+)
 from attribution.run import RunContext
 
 __all__ = ["Shap"]
@@ -40,11 +46,12 @@ class Shap(AttributionMethod):
 
     The Partition explainer is deterministic, so it has no sampling error; with a ``tolerance``
     it is refined instead, with ``64, 128, 256, …`` evaluations up to ``max_evals``, until the
-    top decile's relative change from the previous refinement (mean change of the 10 % largest
-    values over their mean) is at most the tolerance. Each refinement expands the same cluster
-    tree further in the same order, and outputs are remembered by input, so the refinements
-    together cost what the last one costs (``evals_used``). Ties in the explainer's queue are
-    broken from the run's seed. Paper: https://arxiv.org/abs/1705.07874
+    top decile's relative change from the previous refinement (mean change of the 10 % of values
+    deviating most from the map's mean, over their mean deviation) is at most the tolerance.
+    Each refinement expands the same cluster tree further in the same order (ties in the
+    explainer's queue are broken from the run's seed, reseeded for each refinement), and
+    outputs are remembered by input, so the refinements together cost what the last one costs
+    (``evals_used``). Paper: https://arxiv.org/abs/1705.07874
     """
 
     name = "shap"
@@ -56,9 +63,9 @@ class Shap(AttributionMethod):
             "tolerance",
             "float",
             None,
-            "Stop refining once the top decile's relative change (mean change of the 10 % "
-            "largest values over their mean) between refinements with twice the evaluations, "
-            f"from {MIN_EVALS_BEFORE_STOPPING} on, is at most this; empty = always max_evals.",
+            f"Stop refining once {TOP_DECILE.format(error='change')} between refinements "
+            f"with twice the evaluations, from {MIN_EVALS_BEFORE_STOPPING} on, is at most this; "
+            "empty = always max_evals.",
             0.0,
             1.0,
             True,
@@ -73,34 +80,40 @@ class Shap(AttributionMethod):
     ) -> Attribution:
         batch_size = params["batch_size"] or auto_batch_size(adapter, inputs)
         max_evals, tolerance = params["max_evals"], params["tolerance"]
+        if tolerance is not None and max_evals <= MIN_EVALS_BEFORE_STOPPING:
+            raise InvalidParameterError(
+                f"a SHAP tolerance compares refinements from {MIN_EVALS_BEFORE_STOPPING} "
+                f"evaluations on: set max_evals above {MIN_EVALS_BEFORE_STOPPING}"
+            )
         runner = BatchRunner(adapter, run, batch_size, max_evals)
         remember = tolerance is not None
         explain, data, reduce = _EXPLAINERS[inputs.modality](
-            adapter, inputs, runner, params, remember
+            adapter, inputs, target, runner, params, remember
         )
         metrics: dict[str, float] = {}
         previous: np.ndarray | None = None
-        with _numpy_seeded(run.seed):
-            for evals in _refinements(max_evals, remember):
+        for evals in _refinements(max_evals, remember):
+            # the same ties broken the same way in every refinement: one tree, one order
+            with _numpy_seeded(run.seed):
                 result = explain(
-                    data, max_evals=evals, batch_size=batch_size, outputs=[target], silent=True
+                    data, max_evals=evals, batch_size=batch_size, outputs=[0], silent=True
                 )
-                values = np.asarray(result.values[0], dtype=np.float64)[..., 0]
-                if previous is not None:
-                    change = top_decile_error(values, np.abs(values - previous))
-                    metrics["top_decile_error"] = change
-                    if change <= tolerance:
-                        break
-                previous = values
+            values = np.asarray(result.values[0], dtype=np.float64)[..., 0]
+            scores = reduce(values)
+            if previous is not None:
+                change = top_decile_error(scores, np.abs(scores - previous))
+                metrics["top_decile_error"] = change
+                if change <= tolerance:
+                    break
+            previous = scores
         if remember:
             metrics["evals_used"] = float(runner.done)
-            if metrics.get("top_decile_error", np.inf) > tolerance:
+            if metrics["top_decile_error"] > tolerance:
                 run.warn(
                     f"SHAP did not reach tolerance {tolerance:g} within max_evals={max_evals}: "
-                    f"the top decile's relative change is {metrics.get('top_decile_error'):.3g}; "
+                    f"the top decile's relative change is {metrics['top_decile_error']:.3g}; "
                     "raise max_evals or the tolerance"
                 )
-        scores = reduce(values)
         return Attribution(
             scores=scores,
             metrics={
@@ -125,7 +138,11 @@ def _refinements(max_evals: int, stopping: bool) -> list[int]:
 
 @contextmanager
 def _numpy_seeded(seed: int) -> Iterator[None]:
-    """NumPy's global generator (the explainer breaks ties with it) seeded, then restored."""
+    """
+    NumPy's global generator (the explainer breaks ties with it) seeded, then restored.
+
+    Process-wide: safe while one worker thread runs explanations, as the worker does.
+    """
     state = np.random.get_state()
     np.random.seed(seed % 2**32)
     try:
@@ -161,7 +178,12 @@ def _model_function(
 
 
 def _image(
-    adapter: Adapter, inputs: Inputs, runner: BatchRunner, params: dict[str, Any], remember: bool
+    adapter: Adapter,
+    inputs: Inputs,
+    target: int,
+    runner: BatchRunner,
+    params: dict[str, Any],
+    remember: bool,
 ) -> tuple[Any, Any, Callable[[np.ndarray], np.ndarray]]:
     """Partition explainer over normalised H×W×3 pixels, blurred where hidden."""
     image, blur = cast(ImageInputs, inputs), params["blur"]
@@ -172,14 +194,20 @@ def _image(
 
     def model(batch: np.ndarray) -> np.ndarray:
         tensor = torch.as_tensor(np.asarray(batch, dtype=np.float32), device=device)
-        return runner.logits(pixel_values=tensor.permute(0, 3, 1, 2)).cpu().numpy()
+        logits = runner.logits(pixel_values=tensor.permute(0, 3, 1, 2))
+        return logits[:, [target]].cpu().numpy()
 
     explainer = shap.explainers.Partition(_model_function(model, remember), masker)
     return explainer, pixels[None], lambda values: values.sum(-1)
 
 
 def _text(
-    adapter: Adapter, inputs: Inputs, runner: BatchRunner, params: dict[str, Any], remember: bool
+    adapter: Adapter,
+    inputs: Inputs,
+    target: int,
+    runner: BatchRunner,
+    params: dict[str, Any],
+    remember: bool,
 ) -> tuple[Any, Any, Callable[[np.ndarray], np.ndarray]]:
     """Partition explainer over the masker's tokens, mapped onto the model's tokens."""
     tokens = cast(TextInputs, inputs)
@@ -191,11 +219,11 @@ def _text(
     ours = tokens.input_ids[0]
     our_free = (~tokens.special_tokens).nonzero().squeeze(1).cpu().numpy()
     if np.array_equal(masker_ids, ours.cpu().numpy()):
-        source = target = np.arange(len(masker_ids))  # same tokens, special ones included
+        source = placed = np.arange(len(masker_ids))  # same tokens, special ones included
     elif len(masker_free) == len(our_free) and np.array_equal(
         masker_ids[masker_free], ours.cpu().numpy()[our_free]
     ):
-        source, target = masker_free, our_free  # the model adds other (or no) special tokens
+        source, placed = masker_free, our_free  # the model adds other (or no) special tokens
     else:
         raise UnsupportedMethodError(
             "shap's text masker tokenises this text differently from the model input; "
@@ -204,18 +232,18 @@ def _text(
     masker = shap.maskers.Text(
         tokenizer, mask_token=text_adapter(adapter).mask_token_id, output_type="token_ids"
     )
-    target_index = torch.as_tensor(target, device=ours.device)
+    placed_index = torch.as_tensor(placed, device=ours.device)
 
     def model(batch: np.ndarray) -> np.ndarray:
         masked = torch.as_tensor(np.asarray(batch, dtype=np.int64)[:, source], device=ours.device)
         ids = ours.expand(masked.shape[0], -1).clone()
-        ids[:, target_index] = masked
+        ids[:, placed_index] = masked
         mask = tokens.attention_mask.expand_as(ids)
-        return runner.logits(input_ids=ids, attention_mask=mask).cpu().numpy()
+        return runner.logits(input_ids=ids, attention_mask=mask)[:, [target]].cpu().numpy()
 
     def reduce(values: np.ndarray) -> np.ndarray:
         scores = np.zeros(len(tokens.tokens))
-        scores[target] = values[source]
+        scores[placed] = values[source]
         return scores
 
     return shap.explainers.Partition(_model_function(model, remember), masker), [text], reduce

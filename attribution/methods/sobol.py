@@ -20,7 +20,13 @@ from attribution.methods.base import Attribution, AttributionMethod
 from attribution.methods.registry import register
 from attribution.models.base import Adapter, Inputs
 from attribution.params import Param, power_of_two
-from attribution.perturb import BatchRunner, auto_batch_size, perturbation_for, top_decile_error
+from attribution.perturb import (
+    TOP_DECILE,
+    BatchRunner,
+    auto_batch_size,
+    perturbation_for,
+    top_decile_error,
+)
 from attribution.run import RunContext
 
 __all__ = ["Sobol", "jansen_total_order", "sobol_design", "total_order_indices"]
@@ -140,8 +146,8 @@ class Sobol(AttributionMethod):
             "tolerance",
             "float",
             None,
-            "Stop early once the top decile's relative standard error (bootstrap standard error "
-            "of the 10 % largest cell indices over their mean) is at most this, checked at "
+            "Stop early once, over the cell indices and their bootstrap errors, "
+            f"{TOP_DECILE.format(error='standard error')} is at most this, checked at "
             f"{MIN_DESIGNS_BEFORE_STOPPING}, {2 * MIN_DESIGNS_BEFORE_STOPPING}, … designs; "
             "needs bootstrap > 1; empty = always n_designs.",
             0.0,

@@ -66,8 +66,10 @@ def check_methods(
     """
     Explain ``inputs`` with every method, then compare the maps and (``randomise``) check each.
 
-    ``params``: method name -> its parameters. ``max_forward_passes`` bounds the whole check;
-    each explanation is refused once the passes left cannot cover it. ``progress`` counts
+    ``params``: method name -> its parameters. ``max_forward_passes`` bounds the whole check:
+    no explanation starts once it is spent, and a sampling method is refused when the passes
+    left cannot cover it (a gradient method, which plans nothing, may overrun the budget by its
+    own few passes). ``progress`` counts
     explanations done out of those planned.
 
     Raises:
@@ -97,6 +99,11 @@ def check_methods(
         if cancel is not None and cancel.is_set():
             raise JobCancelledError("the job was cancelled")
         left = None if max_forward_passes is None else max_forward_passes - spent["forward"]
+        if left is not None and left <= 0:
+            raise BudgetExceededError(
+                f"the check spent the {max_forward_passes:,} forward passes this server allows "
+                f"per request before '{method}': check fewer methods"
+            )
         try:
             explanation = explain(
                 model,

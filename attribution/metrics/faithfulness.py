@@ -50,6 +50,7 @@ __all__ = [
     "IMAGE_FILLS",
     "TEXT_REMOVALS",
     "Faithfulness",
+    "check_options",
     "faithfulness",
     "gaussian_blur",
 ]
@@ -139,6 +140,23 @@ def _areas(curves: dict[str, np.ndarray], counts: Sequence[int]) -> dict[str, fl
     return {f"{name}_auc": float(np.trapezoid(curve, shares)) for name, curve in curves.items()}
 
 
+def check_options(image_fill: str, text_removal: str) -> None:
+    """
+    Refuse an unknown image fill or text removal (before any model work).
+
+    Raises:
+        InvalidParameterError: naming the option and its choices.
+    """
+    if image_fill not in IMAGE_FILLS:
+        raise InvalidParameterError(
+            f"image_fill must be one of {', '.join(IMAGE_FILLS)}; got {image_fill!r}"
+        )
+    if text_removal not in TEXT_REMOVALS:
+        raise InvalidParameterError(
+            f"text_removal must be one of {', '.join(TEXT_REMOVALS)}; got {text_removal!r}"
+        )
+
+
 def faithfulness(
     adapter: Adapter,
     inputs: Inputs,
@@ -167,14 +185,7 @@ def faithfulness(
     """
     if steps < 1 or random_orders < 0:
         raise InvalidParameterError("steps must be at least 1 and random_orders at least 0")
-    if image_fill not in IMAGE_FILLS:
-        raise InvalidParameterError(
-            f"image_fill must be one of {', '.join(IMAGE_FILLS)}; got {image_fill!r}"
-        )
-    if text_removal not in TEXT_REMOVALS:
-        raise InvalidParameterError(
-            f"text_removal must be one of {', '.join(TEXT_REMOVALS)}; got {text_removal!r}"
-        )
+    check_options(image_fill, text_removal)
     run = run or RunContext()
     scores = np.asarray(scores, dtype=np.float64)
     if scores.shape != inputs.map_shape:
@@ -262,7 +273,9 @@ def _image(
     total = 2 * len(counts) * (2 + random_orders)
     runner = BatchRunner(adapter, run, batch_size, total)
     if fill == "road":
-        deletion = insertion = ImagePerturbation(pixels, "road", seed=run.seed)
+        deletion = insertion = ImagePerturbation(
+            pixels, "road", seed=run.seed, stop_if_cancelled=run.stop_if_cancelled
+        )
     else:
         deletion = ImagePerturbation(pixels, "inpainting")  # hidden pixels: the normalised zero
         insertion = ImagePerturbation(pixels, "baseline", baseline=gaussian_blur(pixels))

@@ -21,7 +21,7 @@ from scipy.stats import bootstrap
 
 from attribution.explain import explain
 from attribution.methods import get_method
-from attribution.metrics.faithfulness import faithfulness
+from attribution.metrics.faithfulness import check_options, faithfulness
 from attribution.models.base import Adapter
 from attribution.run import RunContext
 
@@ -85,6 +85,7 @@ def evaluate_methods(
 
     Methods that do not apply to ``adapter`` are left out; an unknown name is an error.
     """
+    check_options(image_fill, text_removal)
     applicable = [name for name in methods if get_method(name).unsupported_reason(adapter) is None]
     rows = []
     for done, item in enumerate(items, start=1):
