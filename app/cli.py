@@ -178,6 +178,134 @@ def _method_params(pairs: Sequence[str]) -> dict[str, dict[str, str]]:
     return params
 
 
+def _batch(args: argparse.Namespace) -> int:
+    from app.batch import BatchConfig, ResultFile, explain_rows, pending_rows
+    from app.worker import ExplainWorker
+
+    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    if not methods:
+        raise _usage_error("--methods names at least one method")
+    output = ResultFile(Path(args.output).expanduser())
+    config = BatchConfig(
+        model=args.model,
+        methods=methods,
+        params=_method_params(args.param),
+        labels=tuple(_labels(args.labels) or ()) or None,
+        seed=args.seed,
+        evaluate=args.evaluate,
+        device=args.device,
+    )
+    done = output.done(methods)
+    rows = list(pending_rows(_batch_rows(args.input), done))
+    print(f"{len(done)} inputs already done, {len(rows)} to go", file=sys.stderr)
+    finished = 0
+    if args.engine == "ray":
+        from app.engine_ray import ray_batches
+
+        batches = ray_batches(
+            rows,
+            config,
+            args.workers,
+            args.gpus_per_worker,
+            args.cpus_per_worker,
+            args.batch_size,
+        )
+        for results in batches:
+            output.append(results)
+            finished += len(results) // len(methods)
+            _report_progress(finished)
+    else:
+        worker = ExplainWorker(device=args.device, max_models=1)
+        try:
+            worker.validate(_first_request(config))  # methods and parameters before any work
+            for start in range(0, len(rows), args.batch_size):
+                chunk = rows[start : start + args.batch_size]
+                output.append(explain_rows(worker, config, chunk))
+                finished += len(chunk)
+                _report_progress(finished)
+        finally:
+            worker.close()
+    print(file=sys.stderr)
+    failed = sum(1 for row in output.rows if row.get("error"))
+    print(
+        f"wrote {len(output.rows)} rows to {args.output} ({failed} with an error)", file=sys.stderr
+    )
+    return 0
+
+
+def _first_request(config: Any) -> Any:
+    """A one-instance request carrying the batch's methods and parameters, for validation."""
+    from app.worker import BatchRequest, Instance
+
+    return BatchRequest(
+        model=config.model,
+        labels=config.labels,
+        seed=config.seed,
+        instances=(Instance(text=""),),
+        methods=config.methods,
+        params=config.params,
+    )
+
+
+def _batch_rows(path: str) -> Iterator[Any]:
+    """
+    The dataset's rows: one per JSONL line, or one per image file of a folder.
+
+    A line is ``{"id"?, "text" | "image": path relative to the file, "target"?}``; a row that
+    cannot be read carries its problem, recorded as its result.
+    """
+    from app.batch import DatasetRow
+    from attribution.errors import InvalidInputError
+
+    source = Path(path).expanduser()
+    if source.is_dir():
+        for file in sorted(p for p in source.iterdir() if p.suffix.lower() in _IMAGE_SUFFIXES):
+            try:
+                yield DatasetRow(id=file.name, image=_read_image_file(str(file)))
+            except AttrlabError as err:
+                yield DatasetRow(id=file.name, problem=str(err))
+        return
+    if not source.is_file():
+        raise InvalidInputError(f"input '{path}' is neither a JSONL file nor a folder of images")
+    try:
+        lines = source.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise InvalidInputError(
+            f"input file '{path}' cannot be read as UTF-8 text: {err}"
+        ) from None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        key = f"line-{number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            yield DatasetRow(id=key, problem=f"line {number}: not JSON ({err.msg})")
+            continue
+        if not isinstance(record, dict) or ("text" in record) == ("image" in record):
+            problem = f'line {number}: give an object with "text" or "image" (a path)'
+            yield DatasetRow(id=key, problem=problem)
+            continue
+        key = str(record.get("id", key))
+        target = record.get("target")
+        if target is not None and (isinstance(target, bool) or not isinstance(target, str | int)):
+            yield DatasetRow(id=key, problem=f"line {number}: target must be a label or an index")
+            continue
+        if "text" in record:
+            text = record["text"]
+            if not isinstance(text, str):
+                yield DatasetRow(id=key, problem=f"line {number}: text must be a string")
+                continue
+            yield DatasetRow(id=key, text=text, target=target)
+            continue
+        try:
+            image = _read_image_file(str(source.parent / str(record["image"])))
+        except AttrlabError as err:
+            yield DatasetRow(id=key, problem=f"line {number}: {err}")
+            continue
+        yield DatasetRow(id=key, image=image, target=target)
+
+
 def _jsonl_records(path: str, target: str | None) -> Iterator[tuple[Any, Any, str]]:
     """``(raw, target, name)`` per JSONL line: ``{"text": ...}`` or ``{"image": path}``."""
     from attribution.errors import InvalidInputError
@@ -410,6 +538,9 @@ def _serve(args: argparse.Namespace) -> int:
         max_image_pixels=args.max_image_pixels,
         max_queue=args.max_queue,
         max_forward_passes=args.max_forward_passes,
+        max_batch=args.max_batch,
+        data_dir=Path(args.data).expanduser() if args.data else None,
+        max_jobs=args.max_jobs,
     )
     if args.param_limit:
         limits = {**settings.param_limits, **parse_param_limits(args.param_limit)}
@@ -497,6 +628,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--max-forward-passes", type=_positive_int, help="ATTRLAB_MAX_FORWARD_PASSES"
     )
+    serve.add_argument("--max-batch", type=_positive_int, help="ATTRLAB_MAX_BATCH")
+    serve.add_argument("--data", help="folder for durable jobs (ATTRLAB_DATA)")
+    serve.add_argument("--max-jobs", type=_positive_int, help="ATTRLAB_MAX_JOBS")
     serve.set_defaults(run=_serve)
 
     layers = sub.add_parser(
@@ -592,6 +726,37 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--output", help="file to write (default: stdout)")
     check.set_defaults(run=_check)
 
+    batch = sub.add_parser(
+        "batch", help="every method on every row of a dataset, to JSON Lines or Parquet"
+    )
+    batch.add_argument("--model", default=None, help="alias, hub id or local folder")
+    batch.add_argument("--methods", required=True, help="comma-separated methods")
+    batch.add_argument(
+        "--input",
+        required=True,
+        help='JSONL ({"id"?, "text" | "image": path, "target"?} per line) or a folder of images',
+    )
+    batch.add_argument(
+        "--output", required=True, help="out.jsonl or out.parquet (resumed when it exists)"
+    )
+    batch.add_argument("--engine", choices=("local", "ray"), default="local")
+    batch.add_argument("--workers", type=_positive_int, default=1, help="Ray actors")
+    batch.add_argument(
+        "--gpus-per-worker", type=float, default=0.0, help="GPUs each Ray actor holds"
+    )
+    batch.add_argument(
+        "--cpus-per-worker", type=float, default=1.0, help="CPUs each Ray actor holds"
+    )
+    batch.add_argument(
+        "--batch-size", type=_positive_int, default=8, help="rows per worker request"
+    )
+    batch.add_argument("--labels", help="comma-separated labels (zero-shot models)")
+    batch.add_argument("--param", action="append", default=[], help="method.key=value, repeatable")
+    batch.add_argument("--evaluate", action="store_true", help="add each map's trust card")
+    batch.add_argument("--seed", type=int, default=0)
+    batch.add_argument("--device", default=None)
+    batch.set_defaults(run=_batch)
+
     sub.add_parser("models", help="list built-in models").set_defaults(run=_models)
     methods = sub.add_parser("methods", help="list methods and their parameters")
     methods.add_argument("--format", choices=("json", "table"), default="table")
@@ -602,10 +767,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; user errors print one line and exit with status 2."""
     args = build_parser().parse_args(argv)
-    if args.command in ("explain", "layers", "evaluate", "check") and args.model is None:
+    if args.command in ("explain", "layers", "evaluate", "check", "batch") and args.model is None:
         from attribution.models import default_model
 
         image = getattr(args, "image", None) or getattr(args, "images", None)
+        if args.command == "batch":
+            image = Path(args.input).expanduser().is_dir()
         args.model = default_model("image" if image else "text", getattr(args, "next_token", False))
     try:
         return args.run(args)

@@ -19,7 +19,7 @@ from attribution.errors import (
     UnsupportedMethodError,
 )
 
-__all__ = ["ERROR_STATUS", "error_status", "public_message"]
+__all__ = ["ERROR_STATUS", "error_record", "error_status", "public_message"]
 
 #: HTTP status and machine-readable code of each user error (the most specific class wins).
 ERROR_STATUS: dict[type[AttrlabError], tuple[int, str]] = {
@@ -53,3 +53,8 @@ def error_status(err: AttrlabError) -> tuple[int, str]:
 def public_message(message: str) -> str:
     """``message`` with any absolute filesystem path replaced by ``<path>``."""
     return _SERVER_PATH.sub("<path>", message)
+
+
+def error_record(err: AttrlabError) -> dict[str, dict[str, str]]:
+    """The JSON error body for ``err``: ``{"error": {"code": ..., "message": ...}}``."""
+    return {"error": {"code": error_status(err)[1], "message": public_message(str(err))}}

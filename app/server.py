@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import hmac
 import os
-from collections.abc import Callable
+import sqlite3
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
 import gradio as gr
 from fastapi import FastAPI
 from PIL import Image
 
-from app.api import ApiGuard, build_router, install_error_handlers
-from app.settings import ServerSettings
+from app.api import ApiGuard, build_router, install_error_handlers, job_parser
+from app.jobs import JobRunner, JobStore
+from app.settings import ServerSettings, SettingsError
 from app.ui import build_ui
 from app.worker import ExplainWorker
 
@@ -32,11 +35,31 @@ def create_app(
     worker = worker or ExplainWorker(settings=settings or ServerSettings.for_server())
     settings = worker.settings
 
-    app = FastAPI(title="attrlab", version="0.1.0")
+    jobs = None
+    if settings.data_dir is not None:
+        try:
+            store = JobStore(settings.data_dir / "jobs")
+        except (OSError, sqlite3.Error) as err:
+            raise SettingsError(
+                f"cannot keep jobs in the data folder '{settings.data_dir}' (ATTRLAB_DATA): {err}"
+            ) from None
+        jobs = JobRunner(store, worker, job_parser)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if jobs is not None:
+            jobs.start()  # queued and interrupted jobs resume
+        try:
+            yield
+        finally:
+            if jobs is not None:
+                jobs.stop()  # the job in progress goes back to the queue
+
+    app = FastAPI(title="attrlab", version="0.1.0", lifespan=lifespan)
     install_error_handlers(app)
-    app.include_router(build_router(worker))
+    app.include_router(build_router(worker, jobs))
     app.add_middleware(
-        ApiGuard, routes=app.router, max_bytes=settings.max_body_bytes, prefix="/api"
+        ApiGuard, routes=app.router, max_bytes=settings.max_body_bytes, prefix=("/api", "/v1/")
     )
 
     page = build_ui(worker).queue(max_size=settings.max_queue)

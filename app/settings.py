@@ -79,6 +79,10 @@ class ServerSettings:
         max_queue: Requests waiting or running at once; more are answered 429.
         max_forward_passes: Most forward passes one request may need (sampling methods:
             masks × cells, windows, evaluations); ``None`` means no limit.
+        max_batch: Most instances in one batch request (``instances``); larger sets go to jobs.
+        data_dir: Where durable jobs keep their table and results (``None``: no jobs).
+        max_jobs: Jobs queued or running at once; more are answered 429.
+        max_job_instances: Most instances in one job.
     """
 
     models: frozenset[str] | None = None
@@ -91,6 +95,10 @@ class ServerSettings:
     api_token: str | None = None
     max_queue: int = 1024
     max_forward_passes: int | None = None
+    max_batch: int = 64
+    data_dir: Path | None = None
+    max_jobs: int = 16
+    max_job_instances: int = 10_000
 
     @classmethod
     def unrestricted(cls) -> ServerSettings:
@@ -119,6 +127,10 @@ class ServerSettings:
             api_token=env.get("ATTRLAB_API_TOKEN") or None,
             max_queue=_positive(env, "ATTRLAB_MAX_QUEUE", 64),
             max_forward_passes=_positive(env, "ATTRLAB_MAX_FORWARD_PASSES", 20_000),
+            max_batch=_positive(env, "ATTRLAB_MAX_BATCH", 64),
+            data_dir=Path(env.get("ATTRLAB_DATA") or default_data_dir()).expanduser(),
+            max_jobs=_positive(env, "ATTRLAB_MAX_JOBS", 16),
+            max_job_instances=_positive(env, "ATTRLAB_MAX_JOB_INSTANCES", 10_000),
         )
         return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
 
@@ -184,6 +196,11 @@ class ServerSettings:
                     f"parameter '{name}' = {value} is above this server's limit of "
                     f"{limit:g} for {method}; ask for less"
                 )
+
+
+def default_data_dir() -> Path:
+    """``$XDG_DATA_HOME/attrlab``, else ``~/.local/share/attrlab``: where jobs are kept."""
+    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "attrlab"
 
 
 def parse_param_limits(items: list[str]) -> dict[str, float]:

@@ -11,7 +11,7 @@ import os
 import threading
 from abc import ABC, abstractmethod
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -21,7 +21,12 @@ from transformers.utils import logging as hf_logging
 
 from app.settings import ServerSettings
 from attribution import explain, load
-from attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
+from attribution.errors import (
+    AttrlabError,
+    InvalidInputError,
+    InvalidParameterError,
+    JobCancelledError,
+)
 from attribution.explanation import Explanation
 from attribution.methods import get_method
 from attribution.metrics.check import MethodCheck, check_methods
@@ -30,13 +35,17 @@ from attribution.params import validate_params
 from attribution.run import ProgressCallback
 
 __all__ = [
+    "BatchRequest",
     "CheckRequest",
     "ExplainRequest",
     "ExplainWorker",
     "InputRequest",
+    "Instance",
+    "InstanceResults",
     "Job",
     "QueueFullError",
     "WorkerClosedError",
+    "WorkerRequest",
     "parse_param_pairs",
 ]
 
@@ -67,36 +76,58 @@ def parse_param_pairs(pairs: Sequence[str]) -> dict[str, str]:
 
 
 @dataclass(frozen=True, kw_only=True)
-class InputRequest(ABC, Generic[Result]):
+class Instance:
     """
-    What every job names: a model, a text or an image, the target and the seed.
+    One input: a text or an image, and the output to explain.
 
     ``image`` holds encoded image bytes or a decoded array, never a path: front ends that read
     files (the CLI) read them before building the request.
     """
 
-    model: str
     text: str | None = None
     image: Any = None
-    labels: Sequence[str] | None = None
     target: int | str | None = None
-    seed: int = 0
-    next_token: bool = False  # the model must be a decoder LM; its next token is explained
+    #: Why the input could not even be read (undecodable base64): its job reports this.
+    problem: str | None = None
 
     @property
     def modality(self) -> str:
-        """``"text"`` or ``"image"``, refusing requests that give both or neither."""
+        """``"text"`` or ``"image"``, refusing inputs that give both or neither."""
         if (self.text is None) == (self.image is None):
             raise InvalidInputError("give exactly one input: a text or an image")
         return "text" if self.text is not None else "image"
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerRequest(ABC, Generic[Result]):
+    """What every job names: a model (with zero-shot labels), a seed, next-token or not."""
+
+    model: str
+    labels: Sequence[str] | None = None
+    seed: int = 0
+    next_token: bool = False  # the model must be a decoder LM; its next token is explained
+
+    def check(self, settings: ServerSettings) -> None:
+        """Refuse, before queueing, what is out of this server's bounds."""
+        settings.check_request(None, self.labels, None, self.seed)
 
     @abstractmethod
     def method_params(self) -> dict[str, dict[str, Any]]:
         """Method name -> the parameters the job runs it with."""
 
     @abstractmethod
-    def run_on(self, adapter: Adapter, inputs: Inputs, run: JobContext) -> Result:
+    def run_on(self, adapter: Adapter, run: JobContext) -> Result:
         """Compute the job's result on the loaded model."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class InputRequest(WorkerRequest[Result], Instance):
+    """A job on one input."""
+
+    def check(self, settings: ServerSettings) -> None:
+        """Exactly one input, and every field within this server's bounds."""
+        self.modality  # noqa: B018 - raises for both or neither
+        settings.check_request(self.text, self.labels, self.target, self.seed)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,12 +142,12 @@ class ExplainRequest(InputRequest[Explanation]):
         """The one method and its parameters."""
         return {self.method: self.params}
 
-    def run_on(self, adapter: Adapter, inputs: Inputs, run: JobContext) -> Explanation:
+    def run_on(self, adapter: Adapter, run: JobContext) -> Explanation:
         """The explanation."""
         return explain(
             adapter,
             self.method,
-            inputs,
+            run.prepare(self),
             target=self.target,
             params=self.params,
             seed=self.seed,
@@ -145,12 +176,12 @@ class CheckRequest(InputRequest[MethodCheck]):
         """Each method and its parameters."""
         return {method: self.params.get(method, {}) for method in self.methods}
 
-    def run_on(self, adapter: Adapter, inputs: Inputs, run: JobContext) -> MethodCheck:
+    def run_on(self, adapter: Adapter, run: JobContext) -> MethodCheck:
         """The explanations, their agreement and the randomisation checks."""
         return check_methods(
             adapter,
             self.methods,
-            inputs,
+            run.prepare(self),
             self.target,
             self.params,
             self.seed,
@@ -162,13 +193,91 @@ class CheckRequest(InputRequest[MethodCheck]):
         )
 
 
+#: One instance's results: method name -> its Explanation, or the error that stopped it.
+InstanceResults = dict[str, "Explanation | AttrlabError"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchRequest(WorkerRequest[list[InstanceResults]]):
+    """
+    Several methods on several inputs, in order, as one job.
+
+    An input that cannot be explained (empty, unreadable, too large, a target the model does
+    not have) gets its error and the others go on; each explanation has the server's
+    forward-pass budget of one request.
+    """
+
+    instances: tuple[Instance, ...]
+    methods: tuple[str, ...]
+    params: dict[str, dict[str, Any]] = field(default_factory=dict)  # per method
+    evaluate: bool = False
+
+    def check(self, settings: ServerSettings) -> None:
+        """At least one method and one instance, and no more instances than allowed."""
+        super().check(settings)
+        if not self.methods or not self.instances:
+            raise InvalidParameterError("a batch needs at least one method and one instance")
+        if len(self.instances) > settings.max_batch:
+            raise InvalidParameterError(
+                f"a batch holds at most {settings.max_batch} instances on this server; got "
+                f"{len(self.instances)} (send a job for more)"
+            )
+        unknown = set(self.params) - set(self.methods)
+        if unknown:
+            raise InvalidParameterError(
+                f"parameters are given for {', '.join(sorted(unknown))}, which is not run"
+            )
+
+    def method_params(self) -> dict[str, dict[str, Any]]:
+        """Each method and its parameters."""
+        return {method: self.params.get(method, {}) for method in self.methods}
+
+    def run_on(self, adapter: Adapter, run: JobContext) -> list[InstanceResults]:
+        """Each instance's explanations or errors; a cancelled job stops as a whole."""
+        total = len(self.instances) * len(self.methods)
+        results: list[InstanceResults] = []
+        for number, instance in enumerate(self.instances):
+            done = number * len(self.methods)
+            run.progress(done, total)
+            try:
+                inputs = run.prepare(instance)
+            except JobCancelledError:
+                raise
+            except AttrlabError as err:
+                results.append(dict.fromkeys(self.methods, err))
+                continue
+            outcome: InstanceResults = {}
+            for method in self.methods:
+                try:
+                    outcome[method] = explain(
+                        adapter,
+                        method,
+                        inputs,
+                        target=instance.target,
+                        params=self.params.get(method),
+                        seed=self.seed,
+                        cancel=run.cancel,
+                        max_forward_passes=run.max_forward_passes,
+                        evaluate=self.evaluate,
+                    )
+                except JobCancelledError:
+                    raise
+                except AttrlabError as err:
+                    outcome[method] = err
+            results.append(outcome)
+        run.progress(total, total)
+        return results
+
+
 @dataclass(frozen=True)
 class JobContext:
-    """What the worker hands a job: progress, the cancel switch and the server's budget."""
+    """What the worker hands a job: progress, cancel switch, budget, and its input decoder."""
 
     progress: ProgressCallback
     cancel: threading.Event
     max_forward_passes: int | None
+    #: An instance checked against the server's bounds and the model, decoded, preprocessed.
+    prepare: Callable[[Instance], Inputs]
 
 
 @dataclass(eq=False)  # identity: jobs are kept in a set while they wait or run
@@ -232,7 +341,7 @@ class ExplainWorker:
         return adapter.with_labels(labels) if labels else adapter
 
     def submit(
-        self, request: InputRequest[Result], progress: ProgressCallback | None = None
+        self, request: WorkerRequest[Result], progress: ProgressCallback | None = None
     ) -> Job[Result]:
         """
         Queue a request; the returned job reports progress and can be cancelled.
@@ -240,8 +349,7 @@ class ExplainWorker:
         Raises:
             AttrlabError: at once, for a request out of bounds, a full queue or a closed worker.
         """
-        request.modality  # noqa: B018 - exactly one input, checked before queueing
-        self.settings.check_request(request.text, request.labels, request.target, request.seed)
+        self.validate(request)  # before queueing
         job: Job[Result] = Job(future=Future(), cancel_event=threading.Event())
         with self._lock:
             if self._closed:
@@ -261,12 +369,26 @@ class ExplainWorker:
         job.future.add_done_callback(lambda _: self._finished(job))
         return job
 
+    def validate(self, request: WorkerRequest[Any]) -> None:
+        """
+        Refuse a request this server will not run, without loading anything.
+
+        Raises:
+            AttrlabError: a field out of bounds, an unknown method or parameter, a parameter
+                over budget, a model this server does not serve.
+        """
+        request.check(self.settings)
+        for name, params in request.method_params().items():
+            method = get_method(name)
+            self.settings.check_params(method.name, validate_params(method.params, params))
+        self.settings.model_source((request.model or "").strip())
+
     def _finished(self, job: Job[Any]) -> None:
         with self._lock:
             self._jobs.discard(job)
 
     def explain(
-        self, request: InputRequest[Result], progress: ProgressCallback | None = None
+        self, request: WorkerRequest[Result], progress: ProgressCallback | None = None
     ) -> Result:
         """Submit and wait."""
         return self.submit(request, progress).result()
@@ -283,30 +405,35 @@ class ExplainWorker:
             }
 
     def _run(
-        self, request: InputRequest[Result], progress: ProgressCallback, cancel: threading.Event
+        self, request: WorkerRequest[Result], progress: ProgressCallback, cancel: threading.Event
     ) -> Result:
-        # Fail on bad parameters before loading a model; budgets apply to resolved values.
-        for name, params in request.method_params().items():
-            method = get_method(name)
-            self.settings.check_params(method.name, validate_params(method.params, params))
         adapter = self.adapter(request.model, request.labels)
-        if adapter.modality != request.modality:
-            raise InvalidInputError(
-                f"model '{adapter.model_id}' takes {_article(adapter.modality)} as input, but "
-                f"the request gives {_article(request.modality)}"
-            )
         if request.next_token and adapter.family != "decoder-lm":
             raise InvalidInputError(
                 f"a next-token explanation needs a decoder LM; model '{adapter.model_id}' is a "
                 f"{adapter.family} (the default LM is '{DEFAULT_MODELS['next-token']}')"
             )
-        raw = (
-            request.text
-            if request.text is not None
-            else load_image(request.image, max_pixels=self.settings.max_image_pixels)
-        )
-        context = JobContext(progress, cancel, self.settings.max_forward_passes)
-        return request.run_on(adapter, adapter.preprocess(raw), context)
+
+        def prepare(instance: Instance) -> Inputs:
+            if cancel.is_set():
+                raise JobCancelledError("the job was cancelled")
+            if instance.problem is not None:
+                raise InvalidInputError(instance.problem)
+            self.settings.check_request(instance.text, None, instance.target, request.seed)
+            if adapter.modality != instance.modality:
+                raise InvalidInputError(
+                    f"model '{adapter.model_id}' takes {_article(adapter.modality)} as input, "
+                    f"but the request gives {_article(instance.modality)}"
+                )
+            raw = (
+                instance.text
+                if instance.text is not None
+                else load_image(instance.image, max_pixels=self.settings.max_image_pixels)
+            )
+            return adapter.preprocess(raw)
+
+        context = JobContext(progress, cancel, self.settings.max_forward_passes, prepare)
+        return request.run_on(adapter, context)
 
     def close(self) -> None:
         """Stop accepting work, cancel what is queued or running, and release the models."""

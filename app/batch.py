@@ -1,0 +1,176 @@
+"""
+``attrlab batch``: every method on every row of a dataset, written as JSON Lines or Parquet.
+
+The same function explains a chunk of rows on the local worker and inside each Ray actor
+(:mod:`app.engine_ray`), so both engines give the same rows. Output is resumable: rows whose
+id already has a result for every method are skipped, and results are written as each chunk
+finishes (JSON Lines appended and flushed; Parquet rewritten through a temporary file and an
+atomic rename), so an interrupted run loses at most the chunk in progress.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from app.jobs import instance_json
+from app.worker import BatchRequest, ExplainWorker, Instance
+from attribution.errors import InvalidInputError
+
+__all__ = [
+    "BatchConfig",
+    "DatasetRow",
+    "ResultFile",
+    "explain_rows",
+    "pending_rows",
+    "result_rows",
+    "result_table",
+]
+
+#: Columns of a batch result row (Parquet, and the flattened job results).
+RESULT_COLUMNS = [
+    "id",
+    "method",
+    "target",
+    "label",
+    "probability",
+    "scores",
+    "error",
+    "explanation",
+]
+
+
+@dataclass(frozen=True)
+class DatasetRow:
+    """One input of a dataset: its id, a text or the image file's bytes, an optional target."""
+
+    id: str
+    text: str | None = None
+    image: bytes | None = None
+    target: int | str | None = None
+    #: Why the row could not be read (bad JSON, a missing file): recorded as its result.
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    """What every row is explained with (plain data: it travels to Ray actors)."""
+
+    model: str
+    methods: tuple[str, ...]
+    params: dict[str, dict[str, Any]] = field(default_factory=dict)
+    labels: tuple[str, ...] | None = None
+    seed: int = 0
+    evaluate: bool = False
+    device: str | None = None
+
+
+def explain_rows(
+    worker: ExplainWorker, config: BatchConfig, rows: Sequence[DatasetRow]
+) -> list[dict[str, Any]]:
+    """
+    Result rows (see :data:`RESULT_COLUMNS`) for ``rows``, in order, one per row and method.
+
+    A row that cannot be explained gets its error in each of its result rows.
+    """
+    request = BatchRequest(
+        model=config.model,
+        labels=config.labels,
+        seed=config.seed,
+        instances=tuple(
+            Instance(text=r.text, image=r.image, target=r.target, problem=r.problem) for r in rows
+        ),
+        methods=config.methods,
+        params=config.params,
+        evaluate=config.evaluate,
+    )
+    results = worker.explain(request)
+    return [
+        result
+        for row, outcome in zip(rows, results, strict=True)
+        for result in result_rows(row.id, instance_json(outcome))
+    ]
+
+
+def result_rows(key: Any, explanations: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One instance's wire results (method -> Explanation JSON or error) as result rows."""
+    rows = []
+    for method, outcome in explanations.items():
+        error = outcome.get("error")
+        target = outcome.get("target") or {}
+        rows.append(
+            {
+                "id": key,
+                "method": method,
+                "target": target.get("index"),
+                "label": target.get("label"),
+                "probability": target.get("probability"),
+                "scores": None if error else json.dumps(outcome["scores"]),
+                "error": None if error is None else error["message"],
+                "explanation": None if error else json.dumps(outcome),
+            }
+        )
+    return rows
+
+
+def result_table(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
+    """Result rows as a frame with :data:`RESULT_COLUMNS` (``target``: integers or missing)."""
+    table = pd.DataFrame.from_records(list(rows), columns=RESULT_COLUMNS)
+    return table.astype({"target": "Int64"})
+
+
+class ResultFile:
+    """A batch's output, ``.jsonl`` or ``.parquet``: the rows already there, and appending."""
+
+    def __init__(self, path: Path) -> None:
+        if path.suffix not in (".jsonl", ".parquet"):
+            raise InvalidInputError(f"the output must end in .jsonl or .parquet; got '{path}'")
+        if not path.parent.is_dir():
+            raise InvalidInputError(f"the output's folder '{path.parent}' does not exist")
+        self.path = path
+        self.rows = self._read() if path.exists() else []
+
+    def _read(self) -> list[dict[str, Any]]:
+        if self.path.suffix == ".parquet":
+            try:
+                return pd.read_parquet(self.path).to_dict("records")
+            except (OSError, ValueError) as err:
+                raise InvalidInputError(f"cannot read '{self.path}' to resume: {err}") from None
+        rows = []
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line cut short by an interruption: that row is redone
+        return rows
+
+    def done(self, methods: Sequence[str]) -> set[str]:
+        """Ids with a result for every method."""
+        seen: dict[str, set[str]] = {}
+        for row in self.rows:
+            seen.setdefault(str(row["id"]), set()).add(row["method"])
+        return {key for key, found in seen.items() if set(methods) <= found}
+
+    def append(self, rows: list[dict[str, Any]]) -> None:
+        """Add rows durably: JSON Lines appended and flushed, Parquet rewritten atomically."""
+        self.rows += rows
+        if self.path.suffix == ".jsonl":
+            with self.path.open("a", encoding="utf-8") as file:
+                file.writelines(json.dumps(row) + "\n" for row in rows)
+                file.flush()
+                os.fsync(file.fileno())
+            return
+        partial = self.path.with_name(self.path.name + ".partial")
+        result_table(self.rows).to_parquet(partial, index=False)
+        partial.replace(self.path)
+
+
+def pending_rows(rows: Iterable[DatasetRow], done: set[str]) -> Iterator[DatasetRow]:
+    """The rows whose id is not done yet."""
+    return (row for row in rows if row.id not in done)

@@ -1,0 +1,271 @@
+"""Batch explanations over REST, durable jobs, the KServe route, and `attrlab batch`."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import io
+import json
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from app.cli import main
+from app.server import create_app
+from app.settings import ServerSettings
+from app.worker import ExplainWorker
+
+TEXT_MODEL, IMAGE_MODEL = "tiny-random-bert", "tiny-random-vit"
+SENTENCES = ["the cat sat on the mat", "a fine day for a walk", "what a terrible film"]
+
+
+def _settings(tmp_path, **overrides):
+    env = {"ATTRLAB_DATA": str(tmp_path), "ATTRLAB_MODELS": f"{TEXT_MODEL},{IMAGE_MODEL}"}
+    return ServerSettings.for_server(env, **overrides)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    worker = ExplainWorker(device="cpu", settings=_settings(tmp_path_factory.mktemp("data")))
+    with TestClient(create_app(worker)) as client:
+        yield client
+    worker.close()
+
+
+def _png(seed: int) -> str:
+    pixels = np.random.default_rng(seed).integers(0, 255, (40, 40, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def _single(client, method: str, **fields) -> dict:
+    response = client.post("/api/v1/explain", json={"method": method, **fields})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_a_text_batch_answers_in_order_and_reports_a_bad_instance_alone(served):
+    instances = [{"text": SENTENCES[0]}, {"text": ""}, {"text": SENTENCES[1], "target": 0}]
+    body = {"model": TEXT_MODEL, "methods": ["gradient_x_input", "attnlrp"], "instances": instances}
+    response = served.post("/api/v1/explain", json=body)
+    assert response.status_code == 200, response.text
+    first, bad, last = response.json()["explanations"]
+    for method in ("gradient_x_input", "attnlrp"):
+        alone = _single(served, method, model=TEXT_MODEL, text=SENTENCES[0])
+        assert first[method]["scores"] == alone["scores"]
+        assert first[method]["tokens"] == alone["tokens"]
+        assert bad[method]["error"]["code"] == "invalid_input"
+        assert "empty" in bad[method]["error"]["message"]
+        assert last[method]["target"]["index"] == 0
+        kept = _single(served, method, model=TEXT_MODEL, text=SENTENCES[1], target=0)
+        assert last[method]["scores"] == kept["scores"]
+
+
+def test_an_image_batch_with_one_undecodable_instance(served):
+    instances = [
+        {"image_base64": _png(1)},
+        {"image_base64": "not base64!"},
+        {"image_base64": _png(2)},
+    ]
+    body = {"model": IMAGE_MODEL, "method": "gradient_x_input", "instances": instances}
+    response = served.post("/api/v1/explain", json=body)
+    assert response.status_code == 200, response.text
+    first, bad, last = (e["gradient_x_input"] for e in response.json()["explanations"])
+    assert bad["error"]["message"] == "image_base64 is not valid base64"
+    for got, seed in ((first, 1), (last, 2)):
+        alone = _single(served, "gradient_x_input", model=IMAGE_MODEL, image_base64=_png(seed))
+        assert got["scores"] == alone["scores"]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "words"),
+    [
+        ({"text": "a"}, 422, "'instances' for a batch"),
+        ({"instances": [{"text": "a"}]}, 422, "'method' or 'methods'"),
+        ({"instances": [{"text": "a"}], "method": "x", "methods": ["y"]}, 422, "'methods'"),
+        ({"instances": [{"text": "a"}], "text": "b", "method": "attnlrp"}, 422, "each instance"),
+        ({"instances": [{"text": "a"}], "method": "nope"}, 404, "nope"),
+        ({"instances": [{"text": "a"}], "methods": ["rise"], "params": {"rise": 3}}, 422, "object"),
+        ({"instances": [{"text": "a"}] * 65, "method": "attnlrp"}, 422, "at most 64 instances"),
+    ],
+)
+def test_bad_batches_are_refused_as_a_whole(served, body, status, words):
+    response = served.post("/api/v1/explain", json={"model": TEXT_MODEL, **body})
+    assert response.status_code == status, response.text
+    assert words in response.json()["error"]["message"]
+
+
+def test_the_kserve_route_explains_texts_and_objects(served):
+    body = {
+        "instances": [SENTENCES[0], {"text": SENTENCES[2], "target": 1}],
+        "parameters": {"method": "gradient_x_input"},
+    }
+    response = served.post(f"/v1/models/{TEXT_MODEL}:explain", json=body)
+    assert response.status_code == 200, response.text
+    first, second = response.json()["explanations"]
+    assert (
+        first["scores"]
+        == _single(served, "gradient_x_input", model=TEXT_MODEL, text=SENTENCES[0])["scores"]
+    )
+    assert second["target"]["index"] == 1
+    unknown = served.post("/v1/models/not-served:explain", json={"instances": ["a"]})
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "unknown_model"
+    assert served.get("/v1/models/x:nothing").status_code == 404
+
+
+def _wait(client, job_id: str, states=("done", "failed", "cancelled"), timeout: float = 60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = client.get(f"/api/v1/jobs/{job_id}").json()
+        if status["status"] in states:
+            return status
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} still {status}")
+
+
+def _timeless(explanations: dict) -> dict:
+    """Results without their timings (the same work twice takes different seconds)."""
+    return {m: {k: v for k, v in e.items() if k != "timings"} for m, e in explanations.items()}
+
+
+def test_a_job_runs_reports_progress_and_serves_its_results(served):
+    instances = [{"text": s} for s in SENTENCES] + [{"text": ""}]
+    body = {"model": TEXT_MODEL, "methods": ["gradient_x_input", "attnlrp"], "instances": instances}
+    submitted = served.post("/api/v1/jobs", json=body)
+    assert submitted.status_code == 202, submitted.text
+    job_id = submitted.json()["job_id"]
+    status = _wait(served, job_id)
+    assert status["status"] == "done" and status["done"] == status["total"] == 4
+    assert status["instance_errors"] == 1
+    lines = served.get(f"/api/v1/jobs/{job_id}/results").text.splitlines()
+    rows = [json.loads(line) for line in lines]
+    assert [r["index"] for r in rows] == [0, 1, 2, 3]
+    batch = served.post("/api/v1/explain", json=body).json()["explanations"]
+    for row, expected in zip(rows, batch, strict=True):
+        assert _timeless(row["explanations"]) == _timeless(expected)
+    parquet = served.get(f"/api/v1/jobs/{job_id}/results", params={"format": "parquet"})
+    table = pd.read_parquet(io.BytesIO(parquet.content))
+    assert len(table) == 8 and table["error"].notna().sum() == 2
+    first = table[(table["index"] == 0) & (table.method == "attnlrp")].iloc[0]
+    assert json.loads(first.scores) == batch[0]["attnlrp"]["scores"]
+    assert served.delete(f"/api/v1/jobs/{job_id}").json()["status"] == "done"  # finished stays
+    assert served.get("/api/v1/jobs/0123").status_code == 404
+
+
+def test_jobs_survive_a_restart_and_a_full_queue_answers_429(tmp_path):
+    slow = {"n_masks": 1500, "batch_size": 1}  # seconds per instance on the tiny model
+    body = {
+        "model": TEXT_MODEL,
+        "method": "rise",
+        "params": slow,
+        "instances": [{"text": s} for s in SENTENCES],
+    }
+    worker = ExplainWorker(device="cpu", settings=_settings(tmp_path, max_jobs=2))
+    with TestClient(create_app(worker)) as client:
+        job_id = client.post("/api/v1/jobs", json=body).json()["job_id"]
+        queued = client.post("/api/v1/jobs", json=body).json()["job_id"]
+        full = client.post("/api/v1/jobs", json=body)
+        assert full.status_code == 429 and full.headers["Retry-After"]
+        assert full.json()["error"]["code"] == "queue_full"
+        cancelled = client.delete(f"/api/v1/jobs/{queued}").json()
+        assert cancelled["status"] == "cancelled"
+        _wait(client, job_id, states=("running",))
+        while client.get(f"/api/v1/jobs/{job_id}").json()["done"] < 1:
+            time.sleep(0.05)
+    # the server stopped mid-job: what finished is on disk, the rest waits
+    worker.close()
+    kept = (tmp_path / "jobs" / "results" / f"{job_id}.jsonl").read_text().splitlines()
+    assert 1 <= len(kept) < 3
+    restarted = ExplainWorker(device="cpu", settings=_settings(tmp_path, max_jobs=2))
+    with TestClient(create_app(restarted)) as client:
+        status = _wait(client, job_id)
+        assert status["status"] == "done" and status["done"] == 3
+        lines = client.get(f"/api/v1/jobs/{job_id}/results").text.splitlines()
+        assert lines[: len(kept)] == kept  # finished results kept as they were
+        assert client.get(f"/api/v1/jobs/{queued}").json()["done"] == 0  # cancelled: never ran
+    restarted.close()
+
+
+def test_jobs_need_a_data_folder(tmp_path):
+    settings = dataclasses.replace(_settings(tmp_path), data_dir=None)
+    worker = ExplainWorker(device="cpu", settings=settings)
+    client = TestClient(create_app(worker))
+    body = {"model": TEXT_MODEL, "method": "attnlrp", "instances": [{"text": "a"}]}
+    response = client.post("/api/v1/jobs", json=body)
+    assert response.status_code == 404 and "no jobs" in response.json()["error"]["message"]
+    worker.close()
+
+
+def _dataset(tmp_path, lines: list[str]):
+    path = tmp_path / "data.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+TWELVE = [json.dumps({"id": f"s{i}", "text": f"{SENTENCES[i % 3]} number {i}"}) for i in range(11)]
+TWELVE.append("this line is not json")
+
+
+def _rows(path) -> pd.DataFrame:
+    if path.suffix == ".parquet":
+        table = pd.read_parquet(path)
+    else:
+        table = pd.DataFrame([json.loads(line) for line in path.read_text().splitlines()])
+    return table.sort_values(["id", "method"]).reset_index(drop=True)
+
+
+def test_batch_command_records_bad_rows_and_resumes(tmp_path, capsys):
+    data = _dataset(tmp_path, TWELVE[:5])
+    out = tmp_path / "out.parquet"
+    args = ["batch", "--model", TEXT_MODEL, "--methods", "gradient_x_input,attnlrp"]
+    assert main([*args, "--input", str(data), "--output", str(out)]) == 0
+    first = _rows(out)
+    assert len(first) == 10 and first["error"].isna().all()
+    data = _dataset(tmp_path, TWELVE)
+    assert main([*args, "--input", str(data), "--output", str(out), "--batch-size", "4"]) == 0
+    assert "5 inputs already done, 7 to go" in capsys.readouterr().err
+    rows = _rows(out)
+    assert len(rows) == 24
+    earlier = rows[rows.id.isin(first.id)]
+    columns = ["id", "method", "explanation"]
+    assert earlier[columns].values.tolist() == first[columns].values.tolist()  # kept as they were
+    bad = rows[rows.id == "line-12"]
+    assert len(bad) == 2 and bad["error"].str.contains("not JSON").all()
+    explained = json.loads(rows[rows.id == "s7"].iloc[0].explanation)
+    assert explained["tokens"][1:4] == ["a", "fine", "day"]
+
+
+@pytest.fixture
+def local_ray():
+    import ray
+
+    yield
+    ray.shutdown()
+
+
+def test_ray_engine_gives_the_local_engines_rows(tmp_path, local_ray):
+    data = _dataset(tmp_path, TWELVE)
+    args = ["batch", "--model", TEXT_MODEL, "--methods", "gradient_x_input,attnlrp"]
+    local, ray_out = tmp_path / "local.jsonl", tmp_path / "ray.jsonl"
+    assert main([*args, "--input", str(data), "--output", str(local)]) == 0
+    ray_args = ["--engine", "ray", "--workers", "2", "--cpus-per-worker", "0.5"]
+    assert main([*args, "--input", str(data), "--output", str(ray_out), *ray_args]) == 0
+    got, expected = _rows(ray_out), _rows(local)
+    columns = ["id", "method", "target", "label", "error"]
+    assert got[columns].fillna("").values.tolist() == expected[columns].fillna("").values.tolist()
+    for ray_row, local_row in zip(got.itertuples(), expected.itertuples(), strict=True):
+        if local_row.scores is None or local_row.scores != local_row.scores:  # an error row
+            continue
+        # actors run one thread: float32 sums may round differently in their last bits
+        local_scores = np.asarray(json.loads(local_row.scores))
+        np.testing.assert_allclose(
+            json.loads(ray_row.scores),
+            local_scores,
+            rtol=1e-5,
+            atol=1e-5 * np.abs(local_scores).max(),
+        )
