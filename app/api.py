@@ -364,9 +364,7 @@ class KServeBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    instances: list[str | InstanceBody] = Field(
-        ..., min_length=1, max_length=100_000
-    )
+    instances: list[str | InstanceBody] = Field(..., min_length=1, max_length=100_000)
     parameters: KServeParameters = Field(default_factory=KServeParameters)
 
     def to_batch(self, model: str) -> BatchRequest:
