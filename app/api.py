@@ -11,7 +11,6 @@ import asyncio
 import base64
 import binascii
 import hmac
-import io
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -19,14 +18,15 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 from starlette.routing import Match, Mount, Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.batch import result_rows, result_table
+from app.batch import parquet_file
 from app.errors import error_status, public_message
 from app.jobs import JobRunner, instance_json
 from app.worker import (
@@ -544,14 +544,15 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         job_record(job_id)
         rows = jobs.store.results(job_id)  # type: ignore[union-attr]
         if format == "jsonl":
-            text = "".join(json.dumps(row) + "\n" for row in rows)
-            return Response(text, media_type="application/jsonl")
-        buffer = io.BytesIO()
-        table = result_table(
-            r for row in rows for r in result_rows(row["index"], row["explanations"])
+            lines = (json.dumps(row) + "\n" for row in rows)
+            return StreamingResponse(lines, media_type="application/jsonl")
+        path = parquet_file(rows)
+        return FileResponse(
+            path,
+            media_type="application/vnd.apache.parquet",
+            filename=f"{job_id}.parquet",
+            background=BackgroundTask(path.unlink),  # the temporary file goes once sent
         )
-        table.rename(columns={"id": "index"}).to_parquet(buffer, index=False)
-        return Response(buffer.getvalue(), media_type="application/vnd.apache.parquet")
 
     @router.delete("/jobs/{job_id}")
     def cancel_job(job_id: Annotated[str, Path(max_length=64)]) -> dict[str, Any]:

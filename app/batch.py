@@ -10,16 +10,20 @@ atomic rename), so an interrupted run loses at most the chunk in progress.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-from app.jobs import instance_json
+from app.jobs import cut_torn_tail, instance_json
 from app.worker import BatchRequest, ExplainWorker, Instance
 from attribution.errors import InvalidInputError
 
@@ -125,6 +129,35 @@ def result_table(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
     return table.astype({"target": "Int64"})
 
 
+def parquet_file(results: Iterable[dict[str, Any]], chunk: int = 256) -> Path:
+    """
+    Job results (``{"index", "explanations"}`` per instance) as a temporary Parquet file.
+
+    Written a chunk of instances at a time, so memory stays bounded by one chunk; the caller
+    serves the file (it lies in the system's temporary folder).
+    """
+    handle, name = tempfile.mkstemp(prefix="attrlab-results-", suffix=".parquet")
+    os.close(handle)
+    writer = None
+    try:
+        rows_left = iter(results)
+        while part := list(itertools.islice(rows_left, chunk)):
+            rows = [r for row in part for r in result_rows(row["index"], row["explanations"])]
+            table = pa.Table.from_pandas(
+                result_table(rows).rename(columns={"id": "index"}), preserve_index=False
+            )
+            if writer is None:
+                writer = pq.ParquetWriter(name, table.schema)
+            writer.write_table(table.cast(writer.schema))
+        if writer is None:  # no results yet: an empty table with the columns
+            empty = result_table([]).rename(columns={"id": "index"})
+            empty.to_parquet(name, index=False)
+    finally:
+        if writer is not None:
+            writer.close()
+    return Path(name)
+
+
 class ResultFile:
     """A batch's output, ``.jsonl`` or ``.parquet``: the rows already there, and appending."""
 
@@ -151,23 +184,47 @@ class ResultFile:
         return rows
 
     def done(self, methods: Sequence[str]) -> set[str]:
-        """Ids with a result for every method."""
+        """
+        Ids with a result for every method.
+
+        The rows of ids with only some methods (an interrupted chunk, a method added since) are
+        dropped from the file, so that redoing those ids writes each row once.
+        """
         seen: dict[str, set[str]] = {}
         for row in self.rows:
             seen.setdefault(str(row["id"]), set()).add(row["method"])
-        return {key for key, found in seen.items() if set(methods) <= found}
+        complete = {key for key, found in seen.items() if set(methods) <= found}
+        kept = [row for row in self.rows if str(row["id"]) in complete and row["method"] in methods]
+        if len(kept) != len(self.rows):
+            self.rows = []
+            self._rewrite(kept)
+        return complete
 
     def append(self, rows: list[dict[str, Any]]) -> None:
-        """Add rows durably: JSON Lines appended and flushed, Parquet rewritten atomically."""
-        self.rows += rows
+        """
+        Add rows durably: JSON Lines appended and flushed, Parquet rewritten atomically.
+
+        Parquet has no append: each chunk rewrites the file (fine for the result sizes of a
+        command-line run; use JSON Lines for very large outputs).
+        """
         if self.path.suffix == ".jsonl":
+            self.rows += rows
+            cut_torn_tail(self.path)
             with self.path.open("a", encoding="utf-8") as file:
                 file.writelines(json.dumps(row) + "\n" for row in rows)
                 file.flush()
                 os.fsync(file.fileno())
             return
+        self._rewrite(self.rows + rows)
+
+    def _rewrite(self, rows: list[dict[str, Any]]) -> None:
+        """Replace the file's rows atomically (a temporary file, then a rename)."""
+        self.rows = rows
         partial = self.path.with_name(self.path.name + ".partial")
-        result_table(self.rows).to_parquet(partial, index=False)
+        if self.path.suffix == ".jsonl":
+            partial.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+        else:
+            result_table(rows).to_parquet(partial, index=False)
         partial.replace(self.path)
 
 

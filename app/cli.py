@@ -195,7 +195,12 @@ def _batch(args: argparse.Namespace) -> int:
         evaluate=args.evaluate,
         device=args.device,
     )
-    done = output.done(methods)
+    checker = ExplainWorker(device=args.device, max_models=1)
+    try:
+        checker.validate(_first_request(config))  # methods, parameters, model: before any work
+    finally:
+        checker.close()
+    done = output.done(methods)  # ids with every method written; partial ids are redone
     rows = list(pending_rows(_batch_rows(args.input), done))
     print(f"{len(done)} inputs already done, {len(rows)} to go", file=sys.stderr)
     finished = 0
@@ -217,7 +222,6 @@ def _batch(args: argparse.Namespace) -> int:
     else:
         worker = ExplainWorker(device=args.device, max_models=1)
         try:
-            worker.validate(_first_request(config))  # methods and parameters before any work
             for start in range(0, len(rows), args.batch_size):
                 chunk = rows[start : start + args.batch_size]
                 output.append(explain_rows(worker, config, chunk))
@@ -286,7 +290,8 @@ def _batch_rows(path: str) -> Iterator[Any]:
             problem = f'line {number}: give an object with "text" or "image" (a path)'
             yield DatasetRow(id=key, problem=problem)
             continue
-        key = str(record.get("id", key))
+        if record.get("id") is not None:
+            key = str(record["id"])
         target = record.get("target")
         if target is not None and (isinstance(target, bool) or not isinstance(target, str | int)):
             yield DatasetRow(id=key, problem=f"line {number}: target must be a label or an index")

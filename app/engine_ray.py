@@ -111,9 +111,12 @@ def ray_batches(
         num_cpus=cpus_per_worker,
     )
     for batch in dataset.iter_batches(batch_format="pandas", batch_size=None):
-        yield [
+        rows = [
             {key: _value(value) for key, value in row.items()} for row in batch.to_dict("records")
         ]
+        for row in rows:  # a column with missing targets comes back as floats
+            row["target"] = None if row["target"] is None else int(row["target"])
+        yield rows
 
 
 def _value(value: Any) -> Any:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from app.worker import QueueFullError, WorkerClosedError
+from app.worker import InstanceFailedError, QueueFullError, WorkerClosedError
 from attribution.errors import (
     AttrlabError,
     BudgetExceededError,
@@ -35,6 +35,7 @@ ERROR_STATUS: dict[type[AttrlabError], tuple[int, str]] = {
     DeviceMemoryError: (503, "out_of_device_memory"),
     JobCancelledError: (503, "cancelled"),
     WorkerClosedError: (503, "shutting_down"),
+    InstanceFailedError: (500, "internal"),
 }
 
 # An absolute POSIX or Windows path not preceded by a word character, e.g. inside a library's

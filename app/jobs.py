@@ -25,6 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from app.errors import error_record
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: one server per data folder, unchecked
+    fcntl = None  # type: ignore[assignment]
 from app.worker import (
     BatchRequest,
     ExplainWorker,
@@ -60,11 +65,10 @@ CREATE TABLE IF NOT EXISTS jobs (
 
 @dataclass(frozen=True)
 class JobRecord:
-    """One row of the job table."""
+    """One row of the job table (without its stored request)."""
 
     id: str
     status: str
-    request: dict[str, Any]
     total: int
     done: int
     errors: int
@@ -92,8 +96,17 @@ class JobRecord:
         }
 
 
+_COLUMNS = "id, status, total, done, errors, created, started, finished, message"
+
+
 class JobStore:
-    """The job table (SQLite) and the result files, in one folder."""
+    """
+    The job table (SQLite) and the result files, in one folder.
+
+    Every change of state is one transaction, and the ones that race (claiming a queued job,
+    cancelling, finishing, the queue limit) are conditional updates, so two threads or two
+    servers on one folder never run a job twice or undo a cancel.
+    """
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
@@ -108,10 +121,21 @@ class JobStore:
         with closing(sqlite3.connect(self.folder / "jobs.sqlite", timeout=30)) as db, db:
             yield db
 
-    def create(self, request: dict[str, Any], total: int) -> str:
-        """A new queued job; its id."""
+    def create(self, request: dict[str, Any], total: int, limit: int) -> str:
+        """
+        A new queued job; its id.
+
+        Raises:
+            QueueFullError: ``limit`` jobs are already queued or running.
+        """
         job_id = uuid.uuid4().hex
         with self._connection() as db:
+            db.execute("BEGIN IMMEDIATE")  # the count and the insert as one step
+            (active,) = db.execute(
+                "SELECT COUNT(*) FROM jobs WHERE status IN ('queued', 'running')"
+            ).fetchone()
+            if active >= limit:
+                raise QueueFullError(f"{limit} jobs are already queued or running; try again later")
             db.execute(
                 "INSERT INTO jobs (id, status, request, total, created) VALUES (?, ?, ?, ?, ?)",
                 (job_id, "queued", json.dumps(request), total, time.time()),
@@ -122,34 +146,36 @@ class JobStore:
         """The job, or None when there is no such job."""
         with self._connection() as db:
             row = db.execute(f"SELECT {_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        return _record(row) if row else None
+        return JobRecord(*row) if row else None
 
-    def next_queued(self) -> JobRecord | None:
-        """The oldest queued job."""
+    def request(self, job_id: str) -> dict[str, Any]:
+        """The job's stored request body."""
         with self._connection() as db:
+            (text,) = db.execute("SELECT request FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return dict(json.loads(text))
+
+    def claim_next(self) -> JobRecord | None:
+        """Mark the oldest queued job running and return it; None when nothing is queued."""
+        with self._connection() as db:
+            db.execute("BEGIN IMMEDIATE")
             row = db.execute(
-                f"SELECT {_COLUMNS} FROM jobs WHERE status = 'queued' ORDER BY created LIMIT 1"
+                "SELECT id FROM jobs WHERE status = 'queued' ORDER BY created LIMIT 1"
             ).fetchone()
-        return _record(row) if row else None
+            if row is None:
+                return None
+            db.execute(
+                "UPDATE jobs SET status = 'running', started = COALESCE(started, ?) WHERE id = ?",
+                (time.time(), row[0]),
+            )
+        return self.get(row[0])
 
-    def active(self) -> int:
-        """Jobs queued or running."""
-        with self._connection() as db:
-            (count,) = db.execute(
-                "SELECT COUNT(*) FROM jobs WHERE status IN ('queued', 'running')"
-            ).fetchone()
-        return int(count)
-
-    def set_status(self, job_id: str, status: str, message: str | None = None) -> None:
-        """Move a job to ``status`` (stamping when it started or finished)."""
-        now = time.time()
+    def finish(self, job_id: str, status: str, message: str | None = None) -> None:
+        """End a running job as ``done`` or ``failed`` (a cancel that came first stands)."""
         with self._connection() as db:
             db.execute(
-                "UPDATE jobs SET status = ?, message = COALESCE(?, message), "
-                "started = CASE WHEN ? = 'running' THEN COALESCE(started, ?) ELSE started END, "
-                "finished = CASE WHEN ? IN ('done', 'failed', 'cancelled') THEN ? ELSE NULL END "
-                "WHERE id = ?",
-                (status, message, status, now, status, now, job_id),
+                "UPDATE jobs SET status = ?, message = ?, finished = ? "
+                "WHERE id = ? AND status = 'running'",
+                (status, message, time.time(), job_id),
             )
 
     def cancel(self, job_id: str) -> bool:
@@ -178,49 +204,69 @@ class JobStore:
         """The job's JSON Lines result file."""
         return self.folder / "results" / f"{job_id}.jsonl"
 
-    def append(self, job_id: str, result: dict[str, Any], failed: bool) -> None:
-        """Write one instance's results to disk, then count it."""
-        with self.results_path(job_id).open("a", encoding="utf-8") as file:
+    def append(self, job_id: str, result: dict[str, Any]) -> None:
+        """Write one instance's results to disk (after cutting a torn last line), then count."""
+        path = self.results_path(job_id)
+        cut_torn_tail(path)
+        with path.open("a", encoding="utf-8") as file:
             file.write(json.dumps(result, allow_nan=False) + "\n")
             file.flush()
             os.fsync(file.fileno())
-        with self._connection() as db:
-            db.execute(
-                "UPDATE jobs SET done = done + 1, errors = errors + ? WHERE id = ?",
-                (int(failed), job_id),
-            )
+        self.recount(job_id)
 
-    def results(self, job_id: str) -> list[dict[str, Any]]:
-        """The results on file, in instance order (a line torn by a crash is left out)."""
+    def recount(self, job_id: str) -> None:
+        """Set the job's progress from the results on file (what a crash may have left)."""
+        done = errors = 0
+        for row in self.results(job_id):
+            done += 1
+            errors += any("error" in outcome for outcome in row["explanations"].values())
+        with self._connection() as db:
+            db.execute("UPDATE jobs SET done = ?, errors = ? WHERE id = ?", (done, errors, job_id))
+
+    def results(self, job_id: str) -> Iterator[dict[str, Any]]:
+        """
+        The results on file, one per instance, as they were written (in instance order).
+
+        A line torn by a crash, and a second line for an instance, are left out; the file is
+        read a line at a time.
+        """
         path = self.results_path(job_id)
         if not path.exists():
-            return []
-        rows = []
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-        return sorted(rows, key=lambda row: row["index"])
+            return
+        seen: set[int] = set()
+        with path.open(encoding="utf-8") as file:
+            for line in file:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if row["index"] not in seen:
+                    seen.add(row["index"])
+                    yield row
 
 
-_COLUMNS = "id, status, request, total, done, errors, created, started, finished, message"
-
-
-def _record(row: tuple[Any, ...]) -> JobRecord:
-    job_id, status, request, total, done, errors, created, started, finished, message = row
-    return JobRecord(
-        job_id,
-        status,
-        json.loads(request),
-        total,
-        done,
-        errors,
-        created,
-        started,
-        finished,
-        message,
-    )
+def cut_torn_tail(path: Path) -> None:
+    """Cut a file back to its last newline: what an interrupted write of a line left."""
+    if not path.exists():
+        return
+    with path.open("rb+") as file:
+        size = file.seek(0, os.SEEK_END)
+        if size == 0:
+            return
+        file.seek(size - 1)
+        if file.read(1) == b"\n":
+            return
+        position = size
+        while position > 0:  # backwards in blocks to the last newline
+            start = max(0, position - 65536)
+            file.seek(start)
+            block = file.read(position - start)
+            found = block.rfind(b"\n")
+            if found >= 0:
+                file.truncate(start + found + 1)
+                return
+            position = start
+        file.truncate(0)
 
 
 def instance_json(results: InstanceResults) -> dict[str, Any]:
@@ -237,7 +283,9 @@ class JobRunner:
 
     ``parse(request)`` reads a stored request (with the API's body parser, so that a stored job
     is read exactly as a live request is) into a function giving the worker's
-    :class:`BatchRequest` for its instance ``index``.
+    :class:`BatchRequest` for its instance ``index``. One runner per data folder runs jobs at a
+    time (an exclusive lock on ``runner.lock``); another server on the same folder queues jobs
+    and takes over when the first stops.
     """
 
     def __init__(
@@ -256,10 +304,11 @@ class JobRunner:
         self._current: tuple[str, Job[Any]] | None = None
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._lock_file: Any = None
 
     def start(self) -> None:
-        """Resume interrupted jobs and start the runner thread."""
-        self.store.resume_interrupted()
+        """Start the runner thread (it resumes interrupted jobs once it holds the folder)."""
+        self._stopping.clear()
         self._thread = threading.Thread(target=self._loop, name="attrlab-jobs", daemon=True)
         self._thread.start()
 
@@ -267,12 +316,12 @@ class JobRunner:
         """Stop after the instance in progress is cancelled; the job stays queued for later."""
         self._stopping.set()
         self._wake.set()
-        with self._lock:
-            current = self._current
-        if current is not None:
-            current[1].cancel()
+        self._cancel_current(None)
         if self._thread is not None:
-            self._thread.join(timeout=10)
+            self._thread.join(timeout=60)
+        if self._lock_file is not None:
+            self._lock_file.close()  # releases the folder's lock
+            self._lock_file = None
 
     def submit(self, request: dict[str, Any], total: int) -> str:
         """
@@ -281,80 +330,92 @@ class JobRunner:
         Raises:
             QueueFullError: as many jobs as the server allows are queued or running.
         """
-        limit = self.worker.settings.max_jobs
-        if self.store.active() >= limit:
-            raise QueueFullError(f"{limit} jobs are already queued or running; try again later")
-        job_id = self.store.create(request, total)
+        job_id = self.store.create(request, total, self.worker.settings.max_jobs)
         self._wake.set()
         return job_id
 
     def cancel(self, job_id: str) -> bool:
         """Cancel a job (stopping its instance in progress); False when it had finished."""
         cancelled = self.store.cancel(job_id)
+        if cancelled:
+            self._cancel_current(job_id)
+        return cancelled
+
+    def _cancel_current(self, job_id: str | None) -> None:
         with self._lock:
             current = self._current
-        if cancelled and current is not None and current[0] == job_id:
+        if current is not None and job_id in (None, current[0]):
             current[1].cancel()
-        return cancelled
+
+    def _hold_folder(self) -> bool:
+        """Take the folder's runner lock if free; resume what a stopped runner left running."""
+        if self._lock_file is not None:
+            return True
+        handle = (self.store.folder / "runner.lock").open("a")
+        try:
+            if fcntl is not None:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.close()
+            return False
+        self._lock_file = handle
+        self.store.resume_interrupted()
+        return True
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
-            job = self.store.next_queued()
-            if job is None:
-                self._wake.wait(self.poll_s)
-                self._wake.clear()
-                continue
             try:
+                job = self.store.claim_next() if self._hold_folder() else None
+                if job is None:
+                    self._wake.wait(self.poll_s)
+                    self._wake.clear()
+                    continue
                 self._run(job)
-            except Exception:  # a bug must not stop every later job: fail this one, go on
-                log.exception("job %s failed", job.id)
-                self.store.set_status(job.id, "failed", "internal error; the server log has it")
+            except Exception:  # the runner must outlive any one failure (a bug, a full disk)
+                log.exception("the job runner hit an error; it goes on")
+                self._stopping.wait(self.poll_s)
 
     def _run(self, job: JobRecord) -> None:
-        self.store.set_status(job.id, "running")
+        self.store.recount(job.id)  # a crash may have left the count behind the file
         try:
-            build = self.parse(job.request)
+            build = self.parse(self.store.request(job.id))
         except ValueError:  # a stored request this version of the server cannot read
-            self.store.set_status(job.id, "failed", "the stored request cannot be read")
+            self.store.finish(job.id, "failed", "the stored request cannot be read")
             return
         finished = {row["index"] for row in self.store.results(job.id)}
-        index = 0
-        while index < job.total:
+        for index in range(job.total):
             if index in finished:
-                index += 1
                 continue
-            if self._stopping.is_set():
-                self.store.requeue(job.id)  # resumed by the next start
-                return
-            record = self.store.get(job.id)
-            if record is None or record.status == "cancelled":
-                return
-            try:
-                results = self._explain(job.id, build(index))
-            except QueueFullError:  # interactive requests fill the worker's queue: wait
-                self._stopping.wait(self.poll_s)
-                continue
-            except (JobCancelledError, CancelledError):
-                continue  # cancelled or stopping: the checks above end the job
-            except WorkerClosedError:
-                self.store.requeue(job.id)
-                return
-            except AttrlabError as err:  # the model or a method cannot run at all
-                self.store.set_status(job.id, "failed", error_record(err)["error"]["message"])
-                return
-            failed = any(isinstance(r, AttrlabError) for r in results.values())
-            line = {"index": index, "explanations": instance_json(results)}
-            self.store.append(job.id, line, failed)
-            index += 1
-        record = self.store.get(job.id)
-        if record is not None and record.status == "running":
-            self.store.set_status(job.id, "done")
+            while True:  # one instance, retried while the worker's queue is full
+                if self._stopping.is_set():
+                    self.store.requeue(job.id)  # resumed by the next start
+                    return
+                record = self.store.get(job.id)
+                if record is None or record.status != "running":  # cancelled meanwhile
+                    return
+                try:
+                    results = self._explain(job.id, build(index))
+                    break
+                except QueueFullError:  # interactive requests fill the worker's queue
+                    self._stopping.wait(self.poll_s)
+                except (JobCancelledError, CancelledError):
+                    continue  # cancelled or stopping: the checks above end the job
+                except WorkerClosedError:
+                    self._stopping.set()  # the worker is gone: so is this runner
+                except AttrlabError as err:  # the model or a method cannot run at all
+                    self.store.finish(job.id, "failed", error_record(err)["error"]["message"])
+                    return
+            self.store.append(job.id, {"index": index, "explanations": instance_json(results)})
+        self.store.finish(job.id, "done")
 
     def _explain(self, job_id: str, request: BatchRequest) -> InstanceResults:
         submitted = self.worker.submit(request)
         with self._lock:
             self._current = (job_id, submitted)
         try:
+            record = self.store.get(job_id)
+            if self._stopping.is_set() or record is None or record.status != "running":
+                submitted.cancel()  # a stop or cancel that came before _current was set
             (results,) = submitted.result()
         finally:
             with self._lock:

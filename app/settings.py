@@ -79,7 +79,7 @@ class ServerSettings:
         max_queue: Requests waiting or running at once; more are answered 429.
         max_forward_passes: Most forward passes one request may need (sampling methods:
             masks × cells, windows, evaluations); ``None`` means no limit.
-        max_batch: Most instances in one batch request (``instances``); larger sets go to jobs.
+        max_batch: Most instances in one batch request (``instances``; ``None``: no limit).
         data_dir: Where durable jobs keep their table and results (``None``: no jobs).
         max_jobs: Jobs queued or running at once; more are answered 429.
         max_job_instances: Most instances in one job.
@@ -95,7 +95,7 @@ class ServerSettings:
     api_token: str | None = None
     max_queue: int = 1024
     max_forward_passes: int | None = None
-    max_batch: int = 64
+    max_batch: int | None = None
     data_dir: Path | None = None
     max_jobs: int = 16
     max_job_instances: int = 10_000

@@ -7,6 +7,7 @@ many forward passes) are enforced once, for the REST API and the web page alike.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from abc import ABC, abstractmethod
@@ -52,6 +53,13 @@ __all__ = [
 
 #: What a job computes: an Explanation, or a check of several methods.
 Result = TypeVar("Result")
+
+
+log = logging.getLogger(__name__)
+
+
+class InstanceFailedError(AttrlabError):
+    """An unexpected failure (a bug) while explaining one instance of a batch."""
 
 
 class QueueFullError(AttrlabError):
@@ -217,7 +225,7 @@ class BatchRequest(WorkerRequest[list[InstanceResults]]):
         super().check(settings)
         if not self.methods or not self.instances:
             raise InvalidParameterError("a batch needs at least one method and one instance")
-        if len(self.instances) > settings.max_batch:
+        if settings.max_batch is not None and len(self.instances) > settings.max_batch:
             raise InvalidParameterError(
                 f"a batch holds at most {settings.max_batch} instances on this server; got "
                 f"{len(self.instances)} (send a job for more)"
@@ -264,6 +272,12 @@ class BatchRequest(WorkerRequest[list[InstanceResults]]):
                     raise
                 except AttrlabError as err:
                     outcome[method] = err
+                except Exception:  # a bug on one input must not sink the others
+                    log.exception("explaining instance %d with %s failed", number, method)
+                    outcome[method] = InstanceFailedError(
+                        f"{method} failed on this input inside attrlab; the server log has the "
+                        "details"
+                    )
             results.append(outcome)
         run.progress(total, total)
         return results

@@ -191,6 +191,59 @@ def test_jobs_survive_a_restart_and_a_full_queue_answers_429(tmp_path):
     restarted.close()
 
 
+def test_a_torn_last_line_is_cut_and_progress_is_counted_from_the_file(tmp_path):
+    from app.jobs import JobStore
+
+    store = JobStore(tmp_path)
+    job_id = store.create({"any": "body"}, total=3, limit=4)
+    line = {"index": 0, "explanations": {"m": {"scores": [1.0]}}}
+    store.append(job_id, line)
+    with store.results_path(job_id).open("a") as file:
+        file.write('{"index": 1, "explanations": {"m": {"sco')  # a crash mid-write
+    assert [row["index"] for row in store.results(job_id)] == [0]
+    store.append(job_id, {"index": 1, "explanations": {"m": {"error": {"code": "x"}}}})
+    store.append(job_id, {"index": 1, "explanations": {"m": {"scores": [2.0]}}})  # a redo
+    lines = store.results_path(job_id).read_text().splitlines()
+    assert len(lines) == 3 and all(json.loads(text) for text in lines)
+    assert [row["index"] for row in store.results(job_id)] == [0, 1]
+    record = store.get(job_id)
+    assert (record.done, record.errors) == (2, 1)  # the first line for index 1 counts
+
+
+def test_cancelling_a_running_job_stops_it_and_the_cancel_stands(tmp_path):
+    slow = {"n_masks": 1500, "batch_size": 1}
+    body = {"model": TEXT_MODEL, "method": "rise", "params": slow}
+    body["instances"] = [{"text": s} for s in SENTENCES]
+    worker = ExplainWorker(device="cpu", settings=_settings(tmp_path))
+    with TestClient(create_app(worker)) as client:
+        job_id = client.post("/api/v1/jobs", json=body).json()["job_id"]
+        _wait(client, job_id, states=("running",))
+        assert client.delete(f"/api/v1/jobs/{job_id}").json()["status"] == "cancelled"
+        time.sleep(1.0)  # the runner notices between batches and moves on
+        status = client.get(f"/api/v1/jobs/{job_id}").json()
+        assert status["status"] == "cancelled" and status["done"] < 3
+        assert worker.status()["queued"] == 0  # the instance in progress was stopped
+        quick = {"model": TEXT_MODEL, "method": "attnlrp", "instances": [{"text": "next"}]}
+        follow = client.post("/api/v1/jobs", json=quick).json()["job_id"]
+        assert _wait(client, follow)["status"] == "done"  # the queue is not stuck
+    worker.close()
+
+
+def test_new_routes_need_the_token(tmp_path):
+    settings = _settings(tmp_path, api_token="secret")
+    worker = ExplainWorker(device="cpu", settings=settings)
+    client = TestClient(create_app(worker))
+    body = {"model": TEXT_MODEL, "method": "attnlrp", "instances": [{"text": "a"}]}
+    for path, payload in (
+        ("/api/v1/jobs", body),
+        ("/api/v1/explain", body),
+        (f"/v1/models/{TEXT_MODEL}:explain", {"instances": ["a"]}),
+    ):
+        assert client.post(path, json=payload).status_code == 401
+    assert client.get("/api/v1/jobs/abc").status_code == 401
+    worker.close()
+
+
 def test_jobs_need_a_data_folder(tmp_path):
     settings = dataclasses.replace(_settings(tmp_path), data_dir=None)
     worker = ExplainWorker(device="cpu", settings=settings)
