@@ -41,6 +41,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/layers.py
 	$(BIN)/python benchmarks/layer_report.py
 	$(BIN)/python benchmarks/leaderboard.py
+	$(BIN)/python benchmarks/serving.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -76,11 +77,14 @@ def _server(threads: int) -> tuple[subprocess.Popen, str]:
 
 def _latencies(url: str, method: str, clients: int, requests: int) -> tuple[float, list[float]]:
     body = {"model": MODEL, "method": method, "params": METHODS[method]}
+    connections = threading.local()  # each client keeps its connection, as real clients do
 
     def one(i: int) -> float:
+        if not hasattr(connections, "client"):
+            connections.client = httpx.Client(timeout=600)
         start = time.perf_counter()
-        response = httpx.post(
-            f"{url}/api/v1/explain", json={**body, "text": TEXTS[i % len(TEXTS)]}, timeout=600
+        response = connections.client.post(
+            f"{url}/api/v1/explain", json={**body, "text": TEXTS[i % len(TEXTS)]}
         )
         response.raise_for_status()
         return time.perf_counter() - start
@@ -140,14 +144,15 @@ def rest_against_library(url: str, requests: int) -> None:
 def batched_against_single(url: str) -> None:
     instances = [{"text": TEXTS[i % len(TEXTS)]} for i in range(16)]
     rows = []
+    client = httpx.Client(timeout=600)
     for method, params in METHODS.items():
         body = {"model": MODEL, "method": method, "params": params}
         start = time.perf_counter()
         for instance in instances:
-            httpx.post(f"{url}/api/v1/explain", json={**body, **instance}, timeout=600)
+            client.post(f"{url}/api/v1/explain", json={**body, **instance})
         single = (time.perf_counter() - start) / len(instances)
         start = time.perf_counter()
-        httpx.post(f"{url}/api/v1/explain", json={**body, "instances": instances}, timeout=600)
+        client.post(f"{url}/api/v1/explain", json={**body, "instances": instances})
         batched = (time.perf_counter() - start) / len(instances)
         rows.append(
             (method, f"{single * 1000:.0f}", f"{batched * 1000:.0f}", f"{single / batched:.2f}")
