@@ -458,8 +458,8 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
             raise
         return outcome
 
-    @router.post("/explain")
-    async def explain(body: ExplainBody, request: Request) -> dict[str, Any]:
+    @router.post("/explain", response_model=None)
+    async def explain(body: ExplainBody, request: Request) -> JSONResponse:
         """
         Explain one text or image (the Explanation as JSON), or a batch of them.
 
@@ -468,22 +468,22 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         instance that could not be explained (the others complete).
         """
         if body.instances is None:
-            return (await run(body.to_request(), request)).to_dict()
+            return JSONResponse((await run(body.to_request(), request)).to_dict())
         results = await run(body.to_batch(), request)
-        return {"explanations": [instance_json(r) for r in results]}
+        return JSONResponse({"explanations": [instance_json(r) for r in results]})
 
-    @router.post("/layers")
-    async def layers(body: LayersBody, request: Request) -> dict[str, Any]:
+    @router.post("/layers", response_model=None)
+    async def layers(body: LayersBody, request: Request) -> JSONResponse:
         """
         Which layers and heads carried the prediction (Explanation JSON).
 
         ``layers`` holds one row per layer / head and measure; ``metrics`` say how far the head
         estimators agree (Spearman ρ and top-k overlap per pair).
         """
-        return (await run(body.to_request(), request)).to_dict()
+        return JSONResponse((await run(body.to_request(), request)).to_dict())
 
-    @router.post("/check")
-    async def check(body: CheckBody, request: Request) -> dict[str, Any]:
+    @router.post("/check", response_model=None)
+    async def check(body: CheckBody, request: Request) -> JSONResponse:
         """
         Which of several maps of one input to believe.
 
@@ -494,7 +494,7 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         The server's forward-pass budget covers the whole check: no explanation starts once it
         is spent, and a sampling method is refused when the passes left cannot cover it.
         """
-        return (await run(body.to_request(), request)).to_dict()
+        return JSONResponse((await run(body.to_request(), request)).to_dict())
 
     def job_record(job_id: str) -> Any:
         if jobs is None:
@@ -567,12 +567,12 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         responses={**_ERRORS, **(_UNAUTHORIZED if settings.api_token else {})},
     )
 
-    @kserve.post("/models/{model}:explain")
+    @kserve.post("/models/{model}:explain", response_model=None)
     async def kserve_explain(
         model: Annotated[str, Path(min_length=1, max_length=500)],
         body: KServeBody,
         request: Request,
-    ) -> dict[str, Any]:
+    ) -> JSONResponse:
         """
         KServe V1 explain: ``{"instances": [...]}`` -> ``{"explanations": [...]}``.
 
@@ -583,7 +583,7 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         """
         results = await run(body.to_batch(model), request)
         method = body.parameters.method
-        return {"explanations": [instance_json(r)[method] for r in results]}
+        return JSONResponse({"explanations": [instance_json(r)[method] for r in results]})
 
     open_routes.include_router(router)
     outer = APIRouter()
