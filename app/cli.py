@@ -271,15 +271,7 @@ def _batch_rows(path: str) -> Iterator[Any]:
         return
     if not source.is_file():
         raise InvalidInputError(f"input '{path}' is neither a JSONL file nor a folder of images")
-    try:
-        lines = source.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        raise InvalidInputError(
-            f"input file '{path}' cannot be read as UTF-8 text: {err}"
-        ) from None
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
+    for number, line in _text_lines(source, path):
         key = f"line-{number}"
         try:
             record = json.loads(line)
@@ -311,6 +303,19 @@ def _batch_rows(path: str) -> Iterator[Any]:
         yield DatasetRow(id=key, image=image, target=target)
 
 
+def _text_lines(file: Path, name: str) -> Iterator[tuple[int, str]]:
+    """``(line number, line)`` of the non-blank lines of a UTF-8 text file."""
+    from attribution.errors import InvalidInputError
+
+    try:
+        lines = file.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise InvalidInputError(
+            f"input file '{name}' cannot be read as UTF-8 text: {err}"
+        ) from None
+    return ((number, line) for number, line in enumerate(lines, start=1) if line.strip())
+
+
 def _jsonl_records(path: str, target: str | None) -> Iterator[tuple[Any, Any, str]]:
     """``(raw, target, name)`` per JSONL line: ``{"text": ...}`` or ``{"image": path}``."""
     from attribution.errors import InvalidInputError
@@ -318,15 +323,7 @@ def _jsonl_records(path: str, target: str | None) -> Iterator[tuple[Any, Any, st
     file = Path(path).expanduser()
     if not file.is_file():
         raise InvalidInputError(f"input file '{path}' does not exist or is not a regular file")
-    try:
-        lines = file.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        raise InvalidInputError(
-            f"input file '{path}' cannot be read as UTF-8 text: {err}"
-        ) from None
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
+    for number, line in _text_lines(file, path):
         try:
             record = json.loads(line)
         except json.JSONDecodeError as err:
