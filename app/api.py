@@ -32,6 +32,7 @@ from app.jobs import JobRunner, instance_json
 from app.worker import (
     BatchRequest,
     CheckRequest,
+    EstimateRequest,
     ExplainRequest,
     ExplainWorker,
     Instance,
@@ -471,6 +472,26 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
             return JSONResponse((await run(body.to_request(), request)).to_dict())
         results = await run(body.to_batch(), request)
         return JSONResponse({"explanations": [instance_json(r) for r in results]})
+
+    @router.post("/estimate")
+    async def estimate(body: ExplainBody, request: Request) -> dict[str, Any]:
+        """
+        What an explanation would cost, without running it (the body of a single explain).
+
+        ``forward_passes`` and ``backward_passes`` (exact, or an upper bound when ``exact`` is
+        false: early stopping may end sooner), ``seconds``, ``peak_memory_bytes`` (CUDA) and
+        ``device``. The first request on a model and input size calibrates it (a few passes).
+        """
+        if body.instances is not None:
+            raise InvalidParameterError("an estimate is for one input: give 'text' or an image")
+        submitted = EstimateRequest(
+            **body.input_fields(),
+            method=body.method or "",
+            params=body.params,
+            evaluate=body.evaluate,
+        )
+        cost = await run(submitted, request)
+        return {**cost.to_dict(), "summary": cost.summary()}
 
     @router.post("/layers", response_model=None)
     async def layers(body: LayersBody, request: Request) -> JSONResponse:

@@ -17,11 +17,12 @@ __all__ = ["main"]
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from app.worker import ExplainRequest, ExplainWorker, parse_param_pairs
+    from app.worker import EstimateRequest, ExplainRequest, ExplainWorker, parse_param_pairs
     from viz.table import explanation_table
 
     labels = _labels(args.labels)
-    request = ExplainRequest(
+    kind = EstimateRequest if args.estimate else ExplainRequest
+    request = kind(
         model=args.model,
         method=args.method,
         text=args.text,
@@ -38,6 +39,13 @@ def _explain(args: argparse.Namespace) -> int:
         explanation = worker.explain(request)
     finally:
         worker.close()
+    if args.estimate:
+        print(
+            json.dumps(explanation.to_dict(), indent=2)
+            if args.format == "json"
+            else explanation.summary()
+        )
+        return 0
     if args.format == "json":
         print(explanation.to_json(indent=2))
     else:
@@ -588,6 +596,11 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--seed", type=int, default=0)
     explain.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
     explain.add_argument("--format", choices=("json", "table"), default="table")
+    explain.add_argument(
+        "--estimate",
+        action="store_true",
+        help="print the passes, seconds and memory it would take, without running it",
+    )
     explain.add_argument(
         "--evaluate",
         action="store_true",

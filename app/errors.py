@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from app.worker import InstanceFailedError, QueueFullError, WorkerClosedError
+from app.worker import InstanceFailedError, QueueFullError, TooSlowError, WorkerClosedError
 from attribution.errors import (
     AttrlabError,
     BudgetExceededError,
@@ -36,6 +36,7 @@ ERROR_STATUS: dict[type[AttrlabError], tuple[int, str]] = {
     JobCancelledError: (503, "cancelled"),
     WorkerClosedError: (503, "shutting_down"),
     InstanceFailedError: (500, "internal"),
+    TooSlowError: (422, "too_slow"),
 }
 
 # An absolute POSIX or Windows path not preceded by a word character, e.g. inside a library's

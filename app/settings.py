@@ -79,6 +79,8 @@ class ServerSettings:
         max_queue: Requests waiting or running at once; more are answered 429.
         max_forward_passes: Most forward passes one request may need (sampling methods:
             masks × cells, windows, evaluations); ``None`` means no limit.
+        max_seconds: Longest estimated time of one explanation; slower requests are refused
+            before they start, with the estimate (``None``: no limit).
         max_batch: Most instances in one batch request (``instances``; ``None``: no limit).
         data_dir: Where durable jobs keep their table and results (``None``: no jobs).
         max_jobs: Jobs queued or running at once; more are answered 429.
@@ -95,6 +97,7 @@ class ServerSettings:
     api_token: str | None = None
     max_queue: int = 1024
     max_forward_passes: int | None = None
+    max_seconds: float | None = None
     max_batch: int | None = None
     data_dir: Path | None = None
     max_jobs: int = 16
@@ -127,6 +130,7 @@ class ServerSettings:
             api_token=env.get("ATTRLAB_API_TOKEN") or None,
             max_queue=_positive(env, "ATTRLAB_MAX_QUEUE", 64),
             max_forward_passes=_positive(env, "ATTRLAB_MAX_FORWARD_PASSES", 20_000),
+            max_seconds=_positive_or_none(env, "ATTRLAB_MAX_SECONDS"),
             max_batch=_positive(env, "ATTRLAB_MAX_BATCH", 64),
             data_dir=Path(env.get("ATTRLAB_DATA") or default_data_dir()).expanduser(),
             max_jobs=_positive(env, "ATTRLAB_MAX_JOBS", 16),
@@ -246,6 +250,11 @@ def positive_int(text: str, name: str) -> int:
 def _positive(env: Mapping[str, str], name: str, default: int) -> int:
     value = env.get(name, "").strip()
     return positive_int(value, name) if value else default
+
+
+def _positive_or_none(env: Mapping[str, str], name: str) -> int | None:
+    value = env.get(name, "").strip()
+    return positive_int(value, name) if value else None
 
 
 def _image_pixels(env: Mapping[str, str]) -> int:

@@ -28,6 +28,7 @@ from attribution.errors import (
     InvalidParameterError,
     JobCancelledError,
 )
+from attribution.estimate import Estimate, estimate
 from attribution.explanation import Explanation
 from attribution.methods import get_method
 from attribution.metrics.check import MethodCheck, check_methods
@@ -38,6 +39,7 @@ from attribution.run import ProgressCallback
 __all__ = [
     "BatchRequest",
     "CheckRequest",
+    "EstimateRequest",
     "ExplainRequest",
     "ExplainWorker",
     "InputRequest",
@@ -45,6 +47,7 @@ __all__ = [
     "InstanceResults",
     "Job",
     "QueueFullError",
+    "TooSlowError",
     "WorkerClosedError",
     "WorkerRequest",
     "parse_param_pairs",
@@ -60,6 +63,10 @@ log = logging.getLogger(__name__)
 
 class InstanceFailedError(AttrlabError):
     """An unexpected failure (a bug) while explaining one instance of a batch."""
+
+
+class TooSlowError(AttrlabError):
+    """A request whose estimated time is over this server's limit."""
 
 
 class QueueFullError(AttrlabError):
@@ -151,11 +158,19 @@ class ExplainRequest(InputRequest[Explanation]):
         return {self.method: self.params}
 
     def run_on(self, adapter: Adapter, run: JobContext) -> Explanation:
-        """The explanation."""
+        """The explanation (refused first when its estimate is over the server's seconds)."""
+        inputs = run.prepare(self)
+        if run.max_seconds is not None:
+            cost = estimate(adapter, self.method, inputs, self.params, self.evaluate)
+            if cost.seconds > run.max_seconds:
+                raise TooSlowError(
+                    f"this request would take {cost.summary()}; this server allows "
+                    f"{run.max_seconds:g} s per request: {_lighter(self.method)}"
+                )
         return explain(
             adapter,
             self.method,
-            run.prepare(self),
+            inputs,
             target=self.target,
             params=self.params,
             seed=self.seed,
@@ -164,6 +179,36 @@ class ExplainRequest(InputRequest[Explanation]):
             max_forward_passes=run.max_forward_passes,
             evaluate=self.evaluate,
         )
+
+
+@dataclass(frozen=True, kw_only=True)
+class EstimateRequest(InputRequest[Estimate]):
+    """What an explanation would cost, without running it."""
+
+    method: str
+    params: dict[str, Any] = field(default_factory=dict)
+    evaluate: bool = False
+
+    def method_params(self) -> dict[str, dict[str, Any]]:
+        """The one method and its parameters."""
+        return {self.method: self.params}
+
+    def run_on(self, adapter: Adapter, run: JobContext) -> Estimate:
+        """The estimate (the first on a model and input size calibrates it)."""
+        return estimate(adapter, self.method, run.prepare(self), self.params, self.evaluate)
+
+
+#: Parameters that set how much work a method does, lowered first when a request is too slow.
+_WORK_PARAMS = ("n_masks", "n_designs", "max_evals", "n_steps", "n_references", "window")
+
+
+def _lighter(method: str) -> str:
+    """How to ask for less of ``method``."""
+    names = {p.name for p in get_method(method).params}
+    advice = [f"lower {name}" for name in _WORK_PARAMS if name in names]
+    if "tolerance" in names:
+        advice.append("set a tolerance")
+    return ", ".join([*advice, "or give a smaller input"])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -290,6 +335,7 @@ class JobContext:
     progress: ProgressCallback
     cancel: threading.Event
     max_forward_passes: int | None
+    max_seconds: float | None
     #: An instance checked against the server's bounds and the model, decoded, preprocessed.
     prepare: Callable[[Instance], Inputs]
 
@@ -446,7 +492,13 @@ class ExplainWorker:
             )
             return adapter.preprocess(raw)
 
-        context = JobContext(progress, cancel, self.settings.max_forward_passes, prepare)
+        context = JobContext(
+            progress,
+            cancel,
+            self.settings.max_forward_passes,
+            self.settings.max_seconds,
+            prepare,
+        )
         return request.run_on(adapter, context)
 
     def close(self) -> None:

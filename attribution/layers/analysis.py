@@ -406,6 +406,29 @@ class LayerReport:
     lrp: LRPResult | None
 
 
+#: Measure groups sharing one plain forward pass.
+_SHARED = ("block_influence", "entropy", "sink", "logit_lens")
+
+
+def planned_passes(adapter: Adapter, measures: Collection[str] | None = None) -> tuple[int, int]:
+    """
+    ``(forward, backward)`` passes :func:`analyze` spends on one input for ``measures``.
+
+    Raises:
+        InvalidParameterError, UnsupportedMethodError: as :func:`analyze`.
+    """
+    chosen = _check_measures(adapter, measures)
+    model = _Model.of(adapter)
+    layers, heads = len(model.blocks), model.heads
+    forward = {"skip": layers + 1, "gradient": 1, "lrp": 1, "ablation": layers * (1 + 2 * heads)}
+    backward = {"gradient": 1, "lrp": 1}
+    shared = int(bool(set(_SHARED) & set(chosen)))
+    return (
+        shared + sum(forward.get(name, 0) for name in chosen),
+        sum(backward.get(name, 0) for name in chosen),
+    )
+
+
 def analyze(
     adapter: Adapter,
     inputs: Inputs,
@@ -417,9 +440,8 @@ def analyze(
     run = run or RunContext()
     chosen = _check_measures(adapter, measures)
     model = _Model.of(adapter)
-    layers, heads = len(model.blocks), model.heads
-    passes = {"skip": layers + 1, "gradient": 1, "lrp": 1, "ablation": layers * (1 + 2 * heads)}
-    run.plan(1 + sum(passes.get(name, 0) for name in chosen), "the measures (ablation)")
+    layers = len(model.blocks)
+    run.plan(planned_passes(adapter, chosen)[0], "the measures (ablation)")
     steps = 1 + sum(layers if name == "ablation" else 1 for name in chosen if name in _RUNNERS)
     done = iter(range(steps))
 
@@ -428,7 +450,7 @@ def analyze(
 
     rows: list[tuple[Any, ...]] = []
     tick()
-    if {"block_influence", "entropy", "sink", "logit_lens"} & set(chosen):
+    if set(_SHARED) & set(chosen):
         rows += _shared_pass(model, inputs, target, chosen, run)
     for name in chosen:
         if name in _RUNNERS:

@@ -23,7 +23,7 @@ from attribution.methods._attention import (
     to_scores,
     with_residual,
 )
-from attribution.methods.base import Attribution, AttributionMethod
+from attribution.methods.base import Attribution, AttributionMethod, Passes
 from attribution.methods.registry import register
 from attribution.models.base import Adapter, Inputs
 from attribution.params import Param
@@ -126,6 +126,11 @@ class AttentionFlow(AttributionMethod):
             MAX_TOKENS,
         ),
     )
+
+    @classmethod
+    def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
+        """The model passes :meth:`attribute` spends on ``inputs``."""
+        return Passes(1)
 
     @classmethod
     def attribute(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from attribution.methods.base import Attribution, AttributionMethod
+from attribution.methods.base import Attribution, AttributionMethod, Passes
 from attribution.methods.lrp import (
     LRP_PARAMS,
     lrp,
@@ -52,6 +52,11 @@ class AttnLRP(AttributionMethod):
     @classmethod
     def unsupported_reason(cls, adapter: Adapter) -> str | None:
         return super().unsupported_reason(adapter) or unsupported_reason(adapter)
+
+    @classmethod
+    def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
+        """The model passes :meth:`attribute` spends on ``inputs``."""
+        return Passes(1, 1)
 
     @classmethod
     def attribute(

@@ -13,7 +13,25 @@ from attribution.models.base import Adapter, Inputs
 from attribution.params import Param
 from attribution.run import RunContext
 
-__all__ = ["Attribution", "AttributionMethod"]
+__all__ = ["Attribution", "AttributionMethod", "Passes"]
+
+
+@dataclass(frozen=True)
+class Passes:
+    """
+    Model passes a method spends on one input, known before it runs.
+
+    Attributes:
+        forward: Forward passes (one per input row).
+        backward: Backward passes.
+        batched: The forwards run in batches (the perturbation engine, an integration path).
+        exact: The counts are exact; ``False``: an upper bound (early stopping may end sooner).
+    """
+
+    forward: int
+    backward: int = 0
+    batched: bool = False
+    exact: bool = True
 
 
 @dataclass
@@ -79,6 +97,11 @@ class AttributionMethod(ABC):
             "category": cls.category,
             "params": {p.name: p.to_schema() for p in cls.params},
         }
+
+    @classmethod
+    @abstractmethod
+    def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
+        """The passes :meth:`attribute` spends on ``inputs`` with ``params`` (validated)."""
 
     @classmethod
     @abstractmethod

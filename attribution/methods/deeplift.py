@@ -17,7 +17,7 @@ from attribution.methods._captum import (
     forward_function,
     warn_untreated,
 )
-from attribution.methods.base import Attribution, AttributionMethod
+from attribution.methods.base import Attribution, AttributionMethod, Passes
 from attribution.methods.registry import register
 from attribution.models.base import Adapter, Inputs
 from attribution.run import RunContext
@@ -47,6 +47,11 @@ class DeepLift(AttributionMethod):
     requires = frozenset({"gradients"})
     has_convergence_delta = True
     params = (BASELINE_PARAM,)
+
+    @classmethod
+    def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
+        """The model passes :meth:`attribute` spends on ``inputs``."""
+        return Passes(3, 1)  # the input and baseline batch, then F(x) and F(x0) for the delta
 
     @classmethod
     def attribute(

@@ -17,7 +17,7 @@ from attribution.methods._captum import (
     delta_metrics,
     warn_untreated,
 )
-from attribution.methods.base import Attribution, AttributionMethod
+from attribution.methods.base import Attribution, AttributionMethod, Passes
 from attribution.methods.registry import register
 from attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
 from attribution.params import Param
@@ -119,6 +119,12 @@ class DeepLiftShap(AttributionMethod):
         ),
         BASELINE_PARAM,
     )
+
+    @classmethod
+    def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
+        """The model passes :meth:`attribute` spends on ``inputs``."""
+        count = params["n_references"]
+        return Passes(3 * count, count)
 
     @classmethod
     def attribute(

@@ -10,7 +10,7 @@ from torch import nn
 
 from attribution.errors import InvalidParameterError, UnsupportedMethodError
 from attribution.methods._captum import forward_function
-from attribution.methods.base import Attribution, AttributionMethod
+from attribution.methods.base import Attribution, AttributionMethod, Passes
 from attribution.methods.registry import register
 from attribution.models.base import Adapter, Inputs
 from attribution.params import Param
@@ -82,6 +82,11 @@ class GradCam(AttributionMethod):
             "Module whose feature map is used (dotted name); 'auto' = the last feature map.",
         ),
     )
+
+    @classmethod
+    def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
+        """The model passes :meth:`attribute` spends on ``inputs``."""
+        return Passes(2 if params["layer"] == "auto" else 1, 1)  # "auto": a probe forward
 
     @classmethod
     def attribute(

@@ -7,7 +7,7 @@ from typing import Any
 from captum.attr import InputXGradient, LayerGradientXActivation
 
 from attribution.methods._captum import attribute_with
-from attribution.methods.base import Attribution, AttributionMethod
+from attribution.methods.base import Attribution, AttributionMethod, Passes
 from attribution.methods.registry import register
 from attribution.models.base import Adapter, Inputs
 from attribution.run import RunContext
@@ -29,6 +29,11 @@ class GradientXInput(AttributionMethod):
     title = "Gradient × Input"
     paper = "https://arxiv.org/abs/1605.01713"
     requires = frozenset({"gradients"})
+
+    @classmethod
+    def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
+        """The model passes :meth:`attribute` spends on ``inputs``."""
+        return Passes(1, 1)
 
     @classmethod
     def attribute(

@@ -8,7 +8,7 @@ from captum.attr import IntegratedGradients as CaptumIG
 from captum.attr import LayerIntegratedGradients
 
 from attribution.methods._captum import BASELINE_PARAM, attribute_with, baseline_for
-from attribution.methods.base import Attribution, AttributionMethod
+from attribution.methods.base import Attribution, AttributionMethod, Passes
 from attribution.methods.registry import register
 from attribution.models.base import Adapter, Inputs
 from attribution.params import Param
@@ -47,6 +47,11 @@ class IntegratedGradients(AttributionMethod):
         ),
         BASELINE_PARAM,
     )
+
+    @classmethod
+    def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
+        """The model passes :meth:`attribute` spends on ``inputs``."""
+        return Passes(params["n_steps"] + 2, params["n_steps"], batched=True)
 
     @classmethod
     def attribute(

@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 
 from attribution.layers.agreement import agreement, agreement_metrics
-from attribution.layers.analysis import HEAD_ESTIMATORS, MEASURES, analyze
-from attribution.methods.base import Attribution, AttributionMethod
+from attribution.layers.analysis import HEAD_ESTIMATORS, MEASURES, analyze, planned_passes
+from attribution.methods.base import Attribution, AttributionMethod, Passes
 from attribution.methods.lrp.layouts import unsupported_reason
 from attribution.methods.registry import register
 from attribution.models.base import Adapter, Inputs
@@ -67,6 +67,12 @@ class LayerAnalysis(AttributionMethod):
         if reason is None and (layout := unsupported_reason(adapter)) is not None:
             return f"{cls.name} needs a transformer attrlab knows: {layout}"
         return reason
+
+    @classmethod
+    def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
+        """The model passes :meth:`attribute` spends on ``inputs``."""
+        forward, backward = planned_passes(adapter, measure_names(params["measures"]))
+        return Passes(forward, backward)
 
     @classmethod
     def attribute(

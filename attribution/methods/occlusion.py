@@ -17,7 +17,7 @@ from attribution.methods._masks import (
     SEGMENTS_PARAM,
     check_segments,
 )
-from attribution.methods.base import Attribution, AttributionMethod
+from attribution.methods.base import Attribution, AttributionMethod, Passes
 from attribution.methods.registry import register
 from attribution.models.base import Adapter, ImageInputs, Inputs
 from attribution.params import Param
@@ -57,6 +57,19 @@ class Occlusion(AttributionMethod):
         N_SEGMENTS_PARAM,
         BATCH_SIZE_PARAM,
     )
+
+    @classmethod
+    def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
+        """The model passes :meth:`attribute` spends on ``inputs``."""
+        check_segments(inputs, params["segments"])
+        if params["segments"] == "slic":
+            image = cast(ImageInputs, inputs).image
+            return Passes(int(slic_segments(image, params["n_segments"]).max()) + 2, batched=True)
+        tensor, _ = inputs.attributed()
+        _, _, windows = _windows(
+            inputs.map_shape, tensor.shape[1:], params["window"], params["stride"]
+        )
+        return Passes(windows + 1, batched=True)
 
     @classmethod
     def attribute(

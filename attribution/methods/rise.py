@@ -17,7 +17,7 @@ from attribution.methods._masks import (
     generator_for,
     noise_ratio,
 )
-from attribution.methods.base import Attribution, AttributionMethod
+from attribution.methods.base import Attribution, AttributionMethod, Passes
 from attribution.methods.registry import register
 from attribution.models.base import Adapter, Inputs
 from attribution.params import Param
@@ -139,6 +139,11 @@ class RISE(AttributionMethod):
             choices=("probability", "logit"),
         ),
     )
+
+    @classmethod
+    def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
+        """The model passes :meth:`attribute` spends on ``inputs``."""
+        return Passes(params["n_masks"] + 1, batched=True, exact=params["tolerance"] is None)
 
     @classmethod
     def attribute(

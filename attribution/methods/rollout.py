@@ -13,7 +13,7 @@ from attribution.methods._attention import (
     to_scores,
     with_residual,
 )
-from attribution.methods.base import Attribution, AttributionMethod
+from attribution.methods.base import Attribution, AttributionMethod, Passes
 from attribution.methods.registry import register
 from attribution.models.base import Adapter, Inputs, patch_grid
 from attribution.params import Param
@@ -94,6 +94,11 @@ class AttentionRollout(AttributionMethod):
         ),
         Param("start_layer", "int", 0, "First layer (0-based) included in the product.", 0, 1000),
     )
+
+    @classmethod
+    def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
+        """The model passes :meth:`attribute` spends on ``inputs``."""
+        return Passes(1)
 
     @classmethod
     def attribute(

@@ -13,7 +13,7 @@ import torch
 
 from attribution.errors import InvalidParameterError, UnsupportedMethodError
 from attribution.methods._masks import BATCH_SIZE_PARAM
-from attribution.methods.base import Attribution, AttributionMethod
+from attribution.methods.base import Attribution, AttributionMethod, Passes
 from attribution.methods.registry import register
 from attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs, text_adapter
 from attribution.params import Param
@@ -73,6 +73,12 @@ class Shap(AttributionMethod):
         Param("blur", "int", 128, "Images: side of the box blur hiding masked regions.", 1, 4096),
         BATCH_SIZE_PARAM,
     )
+
+    @classmethod
+    def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
+        """At most the model passes :meth:`attribute` spends on ``inputs``."""
+        # the Partition explainer stops early once its cluster tree is fully expanded
+        return Passes(params["max_evals"], batched=True, exact=False)
 
     @classmethod
     def attribute(

@@ -16,7 +16,7 @@ from attribution.methods._masks import (
     TEXT_PERTURBATION_PARAM,
     noise_ratio,
 )
-from attribution.methods.base import Attribution, AttributionMethod
+from attribution.methods.base import Attribution, AttributionMethod, Passes
 from attribution.methods.registry import register
 from attribution.models.base import Adapter, Inputs
 from attribution.params import Param, power_of_two
@@ -165,6 +165,15 @@ class Sobol(AttributionMethod):
             10_000,
         ),
     )
+
+    @classmethod
+    def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
+        """The model passes :meth:`attribute` spends on ``inputs``."""
+        perturbation = perturbation_for(
+            adapter, inputs, params["perturbation"], params["text_perturbation"]
+        )
+        count = params["n_designs"] * (perturbation.n_cells(params["grid"]) + 2)
+        return Passes(count, batched=True, exact=params["tolerance"] is None)
 
     @classmethod
     def attribute(

@@ -52,6 +52,7 @@ __all__ = [
     "Faithfulness",
     "check_options",
     "faithfulness",
+    "faithfulness_passes",
     "gaussian_blur",
 ]
 
@@ -138,6 +139,21 @@ def _areas(curves: dict[str, np.ndarray], counts: Sequence[int]) -> dict[str, fl
     """Trapezoid areas over the share removed or revealed (exact when the last step is short)."""
     shares = np.asarray(counts, dtype=np.float64) / max(counts[-1], 1)
     return {f"{name}_auc": float(np.trapezoid(curve, shares)) for name, curve in curves.items()}
+
+
+def _image_counts(size: int, steps: int) -> list[int]:
+    """Pixels hidden or shown at each point of an image curve: ``ceil(size / steps)`` a step."""
+    step = math.ceil(size / steps)
+    return [min(size, i * step) for i in range(math.ceil(size / step) + 1)]
+
+
+def faithfulness_passes(inputs: Inputs, steps: int = 50, random_orders: int = 3) -> int:
+    """Forward passes :func:`faithfulness` spends: two curves per order, MoRF, LeRF, random."""
+    if inputs.modality == "image":
+        points = len(_image_counts(math.prod(inputs.map_shape), steps))
+    else:
+        points = int((~cast(TextInputs, inputs).special_tokens).sum()) + 1
+    return 2 * points * (2 + random_orders)
 
 
 def check_options(image_fill: str, text_removal: str) -> None:
@@ -267,9 +283,7 @@ def _image(
     fill: str,
 ) -> Faithfulness:
     pixels = inputs.pixel_values
-    size = scores.size
-    step = math.ceil(size / steps)
-    counts = [min(size, i * step) for i in range(math.ceil(size / step) + 1)]
+    counts = _image_counts(scores.size, steps)
     total = 2 * len(counts) * (2 + random_orders)
     runner = BatchRunner(adapter, run, batch_size, total)
     if fill == "road":

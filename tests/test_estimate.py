@@ -1,0 +1,100 @@
+"""Cost estimates: pass counts against the passes explain() really spends."""
+
+from __future__ import annotations
+
+import pytest
+
+from attribution import explain
+from attribution.errors import UnsupportedMethodError
+from attribution.estimate import estimate
+from attribution.methods import available_methods, get_method
+
+#: Small settings so that every method runs in moments on the tiny models.
+SMALL = {
+    "rise": {"n_masks": 40},
+    "sobol": {"n_designs": 4, "grid": 2},
+    "shap": {"max_evals": 40},
+    "integrated_gradients": {"n_steps": 8},
+    "deeplift_shap": {"n_references": 3},
+    "occlusion": {"window": 4},
+    "layers": {"measures": "all"},
+}
+MODELS = {"text": "tiny-random-llama", "image": "tiny-random-vit"}
+
+
+@pytest.mark.parametrize("method", [m.name for m in available_methods()])
+@pytest.mark.parametrize("modality", ["text", "image"])
+def test_pass_counts_match_the_passes_explain_spends(load_model, method, modality):
+    adapter = load_model(MODELS[modality])
+    raw = "the cat sat on the mat" if modality == "text" else _image()
+    inputs = adapter.preprocess(raw)
+    if get_method(method).unsupported_reason(adapter) is not None:
+        with pytest.raises(UnsupportedMethodError):  # refused as explain() refuses it
+            estimate(adapter, method, inputs)
+        return
+    params = SMALL.get(method, {})
+    if method == "occlusion" and modality == "text":
+        params = {"window": 2}
+    cost = estimate(adapter, method, inputs, params)
+    spent = explain(adapter, method, inputs, params=params).timings
+    if cost.exact:
+        assert (spent.forward_passes, spent.backward_passes) == (
+            cost.forward_passes,
+            cost.backward_passes,
+        )
+    else:  # an upper bound: the method may stop sooner
+        assert spent.forward_passes <= cost.forward_passes
+        assert spent.backward_passes <= cost.backward_passes
+    assert cost.seconds > 0
+
+
+def _image():
+    import numpy as np
+
+    return np.random.default_rng(0).integers(0, 255, (32, 32, 3), dtype=np.uint8)
+
+
+def test_an_upper_bound_with_a_tolerance_and_the_trust_cards_passes(load_model):
+    adapter = load_model("tiny-random-bert")
+    inputs = adapter.preprocess("a long and winding road through the hills")
+    params = {"n_masks": 2000, "tolerance": 0.5}
+    cost = estimate(adapter, "rise", inputs, params)
+    spent = explain(adapter, "rise", inputs, params=params).timings.forward_passes
+    assert not cost.exact and spent < cost.forward_passes == 2002
+    carded = estimate(adapter, "gradient_x_input", inputs, evaluate=True)
+    spent = explain(adapter, "gradient_x_input", inputs, evaluate=True).timings
+    assert (spent.forward_passes, spent.backward_passes) == (
+        carded.forward_passes,
+        carded.backward_passes,
+    )
+    assert "forward and 1 backward passes" in carded.summary()
+
+
+def test_estimates_over_rest_and_the_cli_and_a_too_slow_request_is_refused(tmp_path, capsys):
+    from fastapi.testclient import TestClient
+
+    from app.cli import main
+    from app.server import create_app
+    from app.settings import ServerSettings
+    from app.worker import ExplainWorker
+
+    env = {"ATTRLAB_MODELS": "tiny-random-bert", "ATTRLAB_DATA": str(tmp_path)}
+    worker = ExplainWorker(device="cpu", settings=ServerSettings.for_server(env, max_seconds=1))
+    body = {"model": "tiny-random-bert", "method": "rise", "text": "a fine day"}
+    with TestClient(create_app(worker)) as client:
+        cost = client.post("/api/v1/estimate", json={**body, "params": {"n_masks": 100}}).json()
+        assert cost["forward_passes"] == 102 and cost["exact"] and cost["device"] == "cpu"
+        too_long = {**body, "params": {"n_masks": 8000, "batch_size": 1}}
+        seconds = client.post("/api/v1/estimate", json=too_long).json()["seconds"]
+        refused = client.post("/api/v1/explain", json=too_long)
+        assert seconds > 1  # 8,000 forwards one at a time
+        assert refused.status_code == 422, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "too_slow" and "8,002 forward passes" in error["message"]
+        assert "lower n_masks" in error["message"] and "set a tolerance" in error["message"]
+        fine = client.post("/api/v1/explain", json={**body, "params": {"n_masks": 50}})
+        assert fine.status_code == 200
+    worker.close()
+    args = ["explain", "--model", "tiny-random-bert", "--method", "integrated_gradients"]
+    assert main([*args, "--text", "a fine day", "--estimate", "--param", "n_steps=10"]) == 0
+    assert capsys.readouterr().out.startswith("≈ 13 forward and 10 backward passes")
