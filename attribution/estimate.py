@@ -26,8 +26,8 @@ from attribution.perturb import auto_batch_size
 
 __all__ = ["Calibration", "Estimate", "calibrate", "estimate"]
 
-#: Largest batch the calibration times (the engine's batches are at least this efficient).
-_CALIBRATION_BATCH = 16
+#: Largest batch the calibration times; larger batches are taken to cost as much per row.
+_CALIBRATION_BATCH = 64
 
 
 @dataclass(frozen=True)
@@ -73,21 +73,25 @@ _CALIBRATIONS: dict[tuple[Any, ...], Calibration] = {}
 _CALIBRATING = threading.Lock()
 
 
-def calibrate(adapter: Adapter, inputs: Inputs) -> Calibration:
-    """The calibration of ``adapter`` for inputs of this size (measured on first use)."""
-    key = (adapter.model_id, str(adapter.device), inputs.modality, tuple(inputs.map_shape))
+def calibrate(adapter: Adapter, inputs: Inputs, batch: int | None = None) -> Calibration:
+    """
+    The calibration of ``adapter`` for inputs of this size (measured on first use).
+
+    ``batch``: rows per batched pass (default: the engine's batch for this input), at most 64.
+    """
+    batch = max(1, min(batch or auto_batch_size(adapter, inputs), _CALIBRATION_BATCH))
+    key = (adapter.model_id, str(adapter.device), inputs.modality, inputs.map_shape, batch)
     with _CALIBRATING:
         if key not in _CALIBRATIONS:
-            _CALIBRATIONS[key] = _measure(adapter, inputs)
+            _CALIBRATIONS[key] = _measure(adapter, inputs, batch)
         return _CALIBRATIONS[key]
 
 
-def _measure(adapter: Adapter, inputs: Inputs) -> Calibration:
+def _measure(adapter: Adapter, inputs: Inputs, batch: int) -> Calibration:
     from attribution.explain import explain  # explain imports the methods, which import this
 
-    batch = max(1, min(auto_batch_size(adapter, inputs), _CALIBRATION_BATCH))
     kwargs = inputs.model_kwargs()
-    rows = {k: v.expand(batch, *v.shape[1:]).contiguous() for k, v in kwargs.items()}
+    rows = {k: _copies(v, batch) for k, v in kwargs.items()}
 
     def forward(arguments: dict[str, torch.Tensor]) -> None:
         with torch.no_grad():
@@ -102,20 +106,28 @@ def _measure(adapter: Adapter, inputs: Inputs) -> Calibration:
     # a gradient pass: gradient × input spends 2 forwards and 1 backward in all
     gradient = _best(lambda: explain(adapter, "gradient_x_input", inputs))
     backward = max(gradient - 2 * single, 0.0)
-    # integration path of `batch` points in one batch: batch + 3 forwards, batch backwards
+    # an integration path of `steps` points in one batch: steps + 3 forwards, steps backwards
+    steps = max(batch, 2)
     path = _best(
         lambda: explain(
             adapter,
             "integrated_gradients",
             inputs,
-            params={"n_steps": batch, "internal_batch_size": batch},
+            params={"n_steps": steps, "internal_batch_size": steps},
         ),
     )
-    batched_backward = max((path - 3 * single) / batch - batched, 0.0)
+    batched_backward = max((path - 3 * single) / steps - batched, 0.0)
     peak = None
     if cuda:
         peak = max(0, torch.cuda.max_memory_allocated(adapter.device) - resting) // batch
     return Calibration(single, batched, backward, batched_backward, batch, peak)
+
+
+def _copies(tensor: torch.Tensor, batch: int) -> torch.Tensor:
+    """``batch`` copies in the tensor's memory format (an image may be channels-last, faster)."""
+    channels_last = tensor.dim() == 4 and tensor.is_contiguous(memory_format=torch.channels_last)
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    return tensor.expand(batch, *tensor.shape[1:]).contiguous(memory_format=layout)
 
 
 def _best(call: Any, repeats: int = 3) -> float:
@@ -149,9 +161,9 @@ def estimate(
     if reason is not None:
         raise UnsupportedMethodError(reason)
     passes = method_cls.passes(adapter, inputs, validate_params(method_cls.params, params))
-    calibration = calibrate(adapter, inputs)
+    calibration = calibrate(adapter, inputs, passes.batch)
     own = passes.forward - passes.backward  # forwards without a backward
-    if passes.batched:
+    if passes.batch is not None:
         seconds = own * calibration.batched_forward_s + passes.backward * (
             calibration.batched_forward_s + calibration.batched_backward_s
         )
@@ -165,7 +177,9 @@ def estimate(
         scoring = faithfulness_passes(inputs)
         forward += scoring
         seconds += scoring * calibration.batched_forward_s
-    batch = calibration.batch if passes.batched or evaluate else 1
+    batch = passes.batch or 1  # the widest pass sets the peak
+    if evaluate:
+        batch = max(batch, auto_batch_size(adapter, inputs))
     memory = None
     if calibration.peak_memory_bytes is not None:
         memory = calibration.peak_memory_bytes * batch

@@ -24,13 +24,14 @@ class Passes:
     Attributes:
         forward: Forward passes (one per input row).
         backward: Backward passes.
-        batched: The forwards run in batches (the perturbation engine, an integration path).
+        batch: Rows per forward when the forwards run in batches (the perturbation engine,
+            an integration path); ``None``: one input at a time.
         exact: The counts are exact; ``False``: an upper bound (early stopping may end sooner).
     """
 
     forward: int
     backward: int = 0
-    batched: bool = False
+    batch: int | None = None
     exact: bool = True
 
 

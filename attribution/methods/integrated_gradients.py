@@ -51,7 +51,8 @@ class IntegratedGradients(AttributionMethod):
     @classmethod
     def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
         """The model passes :meth:`attribute` spends on ``inputs``."""
-        return Passes(params["n_steps"] + 2, params["n_steps"], batched=True)
+        batch = params["internal_batch_size"] or params["n_steps"]
+        return Passes(params["n_steps"] + 2, params["n_steps"], batch=batch)
 
     @classmethod
     def attribute(

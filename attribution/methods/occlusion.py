@@ -62,14 +62,15 @@ class Occlusion(AttributionMethod):
     def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
         """The model passes :meth:`attribute` spends on ``inputs``."""
         check_segments(inputs, params["segments"])
+        batch = params["batch_size"] or auto_batch_size(adapter, inputs)
         if params["segments"] == "slic":
             image = cast(ImageInputs, inputs).image
-            return Passes(int(slic_segments(image, params["n_segments"]).max()) + 2, batched=True)
+            return Passes(int(slic_segments(image, params["n_segments"]).max()) + 2, batch=batch)
         tensor, _ = inputs.attributed()
         _, _, windows = _windows(
             inputs.map_shape, tensor.shape[1:], params["window"], params["stride"]
         )
-        return Passes(windows + 1, batched=True)
+        return Passes(windows + 1, batch=batch)
 
     @classmethod
     def attribute(

@@ -143,7 +143,8 @@ class RISE(AttributionMethod):
     @classmethod
     def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
         """The model passes :meth:`attribute` spends on ``inputs``."""
-        return Passes(params["n_masks"] + 1, batched=True, exact=params["tolerance"] is None)
+        batch = params["batch_size"] or auto_batch_size(adapter, inputs)
+        return Passes(params["n_masks"] + 1, batch=batch, exact=params["tolerance"] is None)
 
     @classmethod
     def attribute(

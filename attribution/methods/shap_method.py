@@ -78,7 +78,8 @@ class Shap(AttributionMethod):
     def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
         """At most the model passes :meth:`attribute` spends on ``inputs``."""
         # the Partition explainer stops early once its cluster tree is fully expanded
-        return Passes(params["max_evals"], batched=True, exact=False)
+        batch = params["batch_size"] or auto_batch_size(adapter, inputs)
+        return Passes(params["max_evals"], batch=batch, exact=False)
 
     @classmethod
     def attribute(

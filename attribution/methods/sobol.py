@@ -173,7 +173,8 @@ class Sobol(AttributionMethod):
             adapter, inputs, params["perturbation"], params["text_perturbation"]
         )
         count = params["n_designs"] * (perturbation.n_cells(params["grid"]) + 2)
-        return Passes(count, batched=True, exact=params["tolerance"] is None)
+        batch = params["batch_size"] or auto_batch_size(adapter, inputs)
+        return Passes(count, batch=batch, exact=params["tolerance"] is None)
 
     @classmethod
     def attribute(
