@@ -22,7 +22,7 @@ from attribution.errors import UnsupportedMethodError
 from attribution.methods import get_method
 from attribution.models.base import Adapter, Inputs
 from attribution.params import validate_params
-from attribution.perturb import auto_batch_size
+from attribution.perturb import auto_batch_size, repeated
 
 __all__ = ["Calibration", "Estimate", "calibrate", "estimate"]
 
@@ -91,7 +91,7 @@ def _measure(adapter: Adapter, inputs: Inputs, batch: int) -> Calibration:
     from attribution.explain import explain  # explain imports the methods, which import this
 
     kwargs = inputs.model_kwargs()
-    rows = {k: _copies(v, batch) for k, v in kwargs.items()}
+    rows = {k: repeated(v, batch) for k, v in kwargs.items()}
 
     def forward(arguments: dict[str, torch.Tensor]) -> None:
         with torch.no_grad():
@@ -121,13 +121,6 @@ def _measure(adapter: Adapter, inputs: Inputs, batch: int) -> Calibration:
     if cuda:
         peak = max(0, torch.cuda.max_memory_allocated(adapter.device) - resting) // batch
     return Calibration(single, batched, backward, batched_backward, batch, peak)
-
-
-def _copies(tensor: torch.Tensor, batch: int) -> torch.Tensor:
-    """``batch`` copies in the tensor's memory format (an image may be channels-last, faster)."""
-    channels_last = tensor.dim() == 4 and tensor.is_contiguous(memory_format=torch.channels_last)
-    layout = torch.channels_last if channels_last else torch.contiguous_format
-    return tensor.expand(batch, *tensor.shape[1:]).contiguous(memory_format=layout)
 
 
 def _best(call: Any, repeats: int = 3) -> float:

@@ -46,6 +46,7 @@ __all__ = [
     "auto_batch_size",
     "box_blur",
     "perturbation_for",
+    "repeated",
     "top_decile_error",
 ]
 
@@ -346,6 +347,13 @@ def top_decile_error(saliency: np.ndarray, std_error: np.ndarray) -> float:
     top = np.argpartition(-magnitude, count - 1)[:count]
     scale = float(magnitude[top].mean())
     return float(np.asarray(std_error).ravel()[top].mean()) / scale if scale > 0 else float("inf")
+
+
+def repeated(tensor: torch.Tensor, batch: int) -> torch.Tensor:
+    """``batch`` copies of a one-row tensor in its memory format (channels-last stays so)."""
+    channels_last = tensor.dim() == 4 and tensor.is_contiguous(memory_format=torch.channels_last)
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    return tensor.expand(batch, *tensor.shape[1:]).contiguous(memory_format=layout)
 
 
 def perturbation_for(
