@@ -252,9 +252,17 @@ def _positive(env: Mapping[str, str], name: str, default: int) -> int:
     return positive_int(value, name) if value else default
 
 
-def _positive_or_none(env: Mapping[str, str], name: str) -> int | None:
+def _positive_or_none(env: Mapping[str, str], name: str) -> float | None:
     value = env.get(name, "").strip()
-    return positive_int(value, name) if value else None
+    if not value:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        number = float("nan")
+    if not number > 0 or number == float("inf"):
+        raise SettingsError(f"{name} must be a positive number of seconds; got {value!r}")
+    return number
 
 
 def _image_pixels(env: Mapping[str, str]) -> int:

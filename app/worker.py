@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
 import torch
@@ -32,6 +32,7 @@ from attribution.estimate import Estimate, estimate
 from attribution.explanation import Explanation
 from attribution.methods import get_method
 from attribution.metrics.check import MethodCheck, check_methods
+from attribution.metrics.randomisation import cascading_units
 from attribution.models import DEFAULT_MODELS, Adapter, Inputs, load_image
 from attribution.params import validate_params
 from attribution.run import ProgressCallback
@@ -160,13 +161,7 @@ class ExplainRequest(InputRequest[Explanation]):
     def run_on(self, adapter: Adapter, run: JobContext) -> Explanation:
         """The explanation (refused first when its estimate is over the server's seconds)."""
         inputs = run.prepare(self)
-        if run.max_seconds is not None:
-            cost = estimate(adapter, self.method, inputs, self.params, self.evaluate)
-            if cost.seconds > run.max_seconds:
-                raise TooSlowError(
-                    f"this request would take {cost.summary()}; this server allows "
-                    f"{run.max_seconds:g} s per request: {_lighter(self.method)}"
-                )
+        _refuse_if_slow(adapter, self.method, inputs, self.params, self.evaluate, run)
         return explain(
             adapter,
             self.method,
@@ -196,6 +191,32 @@ class EstimateRequest(InputRequest[Estimate]):
     def run_on(self, adapter: Adapter, run: JobContext) -> Estimate:
         """The estimate (the first on a model and input size calibrates it)."""
         return estimate(adapter, self.method, run.prepare(self), self.params, self.evaluate)
+
+
+def _refuse_if_slow(
+    adapter: Adapter,
+    method: str,
+    inputs: Inputs,
+    params: dict[str, Any] | None,
+    evaluate: bool,
+    run: JobContext,
+    times: int = 1,
+) -> None:
+    """
+    Refuse, before it starts, work estimated over the server's seconds (``times`` runs of it).
+
+    Raises:
+        TooSlowError: with the estimate and what to lower.
+    """
+    if run.max_seconds is None:
+        return
+    cost = estimate(adapter, method, inputs, params, evaluate)
+    if cost.seconds * times > run.max_seconds:
+        runs = f" ({times} runs of it)" if times > 1 else ""
+        raise TooSlowError(
+            f"this request would take {cost.summary()}{runs}; this server allows "
+            f"{run.max_seconds:g} s per request: {_lighter(method)}"
+        )
 
 
 #: Parameters that set how much work a method does, lowered first when a request is too slow.
@@ -231,10 +252,23 @@ class CheckRequest(InputRequest[MethodCheck]):
 
     def run_on(self, adapter: Adapter, run: JobContext) -> MethodCheck:
         """The explanations, their agreement and the randomisation checks."""
+        inputs = run.prepare(self)
+        runs = 1 + (len(cascading_units(adapter)) if self.randomise else 0)
+        for method in self.methods:  # each method's share of the server's seconds
+            share = run.max_seconds / len(self.methods) if run.max_seconds else None
+            _refuse_if_slow(
+                adapter,
+                method,
+                inputs,
+                self.params.get(method),
+                False,
+                replace(run, max_seconds=share),
+                runs,
+            )
         return check_methods(
             adapter,
             self.methods,
-            run.prepare(self),
+            inputs,
             self.target,
             self.params,
             self.seed,
@@ -302,6 +336,9 @@ class BatchRequest(WorkerRequest[list[InstanceResults]]):
             outcome: InstanceResults = {}
             for method in self.methods:
                 try:
+                    _refuse_if_slow(
+                        adapter, method, inputs, self.params.get(method), self.evaluate, run
+                    )
                     outcome[method] = explain(
                         adapter,
                         method,

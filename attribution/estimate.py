@@ -3,14 +3,16 @@ What a run will cost, before it starts: model passes, seconds and peak device me
 
 Passes come from the method's definition (:meth:`AttributionMethod.passes`): exact, or an upper
 bound where early stopping may end the run sooner. Seconds and memory come from a calibration
-measured once per model, device and input size and kept for the process: one forward of the
-input, a forward of a batch of copies (perturbation methods score their inputs in batches, which
-costs less per input than one at a time), and a gradient pass, single and batched. On CUDA the
-peak memory of those passes is measured too and scaled by the batch size.
+per model, device and modality, kept for the process: each cost (a forward or a gradient pass,
+one row at a time or in batches of 16 or 64 copies, since batched rows cost less each) is
+measured on the first input that needs it and scaled by input size (tokens or pixels). On CUDA
+the peak memory of those passes (beyond the resting weights) is measured too and scaled by the
+widest batch.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -18,16 +20,13 @@ from typing import Any
 
 import torch
 
-from attribution.errors import UnsupportedMethodError
+from attribution.errors import DeviceMemoryError, UnsupportedMethodError
 from attribution.methods import get_method
 from attribution.models.base import Adapter, Inputs
 from attribution.params import validate_params
 from attribution.perturb import auto_batch_size, repeated
 
 __all__ = ["Calibration", "Estimate", "calibrate", "estimate"]
-
-#: Largest batch the calibration times; larger batches are taken to cost as much per row.
-_CALIBRATION_BATCH = 64
 
 
 @dataclass(frozen=True)
@@ -57,73 +56,85 @@ class Estimate:
         )
 
 
-@dataclass(frozen=True)
-class Calibration:
-    """Measured costs of one model on one device and input size."""
+#: Batch widths the calibration times; a pass's batch is priced at the nearest one below.
+_WIDTHS = (1, 16, 64)
 
-    forward_s: float
-    batched_forward_s: float  # per input, in batches of ``batch``
-    backward_s: float  # one gradient pass beyond its forward
-    batched_backward_s: float  # per input, in batches of ``batch``
-    batch: int
-    peak_memory_bytes: int | None  # CUDA: a gradient pass's peak, per input row
+
+class Calibration:
+    """
+    Measured costs of one model on one device and modality, per row of a reference input.
+
+    Each cost is measured the first time an estimate needs it and kept for the process: a
+    forward and a gradient pass, one row at a time or in batches of 16 or 64 copies. Costs scale
+    with the input's size (tokens or pixels) relative to the reference input's.
+    """
+
+    def __init__(self, adapter: Adapter, inputs: Inputs) -> None:
+        self.adapter, self.inputs = adapter, inputs
+        self.size = max(1, math.prod(inputs.map_shape))
+        self.peak_memory_bytes: int | None = None  # CUDA: the largest pass's peak, per row
+        self._seconds: dict[tuple[str, int], float] = {}
+        self._lock = threading.RLock()  # a gradient cost measures forward costs first
+
+    def seconds(self, kind: str, batch: int) -> float:
+        """Seconds per row of a ``"forward"`` or ``"backward"`` pass in batches of ``batch``."""
+        width = max(w for w in _WIDTHS if w <= max(1, batch))
+        with self._lock:
+            if (kind, width) not in self._seconds:
+                self._seconds[kind, width] = self._measure(kind, width)
+            return self._seconds[kind, width]
+
+    def _measure(self, kind: str, width: int) -> float:
+        from attribution.explain import explain  # explain imports the methods, which import this
+
+        adapter, inputs = self.adapter, self.inputs
+        cuda = adapter.device.type == "cuda"
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(adapter.device)
+            resting = torch.cuda.memory_allocated(adapter.device)
+        try:
+            if kind == "forward":
+                rows = {k: repeated(v, width) for k, v in inputs.model_kwargs().items()}
+
+                def forward() -> None:
+                    with torch.no_grad():
+                        adapter.logits(**rows)
+
+                seconds = _best(forward) / width
+            elif width == 1:  # gradient × input: 2 forwards and 1 backward in all
+                spent = _best(lambda: explain(adapter, "gradient_x_input", inputs))
+                seconds = max(spent - 2 * self.seconds("forward", 1), 0.0)
+            else:  # a path of `width` points in one batch: width + 3 forwards, width backwards
+                params = {"n_steps": width, "internal_batch_size": width}
+                spent = _best(
+                    lambda: explain(adapter, "integrated_gradients", inputs, params=params)
+                )
+                single = self.seconds("forward", 1)
+                seconds = max((spent - 3 * single) / width - self.seconds("forward", width), 0.0)
+        except torch.cuda.OutOfMemoryError:
+            raise DeviceMemoryError(
+                f"model '{adapter.model_id}' ran out of GPU memory while calibrating the estimate"
+            ) from None
+        if cuda:
+            peak = max(0, torch.cuda.max_memory_allocated(adapter.device) - resting) // width
+            self.peak_memory_bytes = max(self.peak_memory_bytes or 0, peak)
+        return seconds
 
 
 _CALIBRATIONS: dict[tuple[Any, ...], Calibration] = {}
 _CALIBRATING = threading.Lock()
 
 
-def calibrate(adapter: Adapter, inputs: Inputs, batch: int | None = None) -> Calibration:
-    """
-    The calibration of ``adapter`` for inputs of this size (measured on first use).
-
-    ``batch``: rows per batched pass (default: the engine's batch for this input), at most 64.
-    """
-    batch = max(1, min(batch or auto_batch_size(adapter, inputs), _CALIBRATION_BATCH))
-    key = (adapter.model_id, str(adapter.device), inputs.modality, inputs.map_shape, batch)
+def calibrate(adapter: Adapter, inputs: Inputs) -> Calibration:
+    """The calibration of ``adapter`` on its device for this modality (made on first use)."""
+    key = (adapter.model_id, str(adapter.device), inputs.modality)
     with _CALIBRATING:
         if key not in _CALIBRATIONS:
-            _CALIBRATIONS[key] = _measure(adapter, inputs, batch)
+            _CALIBRATIONS[key] = Calibration(adapter, inputs)
         return _CALIBRATIONS[key]
 
 
-def _measure(adapter: Adapter, inputs: Inputs, batch: int) -> Calibration:
-    from attribution.explain import explain  # explain imports the methods, which import this
-
-    kwargs = inputs.model_kwargs()
-    rows = {k: repeated(v, batch) for k, v in kwargs.items()}
-
-    def forward(arguments: dict[str, torch.Tensor]) -> None:
-        with torch.no_grad():
-            adapter.logits(**arguments)
-
-    cuda = adapter.device.type == "cuda"
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(adapter.device)
-        resting = torch.cuda.memory_allocated(adapter.device)
-    single = _best(lambda: forward(kwargs))
-    batched = _best(lambda: forward(rows)) / batch
-    # a gradient pass: gradient × input spends 2 forwards and 1 backward in all
-    gradient = _best(lambda: explain(adapter, "gradient_x_input", inputs))
-    backward = max(gradient - 2 * single, 0.0)
-    # an integration path of `steps` points in one batch: steps + 3 forwards, steps backwards
-    steps = max(batch, 2)
-    path = _best(
-        lambda: explain(
-            adapter,
-            "integrated_gradients",
-            inputs,
-            params={"n_steps": steps, "internal_batch_size": steps},
-        ),
-    )
-    batched_backward = max((path - 3 * single) / steps - batched, 0.0)
-    peak = None
-    if cuda:
-        peak = max(0, torch.cuda.max_memory_allocated(adapter.device) - resting) // batch
-    return Calibration(single, batched, backward, batched_backward, batch, peak)
-
-
-def _best(call: Any, repeats: int = 3) -> float:
+def _best(call: Any, repeats: int = 2) -> float:
     """Fastest of ``repeats`` timed calls after one warm-up."""
     call()
     times = []
@@ -154,34 +165,30 @@ def estimate(
     if reason is not None:
         raise UnsupportedMethodError(reason)
     passes = method_cls.passes(adapter, inputs, validate_params(method_cls.params, params))
-    calibration = calibrate(adapter, inputs, passes.batch)
-    own = passes.forward - passes.backward  # forwards without a backward
-    if passes.batch is not None:
-        seconds = own * calibration.batched_forward_s + passes.backward * (
-            calibration.batched_forward_s + calibration.batched_backward_s
-        )
-    else:
-        seconds = own * calibration.forward_s + passes.backward * (
-            calibration.forward_s + calibration.backward_s
-        )
+    calibration = calibrate(adapter, inputs)
+    scale = max(1, math.prod(inputs.map_shape)) / calibration.size
+    width = passes.batch or 1
+    rows = passes.forward - passes.backward  # forwards without a backward
+    seconds = rows * calibration.seconds("forward", width)
+    if passes.backward:
+        per_row = calibration.seconds("forward", width) + calibration.seconds("backward", width)
+        seconds += passes.backward * per_row
     forward = passes.forward + 1  # explain's own forward of the input
-    seconds += calibration.forward_s
+    seconds += calibration.seconds("forward", 1)
     if evaluate:  # the trust card's curves, scored in batches
         scoring = faithfulness_passes(inputs)
         forward += scoring
-        seconds += scoring * calibration.batched_forward_s
-    batch = passes.batch or 1  # the widest pass sets the peak
-    if evaluate:
-        batch = max(batch, auto_batch_size(adapter, inputs))
+        seconds += scoring * calibration.seconds("forward", auto_batch_size(adapter, inputs))
+        width = max(width, auto_batch_size(adapter, inputs))
     memory = None
-    if calibration.peak_memory_bytes is not None:
-        memory = calibration.peak_memory_bytes * batch
+    if calibration.peak_memory_bytes is not None:  # the widest pass sets the peak
+        memory = int(calibration.peak_memory_bytes * width * scale)
     return Estimate(
         method=method_cls.name,
         forward_passes=forward,
         backward_passes=passes.backward,
         exact=passes.exact,
-        seconds=seconds,
+        seconds=seconds * scale,
         peak_memory_bytes=memory,
         device=str(adapter.device),
     )

@@ -94,6 +94,15 @@ def test_estimates_over_rest_and_the_cli_and_a_too_slow_request_is_refused(tmp_p
         assert "lower n_masks" in error["message"] and "set a tolerance" in error["message"]
         fine = client.post("/api/v1/explain", json={**body, "params": {"n_masks": 50}})
         assert fine.status_code == 200
+        # the limit holds for every instance of a batch and for every method of a check
+        batch = {k: v for k, v in too_long.items() if k != "text"}
+        batch["instances"] = [{"text": "a fine day"}]
+        (answer,) = client.post("/api/v1/explain", json=batch).json()["explanations"]
+        assert answer["rise"]["error"]["code"] == "too_slow"
+        check = {**body, "methods": ["rise", "attnlrp"], "params": {"rise": too_long["params"]}}
+        del check["method"]
+        refused = client.post("/api/v1/check", json=check)
+        assert refused.status_code == 422 and refused.json()["error"]["code"] == "too_slow"
     worker.close()
     args = ["explain", "--model", "tiny-random-bert", "--method", "integrated_gradients"]
     assert main([*args, "--text", "a fine day", "--estimate", "--param", "n_steps=10"]) == 0

@@ -410,9 +410,11 @@ class LayerReport:
 _SHARED = ("block_influence", "entropy", "sink", "logit_lens")
 
 
-def planned_passes(adapter: Adapter, measures: Collection[str] | None = None) -> tuple[int, int]:
+def planned_passes(
+    adapter: Adapter, measures: Collection[str] | None = None
+) -> tuple[int, int, int]:
     """
-    ``(forward, backward)`` passes :func:`analyze` spends on one input for ``measures``.
+    ``(forward, backward, widest batch)`` of :func:`analyze` on one input for ``measures``.
 
     Raises:
         InvalidParameterError, UnsupportedMethodError: as :func:`analyze`.
@@ -422,10 +424,12 @@ def planned_passes(adapter: Adapter, measures: Collection[str] | None = None) ->
     layers, heads = len(model.blocks), model.heads
     forward = {"skip": layers + 1, "gradient": 1, "lrp": 1, "ablation": layers * (1 + 2 * heads)}
     backward = {"gradient": 1, "lrp": 1}
+    width = {"skip": layers + 1, "ablation": 1 + 2 * heads}
     shared = int(bool(set(_SHARED) & set(chosen)))
     return (
         shared + sum(forward.get(name, 0) for name in chosen),
         sum(backward.get(name, 0) for name in chosen),
+        max([1, *(width.get(name, 1) for name in chosen)]),
     )
 
 

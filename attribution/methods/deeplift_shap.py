@@ -124,7 +124,7 @@ class DeepLiftShap(AttributionMethod):
     def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
         """The model passes :meth:`attribute` spends on ``inputs``."""
         count = params["n_references"]
-        return Passes(3 * count, count)
+        return Passes(3 * count, count, batch=2 * count)  # inputs and references together
 
     @classmethod
     def attribute(

@@ -71,8 +71,8 @@ class LayerAnalysis(AttributionMethod):
     @classmethod
     def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
         """The model passes :meth:`attribute` spends on ``inputs``."""
-        forward, backward = planned_passes(adapter, measure_names(params["measures"]))
-        return Passes(forward, backward)
+        forward, backward, width = planned_passes(adapter, measure_names(params["measures"]))
+        return Passes(forward, backward, batch=width if width > 1 else None)
 
     @classmethod
     def attribute(

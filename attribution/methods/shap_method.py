@@ -79,7 +79,8 @@ class Shap(AttributionMethod):
         """At most the model passes :meth:`attribute` spends on ``inputs``."""
         # the Partition explainer stops early once its cluster tree is fully expanded
         batch = params["batch_size"] or auto_batch_size(adapter, inputs)
-        return Passes(params["max_evals"], batch=batch, exact=False)
+        # shap adds masks in pairs, so an odd budget can be passed by up to two evaluations
+        return Passes(params["max_evals"] + 2, batch=batch, exact=False)
 
     @classmethod
     def attribute(
