@@ -17,28 +17,17 @@ __all__ = ["main"]
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from app.worker import EstimateRequest, ExplainRequest, ExplainWorker, parse_param_pairs
+    from app.worker import EstimateRequest, ExplainRequest, parse_param_pairs
     from viz.table import explanation_table
 
-    labels = _labels(args.labels)
     kind = EstimateRequest if args.estimate else ExplainRequest
     request = kind(
-        model=args.model,
+        **_input_fields(args),
         method=args.method,
-        text=args.text,
-        image=None if args.image is None else _read_image_file(args.image),
-        labels=labels,
-        target=args.target,
         params=parse_param_pairs(args.param),
-        seed=args.seed,
-        next_token=args.next_token,
         evaluate=args.evaluate,
     )
-    worker = ExplainWorker(device=args.device, max_models=1)
-    try:
-        explanation = worker.explain(request)
-    finally:
-        worker.close()
+    explanation = _on_worker(args, request)
     if args.estimate:
         print(
             json.dumps(explanation.to_dict(), indent=2)
@@ -75,15 +64,9 @@ def _layers(args: argparse.Namespace) -> int:
             _write_table(table, args, lambda: table.to_string(index=False))
             return 0
         request = ExplainRequest(
-            model=args.model,
+            **_input_fields(args),
             method="layers",
-            text=args.text,
-            image=None if args.image is None else _read_image_file(args.image),
-            labels=_labels(args.labels),
-            target=args.target,
             params={"measures": args.measures or "all", "top_k": args.top_k},
-            seed=args.seed,
-            next_token=args.next_token,
         )
         explanation = worker.explain(request)
     finally:
@@ -97,6 +80,30 @@ def _layers(args: argparse.Namespace) -> int:
 
     _write_table(explanation.layers, args, lambda: layers_text(explanation))
     return 0
+
+
+def _input_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """A worker request's input fields from the command's flags (the image file read here)."""
+    return {
+        "model": args.model,
+        "text": args.text,
+        "image": None if args.image is None else _read_image_file(args.image),
+        "labels": _labels(args.labels),
+        "target": args.target,
+        "seed": args.seed,
+        "next_token": getattr(args, "next_token", False),
+    }
+
+
+def _on_worker(args: argparse.Namespace, request: Any) -> Any:
+    """Run one request on a worker of its own, closed afterwards."""
+    from app.worker import ExplainWorker
+
+    worker = ExplainWorker(device=args.device, max_models=1)
+    try:
+        return worker.explain(request)
+    finally:
+        worker.close()
 
 
 def _labels(text: str | None) -> list[str] | None:
@@ -122,27 +129,18 @@ def _report_progress(done: int) -> None:
 def _check(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from app.worker import CheckRequest, ExplainWorker
+    from app.worker import CheckRequest
 
     _output_path(args.output)
     _output_path(args.figures, folder=True)
     request = CheckRequest(
-        model=args.model,
+        **_input_fields(args),
         methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
-        text=args.text,
-        image=None if args.image is None else _read_image_file(args.image),
-        labels=_labels(args.labels),
-        target=args.target,
         params=_method_params(args.param),
-        seed=args.seed,
         randomise=args.randomise,
         top_fraction=args.top_fraction,
     )
-    worker = ExplainWorker(device=args.device, max_models=1)
-    try:
-        checked = worker.explain(request)
-    finally:
-        worker.close()
+    checked = _on_worker(args, request)
     tables = [
         table.assign(check=name)
         for name, table in (
