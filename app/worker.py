@@ -52,6 +52,7 @@ __all__ = [
     "WorkerClosedError",
     "WorkerRequest",
     "parse_param_pairs",
+    "visible_devices",
 ]
 
 
@@ -395,8 +396,44 @@ class Job(Generic[Result]):
         return self.future.result(timeout)
 
 
+def visible_devices(device: str | None = None) -> list[str]:
+    """
+    The devices a worker runs on: each visible GPU for ``None`` or ``"cuda"``, else ``device``.
+
+    A comma-separated list names several (``"cuda:0,cuda:2"``); each gets its own lane.
+    """
+    if device is None or device.strip() == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count:
+            return [f"cuda:{index}" for index in range(count)]
+        if device is not None:
+            raise InvalidInputError("device 'cuda' was asked for, but no GPU is visible")
+        return ["cpu"]
+    return [part.strip() for part in device.split(",") if part.strip()] or ["cpu"]
+
+
+class _Lane:
+    """One device: its loaded models (least recently used first), one job at a time, its jobs."""
+
+    def __init__(self, device: str, index: int) -> None:
+        self.device = device
+        self.models: OrderedDict[str, Adapter] = OrderedDict()
+        self.jobs: set[Job[Any]] = set()
+        # Loading a model (seconds, or minutes from the hub) holds only this lock, so
+        # submitting and status, which the server's event loop calls, never wait for it.
+        self.loading = threading.Lock()
+        self.executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"attrlab-worker-{index}"
+        )
+
+
 class ExplainWorker:
-    """Runs explanations on one device, one at a time, with an LRU cache of loaded models."""
+    """
+    Runs jobs one at a time per device, with an LRU cache of loaded models on each.
+
+    With several devices (every visible GPU by default) each job goes to the device with the
+    fewest jobs, preferring one that already holds the job's model.
+    """
 
     def __init__(
         self,
@@ -404,37 +441,36 @@ class ExplainWorker:
         max_models: int = 3,
         settings: ServerSettings | None = None,
     ) -> None:
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.devices = visible_devices(device)
+        self.device = ",".join(self.devices)
         self.max_models = max_models
         self.settings = settings or ServerSettings.unrestricted()
         self.model_loads: Counter[str] = Counter()
-        self._models: OrderedDict[str, Adapter] = OrderedDict()
-        # Two locks: loading a model (seconds, or minutes from the hub) holds only the first,
-        # so submitting and status, which the server's event loop calls, never wait for it.
-        self._loading = threading.Lock()
+        self._lanes = [_Lane(name, index) for index, name in enumerate(self.devices)]
         self._lock = threading.Lock()
-        self._jobs: set[Job] = set()
         self._closed = False
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="attrlab-worker")
         hf_logging.disable_progress_bar()  # weight-loading bars would clutter CLI and server logs
 
-    def adapter(self, spec: str, labels: Sequence[str] | None = None) -> Adapter:
+    def adapter(
+        self, spec: str, labels: Sequence[str] | None = None, lane: _Lane | None = None
+    ) -> Adapter:
         """Load (or reuse) a permitted model; the least recently used go past ``max_models``."""
         spec = (spec or "").strip()
+        lane = lane or self._lanes[0]
         source = self.settings.model_source(spec)
         # A served hub id is always fetched from the hub, never read from a same-named folder.
         hub_only = source == "hub" or (source == "listed" and not os.path.isabs(spec))
-        with self._loading:
+        with lane.loading:
             with self._lock:
-                adapter = self._models.pop(spec, None)
+                adapter = lane.models.pop(spec, None)
             fresh = adapter is None
             if adapter is None:
-                adapter = load(spec, device=self.device, hub_only=hub_only)
+                adapter = load(spec, device=lane.device, hub_only=hub_only)
             with self._lock:
                 self.model_loads[spec] += fresh
-                self._models[spec] = adapter
-                while len(self._models) > self.max_models:
-                    self._models.popitem(last=False)
+                lane.models[spec] = adapter
+                while len(lane.models) > self.max_models:
+                    lane.models.popitem(last=False)
         return adapter.with_labels(labels) if labels else adapter
 
     def submit(
@@ -448,22 +484,25 @@ class ExplainWorker:
         """
         self.validate(request)  # before queueing
         job: Job[Result] = Job(future=Future(), cancel_event=threading.Event())
+        model = (request.model or "").strip()
         with self._lock:
             if self._closed:
                 raise WorkerClosedError("the server is shutting down; try again later")
-            if len(self._jobs) >= self.settings.max_queue:
+            queued = sum(len(lane.jobs) for lane in self._lanes)
+            if queued >= self.settings.max_queue:
                 raise QueueFullError(
-                    f"{len(self._jobs)} requests are already queued (the limit); try again shortly"
+                    f"{queued} requests are already queued (the limit); try again shortly"
                 )
-            self._jobs.add(job)
+            lane = min(self._lanes, key=lambda lane: (len(lane.jobs), model not in lane.models))
+            lane.jobs.add(job)
 
         def report(done: int, total: int) -> None:
             job.progress = (done, total)
             if progress is not None:
                 progress(done, total)
 
-        job.future = self._executor.submit(self._run, request, report, job.cancel_event)
-        job.future.add_done_callback(lambda _: self._finished(job))
+        job.future = lane.executor.submit(self._run, request, report, job.cancel_event, lane)
+        job.future.add_done_callback(lambda _: self._finished(job, lane))
         return job
 
     def validate(self, request: WorkerRequest[Any]) -> None:
@@ -480,9 +519,9 @@ class ExplainWorker:
             self.settings.check_params(method.name, validate_params(method.params, params))
         self.settings.model_source((request.model or "").strip())
 
-    def _finished(self, job: Job[Any]) -> None:
+    def _finished(self, job: Job[Any], lane: _Lane) -> None:
         with self._lock:
-            self._jobs.discard(job)
+            lane.jobs.discard(job)
 
     def explain(
         self, request: WorkerRequest[Result], progress: ProgressCallback | None = None
@@ -491,20 +530,32 @@ class ExplainWorker:
         return self.submit(request, progress).result()
 
     def status(self) -> dict[str, Any]:
-        """Device, loaded models, how often each was loaded, and the queue length."""
+        """Devices, loaded models, how often each was loaded, and the queue length."""
         with self._lock:
             return {
                 "device": self.device,
-                "models_loaded": list(self._models),
+                "devices": [
+                    {
+                        "device": lane.device,
+                        "queued": len(lane.jobs),
+                        "models_loaded": list(lane.models),
+                    }
+                    for lane in self._lanes
+                ],
+                "models_loaded": list(dict.fromkeys(m for ln in self._lanes for m in ln.models)),
                 "model_loads": dict(self.model_loads),
-                "queued": len(self._jobs),
+                "queued": sum(len(lane.jobs) for lane in self._lanes),
                 "max_queue": self.settings.max_queue,
             }
 
     def _run(
-        self, request: WorkerRequest[Result], progress: ProgressCallback, cancel: threading.Event
+        self,
+        request: WorkerRequest[Result],
+        progress: ProgressCallback,
+        cancel: threading.Event,
+        lane: _Lane,
     ) -> Result:
-        adapter = self.adapter(request.model, request.labels)
+        adapter = self.adapter(request.model, request.labels, lane)
         if request.next_token and adapter.family != "decoder-lm":
             raise InvalidInputError(
                 f"a next-token explanation needs a decoder LM; model '{adapter.model_id}' is a "
@@ -542,12 +593,14 @@ class ExplainWorker:
         """Stop accepting work, cancel what is queued or running, and release the models."""
         with self._lock:
             self._closed = True
-            jobs = list(self._jobs)
-        for job in jobs:  # the running job stops at its next batch boundary
+            jobs = [job for lane in self._lanes for job in lane.jobs]
+        for job in jobs:  # a running job stops at its next batch boundary
             job.cancel()
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        for lane in self._lanes:
+            lane.executor.shutdown(wait=False, cancel_futures=True)
         with self._lock:
-            self._models.clear()
+            for lane in self._lanes:
+                lane.models.clear()
 
 
 def _article(modality: str) -> str:

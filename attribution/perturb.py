@@ -12,6 +12,7 @@ batches when the job is cancelled.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import zlib
 from collections.abc import Callable, Iterator
@@ -36,6 +37,7 @@ from attribution.run import RunContext
 
 __all__ = [
     "IMAGE_PERTURBATIONS",
+    "PRECISIONS",
     "TEXT_PERTURBATIONS",
     "TOP_DECILE",
     "BatchRunner",
@@ -44,6 +46,7 @@ __all__ = [
     "Perturbation",
     "TextPerturbation",
     "auto_batch_size",
+    "autocast_for",
     "box_blur",
     "perturbation_for",
     "repeated",
@@ -365,21 +368,62 @@ def perturbation_for(
     return ImagePerturbation(inputs.pixel_values, image_kind, image=inputs.image)
 
 
-#: Default forward batch per modality: (CPU, GPU) batch at a reference map size.
-_BATCH_GUESSES = {"image": (16, 256, 224 * 224), "text": (64, 512, 128)}
+#: Default forward batch per modality on a CPU, at a reference map size.
+_CPU_BATCH = {"image": (16, 224 * 224), "text": (64, 128)}
+
+#: Largest automatic batch, and the share of free GPU memory an automatic batch may fill.
+_MAX_BATCH, _GPU_SHARE = 2048, 0.7
+
+#: Rows of the probe forward that measures a GPU batch's memory per row.
+_PROBE_ROWS = 4
+
+#: CUDA memory of one row of a forward, per (model, device, input shape): measured once.
+_ROW_BYTES: dict[tuple[str, str, tuple[int, ...]], int] = {}
+
+#: Perturbation forwards' precision: float32, or CUDA autocast to a half type.
+PRECISIONS = ("float32", "bfloat16", "float16")
 
 
 def auto_batch_size(adapter: Adapter, inputs: Inputs) -> int:
     """
-    Default forward batch, scaled by the input's size from a reference size.
+    Default forward batch: from free memory on a GPU, from the input's size on a CPU.
 
-    16 images of 224² or 64 texts of 128 tokens on a CPU; 256 / 512 on a GPU.
-
-    Too large a guess on a GPU is harmless: :class:`BatchRunner` halves it on out-of-memory.
+    On a CPU: 16 images of 224² or 64 texts of 128 tokens, scaled by the input's size. On CUDA:
+    what fits in 70 % of the free memory (``torch.cuda.mem_get_info`` plus the allocator's
+    spare cache), given one row's memory measured once per model and input shape by a
+    4-row forward. Too large a guess is harmless: :class:`BatchRunner` halves on out-of-memory.
     """
-    cpu, gpu, reference = _BATCH_GUESSES[inputs.modality]
-    guess = (gpu if adapter.device.type == "cuda" else cpu) * reference
-    return int(min(1024, max(1, guess / max(math.prod(inputs.map_shape), 1))))
+    if adapter.device.type == "cuda":
+        row = _row_bytes(adapter, inputs)
+        device = adapter.device
+        free = torch.cuda.mem_get_info(device)[0]
+        free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return int(min(_MAX_BATCH, max(1, _GPU_SHARE * free // max(row, 1))))
+    batch, reference = _CPU_BATCH[inputs.modality]
+    return int(min(1024, max(1, batch * reference / max(math.prod(inputs.map_shape), 1))))
+
+
+def _row_bytes(adapter: Adapter, inputs: Inputs) -> int:
+    """CUDA memory one row of a no-gradient forward takes beyond the resting weights."""
+    shape = tuple(int(n) for n in inputs.map_shape)
+    key = (adapter.model_id, str(adapter.device), shape)
+    if key not in _ROW_BYTES:
+        rows = {k: repeated(v, _PROBE_ROWS) for k, v in inputs.model_kwargs().items()}
+        torch.cuda.synchronize(adapter.device)
+        resting = torch.cuda.memory_allocated(adapter.device)
+        torch.cuda.reset_peak_memory_stats(adapter.device)
+        with torch.no_grad():
+            adapter.logits(**rows)
+        peak = torch.cuda.max_memory_allocated(adapter.device) - resting
+        _ROW_BYTES[key] = max(1, peak // _PROBE_ROWS)
+    return _ROW_BYTES[key]
+
+
+def autocast_for(adapter: Adapter, precision: str) -> contextlib.AbstractContextManager[object]:
+    """CUDA autocast to ``precision`` for a model on a GPU; nothing elsewhere or for float32."""
+    if adapter.device.type != "cuda" or precision == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast("cuda", dtype=getattr(torch, precision))
 
 
 class BatchRunner:
@@ -395,12 +439,25 @@ class BatchRunner:
         batch_size: Largest batch; halved for the rest of the job on CUDA out-of-memory.
         total: Expected forward passes of the job (for progress).
         report: Report progress in forward passes (off where the caller reports its own).
+        precision: ``float32``, or a half type for CUDA autocast of the forwards (logits come
+            back as float32 either way, so estimators accumulate in full precision).
     """
 
     def __init__(
-        self, adapter: Adapter, run: RunContext, batch_size: int, total: int, report: bool = True
+        self,
+        adapter: Adapter,
+        run: RunContext,
+        batch_size: int,
+        total: int,
+        report: bool = True,
+        precision: str = "float32",
     ) -> None:
+        if precision not in PRECISIONS:
+            raise InvalidParameterError(f"precision must be one of {', '.join(PRECISIONS)}")
+        if precision != "float32" and adapter.device.type != "cuda":
+            run.warn(f"precision={precision} applies on a GPU; this run used float32")
         self.adapter = adapter
+        self.precision = precision
         self.run = run
         self.batch_size = max(1, int(batch_size))
         self.total = max(1, int(total))
@@ -456,7 +513,7 @@ class BatchRunner:
         self, forward: Callable[[int, int], torch.Tensor], start: int, stop: int
     ) -> torch.Tensor | None:
         try:
-            with torch.no_grad():
+            with torch.no_grad(), autocast_for(self.adapter, self.precision):
                 return forward(start, stop)
         except torch.cuda.OutOfMemoryError:
             if self.batch_size == 1:

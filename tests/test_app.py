@@ -192,7 +192,7 @@ def test_worker_reports_progress_and_cancels(worker):
     assert seen == [(1, 4)]
     # A job cancelled before it starts never runs; the worker stays usable.
     blocker = threading.Event()
-    worker._executor.submit(blocker.wait)
+    worker._lanes[0].executor.submit(blocker.wait)
     job = worker.submit(
         ExplainRequest(model="tiny-random-bert", method="gradient_x_input", text="queued")
     )
@@ -208,7 +208,7 @@ def test_worker_reports_progress_and_cancels(worker):
 def test_worker_model_cache_is_lru(worker):
     for spec in ("tiny-random-bert", "tiny-random-gpt2", "tiny-random-bert", "tiny-random-vit"):
         worker.adapter(spec)
-    assert list(worker._models) == ["tiny-random-bert", "tiny-random-vit"]
+    assert worker.status()["models_loaded"] == ["tiny-random-bert", "tiny-random-vit"]
 
 
 def _free_port() -> int:

@@ -216,3 +216,15 @@ def test_auto_batch_size_scales_with_input(quadrant, bert, effnet):
     short = auto_batch_size(bert, bert.preprocess("short"))
     long = auto_batch_size(bert, bert.preprocess("word " * 100))
     assert short > long >= 1
+
+
+def test_half_precision_is_a_gpu_option_that_leaves_a_cpu_run_exact(bert):
+    """On a CPU, precision=bfloat16 warns and gives exactly the float32 map."""
+    inputs = bert.preprocess("a fine day at the sea")
+    params = {"n_masks": 32, "batch_size": 8}
+    full = attribution.explain(bert, "rise", inputs, params=params)
+    half = attribution.explain(bert, "rise", inputs, params={**params, "precision": "bfloat16"})
+    np.testing.assert_array_equal(full.scores, half.scores)
+    assert half.params["precision"] == "bfloat16"
+    assert any("applies on a GPU" in w for w in half.warnings)
+    assert not any("precision" in w for w in full.warnings)

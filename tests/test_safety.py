@@ -329,7 +329,7 @@ def test_queue_full_answers_429_and_recovers(server_settings):
     worker = ExplainWorker(device="cpu", settings=replace(server_settings, max_queue=1))
     with TestClient(create_app(worker)) as c:
         gate = threading.Event()
-        worker._executor.submit(gate.wait)  # keep the worker busy
+        worker._lanes[0].executor.submit(gate.wait)  # keep the worker busy
         first = worker.submit(ExplainRequest(model=TEXT_MODEL, method="gradient_x_input", text="a"))
         response = c.post("/api/v1/explain", json=_text())
         assert response.status_code == 429 and response.headers["retry-after"] == "5"

@@ -144,3 +144,42 @@ def test_many_jobs_at_once_all_finish(worker):
     assert len(results) == 8 and all(np.array_equal(r, results[0]) for r in results)
     assert _drained(worker)
     assert worker.status()["model_loads"] == {"tiny-random-bert": 1}
+
+
+def test_each_device_has_its_lane_and_a_job_goes_to_the_least_loaded():
+    worker = ExplainWorker(device="cpu,cpu")
+    release, blocked = threading.Event(), threading.Event()
+
+    def hold(done: int, total: int) -> None:
+        blocked.set()
+        release.wait(30)
+
+    try:
+        assert worker.devices == ["cpu", "cpu"]
+        first = worker.submit(RISE, progress=hold)
+        assert blocked.wait(30)
+        # The first lane is busy: the second job runs on the other and finishes meanwhile.
+        second = worker.explain(LLAMA)
+        lanes = worker.status()["devices"]
+        assert [lane["queued"] for lane in lanes] == [1, 0]
+        assert lanes[1]["models_loaded"] == [LLAMA.model]
+        release.set()
+        first.result(60)
+        assert _drained(worker)
+        # Both lanes idle: the job goes where its model is already loaded, not loaded again.
+        again = worker.explain(LLAMA)
+        np.testing.assert_array_equal(again.scores, second.scores)
+        assert worker.status()["model_loads"] == {RISE.model: 1, LLAMA.model: 1}
+    finally:
+        release.set()
+        worker.close()
+
+
+def test_device_cuda_without_a_gpu_is_a_clear_error(monkeypatch):
+    from app.worker import visible_devices
+    from attribution.errors import InvalidInputError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert visible_devices(None) == ["cpu"]
+    with pytest.raises(InvalidInputError, match="no GPU is visible"):
+        visible_devices("cuda")

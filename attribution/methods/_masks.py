@@ -1,4 +1,4 @@
-"""Shared parameters and helpers of the perturbation methods (RISE, Sobol, occlusion)."""
+"""Shared parameters and helpers of the perturbation methods (RISE, Sobol, occlusion, SHAP)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ import torch
 from attribution.errors import InvalidParameterError
 from attribution.models.base import Inputs
 from attribution.params import Param
-from attribution.perturb import TEXT_PERTURBATIONS
+from attribution.perturb import PRECISIONS, TEXT_PERTURBATIONS
 from attribution.run import RunContext
 
 __all__ = [
     "BATCH_SIZE_PARAM",
     "N_SEGMENTS_PARAM",
+    "PRECISION_PARAM",
     "SEED_PARAM",
     "SEGMENTS_PARAM",
     "TEXT_PERTURBATION_PARAM",
@@ -29,6 +30,14 @@ BATCH_SIZE_PARAM = Param(
     "Perturbed inputs per forward pass (default: automatic; halved on GPU out-of-memory).",
     1,
     4096,
+)
+PRECISION_PARAM = Param(
+    "precision",
+    "str",
+    "float32",
+    "Perturbation forwards on a GPU: float32, or autocast to bfloat16 / float16 (faster; the "
+    "estimator still accumulates in float32). No effect on a CPU.",
+    choices=PRECISIONS,
 )
 TEXT_PERTURBATION_PARAM = Param(
     "text_perturbation",

@@ -14,6 +14,7 @@ from attribution.methods._captum import BASELINE_PARAM, baseline_for
 from attribution.methods._masks import (
     BATCH_SIZE_PARAM,
     N_SEGMENTS_PARAM,
+    PRECISION_PARAM,
     SEGMENTS_PARAM,
     check_segments,
 )
@@ -56,6 +57,7 @@ class Occlusion(AttributionMethod):
         SEGMENTS_PARAM,
         N_SEGMENTS_PARAM,
         BATCH_SIZE_PARAM,
+        PRECISION_PARAM,
     )
 
     @classmethod
@@ -83,14 +85,18 @@ class Occlusion(AttributionMethod):
         if params["segments"] == "slic":
             image = cast(ImageInputs, inputs).image  # check_segments: images only
             labels = slic_segments(image, params["n_segments"]).to(tensor.device)
-            runner = BatchRunner(adapter, run, batch_size, int(labels.max()) + 2)
+            runner = BatchRunner(
+                adapter, run, batch_size, int(labels.max()) + 2, precision=params["precision"]
+            )
             method = FeatureAblation(_forward(runner, inputs))
             kwargs: dict[str, Any] = {"feature_mask": labels[None, None]}
         else:
             window, stride, windows = _windows(
                 inputs.map_shape, tensor.shape[1:], params["window"], params["stride"]
             )
-            runner = BatchRunner(adapter, run, batch_size, windows + 1)
+            runner = BatchRunner(
+                adapter, run, batch_size, windows + 1, precision=params["precision"]
+            )
             method = CaptumOcclusion(_forward(runner, inputs))
             kwargs = {"sliding_window_shapes": window, "strides": stride}
         attributions = method.attribute(

@@ -10,6 +10,7 @@ import torch
 from attribution.methods._masks import (
     BATCH_SIZE_PARAM,
     N_SEGMENTS_PARAM,
+    PRECISION_PARAM,
     SEED_PARAM,
     SEGMENTS_PARAM,
     TEXT_PERTURBATION_PARAM,
@@ -120,6 +121,7 @@ class RISE(AttributionMethod):
         Param("grid", "int", 7, "Cells per side of the random grid (images).", 2, 128),
         Param("p", "float", 0.5, "Probability of keeping a cell / token.", 0.0, 1.0, True),
         BATCH_SIZE_PARAM,
+        PRECISION_PARAM,
         SEED_PARAM,
         Param(
             "perturbation",
@@ -167,7 +169,7 @@ class RISE(AttributionMethod):
         first = masks.batch(0, 1)
         estimator = RiseEstimator(classes, first[0].numel(), params["p"])
         batch_size = params["batch_size"] or auto_batch_size(adapter, inputs)
-        runner = BatchRunner(adapter, run, batch_size, len(masks))
+        runner = BatchRunner(adapter, run, batch_size, len(masks), precision=params["precision"])
         tolerance, error = params["tolerance"], float("nan")
         for batch, logits in runner.score(masks, perturbation):
             scores = logits.softmax(-1) if params["output"] == "probability" else logits

@@ -12,7 +12,7 @@ import shap
 import torch
 
 from attribution.errors import InvalidParameterError, UnsupportedMethodError
-from attribution.methods._masks import BATCH_SIZE_PARAM
+from attribution.methods._masks import BATCH_SIZE_PARAM, PRECISION_PARAM
 from attribution.methods.base import Attribution, AttributionMethod, Passes
 from attribution.methods.registry import register
 from attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs, text_adapter
@@ -72,6 +72,7 @@ class Shap(AttributionMethod):
         ),
         Param("blur", "int", 128, "Images: side of the box blur hiding masked regions.", 1, 4096),
         BATCH_SIZE_PARAM,
+        PRECISION_PARAM,
     )
 
     @classmethod
@@ -93,7 +94,7 @@ class Shap(AttributionMethod):
                 f"a SHAP tolerance compares refinements from {MIN_EVALS_BEFORE_STOPPING} "
                 f"evaluations on: set max_evals above {MIN_EVALS_BEFORE_STOPPING}"
             )
-        runner = BatchRunner(adapter, run, batch_size, max_evals)
+        runner = BatchRunner(adapter, run, batch_size, max_evals, precision=params["precision"])
         remember = tolerance is not None
         explain, data, reduce = _EXPLAINERS[inputs.modality](
             adapter, inputs, target, runner, params, remember

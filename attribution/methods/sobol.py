@@ -13,6 +13,7 @@ from scipy.stats import qmc
 from attribution.errors import InvalidParameterError
 from attribution.methods._masks import (
     BATCH_SIZE_PARAM,
+    PRECISION_PARAM,
     TEXT_PERTURBATION_PARAM,
     noise_ratio,
 )
@@ -156,6 +157,7 @@ class Sobol(AttributionMethod):
         ),
         TEXT_PERTURBATION_PARAM,
         BATCH_SIZE_PARAM,
+        PRECISION_PARAM,
         Param(
             "bootstrap",
             "int",
@@ -192,7 +194,9 @@ class Sobol(AttributionMethod):
         run.plan(n * (dimension + 2), "n_designs or grid")  # before the design is built
         points = qmc.Sobol(2 * dimension, scramble=False).random(n)
         batch_size = params["batch_size"] or auto_batch_size(adapter, inputs)
-        runner = BatchRunner(adapter, run, batch_size, n * (dimension + 2))
+        runner = BatchRunner(
+            adapter, run, batch_size, n * (dimension + 2), precision=params["precision"]
+        )
         outputs_a, outputs_c = [], []
         for start, stop in _blocks(n, tolerance is not None):
             design = torch.from_numpy(replicated_design(points[start:stop])).float()
