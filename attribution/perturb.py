@@ -48,6 +48,7 @@ __all__ = [
     "auto_batch_size",
     "autocast_for",
     "box_blur",
+    "forward_row_bytes",
     "perturbation_for",
     "repeated",
     "top_decile_error",
@@ -394,7 +395,7 @@ def auto_batch_size(adapter: Adapter, inputs: Inputs) -> int:
     4-row forward. Too large a guess is harmless: :class:`BatchRunner` halves on out-of-memory.
     """
     if adapter.device.type == "cuda":
-        row = _row_bytes(adapter, inputs)
+        row = forward_row_bytes(adapter, inputs)
         device = adapter.device
         free = torch.cuda.mem_get_info(device)[0]
         free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
@@ -403,7 +404,7 @@ def auto_batch_size(adapter: Adapter, inputs: Inputs) -> int:
     return int(min(1024, max(1, batch * reference / max(math.prod(inputs.map_shape), 1))))
 
 
-def _row_bytes(adapter: Adapter, inputs: Inputs) -> int:
+def forward_row_bytes(adapter: Adapter, inputs: Inputs) -> int:
     """CUDA memory one row of a no-gradient forward takes beyond the resting weights."""
     shape = tuple(int(n) for n in inputs.map_shape)
     key = (adapter.model_id, str(adapter.device), shape)

@@ -45,6 +45,8 @@ def best_seconds(calls: dict[str, Callable[[], object]], repeats: int) -> dict[s
         for name, call in calls.items():
             start = time.perf_counter()
             call()
+            if torch.cuda.is_available():  # kernels run asynchronously: wait for them
+                torch.cuda.synchronize()
             times[name].append(time.perf_counter() - start)
     return {name: min(values) for name, values in times.items()}
 

@@ -1,7 +1,7 @@
 """
 Cost estimates against measured runs on the embedded models (issue 12).
 
-Run: ``.venv/bin/python benchmarks/estimate.py``
+Run: ``.venv/bin/python benchmarks/estimate.py`` (on the GPU where there is one)
 
 For RISE, integrated gradients and AttnLRP on MiniLM, SmolLM2-135M and EfficientNet-Lite0
 (where the method applies) with default parameters: the estimated forward / backward passes
@@ -22,11 +22,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch
 from _tables import print_table
 from skimage import data
+from stand_ins import load_for_benchmark
 
 from attribution import explain
 from attribution.estimate import estimate
 from attribution.methods import get_method
-from attribution.models import load
 
 CASES = (
     ("minilm-zeroshot", "A warm, funny and moving film with a cast that clearly enjoyed it."),
@@ -38,9 +38,10 @@ METHODS = ("rise", "integrated_gradients", "attnlrp")
 
 def main() -> None:
     torch.set_num_threads(2)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     rows = []
     for spec, text in CASES:
-        adapter = load(spec, device="cpu")
+        adapter, spec = load_for_benchmark(spec, device)
         inputs = adapter.preprocess(text if text is not None else data.chelsea())
         for method in METHODS:
             if get_method(method).unsupported_reason(adapter) is not None:
@@ -66,7 +67,8 @@ def main() -> None:
                     f"{estimating:.2f}",
                 )
             )
-    print("\nEstimated against measured, default parameters, CPU (2 threads)\n")
+    where = torch.cuda.get_device_name() if device == "cuda" else "CPU (2 threads)"
+    print(f"\nEstimated against measured, default parameters, {where}\n")
     print_table(
         (
             "model",

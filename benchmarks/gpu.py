@@ -1,15 +1,20 @@
 """
 The one device script (issue 12): RISE, AttnLRP and perturbation throughput on whatever device
-is present.
+is present, and the CUDA path's checks.
 
 Run: ``.venv/bin/python benchmarks/gpu.py [--full]``
 
 On a GPU (or with ``--full``): RISE with 4000 masks on EfficientNet-Lite0 and on a ViT-sized
-input (a random ViT-B/16: 224², 16-pixel patches; timing needs no trained weights), AttnLRP on
-SmolLM2-135M at 1024 tokens, and the perturbation throughput ratio (RISE passes/s over plain
-batched inference of the same batch). On a CPU without ``--full`` it runs a reduced form
-(400 masks, 40 on the ViT; 128 tokens) that finishes in about a minute. Each row gives
-seconds, passes/s and peak device memory (CUDA only).
+input (a random ViT-B/16: 224², 16-pixel patches; timing needs no trained weights), in float32
+and with bfloat16 autocast (``precision``), AttnLRP on SmolLM2-135M at 1024 tokens, and the
+perturbation throughput ratio (RISE passes/s over plain batched inference of the same batch).
+On a CPU without ``--full`` it runs a reduced form (400 masks, 40 on the ViT; 128 tokens) that
+finishes in about a minute. Each row gives seconds, passes/s and peak device memory (CUDA only).
+
+On CUDA it then checks, and fails loudly otherwise: the automatic batch comes from free memory;
+a bfloat16 RISE map agrees with the float32 one; a RISE run whose batch overflows a capped GPU
+halves its batch and gives the same map; a job through the worker runs on the GPU. With
+``ATTRLAB_STAND_INS`` set, models too large to carry are stand-ins (``stand_ins.py``).
 """
 
 from __future__ import annotations
@@ -27,10 +32,10 @@ import torch
 from _tables import print_table
 from _timing import text_of
 from skimage import data
+from stand_ins import load_for_benchmark
 
 from attribution import explain
-from attribution.models import load
-from attribution.perturb import auto_batch_size, repeated
+from attribution.perturb import auto_batch_size, forward_row_bytes, repeated
 
 
 def _timed(device: torch.device, call: Callable[[], Any]) -> tuple[float, int | None]:
@@ -69,22 +74,36 @@ def main() -> None:
     full = args.full or device.type == "cuda"
     masks, tokens = (4000, 1024) if full else (400, 128)
     torch.set_num_threads(max(1, os.cpu_count() or 1))
+    checks: list[tuple[str, str]] = []
     rows = []
     for spec in ("efficientnet-lite0", "random-vit-b16"):
-        adapter = _vit_b16(device) if spec == "random-vit-b16" else load(spec, device=str(device))
+        if spec == "random-vit-b16":
+            adapter = _vit_b16(device)
+        else:
+            adapter, spec = load_for_benchmark(spec, str(device))
         inputs = adapter.preprocess(data.chelsea())
         count = masks if full or spec == "efficientnet-lite0" else masks // 10  # ViT-B on a CPU
-        seconds, memory = _timed(
-            device,
-            lambda a=adapter, i=inputs, n=count: explain(a, "rise", i, params={"n_masks": n}),
-        )
-        ratio = (count / seconds) / _plain_rate(adapter, inputs, count)
-        rows.append((f"RISE {count} masks", spec, seconds, count / seconds, ratio, memory))
-    smol = load("smollm2-135m", device=str(device))
+        maps = {}
+        for precision in ("float32", "bfloat16") if device.type == "cuda" else ("float32",):
+            params = {"n_masks": count, "precision": precision}
+            seconds, memory = _timed(
+                device,
+                lambda a=adapter, i=inputs, p=params, m=maps: m.__setitem__(
+                    p["precision"], explain(a, "rise", i, params=p).scores
+                ),
+            )
+            ratio = (count / seconds) / _plain_rate(adapter, inputs, count)
+            run = f"RISE {count} masks, {precision}"
+            rows.append((run, spec, seconds, count / seconds, ratio, memory))
+        if "bfloat16" in maps:
+            agreement = _correlation(maps["float32"], maps["bfloat16"])
+            checks.append((f"RISE bfloat16 vs float32 map ({spec})", f"r = {agreement:.4f}"))
+            assert agreement > 0.99 or spec != "efficientnet-lite0", agreement  # trained only
+    smol, smol_name = load_for_benchmark("smollm2-135m", str(device))
     inputs = text_of(smol, tokens)
     seconds, memory = _timed(device, lambda: explain(smol, "attnlrp", inputs))
     rows.append(
-        (f"AttnLRP {len(inputs.tokens)} tokens", "smollm2-135m", seconds, 2 / seconds, None, memory)
+        (f"AttnLRP {len(inputs.tokens)} tokens", smol_name, seconds, 2 / seconds, None, memory)
     )
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"\nDevice: {device} ({name}), {'full' if full else 'reduced'} sizes\n")
@@ -102,6 +121,64 @@ def main() -> None:
             for name, spec, seconds, rate, ratio, memory in rows
         ],
     )
+    if device.type == "cuda":
+        checks += _cuda_checks(device)
+        print()
+        print_table(("CUDA check", "result"), checks)
+
+
+def _correlation(a: Any, b: Any) -> float:
+    import numpy as np
+
+    return float(np.corrcoef(np.ravel(a), np.ravel(b))[0, 1])
+
+
+def _cuda_checks(device: torch.device) -> list[tuple[str, str]]:
+    """The CUDA path's properties; an assertion fails the script if one does not hold."""
+    import numpy as np
+
+    from app.worker import ExplainRequest, ExplainWorker
+
+    checks = []
+    adapter, spec = load_for_benchmark("efficientnet-lite0", str(device))
+    inputs = adapter.preprocess(data.chelsea())
+    batch = auto_batch_size(adapter, inputs)
+    free = torch.cuda.mem_get_info(device)[0]
+    checks.append(
+        (f"automatic batch ({spec}, {free / 2**30:.0f} GiB free)", f"{batch} (CPU default 16)")
+    )
+    assert batch > 16, batch
+    worker = ExplainWorker()
+    try:
+        request = ExplainRequest(
+            model="efficientnet-lite0", method="rise", image=data.chelsea(), params={"n_masks": 256}
+        )
+        job = worker.explain(request)
+        lanes = worker.status()["devices"]
+        checks.append(("worker lanes", ", ".join(lane["device"] for lane in lanes)))
+        assert all(lane["device"].startswith("cuda") for lane in lanes)
+        assert job.timings.forward_passes == 257, job.timings.forward_passes
+    finally:
+        worker.close()
+    # Out of memory for real: cap this process's GPU memory so a huge batch cannot fit.
+    params = {"n_masks": 512, "batch_size": 512}
+    reference = explain(adapter, "rise", inputs, params=params).scores
+    torch.cuda.empty_cache()
+    allowed = torch.cuda.memory_allocated(device) + 64 * forward_row_bytes(adapter, inputs)
+    torch.cuda.set_per_process_memory_fraction(
+        allowed / torch.cuda.get_device_properties(device).total_memory, device
+    )
+    try:
+        halved = explain(adapter, "rise", inputs, params=params).scores
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, device)
+    # Same masks whatever the batch; only float rounding (TF32 convolutions) may differ.
+    difference = float(np.abs(halved - reference).max() / np.abs(reference).max())
+    checks.append(
+        ("RISE batch 512, GPU capped near 64 rows", f"ran; map differs by {difference:.1e}")
+    )
+    assert difference < 1e-3, difference
+    return checks
 
 
 def _vit_b16(device: torch.device) -> Any:

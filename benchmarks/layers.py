@@ -3,7 +3,8 @@ Cost of the layer and head analysis relative to one forward + backward pass (iss
 
 Run: ``.venv/bin/python benchmarks/layers.py [--repeats 3] [--threads 2]``
 
-On MiniLM (zero-shot, 64 tokens) and the embedded SmolLM2-135M (32 tokens), it times one
+On MiniLM (zero-shot, 64 tokens) and the embedded SmolLM2-135M (32 tokens), on the GPU where
+there is one, it times one
 forward, one forward + backward (gradient of the target logit at the token embeddings), each
 measure group of ``attribution.layers.MEASURES`` alone, and all of them in one call; the
 fastest of ``--repeats`` interleaved runs after a warm-up. Target: every measure of one input
@@ -22,9 +23,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch
 from _tables import print_table
 from _timing import best_seconds, forward, forward_backward, text_of
+from stand_ins import load_for_benchmark
 
 from attribution.layers import MEASURES, analyze_layers
-from attribution.models import load
 
 CASES = (("minilm-zeroshot", 64), ("smollm2-135m", 32))
 
@@ -33,8 +34,10 @@ def analysis(adapter, inputs, target: int, measures: list[str] | None) -> Callab
     return lambda: analyze_layers(adapter, inputs, target, measures)
 
 
-def bench(spec: str, tokens: int, repeats: int) -> list[tuple[str, str, str, str]]:
-    adapter = load(spec, device="cpu")
+def bench(
+    spec: str, tokens: int, repeats: int, device: str
+) -> tuple[str, list[tuple[str, str, str, str]]]:
+    adapter, name = load_for_benchmark(spec, device)
     inputs = text_of(adapter, tokens)
     with torch.no_grad():
         target = int(adapter.logits(**inputs.model_kwargs())[0].argmax())
@@ -59,13 +62,18 @@ def bench(spec: str, tokens: int, repeats: int) -> list[tuple[str, str, str, str
         rows.append(
             (m.name, f"{seconds[m.name] * 1e3:.0f}", f"{seconds[m.name] / unit:.2f}", m.cost)
         )
-    for name in ("all but ablation", "all measures"):
-        total = seconds[name] / unit
+    for group in ("all but ablation", "all measures"):
+        total = seconds[group] / unit
         verdict = "met" if total <= layers + 3 else "missed"
         rows.append(
-            (name, f"{seconds[name] * 1e3:.0f}", f"{total:.2f}", f"≤ L+3 = {layers + 3}: {verdict}")
+            (
+                group,
+                f"{seconds[group] * 1e3:.0f}",
+                f"{total:.2f}",
+                f"≤ L+3 = {layers + 3}: {verdict}",
+            )
         )
-    return rows
+    return name, rows
 
 
 def main() -> None:
@@ -74,11 +82,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    where = torch.cuda.get_device_name() if device == "cuda" else f"{args.threads} threads, CPU"
     for spec, tokens in CASES:
-        print(f"\n{spec}  (torch {torch.__version__}, {args.threads} threads, CPU)\n")
-        print_table(
-            ("measure", "time (ms)", "× fwd+bwd", "note"), bench(spec, tokens, args.repeats)
-        )
+        name, rows = bench(spec, tokens, args.repeats, device)
+        print(f"\n{name}  (torch {torch.__version__}, {where})\n")
+        print_table(("measure", "time (ms)", "× fwd+bwd", "note"), rows)
 
 
 if __name__ == "__main__":
