@@ -56,8 +56,16 @@ class Estimate:
         )
 
 
-#: Batch widths the calibration times; a pass's batch is priced at the nearest one below.
-_WIDTHS = (1, 16, 64)
+#: Batch widths the calibration times per device type and pass kind. On a CPU a row costs about
+#: the same beyond 16, so a batch is priced at the nearest width below; on a GPU a row keeps
+#: getting cheaper up to large batches, so wider batches are timed and a batch is priced between
+#: the widths around it (linear in log width).
+_WIDTHS = {
+    ("cpu", "forward"): (1, 16, 64),
+    ("cpu", "backward"): (1, 16, 64),
+    ("cuda", "forward"): (1, 16, 64, 256, 1024),
+    ("cuda", "backward"): (1, 16, 64, 256),
+}
 
 
 class Calibration:
@@ -78,7 +86,18 @@ class Calibration:
 
     def seconds(self, kind: str, batch: int) -> float:
         """Seconds per row of a ``"forward"`` or ``"backward"`` pass in batches of ``batch``."""
-        width = max(w for w in _WIDTHS if w <= max(1, batch))
+        cuda = self.adapter.device.type == "cuda"
+        widths = _WIDTHS["cuda" if cuda else "cpu", kind]
+        batch = max(1, batch)
+        below = max(w for w in widths if w <= batch)
+        above = min((w for w in widths if w >= batch), default=below)
+        low = self._seconds_at(kind, below)
+        if not cuda or above == below:
+            return low
+        share = math.log(batch / below) / math.log(above / below)
+        return low + share * (self._seconds_at(kind, above) - low)
+
+    def _seconds_at(self, kind: str, width: int) -> float:
         with self._lock:
             if (kind, width) not in self._seconds:
                 self._seconds[kind, width] = self._measure(kind, width)
@@ -141,6 +160,8 @@ def _best(call: Any, repeats: int = 2) -> float:
     for _ in range(repeats):
         start = time.perf_counter()
         call()
+        if torch.cuda.is_available():  # kernels run asynchronously: wait for them
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     return min(times)
 
