@@ -168,13 +168,13 @@ def _cuda_checks(device: torch.device) -> list[tuple[str, str]]:
     reference = explain(adapter, "rise", inputs, params=params).scores
     torch.cuda.empty_cache()
     allowed = torch.cuda.memory_allocated(device) + 64 * forward_row_bytes(adapter, inputs)
-    torch.cuda.set_per_process_memory_fraction(
-        allowed / torch.cuda.get_device_properties(device).total_memory, device
-    )
+    index = torch.cuda.current_device() if device.index is None else device.index
+    total = torch.cuda.get_device_properties(index).total_memory
+    torch.cuda.set_per_process_memory_fraction(allowed / total, index)
     try:
         halved = explain(adapter, "rise", inputs, params=params).scores
     finally:
-        torch.cuda.set_per_process_memory_fraction(1.0, device)
+        torch.cuda.set_per_process_memory_fraction(1.0, index)
     # Same masks whatever the batch; only float rounding (TF32 convolutions) may differ.
     difference = float(np.abs(halved - reference).max() / np.abs(reference).max())
     checks.append(
