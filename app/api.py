@@ -27,7 +27,7 @@ from starlette.routing import Match, Mount, Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.batch import parquet_file
-from app.errors import error_status, public_message
+from app.errors import error_status, public_message, validation_problems
 from app.jobs import JobRunner, instance_json
 from app.worker import (
     BatchRequest,
@@ -633,11 +633,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_: Request, err: RequestValidationError) -> JSONResponse:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', 'invalid')}"
-            for e in err.errors()[:5]
-        )
-        return _error(422, "invalid_request", problems or "the request is not valid")
+        return _error(422, "invalid_request", validation_problems(list(err.errors())))
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, err: HTTPException) -> JSONResponse:

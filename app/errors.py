@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from app.worker import InstanceFailedError, QueueFullError, TooSlowError, WorkerClosedError
 from attribution.errors import (
@@ -19,7 +20,13 @@ from attribution.errors import (
     UnsupportedMethodError,
 )
 
-__all__ = ["ERROR_STATUS", "error_record", "error_status", "public_message"]
+__all__ = [
+    "ERROR_STATUS",
+    "error_record",
+    "error_status",
+    "public_message",
+    "validation_problems",
+]
 
 #: HTTP status and machine-readable code of each user error (the most specific class wins).
 ERROR_STATUS: dict[type[AttrlabError], tuple[int, str]] = {
@@ -60,3 +67,12 @@ def public_message(message: str) -> str:
 def error_record(err: AttrlabError) -> dict[str, dict[str, str]]:
     """The JSON error body for ``err``: ``{"error": {"code": ..., "message": ...}}``."""
     return {"error": {"code": error_status(err)[1], "message": public_message(str(err))}}
+
+
+def validation_problems(errors: list[Any]) -> str:
+    """A request body's first few validation errors (pydantic's), one line: ``field: problem``."""
+    problems = "; ".join(
+        f"{'.'.join(str(p) for p in e.get('loc', ())) or 'body'}: {e.get('msg', 'invalid')}"
+        for e in errors[:5]
+    )
+    return problems or "the request is not valid"

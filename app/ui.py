@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 import gradio as gr
@@ -10,10 +12,11 @@ import numpy as np
 
 from app.errors import public_message
 from app.worker import ExplainRequest, ExplainWorker, parse_param_pairs
-from attribution.errors import AttrlabError
+from attribution.errors import AttrlabError, NotCalibratedError
 from attribution.explanation import Explanation
 from attribution.methods import available_methods
 from attribution.models import BUILTIN_MODELS, default_model
+from attribution.run import ProgressCallback
 from viz import heatmap_overlay, token_figure, token_highlights
 
 __all__ = ["build_ui"]
@@ -47,14 +50,23 @@ def _summary(explanation: Explanation) -> dict[str, Any]:
     return {k: data[k] for k in ("target", "predictions", "metrics", "timings", "warnings")}
 
 
-def _run(worker: ExplainWorker, request: ExplainRequest, progress: gr.Progress) -> Explanation:
+#: How a page's request is run: through the worker's queue, or (a Space) in a GPU slot.
+Runner = Callable[[ExplainRequest, ProgressCallback], Explanation]
+
+
+def _run(run: Runner, request: ExplainRequest, progress: gr.Progress) -> Explanation:
     """Run a request with a progress bar; user errors become a message, bugs a generic one."""
+    start = time.monotonic()
 
     def report(done: int, total: int) -> None:
-        progress(done / max(total, 1), desc=f"{done}/{total} forward passes")
+        eta = ""
+        if 0 < done < total:  # the rate so far, over what is left
+            left = (time.monotonic() - start) / done * (total - done)
+            eta = f", ≈ {left:,.0f} s left" if left >= 1 else ", < 1 s left"
+        progress(done / max(total, 1), desc=f"{done:,}/{total:,} forward passes{eta}")
 
     try:
-        return worker.explain(request, progress=report)
+        return run(request, report)
     except AttrlabError as err:
         raise gr.Error(public_message(str(err))) from None
     except Exception:
@@ -62,11 +74,79 @@ def _run(worker: ExplainWorker, request: ExplainRequest, progress: gr.Progress) 
         raise gr.Error("internal error while explaining; the server log has details") from None
 
 
-def build_ui(worker: ExplainWorker) -> gr.Blocks:
-    """The Blocks app; every handler goes through ``worker``."""
+def _cost(worker: ExplainWorker, request: ExplainRequest, measure: bool) -> str:
+    """The estimate shown before Run: from measured costs, measuring them first if allowed."""
+    try:
+        try:
+            found = worker.price(request)[0]
+        except NotCalibratedError:
+            if not measure:
+                return "Cost: known after the first run on this model."
+            found = worker.explain(request.costs()[0])  # queued: measures on the device
+    except AttrlabError as err:
+        return f"Cost: cannot estimate ({public_message(str(err))})"
+    except Exception:
+        log.exception("estimate failed")
+        return "Cost: cannot estimate (internal error; the server log has details)"
+    return f"Cost: {found.summary()}"
+
+
+def build_ui(worker: ExplainWorker, run: Runner | None = None, measure: bool = True) -> gr.Blocks:
+    """
+    The Blocks app; every handler goes through ``worker``.
+
+    ``run`` runs an explanation (default: the worker's queue); ``measure`` lets the cost
+    estimate measure a model's costs on the device the first time (off in a ZeroGPU Space's
+    main process, which may not touch the GPU).
+    """
+    run = run or (lambda request, report: worker.explain(request, progress=report))
     text_models, text_methods = _choices("text")
     lm_models, _ = _choices("text", next_token=True)
     image_models, image_methods = _choices("image")
+
+    def text_request(model, method, text, labels, target, params, seed) -> ExplainRequest:
+        return ExplainRequest(
+            model=model,
+            method=method,
+            text=text,
+            labels=[s for s in (labels or "").split(",") if s.strip()] or None,
+            target=target or None,
+            params=_params(params),
+            seed=_whole(seed),
+        )
+
+    def next_token_request(model, method, prompt, target, params, seed) -> ExplainRequest:
+        return ExplainRequest(
+            model=model,
+            method=method,
+            text=prompt,
+            target=target or None,
+            params=_params(params),
+            seed=_whole(seed),
+            next_token=True,
+        )
+
+    def image_request(model, method, image, target, params, seed) -> ExplainRequest:
+        if image is None:
+            raise gr.Error("upload an image first")
+        return ExplainRequest(
+            model=model,
+            method=method,
+            image=np.asarray(image),
+            target=target or None,
+            params=_params(params),
+            seed=_whole(seed),
+        )
+
+    def cost_of(build: Callable[..., ExplainRequest]) -> Callable[..., str]:
+        def cost(*fields: Any) -> str:
+            try:
+                request = build(*fields)
+            except gr.Error as err:
+                return f"Cost: cannot estimate ({err.message})"
+            return _cost(worker, request, measure)
+
+        return cost
 
     def explain_text(
         model,
@@ -78,15 +158,7 @@ def build_ui(worker: ExplainWorker) -> gr.Blocks:
         seed,
         progress=gr.Progress(),  # noqa: B008
     ):
-        request = ExplainRequest(
-            model=model,
-            method=method,
-            text=text,
-            labels=[s for s in (labels or "").split(",") if s.strip()] or None,
-            target=target or None,
-            params=_params(params),
-            seed=_whole(seed),
-        )
+        request = text_request(model, method, text, labels, target, params, seed)
         return text_views(request, progress)
 
     def explain_next_token(
@@ -98,19 +170,11 @@ def build_ui(worker: ExplainWorker) -> gr.Blocks:
         seed,
         progress=gr.Progress(),  # noqa: B008
     ):
-        request = ExplainRequest(
-            model=model,
-            method=method,
-            text=prompt,
-            target=target or None,
-            params=_params(params),
-            seed=_whole(seed),
-            next_token=True,
-        )
+        request = next_token_request(model, method, prompt, target, params, seed)
         return text_views(request, progress)
 
     def text_views(request: ExplainRequest, progress: gr.Progress) -> tuple:
-        explanation = _run(worker, request, progress)
+        explanation = _run(run, request, progress)
         return token_highlights(explanation), token_figure(explanation), _summary(explanation)
 
     def explain_image(
@@ -122,18 +186,23 @@ def build_ui(worker: ExplainWorker) -> gr.Blocks:
         seed,
         progress=gr.Progress(),  # noqa: B008
     ):
-        if image is None:
-            raise gr.Error("upload an image first")
-        request = ExplainRequest(
-            model=model,
-            method=method,
-            image=np.asarray(image),
-            target=target or None,
-            params=_params(params),
-            seed=_whole(seed),
-        )
-        explanation = _run(worker, request, progress)
-        return heatmap_overlay(explanation, np.asarray(image)[..., :3]), _summary(explanation)
+        request = image_request(model, method, image, target, params, seed)
+        explanation = _run(run, request, progress)
+        image = np.asarray(request.image)[..., :3]
+        return heatmap_overlay(explanation, image), _summary(explanation)
+
+    def price_on_change(inputs: list[Any], cost: gr.Markdown, build: Callable[..., Any]) -> None:
+        """Re-estimate when the model, method or parameters change, or the input is left."""
+        for component in inputs:
+            listen = component.blur if isinstance(component, gr.Textbox) else component.change
+            listen(
+                cost_of(build),
+                inputs,
+                cost,
+                queue=False,
+                show_progress="hidden",
+                api_visibility="private",
+            )
 
     with gr.Blocks(title="attrlab") as demo:
         gr.Markdown("# attrlab\nWhy did the model predict that? Pick an input, a model, a method.")
@@ -149,6 +218,7 @@ def build_ui(worker: ExplainWorker) -> gr.Blocks:
                 t_target = gr.Textbox("", label="Target (label or index; empty = top)")
                 t_params = gr.Textbox("", label="Parameters (key=value, ...)")
                 t_seed = gr.Number(0, label="Seed", precision=0)
+            t_cost = gr.Markdown("", elem_id="text-cost")
             t_button = gr.Button("Explain", variant="primary", elem_id="text-explain")
             t_tokens = gr.HighlightedText(label="Token relevance", elem_id="text-tokens")
             t_plot = gr.Plot(label="Scores", elem_id="text-plot")
@@ -159,6 +229,8 @@ def build_ui(worker: ExplainWorker) -> gr.Blocks:
                 [t_tokens, t_plot, t_json],
                 api_name="explain_text",
             )
+            text_inputs = [t_model, t_method, t_text, t_labels, t_target, t_params, t_seed]
+            price_on_change(text_inputs, t_cost, text_request)
         with gr.Tab("Next token"):
             with gr.Row():
                 n_model = gr.Dropdown(
@@ -178,6 +250,7 @@ def build_ui(worker: ExplainWorker) -> gr.Blocks:
                 )
                 n_params = gr.Textbox("", label="Parameters (key=value, ...)")
                 n_seed = gr.Number(0, label="Seed", precision=0)
+            n_cost = gr.Markdown("", elem_id="next-cost")
             n_button = gr.Button("Explain", variant="primary", elem_id="next-explain")
             n_tokens = gr.HighlightedText(label="Prompt token relevance", elem_id="next-tokens")
             n_plot = gr.Plot(label="Scores", elem_id="next-plot")
@@ -187,6 +260,11 @@ def build_ui(worker: ExplainWorker) -> gr.Blocks:
                 [n_model, n_method, n_prompt, n_target, n_params, n_seed],
                 [n_tokens, n_plot, n_json],
                 api_name="explain_next_token",
+            )
+            price_on_change(
+                [n_model, n_method, n_prompt, n_target, n_params, n_seed],
+                n_cost,
+                next_token_request,
             )
         with gr.Tab("Image"):
             with gr.Row():
@@ -201,6 +279,7 @@ def build_ui(worker: ExplainWorker) -> gr.Blocks:
                 i_target = gr.Textbox("", label="Target (label or index; empty = top)")
                 i_params = gr.Textbox("", label="Parameters (key=value, ...)")
                 i_seed = gr.Number(0, label="Seed", precision=0)
+            i_cost = gr.Markdown("", elem_id="image-cost")
             i_button = gr.Button("Explain", variant="primary", elem_id="image-explain")
             i_json = gr.JSON(label="Prediction and metrics")
             i_button.click(
@@ -208,6 +287,9 @@ def build_ui(worker: ExplainWorker) -> gr.Blocks:
                 [i_model, i_method, i_image, i_target, i_params, i_seed],
                 [i_overlay, i_json],
                 api_name="explain_image",
+            )
+            price_on_change(
+                [i_model, i_method, i_image, i_target, i_params, i_seed], i_cost, image_request
             )
     return demo
 

@@ -15,6 +15,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from dataclasses import fields as dataclass_fields
 from typing import Any, Generic, TypeVar
 
 import torch
@@ -136,6 +137,10 @@ class WorkerRequest(ABC, Generic[Result]):
     def run_on(self, adapter: Adapter, run: JobContext) -> Result:
         """Compute the job's result on the loaded model."""
 
+    def costs(self) -> list[EstimateRequest]:
+        """The estimates whose sum prices this job (none where it has no estimate)."""
+        return []
+
 
 @dataclass(frozen=True, kw_only=True)
 class InputRequest(WorkerRequest[Result], Instance):
@@ -158,6 +163,11 @@ class ExplainRequest(InputRequest[Explanation]):
     def method_params(self) -> dict[str, dict[str, Any]]:
         """The one method and its parameters."""
         return {self.method: self.params}
+
+    def costs(self) -> list[EstimateRequest]:
+        """The estimate of this explanation."""
+        fields = {f.name: getattr(self, f.name) for f in dataclass_fields(self)}
+        return [EstimateRequest(**fields)]
 
     def run_on(self, adapter: Adapter, run: JobContext) -> Explanation:
         """The explanation (refused first when its estimate is over the server's seconds)."""
@@ -184,6 +194,8 @@ class EstimateRequest(InputRequest[Estimate]):
     method: str
     params: dict[str, Any] = field(default_factory=dict)
     evaluate: bool = False
+    #: Off: price from costs already measured, running nothing on the device.
+    measure: bool = True
 
     def method_params(self) -> dict[str, dict[str, Any]]:
         """The one method and its parameters."""
@@ -191,7 +203,8 @@ class EstimateRequest(InputRequest[Estimate]):
 
     def run_on(self, adapter: Adapter, run: JobContext) -> Estimate:
         """The estimate (the first on a model and input size calibrates it)."""
-        return estimate(adapter, self.method, run.prepare(self), self.params, self.evaluate)
+        inputs = run.prepare(self)
+        return estimate(adapter, self.method, inputs, self.params, self.evaluate, self.measure)
 
 
 def _refuse_if_slow(
@@ -320,6 +333,25 @@ class BatchRequest(WorkerRequest[list[InstanceResults]]):
         """Each method and its parameters."""
         return {method: self.params.get(method, {}) for method in self.methods}
 
+    def costs(self) -> list[EstimateRequest]:
+        """One estimate per instance and method."""
+        common = {"model": self.model, "labels": self.labels, "seed": self.seed}
+        return [
+            EstimateRequest(
+                **common,
+                next_token=self.next_token,
+                text=instance.text,
+                image=instance.image,
+                target=instance.target,
+                problem=instance.problem,
+                method=method,
+                params=self.params.get(method, {}),
+                evaluate=self.evaluate,
+            )
+            for instance in self.instances
+            for method in self.methods
+        ]
+
     def run_on(self, adapter: Adapter, run: JobContext) -> list[InstanceResults]:
         """Each instance's explanations or errors; a cancelled job stops as a whole."""
         total = len(self.instances) * len(self.methods)
@@ -422,6 +454,8 @@ class _Lane:
         # Loading a model (seconds, or minutes from the hub) holds only this lock, so
         # submitting and status, which the server's event loop calls, never wait for it.
         self.loading = threading.Lock()
+        # One job at a time on the device, whether from the queue or run in the caller's thread.
+        self.running = threading.Lock()
         self.executor = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"attrlab-worker-{index}"
         )
@@ -529,6 +563,42 @@ class ExplainWorker:
         """Submit and wait."""
         return self.submit(request, progress).result()
 
+    def run_here(
+        self, request: WorkerRequest[Result], progress: ProgressCallback | None = None
+    ) -> Result:
+        """
+        Run a request in the calling thread, on the first device, bypassing the queue.
+
+        For callers that bring their own process or queue (a ZeroGPU slot runs in a forked
+        process, where the worker's threads do not exist); jobs still run one at a time.
+
+        Raises:
+            AttrlabError: as :meth:`submit`, and the job's own errors.
+        """
+        self.validate(request)
+        if self._closed:
+            raise WorkerClosedError("the server is shutting down; try again later")
+        return self._run(request, progress or _silent, threading.Event(), self._lanes[0])
+
+    def price(self, request: WorkerRequest[Any]) -> list[Estimate]:
+        """
+        The estimates of a job from costs already measured: at once, beside a running job.
+
+        Nothing runs on the device (models load on first use), so it answers from any thread,
+        a ZeroGPU Space's main process included. A job without an estimate gives none.
+
+        Raises:
+            NotCalibratedError: a cost it needs was never measured on this model and device.
+            AttrlabError: a request that would be refused.
+        """
+        estimates = []
+        for cost in request.costs():
+            unmeasured = replace(cost, measure=False)
+            self.validate(unmeasured)
+            lane = self._lanes[0]
+            estimates.append(self._run_on_lane(unmeasured, _silent, threading.Event(), lane))
+        return estimates
+
     def status(self) -> dict[str, Any]:
         """Devices, loaded models, how often each was loaded, and the queue length."""
         with self._lock:
@@ -549,6 +619,16 @@ class ExplainWorker:
             }
 
     def _run(
+        self,
+        request: WorkerRequest[Result],
+        progress: ProgressCallback,
+        cancel: threading.Event,
+        lane: _Lane,
+    ) -> Result:
+        with lane.running:
+            return self._run_on_lane(request, progress, cancel, lane)
+
+    def _run_on_lane(
         self,
         request: WorkerRequest[Result],
         progress: ProgressCallback,
@@ -601,6 +681,10 @@ class ExplainWorker:
         with self._lock:
             for lane in self._lanes:
                 lane.models.clear()
+
+
+def _silent(done: int, total: int) -> None:
+    """No progress to report."""
 
 
 def _article(modality: str) -> str:

@@ -16,6 +16,7 @@ __all__ = [
     "InvalidParameterError",
     "JobCancelledError",
     "ModelLoadError",
+    "NotCalibratedError",
     "UnknownMethodError",
     "UnknownModelError",
     "UnsupportedMethodError",
@@ -69,6 +70,10 @@ class UnsupportedMethodError(AttrlabError):
 
 class JobCancelledError(AttrlabError):
     """The user cancelled the job; partial work is discarded."""
+
+
+class NotCalibratedError(AttrlabError):
+    """An estimate asked not to measure needs a cost that was never measured."""
 
 
 class DeviceMemoryError(AttrlabError):

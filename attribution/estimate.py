@@ -12,6 +12,7 @@ widest batch.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -20,13 +21,20 @@ from typing import Any
 
 import torch
 
-from attribution.errors import DeviceMemoryError, UnsupportedMethodError
+from attribution.errors import DeviceMemoryError, NotCalibratedError, UnsupportedMethodError
 from attribution.methods import get_method
 from attribution.models.base import Adapter, Inputs
 from attribution.params import validate_params
-from attribution.perturb import auto_batch_size, repeated
+from attribution.perturb import auto_batch_size, device_untouched, repeated
 
-__all__ = ["Calibration", "Estimate", "calibrate", "estimate"]
+__all__ = [
+    "Calibration",
+    "Estimate",
+    "adopt_calibrations",
+    "calibrate",
+    "calibration_snapshots",
+    "estimate",
+]
 
 
 @dataclass(frozen=True)
@@ -84,22 +92,51 @@ class Calibration:
         self._seconds: dict[tuple[str, int], float] = {}
         self._lock = threading.RLock()  # a gradient cost measures forward costs first
 
-    def seconds(self, kind: str, batch: int) -> float:
-        """Seconds per row of a ``"forward"`` or ``"backward"`` pass in batches of ``batch``."""
+    def snapshot(self) -> dict[str, Any]:
+        """The costs measured so far, JSON-ready (to carry them to another process)."""
+        with self._lock:
+            return {
+                "size": self.size,
+                "peak_memory_bytes": self.peak_memory_bytes,
+                "seconds": [[kind, width, s] for (kind, width), s in self._seconds.items()],
+            }
+
+    def adopt(self, snapshot: dict[str, Any]) -> None:
+        """Take costs another process measured on the same model, device and modality."""
+        ratio = self.size / max(1, int(snapshot["size"]))  # costs are per reference row
+        with self._lock:
+            for kind, width, seconds in snapshot["seconds"]:
+                self._seconds[str(kind), int(width)] = float(seconds) * ratio
+            if snapshot.get("peak_memory_bytes") is not None:
+                peak = int(snapshot["peak_memory_bytes"] * ratio)
+                self.peak_memory_bytes = max(self.peak_memory_bytes or 0, peak)
+
+    def seconds(self, kind: str, batch: int, measure: bool = True) -> float:
+        """
+        Seconds per row of a ``"forward"`` or ``"backward"`` pass in batches of ``batch``.
+
+        Raises:
+            NotCalibratedError: with ``measure`` off, for a cost not measured yet.
+        """
         cuda = self.adapter.device.type == "cuda"
         widths = _WIDTHS["cuda" if cuda else "cpu", kind]
         batch = max(1, batch)
         below = max(w for w in widths if w <= batch)
         above = min((w for w in widths if w >= batch), default=below)
-        low = self._seconds_at(kind, below)
+        low = self._seconds_at(kind, below, measure)
         if not cuda or above == below:
             return low
         share = math.log(batch / below) / math.log(above / below)
-        return low + share * (self._seconds_at(kind, above) - low)
+        return low + share * (self._seconds_at(kind, above, measure) - low)
 
-    def _seconds_at(self, kind: str, width: int) -> float:
+    def _seconds_at(self, kind: str, width: int, measure: bool) -> float:
         with self._lock:
             if (kind, width) not in self._seconds:
+                if not measure:
+                    raise NotCalibratedError(
+                        f"model '{self.adapter.model_id}' has no measured {kind} cost at batch "
+                        f"{width} on {self.adapter.device} yet"
+                    )
                 self._seconds[kind, width] = self._measure(kind, width)
             return self._seconds[kind, width]
 
@@ -141,6 +178,8 @@ class Calibration:
 
 
 _CALIBRATIONS: dict[tuple[Any, ...], Calibration] = {}
+#: Costs measured by another process, for calibrations this one has not made yet.
+_ADOPTED: dict[tuple[Any, ...], dict[str, Any]] = {}
 _CALIBRATING = threading.Lock()
 
 
@@ -150,7 +189,31 @@ def calibrate(adapter: Adapter, inputs: Inputs) -> Calibration:
     with _CALIBRATING:
         if key not in _CALIBRATIONS:
             _CALIBRATIONS[key] = Calibration(adapter, inputs)
+            if key in _ADOPTED:
+                _CALIBRATIONS[key].adopt(_ADOPTED.pop(key))
         return _CALIBRATIONS[key]
+
+
+def calibration_snapshots() -> list[dict[str, Any]]:
+    """Every calibration of this process (model, device, modality and costs), JSON-ready."""
+    with _CALIBRATING:
+        calibrations = list(_CALIBRATIONS.items())
+    return [
+        {"model": model, "device": device, "modality": modality, "costs": c.snapshot()}
+        for (model, device, modality), c in calibrations
+    ]
+
+
+def adopt_calibrations(snapshots: list[dict[str, Any]]) -> None:
+    """Take the costs another process measured (:func:`calibration_snapshots`)."""
+    for entry in snapshots:
+        key = (entry["model"], entry["device"], entry["modality"])
+        with _CALIBRATING:
+            calibration = _CALIBRATIONS.get(key)
+            if calibration is None:
+                _ADOPTED[key] = entry["costs"]
+        if calibration is not None:
+            calibration.adopt(entry["costs"])
 
 
 def _best(call: Any, repeats: int = 2) -> float:
@@ -172,34 +235,55 @@ def estimate(
     inputs: Inputs,
     params: dict[str, Any] | None = None,
     evaluate: bool = False,
+    measure: bool = True,
 ) -> Estimate:
     """
     The cost of ``explain(adapter, method, inputs, params=params, evaluate=evaluate)``.
 
+    ``measure=False`` prices from costs already measured (or adopted) only, running nothing:
+    for a process that must not touch the device, such as a ZeroGPU Space's main process.
+
     Raises:
         UnknownMethodError, UnsupportedMethodError, InvalidParameterError: as ``explain``.
+        NotCalibratedError: with ``measure`` off, when a cost it needs was never measured.
     """
-    from attribution.metrics.faithfulness import faithfulness_passes
-
     method_cls = get_method(method)
     reason = method_cls.unsupported_reason(adapter)
     if reason is not None:
         raise UnsupportedMethodError(reason)
+    with contextlib.nullcontext() if measure else device_untouched():
+        return _estimate(adapter, method_cls, inputs, params, evaluate, measure)
+
+
+def _estimate(
+    adapter: Adapter,
+    method_cls: Any,
+    inputs: Inputs,
+    params: dict[str, Any] | None,
+    evaluate: bool,
+    measure: bool,
+) -> Estimate:
+    from attribution.metrics.faithfulness import faithfulness_passes
+
     passes = method_cls.passes(adapter, inputs, validate_params(method_cls.params, params))
     calibration = calibrate(adapter, inputs)
     scale = max(1, math.prod(inputs.map_shape)) / calibration.size
     width = passes.batch or 1
     rows = passes.forward - passes.backward  # forwards without a backward
-    seconds = rows * calibration.seconds("forward", width)
+    seconds = rows * calibration.seconds("forward", width, measure)
     if passes.backward:
-        per_row = calibration.seconds("forward", width) + calibration.seconds("backward", width)
+        per_row = calibration.seconds("forward", width, measure) + calibration.seconds(
+            "backward", width, measure
+        )
         seconds += passes.backward * per_row
     forward = passes.forward + 1  # explain's own forward of the input
-    seconds += calibration.seconds("forward", 1)
+    seconds += calibration.seconds("forward", 1, measure)
     if evaluate:  # the trust card's curves, scored in batches
         scoring = faithfulness_passes(inputs)
         forward += scoring
-        seconds += scoring * calibration.seconds("forward", auto_batch_size(adapter, inputs))
+        seconds += scoring * calibration.seconds(
+            "forward", auto_batch_size(adapter, inputs), measure
+        )
         width = max(width, auto_batch_size(adapter, inputs))
     memory = None
     if calibration.peak_memory_bytes is not None:  # the widest pass sets the peak

@@ -16,6 +16,7 @@ import contextlib
 import math
 import zlib
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import Protocol
 
 import numpy as np
@@ -48,6 +49,7 @@ __all__ = [
     "auto_batch_size",
     "autocast_for",
     "box_blur",
+    "device_untouched",
     "forward_row_bytes",
     "perturbation_for",
     "repeated",
@@ -369,8 +371,13 @@ def perturbation_for(
     return ImagePerturbation(inputs.pixel_values, image_kind, image=inputs.image)
 
 
-#: Default forward batch per modality on a CPU, at a reference map size.
+#: Default forward batch per modality, at a reference map size: on a CPU, and on a GPU where
+#: the device may not be touched to measure one (see :func:`device_untouched`).
 _CPU_BATCH = {"image": (16, 224 * 224), "text": (64, 128)}
+_GPU_GUESS = {"image": (256, 224 * 224), "text": (512, 128)}
+
+#: False inside :func:`device_untouched`.
+_MAY_PROBE: ContextVar[bool] = ContextVar("may_probe", default=True)
 
 #: Largest automatic batch, and the share of free GPU memory an automatic batch may fill.
 _MAX_BATCH, _GPU_SHARE = 2048, 0.7
@@ -392,16 +399,33 @@ def auto_batch_size(adapter: Adapter, inputs: Inputs) -> int:
     On a CPU: 16 images of 224² or 64 texts of 128 tokens, scaled by the input's size. On CUDA:
     what fits in 70 % of the free memory (``torch.cuda.mem_get_info`` plus the allocator's
     spare cache), given one row's memory measured once per model and input shape by a
-    4-row forward. Too large a guess is harmless: :class:`BatchRunner` halves on out-of-memory.
+    4-row forward (inside :func:`device_untouched`: 256 images or 512 texts, scaled). Too large
+    a guess is harmless: :class:`BatchRunner` halves on out-of-memory.
     """
-    if adapter.device.type == "cuda":
+    if adapter.device.type == "cuda" and _MAY_PROBE.get():
         row = forward_row_bytes(adapter, inputs)
         device = adapter.device
         free = torch.cuda.mem_get_info(device)[0]
         free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
         return int(min(_MAX_BATCH, max(1, _GPU_SHARE * free // max(row, 1))))
-    batch, reference = _CPU_BATCH[inputs.modality]
+    batch, reference = (_GPU_GUESS if adapter.device.type == "cuda" else _CPU_BATCH)[
+        inputs.modality
+    ]
     return int(min(1024, max(1, batch * reference / max(math.prod(inputs.map_shape), 1))))
+
+
+@contextlib.contextmanager
+def device_untouched() -> Iterator[None]:
+    """
+    Inside, the automatic batch runs nothing on the device: a GPU's is a guess from input size.
+
+    For a process that may not initialise CUDA (a ZeroGPU Space's main process) pricing a run.
+    """
+    token = _MAY_PROBE.set(False)
+    try:
+        yield
+    finally:
+        _MAY_PROBE.reset(token)
 
 
 def forward_row_bytes(adapter: Adapter, inputs: Inputs) -> int:
