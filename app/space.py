@@ -9,8 +9,9 @@ from costs measured in earlier slots (each slot hands its measured costs back), 
 first job gets :data:`FIRST_SLOT_S`. Mounted FastAPI routes get no ZeroGPU slot, so the batch
 endpoint is a Gradio API function (``/explain_batch``, the REST body of ``POST /api/v1/explain``).
 
-Without ``spaces`` (or outside ZeroGPU, where its decorator is a no-op) the page runs as
-``attrlab serve`` runs it. Run: ``python app/space.py`` (what a Space's ``app_file`` does).
+Without ZeroGPU (no ``spaces``, or a CPU or GPU Space, where ``spaces.GPU`` is a no-op) the page
+runs as ``attrlab serve`` runs it. Run: ``python app/space.py`` (what a Space's ``app_file``
+does).
 """
 
 from __future__ import annotations
@@ -59,10 +60,12 @@ Result = TypeVar("Result")
 class SpaceRunner:
     """Runs page and API requests in GPU slots sized by their cost estimates."""
 
-    def __init__(self, worker: ExplainWorker, max_slot_s: int) -> None:
+    def __init__(
+        self, worker: ExplainWorker, max_slot_s: int, gpu: Callable[..., Any] | None = None
+    ) -> None:
+        """``gpu`` makes a function run in a GPU slot (``spaces.GPU`` on ZeroGPU, else none)."""
         self.worker = worker
         self.max_slot_s = max_slot_s
-        gpu = spaces.GPU if spaces is not None else None
         self._on_gpu = gpu(self._run_on_device, duration=self.slot_s) if gpu else None
 
     def slot_s(self, request: WorkerRequest[Any]) -> int:
@@ -100,7 +103,8 @@ def build_space(settings: ServerSettings | None = None) -> gr.Blocks:
     settings = settings or ServerSettings.for_server()
     # On ZeroGPU models go to "cuda" in the main process without initialising CUDA there.
     worker = ExplainWorker(device="cuda:0" if ZERO_GPU else None, settings=settings)
-    runner = SpaceRunner(worker, int(os.environ.get("ATTRLAB_SPACE_MAX_SLOT", "120")))
+    max_slot_s = int(os.environ.get("ATTRLAB_SPACE_MAX_SLOT", "120"))
+    runner = SpaceRunner(worker, max_slot_s, gpu=spaces.GPU if ZERO_GPU else None)
     page_run: Callable[..., Any] = runner.run
     demo = build_ui(worker, run=page_run, measure=not ZERO_GPU)
 

@@ -145,12 +145,25 @@ def test_space_api_explains_a_batch_and_the_page_through_gradio_client():
 def test_a_models_first_slot_is_the_default_and_later_ones_come_from_its_estimate(
     worker, fresh_costs
 ):
-    runner = space.SpaceRunner(worker, max_slot_s=120)
+    asked = []
+
+    def gpu(task, duration):
+        """ZeroGPU's decorator, in this process: asks for a slot of ``duration(request)``."""
+
+        def in_slot(request):
+            asked.append(duration(request))
+            return task(request)
+
+        return in_slot
+
+    runner = space.SpaceRunner(worker, max_slot_s=120, gpu=gpu)
     assert runner.slot_s(RISE) == space.FIRST_SLOT_S
     runner.run(RISE)  # the slot measures the costs its estimate needs and hands them back
     adapter = worker.adapter(RISE.model)
     expected = estimate(adapter, "rise", adapter.preprocess(RISE.text), RISE.params)
     assert runner.slot_s(RISE) == math.ceil(2 * expected.seconds + 10)
+    runner.run(RISE)
+    assert asked == [space.FIRST_SLOT_S, math.ceil(2 * expected.seconds + 10)]
     assert space.SpaceRunner(worker, max_slot_s=11).slot_s(RISE) == 11
     bad = ExplainRequest(model="tiny-random-bert", method="rise", text="a", params={"p": 7})
     assert runner.slot_s(bad) == space.SLOT_EXTRA_S  # refused at once in its slot
