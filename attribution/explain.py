@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from attribution.errors import UnsupportedMethodError
+from attribution.errors import DeviceMemoryError, UnsupportedMethodError
 from attribution.explanation import Explanation, ModelInfo, Prediction, Target, Timings
 from attribution.methods import get_method
 from attribution.models.base import Adapter, Inputs, TextInputs
@@ -54,8 +54,14 @@ def explain(
         )
     checked = validate_params(method_cls.params, params)
     start = time.perf_counter()
-    with torch.no_grad():
-        logits = adapter.logits(**inputs.model_kwargs())[0].double()
+    try:
+        with torch.no_grad():
+            logits = adapter.logits(**inputs.model_kwargs())[0].double()
+    except torch.cuda.OutOfMemoryError:
+        raise DeviceMemoryError(
+            f"model '{adapter.model_id}' runs out of GPU memory on the input itself; use a "
+            "smaller input or another device"
+        ) from None
     index = adapter.target_index(target, logits)
     probabilities = logits.softmax(-1)
     run = RunContext(

@@ -163,23 +163,32 @@ def _cuda_checks(device: torch.device) -> list[tuple[str, str]]:
     checks.append((f"worker lanes: {devices}", f"RISE map differs from direct by {difference:.1e}"))
     assert all(lane["device"].startswith("cuda") for lane in lanes), devices
     assert difference < 1e-3, difference
-    # Out of memory for real: cap this process's GPU memory so a huge batch cannot fit.
-    params = {"n_masks": 512, "batch_size": 512}
+    # Out of memory for real: cap this process's GPU memory near what it holds plus 64 rows, so
+    # a batch of 4096 cannot fit (not even in the allocator's cached fragments).
+    params = {"n_masks": 4096, "batch_size": 4096}
     reference = explain(adapter, "rise", inputs, params=params).scores
     torch.cuda.empty_cache()
-    allowed = torch.cuda.memory_allocated(device) + 64 * forward_row_bytes(adapter, inputs)
+    allowed = torch.cuda.memory_reserved(device) + 64 * forward_row_bytes(adapter, inputs)
     index = torch.cuda.current_device() if device.index is None else device.index
     total = torch.cuda.get_device_properties(index).total_memory
+    done: list[int] = []
     torch.cuda.set_per_process_memory_fraction(allowed / total, index)
     try:
-        halved = explain(adapter, "rise", inputs, params=params).scores
+        halved = explain(
+            adapter, "rise", inputs, params=params, progress=lambda d, t: done.append(d)
+        ).scores
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0, index)
+    batch = min(d for d in done if d > 0)  # progress counts passes after each batch
     # Same masks whatever the batch; only float rounding (TF32 convolutions) may differ.
     difference = float(np.abs(halved - reference).max() / np.abs(reference).max())
     checks.append(
-        ("RISE batch 512, GPU capped near 64 rows", f"ran; map differs by {difference:.1e}")
+        (
+            "RISE batch 4096 on a GPU capped near 64 rows",
+            f"halved to {batch} after out-of-memory; map differs by {difference:.1e}",
+        )
     )
+    assert batch < 4096, batch
     assert difference < 1e-3, difference
     return checks
 

@@ -228,3 +228,15 @@ def test_half_precision_is_a_gpu_option_that_leaves_a_cpu_run_exact(bert):
     assert half.params["precision"] == "bfloat16"
     assert any("applies on a GPU" in w for w in half.warnings)
     assert not any("precision" in w for w in full.warnings)
+
+
+def test_out_of_memory_on_the_input_itself_is_a_clear_error(bert, monkeypatch):
+    """The clean forward of ``explain`` runs outside the batch runner: its OOM is named too."""
+
+    def out_of_memory(**_):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    inputs = bert.preprocess("a fine day")
+    monkeypatch.setattr(bert, "logits", out_of_memory)
+    with pytest.raises(DeviceMemoryError, match="on the input itself"):
+        attribution.explain(bert, "gradient_x_input", inputs)
