@@ -614,7 +614,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default: localhost)")
     serve.add_argument("--port", type=int, default=7860)
-    serve.add_argument("--device", default=None)
+    serve.add_argument(
+        "--device",
+        default=None,
+        help="cpu, cuda (each visible GPU gets a worker lane; the default when there is one) "
+        "or a comma-separated list such as cuda:0,cuda:1",
+    )
     serve.add_argument(
         "--models", help="comma-separated models served (ATTRLAB_MODELS; default: built-ins)"
     )

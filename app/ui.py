@@ -12,7 +12,7 @@ import numpy as np
 
 from app.errors import public_message
 from app.worker import ExplainRequest, ExplainWorker, parse_param_pairs
-from attribution.errors import AttrlabError, NotCalibratedError
+from attribution.errors import AttrlabError
 from attribution.explanation import Explanation
 from attribution.methods import available_methods
 from attribution.models import BUILTIN_MODELS, default_model
@@ -67,6 +67,8 @@ def _run(run: Runner, request: ExplainRequest, progress: gr.Progress) -> Explana
 
     try:
         return run(request, report)
+    except gr.Error:  # already a message for the page (ZeroGPU's own errors among them)
+        raise
     except AttrlabError as err:
         raise gr.Error(public_message(str(err))) from None
     except Exception:
@@ -74,32 +76,30 @@ def _run(run: Runner, request: ExplainRequest, progress: gr.Progress) -> Explana
         raise gr.Error("internal error while explaining; the server log has details") from None
 
 
-def _cost(worker: ExplainWorker, request: ExplainRequest, measure: bool) -> str:
-    """The estimate shown before Run: from measured costs, measuring them first if allowed."""
+def _queued_cost(worker: ExplainWorker, request: ExplainRequest) -> str:
+    """The estimate shown before Run, through the worker's queue (it calibrates once per model)."""
     try:
-        try:
-            found = worker.price(request)[0]
-        except NotCalibratedError:
-            if not measure:
-                return "Cost: known after the first run on this model."
-            found = worker.explain(request.costs()[0])  # queued: measures on the device
+        return f"Cost: {worker.explain(request.costs()[0]).summary()}"
     except AttrlabError as err:
         return f"Cost: cannot estimate ({public_message(str(err))})"
     except Exception:
         log.exception("estimate failed")
         return "Cost: cannot estimate (internal error; the server log has details)"
-    return f"Cost: {found.summary()}"
 
 
-def build_ui(worker: ExplainWorker, run: Runner | None = None, measure: bool = True) -> gr.Blocks:
+def build_ui(
+    worker: ExplainWorker,
+    run: Runner | None = None,
+    cost: Callable[[ExplainRequest], str] | None = None,
+) -> gr.Blocks:
     """
     The Blocks app; every handler goes through ``worker``.
 
-    ``run`` runs an explanation (default: the worker's queue); ``measure`` lets the cost
-    estimate measure a model's costs on the device the first time (off in a ZeroGPU Space's
-    main process, which may not touch the GPU).
+    ``run`` runs an explanation and ``cost`` gives the line shown before Run (defaults: the
+    worker's queue, and its estimate; a ZeroGPU Space gives its slots and their prices).
     """
     run = run or (lambda request, report: worker.explain(request, progress=report))
+    cost = cost or (lambda request: _queued_cost(worker, request))
     text_models, text_methods = _choices("text")
     lm_models, _ = _choices("text", next_token=True)
     image_models, image_methods = _choices("image")
@@ -139,14 +139,14 @@ def build_ui(worker: ExplainWorker, run: Runner | None = None, measure: bool = T
         )
 
     def cost_of(build: Callable[..., ExplainRequest]) -> Callable[..., str]:
-        def cost(*fields: Any) -> str:
+        def line(*fields: Any) -> str:
             try:
                 request = build(*fields)
             except gr.Error as err:
                 return f"Cost: cannot estimate ({err.message})"
-            return _cost(worker, request, measure)
+            return cost(request)
 
-        return cost
+        return line
 
     def explain_text(
         model,
@@ -191,14 +191,14 @@ def build_ui(worker: ExplainWorker, run: Runner | None = None, measure: bool = T
         image = np.asarray(request.image)[..., :3]
         return heatmap_overlay(explanation, image), _summary(explanation)
 
-    def price_on_change(inputs: list[Any], cost: gr.Markdown, build: Callable[..., Any]) -> None:
+    def price_on_change(inputs: list[Any], shown: gr.Markdown, build: Callable[..., Any]) -> None:
         """Re-estimate when the model, method or parameters change, or the input is left."""
         for component in inputs:
             listen = component.blur if isinstance(component, gr.Textbox) else component.change
             listen(
                 cost_of(build),
                 inputs,
-                cost,
+                shown,
                 queue=False,
                 show_progress="hidden",
                 api_visibility="private",

@@ -52,6 +52,7 @@ __all__ = [
     "TooSlowError",
     "WorkerClosedError",
     "WorkerRequest",
+    "lighter",
     "parse_param_pairs",
     "visible_devices",
 ]
@@ -194,8 +195,6 @@ class EstimateRequest(InputRequest[Estimate]):
     method: str
     params: dict[str, Any] = field(default_factory=dict)
     evaluate: bool = False
-    #: Off: price from costs already measured, running nothing on the device.
-    measure: bool = True
 
     def method_params(self) -> dict[str, dict[str, Any]]:
         """The one method and its parameters."""
@@ -203,8 +202,7 @@ class EstimateRequest(InputRequest[Estimate]):
 
     def run_on(self, adapter: Adapter, run: JobContext) -> Estimate:
         """The estimate (the first on a model and input size calibrates it)."""
-        inputs = run.prepare(self)
-        return estimate(adapter, self.method, inputs, self.params, self.evaluate, self.measure)
+        return estimate(adapter, self.method, run.prepare(self), self.params, self.evaluate)
 
 
 def _refuse_if_slow(
@@ -229,7 +227,7 @@ def _refuse_if_slow(
         runs = f" ({times} runs of it)" if times > 1 else ""
         raise TooSlowError(
             f"this request would take {cost.summary()}{runs}; this server allows "
-            f"{run.max_seconds:g} s per request: {_lighter(method)}"
+            f"{run.max_seconds:g} s per request: {lighter(method)}"
         )
 
 
@@ -237,8 +235,8 @@ def _refuse_if_slow(
 _WORK_PARAMS = ("n_masks", "n_designs", "max_evals", "n_steps", "n_references", "window")
 
 
-def _lighter(method: str) -> str:
-    """How to ask for less of ``method``."""
+def lighter(method: str) -> str:
+    """How to ask for less of ``method`` (a too-slow refusal's advice)."""
     names = {p.name for p in get_method(method).params}
     advice = [f"lower {name}" for name in _WORK_PARAMS if name in names]
     if "tolerance" in names:
@@ -579,25 +577,6 @@ class ExplainWorker:
         if self._closed:
             raise WorkerClosedError("the server is shutting down; try again later")
         return self._run(request, progress or _silent, threading.Event(), self._lanes[0])
-
-    def price(self, request: WorkerRequest[Any]) -> list[Estimate]:
-        """
-        The estimates of a job from costs already measured: at once, beside a running job.
-
-        Nothing runs on the device (models load on first use), so it answers from any thread,
-        a ZeroGPU Space's main process included. A job without an estimate gives none.
-
-        Raises:
-            NotCalibratedError: a cost it needs was never measured on this model and device.
-            AttrlabError: a request that would be refused.
-        """
-        estimates = []
-        for cost in request.costs():
-            unmeasured = replace(cost, measure=False)
-            self.validate(unmeasured)
-            lane = self._lanes[0]
-            estimates.append(self._run_on_lane(unmeasured, _silent, threading.Event(), lane))
-        return estimates
 
     def status(self) -> dict[str, Any]:
         """Devices, loaded models, how often each was loaded, and the queue length."""

@@ -16,7 +16,6 @@ __all__ = [
     "InvalidParameterError",
     "JobCancelledError",
     "ModelLoadError",
-    "NotCalibratedError",
     "UnknownMethodError",
     "UnknownModelError",
     "UnsupportedMethodError",
@@ -70,10 +69,6 @@ class UnsupportedMethodError(AttrlabError):
 
 class JobCancelledError(AttrlabError):
     """The user cancelled the job; partial work is discarded."""
-
-
-class NotCalibratedError(AttrlabError):
-    """An estimate asked not to measure needs a cost that was never measured."""
 
 
 class DeviceMemoryError(AttrlabError):

@@ -4,15 +4,14 @@ What a run will cost, before it starts: model passes, seconds and peak device me
 Passes come from the method's definition (:meth:`AttributionMethod.passes`): exact, or an upper
 bound where early stopping may end the run sooner. Seconds and memory come from a calibration
 per model, device and modality, kept for the process: each cost (a forward or a gradient pass,
-one row at a time or in batches of 16 or 64 copies, since batched rows cost less each) is
-measured on the first input that needs it and scaled by input size (tokens or pixels). On CUDA
+one row at a time or in batches of copies, since batched rows cost less each) is measured on
+the first input that needs it and scaled by input size (tokens or pixels). On CUDA
 the peak memory of those passes (beyond the resting weights) is measured too and scaled by the
 widest batch.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import threading
 import time
@@ -21,20 +20,13 @@ from typing import Any
 
 import torch
 
-from attribution.errors import DeviceMemoryError, NotCalibratedError, UnsupportedMethodError
+from attribution.errors import DeviceMemoryError, UnsupportedMethodError
 from attribution.methods import get_method
 from attribution.models.base import Adapter, Inputs
 from attribution.params import validate_params
-from attribution.perturb import auto_batch_size, device_untouched, repeated
+from attribution.perturb import auto_batch_size, repeated
 
-__all__ = [
-    "Calibration",
-    "Estimate",
-    "adopt_calibrations",
-    "calibrate",
-    "calibration_snapshots",
-    "estimate",
-]
+__all__ = ["Calibration", "Estimate", "calibrate", "estimate"]
 
 
 @dataclass(frozen=True)
@@ -81,8 +73,9 @@ class Calibration:
     Measured costs of one model on one device and modality, per row of a reference input.
 
     Each cost is measured the first time an estimate needs it and kept for the process: a
-    forward and a gradient pass, one row at a time or in batches of 16 or 64 copies. Costs scale
-    with the input's size (tokens or pixels) relative to the reference input's.
+    forward and a gradient pass, one row at a time or in batches of 16 and 64 copies (on a GPU
+    up to 1024 forward and 256 gradient rows; a width that runs out of memory is skipped). Costs
+    scale with the input's size (tokens or pixels) relative to the reference input's.
     """
 
     def __init__(self, adapter: Adapter, inputs: Inputs) -> None:
@@ -90,54 +83,36 @@ class Calibration:
         self.size = max(1, math.prod(inputs.map_shape))
         self.peak_memory_bytes: int | None = None  # CUDA: the largest pass's peak, per row
         self._seconds: dict[tuple[str, int], float] = {}
+        self._too_wide: set[tuple[str, int]] = set()  # widths that ran out of device memory
         self._lock = threading.RLock()  # a gradient cost measures forward costs first
 
-    def snapshot(self) -> dict[str, Any]:
-        """The costs measured so far, JSON-ready (to carry them to another process)."""
-        with self._lock:
-            return {
-                "size": self.size,
-                "peak_memory_bytes": self.peak_memory_bytes,
-                "seconds": [[kind, width, s] for (kind, width), s in self._seconds.items()],
-            }
-
-    def adopt(self, snapshot: dict[str, Any]) -> None:
-        """Take costs another process measured on the same model, device and modality."""
-        ratio = self.size / max(1, int(snapshot["size"]))  # costs are per reference row
-        with self._lock:
-            for kind, width, seconds in snapshot["seconds"]:
-                self._seconds[str(kind), int(width)] = float(seconds) * ratio
-            if snapshot.get("peak_memory_bytes") is not None:
-                peak = int(snapshot["peak_memory_bytes"] * ratio)
-                self.peak_memory_bytes = max(self.peak_memory_bytes or 0, peak)
-
-    def seconds(self, kind: str, batch: int, measure: bool = True) -> float:
-        """
-        Seconds per row of a ``"forward"`` or ``"backward"`` pass in batches of ``batch``.
-
-        Raises:
-            NotCalibratedError: with ``measure`` off, for a cost not measured yet.
-        """
+    def seconds(self, kind: str, batch: int) -> float:
+        """Seconds per row of a ``"forward"`` or ``"backward"`` pass in batches of ``batch``."""
         cuda = self.adapter.device.type == "cuda"
         widths = _WIDTHS["cuda" if cuda else "cpu", kind]
         batch = max(1, batch)
         below = max(w for w in widths if w <= batch)
         above = min((w for w in widths if w >= batch), default=below)
-        low = self._seconds_at(kind, below, measure)
+        low = self._seconds_at(kind, below)
         if not cuda or above == below:
             return low
+        try:  # the wider width may not fit beside the model even where the batch does
+            high = self._seconds_at(kind, above)
+        except DeviceMemoryError:
+            return low
         share = math.log(batch / below) / math.log(above / below)
-        return low + share * (self._seconds_at(kind, above, measure) - low)
+        return low + share * (high - low)
 
-    def _seconds_at(self, kind: str, width: int, measure: bool) -> float:
+    def _seconds_at(self, kind: str, width: int) -> float:
         with self._lock:
+            if (kind, width) in self._too_wide:
+                raise DeviceMemoryError(f"a {kind} pass of {width} rows does not fit")
             if (kind, width) not in self._seconds:
-                if not measure:
-                    raise NotCalibratedError(
-                        f"model '{self.adapter.model_id}' has no measured {kind} cost at batch "
-                        f"{width} on {self.adapter.device} yet"
-                    )
-                self._seconds[kind, width] = self._measure(kind, width)
+                try:
+                    self._seconds[kind, width] = self._measure(kind, width)
+                except DeviceMemoryError:
+                    self._too_wide.add((kind, width))
+                    raise
             return self._seconds[kind, width]
 
     def _measure(self, kind: str, width: int) -> float:
@@ -156,14 +131,15 @@ class Calibration:
                     with torch.no_grad():
                         adapter.logits(**rows)
 
-                seconds = _best(forward) / width
+                seconds = _best(forward, adapter.device) / width
             elif width == 1:  # gradient × input: 2 forwards and 1 backward in all
-                spent = _best(lambda: explain(adapter, "gradient_x_input", inputs))
+                spent = _best(lambda: explain(adapter, "gradient_x_input", inputs), adapter.device)
                 seconds = max(spent - 2 * self.seconds("forward", 1), 0.0)
             else:  # a path of `width` points in one batch: width + 3 forwards, width backwards
                 params = {"n_steps": width, "internal_batch_size": width}
                 spent = _best(
-                    lambda: explain(adapter, "integrated_gradients", inputs, params=params)
+                    lambda: explain(adapter, "integrated_gradients", inputs, params=params),
+                    adapter.device,
                 )
                 single = self.seconds("forward", 1)
                 seconds = max((spent - 3 * single) / width - self.seconds("forward", width), 0.0)
@@ -178,8 +154,6 @@ class Calibration:
 
 
 _CALIBRATIONS: dict[tuple[Any, ...], Calibration] = {}
-#: Costs measured by another process, for calibrations this one has not made yet.
-_ADOPTED: dict[tuple[Any, ...], dict[str, Any]] = {}
 _CALIBRATING = threading.Lock()
 
 
@@ -189,42 +163,18 @@ def calibrate(adapter: Adapter, inputs: Inputs) -> Calibration:
     with _CALIBRATING:
         if key not in _CALIBRATIONS:
             _CALIBRATIONS[key] = Calibration(adapter, inputs)
-            if key in _ADOPTED:
-                _CALIBRATIONS[key].adopt(_ADOPTED.pop(key))
         return _CALIBRATIONS[key]
 
 
-def calibration_snapshots() -> list[dict[str, Any]]:
-    """Every calibration of this process (model, device, modality and costs), JSON-ready."""
-    with _CALIBRATING:
-        calibrations = list(_CALIBRATIONS.items())
-    return [
-        {"model": model, "device": device, "modality": modality, "costs": c.snapshot()}
-        for (model, device, modality), c in calibrations
-    ]
-
-
-def adopt_calibrations(snapshots: list[dict[str, Any]]) -> None:
-    """Take the costs another process measured (:func:`calibration_snapshots`)."""
-    for entry in snapshots:
-        key = (entry["model"], entry["device"], entry["modality"])
-        with _CALIBRATING:
-            calibration = _CALIBRATIONS.get(key)
-            if calibration is None:
-                _ADOPTED[key] = entry["costs"]
-        if calibration is not None:
-            calibration.adopt(entry["costs"])
-
-
-def _best(call: Any, repeats: int = 2) -> float:
+def _best(call: Any, device: torch.device, repeats: int = 2) -> float:
     """Fastest of ``repeats`` timed calls after one warm-up."""
     call()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         call()
-        if torch.cuda.is_available():  # kernels run asynchronously: wait for them
-            torch.cuda.synchronize()
+        if device.type == "cuda":  # kernels run asynchronously: wait for them
+            torch.cuda.synchronize(device)
         times.append(time.perf_counter() - start)
     return min(times)
 
@@ -235,55 +185,34 @@ def estimate(
     inputs: Inputs,
     params: dict[str, Any] | None = None,
     evaluate: bool = False,
-    measure: bool = True,
 ) -> Estimate:
     """
     The cost of ``explain(adapter, method, inputs, params=params, evaluate=evaluate)``.
 
-    ``measure=False`` prices from costs already measured (or adopted) only, running nothing:
-    for a process that must not touch the device, such as a ZeroGPU Space's main process.
-
     Raises:
         UnknownMethodError, UnsupportedMethodError, InvalidParameterError: as ``explain``.
-        NotCalibratedError: with ``measure`` off, when a cost it needs was never measured.
     """
+    from attribution.metrics.faithfulness import faithfulness_passes
+
     method_cls = get_method(method)
     reason = method_cls.unsupported_reason(adapter)
     if reason is not None:
         raise UnsupportedMethodError(reason)
-    with contextlib.nullcontext() if measure else device_untouched():
-        return _estimate(adapter, method_cls, inputs, params, evaluate, measure)
-
-
-def _estimate(
-    adapter: Adapter,
-    method_cls: Any,
-    inputs: Inputs,
-    params: dict[str, Any] | None,
-    evaluate: bool,
-    measure: bool,
-) -> Estimate:
-    from attribution.metrics.faithfulness import faithfulness_passes
-
     passes = method_cls.passes(adapter, inputs, validate_params(method_cls.params, params))
     calibration = calibrate(adapter, inputs)
     scale = max(1, math.prod(inputs.map_shape)) / calibration.size
     width = passes.batch or 1
     rows = passes.forward - passes.backward  # forwards without a backward
-    seconds = rows * calibration.seconds("forward", width, measure)
+    seconds = rows * calibration.seconds("forward", width)
     if passes.backward:
-        per_row = calibration.seconds("forward", width, measure) + calibration.seconds(
-            "backward", width, measure
-        )
+        per_row = calibration.seconds("forward", width) + calibration.seconds("backward", width)
         seconds += passes.backward * per_row
     forward = passes.forward + 1  # explain's own forward of the input
-    seconds += calibration.seconds("forward", 1, measure)
+    seconds += calibration.seconds("forward", 1)
     if evaluate:  # the trust card's curves, scored in batches
         scoring = faithfulness_passes(inputs)
         forward += scoring
-        seconds += scoring * calibration.seconds(
-            "forward", auto_batch_size(adapter, inputs), measure
-        )
+        seconds += scoring * calibration.seconds("forward", auto_batch_size(adapter, inputs))
         width = max(width, auto_batch_size(adapter, inputs))
     memory = None
     if calibration.peak_memory_bytes is not None:  # the widest pass sets the peak

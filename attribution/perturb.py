@@ -16,7 +16,6 @@ import contextlib
 import math
 import zlib
 from collections.abc import Callable, Iterator
-from contextvars import ContextVar
 from typing import Protocol
 
 import numpy as np
@@ -49,7 +48,6 @@ __all__ = [
     "auto_batch_size",
     "autocast_for",
     "box_blur",
-    "device_untouched",
     "forward_row_bytes",
     "perturbation_for",
     "repeated",
@@ -371,13 +369,8 @@ def perturbation_for(
     return ImagePerturbation(inputs.pixel_values, image_kind, image=inputs.image)
 
 
-#: Default forward batch per modality, at a reference map size: on a CPU, and on a GPU where
-#: the device may not be touched to measure one (see :func:`device_untouched`).
+#: Default forward batch per modality on a CPU, at a reference map size.
 _CPU_BATCH = {"image": (16, 224 * 224), "text": (64, 128)}
-_GPU_GUESS = {"image": (256, 224 * 224), "text": (512, 128)}
-
-#: False inside :func:`device_untouched`.
-_MAY_PROBE: ContextVar[bool] = ContextVar("may_probe", default=True)
 
 #: Largest automatic batch, and the share of free GPU memory an automatic batch may fill.
 _MAX_BATCH, _GPU_SHARE = 2048, 0.7
@@ -399,49 +392,51 @@ def auto_batch_size(adapter: Adapter, inputs: Inputs) -> int:
     On a CPU: 16 images of 224² or 64 texts of 128 tokens, scaled by the input's size. On CUDA:
     what fits in 70 % of the free memory (``torch.cuda.mem_get_info`` plus the allocator's
     spare cache), given one row's memory measured once per model and input shape by a
-    4-row forward (inside :func:`device_untouched`: 256 images or 512 texts, scaled). Too large
-    a guess is harmless: :class:`BatchRunner` halves on out-of-memory.
+    4-row forward (1 row where 4 do not fit). Too large a guess is harmless:
+    :class:`BatchRunner` halves on out-of-memory.
     """
-    if adapter.device.type == "cuda" and _MAY_PROBE.get():
+    if adapter.device.type == "cuda":
         row = forward_row_bytes(adapter, inputs)
         device = adapter.device
         free = torch.cuda.mem_get_info(device)[0]
         free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
         return int(min(_MAX_BATCH, max(1, _GPU_SHARE * free // max(row, 1))))
-    batch, reference = (_GPU_GUESS if adapter.device.type == "cuda" else _CPU_BATCH)[
-        inputs.modality
-    ]
+    batch, reference = _CPU_BATCH[inputs.modality]
     return int(min(1024, max(1, batch * reference / max(math.prod(inputs.map_shape), 1))))
 
 
-@contextlib.contextmanager
-def device_untouched() -> Iterator[None]:
-    """
-    Inside, the automatic batch runs nothing on the device: a GPU's is a guess from input size.
-
-    For a process that may not initialise CUDA (a ZeroGPU Space's main process) pricing a run.
-    """
-    token = _MAY_PROBE.set(False)
-    try:
-        yield
-    finally:
-        _MAY_PROBE.reset(token)
-
-
 def forward_row_bytes(adapter: Adapter, inputs: Inputs) -> int:
-    """CUDA memory one row of a no-gradient forward takes beyond the resting weights."""
+    """
+    CUDA memory one row of a no-gradient forward takes beyond the resting weights.
+
+    Raises:
+        DeviceMemoryError: if not even one row fits.
+    """
     shape = tuple(int(n) for n in inputs.map_shape)
     key = (adapter.model_id, str(adapter.device), shape)
     if key not in _ROW_BYTES:
-        rows = {k: repeated(v, _PROBE_ROWS) for k, v in inputs.model_kwargs().items()}
-        torch.cuda.synchronize(adapter.device)
-        resting = torch.cuda.memory_allocated(adapter.device)
-        torch.cuda.reset_peak_memory_stats(adapter.device)
-        with torch.no_grad():
-            adapter.logits(**rows)
-        peak = torch.cuda.max_memory_allocated(adapter.device) - resting
-        _ROW_BYTES[key] = max(1, peak // _PROBE_ROWS)
+        for rows in (_PROBE_ROWS, 1):
+            try:
+                _ROW_BYTES[key] = _probe(adapter, inputs, rows)
+                break
+            except torch.cuda.OutOfMemoryError:
+                torch.cuda.empty_cache()
+        else:
+            raise DeviceMemoryError(
+                f"model '{adapter.model_id}' runs out of GPU memory even one input at a time; "
+                "use a smaller input or another device"
+            )
     return _ROW_BYTES[key]
+
+
+def _probe(adapter: Adapter, inputs: Inputs, rows: int) -> int:
+    batch = {k: repeated(v, rows) for k, v in inputs.model_kwargs().items()}
+    torch.cuda.synchronize(adapter.device)
+    resting = torch.cuda.memory_allocated(adapter.device)
+    torch.cuda.reset_peak_memory_stats(adapter.device)
+    with torch.no_grad():
+        adapter.logits(**batch)
+    return max(1, (torch.cuda.max_memory_allocated(adapter.device) - resting) // rows)
 
 
 def autocast_for(adapter: Adapter, precision: str) -> contextlib.AbstractContextManager[object]:

@@ -1,18 +1,19 @@
 """
 The Hugging Face Space: its metadata names an entry that builds the page with ``spaces``
 installed (outside ZeroGPU its decorator is a no-op), its Gradio API answers through
-``gradio_client``, and its GPU slots are sized from cost estimates measured in earlier slots,
-also when those were measured in another process.
+``gradio_client``, its GPU slots are sized from the estimates of earlier slots, and a job's
+own error crosses the slot boundary with its message.
 """
 
 from __future__ import annotations
 
-import json
 import math
+import pickle
 import re
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import gradio
@@ -20,27 +21,20 @@ import numpy as np
 import pytest
 import yaml
 
-import attribution.estimate as estimate_module
 from app import space
+from app.api import ExplainBody
 from app.settings import ServerSettings
-from app.ui import _cost, _run
-from app.worker import ExplainRequest, ExplainWorker
+from app.ui import _queued_cost, _run
+from app.worker import ExplainRequest, ExplainWorker, TooSlowError
 from attribution import explain
-from attribution.errors import NotCalibratedError
-from attribution.estimate import adopt_calibrations, estimate
+from attribution.errors import AttrlabError
+from attribution.estimate import estimate
 from attribution.models import load
 
 ROOT = Path(__file__).resolve().parent.parent
 RISE = ExplainRequest(
     model="tiny-random-bert", method="rise", text="a fine day", params={"n_masks": 48}
 )
-
-
-@pytest.fixture
-def fresh_costs(monkeypatch):
-    """No model's costs measured yet in this process."""
-    monkeypatch.setattr(estimate_module, "_CALIBRATIONS", {})
-    monkeypatch.setattr(estimate_module, "_ADOPTED", {})
 
 
 @pytest.fixture
@@ -142,66 +136,82 @@ def test_space_api_explains_a_batch_and_the_page_through_gradio_client():
         demo.close()
 
 
-def test_a_models_first_slot_is_the_default_and_later_ones_come_from_its_estimate(
-    worker, fresh_costs
-):
-    asked = []
+def _zero_gpu_stand_in(asked: list[int]):
+    """
+    ``spaces.GPU`` as ZeroGPU runs it, in this process: it asks for ``duration(request)``,
+    sends arguments and results across as pickles, and turns any exception but Gradio's into
+    a bare ``gr.Error`` naming its class (as ``spaces`` does).
+    """
 
     def gpu(task, duration):
-        """ZeroGPU's decorator, in this process: asks for a slot of ``duration(request)``."""
-
         def in_slot(request):
             asked.append(duration(request))
-            return task(request)
+            try:
+                result = task(pickle.loads(pickle.dumps(request)))
+            except gradio.Error:
+                raise
+            except Exception as err:
+                raise gradio.Error(type(err).__name__) from None
+            return pickle.loads(pickle.dumps(result))
 
         return in_slot
 
-    runner = space.SpaceRunner(worker, max_slot_s=120, gpu=gpu)
+    return gpu
+
+
+def test_slots_are_priced_from_the_estimates_of_earlier_slots(worker):
+    asked: list[int] = []
+    runner = space.SpaceRunner(worker, max_slot_s=120, gpu=_zero_gpu_stand_in(asked))
     assert runner.slot_s(RISE) == space.FIRST_SLOT_S
-    runner.run(RISE)  # the slot measures the costs its estimate needs and hands them back
+    assert runner.cost_line(RISE).startswith("Cost: known after the first run")
+    served = runner.run(RISE)
     adapter = worker.adapter(RISE.model)
-    expected = estimate(adapter, "rise", adapter.preprocess(RISE.text), RISE.params)
-    assert runner.slot_s(RISE) == math.ceil(2 * expected.seconds + 10)
+    inputs = adapter.preprocess(RISE.text)
+    direct = explain(adapter, "rise", inputs, params=RISE.params)
+    np.testing.assert_array_equal(served.scores, direct.scores)
+    # The slot estimated the job; the next of the same model, method and parameters is priced.
+    seconds = estimate(adapter, "rise", inputs, RISE.params).seconds
+    assert runner.slot_s(RISE) == math.ceil(2 * seconds + 10)
+    longer = replace(RISE, text=RISE.text * 3)  # three times the characters
+    assert runner.priced_s(longer) == pytest.approx(3 * seconds)
+    other = replace(RISE, params={"n_masks": 64})
+    assert runner.slot_s(other) == space.FIRST_SLOT_S  # other parameters: not priced yet
     runner.run(RISE)
-    assert asked == [space.FIRST_SLOT_S, math.ceil(2 * expected.seconds + 10)]
-    assert space.SpaceRunner(worker, max_slot_s=11).slot_s(RISE) == 11
-    bad = ExplainRequest(model="tiny-random-bert", method="rise", text="a", params={"p": 7})
-    assert runner.slot_s(bad) == space.SLOT_EXTRA_S  # refused at once in its slot
+    assert asked == [space.FIRST_SLOT_S, math.ceil(2 * seconds + 10)]
+    assert f"≈ {seconds:,.1f} s on the GPU" in runner.cost_line(RISE)
+    # Priced over the longest slot: refused before a slot is asked for, with what to lower.
+    short = space.SpaceRunner(worker, max_slot_s=10, gpu=_zero_gpu_stand_in(asked))
+    short._seconds_per_unit.update(runner._seconds_per_unit)
+    with pytest.raises(TooSlowError, match="lower n_masks"):
+        short.run(RISE)
+    assert len(asked) == 2
 
 
-def test_costs_measured_in_another_process_price_a_run_here(fresh_costs):
-    """A ZeroGPU slot is another process: its measured costs price the main process's runs."""
-    child = (
-        "import json\n"
-        "from attribution.models import load\n"
-        "from attribution.estimate import estimate, calibration_snapshots\n"
-        "a = load('tiny-random-bert', device='cpu')\n"
-        "e = estimate(a, 'rise', a.preprocess('the weather was fine all week'), {'n_masks': 500})\n"
-        "print(json.dumps({'seconds': e.seconds, 'costs': calibration_snapshots()}))\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", child], capture_output=True, text=True, timeout=300, check=True
-    )
-    measured = json.loads(done.stdout.strip().splitlines()[-1])
-    adapter = load("tiny-random-bert", device="cpu")
-    inputs = adapter.preprocess("the weather was fine all week")
-    with pytest.raises(NotCalibratedError):
-        estimate(adapter, "rise", inputs, {"n_masks": 500}, measure=False)
-    # This process first saw a shorter input: adopted costs are rescaled to its reference size.
-    estimate_module.calibrate(adapter, adapter.preprocess("fine"))
-    adopt_calibrations(measured["costs"])
-    priced = estimate(adapter, "rise", inputs, {"n_masks": 500}, measure=False)
-    assert priced.seconds == pytest.approx(measured["seconds"], rel=1e-9)
+def test_a_jobs_own_error_comes_back_from_the_slot_with_its_message(worker):
+    runner = space.SpaceRunner(worker, max_slot_s=120, gpu=_zero_gpu_stand_in([]))
+    wrong = ExplainRequest(model="tiny-random-bert", method="gradient_x_input", text="a", target=99)
+    with pytest.raises(AttrlabError) as caught:
+        worker.explain(wrong)
+    with pytest.raises(AttrlabError) as from_slot:
+        runner.run(wrong)
+    assert str(from_slot.value) == str(caught.value)
+    batch = ExplainBody.model_validate(
+        {"model": "tiny-random-bert", "method": "gradient_x_input",
+         "instances": [{"text": "a fine day"}, {"text": "  "}]}
+    ).to_batch()  # fmt: skip
+    first, empty = runner.run(batch)
+    assert first["gradient_x_input"].method == "gradient_x_input"
+    assert isinstance(empty["gradient_x_input"], AttrlabError)
 
 
-def test_page_shows_the_estimate_before_run_and_an_eta_while_running(worker, fresh_costs):
-    assert _cost(worker, RISE, measure=False) == "Cost: known after the first run on this model."
-    shown = _cost(worker, RISE, measure=True)  # measures the model's costs through the queue
+def test_page_shows_the_estimate_before_run_and_an_eta_while_running(worker):
+    shown = _queued_cost(worker, RISE)  # the first estimate on a model measures its costs
     adapter = worker.adapter(RISE.model)
     expected = estimate(adapter, "rise", adapter.preprocess(RISE.text), RISE.params)
     assert shown == f"Cost: {expected.summary()}"
     assert f"{expected.forward_passes:,} forward passes" in shown
-    assert _cost(worker, RISE, measure=False) == shown  # now priced without measuring
+    bad = replace(RISE, params={"n_masks": 0})
+    assert _queued_cost(worker, bad).startswith("Cost: cannot estimate (parameter 'n_masks'")
 
     seen = []
 
