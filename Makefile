@@ -45,13 +45,18 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/leaderboard.py
 	$(BIN)/python benchmarks/serving.py
 
-# A Hugging Face Space's files: the committed tree with the Space's README (its metadata)
-# and requirements; push $(SPACE_DIR) to the Space's repository.
+# A Hugging Face Space's files: the committed tree with the Space's README (its metadata) and
+# a requirements.txt listing pyproject's runtime and embedded dependencies and ZeroGPU's
+# `spaces` (a Space installs requirements.txt alone, before the tree is there; the entry puts
+# the tree on sys.path). Push $(SPACE_DIR) to the Space's repository.
 SPACE_DIR ?= dist/space
 space:
 	rm -rf $(SPACE_DIR) && mkdir -p $(SPACE_DIR)
 	git archive HEAD | tar -x -C $(SPACE_DIR)
-	cp assets/space/README.md assets/space/requirements.txt $(SPACE_DIR)/
+	cp assets/space/README.md $(SPACE_DIR)/
+	$(PYTHON) -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+	print("\n".join([*p["dependencies"], *p["optional-dependencies"]["embedded"], "spaces"]))' \
+	> $(SPACE_DIR)/requirements.txt
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info dist

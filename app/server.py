@@ -18,7 +18,7 @@ from app.settings import ServerSettings, SettingsError
 from app.ui import build_ui
 from app.worker import ExplainWorker
 
-__all__ = ["create_app", "serve"]
+__all__ = ["bound_image_decoding", "create_app", "page_login", "serve"]
 
 
 def create_app(
@@ -71,17 +71,27 @@ def create_app(
         app,
         page,
         path="/",
-        auth=_page_login(settings.api_token),
+        auth=page_login(settings.api_token),
         max_file_size=settings.max_body_bytes,
         show_error=False,  # only gr.Error messages (already free of paths) reach the page
     )
 
 
-def _page_login(token: str | None) -> Callable[[str, str], bool] | None:
+def page_login(token: str | None) -> Callable[[str, str], bool] | None:
     """With a token set, the page asks for it too (any user name): no way around the API's."""
     if token is None:
         return None
     return lambda _user, password: hmac.compare_digest(password.encode(), token.encode())
+
+
+def bound_image_decoding(settings: ServerSettings) -> None:
+    """
+    Bound Pillow, which Gradio decodes page uploads with, by the server's pixel limit.
+
+    Pillow refuses, before decoding, images over twice its setting, so half the limit refuses
+    over the limit. A process-wide setting: made where the process is the server.
+    """
+    Image.MAX_IMAGE_PIXELS = max(1, settings.max_image_pixels // 2)
 
 
 def serve(
@@ -91,10 +101,7 @@ def serve(
     import uvicorn
 
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    # Gradio decodes page uploads itself with Pillow: bound that decoder too. Pillow refuses,
-    # before decoding, images over twice this setting, so half the limit refuses over the limit.
-    # A process-wide setting, so it is made here, where the process is the server.
-    Image.MAX_IMAGE_PIXELS = max(1, settings.max_image_pixels // 2)
+    bound_image_decoding(settings)
     worker = ExplainWorker(device=device, settings=settings)
     try:
         # On Ctrl-C, requests still waiting after a few seconds are cancelled, and a cancelled

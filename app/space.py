@@ -20,13 +20,21 @@ does).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import sys
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+
+try:  # first, as ZeroGPU asks: it patches torch before anything imports it
+    import spaces
+except ImportError:  # not a Space, or a Space without ZeroGPU
+    spaces = None
 
 if __package__ in (None, ""):  # run as a file, as a Space runs its app_file
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -37,25 +45,26 @@ from pydantic import ValidationError
 from app.api import ExplainBody
 from app.errors import public_message, validation_problems
 from app.jobs import instance_json
-from app.settings import ServerSettings
+from app.server import bound_image_decoding, page_login
+from app.settings import ServerSettings, SettingsError
 from app.ui import build_ui
 from app.worker import (
     EstimateRequest,
     ExplainRequest,
     ExplainWorker,
+    InstanceFailedError,
     TooSlowError,
     WorkerRequest,
     lighter,
 )
 from attribution.errors import AttrlabError
+from attribution.methods import get_method
+from attribution.params import validate_params
 from attribution.run import ProgressCallback
 
 __all__ = ["FIRST_SLOT_S", "SpaceRunner", "build_space"]
 
-try:
-    import spaces
-except ImportError:  # not a Space, or a Space without ZeroGPU
-    spaces = None
+log = logging.getLogger(__name__)
 
 #: Whether GPU work runs in ZeroGPU slots (the platform sets SPACES_ZERO_GPU).
 ZERO_GPU = spaces is not None and bool(spaces.config.Config.zero_gpu)
@@ -64,9 +73,11 @@ ZERO_GPU = spaces is not None and bool(spaces.config.Config.zero_gpu)
 FIRST_SLOT_S = 60
 #: Margin over the estimate, whose seconds are within a factor 2 on the embedded models.
 SLOT_FACTOR, SLOT_EXTRA_S = 2.0, 10
+#: Slots whose time beyond their estimates (model loads, calibration, decoding) is remembered.
+_RECENT_SLOTS = 5
 
 Result = TypeVar("Result")
-#: What prices alike: model, labels, next token or not, method, parameters, trust card.
+#: What prices alike: model, labels, next token or not, method, parameters, trust card, modality.
 PriceKey = tuple[Any, ...]
 
 
@@ -75,36 +86,63 @@ class SpaceRunner:
     Runs page and API requests in GPU slots sized by their cost estimates.
 
     ``gpu`` makes a function run in a GPU slot, given a ``duration`` callable (``spaces.GPU``
-    on ZeroGPU); without it requests go through the worker's queue.
+    on ZeroGPU); without it requests go through the worker's queue. A slot estimates its job's
+    parts and times itself; the main process keeps, per :data:`PriceKey`, the estimated seconds
+    at each input size seen, and the slots' time beyond their estimates (the largest of the
+    last five): a job is priced as its parts at the highest rate seen per unit of input
+    (characters of text; 1 per image) plus that time. A job whose slot ended without an
+    answer (ZeroGPU stops a slot at its duration) asks for the longest slot next time.
     """
 
     def __init__(
         self, worker: ExplainWorker, max_slot_s: int, gpu: Callable[..., Any] | None = None
     ) -> None:
+        if max_slot_s < 1:
+            raise SettingsError(f"ATTRLAB_SPACE_MAX_SLOT must be at least 1 s; got {max_slot_s}")
         self.worker = worker
         self.max_slot_s = max_slot_s
-        self._seconds_per_unit: dict[PriceKey, float] = {}
+        self._seen: dict[PriceKey, dict[int, float]] = {}  # units -> estimated seconds
+        self._beyond: deque[float] = deque(maxlen=_RECENT_SLOTS)
+        self._unanswered: set[PriceKey] = set()
         self._lock = threading.Lock()
         self._on_gpu = gpu(self._run_on_device, duration=self.slot_s) if gpu else None
 
-    def priced_s(self, request: WorkerRequest[Any]) -> float | None:
-        """Seconds from earlier slots' estimates; None while any part was never priced."""
-        total = 0.0
+    def _price(self, request: WorkerRequest[Any]) -> tuple[float | None, bool]:
+        """
+        Estimated seconds, and whether each part was seen at its size or larger.
+
+        Seconds are None while some part was never priced; a refusal needs every part seen
+        at its size or larger (a price extrapolated upwards may be too high).
+        """
         costs = request.costs()
+        if not costs:
+            return None, False
+        total, seen_larger = 0.0, True
         with self._lock:
             for cost in costs:
                 key, units = _price_key(cost)
-                if key not in self._seconds_per_unit:
-                    return None
-                total += self._seconds_per_unit[key] * units
-        return total if costs else None
+                seen = self._seen.get(key)
+                if not seen or key in self._unanswered:
+                    return None, False
+                total += units * max(seconds / size for size, seconds in seen.items())
+                seen_larger = seen_larger and max(seen) >= units
+            total += max(self._beyond, default=0.0)
+        return total, seen_larger
+
+    def priced_s(self, request: WorkerRequest[Any]) -> float | None:
+        """Seconds from earlier slots' estimates; None while any part was never priced."""
+        return self._price(request)[0]
 
     def slot_s(self, request: WorkerRequest[Any]) -> int:
-        """The slot a job asks for: from its estimate, or the first-job slot."""
+        """The slot a job asks for: from its estimate, the first-job slot, or the longest."""
+        with self._lock:
+            unanswered = any(_price_key(c)[0] in self._unanswered for c in request.costs())
+        if unanswered:
+            return self.max_slot_s
         seconds = self.priced_s(request)
         if seconds is None:
             return min(self.max_slot_s, FIRST_SLOT_S)
-        return min(self.max_slot_s, math.ceil(SLOT_FACTOR * seconds + SLOT_EXTRA_S))
+        return min(self.max_slot_s, _slot(seconds))
 
     def cost_line(self, request: ExplainRequest) -> str:
         """The page's estimate before Run, without touching the GPU."""
@@ -121,53 +159,81 @@ class SpaceRunner:
 
         Raises:
             TooSlowError: priced over the longest slot, before any slot is asked for.
-            AttrlabError: the job's own errors (carried back from the slot as values, since
-                ZeroGPU passes only Gradio's errors through unchanged).
+            AttrlabError: a request out of bounds (before a slot), or the job's own errors
+                (carried back from the slot as values: ZeroGPU passes only Gradio's errors
+                through unchanged).
         """
         if self._on_gpu is None:
             return self.worker.explain(request, progress=progress)
-        seconds = self.priced_s(request)
-        if seconds is not None and SLOT_FACTOR * seconds + SLOT_EXTRA_S > self.max_slot_s:
-            methods = ", ".join(request.method_params())
+        self.worker.validate(request)  # nothing out of bounds takes a slot
+        seconds, seen_larger = self._price(request)
+        if seconds is not None and seen_larger and _slot(seconds) > self.max_slot_s:
+            advice = "; ".join(f"{m}: {lighter(m)}" for m in request.method_params())
             raise TooSlowError(
-                f"this request would take about {seconds:,.0f} s on the GPU; this Space's slots "
-                f"last at most {self.max_slot_s} s: {lighter(next(iter(request.method_params())))}"
-                f" ({methods})"
+                f"this request needs a GPU slot of about {_slot(seconds)} s; this Space's slots "
+                f"last at most {self.max_slot_s} s ({advice})"
             )
-        outcome, seconds_per_unit = self._on_gpu(request)
+        keys = [_price_key(cost)[0] for cost in request.costs()]
+        try:
+            outcome, seen, beyond = self._on_gpu(request)
+        except gr.Error:  # ZeroGPU's own: a slot stopped at its duration, a quota, a start
+            with self._lock:
+                self._unanswered.update(keys)
+            raise
         with self._lock:
-            self._seconds_per_unit.update(seconds_per_unit)
+            for key, units, estimated in seen:
+                self._seen.setdefault(key, {})[units] = estimated
+                self._unanswered.discard(key)
+            self._beyond.append(beyond)
         if isinstance(outcome, AttrlabError):
             raise outcome
         return outcome
 
     def _run_on_device(
         self, request: WorkerRequest[Result]
-    ) -> tuple[Result | AttrlabError, dict[PriceKey, float]]:
-        """In the slot: estimate the job's parts (pricing the next ones), then run it."""
-        seconds_per_unit = {}
+    ) -> tuple[Result | AttrlabError, list[tuple[PriceKey, int, float]], float]:
+        """In the slot: estimate the job's parts (pricing the next ones), run it, time it all."""
+        start = time.monotonic()
+        seen = []
         for cost in request.costs():
             try:
                 found = self.worker.run_here(cost)
             except AttrlabError:  # the job itself reports what is wrong with this part
                 continue
+            except Exception:
+                log.exception("estimating %s failed in a GPU slot", cost.method)
+                continue
             key, units = _price_key(cost)
-            seconds_per_unit[key] = found.seconds / units
+            seen.append((key, units, found.seconds))
         try:
             outcome: Result | AttrlabError = self.worker.run_here(request)
         except AttrlabError as err:
             outcome = err
-        return outcome, seconds_per_unit
+        except Exception:
+            log.exception("a job failed in a GPU slot")
+            outcome = InstanceFailedError(
+                "the job failed inside attrlab; the server log has the details"
+            )
+        beyond = time.monotonic() - start - sum(estimated for _, _, estimated in seen)
+        return outcome, seen, max(0.0, beyond)
+
+
+def _slot(seconds: float) -> int:
+    return math.ceil(SLOT_FACTOR * seconds + SLOT_EXTRA_S)
 
 
 def _price_key(cost: EstimateRequest) -> tuple[PriceKey, int]:
     """What prices alike, and the input's size in units: characters, or 1 per image."""
+    try:  # page parameters arrive as text, API ones as numbers: compare the checked values
+        params = validate_params(get_method(cost.method).params, cost.params)
+    except AttrlabError:
+        params = dict(cost.params)
     key = (
-        cost.model,
-        tuple(cost.labels or ()),
+        cost.model.strip(),
+        tuple(label.strip() for label in cost.labels or ()),
         cost.next_token,
         cost.method,
-        json.dumps(cost.params, sort_keys=True, default=str),
+        json.dumps(params, sort_keys=True, default=str),
         cost.evaluate,
         "text" if cost.text is not None else "image",
     )
@@ -180,7 +246,10 @@ def build_space(settings: ServerSettings | None = None) -> gr.Blocks:
     # On ZeroGPU the worker runs only inside slots (which see one GPU); naming the device keeps
     # the main process from asking CUDA how many there are.
     worker = ExplainWorker(device="cuda:0" if ZERO_GPU else None, settings=settings)
-    max_slot_s = int(os.environ.get("ATTRLAB_SPACE_MAX_SLOT", "120"))
+    try:
+        max_slot_s = int(os.environ.get("ATTRLAB_SPACE_MAX_SLOT", "120"))
+    except ValueError:
+        raise SettingsError("ATTRLAB_SPACE_MAX_SLOT must be a whole number of seconds") from None
     runner = SpaceRunner(worker, max_slot_s, gpu=spaces.GPU if ZERO_GPU else None)
     page_run: Callable[..., Any] = runner.run
     demo = build_ui(worker, run=page_run, cost=runner.cost_line if ZERO_GPU else None)
@@ -203,5 +272,17 @@ def build_space(settings: ServerSettings | None = None) -> gr.Blocks:
     return demo.queue(max_size=settings.max_queue)
 
 
+def launch(settings: ServerSettings | None = None) -> None:
+    """Serve the Space with the server's page limits: login with a token, body and image size."""
+    settings = settings or ServerSettings.for_server()
+    bound_image_decoding(settings)
+    build_space(settings).launch(
+        server_name="0.0.0.0",
+        auth=page_login(settings.api_token),
+        max_file_size=settings.max_body_bytes,
+        show_error=False,  # only gr.Error messages (already free of paths) reach the page
+    )
+
+
 if __name__ == "__main__":
-    build_space().launch(server_name="0.0.0.0", show_error=False)
+    launch()

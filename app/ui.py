@@ -56,10 +56,12 @@ Runner = Callable[[ExplainRequest, ProgressCallback], Explanation]
 
 def _run(run: Runner, request: ExplainRequest, progress: gr.Progress) -> Explanation:
     """Run a request with a progress bar; user errors become a message, bugs a generic one."""
-    start = time.monotonic()
+    started: list[float] = []  # when the passes began (not the wait, load and calibration)
 
     def report(done: int, total: int) -> None:
-        eta = ""
+        if not started:
+            started.append(time.monotonic())
+        start, eta = started[0], ""
         if 0 < done < total:  # the rate so far, over what is left
             left = (time.monotonic() - start) / done * (total - done)
             eta = f", ≈ {left:,.0f} s left" if left >= 1 else ", < 1 s left"
@@ -191,17 +193,25 @@ def build_ui(
         image = np.asarray(request.image)[..., :3]
         return heatmap_overlay(explanation, image), _summary(explanation)
 
-    def price_on_change(inputs: list[Any], shown: gr.Markdown, build: Callable[..., Any]) -> None:
-        """Re-estimate when the model, method or parameters change, or the input is left."""
-        for component in inputs:
+    def price_on_change(
+        inputs: list[Any], shown: gr.Markdown, build: Callable[..., Any], affecting: list[Any]
+    ) -> None:
+        """
+        Re-estimate when what sets the cost changes (model, method, input, parameters).
+
+        One estimate at a time per tab, and only the latest change is priced.
+        """
+        for component in affecting:
             listen = component.blur if isinstance(component, gr.Textbox) else component.change
             listen(
                 cost_of(build),
                 inputs,
                 shown,
-                queue=False,
                 show_progress="hidden",
                 api_visibility="private",
+                concurrency_limit=1,
+                concurrency_id=f"cost-{shown.elem_id}",
+                trigger_mode="always_last",
             )
 
     with gr.Blocks(title="attrlab") as demo:
@@ -230,7 +240,9 @@ def build_ui(
                 api_name="explain_text",
             )
             text_inputs = [t_model, t_method, t_text, t_labels, t_target, t_params, t_seed]
-            price_on_change(text_inputs, t_cost, text_request)
+            price_on_change(
+                text_inputs, t_cost, text_request, [t_model, t_method, t_text, t_labels, t_params]
+            )
         with gr.Tab("Next token"):
             with gr.Row():
                 n_model = gr.Dropdown(
@@ -265,6 +277,7 @@ def build_ui(
                 [n_model, n_method, n_prompt, n_target, n_params, n_seed],
                 n_cost,
                 next_token_request,
+                [n_model, n_method, n_prompt, n_params],
             )
         with gr.Tab("Image"):
             with gr.Row():
@@ -289,7 +302,10 @@ def build_ui(
                 api_name="explain_image",
             )
             price_on_change(
-                [i_model, i_method, i_image, i_target, i_params, i_seed], i_cost, image_request
+                [i_model, i_method, i_image, i_target, i_params, i_seed],
+                i_cost,
+                image_request,
+                [i_model, i_method, i_image, i_params],
             )
     return demo
 

@@ -93,7 +93,14 @@ class Calibration:
         batch = max(1, batch)
         below = max(w for w in widths if w <= batch)
         above = min((w for w in widths if w >= batch), default=below)
-        low = self._seconds_at(kind, below)
+        while True:  # the widest width at or below the batch that fits beside the model
+            try:
+                low = self._seconds_at(kind, below)
+                break
+            except DeviceMemoryError:
+                if below == 1:
+                    raise
+                above, below = below, max(w for w in widths if w < below)
         if not cuda or above == below:
             return low
         try:  # the wider width may not fit beside the model even where the batch does

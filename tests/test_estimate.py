@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from attribution import explain
 from attribution.errors import UnsupportedMethodError
@@ -107,3 +108,35 @@ def test_estimates_over_rest_and_the_cli_and_a_too_slow_request_is_refused(tmp_p
     args = ["explain", "--model", "tiny-random-bert", "--method", "integrated_gradients"]
     assert main([*args, "--text", "a fine day", "--estimate", "--param", "n_steps=10"]) == 0
     assert capsys.readouterr().out.startswith("≈ 13 forward and 10 backward passes")
+
+
+def test_a_gpu_calibration_prices_between_widths_and_skips_widths_that_do_not_fit(monkeypatch):
+    """Per-row costs written out: linear in log width between timed widths; OOM widths skipped."""
+    from types import SimpleNamespace
+
+    from attribution.errors import DeviceMemoryError
+    from attribution.estimate import Calibration
+
+    adapter = SimpleNamespace(device=torch.device("cuda"), model_id="gpu-stand-in")
+    inputs = SimpleNamespace(map_shape=(10,), modality="text")
+    per_row = {1: 8.0, 16: 4.0, 64: 2.0, 256: 1.0, 1024: 0.5}
+
+    def calibration(fits_below: int) -> Calibration:
+        made = Calibration(adapter, inputs)  # type: ignore[arg-type]
+
+        def measure(kind: str, width: int) -> float:
+            if width >= fits_below:
+                raise DeviceMemoryError(f"{width} rows do not fit")
+            return per_row[width]
+
+        monkeypatch.setattr(made, "_measure", measure)
+        return made
+
+    wide = calibration(fits_below=4096)
+    assert wide.seconds("forward", 64) == 2.0
+    assert wide.seconds("forward", 32) == pytest.approx(3.0)  # halfway from 16 to 64 in log
+    assert wide.seconds("forward", 2048) == 0.5  # beyond the widest: its cost
+    narrow = calibration(fits_below=1024)
+    assert narrow.seconds("forward", 512) == 1.0  # 1024 rows do not fit: flat at 256
+    tight = calibration(fits_below=256)
+    assert tight.seconds("forward", 300) == 2.0  # 256 does not fit either: down to 64

@@ -19,6 +19,7 @@ from pathlib import Path
 import gradio
 import numpy as np
 import pytest
+import tomllib
 import yaml
 
 from app import space
@@ -60,8 +61,6 @@ def test_space_metadata_names_the_entry_and_the_pinned_gradio():
     assert meta["app_file"] == "app/space.py"
     assert str(meta["python_version"]) == f"{sys.version_info.major}.{sys.version_info.minor}"
     assert meta["suggested_hardware"].startswith("zero-")
-    requirements = (ROOT / "assets/space/requirements.txt").read_text().split()
-    assert ".[embedded]" in requirements and "spaces" in requirements
 
 
 def test_space_entry_run_as_a_file_builds_the_page_with_spaces_installed(tmp_path):
@@ -86,12 +85,18 @@ def test_space_entry_run_as_a_file_builds_the_page_with_spaces_installed(tmp_pat
 def test_make_space_assembles_the_spaces_files(tmp_path):
     target = tmp_path / "space"
     done = subprocess.run(
-        ["make", "-s", "space", f"SPACE_DIR={target}"], cwd=ROOT, capture_output=True, text=True
+        ["make", "-s", "space", f"SPACE_DIR={target}", f"PYTHON={sys.executable}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     assert done.returncode == 0, done.stderr
     assert (target / "README.md").read_text() == (ROOT / "assets/space/README.md").read_text()
-    assert (target / "requirements.txt").is_file()
     assert (target / "app/space.py").is_file() and (target / "pyproject.toml").is_file()
+    # A Space installs requirements.txt alone: the dependencies are listed, not ".".
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = [*project["dependencies"], *project["optional-dependencies"]["embedded"], "spaces"]
+    assert (target / "requirements.txt").read_text().splitlines() == wanted
 
 
 def test_space_api_explains_a_batch_and_the_page_through_gradio_client():
@@ -169,22 +174,49 @@ def test_slots_are_priced_from_the_estimates_of_earlier_slots(worker):
     inputs = adapter.preprocess(RISE.text)
     direct = explain(adapter, "rise", inputs, params=RISE.params)
     np.testing.assert_array_equal(served.scores, direct.scores)
-    # The slot estimated the job; the next of the same model, method and parameters is priced.
+    # The slot estimated the job; the next of the same model, method and parameters is priced
+    # at that estimate plus the slot's time beyond it (here: the calibration it measured).
     seconds = estimate(adapter, "rise", inputs, RISE.params).seconds
-    assert runner.slot_s(RISE) == math.ceil(2 * seconds + 10)
+    beyond = runner._beyond[-1]
+    assert 0 <= beyond < 60
+    assert runner.priced_s(RISE) == pytest.approx(seconds + beyond)
+    assert runner.slot_s(RISE) == math.ceil(2 * (seconds + beyond) + 10)
+    # Page parameters come as text: the same job, the same price.
+    assert runner.priced_s(replace(RISE, params={"n_masks": "48"})) == runner.priced_s(RISE)
     longer = replace(RISE, text=RISE.text * 3)  # three times the characters
-    assert runner.priced_s(longer) == pytest.approx(3 * seconds)
+    assert runner.priced_s(longer) == pytest.approx(3 * seconds + beyond)
     other = replace(RISE, params={"n_masks": 64})
     assert runner.slot_s(other) == space.FIRST_SLOT_S  # other parameters: not priced yet
     runner.run(RISE)
-    assert asked == [space.FIRST_SLOT_S, math.ceil(2 * seconds + 10)]
-    assert f"≈ {seconds:,.1f} s on the GPU" in runner.cost_line(RISE)
-    # Priced over the longest slot: refused before a slot is asked for, with what to lower.
-    short = space.SpaceRunner(worker, max_slot_s=10, gpu=_zero_gpu_stand_in(asked))
-    short._seconds_per_unit.update(runner._seconds_per_unit)
+    assert asked[0] == space.FIRST_SLOT_S and asked[1] == math.ceil(2 * (seconds + beyond) + 10)
+
+
+def test_over_the_longest_slot_a_job_is_refused_and_an_unanswered_slot_asks_the_longest(worker):
+    asked: list[int] = []
+    runner = space.SpaceRunner(worker, max_slot_s=10, gpu=_zero_gpu_stand_in(asked))
+    runner.run(RISE)  # not priced yet: asks for the first-job slot (capped) and is priced
     with pytest.raises(TooSlowError, match="lower n_masks"):
-        short.run(RISE)
+        runner.run(RISE)  # seen at this size: 2 x its price + 10 s is over 10 s
+    # A longer text than any seen is not refused on an extrapolated price: it gets a slot.
+    runner.run(replace(RISE, text=RISE.text * 2))
     assert len(asked) == 2
+    # Out of bounds: refused before a slot is asked for.
+    with pytest.raises(AttrlabError, match="n_masks"):
+        runner.run(replace(RISE, params={"n_masks": 0}))
+    assert len(asked) == 2
+
+    def stopped(task, duration):
+        def in_slot(request):
+            asked.append(duration(request))
+            raise gradio.Error("ZeroGPU worker error", title="GPU task aborted")
+
+        return in_slot
+
+    cut = space.SpaceRunner(worker, max_slot_s=100, gpu=stopped)
+    cut._seen.update(runner._seen)
+    with pytest.raises(gradio.Error):
+        cut.run(RISE)
+    assert cut.slot_s(RISE) == 100  # the slot ended without an answer: ask for the longest
 
 
 def test_a_jobs_own_error_comes_back_from_the_slot_with_its_message(worker):
