@@ -8,6 +8,7 @@ import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -520,9 +521,10 @@ def _models(_: argparse.Namespace) -> int:
 
 
 def _methods(args: argparse.Namespace) -> int:
-    from attribution.methods import available_methods
+    from attribution.methods.catalog import catalog_entries
 
-    described = [m.describe() for m in available_methods()]
+    # From the catalog: describing the methods imports none of them.
+    described = [{k: v for k, v in e.items() if k != "module"} for e in catalog_entries()]
     if args.format == "json":
         print(json.dumps(described, indent=2))
         return 0
@@ -575,6 +577,7 @@ def _positive_int(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``attrlab`` command."""
     parser = argparse.ArgumentParser(prog="attrlab", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"attrlab {version('attrlab')}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     explain = sub.add_parser("explain", help="explain one text or image")

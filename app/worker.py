@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from dataclasses import fields as dataclass_fields
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import torch
 from transformers.utils import logging as hf_logging
@@ -29,14 +29,15 @@ from attribution.errors import (
     InvalidParameterError,
     JobCancelledError,
 )
-from attribution.estimate import Estimate, estimate
 from attribution.explanation import Explanation
 from attribution.methods import get_method
-from attribution.metrics.check import MethodCheck, check_methods
-from attribution.metrics.randomisation import cascading_units
 from attribution.models import DEFAULT_MODELS, Adapter, Inputs, load_image
 from attribution.params import validate_params
 from attribution.run import ProgressCallback
+
+if TYPE_CHECKING:  # imported where used: a plain explanation needs neither
+    from attribution.estimate import Estimate
+    from attribution.metrics.check import MethodCheck
 
 __all__ = [
     "BatchRequest",
@@ -189,7 +190,7 @@ class ExplainRequest(InputRequest[Explanation]):
 
 
 @dataclass(frozen=True, kw_only=True)
-class EstimateRequest(InputRequest[Estimate]):
+class EstimateRequest(InputRequest["Estimate"]):
     """What an explanation would cost, without running it."""
 
     method: str
@@ -202,6 +203,8 @@ class EstimateRequest(InputRequest[Estimate]):
 
     def run_on(self, adapter: Adapter, run: JobContext) -> Estimate:
         """The estimate (the first on a model and input size calibrates it)."""
+        from attribution.estimate import estimate
+
         return estimate(adapter, self.method, run.prepare(self), self.params, self.evaluate)
 
 
@@ -222,6 +225,8 @@ def _refuse_if_slow(
     """
     if run.max_seconds is None:
         return
+    from attribution.estimate import estimate
+
     cost = estimate(adapter, method, inputs, params, evaluate)
     if cost.seconds * times > run.max_seconds:
         runs = f" ({times} runs of it)" if times > 1 else ""
@@ -245,7 +250,7 @@ def lighter(method: str) -> str:
 
 
 @dataclass(frozen=True, kw_only=True)
-class CheckRequest(InputRequest[MethodCheck]):
+class CheckRequest(InputRequest["MethodCheck"]):
     """
     Several methods on one input, compared.
 
@@ -264,6 +269,9 @@ class CheckRequest(InputRequest[MethodCheck]):
 
     def run_on(self, adapter: Adapter, run: JobContext) -> MethodCheck:
         """The explanations, their agreement and the randomisation checks."""
+        from attribution.metrics.check import check_methods
+        from attribution.metrics.randomisation import cascading_units
+
         inputs = run.prepare(self)
         runs = 1 + (len(cascading_units(adapter)) if self.randomise else 0)
         for method in self.methods:  # each method's share of the server's seconds

@@ -65,7 +65,11 @@ def explain(
     index = adapter.target_index(target, logits)
     probabilities = logits.softmax(-1)
     run = RunContext(
-        seed=seed, progress=progress, cancel=cancel, max_forward_passes=max_forward_passes
+        seed=seed,
+        progress=progress,
+        cancel=cancel,
+        max_forward_passes=max_forward_passes,
+        logits=logits,
     )
     run.count(forward=1)
     if isinstance(inputs, TextInputs) and inputs.truncated:

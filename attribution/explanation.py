@@ -6,10 +6,12 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:  # pandas is imported where a layer table is read or written
+    import pandas as pd
 
 __all__ = [
     "LAYER_COLUMNS",
@@ -200,6 +202,8 @@ def layer_table(records: list[dict[str, Any]] | list[tuple[Any, ...]]) -> pd.Dat
     Schema-1 records (``metric`` instead of ``measure``, no ``kv_head`` / ``component``) are
     read too: their component is ``block`` for layer rows and ``head`` for head rows.
     """
+    import pandas as pd
+
     if records and isinstance(records[0], dict):
         records = [_current(dict(r)) for r in records]
     frame = pd.DataFrame.from_records(records, columns=list(LAYER_COLUMNS))
@@ -220,7 +224,7 @@ def _current(record: dict[str, Any]) -> dict[str, Any]:
         record["measure"] = record.pop("metric")
     record.setdefault("kv_head", None)
     if "component" not in record:
-        record["component"] = "block" if pd.isna(record.get("head")) else "head"
+        record["component"] = "block" if _missing(record.get("head")) else "head"
     return record
 
 
@@ -230,11 +234,21 @@ def _layer_records(frame: pd.DataFrame | None) -> list[dict[str, Any]] | None:
     return [
         {
             "layer": int(row.layer),
-            "head": None if pd.isna(row.head) else int(row.head),
-            "kv_head": None if pd.isna(row.kv_head) else int(row.kv_head),
+            "head": None if _missing(row.head) else int(row.head),
+            "kv_head": None if _missing(row.kv_head) else int(row.kv_head),
             "component": str(row.component),
             "measure": str(row.measure),
             "value": float(row.value),
         }
         for row in frame.itertuples(index=False)
     ]
+
+
+def _missing(value: Any) -> bool:
+    """A null head: None, NaN or pandas' NA (as ``pd.isna`` on a scalar)."""
+    if value is None:
+        return True
+    try:
+        return bool(value != value)  # NaN; pandas' NA raises on bool()
+    except TypeError:
+        return True

@@ -27,12 +27,15 @@ class RunContext:
         progress: Optional callback receiving (done, total).
         cancel: Optional event; once set, :meth:`step` raises :class:`JobCancelledError`.
         max_forward_passes: Optional budget; :meth:`plan` refuses jobs that need more.
+        logits: The input's own logits, which :func:`attribution.explain` computes before the
+            method runs (a method reads them with :meth:`clean_logits` instead of a pass).
     """
 
     seed: int = 0
     progress: ProgressCallback | None = None
     cancel: threading.Event | None = None
     max_forward_passes: int | None = None
+    logits: torch.Tensor | None = None
     forward_passes: int = 0
     backward_passes: int = 0
     warnings: list[str] = field(default_factory=list)
@@ -73,6 +76,12 @@ class RunContext:
         """Record model passes (reported in ``Explanation.timings``)."""
         self.forward_passes += forward
         self.backward_passes += backward
+
+    def clean_logits(self) -> torch.Tensor:
+        """The input's own logits (one row), computed once by :func:`attribution.explain`."""
+        if self.logits is None:
+            raise RuntimeError("the input's logits are set by attribution.explain before a method")
+        return self.logits
 
     def warn(self, message: str) -> None:
         """Attach a warning to the Explanation."""

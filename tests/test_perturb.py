@@ -188,7 +188,7 @@ def test_progress_reports_forward_passes_and_cancel_stops_between_batches(quadra
         progress=lambda done, total: seen.append((done, total)),
     )
     assert seen == [(0, 40), (16, 40), (32, 40), (40, 40)]
-    assert explanation.timings.forward_passes == 40 + 2  # + prediction + class ranking
+    assert explanation.timings.forward_passes == 40 + 1  # + the prediction (it ranks classes)
     cancel = threading.Event()
     calls: list[int] = []
 
@@ -240,3 +240,20 @@ def test_out_of_memory_on_the_input_itself_is_a_clear_error(bert, monkeypatch):
     monkeypatch.setattr(bert, "logits", out_of_memory)
     with pytest.raises(DeviceMemoryError, match="on the input itself"):
         attribution.explain(bert, "gradient_x_input", inputs)
+
+
+def test_no_pass_is_spent_twice_rows_through_the_model_equal_the_reported_passes(
+    quadrant, monkeypatch
+):
+    """Count the rows the model actually sees: RISE reuses the prediction explain() made."""
+    seen_rows: list[int] = []
+    forward = quadrant.logits
+
+    def counting(**kwargs):
+        seen_rows.append(next(iter(kwargs.values())).shape[0])
+        return forward(**kwargs)
+
+    monkeypatch.setattr(quadrant, "logits", counting)
+    inputs = quadrant.preprocess(toys.white_image())
+    explanation = attribution.explain(quadrant, "rise", inputs, params={"n_masks": 40})
+    assert sum(seen_rows) == 40 + 1 == explanation.timings.forward_passes

@@ -1,28 +1,28 @@
-"""Attribution methods. Each module registers one method; the tuple below is the registry."""
+"""
+Attribution methods, one per module; the catalog lists them and their metadata.
 
-from importlib import import_module
+Exports are imported on first use, and a method's module only when the method is asked for.
+"""
 
-from attribution.methods.base import Attribution, AttributionMethod
-from attribution.methods.registry import available_methods, get_method, register
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from attribution.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from attribution.methods.base import Attribution, AttributionMethod
+    from attribution.methods.registry import available_methods, get_method, register
 
 __all__ = ["Attribution", "AttributionMethod", "available_methods", "get_method", "register"]
 
-#: Every method module, imported explicitly (each registers its class with ``@register``).
-METHOD_MODULES = (
-    "attention_flow",
-    "attnlrp",
-    "deeplift",
-    "deeplift_shap",
-    "gradcam",
-    "gradient_x_input",
-    "integrated_gradients",
-    "layers",
-    "occlusion",
-    "pa_lrp",
-    "rise",
-    "rollout",
-    "shap_method",
-    "sobol",
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "Attribution": "attribution.methods.base",
+        "AttributionMethod": "attribution.methods.base",
+        "available_methods": "attribution.methods.registry",
+        "get_method": "attribution.methods.registry",
+        "register": "attribution.methods.registry",
+    },
 )
-for _module in METHOD_MODULES:
-    import_module(f"{__name__}.{_module}")

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import pandas as pd
 
 from attribution.models.base import Adapter, Inputs
 from attribution.params import Param
 from attribution.run import RunContext
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["Attribution", "AttributionMethod", "Passes"]
 

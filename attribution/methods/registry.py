@@ -1,11 +1,22 @@
-"""Explicit method registry: a decorator adds a class by name; lookups fail loudly."""
+"""
+Explicit method registry: each method module registers its class with ``@register``.
+
+Lookups import only the module of the method asked for (the catalog names it), so a command
+pays for Captum, shap or SciPy's graph code only when it runs a method that needs them.
+"""
 
 from __future__ import annotations
 
-from attribution.errors import UnknownMethodError
-from attribution.methods.base import AttributionMethod
+from importlib import import_module
+from typing import TYPE_CHECKING
 
-__all__ = ["available_methods", "get_method", "register"]
+from attribution.errors import UnknownMethodError
+from attribution.methods.catalog import METHOD_MODULES, catalog_entries, method_module
+
+if TYPE_CHECKING:
+    from attribution.methods.base import AttributionMethod
+
+__all__ = ["available_methods", "get_method", "register", "registered"]
 
 _REGISTRY: dict[str, type[AttributionMethod]] = {}
 
@@ -21,19 +32,27 @@ def register(cls: type[AttributionMethod]) -> type[AttributionMethod]:
 
 def get_method(name: str) -> type[AttributionMethod]:
     """
-    The method registered as ``name``.
+    The method registered as ``name`` (importing its module on first use).
 
     Raises:
-        UnknownMethodError: listing every registered name.
+        UnknownMethodError: listing every method's name.
     """
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise UnknownMethodError(
-            f"unknown method '{name}'; available: {', '.join(sorted(_REGISTRY))}"
-        ) from None
+    if name not in _REGISTRY:
+        module = method_module(name)
+        if module is None:
+            names = ", ".join(entry["name"] for entry in catalog_entries())
+            raise UnknownMethodError(f"unknown method '{name}'; available: {names}")
+        import_module(f"attribution.methods.{module}")
+    return _REGISTRY[name]
 
 
 def available_methods() -> list[type[AttributionMethod]]:
-    """All registered methods, sorted by name."""
+    """All methods, sorted by name (imports every method module)."""
+    for module in METHOD_MODULES:
+        import_module(f"attribution.methods.{module}")
+    return registered()
+
+
+def registered() -> list[type[AttributionMethod]]:
+    """The methods registered so far, sorted by name."""
     return [_REGISTRY[k] for k in sorted(_REGISTRY)]

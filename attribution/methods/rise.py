@@ -146,7 +146,7 @@ class RISE(AttributionMethod):
     def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
         """The model passes :meth:`attribute` spends on ``inputs``."""
         batch = params["batch_size"] or auto_batch_size(adapter, inputs)
-        return Passes(params["n_masks"] + 1, batch=batch, exact=params["tolerance"] is None)
+        return Passes(params["n_masks"], batch=batch, exact=params["tolerance"] is None)
 
     @classmethod
     def attribute(
@@ -165,7 +165,7 @@ class RISE(AttributionMethod):
             adapter.device,
             params["n_segments"] if params["segments"] == "slic" else None,
         )
-        classes = _classes(adapter, inputs, target, run)
+        classes = _classes(run.clean_logits(), target)
         first = masks.batch(0, 1)
         estimator = RiseEstimator(classes, first[0].numel(), params["p"])
         batch_size = params["batch_size"] or auto_batch_size(adapter, inputs)
@@ -196,10 +196,7 @@ class RISE(AttributionMethod):
         return Attribution(scores=maps[0], maps={"std_error": std_error, **extra}, metrics=metrics)
 
 
-def _classes(adapter: Adapter, inputs: Inputs, target: int, run: RunContext) -> list[int]:
+def _classes(logits: torch.Tensor, target: int) -> list[int]:
     """The target first, then the top predicted classes (their maps come at little cost)."""
-    with torch.no_grad():
-        logits = adapter.logits(**inputs.model_kwargs())[0]
-    run.count(forward=1)
     top = logits.topk(min(TOP_CLASSES, logits.numel())).indices.tolist()
     return [target, *(c for c in top if c != target)]

@@ -1,16 +1,25 @@
-"""Model adapters: ``load(spec)`` turns an alias, hub id or local directory into an Adapter."""
+"""
+Model adapters: ``load(spec)`` turns an alias, hub id or local directory into an Adapter.
+
+Exports are imported on first use: the catalog of built-in models needs no torch.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import torch
+from attribution.lazy import lazy_exports
 
-from attribution.errors import InvalidInputError, UnknownModelError
-from attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
-from attribution.models.builtin import BUILTIN_MODELS, DEFAULT_MODELS, BuiltinModel, default_model
-from attribution.models.hub import download, load_pretrained
-from attribution.models.images import load_image
+if TYPE_CHECKING:
+    from attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
+    from attribution.models.catalog import (
+        BUILTIN_MODELS,
+        DEFAULT_MODELS,
+        BuiltinModel,
+        default_model,
+    )
+    from attribution.models.images import load_image
+    from attribution.models.loading import load
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -25,46 +34,18 @@ __all__ = [
     "load_image",
 ]
 
-
-def load(
-    spec: str,
-    device: str | torch.device | None = None,
-    labels: Sequence[str] | None = None,
-    hub_only: bool = False,
-) -> Adapter:
-    """
-    Load a model by built-in alias, Hugging Face hub id or local directory.
-
-    Args:
-        spec: e.g. ``"minilm-zeroshot"``, ``"textattack/bert-base-uncased-SST-2"`` or a path.
-        device: ``"cpu"``, ``"cuda"``, ...; defaults to CUDA when available.
-        labels: Label names for zero-shot models (``with_labels``).
-        hub_only: Treat ``spec`` as a hub id only, never as a local folder (servers).
-
-    Raises:
-        UnknownModelError: The spec names nothing loadable.
-        ModelLoadError: The model exists but is of an unsupported family.
-    """
-    spec = (spec or "").strip()
-    if not spec:
-        raise UnknownModelError(f"no model given; built-in aliases: {', '.join(BUILTIN_MODELS)}")
-    if spec in BUILTIN_MODELS:
-        adapter = BUILTIN_MODELS[spec].build()
-    elif hub_only:
-        adapter = load_pretrained(download(spec), model_id=spec)
-    else:
-        adapter = load_pretrained(spec)
-    adapter.model.to(_device(device))
-    return adapter.with_labels(labels) if labels else adapter
-
-
-def _device(device: str | torch.device | None) -> torch.device:
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        resolved = torch.device(device)
-    except RuntimeError:
-        raise InvalidInputError(f"unknown device '{device}'; use cpu or cuda") from None
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise InvalidInputError("device 'cuda' was asked for, but no CUDA GPU is available")
-    return resolved
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "BUILTIN_MODELS": "attribution.models.catalog",
+        "DEFAULT_MODELS": "attribution.models.catalog",
+        "BuiltinModel": "attribution.models.catalog",
+        "default_model": "attribution.models.catalog",
+        "Adapter": "attribution.models.base",
+        "ImageInputs": "attribution.models.base",
+        "Inputs": "attribution.models.base",
+        "TextInputs": "attribution.models.base",
+        "load_image": "attribution.models.images",
+        "load": "attribution.models.loading",
+    },
+)

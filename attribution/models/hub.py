@@ -95,7 +95,7 @@ def _config(spec: str, name: str, revision: str | None) -> Any:
 
 
 def _not_found(spec: str) -> str:
-    from attribution.models.builtin import BUILTIN_MODELS
+    from attribution.models.catalog import BUILTIN_MODELS
 
     return (
         f"model '{spec}' is not a built-in alias, not a local model directory, and could not "

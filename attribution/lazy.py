@@ -1,0 +1,33 @@
+"""Package exports imported on first use, so that light commands never import torch."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+from importlib import import_module
+from typing import Any
+
+__all__ = ["lazy_exports"]
+
+
+def lazy_exports(
+    package: str, exports: Mapping[str, str]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """
+    A package's ``__getattr__`` and ``__dir__`` for ``exports`` (name -> defining module).
+
+    The first access imports the defining module and keeps the value on the package.
+    """
+
+    def __getattr__(name: str) -> Any:
+        module = exports.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(import_module(module), name)
+        setattr(sys.modules[package], name, value)
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted({*vars(sys.modules[package]), *exports})
+
+    return __getattr__, __dir__

@@ -1,0 +1,72 @@
+"""
+Commands import only what they use: listing models and methods needs neither torch nor
+transformers, an explanation imports its own method's module and no other, and the method
+catalog that makes this possible equals what the method classes say of themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from attribution.methods.catalog import METHOD_MODULES, catalog_entries, live_entries
+
+#: Runs the CLI in a fresh interpreter and reports its output and what it imported.
+_PROBE = """
+import contextlib, io, json, sys
+out = io.StringIO()
+code = 0
+with contextlib.redirect_stdout(out):
+    from app.cli import main
+    try:
+        code = main(sys.argv[1:]) or 0
+    except SystemExit as done:
+        code = done.code
+print(json.dumps({"code": code, "out": out.getvalue(), "modules": sorted(sys.modules)}))
+"""
+
+
+def _run(*args: str) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE, *args], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_catalog_equals_what_the_methods_say_of_themselves():
+    assert list(catalog_entries()) == live_entries()
+    assert sorted(e["module"] for e in catalog_entries()) == sorted(METHOD_MODULES)
+
+
+def test_listing_commands_import_neither_torch_nor_transformers():
+    for args, expected in (
+        (("models",), "minilm-zeroshot"),
+        (("methods",), "integrated_gradients"),
+        (("--help",), "explain"),
+        (("--version",), "attrlab 0.1.0"),
+    ):
+        result = _run(*args)
+        assert result["code"] == 0, args
+        assert expected in result["out"], args
+        heavy = {m.split(".")[0] for m in result["modules"]} & {"torch", "transformers", "numpy"}
+        assert not heavy, (args, heavy)
+    listed = json.loads(_run("methods", "--format", "json")["out"])
+    assert [m["name"] for m in listed] == [e["name"] for e in catalog_entries()]
+    assert listed[0]["params"] == catalog_entries()[0]["params"]
+
+
+def test_an_explanation_imports_its_own_method_and_no_other():
+    result = _run(
+        "explain",
+        *("--model", "tiny-random-bert", "--method", "gradient_x_input"),
+        *("--text", "a fine day", "--device", "cpu", "--format", "json"),
+    )
+    assert result["code"] == 0
+    assert json.loads(result["out"])["method"] == "gradient_x_input"
+    modules = set(result["modules"])
+    loaded = {m for m in METHOD_MODULES if f"attribution.methods.{m}" in modules}
+    assert loaded == {"gradient_x_input"}
+    for unused in ("shap", "gradio", "fastapi", "plotly", "kaleido", "ray", "pandas"):
+        assert unused not in modules, unused
