@@ -44,6 +44,8 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/layer_report.py
 	$(BIN)/python benchmarks/leaderboard.py
 	$(BIN)/python benchmarks/serving.py
+	$(BIN)/python benchmarks/estimate.py
+	$(BIN)/python benchmarks/startup.py
 
 # A Hugging Face Space's files: the committed tree with the Space's README (its metadata) and
 # a requirements.txt listing pyproject's runtime and embedded dependencies and ZeroGPU's

@@ -56,10 +56,10 @@ class Estimate:
         )
 
 
-#: Batch widths the calibration times per device type and pass kind. On a CPU a row costs about
-#: the same beyond 16, so a batch is priced at the nearest width below; on a GPU a row keeps
-#: getting cheaper up to large batches, so wider batches are timed and a batch is priced between
-#: the widths around it (linear in log width).
+#: Batch widths the calibration times per device type and pass kind; a batch is priced between
+#: the widths around it (linear in log width). A GPU row keeps getting cheaper up to large
+#: batches, so wider batches are timed there; a CPU row can get dearer past a few dozen rows
+#: (EfficientNet-Lite0's per-row cost doubles from 16 to 64 rows as its activations leave cache).
 _WIDTHS = {
     ("cpu", "forward"): (1, 16, 64),
     ("cpu", "backward"): (1, 16, 64),
@@ -101,7 +101,7 @@ class Calibration:
                 if below == 1:
                     raise
                 above, below = below, max(w for w in widths if w < below)
-        if not cuda or above == below:
+        if above == below:
             return low
         try:  # the wider width may not fit beside the model even where the batch does
             high = self._seconds_at(kind, above)
@@ -127,6 +127,7 @@ class Calibration:
 
         adapter, inputs = self.adapter, self.inputs
         cuda = adapter.device.type == "cuda"
+        repeats = 2 if width < 64 else 1  # wide passes vary less and cost the most to repeat
         if cuda:
             torch.cuda.reset_peak_memory_stats(adapter.device)
             resting = torch.cuda.memory_allocated(adapter.device)
@@ -138,7 +139,7 @@ class Calibration:
                     with torch.no_grad():
                         adapter.logits(**rows)
 
-                seconds = _best(forward, adapter.device) / width
+                seconds = _best(forward, adapter.device, repeats) / width
             elif width == 1:  # gradient × input: 2 forwards and 1 backward in all
                 spent = _best(lambda: explain(adapter, "gradient_x_input", inputs), adapter.device)
                 seconds = max(spent - 2 * self.seconds("forward", 1), 0.0)
@@ -147,6 +148,7 @@ class Calibration:
                 spent = _best(
                     lambda: explain(adapter, "integrated_gradients", inputs, params=params),
                     adapter.device,
+                    repeats,
                 )
                 single = self.seconds("forward", 1)
                 seconds = max((spent - 3 * single) / width - self.seconds("forward", width), 0.0)
