@@ -8,7 +8,7 @@ import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -574,10 +574,17 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def _version() -> str:
+    try:
+        return version("attrlab")
+    except PackageNotFoundError:  # run from a checkout that is not installed
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``attrlab`` command."""
     parser = argparse.ArgumentParser(prog="attrlab", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"attrlab {version('attrlab')}")
+    parser.add_argument("--version", action="version", version=f"attrlab {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     explain = sub.add_parser("explain", help="explain one text or image")

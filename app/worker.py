@@ -612,49 +612,40 @@ class ExplainWorker:
         cancel: threading.Event,
         lane: _Lane,
     ) -> Result:
-        with lane.running:
-            return self._run_on_lane(request, progress, cancel, lane)
-
-    def _run_on_lane(
-        self,
-        request: WorkerRequest[Result],
-        progress: ProgressCallback,
-        cancel: threading.Event,
-        lane: _Lane,
-    ) -> Result:
-        adapter = self.adapter(request.model, request.labels, lane)
-        if request.next_token and adapter.family != "decoder-lm":
-            raise InvalidInputError(
-                f"a next-token explanation needs a decoder LM; model '{adapter.model_id}' is a "
-                f"{adapter.family} (the default LM is '{DEFAULT_MODELS['next-token']}')"
-            )
-
-        def prepare(instance: Instance) -> Inputs:
-            if cancel.is_set():
-                raise JobCancelledError("the job was cancelled")
-            if instance.problem is not None:
-                raise InvalidInputError(instance.problem)
-            self.settings.check_request(instance.text, None, instance.target, request.seed)
-            if adapter.modality != instance.modality:
+        with lane.running:  # one job at a time on a device, queued or run in place
+            adapter = self.adapter(request.model, request.labels, lane)
+            if request.next_token and adapter.family != "decoder-lm":
                 raise InvalidInputError(
-                    f"model '{adapter.model_id}' takes {_article(adapter.modality)} as input, "
-                    f"but the request gives {_article(instance.modality)}"
+                    f"a next-token explanation needs a decoder LM; model '{adapter.model_id}' is a "
+                    f"{adapter.family} (the default LM is '{DEFAULT_MODELS['next-token']}')"
                 )
-            raw = (
-                instance.text
-                if instance.text is not None
-                else load_image(instance.image, max_pixels=self.settings.max_image_pixels)
-            )
-            return adapter.preprocess(raw)
 
-        context = JobContext(
-            progress,
-            cancel,
-            self.settings.max_forward_passes,
-            self.settings.max_seconds,
-            prepare,
-        )
-        return request.run_on(adapter, context)
+            def prepare(instance: Instance) -> Inputs:
+                if cancel.is_set():
+                    raise JobCancelledError("the job was cancelled")
+                if instance.problem is not None:
+                    raise InvalidInputError(instance.problem)
+                self.settings.check_request(instance.text, None, instance.target, request.seed)
+                if adapter.modality != instance.modality:
+                    raise InvalidInputError(
+                        f"model '{adapter.model_id}' takes {_article(adapter.modality)} as input, "
+                        f"but the request gives {_article(instance.modality)}"
+                    )
+                raw = (
+                    instance.text
+                    if instance.text is not None
+                    else load_image(instance.image, max_pixels=self.settings.max_image_pixels)
+                )
+                return adapter.preprocess(raw)
+
+            context = JobContext(
+                progress,
+                cancel,
+                self.settings.max_forward_passes,
+                self.settings.max_seconds,
+                prepare,
+            )
+            return request.run_on(adapter, context)
 
     def close(self) -> None:
         """Stop accepting work, cancel what is queued or running, and release the models."""

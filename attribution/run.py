@@ -5,11 +5,15 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from attribution.errors import BudgetExceededError, JobCancelledError
+
+if TYPE_CHECKING:
+    from attribution.models.base import Adapter, Inputs
 
 __all__ = ["ProgressCallback", "RunContext"]
 
@@ -35,7 +39,7 @@ class RunContext:
     progress: ProgressCallback | None = None
     cancel: threading.Event | None = None
     max_forward_passes: int | None = None
-    logits: torch.Tensor | None = None
+    logits: torch.Tensor | None = field(default=None, repr=False, compare=False)
     forward_passes: int = 0
     backward_passes: int = 0
     warnings: list[str] = field(default_factory=list)
@@ -77,10 +81,17 @@ class RunContext:
         self.forward_passes += forward
         self.backward_passes += backward
 
-    def clean_logits(self) -> torch.Tensor:
-        """The input's own logits (one row), computed once by :func:`attribution.explain`."""
+    def clean_logits(self, adapter: Adapter, inputs: Inputs) -> torch.Tensor:
+        """
+        The input's own logits (one row), computed once per run.
+
+        :func:`attribution.explain` sets them before the method runs; a method called on its
+        own spends one counted forward pass, kept for the rest of the run.
+        """
         if self.logits is None:
-            raise RuntimeError("the input's logits are set by attribution.explain before a method")
+            with torch.no_grad():
+                self.logits = adapter.logits(**inputs.model_kwargs())[0]
+            self.count(forward=1)
         return self.logits
 
     def warn(self, message: str) -> None:

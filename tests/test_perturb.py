@@ -257,3 +257,17 @@ def test_no_pass_is_spent_twice_rows_through_the_model_equal_the_reported_passes
     inputs = quadrant.preprocess(toys.white_image())
     explanation = attribution.explain(quadrant, "rise", inputs, params={"n_masks": 40})
     assert sum(seen_rows) == 40 + 1 == explanation.timings.forward_passes
+
+
+def test_rise_called_on_its_own_spends_one_counted_pass_for_the_prediction(quadrant):
+    from attribution.methods import get_method
+    from attribution.params import validate_params
+
+    rise = get_method("rise")
+    inputs = quadrant.preprocess(toys.white_image())
+    run = RunContext(seed=0)
+    params = validate_params(rise.params, {"n_masks": 24})
+    direct = rise.attribute(quadrant, inputs, 0, params, run)
+    assert run.forward_passes == 24 + 1
+    through = attribution.explain(quadrant, "rise", inputs, target=0, params={"n_masks": 24})
+    np.testing.assert_allclose(direct.scores, through.scores)

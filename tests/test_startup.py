@@ -70,3 +70,33 @@ def test_an_explanation_imports_its_own_method_and_no_other():
     assert loaded == {"gradient_x_input"}
     for unused in ("shap", "gradio", "fastapi", "plotly", "kaleido", "ray", "pandas"):
         assert unused not in modules, unused
+
+
+def test_explain_stays_the_function_when_its_module_is_imported_first():
+    """``attribution.explain`` is an export and a submodule: the import must not swap them."""
+    script = (
+        "import attribution.metrics, attribution.estimate, attribution\n"
+        "from attribution import explain\n"
+        "print(callable(attribution.explain), callable(explain))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.stdout.split() == ["True", "True"], done.stderr[-2000:]
+
+
+def test_a_method_whose_library_is_missing_is_refused_by_name():
+    script = (
+        "import sys\n"
+        "sys.modules['shap'] = None  # as if shap were not installed\n"
+        "from attribution.errors import UnsupportedMethodError\n"
+        "from attribution.methods import get_method\n"
+        "try:\n"
+        "    get_method('shap')\n"
+        "except UnsupportedMethodError as err:\n"
+        "    print(err)\n"
+        "print(get_method('rise').name)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.stdout.splitlines() == [
+        "method 'shap' needs the package 'shap', which is not installed",
+        "rise",
+    ], done.stderr[-2000:]

@@ -3,7 +3,7 @@ Every method's metadata and module, readable without importing torch or any meth
 
 ``catalog.json`` holds, per method, what :meth:`AttributionMethod.describe` gives (name, title,
 paper, modalities, needs, category, parameter schema) and the module that implements it:
-``attrlab methods`` and ``--help`` read it, and the registry imports a method's module (with its
+``attrlab methods`` reads it, and the registry imports a method's module (with its
 heavy dependencies: Captum, shap, SciPy's graph code) only when the method is asked for. The
 methods' class attributes stay the one source: ``python -m attribution.methods.catalog`` writes
 the file from them, and a test fails when it differs from the live classes.
@@ -67,7 +67,9 @@ def live_entries() -> list[dict[str, Any]]:
 def write_catalog() -> Path:
     """Write ``catalog.json`` from the method classes."""
     path = Path(__file__).with_name(_FILE)
-    path.write_text(json.dumps(live_entries(), indent=1, ensure_ascii=False) + "\n")
+    path.write_text(
+        json.dumps(live_entries(), indent=1, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
     return path
 
 

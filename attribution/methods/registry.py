@@ -10,7 +10,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING
 
-from attribution.errors import UnknownMethodError
+from attribution.errors import UnknownMethodError, UnsupportedMethodError
 from attribution.methods.catalog import METHOD_MODULES, catalog_entries, method_module
 
 if TYPE_CHECKING:
@@ -36,13 +36,19 @@ def get_method(name: str) -> type[AttributionMethod]:
 
     Raises:
         UnknownMethodError: listing every method's name.
+        UnsupportedMethodError: the method's library is not installed.
     """
+    module = method_module(name)
+    if name not in _REGISTRY and module is not None:
+        try:
+            import_module(f"attribution.methods.{module}")
+        except ImportError as err:  # an optional library the method runs on
+            raise UnsupportedMethodError(
+                f"method '{name}' needs the package '{err.name}', which is not installed"
+            ) from None
     if name not in _REGISTRY:
-        module = method_module(name)
-        if module is None:
-            names = ", ".join(entry["name"] for entry in catalog_entries())
-            raise UnknownMethodError(f"unknown method '{name}'; available: {names}")
-        import_module(f"attribution.methods.{module}")
+        names = sorted({entry["name"] for entry in catalog_entries()} | set(_REGISTRY))
+        raise UnknownMethodError(f"unknown method '{name}'; available: {', '.join(names)}")
     return _REGISTRY[name]
 
 

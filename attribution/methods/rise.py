@@ -165,7 +165,7 @@ class RISE(AttributionMethod):
             adapter.device,
             params["n_segments"] if params["segments"] == "slic" else None,
         )
-        classes = _classes(run.clean_logits(), target)
+        classes = _classes(run.clean_logits(adapter, inputs), target)
         first = masks.batch(0, 1)
         estimator = RiseEstimator(classes, first[0].numel(), params["p"])
         batch_size = params["batch_size"] or auto_batch_size(adapter, inputs)
