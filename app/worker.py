@@ -32,6 +32,7 @@ from attribution.errors import (
 from attribution.explanation import Explanation
 from attribution.methods import get_method
 from attribution.models import DEFAULT_MODELS, Adapter, Inputs, load_image
+from attribution.models.loading import resolve_device
 from attribution.params import validate_params
 from attribution.run import ProgressCallback
 
@@ -341,10 +342,11 @@ class BatchRequest(WorkerRequest[list[InstanceResults]]):
 
     def costs(self) -> list[EstimateRequest]:
         """One estimate per instance and method."""
-        common = {"model": self.model, "labels": self.labels, "seed": self.seed}
         return [
             EstimateRequest(
-                **common,
+                model=self.model,
+                labels=self.labels,
+                seed=self.seed,
                 next_token=self.next_token,
                 text=instance.text,
                 image=instance.image,
@@ -439,15 +441,17 @@ def visible_devices(device: str | None = None) -> list[str]:
     The devices a worker runs on: each visible GPU for ``None`` or ``"cuda"``, else ``device``.
 
     A comma-separated list names several (``"cuda:0,cuda:2"``); each gets its own lane.
+
+    Raises:
+        InvalidInputError: an unknown device, or CUDA where no GPU is visible.
     """
     if device is None or device.strip() == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count:
-            return [f"cuda:{index}" for index in range(count)]
         if device is not None:
-            raise InvalidInputError("device 'cuda' was asked for, but no GPU is visible")
-        return ["cpu"]
-    return [part.strip() for part in device.split(",") if part.strip()] or ["cpu"]
+            resolve_device("cuda")  # refuses CUDA where no GPU is visible
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return [f"cuda:{index}" for index in range(count)] or ["cpu"]
+    parts = [part.strip() for part in device.split(",") if part.strip()]
+    return [str(resolve_device(part)) for part in parts] or ["cpu"]
 
 
 class _Lane:

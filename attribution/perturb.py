@@ -46,7 +46,6 @@ __all__ = [
     "Perturbation",
     "TextPerturbation",
     "auto_batch_size",
-    "autocast_for",
     "box_blur",
     "forward_row_bytes",
     "perturbation_for",
@@ -422,10 +421,7 @@ def forward_row_bytes(adapter: Adapter, inputs: Inputs) -> int:
             except torch.cuda.OutOfMemoryError:
                 torch.cuda.empty_cache()
         else:
-            raise DeviceMemoryError(
-                f"model '{adapter.model_id}' runs out of GPU memory even one input at a time; "
-                "use a smaller input or another device"
-            )
+            raise _one_row_too_large(adapter)
     return _ROW_BYTES[key]
 
 
@@ -439,7 +435,14 @@ def _probe(adapter: Adapter, inputs: Inputs, rows: int) -> int:
     return max(1, (torch.cuda.max_memory_allocated(adapter.device) - resting) // rows)
 
 
-def autocast_for(adapter: Adapter, precision: str) -> contextlib.AbstractContextManager[object]:
+def _one_row_too_large(adapter: Adapter) -> DeviceMemoryError:
+    return DeviceMemoryError(
+        f"model '{adapter.model_id}' runs out of GPU memory even one input at a time; use a "
+        "smaller input or another device"
+    )
+
+
+def _autocast(adapter: Adapter, precision: str) -> contextlib.AbstractContextManager[object]:
     """CUDA autocast to ``precision`` for a model on a GPU; nothing elsewhere or for float32."""
     if adapter.device.type != "cuda" or precision == "float32":
         return contextlib.nullcontext()
@@ -459,8 +462,9 @@ class BatchRunner:
         batch_size: Largest batch; halved for the rest of the job on CUDA out-of-memory.
         total: Expected forward passes of the job (for progress).
         report: Report progress in forward passes (off where the caller reports its own).
-        precision: ``float32``, or a half type for CUDA autocast of the forwards (logits come
-            back as float32 either way, so estimators accumulate in full precision).
+        precision: One of :data:`PRECISIONS` (checked by the methods' parameter schema):
+            ``float32``, or a half type for CUDA autocast of the forwards (logits come back as
+            float32 either way, so estimators accumulate in full precision).
     """
 
     def __init__(
@@ -472,8 +476,6 @@ class BatchRunner:
         report: bool = True,
         precision: str = "float32",
     ) -> None:
-        if precision not in PRECISIONS:
-            raise InvalidParameterError(f"precision must be one of {', '.join(PRECISIONS)}")
         if precision != "float32" and adapter.device.type != "cuda":
             run.warn(f"precision={precision} applies on a GPU; this run used float32")
         self.adapter = adapter
@@ -533,14 +535,11 @@ class BatchRunner:
         self, forward: Callable[[int, int], torch.Tensor], start: int, stop: int
     ) -> torch.Tensor | None:
         try:
-            with torch.no_grad(), autocast_for(self.adapter, self.precision):
+            with torch.no_grad(), _autocast(self.adapter, self.precision):
                 return forward(start, stop)
         except torch.cuda.OutOfMemoryError:
             if self.batch_size == 1:
-                raise DeviceMemoryError(
-                    f"model '{self.adapter.model_id}' runs out of GPU memory even one input "
-                    "at a time; use a smaller input or another device"
-                ) from None
+                raise _one_row_too_large(self.adapter) from None
         self.batch_size = max(1, self.batch_size // 2)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

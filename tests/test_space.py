@@ -257,3 +257,13 @@ def test_page_shows_the_estimate_before_run_and_an_eta_while_running(worker):
     _run(lambda r, report: worker.explain(r, progress=report), request, progress)
     assert re.fullmatch(r"([\d,]+)/\1 forward passes", seen[-1])
     assert any(re.search(r"forward passes, (≈ [\d,]+ s|< 1 s) left$", d) for d in seen)
+
+
+def test_a_bad_slot_limit_is_a_clear_settings_error(worker, monkeypatch):
+    from app.settings import SettingsError
+
+    with pytest.raises(SettingsError, match="ATTRLAB_SPACE_MAX_SLOT must be at least 1 s"):
+        space.SpaceRunner(worker, max_slot_s=0)
+    monkeypatch.setenv("ATTRLAB_SPACE_MAX_SLOT", "two minutes")
+    with pytest.raises(SettingsError, match="must be a whole number of seconds"):
+        space.build_space(ServerSettings.unrestricted())

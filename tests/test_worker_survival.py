@@ -186,5 +186,10 @@ def test_device_cuda_without_a_gpu_is_a_clear_error(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert visible_devices(None) == ["cpu"]
-    with pytest.raises(InvalidInputError, match="no GPU is visible"):
+    assert visible_devices(" cpu, cpu ") == ["cpu", "cpu"]
+    with pytest.raises(InvalidInputError, match="no CUDA GPU is available"):
         visible_devices("cuda")
+    with pytest.raises(InvalidInputError, match="no CUDA GPU is available"):
+        visible_devices("cpu,cuda:1")
+    with pytest.raises(InvalidInputError, match="unknown device 'gpu'; use cpu or cuda"):
+        visible_devices("gpu")

@@ -11,7 +11,7 @@ from attribution.models.base import Adapter
 from attribution.models.catalog import BUILTIN_MODELS
 from attribution.models.hub import download, load_pretrained
 
-__all__ = ["load"]
+__all__ = ["load", "resolve_device"]
 
 
 def load(
@@ -42,11 +42,17 @@ def load(
         adapter = load_pretrained(download(spec), model_id=spec)
     else:
         adapter = load_pretrained(spec)
-    adapter.model.to(_device(device))
+    adapter.model.to(resolve_device(device))
     return adapter.with_labels(labels) if labels else adapter
 
 
-def _device(device: str | torch.device | None) -> torch.device:
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """
+    ``device`` as a torch device (``None``: CUDA when available).
+
+    Raises:
+        InvalidInputError: an unknown device, or CUDA where no GPU is available.
+    """
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
