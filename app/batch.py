@@ -14,7 +14,7 @@ import itertools
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,13 +25,16 @@ import pyarrow.parquet as pq
 
 from app.jobs import cut_torn_tail, instance_json
 from app.worker import BatchRequest, ExplainWorker, Instance
-from attribution.errors import InvalidInputError
+from attribution.errors import AttrlabError, InvalidInputError
 
 __all__ = [
+    "IMAGE_SUFFIXES",
     "BatchConfig",
     "DatasetRow",
     "ResultFile",
+    "dataset_rows",
     "explain_rows",
+    "numbered_lines",
     "pending_rows",
     "result_rows",
     "result_table",
@@ -60,6 +63,61 @@ class DatasetRow:
     target: int | str | None = None
     #: Why the row could not be read (bad JSON, a missing file): recorded as its result.
     problem: str | None = None
+
+
+#: Image files a folder (or an uploaded zip) contributes as rows.
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+
+
+def numbered_lines(text: str) -> Iterator[tuple[int, str]]:
+    """``(line number, line)`` of the non-blank lines of a text."""
+    return ((n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip())
+
+
+def dataset_rows(
+    lines: Iterable[tuple[int, str]], read_image: Callable[[str], bytes] | None
+) -> Iterator[DatasetRow]:
+    """
+    Rows from JSONL lines ``(number, line)``: ``{"id"?, "text" | "image", "target"?}``.
+
+    ``read_image`` reads an ``"image"`` line's name (a file beside the dataset, or a member of
+    an uploaded zip); without one, image lines are refused (a page's upload names no server
+    file). A line that cannot be read carries its problem, recorded as its result.
+    """
+    for number, line in lines:
+        key = f"line-{number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            yield DatasetRow(id=key, problem=f"line {number}: not JSON ({err.msg})")
+            continue
+        if not isinstance(record, dict) or ("text" in record) == ("image" in record):
+            problem = f'line {number}: give an object with "text" or "image" (a path)'
+            yield DatasetRow(id=key, problem=problem)
+            continue
+        if record.get("id") is not None:
+            key = str(record["id"])
+        target = record.get("target")
+        if target is not None and (isinstance(target, bool) or not isinstance(target, str | int)):
+            yield DatasetRow(id=key, problem=f"line {number}: target must be a label or an index")
+            continue
+        if "text" in record:
+            text = record["text"]
+            if not isinstance(text, str):
+                yield DatasetRow(id=key, problem=f"line {number}: text must be a string")
+                continue
+            yield DatasetRow(id=key, text=text, target=target)
+            continue
+        if read_image is None:
+            problem = f"line {number}: images come in a zip upload beside the JSONL"
+            yield DatasetRow(id=key, problem=problem)
+            continue
+        try:
+            image = read_image(str(record["image"]))
+        except AttrlabError as err:
+            yield DatasetRow(id=key, problem=f"line {number}: {err}")
+            continue
+        yield DatasetRow(id=key, image=image, target=target)
 
 
 @dataclass(frozen=True)

@@ -265,12 +265,12 @@ def _batch_rows(path: str) -> Iterator[Any]:
     A line is ``{"id"?, "text" | "image": path relative to the file, "target"?}``; a row that
     cannot be read carries its problem, recorded as its result.
     """
-    from app.batch import DatasetRow
+    from app.batch import IMAGE_SUFFIXES, DatasetRow, dataset_rows
     from attribution.errors import InvalidInputError
 
     source = Path(path).expanduser()
     if source.is_dir():
-        for file in sorted(p for p in source.iterdir() if p.suffix.lower() in _IMAGE_SUFFIXES):
+        for file in sorted(p for p in source.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES):
             try:
                 yield DatasetRow(id=file.name, image=_read_image_file(str(file)))
             except AttrlabError as err:
@@ -278,49 +278,23 @@ def _batch_rows(path: str) -> Iterator[Any]:
         return
     if not source.is_file():
         raise InvalidInputError(f"input '{path}' is neither a JSONL file nor a folder of images")
-    for number, line in _text_lines(source, path):
-        key = f"line-{number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            yield DatasetRow(id=key, problem=f"line {number}: not JSON ({err.msg})")
-            continue
-        if not isinstance(record, dict) or ("text" in record) == ("image" in record):
-            problem = f'line {number}: give an object with "text" or "image" (a path)'
-            yield DatasetRow(id=key, problem=problem)
-            continue
-        if record.get("id") is not None:
-            key = str(record["id"])
-        target = record.get("target")
-        if target is not None and (isinstance(target, bool) or not isinstance(target, str | int)):
-            yield DatasetRow(id=key, problem=f"line {number}: target must be a label or an index")
-            continue
-        if "text" in record:
-            text = record["text"]
-            if not isinstance(text, str):
-                yield DatasetRow(id=key, problem=f"line {number}: text must be a string")
-                continue
-            yield DatasetRow(id=key, text=text, target=target)
-            continue
-        try:
-            image = _read_image_file(str(source.parent / str(record["image"])))
-        except AttrlabError as err:
-            yield DatasetRow(id=key, problem=f"line {number}: {err}")
-            continue
-        yield DatasetRow(id=key, image=image, target=target)
+    yield from dataset_rows(
+        _text_lines(source, path), lambda name: _read_image_file(str(source.parent / name))
+    )
 
 
 def _text_lines(file: Path, name: str) -> Iterator[tuple[int, str]]:
     """``(line number, line)`` of the non-blank lines of a UTF-8 text file."""
+    from app.batch import numbered_lines
     from attribution.errors import InvalidInputError
 
     try:
-        lines = file.read_text(encoding="utf-8").splitlines()
+        text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise InvalidInputError(
             f"input file '{name}' cannot be read as UTF-8 text: {err}"
         ) from None
-    return ((number, line) for number, line in enumerate(lines, start=1) if line.strip())
+    return numbered_lines(text)
 
 
 def _jsonl_records(path: str, target: str | None) -> Iterator[tuple[Any, Any, str]]:
@@ -360,10 +334,8 @@ def _dataset_items(path: str, target: str | None) -> Iterator[Any]:
         yield DatasetItem(raw, item_target)
 
 
-_IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
-
-
 def _evaluate(args: argparse.Namespace) -> int:
+    from app.batch import IMAGE_SUFFIXES
     from app.worker import ExplainWorker
     from attribution.errors import InvalidInputError
     from attribution.methods import available_methods
@@ -380,7 +352,7 @@ def _evaluate(args: argparse.Namespace) -> int:
             folder = Path(args.images).expanduser()
             if not folder.is_dir():
                 raise InvalidInputError(f"image folder '{args.images}' does not exist")
-            files = sorted(p for p in folder.iterdir() if p.suffix.lower() in _IMAGE_SUFFIXES)
+            files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
             items: Any = (EvalItem(_read_image_file(str(f)), args.target, f.name) for f in files)
         elif args.input is not None:
             items = (EvalItem(*record) for record in _jsonl_records(args.input, args.target))

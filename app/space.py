@@ -148,8 +148,8 @@ class SpaceRunner:
         """The page's estimate before Run, without touching the GPU."""
         seconds = self.priced_s(request)
         if seconds is None:
-            return "Cost: known after the first run of this model, method and parameters."
-        return f"Cost: ≈ {seconds:,.1f} s on the GPU (from the estimates of earlier runs)"
+            return "known after the first run of this model, method and parameters"
+        return f"≈ {seconds:,.1f} s on the GPU (from the estimates of earlier runs)"
 
     def run(
         self, request: WorkerRequest[Result], progress: ProgressCallback | None = None

@@ -1,92 +1,758 @@
-"""Gradio page: a text, a prompt's next token or an image; a model and a method; the map."""
+"""
+The web page: a text, a prompt's next token or an image, explained by methods side by side.
+
+Each map comes with how far it can be trusted; other tabs show which layers and heads carried
+the prediction, evaluate methods, and batch-explain a dataset.
+
+Wiring only: every request goes through the worker (or a Space's GPU slots), every figure comes
+from :mod:`viz`. The tabs for layers, evaluation and batches are in :mod:`app.ui_layers` and
+:mod:`app.ui_batch`.
+"""
 
 from __future__ import annotations
 
 import logging
+import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import gradio as gr
 import numpy as np
 
 from app.errors import public_message
-from app.worker import ExplainRequest, ExplainWorker, parse_param_pairs
+from app.worker import (
+    CheckRequest,
+    ExplainRequest,
+    ExplainWorker,
+    PreviewRequest,
+    WorkerRequest,
+)
 from attribution.errors import AttrlabError
 from attribution.explanation import Explanation
-from attribution.methods import available_methods
+from attribution.methods.catalog import catalog_entries
 from attribution.models import BUILTIN_MODELS, default_model
 from attribution.run import ProgressCallback
-from viz import heatmap_overlay, token_figure, token_highlights
 
-__all__ = ["build_ui"]
+__all__ = ["PageRunner", "build_ui"]
 
 log = logging.getLogger(__name__)
 
 SAMPLE_TEXT = "I loved this movie, the acting was wonderful."
 SAMPLE_PROMPT = "The capital of France is"
-DEFAULT_METHOD = "integrated_gradients"
-#: One backward pass, conservative, and built for decoder LMs.
-DEFAULT_NEXT_TOKEN_METHOD = "attnlrp"
-
-
-def _choices(modality: str, next_token: bool = False) -> tuple[list[str], list[str]]:
-    """Built-in models of the tab (classifiers, or decoder LMs for next tokens) and methods."""
-    models = [
-        name
-        for name, m in BUILTIN_MODELS.items()
-        if m.modality == modality and m.next_token == next_token
-    ]
-    methods = [
-        m.name
-        for m in available_methods()
-        if modality in m.modalities and m.category == "attribution"
-    ]
-    return models, methods
-
-
-def _summary(explanation: Explanation) -> dict[str, Any]:
-    data = explanation.to_dict()
-    return {k: data[k] for k in ("target", "predictions", "metrics", "timings", "warnings")}
-
+#: Methods ticked when a tab opens: fast on a CPU, and of two families (gradient and LRP).
+DEFAULT_METHODS = {
+    "text": ["integrated_gradients", "attnlrp"],
+    "next": ["attnlrp", "gradient_x_input"],
+    "image": ["gradient_x_input", "gradcam"],
+}
+#: Fields a shared link carries (the page's state in its URL; images stay out).
+LINK_FIELDS = ("tab", "model", "methods", "text", "labels", "target", "seed")
 
 #: How a page's request is run: through the worker's queue, or (a Space) in a GPU slot.
-Runner = Callable[[ExplainRequest, ProgressCallback], Explanation]
+Runner = Callable[[WorkerRequest[Any], ProgressCallback], Any]
 
 
-def _run(run: Runner, request: ExplainRequest, progress: gr.Progress) -> Explanation:
-    """Run a request with a progress bar; user errors become a message, bugs a generic one."""
+class PageRunner:
+    """
+    Runs the page's requests with a progress bar and an ETA; Cancel stops a session's job.
+
+    With a ``run`` (a Space's GPU slots) jobs cannot be stopped once started; Cancel then only
+    frees the page. User errors become a message on the page, bugs a generic one.
+    """
+
+    def __init__(self, worker: ExplainWorker, run: Runner | None = None) -> None:
+        self.worker = worker
+        self._run = run
+        self._jobs: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def __call__(
+        self, request: WorkerRequest[Any], progress: gr.Progress, session: str | None = None
+    ) -> Any:
+        report = _eta_reporter(progress)
+        try:
+            if self._run is not None:
+                return self._run(request, report)
+            job = self.worker.submit(request, progress=report)
+            key = session or ""
+            with self._lock:
+                self._jobs[key] = job
+            try:
+                return job.result()
+            finally:
+                with self._lock:
+                    if self._jobs.get(key) is job:
+                        del self._jobs[key]
+        except gr.Error:  # already a message for the page (ZeroGPU's own errors among them)
+            raise
+        except AttrlabError as err:
+            raise gr.Error(public_message(str(err))) from None
+        except Exception:
+            log.exception("a page request failed")
+            raise gr.Error("internal error; the server log has details") from None
+
+    def cancel_handler(self) -> Callable[[gr.Request], None]:
+        """The Cancel button's handler: it stops the clicking session's job."""
+
+        def cancel(request: gr.Request) -> None:
+            self.cancel(_session(request))
+
+        return cancel
+
+    def cancel(self, session: str | None) -> None:
+        """Stop the session's job in the worker (it leaves no model patched)."""
+        with self._lock:
+            job = self._jobs.get(session or "")
+        if job is not None:
+            job.cancel()
+
+
+def _eta_reporter(progress: gr.Progress) -> ProgressCallback:
     started: list[float] = []  # when the passes began (not the wait, load and calibration)
 
     def report(done: int, total: int) -> None:
         if not started:
             started.append(time.monotonic())
-        start, eta = started[0], ""
+        eta = ""
         if 0 < done < total:  # the rate so far, over what is left
-            left = (time.monotonic() - start) / done * (total - done)
+            left = (time.monotonic() - started[0]) / done * (total - done)
             eta = f", ≈ {left:,.0f} s left" if left >= 1 else ", < 1 s left"
-        progress(done / max(total, 1), desc=f"{done:,}/{total:,} forward passes{eta}")
+        progress(done / max(total, 1), desc=f"{done:,}/{total:,} steps{eta}")
 
-    try:
-        return run(request, report)
-    except gr.Error:  # already a message for the page (ZeroGPU's own errors among them)
-        raise
-    except AttrlabError as err:
-        raise gr.Error(public_message(str(err))) from None
-    except Exception:
-        log.exception("explanation failed")
-        raise gr.Error("internal error while explaining; the server log has details") from None
+    return report
+
+
+def _session(request: gr.Request | None) -> str | None:
+    return None if request is None else request.session_hash
 
 
 def _queued_cost(worker: ExplainWorker, request: ExplainRequest) -> str:
-    """The estimate shown before Run, through the worker's queue (it calibrates once per model)."""
+    """One method's estimate, through the worker's queue (it calibrates once per model)."""
     try:
-        return f"Cost: {worker.explain(request.costs()[0]).summary()}"
+        return worker.explain(request.costs()[0]).summary()
     except AttrlabError as err:
-        return f"Cost: cannot estimate ({public_message(str(err))})"
+        return f"cannot estimate ({public_message(str(err))})"
     except Exception:
         log.exception("estimate failed")
-        return "Cost: cannot estimate (internal error; the server log has details)"
+        return "cannot estimate (internal error; the server log has details)"
+
+
+# --- methods and their parameters, from the catalog ---------------------------------------
+
+
+def _widget(method: str, name: str, spec: Mapping[str, Any]) -> Any:
+    """A widget for one parameter from its schema: a menu, a slider, a bounded number, text."""
+    kind, default, info = spec["type"], spec.get("default"), spec.get("help")
+    label = f"{name} (empty = automatic)" if default is None else name
+    elem_id = f"param-{method}-{name}"
+    if "enum" in spec:
+        return gr.Dropdown(list(spec["enum"]), value=default, label=label, info=info)
+    if kind == "bool":
+        return gr.Checkbox(value=bool(default), label=name, info=info)
+    if kind in ("int", "float"):
+        low = spec.get("minimum", spec.get("exclusiveMinimum"))
+        high = spec.get("maximum", spec.get("exclusiveMaximum"))
+        if kind == "float" and default is not None and (low, high) == (0.0, 1.0):
+            return gr.Slider(0.0, 1.0, value=default, step=0.01, label=name, info=info)
+        return gr.Number(
+            value=default,
+            label=label,
+            info=info,
+            minimum=low,
+            maximum=high,
+            precision=0 if kind == "int" else None,
+            elem_id=elem_id,
+        )
+    return gr.Textbox(value=default or "", label=label, info=info, elem_id=elem_id)
+
+
+@dataclass
+class MethodControls:
+    """A tab's method picker, one parameter accordion per method, and their widgets."""
+
+    picker: gr.CheckboxGroup
+    notes: gr.Markdown
+    accordions: dict[str, gr.Accordion]
+    #: (method, parameter, default, widget), in the order their values arrive.
+    widgets: list[tuple[str, str, Any, Any]] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, modality: str, chosen: Sequence[str], prefix: str) -> MethodControls:
+        entries = [
+            e
+            for e in catalog_entries()
+            if modality in e["modalities"] and e["category"] == "attribution"
+        ]
+        names = [e["name"] for e in entries]
+        picker = gr.CheckboxGroup(
+            [(f"{e['name']} ({e['title']})", e["name"]) for e in entries],
+            value=[m for m in chosen if m in names],
+            label="Methods (side by side)",
+            elem_id=f"{prefix}-methods",
+        )
+        notes = gr.Markdown("", elem_id=f"{prefix}-method-notes")
+        controls = cls(picker, notes, {})
+        with gr.Accordion("Method parameters", open=False):
+            for entry in entries:
+                with gr.Accordion(
+                    f"{entry['title']} ({entry['name']})",
+                    open=False,
+                    visible=entry["name"] in chosen,
+                ) as accordion:
+                    if entry.get("paper"):
+                        gr.Markdown(f"[paper]({entry['paper']})")
+                    for name, spec in entry["params"].items():
+                        widget = _widget(entry["name"], name, spec)
+                        controls.widgets.append((entry["name"], name, spec.get("default"), widget))
+                controls.accordions[entry["name"]] = accordion
+        return controls
+
+    @property
+    def components(self) -> list[Any]:
+        return [w for *_, w in self.widgets]
+
+    def params(self, methods: Sequence[str], values: Mapping[Any, Any]) -> dict[str, dict]:
+        """Each chosen method's parameters that differ from their defaults."""
+        params: dict[str, dict[str, Any]] = {m: {} for m in methods}
+        for method, name, default, widget in self.widgets:
+            value = _whole(values.get(widget))
+            if method in params and value not in (None, "") and value != default:
+                params[method][name] = value
+        return {m: p for m, p in params.items() if p}
+
+    def wire(self, capabilities: gr.State) -> None:
+        """Show the chosen methods' parameters and why a chosen method cannot run."""
+
+        def show(chosen: list[str], reasons: dict[str, str | None] | None) -> list[Any]:
+            visible = [gr.update(visible=m in (chosen or [])) for m in self.accordions]
+            return [*visible, _method_notes(chosen or [], reasons or {})]
+
+        self.picker.change(
+            show,
+            [self.picker, capabilities],
+            [*self.accordions.values(), self.notes],
+            show_progress="hidden",
+            api_visibility="private",
+        )
+
+
+def _method_notes(chosen: Sequence[str], reasons: Mapping[str, str | None]) -> str:
+    """Why chosen methods cannot run on the loaded model, and which others cannot either."""
+    blocked = [f"**{m}** cannot run on this model: {reasons[m]}" for m in chosen if reasons.get(m)]
+    others = [m for m, why in reasons.items() if why and m not in chosen]
+    lines = [f"⚠ {line}" for line in blocked]
+    if others:
+        lines.append("Not for this model: " + ", ".join(f"{m} ({reasons[m]})" for m in others))
+    return "\n\n".join(lines)
+
+
+def _picker_choices(names: Sequence[str], reasons: Mapping[str, str | None]) -> list:
+    return [(f"{n} (not for this model)" if reasons.get(n) else n, n) for n in names]
+
+
+# --- results ------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    """What a run leaves in the session: its explanations, checks, input and inputs."""
+
+    explanations: dict[str, Explanation]
+    agreement: Any = None  # DataFrame of method pairs (two or more methods)
+    randomisation: Any = None  # DataFrame (randomisation check)
+    image: np.ndarray | None = None
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+def _detail_views(explanation: Explanation) -> list[str]:
+    """The extra views an explanation offers, by what it carries."""
+    views = ["scores" if explanation.tokens is not None else "map"]
+    if explanation.positional_scores is not None and explanation.tokens is not None:
+        views.append("token and positional relevance")
+    if {"input_relevance", "target_logit"} <= set(explanation.metrics):
+        views.append("conservation")
+    if "std_error" in explanation.maps and explanation.tokens is None:
+        views.append("standard error")
+    return views
+
+
+def _detail_figure(result: Result, choice: str) -> Any:
+    from viz import conservation_gauge, image_figure, positional_figure_tokens, token_figure
+    from viz.image import std_error_figure
+
+    method, _, view = choice.partition(" · ")
+    explanation = result.explanations[method]
+    if view == "token and positional relevance":
+        return positional_figure_tokens(explanation)
+    if view == "conservation":
+        return conservation_gauge(explanation)
+    if view == "standard error":
+        return std_error_figure(explanation, result.image)
+    if explanation.tokens is not None:
+        return token_figure(explanation)
+    return image_figure(explanation, result.image)
+
+
+def _detail_choices(result: Result) -> list[str]:
+    return [f"{m} · {v}" for m, e in result.explanations.items() for v in _detail_views(e)]
+
+
+def _summary(result: Result) -> dict[str, Any]:
+    kept = ["target", "predictions", "params", "metrics", "timings", "warnings", "seed"]
+    out = {}
+    for method, e in result.explanations.items():
+        data = e.to_dict()
+        # a text's scores are short; an image's map stays in the figure and the export
+        shown = [*kept, "tokens", "scores"] if e.tokens is not None else kept
+        out[method] = {k: data[k] for k in shown if k in data}
+    return out
+
+
+def _figures(result: Result) -> dict[str, Any]:
+    """Every figure of a run, for the export."""
+    from viz import (
+        image_grid_figure,
+        method_agreement_figure,
+        randomisation_figure,
+        token_figure,
+        trust_figure,
+    )
+
+    figures: dict[str, Any] = {}
+    if result.image is not None:
+        figures["maps"] = image_grid_figure(result.explanations, result.image)
+    for choice in _detail_choices(result):
+        if result.image is None or not choice.endswith(" · map"):
+            figures[choice.replace(" · ", "_").replace(" ", "_")] = _detail_figure(result, choice)
+    if result.image is None:
+        for method, e in result.explanations.items():
+            figures[f"{method}_scores"] = token_figure(e)
+    if result.agreement is not None and len(result.agreement):
+        figures["agreement"] = method_agreement_figure(result.agreement)
+    if result.randomisation is not None and len(result.randomisation):
+        figures["randomisation"] = randomisation_figure(result.randomisation)
+    with suppress(ValueError):  # no faithfulness scores were asked for
+        figures["trust"] = trust_figure(result.explanations)
+    return figures
+
+
+def export_bundle(result: Result, png: bool = True) -> Path:
+    """The run as a zip: Explanation JSON and arrays per method, figures, inputs, versions."""
+    from viz.bundle import write_bundle
+
+    folder = Path(tempfile.mkdtemp(prefix="attrlab-export-")) / "attrlab-export"
+    folder.mkdir()
+    return write_bundle(
+        result.explanations, _figures(result), folder, extra={"inputs": result.fields}, png=png
+    )
+
+
+def share_query(fields: Mapping[str, Any]) -> str:
+    """The query string that reopens a tab with these inputs."""
+    shown = {k: v for k, v in fields.items() if k in LINK_FIELDS and v not in (None, "", [])}
+    if isinstance(shown.get("methods"), list | tuple):
+        shown["methods"] = ",".join(shown["methods"])
+    return "?" + urlencode(shown)
+
+
+def _page_base(request: gr.Request | None) -> str:
+    """The page's own address, from the browser's request (no server setting needed)."""
+    if request is None:
+        return ""
+    referer = request.headers.get("referer", "") if request.headers else ""
+    return referer.split("?", 1)[0]
+
+
+# --- one explain tab (text, next token or image) ------------------------------------------
+
+
+@dataclass
+class TabSpec:
+    """What differs between the explain tabs."""
+
+    key: str  # "text", "next" or "image"
+    title: str
+    modality: str
+    next_token: bool = False
+
+
+def _explain_tab(
+    spec: TabSpec, runner: PageRunner, cost: Callable[[ExplainRequest], str]
+) -> dict[str, Any]:
+    """Build one explain tab; returns the components a shared link fills."""
+    key = spec.key
+    models = [
+        name
+        for name, m in BUILTIN_MODELS.items()
+        if m.modality == spec.modality and m.next_token == spec.next_token
+    ]
+    initial = default_model(spec.modality, next_token=spec.next_token)
+    capabilities = gr.State({})
+    last = gr.State(None)
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=3, min_width=360):
+            with gr.Row():
+                model = gr.Dropdown(
+                    models,
+                    value=initial,
+                    label="Model: built-in alias, hub id or local folder (as the server allows)",
+                    allow_custom_value=True,
+                    scale=2,
+                    elem_id=f"{key}-model",
+                )
+                labels = gr.Textbox(
+                    "positive, negative",
+                    label="Labels (zero-shot models)",
+                    visible=spec.key == "text",
+                    scale=1,
+                    elem_id=f"{key}-labels",
+                )
+            if spec.modality == "image":
+                source: Any = gr.Image(
+                    label="Image", type="numpy", height=240, elem_id=f"{key}-input"
+                )
+                gr.Examples(
+                    [[str(p)] for p in _example_images()],
+                    [source],
+                    label="Examples",
+                    elem_id=f"{key}-examples",
+                )
+            else:
+                source = gr.Textbox(
+                    SAMPLE_PROMPT if spec.next_token else SAMPLE_TEXT,
+                    label="Prompt" if spec.next_token else "Text",
+                    lines=2,
+                    elem_id=f"{key}-input",
+                )
+                gr.Examples(
+                    _example_texts(spec.next_token),
+                    [source],
+                    label="Examples",
+                    elem_id=f"{key}-examples",
+                )
+        with gr.Column(scale=2, min_width=280):
+            prediction = gr.Label(
+                num_top_classes=5, label="Top-5 predictions", elem_id=f"{key}-prediction"
+            )
+            with gr.Row():
+                target = gr.Dropdown(
+                    [("top prediction", "")],
+                    value="",
+                    label="Explain (from the top-5)",
+                    allow_custom_value=True,
+                    scale=2,
+                    elem_id=f"{key}-target",
+                )
+                predict = gr.Button(
+                    "Predict next tokens" if spec.next_token else "Predict",
+                    scale=1,
+                    elem_id=f"{key}-predict",
+                )
+    controls = MethodControls.build(spec.modality, DEFAULT_METHODS[key], key)
+    with gr.Row(equal_height=True):
+        trust = gr.Checkbox(False, label="Trust cards (faithfulness against random orders)")
+        randomise = gr.Checkbox(False, label="Randomisation check (one run per layer)")
+        seed = gr.Number(
+            0, label="Seed", precision=0, minimum=0, min_width=80, elem_id=f"{key}-seed"
+        )
+        run = gr.Button("Run", variant="primary", min_width=120, elem_id=f"{key}-run")
+        cancel = gr.Button("Cancel", variant="stop", min_width=100, elem_id=f"{key}-cancel")
+    cost_line = gr.Markdown("", elem_id=f"{key}-cost")
+    if spec.modality == "image":
+        maps: Any = gr.Plot(label="Maps", elem_id=f"{key}-maps")
+        opacity = gr.Slider(0.0, 1.0, 0.55, step=0.05, label="Opacity", elem_id=f"{key}-opacity")
+    else:
+        maps = gr.HTML(elem_id=f"{key}-maps")
+        opacity = None
+    with gr.Row():
+        agreement = gr.Plot(label="Agreement between methods", elem_id=f"{key}-agreement")
+        with gr.Column():
+            detail_choice = gr.Dropdown([], label="Details", elem_id=f"{key}-detail-choice")
+            detail = gr.Plot(label="Details", elem_id=f"{key}-detail")
+    cards = gr.HTML(elem_id=f"{key}-trust")
+    randomisation = gr.Plot(
+        label="Randomisation check", visible=False, elem_id=f"{key}-randomisation"
+    )
+    with gr.Row(equal_height=False):
+        export = gr.Button("Export bundle", scale=0, min_width=160, elem_id=f"{key}-export")
+        bundle = gr.File(label="Bundle", height=90, elem_id=f"{key}-bundle")
+        link = gr.Textbox(
+            label="Link to this view", lines=2, elem_id=f"{key}-link", buttons=["copy"]
+        )
+    with gr.Accordion("Raw results (JSON)", open=False):
+        raw = gr.JSON()
+
+    params_box = gr.JSON(visible=False)  # method -> parameters, gathered from the widgets
+    fields = [model, labels, source, target, controls.picker, trust, randomise, seed, params_box]
+    api = {"text": "text", "next": "next_token", "image": "image"}[key]
+
+    def instance(model_: str, labels_: str, source_: Any, target_: Any, seed_: Any) -> dict:
+        """The request's input and model fields from the page."""
+        if spec.modality == "image":
+            if source_ is None:
+                raise gr.Error("upload an image first")
+            data: dict[str, Any] = {"image": np.asarray(source_)}
+        else:
+            data = {"text": source_ or ""}
+        if isinstance(target_, str) and target_.strip().lstrip("-").isdigit():
+            target_ = int(target_)
+        return {
+            "model": model_,
+            "labels": _labels(labels_) if spec.key == "text" else None,
+            "target": target_ if target_ not in ("", None) else None,
+            "seed": _whole(seed_) or 0,
+            "next_token": spec.next_token,
+            **data,
+        }
+
+    def preview(model_, labels_, source_, target_, seed_, chosen, request: gr.Request) -> list:
+        shown = runner(
+            PreviewRequest(**instance(model_, labels_, source_, target_, seed_)),
+            gr.Progress(),
+            _session(request),
+        )
+        reasons = shown.capabilities
+        choices = [("top prediction", "")] + [
+            (f"{p.label!r} ({p.probability:.3f})" if spec.next_token else p.label, str(p.index))
+            for p in shown.predictions
+        ]
+        return [
+            {p.label: p.probability for p in shown.predictions},
+            gr.update(choices=choices, value=""),
+            gr.update(choices=_picker_choices(_names(controls), reasons)),
+            _method_notes(chosen or [], reasons),
+            reasons,
+        ]
+
+    predict.click(
+        preview,
+        [model, labels, source, target, seed, controls.picker],
+        [prediction, target, controls.picker, controls.notes, capabilities],
+        api_name=f"predict_{api}",
+    )
+    controls.wire(capabilities)
+
+    def explain(
+        model_,
+        labels_,
+        source_,
+        target_,
+        methods,
+        trust_,
+        randomise_,
+        seed_,
+        params,
+        request: gr.Request,
+        progress=gr.Progress(),  # noqa: B008
+    ) -> list:
+        methods = list(methods or [])
+        if not methods:
+            raise gr.Error("choose at least one method")
+        base = instance(model_, labels_, source_, target_, seed_)
+        params = params if isinstance(params, dict) else {}
+        if len(methods) == 1 and not randomise_:
+            explanation = runner(
+                ExplainRequest(
+                    **base,
+                    method=methods[0],
+                    params=params.get(methods[0], {}),
+                    evaluate=bool(trust_),
+                ),
+                progress,
+                _session(request),
+            )
+            result = Result({methods[0]: explanation})
+        else:
+            check = runner(
+                CheckRequest(
+                    **base,
+                    methods=tuple(methods),
+                    params={m: p for m, p in params.items() if m in methods},
+                    evaluate=bool(trust_),
+                    randomise=bool(randomise_),
+                ),
+                progress,
+                _session(request),
+            )
+            result = Result(check.explanations, check.agreement, check.randomisation)
+        if spec.modality == "image":
+            result.image = np.asarray(base["image"])[..., :3]
+        result.fields = {
+            "tab": key,
+            "model": base["model"],
+            "methods": methods,
+            "text": base.get("text"),
+            "labels": labels_ if spec.key == "text" else None,
+            "target": target_,
+            "seed": base["seed"],
+            "params": params,
+        }
+        return show(result, request)
+
+    def show(result: Result, request: gr.Request | None) -> list[Any]:
+        from viz import image_grid_figure, method_agreement_figure, randomisation_figure
+        from viz.text import token_columns_html
+        from viz.trust import trust_card_html
+
+        if result.image is not None:
+            shown_maps = image_grid_figure(result.explanations, result.image, 0.55)
+        else:
+            shown_maps = token_columns_html(result.explanations)
+        compared = result.agreement is not None and len(result.agreement) > 0
+        checked = result.randomisation is not None and len(result.randomisation) > 0
+        choices = _detail_choices(result)
+        cards_html = "".join(trust_card_html(e) for e in result.explanations.values())
+        return [
+            shown_maps,
+            gr.update(
+                value=method_agreement_figure(result.agreement) if compared else None,
+                visible=compared,
+            ),
+            gr.update(choices=choices, value=choices[0] if choices else None),
+            _detail_figure(result, choices[0]) if choices else None,
+            f'<div class="trust-cards">{cards_html}</div>',
+            gr.update(
+                value=randomisation_figure(result.randomisation) if checked else None,
+                visible=checked,
+            ),
+            _summary(result),
+            _page_base(request) + share_query(result.fields),
+            result,
+            _top(next(iter(result.explanations.values()))),
+            *([gr.update(value=0.55)] if opacity is not None else []),
+        ]
+
+    def gather(chosen: list[str] | None, *values: Any) -> dict[str, dict[str, Any]]:
+        return controls.params(chosen or [], dict(zip(controls.components, values, strict=True)))
+
+    outputs = [maps, agreement, detail_choice, detail, cards, randomisation, raw, link, last]
+    outputs += [prediction]
+    outputs += [opacity] if opacity is not None else []
+    gathered = run.click(
+        gather,
+        [controls.picker, *controls.components],
+        params_box,
+        api_visibility="private",
+        show_progress="hidden",
+    )
+    running = gathered.then(
+        explain, fields, outputs, api_name=f"explain_{api}", concurrency_id=f"run-{key}"
+    )
+    cancel.click(
+        runner.cancel_handler(),
+        [],
+        [],
+        cancels=[running],
+        api_name=f"cancel_{api}",
+    )
+
+    def redraw_detail(choice: str | None, result: Result | None) -> Any:
+        if result is None or not choice:
+            return None
+        return _detail_figure(result, choice)
+
+    detail_choice.change(
+        redraw_detail,
+        [detail_choice, last],
+        detail,
+        show_progress="hidden",
+        api_visibility="private",
+    )
+    if opacity is not None:
+
+        def redraw_maps(alpha: float, result: Result | None) -> Any:
+            from viz import image_grid_figure
+
+            if result is None or result.image is None:
+                raise gr.Error("run an explanation first; the slider sets its maps' opacity")
+            return image_grid_figure(result.explanations, result.image, alpha)
+
+        opacity.release(
+            redraw_maps, [opacity, last], maps, show_progress="hidden", api_name=f"opacity_{api}"
+        )
+
+    def download(result: Result | None) -> str:
+        if result is None:
+            raise gr.Error("run an explanation first; the bundle holds its results")
+        return str(export_bundle(result))
+
+    export.click(download, [last], bundle, api_name=f"export_{api}")
+
+    def price(
+        model_, labels_, source_, target_, seed_, chosen: list[str] | None, *values: Any
+    ) -> str:
+        methods = list(chosen or [])
+        if not methods:
+            return ""
+        try:
+            base = instance(model_, labels_, source_, target_, seed_)
+        except gr.Error as err:
+            return f"Cost: cannot estimate ({err.message})"
+        params = controls.params(methods, dict(zip(controls.components, values, strict=True)))
+        lines = [
+            f"{m}: {cost(ExplainRequest(**base, method=m, params=params.get(m, {})))}"
+            for m in methods
+        ]
+        return "Cost before Run: " + "; ".join(lines)
+
+    for component in (model, source, controls.picker):
+        listen = component.blur if isinstance(component, gr.Textbox) else component.change
+        listen(
+            price,
+            [model, labels, source, target, seed, controls.picker, *controls.components],
+            cost_line,
+            show_progress="hidden",
+            api_visibility="private",
+            concurrency_limit=1,
+            concurrency_id=f"cost-{key}",
+            trigger_mode="always_last",
+        )
+    return {
+        "model": model,
+        "labels": labels,
+        "text": None if spec.modality == "image" else source,
+        "target": target,
+        "methods": controls.picker,
+        "seed": seed,
+    }
+
+
+def _top(explanation: Explanation) -> dict[str, float]:
+    """The prediction panel: the top outputs and their probabilities."""
+    return {p.label: p.probability for p in explanation.predictions}
+
+
+def _names(controls: MethodControls) -> list[str]:
+    return list(controls.accordions)
+
+
+def _labels(text: str | None) -> list[str] | None:
+    return [s.strip() for s in (text or "").split(",") if s.strip()] or None
+
+
+def _example_texts(next_token: bool) -> list[list[str]]:
+    from importlib import resources
+
+    if next_token:
+        return [
+            [SAMPLE_PROMPT],
+            ["When Mary and John went to the store, John gave a drink to"],
+        ]
+    lines = resources.files("assets").joinpath("sentiment_samples.txt").read_text("utf-8")
+    return [[line.split("\t")[0]] for line in lines.splitlines() if line.strip()][:6]
+
+
+def _example_images() -> list[Path]:
+    from importlib import resources
+
+    folder = resources.files("assets").joinpath("eval", "images")
+    return sorted(Path(str(p)) for p in folder.iterdir() if p.name.endswith(".jpg"))[:4]
 
 
 def build_ui(
@@ -97,217 +763,65 @@ def build_ui(
     """
     The Blocks app; every handler goes through ``worker``.
 
-    ``run`` runs an explanation and ``cost`` gives the line shown before Run (defaults: the
+    ``run`` runs a request and ``cost`` gives a method's line shown before Run (defaults: the
     worker's queue, and its estimate; a ZeroGPU Space gives its slots and their prices).
     """
-    run = run or (lambda request, report: worker.explain(request, progress=report))
+    from app.ui_batch import batch_tab, evaluate_tab
+    from app.ui_layers import layers_tab
+
+    runner = PageRunner(worker, run)
     cost = cost or (lambda request: _queued_cost(worker, request))
-    text_models, text_methods = _choices("text")
-    lm_models, _ = _choices("text", next_token=True)
-    image_models, image_methods = _choices("image")
-
-    def text_request(model, method, text, labels, target, params, seed) -> ExplainRequest:
-        return ExplainRequest(
-            model=model,
-            method=method,
-            text=text,
-            labels=[s for s in (labels or "").split(",") if s.strip()] or None,
-            target=target or None,
-            params=_params(params),
-            seed=_whole(seed),
-        )
-
-    def next_token_request(model, method, prompt, target, params, seed) -> ExplainRequest:
-        return ExplainRequest(
-            model=model,
-            method=method,
-            text=prompt,
-            target=target or None,
-            params=_params(params),
-            seed=_whole(seed),
-            next_token=True,
-        )
-
-    def image_request(model, method, image, target, params, seed) -> ExplainRequest:
-        if image is None:
-            raise gr.Error("upload an image first")
-        return ExplainRequest(
-            model=model,
-            method=method,
-            image=np.asarray(image),
-            target=target or None,
-            params=_params(params),
-            seed=_whole(seed),
-        )
-
-    def cost_of(build: Callable[..., ExplainRequest]) -> Callable[..., str]:
-        def line(*fields: Any) -> str:
-            try:
-                request = build(*fields)
-            except gr.Error as err:
-                return f"Cost: cannot estimate ({err.message})"
-            return cost(request)
-
-        return line
-
-    def explain_text(
-        model,
-        method,
-        text,
-        labels,
-        target,
-        params,
-        seed,
-        progress=gr.Progress(),  # noqa: B008
-    ):
-        request = text_request(model, method, text, labels, target, params, seed)
-        return text_views(request, progress)
-
-    def explain_next_token(
-        model,
-        method,
-        prompt,
-        target,
-        params,
-        seed,
-        progress=gr.Progress(),  # noqa: B008
-    ):
-        request = next_token_request(model, method, prompt, target, params, seed)
-        return text_views(request, progress)
-
-    def text_views(request: ExplainRequest, progress: gr.Progress) -> tuple:
-        explanation = _run(run, request, progress)
-        return token_highlights(explanation), token_figure(explanation), _summary(explanation)
-
-    def explain_image(
-        model,
-        method,
-        image,
-        target,
-        params,
-        seed,
-        progress=gr.Progress(),  # noqa: B008
-    ):
-        request = image_request(model, method, image, target, params, seed)
-        explanation = _run(run, request, progress)
-        image = np.asarray(request.image)[..., :3]
-        return heatmap_overlay(explanation, image), _summary(explanation)
-
-    def price_on_change(
-        inputs: list[Any], shown: gr.Markdown, build: Callable[..., Any], affecting: list[Any]
-    ) -> None:
-        """
-        Re-estimate when what sets the cost changes (model, method, input, parameters).
-
-        One estimate at a time per tab, and only the latest change is priced.
-        """
-        for component in affecting:
-            listen = component.blur if isinstance(component, gr.Textbox) else component.change
-            listen(
-                cost_of(build),
-                inputs,
-                shown,
-                show_progress="hidden",
-                api_visibility="private",
-                concurrency_limit=1,
-                concurrency_id=f"cost-{shown.elem_id}",
-                trigger_mode="always_last",
-            )
-
+    specs = [
+        TabSpec("text", "Text classification", "text"),
+        TabSpec("next", "Next token", "text", next_token=True),
+        TabSpec("image", "Image", "image"),
+    ]
     with gr.Blocks(title="attrlab") as demo:
-        gr.Markdown("# attrlab\nWhy did the model predict that? Pick an input, a model, a method.")
-        with gr.Tab("Text"):
-            with gr.Row():
-                t_model = gr.Dropdown(
-                    text_models, value=text_models[0], label="Model", allow_custom_value=True
-                )
-                t_method = gr.Dropdown(text_methods, value=DEFAULT_METHOD, label="Method")
-            t_text = gr.Textbox(SAMPLE_TEXT, label="Text", lines=3, elem_id="text-input")
-            with gr.Row():
-                t_labels = gr.Textbox("positive, negative", label="Labels (zero-shot models)")
-                t_target = gr.Textbox("", label="Target (label or index; empty = top)")
-                t_params = gr.Textbox("", label="Parameters (key=value, ...)")
-                t_seed = gr.Number(0, label="Seed", precision=0)
-            t_cost = gr.Markdown("", elem_id="text-cost")
-            t_button = gr.Button("Explain", variant="primary", elem_id="text-explain")
-            t_tokens = gr.HighlightedText(label="Token relevance", elem_id="text-tokens")
-            t_plot = gr.Plot(label="Scores", elem_id="text-plot")
-            t_json = gr.JSON(label="Prediction and metrics")
-            t_button.click(
-                explain_text,
-                [t_model, t_method, t_text, t_labels, t_target, t_params, t_seed],
-                [t_tokens, t_plot, t_json],
-                api_name="explain_text",
-            )
-            text_inputs = [t_model, t_method, t_text, t_labels, t_target, t_params, t_seed]
-            price_on_change(
-                text_inputs, t_cost, text_request, [t_model, t_method, t_text, t_labels, t_params]
-            )
-        with gr.Tab("Next token"):
-            with gr.Row():
-                n_model = gr.Dropdown(
-                    lm_models,
-                    value=default_model("text", next_token=True),
-                    label="Language model",
-                    allow_custom_value=True,
-                    elem_id="next-model",
-                )
-                n_method = gr.Dropdown(
-                    text_methods, value=DEFAULT_NEXT_TOKEN_METHOD, label="Method"
-                )
-            n_prompt = gr.Textbox(SAMPLE_PROMPT, label="Prompt", lines=3, elem_id="next-prompt")
-            with gr.Row():
-                n_target = gr.Textbox(
-                    "", label="Next token to explain (e.g. ' Paris', or an id; empty = top)"
-                )
-                n_params = gr.Textbox("", label="Parameters (key=value, ...)")
-                n_seed = gr.Number(0, label="Seed", precision=0)
-            n_cost = gr.Markdown("", elem_id="next-cost")
-            n_button = gr.Button("Explain", variant="primary", elem_id="next-explain")
-            n_tokens = gr.HighlightedText(label="Prompt token relevance", elem_id="next-tokens")
-            n_plot = gr.Plot(label="Scores", elem_id="next-plot")
-            n_json = gr.JSON(label="Next-token prediction and metrics")
-            n_button.click(
-                explain_next_token,
-                [n_model, n_method, n_prompt, n_target, n_params, n_seed],
-                [n_tokens, n_plot, n_json],
-                api_name="explain_next_token",
-            )
-            price_on_change(
-                [n_model, n_method, n_prompt, n_target, n_params, n_seed],
-                n_cost,
-                next_token_request,
-                [n_model, n_method, n_prompt, n_params],
-            )
-        with gr.Tab("Image"):
-            with gr.Row():
-                i_model = gr.Dropdown(
-                    image_models, value=image_models[0], label="Model", allow_custom_value=True
-                )
-                i_method = gr.Dropdown(image_methods, value=DEFAULT_METHOD, label="Method")
-            with gr.Row():
-                i_image = gr.Image(label="Image", type="numpy", elem_id="image-input")
-                i_overlay = gr.Image(label="Heatmap", elem_id="image-heatmap")
-            with gr.Row():
-                i_target = gr.Textbox("", label="Target (label or index; empty = top)")
-                i_params = gr.Textbox("", label="Parameters (key=value, ...)")
-                i_seed = gr.Number(0, label="Seed", precision=0)
-            i_cost = gr.Markdown("", elem_id="image-cost")
-            i_button = gr.Button("Explain", variant="primary", elem_id="image-explain")
-            i_json = gr.JSON(label="Prediction and metrics")
-            i_button.click(
-                explain_image,
-                [i_model, i_method, i_image, i_target, i_params, i_seed],
-                [i_overlay, i_json],
-                api_name="explain_image",
-            )
-            price_on_change(
-                [i_model, i_method, i_image, i_target, i_params, i_seed],
-                i_cost,
-                image_request,
-                [i_model, i_method, i_image, i_params],
-            )
+        gr.Markdown(
+            "# attrlab\nWhy did the model predict that? Pick an input, a model and methods; "
+            "compare their maps, check how far each can be trusted, and see which layers and "
+            "heads carried the prediction."
+        )
+        filled: dict[str, dict[str, Any]] = {}
+        with gr.Tabs() as tabs:
+            for spec in specs:
+                with gr.Tab(spec.title, id=spec.key):
+                    filled[spec.key] = _explain_tab(spec, runner, cost)
+            with gr.Tab("Layers & heads", id="layers"):
+                layers_tab(runner)
+            with gr.Tab("Evaluate", id="evaluate"):
+                evaluate_tab(runner)
+            with gr.Tab("Batch", id="batch"):
+                batch_tab(runner)
+        _open_shared_link(demo, tabs, filled)
     return demo
+
+
+def _open_shared_link(
+    demo: gr.Blocks, tabs: gr.Tabs, filled: Mapping[str, Mapping[str, Any]]
+) -> None:
+    """A link's query string reopens its tab with its inputs (values are data, not paths)."""
+    order = [(key, name, c) for key, parts in filled.items() for name, c in parts.items() if c]
+
+    def restore(request: gr.Request) -> list[Any]:
+        query = dict(request.query_params) if request is not None else {}
+        tab = query.get("tab")
+        updates: list[Any] = [gr.update(selected=tab) if tab in filled else gr.update()]
+        for key, name, _ in order:
+            value = query.get(name)
+            if key != tab or value is None:
+                updates.append(gr.update())
+            elif name == "methods":
+                updates.append(gr.update(value=[m for m in value.split(",") if m]))
+            elif name == "seed":
+                updates.append(gr.update(value=int(value) if value.isdigit() else 0))
+            elif name == "target":
+                updates.append(gr.update(choices=[("top prediction", ""), value], value=value))
+            else:
+                updates.append(gr.update(value=value))
+        return updates
+
+    demo.load(restore, None, [tabs, *(c for *_, c in order)], api_visibility="private")
 
 
 def _whole(value: Any) -> Any:
@@ -315,10 +829,3 @@ def _whole(value: Any) -> Any:
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return value
-
-
-def _params(text: str | None) -> dict[str, str]:
-    try:
-        return parse_param_pairs((text or "").split(","))
-    except AttrlabError as err:
-        raise gr.Error(str(err)) from None

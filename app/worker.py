@@ -36,20 +36,28 @@ from attribution.models.loading import resolve_device
 from attribution.params import validate_params
 from attribution.run import ProgressCallback
 
-if TYPE_CHECKING:  # imported where used: a plain explanation needs neither
+if TYPE_CHECKING:  # imported where used: a plain explanation needs none of them
+    import pandas as pd
+
     from attribution.estimate import Estimate
+    from attribution.explain import Preview
+    from attribution.layers import HeadAblation
     from attribution.metrics.check import MethodCheck
 
 __all__ = [
+    "MAX_ABLATED_HEADS",
+    "AblationRequest",
     "BatchRequest",
     "CheckRequest",
     "EstimateRequest",
+    "EvaluateRequest",
     "ExplainRequest",
     "ExplainWorker",
     "InputRequest",
     "Instance",
     "InstanceResults",
     "Job",
+    "PreviewRequest",
     "QueueFullError",
     "TooSlowError",
     "WorkerClosedError",
@@ -60,7 +68,7 @@ __all__ = [
 ]
 
 
-#: What a job computes: an Explanation, or a check of several methods.
+#: What a job computes: an Explanation, a check of several methods, a preview, a table.
 Result = TypeVar("Result")
 
 
@@ -263,6 +271,7 @@ class CheckRequest(InputRequest["MethodCheck"]):
     params: dict[str, dict[str, Any]] = field(default_factory=dict)  # per method
     randomise: bool = False
     top_fraction: float = 0.1
+    evaluate: bool = False  # each map's faithfulness scores (the trust card) in its metrics
 
     def method_params(self) -> dict[str, dict[str, Any]]:
         """Each method and its parameters."""
@@ -282,7 +291,7 @@ class CheckRequest(InputRequest["MethodCheck"]):
                 method,
                 inputs,
                 self.params.get(method),
-                False,
+                self.evaluate,
                 replace(run, max_seconds=share),
                 runs,
             )
@@ -296,6 +305,157 @@ class CheckRequest(InputRequest["MethodCheck"]):
             self.randomise,
             self.top_fraction,
             progress=run.progress,
+            cancel=run.cancel,
+            max_forward_passes=run.max_forward_passes,
+            evaluate=self.evaluate,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreviewRequest(InputRequest["Preview"]):
+    """What the model predicts for one input and which methods apply, before choosing one."""
+
+    def method_params(self) -> dict[str, dict[str, Any]]:
+        """No method runs."""
+        return {}
+
+    def run_on(self, adapter: Adapter, run: JobContext) -> Preview:
+        """The top predictions (one forward pass) and each method's applicability."""
+        from attribution.explain import preview
+
+        return preview(adapter, run.prepare(self))
+
+
+#: The most heads one :class:`AblationRequest` zeroes.
+MAX_ABLATED_HEADS = 64
+
+
+@dataclass(frozen=True, kw_only=True)
+class AblationRequest(InputRequest["HeadAblation"]):
+    """
+    One method's map of one input, then again with chosen heads zeroed.
+
+    :func:`attribution.layers.ablate_heads_and_explain`: the same class explained both times.
+    """
+
+    method: str
+    heads: tuple[tuple[int, int], ...]
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def check(self, settings: ServerSettings) -> None:
+        """One to :data:`MAX_ABLATED_HEADS` heads (whether the model has them is its job's)."""
+        super().check(settings)
+        if not self.heads or len(self.heads) > MAX_ABLATED_HEADS:
+            raise InvalidParameterError(
+                f"name 1 to {MAX_ABLATED_HEADS} (layer, head) pairs to ablate; got "
+                f"{len(self.heads)}"
+            )
+
+    def method_params(self) -> dict[str, dict[str, Any]]:
+        """The one method and its parameters."""
+        return {self.method: self.params}
+
+    def costs(self) -> list[EstimateRequest]:
+        """The method's estimate, once for the plain map and once for the ablated one."""
+        fields = {f.name: getattr(self, f.name) for f in dataclass_fields(self)}
+        fields.pop("heads")
+        cost = EstimateRequest(**fields)
+        return [cost, cost]
+
+    def run_on(self, adapter: Adapter, run: JobContext) -> HeadAblation:
+        """Both maps (refused first when their estimate is over the server's seconds)."""
+        from attribution.layers import ablate_heads_and_explain
+
+        inputs = run.prepare(self)
+        _refuse_if_slow(adapter, self.method, inputs, self.params, False, run, times=2)
+        return ablate_heads_and_explain(
+            adapter,
+            self.method,
+            inputs,
+            self.target,
+            self.heads,
+            self.params,
+            self.seed,
+            progress=run.progress,
+            cancel=run.cancel,
+            max_forward_passes=run.max_forward_passes,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvaluateRequest(WorkerRequest["pd.DataFrame"]):
+    """
+    Which method to believe for a model: each method on the bundled items, scored.
+
+    :func:`attribution.metrics.evaluate_methods` on the first ``items`` of
+    :func:`attribution.metrics.bundled_items` (all of them by default); one row per item and
+    method that applies.
+    """
+
+    modality: str
+    methods: tuple[str, ...]
+    params: dict[str, dict[str, Any]] = field(default_factory=dict)  # per method
+    items: int | None = None
+    steps: int = 20
+    random_orders: int = 2
+
+    def check(self, settings: ServerSettings) -> None:
+        """A known modality, at least one method and one item, parameters only for them."""
+        from attribution.metrics import SCORES
+
+        super().check(settings)
+        if self.modality not in SCORES:
+            raise InvalidParameterError(
+                f"the modality is one of {', '.join(SCORES)}; got {self.modality!r}"
+            )
+        if not self.methods:
+            raise InvalidParameterError("name at least one method to evaluate")
+        if self.items is not None and self.items < 1:
+            raise InvalidParameterError(f"evaluate at least 1 item; got {self.items}")
+        unknown = set(self.params) - set(self.methods)
+        if unknown:
+            raise InvalidParameterError(
+                f"parameters are given for {', '.join(sorted(unknown))}, which is not evaluated"
+            )
+
+    def method_params(self) -> dict[str, dict[str, Any]]:
+        """Each method and its parameters."""
+        return {method: self.params.get(method, {}) for method in self.methods}
+
+    def run_on(self, adapter: Adapter, run: JobContext) -> pd.DataFrame:
+        """The per-item table (refused first when its estimate is over the server's seconds)."""
+        from attribution.metrics import bundled_items, evaluate_methods
+
+        if adapter.modality != self.modality:
+            raise InvalidInputError(
+                f"model '{adapter.model_id}' takes {_article(adapter.modality)} as input; "
+                f"the bundled {self.modality} items do not fit it"
+            )
+        items = bundled_items(self.modality)[: self.items]
+        total = len(items)
+        first = adapter.preprocess(items[0].raw)
+        for method in self.methods:  # each method's share of the server's seconds
+            share = run.max_seconds / len(self.methods) if run.max_seconds else None
+            if get_method(method).unsupported_reason(adapter) is None:  # left out otherwise
+                _refuse_if_slow(
+                    adapter,
+                    method,
+                    first,
+                    self.params.get(method),
+                    True,
+                    replace(run, max_seconds=share),
+                    total,
+                )
+        run.progress(0, total)
+        return evaluate_methods(
+            adapter,
+            items,
+            self.methods,
+            self.params,
+            self.steps,
+            self.random_orders,
+            self.seed,
+            progress=lambda done: run.progress(done, total),
             cancel=run.cancel,
             max_forward_passes=run.max_forward_passes,
         )

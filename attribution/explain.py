@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import asdict, dataclass
 from functools import cache
 from importlib import metadata
 from typing import Any
@@ -17,7 +18,7 @@ from attribution.models.base import Adapter, Inputs, TextInputs
 from attribution.params import validate_params
 from attribution.run import ProgressCallback, RunContext
 
-__all__ = ["explain", "predictions"]
+__all__ = ["Preview", "explain", "input_logits", "predictions", "preview"]
 
 TOP_K = 5
 
@@ -48,20 +49,10 @@ def explain(
     reason = method_cls.unsupported_reason(adapter)
     if reason is not None:
         raise UnsupportedMethodError(reason)
-    if inputs.modality != adapter.modality:
-        raise UnsupportedMethodError(
-            f"model '{adapter.model_id}' takes {adapter.modality} input, not {inputs.modality}"
-        )
+    _check_modality(adapter, inputs)
     checked = validate_params(method_cls.params, params)
     start = time.perf_counter()
-    try:
-        with torch.no_grad():
-            logits = adapter.logits(**inputs.model_kwargs())[0].double()
-    except torch.cuda.OutOfMemoryError:
-        raise DeviceMemoryError(
-            f"model '{adapter.model_id}' runs out of GPU memory on the input itself; use a "
-            "smaller input or another device"
-        ) from None
+    logits = input_logits(adapter, inputs)
     index = adapter.target_index(target, logits)
     probabilities = logits.softmax(-1)
     run = RunContext(
@@ -105,6 +96,65 @@ def explain(
         seed=seed,
         versions=package_versions(),
         warnings=run.warnings,
+    )
+
+
+def _check_modality(adapter: Adapter, inputs: Inputs) -> None:
+    if inputs.modality != adapter.modality:
+        raise UnsupportedMethodError(
+            f"model '{adapter.model_id}' takes {adapter.modality} input, not {inputs.modality}"
+        )
+
+
+def input_logits(adapter: Adapter, inputs: Inputs) -> torch.Tensor:
+    """
+    The model's own logits on ``inputs`` (float64, one row), without gradients.
+
+    Raises:
+        DeviceMemoryError: when even the input itself does not fit in GPU memory.
+    """
+    try:
+        with torch.no_grad():
+            return adapter.logits(**inputs.model_kwargs())[0].double()
+    except torch.cuda.OutOfMemoryError:
+        raise DeviceMemoryError(
+            f"model '{adapter.model_id}' runs out of GPU memory on the input itself; use a "
+            "smaller input or another device"
+        ) from None
+
+
+@dataclass
+class Preview:
+    """What the model predicts for an input before any method runs, and which methods apply."""
+
+    #: The top predictions, most probable first.
+    predictions: list[Prediction]
+    #: Method name -> why it does not apply to this model, or None where it does.
+    capabilities: dict[str, str | None]
+    tokens: list[str] | None
+    #: True for a decoder LM, whose outputs are its next-token guesses.
+    next_token: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        return asdict(self)
+
+
+def preview(adapter: Adapter, inputs: Inputs, k: int = TOP_K) -> Preview:
+    """
+    The model's top-``k`` predictions on ``inputs`` and each method's applicability (1 forward).
+
+    Raises:
+        UnsupportedMethodError: for an input of another modality than the model's.
+        DeviceMemoryError: as :func:`input_logits`.
+    """
+    _check_modality(adapter, inputs)
+    probabilities = input_logits(adapter, inputs).softmax(-1)
+    return Preview(
+        predictions=predictions(adapter, probabilities, k),
+        capabilities=adapter.capabilities(),
+        tokens=list(inputs.tokens) if isinstance(inputs, TextInputs) else None,
+        next_token=adapter.family == "decoder-lm",
     )
 
 

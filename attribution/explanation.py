@@ -74,9 +74,10 @@ class Explanation:
     ``scores`` holds one value per token (text) or per pixel of the model input (image, H×W).
     ``layers`` is a long-format table (:data:`LAYER_COLUMNS`: layer, head, kv_head, component,
     measure, value) with ``head`` and ``kv_head`` missing on whole-layer rows. ``maps`` holds
-    optional extra arrays of the same shape as ``scores``
-    (e.g. a per-pixel standard error). ``warnings`` tells the user what was changed or is
-    unreliable (input truncated, convergence delta large, ...).
+    optional extra arrays, most of the shape of ``scores`` (e.g. a per-pixel standard error),
+    some not (the ``layers`` method's ``token_per_layer``: one row of token scores per layer).
+    ``warnings`` tells the user what was changed or is unreliable (input truncated, convergence
+    delta large, ...).
     """
 
     model: ModelInfo

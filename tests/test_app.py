@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import io
-import socket
 import threading
 
 import numpy as np
@@ -209,80 +208,3 @@ def test_worker_model_cache_is_lru(worker):
     for spec in ("tiny-random-bert", "tiny-random-gpt2", "tiny-random-bert", "tiny-random-vit"):
         worker.adapter(spec)
     assert worker.status()["models_loaded"] == ["tiny-random-bert", "tiny-random-vit"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_gradio_page_explains_through_its_api(worker):
-    from gradio_client import Client
-
-    from app.ui import build_ui
-
-    demo = build_ui(worker)
-    port = _free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
-    try:
-        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
-        tokens, plot, summary = client.predict(
-            "minilm-zeroshot",
-            "gradient_x_input",
-            "A lovely, charming film.",
-            "positive, negative",
-            "",
-            "",
-            0,
-            api_name="/explain_text",
-        )
-        assert summary["target"]["label"] == "positive"
-        assert [t["token"] for t in tokens][:3] == ["[CLS]", "a", "lovely"]
-        assert plot["type"] == "plotly"
-        with pytest.raises(Exception, match="text is empty"):
-            client.predict(
-                "minilm-zeroshot",
-                "gradient_x_input",
-                "  ",
-                "positive, negative",
-                "",
-                "",
-                0,
-                api_name="/explain_text",
-            )
-    finally:
-        demo.close()
-
-
-def test_gradio_next_token_tab_defaults_to_smollm2_and_explains_a_decoder(worker):
-    from gradio_client import Client
-
-    from app.ui import build_ui
-
-    demo = build_ui(worker)
-    dropdown = next(
-        c for c in demo.config["components"] if c.get("props", {}).get("elem_id") == "next-model"
-    )
-    assert dropdown["props"]["value"] == "smollm2-135m"
-    port = _free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
-    try:
-        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
-        tokens, _plot, summary = client.predict(
-            "tiny-random-llama",
-            "attnlrp",
-            "the cat sat on the",
-            "",
-            "",
-            0,
-            api_name="/explain_next_token",
-        )
-        assert len(tokens) == 5  # one relevance per prompt token, no special tokens added
-        assert summary["target"]["index"] == summary["predictions"][0]["index"]
-        with pytest.raises(Exception, match="needs a decoder LM"):
-            client.predict(
-                "minilm-zeroshot", "attnlrp", "a text", "", "", 0, api_name="/explain_next_token"
-            )
-    finally:
-        demo.close()

@@ -1,12 +1,22 @@
-"""A person's path through the page in headless Debian Chromium: type, click, see the heatmap."""
+"""
+A researcher's path through the page in headless Debian Chromium.
+
+Each test fails if the page shows an error it did not expect. Screenshots go to
+``$ATTRLAB_SCREENSHOTS`` (default: a temporary folder), as CI artifacts.
+"""
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import socket
+import tempfile
+import zipfile
+from pathlib import Path
 
 import pytest
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import Page, expect, sync_playwright
 
 from app.ui import build_ui
 from app.worker import ExplainWorker
@@ -21,6 +31,9 @@ ARGS = [
     "--no-first-run",
     "--disable-sync",
 ]
+SHOTS = Path(os.environ.get("ATTRLAB_SCREENSHOTS") or tempfile.mkdtemp(prefix="attrlab-shots-"))
+#: What Gradio shows for an error: a toast (and the component's error frame).
+ERRORS = ".toast-body.error, .error-message"
 
 
 @pytest.fixture(scope="module")
@@ -37,39 +50,132 @@ def page_url():
 
 
 @pytest.fixture(scope="module")
-def page(page_url):
+def browser():
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        page = browser.new_page()
-        page.goto(page_url)
-        yield page
+        yield browser
         browser.close()
 
 
-def test_text_tab_shows_token_heatmap_and_plot(page):
-    page.locator("#text-input textarea").fill("An absolutely dreadful film.")
-    page.locator("#text-explain").click()
-    tokens = page.locator("#text-tokens span.token")  # HighlightedText renders one per token
-    expect(tokens.first).to_be_visible(timeout=60_000)
-    assert "dreadful" in " ".join(tokens.all_inner_texts())
-    expect(page.locator("#text-plot .js-plotly-plot")).to_be_visible()
-    expect(page.get_by_text('"negative"').first).to_be_visible()
+@pytest.fixture
+def page(browser, page_url, request):
+    context = browser.new_context(viewport={"width": 1440, "height": 900}, accept_downloads=True)
+    page = context.new_page()
+    page.goto(page_url)
+    yield page
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{request.node.name}.png"), full_page=True)
+    context.close()
 
 
-def test_text_tab_shows_a_clear_error_for_empty_text(page):
-    page.locator("#text-input textarea").fill("   ")
-    page.locator("#text-explain").click()
-    expect(page.get_by_text("the text is empty").first).to_be_visible(timeout=30_000)
+def _no_errors(page: Page) -> None:
+    errors = page.locator(ERRORS)
+    assert errors.count() == 0, errors.all_inner_texts()
 
 
-def test_image_tab_shows_heatmap_overlay(page, tmp_path):
-    from PIL import Image
-    from skimage import data
+def _tab(page: Page, name: str) -> None:
+    page.get_by_role("tab", name=name, exact=True).click()
 
-    path = tmp_path / "cat.png"
-    Image.fromarray(data.chelsea()).save(path)
-    page.get_by_role("tab", name="Image").click()
-    page.locator("#image-input input[type=file]").set_input_files(str(path))
-    page.locator("#image-explain").click()
-    expect(page.locator("#image-heatmap img")).to_be_visible(timeout=90_000)
-    expect(page.get_by_text("Egyptian cat").first).to_be_visible()
+
+def test_two_methods_side_by_side_with_their_agreement(page):
+    page.locator("#text-run").click()  # the defaults: MiniLM, IG and AttnLRP
+    columns = page.locator("#text-maps .attr-column")
+    expect(columns).to_have_count(2, timeout=120_000)
+    assert columns.nth(0).get_attribute("data-method") == "integrated_gradients"
+    assert columns.nth(1).get_attribute("data-method") == "attnlrp"
+    assert "wonderful" in columns.nth(0).inner_text()
+    expect(page.locator("#text-agreement .js-plotly-plot")).to_be_visible()
+    expect(page.locator("#text-maps .attr-legend")).to_be_visible()
+    _no_errors(page)
+
+
+def test_image_opacity_slider_redraws_the_maps(page):
+    _tab(page, "Image")
+    page.locator("#image-examples .gallery-item").nth(1).click()  # the cat
+    expect(page.locator("#image-input img").first).to_be_visible(timeout=30_000)
+    page.locator("#image-run").click()  # EfficientNet-Lite0: gradient × input and Grad-CAM
+    plot = page.locator("#image-maps .js-plotly-plot")
+    expect(plot).to_be_visible(timeout=120_000)
+
+    def opacities() -> set[float]:
+        return set(
+            page.evaluate(
+                "() => document.querySelector('#image-maps .js-plotly-plot').data"
+                ".filter(t => t.type === 'heatmap').map(t => t.opacity)"
+            )
+        )
+
+    assert opacities() == {0.55}
+    slider = page.locator("#image-opacity input[type=range]")
+    slider.fill("0.2")
+    slider.dispatch_event("pointerup")
+    slider.dispatch_event("change")
+    page.wait_for_function(
+        "() => document.querySelector('#image-maps .js-plotly-plot').data"
+        ".filter(t => t.type === 'heatmap').every(t => Math.abs(t.opacity - 0.2) < 1e-9)",
+        timeout=30_000,
+    )
+    _no_errors(page)
+
+
+def test_clicking_a_head_ablates_it_and_updates_the_prediction(page):
+    _tab(page, "Layers & heads")
+    page.locator("#layers-run").click()
+    grid = page.locator("#layers-grid")
+    expect(grid.get_by_test_id("cell-0-0")).to_be_visible(timeout=180_000)
+    top = page.locator("#layers-before h2").inner_text()  # the top class of the prediction
+    grid.get_by_test_id("cell-2-3").click()  # layer 2, head 2 (column 0 names the layer)
+    expect(page.locator("#layers-heads textarea, #layers-heads input").first).to_have_value(
+        "L2H2", timeout=30_000
+    )
+    change = page.locator("#layers-change")
+    expect(change).to_contain_text("→", timeout=120_000)
+    plain, ablated = (float(v) for v in re.findall(r"(\d\.\d{4})", change.inner_text())[:2])
+    assert "L2H2" in change.inner_text() and plain != ablated
+    expect(page.locator("#layers-after")).to_contain_text(top, timeout=30_000)
+    expect(page.locator("#layers-attention .js-plotly-plot")).to_be_visible()
+    _no_errors(page)
+
+
+def test_export_downloads_a_bundle_that_opens(page, tmp_path):
+    page.locator("#text-methods").get_by_label("attnlrp", exact=False).first.uncheck()
+    page.locator("#text-run").click()
+    expect(page.locator("#text-maps .attr-column")).to_have_count(1, timeout=120_000)
+    page.locator("#text-export").click()
+    link = page.locator("#text-bundle a").first
+    expect(link).to_be_visible(timeout=120_000)
+    with page.expect_download() as info:
+        link.click()
+    path = tmp_path / "bundle.zip"
+    info.value.save_as(path)
+    with zipfile.ZipFile(path) as archive:
+        names = archive.namelist()
+    assert any(n.endswith("integrated_gradients.json") for n in names)
+    assert any(n.endswith("manifest.json") for n in names)
+    assert any(n.endswith(".png") for n in names)
+    _no_errors(page)
+
+
+def test_a_method_that_cannot_apply_shows_its_reason(page, effnet):
+    reason = effnet.capabilities()["rollout"]
+    assert reason  # a CNN has no attention to roll out
+    _tab(page, "Image")
+    page.locator("#image-examples .gallery-item").nth(2).click()
+    page.locator("#image-predict").click()
+    expect(page.locator("#image-prediction")).to_contain_text("espresso", timeout=60_000)
+    picked = page.locator("#image-methods").get_by_label("rollout (not for this model)")
+    expect(picked).to_be_visible()
+    picked.check()
+    notes = page.locator("#image-method-notes")
+    expect(notes).to_contain_text(f"rollout cannot run on this model: {reason}")
+    _no_errors(page)
+    page.locator("#image-run").click()  # refused with the same reason, nothing breaks
+    expect(page.locator(".toast-body.error").first).to_contain_text(reason[:40], timeout=60_000)
+    expect(page.locator("#image-run")).to_be_enabled()
+
+
+def test_the_page_reopens_a_shared_link(page, page_url):
+    page.goto(page_url + "?tab=next&model=tiny-random-llama&text=the+cat+sat&methods=attnlrp")
+    expect(page.locator("#next-input textarea")).to_have_value("the cat sat", timeout=30_000)
+    expect(page.locator("#next-model input")).to_have_value("tiny-random-llama")
+    _no_errors(page)

@@ -104,6 +104,6 @@ def test_live_server_refuses_without_the_token(server):
     # The page's own API asks for the same token (as the login password), so it is no way round.
     ui_call = httpx.post(
         f"{server}/gradio_api/call/explain_text",
-        json={"data": ["minilm-zeroshot", "gradient_x_input", "good", "a, b", "", "", 0]},
+        json={"data": ["minilm-zeroshot", "", "good", "", ["gradient_x_input"], 0, 0, 0, {}]},
     )
     assert ui_call.status_code == 401

@@ -264,11 +264,14 @@ def test_the_page_api_reads_no_server_file(client, tmp_path):
             json={
                 "data": [
                     IMAGE_MODEL,
-                    "gradient_x_input",
+                    "",
                     {"path": path, "meta": {"_type": "gradio.FileData"}},
                     "",
-                    "",
+                    ["gradient_x_input"],
+                    False,
+                    False,
                     0,
+                    {},
                 ]
             },
         )

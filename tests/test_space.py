@@ -25,7 +25,7 @@ import yaml
 from app import space
 from app.api import ExplainBody
 from app.settings import ServerSettings
-from app.ui import _queued_cost, _run
+from app.ui import PageRunner, _queued_cost
 from app.worker import ExplainRequest, ExplainWorker, TooSlowError
 from attribution import explain
 from attribution.errors import AttrlabError
@@ -132,11 +132,11 @@ def test_space_api_explains_a_batch_and_the_page_through_gradio_client():
         np.testing.assert_allclose(one["scores"], direct.scores, rtol=1e-5, atol=1e-7)
         with pytest.raises(Exception, match="invalid request"):
             client.predict({"model": "tiny-random-bert"}, api_name="/explain_batch")
-        _tokens, _plot, summary = client.predict(
-            "tiny-random-bert", "gradient_x_input", "a fine day", "", "", "", 0,
+        raw = client.predict(
+            "tiny-random-bert", "", "a fine day", "", ["gradient_x_input"], False, False, 0, {},
             api_name="/explain_text",
-        )  # fmt: skip
-        assert summary["target"]["index"] == direct.target.index
+        )[6]  # fmt: skip
+        assert raw["gradient_x_input"]["target"]["index"] == direct.target.index
     finally:
         demo.close()
 
@@ -168,7 +168,7 @@ def test_slots_are_priced_from_the_estimates_of_earlier_slots(worker):
     asked: list[int] = []
     runner = space.SpaceRunner(worker, max_slot_s=120, gpu=_zero_gpu_stand_in(asked))
     assert runner.slot_s(RISE) == space.FIRST_SLOT_S
-    assert runner.cost_line(RISE).startswith("Cost: known after the first run")
+    assert runner.cost_line(RISE).startswith("known after the first run")
     served = runner.run(RISE)
     adapter = worker.adapter(RISE.model)
     inputs = adapter.preprocess(RISE.text)
@@ -240,10 +240,10 @@ def test_page_shows_the_estimate_before_run_and_an_eta_while_running(worker):
     shown = _queued_cost(worker, RISE)  # the first estimate on a model measures its costs
     adapter = worker.adapter(RISE.model)
     expected = estimate(adapter, "rise", adapter.preprocess(RISE.text), RISE.params)
-    assert shown == f"Cost: {expected.summary()}"
+    assert shown == expected.summary()
     assert f"{expected.forward_passes:,} forward passes" in shown
     bad = replace(RISE, params={"n_masks": 0})
-    assert _queued_cost(worker, bad).startswith("Cost: cannot estimate (parameter 'n_masks'")
+    assert _queued_cost(worker, bad).startswith("cannot estimate (parameter 'n_masks'")
 
     seen = []
 
@@ -254,9 +254,9 @@ def test_page_shows_the_estimate_before_run_and_an_eta_while_running(worker):
         model="tiny-random-bert", method="rise", text="a fine day",
         params={"n_masks": 64, "batch_size": 8},
     )  # fmt: skip
-    _run(lambda r, report: worker.explain(r, progress=report), request, progress)
-    assert re.fullmatch(r"([\d,]+)/\1 forward passes", seen[-1])
-    assert any(re.search(r"forward passes, (≈ [\d,]+ s|< 1 s) left$", d) for d in seen)
+    PageRunner(worker)(request, progress, "a session")
+    assert re.fullmatch(r"([\d,]+)/\1 steps", seen[-1])
+    assert any(re.search(r"steps, (≈ [\d,]+ s|< 1 s) left$", d) for d in seen)
 
 
 def test_a_bad_slot_limit_is_a_clear_settings_error(worker, monkeypatch):

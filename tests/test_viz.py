@@ -2,24 +2,49 @@
 
 from __future__ import annotations
 
+import dataclasses
+import html
+import io
+import json
+import re
+import zipfile
+
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
 import pytest
+import torch
 
-from attribution.explanation import Explanation, ModelInfo, Target
+from attribution import explain
+from attribution.explanation import Explanation, ModelInfo, Prediction, Target
 from attribution.layers import HEAD_ESTIMATORS, agreement, analyze_layers
+from attribution.metrics.leaderboard import SCORES, EvalItem, evaluate_methods
 from viz import (
+    ablation_figure,
     agreement_figure,
+    attention_figure,
+    conservation_gauge,
     export_figure,
     head_heatmap,
     heatmap_overlay,
     image_figure,
+    image_grid_figure,
     layer_lines,
+    leaderboard_figure,
     positional_figure,
+    positional_figure_tokens,
+    scale_legend_html,
+    std_error_figure,
+    token_columns_html,
     token_figure,
     token_highlights,
+    token_layers_figure,
     top_heads_figure,
+    trust_card_html,
+    trust_figure,
+    write_bundle,
 )
+from viz.bundle import safe_name
 from viz.image import robust_peak
 from viz.table import explanation_table
 
@@ -145,3 +170,381 @@ def test_check_figures_plot_the_tables_values():
     (heatmap,) = method_agreement_figure(pairs).data
     np.testing.assert_array_equal(heatmap.z, [[1.0, 0.5], [0.5, 1.0]])
     np.testing.assert_array_equal(heatmap.customdata, [[1.0, 0.25], [0.25, 1.0]])
+
+
+# --- page views on real explanations of every method family --------------------------------
+
+_TEXT_METHODS = {
+    "gradient_x_input": None,
+    "integrated_gradients": {"n_steps": 8},
+    "rise": {"n_masks": 64},
+    "occlusion": None,
+    "rollout": None,
+    "attnlrp": None,
+    "pa_lrp": None,
+    "layers": {"measures": "gradient,lrp"},
+}
+_IMAGE_METHODS = {"integrated_gradients": {"n_steps": 8}, "rise": {"n_masks": 64}, "attnlrp": None}
+_RED, _WHITE, _BLUE = (103, 0, 31), (247, 247, 247), (5, 48, 97)  # ColorBrewer RdBu's ends
+_SPAN = re.compile(
+    r'<span data-score="([^"]*)" title="[^"]*" style="background:rgb\((\d+), (\d+), (\d+)\);'
+    r'color:([^;]*);[^"]*">(.*?)</span>'
+)
+
+
+@pytest.fixture(scope="module")
+def bert_text(load_model):
+    adapter = load_model("tiny-random-bert")
+    return adapter, adapter.preprocess("a short <b> text")
+
+
+@pytest.fixture(scope="module")
+def text_explanations(bert_text):
+    adapter, inputs = bert_text
+    return {
+        name: explain(adapter, name, inputs, None, params, evaluate=name == "gradient_x_input")
+        for name, params in _TEXT_METHODS.items()
+    }
+
+
+@pytest.fixture(scope="module")
+def picture():
+    return np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+
+
+@pytest.fixture(scope="module")
+def image_explanations(load_model, picture):
+    adapter = load_model("tiny-random-vit")
+    inputs = adapter.preprocess(picture)
+    return {
+        name: explain(adapter, name, inputs, None, params, evaluate=True)
+        for name, params in _IMAGE_METHODS.items()
+    }
+
+
+def _with(explanation: Explanation, **changes) -> Explanation:
+    return dataclasses.replace(explanation, **changes)
+
+
+def _spans(page: str) -> list[tuple[float, tuple[int, int, int], str, str]]:
+    return [
+        (float(score), (int(r), int(g), int(b)), text_colour, text)
+        for score, r, g, b, text_colour, text in _SPAN.findall(page)
+    ]
+
+
+def test_token_columns_colour_each_method_on_its_own_signed_scale():
+    first = _explanation(np.array([2.0, -2.0, 0.0, 1.0]), ["up", "down", "<b>", "half"])
+    second = _explanation(np.array([100.0, -50.0]), ["x", "y"])
+    page = token_columns_html({"first": first, "se<c>ond": second})
+    assert page.count('class="attr-columns"') == 1 and page.count('class="attr-legend"') == 1
+    assert page.count('class="attr-column"') == 2
+    assert 'data-method="first"' in page and 'data-method="se&lt;c&gt;ond"' in page
+    assert "<b>" not in page and "&lt;b&gt;" in page
+    spans = _spans(page)
+    assert [s[0] for s in spans] == [2.0, -2.0, 0.0, 1.0, 100.0, -50.0]
+    (_, up, on_red, _), (_, down, on_blue, _), (_, zero, on_white, text), *_ = spans
+    assert up == _RED and down == _BLUE and zero == _WHITE and text == "&lt;b&gt;"
+    assert on_red == on_blue == "#ffffff" and on_white == "#111111"  # dark ends: light text
+    half, x, y = spans[3][1], spans[4][1], spans[5][1]
+    assert half[0] > half[2] and x == _RED  # per-method scale: 100 is the second method's +1
+    assert y[2] > y[0] and y != _BLUE  # -50 is half the second method's scale
+    legend = scale_legend_html()
+    assert "largest |score|" in legend and "−1" in legend and "+1" in legend
+    with pytest.raises(ValueError):
+        token_columns_html({})
+
+
+def test_token_columns_of_every_text_method(text_explanations):
+    page = token_columns_html(text_explanations)
+    assert page.count('class="attr-column"') == len(text_explanations)
+    spans = _spans(page)
+    expected = np.concatenate([e.scores for e in text_explanations.values()])
+    np.testing.assert_allclose([s[0] for s in spans], expected, rtol=1e-5, atol=1e-300)
+    tokens = [t for e in text_explanations.values() for t in e.tokens]
+    assert "<" in tokens  # the tokenizer split "<b>"; every token is escaped
+    assert [s[3] for s in spans] == [html.escape(t) for t in tokens]
+    for explanation in text_explanations.values():
+        peak = np.abs(explanation.scores).max()
+        target = html.escape(explanation.target.label)
+        assert f"→ {target} (p={explanation.target.probability:.3f})" in page
+        if peak > 0:
+            top = int(np.argmax(np.abs(explanation.scores)))
+            colour = _RED if explanation.scores[top] > 0 else _BLUE
+            assert _spans(token_columns_html({"m": explanation}))[top][1] == colour, (
+                explanation.method
+            )
+
+
+def test_positional_bars_stack_token_and_positional_relevance(text_explanations):
+    pa = text_explanations["pa_lrp"]
+    figure = positional_figure_tokens(pa)
+    assert figure.layout.barmode == "relative"
+    np.testing.assert_array_equal(figure.data[0].y, pa.scores)
+    np.testing.assert_array_equal(figure.data[1].y, pa.positional_scores)
+    assert list(figure.layout.xaxis.ticktext) == pa.tokens
+    # PA-LRP's input relevance is token plus positional relevance
+    total = pa.scores.sum() + pa.positional_scores.sum()
+    assert total == pytest.approx(pa.metrics["input_relevance"], rel=1e-6, abs=1e-12)
+    with pytest.raises(ValueError, match="positional"):
+        positional_figure_tokens(text_explanations["attnlrp"])
+
+
+def test_conservation_gauge_shows_input_relevance_against_the_logit(text_explanations):
+    for name in ("attnlrp", "pa_lrp"):
+        e = text_explanations[name]
+        (gauge,) = conservation_gauge(e).data
+        assert gauge.value == e.metrics["input_relevance"]
+        # the logit LRP explained is the model's own
+        assert gauge.gauge.threshold.value == pytest.approx(e.target.logit, rel=1e-6, abs=1e-9)
+        low, high = gauge.gauge.axis.range
+        assert low <= min(gauge.value, 0) and high >= max(gauge.value, 0)
+        assert f"{e.metrics['conservation_error']:.1%}" in gauge.title.text
+    with pytest.raises(ValueError, match="LRP"):
+        conservation_gauge(text_explanations["gradient_x_input"])
+    toy = _explanation(np.zeros(2), ["a", "b"])
+    ranges = {}
+    for total, logit in ((1.5, 2.0), (-5.0, -2.0), (-1.0, 2.0)):
+        e = _with(toy, metrics={"input_relevance": total, "target_logit": logit})
+        ranges[total, logit] = tuple(conservation_gauge(e).data[0].gauge.axis.range)
+    assert ranges == {(1.5, 2.0): (0, 4), (-5.0, -2.0): (-5, 0), (-1.0, 2.0): (-4, 4)}
+
+
+def _card_rows(card: str) -> dict[str, list[str]]:
+    rows = re.findall(r"<tr>(.*?)</tr>", card)
+    cells = [re.findall(r"<td>(.*?)</td>", row) for row in rows]
+    return {row[0].split(" ")[0]: row[1:] for row in cells}
+
+
+def test_trust_card_verdicts_follow_the_numbers():
+    text = _explanation(np.zeros(2), ["a", "b"])
+    card = trust_card_html(
+        _with(
+            text,
+            metrics={
+                "comprehensiveness": 0.3,
+                "comprehensiveness_random": 0.1,  # higher is better: better
+                "sufficiency": 0.2,
+                "sufficiency_random": 0.1,  # lower is better: not better
+            },
+        )
+    )
+    assert 'class="trust-card"' in card and 'data-method="toy"' in card
+    assert _card_rows(card) == {
+        "comprehensiveness": ["0.3", "random 0.1", "better than random"],
+        "sufficiency": ["0.2", "random 0.1", "not better than random"],
+    }
+    image = _explanation(np.zeros((2, 2)))
+    card = trust_card_html(
+        _with(image, metrics={"deletion_morf_auc": 0.2, "deletion_random_auc": 0.3})
+    )
+    assert _card_rows(card) == {"deletion_morf_auc": ["0.2", "random 0.3", "better than random"]}
+    empty = trust_card_html(text)
+    assert "no faithfulness scores: tick &#x27;Trust cards&#x27; and run again" in empty
+
+
+def test_trust_cards_of_real_explanations(text_explanations, image_explanations):
+    for e in [*text_explanations.values(), *image_explanations.values()]:
+        card = trust_card_html(e)
+        rows = _card_rows(card)
+        for score, random, higher in SCORES[e.model.modality]:
+            if score in e.metrics:
+                value, baseline = e.metrics[score], e.metrics[random]
+                better = value > baseline if higher else value < baseline
+                verdict = "better than random" if better else "not better than random"
+                assert rows[score][-1] == verdict, (e.method, score)
+        assert bool(rows) == any(s in e.metrics for s, _, _ in SCORES[e.model.modality])
+        assert ("conservation error" in card) == ("conservation_error" in e.metrics)
+        assert ("convergence delta" in card) == ("convergence_delta" in e.metrics)
+        assert ("standard error" in card) == ("std_error" in e.maps), e.method
+    assert "standard error" in trust_card_html(image_explanations["rise"])
+    assert "no faithfulness scores" in trust_card_html(text_explanations["rollout"])
+
+
+def test_trust_figure_puts_each_score_next_to_random(image_explanations, text_explanations):
+    figure = trust_figure(image_explanations)
+    methods = list(image_explanations)
+    bars = {(t.name, t.xaxis): list(t.y) for t in figure.data}
+    assert bars[("method", "x")] == [
+        image_explanations[m].metrics["deletion_morf_auc"] for m in methods
+    ]
+    assert bars[("random", "x2")] == [
+        image_explanations[m].metrics["insertion_random_auc"] for m in methods
+    ]
+    assert sum(t.showlegend for t in figure.data) == 2
+    with pytest.raises(ValueError, match="no faithfulness scores"):
+        trust_figure({"rollout": text_explanations["rollout"]})
+    with pytest.raises(ValueError, match="one modality"):
+        trust_figure({"a": text_explanations["rollout"], "b": image_explanations["rise"]})
+
+
+def test_image_grid_scales_each_map_by_its_robust_peak(image_explanations, picture):
+    figure = image_grid_figure(image_explanations, picture, opacity=0.3)
+    heatmaps = [t for t in figure.data if t.type == "heatmap"]
+    images = [t for t in figure.data if t.type == "image"]
+    assert len(heatmaps) == len(images) == len(image_explanations)
+    for heatmap, e in zip(heatmaps, image_explanations.values(), strict=True):
+        assert e.scores.shape == picture.shape[:2]
+        expected = e.scores / np.percentile(np.abs(e.scores), 99)
+        np.testing.assert_allclose(np.asarray(heatmap.z), expected)
+        assert heatmap.opacity == 0.3 and (heatmap.zmin, heatmap.zmax) == (-1, 1)
+    assert [h.showscale for h in heatmaps] == [True] + [False] * (len(heatmaps) - 1)
+    assert heatmaps[0].colorbar.title.text == "relevance ÷ robust peak"
+    titles = [a.text for a in figure.layout.annotations]
+    assert titles == [f"{m} → {e.target.label}" for m, e in image_explanations.items()]
+    assert figure.layout.yaxis2.scaleanchor == "x2" and figure.layout.xaxis3.visible is False
+    larger = image_grid_figure(image_explanations, np.zeros((64, 48, 3), np.uint8))
+    assert np.asarray(larger.data[1].z).shape == (64, 48)
+    with pytest.raises(ValueError, match="opacity"):
+        image_grid_figure(image_explanations, picture, opacity=1.5)
+
+
+def test_std_error_figure_draws_the_sampling_error(image_explanations, picture):
+    rise = image_explanations["rise"]
+    heatmap = std_error_figure(rise, picture).data[1]
+    np.testing.assert_allclose(np.asarray(heatmap.z), rise.maps["std_error"])
+    assert heatmap.colorscale[0][1] == "#440154"  # Viridis
+    with pytest.raises(ValueError, match="standard-error"):
+        std_error_figure(image_explanations["integrated_gradients"], picture)
+
+
+def test_attention_figure_of_a_real_head(bert_text):
+    adapter, inputs = bert_text
+    with torch.no_grad():
+        weights = adapter.attentions(**inputs.model_kwargs())[1][0, 2].numpy()
+    figure = attention_figure(weights, inputs.tokens, layer=1, head=2)
+    (heatmap,) = figure.data
+    np.testing.assert_allclose(np.asarray(heatmap.z).sum(axis=1), 1.0, rtol=1e-5)  # softmax rows
+    assert heatmap.zmin == 0 and figure.layout.yaxis.autorange == "reversed"
+    assert list(figure.layout.xaxis.ticktext) == list(inputs.tokens)
+    assert figure.layout.title.text == "layer 1, head 2: attention"
+    with pytest.raises(ValueError):
+        attention_figure(weights[:, :-1], inputs.tokens, 1, 2)
+
+
+def test_token_layers_figure_follows_one_token():
+    matrix = np.array([[1.0, -3.0, 0.0], [2.0, 1.0, -1.0], [0.5, 0.5, 2.0]])
+    figure = token_layers_figure(matrix, ["a", "b", "c"], token=1)
+    mean, token = figure.data
+    assert list(token.y) == [-3.0, 1.0, 0.5] and list(token.x) == [0, 1, 2]
+    np.testing.assert_allclose(mean.y, [4 / 3, 4 / 3, 1.0])
+    assert list(token.text) == ["entering block 0", "entering block 1", "leaving block 1"]
+    for bad in (-1, 3):
+        with pytest.raises(ValueError, match="token index"):
+            token_layers_figure(matrix, ["a", "b", "c"], token=bad)
+
+
+def test_ablation_figure_compares_the_top_predictions(text_explanations):
+    plain = text_explanations["rollout"].predictions
+    target = plain[0].label
+    ablated = [Prediction(9, "other", 0.7), Prediction(plain[0].index, target, 0.2)]
+    figure = ablation_figure(plain, ablated, target)
+    before, after = figure.data
+    labels = [p.label for p in plain] + ["other"]
+    assert list(before.y) == labels and before.orientation == "h"
+    assert list(before.x) == [p.probability for p in plain] + [None]
+    assert after.x[0] == 0.2 and after.x[-1] == 0.7 and after.x[1] is None
+    change = (0.2 - plain[0].probability) * 100
+    assert f"({change:+.1f} points)" in figure.layout.title.text
+
+
+def test_layers_method_tables_draw(text_explanations):
+    e = text_explanations["layers"]
+    table = e.layers
+    figure = head_heatmap(table, "head_gradient")
+    assert np.asarray(figure.data[0].z).shape == (2, 4)
+    stacked = positional_figure(table)
+    lrp_block = table[(table.measure == "lrp_block")].sort_values("layer")
+    np.testing.assert_allclose(stacked.data[0].y, lrp_block.value)
+    per_layer = e.maps["token_per_layer"]  # (layers + 1, tokens): the residual stream per token
+    assert per_layer.shape == (len(lrp_block) + 1, len(e.tokens))
+    np.testing.assert_allclose(per_layer[:-1].sum(axis=1), lrp_block.value, rtol=1e-6)
+    through = token_layers_figure(per_layer, e.tokens, token=1)
+    np.testing.assert_array_equal(through.data[1].y, per_layer[:, 1])
+    assert list(through.data[1].x) == list(range(len(per_layer)))
+
+
+def test_leaderboard_figure_bars_are_the_per_item_means(bert_text):
+    adapter, _ = bert_text
+    items = [EvalItem("good movie"), EvalItem("bad film"), EvalItem("fine")]
+    per_item = evaluate_methods(adapter, items, ["gradient_x_input", "occlusion"], steps=5)
+    figure = leaderboard_figure(per_item, "text")
+    for trace in figure.data:
+        column = {"x": "comprehensiveness", "x2": "sufficiency"}[trace.xaxis]
+        column += "_random" if trace.name == "random" else ""
+        for method, height, error in zip(trace.x, trace.y, trace.error_y.array, strict=True):
+            values = [r[column] for r in per_item.to_dict("records") if r["method"] == method]
+            assert height == pytest.approx(sum(values) / len(values))
+            assert error == pytest.approx(np.std(values, ddof=1) / np.sqrt(len(values)))
+    assert len(figure.data) == 4
+    with pytest.raises(ValueError, match="empty"):
+        leaderboard_figure(per_item.iloc[:0], "text")
+
+
+def test_bundle_zip_holds_everything_and_reads_back(text_explanations, tmp_path):
+    explanations = {
+        "gradient_x_input": text_explanations["gradient_x_input"],
+        "../rise <sampled>": text_explanations["rise"],
+    }
+    figures = {
+        "tokens": token_figure(text_explanations["gradient_x_input"]),
+        "gauge/../x y": conservation_gauge(text_explanations["attnlrp"]),
+    }
+    path = write_bundle(
+        explanations,
+        figures,
+        tmp_path / "bundle",
+        extra={"text": "a short <b> text", "n": np.int64(3)},
+    )
+    assert path == tmp_path / "bundle.zip"
+    with zipfile.ZipFile(path) as zipped:
+        names = set(zipped.namelist())
+        assert all(
+            re.fullmatch(r"bundle/(figures/)?[A-Za-z0-9_-][A-Za-z0-9_.-]*", n) for n in names
+        )
+        assert names == {
+            "bundle/manifest.json",
+            "bundle/gradient_x_input.json",
+            "bundle/gradient_x_input.npz",
+            "bundle/_rise__sampled_.json",
+            "bundle/_rise__sampled_.npz",
+            "bundle/figures/tokens.html",
+            "bundle/figures/tokens.png",
+            "bundle/figures/gauge_.._x_y.html",
+            "bundle/figures/gauge_.._x_y.png",
+        }
+        manifest = json.loads(zipped.read("bundle/manifest.json"))
+        rise = Explanation.from_json(zipped.read("bundle/_rise__sampled_.json").decode())
+        with zipped.open("bundle/_rise__sampled_.npz") as handle:
+            arrays = dict(np.load(io.BytesIO(handle.read())))
+        html_page = zipped.read("bundle/figures/tokens.html").decode()
+        png = zipped.read("bundle/figures/gauge_.._x_y.png")
+    original = text_explanations["rise"]
+    np.testing.assert_array_equal(rise.scores, original.scores)
+    np.testing.assert_array_equal(arrays["scores"], original.scores)
+    np.testing.assert_array_equal(arrays["map__std_error"], original.maps["std_error"])
+    assert "plotly" in html_page.lower() and png[:8] == b"\x89PNG\r\n\x1a\n"
+    entry = manifest["methods"]["../rise <sampled>"]
+    assert entry["versions"] == original.versions and entry["versions"]["torch"]
+    assert entry["params"] == original.params and entry["seed"] == original.seed
+    assert entry["target"]["label"] == original.target.label
+    assert manifest["extra"] == {"text": "a short <b> text", "n": 3}
+    assert "png_error" not in manifest
+
+
+def test_bundle_without_a_browser_keeps_the_html(text_explanations, tmp_path, monkeypatch):
+    def no_chromium(*_args, **_kwargs):
+        raise RuntimeError("Kaleido requires Google Chrome to be installed")
+
+    monkeypatch.setattr(go.Figure, "write_image", no_chromium)
+    e = text_explanations["occlusion"]
+    path = write_bundle(
+        {"occlusion": e}, {"a": token_figure(e), "a_": token_figure(e)}, tmp_path / "b"
+    )
+    with zipfile.ZipFile(path) as zipped:
+        names = set(zipped.namelist())
+        manifest = json.loads(zipped.read("b/manifest.json"))
+    assert {"b/figures/a.html", "b/figures/a_.html"} <= names
+    assert not any(n.endswith(".png") for n in names)
+    assert manifest["png_error"] == "RuntimeError: Kaleido requires Google Chrome to be installed"
+    assert safe_name("..") == "_" and safe_name("a/b c") == "a_b_c"

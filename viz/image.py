@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import plotly.graph_objects as go
 from PIL import Image
+from plotly.subplots import make_subplots
 
 from attribution.explanation import Explanation
 
-__all__ = ["heatmap_overlay", "image_figure", "robust_peak"]
+__all__ = [
+    "heatmap_overlay",
+    "image_figure",
+    "image_grid_figure",
+    "robust_peak",
+    "std_error_figure",
+]
 
 _POSITIVE = np.array([214, 39, 40], dtype=np.float64)
 _NEGATIVE = np.array([31, 119, 180], dtype=np.float64)
@@ -59,6 +68,82 @@ def image_figure(explanation: Explanation, image: np.ndarray) -> go.Figure:
     )
     figure.update_layout(
         title=f"{explanation.method} → {explanation.target.label}",
+        yaxis={"autorange": "reversed", "scaleanchor": "x", "visible": False},
+        xaxis={"visible": False},
+        margin={"l": 10, "r": 10, "t": 40, "b": 10},
+        height=420,
+    )
+    return figure
+
+
+def _scaled(scores: np.ndarray) -> np.ndarray:
+    peak = robust_peak(scores)
+    return scores / peak if peak > 0 else np.zeros_like(scores)
+
+
+def image_grid_figure(
+    explanations: Mapping[str, Explanation], image: np.ndarray, opacity: float = 0.55
+) -> go.Figure:
+    """
+    One panel per method: ``image`` with the method's map over it, side by side.
+
+    Each map is divided by its :func:`robust_peak` (methods have different units) and drawn
+    on one diverging scale from −1 to +1, with one colour bar for all panels.
+    """
+    if not explanations:
+        raise ValueError("image_grid_figure needs at least one explanation")
+    if not 0.0 <= opacity <= 1.0:
+        raise ValueError(f"opacity must lie in [0, 1]; got {opacity}")
+    if any(e.tokens is not None for e in explanations.values()):
+        raise ValueError("image_grid_figure needs image explanations")
+    figure = make_subplots(
+        rows=1,
+        cols=len(explanations),
+        subplot_titles=[f"{m} → {e.target.label}" for m, e in explanations.items()],
+        horizontal_spacing=0.02,
+    )
+    for column, (method, explanation) in enumerate(explanations.items(), start=1):
+        figure.add_trace(go.Image(z=image, hoverinfo="skip"), row=1, col=column)
+        figure.add_trace(
+            go.Heatmap(
+                z=_scaled(_fit(explanation.scores, image.shape[:2])),
+                colorscale="RdBu_r",
+                zmin=-1.0,
+                zmax=1.0,
+                opacity=opacity,
+                showscale=column == 1,
+                colorbar={"title": "relevance ÷ robust peak"},
+                name=method,
+                hovertemplate="(%{x}, %{y}): %{z:.3f}<extra>" + method + "</extra>",
+            ),
+            row=1,
+            col=column,
+        )
+        figure.update_yaxes(scaleanchor="x" if column == 1 else f"x{column}", row=1, col=column)
+    figure.update_xaxes(visible=False)
+    figure.update_yaxes(visible=False, autorange="reversed")
+    figure.update_layout(
+        height=360, margin={"l": 10, "r": 10, "t": 40, "b": 10}, template="plotly_white"
+    )
+    return figure
+
+
+def std_error_figure(explanation: Explanation, image: np.ndarray) -> go.Figure:
+    """A sampling method's per-pixel standard error (``maps["std_error"]``) over ``image``."""
+    if "std_error" not in explanation.maps or explanation.tokens is not None:
+        raise ValueError(f"{explanation.method!r} has no standard-error map of an image")
+    figure = go.Figure(go.Image(z=image, hoverinfo="skip"))
+    figure.add_trace(
+        go.Heatmap(
+            z=_fit(explanation.maps["std_error"], image.shape[:2]),
+            colorscale="Viridis",
+            zmin=0.0,
+            opacity=0.6,
+            colorbar={"title": "standard error"},
+        )
+    )
+    figure.update_layout(
+        title=f"{explanation.method}: standard error of the map",
         yaxis={"autorange": "reversed", "scaleanchor": "x", "visible": False},
         xaxis={"visible": False},
         margin={"l": 10, "r": 10, "t": 40, "b": 10},

@@ -8,8 +8,10 @@ HTML or, through kaleido (which drives a Chromium), to PNG.
 
 from __future__ import annotations
 
+import html
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import pandas as pd
@@ -18,15 +20,28 @@ import plotly.graph_objects as go
 from attribution.layers.agreement import head_ranking
 
 __all__ = [
+    "ablation_figure",
     "agreement_figure",
+    "attention_figure",
     "export_figure",
     "head_heatmap",
     "layer_lines",
     "positional_figure",
+    "token_layers_figure",
     "top_heads_figure",
 ]
 
 _DIVERGING = "RdBu_r"
+
+
+class _Scored(Protocol):
+    """What the ablation figure reads of a prediction (``Prediction`` has it)."""
+
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def probability(self) -> float: ...
 
 
 def _rows(table: pd.DataFrame, measure: str, heads: bool) -> pd.DataFrame:
@@ -206,6 +221,139 @@ def agreement_figure(
         )
     )
     figure.update_layout(title=title, template="plotly_white")
+    return figure
+
+
+def _token_axis(tokens: Sequence[str]) -> dict:
+    return {"tickmode": "array", "tickvals": list(range(len(tokens))), "ticktext": list(tokens)}
+
+
+def attention_figure(
+    attention: np.ndarray, tokens: Sequence[str], layer: int, head: int
+) -> go.Figure:
+    """One head's attention weights: queries (rows) × keys (columns), tokens as tick labels."""
+    weights = np.asarray(attention, dtype=float)
+    if weights.shape != (len(tokens), len(tokens)):
+        raise ValueError(
+            f"attention must be (tokens, tokens) = {(len(tokens),) * 2}; got {weights.shape}"
+        )
+    pairs = [[f"{query!r} → {key!r}" for key in tokens] for query in tokens]
+    figure = go.Figure(
+        go.Heatmap(
+            z=weights,
+            colorscale="Viridis",
+            zmin=0.0,
+            text=pairs,
+            hovertemplate="%{text}: %{z:.4f}<extra></extra>",
+            colorbar={"title": "weight"},
+        )
+    )
+    figure.update_layout(
+        title=f"layer {layer}, head {head}: attention",
+        xaxis={**_token_axis(tokens), "title": "key"},
+        yaxis={**_token_axis(tokens), "title": "query", "autorange": "reversed"},
+        template="plotly_white",
+    )
+    return figure
+
+
+def token_layers_figure(
+    token_per_layer: np.ndarray, tokens: Sequence[str], token: int
+) -> go.Figure:
+    """
+    One token's relevance through the residual stream, against all tokens' mean |relevance|.
+
+    ``token_per_layer``: ``(layers + 1, tokens)``, row ``i < N`` entering block ``i`` and row
+    ``N`` leaving block ``N - 1``.
+    """
+    values = np.asarray(token_per_layer, dtype=float)
+    if values.ndim != 2 or values.shape[1] != len(tokens) or values.shape[0] < 2:
+        raise ValueError(
+            f"token_per_layer must be (layers + 1, {len(tokens)} tokens); got {values.shape}"
+        )
+    if not 0 <= token < len(tokens):
+        raise ValueError(f"token index {token} is out of range for {len(tokens)} tokens")
+    blocks = values.shape[0] - 1
+    steps = list(range(blocks + 1))
+    where = [f"entering block {i}" for i in range(blocks)] + [f"leaving block {blocks - 1}"]
+    figure = go.Figure(
+        [
+            go.Scatter(
+                x=steps,
+                y=np.abs(values).mean(axis=1),
+                mode="lines",
+                name="mean |relevance| of all tokens",
+                line={"color": "#b0b0b0", "dash": "dot"},
+                text=where,
+                hovertemplate="%{text}: %{y:.4g}<extra>mean |relevance|</extra>",
+            ),
+            go.Scatter(
+                x=steps,
+                y=values[:, token],
+                mode="lines+markers",
+                name=f"{tokens[token]!r} (position {token})",
+                text=where,
+                hovertemplate="%{text}: %{y:.4g}<extra></extra>",
+            ),
+        ]
+    )
+    figure.update_layout(
+        title=f"relevance of {tokens[token]!r} through the layers",
+        xaxis={
+            "tickmode": "array",
+            "tickvals": steps,
+            "title": f"0 = entering block 0 … {blocks} = leaving block {blocks - 1}",
+        },
+        yaxis_title="relevance",
+        template="plotly_white",
+    )
+    return figure
+
+
+def ablation_figure(
+    plain: Sequence[_Scored], ablated: Sequence[_Scored], target_label: str
+) -> go.Figure:
+    """
+    Top predictions before and after an ablation, as grouped horizontal bars.
+
+    Labels are the union of both lists; a label missing from one list (outside its top
+    predictions) has no bar there. The title gives the target's change.
+    """
+    before = {p.label: float(p.probability) for p in plain}
+    after = {p.label: float(p.probability) for p in ablated}
+    labels = list(dict.fromkeys([*before, *after]))
+    if target_label in before and target_label in after:
+        old, new = before[target_label], after[target_label]
+        change = f"{old:.1%} → {new:.1%} ({(new - old) * 100:+.1f} points)"
+    elif target_label in before:
+        change = f"{before[target_label]:.1%} → outside the top predictions"
+    elif target_label in after:
+        change = f"outside the top predictions → {after[target_label]:.1%}"
+    else:
+        change = "outside the top predictions"
+    figure = go.Figure(
+        [
+            go.Bar(
+                y=labels,
+                x=[probabilities.get(label) for label in labels],
+                orientation="h",
+                name=name,
+                marker_color=colour,
+                hovertemplate="%{y}: %{x:.2%}<extra>" + name + "</extra>",
+            )
+            for name, probabilities, colour in (
+                ("before", before, "#4c72b0"),
+                ("after ablation", after, "#dd8452"),
+            )
+        ]
+    )
+    figure.update_layout(
+        barmode="group",
+        title=f"target <b>{html.escape(target_label)}</b>: {change}",
+        xaxis={"title": "probability", "tickformat": ".0%"},
+        yaxis={"autorange": "reversed"},
+        template="plotly_white",
+    )
     return figure
 
 

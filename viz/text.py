@@ -1,13 +1,23 @@
-"""Token-level views of a text Explanation."""
+"""Token-level views of a text Explanation: figures and HTML highlights."""
 
 from __future__ import annotations
 
+import html
+from collections.abc import Mapping
+
 import numpy as np
 import plotly.graph_objects as go
+from plotly.colors import sample_colorscale, unlabel_rgb
 
 from attribution.explanation import Explanation
 
-__all__ = ["token_figure", "token_highlights"]
+__all__ = [
+    "positional_figure_tokens",
+    "scale_legend_html",
+    "token_columns_html",
+    "token_figure",
+    "token_highlights",
+]
 
 
 def _normalised(scores: np.ndarray) -> np.ndarray:
@@ -42,6 +52,108 @@ def token_figure(explanation: Explanation) -> go.Figure:
         xaxis={"tickmode": "array", "tickvals": positions, "ticktext": explanation.tokens},
         yaxis_title="relevance",
         margin={"l": 40, "r": 10, "t": 40, "b": 80},
+        height=320,
+    )
+    return figure
+
+
+#: ColorBrewer RdBu reversed (blue negative, near-white zero, red positive): colour-blind safe.
+_DIVERGING = "RdBu_r"
+_LEGEND_TEXT = "relevance ÷ each method's largest |score| (red supports the target, blue opposes)"
+
+
+def _colour(value: float) -> tuple[int, int, int]:
+    """RGB of ``value`` in [-1, 1] on the diverging scale."""
+    (sample,) = sample_colorscale(_DIVERGING, [(min(max(value, -1.0), 1.0) + 1.0) / 2.0])
+    red, green, blue = (round(part) for part in unlabel_rgb(sample))
+    return red, green, blue
+
+
+def _text_colour(background: tuple[int, int, int]) -> str:
+    """Dark text on light backgrounds, light text on dark ones (WCAG relative luminance)."""
+    linear = [
+        c / 255 / 12.92 if c <= 10 else ((c / 255 + 0.055) / 1.055) ** 2.4 for c in background
+    ]
+    luminance = 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+    return "#111111" if luminance > 0.179 else "#ffffff"
+
+
+def scale_legend_html() -> str:
+    """The diverging scale as a horizontal gradient bar, −1 … 0 … +1, with what it means."""
+    stops = ", ".join(f"rgb{_colour(v)}" for v in np.linspace(-1.0, 1.0, 11))
+    return (
+        '<div class="attr-legend" style="max-width:360px;margin:8px 0;font-size:0.85em">'
+        f'<div style="height:12px;border-radius:3px;background:linear-gradient(to right, {stops})">'
+        "</div>"
+        '<div style="display:flex;justify-content:space-between"><span>−1</span><span>0</span>'
+        "<span>+1</span></div>"
+        f"<div>{html.escape(_LEGEND_TEXT)}</div></div>"
+    )
+
+
+def _column_html(method: str, explanation: Explanation) -> str:
+    if explanation.tokens is None:
+        raise ValueError(f"token_columns_html needs text explanations; {method!r} is not")
+    target = explanation.target
+    spans = []
+    for token, raw, shown in zip(
+        explanation.tokens, explanation.scores, _normalised(explanation.scores), strict=True
+    ):
+        background = _colour(float(shown))
+        spans.append(
+            f'<span data-score="{float(raw):.6g}" title="{float(raw):.6g}" '
+            f'style="background:rgb{background};color:{_text_colour(background)};'
+            'padding:1px 3px;margin:1px;border-radius:3px;display:inline-block">'
+            f"{html.escape(token)}</span>"
+        )
+    return (
+        f'<div class="attr-column" data-method="{html.escape(method)}" '
+        'style="flex:1 1 240px;min-width:200px">'
+        f'<div style="font-weight:600">{html.escape(method)}</div>'
+        f'<div style="font-size:0.85em;opacity:0.8">→ {html.escape(target.label)} '
+        f"(p={target.probability:.3f})</div>"
+        f'<div style="line-height:1.9">{"".join(spans)}</div></div>'
+    )
+
+
+def token_columns_html(explanations: Mapping[str, Explanation]) -> str:
+    """
+    The methods' token scores side by side, one column each, with the scale's legend once.
+
+    Each method is scaled by its own largest |score| (methods have different units); each
+    token's ``title`` and ``data-score`` hold its raw score.
+    """
+    if not explanations:
+        raise ValueError("token_columns_html needs at least one explanation")
+    columns = "".join(_column_html(method, e) for method, e in explanations.items())
+    return (
+        '<div class="attr-columns" style="display:flex;flex-wrap:wrap;gap:16px">'
+        f"{columns}</div>{scale_legend_html()}"
+    )
+
+
+def positional_figure_tokens(explanation: Explanation) -> go.Figure:
+    """PA-LRP per token: token and positional relevance as stacked bars, tokens on the x axis."""
+    if explanation.tokens is None or explanation.positional_scores is None:
+        raise ValueError("positional_figure_tokens needs a text explanation with positional scores")
+    positions = list(range(len(explanation.tokens)))
+    figure = go.Figure(
+        [
+            go.Bar(x=positions, y=explanation.scores, name="token", hovertext=explanation.tokens),
+            go.Bar(
+                x=positions,
+                y=explanation.positional_scores,
+                name="positional",
+                hovertext=explanation.tokens,
+            ),
+        ]
+    )
+    figure.update_layout(
+        barmode="relative",
+        title=f"{explanation.method} → {explanation.target.label}: token and positional relevance",
+        xaxis={"tickmode": "array", "tickvals": positions, "ticktext": explanation.tokens},
+        yaxis_title="relevance",
+        template="plotly_white",
         height=320,
     )
     return figure

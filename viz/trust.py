@@ -1,13 +1,36 @@
-"""Figures of the evidence for a map: the randomisation check and agreement between methods."""
+"""
+Figures and cards of the evidence for a map.
+
+The randomisation check, agreement between methods, LRP's conservation and the faithfulness
+scores against random orders.
+"""
 
 from __future__ import annotations
 
+import html
+import math
+from collections.abc import Mapping
+
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
+from attribution.explanation import Explanation
+from attribution.metrics.leaderboard import SCORES
 from viz.layers import agreement_figure
 
-__all__ = ["method_agreement_figure", "randomisation_figure"]
+__all__ = [
+    "conservation_gauge",
+    "method_agreement_figure",
+    "randomisation_figure",
+    "trust_card_html",
+    "trust_figure",
+]
+
+_NO_SCORES = "no faithfulness scores: tick 'Trust cards' and run again"
+_METHOD_COLOUR = "#4c72b0"
+_RANDOM_COLOUR = "#b0b0b0"
 
 
 def method_agreement_figure(pairs: pd.DataFrame) -> go.Figure:
@@ -42,5 +65,159 @@ def randomisation_figure(table: pd.DataFrame) -> go.Figure:
         xaxis_title="randomised down to",
         yaxis={"title": "Spearman ρ", "range": [-1.05, 1.05]},
         template="plotly_white",
+    )
+    return figure
+
+
+def conservation_gauge(explanation: Explanation) -> go.Figure:
+    """
+    LRP's conservation: Σ input relevance on a gauge, the target logit as its threshold line.
+
+    The axis runs from 0 to ``max(2·|logit|, |Σ|)`` on the side of the logit and Σ (both
+    sides when their signs differ). Needs ``input_relevance`` and ``target_logit`` in
+    ``metrics`` (AttnLRP, PA-LRP).
+    """
+    metrics = explanation.metrics
+    if "input_relevance" not in metrics or "target_logit" not in metrics:
+        raise ValueError(
+            f"{explanation.method!r} has no conservation metrics (input_relevance, "
+            "target_logit); the gauge is for LRP methods"
+        )
+    total, logit = float(metrics["input_relevance"]), float(metrics["target_logit"])
+    bound = max(2 * abs(logit), abs(total)) or 1.0
+    low = -bound if min(total, logit) < 0 else 0.0
+    high = bound if max(total, logit) > 0 else 0.0
+    error = metrics.get("conservation_error")
+    title = f"{explanation.method}: Σ input relevance vs target logit"
+    if error is not None and math.isfinite(error):
+        title += f"<br><span style='font-size:0.8em'>conservation error {error:.1%}</span>"
+    figure = go.Figure(
+        go.Indicator(
+            mode="gauge+number+delta",
+            value=total,
+            delta={  # a deviation from the logit, neither good nor bad by its sign
+                "reference": logit,
+                "valueformat": ".4g",
+                "increasing": {"color": "#666666"},
+                "decreasing": {"color": "#666666"},
+            },
+            number={"valueformat": ".4g"},
+            title={"text": title},
+            gauge={
+                "axis": {"range": [low, high]},
+                "bar": {"color": _METHOD_COLOUR},
+                "threshold": {
+                    "line": {"color": "#d62728", "width": 4},
+                    "thickness": 0.85,
+                    "value": logit,
+                },
+            },
+        )
+    )
+    figure.update_layout(height=300, margin={"l": 30, "r": 30, "t": 80, "b": 20})
+    return figure
+
+
+def _number(value: float | None) -> str:
+    return "—" if value is None or not math.isfinite(value) else f"{value:.4g}"
+
+
+def _verdict(value: float, random: float | None, higher: bool) -> str:
+    if random is None or not (math.isfinite(value) and math.isfinite(random)):
+        return "no random orders to compare"
+    better = value > random if higher else value < random
+    return "better than random" if better else "not better than random"
+
+
+def _row(cells: list[str]) -> str:
+    return "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
+
+
+def trust_card_html(explanation: Explanation) -> str:
+    """
+    A small card of how far to trust one map.
+
+    Each faithfulness score present in ``metrics`` against its random-order counterpart,
+    LRP's conservation error, the convergence delta and, for sampling methods, the standard
+    error of the map.
+    """
+    metrics = explanation.metrics
+    rows = []
+    for score, random, higher in SCORES.get(explanation.model.modality, ()):
+        if score in metrics:
+            value, baseline = metrics[score], metrics.get(random)
+            rows.append(
+                _row(
+                    [
+                        f"{score} ({'higher' if higher else 'lower'} is better)",
+                        _number(value),
+                        f"random {_number(baseline)}",
+                        _verdict(value, baseline, higher),
+                    ]
+                )
+            )
+    notes = [] if rows else [_NO_SCORES]
+    if "conservation_error" in metrics:
+        error = metrics["conservation_error"]
+        shown = f"{error:.1%}" if math.isfinite(error) else "undefined"
+        notes.append(f"conservation error {shown} (Σ input relevance vs target logit)")
+    if "convergence_delta" in metrics:
+        notes.append(f"convergence delta {_number(metrics['convergence_delta'])}")
+    if "std_error" in explanation.maps:
+        largest = float(np.max(explanation.maps["std_error"]))
+        peak = float(np.abs(explanation.scores).max())
+        share = f" ({largest / peak:.1%} of the largest |score|)" if peak > 0 else ""
+        notes.append(f"sampled map: largest standard error {largest:.4g}{share}")
+    table = f'<table style="font-size:0.85em">{"".join(rows)}</table>' if rows else ""
+    items = "".join(f"<li>{html.escape(note)}</li>" for note in notes)
+    method = html.escape(explanation.method)
+    return (
+        f'<div class="trust-card" data-method="{method}" '
+        'style="border:1px solid #8884;border-radius:6px;padding:8px;margin:4px 0">'
+        f'<div style="font-weight:600">{method}</div>{table}'
+        f'<ul style="margin:4px 0;padding-left:18px;font-size:0.85em">{items}</ul></div>'
+    )
+
+
+def trust_figure(explanations: Mapping[str, Explanation]) -> go.Figure:
+    """
+    Each method's faithfulness scores next to their random-order counterparts.
+
+    One subplot per score of the explanations' modality (:data:`SCORES`), grouped bars per
+    method; methods without the score leave a gap.
+    """
+    modalities = {e.model.modality for e in explanations.values()}
+    if len(modalities) > 1:
+        raise ValueError(f"trust_figure needs one modality; got {', '.join(sorted(modalities))}")
+    scores = SCORES.get(next(iter(modalities)), ()) if modalities else ()
+    present = [s for s in scores if any(s[0] in e.metrics for e in explanations.values())]
+    if not present:
+        raise ValueError(_NO_SCORES)
+    methods = list(explanations)
+    figure = make_subplots(
+        rows=1,
+        cols=len(present),
+        subplot_titles=[f"{s} ({'higher' if h else 'lower'} is better)" for s, _, h in present],
+    )
+    for column, (score, random, _) in enumerate(present, start=1):
+        for name, key, colour in (
+            ("method", score, _METHOD_COLOUR),
+            ("random", random, _RANDOM_COLOUR),
+        ):
+            figure.add_trace(
+                go.Bar(
+                    x=methods,
+                    y=[explanations[m].metrics.get(key) for m in methods],
+                    name=name,
+                    marker_color=colour,
+                    legendgroup=name,
+                    showlegend=column == 1,
+                    hovertemplate="%{x}: %{y:.4g}<extra>" + key + "</extra>",
+                ),
+                row=1,
+                col=column,
+            )
+    figure.update_layout(
+        barmode="group", title="faithfulness against random orders", template="plotly_white"
     )
     return figure

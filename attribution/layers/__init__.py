@@ -12,6 +12,8 @@ from attribution.layers.analysis import (
     joint_ablation,
 )
 from attribution.layers.dataset import DATASET_COLUMNS, DatasetItem, analyze_dataset
+from attribution.layers.heads import HeadAblation, ablate_heads_and_explain, head_attention
+from attribution.layers.hooks import zeroed_heads
 
 __all__ = [
     "COLUMNS",
@@ -19,12 +21,16 @@ __all__ = [
     "HEAD_ESTIMATORS",
     "MEASURES",
     "DatasetItem",
+    "HeadAblation",
     "LayerReport",
     "Measure",
+    "ablate_heads_and_explain",
     "agreement",
     "agreement_metrics",
     "analyze",
     "analyze_dataset",
     "analyze_layers",
+    "head_attention",
     "joint_ablation",
+    "zeroed_heads",
 ]

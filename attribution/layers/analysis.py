@@ -63,6 +63,7 @@ __all__ = [
     "Measure",
     "analyze",
     "analyze_layers",
+    "head_projections",
     "joint_ablation",
 ]
 
@@ -484,6 +485,17 @@ def analyze_layers(
     return analyze(adapter, inputs, target, measures, run).table
 
 
+def head_projections(adapter: Adapter) -> tuple[list[nn.Module], int]:
+    """
+    Each block's attention output projection, where heads are reached, and heads per block.
+
+    Raises:
+        UnsupportedMethodError: For models without transformer blocks attrlab knows.
+    """
+    model = _Model.of(adapter)
+    return model.projections, model.heads
+
+
 def joint_ablation(
     adapter: Adapter, inputs: Inputs, target: int, head_sets: Sequence[Collection[tuple[int, int]]]
 ) -> np.ndarray:
@@ -492,6 +504,9 @@ def joint_ablation(
 
     Returns:
         ``(1 + len(head_sets),)``: the plain probability, then one per set.
+
+    Raises:
+        InvalidParameterError: for a pair the model does not have.
     """
     model = _Model.of(adapter)
     sets = [(), *head_sets]

@@ -3,27 +3,32 @@ Scoped hooks for layer and head analysis, each undone when its ``with`` block ex
 
 Transformers v5 has no ``head_mask``: heads are reached at the input of each attention's output
 projection, where their outputs sit side by side as ``(B, T, heads·head_dim)``. A gate scales
-each head there, an ablation zeroes or mean-replaces one head per batch row; a skipped block
-returns its input as its output for one batch row. All of them act on batch rows so that many
-variants run in one forward batch.
+each head there, an ablation zeroes or mean-replaces one head per batch row (or zeroes a set of
+heads in one row, or in every row); a skipped block returns its input as its output for one
+batch row. All of them act on batch rows so that many variants run in one forward batch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
+from numbers import Integral
 from typing import Any
 
 import torch
 from torch import nn
+
+from attribution.errors import InvalidParameterError
 
 __all__ = [
     "ABLATIONS",
     "ablate_head_sets",
     "ablate_heads",
     "block_io",
+    "check_heads",
     "gate_heads",
     "skip_blocks",
+    "zeroed_heads",
 ]
 
 
@@ -150,23 +155,83 @@ def ablate_heads(
         yield
 
 
+def check_heads(chosen: Collection[tuple[int, int]], layers: int, heads: int) -> None:
+    """
+    Refuse a ``(layer, head)`` pair the model does not have, naming it and the model's counts.
+
+    Raises:
+        InvalidParameterError: for a pair out of range (or not two whole numbers).
+    """
+    for pair in chosen:
+        whole = isinstance(pair, (tuple, list)) and len(pair) == 2
+        whole = whole and all(isinstance(v, Integral) and not isinstance(v, bool) for v in pair)
+        if not (whole and 0 <= pair[0] < layers and 0 <= pair[1] < heads):
+            raise InvalidParameterError(
+                f"head {pair!r} (layer, head) is not in this model: it has {layers} layers "
+                f"(0..{layers - 1}) of {heads} heads each (0..{heads - 1})"
+            )
+
+
+#: Where a head is zeroed: a batch row (or every row, ``slice(None)``) and a head.
+_Cell = tuple[int | slice, int]
+
+
 @contextmanager
-def ablate_head_sets(
-    projections: Sequence[nn.Module], heads: int, sets: Sequence[Collection[tuple[int, int]]]
+def _zeroed_cells(
+    projections: Sequence[nn.Module], heads: int, cells: Sequence[Sequence[_Cell]]
 ) -> Iterator[None]:
-    """Batch row ``i`` has every ``(layer, head)`` of ``sets[i]`` zeroed (jointly)."""
+    """Zero, at layer ``l``'s output-projection input, each ``(row, head)`` of ``cells[l]``."""
     with ExitStack() as stack:
-        for layer, projection in enumerate(projections):
-            rows = [(i, h) for i, chosen in enumerate(sets) for (ll, h) in chosen if ll == layer]
-            if not rows:
+        for projection, chosen in zip(projections, cells, strict=True):
+            if not chosen:
                 continue
 
-            def zero(_m: nn.Module, args: tuple, rows: list[tuple[int, int]] = rows) -> tuple:
+            def zero(_m: nn.Module, args: tuple, chosen: Sequence[_Cell] = chosen) -> tuple:
                 x = args[0]
                 split = _split_heads(x.clone(), heads)
-                for row, head in rows:
+                for row, head in chosen:
                     split[row, :, head] = 0.0
                 return (split.reshape(x.shape), *args[1:])
 
             stack.callback(projection.register_forward_pre_hook(zero).remove)
+        yield
+
+
+@contextmanager
+def ablate_head_sets(
+    projections: Sequence[nn.Module], heads: int, sets: Sequence[Collection[tuple[int, int]]]
+) -> Iterator[None]:
+    """
+    Batch row ``i`` has every ``(layer, head)`` of ``sets[i]`` zeroed (jointly).
+
+    Raises:
+        InvalidParameterError: for a pair the model does not have.
+    """
+    for chosen in sets:
+        check_heads(chosen, len(projections), heads)
+    cells = [
+        [(row, h) for row, chosen in enumerate(sets) for (ll, h) in chosen if ll == layer]
+        for layer in range(len(projections))
+    ]
+    with _zeroed_cells(projections, heads, cells):
+        yield
+
+
+@contextmanager
+def zeroed_heads(
+    projections: Sequence[nn.Module], heads: int, chosen: Collection[tuple[int, int]]
+) -> Iterator[None]:
+    """
+    Every ``(layer, head)`` of ``chosen`` zeroed in every batch row.
+
+    For methods that batch many variants of one input (integrated gradients' steps, masks):
+    each row sees the same model with those heads taken out.
+
+    Raises:
+        InvalidParameterError: for a pair the model does not have.
+    """
+    check_heads(chosen, len(projections), heads)
+    every = slice(None)
+    cells = [[(every, h) for (ll, h) in chosen if ll == layer] for layer in range(len(projections))]
+    with _zeroed_cells(projections, heads, cells):
         yield

@@ -38,7 +38,10 @@ class LayerAnalysis(AttributionMethod):
 
     Per-layer and per-head measures go to ``layers``, the agreement of the head estimators to
     ``metrics`` (``spearman:a:b``, ``top_k_overlap:a:b``), and AttnLRP token relevance (the
-    ``lrp`` measure's pass) to ``scores``.
+    ``lrp`` measure's pass) to ``scores``. On text, that pass also gives
+    ``maps["token_per_layer"]``, ``(layers + 1, tokens)``: the relevance entering each block's
+    residual stream, then leaving the last one, per token (where in the sequence each layer's
+    relevance sits).
     """
 
     name = "layers"
@@ -80,14 +83,18 @@ class LayerAnalysis(AttributionMethod):
     ) -> Attribution:
         report = analyze(adapter, inputs, target, measure_names(params["measures"]), run)
         pairs = agreement(report.table, HEAD_ESTIMATORS, params["top_k"])
+        maps: dict[str, np.ndarray] = {}
         if report.lrp is None:
             run.warn("scores are zero: token relevance comes with the 'lrp' measure")
             scores, positional = np.zeros(inputs.map_shape), None
         else:
             scores, positional = report.lrp.scores, report.lrp.positional_scores
+            if inputs.modality == "text":
+                maps["token_per_layer"] = np.stack(report.lrp.residual_tokens)
         return Attribution(
             scores=scores,
             positional_scores=positional,
             layers=report.table,
+            maps=maps,
             metrics=agreement_metrics(pairs),
         )

@@ -62,6 +62,7 @@ def check_methods(
     progress: ProgressCallback | None = None,
     cancel: threading.Event | None = None,
     max_forward_passes: int | None = None,
+    evaluate: bool = False,
 ) -> MethodCheck:
     """
     Explain ``inputs`` with every method, then compare the maps and (``randomise``) check each.
@@ -70,7 +71,9 @@ def check_methods(
     no explanation starts once it is spent, and a sampling method is refused when the passes
     left cannot cover it (a gradient method, which plans nothing, may overrun the budget by its
     own few passes). ``progress`` counts
-    explanations done out of those planned.
+    explanations done out of those planned. ``evaluate`` adds each method's faithfulness scores
+    (the trust card, as :func:`~attribution.explain.explain`'s) to its explanation's metrics; the
+    randomisation recomputes need only their maps and skip them.
 
     Raises:
         InvalidParameterError: for fewer than two methods without ``randomise``, a method named
@@ -95,7 +98,9 @@ def check_methods(
     planned = len(methods) * (1 + steps)
     spent = {"forward": 0, "explanations": 0}
 
-    def run(method: str, model: Adapter, index: int | str | None) -> Explanation:
+    def run(
+        method: str, model: Adapter, index: int | str | None, scored: bool = False
+    ) -> Explanation:
         if cancel is not None and cancel.is_set():
             raise JobCancelledError("the job was cancelled")
         left = None if max_forward_passes is None else max_forward_passes - spent["forward"]
@@ -114,6 +119,7 @@ def check_methods(
                 seed,
                 cancel=cancel,
                 max_forward_passes=left,
+                evaluate=scored,
             )
         except BudgetExceededError:
             raise BudgetExceededError(
@@ -127,9 +133,10 @@ def check_methods(
             progress(spent["explanations"], planned)
         return explanation
 
-    first = run(methods[0], adapter, target)
+    first = run(methods[0], adapter, target, evaluate)
     index = first.target.index  # the same class for every method and step
-    explanations = {methods[0]: first, **{m: run(m, adapter, index) for m in methods[1:]}}
+    rest = {m: run(m, adapter, index, evaluate) for m in methods[1:]}
+    explanations = {methods[0]: first, **rest}
     maps = {name: e.scores for name, e in explanations.items()}
     agreement = map_agreement(maps, top_fraction) if len(methods) > 1 else _empty(_AGREEMENT)
     tables = []

@@ -10,6 +10,7 @@ of items on which the method beats random orders, and the cost per item.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -75,6 +76,8 @@ def evaluate_methods(
     progress: Callable[[int], None] | None = None,
     image_fill: str = "rise",
     text_removal: str = "delete",
+    cancel: threading.Event | None = None,
+    max_forward_passes: int | None = None,
 ) -> pd.DataFrame:
     """
     One row per item and method: faithfulness and random-order scores, and the method's cost.
@@ -84,16 +87,29 @@ def evaluate_methods(
     :func:`~attribution.metrics.faithfulness`'s.
 
     Methods that do not apply to ``adapter`` are left out; an unknown name is an error.
+    ``cancel`` stops the run between items (and within a method or a score that checks it);
+    ``max_forward_passes`` bounds each explanation, as one request's.
+
+    Raises:
+        JobCancelledError: once ``cancel`` is set.
     """
     check_options(image_fill, text_removal)
     applicable = [name for name in methods if get_method(name).unsupported_reason(adapter) is None]
     rows = []
     for done, item in enumerate(items, start=1):
+        orders = RunContext(seed=seed + done, cancel=cancel)  # each item its own random orders
+        orders.stop_if_cancelled()
         inputs = adapter.preprocess(item.raw)
-        orders = RunContext(seed=seed + done)  # each item its own random orders
         for name in applicable:
             explanation = explain(
-                adapter, name, inputs, item.target, (params or {}).get(name), seed
+                adapter,
+                name,
+                inputs,
+                item.target,
+                (params or {}).get(name),
+                seed,
+                cancel=cancel,
+                max_forward_passes=max_forward_passes,
             )
             target = explanation.target.index
             scored = faithfulness(

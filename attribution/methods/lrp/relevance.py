@@ -47,6 +47,9 @@ class LRPResult:
         prefix_positional: Image models: positional relevance of those tokens.
         embedding_relevance: Relevance at the embedding sum ``x0``.
         residual: Relevance entering each block's residual stream, then leaving the last one.
+        residual_tokens: The same per token (float64, ``(tokens,)`` each, batch row 0): where
+            in the sequence each layer's relevance sits; ``residual_tokens[i].sum()`` is
+            ``residual[i]``.
         positional_per_layer: Positional relevance per layer (layer 0 = the embedding for
             additive PE; every block's cos/sin for RoPE).
         attention_balance: Per layer, when recorded: relevance on cos/sin (``"rotary"``), on
@@ -66,6 +69,7 @@ class LRPResult:
     embedding_relevance: float
     residual: list[float]
     positional_per_layer: list[float]
+    residual_tokens: list[np.ndarray] = field(default_factory=list)
     attention_balance: list[dict[str, float]] = field(default_factory=list)
     probes: dict[str, torch.Tensor] = field(default_factory=dict)
 
@@ -169,6 +173,15 @@ def _relevance(tensor: torch.Tensor | None, grad: torch.Tensor | None) -> float:
     return float((tensor.detach().double() * grad.double()).sum())
 
 
+def _token_relevance(
+    tensor: torch.Tensor | None, grad: torch.Tensor | None, tokens: int
+) -> np.ndarray:
+    """``x ⊙ grad`` of a ``(B, T, D)`` tensor summed over ``D``, batch row 0 (zeros without)."""
+    if tensor is None or grad is None:
+        return np.zeros(tokens if tensor is None else tensor.shape[1])
+    return (tensor[0].detach().double() * grad[0].double()).sum(-1).cpu().numpy()
+
+
 def _assemble(
     adapter: Adapter,
     recorder: Recorder,
@@ -183,8 +196,13 @@ def _assemble(
     token, x0 = token_part.detach().double().cpu(), sum_part.detach().double().cpu()
     pos = None if pos_part is None else pos_part.detach().double().cpu()
     prefix = recorder.prefix_count
-    residual = [_relevance(h, grads.get(f"block.{i}")) for i, h in sorted(recorder.blocks.items())]
-    residual.append(_relevance(recorder.last, grads.get("last")))
+    streams: list[tuple[torch.Tensor | None, torch.Tensor | None]] = [
+        (h, grads.get(f"block.{i}")) for i, h in sorted(recorder.blocks.items())
+    ]
+    streams.append((recorder.last, grads.get("last")))
+    tokens = grads["embedding"].shape[1]  # the stream's length should a tensor be missing
+    residual_tokens = [_token_relevance(h, grad, tokens) for h, grad in streams]
+    residual = [float(r.sum()) for r in residual_tokens]
     positional_scores, per_layer, pos_total = None, [], 0.0
     if pos is not None:
         positional_scores, per_layer, pos_total = pos.numpy(), [float(pos.sum())], float(pos.sum())
@@ -213,6 +231,7 @@ def _assemble(
         embedding_relevance=float(x0.sum()),
         residual=residual,
         positional_per_layer=per_layer,
+        residual_tokens=residual_tokens,
         attention_balance=_attention_balance(recorder, grads),
     )
 

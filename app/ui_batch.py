@@ -1,0 +1,277 @@
+"""The Evaluate tab (the faithfulness leaderboard) and the Batch tab (a dataset, downloaded)."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from app.batch import IMAGE_SUFFIXES, DatasetRow, dataset_rows, numbered_lines, result_rows
+from app.jobs import instance_json
+from app.worker import BatchRequest, EvaluateRequest, Instance
+from attribution.errors import InvalidInputError
+from attribution.methods.catalog import catalog_entries
+from attribution.models import BUILTIN_MODELS, default_model
+
+__all__ = ["batch_tab", "evaluate_tab", "uploaded_rows"]
+
+
+def _methods(modality: str) -> list[str]:
+    return [
+        e["name"]
+        for e in catalog_entries()
+        if modality in e["modalities"] and e["category"] == "attribution"
+    ]
+
+
+def _classifiers(modality: str) -> list[str]:
+    return [
+        name for name, m in BUILTIN_MODELS.items() if m.modality == modality and not m.next_token
+    ]
+
+
+def evaluate_tab(runner: Any) -> None:
+    """Every chosen method on the bundled examples, scored for faithfulness."""
+    from attribution.metrics.leaderboard import bundled_items
+
+    counts = {m: len(bundled_items(m)) for m in ("text", "image")}
+    gr.Markdown(
+        "Each method's map on each bundled example, scored against random orders of the same "
+        "input (text: comprehensiveness and sufficiency; images: deletion and insertion)."
+    )
+    with gr.Row():
+        modality = gr.Radio(["text", "image"], value="text", label="Inputs")
+        model = gr.Dropdown(
+            _classifiers("text"),
+            value=default_model("text"),
+            label="Model",
+            allow_custom_value=True,
+            elem_id="evaluate-model",
+        )
+        labels = gr.Textbox("positive, negative", label="Labels (zero-shot models)")
+    methods = gr.CheckboxGroup(
+        _methods("text"),
+        value=["gradient_x_input", "integrated_gradients", "attnlrp"],
+        label="Methods",
+        elem_id="evaluate-methods",
+    )
+    with gr.Row():
+        items = gr.Slider(1, counts["text"], value=min(4, counts["text"]), step=1, label="Items")
+        steps = gr.Slider(5, 50, value=20, step=1, label="Curve steps (images)")
+        orders = gr.Slider(1, 5, value=2, step=1, label="Random orders")
+    with gr.Row():
+        run = gr.Button("Evaluate", variant="primary", elem_id="evaluate-run")
+        cancel = gr.Button("Cancel", variant="stop")
+    table = gr.Dataframe(label="Leaderboard", elem_id="evaluate-table")
+    plot = gr.Plot(label="Scores against random orders", elem_id="evaluate-plot")
+    with gr.Accordion("Per item", open=False):
+        per_item_table = gr.Dataframe()
+
+    def switch(kind: str) -> list[Any]:
+        defaults = ["gradient_x_input", "integrated_gradients"]
+        return [
+            gr.update(choices=_classifiers(kind), value=default_model(kind)),
+            gr.update(choices=_methods(kind), value=defaults),
+            gr.update(maximum=counts[kind], value=min(4, counts[kind])),
+            gr.update(visible=kind == "text"),
+        ]
+
+    modality.change(switch, modality, [model, methods, items, labels], api_visibility="private")
+
+    def evaluate(
+        kind,
+        model_,
+        labels_,
+        chosen,
+        count,
+        steps_,
+        orders_,
+        request: gr.Request,
+        progress=gr.Progress(),  # noqa: B008
+    ):
+        from attribution.metrics.leaderboard import summarise
+        from viz.evaluate import leaderboard_figure
+
+        if not chosen:
+            raise gr.Error("choose at least one method")
+        request_ = EvaluateRequest(
+            model=model_,
+            labels=_labels(labels_) if kind == "text" else None,
+            modality=kind,
+            methods=tuple(chosen),
+            items=int(count),
+            steps=int(steps_),
+            random_orders=int(orders_),
+        )
+        per_item = runner(request_, progress, request.session_hash)
+        if per_item.empty:
+            raise gr.Error("nothing was evaluated: none of these methods applies to this model")
+        summary = summarise(per_item, kind)
+        return [summary.round(4), leaderboard_figure(per_item, kind), per_item.round(4)]
+
+    running = run.click(
+        evaluate,
+        [modality, model, labels, methods, items, steps, orders],
+        [table, plot, per_item_table],
+        api_name="evaluate",
+        concurrency_id="run-evaluate",
+    )
+    cancel.click(
+        runner.cancel_handler(),
+        [],
+        [],
+        cancels=[running],
+        api_visibility="private",
+    )
+
+
+def uploaded_rows(path: str | None, max_bytes: int) -> list[DatasetRow]:
+    """
+    Rows of a page upload: a JSONL file of texts, or a zip of images (with or without a JSONL).
+
+    Nothing names a server file: image lines of a JSONL name members of the same zip, and no
+    member is read past ``max_bytes``.
+    """
+    if not path:
+        raise InvalidInputError("upload a .jsonl file or a .zip of images first")
+    upload = Path(path)
+    if upload.suffix.lower() == ".jsonl":
+        return list(dataset_rows(numbered_lines(_utf8(upload.read_bytes(), upload.name)), None))
+    if upload.suffix.lower() != ".zip":
+        raise InvalidInputError("upload a .jsonl file or a .zip of images")
+    try:
+        archive = zipfile.ZipFile(upload)
+    except zipfile.BadZipFile:
+        raise InvalidInputError("the upload is not a readable zip file") from None
+    with archive:
+        members = {i.filename: i for i in archive.infolist() if not i.is_dir()}
+
+        def read(name: str) -> bytes:
+            info = members.get(name)
+            if info is None:
+                raise InvalidInputError(f"the zip has no member '{name}'")
+            if info.file_size > max_bytes:
+                raise InvalidInputError(
+                    f"'{name}' unpacks to {info.file_size:,} bytes; this server reads at most "
+                    f"{max_bytes:,}"
+                )
+            return archive.read(info)
+
+        listed = [n for n in members if n.lower().endswith(".jsonl")]
+        if listed:
+            text = _utf8(read(listed[0]), listed[0])
+            return list(dataset_rows(numbered_lines(text), read))
+        images = sorted(n for n in members if Path(n).suffix.lower() in IMAGE_SUFFIXES)
+        if not images:
+            raise InvalidInputError("the zip holds neither a .jsonl file nor images")
+        return [DatasetRow(id=Path(name).name, image=read(name)) for name in images]
+
+
+def _utf8(data: bytes, name: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidInputError(f"'{Path(name).name}' is not UTF-8 text") from None
+
+
+def _labels(text: str | None) -> list[str] | None:
+    return [s.strip() for s in (text or "").split(",") if s.strip()] or None
+
+
+def batch_tab(runner: Any) -> None:
+    """A dataset explained with every chosen method; results as JSON Lines and Parquet."""
+    gr.Markdown(
+        'Upload a **.jsonl** file (one `{"text": ..., "target"?: ...}` per line) or a '
+        '**.zip** of images (or of images and a .jsonl naming them with `"image"`).'
+    )
+    with gr.Row():
+        upload = gr.File(label="Dataset", file_types=[".jsonl", ".zip"], elem_id="batch-upload")
+        with gr.Column():
+            model = gr.Dropdown(
+                [n for n, m in BUILTIN_MODELS.items() if not m.next_token],
+                value=default_model("text"),
+                label="Model",
+                allow_custom_value=True,
+                elem_id="batch-model",
+            )
+            labels = gr.Textbox("positive, negative", label="Labels (zero-shot models)")
+            methods = gr.CheckboxGroup(
+                sorted(set(_methods("text")) | set(_methods("image"))),
+                value=["gradient_x_input"],
+                label="Methods",
+                elem_id="batch-methods",
+            )
+            trust = gr.Checkbox(False, label="Trust cards (faithfulness scores)")
+    with gr.Row():
+        run = gr.Button("Run batch", variant="primary", elem_id="batch-run")
+        cancel = gr.Button("Cancel", variant="stop")
+    status = gr.Markdown("", elem_id="batch-status")
+    table = gr.Dataframe(label="Results", elem_id="batch-table")
+    files = gr.File(label="Download", file_count="multiple", elem_id="batch-files")
+
+    def run_batch(
+        path,
+        model_,
+        labels_,
+        chosen,
+        evaluate,
+        request: gr.Request,
+        progress=gr.Progress(),  # noqa: B008
+    ):
+        from app.batch import parquet_file, result_table
+
+        if not chosen:
+            raise gr.Error("choose at least one method")
+        limit = runner.worker.settings.max_body_bytes
+        try:
+            rows = uploaded_rows(path, limit)
+        except InvalidInputError as err:
+            raise gr.Error(str(err)) from None
+        if not rows:
+            raise gr.Error("the upload holds no rows")
+        request_ = BatchRequest(
+            model=model_,
+            labels=_labels(labels_),
+            instances=tuple(
+                Instance(text=r.text, image=r.image, target=r.target, problem=r.problem)
+                for r in rows
+            ),
+            methods=tuple(chosen),
+            evaluate=bool(evaluate),
+        )
+        results = runner(request_, progress, request.session_hash)
+        # the REST jobs' result format: {"index", "explanations"} per input
+        records = [
+            {"index": source.id, "explanations": instance_json(outcome)}
+            for source, outcome in zip(rows, results, strict=True)
+        ]
+        folder = Path(tempfile.mkdtemp(prefix="attrlab-batch-"))
+        jsonl = folder / "results.jsonl"
+        jsonl.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+        parquet = folder / "results.parquet"
+        parquet_file(records).replace(parquet)
+        flat = [row for r in records for row in result_rows(r["index"], r["explanations"])]
+        shown = result_table(flat).drop(columns=["scores", "explanation"])
+        failed = int(shown["error"].notna().sum())
+        line = f"{len(rows)} inputs × {len(chosen)} methods: {len(flat) - failed} explained"
+        line += f", {failed} failed (see the error column)" if failed else ""
+        return [line, shown, [str(jsonl), str(parquet)]]
+
+    running = run.click(
+        run_batch,
+        [upload, model, labels, methods, trust],
+        [status, table, files],
+        api_name="batch",
+        concurrency_id="run-batch",
+    )
+    cancel.click(
+        runner.cancel_handler(),
+        [],
+        [],
+        cancels=[running],
+        api_visibility="private",
+    )

@@ -1,0 +1,81 @@
+"""
+Two explanations of one method before and after an edit of the input: what changed.
+
+A text edit (a word changed, added or removed) is aligned token by token with
+:class:`difflib.SequenceMatcher`; tokens present in both keep their score difference, edited
+ones are marked. An image edit (a region occluded) keeps the image's size, so the maps are
+subtracted pixel by pixel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from difflib import SequenceMatcher
+
+import numpy as np
+
+from attribution.errors import InvalidInputError
+from attribution.explanation import Explanation
+
+__all__ = ["MapChange", "compare_explanations"]
+
+
+@dataclass
+class MapChange:
+    """
+    How one method's map and the explained class changed with an edit of the input.
+
+    Attributes:
+        before: The explanation of the first input.
+        after: The explanation of the edited input, for the same class.
+        difference: ``after − before`` per token of ``after`` (NaN where the token is new or
+            replaced) or per pixel.
+        edited: Text: whether each token of ``after`` is new or replaced; None for images.
+        probability_change: Change of the explained class's probability.
+    """
+
+    before: Explanation
+    after: Explanation
+    difference: np.ndarray
+    edited: list[bool] | None
+    probability_change: float
+
+
+def compare_explanations(before: Explanation, after: Explanation) -> MapChange:
+    """
+    The change from ``before`` to ``after``: same method, same model, same explained class.
+
+    Raises:
+        InvalidInputError: for different methods, models, classes or modalities, or images of
+            different sizes (an occlusion keeps the size).
+    """
+    if (before.method, before.model.id) != (after.method, after.model.id):
+        raise InvalidInputError(
+            "compare explanations of one method and model; got "
+            f"{before.method} on {before.model.id} and {after.method} on {after.model.id}"
+        )
+    if before.target.index != after.target.index:
+        raise InvalidInputError(
+            f"compare explanations of one class; got {before.target.label!r} and "
+            f"{after.target.label!r}"
+        )
+    change = after.target.probability - before.target.probability
+    if (before.tokens is None) != (after.tokens is None):
+        raise InvalidInputError("compare two texts or two images, not one of each")
+    if before.tokens is None or after.tokens is None:
+        if before.scores.shape != after.scores.shape:
+            raise InvalidInputError(
+                f"the edited image's map is {after.scores.shape[0]}×{after.scores.shape[1]}; the "
+                f"first was {before.scores.shape[0]}×{before.scores.shape[1]} (occlude a region "
+                "rather than resizing)"
+            )
+        return MapChange(before, after, after.scores - before.scores, None, change)
+    difference = np.full(len(after.tokens), np.nan)
+    edited = [True] * len(after.tokens)
+    matcher = SequenceMatcher(a=before.tokens, b=after.tokens, autojunk=False)
+    for block in matcher.get_matching_blocks():
+        for offset in range(block.size):
+            i, j = block.a + offset, block.b + offset
+            difference[j] = after.scores[j] - before.scores[i]
+            edited[j] = False
+    return MapChange(before, after, difference, edited, change)

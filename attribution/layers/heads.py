@@ -1,0 +1,161 @@
+"""
+One head at a time: what it attends to, and how a map changes when chosen heads are taken out.
+
+Heads are zeroed at their output projection's input in every batch row
+(:func:`~attribution.layers.hooks.zeroed_heads`), so a method that batches many variants of the
+input (integrated gradients' steps, RISE masks) explains the same ablated model in every row.
+The ablated map explains the class the plain map explained, so the two compare directly.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from attribution.errors import BudgetExceededError, InvalidParameterError, JobCancelledError
+from attribution.explain import explain
+from attribution.explanation import Explanation
+from attribution.layers.analysis import head_projections
+from attribution.layers.hooks import check_heads, zeroed_heads
+from attribution.models.base import Adapter, Inputs, TextInputs
+from attribution.run import ProgressCallback
+
+__all__ = ["HeadAblation", "ablate_heads_and_explain", "head_attention"]
+
+
+def head_attention(adapter: Adapter, inputs: Inputs, layer: int, head: int) -> np.ndarray:
+    """
+    Attention probabilities of one head on ``inputs``: queries × keys (float64).
+
+    Only visible positions are kept (padding is dropped from both axes).
+
+    Raises:
+        InvalidParameterError: for a layer or head the model does not have.
+        UnsupportedMethodError: for models without attention layers.
+    """
+    check_heads([(layer, head)], adapter.num_layers, adapter.num_heads)
+    with torch.no_grad():
+        attention = adapter.attentions(**inputs.model_kwargs())[layer][0, head]
+    visible = inputs.visible_tokens(attention.shape[-1]).to(attention.device)
+    return attention[visible][:, visible].double().cpu().numpy()
+
+
+@dataclass
+class HeadAblation:
+    """One method's map of one input with and without the chosen heads."""
+
+    #: The ``(layer, head)`` pairs zeroed together.
+    heads: list[tuple[int, int]]
+    plain: Explanation
+    #: The same target explained with ``heads`` zeroed in every batch row.
+    ablated: Explanation
+    #: Text: the first head's attention (queries × keys, visible tokens); else None.
+    attention: np.ndarray | None
+    tokens: list[str] | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the explanations as Explanation JSON, the attention as nested lists."""
+        return {
+            "heads": [list(pair) for pair in self.heads],
+            "plain": self.plain.to_dict(),
+            "ablated": self.ablated.to_dict(),
+            "attention": None if self.attention is None else self.attention.tolist(),
+            "tokens": self.tokens,
+        }
+
+
+def ablate_heads_and_explain(
+    adapter: Adapter,
+    method: str,
+    inputs: Inputs,
+    target: int | str | None,
+    heads: Sequence[tuple[int, int]],
+    params: dict[str, Any] | None = None,
+    seed: int = 0,
+    progress: ProgressCallback | None = None,
+    cancel: threading.Event | None = None,
+    max_forward_passes: int | None = None,
+) -> HeadAblation:
+    """
+    Explain ``target`` with ``method``, then the same class again with ``heads`` zeroed.
+
+    ``max_forward_passes`` bounds both explanations together; ``progress`` counts the plain one
+    as the first half of the work.
+
+    Raises:
+        InvalidParameterError: for no heads, or a head the model does not have.
+        UnsupportedMethodError: for models without transformer blocks attrlab knows, and as
+            :func:`~attribution.explain.explain`.
+        JobCancelledError: once ``cancel`` is set (the model is left as it was).
+    """
+    if not heads:
+        raise InvalidParameterError("name at least one (layer, head) to ablate")
+    projections, count = head_projections(adapter)
+    check_heads(heads, len(projections), count)
+    chosen = list(dict.fromkeys((int(layer), int(head)) for layer, head in heads))
+    _stop_if_cancelled(cancel)
+    attention = None
+    if isinstance(inputs, TextInputs):
+        attention = head_attention(adapter, inputs, *chosen[0])
+    plain = explain(
+        adapter,
+        method,
+        inputs,
+        target,
+        params,
+        seed,
+        progress=_half(progress, 0),
+        cancel=cancel,
+        max_forward_passes=max_forward_passes,
+    )
+    left = None
+    if max_forward_passes is not None:
+        left = max_forward_passes - plain.timings.forward_passes
+        if left <= 0:
+            raise BudgetExceededError(
+                f"the plain explanation spent the {max_forward_passes:,} forward passes this "
+                "server allows per request; the ablated one needs as many: lower the method's "
+                "sample count"
+            )
+    with zeroed_heads(projections, count, chosen):
+        _stop_if_cancelled(cancel)
+        ablated = explain(
+            adapter,
+            method,
+            inputs,
+            plain.target.index,
+            params,
+            seed,
+            progress=_half(progress, 1),
+            cancel=cancel,
+            max_forward_passes=left,
+        )
+    return HeadAblation(
+        heads=chosen,
+        plain=plain,
+        ablated=ablated,
+        attention=attention,
+        tokens=list(inputs.tokens) if isinstance(inputs, TextInputs) else None,
+    )
+
+
+def _stop_if_cancelled(cancel: threading.Event | None) -> None:
+    if cancel is not None and cancel.is_set():
+        raise JobCancelledError("the job was cancelled")
+
+
+def _half(progress: ProgressCallback | None, half: int) -> ProgressCallback | None:
+    """Progress of one of the two explanations as its half of the whole."""
+    if progress is None:
+        return None
+    report = progress
+
+    def scaled(done: int, total: int) -> None:
+        report(half * total + done, 2 * total)
+
+    return scaled

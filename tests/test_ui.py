@@ -1,0 +1,366 @@
+"""Every tab's API endpoints through gradio_client, checked against the library's own answers."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import socket
+import threading
+import zipfile
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from gradio_client import Client, handle_file
+from PIL import Image
+
+from app.ui import PageRunner, build_ui, share_query
+from app.ui_batch import uploaded_rows
+from app.ui_layers import format_heads, parse_heads
+from app.worker import ExplainRequest, ExplainWorker
+from attribution.agreement import map_agreement
+from attribution.errors import InvalidInputError, InvalidParameterError
+from attribution.layers import joint_ablation
+
+SENTENCE = "A lovely, charming film."
+
+
+@pytest.fixture(scope="module")
+def worker():
+    w = ExplainWorker(device="cpu", max_models=3)
+    yield w
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def client(worker):
+    demo = build_ui(worker)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    yield Client(f"http://127.0.0.1:{port}/", verbose=False)
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def png(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("ui") / "noise.png"
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(path)
+    return str(path)
+
+
+def _plot(value: dict) -> dict:
+    value = value.get("value", value) if value.get("__type__") == "update" else value
+    assert value["type"] == "plotly"
+    return json.loads(value["plot"])
+
+
+def _array(value) -> np.ndarray:
+    """A Plotly JSON array: a list, or base64 typed data (``bdata``)."""
+    if isinstance(value, dict):
+        shape = [int(n) for n in str(value.get("shape", "-1")).split(",")]
+        return np.frombuffer(base64.b64decode(value["bdata"]), value["dtype"]).reshape(shape)
+    return np.asarray(value)
+
+
+def _spans(html: str, method: str) -> list[tuple[str, float]]:
+    """(token, shown score) of one method's column in the token-columns HTML."""
+    column = re.search(rf'data-method="{re.escape(method)}".*?(?=data-method=|$)', html, re.S)
+    assert column is not None, f"no column for {method}"
+    return [
+        (m[2], float(m[1]))
+        for m in re.finditer(r'data-score="([^"]+)"[^>]*>([^<]*)<', column.group(0))
+    ]
+
+
+def test_each_tab_opens_on_its_embedded_default_model(worker):
+    demo = build_ui(worker)
+    shown = {
+        c["props"]["elem_id"]: c["props"]["value"]
+        for c in demo.config["components"]
+        if str(c.get("props", {}).get("elem_id", "")).endswith("-model")
+    }
+    assert shown["text-model"] == "minilm-zeroshot"
+    assert shown["next-model"] == "smollm2-135m"
+    assert shown["image-model"] == "efficientnet-lite0"
+
+
+def test_predict_lists_the_top_five_and_why_methods_cannot_run(client, load_model, png):
+    label, target, _picker, notes = client.predict(
+        "tiny-random-vit", "", handle_file(png), "", 0, ["gradcam"], api_name="/predict_image"
+    )
+    adapter = load_model("tiny-random-vit")
+    inputs = adapter.preprocess(np.asarray(Image.open(png).convert("RGB")))
+    with torch.no_grad():
+        probabilities = adapter.logits(**inputs.model_kwargs())[0].double().softmax(-1)
+    top = int(probabilities.argmax())
+    assert label["label"] == adapter.labels[top]
+    assert label["confidences"][0]["confidence"] == pytest.approx(float(probabilities[top]), 1e-5)
+    top5 = probabilities.argsort(descending=True)[:5].tolist()
+    assert target["value"] == ""  # the top prediction until one is picked
+    assert [int(v) for _, v in target["choices"][1:]] == top5
+    reason = adapter.capabilities()["gradcam"]
+    assert reason and reason in notes and "gradcam" in notes
+
+
+def test_two_methods_side_by_side_with_their_agreement(client):
+    outputs = client.predict(
+        "minilm-zeroshot",
+        "positive, negative",
+        SENTENCE,
+        "",
+        ["gradient_x_input", "integrated_gradients"],
+        False,
+        False,
+        0,
+        {"integrated_gradients": {"n_steps": 16}},
+        api_name="/explain_text",
+    )
+    html, agreement, _choice, _detail, _cards, _random, raw, link, _top = outputs
+    assert raw["gradient_x_input"]["target"]["label"] == "positive"
+    assert raw["integrated_gradients"]["params"]["n_steps"] == 16
+    maps = {m: np.asarray(raw[m]["scores"]) for m in ("gradient_x_input", "integrated_gradients")}
+    for method, scores in maps.items():
+        shown = _spans(html, method)
+        assert [t for t, _ in shown] == raw[method]["tokens"]
+        np.testing.assert_allclose([s for _, s in shown], scores, rtol=1e-5)
+    expected = map_agreement(maps)["spearman"].iloc[0]
+    heat = _plot(agreement)["data"][0]
+    assert _array(heat["z"])[0, 1] == pytest.approx(expected, abs=1e-6)
+    assert "methods=gradient_x_input%2Cintegrated_gradients" in link and "tab=text" in link
+
+
+def test_trust_card_reports_the_map_against_random_orders(client):
+    *_, cards, _random, raw, _link, _top = client.predict(
+        "tiny-random-bert",
+        "",
+        "the film was good",
+        "",
+        ["gradient_x_input"],
+        True,
+        False,
+        0,
+        {},
+        api_name="/explain_text",
+    )
+    metrics = raw["gradient_x_input"]["metrics"]
+    better = metrics["comprehensiveness"] > metrics["comprehensiveness_random"]
+    card = re.search(
+        r"comprehensiveness.*?(not better than random|better than random)", cards, re.S
+    )
+    assert card is not None
+    assert (card.group(1) == "better than random") == better
+
+
+def test_next_token_target_is_picked_from_the_predictions(client):
+    label, target, *_ = client.predict(
+        "tiny-random-llama",
+        "",
+        "the cat sat on the",
+        "",
+        0,
+        ["attnlrp"],
+        api_name="/predict_next_token",
+    )
+    second = label["confidences"][1]
+    index = target["choices"][2][1]  # after "top prediction": the second prediction's index
+    raw = client.predict(
+        "tiny-random-llama",
+        "",
+        "the cat sat on the",
+        index,
+        ["attnlrp"],
+        False,
+        False,
+        0,
+        {},
+        api_name="/explain_next_token",
+    )[6]
+    assert raw["attnlrp"]["target"]["index"] == int(index)
+    assert raw["attnlrp"]["target"]["label"] == second["label"]
+    assert raw["attnlrp"]["target"]["probability"] == pytest.approx(second["confidence"], 1e-5)
+
+
+def test_a_method_that_cannot_apply_is_refused_with_its_reason(client, load_model, png):
+    reason = load_model("tiny-random-vit").capabilities()["gradcam"]
+    with pytest.raises(Exception, match=re.escape(reason[:30])):
+        client.predict(
+            "tiny-random-vit",
+            "",
+            handle_file(png),
+            "",
+            ["gradcam"],
+            False,
+            False,
+            0,
+            {},
+            api_name="/explain_image",
+        )
+
+
+def test_image_maps_opacity_and_export_bundle(client, png):
+    outputs = client.predict(
+        "tiny-random-vit",
+        "",
+        handle_file(png),
+        "",
+        ["gradient_x_input", "rollout"],
+        False,
+        False,
+        0,
+        {},
+        api_name="/explain_image",
+    )
+    figure = _plot(outputs[0])
+    heatmaps = [t for t in figure["data"] if t["type"] == "heatmap"]
+    assert len(heatmaps) == 2 and sum(bool(t.get("showscale", True)) for t in heatmaps) == 1
+    redrawn = _plot(client.predict(0.2, api_name="/opacity_image"))
+    assert {t["opacity"] for t in redrawn["data"] if t["type"] == "heatmap"} == {0.2}
+    bundle = client.predict(api_name="/export_image")
+    with zipfile.ZipFile(bundle) as archive:
+        names = archive.namelist()
+        assert any(n.endswith("rollout.json") for n in names)
+        assert any(n.endswith("gradient_x_input.npz") for n in names)
+        assert any(n.endswith(".html") for n in names)
+        manifest = json.loads(archive.read(next(n for n in names if n.endswith("manifest.json"))))
+    assert "torch" in json.dumps(manifest)
+
+
+def test_layers_then_ablating_a_head_changes_the_prediction(client, load_model):
+    outputs = client.predict(
+        "tiny-random-bert",
+        "the film was good",
+        "",
+        "",
+        False,
+        ["gradient", "ablation"],
+        api_name="/layers_analyse",
+    )
+    measure, _heatmap, grid = outputs[0], outputs[1], outputs[2]
+    assert measure["value"] == "head_gradient"  # the first head measure computed
+    assert len(grid["data"]) == 2  # tiny-random-bert: 2 layers
+    before, after, change, _attention, _maps, _figure = client.predict(
+        "L1H0, L0H1", "gradient_x_input", api_name="/layers_ablate"
+    )
+    adapter = load_model("tiny-random-bert")
+    inputs = adapter.preprocess("the film was good")
+    target = next(i for i in range(adapter.num_classes) if adapter.label(i) == before["label"])
+    plain, ablated = joint_ablation(adapter, inputs, target, [{(1, 0), (0, 1)}])
+    shown = {c["label"]: c["confidence"] for c in after["confidences"]}
+    assert shown[before["label"]] == pytest.approx(ablated, abs=1e-4)
+    assert f"{plain:.4f} → {ablated:.4f}" in change
+
+
+def test_evaluate_ranks_each_method_on_the_bundled_items(client):
+    table, plot, per_item = client.predict(
+        "text",
+        "minilm-zeroshot",
+        "positive, negative",
+        ["gradient_x_input", "occlusion"],
+        2,
+        10,
+        1,
+        api_name="/evaluate",
+    )
+    summary = pd.DataFrame(table["data"], columns=table["headers"])
+    assert sorted(summary["method"]) == ["gradient_x_input", "occlusion"]
+    items = pd.DataFrame(per_item["data"], columns=per_item["headers"])
+    assert len(items) == 4
+    means = items.groupby("method")["comprehensiveness"].mean()
+    for row in summary.itertuples():
+        assert row.comprehensiveness == pytest.approx(means[row.method], abs=1e-3)
+    assert _plot(plot)["data"]
+
+
+def test_batch_explains_an_upload_and_records_the_bad_line(client, tmp_path):
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"text": "good"}\n{"text": 5}\n{"id": "x", "text": "bad film"}\n')
+    status, table, files = client.predict(
+        handle_file(str(data)),
+        "tiny-random-bert",
+        "",
+        ["gradient_x_input"],
+        False,
+        api_name="/batch",
+    )
+    assert "2 explained, 1 failed" in status
+    rows = pd.DataFrame(table["data"], columns=table["headers"])
+    assert list(rows["id"]) == ["line-1", "line-2", "x"]
+    assert "text must be a string" in rows["error"].iloc[1]
+    parquet = next(f for f in files if f.endswith(".parquet"))
+    assert len(pd.read_parquet(parquet)) == 3
+
+
+def test_uploads_never_name_server_files(tmp_path):
+    secret = tmp_path / "secret.png"
+    Image.new("RGB", (4, 4)).save(secret)
+    lines = tmp_path / "rows.jsonl"
+    lines.write_text(json.dumps({"image": str(secret)}) + "\n")
+    (row,) = uploaded_rows(str(lines), 1 << 20)
+    assert row.image is None and "zip" in row.problem
+    archive = tmp_path / "set.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("rows.jsonl", json.dumps({"image": str(secret)}) + "\n")
+        z.writestr("big.png", b"\0" * 2048)
+    (row,) = uploaded_rows(str(archive), 1 << 20)
+    assert row.image is None and "no member" in row.problem
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("big.png", b"\0" * 2048)
+    with pytest.raises(InvalidInputError, match="at most 1,024"):
+        uploaded_rows(str(archive), 1024)
+
+
+def test_heads_are_read_and_written_back():
+    assert parse_heads("L2H3, l4h1; 0:5, L2H3") == ((2, 3), (4, 1), (0, 5))
+    assert format_heads(parse_heads("L2H3,L4H1")) == "L2H3, L4H1"
+    with pytest.raises(InvalidParameterError, match="L<layer>H<head>"):
+        parse_heads("head three")
+
+
+def test_a_shared_link_carries_the_inputs():
+    query = share_query(
+        {"tab": "text", "model": "m", "methods": ["a", "b"], "text": "x & y", "params": {}}
+    )
+    assert query == "?tab=text&model=m&methods=a%2Cb&text=x+%26+y"
+
+
+def test_cancel_stops_the_sessions_job_and_leaves_the_model_unpatched(worker):
+    import gradio as gr
+
+    runner = PageRunner(worker)
+    hooks_before = _hooks(worker.adapter("tiny-random-bert"))
+    slow = ExplainRequest(
+        model="tiny-random-bert",
+        text="the film was good " * 8,
+        method="rise",
+        params={"n_masks": 200_000, "batch_size": 2},
+    )
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            runner(slow, lambda *a, **k: None, "session-1")
+        except BaseException as err:
+            failure.append(err)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    while not runner._jobs:  # the job is queued
+        thread.join(0.05)
+    runner.cancel("session-2")  # another session's Cancel does nothing
+    thread.join(0.5)
+    assert thread.is_alive()
+    runner.cancel("session-1")
+    thread.join(60)
+    assert not thread.is_alive()
+    assert isinstance(failure[0], gr.Error) and "cancel" in failure[0].message
+    assert _hooks(worker.adapter("tiny-random-bert")) == hooks_before
+
+
+def _hooks(adapter) -> int:
+    modules = list(adapter.model.modules())
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in modules)

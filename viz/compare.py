@@ -1,0 +1,106 @@
+"""Views of an edit and compare: how each method's map and the class probability changed."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from attribution.compare import MapChange
+from viz.image import fit_map, robust_peak
+from viz.text import diverging_colour, text_colour
+
+__all__ = ["change_figure", "change_html"]
+
+_LEGEND = (
+    "change of relevance ÷ each method's largest |change| (red: the token supports the class "
+    "more after the edit); dashed: a token the edit added or replaced"
+)
+
+
+def _headline(change: MapChange) -> str:
+    target = change.after.target
+    return (
+        f"p({html.escape(target.label)}) {change.before.target.probability:.4f} → "
+        f"{target.probability:.4f} ({change.probability_change:+.4f})"
+    )
+
+
+def _tokens_html(change: MapChange) -> str:
+    tokens = change.after.tokens or []
+    known = change.difference[~np.isnan(change.difference)]
+    peak = float(np.abs(known).max()) if known.size else 0.0
+    spans = []
+    for token, delta, edited in zip(tokens, change.difference, change.edited or [], strict=True):
+        if edited:
+            spans.append(
+                '<span data-edited="true" title="added or replaced by the edit" '
+                'style="border:1px dashed currentColor;padding:0 3px;margin:1px;'
+                f'border-radius:3px;display:inline-block">{html.escape(token)}</span>'
+            )
+            continue
+        background = diverging_colour(float(delta) / peak if peak > 0 else 0.0)
+        spans.append(
+            f'<span data-change="{float(delta):.6g}" title="{float(delta):+.6g}" '
+            f"style=\"background:rgb{background};color:{text_colour(background)};"
+            'padding:1px 3px;margin:1px;border-radius:3px;display:inline-block">'
+            f"{html.escape(token)}</span>"
+        )
+    return "".join(spans)
+
+
+def change_html(changes: Mapping[str, MapChange]) -> str:
+    """Per method, side by side: the probability's change and each token's change of relevance."""
+    columns = "".join(
+        f'<div class="attr-change" data-method="{html.escape(method)}" '
+        'style="flex:1 1 240px;min-width:200px">'
+        f'<div style="font-weight:600">{html.escape(method)}</div>'
+        f'<div style="font-size:0.85em">{_headline(change)}</div>'
+        f'<div style="line-height:1.9">{_tokens_html(change)}</div></div>'
+        for method, change in changes.items()
+    )
+    return (
+        '<div class="attr-changes" style="display:flex;flex-wrap:wrap;gap:16px">'
+        f'{columns}</div><div style="font-size:0.85em">{html.escape(_LEGEND)}</div>'
+    )
+
+
+def change_figure(changes: Mapping[str, MapChange], image: np.ndarray) -> go.Figure:
+    """
+    Per method, the change of its map (after − before) over the edited ``image``.
+
+    Each difference is divided by its robust peak; one colour bar for all.
+    """
+    if not changes:
+        raise ValueError("change_figure needs at least one comparison")
+    names = list(changes)
+    figure = make_subplots(
+        rows=1,
+        cols=len(names),
+        subplot_titles=[f"{m}: {_headline(changes[m])}" for m in names],
+    )
+    size = image.shape[:2]
+    for column, method in enumerate(names, start=1):
+        difference = fit_map(changes[method].difference, size)
+        peak = robust_peak(difference) or 1.0
+        figure.add_trace(go.Image(z=image), row=1, col=column)
+        figure.add_trace(
+            go.Heatmap(
+                z=difference / peak,
+                zmin=-1.0,
+                zmax=1.0,
+                colorscale="RdBu_r",
+                opacity=0.6,
+                showscale=column == 1,
+                colorbar={"title": "change ÷ robust peak"},
+            ),
+            row=1,
+            col=column,
+        )
+    figure.update_xaxes(visible=False)
+    figure.update_yaxes(visible=False, autorange="reversed", scaleanchor="x")
+    figure.update_layout(height=380, margin={"l": 10, "r": 10, "t": 50, "b": 10})
+    return figure
