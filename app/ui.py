@@ -11,11 +11,15 @@ from :mod:`viz`. The tabs for layers, evaluation and batches are in :mod:`app.ui
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
+import shutil
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import CancelledError
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,16 +34,18 @@ from app.worker import (
     CheckRequest,
     ExplainRequest,
     ExplainWorker,
+    Job,
     PreviewRequest,
     WorkerRequest,
 )
+from attribution.compare import MapChange, compare_explanations
 from attribution.errors import AttrlabError
 from attribution.explanation import Explanation
 from attribution.methods.catalog import catalog_entries
 from attribution.models import BUILTIN_MODELS, default_model
 from attribution.run import ProgressCallback
 
-__all__ = ["PageRunner", "build_ui"]
+__all__ = ["PageRunner", "build_ui", "label_list", "method_entries", "page_folder", "read_target"]
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +57,21 @@ DEFAULT_METHODS = {
     "next": ["attnlrp", "gradient_x_input"],
     "image": ["gradient_x_input", "gradcam"],
 }
+#: How long files the page hands out (exports, batch results) are kept (seconds).
+FILES_KEPT_S = 3600
 #: Fields a shared link carries (the page's state in its URL; images stay out).
-LINK_FIELDS = ("tab", "model", "methods", "text", "labels", "target", "seed")
+LINK_FIELDS = (
+    "tab",
+    "model",
+    "methods",
+    "text",
+    "labels",
+    "target",
+    "seed",
+    "trust",
+    "randomise",
+    "params",
+)
 
 #: How a page's request is run: through the worker's queue, or (a Space) in a GPU slot.
 Runner = Callable[[WorkerRequest[Any], ProgressCallback], Any]
@@ -60,55 +79,74 @@ Runner = Callable[[WorkerRequest[Any], ProgressCallback], Any]
 
 class PageRunner:
     """
-    Runs the page's requests with a progress bar and an ETA; Cancel stops a session's job.
+    Runs the page's requests with a progress bar and an ETA; Cancel stops a tab's job.
 
-    With a ``run`` (a Space's GPU slots) jobs cannot be stopped once started; Cancel then only
-    frees the page. User errors become a message on the page, bugs a generic one.
+    Jobs are keyed by session and tab, so Cancel stops only the job of the tab it sits on. The
+    worker runs a job on its own threads, where Gradio's progress bar cannot be reached: the
+    handler's thread polls the job's progress and moves the bar. With a ``run`` (a Space's GPU
+    slots) a job cannot be stopped once started; Cancel then only frees the page. User errors
+    become a message on the page, bugs a generic one.
     """
+
+    #: How often the handler's thread moves the progress bar (seconds).
+    poll_s = 0.25
 
     def __init__(self, worker: ExplainWorker, run: Runner | None = None) -> None:
         self.worker = worker
         self._run = run
-        self._jobs: dict[str, Any] = {}
+        self._jobs: dict[tuple[str, str], Job[Any]] = {}
         self._lock = threading.Lock()
 
     def __call__(
-        self, request: WorkerRequest[Any], progress: gr.Progress, session: str | None = None
+        self,
+        request: WorkerRequest[Any],
+        progress: Callable[..., Any],
+        session: str | None = None,
+        tab: str = "",
     ) -> Any:
         report = _eta_reporter(progress)
         try:
             if self._run is not None:
                 return self._run(request, report)
-            job = self.worker.submit(request, progress=report)
-            key = session or ""
-            with self._lock:
-                self._jobs[key] = job
-            try:
-                return job.result()
-            finally:
-                with self._lock:
-                    if self._jobs.get(key) is job:
-                        del self._jobs[key]
+            return self._wait(self.worker.submit(request), (session or "", tab), report)
         except gr.Error:  # already a message for the page (ZeroGPU's own errors among them)
             raise
+        except CancelledError:  # cancelled while it waited in the queue
+            raise gr.Error("the job was cancelled") from None
         except AttrlabError as err:
             raise gr.Error(public_message(str(err))) from None
         except Exception:
             log.exception("a page request failed")
             raise gr.Error("internal error; the server log has details") from None
 
-    def cancel_handler(self) -> Callable[[gr.Request], None]:
-        """The Cancel button's handler: it stops the clicking session's job."""
+    def _wait(self, job: Job[Any], key: tuple[str, str], report: ProgressCallback) -> Any:
+        with self._lock:
+            self._jobs[key] = job
+        try:
+            while True:
+                try:
+                    return job.result(timeout=self.poll_s)
+                except TimeoutError:
+                    done, total = job.progress
+                    if total:
+                        report(done, total)
+        finally:
+            with self._lock:
+                if self._jobs.get(key) is job:
+                    del self._jobs[key]
+
+    def cancel_handler(self, tab: str) -> Callable[[gr.Request], None]:
+        """The Cancel button of ``tab``: it stops the clicking session's job on that tab."""
 
         def cancel(request: gr.Request) -> None:
-            self.cancel(_session(request))
+            self.cancel(_session(request), tab)
 
         return cancel
 
-    def cancel(self, session: str | None) -> None:
-        """Stop the session's job in the worker (it leaves no model patched)."""
+    def cancel(self, session: str | None, tab: str = "") -> None:
+        """Stop the job of ``session`` on ``tab`` in the worker (it leaves no model patched)."""
         with self._lock:
-            job = self._jobs.get(session or "")
+            job = self._jobs.get((session or "", tab))
         if job is not None:
             job.cancel()
 
@@ -126,6 +164,24 @@ def _eta_reporter(progress: gr.Progress) -> ProgressCallback:
         progress(done / max(total, 1), desc=f"{done:,}/{total:,} steps{eta}")
 
     return report
+
+
+def readable(handler: Callable[..., Any]) -> Callable[..., Any]:
+    """
+    A handler whose refusals reach the page as messages.
+
+    A figure that cannot be drawn from these results, or an input the library refuses, raises
+    ``ValueError`` or an :class:`AttrlabError`: the page shows its sentence, not "Error".
+    """
+
+    @functools.wraps(handler)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return handler(*args, **kwargs)
+        except (ValueError, AttrlabError) as err:
+            raise gr.Error(public_message(str(err))) from None
+
+    return wrapped
 
 
 def _session(request: gr.Request | None) -> str | None:
@@ -146,18 +202,40 @@ def _queued_cost(worker: ExplainWorker, request: ExplainRequest) -> str:
 # --- methods and their parameters, from the catalog ---------------------------------------
 
 
-def _widget(method: str, name: str, spec: Mapping[str, Any]) -> Any:
+def method_entries(modality: str) -> list[dict[str, Any]]:
+    """The catalog entries of the attribution methods for ``modality`` (no analyses)."""
+    entries = catalog_entries()
+    return [e for e in entries if modality in e["modalities"] and e["category"] == "attribution"]
+
+
+def label_list(text: str | None) -> list[str] | None:
+    """Zero-shot labels from a comma-separated field; None when it is empty."""
+    return [s.strip() for s in (text or "").split(",") if s.strip()] or None
+
+
+def read_target(value: Any) -> int | str | None:
+    """A target field: an output index (digits), a label, or None (the top prediction)."""
+    if isinstance(value, str):
+        value = value.strip()
+        if value.lstrip("-").isdigit():
+            return int(value)
+    return value if value not in ("", None) else None
+
+
+def _widget(prefix: str, method: str, name: str, spec: Mapping[str, Any]) -> Any:
     """A widget for one parameter from its schema: a menu, a slider, a bounded number, text."""
     kind, default, info = spec["type"], spec.get("default"), spec.get("help")
     label = f"{name} (empty = automatic)" if default is None else name
-    elem_id = f"param-{method}-{name}"
+    elem_id = f"{prefix}-param-{method}-{name}"
     if "enum" in spec:
-        return gr.Dropdown(list(spec["enum"]), value=default, label=label, info=info)
+        return gr.Dropdown(
+            list(spec["enum"]), value=default, label=label, info=info, elem_id=elem_id
+        )
     if kind == "bool":
-        return gr.Checkbox(value=bool(default), label=name, info=info)
+        return gr.Checkbox(value=bool(default), label=name, info=info, elem_id=elem_id)
     if kind in ("int", "float"):
-        low = spec.get("minimum", spec.get("exclusiveMinimum"))
-        high = spec.get("maximum", spec.get("exclusiveMaximum"))
+        # inclusive bounds only: an exclusive one is checked by the schema, with its message
+        low, high = spec.get("minimum"), spec.get("maximum")
         if kind == "float" and default is not None and (low, high) == (0.0, 1.0):
             return gr.Slider(0.0, 1.0, value=default, step=0.01, label=name, info=info)
         return gr.Number(
@@ -184,11 +262,7 @@ class MethodControls:
 
     @classmethod
     def build(cls, modality: str, chosen: Sequence[str], prefix: str) -> MethodControls:
-        entries = [
-            e
-            for e in catalog_entries()
-            if modality in e["modalities"] and e["category"] == "attribution"
-        ]
+        entries = method_entries(modality)
         names = [e["name"] for e in entries]
         picker = gr.CheckboxGroup(
             [(f"{e['name']} ({e['title']})", e["name"]) for e in entries],
@@ -208,7 +282,7 @@ class MethodControls:
                     if entry.get("paper"):
                         gr.Markdown(f"[paper]({entry['paper']})")
                     for name, spec in entry["params"].items():
-                        widget = _widget(entry["name"], name, spec)
+                        widget = _widget(prefix, entry["name"], name, spec)
                         controls.widgets.append((entry["name"], name, spec.get("default"), widget))
                 controls.accordions[entry["name"]] = accordion
         return controls
@@ -268,6 +342,8 @@ class Result:
     randomisation: Any = None  # DataFrame (randomisation check)
     image: np.ndarray | None = None
     fields: dict[str, Any] = field(default_factory=dict)
+    #: Per method, the change from the previous run (an edit and compare).
+    changes: dict[str, MapChange] = field(default_factory=dict)
 
 
 def _detail_views(explanation: Explanation) -> list[str]:
@@ -320,19 +396,15 @@ def _figures(result: Result) -> dict[str, Any]:
         image_grid_figure,
         method_agreement_figure,
         randomisation_figure,
-        token_figure,
         trust_figure,
     )
 
     figures: dict[str, Any] = {}
     if result.image is not None:
         figures["maps"] = image_grid_figure(result.explanations, result.image)
-    for choice in _detail_choices(result):
+    for choice in _detail_choices(result):  # a text's scores, conservation, positional, error
         if result.image is None or not choice.endswith(" · map"):
             figures[choice.replace(" · ", "_").replace(" ", "_")] = _detail_figure(result, choice)
-    if result.image is None:
-        for method, e in result.explanations.items():
-            figures[f"{method}_scores"] = token_figure(e)
     if result.agreement is not None and len(result.agreement):
         figures["agreement"] = method_agreement_figure(result.agreement)
     if result.randomisation is not None and len(result.randomisation):
@@ -342,22 +414,64 @@ def _figures(result: Result) -> dict[str, Any]:
     return figures
 
 
+def _pages(result: Result) -> dict[str, str]:
+    """The page's HTML views of a run: token columns, trust cards, the comparison."""
+    from viz import change_html, token_columns_html
+    from viz.trust import trust_card_html
+
+    pages = {"trust_cards": "".join(trust_card_html(e) for e in result.explanations.values())}
+    if result.image is None:
+        pages["maps"] = token_columns_html(result.explanations)
+        if result.changes:
+            pages["comparison"] = change_html(result.changes)
+    return pages
+
+
+def page_folder(kind: str) -> Path:
+    """
+    A fresh folder for a file the page hands out; those of earlier runs go after an hour.
+
+    Gradio copies what it serves into its own cache (cleaned by the Blocks' ``delete_cache``),
+    so nothing here has to outlive the hour.
+    """
+    root = Path(tempfile.gettempdir()) / "attrlab-page"
+    root.mkdir(exist_ok=True)
+    stale = time.time() - FILES_KEPT_S
+    for old in root.iterdir():
+        with suppress(OSError):
+            if old.stat().st_mtime < stale:
+                shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{kind}-", dir=root))
+
+
 def export_bundle(result: Result, png: bool = True) -> Path:
-    """The run as a zip: Explanation JSON and arrays per method, figures, inputs, versions."""
+    """The run as a zip: Explanation JSON and arrays per method, figures, pages, inputs."""
     from viz.bundle import write_bundle
 
-    folder = Path(tempfile.mkdtemp(prefix="attrlab-export-")) / "attrlab-export"
+    folder = page_folder("export") / "attrlab-export"
     folder.mkdir()
     return write_bundle(
-        result.explanations, _figures(result), folder, extra={"inputs": result.fields}, png=png
+        result.explanations,
+        _figures(result),
+        folder,
+        extra={"inputs": result.fields},
+        png=png,
+        pages=_pages(result),
     )
 
 
 def share_query(fields: Mapping[str, Any]) -> str:
     """The query string that reopens a tab with these inputs."""
-    shown = {k: v for k, v in fields.items() if k in LINK_FIELDS and v not in (None, "", [])}
+    shown = {
+        k: v for k, v in fields.items() if k in LINK_FIELDS and v not in (None, "", [], {}, False)
+    }
     if isinstance(shown.get("methods"), list | tuple):
         shown["methods"] = ",".join(shown["methods"])
+    if "params" in shown:
+        shown["params"] = json.dumps(shown["params"], separators=(",", ":"))
+    for flag in ("trust", "randomise"):
+        if flag in shown:
+            shown[flag] = "1"
     return "?" + urlencode(shown)
 
 
@@ -458,6 +572,11 @@ def _explain_tab(
     with gr.Row(equal_height=True):
         trust = gr.Checkbox(False, label="Trust cards (faithfulness against random orders)")
         randomise = gr.Checkbox(False, label="Randomisation check (one run per layer)")
+        compare = gr.Checkbox(
+            False,
+            label="Compare with the previous run (edit the input; same class)",
+            elem_id=f"{key}-compare",
+        )
         seed = gr.Number(
             0, label="Seed", precision=0, minimum=0, min_width=80, elem_id=f"{key}-seed"
         )
@@ -475,6 +594,12 @@ def _explain_tab(
         with gr.Column():
             detail_choice = gr.Dropdown([], label="Details", elem_id=f"{key}-detail-choice")
             detail = gr.Plot(label="Details", elem_id=f"{key}-detail")
+    if spec.modality == "image":
+        comparison: Any = gr.Plot(
+            label="Change from the previous run", visible=False, elem_id=f"{key}-comparison"
+        )
+    else:
+        comparison = gr.HTML(visible=False, elem_id=f"{key}-comparison")
     cards = gr.HTML(elem_id=f"{key}-trust")
     randomisation = gr.Plot(
         label="Randomisation check", visible=False, elem_id=f"{key}-randomisation"
@@ -490,6 +615,7 @@ def _explain_tab(
 
     params_box = gr.JSON(visible=False)  # method -> parameters, gathered from the widgets
     fields = [model, labels, source, target, controls.picker, trust, randomise, seed, params_box]
+    fields += [compare, last]
     api = {"text": "text", "next": "next_token", "image": "image"}[key]
 
     def instance(model_: str, labels_: str, source_: Any, target_: Any, seed_: Any) -> dict:
@@ -500,22 +626,22 @@ def _explain_tab(
             data: dict[str, Any] = {"image": np.asarray(source_)}
         else:
             data = {"text": source_ or ""}
-        if isinstance(target_, str) and target_.strip().lstrip("-").isdigit():
-            target_ = int(target_)
         return {
             "model": model_,
-            "labels": _labels(labels_) if spec.key == "text" else None,
-            "target": target_ if target_ not in ("", None) else None,
+            "labels": label_list(labels_) if spec.key == "text" else None,
+            "target": read_target(target_),
             "seed": _whole(seed_) or 0,
             "next_token": spec.next_token,
             **data,
         }
 
+    @readable
     def preview(model_, labels_, source_, target_, seed_, chosen, request: gr.Request) -> list:
         shown = runner(
             PreviewRequest(**instance(model_, labels_, source_, target_, seed_)),
             gr.Progress(),
             _session(request),
+            key,
         )
         reasons = shown.capabilities
         choices = [("top prediction", "")] + [
@@ -538,6 +664,24 @@ def _explain_tab(
     )
     controls.wire(capabilities)
 
+    def forget_model() -> list[Any]:
+        """Another model: its predictions, classes and methods are not known yet."""
+        return [
+            None,
+            gr.update(choices=[("top prediction", "")], value=""),
+            gr.update(choices=_picker_choices(_names(controls), {})),
+            "",
+            {},
+        ]
+
+    model.input(  # the user's choice only: a shared link sets model and target together
+        forget_model,
+        None,
+        [prediction, target, controls.picker, controls.notes, capabilities],
+        api_visibility="private",
+    )
+
+    @readable
     def explain(
         model_,
         labels_,
@@ -548,6 +692,8 @@ def _explain_tab(
         randomise_,
         seed_,
         params,
+        compare_,
+        previous: Result | None,
         request: gr.Request,
         progress=gr.Progress(),  # noqa: B008
     ) -> list:
@@ -555,6 +701,10 @@ def _explain_tab(
         if not methods:
             raise gr.Error("choose at least one method")
         base = instance(model_, labels_, source_, target_, seed_)
+        if compare_ and previous is None:
+            raise gr.Error("run once before comparing: the comparison needs a previous run")
+        if compare_ and previous is not None:  # the class the previous run explained
+            base["target"] = next(iter(previous.explanations.values())).target.index
         params = params if isinstance(params, dict) else {}
         if len(methods) == 1 and not randomise_:
             explanation = runner(
@@ -566,6 +716,7 @@ def _explain_tab(
                 ),
                 progress,
                 _session(request),
+                key,
             )
             result = Result({methods[0]: explanation})
         else:
@@ -579,6 +730,7 @@ def _explain_tab(
                 ),
                 progress,
                 _session(request),
+                key,
             )
             result = Result(check.explanations, check.agreement, check.randomisation)
         if spec.modality == "image":
@@ -592,7 +744,11 @@ def _explain_tab(
             "target": target_,
             "seed": base["seed"],
             "params": params,
+            "trust": bool(trust_),
+            "randomise": bool(randomise_),
         }
+        if compare_ and previous is not None:
+            result.changes = _changes(previous, result)
         return show(result, request)
 
     def show(result: Result, request: gr.Request | None) -> list[Any]:
@@ -625,6 +781,7 @@ def _explain_tab(
             _page_base(request) + share_query(result.fields),
             result,
             _top(next(iter(result.explanations.values()))),
+            _comparison_view(result),
             *([gr.update(value=0.55)] if opacity is not None else []),
         ]
 
@@ -632,7 +789,7 @@ def _explain_tab(
         return controls.params(chosen or [], dict(zip(controls.components, values, strict=True)))
 
     outputs = [maps, agreement, detail_choice, detail, cards, randomisation, raw, link, last]
-    outputs += [prediction]
+    outputs += [prediction, comparison]
     outputs += [opacity] if opacity is not None else []
     gathered = run.click(
         gather,
@@ -645,13 +802,14 @@ def _explain_tab(
         explain, fields, outputs, api_name=f"explain_{api}", concurrency_id=f"run-{key}"
     )
     cancel.click(
-        runner.cancel_handler(),
+        runner.cancel_handler(key),
         [],
         [],
         cancels=[running],
         api_name=f"cancel_{api}",
     )
 
+    @readable
     def redraw_detail(choice: str | None, result: Result | None) -> Any:
         if result is None or not choice:
             return None
@@ -666,6 +824,7 @@ def _explain_tab(
     )
     if opacity is not None:
 
+        @readable
         def redraw_maps(alpha: float, result: Result | None) -> Any:
             from viz import image_grid_figure
 
@@ -677,6 +836,7 @@ def _explain_tab(
             redraw_maps, [opacity, last], maps, show_progress="hidden", api_name=f"opacity_{api}"
         )
 
+    @readable
     def download(result: Result | None) -> str:
         if result is None:
             raise gr.Error("run an explanation first; the bundle holds its results")
@@ -713,14 +873,106 @@ def _explain_tab(
             concurrency_id=f"cost-{key}",
             trigger_mode="always_last",
         )
-    return {
-        "model": model,
-        "labels": labels,
-        "text": None if spec.modality == "image" else source,
-        "target": target,
-        "methods": controls.picker,
-        "seed": seed,
-    }
+
+    linked = gr.State(False)  # a shared link filled this tab: run it once loaded
+
+    def run_linked(
+        linked: bool,
+        model_,
+        labels_,
+        source_,
+        target_,
+        methods,
+        trust_,
+        randomise_,
+        seed_,
+        params,
+        compare_,
+        previous,
+        request: gr.Request,
+        progress=gr.Progress(),  # noqa: B008
+    ) -> list[Any]:
+        if not linked:
+            return [gr.skip()] * len(outputs)
+        return explain(
+            model_,
+            labels_,
+            source_,
+            target_,
+            methods,
+            trust_,
+            randomise_,
+            seed_,
+            params,
+            compare_,
+            previous,
+            request,
+            progress,
+        )
+
+    def follow(opened: Any) -> None:
+        """Chain the tab's run to the page's load, for a shared link naming this tab."""
+        gathered_ = opened.then(
+            gather, [controls.picker, *controls.components], params_box, api_visibility="private"
+        )
+        gathered_.then(
+            run_linked,
+            [linked, *fields],
+            outputs,
+            api_visibility="private",
+            concurrency_id=f"run-{key}",
+        )
+
+    return LinkedTab(
+        {
+            "model": model,
+            "labels": labels,
+            "text": None if spec.modality == "image" else source,
+            "target": target,
+            "methods": controls.picker,
+            "seed": seed,
+            "trust": trust,
+            "randomise": randomise,
+        },
+        controls.widgets,
+        linked,
+        follow,
+    )
+
+
+@dataclass
+class LinkedTab:
+    """What a shared link fills on a tab, and how the tab's run follows the page's load."""
+
+    fields: dict[str, Any]
+    widgets: list[tuple[str, str, Any, Any]]
+    linked: gr.State
+    follow: Callable[[Any], None]
+
+
+def _changes(previous: Result, result: Result) -> dict[str, MapChange]:
+    """Each method run both times: how its map and the class's probability changed."""
+    common = [m for m in result.explanations if m in previous.explanations]
+    if not common:
+        raise gr.Error("compare runs of the same methods; this run shares none with the last")
+    try:
+        return {
+            m: compare_explanations(previous.explanations[m], result.explanations[m])
+            for m in common
+        }
+    except AttrlabError as err:
+        raise gr.Error(public_message(str(err))) from None
+
+
+def _comparison_view(result: Result) -> Any:
+    """The comparison shown under the maps (hidden without one)."""
+    from viz import change_figure, change_html
+
+    if not result.changes:
+        return gr.update(value=None, visible=False)
+    if result.image is not None:
+        return gr.update(value=change_figure(result.changes, result.image), visible=True)
+    return gr.update(value=change_html(result.changes), visible=True)
 
 
 def _top(explanation: Explanation) -> dict[str, float]:
@@ -730,10 +982,6 @@ def _top(explanation: Explanation) -> dict[str, float]:
 
 def _names(controls: MethodControls) -> list[str]:
     return list(controls.accordions)
-
-
-def _labels(text: str | None) -> list[str] | None:
-    return [s.strip() for s in (text or "").split(",") if s.strip()] or None
 
 
 def _example_texts(next_token: bool) -> list[list[str]]:
@@ -776,13 +1024,13 @@ def build_ui(
         TabSpec("next", "Next token", "text", next_token=True),
         TabSpec("image", "Image", "image"),
     ]
-    with gr.Blocks(title="attrlab") as demo:
+    with gr.Blocks(title="attrlab", delete_cache=(FILES_KEPT_S, FILES_KEPT_S)) as demo:
         gr.Markdown(
             "# attrlab\nWhy did the model predict that? Pick an input, a model and methods; "
             "compare their maps, check how far each can be trusted, and see which layers and "
             "heads carried the prediction."
         )
-        filled: dict[str, dict[str, Any]] = {}
+        filled: dict[str, LinkedTab] = {}
         with gr.Tabs() as tabs:
             for spec in specs:
                 with gr.Tab(spec.title, id=spec.key):
@@ -797,15 +1045,24 @@ def build_ui(
     return demo
 
 
-def _open_shared_link(
-    demo: gr.Blocks, tabs: gr.Tabs, filled: Mapping[str, Mapping[str, Any]]
-) -> None:
-    """A link's query string reopens its tab with its inputs (values are data, not paths)."""
-    order = [(key, name, c) for key, parts in filled.items() for name, c in parts.items() if c]
+def _open_shared_link(demo: gr.Blocks, tabs: gr.Tabs, filled: Mapping[str, LinkedTab]) -> None:
+    """
+    A link's query string reopens its tab with its inputs and runs it.
+
+    Values are data (never paths); an image is not carried, so an image tab opens filled but
+    waits for its image.
+    """
+    order = [(key, name, c) for key, tab in filled.items() for name, c in tab.fields.items() if c]
+    widgets = [(key, w) for key, tab in filled.items() for w in tab.widgets]
 
     def restore(request: gr.Request) -> list[Any]:
         query = dict(request.query_params) if request is not None else {}
         tab = query.get("tab")
+        try:
+            params = json.loads(query.get("params") or "{}")
+        except json.JSONDecodeError:
+            params = {}
+        params = params if isinstance(params, dict) else {}
         updates: list[Any] = [gr.update(selected=tab) if tab in filled else gr.update()]
         for key, name, _ in order:
             value = query.get(name)
@@ -815,13 +1072,33 @@ def _open_shared_link(
                 updates.append(gr.update(value=[m for m in value.split(",") if m]))
             elif name == "seed":
                 updates.append(gr.update(value=int(value) if value.isdigit() else 0))
+            elif name in ("trust", "randomise"):
+                updates.append(gr.update(value=value == "1"))
             elif name == "target":
                 updates.append(gr.update(choices=[("top prediction", ""), value], value=value))
             else:
                 updates.append(gr.update(value=value))
+        for key, (method, name, _, _) in widgets:
+            given = params.get(method, {}) if key == tab else {}
+            found = isinstance(given, dict) and name in given
+            updates.append(gr.update(value=given[name]) if found else gr.update())
+        autorun = tab in filled and filled[tab].fields.get("text") is not None
+        updates += [key == tab and autorun for key in filled]
         return updates
 
-    demo.load(restore, None, [tabs, *(c for *_, c in order)], api_visibility="private")
+    opened = demo.load(
+        restore,
+        None,
+        [
+            tabs,
+            *(c for *_, c in order),
+            *(w for _, (*_, w) in widgets),
+            *(tab.linked for tab in filled.values()),
+        ],
+        api_visibility="private",
+    )
+    for tab in filled.values():
+        tab.follow(opened)
 
 
 def _whole(value: Any) -> Any:

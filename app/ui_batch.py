@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import json
-import tempfile
 import zipfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -12,20 +13,16 @@ import gradio as gr
 
 from app.batch import IMAGE_SUFFIXES, DatasetRow, dataset_rows, numbered_lines, result_rows
 from app.jobs import instance_json
-from app.worker import BatchRequest, EvaluateRequest, Instance
+from app.ui import label_list, method_entries, page_folder, readable
+from app.worker import MAX_CURVE_STEPS, MAX_ORDERS, BatchRequest, EvaluateRequest, Instance
 from attribution.errors import InvalidInputError
-from attribution.methods.catalog import catalog_entries
 from attribution.models import BUILTIN_MODELS, default_model
 
 __all__ = ["batch_tab", "evaluate_tab", "uploaded_rows"]
 
 
 def _methods(modality: str) -> list[str]:
-    return [
-        e["name"]
-        for e in catalog_entries()
-        if modality in e["modalities"] and e["category"] == "attribution"
-    ]
+    return [e["name"] for e in method_entries(modality)]
 
 
 def _classifiers(modality: str) -> list[str]:
@@ -61,8 +58,14 @@ def evaluate_tab(runner: Any) -> None:
     )
     with gr.Row():
         items = gr.Slider(1, counts["text"], value=min(4, counts["text"]), step=1, label="Items")
-        steps = gr.Slider(5, 50, value=20, step=1, label="Curve steps (images)")
-        orders = gr.Slider(1, 5, value=2, step=1, label="Random orders")
+        steps = gr.Slider(5, MAX_CURVE_STEPS, value=20, step=1, label="Curve steps (images)")
+        orders = gr.Slider(1, MAX_ORDERS, value=2, step=1, label="Random orders")
+        upload = gr.File(
+            label="Or your own set (.jsonl of texts, .zip of images)",
+            file_types=[".jsonl", ".zip"],
+            height=90,
+            elem_id="evaluate-upload",
+        )
     with gr.Row():
         run = gr.Button("Evaluate", variant="primary", elem_id="evaluate-run")
         cancel = gr.Button("Cancel", variant="stop")
@@ -82,6 +85,7 @@ def evaluate_tab(runner: Any) -> None:
 
     modality.change(switch, modality, [model, methods, items, labels], api_visibility="private")
 
+    @readable
     def evaluate(
         kind,
         model_,
@@ -90,6 +94,7 @@ def evaluate_tab(runner: Any) -> None:
         count,
         steps_,
         orders_,
+        path,
         request: gr.Request,
         progress=gr.Progress(),  # noqa: B008
     ):
@@ -98,16 +103,28 @@ def evaluate_tab(runner: Any) -> None:
 
         if not chosen:
             raise gr.Error("choose at least one method")
+        instances: tuple[Instance, ...] = ()
+        if path:  # an uploaded set, all of it (within the server's batch bound)
+            settings = runner.worker.settings
+            try:
+                rows = uploaded_rows(path, settings.max_body_bytes, settings.max_batch)
+            except InvalidInputError as err:
+                raise gr.Error(str(err)) from None
+            instances = tuple(
+                Instance(text=r.text, image=r.image, target=r.target, problem=r.problem)
+                for r in rows
+            )
         request_ = EvaluateRequest(
             model=model_,
-            labels=_labels(labels_) if kind == "text" else None,
+            labels=label_list(labels_) if kind == "text" else None,
             modality=kind,
             methods=tuple(chosen),
-            items=int(count),
+            items=None if instances else int(count),
             steps=int(steps_),
             random_orders=int(orders_),
+            instances=instances,
         )
-        per_item = runner(request_, progress, request.session_hash)
+        per_item = runner(request_, progress, request.session_hash, "evaluate")
         if per_item.empty:
             raise gr.Error("nothing was evaluated: none of these methods applies to this model")
         summary = summarise(per_item, kind)
@@ -115,13 +132,13 @@ def evaluate_tab(runner: Any) -> None:
 
     running = run.click(
         evaluate,
-        [modality, model, labels, methods, items, steps, orders],
+        [modality, model, labels, methods, items, steps, orders, upload],
         [table, plot, per_item_table],
         api_name="evaluate",
         concurrency_id="run-evaluate",
     )
     cancel.click(
-        runner.cancel_handler(),
+        runner.cancel_handler("evaluate"),
         [],
         [],
         cancels=[running],
@@ -129,18 +146,20 @@ def evaluate_tab(runner: Any) -> None:
     )
 
 
-def uploaded_rows(path: str | None, max_bytes: int) -> list[DatasetRow]:
+def uploaded_rows(path: str | None, max_bytes: int, max_rows: int | None) -> list[DatasetRow]:
     """
     Rows of a page upload: a JSONL file of texts, or a zip of images (with or without a JSONL).
 
-    Nothing names a server file: image lines of a JSONL name members of the same zip, and no
-    member is read past ``max_bytes``.
+    Nothing names a server file: image lines of a JSONL name members of the same zip. The zip
+    is read within bounds: at most ``max_bytes`` unpacked in all, and at most ``max_rows``
+    rows (None: no limit), each checked before it is read.
     """
     if not path:
         raise InvalidInputError("upload a .jsonl file or a .zip of images first")
     upload = Path(path)
     if upload.suffix.lower() == ".jsonl":
-        return list(dataset_rows(numbered_lines(_utf8(upload.read_bytes(), upload.name)), None))
+        text = _utf8(upload.read_bytes(), upload.name)
+        return _bounded(dataset_rows(numbered_lines(text), None), max_rows)
     if upload.suffix.lower() != ".zip":
         raise InvalidInputError("upload a .jsonl file or a .zip of images")
     try:
@@ -149,26 +168,39 @@ def uploaded_rows(path: str | None, max_bytes: int) -> list[DatasetRow]:
         raise InvalidInputError("the upload is not a readable zip file") from None
     with archive:
         members = {i.filename: i for i in archive.infolist() if not i.is_dir()}
+        unpacked = [0]
 
         def read(name: str) -> bytes:
             info = members.get(name)
             if info is None:
                 raise InvalidInputError(f"the zip has no member '{name}'")
-            if info.file_size > max_bytes:
+            unpacked[0] += info.file_size
+            if unpacked[0] > max_bytes:
                 raise InvalidInputError(
-                    f"'{name}' unpacks to {info.file_size:,} bytes; this server reads at most "
-                    f"{max_bytes:,}"
+                    f"the zip unpacks to more than {max_bytes:,} bytes (at '{name}'); this "
+                    "server reads at most that much of an upload"
                 )
             return archive.read(info)
 
         listed = [n for n in members if n.lower().endswith(".jsonl")]
         if listed:
             text = _utf8(read(listed[0]), listed[0])
-            return list(dataset_rows(numbered_lines(text), read))
+            return _bounded(dataset_rows(numbered_lines(text), read), max_rows)
         images = sorted(n for n in members if Path(n).suffix.lower() in IMAGE_SUFFIXES)
         if not images:
             raise InvalidInputError("the zip holds neither a .jsonl file nor images")
-        return [DatasetRow(id=Path(name).name, image=read(name)) for name in images]
+        return _bounded((DatasetRow(id=Path(n).name, image=read(n)) for n in images), max_rows)
+
+
+def _bounded(rows: Iterable[DatasetRow], max_rows: int | None) -> list[DatasetRow]:
+    """The rows, refusing before reading past ``max_rows`` of them."""
+    kept = list(itertools.islice(rows, None if max_rows is None else max_rows + 1))
+    if max_rows is not None and len(kept) > max_rows:
+        raise InvalidInputError(
+            f"the upload holds more than {max_rows} rows; this server explains at most "
+            f"{max_rows} at a time"
+        )
+    return kept
 
 
 def _utf8(data: bytes, name: str) -> str:
@@ -176,10 +208,6 @@ def _utf8(data: bytes, name: str) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError:
         raise InvalidInputError(f"'{Path(name).name}' is not UTF-8 text") from None
-
-
-def _labels(text: str | None) -> list[str] | None:
-    return [s.strip() for s in (text or "").split(",") if s.strip()] or None
 
 
 def batch_tab(runner: Any) -> None:
@@ -213,6 +241,7 @@ def batch_tab(runner: Any) -> None:
     table = gr.Dataframe(label="Results", elem_id="batch-table")
     files = gr.File(label="Download", file_count="multiple", elem_id="batch-files")
 
+    @readable
     def run_batch(
         path,
         model_,
@@ -226,16 +255,16 @@ def batch_tab(runner: Any) -> None:
 
         if not chosen:
             raise gr.Error("choose at least one method")
-        limit = runner.worker.settings.max_body_bytes
+        settings = runner.worker.settings
         try:
-            rows = uploaded_rows(path, limit)
+            rows = uploaded_rows(path, settings.max_body_bytes, settings.max_batch)
         except InvalidInputError as err:
             raise gr.Error(str(err)) from None
         if not rows:
             raise gr.Error("the upload holds no rows")
         request_ = BatchRequest(
             model=model_,
-            labels=_labels(labels_),
+            labels=label_list(labels_),
             instances=tuple(
                 Instance(text=r.text, image=r.image, target=r.target, problem=r.problem)
                 for r in rows
@@ -243,13 +272,13 @@ def batch_tab(runner: Any) -> None:
             methods=tuple(chosen),
             evaluate=bool(evaluate),
         )
-        results = runner(request_, progress, request.session_hash)
+        results = runner(request_, progress, request.session_hash, "batch")
         # the REST jobs' result format: {"index", "explanations"} per input
         records = [
             {"index": source.id, "explanations": instance_json(outcome)}
             for source, outcome in zip(rows, results, strict=True)
         ]
-        folder = Path(tempfile.mkdtemp(prefix="attrlab-batch-"))
+        folder = page_folder("batch")
         jsonl = folder / "results.jsonl"
         jsonl.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
         parquet = folder / "results.parquet"
@@ -269,7 +298,7 @@ def batch_tab(runner: Any) -> None:
         concurrency_id="run-batch",
     )
     cancel.click(
-        runner.cancel_handler(),
+        runner.cancel_handler("batch"),
         [],
         [],
         cancels=[running],

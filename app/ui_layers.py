@@ -13,6 +13,7 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
+from app.ui import SAMPLE_TEXT, label_list, read_target, readable
 from app.worker import AblationRequest, ExplainRequest
 from attribution.errors import InvalidParameterError
 from attribution.explanation import Explanation
@@ -48,15 +49,6 @@ def format_heads(heads: tuple[tuple[int, int], ...] | list[tuple[int, int]]) -> 
     return ", ".join(f"L{layer}H{head}" for layer, head in heads)
 
 
-def _head_grid(table: pd.DataFrame, measure: str) -> pd.DataFrame:
-    """The head rows of ``measure`` as a layers × heads table (first column: the layer)."""
-    rows = table[(table["measure"] == measure) & table["head"].notna()]
-    grid = rows.pivot(index="layer", columns="head", values="value").sort_index()
-    grid.columns = [f"H{int(h)}" for h in grid.columns]
-    grid.insert(0, "layer", [f"L{int(layer)}" for layer in grid.index])
-    return grid.round(4).reset_index(drop=True)
-
-
 def _head_measures(table: pd.DataFrame) -> list[str]:
     return list(dict.fromkeys(table.loc[table["head"].notna(), "measure"]))
 
@@ -77,7 +69,7 @@ def layers_tab(runner: Any) -> None:
                 elem_id="layers-model",
             )
             text = gr.Textbox(
-                "I loved this movie, the acting was wonderful.",
+                SAMPLE_TEXT,
                 label="Text or prompt",
                 lines=2,
                 elem_id="layers-input",
@@ -112,7 +104,9 @@ def layers_tab(runner: Any) -> None:
         tokens = gr.HighlightedText(
             label="Token relevance (AttnLRP); click a token", elem_id="layers-tokens"
         )
-        token_layers = gr.Plot(label="The clicked token's relevance per layer")
+        token_layers = gr.Plot(
+            label="The clicked token's relevance per layer", elem_id="layers-token-layers"
+        )
     gr.Markdown("### Ablate heads")
     with gr.Row():
         heads = gr.Textbox("", label="Heads (e.g. L2H3, L4H1)", elem_id="layers-heads")
@@ -132,15 +126,15 @@ def layers_tab(runner: Any) -> None:
     compared = gr.HTML(elem_id="layers-maps")
 
     def fields(model_, text_, labels_, target_, next_):
-        chosen = target_.strip() if target_ else ""
         return {
             "model": model_,
             "text": text_ or "",
-            "labels": [s.strip() for s in (labels_ or "").split(",") if s.strip()] or None,
-            "target": int(chosen) if chosen.lstrip("-").isdigit() else chosen or None,
+            "labels": label_list(labels_),
+            "target": read_target(target_),
             "next_token": bool(next_),
         }
 
+    @readable
     def analyse(
         model_,
         text_,
@@ -159,7 +153,7 @@ def layers_tab(runner: Any) -> None:
             raise gr.Error("choose at least one measure")
         base = fields(model_, text_, labels_, target_, next_)
         request_ = ExplainRequest(**base, method="layers", params={"measures": ",".join(measures_)})
-        explanation: Explanation = runner(request_, progress, request.session_hash)
+        explanation: Explanation = runner(request_, progress, request.session_hash, "layers")
         table = explanation.layers
         head_names = _head_measures(table)
         pairs = estimator_agreement(table, HEAD_ESTIMATORS)
@@ -189,7 +183,7 @@ def layers_tab(runner: Any) -> None:
         concurrency_id="run-layers",
     )
     cancel.click(
-        runner.cancel_handler(),
+        runner.cancel_handler("layers"),
         [],
         [],
         cancels=[running],
@@ -202,6 +196,7 @@ def layers_tab(runner: Any) -> None:
         api_visibility="private",
     )
 
+    @readable
     def redraw(measure_, state):
         if state is None or not measure_:
             return [None, None]
@@ -219,6 +214,7 @@ def layers_tab(runner: Any) -> None:
             chosen.append(head)
         return format_heads(chosen)
 
+    @readable
     def run_ablation(shown: str, method_: str, state, request: gr.Request, progress=gr.Progress()):  # noqa: B008
         from viz import ablation_figure, attention_figure
         from viz.text import token_columns_html
@@ -232,9 +228,8 @@ def layers_tab(runner: Any) -> None:
         if not chosen:
             raise gr.Error("name at least one head, or click one in the grid")
         _, base = state
-        result = runner(
-            AblationRequest(**base, method=method_, heads=chosen), progress, request.session_hash
-        )
+        request_ = AblationRequest(**base, method=method_, heads=chosen)
+        result = runner(request_, progress, request.session_hash, "layers")
         plain, ablated = result.plain, result.ablated
         delta = ablated.target.probability - plain.target.probability
         line = (
@@ -256,11 +251,12 @@ def layers_tab(runner: Any) -> None:
 
     ablation_plot = gr.Plot(label="Top predictions before and after", elem_id="layers-ablation")
     ablation_outputs = [before, after, change, attention, compared, ablation_plot]
-    grid.select(clicked_head, [heads, add, grid], heads, api_visibility="private").then(
+    grid.select(clicked_head, [heads, add, grid], heads, api_visibility="private").success(
         run_ablation, [heads, method, last], ablation_outputs, api_visibility="private"
     )
     ablate.click(run_ablation, [heads, method, last], ablation_outputs, api_name="layers_ablate")
 
+    @readable
     def clicked_token(evt: gr.SelectData, state):
         from viz import token_layers_figure
 
@@ -276,8 +272,8 @@ def layers_tab(runner: Any) -> None:
 
 
 def _head_views(table: pd.DataFrame, measure: str | None) -> list[Any]:
-    from viz import head_heatmap
+    from viz import head_grid_table, head_heatmap
 
     if measure is None:
         return [None, None]
-    return [head_heatmap(table, measure), _head_grid(table, measure)]
+    return [head_heatmap(table, measure), head_grid_table(table, measure)]

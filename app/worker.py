@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # imported where used: a plain explanation needs none of them
     from attribution.estimate import Estimate
     from attribution.explain import Preview
     from attribution.layers import HeadAblation
+    from attribution.metrics import EvalItem
     from attribution.metrics.check import MethodCheck
 
 __all__ = [
@@ -328,6 +329,10 @@ class PreviewRequest(InputRequest["Preview"]):
 
 #: The most heads one :class:`AblationRequest` zeroes.
 MAX_ABLATED_HEADS = 64
+#: Bounds of an :class:`EvaluateRequest`'s curves: the trust card's own sizes (50 steps, 3
+#: random orders), which its estimate prices.
+MAX_CURVE_STEPS = 50
+MAX_ORDERS = 3
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -398,9 +403,11 @@ class EvaluateRequest(WorkerRequest["pd.DataFrame"]):
     items: int | None = None
     steps: int = 20
     random_orders: int = 2
+    #: An uploaded set to evaluate instead of the bundled items (its first ``items``).
+    instances: tuple[Instance, ...] = ()
 
     def check(self, settings: ServerSettings) -> None:
-        """A known modality, at least one method and one item, parameters only for them."""
+        """A known modality, methods, items and curve sizes within bounds, readable inputs."""
         from attribution.metrics import SCORES
 
         super().check(settings)
@@ -412,6 +419,25 @@ class EvaluateRequest(WorkerRequest["pd.DataFrame"]):
             raise InvalidParameterError("name at least one method to evaluate")
         if self.items is not None and self.items < 1:
             raise InvalidParameterError(f"evaluate at least 1 item; got {self.items}")
+        if not 1 <= self.steps <= MAX_CURVE_STEPS or not 0 <= self.random_orders <= MAX_ORDERS:
+            raise InvalidParameterError(
+                f"steps must lie in 1..{MAX_CURVE_STEPS} and random_orders in 0..{MAX_ORDERS}; "
+                f"got {self.steps} and {self.random_orders}"
+            )
+        if settings.max_batch is not None and len(self.instances) > settings.max_batch:
+            raise InvalidParameterError(
+                f"an evaluation holds at most {settings.max_batch} uploaded items on this "
+                f"server; got {len(self.instances)}"
+            )
+        for number, instance in enumerate(self.instances, start=1):
+            if instance.problem is not None:
+                raise InvalidInputError(f"item {number}: {instance.problem}")
+            settings.check_request(instance.text, None, instance.target, self.seed)
+            if instance.modality != self.modality:
+                raise InvalidInputError(
+                    f"item {number} is {_article(instance.modality)}; this evaluation takes "
+                    f"{self.modality}"
+                )
         unknown = set(self.params) - set(self.methods)
         if unknown:
             raise InvalidParameterError(
@@ -422,16 +448,51 @@ class EvaluateRequest(WorkerRequest["pd.DataFrame"]):
         """Each method and its parameters."""
         return {method: self.params.get(method, {}) for method in self.methods}
 
+    def chosen_items(self) -> list[EvalItem]:
+        """The items evaluated: the uploaded ones, else the bundled ones (the first ``items``)."""
+        from attribution.metrics import EvalItem, bundled_items
+
+        if self.instances:
+            uploaded = [
+                EvalItem(i.text if i.text is not None else i.image, i.target, f"item {n}")
+                for n, i in enumerate(self.instances, start=1)
+            ]
+            return uploaded[: self.items]
+        return bundled_items(self.modality)[: self.items]
+
+    def costs(self) -> list[EstimateRequest]:
+        """
+        An explanation with its trust card per item and method.
+
+        The trust card's curves are the largest an evaluation may ask for, so this is an upper
+        bound.
+        """
+        return [
+            EstimateRequest(
+                model=self.model,
+                labels=self.labels,
+                seed=self.seed,
+                text=item.raw if isinstance(item.raw, str) else None,
+                image=None if isinstance(item.raw, str) else item.raw,
+                target=item.target,
+                method=method,
+                params=self.params.get(method, {}),
+                evaluate=True,
+            )
+            for item in self.chosen_items()
+            for method in self.methods
+        ]
+
     def run_on(self, adapter: Adapter, run: JobContext) -> pd.DataFrame:
         """The per-item table (refused first when its estimate is over the server's seconds)."""
-        from attribution.metrics import bundled_items, evaluate_methods
+        from attribution.metrics import evaluate_methods
 
         if adapter.modality != self.modality:
             raise InvalidInputError(
                 f"model '{adapter.model_id}' takes {_article(adapter.modality)} as input; "
                 f"the bundled {self.modality} items do not fit it"
             )
-        items = bundled_items(self.modality)[: self.items]
+        items = self.chosen_items()
         total = len(items)
         first = adapter.preprocess(items[0].raw)
         for method in self.methods:  # each method's share of the server's seconds

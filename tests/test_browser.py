@@ -34,6 +34,15 @@ ARGS = [
 SHOTS = Path(os.environ.get("ATTRLAB_SCREENSHOTS") or tempfile.mkdtemp(prefix="attrlab-shots-"))
 #: What Gradio shows for an error: a toast (and the component's error frame).
 ERRORS = ".toast-body.error, .error-message"
+#: Every error the page shows is recorded as it appears (toasts close by themselves).
+RECORD_ERRORS = """
+window.__errors = [];
+new MutationObserver(() => {
+  document.querySelectorAll('SELECTOR').forEach((e) => {
+    if (!e.dataset.recorded) { e.dataset.recorded = '1'; window.__errors.push(e.innerText); }
+  });
+}).observe(document, {childList: true, subtree: true});
+""".replace("SELECTOR", ERRORS)
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +69,7 @@ def browser():
 @pytest.fixture
 def page(browser, page_url, request):
     context = browser.new_context(viewport={"width": 1440, "height": 900}, accept_downloads=True)
+    context.add_init_script(RECORD_ERRORS)
     page = context.new_page()
     page.goto(page_url)
     yield page
@@ -68,9 +78,13 @@ def page(browser, page_url, request):
     context.close()
 
 
+def _errors(page: Page) -> list[str]:
+    """Every error the page has shown since it opened."""
+    return page.evaluate("() => window.__errors")
+
+
 def _no_errors(page: Page) -> None:
-    errors = page.locator(ERRORS)
-    assert errors.count() == 0, errors.all_inner_texts()
+    assert _errors(page) == []
 
 
 def _tab(page: Page, name: str) -> None:
@@ -134,6 +148,8 @@ def test_clicking_a_head_ablates_it_and_updates_the_prediction(page):
     assert "L2H2" in change.inner_text() and plain != ablated
     expect(page.locator("#layers-after")).to_contain_text(top, timeout=30_000)
     expect(page.locator("#layers-attention .js-plotly-plot")).to_be_visible()
+    page.locator("#layers-tokens").get_by_text("wonderful", exact=True).click()
+    expect(page.locator("#layers-token-layers .js-plotly-plot")).to_be_visible(timeout=30_000)
     _no_errors(page)
 
 
@@ -172,10 +188,19 @@ def test_a_method_that_cannot_apply_shows_its_reason(page, effnet):
     page.locator("#image-run").click()  # refused with the same reason, nothing breaks
     expect(page.locator(".toast-body.error").first).to_contain_text(reason[:40], timeout=60_000)
     expect(page.locator("#image-run")).to_be_enabled()
+    assert len(_errors(page)) == 1  # that refusal, and nothing else
 
 
-def test_the_page_reopens_a_shared_link(page, page_url):
-    page.goto(page_url + "?tab=next&model=tiny-random-llama&text=the+cat+sat&methods=attnlrp")
+def test_a_shared_link_reopens_the_view_and_runs_it(page, page_url):
+    page.goto(
+        page_url + "?tab=next&model=tiny-random-llama&text=the+cat+sat&methods=rise"
+        '&params={"rise":{"n_masks":64}}'
+    )
     expect(page.locator("#next-input textarea")).to_have_value("the cat sat", timeout=30_000)
     expect(page.locator("#next-model input")).to_have_value("tiny-random-llama")
+    columns = page.locator("#next-maps .attr-column")
+    expect(columns).to_have_count(1, timeout=120_000)  # it ran, with the link's parameters
+    assert columns.first.get_attribute("data-method") == "rise"
+    link = page.locator("#next-link textarea").input_value()
+    assert "n_masks" in link and "tab=next" in link
     _no_errors(page)

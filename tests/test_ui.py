@@ -7,19 +7,21 @@ import json
 import re
 import socket
 import threading
+import time
 import zipfile
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+from _model_state import model_state
 from gradio_client import Client, handle_file
 from PIL import Image
 
 from app.ui import PageRunner, build_ui, share_query
 from app.ui_batch import uploaded_rows
 from app.ui_layers import format_heads, parse_heads
-from app.worker import ExplainRequest, ExplainWorker
+from app.worker import AblationRequest, ExplainRequest, ExplainWorker
 from attribution.agreement import map_agreement
 from attribution.errors import InvalidInputError, InvalidParameterError
 from attribution.layers import joint_ablation
@@ -120,7 +122,7 @@ def test_two_methods_side_by_side_with_their_agreement(client):
         {"integrated_gradients": {"n_steps": 16}},
         api_name="/explain_text",
     )
-    html, agreement, _choice, _detail, _cards, _random, raw, link, _top = outputs
+    html, agreement, _choice, _detail, _cards, _random, raw, link, _top, _change = outputs
     assert raw["gradient_x_input"]["target"]["label"] == "positive"
     assert raw["integrated_gradients"]["params"]["n_steps"] == 16
     maps = {m: np.asarray(raw[m]["scores"]) for m in ("gradient_x_input", "integrated_gradients")}
@@ -135,7 +137,7 @@ def test_two_methods_side_by_side_with_their_agreement(client):
 
 
 def test_trust_card_reports_the_map_against_random_orders(client):
-    *_, cards, _random, raw, _link, _top = client.predict(
+    *_, cards, _random, raw, _link, _top, _change = client.predict(
         "tiny-random-bert",
         "",
         "the film was good",
@@ -264,6 +266,7 @@ def test_evaluate_ranks_each_method_on_the_bundled_items(client):
         2,
         10,
         1,
+        None,
         api_name="/evaluate",
     )
     summary = pd.DataFrame(table["data"], columns=table["headers"])
@@ -274,6 +277,64 @@ def test_evaluate_ranks_each_method_on_the_bundled_items(client):
     for row in summary.itertuples():
         assert row.comprehensiveness == pytest.approx(means[row.method], abs=1e-3)
     assert _plot(plot)["data"]
+
+
+def test_evaluate_takes_an_uploaded_set(client, tmp_path):
+    data = tmp_path / "set.jsonl"
+    data.write_text('{"text": "good", "target": 1}\n{"text": "bad film", "target": 0}\n')
+    *_, per_item = client.predict(
+        "text", "tiny-random-bert", "", ["gradient_x_input"], 1, 10, 1, handle_file(str(data)),
+        api_name="/evaluate",
+    )  # fmt: skip
+    assert pd.DataFrame(per_item["data"], columns=per_item["headers"])["item"].tolist() == [
+        "item 1",
+        "item 2",
+    ]
+    data.write_text('{"text": "good"}\n{"text": 3}\n')
+    with pytest.raises(Exception, match="item 2: line 2: text must be a string"):
+        client.predict(
+            "text", "tiny-random-bert", "", ["gradient_x_input"], 1, 10, 1,
+            handle_file(str(data)), api_name="/evaluate",
+        )  # fmt: skip
+
+
+def test_edit_and_compare_shows_how_each_map_changed(client):
+    def run(text: str, compare: bool) -> list:
+        return client.predict(
+            "minilm-zeroshot", "positive, negative", text, "", ["gradient_x_input"], False,
+            False, 0, {}, compare, api_name="/explain_text",
+        )  # fmt: skip
+
+    before = run("A lovely, charming film.", False)[6]["gradient_x_input"]
+    after_outputs = run("A dull, charming film.", True)
+    after, shown = after_outputs[6]["gradient_x_input"], after_outputs[-1]
+    assert after["target"]["index"] == before["target"]["index"]  # the same class, kept
+    html = shown["value"] if isinstance(shown, dict) else shown
+    spans = re.findall(r'<span data-(change|edited)="([^"]+)"[^>]*>([^<]*)<', html)
+    assert [t for *_, t in spans] == after["tokens"]
+    edited = [t for kind, _, t in spans if kind == "edited"]
+    assert edited == ["dull"]
+    old = dict(zip(before["tokens"], before["scores"], strict=True))
+    for kind, value, token in spans:
+        if kind == "change":  # tokens in both texts (each appears once here)
+            assert float(value) == pytest.approx(
+                after["scores"][after["tokens"].index(token)] - old[token], rel=1e-4, abs=1e-6
+            )
+    change = after["target"]["probability"] - before["target"]["probability"]
+    assert f"({change:+.4f})" in html
+
+
+def test_a_text_tab_refuses_empty_text_and_the_next_token_tab_a_classifier(client):
+    with pytest.raises(Exception, match="the text is empty"):
+        client.predict(
+            "tiny-random-bert", "", "   ", "", ["gradient_x_input"], False, False, 0, {},
+            api_name="/explain_text",
+        )  # fmt: skip
+    with pytest.raises(Exception, match="needs a decoder LM"):
+        client.predict(
+            "tiny-random-bert", "", "a text", "", ["attnlrp"], False, False, 0, {},
+            api_name="/explain_next_token",
+        )  # fmt: skip
 
 
 def test_batch_explains_an_upload_and_records_the_bad_line(client, tmp_path):
@@ -300,18 +361,25 @@ def test_uploads_never_name_server_files(tmp_path):
     Image.new("RGB", (4, 4)).save(secret)
     lines = tmp_path / "rows.jsonl"
     lines.write_text(json.dumps({"image": str(secret)}) + "\n")
-    (row,) = uploaded_rows(str(lines), 1 << 20)
+    (row,) = uploaded_rows(str(lines), 1 << 20, 10)
     assert row.image is None and "zip" in row.problem
     archive = tmp_path / "set.zip"
     with zipfile.ZipFile(archive, "w") as z:
         z.writestr("rows.jsonl", json.dumps({"image": str(secret)}) + "\n")
         z.writestr("big.png", b"\0" * 2048)
-    (row,) = uploaded_rows(str(archive), 1 << 20)
+    (row,) = uploaded_rows(str(archive), 1 << 20, 10)
     assert row.image is None and "no member" in row.problem
-    with zipfile.ZipFile(archive, "w") as z:
-        z.writestr("big.png", b"\0" * 2048)
-    with pytest.raises(InvalidInputError, match="at most 1,024"):
-        uploaded_rows(str(archive), 1024)
+    with zipfile.ZipFile(archive, "w") as z:  # each member small, together too much
+        for n in range(3):
+            z.writestr(f"{n}.png", b"\0" * 600)
+    with pytest.raises(InvalidInputError, match="more than 1,024 bytes"):
+        uploaded_rows(str(archive), 1024, 10)
+    assert len(uploaded_rows(str(archive), 2048, 10)) == 3
+    with pytest.raises(InvalidInputError, match="more than 2 rows"):
+        uploaded_rows(str(archive), 2048, 2)
+    lines.write_text('{"text": "a"}\n' * 5)
+    with pytest.raises(InvalidInputError, match="more than 4 rows"):
+        uploaded_rows(str(lines), 1 << 20, 4)
 
 
 def test_heads_are_read_and_written_back():
@@ -328,39 +396,59 @@ def test_a_shared_link_carries_the_inputs():
     assert query == "?tab=text&model=m&methods=a%2Cb&text=x+%26+y"
 
 
-def test_cancel_stops_the_sessions_job_and_leaves_the_model_unpatched(worker):
+def test_cancel_stops_the_tabs_job_and_leaves_the_model_unpatched(worker):
     import gradio as gr
 
     runner = PageRunner(worker)
-    hooks_before = _hooks(worker.adapter("tiny-random-bert"))
-    slow = ExplainRequest(
+    adapter = worker.adapter("tiny-random-bert")
+    warm = AblationRequest(
+        model="tiny-random-bert", text="a", method="gradient_x_input", heads=((0, 0),)
+    )
+    worker.explain(warm)  # transformers installs its attention-capturing hooks once, to stay
+    state_before, logits_before = model_state(adapter.model), _logits(adapter)
+    # The second half of an ablation runs with forward hooks on the heads: cancel it there.
+    ablation = AblationRequest(
         model="tiny-random-bert",
         text="the film was good " * 8,
         method="rise",
-        params={"n_masks": 200_000, "batch_size": 2},
+        params={"n_masks": 4000, "batch_size": 2},
+        heads=((0, 0), (1, 1)),
     )
-    failure: list[BaseException] = []
+    queued = ExplainRequest(model="tiny-random-bert", text="good", method="gradient_x_input")
+    failures: dict[str, BaseException] = {}
+    seen: list[float] = []
 
-    def run() -> None:
+    def run(request, tab: str) -> None:
         try:
-            runner(slow, lambda *a, **k: None, "session-1")
+            runner(request, lambda fraction, desc="": seen.append(fraction), "session", tab)
         except BaseException as err:
-            failure.append(err)
+            failures[tab] = err
 
-    thread = threading.Thread(target=run)
-    thread.start()
-    while not runner._jobs:  # the job is queued
-        thread.join(0.05)
-    runner.cancel("session-2")  # another session's Cancel does nothing
-    thread.join(0.5)
-    assert thread.is_alive()
-    runner.cancel("session-1")
-    thread.join(60)
-    assert not thread.is_alive()
-    assert isinstance(failure[0], gr.Error) and "cancel" in failure[0].message
-    assert _hooks(worker.adapter("tiny-random-bert")) == hooks_before
+    first = threading.Thread(target=run, args=(ablation, "layers"))
+    first.start()
+    deadline = time.monotonic() + 60
+    while not seen or seen[-1] <= 0.5:  # the handler's thread saw the plain half finish
+        assert time.monotonic() < deadline and first.is_alive(), "the ablation never got going"
+        time.sleep(0.05)
+    second = threading.Thread(target=run, args=(queued, "text"))
+    second.start()
+    while ("session", "text") not in runner._jobs:
+        assert time.monotonic() < deadline, "the second job never queued"
+        time.sleep(0.05)
+    runner.cancel("session", "text")  # stops only the queued job of the text tab
+    second.join(30)
+    assert "cancelled" in failures["text"].message and first.is_alive()
+    runner.cancel("another session", "layers")  # nothing: not this session's
+    first.join(0.5)
+    assert first.is_alive()
+    runner.cancel("session", "layers")
+    first.join(60)
+    assert not first.is_alive()
+    assert isinstance(failures["layers"], gr.Error) and "cancel" in failures["layers"].message
+    assert model_state(adapter.model) == state_before
+    assert torch.equal(_logits(adapter), logits_before)  # the heads work again
 
 
-def _hooks(adapter) -> int:
-    modules = list(adapter.model.modules())
-    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in modules)
+def _logits(adapter) -> torch.Tensor:
+    with torch.no_grad():
+        return adapter.logits(**adapter.preprocess("the film was good").model_kwargs())

@@ -548,3 +548,25 @@ def test_bundle_without_a_browser_keeps_the_html(text_explanations, tmp_path, mo
     assert not any(n.endswith(".png") for n in names)
     assert manifest["png_error"] == "RuntimeError: Kaleido requires Google Chrome to be installed"
     assert safe_name("..") == "_" and safe_name("a/b c") == "a_b_c"
+
+
+def test_change_views_show_each_tokens_change_and_the_edited_ones():
+    from attribution.compare import compare_explanations
+    from viz import change_figure, change_html
+
+    before = _explanation(np.array([0.0, 1.0, 2.0]), ["a", "<b>", "film"])
+    after = _explanation(np.array([0.0, -1.0, 3.0, 1.0]), ["a", "new", "<b>", "film"])
+    html = change_html({"toy": compare_explanations(before, after)})
+    assert "&lt;b&gt;" in html and "<b>" not in html
+    assert 'data-change="0"' in html and 'data-change="2"' in html  # "a", "<b>"
+    assert 'data-change="-1"' in html  # "film": 1 after, 2 before
+    assert html.count('data-edited="true"') == 1 and ">new<" in html
+    image_before = _explanation(np.zeros((8, 8)))
+    moved = np.zeros((8, 8))
+    moved[2:4, 2:4] = 4.0
+    figure = change_figure(
+        {"toy": compare_explanations(image_before, _explanation(moved))},
+        np.full((8, 8, 3), 128, dtype=np.uint8),
+    )
+    heat = next(t for t in figure.data if t.type == "heatmap")
+    np.testing.assert_allclose(heat.z, moved / np.percentile(np.abs(moved), 99))

@@ -12,6 +12,7 @@ from attribution.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from viz.bundle import write_bundle
+    from viz.compare import change_figure, change_html
     from viz.evaluate import leaderboard_figure
     from viz.image import heatmap_overlay, image_figure, image_grid_figure, std_error_figure
     from viz.layers import (
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
         agreement_figure,
         attention_figure,
         export_figure,
+        head_grid_table,
         head_heatmap,
         layer_lines,
         positional_figure,
@@ -44,8 +46,11 @@ __all__ = [
     "ablation_figure",
     "agreement_figure",
     "attention_figure",
+    "change_figure",
+    "change_html",
     "conservation_gauge",
     "export_figure",
+    "head_grid_table",
     "head_heatmap",
     "heatmap_overlay",
     "image_figure",
@@ -71,6 +76,8 @@ __all__ = [
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
+        "change_figure": "viz.compare",
+        "change_html": "viz.compare",
         "write_bundle": "viz.bundle",
         "leaderboard_figure": "viz.evaluate",
         "heatmap_overlay": "viz.image",
@@ -81,6 +88,7 @@ __getattr__, __dir__ = lazy_exports(
         "agreement_figure": "viz.layers",
         "attention_figure": "viz.layers",
         "export_figure": "viz.layers",
+        "head_grid_table": "viz.layers",
         "head_heatmap": "viz.layers",
         "layer_lines": "viz.layers",
         "positional_figure": "viz.layers",

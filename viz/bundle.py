@@ -8,6 +8,7 @@ Layout of ``folder`` (and of the zip, under ``folder``'s name)::
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import zipfile
@@ -55,6 +56,7 @@ def write_bundle(
     folder: Path,
     extra: Mapping[str, Any] | None = None,
     png: bool = True,
+    pages: Mapping[str, str] | None = None,
 ) -> Path:
     """
     Write the explanations, figures and a manifest into ``folder``; zip it to ``<folder>.zip``.
@@ -63,6 +65,8 @@ def write_bundle(
     ``figures/<name>.html`` and, with ``png``, ``figures/<name>.png`` (kaleido). Names are
     reduced to ``[A-Za-z0-9_.-]``. When PNG export fails (no Chromium for kaleido) the PNGs
     are left out and the reason goes to ``manifest["png_error"]``: the bundle still builds.
+    ``pages`` (name -> an HTML fragment, such as the token columns or the trust cards) become
+    standalone ``pages/<name>.html``.
 
     Returns:
         The path of the zip file.
@@ -96,6 +100,18 @@ def write_bundle(
         manifest["figures"][name] = [f.relative_to(folder).as_posix() for f in files]
     if png_error is not None:
         manifest["png_error"] = png_error
+    if pages:
+        (folder / "pages").mkdir(exist_ok=True)
+        manifest["pages"] = {}
+        for name, stem in _stems(pages).items():
+            path = folder / "pages" / f"{stem}.html"
+            document = (
+                '<!doctype html><html><head><meta charset="utf-8">'
+                f"<title>{html.escape(name)}</title></head>"
+                f'<body style="font-family:sans-serif">{pages[name]}</body></html>'
+            )
+            path.write_text(document, encoding="utf-8")
+            manifest["pages"][name] = path.relative_to(folder).as_posix()
     manifest["extra"] = dict(extra or {})
     (folder / "manifest.json").write_text(
         json.dumps(manifest, indent=1, default=_plain), encoding="utf-8"

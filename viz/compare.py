@@ -7,10 +7,9 @@ from collections.abc import Mapping
 
 import numpy as np
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from attribution.compare import MapChange
-from viz.image import fit_map, robust_peak
+from viz.image import map_panels_figure
 from viz.text import diverging_colour, text_colour
 
 __all__ = ["change_figure", "change_html"]
@@ -45,7 +44,7 @@ def _tokens_html(change: MapChange) -> str:
         background = diverging_colour(float(delta) / peak if peak > 0 else 0.0)
         spans.append(
             f'<span data-change="{float(delta):.6g}" title="{float(delta):+.6g}" '
-            f"style=\"background:rgb{background};color:{text_colour(background)};"
+            f'style="background:rgb{background};color:{text_colour(background)};'
             'padding:1px 3px;margin:1px;border-radius:3px;display:inline-block">'
             f"{html.escape(token)}</span>"
         )
@@ -69,38 +68,8 @@ def change_html(changes: Mapping[str, MapChange]) -> str:
 
 
 def change_figure(changes: Mapping[str, MapChange], image: np.ndarray) -> go.Figure:
-    """
-    Per method, the change of its map (after − before) over the edited ``image``.
-
-    Each difference is divided by its robust peak; one colour bar for all.
-    """
+    """Per method, the change of its map (after − before) over the edited ``image``."""
     if not changes:
         raise ValueError("change_figure needs at least one comparison")
-    names = list(changes)
-    figure = make_subplots(
-        rows=1,
-        cols=len(names),
-        subplot_titles=[f"{m}: {_headline(changes[m])}" for m in names],
-    )
-    size = image.shape[:2]
-    for column, method in enumerate(names, start=1):
-        difference = fit_map(changes[method].difference, size)
-        peak = robust_peak(difference) or 1.0
-        figure.add_trace(go.Image(z=image), row=1, col=column)
-        figure.add_trace(
-            go.Heatmap(
-                z=difference / peak,
-                zmin=-1.0,
-                zmax=1.0,
-                colorscale="RdBu_r",
-                opacity=0.6,
-                showscale=column == 1,
-                colorbar={"title": "change ÷ robust peak"},
-            ),
-            row=1,
-            col=column,
-        )
-    figure.update_xaxes(visible=False)
-    figure.update_yaxes(visible=False, autorange="reversed", scaleanchor="x")
-    figure.update_layout(height=380, margin={"l": 10, "r": 10, "t": 50, "b": 10})
-    return figure
+    panels = {f"{m}: {_headline(c)}": (m, c.difference) for m, c in changes.items()}
+    return map_panels_figure(panels, image, 0.6, "change ÷ robust peak")

@@ -12,18 +12,22 @@ from plotly.subplots import make_subplots
 from attribution.explanation import Explanation
 
 __all__ = [
+    "fit_map",
     "heatmap_overlay",
     "image_figure",
     "image_grid_figure",
+    "map_panels_figure",
     "robust_peak",
     "std_error_figure",
 ]
 
-_POSITIVE = np.array([214, 39, 40], dtype=np.float64)
-_NEGATIVE = np.array([31, 119, 180], dtype=np.float64)
+# the ends of the pages' diverging scale (ColorBrewer RdBu): red supports, blue opposes
+_POSITIVE = np.array([178, 24, 43], dtype=np.float64)
+_NEGATIVE = np.array([33, 102, 172], dtype=np.float64)
 
 
-def _fit(scores: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+def fit_map(scores: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """``scores`` resized (bilinear) to an image of ``shape``."""
     if scores.shape == shape:
         return scores
     image = Image.fromarray(scores.astype(np.float32), mode="F")
@@ -42,7 +46,7 @@ def heatmap_overlay(explanation: Explanation, image: np.ndarray, alpha: float = 
 
     Colour strength is |score| over the map's 99th percentile of |score|, clipped to 1.
     """
-    scores = _fit(explanation.scores, image.shape[:2])
+    scores = fit_map(explanation.scores, image.shape[:2])
     peak = robust_peak(scores)
     strength = (np.abs(scores) / peak if peak > 0 else np.zeros_like(scores)).clip(0, 1)[..., None]
     colour = np.where(scores[..., None] >= 0, _POSITIVE, _NEGATIVE)
@@ -53,7 +57,7 @@ def heatmap_overlay(explanation: Explanation, image: np.ndarray, alpha: float = 
 
 def image_figure(explanation: Explanation, image: np.ndarray) -> go.Figure:
     """The image with the score map as a semi-transparent diverging heatmap on top."""
-    scores = _fit(explanation.scores, image.shape[:2])
+    scores = fit_map(explanation.scores, image.shape[:2])
     peak = robust_peak(scores) or 1.0
     figure = go.Figure(go.Image(z=image))
     figure.add_trace(
@@ -92,29 +96,42 @@ def image_grid_figure(
     """
     if not explanations:
         raise ValueError("image_grid_figure needs at least one explanation")
-    if not 0.0 <= opacity <= 1.0:
-        raise ValueError(f"opacity must lie in [0, 1]; got {opacity}")
     if any(e.tokens is not None for e in explanations.values()):
         raise ValueError("image_grid_figure needs image explanations")
+    panels = {f"{m} → {e.target.label}": (m, e.scores) for m, e in explanations.items()}
+    return map_panels_figure(panels, image, opacity, "relevance ÷ robust peak")
+
+
+def map_panels_figure(
+    panels: Mapping[str, tuple[str, np.ndarray]],
+    image: np.ndarray,
+    opacity: float = 0.55,
+    scale_title: str = "relevance ÷ robust peak",
+) -> go.Figure:
+    """
+    Panels side by side, each ``image`` under a signed map, keyed by title: (name, map).
+
+    Each map is resized to the image and divided by its robust peak, on one diverging scale
+    from −1 to +1 with one colour bar.
+    """
+    if not 0.0 <= opacity <= 1.0:
+        raise ValueError(f"opacity must lie in [0, 1]; got {opacity}")
     figure = make_subplots(
-        rows=1,
-        cols=len(explanations),
-        subplot_titles=[f"{m} → {e.target.label}" for m, e in explanations.items()],
-        horizontal_spacing=0.02,
+        rows=1, cols=len(panels), subplot_titles=list(panels), horizontal_spacing=0.02
     )
-    for column, (method, explanation) in enumerate(explanations.items(), start=1):
+    for column, (name, scores) in enumerate(panels.values(), start=1):
         figure.add_trace(go.Image(z=image, hoverinfo="skip"), row=1, col=column)
         figure.add_trace(
             go.Heatmap(
-                z=_scaled(_fit(explanation.scores, image.shape[:2])),
+                z=_scaled(fit_map(scores, image.shape[:2])),
                 colorscale="RdBu_r",
                 zmin=-1.0,
                 zmax=1.0,
                 opacity=opacity,
                 showscale=column == 1,
-                colorbar={"title": "relevance ÷ robust peak"},
-                name=method,
-                hovertemplate="(%{x}, %{y}): %{z:.3f}<extra>" + method + "</extra>",
+                colorbar={"title": scale_title},
+                name=name,
+                hovertemplate="(%{x}, %{y}): %{z:.3f}<extra>" + name + "</extra>",
             ),
             row=1,
             col=column,
@@ -135,7 +152,7 @@ def std_error_figure(explanation: Explanation, image: np.ndarray) -> go.Figure:
     figure = go.Figure(go.Image(z=image, hoverinfo="skip"))
     figure.add_trace(
         go.Heatmap(
-            z=_fit(explanation.maps["std_error"], image.shape[:2]),
+            z=fit_map(explanation.maps["std_error"], image.shape[:2]),
             colorscale="Viridis",
             zmin=0.0,
             opacity=0.6,

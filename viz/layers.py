@@ -24,6 +24,7 @@ __all__ = [
     "agreement_figure",
     "attention_figure",
     "export_figure",
+    "head_grid_table",
     "head_heatmap",
     "layer_lines",
     "positional_figure",
@@ -84,6 +85,22 @@ def head_heatmap(table: pd.DataFrame, measure: str) -> go.Figure:
         template="plotly_white",
     )
     return figure
+
+
+def head_grid_table(table: pd.DataFrame, measure: str) -> pd.DataFrame:
+    """
+    One head measure as a layers × heads table to read and click (values to 4 decimals).
+
+    The first column names the layer (``L0``, ...); the others are ``H0``, ``H1``, ....
+    """
+    grid = (
+        _rows(table, measure, heads=True)
+        .pivot(index="layer", columns="head", values="value")
+        .sort_index()
+    )
+    grid.columns = [f"H{int(h)}" for h in grid.columns]
+    grid.insert(0, "layer", [f"L{int(layer)}" for layer in grid.index])
+    return grid.round(4).reset_index(drop=True)
 
 
 def layer_lines(

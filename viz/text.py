@@ -12,8 +12,10 @@ from plotly.colors import sample_colorscale, unlabel_rgb
 from attribution.explanation import Explanation
 
 __all__ = [
+    "diverging_colour",
     "positional_figure_tokens",
     "scale_legend_html",
+    "text_colour",
     "token_columns_html",
     "token_figure",
     "token_highlights",
@@ -34,21 +36,29 @@ def token_highlights(explanation: Explanation) -> list[tuple[str, float]]:
 
 
 def token_figure(explanation: Explanation) -> go.Figure:
-    """Bar chart of token scores (red positive, blue negative), tokens in reading order."""
+    """
+    Bar chart of token scores in reading order, on the ends of the diverging scale.
+
+    A sampling method's standard error per token (``maps["std_error"]``) shows as error bars.
+    """
     if explanation.tokens is None:
         raise ValueError("token_figure needs a text explanation")
     scores = explanation.scores
     positions = list(range(len(scores)))
+    error = explanation.maps.get("std_error")
+    shown_error = error is not None and np.shape(error) == np.shape(scores)
     figure = go.Figure(
         go.Bar(
             x=positions,
             y=scores,
-            marker_color=["#d62728" if s >= 0 else "#1f77b4" for s in scores],
+            marker_color=[f"rgb{diverging_colour(1.0 if s >= 0 else -1.0)}" for s in scores],
             hovertext=explanation.tokens,
+            error_y={"type": "data", "array": error, "visible": True} if shown_error else None,
         )
     )
     figure.update_layout(
-        title=f"{explanation.method} → {explanation.target.label}",
+        title=f"{explanation.method} → {explanation.target.label}"
+        + (" (bars: ± standard error)" if shown_error else ""),
         xaxis={"tickmode": "array", "tickvals": positions, "ticktext": explanation.tokens},
         yaxis_title="relevance",
         margin={"l": 40, "r": 10, "t": 40, "b": 80},
@@ -62,14 +72,14 @@ _DIVERGING = "RdBu_r"
 _LEGEND_TEXT = "relevance ÷ each method's largest |score| (red supports the target, blue opposes)"
 
 
-def _colour(value: float) -> tuple[int, int, int]:
+def diverging_colour(value: float) -> tuple[int, int, int]:
     """RGB of ``value`` in [-1, 1] on the diverging scale."""
     (sample,) = sample_colorscale(_DIVERGING, [(min(max(value, -1.0), 1.0) + 1.0) / 2.0])
     red, green, blue = (round(part) for part in unlabel_rgb(sample))
     return red, green, blue
 
 
-def _text_colour(background: tuple[int, int, int]) -> str:
+def text_colour(background: tuple[int, int, int]) -> str:
     """Dark text on light backgrounds, light text on dark ones (WCAG relative luminance)."""
     linear = [
         c / 255 / 12.92 if c <= 10 else ((c / 255 + 0.055) / 1.055) ** 2.4 for c in background
@@ -80,7 +90,7 @@ def _text_colour(background: tuple[int, int, int]) -> str:
 
 def scale_legend_html() -> str:
     """The diverging scale as a horizontal gradient bar, −1 … 0 … +1, with what it means."""
-    stops = ", ".join(f"rgb{_colour(v)}" for v in np.linspace(-1.0, 1.0, 11))
+    stops = ", ".join(f"rgb{diverging_colour(v)}" for v in np.linspace(-1.0, 1.0, 11))
     return (
         '<div class="attr-legend" style="max-width:360px;margin:8px 0;font-size:0.85em">'
         f'<div style="height:12px;border-radius:3px;background:linear-gradient(to right, {stops})">'
@@ -99,10 +109,10 @@ def _column_html(method: str, explanation: Explanation) -> str:
     for token, raw, shown in zip(
         explanation.tokens, explanation.scores, _normalised(explanation.scores), strict=True
     ):
-        background = _colour(float(shown))
+        background = diverging_colour(float(shown))
         spans.append(
             f'<span data-score="{float(raw):.6g}" title="{float(raw):.6g}" '
-            f'style="background:rgb{background};color:{_text_colour(background)};'
+            f'style="background:rgb{background};color:{text_colour(background)};'
             'padding:1px 3px;margin:1px;border-radius:3px;display:inline-block">'
             f"{html.escape(token)}</span>"
         )
