@@ -203,6 +203,12 @@ def _bounded(rows: Iterable[DatasetRow], max_rows: int | None) -> list[DatasetRo
     return kept
 
 
+def _example_dataset() -> Path:
+    from importlib import resources
+
+    return Path(str(resources.files("assets").joinpath("examples", "reviews.jsonl")))
+
+
 def _utf8(data: bytes, name: str) -> str:
     try:
         return data.decode("utf-8")
@@ -234,6 +240,7 @@ def batch_tab(runner: Any) -> None:
                 elem_id="batch-methods",
             )
             trust = gr.Checkbox(False, label="Trust cards (faithfulness scores)")
+    gr.Examples([[str(_example_dataset())]], [upload], label="Example")
     with gr.Row():
         run = gr.Button("Run batch", variant="primary", elem_id="batch-run")
         cancel = gr.Button("Cancel", variant="stop")

@@ -13,7 +13,7 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from app.ui import SAMPLE_TEXT, label_list, read_target, readable
+from app.ui import SAMPLE_PROMPT, SAMPLE_TEXT, label_list, read_target, readable
 from app.worker import AblationRequest, ExplainRequest
 from attribution.errors import InvalidParameterError
 from attribution.explanation import Explanation
@@ -78,6 +78,11 @@ def layers_tab(runner: Any) -> None:
                 labels = gr.Textbox("positive, negative", label="Labels (zero-shot models)")
                 target = gr.Textbox("", label="Target (label or index; empty = top)")
                 next_token = gr.Checkbox(False, label="Next token (decoder LMs)")
+            gr.Examples(
+                [[SAMPLE_TEXT, "minilm-zeroshot", False], [SAMPLE_PROMPT, "smollm2-135m", True]],
+                [text, model, next_token],
+                label="Examples",
+            )
         with gr.Column(scale=1):
             measures = gr.CheckboxGroup(
                 [(f"{m.name}: {m.cost}", m.name) for m in MEASURES.values()],

@@ -17,13 +17,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from attribution.errors import BudgetExceededError, InvalidParameterError, JobCancelledError
+from attribution.errors import BudgetExceededError, InvalidParameterError
 from attribution.explain import explain
 from attribution.explanation import Explanation
 from attribution.layers.analysis import head_projections
 from attribution.layers.hooks import check_heads, zeroed_heads
 from attribution.models.base import Adapter, Inputs, TextInputs
-from attribution.run import ProgressCallback
+from attribution.run import ProgressCallback, RunContext
 
 __all__ = ["HeadAblation", "ablate_heads_and_explain", "head_attention"]
 
@@ -98,7 +98,7 @@ def ablate_heads_and_explain(
     projections, count = head_projections(adapter)
     check_heads(heads, len(projections), count)
     chosen = list(dict.fromkeys((int(layer), int(head)) for layer, head in heads))
-    _stop_if_cancelled(cancel)
+    RunContext(cancel=cancel).stop_if_cancelled()
     attention = None
     if isinstance(inputs, TextInputs):
         attention = head_attention(adapter, inputs, *chosen[0])
@@ -123,7 +123,7 @@ def ablate_heads_and_explain(
                 "sample count"
             )
     with zeroed_heads(projections, count, chosen):
-        _stop_if_cancelled(cancel)
+        RunContext(cancel=cancel).stop_if_cancelled()
         ablated = explain(
             adapter,
             method,
@@ -142,11 +142,6 @@ def ablate_heads_and_explain(
         attention=attention,
         tokens=list(inputs.tokens) if isinstance(inputs, TextInputs) else None,
     )
-
-
-def _stop_if_cancelled(cancel: threading.Event | None) -> None:
-    if cancel is not None and cancel.is_set():
-        raise JobCancelledError("the job was cancelled")
 
 
 def _half(progress: ProgressCallback | None, half: int) -> ProgressCallback | None:
