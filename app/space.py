@@ -251,7 +251,8 @@ def build_space(settings: ServerSettings | None = None) -> gr.Blocks:
     except ValueError:
         raise SettingsError("ATTRLAB_SPACE_MAX_SLOT must be a whole number of seconds") from None
     runner = SpaceRunner(worker, max_slot_s, gpu=spaces.GPU if ZERO_GPU else None)
-    page_run: Callable[..., Any] = runner.run
+    # Off ZeroGPU the page runs through the worker's queue itself (progress bar and Cancel).
+    page_run: Callable[..., Any] | None = runner.run if ZERO_GPU else None
     demo = build_ui(worker, run=page_run, cost=runner.cost_line if ZERO_GPU else None)
 
     def explain_batch(body: dict[str, Any]) -> dict[str, Any]:

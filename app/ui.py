@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import CancelledError
+from concurrent.futures import TimeoutError as FutureTimeout  # builtin only from 3.11
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,12 +46,22 @@ from attribution.methods.catalog import catalog_entries
 from attribution.models import BUILTIN_MODELS, default_model
 from attribution.run import ProgressCallback
 
-__all__ = ["PageRunner", "build_ui", "label_list", "method_entries", "page_folder", "read_target"]
+__all__ = [
+    "PageRunner",
+    "build_ui",
+    "label_list",
+    "labels_for",
+    "method_entries",
+    "page_folder",
+    "read_target",
+    "sample_labels",
+]
 
 log = logging.getLogger(__name__)
 
 SAMPLE_TEXT = "I loved this movie, the acting was wonderful."
 SAMPLE_PROMPT = "The capital of France is"
+SAMPLE_LABELS = "positive, negative"
 #: Methods ticked when a tab opens: fast on a CPU, and of two families (gradient and LRP).
 DEFAULT_METHODS = {
     "text": ["integrated_gradients", "attnlrp"],
@@ -94,7 +105,7 @@ class PageRunner:
     def __init__(self, worker: ExplainWorker, run: Runner | None = None) -> None:
         self.worker = worker
         self._run = run
-        self._jobs: dict[tuple[str, str], Job[Any]] = {}
+        self._jobs: dict[tuple[str, str], set[Job[Any]]] = {}
         self._lock = threading.Lock()
 
     def __call__(
@@ -121,19 +132,26 @@ class PageRunner:
 
     def _wait(self, job: Job[Any], key: tuple[str, str], report: ProgressCallback) -> Any:
         with self._lock:
-            self._jobs[key] = job
+            self._jobs.setdefault(key, set()).add(job)  # a tab may run two (Predict and Run)
         try:
             while True:
                 try:
-                    return job.result(timeout=self.poll_s)
-                except TimeoutError:
+                    result = job.result(timeout=self.poll_s)
+                except FutureTimeout:
                     done, total = job.progress
                     if total:
                         report(done, total)
+                    continue
+                done, total = job.progress
+                if total:  # the bar ends full, however short the job
+                    report(done, total)
+                return result
         finally:
             with self._lock:
-                if self._jobs.get(key) is job:
-                    del self._jobs[key]
+                running = self._jobs.get(key, set())
+                running.discard(job)
+                if not running:
+                    self._jobs.pop(key, None)
 
     def cancel_handler(self, tab: str) -> Callable[[gr.Request], None]:
         """The Cancel button of ``tab``: it stops the clicking session's job on that tab."""
@@ -146,8 +164,8 @@ class PageRunner:
     def cancel(self, session: str | None, tab: str = "") -> None:
         """Stop the job of ``session`` on ``tab`` in the worker (it leaves no model patched)."""
         with self._lock:
-            job = self._jobs.get((session or "", tab))
-        if job is not None:
+            jobs = list(self._jobs.get((session or "", tab), ()))
+        for job in jobs:
             job.cancel()
 
 
@@ -211,6 +229,25 @@ def method_entries(modality: str) -> list[dict[str, Any]]:
 def label_list(text: str | None) -> list[str] | None:
     """Zero-shot labels from a comma-separated field; None when it is empty."""
     return [s.strip() for s in (text or "").split(",") if s.strip()] or None
+
+
+def sample_labels(model: str | None) -> str | None:
+    """
+    The labels field for ``model``.
+
+    Sample labels for a built-in zero-shot model, empty for the other built-ins (their classes
+    are fixed), None for a hub id or folder (the user knows whether it takes labels).
+    """
+    entry = BUILTIN_MODELS.get(model or "")
+    if entry is None:
+        return None
+    return SAMPLE_LABELS if entry.zero_shot else ""
+
+
+def labels_for(model: str | None) -> Any:
+    """The labels field's update once ``model`` is chosen (unchanged for a hub id or folder)."""
+    labels = sample_labels(model)
+    return gr.update() if labels is None else gr.update(value=labels)
 
 
 def read_target(value: Any) -> int | str | None:
@@ -427,6 +464,12 @@ def _pages(result: Result) -> dict[str, str]:
     return pages
 
 
+@functools.cache
+def _files_root() -> Path:
+    """The process's own folder for handed-out files (private to its user: ``mkdtemp``)."""
+    return Path(tempfile.mkdtemp(prefix="attrlab-page-"))
+
+
 def page_folder(kind: str) -> Path:
     """
     A fresh folder for a file the page hands out; those of earlier runs go after an hour.
@@ -434,8 +477,7 @@ def page_folder(kind: str) -> Path:
     Gradio copies what it serves into its own cache (cleaned by the Blocks' ``delete_cache``),
     so nothing here has to outlive the hour.
     """
-    root = Path(tempfile.gettempdir()) / "attrlab-page"
-    root.mkdir(exist_ok=True)
+    root = _files_root()
     stale = time.time() - FILES_KEPT_S
     for old in root.iterdir():
         with suppress(OSError):
@@ -498,8 +540,8 @@ class TabSpec:
 
 def _explain_tab(
     spec: TabSpec, runner: PageRunner, cost: Callable[[ExplainRequest], str]
-) -> dict[str, Any]:
-    """Build one explain tab; returns the components a shared link fills."""
+) -> LinkedTab:
+    """Build one explain tab; returns what a shared link fills and runs."""
     key = spec.key
     models = [
         name
@@ -521,7 +563,7 @@ def _explain_tab(
                     elem_id=f"{key}-model",
                 )
                 labels = gr.Textbox(
-                    "positive, negative",
+                    (sample_labels(initial) or "") if spec.key == "text" else "",
                     label="Labels (zero-shot models)",
                     visible=spec.key == "text",
                     scale=1,
@@ -610,8 +652,8 @@ def _explain_tab(
         link = gr.Textbox(
             label="Link to this view", lines=2, elem_id=f"{key}-link", buttons=["copy"]
         )
-    with gr.Accordion("Raw results (JSON)", open=False):
-        raw = gr.JSON()
+    with gr.Accordion("Raw results (JSON)", open=False, elem_id=f"{key}-raw-results"):
+        raw = gr.JSON(elem_id=f"{key}-raw")
 
     params_box = gr.JSON(visible=False)  # method -> parameters, gathered from the widgets
     fields = [model, labels, source, target, controls.picker, trust, randomise, seed, params_box]
@@ -674,12 +716,12 @@ def _explain_tab(
             {},
         ]
 
-    model.input(  # the user's choice only: a shared link sets model and target together
-        forget_model,
-        None,
-        [prediction, target, controls.picker, controls.notes, capabilities],
-        api_visibility="private",
+    forgotten = [prediction, target, controls.picker, controls.notes, capabilities]
+    # the user's choices only: a shared link sets model, labels and target together
+    model.input(forget_model, None, forgotten, api_visibility="private").then(
+        labels_for, model, labels, api_visibility="private"
     )
+    labels.input(forget_model, None, forgotten, api_visibility="private")
 
     @readable
     def explain(
@@ -741,7 +783,7 @@ def _explain_tab(
             "methods": methods,
             "text": base.get("text"),
             "labels": labels_ if spec.key == "text" else None,
-            "target": target_,
+            "target": "" if base["target"] is None else str(base["target"]),  # as explained
             "seed": base["seed"],
             "params": params,
             "trust": bool(trust_),
@@ -798,7 +840,7 @@ def _explain_tab(
         api_visibility="private",
         show_progress="hidden",
     )
-    running = gathered.then(
+    running = gathered.success(  # not with the last run's parameters when one is refused
         explain, fields, outputs, api_name=f"explain_{api}", concurrency_id=f"run-{key}"
     )
     cancel.click(
@@ -845,7 +887,14 @@ def _explain_tab(
     export.click(download, [last], bundle, api_name=f"export_{api}")
 
     def price(
-        model_, labels_, source_, target_, seed_, chosen: list[str] | None, *values: Any
+        model_,
+        labels_,
+        source_,
+        target_,
+        seed_,
+        trust_: bool,
+        chosen: list[str] | None,
+        *values: Any,
     ) -> str:
         methods = list(chosen or [])
         if not methods:
@@ -856,23 +905,29 @@ def _explain_tab(
             return f"Cost: cannot estimate ({err.message})"
         params = controls.params(methods, dict(zip(controls.components, values, strict=True)))
         lines = [
-            f"{m}: {cost(ExplainRequest(**base, method=m, params=params.get(m, {})))}"
+            m
+            + ": "
+            + cost(
+                ExplainRequest(**base, method=m, params=params.get(m, {}), evaluate=bool(trust_))
+            )
             for m in methods
         ]
         return "Cost before Run: " + "; ".join(lines)
 
-    for component in (model, source, controls.picker):
-        listen = component.blur if isinstance(component, gr.Textbox) else component.change
-        listen(
-            price,
-            [model, labels, source, target, seed, controls.picker, *controls.components],
-            cost_line,
-            show_progress="hidden",
-            api_visibility="private",
-            concurrency_limit=1,
-            concurrency_id=f"cost-{key}",
-            trigger_mode="always_last",
-        )
+    triggers = [model.change, source.blur if spec.modality == "text" else source.change]
+    triggers += [controls.picker.change, trust.change, target.change]
+    triggers += [w.change for w in controls.components]
+    gr.on(
+        triggers,
+        price,
+        [model, labels, source, target, seed, trust, controls.picker, *controls.components],
+        cost_line,
+        show_progress="hidden",
+        api_visibility="private",
+        concurrency_limit=1,
+        concurrency_id=f"cost-{key}",
+        trigger_mode="always_last",
+    )
 
     linked = gr.State(False)  # a shared link filled this tab: run it once loaded
 
@@ -910,18 +965,19 @@ def _explain_tab(
             progress,
         )
 
-    def follow(opened: Any) -> None:
-        """Chain the tab's run to the page's load, for a shared link naming this tab."""
-        gathered_ = opened.then(
-            gather, [controls.picker, *controls.components], params_box, api_visibility="private"
-        )
-        gathered_.then(
-            run_linked,
-            [linked, *fields],
-            outputs,
-            api_visibility="private",
-            concurrency_id=f"run-{key}",
-        )
+    linked.change(  # set only on the tab a shared link names, so only that tab runs
+        gather,
+        [controls.picker, *controls.components],
+        params_box,
+        api_visibility="private",
+        show_progress="hidden",
+    ).success(
+        run_linked,
+        [linked, *fields],
+        outputs,
+        api_visibility="private",
+        concurrency_id=f"run-{key}",
+    )
 
     return LinkedTab(
         {
@@ -936,18 +992,16 @@ def _explain_tab(
         },
         controls.widgets,
         linked,
-        follow,
     )
 
 
 @dataclass
 class LinkedTab:
-    """What a shared link fills on a tab, and how the tab's run follows the page's load."""
+    """What a shared link fills on a tab; setting ``linked`` runs the tab."""
 
     fields: dict[str, Any]
     widgets: list[tuple[str, str, Any, Any]]
     linked: gr.State
-    follow: Callable[[Any], None]
 
 
 def _changes(previous: Result, result: Result) -> dict[str, MapChange]:
@@ -1060,7 +1114,7 @@ def _open_shared_link(demo: gr.Blocks, tabs: gr.Tabs, filled: Mapping[str, Linke
         tab = query.get("tab")
         try:
             params = json.loads(query.get("params") or "{}")
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # a hand-made link: its parameters are dropped
             params = {}
         params = params if isinstance(params, dict) else {}
         updates: list[Any] = [gr.update(selected=tab) if tab in filled else gr.update()]
@@ -1086,7 +1140,7 @@ def _open_shared_link(demo: gr.Blocks, tabs: gr.Tabs, filled: Mapping[str, Linke
         updates += [key == tab and autorun for key in filled]
         return updates
 
-    opened = demo.load(
+    demo.load(
         restore,
         None,
         [
@@ -1097,8 +1151,6 @@ def _open_shared_link(demo: gr.Blocks, tabs: gr.Tabs, filled: Mapping[str, Linke
         ],
         api_visibility="private",
     )
-    for tab in filled.values():
-        tab.follow(opened)
 
 
 def _whole(value: Any) -> Any:

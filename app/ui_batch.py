@@ -13,7 +13,7 @@ import gradio as gr
 
 from app.batch import IMAGE_SUFFIXES, DatasetRow, dataset_rows, numbered_lines, result_rows
 from app.jobs import instance_json
-from app.ui import label_list, method_entries, page_folder, readable
+from app.ui import label_list, labels_for, method_entries, page_folder, readable, sample_labels
 from app.worker import MAX_CURVE_STEPS, MAX_ORDERS, BatchRequest, EvaluateRequest, Instance
 from attribution.errors import InvalidInputError
 from attribution.models import BUILTIN_MODELS, default_model
@@ -49,7 +49,7 @@ def evaluate_tab(runner: Any) -> None:
             allow_custom_value=True,
             elem_id="evaluate-model",
         )
-        labels = gr.Textbox("positive, negative", label="Labels (zero-shot models)")
+        labels = gr.Textbox(sample_labels(default_model("text")), label="Labels (zero-shot models)")
     methods = gr.CheckboxGroup(
         _methods("text"),
         value=["gradient_x_input", "integrated_gradients", "attnlrp"],
@@ -84,6 +84,7 @@ def evaluate_tab(runner: Any) -> None:
         ]
 
     modality.change(switch, modality, [model, methods, items, labels], api_visibility="private")
+    model.change(labels_for, model, labels, api_visibility="private")
 
     @readable
     def evaluate(
@@ -106,10 +107,9 @@ def evaluate_tab(runner: Any) -> None:
         instances: tuple[Instance, ...] = ()
         if path:  # an uploaded set, all of it (within the server's batch bound)
             settings = runner.worker.settings
-            try:
-                rows = uploaded_rows(path, settings.max_body_bytes, settings.max_batch)
-            except InvalidInputError as err:
-                raise gr.Error(str(err)) from None
+            rows = uploaded_rows(path, settings.max_body_bytes, settings.max_batch)
+            if not rows:
+                raise gr.Error("the upload holds no rows")
             instances = tuple(
                 Instance(text=r.text, image=r.image, target=r.target, problem=r.problem)
                 for r in rows
@@ -146,6 +146,10 @@ def evaluate_tab(runner: Any) -> None:
     )
 
 
+#: What reading a damaged, encrypted or oddly compressed zip member raises.
+_UNREADABLE = (zipfile.BadZipFile, RuntimeError, NotImplementedError, OSError, EOFError)
+
+
 def uploaded_rows(path: str | None, max_bytes: int, max_rows: int | None) -> list[DatasetRow]:
     """
     Rows of a page upload: a JSONL file of texts, or a zip of images (with or without a JSONL).
@@ -180,7 +184,10 @@ def uploaded_rows(path: str | None, max_bytes: int, max_rows: int | None) -> lis
                     f"the zip unpacks to more than {max_bytes:,} bytes (at '{name}'); this "
                     "server reads at most that much of an upload"
                 )
-            return archive.read(info)
+            try:
+                return archive.read(info)
+            except _UNREADABLE as err:
+                raise InvalidInputError(f"zip member '{name}' cannot be read: {err}") from None
 
         listed = [n for n in members if n.lower().endswith(".jsonl")]
         if listed:
@@ -232,7 +239,9 @@ def batch_tab(runner: Any) -> None:
                 allow_custom_value=True,
                 elem_id="batch-model",
             )
-            labels = gr.Textbox("positive, negative", label="Labels (zero-shot models)")
+            labels = gr.Textbox(
+                sample_labels(default_model("text")), label="Labels (zero-shot models)"
+            )
             methods = gr.CheckboxGroup(
                 sorted(set(_methods("text")) | set(_methods("image"))),
                 value=["gradient_x_input"],
@@ -263,15 +272,13 @@ def batch_tab(runner: Any) -> None:
         if not chosen:
             raise gr.Error("choose at least one method")
         settings = runner.worker.settings
-        try:
-            rows = uploaded_rows(path, settings.max_body_bytes, settings.max_batch)
-        except InvalidInputError as err:
-            raise gr.Error(str(err)) from None
+        rows = uploaded_rows(path, settings.max_body_bytes, settings.max_batch)
         if not rows:
             raise gr.Error("the upload holds no rows")
+        texts = any(r.text is not None for r in rows)
         request_ = BatchRequest(
             model=model_,
-            labels=label_list(labels_),
+            labels=label_list(labels_) if texts else None,  # zero-shot labels are for texts
             instances=tuple(
                 Instance(text=r.text, image=r.image, target=r.target, problem=r.problem)
                 for r in rows
@@ -297,6 +304,7 @@ def batch_tab(runner: Any) -> None:
         line += f", {failed} failed (see the error column)" if failed else ""
         return [line, shown, [str(jsonl), str(parquet)]]
 
+    model.change(labels_for, model, labels, api_visibility="private")
     running = run.click(
         run_batch,
         [upload, model, labels, methods, trust],

@@ -13,7 +13,15 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from app.ui import SAMPLE_PROMPT, SAMPLE_TEXT, label_list, read_target, readable
+from app.ui import (
+    SAMPLE_PROMPT,
+    SAMPLE_TEXT,
+    label_list,
+    labels_for,
+    read_target,
+    readable,
+    sample_labels,
+)
 from app.worker import AblationRequest, ExplainRequest
 from attribution.errors import InvalidParameterError
 from attribution.explanation import Explanation
@@ -75,7 +83,9 @@ def layers_tab(runner: Any) -> None:
                 elem_id="layers-input",
             )
             with gr.Row():
-                labels = gr.Textbox("positive, negative", label="Labels (zero-shot models)")
+                labels = gr.Textbox(
+                    sample_labels(default_model("text")), label="Labels (zero-shot models)"
+                )
                 target = gr.Textbox("", label="Target (label or index; empty = top)")
                 next_token = gr.Checkbox(False, label="Next token (decoder LMs)")
             gr.Examples(
@@ -134,7 +144,7 @@ def layers_tab(runner: Any) -> None:
         return {
             "model": model_,
             "text": text_ or "",
-            "labels": label_list(labels_),
+            "labels": None if next_ else label_list(labels_),  # a decoder's classes are tokens
             "target": read_target(target_),
             "next_token": bool(next_),
         }
@@ -195,9 +205,12 @@ def layers_tab(runner: Any) -> None:
         api_name="layers_cancel",
     )
     model.change(
-        lambda name: gr.update(value=bool(getattr(BUILTIN_MODELS.get(name), "next_token", False))),
+        lambda name: [
+            gr.update(value=bool(getattr(BUILTIN_MODELS.get(name), "next_token", False))),
+            labels_for(name),
+        ],
         model,
-        next_token,
+        [next_token, labels],
         api_visibility="private",
     )
 

@@ -34,7 +34,7 @@ from attribution.methods import get_method
 from attribution.models import DEFAULT_MODELS, Adapter, Inputs, load_image
 from attribution.models.loading import resolve_device
 from attribution.params import validate_params
-from attribution.run import ProgressCallback
+from attribution.run import ProgressCallback, stop_if_cancelled
 
 if TYPE_CHECKING:  # imported where used: a plain explanation needs none of them
     import pandas as pd
@@ -448,16 +448,24 @@ class EvaluateRequest(WorkerRequest["pd.DataFrame"]):
         """Each method and its parameters."""
         return {method: self.params.get(method, {}) for method in self.methods}
 
-    def chosen_items(self) -> list[EvalItem]:
-        """The items evaluated: the uploaded ones, else the bundled ones (the first ``items``)."""
+    def chosen_items(self, read: Callable[[Instance], Any] | None = None) -> list[EvalItem]:
+        """
+        The items evaluated: the uploaded ones, else the bundled ones (the first ``items``).
+
+        ``read`` decodes an uploaded one within the server's bounds (without it, as uploaded).
+        """
         from attribution.metrics import EvalItem, bundled_items
 
         if self.instances:
-            uploaded = [
-                EvalItem(i.text if i.text is not None else i.image, i.target, f"item {n}")
-                for n, i in enumerate(self.instances, start=1)
+            chosen = self.instances[: self.items]
+            return [
+                EvalItem(
+                    read(i) if read else i.text if i.text is not None else i.image,
+                    i.target,
+                    f"item {n}",
+                )
+                for n, i in enumerate(chosen, start=1)
             ]
-            return uploaded[: self.items]
         return bundled_items(self.modality)[: self.items]
 
     def costs(self) -> list[EstimateRequest]:
@@ -490,9 +498,9 @@ class EvaluateRequest(WorkerRequest["pd.DataFrame"]):
         if adapter.modality != self.modality:
             raise InvalidInputError(
                 f"model '{adapter.model_id}' takes {_article(adapter.modality)} as input; "
-                f"the bundled {self.modality} items do not fit it"
+                f"these {self.modality} items do not fit it"
             )
-        items = self.chosen_items()
+        items = self.chosen_items(run.read)
         total = len(items)
         first = adapter.preprocess(items[0].raw)
         for method in self.methods:  # each method's share of the server's seconds
@@ -637,6 +645,8 @@ class JobContext:
     max_seconds: float | None
     #: An instance checked against the server's bounds and the model, decoded, preprocessed.
     prepare: Callable[[Instance], Inputs]
+    #: The same, decoded only: a text, or an image within the server's pixel limit.
+    read: Callable[[Instance], Any]
 
 
 @dataclass(eq=False)  # identity: jobs are kept in a set while they wait or run
@@ -845,9 +855,8 @@ class ExplainWorker:
                     f"{adapter.family} (the default LM is '{DEFAULT_MODELS['next-token']}')"
                 )
 
-            def prepare(instance: Instance) -> Inputs:
-                if cancel.is_set():
-                    raise JobCancelledError("the job was cancelled")
+            def read(instance: Instance) -> Any:
+                stop_if_cancelled(cancel)
                 if instance.problem is not None:
                     raise InvalidInputError(instance.problem)
                 self.settings.check_request(instance.text, None, instance.target, request.seed)
@@ -856,12 +865,12 @@ class ExplainWorker:
                         f"model '{adapter.model_id}' takes {_article(adapter.modality)} as input, "
                         f"but the request gives {_article(instance.modality)}"
                     )
-                raw = (
-                    instance.text
-                    if instance.text is not None
-                    else load_image(instance.image, max_pixels=self.settings.max_image_pixels)
-                )
-                return adapter.preprocess(raw)
+                if instance.text is not None:
+                    return instance.text
+                return load_image(instance.image, max_pixels=self.settings.max_image_pixels)
+
+            def prepare(instance: Instance) -> Inputs:
+                return adapter.preprocess(read(instance))
 
             context = JobContext(
                 progress,
@@ -869,6 +878,7 @@ class ExplainWorker:
                 self.settings.max_forward_passes,
                 self.settings.max_seconds,
                 prepare,
+                read,
             )
             return request.run_on(adapter, context)
 

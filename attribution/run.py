@@ -15,7 +15,7 @@ from attribution.errors import BudgetExceededError, JobCancelledError
 if TYPE_CHECKING:
     from attribution.models.base import Adapter, Inputs
 
-__all__ = ["ProgressCallback", "RunContext"]
+__all__ = ["ProgressCallback", "RunContext", "stop_if_cancelled"]
 
 #: Called with (done, total) units of work, typically forward passes.
 ProgressCallback = Callable[[int, int], None]
@@ -56,8 +56,7 @@ class RunContext:
 
     def stop_if_cancelled(self) -> None:
         """Raise :class:`JobCancelledError` once the job was cancelled."""
-        if self.cancel is not None and self.cancel.is_set():
-            raise JobCancelledError("the job was cancelled")
+        stop_if_cancelled(self.cancel)
 
     def plan(self, forward_passes: int, lower: str = "the sample count") -> None:
         """
@@ -97,3 +96,9 @@ class RunContext:
     def warn(self, message: str) -> None:
         """Attach a warning to the Explanation."""
         self.warnings.append(message)
+
+
+def stop_if_cancelled(cancel: threading.Event | None) -> None:
+    """Raise :class:`JobCancelledError` once ``cancel`` is set."""
+    if cancel is not None and cancel.is_set():
+        raise JobCancelledError("the job was cancelled")

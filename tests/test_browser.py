@@ -201,6 +201,9 @@ def test_a_shared_link_reopens_the_view_and_runs_it(page, page_url):
     columns = page.locator("#next-maps .attr-column")
     expect(columns).to_have_count(1, timeout=120_000)  # it ran, with the link's parameters
     assert columns.first.get_attribute("data-method") == "rise"
+    page.locator("#next-raw-results").get_by_text("Raw results (JSON)").click()
+    expect(page.locator("#next-raw")).to_contain_text("n_masks")  # the link's parameters ran
+    expect(page.locator("#next-raw")).to_contain_text("64")
     link = page.locator("#next-link textarea").input_value()
     assert "n_masks" in link and "tab=next" in link
     _no_errors(page)

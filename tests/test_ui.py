@@ -299,16 +299,17 @@ def test_evaluate_takes_an_uploaded_set(client, tmp_path):
 
 
 def test_edit_and_compare_shows_how_each_map_changed(client):
-    def run(text: str, compare: bool) -> list:
+    def run(text: str, target: str, compare: bool) -> list:
         return client.predict(
-            "minilm-zeroshot", "positive, negative", text, "", ["gradient_x_input"], False,
+            "minilm-zeroshot", "positive, negative", text, target, ["gradient_x_input"], False,
             False, 0, {}, compare, api_name="/explain_text",
         )  # fmt: skip
 
-    before = run("A lovely, charming film.", False)[6]["gradient_x_input"]
-    after_outputs = run("A dull, charming film.", True)
+    before = run("A lovely, charming film.", "", False)[6]["gradient_x_input"]
+    other = 1 - before["target"]["index"]  # a comparison keeps the class explained before
+    after_outputs = run("A dull, charming film.", str(other), True)
     after, shown = after_outputs[6]["gradient_x_input"], after_outputs[-1]
-    assert after["target"]["index"] == before["target"]["index"]  # the same class, kept
+    assert after["target"]["index"] == before["target"]["index"]
     html = shown["value"] if isinstance(shown, dict) else shown
     spans = re.findall(r'<span data-(change|edited)="([^"]+)"[^>]*>([^<]*)<', html)
     assert [t for *_, t in spans] == after["tokens"]
@@ -335,6 +336,15 @@ def test_a_text_tab_refuses_empty_text_and_the_next_token_tab_a_classifier(clien
             "tiny-random-bert", "", "a text", "", ["attnlrp"], False, False, 0, {},
             api_name="/explain_next_token",
         )  # fmt: skip
+
+
+def test_layers_of_a_decoder_ignore_the_zero_shot_labels_field(client):
+    outputs = client.predict(
+        "tiny-random-llama", "the cat sat on the", "positive, negative", "", True, ["gradient"],
+        api_name="/layers_analyse",
+    )  # fmt: skip
+    assert outputs[0]["value"] == "head_gradient"
+    assert len(outputs[2]["data"]) == 2  # two layers
 
 
 def test_batch_explains_an_upload_and_records_the_bad_line(client, tmp_path):

@@ -568,5 +568,7 @@ def test_change_views_show_each_tokens_change_and_the_edited_ones():
         {"toy": compare_explanations(image_before, _explanation(moved))},
         np.full((8, 8, 3), 128, dtype=np.uint8),
     )
-    heat = next(t for t in figure.data if t.type == "heatmap")
-    np.testing.assert_allclose(heat.z, moved / np.percentile(np.abs(moved), 99))
+    heat = np.asarray(next(t for t in figure.data if t.type == "heatmap").z)
+    assert (heat[2:4, 2:4] > 0.9).all()  # the occluded block gained, at full colour
+    heat[2:4, 2:4] = 0.0
+    assert not heat.any()  # nothing else changed

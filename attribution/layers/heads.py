@@ -23,7 +23,7 @@ from attribution.explanation import Explanation
 from attribution.layers.analysis import head_projections
 from attribution.layers.hooks import check_heads, zeroed_heads
 from attribution.models.base import Adapter, Inputs, TextInputs
-from attribution.run import ProgressCallback, RunContext
+from attribution.run import ProgressCallback, stop_if_cancelled
 
 __all__ = ["HeadAblation", "ablate_heads_and_explain", "head_attention"]
 
@@ -98,7 +98,7 @@ def ablate_heads_and_explain(
     projections, count = head_projections(adapter)
     check_heads(heads, len(projections), count)
     chosen = list(dict.fromkeys((int(layer), int(head)) for layer, head in heads))
-    RunContext(cancel=cancel).stop_if_cancelled()
+    stop_if_cancelled(cancel)
     attention = None
     if isinstance(inputs, TextInputs):
         attention = head_attention(adapter, inputs, *chosen[0])
@@ -123,7 +123,7 @@ def ablate_heads_and_explain(
                 "sample count"
             )
     with zeroed_heads(projections, count, chosen):
-        RunContext(cancel=cancel).stop_if_cancelled()
+        stop_if_cancelled(cancel)
         ablated = explain(
             adapter,
             method,

@@ -20,12 +20,12 @@ import numpy as np
 import pandas as pd
 
 from attribution.agreement import map_agreement
-from attribution.errors import BudgetExceededError, InvalidParameterError, JobCancelledError
+from attribution.errors import BudgetExceededError, InvalidParameterError
 from attribution.explain import explain
 from attribution.explanation import Explanation
 from attribution.metrics.randomisation import cascading_units, randomisation_check
 from attribution.models.base import Adapter, Inputs
-from attribution.run import ProgressCallback
+from attribution.run import ProgressCallback, stop_if_cancelled
 
 __all__ = ["MethodCheck", "check_methods"]
 
@@ -101,8 +101,7 @@ def check_methods(
     def run(
         method: str, model: Adapter, index: int | str | None, scored: bool = False
     ) -> Explanation:
-        if cancel is not None and cancel.is_set():
-            raise JobCancelledError("the job was cancelled")
+        stop_if_cancelled(cancel)
         left = None if max_forward_passes is None else max_forward_passes - spent["forward"]
         if left is not None and left <= 0:
             raise BudgetExceededError(

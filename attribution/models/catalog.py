@@ -27,6 +27,8 @@ class BuiltinModel:
     loader: str
     #: A decoder LM: what it explains is its next token.
     next_token: bool = False
+    #: A zero-shot classifier: its classes are the labels a request gives.
+    zero_shot: bool = False
 
     def build(self) -> Adapter:
         """Load the model (imports torch, transformers and what the model needs)."""
@@ -39,6 +41,7 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
         "text",
         "MiniLM-L6 sentence encoder (embedded) as a zero-shot classifier over label prompts",
         "minilm_zeroshot",
+        zero_shot=True,
     ),
     "efficientnet-lite0": BuiltinModel(
         "image", "EfficientNet-Lite0 ImageNet-1k classifier (embedded, timm)", "efficientnet_lite0"
