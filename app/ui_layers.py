@@ -114,6 +114,11 @@ def layers_tab(runner: Any) -> None:
             )
     with gr.Row():
         lines = gr.Plot(label="Per layer", elem_id="layers-lines")
+        positional = gr.Plot(
+            label="Token and positional relevance per layer (PA-LRP)",
+            visible=False,
+            elem_id="layers-positional",
+        )
         agreement = gr.Plot(label="Agreement of head estimators", elem_id="layers-agreement")
     with gr.Row(equal_height=False):
         tokens = gr.HighlightedText(
@@ -183,6 +188,7 @@ def layers_tab(runner: Any) -> None:
             gr.update(choices=head_names, value=shown_measure),
             *_head_views(table, shown_measure),
             layer_lines(table, normalise=True),
+            _positional_view(table),
             agreement_figure(pairs) if len(pairs) else None,
             highlighted,
             None,
@@ -193,7 +199,7 @@ def layers_tab(runner: Any) -> None:
     running = run.click(
         analyse,
         [model, text, labels, target, next_token, measures],
-        [measure, heatmap, grid, lines, agreement, tokens, token_layers, before, last],
+        [measure, heatmap, grid, lines, positional, agreement, tokens, token_layers, before, last],
         api_name="layers_analyse",
         concurrency_id="run-layers",
     )
@@ -287,6 +293,16 @@ def layers_tab(runner: Any) -> None:
         return token_layers_figure(per_layer, explanation.tokens, evt.index)
 
     tokens.select(clicked_token, [last], token_layers, api_visibility="private")
+
+
+def _positional_view(table: pd.DataFrame) -> Any:
+    """PA-LRP's token against positional relevance per layer, where the model has both."""
+    from viz import positional_figure
+
+    found = set(table["measure"])
+    if not {"lrp_block", "positional_relevance"} <= found:
+        return gr.update(value=None, visible=False)
+    return gr.update(value=positional_figure(table), visible=True)
 
 
 def _head_views(table: pd.DataFrame, measure: str | None) -> list[Any]:

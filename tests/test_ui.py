@@ -340,11 +340,15 @@ def test_a_text_tab_refuses_empty_text_and_the_next_token_tab_a_classifier(clien
 
 def test_layers_of_a_decoder_ignore_the_zero_shot_labels_field(client):
     outputs = client.predict(
-        "tiny-random-llama", "the cat sat on the", "positive, negative", "", True, ["gradient"],
-        api_name="/layers_analyse",
+        "tiny-random-llama", "the cat sat on the", "positive, negative", "", True,
+        ["gradient", "lrp"], api_name="/layers_analyse",
     )  # fmt: skip
     assert outputs[0]["value"] == "head_gradient"
     assert len(outputs[2]["data"]) == 2  # two layers
+    positional = outputs[4]
+    assert positional["visible"]  # RoPE's cos/sin carry relevance in every layer (PA-LRP)
+    bars = _plot(positional)["data"]
+    assert [b["name"] for b in bars] == ["token (residual)", "positional"]
 
 
 def test_batch_explains_an_upload_and_records_the_bad_line(client, tmp_path):

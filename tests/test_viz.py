@@ -357,8 +357,24 @@ def test_trust_cards_of_real_explanations(text_explanations, image_explanations)
         assert ("conservation error" in card) == ("conservation_error" in e.metrics)
         assert ("convergence delta" in card) == ("convergence_delta" in e.metrics)
         assert ("standard error" in card) == ("std_error" in e.maps), e.method
-    assert "standard error" in trust_card_html(image_explanations["rise"])
+    rise = image_explanations["rise"]
+    assert "standard error" in trust_card_html(rise)
+    assert f"masks used {rise.metrics['masks_used']:.4g}" in trust_card_html(rise)
     assert "no faithfulness scores" in trust_card_html(text_explanations["rollout"])
+
+
+def test_a_cam_map_draws_like_the_others(effnet):
+    """Grad-CAM, the family the tiny ViT cannot give, on the embedded CNN."""
+    from skimage import data
+
+    cat = data.chelsea()
+    gradcam = explain(effnet, "gradcam", effnet.preprocess(cat))
+    heat = next(t for t in image_grid_figure({"gradcam": gradcam}, cat).data if t.type == "heatmap")
+    shown = np.asarray(heat.z)
+    assert shown.shape == cat.shape[:2]  # resized onto the photograph
+    assert shown.min() >= 0.0  # Grad-CAM's ReLU: the map has no negative evidence
+    assert np.percentile(shown, 99) == pytest.approx(1.0, rel=1e-6)
+    assert "no faithfulness scores" in trust_card_html(gradcam)
 
 
 def test_trust_figure_puts_each_score_next_to_random(image_explanations, text_explanations):

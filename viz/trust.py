@@ -133,13 +133,22 @@ def _row(cells: list[str]) -> str:
     return "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
 
 
+#: A sampling method's convergence metrics, as the trust card names them.
+_CONVERGENCE = {
+    "masks_used": "masks used",
+    "evals_used": "evaluations used",
+    "top_decile_error": "top-decile relative error",
+    "noise_ratio": "noise ratio",
+}
+
+
 def trust_card_html(explanation: Explanation) -> str:
     """
     A small card of how far to trust one map.
 
     Each faithfulness score present in ``metrics`` against its random-order counterpart,
     LRP's conservation error, the convergence delta and, for sampling methods, the standard
-    error of the map.
+    error of the map and how far the sampling converged.
     """
     metrics = explanation.metrics
     rows = []
@@ -168,6 +177,9 @@ def trust_card_html(explanation: Explanation) -> str:
         peak = float(np.abs(explanation.scores).max())
         share = f" ({largest / peak:.1%} of the largest |score|)" if peak > 0 else ""
         notes.append(f"sampled map: largest standard error {largest:.4g}{share}")
+    sampled = [f"{_CONVERGENCE[k]} {_number(metrics[k])}" for k in _CONVERGENCE if k in metrics]
+    if sampled:  # how far a sampling method converged
+        notes.append("convergence: " + ", ".join(sampled))
     table = f'<table style="font-size:0.85em">{"".join(rows)}</table>' if rows else ""
     items = "".join(f"<li>{html.escape(note)}</li>" for note in notes)
     method = html.escape(explanation.method)
