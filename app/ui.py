@@ -292,23 +292,34 @@ class MethodControls:
     """A tab's method picker, one parameter accordion per method, and their widgets."""
 
     picker: gr.CheckboxGroup
+    #: The methods that cannot run on the loaded model, disabled, each with its reason.
+    unavailable: gr.CheckboxGroup
     notes: gr.Markdown
     accordions: dict[str, gr.Accordion]
+    #: Method -> its name in the picker.
+    titles: dict[str, str] = field(default_factory=dict)
     #: (method, parameter, default, widget), in the order their values arrive.
     widgets: list[tuple[str, str, Any, Any]] = field(default_factory=list)
 
     @classmethod
     def build(cls, modality: str, chosen: Sequence[str], prefix: str) -> MethodControls:
         entries = method_entries(modality)
-        names = [e["name"] for e in entries]
+        titles = {e["name"]: f"{e['name']} ({e['title']})" for e in entries}
         picker = gr.CheckboxGroup(
-            [(f"{e['name']} ({e['title']})", e["name"]) for e in entries],
-            value=[m for m in chosen if m in names],
-            label="Methods (side by side)",
+            [(title, name) for name, title in titles.items()],
+            value=[m for m in chosen if m in titles],
+            label="Methods (side by side; those for the loaded model once Predict has run)",
             elem_id=f"{prefix}-methods",
         )
+        unavailable = gr.CheckboxGroup(
+            [],
+            label="Not for this model",
+            interactive=False,
+            visible=False,
+            elem_id=f"{prefix}-unavailable",
+        )
         notes = gr.Markdown("", elem_id=f"{prefix}-method-notes")
-        controls = cls(picker, notes, {})
+        controls = cls(picker, unavailable, notes, {}, titles)
         with gr.Accordion("Method parameters", open=False):
             for entry in entries:
                 with gr.Accordion(
@@ -337,6 +348,27 @@ class MethodControls:
                 params[method][name] = value
         return {m: p for m, p in params.items() if p}
 
+    def listed(self, chosen: Sequence[str], reasons: Mapping[str, str | None]) -> list[Any]:
+        """
+        Updates of the picker, the disabled list and the notes for a model's ``reasons``.
+
+        The picker keeps the methods that apply (those chosen stay ticked); the others are
+        shown disabled with their reasons, and a chosen one that cannot run is named.
+        """
+        blocked = {m: why for m, why in reasons.items() if why and m in self.titles}
+        return [
+            gr.update(
+                choices=[(t, m) for m, t in self.titles.items() if m not in blocked],
+                value=[m for m in chosen if m not in blocked],
+            ),
+            gr.update(
+                choices=[(f"{m}: {why}", m) for m, why in blocked.items()],
+                value=[],
+                visible=bool(blocked),
+            ),
+            _method_notes(chosen, reasons),
+        ]
+
     def wire(self, capabilities: gr.State) -> None:
         """Show the chosen methods' parameters and why a chosen method cannot run."""
 
@@ -354,17 +386,10 @@ class MethodControls:
 
 
 def _method_notes(chosen: Sequence[str], reasons: Mapping[str, str | None]) -> str:
-    """Why chosen methods cannot run on the loaded model, and which others cannot either."""
-    blocked = [f"**{m}** cannot run on this model: {reasons[m]}" for m in chosen if reasons.get(m)]
-    others = [m for m, why in reasons.items() if why and m not in chosen]
-    lines = [f"⚠ {line}" for line in blocked]
-    if others:
-        lines.append("Not for this model: " + ", ".join(f"{m} ({reasons[m]})" for m in others))
-    return "\n\n".join(lines)
-
-
-def _picker_choices(names: Sequence[str], reasons: Mapping[str, str | None]) -> list:
-    return [(f"{n} (not for this model)" if reasons.get(n) else n, n) for n in names]
+    """Why chosen methods cannot run on the loaded model."""
+    return "\n\n".join(
+        f"⚠ **{m}** cannot run on this model: {reasons[m]}" for m in chosen if reasons.get(m)
+    )
 
 
 # --- results ------------------------------------------------------------------------------
@@ -693,35 +718,34 @@ def _explain_tab(
         return [
             {p.label: p.probability for p in shown.predictions},
             gr.update(choices=choices, value=""),
-            gr.update(choices=_picker_choices(_names(controls), reasons)),
-            _method_notes(chosen or [], reasons),
+            *controls.listed(chosen or [], reasons),
             reasons,
         ]
 
+    listing = [controls.picker, controls.unavailable, controls.notes, capabilities]
     predict.click(
         preview,
         [model, labels, source, target, seed, controls.picker],
-        [prediction, target, controls.picker, controls.notes, capabilities],
+        [prediction, target, *listing],
         api_name=f"predict_{api}",
     )
     controls.wire(capabilities)
 
-    def forget_model() -> list[Any]:
+    def forget_model(chosen: list[str] | None) -> list[Any]:
         """Another model: its predictions, classes and methods are not known yet."""
         return [
             None,
             gr.update(choices=[("top prediction", "")], value=""),
-            gr.update(choices=_picker_choices(_names(controls), {})),
-            "",
+            *controls.listed(chosen or [], {}),
             {},
         ]
 
-    forgotten = [prediction, target, controls.picker, controls.notes, capabilities]
+    forgotten = [prediction, target, *listing]
     # the user's choices only: a shared link sets model, labels and target together
-    model.input(forget_model, None, forgotten, api_visibility="private").then(
+    model.input(forget_model, controls.picker, forgotten, api_visibility="private").then(
         labels_for, model, labels, api_visibility="private"
     )
-    labels.input(forget_model, None, forgotten, api_visibility="private")
+    labels.input(forget_model, controls.picker, forgotten, api_visibility="private")
 
     @readable
     def explain(
@@ -1032,10 +1056,6 @@ def _comparison_view(result: Result) -> Any:
 def _top(explanation: Explanation) -> dict[str, float]:
     """The prediction panel: the top outputs and their probabilities."""
     return {p.label: p.probability for p in explanation.predictions}
-
-
-def _names(controls: MethodControls) -> list[str]:
-    return list(controls.accordions)
 
 
 def _example_texts(next_token: bool) -> list[list[str]]:

@@ -18,7 +18,7 @@ from _model_state import model_state
 from gradio_client import Client, handle_file
 from PIL import Image
 
-from app.ui import PageRunner, build_ui, share_query
+from app.ui import PageRunner, build_ui, method_entries, share_query
 from app.ui_batch import uploaded_rows
 from app.ui_layers import format_heads, parse_heads
 from app.worker import AblationRequest, ExplainRequest, ExplainWorker
@@ -92,8 +92,14 @@ def test_each_tab_opens_on_its_embedded_default_model(worker):
 
 
 def test_predict_lists_the_top_five_and_why_methods_cannot_run(client, load_model, png):
-    label, target, _picker, notes = client.predict(
-        "tiny-random-vit", "", handle_file(png), "", 0, ["gradcam"], api_name="/predict_image"
+    label, target, picker, unavailable, notes = client.predict(
+        "tiny-random-vit",
+        "",
+        handle_file(png),
+        "",
+        0,
+        ["gradcam", "rollout"],
+        api_name="/predict_image",
     )
     adapter = load_model("tiny-random-vit")
     inputs = adapter.preprocess(np.asarray(Image.open(png).convert("RGB")))
@@ -105,8 +111,16 @@ def test_predict_lists_the_top_five_and_why_methods_cannot_run(client, load_mode
     top5 = probabilities.argsort(descending=True)[:5].tolist()
     assert target["value"] == ""  # the top prediction until one is picked
     assert [int(v) for _, v in target["choices"][1:]] == top5
-    reason = adapter.capabilities()["gradcam"]
-    assert reason and reason in notes and "gradcam" in notes
+    reasons = {m: why for m, why in adapter.capabilities().items() if why}
+    assert "gradcam" in reasons  # a ViT has no convolution for Grad-CAM
+    listed = {value for _, value in picker["choices"]}
+    assert listed.isdisjoint(reasons) and "rollout" in listed
+    assert picker["value"] == ["rollout"]  # the chosen method that applies stays ticked
+    shown = dict((value, label) for label, value in unavailable["choices"])
+    image_methods = {e["name"] for e in method_entries("image")}
+    assert shown == {m: f"{m}: {why}" for m, why in reasons.items() if m in image_methods}
+    assert unavailable["visible"]
+    assert f"gradcam** cannot run on this model: {reasons['gradcam']}" in notes
 
 
 def test_two_methods_side_by_side_with_their_agreement(client):
@@ -189,8 +203,9 @@ def test_next_token_target_is_picked_from_the_predictions(client):
 
 def test_a_method_that_cannot_apply_is_refused_with_its_reason(client, load_model, png):
     reason = load_model("tiny-random-vit").capabilities()["gradcam"]
+    fresh = Client(client.src, verbose=False)  # a new session: no Predict has narrowed its list
     with pytest.raises(Exception, match=re.escape(reason[:30])):
-        client.predict(
+        fresh.predict(
             "tiny-random-vit",
             "",
             handle_file(png),
