@@ -369,17 +369,16 @@ class MethodControls:
             _method_notes(chosen, reasons),
         ]
 
-    def wire(self, capabilities: gr.State) -> None:
-        """Show the chosen methods' parameters and why a chosen method cannot run."""
+    def wire(self) -> None:
+        """Show the chosen methods' parameters."""
 
-        def show(chosen: list[str], reasons: dict[str, str | None] | None) -> list[Any]:
-            visible = [gr.update(visible=m in (chosen or [])) for m in self.accordions]
-            return [*visible, _method_notes(chosen or [], reasons or {})]
+        def show(chosen: list[str]) -> list[Any]:
+            return [gr.update(visible=m in (chosen or [])) for m in self.accordions]
 
         self.picker.change(
             show,
-            [self.picker, capabilities],
-            [*self.accordions.values(), self.notes],
+            [self.picker],
+            list(self.accordions.values()),
             show_progress="hidden",
             api_visibility="private",
         )
@@ -574,7 +573,6 @@ def _explain_tab(
         if m.modality == spec.modality and m.next_token == spec.next_token
     ]
     initial = default_model(spec.modality, next_token=spec.next_token)
-    capabilities = gr.State({})
     last = gr.State(None)
     with gr.Row(equal_height=False):
         with gr.Column(scale=3, min_width=360):
@@ -719,17 +717,16 @@ def _explain_tab(
             {p.label: p.probability for p in shown.predictions},
             gr.update(choices=choices, value=""),
             *controls.listed(chosen or [], reasons),
-            reasons,
         ]
 
-    listing = [controls.picker, controls.unavailable, controls.notes, capabilities]
+    listing = [controls.picker, controls.unavailable, controls.notes]
     predict.click(
         preview,
         [model, labels, source, target, seed, controls.picker],
         [prediction, target, *listing],
         api_name=f"predict_{api}",
     )
-    controls.wire(capabilities)
+    controls.wire()
 
     def forget_model(chosen: list[str] | None) -> list[Any]:
         """Another model: its predictions, classes and methods are not known yet."""
@@ -737,7 +734,6 @@ def _explain_tab(
             None,
             gr.update(choices=[("top prediction", "")], value=""),
             *controls.listed(chosen or [], {}),
-            {},
         ]
 
     forgotten = [prediction, target, *listing]
