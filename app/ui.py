@@ -11,6 +11,7 @@ from :mod:`viz`. The tabs for layers, evaluation and batches are in :mod:`app.ui
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import logging
@@ -39,7 +40,7 @@ from app.worker import (
     PreviewRequest,
     WorkerRequest,
 )
-from attribution.compare import MapChange, compare_explanations
+from attribution.compare import MapChange, compare_explanations, occluded
 from attribution.errors import AttrlabError
 from attribution.explanation import Explanation
 from attribution.methods.catalog import catalog_entries
@@ -491,7 +492,9 @@ def _pages(result: Result) -> dict[str, str]:
 @functools.cache
 def _files_root() -> Path:
     """The process's own folder for handed-out files (private to its user: ``mkdtemp``)."""
-    return Path(tempfile.mkdtemp(prefix="attrlab-page-"))
+    root = Path(tempfile.mkdtemp(prefix="attrlab-page-"))
+    atexit.register(shutil.rmtree, root, True)
+    return root
 
 
 def page_folder(kind: str) -> Path:
@@ -601,6 +604,14 @@ def _explain_tab(
                     [source],
                     label="Examples",
                     elem_id=f"{key}-examples",
+                )
+                occlusion: Any = gr.Slider(
+                    4,
+                    128,
+                    32,
+                    step=4,
+                    label="Click the image to occlude a square of this size (pixels)",
+                    elem_id=f"{key}-occlusion",
                 )
             else:
                 source = gr.Textbox(
@@ -727,6 +738,17 @@ def _explain_tab(
         api_name=f"predict_{api}",
     )
     controls.wire()
+    if spec.modality == "image":
+
+        @readable
+        def occlude_at(image: Any, size: float, evt: gr.SelectData) -> Any:
+            """The image with a square around the clicked point occluded (edit and compare)."""
+            if image is None or not isinstance(evt.index, list | tuple) or len(evt.index) != 2:
+                return gr.skip()  # a selection that is not a click on a shown image
+            x, y = evt.index
+            return occluded(np.asarray(image), int(x), int(y), int(size))
+
+        source.select(occlude_at, [source, occlusion], source, api_visibility="private")
 
     def forget_model(chosen: list[str] | None) -> list[Any]:
         """Another model: its predictions, classes and methods are not known yet."""
@@ -741,7 +763,12 @@ def _explain_tab(
     model.input(forget_model, controls.picker, forgotten, api_visibility="private").then(
         labels_for, model, labels, api_visibility="private"
     )
-    labels.input(forget_model, controls.picker, forgotten, api_visibility="private")
+    labels.input(  # other classes: the predictions and the chosen one are stale
+        lambda: [None, gr.update(choices=[("top prediction", "")], value="")],
+        None,
+        [prediction, target],
+        api_visibility="private",
+    )
 
     @readable
     def explain(
@@ -863,11 +890,48 @@ def _explain_tab(
     running = gathered.success(  # not with the last run's parameters when one is refused
         explain, fields, outputs, api_name=f"explain_{api}", concurrency_id=f"run-{key}"
     )
+    linked = gr.State(False)  # a shared link filled this tab: run it once loaded
+
+    def run_linked(
+        linked_: bool,
+        model_,
+        labels_,
+        source_,
+        target_,
+        methods,
+        trust_,
+        randomise_,
+        seed_,
+        params,
+        compare_,
+        previous,
+        request: gr.Request,
+        progress=gr.Progress(),  # noqa: B008
+    ) -> list[Any]:
+        """Run the tab a shared link filled; the page's load sets every tab's flag."""
+        if not linked_:
+            return [gr.skip()] * len(outputs)
+        values = (model_, labels_, source_, target_, methods, trust_, randomise_, seed_)
+        return explain(*values, params, compare_, previous, request, progress)
+
+    linked_run = linked.change(
+        gather,
+        [controls.picker, *controls.components],
+        params_box,
+        api_visibility="private",
+        show_progress="hidden",
+    ).success(
+        run_linked,
+        [linked, *fields],
+        outputs,
+        api_visibility="private",
+        concurrency_id=f"run-{key}",
+    )
     cancel.click(
         runner.cancel_handler(key),
         [],
         [],
-        cancels=[running],
+        cancels=[running, linked_run],
         api_name=f"cancel_{api}",
     )
 
@@ -913,6 +977,7 @@ def _explain_tab(
         target_,
         seed_,
         trust_: bool,
+        randomise_: bool,
         chosen: list[str] | None,
         *values: Any,
     ) -> str:
@@ -932,71 +997,25 @@ def _explain_tab(
             )
             for m in methods
         ]
-        return "Cost before Run: " + "; ".join(lines)
+        # the check re-runs each method once per randomised layer: not priced here
+        unpriced = " (the randomisation check's re-runs are not counted)" if randomise_ else ""
+        return "Cost before Run: " + "; ".join(lines) + unpriced
 
     triggers = [model.change, source.blur if spec.modality == "text" else source.change]
-    triggers += [controls.picker.change, trust.change, target.change]
+    triggers += [controls.picker.change, trust.change, randomise.change, target.change]
+    triggers += [labels.change]
+    widgets = controls.components
     triggers += [w.change for w in controls.components]
     gr.on(
         triggers,
         price,
-        [model, labels, source, target, seed, trust, controls.picker, *controls.components],
+        [model, labels, source, target, seed, trust, randomise, controls.picker, *widgets],
         cost_line,
         show_progress="hidden",
         api_visibility="private",
         concurrency_limit=1,
         concurrency_id=f"cost-{key}",
         trigger_mode="always_last",
-    )
-
-    linked = gr.State(False)  # a shared link filled this tab: run it once loaded
-
-    def run_linked(
-        linked: bool,
-        model_,
-        labels_,
-        source_,
-        target_,
-        methods,
-        trust_,
-        randomise_,
-        seed_,
-        params,
-        compare_,
-        previous,
-        request: gr.Request,
-        progress=gr.Progress(),  # noqa: B008
-    ) -> list[Any]:
-        if not linked:
-            return [gr.skip()] * len(outputs)
-        return explain(
-            model_,
-            labels_,
-            source_,
-            target_,
-            methods,
-            trust_,
-            randomise_,
-            seed_,
-            params,
-            compare_,
-            previous,
-            request,
-            progress,
-        )
-
-    linked.change(  # set only on the tab a shared link names, so only that tab runs
-        gather,
-        [controls.picker, *controls.components],
-        params_box,
-        api_visibility="private",
-        show_progress="hidden",
-    ).success(
-        run_linked,
-        [linked, *fields],
-        outputs,
-        api_visibility="private",
-        concurrency_id=f"run-{key}",
     )
 
     return LinkedTab(

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import lzma
 import zipfile
+import zlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -80,7 +82,7 @@ def evaluate_tab(runner: Any) -> None:
             gr.update(choices=_classifiers(kind), value=default_model(kind)),
             gr.update(choices=_methods(kind), value=defaults),
             gr.update(maximum=counts[kind], value=min(4, counts[kind])),
-            gr.update(visible=kind == "text"),
+            labels_for(default_model(kind)),
         ]
 
     modality.change(switch, modality, [model, methods, items, labels], api_visibility="private")
@@ -116,7 +118,7 @@ def evaluate_tab(runner: Any) -> None:
             )
         request_ = EvaluateRequest(
             model=model_,
-            labels=label_list(labels_) if kind == "text" else None,
+            labels=label_list(labels_),
             modality=kind,
             methods=tuple(chosen),
             items=None if instances else int(count),
@@ -147,7 +149,15 @@ def evaluate_tab(runner: Any) -> None:
 
 
 #: What reading a damaged, encrypted or oddly compressed zip member raises.
-_UNREADABLE = (zipfile.BadZipFile, RuntimeError, NotImplementedError, OSError, EOFError)
+_UNREADABLE = (
+    zipfile.BadZipFile,
+    RuntimeError,
+    NotImplementedError,
+    OSError,
+    EOFError,
+    zlib.error,
+    lzma.LZMAError,
+)
 
 
 def uploaded_rows(path: str | None, max_bytes: int, max_rows: int | None) -> list[DatasetRow]:
@@ -275,10 +285,9 @@ def batch_tab(runner: Any) -> None:
         rows = uploaded_rows(path, settings.max_body_bytes, settings.max_batch)
         if not rows:
             raise gr.Error("the upload holds no rows")
-        texts = any(r.text is not None for r in rows)
         request_ = BatchRequest(
             model=model_,
-            labels=label_list(labels_) if texts else None,  # zero-shot labels are for texts
+            labels=label_list(labels_),
             instances=tuple(
                 Instance(text=r.text, image=r.image, target=r.target, problem=r.problem)
                 for r in rows

@@ -470,11 +470,14 @@ class EvaluateRequest(WorkerRequest["pd.DataFrame"]):
 
     def costs(self) -> list[EstimateRequest]:
         """
-        An explanation with its trust card per item and method.
+        An explanation with its trust card per item and method (an unreadable item is refused).
 
         The trust card's curves are the largest an evaluation may ask for, so this is an upper
         bound.
         """
+        for number, instance in enumerate(self.instances, start=1):
+            if instance.problem is not None:
+                raise InvalidInputError(f"item {number}: {instance.problem}")
         return [
             EstimateRequest(
                 model=self.model,

@@ -17,7 +17,7 @@ import numpy as np
 from attribution.errors import InvalidInputError
 from attribution.explanation import Explanation
 
-__all__ = ["MapChange", "compare_explanations"]
+__all__ = ["MapChange", "compare_explanations", "occluded"]
 
 
 @dataclass
@@ -79,3 +79,26 @@ def compare_explanations(before: Explanation, after: Explanation) -> MapChange:
             difference[j] = after.scores[j] - before.scores[i]
             edited[j] = False
     return MapChange(before, after, difference, edited, change)
+
+
+def occluded(image: np.ndarray, x: int, y: int, size: int) -> np.ndarray:
+    """
+    A copy of ``image`` with a ``size``-pixel square around ``(x, y)`` set to its mean colour.
+
+    ``image`` is H×W or H×W×C; this is the edit an occlusion comparison explains.
+
+    Raises:
+        InvalidInputError: for a point outside the image or a size below 1.
+    """
+    height, width = image.shape[:2]
+    if size < 1 or not (0 <= x < width and 0 <= y < height):
+        raise InvalidInputError(
+            f"occlude a square of at least 1 pixel inside the {width}×{height} image; got "
+            f"{size} at ({x}, {y})"
+        )
+    edited = image.copy()
+    half = size // 2
+    top, left = max(0, y - half), max(0, x - half)
+    region = (slice(top, min(height, top + size)), slice(left, min(width, left + size)))
+    edited[region] = image.reshape(height * width, -1).mean(axis=0).astype(image.dtype).squeeze()
+    return edited

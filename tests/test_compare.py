@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attribution.compare import compare_explanations
+from attribution.compare import compare_explanations, occluded
 from attribution.errors import InvalidInputError
 from attribution.explanation import Explanation, ModelInfo, Target
 
@@ -63,3 +63,21 @@ def test_an_occluded_image_subtracts_pixel_by_pixel():
 def test_what_cannot_be_compared_is_refused_by_name(after, problem):
     with pytest.raises(InvalidInputError, match=problem):
         compare_explanations(_explanation(np.ones((4, 4))), after)
+
+
+def test_occlusion_paints_the_square_with_the_mean_colour():
+    image = np.zeros((6, 6, 3), dtype=np.uint8)
+    image[0, 0] = (36, 72, 108)  # the mean colour is (1, 2, 3)
+    edited = occluded(image, 3, 3, 2)
+    expected = image.copy()
+    expected[2:4, 2:4] = (1, 2, 3)
+    np.testing.assert_array_equal(edited, expected)
+    assert image[2, 2].tolist() == [0, 0, 0]  # the original is left alone
+    grey = np.zeros((4, 4))
+    grey[3, 3] = 16.0  # mean 1
+    corner = occluded(grey, 0, 0, 3)  # kept inside the image at the border
+    expected_corner = grey.copy()
+    expected_corner[:3, :3] = 1.0
+    np.testing.assert_array_equal(corner, expected_corner)
+    with pytest.raises(InvalidInputError, match="inside the 4×4 image"):
+        occluded(np.ones((4, 4)), 4, 0, 2)

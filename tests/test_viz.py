@@ -359,7 +359,7 @@ def test_trust_cards_of_real_explanations(text_explanations, image_explanations)
         assert ("standard error" in card) == ("std_error" in e.maps), e.method
     rise = image_explanations["rise"]
     assert "standard error" in trust_card_html(rise)
-    assert f"masks used {rise.metrics['masks_used']:.4g}" in trust_card_html(rise)
+    assert f"masks used {rise.metrics['masks_used']:,.0f}" in trust_card_html(rise)
     assert "no faithfulness scores" in trust_card_html(text_explanations["rollout"])
 
 

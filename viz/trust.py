@@ -142,6 +142,10 @@ _CONVERGENCE = {
 }
 
 
+#: Convergence metrics that count (masks, evaluations): shown whole.
+_COUNTS = ("masks_used", "evals_used")
+
+
 def trust_card_html(explanation: Explanation) -> str:
     """
     A small card of how far to trust one map.
@@ -177,7 +181,11 @@ def trust_card_html(explanation: Explanation) -> str:
         peak = float(np.abs(explanation.scores).max())
         share = f" ({largest / peak:.1%} of the largest |score|)" if peak > 0 else ""
         notes.append(f"sampled map: largest standard error {largest:.4g}{share}")
-    sampled = [f"{_CONVERGENCE[k]} {_number(metrics[k])}" for k in _CONVERGENCE if k in metrics]
+    sampled = [
+        f"{_CONVERGENCE[k]} " + (f"{metrics[k]:,.0f}" if k in _COUNTS else _number(metrics[k]))
+        for k in _CONVERGENCE
+        if k in metrics
+    ]
     if sampled:  # how far a sampling method converged
         notes.append("convergence: " + ", ".join(sampled))
     table = f'<table style="font-size:0.85em">{"".join(rows)}</table>' if rows else ""
