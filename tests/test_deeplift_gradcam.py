@@ -289,3 +289,22 @@ def test_only_activation_modules_get_the_rescale_rule():
     model = nn.Sequential(StdConv2d(3, 4, 3), Swish(), LayerNorm2d(4), nn.Flatten(), Linear(4, 2))
     assert _elementwise_activations(model) == {Swish}
     assert untreated_by_deeplift(model) == ["LayerNorm2d"]
+
+
+def test_deeplift_takes_f_of_x_from_the_prediction_explain_made():
+    """The model sees the prediction, the input-and-baseline batch and the baseline: 3 calls."""
+    model = relu_cnn()
+    adapter = adapter_for(model)
+    calls: list[int] = []
+    handle = model.register_forward_hook(lambda _m, args, _out: calls.append(args[0].shape[0]))
+    try:
+        explanation = explain(adapter, "deeplift", adapter.preprocess(random_image()), target=1)
+    finally:
+        handle.remove()
+    assert calls == [1, 2, 1]  # F(x) once, not again for the convergence delta
+    assert (
+        explanation.timings.forward_passes
+        == 1
+        + get_method("deeplift").passes(adapter, adapter.preprocess(random_image()), {}).forward
+    )
+    assert abs(explanation.metrics["relative_convergence_delta"]) < 1e-4

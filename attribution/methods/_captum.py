@@ -233,7 +233,7 @@ def untreated_by_deeplift(model: nn.Module, routed: Collection[int] = ()) -> lis
 
 def delta_metrics(
     forward: Callable[..., torch.Tensor],
-    tensor: torch.Tensor,
+    output: torch.Tensor,
     references: torch.Tensor,
     extra: tuple[torch.Tensor, ...] | None,
     target: int,
@@ -242,15 +242,16 @@ def delta_metrics(
     """
     Convergence delta ``Σattr − (F(x) − mean F(x0))``, its share, and the logit difference.
 
-    All in float64: the two sides come from the model's own logits, cast to float64 before
-    subtracting, so a half-precision model's delta is not rounded away.
+    ``output`` is the input's own logits (one row: the prediction ``explain`` already made, so
+    F(x) costs no pass); F(x0) is one forward of the references. All in float64: both sides are
+    the model's own logits, cast before subtracting, so a half-precision model's delta is not
+    rounded away.
     """
     extra = extra or ()
     rows = references.shape[0]
     with torch.no_grad():
-        output = forward(tensor, *extra)[0, target].double()
         reference = forward(references, *(e.expand(rows, *e.shape[1:]) for e in extra))
-    difference = float(output - reference[:, target].double().mean())
+    difference = float(output[target].double() - reference[:, target].double().mean())
     delta = attribution_sum - difference
     return {
         "convergence_delta": delta,

@@ -51,7 +51,7 @@ class DeepLift(AttributionMethod):
     @classmethod
     def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
         """The model passes :meth:`attribute` spends on ``inputs``."""
-        return Passes(3, 1)  # the input and baseline batch, then F(x) and F(x0) for the delta
+        return Passes(2, 1)  # the input and baseline batch, then F(x0) for the delta
 
     @classmethod
     def attribute(
@@ -70,9 +70,10 @@ class DeepLift(AttributionMethod):
                 target=target,
             )
         scores = inputs.reduce(attributions)
-        tensor, extra = inputs.attributed()
+        _, extra = inputs.attributed()
         forward = forward_function(adapter, inputs)
-        metrics = delta_metrics(forward, tensor, baseline, extra, target, float(scores.sum()))
-        run.count(forward=3, backward=1)  # input+baseline batch, then F(x) and F(x0) for delta
+        output = run.clean_logits(adapter, inputs)  # F(x): explain's own prediction
+        metrics = delta_metrics(forward, output, baseline, extra, target, float(scores.sum()))
+        run.count(forward=2, backward=1)  # input+baseline batch, then F(x0) for the delta
         warn_untreated(adapter.model, run, scores, metrics, report)
         return Attribution(scores=scores, metrics=metrics)

@@ -148,9 +148,9 @@ class DeepLiftShap(AttributionMethod):
             )
         run.count(forward=3 * count, backward=count)
         scores = inputs.reduce(attributions)
-        metrics = delta_metrics(
-            module, space.tensor, references, space.extra, target, float(scores.sum())
-        )
+        output = run.clean_logits(adapter, inputs)  # F(x): explain's own prediction
+        total = float(scores.sum())
+        metrics = delta_metrics(module, output, references, space.extra, target, total)
         metrics["max_abs_reference_delta"] = float(delta.double().abs().max())
         warn_untreated(adapter.model, run, scores, metrics, report)
         return Attribution(scores=scores, metrics=metrics)
