@@ -297,7 +297,7 @@ class MethodControls:
     unavailable: gr.CheckboxGroup
     notes: gr.Markdown
     accordions: dict[str, gr.Accordion]
-    #: Method -> its name in the picker.
+    #: Method -> its label in the picker.
     titles: dict[str, str] = field(default_factory=dict)
     #: (method, parameter, default, widget), in the order their values arrive.
     widgets: list[tuple[str, str, Any, Any]] = field(default_factory=list)
@@ -305,7 +305,7 @@ class MethodControls:
     @classmethod
     def build(cls, modality: str, chosen: Sequence[str], prefix: str) -> MethodControls:
         entries = method_entries(modality)
-        titles = {e["name"]: f"{e['name']} ({e['title']})" for e in entries}
+        titles = {e["name"]: e["name"] for e in entries}  # titles head their accordions
         picker = gr.CheckboxGroup(
             [(title, name) for name, title in titles.items()],
             value=[m for m in chosen if m in titles],
@@ -626,6 +626,7 @@ def _explain_tab(
                     label="Examples",
                     elem_id=f"{key}-examples",
                 )
+            controls = MethodControls.build(spec.modality, DEFAULT_METHODS[key], key)
         with gr.Column(scale=2, min_width=280):
             prediction = gr.Label(
                 num_top_classes=5, label="Top-5 predictions", elem_id=f"{key}-prediction"
@@ -644,20 +645,21 @@ def _explain_tab(
                     scale=1,
                     elem_id=f"{key}-predict",
                 )
-    controls = MethodControls.build(spec.modality, DEFAULT_METHODS[key], key)
-    with gr.Row(equal_height=True):
-        trust = gr.Checkbox(False, label="Trust cards (faithfulness against random orders)")
-        randomise = gr.Checkbox(False, label="Randomisation check (one run per layer)")
-        compare = gr.Checkbox(
-            False,
-            label="Compare with the previous run (edit the input; same class)",
-            elem_id=f"{key}-compare",
-        )
-        seed = gr.Number(
-            0, label="Seed", precision=0, minimum=0, min_width=80, elem_id=f"{key}-seed"
-        )
-        run = gr.Button("Run", variant="primary", min_width=120, elem_id=f"{key}-run")
-        cancel = gr.Button("Cancel", variant="stop", min_width=100, elem_id=f"{key}-cancel")
+            with gr.Row():
+                trust = gr.Checkbox(False, label="Trust cards (faithfulness vs random orders)")
+                randomise = gr.Checkbox(False, label="Randomisation check (a run per layer)")
+            with gr.Row():
+                compare = gr.Checkbox(
+                    False,
+                    label="Compare with the previous run (edit the input; same class)",
+                    elem_id=f"{key}-compare",
+                )
+                seed = gr.Number(
+                    0, label="Seed", precision=0, minimum=0, min_width=80, elem_id=f"{key}-seed"
+                )
+            with gr.Row():
+                run = gr.Button("Run", variant="primary", min_width=120, elem_id=f"{key}-run")
+                cancel = gr.Button("Cancel", variant="stop", min_width=100, elem_id=f"{key}-cancel")
     cost_line = gr.Markdown("", elem_id=f"{key}-cost")
     if spec.modality == "image":
         maps: Any = gr.Plot(label="Maps", elem_id=f"{key}-maps")
@@ -1082,7 +1084,7 @@ def _example_texts(next_token: bool) -> list[list[str]]:
             ["When Mary and John went to the store, John gave a drink to"],
         ]
     lines = resources.files("assets").joinpath("sentiment_samples.txt").read_text("utf-8")
-    return [[line.split("\t")[0]] for line in lines.splitlines() if line.strip()][:6]
+    return [[line.split("\t")[0]] for line in lines.splitlines() if line.strip()][:4]
 
 
 def _example_images() -> list[Path]:
