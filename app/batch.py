@@ -64,6 +64,10 @@ class DatasetRow:
     #: Why the row could not be read (bad JSON, a missing file): recorded as its result.
     problem: str | None = None
 
+    def instance(self) -> Instance:
+        """The row as the worker's input."""
+        return Instance(text=self.text, image=self.image, target=self.target, problem=self.problem)
+
 
 #: Image files a folder (or an uploaded zip) contributes as rows.
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
@@ -145,9 +149,7 @@ def explain_rows(
         model=config.model,
         labels=config.labels,
         seed=config.seed,
-        instances=tuple(
-            Instance(text=r.text, image=r.image, target=r.target, problem=r.problem) for r in rows
-        ),
+        instances=tuple(r.instance() for r in rows),
         methods=config.methods,
         params=config.params,
         evaluate=config.evaluate,

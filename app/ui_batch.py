@@ -112,10 +112,7 @@ def evaluate_tab(runner: Any) -> None:
             rows = uploaded_rows(path, settings.max_body_bytes, settings.max_batch)
             if not rows:
                 raise gr.Error("the upload holds no rows")
-            instances = tuple(
-                Instance(text=r.text, image=r.image, target=r.target, problem=r.problem)
-                for r in rows
-            )
+            instances = tuple(r.instance() for r in rows)
         request_ = EvaluateRequest(
             model=model_,
             labels=label_list(labels_),
@@ -288,10 +285,7 @@ def batch_tab(runner: Any) -> None:
         request_ = BatchRequest(
             model=model_,
             labels=label_list(labels_),
-            instances=tuple(
-                Instance(text=r.text, image=r.image, target=r.target, problem=r.problem)
-                for r in rows
-            ),
+            instances=tuple(r.instance() for r in rows),
             methods=tuple(chosen),
             evaluate=bool(evaluate),
         )

@@ -438,11 +438,7 @@ class EvaluateRequest(WorkerRequest["pd.DataFrame"]):
                     f"item {number} is {_article(instance.modality)}; this evaluation takes "
                     f"{self.modality}"
                 )
-        unknown = set(self.params) - set(self.methods)
-        if unknown:
-            raise InvalidParameterError(
-                f"parameters are given for {', '.join(sorted(unknown))}, which is not evaluated"
-            )
+        _params_only_for(self.params, self.methods, "evaluated")
 
     def method_params(self) -> dict[str, dict[str, Any]]:
         """Each method and its parameters."""
@@ -562,11 +558,7 @@ class BatchRequest(WorkerRequest[list[InstanceResults]]):
                 f"a batch holds at most {settings.max_batch} instances on this server; got "
                 f"{len(self.instances)} (send a job for more)"
             )
-        unknown = set(self.params) - set(self.methods)
-        if unknown:
-            raise InvalidParameterError(
-                f"parameters are given for {', '.join(sorted(unknown))}, which is not run"
-            )
+        _params_only_for(self.params, self.methods, "run")
 
     def method_params(self) -> dict[str, dict[str, Any]]:
         """Each method and its parameters."""
@@ -901,6 +893,15 @@ class ExplainWorker:
 
 def _silent(done: int, total: int) -> None:
     """No progress to report."""
+
+
+def _params_only_for(params: dict[str, Any], methods: Sequence[str], verb: str) -> None:
+    """Refuse parameters given for a method the job does not ``verb`` (run, evaluate)."""
+    unknown = set(params) - set(methods)
+    if unknown:
+        raise InvalidParameterError(
+            f"parameters are given for {', '.join(sorted(unknown))}, which is not {verb}"
+        )
 
 
 def _article(modality: str) -> str:

@@ -59,19 +59,23 @@ def image_figure(explanation: Explanation, image: np.ndarray) -> go.Figure:
     """The image with the score map as a semi-transparent diverging heatmap on top."""
     scores = fit_map(explanation.scores, image.shape[:2])
     peak = robust_peak(scores) or 1.0
-    figure = go.Figure(go.Image(z=image))
-    figure.add_trace(
-        go.Heatmap(
-            z=scores,
-            colorscale="RdBu_r",
-            zmin=-peak,
-            zmax=peak,
-            opacity=0.55,
-            colorbar={"title": "relevance"},
-        )
+    heatmap = go.Heatmap(
+        z=scores,
+        colorscale="RdBu_r",
+        zmin=-peak,
+        zmax=peak,
+        opacity=0.55,
+        colorbar={"title": "relevance"},
     )
+    return _over_image(image, heatmap, f"{explanation.method} → {explanation.target.label}")
+
+
+def _over_image(image: np.ndarray, heatmap: go.Heatmap, title: str) -> go.Figure:
+    """``image`` with ``heatmap`` on top, in the image's own aspect, axes hidden."""
+    figure = go.Figure(go.Image(z=image, hoverinfo="skip"))
+    figure.add_trace(heatmap)
     figure.update_layout(
-        title=f"{explanation.method} → {explanation.target.label}",
+        title=title,
         yaxis={"autorange": "reversed", "scaleanchor": "x", "visible": False},
         xaxis={"visible": False},
         margin={"l": 10, "r": 10, "t": 40, "b": 10},
@@ -149,21 +153,11 @@ def std_error_figure(explanation: Explanation, image: np.ndarray) -> go.Figure:
     """A sampling method's per-pixel standard error (``maps["std_error"]``) over ``image``."""
     if "std_error" not in explanation.maps or explanation.tokens is not None:
         raise ValueError(f"{explanation.method!r} has no standard-error map of an image")
-    figure = go.Figure(go.Image(z=image, hoverinfo="skip"))
-    figure.add_trace(
-        go.Heatmap(
-            z=fit_map(explanation.maps["std_error"], image.shape[:2]),
-            colorscale="Viridis",
-            zmin=0.0,
-            opacity=0.6,
-            colorbar={"title": "standard error"},
-        )
+    heatmap = go.Heatmap(
+        z=fit_map(explanation.maps["std_error"], image.shape[:2]),
+        colorscale="Viridis",
+        zmin=0.0,
+        opacity=0.6,
+        colorbar={"title": "standard error"},
     )
-    figure.update_layout(
-        title=f"{explanation.method}: standard error of the map",
-        yaxis={"autorange": "reversed", "scaleanchor": "x", "visible": False},
-        xaxis={"visible": False},
-        margin={"l": 10, "r": 10, "t": 40, "b": 10},
-        height=420,
-    )
-    return figure
+    return _over_image(image, heatmap, f"{explanation.method}: standard error of the map")

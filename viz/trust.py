@@ -14,10 +14,10 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from attribution.explanation import Explanation
 from attribution.metrics.leaderboard import SCORES
+from viz.evaluate import METHOD_COLOUR, score_bars
 from viz.layers import agreement_figure
 
 __all__ = [
@@ -29,8 +29,6 @@ __all__ = [
 ]
 
 _NO_SCORES = "no faithfulness scores: tick 'Trust cards' and run again"
-_METHOD_COLOUR = "#4c72b0"
-_RANDOM_COLOUR = "#b0b0b0"
 
 
 def method_agreement_figure(pairs: pd.DataFrame) -> go.Figure:
@@ -105,7 +103,7 @@ def conservation_gauge(explanation: Explanation) -> go.Figure:
             title={"text": title},
             gauge={
                 "axis": {"range": [low, high]},
-                "bar": {"color": _METHOD_COLOUR},
+                "bar": {"color": METHOD_COLOUR},
                 "threshold": {
                     "line": {"color": "#d62728", "width": 4},
                     "thickness": 0.85,
@@ -213,31 +211,9 @@ def trust_figure(explanations: Mapping[str, Explanation]) -> go.Figure:
     present = [s for s in scores if any(s[0] in e.metrics for e in explanations.values())]
     if not present:
         raise ValueError(_NO_SCORES)
-    methods = list(explanations)
-    figure = make_subplots(
-        rows=1,
-        cols=len(present),
-        subplot_titles=[f"{s} ({'higher' if h else 'lower'} is better)" for s, _, h in present],
+    return score_bars(
+        present,
+        list(explanations),
+        lambda key: ([e.metrics.get(key) for e in explanations.values()], None),
+        "faithfulness against random orders",
     )
-    for column, (score, random, _) in enumerate(present, start=1):
-        for name, key, colour in (
-            ("method", score, _METHOD_COLOUR),
-            ("random", random, _RANDOM_COLOUR),
-        ):
-            figure.add_trace(
-                go.Bar(
-                    x=methods,
-                    y=[explanations[m].metrics.get(key) for m in methods],
-                    name=name,
-                    marker_color=colour,
-                    legendgroup=name,
-                    showlegend=column == 1,
-                    hovertemplate="%{x}: %{y:.4g}<extra>" + key + "</extra>",
-                ),
-                row=1,
-                col=column,
-            )
-    figure.update_layout(
-        barmode="group", title="faithfulness against random orders", template="plotly_white"
-    )
-    return figure
