@@ -13,6 +13,7 @@ from attribution.errors import InvalidParameterError, UnsupportedMethodError
 from attribution.methods._captum import untreated_by_deeplift
 from attribution.models.images import ImageTransform
 from attribution.models.vision import CNNAdapter
+from attribution.params import validate_params
 from attribution.run import RunContext
 
 SIZE = 16
@@ -291,20 +292,42 @@ def test_only_activation_modules_get_the_rescale_rule():
     assert untreated_by_deeplift(model) == ["LayerNorm2d"]
 
 
-def test_deeplift_takes_f_of_x_from_the_prediction_explain_made():
-    """The model sees the prediction, the input-and-baseline batch and the baseline: 3 calls."""
+@pytest.mark.parametrize(
+    ("method", "params", "rows"),
+    [
+        ("deeplift", {}, [1, 2, 1]),  # prediction; input and baseline; the baseline again
+        ("deeplift_shap", {"n_references": 4}, [1, 8, 4]),  # 4 inputs and 4 references; refs
+        ("integrated_gradients", {"n_steps": 8}, [1, 8, 1]),  # the path; the baseline
+    ],
+)
+def test_convergence_delta_takes_f_of_x_from_the_prediction_explain_made(method, params, rows):
+    """The input's forward runs once: the delta's F(x) is the prediction, F(x0) one pass more."""
     model = relu_cnn()
     adapter = adapter_for(model)
+    inputs = adapter.preprocess(random_image())
     calls: list[int] = []
     handle = model.register_forward_hook(lambda _m, args, _out: calls.append(args[0].shape[0]))
     try:
-        explanation = explain(adapter, "deeplift", adapter.preprocess(random_image()), target=1)
+        explanation = explain(adapter, method, inputs, target=1, params=params)
     finally:
         handle.remove()
-    assert calls == [1, 2, 1]  # F(x) once, not again for the convergence delta
+    assert calls == rows
+    checked = validate_params(get_method(method).params, params)
+    assert explanation.timings.forward_passes == sum(rows)
     assert (
         explanation.timings.forward_passes
-        == 1
-        + get_method("deeplift").passes(adapter, adapter.preprocess(random_image()), {}).forward
+        == 1 + get_method(method).passes(adapter, inputs, checked).forward
     )
-    assert abs(explanation.metrics["relative_convergence_delta"]) < 1e-4
+    # The delta against the model's own outputs, computed here: Σ scores − (F(x) − F(x0)) with
+    # the zero (mean-colour) reference, the methods' default for images. DeepLIFT-SHAP's
+    # references are a cloud around it, so its difference is checked through the metric.
+    with torch.no_grad():
+        logits = model(inputs.pixel_values)[0, 1]
+        reference = model(torch.zeros_like(inputs.pixel_values))[0, 1]
+    if method != "deeplift_shap":
+        difference = float(logits.double() - reference.double())
+        assert explanation.metrics["logit_difference"] == pytest.approx(difference, rel=1e-6)
+    expected = explanation.scores.sum() - explanation.metrics["logit_difference"]
+    assert explanation.metrics["convergence_delta"] == pytest.approx(expected, abs=1e-9)
+    bound = 1e-4 if method != "integrated_gradients" else 0.05
+    assert abs(explanation.metrics["relative_convergence_delta"]) < bound

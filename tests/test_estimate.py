@@ -107,7 +107,7 @@ def test_estimates_over_rest_and_the_cli_and_a_too_slow_request_is_refused(tmp_p
     worker.close()
     args = ["explain", "--model", "tiny-random-bert", "--method", "integrated_gradients"]
     assert main([*args, "--text", "a fine day", "--estimate", "--param", "n_steps=10"]) == 0
-    assert capsys.readouterr().out.startswith("≈ 13 forward and 10 backward passes")
+    assert capsys.readouterr().out.startswith("≈ 12 forward and 10 backward passes")  # x, path, x0
 
 
 def test_a_gpu_calibration_prices_between_widths_and_skips_widths_that_do_not_fit(monkeypatch):

@@ -237,27 +237,35 @@ def delta_metrics(
     references: torch.Tensor,
     extra: tuple[torch.Tensor, ...] | None,
     target: int,
-    attribution_sum: float,
+    attribution_sums: Sequence[float],
 ) -> dict[str, float]:
     """
-    Convergence delta ``Σattr − (F(x) − mean F(x0))``, its share, and the logit difference.
+    Convergence delta ``Σattr − (F(x) − F(x0))``, its share, and the logit difference.
 
-    ``output`` is the input's own logits (one row: the prediction ``explain`` already made, so
-    F(x) costs no pass); F(x0) is one forward of the references. All in float64: both sides are
-    the model's own logits, cast before subtracting, so a half-precision model's delta is not
-    rounded away.
+    ``attribution_sums`` holds the attributions' sum against each reference row of
+    ``references``; with several (DeepLIFT-SHAP) the delta and the difference are their means,
+    and ``max_abs_reference_delta`` is the largest delta of a single reference. ``output`` is
+    the input's own logits (one row: the prediction ``explain`` already made, so F(x) costs no
+    pass); F(x0) is one forward of the references. All in float64: both sides are the model's
+    own logits, cast before subtracting, so a half-precision model's delta is not rounded away.
     """
     extra = extra or ()
     rows = references.shape[0]
+    if len(attribution_sums) != rows:
+        raise ValueError(f"{len(attribution_sums)} attribution sums for {rows} references")
     with torch.no_grad():
         reference = forward(references, *(e.expand(rows, *e.shape[1:]) for e in extra))
-    difference = float(output[target].double() - reference[:, target].double().mean())
-    delta = attribution_sum - difference
-    return {
+    differences = (output[target].double() - reference[:, target].double()).cpu()
+    deltas = torch.tensor(attribution_sums, dtype=torch.float64) - differences
+    difference, delta = float(differences.mean()), float(deltas.mean())
+    metrics = {
         "convergence_delta": delta,
         "relative_convergence_delta": abs(delta) / max(abs(difference), 1e-12),
         "logit_difference": difference,
     }
+    if rows > 1:
+        metrics["max_abs_reference_delta"] = float(deltas.abs().max())
+    return metrics
 
 
 def deeplift_eps(model: nn.Module) -> float:

@@ -51,7 +51,7 @@ class DeepLift(AttributionMethod):
     @classmethod
     def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
         """The model passes :meth:`attribute` spends on ``inputs``."""
-        return Passes(2, 1)  # the input and baseline batch, then F(x0) for the delta
+        return Passes(3, 1, batch=2)  # the input and baseline batch, then F(x0) for the delta
 
     @classmethod
     def attribute(
@@ -73,7 +73,7 @@ class DeepLift(AttributionMethod):
         _, extra = inputs.attributed()
         forward = forward_function(adapter, inputs)
         output = run.clean_logits(adapter, inputs)  # F(x): explain's own prediction
-        metrics = delta_metrics(forward, output, baseline, extra, target, float(scores.sum()))
-        run.count(forward=2, backward=1)  # input+baseline batch, then F(x0) for the delta
+        metrics = delta_metrics(forward, output, baseline, extra, target, [float(scores.sum())])
+        run.count(forward=3, backward=1)  # input+baseline batch, then F(x0) for the delta
         warn_untreated(adapter.model, run, scores, metrics, report)
         return Attribution(scores=scores, metrics=metrics)

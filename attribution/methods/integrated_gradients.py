@@ -7,7 +7,13 @@ from typing import Any
 from captum.attr import IntegratedGradients as CaptumIG
 from captum.attr import LayerIntegratedGradients
 
-from attribution.methods._captum import BASELINE_PARAM, attribute_with, baseline_for
+from attribution.methods._captum import (
+    BASELINE_PARAM,
+    attribute_with,
+    baseline_for,
+    delta_metrics,
+    forward_function,
+)
 from attribution.methods.base import Attribution, AttributionMethod, Passes
 from attribution.methods.registry import register
 from attribution.models.base import Adapter, Inputs
@@ -52,38 +58,34 @@ class IntegratedGradients(AttributionMethod):
     def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
         """The model passes :meth:`attribute` spends on ``inputs``."""
         batch = params["internal_batch_size"] or params["n_steps"]
-        return Passes(params["n_steps"] + 2, params["n_steps"], batch=batch)
+        return Passes(params["n_steps"] + 1, params["n_steps"], batch=batch)  # + F(baseline)
 
     @classmethod
     def attribute(
         cls, adapter: Adapter, inputs: Inputs, target: int, params: dict[str, Any], run: RunContext
     ) -> Attribution:
-        attributions, delta = attribute_with(
+        baseline = baseline_for(adapter, inputs, params["baseline"])
+        attributions = attribute_with(
             adapter,
             inputs,
             LayerIntegratedGradients,
             CaptumIG,
-            baselines=baseline_for(adapter, inputs, params["baseline"]),
+            baselines=baseline,
             target=target,
             n_steps=params["n_steps"],
             internal_batch_size=params["internal_batch_size"],
-            return_convergence_delta=True,
         )
-        run.count(forward=params["n_steps"] + 2, backward=params["n_steps"])
         scores = inputs.reduce(attributions)
-        delta_value = float(delta.sum())
-        difference = float(scores.sum()) - delta_value  # F(x) - F(baseline)
-        relative = abs(delta_value) / max(abs(difference), 1e-12)
-        if relative > _DELTA_WARNING:
+        # The delta's F(x) is the prediction explain already made: only F(baseline) is a pass
+        # (Captum's own delta would run the input's forward again).
+        _, extra = inputs.attributed()
+        output = run.clean_logits(adapter, inputs)
+        forward = forward_function(adapter, inputs)
+        metrics = delta_metrics(forward, output, baseline, extra, target, [float(scores.sum())])
+        run.count(forward=params["n_steps"] + 1, backward=params["n_steps"])
+        if metrics["relative_convergence_delta"] > _DELTA_WARNING:
             run.warn(
-                f"convergence delta is {relative:.1%} of F(x) - F(baseline): increase n_steps "
-                "for a more complete attribution"
+                f"convergence delta is {metrics['relative_convergence_delta']:.1%} of F(x) - "
+                "F(baseline): increase n_steps for a more complete attribution"
             )
-        return Attribution(
-            scores=scores,
-            metrics={
-                "convergence_delta": delta_value,
-                "relative_convergence_delta": relative,
-                "logit_difference": difference,
-            },
-        )
+        return Attribution(scores=scores, metrics=metrics)
