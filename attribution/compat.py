@@ -17,7 +17,6 @@ from importlib import metadata
 from typing import Any
 
 from captum.attr._core import deep_lift as _captum_deep_lift
-from transformers.modeling_utils import AttentionInterface
 
 __all__ = [
     "deeplift_rules",
@@ -48,6 +47,10 @@ rescale_rule: Callable[..., Any] = _captum_deep_lift.nonlinear
 
 def register_attention(name: str, function: Callable[..., Any]) -> None:
     """Make ``function`` available as ``config._attn_implementation = name``."""
+    # Imported here: transformers' model code costs seconds to import, and a model that is not
+    # a transformers model (a torchvision CNN) never routes attention.
+    from transformers.modeling_utils import AttentionInterface
+
     AttentionInterface.register(name, function)
 
 

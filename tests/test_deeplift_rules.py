@@ -20,7 +20,7 @@ from torch import nn
 
 from attribution import explain
 from attribution.methods import _deeplift_rules as rules
-from attribution.methods._captum import deeplift_scope
+from attribution.methods._deeplift import deeplift_scope
 
 TEXT = "the quick brown fox jumps over the lazy dog"
 IMAGE = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)

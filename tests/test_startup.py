@@ -10,7 +10,13 @@ import json
 import subprocess
 import sys
 
+from PIL import Image
+from skimage import data
+
 from attribution.methods.catalog import METHOD_MODULES, catalog_entries, live_entries
+
+#: ImageNet's cat classes (tabby, tiger cat, Persian, Siamese, Egyptian cat): the photo's answer.
+IMAGENET_CATS = {"tabby", "tiger cat", "Persian cat", "Siamese cat", "Egyptian cat"}
 
 #: Runs the CLI in a fresh interpreter and reports its output and what it imported.
 _PROBE = """
@@ -70,6 +76,23 @@ def test_an_explanation_imports_its_own_method_and_no_other():
     assert loaded == {"gradient_x_input"}
     for unused in ("shap", "gradio", "fastapi", "plotly", "kaleido", "ray", "pandas"):
         assert unused not in modules, unused
+
+
+def test_an_image_explanation_on_a_cnn_skips_transformers_model_code(tmp_path):
+    """EfficientNet is a timm model: transformers' model code (seconds to import) stays out."""
+    image = tmp_path / "cat.png"
+    Image.fromarray(data.chelsea()).save(image)
+    result = _run(
+        "explain",
+        *("--model", "efficientnet-lite0", "--method", "gradient_x_input"),
+        *("--image", str(image), "--device", "cpu", "--format", "json"),
+    )
+    assert result["code"] == 0
+    assert json.loads(result["out"])["target"]["label"] in IMAGENET_CATS
+    modules = set(result["modules"])
+    assert "timm" in modules  # the model's own library is loaded ...
+    assert "transformers.modeling_utils" not in modules  # ... and no transformers model code
+    assert not any(m.startswith("transformers.models.") for m in modules)
 
 
 def test_explain_stays_the_function_when_its_module_is_imported_first():

@@ -11,12 +11,10 @@ from attribution.methods._captum import (
     BASELINE_PARAM,
     attribute_with,
     baseline_for,
-    deeplift_eps,
-    deeplift_scope,
     delta_metrics,
     forward_function,
-    warn_untreated,
 )
+from attribution.methods._deeplift import deeplift_eps, deeplift_scope, warn_untreated
 from attribution.methods.base import Attribution, AttributionMethod, Passes
 from attribution.methods.registry import register
 from attribution.models.base import Adapter, Inputs

@@ -8,15 +8,8 @@ from typing import Any, cast
 import torch
 from captum.attr import DeepLift as CaptumDeepLift
 
-from attribution.methods._captum import (
-    BASELINE_PARAM,
-    AdapterModule,
-    baseline_for,
-    deeplift_eps,
-    deeplift_scope,
-    delta_metrics,
-    warn_untreated,
-)
+from attribution.methods._captum import BASELINE_PARAM, AdapterModule, baseline_for, delta_metrics
+from attribution.methods._deeplift import deeplift_eps, deeplift_scope, warn_untreated
 from attribution.methods.base import Attribution, AttributionMethod, Passes
 from attribution.methods.registry import register
 from attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
