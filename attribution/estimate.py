@@ -143,15 +143,19 @@ class Calibration:
             elif width == 1:  # gradient × input: 2 forwards and 1 backward in all
                 spent = _best(lambda: explain(adapter, "gradient_x_input", inputs), adapter.device)
                 seconds = max(spent - 2 * self.seconds("forward", 1), 0.0)
-            else:  # a path of `width` points in one batch: width + 3 forwards, width backwards
+            else:  # a path of `width` points in one batch, width backwards, and single rows
                 params = {"n_steps": width, "internal_batch_size": width}
                 spent = _best(
                     lambda: explain(adapter, "integrated_gradients", inputs, params=params),
                     adapter.device,
                     repeats,
                 )
+                method = get_method("integrated_gradients")
+                singles = 1 + method.passes(adapter, inputs, params).forward - width  # + predict
                 single = self.seconds("forward", 1)
-                seconds = max((spent - 3 * single) / width - self.seconds("forward", width), 0.0)
+                seconds = max(
+                    (spent - singles * single) / width - self.seconds("forward", width), 0.0
+                )
         except torch.cuda.OutOfMemoryError:
             raise DeviceMemoryError(
                 f"model '{adapter.model_id}' ran out of GPU memory while calibrating the estimate"

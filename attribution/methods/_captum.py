@@ -11,23 +11,26 @@ scope DeepLIFT runs in is :mod:`attribution.methods._deeplift`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 from captum.attr import Attribution as CaptumAttribution
 from torch import nn
 
 from attribution.errors import InvalidParameterError
-from attribution.models.base import Adapter, Inputs
+from attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
 from attribution.params import Param
 
 __all__ = [
     "BASELINE_PARAM",
     "AdapterModule",
+    "ReferenceSpace",
     "attribute_with",
     "baseline_for",
     "delta_metrics",
     "forward_function",
+    "reference_space",
 ]
 
 BASELINE_PARAM = Param(
@@ -74,6 +77,59 @@ def baseline_for(adapter: Adapter, inputs: Inputs, kind: str) -> torch.Tensor:
             f"baseline '{kind}' does not apply to {inputs.modality}; use {' or '.join(allowed)}"
         )
     return inputs.reference(adapter, kind)
+
+
+@dataclass(frozen=True)
+class ReferenceSpace:
+    """
+    Where a path or a reference cloud lives: the tensor attributed to and how the model takes it.
+
+    For text the token embeddings, given to the model as ``inputs_embeds``: attributing there
+    directly, rather than to the embedding layer through Captum's ``Layer*`` methods, spares the
+    two forward passes those spend collecting the layer's output for the input and the baseline.
+    """
+
+    tensor: torch.Tensor  # (1, ...) the input in that space
+    reference: torch.Tensor  # (1, ...) the baseline in that space
+    scale: float  # typical spread of the input there
+    fixed: torch.Tensor  # broadcastable bool: positions every reference keeps from the input
+    keys: tuple[str, ...]  # model keywords for (tensor, *extra)
+    extra: tuple[torch.Tensor, ...] | None
+
+
+def _embedding_space(adapter: Adapter, inputs: Inputs, baseline: torch.Tensor) -> ReferenceSpace:
+    """Text: token embeddings (``inputs_embeds``); special tokens stay the input's."""
+    text = cast(TextInputs, inputs)
+    embedding = adapter.token_embedding_module()
+    with torch.no_grad():
+        tensor, reference = embedding(text.input_ids), embedding(baseline)
+    weight = getattr(embedding, "weight", None)
+    scale = (
+        float(weight.detach().std()) if isinstance(weight, torch.Tensor) else float(tensor.std())
+    )
+    return ReferenceSpace(
+        tensor,
+        reference,
+        scale,
+        text.special_tokens.view(1, -1, 1),
+        ("inputs_embeds", "attention_mask"),
+        (text.attention_mask,),
+    )
+
+
+def _pixel_space(adapter: Adapter, inputs: Inputs, baseline: torch.Tensor) -> ReferenceSpace:
+    """Images: normalised pixels, in their own units."""
+    pixels = cast(ImageInputs, inputs).pixel_values
+    fixed = torch.zeros(1, dtype=torch.bool, device=pixels.device)
+    return ReferenceSpace(pixels, baseline, 1.0, fixed, ("pixel_values",), None)
+
+
+_SPACES = {"text": _embedding_space, "image": _pixel_space}
+
+
+def reference_space(adapter: Adapter, inputs: Inputs, baseline: torch.Tensor) -> ReferenceSpace:
+    """The input and ``baseline`` (from :func:`baseline_for`) in the space attributed to."""
+    return _SPACES[inputs.modality](adapter, inputs, baseline)
 
 
 def attribute_with(

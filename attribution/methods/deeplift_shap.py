@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 from captum.attr import DeepLift as CaptumDeepLift
 
-from attribution.methods._captum import BASELINE_PARAM, AdapterModule, baseline_for, delta_metrics
+from attribution.methods._captum import (
+    BASELINE_PARAM,
+    AdapterModule,
+    baseline_for,
+    delta_metrics,
+    reference_space,
+)
 from attribution.methods._deeplift import deeplift_eps, deeplift_scope, warn_untreated
 from attribution.methods.base import Attribution, AttributionMethod, Passes
 from attribution.methods.registry import register
-from attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
+from attribution.models.base import Adapter, Inputs
 from attribution.params import Param
 from attribution.run import RunContext
 
@@ -35,48 +40,6 @@ def reference_distribution(
     shape = (count, *reference.shape[1:])
     epsilon = torch.randn(shape, generator=run.generator, dtype=torch.float64)
     return reference + (noise * scale) * epsilon.to(reference.device, reference.dtype)
-
-
-@dataclass(frozen=True)
-class _ReferenceSpace:
-    """Where the reference cloud lives: the tensor attributed to and how the model takes it."""
-
-    tensor: torch.Tensor  # (1, ...) the input in that space
-    reference: torch.Tensor  # (1, ...) the baseline in that space
-    scale: float  # typical spread of the input there
-    fixed: torch.Tensor  # broadcastable bool: positions every reference keeps from the input
-    keys: tuple[str, ...]  # model keywords for (tensor, *extra)
-    extra: tuple[torch.Tensor, ...] | None
-
-
-def _embedding_space(adapter: Adapter, inputs: Inputs, baseline: torch.Tensor) -> _ReferenceSpace:
-    """Text: token embeddings (``inputs_embeds``); special tokens stay the input's."""
-    text = cast(TextInputs, inputs)
-    embedding = adapter.token_embedding_module()
-    with torch.no_grad():
-        tensor, reference = embedding(text.input_ids), embedding(baseline)
-    weight = getattr(embedding, "weight", None)
-    scale = (
-        float(weight.detach().std()) if isinstance(weight, torch.Tensor) else float(tensor.std())
-    )
-    return _ReferenceSpace(
-        tensor,
-        reference,
-        scale,
-        text.special_tokens.view(1, -1, 1),
-        ("inputs_embeds", "attention_mask"),
-        (text.attention_mask,),
-    )
-
-
-def _pixel_space(adapter: Adapter, inputs: Inputs, baseline: torch.Tensor) -> _ReferenceSpace:
-    """Images: normalised pixels, in their own units."""
-    pixels = cast(ImageInputs, inputs).pixel_values
-    fixed = torch.zeros(1, dtype=torch.bool, device=pixels.device)
-    return _ReferenceSpace(pixels, baseline, 1.0, fixed, ("pixel_values",), None)
-
-
-_SPACES = {"text": _embedding_space, "image": _pixel_space}
 
 
 @register
@@ -125,7 +88,7 @@ class DeepLiftShap(AttributionMethod):
     ) -> Attribution:
         baseline = baseline_for(adapter, inputs, params["baseline"])
         count, noise = params["n_references"], params["noise"]
-        space = _SPACES[inputs.modality](adapter, inputs, baseline)
+        space = reference_space(adapter, inputs, baseline)
         references = reference_distribution(space.reference, count, noise, space.scale, run)
         references = torch.where(space.fixed, space.tensor, references)
         module = AdapterModule(adapter, space.keys)

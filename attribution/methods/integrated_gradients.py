@@ -5,14 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from captum.attr import IntegratedGradients as CaptumIG
-from captum.attr import LayerIntegratedGradients
 
 from attribution.methods._captum import (
     BASELINE_PARAM,
-    attribute_with,
+    AdapterModule,
     baseline_for,
     delta_metrics,
-    forward_function,
+    reference_space,
 )
 from attribution.methods.base import Attribution, AttributionMethod, Passes
 from attribution.methods.registry import register
@@ -31,9 +30,10 @@ class IntegratedGradients(AttributionMethod):
     """
     Path integral of gradients from a baseline to the input.
 
-    Text integrates along token embeddings (Captum ``LayerIntegratedGradients`` on the
-    embedding layer); images along normalised pixels. ``metrics.convergence_delta`` is
-    ``Σ attributions − (F(x) − F(baseline))``; completeness holds when it is small.
+    Text integrates along the token embeddings (given to the model as ``inputs_embeds``; the
+    special tokens' embeddings stay the input's); images along normalised pixels.
+    ``metrics.convergence_delta`` is ``Σ attributions − (F(x) − F(baseline))``; completeness
+    holds when it is small.
     """
 
     name = "integrated_gradients"
@@ -64,24 +64,22 @@ class IntegratedGradients(AttributionMethod):
     def attribute(
         cls, adapter: Adapter, inputs: Inputs, target: int, params: dict[str, Any], run: RunContext
     ) -> Attribution:
-        baseline = baseline_for(adapter, inputs, params["baseline"])
-        attributions = attribute_with(
-            adapter,
-            inputs,
-            LayerIntegratedGradients,
-            CaptumIG,
-            baselines=baseline,
+        space = reference_space(adapter, inputs, baseline_for(adapter, inputs, params["baseline"]))
+        module = AdapterModule(adapter, space.keys)
+        attributions = CaptumIG(module).attribute(
+            space.tensor,
+            baselines=space.reference,
             target=target,
+            additional_forward_args=space.extra,
             n_steps=params["n_steps"],
             internal_batch_size=params["internal_batch_size"],
         )
         scores = inputs.reduce(attributions)
         # The delta's F(x) is the prediction explain already made: only F(baseline) is a pass
         # (Captum's own delta would run the input's forward again).
-        _, extra = inputs.attributed()
         output = run.clean_logits(adapter, inputs)
-        forward = forward_function(adapter, inputs)
-        metrics = delta_metrics(forward, output, baseline, extra, target, [float(scores.sum())])
+        total = [float(scores.sum())]
+        metrics = delta_metrics(module, output, space.reference, space.extra, target, total)
         run.count(forward=params["n_steps"] + 1, backward=params["n_steps"])
         if metrics["relative_convergence_delta"] > _DELTA_WARNING:
             run.warn(
