@@ -52,7 +52,7 @@ def explain(
     _check_modality(adapter, inputs)
     checked = validate_params(method_cls.params, params)
     start = time.perf_counter()
-    logits = input_logits(adapter, inputs)
+    logits, attentions = _prediction(adapter, inputs, method_cls.reads_prediction_attentions)
     index = adapter.target_index(target, logits)
     probabilities = logits.softmax(-1)
     run = RunContext(
@@ -61,6 +61,7 @@ def explain(
         cancel=cancel,
         max_forward_passes=max_forward_passes,
         logits=logits,
+        attentions=attentions,
     )
     run.count(forward=1)
     if isinstance(inputs, TextInputs) and inputs.truncated:
@@ -113,9 +114,19 @@ def input_logits(adapter: Adapter, inputs: Inputs) -> torch.Tensor:
     Raises:
         DeviceMemoryError: when even the input itself does not fit in GPU memory.
     """
+    return _prediction(adapter, inputs, with_attentions=False)[0]
+
+
+def _prediction(
+    adapter: Adapter, inputs: Inputs, with_attentions: bool
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+    """:func:`input_logits`, and ``with_attentions`` the attention probabilities of that pass."""
     try:
         with torch.no_grad():
-            return adapter.logits(**inputs.model_kwargs())[0].double()
+            if not with_attentions:
+                return adapter.logits(**inputs.model_kwargs())[0].double(), None
+            logits, attentions = adapter.logits_and_attentions(**inputs.model_kwargs())
+            return logits[0].double(), attentions
     except torch.cuda.OutOfMemoryError:
         raise DeviceMemoryError(
             f"model '{adapter.model_id}' runs out of GPU memory on the input itself; use a "

@@ -33,6 +33,8 @@ class RunContext:
         max_forward_passes: Optional budget; :meth:`plan` refuses jobs that need more.
         logits: The input's own logits, which :func:`attribution.explain` computes before the
             method runs (a method reads them with :meth:`clean_logits` instead of a pass).
+        attentions: The attention probabilities of that same pass, when the method reads them
+            (:meth:`clean_attentions`).
     """
 
     seed: int = 0
@@ -40,6 +42,7 @@ class RunContext:
     cancel: threading.Event | None = None
     max_forward_passes: int | None = None
     logits: torch.Tensor | None = field(default=None, repr=False, compare=False)
+    attentions: tuple[torch.Tensor, ...] | None = field(default=None, repr=False, compare=False)
     forward_passes: int = 0
     backward_passes: int = 0
     warnings: list[str] = field(default_factory=list)
@@ -92,6 +95,20 @@ class RunContext:
                 self.logits = adapter.logits(**inputs.model_kwargs())[0]
             self.count(forward=1)
         return self.logits
+
+    def clean_attentions(self, adapter: Adapter, inputs: Inputs) -> tuple[torch.Tensor, ...]:
+        """
+        The attention probabilities of the input's own forward pass, per layer ``(1, H, T, T)``.
+
+        :func:`attribution.explain` sets them with its prediction for a method that reads them
+        (:attr:`AttributionMethod.reads_prediction_attentions`); otherwise this spends one
+        counted forward pass, kept for the rest of the run.
+        """
+        if self.attentions is None:
+            with torch.no_grad():
+                self.attentions = adapter.attentions(**inputs.model_kwargs())
+            self.count(forward=1)
+        return self.attentions
 
     def warn(self, message: str) -> None:
         """Attach a warning to the Explanation."""

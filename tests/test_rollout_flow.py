@@ -8,11 +8,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attribution import explain
+from attribution import explain, get_method
 from attribution.errors import InvalidInputError, InvalidParameterError, UnsupportedMethodError
 from attribution.methods._attention import fuse_heads
 from attribution.methods.attention_flow import attention_flow
 from attribution.methods.rollout import attention_rollout, discard_lowest
+from attribution.params import validate_params
+from attribution.run import RunContext
 
 
 def random_attentions(layers: int, heads: int, n: int, seed: int) -> torch.Tensor:
@@ -155,9 +157,39 @@ def test_attention_flow_runs_end_to_end(load_model, spec):
     assert np.isfinite(explanation.scores).all() and (explanation.scores >= 0).all()
     if adapter.modality == "text":
         assert explanation.scores.sum() == pytest.approx(1.0, abs=1e-9)
-        assert explanation.timings.forward_passes >= 2
+        assert explanation.timings.forward_passes == 1  # the prediction's pass gave them
     else:
         assert explanation.scores.shape == (32, 32)
+
+
+@pytest.mark.parametrize("method", ["rollout", "attention_flow"])
+@pytest.mark.parametrize("spec", ["tiny-random-bert", "tiny-random-llama", "tiny-random-vit"])
+def test_attention_methods_read_the_attentions_of_the_prediction_pass(load_model, spec, method):
+    """The model runs once: the prediction's pass gives the logits and the attentions."""
+    adapter = load_model(spec)
+    if adapter.modality == "text":
+        inputs = adapter.preprocess("a few words to explain here")
+    else:
+        inputs = adapter.preprocess(np.full((32, 32, 3), 128, dtype=np.uint8))
+    calls = []
+    handle = adapter.model.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        explanation = explain(adapter, method, inputs)
+    finally:
+        handle.remove()
+    assert len(calls) == 1 and explanation.timings.forward_passes == 1
+    # The prediction made with attentions is the model's ordinary one.
+    with torch.no_grad():
+        plain = adapter.logits(**inputs.model_kwargs())[0].double()
+    assert explanation.target.index == int(plain.argmax())
+    assert explanation.target.logit == pytest.approx(float(plain.max()), rel=1e-5, abs=1e-6)
+    # And the map equals the method's own on a separate attention pass (no prediction given).
+    cls = get_method(method)
+    run = RunContext()
+    params = validate_params(cls.params, {})
+    separate = cls.attribute(adapter, inputs, explanation.target.index, params, run)
+    assert run.forward_passes == 1
+    np.testing.assert_allclose(separate.scores, explanation.scores, rtol=1e-6, atol=1e-9)
 
 
 def test_attention_flow_refuses_inputs_above_the_token_limit(load_model):

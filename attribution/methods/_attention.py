@@ -68,7 +68,7 @@ def attention_graph(
     adapter: Adapter, inputs: Inputs, run: RunContext, head_fusion: str
 ) -> AttentionGraph:
     """
-    One forward pass collecting every layer's attention for example 0, heads fused.
+    Every layer's attention for example 0, heads fused, from the input's own forward pass.
 
     Heads are fused per layer in float64 (see :func:`fuse_heads`). Text keeps the positions
     with ``attention_mask == 1``; images keep every token. The readout follows
@@ -84,9 +84,7 @@ def attention_graph(
             f"model '{adapter.model_id}' ({adapter.family}) does not say which token its output "
             "reads, so its attention graph has no output node"
         )
-    with torch.no_grad():
-        layers = adapter.attentions(**inputs.model_kwargs())
-    run.count(forward=1)
+    layers = run.clean_attentions(adapter, inputs)  # explain's prediction made them
     fused = torch.stack([fuse_heads(layer[0].double(), head_fusion) for layer in layers])
     keep = inputs.visible_tokens(fused.shape[-1]).to(fused.device)
     if not keep.all():

@@ -60,6 +60,9 @@ class AttributionMethod(ABC):
         requires: Adapter features it needs (see :class:`Adapter`).
         params: Parameter schema.
         has_convergence_delta: It reports a completeness / convergence delta in ``metrics``.
+        reads_prediction_attentions: It reads the attention probabilities of the input's own
+            forward pass (:meth:`RunContext.clean_attentions`), so :func:`attribution.explain`
+            makes its prediction with them: one pass for both.
         category: ``"attribution"`` (a map over the input) or ``"analysis"`` (per-layer and
             per-head measures, with a map as a by-product).
     """
@@ -71,6 +74,7 @@ class AttributionMethod(ABC):
     requires: ClassVar[frozenset[str]] = frozenset()
     params: ClassVar[tuple[Param, ...]] = ()
     has_convergence_delta: ClassVar[bool] = False
+    reads_prediction_attentions: ClassVar[bool] = False
     category: ClassVar[str] = "attribution"
 
     @classmethod

@@ -81,6 +81,7 @@ class AttentionRollout(AttributionMethod):
     title = "Attention rollout"
     paper = "https://arxiv.org/abs/2005.00928"
     requires = frozenset({"attentions"})
+    reads_prediction_attentions = True
     params = (
         HEAD_FUSION_PARAM,
         Param(
@@ -98,7 +99,7 @@ class AttentionRollout(AttributionMethod):
     @classmethod
     def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
         """The model passes :meth:`attribute` spends on ``inputs``."""
-        return Passes(1)
+        return Passes(0)  # the attentions come from explain's own prediction
 
     @classmethod
     def attribute(

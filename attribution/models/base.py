@@ -205,6 +205,12 @@ class Adapter(ABC):
 
     def attentions(self, **model_kwargs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Attention probabilities per layer, each ``(B, heads, T, T)``."""
+        return self.logits_and_attentions(**model_kwargs)[1]
+
+    def logits_and_attentions(
+        self, **model_kwargs: torch.Tensor
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """:meth:`logits` and :meth:`attentions` from one forward pass."""
         raise UnsupportedMethodError(f"model '{self.model_id}' has no attention layers")
 
     def token_embedding_module(self) -> nn.Module:

@@ -98,10 +98,19 @@ class TextClassifierAdapter(TextAdapter):
         return tokenize(self.tokenizer, raw, self.max_length, self.add_special_tokens, self.device)
 
     def logits(self, **model_kwargs: torch.Tensor) -> torch.Tensor:
-        return self.model(**model_kwargs).logits
+        return self.output_logits(self.model(**model_kwargs).logits, model_kwargs)
 
-    def attentions(self, **model_kwargs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(self.model(**model_kwargs, output_attentions=True).attentions)
+    def logits_and_attentions(
+        self, **model_kwargs: torch.Tensor
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        out = self.model(**model_kwargs, output_attentions=True)
+        return self.output_logits(out.logits, model_kwargs), tuple(out.attentions)
+
+    def output_logits(
+        self, logits: torch.Tensor, model_kwargs: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
+        """The ``(B, C)`` logits explained, from the model's output logits."""
+        return logits
 
     def token_embedding_module(self) -> nn.Module:
         return self.model.get_input_embeddings()
@@ -234,10 +243,12 @@ class DecoderLMAdapter(TextClassifierAdapter):
         """Right padding: the next token follows the last attended position of each row."""
         return attention_mask.sum(dim=1).long() - 1
 
-    def logits(self, **model_kwargs: torch.Tensor) -> torch.Tensor:
-        all_logits = self.model(**model_kwargs).logits
+    def output_logits(
+        self, logits: torch.Tensor, model_kwargs: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
+        """Each row's next-token logits: those at its last attended position."""
         last = self.predicted_positions(model_kwargs["attention_mask"])
-        return all_logits[torch.arange(all_logits.shape[0], device=all_logits.device), last]
+        return logits[torch.arange(logits.shape[0], device=logits.device), last]
 
     def _label_index(self, label: str) -> int:
         ids = self.tokenizer.encode(label, add_special_tokens=False)

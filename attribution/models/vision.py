@@ -70,8 +70,11 @@ class ViTAdapter(_ImageClassifierAdapter):
     def logits(self, **model_kwargs: torch.Tensor) -> torch.Tensor:
         return self.model(**model_kwargs).logits
 
-    def attentions(self, **model_kwargs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(self.model(**model_kwargs, output_attentions=True).attentions)
+    def logits_and_attentions(
+        self, **model_kwargs: torch.Tensor
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        out = self.model(**model_kwargs, output_attentions=True)
+        return out.logits, tuple(out.attentions)
 
     @property
     def patch_grid(self) -> tuple[int, int]:
