@@ -63,10 +63,12 @@ def explain(
         logits=logits,
         attentions=attentions,
     )
+    del attentions  # held by the run while the method reads them, then let go (below)
     run.count(forward=1)
     if isinstance(inputs, TextInputs) and inputs.truncated:
         run.warn(f"the text was truncated to the model's limit of {len(inputs.tokens)} tokens")
     result = method_cls.attribute(adapter, inputs, index, checked, run)
+    run.attentions = None  # every layer's T × T maps: not kept through the trust scoring
     if evaluate:
         from attribution.metrics import faithfulness  # metrics explain through this module
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from attribution.errors import BudgetExceededError, JobCancelledError
+from attribution.errors import BudgetExceededError, JobCancelledError, UnsupportedMethodError
 
 if TYPE_CHECKING:
     from attribution.models.base import Adapter, Inputs
@@ -106,8 +106,16 @@ class RunContext:
         """
         if self.attentions is None:
             with torch.no_grad():
-                self.attentions = adapter.attentions(**inputs.model_kwargs())
+                logits, self.attentions = adapter.logits_and_attentions(**inputs.model_kwargs())
             self.count(forward=1)
+            if self.logits is None:  # the same pass gave the prediction: clean_logits is free
+                self.logits = logits[0]
+        if not self.attentions or any(layer is None for layer in self.attentions):
+            raise UnsupportedMethodError(
+                f"model '{adapter.model_id}' returned no attention probabilities: its attention "
+                "implementation (SDPA or flash attention) does not output them; load it with "
+                "attn_implementation='eager'"
+            )
         return self.attentions
 
     def warn(self, message: str) -> None:

@@ -192,6 +192,19 @@ def test_attention_methods_read_the_attentions_of_the_prediction_pass(load_model
     np.testing.assert_allclose(separate.scores, explanation.scores, rtol=1e-6, atol=1e-9)
 
 
+@pytest.mark.parametrize("method", ["rollout", "attention_flow"])
+def test_attention_methods_refuse_an_attention_kernel_without_probabilities(load_model, method):
+    """SDPA outputs no attention probabilities: said by name, not a stack error."""
+    adapter = load_model("tiny-random-llama")
+    inputs = adapter.preprocess("the cat sat on the mat")
+    adapter.model.set_attn_implementation("sdpa")
+    try:
+        with pytest.raises(UnsupportedMethodError, match="attn_implementation='eager'"):
+            explain(adapter, method, inputs)
+    finally:
+        adapter.model.set_attn_implementation("eager")
+
+
 def test_attention_flow_refuses_inputs_above_the_token_limit(load_model):
     adapter = load_model("tiny-random-bert")
     inputs = adapter.preprocess("one two three four five six")
