@@ -104,7 +104,7 @@ class TextClassifierAdapter(TextAdapter):
         self, **model_kwargs: torch.Tensor
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         out = self.model(**model_kwargs, output_attentions=True)
-        return self.output_logits(out.logits, model_kwargs), tuple(out.attentions)
+        return self.output_logits(out.logits, model_kwargs), tuple(out.attentions or ())
 
     def output_logits(
         self, logits: torch.Tensor, model_kwargs: dict[str, torch.Tensor]

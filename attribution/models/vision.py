@@ -74,7 +74,7 @@ class ViTAdapter(_ImageClassifierAdapter):
         self, **model_kwargs: torch.Tensor
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         out = self.model(**model_kwargs, output_attentions=True)
-        return out.logits, tuple(out.attentions)
+        return out.logits, tuple(out.attentions or ())
 
     @property
     def patch_grid(self) -> tuple[int, int]:
