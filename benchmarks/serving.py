@@ -8,7 +8,11 @@ Run: ``.venv/bin/python benchmarks/serving.py [--requests 60] [--rounds 6]``
    directly in the same run as a user calls it on a text (tokenise, explain), in alternating
    rounds with the one-client requests; the explanation's own time (its ``timings``, measured
    inside ``explain``) shows what the server spent on the maths. One worker runs one job at a
-   time, so more clients queue.
+   time, so more clients queue. The same rounds also time the floor of the stack: the least a
+   FastAPI app on uvicorn needs to answer the same request with the same library call (no
+   validation, limits, queue or page), so what attrlab adds is told apart from what serving
+   over HTTP costs at all. One client is timed through httpx and through Python's own
+   ``http.client`` (about the least a client adds).
 2. 16 instances in one batch request against 16 single requests, seconds per instance.
 3. ``attrlab batch`` on the same 64 inputs, the local engine against Ray with 2 workers.
 
@@ -19,7 +23,9 @@ least as fast as a single request.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
+import http.client
 import json
 import os
 import queue
@@ -30,9 +36,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
+from urllib.parse import urlsplit
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -40,6 +48,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import httpx
 import torch
 from _tables import print_table
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 
 from attribution import explain
 from attribution.models import Adapter, load
@@ -61,7 +71,8 @@ class Sample(NamedTuple):
     explained: float
 
 
-def _server(threads: int) -> tuple[subprocess.Popen, str]:
+def _server(threads: int, floor: bool = False) -> tuple[subprocess.Popen, str]:
+    """``attrlab serve``, or with ``floor`` this script's floor server, on a free port."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -73,23 +84,112 @@ def _server(threads: int) -> tuple[subprocess.Popen, str]:
         "GRADIO_ANALYTICS_ENABLED": "False",
         "OMP_NUM_THREADS": str(threads),
     }
-    command = [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--device", "cpu"]
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if floor:
+        command = [sys.executable, __file__, "--floor-server", str(port)]
+    else:
+        command = [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--device", "cpu"]
+    # The log goes to a file: a pipe nobody reads would stall the server once it fills.
+    log = Path(env["ATTRLAB_DATA"]) / "server.log"
+    with log.open("wb") as stream:  # the child keeps its own copy of the file
+        process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=stream)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and process.poll() is None:
         try:
             if httpx.get(f"{url}/api/v1/health", timeout=2).status_code == 200:
                 return process, url
         except httpx.TransportError:
             time.sleep(0.5)
     process.kill()
-    raise RuntimeError("attrlab serve did not come up")
+    raise RuntimeError(f"{' '.join(command[1:3])} did not come up; its log: {log}")
 
 
-def _clients(
-    url: str, method: str, clients: list[httpx.Client], requests: int
-) -> tuple[float, list[Sample]]:
+def floor_server(port: int) -> None:
+    """
+    The least a FastAPI app on uvicorn needs to serve the benchmark's request, for comparison.
+
+    The same library call as the benchmark's library rows, on a worker thread (as attrlab's
+    worker does, so the event loop stays free), answering the Explanation as JSON. Nothing
+    else: no validation, limits, queue, jobs or page.
+    """
+    import uvicorn
+
+    thread = ThreadPoolExecutor(1)
+    adapter = thread.submit(load, MODEL, device="cpu").result()  # torch on one thread only
+    app = FastAPI()
+
+    def run(body: dict) -> dict:
+        inputs = adapter.preprocess(body["text"])
+        return explain(adapter, body["method"], inputs, params=body["params"]).to_dict()
+
+    @app.post("/api/v1/explain")
+    async def explain_route(request: Request) -> JSONResponse:
+        body = await request.json()
+        return JSONResponse(await asyncio.get_running_loop().run_in_executor(thread, run, body))
+
+    @app.get("/api/v1/health")
+    def health() -> dict:
+        return {"status": "ok"}
+
+    uvicorn.run(app, host="127.0.0.1", port=port)
+
+
+class _Client(Protocol):
+    def explain(self, body: dict) -> dict:
+        """POST ``body`` to /api/v1/explain; the answer's JSON (raising for an error status)."""
+
+    def close(self) -> None: ...
+
+
+class _Httpx:
+    """httpx, as the README's Python example uses it."""
+
+    def __init__(self, url: str) -> None:
+        self.client = httpx.Client(base_url=url, timeout=600)
+
+    def explain(self, body: dict) -> dict:
+        response = self.client.post("/api/v1/explain", json=body)
+        response.raise_for_status()
+        return response.json()
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class _Stdlib:
+    """Python's own ``http.client``: about the least a client can add to each request."""
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        self.connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=600)
+
+    def explain(self, body: dict) -> dict:
+        data = json.dumps(body)
+        try:
+            return self._post(data)
+        except (http.client.RemoteDisconnected, ConnectionError):
+            # the server closed the idle connection (uvicorn keeps one 5 s): reconnect, as
+            # pooling clients do
+            self.connection.close()
+            return self._post(data)
+
+    def _post(self, data: str) -> dict:
+        headers = {"Content-Type": "application/json"}
+        self.connection.request("POST", "/api/v1/explain", data, headers)
+        response = self.connection.getresponse()
+        answer = response.read()
+        if response.status != 200:
+            raise RuntimeError(f"HTTP {response.status}: {answer[:200]!r}")
+        return json.loads(answer)
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+CLIENTS: dict[str, Callable[[str], _Client]] = {"httpx": _Httpx, "http.client": _Stdlib}
+
+
+def _clients(method: str, clients: list[_Client], requests: int) -> tuple[float, list[Sample]]:
     """
     ``requests`` explanations from the ``clients`` at once: wall time and samples.
 
@@ -97,7 +197,7 @@ def _clients(
     clients do; each request takes a client no other request is using.
     """
     body = {"model": MODEL, "method": method, "params": METHODS[method]}
-    idle: queue.SimpleQueue[httpx.Client] = queue.SimpleQueue()
+    idle: queue.SimpleQueue[_Client] = queue.SimpleQueue()
     for client in clients:
         idle.put(client)
 
@@ -105,11 +205,8 @@ def _clients(
         client = idle.get()
         try:
             start = time.perf_counter()
-            response = client.post(
-                f"{url}/api/v1/explain", json={**body, "text": TEXTS[i % len(TEXTS)]}
-            )
-            response.raise_for_status()
-            return Sample(time.perf_counter() - start, response.json()["timings"]["total_s"])
+            answer = client.explain({**body, "text": TEXTS[i % len(TEXTS)]})
+            return Sample(time.perf_counter() - start, answer["timings"]["total_s"])
         finally:
             idle.put(client)
 
@@ -131,39 +228,56 @@ def _library(adapter: Adapter, method: str, requests: int) -> list[Sample]:
     return samples
 
 
-def rest_against_library(url: str, requests: int, rounds: int) -> None:
+def rest_against_library(url: str, floor_url: str, requests: int, rounds: int) -> None:
     """
-    Library against one client in alternating rounds (drift hits both alike), then more clients.
+    One client on each path (library; the stack's floor and attrlab, each through httpx and
+    through ``http.client``) in alternating rounds, so drift hits all alike; then attrlab with
+    more httpx clients.
 
     Each REST answer carries the explanation's own time in the server (``timings.total_s``), so
     the overhead splits into what the explanation took there and everything around it.
     """
     adapter = load(MODEL, device="cpu")
     per_round = max(1, requests // rounds)
+    servers = {"FastAPI floor": floor_url, "attrlab": url}
+    paths = [(server, client) for client in CLIENTS for server in servers]
     rows = []
     for method in METHODS:
         with contextlib.ExitStack() as stack:
-            pool = [stack.enter_context(httpx.Client(timeout=600)) for _ in range(16)]
-            _library(adapter, method, 2)  # warm both paths: the model is loaded on each side
-            _clients(url, method, pool[:1], 2)
+
+            def connected(server: str, client: str) -> _Client:
+                made = CLIENTS[client](servers[server])
+                stack.callback(made.close)
+                return made
+
+            single_clients = {path: [connected(*path)] for path in paths}
+            _library(adapter, method, 2)  # warm every path: the model is loaded on each side
+            for clients in single_clients.values():
+                _clients(method, clients, 2)
             library: list[Sample] = []
-            single: list[Sample] = []
-            wall = 0.0
+            single: dict[tuple[str, str], list[Sample]] = {path: [] for path in paths}
+            wall = dict.fromkeys(paths, 0.0)
             for _ in range(rounds):
                 library += _library(adapter, method, per_round)
-                seconds, samples = _clients(url, method, pool[:1], per_round)
-                single += samples
-                wall += seconds
+                for path, clients in single_clients.items():
+                    seconds, samples = _clients(method, clients, per_round)
+                    single[path] += samples
+                    wall[path] += seconds
             lib_p50 = statistics.median(s.latency for s in library)
             lib_rate = len(library) / sum(s.latency for s in library)
-            rows.append(_row(method, "library", 1, lib_rate, library, ""))
-            p50 = statistics.median(s.latency for s in single)
-            overhead = f"{(p50 - lib_p50) / lib_p50:+.0%} ({(p50 - lib_p50) * 1000:.1f} ms)"
-            rows.append(_row(method, "REST", 1, len(single) / wall, single, overhead))
-            for clients in (4, 16):
-                _clients(url, method, pool[:clients], clients)  # each client connects
-                seconds, samples = _clients(url, method, pool[:clients], requests)
-                rows.append(_row(method, "REST", clients, requests / seconds, samples, ""))
+            rows.append(_row(method, "library", "", 1, lib_rate, library, ""))
+            for path in paths:
+                p50 = statistics.median(s.latency for s in single[path])
+                overhead = f"{(p50 - lib_p50) / lib_p50:+.0%} ({(p50 - lib_p50) * 1000:.1f} ms)"
+                rate = len(single[path]) / wall[path]
+                rows.append(_row(method, *path, 1, rate, single[path], overhead))
+            many = [connected("attrlab", "httpx") for _ in range(16)]
+            for count in (4, 16):
+                _clients(method, many[:count], count)  # each client connects
+                seconds, samples = _clients(method, many[:count], requests)
+                rows.append(
+                    _row(method, "attrlab", "httpx", count, requests / seconds, samples, "")
+                )
     print(
         f"\nREST against the library, {MODEL}; 1 client: {per_round * rounds} requests each, "
         f"in {rounds} alternating rounds; 4 and 16 clients: {requests} requests\n"
@@ -172,6 +286,7 @@ def rest_against_library(url: str, requests: int, rounds: int) -> None:
         (
             "method",
             "path",
+            "client",
             "clients",
             "requests/s",
             "p50 ms",
@@ -184,13 +299,20 @@ def rest_against_library(url: str, requests: int, rounds: int) -> None:
 
 
 def _row(
-    method: str, path: str, clients: int, rate: float, samples: list[Sample], overhead: str
+    method: str,
+    path: str,
+    client: str,
+    clients: int,
+    rate: float,
+    samples: list[Sample],
+    overhead: str,
 ) -> tuple[str, ...]:
     latencies = [s.latency for s in samples]
     own = statistics.median(s.explained for s in samples)
     return (
         method,
         path,
+        client,
         str(clients),
         f"{rate:.1f}",
         f"{statistics.median(latencies) * 1000:.1f}",
@@ -263,6 +385,18 @@ def batch_engines() -> None:
     print_table(("engine", "inputs", "seconds", "instances/s"), rows)
 
 
+def _serving(stack: contextlib.ExitStack, floor: bool) -> str:
+    """Start a server (see :func:`_server`), stopped when ``stack`` closes; its URL."""
+    process, url = _server(threads=2, floor=floor)
+
+    def stop() -> None:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=60)
+
+    stack.callback(stop)
+    return url
+
+
 def _p95(values: list[float]) -> float:
     return statistics.quantiles(values, n=20)[-1] if len(values) > 1 else values[0]
 
@@ -272,19 +406,20 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=60)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--parts", default="rest,batched,engines")
+    parser.add_argument("--floor-server", type=int, help=argparse.SUPPRESS)  # its port
     args = parser.parse_args()
+    if args.floor_server:
+        floor_server(args.floor_server)
+        return
     parts = set(args.parts.split(","))
     torch.set_num_threads(2)
     if parts & {"rest", "batched"}:
-        process, url = _server(threads=2)
-        try:
+        with contextlib.ExitStack() as servers:
+            url = _serving(servers, floor=False)
             if "rest" in parts:
-                rest_against_library(url, args.requests, args.rounds)
+                rest_against_library(url, _serving(servers, floor=True), args.requests, args.rounds)
             if "batched" in parts:
                 batched_against_single(url)
-        finally:
-            process.send_signal(signal.SIGINT)
-            process.wait(timeout=60)
     if "engines" in parts:
         batch_engines()
 
