@@ -13,15 +13,15 @@ import binascii
 import hmac
 import json
 import logging
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Iterator, Sequence
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 from starlette.routing import Match, Mount, Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 
 API_PREFIX = "/api/v1"
 _RETRY_AFTER_S = "5"
+_PARQUET = "application/vnd.apache.parquet"
 _DISCONNECT_POLL_S = 0.5
 _VERBS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 
@@ -85,6 +86,7 @@ _ERRORS = {
     ]
 }
 _HTTP_CODES = {
+    400: "invalid_request",  # a body FastAPI cannot parse at all (JSON nested too deep)
     401: "unauthorized",
     404: "not_found",
     405: "method_not_allowed",
@@ -446,7 +448,7 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         return [m.describe() for m in available_methods()]
 
     async def run(submitted: WorkerRequest[Any], request: Request) -> Any:
-        job = worker.submit(submitted)
+        job = worker.submit(submitted, strict=True)
         result = asyncio.wrap_future(job.future)
         try:
             while not (await asyncio.wait({result}, timeout=_DISCONNECT_POLL_S))[0]:
@@ -517,13 +519,13 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         """
         return JSONResponse((await run(body.to_request(), request)).to_dict())
 
-    def job_record(job_id: str) -> Any:
+    def job_status_of(job_id: str) -> dict[str, Any]:
         if jobs is None:
             raise HTTPException(404, "this server keeps no jobs (no data folder)")
         record = jobs.store.get(job_id)
         if record is None:
             raise HTTPException(404, f"no job '{job_id}'")
-        return record
+        return {**record.to_dict(), "errors": jobs.store.instance_errors(job_id)}
 
     @router.post("/jobs", status_code=202)
     def submit_job(body: JobBody) -> dict[str, Any]:
@@ -541,46 +543,60 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
                 f"a job holds at most {settings.max_job_instances} instances on this server; "
                 f"got {total}"
             )
-        worker.validate(body.to_batch([0]))  # methods, parameters and model, before storing
+        # methods, parameters and model, before storing
+        worker.validate(body.to_batch([0]), strict=True)
         job_id = jobs.submit(body.model_dump(mode="json"), total)
-        return {"job_id": job_id, **job_record(job_id).to_dict()}
+        return job_status_of(job_id)
 
     @router.get("/jobs/{job_id}")
     def job_status(job_id: Annotated[str, Path(max_length=64)]) -> dict[str, Any]:
-        """Status, progress (``done`` of ``total``), instance errors and an ETA."""
-        return job_record(job_id).to_dict()
+        """
+        Status, progress (``done`` of ``total``), an ETA and the instance errors.
+
+        ``errors`` lists the first 100 (index, method, code, message); ``instance_errors``
+        counts the instances with any, and the results hold every one.
+        """
+        return job_status_of(job_id)
 
     @router.get("/jobs/{job_id}/results", response_model=None)
     def job_results(
         job_id: Annotated[str, Path(max_length=64)],
-        format: Annotated[str, Query(pattern="^(jsonl|parquet)$")] = "jsonl",
+        request: Request,
+        format: Annotated[str | None, Query(pattern="^(jsonl|parquet)$")] = None,
     ) -> Response:
         """
         The results so far, in instance order: JSON Lines or Parquet.
+
+        ``format`` chooses; without it, an ``Accept`` naming Parquet gets Parquet, anything
+        else JSON Lines.
 
         JSON Lines: ``{"index", "explanations": {method: Explanation | {"error"}}}`` per line.
         Parquet: one row per instance and method (index, method, target, probability, scores,
         error, and the Explanation as JSON).
         """
-        job_record(job_id)
+        job_status_of(job_id)
+        if format is None:
+            format = "parquet" if _PARQUET in request.headers.get("accept", "") else "jsonl"
         rows = jobs.store.results(job_id)  # type: ignore[union-attr]
         if format == "jsonl":
             lines = (json.dumps(row) + "\n" for row in rows)
             return StreamingResponse(lines, media_type="application/jsonl")
         path = parquet_file(rows)
-        return FileResponse(
-            path,
-            media_type="application/vnd.apache.parquet",
-            filename=f"{job_id}.parquet",
-            background=BackgroundTask(path.unlink),  # the temporary file goes once sent
+        return StreamingResponse(
+            _read_then_delete(path),
+            media_type=_PARQUET,
+            headers={
+                "Content-Disposition": f'attachment; filename="{job_id}.parquet"',
+                "Content-Length": str(path.stat().st_size),
+            },
         )
 
     @router.delete("/jobs/{job_id}")
     def cancel_job(job_id: Annotated[str, Path(max_length=64)]) -> dict[str, Any]:
         """Cancel a job (its instance in progress stops); finished results stay."""
-        job_record(job_id)
+        job_status_of(job_id)
         jobs.cancel(job_id)  # type: ignore[union-attr]
-        return job_record(job_id).to_dict()
+        return job_status_of(job_id)
 
     kserve = APIRouter(
         prefix="/v1",
@@ -588,7 +604,7 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         responses={**_ERRORS, **(_UNAUTHORIZED if settings.api_token else {})},
     )
 
-    @kserve.post("/models/{model}:explain", response_model=None)
+    @kserve.post("/models/{model:path}:explain", response_model=None)  # hub ids hold a /
     async def kserve_explain(
         model: Annotated[str, Path(min_length=1, max_length=500)],
         body: KServeBody,
@@ -611,6 +627,16 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
     outer.include_router(open_routes)
     outer.include_router(kserve)
     return outer
+
+
+def _read_then_delete(path: os.PathLike[str]) -> Iterator[bytes]:
+    """A temporary file's bytes, deleted after, also when the client goes away mid-way."""
+    try:
+        with open(path, "rb") as file:
+            while block := file.read(2**20):
+                yield block
+    finally:
+        os.unlink(path)
 
 
 def _error(status: int, code: str, message: str, **headers: str) -> JSONResponse:

@@ -198,6 +198,15 @@ def parquet_file(results: Iterable[dict[str, Any]], chunk: int = 256) -> Path:
     """
     handle, name = tempfile.mkstemp(prefix="attrlab-results-", suffix=".parquet")
     os.close(handle)
+    try:
+        _write_parquet(results, name, chunk)
+    except BaseException:  # a failed write leaves no file behind
+        os.unlink(name)
+        raise
+    return Path(name)
+
+
+def _write_parquet(results: Iterable[dict[str, Any]], name: str, chunk: int) -> None:
     writer = None
     try:
         rows_left = iter(results)
@@ -215,7 +224,6 @@ def parquet_file(results: Iterable[dict[str, Any]], chunk: int = 256) -> Path:
     finally:
         if writer is not None:
             writer.close()
-    return Path(name)
 
 
 class ResultFile:

@@ -58,9 +58,22 @@ CREATE TABLE IF NOT EXISTS jobs (
     created REAL NOT NULL,
     started REAL,
     finished REAL,
-    message TEXT
-)
+    message TEXT,
+    done_at_start INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS instance_errors (
+    job_id TEXT NOT NULL,
+    instance INTEGER NOT NULL,
+    method TEXT NOT NULL,
+    code TEXT NOT NULL,
+    message TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS instance_errors_of_job ON instance_errors (job_id, instance);
 """
+#: Columns added since the first job table, for folders made by an older server.
+_ADDED_COLUMNS = {"done_at_start": "INTEGER NOT NULL DEFAULT 0"}
+#: Instance errors listed in a job's status (all of them are in its results).
+LISTED_ERRORS = 100
 
 
 @dataclass(frozen=True)
@@ -76,12 +89,14 @@ class JobRecord:
     started: float | None
     finished: float | None
     message: str | None
+    done_at_start: int  # instances done when the current run started (a restart resumes)
 
     def to_dict(self) -> dict[str, Any]:
-        """Status for clients: progress, instance errors and an ETA from the pace so far."""
+        """Status for clients: progress, instance errors and an ETA from this run's pace."""
         eta = None
-        if self.status == "running" and self.started is not None and self.done > 0:
-            pace = (time.time() - self.started) / self.done
+        ran = self.done - self.done_at_start
+        if self.status == "running" and self.started is not None and ran > 0:
+            pace = (time.time() - self.started) / ran
             eta = round(pace * (self.total - self.done), 1)
         return {
             "job_id": self.id,
@@ -96,7 +111,7 @@ class JobRecord:
         }
 
 
-_COLUMNS = "id, status, total, done, errors, created, started, finished, message"
+_COLUMNS = "id, status, total, done, errors, created, started, finished, message, done_at_start"
 
 
 class JobStore:
@@ -113,7 +128,11 @@ class JobStore:
         (folder / "results").mkdir(parents=True, exist_ok=True)
         with self._connection() as db:
             db.execute("PRAGMA journal_mode=WAL")
-            db.execute(_SCHEMA)
+            db.executescript(_SCHEMA)
+            present = {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
+            for column, kind in _ADDED_COLUMNS.items():
+                if column not in present:
+                    db.execute(f"ALTER TABLE jobs ADD COLUMN {column} {kind}")
 
     @contextmanager
     def _connection(self) -> Iterator[sqlite3.Connection]:
@@ -163,8 +182,8 @@ class JobStore:
             ).fetchone()
             if row is None:
                 return None
-            db.execute(
-                "UPDATE jobs SET status = 'running', started = COALESCE(started, ?) WHERE id = ?",
+            db.execute(  # each run times its own pace: a restart's downtime is no work
+                "UPDATE jobs SET status = 'running', started = ? WHERE id = ?",
                 (time.time(), row[0]),
             )
         return self.get(row[0])
@@ -212,16 +231,43 @@ class JobStore:
             file.write(json.dumps(result, allow_nan=False) + "\n")
             file.flush()
             os.fsync(file.fileno())
-        self.recount(job_id)
+        failed = _errors_of(job_id, result)
+        with self._connection() as db:
+            db.execute(
+                "UPDATE jobs SET done = done + 1, errors = errors + ? WHERE id = ?",
+                (bool(failed), job_id),
+            )
+            db.executemany("INSERT INTO instance_errors VALUES (?, ?, ?, ?, ?)", failed)
 
     def recount(self, job_id: str) -> None:
-        """Set the job's progress from the results on file (what a crash may have left)."""
+        """
+        Set the job's progress and errors from the results on file, as a run starts.
+
+        A crash may have left the count behind the file; this run's pace counts from here.
+        """
         done = errors = 0
+        failed = []
         for row in self.results(job_id):
             done += 1
-            errors += any("error" in outcome for outcome in row["explanations"].values())
+            errors += bool(found := _errors_of(job_id, row))
+            failed += found
         with self._connection() as db:
-            db.execute("UPDATE jobs SET done = ?, errors = ? WHERE id = ?", (done, errors, job_id))
+            db.execute(
+                "UPDATE jobs SET done = ?, errors = ?, done_at_start = ? WHERE id = ?",
+                (done, errors, done, job_id),
+            )
+            db.execute("DELETE FROM instance_errors WHERE job_id = ?", (job_id,))
+            db.executemany("INSERT INTO instance_errors VALUES (?, ?, ?, ?, ?)", failed)
+
+    def instance_errors(self, job_id: str) -> list[dict[str, Any]]:
+        """The first :data:`LISTED_ERRORS` instance errors: index, method, code, message."""
+        with self._connection() as db:
+            rows = db.execute(
+                "SELECT instance, method, code, message FROM instance_errors WHERE job_id = ? "
+                "ORDER BY instance, rowid LIMIT ?",
+                (job_id, LISTED_ERRORS),
+            ).fetchall()
+        return [dict(zip(("index", "method", "code", "message"), row, strict=True)) for row in rows]
 
     def results(self, job_id: str) -> Iterator[dict[str, Any]]:
         """
@@ -243,6 +289,15 @@ class JobStore:
                 if row["index"] not in seen:
                     seen.add(row["index"])
                     yield row
+
+
+def _errors_of(job_id: str, result: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """An instance's errors as ``instance_errors`` rows."""
+    return [
+        (job_id, result["index"], method, outcome["error"]["code"], outcome["error"]["message"])
+        for method, outcome in result["explanations"].items()
+        if "error" in outcome
+    ]
 
 
 def cut_torn_tail(path: Path) -> None:
@@ -364,6 +419,7 @@ class JobRunner:
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
+            job = None
             try:
                 job = self.store.claim_next() if self._hold_folder() else None
                 if job is None:
@@ -373,7 +429,17 @@ class JobRunner:
                 self._run(job)
             except Exception:  # the runner must outlive any one failure (a bug, a full disk)
                 log.exception("the job runner hit an error; it goes on")
+                if job is not None:
+                    self._end_failed(job.id)
                 self._stopping.wait(self.poll_s)
+
+    def _end_failed(self, job_id: str) -> None:
+        """End a job that hit an unexpected error, so that it holds no place in the queue."""
+        try:
+            message = "the job failed inside attrlab; the server log has the details"
+            self.store.finish(job_id, "failed", message)
+        except Exception:  # the store itself fails (a full disk): a restart resumes the job
+            log.exception("job %s could not be marked failed", job_id)
 
     def _run(self, job: JobRecord) -> None:
         self.store.recount(job.id)  # a crash may have left the count behind the file

@@ -59,7 +59,7 @@ def create_app(
     install_error_handlers(app)
     app.include_router(build_router(worker, jobs))
     app.add_middleware(
-        ApiGuard, routes=app.router, max_bytes=settings.max_body_bytes, prefix=("/api", "/v1/")
+        ApiGuard, routes=app.router, max_bytes=settings.max_body_bytes, prefix=("/api", "/v1")
     )
 
     page = build_ui(worker).queue(max_size=settings.max_queue)

@@ -21,6 +21,7 @@ from attribution.errors import (
     InvalidInputError,
     InvalidParameterError,
     UnknownModelError,
+    require_unicode,
 )
 from attribution.models import BUILTIN_MODELS
 from attribution.models.images import max_image_pixels
@@ -188,6 +189,13 @@ class ServerSettings:
             raise InvalidInputError(f"the target is longer than {MAX_TARGET_CHARS} characters")
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
             raise InvalidInputError(f"the seed must be a whole number from 0 to {MAX_SEED}")
+        for value, what in (
+            (text, "the text"),
+            (target, "the target"),
+            *((x, "a label") for x in labels or ()),
+        ):
+            if isinstance(value, str):
+                require_unicode(value, what)
 
     def check_params(self, method: str, params: Mapping[str, Any]) -> None:
         """Refuse resolved parameters above this server's budget for ``method``."""

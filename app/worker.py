@@ -598,6 +598,13 @@ class BatchRequest(WorkerRequest[list[InstanceResults]]):
             except AttrlabError as err:
                 results.append(dict.fromkeys(self.methods, err))
                 continue
+            except Exception:  # a bug on one input must not sink the others
+                log.exception("reading instance %d failed", number)
+                failed = InstanceFailedError(
+                    "this input could not be read inside attrlab; the server log has the details"
+                )
+                results.append(dict.fromkeys(self.methods, failed))
+                continue
             outcome: InstanceResults = {}
             for method in self.methods:
                 try:
@@ -744,15 +751,20 @@ class ExplainWorker:
         return adapter.with_labels(labels) if labels else adapter
 
     def submit(
-        self, request: WorkerRequest[Result], progress: ProgressCallback | None = None
+        self,
+        request: WorkerRequest[Result],
+        progress: ProgressCallback | None = None,
+        strict: bool = False,
     ) -> Job[Result]:
         """
         Queue a request; the returned job reports progress and can be cancelled.
 
+        ``strict``: see :meth:`validate`.
+
         Raises:
             AttrlabError: at once, for a request out of bounds, a full queue or a closed worker.
         """
-        self.validate(request)  # before queueing
+        self.validate(request, strict)  # before queueing
         job: Job[Result] = Job(future=Future(), cancel_event=threading.Event())
         model = (request.model or "").strip()
         with self._lock:
@@ -775,9 +787,12 @@ class ExplainWorker:
         job.future.add_done_callback(lambda _: self._finished(job, lane))
         return job
 
-    def validate(self, request: WorkerRequest[Any]) -> None:
+    def validate(self, request: WorkerRequest[Any], strict: bool = False) -> None:
         """
         Refuse a request this server will not run, without loading anything.
+
+        ``strict`` (requests from JSON) takes method parameters only of their own type; the
+        CLI and the page give text, parsed here.
 
         Raises:
             AttrlabError: a field out of bounds, an unknown method or parameter, a parameter
@@ -786,7 +801,8 @@ class ExplainWorker:
         request.check(self.settings)
         for name, params in request.method_params().items():
             method = get_method(name)
-            self.settings.check_params(method.name, validate_params(method.params, params))
+            resolved = validate_params(method.params, params, strict)
+            self.settings.check_params(method.name, resolved)
         self.settings.model_source((request.model or "").strip())
 
     def _finished(self, job: Job[Any], lane: _Lane) -> None:

@@ -19,6 +19,7 @@ __all__ = [
     "UnknownMethodError",
     "UnknownModelError",
     "UnsupportedMethodError",
+    "require_unicode",
 ]
 
 
@@ -73,3 +74,22 @@ class JobCancelledError(AttrlabError):
 
 class DeviceMemoryError(AttrlabError):
     """The job does not fit in device memory even at batch size 1."""
+
+
+def require_unicode(text: str, what: str) -> None:
+    """
+    Refuse a string that is not valid Unicode: one holding a lone surrogate (U+D800 to U+DFFF).
+
+    Python strings can hold one, but no tokenizer can encode it.
+
+    Raises:
+        InvalidInputError: naming ``what`` ("the text", "a label").
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        code = ord(err.object[err.start])
+        raise InvalidInputError(
+            f"{what} is not valid Unicode: it holds a lone surrogate (U+{code:04X}) at "
+            f"character {err.start}"
+        ) from None

@@ -40,12 +40,21 @@ class Param:
     choices: Sequence[str] | None = None
     check: Callable[[Any], str | None] | None = field(default=None, compare=False)
 
-    def validate(self, value: Any) -> Any:
-        """Return ``value`` coerced to this parameter's type, or raise a clear error."""
+    def validate(self, value: Any, strict: bool = False) -> Any:
+        """
+        Return ``value`` coerced to this parameter's type, or raise a clear error.
+
+        ``strict`` (JSON from REST) takes only values already of the type: no text parsed,
+        no whole float taken as an int. ``None`` means the default either way.
+        """
         if value is None:
             if self.default is None:
                 return None
             value = self.default
+        elif strict and not _is_kind(value, self.kind):
+            raise InvalidParameterError(
+                f"parameter '{self.name}' must be of type {self.kind}; got {value!r}"
+            )
         value = self._coerce(value)
         if self.choices is not None and value not in self.choices:
             raise InvalidParameterError(
@@ -122,9 +131,20 @@ def parse_param_value(param: Param, text: str) -> Any:
     return text
 
 
-def validate_params(schema: Sequence[Param], params: Mapping[str, Any] | None) -> dict[str, Any]:
+def _is_kind(value: Any, kind: str) -> bool:
+    """Whether ``value`` is already of ``kind``; a bool is no number, an int is a float."""
+    if kind == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, _TYPES[kind]) and (kind == "bool" or not isinstance(value, bool))
+
+
+def validate_params(
+    schema: Sequence[Param], params: Mapping[str, Any] | None, strict: bool = False
+) -> dict[str, Any]:
     """
     Validate ``params`` against ``schema`` and fill in defaults.
+
+    ``strict``: values only of their own type (see :meth:`Param.validate`).
 
     Raises:
         InvalidParameterError: for an unknown key (the message lists the known ones) or a bad value.
@@ -137,7 +157,7 @@ def validate_params(schema: Sequence[Param], params: Mapping[str, Any] | None) -
         raise InvalidParameterError(
             f"unknown parameter(s) {', '.join(unknown)}; this method takes: {listing}"
         )
-    return {name: p.validate(params.get(name)) for name, p in known.items()}
+    return {name: p.validate(params.get(name), strict) for name, p in known.items()}
 
 
 def power_of_two(value: int) -> str | None:

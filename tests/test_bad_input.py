@@ -25,6 +25,23 @@ def test_empty_text(minilm, text):
         minilm.preprocess(text)
 
 
+@pytest.mark.parametrize("spec", ["tiny-random-gpt2", "tiny-random-llama", "tiny-random-bert"])
+def test_a_text_the_tokenizer_drops_entirely_is_refused(load_model, spec):
+    model = load_model(spec)
+    text = "\u200b\x00"  # characters every one of these tokenizers drops
+    assert model.tokenizer(text, add_special_tokens=False)["input_ids"] == []
+    with pytest.raises(InvalidInputError, match="no token to explain"):
+        model.preprocess(text)
+    words = model.tokenizer("a word", add_special_tokens=False)["input_ids"]
+    kept = model.preprocess("a word\u200b")  # the same characters next to words are fine
+    assert (~kept.special_tokens).sum() == len(words) > 0
+
+
+def test_a_lone_surrogate_is_refused_by_name(minilm):
+    with pytest.raises(InvalidInputError, match=r"lone surrogate \(U\+DC00\) at character 5"):
+        minilm.preprocess("good \udc00 film")
+
+
 def test_oversized_image_is_refused_before_decoding(tmp_path, monkeypatch):
     path = tmp_path / "big.png"
     Image.new("RGB", (3000, 2000)).save(path)

@@ -183,6 +183,21 @@ REST_CASES = [
         "invalid_parameter",
         "parameter 'n_steps' must be of type int",
     ),
+    # JSON is typed: no text parsed into a number, no float taken as an int (the CLI parses).
+    (
+        _ig(n_steps="8"),
+        422,
+        "invalid_parameter",
+        "parameter 'n_steps' must be of type int; got '8'",
+    ),
+    (
+        _ig(n_steps=8.0),
+        422,
+        "invalid_parameter",
+        "parameter 'n_steps' must be of type int; got 8.0",
+    ),
+    (_ig(n_steps=True), 422, "invalid_parameter", "parameter 'n_steps' must be of type int"),
+    (_text(text="\u200b"), 400, "invalid_input", "the text gives this model no token to explain"),
     (
         {**_image(NOISE_PNG, method="sobol"), "params": {"grid": 32, "n_designs": 1024}},
         422,
@@ -244,13 +259,46 @@ def test_rest_transport_errors_are_json(client):
         "/api/v1/explain", content=b"{not json", headers={"content-type": "application/json"}
     )
     assert broken.status_code == 422 and broken.json()["error"]["code"] == "invalid_request"
-    for route in ("/api/v1/no/such/route", "/api/v1", "/api//v1/explain", "/api"):
+    deep = client.post(  # past the JSON parser's nesting limit
+        "/api/v1/explain",
+        content=b"[" * 100_000 + b"]" * 100_000,
+        headers={"content-type": "application/json"},
+    )
+    assert deep.status_code == 400 and deep.json()["error"]["code"] == "invalid_request"
+    for route in ("/api/v1/no/such/route", "/api/v1", "/api//v1/explain", "/api", "/v1"):
         unknown = client.get(route)
         assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "not_found"
     assert client.head("/api/v1/health").status_code == 200
     wrong_verb = client.get("/api/v1/explain")
     assert wrong_verb.status_code == 405
     assert wrong_verb.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_a_lone_surrogate_is_refused_before_queueing_and_alone_in_a_batch(client):
+    """JSON can carry one (an escape); no tokenizer can encode it."""
+
+    def post(path: str, body: str):
+        return client.post(path, content=body, headers={"content-type": "application/json"})
+
+    single = post(
+        "/api/v1/explain",
+        f'{{"model": "{TEXT_MODEL}", "method": "gradient_x_input", "text": "ok \\ud800"}}',
+    )
+    assert single.status_code == 400, single.text
+    assert single.json()["error"] == {
+        "code": "invalid_input",
+        "message": "the text is not valid Unicode: it holds a lone surrogate (U+D800) at "
+        "character 3",
+    }
+    batch = post(
+        "/api/v1/explain",
+        f'{{"model": "{TEXT_MODEL}", "method": "gradient_x_input", '
+        '"instances": [{"text": "fine words"}, {"text": "\\udfff"}]}',
+    )
+    assert batch.status_code == 200, batch.text
+    good, bad = (e["gradient_x_input"] for e in batch.json()["explanations"])
+    assert good["scores"] == client.post("/api/v1/explain", json=_text()).json()["scores"]
+    assert bad["error"]["code"] == "invalid_input" and "U+DFFF" in bad["error"]["message"]
 
 
 def test_the_page_api_reads_no_server_file(client, tmp_path):
@@ -308,6 +356,9 @@ def test_explicit_modality_in_the_library_adapters(load_model):
         ({"seed": -1}, "seed must be a whole number from 0 to 4294967295"),
         ({"seed": None}, "seed must be a whole number"),
         ({"text": "w" * 1001}, "accepts at most 1000"),
+        ({"text": "fine \udbff"}, r"the text is not valid Unicode: .* \(U\+DBFF\) at character 5"),
+        ({"target": "\ud800"}, r"the target is not valid Unicode"),
+        ({"labels": ["yes", "n\udfffo"]}, r"a label is not valid Unicode: .* at character 1"),
     ],
 )
 def test_request_bounds_hold_for_every_front_end(server_settings, fields, message):

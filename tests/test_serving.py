@@ -6,7 +6,9 @@ import base64
 import dataclasses
 import io
 import json
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -116,6 +118,12 @@ def test_the_kserve_route_explains_texts_and_objects(served):
     unknown = served.post("/v1/models/not-served:explain", json={"instances": ["a"]})
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "unknown_model"
     assert served.get("/v1/models/x:nothing").status_code == 404
+    hub_id = served.post("/v1/models/org/name:explain", json={"instances": ["a"]})
+    assert hub_id.json()["error"] == {  # a hub id reaches the model policy, not a missing route
+        "code": "unknown_model",
+        "message": "model 'org/name' is not served here; this server serves: "
+        + ", ".join(sorted([TEXT_MODEL, IMAGE_MODEL])),
+    }
 
 
 def _wait(client, job_id: str, states=("done", "failed", "cancelled"), timeout: float = 60):
@@ -148,7 +156,17 @@ def test_a_job_runs_reports_progress_and_serves_its_results(served):
     batch = served.post("/api/v1/explain", json=body).json()["explanations"]
     for row, expected in zip(rows, batch, strict=True):
         assert _timeless(row["explanations"]) == _timeless(expected)
+    assert status["errors"] == [  # which instance failed, and why, as the batch answers it
+        {"index": 3, "method": method, **batch[3][method]["error"]}
+        for method in ("gradient_x_input", "attnlrp")
+    ]
+    temporary = set(Path(tempfile.gettempdir()).glob("attrlab-results-*"))
     parquet = served.get(f"/api/v1/jobs/{job_id}/results", params={"format": "parquet"})
+    asked = served.get(
+        f"/api/v1/jobs/{job_id}/results", headers={"Accept": "application/vnd.apache.parquet"}
+    )
+    assert asked.content == parquet.content and parquet.content.startswith(b"PAR1")
+    assert set(Path(tempfile.gettempdir()).glob("attrlab-results-*")) == temporary  # deleted
     table = pd.read_parquet(io.BytesIO(parquet.content))
     assert len(table) == 8 and table["error"].notna().sum() == 2
     first = table[(table["index"] == 0) & (table.method == "attnlrp")].iloc[0]
@@ -191,7 +209,7 @@ def test_jobs_survive_a_restart_and_a_full_queue_answers_429(tmp_path):
     restarted.close()
 
 
-def test_a_torn_last_line_is_cut_and_progress_is_counted_from_the_file(tmp_path):
+def test_a_torn_last_line_is_cut_and_progress_is_counted_from_the_file(tmp_path, monkeypatch):
     from app.jobs import JobStore
 
     store = JobStore(tmp_path)
@@ -201,13 +219,70 @@ def test_a_torn_last_line_is_cut_and_progress_is_counted_from_the_file(tmp_path)
     with store.results_path(job_id).open("a") as file:
         file.write('{"index": 1, "explanations": {"m": {"sco')  # a crash mid-write
     assert [row["index"] for row in store.results(job_id)] == [0]
-    store.append(job_id, {"index": 1, "explanations": {"m": {"error": {"code": "x"}}}})
+    error = {"code": "x", "message": "no"}
+    with monkeypatch.context() as patched:  # appending counts without reading the file again
+        patched.setattr(JobStore, "results", lambda *_: pytest.fail("the file was read"))
+        store.append(job_id, {"index": 1, "explanations": {"m": {"error": error}}})
+    record = store.get(job_id)
+    assert (record.done, record.errors) == (2, 1)
     store.append(job_id, {"index": 1, "explanations": {"m": {"scores": [2.0]}}})  # a redo
     lines = store.results_path(job_id).read_text().splitlines()
     assert len(lines) == 3 and all(json.loads(text) for text in lines)
     assert [row["index"] for row in store.results(job_id)] == [0, 1]
+    store.recount(job_id)  # as a resumed run starts: from the file
     record = store.get(job_id)
     assert (record.done, record.errors) == (2, 1)  # the first line for index 1 counts
+    assert store.instance_errors(job_id) == [{"index": 1, "method": "m", **error}]
+
+
+def test_a_job_folder_of_an_older_server_opens_with_its_jobs(tmp_path):
+    """The first job table had no ``done_at_start`` and no error list: its jobs still run."""
+    import sqlite3
+
+    from app.jobs import JobStore
+
+    with sqlite3.connect(tmp_path / "jobs.sqlite") as db:
+        db.execute(
+            "CREATE TABLE jobs (id TEXT PRIMARY KEY, status TEXT NOT NULL, request TEXT NOT NULL,"
+            " total INTEGER NOT NULL, done INTEGER NOT NULL DEFAULT 0, errors INTEGER NOT NULL"
+            " DEFAULT 0, created REAL NOT NULL, started REAL, finished REAL, message TEXT)"
+        )
+        db.execute(
+            "INSERT INTO jobs VALUES ('old', 'queued', '{}', 2, 0, 0, 1.0, NULL, NULL, NULL)"
+        )
+    db.close()
+    store = JobStore(tmp_path)
+    assert store.claim_next().id == "old"
+    store.append(
+        "old", {"index": 0, "explanations": {"m": {"error": {"code": "c", "message": "m"}}}}
+    )
+    assert store.get("old").to_dict()["done"] == 1
+    assert store.instance_errors("old") == [
+        {"index": 0, "method": "m", "code": "c", "message": "m"}
+    ]
+
+
+def test_the_eta_counts_the_pace_of_this_run_not_the_downtime_before_it(tmp_path, monkeypatch):
+    from app import jobs
+
+    now = [1000.0]
+    monkeypatch.setattr(jobs.time, "time", lambda: now[0])
+    store = jobs.JobStore(tmp_path)
+    job_id = store.create({"any": "body"}, total=10, limit=4)
+    store.claim_next()
+    store.recount(job_id)
+    for index in range(2):
+        now[0] += 5  # 5 s an instance
+        store.append(job_id, {"index": index, "explanations": {"m": {"scores": [1.0]}}})
+    assert store.get(job_id).to_dict()["eta_s"] == 5 * 8
+    store.resume_interrupted()  # the server stopped; it starts again 990 s later
+    now[0] += 990
+    store.claim_next()
+    store.recount(job_id)
+    assert store.get(job_id).to_dict()["eta_s"] is None  # no pace yet in this run
+    now[0] += 4  # 4 s an instance now
+    store.append(job_id, {"index": 2, "explanations": {"m": {"scores": [1.0]}}})
+    assert store.get(job_id).to_dict()["eta_s"] == 4 * 7
 
 
 def test_cancelling_a_running_job_stops_it_and_the_cancel_stands(tmp_path):
@@ -225,6 +300,50 @@ def test_cancelling_a_running_job_stops_it_and_the_cancel_stands(tmp_path):
         assert worker.status()["queued"] == 0  # the instance in progress was stopped
         quick = {"model": TEXT_MODEL, "method": "attnlrp", "instances": [{"text": "next"}]}
         follow = client.post("/api/v1/jobs", json=quick).json()["job_id"]
+        assert _wait(client, follow)["status"] == "done"  # the queue is not stuck
+    worker.close()
+
+
+def test_a_bug_on_one_instance_is_that_instances_error_and_a_bug_in_a_job_ends_it(
+    tmp_path, monkeypatch
+):
+    """Failures that are not the user's (not an AttrlabError) never sink others or stick."""
+    from app import worker as worker_module
+
+    worker = ExplainWorker(device="cpu", settings=_settings(tmp_path))
+    adapter = worker.adapter(TEXT_MODEL)
+    preprocess = adapter.preprocess
+
+    def buggy(text):  # a tokenizer that breaks on one input
+        if text == "boom":
+            raise TypeError("tokenizer internals")
+        return preprocess(text)
+
+    monkeypatch.setattr(adapter, "preprocess", buggy)
+    method = "gradient_x_input"
+    batch = {"model": TEXT_MODEL, "method": method}
+    batch["instances"] = [{"text": SENTENCES[0]}, {"text": "boom"}, {"text": SENTENCES[1]}]
+    with TestClient(create_app(worker)) as client:
+        first, bad, last = client.post("/api/v1/explain", json=batch).json()["explanations"]
+        assert bad[method]["error"]["code"] == "internal"
+        assert (
+            first[method]["tokens"]
+            == _single(client, method, model=TEXT_MODEL, text=SENTENCES[0])["tokens"]
+        )
+        assert "tokenizer internals" not in bad[method]["error"]["message"]
+        alone = _single(client, method, model=TEXT_MODEL, text=SENTENCES[1])
+        assert last[method]["scores"] == alone["scores"]
+        job = client.post("/api/v1/jobs", json=batch).json()["job_id"]
+        assert _wait(client, job)["instance_errors"] == 1  # the job went on past it
+
+        def broken(self, adapter, run):
+            raise RuntimeError("a bug outside any one instance")
+
+        monkeypatch.setattr(worker_module.BatchRequest, "run_on", broken)
+        failed = _wait(client, client.post("/api/v1/jobs", json=batch).json()["job_id"])
+        assert failed["status"] == "failed" and "server log" in failed["message"]
+        monkeypatch.undo()
+        follow = client.post("/api/v1/jobs", json=batch).json()["job_id"]
         assert _wait(client, follow)["status"] == "done"  # the queue is not stuck
     worker.close()
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.modeling_outputs import SequenceClassifierOutput
 
-from attribution.errors import InvalidInputError
+from attribution.errors import InvalidInputError, require_unicode
 from attribution.models.base import TextAdapter, TextInputs
 from attribution.models.families import positional_encoding_of
 
@@ -27,6 +27,7 @@ def tokenize(
         raise InvalidInputError(f"expected text to tokenise; got {type(text).__name__}")
     if text is None or not text.strip():
         raise InvalidInputError("the text is empty: give at least one word to explain")
+    require_unicode(text, "the text")
     full = tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
     encoded = tokenizer(
         text,
@@ -36,13 +37,19 @@ def tokenize(
         return_tensors="pt",
         return_special_tokens_mask=True,
     )
+    special = encoded["special_tokens_mask"][0].bool()
+    if special.all():  # also when there is no token at all
+        raise InvalidInputError(
+            "the text gives this model no token to explain: its tokenizer drops every "
+            "character of it; give at least one word"
+        )
     ids = encoded["input_ids"].to(device)
     return TextInputs(
         text=text,
         input_ids=ids,
         attention_mask=encoded["attention_mask"].to(device),
         tokens=tokenizer.convert_ids_to_tokens(ids[0].tolist()),
-        special_tokens=encoded["special_tokens_mask"][0].bool().to(device),
+        special_tokens=special.to(device),
         truncated=len(full) > max_length,
     )
 
