@@ -36,8 +36,10 @@ __all__ = [
     "explain_rows",
     "numbered_lines",
     "pending_rows",
+    "result_arrow",
     "result_rows",
     "result_table",
+    "unique_ids",
 ]
 
 #: Columns of a batch result row (Parquet, and the flattened job results).
@@ -189,6 +191,31 @@ def result_table(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
     return table.astype({"target": "Int64"})
 
 
+def result_arrow(rows: Iterable[dict[str, Any]], key: str = "id") -> pa.Table:
+    """
+    Result rows as an Arrow table of one fixed schema, whatever the rows hold.
+
+    Without it a column that is all missing (no error in a run, no score in another) would
+    get Arrow's null type, and a resumed run's file would differ from a fresh one's. ``key``
+    names the first column: a dataset's ``id`` (text), or a job's instance ``index``.
+    """
+    key_type = pa.int64() if key == "index" else pa.string()
+    schema = pa.schema(
+        [
+            (key, key_type),
+            ("method", pa.string()),
+            ("target", pa.int64()),
+            ("label", pa.string()),
+            ("probability", pa.float64()),
+            ("scores", pa.string()),
+            ("error", pa.string()),
+            ("explanation", pa.string()),
+        ]
+    )
+    table = result_table(rows).rename(columns={"id": key})
+    return pa.Table.from_pandas(table, schema=schema, preserve_index=False)
+
+
 def parquet_file(results: Iterable[dict[str, Any]], chunk: int = 256) -> Path:
     """
     Job results (``{"index", "explanations"}`` per instance) as a temporary Parquet file.
@@ -212,15 +239,12 @@ def _write_parquet(results: Iterable[dict[str, Any]], name: str, chunk: int) -> 
         rows_left = iter(results)
         while part := list(itertools.islice(rows_left, chunk)):
             rows = [r for row in part for r in result_rows(row["index"], row["explanations"])]
-            table = pa.Table.from_pandas(
-                result_table(rows).rename(columns={"id": "index"}), preserve_index=False
-            )
+            table = result_arrow(rows, key="index")
             if writer is None:
                 writer = pq.ParquetWriter(name, table.schema)
-            writer.write_table(table.cast(writer.schema))
+            writer.write_table(table)
         if writer is None:  # no results yet: an empty table with the columns
-            empty = result_table([]).rename(columns={"id": "index"})
-            empty.to_parquet(name, index=False)
+            pq.write_table(result_arrow([], key="index"), name)
     finally:
         if writer is not None:
             writer.close()
@@ -236,33 +260,54 @@ class ResultFile:
             raise InvalidInputError(f"the output's folder '{path.parent}' does not exist")
         self.path = path
         self.rows = self._read() if path.exists() else []
+        try:  # before any work: a place that cannot be written would lose it
+            self._partial().touch()
+            self._partial().unlink()
+        except OSError as err:
+            raise InvalidInputError(f"cannot write the output '{path}': {err.strerror}") from None
+
+    def _partial(self) -> Path:
+        return self.path.with_name(self.path.name + ".partial")
 
     def _read(self) -> list[dict[str, Any]]:
         if self.path.suffix == ".parquet":
             try:
-                return pd.read_parquet(self.path).to_dict("records")
+                rows = pd.read_parquet(self.path).to_dict("records")
             except (OSError, ValueError) as err:
                 raise InvalidInputError(f"cannot read '{self.path}' to resume: {err}") from None
-        rows = []
-        for line in self.path.read_text(encoding="utf-8").splitlines():
+        else:
+            rows = []
             try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line cut short by an interruption: that row is redone
+                text = self.path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as err:
+                raise InvalidInputError(f"cannot read '{self.path}' to resume: {err}") from None
+            for line in text.splitlines():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue  # a line cut short by an interruption: that row is redone
+        if not all(isinstance(row, dict) and {"id", "method"} <= row.keys() for row in rows):
+            raise InvalidInputError(
+                f"'{self.path}' is not the output of attrlab batch (its rows have no id and "
+                "method), so it is not resumed or overwritten: give another output file"
+            )
         return rows
 
     def done(self, methods: Sequence[str]) -> set[str]:
         """
         Ids with a result for every method.
 
-        The rows of ids with only some methods (an interrupted chunk, a method added since) are
-        dropped from the file, so that redoing those ids writes each row once.
+        The rows of ids with only some of ``methods`` (an interrupted chunk, a method added
+        since) are dropped for those methods, so that redoing those ids writes each row once;
+        rows of other methods (an earlier run's) stay.
         """
         seen: dict[str, set[str]] = {}
         for row in self.rows:
             seen.setdefault(str(row["id"]), set()).add(row["method"])
         complete = {key for key, found in seen.items() if set(methods) <= found}
-        kept = [row for row in self.rows if str(row["id"]) in complete and row["method"] in methods]
+        kept = [
+            row for row in self.rows if str(row["id"]) in complete or row["method"] not in methods
+        ]
         if len(kept) != len(self.rows):
             self.rows = []
             self._rewrite(kept)
@@ -275,27 +320,54 @@ class ResultFile:
         Parquet has no append: each chunk rewrites the file (fine for the result sizes of a
         command-line run; use JSON Lines for very large outputs).
         """
-        if self.path.suffix == ".jsonl":
-            self.rows += rows
-            cut_torn_tail(self.path)
-            with self.path.open("a", encoding="utf-8") as file:
-                file.writelines(json.dumps(row) + "\n" for row in rows)
-                file.flush()
-                os.fsync(file.fileno())
-            return
-        self._rewrite(self.rows + rows)
+        try:
+            if self.path.suffix == ".jsonl":
+                cut_torn_tail(self.path)
+                with self.path.open("a", encoding="utf-8") as file:
+                    file.writelines(json.dumps(row) + "\n" for row in rows)
+                    file.flush()
+                    os.fsync(file.fileno())
+                self.rows += rows
+                return
+            self._rewrite(self.rows + rows)
+        except OSError as err:  # a full disk: what was written stays, a rerun resumes
+            raise InvalidInputError(
+                f"cannot write the output '{self.path}': {err.strerror}; the rows written so far "
+                "are kept, and running the same command again resumes"
+            ) from None
 
     def _rewrite(self, rows: list[dict[str, Any]]) -> None:
         """Replace the file's rows atomically (a temporary file, then a rename)."""
-        self.rows = rows
-        partial = self.path.with_name(self.path.name + ".partial")
+        partial = self._partial()
         if self.path.suffix == ".jsonl":
             partial.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
         else:
-            result_table(rows).to_parquet(partial, index=False)
+            pq.write_table(result_arrow(rows), partial)
         partial.replace(self.path)
+        self.rows = rows
 
 
 def pending_rows(rows: Iterable[DatasetRow], done: set[str]) -> Iterator[DatasetRow]:
     """The rows whose id is not done yet."""
     return (row for row in rows if row.id not in done)
+
+
+def unique_ids(rows: Iterable[DatasetRow]) -> list[DatasetRow]:
+    """
+    The rows, refusing a dataset where two rows share an id (``1`` and ``"1"`` are one id).
+
+    An id names a row's results: shared, they could not be told apart, nor resumed.
+
+    Raises:
+        InvalidInputError: naming the first id given twice.
+    """
+    rows = list(rows)
+    seen: set[str] = set()
+    for row in rows:
+        if row.id in seen:
+            raise InvalidInputError(
+                f"the id '{row.id}' names more than one row (ids name the rows of the output, "
+                "so each must be unique; a row without an id is named line-N)"
+            )
+        seen.add(row.id)
+    return rows

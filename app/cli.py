@@ -186,8 +186,18 @@ def _method_params(pairs: Sequence[str]) -> dict[str, dict[str, str]]:
 
 
 def _batch(args: argparse.Namespace) -> int:
-    from app.batch import BatchConfig, ResultFile, explain_rows, pending_rows
+    from tqdm import tqdm
+
+    from app.batch import (
+        IMAGE_SUFFIXES,
+        BatchConfig,
+        ResultFile,
+        explain_rows,
+        pending_rows,
+        unique_ids,
+    )
     from app.worker import ExplainWorker
+    from attribution.errors import InvalidInputError
 
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     if not methods:
@@ -207,36 +217,40 @@ def _batch(args: argparse.Namespace) -> int:
         checker.validate(_first_request(config))  # methods, parameters, model: before any work
     finally:
         checker.close()
+    dataset = unique_ids(_batch_rows(args.input))  # read whole before the output changes
+    if not dataset:
+        what = f"images ({', '.join(IMAGE_SUFFIXES)})" if Path(args.input).is_dir() else "lines"
+        raise InvalidInputError(f"input '{args.input}' holds no {what} to explain")
     done = output.done(methods)  # ids with every method written; partial ids are redone
-    rows = list(pending_rows(_batch_rows(args.input), done))
-    print(f"{len(done)} inputs already done, {len(rows)} to go", file=sys.stderr)
-    finished = 0
-    if args.engine == "ray":
-        from app.engine_ray import ray_batches
+    rows = list(pending_rows(dataset, done))
+    print(f"{len(dataset) - len(rows)} inputs already done, {len(rows)} to go", file=sys.stderr)
+    bar = tqdm(total=len(rows), unit="input", file=sys.stderr, dynamic_ncols=True)
+    try:
+        if args.engine == "ray":
+            from app.engine_ray import ray_batches
 
-        batches = ray_batches(
-            rows,
-            config,
-            args.workers,
-            args.gpus_per_worker,
-            args.cpus_per_worker,
-            args.batch_size,
-        )
-        for results in batches:
-            output.append(results)
-            finished += len(results) // len(methods)
-            _report_progress(finished)
-    else:
-        worker = ExplainWorker(device=args.device, max_models=1)
-        try:
-            for start in range(0, len(rows), args.batch_size):
-                chunk = rows[start : start + args.batch_size]
-                output.append(explain_rows(worker, config, chunk))
-                finished += len(chunk)
-                _report_progress(finished)
-        finally:
-            worker.close()
-    print(file=sys.stderr)
+            batches = ray_batches(
+                rows,
+                config,
+                args.workers,
+                args.gpus_per_worker,
+                args.cpus_per_worker,
+                args.batch_size,
+            )
+            for results in batches:
+                output.append(results)
+                bar.update(len(results) // len(methods))
+        else:
+            worker = ExplainWorker(device=args.device, max_models=1)
+            try:
+                for start in range(0, len(rows), args.batch_size):
+                    chunk = rows[start : start + args.batch_size]
+                    output.append(explain_rows(worker, config, chunk))
+                    bar.update(len(chunk))
+            finally:
+                worker.close()
+    finally:
+        bar.close()
     failed = sum(1 for row in output.rows if row.get("error"))
     print(
         f"wrote {len(output.rows)} rows to {args.output} ({failed} with an error)", file=sys.stderr
@@ -546,6 +560,17 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def _share(text: str) -> float:
+    """A number of devices an actor holds: 0 or more, fractions allowed (Ray shares them)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number; got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number from 0 up; got {text!r}")
+    return value
+
+
 def _version() -> str:
     try:
         return version("attrlab")
@@ -742,10 +767,10 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--engine", choices=("local", "ray"), default="local")
     batch.add_argument("--workers", type=_positive_int, default=1, help="Ray actors")
     batch.add_argument(
-        "--gpus-per-worker", type=float, default=0.0, help="GPUs each Ray actor holds"
+        "--gpus-per-worker", type=_share, default=0.0, help="GPUs each Ray actor holds"
     )
     batch.add_argument(
-        "--cpus-per-worker", type=float, default=1.0, help="CPUs each Ray actor holds"
+        "--cpus-per-worker", type=_share, default=1.0, help="CPUs each Ray actor holds"
     )
     batch.add_argument(
         "--batch-size", type=_positive_int, default=8, help="rows per worker request"
@@ -776,6 +801,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.model = default_model("image" if image else "text", getattr(args, "next_token", False))
     try:
         return args.run(args)
+    except KeyboardInterrupt:  # what was written stays
+        print("\nattrlab: interrupted", file=sys.stderr)
+        return 130
     except AttrlabError as err:
         detail = getattr(err, "detail", None)  # a library's own words, e.g. a model load error
         line = f"{err} ({' '.join(detail.split())})" if detail else str(err)

@@ -10,6 +10,7 @@ optional extra (``pip install attrlab[ray]``).
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -80,15 +81,17 @@ def ray_batches(
         address = os.environ.get("RAY_ADDRESS")
         try:
             if address:
-                ray.init(address=address, log_to_driver=False)
+                ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
             else:
                 ray.init(
                     include_dashboard=False,
                     log_to_driver=False,
+                    logging_level=logging.WARNING,
                     _temp_dir=tempfile.mkdtemp(prefix="ray", dir="/tmp"),  # short: socket paths
                 )
         except (ConnectionError, RuntimeError, ValueError) as err:
             raise RayEngineError(f"cannot start or reach Ray: {err}") from None
+    _check_resources(ray.cluster_resources(), workers, gpus_per_worker, cpus_per_worker)
     # an Arrow column has one type: a target index and a target label travel apart
     items = [
         {
@@ -101,6 +104,8 @@ def ray_batches(
         }
         for r in rows
     ]
+    # an actor's error (a model that cannot load) reaches here as itself, not as Ray's wrapper
+    ray.data.DataContext.get_current().raise_original_map_exception = True
     dataset = ray.data.from_items(items).map_batches(
         ExplainActor,
         fn_constructor_kwargs={"config": asdict(config)},
@@ -110,13 +115,54 @@ def ray_batches(
         num_gpus=gpus_per_worker,
         num_cpus=cpus_per_worker,
     )
-    for batch in dataset.iter_batches(batch_format="pandas", batch_size=None):
+    batches = iter(dataset.iter_batches(batch_format="pandas", batch_size=None))
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except Exception as err:  # an actor's error arrives wrapped in Ray's own
+            raise _unwrapped(err) from None
         rows = [
             {key: _value(value) for key, value in row.items()} for row in batch.to_dict("records")
         ]
         for row in rows:  # a column with missing targets comes back as floats
             row["target"] = None if row["target"] is None else int(row["target"])
         yield rows
+
+
+def _check_resources(
+    available: dict[str, float], workers: int, gpus_per_worker: float, cpus_per_worker: float
+) -> None:
+    """
+    Refuse an actor pool the cluster cannot hold: Ray would wait for it for ever.
+
+    Raises:
+        RayEngineError: naming what is asked and what the cluster has.
+    """
+    asked = (("GPU", "gpus", gpus_per_worker), ("CPU", "cpus", cpus_per_worker))
+    for resource, flag, each in asked:
+        has = available.get(resource, 0.0)
+        if workers * each > has:
+            raise RayEngineError(
+                f"--workers {workers} × --{flag}-per-worker {each:g} needs {workers * each:g} "
+                f"{resource}s; this Ray cluster has {has:g}"
+            )
+
+
+def _unwrapped(err: BaseException) -> AttrlabError:
+    """The attrlab error inside Ray's wrapping of an actor's failure, or one naming it."""
+    chain: list[BaseException] = []
+    seen: Any = err
+    while isinstance(seen, BaseException) and all(seen is not e for e in chain):
+        chain.append(seen)
+        # RayTaskError keeps the actor's own exception as ``cause``
+        seen = getattr(seen, "cause", None) or seen.__cause__
+    for inner in reversed(chain):  # the actor's own error, not Ray's copy holding its trace
+        if isinstance(inner, AttrlabError):
+            return inner
+    last = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+    return RayEngineError(f"a Ray worker failed: {last}")
 
 
 def _value(value: Any) -> Any:

@@ -412,6 +412,99 @@ def test_batch_command_records_bad_rows_and_resumes(tmp_path, capsys):
     assert explained["tokens"][1:4] == ["a", "fine", "day"]
 
 
+def test_a_rerun_with_other_methods_keeps_the_earlier_rows(tmp_path, capsys):
+    data = _dataset(tmp_path, TWELVE[:3])
+    out = tmp_path / "out.jsonl"
+    run = ["batch", "--model", TEXT_MODEL, "--input", str(data), "--output", str(out)]
+    assert main([*run, "--methods", "gradient_x_input"]) == 0
+    first = out.read_text()
+    typo = [*run[:3], "--input", str(tmp_path / "typo.jsonl"), "--output", str(out)]
+    assert main([*typo, "--methods", "attnlrp"]) == 2  # a failed rerun changes nothing
+    assert out.read_text() == first
+    assert main([*run, "--methods", "attnlrp"]) == 0
+    rows = _rows(out)
+    assert rows.method.value_counts().to_dict() == {"attnlrp": 3, "gradient_x_input": 3}
+    assert out.read_text().startswith(first)  # the earlier rows, as they were
+    assert main([*run, "--methods", "attnlrp,gradient_x_input"]) == 0
+    assert "3 inputs already done, 0 to go" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        (['{"id": 1, "text": "a"}', '{"id": "1", "text": "b"}'], "the id '1' names more than one"),
+        (['{"text": "a"}', '{"id": "line-1", "text": "b"}'], "the id 'line-1' names more than"),
+        ([], "holds no lines to explain"),
+    ],
+)
+def test_a_dataset_whose_rows_cannot_be_told_apart_is_refused(tmp_path, capsys, lines, message):
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(line + "\n" for line in lines))
+    out = tmp_path / "out.jsonl"
+    argv = ["batch", "--model", TEXT_MODEL, "--methods", "attnlrp", "--input", str(data)]
+    assert main([*argv, "--output", str(out)]) == 2
+    assert message in capsys.readouterr().err and not out.exists()
+
+
+def test_an_output_that_is_not_ours_or_cannot_be_written_is_refused_first(tmp_path, capsys):
+    data = _dataset(tmp_path, TWELVE[:2])
+    argv = ["batch", "--model", TEXT_MODEL, "--methods", "attnlrp", "--input", str(data)]
+    assert main([*argv, "--output", str(data.with_suffix(".jsonl"))]) == 2  # the input itself
+    assert "is not the output of attrlab batch" in capsys.readouterr().err
+    assert data.read_text().count("\n") == 2  # untouched
+    foreign = tmp_path / "other.parquet"
+    pd.DataFrame({"x": [1]}).to_parquet(foreign)
+    assert main([*argv, "--output", str(foreign)]) == 2
+    assert "is not the output of attrlab batch" in capsys.readouterr().err
+    assert main([*argv, "--output", "/proc/attrlab-out.jsonl"]) == 2  # a folder nobody writes
+    assert "cannot write the output '/proc/attrlab-out.jsonl'" in capsys.readouterr().err
+
+
+def test_parquet_results_have_one_schema_whatever_the_rows_hold(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    expected = pa.schema(
+        [
+            ("id", pa.string()),
+            ("method", pa.string()),
+            ("target", pa.int64()),
+            ("label", pa.string()),
+            ("probability", pa.float64()),
+            ("scores", pa.string()),
+            ("error", pa.string()),
+            ("explanation", pa.string()),
+        ]
+    )
+    for name, lines in (("clean", TWELVE[:2]), ("broken", ["not json"])):
+        data = _dataset(tmp_path, lines)
+        out = tmp_path / f"{name}.parquet"
+        argv = ["batch", "--model", TEXT_MODEL, "--methods", "attnlrp", "--input", str(data)]
+        assert main([*argv, "--output", str(out)]) == 0
+        assert pq.read_schema(out).remove_metadata() == expected
+
+
+def test_an_interrupted_batch_keeps_what_it_wrote(tmp_path, monkeypatch, capsys):
+    from app import batch
+
+    explain_rows = batch.explain_rows
+    calls = []
+
+    def interrupted(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return explain_rows(*args)
+
+    monkeypatch.setattr(batch, "explain_rows", interrupted)
+    data = _dataset(tmp_path, TWELVE[:4])
+    out = tmp_path / "out.jsonl"
+    argv = ["batch", "--model", TEXT_MODEL, "--methods", "attnlrp", "--input", str(data)]
+    assert main([*argv, "--output", str(out), "--batch-size", "2"]) == 130
+    assert "interrupted" in capsys.readouterr().err
+    assert _rows(out).id.tolist() == ["s0", "s1"]
+
+
 @pytest.fixture
 def local_ray():
     import ray
@@ -428,6 +521,9 @@ def test_ray_engine_gives_the_local_engines_rows(tmp_path, local_ray):
     ray_args = ["--engine", "ray", "--workers", "2", "--cpus-per-worker", "0.5"]
     assert main([*args, "--input", str(data), "--output", str(ray_out), *ray_args]) == 0
     got, expected = _rows(ray_out), _rows(local)
+    argv = [*args, "--input", str(data), "--output", str(tmp_path / "never.jsonl"), "--engine"]
+    assert main([*argv, "ray", "--gpus-per-worker", "1"]) == 2  # Ray would wait for ever
+    assert main([*argv, "ray", "--model", "no-such-model"]) == 2  # an actor's error, by name
     columns = ["id", "method", "target", "label", "error"]
     assert got[columns].fillna("").values.tolist() == expected[columns].fillna("").values.tolist()
     for ray_row, local_row in zip(got.itertuples(), expected.itertuples(), strict=True):
