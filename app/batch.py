@@ -191,15 +191,18 @@ def result_table(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
     return table.astype({"target": "Int64"})
 
 
-def result_arrow(rows: Iterable[dict[str, Any]], key: str = "id") -> pa.Table:
+def result_arrow(
+    rows: Iterable[dict[str, Any]], key: str = "id", key_type: pa.DataType | None = None
+) -> pa.Table:
     """
     Result rows as an Arrow table of one fixed schema, whatever the rows hold.
 
     Without it a column that is all missing (no error in a run, no score in another) would
     get Arrow's null type, and a resumed run's file would differ from a fresh one's. ``key``
-    names the first column: a dataset's ``id`` (text), or a job's instance ``index``.
+    names the first column, of ``key_type`` (text by default): a dataset's ``id``, or a
+    job's instance ``index`` (a number).
     """
-    key_type = pa.int64() if key == "index" else pa.string()
+    key_type = key_type or pa.string()
     schema = pa.schema(
         [
             (key, key_type),
@@ -216,35 +219,40 @@ def result_arrow(rows: Iterable[dict[str, Any]], key: str = "id") -> pa.Table:
     return pa.Table.from_pandas(table, schema=schema, preserve_index=False)
 
 
-def parquet_file(results: Iterable[dict[str, Any]], chunk: int = 256) -> Path:
+def parquet_file(
+    results: Iterable[dict[str, Any]], chunk: int = 256, key_type: pa.DataType | None = None
+) -> Path:
     """
     Job results (``{"index", "explanations"}`` per instance) as a temporary Parquet file.
 
-    Written a chunk of instances at a time, so memory stays bounded by one chunk; the caller
-    serves the file (it lies in the system's temporary folder).
+    ``index`` is an instance's number (``key_type`` int64), or the id of a page's dataset row
+    (``pa.string()``). Written a chunk of instances at a time, so memory stays bounded by one
+    chunk; the caller serves the file (it lies in the system's temporary folder).
     """
     handle, name = tempfile.mkstemp(prefix="attrlab-results-", suffix=".parquet")
     os.close(handle)
     try:
-        _write_parquet(results, name, chunk)
+        _write_parquet(results, name, chunk, key_type or pa.int64())
     except BaseException:  # a failed write leaves no file behind
         os.unlink(name)
         raise
     return Path(name)
 
 
-def _write_parquet(results: Iterable[dict[str, Any]], name: str, chunk: int) -> None:
+def _write_parquet(
+    results: Iterable[dict[str, Any]], name: str, chunk: int, key_type: pa.DataType
+) -> None:
     writer = None
     try:
         rows_left = iter(results)
         while part := list(itertools.islice(rows_left, chunk)):
             rows = [r for row in part for r in result_rows(row["index"], row["explanations"])]
-            table = result_arrow(rows, key="index")
+            table = result_arrow(rows, "index", key_type)
             if writer is None:
                 writer = pq.ParquetWriter(name, table.schema)
             writer.write_table(table)
         if writer is None:  # no results yet: an empty table with the columns
-            pq.write_table(result_arrow([], key="index"), name)
+            pq.write_table(result_arrow([], "index", key_type), name)
     finally:
         if writer is not None:
             writer.close()

@@ -274,6 +274,8 @@ def batch_tab(runner: Any) -> None:
         request: gr.Request,
         progress=gr.Progress(),  # noqa: B008
     ):
+        import pyarrow as pa
+
         from app.batch import parquet_file, result_table
 
         if not chosen:
@@ -299,7 +301,7 @@ def batch_tab(runner: Any) -> None:
         jsonl = folder / "results.jsonl"
         jsonl.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
         parquet = folder / "results.parquet"
-        parquet_file(records).replace(parquet)
+        parquet_file(records, key_type=pa.string()).replace(parquet)  # its ids are text
         flat = [row for r in records for row in result_rows(r["index"], r["explanations"])]
         shown = result_table(flat).drop(columns=["scores", "explanation"])
         failed = int(shown["error"].notna().sum())
