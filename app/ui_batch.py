@@ -13,7 +13,14 @@ from typing import Any
 
 import gradio as gr
 
-from app.batch import IMAGE_SUFFIXES, DatasetRow, dataset_rows, numbered_lines, result_rows
+from app.batch import (
+    IMAGE_SUFFIXES,
+    DatasetRow,
+    dataset_rows,
+    numbered_lines,
+    result_rows,
+    unique_ids,
+)
 from app.jobs import instance_json
 from app.ui import label_list, labels_for, method_entries, page_folder, readable, sample_labels
 from app.worker import MAX_CURVE_STEPS, MAX_ORDERS, BatchRequest, EvaluateRequest, Instance
@@ -207,14 +214,14 @@ def uploaded_rows(path: str | None, max_bytes: int, max_rows: int | None) -> lis
 
 
 def _bounded(rows: Iterable[DatasetRow], max_rows: int | None) -> list[DatasetRow]:
-    """The rows, refusing before reading past ``max_rows`` of them."""
+    """The rows, refusing before reading past ``max_rows`` of them, and repeated ids."""
     kept = list(itertools.islice(rows, None if max_rows is None else max_rows + 1))
     if max_rows is not None and len(kept) > max_rows:
         raise InvalidInputError(
             f"the upload holds more than {max_rows} rows; this server explains at most "
             f"{max_rows} at a time"
         )
-    return kept
+    return unique_ids(kept)
 
 
 def _example_dataset() -> Path:

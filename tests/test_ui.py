@@ -410,6 +410,9 @@ def test_uploads_never_name_server_files(tmp_path):
     lines.write_text('{"text": "a"}\n' * 5)
     with pytest.raises(InvalidInputError, match="more than 4 rows"):
         uploaded_rows(str(lines), 1 << 20, 4)
+    lines.write_text('{"id": 7, "text": "a"}\n{"id": "7", "text": "b"}\n')
+    with pytest.raises(InvalidInputError, match="the id '7' names more than one row"):
+        uploaded_rows(str(lines), 1 << 20, 4)  # their results could not be told apart
 
 
 def test_heads_are_read_and_written_back():
