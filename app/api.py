@@ -640,7 +640,9 @@ def _read_then_delete(path: os.PathLike[str]) -> Iterator[bytes]:
 
 
 def _error(status: int, code: str, message: str, **headers: str) -> JSONResponse:
-    body = {"error": {"code": code, "message": public_message(message)}}
+    # a lone surrogate echoed from the request (a model name) cannot be encoded as UTF-8
+    shown = public_message(message).encode("utf-8", "backslashreplace").decode("utf-8")
+    body = {"error": {"code": code, "message": shown}}
     return JSONResponse(body, status_code=status, headers=headers or None)
 
 

@@ -271,6 +271,8 @@ class ResultFile:
         try:  # before any work: a place that cannot be written would lose it
             self._partial().touch()
             self._partial().unlink()
+            if path.suffix == ".jsonl" and path.exists():  # appended to in place
+                path.open("a").close()
         except OSError as err:
             raise InvalidInputError(f"cannot write the output '{path}': {err.strerror}") from None
 
@@ -289,11 +291,13 @@ class ResultFile:
                 text = self.path.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as err:
                 raise InvalidInputError(f"cannot read '{self.path}' to resume: {err}") from None
-            for line in text.splitlines():
+            lines = text.splitlines()
+            for number, line in enumerate(lines, start=1):
                 try:
                     rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue  # a line cut short by an interruption: that row is redone
+                except json.JSONDecodeError:  # only the last line can be cut short by a stop
+                    if number < len(lines):
+                        rows.append(None)  # not ours: refused below
         if not all(isinstance(row, dict) and {"id", "method"} <= row.keys() for row in rows):
             raise InvalidInputError(
                 f"'{self.path}' is not the output of attrlab batch (its rows have no id and "
@@ -303,33 +307,29 @@ class ResultFile:
 
     def done(self, methods: Sequence[str]) -> set[str]:
         """
-        Ids with a result for every method.
+        Ids with a result for every method (the file is not changed).
 
-        The rows of ids with only some of ``methods`` (an interrupted chunk, a method added
-        since) are dropped for those methods, so that redoing those ids writes each row once;
-        rows of other methods (an earlier run's) stay.
+        An id with only some of ``methods`` (an interrupted chunk, a method added since) is
+        redone; its earlier rows for those methods go when the new ones are written.
         """
         seen: dict[str, set[str]] = {}
         for row in self.rows:
             seen.setdefault(str(row["id"]), set()).add(row["method"])
-        complete = {key for key, found in seen.items() if set(methods) <= found}
-        kept = [
-            row for row in self.rows if str(row["id"]) in complete or row["method"] not in methods
-        ]
-        if len(kept) != len(self.rows):
-            self.rows = []
-            self._rewrite(kept)
-        return complete
+        return {key for key, found in seen.items() if set(methods) <= found}
 
     def append(self, rows: list[dict[str, Any]]) -> None:
         """
         Add rows durably: JSON Lines appended and flushed, Parquet rewritten atomically.
 
-        Parquet has no append: each chunk rewrites the file (fine for the result sizes of a
-        command-line run; use JSON Lines for very large outputs).
+        Rows that redo an (id, method) already on file replace it in one atomic rewrite, so a
+        stop at any point leaves every finished row once. Parquet has no append: each chunk
+        rewrites the file (fine for the result sizes of a command-line run; use JSON Lines
+        for very large outputs).
         """
+        redone = {(str(row["id"]), row["method"]) for row in rows}
+        earlier = [row for row in self.rows if (str(row["id"]), row["method"]) not in redone]
         try:
-            if self.path.suffix == ".jsonl":
+            if self.path.suffix == ".jsonl" and len(earlier) == len(self.rows):
                 cut_torn_tail(self.path)
                 with self.path.open("a", encoding="utf-8") as file:
                     file.writelines(json.dumps(row) + "\n" for row in rows)
@@ -337,7 +337,7 @@ class ResultFile:
                     os.fsync(file.fileno())
                 self.rows += rows
                 return
-            self._rewrite(self.rows + rows)
+            self._rewrite(earlier + rows)
         except OSError as err:  # a full disk: what was written stays, a rerun resumes
             raise InvalidInputError(
                 f"cannot write the output '{self.path}': {err.strerror}; the rows written so far "

@@ -252,9 +252,7 @@ def _batch(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     failed = sum(1 for row in output.rows if row.get("error"))
-    print(
-        f"wrote {len(output.rows)} rows to {args.output} ({failed} with an error)", file=sys.stderr
-    )
+    print(f"{args.output} holds {len(output.rows)} rows ({failed} with an error)", file=sys.stderr)
     return 0
 
 

@@ -91,7 +91,8 @@ def ray_batches(
                 )
         except (ConnectionError, RuntimeError, ValueError) as err:
             raise RayEngineError(f"cannot start or reach Ray: {err}") from None
-    _check_resources(ray.cluster_resources(), workers, gpus_per_worker, cpus_per_worker)
+    if not os.environ.get("RAY_ADDRESS"):  # a joined cluster may scale up to what is asked
+        _check_resources(ray.cluster_resources(), workers, gpus_per_worker, cpus_per_worker)
     # an Arrow column has one type: a target index and a target label travel apart
     items = [
         {
@@ -132,18 +133,18 @@ def ray_batches(
 
 
 def _check_resources(
-    available: dict[str, float], workers: int, gpus_per_worker: float, cpus_per_worker: float
+    cluster: dict[str, float], workers: int, gpus_per_worker: float, cpus_per_worker: float
 ) -> None:
     """
-    Refuse an actor pool the cluster cannot hold: Ray would wait for it for ever.
+    Refuse an actor pool the local Ray cannot hold: Ray would wait for it for ever.
 
     Raises:
         RayEngineError: naming what is asked and what the cluster has.
     """
     asked = (("GPU", "gpus", gpus_per_worker), ("CPU", "cpus", cpus_per_worker))
     for resource, flag, each in asked:
-        has = available.get(resource, 0.0)
-        if workers * each > has:
+        has = cluster.get(resource, 0.0)
+        if workers * each > has + 1e-9:  # 25 × 0.28 is 7.000000000000001
             raise RayEngineError(
                 f"--workers {workers} × --{flag}-per-worker {each:g} needs {workers * each:g} "
                 f"{resource}s; this Ray cluster has {has:g}"

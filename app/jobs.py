@@ -129,6 +129,7 @@ class JobStore:
         with self._connection() as db:
             db.execute("PRAGMA journal_mode=WAL")
             db.executescript(_SCHEMA)
+            db.execute("BEGIN IMMEDIATE")  # two servers opening an old folder add each once
             present = {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
             for column, kind in _ADDED_COLUMNS.items():
                 if column not in present:
@@ -183,7 +184,8 @@ class JobStore:
             if row is None:
                 return None
             db.execute(  # each run times its own pace: a restart's downtime is no work
-                "UPDATE jobs SET status = 'running', started = ? WHERE id = ?",
+                "UPDATE jobs SET status = 'running', started = ?, done_at_start = done "
+                "WHERE id = ?",
                 (time.time(), row[0]),
             )
         return self.get(row[0])

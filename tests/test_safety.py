@@ -299,6 +299,10 @@ def test_a_lone_surrogate_is_refused_before_queueing_and_alone_in_a_batch(client
     good, bad = (e["gradient_x_input"] for e in batch.json()["explanations"])
     assert good["scores"] == client.post("/api/v1/explain", json=_text()).json()["scores"]
     assert bad["error"]["code"] == "invalid_input" and "U+DFFF" in bad["error"]["message"]
+    model = post(
+        "/api/v1/explain", '{"model": "m\\ud800", "method": "gradient_x_input", "text": "a"}'
+    )
+    assert model.status_code == 422 and model.json()["error"]["code"] == "invalid_request"
 
 
 def test_the_page_api_reads_no_server_file(client, tmp_path):

@@ -278,6 +278,7 @@ def test_the_eta_counts_the_pace_of_this_run_not_the_downtime_before_it(tmp_path
     store.resume_interrupted()  # the server stopped; it starts again 990 s later
     now[0] += 990
     store.claim_next()
+    assert store.get(job_id).to_dict()["eta_s"] is None  # also before the file is recounted
     store.recount(job_id)
     assert store.get(job_id).to_dict()["eta_s"] is None  # no pace yet in this run
     now[0] += 4  # 4 s an instance now
@@ -412,7 +413,7 @@ def test_batch_command_records_bad_rows_and_resumes(tmp_path, capsys):
     assert explained["tokens"][1:4] == ["a", "fine", "day"]
 
 
-def test_a_rerun_with_other_methods_keeps_the_earlier_rows(tmp_path, capsys):
+def test_a_rerun_with_other_methods_keeps_the_earlier_rows(tmp_path, capsys, monkeypatch):
     data = _dataset(tmp_path, TWELVE[:3])
     out = tmp_path / "out.jsonl"
     run = ["batch", "--model", TEXT_MODEL, "--input", str(data), "--output", str(out)]
@@ -427,6 +428,26 @@ def test_a_rerun_with_other_methods_keeps_the_earlier_rows(tmp_path, capsys):
     assert out.read_text().startswith(first)  # the earlier rows, as they were
     assert main([*run, "--methods", "attnlrp,gradient_x_input"]) == 0
     assert "3 inputs already done, 0 to go" in capsys.readouterr().err
+    # methods overlapping the earlier ones: each id is redone, its rows replaced as written
+    both = out.read_text()
+    overlap = [*run, "--methods", "gradient_x_input,integrated_gradients", "--batch-size", "2"]
+    overlap += ["--param", "integrated_gradients.n_steps=4"]
+    with monkeypatch.context() as patched:
+        patched.setattr("app.batch.explain_rows", _interrupt)
+        assert main(overlap) == 130
+    assert out.read_text() == both  # stopped before its first chunk: nothing lost
+    assert main(overlap) == 0
+    rows = _rows(out)
+    assert not rows.duplicated(["id", "method"]).any()
+    assert rows.method.value_counts().to_dict() == {
+        "attnlrp": 3,
+        "gradient_x_input": 3,
+        "integrated_gradients": 3,
+    }
+
+
+def _interrupt(*_):
+    raise KeyboardInterrupt
 
 
 @pytest.mark.parametrize(
@@ -455,6 +476,10 @@ def test_an_output_that_is_not_ours_or_cannot_be_written_is_refused_first(tmp_pa
     foreign = tmp_path / "other.parquet"
     pd.DataFrame({"x": [1]}).to_parquet(foreign)
     assert main([*argv, "--output", str(foreign)]) == 2
+    assert "is not the output of attrlab batch" in capsys.readouterr().err
+    notes = tmp_path / "notes.jsonl"
+    notes.write_text("not json\nnor this\n")
+    assert main([*argv, "--output", str(notes)]) == 2
     assert "is not the output of attrlab batch" in capsys.readouterr().err
     assert main([*argv, "--output", "/proc/attrlab-out.jsonl"]) == 2  # a folder nobody writes
     assert "cannot write the output '/proc/attrlab-out.jsonl'" in capsys.readouterr().err

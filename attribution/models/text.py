@@ -40,8 +40,8 @@ def tokenize(
     special = encoded["special_tokens_mask"][0].bool()
     if special.all():  # also when there is no token at all
         raise InvalidInputError(
-            "the text gives this model no token to explain: its tokenizer drops every "
-            "character of it; give at least one word"
+            "the text gives this model no token to explain (only special tokens, or "
+            "characters its tokenizer drops); give at least one word"
         )
     ids = encoded["input_ids"].to(device)
     return TextInputs(
