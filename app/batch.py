@@ -276,6 +276,48 @@ class ResultFile:
         except OSError as err:
             raise InvalidInputError(f"cannot write the output '{path}': {err.strerror}") from None
 
+    def keep_settings(self, settings: dict[str, Any]) -> None:
+        """
+        Refuse a run whose settings differ from those of the rows already in the output.
+
+        ``settings``: ``model``, ``labels``, ``seed``, ``evaluate`` and ``params`` (method ->
+        its resolved parameters), kept beside the output in ``<output>.settings.json``. A
+        method new to the output adds its parameters. An output written before settings were
+        kept is not checked.
+
+        Raises:
+            InvalidInputError: naming the setting that differs.
+        """
+        path = self.path.with_name(self.path.name + ".settings.json")
+        stored: dict[str, Any] = {**settings, "params": {}}
+        if path.exists() and self.rows:
+            try:
+                stored = json.loads(path.read_text(encoding="utf-8"))
+                keys = ("model", "labels", "seed", "evaluate")
+                checks = [(key, stored[key], settings[key]) for key in keys]
+                checks += [
+                    (f"{method}'s parameters", stored["params"][method], params)
+                    for method, params in settings["params"].items()
+                    if method in stored["params"]
+                ]
+            except (OSError, ValueError, KeyError, TypeError) as err:
+                raise InvalidInputError(f"cannot read '{path}': {err}") from None
+            for what, before, asked in checks:
+                if before != asked:
+                    raise InvalidInputError(
+                        f"the output '{self.path}' holds results made with {what} {before!r}; "
+                        f"this run asks for {asked!r}: give another output file"
+                    )
+        elif self.rows:  # from before settings were kept: nothing to check against
+            return
+        stored["params"] = {**stored["params"], **settings["params"]}
+        partial = path.with_name(path.name + ".partial")
+        try:
+            partial.write_text(json.dumps(stored, indent=1), encoding="utf-8")
+            partial.replace(path)
+        except OSError as err:
+            raise InvalidInputError(f"cannot write '{path}': {err.strerror}") from None
+
     def _partial(self) -> Path:
         return self.path.with_name(self.path.name + ".partial")
 

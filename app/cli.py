@@ -198,6 +198,8 @@ def _batch(args: argparse.Namespace) -> int:
     )
     from app.worker import ExplainWorker
     from attribution.errors import InvalidInputError
+    from attribution.methods import get_method
+    from attribution.params import validate_params
 
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     if not methods:
@@ -221,6 +223,17 @@ def _batch(args: argparse.Namespace) -> int:
     if not dataset:
         what = f"images ({', '.join(IMAGE_SUFFIXES)})" if Path(args.input).is_dir() else "lines"
         raise InvalidInputError(f"input '{args.input}' holds no {what} to explain")
+    resolved = {m: validate_params(get_method(m).params, config.params.get(m)) for m in methods}
+    labels = list(config.labels) if config.labels else None
+    output.keep_settings(  # a resumed output's rows were made as this run's will be
+        {
+            "model": config.model,
+            "labels": labels,
+            "seed": config.seed,
+            "evaluate": config.evaluate,
+            "params": resolved,
+        }
+    )
     done = output.done(methods)  # ids with every method written; partial ids are redone
     rows = list(pending_rows(dataset, done))
     print(f"{len(dataset) - len(rows)} inputs already done, {len(rows)} to go", file=sys.stderr)

@@ -446,6 +446,29 @@ def test_a_rerun_with_other_methods_keeps_the_earlier_rows(tmp_path, capsys, mon
     }
 
 
+def test_a_resumed_output_must_have_been_made_with_the_same_settings(tmp_path, capsys):
+    data = _dataset(tmp_path, TWELVE[:2])
+    out = tmp_path / "out.jsonl"
+    run = ["batch", "--model", TEXT_MODEL, "--input", str(data), "--output", str(out)]
+    ig = ["--methods", "integrated_gradients", "--param", "integrated_gradients.n_steps=4"]
+    assert main([*run, *ig]) == 0
+    rows = out.read_text()
+    for changed, words in (
+        (["--seed", "5"], "made with seed 0; this run asks for 5"),
+        (["--param", "integrated_gradients.n_steps=5"], "integrated_gradients's parameters"),
+    ):
+        assert main([*run, *ig, *changed]) == 2
+        assert words in capsys.readouterr().err
+    other = ["batch", "--model", IMAGE_MODEL, *run[3:], "--methods", "gradient_x_input"]
+    assert main(other) == 2
+    assert f"made with model '{TEXT_MODEL}'" in capsys.readouterr().err
+    assert out.read_text() == rows  # refused before any work
+    assert main([*run, "--methods", "attnlrp"]) == 0  # another method, same settings: added
+    settings = json.loads((tmp_path / "out.jsonl.settings.json").read_text())
+    assert settings["params"]["integrated_gradients"]["n_steps"] == 4
+    assert set(settings["params"]) == {"integrated_gradients", "attnlrp"}
+
+
 def _interrupt(*_):
     raise KeyboardInterrupt
 
