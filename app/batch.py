@@ -42,17 +42,20 @@ __all__ = [
     "unique_ids",
 ]
 
-#: Columns of a batch result row (Parquet, and the flattened job results).
-RESULT_COLUMNS = [
-    "id",
-    "method",
-    "target",
-    "label",
-    "probability",
-    "scores",
-    "error",
-    "explanation",
-]
+#: Columns of a batch result row (Parquet, and the flattened job results), with their Arrow
+#: types: one schema whatever the rows hold (``id`` is a job's ``index``, a number, in its
+#: results).
+RESULT_TYPES = {
+    "id": pa.string(),
+    "method": pa.string(),
+    "target": pa.int64(),
+    "label": pa.string(),
+    "probability": pa.float64(),
+    "scores": pa.string(),
+    "error": pa.string(),
+    "explanation": pa.string(),
+}
+RESULT_COLUMNS = list(RESULT_TYPES)
 
 
 @dataclass(frozen=True)
@@ -202,19 +205,8 @@ def result_arrow(
     names the first column, of ``key_type`` (text by default): a dataset's ``id``, or a
     job's instance ``index`` (a number).
     """
-    key_type = key_type or pa.string()
-    schema = pa.schema(
-        [
-            (key, key_type),
-            ("method", pa.string()),
-            ("target", pa.int64()),
-            ("label", pa.string()),
-            ("probability", pa.float64()),
-            ("scores", pa.string()),
-            ("error", pa.string()),
-            ("explanation", pa.string()),
-        ]
-    )
+    types = {**RESULT_TYPES, "id": key_type or RESULT_TYPES["id"]}
+    schema = pa.schema([(key if name == "id" else name, kind) for name, kind in types.items()])
     table = result_table(rows).rename(columns={"id": key})
     return pa.Table.from_pandas(table, schema=schema, preserve_index=False)
 
@@ -269,8 +261,8 @@ class ResultFile:
         self.path = path
         self.rows = self._read() if path.exists() else []
         try:  # before any work: a place that cannot be written would lose it
-            self._partial().touch()
-            self._partial().unlink()
+            _partial(path).touch()
+            _partial(path).unlink()
             if path.suffix == ".jsonl" and path.exists():  # appended to in place
                 path.open("a").close()
         except OSError as err:
@@ -311,15 +303,12 @@ class ResultFile:
         elif self.rows:  # from before settings were kept: nothing to check against
             return
         stored["params"] = {**stored["params"], **settings["params"]}
-        partial = path.with_name(path.name + ".partial")
+        partial = _partial(path)
         try:
             partial.write_text(json.dumps(stored, indent=1), encoding="utf-8")
             partial.replace(path)
         except OSError as err:
             raise InvalidInputError(f"cannot write '{path}': {err.strerror}") from None
-
-    def _partial(self) -> Path:
-        return self.path.with_name(self.path.name + ".partial")
 
     def _read(self) -> list[dict[str, Any]]:
         if self.path.suffix == ".parquet":
@@ -388,13 +377,18 @@ class ResultFile:
 
     def _rewrite(self, rows: list[dict[str, Any]]) -> None:
         """Replace the file's rows atomically (a temporary file, then a rename)."""
-        partial = self._partial()
+        partial = _partial(self.path)
         if self.path.suffix == ".jsonl":
             partial.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
         else:
             pq.write_table(result_arrow(rows), partial)
         partial.replace(self.path)
         self.rows = rows
+
+
+def _partial(path: Path) -> Path:
+    """Where ``path``'s new content is written before it replaces the file in one rename."""
+    return path.with_name(path.name + ".partial")
 
 
 def pending_rows(rows: Iterable[DatasetRow], done: set[str]) -> Iterator[DatasetRow]:

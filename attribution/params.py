@@ -51,11 +51,7 @@ class Param:
             if self.default is None:
                 return None
             value = self.default
-        elif strict and not _is_kind(value, self.kind):
-            raise InvalidParameterError(
-                f"parameter '{self.name}' must be of type {self.kind}; got {value!r}"
-            )
-        value = self._coerce(value)
+        value = self._coerce(value, strict)
         if self.choices is not None and value not in self.choices:
             raise InvalidParameterError(
                 f"parameter '{self.name}' must be one of {', '.join(self.choices)}; got {value!r}"
@@ -65,9 +61,9 @@ class Param:
             raise InvalidParameterError(f"parameter '{self.name}' {problem}; got {value!r}")
         return value
 
-    def _coerce(self, value: Any) -> Any:
+    def _coerce(self, value: Any, strict: bool = False) -> Any:
         target = _TYPES[self.kind]
-        if isinstance(value, str) and target is not str:
+        if isinstance(value, str) and target is not str and not strict:
             return parse_param_value(self, value)
         if target is float and isinstance(value, int) and not isinstance(value, bool):
             try:
@@ -76,7 +72,7 @@ class Param:
                 raise InvalidParameterError(
                     f"parameter '{self.name}' is too large a number"
                 ) from None
-        if target is int and isinstance(value, float) and value.is_integer():
+        if target is int and isinstance(value, float) and value.is_integer() and not strict:
             return int(value)
         if not isinstance(value, target) or (target is not bool and isinstance(value, bool)):
             raise InvalidParameterError(
@@ -129,13 +125,6 @@ def parse_param_value(param: Param, text: str) -> Any:
             f"parameter '{param.name}' must be of type {param.kind}; got {text!r}"
         ) from None
     return text
-
-
-def _is_kind(value: Any, kind: str) -> bool:
-    """Whether ``value`` is already of ``kind``; a bool is no number, an int is a float."""
-    if kind == "float":
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    return isinstance(value, _TYPES[kind]) and (kind == "bool" or not isinstance(value, bool))
 
 
 def validate_params(
