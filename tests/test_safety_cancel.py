@@ -24,6 +24,7 @@ from attribution.metrics.check import check_methods
 from attribution.models import Adapter, load
 from attribution.models.images import ImageTransform
 from attribution.models.vision import CNNAdapter
+from attribution.run import cancellable_forwards
 
 TEXT = "the cat sat on the mat"
 #: Small budgets, and batches small enough that each method runs several forwards.
@@ -221,3 +222,26 @@ def test_after_a_job_is_cancelled_no_row_is_written_and_the_next_job_runs(tmp_pa
         release.set()
         handle.remove()
         worker.close()
+
+
+def test_a_cancel_stops_only_the_forwards_of_its_own_run(tiny_models):
+    """Another thread's run on the same model answers to its own cancel, not to this one's."""
+    adapter, raw = tiny_models[0]
+    kwargs = adapter.preprocess(raw).model_kwargs()
+    cancelled = threading.Event()
+    cancelled.set()
+    outcome: list[object] = []
+
+    def other_run() -> None:
+        with torch.no_grad():
+            outcome.append(adapter.logits(**kwargs))
+
+    with cancellable_forwards(adapter.model, cancelled):
+        other = threading.Thread(target=other_run)
+        other.start()
+        other.join()
+        with pytest.raises(JobCancelledError), torch.no_grad():
+            adapter.logits(**kwargs)
+    assert len(outcome) == 1 and isinstance(outcome[0], torch.Tensor)
+    with torch.no_grad():  # the switch is gone with its block
+        assert torch.equal(adapter.logits(**kwargs), outcome[0])
