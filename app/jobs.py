@@ -225,21 +225,36 @@ class JobStore:
         """The job's JSON Lines result file."""
         return self.folder / "results" / f"{job_id}.jsonl"
 
-    def append(self, job_id: str, result: dict[str, Any]) -> None:
-        """Write one instance's results to disk (after cutting a torn last line), then count."""
+    def append(self, job_id: str, result: dict[str, Any]) -> bool:
+        """
+        Write one instance's results to disk (after cutting a torn last line), then count.
+
+        Only for a job that has not ended: the check, the write and the count hold the table's
+        write lock together, so a cancel that answered first keeps the file as it answered it.
+
+        Returns:
+            False, writing nothing, when the job was cancelled or had ended.
+        """
         path = self.results_path(job_id)
-        cut_torn_tail(path)
-        with path.open("a", encoding="utf-8") as file:
-            file.write(json.dumps(result, allow_nan=False) + "\n")
-            file.flush()
-            os.fsync(file.fileno())
         failed = _errors_of(job_id, result)
         with self._connection() as db:
+            db.execute("BEGIN IMMEDIATE")  # a cancel waits for this row, or this row for it
+            running = db.execute(
+                "SELECT 1 FROM jobs WHERE id = ? AND status IN ('queued', 'running')", (job_id,)
+            ).fetchone()
+            if running is None:
+                return False
+            cut_torn_tail(path)
+            with path.open("a", encoding="utf-8") as file:
+                file.write(json.dumps(result, allow_nan=False) + "\n")
+                file.flush()
+                os.fsync(file.fileno())
             db.execute(
                 "UPDATE jobs SET done = done + 1, errors = errors + ? WHERE id = ?",
                 (bool(failed), job_id),
             )
             db.executemany("INSERT INTO instance_errors VALUES (?, ?, ?, ?, ?)", failed)
+        return True
 
     def recount(self, job_id: str) -> None:
         """
@@ -473,7 +488,9 @@ class JobRunner:
                 except AttrlabError as err:  # the model or a method cannot run at all
                     self.store.finish(job.id, "failed", error_record(err)["error"]["message"])
                     return
-            self.store.append(job.id, {"index": index, "explanations": instance_json(results)})
+            row = {"index": index, "explanations": instance_json(results)}
+            if not self.store.append(job.id, row):  # cancelled as the instance finished
+                return
         self.store.finish(job.id, "done")
 
     def _explain(self, job_id: str, request: BatchRequest) -> InstanceResults:

@@ -660,7 +660,7 @@ class Job(Generic[Result]):
     progress: tuple[int, int] = (0, 0)
 
     def cancel(self) -> None:
-        """Ask the job to stop at its next batch boundary."""
+        """Ask the job to stop at its next forward pass or step (a queued one never starts)."""
         self.cancel_event.set()
         self.future.cancel()
 

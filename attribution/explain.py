@@ -16,7 +16,7 @@ from attribution.explanation import Explanation, ModelInfo, Prediction, Target, 
 from attribution.methods import get_method
 from attribution.models.base import Adapter, Inputs, TextInputs
 from attribution.params import validate_params
-from attribution.run import ProgressCallback, RunContext
+from attribution.run import ProgressCallback, RunContext, cancellable_forwards
 
 __all__ = ["Preview", "explain", "input_logits", "predictions", "preview"]
 
@@ -67,12 +67,16 @@ def explain(
     run.count(forward=1)
     if isinstance(inputs, TextInputs) and inputs.truncated:
         run.warn(f"the text was truncated to the model's limit of {len(inputs.tokens)} tokens")
-    result = method_cls.attribute(adapter, inputs, index, checked, run)
-    run.attentions = None  # every layer's T × T maps: not kept through the trust scoring
-    if evaluate:
-        from attribution.metrics import faithfulness  # metrics explain through this module
+    # Each forward of the method and of its scoring stops the run once it is cancelled.
+    with cancellable_forwards(adapter.model, cancel):
+        run.stop_if_cancelled()  # a method reading only the prediction stops here
+        result = method_cls.attribute(adapter, inputs, index, checked, run)
+        run.attentions = None  # every layer's T × T maps: not kept through the trust scoring
+        if evaluate:
+            from attribution.metrics import faithfulness  # metrics explain through this module
 
-        result.metrics.update(faithfulness(adapter, inputs, result.scores, index, run=run).metrics)
+            scored = faithfulness(adapter, inputs, result.scores, index, run=run)
+            result.metrics.update(scored.metrics)
     return Explanation(
         model=ModelInfo(adapter.model_id, adapter.revision, adapter.modality),
         method=method_cls.name,

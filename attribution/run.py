@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from torch import nn
 
 from attribution.errors import BudgetExceededError, JobCancelledError, UnsupportedMethodError
 
 if TYPE_CHECKING:
     from attribution.models.base import Adapter, Inputs
 
-__all__ = ["ProgressCallback", "RunContext", "stop_if_cancelled"]
+__all__ = ["ProgressCallback", "RunContext", "cancellable_forwards", "stop_if_cancelled"]
 
 #: Called with (done, total) units of work, typically forward passes.
 ProgressCallback = Callable[[int, int], None]
@@ -127,3 +129,30 @@ def stop_if_cancelled(cancel: threading.Event | None) -> None:
     """Raise :class:`JobCancelledError` once ``cancel`` is set."""
     if cancel is not None and cancel.is_set():
         raise JobCancelledError("the job was cancelled")
+
+
+@contextmanager
+def cancellable_forwards(model: nn.Module, cancel: threading.Event | None) -> Iterator[None]:
+    """
+    Make every forward pass of ``model`` a cancellation point while the block runs.
+
+    A forward pre-hook on the model raises :class:`JobCancelledError` once ``cancel`` is set, so
+    a method stops before its next batch or step whatever library runs its forwards (Captum's
+    internal batches, shap's evaluations, a perturbation batch) without code of its own. Only
+    forwards of the thread that entered are stopped: another thread's run on the same model
+    answers to its own cancel. The hook is removed on exit.
+    """
+    if cancel is None:
+        yield
+        return
+    owner = threading.get_ident()
+
+    def check(_module: nn.Module, _args: tuple[object, ...]) -> None:
+        if threading.get_ident() == owner:
+            stop_if_cancelled(cancel)
+
+    handle = model.register_forward_pre_hook(check)
+    try:
+        yield
+    finally:
+        handle.remove()
