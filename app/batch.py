@@ -25,13 +25,15 @@ import pyarrow.parquet as pq
 
 from app.jobs import cut_torn_tail, instance_json
 from app.worker import BatchRequest, ExplainWorker, Instance
-from attribution.errors import AttrlabError, InvalidInputError
+from attribution.errors import AttrlabError, InvalidInputError, parse_json
 
 __all__ = [
     "IMAGE_SUFFIXES",
     "BatchConfig",
+    "DatasetLine",
     "DatasetRow",
     "ResultFile",
+    "dataset_line",
     "dataset_rows",
     "explain_rows",
     "numbered_lines",
@@ -83,50 +85,75 @@ def numbered_lines(text: str) -> Iterator[tuple[int, str]]:
     return ((n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip())
 
 
+@dataclass(frozen=True)
+class DatasetLine:
+    """One JSONL line as read: its row's id, a text or an image's name, a target, or a problem."""
+
+    id: str
+    text: str | None = None
+    image: str | None = None
+    target: int | str | None = None
+    #: Why the line cannot be a row ("line 3: not JSON (...)"); the other fields are then unset.
+    problem: str | None = None
+
+
+def dataset_line(number: int, line: str) -> DatasetLine:
+    """
+    Line ``number`` of a JSONL dataset: ``{"id"?, "text" | "image": name, "target"?}``.
+
+    The one reader of dataset lines (``attrlab batch``, ``layers`` and ``evaluate``, the page's
+    uploads). It never raises: a line that is not JSON (nested too deeply to read, too), not
+    an object, or has a field of the wrong type comes back with its problem, naming the line.
+    The id is ``line-N`` unless the line gives one (a string or a whole number).
+    """
+    key = f"line-{number}"
+    try:
+        record = parse_json(line, f"line {number}")
+    except InvalidInputError as err:
+        return DatasetLine(id=key, problem=str(err))
+    if not isinstance(record, dict) or ("text" in record) == ("image" in record):
+        return DatasetLine(
+            id=key, problem=f'line {number}: give an object with "text" or "image" (a path)'
+        )
+    given = record.get("id")
+    if given is not None:
+        if isinstance(given, bool) or not isinstance(given, str | int):
+            return DatasetLine(id=key, problem=f"line {number}: id must be a string or a number")
+        key = str(given)
+    target = record.get("target")
+    if target is not None and (isinstance(target, bool) or not isinstance(target, str | int)):
+        return DatasetLine(id=key, problem=f"line {number}: target must be a label or an index")
+    field = "text" if "text" in record else "image"
+    if not isinstance(record[field], str):
+        return DatasetLine(id=key, problem=f"line {number}: {field} must be a string")
+    return DatasetLine(id=key, target=target, **{field: record[field]})
+
+
 def dataset_rows(
     lines: Iterable[tuple[int, str]], read_image: Callable[[str], bytes] | None
 ) -> Iterator[DatasetRow]:
     """
-    Rows from JSONL lines ``(number, line)``: ``{"id"?, "text" | "image", "target"?}``.
+    Rows from JSONL lines ``(number, line)`` (see :func:`dataset_line`).
 
     ``read_image`` reads an ``"image"`` line's name (a file beside the dataset, or a member of
     an uploaded zip); without one, image lines are refused (a page's upload names no server
     file). A line that cannot be read carries its problem, recorded as its result.
     """
     for number, line in lines:
-        key = f"line-{number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            yield DatasetRow(id=key, problem=f"line {number}: not JSON ({err.msg})")
-            continue
-        if not isinstance(record, dict) or ("text" in record) == ("image" in record):
-            problem = f'line {number}: give an object with "text" or "image" (a path)'
-            yield DatasetRow(id=key, problem=problem)
-            continue
-        if record.get("id") is not None:
-            key = str(record["id"])
-        target = record.get("target")
-        if target is not None and (isinstance(target, bool) or not isinstance(target, str | int)):
-            yield DatasetRow(id=key, problem=f"line {number}: target must be a label or an index")
-            continue
-        if "text" in record:
-            text = record["text"]
-            if not isinstance(text, str):
-                yield DatasetRow(id=key, problem=f"line {number}: text must be a string")
-                continue
-            yield DatasetRow(id=key, text=text, target=target)
+        row = dataset_line(number, line)
+        if row.problem is not None or row.image is None:
+            yield DatasetRow(id=row.id, text=row.text, target=row.target, problem=row.problem)
             continue
         if read_image is None:
             problem = f"line {number}: images come in a zip upload beside the JSONL"
-            yield DatasetRow(id=key, problem=problem)
+            yield DatasetRow(id=row.id, problem=problem)
             continue
         try:
-            image = read_image(str(record["image"]))
+            image = read_image(row.image)
         except AttrlabError as err:
-            yield DatasetRow(id=key, problem=f"line {number}: {err}")
+            yield DatasetRow(id=row.id, problem=f"line {number}: {err}")
             continue
-        yield DatasetRow(id=key, image=image, target=target)
+        yield DatasetRow(id=row.id, image=image, target=row.target)
 
 
 @dataclass(frozen=True)
@@ -284,7 +311,7 @@ class ResultFile:
         stored: dict[str, Any] = {**settings, "params": {}}
         if path.exists() and self.rows:
             try:
-                stored = json.loads(path.read_text(encoding="utf-8"))
+                stored = parse_json(path.read_text(encoding="utf-8"), "the settings")
                 keys = ("model", "labels", "seed", "evaluate")
                 checks = [(key, stored[key], settings[key]) for key in keys]
                 checks += [
@@ -292,7 +319,7 @@ class ResultFile:
                     for method, params in settings["params"].items()
                     if method in stored["params"]
                 ]
-            except (OSError, ValueError, KeyError, TypeError) as err:
+            except (OSError, ValueError, KeyError, TypeError, InvalidInputError) as err:
                 raise InvalidInputError(f"cannot read '{path}': {err}") from None
             for what, before, asked in checks:
                 if before != asked:
@@ -312,8 +339,8 @@ class ResultFile:
 
     def _read(self) -> list[dict[str, Any]]:
         if self.path.suffix == ".parquet":
-            try:
-                rows = pd.read_parquet(self.path).to_dict("records")
+            try:  # Arrow's rows: a missing value is None, as in rows written by this run
+                rows = pq.read_table(self.path).to_pylist()
             except (OSError, ValueError) as err:
                 raise InvalidInputError(f"cannot read '{self.path}' to resume: {err}") from None
         else:
@@ -325,8 +352,8 @@ class ResultFile:
             lines = text.splitlines()
             for number, line in enumerate(lines, start=1):
                 try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:  # only the last line can be cut short by a stop
+                    rows.append(parse_json(line, f"line {number}"))
+                except InvalidInputError:  # only the last line can be cut short by a stop
                     if number < len(lines):
                         rows.append(None)  # not ours: refused below
         if not all(isinstance(row, dict) and {"id", "method"} <= row.keys() for row in rows):
@@ -335,6 +362,10 @@ class ResultFile:
                 "method), so it is not resumed or overwritten: give another output file"
             )
         return rows
+
+    def failed(self) -> int:
+        """How many of the rows hold an error."""
+        return sum(1 for row in self.rows if row.get("error") is not None)
 
     def done(self, methods: Sequence[str]) -> set[str]:
         """

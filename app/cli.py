@@ -264,8 +264,10 @@ def _batch(args: argparse.Namespace) -> int:
                 worker.close()
     finally:
         bar.close()
-    failed = sum(1 for row in output.rows if row.get("error"))
-    print(f"{args.output} holds {len(output.rows)} rows ({failed} with an error)", file=sys.stderr)
+    print(
+        f"{args.output} holds {len(output.rows)} rows ({output.failed()} with an error)",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -323,32 +325,28 @@ def _text_lines(file: Path, name: str) -> Iterator[tuple[int, str]]:
 
 
 def _jsonl_records(path: str, target: str | None) -> Iterator[tuple[Any, Any, str]]:
-    """``(raw, target, name)`` per JSONL line: ``{"text": ...}`` or ``{"image": path}``."""
+    """
+    ``(raw, target, name)`` per JSONL line: ``{"text": ...}`` or ``{"image": path}``.
+
+    Every line is read before the first is yielded: a line that cannot be read (see
+    :func:`~app.batch.dataset_line`) is refused, naming it, before any work is done.
+    """
+    from app.batch import dataset_line
     from attribution.errors import InvalidInputError
 
     file = Path(path).expanduser()
     if not file.is_file():
         raise InvalidInputError(f"input file '{path}' does not exist or is not a regular file")
-    for number, line in _text_lines(file, path):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise InvalidInputError(f"{path} line {number}: not JSON ({err.msg})") from None
-        if not isinstance(record, dict) or ("text" in record) == ("image" in record):
-            raise InvalidInputError(
-                f'{path} line {number}: give an object with "text" or "image" (a path)'
-            )
-        item_target = record.get("target", target)
-        if item_target is not None and not isinstance(item_target, str | int):
-            raise InvalidInputError(
-                f"{path} line {number}: target must be a label or an index; got {item_target!r}"
-            )
-        if "image" in record:  # relative to the JSONL file, read here like --image
-            raw: Any = _read_image_file(str(file.parent / str(record["image"])))
-            name = str(record["image"])
+    lines = [dataset_line(number, line) for number, line in _text_lines(file, path)]
+    for line in lines:
+        if line.problem is not None:
+            raise InvalidInputError(f"{path} {line.problem}")
+    for line in lines:
+        item_target = target if line.target is None else line.target
+        if line.image is not None:  # relative to the JSONL file, read here like --image
+            yield _read_image_file(str(file.parent / line.image)), item_target, line.image
         else:
-            raw = name = str(record["text"])
-        yield raw, item_target, name
+            yield line.text, item_target, str(line.text)
 
 
 def _dataset_items(path: str, target: str | None) -> Iterator[Any]:

@@ -24,6 +24,7 @@ from attribution.errors import (
     require_unicode,
 )
 from attribution.models import BUILTIN_MODELS
+from attribution.models.folders import resolves_inside
 from attribution.models.images import max_image_pixels
 
 __all__ = [
@@ -153,7 +154,7 @@ class ServerSettings:
             return "builtin" if spec in BUILTIN_MODELS else "listed"
         if self.allow_hub and _HUB_ID.match(spec) and ".." not in spec:
             return "hub"
-        if self.model_roots and os.path.isabs(spec) and self._under_a_root(spec):
+        if self.model_roots and os.path.isabs(spec) and resolves_inside(spec, self.model_roots):
             return "local"
         served = ", ".join(sorted(self.models))
         extra = (" and any Hugging Face hub id" if self.allow_hub else "") + (
@@ -162,13 +163,6 @@ class ServerSettings:
         raise UnknownModelError(
             f"model '{spec}' is not served here; this server serves: {served}{extra}"
         )
-
-    def _under_a_root(self, spec: str) -> bool:
-        try:
-            real = Path(os.path.realpath(spec))
-        except (OSError, ValueError):  # a NUL byte, a name too long: not a path we serve
-            return False
-        return any(real.is_relative_to(root) for root in self.model_roots)
 
     def check_request(
         self, text: str | None, labels: Sequence[str] | None, target: Any, seed: Any

@@ -737,12 +737,14 @@ class ExplainWorker:
         source = self.settings.model_source(spec)
         # A served hub id is always fetched from the hub, never read from a same-named folder.
         hub_only = source == "hub" or (source == "listed" and not os.path.isabs(spec))
+        # A folder under a model root: each file it holds must stay under the roots too.
+        within = self.settings.model_roots if source == "local" else None
         with lane.loading:
             with self._lock:
                 adapter = lane.models.pop(spec, None)
             fresh = adapter is None
             if adapter is None:
-                adapter = load(spec, device=lane.device, hub_only=hub_only)
+                adapter = load(spec, device=lane.device, hub_only=hub_only, within=within)
             with self._lock:
                 self.model_loads[spec] += fresh
                 lane.models[spec] = adapter

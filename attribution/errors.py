@@ -7,6 +7,9 @@ a traceback; any other exception is a bug.
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 __all__ = [
     "AttrlabError",
     "BudgetExceededError",
@@ -19,6 +22,7 @@ __all__ = [
     "UnknownMethodError",
     "UnknownModelError",
     "UnsupportedMethodError",
+    "parse_json",
     "require_unicode",
 ]
 
@@ -93,3 +97,22 @@ def require_unicode(text: str, what: str) -> None:
             f"{what} is not valid Unicode: it holds a lone surrogate (U+{code:04X}) at "
             f"character {err.start}"
         ) from None
+
+
+def parse_json(text: str, what: str) -> Any:
+    """
+    ``text`` parsed as JSON, or a refusal naming ``what`` (``"line 3"``, a file's name).
+
+    Python's parser recurses once per level of nesting: a text nested deeper than the recursion
+    limit (``[[[[...`` a hundred thousand times) is refused like one that is not JSON.
+
+    Raises:
+        InvalidInputError: ``"<what>: not JSON (<why>)"``.
+    """
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        where = f"line {err.lineno} column {err.colno}" if err.lineno > 1 else f"column {err.colno}"
+        raise InvalidInputError(f"{what}: not JSON ({err.msg} at {where})") from None
+    except RecursionError:
+        raise InvalidInputError(f"{what}: not JSON (nested too deeply to read)") from None

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import transformers as tf
 
-from attribution.errors import ModelLoadError, UnknownModelError
+from attribution.errors import AttrlabError, ModelLoadError, UnknownModelError
 from attribution.models.base import Adapter
 from attribution.models.builtin import imagenet_labels
 from attribution.models.families import FAMILIES, family_of
+from attribution.models.folders import CONFIG_FILE, check_inside, read_config
 from attribution.models.images import ImageTransform
 from attribution.models.text import DecoderLMAdapter, TextClassifierAdapter
 from attribution.models.vision import CLIPZeroShotAdapter, CNNAdapter, ViTAdapter
@@ -22,18 +23,48 @@ __all__ = ["download", "load_pretrained"]
 _HUB_FILES = ["*.json", "*.safetensors", "*.bin", "*.txt", "*.model", "*.tiktoken"]
 
 
-def load_pretrained(spec: str, revision: str | None = None, model_id: str | None = None) -> Adapter:
+def load_pretrained(
+    spec: str,
+    revision: str | None = None,
+    model_id: str | None = None,
+    within: Sequence[Path] | None = None,
+) -> Adapter:
     """
     Load a hub id or local directory; the adapter is chosen from the model's config.
 
-    ``model_id`` names the model in the adapter and in messages when ``spec`` is a folder the
-    caller downloaded it to (so no server path reaches a user).
+    Args:
+        spec: A hub id or a folder.
+        revision: The hub revision.
+        model_id: Names the model in the adapter and in messages when ``spec`` is a folder the
+            caller downloaded it to (so no server path reaches a user).
+        within: Model roots (servers): ``spec`` must then be a folder every file of which,
+            links followed, lies inside one of them (see :func:`check_inside`), checked before
+            anything in it is read.
+
+    Raises:
+        UnknownModelError: nothing loadable by that name.
+        ModelLoadError: a folder file that leads out of ``within``, a missing or malformed
+            config, an unsupported family, or files the loader cannot read.
     """
     name = model_id or spec
-    if spec.startswith(("timm/", "hf-hub:")) or _is_timm_dir(spec):
-        adapter = _load_timm(spec)
+    folder = Path(spec)
+    if within is not None:
+        if not folder.is_dir():
+            raise UnknownModelError(f"model '{name}' is not a model folder")
+        check_inside(folder, within)
+    if spec.startswith(("timm/", "hf-hub:")):
+        adapter = _load_timm_hub(spec)
+    elif folder.is_dir():
+        config = read_config(folder)
+        architecture = config.get("architecture")
+        if isinstance(architecture, str):
+            adapter = _load_timm_folder(folder, architecture, name)
+        elif config["model_type"] not in FAMILIES:  # known before transformers reads a file
+            raise _unsupported(name, config["model_type"])
+        else:
+            adapter = _load_transformers(spec, name, revision, from_folder=True)
     else:
-        adapter = _load_transformers(spec, name, revision)
+        adapter = _load_transformers(spec, name, revision, from_folder=False)
     adapter.model_id = name
     return adapter
 
@@ -55,17 +86,11 @@ def download(repo_id: str, revision: str | None = None) -> str:
         raise UnknownModelError(_not_found(repo_id)) from None
 
 
-def _load_transformers(spec: str, name: str, revision: str | None) -> Adapter:
-    config = _config(spec, name, revision)
+def _load_transformers(spec: str, name: str, revision: str | None, from_folder: bool) -> Adapter:
+    config = _config(spec, name, revision, from_folder)
     family = family_of(config)
     if family is None:
-        supported = ", ".join(sorted(FAMILIES))
-        raise ModelLoadError(
-            f"model '{name}' is of type '{config.model_type}', which attrlab does not support; "
-            f"supported types: {supported} (and timm image classifiers). A family is added as a "
-            "row of FAMILIES in attribution/models/families.py (and, for LRP, of LAYOUTS in "
-            "attribution/methods/lrp/layouts.py)"
-        )
+        raise _unsupported(name, config.model_type)
     kwargs = {"revision": revision, "attn_implementation": "eager"}  # eager: attentions out
     try:
         if family == "vision-transformer":
@@ -83,15 +108,32 @@ def _load_transformers(spec: str, name: str, revision: str | None) -> Adapter:
             )
         model = tf.AutoModelForSequenceClassification.from_pretrained(spec, **kwargs)
         return TextClassifierAdapter(model, tokenizer, name, revision)
-    except (OSError, ValueError) as err:
+    except AttrlabError:
+        raise
+    except Exception as err:  # a malformed file raises whatever its parser raises
         raise ModelLoadError(f"model '{name}' could not be loaded", detail=str(err)) from None
 
 
-def _config(spec: str, name: str, revision: str | None) -> Any:
+def _unsupported(name: str, model_type: str) -> ModelLoadError:
+    supported = ", ".join(sorted(FAMILIES))
+    return ModelLoadError(
+        f"model '{name}' is of type '{model_type}', which attrlab does not support; "
+        f"supported types: {supported} (and timm image classifiers). A family is added as a "
+        "row of FAMILIES in attribution/models/families.py (and, for LRP, of LAYOUTS in "
+        "attribution/methods/lrp/layouts.py)"
+    )
+
+
+def _config(spec: str, name: str, revision: str | None, from_folder: bool) -> Any:
     try:
         return tf.AutoConfig.from_pretrained(spec, revision=revision)
-    except (OSError, ValueError):
-        raise UnknownModelError(_not_found(name)) from None
+    except Exception as err:  # a malformed file raises whatever its parser raises
+        if not from_folder and isinstance(err, OSError | ValueError):  # not on the hub, offline
+            raise UnknownModelError(_not_found(name)) from None
+        raise ModelLoadError(
+            f"model '{name}': its {CONFIG_FILE} is not a configuration transformers can read",
+            detail=str(err),
+        ) from None
 
 
 def _not_found(spec: str) -> str:
@@ -152,25 +194,42 @@ def _transform_of(processor: Any) -> ImageTransform:
     return ImageTransform((height, width), tuple(processor.image_mean), tuple(processor.image_std))
 
 
-def _is_timm_dir(spec: str) -> bool:
-    config = Path(spec) / "config.json"
-    return config.is_file() and "architecture" in json.loads(config.read_text())
-
-
-def _load_timm(spec: str) -> Adapter:
+def _load_timm_hub(spec: str) -> Adapter:
     import timm
 
     try:
-        if Path(spec).is_dir():
-            name = json.loads((Path(spec) / "config.json").read_text())["architecture"]
-            weights = next(Path(spec).glob("*.safetensors"), None) or next(Path(spec).glob("*.bin"))
-            model: Any = timm.create_model(
-                name, pretrained=True, pretrained_cfg_overlay={"file": str(weights)}
-            )
-        else:
-            model = timm.create_model("hf-hub:" + spec.removeprefix("hf-hub:"), pretrained=True)
-    except (OSError, RuntimeError, StopIteration, ValueError):
+        model = timm.create_model("hf-hub:" + spec.removeprefix("hf-hub:"), pretrained=True)
+    except (OSError, RuntimeError, ValueError):
         raise UnknownModelError(_not_found(spec)) from None
+    return _timm_adapter(model, spec)
+
+
+def _load_timm_folder(folder: Path, architecture: str, name: str) -> Adapter:
+    """A timm classifier from a folder: the architecture its config names, its own weights."""
+    import timm
+
+    # A name timm registers, never a "hf-hub:" or "local-dir:" one that would read elsewhere.
+    if not timm.is_model(architecture):
+        raise ModelLoadError(
+            f"model folder file '{CONFIG_FILE}' names an architecture that is not one of "
+            "timm's models",
+            detail=f"architecture {architecture!r}",  # its text may name a server path
+        )
+    weights = next(folder.glob("*.safetensors"), None) or next(folder.glob("*.bin"), None)
+    if weights is None:
+        raise ModelLoadError(f"model '{name}' has no weights (*.safetensors or *.bin)")
+    try:
+        model = timm.create_model(
+            architecture, pretrained=True, pretrained_cfg_overlay={"file": str(weights)}
+        )
+    except Exception as err:  # a malformed file raises whatever its parser raises
+        raise ModelLoadError(f"model '{name}' could not be loaded", detail=str(err)) from None
+    return _timm_adapter(model, str(folder))
+
+
+def _timm_adapter(model: Any, spec: str) -> Adapter:
+    import timm
+
     data = timm.data.resolve_data_config({}, model=model)
     transform = ImageTransform(tuple(data["input_size"][1:]), data["mean"], data["std"])
     classes = int(model.num_classes)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
@@ -19,6 +20,7 @@ def load(
     device: str | torch.device | None = None,
     labels: Sequence[str] | None = None,
     hub_only: bool = False,
+    within: Sequence[Path] | None = None,
 ) -> Adapter:
     """
     Load a model by built-in alias, Hugging Face hub id or local directory.
@@ -28,10 +30,13 @@ def load(
         device: ``"cpu"``, ``"cuda"``, ...; defaults to CUDA when available.
         labels: Label names for zero-shot models (``with_labels``).
         hub_only: Treat ``spec`` as a hub id only, never as a local folder (servers).
+        within: Model roots (servers): ``spec`` is then a folder loaded only if every file
+            it would have read lies inside one of them, its links followed.
 
     Raises:
         UnknownModelError: The spec names nothing loadable.
-        ModelLoadError: The model exists but is of an unsupported family.
+        ModelLoadError: The model exists but cannot be loaded: a file leading out of
+            ``within``, a missing or malformed config, an unsupported family.
     """
     spec = (spec or "").strip()
     if not spec:
@@ -41,7 +46,7 @@ def load(
     elif hub_only:
         adapter = load_pretrained(download(spec), model_id=spec)
     else:
-        adapter = load_pretrained(spec)
+        adapter = load_pretrained(spec, within=within)
     adapter.model.to(resolve_device(device))
     return adapter.with_labels(labels) if labels else adapter
 
