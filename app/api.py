@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.routing import Match, Mount, Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -674,23 +675,47 @@ def install_error_handlers(app: FastAPI) -> None:
         return _error(500, "internal", "internal error; the server log has the details")
 
 
+class _BodyTooLargeError(HTTPException):
+    """A body that grew past the limit while read, raised through the app being guarded."""
+
+
+async def _body_too_large(_: Request, err: Exception) -> JSONResponse:
+    return _error(413, "request_too_large", str(getattr(err, "detail", err)))
+
+
 class ApiGuard:
     """
     ASGI middleware answering in JSON before the app reads anything.
 
-    Bodies over ``max_bytes`` get 413 on every path (API and page), also when they arrive in
-    chunks without a Content-Length. Under the ``prefix`` paths, unknown routes get 404 and
-    known routes asked with another verb 405 (without this, the page mounted at / would answer
-    in HTML).
+    Bodies over ``max_bytes`` get 413 on every path (API, page, the Space's Gradio API), also
+    when they arrive in chunks without a Content-Length. Under the ``prefix`` paths (none by
+    default), unknown ``routes`` get 404 and known ones asked with another verb 405 (without
+    this, the page mounted at / would answer in HTML).
     """
 
     def __init__(
-        self, app: ASGIApp, routes: Router, max_bytes: int, prefix: tuple[str, ...]
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        routes: Router | None = None,
+        prefix: tuple[str, ...] = (),
     ) -> None:
         self.app = app
-        self.routes = routes
+        self.routes = routes or Router()
         self.max_bytes = max_bytes
         self.prefix = prefix
+
+    @classmethod
+    def options(cls, max_bytes: int) -> dict[str, Any]:
+        """
+        ``FastAPI(**options)`` for an app built elsewhere (Gradio's ``launch(app_kwargs=...)``).
+
+        Its bodies are bounded as the REST API's are, and refused with the same JSON error.
+        """
+        return {
+            "middleware": [Middleware(cls, max_bytes=max_bytes)],
+            "exception_handlers": {_BodyTooLargeError: _body_too_large},
+        }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -718,7 +743,7 @@ class ApiGuard:
             message = await receive()
             seen += len(message.get("body", b""))
             if seen > self.max_bytes:  # a chunked body that grows past the limit
-                raise HTTPException(413, too_large)
+                raise _BodyTooLargeError(413, too_large)
             return message
 
         async def watched(message: Message) -> None:

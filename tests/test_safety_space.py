@@ -1,0 +1,180 @@
+"""
+The Space is as safe as REST: its Gradio API refuses an over-limit body before Gradio reads it
+and gives REST's words for every limit.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from gradio_client import Client
+from gradio_client.exceptions import AppError
+
+from app import space
+from app.api import ApiGuard
+from app.server import create_app
+from app.settings import ServerSettings
+from app.worker import ExplainWorker
+
+TEXT_MODEL = "tiny-random-bert"
+LIMIT = 200_000
+BODY_LIMIT_WORDS = f"the request body is larger than this server's limit of {LIMIT} bytes"
+CALL = "/gradio_api/call/explain_batch"
+
+
+@pytest.fixture(scope="module")
+def settings(tmp_path_factory):
+    return ServerSettings.for_server(
+        {},
+        models=frozenset({TEXT_MODEL}),
+        max_body_bytes=LIMIT,
+        max_text_chars=1000,
+        max_batch=3,
+        data_dir=tmp_path_factory.mktemp("jobs"),
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def space_port(settings):
+    """The Space's Blocks, launched with the options ``app.space.launch`` gives them."""
+    demo = space.build_space(settings)
+    port = _free_port()
+    demo.launch(
+        server_name="127.0.0.1",
+        server_port=port,
+        prevent_thread_lock=True,
+        quiet=True,
+        max_file_size=settings.max_body_bytes,
+        app_kwargs=ApiGuard.options(settings.max_body_bytes),
+        show_error=False,
+    )
+    yield port
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def space_client(space_port):
+    return Client(f"http://127.0.0.1:{space_port}/", verbose=False)
+
+
+@pytest.fixture(scope="module")
+def rest(settings):
+    worker = ExplainWorker(device="cpu", settings=settings)
+    with TestClient(create_app(worker)) as client:
+        yield client
+    worker.close()
+
+
+@pytest.fixture
+def parsed_bodies(monkeypatch):
+    """The bodies the Space's ``explain_batch`` was handed, in order."""
+    handed: list[dict[str, Any]] = []
+    real = space.ExplainBody
+
+    class Recorded:
+        @staticmethod
+        def model_validate(body: dict[str, Any]) -> Any:
+            handed.append(body)
+            return real.model_validate(body)
+
+    monkeypatch.setattr(space, "ExplainBody", Recorded)
+    return handed
+
+
+def _answer(sock: socket.socket) -> tuple[int, dict[str, Any]]:
+    """Read one HTTP response (status line, headers, a Content-Length body) from ``sock``."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536) or b""
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:])
+    while len(body) < int(headers["content-length"]):
+        body += sock.recv(65536)
+    return int(lines[0].split()[1]), json.loads(body)
+
+
+def _head(port: int, framing: str) -> bytes:
+    return (
+        f"POST {CALL} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Content-Type: application/json\r\n{framing}\r\n\r\n"
+    ).encode()
+
+
+def _big_text_body(size: int) -> bytes:
+    payload = {"model": TEXT_MODEL, "method": "gradient_x_input", "text": "a " * (size // 2)}
+    return json.dumps({"data": [payload]}).encode()
+
+
+def test_an_over_limit_body_is_refused_before_the_space_reads_it(space_port, parsed_bodies):
+    refusal = {"error": {"code": "request_too_large", "message": BODY_LIMIT_WORDS}}
+    body = _big_text_body(1_000_000)
+    # A Content-Length over the limit: answered with only the first kilobyte sent, so nothing
+    # waited for (or parsed) the rest.
+    with socket.create_connection(("127.0.0.1", space_port), timeout=30) as sock:
+        sock.sendall(_head(space_port, f"Content-Length: {len(body)}") + body[:1000])
+        assert _answer(sock) == (413, refusal)
+    # No Content-Length: chunks past the limit, the body never ended, and still answered.
+    with socket.create_connection(("127.0.0.1", space_port), timeout=30) as sock:
+        sock.sendall(_head(space_port, "Transfer-Encoding: chunked"))
+        for start in range(0, 250_000, 10_000):
+            piece = body[start : start + 10_000]
+            sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+        assert _answer(sock) == (413, refusal)
+    # The whole body sent, with its length: the same answer, and the handler never ran.
+    whole = httpx.post(
+        f"http://127.0.0.1:{space_port}{CALL}",
+        content=body,
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
+    assert (whole.status_code, whole.json()) == (413, refusal)
+    assert parsed_bodies == []
+    # Under the limit the same route reaches the handler (the record above could see a call).
+    small = {"model": TEXT_MODEL, "method": "gradient_x_input", "text": "a fine day"}
+    started = httpx.post(f"http://127.0.0.1:{space_port}{CALL}", json={"data": [small]})
+    event = started.json()["event_id"]
+    with httpx.stream("GET", f"http://127.0.0.1:{space_port}{CALL}/{event}", timeout=120) as s:
+        events = [line for line in s.iter_lines() if line.startswith("event:")]
+    assert events[-1] == "event: complete"
+    assert parsed_bodies == [small]
+
+
+def _space_refusal(client: Client, body: dict[str, Any]) -> tuple[int | None, str]:
+    """The Space's refusal of ``body``: an HTTP status and REST's error body, or a Gradio error."""
+    try:
+        client.predict(body, api_name="/explain_batch")
+    except AppError as err:
+        return None, str(err)
+    except httpx.HTTPStatusError as err:
+        return err.response.status_code, err.response.json()["error"]["message"]
+    raise AssertionError(f"the Space explained {str(body)[:80]}")
+
+
+def test_the_space_refuses_what_rest_refuses_with_the_same_words(rest, space_client):
+    one = {"model": TEXT_MODEL, "method": "gradient_x_input"}
+    instances = [{"text": "a fine day"}] * 5
+    over_body = [{"text": "a fine day"}] * 20_000  # ~480 kB: the body limit comes first
+    cases = [
+        ({**one, "instances": instances}, 422, None, "a batch holds at most 3 instances"),
+        ({**one, "text": "a" * 2000}, 413, None, "the text has 2000 characters"),
+        ({**one, "text": "a " * 150_000}, 413, 413, BODY_LIMIT_WORDS),
+        ({**one, "instances": over_body}, 413, 413, BODY_LIMIT_WORDS),
+    ]
+    for body, rest_status, space_status, words in cases:
+        answer = rest.post("/api/v1/explain", json=body)
+        assert answer.status_code == rest_status, answer.text
+        message = answer.json()["error"]["message"]
+        assert message.startswith(words)
+        assert _space_refusal(space_client, body) == (space_status, message)
