@@ -1,19 +1,24 @@
 """
 The Space is as safe as REST: its Gradio API refuses an over-limit body before Gradio reads it
-and gives REST's words for every limit.
+and gives REST's words for every limit; a server with a token bounds a request's seconds by
+default.
 """
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import socket
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from gradio_client import Client
 from gradio_client.exceptions import AppError
+from PIL import Image
 
 from app import space
 from app.api import ApiGuard
@@ -21,7 +26,7 @@ from app.server import create_app
 from app.settings import ServerSettings
 from app.worker import ExplainWorker
 
-TEXT_MODEL = "tiny-random-bert"
+TEXT_MODEL, IMAGE_MODEL = "tiny-random-bert", "tiny-random-vit"
 LIMIT = 200_000
 BODY_LIMIT_WORDS = f"the request body is larger than this server's limit of {LIMIT} bytes"
 CALL = "/gradio_api/call/explain_batch"
@@ -178,3 +183,49 @@ def test_the_space_refuses_what_rest_refuses_with_the_same_words(rest, space_cli
         message = answer.json()["error"]["message"]
         assert message.startswith(words)
         assert _space_refusal(space_client, body) == (space_status, message)
+
+
+def _noise_png_base64() -> str:
+    buffer = io.BytesIO()
+    pixels = np.random.default_rng(0).integers(0, 255, (32, 32, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+SOBOL = {
+    "model": IMAGE_MODEL,
+    "method": "sobol",
+    "image_base64": _noise_png_base64(),
+    "params": {"grid": 32, "n_designs": 1024},  # 1,050,625 forward passes: hours on a CPU
+}
+
+
+def _answer_to_sobol(env: dict[str, str], **overrides: Any) -> dict[str, str]:
+    settings = ServerSettings.for_server(
+        env, models=frozenset({IMAGE_MODEL}), max_forward_passes=1000, **overrides
+    )
+    worker = ExplainWorker(device="cpu", settings=settings)
+    try:
+        with TestClient(create_app(worker)) as client:
+            answer = client.post(
+                "/api/v1/explain", json=SOBOL, headers={"Authorization": "Bearer s3cret"}
+            )
+    finally:
+        worker.close()
+    assert answer.status_code == 422, answer.text
+    return answer.json()["error"]
+
+
+def test_a_server_with_a_token_bounds_a_requests_seconds_by_default(tmp_path):
+    data = {"data_dir": tmp_path}
+    with_token = _answer_to_sobol({"ATTRLAB_API_TOKEN": "s3cret"}, **data)
+    assert with_token["code"] == "too_slow"
+    assert "≈ 1,050,625 forward passes" in with_token["message"]
+    assert "this server allows 120 s per request: lower n_designs" in with_token["message"]
+    # The same request on a server without a token has no seconds limit: the forward-pass
+    # budget, checked next, refuses it instead.
+    assert _answer_to_sobol({}, **data)["code"] == "over_budget"
+    # ATTRLAB_MAX_SECONDS still sets the limit with a token.
+    generous = {"ATTRLAB_API_TOKEN": "s3cret", "ATTRLAB_MAX_SECONDS": "1e9"}
+    assert _answer_to_sobol(generous, **data)["code"] == "over_budget"
+    assert _answer_to_sobol({}, api_token="s3cret", **data)["code"] == "too_slow"
