@@ -21,7 +21,7 @@ from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.routing import Match, Mount, Router
@@ -42,6 +42,7 @@ from app.worker import (
 from attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
 from attribution.methods import available_methods
 from attribution.models import BUILTIN_MODELS, default_model
+from attribution.params import whole_float_as_int
 
 __all__ = [
     "ApiGuard",
@@ -60,6 +61,14 @@ _RETRY_AFTER_S = "5"
 _PARQUET = "application/vnd.apache.parquet"
 _DISCONNECT_POLL_S = 0.5
 _VERBS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
+
+# Integer fields of a JSON body are strict (no text, no true), but a whole float such as 632.0
+# counts, as the schema's "integer" promises.
+_WHOLE = BeforeValidator(whole_float_as_int)
+_WholeNumber = Annotated[int, _WHOLE]
+#: The output to explain: a class index or label.
+_Target = Annotated[int | Annotated[str, Field(max_length=200)] | None, _WHOLE]
 
 
 class ErrorDetail(BaseModel):
@@ -118,8 +127,8 @@ class _InputBody(BaseModel):
         None, description="The image file's bytes (PNG, JPEG, ...), base64-encoded"
     )
     labels: list[Annotated[str, Field(max_length=200)]] | None = Field(None, max_length=100)
-    target: int | Annotated[str, Field(max_length=200)] | None = None
-    seed: int = Field(0, ge=0, le=2**32 - 1)
+    target: _Target = None
+    seed: _WholeNumber = Field(0, ge=0, le=2**32 - 1)
     next_token: bool = Field(False, description="Explain a decoder LM's next token")
 
     def input_fields(self) -> dict[str, Any]:
@@ -156,7 +165,7 @@ class InstanceBody(BaseModel):
     image_base64: str | None = Field(
         None, description="The image file's bytes (PNG, JPEG, ...), base64-encoded"
     )
-    target: int | Annotated[str, Field(max_length=200)] | None = None
+    target: _Target = None
 
     def to_instance(self) -> Instance:
         """The worker's instance; one that cannot be decoded carries its problem along."""
@@ -273,7 +282,7 @@ class LayersBody(_InputBody):
     measures: list[Annotated[str, Field(min_length=1, max_length=50)]] | None = Field(
         None, max_length=20, description="Measures to compute (default: all that apply)"
     )
-    top_k: int = Field(5, ge=1, le=1000, description="Heads compared by top-k overlap")
+    top_k: _WholeNumber = Field(5, ge=1, le=1000, description="Heads compared by top-k overlap")
 
     def to_request(self) -> ExplainRequest:
         """The worker request: the registered ``layers`` method with these parameters."""
@@ -358,7 +367,7 @@ class KServeParameters(BaseModel):
         default_factory=dict, max_length=50
     )
     labels: list[Annotated[str, Field(max_length=200)]] | None = Field(None, max_length=100)
-    seed: int = Field(0, ge=0, le=2**32 - 1)
+    seed: _WholeNumber = Field(0, ge=0, le=2**32 - 1)
     next_token: bool = False
     evaluate: bool = False
 

@@ -1,7 +1,7 @@
 """
 The Space is as safe as REST: its Gradio API refuses an over-limit body before Gradio reads it
-and gives REST's words for every limit; a server with a token bounds a request's seconds by
-default.
+and gives REST's words for every limit; integer fields take what their schema promises; a
+server with a token bounds a request's seconds by default.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import socket
 from typing import Any
 
 import httpx
+import jsonschema
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
@@ -25,6 +26,8 @@ from app.api import ApiGuard
 from app.server import create_app
 from app.settings import ServerSettings
 from app.worker import ExplainWorker
+from attribution import explain
+from attribution.models import load
 
 TEXT_MODEL, IMAGE_MODEL = "tiny-random-bert", "tiny-random-vit"
 LIMIT = 200_000
@@ -183,6 +186,47 @@ def test_the_space_refuses_what_rest_refuses_with_the_same_words(rest, space_cli
         message = answer.json()["error"]["message"]
         assert message.startswith(words)
         assert _space_refusal(space_client, body) == (space_status, message)
+
+
+def test_whole_numbers_are_integers_as_the_schema_says(rest, space_client):
+    body = {
+        "model": TEXT_MODEL,
+        "method": "rise",
+        "text": "a fine day",
+        "target": 1.0,
+        "seed": 632.0,
+        "params": {"n_masks": 8.0},
+    }
+    schema = rest.get("/openapi.json").json()
+    body_schema = {"$ref": "#/components/schemas/ExplainBody", **schema}
+    jsonschema.validate(body, body_schema)  # what a schema-driven client may send
+    assert schema["components"]["schemas"]["ExplainBody"]["properties"]["seed"]["type"] == (
+        "integer"
+    )
+    adapter = load(TEXT_MODEL, device="cpu")
+    expected = explain(
+        adapter, "rise", adapter.preprocess("a fine day"), target=1, params={"n_masks": 8}, seed=632
+    )
+    served = rest.post("/api/v1/explain", json=body)
+    assert served.status_code == 200, served.text
+    from_space = space_client.predict(body, api_name="/explain_batch")
+    for answer in (served.json(), from_space):
+        assert answer["target"]["index"] == 1
+        np.testing.assert_allclose(answer["scores"], expected.scores, rtol=1e-6, atol=1e-9)
+    # Not whole, or not a number: refused as before, with the same words on both.
+    for params, words in (
+        ({"n_masks": 8.5}, "parameter 'n_masks' must be of type int; got 8.5"),
+        ({"n_masks": "8"}, "parameter 'n_masks' must be of type int; got '8'"),
+        ({"n_masks": True}, "parameter 'n_masks' must be of type int; got True"),
+    ):
+        refused = rest.post("/api/v1/explain", json={**body, "params": params})
+        assert refused.status_code == 422
+        assert refused.json()["error"] == {"code": "invalid_parameter", "message": words}
+        assert _space_refusal(space_client, {**body, "params": params}) == (None, words)
+    for field, value in (("seed", 632.5), ("seed", "632"), ("target", 1.5)):
+        refused = rest.post("/api/v1/explain", json={**body, field: value})
+        assert refused.status_code == 422
+        assert refused.json()["error"]["message"].startswith(f"body.{field}"), refused.json()
 
 
 def _noise_png_base64() -> str:
