@@ -689,7 +689,8 @@ class _BodyTooLargeError(HTTPException):
 
 
 async def _body_too_large(_: Request, err: Exception) -> JSONResponse:
-    return _error(413, "request_too_large", str(getattr(err, "detail", err)))
+    detail = err.detail if isinstance(err, HTTPException) else str(err)
+    return _error(413, "request_too_large", detail)
 
 
 class ApiGuard:

@@ -12,6 +12,7 @@ import json
 import socket
 from typing import Any
 
+import gradio
 import httpx
 import jsonschema
 import numpy as np
@@ -22,7 +23,6 @@ from gradio_client.exceptions import AppError
 from PIL import Image
 
 from app import space
-from app.api import ApiGuard
 from app.server import create_app
 from app.settings import ServerSettings
 from app.worker import ExplainWorker
@@ -56,17 +56,19 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def space_port(settings):
     """The Space's Blocks, launched with the options ``app.space.launch`` gives them."""
-    demo = space.build_space(settings)
+    launched: dict[str, Any] = {}
+
+    def record(demo: gradio.Blocks, **options: Any) -> None:
+        launched.update(demo=demo, options=options)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gradio.Blocks, "launch", record)
+        patch.setattr(Image, "MAX_IMAGE_PIXELS", Image.MAX_IMAGE_PIXELS)  # launch bounds it
+        space.launch(settings)
     port = _free_port()
-    demo.launch(
-        server_name="127.0.0.1",
-        server_port=port,
-        prevent_thread_lock=True,
-        quiet=True,
-        max_file_size=settings.max_body_bytes,
-        app_kwargs=ApiGuard.options(settings.max_body_bytes),
-        show_error=False,
-    )
+    demo = launched["demo"]
+    local = {"server_name": "127.0.0.1", "server_port": port, "prevent_thread_lock": True}
+    demo.launch(**{**launched["options"], **local, "quiet": True})
     yield port
     demo.close()
 
@@ -113,9 +115,9 @@ def _answer(sock: socket.socket) -> tuple[int, dict[str, Any]]:
     return int(lines[0].split()[1]), json.loads(body)
 
 
-def _head(port: int, framing: str) -> bytes:
+def _head(port: int, framing: str, path: str = CALL) -> bytes:
     return (
-        f"POST {CALL} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
         f"Content-Type: application/json\r\n{framing}\r\n\r\n"
     ).encode()
 
@@ -129,10 +131,11 @@ def test_an_over_limit_body_is_refused_before_the_space_reads_it(space_port, par
     refusal = {"error": {"code": "request_too_large", "message": BODY_LIMIT_WORDS}}
     body = _big_text_body(1_000_000)
     # A Content-Length over the limit: answered with only the first kilobyte sent, so nothing
-    # waited for (or parsed) the rest.
-    with socket.create_connection(("127.0.0.1", space_port), timeout=30) as sock:
-        sock.sendall(_head(space_port, f"Content-Length: {len(body)}") + body[:1000])
-        assert _answer(sock) == (413, refusal)
+    # waited for (or parsed) the rest; on every path Gradio serves.
+    for path in (CALL, "/gradio_api/queue/join", "/gradio_api/upload", "/"):
+        with socket.create_connection(("127.0.0.1", space_port), timeout=30) as sock:
+            sock.sendall(_head(space_port, f"Content-Length: {len(body)}", path) + body[:1000])
+            assert _answer(sock) == (413, refusal), path
     # No Content-Length: chunks past the limit, the body never ended, and still answered.
     with socket.create_connection(("127.0.0.1", space_port), timeout=30) as sock:
         sock.sendall(_head(space_port, "Transfer-Encoding: chunked"))
@@ -240,13 +243,19 @@ SOBOL = {
     "model": IMAGE_MODEL,
     "method": "sobol",
     "image_base64": _noise_png_base64(),
-    "params": {"grid": 32, "n_designs": 1024},  # 1,050,625 forward passes: hours on a CPU
+    # 4096·(32² + 2) Sobol passes and the prediction's own, one at a time: at well under a
+    # millisecond a pass (the fastest a CPU runs this ViT), still far over 120 s.
+    "params": {"grid": 32, "n_designs": 4096, "batch_size": 1},
 }
 
 
 def _answer_to_sobol(env: dict[str, str], **overrides: Any) -> dict[str, str]:
     settings = ServerSettings.for_server(
-        env, models=frozenset({IMAGE_MODEL}), max_forward_passes=1000, **overrides
+        env,
+        models=frozenset({IMAGE_MODEL}),
+        max_forward_passes=1000,
+        param_limits={"n_designs": 4096},
+        **overrides,
     )
     worker = ExplainWorker(device="cpu", settings=settings)
     try:
@@ -263,12 +272,13 @@ def _answer_to_sobol(env: dict[str, str], **overrides: Any) -> dict[str, str]:
 def test_a_server_with_a_token_bounds_a_requests_seconds_by_default(tmp_path):
     data = {"data_dir": tmp_path}
     with_token = _answer_to_sobol({"ATTRLAB_API_TOKEN": "s3cret"}, **data)
-    assert with_token["code"] == "too_slow"
-    assert "≈ 1,050,625 forward passes" in with_token["message"]
+    assert with_token["code"] == "too_slow", with_token
+    assert "≈ 4,202,497 forward passes" in with_token["message"]
     assert "this server allows 120 s per request: lower n_designs" in with_token["message"]
     # The same request on a server without a token has no seconds limit: the forward-pass
     # budget, checked next, refuses it instead.
-    assert _answer_to_sobol({}, **data)["code"] == "over_budget"
+    without = _answer_to_sobol({}, **data)
+    assert without["code"] == "over_budget" and "4,202,497 forward passes" in without["message"]
     # ATTRLAB_MAX_SECONDS still sets the limit with a token.
     generous = {"ATTRLAB_API_TOKEN": "s3cret", "ATTRLAB_MAX_SECONDS": "1e9"}
     assert _answer_to_sobol(generous, **data)["code"] == "over_budget"
