@@ -21,8 +21,9 @@ from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.routing import Match, Mount, Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -41,6 +42,7 @@ from app.worker import (
 from attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
 from attribution.methods import available_methods
 from attribution.models import BUILTIN_MODELS, default_model
+from attribution.params import whole_float_as_int
 
 __all__ = [
     "ApiGuard",
@@ -59,6 +61,14 @@ _RETRY_AFTER_S = "5"
 _PARQUET = "application/vnd.apache.parquet"
 _DISCONNECT_POLL_S = 0.5
 _VERBS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
+
+# Integer fields of a JSON body are strict (no text, no true), but a whole float such as 632.0
+# counts, as the schema's "integer" promises.
+_WHOLE = BeforeValidator(whole_float_as_int)
+_WholeNumber = Annotated[int, _WHOLE]
+#: The output to explain: a class index or label.
+_Target = Annotated[int | Annotated[str, Field(max_length=200)] | None, _WHOLE]
 
 
 class ErrorDetail(BaseModel):
@@ -117,8 +127,8 @@ class _InputBody(BaseModel):
         None, description="The image file's bytes (PNG, JPEG, ...), base64-encoded"
     )
     labels: list[Annotated[str, Field(max_length=200)]] | None = Field(None, max_length=100)
-    target: int | Annotated[str, Field(max_length=200)] | None = None
-    seed: int = Field(0, ge=0, le=2**32 - 1)
+    target: _Target = None
+    seed: _WholeNumber = Field(0, ge=0, le=2**32 - 1)
     next_token: bool = Field(False, description="Explain a decoder LM's next token")
 
     def input_fields(self) -> dict[str, Any]:
@@ -155,7 +165,7 @@ class InstanceBody(BaseModel):
     image_base64: str | None = Field(
         None, description="The image file's bytes (PNG, JPEG, ...), base64-encoded"
     )
-    target: int | Annotated[str, Field(max_length=200)] | None = None
+    target: _Target = None
 
     def to_instance(self) -> Instance:
         """The worker's instance; one that cannot be decoded carries its problem along."""
@@ -272,7 +282,7 @@ class LayersBody(_InputBody):
     measures: list[Annotated[str, Field(min_length=1, max_length=50)]] | None = Field(
         None, max_length=20, description="Measures to compute (default: all that apply)"
     )
-    top_k: int = Field(5, ge=1, le=1000, description="Heads compared by top-k overlap")
+    top_k: _WholeNumber = Field(5, ge=1, le=1000, description="Heads compared by top-k overlap")
 
     def to_request(self) -> ExplainRequest:
         """The worker request: the registered ``layers`` method with these parameters."""
@@ -357,7 +367,7 @@ class KServeParameters(BaseModel):
         default_factory=dict, max_length=50
     )
     labels: list[Annotated[str, Field(max_length=200)]] | None = Field(None, max_length=100)
-    seed: int = Field(0, ge=0, le=2**32 - 1)
+    seed: _WholeNumber = Field(0, ge=0, le=2**32 - 1)
     next_token: bool = False
     evaluate: bool = False
 
@@ -674,23 +684,48 @@ def install_error_handlers(app: FastAPI) -> None:
         return _error(500, "internal", "internal error; the server log has the details")
 
 
+class _BodyTooLargeError(HTTPException):
+    """A body that grew past the limit while read, raised through the app being guarded."""
+
+
+async def _body_too_large(_: Request, err: Exception) -> JSONResponse:
+    detail = err.detail if isinstance(err, HTTPException) else str(err)
+    return _error(413, "request_too_large", detail)
+
+
 class ApiGuard:
     """
     ASGI middleware answering in JSON before the app reads anything.
 
-    Bodies over ``max_bytes`` get 413 on every path (API and page), also when they arrive in
-    chunks without a Content-Length. Under the ``prefix`` paths, unknown routes get 404 and
-    known routes asked with another verb 405 (without this, the page mounted at / would answer
-    in HTML).
+    Bodies over ``max_bytes`` get 413 on every path (API, page, the Space's Gradio API), also
+    when they arrive in chunks without a Content-Length. Under the ``prefix`` paths (none by
+    default), unknown ``routes`` get 404 and known ones asked with another verb 405 (without
+    this, the page mounted at / would answer in HTML).
     """
 
     def __init__(
-        self, app: ASGIApp, routes: Router, max_bytes: int, prefix: tuple[str, ...]
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        routes: Router | None = None,
+        prefix: tuple[str, ...] = (),
     ) -> None:
         self.app = app
-        self.routes = routes
+        self.routes = routes or Router()
         self.max_bytes = max_bytes
         self.prefix = prefix
+
+    @classmethod
+    def options(cls, max_bytes: int) -> dict[str, Any]:
+        """
+        ``FastAPI(**options)`` for an app built elsewhere (Gradio's ``launch(app_kwargs=...)``).
+
+        Its bodies are bounded as the REST API's are, and refused with the same JSON error.
+        """
+        return {
+            "middleware": [Middleware(cls, max_bytes=max_bytes)],
+            "exception_handlers": {_BodyTooLargeError: _body_too_large},
+        }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -718,7 +753,7 @@ class ApiGuard:
             message = await receive()
             seen += len(message.get("body", b""))
             if seen > self.max_bytes:  # a chunked body that grows past the limit
-                raise HTTPException(413, too_large)
+                raise _BodyTooLargeError(413, too_large)
             return message
 
         async def watched(message: Message) -> None:

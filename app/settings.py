@@ -55,6 +55,9 @@ DEFAULT_PARAM_LIMITS: dict[str, float] = {
     "batch_size": 64,  # a batch of images is held in memory at once
     "internal_batch_size": 64,
 }
+#: Longest estimated seconds of one request on a server with an API token (``ATTRLAB_MAX_SECONDS``
+#: sets another): a server that needs a token serves others, whose work must stay bounded.
+TOKEN_SERVER_MAX_SECONDS = 120.0
 #: Request fields bounded for every front end (the REST schema says the same).
 MAX_LABELS, MAX_LABEL_CHARS, MAX_TARGET_CHARS, MAX_SEED = 100, 200, 200, 2**32 - 1
 
@@ -82,7 +85,8 @@ class ServerSettings:
         max_forward_passes: Most forward passes one request may need (sampling methods:
             masks × cells, windows, evaluations); ``None`` means no limit.
         max_seconds: Longest estimated time of one explanation; slower requests are refused
-            before they start, with the estimate (``None``: no limit).
+            before they start, with the estimate (``None``: no limit). A server with an
+            ``api_token`` defaults to :data:`TOKEN_SERVER_MAX_SECONDS` (120 s).
         max_batch: Most instances in one batch request (``instances``; ``None``: no limit).
         data_dir: Where durable jobs keep their table and results (``None``: no jobs).
         max_jobs: Jobs queued or running at once; more are answered 429.
@@ -112,7 +116,12 @@ class ServerSettings:
 
     @classmethod
     def for_server(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> ServerSettings:
-        """Server defaults, then ``ATTRLAB_*`` environment variables, then ``overrides``."""
+        """
+        Server defaults, then ``ATTRLAB_*`` environment variables, then ``overrides``.
+
+        With an API token and no seconds given, requests are bounded by
+        :data:`TOKEN_SERVER_MAX_SECONDS`.
+        """
         env = os.environ if env is None else env
         settings = cls(
             models=frozenset(split_list(env.get("ATTRLAB_MODELS")) or BUILTIN_MODELS),
@@ -138,7 +147,10 @@ class ServerSettings:
             max_jobs=_positive(env, "ATTRLAB_MAX_JOBS", 16),
             max_job_instances=_positive(env, "ATTRLAB_MAX_JOB_INSTANCES", 10_000),
         )
-        return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+        settings = replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+        if settings.api_token is not None and settings.max_seconds is None:
+            settings = replace(settings, max_seconds=TOKEN_SERVER_MAX_SECONDS)
+        return settings
 
     def model_source(self, spec: str) -> ModelSource:
         """

@@ -42,7 +42,7 @@ if __package__ in (None, ""):  # run as a file, as a Space runs its app_file
 import gradio as gr
 from pydantic import ValidationError
 
-from app.api import ExplainBody
+from app.api import ApiGuard, ExplainBody
 from app.errors import public_message, validation_problems
 from app.jobs import instance_json
 from app.server import bound_image_decoding, page_login
@@ -283,6 +283,7 @@ def launch(settings: ServerSettings | None = None) -> None:
         server_name="0.0.0.0",
         auth=page_login(settings.api_token),
         max_file_size=settings.max_body_bytes,
+        app_kwargs=ApiGuard.options(settings.max_body_bytes),  # before Gradio parses a body
         show_error=False,  # only gr.Error messages (already free of paths) reach the page
     )
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from attribution.errors import InvalidParameterError
 
-__all__ = ["Param", "parse_param_value", "power_of_two", "validate_params"]
+__all__ = ["Param", "parse_param_value", "power_of_two", "validate_params", "whole_float_as_int"]
 
 _TYPES: dict[str, type] = {"int": int, "float": float, "str": str, "bool": bool}
 
@@ -44,8 +44,9 @@ class Param:
         """
         Return ``value`` coerced to this parameter's type, or raise a clear error.
 
-        ``strict`` (JSON from REST) takes only values already of the type: no text parsed,
-        no whole float taken as an int. ``None`` means the default either way.
+        ``strict`` (JSON from REST) takes only values already of the type, no text parsed;
+        a whole float (``8.0``) is an int either way, as JSON Schema counts it
+        (:func:`whole_float_as_int`). ``None`` means the default either way.
         """
         if value is None:
             if self.default is None:
@@ -72,8 +73,8 @@ class Param:
                 raise InvalidParameterError(
                     f"parameter '{self.name}' is too large a number"
                 ) from None
-        if target is int and isinstance(value, float) and value.is_integer() and not strict:
-            return int(value)
+        if target is int:
+            value = whole_float_as_int(value)
         if not isinstance(value, target) or (target is not bool and isinstance(value, bool)):
             raise InvalidParameterError(
                 f"parameter '{self.name}' must be of type {self.kind}; got {value!r}"
@@ -103,6 +104,18 @@ class Param:
         if self.choices is not None:
             schema["enum"] = list(self.choices)
         return schema
+
+
+def whole_float_as_int(value: Any) -> Any:
+    """
+    A float with no fractional part (``632.0``) as the int it equals; anything else unchanged.
+
+    JSON Schema counts such a number as an integer, so a client that follows a schema saying
+    ``integer`` may send it; ``8.5``, ``"8"`` and ``true`` stay what they are.
+    """
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
 
 def parse_param_value(param: Param, text: str) -> Any:

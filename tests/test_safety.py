@@ -183,7 +183,8 @@ REST_CASES = [
         "invalid_parameter",
         "parameter 'n_steps' must be of type int",
     ),
-    # JSON is typed: no text parsed into a number, no float taken as an int (the CLI parses).
+    # JSON is typed: no text parsed into a number (the CLI parses), no fraction taken as an int
+    # (a whole 8.0 is one, as JSON Schema counts it: tests/test_safety_space.py).
     (
         _ig(n_steps="8"),
         422,
@@ -191,10 +192,10 @@ REST_CASES = [
         "parameter 'n_steps' must be of type int; got '8'",
     ),
     (
-        _ig(n_steps=8.0),
+        _ig(n_steps=8.5),
         422,
         "invalid_parameter",
-        "parameter 'n_steps' must be of type int; got 8.0",
+        "parameter 'n_steps' must be of type int; got 8.5",
     ),
     (_ig(n_steps=True), 422, "invalid_parameter", "parameter 'n_steps' must be of type int"),
     (_text(text="\u200b"), 400, "invalid_input", "the text gives this model no token to explain"),
@@ -224,6 +225,8 @@ REST_CASES = [
     # Request shape.
     (_text(seed=-1), 422, "invalid_request", "body.seed"),
     (_text(seed=2**70), 422, "invalid_request", "body.seed"),
+    (_text(seed=632.5), 422, "invalid_request", "body.seed: Input should be a valid integer"),
+    (_text(seed="632"), 422, "invalid_request", "body.seed: Input should be a valid integer"),
     (_text(prams={}), 422, "invalid_request", "body.prams: Extra inputs are not permitted"),
     ({"method": "gradient_x_input", "image": "x"}, 422, "invalid_request", "body.image"),
     (_text(next_token=True), 400, "invalid_input", "a next-token explanation needs a decoder LM"),
