@@ -15,6 +15,7 @@ import atexit
 import functools
 import json
 import logging
+import os
 import shutil
 import tempfile
 import threading
@@ -41,7 +42,7 @@ from app.worker import (
     WorkerRequest,
 )
 from attribution.compare import MapChange, compare_explanations, occluded
-from attribution.errors import AttrlabError
+from attribution.errors import AttrlabError, InvalidInputError
 from attribution.explanation import Explanation
 from attribution.methods.catalog import catalog_entries
 from attribution.models import BUILTIN_MODELS, default_model
@@ -55,7 +56,10 @@ __all__ = [
     "method_entries",
     "page_folder",
     "read_target",
+    "received_file",
+    "received_image",
     "sample_labels",
+    "upload_folder",
 ]
 
 log = logging.getLogger(__name__)
@@ -490,6 +494,81 @@ def _pages(result: Result) -> dict[str, str]:
 
 
 @functools.cache
+def upload_folder() -> Path:
+    """
+    The process's own folder for what the page receives, made Gradio's (``GRADIO_TEMP_DIR``).
+
+    Gradio takes as an upload, and serves, any file under its temp folder, which by default
+    every Gradio app on the machine shares (``gradio`` in the system temp folder). A fresh
+    private folder (``mkdtemp``, 0700; inside the operator's ``GRADIO_TEMP_DIR`` if set) holds
+    only what this process's upload route and outputs wrote, so a file another process left in
+    the shared one is neither read as an upload nor served. Gradio reads the variable when a
+    component or the app is made and at each upload check: it is set before the page exists.
+    Cached examples (``GRADIO_EXAMPLES_CACHE``, served too) go inside it, not under the
+    working directory.
+    """
+    parent = os.environ.get("GRADIO_TEMP_DIR") or None
+    if parent is not None:
+        Path(parent).mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="attrlab-uploads-", dir=parent)).resolve()
+    atexit.register(shutil.rmtree, folder, True)
+    os.environ["GRADIO_TEMP_DIR"] = str(folder)
+    os.environ["GRADIO_EXAMPLES_CACHE"] = str(folder / "examples")
+    return folder
+
+
+def received_file(value: Any) -> Path | None:
+    """
+    A file handed to a page handler, if this process's :func:`upload_folder` holds it.
+
+    What Gradio checks before a handler runs, checked again where the file is opened: the path,
+    made absolute (``..`` removed), must lie in the folder with no link on the way, and be a
+    regular file. Every refusal has the same words, whether or not such a file exists.
+
+    Returns:
+        The file, or None when none was handed (an empty field).
+
+    Raises:
+        InvalidInputError: for anything else.
+    """
+    if value is None:
+        return None
+    if isinstance(value, str) and "\0" not in value:
+        path = Path(os.path.abspath(value))
+        if (
+            path.is_relative_to(upload_folder())
+            and os.path.realpath(path) == str(path)  # no link, anywhere on the way
+            and path.is_file()
+        ):
+            return path
+    raise InvalidInputError("that file was not uploaded to this page; upload it again")
+
+
+def received_image(image: gr.Image) -> gr.Image:
+    """
+    ``image``, made to read only a file this process received (:func:`received_file`).
+
+    Gradio checks a file named in a request only when the request marks it as a file
+    (``meta``); an image given as a bare ``{"path": ...}`` would be read unchecked. The check
+    here runs on every image before Gradio decodes it, whatever the request looked like; an
+    image sent as a ``data:`` URL is decoded from its bytes. (On this one component: a subclass
+    would make Gradio write a type stub beside this module.)
+    """
+    decode = image.preprocess
+
+    def preprocess(payload: Any) -> Any:
+        if payload is not None and payload.path is not None:
+            try:
+                received_file(payload.path)
+            except InvalidInputError as err:
+                raise gr.Error(str(err)) from None
+        return decode(payload)
+
+    image.preprocess = preprocess  # type: ignore[method-assign]
+    return image
+
+
+@functools.cache
 def _files_root() -> Path:
     """The process's own folder for handed-out files (private to its user: ``mkdtemp``)."""
     root = Path(tempfile.mkdtemp(prefix="attrlab-page-"))
@@ -596,8 +675,8 @@ def _explain_tab(
                     elem_id=f"{key}-labels",
                 )
             if spec.modality == "image":
-                source: Any = gr.Image(
-                    label="Image", type="numpy", height=240, elem_id=f"{key}-input"
+                source: Any = received_image(
+                    gr.Image(label="Image", type="numpy", height=240, elem_id=f"{key}-input")
                 )
                 gr.Examples(
                     [[str(p)] for p in _example_images()],
@@ -1108,6 +1187,7 @@ def build_ui(
     from app.ui_batch import batch_tab, evaluate_tab
     from app.ui_layers import layers_tab
 
+    upload_folder()  # before any component: each reads Gradio's folder when made
     runner = PageRunner(worker, run)
     cost = cost or (lambda request: _queued_cost(worker, request))
     specs = [
