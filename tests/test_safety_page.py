@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from unittest import mock
+from urllib.parse import urlencode
 
 import gradio as gr
 import httpx
@@ -395,3 +396,139 @@ def test_no_input_makes_a_handler_open_a_path_it_did_not_create(client, planted,
         assert error in (None, REFUSED)  # Gradio's own refusal says nothing; the page's says why
     assert _outside_the_upload_folder(opened) == []
     assert not {_real(p) for p in opened} & {_real(p) for p in planted.all}
+
+
+# --- item 8: a shared link's bad fields are named; the rest fills the tab -----------------
+
+
+def _load(client: TestClient, query: str) -> dict[str, Any]:
+    """The page's load event for a link with ``query``: each filled component by elem_id."""
+    config = client.get("/config").json()
+    (load,) = [d for d in config["dependencies"] if [t[1] for t in d["targets"]] == ["load"]]
+    elem_ids = {c["id"]: c["props"].get("elem_id") for c in config["components"]}
+    session = uuid.uuid4().hex
+    joined = client.post(
+        f"/gradio_api/queue/join?{query}",
+        json={"data": [], "fn_index": load["id"], "session_hash": session, "trigger_id": None},
+    )
+    assert joined.status_code == 200, joined.text
+    output = None
+    with client.stream("GET", f"/gradio_api/queue/data?session_hash={session}") as events:
+        for line in events.iter_lines():
+            if not line.startswith("data:"):
+                continue
+            message = json.loads(line[5:])
+            if message["msg"] == "process_completed":
+                output = message["output"]
+            if message["msg"] == "close_stream":
+                break
+    assert output is not None and "data" in output, output
+    return {
+        elem_ids[c]: value
+        for c, value in zip(load["outputs"], output["data"], strict=True)
+        if elem_ids.get(c)
+    }
+
+
+def _value(update: Any) -> Any:
+    return update.get("value", "(unchanged)") if isinstance(update, dict) else update
+
+
+@pytest.mark.parametrize(
+    ("query", "named"),
+    [
+        ("seed=%C2%B2", ["seed '²' is not a whole number from 0 to 4294967295"]),
+        ("seed=" + "9" * 5000, ["seed '" + "9" * 40 + "…' is not a whole number"]),
+        ("seed=4294967296", ["seed '4294967296' is not a whole number"]),
+        ("seed=-1", ["seed '-1' is not a whole number"]),
+        ("trust=yes&randomise=2", ["trust 'yes' is not 1", "randomise '2' is not 1"]),
+        ("methods=attnlrp,nope,gradcam", ["methods 'nope', 'gradcam': not on this tab"]),
+        ('params={"integrated_gradients":{"n_steps":0}}', ["n_steps' must be between 2"]),
+        ('params={"integrated_gradients":{"n_steps":1e999}}', ["n_steps' must be of type int"]),
+        ('params={"integrated_gradients":{"steps":9}}', ["has no parameter 'steps'"]),
+        ('params={"gradcam":{"layer":"x"}}', ["'gradcam' is not a method of this tab"]),
+        ('params={"attnlrp":3}', ["attnlrp is not given a JSON object of parameters"]),
+        ("params=" + "[" * 5000, ["params is not readable JSON"]),
+        ("params=[1]", ["params is not a JSON object"]),
+        (
+            "seed=%C2%B2&trust=x&methods=attnlrp,zzz",
+            ["seed '²'", "trust 'x'", "methods 'zzz'"],
+        ),
+    ],
+)
+def test_a_bad_link_field_is_named_and_the_rest_fills_the_tab(client, query, named):
+    filled = _load(client, f"tab=text&text=hello+there&model={TEXT_MODEL}&{query}")
+    notice = filled["link-problems"]
+    assert notice["visible"] is True
+    shown = notice["value"].replace("\\", "")  # as the Markdown renders
+    for words in named:
+        assert words in shown, (words, shown)
+    assert _value(filled["text-input"]) == "hello there"
+    assert _value(filled["text-model"]) == TEXT_MODEL
+    if "methods=" in query:
+        assert _value(filled["text-methods"]) == ["attnlrp"]  # the known ones are kept
+
+
+def test_a_good_link_fills_every_field_and_shows_no_notice(client):
+    params = json.dumps({"integrated_gradients": {"n_steps": 8, "internal_batch_size": 4}})
+    query = (
+        f"tab=text&text=hi&model={TEXT_MODEL}&methods=integrated_gradients&seed=4294967295"
+        f"&trust=1&randomise=0&target=1&params={params}"
+    )
+    filled = _load(client, query)
+    assert filled["link-problems"] == {"__type__": "update", "visible": False, "value": ""}
+    assert _value(filled["text-seed"]) == 4294967295
+    assert _value(filled["text-methods"]) == ["integrated_gradients"]
+    assert _value(filled["text-param-integrated_gradients-n_steps"]) == 8
+    assert _value(filled["text-param-integrated_gradients-internal_batch_size"]) == 4
+    assert _value(filled["text-target"]) == "1"
+
+
+def test_a_link_to_a_tab_the_page_lacks_is_named(client):
+    filled = _load(client, "tab=nowhere&text=hello")
+    assert "tab 'nowhere' is not one a link opens" in filled["link-problems"]["value"]
+    assert _value(filled["text-input"]) == "(unchanged)"
+
+
+#: Link values: text of every kind (no controls, surrogates or backslashes, which the message
+#: would show escaped), numbers of any size, and digits that are not ASCII.
+LINK_VALUES = (
+    st.text(
+        st.characters(whitelist_categories=["L", "N", "P", "S", "Zs"], blacklist_characters="\\"),
+        min_size=1,
+        max_size=30,
+    )
+    | st.integers(-(10**30), 10**30).map(str)
+    | st.sampled_from(["0", "1", "²", "٣", "1e3", " 7", "4294967295", "4294967296"])
+)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(
+    fields=st.dictionaries(
+        st.sampled_from(["text", "model", "labels", "target", "seed", "trust", "randomise"]),
+        LINK_VALUES,
+    ),
+    params=st.none()
+    | st.text(max_size=30)
+    | st.recursive(
+        st.integers() | st.floats() | st.text(max_size=5) | st.booleans(),
+        lambda inner: st.dictionaries(st.text(max_size=20), inner, max_size=3),
+        max_leaves=6,
+    ).map(json.dumps),
+)
+def test_every_link_field_fills_the_tab_or_is_named(client, fields, params):
+    query = {"tab": "text", **fields, **({"params": params} if params is not None else {})}
+    filled = _load(client, urlencode(query))  # the load completes, whatever the link holds
+    shown = filled["link-problems"]["value"].replace("\\", "")  # as the Markdown renders
+    text_fields = {"text": "text-input", "model": "text-model", "labels": "text-labels"}
+    text_fields["target"] = "text-target"
+    for name, value in fields.items():
+        if name in text_fields:  # text is data: taken as it is
+            assert _value(filled[text_fields[name]]) == value
+        elif name == "seed" and value.isascii() and value.isdigit() and int(value) < 2**32:
+            assert _value(filled["text-seed"]) == int(value)
+        elif name in ("trust", "randomise") and value in ("0", "1"):
+            assert f"{name} {value!r}" not in shown
+        else:
+            assert f"{name} {value!r} is not" in shown, (name, value, shown)
