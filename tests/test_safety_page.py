@@ -256,6 +256,28 @@ def test_a_file_another_process_left_is_neither_read_nor_served(client, planted)
     assert answer.status_code == 200 and "mine-row" in answer.text
 
 
+def test_the_upload_folder_is_private_and_inside_the_operators_gradio_folder(tmp_path):
+    """Run as a server starts: the operator's ``GRADIO_TEMP_DIR`` holds a fresh private one."""
+    chosen = tmp_path / "operator-gradio"
+    shown = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import json, os; from app.ui import upload_folder; f = upload_folder(); "
+            "told = os.environ['GRADIO_TEMP_DIR']; "
+            "print(json.dumps([str(f), os.stat(f).st_mode & 0o777, told]))",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "GRADIO_TEMP_DIR": str(chosen)},
+        check=True,
+    )
+    folder, mode, told_gradio = json.loads(shown.stdout.splitlines()[-1])
+    assert Path(folder).parent == chosen.resolve() and mode == 0o700 and told_gradio == folder
+    assert not Path(folder).exists()  # removed when its process ended
+
+
 def test_no_cached_examples_are_served_from_the_working_directory(client, tmp_path, monkeypatch):
     """Gradio's examples cache defaults to ``.gradio/cached_examples`` under the working folder."""
     monkeypatch.chdir(tmp_path)
