@@ -137,9 +137,9 @@ def planted() -> Iterator[Planted]:
         planter.wait(timeout=60)
         for path in paths:  # those outside the planter's upload folder (it removes that one)
             Path(path).unlink(missing_ok=True)
-            with_parent = Path(path).parent
-            if with_parent.exists() and not any(with_parent.iterdir()):
-                with_parent.rmdir()
+            folder = Path(path).parent
+            if folder.exists() and not any(folder.iterdir()):
+                folder.rmdir()
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +157,7 @@ def client(worker) -> Iterator[TestClient]:
 
 
 @pytest.fixture(scope="module")
-def links(client, planted) -> Iterator[list[str]]:
+def links(planted) -> Iterator[list[str]]:
     """Links inside this process's upload folder, to a planted file and a planted folder."""
     folder = upload_folder()
     made = [folder / f"link-{uuid.uuid4().hex}.png", folder / f"linked-{uuid.uuid4().hex}"]
@@ -184,7 +184,7 @@ def _batch(upload: Any) -> dict[str, Any]:
     return {"data": [upload, TEXT_MODEL, "", ["gradient_x_input"], False]}
 
 
-def _upload(client: TestClient | httpx.Client, name: str, data: bytes) -> str:
+def _upload(client: TestClient, name: str, data: bytes) -> str:
     """A file sent through the page's own upload route; the path it was given."""
     answer = client.post("/gradio_api/upload", files={"files": (name, data)})
     assert answer.status_code == 200, answer.text
