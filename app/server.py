@@ -65,7 +65,9 @@ def create_app(
     page = build_ui(worker).queue(max_size=settings.max_queue)
     # Gradio checks that a file named in a request was uploaded by a user only once it counts
     # as launched, which mounting alone never sets: without this, a request naming any path on
-    # the server would be read as "an upload".
+    # the server would be read as "an upload". An upload is a file in this process's own upload
+    # folder (app.ui.upload_folder, given to Gradio by build_ui), and the page's file inputs
+    # check that again themselves.
     page.has_launched = True
     return gr.mount_gradio_app(
         app,

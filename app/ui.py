@@ -15,6 +15,9 @@ import atexit
 import functools
 import json
 import logging
+import math
+import os
+import re
 import shutil
 import tempfile
 import threading
@@ -32,6 +35,7 @@ import gradio as gr
 import numpy as np
 
 from app.errors import public_message
+from app.settings import MAX_SEED
 from app.worker import (
     CheckRequest,
     ExplainRequest,
@@ -41,8 +45,9 @@ from app.worker import (
     WorkerRequest,
 )
 from attribution.compare import MapChange, compare_explanations, occluded
-from attribution.errors import AttrlabError
+from attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
 from attribution.explanation import Explanation
+from attribution.methods import get_method
 from attribution.methods.catalog import catalog_entries
 from attribution.models import BUILTIN_MODELS, default_model
 from attribution.run import ProgressCallback
@@ -55,7 +60,10 @@ __all__ = [
     "method_entries",
     "page_folder",
     "read_target",
+    "received_file",
+    "received_image",
     "sample_labels",
+    "upload_folder",
 ]
 
 log = logging.getLogger(__name__)
@@ -490,6 +498,81 @@ def _pages(result: Result) -> dict[str, str]:
 
 
 @functools.cache
+def upload_folder() -> Path:
+    """
+    The process's own folder for what the page receives, made Gradio's (``GRADIO_TEMP_DIR``).
+
+    Gradio takes as an upload, and serves, any file under its temp folder, which by default
+    every Gradio app on the machine shares (``gradio`` in the system temp folder). A fresh
+    private folder (``mkdtemp``, 0700; inside the operator's ``GRADIO_TEMP_DIR`` if set) holds
+    only what this process's upload route and outputs wrote, so a file another process left in
+    the shared one is neither read as an upload nor served. Gradio reads the variable when a
+    component or the app is made and at each upload check: it is set before the page exists.
+    Cached examples (``GRADIO_EXAMPLES_CACHE``, served too) go inside it, not under the
+    working directory.
+    """
+    parent = os.environ.get("GRADIO_TEMP_DIR") or None
+    if parent is not None:
+        Path(parent).mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="attrlab-uploads-", dir=parent)).resolve()
+    atexit.register(shutil.rmtree, folder, True)
+    os.environ["GRADIO_TEMP_DIR"] = str(folder)
+    os.environ["GRADIO_EXAMPLES_CACHE"] = str(folder / "examples")
+    return folder
+
+
+def received_file(value: Any) -> Path | None:
+    """
+    A file handed to a page handler, if this process's :func:`upload_folder` holds it.
+
+    What Gradio checks before a handler runs, checked again where the file is opened: the path,
+    made absolute (``..`` removed), must lie in the folder with no link on the way, and be a
+    regular file. Every refusal has the same words, whether or not such a file exists.
+
+    Returns:
+        The file, or None when none was handed (an empty field).
+
+    Raises:
+        InvalidInputError: for anything else.
+    """
+    if value is None:
+        return None
+    if isinstance(value, str) and "\0" not in value:
+        path = Path(os.path.abspath(value))
+        if (
+            path.is_relative_to(upload_folder())
+            and os.path.realpath(path) == str(path)  # no link, anywhere on the way
+            and path.is_file()
+        ):
+            return path
+    raise InvalidInputError("that file was not uploaded to this page; upload it again")
+
+
+def received_image(image: gr.Image) -> gr.Image:
+    """
+    ``image``, made to read only a file this process received (:func:`received_file`).
+
+    Gradio checks a file named in a request only when the request marks it as a file
+    (``meta``); an image given as a bare ``{"path": ...}`` would be read unchecked. The check
+    here runs on every image before Gradio decodes it, whatever the request looked like; an
+    image sent as a ``data:`` URL is decoded from its bytes. (On this one component: a subclass
+    would make Gradio write a type stub beside this module.)
+    """
+    decode = image.preprocess
+
+    def preprocess(payload: Any) -> Any:
+        if payload is not None and payload.path is not None:
+            try:
+                received_file(payload.path)
+            except InvalidInputError as err:
+                raise gr.Error(str(err)) from None
+        return decode(payload)
+
+    image.preprocess = preprocess  # type: ignore[method-assign]
+    return image
+
+
+@functools.cache
 def _files_root() -> Path:
     """The process's own folder for handed-out files (private to its user: ``mkdtemp``)."""
     root = Path(tempfile.mkdtemp(prefix="attrlab-page-"))
@@ -596,8 +679,8 @@ def _explain_tab(
                     elem_id=f"{key}-labels",
                 )
             if spec.modality == "image":
-                source: Any = gr.Image(
-                    label="Image", type="numpy", height=240, elem_id=f"{key}-input"
+                source: Any = received_image(
+                    gr.Image(label="Image", type="numpy", height=240, elem_id=f"{key}-input")
                 )
                 gr.Examples(
                     [[str(p)] for p in _example_images()],
@@ -1108,6 +1191,7 @@ def build_ui(
     from app.ui_batch import batch_tab, evaluate_tab
     from app.ui_layers import layers_tab
 
+    upload_folder()  # before any component: each reads Gradio's folder when made
     runner = PageRunner(worker, run)
     cost = cost or (lambda request: _queued_cost(worker, request))
     specs = [
@@ -1121,6 +1205,7 @@ def build_ui(
             "compare their maps, check how far each can be trusted, and see which layers and "
             "heads carried the prediction."
         )
+        notice = gr.Markdown("", visible=False, elem_id="link-problems")  # a link's bad fields
         filled: dict[str, LinkedTab] = {}
         with gr.Tabs() as tabs:
             for spec in specs:
@@ -1132,49 +1217,47 @@ def build_ui(
                 evaluate_tab(runner)
             with gr.Tab("Batch", id="batch"):
                 batch_tab(runner)
-        _open_shared_link(demo, tabs, filled)
+        _open_shared_link(demo, tabs, filled, notice)
     return demo
 
 
-def _open_shared_link(demo: gr.Blocks, tabs: gr.Tabs, filled: Mapping[str, LinkedTab]) -> None:
+def _open_shared_link(
+    demo: gr.Blocks, tabs: gr.Tabs, filled: Mapping[str, LinkedTab], notice: gr.Markdown
+) -> None:
     """
     A link's query string reopens its tab with its inputs and runs it.
 
     Values are data (never paths); an image is not carried, so an image tab opens filled but
-    waits for its image.
+    waits for its image. Each field is read on its own: a bad one is left out and named in
+    ``notice``, and the others still fill the tab.
     """
     order = [(key, name, c) for key, tab in filled.items() for name, c in tab.fields.items() if c]
     widgets = [(key, w) for key, tab in filled.items() for w in tab.widgets]
 
     def restore(request: gr.Request) -> list[Any]:
         query = dict(request.query_params) if request is not None else {}
-        tab = query.get("tab")
-        try:
-            params = json.loads(query.get("params") or "{}")
-        except (ValueError, RecursionError):  # a hand-made link: its parameters are dropped
-            params = {}
-        params = params if isinstance(params, dict) else {}
-        updates: list[Any] = [gr.update(selected=tab) if tab in filled else gr.update()]
+        link = _read_link(query, filled)
+        shown = "; ".join(link.problems)
+        updates: list[Any] = [gr.update(selected=link.tab) if link.tab else gr.update()]
+        updates.append(
+            gr.update(
+                value=_markdown_text(f"Left out of this link: {shown}.") if shown else "",
+                visible=bool(shown),
+            )
+        )
         for key, name, _ in order:
-            value = query.get(name)
-            if key != tab or value is None:
+            if key != link.tab or name not in link.fields:
                 updates.append(gr.update())
-            elif name == "methods":
-                updates.append(gr.update(value=[m for m in value.split(",") if m]))
-            elif name == "seed":
-                updates.append(gr.update(value=int(value) if value.isdigit() else 0))
-            elif name in ("trust", "randomise"):
-                updates.append(gr.update(value=value == "1"))
             elif name == "target":
+                value = link.fields[name]
                 updates.append(gr.update(choices=[("top prediction", ""), value], value=value))
             else:
-                updates.append(gr.update(value=value))
+                updates.append(gr.update(value=link.fields[name]))
         for key, (method, name, _, _) in widgets:
-            given = params.get(method, {}) if key == tab else {}
-            found = isinstance(given, dict) and name in given
-            updates.append(gr.update(value=given[name]) if found else gr.update())
-        autorun = tab in filled and filled[tab].fields.get("text") is not None
-        updates += [key == tab and autorun for key in filled]
+            given = link.params.get(method, {}) if key == link.tab else {}
+            updates.append(gr.update(value=given[name]) if name in given else gr.update())
+        autorun = link.tab is not None and filled[link.tab].fields.get("text") is not None
+        updates += [key == link.tab and autorun for key in filled]
         return updates
 
     demo.load(
@@ -1182,12 +1265,128 @@ def _open_shared_link(demo: gr.Blocks, tabs: gr.Tabs, filled: Mapping[str, Linke
         None,
         [
             tabs,
+            notice,
             *(c for *_, c in order),
             *(w for _, (*_, w) in widgets),
             *(tab.linked for tab in filled.values()),
         ],
         api_visibility="private",
     )
+
+
+@dataclass
+class LinkValues:
+    """What a shared link's query string fills, each field read on its own."""
+
+    #: The tab it opens (None: none, or one this page does not have).
+    tab: str | None = None
+    #: Field name -> its value, for the fields that were readable.
+    fields: dict[str, Any] = field(default_factory=dict)
+    #: Method -> parameter -> value (checked against the method's schema).
+    params: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: One sentence per field left out, naming it.
+    problems: list[str] = field(default_factory=list)
+
+
+def _read_link(query: Mapping[str, str], filled: Mapping[str, LinkedTab]) -> LinkValues:
+    """Read a shared link's fields for the tabs in ``filled``; a bad one is named, not fatal."""
+    link = LinkValues()
+    tab = query.get("tab")
+    if tab is None:
+        return link
+    if tab not in filled:
+        link.problems.append(f"tab {_quoted(tab)} is not one a link opens ({', '.join(filled)})")
+        return link
+    link.tab = tab
+    methods = {value for _, value in filled[tab].fields["methods"].choices}
+    for name, component in filled[tab].fields.items():
+        value = query.get(name)
+        if component is None or value is None:  # an image tab has no text
+            continue
+        try:
+            link.fields[name] = _link_field(name, value)
+        except ValueError as err:
+            link.problems.append(str(err))
+    if "methods" in link.fields:  # the known ones are kept, the others named
+        given = link.fields["methods"]
+        link.fields["methods"] = [m for m in given if m in methods]
+        unknown = [_quoted(m) for m in given if m not in methods]
+        if unknown:
+            link.problems.append(f"methods {', '.join(unknown)}: not on this tab")
+    if query.get("params"):
+        link.params = _link_params(query["params"], methods, link.problems)
+    return link
+
+
+def _link_field(name: str, value: str) -> Any:
+    """One field of a link as its widget takes it; ``ValueError`` names what is wrong."""
+    if name == "methods":
+        return [m for m in value.split(",") if m]
+    if name == "seed":
+        # ASCII digits only ("²" is a digit to str.isdigit), and no longer than the largest seed
+        if not (value.isascii() and value.isdigit() and len(value) <= len(str(MAX_SEED))) or (
+            int(value) > MAX_SEED
+        ):
+            raise ValueError(f"seed {_quoted(value)} is not a whole number from 0 to {MAX_SEED}")
+        return int(value)
+    if name in ("trust", "randomise"):
+        if value not in ("0", "1"):
+            raise ValueError(f"{name} {_quoted(value)} is not 1 (on) or 0 (off)")
+        return value == "1"
+    return value
+
+
+def _link_params(text: str, methods: set[str], problems: list[str]) -> dict[str, dict[str, Any]]:
+    """A link's method parameters, each checked against its method's schema; bad ones named."""
+    try:
+        given = json.loads(text)
+    except (ValueError, RecursionError):
+        problems.append("params is not readable JSON")
+        return {}
+    if not isinstance(given, dict):
+        problems.append("params is not a JSON object of method -> parameters")
+        return {}
+    params: dict[str, dict[str, Any]] = {}
+    for method, values in given.items():
+        if method not in methods:
+            problems.append(f"params: {_quoted(method)} is not a method of this tab")
+            continue
+        if not isinstance(values, dict):
+            problems.append(f"params: {method} is not given a JSON object of parameters")
+            continue
+        try:
+            schema = {p.name: p for p in get_method(method).params}
+        except AttrlabError as err:  # a method whose library is not installed
+            problems.append(f"params: {method}: {err}")
+            continue
+        for name, value in values.items():
+            if name not in schema:
+                problems.append(f"params: {method} has no parameter {_quoted(name)}")
+                continue
+            try:
+                checked = schema[name].validate(value)
+                if isinstance(checked, float) and not math.isfinite(checked):
+                    raise InvalidParameterError(f"parameter '{name}' must be a finite number")
+            except InvalidParameterError as err:  # its message quotes the value: kept short
+                problems.append(f"params: {method}: {_clipped(str(err))}")
+                continue
+            params.setdefault(method, {})[name] = checked
+    return params
+
+
+def _quoted(value: str) -> str:
+    """A value from a link, quoted and cut short for a message."""
+    return repr(_clipped(value, 40))
+
+
+def _clipped(text: str, most: int = 160) -> str:
+    """``text`` cut to ``most`` characters, marked where it was cut."""
+    return text if len(text) <= most else text[:most] + "…"
+
+
+def _markdown_text(text: str) -> str:
+    """``text`` shown as it is in Markdown (its punctuation escaped)."""
+    return re.sub(r"([\\`*_{}\[\]()#+\-.!|<>~&])", r"\\\1", text)
 
 
 def _whole(value: Any) -> Any:

@@ -22,7 +22,15 @@ from app.batch import (
     unique_ids,
 )
 from app.jobs import instance_json
-from app.ui import label_list, labels_for, method_entries, page_folder, readable, sample_labels
+from app.ui import (
+    label_list,
+    labels_for,
+    method_entries,
+    page_folder,
+    readable,
+    received_file,
+    sample_labels,
+)
 from app.worker import MAX_CURVE_STEPS, MAX_ORDERS, BatchRequest, EvaluateRequest, Instance
 from attribution.errors import InvalidInputError
 from attribution.models import BUILTIN_MODELS, default_model
@@ -116,7 +124,7 @@ def evaluate_tab(runner: Any) -> None:
         instances: tuple[Instance, ...] = ()
         if path:  # an uploaded set, all of it (within the server's batch bound)
             settings = runner.worker.settings
-            rows = uploaded_rows(path, settings.max_body_bytes, settings.max_batch)
+            rows = uploaded_rows(received_file(path), settings.max_body_bytes, settings.max_batch)
             if not rows:
                 raise gr.Error("the upload holds no rows")
             instances = tuple(r.instance() for r in rows)
@@ -164,13 +172,17 @@ _UNREADABLE = (
 )
 
 
-def uploaded_rows(path: str | None, max_bytes: int, max_rows: int | None) -> list[DatasetRow]:
+def uploaded_rows(
+    path: str | Path | None, max_bytes: int, max_rows: int | None
+) -> list[DatasetRow]:
     """
     Rows of a page upload: a JSONL file of texts, or a zip of images (with or without a JSONL).
 
-    Nothing names a server file: image lines of a JSONL name members of the same zip. The zip
-    is read within bounds: at most ``max_bytes`` unpacked in all, and at most ``max_rows``
-    rows (None: no limit), each checked before it is read.
+    ``path`` is a file the page received (handlers pass it through
+    :func:`app.ui.received_file`). Nothing in it names a server file: image lines of a JSONL
+    name members of the same zip. The zip is read within bounds: at most ``max_bytes``
+    unpacked in all, and at most ``max_rows`` rows (None: no limit), each checked before it is
+    read.
     """
     if not path:
         raise InvalidInputError("upload a .jsonl file or a .zip of images first")
@@ -288,7 +300,7 @@ def batch_tab(runner: Any) -> None:
         if not chosen:
             raise gr.Error("choose at least one method")
         settings = runner.worker.settings
-        rows = uploaded_rows(path, settings.max_body_bytes, settings.max_batch)
+        rows = uploaded_rows(received_file(path), settings.max_body_bytes, settings.max_batch)
         if not rows:
             raise gr.Error("the upload holds no rows")
         request_ = BatchRequest(
