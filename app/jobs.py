@@ -320,21 +320,26 @@ class JobStore:
         return self.folder / "results" / f"{job_id}.jsonl"
 
     def append(self, job_id: str, result: dict[str, Any]) -> None:
-        """Write one instance's results to disk (after cutting a torn last line), then count."""
+        """
+        Write one instance's results to disk (after cutting a torn last line), then count.
+
+        The line is written inside the table's write lock, so a reader that takes the lock
+        (:meth:`_snapshot`) sees the file and its record agree, in this process or another.
+        """
         path = self.results_path(job_id)
-        cut_torn_tail(path)
         line = (json.dumps(result, allow_nan=False) + "\n").encode()
-        with path.open("ab") as file:
-            file.write(line)
-            file.flush()
-            os.fsync(file.fileno())
-            size = file.tell()
         failed = _errors_of(job_id, result)
         with self._connection() as db:
-            db.execute("BEGIN IMMEDIATE")  # the digest read and chained on in one step
+            db.execute("BEGIN IMMEDIATE")
             (digest,) = db.execute(
                 "SELECT result_digest FROM jobs WHERE id = ?", (job_id,)
             ).fetchone()
+            cut_torn_tail(path)
+            with path.open("ab") as file:
+                file.write(line)
+                file.flush()
+                os.fsync(file.fileno())
+                size = file.tell()
             recorded = digest is not None  # an older server's job is recorded once recounted
             db.execute(
                 "UPDATE jobs SET done = done + 1, errors = errors + ?, "
@@ -359,13 +364,13 @@ class JobStore:
         Raises:
             DamagedResultsError: the file is not what was written; it is left as it is.
         """
-        record = self._record(job_id)
+        record, found = self._snapshot(job_id)
         path = self.results_path(job_id)
         scan = _Scan()
         done: set[int] = set()
         failed = []
         errors = 0
-        for row in _checked_rows(path, record, scan):
+        for row in _checked_rows(path, record, found, scan):
             done.add(row["index"])
             errors += bool(found := _errors_of(job_id, row))
             failed += found
@@ -401,7 +406,8 @@ class JobStore:
         Raises:
             DamagedResultsError: where the file first differs from what the store wrote.
         """
-        yield from _checked_rows(self.results_path(job_id), self._record(job_id), _Scan())
+        record, found = self._snapshot(job_id)
+        yield from _checked_rows(self.results_path(job_id), record, found, _Scan())
 
     def checked_copy(self, job_id: str) -> Path:
         """
@@ -423,7 +429,23 @@ class JobStore:
             raise
         return Path(name)
 
-    def damage(self, record: JobRecord) -> str | None:
+    def status(self, job_id: str) -> dict[str, Any] | None:
+        """
+        The job's status for clients (:meth:`JobRecord.to_dict` and its first errors), or None.
+
+        A job whose results are damaged (:meth:`_damage`) reports :data:`DAMAGED` and why.
+        """
+        try:
+            record, found = self._snapshot(job_id)
+        except KeyError:
+            return None
+        status = {**record.to_dict(), "errors": self.instance_errors(job_id)}
+        reason = self._damage(record, found)
+        if reason is not None:
+            status.update(status=DAMAGED, message=f"the job's results are damaged: {reason}")
+        return status
+
+    def _damage(self, record: JobRecord, found: os.stat_result | None) -> str | None:
         """
         Why the job's results are damaged, or None when they are as written.
 
@@ -431,13 +453,8 @@ class JobStore:
         queued or running job's, which grows, by its size against the record (a run checks it
         whole as it starts, and a download always does).
         """
-        path = self.results_path(record.id)
-        try:
-            found = path.stat()
-        except FileNotFoundError:
-            if record.result_lines or (record.result_lines is None and record.done):
-                return "the results file is missing"
-            return None
+        if found is None:
+            return _missing(record)
         if record.status in _ACTIVE:
             if record.result_bytes is not None and found.st_size < record.result_bytes:
                 return "the results file is shorter than what was written"
@@ -446,7 +463,7 @@ class JobStore:
         checked = self._checked.get(record.id)
         if checked is None or checked[0] != key:
             try:
-                for _ in _checked_rows(path, record, _Scan()):
+                for _ in _checked_rows(self.results_path(record.id), record, found, _Scan()):
                     pass
                 checked = (key, None)
             except DamagedResultsError as err:
@@ -454,22 +471,33 @@ class JobStore:
             self._checked[record.id] = checked  # one entry per job, replaced whole: thread-safe
         return checked[1]
 
-    def status(self, job_id: str) -> dict[str, Any] | None:
-        """The job's status for clients (:meth:`JobRecord.to_dict`); None when no such job."""
-        record = self.get(job_id)
-        if record is None:
-            return None
-        status = {**record.to_dict(), "errors": self.instance_errors(job_id)}
-        reason = self.damage(record)
-        if reason is not None:
-            status.update(status=DAMAGED, message=f"the job's results are damaged: {reason}")
-        return status
+    def _snapshot(self, job_id: str) -> tuple[JobRecord, os.stat_result | None]:
+        """
+        The job's record and its results file's state, taken together in the write lock.
 
-    def _record(self, job_id: str) -> JobRecord:
-        record = self.get(job_id)
-        if record is None:
+        No append lies between them, so lines beyond the record were left by a crash (or
+        planted), never a line being written now.
+
+        Raises:
+            KeyError: there is no such job.
+        """
+        with self._connection() as db:
+            db.execute("BEGIN IMMEDIATE")  # appends write their line inside this lock
+            row = db.execute(f"SELECT {_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            try:
+                found = self.results_path(job_id).stat()
+            except FileNotFoundError:
+                found = None
+        if row is None:
             raise KeyError(f"no job '{job_id}'")
-        return record
+        return JobRecord(*row), found
+
+
+def _missing(record: JobRecord) -> str | None:
+    """Why a job whose results file is absent is damaged: it had results; None if none yet."""
+    if record.result_lines or (record.result_lines is None and record.done):
+        return "the results file is missing"
+    return None
 
 
 def _chained(digest: str, line: bytes) -> str:
@@ -477,7 +505,9 @@ def _chained(digest: str, line: bytes) -> str:
     return hashlib.sha256(bytes.fromhex(digest) + line).hexdigest()
 
 
-def _checked_rows(path: Path, record: JobRecord, scan: _Scan) -> Iterator[dict[str, Any]]:
+def _checked_rows(
+    path: Path, record: JobRecord, found: os.stat_result | None, scan: _Scan
+) -> Iterator[dict[str, Any]]:
     """
     The first row per instance of a results file, checked against ``record`` as it is read.
 
@@ -485,19 +515,24 @@ def _checked_rows(path: Path, record: JobRecord, scan: _Scan) -> Iterator[dict[s
     must all be there with their digest. Beyond them, only a queued or running job may have
     more: the line being written, or what a crash left before its count (a torn line, or a
     complete one that the next run counts); those are checked for form and new instances.
-    ``scan`` ends holding the complete lines read.
+    Only the ``found`` bytes are read (the file as it was with ``record``: see
+    :meth:`JobStore._snapshot`); ``scan`` ends holding the complete lines read.
     """
     recorded = record.result_lines
     active = record.status in _ACTIVE
     try:
+        if found is None:
+            raise FileNotFoundError(path)
         file = path.open("rb")
     except FileNotFoundError:
-        if recorded or (recorded is None and record.done):
-            raise DamagedResultsError("the results file is missing") from None
+        if (missing := _missing(record)) is not None:
+            raise DamagedResultsError(missing) from None
         return
     seen: set[int] = set()
+    left = found.st_size
     with file:
-        for line in file:
+        while left > 0 and (line := file.readline(left)):
+            left -= len(line)
             number = scan.lines + 1
             beyond = recorded is not None and number > recorded
             if not line.endswith(b"\n"):  # the end of a line being written, or torn by a crash

@@ -243,7 +243,7 @@ LOST_TABLE = [
 
 @pytest.mark.parametrize(("lose", "words"), LOST_TABLE, ids=[t[0].__name__ for t in LOST_TABLE])
 def test_a_lost_job_table_refuses_to_start(stopped, lose, words, monkeypatch, capsys):
-    data, job_id, path = stopped
+    data, _, path = stopped
     lose(data / "jobs")
     kept = path.read_bytes()
     worker = ExplainWorker(device="cpu", settings=_settings(data))
