@@ -575,7 +575,8 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         Status, progress (``done`` of ``total``), an ETA and the instance errors.
 
         ``errors`` lists the first 100 (index, method, code, message); ``instance_errors``
-        counts the instances with any, and the results hold every one.
+        counts the instances with any, and the results hold every one. A job whose results on
+        file are not what was written is ``damaged``, and ``message`` says how.
         """
         return job_status_of(job_id)
 
@@ -607,12 +608,13 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
 
         JSON Lines: ``{"index", "explanations": {method: Explanation | {"error"}}}`` per line.
         Parquet: one row per instance and method (index, method, target, probability, scores,
-        error, and the Explanation as JSON).
+        error, and the Explanation as JSON). The whole file is checked first: damaged results
+        answer 500 ``results_damaged`` and nothing else.
         """
         job_status_of(job_id)
         if format is None:
             format = "parquet" if _PARQUET in request.headers.get("accept", "") else "jsonl"
-        try:  # the whole file is checked before anything is sent
+        try:
             copy = jobs.store.checked_copy(job_id)  # type: ignore[union-attr]
         except DamagedResultsError as err:
             # 500: the server's own stored data is broken; no change to the request helps

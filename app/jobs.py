@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import CancelledError
-from contextlib import closing, contextmanager
+from contextlib import closing, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -368,12 +368,12 @@ class JobStore:
         path = self.results_path(job_id)
         scan = _Scan()
         done: set[int] = set()
-        failed = []
+        failed: list[tuple[Any, ...]] = []
         errors = 0
         for row in _checked_rows(path, record, found, scan):
             done.add(row["index"])
-            errors += bool(found := _errors_of(job_id, row))
-            failed += found
+            errors += bool(of_row := _errors_of(job_id, row))
+            failed += of_row
         cut_torn_tail(path)  # only after the check: what it cuts was never recorded
         with self._connection() as db:
             db.execute(
@@ -414,7 +414,7 @@ class JobStore:
         The job's results (one line per instance) checked whole, as a temporary JSON Lines file.
 
         The caller serves the copy and deletes it: nothing is served before the whole file is
-        known good, and a line the runner appends meanwhile cannot reach the copy torn.
+        known good, and lines the runner appends meanwhile wait for the next download.
 
         Raises:
             DamagedResultsError: the file is not what was written (no copy is left behind).
@@ -513,29 +513,29 @@ def _checked_rows(
 
     Every line must be a result row of this job (:func:`_checked_row`); the recorded lines
     must all be there with their digest. Beyond them, only a queued or running job may have
-    more: the line being written, or what a crash left before its count (a torn line, or a
-    complete one that the next run counts); those are checked for form and new instances.
-    Only the ``found`` bytes are read (the file as it was with ``record``: see
-    :meth:`JobStore._snapshot`); ``scan`` ends holding the complete lines read.
+    more: what a crash left before its count (a torn line, or a complete one that the next run
+    counts); those are checked for form and new instances. Only the ``found`` bytes are read
+    (the file as it was with ``record``: see :meth:`JobStore._snapshot`); ``scan`` ends holding
+    the complete lines read.
     """
     recorded = record.result_lines
     active = record.status in _ACTIVE
-    try:
-        if found is None:
-            raise FileNotFoundError(path)
-        file = path.open("rb")
-    except FileNotFoundError:
+    file = None
+    if found is not None:
+        with suppress(FileNotFoundError):  # deleted since the snapshot
+            file = path.open("rb")
+    if file is None:
         if (missing := _missing(record)) is not None:
-            raise DamagedResultsError(missing) from None
+            raise DamagedResultsError(missing)
         return
     seen: set[int] = set()
-    left = found.st_size
+    left = found.st_size if found is not None else 0
     with file:
         while left > 0 and (line := file.readline(left)):
             left -= len(line)
             number = scan.lines + 1
             beyond = recorded is not None and number > recorded
-            if not line.endswith(b"\n"):  # the end of a line being written, or torn by a crash
+            if not line.endswith(b"\n"):  # torn by a crash
                 if active and (recorded is None or beyond):
                     break
                 raise DamagedResultsError(f"results line {number} is cut short")
