@@ -290,3 +290,61 @@ def test_starting_afresh_keeps_a_folder_that_reads(stopped):
         assert (status["status"], status["done"]) == ("done", 12)
     worker.close()
     assert not list(data.glob("jobs.unreadable-*"))
+
+
+def _older_servers_folder(data: Path, rows: list[bytes]) -> Path:
+    """A job folder of a server before result records: one finished job; its results file."""
+    jobs = data / "jobs"
+    jobs.mkdir(parents=True)
+    with sqlite3.connect(jobs / "jobs.sqlite") as db:
+        db.execute(
+            "CREATE TABLE jobs (id TEXT PRIMARY KEY, status TEXT NOT NULL, request TEXT NOT NULL,"
+            " total INTEGER NOT NULL, done INTEGER NOT NULL DEFAULT 0, errors INTEGER NOT NULL"
+            " DEFAULT 0, created REAL NOT NULL, started REAL, finished REAL, message TEXT)"
+        )
+        db.execute(
+            "INSERT INTO jobs VALUES ('old', 'done', ?, 12, 12, 0, 1.0, 2.0, 3.0, NULL)",
+            (json.dumps(BODY),),
+        )
+    db.close()
+    (jobs / "results").mkdir()
+    path = jobs / "results" / "old.jsonl"
+    path.write_bytes(b"".join(rows))
+    return path
+
+
+OLDER_DAMAGE = [
+    (None, None),
+    (_a_repeated_instance, "results line 13 repeats instance 3"),
+    (_stray_index, "results line 13 has index 500; this job's instances are 0 to 11"),
+    (_a_lost_line, "the results file holds 11 instances; 12 were done"),
+    (Path.unlink, "the results file is missing"),
+]
+
+
+@pytest.mark.parametrize(
+    ("plant", "reason"),
+    OLDER_DAMAGE,
+    ids=[plant.__name__ if plant else "intact" for plant, _ in OLDER_DAMAGE],
+)
+def test_an_older_servers_jobs_are_checked_for_form_and_count(finished, tmp_path, plant, reason):
+    """Jobs written before the table recorded their lines: no digest, but the same rules."""
+    written = finished[2].splitlines(keepends=True)
+    path = _older_servers_folder(tmp_path, written)
+    if plant is not None:
+        plant(path)
+    worker = ExplainWorker(device="cpu", settings=_settings(tmp_path))
+    with TestClient(create_app(worker)) as client:
+        status = client.get("/api/v1/jobs/old").json()
+        jsonl = client.get("/api/v1/jobs/old/results")
+        parquet = client.get("/api/v1/jobs/old/results", params={"format": "parquet"})
+    worker.close()
+    if reason is None:
+        assert (status["status"], status["done"]) == ("done", 12)
+        assert jsonl.content == finished[2]
+        assert sorted(pd.read_parquet(io.BytesIO(parquet.content))["index"]) == list(range(12))
+    else:
+        assert status["status"] == "damaged"
+        assert status["message"] == f"the job's results are damaged: {reason}"
+        _assert_refused(jsonl, reason)
+        _assert_refused(parquet, reason)
