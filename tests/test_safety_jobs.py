@@ -348,3 +348,10 @@ def test_an_older_servers_jobs_are_checked_for_form_and_count(finished, tmp_path
         assert status["message"] == f"the job's results are damaged: {reason}"
         _assert_refused(jsonl, reason)
         _assert_refused(parquet, reason)
+
+
+def test_a_reset_setting_that_is_not_yes_or_no_is_refused():
+    with pytest.raises(
+        SettingsError, match="ATTRLAB_RESET_JOBS must be true or false; got 'perhaps'"
+    ):
+        ServerSettings.for_server({"ATTRLAB_RESET_JOBS": "perhaps"})
