@@ -196,7 +196,7 @@ class JobStore:
         # The table is made before the results folder, so results without a table were orphaned.
         if results.is_dir() and (not database.exists() or database.stat().st_size == 0):
             raise UnreadableJobsError(
-                f"the job table {_DATABASE} is missing or empty, but the folder holds job results"
+                f"the job table {_DATABASE} is missing or empty in a folder that has held jobs"
             )
         folder.mkdir(parents=True, exist_ok=True)
         try:

@@ -234,8 +234,8 @@ def _garbage(jobs: Path) -> None:
 
 #: Each way of losing the job table, and the words of the refusal.
 LOST_TABLE = [
-    (_deleted, "the job table jobs.sqlite is missing or empty, but the folder holds job results"),
-    (_emptied, "the job table jobs.sqlite is missing or empty, but the folder holds job results"),
+    (_deleted, "the job table jobs.sqlite is missing or empty in a folder that has held jobs"),
+    (_emptied, "the job table jobs.sqlite is missing or empty in a folder that has held jobs"),
     (_replaced, "the job table jobs.sqlite does not know 1 job(s) whose results are on file"),
     (_garbage, "the job table jobs.sqlite cannot be read: file is not a database"),
 ]
@@ -355,3 +355,15 @@ def test_a_reset_setting_that_is_not_yes_or_no_is_refused():
         SettingsError, match="ATTRLAB_RESET_JOBS must be true or false; got 'perhaps'"
     ):
         ServerSettings.for_server({"ATTRLAB_RESET_JOBS": "perhaps"})
+
+
+def test_a_lost_table_of_queued_jobs_only_refuses_to_start(tmp_path):
+    """Jobs that never wrote a result leave no file to be missed: the folder itself tells."""
+    JobStore(tmp_path / "jobs").create(BODY, total=INSTANCES, limit=4)
+    _deleted(tmp_path / "jobs")
+    worker = ExplainWorker(device="cpu", settings=_settings(tmp_path))
+    with pytest.raises(
+        SettingsError, match=r"jobs\.sqlite is missing or empty in a folder that has"
+    ):
+        create_app(worker)
+    worker.close()
