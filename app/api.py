@@ -29,7 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.batch import parquet_file
 from app.errors import error_status, public_message, validation_problems
-from app.jobs import JobRunner, instance_json
+from app.jobs import DamagedResultsError, JobRunner, instance_json
 from app.worker import (
     BatchRequest,
     CheckRequest,
@@ -103,6 +103,23 @@ _HTTP_CODES = {
     413: "request_too_large",
 }
 _BEARER = HTTPBearer(auto_error=False)
+
+
+def _operation_ref(path: str, verb: str) -> str:
+    """An OpenAPI ``operationRef`` to one of this API's routes: a JSON pointer into its paths."""
+    return f"#/paths/{(API_PREFIX + path).replace('~', '~0').replace('/', '~1')}/{verb}"
+
+
+# What a client does next with a job's status (OpenAPI links, which stateful clients follow).
+_JOB_ID = {"job_id": "$response.body#/job_id"}
+_JOB_LINKS = {
+    name: {"operationRef": _operation_ref(path, verb), "parameters": _JOB_ID, "description": what}
+    for name, path, verb, what in [
+        ("JobStatus", "/jobs/{job_id}", "get", "Poll the job's status"),
+        ("JobResults", "/jobs/{job_id}/results", "get", "Download its results so far"),
+        ("CancelJob", "/jobs/{job_id}", "delete", "Cancel it"),
+    ]
+}
 _UNAUTHORIZED = {401: {"model": ErrorBody, "description": "Missing or wrong bearer token"}}
 
 
@@ -532,12 +549,16 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
     def job_status_of(job_id: str) -> dict[str, Any]:
         if jobs is None:
             raise HTTPException(404, "this server keeps no jobs (no data folder)")
-        record = jobs.store.get(job_id)
-        if record is None:
+        status = jobs.store.status(job_id)
+        if status is None:
             raise HTTPException(404, f"no job '{job_id}'")
-        return {**record.to_dict(), "errors": jobs.store.instance_errors(job_id)}
+        return status
 
-    @router.post("/jobs", status_code=202)
+    @router.post(
+        "/jobs",
+        status_code=202,
+        responses={202: {"description": "The job's status (queued)", "links": _JOB_LINKS}},
+    )
     def submit_job(body: JobBody) -> dict[str, Any]:
         """
         Queue a durable batch job (the body of a batch explain); ``202 {job_id}``.
@@ -558,17 +579,32 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         job_id = jobs.submit(body.model_dump(mode="json"), total)
         return job_status_of(job_id)
 
-    @router.get("/jobs/{job_id}")
+    @router.get("/jobs/{job_id}", responses={200: {"description": "The job", "links": _JOB_LINKS}})
     def job_status(job_id: Annotated[str, Path(max_length=64)]) -> dict[str, Any]:
         """
         Status, progress (``done`` of ``total``), an ETA and the instance errors.
 
         ``errors`` lists the first 100 (index, method, code, message); ``instance_errors``
-        counts the instances with any, and the results hold every one.
+        counts the instances with any, and the results hold every one. A job whose results on
+        file are not what was written is ``damaged``, and ``message`` says how.
         """
         return job_status_of(job_id)
 
-    @router.get("/jobs/{job_id}/results", response_model=None)
+    @router.get(
+        "/jobs/{job_id}/results",
+        response_model=None,
+        responses={
+            200: {
+                "description": "The results so far",
+                "content": {"application/jsonl": {}, _PARQUET: {}},
+            },
+            500: {
+                "model": ErrorBody,
+                "description": "The job's results on file are damaged (`results_damaged`): "
+                "nothing is sent",
+            },
+        },
+    )
     def job_results(
         job_id: Annotated[str, Path(max_length=64)],
         request: Request,
@@ -582,16 +618,27 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
 
         JSON Lines: ``{"index", "explanations": {method: Explanation | {"error"}}}`` per line.
         Parquet: one row per instance and method (index, method, target, probability, scores,
-        error, and the Explanation as JSON).
+        error, and the Explanation as JSON). The whole file is checked first: damaged results
+        answer 500 ``results_damaged`` and nothing else.
         """
         job_status_of(job_id)
         if format is None:
             format = "parquet" if _PARQUET in request.headers.get("accept", "") else "jsonl"
-        rows = jobs.store.results(job_id)  # type: ignore[union-attr]
+        try:
+            copy = jobs.store.checked_copy(job_id)  # type: ignore[union-attr]
+        except DamagedResultsError as err:
+            # 500: the server's own stored data is broken; no change to the request helps
+            return _error(500, "results_damaged", f"the job's results are damaged: {err}")
         if format == "jsonl":
-            lines = (json.dumps(row) + "\n" for row in rows)
-            return StreamingResponse(lines, media_type="application/jsonl")
-        path = parquet_file(rows)
+            return StreamingResponse(
+                _read_then_delete(copy),
+                media_type="application/jsonl",
+                headers={"Content-Length": str(copy.stat().st_size)},
+            )
+        try:
+            path = parquet_file(_rows_of(copy))
+        finally:
+            os.unlink(copy)
         return StreamingResponse(
             _read_then_delete(path),
             media_type=_PARQUET,
@@ -601,7 +648,10 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
             },
         )
 
-    @router.delete("/jobs/{job_id}")
+    @router.delete(
+        "/jobs/{job_id}",
+        responses={200: {"description": "The job, cancelled or finished", "links": _JOB_LINKS}},
+    )
     def cancel_job(job_id: Annotated[str, Path(max_length=64)]) -> dict[str, Any]:
         """Cancel a job (its instance in progress stops); finished results stay."""
         job_status_of(job_id)
@@ -637,6 +687,13 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
     outer.include_router(open_routes)
     outer.include_router(kserve)
     return outer
+
+
+def _rows_of(path: os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    """The rows of a JSON Lines file, a line at a time."""
+    with open(path, encoding="utf-8") as file:
+        for line in file:
+            yield json.loads(line)
 
 
 def _read_then_delete(path: os.PathLike[str]) -> Iterator[bytes]:

@@ -546,6 +546,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_batch=args.max_batch,
         data_dir=Path(args.data).expanduser() if args.data else None,
         max_jobs=args.max_jobs,
+        reset_jobs=True if args.reset_jobs else None,
     )
     if args.param_limit:
         limits = {**settings.param_limits, **parse_param_limits(args.param_limit)}
@@ -665,6 +666,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-batch", type=_positive_int, help="ATTRLAB_MAX_BATCH")
     serve.add_argument("--data", help="folder for durable jobs (ATTRLAB_DATA)")
     serve.add_argument("--max-jobs", type=_positive_int, help="ATTRLAB_MAX_JOBS")
+    serve.add_argument(
+        "--reset-jobs",
+        action="store_true",
+        help="if the job folder cannot be read, move it aside and start with no jobs "
+        "(ATTRLAB_RESET_JOBS)",
+    )
     serve.set_defaults(run=_serve)
 
     layers = sub.add_parser(

@@ -6,20 +6,27 @@ queued and interrupted jobs and loses nothing that finished: an instance's resul
 (and flushed to disk) before its progress is counted, and resuming skips the instances whose
 results are on file. One runner thread feeds jobs to the worker one instance at a time, so
 interactive requests wait at most one instance behind a job.
+
+The table records, per job, the result lines written, their bytes and a digest chained over
+them, so results are checked whenever they are read: a file that was edited, cut, extended or
+deleted behind the server's back makes its job ``damaged`` (never served), and a table that
+was lost or cannot be read stops the server from opening the folder at all.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import sqlite3
+import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import CancelledError
-from contextlib import closing, contextmanager
+from contextlib import closing, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,12 +47,25 @@ from app.worker import (
 )
 from attribution.errors import AttrlabError, JobCancelledError
 
-__all__ = ["JOB_STATES", "JobRecord", "JobRunner", "JobStore", "instance_json"]
+__all__ = [
+    "DAMAGED",
+    "JOB_STATES",
+    "DamagedResultsError",
+    "JobRecord",
+    "JobRunner",
+    "JobStore",
+    "UnreadableJobsError",
+    "instance_json",
+    "set_aside",
+]
 
 log = logging.getLogger(__name__)
 
 #: A job's states; the last three are final.
 JOB_STATES = ("queued", "running", "done", "failed", "cancelled")
+#: The state reported (never stored) for a job whose results on file are not what was written.
+DAMAGED = "damaged"
+_ACTIVE = ("queued", "running")
 
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS jobs (
@@ -59,7 +79,10 @@ CREATE TABLE IF NOT EXISTS jobs (
     started REAL,
     finished REAL,
     message TEXT,
-    done_at_start INTEGER NOT NULL DEFAULT 0
+    done_at_start INTEGER NOT NULL DEFAULT 0,
+    result_lines INTEGER,
+    result_bytes INTEGER,
+    result_digest TEXT
 );
 CREATE TABLE IF NOT EXISTS instance_errors (
     job_id TEXT NOT NULL,
@@ -70,8 +93,18 @@ CREATE TABLE IF NOT EXISTS instance_errors (
 );
 CREATE INDEX IF NOT EXISTS instance_errors_of_job ON instance_errors (job_id, instance);
 """
-#: Columns added since the first job table, for folders made by an older server.
-_ADDED_COLUMNS = {"done_at_start": "INTEGER NOT NULL DEFAULT 0"}
+#: Columns added since the first job table, for folders made by an older server. The result
+#: record stays NULL for an older server's jobs until a run recounts them: until then their
+#: files are checked for form and count only.
+_ADDED_COLUMNS = {
+    "done_at_start": "INTEGER NOT NULL DEFAULT 0",
+    "result_lines": "INTEGER",
+    "result_bytes": "INTEGER",
+    "result_digest": "TEXT",
+}
+_DATABASE = "jobs.sqlite"
+#: The digest of no result lines; each line written chains on with :func:`_chained`.
+_NO_RESULTS_DIGEST = hashlib.sha256(b"").hexdigest()
 #: Instance errors listed in a job's status (all of them are in its results).
 LISTED_ERRORS = 100
 
@@ -90,6 +123,10 @@ class JobRecord:
     finished: float | None
     message: str | None
     done_at_start: int  # instances done when the current run started (a restart resumes)
+    # what the store wrote to the results file: lines, bytes, digest (None: an older server's)
+    result_lines: int | None = None
+    result_bytes: int | None = None
+    result_digest: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Status for clients: progress, instance errors and an ETA from this run's pace."""
@@ -111,7 +148,27 @@ class JobRecord:
         }
 
 
-_COLUMNS = "id, status, total, done, errors, created, started, finished, message, done_at_start"
+_COLUMNS = (
+    "id, status, total, done, errors, created, started, finished, message, done_at_start, "
+    "result_lines, result_bytes, result_digest"
+)
+
+
+class DamagedResultsError(Exception):
+    """A job's results file is not what the store wrote (edited, cut, extended or deleted)."""
+
+
+class UnreadableJobsError(Exception):
+    """A job folder whose table cannot be read, or has lost jobs whose results are on file."""
+
+
+@dataclass
+class _Scan:
+    """What a check of a results file read: complete lines, their bytes and chained digest."""
+
+    lines: int = 0
+    size: int = 0
+    digest: str = _NO_RESULTS_DIGEST
 
 
 class JobStore:
@@ -124,9 +181,44 @@ class JobStore:
     """
 
     def __init__(self, folder: Path) -> None:
+        """
+        Open (or make) the job folder.
+
+        Raises:
+            UnreadableJobsError: the table cannot be read, or it does not know jobs whose
+                results are on file (it was deleted, emptied or replaced).
+            OSError, sqlite3.OperationalError: the folder cannot be written or is locked.
+        """
         self.folder = folder
-        (folder / "results").mkdir(parents=True, exist_ok=True)
+        self._checked: dict[str, tuple[tuple[Any, ...], str | None]] = {}  # final jobs' checks
+        results = folder / "results"
+        database = folder / _DATABASE
+        # The table is made before the results folder, so results without a table were orphaned.
+        if results.is_dir() and (not database.exists() or database.stat().st_size == 0):
+            raise UnreadableJobsError(
+                f"the job table {_DATABASE} is missing or empty in a folder that has held jobs"
+            )
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            known = self._open_table()
+        except sqlite3.OperationalError:  # locked, read-only, no room: not the table's content
+            raise
+        except sqlite3.DatabaseError as err:  # not a database, or a damaged one
+            raise UnreadableJobsError(f"the job table {_DATABASE} cannot be read: {err}") from None
+        results.mkdir(exist_ok=True)
+        lost = sorted(path.stem for path in results.glob("*.jsonl") if path.stem not in known)
+        if lost:
+            raise UnreadableJobsError(
+                f"the job table {_DATABASE} does not know {len(lost)} job(s) whose results are "
+                f"on file (the first: {lost[0]}); it was replaced or emptied"
+            )
+
+    def _open_table(self) -> set[str]:
+        """Check the table, make or migrate it; the ids of the jobs it knows."""
         with self._connection() as db:
+            (verdict,) = db.execute("PRAGMA quick_check").fetchone()
+            if verdict != "ok":
+                raise sqlite3.DatabaseError(f"its integrity check says: {verdict}")
             db.execute("PRAGMA journal_mode=WAL")
             db.executescript(_SCHEMA)
             db.execute("BEGIN IMMEDIATE")  # two servers opening an old folder add each once
@@ -134,11 +226,12 @@ class JobStore:
             for column, kind in _ADDED_COLUMNS.items():
                 if column not in present:
                     db.execute(f"ALTER TABLE jobs ADD COLUMN {column} {kind}")
+            return {job_id for (job_id,) in db.execute("SELECT id FROM jobs")}
 
     @contextmanager
     def _connection(self) -> Iterator[sqlite3.Connection]:
         # closing() closes the connection; the connection's own context commits one transaction
-        with closing(sqlite3.connect(self.folder / "jobs.sqlite", timeout=30)) as db, db:
+        with closing(sqlite3.connect(self.folder / _DATABASE, timeout=30)) as db, db:
             yield db
 
     def create(self, request: dict[str, Any], total: int, limit: int) -> str:
@@ -157,8 +250,9 @@ class JobStore:
             if active >= limit:
                 raise QueueFullError(f"{limit} jobs are already queued or running; try again later")
             db.execute(
-                "INSERT INTO jobs (id, status, request, total, created) VALUES (?, ?, ?, ?, ?)",
-                (job_id, "queued", json.dumps(request), total, time.time()),
+                "INSERT INTO jobs (id, status, request, total, created, result_lines, "
+                "result_bytes, result_digest) VALUES (?, ?, ?, ?, ?, 0, 0, ?)",
+                (job_id, "queued", json.dumps(request), total, time.time(), _NO_RESULTS_DIGEST),
             )
         return job_id
 
@@ -230,51 +324,76 @@ class JobStore:
         Write one instance's results to disk (after cutting a torn last line), then count.
 
         Only for a job that has not ended: the check, the write and the count hold the table's
-        write lock together, so a cancel that answered first keeps the file as it answered it.
+        write lock together, so a cancel that answered first keeps the file as it answered it,
+        and a reader that takes the lock (:meth:`_snapshot`) sees the file and its record agree,
+        in this process or another.
 
         Returns:
             False, writing nothing, when the job was cancelled or had ended.
         """
         path = self.results_path(job_id)
+        line = (json.dumps(result, allow_nan=False) + "\n").encode()
         failed = _errors_of(job_id, result)
         with self._connection() as db:
             db.execute("BEGIN IMMEDIATE")  # a cancel waits for this row, or this row for it
-            running = db.execute(
-                "SELECT 1 FROM jobs WHERE id = ? AND status IN ('queued', 'running')", (job_id,)
+            found = db.execute(
+                "SELECT result_digest FROM jobs WHERE id = ? AND status IN ('queued', 'running')",
+                (job_id,),
             ).fetchone()
-            if running is None:
+            if found is None:
                 return False
+            (digest,) = found
             cut_torn_tail(path)
-            with path.open("a", encoding="utf-8") as file:
-                file.write(json.dumps(result, allow_nan=False) + "\n")
+            with path.open("ab") as file:
+                file.write(line)
                 file.flush()
                 os.fsync(file.fileno())
+                size = file.tell()
+            recorded = digest is not None  # an older server's job is recorded once recounted
             db.execute(
-                "UPDATE jobs SET done = done + 1, errors = errors + ? WHERE id = ?",
-                (bool(failed), job_id),
+                "UPDATE jobs SET done = done + 1, errors = errors + ?, "
+                "result_lines = result_lines + 1, result_bytes = ?, result_digest = ? WHERE id = ?",
+                (
+                    bool(failed),
+                    size if recorded else None,
+                    _chained(digest, line) if recorded else None,
+                    job_id,
+                ),
             )
             db.executemany("INSERT INTO instance_errors VALUES (?, ?, ?, ?, ?)", failed)
         return True
 
-    def recount(self, job_id: str) -> None:
+    def recount(self, job_id: str) -> set[int]:
         """
-        Set the job's progress and errors from the results on file, as a run starts.
+        Set the job's progress, errors and result record from its file, as a run starts.
 
-        A crash may have left the count behind the file; this run's pace counts from here.
+        A crash may have left the count behind the file (a line written, not yet counted: it
+        counts now), or a torn last line (cut); this run's pace counts from here. Returns the
+        instances on file.
+
+        Raises:
+            DamagedResultsError: the file is not what was written; it is left as it is.
         """
-        done = errors = 0
-        failed = []
-        for row in self.results(job_id):
-            done += 1
-            errors += bool(found := _errors_of(job_id, row))
-            failed += found
+        record, found = self._snapshot(job_id)
+        path = self.results_path(job_id)
+        scan = _Scan()
+        done: set[int] = set()
+        failed: list[tuple[Any, ...]] = []
+        errors = 0
+        for row in _checked_rows(path, record, found, scan):
+            done.add(row["index"])
+            errors += bool(of_row := _errors_of(job_id, row))
+            failed += of_row
+        cut_torn_tail(path)  # only after the check: what it cuts was never recorded
         with self._connection() as db:
             db.execute(
-                "UPDATE jobs SET done = ?, errors = ?, done_at_start = ? WHERE id = ?",
-                (done, errors, done, job_id),
+                "UPDATE jobs SET done = ?, errors = ?, done_at_start = ?, result_lines = ?, "
+                "result_bytes = ?, result_digest = ? WHERE id = ?",
+                (len(done), errors, len(done), scan.lines, scan.size, scan.digest, job_id),
             )
             db.execute("DELETE FROM instance_errors WHERE job_id = ?", (job_id,))
             db.executemany("INSERT INTO instance_errors VALUES (?, ?, ?, ?, ?)", failed)
+        return done
 
     def instance_errors(self, job_id: str) -> list[dict[str, Any]]:
         """The first :data:`LISTED_ERRORS` instance errors: index, method, code, message."""
@@ -288,24 +407,233 @@ class JobStore:
 
     def results(self, job_id: str) -> Iterator[dict[str, Any]]:
         """
-        The results on file, one per instance, as they were written (in instance order).
+        The results on file, one per instance, as they were written, checked as they are read.
 
-        A line torn by a crash, and a second line for an instance, are left out; the file is
-        read a line at a time.
+        The first line for an instance counts (the store may write a redo after it). Read a line
+        at a time: consume it whole before acting on it, since damage further on is only found
+        there (see :meth:`checked_copy`).
+
+        Raises:
+            DamagedResultsError: where the file first differs from what the store wrote.
         """
-        path = self.results_path(job_id)
-        if not path.exists():
-            return
-        seen: set[int] = set()
-        with path.open(encoding="utf-8") as file:
-            for line in file:
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if row["index"] not in seen:
-                    seen.add(row["index"])
-                    yield row
+        record, found = self._snapshot(job_id)
+        yield from _checked_rows(self.results_path(job_id), record, found, _Scan())
+
+    def checked_copy(self, job_id: str) -> Path:
+        """
+        The job's results (one line per instance) checked whole, as a temporary JSON Lines file.
+
+        The caller serves the copy and deletes it: nothing is served before the whole file is
+        known good, and lines the runner appends meanwhile wait for the next download.
+
+        Raises:
+            DamagedResultsError: the file is not what was written (no copy is left behind).
+        """
+        handle, name = tempfile.mkstemp(prefix="attrlab-results-", suffix=".jsonl")
+        try:
+            with os.fdopen(handle, "w", encoding="utf-8") as copy:
+                for row in self.results(job_id):
+                    copy.write(json.dumps(row, allow_nan=False) + "\n")
+        except BaseException:
+            os.unlink(name)
+            raise
+        return Path(name)
+
+    def status(self, job_id: str) -> dict[str, Any] | None:
+        """
+        The job's status for clients (:meth:`JobRecord.to_dict` and its first errors), or None.
+
+        A job whose results are damaged (:meth:`_damage`) reports :data:`DAMAGED` and why.
+        """
+        try:
+            record, found = self._snapshot(job_id)
+        except KeyError:
+            return None
+        status = {**record.to_dict(), "errors": self.instance_errors(job_id)}
+        reason = self._damage(record, found)
+        if reason is not None:
+            status.update(status=DAMAGED, message=f"the job's results are damaged: {reason}")
+        return status
+
+    def _damage(self, record: JobRecord, found: os.stat_result | None) -> str | None:
+        """
+        Why the job's results are damaged, or None when they are as written.
+
+        A finished job's file is checked whole (again only once it or the record changes); a
+        queued or running job's, which grows, by its size against the record (a run checks it
+        whole as it starts, and a download always does).
+        """
+        if found is None:
+            return _missing(record)
+        if record.status in _ACTIVE:
+            if record.result_bytes is not None and found.st_size < record.result_bytes:
+                return "the results file is shorter than what was written"
+            return None
+        key = (found.st_size, found.st_mtime_ns, found.st_ino, record)
+        checked = self._checked.get(record.id)
+        if checked is None or checked[0] != key:
+            try:
+                for _ in _checked_rows(self.results_path(record.id), record, found, _Scan()):
+                    pass
+                checked = (key, None)
+            except DamagedResultsError as err:
+                checked = (key, str(err))
+            self._checked[record.id] = checked  # one entry per job, replaced whole: thread-safe
+        return checked[1]
+
+    def _snapshot(self, job_id: str) -> tuple[JobRecord, os.stat_result | None]:
+        """
+        The job's record and its results file's state, taken together in the write lock.
+
+        No append lies between them, so lines beyond the record were left by a crash (or
+        planted), never a line being written now.
+
+        Raises:
+            KeyError: there is no such job.
+        """
+        with self._connection() as db:
+            db.execute("BEGIN IMMEDIATE")  # appends write their line inside this lock
+            row = db.execute(f"SELECT {_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            try:
+                found = self.results_path(job_id).stat()
+            except FileNotFoundError:
+                found = None
+        if row is None:
+            raise KeyError(f"no job '{job_id}'")
+        return JobRecord(*row), found
+
+
+def _missing(record: JobRecord) -> str | None:
+    """Why a job whose results file is absent is damaged: it had results; None if none yet."""
+    if record.result_lines or (record.result_lines is None and record.done):
+        return "the results file is missing"
+    return None
+
+
+def _chained(digest: str, line: bytes) -> str:
+    """The results digest with one more line: sha256 over the digest so far and the line."""
+    return hashlib.sha256(bytes.fromhex(digest) + line).hexdigest()
+
+
+def _checked_rows(
+    path: Path, record: JobRecord, found: os.stat_result | None, scan: _Scan
+) -> Iterator[dict[str, Any]]:
+    """
+    The first row per instance of a results file, checked against ``record`` as it is read.
+
+    Every line must be a result row of this job (:func:`_checked_row`); the recorded lines
+    must all be there with their digest. Beyond them, only a queued or running job may have
+    more: what a crash left before its count (a torn line, or a complete one that the next run
+    counts); those are checked for form and new instances. Only the ``found`` bytes are read
+    (the file as it was with ``record``: see :meth:`JobStore._snapshot`); ``scan`` ends holding
+    the complete lines read.
+    """
+    recorded = record.result_lines
+    active = record.status in _ACTIVE
+    file = None
+    if found is not None:
+        with suppress(FileNotFoundError):  # deleted since the snapshot
+            file = path.open("rb")
+    if file is None:
+        if (missing := _missing(record)) is not None:
+            raise DamagedResultsError(missing)
+        return
+    seen: set[int] = set()
+    left = found.st_size if found is not None else 0
+    with file:
+        while left > 0 and (line := file.readline(left)):
+            left -= len(line)
+            number = scan.lines + 1
+            beyond = recorded is not None and number > recorded
+            if not line.endswith(b"\n"):  # torn by a crash
+                if active and (recorded is None or beyond):
+                    break
+                raise DamagedResultsError(f"results line {number} is cut short")
+            row = _checked_row(line, number, record.total)
+            scan.lines, scan.size = number, scan.size + len(line)
+            scan.digest = _chained(scan.digest, line)
+            if number == recorded and scan.digest != record.result_digest:
+                raise DamagedResultsError(
+                    f"results lines 1 to {number} are not the lines that were written"
+                )
+            if beyond and not active:
+                raise DamagedResultsError(f"results line {number} was added after the job ended")
+            if row["index"] in seen:
+                if beyond or (recorded is None and not active):
+                    raise DamagedResultsError(
+                        f"results line {number} repeats instance {row['index']}"
+                    )
+                continue  # a redo the store wrote: the first line counts
+            seen.add(row["index"])
+            yield row
+    if recorded is not None and scan.lines < recorded:
+        raise DamagedResultsError(
+            f"the results file has {scan.lines} of the {recorded} lines that were written"
+        )
+    if recorded is None and not 0 <= len(seen) - record.done <= active:  # an older server's
+        raise DamagedResultsError(
+            f"the results file holds {len(seen)} instances; {record.done} were done"
+        )
+
+
+def _checked_row(line: bytes, number: int, total: int) -> dict[str, Any]:
+    """
+    Line ``number`` of a job of ``total`` instances, parsed, if it is a result row.
+
+    A row is ``{"index": 0 <= i < total, "explanations": {method: outcome}}``, an outcome an
+    Explanation (with ``scores``) or ``{"error": {"code", "message"}}``.
+
+    Raises:
+        DamagedResultsError: naming the line and what is wrong with it.
+    """
+    try:
+        row = json.loads(line, parse_constant=_no_constant)
+    except ValueError:  # not JSON, not UTF-8, or NaN / Infinity (never written)
+        raise DamagedResultsError(f"results line {number} is not valid JSON") from None
+    if not isinstance(row, dict):
+        raise DamagedResultsError(f"results line {number} is not a JSON object")
+    index = row.get("index")
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < total:
+        raise DamagedResultsError(
+            f"results line {number} has index {json.dumps(index)[:40]}; this job's instances "
+            f"are 0 to {total - 1}"
+        )
+    explanations = row.get("explanations")
+    if not isinstance(explanations, dict) or not all(
+        _is_outcome(outcome) for outcome in explanations.values()
+    ):
+        raise DamagedResultsError(
+            f"results line {number} does not hold an explanation or error per method"
+        )
+    return row
+
+
+def _is_outcome(outcome: Any) -> bool:
+    """Whether ``outcome`` is one method's wire result: an Explanation or an error record."""
+    if not isinstance(outcome, dict):
+        return False
+    if "error" not in outcome:
+        return isinstance(outcome.get("scores"), list)
+    error = outcome["error"]
+    return isinstance(error, dict) and all(
+        isinstance(error.get(key), str) for key in ("code", "message")
+    )
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def set_aside(folder: Path) -> Path:
+    """Rename a job folder that cannot be opened out of the way (kept, never deleted); where."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    aside = folder.with_name(f"{folder.name}.unreadable-{stamp}")
+    number = 1
+    while aside.exists():
+        number += 1
+        aside = folder.with_name(f"{folder.name}.unreadable-{stamp}-{number}")
+    folder.rename(aside)
+    return aside
 
 
 def _errors_of(job_id: str, result: dict[str, Any]) -> list[tuple[Any, ...]]:
@@ -459,13 +787,16 @@ class JobRunner:
             log.exception("job %s could not be marked failed", job_id)
 
     def _run(self, job: JobRecord) -> None:
-        self.store.recount(job.id)  # a crash may have left the count behind the file
+        try:
+            finished = self.store.recount(job.id)  # a crash may have left the count behind
+        except DamagedResultsError as err:  # never run on: it would add to a file gone wrong
+            self.store.finish(job.id, "failed", f"the job's results are damaged: {err}")
+            return
         try:
             build = self.parse(self.store.request(job.id))
         except ValueError:  # a stored request this version of the server cannot read
             self.store.finish(job.id, "failed", "the stored request cannot be read")
             return
-        finished = {row["index"] for row in self.store.results(job.id)}
         for index in range(job.total):
             if index in finished:
                 continue

@@ -3,22 +3,26 @@
 from __future__ import annotations
 
 import hmac
+import logging
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import gradio as gr
 from fastapi import FastAPI
 from PIL import Image
 
 from app.api import ApiGuard, build_router, install_error_handlers, job_parser
-from app.jobs import JobRunner, JobStore
+from app.jobs import JobRunner, JobStore, UnreadableJobsError, set_aside
 from app.settings import ServerSettings, SettingsError
 from app.ui import build_ui
 from app.worker import ExplainWorker
 
-__all__ = ["bound_image_decoding", "create_app", "page_login", "serve"]
+__all__ = ["bound_image_decoding", "create_app", "open_jobs", "page_login", "serve"]
+
+log = logging.getLogger(__name__)
 
 
 def create_app(
@@ -37,13 +41,7 @@ def create_app(
 
     jobs = None
     if settings.data_dir is not None:
-        try:
-            store = JobStore(settings.data_dir / "jobs")
-        except (OSError, sqlite3.Error) as err:
-            raise SettingsError(
-                f"cannot keep jobs in the data folder '{settings.data_dir}' (ATTRLAB_DATA): {err}"
-            ) from None
-        jobs = JobRunner(store, worker, job_parser)
+        jobs = JobRunner(open_jobs(settings.data_dir, settings.reset_jobs), worker, job_parser)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -77,6 +75,37 @@ def create_app(
         max_file_size=settings.max_body_bytes,
         show_error=False,  # only gr.Error messages (already free of paths) reach the page
     )
+
+
+def open_jobs(data_dir: Path, reset: bool) -> JobStore:
+    """
+    The job store in ``data_dir``'s ``jobs`` folder, refused when that cannot be read.
+
+    With ``reset``, a folder that cannot be read is moved aside (kept) for an empty one.
+
+    Raises:
+        SettingsError: the folder cannot be used; the message says why and what to do.
+    """
+    folder = data_dir / "jobs"
+    unusable = f"cannot keep jobs in the data folder '{data_dir}' (ATTRLAB_DATA)"
+    try:
+        return JobStore(folder)
+    except UnreadableJobsError as err:
+        if not reset:
+            raise SettingsError(
+                f"the job folder '{folder}' cannot be read: {err}. Restore it, or start afresh "
+                "with --reset-jobs (ATTRLAB_RESET_JOBS=1), which moves it aside"
+            ) from None
+        unreadable = err
+    except (OSError, sqlite3.Error) as err:
+        raise SettingsError(f"{unusable}: {err}") from None
+    try:
+        aside = set_aside(folder)
+        store = JobStore(folder)
+    except (OSError, sqlite3.Error, UnreadableJobsError) as err:
+        raise SettingsError(f"{unusable}: {err}") from None
+    log.warning("the job folder could not be read (%s); it was moved to %s", unreadable, aside)
+    return store
 
 
 def page_login(token: str | None) -> Callable[[str, str], bool] | None:

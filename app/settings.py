@@ -91,6 +91,8 @@ class ServerSettings:
         data_dir: Where durable jobs keep their table and results (``None``: no jobs).
         max_jobs: Jobs queued or running at once; more are answered 429.
         max_job_instances: Most instances in one job.
+        reset_jobs: A job folder that cannot be read (its table lost, emptied or damaged) is
+            moved aside for an empty one, instead of refusing to start.
     """
 
     models: frozenset[str] | None = None
@@ -108,6 +110,7 @@ class ServerSettings:
     data_dir: Path | None = None
     max_jobs: int = 16
     max_job_instances: int = 10_000
+    reset_jobs: bool = False
 
     @classmethod
     def unrestricted(cls) -> ServerSettings:
@@ -146,6 +149,7 @@ class ServerSettings:
             data_dir=Path(env.get("ATTRLAB_DATA") or default_data_dir()).expanduser(),
             max_jobs=_positive(env, "ATTRLAB_MAX_JOBS", 16),
             max_job_instances=_positive(env, "ATTRLAB_MAX_JOB_INSTANCES", 10_000),
+            reset_jobs=_flag(env, "ATTRLAB_RESET_JOBS", False),
         )
         settings = replace(settings, **{k: v for k, v in overrides.items() if v is not None})
         if settings.api_token is not None and settings.max_seconds is None:
