@@ -87,8 +87,15 @@ class JobWorkflow(schema.include(path_regex="/jobs").as_state_machine()):  # typ
             # Generated job bodies are refused before storing (the model and method names are
             # free text; the schema-only run above sends those): this one is stored and run,
             # on the generated texts (empty, odd Unicode: instance errors, never a failure).
-            instances = case.body.get("instances") if isinstance(case.body, dict) else None
-            texts = [i["text"] for i in instances or [] if isinstance(i.get("text"), str)]
+            body = case.body if isinstance(case.body, dict) else {}
+            instances = body.get("instances")
+            if not isinstance(instances, list):  # a generated body need not match its schema
+                instances = []
+            texts = [
+                i["text"]
+                for i in instances
+                if isinstance(i, dict) and isinstance(i.get("text"), str)
+            ]
             case.body = {**RUNNABLE_JOB, "instances": [{"text": t} for t in texts[:3] or ["a"]]}
 
     def validate_response(self, response, case, additional_checks=None, **kwargs):

@@ -327,6 +327,8 @@ def test_the_page_api_reads_no_server_file(client, tmp_path):
                     False,
                     0,
                     {},
+                    False,
+                    None,
                 ]
             },
         )
