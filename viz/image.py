@@ -63,7 +63,7 @@ def fit_map(scores: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
     if scores.shape == shape:
         return scores
     image = Image.fromarray(scores.astype(np.float32), mode="F")
-    return np.asarray(image.resize(shape[::-1], Image.BILINEAR), dtype=np.float64)
+    return np.asarray(image.resize(shape[::-1], Image.Resampling.BILINEAR), dtype=np.float64)
 
 
 def robust_peak(scores: np.ndarray, percentile: float = 99.0) -> float:
