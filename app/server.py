@@ -117,10 +117,12 @@ def page_login(token: str | None) -> Callable[[str, str], bool] | None:
 
 def bound_image_decoding(settings: ServerSettings) -> None:
     """
-    Bound Pillow, which Gradio decodes page uploads with, by the server's pixel limit.
+    Bound Pillow, which Gradio opens page uploads with, by the server's pixel limit.
 
-    Pillow refuses, before decoding, images over twice its setting, so half the limit refuses
-    over the limit. A process-wide setting: made where the process is the server.
+    The page's image tab has Gradio open an upload's header only (the library checks its pixels
+    and decoded bytes, then decodes it); this is the backstop for any other Pillow use. Pillow
+    refuses, before decoding, images over twice its setting, so half the limit refuses over the
+    limit. A process-wide setting: made where the process is the server.
     """
     Image.MAX_IMAGE_PIXELS = max(1, settings.max_image_pixels // 2)
 

@@ -49,7 +49,7 @@ from attribution.errors import AttrlabError, InvalidInputError, InvalidParameter
 from attribution.explanation import Explanation
 from attribution.methods import get_method
 from attribution.methods.catalog import catalog_entries
-from attribution.models import BUILTIN_MODELS, default_model
+from attribution.models import BUILTIN_MODELS, default_model, load_image
 from attribution.run import ProgressCallback
 
 __all__ = [
@@ -410,7 +410,11 @@ class Result:
     explanations: dict[str, Explanation]
     agreement: Any = None  # DataFrame of method pairs (two or more methods)
     randomisation: Any = None  # DataFrame (randomisation check)
+    #: The image's display copy (:func:`viz.image.display_copy`): every figure draws it, and
+    #: the session keeps no full-size copy.
     image: np.ndarray | None = None
+    #: The image's own (height, width), as explained; the export records it.
+    image_size: tuple[int, int] | None = None
     fields: dict[str, Any] = field(default_factory=dict)
     #: Per method, the change from the previous run (an edit and compare).
     changes: dict[str, MapChange] = field(default_factory=dict)
@@ -602,11 +606,14 @@ def export_bundle(result: Result, png: bool = True) -> Path:
 
     folder = page_folder("export") / "attrlab-export"
     folder.mkdir()
+    inputs = dict(result.fields)
+    if result.image_size is not None:  # the maps in the figures are drawn on a smaller copy
+        inputs["image_size"] = list(result.image_size)
     return write_bundle(
         result.explanations,
         _figures(result),
         folder,
-        extra={"inputs": result.fields},
+        extra={"inputs": inputs},
         png=png,
         pages=_pages(result),
     )
@@ -679,8 +686,16 @@ def _explain_tab(
                     elem_id=f"{key}-labels",
                 )
             if spec.modality == "image":
+                # The upload's own file, undecoded (no image_mode: Gradio would convert it):
+                # the library decodes it, after checking its size from the header.
                 source: Any = received_image(
-                    gr.Image(label="Image", type="numpy", height=240, elem_id=f"{key}-input")
+                    gr.Image(
+                        label="Image",
+                        type="filepath",
+                        image_mode=None,
+                        height=240,
+                        elem_id=f"{key}-input",
+                    )
                 )
                 gr.Examples(
                     [[str(p)] for p in _example_images()],
@@ -782,9 +797,7 @@ def _explain_tab(
     def instance(model_: str, labels_: str, source_: Any, target_: Any, seed_: Any) -> dict:
         """The request's input and model fields from the page."""
         if spec.modality == "image":
-            if source_ is None:
-                raise gr.Error("upload an image first")
-            data: dict[str, Any] = {"image": np.asarray(source_)}
+            data: dict[str, Any] = {"image": _uploaded_image(source_)}
         else:
             data = {"text": source_ or ""}
         return {
@@ -831,7 +844,8 @@ def _explain_tab(
             if image is None or not isinstance(evt.index, list | tuple) or len(evt.index) != 2:
                 return gr.skip()  # a selection that is not a click on a shown image
             x, y = evt.index
-            return occluded(np.asarray(image), int(x), int(y), int(size))
+            picture = load_image(_uploaded_image(image), runner.worker.settings.max_image_pixels)
+            return occluded(np.asarray(picture), int(x), int(y), int(size))
 
         source.select(occlude_at, [source, occlusion], source, api_visibility="private")
 
@@ -875,6 +889,8 @@ def _explain_tab(
         if not methods:
             raise gr.Error("choose at least one method")
         base = instance(model_, labels_, source_, target_, seed_)
+        if spec.modality == "image":  # decoded once, here: the worker takes the decoded image
+            base["image"] = load_image(base["image"], runner.worker.settings.max_image_pixels)
         if compare_ and previous is None:
             raise gr.Error("run once before comparing: the comparison needs a previous run")
         if compare_ and previous is not None:  # the class the previous run explained
@@ -908,7 +924,10 @@ def _explain_tab(
             )
             result = Result(check.explanations, check.agreement, check.randomisation)
         if spec.modality == "image":
-            result.image = np.asarray(base["image"])[..., :3]
+            from viz.image import display_copy
+
+            result.image = display_copy(base["image"])
+            result.image_size = (base["image"].height, base["image"].width)
         result.fields = {
             "tab": key,
             "model": base["model"],
@@ -1151,6 +1170,23 @@ def _comparison_view(result: Result) -> Any:
     if result.image is not None:
         return gr.update(value=change_figure(result.changes, result.image), visible=True)
     return gr.update(value=change_html(result.changes), visible=True)
+
+
+def _uploaded_image(path: str | None) -> bytes:
+    """
+    The bytes of the tab's image: Gradio's copy of an upload, checked by :func:`received_file`.
+
+    Raises:
+        gr.Error: no image yet, or it is gone.
+        InvalidInputError: a file this process did not receive.
+    """
+    file = received_file(path or None)
+    if file is None:
+        raise gr.Error("upload an image first")
+    try:
+        return file.read_bytes()
+    except OSError:  # Gradio's cache emptied under the page
+        raise gr.Error("the uploaded image is gone from the server; upload it again") from None
 
 
 def _top(explanation: Explanation) -> dict[str, float]:

@@ -1,4 +1,10 @@
-"""Pixel-level views of an image Explanation."""
+"""
+Pixel-level views of an image Explanation.
+
+Every figure draws a display copy of the image (:func:`display_copy`, longest side at most
+:data:`DISPLAY_MAX_SIDE`) with the maps fitted to it, so a figure's size is bounded whatever the
+image's; the Explanation keeps its own map, at the model's resolution.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +18,8 @@ from plotly.subplots import make_subplots
 from attribution.explanation import Explanation
 
 __all__ = [
+    "DISPLAY_MAX_SIDE",
+    "display_copy",
     "fit_map",
     "heatmap_overlay",
     "image_figure",
@@ -25,13 +33,37 @@ __all__ = [
 _POSITIVE = np.array([178, 24, 43], dtype=np.float64)
 _NEGATIVE = np.array([33, 102, 172], dtype=np.float64)
 
+#: Longest side, in pixels, of the image a figure draws (a figure's payload grows with its area).
+DISPLAY_MAX_SIDE = 1024
+
+
+def display_copy(image: np.ndarray | Image.Image, max_side: int = DISPLAY_MAX_SIDE) -> np.ndarray:
+    """
+    ``image`` (H×W×3 uint8 or a PIL image) reduced, aspect kept, to at most ``max_side`` a side.
+
+    An image within the bound comes back as it is; a larger one is resampled (bilinear, with
+    Pillow's fast box reduction first) without a full-size array being made of a PIL image.
+    """
+    if max_side < 1:
+        raise ValueError(f"max_side must be at least 1; got {max_side}")
+    if isinstance(image, Image.Image):
+        width, height = image.size
+    else:
+        height, width = image.shape[:2]
+    if max(height, width) <= max_side:
+        return np.asarray(image)
+    scale = max_side / max(height, width)
+    size = (max(1, round(width * scale)), max(1, round(height * scale)))
+    picture = image if isinstance(image, Image.Image) else Image.fromarray(image)
+    return np.asarray(picture.resize(size, Image.Resampling.BILINEAR, reducing_gap=2.0))
+
 
 def fit_map(scores: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
     """``scores`` resized (bilinear) to an image of ``shape``."""
     if scores.shape == shape:
         return scores
     image = Image.fromarray(scores.astype(np.float32), mode="F")
-    return np.asarray(image.resize(shape[::-1], Image.BILINEAR), dtype=np.float64)
+    return np.asarray(image.resize(shape[::-1], Image.Resampling.BILINEAR), dtype=np.float64)
 
 
 def robust_peak(scores: np.ndarray, percentile: float = 99.0) -> float:
@@ -56,11 +88,12 @@ def heatmap_overlay(explanation: Explanation, image: np.ndarray, alpha: float = 
 
 
 def image_figure(explanation: Explanation, image: np.ndarray) -> go.Figure:
-    """The image with the score map as a semi-transparent diverging heatmap on top."""
+    """The image (its display copy) with the score map as a semi-transparent heatmap on top."""
+    image = display_copy(image)
     scores = fit_map(explanation.scores, image.shape[:2])
     peak = robust_peak(scores) or 1.0
     heatmap = go.Heatmap(
-        z=scores,
+        z=_shown(scores),
         colorscale="RdBu_r",
         zmin=-peak,
         zmax=peak,
@@ -82,6 +115,11 @@ def _over_image(image: np.ndarray, heatmap: go.Heatmap, title: str) -> go.Figure
         height=420,
     )
     return figure
+
+
+def _shown(scores: np.ndarray) -> np.ndarray:
+    """A map as a heatmap carries it: float32, ample for colour and hover, half the payload."""
+    return scores.astype(np.float32)
 
 
 def _scaled(scores: np.ndarray) -> np.ndarray:
@@ -115,11 +153,12 @@ def map_panels_figure(
     """
     Panels side by side, each ``image`` under a signed map, keyed by title: (name, map).
 
-    Each map is resized to the image and divided by its robust peak, on one diverging scale
-    from −1 to +1 with one colour bar.
+    Each map is resized to the image's display copy and divided by its robust peak, on one
+    diverging scale from −1 to +1 with one colour bar.
     """
     if not 0.0 <= opacity <= 1.0:
         raise ValueError(f"opacity must lie in [0, 1]; got {opacity}")
+    image = display_copy(image)
     figure = make_subplots(
         rows=1, cols=len(panels), subplot_titles=list(panels), horizontal_spacing=0.02
     )
@@ -127,7 +166,7 @@ def map_panels_figure(
         figure.add_trace(go.Image(z=image, hoverinfo="skip"), row=1, col=column)
         figure.add_trace(
             go.Heatmap(
-                z=_scaled(fit_map(scores, image.shape[:2])),
+                z=_shown(_scaled(fit_map(scores, image.shape[:2]))),
                 colorscale="RdBu_r",
                 zmin=-1.0,
                 zmax=1.0,
@@ -150,11 +189,12 @@ def map_panels_figure(
 
 
 def std_error_figure(explanation: Explanation, image: np.ndarray) -> go.Figure:
-    """A sampling method's per-pixel standard error (``maps["std_error"]``) over ``image``."""
+    """A sampling method's standard error map (``maps["std_error"]``) over ``image``'s copy."""
     if "std_error" not in explanation.maps or explanation.tokens is not None:
         raise ValueError(f"{explanation.method!r} has no standard-error map of an image")
+    image = display_copy(image)
     heatmap = go.Heatmap(
-        z=fit_map(explanation.maps["std_error"], image.shape[:2]),
+        z=_shown(fit_map(explanation.maps["std_error"], image.shape[:2])),
         colorscale="Viridis",
         zmin=0.0,
         opacity=0.6,

@@ -3,7 +3,9 @@ Image decoding for untrusted bytes, and the resize-normalise transform.
 
 Images arrive as encoded bytes (an upload, a base64 field, a file the CLI read), a decoded
 array or a PIL image; never as a path: the library opens no files on behalf of a request.
-Encoded data is size-checked from its header before any pixel is decoded.
+Encoded data is size-checked from its header before any pixel is decoded: its pixels, and its
+bytes as decoded (width × height × channels × bytes per channel), against a byte limit derived
+from the pixel limit (:func:`max_image_bytes`).
 """
 
 from __future__ import annotations
@@ -18,12 +20,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps
+from PIL import Image, ImageFile, ImageMode, ImageOps
 
 from attribution.errors import InputTooLargeError, InvalidInputError, InvalidParameterError
 from attribution.models.base import ImageInputs
 
-__all__ = ["ImageTransform", "load_image", "max_image_pixels"]
+__all__ = ["ImageTransform", "load_image", "max_image_bytes", "max_image_pixels"]
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +35,12 @@ _FORMATS = "PNG, JPEG, BMP, GIF, TIFF or WebP"
 # Pillow's own bomb guard (a warning, then an error at twice the limit) stays as a backstop;
 # our limit is checked first from the header and is far lower.
 _WIDE_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")  # 16/32-bit integer, float
+#: Bytes per pixel the byte limit is counted in: 8-bit RGB, so such images meet the pixel limit
+#: and the byte limit together (as before there was a byte limit).
+_RGB_BYTES = 3
+# A decoder's raw mode with 16-bit samples ("RGBA;16B", "RGB;16L", "LA;16B", "I;16N"): Pillow
+# keeps such PNG/TIFF colour images in 8-bit modes, so the mode alone would hide the file's depth.
+_SIXTEEN_BIT_RAW = re.compile(r";16[BLN]")
 
 
 def max_image_pixels(env: Mapping[str, str] | None = None) -> int:
@@ -47,17 +55,29 @@ def max_image_pixels(env: Mapping[str, str] | None = None) -> int:
     return int(value)
 
 
+def max_image_bytes(max_pixels: int) -> int:
+    """
+    Largest decoded image in bytes for a pixel limit: as many bytes as 8-bit RGB at that limit.
+
+    An image's bytes are width × height × channels × bytes per channel: a 16-bit RGBA image
+    counts 8 bytes a pixel, so it meets the limit at 3/8 of the pixels of an 8-bit RGB one.
+    """
+    return _RGB_BYTES * max_pixels
+
+
 def load_image(raw: Any, max_pixels: int | None = None) -> Image.Image:
     """
     Decode encoded bytes, a PIL image or an array into an RGB image.
 
-    Bytes are checked against ``max_pixels`` from the header alone, before decoding. Animated
-    images give their first frame; EXIF orientation is applied; 16-bit, palette, CMYK and
-    transparent images are converted to 8-bit RGB (transparency over white).
+    Bytes are checked against ``max_pixels`` and :func:`max_image_bytes` of it from the header
+    alone, before decoding; an array by its own shape and item size. Animated images give their
+    first frame; EXIF orientation is applied; 16-bit, palette, CMYK and transparent images are
+    converted to 8-bit RGB (transparency over white).
 
     Raises:
         InvalidInputError: not an image (a str is refused: paths are never opened here).
-        InputTooLargeError: more pixels than ``max_pixels``.
+        InputTooLargeError: more pixels than ``max_pixels``, or more decoded bytes than
+            :func:`max_image_bytes` of it.
     """
     limit = max_image_pixels() if max_pixels is None else max_pixels
     if isinstance(raw, Image.Image):
@@ -74,7 +94,8 @@ def load_image(raw: Any, max_pixels: int | None = None) -> Image.Image:
     raise InvalidInputError(f"expected image bytes or an array; got {type(raw).__name__}")
 
 
-def _check_size(width: int, height: int, limit: int) -> None:
+def _check_size(width: int, height: int, channels: int, channel_bytes: int, limit: int) -> None:
+    """Refuse an image over ``limit`` pixels or over :func:`max_image_bytes` of it decoded."""
     if width < 1 or height < 1:
         raise InvalidInputError("the image has no pixels")
     if width * height > limit:
@@ -82,10 +103,41 @@ def _check_size(width: int, height: int, limit: int) -> None:
             f"image is {width}×{height} = {_megapixels(width * height)} megapixels, above the "
             f"limit of {_megapixels(limit)} megapixels; resize it first"
         )
+    decoded, byte_limit = width * height * channels * channel_bytes, max_image_bytes(limit)
+    if decoded > byte_limit:
+        raise InputTooLargeError(
+            f"image is {width}×{height} × {_count(channels, 'channel')} × "
+            f"{_count(channel_bytes, 'byte')} = "
+            f"{_bytes(decoded)} decoded, above the limit of {_bytes(byte_limit)} "
+            f"({_megapixels(limit)} megapixels of 8-bit RGB); resize it or save it with fewer "
+            "channels or 8 bits per channel"
+        )
+
+
+def _decoded_layout(image: ImageFile.ImageFile) -> tuple[int, int]:
+    """(channels, bytes per channel) of a lazily opened image, from its header."""
+    channels = len(image.getbands())
+    channel_bytes = np.dtype(ImageMode.getmode(image.mode).typestr).itemsize
+    for tile in image.tile:  # the raw mode: PNG's is the tile's argument, TIFF's its first
+        raw = tile.args[0] if isinstance(tile.args, tuple) and tile.args else tile.args
+        if isinstance(raw, str) and _SIXTEEN_BIT_RAW.search(raw):
+            channel_bytes = max(channel_bytes, 2)
+    return channels, channel_bytes
 
 
 def _megapixels(pixels: int) -> str:
     return f"{pixels / 1e6:,.2f}".rstrip("0").rstrip(".")
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" + ("s" if number != 1 else "")
+
+
+def _bytes(count: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count >= scale:
+            return f"{count / scale:,.1f}".removesuffix(".0") + f" {unit}"
+    return f"{count} bytes"
 
 
 def _decode(data: bytes, limit: int) -> Image.Image:
@@ -104,10 +156,11 @@ def _decode(data: bytes, limit: int) -> Image.Image:
     except Exception as err:  # Pillow's parsers raise many types on hostile bytes
         log.info("image header rejected: %r", err)
         raise InvalidInputError(f"the data is not a readable image (expected {_FORMATS})") from None
-    _check_size(*image.size, limit)
+    _check_size(*image.size, *_decoded_layout(image), limit)
     try:
         # Open positions animated GIF/WebP/APNG and multi-page TIFF on their first frame.
-        return _to_rgb(ImageOps.exif_transpose(image))
+        ImageOps.exif_transpose(image, in_place=True)  # in place: no second copy of the pixels
+        return _to_rgb(image)
     except InputTooLargeError:
         raise
     except Exception as err:  # truncated or corrupt pixel data, bad EXIF, odd modes
@@ -131,12 +184,14 @@ def _to_rgb(image: Image.Image) -> Image.Image:
 
 
 def _from_array(array: np.ndarray, limit: int | None) -> Image.Image:
-    if array.ndim == 2:
-        array = np.stack([array] * 3, axis=-1)
-    if array.ndim != 3 or array.shape[-1] not in (3, 4) or 0 in array.shape:
+    wrong_channels = array.ndim == 3 and array.shape[-1] not in (3, 4)
+    if array.ndim not in (2, 3) or wrong_channels or 0 in array.shape:
         raise InvalidInputError(f"image array must be H×W, H×W×3 or H×W×4; got {array.shape}")
     if limit is not None:
-        _check_size(array.shape[1], array.shape[0], limit)
+        channels = 1 if array.ndim == 2 else array.shape[2]
+        _check_size(array.shape[1], array.shape[0], channels, array.itemsize, limit)
+    if array.ndim == 2:
+        array = np.stack([array] * 3, axis=-1)
     if array.dtype == np.bool_:
         array = array.astype(np.uint8) * 255
     elif np.issubdtype(array.dtype, np.floating):
