@@ -13,18 +13,14 @@ import io
 import json
 import os
 import re
-import signal
-import socket
 import struct
-import subprocess
-import sys
-import time
 import zipfile
 import zlib
 
 import httpx
 import numpy as np
 import pytest
+from _live_server import running_server
 from gradio_client import Client, handle_file
 from PIL import Image
 
@@ -162,48 +158,23 @@ def _peak_growth(pid: int, call):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith("ATTRLAB_MAX_")}
     env |= {"ATTRLAB_MODELS": IMAGE_MODEL, "GRADIO_ANALYTICS_ENABLED": "False"}
     env["ATTRLAB_DATA"] = str(tmp_path_factory.mktemp("data"))
     log = tmp_path_factory.mktemp("log") / "server.log"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--device", "cpu"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=log.open("w"),
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/api/v1/health", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            time.sleep(0.3)
-        assert process.poll() is None, log.read_text()
-    else:
-        process.kill()
-        pytest.fail("attrlab serve did not come up within 120 s")
-    folder = tmp_path_factory.mktemp("images")
-    client = Client(url + "/", verbose=False)
-    warm = folder / "warm.png"
-    warm.write_bytes(png8(gradient(32, 32)))
-    _explain(client, str(warm))  # the model loaded and the page warm: not counted below
-    yield url, client, process.pid, folder
-    # No failure but the page's refusals, which Gradio logs with their trace (read before the
-    # shutdown, which cancels the client's open heartbeat stream).
-    logged = log.read_text()
-    assert logged.count("Traceback") == logged.count("\ngradio.exceptions.Error: "), logged
-    client.close()
-    process.send_signal(signal.SIGINT)
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        raise
+    with running_server(env, log) as (port, process):
+        url = f"http://127.0.0.1:{port}"
+        folder = tmp_path_factory.mktemp("images")
+        client = Client(url + "/", verbose=False)
+        warm = folder / "warm.png"
+        warm.write_bytes(png8(gradient(32, 32)))
+        _explain(client, str(warm))  # the model loaded and the page warm: not counted below
+        yield url, client, process.pid, folder
+        # No failure but the page's refusals, which Gradio logs with their trace (read before
+        # the shutdown, which cancels the client's open heartbeat stream).
+        logged = log.read_text()
+        assert logged.count("Traceback") == logged.count("\ngradio.exceptions.Error: "), logged
+        client.close()
 
 
 def _explain(client: Client, path: str):

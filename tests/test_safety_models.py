@@ -12,16 +12,12 @@ import io
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
+from _live_server import running_server
 from fastapi.testclient import TestClient
 from PIL import Image
 
@@ -281,40 +277,15 @@ def test_the_command_line_names_a_malformed_config(roots, capsys):
 
 @pytest.fixture
 def live_server(roots, tmp_path):
-    """``attrlab serve --model-root ROOT`` on a free loopback port: ``(port, process)``."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    argv = [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--device", "cpu"]
-    process = subprocess.Popen(
-        [*argv, "--model-root", str(roots[0])],
-        env={**os.environ, "ATTRLAB_DATA": str(tmp_path)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            connection.request("GET", "/api/v1/health")
-            if connection.getresponse().status == 200:
-                connection.close()
-                break
-        except OSError:
-            time.sleep(0.5)
-        assert process.poll() is None, process.stderr.read()
-    else:
-        process.kill()
-        pytest.fail("attrlab serve did not come up within 120 s")
-    yield port, process
-    if process.poll() is None:
-        process.send_signal(signal.SIGINT)
-        process.wait(timeout=30)
+    """``attrlab serve --model-root ROOT`` on a free loopback port: ``(port, its log)``."""
+    env = {**os.environ, "ATTRLAB_DATA": str(tmp_path)}
+    log = tmp_path / "server.log"
+    with running_server(env, log, "--model-root", str(roots[0])) as (port, _):
+        yield port, log
 
 
 def test_refusals_keep_the_connection_of_a_live_server(live_server, roots, expected_scores):
-    port, process = live_server
+    port, log = live_server
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
 
     def post(model: str) -> tuple[int, dict, str]:
@@ -344,6 +315,4 @@ def test_refusals_keep_the_connection_of_a_live_server(live_server, roots, expec
         np.testing.assert_allclose(answer["scores"], expected_scores, rtol=1e-5)
         assert connection.sock is not None and connection.sock.getsockname() == socket_name
     connection.close()
-    process.send_signal(signal.SIGINT)
-    process.wait(timeout=30)
-    assert "Traceback" not in process.stderr.read()
+    assert "Traceback" not in log.read_text()
