@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import io
+import math
 import struct
 import zlib
 from collections.abc import Iterator
@@ -26,8 +27,10 @@ from PIL import Image, ImageFile
 from app.server import create_app
 from app.settings import ServerSettings
 from app.worker import ExplainWorker
+from attribution import explain
 from attribution.errors import InputTooLargeError
 from attribution.models import load_image
+from viz.image import DISPLAY_MAX_SIDE, image_grid_figure
 
 TEXT_MODEL = "tiny-random-bert"
 IMAGE_MODEL = "tiny-random-vit"
@@ -158,3 +161,20 @@ def test_a_page_refusal_reads_as_written(client):
     """A handler's own ``gr.Error`` is not wrapped again (which quoted it: "'upload ...'")."""
     answer = client.post("/gradio_api/run/explain_image", json=_explain_image(None))
     assert answer.json()["error"] == "upload an image first"
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 7, 16])
+def test_a_figure_of_panels_draws_one_display_copys_area_however_many(load_model, count):
+    """Each panel drew its own 1024-px copy: 3 methods on a large image sent ~30 MB of pixels."""
+    adapter = load_model(IMAGE_MODEL)
+    big = np.random.default_rng(5).integers(0, 256, (1500, 2000, 3), dtype=np.uint8)
+    explanation = explain(adapter, "gradient_x_input", adapter.preprocess(big))
+    figure = image_grid_figure({f"method{i}": explanation for i in range(count)}, big)
+    images = [np.asarray(t.z).shape for t in figure.data if t.type == "image"]
+    maps = [np.asarray(t.z).shape for t in figure.data if t.type == "heatmap"]
+    assert len(images) == len(maps) == count
+    assert sum(h * w for h, w, _ in images) <= DISPLAY_MAX_SIDE**2
+    for (height, width, _), shape in zip(images, maps, strict=True):
+        assert shape == (height, width)  # each map fitted to its panel's copy
+        assert abs(width / height - 2000 / 1500) < 0.01  # the aspect kept
+        assert width >= DISPLAY_MAX_SIDE / math.sqrt(count) - 2  # no smaller than its share
