@@ -35,7 +35,9 @@ from urllib.parse import urlencode
 import gradio as gr
 import numpy as np
 from gradio import processing_utils
+from gradio.exceptions import InvalidPathError
 from gradio_client import utils as client_utils
+from pydantic import ValidationError
 
 from app.errors import public_message
 from app.settings import MAX_SEED
@@ -1298,7 +1300,57 @@ def build_ui(
             with gr.Tab("Batch", id="batch"):
                 batch_tab(runner)
         _open_shared_link(demo, tabs, filled, notice)
+    _name_bad_inputs(demo)
     return demo
+
+
+def _name_bad_inputs(demo: gr.Blocks) -> None:
+    """
+    Make every handler's inputs refuse a value of the wrong kind in words, not a bare error.
+
+    Only a hand-made request sends one (a word for a number, a number for a list of methods, a
+    file reference that is no file): Gradio's components raise a plain exception for it, which
+    the page answers with ``{"error": null}``. Each input's refusal names its field; a file
+    reference Gradio refuses before any component sees it (not of a file's form, or of a file
+    it did not hand out: only the page's file inputs have a form) gets :data:`NOT_RECEIVED`.
+    """
+    components = {id(c): c for fn in demo.fns.values() for c in fn.inputs}
+    for component in components.values():
+        if isinstance(component, gr.components.Component) and not component.stateful:
+            _named_refusal(component)
+    prepare = demo.preprocess_data
+
+    async def preprocess_data(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await prepare(*args, **kwargs)
+        except gr.Error:
+            raise
+        except (InvalidPathError, ValidationError):  # a file reference, of a file or in form
+            raise gr.Error(NOT_RECEIVED) from None
+        except (ValueError, TypeError):
+            raise gr.Error(
+                "the request's inputs are not of the kinds the page's fields take; the page's "
+                "API description (view API) lists them"
+            ) from None
+
+    demo.preprocess_data = preprocess_data  # type: ignore[method-assign]
+
+
+def _named_refusal(component: gr.components.Component) -> None:
+    process = component.preprocess
+    name = getattr(component, "label", None) or getattr(component, "elem_id", None) or "a field"
+
+    def preprocess(payload: Any) -> Any:
+        try:
+            return process(payload)
+        except gr.Error:
+            raise
+        except Exception:  # a component's own parsing of a value it cannot take
+            raise gr.Error(
+                f"the field {name!r} cannot take that value ({type(payload).__name__})"
+            ) from None
+
+    component.preprocess = preprocess  # type: ignore[method-assign]
 
 
 def _open_shared_link(

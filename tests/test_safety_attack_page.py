@@ -178,3 +178,27 @@ def test_a_figure_of_panels_draws_one_display_copys_area_however_many(load_model
         assert shape == (height, width)  # each map fitted to its panel's copy
         assert abs(width / height - 2000 / 1500) < 0.01  # the aspect kept
         assert width >= DISPLAY_MAX_SIDE / math.sqrt(count) - 2  # no smaller than its share
+
+
+#: Values of kinds no field of the page takes all of: a word, a list, an object, a number.
+WRONG_KINDS = ["x", [1], {"a": 1}, 1e308]
+
+
+def test_every_page_input_refuses_a_value_of_the_wrong_kind_in_words(client):
+    """Gradio's components raise plain errors for these, answered as ``{"error": null}``."""
+    config = client.get("/config").json()
+    apis = [
+        (d["api_name"], len(d["inputs"]))
+        for d in config["dependencies"]
+        if d.get("api_name") and d.get("api_visibility", "public") == "public" and d["inputs"]
+    ]
+    assert {"explain_text", "explain_image", "evaluate", "batch"} <= {a for a, _ in apis}
+    for api, count in apis:
+        for position in range(count):
+            for wrong in WRONG_KINDS:
+                data: list[Any] = [None] * count
+                data[position] = wrong
+                answer = client.post(f"/gradio_api/run/{api}", json={"data": data})
+                if answer.status_code != 200:
+                    error = answer.json().get("error")
+                    assert isinstance(error, str) and error, (api, position, wrong, answer.text)
