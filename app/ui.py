@@ -12,6 +12,7 @@ from :mod:`viz`. The tabs for layers, evaluation and batches are in :mod:`app.ui
 from __future__ import annotations
 
 import atexit
+import base64
 import functools
 import json
 import logging
@@ -28,11 +29,15 @@ from concurrent.futures import TimeoutError as FutureTimeout  # builtin only fro
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlencode
 
 import gradio as gr
 import numpy as np
+from gradio import processing_utils
+from gradio.exceptions import InvalidPathError
+from gradio_client import utils as client_utils
+from pydantic import ValidationError
 
 from app.errors import public_message
 from app.settings import MAX_SEED
@@ -61,7 +66,7 @@ __all__ = [
     "page_folder",
     "read_target",
     "received_file",
-    "received_image",
+    "received_input",
     "sample_labels",
     "upload_folder",
 ]
@@ -79,6 +84,10 @@ DEFAULT_METHODS = {
 }
 #: How long files the page hands out (exports, batch results) are kept (seconds).
 FILES_KEPT_S = 3600
+#: The one refusal of a file this process did not receive, whatever the reason.
+NOT_RECEIVED = "that file was not uploaded to this page; upload it again"
+#: A page input that takes files.
+FileInput = TypeVar("FileInput", gr.Image, gr.File)
 #: Fields a shared link carries (the page's state in its URL; images stay out).
 LINK_FIELDS = (
     "tab",
@@ -205,6 +214,8 @@ def readable(handler: Callable[..., Any]) -> Callable[..., Any]:
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         try:
             return handler(*args, **kwargs)
+        except gr.Error:  # a ValueError already worded for the page (quoted if wrapped again)
+            raise
         except (ValueError, AttrlabError) as err:
             raise gr.Error(public_message(str(err))) from None
 
@@ -549,31 +560,66 @@ def received_file(value: Any) -> Path | None:
             and path.is_file()
         ):
             return path
-    raise InvalidInputError("that file was not uploaded to this page; upload it again")
+    raise InvalidInputError(NOT_RECEIVED)
 
 
-def received_image(image: gr.Image) -> gr.Image:
+def received_input(component: FileInput) -> FileInput:
     """
-    ``image``, made to read only a file this process received (:func:`received_file`).
+    A file input (``gr.Image``, ``gr.File``), made to take only what this process received.
 
     Gradio checks a file named in a request only when the request marks it as a file
-    (``meta``); an image given as a bare ``{"path": ...}`` would be read unchecked. The check
-    here runs on every image before Gradio decodes it, whatever the request looked like; an
-    image sent as a ``data:`` URL is decoded from its bytes. (On this one component: a subclass
-    would make Gradio write a type stub beside this module.)
+    (``meta``), and it downloads one named by an ``http(s)`` address (or a ``data:`` URL, which
+    it decodes in full) before any handler runs. Here no address is fetched, and every file is
+    checked by :func:`received_file` before Gradio opens it, whatever the request looked like.
+    An image's ``data:`` URL is kept as the bytes it carries, an upload like any other: the
+    library checks its size from the header before decoding it, and Gradio never decodes it.
+    The image's file is handed on undecoded (the tab's ``type="filepath"``, no ``image_mode``).
+    (On these instances: a subclass would make Gradio write a type stub beside this module.)
     """
-    decode = image.preprocess
+    process, fetch = component.preprocess, component.async_move_resource_to_block_cache
 
     def preprocess(payload: Any) -> Any:
-        if payload is not None and payload.path is not None:
-            try:
-                received_file(payload.path)
-            except InvalidInputError as err:
-                raise gr.Error(str(err)) from None
-        return decode(payload)
+        if payload is None:
+            return None
+        try:
+            if isinstance(component, gr.Image):
+                data_url = _is_data_url(payload.url)
+                file = _data_url_file(payload.url) if data_url else received_file(payload.path)
+                return None if file is None else str(file)
+            received_file(payload.path)
+        except InvalidInputError as err:
+            raise gr.Error(str(err)) from None
+        return process(payload)
 
-    image.preprocess = preprocess  # type: ignore[method-assign]
-    return image
+    async def move_to_cache(url_or_file_path: str | Path | None) -> str | None:
+        if isinstance(url_or_file_path, str) and client_utils.is_http_url_like(url_or_file_path):
+            raise gr.Error(NOT_RECEIVED)  # an address to fetch, not a file this page received
+        return await fetch(url_or_file_path)
+
+    component.preprocess = preprocess  # type: ignore[method-assign]
+    component.async_move_resource_to_block_cache = move_to_cache  # type: ignore[method-assign]
+    return component
+
+
+def _is_data_url(url: str | None) -> bool:
+    return isinstance(url, str) and url[:5].lower() == "data:"
+
+
+def _data_url_file(url: str) -> Path:
+    """
+    The bytes of a ``data:`` URL (its size bounded by the request body's), written as an upload.
+
+    Raises:
+        InvalidInputError: not base64 data.
+    """
+    header, _, data = url.partition(",")
+    try:
+        if not header.lower().endswith(";base64"):
+            raise ValueError("not base64")
+        raw = base64.b64decode(data, validate=True)
+    except ValueError:  # binascii.Error is one
+        raise InvalidInputError("an image sent as a data: URL must be base64 data") from None
+    return Path(processing_utils.save_bytes_to_cache(raw, "image", str(upload_folder())))
 
 
 @functools.cache
@@ -688,7 +734,7 @@ def _explain_tab(
             if spec.modality == "image":
                 # The upload's own file, undecoded (no image_mode: Gradio would convert it):
                 # the library decodes it, after checking its size from the header.
-                source: Any = received_image(
+                source: Any = received_input(
                     gr.Image(
                         label="Image",
                         type="filepath",
@@ -1254,7 +1300,57 @@ def build_ui(
             with gr.Tab("Batch", id="batch"):
                 batch_tab(runner)
         _open_shared_link(demo, tabs, filled, notice)
+    _name_bad_inputs(demo)
     return demo
+
+
+def _name_bad_inputs(demo: gr.Blocks) -> None:
+    """
+    Make every handler's inputs refuse a value of the wrong kind in words, not a bare error.
+
+    Only a hand-made request sends one (a word for a number, a number for a list of methods, a
+    file reference that is no file): Gradio's components raise a plain exception for it, which
+    the page answers with ``{"error": null}``. Each input's refusal names its field; a file
+    reference Gradio refuses before any component sees it (not of a file's form, or of a file
+    it did not hand out: only the page's file inputs have a form) gets :data:`NOT_RECEIVED`.
+    """
+    components = {id(c): c for fn in demo.fns.values() for c in fn.inputs}
+    for component in components.values():
+        if isinstance(component, gr.components.Component) and not component.stateful:
+            _named_refusal(component)
+    prepare = demo.preprocess_data
+
+    async def preprocess_data(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await prepare(*args, **kwargs)
+        except gr.Error:
+            raise
+        except (InvalidPathError, ValidationError):  # a file reference, of a file or in form
+            raise gr.Error(NOT_RECEIVED) from None
+        except (ValueError, TypeError):
+            raise gr.Error(
+                "the request's inputs are not of the kinds the page's fields take; the page's "
+                "API description (view API) lists them"
+            ) from None
+
+    demo.preprocess_data = preprocess_data  # type: ignore[method-assign]
+
+
+def _named_refusal(component: gr.components.Component) -> None:
+    process = component.preprocess
+    name = getattr(component, "label", None) or getattr(component, "elem_id", None) or "a field"
+
+    def preprocess(payload: Any) -> Any:
+        try:
+            return process(payload)
+        except gr.Error:
+            raise
+        except Exception:  # a component's own parsing of a value it cannot take
+            raise gr.Error(
+                f"the field {name!r} cannot take that value ({type(payload).__name__})"
+            ) from None
+
+    component.preprocess = preprocess  # type: ignore[method-assign]
 
 
 def _open_shared_link(

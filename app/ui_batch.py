@@ -29,6 +29,7 @@ from app.ui import (
     page_folder,
     readable,
     received_file,
+    received_input,
     sample_labels,
 )
 from app.worker import MAX_CURVE_STEPS, MAX_ORDERS, BatchRequest, EvaluateRequest, Instance
@@ -77,11 +78,13 @@ def evaluate_tab(runner: Any) -> None:
         items = gr.Slider(1, counts["text"], value=min(4, counts["text"]), step=1, label="Items")
         steps = gr.Slider(5, MAX_CURVE_STEPS, value=20, step=1, label="Curve steps (images)")
         orders = gr.Slider(1, MAX_ORDERS, value=2, step=1, label="Random orders")
-        upload = gr.File(
-            label="Or your own set (.jsonl of texts, .zip of images)",
-            file_types=[".jsonl", ".zip"],
-            height=90,
-            elem_id="evaluate-upload",
+        upload = received_input(
+            gr.File(
+                label="Or your own set (.jsonl of texts, .zip of images)",
+                file_types=[".jsonl", ".zip"],
+                height=90,
+                elem_id="evaluate-upload",
+            )
         )
     with gr.Row():
         run = gr.Button("Evaluate", variant="primary", elem_id="evaluate-run")
@@ -256,7 +259,9 @@ def batch_tab(runner: Any) -> None:
         '**.zip** of images (or of images and a .jsonl naming them with `"image"`).'
     )
     with gr.Row():
-        upload = gr.File(label="Dataset", file_types=[".jsonl", ".zip"], elem_id="batch-upload")
+        upload = received_input(
+            gr.File(label="Dataset", file_types=[".jsonl", ".zip"], elem_id="batch-upload")
+        )
         with gr.Column():
             model = gr.Dropdown(
                 [n for n, m in BUILTIN_MODELS.items() if not m.next_token],

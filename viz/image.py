@@ -3,11 +3,13 @@ Pixel-level views of an image Explanation.
 
 Every figure draws a display copy of the image (:func:`display_copy`, longest side at most
 :data:`DISPLAY_MAX_SIDE`) with the maps fitted to it, so a figure's size is bounded whatever the
-image's; the Explanation keeps its own map, at the model's resolution.
+image's; a figure of panels shares that area between them, so its size does not grow with their
+number either. The Explanation keeps its own map, at the model's resolution.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -154,11 +156,14 @@ def map_panels_figure(
     Panels side by side, each ``image`` under a signed map, keyed by title: (name, map).
 
     Each map is resized to the image's display copy and divided by its robust peak, on one
-    diverging scale from −1 to +1 with one colour bar.
+    diverging scale from −1 to +1 with one colour bar. The panels share one display copy's
+    area (:data:`DISPLAY_MAX_SIDE` squared): each copy's side is that over √(panels).
     """
     if not 0.0 <= opacity <= 1.0:
         raise ValueError(f"opacity must lie in [0, 1]; got {opacity}")
-    image = display_copy(image)
+    if not panels:
+        raise ValueError("map_panels_figure needs at least one panel")
+    image = display_copy(image, max(1, math.isqrt(DISPLAY_MAX_SIDE**2 // len(panels))))
     figure = make_subplots(
         rows=1, cols=len(panels), subplot_titles=list(panels), horizontal_spacing=0.02
     )
