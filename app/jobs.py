@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import sqlite3
+import stat
 import tempfile
 import threading
 import time
@@ -29,7 +30,7 @@ from concurrent.futures import CancelledError
 from contextlib import closing, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from app.errors import error_record
 
@@ -105,6 +106,8 @@ _ADDED_COLUMNS = {
 _DATABASE = "jobs.sqlite"
 #: The digest of no result lines; each line written chains on with :func:`_chained`.
 _NO_RESULTS_DIGEST = hashlib.sha256(b"").hexdigest()
+#: Why a results entry that is a link, a folder, a pipe or a device is damage.
+_NOT_A_FILE = "the results file is not a regular file"
 #: Instance errors listed in a job's status (all of them are in its results).
 LISTED_ERRORS = 100
 
@@ -316,7 +319,7 @@ class JobStore:
             return db.execute("UPDATE jobs SET status = 'queued' WHERE status = 'running'").rowcount
 
     def results_path(self, job_id: str) -> Path:
-        """The job's JSON Lines result file."""
+        """The job's JSON Lines result file (for an id the table holds: never a client's)."""
         return self.folder / "results" / f"{job_id}.jsonl"
 
     def append(self, job_id: str, result: dict[str, Any]) -> bool:
@@ -330,6 +333,9 @@ class JobStore:
 
         Returns:
             False, writing nothing, when the job was cancelled or had ended.
+
+        Raises:
+            DamagedResultsError: the results file is not a regular file (:func:`_open_results`).
         """
         path = self.results_path(job_id)
         line = (json.dumps(result, allow_nan=False) + "\n").encode()
@@ -343,12 +349,12 @@ class JobStore:
             if found is None:
                 return False
             (digest,) = found
-            cut_torn_tail(path)
-            with path.open("ab") as file:
+            with _open_results(path, os.O_RDWR | os.O_CREAT | os.O_APPEND) as file:
+                _cut_to_last_newline(file)
                 file.write(line)
                 file.flush()
                 os.fsync(file.fileno())
-                size = file.tell()
+                size = os.fstat(file.fileno()).st_size
             recorded = digest is not None  # an older server's job is recorded once recounted
             db.execute(
                 "UPDATE jobs SET done = done + 1, errors = errors + ?, "
@@ -384,7 +390,9 @@ class JobStore:
             done.add(row["index"])
             errors += bool(of_row := _errors_of(job_id, row))
             failed += of_row
-        cut_torn_tail(path)  # only after the check: what it cuts was never recorded
+        if path.exists():  # cut only after the check: what it cuts was never recorded
+            with _open_results(path, os.O_RDWR) as file:
+                _cut_to_last_newline(file)
         with self._connection() as db:
             db.execute(
                 "UPDATE jobs SET done = ?, errors = ?, done_at_start = ?, result_lines = ?, "
@@ -466,6 +474,8 @@ class JobStore:
         if found is None:
             return _missing(record)
         if record.status in _ACTIVE:
+            if not stat.S_ISREG(found.st_mode):
+                return _NOT_A_FILE
             if record.result_bytes is not None and found.st_size < record.result_bytes:
                 return "the results file is shorter than what was written"
             return None
@@ -494,12 +504,12 @@ class JobStore:
         with self._connection() as db:
             db.execute("BEGIN IMMEDIATE")  # appends write their line inside this lock
             row = db.execute(f"SELECT {_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
-            try:
-                found = self.results_path(job_id).stat()
+            if row is None:  # before any path is made of the id
+                raise KeyError(f"no job '{job_id}'")
+            try:  # the entry itself: a link is not followed (and is damage)
+                found = self.results_path(job_id).lstat()
             except FileNotFoundError:
                 found = None
-        if row is None:
-            raise KeyError(f"no job '{job_id}'")
         return JobRecord(*row), found
 
 
@@ -532,8 +542,10 @@ def _checked_rows(
     active = record.status in _ACTIVE
     file = None
     if found is not None:
+        if not stat.S_ISREG(found.st_mode):  # a link, a folder, a pipe: never opened
+            raise DamagedResultsError(_NOT_A_FILE)
         with suppress(FileNotFoundError):  # deleted since the snapshot
-            file = path.open("rb")
+            file = _open_results(path, os.O_RDONLY)
     if file is None:
         if (missing := _missing(record)) is not None:
             raise DamagedResultsError(missing)
@@ -650,23 +662,53 @@ def cut_torn_tail(path: Path) -> None:
     if not path.exists():
         return
     with path.open("rb+") as file:
-        size = file.seek(0, os.SEEK_END)
-        if size == 0:
+        _cut_to_last_newline(file)
+
+
+def _cut_to_last_newline(file: BinaryIO) -> None:
+    """Cut an open file (read and write) back to its last newline."""
+    size = file.seek(0, os.SEEK_END)
+    if size == 0:
+        return
+    file.seek(size - 1)
+    if file.read(1) == b"\n":
+        return
+    position = size
+    while position > 0:  # backwards in blocks to the last newline
+        start = max(0, position - 65536)
+        file.seek(start)
+        block = file.read(position - start)
+        found = block.rfind(b"\n")
+        if found >= 0:
+            file.truncate(start + found + 1)
             return
-        file.seek(size - 1)
-        if file.read(1) == b"\n":
-            return
-        position = size
-        while position > 0:  # backwards in blocks to the last newline
-            start = max(0, position - 65536)
-            file.seek(start)
-            block = file.read(position - start)
-            found = block.rfind(b"\n")
-            if found >= 0:
-                file.truncate(start + found + 1)
-                return
-            position = start
-        file.truncate(0)
+        position = start
+    file.truncate(0)
+
+
+def _open_results(path: Path, flags: int) -> BinaryIO:
+    """
+    A job's results file opened (``os.open`` ``flags``) if it is a regular file of its own.
+
+    A link is not followed and a pipe or device is not waited on: what was planted in the
+    results folder is damage, never a file read elsewhere or a request that hangs.
+
+    Raises:
+        DamagedResultsError: the entry is a link, a folder, a pipe or a device, or cannot be
+            opened.
+        FileNotFoundError: there is no file (and ``flags`` do not create one).
+    """
+    try:
+        handle = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except FileNotFoundError:
+        raise
+    except OSError as err:  # ELOOP: a link; ENXIO: a pipe nobody reads; EISDIR: a folder
+        raise DamagedResultsError(f"the results file cannot be opened ({err.strerror})") from None
+    if not stat.S_ISREG(os.fstat(handle).st_mode):
+        os.close(handle)
+        raise DamagedResultsError(_NOT_A_FILE)
+    os.set_blocking(handle, True)
+    return os.fdopen(handle, "rb+" if flags & os.O_RDWR else "rb")
 
 
 def instance_json(results: InstanceResults) -> dict[str, Any]:
@@ -820,7 +862,11 @@ class JobRunner:
                     self.store.finish(job.id, "failed", error_record(err)["error"]["message"])
                     return
             row = {"index": index, "explanations": instance_json(results)}
-            if not self.store.append(job.id, row):  # cancelled as the instance finished
+            try:
+                if not self.store.append(job.id, row):  # cancelled as the instance finished
+                    return
+            except DamagedResultsError as err:  # replaced by a link, a pipe, a folder
+                self.store.finish(job.id, "failed", f"the job's results are damaged: {err}")
                 return
         self.store.finish(job.id, "done")
 
