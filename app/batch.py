@@ -81,8 +81,16 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".we
 
 
 def numbered_lines(text: str) -> Iterator[tuple[int, str]]:
-    """``(line number, line)`` of the non-blank lines of a text."""
-    return ((n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip())
+    r"""
+    ``(line number, line)`` of the non-blank lines of a JSON Lines text.
+
+    A line ends at ``\n`` (a ``\r`` before it dropped) and only there: the other breaks of
+    :meth:`str.splitlines` (U+2028, U+2029, U+0085) may stand raw inside a JSON string, so
+    splitting there would cut a good line and misnumber the rest. A leading byte order mark
+    (an editor's) is not part of the first line.
+    """
+    lines = text.removeprefix("\ufeff").split("\n")
+    return ((n, line.removesuffix("\r")) for n, line in enumerate(lines, start=1) if line.strip())
 
 
 @dataclass(frozen=True)

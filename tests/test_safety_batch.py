@@ -131,3 +131,38 @@ def test_an_output_or_settings_file_nested_too_deeply_is_refused_by_name(tmp_pat
     assert main([*argv, "--output", str(out)]) == 2
     assert f"cannot read '{settings}'" in capsys.readouterr().err
     assert out.read_text(encoding="utf-8") == written
+
+
+#: A JSON Lines file as editors and ``json.dumps(..., ensure_ascii=False)`` write them: a byte
+#: order mark, Windows line ends, and texts holding U+2028, U+2029 and U+0085 raw (legal in a
+#: JSON string, and line breaks to ``str.splitlines``).
+ODD_BUT_VALID = (
+    "\ufeff"
+    + json.dumps({"text": "first line"})
+    + "\r\n"
+    + json.dumps({"text": "a\u2028b\u2029c\u0085d"}, ensure_ascii=False)
+    + "\r\n\r\n"
+    + json.dumps({"text": "after a blank line"})
+    + "\n"
+).encode("utf-8")
+#: Each line's id: its number as a text editor counts them (line 3 is blank).
+ODD_BUT_VALID_ROWS = [
+    ("line-1", "first line"),
+    ("line-2", "a\u2028b\u2029c\u0085d"),
+    ("line-4", "after a blank line"),
+]
+
+
+def test_a_bom_crlf_and_raw_unicode_line_breaks_are_read_as_the_lines_they_are(tmp_path):
+    (tmp_path / "data.jsonl").write_bytes(ODD_BUT_VALID)
+    out = tmp_path / "out.jsonl"
+    argv = ["batch", "--model", TEXT_MODEL, "--methods", "gradient_x_input"]
+    assert main([*argv, "--input", str(tmp_path / "data.jsonl"), "--output", str(out)]) == 0
+    rows = _file_rows(out)
+    assert sorted((row["id"], row["error"]) for row in rows) == [
+        (key, None) for key, _ in ODD_BUT_VALID_ROWS
+    ]
+    page = uploaded_rows(str(tmp_path / "data.jsonl"), max_bytes=10**6, max_rows=None)
+    assert [(row.id, row.text, row.problem) for row in page] == [
+        (key, text, None) for key, text in ODD_BUT_VALID_ROWS
+    ]
