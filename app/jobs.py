@@ -43,6 +43,7 @@ from app.worker import (
     ExplainWorker,
     InstanceResults,
     Job,
+    JobTableBusyError,
     QueueFullError,
     WorkerClosedError,
 )
@@ -106,6 +107,8 @@ _ADDED_COLUMNS = {
 _DATABASE = "jobs.sqlite"
 #: The digest of no result lines; each line written chains on with :func:`_chained`.
 _NO_RESULTS_DIGEST = hashlib.sha256(b"").hexdigest()
+#: How long a transaction waits for another process's lock on the table before giving up.
+_LOCK_WAIT_S = 30.0
 #: Why a results entry that is a link, a folder, a pipe or a device is damage.
 _NOT_A_FILE = "the results file is not a regular file"
 #: Instance errors listed in a job's status (all of them are in its results).
@@ -190,7 +193,7 @@ class JobStore:
         Raises:
             UnreadableJobsError: the table cannot be read, or it does not know jobs whose
                 results are on file (it was deleted, emptied or replaced).
-            OSError, sqlite3.OperationalError: the folder cannot be written or is locked.
+            OSError, JobTableBusyError: the folder cannot be written, or the table is locked.
         """
         self.folder = folder
         self._checked: dict[str, tuple[tuple[Any, ...], str | None]] = {}  # final jobs' checks
@@ -204,8 +207,6 @@ class JobStore:
         folder.mkdir(parents=True, exist_ok=True)
         try:
             known = self._open_table()
-        except sqlite3.OperationalError:  # locked, read-only, no room: not the table's content
-            raise
         except sqlite3.DatabaseError as err:  # not a database, or a damaged one
             raise UnreadableJobsError(f"the job table {_DATABASE} cannot be read: {err}") from None
         results.mkdir(exist_ok=True)
@@ -233,9 +234,22 @@ class JobStore:
 
     @contextmanager
     def _connection(self) -> Iterator[sqlite3.Connection]:
-        # closing() closes the connection; the connection's own context commits one transaction
-        with closing(sqlite3.connect(self.folder / _DATABASE, timeout=30)) as db, db:
-            yield db
+        """
+        One transaction on the table (committed on exit, rolled back on an error).
+
+        Raises:
+            JobTableBusyError: the table stayed locked by another process for
+                :data:`_LOCK_WAIT_S`, or cannot be written (read-only, no room): not its
+                content, so a client may try again.
+        """
+        try:
+            # closing() closes the connection; the connection's context commits the transaction
+            with closing(sqlite3.connect(self.folder / _DATABASE, timeout=_LOCK_WAIT_S)) as db, db:
+                yield db
+        except sqlite3.OperationalError as err:
+            raise JobTableBusyError(
+                f"the job table cannot be used now ({err}); try again later"
+            ) from None
 
     def create(self, request: dict[str, Any], total: int, limit: int) -> str:
         """

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -172,3 +173,34 @@ def test_a_job_id_that_is_no_jobs_is_a_404_on_every_job_route(finished, tmp_path
         assert answer.status_code == 404, answer.text
         error = answer.json()["error"]
         assert error["code"] == "not_found" and error["message"].startswith("no job '")
+
+
+def test_a_job_table_locked_by_another_process_is_a_503_and_then_serves(
+    finished, tmp_path, monkeypatch
+):
+    monkeypatch.setattr("app.jobs._LOCK_WAIT_S", 0.5)  # the server's wait, shortened
+    data = tmp_path / "data"
+    shutil.copytree(finished[0], data)
+    job_id = finished[1]
+    worker = ExplainWorker(device="cpu", settings=_settings(data))
+    with TestClient(create_app(worker), raise_server_exceptions=False) as client:
+        holder = sqlite3.connect(data / "jobs" / "jobs.sqlite", isolation_level=None)
+        holder.execute("BEGIN EXCLUSIVE")  # as another process holding the table would
+        try:
+            answers = [
+                client.get(f"/api/v1/jobs/{job_id}"),
+                client.get(f"/api/v1/jobs/{job_id}/results"),
+                client.post("/api/v1/jobs", json=BODY),
+            ]
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        for answer in answers:
+            assert answer.status_code == 503, answer.text
+            assert answer.headers["Retry-After"]
+            error = answer.json()["error"]
+            assert error["code"] == "jobs_unavailable"
+            assert error["message"].startswith("the job table cannot be used now (database is")
+        assert client.get(f"/api/v1/jobs/{job_id}").json()["status"] == "done"
+        assert client.get(f"/api/v1/jobs/{job_id}/results").content == finished[2]
+    worker.close()
