@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from app.jobs import cut_torn_tail, instance_json
 from app.worker import BatchRequest, ExplainWorker, Instance
-from attribution.errors import AttrlabError, InvalidInputError, parse_json
+from attribution.errors import AttrlabError, InvalidInputError, parse_json, require_unicode
 
 __all__ = [
     "IMAGE_SUFFIXES",
@@ -111,7 +111,8 @@ def dataset_line(number: int, line: str) -> DatasetLine:
 
     The one reader of dataset lines (``attrlab batch``, ``layers`` and ``evaluate``, the page's
     uploads). It never raises: a line that is not JSON (nested too deeply to read, too), not
-    an object, or has a field of the wrong type comes back with its problem, naming the line.
+    an object, or has a field of the wrong type or a string that is not valid Unicode (a lone
+    surrogate, which JSON can escape) comes back with its problem, naming the line.
     The id is ``line-N`` unless the line gives one (a string or a whole number).
     """
     key = f"line-{number}"
@@ -134,6 +135,12 @@ def dataset_line(number: int, line: str) -> DatasetLine:
     field = "text" if "text" in record else "image"
     if not isinstance(record[field], str):
         return DatasetLine(id=key, problem=f"line {number}: {field} must be a string")
+    try:  # JSON's "\ud800" escapes make strings no file name, tokenizer or Parquet can hold
+        for name in ("id", field, "target"):
+            if isinstance(record.get(name), str):
+                require_unicode(record[name], f"line {number}: the {name}")
+    except InvalidInputError as err:
+        return DatasetLine(id=f"line-{number}", problem=str(err))
     return DatasetLine(id=key, target=target, **{field: record[field]})
 
 

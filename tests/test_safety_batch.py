@@ -166,3 +166,28 @@ def test_a_bom_crlf_and_raw_unicode_line_breaks_are_read_as_the_lines_they_are(t
     assert [(row.id, row.text, row.problem) for row in page] == [
         (key, text, None) for key, text in ODD_BUT_VALID_ROWS
     ]
+
+
+#: Lines whose strings hold a lone surrogate (JSON may escape one; no UTF-8 file can hold it).
+SURROGATES = [
+    ('{"id": "\\ud800", "text": "fine words"}', "line 2: the id is not valid Unicode"),
+    ('{"image": "cat\\udc00.png"}', "line 3: the image is not valid Unicode"),
+    ('{"text": "fine words", "target": "\\udbff"}', "line 4: the target is not valid Unicode"),
+]
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
+def test_a_lone_surrogate_in_any_field_is_its_rows_error_naming_the_line(tmp_path, suffix, capsys):
+    data = _write(tmp_path / "data.jsonl", [GOOD[0], *(line for line, _ in SURROGATES)])
+    out = tmp_path / f"out{suffix}"
+    argv = ["batch", "--model", TEXT_MODEL, "--methods", "gradient_x_input", "--input", str(data)]
+    assert main([*argv, "--output", str(out)]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    rows = {row["id"]: row for row in _file_rows(out)}
+    assert rows["cat"]["error"] is None
+    for number, (_, words) in enumerate(SURROGATES, start=2):
+        assert rows[f"line-{number}"]["error"].startswith(words)
+    page = uploaded_rows(str(data), max_bytes=10**6, max_rows=None)
+    assert page[0].problem is None
+    for row, (_, words) in zip(page[1:], SURROGATES, strict=True):  # the page's one reader
+        assert row.problem.startswith(words)
