@@ -102,6 +102,13 @@ def _a_pipe_in_a_subfolder(folder: Path, _: Path) -> None:
     os.mkfifo(folder / "extra" / "stream")
 
 
+def _ten_thousand_and_one_files(folder: Path, _: Path) -> None:
+    """Every request for a folder that does not load walks it again: the walk is bounded."""
+    (folder / "cache").mkdir()
+    for number in range(10_001 - len(list(folder.iterdir()))):
+        (folder / "cache" / f"{number}.txt").touch()
+
+
 #: name -> (how the folder is spoilt, the words of the 400 error)
 BROKEN: dict[str, tuple[Callable[[Path, Path], None], str]] = {
     "config-not-json": (
@@ -133,6 +140,10 @@ BROKEN: dict[str, tuple[Callable[[Path, Path], None], str]] = {
     "a-shard-index-that-is-a-pipe": (  # reading it would wait for a writer for ever
         lambda f, _: os.mkfifo(f / "model.safetensors.index.json"),
         "model folder file 'model.safetensors.index.json' is not a regular file",
+    ),
+    "ten-thousand-and-one-entries": (
+        _ten_thousand_and_one_files,
+        "the model folder holds more than 10,000 files and folders",
     ),
     "a-pipe-in-a-subfolder": (
         _a_pipe_in_a_subfolder,

@@ -23,6 +23,9 @@ __all__ = ["CONFIG_FILE", "check_inside", "read_config", "resolves_inside"]
 CONFIG_FILE = "config.json"
 #: A shard index's suffix: its ``weight_map`` names the weight files loaded with it.
 _SHARD_INDEX = ".index.json"
+#: The most entries (files and folders, in all its tree) a model folder's check walks: a
+#: model's are a few dozen, and each request for a folder that does not load walks it again.
+MAX_FOLDER_ENTRIES = 10_000
 #: The most bytes of a folder's JSON file (config, shard index) read: a large model's are KBs.
 MAX_JSON_BYTES = 16 * 2**20
 
@@ -47,12 +50,14 @@ def check_inside(folder: Path, roots: Sequence[Path]) -> None:
     is left to the loader, which names what it misses.
 
     Raises:
-        ModelLoadError: naming the first file that leads out, or cannot be read.
+        ModelLoadError: naming the first file that leads out, or cannot be read; or the
+            folder holds more than :data:`MAX_FOLDER_ENTRIES` entries.
     """
     if not resolves_inside(folder, roots):
         raise ModelLoadError("the model folder lies outside the model roots")
     seen = {os.path.realpath(folder)}
     pending = [folder]
+    walked = 0
     while pending:
         current = pending.pop()
         try:
@@ -61,6 +66,12 @@ def check_inside(folder: Path, roots: Sequence[Path]) -> None:
             raise ModelLoadError(
                 f"model folder file '{_name(current, folder)}' cannot be read ({err.strerror})"
             ) from None
+        walked += len(entries)
+        if walked > MAX_FOLDER_ENTRIES:
+            raise ModelLoadError(
+                f"the model folder holds more than {MAX_FOLDER_ENTRIES:,} files and folders; "
+                "a model's are a few dozen"
+            )
         for entry in entries:
             path = Path(entry.path)
             name = _name(path, folder)
