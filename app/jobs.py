@@ -109,6 +109,10 @@ _DATABASE = "jobs.sqlite"
 _NO_RESULTS_DIGEST = hashlib.sha256(b"").hexdigest()
 #: How long a transaction waits for another process's lock on the table before giving up.
 _LOCK_WAIT_S = 30.0
+#: Open flags of a results file: never wait on a pipe, refuse a link (POSIX; elsewhere the
+#: lstat check stands alone), bytes as they are (Windows).
+_NO_WAIT = getattr(os, "O_NONBLOCK", 0)
+_RESULTS_OPEN = _NO_WAIT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
 #: Why a results entry that is a link, a folder, a pipe or a device is damage.
 _NOT_A_FILE = "the results file is not a regular file"
 #: Instance errors listed in a job's status (all of them are in its results).
@@ -713,7 +717,7 @@ def _open_results(path: Path, flags: int) -> BinaryIO:
         FileNotFoundError: there is no file (and ``flags`` do not create one).
     """
     try:
-        handle = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        handle = os.open(path, flags | _RESULTS_OPEN, 0o644)
     except FileNotFoundError:
         raise
     except OSError as err:  # ELOOP: a link; ENXIO: a pipe nobody reads; EISDIR: a folder
@@ -721,7 +725,8 @@ def _open_results(path: Path, flags: int) -> BinaryIO:
     if not stat.S_ISREG(os.fstat(handle).st_mode):
         os.close(handle)
         raise DamagedResultsError(_NOT_A_FILE)
-    os.set_blocking(handle, True)
+    if _NO_WAIT:
+        os.set_blocking(handle, True)  # a regular file: reads and writes as usual
     return os.fdopen(handle, "rb+" if flags & os.O_RDWR else "rb")
 
 
