@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from app.jobs import cut_torn_tail, instance_json
 from app.worker import BatchRequest, ExplainWorker, Instance
-from attribution.errors import AttrlabError, InvalidInputError, parse_json
+from attribution.errors import AttrlabError, InvalidInputError, parse_json, require_unicode
 
 __all__ = [
     "IMAGE_SUFFIXES",
@@ -81,8 +81,16 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".we
 
 
 def numbered_lines(text: str) -> Iterator[tuple[int, str]]:
-    """``(line number, line)`` of the non-blank lines of a text."""
-    return ((n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip())
+    r"""
+    ``(line number, line)`` of the non-blank lines of a JSON Lines text.
+
+    A line ends at ``\n`` (a ``\r`` before it dropped) and only there: the other breaks of
+    :meth:`str.splitlines` (U+2028, U+2029, U+0085) may stand raw inside a JSON string, so
+    splitting there would cut a good line and misnumber the rest. A leading byte order mark
+    (an editor's) is not part of the first line.
+    """
+    lines = text.removeprefix("\ufeff").split("\n")
+    return ((n, line.removesuffix("\r")) for n, line in enumerate(lines, start=1) if line.strip())
 
 
 @dataclass(frozen=True)
@@ -103,7 +111,8 @@ def dataset_line(number: int, line: str) -> DatasetLine:
 
     The one reader of dataset lines (``attrlab batch``, ``layers`` and ``evaluate``, the page's
     uploads). It never raises: a line that is not JSON (nested too deeply to read, too), not
-    an object, or has a field of the wrong type comes back with its problem, naming the line.
+    an object, or has a field of the wrong type or a string that is not valid Unicode (a lone
+    surrogate, which JSON can escape) comes back with its problem, naming the line.
     The id is ``line-N`` unless the line gives one (a string or a whole number).
     """
     key = f"line-{number}"
@@ -126,6 +135,12 @@ def dataset_line(number: int, line: str) -> DatasetLine:
     field = "text" if "text" in record else "image"
     if not isinstance(record[field], str):
         return DatasetLine(id=key, problem=f"line {number}: {field} must be a string")
+    try:  # JSON's "\ud800" escapes make strings no file name, tokenizer or Parquet can hold
+        for name in ("id", field, "target"):
+            if isinstance(record.get(name), str):
+                require_unicode(record[name], f"line {number}: the {name}")
+    except InvalidInputError as err:
+        return DatasetLine(id=f"line-{number}", problem=str(err))
     return DatasetLine(id=key, target=target, **{field: record[field]})
 
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from app.worker import InstanceFailedError, QueueFullError, TooSlowError, WorkerClosedError
+from app.worker import (
+    InstanceFailedError,
+    JobTableBusyError,
+    QueueFullError,
+    TooSlowError,
+    WorkerClosedError,
+)
 from attribution.errors import (
     AttrlabError,
     BudgetExceededError,
@@ -42,6 +48,7 @@ ERROR_STATUS: dict[type[AttrlabError], tuple[int, str]] = {
     DeviceMemoryError: (503, "out_of_device_memory"),
     JobCancelledError: (503, "cancelled"),
     WorkerClosedError: (503, "shutting_down"),
+    JobTableBusyError: (503, "jobs_unavailable"),
     InstanceFailedError: (500, "internal"),
     TooSlowError: (422, "too_slow"),
 }

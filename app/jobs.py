@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import sqlite3
+import stat
 import tempfile
 import threading
 import time
@@ -29,7 +30,7 @@ from concurrent.futures import CancelledError
 from contextlib import closing, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from app.errors import error_record
 
@@ -42,6 +43,7 @@ from app.worker import (
     ExplainWorker,
     InstanceResults,
     Job,
+    JobTableBusyError,
     QueueFullError,
     WorkerClosedError,
 )
@@ -105,6 +107,14 @@ _ADDED_COLUMNS = {
 _DATABASE = "jobs.sqlite"
 #: The digest of no result lines; each line written chains on with :func:`_chained`.
 _NO_RESULTS_DIGEST = hashlib.sha256(b"").hexdigest()
+#: How long a transaction waits for another process's lock on the table before giving up.
+_LOCK_WAIT_S = 30.0
+#: Open flags of a results file: never wait on a pipe, refuse a link (POSIX; elsewhere the
+#: lstat check stands alone), bytes as they are (Windows).
+_NO_WAIT = getattr(os, "O_NONBLOCK", 0)
+_RESULTS_OPEN = _NO_WAIT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
+#: Why a results entry that is a link, a folder, a pipe or a device is damage.
+_NOT_A_FILE = "the results file is not a regular file"
 #: Instance errors listed in a job's status (all of them are in its results).
 LISTED_ERRORS = 100
 
@@ -187,7 +197,7 @@ class JobStore:
         Raises:
             UnreadableJobsError: the table cannot be read, or it does not know jobs whose
                 results are on file (it was deleted, emptied or replaced).
-            OSError, sqlite3.OperationalError: the folder cannot be written or is locked.
+            OSError, JobTableBusyError: the folder cannot be written, or the table is locked.
         """
         self.folder = folder
         self._checked: dict[str, tuple[tuple[Any, ...], str | None]] = {}  # final jobs' checks
@@ -201,8 +211,6 @@ class JobStore:
         folder.mkdir(parents=True, exist_ok=True)
         try:
             known = self._open_table()
-        except sqlite3.OperationalError:  # locked, read-only, no room: not the table's content
-            raise
         except sqlite3.DatabaseError as err:  # not a database, or a damaged one
             raise UnreadableJobsError(f"the job table {_DATABASE} cannot be read: {err}") from None
         results.mkdir(exist_ok=True)
@@ -230,9 +238,22 @@ class JobStore:
 
     @contextmanager
     def _connection(self) -> Iterator[sqlite3.Connection]:
-        # closing() closes the connection; the connection's own context commits one transaction
-        with closing(sqlite3.connect(self.folder / _DATABASE, timeout=30)) as db, db:
-            yield db
+        """
+        One transaction on the table (committed on exit, rolled back on an error).
+
+        Raises:
+            JobTableBusyError: the table stayed locked by another process for
+                :data:`_LOCK_WAIT_S`, or cannot be written (read-only, no room): not its
+                content, so a client may try again.
+        """
+        try:
+            # closing() closes the connection; the connection's context commits the transaction
+            with closing(sqlite3.connect(self.folder / _DATABASE, timeout=_LOCK_WAIT_S)) as db, db:
+                yield db
+        except sqlite3.OperationalError as err:
+            raise JobTableBusyError(
+                f"the job table cannot be used now ({err}); try again later"
+            ) from None
 
     def create(self, request: dict[str, Any], total: int, limit: int) -> str:
         """
@@ -316,7 +337,7 @@ class JobStore:
             return db.execute("UPDATE jobs SET status = 'queued' WHERE status = 'running'").rowcount
 
     def results_path(self, job_id: str) -> Path:
-        """The job's JSON Lines result file."""
+        """The job's JSON Lines result file (for an id the table holds: never a client's)."""
         return self.folder / "results" / f"{job_id}.jsonl"
 
     def append(self, job_id: str, result: dict[str, Any]) -> bool:
@@ -330,6 +351,9 @@ class JobStore:
 
         Returns:
             False, writing nothing, when the job was cancelled or had ended.
+
+        Raises:
+            DamagedResultsError: the results file is not a regular file (:func:`_open_results`).
         """
         path = self.results_path(job_id)
         line = (json.dumps(result, allow_nan=False) + "\n").encode()
@@ -343,12 +367,12 @@ class JobStore:
             if found is None:
                 return False
             (digest,) = found
-            cut_torn_tail(path)
-            with path.open("ab") as file:
+            with _open_results(path, os.O_RDWR | os.O_CREAT | os.O_APPEND) as file:
+                _cut_to_last_newline(file)
                 file.write(line)
                 file.flush()
                 os.fsync(file.fileno())
-                size = file.tell()
+                size = os.fstat(file.fileno()).st_size
             recorded = digest is not None  # an older server's job is recorded once recounted
             db.execute(
                 "UPDATE jobs SET done = done + 1, errors = errors + ?, "
@@ -384,7 +408,9 @@ class JobStore:
             done.add(row["index"])
             errors += bool(of_row := _errors_of(job_id, row))
             failed += of_row
-        cut_torn_tail(path)  # only after the check: what it cuts was never recorded
+        if path.exists():  # cut only after the check: what it cuts was never recorded
+            with _open_results(path, os.O_RDWR) as file:
+                _cut_to_last_newline(file)
         with self._connection() as db:
             db.execute(
                 "UPDATE jobs SET done = ?, errors = ?, done_at_start = ?, result_lines = ?, "
@@ -466,6 +492,8 @@ class JobStore:
         if found is None:
             return _missing(record)
         if record.status in _ACTIVE:
+            if not stat.S_ISREG(found.st_mode):
+                return _NOT_A_FILE
             if record.result_bytes is not None and found.st_size < record.result_bytes:
                 return "the results file is shorter than what was written"
             return None
@@ -494,12 +522,12 @@ class JobStore:
         with self._connection() as db:
             db.execute("BEGIN IMMEDIATE")  # appends write their line inside this lock
             row = db.execute(f"SELECT {_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
-            try:
-                found = self.results_path(job_id).stat()
+            if row is None:  # before any path is made of the id
+                raise KeyError(f"no job '{job_id}'")
+            try:  # the entry itself: a link is not followed (and is damage)
+                found = self.results_path(job_id).lstat()
             except FileNotFoundError:
                 found = None
-        if row is None:
-            raise KeyError(f"no job '{job_id}'")
         return JobRecord(*row), found
 
 
@@ -532,8 +560,10 @@ def _checked_rows(
     active = record.status in _ACTIVE
     file = None
     if found is not None:
+        if not stat.S_ISREG(found.st_mode):  # a link, a folder, a pipe: never opened
+            raise DamagedResultsError(_NOT_A_FILE)
         with suppress(FileNotFoundError):  # deleted since the snapshot
-            file = path.open("rb")
+            file = _open_results(path, os.O_RDONLY)
     if file is None:
         if (missing := _missing(record)) is not None:
             raise DamagedResultsError(missing)
@@ -650,23 +680,54 @@ def cut_torn_tail(path: Path) -> None:
     if not path.exists():
         return
     with path.open("rb+") as file:
-        size = file.seek(0, os.SEEK_END)
-        if size == 0:
+        _cut_to_last_newline(file)
+
+
+def _cut_to_last_newline(file: BinaryIO) -> None:
+    """Cut an open file (read and write) back to its last newline."""
+    size = file.seek(0, os.SEEK_END)
+    if size == 0:
+        return
+    file.seek(size - 1)
+    if file.read(1) == b"\n":
+        return
+    position = size
+    while position > 0:  # backwards in blocks to the last newline
+        start = max(0, position - 65536)
+        file.seek(start)
+        block = file.read(position - start)
+        found = block.rfind(b"\n")
+        if found >= 0:
+            file.truncate(start + found + 1)
             return
-        file.seek(size - 1)
-        if file.read(1) == b"\n":
-            return
-        position = size
-        while position > 0:  # backwards in blocks to the last newline
-            start = max(0, position - 65536)
-            file.seek(start)
-            block = file.read(position - start)
-            found = block.rfind(b"\n")
-            if found >= 0:
-                file.truncate(start + found + 1)
-                return
-            position = start
-        file.truncate(0)
+        position = start
+    file.truncate(0)
+
+
+def _open_results(path: Path, flags: int) -> BinaryIO:
+    """
+    A job's results file opened (``os.open`` ``flags``) if it is a regular file of its own.
+
+    A link is not followed and a pipe or device is not waited on: what was planted in the
+    results folder is damage, never a file read elsewhere or a request that hangs.
+
+    Raises:
+        DamagedResultsError: the entry is a link, a folder, a pipe or a device, or cannot be
+            opened.
+        FileNotFoundError: there is no file (and ``flags`` do not create one).
+    """
+    try:
+        handle = os.open(path, flags | _RESULTS_OPEN, 0o644)
+    except FileNotFoundError:
+        raise
+    except OSError as err:  # ELOOP: a link; ENXIO: a pipe nobody reads; EISDIR: a folder
+        raise DamagedResultsError(f"the results file cannot be opened ({err.strerror})") from None
+    if not stat.S_ISREG(os.fstat(handle).st_mode):
+        os.close(handle)
+        raise DamagedResultsError(_NOT_A_FILE)
+    if _NO_WAIT:
+        os.set_blocking(handle, True)  # a regular file: reads and writes as usual
+    return os.fdopen(handle, "rb+" if flags & os.O_RDWR else "rb")
 
 
 def instance_json(results: InstanceResults) -> dict[str, Any]:
@@ -820,7 +881,11 @@ class JobRunner:
                     self.store.finish(job.id, "failed", error_record(err)["error"]["message"])
                     return
             row = {"index": index, "explanations": instance_json(results)}
-            if not self.store.append(job.id, row):  # cancelled as the instance finished
+            try:
+                if not self.store.append(job.id, row):  # cancelled as the instance finished
+                    return
+            except DamagedResultsError as err:  # replaced by a link, a pipe, a folder
+                self.store.finish(job.id, "failed", f"the job's results are damaged: {err}")
                 return
         self.store.finish(job.id, "done")
 

@@ -18,7 +18,7 @@ from app.api import ApiGuard, build_router, install_error_handlers, job_parser
 from app.jobs import JobRunner, JobStore, UnreadableJobsError, set_aside
 from app.settings import ServerSettings, SettingsError
 from app.ui import build_ui
-from app.worker import ExplainWorker
+from app.worker import ExplainWorker, JobTableBusyError
 
 __all__ = ["bound_image_decoding", "create_app", "open_jobs", "page_login", "serve"]
 
@@ -97,12 +97,12 @@ def open_jobs(data_dir: Path, reset: bool) -> JobStore:
                 "with --reset-jobs (ATTRLAB_RESET_JOBS=1), which moves it aside"
             ) from None
         unreadable = err
-    except (OSError, sqlite3.Error) as err:
+    except (OSError, sqlite3.Error, JobTableBusyError) as err:
         raise SettingsError(f"{unusable}: {err}") from None
     try:
         aside = set_aside(folder)
         store = JobStore(folder)
-    except (OSError, sqlite3.Error, UnreadableJobsError) as err:
+    except (OSError, sqlite3.Error, UnreadableJobsError, JobTableBusyError) as err:
         raise SettingsError(f"{unusable}: {err}") from None
     log.warning("the job folder could not be read (%s); it was moved to %s", unreadable, aside)
     return store

@@ -58,6 +58,7 @@ __all__ = [
     "Instance",
     "InstanceResults",
     "Job",
+    "JobTableBusyError",
     "PreviewRequest",
     "QueueFullError",
     "TooSlowError",
@@ -90,6 +91,10 @@ class QueueFullError(AttrlabError):
 
 class WorkerClosedError(AttrlabError):
     """The worker is shutting down and takes no new work."""
+
+
+class JobTableBusyError(AttrlabError):
+    """The job table cannot be used now: locked by another process, read-only, or no room."""
 
 
 def parse_param_pairs(pairs: Sequence[str]) -> dict[str, str]:

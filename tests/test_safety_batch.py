@@ -131,3 +131,63 @@ def test_an_output_or_settings_file_nested_too_deeply_is_refused_by_name(tmp_pat
     assert main([*argv, "--output", str(out)]) == 2
     assert f"cannot read '{settings}'" in capsys.readouterr().err
     assert out.read_text(encoding="utf-8") == written
+
+
+#: A JSON Lines file as editors and ``json.dumps(..., ensure_ascii=False)`` write them: a byte
+#: order mark, Windows line ends, and texts holding U+2028, U+2029 and U+0085 raw (legal in a
+#: JSON string, and line breaks to ``str.splitlines``).
+ODD_BUT_VALID = (
+    "\ufeff"
+    + json.dumps({"text": "first line"})
+    + "\r\n"
+    + json.dumps({"text": "a\u2028b\u2029c\u0085d"}, ensure_ascii=False)
+    + "\r\n\r\n"
+    + json.dumps({"text": "after a blank line"})
+    + "\n"
+).encode("utf-8")
+#: Each line's id: its number as a text editor counts them (line 3 is blank).
+ODD_BUT_VALID_ROWS = [
+    ("line-1", "first line"),
+    ("line-2", "a\u2028b\u2029c\u0085d"),
+    ("line-4", "after a blank line"),
+]
+
+
+def test_a_bom_crlf_and_raw_unicode_line_breaks_are_read_as_the_lines_they_are(tmp_path):
+    (tmp_path / "data.jsonl").write_bytes(ODD_BUT_VALID)
+    out = tmp_path / "out.jsonl"
+    argv = ["batch", "--model", TEXT_MODEL, "--methods", "gradient_x_input"]
+    assert main([*argv, "--input", str(tmp_path / "data.jsonl"), "--output", str(out)]) == 0
+    rows = _file_rows(out)
+    assert sorted((row["id"], row["error"]) for row in rows) == [
+        (key, None) for key, _ in ODD_BUT_VALID_ROWS
+    ]
+    page = uploaded_rows(str(tmp_path / "data.jsonl"), max_bytes=10**6, max_rows=None)
+    assert [(row.id, row.text, row.problem) for row in page] == [
+        (key, text, None) for key, text in ODD_BUT_VALID_ROWS
+    ]
+
+
+#: Lines whose strings hold a lone surrogate (JSON may escape one; no UTF-8 file can hold it).
+SURROGATES = [
+    ('{"id": "\\ud800", "text": "fine words"}', "line 2: the id is not valid Unicode"),
+    ('{"image": "cat\\udc00.png"}', "line 3: the image is not valid Unicode"),
+    ('{"text": "fine words", "target": "\\udbff"}', "line 4: the target is not valid Unicode"),
+]
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
+def test_a_lone_surrogate_in_any_field_is_its_rows_error_naming_the_line(tmp_path, suffix, capsys):
+    data = _write(tmp_path / "data.jsonl", [GOOD[0], *(line for line, _ in SURROGATES)])
+    out = tmp_path / f"out{suffix}"
+    argv = ["batch", "--model", TEXT_MODEL, "--methods", "gradient_x_input", "--input", str(data)]
+    assert main([*argv, "--output", str(out)]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    rows = {row["id"]: row for row in _file_rows(out)}
+    assert rows["cat"]["error"] is None
+    for number, (_, words) in enumerate(SURROGATES, start=2):
+        assert rows[f"line-{number}"]["error"].startswith(words)
+    page = uploaded_rows(str(data), max_bytes=10**6, max_rows=None)
+    assert page[0].problem is None
+    for row, (_, words) in zip(page[1:], SURROGATES, strict=True):  # the page's one reader
+        assert row.problem.startswith(words)

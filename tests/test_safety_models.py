@@ -91,6 +91,24 @@ def _config_without_model_type(folder: Path, _: Path) -> None:
     (folder / "config.json").write_text(json.dumps(config))
 
 
+def _config_of_20_mib(folder: Path, _: Path) -> None:
+    """A good config padded with whitespace: JSON a loader would read whole."""
+    text = json.dumps(_config(folder))
+    (folder / "config.json").write_text(text[:-1] + " " * (20 * 2**20) + "}")
+
+
+def _a_pipe_in_a_subfolder(folder: Path, _: Path) -> None:
+    (folder / "extra").mkdir()
+    os.mkfifo(folder / "extra" / "stream")
+
+
+def _ten_thousand_and_one_files(folder: Path, _: Path) -> None:
+    """Every request for a folder that does not load walks it again: the walk is bounded."""
+    (folder / "cache").mkdir()
+    for number in range(10_001 - len(list(folder.iterdir()))):
+        (folder / "cache" / f"{number}.txt").touch()
+
+
 #: name -> (how the folder is spoilt, the words of the 400 error)
 BROKEN: dict[str, tuple[Callable[[Path, Path], None], str]] = {
     "config-not-json": (
@@ -114,6 +132,23 @@ BROKEN: dict[str, tuple[Callable[[Path, Path], None], str]] = {
         "model folder file 'config.json' names no model_type",
     ),
     "config-is-a-folder": (_config_is_a_folder, "the model folder has no file 'config.json'"),
+    "config-too-large": (
+        _config_of_20_mib,
+        "model folder file 'config.json' is 20 MiB; a model folder's JSON files are read up to "
+        "16 MiB",
+    ),
+    "a-shard-index-that-is-a-pipe": (  # reading it would wait for a writer for ever
+        lambda f, _: os.mkfifo(f / "model.safetensors.index.json"),
+        "model folder file 'model.safetensors.index.json' is not a regular file",
+    ),
+    "ten-thousand-and-one-entries": (
+        _ten_thousand_and_one_files,
+        "the model folder holds more than 10,000 files and folders",
+    ),
+    "a-pipe-in-a-subfolder": (
+        _a_pipe_in_a_subfolder,
+        "model folder file 'extra/stream' is not a regular file",
+    ),
     "config-field-of-the-wrong-type": (
         lambda f, _: _write_config(f, hidden_size="wide"),
         "its config.json is not a configuration transformers can read",

@@ -11,6 +11,7 @@ leads.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,11 @@ __all__ = ["CONFIG_FILE", "check_inside", "read_config", "resolves_inside"]
 CONFIG_FILE = "config.json"
 #: A shard index's suffix: its ``weight_map`` names the weight files loaded with it.
 _SHARD_INDEX = ".index.json"
+#: The most entries (files and folders, in all its tree) a model folder's check walks: a
+#: model's are a few dozen, and each request for a folder that does not load walks it again.
+MAX_FOLDER_ENTRIES = 10_000
+#: The most bytes of a folder's JSON file (config, shard index) read: a large model's are KBs.
+MAX_JSON_BYTES = 16 * 2**20
 
 
 def resolves_inside(path: str | Path, roots: Sequence[Path]) -> bool:
@@ -39,15 +45,19 @@ def check_inside(folder: Path, roots: Sequence[Path]) -> None:
 
     Every entry of the folder's tree (a linked folder's entries too) and every file a shard
     index in it names must resolve inside one of ``roots``; links between folders inside the
-    roots (a hub cache's snapshots) are fine.
+    roots (a hub cache's snapshots) are fine. Every entry must be a folder or a regular file
+    (a pipe would have a loader wait for ever, a device read without end); a link to nothing
+    is left to the loader, which names what it misses.
 
     Raises:
-        ModelLoadError: naming the first file that leads out, or cannot be read.
+        ModelLoadError: naming the first file that leads out, or cannot be read; or the
+            folder holds more than :data:`MAX_FOLDER_ENTRIES` entries.
     """
     if not resolves_inside(folder, roots):
         raise ModelLoadError("the model folder lies outside the model roots")
     seen = {os.path.realpath(folder)}
     pending = [folder]
+    walked = 0
     while pending:
         current = pending.pop()
         try:
@@ -56,12 +66,23 @@ def check_inside(folder: Path, roots: Sequence[Path]) -> None:
             raise ModelLoadError(
                 f"model folder file '{_name(current, folder)}' cannot be read ({err.strerror})"
             ) from None
+        walked += len(entries)
+        if walked > MAX_FOLDER_ENTRIES:
+            raise ModelLoadError(
+                f"the model folder holds more than {MAX_FOLDER_ENTRIES:,} files and folders; "
+                "a model's are a few dozen"
+            )
         for entry in entries:
             path = Path(entry.path)
             name = _name(path, folder)
             if not resolves_inside(path, roots):
                 raise ModelLoadError(f"model folder file '{name}' links outside the model roots")
-            if _is_folder(entry):
+            kind = _kind(path)
+            if kind is not None and not (stat.S_ISDIR(kind) or stat.S_ISREG(kind)):
+                raise ModelLoadError(
+                    f"model folder file '{name}' is not a regular file (a pipe, socket or device)"
+                )
+            if kind is not None and stat.S_ISDIR(kind):
                 real = os.path.realpath(path)
                 if real not in seen:  # a folder linked twice, or a loop, is walked once
                     seen.add(real)
@@ -105,6 +126,11 @@ def _read_json(path: Path, name: str) -> dict[str, Any]:
     """A folder file's JSON object, or a refusal naming the file."""
     what = f"model folder file '{name}'"
     try:
+        if (size := path.stat().st_size) > MAX_JSON_BYTES:
+            raise ModelLoadError(
+                f"{what} is {size / 2**20:.0f} MiB; a model folder's JSON files are read up to "
+                f"{MAX_JSON_BYTES // 2**20} MiB"
+            )
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise ModelLoadError(f"{what} is not UTF-8 text") from None
@@ -119,11 +145,12 @@ def _read_json(path: Path, name: str) -> dict[str, Any]:
     return value
 
 
-def _is_folder(entry: os.DirEntry[str]) -> bool:
+def _kind(path: Path) -> int | None:
+    """The file type bits of ``path``, its links followed; None for a link to nothing or a loop."""
     try:
-        return entry.is_dir()  # follows a link: a linked folder is walked like its own
-    except OSError:  # a link loop: not a folder; its name was already checked
-        return False
+        return os.stat(path).st_mode  # a linked folder is walked like its own
+    except OSError:  # its name was already checked: the loader names what it misses
+        return None
 
 
 def _name(path: Path, folder: Path) -> str:
