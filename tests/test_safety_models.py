@@ -153,6 +153,15 @@ BROKEN: dict[str, tuple[Callable[[Path, Path], None], str]] = {
         lambda f, _: _write_config(f, hidden_size="wide"),
         "its config.json is not a configuration transformers can read",
     ),
+    "config-of-2000-layers": (  # its size check would build 2,000 layers' skeleton first
+        lambda f, _: _write_config(f, num_hidden_layers=2000),
+        "model folder file 'config.json' asks for num_hidden_layers = 2,000; at most 1,024 are "
+        "served",
+    ),
+    "config-larger-than-its-weights": (  # transformers would fill the missing layers at random
+        lambda f, _: _write_config(f, num_hidden_layers=1000),
+        "model folder file 'config.json' describes a model of ",
+    ),
     "timm-architecture-from-the-hub": (
         lambda f, _: (f / "config.json").write_text('{"architecture": "hf-hub:timm/resnet18"}'),
         "model folder file 'config.json' names an architecture that is not one of timm's models",

@@ -39,7 +39,7 @@ def resolves_inside(path: str | Path, roots: Sequence[Path]) -> bool:
         return False
 
 
-def check_inside(folder: Path, roots: Sequence[Path]) -> None:
+def check_inside(folder: Path, roots: Sequence[Path]) -> int:
     """
     Refuse a model folder that would have a loader read a file from outside ``roots``.
 
@@ -49,6 +49,9 @@ def check_inside(folder: Path, roots: Sequence[Path]) -> None:
     (a pipe would have a loader wait for ever, a device read without end); a link to nothing
     is left to the loader, which names what it misses.
 
+    Returns:
+        The bytes of the folder's regular files (a file linked twice counts twice).
+
     Raises:
         ModelLoadError: naming the first file that leads out, or cannot be read; or the
             folder holds more than :data:`MAX_FOLDER_ENTRIES` entries.
@@ -57,7 +60,7 @@ def check_inside(folder: Path, roots: Sequence[Path]) -> None:
         raise ModelLoadError("the model folder lies outside the model roots")
     seen = {os.path.realpath(folder)}
     pending = [folder]
-    walked = 0
+    walked = size = 0
     while pending:
         current = pending.pop()
         try:
@@ -77,7 +80,8 @@ def check_inside(folder: Path, roots: Sequence[Path]) -> None:
             name = _name(path, folder)
             if not resolves_inside(path, roots):
                 raise ModelLoadError(f"model folder file '{name}' links outside the model roots")
-            kind = _kind(path)
+            kind, bytes_ = _kind(path)
+            size += bytes_
             if kind is not None and not (stat.S_ISDIR(kind) or stat.S_ISREG(kind)):
                 raise ModelLoadError(
                     f"model folder file '{name}' is not a regular file (a pipe, socket or device)"
@@ -97,6 +101,7 @@ def check_inside(folder: Path, roots: Sequence[Path]) -> None:
                             f"model folder file '{name}' names a weight file outside the model "
                             "roots"
                         )
+    return size
 
 
 def read_config(folder: Path) -> dict[str, Any]:
@@ -145,12 +150,17 @@ def _read_json(path: Path, name: str) -> dict[str, Any]:
     return value
 
 
-def _kind(path: Path) -> int | None:
-    """The file type bits of ``path``, its links followed; None for a link to nothing or a loop."""
+def _kind(path: Path) -> tuple[int | None, int]:
+    """
+    The file type bits of ``path``, its links followed, and its bytes if a regular file.
+
+    The type is None for a link to nothing or a loop.
+    """
     try:
-        return os.stat(path).st_mode  # a linked folder is walked like its own
+        found = os.stat(path)  # a linked folder is walked like its own
     except OSError:  # its name was already checked: the loader names what it misses
-        return None
+        return None, 0
+    return found.st_mode, found.st_size if stat.S_ISREG(found.st_mode) else 0
 
 
 def _name(path: Path, folder: Path) -> str:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 import transformers as tf
 
 from attribution.errors import AttrlabError, ModelLoadError, UnknownModelError
@@ -21,6 +22,13 @@ __all__ = ["download", "load_pretrained"]
 
 # What a hub download fetches: configs, weights, tokenizers; never code (no remote code runs).
 _HUB_FILES = ["*.json", "*.safetensors", "*.bin", "*.txt", "*.model", "*.tiktoken"]
+#: Most layers a served folder's config may ask for (the largest models have a few hundred):
+#: the config's size check builds the model's skeleton, whose cost grows with its layers.
+MAX_CONFIG_LAYERS = 1024
+#: Parameters a served folder's config may describe per byte of its files (4-bit weights hold
+#: 2): transformers fills weights a folder lacks at random, so a config alone could ask for any
+#: amount of memory.
+PARAMETERS_PER_BYTE = 2
 
 
 def load_pretrained(
@@ -48,10 +56,11 @@ def load_pretrained(
     """
     name = model_id or spec
     folder = Path(spec)
+    held = None  # bytes of a served folder's files, which bound the model it may describe
     if within is not None:
         if not folder.is_dir():
             raise UnknownModelError(f"model '{name}' is not a model folder")
-        check_inside(folder, within)
+        held = check_inside(folder, within)
     if spec.startswith(("timm/", "hf-hub:")):
         adapter = _load_timm_hub(spec)
     elif folder.is_dir():
@@ -62,7 +71,7 @@ def load_pretrained(
         elif config["model_type"] not in FAMILIES:  # known before transformers reads a file
             raise _unsupported(name, config["model_type"])
         else:
-            adapter = _load_transformers(spec, name, revision, from_folder=True)
+            adapter = _load_transformers(spec, name, revision, from_folder=True, held=held)
     else:
         adapter = _load_transformers(spec, name, revision, from_folder=False)
     adapter.model_id = name
@@ -86,11 +95,15 @@ def download(repo_id: str, revision: str | None = None) -> str:
         raise UnknownModelError(_not_found(repo_id)) from None
 
 
-def _load_transformers(spec: str, name: str, revision: str | None, from_folder: bool) -> Adapter:
+def _load_transformers(
+    spec: str, name: str, revision: str | None, from_folder: bool, held: int | None = None
+) -> Adapter:
     config = _config(spec, name, revision, from_folder)
     family = family_of(config)
     if family is None:
         raise _unsupported(name, config.model_type)
+    if held is not None:
+        _check_described_size(config, held, name)
     kwargs = {"revision": revision, "attn_implementation": "eager"}  # eager: attentions out
     try:
         if family == "vision-transformer":
@@ -112,6 +125,46 @@ def _load_transformers(spec: str, name: str, revision: str | None, from_folder: 
         raise
     except Exception as err:  # a malformed file raises whatever its parser raises
         raise ModelLoadError(f"model '{name}' could not be loaded", detail=str(err)) from None
+
+
+def _check_described_size(config: Any, held: int, name: str) -> None:
+    """
+    Refuse a config that describes a model larger than its folder's files can hold.
+
+    Counted on a skeleton built on the meta device (no memory), after a bound on the layers it
+    may ask for.
+
+    Raises:
+        ModelLoadError: naming ``config.json`` and what it asks for.
+    """
+    what = f"model folder file '{CONFIG_FILE}'"
+    for key, value in _whole_entries(config.to_dict()):
+        if "layer" in key and value > MAX_CONFIG_LAYERS:
+            raise ModelLoadError(
+                f"{what} asks for {key} = {value:,}; at most {MAX_CONFIG_LAYERS:,} are served"
+            )
+    try:
+        with torch.device("meta"):
+            skeleton = tf.AutoModel.from_config(config)
+    except Exception as err:  # sizes that no model can have raise whatever torch raises
+        raise ModelLoadError(
+            f"{what} describes no model transformers can build", detail=str(err)
+        ) from None
+    described = sum(p.numel() for p in skeleton.parameters())
+    if described > PARAMETERS_PER_BYTE * held:
+        raise ModelLoadError(
+            f"{what} describes a model of {described:,} parameters, more than the folder's "
+            f"{held:,} bytes of files can hold: its weights are missing, or the config is wrong"
+        )
+
+
+def _whole_entries(config: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, int]]:
+    """Every whole-number entry of a config, nested ones (``text_config.num_layers``) too."""
+    for key, value in config.items():
+        if isinstance(value, Mapping):
+            yield from _whole_entries(value, f"{prefix}{key}.")
+        elif isinstance(value, int) and not isinstance(value, bool):
+            yield f"{prefix}{key}", value
 
 
 def _unsupported(name: str, model_type: str) -> ModelLoadError:
