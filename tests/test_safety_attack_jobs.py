@@ -11,16 +11,15 @@ import os
 import shutil
 import sqlite3
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from _jobs import job_settings, wait_for_job
 from fastapi.testclient import TestClient
 
 from app.jobs import DamagedResultsError, JobStore
 from app.server import create_app
-from app.settings import ServerSettings
 from app.worker import ExplainWorker
 
 TEXT_MODEL = "tiny-random-bert"
@@ -32,28 +31,14 @@ BODY = {
 NOT_A_FILE = "the job's results are damaged: the results file is not a regular file"
 
 
-def _settings(data: Path) -> ServerSettings:
-    return ServerSettings.for_server({"ATTRLAB_DATA": str(data), "ATTRLAB_MODELS": TEXT_MODEL})
-
-
-def _wait(client: TestClient, job_id: str, timeout: float = 60) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        status = client.get(f"/api/v1/jobs/{job_id}").json()
-        if status["status"] not in ("queued", "running"):
-            return status
-        time.sleep(0.05)
-    raise AssertionError(f"job {job_id} still {status}")
-
-
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> tuple[Path, str, bytes]:
     """A data folder with one finished job (server stopped): folder, job id, its results."""
     data = tmp_path_factory.mktemp("finished")
-    worker = ExplainWorker(device="cpu", settings=_settings(data))
+    worker = ExplainWorker(device="cpu", settings=job_settings(data, TEXT_MODEL))
     with TestClient(create_app(worker)) as client:
         job_id = client.post("/api/v1/jobs", json=BODY).json()["job_id"]
-        assert _wait(client, job_id)["status"] == "done"
+        assert wait_for_job(client, job_id)["status"] == "done"
     worker.close()
     written = (data / "jobs" / "results" / f"{job_id}.jsonl").read_bytes()
     assert [json.loads(line)["index"] for line in written.splitlines()] == [0, 1, 2]
@@ -116,7 +101,7 @@ def test_a_results_entry_that_is_not_a_file_of_its_own_is_damage(finished, tmp_p
     outside = tmp_path / "outside"
     outside.mkdir()
     plant(data / "jobs" / "results" / f"{job_id}.jsonl", outside)
-    worker = ExplainWorker(device="cpu", settings=_settings(data))
+    worker = ExplainWorker(device="cpu", settings=job_settings(data, TEXT_MODEL))
     with TestClient(create_app(worker), raise_server_exceptions=False) as client:
         answers = _answers(client, job_id)
     worker.close()
@@ -160,14 +145,14 @@ def test_a_running_jobs_results_replaced_by_a_pipe_fail_the_append(finished, tmp
 def test_a_job_id_that_is_no_jobs_is_a_404_on_every_job_route(finished, tmp_path, job_id):
     data = tmp_path / "data"
     shutil.copytree(finished[0], data)
-    worker = ExplainWorker(device="cpu", settings=_settings(data))
+    worker = ExplainWorker(device="cpu", settings=job_settings(data, TEXT_MODEL))
     with TestClient(create_app(worker), raise_server_exceptions=False) as client:
         answers = [
             client.get(f"/api/v1/jobs/{job_id}"),
             client.get(f"/api/v1/jobs/{job_id}/results"),
             client.delete(f"/api/v1/jobs/{job_id}"),
         ]
-        assert _wait(client, finished[1])["status"] == "done"  # the real job is untouched
+        assert wait_for_job(client, finished[1])["status"] == "done"  # the real job is untouched
     worker.close()
     for answer in answers:
         assert answer.status_code == 404, answer.text
@@ -182,7 +167,7 @@ def test_a_job_table_locked_by_another_process_is_a_503_and_then_serves(
     data = tmp_path / "data"
     shutil.copytree(finished[0], data)
     job_id = finished[1]
-    worker = ExplainWorker(device="cpu", settings=_settings(data))
+    worker = ExplainWorker(device="cpu", settings=job_settings(data, TEXT_MODEL))
     with TestClient(create_app(worker), raise_server_exceptions=False) as client:
         holder = sqlite3.connect(data / "jobs" / "jobs.sqlite", isolation_level=None)
         holder.execute("BEGIN EXCLUSIVE")  # as another process holding the table would

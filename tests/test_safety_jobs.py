@@ -11,12 +11,12 @@ import io
 import json
 import shutil
 import sqlite3
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from _jobs import job_settings, wait_for_job
 from fastapi.testclient import TestClient
 
 from app.cli import main
@@ -35,29 +35,14 @@ BODY = {
 PARQUET = "application/vnd.apache.parquet"
 
 
-def _settings(data: Path, **overrides) -> ServerSettings:
-    env = {"ATTRLAB_DATA": str(data), "ATTRLAB_MODELS": TEXT_MODEL}
-    return ServerSettings.for_server(env, **overrides)
-
-
-def _wait(client: TestClient, job_id: str, timeout: float = 60) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        status = client.get(f"/api/v1/jobs/{job_id}").json()
-        if status["status"] not in ("queued", "running"):
-            return status
-        time.sleep(0.05)
-    raise AssertionError(f"job {job_id} still {status}")
-
-
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> tuple[Path, str, bytes]:
     """A data folder with one finished 12-instance job (server stopped): folder, id, results."""
     data = tmp_path_factory.mktemp("finished")
-    worker = ExplainWorker(device="cpu", settings=_settings(data))
+    worker = ExplainWorker(device="cpu", settings=job_settings(data, TEXT_MODEL))
     with TestClient(create_app(worker)) as client:
         job_id = client.post("/api/v1/jobs", json=BODY).json()["job_id"]
-        assert _wait(client, job_id)["status"] == "done"
+        assert wait_for_job(client, job_id)["status"] == "done"
         served = client.get(f"/api/v1/jobs/{job_id}/results")
         assert served.status_code == 200
     worker.close()
@@ -146,7 +131,7 @@ def test_a_finished_jobs_damaged_results_are_reported_and_never_served(stopped, 
     data, job_id, path = stopped
     plant(path)
     planted = path.read_bytes() if path.exists() else None
-    worker = ExplainWorker(device="cpu", settings=_settings(data))
+    worker = ExplainWorker(device="cpu", settings=job_settings(data, TEXT_MODEL))
     with TestClient(create_app(worker)) as client:
         status = client.get(f"/api/v1/jobs/{job_id}").json()
         assert status["status"] == "damaged"
@@ -176,9 +161,9 @@ def test_an_interrupted_job_with_damaged_results_fails_and_is_not_run_on(finishe
     _non_object_line(path)  # line 7: after the five rows, a planted line
     planted = path.read_bytes()
     reason = "results line 6 is not a JSON object"
-    worker = ExplainWorker(device="cpu", settings=_settings(tmp_path))
+    worker = ExplainWorker(device="cpu", settings=job_settings(tmp_path, TEXT_MODEL))
     with TestClient(create_app(worker)) as client:
-        status = _wait(client, job_id)
+        status = wait_for_job(client, job_id)
         assert status["status"] == "damaged" and status["done"] == 5
         assert status["message"] == f"the job's results are damaged: {reason}"
         _assert_refused(client.get(f"/api/v1/jobs/{job_id}/results"), reason)
@@ -197,9 +182,9 @@ def test_a_line_written_just_before_a_crash_counts_and_the_job_resumes(finished,
     lines = finished[2].splitlines(keepends=True)
     with path.open("ab") as file:  # written and flushed, the count not yet updated
         file.write(lines[4] + lines[5][:30])  # then a torn line
-    worker = ExplainWorker(device="cpu", settings=_settings(tmp_path))
+    worker = ExplainWorker(device="cpu", settings=job_settings(tmp_path, TEXT_MODEL))
     with TestClient(create_app(worker)) as client:
-        status = _wait(client, job_id)
+        status = wait_for_job(client, job_id)
         assert (status["status"], status["done"]) == ("done", 12)
         served = client.get(f"/api/v1/jobs/{job_id}/results").content.splitlines(keepends=True)
         parquet = client.get(f"/api/v1/jobs/{job_id}/results?format=parquet")
@@ -246,7 +231,7 @@ def test_a_lost_job_table_refuses_to_start(stopped, lose, words, monkeypatch, ca
     data, _, path = stopped
     lose(data / "jobs")
     kept = path.read_bytes()
-    worker = ExplainWorker(device="cpu", settings=_settings(data))
+    worker = ExplainWorker(device="cpu", settings=job_settings(data, TEXT_MODEL))
     with pytest.raises(SettingsError) as refused:
         create_app(worker)
     worker.close()
@@ -266,7 +251,7 @@ def test_starting_afresh_moves_the_unreadable_folder_aside(stopped, asked):
     kept = path.read_bytes()
     _deleted(data / "jobs")
     if asked == "flag":
-        settings = _settings(data, reset_jobs=True)
+        settings = job_settings(data, TEXT_MODEL, reset_jobs=True)
     else:
         settings = ServerSettings.for_server(
             {"ATTRLAB_DATA": str(data), "ATTRLAB_MODELS": TEXT_MODEL, "ATTRLAB_RESET_JOBS": "1"}
@@ -275,7 +260,7 @@ def test_starting_afresh_moves_the_unreadable_folder_aside(stopped, asked):
     with TestClient(create_app(worker)) as client:
         assert client.get(f"/api/v1/jobs/{job_id}").status_code == 404  # a fresh table
         new = client.post("/api/v1/jobs", json={**BODY, "instances": BODY["instances"][:1]})
-        assert _wait(client, new.json()["job_id"])["status"] == "done"
+        assert wait_for_job(client, new.json()["job_id"])["status"] == "done"
     worker.close()
     (aside,) = data.glob("jobs.unreadable-*")
     assert (aside / "results" / path.name).read_bytes() == kept  # kept, not deleted
@@ -284,7 +269,7 @@ def test_starting_afresh_moves_the_unreadable_folder_aside(stopped, asked):
 def test_starting_afresh_keeps_a_folder_that_reads(stopped):
     """The reset is for a folder that cannot be read: left set, it never drops good jobs."""
     data, job_id, _ = stopped
-    worker = ExplainWorker(device="cpu", settings=_settings(data, reset_jobs=True))
+    worker = ExplainWorker(device="cpu", settings=job_settings(data, TEXT_MODEL, reset_jobs=True))
     with TestClient(create_app(worker)) as client:
         status = client.get(f"/api/v1/jobs/{job_id}").json()
         assert (status["status"], status["done"]) == ("done", 12)
@@ -333,7 +318,7 @@ def test_an_older_servers_jobs_are_checked_for_form_and_count(finished, tmp_path
     path = _older_servers_folder(tmp_path, written)
     if plant is not None:
         plant(path)
-    worker = ExplainWorker(device="cpu", settings=_settings(tmp_path))
+    worker = ExplainWorker(device="cpu", settings=job_settings(tmp_path, TEXT_MODEL))
     with TestClient(create_app(worker)) as client:
         status = client.get("/api/v1/jobs/old").json()
         jsonl = client.get("/api/v1/jobs/old/results")
@@ -361,7 +346,7 @@ def test_a_lost_table_of_queued_jobs_only_refuses_to_start(tmp_path):
     """Jobs that never wrote a result leave no file to be missed: the folder itself tells."""
     JobStore(tmp_path / "jobs").create(BODY, total=INSTANCES, limit=4)
     _deleted(tmp_path / "jobs")
-    worker = ExplainWorker(device="cpu", settings=_settings(tmp_path))
+    worker = ExplainWorker(device="cpu", settings=job_settings(tmp_path, TEXT_MODEL))
     with pytest.raises(
         SettingsError, match=r"jobs\.sqlite is missing or empty in a folder that has"
     ):
