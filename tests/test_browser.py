@@ -21,6 +21,8 @@ from playwright.sync_api import Page, expect, sync_playwright
 from app.ui import build_ui
 from app.worker import ExplainWorker
 
+pytestmark = pytest.mark.browser  # Debian chromium through Playwright
+
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = [
     "--no-sandbox",

@@ -322,6 +322,7 @@ def test_a_vit_cascade_keeps_its_patch_embedding_for_last(load_model):
     assert any(p is patch for p in last.parameters())
 
 
+@pytest.mark.slow
 def test_leaderboard_runs_on_the_bundled_images_and_sentences(capsys, tmp_path):
     from app.cli import main
 

@@ -10,6 +10,8 @@ import httpx
 import pytest
 from _live_server import running_server
 
+pytestmark = pytest.mark.server  # attrlab serve in its own process
+
 TOKEN = "live-test-token"
 BODY = {
     "model": "minilm-zeroshot",

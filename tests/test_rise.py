@@ -130,6 +130,7 @@ def test_bad_parameters_give_clear_errors(params, message):
         attribution.explain(adapter, "rise", inputs, params=params)
 
 
+@pytest.mark.slow
 def test_efficientnet_cat_in_corner(effnet: Adapter):
     """The cat fills the top-left quadrant; two 1000-mask RISE maps agree and peak there."""
     inputs = effnet.preprocess(toys.chelsea_in_corner())
@@ -148,6 +149,7 @@ def test_efficientnet_cat_in_corner(effnet: Adapter):
     assert 0 < first.metrics["noise_ratio"] < 1
 
 
+@pytest.mark.slow
 def test_tolerance_stops_early_on_the_corner_cat_and_agrees_with_four_times_the_masks(effnet):
     """The estimate at the stopping point against an independent run at 4× its masks."""
     inputs = effnet.preprocess(toys.chelsea_in_corner())

@@ -184,6 +184,7 @@ def test_a_figure_of_panels_draws_one_display_copys_area_however_many(load_model
 WRONG_KINDS = ["x", [1], {"a": 1}, 1e308]
 
 
+@pytest.mark.slow
 def test_every_page_input_refuses_a_value_of_the_wrong_kind_in_words(client):
     """Gradio's components raise plain errors for these, answered as ``{"error": null}``."""
     config = client.get("/config").json()

@@ -200,6 +200,7 @@ def _array(value) -> np.ndarray:
     return np.asarray(value)
 
 
+@pytest.mark.server
 def test_a_36_mp_16_bit_rgba_png_is_refused_by_its_decoded_bytes(server):
     url, client, pid, folder = server
     data = png16(6000, 6000, 6)  # a few hundred kB on the wire, 288 MB decoded
@@ -226,6 +227,7 @@ def test_a_36_mp_16_bit_rgba_png_is_refused_by_its_decoded_bytes(server):
     assert rest.status_code == 413 and expected in rest.json()["error"]["message"]
 
 
+@pytest.mark.server
 def test_a_36_mp_png_is_answered_from_a_display_copy_in_bounded_memory(server):
     url, client, pid, folder = server
     height, width = 5000, 7200  # 36 MP of 8-bit RGB: 108 MB decoded, within both limits

@@ -328,6 +328,7 @@ def live_server(roots, tmp_path):
         yield port, log
 
 
+@pytest.mark.server
 def test_refusals_keep_the_connection_of_a_live_server(live_server, roots, expected_scores):
     port, log = live_server
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)

@@ -289,6 +289,7 @@ def test_no_cached_examples_are_served_from_the_working_directory(client, tmp_pa
     assert client.get(relative).status_code == 403
 
 
+@pytest.mark.server
 def test_the_space_reads_and_serves_only_what_it_received(planted):
     from gradio_client import Client, handle_file
 
@@ -376,6 +377,7 @@ def _references(planted: Planted, links: list[str]) -> st.SearchStrategy[Any]:
     return st.one_of(paths, marked)
 
 
+@pytest.mark.slow
 @settings(
     max_examples=60,
     deadline=None,
@@ -525,6 +527,7 @@ LINK_VALUES = (
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, derandomize=True)
 @given(
     fields=st.dictionaries(

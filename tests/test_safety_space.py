@@ -127,6 +127,7 @@ def _big_text_body(size: int) -> bytes:
     return json.dumps({"data": [payload]}).encode()
 
 
+@pytest.mark.server
 def test_an_over_limit_body_is_refused_before_the_space_reads_it(space_port, parsed_bodies):
     refusal = {"error": {"code": "request_too_large", "message": BODY_LIMIT_WORDS}}
     body = _big_text_body(1_000_000)
@@ -173,6 +174,7 @@ def _space_refusal(client: Client, body: dict[str, Any]) -> tuple[int | None, st
     raise AssertionError(f"the Space explained {str(body)[:80]}")
 
 
+@pytest.mark.server
 def test_the_space_refuses_what_rest_refuses_with_the_same_words(rest, space_client):
     one = {"model": TEXT_MODEL, "method": "gradient_x_input"}
     instances = [{"text": "a fine day"}] * 5
@@ -191,6 +193,7 @@ def test_the_space_refuses_what_rest_refuses_with_the_same_words(rest, space_cli
         assert _space_refusal(space_client, body) == (space_status, message)
 
 
+@pytest.mark.server
 def test_whole_numbers_are_integers_as_the_schema_says(rest, space_client):
     body = {
         "model": TEXT_MODEL,

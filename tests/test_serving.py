@@ -175,6 +175,7 @@ def test_a_job_runs_reports_progress_and_serves_its_results(served):
     assert served.get("/api/v1/jobs/0123").status_code == 404
 
 
+@pytest.mark.slow
 def test_jobs_survive_a_restart_and_a_full_queue_answers_429(tmp_path):
     slow = {"n_masks": 1500, "batch_size": 1}  # seconds per instance on the tiny model
     body = {
@@ -561,6 +562,7 @@ def local_ray():
     ray.shutdown()
 
 
+@pytest.mark.slow
 def test_ray_engine_gives_the_local_engines_rows(tmp_path, local_ray):
     data = _dataset(tmp_path, TWELVE)
     args = ["batch", "--model", TEXT_MODEL, "--methods", "gradient_x_input,attnlrp"]

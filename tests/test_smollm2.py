@@ -34,6 +34,7 @@ def test_it_knows_things(smollm2):
     assert label == " Mary" and p > 0.85
 
 
+@pytest.mark.slow
 def test_cached_weights_equal_a_fresh_dequantisation(smollm2):
     reference, tokenizer = smollm2_from_gguf(_smollm2_gguf())
     ids = tokenizer("The capital of France is", return_tensors="pt")

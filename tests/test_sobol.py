@@ -164,6 +164,7 @@ def test_bad_parameters_give_clear_errors(params, message):
         attribution.explain(adapter, "sobol", inputs, params=params)
 
 
+@pytest.mark.slow
 def test_efficientnet_cat_in_corner(effnet: Adapter):
     """At g=8 and 16 designs (1,056 forwards) Sobol puts nearly all its mass on the cat."""
     inputs = effnet.preprocess(toys.chelsea_in_corner())

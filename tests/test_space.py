@@ -63,6 +63,7 @@ def test_space_metadata_names_the_entry_and_the_pinned_gradio():
     assert meta["suggested_hardware"].startswith("zero-")
 
 
+@pytest.mark.slow
 def test_space_entry_run_as_a_file_builds_the_page_with_spaces_installed(tmp_path):
     """As a Space runs its app_file: from another folder, by path, `spaces` importable."""
     script = (
@@ -99,6 +100,7 @@ def test_make_space_assembles_the_spaces_files(tmp_path):
     assert (target / "requirements.txt").read_text().splitlines() == wanted
 
 
+@pytest.mark.server
 def test_space_api_explains_a_batch_and_the_page_through_gradio_client():
     from gradio_client import Client
 

@@ -26,6 +26,8 @@ from app.worker import AblationRequest, ExplainRequest, ExplainWorker
 from attribution.errors import InvalidInputError, InvalidParameterError
 from attribution.layers import joint_ablation
 
+pytestmark = pytest.mark.server  # the page launched on a port, driven by gradio_client
+
 SENTENCE = "A lovely, charming film."
 
 
