@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -96,21 +97,27 @@ def test_a_cancelled_method_stops_at_its_next_forward_and_leaves_the_model_clean
         # Cancel as the method's first own forward ends when it runs several (more must not
         # start), else as the prediction ends (the method must not start).
         at = 2 if clean.calls >= 3 else 1
-        counter = ForwardCounter(adapter.model, at)
-        try:
-            before = model_state(adapter.model)
-            with torch.no_grad():
-                logits = adapter.logits(**inputs.model_kwargs())
-            counter.calls = 0
-            with pytest.raises(JobCancelledError):
-                explain(adapter, method, inputs, params=params, cancel=counter.cancel)
-            assert counter.calls == at, f"{counter.calls - at} forwards ran after the cancel"
-            assert model_state(adapter.model) == before
-            with torch.no_grad():
-                assert torch.equal(adapter.logits(**inputs.model_kwargs()), logits)
-        finally:
-            counter.handle.remove()
+        run = functools.partial(explain, adapter, method, inputs, params=params)
+        _assert_cancel_stops_at(adapter, inputs, at, run)
     assert applied, f"{method} applies to none of the tiny models"
+
+
+def _assert_cancel_stops_at(adapter: Adapter, inputs, at: int, run) -> None:
+    """``run(cancel=...)`` cancelled as forward ``at`` ends: no forward after, the model intact."""
+    counter = ForwardCounter(adapter.model, at)
+    try:
+        before = model_state(adapter.model)
+        with torch.no_grad():
+            logits = adapter.logits(**inputs.model_kwargs())
+        counter.calls = 0
+        with pytest.raises(JobCancelledError):
+            run(cancel=counter.cancel)
+        assert counter.calls == at, f"{counter.calls - at} forwards ran after the cancel"
+        assert model_state(adapter.model) == before
+        with torch.no_grad():  # weights a randomisation step drew are restored too
+            assert torch.equal(adapter.logits(**inputs.model_kwargs()), logits)
+    finally:
+        counter.handle.remove()
 
 
 def _explained_with_evaluation(adapter: Adapter, inputs, cancel=None) -> object:
@@ -129,20 +136,7 @@ def test_cancelled_scoring_stops_at_its_next_forward_and_restores_the_model(tiny
     scoring(adapter, inputs)
     clean.handle.remove()
     at = clean.calls // 2  # in the faithfulness curves, or at a randomised layer
-    counter = ForwardCounter(adapter.model, at)
-    try:
-        before = model_state(adapter.model)
-        with torch.no_grad():
-            logits = adapter.logits(**inputs.model_kwargs())
-        counter.calls = 0
-        with pytest.raises(JobCancelledError):
-            scoring(adapter, inputs, counter.cancel)
-        assert counter.calls == at, f"{counter.calls - at} forwards ran after the cancel"
-        assert model_state(adapter.model) == before
-        with torch.no_grad():  # weights a randomisation step drew are restored too
-            assert torch.equal(adapter.logits(**inputs.model_kwargs()), logits)
-    finally:
-        counter.handle.remove()
+    _assert_cancel_stops_at(adapter, inputs, at, functools.partial(scoring, adapter, inputs))
 
 
 def test_a_run_that_is_not_cancelled_leaves_no_hook(tiny_models):

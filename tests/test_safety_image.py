@@ -177,6 +177,16 @@ def server(tmp_path_factory):
         client.close()
 
 
+def _rest_explain(url: str, data: bytes) -> httpx.Response:
+    """The same image explained over REST, as the page explains it."""
+    body = {
+        "model": IMAGE_MODEL,
+        "method": "gradient_x_input",
+        "image_base64": base64.b64encode(data).decode(),
+    }
+    return httpx.post(f"{url}/api/v1/explain", json=body, timeout=120)
+
+
 def _explain(client: Client, path: str):
     return client.predict(
         IMAGE_MODEL,
@@ -215,15 +225,7 @@ def test_a_36_mp_16_bit_rgba_png_is_refused_by_its_decoded_bytes(server):
     # Refused from the header: decoding it at all would take 144 MB (Pillow's 8-bit RGBA) and
     # the page used to decode it into arrays of several times that.
     assert growth < 64 * MIB, f"the server grew by {growth / MIB:.0f} MiB"
-    rest = httpx.post(
-        f"{url}/api/v1/explain",
-        json={
-            "model": IMAGE_MODEL,
-            "method": "gradient_x_input",
-            "image_base64": base64.b64encode(data).decode(),
-        },
-        timeout=60,
-    )
+    rest = _rest_explain(url, data)
     assert rest.status_code == 413 and expected in rest.json()["error"]["message"]
 
 
@@ -267,15 +269,7 @@ def test_a_36_mp_png_is_answered_from_a_display_copy_in_bounded_memory(server):
         with archive.open(next(n for n in names if n.endswith("gradient_x_input.npz"))) as npz:
             exported = np.load(io.BytesIO(npz.read()), allow_pickle=False)["scores"]
     assert manifest["extra"]["inputs"]["image_size"] == [height, width]
-    rest = httpx.post(
-        f"{url}/api/v1/explain",
-        json={
-            "model": IMAGE_MODEL,
-            "method": "gradient_x_input",
-            "image_base64": base64.b64encode(data).decode(),
-        },
-        timeout=120,
-    ).json()
+    rest = _rest_explain(url, data).json()
     # the export keeps the Explanation's own map, as the REST API gives it, not the copy's
     assert exported.shape == tuple(rest["image_size"])
     np.testing.assert_allclose(exported, np.asarray(rest["scores"]), rtol=1e-6, atol=1e-9)
