@@ -30,7 +30,7 @@ RUN python -m pip install --extra-index-url https://download.pytorch.org/whl/cu1
 RUN useradd --create-home attrlab
 USER attrlab
 # The embedded models baked in: SmolLM2 is dequantised once into the cache at build time.
-RUN python -c "from attribution.models import DEFAULT_MODELS, load; [load(m, device='cpu') for m in sorted(set(DEFAULT_MODELS.values()))]"
+RUN python -c "from attrlab.attribution.models import DEFAULT_MODELS, load; [load(m, device='cpu') for m in sorted(set(DEFAULT_MODELS.values()))]"
 # Hub downloads, converted weights and durable jobs live on volumes.
 VOLUME ["/home/attrlab/.cache", "/home/attrlab/.local/share/attrlab"]
 EXPOSE 7860

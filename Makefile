@@ -24,9 +24,13 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/attrlab serve --host $(HOST) --port $(PORT)
 
+# mypy reads the packages under their installed names (attrlab.app, ...) from .typecheck, links
+# to the folders: it cannot follow the editable install's import hook.
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	mkdir -p .typecheck/attrlab
+	for d in app assets attribution viz; do ln -sfn ../../$$d .typecheck/attrlab/$$d; done
 	$(BIN)/mypy
 
 # Browser tests drive Debian's Chromium through Playwright (no browser download).
@@ -66,4 +70,4 @@ space:
 	> $(SPACE_DIR)/requirements.txt
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info dist
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .typecheck *.egg-info dist

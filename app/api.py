@@ -27,10 +27,10 @@ from starlette.middleware import Middleware
 from starlette.routing import Match, Mount, Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.batch import parquet_file
-from app.errors import error_status, public_message, validation_problems
-from app.jobs import DamagedResultsError, JobRunner, instance_json
-from app.worker import (
+from attrlab.app.batch import parquet_file
+from attrlab.app.errors import error_status, public_message, validation_problems
+from attrlab.app.jobs import DamagedResultsError, JobRunner, instance_json
+from attrlab.app.worker import (
     BatchRequest,
     CheckRequest,
     EstimateRequest,
@@ -39,10 +39,10 @@ from app.worker import (
     Instance,
     WorkerRequest,
 )
-from attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
-from attribution.methods import available_methods
-from attribution.models import BUILTIN_MODELS, default_model
-from attribution.params import whole_float_as_int
+from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
+from attrlab.attribution.methods import available_methods
+from attrlab.attribution.models import BUILTIN_MODELS, default_model
+from attrlab.attribution.params import whole_float_as_int
 
 __all__ = [
     "ApiGuard",

@@ -23,9 +23,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from app.jobs import cut_torn_tail, instance_json
-from app.worker import BatchRequest, ExplainWorker, Instance
-from attribution.errors import AttrlabError, InvalidInputError, parse_json, require_unicode
+from attrlab.app.jobs import cut_torn_tail, instance_json
+from attrlab.app.worker import BatchRequest, ExplainWorker, Instance
+from attrlab.attribution.errors import AttrlabError, InvalidInputError, parse_json, require_unicode
 
 __all__ = [
     "IMAGE_SUFFIXES",

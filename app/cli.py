@@ -12,14 +12,14 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from attribution.errors import AttrlabError
+from attrlab.attribution.errors import AttrlabError
 
 __all__ = ["main"]
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from app.worker import EstimateRequest, ExplainRequest, parse_param_pairs
-    from viz.table import explanation_table
+    from attrlab.app.worker import EstimateRequest, ExplainRequest, parse_param_pairs
+    from attrlab.viz.table import explanation_table
 
     kind = EstimateRequest if args.estimate else ExplainRequest
     request = kind(
@@ -44,7 +44,7 @@ def _explain(args: argparse.Namespace) -> int:
 
 
 def _layers(args: argparse.Namespace) -> int:
-    from app.worker import ExplainRequest, ExplainWorker
+    from attrlab.app.worker import ExplainRequest, ExplainWorker
 
     if args.format == "parquet" and args.output is None:
         raise _usage_error("--format parquet writes a file: give --output PATH")
@@ -53,7 +53,7 @@ def _layers(args: argparse.Namespace) -> int:
     worker = ExplainWorker(device=args.device, max_models=1)
     try:
         if args.input is not None:
-            from attribution.layers import analyze_dataset
+            from attrlab.attribution.layers import analyze_dataset
 
             labels = _labels(args.labels)
             adapter = worker.adapter(args.model, labels)
@@ -77,7 +77,7 @@ def _layers(args: argparse.Namespace) -> int:
     if args.format == "json":
         _write_text(explanation.to_json(indent=2), args.output)
         return 0
-    from viz.table import layers_text
+    from attrlab.viz.table import layers_text
 
     _write_table(explanation.layers, args, lambda: layers_text(explanation))
     return 0
@@ -98,7 +98,7 @@ def _input_fields(args: argparse.Namespace) -> dict[str, Any]:
 
 def _on_worker(args: argparse.Namespace, request: Any) -> Any:
     """Run one request on a worker of its own, closed afterwards."""
-    from app.worker import ExplainWorker
+    from attrlab.app.worker import ExplainWorker
 
     worker = ExplainWorker(device=args.device, max_models=1)
     try:
@@ -112,13 +112,13 @@ def _labels(text: str | None) -> list[str] | None:
 
 
 def _measures(text: str | None) -> list[str] | None:
-    from attribution.methods.layers import measure_names
+    from attrlab.attribution.methods.layers import measure_names
 
     return measure_names(text or "all")
 
 
 def _usage_error(message: str) -> AttrlabError:
-    from attribution.errors import InvalidParameterError
+    from attrlab.attribution.errors import InvalidParameterError
 
     return InvalidParameterError(message)
 
@@ -130,7 +130,7 @@ def _report_progress(done: int) -> None:
 def _check(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from app.worker import CheckRequest
+    from attrlab.app.worker import CheckRequest
 
     _output_path(args.output)
     _output_path(args.figures, folder=True)
@@ -151,7 +151,7 @@ def _check(args: argparse.Namespace) -> int:
         if not table.empty
     ]
     if args.figures is not None:
-        from viz import export_figure, method_agreement_figure, randomisation_figure
+        from attrlab.viz import export_figure, method_agreement_figure, randomisation_figure
 
         folder = Path(args.figures).expanduser()
         folder.mkdir(parents=True, exist_ok=True)
@@ -174,7 +174,7 @@ def _check(args: argparse.Namespace) -> int:
 
 def _method_params(pairs: Sequence[str]) -> dict[str, dict[str, str]]:
     """``["rise.n_masks=500", ...]`` -> ``{"rise": {"n_masks": "500"}}``."""
-    from app.worker import parse_param_pairs
+    from attrlab.app.worker import parse_param_pairs
 
     params: dict[str, dict[str, str]] = {}
     for pair in pairs:
@@ -188,7 +188,7 @@ def _method_params(pairs: Sequence[str]) -> dict[str, dict[str, str]]:
 def _batch(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from app.batch import (
+    from attrlab.app.batch import (
         IMAGE_SUFFIXES,
         BatchConfig,
         ResultFile,
@@ -196,10 +196,10 @@ def _batch(args: argparse.Namespace) -> int:
         pending_rows,
         unique_ids,
     )
-    from app.worker import ExplainWorker
-    from attribution.errors import InvalidInputError
-    from attribution.methods import get_method
-    from attribution.params import validate_params
+    from attrlab.app.worker import ExplainWorker
+    from attrlab.attribution.errors import InvalidInputError
+    from attrlab.attribution.methods import get_method
+    from attrlab.attribution.params import validate_params
 
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     if not methods:
@@ -240,7 +240,7 @@ def _batch(args: argparse.Namespace) -> int:
     bar = tqdm(total=len(rows), unit="input", file=sys.stderr, dynamic_ncols=True)
     try:
         if args.engine == "ray":
-            from app.engine_ray import ray_batches
+            from attrlab.app.engine_ray import ray_batches
 
             batches = ray_batches(
                 rows,
@@ -273,7 +273,7 @@ def _batch(args: argparse.Namespace) -> int:
 
 def _first_request(config: Any) -> Any:
     """A one-instance request carrying the batch's methods and parameters, for validation."""
-    from app.worker import BatchRequest, Instance
+    from attrlab.app.worker import BatchRequest, Instance
 
     return BatchRequest(
         model=config.model,
@@ -292,8 +292,8 @@ def _batch_rows(path: str) -> Iterator[Any]:
     A line is ``{"id"?, "text" | "image": path relative to the file, "target"?}``; a row that
     cannot be read carries its problem, recorded as its result.
     """
-    from app.batch import IMAGE_SUFFIXES, DatasetRow, dataset_rows
-    from attribution.errors import InvalidInputError
+    from attrlab.app.batch import IMAGE_SUFFIXES, DatasetRow, dataset_rows
+    from attrlab.attribution.errors import InvalidInputError
 
     source = Path(path).expanduser()
     if source.is_dir():
@@ -312,8 +312,8 @@ def _batch_rows(path: str) -> Iterator[Any]:
 
 def _text_lines(file: Path, name: str) -> Iterator[tuple[int, str]]:
     """``(line number, line)`` of the non-blank lines of a UTF-8 text file."""
-    from app.batch import numbered_lines
-    from attribution.errors import InvalidInputError
+    from attrlab.app.batch import numbered_lines
+    from attrlab.attribution.errors import InvalidInputError
 
     try:
         text = file.read_text(encoding="utf-8")
@@ -331,8 +331,8 @@ def _jsonl_records(path: str, target: str | None) -> Iterator[tuple[Any, Any, st
     Every line is read before the first is yielded: a line that cannot be read (see
     :func:`~app.batch.dataset_line`) is refused, naming it, before any work is done.
     """
-    from app.batch import dataset_line
-    from attribution.errors import InvalidInputError
+    from attrlab.app.batch import dataset_line
+    from attrlab.attribution.errors import InvalidInputError
 
     file = Path(path).expanduser()
     if not file.is_file():
@@ -351,19 +351,19 @@ def _jsonl_records(path: str, target: str | None) -> Iterator[tuple[Any, Any, st
 
 def _dataset_items(path: str, target: str | None) -> Iterator[Any]:
     """One :class:`DatasetItem` per JSONL line."""
-    from attribution.layers import DatasetItem
+    from attrlab.attribution.layers import DatasetItem
 
     for raw, item_target, _ in _jsonl_records(path, target):
         yield DatasetItem(raw, item_target)
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from app.batch import IMAGE_SUFFIXES
-    from app.worker import ExplainWorker
-    from attribution.errors import InvalidInputError
-    from attribution.methods import available_methods
-    from attribution.metrics import EvalItem, bundled_items, evaluate_methods, summarise
-    from attribution.metrics.faithfulness import check_options
+    from attrlab.app.batch import IMAGE_SUFFIXES
+    from attrlab.app.worker import ExplainWorker
+    from attrlab.attribution.errors import InvalidInputError
+    from attrlab.attribution.methods import available_methods
+    from attrlab.attribution.metrics import EvalItem, bundled_items, evaluate_methods, summarise
+    from attrlab.attribution.metrics.faithfulness import check_options
 
     check_options(args.image_fill, args.text_removal)  # before the model loads
     _output_path(args.output)
@@ -421,7 +421,7 @@ def _output_path(path: str | None, folder: bool = False) -> Path | None:
 
     Its parent must exist and it must not be the other kind of thing.
     """
-    from attribution.errors import InvalidInputError
+    from attrlab.attribution.errors import InvalidInputError
 
     if path is None:
         return None
@@ -438,7 +438,7 @@ def _write_text(text: str, output: str | None) -> None:
     if output is None:
         print(text)
         return
-    from attribution.errors import InvalidInputError
+    from attrlab.attribution.errors import InvalidInputError
 
     try:
         Path(output).expanduser().write_text(text + "\n", encoding="utf-8")
@@ -450,7 +450,7 @@ def _write_table(table: Any, args: argparse.Namespace, as_text: Callable[[], str
     """The long table as the chosen ``--format``, to ``--output`` or stdout."""
     output = _output_path(args.output)
     if args.format == "parquet":
-        from attribution.errors import InvalidInputError
+        from attrlab.attribution.errors import InvalidInputError
 
         try:
             table.to_parquet(output, index=False)
@@ -466,8 +466,8 @@ def _write_table(table: Any, args: argparse.Namespace, as_text: Callable[[], str
 
 def _write_figures(explanation: Any, folder: Path, kind: str) -> None:
     """Every layer figure of ``explanation`` as ``folder/NAME.{html,png}``."""
-    from attribution.layers import HEAD_ESTIMATORS, agreement
-    from viz import (
+    from attrlab.attribution.layers import HEAD_ESTIMATORS, agreement
+    from attrlab.viz import (
         agreement_figure,
         export_figure,
         head_heatmap,
@@ -495,7 +495,7 @@ def _write_figures(explanation: Any, folder: Path, kind: str) -> None:
 
 def _read_image_file(path: str) -> bytes:
     """The bytes of the image file the user named (the only place attrlab opens a file)."""
-    from attribution.errors import InvalidInputError
+    from attrlab.attribution.errors import InvalidInputError
 
     file = Path(path).expanduser()
     if not file.is_file():  # also refuses devices and FIFOs, which could block or never end
@@ -507,7 +507,7 @@ def _read_image_file(path: str) -> bytes:
 
 
 def _models(_: argparse.Namespace) -> int:
-    from attribution.models import BUILTIN_MODELS
+    from attrlab.attribution.models import BUILTIN_MODELS
 
     for name, entry in BUILTIN_MODELS.items():
         print(f"{name:<20} {entry.modality:<6} {entry.description}")
@@ -516,7 +516,7 @@ def _models(_: argparse.Namespace) -> int:
 
 
 def _methods(args: argparse.Namespace) -> int:
-    from attribution.methods.catalog import catalog_entries
+    from attrlab.attribution.methods.catalog import catalog_entries
 
     # From the catalog: describing the methods imports none of them.
     described = [{k: v for k, v in e.items() if k != "module"} for e in catalog_entries()]
@@ -531,8 +531,8 @@ def _methods(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from app.server import serve
-    from app.settings import ServerSettings, parse_param_limits, split_list
+    from attrlab.app.server import serve
+    from attrlab.app.settings import ServerSettings, parse_param_limits, split_list
 
     settings = ServerSettings.for_server(
         models=frozenset(split_list(args.models)) if args.models else None,
@@ -562,7 +562,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _positive_int(text: str) -> int:
-    from app.settings import SettingsError, positive_int
+    from attrlab.app.settings import SettingsError, positive_int
 
     try:
         return positive_int(text, "the value")
@@ -809,7 +809,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; user errors print one line and exit with status 2."""
     args = build_parser().parse_args(argv)
     if args.command in ("explain", "layers", "evaluate", "check", "batch") and args.model is None:
-        from attribution.models import default_model
+        from attrlab.attribution.models import default_model
 
         image = getattr(args, "image", None) or getattr(args, "images", None)
         if args.command == "batch":

@@ -17,8 +17,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from app.batch import BatchConfig, DatasetRow, explain_rows
-from attribution.errors import AttrlabError
+from attrlab.app.batch import BatchConfig, DatasetRow, explain_rows
+from attrlab.attribution.errors import AttrlabError
 
 __all__ = ["RayEngineError", "ray_batches"]
 
@@ -33,7 +33,7 @@ class ExplainActor:
     def __init__(self, config: dict[str, Any]) -> None:
         import torch
 
-        from app.worker import ExplainWorker
+        from attrlab.app.worker import ExplainWorker
 
         torch.set_num_threads(max(1, int(os.environ.get("ATTRLAB_ACTOR_THREADS", "1"))))
         self.config = BatchConfig(**config)

@@ -5,14 +5,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from app.worker import (
+from attrlab.app.worker import (
     InstanceFailedError,
     JobTableBusyError,
     QueueFullError,
     TooSlowError,
     WorkerClosedError,
 )
-from attribution.errors import (
+from attrlab.attribution.errors import (
     AttrlabError,
     BudgetExceededError,
     DeviceMemoryError,

@@ -32,13 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from app.errors import error_record
+from attrlab.app.errors import error_record
 
 try:
     import fcntl
 except ImportError:  # not POSIX: one server per data folder, unchecked
     fcntl = None  # type: ignore[assignment]
-from app.worker import (
+from attrlab.app.worker import (
     BatchRequest,
     ExplainWorker,
     InstanceResults,
@@ -47,7 +47,7 @@ from app.worker import (
     QueueFullError,
     WorkerClosedError,
 )
-from attribution.errors import AttrlabError, JobCancelledError
+from attrlab.attribution.errors import AttrlabError, JobCancelledError
 
 __all__ = [
     "DAMAGED",

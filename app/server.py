@@ -14,11 +14,11 @@ import gradio as gr
 from fastapi import FastAPI
 from PIL import Image
 
-from app.api import ApiGuard, build_router, install_error_handlers, job_parser
-from app.jobs import JobRunner, JobStore, UnreadableJobsError, set_aside
-from app.settings import ServerSettings, SettingsError
-from app.ui import build_ui
-from app.worker import ExplainWorker, JobTableBusyError
+from attrlab.app.api import ApiGuard, build_router, install_error_handlers, job_parser
+from attrlab.app.jobs import JobRunner, JobStore, UnreadableJobsError, set_aside
+from attrlab.app.settings import ServerSettings, SettingsError
+from attrlab.app.ui import build_ui
+from attrlab.app.worker import ExplainWorker, JobTableBusyError
 
 __all__ = ["bound_image_decoding", "create_app", "open_jobs", "page_login", "serve"]
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from attribution.errors import (
+from attrlab.attribution.errors import (
     AttrlabError,
     InputTooLargeError,
     InvalidInputError,
@@ -23,9 +23,9 @@ from attribution.errors import (
     UnknownModelError,
     require_unicode,
 )
-from attribution.models import BUILTIN_MODELS
-from attribution.models.folders import resolves_inside
-from attribution.models.images import max_image_pixels
+from attrlab.attribution.models import BUILTIN_MODELS
+from attrlab.attribution.models.folders import resolves_inside
+from attrlab.attribution.models.images import max_image_pixels
 
 __all__ = [
     "ModelSource",

@@ -29,6 +29,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any, TypeVar
 
 try:  # first, as ZeroGPU asks: it patches torch before anything imports it
@@ -36,19 +37,23 @@ try:  # first, as ZeroGPU asks: it patches torch before anything imports it
 except ImportError:  # not a Space, or a Space without ZeroGPU
     spaces = None
 
-if __package__ in (None, ""):  # run as a file, as a Space runs its app_file
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):
+    # Run as a file, as a Space runs its app_file from the tree without installing it: the tree's
+    # root is the package `attrlab` (installed, its folders are attrlab's subpackages).
+    _tree = ModuleType("attrlab")
+    _tree.__path__ = [str(Path(__file__).resolve().parents[1])]
+    sys.modules["attrlab"] = _tree
 
 import gradio as gr
 from pydantic import ValidationError
 
-from app.api import ApiGuard, ExplainBody
-from app.errors import public_message, validation_problems
-from app.jobs import instance_json
-from app.server import bound_image_decoding, page_login
-from app.settings import ServerSettings, SettingsError
-from app.ui import build_ui
-from app.worker import (
+from attrlab.app.api import ApiGuard, ExplainBody
+from attrlab.app.errors import public_message, validation_problems
+from attrlab.app.jobs import instance_json
+from attrlab.app.server import bound_image_decoding, page_login
+from attrlab.app.settings import ServerSettings, SettingsError
+from attrlab.app.ui import build_ui
+from attrlab.app.worker import (
     EstimateRequest,
     ExplainRequest,
     ExplainWorker,
@@ -57,10 +62,10 @@ from app.worker import (
     WorkerRequest,
     lighter,
 )
-from attribution.errors import AttrlabError
-from attribution.methods import get_method
-from attribution.params import validate_params
-from attribution.run import ProgressCallback
+from attrlab.attribution.errors import AttrlabError
+from attrlab.attribution.methods import get_method
+from attrlab.attribution.params import validate_params
+from attrlab.attribution.run import ProgressCallback
 
 __all__ = ["FIRST_SLOT_S", "SpaceRunner", "build_space"]
 

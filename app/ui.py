@@ -39,9 +39,9 @@ from gradio.exceptions import InvalidPathError
 from gradio_client import utils as client_utils
 from pydantic import ValidationError
 
-from app.errors import public_message
-from app.settings import MAX_SEED
-from app.worker import (
+from attrlab.app.errors import public_message
+from attrlab.app.settings import MAX_SEED
+from attrlab.app.worker import (
     CheckRequest,
     ExplainRequest,
     ExplainWorker,
@@ -49,13 +49,13 @@ from app.worker import (
     PreviewRequest,
     WorkerRequest,
 )
-from attribution.compare import MapChange, compare_explanations, occluded
-from attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
-from attribution.explanation import Explanation
-from attribution.methods import get_method
-from attribution.methods.catalog import catalog_entries
-from attribution.models import BUILTIN_MODELS, default_model, load_image
-from attribution.run import ProgressCallback
+from attrlab.attribution.compare import MapChange, compare_explanations, occluded
+from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
+from attrlab.attribution.explanation import Explanation
+from attrlab.attribution.methods import get_method
+from attrlab.attribution.methods.catalog import catalog_entries
+from attrlab.attribution.models import BUILTIN_MODELS, default_model, load_image
+from attrlab.attribution.run import ProgressCallback
 
 __all__ = [
     "PageRunner",
@@ -444,8 +444,8 @@ def _detail_views(explanation: Explanation) -> list[str]:
 
 
 def _detail_figure(result: Result, choice: str) -> Any:
-    from viz import conservation_gauge, image_figure, positional_figure_tokens, token_figure
-    from viz.image import std_error_figure
+    from attrlab.viz import conservation_gauge, image_figure, positional_figure_tokens, token_figure
+    from attrlab.viz.image import std_error_figure
 
     method, _, view = choice.partition(" · ")
     explanation = result.explanations[method]
@@ -477,7 +477,7 @@ def _summary(result: Result) -> dict[str, Any]:
 
 def _figures(result: Result) -> dict[str, Any]:
     """Every figure of a run, for the export."""
-    from viz import (
+    from attrlab.viz import (
         image_grid_figure,
         method_agreement_figure,
         randomisation_figure,
@@ -501,8 +501,8 @@ def _figures(result: Result) -> dict[str, Any]:
 
 def _pages(result: Result) -> dict[str, str]:
     """The page's HTML views of a run: token columns, trust cards, the comparison."""
-    from viz import change_html, token_columns_html
-    from viz.trust import trust_card_html
+    from attrlab.viz import change_html, token_columns_html
+    from attrlab.viz.trust import trust_card_html
 
     pages = {"trust_cards": "".join(trust_card_html(e) for e in result.explanations.values())}
     if result.image is None:
@@ -648,7 +648,7 @@ def page_folder(kind: str) -> Path:
 
 def export_bundle(result: Result, png: bool = True) -> Path:
     """The run as a zip: Explanation JSON and arrays per method, figures, pages, inputs."""
-    from viz.bundle import write_bundle
+    from attrlab.viz.bundle import write_bundle
 
     folder = page_folder("export") / "attrlab-export"
     folder.mkdir()
@@ -970,7 +970,7 @@ def _explain_tab(
             )
             result = Result(check.explanations, check.agreement, check.randomisation)
         if spec.modality == "image":
-            from viz.image import display_copy
+            from attrlab.viz.image import display_copy
 
             result.image = display_copy(base["image"])
             result.image_size = (base["image"].height, base["image"].width)
@@ -991,9 +991,9 @@ def _explain_tab(
         return show(result, request)
 
     def show(result: Result, request: gr.Request | None) -> list[Any]:
-        from viz import image_grid_figure, method_agreement_figure, randomisation_figure
-        from viz.text import token_columns_html
-        from viz.trust import trust_card_html
+        from attrlab.viz import image_grid_figure, method_agreement_figure, randomisation_figure
+        from attrlab.viz.text import token_columns_html
+        from attrlab.viz.trust import trust_card_html
 
         if result.image is not None:
             shown_maps = image_grid_figure(result.explanations, result.image, 0.55)
@@ -1102,7 +1102,7 @@ def _explain_tab(
 
         @readable
         def redraw_maps(alpha: float, result: Result | None) -> Any:
-            from viz import image_grid_figure
+            from attrlab.viz import image_grid_figure
 
             if result is None or result.image is None:
                 raise gr.Error("run an explanation first; the slider sets its maps' opacity")
@@ -1209,7 +1209,7 @@ def _changes(previous: Result, result: Result) -> dict[str, MapChange]:
 
 def _comparison_view(result: Result) -> Any:
     """The comparison shown under the maps (hidden without one)."""
-    from viz import change_figure, change_html
+    from attrlab.viz import change_figure, change_html
 
     if not result.changes:
         return gr.update(value=None, visible=False)
@@ -1248,14 +1248,14 @@ def _example_texts(next_token: bool) -> list[list[str]]:
             [SAMPLE_PROMPT],
             ["When Mary and John went to the store, John gave a drink to"],
         ]
-    lines = resources.files("assets").joinpath("sentiment_samples.txt").read_text("utf-8")
+    lines = resources.files("attrlab.assets").joinpath("sentiment_samples.txt").read_text("utf-8")
     return [[line.split("\t")[0]] for line in lines.splitlines() if line.strip()][:4]
 
 
 def _example_images() -> list[Path]:
     from importlib import resources
 
-    folder = resources.files("assets").joinpath("eval", "images")
+    folder = resources.files("attrlab.assets").joinpath("eval", "images")
     return sorted(Path(str(p)) for p in folder.iterdir() if p.name.endswith(".jpg"))[:4]
 
 
@@ -1270,8 +1270,8 @@ def build_ui(
     ``run`` runs a request and ``cost`` gives a method's line shown before Run (defaults: the
     worker's queue, and its estimate; a ZeroGPU Space gives its slots and their prices).
     """
-    from app.ui_batch import batch_tab, evaluate_tab
-    from app.ui_layers import layers_tab
+    from attrlab.app.ui_batch import batch_tab, evaluate_tab
+    from attrlab.app.ui_layers import layers_tab
 
     upload_folder()  # before any component: each reads Gradio's folder when made
     runner = PageRunner(worker, run)

@@ -13,7 +13,7 @@ from typing import Any
 
 import gradio as gr
 
-from app.batch import (
+from attrlab.app.batch import (
     IMAGE_SUFFIXES,
     DatasetRow,
     dataset_rows,
@@ -21,8 +21,8 @@ from app.batch import (
     result_rows,
     unique_ids,
 )
-from app.jobs import instance_json
-from app.ui import (
+from attrlab.app.jobs import instance_json
+from attrlab.app.ui import (
     label_list,
     labels_for,
     method_entries,
@@ -32,9 +32,9 @@ from app.ui import (
     received_input,
     sample_labels,
 )
-from app.worker import MAX_CURVE_STEPS, MAX_ORDERS, BatchRequest, EvaluateRequest, Instance
-from attribution.errors import InvalidInputError
-from attribution.models import BUILTIN_MODELS, default_model
+from attrlab.app.worker import MAX_CURVE_STEPS, MAX_ORDERS, BatchRequest, EvaluateRequest, Instance
+from attrlab.attribution.errors import InvalidInputError
+from attrlab.attribution.models import BUILTIN_MODELS, default_model
 
 __all__ = ["batch_tab", "evaluate_tab", "uploaded_rows"]
 
@@ -51,7 +51,7 @@ def _classifiers(modality: str) -> list[str]:
 
 def evaluate_tab(runner: Any) -> None:
     """Every chosen method on the bundled examples, scored for faithfulness."""
-    from attribution.metrics.leaderboard import bundled_items
+    from attrlab.attribution.metrics.leaderboard import bundled_items
 
     counts = {m: len(bundled_items(m)) for m in ("text", "image")}
     gr.Markdown(
@@ -119,8 +119,8 @@ def evaluate_tab(runner: Any) -> None:
         request: gr.Request,
         progress=gr.Progress(),  # noqa: B008
     ):
-        from attribution.metrics.leaderboard import summarise
-        from viz.evaluate import leaderboard_figure
+        from attrlab.attribution.metrics.leaderboard import summarise
+        from attrlab.viz.evaluate import leaderboard_figure
 
         if not chosen:
             raise gr.Error("choose at least one method")
@@ -242,7 +242,7 @@ def _bounded(rows: Iterable[DatasetRow], max_rows: int | None) -> list[DatasetRo
 def _example_dataset() -> Path:
     from importlib import resources
 
-    return Path(str(resources.files("assets").joinpath("examples", "reviews.jsonl")))
+    return Path(str(resources.files("attrlab.assets").joinpath("examples", "reviews.jsonl")))
 
 
 def _utf8(data: bytes, name: str) -> str:
@@ -300,7 +300,7 @@ def batch_tab(runner: Any) -> None:
     ):
         import pyarrow as pa
 
-        from app.batch import parquet_file, result_table
+        from attrlab.app.batch import parquet_file, result_table
 
         if not chosen:
             raise gr.Error("choose at least one method")

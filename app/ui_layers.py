@@ -13,7 +13,7 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from app.ui import (
+from attrlab.app.ui import (
     SAMPLE_PROMPT,
     SAMPLE_TEXT,
     label_list,
@@ -22,10 +22,10 @@ from app.ui import (
     readable,
     sample_labels,
 )
-from app.worker import AblationRequest, ExplainRequest
-from attribution.errors import InvalidParameterError
-from attribution.explanation import Explanation
-from attribution.models import BUILTIN_MODELS, default_model
+from attrlab.app.worker import AblationRequest, ExplainRequest
+from attrlab.attribution.errors import InvalidParameterError
+from attrlab.attribution.explanation import Explanation
+from attrlab.attribution.models import BUILTIN_MODELS, default_model
 
 __all__ = ["format_heads", "layers_tab", "parse_heads"]
 
@@ -63,7 +63,7 @@ def _head_measures(table: pd.DataFrame) -> list[str]:
 
 def layers_tab(runner: Any) -> None:
     """Build the tab; ``runner`` is the page's :class:`app.ui.PageRunner`."""
-    from attribution.layers import MEASURES
+    from attrlab.attribution.layers import MEASURES
 
     models = [name for name, m in BUILTIN_MODELS.items() if m.modality == "text"]
     last = gr.State(None)  # (the analysis Explanation, the request's fields)
@@ -165,9 +165,9 @@ def layers_tab(runner: Any) -> None:
         request: gr.Request,
         progress=gr.Progress(),  # noqa: B008
     ):
-        from attribution.layers import HEAD_ESTIMATORS
-        from attribution.layers import agreement as estimator_agreement
-        from viz import agreement_figure, layer_lines
+        from attrlab.attribution.layers import HEAD_ESTIMATORS
+        from attrlab.attribution.layers import agreement as estimator_agreement
+        from attrlab.viz import agreement_figure, layer_lines
 
         if not measures_:
             raise gr.Error("choose at least one measure")
@@ -180,7 +180,7 @@ def layers_tab(runner: Any) -> None:
         shown_measure = head_names[0] if head_names else None
         highlighted = None
         if explanation.tokens is not None:
-            from viz import token_highlights
+            from attrlab.viz import token_highlights
 
             highlighted = token_highlights(explanation)
         state = (explanation, {**base, "target": explanation.target.index})
@@ -240,8 +240,8 @@ def layers_tab(runner: Any) -> None:
 
     @readable
     def run_ablation(shown: str, method_: str, state, request: gr.Request, progress=gr.Progress()):  # noqa: B008
-        from viz import ablation_figure, attention_figure
-        from viz.text import token_columns_html
+        from attrlab.viz import ablation_figure, attention_figure
+        from attrlab.viz.text import token_columns_html
 
         if state is None:
             raise gr.Error("analyse an input first; ablation re-runs its prediction")
@@ -282,7 +282,7 @@ def layers_tab(runner: Any) -> None:
 
     @readable
     def clicked_token(evt: gr.SelectData, state):
-        from viz import token_layers_figure
+        from attrlab.viz import token_layers_figure
 
         if state is None:
             return None
@@ -297,7 +297,7 @@ def layers_tab(runner: Any) -> None:
 
 def _positional_view(table: pd.DataFrame) -> Any:
     """PA-LRP's token against positional relevance per layer, where the model has both."""
-    from viz import positional_figure
+    from attrlab.viz import positional_figure
 
     found = set(table["measure"])
     if not {"lrp_block", "positional_relevance"} <= found:
@@ -306,7 +306,7 @@ def _positional_view(table: pd.DataFrame) -> Any:
 
 
 def _head_views(table: pd.DataFrame, measure: str | None) -> list[Any]:
-    from viz import head_grid_table, head_heatmap
+    from attrlab.viz import head_grid_table, head_heatmap
 
     if measure is None:
         return [None, None]

@@ -21,29 +21,29 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import torch
 from transformers.utils import logging as hf_logging
 
-from app.settings import ServerSettings
-from attribution import explain, load
-from attribution.errors import (
+from attrlab.app.settings import ServerSettings
+from attrlab.attribution import explain, load
+from attrlab.attribution.errors import (
     AttrlabError,
     InvalidInputError,
     InvalidParameterError,
     JobCancelledError,
 )
-from attribution.explanation import Explanation
-from attribution.methods import get_method
-from attribution.models import DEFAULT_MODELS, Adapter, Inputs, load_image
-from attribution.models.loading import resolve_device
-from attribution.params import validate_params
-from attribution.run import ProgressCallback, stop_if_cancelled
+from attrlab.attribution.explanation import Explanation
+from attrlab.attribution.methods import get_method
+from attrlab.attribution.models import DEFAULT_MODELS, Adapter, Inputs, load_image
+from attrlab.attribution.models.loading import resolve_device
+from attrlab.attribution.params import validate_params
+from attrlab.attribution.run import ProgressCallback, stop_if_cancelled
 
 if TYPE_CHECKING:  # imported where used: a plain explanation needs none of them
     import pandas as pd
 
-    from attribution.estimate import Estimate
-    from attribution.explain import Preview
-    from attribution.layers import HeadAblation
-    from attribution.metrics import EvalItem
-    from attribution.metrics.check import MethodCheck
+    from attrlab.attribution.estimate import Estimate
+    from attrlab.attribution.explain import Preview
+    from attrlab.attribution.layers import HeadAblation
+    from attrlab.attribution.metrics import EvalItem
+    from attrlab.attribution.metrics.check import MethodCheck
 
 __all__ = [
     "MAX_ABLATED_HEADS",
@@ -218,7 +218,7 @@ class EstimateRequest(InputRequest["Estimate"]):
 
     def run_on(self, adapter: Adapter, run: JobContext) -> Estimate:
         """The estimate (the first on a model and input size calibrates it)."""
-        from attribution.estimate import estimate
+        from attrlab.attribution.estimate import estimate
 
         return estimate(adapter, self.method, run.prepare(self), self.params, self.evaluate)
 
@@ -240,7 +240,7 @@ def _refuse_if_slow(
     """
     if run.max_seconds is None:
         return
-    from attribution.estimate import estimate
+    from attrlab.attribution.estimate import estimate
 
     cost = estimate(adapter, method, inputs, params, evaluate)
     if cost.seconds * times > run.max_seconds:
@@ -285,8 +285,8 @@ class CheckRequest(InputRequest["MethodCheck"]):
 
     def run_on(self, adapter: Adapter, run: JobContext) -> MethodCheck:
         """The explanations, their agreement and the randomisation checks."""
-        from attribution.metrics.check import check_methods
-        from attribution.metrics.randomisation import cascading_units
+        from attrlab.attribution.metrics.check import check_methods
+        from attrlab.attribution.metrics.randomisation import cascading_units
 
         inputs = run.prepare(self)
         runs = 1 + (len(cascading_units(adapter)) if self.randomise else 0)
@@ -327,7 +327,7 @@ class PreviewRequest(InputRequest["Preview"]):
 
     def run_on(self, adapter: Adapter, run: JobContext) -> Preview:
         """The top predictions (one forward pass) and each method's applicability."""
-        from attribution.explain import preview
+        from attrlab.attribution.explain import preview
 
         return preview(adapter, run.prepare(self))
 
@@ -374,7 +374,7 @@ class AblationRequest(InputRequest["HeadAblation"]):
 
     def run_on(self, adapter: Adapter, run: JobContext) -> HeadAblation:
         """Both maps (refused first when their estimate is over the server's seconds)."""
-        from attribution.layers import ablate_heads_and_explain
+        from attrlab.attribution.layers import ablate_heads_and_explain
 
         inputs = run.prepare(self)
         _refuse_if_slow(adapter, self.method, inputs, self.params, False, run, times=2)
@@ -413,7 +413,7 @@ class EvaluateRequest(WorkerRequest["pd.DataFrame"]):
 
     def check(self, settings: ServerSettings) -> None:
         """A known modality, methods, items and curve sizes within bounds, readable inputs."""
-        from attribution.metrics import SCORES
+        from attrlab.attribution.metrics import SCORES
 
         super().check(settings)
         if self.modality not in SCORES:
@@ -455,7 +455,7 @@ class EvaluateRequest(WorkerRequest["pd.DataFrame"]):
 
         ``read`` decodes an uploaded one within the server's bounds (without it, as uploaded).
         """
-        from attribution.metrics import EvalItem, bundled_items
+        from attrlab.attribution.metrics import EvalItem, bundled_items
 
         if self.instances:
             chosen = self.instances[: self.items]
@@ -497,7 +497,7 @@ class EvaluateRequest(WorkerRequest["pd.DataFrame"]):
 
     def run_on(self, adapter: Adapter, run: JobContext) -> pd.DataFrame:
         """The per-item table (refused first when its estimate is over the server's seconds)."""
-        from attribution.metrics import evaluate_methods
+        from attrlab.attribution.metrics import evaluate_methods
 
         if adapter.modality != self.modality:
             raise InvalidInputError(

@@ -9,24 +9,24 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from attribution.errors import AttrlabError
-from attribution.lazy import lazy_exports
+from attrlab.attribution.errors import AttrlabError
+from attrlab.attribution.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from attribution.explain import explain
-    from attribution.explanation import Explanation
-    from attribution.methods.registry import available_methods, get_method
-    from attribution.models.loading import load
+    from attrlab.attribution.explain import explain
+    from attrlab.attribution.explanation import Explanation
+    from attrlab.attribution.methods.registry import available_methods, get_method
+    from attrlab.attribution.models.loading import load
 
 __all__ = ["AttrlabError", "Explanation", "available_methods", "explain", "get_method", "load"]
 
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
-        "explain": "attribution.explain",
-        "Explanation": "attribution.explanation",
-        "available_methods": "attribution.methods.registry",
-        "get_method": "attribution.methods.registry",
-        "load": "attribution.models.loading",
+        "explain": "attrlab.attribution.explain",
+        "Explanation": "attrlab.attribution.explanation",
+        "available_methods": "attrlab.attribution.methods.registry",
+        "get_method": "attrlab.attribution.methods.registry",
+        "load": "attrlab.attribution.models.loading",
     },
 )

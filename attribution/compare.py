@@ -14,8 +14,8 @@ from difflib import SequenceMatcher
 
 import numpy as np
 
-from attribution.errors import InvalidInputError
-from attribution.explanation import Explanation
+from attrlab.attribution.errors import InvalidInputError
+from attrlab.attribution.explanation import Explanation
 
 __all__ = ["MapChange", "compare_explanations", "occluded"]
 

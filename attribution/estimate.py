@@ -20,11 +20,11 @@ from typing import Any
 
 import torch
 
-from attribution.errors import DeviceMemoryError, UnsupportedMethodError
-from attribution.methods import get_method
-from attribution.models.base import Adapter, Inputs
-from attribution.params import validate_params
-from attribution.perturb import auto_batch_size, repeated
+from attrlab.attribution.errors import DeviceMemoryError, UnsupportedMethodError
+from attrlab.attribution.methods import get_method
+from attrlab.attribution.models.base import Adapter, Inputs
+from attrlab.attribution.params import validate_params
+from attrlab.attribution.perturb import auto_batch_size, repeated
 
 __all__ = ["Calibration", "Estimate", "calibrate", "estimate"]
 
@@ -123,7 +123,9 @@ class Calibration:
             return self._seconds[kind, width]
 
     def _measure(self, kind: str, width: int) -> float:
-        from attribution.explain import explain  # explain imports the methods, which import this
+        from attrlab.attribution.explain import (
+            explain,  # explain imports the methods, which import this
+        )
 
         adapter, inputs = self.adapter, self.inputs
         cuda = adapter.device.type == "cuda"
@@ -205,7 +207,7 @@ def estimate(
     Raises:
         UnknownMethodError, UnsupportedMethodError, InvalidParameterError: as ``explain``.
     """
-    from attribution.metrics.faithfulness import faithfulness_passes
+    from attrlab.attribution.metrics.faithfulness import faithfulness_passes
 
     method_cls = get_method(method)
     reason = method_cls.unsupported_reason(adapter)

@@ -11,12 +11,12 @@ from typing import Any
 
 import torch
 
-from attribution.errors import DeviceMemoryError, UnsupportedMethodError
-from attribution.explanation import Explanation, ModelInfo, Prediction, Target, Timings
-from attribution.methods import get_method
-from attribution.models.base import Adapter, Inputs, TextInputs
-from attribution.params import validate_params
-from attribution.run import ProgressCallback, RunContext, cancellable_forwards
+from attrlab.attribution.errors import DeviceMemoryError, UnsupportedMethodError
+from attrlab.attribution.explanation import Explanation, ModelInfo, Prediction, Target, Timings
+from attrlab.attribution.methods import get_method
+from attrlab.attribution.models.base import Adapter, Inputs, TextInputs
+from attrlab.attribution.params import validate_params
+from attrlab.attribution.run import ProgressCallback, RunContext, cancellable_forwards
 
 __all__ = ["Preview", "explain", "input_logits", "predictions", "preview"]
 
@@ -73,7 +73,9 @@ def explain(
         result = method_cls.attribute(adapter, inputs, index, checked, run)
         run.attentions = None  # every layer's T × T maps: not kept through the trust scoring
         if evaluate:
-            from attribution.metrics import faithfulness  # metrics explain through this module
+            from attrlab.attribution.metrics import (
+                faithfulness,  # metrics explain through this module
+            )
 
             scored = faithfulness(adapter, inputs, result.scores, index, run=run)
             result.metrics.update(scored.metrics)

@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from attribution.errors import InvalidParameterError
+from attrlab.attribution.errors import InvalidParameterError
 
 __all__ = ["Param", "parse_param_value", "power_of_two", "validate_params", "whole_float_as_int"]
 

@@ -22,9 +22,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from attribution.errors import DeviceMemoryError, InvalidInputError, InvalidParameterError
-from attribution.imputation import noisy_linear_imputation
-from attribution.masks import (
+from attrlab.attribution.errors import DeviceMemoryError, InvalidInputError, InvalidParameterError
+from attrlab.attribution.imputation import noisy_linear_imputation
+from attrlab.attribution.masks import (
     CellMasks,
     GridMasks,
     SegmentMasks,
@@ -32,8 +32,8 @@ from attribution.masks import (
     slic_segments,
     upsample,
 )
-from attribution.models.base import Adapter, Inputs, TextInputs, text_adapter
-from attribution.run import RunContext
+from attrlab.attribution.models.base import Adapter, Inputs, TextInputs, text_adapter
+from attrlab.attribution.run import RunContext
 
 __all__ = [
     "IMAGE_PERTURBATIONS",

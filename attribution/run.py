@@ -12,10 +12,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from attribution.errors import BudgetExceededError, JobCancelledError, UnsupportedMethodError
+from attrlab.attribution.errors import (
+    BudgetExceededError,
+    JobCancelledError,
+    UnsupportedMethodError,
+)
 
 if TYPE_CHECKING:
-    from attribution.models.base import Adapter, Inputs
+    from attrlab.attribution.models.base import Adapter, Inputs
 
 __all__ = ["ProgressCallback", "RunContext", "cancellable_forwards", "stop_if_cancelled"]
 

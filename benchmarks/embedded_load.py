@@ -23,7 +23,7 @@ from _tables import print_table
 CHILD = """
 import time, torch
 torch.set_num_threads(2)
-from attribution.models import load
+from attrlab.attribution.models import load
 start = time.perf_counter()
 load({alias!r}, device="cpu")
 print(time.perf_counter() - start)

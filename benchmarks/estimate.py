@@ -24,9 +24,9 @@ from _tables import print_table
 from skimage import data
 from stand_ins import load_for_benchmark
 
-from attribution import explain
-from attribution.estimate import estimate
-from attribution.methods import get_method
+from attrlab.attribution import explain
+from attrlab.attribution.estimate import estimate
+from attrlab.attribution.methods import get_method
 
 CASES = (
     ("minilm-zeroshot", "A warm, funny and moving film with a cast that clearly enjoyed it."),

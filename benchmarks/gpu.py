@@ -34,8 +34,8 @@ from _timing import text_of
 from skimage import data
 from stand_ins import load_for_benchmark
 
-from attribution import explain
-from attribution.perturb import auto_batch_size, forward_row_bytes, repeated
+from attrlab.attribution import explain
+from attrlab.attribution.perturb import auto_batch_size, forward_row_bytes, repeated
 
 
 def _timed(device: torch.device, call: Callable[[], Any]) -> tuple[float, int | None]:
@@ -137,7 +137,7 @@ def _cuda_checks(device: torch.device) -> list[tuple[str, str]]:
     """The CUDA path's properties; an assertion fails the script if one does not hold."""
     import numpy as np
 
-    from app.worker import ExplainRequest, ExplainWorker
+    from attrlab.app.worker import ExplainRequest, ExplainWorker
 
     checks = []
     adapter, spec = load_for_benchmark("efficientnet-lite0", str(device))
@@ -197,8 +197,8 @@ def _vit_b16(device: torch.device) -> Any:
     """A ViT-B/16-shaped random model (224², 16-pixel patches, 12 layers of width 768)."""
     import transformers as tf
 
-    from attribution.models.images import ImageTransform
-    from attribution.models.vision import ViTAdapter
+    from attrlab.attribution.models.images import ImageTransform
+    from attrlab.attribution.models.vision import ViTAdapter
 
     config = tf.ViTConfig(image_size=224, patch_size=16, num_labels=1000)
     config._attn_implementation = "eager"

@@ -21,9 +21,9 @@ import numpy as np
 import torch
 from _tables import print_table
 
-from attribution.layers import HEAD_ESTIMATORS, agreement, analyze_layers, joint_ablation
-from attribution.layers.agreement import head_ranking
-from attribution.models import load
+from attrlab.attribution.layers import HEAD_ESTIMATORS, agreement, analyze_layers, joint_ablation
+from attrlab.attribution.layers.agreement import head_ranking
+from attrlab.attribution.models import load
 
 CASES = (
     ("smollm2-135m", "When Mary and John went to the store, John gave a drink to", " Mary", None),

@@ -25,7 +25,7 @@ from _tables import print_table
 from _timing import best_seconds, forward, forward_backward, text_of
 from stand_ins import load_for_benchmark
 
-from attribution.layers import MEASURES, analyze_layers
+from attrlab.attribution.layers import MEASURES, analyze_layers
 
 CASES = (("minilm-zeroshot", 64), ("smollm2-135m", 32))
 

@@ -27,10 +27,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch
 from _tables import print_table
 
-from attribution import explain
-from attribution.methods import available_methods
-from attribution.metrics import SCORES, bundled_items, evaluate_methods, summarise
-from attribution.models import load
+from attrlab.attribution import explain
+from attrlab.attribution.methods import available_methods
+from attrlab.attribution.metrics import SCORES, bundled_items, evaluate_methods, summarise
+from attrlab.attribution.models import load
 
 #: Each sampling method with its cap and the tolerance compared against it.
 CONVERGENCE = (

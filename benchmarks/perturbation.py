@@ -25,10 +25,10 @@ import torch
 from _tables import print_table
 from skimage import data
 
-import attribution
-from attribution.masks import ShiftedGridMasks
-from attribution.models.base import Adapter, Inputs
-from attribution.perturb import TextPerturbation, perturbation_for
+from attrlab import attribution
+from attrlab.attribution.masks import ShiftedGridMasks
+from attrlab.attribution.models.base import Adapter, Inputs
+from attrlab.attribution.perturb import TextPerturbation, perturbation_for
 
 SENTENCE = "I absolutely loved this wonderful film, though the ending dragged on a little."
 IMAGE_BATCH = 16

@@ -51,8 +51,8 @@ from _tables import print_table
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from attribution import explain
-from attribution.models import Adapter, load
+from attrlab.attribution import explain
+from attrlab.attribution.models import Adapter, load
 
 MODEL = "minilm-zeroshot"
 TEXTS = [
@@ -87,7 +87,16 @@ def _server(threads: int, floor: bool = False) -> tuple[subprocess.Popen, str]:
     if floor:
         command = [sys.executable, __file__, "--floor-server", str(port)]
     else:
-        command = [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--device", "cpu"]
+        command = [
+            sys.executable,
+            "-m",
+            "attrlab.app.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--device",
+            "cpu",
+        ]
     # The log goes to a file: a pipe nobody reads would stall the server once it fills.
     log = Path(env["ATTRLAB_DATA"]) / "server.log"
     with log.open("wb") as stream:  # the child keeps its own copy of the file
@@ -359,7 +368,7 @@ def batch_engines() -> None:
         command = [
             sys.executable,
             "-m",
-            "app.cli",
+            "attrlab.app.cli",
             "batch",
             "--model",
             MODEL,

@@ -27,7 +27,7 @@ STAND_INS = {
 
 def export(folder: Path) -> None:
     """Write each model's config and tokenizer (from the embedded model) under ``folder``."""
-    from attribution.models import load
+    from attrlab.attribution.models import load
 
     for spec, head in STAND_INS.items():
         adapter = load(spec, device="cpu")
@@ -61,7 +61,7 @@ def build(folder: Path) -> None:
 
 def load_for_benchmark(spec: str, device: str) -> tuple[Any, str]:
     """The embedded model, or its stand-in under ``ATTRLAB_STAND_INS``; and how to label it."""
-    from attribution.models import load
+    from attrlab.attribution.models import load
 
     folder = Path(os.environ.get("ATTRLAB_STAND_INS", "/nonexistent")) / spec
     if (folder / "config.json").exists() and any(folder.glob("*.safetensors")):

@@ -36,10 +36,10 @@ from _tables import print_table
 from _timing import best_seconds, forward, forward_backward, text_of
 from torch.profiler import ProfilerActivity, profile
 
-from attribution.methods import available_methods
-from attribution.models import load
-from attribution.params import validate_params
-from attribution.run import RunContext
+from attrlab.attribution.methods import available_methods
+from attrlab.attribution.models import load
+from attrlab.attribution.params import validate_params
+from attrlab.attribution.run import RunContext
 
 METHODS = ("rollout", "attnlrp", "pa_lrp", "deeplift", "attention_flow")
 FLOW_TOKENS = 64

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
-from app.settings import ServerSettings
+from attrlab.app.settings import ServerSettings
 
 
 def job_settings(data: Path, model: str, **overrides) -> ServerSettings:

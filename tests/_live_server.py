@@ -28,7 +28,16 @@ def running_server(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    argv = [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--device", "cpu"]
+    argv = [
+        sys.executable,
+        "-m",
+        "attrlab.app.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+    ]
     with log.open("w") as stderr:
         process = subprocess.Popen(
             [*argv, *flags], env=dict(env), stdout=subprocess.DEVNULL, stderr=stderr

@@ -10,10 +10,10 @@ from skimage import data
 from torch import nn
 from transformers.modeling_outputs import SequenceClassifierOutput
 
-from attribution.models.builtin import IMAGENET_MEAN
-from attribution.models.images import ImageTransform
-from attribution.models.text import TextClassifierAdapter
-from attribution.models.vision import CNNAdapter
+from attrlab.attribution.models.builtin import IMAGENET_MEAN
+from attrlab.attribution.models.images import ImageTransform
+from attrlab.attribution.models.text import TextClassifierAdapter
+from attrlab.attribution.models.vision import CNNAdapter
 
 SIZE = 32
 QUADRANTS = {

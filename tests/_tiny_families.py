@@ -6,9 +6,9 @@ import torch
 import transformers as tf
 from torch import nn
 
-from attribution.models.images import ImageTransform
-from attribution.models.text import DecoderLMAdapter, TextClassifierAdapter
-from attribution.models.vision import CLIPZeroShotAdapter, ViTAdapter
+from attrlab.attribution.models.images import ImageTransform
+from attrlab.attribution.models.text import DecoderLMAdapter, TextClassifierAdapter
+from attrlab.attribution.models.vision import CLIPZeroShotAdapter, ViTAdapter
 
 SIZES = {
     "hidden_size": 32,

@@ -14,7 +14,7 @@ os.environ.setdefault("ATTRLAB_DATA", tempfile.mkdtemp(prefix="attrlab-test-data
 import pytest
 import torch
 
-from attribution.models import Adapter, load
+from attrlab.attribution.models import Adapter, load
 
 torch.set_num_threads(2)
 

@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import positive_data_acceptance
 from schemathesis.specs.openapi.checks import use_after_free
 
-from app.server import create_app
-from app.settings import ServerSettings
-from app.worker import ExplainWorker
+from attrlab.app.server import create_app
+from attrlab.app.settings import ServerSettings
+from attrlab.app.worker import ExplainWorker
 
 DATA = tempfile.TemporaryDirectory(prefix="attrlab-fuzz-")  # the jobs' folder, not the user's
 # Small budgets, so that generated requests that are valid run in moments on tiny models.

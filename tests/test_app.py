@@ -12,10 +12,10 @@ from fastapi.testclient import TestClient
 from PIL import Image
 from skimage import data
 
-from app.server import create_app
-from app.worker import ExplainRequest, ExplainWorker
-from attribution.errors import JobCancelledError
-from attribution.explanation import Explanation
+from attrlab.app.server import create_app
+from attrlab.app.worker import ExplainRequest, ExplainWorker
+from attrlab.attribution.errors import JobCancelledError
+from attrlab.attribution.explanation import Explanation
 
 
 @pytest.fixture(scope="module")
@@ -181,7 +181,7 @@ def test_worker_reports_progress_and_cancels(worker):
     def progress(done, total):
         seen.append((done, total))
 
-    from attribution.run import RunContext
+    from attrlab.attribution.run import RunContext
 
     run = RunContext(progress=progress, cancel=cancelled)
     run.step(1, 4)

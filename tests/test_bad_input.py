@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from attribution import explain
-from attribution.errors import InvalidInputError, UnsupportedMethodError
-from attribution.models import load_image
+from attrlab.attribution import explain
+from attrlab.attribution.errors import InvalidInputError, UnsupportedMethodError
+from attrlab.attribution.models import load_image
 
 
 def test_long_text_is_truncated_and_the_explanation_says_so(minilm):
@@ -81,7 +81,7 @@ def test_modality_mismatch_and_recovery(minilm, effnet):
 
 
 def test_baseline_of_the_wrong_modality(minilm):
-    from attribution.errors import InvalidParameterError
+    from attrlab.attribution.errors import InvalidParameterError
 
     with pytest.raises(InvalidParameterError, match="'black' does not apply to text"):
         explain(

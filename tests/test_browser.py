@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
-from app.ui import build_ui
-from app.worker import ExplainWorker
+from attrlab.app.ui import build_ui
+from attrlab.app.worker import ExplainWorker
 
 pytestmark = pytest.mark.browser  # Debian chromium through Playwright
 

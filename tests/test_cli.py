@@ -12,8 +12,8 @@ import pytest
 from PIL import Image
 from skimage import data
 
-from app.cli import main
-from attribution.explanation import Explanation
+from attrlab.app.cli import main
+from attrlab.attribution.explanation import Explanation
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,7 @@ def test_labels_and_target_options(capsys):
 def test_console_script_lists_and_fails_cleanly(tmp_path):
     not_an_image = tmp_path / "notes.png"
     not_an_image.write_text("just text")
-    run = [sys.executable, "-m", "app.cli"]
+    run = [sys.executable, "-m", "attrlab.app.cli"]
     methods = subprocess.run([*run, "methods", "--format", "json"], capture_output=True, text=True)
     names = {m["name"] for m in json.loads(methods.stdout)}
     assert {"gradient_x_input", "integrated_gradients"} <= names

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attribution.compare import compare_explanations, occluded
-from attribution.errors import InvalidInputError
-from attribution.explanation import Explanation, ModelInfo, Target
+from attrlab.attribution.compare import compare_explanations, occluded
+from attrlab.attribution.errors import InvalidInputError
+from attrlab.attribution.explanation import Explanation, ModelInfo, Target
 
 
 def _explanation(scores, tokens=None, index=1, p=0.5, method="m") -> Explanation:

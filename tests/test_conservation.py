@@ -22,8 +22,8 @@ import torch
 from _tiny_families import BIASED, biased_family, classic_family, clip, dinov2
 from torch import nn
 
-from attribution.methods.lrp import transformer_lrp
-from attribution.methods.lrp.layouts import find_module, layout_for
+from attrlab.attribution.methods.lrp import transformer_lrp
+from attrlab.attribution.methods.lrp.layouts import find_module, layout_for
 
 TEXT = "the quick brown fox jumps over the lazy dog"
 IMAGE = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
@@ -114,7 +114,7 @@ def test_dinov2_and_clip_conserve(load_model):
 @pytest.mark.parametrize("registers", [0, 3])
 def test_dinov2_positions_resized_to_the_input_get_their_relevance(registers):
     """DINOv2 interpolates its position embeddings to the input size (registers get none)."""
-    from attribution.methods.lrp import lrp
+    from attrlab.attribution.methods.lrp import lrp
 
     adapter = dinov2(size=48, registers=registers)  # 6×6 patches, embeddings made for 4×4
     with torch.no_grad():  # pixel relevance then equals the patches' share of x0 exactly

@@ -14,11 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from app.api import ExplainBody
-from attribution.errors import AttrlabError, InputTooLargeError, InvalidInputError
-from attribution.methods import available_methods
-from attribution.models import load_image
-from attribution.params import validate_params
+from attrlab.app.api import ExplainBody
+from attrlab.attribution.errors import AttrlabError, InputTooLargeError, InvalidInputError
+from attrlab.attribution.methods import available_methods
+from attrlab.attribution.models import load_image
+from attrlab.attribution.params import validate_params
 
 FUZZ = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
@@ -193,7 +193,7 @@ JSON = st.recursive(
 @FUZZ
 @given(data=st.data())
 def test_parameter_maps(method, data):
-    from attribution.methods import get_method
+    from attrlab.attribution.methods import get_method
 
     schema = get_method(method).params
     known = [p.name for p in schema]

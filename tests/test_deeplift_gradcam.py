@@ -8,13 +8,13 @@ import torch
 from skimage import data
 from torch import nn
 
-from attribution import explain, get_method
-from attribution.errors import InvalidParameterError, UnsupportedMethodError
-from attribution.methods._deeplift import untreated_by_deeplift
-from attribution.models.images import ImageTransform
-from attribution.models.vision import CNNAdapter
-from attribution.params import validate_params
-from attribution.run import RunContext
+from attrlab.attribution import explain, get_method
+from attrlab.attribution.errors import InvalidParameterError, UnsupportedMethodError
+from attrlab.attribution.methods._deeplift import untreated_by_deeplift
+from attrlab.attribution.models.images import ImageTransform
+from attrlab.attribution.models.vision import CNNAdapter
+from attrlab.attribution.params import validate_params
+from attrlab.attribution.run import RunContext
 
 SIZE = 16
 MEAN, STD = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
@@ -137,8 +137,8 @@ def test_rescale_rule_on_every_elementwise_activation(activation):
     """DeepLIFT multipliers (f(z) - f(z0)) / (z - z0), written out, on a one-hidden-layer net."""
     from captum.attr import DeepLift as CaptumDeepLift
 
-    from attribution.compat import deeplift_rules
-    from attribution.methods._deeplift import deeplift_scope
+    from attrlab.attribution.compat import deeplift_rules
+    from attrlab.attribution.methods._deeplift import deeplift_scope
 
     torch.manual_seed(0)
     first, second = nn.Linear(5, 7), nn.Linear(7, 1)
@@ -285,7 +285,7 @@ def test_only_activation_modules_get_the_rescale_rule():
     from timm.layers import LayerNorm2d, Linear, StdConv2d
     from timm.layers.activations import Swish
 
-    from attribution.methods._deeplift import _elementwise_activations
+    from attrlab.attribution.methods._deeplift import _elementwise_activations
 
     model = nn.Sequential(StdConv2d(3, 4, 3), Swish(), LayerNorm2d(4), nn.Flatten(), Linear(4, 2))
     assert _elementwise_activations(model) == {Swish}

@@ -18,9 +18,9 @@ from _tiny_families import BIASED, biased_family, classic_family, clip, dinov2
 from skimage import data
 from torch import nn
 
-from attribution import explain
-from attribution.methods import _deeplift_rules as rules
-from attribution.methods._deeplift import deeplift_scope
+from attrlab.attribution import explain
+from attrlab.attribution.methods import _deeplift_rules as rules
+from attrlab.attribution.methods._deeplift import deeplift_scope
 
 TEXT = "the quick brown fox jumps over the lazy dog"
 IMAGE = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
@@ -213,8 +213,8 @@ def test_the_product_rule_gives_each_factor_the_mean_of_the_other():
 
 def test_a_failing_forward_leaves_no_rule_on_a_transformer(load_model):
     """Norm hooks, linear pre-hooks, routed attention and Captum's table: all undone."""
-    from attribution.compat import deeplift_rules
-    from attribution.methods._routing import _RoutedConfig
+    from attrlab.attribution.compat import deeplift_rules
+    from attrlab.attribution.methods._routing import _RoutedConfig
 
     adapter = load_model("tiny-random-llama")
     model = adapter.model
@@ -259,7 +259,7 @@ def test_half_precision_keeps_the_rules_or_says_why_not(load_model, dtype):
 
 
 def test_builtin_decoders_say_so(load_model):
-    from attribution.models import BUILTIN_MODELS
+    from attrlab.attribution.models import BUILTIN_MODELS
 
     for name in ("tiny-random-bert", "tiny-random-gpt2", "tiny-random-llama", "minilm-zeroshot"):
         assert BUILTIN_MODELS[name].next_token == (load_model(name).family == "decoder-lm")

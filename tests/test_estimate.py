@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attribution import explain
-from attribution.errors import UnsupportedMethodError
-from attribution.estimate import estimate
-from attribution.methods import available_methods, get_method
+from attrlab.attribution import explain
+from attrlab.attribution.errors import UnsupportedMethodError
+from attrlab.attribution.estimate import estimate
+from attrlab.attribution.methods import available_methods, get_method
 
 #: Small settings so that every method runs in moments on the tiny models.
 SMALL = {
@@ -74,10 +74,10 @@ def test_an_upper_bound_with_a_tolerance_and_the_trust_cards_passes(load_model):
 def test_estimates_over_rest_and_the_cli_and_a_too_slow_request_is_refused(tmp_path, capsys):
     from fastapi.testclient import TestClient
 
-    from app.cli import main
-    from app.server import create_app
-    from app.settings import ServerSettings
-    from app.worker import ExplainWorker
+    from attrlab.app.cli import main
+    from attrlab.app.server import create_app
+    from attrlab.app.settings import ServerSettings
+    from attrlab.app.worker import ExplainWorker
 
     env = {"ATTRLAB_MODELS": "tiny-random-bert", "ATTRLAB_DATA": str(tmp_path)}
     worker = ExplainWorker(device="cpu", settings=ServerSettings.for_server(env, max_seconds=1))
@@ -114,8 +114,8 @@ def test_a_gpu_calibration_prices_between_widths_and_skips_widths_that_do_not_fi
     """Per-row costs written out: linear in log width between timed widths; OOM widths skipped."""
     from types import SimpleNamespace
 
-    from attribution.errors import DeviceMemoryError
-    from attribution.estimate import Calibration
+    from attrlab.attribution.errors import DeviceMemoryError
+    from attrlab.attribution.estimate import Calibration
 
     adapter = SimpleNamespace(device=torch.device("cuda"), model_id="gpu-stand-in")
     inputs = SimpleNamespace(map_shape=(10,), modality="text")

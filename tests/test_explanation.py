@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attribution.errors import InvalidParameterError
-from attribution.explanation import Explanation, ModelInfo, Prediction, Target, Timings
-from attribution.params import Param, power_of_two, validate_params
+from attrlab.attribution.errors import InvalidParameterError
+from attrlab.attribution.explanation import Explanation, ModelInfo, Prediction, Target, Timings
+from attrlab.attribution.params import Param, power_of_two, validate_params
 
 
 def _full_explanation() -> Explanation:

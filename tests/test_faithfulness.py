@@ -16,17 +16,17 @@ import torch
 from _perturbation_toys import QUADRANTS, SIZE, QuadrantModel, image_adapter, token_reader_adapter
 from torch import nn
 
-from attribution import explain
-from attribution.errors import InvalidInputError, InvalidParameterError
-from attribution.imputation import noisy_linear_imputation
-from attribution.metrics import (
+from attrlab.attribution import explain
+from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
+from attrlab.attribution.imputation import noisy_linear_imputation
+from attrlab.attribution.metrics import (
     cascading_units,
     faithfulness,
     map_agreement,
     randomisation_check,
 )
-from attribution.metrics.faithfulness import gaussian_blur
-from attribution.run import RunContext
+from attrlab.attribution.metrics.faithfulness import gaussian_blur
+from attrlab.attribution.run import RunContext
 
 
 @pytest.fixture
@@ -108,8 +108,8 @@ def test_road_restores_a_linear_ramp_and_adds_noise_of_the_given_scale():
 
 
 def test_road_noise_follows_the_mask_not_the_batch_and_imputation_stops_when_cancelled():
-    from attribution.errors import JobCancelledError
-    from attribution.perturb import ImagePerturbation
+    from attrlab.attribution.errors import JobCancelledError
+    from attrlab.attribution.perturb import ImagePerturbation
 
     pixels = torch.rand(1, 3, 12, 12, generator=torch.Generator().manual_seed(0))
     masks = (torch.rand(3, 12, 12, generator=torch.Generator().manual_seed(1)) > 0.5).float()
@@ -261,8 +261,8 @@ def test_transformers_cascade_from_the_head_down_to_the_embeddings(load_model):
 
 
 def test_a_check_shares_one_budget_and_restores_the_model_when_cancelled(load_model):
-    from attribution.errors import BudgetExceededError, JobCancelledError
-    from attribution.metrics.check import check_methods
+    from attrlab.attribution.errors import BudgetExceededError, JobCancelledError
+    from attrlab.attribution.metrics.check import check_methods
 
     adapter = load_model("tiny-random-llama")
     inputs = adapter.preprocess("the cat sat on the mat")
@@ -305,7 +305,7 @@ def test_a_check_shares_one_budget_and_restores_the_model_when_cancelled(load_mo
 
 
 def test_an_undefined_agreement_is_null_in_json():
-    from attribution.metrics.check import MethodCheck
+    from attrlab.attribution.metrics.check import MethodCheck
 
     table = map_agreement({"flat": np.ones(4), "ranked": np.arange(4.0)})
     record = MethodCheck({}, table, pd.DataFrame()).to_dict()["agreement"][0]
@@ -324,7 +324,7 @@ def test_a_vit_cascade_keeps_its_patch_embedding_for_last(load_model):
 
 @pytest.mark.slow
 def test_leaderboard_runs_on_the_bundled_images_and_sentences(capsys, tmp_path):
-    from app.cli import main
+    from attrlab.app.cli import main
 
     per_item = tmp_path / "items.csv"
     args = [
@@ -355,7 +355,7 @@ def test_leaderboard_runs_on_the_bundled_images_and_sentences(capsys, tmp_path):
 
 
 def test_leaderboard_scores_with_road_imputation_and_refuses_an_unknown_fill(capsys):
-    from app.cli import main
+    from attrlab.app.cli import main
 
     args = ["evaluate", "--model", "efficientnet-lite0", "--methods", "gradient_x_input"]
     args += ["--max-items", "1", "--steps", "6", "--random-orders", "1", "--format", "json"]
@@ -370,7 +370,7 @@ def test_leaderboard_scores_with_road_imputation_and_refuses_an_unknown_fill(cap
 
 
 def test_summary_intervals_and_wins_are_computed_from_the_rows():
-    from attribution.metrics import summarise
+    from attrlab.attribution.metrics import summarise
 
     rows = pd.DataFrame(
         {
@@ -419,7 +419,7 @@ def test_the_trust_card_adds_faithfulness_to_the_explanation(quadrant):
 
 def test_the_trust_card_counts_against_the_servers_budget():
     """A request's budget covers the method and the scoring of its map together."""
-    from attribution.errors import BudgetExceededError
+    from attrlab.attribution.errors import BudgetExceededError
 
     adapter = image_adapter(QuadrantModel("top-left"))
     inputs = _bright(adapter)

@@ -15,13 +15,13 @@ import transformers as tf
 from _small_budgets import SMALL_BUDGETS
 from _tiny_families import CONFIGS, SIZES, build_family
 
-import attribution
-from attribution.methods import available_methods
-from attribution.methods.lrp import lrp, transformer_lrp
-from attribution.methods.lrp.layouts import layout_for
-from attribution.methods.lrp.rules import rms_norm_rule
-from attribution.models import load
-from attribution.models.text import DecoderLMAdapter, TextClassifierAdapter
+from attrlab import attribution
+from attrlab.attribution.methods import available_methods
+from attrlab.attribution.methods.lrp import lrp, transformer_lrp
+from attrlab.attribution.methods.lrp.layouts import layout_for
+from attrlab.attribution.methods.lrp.rules import rms_norm_rule
+from attrlab.attribution.models import load
+from attrlab.attribution.models.text import DecoderLMAdapter, TextClassifierAdapter
 
 TEXT = "the quick brown fox jumps over the lazy dog"
 

@@ -8,9 +8,9 @@ import torch
 from skimage import data
 from torch import nn
 
-from attribution import explain
-from attribution.models.images import ImageTransform
-from attribution.models.vision import CNNAdapter
+from attrlab.attribution import explain
+from attrlab.attribution.models.images import ImageTransform
+from attrlab.attribution.models.vision import CNNAdapter
 
 
 class _Linear(nn.Module):

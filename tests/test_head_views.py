@@ -20,8 +20,8 @@ import torch
 from _model_state import model_state
 from _tiny_families import classic_family
 
-import attribution
-from app.worker import (
+from attrlab import attribution
+from attrlab.app.worker import (
     MAX_ABLATED_HEADS,
     AblationRequest,
     CheckRequest,
@@ -29,18 +29,18 @@ from app.worker import (
     ExplainWorker,
     PreviewRequest,
 )
-from attribution.errors import AttrlabError, InvalidParameterError, JobCancelledError
-from attribution.explanation import Explanation
-from attribution.layers import (
+from attrlab.attribution.errors import AttrlabError, InvalidParameterError, JobCancelledError
+from attrlab.attribution.explanation import Explanation
+from attrlab.attribution.layers import (
     ablate_heads_and_explain,
     head_attention,
     joint_ablation,
     zeroed_heads,
 )
-from attribution.layers.hooks import ablate_head_sets
-from attribution.methods.lrp.layouts import find_module, layout_for
-from attribution.methods.lrp.relevance import lrp
-from attribution.metrics import bundled_items, evaluate_methods, faithfulness
+from attrlab.attribution.layers.hooks import ablate_head_sets
+from attrlab.attribution.methods.lrp.layouts import find_module, layout_for
+from attrlab.attribution.methods.lrp.relevance import lrp
+from attrlab.attribution.metrics import bundled_items, evaluate_methods, faithfulness
 
 TEXT = "the quick brown fox jumps over the lazy dog"
 LAYERS, HEADS, HIDDEN = 3, 4, 32

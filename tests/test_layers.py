@@ -18,9 +18,9 @@ import transformers as tf
 from _tiny_families import BIASED, biased_family, classic_family, clip, dinov2
 from torch import nn
 
-from attribution.errors import InvalidParameterError, UnsupportedMethodError
-from attribution.explanation import layer_table
-from attribution.layers import (
+from attrlab.attribution.errors import InvalidParameterError, UnsupportedMethodError
+from attrlab.attribution.explanation import layer_table
+from attrlab.attribution.layers import (
     HEAD_ESTIMATORS,
     DatasetItem,
     agreement,
@@ -29,11 +29,11 @@ from attribution.layers import (
     analyze_layers,
     joint_ablation,
 )
-from attribution.layers.analysis import _entropy_and_sink
-from attribution.layers.hooks import ablate_heads, block_io, gate_heads, skip_blocks
-from attribution.methods.lrp.layouts import find_module, layout_for
-from attribution.models.text import TextClassifierAdapter
-from attribution.run import RunContext
+from attrlab.attribution.layers.analysis import _entropy_and_sink
+from attrlab.attribution.layers.hooks import ablate_heads, block_io, gate_heads, skip_blocks
+from attrlab.attribution.methods.lrp.layouts import find_module, layout_for
+from attrlab.attribution.models.text import TextClassifierAdapter
+from attrlab.attribution.run import RunContext
 
 TEXT = "the quick brown fox jumps over the lazy dog"
 HEADS, KV_HEADS, LAYERS = 4, 2, 3

@@ -12,13 +12,13 @@ from _model_state import model_state
 from captum.attr import DeepLift, InputXGradient
 from torch import nn
 
-import attribution
-from attribution.errors import UnsupportedMethodError
-from attribution.methods.lrp import lrp, lrp_rules, transformer_lrp
-from attribution.methods.lrp.layouts import find_module, layout_for
-from attribution.models.images import ImageTransform
-from attribution.models.text import DecoderLMAdapter, TextClassifierAdapter
-from attribution.models.vision import CNNAdapter, ViTAdapter
+from attrlab import attribution
+from attrlab.attribution.errors import UnsupportedMethodError
+from attrlab.attribution.methods.lrp import lrp, lrp_rules, transformer_lrp
+from attrlab.attribution.methods.lrp.layouts import find_module, layout_for
+from attrlab.attribution.models.images import ImageTransform
+from attrlab.attribution.models.text import DecoderLMAdapter, TextClassifierAdapter
+from attrlab.attribution.models.vision import CNNAdapter, ViTAdapter
 
 LAYERS = 4
 #: The plain AttnLRP rule everywhere (what the family defaults replace for vision transformers).
@@ -499,7 +499,7 @@ def test_unsupported_models_are_refused_clearly():
 
 
 def _sentiment_samples() -> list[tuple[str, str, str]]:
-    text = resources.files("assets").joinpath("sentiment_samples.txt").read_text("utf-8")
+    text = resources.files("attrlab.assets").joinpath("sentiment_samples.txt").read_text("utf-8")
     return [tuple(line.split("\t")) for line in text.splitlines() if line.strip()]
 
 

@@ -8,8 +8,8 @@ import torch
 import transformers as tf
 from skimage import data
 
-from attribution.errors import InvalidInputError, ModelLoadError, UnknownModelError
-from attribution.models import load
+from attrlab.attribution.errors import InvalidInputError, ModelLoadError, UnknownModelError
+from attrlab.attribution.models import load
 
 TEXT = "the quick brown fox jumps"
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,3 +33,32 @@ def test_the_dockerfile_installs_with_the_makefiles_constraints_and_extras():
     assert "COPY pyproject.toml constraints.txt" in dockerfile
     assert re.search(r"^HEALTHCHECK .*?/api/v1/health", re.sub(r"\\\n\s*", " ", dockerfile), re.M)
     assert re.search(r"^USER (?!root)\w+", dockerfile, re.M)  # not root
+
+
+def test_the_wheel_installs_one_top_level_name_with_every_module_and_data_file(tmp_path):
+    """The wheel holds `attrlab` alone; under it, every module and data file of the four folders."""
+    build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
+    subprocess.run(
+        [*build, "-w", str(tmp_path), str(ROOT)],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = tmp_path.glob("attrlab-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {name.split("/")[0] for name in names if ".dist-info/" not in name}
+    assert top == {"attrlab"}
+    tracked = subprocess.run(
+        ["git", "ls-files", "app", "assets", "attribution", "viz"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    # Every module, and the data files the code reads (catalog, labels, samples, eval set).
+    wanted = [path for path in tracked if path.endswith((".py", ".json", ".txt", ".jsonl"))]
+    wanted += [path for path in tracked if path.startswith("assets/eval/images/")]
+    assert wanted and not {f"attrlab/{path}" for path in wanted} - set(names)
+    entry = zipfile.ZipFile(wheel).read(
+        next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    )
+    assert "attrlab = attrlab.app.cli:main" in entry.decode()

@@ -11,18 +11,18 @@ import torch
 from scipy import ndimage
 from skimage.transform import resize
 
-import attribution
-from attribution.errors import DeviceMemoryError, InvalidParameterError, JobCancelledError
-from attribution.masks import CellMasks, GridMasks, ShiftedGridMasks
-from attribution.models.base import Adapter
-from attribution.perturb import (
+from attrlab import attribution
+from attrlab.attribution.errors import DeviceMemoryError, InvalidParameterError, JobCancelledError
+from attrlab.attribution.masks import CellMasks, GridMasks, ShiftedGridMasks
+from attrlab.attribution.models.base import Adapter
+from attrlab.attribution.perturb import (
     BatchRunner,
     ImagePerturbation,
     TextPerturbation,
     auto_batch_size,
     box_blur,
 )
-from attribution.run import RunContext
+from attrlab.attribution.run import RunContext
 
 TEXT = "the film was wonderful"
 
@@ -260,8 +260,8 @@ def test_no_pass_is_spent_twice_rows_through_the_model_equal_the_reported_passes
 
 
 def test_rise_called_on_its_own_spends_one_counted_pass_for_the_prediction(quadrant):
-    from attribution.methods import get_method
-    from attribution.params import validate_params
+    from attrlab.attribution.methods import get_method
+    from attrlab.attribution.params import validate_params
 
     rise = get_method("rise")
     inputs = quadrant.preprocess(toys.white_image())

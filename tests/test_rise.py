@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-import attribution
-from attribution.errors import InvalidParameterError
-from attribution.masks import ShiftedGridMasks
-from attribution.models.base import Adapter
+from attrlab import attribution
+from attrlab.attribution.errors import InvalidParameterError
+from attrlab.attribution.masks import ShiftedGridMasks
+from attrlab.attribution.models.base import Adapter
 
 SMALL = {"n_masks": 400, "grid": 4}
 
@@ -176,7 +176,7 @@ def test_tolerance_not_reached_within_the_cap_warns(effnet):
 
 
 def test_top_decile_error_of_a_map_written_out():
-    from attribution.perturb import top_decile_error
+    from attrlab.attribution.perturb import top_decile_error
 
     saliency = np.zeros(100)
     saliency[:10] = 1.0  # centred: the top decile deviates by 0.9, the rest by 0.1

@@ -8,13 +8,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attribution import explain, get_method
-from attribution.errors import InvalidInputError, InvalidParameterError, UnsupportedMethodError
-from attribution.methods._attention import fuse_heads
-from attribution.methods.attention_flow import attention_flow
-from attribution.methods.rollout import attention_rollout, discard_lowest
-from attribution.params import validate_params
-from attribution.run import RunContext
+from attrlab.attribution import explain, get_method
+from attrlab.attribution.errors import (
+    InvalidInputError,
+    InvalidParameterError,
+    UnsupportedMethodError,
+)
+from attrlab.attribution.methods._attention import fuse_heads
+from attrlab.attribution.methods.attention_flow import attention_flow
+from attrlab.attribution.methods.rollout import attention_rollout, discard_lowest
+from attrlab.attribution.params import validate_params
+from attrlab.attribution.run import RunContext
 
 
 def random_attentions(layers: int, heads: int, n: int, seed: int) -> torch.Tensor:

@@ -19,11 +19,11 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from app.cli import main
-from app.server import create_app
-from app.settings import ServerSettings, SettingsError
-from app.worker import ExplainRequest, ExplainWorker
-from attribution.errors import UnknownModelError
+from attrlab.app.cli import main
+from attrlab.app.server import create_app
+from attrlab.app.settings import ServerSettings, SettingsError
+from attrlab.app.worker import ExplainRequest, ExplainWorker
+from attrlab.attribution.errors import UnknownModelError
 
 TEXT_MODEL = "tiny-random-bert"
 IMAGE_MODEL = "tiny-random-vit"
@@ -348,7 +348,7 @@ def test_every_path_has_the_body_limit(client):
 
 
 def test_explicit_modality_in_the_library_adapters(load_model):
-    from attribution.errors import InvalidInputError
+    from attrlab.attribution.errors import InvalidInputError
 
     with pytest.raises(InvalidInputError, match="got text where an image was expected"):
         load_model(IMAGE_MODEL).preprocess("/etc/hosts")
@@ -372,7 +372,7 @@ def test_explicit_modality_in_the_library_adapters(load_model):
 )
 def test_request_bounds_hold_for_every_front_end(server_settings, fields, message):
     """The worker checks them before queueing, so the page is bounded like the REST API."""
-    from attribution.errors import InvalidInputError
+    from attrlab.attribution.errors import InvalidInputError
 
     worker = ExplainWorker(device="cpu", settings=server_settings)
     try:
@@ -480,7 +480,7 @@ def test_console_script_fails_cleanly_on_a_bomb(files):
         [
             sys.executable,
             "-m",
-            "app.cli",
+            "attrlab.app.cli",
             "explain",
             "--method",
             "gradient_x_input",
@@ -558,8 +558,8 @@ def test_settings_from_environment():
 
 def test_server_defaults_accept_every_method_default():
     """Budgets never refuse a request that leaves a method's parameters at their defaults."""
-    from attribution.methods import available_methods
-    from attribution.params import validate_params
+    from attrlab.attribution.methods import available_methods
+    from attrlab.attribution.params import validate_params
 
     settings = ServerSettings.for_server({})
     for method in available_methods():

@@ -18,9 +18,9 @@ import pytest
 from _jobs import job_settings, wait_for_job
 from fastapi.testclient import TestClient
 
-from app.jobs import DamagedResultsError, JobStore
-from app.server import create_app
-from app.worker import ExplainWorker
+from attrlab.app.jobs import DamagedResultsError, JobStore
+from attrlab.app.server import create_app
+from attrlab.app.worker import ExplainWorker
 
 TEXT_MODEL = "tiny-random-bert"
 BODY = {
@@ -163,7 +163,7 @@ def test_a_job_id_that_is_no_jobs_is_a_404_on_every_job_route(finished, tmp_path
 def test_a_job_table_locked_by_another_process_is_a_503_and_then_serves(
     finished, tmp_path, monkeypatch
 ):
-    monkeypatch.setattr("app.jobs._LOCK_WAIT_S", 0.5)  # the server's wait, shortened
+    monkeypatch.setattr("attrlab.app.jobs._LOCK_WAIT_S", 0.5)  # the server's wait, shortened
     data = tmp_path / "data"
     shutil.copytree(finished[0], data)
     job_id = finished[1]

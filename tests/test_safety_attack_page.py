@@ -24,13 +24,13 @@ from fastapi.testclient import TestClient
 from gradio import processing_utils
 from PIL import Image, ImageFile
 
-from app.server import create_app
-from app.settings import ServerSettings
-from app.worker import ExplainWorker
-from attribution import explain
-from attribution.errors import InputTooLargeError
-from attribution.models import load_image
-from viz.image import DISPLAY_MAX_SIDE, image_grid_figure
+from attrlab.app.server import create_app
+from attrlab.app.settings import ServerSettings
+from attrlab.app.worker import ExplainWorker
+from attrlab.attribution import explain
+from attrlab.attribution.errors import InputTooLargeError
+from attrlab.attribution.models import load_image
+from attrlab.viz.image import DISPLAY_MAX_SIDE, image_grid_figure
 
 TEXT_MODEL = "tiny-random-bert"
 IMAGE_MODEL = "tiny-random-vit"

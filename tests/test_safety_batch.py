@@ -11,9 +11,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from app.cli import main
-from app.ui_batch import uploaded_rows
-from app.worker import ExplainRequest, ExplainWorker
+from attrlab.app.cli import main
+from attrlab.app.ui_batch import uploaded_rows
+from attrlab.app.worker import ExplainRequest, ExplainWorker
 
 TEXT_MODEL = "tiny-random-bert"
 #: A JSON array nested 100,000 deep: Python's parser gives up (RecursionError) long before.

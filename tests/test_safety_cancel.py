@@ -15,17 +15,17 @@ from _small_budgets import SMALL_BUDGETS
 from fastapi.testclient import TestClient
 from torch import nn
 
-from app.server import create_app
-from app.settings import ServerSettings
-from app.worker import ExplainWorker
-from attribution import explain
-from attribution.errors import JobCancelledError
-from attribution.methods import available_methods
-from attribution.metrics.check import check_methods
-from attribution.models import Adapter, load
-from attribution.models.images import ImageTransform
-from attribution.models.vision import CNNAdapter
-from attribution.run import cancellable_forwards
+from attrlab.app.server import create_app
+from attrlab.app.settings import ServerSettings
+from attrlab.app.worker import ExplainWorker
+from attrlab.attribution import explain
+from attrlab.attribution.errors import JobCancelledError
+from attrlab.attribution.methods import available_methods
+from attrlab.attribution.metrics.check import check_methods
+from attrlab.attribution.models import Adapter, load
+from attrlab.attribution.models.images import ImageTransform
+from attrlab.attribution.models.vision import CNNAdapter
+from attrlab.attribution.run import cancellable_forwards
 
 TEXT = "the cat sat on the mat"
 #: Small budgets, and batches small enough that each method runs several forwards.

@@ -24,10 +24,10 @@ from _live_server import running_server
 from gradio_client import Client, handle_file
 from PIL import Image
 
-from attribution import explain
-from attribution.errors import InputTooLargeError
-from attribution.models import load_image
-from viz.image import display_copy, image_grid_figure, std_error_figure
+from attrlab.attribution import explain
+from attrlab.attribution.errors import InputTooLargeError
+from attrlab.attribution.models import load_image
+from attrlab.viz.image import display_copy, image_grid_figure, std_error_figure
 
 IMAGE_MODEL = "tiny-random-vit"
 MIB = 2**20

@@ -19,11 +19,11 @@ import pytest
 from _jobs import job_settings, wait_for_job
 from fastapi.testclient import TestClient
 
-from app.cli import main
-from app.jobs import JobStore
-from app.server import create_app
-from app.settings import ServerSettings, SettingsError
-from app.worker import ExplainWorker
+from attrlab.app.cli import main
+from attrlab.app.jobs import JobStore
+from attrlab.app.server import create_app
+from attrlab.app.settings import ServerSettings, SettingsError
+from attrlab.app.worker import ExplainWorker
 
 TEXT_MODEL = "tiny-random-bert"
 INSTANCES = 12

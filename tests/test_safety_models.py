@@ -21,10 +21,10 @@ from _live_server import running_server
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from app.cli import main
-from app.server import create_app
-from app.settings import ServerSettings
-from app.worker import ExplainRequest, ExplainWorker
+from attrlab.app.cli import main
+from attrlab.app.server import create_app
+from attrlab.app.settings import ServerSettings
+from attrlab.app.worker import ExplainRequest, ExplainWorker
 
 TEXT_MODEL = "tiny-random-bert"
 #: Written into every file planted outside the root: it must never appear in an answer.

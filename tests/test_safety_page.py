@@ -37,14 +37,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from app import space
-from app.server import create_app
-from app.settings import ServerSettings
-from app.ui import build_ui, received_file, upload_folder
-from app.worker import ExplainWorker
-from attribution import explain
-from attribution.errors import InvalidInputError
-from attribution.models import load
+from attrlab.app import space
+from attrlab.app.server import create_app
+from attrlab.app.settings import ServerSettings
+from attrlab.app.ui import build_ui, received_file, upload_folder
+from attrlab.app.worker import ExplainWorker
+from attrlab.attribution import explain
+from attrlab.attribution.errors import InvalidInputError
+from attrlab.attribution.models import load
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXT_MODEL = "tiny-random-bert"
@@ -75,7 +75,7 @@ def _zip_of_rows() -> bytes:
 PLANTER = """
 import json, sys, tempfile, uuid
 from pathlib import Path
-from app.ui import upload_folder
+from attrlab.app.ui import upload_folder
 files = json.loads(sys.stdin.readline())
 roots = [Path(tempfile.gettempdir()) / "gradio", Path(tempfile.gettempdir()), upload_folder()]
 planted = []

@@ -22,12 +22,12 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 from PIL import Image
 
-from app import space
-from app.server import create_app
-from app.settings import ServerSettings
-from app.worker import ExplainWorker
-from attribution import explain
-from attribution.models import load
+from attrlab.app import space
+from attrlab.app.server import create_app
+from attrlab.app.settings import ServerSettings
+from attrlab.app.worker import ExplainWorker
+from attrlab.attribution import explain
+from attrlab.attribution.models import load
 
 TEXT_MODEL, IMAGE_MODEL = "tiny-random-bert", "tiny-random-vit"
 LIMIT = 200_000

@@ -16,10 +16,10 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from app.cli import main
-from app.server import create_app
-from app.settings import ServerSettings
-from app.worker import ExplainWorker
+from attrlab.app.cli import main
+from attrlab.app.server import create_app
+from attrlab.app.settings import ServerSettings
+from attrlab.app.worker import ExplainWorker
 
 TEXT_MODEL, IMAGE_MODEL = "tiny-random-bert", "tiny-random-vit"
 SENTENCES = ["the cat sat on the mat", "a fine day for a walk", "what a terrible film"]
@@ -211,7 +211,7 @@ def test_jobs_survive_a_restart_and_a_full_queue_answers_429(tmp_path):
 
 
 def test_a_torn_last_line_is_cut_and_progress_is_counted_from_the_file(tmp_path, monkeypatch):
-    from app.jobs import JobStore
+    from attrlab.app.jobs import JobStore
 
     store = JobStore(tmp_path)
     job_id = store.create({"any": "body"}, total=3, limit=4)
@@ -240,7 +240,7 @@ def test_a_job_folder_of_an_older_server_opens_with_its_jobs(tmp_path):
     """The first job table had no ``done_at_start`` and no error list: its jobs still run."""
     import sqlite3
 
-    from app.jobs import JobStore
+    from attrlab.app.jobs import JobStore
 
     with sqlite3.connect(tmp_path / "jobs.sqlite") as db:
         db.execute(
@@ -264,7 +264,7 @@ def test_a_job_folder_of_an_older_server_opens_with_its_jobs(tmp_path):
 
 
 def test_the_eta_counts_the_pace_of_this_run_not_the_downtime_before_it(tmp_path, monkeypatch):
-    from app import jobs
+    from attrlab.app import jobs
 
     now = [1000.0]
     monkeypatch.setattr(jobs.time, "time", lambda: now[0])
@@ -310,7 +310,7 @@ def test_a_bug_on_one_instance_is_that_instances_error_and_a_bug_in_a_job_ends_i
     tmp_path, monkeypatch
 ):
     """Failures that are not the user's (not an AttrlabError) never sink others or stick."""
-    from app import worker as worker_module
+    from attrlab.app import worker as worker_module
 
     worker = ExplainWorker(device="cpu", settings=_settings(tmp_path))
     adapter = worker.adapter(TEXT_MODEL)
@@ -434,7 +434,7 @@ def test_a_rerun_with_other_methods_keeps_the_earlier_rows(tmp_path, capsys, mon
     overlap = [*run, "--methods", "gradient_x_input,integrated_gradients", "--batch-size", "2"]
     overlap += ["--param", "integrated_gradients.n_steps=4"]
     with monkeypatch.context() as patched:
-        patched.setattr("app.batch.explain_rows", _interrupt)
+        patched.setattr("attrlab.app.batch.explain_rows", _interrupt)
         assert main(overlap) == 130
     assert out.read_text() == both  # stopped before its first chunk: nothing lost
     assert main(overlap) == 0
@@ -534,7 +534,7 @@ def test_parquet_results_have_one_schema_whatever_the_rows_hold(tmp_path):
 
 
 def test_an_interrupted_batch_keeps_what_it_wrote(tmp_path, monkeypatch, capsys):
-    from app import batch
+    from attrlab.app import batch
 
     explain_rows = batch.explain_rows
     calls = []

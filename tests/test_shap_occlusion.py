@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-import attribution
-from attribution.errors import InvalidParameterError
-from attribution.methods import get_method
-from attribution.models.base import Adapter
-from attribution.perturb import box_blur
+from attrlab import attribution
+from attrlab.attribution.errors import InvalidParameterError
+from attrlab.attribution.methods import get_method
+from attrlab.attribution.models.base import Adapter
+from attrlab.attribution.perturb import box_blur
 
 SENTENCE = "the plot was wonderful but far too long"
 
@@ -157,7 +157,7 @@ def test_shap_tolerance_needs_room_for_two_refinements():
 
 
 def test_shap_seeds_numpys_global_generator_and_restores_it_on_error():
-    from attribution.methods.shap_method import _numpy_seeded
+    from attrlab.attribution.methods.shap_method import _numpy_seeded
 
     np.random.seed(123)
     state = np.random.get_state()

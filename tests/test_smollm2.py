@@ -9,10 +9,10 @@ import pytest
 import torch
 from _small_budgets import SMALL_BUDGETS
 
-from attribution import explain
-from attribution.methods import available_methods
-from attribution.models.builtin import _smollm2_gguf, smollm2_from_gguf
-from attribution.models.cache import converted
+from attrlab.attribution import explain
+from attrlab.attribution.methods import available_methods
+from attrlab.attribution.models.builtin import _smollm2_gguf, smollm2_from_gguf
+from attrlab.attribution.models.cache import converted
 
 # Small budgets: the point is that every method applies and runs on a real 30-layer LLM.
 
@@ -86,9 +86,9 @@ def test_every_text_method_runs_on_it(smollm2, method):
 def test_rest_defaults_to_it_for_next_tokens(smollm2):
     from fastapi.testclient import TestClient
 
-    from app.server import create_app
-    from app.settings import ServerSettings
-    from app.worker import ExplainWorker
+    from attrlab.app.server import create_app
+    from attrlab.app.settings import ServerSettings
+    from attrlab.app.worker import ExplainWorker
 
     worker = ExplainWorker(device="cpu", settings=ServerSettings.for_server({}))
     try:

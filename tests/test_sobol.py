@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 from scipy.stats import qmc
 
-import attribution
-from attribution.errors import InvalidParameterError
-from attribution.explanation import Explanation
-from attribution.methods.sobol import (
+from attrlab import attribution
+from attrlab.attribution.errors import InvalidParameterError
+from attrlab.attribution.explanation import Explanation
+from attrlab.attribution.methods.sobol import (
     jansen_total_order,
     sobol_design,
     split_outputs,
     total_order_indices,
 )
-from attribution.models.base import Adapter
+from attrlab.attribution.models.base import Adapter
 
 ISHIGAMI_TOTAL = np.array([0.5576, 0.4424, 0.2437])  # a = 7, b = 0.1 (analytic)
 

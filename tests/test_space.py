@@ -22,15 +22,15 @@ import pytest
 import tomllib
 import yaml
 
-from app import space
-from app.api import ExplainBody
-from app.settings import ServerSettings
-from app.ui import PageRunner, _queued_cost
-from app.worker import ExplainRequest, ExplainWorker, TooSlowError
-from attribution import explain
-from attribution.errors import AttrlabError
-from attribution.estimate import estimate
-from attribution.models import load
+from attrlab.app import space
+from attrlab.app.api import ExplainBody
+from attrlab.app.settings import ServerSettings
+from attrlab.app.ui import PageRunner, _queued_cost
+from attrlab.app.worker import ExplainRequest, ExplainWorker, TooSlowError
+from attrlab.attribution import explain
+from attrlab.attribution.errors import AttrlabError
+from attrlab.attribution.estimate import estimate
+from attrlab.attribution.models import load
 
 ROOT = Path(__file__).resolve().parent.parent
 RISE = ExplainRequest(
@@ -262,7 +262,7 @@ def test_page_shows_the_estimate_before_run_and_an_eta_while_running(worker):
 
 
 def test_a_bad_slot_limit_is_a_clear_settings_error(worker, monkeypatch):
-    from app.settings import SettingsError
+    from attrlab.app.settings import SettingsError
 
     with pytest.raises(SettingsError, match="ATTRLAB_SPACE_MAX_SLOT must be at least 1 s"):
         space.SpaceRunner(worker, max_slot_s=0)

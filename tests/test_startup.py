@@ -13,7 +13,7 @@ import sys
 from PIL import Image
 from skimage import data
 
-from attribution.methods.catalog import METHOD_MODULES, catalog_entries, live_entries
+from attrlab.attribution.methods.catalog import METHOD_MODULES, catalog_entries, live_entries
 
 #: ImageNet's cat classes (tabby, tiger cat, Persian, Siamese, Egyptian cat): the photo's answer.
 IMAGENET_CATS = {"tabby", "tiger cat", "Persian cat", "Siamese cat", "Egyptian cat"}
@@ -24,7 +24,7 @@ import contextlib, io, json, sys
 out = io.StringIO()
 code = 0
 with contextlib.redirect_stdout(out):
-    from app.cli import main
+    from attrlab.app.cli import main
     try:
         code = main(sys.argv[1:]) or 0
     except SystemExit as done:
@@ -72,7 +72,7 @@ def test_an_explanation_imports_its_own_method_and_no_other():
     assert result["code"] == 0
     assert json.loads(result["out"])["method"] == "gradient_x_input"
     modules = set(result["modules"])
-    loaded = {m for m in METHOD_MODULES if f"attribution.methods.{m}" in modules}
+    loaded = {m for m in METHOD_MODULES if f"attrlab.attribution.methods.{m}" in modules}
     assert loaded == {"gradient_x_input"}
     for unused in ("shap", "gradio", "fastapi", "plotly", "kaleido", "ray", "pandas"):
         assert unused not in modules, unused

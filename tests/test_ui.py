@@ -19,12 +19,12 @@ from gradio_client import Client, handle_file
 from PIL import Image
 from scipy.stats import spearmanr
 
-from app.ui import PageRunner, build_ui, method_entries, share_query
-from app.ui_batch import uploaded_rows
-from app.ui_layers import format_heads, parse_heads
-from app.worker import AblationRequest, ExplainRequest, ExplainWorker
-from attribution.errors import InvalidInputError, InvalidParameterError
-from attribution.layers import joint_ablation
+from attrlab.app.ui import PageRunner, build_ui, method_entries, share_query
+from attrlab.app.ui_batch import uploaded_rows
+from attrlab.app.ui_layers import format_heads, parse_heads
+from attrlab.app.worker import AblationRequest, ExplainRequest, ExplainWorker
+from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
+from attrlab.attribution.layers import joint_ablation
 
 pytestmark = pytest.mark.server  # the page launched on a port, driven by gradio_client
 

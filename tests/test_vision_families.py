@@ -12,12 +12,12 @@ import torch
 import transformers as tf
 from _small_budgets import SMALL_BUDGETS
 
-import attribution
-from attribution.methods import available_methods
-from attribution.methods._attention import readout_weights
-from attribution.models import load
-from attribution.models.images import ImageTransform
-from attribution.models.vision import CLIPZeroShotAdapter, ViTAdapter
+from attrlab import attribution
+from attrlab.attribution.methods import available_methods
+from attrlab.attribution.methods._attention import readout_weights
+from attrlab.attribution.models import load
+from attrlab.attribution.models.images import ImageTransform
+from attrlab.attribution.models.vision import CLIPZeroShotAdapter, ViTAdapter
 
 IMAGE = np.random.default_rng(0).integers(0, 256, (40, 48, 3), dtype=np.uint8)
 VIT_SIZES = {

@@ -15,11 +15,11 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from attribution import explain
-from attribution.explanation import Explanation, ModelInfo, Prediction, Target
-from attribution.layers import HEAD_ESTIMATORS, agreement, analyze_layers
-from attribution.metrics.leaderboard import SCORES, EvalItem, evaluate_methods
-from viz import (
+from attrlab.attribution import explain
+from attrlab.attribution.explanation import Explanation, ModelInfo, Prediction, Target
+from attrlab.attribution.layers import HEAD_ESTIMATORS, agreement, analyze_layers
+from attrlab.attribution.metrics.leaderboard import SCORES, EvalItem, evaluate_methods
+from attrlab.viz import (
     ablation_figure,
     agreement_figure,
     attention_figure,
@@ -44,9 +44,9 @@ from viz import (
     trust_figure,
     write_bundle,
 )
-from viz.bundle import safe_name
-from viz.image import robust_peak
-from viz.table import explanation_table
+from attrlab.viz.bundle import safe_name
+from attrlab.viz.image import robust_peak
+from attrlab.viz.table import explanation_table
 
 
 def _explanation(scores: np.ndarray, tokens: list[str] | None = None) -> Explanation:
@@ -145,7 +145,7 @@ def test_layer_figures_export_to_html_and_png(layer_tables, tmp_path):
 
 
 def test_check_figures_plot_the_tables_values():
-    from viz import method_agreement_figure, randomisation_figure
+    from attrlab.viz import method_agreement_figure, randomisation_figure
 
     steps = pd.DataFrame(
         {
@@ -567,8 +567,8 @@ def test_bundle_without_a_browser_keeps_the_html(text_explanations, tmp_path, mo
 
 
 def test_change_views_show_each_tokens_change_and_the_edited_ones():
-    from attribution.compare import compare_explanations
-    from viz import change_figure, change_html
+    from attrlab.attribution.compare import compare_explanations
+    from attrlab.viz import change_figure, change_html
 
     before = _explanation(np.array([0.0, 1.0, 2.0]), ["a", "<b>", "film"])
     after = _explanation(np.array([0.0, -1.0, 3.0, 1.0]), ["a", "new", "<b>", "film"])

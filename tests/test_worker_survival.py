@@ -14,9 +14,9 @@ import torch
 from _model_state import model_state
 from fastapi.testclient import TestClient
 
-from app.server import create_app
-from app.worker import ExplainRequest, ExplainWorker
-from attribution.errors import JobCancelledError
+from attrlab.app.server import create_app
+from attrlab.app.worker import ExplainRequest, ExplainWorker
+from attrlab.attribution.errors import JobCancelledError
 
 LLAMA = ExplainRequest(model="tiny-random-llama", method="attnlrp", text="the cat sat on the mat")
 RISE = ExplainRequest(
@@ -181,8 +181,8 @@ def test_each_device_has_its_lane_and_a_job_goes_to_the_least_loaded():
 
 
 def test_device_cuda_without_a_gpu_is_a_clear_error(monkeypatch):
-    from app.worker import visible_devices
-    from attribution.errors import InvalidInputError
+    from attrlab.app.worker import visible_devices
+    from attrlab.attribution.errors import InvalidInputError
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert visible_devices(None) == ["cpu"]

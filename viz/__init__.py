@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from attribution.lazy import lazy_exports
+from attrlab.attribution.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from viz.bundle import write_bundle
-    from viz.compare import change_figure, change_html
-    from viz.evaluate import leaderboard_figure
-    from viz.image import heatmap_overlay, image_figure, image_grid_figure, std_error_figure
-    from viz.layers import (
+    from attrlab.viz.bundle import write_bundle
+    from attrlab.viz.compare import change_figure, change_html
+    from attrlab.viz.evaluate import leaderboard_figure
+    from attrlab.viz.image import heatmap_overlay, image_figure, image_grid_figure, std_error_figure
+    from attrlab.viz.layers import (
         ablation_figure,
         agreement_figure,
         attention_figure,
@@ -27,14 +27,14 @@ if TYPE_CHECKING:
         token_layers_figure,
         top_heads_figure,
     )
-    from viz.text import (
+    from attrlab.viz.text import (
         positional_figure_tokens,
         scale_legend_html,
         token_columns_html,
         token_figure,
         token_highlights,
     )
-    from viz.trust import (
+    from attrlab.viz.trust import (
         conservation_gauge,
         method_agreement_figure,
         randomisation_figure,
@@ -76,33 +76,33 @@ __all__ = [
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
-        "change_figure": "viz.compare",
-        "change_html": "viz.compare",
-        "write_bundle": "viz.bundle",
-        "leaderboard_figure": "viz.evaluate",
-        "heatmap_overlay": "viz.image",
-        "image_figure": "viz.image",
-        "image_grid_figure": "viz.image",
-        "std_error_figure": "viz.image",
-        "ablation_figure": "viz.layers",
-        "agreement_figure": "viz.layers",
-        "attention_figure": "viz.layers",
-        "export_figure": "viz.layers",
-        "head_grid_table": "viz.layers",
-        "head_heatmap": "viz.layers",
-        "layer_lines": "viz.layers",
-        "positional_figure": "viz.layers",
-        "token_layers_figure": "viz.layers",
-        "top_heads_figure": "viz.layers",
-        "positional_figure_tokens": "viz.text",
-        "scale_legend_html": "viz.text",
-        "token_columns_html": "viz.text",
-        "token_figure": "viz.text",
-        "token_highlights": "viz.text",
-        "conservation_gauge": "viz.trust",
-        "method_agreement_figure": "viz.trust",
-        "randomisation_figure": "viz.trust",
-        "trust_card_html": "viz.trust",
-        "trust_figure": "viz.trust",
+        "change_figure": "attrlab.viz.compare",
+        "change_html": "attrlab.viz.compare",
+        "write_bundle": "attrlab.viz.bundle",
+        "leaderboard_figure": "attrlab.viz.evaluate",
+        "heatmap_overlay": "attrlab.viz.image",
+        "image_figure": "attrlab.viz.image",
+        "image_grid_figure": "attrlab.viz.image",
+        "std_error_figure": "attrlab.viz.image",
+        "ablation_figure": "attrlab.viz.layers",
+        "agreement_figure": "attrlab.viz.layers",
+        "attention_figure": "attrlab.viz.layers",
+        "export_figure": "attrlab.viz.layers",
+        "head_grid_table": "attrlab.viz.layers",
+        "head_heatmap": "attrlab.viz.layers",
+        "layer_lines": "attrlab.viz.layers",
+        "positional_figure": "attrlab.viz.layers",
+        "token_layers_figure": "attrlab.viz.layers",
+        "top_heads_figure": "attrlab.viz.layers",
+        "positional_figure_tokens": "attrlab.viz.text",
+        "scale_legend_html": "attrlab.viz.text",
+        "token_columns_html": "attrlab.viz.text",
+        "token_figure": "attrlab.viz.text",
+        "token_highlights": "attrlab.viz.text",
+        "conservation_gauge": "attrlab.viz.trust",
+        "method_agreement_figure": "attrlab.viz.trust",
+        "randomisation_figure": "attrlab.viz.trust",
+        "trust_card_html": "attrlab.viz.trust",
+        "trust_figure": "attrlab.viz.trust",
     },
 )

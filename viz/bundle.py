@@ -19,8 +19,8 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from attribution.explanation import Explanation
-from viz.layers import export_figure
+from attrlab.attribution.explanation import Explanation
+from attrlab.viz.layers import export_figure
 
 __all__ = ["safe_name", "write_bundle"]
 

@@ -8,9 +8,9 @@ from collections.abc import Mapping
 import numpy as np
 import plotly.graph_objects as go
 
-from attribution.compare import MapChange
-from viz.image import map_panels_figure
-from viz.text import diverging_colour, text_colour
+from attrlab.attribution.compare import MapChange
+from attrlab.viz.image import map_panels_figure
+from attrlab.viz.text import diverging_colour, text_colour
 
 __all__ = ["change_figure", "change_html"]
 

@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from attribution.metrics.leaderboard import SCORES
+from attrlab.attribution.metrics.leaderboard import SCORES
 
 __all__ = ["leaderboard_figure", "score_bars"]
 

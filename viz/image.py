@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 from PIL import Image
 from plotly.subplots import make_subplots
 
-from attribution.explanation import Explanation
+from attrlab.attribution.explanation import Explanation
 
 __all__ = [
     "DISPLAY_MAX_SIDE",

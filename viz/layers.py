@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from attribution.layers.agreement import head_ranking
+from attrlab.attribution.layers.agreement import head_ranking
 
 __all__ = [
     "ablation_figure",

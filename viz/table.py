@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attribution.explanation import Explanation
+from attrlab.attribution.explanation import Explanation
 
 __all__ = ["explanation_table", "layers_text"]
 

@@ -9,7 +9,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.colors import sample_colorscale, unlabel_rgb
 
-from attribution.explanation import Explanation
+from attrlab.attribution.explanation import Explanation
 
 __all__ = [
     "diverging_colour",

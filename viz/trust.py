@@ -15,10 +15,10 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from attribution.explanation import Explanation
-from attribution.metrics.leaderboard import SCORES
-from viz.evaluate import METHOD_COLOUR, score_bars
-from viz.layers import agreement_figure
+from attrlab.attribution.explanation import Explanation
+from attrlab.attribution.metrics.leaderboard import SCORES
+from attrlab.viz.evaluate import METHOD_COLOUR, score_bars
+from attrlab.viz.layers import agreement_figure
 
 __all__ = [
     "conservation_gauge",

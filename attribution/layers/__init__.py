@@ -1,7 +1,7 @@
 """Which layers and heads carried a prediction: per-layer and per-head measures, agreement."""
 
-from attribution.layers.agreement import agreement, agreement_metrics
-from attribution.layers.analysis import (
+from attrlab.attribution.layers.agreement import agreement, agreement_metrics
+from attrlab.attribution.layers.analysis import (
     COLUMNS,
     HEAD_ESTIMATORS,
     MEASURES,
@@ -11,9 +11,9 @@ from attribution.layers.analysis import (
     analyze_layers,
     joint_ablation,
 )
-from attribution.layers.dataset import DATASET_COLUMNS, DatasetItem, analyze_dataset
-from attribution.layers.heads import HeadAblation, ablate_heads_and_explain, head_attention
-from attribution.layers.hooks import zeroed_heads
+from attrlab.attribution.layers.dataset import DATASET_COLUMNS, DatasetItem, analyze_dataset
+from attrlab.attribution.layers.heads import HeadAblation, ablate_heads_and_explain, head_attention
+from attrlab.attribution.layers.hooks import zeroed_heads
 
 __all__ = [
     "COLUMNS",

@@ -8,7 +8,7 @@ from itertools import combinations
 import numpy as np
 import pandas as pd
 
-from attribution.agreement import rank_agreement
+from attrlab.attribution.agreement import rank_agreement
 
 __all__ = ["agreement", "agreement_metrics", "head_ranking"]
 

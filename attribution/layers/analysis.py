@@ -37,9 +37,9 @@ import pandas as pd
 import torch
 from torch import nn
 
-from attribution.errors import InvalidParameterError, UnsupportedMethodError
-from attribution.explanation import LAYER_COLUMNS, layer_table
-from attribution.layers.hooks import (
+from attrlab.attribution.errors import InvalidParameterError, UnsupportedMethodError
+from attrlab.attribution.explanation import LAYER_COLUMNS, layer_table
+from attrlab.attribution.layers.hooks import (
     ABLATIONS,
     ablate_head_sets,
     ablate_heads,
@@ -47,13 +47,13 @@ from attribution.layers.hooks import (
     gate_heads,
     skip_blocks,
 )
-from attribution.methods.lrp.layouts import LRPLayout, find_module, layout_for
-from attribution.methods.lrp.relevance import LRPResult, lrp
-from attribution.methods.lrp.settings import resolve_settings
-from attribution.models.base import Adapter, Inputs
-from attribution.models.text import DecoderLMAdapter
-from attribution.perturb import BatchRunner
-from attribution.run import RunContext
+from attrlab.attribution.methods.lrp.layouts import LRPLayout, find_module, layout_for
+from attrlab.attribution.methods.lrp.relevance import LRPResult, lrp
+from attrlab.attribution.methods.lrp.settings import resolve_settings
+from attrlab.attribution.models.base import Adapter, Inputs
+from attrlab.attribution.models.text import DecoderLMAdapter
+from attrlab.attribution.perturb import BatchRunner
+from attrlab.attribution.run import RunContext
 
 __all__ = [
     "COLUMNS",

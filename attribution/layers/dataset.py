@@ -15,9 +15,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from attribution.layers.analysis import analyze_layers
-from attribution.models.base import Adapter
-from attribution.run import RunContext
+from attrlab.attribution.layers.analysis import analyze_layers
+from attrlab.attribution.models.base import Adapter
+from attrlab.attribution.run import RunContext
 
 __all__ = ["DATASET_COLUMNS", "DatasetItem", "analyze_dataset"]
 

@@ -17,13 +17,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from attribution.errors import BudgetExceededError, InvalidParameterError
-from attribution.explain import explain
-from attribution.explanation import Explanation
-from attribution.layers.analysis import head_projections
-from attribution.layers.hooks import check_heads, zeroed_heads
-from attribution.models.base import Adapter, Inputs, TextInputs
-from attribution.run import ProgressCallback, stop_if_cancelled
+from attrlab.attribution.errors import BudgetExceededError, InvalidParameterError
+from attrlab.attribution.explain import explain
+from attrlab.attribution.explanation import Explanation
+from attrlab.attribution.layers.analysis import head_projections
+from attrlab.attribution.layers.hooks import check_heads, zeroed_heads
+from attrlab.attribution.models.base import Adapter, Inputs, TextInputs
+from attrlab.attribution.run import ProgressCallback, stop_if_cancelled
 
 __all__ = ["HeadAblation", "ablate_heads_and_explain", "head_attention"]
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from attribution.errors import InvalidParameterError
+from attrlab.attribution.errors import InvalidParameterError
 
 __all__ = [
     "ABLATIONS",

@@ -8,21 +8,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from attribution.lazy import lazy_exports
+from attrlab.attribution.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from attribution.methods.base import Attribution, AttributionMethod
-    from attribution.methods.registry import available_methods, get_method, register
+    from attrlab.attribution.methods.base import Attribution, AttributionMethod
+    from attrlab.attribution.methods.registry import available_methods, get_method, register
 
 __all__ = ["Attribution", "AttributionMethod", "available_methods", "get_method", "register"]
 
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
-        "Attribution": "attribution.methods.base",
-        "AttributionMethod": "attribution.methods.base",
-        "available_methods": "attribution.methods.registry",
-        "get_method": "attribution.methods.registry",
-        "register": "attribution.methods.registry",
+        "Attribution": "attrlab.attribution.methods.base",
+        "AttributionMethod": "attrlab.attribution.methods.base",
+        "available_methods": "attrlab.attribution.methods.registry",
+        "get_method": "attrlab.attribution.methods.registry",
+        "register": "attrlab.attribution.methods.registry",
     },
 )

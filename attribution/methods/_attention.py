@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from attribution.errors import UnsupportedMethodError
-from attribution.models.base import Adapter, Inputs, patch_grid
-from attribution.params import Param
-from attribution.run import RunContext
+from attrlab.attribution.errors import UnsupportedMethodError
+from attrlab.attribution.models.base import Adapter, Inputs, patch_grid
+from attrlab.attribution.params import Param
+from attrlab.attribution.run import RunContext
 
 __all__ = [
     "HEAD_FUSION_PARAM",

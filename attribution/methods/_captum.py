@@ -18,9 +18,9 @@ import torch
 from captum.attr import Attribution as CaptumAttribution
 from torch import nn
 
-from attribution.errors import InvalidParameterError
-from attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
-from attribution.params import Param
+from attrlab.attribution.errors import InvalidParameterError
+from attrlab.attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
+from attrlab.attribution.params import Param
 
 __all__ = [
     "BASELINE_PARAM",

@@ -20,14 +20,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from attribution.compat import deeplift_rules, rescale_rule
-from attribution.errors import UnsupportedMethodError
-from attribution.methods._deeplift_rules import (
+from attrlab.attribution.compat import deeplift_rules, rescale_rule
+from attrlab.attribution.errors import UnsupportedMethodError
+from attrlab.attribution.methods._deeplift_rules import (
     DeepLiftReport,
     transformer_deeplift_rules,
     treated_norm,
 )
-from attribution.run import RunContext
+from attrlab.attribution.run import RunContext
 
 __all__ = ["deeplift_eps", "deeplift_scope", "untreated_by_deeplift", "warn_untreated"]
 

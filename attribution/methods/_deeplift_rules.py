@@ -37,16 +37,16 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
-from attribution.compat import register_attention
-from attribution.methods._routing import (
+from attrlab.attribution.compat import register_attention
+from attrlab.attribution.methods._routing import (
     eager_attention,
     patch_heads,
     precision_tolerance,
     route_attention,
     route_of,
 )
-from attribution.methods.lrp.layouts import LAYOUTS, find_module
-from attribution.methods.lrp.rules import with_backward
+from attrlab.attribution.methods.lrp.layouts import LAYOUTS, find_module
+from attrlab.attribution.methods.lrp.rules import with_backward
 
 __all__ = ["DeepLiftReport", "is_rms_norm", "transformer_deeplift_rules", "treated_norm"]
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from attribution.errors import InvalidParameterError
-from attribution.models.base import Inputs
-from attribution.params import Param
-from attribution.perturb import PRECISIONS, TEXT_PERTURBATIONS
-from attribution.run import RunContext
+from attrlab.attribution.errors import InvalidParameterError
+from attrlab.attribution.models.base import Inputs
+from attrlab.attribution.params import Param
+from attrlab.attribution.perturb import PRECISIONS, TEXT_PERTURBATIONS
+from attrlab.attribution.run import RunContext
 
 __all__ = [
     "BATCH_SIZE_PARAM",

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from attribution.compat import family_function
-from attribution.errors import UnsupportedMethodError
+from attrlab.attribution.compat import family_function
+from attrlab.attribution.errors import UnsupportedMethodError
 
 __all__ = [
     "Normalize",

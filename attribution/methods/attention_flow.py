@@ -16,18 +16,18 @@ import torch
 from scipy.sparse import csr_array
 from scipy.sparse.csgraph import maximum_flow
 
-from attribution.errors import InvalidInputError
-from attribution.methods._attention import (
+from attrlab.attribution.errors import InvalidInputError
+from attrlab.attribution.methods._attention import (
     HEAD_FUSION_PARAM,
     attention_graph,
     to_scores,
     with_residual,
 )
-from attribution.methods.base import Attribution, AttributionMethod, Passes
-from attribution.methods.registry import register
-from attribution.models.base import Adapter, Inputs
-from attribution.params import Param
-from attribution.run import RunContext
+from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
+from attrlab.attribution.methods.registry import register
+from attrlab.attribution.models.base import Adapter, Inputs
+from attrlab.attribution.params import Param
+from attrlab.attribution.run import RunContext
 
 __all__ = ["CAPACITY_SCALE", "MAX_TOKENS", "AttentionFlow", "attention_flow", "flow_network"]
 

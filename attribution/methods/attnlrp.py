@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from attribution.methods.base import Attribution, AttributionMethod, Passes
-from attribution.methods.lrp import (
+from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
+from attrlab.attribution.methods.lrp import (
     LRP_PARAMS,
     lrp,
     resolve_settings,
     to_attribution,
     unsupported_reason,
 )
-from attribution.methods.registry import register
-from attribution.models.base import Adapter, Inputs
-from attribution.run import RunContext
+from attrlab.attribution.methods.registry import register
+from attrlab.attribution.models.base import Adapter, Inputs
+from attrlab.attribution.run import RunContext
 
 __all__ = ["AttnLRP"]
 

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from attribution.models.base import Adapter, Inputs
-from attribution.params import Param
-from attribution.run import RunContext
+from attrlab.attribution.models.base import Adapter, Inputs
+from attrlab.attribution.params import Param
+from attrlab.attribution.run import RunContext
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -54,7 +54,7 @@ def method_module(name: str) -> str | None:
 
 def live_entries() -> list[dict[str, Any]]:
     """The entries as the method classes describe themselves (imports every method)."""
-    from attribution.methods.registry import registered
+    from attrlab.attribution.methods.registry import registered
 
     entries = []
     for module in METHOD_MODULES:

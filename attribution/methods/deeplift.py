@@ -7,18 +7,18 @@ from typing import Any
 from captum.attr import DeepLift as CaptumDeepLift
 from captum.attr import LayerDeepLift
 
-from attribution.methods._captum import (
+from attrlab.attribution.methods._captum import (
     BASELINE_PARAM,
     attribute_with,
     baseline_for,
     delta_metrics,
     forward_function,
 )
-from attribution.methods._deeplift import deeplift_eps, deeplift_scope, warn_untreated
-from attribution.methods.base import Attribution, AttributionMethod, Passes
-from attribution.methods.registry import register
-from attribution.models.base import Adapter, Inputs
-from attribution.run import RunContext
+from attrlab.attribution.methods._deeplift import deeplift_eps, deeplift_scope, warn_untreated
+from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
+from attrlab.attribution.methods.registry import register
+from attrlab.attribution.models.base import Adapter, Inputs
+from attrlab.attribution.run import RunContext
 
 __all__ = ["DeepLift"]
 

@@ -8,13 +8,13 @@ import torch
 from captum.attr import LayerAttribution, LayerGradCam
 from torch import nn
 
-from attribution.errors import InvalidParameterError, UnsupportedMethodError
-from attribution.methods._captum import forward_function
-from attribution.methods.base import Attribution, AttributionMethod, Passes
-from attribution.methods.registry import register
-from attribution.models.base import Adapter, Inputs
-from attribution.params import Param
-from attribution.run import RunContext
+from attrlab.attribution.errors import InvalidParameterError, UnsupportedMethodError
+from attrlab.attribution.methods._captum import forward_function
+from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
+from attrlab.attribution.methods.registry import register
+from attrlab.attribution.models.base import Adapter, Inputs
+from attrlab.attribution.params import Param
+from attrlab.attribution.run import RunContext
 
 __all__ = ["GradCam", "last_feature_map"]
 

@@ -6,11 +6,11 @@ from typing import Any
 
 from captum.attr import InputXGradient, LayerGradientXActivation
 
-from attribution.methods._captum import attribute_with
-from attribution.methods.base import Attribution, AttributionMethod, Passes
-from attribution.methods.registry import register
-from attribution.models.base import Adapter, Inputs
-from attribution.run import RunContext
+from attrlab.attribution.methods._captum import attribute_with
+from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
+from attrlab.attribution.methods.registry import register
+from attrlab.attribution.models.base import Adapter, Inputs
+from attrlab.attribution.run import RunContext
 
 __all__ = ["GradientXInput"]
 

@@ -6,18 +6,18 @@ from typing import Any
 
 from captum.attr import IntegratedGradients as CaptumIG
 
-from attribution.methods._captum import (
+from attrlab.attribution.methods._captum import (
     BASELINE_PARAM,
     AdapterModule,
     baseline_for,
     delta_metrics,
     reference_space,
 )
-from attribution.methods.base import Attribution, AttributionMethod, Passes
-from attribution.methods.registry import register
-from attribution.models.base import Adapter, Inputs
-from attribution.params import Param
-from attribution.run import RunContext
+from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
+from attrlab.attribution.methods.registry import register
+from attrlab.attribution.models.base import Adapter, Inputs
+from attrlab.attribution.params import Param
+from attrlab.attribution.run import RunContext
 
 __all__ = ["IntegratedGradients"]
 

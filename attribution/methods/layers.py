@@ -6,14 +6,14 @@ from typing import Any
 
 import numpy as np
 
-from attribution.layers.agreement import agreement, agreement_metrics
-from attribution.layers.analysis import HEAD_ESTIMATORS, MEASURES, analyze, planned_passes
-from attribution.methods.base import Attribution, AttributionMethod, Passes
-from attribution.methods.lrp.layouts import unsupported_reason
-from attribution.methods.registry import register
-from attribution.models.base import Adapter, Inputs
-from attribution.params import Param
-from attribution.run import RunContext
+from attrlab.attribution.layers.agreement import agreement, agreement_metrics
+from attrlab.attribution.layers.analysis import HEAD_ESTIMATORS, MEASURES, analyze, planned_passes
+from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
+from attrlab.attribution.methods.lrp.layouts import unsupported_reason
+from attrlab.attribution.methods.registry import register
+from attrlab.attribution.models.base import Adapter, Inputs
+from attrlab.attribution.params import Param
+from attrlab.attribution.run import RunContext
 
 __all__ = ["LayerAnalysis", "measure_names"]
 

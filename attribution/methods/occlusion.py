@@ -8,22 +8,22 @@ import numpy as np
 from captum.attr import FeatureAblation
 from captum.attr import Occlusion as CaptumOcclusion
 
-from attribution.errors import InvalidParameterError
-from attribution.masks import slic_segments
-from attribution.methods._captum import BASELINE_PARAM, baseline_for
-from attribution.methods._masks import (
+from attrlab.attribution.errors import InvalidParameterError
+from attrlab.attribution.masks import slic_segments
+from attrlab.attribution.methods._captum import BASELINE_PARAM, baseline_for
+from attrlab.attribution.methods._masks import (
     BATCH_SIZE_PARAM,
     N_SEGMENTS_PARAM,
     PRECISION_PARAM,
     SEGMENTS_PARAM,
     check_segments,
 )
-from attribution.methods.base import Attribution, AttributionMethod, Passes
-from attribution.methods.registry import register
-from attribution.models.base import Adapter, ImageInputs, Inputs
-from attribution.params import Param
-from attribution.perturb import BatchRunner, auto_batch_size
-from attribution.run import RunContext
+from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
+from attrlab.attribution.methods.registry import register
+from attrlab.attribution.models.base import Adapter, ImageInputs, Inputs
+from attrlab.attribution.params import Param
+from attrlab.attribution.perturb import BatchRunner, auto_batch_size
+from attrlab.attribution.run import RunContext
 
 __all__ = ["Occlusion"]
 

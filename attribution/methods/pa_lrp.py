@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from attribution.methods.attnlrp import AttnLRP
-from attribution.methods.registry import register
-from attribution.models.base import Adapter
+from attrlab.attribution.methods.attnlrp import AttnLRP
+from attrlab.attribution.methods.registry import register
+from attrlab.attribution.models.base import Adapter
 
 __all__ = ["PALRP"]
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING
 
-from attribution.errors import UnknownMethodError, UnsupportedMethodError
-from attribution.methods.catalog import METHOD_MODULES, catalog_entries, method_module
+from attrlab.attribution.errors import UnknownMethodError, UnsupportedMethodError
+from attrlab.attribution.methods.catalog import METHOD_MODULES, catalog_entries, method_module
 
 if TYPE_CHECKING:
-    from attribution.methods.base import AttributionMethod
+    from attrlab.attribution.methods.base import AttributionMethod
 
 __all__ = ["available_methods", "get_method", "register", "registered"]
 
@@ -41,7 +41,7 @@ def get_method(name: str) -> type[AttributionMethod]:
     module = method_module(name)
     if name not in _REGISTRY and module is not None:
         try:
-            import_module(f"attribution.methods.{module}")
+            import_module(f"attrlab.attribution.methods.{module}")
         except ImportError as err:  # an optional library the method runs on
             raise UnsupportedMethodError(
                 f"method '{name}' needs the package '{err.name}', which is not installed"
@@ -55,7 +55,7 @@ def get_method(name: str) -> type[AttributionMethod]:
 def available_methods() -> list[type[AttributionMethod]]:
     """All methods, sorted by name (imports every method module)."""
     for module in METHOD_MODULES:
-        import_module(f"attribution.methods.{module}")
+        import_module(f"attrlab.attribution.methods.{module}")
     return registered()
 
 

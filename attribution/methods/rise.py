@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from attribution.methods._masks import (
+from attrlab.attribution.methods._masks import (
     BATCH_SIZE_PARAM,
     N_SEGMENTS_PARAM,
     PRECISION_PARAM,
@@ -18,18 +18,18 @@ from attribution.methods._masks import (
     generator_for,
     noise_ratio,
 )
-from attribution.methods.base import Attribution, AttributionMethod, Passes
-from attribution.methods.registry import register
-from attribution.models.base import Adapter, Inputs
-from attribution.params import Param
-from attribution.perturb import (
+from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
+from attrlab.attribution.methods.registry import register
+from attrlab.attribution.models.base import Adapter, Inputs
+from attrlab.attribution.params import Param
+from attrlab.attribution.perturb import (
     TOP_DECILE,
     BatchRunner,
     auto_batch_size,
     perturbation_for,
     top_decile_error,
 )
-from attribution.run import RunContext
+from attrlab.attribution.run import RunContext
 
 __all__ = ["RISE", "RiseEstimator"]
 

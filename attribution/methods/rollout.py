@@ -6,18 +6,18 @@ from typing import Any
 
 import torch
 
-from attribution.errors import InvalidParameterError
-from attribution.methods._attention import (
+from attrlab.attribution.errors import InvalidParameterError
+from attrlab.attribution.methods._attention import (
     HEAD_FUSION_PARAM,
     attention_graph,
     to_scores,
     with_residual,
 )
-from attribution.methods.base import Attribution, AttributionMethod, Passes
-from attribution.methods.registry import register
-from attribution.models.base import Adapter, Inputs, patch_grid
-from attribution.params import Param
-from attribution.run import RunContext
+from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
+from attrlab.attribution.methods.registry import register
+from attrlab.attribution.models.base import Adapter, Inputs, patch_grid
+from attrlab.attribution.params import Param
+from attrlab.attribution.run import RunContext
 
 __all__ = ["AttentionRollout", "attention_rollout", "discard_lowest"]
 

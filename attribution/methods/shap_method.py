@@ -11,20 +11,20 @@ import numpy as np
 import shap
 import torch
 
-from attribution.errors import InvalidParameterError, UnsupportedMethodError
-from attribution.methods._masks import BATCH_SIZE_PARAM, PRECISION_PARAM
-from attribution.methods.base import Attribution, AttributionMethod, Passes
-from attribution.methods.registry import register
-from attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs, text_adapter
-from attribution.params import Param
-from attribution.perturb import (
+from attrlab.attribution.errors import InvalidParameterError, UnsupportedMethodError
+from attrlab.attribution.methods._masks import BATCH_SIZE_PARAM, PRECISION_PARAM
+from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
+from attrlab.attribution.methods.registry import register
+from attrlab.attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs, text_adapter
+from attrlab.attribution.params import Param
+from attrlab.attribution.perturb import (
     TOP_DECILE,
     BatchRunner,
     auto_batch_size,
     box_blur,
     top_decile_error,
 )
-from attribution.run import RunContext
+from attrlab.attribution.run import RunContext
 
 __all__ = ["Shap"]
 

@@ -10,25 +10,25 @@ import numpy as np
 import torch
 from scipy.stats import qmc
 
-from attribution.errors import InvalidParameterError
-from attribution.methods._masks import (
+from attrlab.attribution.errors import InvalidParameterError
+from attrlab.attribution.methods._masks import (
     BATCH_SIZE_PARAM,
     PRECISION_PARAM,
     TEXT_PERTURBATION_PARAM,
     noise_ratio,
 )
-from attribution.methods.base import Attribution, AttributionMethod, Passes
-from attribution.methods.registry import register
-from attribution.models.base import Adapter, Inputs
-from attribution.params import Param, power_of_two
-from attribution.perturb import (
+from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
+from attrlab.attribution.methods.registry import register
+from attrlab.attribution.models.base import Adapter, Inputs
+from attrlab.attribution.params import Param, power_of_two
+from attrlab.attribution.perturb import (
     TOP_DECILE,
     BatchRunner,
     auto_batch_size,
     perturbation_for,
     top_decile_error,
 )
-from attribution.run import RunContext
+from attrlab.attribution.run import RunContext
 
 __all__ = ["Sobol", "jansen_total_order", "sobol_design", "total_order_indices"]
 

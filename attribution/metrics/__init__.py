@@ -1,15 +1,15 @@
 """Evidence for an explanation: faithfulness, randomisation sanity check, leaderboard."""
 
-from attribution.agreement import map_agreement
-from attribution.metrics.faithfulness import AOPC_FRACTIONS, Faithfulness, faithfulness
-from attribution.metrics.leaderboard import (
+from attrlab.attribution.agreement import map_agreement
+from attrlab.attribution.metrics.faithfulness import AOPC_FRACTIONS, Faithfulness, faithfulness
+from attrlab.attribution.metrics.leaderboard import (
     SCORES,
     EvalItem,
     bundled_items,
     evaluate_methods,
     summarise,
 )
-from attribution.metrics.randomisation import (
+from attrlab.attribution.metrics.randomisation import (
     cascading_units,
     randomisation_check,
     restored_weights,

@@ -19,13 +19,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from attribution.agreement import map_agreement
-from attribution.errors import BudgetExceededError, InvalidParameterError
-from attribution.explain import explain
-from attribution.explanation import Explanation
-from attribution.metrics.randomisation import cascading_units, randomisation_check
-from attribution.models.base import Adapter, Inputs
-from attribution.run import ProgressCallback, stop_if_cancelled
+from attrlab.attribution.agreement import map_agreement
+from attrlab.attribution.errors import BudgetExceededError, InvalidParameterError
+from attrlab.attribution.explain import explain
+from attrlab.attribution.explanation import Explanation
+from attrlab.attribution.metrics.randomisation import cascading_units, randomisation_check
+from attrlab.attribution.models.base import Adapter, Inputs
+from attrlab.attribution.run import ProgressCallback, stop_if_cancelled
 
 __all__ = ["MethodCheck", "check_methods"]
 

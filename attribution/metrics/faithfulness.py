@@ -34,16 +34,16 @@ import numpy as np
 import torch
 from scipy.ndimage import gaussian_filter
 
-from attribution.errors import InvalidInputError, InvalidParameterError
-from attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
-from attribution.perturb import (
+from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
+from attrlab.attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
+from attrlab.attribution.perturb import (
     BatchRunner,
     ImagePerturbation,
     Perturbation,
     TextPerturbation,
     auto_batch_size,
 )
-from attribution.run import RunContext
+from attrlab.attribution.run import RunContext
 
 __all__ = [
     "AOPC_FRACTIONS",

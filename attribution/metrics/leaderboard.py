@@ -20,11 +20,11 @@ import numpy as np
 import pandas as pd
 from scipy.stats import bootstrap
 
-from attribution.explain import explain
-from attribution.methods import get_method
-from attribution.metrics.faithfulness import check_options, faithfulness
-from attribution.models.base import Adapter
-from attribution.run import RunContext
+from attrlab.attribution.explain import explain
+from attrlab.attribution.methods import get_method
+from attrlab.attribution.metrics.faithfulness import check_options, faithfulness
+from attrlab.attribution.models.base import Adapter
+from attrlab.attribution.run import RunContext
 
 __all__ = ["SCORES", "EvalItem", "bundled_items", "evaluate_methods", "summarise"]
 
@@ -52,7 +52,7 @@ class EvalItem:
 
 def bundled_items(modality: str) -> list[EvalItem]:
     """The small evaluation set shipped in ``assets/eval`` (images or labelled sentences)."""
-    root = resources.files("assets").joinpath("eval")
+    root = resources.files("attrlab.assets").joinpath("eval")
     if modality == "image":
         images = root.joinpath("images")
         return [

@@ -29,8 +29,8 @@ import torch
 from scipy.stats import spearmanr
 from torch import nn
 
-from attribution.methods.lrp.layouts import LAYOUTS, find_module
-from attribution.models.base import Adapter
+from attrlab.attribution.methods.lrp.layouts import LAYOUTS, find_module
+from attrlab.attribution.models.base import Adapter
 
 __all__ = ["cascading_units", "randomisation_check", "restored_weights"]
 

@@ -8,18 +8,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from attribution.lazy import lazy_exports
+from attrlab.attribution.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
-    from attribution.models.catalog import (
+    from attrlab.attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
+    from attrlab.attribution.models.catalog import (
         BUILTIN_MODELS,
         DEFAULT_MODELS,
         BuiltinModel,
         default_model,
     )
-    from attribution.models.images import load_image
-    from attribution.models.loading import load
+    from attrlab.attribution.models.images import load_image
+    from attrlab.attribution.models.loading import load
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -37,15 +37,15 @@ __all__ = [
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
-        "BUILTIN_MODELS": "attribution.models.catalog",
-        "DEFAULT_MODELS": "attribution.models.catalog",
-        "BuiltinModel": "attribution.models.catalog",
-        "default_model": "attribution.models.catalog",
-        "Adapter": "attribution.models.base",
-        "ImageInputs": "attribution.models.base",
-        "Inputs": "attribution.models.base",
-        "TextInputs": "attribution.models.base",
-        "load_image": "attribution.models.images",
-        "load": "attribution.models.loading",
+        "BUILTIN_MODELS": "attrlab.attribution.models.catalog",
+        "DEFAULT_MODELS": "attrlab.attribution.models.catalog",
+        "BuiltinModel": "attrlab.attribution.models.catalog",
+        "default_model": "attrlab.attribution.models.catalog",
+        "Adapter": "attrlab.attribution.models.base",
+        "ImageInputs": "attrlab.attribution.models.base",
+        "Inputs": "attrlab.attribution.models.base",
+        "TextInputs": "attrlab.attribution.models.base",
+        "load_image": "attrlab.attribution.models.images",
+        "load": "attrlab.attribution.models.loading",
     },
 )

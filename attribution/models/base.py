@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attribution.errors import InvalidInputError, UnsupportedMethodError
+from attrlab.attribution.errors import InvalidInputError, UnsupportedMethodError
 
 if TYPE_CHECKING:
-    from attribution.models.images import ImageTransform
+    from attrlab.attribution.models.images import ImageTransform
 
 __all__ = [
     "Adapter",
@@ -269,7 +269,9 @@ class Adapter(ABC):
 
     def capabilities(self) -> dict[str, str | None]:
         """For each registered method: ``None`` if it applies, else the reason it does not."""
-        from attribution.methods import available_methods  # methods import adapters, not reverse
+        from attrlab.attribution.methods import (
+            available_methods,  # methods import adapters, not reverse
+        )
 
         return {m.name: m.unsupported_reason(self) for m in available_methods()}
 

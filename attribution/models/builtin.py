@@ -20,12 +20,12 @@ from typing import Any
 import torch
 import transformers as tf
 
-from attribution.errors import ModelLoadError
-from attribution.models.base import Adapter
-from attribution.models.cache import converted
-from attribution.models.images import ImageTransform
-from attribution.models.text import DecoderLMAdapter, TextClassifierAdapter, ZeroShotAdapter
-from attribution.models.vision import CNNAdapter, ViTAdapter
+from attrlab.attribution.errors import ModelLoadError
+from attrlab.attribution.models.base import Adapter
+from attrlab.attribution.models.cache import converted
+from attrlab.attribution.models.images import ImageTransform
+from attrlab.attribution.models.text import DecoderLMAdapter, TextClassifierAdapter, ZeroShotAdapter
+from attrlab.attribution.models.vision import CNNAdapter, ViTAdapter
 
 __all__ = [
     "efficientnet_lite0",
@@ -49,7 +49,11 @@ _EAGER: dict[str, Any] = {"attn_implementation": "eager"}
 
 def imagenet_labels() -> list[str]:
     """The 1000 ImageNet-1k class names, in index order (shipped in ``assets/``)."""
-    text = resources.files("assets").joinpath("imagenet_labels.txt").read_text(encoding="utf-8")
+    text = (
+        resources.files("attrlab.assets")
+        .joinpath("imagenet_labels.txt")
+        .read_text(encoding="utf-8")
+    )
     return text.splitlines()
 
 

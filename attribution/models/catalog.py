@@ -12,7 +12,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from attribution.models.base import Adapter
+    from attrlab.attribution.models.base import Adapter
 
 __all__ = ["BUILTIN_MODELS", "DEFAULT_MODELS", "BuiltinModel", "default_model"]
 
@@ -32,7 +32,9 @@ class BuiltinModel:
 
     def build(self) -> Adapter:
         """Load the model (imports torch, transformers and what the model needs)."""
-        adapter: Adapter = getattr(import_module("attribution.models.builtin"), self.loader)()
+        adapter: Adapter = getattr(
+            import_module("attrlab.attribution.models.builtin"), self.loader
+        )()
         return adapter
 
 

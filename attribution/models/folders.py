@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from attribution.errors import InvalidInputError, ModelLoadError, parse_json
+from attrlab.attribution.errors import InvalidInputError, ModelLoadError, parse_json
 
 __all__ = ["CONFIG_FILE", "check_inside", "read_config", "resolves_inside"]
 

@@ -9,14 +9,14 @@ from typing import Any
 import torch
 import transformers as tf
 
-from attribution.errors import AttrlabError, ModelLoadError, UnknownModelError
-from attribution.models.base import Adapter
-from attribution.models.builtin import imagenet_labels
-from attribution.models.families import FAMILIES, family_of
-from attribution.models.folders import CONFIG_FILE, check_inside, read_config
-from attribution.models.images import ImageTransform
-from attribution.models.text import DecoderLMAdapter, TextClassifierAdapter
-from attribution.models.vision import CLIPZeroShotAdapter, CNNAdapter, ViTAdapter
+from attrlab.attribution.errors import AttrlabError, ModelLoadError, UnknownModelError
+from attrlab.attribution.models.base import Adapter
+from attrlab.attribution.models.builtin import imagenet_labels
+from attrlab.attribution.models.families import FAMILIES, family_of
+from attrlab.attribution.models.folders import CONFIG_FILE, check_inside, read_config
+from attrlab.attribution.models.images import ImageTransform
+from attrlab.attribution.models.text import DecoderLMAdapter, TextClassifierAdapter
+from attrlab.attribution.models.vision import CLIPZeroShotAdapter, CNNAdapter, ViTAdapter
 
 __all__ = ["download", "load_pretrained"]
 
@@ -190,7 +190,7 @@ def _config(spec: str, name: str, revision: str | None, from_folder: bool) -> An
 
 
 def _not_found(spec: str) -> str:
-    from attribution.models.catalog import BUILTIN_MODELS
+    from attrlab.attribution.models.catalog import BUILTIN_MODELS
 
     return (
         f"model '{spec}' is not a built-in alias, not a local model directory, and could not "

@@ -22,8 +22,8 @@ import numpy as np
 import torch
 from PIL import Image, ImageFile, ImageMode, ImageOps
 
-from attribution.errors import InputTooLargeError, InvalidInputError, InvalidParameterError
-from attribution.models.base import ImageInputs
+from attrlab.attribution.errors import InputTooLargeError, InvalidInputError, InvalidParameterError
+from attrlab.attribution.models.base import ImageInputs
 
 __all__ = ["ImageTransform", "load_image", "max_image_bytes", "max_image_pixels"]
 

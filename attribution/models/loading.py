@@ -7,10 +7,10 @@ from pathlib import Path
 
 import torch
 
-from attribution.errors import InvalidInputError, UnknownModelError
-from attribution.models.base import Adapter
-from attribution.models.catalog import BUILTIN_MODELS
-from attribution.models.hub import download, load_pretrained
+from attrlab.attribution.errors import InvalidInputError, UnknownModelError
+from attrlab.attribution.models.base import Adapter
+from attrlab.attribution.models.catalog import BUILTIN_MODELS
+from attrlab.attribution.models.hub import download, load_pretrained
 
 __all__ = ["load", "resolve_device"]
 

@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.modeling_outputs import SequenceClassifierOutput
 
-from attribution.errors import InvalidInputError, require_unicode
-from attribution.models.base import TextAdapter, TextInputs
-from attribution.models.families import positional_encoding_of
+from attrlab.attribution.errors import InvalidInputError, require_unicode
+from attrlab.attribution.models.base import TextAdapter, TextInputs
+from attrlab.attribution.models.families import positional_encoding_of
 
 __all__ = ["DecoderLMAdapter", "TextClassifierAdapter", "ZeroShotAdapter", "ZeroShotClassifier"]
 

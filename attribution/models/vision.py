@@ -15,10 +15,10 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.modeling_outputs import ImageClassifierOutput
 
-from attribution.errors import InvalidInputError
-from attribution.models.base import ImageAdapter, ImageInputs
-from attribution.models.families import positional_encoding_of, readout_of
-from attribution.models.images import ImageTransform
+from attrlab.attribution.errors import InvalidInputError
+from attrlab.attribution.models.base import ImageAdapter, ImageInputs
+from attrlab.attribution.models.families import positional_encoding_of, readout_of
+from attrlab.attribution.models.images import ImageTransform
 
 __all__ = ["CLIPZeroShotAdapter", "CLIPZeroShotClassifier", "CNNAdapter", "ViTAdapter"]
 

@@ -8,11 +8,16 @@ hooks that apply the rules to a model, ``positional`` the positional-encoding-aw
 ``attribution/methods/attnlrp.py`` and ``pa_lrp.py``.
 """
 
-from attribution.methods.lrp.layouts import LAYOUTS, LRPLayout, layout_for, unsupported_reason
-from attribution.methods.lrp.patches import lrp_rules, transformer_lrp
-from attribution.methods.lrp.relevance import LRPResult, lrp, to_attribution
-from attribution.methods.lrp.rules import ATTENTION_RULES, AttentionRule
-from attribution.methods.lrp.settings import (
+from attrlab.attribution.methods.lrp.layouts import (
+    LAYOUTS,
+    LRPLayout,
+    layout_for,
+    unsupported_reason,
+)
+from attrlab.attribution.methods.lrp.patches import lrp_rules, transformer_lrp
+from attrlab.attribution.methods.lrp.relevance import LRPResult, lrp, to_attribution
+from attrlab.attribution.methods.lrp.rules import ATTENTION_RULES, AttentionRule
+from attrlab.attribution.methods.lrp.settings import (
     FAMILY_DEFAULTS,
     LRP_PARAMS,
     LRPDefaults,

@@ -15,8 +15,8 @@ from dataclasses import dataclass, replace
 from torch import nn
 from transformers import activations as hf_activations
 
-from attribution.errors import UnsupportedMethodError
-from attribution.models.base import Adapter
+from attrlab.attribution.errors import UnsupportedMethodError
+from attrlab.attribution.models.base import Adapter
 
 __all__ = [
     "ACTIVATION_TYPES",

@@ -20,12 +20,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from attribution.compat import register_attention
-from attribution.errors import UnsupportedMethodError
-from attribution.methods._routing import eager_attention, patch_heads, route_attention, route_of
-from attribution.methods.lrp import positional
-from attribution.methods.lrp.layouts import ACTIVATION_TYPES, LRPLayout, find_module
-from attribution.methods.lrp.rules import (
+from attrlab.attribution.compat import register_attention
+from attrlab.attribution.errors import UnsupportedMethodError
+from attrlab.attribution.methods._routing import (
+    eager_attention,
+    patch_heads,
+    route_attention,
+    route_of,
+)
+from attrlab.attribution.methods.lrp import positional
+from attrlab.attribution.methods.lrp.layouts import ACTIVATION_TYPES, LRPLayout, find_module
+from attrlab.attribution.methods.lrp.rules import (
     ATTENTION_RULES,
     AffineOp,
     AttentionRule,
@@ -36,7 +41,7 @@ from attribution.methods.lrp.rules import (
     rms_norm_rule,
     scale_gradient,
 )
-from attribution.models.base import Adapter
+from attrlab.attribution.models.base import Adapter
 
 __all__ = ["ATTENTION_IMPLEMENTATION", "Recorder", "lrp_rules", "transformer_lrp"]
 

@@ -26,13 +26,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from attribution.compat import family_function, set_family_function
-from attribution.errors import UnsupportedMethodError
-from attribution.methods.lrp.layouts import LRPLayout, RotaryLayout, find_module, find_parameter
-from attribution.methods.lrp.rules import scale_gradient
+from attrlab.attribution.compat import family_function, set_family_function
+from attrlab.attribution.errors import UnsupportedMethodError
+from attrlab.attribution.methods.lrp.layouts import (
+    LRPLayout,
+    RotaryLayout,
+    find_module,
+    find_parameter,
+)
+from attrlab.attribution.methods.lrp.rules import scale_gradient
 
 if TYPE_CHECKING:
-    from attribution.methods.lrp.patches import Recorder
+    from attrlab.attribution.methods.lrp.patches import Recorder
 
 __all__ = [
     "embedding_hooks",

@@ -18,13 +18,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from attribution.errors import UnsupportedMethodError
-from attribution.explanation import layer_table
-from attribution.methods.base import Attribution
-from attribution.methods.lrp import positional
-from attribution.methods.lrp.layouts import layout_for
-from attribution.methods.lrp.patches import Recorder, transformer_lrp
-from attribution.models.base import Adapter, Inputs
+from attrlab.attribution.errors import UnsupportedMethodError
+from attrlab.attribution.explanation import layer_table
+from attrlab.attribution.methods.base import Attribution
+from attrlab.attribution.methods.lrp import positional
+from attrlab.attribution.methods.lrp.layouts import layout_for
+from attrlab.attribution.methods.lrp.patches import Recorder, transformer_lrp
+from attrlab.attribution.models.base import Adapter, Inputs
 
 __all__ = ["LRPResult", "lrp", "to_attribution"]
 

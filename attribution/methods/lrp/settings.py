@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from attribution.models.base import Adapter
-from attribution.params import Param
+from attrlab.attribution.models.base import Adapter
+from attrlab.attribution.params import Param
 
 __all__ = ["FAMILY_DEFAULTS", "LRP_PARAMS", "LRPDefaults", "resolve_settings"]
 
