@@ -84,7 +84,7 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
-_ERRORS = {
+_ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": description}
     for status, description in [
         (400, "The input cannot be explained (empty, unreadable, wrong modality)"),
@@ -120,7 +120,9 @@ _JOB_LINKS = {
         ("CancelJob", "/jobs/{job_id}", "delete", "Cancel it"),
     ]
 }
-_UNAUTHORIZED = {401: {"model": ErrorBody, "description": "Missing or wrong bearer token"}}
+_UNAUTHORIZED: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "Missing or wrong bearer token"}
+}
 
 
 class _InputBody(BaseModel):

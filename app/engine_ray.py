@@ -17,6 +17,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from typing import Any
 
+import pandas as pd
+
 from attrlab.app.batch import BatchConfig, DatasetRow, explain_rows
 from attrlab.attribution.errors import AttrlabError
 
@@ -124,12 +126,13 @@ def ray_batches(
             return
         except Exception as err:  # an actor's error arrives wrapped in Ray's own
             raise _unwrapped(err) from None
-        rows = [
-            {key: _value(value) for key, value in row.items()} for row in batch.to_dict("records")
+        answers = [
+            {key: _value(value) for key, value in row.items()}
+            for row in pd.DataFrame(batch).to_dict("records")
         ]
-        for row in rows:  # a column with missing targets comes back as floats
-            row["target"] = None if row["target"] is None else int(row["target"])
-        yield rows
+        for answer in answers:  # a column with missing targets comes back as floats
+            answer["target"] = None if answer["target"] is None else int(answer["target"])
+        yield answers
 
 
 def _check_resources(

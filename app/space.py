@@ -264,11 +264,13 @@ def build_space(settings: ServerSettings | None = None) -> gr.Blocks:
         """The body of ``POST /api/v1/explain`` (one input or ``instances``), its answer."""
         try:
             parsed = ExplainBody.model_validate(body)
-            request = parsed.to_request() if parsed.instances is None else parsed.to_batch()
-            worker.validate(request, strict=True)  # JSON, as over REST: typed parameters
             if parsed.instances is None:
-                return runner.run(request).to_dict()
-            results = runner.run(request)
+                single = parsed.to_request()
+                worker.validate(single, strict=True)  # JSON, as over REST: typed parameters
+                return runner.run(single).to_dict()
+            batch = parsed.to_batch()
+            worker.validate(batch, strict=True)
+            results = runner.run(batch)
         except ValidationError as err:
             raise gr.Error(f"invalid request: {validation_problems(list(err.errors()))}") from None
         except AttrlabError as err:

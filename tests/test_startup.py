@@ -98,8 +98,9 @@ def test_an_image_explanation_on_a_cnn_skips_transformers_model_code(tmp_path):
 def test_explain_stays_the_function_when_its_module_is_imported_first():
     """``attribution.explain`` is an export and a submodule: the import must not swap them."""
     script = (
-        "import attribution.metrics, attribution.estimate, attribution\n"
-        "from attribution import explain\n"
+        "import attrlab.attribution.metrics, attrlab.attribution.estimate\n"
+        "from attrlab import attribution\n"
+        "from attrlab.attribution import explain\n"
         "print(callable(attribution.explain), callable(explain))\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
@@ -110,8 +111,8 @@ def test_a_method_whose_library_is_missing_is_refused_by_name():
     script = (
         "import sys\n"
         "sys.modules['shap'] = None  # as if shap were not installed\n"
-        "from attribution.errors import UnsupportedMethodError\n"
-        "from attribution.methods import get_method\n"
+        "from attrlab.attribution.errors import UnsupportedMethodError\n"
+        "from attrlab.attribution.methods import get_method\n"
         "try:\n"
         "    get_method('shap')\n"
         "except UnsupportedMethodError as err:\n"

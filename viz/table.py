@@ -21,7 +21,7 @@ def explanation_table(explanation: Explanation) -> str:
         f"p={e.target.probability:.4f}  logit={e.target.logit:.4f}",
         "top-5     " + " | ".join(f"{p.label!r} {p.probability:.4f}" for p in e.predictions),
     ]
-    lines += _token_rows(e) if e.tokens is not None else _image_rows(e)
+    lines += _token_rows(e.tokens, e.scores) if e.tokens is not None else _image_rows(e)
     if e.metrics:
         lines.append("metrics   " + "  ".join(f"{k}={v:.6g}" for k, v in e.metrics.items()))
     lines.append(
@@ -32,11 +32,11 @@ def explanation_table(explanation: Explanation) -> str:
     return "\n".join(lines)
 
 
-def _token_rows(e: Explanation) -> list[str]:
-    peak = float(np.abs(e.scores).max()) or 1.0
-    width = max(len(t) for t in e.tokens)
+def _token_rows(tokens: list[str], scores: np.ndarray) -> list[str]:
+    peak = float(np.abs(scores).max()) or 1.0
+    width = max(len(t) for t in tokens)
     rows = ["tokens    score"]
-    for token, score in zip(e.tokens, e.scores, strict=True):
+    for token, score in zip(tokens, scores, strict=True):
         bar = ("+" if score >= 0 else "-") * round(abs(score) / peak * _BAR_WIDTH)
         rows.append(f"  {token:<{width}}  {score:+.6f}  {bar}")
     return rows
