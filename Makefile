@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 HOST ?= 127.0.0.1
 PORT ?= 7860
 # Runtime extras, the same in the Dockerfile (a test checks it); `make test` adds dev.
-EXTRAS := embedded,ray
+EXTRAS := app,embedded,ray
 
 .PHONY: install run test test-fast lint browser bench space clean
 
@@ -57,7 +57,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/startup.py
 
 # A Hugging Face Space's files: the committed tree with the Space's README (its metadata) and
-# a requirements.txt listing pyproject's runtime and embedded dependencies and ZeroGPU's
+# a requirements.txt listing pyproject's runtime, app and embedded dependencies and ZeroGPU's
 # `spaces` (a Space installs requirements.txt alone, before the tree is there; the entry puts
 # the tree on sys.path). Push $(SPACE_DIR) to the Space's repository.
 SPACE_DIR ?= dist/space
@@ -66,7 +66,8 @@ space:
 	git archive HEAD | tar -x -C $(SPACE_DIR)
 	cp assets/space/README.md $(SPACE_DIR)/
 	$(PYTHON) -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
-	print("\n".join([*p["dependencies"], *p["optional-dependencies"]["embedded"], "spaces"]))' \
+	extras = p["optional-dependencies"]; \
+	print("\n".join([*p["dependencies"], *extras["app"], *extras["embedded"], "spaces"]))' \
 	> $(SPACE_DIR)/requirements.txt
 
 clean:

@@ -531,8 +531,15 @@ def _methods(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from attrlab.app.server import serve
     from attrlab.app.settings import ServerSettings, parse_param_limits, split_list
+
+    try:
+        from attrlab.app.server import serve
+    except ImportError as err:  # the web stack is an extra: the library works without it
+        raise AttrlabError(
+            f"attrlab serve needs the package '{err.name}', which is not installed: "
+            "pip install 'attrlab[app]'"
+        ) from None
 
     settings = ServerSettings.for_server(
         models=frozenset(split_list(args.models)) if args.models else None,

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,3 +65,44 @@ def test_the_wheel_installs_one_top_level_name_with_every_module_and_data_file(t
         next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     )
     assert "attrlab = attrlab.app.cli:main" in entry.decode()
+
+
+#: Blocks the web stack (the `app` extra) in a child interpreter, as if it were not installed,
+#: then runs attrlab's CLI with the arguments that follow.
+_WITHOUT_WEB_STACK = (
+    "import runpy, sys\n"
+    "for name in ('gradio', 'fastapi', 'starlette', 'uvicorn', 'pydantic'):\n"
+    "    sys.modules[name] = None\n"
+    "sys.argv = ['attrlab', *sys.argv[1:]]\n"
+    "runpy.run_module('attrlab.app.cli', run_name='__main__')\n"
+)
+
+
+def _cli_without_web_stack(*argv: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-c", _WITHOUT_WEB_STACK, *argv]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_the_cli_explains_without_the_web_stack():
+    """`pip install attrlab` without `[app]`: the library, the figures and the CLI all work."""
+    done = _cli_without_web_stack(
+        *("explain", "--model", "minilm-zeroshot", "--method", "gradient_x_input"),
+        *("--device", "cpu", "--text", "A wonderful, heartwarming story.", "--format", "json"),
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    explained = json.loads(done.stdout)
+    assert explained["target"]["label"] == "positive"
+    assert len(explained["scores"]) == len(explained["tokens"]) > 2
+
+
+def test_serve_without_the_web_stack_names_the_extra_to_install():
+    done = _cli_without_web_stack("serve", "--port", "0")
+    assert done.returncode == 2, done.stderr[-2000:]
+    (line,) = done.stderr.strip().splitlines()
+    missing = re.fullmatch(
+        r"attrlab: error: attrlab serve needs the package '(\w+)', which is not installed: "
+        r"pip install 'attrlab\[app\]'",
+        line,
+    )
+    assert missing and missing.group(1) in {"gradio", "fastapi", "starlette", "uvicorn", "pydantic"}

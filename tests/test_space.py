@@ -96,7 +96,8 @@ def test_make_space_assembles_the_spaces_files(tmp_path):
     assert (target / "app/space.py").is_file() and (target / "pyproject.toml").is_file()
     # A Space installs requirements.txt alone: the dependencies are listed, not ".".
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    wanted = [*project["dependencies"], *project["optional-dependencies"]["embedded"], "spaces"]
+    extras = project["optional-dependencies"]
+    wanted = [*project["dependencies"], *extras["app"], *extras["embedded"], "spaces"]
     assert (target / "requirements.txt").read_text().splitlines() == wanted
 
 
