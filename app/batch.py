@@ -125,7 +125,9 @@ def explain_rows(
     """
     Result rows (see :data:`RESULT_COLUMNS`) for ``rows``, in order, one per row and method.
 
-    A row that cannot be explained gets its error in each of its result rows.
+    The rows run as one worker batch, that is through the library's loop over inputs ×
+    methods (:func:`attribution.runs.explain_rows`); this adds only the file's row shape. A
+    row that cannot be explained gets its error in each of its result rows.
     """
     request = BatchRequest(
         model=config.model,
