@@ -43,6 +43,7 @@ from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidP
 from attrlab.attribution.methods import available_methods
 from attrlab.attribution.models import BUILTIN_MODELS, default_model
 from attrlab.attribution.params import whole_float_as_int
+from attrlab.attribution.rows import target_problem
 
 __all__ = [
     "ApiGuard",
@@ -67,8 +68,20 @@ _VERBS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 # counts, as the schema's "integer" promises.
 _WHOLE = BeforeValidator(whole_float_as_int)
 _WholeNumber = Annotated[int, _WHOLE]
+
+
+def _no_bool_target(value: Any) -> Any:
+    """Refuse ``true`` / ``false`` as a target in the words of every other reader of targets."""
+    problem = target_problem(value) if isinstance(value, bool) else None
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
 #: The output to explain: a class index or label.
-_Target = Annotated[int | Annotated[str, Field(max_length=200)] | None, _WHOLE]
+_Target = Annotated[
+    int | Annotated[str, Field(max_length=200)] | None, _WHOLE, BeforeValidator(_no_bool_target)
+]
 
 
 class ErrorDetail(BaseModel):

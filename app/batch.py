@@ -25,18 +25,17 @@ import pyarrow.parquet as pq
 
 from attrlab.app.jobs import cut_torn_tail, instance_json
 from attrlab.app.worker import BatchRequest, ExplainWorker, Instance
-from attrlab.attribution.errors import AttrlabError, InvalidInputError, parse_json, require_unicode
+from attrlab.attribution.errors import AttrlabError, InvalidInputError, parse_json
+from attrlab.attribution.rows import dataset_line, numbered_lines
 
 __all__ = [
     "IMAGE_SUFFIXES",
     "BatchConfig",
-    "DatasetLine",
     "DatasetRow",
     "ResultFile",
-    "dataset_line",
     "dataset_rows",
     "explain_rows",
-    "numbered_lines",
+    "numbered_lines",  # the library's reader, which the page's uploads take from here
     "pending_rows",
     "result_arrow",
     "result_rows",
@@ -80,75 +79,11 @@ class DatasetRow:
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
 
-def numbered_lines(text: str) -> Iterator[tuple[int, str]]:
-    r"""
-    ``(line number, line)`` of the non-blank lines of a JSON Lines text.
-
-    A line ends at ``\n`` (a ``\r`` before it dropped) and only there: the other breaks of
-    :meth:`str.splitlines` (U+2028, U+2029, U+0085) may stand raw inside a JSON string, so
-    splitting there would cut a good line and misnumber the rest. A leading byte order mark
-    (an editor's) is not part of the first line.
-    """
-    lines = text.removeprefix("\ufeff").split("\n")
-    return ((n, line.removesuffix("\r")) for n, line in enumerate(lines, start=1) if line.strip())
-
-
-@dataclass(frozen=True)
-class DatasetLine:
-    """One JSONL line as read: its row's id, a text or an image's name, a target, or a problem."""
-
-    id: str
-    text: str | None = None
-    image: str | None = None
-    target: int | str | None = None
-    #: Why the line cannot be a row ("line 3: not JSON (...)"); the other fields are then unset.
-    problem: str | None = None
-
-
-def dataset_line(number: int, line: str) -> DatasetLine:
-    """
-    Line ``number`` of a JSONL dataset: ``{"id"?, "text" | "image": name, "target"?}``.
-
-    The one reader of dataset lines (``attrlab batch``, ``layers`` and ``evaluate``, the page's
-    uploads). It never raises: a line that is not JSON (nested too deeply to read, too), not
-    an object, or has a field of the wrong type or a string that is not valid Unicode (a lone
-    surrogate, which JSON can escape) comes back with its problem, naming the line.
-    The id is ``line-N`` unless the line gives one (a string or a whole number).
-    """
-    key = f"line-{number}"
-    try:
-        record = parse_json(line, f"line {number}")
-    except InvalidInputError as err:
-        return DatasetLine(id=key, problem=str(err))
-    if not isinstance(record, dict) or ("text" in record) == ("image" in record):
-        return DatasetLine(
-            id=key, problem=f'line {number}: give an object with "text" or "image" (a path)'
-        )
-    given = record.get("id")
-    if given is not None:
-        if isinstance(given, bool) or not isinstance(given, str | int):
-            return DatasetLine(id=key, problem=f"line {number}: id must be a string or a number")
-        key = str(given)
-    target = record.get("target")
-    if target is not None and (isinstance(target, bool) or not isinstance(target, str | int)):
-        return DatasetLine(id=key, problem=f"line {number}: target must be a label or an index")
-    field = "text" if "text" in record else "image"
-    if not isinstance(record[field], str):
-        return DatasetLine(id=key, problem=f"line {number}: {field} must be a string")
-    try:  # JSON's "\ud800" escapes make strings no file name, tokenizer or Parquet can hold
-        for name in ("id", field, "target"):
-            if isinstance(record.get(name), str):
-                require_unicode(record[name], f"line {number}: the {name}")
-    except InvalidInputError as err:
-        return DatasetLine(id=f"line-{number}", problem=str(err))
-    return DatasetLine(id=key, target=target, **{field: record[field]})
-
-
 def dataset_rows(
     lines: Iterable[tuple[int, str]], read_image: Callable[[str], bytes] | None
 ) -> Iterator[DatasetRow]:
     """
-    Rows from JSONL lines ``(number, line)`` (see :func:`dataset_line`).
+    Rows from JSONL lines ``(number, line)`` (see :func:`attribution.rows.dataset_line`).
 
     ``read_image`` reads an ``"image"`` line's name (a file beside the dataset, or a member of
     an uploaded zip); without one, image lines are refused (a page's upload names no server
@@ -190,7 +125,9 @@ def explain_rows(
     """
     Result rows (see :data:`RESULT_COLUMNS`) for ``rows``, in order, one per row and method.
 
-    A row that cannot be explained gets its error in each of its result rows.
+    The rows run as one worker batch, that is through the library's loop over inputs ×
+    methods (:func:`attribution.runs.explain_rows`); this adds only the file's row shape. A
+    row that cannot be explained gets its error in each of its result rows.
     """
     request = BatchRequest(
         model=config.model,

@@ -312,8 +312,8 @@ def _batch_rows(path: str) -> Iterator[Any]:
 
 def _text_lines(file: Path, name: str) -> Iterator[tuple[int, str]]:
     """``(line number, line)`` of the non-blank lines of a UTF-8 text file."""
-    from attrlab.app.batch import numbered_lines
     from attrlab.attribution.errors import InvalidInputError
+    from attrlab.attribution.rows import numbered_lines
 
     try:
         text = file.read_text(encoding="utf-8")
@@ -329,10 +329,10 @@ def _jsonl_records(path: str, target: str | None) -> Iterator[tuple[Any, Any, st
     ``(raw, target, name)`` per JSONL line: ``{"text": ...}`` or ``{"image": path}``.
 
     Every line is read before the first is yielded: a line that cannot be read (see
-    :func:`~app.batch.dataset_line`) is refused, naming it, before any work is done.
+    :func:`~attribution.rows.dataset_line`) is refused, naming it, before any work is done.
     """
-    from attrlab.app.batch import dataset_line
     from attrlab.attribution.errors import InvalidInputError
+    from attrlab.attribution.rows import dataset_line
 
     file = Path(path).expanduser()
     if not file.is_file():

@@ -27,7 +27,6 @@ from attrlab.attribution.errors import (
     AttrlabError,
     InvalidInputError,
     InvalidParameterError,
-    JobCancelledError,
 )
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.methods import get_method
@@ -35,6 +34,7 @@ from attrlab.attribution.models import DEFAULT_MODELS, Adapter, Inputs, load_ima
 from attrlab.attribution.models.loading import resolve_device
 from attrlab.attribution.params import validate_params
 from attrlab.attribution.run import ProgressCallback, stop_if_cancelled
+from attrlab.attribution.runs import explain_rows
 
 if TYPE_CHECKING:  # imported where used: a plain explanation needs none of them
     import pandas as pd
@@ -592,54 +592,39 @@ class BatchRequest(WorkerRequest[list[InstanceResults]]):
     def run_on(self, adapter: Adapter, run: JobContext) -> list[InstanceResults]:
         """Each instance's explanations or errors; a cancelled job stops as a whole."""
         total = len(self.instances) * len(self.methods)
-        results: list[InstanceResults] = []
-        for number, instance in enumerate(self.instances):
-            done = number * len(self.methods)
-            run.progress(done, total)
-            try:
-                inputs = run.prepare(instance)
-            except JobCancelledError:
-                raise
-            except AttrlabError as err:
-                results.append(dict.fromkeys(self.methods, err))
-                continue
-            except Exception:  # a bug on one input must not sink the others
+
+        def refuse_if_slow(inputs: Inputs, method: str) -> None:
+            params = self.params.get(method)
+            _refuse_if_slow(adapter, method, inputs, params, self.evaluate, run)
+
+        def failed(number: int, method: str | None) -> AttrlabError:
+            # a bug on one input must not sink the others
+            if method is None:
                 log.exception("reading instance %d failed", number)
-                failed = InstanceFailedError(
+                return InstanceFailedError(
                     "this input could not be read inside attrlab; the server log has the details"
                 )
-                results.append(dict.fromkeys(self.methods, failed))
-                continue
-            outcome: InstanceResults = {}
-            for method in self.methods:
-                try:
-                    _refuse_if_slow(
-                        adapter, method, inputs, self.params.get(method), self.evaluate, run
-                    )
-                    outcome[method] = explain(
-                        adapter,
-                        method,
-                        inputs,
-                        target=instance.target,
-                        params=self.params.get(method),
-                        seed=self.seed,
-                        cancel=run.cancel,
-                        max_forward_passes=run.max_forward_passes,
-                        evaluate=self.evaluate,
-                    )
-                except JobCancelledError:
-                    raise
-                except AttrlabError as err:
-                    outcome[method] = err
-                except Exception:  # a bug on one input must not sink the others
-                    log.exception("explaining instance %d with %s failed", number, method)
-                    outcome[method] = InstanceFailedError(
-                        f"{method} failed on this input inside attrlab; the server log has the "
-                        "details"
-                    )
-            results.append(outcome)
-        run.progress(total, total)
-        return results
+            log.exception("explaining instance %d with %s failed", number, method)
+            return InstanceFailedError(
+                f"{method} failed on this input inside attrlab; the server log has the details"
+            )
+
+        run.progress(0, total)
+        rows = explain_rows(
+            adapter,
+            self.instances,
+            self.methods,
+            run.prepare,
+            params=self.params,
+            seed=self.seed,
+            evaluate=self.evaluate,
+            max_forward_passes=run.max_forward_passes,
+            cancel=run.cancel,
+            progress=lambda done: run.progress(done * len(self.methods), total),
+            check=refuse_if_slow,
+            record_errors=failed,
+        )
+        return [row.outcomes for row in rows]
 
 
 @dataclass(frozen=True)

@@ -104,7 +104,8 @@ def parse_json(text: str, what: str) -> Any:
     ``text`` parsed as JSON, or a refusal naming ``what`` (``"line 3"``, a file's name).
 
     Python's parser recurses once per level of nesting: a text nested deeper than the recursion
-    limit (``[[[[...`` a hundred thousand times) is refused like one that is not JSON.
+    limit (``[[[[...`` a hundred thousand times) is refused like one that is not JSON, and so is
+    a number longer than Python converts (4,300 digits by default).
 
     Raises:
         InvalidInputError: ``"<what>: not JSON (<why>)"``.
@@ -114,5 +115,7 @@ def parse_json(text: str, what: str) -> Any:
     except json.JSONDecodeError as err:
         where = f"line {err.lineno} column {err.colno}" if err.lineno > 1 else f"column {err.colno}"
         raise InvalidInputError(f"{what}: not JSON ({err.msg} at {where})") from None
+    except ValueError:  # int()'s digit limit, which the parser meets inside a valid text
+        raise InvalidInputError(f"{what}: not JSON (a number too long to read)") from None
     except RecursionError:
         raise InvalidInputError(f"{what}: not JSON (nested too deeply to read)") from None

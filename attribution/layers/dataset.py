@@ -18,6 +18,7 @@ import torch
 from attrlab.attribution.layers.analysis import analyze_layers
 from attrlab.attribution.models.base import Adapter
 from attrlab.attribution.run import RunContext
+from attrlab.attribution.runs import run_rows
 
 __all__ = ["DATASET_COLUMNS", "DatasetItem", "analyze_dataset"]
 
@@ -68,21 +69,22 @@ def analyze_dataset(
     Returns:
         A table with :data:`DATASET_COLUMNS`, one row per layer / head and measure.
     """
-    run = run or RunContext(seed=seed)
-    stats: dict[tuple, _Welford] = {}
-    for done, item in enumerate(items, start=1):
+    shared = run or RunContext(seed=seed)
+
+    def layer_table(item: DatasetItem) -> pd.DataFrame:
         inputs = adapter.preprocess(item.raw)
         with torch.no_grad():
             logits = adapter.logits(**inputs.model_kwargs())[0]
-        run.count(forward=1)
+        shared.count(forward=1)
         target = adapter.target_index(item.target, logits)
-        table = analyze_layers(adapter, inputs, target, measures, run)
+        return analyze_layers(adapter, inputs, target, measures, shared)
+
+    stats: dict[tuple, _Welford] = {}
+    for _, table in run_rows(items, layer_table, shared.cancel, progress):
         for row in table.itertuples(index=False):
             head, kv = _nullable(row.head), _nullable(row.kv_head)
             key = (row.layer, head, kv, row.component, row.measure)
             stats.setdefault(key, _Welford()).add(float(row.value))
-        if progress is not None:
-            progress(done)
     records = [(*key, s.mean, s.std, s.count) for key, s in stats.items()]
     frame = pd.DataFrame.from_records(records, columns=list(DATASET_COLUMNS))
     return frame.astype({"layer": "int64", "head": "Int64", "kv_head": "Int64"})

@@ -20,11 +20,11 @@ import numpy as np
 import pandas as pd
 from scipy.stats import bootstrap
 
-from attrlab.attribution.explain import explain
 from attrlab.attribution.methods import get_method
 from attrlab.attribution.metrics.faithfulness import check_options, faithfulness
 from attrlab.attribution.models.base import Adapter
 from attrlab.attribution.run import RunContext
+from attrlab.attribution.runs import explain_rows
 
 __all__ = ["SCORES", "EvalItem", "bundled_items", "evaluate_methods", "summarise"]
 
@@ -95,22 +95,22 @@ def evaluate_methods(
     """
     check_options(image_fill, text_removal)
     applicable = [name for name in methods if get_method(name).unsupported_reason(adapter) is None]
+    explained = explain_rows(
+        adapter,
+        items,
+        applicable,
+        lambda item: adapter.preprocess(item.raw),
+        params=params,
+        seed=seed,
+        max_forward_passes=max_forward_passes,
+        cancel=cancel,
+        progress=progress,
+    )
     rows = []
-    for done, item in enumerate(items, start=1):
+    for done, result in enumerate(explained, start=1):
+        inputs, explanations = result.explained()
         orders = RunContext(seed=seed + done, cancel=cancel)  # each item its own random orders
-        orders.stop_if_cancelled()
-        inputs = adapter.preprocess(item.raw)
-        for name in applicable:
-            explanation = explain(
-                adapter,
-                name,
-                inputs,
-                item.target,
-                (params or {}).get(name),
-                seed,
-                cancel=cancel,
-                max_forward_passes=max_forward_passes,
-            )
+        for name, explanation in explanations.items():
             target = explanation.target.index
             scored = faithfulness(
                 adapter,
@@ -125,15 +125,13 @@ def evaluate_methods(
             )
             rows.append(
                 {
-                    "item": item.name or str(done),
+                    "item": result.row.name or str(done),
                     "method": name,
                     **scored.metrics,
                     "forward_passes": explanation.timings.forward_passes,
                     "seconds": explanation.timings.total_s,  # the method's, not the scoring's
                 }
             )
-        if progress is not None:
-            progress(done)
     return pd.DataFrame(rows)
 
 
