@@ -263,7 +263,7 @@ def test_the_upload_folder_is_private_and_inside_the_operators_gradio_folder(tmp
         [
             sys.executable,
             "-c",
-            "import json, os; from app.ui import upload_folder; f = upload_folder(); "
+            "import json, os; from attrlab.app.ui import upload_folder; f = upload_folder(); "
             "told = os.environ['GRADIO_TEMP_DIR']; "
             "print(json.dumps([str(f), os.stat(f).st_mode & 0o777, told]))",
         ],
