@@ -466,30 +466,13 @@ def _write_table(table: Any, args: argparse.Namespace, as_text: Callable[[], str
 
 def _write_figures(explanation: Any, folder: Path, kind: str) -> None:
     """Every layer figure of ``explanation`` as ``folder/NAME.{html,png}``."""
-    from attrlab.attribution.layers import HEAD_ESTIMATORS, agreement
-    from attrlab.viz import (
-        agreement_figure,
-        export_figure,
-        head_heatmap,
-        layer_lines,
-        positional_figure,
-        top_heads_figure,
-    )
+    from attrlab.viz import export_figure
+    from attrlab.viz.figures import figures_for
 
-    table = explanation.layers
     folder.expanduser().mkdir(parents=True, exist_ok=True)
-    figures = {"layers": layer_lines(table, normalise=True)}
-    for measure in table[table["head"].notna()]["measure"].unique():
-        figures[f"heads_{measure}"] = head_heatmap(table, measure)
-    if {"lrp_block", "positional_relevance"} <= set(table["measure"]):
-        figures["positional"] = positional_figure(table)
-    if set(HEAD_ESTIMATORS) & set(table["measure"]):
-        figures["top_heads"] = top_heads_figure(table, HEAD_ESTIMATORS)
-        pairs = agreement(table, HEAD_ESTIMATORS, int(explanation.params["top_k"]))
-        if not pairs.empty:
-            figures["agreement"] = agreement_figure(pairs)
-    for name, figure in figures.items():
-        export_figure(figure, folder.expanduser() / f"{name}.{kind}")
+    figures = figures_for(explanation)
+    for name, draw in figures.items():
+        export_figure(draw(), folder.expanduser() / f"{name}.{kind}")
     print(f"wrote {len(figures)} figures to {folder}", file=sys.stderr)
 
 

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from attrlab.app.cli import main
-from attrlab.app.ui_batch import uploaded_rows
+from attrlab.app.ui.files import uploaded_rows
 from attrlab.app.worker import ExplainRequest, ExplainWorker
 
 TEXT_MODEL = "tiny-random-bert"

@@ -25,7 +25,8 @@ import yaml
 from attrlab.app import space
 from attrlab.app.api import ExplainBody
 from attrlab.app.settings import ServerSettings
-from attrlab.app.ui import PageRunner, _queued_cost
+from attrlab.app.ui import PageRunner
+from attrlab.app.ui.runner import queued_cost
 from attrlab.app.worker import ExplainRequest, ExplainWorker, TooSlowError
 from attrlab.attribution import explain
 from attrlab.attribution.errors import AttrlabError
@@ -240,13 +241,13 @@ def test_a_jobs_own_error_comes_back_from_the_slot_with_its_message(worker):
 
 
 def test_page_shows_the_estimate_before_run_and_an_eta_while_running(worker):
-    shown = _queued_cost(worker, RISE)  # the first estimate on a model measures its costs
+    shown = queued_cost(worker, RISE)  # the first estimate on a model measures its costs
     adapter = worker.adapter(RISE.model)
     expected = estimate(adapter, "rise", adapter.preprocess(RISE.text), RISE.params)
     assert shown == expected.summary()
     assert f"{expected.forward_passes:,} forward passes" in shown
     bad = replace(RISE, params={"n_masks": 0})
-    assert _queued_cost(worker, bad).startswith("cannot estimate (parameter 'n_masks'")
+    assert queued_cost(worker, bad).startswith("cannot estimate (parameter 'n_masks'")
 
     seen = []
 

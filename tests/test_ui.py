@@ -20,8 +20,8 @@ from PIL import Image
 from scipy.stats import spearmanr
 
 from attrlab.app.ui import PageRunner, build_ui, method_entries, share_query
-from attrlab.app.ui_batch import uploaded_rows
-from attrlab.app.ui_layers import format_heads, parse_heads
+from attrlab.app.ui.files import uploaded_rows
+from attrlab.app.ui.layers import format_heads, parse_heads
 from attrlab.app.worker import AblationRequest, ExplainRequest, ExplainWorker
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
 from attrlab.attribution.layers import joint_ablation

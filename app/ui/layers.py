@@ -8,12 +8,14 @@ head (or a set) is zeroed and the prediction and its map are re-run live.
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import gradio as gr
 import pandas as pd
 
-from attrlab.app.ui import (
+from attrlab.app.ui.runner import PageRunner
+from attrlab.app.ui.shared import (
     SAMPLE_PROMPT,
     SAMPLE_TEXT,
     label_list,
@@ -26,6 +28,9 @@ from attrlab.app.worker import AblationRequest, ExplainRequest
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.models import BUILTIN_MODELS, default_model
+
+if TYPE_CHECKING:
+    from attrlab.viz.figures import FigureBuilder
 
 __all__ = ["format_heads", "layers_tab", "parse_heads"]
 
@@ -57,12 +62,8 @@ def format_heads(heads: tuple[tuple[int, int], ...] | list[tuple[int, int]]) -> 
     return ", ".join(f"L{layer}H{head}" for layer, head in heads)
 
 
-def _head_measures(table: pd.DataFrame) -> list[str]:
-    return list(dict.fromkeys(table.loc[table["head"].notna(), "measure"]))
-
-
-def layers_tab(runner: Any) -> None:
-    """Build the tab; ``runner`` is the page's :class:`app.ui.PageRunner`."""
+def layers_tab(runner: PageRunner) -> None:
+    """Build the tab; every request goes through ``runner``."""
     from attrlab.attribution.layers import MEASURES
 
     models = [name for name, m in BUILTIN_MODELS.items() if m.modality == "text"]
@@ -165,9 +166,7 @@ def layers_tab(runner: Any) -> None:
         request: gr.Request,
         progress=gr.Progress(),  # noqa: B008
     ):
-        from attrlab.attribution.layers import HEAD_ESTIMATORS
-        from attrlab.attribution.layers import agreement as estimator_agreement
-        from attrlab.viz import agreement_figure, layer_lines
+        from attrlab.viz.figures import AGREEMENT, LAYERS, figures_for, head_measures
 
         if not measures_:
             raise gr.Error("choose at least one measure")
@@ -175,8 +174,8 @@ def layers_tab(runner: Any) -> None:
         request_ = ExplainRequest(**base, method="layers", params={"measures": ",".join(measures_)})
         explanation: Explanation = runner(request_, progress, request.session_hash, "layers")
         table = explanation.layers
-        head_names = _head_measures(table)
-        pairs = estimator_agreement(table, HEAD_ESTIMATORS)
+        figures = figures_for(explanation)
+        head_names = head_measures(table)
         shown_measure = head_names[0] if head_names else None
         highlighted = None
         if explanation.tokens is not None:
@@ -187,9 +186,9 @@ def layers_tab(runner: Any) -> None:
         return [
             gr.update(choices=head_names, value=shown_measure),
             *_head_views(table, shown_measure),
-            layer_lines(table, normalise=True),
-            _positional_view(table),
-            agreement_figure(pairs) if len(pairs) else None,
+            figures[LAYERS](),
+            _positional_view(figures),
+            figures[AGREEMENT]() if AGREEMENT in figures else None,
             highlighted,
             None,
             {p.label: p.probability for p in explanation.predictions},
@@ -295,14 +294,13 @@ def layers_tab(runner: Any) -> None:
     tokens.select(clicked_token, [last], token_layers, api_visibility="private")
 
 
-def _positional_view(table: pd.DataFrame) -> Any:
+def _positional_view(figures: Mapping[str, FigureBuilder]) -> Any:
     """PA-LRP's token against positional relevance per layer, where the model has both."""
-    from attrlab.viz import positional_figure
+    from attrlab.viz.figures import POSITIONAL
 
-    found = set(table["measure"])
-    if not {"lrp_block", "positional_relevance"} <= found:
+    if POSITIONAL not in figures:
         return gr.update(value=None, visible=False)
-    return gr.update(value=positional_figure(table), visible=True)
+    return gr.update(value=figures[POSITIONAL](), visible=True)
 
 
 def _head_views(table: pd.DataFrame, measure: str | None) -> list[Any]:

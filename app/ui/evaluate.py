@@ -1,0 +1,135 @@
+"""The Evaluate tab: the faithfulness leaderboard of chosen methods, on bundled or uploaded sets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gradio as gr
+
+from attrlab.app.ui.files import received_file, received_input, uploaded_rows
+from attrlab.app.ui.runner import PageRunner
+from attrlab.app.ui.shared import label_list, labels_for, method_names, readable, sample_labels
+from attrlab.app.worker import MAX_CURVE_STEPS, MAX_ORDERS, EvaluateRequest, Instance
+from attrlab.attribution.models import BUILTIN_MODELS, default_model
+
+__all__ = ["evaluate_tab"]
+
+
+def _classifiers(modality: str) -> list[str]:
+    return [
+        name for name, m in BUILTIN_MODELS.items() if m.modality == modality and not m.next_token
+    ]
+
+
+def evaluate_tab(runner: PageRunner) -> None:
+    """Every chosen method on the bundled examples, scored for faithfulness."""
+    from attrlab.attribution.metrics.leaderboard import bundled_items
+
+    counts = {m: len(bundled_items(m)) for m in ("text", "image")}
+    gr.Markdown(
+        "Each method's map on each bundled example, scored against random orders of the same "
+        "input (text: comprehensiveness and sufficiency; images: deletion and insertion)."
+    )
+    with gr.Row():
+        modality = gr.Radio(["text", "image"], value="text", label="Inputs")
+        model = gr.Dropdown(
+            _classifiers("text"),
+            value=default_model("text"),
+            label="Model",
+            allow_custom_value=True,
+            elem_id="evaluate-model",
+        )
+        labels = gr.Textbox(sample_labels(default_model("text")), label="Labels (zero-shot models)")
+    methods = gr.CheckboxGroup(
+        method_names("text"),
+        value=["gradient_x_input", "integrated_gradients", "attnlrp"],
+        label="Methods",
+        elem_id="evaluate-methods",
+    )
+    with gr.Row():
+        items = gr.Slider(1, counts["text"], value=min(4, counts["text"]), step=1, label="Items")
+        steps = gr.Slider(5, MAX_CURVE_STEPS, value=20, step=1, label="Curve steps (images)")
+        orders = gr.Slider(1, MAX_ORDERS, value=2, step=1, label="Random orders")
+        upload = received_input(
+            gr.File(
+                label="Or your own set (.jsonl of texts, .zip of images)",
+                file_types=[".jsonl", ".zip"],
+                height=90,
+                elem_id="evaluate-upload",
+            )
+        )
+    with gr.Row():
+        run = gr.Button("Evaluate", variant="primary", elem_id="evaluate-run")
+        cancel = gr.Button("Cancel", variant="stop")
+    table = gr.Dataframe(label="Leaderboard", elem_id="evaluate-table")
+    plot = gr.Plot(label="Scores against random orders", elem_id="evaluate-plot")
+    with gr.Accordion("Per item", open=False):
+        per_item_table = gr.Dataframe()
+
+    def switch(kind: str) -> list[Any]:
+        defaults = ["gradient_x_input", "integrated_gradients"]
+        return [
+            gr.update(choices=_classifiers(kind), value=default_model(kind)),
+            gr.update(choices=method_names(kind), value=defaults),
+            gr.update(maximum=counts[kind], value=min(4, counts[kind])),
+            labels_for(default_model(kind)),
+        ]
+
+    modality.change(switch, modality, [model, methods, items, labels], api_visibility="private")
+    model.change(labels_for, model, labels, api_visibility="private")
+
+    @readable
+    def evaluate(
+        kind,
+        model_,
+        labels_,
+        chosen,
+        count,
+        steps_,
+        orders_,
+        path,
+        request: gr.Request,
+        progress=gr.Progress(),  # noqa: B008
+    ):
+        from attrlab.attribution.metrics.leaderboard import summarise
+        from attrlab.viz.evaluate import leaderboard_figure
+
+        if not chosen:
+            raise gr.Error("choose at least one method")
+        instances: tuple[Instance, ...] = ()
+        if path:  # an uploaded set, all of it (within the server's batch bound)
+            settings = runner.worker.settings
+            rows = uploaded_rows(received_file(path), settings.max_body_bytes, settings.max_batch)
+            if not rows:
+                raise gr.Error("the upload holds no rows")
+            instances = tuple(r.instance() for r in rows)
+        request_ = EvaluateRequest(
+            model=model_,
+            labels=label_list(labels_),
+            modality=kind,
+            methods=tuple(chosen),
+            items=None if instances else int(count),
+            steps=int(steps_),
+            random_orders=int(orders_),
+            instances=instances,
+        )
+        per_item = runner(request_, progress, request.session_hash, "evaluate")
+        if per_item.empty:
+            raise gr.Error("nothing was evaluated: none of these methods applies to this model")
+        summary = summarise(per_item, kind)
+        return [summary.round(4), leaderboard_figure(per_item, kind), per_item.round(4)]
+
+    running = run.click(
+        evaluate,
+        [modality, model, labels, methods, items, steps, orders, upload],
+        [table, plot, per_item_table],
+        api_name="evaluate",
+        concurrency_id="run-evaluate",
+    )
+    cancel.click(
+        runner.cancel_handler("evaluate"),
+        [],
+        [],
+        cancels=[running],
+        api_visibility="private",
+    )

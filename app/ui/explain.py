@@ -1,0 +1,675 @@
+"""
+An explain tab (a text, a prompt's next token or an image): methods side by side, and trust.
+
+:class:`ExplainTab` builds one tab's components and wires them to its own methods; the figures
+and the export come from :mod:`app.ui.results`, a shared link from :mod:`app.ui.link`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+import numpy as np
+
+from attrlab.app.ui.files import received_file, received_input
+from attrlab.app.ui.link import LinkedTab, page_base, share_query
+from attrlab.app.ui.methods import MethodControls
+from attrlab.app.ui.results import (
+    Result,
+    changes,
+    comparison_view,
+    detail_choices,
+    detail_figure,
+    export_bundle,
+    summary,
+    top,
+)
+from attrlab.app.ui.runner import PageRunner
+from attrlab.app.ui.shared import (
+    SAMPLE_PROMPT,
+    SAMPLE_TEXT,
+    label_list,
+    labels_for,
+    read_target,
+    readable,
+    sample_labels,
+    session,
+    whole,
+)
+from attrlab.app.worker import CheckRequest, ExplainRequest, PreviewRequest
+from attrlab.attribution.compare import occluded
+from attrlab.attribution.models import BUILTIN_MODELS, default_model, load_image
+
+__all__ = ["DEFAULT_METHODS", "ExplainTab", "TabSpec"]
+
+#: Methods ticked when a tab opens: fast on a CPU, and of two families (gradient and LRP).
+DEFAULT_METHODS = {
+    "text": ["integrated_gradients", "attnlrp"],
+    "next": ["attnlrp", "gradient_x_input"],
+    "image": ["gradient_x_input", "gradcam"],
+}
+#: The name of each tab's REST routes (``explain_text``, ``predict_next_token``, ...).
+_API_NAMES = {"text": "text", "next": "next_token", "image": "image"}
+#: The image maps' opacity when a run is shown.
+_OPACITY = 0.55
+
+
+@dataclass
+class TabSpec:
+    """What differs between the explain tabs."""
+
+    key: str  # "text", "next" or "image"
+    title: str
+    modality: str
+    next_token: bool = False
+
+
+class ExplainTab:
+    """
+    One explain tab: its components, and its handlers as methods.
+
+    Made inside a ``gr.Tab``; the components are laid out and wired when it is made. The last
+    run stays in the session (``last``); :attr:`linked` says what a shared link fills and runs.
+    """
+
+    def __init__(
+        self, spec: TabSpec, runner: PageRunner, cost: Callable[[ExplainRequest], str]
+    ) -> None:
+        self.spec = spec
+        self.runner = runner
+        self.cost = cost
+        self.key = spec.key
+        self.api = _API_NAMES[spec.key]
+        self.image = spec.modality == "image"
+        self.last = gr.State(None)
+        self._inputs()
+        self._outputs()
+        self.params_box = gr.JSON(visible=False)  # method -> parameters, from the widgets
+        self.linked = gr.State(False)  # a shared link filled this tab: run it once loaded
+        #: What Run hands to :meth:`explain`, in its order.
+        self.fields = [self.model, self.labels, self.source, self.target, self.controls.picker]
+        self.fields += [self.trust, self.randomise, self.seed, self.params_box]
+        self.fields += [self.compare, self.last]
+        #: What :meth:`show` fills, in its order.
+        self.shown = [self.maps, self.agreement, self.detail_choice, self.detail, self.cards]
+        self.shown += [self.randomisation, self.raw, self.link, self.last, self.prediction]
+        self.shown += [self.comparison]
+        self.shown += [self.opacity] if self.opacity is not None else []
+        self._wire()
+
+    # --- layout ---------------------------------------------------------------------------
+
+    def _inputs(self) -> None:
+        spec, key = self.spec, self.key
+        models = [
+            name
+            for name, m in BUILTIN_MODELS.items()
+            if m.modality == spec.modality and m.next_token == spec.next_token
+        ]
+        initial = default_model(spec.modality, next_token=spec.next_token)
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=3, min_width=360):
+                with gr.Row():
+                    self.model = gr.Dropdown(
+                        models,
+                        value=initial,
+                        label="Model: built-in alias, hub id or local folder (as the server "
+                        "allows)",
+                        allow_custom_value=True,
+                        scale=2,
+                        elem_id=f"{key}-model",
+                    )
+                    self.labels = gr.Textbox(
+                        (sample_labels(initial) or "") if key == "text" else "",
+                        label="Labels (zero-shot models)",
+                        visible=key == "text",
+                        scale=1,
+                        elem_id=f"{key}-labels",
+                    )
+                self._source()
+                self.controls = MethodControls.build(spec.modality, DEFAULT_METHODS[key], key)
+            with gr.Column(scale=2, min_width=280):
+                self._settings()
+
+    def _source(self) -> None:
+        """The tab's input: an image (and the occlusion's size), or a text or prompt."""
+        spec, key = self.spec, self.key
+        self.occlusion: gr.Slider | None = None
+        if self.image:
+            # The upload's own file, undecoded (no image_mode: Gradio would convert it):
+            # the library decodes it, after checking its size from the header.
+            self.source: Any = received_input(
+                gr.Image(
+                    label="Image",
+                    type="filepath",
+                    image_mode=None,
+                    height=240,
+                    elem_id=f"{key}-input",
+                )
+            )
+            gr.Examples(
+                [[str(p)] for p in _example_images()],
+                [self.source],
+                label="Examples",
+                elem_id=f"{key}-examples",
+            )
+            self.occlusion = gr.Slider(
+                4,
+                128,
+                32,
+                step=4,
+                label="Click the image to occlude a square of this size (pixels)",
+                elem_id=f"{key}-occlusion",
+            )
+        else:
+            self.source = gr.Textbox(
+                SAMPLE_PROMPT if spec.next_token else SAMPLE_TEXT,
+                label="Prompt" if spec.next_token else "Text",
+                lines=2,
+                elem_id=f"{key}-input",
+            )
+            gr.Examples(
+                _example_texts(spec.next_token),
+                [self.source],
+                label="Examples",
+                elem_id=f"{key}-examples",
+            )
+
+    def _settings(self) -> None:
+        """The prediction, the target and the run's options and buttons."""
+        key = self.key
+        self.prediction = gr.Label(
+            num_top_classes=5, label="Top-5 predictions", elem_id=f"{key}-prediction"
+        )
+        with gr.Row():
+            self.target = gr.Dropdown(
+                [("top prediction", "")],
+                value="",
+                label="Explain (from the top-5)",
+                allow_custom_value=True,
+                scale=2,
+                elem_id=f"{key}-target",
+            )
+            self.predict = gr.Button(
+                "Predict next tokens" if self.spec.next_token else "Predict",
+                scale=1,
+                elem_id=f"{key}-predict",
+            )
+        with gr.Row():
+            self.trust = gr.Checkbox(False, label="Trust cards (faithfulness vs random orders)")
+            self.randomise = gr.Checkbox(False, label="Randomisation check (a run per layer)")
+        with gr.Row():
+            self.compare = gr.Checkbox(
+                False,
+                label="Compare with the previous run (edit the input; same class)",
+                elem_id=f"{key}-compare",
+            )
+            self.seed = gr.Number(
+                0, label="Seed", precision=0, minimum=0, min_width=80, elem_id=f"{key}-seed"
+            )
+        with gr.Row():
+            self.run = gr.Button("Run", variant="primary", min_width=120, elem_id=f"{key}-run")
+            self.cancel = gr.Button(
+                "Cancel", variant="stop", min_width=100, elem_id=f"{key}-cancel"
+            )
+
+    def _outputs(self) -> None:
+        key = self.key
+        self.cost_line = gr.Markdown("", elem_id=f"{key}-cost")
+        self.opacity: gr.Slider | None = None
+        if self.image:
+            self.maps: Any = gr.Plot(label="Maps", elem_id=f"{key}-maps")
+            self.opacity = gr.Slider(
+                0.0, 1.0, _OPACITY, step=0.05, label="Opacity", elem_id=f"{key}-opacity"
+            )
+        else:
+            self.maps = gr.HTML(elem_id=f"{key}-maps")
+        with gr.Row():
+            self.agreement = gr.Plot(label="Agreement between methods", elem_id=f"{key}-agreement")
+            with gr.Column():
+                self.detail_choice = gr.Dropdown(
+                    [], label="Details", elem_id=f"{key}-detail-choice"
+                )
+                self.detail = gr.Plot(label="Details", elem_id=f"{key}-detail")
+        if self.image:
+            self.comparison: Any = gr.Plot(
+                label="Change from the previous run", visible=False, elem_id=f"{key}-comparison"
+            )
+        else:
+            self.comparison = gr.HTML(visible=False, elem_id=f"{key}-comparison")
+        self.cards = gr.HTML(elem_id=f"{key}-trust")
+        self.randomisation = gr.Plot(
+            label="Randomisation check", visible=False, elem_id=f"{key}-randomisation"
+        )
+        with gr.Row(equal_height=False):
+            self.export = gr.Button(
+                "Export bundle", scale=0, min_width=160, elem_id=f"{key}-export"
+            )
+            self.bundle = gr.File(label="Bundle", height=90, elem_id=f"{key}-bundle")
+            self.link = gr.Textbox(
+                label="Link to this view", lines=2, elem_id=f"{key}-link", buttons=["copy"]
+            )
+        with gr.Accordion("Raw results (JSON)", open=False, elem_id=f"{key}-raw-results"):
+            self.raw = gr.JSON(elem_id=f"{key}-raw")
+
+    # --- wiring ---------------------------------------------------------------------------
+
+    def _wire(self) -> None:
+        key, api, controls = self.key, self.api, self.controls
+        listing = [controls.picker, controls.unavailable, controls.notes]
+        self.predict.click(
+            self.preview,
+            [self.model, self.labels, self.source, self.target, self.seed, controls.picker],
+            [self.prediction, self.target, *listing],
+            api_name=f"predict_{api}",
+        )
+        controls.wire()
+        if self.occlusion is not None:
+            self.source.select(
+                self.occlude_at,
+                [self.source, self.occlusion],
+                self.source,
+                api_visibility="private",
+            )
+        # the user's choices only: a shared link sets model, labels and target together
+        self.model.input(
+            self.forget_model,
+            controls.picker,
+            [self.prediction, self.target, *listing],
+            api_visibility="private",
+        ).then(labels_for, self.model, self.labels, api_visibility="private")
+        self.labels.input(  # other classes: the predictions and the chosen one are stale
+            self.forget_prediction, None, [self.prediction, self.target], api_visibility="private"
+        )
+        gathered = self.run.click(
+            self.gather,
+            [controls.picker, *controls.components],
+            self.params_box,
+            api_visibility="private",
+            show_progress="hidden",
+        )
+        running = gathered.success(  # not with the last run's parameters when one is refused
+            self.explain,
+            self.fields,
+            self.shown,
+            api_name=f"explain_{api}",
+            concurrency_id=f"run-{key}",
+        )
+        linked_run = self.linked.change(
+            self.gather,
+            [controls.picker, *controls.components],
+            self.params_box,
+            api_visibility="private",
+            show_progress="hidden",
+        ).success(
+            self.run_linked,
+            [self.linked, *self.fields],
+            self.shown,
+            api_visibility="private",
+            concurrency_id=f"run-{key}",
+        )
+        self.cancel.click(
+            self.runner.cancel_handler(key),
+            [],
+            [],
+            cancels=[running, linked_run],
+            api_name=f"cancel_{api}",
+        )
+        self.detail_choice.change(
+            self.redraw_detail,
+            [self.detail_choice, self.last],
+            self.detail,
+            show_progress="hidden",
+            api_visibility="private",
+        )
+        if self.opacity is not None:
+            self.opacity.release(
+                self.redraw_maps,
+                [self.opacity, self.last],
+                self.maps,
+                show_progress="hidden",
+                api_name=f"opacity_{api}",
+            )
+        self.export.click(self.download, [self.last], self.bundle, api_name=f"export_{api}")
+        self._wire_price()
+
+    def _wire_price(self) -> None:
+        """The cost line, priced again whenever an input of the price changes."""
+        controls = self.controls
+        triggers = [self.model.change, self.source.change if self.image else self.source.blur]
+        triggers += [controls.picker.change, self.trust.change, self.randomise.change]
+        triggers += [self.target.change, self.labels.change]
+        triggers += [w.change for w in controls.components]
+        priced = [self.model, self.labels, self.source, self.target, self.seed]
+        priced += [self.trust, self.randomise]
+        gr.on(
+            triggers,
+            self.price,
+            [*priced, controls.picker, *controls.components],
+            self.cost_line,
+            show_progress="hidden",
+            api_visibility="private",
+            concurrency_limit=1,
+            concurrency_id=f"cost-{self.key}",
+            trigger_mode="always_last",
+        )
+
+    @property
+    def linked_tab(self) -> LinkedTab:
+        """What a shared link fills on this tab, and the flag that runs it."""
+        return LinkedTab(
+            {
+                "model": self.model,
+                "labels": self.labels,
+                "text": None if self.image else self.source,
+                "target": self.target,
+                "methods": self.controls.picker,
+                "seed": self.seed,
+                "trust": self.trust,
+                "randomise": self.randomise,
+            },
+            self.controls.widgets,
+            self.linked,
+        )
+
+    # --- handlers -------------------------------------------------------------------------
+
+    def instance(
+        self, model_: str, labels_: str, source_: Any, target_: Any, seed_: Any
+    ) -> dict[str, Any]:
+        """The request's input and model fields from the page."""
+        if self.image:
+            data: dict[str, Any] = {"image": _uploaded_image(source_)}
+        else:
+            data = {"text": source_ or ""}
+        return {
+            "model": model_,
+            "labels": label_list(labels_) if self.key == "text" else None,
+            "target": read_target(target_),
+            "seed": whole(seed_) or 0,
+            "next_token": self.spec.next_token,
+            **data,
+        }
+
+    @readable
+    def preview(
+        self, model_, labels_, source_, target_, seed_, chosen, request: gr.Request
+    ) -> list:
+        """Predict: the top outputs, the target's choices and the methods for the model."""
+        shown = self.runner(
+            PreviewRequest(**self.instance(model_, labels_, source_, target_, seed_)),
+            gr.Progress(),
+            session(request),
+            self.key,
+        )
+        reasons = shown.capabilities
+        choices = [("top prediction", "")] + [
+            (
+                f"{p.label!r} ({p.probability:.3f})" if self.spec.next_token else p.label,
+                str(p.index),
+            )
+            for p in shown.predictions
+        ]
+        return [
+            {p.label: p.probability for p in shown.predictions},
+            gr.update(choices=choices, value=""),
+            *self.controls.listed(chosen or [], reasons),
+        ]
+
+    @readable
+    def occlude_at(self, image: Any, size: float, evt: gr.SelectData) -> Any:
+        """The image with a square around the clicked point occluded (edit and compare)."""
+        if image is None or not isinstance(evt.index, list | tuple) or len(evt.index) != 2:
+            return gr.skip()  # a selection that is not a click on a shown image
+        x, y = evt.index
+        picture = load_image(_uploaded_image(image), self.runner.worker.settings.max_image_pixels)
+        return occluded(np.asarray(picture), int(x), int(y), int(size))
+
+    def forget_model(self, chosen: list[str] | None) -> list[Any]:
+        """Another model: its predictions, classes and methods are not known yet."""
+        return [
+            None,
+            gr.update(choices=[("top prediction", "")], value=""),
+            *self.controls.listed(chosen or [], {}),
+        ]
+
+    def forget_prediction(self) -> list[Any]:
+        """Other labels: the predictions and the chosen class are stale."""
+        return [None, gr.update(choices=[("top prediction", "")], value="")]
+
+    @readable
+    def explain(
+        self,
+        model_,
+        labels_,
+        source_,
+        target_,
+        methods,
+        trust_,
+        randomise_,
+        seed_,
+        params,
+        compare_,
+        previous: Result | None,
+        request: gr.Request,
+        progress=gr.Progress(),  # noqa: B008
+    ) -> list:
+        """Run: each chosen method's explanation (and the checks asked for), shown."""
+        methods = list(methods or [])
+        if not methods:
+            raise gr.Error("choose at least one method")
+        base = self.instance(model_, labels_, source_, target_, seed_)
+        if self.image:  # decoded once, here: the worker takes the decoded image
+            base["image"] = load_image(base["image"], self.runner.worker.settings.max_image_pixels)
+        if compare_ and previous is None:
+            raise gr.Error("run once before comparing: the comparison needs a previous run")
+        if compare_ and previous is not None:  # the class the previous run explained
+            base["target"] = next(iter(previous.explanations.values())).target.index
+        params = params if isinstance(params, dict) else {}
+        if len(methods) == 1 and not randomise_:
+            explanation = self.runner(
+                ExplainRequest(
+                    **base,
+                    method=methods[0],
+                    params=params.get(methods[0], {}),
+                    evaluate=bool(trust_),
+                ),
+                progress,
+                session(request),
+                self.key,
+            )
+            result = Result({methods[0]: explanation})
+        else:
+            check = self.runner(
+                CheckRequest(
+                    **base,
+                    methods=tuple(methods),
+                    params={m: p for m, p in params.items() if m in methods},
+                    evaluate=bool(trust_),
+                    randomise=bool(randomise_),
+                ),
+                progress,
+                session(request),
+                self.key,
+            )
+            result = Result(check.explanations, check.agreement, check.randomisation)
+        if self.image:
+            from attrlab.viz.image import display_copy
+
+            result.image = display_copy(base["image"])
+            result.image_size = (base["image"].height, base["image"].width)
+        result.fields = {
+            "tab": self.key,
+            "model": base["model"],
+            "methods": methods,
+            "text": base.get("text"),
+            "labels": labels_ if self.key == "text" else None,
+            "target": "" if base["target"] is None else str(base["target"]),  # as explained
+            "seed": base["seed"],
+            "params": params,
+            "trust": bool(trust_),
+            "randomise": bool(randomise_),
+        }
+        if compare_ and previous is not None:
+            result.changes = changes(previous, result)
+        return self.show(result, request)
+
+    def show(self, result: Result, request: gr.Request | None) -> list[Any]:
+        """The updates of :attr:`shown` for a run's ``result``."""
+        from attrlab.viz import image_grid_figure, method_agreement_figure, randomisation_figure
+        from attrlab.viz.text import token_columns_html
+        from attrlab.viz.trust import trust_card_html
+
+        if result.image is not None:
+            shown_maps = image_grid_figure(result.explanations, result.image, _OPACITY)
+        else:
+            shown_maps = token_columns_html(result.explanations)
+        compared = result.agreement is not None and len(result.agreement) > 0
+        checked = result.randomisation is not None and len(result.randomisation) > 0
+        choices = detail_choices(result)
+        cards_html = "".join(trust_card_html(e) for e in result.explanations.values())
+        return [
+            shown_maps,
+            gr.update(
+                value=method_agreement_figure(result.agreement) if compared else None,
+                visible=compared,
+            ),
+            gr.update(choices=choices, value=choices[0] if choices else None),
+            detail_figure(result, choices[0]) if choices else None,
+            f'<div class="trust-cards">{cards_html}</div>',
+            gr.update(
+                value=randomisation_figure(result.randomisation) if checked else None,
+                visible=checked,
+            ),
+            summary(result),
+            page_base(request) + share_query(result.fields),
+            result,
+            top(next(iter(result.explanations.values()))),
+            comparison_view(result),
+            *([gr.update(value=_OPACITY)] if self.opacity is not None else []),
+        ]
+
+    def gather(self, chosen: list[str] | None, *values: Any) -> dict[str, dict[str, Any]]:
+        """The chosen methods' parameters from their widgets' ``values``."""
+        widgets = self.controls.components
+        return self.controls.params(chosen or [], dict(zip(widgets, values, strict=True)))
+
+    def run_linked(
+        self,
+        linked_: bool,
+        model_,
+        labels_,
+        source_,
+        target_,
+        methods,
+        trust_,
+        randomise_,
+        seed_,
+        params,
+        compare_,
+        previous,
+        request: gr.Request,
+        progress=gr.Progress(),  # noqa: B008
+    ) -> list[Any]:
+        """Run the tab a shared link filled; the page's load sets every tab's flag."""
+        if not linked_:
+            return [gr.skip()] * len(self.shown)
+        values = (model_, labels_, source_, target_, methods, trust_, randomise_, seed_)
+        return self.explain(*values, params, compare_, previous, request, progress)
+
+    @readable
+    def redraw_detail(self, choice: str | None, result: Result | None) -> Any:
+        """The details figure the menu names."""
+        if result is None or not choice:
+            return None
+        return detail_figure(result, choice)
+
+    @readable
+    def redraw_maps(self, alpha: float, result: Result | None) -> Any:
+        """The image maps again, at the slider's opacity."""
+        from attrlab.viz import image_grid_figure
+
+        if result is None or result.image is None:
+            raise gr.Error("run an explanation first; the slider sets its maps' opacity")
+        return image_grid_figure(result.explanations, result.image, alpha)
+
+    @readable
+    def download(self, result: Result | None) -> str:
+        """The last run's export bundle."""
+        if result is None:
+            raise gr.Error("run an explanation first; the bundle holds its results")
+        return str(export_bundle(result))
+
+    def price(
+        self,
+        model_,
+        labels_,
+        source_,
+        target_,
+        seed_,
+        trust_: bool,
+        randomise_: bool,
+        chosen: list[str] | None,
+        *values: Any,
+    ) -> str:
+        """The cost line: each chosen method's price before Run."""
+        methods = list(chosen or [])
+        if not methods:
+            return ""
+        try:
+            base = self.instance(model_, labels_, source_, target_, seed_)
+        except gr.Error as err:
+            return f"Cost: cannot estimate ({err.message})"
+        widgets = self.controls.components
+        params = self.controls.params(methods, dict(zip(widgets, values, strict=True)))
+        lines = [
+            m
+            + ": "
+            + self.cost(
+                ExplainRequest(**base, method=m, params=params.get(m, {}), evaluate=bool(trust_))
+            )
+            for m in methods
+        ]
+        # the check re-runs each method once per randomised layer: not priced here
+        unpriced = " (the randomisation check's re-runs are not counted)" if randomise_ else ""
+        return "Cost before Run: " + "; ".join(lines) + unpriced
+
+
+def _uploaded_image(path: str | None) -> bytes:
+    """
+    The bytes of the tab's image: Gradio's copy of an upload, checked by :func:`received_file`.
+
+    Raises:
+        gr.Error: no image yet, or it is gone.
+        InvalidInputError: a file this process did not receive.
+    """
+    file = received_file(path or None)
+    if file is None:
+        raise gr.Error("upload an image first")
+    try:
+        return file.read_bytes()
+    except OSError:  # Gradio's cache emptied under the page
+        raise gr.Error("the uploaded image is gone from the server; upload it again") from None
+
+
+def _example_texts(next_token: bool) -> list[list[str]]:
+    from importlib import resources
+
+    if next_token:
+        return [
+            [SAMPLE_PROMPT],
+            ["When Mary and John went to the store, John gave a drink to"],
+        ]
+    lines = resources.files("attrlab.assets").joinpath("sentiment_samples.txt").read_text("utf-8")
+    return [[line.split("\t")[0]] for line in lines.splitlines() if line.strip()][:4]
+
+
+def _example_images() -> list[Path]:
+    from importlib import resources
+
+    folder = resources.files("attrlab.assets").joinpath("eval", "images")
+    return sorted(Path(str(p)) for p in folder.iterdir() if p.name.endswith(".jpg"))[:4]

@@ -1,0 +1,237 @@
+"""
+A shared link: a tab's inputs in the page's address, and the page's load that reopens and runs it.
+
+Values are data (never paths); each field of a link is read on its own, and a bad one is named.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlencode
+
+import gradio as gr
+
+from attrlab.app.settings import MAX_SEED
+from attrlab.attribution.errors import AttrlabError, InvalidParameterError
+from attrlab.attribution.methods import get_method
+
+__all__ = ["LINK_FIELDS", "LinkedTab", "open_shared_link", "page_base", "share_query"]
+
+#: Fields a shared link carries (the page's state in its URL; images stay out).
+LINK_FIELDS = (
+    "tab",
+    "model",
+    "methods",
+    "text",
+    "labels",
+    "target",
+    "seed",
+    "trust",
+    "randomise",
+    "params",
+)
+
+
+@dataclass
+class LinkedTab:
+    """What a shared link fills on a tab; setting ``linked`` runs the tab."""
+
+    fields: dict[str, Any]
+    widgets: list[tuple[str, str, Any, Any]]
+    linked: gr.State
+
+
+def share_query(fields: Mapping[str, Any]) -> str:
+    """The query string that reopens a tab with these inputs."""
+    shown = {
+        k: v for k, v in fields.items() if k in LINK_FIELDS and v not in (None, "", [], {}, False)
+    }
+    if isinstance(shown.get("methods"), list | tuple):
+        shown["methods"] = ",".join(shown["methods"])
+    if "params" in shown:
+        shown["params"] = json.dumps(shown["params"], separators=(",", ":"))
+    for flag in ("trust", "randomise"):
+        if flag in shown:
+            shown[flag] = "1"
+    return "?" + urlencode(shown)
+
+
+def page_base(request: gr.Request | None) -> str:
+    """The page's own address, from the browser's request (no server setting needed)."""
+    if request is None:
+        return ""
+    referer = request.headers.get("referer", "") if request.headers else ""
+    return referer.split("?", 1)[0]
+
+
+def open_shared_link(
+    demo: gr.Blocks, tabs: gr.Tabs, filled: Mapping[str, LinkedTab], notice: gr.Markdown
+) -> None:
+    """
+    A link's query string reopens its tab with its inputs and runs it.
+
+    Values are data (never paths); an image is not carried, so an image tab opens filled but
+    waits for its image. Each field is read on its own: a bad one is left out and named in
+    ``notice``, and the others still fill the tab.
+    """
+    order = [(key, name, c) for key, tab in filled.items() for name, c in tab.fields.items() if c]
+    widgets = [(key, w) for key, tab in filled.items() for w in tab.widgets]
+
+    def restore(request: gr.Request) -> list[Any]:
+        query = dict(request.query_params) if request is not None else {}
+        link = _read_link(query, filled)
+        shown = "; ".join(link.problems)
+        updates: list[Any] = [gr.update(selected=link.tab) if link.tab else gr.update()]
+        updates.append(
+            gr.update(
+                value=_markdown_text(f"Left out of this link: {shown}.") if shown else "",
+                visible=bool(shown),
+            )
+        )
+        for key, name, _ in order:
+            if key != link.tab or name not in link.fields:
+                updates.append(gr.update())
+            elif name == "target":
+                value = link.fields[name]
+                updates.append(gr.update(choices=[("top prediction", ""), value], value=value))
+            else:
+                updates.append(gr.update(value=link.fields[name]))
+        for key, (method, name, _, _) in widgets:
+            given = link.params.get(method, {}) if key == link.tab else {}
+            updates.append(gr.update(value=given[name]) if name in given else gr.update())
+        autorun = link.tab is not None and filled[link.tab].fields.get("text") is not None
+        updates += [key == link.tab and autorun for key in filled]
+        return updates
+
+    demo.load(
+        restore,
+        None,
+        [
+            tabs,
+            notice,
+            *(c for *_, c in order),
+            *(w for _, (*_, w) in widgets),
+            *(tab.linked for tab in filled.values()),
+        ],
+        api_visibility="private",
+    )
+
+
+@dataclass
+class LinkValues:
+    """What a shared link's query string fills, each field read on its own."""
+
+    #: The tab it opens (None: none, or one this page does not have).
+    tab: str | None = None
+    #: Field name -> its value, for the fields that were readable.
+    fields: dict[str, Any] = field(default_factory=dict)
+    #: Method -> parameter -> value (checked against the method's schema).
+    params: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: One sentence per field left out, naming it.
+    problems: list[str] = field(default_factory=list)
+
+
+def _read_link(query: Mapping[str, str], filled: Mapping[str, LinkedTab]) -> LinkValues:
+    """Read a shared link's fields for the tabs in ``filled``; a bad one is named, not fatal."""
+    link = LinkValues()
+    tab = query.get("tab")
+    if tab is None:
+        return link
+    if tab not in filled:
+        link.problems.append(f"tab {_quoted(tab)} is not one a link opens ({', '.join(filled)})")
+        return link
+    link.tab = tab
+    methods = {value for _, value in filled[tab].fields["methods"].choices}
+    for name, component in filled[tab].fields.items():
+        value = query.get(name)
+        if component is None or value is None:  # an image tab has no text
+            continue
+        try:
+            link.fields[name] = _link_field(name, value)
+        except ValueError as err:
+            link.problems.append(str(err))
+    if "methods" in link.fields:  # the known ones are kept, the others named
+        given = link.fields["methods"]
+        link.fields["methods"] = [m for m in given if m in methods]
+        unknown = [_quoted(m) for m in given if m not in methods]
+        if unknown:
+            link.problems.append(f"methods {', '.join(unknown)}: not on this tab")
+    if query.get("params"):
+        link.params = _link_params(query["params"], methods, link.problems)
+    return link
+
+
+def _link_field(name: str, value: str) -> Any:
+    """One field of a link as its widget takes it; ``ValueError`` names what is wrong."""
+    if name == "methods":
+        return [m for m in value.split(",") if m]
+    if name == "seed":
+        # ASCII digits only ("²" is a digit to str.isdigit), and no longer than the largest seed
+        if not (value.isascii() and value.isdigit() and len(value) <= len(str(MAX_SEED))) or (
+            int(value) > MAX_SEED
+        ):
+            raise ValueError(f"seed {_quoted(value)} is not a whole number from 0 to {MAX_SEED}")
+        return int(value)
+    if name in ("trust", "randomise"):
+        if value not in ("0", "1"):
+            raise ValueError(f"{name} {_quoted(value)} is not 1 (on) or 0 (off)")
+        return value == "1"
+    return value
+
+
+def _link_params(text: str, methods: set[str], problems: list[str]) -> dict[str, dict[str, Any]]:
+    """A link's method parameters, each checked against its method's schema; bad ones named."""
+    try:
+        given = json.loads(text)
+    except (ValueError, RecursionError):
+        problems.append("params is not readable JSON")
+        return {}
+    if not isinstance(given, dict):
+        problems.append("params is not a JSON object of method -> parameters")
+        return {}
+    params: dict[str, dict[str, Any]] = {}
+    for method, values in given.items():
+        if method not in methods:
+            problems.append(f"params: {_quoted(method)} is not a method of this tab")
+            continue
+        if not isinstance(values, dict):
+            problems.append(f"params: {method} is not given a JSON object of parameters")
+            continue
+        try:
+            schema = {p.name: p for p in get_method(method).params}
+        except AttrlabError as err:  # a method whose library is not installed
+            problems.append(f"params: {method}: {err}")
+            continue
+        for name, value in values.items():
+            if name not in schema:
+                problems.append(f"params: {method} has no parameter {_quoted(name)}")
+                continue
+            try:
+                checked = schema[name].validate(value)
+                if isinstance(checked, float) and not math.isfinite(checked):
+                    raise InvalidParameterError(f"parameter '{name}' must be a finite number")
+            except InvalidParameterError as err:  # its message quotes the value: kept short
+                problems.append(f"params: {method}: {_clipped(str(err))}")
+                continue
+            params.setdefault(method, {})[name] = checked
+    return params
+
+
+def _quoted(value: str) -> str:
+    """A value from a link, quoted and cut short for a message."""
+    return repr(_clipped(value, 40))
+
+
+def _clipped(text: str, most: int = 160) -> str:
+    """``text`` cut to ``most`` characters, marked where it was cut."""
+    return text if len(text) <= most else text[:most] + "…"
+
+
+def _markdown_text(text: str) -> str:
+    """``text`` shown as it is in Markdown (its punctuation escaped)."""
+    return re.sub(r"([\\`*_{}\[\]()#+\-.!|<>~&])", r"\\\1", text)

@@ -1,0 +1,145 @@
+"""An explain tab's method picker and each method's parameter widgets, from the catalog."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import gradio as gr
+
+from attrlab.app.ui.shared import method_entries, whole
+
+__all__ = ["MethodControls"]
+
+
+def _widget(prefix: str, method: str, name: str, spec: Mapping[str, Any]) -> Any:
+    """A widget for one parameter from its schema: a menu, a slider, a bounded number, text."""
+    kind, default, info = spec["type"], spec.get("default"), spec.get("help")
+    label = f"{name} (empty = automatic)" if default is None else name
+    elem_id = f"{prefix}-param-{method}-{name}"
+    if "enum" in spec:
+        return gr.Dropdown(
+            list(spec["enum"]), value=default, label=label, info=info, elem_id=elem_id
+        )
+    if kind == "bool":
+        return gr.Checkbox(value=bool(default), label=name, info=info, elem_id=elem_id)
+    if kind in ("int", "float"):
+        # inclusive bounds only: an exclusive one is checked by the schema, with its message
+        low, high = spec.get("minimum"), spec.get("maximum")
+        if kind == "float" and default is not None and (low, high) == (0.0, 1.0):
+            return gr.Slider(0.0, 1.0, value=default, step=0.01, label=name, info=info)
+        return gr.Number(
+            value=default,
+            label=label,
+            info=info,
+            minimum=low,
+            maximum=high,
+            precision=0 if kind == "int" else None,
+            elem_id=elem_id,
+        )
+    return gr.Textbox(value=default or "", label=label, info=info, elem_id=elem_id)
+
+
+@dataclass
+class MethodControls:
+    """A tab's method picker, one parameter accordion per method, and their widgets."""
+
+    picker: gr.CheckboxGroup
+    #: The methods that cannot run on the loaded model, disabled, each with its reason.
+    unavailable: gr.CheckboxGroup
+    notes: gr.Markdown
+    accordions: dict[str, gr.Accordion]
+    #: Method -> its label in the picker.
+    titles: dict[str, str] = field(default_factory=dict)
+    #: (method, parameter, default, widget), in the order their values arrive.
+    widgets: list[tuple[str, str, Any, Any]] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, modality: str, chosen: Sequence[str], prefix: str) -> MethodControls:
+        entries = method_entries(modality)
+        titles = {e["name"]: e["name"] for e in entries}  # titles head their accordions
+        picker = gr.CheckboxGroup(
+            [(title, name) for name, title in titles.items()],
+            value=[m for m in chosen if m in titles],
+            label="Methods (side by side; those for the loaded model once Predict has run)",
+            elem_id=f"{prefix}-methods",
+        )
+        unavailable = gr.CheckboxGroup(
+            [],
+            label="Not for this model",
+            interactive=False,
+            visible=False,
+            elem_id=f"{prefix}-unavailable",
+        )
+        notes = gr.Markdown("", elem_id=f"{prefix}-method-notes")
+        controls = cls(picker, unavailable, notes, {}, titles)
+        with gr.Accordion("Method parameters", open=False):
+            for entry in entries:
+                with gr.Accordion(
+                    f"{entry['title']} ({entry['name']})",
+                    open=False,
+                    visible=entry["name"] in chosen,
+                ) as accordion:
+                    if entry.get("paper"):
+                        gr.Markdown(f"[paper]({entry['paper']})")
+                    for name, spec in entry["params"].items():
+                        widget = _widget(prefix, entry["name"], name, spec)
+                        controls.widgets.append((entry["name"], name, spec.get("default"), widget))
+                controls.accordions[entry["name"]] = accordion
+        return controls
+
+    @property
+    def components(self) -> list[Any]:
+        return [w for *_, w in self.widgets]
+
+    def params(self, methods: Sequence[str], values: Mapping[Any, Any]) -> dict[str, dict]:
+        """Each chosen method's parameters that differ from their defaults."""
+        params: dict[str, dict[str, Any]] = {m: {} for m in methods}
+        for method, name, default, widget in self.widgets:
+            value = whole(values.get(widget))
+            if method in params and value not in (None, "") and value != default:
+                params[method][name] = value
+        return {m: p for m, p in params.items() if p}
+
+    def listed(self, chosen: Sequence[str], reasons: Mapping[str, str | None]) -> list[Any]:
+        """
+        Updates of the picker, the disabled list and the notes for a model's ``reasons``.
+
+        The picker keeps the methods that apply (those chosen stay ticked); the others are
+        shown disabled with their reasons, and a chosen one that cannot run is named.
+        """
+        blocked = {m: why for m, why in reasons.items() if why and m in self.titles}
+        return [
+            gr.update(
+                choices=[(t, m) for m, t in self.titles.items() if m not in blocked],
+                value=[m for m in chosen if m not in blocked],
+            ),
+            gr.update(
+                choices=[(f"{m}: {why}", m) for m, why in blocked.items()],
+                value=[],
+                visible=bool(blocked),
+            ),
+            _method_notes(chosen, reasons),
+        ]
+
+    def wire(self) -> None:
+        """Show the chosen methods' parameters."""
+
+        def show(chosen: list[str]) -> list[Any]:
+            return [gr.update(visible=m in (chosen or [])) for m in self.accordions]
+
+        self.picker.change(
+            show,
+            [self.picker],
+            list(self.accordions.values()),
+            show_progress="hidden",
+            api_visibility="private",
+        )
+
+
+def _method_notes(chosen: Sequence[str], reasons: Mapping[str, str | None]) -> str:
+    """Why chosen methods cannot run on the loaded model."""
+    return "\n\n".join(
+        f"⚠ **{m}** cannot run on this model: {reasons[m]}" for m in chosen if reasons.get(m)
+    )

@@ -1,0 +1,109 @@
+"""What several tabs share: the sample inputs, the fields' readers, and refusals as messages."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import gradio as gr
+
+from attrlab.app.errors import public_message
+from attrlab.attribution.errors import AttrlabError
+from attrlab.attribution.methods.catalog import catalog_entries
+from attrlab.attribution.models import BUILTIN_MODELS
+
+__all__ = [
+    "SAMPLE_LABELS",
+    "SAMPLE_PROMPT",
+    "SAMPLE_TEXT",
+    "label_list",
+    "labels_for",
+    "method_entries",
+    "method_names",
+    "read_target",
+    "readable",
+    "sample_labels",
+    "session",
+    "whole",
+]
+
+SAMPLE_TEXT = "I loved this movie, the acting was wonderful."
+SAMPLE_PROMPT = "The capital of France is"
+SAMPLE_LABELS = "positive, negative"
+
+
+def readable(handler: Callable[..., Any]) -> Callable[..., Any]:
+    """
+    A handler whose refusals reach the page as messages.
+
+    A figure that cannot be drawn from these results, or an input the library refuses, raises
+    ``ValueError`` or an :class:`AttrlabError`: the page shows its sentence, not "Error".
+    """
+
+    @functools.wraps(handler)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return handler(*args, **kwargs)
+        except gr.Error:  # a ValueError already worded for the page (quoted if wrapped again)
+            raise
+        except (ValueError, AttrlabError) as err:
+            raise gr.Error(public_message(str(err))) from None
+
+    return wrapped
+
+
+def session(request: gr.Request | None) -> str | None:
+    """The id of the browser session a request came from (None outside a request)."""
+    return None if request is None else request.session_hash
+
+
+def method_entries(modality: str) -> list[dict[str, Any]]:
+    """The catalog entries of the attribution methods for ``modality`` (no analyses)."""
+    entries = catalog_entries()
+    return [e for e in entries if modality in e["modalities"] and e["category"] == "attribution"]
+
+
+def method_names(modality: str) -> list[str]:
+    """The names of the attribution methods for ``modality``."""
+    return [e["name"] for e in method_entries(modality)]
+
+
+def label_list(text: str | None) -> list[str] | None:
+    """Zero-shot labels from a comma-separated field; None when it is empty."""
+    return [s.strip() for s in (text or "").split(",") if s.strip()] or None
+
+
+def sample_labels(model: str | None) -> str | None:
+    """
+    The labels field for ``model``.
+
+    Sample labels for a built-in zero-shot model, empty for the other built-ins (their classes
+    are fixed), None for a hub id or folder (the user knows whether it takes labels).
+    """
+    entry = BUILTIN_MODELS.get(model or "")
+    if entry is None:
+        return None
+    return SAMPLE_LABELS if entry.zero_shot else ""
+
+
+def labels_for(model: str | None) -> Any:
+    """The labels field's update once ``model`` is chosen (unchanged for a hub id or folder)."""
+    labels = sample_labels(model)
+    return gr.update() if labels is None else gr.update(value=labels)
+
+
+def read_target(value: Any) -> int | str | None:
+    """A target field: an output index (digits), a label, or None (the top prediction)."""
+    if isinstance(value, str):
+        value = value.strip()
+        if value.lstrip("-").isdigit():
+            return int(value)
+    return value if value not in ("", None) else None
+
+
+def whole(value: Any) -> Any:
+    """A number field's whole value as an int; anything else goes to the worker's check as is."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
