@@ -24,7 +24,7 @@ from attrlab.attribution.explain import explain
 from attrlab.attribution.methods import get_method
 from attrlab.attribution.metrics.faithfulness import check_options, faithfulness
 from attrlab.attribution.models.base import Adapter
-from attrlab.attribution.run import RunContext
+from attrlab.attribution.run import RunContext, RunSettings
 
 __all__ = ["SCORES", "EvalItem", "bundled_items", "evaluate_methods", "summarise"]
 
@@ -94,6 +94,7 @@ def evaluate_methods(
         JobCancelledError: once ``cancel`` is set.
     """
     check_options(image_fill, text_removal)
+    settings = RunSettings(seed=seed, cancel=cancel, max_forward_passes=max_forward_passes)
     applicable = [name for name in methods if get_method(name).unsupported_reason(adapter) is None]
     rows = []
     for done, item in enumerate(items, start=1):
@@ -107,9 +108,7 @@ def evaluate_methods(
                 inputs,
                 item.target,
                 (params or {}).get(name),
-                seed,
-                cancel=cancel,
-                max_forward_passes=max_forward_passes,
+                settings,
             )
             target = explanation.target.index
             scored = faithfulness(
