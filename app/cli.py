@@ -198,8 +198,7 @@ def _batch(args: argparse.Namespace) -> int:
     )
     from attrlab.app.worker import ExplainWorker
     from attrlab.attribution.errors import InvalidInputError
-    from attrlab.attribution.methods import get_method
-    from attrlab.attribution.params import validate_params
+    from attrlab.attribution.gate import checked_params
 
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     if not methods:
@@ -223,7 +222,7 @@ def _batch(args: argparse.Namespace) -> int:
     if not dataset:
         what = f"images ({', '.join(IMAGE_SUFFIXES)})" if Path(args.input).is_dir() else "lines"
         raise InvalidInputError(f"input '{args.input}' holds no {what} to explain")
-    resolved = {m: validate_params(get_method(m).params, config.params.get(m)) for m in methods}
+    resolved = {m: checked_params(m, config.params.get(m)) for m in methods}
     labels = list(config.labels) if config.labels else None
     output.keep_settings(  # a resumed output's rows were made as this run's will be
         {

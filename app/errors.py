@@ -9,7 +9,6 @@ from attrlab.app.worker import (
     InstanceFailedError,
     JobTableBusyError,
     QueueFullError,
-    TooSlowError,
     WorkerClosedError,
 )
 from attrlab.attribution.errors import (
@@ -21,6 +20,7 @@ from attrlab.attribution.errors import (
     InvalidParameterError,
     JobCancelledError,
     ModelLoadError,
+    TooSlowError,
     UnknownMethodError,
     UnknownModelError,
     UnsupportedMethodError,

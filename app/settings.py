@@ -23,6 +23,7 @@ from attrlab.attribution.errors import (
     UnknownModelError,
     require_unicode,
 )
+from attrlab.attribution.gate import DEFAULT_PARAM_LIMITS
 from attrlab.attribution.models import BUILTIN_MODELS
 from attrlab.attribution.models.folders import resolves_inside
 from attrlab.attribution.models.images import max_image_pixels
@@ -42,19 +43,6 @@ ModelSource = Literal["builtin", "listed", "hub", "local", "any"]
 
 _HUB_ID = re.compile(r"^(hf-hub:)?[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
-#: Per-request ceilings on the parameters that multiply the work; each is at least the method's
-#: default, so a request with default parameters is always accepted.
-DEFAULT_PARAM_LIMITS: dict[str, float] = {
-    "n_masks": 8000,
-    "n_designs": 1024,
-    "max_evals": 10_000,
-    "n_steps": 500,
-    "n_references": 64,
-    "bootstrap": 1000,
-    "max_tokens": 512,
-    "batch_size": 64,  # a batch of images is held in memory at once
-    "internal_batch_size": 64,
-}
 #: Longest estimated seconds of one request on a server with an API token (``ATTRLAB_MAX_SECONDS``
 #: sets another): a server that needs a token serves others, whose work must stay bounded.
 TOKEN_SERVER_MAX_SECONDS = 120.0

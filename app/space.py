@@ -58,13 +58,10 @@ from attrlab.app.worker import (
     ExplainRequest,
     ExplainWorker,
     InstanceFailedError,
-    TooSlowError,
     WorkerRequest,
-    lighter,
 )
-from attrlab.attribution.errors import AttrlabError
-from attrlab.attribution.methods import get_method
-from attrlab.attribution.params import validate_params
+from attrlab.attribution.errors import AttrlabError, TooSlowError
+from attrlab.attribution.gate import checked_params, lighter
 from attrlab.attribution.run import ProgressCallback
 
 __all__ = ["FIRST_SLOT_S", "SpaceRunner", "build_space"]
@@ -230,7 +227,7 @@ def _slot(seconds: float) -> int:
 def _price_key(cost: EstimateRequest) -> tuple[PriceKey, int]:
     """What prices alike, and the input's size in units: characters, or 1 per image."""
     try:  # page parameters arrive as text, API ones as numbers: compare the checked values
-        params = validate_params(get_method(cost.method).params, cost.params)
+        params = checked_params(cost.method, cost.params)
     except AttrlabError:
         params = dict(cost.params)
     key = (

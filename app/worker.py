@@ -29,11 +29,10 @@ from attrlab.attribution.errors import (
     InvalidParameterError,
 )
 from attrlab.attribution.explanation import Explanation
-from attrlab.attribution.methods import get_method
+from attrlab.attribution.gate import checked_params, clear_shares
 from attrlab.attribution.models import DEFAULT_MODELS, Adapter, Inputs, load_image
 from attrlab.attribution.models.loading import resolve_device
-from attrlab.attribution.params import validate_params
-from attrlab.attribution.run import ProgressCallback, stop_if_cancelled
+from attrlab.attribution.run import ProgressCallback, RunSettings, stop_if_cancelled
 from attrlab.attribution.runs import explain_rows
 
 if TYPE_CHECKING:  # imported where used: a plain explanation needs none of them
@@ -61,10 +60,8 @@ __all__ = [
     "JobTableBusyError",
     "PreviewRequest",
     "QueueFullError",
-    "TooSlowError",
     "WorkerClosedError",
     "WorkerRequest",
-    "lighter",
     "parse_param_pairs",
     "visible_devices",
 ]
@@ -79,10 +76,6 @@ log = logging.getLogger(__name__)
 
 class InstanceFailedError(AttrlabError):
     """An unexpected failure (a bug) while explaining one instance of a batch."""
-
-
-class TooSlowError(AttrlabError):
-    """A request whose estimated time is over this server's limit."""
 
 
 class QueueFullError(AttrlabError):
@@ -188,19 +181,13 @@ class ExplainRequest(InputRequest[Explanation]):
 
     def run_on(self, adapter: Adapter, run: JobContext) -> Explanation:
         """The explanation (refused first when its estimate is over the server's seconds)."""
-        inputs = run.prepare(self)
-        _refuse_if_slow(adapter, self.method, inputs, self.params, self.evaluate, run)
         return explain(
             adapter,
             self.method,
-            inputs,
+            run.prepare(self),
             target=self.target,
             params=self.params,
-            seed=self.seed,
-            progress=run.progress,
-            cancel=run.cancel,
-            max_forward_passes=run.max_forward_passes,
-            evaluate=self.evaluate,
+            settings=run.settings_for(self.seed, self.evaluate),
         )
 
 
@@ -220,48 +207,8 @@ class EstimateRequest(InputRequest["Estimate"]):
         """The estimate (the first on a model and input size calibrates it)."""
         from attrlab.attribution.estimate import estimate
 
-        return estimate(adapter, self.method, run.prepare(self), self.params, self.evaluate)
-
-
-def _refuse_if_slow(
-    adapter: Adapter,
-    method: str,
-    inputs: Inputs,
-    params: dict[str, Any] | None,
-    evaluate: bool,
-    run: JobContext,
-    times: int = 1,
-) -> None:
-    """
-    Refuse, before it starts, work estimated over the server's seconds (``times`` runs of it).
-
-    Raises:
-        TooSlowError: with the estimate and what to lower.
-    """
-    if run.max_seconds is None:
-        return
-    from attrlab.attribution.estimate import estimate
-
-    cost = estimate(adapter, method, inputs, params, evaluate)
-    if cost.seconds * times > run.max_seconds:
-        runs = f" ({times} runs of it)" if times > 1 else ""
-        raise TooSlowError(
-            f"this request would take {cost.summary()}{runs}; this server allows "
-            f"{run.max_seconds:g} s per request: {lighter(method)}"
-        )
-
-
-#: Parameters that set how much work a method does, lowered first when a request is too slow.
-_WORK_PARAMS = ("n_masks", "n_designs", "max_evals", "n_steps", "n_references", "window")
-
-
-def lighter(method: str) -> str:
-    """How to ask for less of ``method`` (a too-slow refusal's advice)."""
-    names = {p.name for p in get_method(method).params}
-    advice = [f"lower {name}" for name in _WORK_PARAMS if name in names]
-    if "tolerance" in names:
-        advice.append("set a tolerance")
-    return ", ".join([*advice, "or give a smaller input"])
+        settings = run.settings_for(self.seed, self.evaluate)
+        return estimate(adapter, self.method, run.prepare(self), self.params, settings)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -286,34 +233,16 @@ class CheckRequest(InputRequest["MethodCheck"]):
     def run_on(self, adapter: Adapter, run: JobContext) -> MethodCheck:
         """The explanations, their agreement and the randomisation checks."""
         from attrlab.attribution.metrics.check import check_methods
-        from attrlab.attribution.metrics.randomisation import cascading_units
 
-        inputs = run.prepare(self)
-        runs = 1 + (len(cascading_units(adapter)) if self.randomise else 0)
-        for method in self.methods:  # each method's share of the server's seconds
-            share = run.max_seconds / len(self.methods) if run.max_seconds else None
-            _refuse_if_slow(
-                adapter,
-                method,
-                inputs,
-                self.params.get(method),
-                self.evaluate,
-                replace(run, max_seconds=share),
-                runs,
-            )
         return check_methods(
             adapter,
             self.methods,
-            inputs,
+            run.prepare(self),
             self.target,
             self.params,
-            self.seed,
             self.randomise,
             self.top_fraction,
-            progress=run.progress,
-            cancel=run.cancel,
-            max_forward_passes=run.max_forward_passes,
-            evaluate=self.evaluate,
+            run.settings_for(self.seed, self.evaluate),
         )
 
 
@@ -376,19 +305,14 @@ class AblationRequest(InputRequest["HeadAblation"]):
         """Both maps (refused first when their estimate is over the server's seconds)."""
         from attrlab.attribution.layers import ablate_heads_and_explain
 
-        inputs = run.prepare(self)
-        _refuse_if_slow(adapter, self.method, inputs, self.params, False, run, times=2)
         return ablate_heads_and_explain(
             adapter,
             self.method,
-            inputs,
+            run.prepare(self),
             self.target,
             self.heads,
             self.params,
-            self.seed,
-            progress=run.progress,
-            cancel=run.cancel,
-            max_forward_passes=run.max_forward_passes,
+            run.settings_for(self.seed),
         )
 
 
@@ -507,18 +431,11 @@ class EvaluateRequest(WorkerRequest["pd.DataFrame"]):
         items = self.chosen_items(run.read)
         total = len(items)
         first = adapter.preprocess(items[0].raw)
-        for method in self.methods:  # each method's share of the server's seconds
-            share = run.max_seconds / len(self.methods) if run.max_seconds else None
-            if get_method(method).unsupported_reason(adapter) is None:  # left out otherwise
-                _refuse_if_slow(
-                    adapter,
-                    method,
-                    first,
-                    self.params.get(method),
-                    True,
-                    replace(run, max_seconds=share),
-                    total,
-                )
+        settings = run.settings_for(self.seed, evaluate=True)
+        # each item's explanation and scores within the method's share of the server's seconds
+        clear_shares(
+            adapter, self.methods, first, self.params, settings, runs=total, applicable_only=True
+        )
         run.progress(0, total)
         return evaluate_methods(
             adapter,
@@ -529,8 +446,8 @@ class EvaluateRequest(WorkerRequest["pd.DataFrame"]):
             self.random_orders,
             self.seed,
             progress=lambda done: run.progress(done, total),
-            cancel=run.cancel,
-            max_forward_passes=run.max_forward_passes,
+            cancel=settings.cancel,
+            max_forward_passes=settings.max_forward_passes,
         )
 
 
@@ -593,10 +510,6 @@ class BatchRequest(WorkerRequest[list[InstanceResults]]):
         """Each instance's explanations or errors; a cancelled job stops as a whole."""
         total = len(self.instances) * len(self.methods)
 
-        def refuse_if_slow(inputs: Inputs, method: str) -> None:
-            params = self.params.get(method)
-            _refuse_if_slow(adapter, method, inputs, params, self.evaluate, run)
-
         def failed(number: int, method: str | None) -> AttrlabError:
             # a bug on one input must not sink the others
             if method is None:
@@ -616,12 +529,8 @@ class BatchRequest(WorkerRequest[list[InstanceResults]]):
             self.methods,
             run.prepare,
             params=self.params,
-            seed=self.seed,
-            evaluate=self.evaluate,
-            max_forward_passes=run.max_forward_passes,
-            cancel=run.cancel,
+            settings=run.settings_for(self.seed, self.evaluate),
             progress=lambda done: run.progress(done * len(self.methods), total),
-            check=refuse_if_slow,
             record_errors=failed,
         )
         return [row.outcomes for row in rows]
@@ -629,16 +538,23 @@ class BatchRequest(WorkerRequest[list[InstanceResults]]):
 
 @dataclass(frozen=True)
 class JobContext:
-    """What the worker hands a job: progress, cancel switch, budget, and its input decoder."""
+    """What the worker hands a job: its progress, cancel switch and budgets, its input decoder."""
 
-    progress: ProgressCallback
-    cancel: threading.Event
-    max_forward_passes: int | None
-    max_seconds: float | None
+    #: The job's progress and cancel switch, and the server's budgets of one request.
+    settings: RunSettings
     #: An instance checked against the server's bounds and the model, decoded, preprocessed.
     prepare: Callable[[Instance], Inputs]
     #: The same, decoded only: a text, or an image within the server's pixel limit.
     read: Callable[[Instance], Any]
+
+    def settings_for(self, seed: int, evaluate: bool = False) -> RunSettings:
+        """The settings of a run of this job: its seed and trust card, the job's budgets."""
+        return replace(self.settings, seed=seed, evaluate=evaluate)
+
+    def progress(self, done: int, total: int) -> None:
+        """Report the job's progress."""
+        if self.settings.progress is not None:
+            self.settings.progress(done, total)
 
 
 @dataclass(eq=False)  # identity: jobs are kept in a set while they wait or run
@@ -792,9 +708,7 @@ class ExplainWorker:
         """
         request.check(self.settings)
         for name, params in request.method_params().items():
-            method = get_method(name)
-            resolved = validate_params(method.params, params, strict)
-            self.settings.check_params(method.name, resolved)
+            self.settings.check_params(name, checked_params(name, params, strict))
         self.settings.model_source((request.model or "").strip())
 
     def _finished(self, job: Job[Any], lane: _Lane) -> None:
@@ -875,14 +789,13 @@ class ExplainWorker:
             def prepare(instance: Instance) -> Inputs:
                 return adapter.preprocess(read(instance))
 
-            context = JobContext(
-                progress,
-                cancel,
-                self.settings.max_forward_passes,
-                self.settings.max_seconds,
-                prepare,
-                read,
+            budgets = RunSettings(
+                progress=progress,
+                cancel=cancel,
+                max_forward_passes=self.settings.max_forward_passes,
+                max_seconds=self.settings.max_seconds,
             )
+            context = JobContext(budgets, prepare, read)
             return request.run_on(adapter, context)
 
     def close(self) -> None:

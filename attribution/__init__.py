@@ -17,8 +17,17 @@ if TYPE_CHECKING:
     from attrlab.attribution.explanation import Explanation
     from attrlab.attribution.methods.registry import available_methods, get_method
     from attrlab.attribution.models.loading import load
+    from attrlab.attribution.run import RunSettings
 
-__all__ = ["AttrlabError", "Explanation", "available_methods", "explain", "get_method", "load"]
+__all__ = [
+    "AttrlabError",
+    "Explanation",
+    "RunSettings",
+    "available_methods",
+    "explain",
+    "get_method",
+    "load",
+]
 
 __getattr__, __dir__ = lazy_exports(
     __name__,
@@ -28,5 +37,6 @@ __getattr__, __dir__ = lazy_exports(
         "available_methods": "attrlab.attribution.methods.registry",
         "get_method": "attrlab.attribution.methods.registry",
         "load": "attrlab.attribution.models.loading",
+        "RunSettings": "attrlab.attribution.run",
     },
 )

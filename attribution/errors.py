@@ -19,6 +19,7 @@ __all__ = [
     "InvalidParameterError",
     "JobCancelledError",
     "ModelLoadError",
+    "TooSlowError",
     "UnknownMethodError",
     "UnknownModelError",
     "UnsupportedMethodError",
@@ -70,6 +71,10 @@ class UnknownMethodError(AttrlabError):
 
 class UnsupportedMethodError(AttrlabError):
     """The method exists but cannot be applied to this model or input."""
+
+
+class TooSlowError(AttrlabError):
+    """A run whose estimated time is over the seconds its caller allows."""
 
 
 class JobCancelledError(AttrlabError):

@@ -15,18 +15,20 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
-from attrlab.attribution.errors import DeviceMemoryError, UnsupportedMethodError
+from attrlab.attribution.errors import DeviceMemoryError
 from attrlab.attribution.methods import get_method
+from attrlab.attribution.methods.base import AttributionMethod
 from attrlab.attribution.models.base import Adapter, Inputs
-from attrlab.attribution.params import validate_params
 from attrlab.attribution.perturb import auto_batch_size, repeated
+from attrlab.attribution.run import RunSettings
 
-__all__ = ["Calibration", "Estimate", "calibrate", "estimate"]
+__all__ = ["Calibration", "Estimate", "calibrate", "estimate", "priced"]
 
 
 @dataclass(frozen=True)
@@ -198,22 +200,33 @@ def estimate(
     adapter: Adapter,
     method: str,
     inputs: Inputs,
-    params: dict[str, Any] | None = None,
-    evaluate: bool = False,
+    params: Mapping[str, Any] | None = None,
+    settings: RunSettings | None = None,
 ) -> Estimate:
     """
-    The cost of ``explain(adapter, method, inputs, params=params, evaluate=evaluate)``.
+    The cost of ``explain(adapter, method, inputs, params=params, settings=settings)``.
+
+    Of the settings only ``evaluate`` changes the cost (the trust card's curves).
 
     Raises:
         UnknownMethodError, UnsupportedMethodError, InvalidParameterError: as ``explain``.
     """
+    method_cls = get_method(method)
+    resolved = method_cls.resolve(adapter, params)
+    return priced(adapter, method_cls, inputs, resolved, (settings or RunSettings()).evaluate)
+
+
+def priced(
+    adapter: Adapter,
+    method_cls: type[AttributionMethod],
+    inputs: Inputs,
+    params: dict[str, Any],
+    evaluate: bool = False,
+) -> Estimate:
+    """:func:`estimate` of a method with parameters already resolved (by its ``resolve``)."""
     from attrlab.attribution.metrics.faithfulness import faithfulness_passes
 
-    method_cls = get_method(method)
-    reason = method_cls.unsupported_reason(adapter)
-    if reason is not None:
-        raise UnsupportedMethodError(reason)
-    passes = method_cls.passes(adapter, inputs, validate_params(method_cls.params, params))
+    passes = method_cls.passes(adapter, inputs, params)
     calibration = calibrate(adapter, inputs)
     scale = max(1, math.prod(inputs.map_shape)) / calibration.size
     width = passes.batch or 1

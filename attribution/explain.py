@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import threading
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from functools import cache
 from importlib import metadata
@@ -11,12 +11,11 @@ from typing import Any
 
 import torch
 
-from attrlab.attribution.errors import DeviceMemoryError, UnsupportedMethodError
+from attrlab.attribution.errors import DeviceMemoryError
 from attrlab.attribution.explanation import Explanation, ModelInfo, Prediction, Target, Timings
-from attrlab.attribution.methods import get_method
+from attrlab.attribution.gate import check_modality, clear
 from attrlab.attribution.models.base import Adapter, Inputs, TextInputs
-from attrlab.attribution.params import validate_params
-from attrlab.attribution.run import ProgressCallback, RunContext, cancellable_forwards
+from attrlab.attribution.run import RunContext, RunSettings, cancellable_forwards
 
 __all__ = ["Preview", "explain", "input_logits", "predictions", "preview"]
 
@@ -28,38 +27,35 @@ def explain(
     method: str,
     inputs: Inputs,
     target: int | str | None = None,
-    params: dict[str, Any] | None = None,
-    seed: int = 0,
-    progress: ProgressCallback | None = None,
-    cancel: threading.Event | None = None,
-    max_forward_passes: int | None = None,
-    evaluate: bool = False,
+    params: Mapping[str, Any] | None = None,
+    settings: RunSettings | None = None,
 ) -> Explanation:
     """
     Explain ``target`` (index, label or ``None`` = top prediction) with ``method``.
 
-    ``max_forward_passes`` bounds sampling methods (a server's budget per request).
-    ``evaluate`` adds the map's faithfulness scores and their random-order counterparts to
-    ``metrics`` (the trust card: :func:`attribution.metrics.faithfulness` with its defaults).
+    ``settings`` (:class:`~attribution.run.RunSettings`): the seed, progress, cancel switch and
+    budgets of the run; its ``max_forward_passes`` bounds sampling methods (a server's budget
+    per request); ``evaluate`` adds the map's faithfulness scores and their random-order
+    counterparts to ``metrics`` (the trust card: :func:`attribution.metrics.faithfulness` with
+    its defaults). The run passes :func:`attribution.gate.clear` first; ``params`` is left as
+    it is, and the Explanation's ``params`` are those that ran.
 
     Raises:
-        UnknownMethodError, UnsupportedMethodError, InvalidParameterError, InvalidInputError.
+        UnknownMethodError, UnsupportedMethodError, InvalidParameterError, InvalidInputError,
+        TooSlowError: as :func:`attribution.gate.clear`.
     """
-    method_cls = get_method(method)
-    reason = method_cls.unsupported_reason(adapter)
-    if reason is not None:
-        raise UnsupportedMethodError(reason)
-    _check_modality(adapter, inputs)
-    checked = validate_params(method_cls.params, params)
+    settings = settings or RunSettings()
+    cleared = clear(adapter, method, inputs, params, settings)
+    method_cls, checked = cleared.method, cleared.params
     start = time.perf_counter()
     logits, attentions = _prediction(adapter, inputs, method_cls.reads_prediction_attentions)
     index = adapter.target_index(target, logits)
     probabilities = logits.softmax(-1)
     run = RunContext(
-        seed=seed,
-        progress=progress,
-        cancel=cancel,
-        max_forward_passes=max_forward_passes,
+        seed=settings.seed,
+        progress=settings.progress,
+        cancel=settings.cancel,
+        max_forward_passes=settings.max_forward_passes,
         logits=logits,
         attentions=attentions,
     )
@@ -68,11 +64,11 @@ def explain(
     if isinstance(inputs, TextInputs) and inputs.truncated:
         run.warn(f"the text was truncated to the model's limit of {len(inputs.tokens)} tokens")
     # Each forward of the method and of its scoring stops the run once it is cancelled.
-    with cancellable_forwards(adapter.model, cancel):
+    with cancellable_forwards(adapter.model, settings.cancel):
         run.stop_if_cancelled()  # a method reading only the prediction stops here
         result = method_cls.attribute(adapter, inputs, index, checked, run)
         run.attentions = None  # every layer's T × T maps: not kept through the trust scoring
-        if evaluate:
+        if settings.evaluate:
             from attrlab.attribution.metrics import (
                 faithfulness,  # metrics explain through this module
             )
@@ -102,17 +98,10 @@ def explain(
             forward_passes=run.forward_passes,
             backward_passes=run.backward_passes,
         ),
-        seed=seed,
+        seed=settings.seed,
         versions=package_versions(),
         warnings=run.warnings,
     )
-
-
-def _check_modality(adapter: Adapter, inputs: Inputs) -> None:
-    if inputs.modality != adapter.modality:
-        raise UnsupportedMethodError(
-            f"model '{adapter.model_id}' takes {adapter.modality} input, not {inputs.modality}"
-        )
 
 
 def input_logits(adapter: Adapter, inputs: Inputs) -> torch.Tensor:
@@ -167,7 +156,7 @@ def preview(adapter: Adapter, inputs: Inputs, k: int = TOP_K) -> Preview:
         UnsupportedMethodError: for an input of another modality than the model's.
         DeviceMemoryError: as :func:`input_logits`.
     """
-    _check_modality(adapter, inputs)
+    check_modality(adapter, inputs)
     probabilities = input_logits(adapter, inputs).softmax(-1)
     return Preview(
         predictions=predictions(adapter, probabilities, k),

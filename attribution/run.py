@@ -1,4 +1,9 @@
-"""Run context handed to every method: seeded randomness, progress, cancellation, counters."""
+"""
+How a run goes: what its caller sets, and the state handed to every method.
+
+:class:`RunSettings` is the caller's record (seed, progress, cancel, budgets, trust card);
+:class:`RunContext` the per-run state (seeded randomness, progress, cancellation, counters).
+"""
 
 from __future__ import annotations
 
@@ -21,10 +26,44 @@ from attrlab.attribution.errors import (
 if TYPE_CHECKING:
     from attrlab.attribution.models.base import Adapter, Inputs
 
-__all__ = ["ProgressCallback", "RunContext", "cancellable_forwards", "stop_if_cancelled"]
+__all__ = [
+    "ProgressCallback",
+    "RunContext",
+    "RunSettings",
+    "cancellable_forwards",
+    "stop_if_cancelled",
+]
 
 #: Called with (done, total) units of work, typically forward passes.
 ProgressCallback = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """
+    What the caller of a run decides, handed whole from front end to method.
+
+    :func:`~attribution.explain`, :func:`~attribution.estimate`, the checks of several methods
+    and the head ablation take one; the gate (:mod:`attribution.gate`) reads its budgets.
+
+    Attributes:
+        seed: Seed of every random draw of the run (same seed, same result).
+        progress: Optional callback receiving (done, total).
+        cancel: Optional event; once set, the run stops with :class:`JobCancelledError`.
+        max_forward_passes: Most forward passes the run may spend (``None``: no limit); a
+            sampling method is refused when it plans more.
+        max_seconds: Longest estimated time of the run (``None``: no limit); a run estimated
+            over it is refused before it starts, with :class:`TooSlowError`.
+        evaluate: Add the map's faithfulness scores and their random-order counterparts to its
+            metrics (the trust card).
+    """
+
+    seed: int = 0
+    progress: ProgressCallback | None = None
+    cancel: threading.Event | None = None
+    max_forward_passes: int | None = None
+    max_seconds: float | None = None
+    evaluate: bool = False
 
 
 @dataclass

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol, TypeVar
 
 from attrlab.attribution.errors import AttrlabError, JobCancelledError
 from attrlab.attribution.explain import explain
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.models.base import Adapter, Inputs
-from attrlab.attribution.run import stop_if_cancelled
+from attrlab.attribution.run import RunSettings, stop_if_cancelled
 
 __all__ = ["RowResult", "TargetedRow", "explain_rows", "run_rows"]
 
@@ -94,32 +94,30 @@ def explain_rows(
     prepare: Callable[[Targeted], Inputs],
     *,
     params: Mapping[str, dict[str, Any]] | None = None,
-    seed: int = 0,
-    evaluate: bool = False,
-    max_forward_passes: int | None = None,
-    cancel: threading.Event | None = None,
+    settings: RunSettings | None = None,
     progress: Callable[[int], None] | None = None,
-    check: Callable[[Inputs, str], None] | None = None,
     record_errors: Callable[[int, str | None], AttrlabError] | None = None,
 ) -> Iterator[RowResult[Targeted]]:
     """
     Each row explained by each method (:func:`attribution.explain`), a row at a time.
 
     A row is prepared once (``prepare``: the adapter's inputs), then explained with its own
-    target by each method in turn, with that method's ``params``, the same ``seed``,
-    ``evaluate`` and ``max_forward_passes`` (one request's budget per explanation), and
-    ``cancel``. ``check(inputs, method)`` runs before each explanation (a server's refusal of
-    work over its seconds); ``cancel`` and ``progress`` are :func:`run_rows`'.
+    target by each method in turn, with that method's ``params`` and the same ``settings``
+    (its budgets are each explanation's own: the gate refuses one priced over the seconds;
+    its progress is left out, as rows report theirs); ``settings.cancel`` and ``progress``
+    are :func:`run_rows`'.
 
     Without ``record_errors`` the first error stops the loop. With it, a row's errors are its
     results and the next row goes on: an :class:`AttrlabError` from ``prepare`` stands for every
-    method, one from ``check`` or a method for that method; any other exception (a bug) is
-    recorded as ``record_errors(row number, method)`` (``None`` for ``prepare``; row numbers
+    method, one from a method (or the gate before it) for that method; any other exception (a
+    bug) is recorded as ``record_errors(row number, method)`` (``None`` for ``prepare``; row numbers
     count from 0), which is called while it is being handled, so that it may log it.
 
     Raises:
-        JobCancelledError: once ``cancel`` is set; a cancel is never recorded as a result.
+        JobCancelledError: once ``settings.cancel`` is set; a cancel is never recorded as a
+            result.
     """
+    each = replace(settings or RunSettings(), progress=None)
 
     def explained(
         numbered: tuple[int, Targeted],
@@ -133,24 +131,19 @@ def explain_rows(
         outcomes: dict[str, Explanation | AttrlabError] = {}
         for method in methods:
             try:
-                if check is not None:
-                    check(inputs, method)
                 outcomes[method] = explain(
                     adapter,
                     method,
                     inputs,
                     target=row.target,
                     params=(params or {}).get(method),
-                    seed=seed,
-                    cancel=cancel,
-                    max_forward_passes=max_forward_passes,
-                    evaluate=evaluate,
+                    settings=each,
                 )
             except Exception as err:
                 outcomes[method] = _recorded(err, record_errors, number, method)
         return inputs, outcomes
 
-    for (_, row), (inputs, outcomes) in run_rows(enumerate(rows), explained, cancel, progress):
+    for (_, row), (inputs, outcomes) in run_rows(enumerate(rows), explained, each.cancel, progress):
         yield RowResult(row, inputs, outcomes)
 
 

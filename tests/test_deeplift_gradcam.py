@@ -14,7 +14,7 @@ from attrlab.attribution.methods._deeplift import untreated_by_deeplift
 from attrlab.attribution.models.images import ImageTransform
 from attrlab.attribution.models.vision import CNNAdapter
 from attrlab.attribution.params import validate_params
-from attrlab.attribution.run import RunContext
+from attrlab.attribution.run import RunContext, RunSettings
 
 SIZE = 16
 MEAN, STD = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
@@ -90,9 +90,15 @@ def test_deeplift_on_a_linear_model_is_weight_times_difference(method, baseline)
 def test_deeplift_shap_averages_over_seeded_references():
     adapter = adapter_for(relu_cnn())
     inputs = adapter.preprocess(random_image(2))
-    first = explain(adapter, "deeplift_shap", inputs, params={"n_references": 4}, seed=3)
-    again = explain(adapter, "deeplift_shap", inputs, params={"n_references": 4}, seed=3)
-    other = explain(adapter, "deeplift_shap", inputs, params={"n_references": 4}, seed=4)
+    first = explain(
+        adapter, "deeplift_shap", inputs, params={"n_references": 4}, settings=RunSettings(seed=3)
+    )
+    again = explain(
+        adapter, "deeplift_shap", inputs, params={"n_references": 4}, settings=RunSettings(seed=3)
+    )
+    other = explain(
+        adapter, "deeplift_shap", inputs, params={"n_references": 4}, settings=RunSettings(seed=4)
+    )
     np.testing.assert_array_equal(first.scores, again.scores)
     assert not np.allclose(first.scores, other.scores)
     assert first.metrics["max_abs_reference_delta"] < 1e-4 * max(

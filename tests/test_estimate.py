@@ -9,6 +9,7 @@ from attrlab.attribution import explain
 from attrlab.attribution.errors import UnsupportedMethodError
 from attrlab.attribution.estimate import estimate
 from attrlab.attribution.methods import available_methods, get_method
+from attrlab.attribution.run import RunSettings
 
 #: Small settings so that every method runs in moments on the tiny models.
 SMALL = {
@@ -62,8 +63,10 @@ def test_an_upper_bound_with_a_tolerance_and_the_trust_cards_passes(load_model):
     cost = estimate(adapter, "rise", inputs, params)
     spent = explain(adapter, "rise", inputs, params=params).timings.forward_passes
     assert not cost.exact and spent < cost.forward_passes == 2001  # masks + the prediction
-    carded = estimate(adapter, "gradient_x_input", inputs, evaluate=True)
-    spent = explain(adapter, "gradient_x_input", inputs, evaluate=True).timings
+    carded = estimate(adapter, "gradient_x_input", inputs, settings=RunSettings(evaluate=True))
+    spent = explain(
+        adapter, "gradient_x_input", inputs, settings=RunSettings(evaluate=True)
+    ).timings
     assert (spent.forward_passes, spent.backward_passes) == (
         carded.forward_passes,
         carded.backward_passes,

@@ -26,7 +26,7 @@ from attrlab.attribution.metrics import (
     randomisation_check,
 )
 from attrlab.attribution.metrics.faithfulness import gaussian_blur
-from attrlab.attribution.run import RunContext
+from attrlab.attribution.run import RunContext, RunSettings
 
 
 @pytest.fixture
@@ -271,19 +271,35 @@ def test_a_check_shares_one_budget_and_restores_the_model_when_cancelled(load_mo
     seen = []
     methods, params = ["rise", "occlusion"], {"rise": {"n_masks": 40}}
     checked = check_methods(
-        adapter, methods, inputs, params=params, progress=lambda *p: seen.append(p)
+        adapter,
+        methods,
+        inputs,
+        params=params,
+        settings=RunSettings(progress=lambda *p: seen.append(p)),
     )
     spent = sum(e.timings.forward_passes for e in checked.explanations.values())
     assert seen == [(1, 2), (2, 2)] and checked.randomisation.empty
     # one pass short of the whole check: the second method is refused, not the first
     with pytest.raises(BudgetExceededError, match=f"'occlusion' needs .* {spent - 1} this server"):
-        check_methods(adapter, methods, inputs, params=params, max_forward_passes=spent - 1)
-    check_methods(adapter, methods, inputs, params=params, max_forward_passes=spent)
+        check_methods(
+            adapter,
+            methods,
+            inputs,
+            params=params,
+            settings=RunSettings(max_forward_passes=spent - 1),
+        )
+    check_methods(
+        adapter, methods, inputs, params=params, settings=RunSettings(max_forward_passes=spent)
+    )
     # a method that plans nothing is not started once the budget is spent
     with pytest.raises(BudgetExceededError, match="before 'rollout'"):
         rise_spent = checked.explanations["rise"].timings.forward_passes
         check_methods(
-            adapter, ["rise", "rollout"], inputs, params=params, max_forward_passes=rise_spent
+            adapter,
+            ["rise", "rollout"],
+            inputs,
+            params=params,
+            settings=RunSettings(max_forward_passes=rise_spent),
         )
     cancel = threading.Event()
 
@@ -297,8 +313,7 @@ def test_a_check_shares_one_budget_and_restores_the_model_when_cancelled(load_mo
             ["gradient_x_input"],
             inputs,
             randomise=True,
-            progress=cancel_after_the_second,
-            cancel=cancel,
+            settings=RunSettings(progress=cancel_after_the_second, cancel=cancel),
         )
     with torch.no_grad():
         torch.testing.assert_close(adapter.logits(**inputs.model_kwargs()), before, rtol=0, atol=0)
@@ -408,7 +423,9 @@ def test_map_agreement_on_maps_with_known_rankings():
 
 def test_the_trust_card_adds_faithfulness_to_the_explanation(quadrant):
     inputs = _bright(quadrant)
-    card = explain(quadrant, "gradient_x_input", inputs, target=0, evaluate=True)
+    card = explain(
+        quadrant, "gradient_x_input", inputs, target=0, settings=RunSettings(evaluate=True)
+    )
     plain = explain(quadrant, "gradient_x_input", inputs, target=0)
     scores = faithfulness(quadrant, inputs, plain.scores, 0).metrics
     for name, value in scores.items():
@@ -423,8 +440,18 @@ def test_the_trust_card_counts_against_the_servers_budget():
 
     adapter = image_adapter(QuadrantModel("top-left"))
     inputs = _bright(adapter)
-    explain(adapter, "rise", inputs, params={"n_masks": 90}, max_forward_passes=100)
+    explain(
+        adapter,
+        "rise",
+        inputs,
+        params={"n_masks": 90},
+        settings=RunSettings(max_forward_passes=100),
+    )
     with pytest.raises(BudgetExceededError, match="forward passes"):
         explain(
-            adapter, "rise", inputs, params={"n_masks": 90}, max_forward_passes=100, evaluate=True
+            adapter,
+            "rise",
+            inputs,
+            params={"n_masks": 90},
+            settings=RunSettings(max_forward_passes=100, evaluate=True),
         )

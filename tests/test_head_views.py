@@ -41,6 +41,7 @@ from attrlab.attribution.layers.hooks import ablate_head_sets
 from attrlab.attribution.methods.lrp.layouts import find_module, layout_for
 from attrlab.attribution.methods.lrp.relevance import lrp
 from attrlab.attribution.metrics import bundled_items, evaluate_methods, faithfulness
+from attrlab.attribution.run import RunSettings
 
 TEXT = "the quick brown fox jumps over the lazy dog"
 LAYERS, HEADS, HIDDEN = 3, 4, 32
@@ -263,8 +264,7 @@ def test_ablation_failing_or_cancelled_mid_way_leaves_the_model_as_it_was(llama)
             inputs,
             None,
             [(1, 1)],
-            progress=cancel_in_second_half,
-            cancel=cancel,
+            settings=RunSettings(progress=cancel_in_second_half, cancel=cancel),
         )
     assert cancel.is_set() and reported[-1][0] > reported[-1][1] // 2
     assert model_state(llama.model) == before

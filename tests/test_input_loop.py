@@ -28,7 +28,7 @@ from attrlab.attribution.errors import AttrlabError, InvalidInputError, JobCance
 from attrlab.attribution.layers import DatasetItem, analyze_dataset, analyze_layers
 from attrlab.attribution.metrics import EvalItem, evaluate_methods, faithfulness
 from attrlab.attribution.rows import dataset_line, numbered_lines, target_problem
-from attrlab.attribution.run import RunContext
+from attrlab.attribution.run import RunContext, RunSettings
 from attrlab.attribution.runs import explain_rows
 
 TEXT_MODEL = "tiny-random-bert"
@@ -139,7 +139,7 @@ def test_the_leaderboard_scores_explain_per_item_and_method(bert):
         inputs = bert.preprocess(item.raw)
         orders = RunContext(seed=3 + done)  # the random orders of the item, method after method
         for method in METHODS:
-            alone = explain(bert, method, inputs, None, PARAMS.get(method), 3)
+            alone = explain(bert, method, inputs, None, PARAMS.get(method), RunSettings(seed=3))
             scored = faithfulness(bert, inputs, alone.scores, alone.target.index, 4, 1, run=orders)
             expected.append({"item": item.name, "method": method, **scored.metrics})
             expected[-1]["forward_passes"] = alone.timings.forward_passes
@@ -182,7 +182,7 @@ def test_the_loop_reports_each_row_and_a_cancel_stops_before_the_next_leaving_th
         METHODS,
         prepare,
         params=PARAMS,
-        cancel=cancel,
+        settings=RunSettings(cancel=cancel),
         progress=done.append,
     )
     first = next(rows)
@@ -220,7 +220,7 @@ def test_a_cancel_inside_a_method_stops_the_run_and_leaves_the_model(bert):
             ("occlusion",),
             lambda instance: bert.preprocess(instance.text),
             record_errors=lambda number, method: InvalidInputError("not recorded"),
-            cancel=cancel,
+            settings=RunSettings(cancel=cancel),
         )
         with pytest.raises(JobCancelledError):  # never recorded as a row's result
             list(rows)

@@ -22,7 +22,7 @@ from attrlab.attribution.perturb import (
     auto_batch_size,
     box_blur,
 )
-from attrlab.attribution.run import RunContext
+from attrlab.attribution.run import RunContext, RunSettings
 
 TEXT = "the film was wonderful"
 
@@ -185,7 +185,7 @@ def test_progress_reports_forward_passes_and_cancel_stops_between_batches(quadra
         "rise",
         inputs,
         params={"n_masks": 40, "grid": 4, "batch_size": 16},
-        progress=lambda done, total: seen.append((done, total)),
+        settings=RunSettings(progress=lambda done, total: seen.append((done, total))),
     )
     assert seen == [(0, 40), (16, 40), (32, 40), (40, 40)]
     assert explanation.timings.forward_passes == 40 + 1  # + the prediction (it ranks classes)
@@ -203,8 +203,7 @@ def test_progress_reports_forward_passes_and_cancel_stops_between_batches(quadra
             "rise",
             inputs,
             params={"n_masks": 400, "grid": 4, "batch_size": 16},
-            progress=progress,
-            cancel=cancel,
+            settings=RunSettings(progress=progress, cancel=cancel),
         )
     assert max(calls) == 16  # stopped right after the first batch
 

@@ -14,6 +14,7 @@ from _small_budgets import SMALL_BUDGETS
 from attrlab import attribution
 from attrlab.attribution.errors import UnsupportedMethodError
 from attrlab.attribution.methods import available_methods
+from attrlab.attribution.run import RunSettings
 
 TINY = ["tiny-random-bert", "tiny-random-gpt2", "tiny-random-llama", "tiny-random-vit"]
 IMAGE = np.random.default_rng(1).integers(0, 256, (32, 32, 3), dtype=np.uint8)
@@ -69,7 +70,11 @@ def test_batched_equals_unbatched(load_model, spec, method):
     maps = []
     for size in (1, 7):
         params = {**_params(adapter, method), BATCHING[method]: size}
-        maps.append(attribution.explain(adapter, method, inputs, params=params, seed=3).scores)
+        maps.append(
+            attribution.explain(
+                adapter, method, inputs, params=params, settings=RunSettings(seed=3)
+            ).scores
+        )
     # float32 logits differ in the last bits between batch shapes; Sobol's variance ratios
     # amplify that to ~1e-4 of the map's scale, far below any difference a method could make
     assert np.abs(maps[0] - maps[1]).max() <= 1e-3 * np.abs(maps[0]).max()

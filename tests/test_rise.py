@@ -11,6 +11,7 @@ from attrlab import attribution
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.masks import ShiftedGridMasks
 from attrlab.attribution.models.base import Adapter
+from attrlab.attribution.run import RunSettings
 
 SMALL = {"n_masks": 400, "grid": 4}
 
@@ -76,14 +77,20 @@ def test_toy_text_model_ranks_the_token_it_reads_first(tokenizer, kind):
 def test_same_seed_same_map_other_seed_other_map():
     adapter = toys.image_adapter(toys.QuadrantModel("top-left"))
     inputs = adapter.preprocess(toys.white_image())
-    first = attribution.explain(adapter, "rise", inputs, params=SMALL, seed=5).scores
-    again = attribution.explain(adapter, "rise", inputs, params=SMALL, seed=5).scores
-    other = attribution.explain(adapter, "rise", inputs, params=SMALL, seed=6).scores
+    first = attribution.explain(
+        adapter, "rise", inputs, params=SMALL, settings=RunSettings(seed=5)
+    ).scores
+    again = attribution.explain(
+        adapter, "rise", inputs, params=SMALL, settings=RunSettings(seed=5)
+    ).scores
+    other = attribution.explain(
+        adapter, "rise", inputs, params=SMALL, settings=RunSettings(seed=6)
+    ).scores
     rebatched = attribution.explain(
-        adapter, "rise", inputs, params={**SMALL, "batch_size": 7}, seed=5
+        adapter, "rise", inputs, params={**SMALL, "batch_size": 7}, settings=RunSettings(seed=5)
     ).scores
     own_seed = attribution.explain(
-        adapter, "rise", inputs, params={**SMALL, "seed": 5}, seed=123
+        adapter, "rise", inputs, params={**SMALL, "seed": 5}, settings=RunSettings(seed=123)
     ).scores
     assert np.array_equal(first, again)
     assert np.allclose(first, rebatched, atol=1e-9)  # masks do not depend on the batch size
@@ -135,8 +142,10 @@ def test_efficientnet_cat_in_corner(effnet: Adapter):
     """The cat fills the top-left quadrant; two 1000-mask RISE maps agree and peak there."""
     inputs = effnet.preprocess(toys.chelsea_in_corner())
     params = {"n_masks": 1000, "batch_size": 16}
-    first = attribution.explain(effnet, "rise", inputs, params=params, seed=0)
-    second = attribution.explain(effnet, "rise", inputs, params=params, seed=1)
+    first = attribution.explain(effnet, "rise", inputs, params=params, settings=RunSettings(seed=0))
+    second = attribution.explain(
+        effnet, "rise", inputs, params=params, settings=RunSettings(seed=1)
+    )
     assert first.target.index in toys.CAT_CLASSES
     for explanation in (first, second):
         assert toys.in_quadrant(explanation.scores, "top-left")
@@ -160,7 +169,9 @@ def test_tolerance_stops_early_on_the_corner_cat_and_agrees_with_four_times_the_
     assert used < 8000 and stopped.metrics["top_decile_error"] <= 0.18
     assert not stopped.warnings
     assert stopped.timings.forward_passes <= used + 1  # + the prediction
-    reference = attribution.explain(effnet, "rise", inputs, params={"n_masks": 4 * used}, seed=1)
+    reference = attribution.explain(
+        effnet, "rise", inputs, params={"n_masks": 4 * used}, settings=RunSettings(seed=1)
+    )
     assert np.corrcoef(stopped.scores.ravel(), reference.scores.ravel())[0, 1] >= 0.9
 
 

@@ -25,7 +25,7 @@ from attrlab.attribution.metrics.check import check_methods
 from attrlab.attribution.models import Adapter, load
 from attrlab.attribution.models.images import ImageTransform
 from attrlab.attribution.models.vision import CNNAdapter
-from attrlab.attribution.run import cancellable_forwards
+from attrlab.attribution.run import RunSettings, cancellable_forwards
 
 TEXT = "the cat sat on the mat"
 #: Small budgets, and batches small enough that each method runs several forwards.
@@ -97,7 +97,11 @@ def test_a_cancelled_method_stops_at_its_next_forward_and_leaves_the_model_clean
         # Cancel as the method's first own forward ends when it runs several (more must not
         # start), else as the prediction ends (the method must not start).
         at = 2 if clean.calls >= 3 else 1
-        run = functools.partial(explain, adapter, method, inputs, params=params)
+
+        def run(cancel, adapter=adapter, inputs=inputs, params=params):
+            settings = RunSettings(cancel=cancel)
+            return explain(adapter, method, inputs, params=params, settings=settings)
+
         _assert_cancel_stops_at(adapter, inputs, at, run)
     assert applied, f"{method} applies to none of the tiny models"
 
@@ -121,11 +125,15 @@ def _assert_cancel_stops_at(adapter: Adapter, inputs, at: int, run) -> None:
 
 
 def _explained_with_evaluation(adapter: Adapter, inputs, cancel=None) -> object:
-    return explain(adapter, "gradient_x_input", inputs, evaluate=True, cancel=cancel)
+    return explain(
+        adapter, "gradient_x_input", inputs, settings=RunSettings(evaluate=True, cancel=cancel)
+    )
 
 
 def _checked_with_randomisation(adapter: Adapter, inputs, cancel=None) -> object:
-    return check_methods(adapter, ["gradient_x_input"], inputs, randomise=True, cancel=cancel)
+    return check_methods(
+        adapter, ["gradient_x_input"], inputs, randomise=True, settings=RunSettings(cancel=cancel)
+    )
 
 
 @pytest.mark.parametrize("scoring", [_explained_with_evaluation, _checked_with_randomisation])
@@ -148,7 +156,7 @@ def test_a_run_that_is_not_cancelled_leaves_no_hook(tiny_models):
         "integrated_gradients",
         adapter.preprocess(raw),
         params=params,
-        cancel=threading.Event(),
+        settings=RunSettings(cancel=threading.Event()),
     )
     assert model_state(adapter.model) == before
 

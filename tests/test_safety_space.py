@@ -28,6 +28,7 @@ from attrlab.app.settings import ServerSettings
 from attrlab.app.worker import ExplainWorker
 from attrlab.attribution import explain
 from attrlab.attribution.models import load
+from attrlab.attribution.run import RunSettings
 
 TEXT_MODEL, IMAGE_MODEL = "tiny-random-bert", "tiny-random-vit"
 LIMIT = 200_000
@@ -211,7 +212,12 @@ def test_whole_numbers_are_integers_as_the_schema_says(rest, space_client):
     )
     adapter = load(TEXT_MODEL, device="cpu")
     expected = explain(
-        adapter, "rise", adapter.preprocess("a fine day"), target=1, params={"n_masks": 8}, seed=632
+        adapter,
+        "rise",
+        adapter.preprocess("a fine day"),
+        target=1,
+        params={"n_masks": 8},
+        settings=RunSettings(seed=632),
     )
     served = rest.post("/api/v1/explain", json=body)
     assert served.status_code == 200, served.text

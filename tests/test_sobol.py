@@ -19,6 +19,7 @@ from attrlab.attribution.methods.sobol import (
     total_order_indices,
 )
 from attrlab.attribution.models.base import Adapter
+from attrlab.attribution.run import RunSettings
 
 ISHIGAMI_TOTAL = np.array([0.5576, 0.4424, 0.2437])  # a = 7, b = 0.1 (analytic)
 
@@ -142,8 +143,12 @@ def test_same_seed_same_map():
     adapter = toys.image_adapter(toys.QuadrantModel("top-left"))
     inputs = adapter.preprocess(toys.white_image())
     params = {"grid": 3, "n_designs": 8}
-    first = attribution.explain(adapter, "sobol", inputs, params=params, seed=1)
-    again = attribution.explain(adapter, "sobol", inputs, params=params, seed=1)
+    first = attribution.explain(
+        adapter, "sobol", inputs, params=params, settings=RunSettings(seed=1)
+    )
+    again = attribution.explain(
+        adapter, "sobol", inputs, params=params, settings=RunSettings(seed=1)
+    )
     assert np.array_equal(first.scores, again.scores)
     assert np.array_equal(first.maps["std_error"], again.maps["std_error"])
 

@@ -27,9 +27,9 @@ from attrlab.app.api import ExplainBody
 from attrlab.app.settings import ServerSettings
 from attrlab.app.ui import PageRunner
 from attrlab.app.ui.runner import queued_cost
-from attrlab.app.worker import ExplainRequest, ExplainWorker, TooSlowError
+from attrlab.app.worker import ExplainRequest, ExplainWorker
 from attrlab.attribution import explain
-from attrlab.attribution.errors import AttrlabError
+from attrlab.attribution.errors import AttrlabError, TooSlowError
 from attrlab.attribution.estimate import estimate
 from attrlab.attribution.models import load
 

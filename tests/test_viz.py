@@ -19,6 +19,7 @@ from attrlab.attribution import explain
 from attrlab.attribution.explanation import Explanation, ModelInfo, Prediction, Target
 from attrlab.attribution.layers import HEAD_ESTIMATORS, agreement, analyze_layers
 from attrlab.attribution.metrics.leaderboard import SCORES, EvalItem, evaluate_methods
+from attrlab.attribution.run import RunSettings
 from attrlab.viz import (
     ablation_figure,
     agreement_figure,
@@ -202,7 +203,14 @@ def bert_text(load_model):
 def text_explanations(bert_text):
     adapter, inputs = bert_text
     return {
-        name: explain(adapter, name, inputs, None, params, evaluate=name == "gradient_x_input")
+        name: explain(
+            adapter,
+            name,
+            inputs,
+            None,
+            params,
+            settings=RunSettings(evaluate=name == "gradient_x_input"),
+        )
         for name, params in _TEXT_METHODS.items()
     }
 
@@ -217,7 +225,7 @@ def image_explanations(load_model, picture):
     adapter = load_model("tiny-random-vit")
     inputs = adapter.preprocess(picture)
     return {
-        name: explain(adapter, name, inputs, None, params, evaluate=True)
+        name: explain(adapter, name, inputs, None, params, settings=RunSettings(evaluate=True))
         for name, params in _IMAGE_METHODS.items()
     }
 

@@ -9,9 +9,8 @@ The ablated map explains the class the plain map explained, so the two compare d
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -20,10 +19,11 @@ import torch
 from attrlab.attribution.errors import BudgetExceededError, InvalidParameterError
 from attrlab.attribution.explain import explain
 from attrlab.attribution.explanation import Explanation
+from attrlab.attribution.gate import clear
 from attrlab.attribution.layers.analysis import head_projections
 from attrlab.attribution.layers.hooks import check_heads, zeroed_heads
 from attrlab.attribution.models.base import Adapter, Inputs, TextInputs
-from attrlab.attribution.run import ProgressCallback, stop_if_cancelled
+from attrlab.attribution.run import ProgressCallback, RunSettings, stop_if_cancelled
 
 __all__ = ["HeadAblation", "ablate_heads_and_explain", "head_attention"]
 
@@ -76,29 +76,32 @@ def ablate_heads_and_explain(
     target: int | str | None,
     heads: Sequence[tuple[int, int]],
     params: dict[str, Any] | None = None,
-    seed: int = 0,
-    progress: ProgressCallback | None = None,
-    cancel: threading.Event | None = None,
-    max_forward_passes: int | None = None,
+    settings: RunSettings | None = None,
 ) -> HeadAblation:
     """
     Explain ``target`` with ``method``, then the same class again with ``heads`` zeroed.
 
-    ``max_forward_passes`` bounds both explanations together; ``progress`` counts the plain one
-    as the first half of the work.
+    ``settings`` holds for both explanations together: ``max_forward_passes`` bounds them
+    both, ``max_seconds`` prices both before the first starts, and ``progress`` counts the
+    plain one as the first half of the work.
 
     Raises:
         InvalidParameterError: for no heads, or a head the model does not have.
         UnsupportedMethodError: for models without transformer blocks attrlab knows, and as
             :func:`~attribution.explain.explain`.
+        TooSlowError: both maps estimated over ``max_seconds``.
         JobCancelledError: once ``cancel`` is set (the model is left as it was).
     """
+    settings = settings or RunSettings()
+    budget = settings.max_forward_passes
     if not heads:
         raise InvalidParameterError("name at least one (layer, head) to ablate")
     projections, count = head_projections(adapter)
     check_heads(heads, len(projections), count)
     chosen = list(dict.fromkeys((int(layer), int(head)) for layer, head in heads))
-    stop_if_cancelled(cancel)
+    clear(adapter, method, inputs, params, settings, runs=2)
+    each = replace(settings, max_seconds=None)  # priced for both just above
+    stop_if_cancelled(settings.cancel)
     attention = None
     if isinstance(inputs, TextInputs):
         attention = head_attention(adapter, inputs, *chosen[0])
@@ -108,32 +111,26 @@ def ablate_heads_and_explain(
         inputs,
         target,
         params,
-        seed,
-        progress=_half(progress, 0),
-        cancel=cancel,
-        max_forward_passes=max_forward_passes,
+        replace(each, progress=_half(settings.progress, 0)),
     )
     left = None
-    if max_forward_passes is not None:
-        left = max_forward_passes - plain.timings.forward_passes
+    if budget is not None:
+        left = budget - plain.timings.forward_passes
         if left <= 0:
             raise BudgetExceededError(
-                f"the plain explanation spent the {max_forward_passes:,} forward passes this "
+                f"the plain explanation spent the {budget:,} forward passes this "
                 "server allows per request; the ablated one needs as many: lower the method's "
                 "sample count"
             )
     with zeroed_heads(projections, count, chosen):
-        stop_if_cancelled(cancel)
+        stop_if_cancelled(settings.cancel)
         ablated = explain(
             adapter,
             method,
             inputs,
             plain.target.index,
             params,
-            seed,
-            progress=_half(progress, 1),
-            cancel=cancel,
-            max_forward_passes=left,
+            replace(each, progress=_half(settings.progress, 1), max_forward_passes=left),
         )
     return HeadAblation(
         heads=chosen,

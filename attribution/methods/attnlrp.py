@@ -54,6 +54,11 @@ class AttnLRP(AttributionMethod):
         return super().unsupported_reason(adapter) or unsupported_reason(adapter)
 
     @classmethod
+    def _resolve(cls, adapter: Adapter, params: dict[str, Any]) -> dict[str, Any]:
+        """The family's rule and γ values in place of ``"auto"`` / empty: what actually runs."""
+        return resolve_settings(adapter, params)
+
+    @classmethod
     def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
         """The model passes :meth:`attribute` spends on ``inputs``."""
         return Passes(1, 1)
@@ -62,7 +67,6 @@ class AttnLRP(AttributionMethod):
     def attribute(
         cls, adapter: Adapter, inputs: Inputs, target: int, params: dict[str, Any], run: RunContext
     ) -> Attribution:
-        params.update(resolve_settings(adapter, params))  # record what actually runs
         if (
             cls.pe_aware
             and params["attention_rule"].startswith("cp")

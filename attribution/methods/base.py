@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from attrlab.attribution.errors import UnsupportedMethodError
 from attrlab.attribution.models.base import Adapter, Inputs
-from attrlab.attribution.params import Param
+from attrlab.attribution.params import Param, validate_params
 from attrlab.attribution.run import RunContext
 
 if TYPE_CHECKING:
@@ -52,6 +54,11 @@ class AttributionMethod(ABC):
     """
     One attribution method. Subclasses fill in the class attributes and :meth:`attribute`.
 
+    As Captum splits ``attribute`` from ``_attribute``, the public :meth:`resolve` refuses a
+    method that does not apply and checks the parameters, once, for every caller; the hooks
+    behind it (:meth:`_resolve`, :meth:`passes`, :meth:`attribute`) get parameters already
+    checked and resolved, and never change the dict they are given.
+
     Class attributes:
         name: Registry key (``attrlab explain --method NAME``).
         title: Display name.
@@ -92,6 +99,29 @@ class AttributionMethod(ABC):
         return None
 
     @classmethod
+    def resolve(
+        cls, adapter: Adapter, params: Mapping[str, Any] | None, strict: bool = False
+    ) -> dict[str, Any]:
+        """
+        The parameters a run on ``adapter`` uses: checked, defaults filled in, resolved.
+
+        ``params`` is left as it is; ``strict``: values only of their own type (JSON).
+
+        Raises:
+            UnsupportedMethodError: the method does not apply to ``adapter``.
+            InvalidParameterError: an unknown parameter or a bad value.
+        """
+        reason = cls.unsupported_reason(adapter)
+        if reason is not None:
+            raise UnsupportedMethodError(reason)
+        return cls._resolve(adapter, validate_params(cls.params, params, strict))
+
+    @classmethod
+    def _resolve(cls, adapter: Adapter, params: dict[str, Any]) -> dict[str, Any]:
+        """Hook: ``params`` (checked) with what depends on the model filled in (a new dict)."""
+        return params
+
+    @classmethod
     def describe(cls) -> dict[str, Any]:
         """Name, paper, modalities, needs and parameter schema (CLI, REST docs, UI)."""
         return {
@@ -108,11 +138,11 @@ class AttributionMethod(ABC):
     @classmethod
     @abstractmethod
     def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
-        """The passes :meth:`attribute` spends on ``inputs`` with ``params`` (validated)."""
+        """The passes :meth:`attribute` spends on ``inputs`` with ``params`` (resolved)."""
 
     @classmethod
     @abstractmethod
     def attribute(
         cls, adapter: Adapter, inputs: Inputs, target: int, params: dict[str, Any], run: RunContext
     ) -> Attribution:
-        """Compute the attribution of output ``target`` for one input (params validated)."""
+        """Compute the attribution of output ``target`` for one input (params resolved)."""

@@ -11,7 +11,6 @@ every randomisation step.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,9 +22,10 @@ from attrlab.attribution.agreement import map_agreement
 from attrlab.attribution.errors import BudgetExceededError, InvalidParameterError
 from attrlab.attribution.explain import explain
 from attrlab.attribution.explanation import Explanation
+from attrlab.attribution.gate import clear_shares
 from attrlab.attribution.metrics.randomisation import cascading_units, randomisation_check
 from attrlab.attribution.models.base import Adapter, Inputs
-from attrlab.attribution.run import ProgressCallback, stop_if_cancelled
+from attrlab.attribution.run import RunSettings, stop_if_cancelled
 
 __all__ = ["MethodCheck", "check_methods"]
 
@@ -56,21 +56,19 @@ def check_methods(
     inputs: Inputs,
     target: int | str | None = None,
     params: Mapping[str, dict[str, Any]] | None = None,
-    seed: int = 0,
     randomise: bool = False,
     top_fraction: float = 0.1,
-    progress: ProgressCallback | None = None,
-    cancel: threading.Event | None = None,
-    max_forward_passes: int | None = None,
-    evaluate: bool = False,
+    settings: RunSettings | None = None,
 ) -> MethodCheck:
     """
     Explain ``inputs`` with every method, then compare the maps and (``randomise``) check each.
 
-    ``params``: method name -> its parameters. ``max_forward_passes`` bounds the whole check:
-    no explanation starts once it is spent, and a sampling method is refused when the passes
-    left cannot cover it (a gradient method, which plans nothing, may overrun the budget by its
-    own few passes). ``progress`` counts
+    ``params``: method name -> its parameters. ``settings`` (one record for the whole check):
+    its ``max_forward_passes`` bounds the whole check: no explanation starts once it is spent,
+    and a sampling method is refused when the passes left cannot cover it (a gradient method,
+    which plans nothing, may overrun the budget by its own few passes); its ``max_seconds``
+    is shared equally by the methods, each priced with its randomisation steps
+    (:func:`attribution.gate.clear_shares`) before anything runs. ``progress`` counts
     explanations done out of those planned. ``evaluate`` adds each method's faithfulness scores
     (the trust card, as :func:`~attribution.explain.explain`'s) to its explanation's metrics; the
     randomisation recomputes need only their maps and skip them.
@@ -78,8 +76,11 @@ def check_methods(
     Raises:
         InvalidParameterError: for fewer than two methods without ``randomise``, a method named
             twice, parameters for a method not checked, or a ``top_fraction`` outside (0, 1].
+        TooSlowError: a method estimated over its share of ``max_seconds``.
         JobCancelledError: once ``cancel`` is set (weights are restored first).
     """
+    settings = settings or RunSettings()
+    max_forward_passes, progress = settings.max_forward_passes, settings.progress
     methods = list(methods)
     if not methods:
         raise InvalidParameterError("name at least one method to check")
@@ -95,13 +96,14 @@ def check_methods(
     if not 0 < top_fraction <= 1:
         raise InvalidParameterError(f"top_fraction must be in (0, 1]; got {top_fraction}")
     steps = len(cascading_units(adapter)) if randomise else 0
+    clear_shares(adapter, methods, inputs, params, settings, runs=1 + steps)
     planned = len(methods) * (1 + steps)
     spent = {"forward": 0, "explanations": 0}
 
     def run(
         method: str, model: Adapter, index: int | str | None, scored: bool = False
     ) -> Explanation:
-        stop_if_cancelled(cancel)
+        stop_if_cancelled(settings.cancel)
         left = None if max_forward_passes is None else max_forward_passes - spent["forward"]
         if left is not None and left <= 0:
             raise BudgetExceededError(
@@ -115,10 +117,12 @@ def check_methods(
                 inputs,
                 index,
                 (params or {}).get(method),
-                seed,
-                cancel=cancel,
-                max_forward_passes=left,
-                evaluate=scored,
+                RunSettings(
+                    seed=settings.seed,
+                    cancel=settings.cancel,
+                    max_forward_passes=left,
+                    evaluate=scored,
+                ),
             )
         except BudgetExceededError:
             raise BudgetExceededError(
@@ -132,9 +136,9 @@ def check_methods(
             progress(spent["explanations"], planned)
         return explanation
 
-    first = run(methods[0], adapter, target, evaluate)
+    first = run(methods[0], adapter, target, settings.evaluate)
     index = first.target.index  # the same class for every method and step
-    rest = {m: run(m, adapter, index, evaluate) for m in methods[1:]}
+    rest = {m: run(m, adapter, index, settings.evaluate) for m in methods[1:]}
     explanations = {methods[0]: first, **rest}
     maps = {name: e.scores for name, e in explanations.items()}
     agreement = map_agreement(maps, top_fraction) if len(methods) > 1 else _empty(_AGREEMENT)
@@ -144,7 +148,7 @@ def check_methods(
         def recompute(model: Adapter, method: str = method) -> np.ndarray:
             return run(method, model, index).scores
 
-        table = randomisation_check(adapter, recompute, seed, original=maps[method])
+        table = randomisation_check(adapter, recompute, settings.seed, original=maps[method])
         tables.append(table.assign(method=method))
     randomisation = (
         pd.concat(tables, ignore_index=True)[_RANDOMISATION] if tables else _empty(_RANDOMISATION)

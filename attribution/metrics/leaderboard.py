@@ -23,7 +23,7 @@ from scipy.stats import bootstrap
 from attrlab.attribution.methods import get_method
 from attrlab.attribution.metrics.faithfulness import check_options, faithfulness
 from attrlab.attribution.models.base import Adapter
-from attrlab.attribution.run import RunContext
+from attrlab.attribution.run import RunContext, RunSettings
 from attrlab.attribution.runs import explain_rows
 
 __all__ = ["SCORES", "EvalItem", "bundled_items", "evaluate_methods", "summarise"]
@@ -94,6 +94,7 @@ def evaluate_methods(
         JobCancelledError: once ``cancel`` is set.
     """
     check_options(image_fill, text_removal)
+    settings = RunSettings(seed=seed, cancel=cancel, max_forward_passes=max_forward_passes)
     applicable = [name for name in methods if get_method(name).unsupported_reason(adapter) is None]
     explained = explain_rows(
         adapter,
@@ -101,9 +102,7 @@ def evaluate_methods(
         applicable,
         lambda item: adapter.preprocess(item.raw),
         params=params,
-        seed=seed,
-        max_forward_passes=max_forward_passes,
-        cancel=cancel,
+        settings=settings,
         progress=progress,
     )
     rows = []

@@ -1,0 +1,173 @@
+"""
+The one gate before a run, which every front end and :func:`~attribution.explain` pass through.
+
+The worker (and through it the CLI, REST, the page and the Space) and the library call it.
+Before a model is loaded, :func:`checked_params`: the method exists and its parameters are
+valid. With the model, :func:`clear`: the method applies to it and to the input, its
+parameters are resolved for it (never changing the caller's dict), and, when the run's
+:class:`~attribution.run.RunSettings` bound its seconds, the run is priced
+(:func:`~attribution.estimate.estimate`) and refused when it would take longer. Several methods
+in one run (:func:`clear_shares`) share those seconds equally. The forward-pass budget is held
+while the run goes (:meth:`~attribution.run.RunContext.plan`): a method stopping early may
+spend less than its bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
+
+from attrlab.attribution.errors import TooSlowError, UnsupportedMethodError
+from attrlab.attribution.estimate import priced
+from attrlab.attribution.methods import get_method
+from attrlab.attribution.methods.base import AttributionMethod
+from attrlab.attribution.models.base import Adapter, Inputs
+from attrlab.attribution.params import validate_params
+from attrlab.attribution.run import RunSettings
+
+__all__ = [
+    "DEFAULT_PARAM_LIMITS",
+    "WORKLOAD",
+    "Cleared",
+    "Workload",
+    "check_modality",
+    "checked_params",
+    "clear",
+    "clear_shares",
+    "lighter",
+]
+
+
+class Workload(NamedTuple):
+    """What the gate knows of a parameter that sets how large a run is."""
+
+    #: A server's default ceiling per request (``None``: none): at least every method's
+    #: default, so a request with default parameters is always accepted.
+    ceiling: float | None
+    #: Lowering it makes a run faster: a too-slow refusal advises it (in :data:`WORKLOAD`'s order).
+    advised: bool
+
+
+#: The parameters that set a run's size, by name.
+WORKLOAD: dict[str, Workload] = {
+    "n_masks": Workload(8000, True),
+    "n_designs": Workload(1024, True),
+    "max_evals": Workload(10_000, True),
+    "n_steps": Workload(500, True),
+    "n_references": Workload(64, True),
+    "window": Workload(None, True),
+    "bootstrap": Workload(1000, False),
+    "max_tokens": Workload(512, False),
+    "batch_size": Workload(64, False),  # a batch of images is held in memory at once
+    "internal_batch_size": Workload(64, False),
+}
+#: Per-request ceilings of a server on the parameters that multiply the work.
+DEFAULT_PARAM_LIMITS: dict[str, float] = {
+    name: work.ceiling for name, work in WORKLOAD.items() if work.ceiling is not None
+}
+
+
+@dataclass(frozen=True)
+class Cleared:
+    """A run the gate lets through: its method and the parameters it runs with (resolved)."""
+
+    method: type[AttributionMethod]
+    params: dict[str, Any]
+
+
+def checked_params(
+    method: str, params: Mapping[str, Any] | None, strict: bool = False
+) -> dict[str, Any]:
+    """
+    ``method``'s parameters checked with defaults filled in, before any model is loaded.
+
+    ``strict`` (JSON from REST): values only of their own type.
+
+    Raises:
+        UnknownMethodError: no method of that name.
+        InvalidParameterError: an unknown parameter or a bad value.
+    """
+    return validate_params(get_method(method).params, params, strict)
+
+
+def check_modality(adapter: Adapter, inputs: Inputs) -> None:
+    """
+    Refuse an input of another modality than the model's.
+
+    Raises:
+        UnsupportedMethodError: naming both.
+    """
+    if inputs.modality != adapter.modality:
+        raise UnsupportedMethodError(
+            f"model '{adapter.model_id}' takes {adapter.modality} input, not {inputs.modality}"
+        )
+
+
+def clear(
+    adapter: Adapter,
+    method: str,
+    inputs: Inputs,
+    params: Mapping[str, Any] | None,
+    settings: RunSettings,
+    runs: int = 1,
+) -> Cleared:
+    """
+    Let a run of ``method`` on ``inputs`` through, or refuse it before it starts.
+
+    ``runs``: the run is repeated that many times (a check's randomisation steps, an ablation's
+    second map), all within ``settings.max_seconds``.
+
+    Raises:
+        UnknownMethodError, UnsupportedMethodError, InvalidParameterError: as their names say.
+        TooSlowError: estimated over ``settings.max_seconds``, with the estimate and what to
+            lower.
+    """
+    method_cls = get_method(method)
+    check_modality(adapter, inputs)
+    resolved = method_cls.resolve(adapter, params)
+    if settings.max_seconds is not None:
+        cost = priced(adapter, method_cls, inputs, resolved, settings.evaluate)
+        if cost.seconds * runs > settings.max_seconds:
+            times = f" ({runs} runs of it)" if runs > 1 else ""
+            raise TooSlowError(
+                f"this request would take {cost.summary()}{times}; this server allows "
+                f"{settings.max_seconds:g} s per request: {lighter(method)}"
+            )
+    return Cleared(method_cls, resolved)
+
+
+def clear_shares(
+    adapter: Adapter,
+    methods: Sequence[str],
+    inputs: Inputs,
+    params: Mapping[str, Mapping[str, Any]] | None,
+    settings: RunSettings,
+    runs: int = 1,
+    applicable_only: bool = False,
+) -> dict[str, Cleared]:
+    """
+    :func:`clear` for each of several methods of one run, each within its share of the seconds.
+
+    Each method gets ``settings.max_seconds / len(methods)``; ``applicable_only`` leaves out
+    (uncleared, but counted in the shares) the methods that do not apply to ``adapter``.
+
+    Raises:
+        As :func:`clear`.
+    """
+    share = settings.max_seconds / len(methods) if settings.max_seconds else None
+    each = replace(settings, max_seconds=share)
+    return {
+        method: clear(adapter, method, inputs, (params or {}).get(method), each, runs)
+        for method in methods
+        if not applicable_only or get_method(method).unsupported_reason(adapter) is None
+    }
+
+
+def lighter(method: str) -> str:
+    """How to ask for less of ``method`` (a too-slow refusal's advice)."""
+    names = {p.name for p in get_method(method).params}
+    advice = [f"lower {name}" for name, work in WORKLOAD.items() if work.advised and name in names]
+    if "tolerance" in names:
+        advice.append("set a tolerance")
+    return ", ".join([*advice, "or give a smaller input"])
