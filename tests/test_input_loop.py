@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from attrlab.app.cli import main
 from attrlab.app.server import create_app
-from attrlab.app.ui_batch import uploaded_rows
+from attrlab.app.ui.files import uploaded_rows
 from attrlab.app.worker import BatchRequest, ExplainWorker, Instance
 from attrlab.attribution import explain
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, JobCancelledError

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -12,6 +13,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The folders a wheel carries, as attrlab's subpackages.
+FOLDERS = ("app", "assets", "attribution", "viz")
 
 
 def _installs(text: str) -> list[str]:
@@ -40,27 +43,34 @@ def test_the_dockerfile_installs_with_the_makefiles_constraints_and_extras():
 
 def test_the_wheel_installs_one_top_level_name_with_every_module_and_data_file(tmp_path):
     """The wheel holds `attrlab` alone; under it, every module and data file of the four folders."""
-    build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
-    subprocess.run(
-        [*build, "-w", str(tmp_path), str(ROOT)],
-        check=True,
-        capture_output=True,
-    )
-    (wheel,) = tmp_path.glob("attrlab-*.whl")
-    names = zipfile.ZipFile(wheel).namelist()
-    top = {name.split("/")[0] for name in names if ".dist-info/" not in name}
-    assert top == {"attrlab"}
     tracked = subprocess.run(
-        ["git", "ls-files", "app", "assets", "attribution", "viz"],
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
         cwd=ROOT,
         check=True,
         capture_output=True,
         text=True,
     ).stdout.split()
-    # Every module, and the data files the code reads (catalog, labels, samples, eval set).
-    wanted = [path for path in tracked if path.endswith((".py", ".json", ".txt", ".jsonl"))]
-    wanted += [path for path in tracked if path.startswith("assets/eval/images/")]
+    source = tmp_path / "source"  # a copy of the tree: no build folder from an earlier build
+    for path in tracked:
+        if (ROOT / path).is_file():
+            (source / path).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / path, source / path)
+    build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
+    subprocess.run(
+        [*build, "-w", str(tmp_path), str(source)], check=True, capture_output=True, cwd=tmp_path
+    )
+    (wheel,) = tmp_path.glob("attrlab-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {name.split("/")[0] for name in names if ".dist-info/" not in name}
+    assert top == {"attrlab"}
+    packaged = [path for path in tracked if path.split("/")[0] in FOLDERS]
+    # Every module, and the data files the code reads (catalog, labels, samples, eval set); and
+    # no module the tree does not have.
+    wanted = [path for path in packaged if path.endswith((".py", ".json", ".txt", ".jsonl"))]
+    wanted += [path for path in packaged if path.startswith("assets/eval/images/")]
     assert wanted and not {f"attrlab/{path}" for path in wanted} - set(names)
+    modules = {name for name in names if name.endswith(".py")}
+    assert modules == {f"attrlab/{path}" for path in packaged if path.endswith(".py")}
     entry = zipfile.ZipFile(wheel).read(
         next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     )
