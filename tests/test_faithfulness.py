@@ -372,7 +372,7 @@ def test_leaderboard_runs_on_the_bundled_images_and_sentences(capsys, tmp_path):
 def test_leaderboard_scores_with_road_imputation_and_refuses_an_unknown_fill(capsys):
     from attrlab.app.cli import main
 
-    args = ["evaluate", "--model", "efficientnet-lite0", "--methods", "gradient_x_input"]
+    args = ["evaluate", "--model", "tiny-random-vit", "--methods", "gradient_x_input"]
     args += ["--max-items", "1", "--steps", "6", "--random-orders", "1", "--format", "json"]
     assert main([*args, "--image-fill", "road"]) == 0
     road = pd.read_json(io.StringIO(capsys.readouterr().out)).iloc[0]
