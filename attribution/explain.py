@@ -13,7 +13,7 @@ import torch
 
 from attrlab.attribution.errors import DeviceMemoryError, UnsupportedMethodError
 from attrlab.attribution.explanation import Explanation, ModelInfo, Prediction, Target, Timings
-from attrlab.attribution.methods import get_method
+from attrlab.attribution.methods import capabilities, get_method
 from attrlab.attribution.models.base import Adapter, Inputs, TextInputs
 from attrlab.attribution.params import validate_params
 from attrlab.attribution.run import ProgressCallback, RunContext, cancellable_forwards
@@ -171,7 +171,7 @@ def preview(adapter: Adapter, inputs: Inputs, k: int = TOP_K) -> Preview:
     probabilities = input_logits(adapter, inputs).softmax(-1)
     return Preview(
         predictions=predictions(adapter, probabilities, k),
-        capabilities=adapter.capabilities(),
+        capabilities=capabilities(adapter),
         tokens=list(inputs.tokens) if isinstance(inputs, TextInputs) else None,
         next_token=adapter.family == "decoder-lm",
     )

@@ -9,6 +9,7 @@ import transformers as tf
 from skimage import data
 
 from attrlab.attribution.errors import InvalidInputError, ModelLoadError, UnknownModelError
+from attrlab.attribution.methods import capabilities
 from attrlab.attribution.models import load
 
 TEXT = "the quick brown fox jumps"
@@ -37,8 +38,8 @@ def test_text_adapters(load_model, alias, family, positional, classes):
     torch.testing.assert_close(attentions[0].sum(-1), torch.ones(1, adapter.num_heads, n))
     embeddings = adapter.token_embedding_module()(inputs.input_ids)
     assert embeddings.shape[:2] == (1, n)
-    capabilities = adapter.capabilities()
-    assert capabilities["integrated_gradients"] is None
+    reasons = capabilities(adapter)
+    assert reasons["integrated_gradients"] is None
 
 
 def test_decoder_logits_are_the_next_token_of_the_last_real_position(load_model):
