@@ -42,7 +42,7 @@ from attrlab.attribution.methods.lrp.rules import (
     scale_gradient,
 )
 from attrlab.attribution.models.base import Adapter
-from attrlab.attribution.models.layouts import Layout
+from attrlab.attribution.models.layouts import Layout, find_module
 
 __all__ = ["ATTENTION_IMPLEMENTATION", "Recorder", "lrp_rules", "transformer_lrp"]
 
@@ -202,7 +202,7 @@ def transformer_lrp(
         raise ValueError(f"attention_rule must be one of {', '.join(ATTENTION_RULES)}")
     model, recorder = adapter.model, Recorder()
     rule = ATTENTION_RULES[attention_rule]
-    blocks = adapter.blocks()
+    blocks = list(find_module(model, layout.blocks).children())
     projections = [
         module
         for block in blocks
