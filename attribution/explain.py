@@ -14,6 +14,7 @@ import torch
 from attrlab.attribution.errors import DeviceMemoryError
 from attrlab.attribution.explanation import Explanation, ModelInfo, Prediction, Target, Timings
 from attrlab.attribution.gate import check_modality, clear
+from attrlab.attribution.methods import capabilities
 from attrlab.attribution.models.base import Adapter, Inputs, TextInputs
 from attrlab.attribution.run import RunContext, RunSettings, cancellable_forwards
 
@@ -160,7 +161,7 @@ def preview(adapter: Adapter, inputs: Inputs, k: int = TOP_K) -> Preview:
     probabilities = input_logits(adapter, inputs).softmax(-1)
     return Preview(
         predictions=predictions(adapter, probabilities, k),
-        capabilities=adapter.capabilities(),
+        capabilities=capabilities(adapter),
         tokens=list(inputs.tokens) if isinstance(inputs, TextInputs) else None,
         next_token=adapter.family == "decoder-lm",
     )

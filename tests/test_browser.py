@@ -20,6 +20,7 @@ from playwright.sync_api import Page, expect, sync_playwright
 
 from attrlab.app.ui import build_ui
 from attrlab.app.worker import ExplainWorker
+from attrlab.attribution.methods import capabilities
 
 pytestmark = pytest.mark.browser  # Debian chromium through Playwright
 
@@ -195,7 +196,7 @@ def test_export_downloads_a_bundle_that_opens(page, tmp_path):
 
 
 def test_a_method_that_cannot_apply_shows_its_reason(page, effnet):
-    reason = effnet.capabilities()["rollout"]
+    reason = capabilities(effnet)["rollout"]
     assert reason  # a CNN has no attention to roll out
     _tab(page, "Image")
     page.locator("#image-examples .gallery-item").nth(2).click()

@@ -23,7 +23,7 @@ from _tiny_families import BIASED, biased_family, classic_family, clip, dinov2
 from torch import nn
 
 from attrlab.attribution.methods.lrp import transformer_lrp
-from attrlab.attribution.methods.lrp.layouts import find_module, layout_for
+from attrlab.attribution.models.layouts import find_module, layout_for
 
 TEXT = "the quick brown fox jumps over the lazy dog"
 IMAGE = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)

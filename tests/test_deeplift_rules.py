@@ -139,7 +139,7 @@ def test_rules_never_change_a_forward_value(load_model):
             embedding = adapter.model.get_input_embeddings()
             hooks.append(embedding.register_forward_hook(_requiring_grad))
         try:
-            scope = deeplift_scope(adapter.model, adapter.config, adapter.family)
+            scope = deeplift_scope(adapter.model, adapter)
             with torch.enable_grad(), scope as report:
                 ruled = adapter.logits(**kwargs)
         finally:

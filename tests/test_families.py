@@ -18,9 +18,9 @@ from _tiny_families import CONFIGS, SIZES, build_family
 from attrlab import attribution
 from attrlab.attribution.methods import available_methods
 from attrlab.attribution.methods.lrp import lrp, transformer_lrp
-from attrlab.attribution.methods.lrp.layouts import layout_for
 from attrlab.attribution.methods.lrp.rules import rms_norm_rule
 from attrlab.attribution.models import load
+from attrlab.attribution.models.layouts import layout_for
 from attrlab.attribution.models.text import DecoderLMAdapter, TextClassifierAdapter
 
 TEXT = "the quick brown fox jumps over the lazy dog"

@@ -38,9 +38,9 @@ from attrlab.attribution.layers import (
     zeroed_heads,
 )
 from attrlab.attribution.layers.hooks import ablate_head_sets
-from attrlab.attribution.methods.lrp.layouts import find_module, layout_for
 from attrlab.attribution.methods.lrp.relevance import lrp
 from attrlab.attribution.metrics import bundled_items, evaluate_methods, faithfulness
+from attrlab.attribution.models.layouts import find_module, layout_for
 from attrlab.attribution.run import RunSettings
 
 TEXT = "the quick brown fox jumps over the lazy dog"

@@ -31,7 +31,7 @@ from attrlab.attribution.layers import (
 )
 from attrlab.attribution.layers.analysis import _entropy_and_sink
 from attrlab.attribution.layers.hooks import ablate_heads, block_io, gate_heads, skip_blocks
-from attrlab.attribution.methods.lrp.layouts import find_module, layout_for
+from attrlab.attribution.models.layouts import find_module, layout_for
 from attrlab.attribution.models.text import TextClassifierAdapter
 from attrlab.attribution.run import RunContext
 

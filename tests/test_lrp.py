@@ -15,8 +15,8 @@ from torch import nn
 from attrlab import attribution
 from attrlab.attribution.errors import UnsupportedMethodError
 from attrlab.attribution.methods.lrp import lrp, lrp_rules, transformer_lrp
-from attrlab.attribution.methods.lrp.layouts import find_module, layout_for
 from attrlab.attribution.models.images import ImageTransform
+from attrlab.attribution.models.layouts import find_module, layout_for
 from attrlab.attribution.models.text import DecoderLMAdapter, TextClassifierAdapter
 from attrlab.attribution.models.vision import CNNAdapter, ViTAdapter
 

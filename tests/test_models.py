@@ -8,7 +8,13 @@ import torch
 import transformers as tf
 from skimage import data
 
-from attrlab.attribution.errors import InvalidInputError, ModelLoadError, UnknownModelError
+from attrlab.attribution.errors import (
+    InvalidInputError,
+    ModelLoadError,
+    UnknownModelError,
+    UnsupportedMethodError,
+)
+from attrlab.attribution.methods import capabilities
 from attrlab.attribution.models import load
 
 TEXT = "the quick brown fox jumps"
@@ -37,8 +43,38 @@ def test_text_adapters(load_model, alias, family, positional, classes):
     torch.testing.assert_close(attentions[0].sum(-1), torch.ones(1, adapter.num_heads, n))
     embeddings = adapter.token_embedding_module()(inputs.input_ids)
     assert embeddings.shape[:2] == (1, n)
-    capabilities = adapter.capabilities()
-    assert capabilities["integrated_gradients"] is None
+    reasons = capabilities(adapter)
+    assert reasons["integrated_gradients"] is None
+
+
+def test_the_adapter_surface_names_the_models_own_parts(load_model):
+    """Blocks, attention, final norm and unembedding are the modules the model's own code holds."""
+    gpt2 = load_model("tiny-random-gpt2")
+    inner = gpt2.model.transformer
+    assert gpt2.blocks() == list(inner.h) and len(gpt2.blocks()) == gpt2.num_layers
+    assert all(a is b.attn for a, b in zip(gpt2.attention_modules(), inner.h, strict=True))
+    assert gpt2.final_norm() is inner.ln_f and gpt2.unembedding() is gpt2.model.lm_head
+    assert (gpt2.model_type, gpt2.attention_implementation, gpt2.logit_softcap) == (
+        "gpt2",
+        "eager",
+        None,
+    )
+    llama = load_model("tiny-random-llama")
+    assert llama.blocks() == list(llama.model.model.layers)
+    assert llama.final_norm() is llama.model.model.norm
+    bert = load_model("tiny-random-bert")
+    assert bert.attention_modules() == [
+        layer.attention.self for layer in bert.model.bert.encoder.layer
+    ]
+    assert bert.unembedding() is None
+    with pytest.raises(UnsupportedMethodError, match="no final norm"):
+        bert.final_norm()
+
+
+def test_a_cnn_has_no_transformer_parts(effnet):
+    assert effnet.layout is None and effnet.model_type is None and effnet.unembedding() is None
+    with pytest.raises(UnsupportedMethodError, match="layout"):
+        effnet.blocks()
 
 
 def test_decoder_logits_are_the_next_token_of_the_last_real_position(load_model):

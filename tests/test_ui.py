@@ -25,6 +25,7 @@ from attrlab.app.ui.layers import format_heads, parse_heads
 from attrlab.app.worker import AblationRequest, ExplainRequest, ExplainWorker
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
 from attrlab.attribution.layers import joint_ablation
+from attrlab.attribution.methods import capabilities
 
 pytestmark = pytest.mark.server  # the page launched on a port, driven by gradio_client
 
@@ -113,7 +114,7 @@ def test_predict_lists_the_top_five_and_why_methods_cannot_run(client, load_mode
     top5 = probabilities.argsort(descending=True)[:5].tolist()
     assert target["value"] == ""  # the top prediction until one is picked
     assert [int(v) for _, v in target["choices"][1:]] == top5
-    reasons = {m: why for m, why in adapter.capabilities().items() if why}
+    reasons = {m: why for m, why in capabilities(adapter).items() if why}
     assert "gradcam" in reasons  # a ViT has no convolution for Grad-CAM
     listed = {value for _, value in picker["choices"]}
     assert listed.isdisjoint(reasons) and "rollout" in listed
@@ -205,7 +206,7 @@ def test_next_token_target_is_picked_from_the_predictions(client):
 
 
 def test_a_method_that_cannot_apply_is_refused_with_its_reason(client, load_model, png):
-    reason = load_model("tiny-random-vit").capabilities()["gradcam"]
+    reason = capabilities(load_model("tiny-random-vit"))["gradcam"]
     fresh = Client(client.src, verbose=False)  # a new session: no Predict has narrowed its list
     with pytest.raises(Exception, match=re.escape(reason[:30])):
         fresh.predict(

@@ -47,10 +47,10 @@ from attrlab.attribution.layers.hooks import (
     gate_heads,
     skip_blocks,
 )
-from attrlab.attribution.methods.lrp.layouts import LRPLayout, find_module, layout_for
 from attrlab.attribution.methods.lrp.relevance import LRPResult, lrp
 from attrlab.attribution.methods.lrp.settings import resolve_settings
 from attrlab.attribution.models.base import Adapter, Inputs
+from attrlab.attribution.models.layouts import Layout, layout_for
 from attrlab.attribution.models.text import DecoderLMAdapter
 from attrlab.attribution.perturb import BatchRunner
 from attrlab.attribution.run import RunContext
@@ -142,7 +142,7 @@ class _Model:
     """What the measures need to know about the model, found once."""
 
     adapter: Adapter
-    layout: LRPLayout
+    layout: Layout
     blocks: list[nn.Module]
     projections: list[nn.Module]
     mlps: list[nn.Module]
@@ -152,14 +152,14 @@ class _Model:
     @classmethod
     def of(cls, adapter: Adapter) -> _Model:
         layout = layout_for(adapter)
-        blocks = list(find_module(adapter.model, layout.blocks).children())
+        blocks = adapter.blocks()
         try:
             projections = [block.get_submodule(layout.attention_output) for block in blocks]
             mlps = [block.get_submodule(layout.mlp_output) for block in blocks]
         except AttributeError as err:  # a variant of the family with other module names
             raise UnsupportedMethodError(
                 f"layer analysis cannot find its modules in model '{adapter.model_id}': {err}; "
-                "its family's row in attribution/methods/lrp/layouts.py needs these paths"
+                "its family's row in attribution/models/layouts.py needs these paths"
             ) from None
         if adapter.num_heads <= 0:
             raise UnsupportedMethodError(f"model '{adapter.model_id}' reports no attention heads")
@@ -249,11 +249,9 @@ def _logit_lens(
     model: _Model, inputs: Inputs, residuals: list[torch.Tensor], target: int
 ) -> list[tuple]:
     adapter = model.adapter
-    if model.layout.final_norm is None:
-        raise UnsupportedMethodError(f"no final norm is known for model '{adapter.model_id}'")
-    norm = find_module(adapter.model, model.layout.final_norm)
-    unembed = adapter.model.get_output_embeddings()
-    cap = getattr(adapter.config, "final_logit_softcapping", None)
+    norm, unembed, cap = adapter.final_norm(), adapter.unembedding(), adapter.logit_softcap
+    if unembed is None:
+        raise UnsupportedMethodError(f"model '{adapter.model_id}' has no unembedding")
     mask = inputs.model_kwargs()["attention_mask"]
     position = int(DecoderLMAdapter.predicted_positions(mask)[0])
     rows = []

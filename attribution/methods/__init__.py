@@ -12,9 +12,21 @@ from attrlab.attribution.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from attrlab.attribution.methods.base import Attribution, AttributionMethod
-    from attrlab.attribution.methods.registry import available_methods, get_method, register
+    from attrlab.attribution.methods.registry import (
+        available_methods,
+        capabilities,
+        get_method,
+        register,
+    )
 
-__all__ = ["Attribution", "AttributionMethod", "available_methods", "get_method", "register"]
+__all__ = [
+    "Attribution",
+    "AttributionMethod",
+    "available_methods",
+    "capabilities",
+    "get_method",
+    "register",
+]
 
 __getattr__, __dir__ = lazy_exports(
     __name__,
@@ -22,6 +34,7 @@ __getattr__, __dir__ = lazy_exports(
         "Attribution": "attrlab.attribution.methods.base",
         "AttributionMethod": "attrlab.attribution.methods.base",
         "available_methods": "attrlab.attribution.methods.registry",
+        "capabilities": "attrlab.attribution.methods.registry",
         "get_method": "attrlab.attribution.methods.registry",
         "register": "attrlab.attribution.methods.registry",
     },

@@ -14,7 +14,7 @@ import threading
 import warnings
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -28,6 +28,9 @@ from attrlab.attribution.methods._deeplift_rules import (
     treated_norm,
 )
 from attrlab.attribution.run import RunContext
+
+if TYPE_CHECKING:
+    from attrlab.attribution.models.base import Adapter
 
 __all__ = ["deeplift_eps", "deeplift_scope", "untreated_by_deeplift", "warn_untreated"]
 
@@ -55,14 +58,12 @@ _DELTA_WARNING = 1e-3
 
 
 @contextmanager
-def deeplift_scope(
-    model: nn.Module, config: Any = None, family: str = ""
-) -> Iterator[DeepLiftReport]:
+def deeplift_scope(model: nn.Module, adapter: Adapter | None = None) -> Iterator[DeepLiftReport]:
     """
     Run Captum DeepLIFT on ``model`` with rules for every nonlinearity attrlab knows.
 
-    ``config`` (the model's Hugging Face config) and ``family`` (the adapter's) locate its
-    attention modules and classification head.
+    ``adapter`` (the one serving ``model``, if any) locates its attention modules and
+    classification head.
 
     Elementwise activation modules get Captum's Rescale rule; norms, attention and cosine heads
     get :func:`~attribution.methods._deeplift_rules.transformer_deeplift_rules`, whose report
@@ -82,7 +83,7 @@ def deeplift_scope(
         try:
             with (
                 warnings.catch_warnings(),
-                transformer_deeplift_rules(model, config, family) as report,
+                transformer_deeplift_rules(model, adapter) as report,
             ):
                 warnings.filterwarnings("ignore", message="Setting forward, backward hooks")
                 yield report

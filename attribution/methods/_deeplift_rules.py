@@ -30,7 +30,7 @@ import math
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -45,8 +45,10 @@ from attrlab.attribution.methods._routing import (
     route_attention,
     route_of,
 )
-from attrlab.attribution.methods.lrp.layouts import LAYOUTS, find_module
 from attrlab.attribution.methods.lrp.rules import with_backward
+
+if TYPE_CHECKING:
+    from attrlab.attribution.models.base import Adapter
 
 __all__ = ["DeepLiftReport", "is_rms_norm", "transformer_deeplift_rules", "treated_norm"]
 
@@ -320,13 +322,11 @@ def _deeplift_attention(
 register_attention(ATTENTION_IMPLEMENTATION, _deeplift_attention)
 
 
-def _attention_modules(model: nn.Module, config: Any) -> list[nn.Module]:
-    """Each block's attention module, for the families LRP has a layout for (else none)."""
-    layout = LAYOUTS.get(getattr(config, "model_type", None) or "")
-    if layout is None or getattr(config, "_attn_implementation", "eager") != "eager":
+def _attention_modules(adapter: Adapter) -> list[nn.Module]:
+    """Each block's attention module, for the families with a layout (else none)."""
+    if adapter.layout is None or adapter.attention_implementation != "eager":
         return []
-    blocks = find_module(model, layout.blocks).children()
-    return [block.get_submodule(layout.attention) for block in blocks]
+    return adapter.attention_modules()
 
 
 def is_rms_norm(module: nn.Module) -> bool:
@@ -341,13 +341,13 @@ def treated_norm(module: nn.Module) -> bool:
 
 @contextmanager
 def transformer_deeplift_rules(
-    model: nn.Module, config: Any = None, family: str = ""
+    model: nn.Module, adapter: Adapter | None = None
 ) -> Iterator[DeepLiftReport]:
     """
     The rules above on ``model`` while the block runs; yields what they treated.
 
-    ``config`` (Hugging Face) locates the attention modules through the LRP layouts; ``family``
-    (the adapter's) names the classification head.
+    ``adapter`` (the one serving ``model``, if any) locates the attention modules through its
+    family's layout, the classification head and the final soft-cap.
     """
     report = DeepLiftReport()
     with ExitStack() as stack:
@@ -361,16 +361,15 @@ def transformer_deeplift_rules(
             else:
                 continue
             stack.callback(hook.remove)
-        for attention in _attention_modules(model, config):
-            route = _Route(eager_attention(attention), report)
-            stack.enter_context(route_attention(attention, ATTENTION_IMPLEMENTATION, route))
-        cap = getattr(config, "final_logit_softcapping", None)
-        patch_heads(
-            stack,
-            model,
-            family,
-            _normalize,
-            _softcap(float(cap or 1.0)),
-            lambda name: report.untreated.add(name),
-        )
+        if adapter is not None:
+            for attention in _attention_modules(adapter):
+                route = _Route(eager_attention(attention), report)
+                stack.enter_context(route_attention(attention, ATTENTION_IMPLEMENTATION, route))
+            patch_heads(
+                stack,
+                adapter,
+                _normalize,
+                _softcap(adapter.logit_softcap or 1.0),
+                lambda name: report.untreated.add(name),
+            )
         yield report

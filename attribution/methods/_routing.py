@@ -15,13 +15,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from attrlab.attribution.compat import family_function
 from attrlab.attribution.errors import UnsupportedMethodError
+
+if TYPE_CHECKING:
+    from attrlab.attribution.models.base import Adapter
 
 __all__ = [
     "Normalize",
@@ -148,7 +151,9 @@ _HEADS: dict[str, Callable[[ExitStack, Any, Normalize, Mismatch], None]] = {
 }
 
 
-def _final_softcap(stack: ExitStack, model: Any, rule: SoftcapRule) -> None:
+def _final_softcap(
+    stack: ExitStack, model: nn.Module, unembedding: nn.Module, rule: SoftcapRule
+) -> None:
     """
     ``rule`` on the soft-capped logits ``c·tanh(z/c)`` (Gemma 2/3).
 
@@ -164,29 +169,27 @@ def _final_softcap(stack: ExitStack, model: Any, rule: SoftcapRule) -> None:
         out.logits = rule(seen.pop("z"), out.logits)
         return out
 
-    stack.callback(model.get_output_embeddings().register_forward_hook(keep).remove)
+    stack.callback(unembedding.register_forward_hook(keep).remove)
     stack.callback(model.register_forward_hook(cap).remove)
 
 
 def patch_heads(
     stack: ExitStack,
-    model: Any,
-    family: str,
+    adapter: Adapter,
     normalize: Normalize,
     softcap: SoftcapRule,
     mismatch: Mismatch,
 ) -> None:
     """
-    The model's cosine head and final soft-cap, where it has them, with these rules.
+    The adapter's cosine head and final soft-cap, where it has them, with these rules.
 
     A cosine head is recomputed from the model's pooled state; when that does not reproduce
     the model's logits (the model's head changed), the plain gradient stays and ``mismatch``
     is told the head's class name.
     """
-    head = _HEADS.get(family)
+    head = _HEADS.get(adapter.family)
     if head is not None:
-        head(stack, model, normalize, mismatch)
-    capped = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
-    output_layer = getattr(model, "get_output_embeddings", lambda: None)()
-    if capped and output_layer is not None:  # the LM head is where Gemma applies the cap
-        _final_softcap(stack, model, softcap)
+        head(stack, adapter.model, normalize, mismatch)
+    output_layer = adapter.unembedding()
+    if adapter.logit_softcap and output_layer is not None:  # where Gemma applies the cap
+        _final_softcap(stack, adapter.model, output_layer, softcap)

@@ -10,10 +10,10 @@ from attrlab.attribution.methods.lrp import (
     lrp,
     resolve_settings,
     to_attribution,
-    unsupported_reason,
 )
 from attrlab.attribution.methods.registry import register
 from attrlab.attribution.models.base import Adapter, Inputs
+from attrlab.attribution.models.layouts import unsupported_reason
 from attrlab.attribution.run import RunContext
 
 __all__ = ["AttnLRP"]

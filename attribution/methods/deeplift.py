@@ -56,7 +56,7 @@ class DeepLift(AttributionMethod):
         cls, adapter: Adapter, inputs: Inputs, target: int, params: dict[str, Any], run: RunContext
     ) -> Attribution:
         baseline = baseline_for(adapter, inputs, params["baseline"])
-        with deeplift_scope(adapter.model, adapter.config, adapter.family) as report:
+        with deeplift_scope(adapter.model, adapter) as report:
             attributions = attribute_with(
                 adapter,
                 inputs,

@@ -99,7 +99,7 @@ class DeepLiftShap(AttributionMethod):
         # sums give the per-reference deltas without Captum running the input's forward again.
         repeated = (count,) + (1,) * (space.tensor.dim() - 1)
         extra = tuple(e.repeat(count, *(1,) * (e.dim() - 1)) for e in space.extra or ())
-        with deeplift_scope(adapter.model, adapter.config, adapter.family) as report:
+        with deeplift_scope(adapter.model, adapter) as report:
             per_reference = explainer.attribute(
                 space.tensor.repeat(*repeated).requires_grad_(),
                 baselines=references,

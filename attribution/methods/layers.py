@@ -9,9 +9,9 @@ import numpy as np
 from attrlab.attribution.layers.agreement import agreement, agreement_metrics
 from attrlab.attribution.layers.analysis import HEAD_ESTIMATORS, MEASURES, analyze, planned_passes
 from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
-from attrlab.attribution.methods.lrp.layouts import unsupported_reason
 from attrlab.attribution.methods.registry import register
 from attrlab.attribution.models.base import Adapter, Inputs
+from attrlab.attribution.models.layouts import unsupported_reason
 from attrlab.attribution.params import Param
 from attrlab.attribution.run import RunContext
 

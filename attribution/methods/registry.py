@@ -1,8 +1,10 @@
 """
 Explicit method registry: each method module registers its class with ``@register``.
 
-Lookups import only the module of the method asked for (the catalog names it), so a command
-pays for Captum, shap or SciPy's graph code only when it runs a method that needs them.
+That decorator is where a method is registered; ``catalog.json`` is generated from the
+registered classes (``python -m attrlab.attribution.methods.catalog``), and lookups import only
+the module the catalog names for the method asked for, so a command pays for Captum, shap or
+SciPy's graph code only when it runs a method that needs them.
 """
 
 from __future__ import annotations
@@ -11,12 +13,13 @@ from importlib import import_module
 from typing import TYPE_CHECKING
 
 from attrlab.attribution.errors import UnknownMethodError, UnsupportedMethodError
-from attrlab.attribution.methods.catalog import METHOD_MODULES, catalog_entries, method_module
+from attrlab.attribution.methods.catalog import catalog_entries, method_module, method_modules
 
 if TYPE_CHECKING:
     from attrlab.attribution.methods.base import AttributionMethod
+    from attrlab.attribution.models.base import Adapter
 
-__all__ = ["available_methods", "get_method", "register", "registered"]
+__all__ = ["available_methods", "capabilities", "get_method", "register", "registered"]
 
 _REGISTRY: dict[str, type[AttributionMethod]] = {}
 
@@ -41,7 +44,7 @@ def get_method(name: str) -> type[AttributionMethod]:
     module = method_module(name)
     if name not in _REGISTRY and module is not None:
         try:
-            import_module(f"attrlab.attribution.methods.{module}")
+            import_module(f"{__package__}.{module}")
         except ImportError as err:  # an optional library the method runs on
             raise UnsupportedMethodError(
                 f"method '{name}' needs the package '{err.name}', which is not installed"
@@ -53,12 +56,17 @@ def get_method(name: str) -> type[AttributionMethod]:
 
 
 def available_methods() -> list[type[AttributionMethod]]:
-    """All methods, sorted by name (imports every method module)."""
-    for module in METHOD_MODULES:
-        import_module(f"attrlab.attribution.methods.{module}")
+    """All methods, sorted by name (imports every method module the catalog names)."""
+    for module in method_modules():
+        import_module(f"{__package__}.{module}")
     return registered()
 
 
 def registered() -> list[type[AttributionMethod]]:
     """The methods registered so far, sorted by name."""
     return [_REGISTRY[k] for k in sorted(_REGISTRY)]
+
+
+def capabilities(adapter: Adapter) -> dict[str, str | None]:
+    """For each method: ``None`` if it applies to ``adapter``, else the reason it does not."""
+    return {method.name: method.unsupported_reason(adapter) for method in available_methods()}

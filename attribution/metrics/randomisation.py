@@ -8,7 +8,7 @@ the original (an edge detector, a constant) does not depend on what the model le
 similarity is Spearman's ρ between the original and the randomised map, signed and of absolute
 values (the paper reports both). Every weight is restored afterwards, also on error.
 
-Layers are the transformer blocks of the model's LRP layout, with what comes after them (norm,
+Layers are the transformer blocks of the model's family layout, with what comes after them (norm,
 head; a tied LM head too) first and what comes before them (embeddings) last; for other
 models, the parameterised children of the model, containers (``Sequential``, ``ModuleList``)
 opened up. A re-initialised parameter is
@@ -29,7 +29,6 @@ import torch
 from scipy.stats import spearmanr
 from torch import nn
 
-from attrlab.attribution.methods.lrp.layouts import LAYOUTS, find_module
 from attrlab.attribution.models.base import Adapter
 
 __all__ = ["cascading_units", "randomisation_check", "restored_weights"]
@@ -76,14 +75,13 @@ def cascading_units(adapter: Adapter) -> list[tuple[str, nn.Module]]:
     everything before them (token, position and patch embeddings, CLS tokens).
     """
     model = adapter.model
-    layout = LAYOUTS.get(getattr(adapter.config, "model_type", None) or "")
-    if layout is None:
+    if adapter.layout is None:
         return list(reversed(_children(model, "")))
-    blocks = find_module(model, layout.blocks)
-    inside = {id(p) for p in blocks.parameters()}
+    blocks = adapter.blocks()
+    inside = {id(p) for block in blocks for p in block.parameters()}
     named = list(model.named_parameters())
     positions = [i for i, (_, p) in enumerate(named) if id(p) in inside]
-    head = getattr(model, "get_output_embeddings", lambda: None)()
+    head = adapter.unembedding()
     output = [p for _, p in named[positions[-1] + 1 :]]
     taken = {id(p) for p in output}
     for p in head.parameters() if head is not None else ():
@@ -92,7 +90,7 @@ def cascading_units(adapter: Adapter) -> list[tuple[str, nn.Module]]:
             taken.add(id(p))
     before = [p for _, p in named[: positions[0]] if id(p) not in taken]
     units = [("output (after the blocks)", _holder(output))] if output else []
-    units += [(f"block {i}", b) for i, b in reversed(list(enumerate(blocks.children())))]
+    units += [(f"block {i}", b) for i, b in reversed(list(enumerate(blocks)))]
     if before:
         units.append(("embeddings (before the blocks)", _holder(before)))
     return units

@@ -13,8 +13,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from attrlab.attribution.errors import InvalidInputError, UnsupportedMethodError
+from attrlab.attribution.models.layouts import LAYOUTS, Layout, find_module
 
 if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
     from attrlab.attribution.models.images import ImageTransform
 
 __all__ = [
@@ -160,13 +163,20 @@ class Adapter(ABC):
     from the model's config. ``features`` names what the model offers (``"gradients"``,
     ``"attentions"``, ``"token_embeddings"``, ``"convolutions"``, ``"custom_labels"``);
     methods declare what they require and never special-case a model name.
+
+    Methods, layer analysis and metrics reach the model's parts through this surface: the
+    transformer's :meth:`blocks`, :meth:`attention_modules`, :meth:`final_norm`,
+    :meth:`unembedding` and :meth:`token_embedding_module` (found from the family's
+    :attr:`layout`), and the config values they depend on (:attr:`model_type`,
+    :attr:`attention_implementation`, :attr:`num_layers`, :attr:`num_heads`,
+    :attr:`num_kv_heads`, :attr:`logit_softcap`). ``model`` is the module to run and hook.
     """
 
     modality: str
     family: str
-    #: The Hugging Face config of the model, when it has one (LRP layouts and families key on
-    #: its ``model_type``); ``None`` for models without (timm CNNs).
-    config: Any = None
+    #: The Hugging Face config of the model, when it has one; ``None`` for models without
+    #: (timm CNNs). Read by the family's own adapter; methods use the properties below.
+    config: PretrainedConfig | None = None
     features: frozenset[str] = frozenset({"gradients"})
     #: Kind of positional encoding: "learned", "sinusoidal", "rope", "relative" or None.
     positional_encoding: str | None = None
@@ -175,9 +185,7 @@ class Adapter(ABC):
     readout: str | None = None
 
     def __init__(self, model: nn.Module, model_id: str, revision: str | None = None) -> None:
-        # Any: transformers and timm models differ in attributes (config, heads, embeddings)
-        # that only their own family's code reads; nn.Module would claim every one is a Tensor.
-        self.model: Any = model.eval()
+        self.model: nn.Module = model.eval()
         self.model_id = model_id
         self.revision = revision
 
@@ -216,6 +224,66 @@ class Adapter(ABC):
     def token_embedding_module(self) -> nn.Module:
         """The module mapping token ids to embeddings (attributions land on its output)."""
         raise UnsupportedMethodError(f"model '{self.model_id}' has no token embeddings")
+
+    @property
+    def model_type(self) -> str | None:
+        """The Hugging Face ``model_type`` (families and layouts key on it); ``None`` without."""
+        return getattr(self.config, "model_type", None)
+
+    @property
+    def attention_implementation(self) -> str | None:
+        """The attention kernel the model runs (``"eager"``, ``"sdpa"``, ...); eager without."""
+        return getattr(self.config, "_attn_implementation", "eager")
+
+    @property
+    def layout(self) -> Layout | None:
+        """Where the model's family keeps its blocks, attention and embeddings, if attrlab knows."""
+        return LAYOUTS.get(self.model_type or "")
+
+    def blocks(self) -> list[nn.Module]:
+        """
+        The transformer blocks, first to last.
+
+        Raises:
+            UnsupportedMethodError: The model's family has no :attr:`layout`.
+        """
+        return list(find_module(self.model, self._layout().blocks).children())
+
+    def attention_modules(self) -> list[nn.Module]:
+        """Each block's attention module (the one that calls the attention function)."""
+        attention = self._layout().attention
+        return [block.get_submodule(attention) for block in self.blocks()]
+
+    def final_norm(self) -> nn.Module:
+        """
+        The norm between the last block and the unembedding (decoders).
+
+        Raises:
+            UnsupportedMethodError: No final norm is known for the model.
+        """
+        path = self._layout().final_norm
+        if path is None:
+            raise UnsupportedMethodError(f"no final norm is known for model '{self.model_id}'")
+        return find_module(self.model, path)
+
+    def unembedding(self) -> nn.Module | None:
+        """The output projection to the vocabulary (language models); ``None`` for the others."""
+        output_embeddings = getattr(self.model, "get_output_embeddings", None)
+        return output_embeddings() if output_embeddings is not None else None
+
+    @property
+    def logit_softcap(self) -> float | None:
+        """The cap ``c`` of soft-capped logits ``c·tanh(z/c)`` (Gemma 2/3), else ``None``."""
+        cap = getattr(self.config, "final_logit_softcapping", None)
+        return float(cap) if cap else None
+
+    def _layout(self) -> Layout:
+        layout = self.layout
+        if layout is None:
+            raise UnsupportedMethodError(
+                f"model '{self.model_id}' is not a transformer family attrlab has a layout for"
+            )
+        return layout
 
     @property
     def num_layers(self) -> int:
@@ -266,14 +334,6 @@ class Adapter(ABC):
             f"model '{self.model_id}' has a fixed classification head; custom labels "
             "apply only to zero-shot models such as 'minilm-zeroshot'"
         )
-
-    def capabilities(self) -> dict[str, str | None]:
-        """For each registered method: ``None`` if it applies, else the reason it does not."""
-        from attrlab.attribution.methods import (
-            available_methods,  # methods import adapters, not reverse
-        )
-
-        return {m.name: m.unsupported_reason(self) for m in available_methods()}
 
 
 class TextAdapter(Adapter):

@@ -1,7 +1,7 @@
 """
 Per-family facts kept as data: which adapter serves a Hugging Face ``model_type``.
 
-Adding a family means adding a row here (and, for LRP, its module paths), never an
+Adding a family means adding a row here (and its module paths in ``layouts.py``), never an
 ``if`` on a model name inside a method.
 """
 

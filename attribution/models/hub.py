@@ -173,7 +173,7 @@ def _unsupported(name: str, model_type: str) -> ModelLoadError:
         f"model '{name}' is of type '{model_type}', which attrlab does not support; "
         f"supported types: {supported} (and timm image classifiers). A family is added as a "
         "row of FAMILIES in attribution/models/families.py (and, for LRP, of LAYOUTS in "
-        "attribution/methods/lrp/layouts.py)"
+        "attribution/models/layouts.py)"
     )
 
 

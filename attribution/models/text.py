@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -13,6 +13,9 @@ from transformers.modeling_outputs import SequenceClassifierOutput
 from attrlab.attribution.errors import InvalidInputError, require_unicode
 from attrlab.attribution.models.base import TextAdapter, TextInputs
 from attrlab.attribution.models.families import positional_encoding_of
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel
 
 __all__ = ["DecoderLMAdapter", "TextClassifierAdapter", "ZeroShotAdapter", "ZeroShotClassifier"]
 
@@ -67,13 +70,14 @@ class TextClassifierAdapter(TextAdapter):
     readout = "first"
     features = _TEXT_FEATURES
     add_special_tokens = True
+    config: PretrainedConfig
 
     def __init__(
         self, model: nn.Module, tokenizer: Any, model_id: str, revision: str | None = None
     ):
         super().__init__(model, model_id, revision)
         self.tokenizer = tokenizer
-        self.config = model.config
+        self.config = cast("PretrainedConfig", model.config)
         self.positional_encoding = positional_encoding_of(self.config)
         self.max_length = _max_length(tokenizer, self.config)
         if getattr(self.config, "classifier_pooling", None) == "mean":  # ModernBERT's option
@@ -81,10 +85,12 @@ class TextClassifierAdapter(TextAdapter):
 
     @property
     def num_classes(self) -> int:
-        return int(self.config.num_labels)
+        count: Any = self.config.num_labels  # optional in transformers' types; set on a classifier
+        return int(count)
 
     def label(self, index: int) -> str:
-        return str(self.config.id2label.get(index, f"LABEL_{index}"))
+        names: Any = self.config.id2label  # likewise
+        return str(names.get(index, f"LABEL_{index}"))
 
     @property
     def mask_token_id(self) -> int:
@@ -120,7 +126,8 @@ class TextClassifierAdapter(TextAdapter):
         return logits
 
     def token_embedding_module(self) -> nn.Module:
-        return self.model.get_input_embeddings()
+        # A transformers model, or ZeroShotClassifier, which offers the same method.
+        return cast("PreTrainedModel", self.model).get_input_embeddings()
 
     @property
     def num_layers(self) -> int:
@@ -194,6 +201,7 @@ class ZeroShotAdapter(TextClassifierAdapter):
         with torch.no_grad():
             embeddings, _ = sentence_embedding(encoder, **batch)
         super().__init__(ZeroShotClassifier(encoder, embeddings), tokenizer, model_id, revision)
+        self.encoder = encoder
 
     @property
     def num_classes(self) -> int:
@@ -205,9 +213,7 @@ class ZeroShotAdapter(TextClassifierAdapter):
     def with_labels(self, labels: Sequence[str]) -> ZeroShotAdapter:
         if list(labels) == self.labels:
             return self
-        return ZeroShotAdapter(
-            self.model.encoder, self.tokenizer, self.model_id, labels, self.revision
-        )
+        return ZeroShotAdapter(self.encoder, self.tokenizer, self.model_id, labels, self.revision)
 
 
 def _clean_labels(labels: Sequence[str]) -> list[str]:
@@ -240,7 +246,8 @@ class DecoderLMAdapter(TextClassifierAdapter):
 
     @property
     def num_classes(self) -> int:
-        return int(self.model.get_output_embeddings().weight.shape[0])
+        lm_head: Any = self.unembedding()
+        return int(lm_head.weight.shape[0])
 
     def label(self, index: int) -> str:
         return self.tokenizer.decode([index])

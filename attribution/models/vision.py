@@ -8,7 +8,7 @@ classifies into free-text labels; CNNs come from timm.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +19,9 @@ from attrlab.attribution.errors import InvalidInputError
 from attrlab.attribution.models.base import ImageAdapter, ImageInputs
 from attrlab.attribution.models.families import positional_encoding_of, readout_of
 from attrlab.attribution.models.images import ImageTransform
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 __all__ = ["CLIPZeroShotAdapter", "CLIPZeroShotClassifier", "CNNAdapter", "ViTAdapter"]
 
@@ -58,6 +61,7 @@ class ViTAdapter(_ImageClassifierAdapter):
     family = "vision-transformer"
     readout = "first"
     features = frozenset({"gradients", "attentions"})
+    config: PretrainedConfig
 
     def __init__(self, model: nn.Module, model_id: str, transform: ImageTransform, **kwargs: Any):
         config: Any = model.config

@@ -1,19 +1,13 @@
 """
 Layer-wise Relevance Propagation for transformers: AttnLRP rules and PA-LRP positional rules.
 
-``rules`` holds the rules as autograd functions, ``layouts`` the per-family module paths (data),
-``settings`` the shared parameters and each family's defaults (data), ``patches`` the undoable
-hooks that apply the rules to a model, ``positional`` the positional-encoding-aware parts, and
-``relevance`` the forward/backward run. The registered methods live in
-``attribution/methods/attnlrp.py`` and ``pa_lrp.py``.
+``rules`` holds the rules as autograd functions, ``settings`` the shared parameters and each
+family's defaults (data), ``patches`` the undoable hooks that apply the rules to a model (at the
+per-family module paths of ``attribution/models/layouts.py``), ``positional`` the
+positional-encoding-aware parts, and ``relevance`` the forward/backward run. The registered
+methods live in ``attribution/methods/attnlrp.py`` and ``pa_lrp.py``.
 """
 
-from attrlab.attribution.methods.lrp.layouts import (
-    LAYOUTS,
-    LRPLayout,
-    layout_for,
-    unsupported_reason,
-)
 from attrlab.attribution.methods.lrp.patches import lrp_rules, transformer_lrp
 from attrlab.attribution.methods.lrp.relevance import LRPResult, lrp, to_attribution
 from attrlab.attribution.methods.lrp.rules import ATTENTION_RULES, AttentionRule
@@ -27,17 +21,13 @@ from attrlab.attribution.methods.lrp.settings import (
 __all__ = [
     "ATTENTION_RULES",
     "FAMILY_DEFAULTS",
-    "LAYOUTS",
     "LRP_PARAMS",
     "AttentionRule",
     "LRPDefaults",
-    "LRPLayout",
     "LRPResult",
-    "layout_for",
     "lrp",
     "lrp_rules",
     "resolve_settings",
     "to_attribution",
     "transformer_lrp",
-    "unsupported_reason",
 ]

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers import activations as hf_activations
 
 from attrlab.attribution.compat import register_attention
 from attrlab.attribution.errors import UnsupportedMethodError
@@ -29,7 +30,6 @@ from attrlab.attribution.methods._routing import (
     route_of,
 )
 from attrlab.attribution.methods.lrp import positional
-from attrlab.attribution.methods.lrp.layouts import ACTIVATION_TYPES, LRPLayout, find_module
 from attrlab.attribution.methods.lrp.rules import (
     ATTENTION_RULES,
     AffineOp,
@@ -42,6 +42,7 @@ from attrlab.attribution.methods.lrp.rules import (
     scale_gradient,
 )
 from attrlab.attribution.models.base import Adapter
+from attrlab.attribution.models.layouts import Layout, find_module
 
 __all__ = ["ATTENTION_IMPLEMENTATION", "Recorder", "lrp_rules", "transformer_lrp"]
 
@@ -53,6 +54,32 @@ _ACTIVE: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 # in the same thread would wrap the first's wrapper and is refused.
 _PATCHING = threading.Lock()
 _PATCHING_THREAD = threading.local()
+
+_HF_ACTIVATIONS = (
+    "GELUActivation",
+    "NewGELUActivation",
+    "FastGELUActivation",
+    "QuickGELUActivation",
+    "GELUTanh",
+    "PytorchGELUTanh",
+    "AccurateGELUActivation",
+    "ClippedGELUActivation",
+    "SiLUActivation",
+    "MishActivation",
+)
+
+#: Elementwise activations that get the identity rule (transformers' own classes included).
+ACTIVATION_TYPES: tuple[type[nn.Module], ...] = (
+    nn.GELU,
+    nn.SiLU,
+    nn.ReLU,
+    nn.Tanh,
+    nn.Mish,
+    nn.ELU,
+    nn.LeakyReLU,
+    nn.Softplus,
+    *(getattr(hf_activations, name) for name in _HF_ACTIVATIONS if hasattr(hf_activations, name)),
+)
 
 
 @contextmanager
@@ -153,7 +180,7 @@ def _eval_mode(model: nn.Module) -> Iterator[None]:
 @contextmanager
 def transformer_lrp(
     adapter: Adapter,
-    layout: LRPLayout,
+    layout: Layout,
     pe_aware: bool,
     gamma_linear: float = 0.0,
     gamma_conv: float = 0.0,
@@ -212,9 +239,7 @@ def transformer_lrp(
         last = blocks[-1].register_forward_hook(lambda _m, _a, out: _set_last(recorder, out))
         stack.callback(last.remove)
         positional.embedding_hooks(stack, model, layout, recorder)
-        patch_heads(
-            stack, model, adapter.family, _normalize_constant_norm, identity_rule, _head_mismatch
-        )
+        patch_heads(stack, adapter, _normalize_constant_norm, identity_rule, _head_mismatch)
         yield recorder
 
 

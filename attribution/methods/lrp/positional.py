@@ -28,13 +28,13 @@ from torch import nn
 
 from attrlab.attribution.compat import family_function, set_family_function
 from attrlab.attribution.errors import UnsupportedMethodError
-from attrlab.attribution.methods.lrp.layouts import (
-    LRPLayout,
+from attrlab.attribution.methods.lrp.rules import scale_gradient
+from attrlab.attribution.models.layouts import (
+    Layout,
     RotaryLayout,
     find_module,
     find_parameter,
 )
-from attrlab.attribution.methods.lrp.rules import scale_gradient
 
 if TYPE_CHECKING:
     from attrlab.attribution.methods.lrp.patches import Recorder
@@ -137,9 +137,7 @@ def _halve_rotated(x: torch.Tensor, rotary_dim: int) -> torch.Tensor:
     return torch.cat([scale_gradient(x[..., :rotary_dim], 0.5), x[..., rotary_dim:]], dim=-1)
 
 
-def embedding_hooks(
-    stack: ExitStack, model: nn.Module, layout: LRPLayout, recorder: Recorder
-) -> None:
+def embedding_hooks(stack: ExitStack, model: nn.Module, layout: Layout, recorder: Recorder) -> None:
     """
     Record ``x0``, the token parts ``E`` and the positional embedding ``P`` during the forward.
 

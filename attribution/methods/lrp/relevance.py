@@ -22,9 +22,9 @@ from attrlab.attribution.errors import UnsupportedMethodError
 from attrlab.attribution.explanation import layer_table
 from attrlab.attribution.methods.base import Attribution
 from attrlab.attribution.methods.lrp import positional
-from attrlab.attribution.methods.lrp.layouts import layout_for
 from attrlab.attribution.methods.lrp.patches import Recorder, transformer_lrp
 from attrlab.attribution.models.base import Adapter, Inputs
+from attrlab.attribution.models.layouts import layout_for
 
 __all__ = ["LRPResult", "lrp", "to_attribution"]
 

@@ -1,5 +1,8 @@
 """
-Where each transformer family keeps what LRP and layer analysis need: module paths as data.
+Where each transformer family keeps its blocks, attention and embeddings: module paths as data.
+
+LRP, DeepLIFT's transformer rules, layer analysis and the randomisation check reach the modules
+through these rows (the adapter resolves them: :meth:`Adapter.blocks` and its neighbours).
 
 Paths are dotted module names matched as a suffix of ``model.named_modules()`` names, so the
 same row serves a bare encoder, a classifier around it and the zero-shot wrapper (e.g.
@@ -11,49 +14,24 @@ row.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from torch import nn
-from transformers import activations as hf_activations
 
 from attrlab.attribution.errors import UnsupportedMethodError
-from attrlab.attribution.models.base import Adapter
+
+if TYPE_CHECKING:
+    from attrlab.attribution.models.base import Adapter
 
 __all__ = [
-    "ACTIVATION_TYPES",
     "LAYOUTS",
-    "LRPLayout",
+    "Layout",
     "RotaryLayout",
     "find_module",
     "find_parameter",
     "layout_for",
     "unsupported_reason",
 ]
-
-_HF_ACTIVATIONS = (
-    "GELUActivation",
-    "NewGELUActivation",
-    "FastGELUActivation",
-    "QuickGELUActivation",
-    "GELUTanh",
-    "PytorchGELUTanh",
-    "AccurateGELUActivation",
-    "ClippedGELUActivation",
-    "SiLUActivation",
-    "MishActivation",
-)
-
-#: Elementwise activations that get the identity rule (transformers' own classes included).
-ACTIVATION_TYPES: tuple[type[nn.Module], ...] = (
-    nn.GELU,
-    nn.SiLU,
-    nn.ReLU,
-    nn.Tanh,
-    nn.Mish,
-    nn.ELU,
-    nn.LeakyReLU,
-    nn.Softplus,
-    *(getattr(hf_activations, name) for name in _HF_ACTIVATIONS if hasattr(hf_activations, name)),
-)
 
 
 @dataclass(frozen=True)
@@ -74,9 +52,9 @@ class RotaryLayout:
 
 
 @dataclass(frozen=True)
-class LRPLayout:
+class Layout:
     """
-    One architecture's LRP-relevant parts.
+    Where one architecture keeps the parts LRP, DeepLIFT and layer analysis reach into.
 
     Attributes:
         blocks: The ``ModuleList`` of transformer blocks.
@@ -124,7 +102,7 @@ class LRPLayout:
     final_norm: str | None = None
 
 
-_BERT = LRPLayout(
+_BERT = Layout(
     blocks="encoder.layer",
     attention="attention.self",
     attention_linears="attention",
@@ -135,7 +113,7 @@ _BERT = LRPLayout(
     position=("embeddings.position_embeddings", "module"),
     input_embedding="embeddings.word_embeddings",
 )
-_DISTILBERT = LRPLayout(
+_DISTILBERT = Layout(
     blocks="transformer.layer",
     attention="attention",
     attention_output="attention.out_lin",
@@ -145,7 +123,7 @@ _DISTILBERT = LRPLayout(
     position=("embeddings.position_embeddings", "module"),
     input_embedding="embeddings.word_embeddings",
 )
-_GPT2 = LRPLayout(
+_GPT2 = Layout(
     blocks="h",
     attention="attn",
     attention_output="attn.c_proj",
@@ -156,7 +134,7 @@ _GPT2 = LRPLayout(
     position=("wpe", "module"),
     input_embedding="wte",
 )
-_LLAMA = LRPLayout(
+_LLAMA = Layout(
     blocks="layers",
     attention="self_attn",
     attention_output="self_attn.o_proj",
@@ -170,7 +148,7 @@ _LLAMA = LRPLayout(
     gate_activation="mlp.act_fn",
 )
 _PHI3 = replace(_LLAMA, gate_activation="mlp.activation_fn")
-_MODERNBERT = LRPLayout(
+_MODERNBERT = Layout(
     blocks="layers",
     attention="attn",
     attention_output="attn.Wo",
@@ -182,7 +160,7 @@ _MODERNBERT = LRPLayout(
     gated_product="mlp.Wo",
     gate_activation="mlp.act",
 )
-_VIT = LRPLayout(
+_VIT = Layout(
     blocks="layers",
     attention="attention",
     embedding_sum=("embeddings", "output"),
@@ -190,7 +168,7 @@ _VIT = LRPLayout(
     prefix_tokens=("embeddings.cls_token",),
     position=("embeddings.position_embeddings", "parameter"),
 )
-_DEIT = LRPLayout(
+_DEIT = Layout(
     blocks="layers",
     attention="attention",
     embedding_sum=("embeddings", "output"),
@@ -199,7 +177,7 @@ _DEIT = LRPLayout(
     position=("embeddings.position_embeddings", "parameter"),
 )
 
-_DINOV2 = LRPLayout(
+_DINOV2 = Layout(
     blocks="encoder.layer",
     attention="attention",
     embedding_sum=("embeddings", "output"),
@@ -207,7 +185,7 @@ _DINOV2 = LRPLayout(
     prefix_tokens=("embeddings.cls_token",),
     position=("embeddings.interpolate_pos_encoding", "method"),  # resized to the input
 )
-_CLIP_VISION = LRPLayout(
+_CLIP_VISION = Layout(
     blocks="encoder.layers",
     attention="self_attn",
     attention_output="self_attn.out_proj",
@@ -220,7 +198,7 @@ _CLIP_VISION = LRPLayout(
 #: Hugging Face ``model_type`` -> layout. Qwen3 (q/k norms), Gemma (``1 + w`` norms, scaled
 #: embeddings, soft-capping) and Phi-3 (fused QKV and gate/up, partial rotary) share LLaMA's
 #: module names; what differs is handled by rules that do not depend on names.
-LAYOUTS: dict[str, LRPLayout] = {
+LAYOUTS: dict[str, Layout] = {
     "bert": _BERT,
     "roberta": _BERT,
     "xlm-roberta": _BERT,
@@ -246,17 +224,16 @@ LAYOUTS: dict[str, LRPLayout] = {
 
 def unsupported_reason(adapter: Adapter) -> str | None:
     """``None`` if the LRP patches know this model, else why not (for ``unsupported_reason``)."""
-    config = getattr(adapter, "config", None)
-    model_type = getattr(config, "model_type", None)
+    model_type = adapter.model_type
     if model_type not in LAYOUTS:
         known = ", ".join(sorted(LAYOUTS))
         kind = f"'{model_type}'" if model_type else adapter.family
         return (
             f"LRP rules exist for transformer families ({known}); model '{adapter.model_id}' "
             f"is {kind}. A family is added as a row of LAYOUTS in "
-            "attribution/methods/lrp/layouts.py naming its blocks, attention and embeddings"
+            "attribution/models/layouts.py naming its blocks, attention and embeddings"
         )
-    implementation = getattr(config, "_attn_implementation", "eager")
+    implementation = adapter.attention_implementation
     if implementation not in (None, "eager"):
         return (
             f"LRP needs eager attention, but model '{adapter.model_id}' uses "
@@ -265,7 +242,7 @@ def unsupported_reason(adapter: Adapter) -> str | None:
     return None
 
 
-def layout_for(adapter: Adapter) -> LRPLayout:
+def layout_for(adapter: Adapter) -> Layout:
     """
     The layout of ``adapter``'s architecture.
 
@@ -275,7 +252,7 @@ def layout_for(adapter: Adapter) -> LRPLayout:
     reason = unsupported_reason(adapter)
     if reason is not None:
         raise UnsupportedMethodError(reason)
-    return LAYOUTS[adapter.config.model_type]
+    return LAYOUTS[str(adapter.model_type)]
 
 
 def find_module(model: nn.Module, path: str) -> nn.Module:
