@@ -519,9 +519,11 @@ class BatchRunner:
             output = self._forward(forward, start, stop)
             if output is None:  # out of memory: retry the same items in a smaller batch
                 continue
-            yield start, stop, output
+            # counted before the caller sees it: a caller that stops early (RISE's tolerance)
+            # does not come back, and the pass has been spent
             self.done += stop - start
             self.run.count(forward=stop - start)
+            yield start, stop, output
             self._step()
             start = stop
 
