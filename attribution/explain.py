@@ -17,6 +17,8 @@ from attrlab.attribution.methods import get_method
 from attrlab.attribution.models.base import Adapter, Inputs, TextInputs
 from attrlab.attribution.params import validate_params
 from attrlab.attribution.run import ProgressCallback, RunContext, cancellable_forwards
+from attrlab.attribution.target import Target as TargetRecord
+from attrlab.attribution.target import output_index, resolve_target
 
 __all__ = ["Preview", "explain", "input_logits", "predictions", "preview"]
 
@@ -27,7 +29,7 @@ def explain(
     adapter: Adapter,
     method: str,
     inputs: Inputs,
-    target: int | str | None = None,
+    target: int | str | TargetRecord | None = None,
     params: dict[str, Any] | None = None,
     seed: int = 0,
     progress: ProgressCallback | None = None,
@@ -36,7 +38,10 @@ def explain(
     evaluate: bool = False,
 ) -> Explanation:
     """
-    Explain ``target`` (index, label or ``None`` = top prediction) with ``method``.
+    Explain ``target`` with ``method``.
+
+    ``target`` is an index, a label, ``None`` (the top prediction) or a
+    :class:`~attribution.target.Target` record.
 
     ``max_forward_passes`` bounds sampling methods (a server's budget per request).
     ``evaluate`` adds the map's faithfulness scores and their random-order counterparts to
@@ -53,7 +58,8 @@ def explain(
     checked = validate_params(method_cls.params, params)
     start = time.perf_counter()
     logits, attentions = _prediction(adapter, inputs, method_cls.reads_prediction_attentions)
-    index = adapter.target_index(target, logits)
+    explained = resolve_target(adapter, target, logits)
+    index = output_index(explained, "the Explanation's target")
     probabilities = logits.softmax(-1)
     run = RunContext(
         seed=seed,
@@ -70,7 +76,7 @@ def explain(
     # Each forward of the method and of its scoring stops the run once it is cancelled.
     with cancellable_forwards(adapter.model, cancel):
         run.stop_if_cancelled()  # a method reading only the prediction stops here
-        result = method_cls.attribute(adapter, inputs, index, checked, run)
+        result = method_cls.attribute(adapter, inputs, explained, checked, run)
         run.attentions = None  # every layer's T × T maps: not kept through the trust scoring
         if evaluate:
             from attrlab.attribution.metrics import (
@@ -85,9 +91,9 @@ def explain(
         params=checked,
         target=Target(
             index=index,
-            label=adapter.label(index),
-            logit=float(logits[index]),
-            probability=float(probabilities[index]),
+            label=explained.label,
+            logit=float(explained.score(logits[None])[0]),
+            probability=float(explained.probability(logits[None])[0]),
         ),
         predictions=predictions(adapter, probabilities),
         scores=result.scores,
@@ -105,6 +111,7 @@ def explain(
         seed=seed,
         versions=package_versions(),
         warnings=run.warnings,
+        target_record=explained,
     )
 
 
