@@ -17,6 +17,8 @@ from attrlab.attribution.gate import check_modality, clear
 from attrlab.attribution.methods import capabilities
 from attrlab.attribution.models.base import Adapter, Inputs, TextInputs
 from attrlab.attribution.run import RunContext, RunSettings, cancellable_forwards
+from attrlab.attribution.target import Target as TargetRecord
+from attrlab.attribution.target import output_index, resolve_target
 
 __all__ = ["Preview", "explain", "input_logits", "predictions", "preview"]
 
@@ -27,12 +29,15 @@ def explain(
     adapter: Adapter,
     method: str,
     inputs: Inputs,
-    target: int | str | None = None,
+    target: int | str | TargetRecord | None = None,
     params: Mapping[str, Any] | None = None,
     settings: RunSettings | None = None,
 ) -> Explanation:
     """
-    Explain ``target`` (index, label or ``None`` = top prediction) with ``method``.
+    Explain ``target`` with ``method``.
+
+    ``target`` is an index, a label, ``None`` (the top prediction) or a
+    :class:`~attribution.target.Target` record.
 
     ``settings`` (:class:`~attribution.run.RunSettings`): the seed, progress, cancel switch and
     budgets of the run; its ``max_forward_passes`` bounds sampling methods (a server's budget
@@ -50,7 +55,8 @@ def explain(
     method_cls, checked = cleared.method, cleared.params
     start = time.perf_counter()
     logits, attentions = _prediction(adapter, inputs, method_cls.reads_prediction_attentions)
-    index = adapter.target_index(target, logits)
+    explained = resolve_target(adapter, target, logits)
+    index = output_index(explained, "the Explanation's target")
     probabilities = logits.softmax(-1)
     run = RunContext(
         seed=settings.seed,
@@ -67,7 +73,7 @@ def explain(
     # Each forward of the method and of its scoring stops the run once it is cancelled.
     with cancellable_forwards(adapter.model, settings.cancel):
         run.stop_if_cancelled()  # a method reading only the prediction stops here
-        result = method_cls.attribute(adapter, inputs, index, checked, run)
+        result = method_cls.attribute(adapter, inputs, explained, checked, run)
         run.attentions = None  # every layer's T × T maps: not kept through the trust scoring
         if settings.evaluate:
             from attrlab.attribution.metrics import (
@@ -82,9 +88,9 @@ def explain(
         params=checked,
         target=Target(
             index=index,
-            label=adapter.label(index),
-            logit=float(logits[index]),
-            probability=float(probabilities[index]),
+            label=explained.label,
+            logit=float(explained.score(logits[None])[0]),
+            probability=float(explained.probability(logits[None])[0]),
         ),
         predictions=predictions(adapter, probabilities),
         scores=result.scores,
@@ -102,6 +108,7 @@ def explain(
         seed=settings.seed,
         versions=package_versions(),
         warnings=run.warnings,
+        target_record=explained,
     )
 
 

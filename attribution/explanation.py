@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from attrlab.attribution import target as targets
+
 if TYPE_CHECKING:  # pandas is imported where a layer table is read or written
     import pandas as pd
 
@@ -49,7 +51,7 @@ class Prediction:
 
 @dataclass(frozen=True)
 class Target:
-    """The explained output: class index, its name, logit and probability."""
+    """The explained output's values: its index, name, score (logit) and probability."""
 
     index: int
     label: str
@@ -77,7 +79,9 @@ class Explanation:
     optional extra arrays, most of the shape of ``scores`` (e.g. a per-pixel standard error),
     some not (the ``layers`` method's ``token_per_layer``: one row of token scores per layer).
     ``warnings`` tells the user what was changed or is unreliable (input truncated, convergence
-    delta large, ...).
+    delta large, ...). ``target_record`` is what was explained as a
+    :class:`~attribution.target.Target` (its kind, JSON ``target_record``; ``None`` in files
+    written before it existed), ``target`` that target's values on this input.
     """
 
     model: ModelInfo
@@ -96,6 +100,7 @@ class Explanation:
     seed: int | None = None
     versions: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    target_record: targets.Target | None = None
 
     def __post_init__(self) -> None:
         self.scores = np.asarray(self.scores, dtype=np.float64)
@@ -126,6 +131,7 @@ class Explanation:
             "seed": self.seed,
             "versions": self.versions,
             "warnings": self.warnings,
+            "target_record": None if self.target_record is None else self.target_record.to_json(),
         }
 
     def to_json(self, indent: int | None = None) -> str:
@@ -138,6 +144,7 @@ class Explanation:
         layers = data.get("layers")
         image_size = data.get("image_size")
         positional = data.get("positional_scores")
+        record = data.get("target_record")
         return cls(
             model=ModelInfo(**data["model"]),
             method=data["method"],
@@ -157,6 +164,7 @@ class Explanation:
             seed=data.get("seed"),
             versions=dict(data.get("versions", {})),
             warnings=list(data.get("warnings", [])),
+            target_record=None if record is None else targets.Target.from_json(record),
         )
 
     @classmethod

@@ -40,6 +40,7 @@ from attrlab.attribution.methods import available_methods
 from attrlab.attribution.models import load
 from attrlab.attribution.params import validate_params
 from attrlab.attribution.run import RunContext
+from attrlab.attribution.target import output_target
 
 METHODS = ("rollout", "attnlrp", "pa_lrp", "deeplift", "attention_flow")
 FLOW_TOKENS = 64
@@ -51,7 +52,8 @@ def method_call(name: str, adapter, inputs, target: int) -> Callable[[], object]
     if method is None or method.unsupported_reason(adapter) is not None:
         return None
     params = validate_params(method.params, {})
-    return lambda: method.attribute(adapter, inputs, target, params, RunContext())
+    explained = output_target(adapter, target)
+    return lambda: method.attribute(adapter, inputs, explained, params, RunContext())
 
 
 def peak_bytes(call: Callable[[], object]) -> float:

@@ -115,12 +115,13 @@ def test_dinov2_and_clip_conserve(load_model):
 def test_dinov2_positions_resized_to_the_input_get_their_relevance(registers):
     """DINOv2 interpolates its position embeddings to the input size (registers get none)."""
     from attrlab.attribution.methods.lrp import lrp
+    from attrlab.attribution.target import output_target
 
     adapter = dinov2(size=48, registers=registers)  # 6×6 patches, embeddings made for 4×4
     with torch.no_grad():  # pixel relevance then equals the patches' share of x0 exactly
         find_module(adapter.model, "patch_embeddings.projection").bias.zero_()
     inputs = adapter.preprocess(IMAGE)
-    result = lrp(adapter, inputs, 0, pe_aware=True)
+    result = lrp(adapter, inputs, output_target(adapter, 0), pe_aware=True)
     assert result.positional_total != 0.0
     assert result.token_total + result.positional_total == pytest.approx(
         result.embedding_relevance, rel=1e-6, abs=1e-12

@@ -15,6 +15,7 @@ from attrlab.attribution.models.images import ImageTransform
 from attrlab.attribution.models.vision import CNNAdapter
 from attrlab.attribution.params import validate_params
 from attrlab.attribution.run import RunContext, RunSettings
+from attrlab.attribution.target import output_target
 
 SIZE = 16
 MEAN, STD = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
@@ -219,7 +220,11 @@ def test_an_error_mid_forward_leaves_the_model_unchanged(method):
     with pytest.raises(RuntimeError, match="forced failure"):
         # explain() runs a plain forward first, so call the method itself
         get_method(method).attribute(
-            adapter, inputs, 0, {"baseline": "auto", "layer": "auto"}, RunContext()
+            adapter,
+            inputs,
+            output_target(adapter, 0),
+            {"baseline": "auto", "layer": "auto"},
+            RunContext(),
         )
     model.fail = False
     assert hook_count(model) == 0

@@ -22,6 +22,7 @@ from attrlab.attribution.methods.lrp.rules import rms_norm_rule
 from attrlab.attribution.models import load
 from attrlab.attribution.models.layouts import layout_for
 from attrlab.attribution.models.text import DecoderLMAdapter, TextClassifierAdapter
+from attrlab.attribution.target import output_target
 
 TEXT = "the quick brown fox jumps over the lazy dog"
 
@@ -60,7 +61,7 @@ def test_rotary_relevance_is_conserved_in_every_layer(family, pe_aware):
     """q·k relevance = cos/sin relevance + unrotated q/k relevance, with partial rotary too."""
     inputs = family.preprocess(TEXT)
     target = int(_logits(family, inputs).argmax())
-    result = lrp(family, inputs, target, pe_aware=pe_aware, record=True)
+    result = lrp(family, inputs, output_target(family, target), pe_aware=pe_aware, record=True)
     assert len(result.attention_balance) == SIZES["num_hidden_layers"]
     for layer in result.attention_balance:
         assert (layer["rotary"] != 0) == pe_aware
@@ -75,7 +76,14 @@ def test_rotary_relevance_is_conserved_in_every_layer(family, pe_aware):
 def test_cp_variants_give_v_their_share_and_q_k_none(family, rule, share):
     inputs = family.preprocess(TEXT)
     target = int(_logits(family, inputs).argmax())
-    result = lrp(family, inputs, target, pe_aware=False, record=True, attention_rule=rule)
+    result = lrp(
+        family,
+        inputs,
+        output_target(family, target),
+        pe_aware=False,
+        record=True,
+        attention_rule=rule,
+    )
     for layer in result.attention_balance:
         assert layer["query_key"] == 0.0
         assert layer["value"] == pytest.approx(share * layer["output"], rel=1e-9, abs=1e-15)
@@ -114,7 +122,7 @@ def test_final_soft_cap_passes_the_logit_unchanged(load_model):
     gemma2 = build_family(load_model("tiny-random-bert").tokenizer, "gemma2")
     inputs = gemma2.preprocess(TEXT)
     target = int(_logits(gemma2, inputs).argmax())
-    result = lrp(gemma2, inputs, target, pe_aware=False)
+    result = lrp(gemma2, inputs, output_target(gemma2, target), pe_aware=False)
     cap = gemma2.config.final_logit_softcapping
     assert abs(result.target_logit) > 0.3 * cap  # far enough along tanh for the rule to matter
     assert result.residual[-1] == pytest.approx(result.target_logit, rel=1e-9)
@@ -218,7 +226,7 @@ def test_half_precision_models_get_float_sums(load_model):
         plain = _logits(adapter, inputs)
         with transformer_lrp(adapter, layout_for(adapter), True):
             torch.testing.assert_close(_logits(adapter, inputs), plain, rtol=0, atol=0)
-        scores.append(lrp(adapter, inputs, target, pe_aware=True).scores)
+        scores.append(lrp(adapter, inputs, output_target(adapter, target), pe_aware=True).scores)
     assert scores[1].dtype == np.float64 and np.all(np.isfinite(scores[1]))
     assert np.corrcoef(scores[0], scores[1])[0, 1] > 0.95
 
@@ -232,5 +240,5 @@ def test_gemma_classifier_without_an_lm_head_runs(load_model):
     model = tf.Gemma2ForSequenceClassification(config).double().eval()
     adapter = TextClassifierAdapter(model, tokenizer, "gemma2-classifier")
     inputs = adapter.preprocess(TEXT)
-    result = lrp(adapter, inputs, 0, pe_aware=True)
+    result = lrp(adapter, inputs, output_target(adapter, 0), pe_aware=True)
     assert np.all(np.isfinite(result.scores))

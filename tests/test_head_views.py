@@ -42,6 +42,7 @@ from attrlab.attribution.methods.lrp.relevance import lrp
 from attrlab.attribution.metrics import bundled_items, evaluate_methods, faithfulness
 from attrlab.attribution.models.layouts import find_module, layout_for
 from attrlab.attribution.run import RunSettings
+from attrlab.attribution.target import output_target
 
 TEXT = "the quick brown fox jumps over the lazy dog"
 LAYERS, HEADS, HIDDEN = 3, 4, 32
@@ -88,7 +89,7 @@ def test_relevance_leaving_the_last_block_sits_on_the_last_position_and_sums_to_
     inputs = llama.preprocess(TEXT)
     logits = _logits(llama, **inputs.model_kwargs())[0]
     target = int(logits.argmax())
-    result = lrp(llama, inputs, target, pe_aware=False)
+    result = lrp(llama, inputs, output_target(llama, target), pe_aware=False)
     tokens = len(inputs.tokens)
     assert len(result.residual_tokens) == LAYERS + 1
     assert all(r.shape == (tokens,) and r.dtype == np.float64 for r in result.residual_tokens)

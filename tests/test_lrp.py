@@ -19,6 +19,7 @@ from attrlab.attribution.models.images import ImageTransform
 from attrlab.attribution.models.layouts import find_module, layout_for
 from attrlab.attribution.models.text import DecoderLMAdapter, TextClassifierAdapter
 from attrlab.attribution.models.vision import CNNAdapter, ViTAdapter
+from attrlab.attribution.target import output_target
 
 LAYERS = 4
 #: The plain AttnLRP rule everywhere (what the family defaults replace for vision transformers).
@@ -105,7 +106,7 @@ def _logits(adapter, inputs):
 
 
 def _target(adapter, inputs):
-    return int(_logits(adapter, inputs).argmax())
+    return output_target(adapter, int(_logits(adapter, inputs).argmax()))
 
 
 # --- rules against plain references -------------------------------------------------------
@@ -448,7 +449,7 @@ def test_error_mid_forward_leaves_model_unchanged(load_model, spec):
                 lrp(
                     adapter,
                     inputs,
-                    0,
+                    output_target(adapter, 0),
                     pe_aware=pe_aware,
                     gamma_linear=0.1,
                     gamma_conv=1.0,

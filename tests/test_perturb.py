@@ -23,6 +23,7 @@ from attrlab.attribution.perturb import (
     box_blur,
 )
 from attrlab.attribution.run import RunContext, RunSettings
+from attrlab.attribution.target import output_target
 
 TEXT = "the film was wonderful"
 
@@ -266,7 +267,7 @@ def test_rise_called_on_its_own_spends_one_counted_pass_for_the_prediction(quadr
     inputs = quadrant.preprocess(toys.white_image())
     run = RunContext(seed=0)
     params = validate_params(rise.params, {"n_masks": 24})
-    direct = rise.attribute(quadrant, inputs, 0, params, run)
+    direct = rise.attribute(quadrant, inputs, output_target(quadrant, 0), params, run)
     assert run.forward_passes == 24 + 1
     through = attribution.explain(quadrant, "rise", inputs, target=0, params={"n_masks": 24})
     np.testing.assert_allclose(direct.scores, through.scores)

@@ -191,7 +191,7 @@ def test_attention_methods_read_the_attentions_of_the_prediction_pass(load_model
     cls = get_method(method)
     run = RunContext()
     params = validate_params(cls.params, {})
-    separate = cls.attribute(adapter, inputs, explanation.target.index, params, run)
+    separate = cls.attribute(adapter, inputs, explanation.target_record, params, run)
     assert run.forward_passes == 1
     np.testing.assert_allclose(separate.scores, explanation.scores, rtol=1e-6, atol=1e-9)
 

@@ -54,6 +54,7 @@ from attrlab.attribution.models.layouts import Layout, layout_for
 from attrlab.attribution.models.text import DecoderLMAdapter
 from attrlab.attribution.perturb import BatchRunner
 from attrlab.attribution.run import RunContext
+from attrlab.attribution.target import output_target
 
 __all__ = [
     "COLUMNS",
@@ -362,7 +363,7 @@ def _lrp(
     result = lrp(
         adapter,
         inputs,
-        target,
+        output_target(adapter, target),
         pe_aware,
         settings["gamma_linear"],
         settings["gamma_conv"],

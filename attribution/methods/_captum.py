@@ -21,6 +21,7 @@ from torch import nn
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
 from attrlab.attribution.params import Param
+from attrlab.attribution.target import Target
 
 __all__ = [
     "BASELINE_PARAM",
@@ -43,29 +44,37 @@ BASELINE_PARAM = Param(
 )
 
 
-def forward_function(adapter: Adapter, inputs: Inputs) -> Callable[..., torch.Tensor]:
-    """Positional-argument forward for Captum, in the order of ``inputs.forward_keys``."""
+def forward_function(
+    adapter: Adapter, inputs: Inputs, target: Target
+) -> Callable[..., torch.Tensor]:
+    """
+    Positional-argument forward for Captum returning ``target``'s score ``(B,)``.
+
+    The tensors come in the order of ``inputs.forward_keys``. Captum is given no ``target=``
+    index: the forward's output is already the scalar attributed, of any kind of target.
+    """
     keys = inputs.forward_keys
-    return lambda *tensors: adapter.logits(**dict(zip(keys, tensors, strict=True)))
+    return lambda *tensors: target.score(adapter.logits(**dict(zip(keys, tensors, strict=True))))
 
 
 class AdapterModule(nn.Module):
     """
-    ``adapter.logits`` as an ``nn.Module`` taking positional tensors named by ``keys``.
+    ``target``'s score of ``adapter.logits`` as an ``nn.Module`` taking tensors named by ``keys``.
 
     The adapter's model is a registered child, so hooks that Captum places on every
     submodule (DeepLIFT's nonlinearity rules) reach it; the model itself is not changed.
     """
 
-    def __init__(self, adapter: Adapter, keys: Sequence[str]):
+    def __init__(self, adapter: Adapter, keys: Sequence[str], target: Target):
         super().__init__()
         self.model = adapter.model
         self.keys = tuple(keys)
+        self.target = target
         self._logits = adapter.logits
 
     def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
-        """Logits ``(B, C)`` for the tensors given in the order of ``keys``."""
-        return self._logits(**dict(zip(self.keys, tensors, strict=True)))
+        """The target's scores ``(B,)`` for the tensors given in the order of ``keys``."""
+        return self.target.score(self._logits(**dict(zip(self.keys, tensors, strict=True))))
 
 
 def baseline_for(adapter: Adapter, inputs: Inputs, kind: str) -> torch.Tensor:
@@ -135,6 +144,7 @@ def reference_space(adapter: Adapter, inputs: Inputs, baseline: torch.Tensor) ->
 def attribute_with(
     adapter: Adapter,
     inputs: Inputs,
+    target: Target,
     layer_method: Callable[..., CaptumAttribution],
     input_method: Callable[..., CaptumAttribution],
     as_module: bool = False,
@@ -142,16 +152,16 @@ def attribute_with(
     **kwargs: Any,
 ) -> Any:
     """
-    Build the Captum method and call ``attribute`` on ``inputs.attributed()``.
+    Build the Captum method on ``target``'s score; call ``attribute`` on ``inputs.attributed()``.
 
     ``layer_method`` (Captum's ``Layer*`` class) when the inputs attribute to a layer (token
     embeddings), else ``input_method``. ``as_module`` passes the forward pass as an
     :class:`AdapterModule` (DeepLIFT needs it); ``eps`` sets DeepLIFT's zero threshold.
     """
     forward = (
-        AdapterModule(adapter, inputs.forward_keys)
+        AdapterModule(adapter, inputs.forward_keys, target)
         if as_module
-        else forward_function(adapter, inputs)
+        else forward_function(adapter, inputs, target)
     )
     tensor, extra = inputs.attributed()
     layer = inputs.attribution_layer(adapter)
@@ -166,7 +176,7 @@ def delta_metrics(
     output: torch.Tensor,
     references: torch.Tensor,
     extra: tuple[torch.Tensor, ...] | None,
-    target: int,
+    target: Target,
     attribution_sums: Sequence[float],
 ) -> dict[str, float]:
     """
@@ -185,7 +195,7 @@ def delta_metrics(
         raise ValueError(f"{len(attribution_sums)} attribution sums for {rows} references")
     with torch.no_grad():
         reference = forward(references, *(e.expand(rows, *e.shape[1:]) for e in extra))
-    differences = (output[target].double() - reference[:, target].double()).cpu()
+    differences = (target.score(output[None])[0].double() - reference.double()).cpu()
     deltas = torch.tensor(attribution_sums, dtype=torch.float64) - differences
     difference, delta = float(differences.mean()), float(deltas.mean())
     metrics = {

@@ -28,6 +28,7 @@ from attrlab.attribution.methods.registry import register
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.params import Param
 from attrlab.attribution.run import RunContext
+from attrlab.attribution.target import Target
 
 __all__ = ["CAPACITY_SCALE", "MAX_TOKENS", "AttentionFlow", "attention_flow", "flow_network"]
 
@@ -135,7 +136,12 @@ class AttentionFlow(AttributionMethod):
 
     @classmethod
     def attribute(
-        cls, adapter: Adapter, inputs: Inputs, target: int, params: dict[str, Any], run: RunContext
+        cls,
+        adapter: Adapter,
+        inputs: Inputs,
+        target: Target,
+        params: dict[str, Any],
+        run: RunContext,
     ) -> Attribution:
         graph = attention_graph(adapter, inputs, run, params["head_fusion"])
         if graph.num_tokens > params["max_tokens"]:

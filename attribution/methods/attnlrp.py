@@ -15,6 +15,7 @@ from attrlab.attribution.methods.registry import register
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.layouts import unsupported_reason
 from attrlab.attribution.run import RunContext
+from attrlab.attribution.target import Target
 
 __all__ = ["AttnLRP"]
 
@@ -65,7 +66,12 @@ class AttnLRP(AttributionMethod):
 
     @classmethod
     def attribute(
-        cls, adapter: Adapter, inputs: Inputs, target: int, params: dict[str, Any], run: RunContext
+        cls,
+        adapter: Adapter,
+        inputs: Inputs,
+        target: Target,
+        params: dict[str, Any],
+        run: RunContext,
     ) -> Attribution:
         if (
             cls.pe_aware

@@ -13,6 +13,7 @@ from attrlab.attribution.errors import UnsupportedMethodError
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.params import Param, validate_params
 from attrlab.attribution.run import RunContext
+from attrlab.attribution.target import Target
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -143,6 +144,11 @@ class AttributionMethod(ABC):
     @classmethod
     @abstractmethod
     def attribute(
-        cls, adapter: Adapter, inputs: Inputs, target: int, params: dict[str, Any], run: RunContext
+        cls,
+        adapter: Adapter,
+        inputs: Inputs,
+        target: Target,
+        params: dict[str, Any],
+        run: RunContext,
     ) -> Attribution:
-        """Compute the attribution of output ``target`` for one input (params resolved)."""
+        """Attribute ``target``'s score (:meth:`Target.score`) on one input (params resolved)."""

@@ -19,6 +19,7 @@ from attrlab.attribution.methods.base import Attribution, AttributionMethod, Pas
 from attrlab.attribution.methods.registry import register
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.run import RunContext
+from attrlab.attribution.target import Target
 
 __all__ = ["DeepLift"]
 
@@ -53,23 +54,28 @@ class DeepLift(AttributionMethod):
 
     @classmethod
     def attribute(
-        cls, adapter: Adapter, inputs: Inputs, target: int, params: dict[str, Any], run: RunContext
+        cls,
+        adapter: Adapter,
+        inputs: Inputs,
+        target: Target,
+        params: dict[str, Any],
+        run: RunContext,
     ) -> Attribution:
         baseline = baseline_for(adapter, inputs, params["baseline"])
         with deeplift_scope(adapter.model, adapter) as report:
             attributions = attribute_with(
                 adapter,
                 inputs,
+                target,
                 LayerDeepLift,
                 CaptumDeepLift,
                 as_module=True,
                 eps=deeplift_eps(adapter.model),
                 baselines=baseline,
-                target=target,
             )
         scores = inputs.reduce(attributions)
         _, extra = inputs.attributed()
-        forward = forward_function(adapter, inputs)
+        forward = forward_function(adapter, inputs, target)
         output = run.clean_logits(adapter, inputs)  # F(x): explain's own prediction
         metrics = delta_metrics(forward, output, baseline, extra, target, [float(scores.sum())])
         run.count(forward=3, backward=1)  # input+baseline batch, then F(x0) for the delta

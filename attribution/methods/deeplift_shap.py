@@ -20,6 +20,7 @@ from attrlab.attribution.methods.registry import register
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.params import Param
 from attrlab.attribution.run import RunContext
+from attrlab.attribution.target import Target
 
 __all__ = ["DeepLiftShap", "reference_distribution"]
 
@@ -84,14 +85,19 @@ class DeepLiftShap(AttributionMethod):
 
     @classmethod
     def attribute(
-        cls, adapter: Adapter, inputs: Inputs, target: int, params: dict[str, Any], run: RunContext
+        cls,
+        adapter: Adapter,
+        inputs: Inputs,
+        target: Target,
+        params: dict[str, Any],
+        run: RunContext,
     ) -> Attribution:
         baseline = baseline_for(adapter, inputs, params["baseline"])
         count, noise = params["n_references"], params["noise"]
         space = reference_space(adapter, inputs, baseline)
         references = reference_distribution(space.reference, count, noise, space.scale, run)
         references = torch.where(space.fixed, space.tensor, references)
-        module = AdapterModule(adapter, space.keys)
+        module = AdapterModule(adapter, space.keys, target)
         explainer = CaptumDeepLift(module)
         explainer.eps = deeplift_eps(adapter.model)
         # DeepLIFT against each reference, the input repeated once per reference, then averaged:
@@ -103,7 +109,6 @@ class DeepLiftShap(AttributionMethod):
             per_reference = explainer.attribute(
                 space.tensor.repeat(*repeated).requires_grad_(),
                 baselines=references,
-                target=target,
                 additional_forward_args=extra or None,
             )
         scores = inputs.reduce(per_reference.mean(dim=0, keepdim=True))

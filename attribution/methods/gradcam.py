@@ -15,6 +15,7 @@ from attrlab.attribution.methods.registry import register
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.params import Param
 from attrlab.attribution.run import RunContext
+from attrlab.attribution.target import Target
 
 __all__ = ["GradCam", "last_feature_map"]
 
@@ -61,7 +62,7 @@ def last_feature_map(adapter: Adapter, pixel_values: torch.Tensor) -> str:
 @register
 class GradCam(AttributionMethod):
     """
-    Class activation map weighted by the spatially averaged gradients of the target logit.
+    Class activation map weighted by the spatially averaged gradients of the target's score.
 
     ``CAM = ReLU(Σ_k mean_{h,w}(∂y/∂A_k) · A_k)`` on a convolutional feature map ``A`` (Captum
     ``LayerGradCam``), upsampled bilinearly to the model input. By default ``A`` is the last
@@ -90,7 +91,12 @@ class GradCam(AttributionMethod):
 
     @classmethod
     def attribute(
-        cls, adapter: Adapter, inputs: Inputs, target: int, params: dict[str, Any], run: RunContext
+        cls,
+        adapter: Adapter,
+        inputs: Inputs,
+        target: Target,
+        params: dict[str, Any],
+        run: RunContext,
     ) -> Attribution:
         if inputs.modality != "image":
             raise UnsupportedMethodError("Grad-CAM explains images only")
@@ -105,8 +111,8 @@ class GradCam(AttributionMethod):
                 f"parameter 'layer' must name a module of the model (e.g. "
                 f"'{last_feature_map(adapter, pixels)}'); got {name!r}"
             )
-        cam = LayerGradCam(forward_function(adapter, inputs), modules[name]).attribute(
-            pixels, target=target, relu_attributions=True
+        cam = LayerGradCam(forward_function(adapter, inputs, target), modules[name]).attribute(
+            pixels, relu_attributions=True
         )
         run.count(forward=1, backward=1)
         if cam.dim() != 4:

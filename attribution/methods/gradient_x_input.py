@@ -11,6 +11,7 @@ from attrlab.attribution.methods.base import Attribution, AttributionMethod, Pas
 from attrlab.attribution.methods.registry import register
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.run import RunContext
+from attrlab.attribution.target import Target
 
 __all__ = ["GradientXInput"]
 
@@ -18,7 +19,7 @@ __all__ = ["GradientXInput"]
 @register
 class GradientXInput(AttributionMethod):
     """
-    Elementwise product of the input and the gradient of the target logit.
+    Elementwise product of the input and the gradient of the target's score.
 
     Text: gradient × token embedding (Captum ``LayerGradientXActivation`` on the embedding
     layer), summed over the embedding dimension. Images: gradient × normalised pixel,
@@ -37,10 +38,15 @@ class GradientXInput(AttributionMethod):
 
     @classmethod
     def attribute(
-        cls, adapter: Adapter, inputs: Inputs, target: int, params: dict[str, Any], run: RunContext
+        cls,
+        adapter: Adapter,
+        inputs: Inputs,
+        target: Target,
+        params: dict[str, Any],
+        run: RunContext,
     ) -> Attribution:
         attributions = attribute_with(
-            adapter, inputs, LayerGradientXActivation, InputXGradient, target=target
+            adapter, inputs, target, LayerGradientXActivation, InputXGradient
         )
         run.count(forward=1, backward=1)
         return Attribution(scores=inputs.reduce(attributions))

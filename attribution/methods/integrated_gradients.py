@@ -18,6 +18,7 @@ from attrlab.attribution.methods.registry import register
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.params import Param
 from attrlab.attribution.run import RunContext
+from attrlab.attribution.target import Target
 
 __all__ = ["IntegratedGradients"]
 
@@ -62,14 +63,18 @@ class IntegratedGradients(AttributionMethod):
 
     @classmethod
     def attribute(
-        cls, adapter: Adapter, inputs: Inputs, target: int, params: dict[str, Any], run: RunContext
+        cls,
+        adapter: Adapter,
+        inputs: Inputs,
+        target: Target,
+        params: dict[str, Any],
+        run: RunContext,
     ) -> Attribution:
         space = reference_space(adapter, inputs, baseline_for(adapter, inputs, params["baseline"]))
-        module = AdapterModule(adapter, space.keys)
+        module = AdapterModule(adapter, space.keys, target)
         attributions = CaptumIG(module).attribute(
             space.tensor,
             baselines=space.reference,
-            target=target,
             additional_forward_args=space.extra,
             n_steps=params["n_steps"],
             internal_batch_size=params["internal_batch_size"],

@@ -14,6 +14,7 @@ from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.layouts import unsupported_reason
 from attrlab.attribution.params import Param
 from attrlab.attribution.run import RunContext
+from attrlab.attribution.target import Target, output_index
 
 __all__ = ["LayerAnalysis", "measure_names"]
 
@@ -79,9 +80,15 @@ class LayerAnalysis(AttributionMethod):
 
     @classmethod
     def attribute(
-        cls, adapter: Adapter, inputs: Inputs, target: int, params: dict[str, Any], run: RunContext
+        cls,
+        adapter: Adapter,
+        inputs: Inputs,
+        target: Target,
+        params: dict[str, Any],
+        run: RunContext,
     ) -> Attribution:
-        report = analyze(adapter, inputs, target, measure_names(params["measures"]), run)
+        index = output_index(target, "the layer and head analysis")
+        report = analyze(adapter, inputs, index, measure_names(params["measures"]), run)
         pairs = agreement(report.table, HEAD_ESTIMATORS, params["top_k"])
         maps: dict[str, np.ndarray] = {}
         if report.lrp is None:

@@ -24,6 +24,7 @@ from attrlab.attribution.models.base import Adapter, ImageInputs, Inputs
 from attrlab.attribution.params import Param
 from attrlab.attribution.perturb import BatchRunner, auto_batch_size
 from attrlab.attribution.run import RunContext
+from attrlab.attribution.target import Target
 
 __all__ = ["Occlusion"]
 
@@ -31,7 +32,7 @@ __all__ = ["Occlusion"]
 @register
 class Occlusion(AttributionMethod):
     """
-    Drop in the target logit when a window of the input is replaced by a baseline.
+    Drop in the target's score when a window of the input is replaced by a baseline.
 
     Images: a ``window×window`` patch moved with ``stride`` over the image (all channels),
     filled with the mean colour (normalised zero) or black; each pixel gets the average drop
@@ -76,7 +77,12 @@ class Occlusion(AttributionMethod):
 
     @classmethod
     def attribute(
-        cls, adapter: Adapter, inputs: Inputs, target: int, params: dict[str, Any], run: RunContext
+        cls,
+        adapter: Adapter,
+        inputs: Inputs,
+        target: Target,
+        params: dict[str, Any],
+        run: RunContext,
     ) -> Attribution:
         check_segments(inputs, params["segments"])
         batch_size = params["batch_size"] or auto_batch_size(adapter, inputs)
@@ -88,7 +94,7 @@ class Occlusion(AttributionMethod):
             runner = BatchRunner(
                 adapter, run, batch_size, int(labels.max()) + 2, precision=params["precision"]
             )
-            method = FeatureAblation(_forward(runner, inputs))
+            method = FeatureAblation(_forward(runner, inputs, target))
             kwargs: dict[str, Any] = {"feature_mask": labels[None, None]}
         else:
             window, stride, windows = _windows(
@@ -97,12 +103,11 @@ class Occlusion(AttributionMethod):
             runner = BatchRunner(
                 adapter, run, batch_size, windows + 1, precision=params["precision"]
             )
-            method = CaptumOcclusion(_forward(runner, inputs))
+            method = CaptumOcclusion(_forward(runner, inputs, target))
             kwargs = {"sliding_window_shapes": window, "strides": stride}
         attributions = method.attribute(
             tensor,
             baselines=baseline,
-            target=target,
             additional_forward_args=extra or None,
             perturbations_per_eval=batch_size,
             **kwargs,
@@ -112,9 +117,10 @@ class Occlusion(AttributionMethod):
         return Attribution(scores=scores.detach().double().cpu().numpy())
 
 
-def _forward(runner: BatchRunner, inputs: Inputs) -> Any:
+def _forward(runner: BatchRunner, inputs: Inputs, target: Target) -> Any:
+    """Captum's forward: ``target``'s score of the runner's batched logits."""
     keys = inputs.forward_keys
-    return lambda *tensors: runner.logits(**dict(zip(keys, tensors, strict=True)))
+    return lambda *tensors: target.score(runner.logits(**dict(zip(keys, tensors, strict=True))))
 
 
 def _windows(

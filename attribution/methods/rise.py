@@ -30,6 +30,7 @@ from attrlab.attribution.perturb import (
     top_decile_error,
 )
 from attrlab.attribution.run import RunContext
+from attrlab.attribution.target import OutputTarget, Target, output_target
 
 __all__ = ["RISE", "RiseEstimator"]
 
@@ -43,24 +44,23 @@ TOP_CLASSES = 5
 
 class RiseEstimator:
     """
-    Running sums of ``S_c = Σ_i f_c(x ⊙ M_i) · M_i / (N·p)`` for a few classes.
+    Running sums of ``S_c = Σ_i f_c(x ⊙ M_i) · M_i / (N·p)`` for a few targets ``c``.
 
-    Also keeps ``Σ_i (f_t(x ⊙ M_i) · M_i)²`` for the first class (the target), from which
-    the per-pixel standard error of ``S_t`` follows. Memory is O(classes × pixels),
+    Also keeps ``Σ_i (f_t(x ⊙ M_i) · M_i)²`` for the first (the explained target), from which
+    the per-pixel standard error of ``S_t`` follows. Memory is O(targets × pixels),
     independent of the number of masks.
     """
 
-    def __init__(self, classes: list[int], n_cells: int, p: float) -> None:
-        self.classes = classes
+    def __init__(self, n_targets: int, n_cells: int, p: float) -> None:
         self.p = p
         self.n = 0
-        self.sums = torch.zeros(len(classes), n_cells, dtype=torch.float64)
+        self.sums = torch.zeros(n_targets, n_cells, dtype=torch.float64)
         self.squares = torch.zeros(n_cells, dtype=torch.float64)
 
     def add(self, masks: torch.Tensor, scores: torch.Tensor) -> None:
-        """Accumulate one batch: ``masks (b, ...)`` and ``scores (b, num_classes)``."""
+        """Accumulate one batch: ``masks (b, ...)`` and each target's ``scores (b, targets)``."""
         flat = masks.reshape(masks.shape[0], -1).float()
-        picked = scores[:, self.classes].float().to(flat.device)
+        picked = scores.float().to(flat.device)
         if self.sums.device != flat.device:  # accumulate where the masks live (GPU or CPU)
             self.sums, self.squares = self.sums.to(flat.device), self.squares.to(flat.device)
         self.sums += picked.T @ flat
@@ -68,7 +68,7 @@ class RiseEstimator:
         self.n += masks.shape[0]
 
     def saliency(self) -> np.ndarray:
-        """``(classes, cells)`` saliency maps."""
+        """``(targets, cells)`` saliency maps."""
         return (self.sums / (self.n * self.p)).cpu().numpy()
 
     def std_error(self) -> np.ndarray:
@@ -150,7 +150,12 @@ class RISE(AttributionMethod):
 
     @classmethod
     def attribute(
-        cls, adapter: Adapter, inputs: Inputs, target: int, params: dict[str, Any], run: RunContext
+        cls,
+        adapter: Adapter,
+        inputs: Inputs,
+        target: Target,
+        params: dict[str, Any],
+        run: RunContext,
     ) -> Attribution:
         check_segments(inputs, params["segments"])
         perturbation = perturbation_for(
@@ -165,20 +170,21 @@ class RISE(AttributionMethod):
             adapter.device,
             params["n_segments"] if params["segments"] == "slic" else None,
         )
-        classes = _classes(run.clean_logits(adapter, inputs), target)
+        targets = _targets(adapter, run.clean_logits(adapter, inputs), target)
         first = masks.batch(0, 1)
-        estimator = RiseEstimator(classes, first[0].numel(), params["p"])
+        estimator = RiseEstimator(len(targets), first[0].numel(), params["p"])
         batch_size = params["batch_size"] or auto_batch_size(adapter, inputs)
         runner = BatchRunner(adapter, run, batch_size, len(masks), precision=params["precision"])
         tolerance, error = params["tolerance"], float("nan")
         for batch, logits in runner.score(masks, perturbation):
-            scores = logits.softmax(-1) if params["output"] == "probability" else logits
-            estimator.add(batch, scores)
+            probability = params["output"] == "probability"
+            scores = [t.probability(logits) if probability else t.score(logits) for t in targets]
+            estimator.add(batch, torch.stack(scores, dim=1))
             if tolerance is not None and estimator.n >= MIN_MASKS_BEFORE_STOPPING:
                 error = top_decile_error(estimator.saliency()[0], estimator.std_error())
                 if error <= tolerance:
                     break
-        maps = estimator.saliency().reshape(len(classes), *first.shape[1:])
+        maps = estimator.saliency().reshape(len(targets), *first.shape[1:])
         std_error = estimator.std_error().reshape(first.shape[1:])
         metrics = {"masks_used": float(estimator.n)}
         if tolerance is not None:
@@ -191,12 +197,17 @@ class RISE(AttributionMethod):
                     f"{error:.3g}; raise n_masks or the tolerance"
                 )
         maps, std_error = perturbation.element_map(maps), perturbation.element_map(std_error)
-        extra = {f"class_{c}": maps[i] for i, c in enumerate(classes)}
+        extra = {
+            f"class_{t.index}": maps[i]
+            for i, t in enumerate(targets)
+            if isinstance(t, OutputTarget)
+        }
         metrics["noise_ratio"] = noise_ratio(std_error, maps[0])
         return Attribution(scores=maps[0], maps={"std_error": std_error, **extra}, metrics=metrics)
 
 
-def _classes(logits: torch.Tensor, target: int) -> list[int]:
-    """The target first, then the top predicted classes (their maps come at little cost)."""
+def _targets(adapter: Adapter, logits: torch.Tensor, target: Target) -> list[Target]:
+    """``target`` first, then the top predicted outputs (their maps come at little cost)."""
+    named = target.index if isinstance(target, OutputTarget) else None
     top = logits.topk(min(TOP_CLASSES, logits.numel())).indices.tolist()
-    return [target, *(c for c in top if c != target)]
+    return [target, *(output_target(adapter, c) for c in top if c != named)]

@@ -18,6 +18,7 @@ from attrlab.attribution.methods.registry import register
 from attrlab.attribution.models.base import Adapter, Inputs, patch_grid
 from attrlab.attribution.params import Param
 from attrlab.attribution.run import RunContext
+from attrlab.attribution.target import Target
 
 __all__ = ["AttentionRollout", "attention_rollout", "discard_lowest"]
 
@@ -103,7 +104,12 @@ class AttentionRollout(AttributionMethod):
 
     @classmethod
     def attribute(
-        cls, adapter: Adapter, inputs: Inputs, target: int, params: dict[str, Any], run: RunContext
+        cls,
+        adapter: Adapter,
+        inputs: Inputs,
+        target: Target,
+        params: dict[str, Any],
+        run: RunContext,
     ) -> Attribution:
         graph = attention_graph(adapter, inputs, run, params["head_fusion"])
         if params["start_layer"] >= graph.num_layers:

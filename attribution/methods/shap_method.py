@@ -25,6 +25,7 @@ from attrlab.attribution.perturb import (
     top_decile_error,
 )
 from attrlab.attribution.run import RunContext
+from attrlab.attribution.target import Target
 
 __all__ = ["Shap"]
 
@@ -85,7 +86,12 @@ class Shap(AttributionMethod):
 
     @classmethod
     def attribute(
-        cls, adapter: Adapter, inputs: Inputs, target: int, params: dict[str, Any], run: RunContext
+        cls,
+        adapter: Adapter,
+        inputs: Inputs,
+        target: Target,
+        params: dict[str, Any],
+        run: RunContext,
     ) -> Attribution:
         batch_size = params["batch_size"] or auto_batch_size(adapter, inputs)
         max_evals, tolerance = params["max_evals"], params["tolerance"]
@@ -189,7 +195,7 @@ def _model_function(
 def _image(
     adapter: Adapter,
     inputs: Inputs,
-    target: int,
+    target: Target,
     runner: BatchRunner,
     params: dict[str, Any],
     remember: bool,
@@ -204,7 +210,7 @@ def _image(
     def model(batch: np.ndarray) -> np.ndarray:
         tensor = torch.as_tensor(np.asarray(batch, dtype=np.float32), device=device)
         logits = runner.logits(pixel_values=tensor.permute(0, 3, 1, 2))
-        return logits[:, [target]].cpu().numpy()
+        return target.score(logits)[:, None].cpu().numpy()
 
     explainer = shap.explainers.Partition(_model_function(model, remember), masker)
     return explainer, pixels[None], lambda values: values.sum(-1)
@@ -213,7 +219,7 @@ def _image(
 def _text(
     adapter: Adapter,
     inputs: Inputs,
-    target: int,
+    target: Target,
     runner: BatchRunner,
     params: dict[str, Any],
     remember: bool,
@@ -248,7 +254,8 @@ def _text(
         ids = ours.expand(masked.shape[0], -1).clone()
         ids[:, placed_index] = masked
         mask = tokens.attention_mask.expand_as(ids)
-        return runner.logits(input_ids=ids, attention_mask=mask)[:, [target]].cpu().numpy()
+        logits = runner.logits(input_ids=ids, attention_mask=mask)
+        return target.score(logits)[:, None].cpu().numpy()
 
     def reduce(values: np.ndarray) -> np.ndarray:
         scores = np.zeros(len(tokens.tokens))

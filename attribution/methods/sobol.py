@@ -29,6 +29,7 @@ from attrlab.attribution.perturb import (
     top_decile_error,
 )
 from attrlab.attribution.run import RunContext
+from attrlab.attribution.target import Target
 
 __all__ = ["Sobol", "jansen_total_order", "sobol_design", "total_order_indices"]
 
@@ -180,7 +181,12 @@ class Sobol(AttributionMethod):
 
     @classmethod
     def attribute(
-        cls, adapter: Adapter, inputs: Inputs, target: int, params: dict[str, Any], run: RunContext
+        cls,
+        adapter: Adapter,
+        inputs: Inputs,
+        target: Target,
+        params: dict[str, Any],
+        run: RunContext,
     ) -> Attribution:
         n, tolerance, replicates = params["n_designs"], params["tolerance"], params["bootstrap"]
         if tolerance is not None and replicates < 2:
@@ -203,7 +209,7 @@ class Sobol(AttributionMethod):
             masks = perturbation.design_masks(design, params["grid"], adapter.device)
             y = np.concatenate(
                 [
-                    logits[:, target].double().cpu().numpy()
+                    target.score(logits).double().cpu().numpy()
                     for _, logits in runner.score(masks, perturbation)
                 ]
             )

@@ -1,8 +1,9 @@
 """
-One patched forward, one backward: relevance of the target logit for AttnLRP and PA-LRP.
+One patched forward, one backward: relevance of the target's score for AttnLRP and PA-LRP.
 
-The backward starts from the target logit itself (gradient 1), so ``x ⊙ grad`` at any tensor
-is its LRP relevance and the relevance entering the last layer equals the logit. The result
+The backward starts from the target's score itself (gradient 1; :meth:`Target.score` of the
+patched forward's logits), so ``x ⊙ grad`` at any tensor is its LRP relevance and the relevance
+entering the last layer equals the score (for one output: its logit). The result
 keeps token, positional and per-layer relevance separately; :func:`to_attribution` turns it
 into what a method returns.
 """
@@ -25,6 +26,7 @@ from attrlab.attribution.methods.lrp import positional
 from attrlab.attribution.methods.lrp.patches import Recorder, transformer_lrp
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.layouts import layout_for
+from attrlab.attribution.target import Target
 
 __all__ = ["LRPResult", "lrp", "to_attribution"]
 
@@ -35,7 +37,8 @@ class LRPResult:
     Relevance of one explained output (float64).
 
     Attributes:
-        target_logit: The explained logit (value of the patched forward, equal to the model's).
+        target_logit: The explained score (of the patched forward, equal to the model's; for
+            one output its logit).
         scores: Token relevance ``Σ_d R_E`` per token (text) or pixel relevance (image, H×W).
         positional_scores: Positional relevance per token (text) or spread over each patch's
             pixels (image); signed for additive PE, the absolute-value score for RoPE.
@@ -77,7 +80,7 @@ class LRPResult:
 def lrp(
     adapter: Adapter,
     inputs: Inputs,
-    target: int,
+    target: Target,
     pe_aware: bool,
     gamma_linear: float = 0.0,
     gamma_conv: float = 0.0,
@@ -86,7 +89,7 @@ def lrp(
     probes: Sequence[tuple[str, nn.Module, str]] = (),
 ) -> LRPResult:
     """
-    AttnLRP (``pe_aware=False``) or PA-LRP relevance of logit ``target`` for one input.
+    AttnLRP (``pe_aware=False``) or PA-LRP relevance of ``target``'s score for one input.
 
     The arguments are concrete (no family defaults here; see
     :func:`~attribution.methods.lrp.settings.resolve_settings`): ``gamma_linear`` /
@@ -111,16 +114,16 @@ def lrp(
     with torch.enable_grad(), patches as recorder, ExitStack() as hooks:
         for name, module, where in probes:
             hooks.enter_context(_probe(module, where, name, probed))
-        logit = adapter.logits(**kwargs)[0, target]
-        if not logit.requires_grad:
+        score = target.score(adapter.logits(**kwargs))[0]
+        if not score.requires_grad:
             raise UnsupportedMethodError(
                 "the model's output does not depend on its input embedding"
             )
         named = {k: t for k, t in _graph_tensors(recorder, pixels).items() if t.requires_grad}
         named.update({f"probe.{k}": t for k, t in probed.items() if t.requires_grad})
-        found = torch.autograd.grad(logit, list(named.values()), allow_unused=True)
+        found = torch.autograd.grad(score, list(named.values()), allow_unused=True)
     grads = {k: g for k, g in zip(named, found, strict=True) if g is not None}
-    result = _assemble(adapter, recorder, grads, pixels, float(logit.detach()), pe_aware)
+    result = _assemble(adapter, recorder, grads, pixels, float(score.detach()), pe_aware)
     for name, tensor in probed.items():
         grad = grads.get(f"probe.{name}")
         relevance = (
