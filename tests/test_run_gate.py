@@ -244,6 +244,7 @@ def test_no_method_changes_the_params_it_is_given(tiny_models, method):
     from attrlab.attribution import explain
     from attrlab.attribution.methods import get_method
     from attrlab.attribution.run import RunContext
+    from attrlab.attribution.target import output_target
 
     cls = get_method(method)
     adapter = next(a for a in tiny_models if cls.unsupported_reason(a) is None)
@@ -257,7 +258,7 @@ def test_no_method_changes_the_params_it_is_given(tiny_models, method):
     handed = copy.deepcopy(resolved)
     read_only = MappingProxyType(resolved)
     cls.passes(adapter, inputs, read_only)  # type: ignore[arg-type]
-    cls.attribute(adapter, inputs, 0, read_only, RunContext())  # type: ignore[arg-type]
+    cls.attribute(adapter, inputs, output_target(adapter, 0), read_only, RunContext())  # type: ignore[arg-type]
     assert resolved == handed
     explanation = explain(adapter, method, inputs, target=0, params=given)
     assert given == kept and explanation.params == handed
