@@ -45,6 +45,7 @@ def _explain(args: argparse.Namespace) -> int:
 
 def _layers(args: argparse.Namespace) -> int:
     from attrlab.app.worker import ExplainRequest, ExplainWorker
+    from attrlab.attribution.run import RunSettings
 
     if args.format == "parquet" and args.output is None:
         raise _usage_error("--format parquet writes a file: give --output PATH")
@@ -59,7 +60,11 @@ def _layers(args: argparse.Namespace) -> int:
             adapter = worker.adapter(args.model, labels)
             items = _dataset_items(args.input, args.target)
             table = analyze_dataset(
-                adapter, items, _measures(args.measures), args.seed, progress=_report_progress
+                adapter,
+                items,
+                _measures(args.measures),
+                RunSettings(seed=args.seed),
+                progress=_report_progress,
             )
             print(file=sys.stderr)
             _write_table(table, args, lambda: table.to_string(index=False))
@@ -363,6 +368,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     from attrlab.attribution.methods import available_methods
     from attrlab.attribution.metrics import EvalItem, bundled_items, evaluate_methods, summarise
     from attrlab.attribution.metrics.faithfulness import check_options
+    from attrlab.attribution.run import RunSettings
 
     check_options(args.image_fill, args.text_removal)  # before the model loads
     _output_path(args.output)
@@ -391,7 +397,7 @@ def _evaluate(args: argparse.Namespace) -> int:
             _method_params(args.param),
             args.steps,
             args.random_orders,
-            args.seed,
+            RunSettings(seed=args.seed),
             progress=_report_progress,
             image_fill=args.image_fill,
             text_removal=args.text_removal,

@@ -444,10 +444,8 @@ class EvaluateRequest(WorkerRequest["pd.DataFrame"]):
             self.params,
             self.steps,
             self.random_orders,
-            self.seed,
+            settings,
             progress=lambda done: run.progress(done, total),
-            cancel=settings.cancel,
-            max_forward_passes=settings.max_forward_passes,
         )
 
 

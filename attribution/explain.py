@@ -58,14 +58,7 @@ def explain(
     explained = resolve_target(adapter, target, logits)
     index = output_index(explained, "the Explanation's target")
     probabilities = logits.softmax(-1)
-    run = RunContext(
-        seed=settings.seed,
-        progress=settings.progress,
-        cancel=settings.cancel,
-        max_forward_passes=settings.max_forward_passes,
-        logits=logits,
-        attentions=attentions,
-    )
+    run = RunContext.of(settings, logits=logits, attentions=attentions)
     del attentions  # held by the run while the method reads them, then let go (below)
     run.count(forward=1)
     if isinstance(inputs, TextInputs) and inputs.truncated:

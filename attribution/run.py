@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -95,6 +95,18 @@ class RunContext:
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.seed)
         self.generator = torch.Generator().manual_seed(self.seed)
+
+    @classmethod
+    def of(cls, settings: RunSettings | None, **state: Any) -> RunContext:
+        """A fresh run of ``settings`` (its seed, progress, cancel switch and pass budget)."""
+        settings = settings or RunSettings()
+        return cls(
+            seed=settings.seed,
+            progress=settings.progress,
+            cancel=settings.cancel,
+            max_forward_passes=settings.max_forward_passes,
+            **state,
+        )
 
     def step(self, done: int, total: int) -> None:
         """Report progress and stop here if the job was cancelled."""

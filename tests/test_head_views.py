@@ -420,7 +420,7 @@ def test_evaluation_stops_between_items_once_cancelled(load_model):
             ["gradient_x_input"],
             steps=4,
             random_orders=0,
+            settings=RunSettings(cancel=cancel),
             progress=cancel_after_first,
-            cancel=cancel,
         )
     assert done == [1]

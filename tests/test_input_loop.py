@@ -131,7 +131,14 @@ def test_the_leaderboard_scores_explain_per_item_and_method(bert):
     items = [EvalItem(text, None, f"item {n}") for n, text in enumerate(TEXTS)]
     seen: list[int] = []
     table = evaluate_methods(
-        bert, items, METHODS, PARAMS, steps=4, random_orders=1, seed=3, progress=seen.append
+        bert,
+        items,
+        METHODS,
+        PARAMS,
+        steps=4,
+        random_orders=1,
+        settings=RunSettings(seed=3),
+        progress=seen.append,
     )
     assert seen == [1, 2, 3]
     expected = []

@@ -53,7 +53,7 @@ from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.layouts import Layout, layout_for
 from attrlab.attribution.models.text import DecoderLMAdapter
 from attrlab.attribution.perturb import BatchRunner
-from attrlab.attribution.run import RunContext
+from attrlab.attribution.run import RunContext, RunSettings
 from attrlab.attribution.target import output_target
 
 __all__ = [
@@ -468,7 +468,7 @@ def analyze_layers(
     inputs: Inputs,
     target: int,
     measures: Collection[str] | None = None,
-    run: RunContext | None = None,
+    settings: RunSettings | None = None,
 ) -> pd.DataFrame:
     """
     The measures of :data:`MEASURES` (all that apply by default) for ``target`` on one input.
@@ -481,7 +481,7 @@ def analyze_layers(
         UnsupportedMethodError: For models without transformer blocks attrlab knows.
         InvalidParameterError: For unknown measures, or decoder-only ones on other models.
     """
-    return analyze(adapter, inputs, target, measures, run).table
+    return analyze(adapter, inputs, target, measures, RunContext.of(settings)).table
 
 
 def head_projections(adapter: Adapter) -> tuple[list[nn.Module], int]:

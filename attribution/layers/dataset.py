@@ -15,9 +15,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from attrlab.attribution.layers.analysis import analyze_layers
+from attrlab.attribution.layers.analysis import analyze
 from attrlab.attribution.models.base import Adapter
-from attrlab.attribution.run import RunContext
+from attrlab.attribution.run import RunContext, RunSettings
 from attrlab.attribution.runs import run_rows
 
 __all__ = ["DATASET_COLUMNS", "DatasetItem", "analyze_dataset"]
@@ -56,20 +56,19 @@ def analyze_dataset(
     adapter: Adapter,
     items: Iterable[DatasetItem],
     measures: Collection[str] | None = None,
-    seed: int = 0,
+    settings: RunSettings | None = None,
     progress: Callable[[int], None] | None = None,
-    run: RunContext | None = None,
 ) -> pd.DataFrame:
     """
     Mean, sample standard deviation and count of every layer measure over ``items``.
 
-    ``progress`` receives the number of inputs done after each; ``run`` (optional) carries
-    cancellation and pass counts across the whole dataset.
+    ``progress`` receives the number of inputs done after each; ``settings`` are one run's
+    over the whole dataset (its seed, cancel switch, and pass budget for all inputs together).
 
     Returns:
         A table with :data:`DATASET_COLUMNS`, one row per layer / head and measure.
     """
-    shared = run or RunContext(seed=seed)
+    shared = RunContext.of(settings)
 
     def layer_table(item: DatasetItem) -> pd.DataFrame:
         inputs = adapter.preprocess(item.raw)
@@ -77,7 +76,7 @@ def analyze_dataset(
             logits = adapter.logits(**inputs.model_kwargs())[0]
         shared.count(forward=1)
         target = adapter.target_index(item.target, logits)
-        return analyze_layers(adapter, inputs, target, measures, shared)
+        return analyze(adapter, inputs, target, measures, shared).table
 
     stats: dict[tuple, _Welford] = {}
     for _, table in run_rows(items, layer_table, shared.cancel, progress):

@@ -10,7 +10,6 @@ of items on which the method beats random orders, and the cost per item.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -72,12 +71,10 @@ def evaluate_methods(
     params: dict[str, dict[str, Any]] | None = None,
     steps: int = 50,
     random_orders: int = 3,
-    seed: int = 0,
+    settings: RunSettings | None = None,
     progress: Callable[[int], None] | None = None,
     image_fill: str = "rise",
     text_removal: str = "delete",
-    cancel: threading.Event | None = None,
-    max_forward_passes: int | None = None,
 ) -> pd.DataFrame:
     """
     One row per item and method: faithfulness and random-order scores, and the method's cost.
@@ -87,14 +84,20 @@ def evaluate_methods(
     :func:`~attribution.metrics.faithfulness`'s.
 
     Methods that do not apply to ``adapter`` are left out; an unknown name is an error.
-    ``cancel`` stops the run between items (and within a method or a score that checks it);
-    ``max_forward_passes`` bounds each explanation, as one request's.
+    ``settings``: the seed (item ``n``'s random orders draw from seed + n), the cancel switch
+    (checked between items, and within a method or a score that checks it) and each
+    explanation's budgets, as one request's; ``progress`` receives the items done.
 
     Raises:
-        JobCancelledError: once ``cancel`` is set.
+        JobCancelledError: once the cancel switch is set.
     """
     check_options(image_fill, text_removal)
-    settings = RunSettings(seed=seed, cancel=cancel, max_forward_passes=max_forward_passes)
+    settings = settings or RunSettings()
+    # the explanations alone: no trust card of their own, no price of their own (a server prices
+    # the whole evaluation before it starts)
+    each = RunSettings(
+        seed=settings.seed, cancel=settings.cancel, max_forward_passes=settings.max_forward_passes
+    )
     applicable = [name for name in methods if get_method(name).unsupported_reason(adapter) is None]
     explained = explain_rows(
         adapter,
@@ -102,13 +105,14 @@ def evaluate_methods(
         applicable,
         lambda item: adapter.preprocess(item.raw),
         params=params,
-        settings=settings,
+        settings=each,
         progress=progress,
     )
     rows = []
     for done, result in enumerate(explained, start=1):
         inputs, explanations = result.explained()
-        orders = RunContext(seed=seed + done, cancel=cancel)  # each item its own random orders
+        # each item its own random orders
+        orders = RunContext(seed=settings.seed + done, cancel=settings.cancel)
         for name, explanation in explanations.items():
             target = explanation.target.index
             scored = faithfulness(
