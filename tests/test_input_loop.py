@@ -298,7 +298,7 @@ def test_every_line_reads_as_a_row_of_the_documented_types_or_as_its_problem(lin
             assert read.text is read.image is read.target is None
             continue
         assert (read.text is None) != (read.image is None)
-        assert isinstance(read.text or read.image, str)
+        assert isinstance(read.text if read.image is None else read.image, str)  # '' too
         assert target_problem(read.target) is None
         assert read.target is None or type(read.target) in (int, str)
         record = json.loads(line)  # what was read is what the line says
