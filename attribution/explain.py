@@ -12,13 +12,18 @@ from typing import Any
 import torch
 
 from attrlab.attribution.errors import DeviceMemoryError
-from attrlab.attribution.explanation import Explanation, ModelInfo, Prediction, Target, Timings
+from attrlab.attribution.explanation import (
+    Explanation,
+    ModelInfo,
+    Prediction,
+    TargetValues,
+    Timings,
+)
 from attrlab.attribution.gate import check_modality, clear
 from attrlab.attribution.methods import capabilities
 from attrlab.attribution.models.base import Adapter, Inputs, TextInputs
 from attrlab.attribution.run import RunContext, RunSettings, cancellable_forwards
-from attrlab.attribution.target import Target as TargetRecord
-from attrlab.attribution.target import output_index, resolve_target
+from attrlab.attribution.target import Target, output_index, resolve_target
 
 __all__ = ["Preview", "explain", "input_logits", "predictions", "preview"]
 
@@ -29,7 +34,7 @@ def explain(
     adapter: Adapter,
     method: str,
     inputs: Inputs,
-    target: int | str | TargetRecord | None = None,
+    target: int | str | Target | None = None,
     params: Mapping[str, Any] | None = None,
     settings: RunSettings | None = None,
 ) -> Explanation:
@@ -79,7 +84,7 @@ def explain(
         model=ModelInfo(adapter.model_id, adapter.revision, adapter.modality),
         method=method_cls.name,
         params=checked,
-        target=Target(
+        target=TargetValues(
             index=index,
             label=explained.label,
             logit=float(explained.score(logits[None])[0]),

@@ -21,7 +21,7 @@ __all__ = [
     "Explanation",
     "ModelInfo",
     "Prediction",
-    "Target",
+    "TargetValues",
     "Timings",
     "layer_table",
 ]
@@ -50,7 +50,7 @@ class Prediction:
 
 
 @dataclass(frozen=True)
-class Target:
+class TargetValues:
     """The explained output's values: its index, name, score (logit) and probability."""
 
     index: int
@@ -87,7 +87,7 @@ class Explanation:
     model: ModelInfo
     method: str
     params: dict[str, Any]
-    target: Target
+    target: TargetValues
     predictions: list[Prediction]
     scores: np.ndarray
     tokens: list[str] | None = None
@@ -149,7 +149,7 @@ class Explanation:
             model=ModelInfo(**data["model"]),
             method=data["method"],
             params=dict(data["params"]),
-            target=Target(**data["target"]),
+            target=TargetValues(**data["target"]),
             predictions=[Prediction(**p) for p in data["predictions"]],
             scores=np.asarray(data["scores"], dtype=np.float64),
             tokens=data.get("tokens"),

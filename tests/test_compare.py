@@ -7,7 +7,7 @@ import pytest
 
 from attrlab.attribution.compare import compare_explanations, occluded
 from attrlab.attribution.errors import InvalidInputError
-from attrlab.attribution.explanation import Explanation, ModelInfo, Target
+from attrlab.attribution.explanation import Explanation, ModelInfo, TargetValues
 
 
 def _explanation(scores, tokens=None, index=1, p=0.5, method="m") -> Explanation:
@@ -15,7 +15,7 @@ def _explanation(scores, tokens=None, index=1, p=0.5, method="m") -> Explanation
         model=ModelInfo("toy", None, "text" if tokens else "image"),
         method=method,
         params={},
-        target=Target(index, f"class {index}", 0.0, p),
+        target=TargetValues(index, f"class {index}", 0.0, p),
         predictions=[],
         scores=np.asarray(scores, dtype=float),
         tokens=tokens,

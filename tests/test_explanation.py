@@ -9,7 +9,13 @@ import pandas as pd
 import pytest
 
 from attrlab.attribution.errors import InvalidParameterError
-from attrlab.attribution.explanation import Explanation, ModelInfo, Prediction, Target, Timings
+from attrlab.attribution.explanation import (
+    Explanation,
+    ModelInfo,
+    Prediction,
+    TargetValues,
+    Timings,
+)
 from attrlab.attribution.params import Param, power_of_two, validate_params
 
 
@@ -29,7 +35,7 @@ def _full_explanation() -> Explanation:
         model=ModelInfo("tiny-random-bert", "abc123", "text"),
         method="integrated_gradients",
         params={"n_steps": 50, "baseline": "pad", "internal_batch_size": None},
-        target=Target(1, "LABEL_1", 0.123456789012345, 0.5),
+        target=TargetValues(1, "LABEL_1", 0.123456789012345, 0.5),
         predictions=[Prediction(1, "LABEL_1", 0.5), Prediction(0, "LABEL_0", 0.5)],
         scores=rng.normal(size=5).astype(np.float32),
         tokens=["[CLS]", "a", "b", "c", "[SEP]"],

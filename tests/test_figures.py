@@ -18,7 +18,7 @@ from attrlab.app.ui.explain import ExplainTab, TabSpec
 from attrlab.app.ui.layers import layers_tab
 from attrlab.app.ui.runner import PageRunner
 from attrlab.app.worker import ExplainWorker
-from attrlab.attribution.explanation import Explanation, ModelInfo, Prediction, Target
+from attrlab.attribution.explanation import Explanation, ModelInfo, Prediction, TargetValues
 from attrlab.viz import figures
 
 TOKENS = ["[CLS]", "good", "film", "[SEP]"]
@@ -31,7 +31,7 @@ def _explanation(method: str, **fields: Any) -> Explanation:
         model=ModelInfo("toy", None, "text" if text else "image"),
         method=method,
         params=fields.pop("params", {}),
-        target=Target(1, "positive", 2.0, 0.8),
+        target=TargetValues(1, "positive", 2.0, 0.8),
         predictions=[Prediction(1, "positive", 0.8), Prediction(0, "negative", 0.2)],
         scores=fields.pop("scores", np.linspace(-1, 1, 4) if text else np.eye(4)),
         **fields,

@@ -18,7 +18,6 @@ from attrlab.attribution.methods import available_methods, get_method
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.images import ImageTransform
 from attrlab.attribution.models.vision import CNNAdapter
-from attrlab.attribution.params import validate_params
 from attrlab.attribution.run import RunContext
 from attrlab.attribution.target import (
     ClassTarget,
@@ -299,7 +298,7 @@ def test_a_target_naming_no_single_output_needs_no_change_to_the_methods(models,
     adapter = models["classifier"]
     inputs = adapter.preprocess(TEXT)
     cls = get_method(method)
-    params = validate_params(cls.params, {})
+    params = cls.resolve(adapter, {})  # as the gate hands them: validated, family defaults in
 
     def scores(target: Target) -> np.ndarray:
         return cls.attribute(adapter, inputs, target, dict(params), RunContext()).scores

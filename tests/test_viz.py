@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from attrlab.attribution import explain
-from attrlab.attribution.explanation import Explanation, ModelInfo, Prediction, Target
+from attrlab.attribution.explanation import Explanation, ModelInfo, Prediction, TargetValues
 from attrlab.attribution.layers import HEAD_ESTIMATORS, agreement, analyze_layers
 from attrlab.attribution.metrics.leaderboard import SCORES, EvalItem, evaluate_methods
 from attrlab.attribution.run import RunSettings
@@ -55,7 +55,7 @@ def _explanation(scores: np.ndarray, tokens: list[str] | None = None) -> Explana
         model=ModelInfo("toy", None, "text" if tokens else "image"),
         method="toy",
         params={},
-        target=Target(0, "a", 1.0, 0.5),
+        target=TargetValues(0, "a", 1.0, 0.5),
         predictions=[],
         scores=scores,
         tokens=tokens,
