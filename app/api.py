@@ -41,6 +41,7 @@ from attrlab.app.worker import (
 )
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
 from attrlab.attribution.methods import available_methods
+from attrlab.attribution.methods.catalog import catalog_entries
 from attrlab.attribution.models import BUILTIN_MODELS, default_model
 from attrlab.attribution.params import whole_float_as_int
 from attrlab.attribution.rows import target_problem
@@ -96,6 +97,9 @@ class ErrorBody(BaseModel):
 
     error: ErrorDetail
 
+
+#: No request names more methods than attrlab has (from the catalog: no method imported).
+_METHOD_COUNT = len(catalog_entries())
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": description}
@@ -235,7 +239,7 @@ class ExplainBody(_InputBody):
         None, min_length=1, max_length=100, examples=["integrated_gradients"]
     )
     methods: list[Annotated[str, Field(min_length=1, max_length=100)]] | None = Field(
-        None, min_length=1, max_length=13, description="Batch only: several methods"
+        None, min_length=1, max_length=_METHOD_COUNT, description="Batch only: several methods"
     )
     instances: list[InstanceBody] | None = Field(
         None,
@@ -347,12 +351,14 @@ class CheckBody(_InputBody):
     )
 
     methods: list[Annotated[str, Field(min_length=1, max_length=100)]] = Field(
-        ..., min_length=1, max_length=13, description="Methods to explain and compare"
+        ..., min_length=1, max_length=_METHOD_COUNT, description="Methods to explain and compare"
     )
     params: dict[
         Annotated[str, Field(max_length=100)],
         dict[Annotated[str, Field(max_length=100)], Any],
-    ] = Field(default_factory=dict, max_length=13, description="Method name -> its parameters")
+    ] = Field(
+        default_factory=dict, max_length=_METHOD_COUNT, description="Method name -> its parameters"
+    )
     randomise: bool = Field(
         False,
         description="Also the cascading model-parameter randomisation check of each method "
