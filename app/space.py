@@ -24,9 +24,7 @@ import logging
 import math
 import os
 import sys
-import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -62,6 +60,7 @@ from attrlab.app.worker import (
 )
 from attrlab.attribution.errors import AttrlabError, TooSlowError
 from attrlab.attribution.gate import checked_params, lighter
+from attrlab.attribution.pricing import EstimateBook, Price
 from attrlab.attribution.run import ProgressCallback
 
 __all__ = ["FIRST_SLOT_S", "SpaceRunner", "build_space"]
@@ -89,11 +88,10 @@ class SpaceRunner:
 
     ``gpu`` makes a function run in a GPU slot, given a ``duration`` callable (``spaces.GPU``
     on ZeroGPU); without it requests go through the worker's queue. A slot estimates its job's
-    parts and times itself; the main process keeps, per :data:`PriceKey`, the estimated seconds
-    at each input size seen, and the slots' time beyond their estimates (the largest of the
-    last five): a job is priced as its parts at the highest rate seen per unit of input
-    (characters of text; 1 per image) plus that time. A job whose slot ended without an
-    answer (ZeroGPU stops a slot at its duration) asks for the longest slot next time.
+    parts and times itself; the main process records them, per :data:`PriceKey`, in the
+    library's :class:`~attribution.pricing.EstimateBook`, which prices the next job (the slots'
+    time beyond their estimates: the largest of the last five). A job whose slot ended without
+    an answer (ZeroGPU stops a slot at its duration) asks for the longest slot next time.
     """
 
     def __init__(
@@ -103,43 +101,20 @@ class SpaceRunner:
             raise SettingsError(f"ATTRLAB_SPACE_MAX_SLOT must be at least 1 s; got {max_slot_s}")
         self.worker = worker
         self.max_slot_s = max_slot_s
-        self._seen: dict[PriceKey, dict[int, float]] = {}  # units -> estimated seconds
-        self._beyond: deque[float] = deque(maxlen=_RECENT_SLOTS)
-        self._unanswered: set[PriceKey] = set()
-        self._lock = threading.Lock()
+        self.book = EstimateBook(recent=_RECENT_SLOTS)
         self._on_gpu = gpu(self._run_on_device, duration=self.slot_s) if gpu else None
 
-    def _price(self, request: WorkerRequest[Any]) -> tuple[float | None, bool]:
-        """
-        Estimated seconds, and whether each part was seen at its size or larger.
-
-        Seconds are None while some part was never priced; a refusal needs every part seen
-        at its size or larger (a price extrapolated upwards may be too high).
-        """
-        costs = request.costs()
-        if not costs:
-            return None, False
-        total, seen_larger = 0.0, True
-        with self._lock:
-            for cost in costs:
-                key, units = _price_key(cost)
-                seen = self._seen.get(key)
-                if not seen or key in self._unanswered:
-                    return None, False
-                total += units * max(seconds / size for size, seconds in seen.items())
-                seen_larger = seen_larger and max(seen) >= units
-            total += max(self._beyond, default=0.0)
-        return total, seen_larger
+    def _price(self, request: WorkerRequest[Any]) -> Price:
+        """The request's price from earlier slots' estimates (:class:`EstimateBook`)."""
+        return self.book.price([_price_key(cost) for cost in request.costs()])
 
     def priced_s(self, request: WorkerRequest[Any]) -> float | None:
         """Seconds from earlier slots' estimates; None while any part was never priced."""
-        return self._price(request)[0]
+        return self._price(request).seconds
 
     def slot_s(self, request: WorkerRequest[Any]) -> int:
         """The slot a job asks for: from its estimate, the first-job slot, or the longest."""
-        with self._lock:
-            unanswered = any(_price_key(c)[0] in self._unanswered for c in request.costs())
-        if unanswered:
+        if self.book.unanswered(_price_key(c)[0] for c in request.costs()):
             return self.max_slot_s
         seconds = self.priced_s(request)
         if seconds is None:
@@ -179,14 +154,9 @@ class SpaceRunner:
         try:
             outcome, seen, beyond = self._on_gpu(request)
         except gr.Error:  # ZeroGPU's own: a slot stopped at its duration, a quota, a start
-            with self._lock:
-                self._unanswered.update(keys)
+            self.book.record_unanswered(keys)
             raise
-        with self._lock:
-            for key, units, estimated in seen:
-                self._seen.setdefault(key, {})[units] = estimated
-                self._unanswered.discard(key)
-            self._beyond.append(beyond)
+        self.book.record(seen, beyond)
         if isinstance(outcome, AttrlabError):
             raise outcome
         return outcome

@@ -181,7 +181,7 @@ def test_slots_are_priced_from_the_estimates_of_earlier_slots(worker):
     # The slot estimated the job; the next of the same model, method and parameters is priced
     # at that estimate plus the slot's time beyond it (here: the calibration it measured).
     seconds = estimate(adapter, "rise", inputs, RISE.params).seconds
-    beyond = runner._beyond[-1]
+    beyond = runner.book.beyond[-1]
     assert 0 <= beyond < 60
     assert runner.priced_s(RISE) == pytest.approx(seconds + beyond)
     assert runner.slot_s(RISE) == math.ceil(2 * (seconds + beyond) + 10)
@@ -217,7 +217,7 @@ def test_over_the_longest_slot_a_job_is_refused_and_an_unanswered_slot_asks_the_
         return in_slot
 
     cut = space.SpaceRunner(worker, max_slot_s=100, gpu=stopped)
-    cut._seen.update(runner._seen)
+    cut.book.seen.update(runner.book.seen)
     with pytest.raises(gradio.Error):
         cut.run(RISE)
     assert cut.slot_s(RISE) == 100  # the slot ended without an answer: ask for the longest
