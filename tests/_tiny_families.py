@@ -8,7 +8,7 @@ from torch import nn
 
 from attrlab.attribution.models.images import ImageTransform
 from attrlab.attribution.models.text import DecoderLMAdapter, TextClassifierAdapter
-from attrlab.attribution.models.vision import CLIPZeroShotAdapter, ViTAdapter
+from attrlab.attribution.models.vision import CLIPZeroShotAdapter, CNNAdapter, ViTAdapter
 
 SIZES = {
     "hidden_size": 32,
@@ -163,3 +163,19 @@ def clip(tokenizer) -> CLIPZeroShotAdapter:
     model = random_norms_and_biases(tf.CLIPModel(config).double().eval())
     transform = ImageTransform((32, 32), (0.5,) * 3, (0.5,) * 3)
     return CLIPZeroShotAdapter(model, tokenizer, "clip", transform, ["cat", "dog", "car"])
+
+
+def tiny_relu_cnn() -> CNNAdapter:
+    """A seeded 16×16 ReLU CNN with three classes (convolutions: Grad-CAM applies)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(4, 4, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(4, 3),
+    )
+    transform = ImageTransform((16, 16), (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
+    return CNNAdapter(model, "tiny-cnn", transform, ["a", "b", "c"])

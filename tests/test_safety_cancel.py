@@ -12,6 +12,7 @@ import pytest
 import torch
 from _model_state import model_state
 from _small_budgets import SMALL_BUDGETS
+from _tiny_families import tiny_relu_cnn
 from fastapi.testclient import TestClient
 from torch import nn
 
@@ -23,8 +24,6 @@ from attrlab.attribution.errors import JobCancelledError
 from attrlab.attribution.methods import available_methods, capabilities
 from attrlab.attribution.metrics.check import check_methods
 from attrlab.attribution.models import Adapter, load
-from attrlab.attribution.models.images import ImageTransform
-from attrlab.attribution.models.vision import CNNAdapter
 from attrlab.attribution.run import RunSettings, cancellable_forwards
 
 TEXT = "the cat sat on the mat"
@@ -39,21 +38,6 @@ PARAMS: dict[str, dict[str, object]] = {
 }
 
 
-def _tiny_cnn() -> CNNAdapter:
-    torch.manual_seed(0)
-    model = nn.Sequential(
-        nn.Conv2d(3, 4, 3, padding=1),
-        nn.ReLU(),
-        nn.Conv2d(4, 4, 3, padding=1),
-        nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1),
-        nn.Flatten(),
-        nn.Linear(4, 3),
-    )
-    transform = ImageTransform((16, 16), (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
-    return CNNAdapter(model, "tiny-cnn", transform, ["a", "b", "c"])
-
-
 @pytest.fixture(scope="module")
 def tiny_models() -> list[tuple[Adapter, object]]:
     """A text transformer, a vision transformer and a CNN, each with an input it takes."""
@@ -61,7 +45,7 @@ def tiny_models() -> list[tuple[Adapter, object]]:
     return [
         (load("tiny-random-bert", device="cpu"), TEXT),
         (load("tiny-random-vit", device="cpu"), image),
-        (_tiny_cnn(), image),
+        (tiny_relu_cnn(), image),
     ]
 
 

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 import torch
+from _tiny_families import tiny_relu_cnn
 from torch import nn
 
 from attrlab.attribution import explain
@@ -16,8 +17,6 @@ from attrlab.attribution.errors import InvalidInputError, UnsupportedMethodError
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.methods import available_methods, get_method
 from attrlab.attribution.models.base import Adapter, Inputs
-from attrlab.attribution.models.images import ImageTransform
-from attrlab.attribution.models.vision import CNNAdapter
 from attrlab.attribution.run import RunContext
 from attrlab.attribution.target import (
     ClassTarget,
@@ -38,22 +37,6 @@ SMALL = {
 }
 
 
-def relu_cnn() -> CNNAdapter:
-    """A seeded 16×16 ReLU CNN with three classes (convolutions: Grad-CAM applies)."""
-    torch.manual_seed(0)
-    model = nn.Sequential(
-        nn.Conv2d(3, 4, 3, padding=1),
-        nn.ReLU(),
-        nn.Conv2d(4, 4, 3, padding=1),
-        nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1),
-        nn.Flatten(),
-        nn.Linear(4, 3),
-    )
-    transform = ImageTransform((16, 16), (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
-    return CNNAdapter(model, "toy-cnn", transform, ["a", "b", "c"])
-
-
 def image() -> np.ndarray:
     return np.random.default_rng(0).integers(0, 255, (16, 16, 3), dtype=np.uint8)
 
@@ -64,7 +47,7 @@ def models(load_model) -> dict[str, Adapter]:
     return {
         "classifier": load_model("tiny-random-bert"),
         "decoder": load_model("tiny-random-gpt2"),
-        "cnn": relu_cnn(),
+        "cnn": tiny_relu_cnn(),
     }
 
 
