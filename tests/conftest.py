@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -45,3 +46,48 @@ def effnet(load_model) -> Adapter:
 @pytest.fixture(scope="session")
 def smollm2(load_model) -> Adapter:
     return load_model("smollm2-135m")
+
+
+# Browser tests (marked `browser`): helpers in _browser.py.
+@pytest.fixture(scope="module")
+def page_url():
+    """The page served in-process on a loopback port with its own CPU worker."""
+    from attrlab.app.ui import build_ui
+    from attrlab.app.worker import ExplainWorker
+
+    worker = ExplainWorker(device="cpu")
+    demo = build_ui(worker)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    yield f"http://127.0.0.1:{port}/"
+    demo.close()
+    worker.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's Chromium through Playwright (no browser download)."""
+    from _browser import ARGS, CHROMIUM
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser, page_url, request):
+    """A fresh browser context on the served page; errors recorded, a screenshot at the end."""
+    from _browser import RECORD_ERRORS, SHOTS
+
+    context = browser.new_context(viewport={"width": 1440, "height": 900}, accept_downloads=True)
+    context.add_init_script(RECORD_ERRORS)
+    page = context.new_page()
+    page.goto(page_url)
+    yield page
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{request.node.name}.png"), full_page=True)
+    context.close()

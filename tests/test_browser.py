@@ -7,91 +7,16 @@ Each test fails if the page shows an error it did not expect. Screenshots go to
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import socket
-import tempfile
 import zipfile
-from pathlib import Path
 
 import pytest
-from playwright.sync_api import Page, expect, sync_playwright
+from _browser import no_errors, tab
+from playwright.sync_api import expect
 
-from attrlab.app.ui import build_ui
-from attrlab.app.worker import ExplainWorker
 from attrlab.attribution.methods import capabilities
 
 pytestmark = pytest.mark.browser  # Debian chromium through Playwright
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-    "--disable-sync",
-]
-SHOTS = Path(os.environ.get("ATTRLAB_SCREENSHOTS") or tempfile.mkdtemp(prefix="attrlab-shots-"))
-#: What Gradio shows for an error: a toast (and the component's error frame).
-ERRORS = ".toast-body.error, .error-message"
-#: Every error the page shows is recorded as it appears (toasts close by themselves).
-RECORD_ERRORS = """
-window.__errors = [];
-new MutationObserver(() => {
-  document.querySelectorAll('SELECTOR').forEach((e) => {
-    if (!e.dataset.recorded) { e.dataset.recorded = '1'; window.__errors.push(e.innerText); }
-  });
-}).observe(document, {childList: true, subtree: true});
-""".replace("SELECTOR", ERRORS)
-
-
-@pytest.fixture(scope="module")
-def page_url():
-    worker = ExplainWorker(device="cpu")
-    demo = build_ui(worker)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
-    yield f"http://127.0.0.1:{port}/"
-    demo.close()
-    worker.close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield browser
-        browser.close()
-
-
-@pytest.fixture
-def page(browser, page_url, request):
-    context = browser.new_context(viewport={"width": 1440, "height": 900}, accept_downloads=True)
-    context.add_init_script(RECORD_ERRORS)
-    page = context.new_page()
-    page.goto(page_url)
-    yield page
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{request.node.name}.png"), full_page=True)
-    context.close()
-
-
-def _errors(page: Page) -> list[str]:
-    """Every error the page has shown since it opened."""
-    return page.evaluate("() => window.__errors")
-
-
-def _no_errors(page: Page) -> None:
-    assert _errors(page) == []
-
-
-def _tab(page: Page, name: str) -> None:
-    page.get_by_role("tab", name=name, exact=True).click()
 
 
 def test_two_methods_side_by_side_with_their_agreement(page):
@@ -103,11 +28,11 @@ def test_two_methods_side_by_side_with_their_agreement(page):
     assert "wonderful" in columns.nth(0).inner_text()
     expect(page.locator("#text-agreement .js-plotly-plot")).to_be_visible()
     expect(page.locator("#text-maps .attr-legend")).to_be_visible()
-    _no_errors(page)
+    no_errors(page)
 
 
 def test_image_opacity_slider_redraws_the_maps(page):
-    _tab(page, "Image")
+    tab(page, "Image")
     page.locator("#image-examples .gallery-item").nth(1).click()  # the cat
     expect(page.locator("#image-input img").first).to_be_visible(timeout=30_000)
     page.locator("#image-run").click()  # EfficientNet-Lite0: gradient × input and Grad-CAM
@@ -132,11 +57,11 @@ def test_image_opacity_slider_redraws_the_maps(page):
         ".filter(t => t.type === 'heatmap').every(t => Math.abs(t.opacity - 0.2) < 1e-9)",
         timeout=30_000,
     )
-    _no_errors(page)
+    no_errors(page)
 
 
 def test_occluding_a_region_compares_the_maps(page):
-    _tab(page, "Image")
+    tab(page, "Image")
     page.locator("#image-examples .gallery-item").nth(1).click()  # the cat
     picture = page.locator("#image-input img").first
     expect(picture).to_be_visible(timeout=30_000)
@@ -152,11 +77,11 @@ def test_occluding_a_region_compares_the_maps(page):
     change = page.locator("#image-comparison .js-plotly-plot")
     expect(change).to_be_visible(timeout=120_000)
     expect(change).to_contain_text("p(Egyptian cat)")
-    _no_errors(page)
+    no_errors(page)
 
 
 def test_clicking_a_head_ablates_it_and_updates_the_prediction(page):
-    _tab(page, "Layers & heads")
+    tab(page, "Layers & heads")
     page.locator("#layers-run").click()
     grid = page.locator("#layers-grid")
     expect(grid.get_by_test_id("cell-0-0")).to_be_visible(timeout=180_000)
@@ -173,7 +98,7 @@ def test_clicking_a_head_ablates_it_and_updates_the_prediction(page):
     expect(page.locator("#layers-attention .js-plotly-plot")).to_be_visible()
     page.locator("#layers-tokens").get_by_text("wonderful", exact=True).click()
     expect(page.locator("#layers-token-layers .js-plotly-plot")).to_be_visible(timeout=30_000)
-    _no_errors(page)
+    no_errors(page)
 
 
 def test_export_downloads_a_bundle_that_opens(page, tmp_path):
@@ -192,13 +117,13 @@ def test_export_downloads_a_bundle_that_opens(page, tmp_path):
     assert any(n.endswith("integrated_gradients.json") for n in names)
     assert any(n.endswith("manifest.json") for n in names)
     assert any(n.endswith(".png") for n in names)
-    _no_errors(page)
+    no_errors(page)
 
 
 def test_a_method_that_cannot_apply_shows_its_reason(page, effnet):
     reason = capabilities(effnet)["rollout"]
     assert reason  # a CNN has no attention to roll out
-    _tab(page, "Image")
+    tab(page, "Image")
     page.locator("#image-examples .gallery-item").nth(2).click()
     page.locator("#image-methods").get_by_label("rollout", exact=False).check()  # before Predict
     page.locator("#image-predict").click()
@@ -210,7 +135,7 @@ def test_a_method_that_cannot_apply_shows_its_reason(page, effnet):
     expect(page.locator("#image-method-notes")).to_contain_text(
         f"rollout cannot run on this model: {reason}"
     )
-    _no_errors(page)
+    no_errors(page)
 
 
 def test_a_shared_link_reopens_the_view_and_runs_it(page, page_url):
@@ -226,10 +151,10 @@ def test_a_shared_link_reopens_the_view_and_runs_it(page, page_url):
     expect(page.locator("#next-trust")).to_contain_text("masks used 64")  # the link's n_masks
     link = page.locator("#next-link textarea").input_value()
     assert "n_masks" in link and "tab=next" in link
-    _no_errors(page)
+    no_errors(page)
 
 
 def test_a_hand_made_link_with_broken_parameters_still_opens(page, page_url):
     page.goto(page_url + "?tab=image&model=tiny-random-vit&params=" + "[" * 5000)
     expect(page.locator("#image-model input")).to_have_value("tiny-random-vit", timeout=30_000)
-    _no_errors(page)  # the parameters are dropped; an image tab waits for its image
+    no_errors(page)  # the parameters are dropped; an image tab waits for its image
