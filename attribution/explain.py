@@ -93,6 +93,7 @@ def explain(
         predictions=predictions(adapter, probabilities),
         scores=result.scores,
         tokens=list(inputs.tokens) if isinstance(inputs, TextInputs) else None,
+        token_texts=list(inputs.token_texts) if isinstance(inputs, TextInputs) else None,
         image_size=None if isinstance(inputs, TextInputs) else tuple(result.scores.shape),
         positional_scores=result.positional_scores,
         layers=result.layers,
@@ -145,7 +146,10 @@ class Preview:
     predictions: list[Prediction]
     #: Method name -> why it does not apply to this model, or None where it does.
     capabilities: dict[str, str | None]
+    #: The tokenizer's strings (text), for programs.
     tokens: list[str] | None
+    #: The text each token stands for (text), for people.
+    token_texts: list[str] | None
     #: True for a decoder LM, whose outputs are its next-token guesses.
     next_token: bool
 
@@ -168,6 +172,7 @@ def preview(adapter: Adapter, inputs: Inputs, k: int = TOP_K) -> Preview:
         predictions=predictions(adapter, probabilities, k),
         capabilities=capabilities(adapter),
         tokens=list(inputs.tokens) if isinstance(inputs, TextInputs) else None,
+        token_texts=list(inputs.token_texts) if isinstance(inputs, TextInputs) else None,
         next_token=adapter.family == "decoder-lm",
     )
 

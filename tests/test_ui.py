@@ -145,7 +145,17 @@ def test_two_methods_side_by_side_with_their_agreement(client):
     maps = {m: np.asarray(raw[m]["scores"]) for m in ("gradient_x_input", "integrated_gradients")}
     for method, scores in maps.items():
         shown = _spans(html, method)
-        assert [t for t, _ in shown] == raw[method]["tokens"]
+        assert [t for t, _ in shown] == [
+            "[CLS]",
+            "A",
+            " lovely",
+            ",",
+            " charming",
+            " film",
+            ".",
+            "[SEP]",
+        ]
+        assert raw[method]["tokens"][:3] == ["[CLS]", "a", "lovely"]  # the tokenizer's own
         np.testing.assert_allclose([s for _, s in shown], scores, rtol=1e-5)
     # Spearman's ρ of the two importance rankings (|score|), by SciPy
     expected = spearmanr(np.abs(maps["gradient_x_input"]), np.abs(maps["integrated_gradients"]))[0]
@@ -331,14 +341,15 @@ def test_edit_and_compare_shows_how_each_map_changed(client):
     assert after["target"]["index"] == before["target"]["index"]
     html = shown["value"] if isinstance(shown, dict) else shown
     spans = re.findall(r'<span data-(change|edited)="([^"]+)"[^>]*>([^<]*)<', html)
-    assert [t for *_, t in spans] == after["tokens"]
+    texts = ["[CLS]", "A", " dull", ",", " charming", " film", ".", "[SEP]"]
+    assert [t for *_, t in spans] == after["token_texts"] == texts
     edited = [t for kind, _, t in spans if kind == "edited"]
-    assert edited == ["dull"]
-    old = dict(zip(before["tokens"], before["scores"], strict=True))
+    assert edited == [" dull"]
+    old = dict(zip(before["token_texts"], before["scores"], strict=True))
     for kind, value, token in spans:
         if kind == "change":  # tokens in both texts (each appears once here)
             assert float(value) == pytest.approx(
-                after["scores"][after["tokens"].index(token)] - old[token], rel=1e-4, abs=1e-6
+                after["scores"][texts.index(token)] - old[token], rel=1e-4, abs=1e-6
             )
     change = after["target"]["probability"] - before["target"]["probability"]
     assert f"({change:+.4f})" in html

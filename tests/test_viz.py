@@ -199,6 +199,22 @@ def bert_text(load_model):
     return adapter, adapter.preprocess("a short <b> text")
 
 
+#: "a short <b> text" as its tokens read on the page: a word's leading space kept.
+BERT_TEXTS = ["[CLS]", "a", " short", " <", "b", ">", " text", "[SEP]"]
+#: The same as Plotly labels: a word's leading space a light ␣, the text escaped.
+_SPACE = '<span style="color:#a0a0a0">␣</span>'
+BERT_TICKS = [
+    "[CLS]",
+    "a",
+    f"{_SPACE}short",
+    f"{_SPACE}&lt;",
+    "b",
+    "&gt;",
+    f"{_SPACE}text",
+    "[SEP]",
+]
+
+
 @pytest.fixture(scope="module")
 def text_explanations(bert_text):
     adapter, inputs = bert_text
@@ -269,9 +285,7 @@ def test_token_columns_of_every_text_method(text_explanations):
     spans = _spans(page)
     expected = np.concatenate([e.scores for e in text_explanations.values()])
     np.testing.assert_allclose([s[0] for s in spans], expected, rtol=1e-5, atol=1e-300)
-    tokens = [t for e in text_explanations.values() for t in e.tokens]
-    assert "<" in tokens  # the tokenizer split "<b>"; every token is escaped
-    assert [s[3] for s in spans] == [html.escape(t) for t in tokens]
+    assert [s[3] for s in spans] == [html.escape(t) for t in BERT_TEXTS] * len(text_explanations)
     for explanation in text_explanations.values():
         peak = np.abs(explanation.scores).max()
         target = html.escape(explanation.target.label)
@@ -290,7 +304,7 @@ def test_positional_bars_stack_token_and_positional_relevance(text_explanations)
     assert figure.layout.barmode == "relative"
     np.testing.assert_array_equal(figure.data[0].y, pa.scores)
     np.testing.assert_array_equal(figure.data[1].y, pa.positional_scores)
-    assert list(figure.layout.xaxis.ticktext) == pa.tokens
+    assert list(figure.layout.xaxis.ticktext) == BERT_TICKS
     # PA-LRP's input relevance is token plus positional relevance
     total = pa.scores.sum() + pa.positional_scores.sum()
     assert total == pytest.approx(pa.metrics["input_relevance"], rel=1e-6, abs=1e-12)
@@ -436,14 +450,14 @@ def test_attention_figure_of_a_real_head(bert_text):
     adapter, inputs = bert_text
     with torch.no_grad():
         weights = adapter.attentions(**inputs.model_kwargs())[1][0, 2].numpy()
-    figure = attention_figure(weights, inputs.tokens, layer=1, head=2)
+    figure = attention_figure(weights, inputs.token_texts, layer=1, head=2)
     (heatmap,) = figure.data
     np.testing.assert_allclose(np.asarray(heatmap.z).sum(axis=1), 1.0, rtol=1e-5)  # softmax rows
     assert heatmap.zmin == 0 and figure.layout.yaxis.autorange == "reversed"
-    assert list(figure.layout.xaxis.ticktext) == list(inputs.tokens)
+    assert list(figure.layout.xaxis.ticktext) == BERT_TICKS
     assert figure.layout.title.text == "layer 1, head 2: attention"
     with pytest.raises(ValueError):
-        attention_figure(weights[:, :-1], inputs.tokens, 1, 2)
+        attention_figure(weights[:, :-1], inputs.token_texts, 1, 2)
 
 
 def test_token_layers_figure_follows_one_token():
@@ -483,7 +497,7 @@ def test_layers_method_tables_draw(text_explanations):
     per_layer = e.maps["token_per_layer"]  # (layers + 1, tokens): the residual stream per token
     assert per_layer.shape == (len(lrp_block) + 1, len(e.tokens))
     np.testing.assert_allclose(per_layer[:-1].sum(axis=1), lrp_block.value, rtol=1e-6)
-    through = token_layers_figure(per_layer, e.tokens, token=1)
+    through = token_layers_figure(per_layer, e.token_texts, token=1)
     np.testing.assert_array_equal(through.data[1].y, per_layer[:, 1])
     assert list(through.data[1].x) == list(range(len(per_layer)))
 

@@ -8,7 +8,6 @@ HTML or, through kaleido (which drives a Chromium), to PNG.
 
 from __future__ import annotations
 
-import html
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
@@ -18,6 +17,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from attrlab.attribution.layers.agreement import head_ranking
+from attrlab.viz.tokens import token_tick, token_ticks
 
 __all__ = [
     "ablation_figure",
@@ -242,19 +242,24 @@ def agreement_figure(
 
 
 def _token_axis(tokens: Sequence[str]) -> dict:
-    return {"tickmode": "array", "tickvals": list(range(len(tokens))), "ticktext": list(tokens)}
+    return {
+        "tickmode": "array",
+        "tickvals": list(range(len(tokens))),
+        "ticktext": token_ticks(tokens),
+    }
 
 
 def attention_figure(
     attention: np.ndarray, tokens: Sequence[str], layer: int, head: int
 ) -> go.Figure:
-    """One head's attention weights: queries (rows) × keys (columns), tokens as tick labels."""
+    """One head's attention weights: queries (rows) × keys (columns), token texts as ticks."""
     weights = np.asarray(attention, dtype=float)
     if weights.shape != (len(tokens), len(tokens)):
         raise ValueError(
             f"attention must be (tokens, tokens) = {(len(tokens),) * 2}; got {weights.shape}"
         )
-    pairs = [[f"{query!r} → {key!r}" for key in tokens] for query in tokens]
+    shown = token_ticks(tokens)
+    pairs = [[f"{query} → {key}" for key in shown] for query in shown]
     figure = go.Figure(
         go.Heatmap(
             z=weights,
@@ -308,14 +313,14 @@ def token_layers_figure(
                 x=steps,
                 y=values[:, token],
                 mode="lines+markers",
-                name=f"{tokens[token]!r} (position {token})",
+                name=f"{token_tick(tokens[token])} (position {token})",
                 text=where,
                 hovertemplate="%{text}: %{y:.4g}<extra></extra>",
             ),
         ]
     )
     figure.update_layout(
-        title=f"relevance of {tokens[token]!r} through the layers",
+        title=f"relevance of {token_tick(tokens[token])} through the layers",
         xaxis={
             "tickmode": "array",
             "tickvals": steps,
@@ -336,8 +341,9 @@ def ablation_figure(
     Labels are the union of both lists; a label missing from one list (outside its top
     predictions) has no bar there. The title gives the target's change.
     """
-    before = {p.label: float(p.probability) for p in plain}
-    after = {p.label: float(p.probability) for p in ablated}
+    before = {token_tick(p.label): float(p.probability) for p in plain}
+    after = {token_tick(p.label): float(p.probability) for p in ablated}
+    target_label = token_tick(target_label)
     labels = list(dict.fromkeys([*before, *after]))
     if target_label in before and target_label in after:
         old, new = before[target_label], after[target_label]
@@ -366,7 +372,7 @@ def ablation_figure(
     )
     figure.update_layout(
         barmode="group",
-        title=f"target <b>{html.escape(target_label)}</b>: {change}",
+        title=f"target <b>{target_label}</b>: {change}",
         xaxis={"title": "probability", "tickformat": ".0%"},
         yaxis={"autorange": "reversed"},
         template="plotly_white",

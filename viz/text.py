@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 from plotly.colors import sample_colorscale, unlabel_rgb
 
 from attrlab.attribution.explanation import Explanation
+from attrlab.viz.tokens import token_html, token_label, token_tick, token_ticks
 
 __all__ = [
     "diverging_colour",
@@ -28,11 +29,16 @@ def _normalised(scores: np.ndarray) -> np.ndarray:
 
 
 def token_highlights(explanation: Explanation) -> list[tuple[str, float]]:
-    """(token, score in [-1, 1]) pairs, scaled by the largest absolute score."""
-    if explanation.tokens is None:
-        raise ValueError("token_highlights needs a text explanation")
+    """(token as shown, score in [-1, 1]) pairs, scaled by the largest absolute score."""
+    texts = _texts(explanation, "token_highlights")
     scores = _normalised(explanation.scores)
-    return [(token, float(s)) for token, s in zip(explanation.tokens, scores, strict=True)]
+    return [(token_label(text), float(s)) for text, s in zip(texts, scores, strict=True)]
+
+
+def _texts(explanation: Explanation, view: str) -> list[str]:
+    if explanation.token_texts is None:
+        raise ValueError(f"{view} needs a text explanation")
+    return explanation.token_texts
 
 
 def token_figure(explanation: Explanation) -> go.Figure:
@@ -41,8 +47,7 @@ def token_figure(explanation: Explanation) -> go.Figure:
 
     A sampling method's standard error per token (``maps["std_error"]``) shows as error bars.
     """
-    if explanation.tokens is None:
-        raise ValueError("token_figure needs a text explanation")
+    ticks = token_ticks(_texts(explanation, "token_figure"))
     scores = explanation.scores
     positions = list(range(len(scores)))
     error = explanation.maps.get("std_error")
@@ -52,14 +57,14 @@ def token_figure(explanation: Explanation) -> go.Figure:
             x=positions,
             y=scores,
             marker_color=[f"rgb{diverging_colour(1.0 if s >= 0 else -1.0)}" for s in scores],
-            hovertext=explanation.tokens,
+            hovertext=ticks,
             error_y={"type": "data", "array": error, "visible": True} if shown_error else None,
         )
     )
     figure.update_layout(
-        title=f"{explanation.method} → {explanation.target.label}"
+        title=f"{explanation.method} → {token_tick(explanation.target.label)}"
         + (" (bars: ± standard error)" if shown_error else ""),
-        xaxis={"tickmode": "array", "tickvals": positions, "ticktext": explanation.tokens},
+        xaxis={"tickmode": "array", "tickvals": positions, "ticktext": ticks},
         yaxis_title="relevance",
         margin={"l": 40, "r": 10, "t": 40, "b": 80},
         height=320,
@@ -101,26 +106,29 @@ def scale_legend_html() -> str:
     )
 
 
+#: A token's box; ``white-space:pre`` keeps a word's leading space as a gap inside it.
+TOKEN_STYLE = "padding:1px 3px;margin:1px;border-radius:3px;display:inline-block;white-space:pre"
+
+
 def _column_html(method: str, explanation: Explanation) -> str:
-    if explanation.tokens is None:
+    if explanation.token_texts is None:
         raise ValueError(f"token_columns_html needs text explanations; {method!r} is not")
     target = explanation.target
     spans = []
-    for token, raw, shown in zip(
-        explanation.tokens, explanation.scores, _normalised(explanation.scores), strict=True
+    for text, raw, shown in zip(
+        explanation.token_texts, explanation.scores, _normalised(explanation.scores), strict=True
     ):
         background = diverging_colour(float(shown))
         spans.append(
             f'<span data-score="{float(raw):.6g}" title="{float(raw):.6g}" '
-            f'style="background:rgb{background};color:{text_colour(background)};'
-            'padding:1px 3px;margin:1px;border-radius:3px;display:inline-block">'
-            f"{html.escape(token)}</span>"
+            f'style="background:rgb{background};color:{text_colour(background)};{TOKEN_STYLE}">'
+            f"{token_html(text)}</span>"
         )
     return (
         f'<div class="attr-column" data-method="{html.escape(method)}" '
         'style="flex:1 1 240px;min-width:200px">'
         f'<div style="font-weight:600">{html.escape(method)}</div>'
-        f'<div style="font-size:0.85em;opacity:0.8">→ {html.escape(target.label)} '
+        f'<div style="font-size:0.85em;opacity:0.8;white-space:pre">→ {token_html(target.label)} '
         f"(p={target.probability:.3f})</div>"
         f'<div style="line-height:1.9">{"".join(spans)}</div></div>'
     )
@@ -144,24 +152,23 @@ def token_columns_html(explanations: Mapping[str, Explanation]) -> str:
 
 def positional_figure_tokens(explanation: Explanation) -> go.Figure:
     """PA-LRP per token: token and positional relevance as stacked bars, tokens on the x axis."""
-    if explanation.tokens is None or explanation.positional_scores is None:
+    if explanation.token_texts is None or explanation.positional_scores is None:
         raise ValueError("positional_figure_tokens needs a text explanation with positional scores")
-    positions = list(range(len(explanation.tokens)))
+    ticks = token_ticks(explanation.token_texts)
+    positions = list(range(len(ticks)))
     figure = go.Figure(
         [
-            go.Bar(x=positions, y=explanation.scores, name="token", hovertext=explanation.tokens),
+            go.Bar(x=positions, y=explanation.scores, name="token", hovertext=ticks),
             go.Bar(
-                x=positions,
-                y=explanation.positional_scores,
-                name="positional",
-                hovertext=explanation.tokens,
+                x=positions, y=explanation.positional_scores, name="positional", hovertext=ticks
             ),
         ]
     )
+    target = token_tick(explanation.target.label)
     figure.update_layout(
         barmode="relative",
-        title=f"{explanation.method} → {explanation.target.label}: token and positional relevance",
-        xaxis={"tickmode": "array", "tickvals": positions, "ticktext": explanation.tokens},
+        title=f"{explanation.method} → {target}: token and positional relevance",
+        xaxis={"tickmode": "array", "tickvals": positions, "ticktext": ticks},
         yaxis_title="relevance",
         template="plotly_white",
         height=320,

@@ -43,6 +43,7 @@ from attrlab.app.ui.shared import (
 from attrlab.app.worker import CheckRequest, ExplainRequest, PreviewRequest
 from attrlab.attribution.compare import occluded
 from attrlab.attribution.models import BUILTIN_MODELS, default_model, load_image
+from attrlab.viz.tokens import token_label, token_probabilities
 
 __all__ = ["DEFAULT_METHODS", "ExplainTab", "TabSpec"]
 
@@ -409,13 +410,15 @@ class ExplainTab:
         reasons = shown.capabilities
         choices = [("top prediction", "")] + [
             (
-                f"{p.label!r} ({p.probability:.3f})" if self.spec.next_token else p.label,
+                f"'{token_label(p.label)}' ({p.probability:.3f})"
+                if self.spec.next_token
+                else p.label,
                 str(p.index),
             )
             for p in shown.predictions
         ]
         return [
-            {p.label: p.probability for p in shown.predictions},
+            token_probabilities(shown.predictions),
             gr.update(choices=choices, value=""),
             *self.controls.listed(chosen or [], reasons),
         ]

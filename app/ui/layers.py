@@ -28,6 +28,7 @@ from attrlab.app.worker import AblationRequest, ExplainRequest
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.models import BUILTIN_MODELS, default_model
+from attrlab.viz.tokens import token_label, token_probabilities
 
 if TYPE_CHECKING:
     from attrlab.viz.figures import FigureBuilder
@@ -191,7 +192,7 @@ def layers_tab(runner: PageRunner) -> None:
             figures[AGREEMENT]() if AGREEMENT in figures else None,
             highlighted,
             None,
-            {p.label: p.probability for p in explanation.predictions},
+            token_probabilities(explanation.predictions),
             state,
         ]
 
@@ -256,16 +257,16 @@ def layers_tab(runner: PageRunner) -> None:
         plain, ablated = result.plain, result.ablated
         delta = ablated.target.probability - plain.target.probability
         line = (
-            f"**{format_heads(chosen)}** ablated: p({plain.target.label}) "
+            f"**{format_heads(chosen)}** ablated: p({token_label(plain.target.label)}) "
             f"{plain.target.probability:.4f} → {ablated.target.probability:.4f} ({delta:+.4f})"
         )
         figure = None
-        if result.attention is not None and result.tokens is not None:
-            figure = attention_figure(result.attention, result.tokens, *chosen[0])
+        if result.attention is not None and result.token_texts is not None:
+            figure = attention_figure(result.attention, result.token_texts, *chosen[0])
         maps = {f"{method_} (as is)": plain, f"{method_} (heads ablated)": ablated}
         return [
-            {p.label: p.probability for p in plain.predictions},
-            {p.label: p.probability for p in ablated.predictions},
+            token_probabilities(plain.predictions),
+            token_probabilities(ablated.predictions),
             line + "\n\n",
             figure,
             token_columns_html(maps) if plain.tokens is not None else "",
@@ -289,7 +290,7 @@ def layers_tab(runner: PageRunner) -> None:
         per_layer = explanation.maps.get("token_per_layer")
         if per_layer is None:
             raise gr.Error("token relevance per layer comes with the 'lrp' measure")
-        return token_layers_figure(per_layer, explanation.tokens, evt.index)
+        return token_layers_figure(per_layer, explanation.token_texts, evt.index)
 
     tokens.select(clicked_token, [last], token_layers, api_visibility="private")
 

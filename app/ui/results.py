@@ -19,6 +19,7 @@ from attrlab.app.ui.files import page_folder
 from attrlab.attribution.compare import MapChange, compare_explanations
 from attrlab.attribution.errors import AttrlabError
 from attrlab.attribution.explanation import Explanation
+from attrlab.viz.tokens import token_probabilities
 
 __all__ = [
     "Result",
@@ -78,7 +79,7 @@ def summary(result: Result) -> dict[str, Any]:
     for method, e in result.explanations.items():
         data = e.to_dict()
         # a text's scores are short; an image's map stays in the figure and the export
-        shown = [*kept, "tokens", "scores"] if e.tokens is not None else kept
+        shown = [*kept, "tokens", "token_texts", "scores"] if e.tokens is not None else kept
         out[method] = {k: data[k] for k in shown if k in data}
     return out
 
@@ -167,4 +168,4 @@ def comparison_view(result: Result) -> Any:
 
 def top(explanation: Explanation) -> dict[str, float]:
     """The prediction panel: the top outputs and their probabilities."""
-    return {p.label: p.probability for p in explanation.predictions}
+    return token_probabilities(explanation.predictions)

@@ -56,7 +56,10 @@ class HeadAblation:
     ablated: Explanation
     #: Text: the first head's attention (queries × keys, visible tokens); else None.
     attention: np.ndarray | None
+    #: Text: the tokenizer's strings, for programs; else None.
     tokens: list[str] | None
+    #: Text: the text each token stands for, for people; else None.
+    token_texts: list[str] | None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: the explanations as Explanation JSON, the attention as nested lists."""
@@ -66,6 +69,7 @@ class HeadAblation:
             "ablated": self.ablated.to_dict(),
             "attention": None if self.attention is None else self.attention.tolist(),
             "tokens": self.tokens,
+            "token_texts": self.token_texts,
         }
 
 
@@ -138,6 +142,7 @@ def ablate_heads_and_explain(
         ablated=ablated,
         attention=attention,
         tokens=list(inputs.tokens) if isinstance(inputs, TextInputs) else None,
+        token_texts=list(inputs.token_texts) if isinstance(inputs, TextInputs) else None,
     )
 
 
