@@ -8,12 +8,8 @@ from typing import Any
 import torch
 from captum.attr import LayerGradientXActivation, Saliency
 
-from attrlab.attribution.methods._captum import attribute_with
-from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
+from attrlab.attribution.methods.gradient_x_input import GradientXInput
 from attrlab.attribution.methods.registry import register
-from attrlab.attribution.models.base import Adapter, Inputs
-from attrlab.attribution.run import RunContext
-from attrlab.attribution.target import Target
 
 __all__ = ["Gradient"]
 
@@ -32,37 +28,19 @@ class _SignedSaliency(Saliency):
 
 
 @register
-class Gradient(AttributionMethod):
+class Gradient(GradientXInput):
     """
     The gradient of the target's score with respect to the input.
 
     Text: at the token embeddings (Captum ``LayerGradientXActivation`` without the
     activation), summed over the embedding dimension. Images: at the normalised pixels
     (Captum ``Saliency``), summed over colour channels. Signed, unlike the paper's maximum of
-    absolute values over channels, so that the average over noisy copies (SmoothGrad, this
+    absolute values over channels, so that the average over noisy copies (SmoothGrad: this
     method with ``smoothing``) is the average of the gradient.
     """
 
     name = "gradient"
     title = "Gradient (saliency)"
     paper = "https://arxiv.org/abs/1312.6034"
-    requires = frozenset({"gradients"})
-
-    @classmethod
-    def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
-        """The model passes :meth:`attribute` spends on ``inputs``."""
-        return Passes(1, 1)
-
-    @classmethod
-    def attribute(
-        cls,
-        adapter: Adapter,
-        inputs: Inputs,
-        target: Target,
-        params: dict[str, Any],
-        run: RunContext,
-    ) -> Attribution:
-        layer_gradient = partial(LayerGradientXActivation, multiply_by_inputs=False)
-        gradients = attribute_with(adapter, inputs, target, layer_gradient, _SignedSaliency)
-        run.count(forward=1, backward=1)
-        return Attribution(scores=inputs.reduce(gradients))
+    layer_method = partial(LayerGradientXActivation, multiply_by_inputs=False)
+    input_method = _SignedSaliency
