@@ -303,7 +303,7 @@ def smoothed(
     generator = torch.Generator().manual_seed(_seed(run.seed, _INPUT_STREAM))
     arrays: dict[str, _Moments] = {}
     metrics: dict[str, _Moments] = {}
-    results: list[Attribution] = []
+    first: Attribution | None = None
     weights = (
         weight_noise(
             adapter.model, params["smoothing_weight_sigma"], _seed(run.seed, _WEIGHT_STREAM)
@@ -331,9 +331,9 @@ def smoothed(
                     arrays.setdefault(key, _Moments()).add(value)
             for key, number in result.metrics.items():
                 metrics.setdefault(key, _Moments()).add(np.array(number))
-            results = results or [result]
+            first = first or result
     run.step(samples, samples)
-    first = results[0]
+    assert first is not None  # the schema asks for one sample at least
     statistic = {key: moments.statistic(mode.statistic) for key, moments in arrays.items()}
     layers = None
     if first.layers is not None:
