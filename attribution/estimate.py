@@ -1,8 +1,9 @@
 """
 What a run will cost, before it starts: model passes, seconds and peak device memory.
 
-Passes come from the method's definition (:meth:`AttributionMethod.passes`): exact, or an upper
-bound where early stopping may end the run sooner. Seconds and memory come from a calibration
+Passes come from the method's definition (:meth:`AttributionMethod.planned_passes`: its own
+passes, once per smoothing sample): exact, or an upper bound where early stopping may end the
+run sooner. Seconds and memory come from a calibration
 per model, device and modality, kept for the process: each cost (a forward or a gradient pass,
 one row at a time or in batches of copies, since batched rows cost less each) is measured on
 the first input that needs it and scaled by input size (tokens or pixels). On CUDA
@@ -226,7 +227,7 @@ def priced(
     """:func:`estimate` of a method with parameters already resolved (by its ``resolve``)."""
     from attrlab.attribution.metrics.faithfulness import faithfulness_passes
 
-    passes = method_cls.passes(adapter, inputs, params)
+    passes = method_cls.planned_passes(adapter, inputs, params)
     calibration = calibrate(adapter, inputs)
     scale = max(1, math.prod(inputs.map_shape)) / calibration.size
     width = passes.batch or 1

@@ -71,7 +71,7 @@ def explain(
     # Each forward of the method and of its scoring stops the run once it is cancelled.
     with cancellable_forwards(adapter.model, settings.cancel):
         run.stop_if_cancelled()  # a method reading only the prediction stops here
-        result = method_cls.attribute(adapter, inputs, explained, checked, run)
+        result = method_cls.compute(adapter, inputs, explained, checked, run)
         run.attentions = None  # every layer's T × T maps: not kept through the trust scoring
         if settings.evaluate:
             from attrlab.attribution.metrics import (

@@ -98,6 +98,7 @@ class RISE(AttributionMethod):
     name = "rise"
     title = "RISE"
     paper = "https://arxiv.org/abs/1806.07421"
+    reads_prediction = True  # the top predicted classes
     params = (
         Param(
             "n_masks",
