@@ -73,6 +73,11 @@ class AttributionMethod(ABC):
             makes its prediction with them: one pass for both.
         category: ``"attribution"`` (a map over the input) or ``"analysis"`` (per-layer and
             per-head measures, with a map as a by-product).
+        alters_model: It changes what the model's forward computes or records while it runs
+            (hooks, routed attention), so :func:`attribution.explain` holds the model
+            :func:`~attribution.alteration.altered` for the whole run. False for methods of
+            plain forward and gradient passes, and for those that hold each of their own
+            alterations (a light read may then run between them).
     """
 
     name: ClassVar[str]
@@ -84,6 +89,7 @@ class AttributionMethod(ABC):
     has_convergence_delta: ClassVar[bool] = False
     reads_prediction_attentions: ClassVar[bool] = False
     category: ClassVar[str] = "attribution"
+    alters_model: ClassVar[bool] = True  # a new method is held until it says otherwise
 
     @classmethod
     def unsupported_reason(cls, adapter: Adapter) -> str | None:

@@ -45,6 +45,8 @@ class LayerAnalysis(AttributionMethod):
     relevance sits).
     """
 
+    alters_model = False  # plain forward and gradient passes
+
     name = "layers"
     title = "Layer and head analysis"
     paper = "https://arxiv.org/abs/1905.10650"
