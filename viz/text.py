@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 from plotly.colors import sample_colorscale, unlabel_rgb
 
 from attrlab.attribution.explanation import Explanation
+from attrlab.viz.theme import TEMPLATE
 
 __all__ = [
     "diverging_colour",
@@ -57,6 +58,7 @@ def token_figure(explanation: Explanation) -> go.Figure:
         )
     )
     figure.update_layout(
+        template=TEMPLATE,
         title=f"{explanation.method} → {explanation.target.label}"
         + (" (bars: ± standard error)" if shown_error else ""),
         xaxis={"tickmode": "array", "tickvals": positions, "ticktext": explanation.tokens},
@@ -163,7 +165,7 @@ def positional_figure_tokens(explanation: Explanation) -> go.Figure:
         title=f"{explanation.method} → {explanation.target.label}: token and positional relevance",
         xaxis={"tickmode": "array", "tickvals": positions, "ticktext": explanation.tokens},
         yaxis_title="relevance",
-        template="plotly_white",
+        template=TEMPLATE,
         height=320,
     )
     return figure
