@@ -16,7 +16,6 @@ import torch
 
 from attrlab.app.worker import (
     CheckRequest,
-    EstimateRequest,
     ExplainRequest,
     ExplainWorker,
     PreviewRequest,
