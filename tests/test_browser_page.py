@@ -38,10 +38,18 @@ _PAPER_LUMINANCE = """
 """
 
 
+#: The run's progress ("1,234/200,000 steps") shown within the first screen.
+_PROGRESS_IN_VIEW = f"""
+[...document.querySelectorAll('.progress-level-inner, .progress-text, .meta-text')].some(
+  (e) => /[\\d,]+\\/[\\d,]+ steps/.test(e.textContent) &&
+    e.getBoundingClientRect().top < {HEIGHT})
+"""
+
+
 def _open(page: Page, url: str, query: str = "") -> None:
     page.set_viewport_size({"width": WIDTH, "height": HEIGHT})
     page.goto(url + query)
-    expect(page.locator("#text-run")).to_be_visible()
+    expect(page.locator("#text-run")).to_be_visible(timeout=60_000)
 
 
 def _top(page: Page, selector: str) -> float:
@@ -105,21 +113,24 @@ def test_predict_and_the_cost_answer_while_a_long_run_goes(page, page_url):
     methods.get_by_label("rise", exact=True).check()
     page.locator("#text-params-rise").get_by_text("Parameters", exact=False).first.click()
     masks = page.locator("#text-param-rise-n_masks input")
-    masks.fill("200000")
+    masks.click(click_count=3)
+    masks.type("200000")  # typed over the selection: never an empty field
     masks.press("Tab")
+    cost = page.locator("#text-cost")
+    # the first estimate calibrates the model (a job of its own); then Run
+    expect(cost).to_contain_text("200,001 forward", timeout=300_000)
     page.locator("#text-run").click()
-    expect(page.locator("#text-maps")).to_contain_text("steps", timeout=120_000)  # it runs
+    running = f"() => {_PROGRESS_IN_VIEW}"
+    page.wait_for_function(running, timeout=120_000)  # it runs, its progress in view
     expect(prediction).to_have_text("positive")  # the last predictions stay on screen
     page.locator("#text-input textarea").fill("I hated this movie, the acting was dreadful.")
     page.locator("#text-predict").click()
     # the light path answers beside the run (a model already loaded: one forward)
     expect(prediction).to_have_text("negative", timeout=15_000)
-    cost = page.locator("#text-cost")
     before = cost.inner_text()
-    assert "rise: " in before
-    page.locator("#text-trust-option input").check()  # the trust card's passes are priced in
+    page.locator("#text-trust-option input").check(timeout=60_000)  # priced in: the trust card
     expect(cost).not_to_have_text(before, timeout=15_000)
     expect(cost).to_contain_text("rise: ")
-    expect(page.locator("#text-maps")).to_contain_text("steps")  # the run still goes
+    page.wait_for_function(running)  # the run still goes
     page.locator("#text-cancel").click()
     no_errors(page)

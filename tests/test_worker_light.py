@@ -52,10 +52,7 @@ def worker():
 
 def _own_top(worker: ExplainWorker) -> list[tuple[int, float]]:
     """The model's own top-5 (index, probability), computed here from its logits."""
-    adapter = worker.adapter(MODEL)
-    inputs = adapter.preprocess(TEXT)
-    with torch.no_grad():
-        probabilities = adapter.logits(**inputs.model_kwargs())[0].double().softmax(-1)
+    probabilities = _logits(worker)[0].double().softmax(-1)
     top = probabilities.topk(min(5, probabilities.numel()))
     return list(zip(top.indices.tolist(), top.values.tolist(), strict=True))
 
@@ -88,6 +85,13 @@ def test_a_prediction_and_an_estimate_answer_beside_a_long_job(worker):
     assert torch.equal(torch.as_tensor(beside.scores), torch.as_tensor(alone.scores))
 
 
+def _logits(worker: ExplainWorker) -> torch.Tensor:
+    """The model's own logits on the text, read directly (as a job's thread would see them)."""
+    adapter = worker.adapter(MODEL)
+    with torch.no_grad():
+        return adapter.logits(**adapter.preprocess(TEXT).model_kwargs()).clone()
+
+
 def _randomisation_job(worker: ExplainWorker, gate: Gate):
     check = CheckRequest(model=MODEL, text=TEXT, methods=("gradient_x_input",), randomise=True)
     # report 1 is the intact map; report 2 comes from inside the first randomised step
@@ -95,18 +99,14 @@ def _randomisation_job(worker: ExplainWorker, gate: Gate):
 
 
 def test_a_prediction_waits_out_randomised_weights_and_sees_the_model_intact(worker):
-    own = _own_top(worker)
-    adapter = worker.adapter(MODEL)
-    inputs = adapter.preprocess(TEXT)
-    with torch.no_grad():
-        intact = adapter.logits(**inputs.model_kwargs()).clone()
+    own, intact, model = _own_top(worker), _logits(worker), worker.adapter(MODEL).model
     gate = Gate(at=2)
     job = _randomisation_job(worker, gate)
     assert gate.inside.wait(30)
     try:
-        assert altering_thread(adapter.model) is not None
-        with torch.no_grad():  # the job's change is real: the model computes otherwise now
-            assert not torch.allclose(adapter.logits(**inputs.model_kwargs()), intact)
+        assert altering_thread(model) is not None
+        # the job's change is real: the model computes otherwise now
+        assert not torch.allclose(_logits(worker), intact)
         preview = worker.submit(PreviewRequest(model=MODEL, text=TEXT))
         with pytest.raises(TimeoutError):
             preview.result(0.5)  # it waits while the weights are random
@@ -115,17 +115,12 @@ def test_a_prediction_waits_out_randomised_weights_and_sees_the_model_intact(wor
     assert _same_top(preview.result(BOUND_S), own)
     table = job.result(60).randomisation
     assert len(table) > 2
-    assert altering_thread(adapter.model) is None
-    with torch.no_grad():
-        assert torch.equal(adapter.logits(**inputs.model_kwargs()), intact)
+    assert altering_thread(model) is None
+    assert torch.equal(_logits(worker), intact)
 
 
 def test_a_cancelled_alteration_leaves_the_model_intact_and_the_queue_moving(worker):
-    own = _own_top(worker)
-    adapter = worker.adapter(MODEL)
-    inputs = adapter.preprocess(TEXT)
-    with torch.no_grad():
-        intact = adapter.logits(**inputs.model_kwargs()).clone()
+    own, intact, model = _own_top(worker), _logits(worker), worker.adapter(MODEL).model
     gate = Gate(at=2)
     job = _randomisation_job(worker, gate)
     assert gate.inside.wait(30)
@@ -135,8 +130,7 @@ def test_a_cancelled_alteration_leaves_the_model_intact_and_the_queue_moving(wor
     with pytest.raises((JobCancelledError, CancelledError)):
         job.result(60)
     assert _same_top(preview.result(BOUND_S), own)
-    assert altering_thread(adapter.model) is None
-    with torch.no_grad():
-        assert torch.equal(adapter.logits(**inputs.model_kwargs()), intact)
+    assert altering_thread(model) is None
+    assert torch.equal(_logits(worker), intact)
     after = worker.explain(ExplainRequest(model=MODEL, text=TEXT, method="gradient_x_input"))
     assert after.target.index == own[0][0]  # the next job runs, on the intact model

@@ -25,10 +25,10 @@ def _widget(prefix: str, method: str, name: str, spec: Mapping[str, Any]) -> Any
         )
     if kind == "bool":
         return gr.Checkbox(value=bool(default), label=name, info=info, elem_id=elem_id)
-    if kind in ("int", "float"):
+    if kind in ("int", "float") and default is not None:
         # inclusive bounds only: an exclusive one is checked by the schema, with its message
         low, high = spec.get("minimum"), spec.get("maximum")
-        if kind == "float" and default is not None and (low, high) == (0.0, 1.0):
+        if kind == "float" and (low, high) == (0.0, 1.0):
             return gr.Slider(0.0, 1.0, value=default, step=0.01, label=name, info=info)
         return gr.Number(
             value=default,
@@ -39,7 +39,15 @@ def _widget(prefix: str, method: str, name: str, spec: Mapping[str, Any]) -> Any
             precision=0 if kind == "int" else None,
             elem_id=elem_id,
         )
-    return gr.Textbox(value=default or "", label=label, info=info, elem_id=elem_id)
+    # text too for a number that may stay empty: Gradio's number field shows (and sends) 0 for
+    # "empty", which a parameter of minimum 1 refuses; the schema types the text
+    return gr.Textbox(
+        value="" if default is None else default,
+        label=label,
+        info=info,
+        placeholder="automatic" if default is None else None,
+        elem_id=elem_id,
+    )
 
 
 @dataclass

@@ -45,7 +45,7 @@ class LayerAnalysis(AttributionMethod):
     relevance sits).
     """
 
-    alters_model = False  # plain forward and gradient passes
+    alters_model = False  # each measure holds the model altered for its own hooks (analyze)
 
     name = "layers"
     title = "Layer and head analysis"
