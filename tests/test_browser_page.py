@@ -10,7 +10,7 @@ the last predictions stay on screen.
 from __future__ import annotations
 
 import pytest
-from _browser import no_errors, tab
+from _browser import errors, no_errors, tab
 from playwright.sync_api import Page, expect
 
 from attrlab.app.ui.shared import method_entries
@@ -133,4 +133,5 @@ def test_predict_and_the_cost_answer_while_a_long_run_goes(page, page_url):
     expect(cost).to_contain_text("rise: ")
     page.wait_for_function(running)  # the run still goes
     page.locator("#text-cancel").click()
-    no_errors(page)
+    page.wait_for_function("() => window.__errors.length > 0", timeout=60_000)
+    assert errors(page) == ["the job was cancelled"]  # Cancel's own word, nothing else
