@@ -48,6 +48,7 @@ _PROGRESS_IN_VIEW = f"""
 
 def _open(page: Page, url: str, query: str = "") -> None:
     page.set_viewport_size({"width": WIDTH, "height": HEIGHT})
+    page.set_default_timeout(60_000)  # two cores: a run beside the browser slows every step
     page.goto(url + query)
     expect(page.locator("#text-run")).to_be_visible(timeout=60_000)
 
@@ -134,4 +135,5 @@ def test_predict_and_the_cost_answer_while_a_long_run_goes(page, page_url):
     page.wait_for_function(running)  # the run still goes
     page.locator("#text-cancel").click()
     page.wait_for_function("() => window.__errors.length > 0", timeout=60_000)
-    assert errors(page) == ["the job was cancelled"]  # Cancel's own word, nothing else
+    shown = errors(page)  # Cancel's own words (a toast, maybe the maps' frame), nothing else
+    assert shown and all("the job was cancelled" in e for e in shown), shown
