@@ -10,6 +10,7 @@ the last predictions stay on screen.
 from __future__ import annotations
 
 import pytest
+import torch
 from _browser import errors, no_errors, tab
 from playwright.sync_api import Page, expect
 
@@ -44,6 +45,15 @@ _PROGRESS_IN_VIEW = f"""
   (e) => /[\\d,]+\\/[\\d,]+ steps/.test(e.textContent) &&
     e.getBoundingClientRect().top < {HEIGHT})
 """
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """Runs take one core and leave the browser the other (two cores: it starves otherwise)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def _open(page: Page, url: str, query: str = "") -> None:
