@@ -17,6 +17,7 @@ import math
 import threading
 import time
 from collections.abc import Mapping
+from contextlib import suppress
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -29,7 +30,7 @@ from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.perturb import auto_batch_size, repeated
 from attrlab.attribution.run import RunSettings
 
-__all__ = ["Calibration", "Estimate", "calibrate", "estimate", "priced"]
+__all__ = ["Calibration", "Estimate", "calibrate", "calibrated", "estimate", "priced"]
 
 
 @dataclass(frozen=True)
@@ -89,10 +90,29 @@ class Calibration:
         self._too_wide: set[tuple[str, int]] = set()  # widths that ran out of device memory
         self._lock = threading.RLock()  # a gradient cost measures forward costs first
 
+    def _widths(self, kind: str) -> tuple[int, ...]:
+        return _WIDTHS["cuda" if self.adapter.device.type == "cuda" else "cpu", kind]
+
+    def measure_all(self) -> None:
+        """Measure every width of this device now (one that does not fit is skipped)."""
+        for kind in ("forward", "backward"):
+            for width in self._widths(kind):
+                with suppress(DeviceMemoryError):
+                    self._seconds_at(kind, width)
+
+    @property
+    def complete(self) -> bool:
+        """Every width is measured (or known not to fit): estimates then run no pass."""
+        with self._lock:
+            return all(
+                (kind, width) in self._seconds or (kind, width) in self._too_wide
+                for kind in ("forward", "backward")
+                for width in self._widths(kind)
+            )
+
     def seconds(self, kind: str, batch: int) -> float:
         """Seconds per row of a ``"forward"`` or ``"backward"`` pass in batches of ``batch``."""
-        cuda = self.adapter.device.type == "cuda"
-        widths = _WIDTHS["cuda" if cuda else "cpu", kind]
+        widths = self._widths(kind)
         batch = max(1, batch)
         below = max(w for w in widths if w <= batch)
         above = min((w for w in widths if w >= batch), default=below)
@@ -182,6 +202,13 @@ def calibrate(adapter: Adapter, inputs: Inputs) -> Calibration:
         if key not in _CALIBRATIONS:
             _CALIBRATIONS[key] = Calibration(adapter, inputs)
         return _CALIBRATIONS[key]
+
+
+def calibrated(adapter: Adapter, modality: str) -> bool:
+    """Whether ``adapter``'s calibration for ``modality`` is complete (see :meth:`measure_all`)."""
+    with _CALIBRATING:
+        calibration = _CALIBRATIONS.get((adapter.model_id, str(adapter.device), modality))
+    return calibration is not None and calibration.complete
 
 
 def _best(call: Any, device: torch.device, repeats: int = 2) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from functools import cache
 from importlib import metadata
@@ -11,6 +12,7 @@ from typing import Any
 
 import torch
 
+from attrlab.attribution.alteration import altered
 from attrlab.attribution.errors import DeviceMemoryError
 from attrlab.attribution.explanation import (
     Explanation,
@@ -71,7 +73,8 @@ def explain(
     # Each forward of the method and of its scoring stops the run once it is cancelled.
     with cancellable_forwards(adapter.model, settings.cancel):
         run.stop_if_cancelled()  # a method reading only the prediction stops here
-        result = method_cls.compute(adapter, inputs, explained, checked, run)
+        with altered(adapter.model) if method_cls.alters_model else nullcontext():
+            result = method_cls.compute(adapter, inputs, explained, checked, run)
         run.attentions = None  # every layer's T × T maps: not kept through the trust scoring
         if settings.evaluate:
             from attrlab.attribution.metrics import (

@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from attrlab.attribution.metrics.leaderboard import SCORES
+from attrlab.viz.theme import TEMPLATE
 
 __all__ = ["leaderboard_figure", "score_bars"]
 
@@ -65,7 +66,7 @@ def score_bars(
                 row=1,
                 col=column,
             )
-    figure.update_layout(barmode="group", title=title, template="plotly_white")
+    figure.update_layout(barmode="group", title=title, template=TEMPLATE)
     return figure
 
 

@@ -18,6 +18,7 @@ from PIL import Image
 from plotly.subplots import make_subplots
 
 from attrlab.attribution.explanation import Explanation
+from attrlab.viz.theme import TEMPLATE
 
 __all__ = [
     "DISPLAY_MAX_SIDE",
@@ -110,6 +111,7 @@ def _over_image(image: np.ndarray, heatmap: go.Heatmap, title: str) -> go.Figure
     figure = go.Figure(go.Image(z=image, hoverinfo="skip"))
     figure.add_trace(heatmap)
     figure.update_layout(
+        template=TEMPLATE,
         title=title,
         yaxis={"autorange": "reversed", "scaleanchor": "x", "visible": False},
         xaxis={"visible": False},
@@ -187,9 +189,7 @@ def map_panels_figure(
         figure.update_yaxes(scaleanchor="x" if column == 1 else f"x{column}", row=1, col=column)
     figure.update_xaxes(visible=False)
     figure.update_yaxes(visible=False, autorange="reversed")
-    figure.update_layout(
-        height=360, margin={"l": 10, "r": 10, "t": 40, "b": 10}, template="plotly_white"
-    )
+    figure.update_layout(height=360, margin={"l": 10, "r": 10, "t": 40, "b": 10}, template=TEMPLATE)
     return figure
 
 

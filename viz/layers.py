@@ -17,6 +17,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from attrlab.attribution.layers.agreement import head_ranking
+from attrlab.viz.theme import TEMPLATE
 from attrlab.viz.tokens import token_tick, token_ticks
 
 __all__ = [
@@ -82,7 +83,7 @@ def head_heatmap(table: pd.DataFrame, measure: str) -> go.Figure:
         title=f"{measure} per head",
         xaxis_title="head",
         yaxis_title="layer",
-        template="plotly_white",
+        template=TEMPLATE,
     )
     return figure
 
@@ -135,7 +136,7 @@ def layer_lines(
         + (" (each scaled to its largest magnitude)" if normalise else ""),
         xaxis_title="layer",
         yaxis_title="relative value" if normalise else "value",
-        template="plotly_white",
+        template=TEMPLATE,
     )
     return figure
 
@@ -162,7 +163,7 @@ def positional_figure(table: pd.DataFrame) -> go.Figure:
         title="token and positional relevance per layer",
         xaxis_title="layer",
         yaxis_title="relevance",
-        template="plotly_white",
+        template=TEMPLATE,
     )
     return figure
 
@@ -199,7 +200,7 @@ def top_heads_figure(table: pd.DataFrame, estimators: Sequence[str], k: int = 10
     figure.update_layout(
         title=f"top {len(labels)} heads and their rank by each estimator",
         yaxis={"autorange": "reversed"},
-        template="plotly_white",
+        template=TEMPLATE,
     )
     return figure
 
@@ -237,7 +238,7 @@ def agreement_figure(
             colorbar={"title": "ρ"},
         )
     )
-    figure.update_layout(title=title, template="plotly_white")
+    figure.update_layout(title=title, template=TEMPLATE)
     return figure
 
 
@@ -274,7 +275,7 @@ def attention_figure(
         title=f"layer {layer}, head {head}: attention",
         xaxis={**_token_axis(tokens), "title": "key"},
         yaxis={**_token_axis(tokens), "title": "query", "autorange": "reversed"},
-        template="plotly_white",
+        template=TEMPLATE,
     )
     return figure
 
@@ -327,7 +328,7 @@ def token_layers_figure(
             "title": f"0 = entering block 0 … {blocks} = leaving block {blocks - 1}",
         },
         yaxis_title="relevance",
-        template="plotly_white",
+        template=TEMPLATE,
     )
     return figure
 
@@ -375,7 +376,7 @@ def ablation_figure(
         title=f"target <b>{target_label}</b>: {change}",
         xaxis={"title": "probability", "tickformat": ".0%"},
         yaxis={"autorange": "reversed"},
-        template="plotly_white",
+        template=TEMPLATE,
     )
     return figure
 

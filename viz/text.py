@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 from plotly.colors import sample_colorscale, unlabel_rgb
 
 from attrlab.attribution.explanation import Explanation
+from attrlab.viz.theme import TEMPLATE
 from attrlab.viz.tokens import token_html, token_label, token_tick, token_ticks
 
 __all__ = [
@@ -62,6 +63,7 @@ def token_figure(explanation: Explanation) -> go.Figure:
         )
     )
     figure.update_layout(
+        template=TEMPLATE,
         title=f"{explanation.method} → {token_tick(explanation.target.label)}"
         + (" (bars: ± standard error)" if shown_error else ""),
         xaxis={"tickmode": "array", "tickvals": positions, "ticktext": ticks},
@@ -170,7 +172,7 @@ def positional_figure_tokens(explanation: Explanation) -> go.Figure:
         title=f"{explanation.method} → {target}: token and positional relevance",
         xaxis={"tickmode": "array", "tickvals": positions, "ticktext": ticks},
         yaxis_title="relevance",
-        template="plotly_white",
+        template=TEMPLATE,
         height=320,
     )
     return figure

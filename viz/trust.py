@@ -19,6 +19,7 @@ from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.metrics.leaderboard import SCORES
 from attrlab.viz.evaluate import METHOD_COLOUR, score_bars
 from attrlab.viz.layers import agreement_figure
+from attrlab.viz.theme import TEMPLATE
 
 __all__ = [
     "conservation_gauge",
@@ -62,7 +63,7 @@ def randomisation_figure(table: pd.DataFrame) -> go.Figure:
         title="cascading randomisation: rank correlation with the original map",
         xaxis_title="randomised down to",
         yaxis={"title": "Spearman ρ", "range": [-1.05, 1.05]},
-        template="plotly_white",
+        template=TEMPLATE,
     )
     return figure
 
@@ -112,7 +113,7 @@ def conservation_gauge(explanation: Explanation) -> go.Figure:
             },
         )
     )
-    figure.update_layout(height=300, margin={"l": 30, "r": 30, "t": 80, "b": 20})
+    figure.update_layout(template=TEMPLATE, height=300, margin={"l": 30, "r": 30, "t": 80, "b": 20})
     return figure
 
 

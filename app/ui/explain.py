@@ -87,8 +87,7 @@ class ExplainTab:
         self.api = _API_NAMES[spec.key]
         self.image = spec.modality == "image"
         self.last = gr.State(None)
-        self._inputs()
-        self._outputs()
+        self._layout()
         self.params_box = gr.JSON(visible=False)  # method -> parameters, from the widgets
         self.linked = gr.State(False)  # a shared link filled this tab: run it once loaded
         #: What Run hands to :meth:`explain`, in its order.
@@ -104,6 +103,21 @@ class ExplainTab:
 
     # --- layout ---------------------------------------------------------------------------
 
+    def _layout(self) -> None:
+        """
+        Inputs on the left; the prediction, Run and the results on the right.
+
+        At 1280 × 800 the results (or the run's progress, drawn on the maps) start beside the
+        inputs, near Run, not below them.
+        """
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=5, min_width=400):
+                self._inputs()
+                self._options()
+            with gr.Column(scale=7, min_width=480):
+                self._settings()
+                self._outputs()
+
     def _inputs(self) -> None:
         spec, key = self.spec, self.key
         models = [
@@ -112,29 +126,24 @@ class ExplainTab:
             if m.modality == spec.modality and m.next_token == spec.next_token
         ]
         initial = default_model(spec.modality, next_token=spec.next_token)
-        with gr.Row(equal_height=False):
-            with gr.Column(scale=3, min_width=360):
-                with gr.Row():
-                    self.model = gr.Dropdown(
-                        models,
-                        value=initial,
-                        label="Model: built-in alias, hub id or local folder (as the server "
-                        "allows)",
-                        allow_custom_value=True,
-                        scale=2,
-                        elem_id=f"{key}-model",
-                    )
-                    self.labels = gr.Textbox(
-                        (sample_labels(initial) or "") if key == "text" else "",
-                        label="Labels (zero-shot models)",
-                        visible=key == "text",
-                        scale=1,
-                        elem_id=f"{key}-labels",
-                    )
-                self._source()
-                self.controls = MethodControls.build(spec.modality, DEFAULT_METHODS[key], key)
-            with gr.Column(scale=2, min_width=280):
-                self._settings()
+        with gr.Row():
+            self.model = gr.Dropdown(
+                models,
+                value=initial,
+                label="Model: built-in alias, hub id or local folder (as the server allows)",
+                allow_custom_value=True,
+                scale=2,
+                elem_id=f"{key}-model",
+            )
+            self.labels = gr.Textbox(
+                (sample_labels(initial) or "") if key == "text" else "",
+                label="Labels (zero-shot models)",
+                visible=key == "text",
+                scale=1,
+                elem_id=f"{key}-labels",
+            )
+        self._source()
+        self.controls = MethodControls.build(spec.modality, DEFAULT_METHODS[key], key)
 
     def _source(self) -> None:
         """The tab's input: an image (and the occlusion's size), or a text or prompt."""
@@ -180,13 +189,34 @@ class ExplainTab:
                 elem_id=f"{key}-examples",
             )
 
-    def _settings(self) -> None:
-        """The prediction, the target and the run's options and buttons."""
+    def _options(self) -> None:
+        """The run's options: trust cards, the randomisation check, compare, the seed."""
         key = self.key
-        self.prediction = gr.Label(
-            num_top_classes=5, label="Top-5 predictions", elem_id=f"{key}-prediction"
-        )
         with gr.Row():
+            self.trust = gr.Checkbox(
+                False,
+                label="Trust cards (faithfulness vs random orders)",
+                elem_id=f"{key}-trust-option",
+            )
+            self.randomise = gr.Checkbox(
+                False,
+                label="Randomisation check (a run per layer)",
+                elem_id=f"{key}-randomise-option",
+            )
+        with gr.Row():
+            self.compare = gr.Checkbox(
+                False,
+                label="Compare with the previous run (edit the input; same class)",
+                elem_id=f"{key}-compare",
+            )
+            self.seed = gr.Number(
+                0, label="Seed", precision=0, minimum=0, min_width=80, elem_id=f"{key}-seed"
+            )
+
+    def _settings(self) -> None:
+        """The target and Predict, the prediction, the cost line, Run and Cancel."""
+        key = self.key
+        with gr.Row(equal_height=False):
             self.target = gr.Dropdown(
                 [("top prediction", "")],
                 value="",
@@ -200,18 +230,10 @@ class ExplainTab:
                 scale=1,
                 elem_id=f"{key}-predict",
             )
-        with gr.Row():
-            self.trust = gr.Checkbox(False, label="Trust cards (faithfulness vs random orders)")
-            self.randomise = gr.Checkbox(False, label="Randomisation check (a run per layer)")
-        with gr.Row():
-            self.compare = gr.Checkbox(
-                False,
-                label="Compare with the previous run (edit the input; same class)",
-                elem_id=f"{key}-compare",
-            )
-            self.seed = gr.Number(
-                0, label="Seed", precision=0, minimum=0, min_width=80, elem_id=f"{key}-seed"
-            )
+        self.prediction = gr.Label(
+            num_top_classes=5, label="Top-5 predictions", elem_id=f"{key}-prediction"
+        )
+        self.cost_line = gr.Markdown("", elem_id=f"{key}-cost")
         with gr.Row():
             self.run = gr.Button("Run", variant="primary", min_width=120, elem_id=f"{key}-run")
             self.cancel = gr.Button(
@@ -220,7 +242,6 @@ class ExplainTab:
 
     def _outputs(self) -> None:
         key = self.key
-        self.cost_line = gr.Markdown("", elem_id=f"{key}-cost")
         self.opacity: gr.Slider | None = None
         if self.image:
             self.maps: Any = gr.Plot(label="Maps", elem_id=f"{key}-maps")
@@ -299,6 +320,8 @@ class ExplainTab:
             self.shown,
             api_name=f"explain_{api}",
             concurrency_id=f"run-{key}",
+            # progress on the maps, under Run: the last predictions stay readable meanwhile
+            show_progress_on=[self.maps],
         )
         linked_run = self.linked.change(
             self.gather,
@@ -312,6 +335,7 @@ class ExplainTab:
             self.shown,
             api_visibility="private",
             concurrency_id=f"run-{key}",
+            show_progress_on=[self.maps],
         )
         self.cancel.click(
             self.runner.cancel_handler(key),

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from attrlab.attribution.alteration import altered
 from attrlab.attribution.errors import BudgetExceededError, InvalidParameterError
 from attrlab.attribution.explain import explain
 from attrlab.attribution.explanation import Explanation
@@ -126,7 +127,7 @@ def ablate_heads_and_explain(
                 "server allows per request; the ablated one needs as many: lower the method's "
                 "sample count"
             )
-    with zeroed_heads(projections, count, chosen):
+    with altered(adapter.model), zeroed_heads(projections, count, chosen):
         stop_if_cancelled(settings.cancel)
         ablated = explain(
             adapter,

@@ -85,6 +85,11 @@ class AttributionMethod(ABC):
             e.g. for a convergence delta): a smoothed run predicts each noisy copy, one pass.
         category: ``"attribution"`` (a map over the input) or ``"analysis"`` (per-layer and
             per-head measures, with a map as a by-product).
+        alters_model: It changes what the model's forward computes or records while it runs
+            (hooks, routed attention), so :func:`attribution.explain` holds the model
+            :func:`~attribution.alteration.altered` for the whole run. False for methods of
+            plain forward and gradient passes, and for those that hold each of their own
+            alterations (a light read may then run between them).
     """
 
     name: ClassVar[str]
@@ -97,6 +102,7 @@ class AttributionMethod(ABC):
     reads_prediction_attentions: ClassVar[bool] = False
     reads_prediction: ClassVar[bool] = False
     category: ClassVar[str] = "attribution"
+    alters_model: ClassVar[bool] = True  # a new method is held until it says otherwise
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """A gradient-based attribution method takes the smoothing parameters too."""

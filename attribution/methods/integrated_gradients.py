@@ -37,6 +37,8 @@ class IntegratedGradients(AttributionMethod):
     holds when it is small.
     """
 
+    alters_model = False  # plain forward and gradient passes
+
     name = "integrated_gradients"
     title = "Integrated Gradients"
     paper = "https://arxiv.org/abs/1703.01365"

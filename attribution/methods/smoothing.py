@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from attrlab.attribution.alteration import altered
 from attrlab.attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
 from attrlab.attribution.params import Param
 from attrlab.attribution.run import RunContext
@@ -141,6 +142,17 @@ def weight_noise(model: nn.Module, sigma: float, seed: int) -> Iterator[Callable
         if model in _NOISY:
             raise RuntimeError("weight noise is already applied to this model (nested use)")
         _NOISY.add(model)
+    try:
+        # Light reads of the model wait while its weights are noisy.
+        with altered(model):
+            yield from _noisy_weights(model, sigma, seed)
+    finally:
+        with _NOISY_LOCK:
+            _NOISY.discard(model)
+
+
+def _noisy_weights(model: nn.Module, sigma: float, seed: int) -> Iterator[Callable[[], None]]:
+    """:func:`weight_noise`'s body: the originals kept, ``draw``, every weight restored."""
     parameters = [p for p in model.parameters() if p.is_floating_point()]
     originals: list[torch.Tensor] = []
     generators: dict[torch.device, torch.Generator] = {}
@@ -165,8 +177,6 @@ def weight_noise(model: nn.Module, sigma: float, seed: int) -> Iterator[Callable
         with torch.no_grad():
             for parameter, original in zip(parameters, originals, strict=False):
                 parameter.copy_(original)
-        with _NOISY_LOCK:
-            _NOISY.discard(model)
 
 
 def _text_noise(
@@ -196,11 +206,12 @@ def _text_noise(
         rows = (given.view(-1, ids.shape[-1]) == ids).all(-1).view(-1, 1, 1)
         return output + noise * rows.to(output.dtype)
 
-    handle = embedding.register_forward_hook(hook, with_kwargs=True)
-    try:
-        yield inputs
-    finally:
-        handle.remove()
+    with altered(adapter.model):  # light reads wait while the embeddings carry the noise
+        handle = embedding.register_forward_hook(hook, with_kwargs=True)
+        try:
+            yield inputs
+        finally:
+            handle.remove()
 
 
 def _image_noise(
