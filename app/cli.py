@@ -720,17 +720,24 @@ def build_parser() -> argparse.ArgumentParser:
     explain = sub.add_parser(
         "explain",
         help="explain one text or image with one or more methods",
-        description="Explain one text or image: which parts of the input made the model give "
-        "its answer, by one or more attribution methods (listed by `attrlab methods`). The "
-        "model loads once for all of them.",
+        description="Explain one text or image: which parts of the input made the model give\n"
+        "its answer, by one or more attribution methods (listed by `attrlab methods`).\n"
+        "The model loads once for all of them; on a terminal a progress bar shows each\n"
+        "method's forward passes.",
+        epilog="examples:\n"
+        '  attrlab explain --method integrated_gradients --text "A lovely film."\n'
+        "  attrlab explain --methods gradcam,rise --image cat.png --param rise.n_masks=2000 \\\n"
+        "      --evaluate --figures figures/\n"
+        "  attrlab explain --method rise --image cat.png --estimate",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     explain.add_argument("--model", default=None, help="alias, hub id or local folder")
     chosen = explain.add_mutually_exclusive_group(required=True)
     chosen.add_argument("--method", help="one method, e.g. integrated_gradients")
     chosen.add_argument(
         "--methods",
-        help="comma-separated methods run in turn on one model load, e.g. gradcam,rise "
-        "(--format json then prints a list)",
+        metavar="A,B,...",
+        help="several methods, run in turn on one model load (--format json prints a list)",
     )
     source = explain.add_mutually_exclusive_group(required=True)
     source.add_argument("--text", help="the text to explain")
@@ -746,12 +753,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--param",
         action="append",
         default=[],
-        help="key=value for the one method, or method.key=value; repeatable "
-        "(`attrlab methods` lists each method's parameters)",
+        metavar="KEY=VALUE",
+        help="a method parameter, repeatable: key=value with --method, method.key=value with "
+        "--methods (`attrlab methods` lists each method's parameters)",
     )
-    explain.add_argument("--seed", type=int, default=0)
+    explain.add_argument(
+        "--seed", type=int, default=0, help="seed of every random draw (same seed, same map)"
+    )
     explain.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
-    explain.add_argument("--format", choices=("json", "table"), default="table")
+    explain.add_argument(
+        "--format",
+        choices=("json", "table"),
+        default="table",
+        help="table (default): for people; json: the Explanation",
+    )
     explain.add_argument(
         "--estimate",
         action="store_true",
@@ -764,10 +779,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     explain.add_argument(
         "--figures",
-        help="folder for each method's figures (token scores or the map on the image, and "
-        "the extra views the result has), named METHOD_FIGURE",
+        metavar="DIR",
+        help="write each method's figures here as METHOD_FIGURE.html (token scores or the map "
+        "on the image, and the extra views its result has)",
     )
-    explain.add_argument("--figure-format", choices=("html", "png"), default="html")
+    explain.add_argument(
+        "--figure-format",
+        choices=("html", "png"),
+        default="html",
+        help="html (standalone, the default) or png (kaleido, which needs a Chromium)",
+    )
     explain.set_defaults(run=_explain)
 
     serve = sub.add_parser(
