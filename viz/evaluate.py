@@ -59,15 +59,14 @@ def score_labels(modality: str) -> dict[str, str]:
     """
     Column -> label, for :func:`~attribution.metrics.summarise`'s and the per-item tables.
 
-    Each score of :data:`SCORES` ``[modality]``: the score with its better direction, its 95 %
-    interval, the share of items on which it beats random orders, the random orders' own score
-    and the least-relevant-first curve's area (images).
+    Each score of :data:`SCORES` ``[modality]``: the score with its better direction, the
+    share of items on which it beats random orders, the random orders' own score and the
+    least-relevant-first curve's area (images).
     """
     labels = dict(_COMMON_LABELS)
     for score, random, higher in SCORES[modality]:
         name = _SCORE_NAMES.get(score, score)
         labels[score] = score_label(score, higher)
-        labels[f"{score}_ci"] = f"{name}: 95% interval"
         labels[f"{score}_wins"] = f"{name}: beats random (share of items)"
         labels[random] = f"{name}: random orders"
         if score.endswith("_morf_auc"):  # the curve's other order, least relevant first
@@ -84,12 +83,19 @@ def readable_table(table: pd.DataFrame, modality: str) -> pd.DataFrame:
     """
     A leaderboard or per-item table for people: labelled columns, rounded numbers.
 
-    Numbers keep three decimals (forward passes one, seconds two); columns without a label keep
-    their name.
+    Numbers keep three decimals (forward passes one, seconds two); a leaderboard's mean and
+    its 95 % interval share one cell, ``0.164 [-0.010, 0.493]``, as a score is read. Columns
+    without a label keep their name.
     """
     shown = table.copy()
     for column in shown.select_dtypes("number").columns:
         shown[column] = shown[column].round(_DECIMALS.get(column, 3))
+    for score, _, _ in SCORES[modality]:
+        interval = f"{score}_ci"
+        if score in shown and interval in shown:
+            means = shown.pop(score).map(lambda value: f"{value:.3f}")
+            shown.insert(shown.columns.get_loc(interval), score, means + " " + shown[interval])
+            shown = shown.drop(columns=interval)
     return shown.rename(columns=score_labels(modality))
 
 
@@ -100,7 +106,7 @@ def leaderboard_text(summary: pd.DataFrame, modality: str) -> str:
     The labels are long, so they head the rows, and the table stays as narrow as its methods.
     """
     shown = readable_table(summary, modality).set_index(score_labels(modality)["method"])
-    return shown.T.to_string(float_format=lambda value: f"{value:.4g}")
+    return shown.T.to_string()
 
 
 def _mean_and_error(per_item: pd.DataFrame, column: str, methods: list[str]) -> pd.DataFrame:

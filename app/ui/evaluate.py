@@ -61,8 +61,16 @@ def evaluate_tab(runner: PageRunner) -> None:
     with gr.Row():
         run = gr.Button("Evaluate", variant="primary", elem_id="evaluate-run")
         cancel = gr.Button("Cancel", variant="stop")
-    # long labels wrap, so the columns fit the page; the method stays put when scrolled
-    table = gr.Dataframe(label="Leaderboard", elem_id="evaluate-table", wrap=True, pinned_columns=1)
+    # long labels wrap, so the columns fit the page; the method stays put when scrolled. Its
+    # eight columns (viz.evaluate.readable_table): method, items, then per score its mean and
+    # interval and its share beating random, then the cost
+    table = gr.Dataframe(
+        label="Leaderboard",
+        elem_id="evaluate-table",
+        wrap=True,
+        pinned_columns=1,
+        column_widths=["16%", "5%", "17%", "14%", "17%", "13%", "9%", "9%"],
+    )
     plot = gr.Plot(label="Scores against random orders", elem_id="evaluate-plot")
     with gr.Accordion("Per item", open=False):
         per_item_table = gr.Dataframe(elem_id="evaluate-per-item", wrap=True, pinned_columns=2)
