@@ -187,9 +187,14 @@ def result_rows(key: Any, explanations: dict[str, dict[str, Any]]) -> list[dict[
 
 
 def result_table(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
-    """Result rows as a frame with :data:`RESULT_COLUMNS` (``target``: integers or missing)."""
+    """
+    Result rows as a frame with :data:`RESULT_COLUMNS`.
+
+    ``target`` holds integers or missing, ``probability`` numbers or NaN (so a frame of errors
+    only has the types of one with results).
+    """
     table = pd.DataFrame.from_records(list(rows), columns=RESULT_COLUMNS)
-    return table.astype({"target": "Int64"})
+    return table.astype({"target": "Int64", "probability": "float64"})
 
 
 def result_arrow(rows: Iterable[dict[str, Any]], key_type: pa.DataType | None = None) -> pa.Table:
