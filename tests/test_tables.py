@@ -185,3 +185,32 @@ def test_attrlab_evaluate_prints_the_labels_with_a_column_per_method(tmp_path, c
     assert "comprehensiveness_wins" not in out
     assert main([*argv, "--format", "csv"]) == 0  # files keep the short names
     assert "comprehensiveness_wins" in capsys.readouterr().out.splitlines()[0]
+
+
+def test_a_batch_tab_rows_map_is_drawn_over_its_own_image():
+    import io
+
+    from attrlab.app.batch import BatchConfig, DatasetRow, explain_rows
+    from attrlab.app.ui.batch import row_figure
+    from attrlab.app.worker import ExplainWorker
+
+    pictures = {}
+    for key, shade in (("dark", 40), ("light", 220)):
+        buffer = io.BytesIO()
+        Image.fromarray(np.full((20, 28, 3), shade, dtype=np.uint8)).save(buffer, "PNG")
+        pictures[key] = buffer.getvalue()
+    worker = ExplainWorker(device="cpu", max_models=1)
+    try:
+        config = BatchConfig(model="tiny-random-vit", methods=("gradient_x_input",))
+        rows = explain_rows(
+            worker, config, [DatasetRow(id=k, image=v) for k, v in pictures.items()]
+        )
+    finally:
+        worker.close()
+    for row in rows:
+        figure = row_figure(row, pictures[row["id"]])
+        (picture,) = [t for t in figure.data if t.type == "image"]
+        (heatmap,) = [t for t in figure.data if t.type == "heatmap"]
+        shade = 40 if row["id"] == "dark" else 220
+        assert (np.asarray(picture.z) == shade).all()  # the row's own image, under its map
+        assert np.asarray(heatmap.z).shape == (20, 28)  # the map fitted to it
