@@ -466,6 +466,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     from attrlab.attribution.metrics import EvalItem, bundled_items, evaluate_methods, summarise
     from attrlab.attribution.metrics.faithfulness import check_options
     from attrlab.attribution.run import RunSettings
+    from attrlab.viz.evaluate import leaderboard_text
 
     check_options(args.image_fill, args.text_removal)  # before the model loads
     _output_path(args.output)
@@ -521,8 +522,6 @@ def _evaluate(args: argparse.Namespace) -> int:
         except OSError as err:
             raise InvalidInputError(f"cannot write '{args.per_item}': {err}") from None
     summary = summarise(per_item, adapter.modality, args.seed)
-    from attrlab.viz.evaluate import leaderboard_text
-
     _write_table(summary, args, lambda: leaderboard_text(summary, adapter.modality))
     return 0
 
