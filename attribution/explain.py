@@ -24,7 +24,12 @@ from attrlab.attribution.explanation import (
 from attrlab.attribution.gate import check_modality, clear
 from attrlab.attribution.methods import capabilities
 from attrlab.attribution.models.base import Adapter, Inputs, TextInputs
-from attrlab.attribution.run import RunContext, RunSettings, cancellable_forwards
+from attrlab.attribution.run import (
+    ProgressCallback,
+    RunContext,
+    RunSettings,
+    cancellable_forwards,
+)
 from attrlab.attribution.target import Target, output_index, resolve_target
 
 __all__ = ["Preview", "explain", "input_logits", "predictions", "preview"]
@@ -70,6 +75,11 @@ def explain(
     run.count(forward=1)
     if isinstance(inputs, TextInputs) and inputs.truncated:
         run.warn(f"the text was truncated to the model's limit of {len(inputs.tokens)} tokens")
+    card_progress = run.progress
+    if settings.evaluate and run.progress is not None:
+        from attrlab.attribution.metrics.faithfulness import faithfulness_passes
+
+        run.progress, card_progress = _one_count(run.progress, faithfulness_passes(inputs))
     # Each forward of the method and of its scoring stops the run once it is cancelled.
     with cancellable_forwards(adapter.model, settings.cancel):
         run.stop_if_cancelled()  # a method reading only the prediction stops here
@@ -81,6 +91,7 @@ def explain(
                 faithfulness,  # metrics explain through this module
             )
 
+            run.progress = card_progress
             scored = faithfulness(adapter, inputs, result.scores, index, run=run)
             result.metrics.update(scored.metrics)
     return Explanation(
@@ -112,6 +123,28 @@ def explain(
         warnings=run.warnings,
         target_record=explained,
     )
+
+
+def _one_count(
+    progress: ProgressCallback, card_passes: int
+) -> tuple[ProgressCallback, ProgressCallback]:
+    """
+    The method's and its trust card's progress as one count of passes, the card's after it.
+
+    The method's reports get the card's passes added to their total, so a bar does not start
+    again when the scoring starts; the card's come after the method's whole total.
+    """
+    method_total = 0
+
+    def method(done: int, total: int) -> None:
+        nonlocal method_total
+        method_total = total
+        progress(done, total + card_passes)
+
+    def card(done: int, total: int) -> None:
+        progress(method_total + done, method_total + total)
+
+    return method, card
 
 
 def input_logits(adapter: Adapter, inputs: Inputs) -> torch.Tensor:

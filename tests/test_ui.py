@@ -10,9 +10,11 @@ import socket
 import threading
 import time
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 import torch
 from _model_state import model_state
@@ -305,9 +307,12 @@ def test_evaluate_ranks_each_method_on_the_bundled_items(client):
     assert sorted(summary["method"]) == ["gradient_x_input", "occlusion"]
     items = pd.DataFrame(per_item["data"], columns=per_item["headers"])
     assert len(items) == 4
-    means = items.groupby("method")["comprehensiveness"].mean()
-    for row in summary.itertuples():
-        assert row.comprehensiveness == pytest.approx(means[row.method], abs=1e-3)
+    shown = "comprehensiveness (higher is better)"  # labelled: "mean [95 % interval]"
+    means = items.groupby("method")[shown].mean()
+    for _, row in summary.iterrows():
+        mean = float(row[shown].split(" ")[0])
+        assert mean == pytest.approx(means[row["method"]], abs=1.5e-3)
+    assert "sufficiency: beats random (share of items)" in summary.columns
     assert _plot(plot)["data"]
 
 
@@ -387,7 +392,7 @@ def test_layers_of_a_decoder_ignore_the_zero_shot_labels_field(client):
 def test_batch_explains_an_upload_and_records_the_bad_line(client, tmp_path):
     data = tmp_path / "rows.jsonl"
     data.write_text('{"text": "good"}\n{"text": 5}\n{"id": "x", "text": "bad film"}\n')
-    status, table, files = client.predict(
+    status, table, files, *_ = client.predict(
         handle_file(str(data)),
         "tiny-random-bert",
         "",
@@ -399,8 +404,17 @@ def test_batch_explains_an_upload_and_records_the_bad_line(client, tmp_path):
     rows = pd.DataFrame(table["data"], columns=table["headers"])
     assert list(rows["id"]) == ["line-1", "line-2", "x"]
     assert "text must be a string" in rows["error"].iloc[1]
+    # the downloads are attrlab batch's rows: the same in JSON Lines and Parquet
+    jsonl = next(f for f in files if f.endswith(".jsonl"))
+    written = [json.loads(line) for line in Path(jsonl).read_text().splitlines()]
     parquet = next(f for f in files if f.endswith(".parquet"))
-    assert len(pd.read_parquet(parquet)) == 3
+    assert pq.read_table(parquet).to_pylist() == written
+    # the table rounds what the files hold in full
+    explained = [r for r in written if r["error"] is None]
+    assert [p for p in rows["probability"] if p == p] == [
+        round(r["probability"], 4) for r in explained
+    ]
+    assert any(r["probability"] != round(r["probability"], 4) for r in explained)
 
 
 def test_uploads_never_name_server_files(tmp_path):

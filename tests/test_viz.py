@@ -46,6 +46,7 @@ from attrlab.viz import (
     write_bundle,
 )
 from attrlab.viz.bundle import safe_name
+from attrlab.viz.evaluate import score_label
 from attrlab.viz.image import robust_peak
 from attrlab.viz.table import explanation_table
 
@@ -335,7 +336,7 @@ def test_conservation_gauge_shows_input_relevance_against_the_logit(text_explana
 def _card_rows(card: str) -> dict[str, list[str]]:
     rows = re.findall(r"<tr>(.*?)</tr>", card)
     cells = [re.findall(r"<td>(.*?)</td>", row) for row in rows]
-    return {row[0].split(" ")[0]: row[1:] for row in cells}
+    return {row[0]: row[1:] for row in cells}  # the score's label: the values beside it
 
 
 def test_trust_card_verdicts_follow_the_numbers():
@@ -353,14 +354,16 @@ def test_trust_card_verdicts_follow_the_numbers():
     )
     assert 'class="trust-card"' in card and 'data-method="toy"' in card
     assert _card_rows(card) == {
-        "comprehensiveness": ["0.3", "random 0.1", "better than random"],
-        "sufficiency": ["0.2", "random 0.1", "not better than random"],
+        "comprehensiveness (higher is better)": ["0.3", "random 0.1", "better than random"],
+        "sufficiency (lower is better)": ["0.2", "random 0.1", "not better than random"],
     }
     image = _explanation(np.zeros((2, 2)))
     card = trust_card_html(
         _with(image, metrics={"deletion_morf_auc": 0.2, "deletion_random_auc": 0.3})
     )
-    assert _card_rows(card) == {"deletion_morf_auc": ["0.2", "random 0.3", "better than random"]}
+    assert _card_rows(card) == {
+        "deletion AUC (lower is better)": ["0.2", "random 0.3", "better than random"]
+    }
     empty = trust_card_html(text)
     assert "no faithfulness scores: tick &#x27;Trust cards&#x27; and run again" in empty
 
@@ -374,7 +377,7 @@ def test_trust_cards_of_real_explanations(text_explanations, image_explanations)
                 value, baseline = e.metrics[score], e.metrics[random]
                 better = value > baseline if higher else value < baseline
                 verdict = "better than random" if better else "not better than random"
-                assert rows[score][-1] == verdict, (e.method, score)
+                assert rows[score_label(score, higher)][-1] == verdict, (e.method, score)
         assert bool(rows) == any(s in e.metrics for s, _, _ in SCORES[e.model.modality])
         assert ("conservation error" in card) == ("conservation_error" in e.metrics)
         assert ("convergence delta" in card) == ("convergence_delta" in e.metrics)

@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.metrics.leaderboard import SCORES
-from attrlab.viz.evaluate import METHOD_COLOUR, score_bars
+from attrlab.viz.evaluate import METHOD_COLOUR, score_bars, score_label
 from attrlab.viz.layers import agreement_figure
 from attrlab.viz.theme import TEMPLATE
 
@@ -161,7 +161,7 @@ def trust_card_html(explanation: Explanation) -> str:
             rows.append(
                 _row(
                     [
-                        f"{score} ({'higher' if higher else 'lower'} is better)",
+                        score_label(score, higher),
                         _number(value),
                         f"random {_number(baseline)}",
                         _verdict(value, baseline, higher),
