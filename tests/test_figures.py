@@ -134,7 +134,9 @@ def probe(monkeypatch) -> Iterator[dict[str, Any]]:
     """The rule replaced by one naming a single figure of each name, recording its callers."""
     drawn = {"asked": [], "figures": {}}
 
-    def rule(explanation: Explanation, image: np.ndarray | None = None) -> dict[str, Any]:
+    def rule(
+        explanation: Explanation, image: np.ndarray | None = None, view: Any = None
+    ) -> dict[str, Any]:
         drawn["asked"].append(explanation.method)
         names = ["layers", "positional", "agreement"] if explanation.method == "layers" else []
         made = {name: go.Figure(layout={"title": name}) for name in [*names, "probe"]}
@@ -178,7 +180,7 @@ def test_the_explain_tab_offers_the_details_the_rule_names(probe):
         explain = _handler(demo, "explain_text")
         request = SimpleNamespace(session_hash="s", headers={})
         fields = ["minilm-zeroshot", "", "good film", "", ["integrated_gradients"], False, False]
-        shown = explain(*fields, 0, {}, False, None, request)
+        shown = explain(*fields, 0, {}, False, None, None, request)  # no last run, no view
     finally:
         worker.close()
     menu, detail = shown[2], shown[3]

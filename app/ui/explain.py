@@ -15,8 +15,14 @@ from typing import Any
 import gradio as gr
 import numpy as np
 
-from attrlab.app.ui.files import received_file, received_input
-from attrlab.app.ui.link import LinkedTab, page_base, share_query
+from attrlab.app.ui.files import (
+    EXAMPLE_PREFIX,
+    example_images,
+    example_of,
+    received_file,
+    received_input,
+)
+from attrlab.app.ui.link import LinkedTab, page_base, share_query, view_fields
 from attrlab.app.ui.methods import MethodControls
 from attrlab.app.ui.results import (
     Result,
@@ -43,6 +49,7 @@ from attrlab.app.ui.shared import (
 from attrlab.app.worker import CheckRequest, ExplainRequest, PreviewRequest
 from attrlab.attribution.compare import occluded
 from attrlab.attribution.models import BUILTIN_MODELS, default_model, load_image
+from attrlab.viz.view import CLIP_MIN, IMAGE_VIEW, SIGNS, TEXT_VIEW, View
 
 __all__ = ["DEFAULT_METHODS", "ExplainTab", "TabSpec"]
 
@@ -85,7 +92,10 @@ class ExplainTab:
         self.key = spec.key
         self.api = _API_NAMES[spec.key]
         self.image = spec.modality == "image"
+        #: How the maps are coloured (the view controls set it; a run and the export read it).
+        self.default_view = IMAGE_VIEW if self.image else TEXT_VIEW
         self.last = gr.State(None)
+        self.view = gr.State(self.default_view)
         self._inputs()
         self._outputs()
         self.params_box = gr.JSON(visible=False)  # method -> parameters, from the widgets
@@ -93,7 +103,7 @@ class ExplainTab:
         #: What Run hands to :meth:`explain`, in its order.
         self.fields = [self.model, self.labels, self.source, self.target, self.controls.picker]
         self.fields += [self.trust, self.randomise, self.seed, self.params_box]
-        self.fields += [self.compare, self.last]
+        self.fields += [self.compare, self.last, self.view]
         #: What :meth:`show` fills, in its order.
         self.shown = [self.maps, self.agreement, self.detail_choice, self.detail, self.cards]
         self.shown += [self.randomisation, self.raw, self.link, self.last, self.prediction]
@@ -152,7 +162,7 @@ class ExplainTab:
                 )
             )
             gr.Examples(
-                [[str(p)] for p in _example_images()],
+                [[str(p)] for p in example_images().values()],
                 [self.source],
                 label="Examples",
                 elem_id=f"{key}-examples",
@@ -228,6 +238,7 @@ class ExplainTab:
             )
         else:
             self.maps = gr.HTML(elem_id=f"{key}-maps")
+        self._view_controls()
         with gr.Row():
             self.agreement = gr.Plot(label="Agreement between methods", elem_id=f"{key}-agreement")
             with gr.Column():
@@ -255,6 +266,31 @@ class ExplainTab:
             )
         with gr.Accordion("Raw results (JSON)", open=False, elem_id=f"{key}-raw-results"):
             self.raw = gr.JSON(elem_id=f"{key}-raw")
+
+    def _view_controls(self) -> None:
+        """How the maps are shown: the sign, the clip percentile, one scale or one per method."""
+        key, default = self.key, self.default_view
+        with gr.Row(elem_id=f"{key}-view"):
+            self.view_sign = gr.Radio(
+                list(SIGNS),
+                value=default.sign,
+                label="Show scores",
+                info="signed; |score|; positive part (negative set to 0)",
+                elem_id=f"{key}-view-sign",
+            )
+            self.view_clip = gr.Slider(
+                CLIP_MIN,
+                100.0,
+                default.clip_percentile,
+                step=0.5,
+                label="Scale ends at this percentile of |score| (100: the largest)",
+                elem_id=f"{key}-view-clip",
+            )
+            self.view_shared = gr.Checkbox(
+                default.shared_scale,
+                label="One scale for all methods",
+                elem_id=f"{key}-view-shared",
+            )
 
     # --- wiring ---------------------------------------------------------------------------
 
@@ -329,12 +365,23 @@ class ExplainTab:
         if self.opacity is not None:
             self.opacity.release(
                 self.redraw_maps,
-                [self.opacity, self.last],
+                [self.opacity, self.last, self.view],
                 self.maps,
                 show_progress="hidden",
                 api_name=f"opacity_{api}",
             )
-        self.export.click(self.download, [self.last], self.bundle, api_name=f"export_{api}")
+        view_inputs = [self.view_sign, self.view_clip, self.view_shared]
+        gr.on(
+            [self.view_sign.change, self.view_clip.release, self.view_shared.change],
+            self.redraw_view,
+            [*view_inputs, self.last, *([self.opacity] if self.opacity is not None else [])],
+            [self.view, self.maps, self.link],
+            show_progress="hidden",
+            api_name=f"view_{api}",
+        )
+        self.export.click(
+            self.download, [self.last, self.view], self.bundle, api_name=f"export_{api}"
+        )
         self._wire_price()
 
     def _wire_price(self) -> None:
@@ -366,14 +413,20 @@ class ExplainTab:
                 "model": self.model,
                 "labels": self.labels,
                 "text": None if self.image else self.source,
+                "image": self.source if self.image else None,
                 "target": self.target,
                 "methods": self.controls.picker,
                 "seed": self.seed,
                 "trust": self.trust,
                 "randomise": self.randomise,
+                "view": self.view_sign,
+                "clip": self.view_clip,
+                "shared": self.view_shared,
             },
             self.controls.widgets,
             self.linked,
+            self.view,
+            self.default_view,
         )
 
     # --- handlers -------------------------------------------------------------------------
@@ -455,6 +508,7 @@ class ExplainTab:
         params,
         compare_,
         previous: Result | None,
+        view_: View | None,
         request: gr.Request,
         progress=gr.Progress(),  # noqa: B008
     ) -> list:
@@ -463,7 +517,9 @@ class ExplainTab:
         if not methods:
             raise gr.Error("choose at least one method")
         base = self.instance(model_, labels_, source_, target_, seed_)
+        example = None
         if self.image:  # decoded once, here: the worker takes the decoded image
+            example = example_of(base["image"])  # a link can carry a bundled example by name
             base["image"] = load_image(base["image"], self.runner.worker.settings.max_image_pixels)
         if compare_ and previous is None:
             raise gr.Error("run once before comparing: the comparison needs a previous run")
@@ -507,6 +563,8 @@ class ExplainTab:
             "model": base["model"],
             "methods": methods,
             "text": base.get("text"),
+            "image": EXAMPLE_PREFIX + example if example else None,
+            "image_name": Path(source_).name if self.image and not example else None,
             "labels": labels_ if self.key == "text" else None,
             "target": "" if base["target"] is None else str(base["target"]),  # as explained
             "seed": base["seed"],
@@ -516,37 +574,32 @@ class ExplainTab:
         }
         if compare_ and previous is not None:
             result.changes = changes(previous, result)
-        return self.show(result, request)
+        return self.show(result, request, view_ or self.default_view)
 
-    def show(self, result: Result, request: gr.Request | None) -> list[Any]:
-        """The updates of :attr:`shown` for a run's ``result``."""
-        from attrlab.viz import image_grid_figure, method_agreement_figure, randomisation_figure
-        from attrlab.viz.text import token_columns_html
+    def show(self, result: Result, request: gr.Request | None, view: View) -> list[Any]:
+        """The updates of :attr:`shown` for a run's ``result``, its maps in ``view``."""
+        from attrlab.viz import method_agreement_figure, randomisation_figure
         from attrlab.viz.trust import trust_card_html
 
-        if result.image is not None:
-            shown_maps = image_grid_figure(result.explanations, result.image, _OPACITY)
-        else:
-            shown_maps = token_columns_html(result.explanations)
         compared = result.agreement is not None and len(result.agreement) > 0
         checked = result.randomisation is not None and len(result.randomisation) > 0
         choices = detail_choices(result)
         cards_html = "".join(trust_card_html(e) for e in result.explanations.values())
         return [
-            shown_maps,
+            self._maps(result, view, _OPACITY),
             gr.update(
                 value=method_agreement_figure(result.agreement) if compared else None,
                 visible=compared,
             ),
             gr.update(choices=choices, value=choices[0] if choices else None),
-            detail_figure(result, choices[0]) if choices else None,
+            detail_figure(result, choices[0], view) if choices else None,
             f'<div class="trust-cards">{cards_html}</div>',
             gr.update(
                 value=randomisation_figure(result.randomisation) if checked else None,
                 visible=checked,
             ),
             summary(result),
-            page_base(request) + share_query(result.fields),
+            self._link(result, view, request),
             result,
             top(next(iter(result.explanations.values()))),
             comparison_view(result),
@@ -572,6 +625,7 @@ class ExplainTab:
         params,
         compare_,
         previous,
+        view_,
         request: gr.Request,
         progress=gr.Progress(),  # noqa: B008
     ) -> list[Any]:
@@ -579,7 +633,7 @@ class ExplainTab:
         if not linked_:
             return [gr.skip()] * len(self.shown)
         values = (model_, labels_, source_, target_, methods, trust_, randomise_, seed_)
-        return self.explain(*values, params, compare_, previous, request, progress)
+        return self.explain(*values, params, compare_, previous, view_, request, progress)
 
     @readable
     def redraw_detail(self, choice: str | None, result: Result | None) -> Any:
@@ -589,20 +643,53 @@ class ExplainTab:
         return detail_figure(result, choice)
 
     @readable
-    def redraw_maps(self, alpha: float, result: Result | None) -> Any:
+    def redraw_maps(self, alpha: float, result: Result | None, view_: View | None = None) -> Any:
         """The image maps again, at the slider's opacity."""
-        from attrlab.viz import image_grid_figure
-
         if result is None or result.image is None:
             raise gr.Error("run an explanation first; the slider sets its maps' opacity")
-        return image_grid_figure(result.explanations, result.image, alpha)
+        return self._maps(result, view_ or self.default_view, alpha)
 
     @readable
-    def download(self, result: Result | None) -> str:
-        """The last run's export bundle."""
+    def redraw_view(
+        self,
+        sign: Any,
+        clip: Any,
+        shared: Any,
+        result: Result | None,
+        opacity_: float = _OPACITY,
+        request: gr.Request | None = None,
+    ) -> list[Any]:
+        """The maps again in the controls' view, and the link with it (nothing is re-run)."""
+        try:
+            view = View(sign, float(clip), bool(shared))
+        except (TypeError, ValueError) as err:
+            raise gr.Error(f"that view cannot be shown: {err}") from None
+        if result is None:  # no maps yet: the next run is drawn in this view
+            return [view, gr.skip(), gr.skip()]
+        return [view, self._maps(result, view, opacity_), self._link(result, view, request)]
+
+    def _maps(self, result: Result, view: View, alpha: float) -> Any:
+        """The maps of a run: token columns, or the image panels at ``alpha``, in ``view``."""
+        from attrlab.viz import image_grid_figure, token_columns_html
+
+        if result.image is not None:
+            return image_grid_figure(result.explanations, result.image, alpha, view)
+        return token_columns_html(result.explanations, view)
+
+    def _link(self, result: Result, view: View, request: gr.Request | None) -> Any:
+        """The link to a run in ``view``; its label says when the image cannot travel."""
+        fields = {**result.fields, **view_fields(view, self.default_view)}
+        label = "Link to this view"
+        if self.image and not result.fields.get("image"):
+            label += " (an uploaded image cannot travel in a link: it opens without it)"
+        return gr.update(value=page_base(request) + share_query(fields), label=label)
+
+    @readable
+    def download(self, result: Result | None, view_: View | None = None) -> str:
+        """The last run's export bundle, its maps in the page's view."""
         if result is None:
             raise gr.Error("run an explanation first; the bundle holds its results")
-        return str(export_bundle(result))
+        return str(export_bundle(result, view=view_ or self.default_view))
 
     def price(
         self,
@@ -666,10 +753,3 @@ def _example_texts(next_token: bool) -> list[list[str]]:
         ]
     lines = resources.files("attrlab.assets").joinpath("sentiment_samples.txt").read_text("utf-8")
     return [[line.split("\t")[0]] for line in lines.splitlines() if line.strip()][:4]
-
-
-def _example_images() -> list[Path]:
-    from importlib import resources
-
-    folder = resources.files("attrlab.assets").joinpath("eval", "images")
-    return sorted(Path(str(p)) for p in folder.iterdir() if p.name.endswith(".jpg"))[:4]
