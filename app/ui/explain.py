@@ -262,7 +262,16 @@ class ExplainTab:
             )
             self.bundle = gr.File(label="Bundle", height=90, elem_id=f"{key}-bundle")
             self.link = gr.Textbox(
-                label="Link to this view", lines=2, elem_id=f"{key}-link", buttons=["copy"]
+                label="Link to this view",
+                info=(
+                    "It carries a bundled example by name; an uploaded image cannot travel in "
+                    "a link (the tab opens without it)"
+                )
+                if self.image
+                else None,
+                lines=2,
+                elem_id=f"{key}-link",
+                buttons=["copy"],
             )
         with gr.Accordion("Raw results (JSON)", open=False, elem_id=f"{key}-raw-results"):
             self.raw = gr.JSON(elem_id=f"{key}-raw")
@@ -357,7 +366,7 @@ class ExplainTab:
         )
         self.detail_choice.change(
             self.redraw_detail,
-            [self.detail_choice, self.last],
+            [self.detail_choice, self.last, self.view],
             self.detail,
             show_progress="hidden",
             api_visibility="private",
@@ -371,11 +380,17 @@ class ExplainTab:
                 api_name=f"opacity_{api}",
             )
         view_inputs = [self.view_sign, self.view_clip, self.view_shared]
+        # the user's changes only: a shared link sets the controls and the view together
         gr.on(
-            [self.view_sign.change, self.view_clip.release, self.view_shared.change],
+            [self.view_sign.input, self.view_clip.release, self.view_shared.input],
             self.redraw_view,
-            [*view_inputs, self.last, *([self.opacity] if self.opacity is not None else [])],
-            [self.view, self.maps, self.link],
+            [
+                *view_inputs,
+                self.last,
+                self.detail_choice,
+                *([self.opacity] if self.opacity is not None else []),
+            ],
+            [self.view, self.maps, self.detail, self.link],
             show_progress="hidden",
             api_name=f"view_{api}",
         )
@@ -636,11 +651,13 @@ class ExplainTab:
         return self.explain(*values, params, compare_, previous, view_, request, progress)
 
     @readable
-    def redraw_detail(self, choice: str | None, result: Result | None) -> Any:
-        """The details figure the menu names."""
+    def redraw_detail(
+        self, choice: str | None, result: Result | None, view_: View | None = None
+    ) -> Any:
+        """The details figure the menu names (an image's map in the page's view)."""
         if result is None or not choice:
             return None
-        return detail_figure(result, choice)
+        return detail_figure(result, choice, view_ or self.default_view)
 
     @readable
     def redraw_maps(self, alpha: float, result: Result | None, view_: View | None = None) -> Any:
@@ -656,17 +673,23 @@ class ExplainTab:
         clip: Any,
         shared: Any,
         result: Result | None,
+        choice: str | None,
         opacity_: float = _OPACITY,
         request: gr.Request | None = None,
     ) -> list[Any]:
-        """The maps again in the controls' view, and the link with it (nothing is re-run)."""
+        """The maps (and details) again in the controls' view, and its link; nothing re-runs."""
         try:
             view = View(sign, float(clip), bool(shared))
         except (TypeError, ValueError) as err:
             raise gr.Error(f"that view cannot be shown: {err}") from None
         if result is None:  # no maps yet: the next run is drawn in this view
-            return [view, gr.skip(), gr.skip()]
-        return [view, self._maps(result, view, opacity_), self._link(result, view, request)]
+            return [view, gr.skip(), gr.skip(), gr.skip()]
+        return [
+            view,
+            self._maps(result, view, opacity_),
+            self.redraw_detail(choice, result, view),
+            self._link(result, view, request),
+        ]
 
     def _maps(self, result: Result, view: View, alpha: float) -> Any:
         """The maps of a run: token columns, or the image panels at ``alpha``, in ``view``."""
@@ -676,13 +699,10 @@ class ExplainTab:
             return image_grid_figure(result.explanations, result.image, alpha, view)
         return token_columns_html(result.explanations, view)
 
-    def _link(self, result: Result, view: View, request: gr.Request | None) -> Any:
-        """The link to a run in ``view``; its label says when the image cannot travel."""
+    def _link(self, result: Result, view: View, request: gr.Request | None) -> str:
+        """The link to a run in ``view`` (an image only when it is a bundled example)."""
         fields = {**result.fields, **view_fields(view, self.default_view)}
-        label = "Link to this view"
-        if self.image and not result.fields.get("image"):
-            label += " (an uploaded image cannot travel in a link: it opens without it)"
-        return gr.update(value=page_base(request) + share_query(fields), label=label)
+        return page_base(request) + share_query(fields)
 
     @readable
     def download(self, result: Result | None, view_: View | None = None) -> str:

@@ -228,13 +228,12 @@ def _link_field(name: str, value: str) -> Any:
             raise ValueError(f"view {_quoted(value)} is not one of {', '.join(SIGNS)}")
         return value
     if name == "clip":
-        try:
-            clip = float(value) if len(value) <= 20 else math.nan
-        except ValueError:
-            clip = math.nan
-        if not CLIP_MIN <= clip <= 100.0:  # NaN fails too
+        # plain ASCII decimals only (float() also takes "٩٩", "9_9", "nan", "1e2")
+        if not re.fullmatch(r"[0-9]{1,3}(\.[0-9]{1,6})?", value) or not (
+            CLIP_MIN <= float(value) <= 100.0
+        ):
             raise ValueError(f"clip {_quoted(value)} is not a percentile from {CLIP_MIN:g} to 100")
-        return clip
+        return float(value)
     if name == "seed":
         # ASCII digits only ("²" is a digit to str.isdigit), and no longer than the largest seed
         if not (value.isascii() and value.isdigit() and len(value) <= len(str(MAX_SEED))) or (
