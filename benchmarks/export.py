@@ -6,9 +6,9 @@ Run: ``.venv/bin/python benchmarks/export.py [--before REF] [--repeats 3]``
 Two results as the page keeps them are exported, as the Export button does: MiniLM zero-shot
 on an 8-token sentence with integrated gradients and AttnLRP (trust cards on, their agreement:
 the issue's case) and EfficientNet-Lite0 on the bundled cat with gradient × input and Grad-CAM.
-Each code version (``--before``: a git revision, default ``main``; after: this working tree)
-runs in its own process on the same inputs; the time is the best of ``--repeats`` exports, PNGs
-included. The floor is kaleido's own cost of one small figure's PNG (one browser started).
+Each code version (``--before``: a git revision, by default the tree before issue 25; after:
+this working tree) runs in its own process on the same inputs; the time is the best of
+``--repeats`` exports, PNGs included. The floor is kaleido's own cost of one small figure's PNG (one browser started).
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from _tables import print_table
 
 ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = ("app", "assets", "attribution", "viz")
+#: The tree before issue 25's export work.
+BEFORE = "4267c77"
 TEXT = "The film was wonderful and moving"  # 8 tokens for MiniLM, [CLS] and [SEP] included
 
 
@@ -115,7 +117,7 @@ def _run(tree: Path, repeats: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--before", default="main", help="git revision of the code before")
+    parser.add_argument("--before", default=BEFORE, help="git revision of the code before")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()

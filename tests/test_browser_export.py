@@ -52,7 +52,8 @@ def _spans(page: Page) -> list[list[tuple[float, tuple[int, ...]]]]:
     )
 
 
-def test_switching_the_view_redraws_the_colours_without_a_new_run(page, runs):
+def test_views_redraw_without_a_new_run_and_the_export_opens_offline(page, browser, runs, tmp_path):
+    text = page.locator("#text-input textarea").input_value()
     page.locator("#text-run").click()  # MiniLM, integrated gradients and AttnLRP
     expect(page.locator("#text-maps .attr-column")).to_have_count(2, timeout=120_000)
     assert len(runs) == 1
@@ -60,42 +61,45 @@ def test_switching_the_view_redraws_the_colours_without_a_new_run(page, runs):
         score, colour = max(column, key=lambda span: abs(span[0]))
         assert tuple(colour) == (RED if score > 0 else BLUE)
 
-    page.locator("#text-view-sign").get_by_label("absolute").check()
-    expect(page.locator('#text-maps .attr-legend[data-view="absolute"]')).to_be_visible(
-        timeout=30_000
-    )
+    _show(page, "absolute")
     for column in _spans(page):
         _, colour = max(column, key=lambda span: abs(span[0]))
         assert tuple(colour) == PURPLE  # the magnitude's end, whatever the sign
 
-    page.locator("#text-view-sign").get_by_label("positive").check()
-    expect(page.locator('#text-maps .attr-legend[data-view="positive"]')).to_be_visible(
-        timeout=30_000
-    )
-    columns = _spans(page)
-    negatives = [colour for column in columns for score, colour in column if score <= 0]
+    _show(page, "positive")
+    negatives = [colour for column in _spans(page) for score, colour in column if score <= 0]
     assert negatives and all(tuple(c) == WHITE for c in negatives)  # set to 0
 
-    page.locator("#text-view-sign").get_by_label("signed").check()
     page.locator("#text-view-shared input").check()  # one scale: only the largest reaches it
     expect(page.locator("#text-maps .attr-legend")).to_contain_text("shared", timeout=30_000)
     columns = _spans(page)
-    peaks = [max(abs(score) for score, _ in column) for column in columns]
+    peaks = [max(score for score, _ in column) for column in columns]
     for column, peak in zip(columns, peaks, strict=True):
-        score, colour = max(column, key=lambda span: abs(span[0]))
-        at_end = tuple(colour) == (RED if score > 0 else BLUE)
-        assert at_end == (peak == max(peaks)), (peaks, colour)
+        _, colour = max(column, key=lambda span: span[0])
+        assert (tuple(colour) == RED) == (peak == max(peaks)), (peaks, colour)
     link = page.locator("#text-link textarea").input_value()
-    assert "shared=1" in link and "view=" not in link  # signed is the default: left out
+    assert "view=positive" in link and "shared=1" in link
     assert runs == ["CheckRequest"]  # every view was drawn from the one run
     no_errors(page)
+    folder = _exported(page, tmp_path)
+    maps = (folder / "pages" / "maps.html").read_text(encoding="utf-8")
+    assert 'data-view="positive"' in maps and "shared scale" in maps  # the page's view
+    for document in sorted(folder.rglob("*.html")):
+        content = document.read_text(encoding="utf-8")
+        for named in ("minilm-zeroshot", html.escape(text), "integrated_gradients, attnlrp"):
+            assert named in content, (document.name, named)
+    _open_offline(browser, folder)
 
 
-def test_the_export_is_small_names_what_it_shows_and_opens_offline(page, browser, tmp_path):
-    text = page.locator("#text-input textarea").input_value()
-    page.locator("#text-view-sign").get_by_label("absolute").check()
-    page.locator("#text-run").click()
-    expect(page.locator("#text-maps .attr-column")).to_have_count(2, timeout=120_000)
+def _show(page: Page, sign: str) -> None:
+    page.locator("#text-view-sign").get_by_label(sign).check()
+    expect(page.locator(f'#text-maps .attr-legend[data-view="{sign}"]')).to_be_visible(
+        timeout=30_000
+    )
+
+
+def _exported(page: Page, tmp_path: Path) -> Path:
+    """Export the run, download the zip, check its size and Plotly copy; the unzipped folder."""
     page.locator("#text-export").click()
     link = page.locator("#text-bundle a").first
     expect(link).to_be_visible(timeout=180_000)
@@ -104,7 +108,6 @@ def test_the_export_is_small_names_what_it_shows_and_opens_offline(page, browser
     path = tmp_path / "bundle.zip"
     info.value.save_as(path)
     no_errors(page)
-
     assert path.stat().st_size < MAX_BUNDLE_BYTES
     with zipfile.ZipFile(path) as archive:
         names = archive.namelist()
@@ -112,22 +115,18 @@ def test_the_export_is_small_names_what_it_shows_and_opens_offline(page, browser
     assert [n for n in names if n.endswith(".js")] == ["attrlab-export/plotly.min.js"]
     assert any(n.endswith(".png") for n in names)
     folder = tmp_path / "bundle" / "attrlab-export"
-    pages = sorted(folder.rglob("*.html"))
-    assert {p.relative_to(folder).as_posix() for p in pages} >= {
+    assert {p.relative_to(folder).as_posix() for p in folder.rglob("*.html")} >= {
         "index.html",
         "pages/maps.html",
         "pages/trust_cards.html",
         "figures/agreement.html",
         "figures/integrated_gradients_scores.html",
     }
-    for document in pages:
-        content = document.read_text(encoding="utf-8")
-        for named in ("minilm-zeroshot", html.escape(text), "integrated_gradients, attnlrp"):
-            assert named in content, (document.name, named)
-        assert "|score|" in content  # the view the maps were drawn in
-    maps = (folder / "pages" / "maps.html").read_text(encoding="utf-8")
-    assert 'data-view="absolute"' in maps
+    return folder
 
+
+def _open_offline(browser, folder: Path) -> None:
+    """Each figure's page, opened from the folder, draws its figure with nothing fetched."""
     context = browser.new_context()
     fetched: list[str] = []
     context.on("request", lambda request: fetched.append(request.url))
@@ -139,7 +138,7 @@ def test_the_export_is_small_names_what_it_shows_and_opens_offline(page, browser
             expect(offline.locator(".attr-bundle-header")).to_contain_text("minilm-zeroshot")
     finally:
         context.close()
-    assert fetched and all(url.startswith("file://") for url in fetched)  # nothing from a network
+    assert fetched and all(url.startswith("file://") for url in fetched)  # no network
 
 
 def test_a_link_carries_a_bundled_example_image_and_the_view_and_runs(page, page_url):
