@@ -14,7 +14,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from _browser import errors, no_errors, tab
+from _browser import errors, exported, no_errors, tab
 from playwright.sync_api import Page, expect
 
 from attrlab.app.worker import CheckRequest, ExplainRequest, ExplainWorker
@@ -100,13 +100,7 @@ def _show(page: Page, sign: str) -> None:
 
 def _exported(page: Page, tmp_path: Path) -> Path:
     """Export the run, download the zip, check its size and Plotly copy; the unzipped folder."""
-    page.locator("#text-export").click()
-    link = page.locator("#text-bundle a").first
-    expect(link).to_be_visible(timeout=180_000)
-    with page.expect_download() as info:
-        link.click()
-    path = tmp_path / "bundle.zip"
-    info.value.save_as(path)
+    path = exported(page, "text", tmp_path)
     no_errors(page)
     assert path.stat().st_size < MAX_BUNDLE_BYTES
     with zipfile.ZipFile(path) as archive:

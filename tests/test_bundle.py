@@ -7,30 +7,17 @@ import zipfile
 
 import numpy as np
 import plotly.graph_objects as go
+from _toy_explanations import toy_explanation
 from plotly.offline import get_plotlyjs_version
 
-from attrlab.attribution.explanation import Explanation, ModelInfo, TargetValues
 from attrlab.viz import image_grid_figure, token_figure, write_bundle
 from attrlab.viz.bundle import PLOTLY_FILE, plotly_build, subject_of
 from attrlab.viz.view import View
 
 
-def _explanation(scores: np.ndarray, tokens: list[str] | None, method: str) -> Explanation:
-    return Explanation(
-        model=ModelInfo("tiny-model", None, "text" if tokens else "image"),
-        method=method,
-        params={},
-        target=TargetValues(0, "good", 1.0, 0.5),
-        predictions=[],
-        scores=scores,
-        tokens=tokens,
-        image_size=None if tokens else scores.shape,
-    )
-
-
 def test_the_cartesian_build_draws_our_figures_and_is_plotly_pys_version():
-    text = _explanation(np.array([1.0, -1.0]), ["a", "b"], "m")
-    image = _explanation(np.ones((4, 4)), None, "m")
+    text = toy_explanation(np.array([1.0, -1.0]), ["a", "b"], "m", "tiny-model")
+    image = toy_explanation(np.ones((4, 4)), None, "m", "tiny-model")
     ours = [token_figure(text), image_grid_figure({"m": image}, np.zeros((4, 4, 3), np.uint8))]
     build, script = plotly_build(ours)
     assert build == "cartesian" and script.name == "plotly-cartesian.min.js"
@@ -45,8 +32,8 @@ def test_the_cartesian_build_draws_our_figures_and_is_plotly_pys_version():
 
 def test_every_page_names_the_model_the_input_the_methods_and_the_view(tmp_path):
     explanations = {
-        "first": _explanation(np.array([1.0, -2.0]), ["a", "b"], "first"),
-        "second": _explanation(np.array([0.5, 0.5]), ["a", "b"], "second"),
+        "first": toy_explanation(np.array([1.0, -2.0]), ["a", "b"], "first", "tiny-model"),
+        "second": toy_explanation(np.array([0.5, 0.5]), ["a", "b"], "second", "tiny-model"),
     }
     view = View("positive", 97.5, shared_scale=True)
     archive = write_bundle(
@@ -82,7 +69,7 @@ def test_every_page_names_the_model_the_input_the_methods_and_the_view(tmp_path)
 
 
 def test_without_a_label_the_input_is_named_from_the_explanations():
-    text = subject_of({"m": _explanation(np.zeros(2), ["[CLS]", "hi"], "m")})
+    text = subject_of({"m": toy_explanation(np.zeros(2), ["[CLS]", "hi"], "m", "tiny-model")})
     assert (text.model, text.input, text.methods) == ("tiny-model", "tokens: [CLS] hi", ("m",))
-    image = subject_of({"m": _explanation(np.zeros((3, 5)), None, "m")})
+    image = subject_of({"m": toy_explanation(np.zeros((3, 5)), None, "m")})
     assert image.input == "an image, 5×3 px as the model saw it"

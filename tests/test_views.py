@@ -6,8 +6,8 @@ import re
 
 import numpy as np
 import pytest
+from _toy_explanations import toy_explanation
 
-from attrlab.attribution.explanation import Explanation, ModelInfo, TargetValues
 from attrlab.viz import heatmap_overlay, image_grid_figure, scale_legend_html, token_columns_html
 from attrlab.viz.view import IMAGE_VIEW, TEXT_VIEW, View
 
@@ -92,18 +92,6 @@ def test_defaults_and_descriptions():
     assert "1st percentile" in View(clip_percentile=1).describe()
 
 
-def _text(scores: np.ndarray, tokens: list[str]) -> Explanation:
-    return Explanation(
-        model=ModelInfo("toy", None, "text"),
-        method="toy",
-        params={},
-        target=TargetValues(0, "a", 1.0, 0.5),
-        predictions=[],
-        scores=scores,
-        tokens=tokens,
-    )
-
-
 def _backgrounds(page: str) -> list[tuple[int, ...]]:
     found = re.findall(r"background:rgb\((\d+), (\d+), (\d+)\)", page)
     return [tuple(int(c) for c in rgb) for rgb in found]
@@ -111,8 +99,8 @@ def _backgrounds(page: str) -> list[tuple[int, ...]]:
 
 def test_token_columns_in_each_view_and_the_explanations_left_alone():
     scores = np.array([-8.0, 0.0, 8.0])
-    first = _text(scores.copy(), ["no", "and", "yes"])
-    second = _text(np.array([0.5, -0.3, 0.0]), ["x", "y", "z"])
+    first = toy_explanation(scores.copy(), ["no", "and", "yes"])
+    second = toy_explanation(np.array([0.5, -0.3, 0.0]), ["x", "y", "z"])
     explanations = {"first": first, "second": second}
     assert _backgrounds(token_columns_html(explanations)) == [
         BLUE,
@@ -139,7 +127,7 @@ def test_image_views_over_the_maps():
     plus = np.zeros((4, 4))
     plus[0, 0], plus[3, 3] = 2.0, -4.0
     half = plus / 2
-    maps = {"plus": _image(plus), "half": _image(half)}
+    maps = {"plus": toy_explanation(plus), "half": toy_explanation(half)}
     figure = image_grid_figure(maps, image, view=View("positive", 100.0, shared_scale=True))
     heatmaps = [t for t in figure.data if t.type == "heatmap"]
     expected_plus = np.zeros((4, 4))
@@ -157,16 +145,3 @@ def test_image_views_over_the_maps():
     positive = heatmap_overlay(maps["plus"], image, alpha=1.0, view=View("positive"))
     assert tuple(positive[3, 3]) == (128, 128, 128)  # negative: set to 0, left alone
     assert tuple(positive[0, 0]) == RED
-
-
-def _image(scores: np.ndarray) -> Explanation:
-    return Explanation(
-        model=ModelInfo("toy", None, "image"),
-        method="toy",
-        params={},
-        target=TargetValues(0, "a", 1.0, 0.5),
-        predictions=[],
-        scores=scores,
-        tokens=None,
-        image_size=scores.shape,
-    )

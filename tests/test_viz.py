@@ -14,9 +14,10 @@ import pandas as pd
 import plotly.io as pio
 import pytest
 import torch
+from _toy_explanations import toy_explanation as _explanation
 
 from attrlab.attribution import explain
-from attrlab.attribution.explanation import Explanation, ModelInfo, Prediction, TargetValues
+from attrlab.attribution.explanation import Explanation, Prediction
 from attrlab.attribution.layers import HEAD_ESTIMATORS, agreement, analyze_layers
 from attrlab.attribution.metrics.leaderboard import SCORES, EvalItem, evaluate_methods
 from attrlab.attribution.run import RunSettings
@@ -48,19 +49,6 @@ from attrlab.viz import (
 from attrlab.viz.bundle import safe_name
 from attrlab.viz.image import robust_peak
 from attrlab.viz.table import explanation_table
-
-
-def _explanation(scores: np.ndarray, tokens: list[str] | None = None) -> Explanation:
-    return Explanation(
-        model=ModelInfo("toy", None, "text" if tokens else "image"),
-        method="toy",
-        params={},
-        target=TargetValues(0, "a", 1.0, 0.5),
-        predictions=[],
-        scores=scores,
-        tokens=tokens,
-        image_size=None if tokens else scores.shape,
-    )
 
 
 def test_overlay_colours_positive_red_negative_blue_and_leaves_zero_alone():
