@@ -8,7 +8,8 @@ on an 8-token sentence with integrated gradients and AttnLRP (trust cards on, th
 the issue's case) and EfficientNet-Lite0 on the bundled cat with gradient × input and Grad-CAM.
 Each code version (``--before``: a git revision, by default the tree before issue 25; after:
 this working tree) runs in its own process on the same inputs; the time is the best of
-``--repeats`` exports, PNGs included. The floor is kaleido's own cost of one small figure's PNG (one browser started).
+``--repeats`` exports, PNGs included. The floor is kaleido's own cost of one small figure's
+PNG (one browser started).
 """
 
 from __future__ import annotations
