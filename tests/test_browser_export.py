@@ -23,6 +23,8 @@ pytestmark = pytest.mark.browser  # Debian chromium through Playwright
 
 #: The issue's bundle of an 8-token sentence was 9 MB; this is more than ten times less.
 MAX_BUNDLE_BYTES = 900_000
+#: How long a page may take to load on a busy machine (Playwright's default is 30 s).
+OPEN_MS = 90_000
 RED, WHITE, BLUE, PURPLE = (103, 0, 31), (247, 247, 247), (5, 48, 97), (63, 0, 125)
 
 
@@ -138,7 +140,8 @@ def _open_offline(browser, folder: Path) -> None:
 def test_a_link_carries_a_bundled_example_image_and_the_view_and_runs(page, page_url):
     page.goto(
         page_url + "?tab=image&image=example:chelsea&methods=gradient_x_input&view=positive"
-        "&clip=97.5"
+        "&clip=97.5",
+        timeout=OPEN_MS,
     )
     expect(page.locator("#image-input img").first).to_be_visible(timeout=60_000)
     plot = page.locator("#image-maps .js-plotly-plot")
@@ -158,12 +161,12 @@ def test_a_link_carries_a_bundled_example_image_and_the_view_and_runs(page, page
 
 
 def test_a_link_naming_no_bundled_example_is_named_and_waits(page, page_url, runs):
-    page.goto(page_url + "?tab=image&image=example:dog&methods=gradcam&clip=20")
+    page.goto(page_url + "?tab=image&image=example:dog&methods=gradcam&clip=20", timeout=OPEN_MS)
     notice = page.locator("#link-problems")
     expect(notice).to_contain_text("example:dog", timeout=30_000)
     expect(notice).to_contain_text("is not a bundled example")
     expect(notice).to_contain_text("clip")
-    page.goto(page_url + "?tab=image&image=" + str(Path(__file__).resolve()))
+    page.goto(page_url + "?tab=image&image=" + str(Path(__file__).resolve()), timeout=OPEN_MS)
     expect(notice).to_contain_text("an uploaded image cannot travel in a link", timeout=30_000)
     expect(page.locator("#image-input img")).to_have_count(0)  # no file was read
     assert runs == [] and errors(page) == []
