@@ -180,7 +180,7 @@ def test_the_explain_tab_offers_the_details_the_rule_names(probe):
         explain = _handler(demo, "explain_text")
         request = SimpleNamespace(session_hash="s", headers={})
         fields = ["minilm-zeroshot", "", "good film", "", ["integrated_gradients"], False, False]
-        shown = explain(*fields, 0, {}, False, None, None, request)  # no last run, no view
+        shown = explain(*fields, 0, {}, False, None, request)
     finally:
         worker.close()
     menu, detail = shown[2], shown[3]

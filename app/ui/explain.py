@@ -103,7 +103,7 @@ class ExplainTab:
         #: What Run hands to :meth:`explain`, in its order.
         self.fields = [self.model, self.labels, self.source, self.target, self.controls.picker]
         self.fields += [self.trust, self.randomise, self.seed, self.params_box]
-        self.fields += [self.compare, self.last, self.view]
+        self.fields += [self.compare, self.last]
         #: What :meth:`show` fills, in its order.
         self.shown = [self.maps, self.agreement, self.detail_choice, self.detail, self.cards]
         self.shown += [self.randomisation, self.raw, self.link, self.last, self.prediction]
@@ -344,6 +344,12 @@ class ExplainTab:
             api_name=f"explain_{api}",
             concurrency_id=f"run-{key}",
         )
+        # A run draws the default view (its inputs, the API's, stay as they were); a run shown
+        # while another view is chosen is drawn again in it.
+        viewed = [self.view, self.last, self.detail_choice]
+        viewed += [self.opacity] if self.opacity is not None else []
+        redrawn = [self.maps, self.detail, self.link]
+        running.success(self.apply_view, viewed, redrawn, api_visibility="private")
         linked_run = self.linked.change(
             self.gather,
             [controls.picker, *controls.components],
@@ -357,6 +363,7 @@ class ExplainTab:
             api_visibility="private",
             concurrency_id=f"run-{key}",
         )
+        linked_run.success(self.apply_view, viewed, redrawn, api_visibility="private")
         self.cancel.click(
             self.runner.cancel_handler(key),
             [],
@@ -523,7 +530,6 @@ class ExplainTab:
         params,
         compare_,
         previous: Result | None,
-        view_: View | None,
         request: gr.Request,
         progress=gr.Progress(),  # noqa: B008
     ) -> list:
@@ -589,10 +595,11 @@ class ExplainTab:
         }
         if compare_ and previous is not None:
             result.changes = changes(previous, result)
-        return self.show(result, request, view_ or self.default_view)
+        return self.show(result, request)
 
-    def show(self, result: Result, request: gr.Request | None, view: View) -> list[Any]:
-        """The updates of :attr:`shown` for a run's ``result``, its maps in ``view``."""
+    def show(self, result: Result, request: gr.Request | None) -> list[Any]:
+        """The updates of :attr:`shown` for a run's ``result``, in the default view."""
+        view = self.default_view
         from attrlab.viz import method_agreement_figure, randomisation_figure
         from attrlab.viz.trust import trust_card_html
 
@@ -640,7 +647,6 @@ class ExplainTab:
         params,
         compare_,
         previous,
-        view_,
         request: gr.Request,
         progress=gr.Progress(),  # noqa: B008
     ) -> list[Any]:
@@ -648,7 +654,7 @@ class ExplainTab:
         if not linked_:
             return [gr.skip()] * len(self.shown)
         values = (model_, labels_, source_, target_, methods, trust_, randomise_, seed_)
-        return self.explain(*values, params, compare_, previous, view_, request, progress)
+        return self.explain(*values, params, compare_, previous, request, progress)
 
     @readable
     def redraw_detail(
@@ -684,9 +690,32 @@ class ExplainTab:
             raise gr.Error(f"that view cannot be shown: {err}") from None
         if result is None:  # no maps yet: the next run is drawn in this view
             return [view, gr.skip(), gr.skip(), gr.skip()]
+        return [view, *self._redrawn(view, result, choice, opacity_, request)]
+
+    def apply_view(
+        self,
+        view_: View | None,
+        result: Result | None,
+        choice: str | None,
+        opacity_: float = _OPACITY,
+        request: gr.Request | None = None,
+    ) -> list[Any]:
+        """After a run: its maps, details and link in the chosen view, unless it is the default."""
+        if result is None or view_ is None or view_ == self.default_view:
+            return [gr.skip()] * 3
+        return self._redrawn(view_, result, choice, opacity_, request)
+
+    def _redrawn(
+        self,
+        view: View,
+        result: Result,
+        choice: str | None,
+        alpha: float,
+        request: gr.Request | None,
+    ) -> list[Any]:
+        """The maps, the details and the link of ``result`` in ``view``."""
         return [
-            view,
-            self._maps(result, view, opacity_),
+            self._maps(result, view, alpha),
             self.redraw_detail(choice, result, view),
             self._link(result, view, request),
         ]
