@@ -599,9 +599,10 @@ class ExplainTab:
 
     def show(self, result: Result, request: gr.Request | None) -> list[Any]:
         """The updates of :attr:`shown` for a run's ``result``, in the default view."""
-        view = self.default_view
         from attrlab.viz import method_agreement_figure, randomisation_figure
         from attrlab.viz.trust import trust_card_html
+
+        view = self.default_view
 
         compared = result.agreement is not None and len(result.agreement) > 0
         checked = result.randomisation is not None and len(result.randomisation) > 0
