@@ -11,7 +11,7 @@ import re
 import zipfile
 
 import pytest
-from _browser import no_errors, tab
+from _browser import exported, no_errors, tab
 from playwright.sync_api import expect
 
 from attrlab.attribution.methods import capabilities
@@ -105,13 +105,7 @@ def test_export_downloads_a_bundle_that_opens(page, tmp_path):
     page.locator("#text-methods").get_by_label("attnlrp", exact=False).first.uncheck()
     page.locator("#text-run").click()
     expect(page.locator("#text-maps .attr-column")).to_have_count(1, timeout=120_000)
-    page.locator("#text-export").click()
-    link = page.locator("#text-bundle a").first
-    expect(link).to_be_visible(timeout=120_000)
-    with page.expect_download() as info:
-        link.click()
-    path = tmp_path / "bundle.zip"
-    info.value.save_as(path)
+    path = exported(page, "text", tmp_path)
     with zipfile.ZipFile(path) as archive:
         names = archive.namelist()
     assert any(n.endswith("integrated_gradients.json") for n in names)

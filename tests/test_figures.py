@@ -134,7 +134,9 @@ def probe(monkeypatch) -> Iterator[dict[str, Any]]:
     """The rule replaced by one naming a single figure of each name, recording its callers."""
     drawn = {"asked": [], "figures": {}}
 
-    def rule(explanation: Explanation, image: np.ndarray | None = None) -> dict[str, Any]:
+    def rule(
+        explanation: Explanation, image: np.ndarray | None = None, view: Any = None
+    ) -> dict[str, Any]:
         drawn["asked"].append(explanation.method)
         names = ["layers", "positional", "agreement"] if explanation.method == "layers" else []
         made = {name: go.Figure(layout={"title": name}) for name in [*names, "probe"]}

@@ -11,12 +11,13 @@ import zipfile
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
+import plotly.io as pio
 import pytest
 import torch
+from _toy_explanations import toy_explanation as _explanation
 
 from attrlab.attribution import explain
-from attrlab.attribution.explanation import Explanation, ModelInfo, Prediction, TargetValues
+from attrlab.attribution.explanation import Explanation, Prediction
 from attrlab.attribution.layers import HEAD_ESTIMATORS, agreement, analyze_layers
 from attrlab.attribution.metrics.leaderboard import SCORES, EvalItem, evaluate_methods
 from attrlab.attribution.run import RunSettings
@@ -49,19 +50,6 @@ from attrlab.viz.bundle import safe_name
 from attrlab.viz.evaluate import score_label
 from attrlab.viz.image import robust_peak
 from attrlab.viz.table import explanation_table
-
-
-def _explanation(scores: np.ndarray, tokens: list[str] | None = None) -> Explanation:
-    return Explanation(
-        model=ModelInfo("toy", None, "text" if tokens else "image"),
-        method="toy",
-        params={},
-        target=TargetValues(0, "a", 1.0, 0.5),
-        predictions=[],
-        scores=scores,
-        tokens=tokens,
-        image_size=None if tokens else scores.shape,
-    )
 
 
 def test_overlay_colours_positive_red_negative_blue_and_leaves_zero_alone():
@@ -316,20 +304,21 @@ def test_positional_bars_stack_token_and_positional_relevance(text_explanations)
 def test_conservation_gauge_shows_input_relevance_against_the_logit(text_explanations):
     for name in ("attnlrp", "pa_lrp"):
         e = text_explanations[name]
-        (gauge,) = conservation_gauge(e).data
-        assert gauge.value == e.metrics["input_relevance"]
+        gauge = conservation_gauge(e)
+        (total,), (logit,) = gauge.data[0].x, gauge.data[1].x
+        assert total == e.metrics["input_relevance"]
         # the logit LRP explained is the model's own
-        assert gauge.gauge.threshold.value == pytest.approx(e.target.logit, rel=1e-6, abs=1e-9)
-        low, high = gauge.gauge.axis.range
-        assert low <= min(gauge.value, 0) and high >= max(gauge.value, 0)
-        assert f"{e.metrics['conservation_error']:.1%}" in gauge.title.text
+        assert logit == pytest.approx(e.target.logit, rel=1e-6, abs=1e-9)
+        low, high = gauge.layout.xaxis.range
+        assert low <= min(total, 0) and high >= max(total, 0)
+        assert f"{e.metrics['conservation_error']:.1%}" in gauge.layout.title.text
     with pytest.raises(ValueError, match="LRP"):
         conservation_gauge(text_explanations["gradient_x_input"])
     toy = _explanation(np.zeros(2), ["a", "b"])
     ranges = {}
     for total, logit in ((1.5, 2.0), (-5.0, -2.0), (-1.0, 2.0)):
         e = _with(toy, metrics={"input_relevance": total, "target_logit": logit})
-        ranges[total, logit] = tuple(conservation_gauge(e).data[0].gauge.axis.range)
+        ranges[total, logit] = tuple(conservation_gauge(e).layout.xaxis.range)
     assert ranges == {(1.5, 2.0): (0, 4), (-5.0, -2.0): (-5, 0), (-1.0, 2.0): (-4, 4)}
 
 
@@ -426,11 +415,12 @@ def test_image_grid_scales_each_map_by_its_robust_peak(image_explanations, pictu
     assert len(heatmaps) == len(images) == len(image_explanations)
     for heatmap, e in zip(heatmaps, image_explanations.values(), strict=True):
         assert e.scores.shape == picture.shape[:2]
-        expected = e.scores / np.percentile(np.abs(e.scores), 99)
-        np.testing.assert_allclose(np.asarray(heatmap.z), expected)
+        # the default view: each map over its 99th percentile of |score|, clipped beyond it
+        expected = np.clip(e.scores / np.percentile(np.abs(e.scores), 99), -1, 1)
+        np.testing.assert_allclose(np.asarray(heatmap.z), expected, rtol=1e-6)
         assert heatmap.opacity == 0.3 and (heatmap.zmin, heatmap.zmax) == (-1, 1)
     assert [h.showscale for h in heatmaps] == [True] + [False] * (len(heatmaps) - 1)
-    assert heatmaps[0].colorbar.title.text == "relevance ÷ robust peak"
+    assert "99th percentile" in heatmaps[0].colorbar.title.text
     titles = [a.text for a in figure.layout.annotations]
     assert titles == [f"{m} → {e.target.label}" for m, e in image_explanations.items()]
     assert figure.layout.yaxis2.scaleanchor == "x2" and figure.layout.xaxis3.visible is False
@@ -553,6 +543,8 @@ def test_bundle_zip_holds_everything_and_reads_back(text_explanations, tmp_path)
             "bundle/figures/tokens.png",
             "bundle/figures/gauge_.._x_y.html",
             "bundle/figures/gauge_.._x_y.png",
+            "bundle/index.html",
+            "bundle/plotly.min.js",  # one copy, every figure's page loads it
         }
         manifest = json.loads(zipped.read("bundle/manifest.json"))
         rise = Explanation.from_json(zipped.read("bundle/_rise__sampled_.json").decode())
@@ -564,7 +556,7 @@ def test_bundle_zip_holds_everything_and_reads_back(text_explanations, tmp_path)
     np.testing.assert_array_equal(rise.scores, original.scores)
     np.testing.assert_array_equal(arrays["scores"], original.scores)
     np.testing.assert_array_equal(arrays["map__std_error"], original.maps["std_error"])
-    assert "plotly" in html_page.lower() and png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert '<script src="../plotly.min.js"' in html_page and png[:8] == b"\x89PNG\r\n\x1a\n"
     entry = manifest["methods"]["../rise <sampled>"]
     assert entry["versions"] == original.versions and entry["versions"]["torch"]
     assert entry["params"] == original.params and entry["seed"] == original.seed
@@ -577,7 +569,7 @@ def test_bundle_without_a_browser_keeps_the_html(text_explanations, tmp_path, mo
     def no_chromium(*_args, **_kwargs):
         raise RuntimeError("Kaleido requires Google Chrome to be installed")
 
-    monkeypatch.setattr(go.Figure, "write_image", no_chromium)
+    monkeypatch.setattr(pio, "write_images", no_chromium)
     e = text_explanations["occlusion"]
     path = write_bundle(
         {"occlusion": e}, {"a": token_figure(e), "a_": token_figure(e)}, tmp_path / "b"

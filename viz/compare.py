@@ -71,4 +71,4 @@ def change_figure(changes: Mapping[str, MapChange], image: np.ndarray) -> go.Fig
     if not changes:
         raise ValueError("change_figure needs at least one comparison")
     panels = {f"{m}: {_headline(c)}": (m, c.difference) for m, c in changes.items()}
-    return map_panels_figure(panels, image, 0.6, "change ÷ robust peak")
+    return map_panels_figure(panels, image, 0.6, quantity="change")
