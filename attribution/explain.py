@@ -80,6 +80,7 @@ def explain(
 
             scored = faithfulness(adapter, inputs, result.scores, index, run=run)
             result.metrics.update(scored.metrics)
+            result.verdicts += scored.verdicts
     return Explanation(
         model=ModelInfo(adapter.model_id, adapter.revision, adapter.modality),
         method=method_cls.name,
@@ -107,6 +108,7 @@ def explain(
         versions=package_versions(),
         warnings=run.warnings,
         target_record=explained,
+        verdicts=result.verdicts,
     )
 
 

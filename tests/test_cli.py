@@ -228,6 +228,9 @@ def test_check_agreement_and_randomisation(capsys, tmp_path):
     randomised = rows[rows.check == "randomisation"]
     assert len(randomised) == 2 * 5  # none + output + 2 blocks + embeddings, per method
     assert (randomised[randomised.step == 0].spearman == 1.0).all()
+    verdicts = rows[rows.check == "randomisation_verdict"]
+    assert sorted(verdicts.method) == ["attnlrp", "gradient_x_input"]
+    assert set(verdicts.status) <= {"pass", "warn", "fail", "inconclusive"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["agreement.html", "randomisation.html"]
     assert main(["check", "--model", "tiny-random-llama", "--text", "a", "--methods", "rise"]) == 2
     assert "nothing to check" in capsys.readouterr().err

@@ -27,6 +27,7 @@ from attrlab.app.ui.results import (
     export_bundle,
     summary,
     top,
+    trust_cards,
 )
 from attrlab.app.ui.runner import PageRunner
 from attrlab.app.ui.shared import (
@@ -496,7 +497,12 @@ class ExplainTab:
                 session(request),
                 self.key,
             )
-            result = Result(check.explanations, check.agreement, check.randomisation)
+            result = Result(
+                check.explanations,
+                check.agreement,
+                check.randomisation,
+                randomisation_verdicts=check.randomisation_verdicts,
+            )
         if self.image:
             from attrlab.viz.image import display_copy
 
@@ -522,7 +528,6 @@ class ExplainTab:
         """The updates of :attr:`shown` for a run's ``result``."""
         from attrlab.viz import image_grid_figure, method_agreement_figure, randomisation_figure
         from attrlab.viz.text import token_columns_html
-        from attrlab.viz.trust import trust_card_html
 
         if result.image is not None:
             shown_maps = image_grid_figure(result.explanations, result.image, _OPACITY)
@@ -531,7 +536,7 @@ class ExplainTab:
         compared = result.agreement is not None and len(result.agreement) > 0
         checked = result.randomisation is not None and len(result.randomisation) > 0
         choices = detail_choices(result)
-        cards_html = "".join(trust_card_html(e) for e in result.explanations.values())
+        cards_html = trust_cards(result)
         return [
             shown_maps,
             gr.update(

@@ -19,6 +19,7 @@ from attrlab.app.ui.files import page_folder
 from attrlab.attribution.compare import MapChange, compare_explanations
 from attrlab.attribution.errors import AttrlabError
 from attrlab.attribution.explanation import Explanation
+from attrlab.attribution.verdicts import Verdict
 
 __all__ = [
     "Result",
@@ -29,6 +30,7 @@ __all__ = [
     "export_bundle",
     "summary",
     "top",
+    "trust_cards",
 ]
 
 
@@ -47,6 +49,8 @@ class Result:
     fields: dict[str, Any] = field(default_factory=dict)
     #: Per method, the change from the previous run (an edit and compare).
     changes: dict[str, MapChange] = field(default_factory=dict)
+    #: Per method, the randomisation check's verdict (with ``randomisation``).
+    randomisation_verdicts: dict[str, Verdict] = field(default_factory=dict)
 
 
 def detail_choices(result: Result) -> list[str]:
@@ -73,7 +77,7 @@ def detail_figure(result: Result, choice: str) -> Any:
 
 def summary(result: Result) -> dict[str, Any]:
     """The raw results shown as JSON: each method's Explanation, an image's map left out."""
-    kept = ["target", "predictions", "params", "metrics", "timings", "warnings", "seed"]
+    kept = ["target", "predictions", "params", "metrics", "verdicts", "timings", "warnings", "seed"]
     out = {}
     for method, e in result.explanations.items():
         data = e.to_dict()
@@ -111,14 +115,25 @@ def _figures(result: Result) -> dict[str, Any]:
 def _pages(result: Result) -> dict[str, str]:
     """The page's HTML views of a run: token columns, trust cards, the comparison."""
     from attrlab.viz import change_html, token_columns_html
-    from attrlab.viz.trust import trust_card_html
 
-    pages = {"trust_cards": "".join(trust_card_html(e) for e in result.explanations.values())}
+    pages = {"trust_cards": trust_cards(result)}
     if result.image is None:
         pages["maps"] = token_columns_html(result.explanations)
         if result.changes:
             pages["comparison"] = change_html(result.changes)
     return pages
+
+
+def trust_cards(result: Result) -> str:
+    """Each method's trust card, its randomisation verdict among its own."""
+    from attrlab.viz.trust import trust_card_html
+
+    return "".join(
+        trust_card_html(
+            e, [result.randomisation_verdicts[m]] if m in result.randomisation_verdicts else []
+        )
+        for m, e in result.explanations.items()
+    )
 
 
 def export_bundle(result: Result, png: bool = True) -> Path:
