@@ -22,6 +22,7 @@ from scipy import stats
 __all__ = [
     "ALPHA",
     "LRP_PARTS",
+    "MIN_MARGIN",
     "STATUSES",
     "THRESHOLDS",
     "Threshold",
@@ -94,6 +95,9 @@ THRESHOLDS: dict[str, Threshold] = {
 
 #: Significance level of the tests against random orders (two-sided).
 ALPHA = 0.05
+#: The smallest margin over random orders a faithfulness score (a probability, or an area
+#: under probabilities) must have to count, however small its p-value: ours.
+MIN_MARGIN = 0.01
 
 
 @dataclass(frozen=True)
@@ -268,7 +272,8 @@ def against_random(
     one more draw from the random orders' distribution: with ``R`` orders of mean ``m`` and
     standard deviation ``s`` (taken as normal), ``t = (value − m) / (s·√(1 + 1/R))`` has a
     Student t distribution with ``R − 1`` degrees of freedom. Two-sided at :data:`ALPHA`;
-    inconclusive within the random orders' noise, or when they do not vary.
+    inconclusive within the random orders' noise, when they do not vary, or when the margin
+    is under :data:`MIN_MARGIN`.
 
     Returns:
         The verdict (its value the p-value), and the 95 % interval of a random order's score
@@ -296,9 +301,10 @@ def against_random(
     better = value > mean if higher else value < mean
     where = f"{value:.3g} against random {mean:.3g}, 95 % range [{low:.3g}, {high:.3g}]"
     test = f"t-test over {orders} p = {p:.2g}"
-    if p >= ALPHA:
-        status, reason = "inconclusive", f"within random orders' noise: {where} ({test})"
-        advice = "more random orders or a longer input may tell"
+    if p >= ALPHA or abs(value - mean) < MIN_MARGIN:
+        noise = "within random orders' noise" if p >= ALPHA else f"a margin under {MIN_MARGIN:g}"
+        status, reason = "inconclusive", f"{noise}: {where} ({test})"
+        advice = "more random orders, a longer input or attrlab evaluate over many inputs may tell"
     elif better:
         status, reason, advice = "pass", f"better than random: {where} ({test})", ""
     else:

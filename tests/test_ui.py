@@ -183,7 +183,8 @@ def test_trust_card_shows_the_verdicts_the_library_computed(client):
         low = metrics[f"{verdict['check']}_random_low"]
         high = metrics[f"{verdict['check']}_random_high"]
         assert (p < 0.05) == (not low <= score <= high)
-        assert (verdict["status"] == "inconclusive") == (p >= 0.05)
+        margin = abs(score - metrics[f"{verdict['check']}_random"])
+        assert (verdict["status"] == "inconclusive") == (p >= 0.05 or margin < 0.01)
 
 
 def test_next_token_target_is_picked_from_the_predictions(client):

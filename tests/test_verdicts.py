@@ -120,6 +120,11 @@ def test_a_small_margin_within_the_random_orders_noise_is_inconclusive():
     verdict, low, high = against_random("comprehensiveness", 0.008, randoms, higher=True)
     assert verdict.status == "inconclusive"
     assert low < 0.008 < high and "within random orders' noise" in verdict.reason
+    # SmolLM2's sufficiency on a five-token prompt: a significant but meaningless margin
+    close = [0.7730, 0.7731, 0.7729, 0.7732, 0.7728]
+    tiny = against_random("sufficiency", 0.772, close, higher=False)[0]
+    assert tiny.value < 0.05 and tiny.status == "inconclusive"
+    assert "a margin under 0.01" in tiny.reason
     one = against_random("comprehensiveness", 0.5, [0.1], higher=True)[0]
     assert one.status == "inconclusive" and one.value is None
 
