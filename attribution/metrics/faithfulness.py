@@ -19,8 +19,8 @@ replaced by the mask token. For a decoder the score is the probability of the ta
 The token deletion and insertion curves (MoRF) are reported as for images.
 
 Every measure comes with the same measure for seeded random orders (their mean), so that a
-number means something; each score of :data:`SCORES` also
-with the 95 % range of one random order's score and a test of the map's score against them
+number means something; each score of :data:`SCORES` also with the 95 % range of one random
+order's score and a test of the map's score against them
 (:func:`~attribution.verdicts.against_random`: "inconclusive" when it lies within their
 noise). All forwards go through :class:`~attribution.perturb.BatchRunner` (batched, counted,
 cancellable); masks are built per batch.
