@@ -251,6 +251,10 @@ def _check(args: argparse.Namespace) -> int:
         )
         if not table.empty
     ]
+    verdicts = checked.randomisation_verdicts
+    verdict_rows = [
+        {**v.to_dict(), "method": m, "check": "randomisation_verdict"} for m, v in verdicts.items()
+    ]
     if args.figures is not None:
         from attrlab.viz import method_agreement_figure, randomisation_figure
 
@@ -260,12 +264,16 @@ def _check(args: argparse.Namespace) -> int:
         if not checked.randomisation.empty:
             figures["randomisation"] = lambda: randomisation_figure(checked.randomisation)
         _write_figures(figures, Path(args.figures), args.figure_format)
-    result = pd.concat(tables, ignore_index=True)
+    result = pd.concat(
+        [*tables, *([pd.DataFrame(verdict_rows)] if verdict_rows else [])], ignore_index=True
+    )
 
     def as_text() -> str:
-        return "\n\n".join(
+        shown = [
             t.dropna(axis=1, how="all").to_string(index=False, float_format="%.3f") for t in tables
-        )
+        ]
+        lines = "\n".join(v.summary() for v in verdicts.values())
+        return "\n\n".join([*shown, *([lines] if lines else [])])
 
     _write_table(result, args, as_text)
     return 0

@@ -94,6 +94,7 @@ def explain(
             run.progress = card_progress
             scored = faithfulness(adapter, inputs, result.scores, index, run=run)
             result.metrics.update(scored.metrics)
+            result.verdicts += scored.verdicts
     return Explanation(
         model=ModelInfo(adapter.model_id, adapter.revision, adapter.modality),
         method=method_cls.name,
@@ -122,6 +123,7 @@ def explain(
         versions=package_versions(),
         warnings=run.warnings,
         target_record=explained,
+        verdicts=result.verdicts,
     )
 
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from attrlab.attribution import target as targets
 from attrlab.attribution.tokens import texts_from_tokens
+from attrlab.attribution.verdicts import Verdict
 
 if TYPE_CHECKING:  # pandas is imported where a layer table is read or written
     import pandas as pd
@@ -86,7 +87,10 @@ class Explanation:
     ``warnings`` tells the user what was changed or is unreliable (input truncated, convergence
     delta large, ...). ``target_record`` is what was explained as a
     :class:`~attribution.target.Target` (its kind, JSON ``target_record``; ``None`` in files
-    written before it existed), ``target`` that target's values on this input.
+    written before it existed), ``target`` that target's values on this input. ``verdicts``
+    say how each check of the map came out (:class:`~attribution.verdicts.Verdict`: its
+    completeness, and with ``evaluate`` its faithfulness against random orders); files written
+    before them have none.
     """
 
     model: ModelInfo
@@ -107,6 +111,7 @@ class Explanation:
     versions: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     target_record: targets.Target | None = None
+    verdicts: list[Verdict] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.scores = np.asarray(self.scores, dtype=np.float64)
@@ -145,6 +150,7 @@ class Explanation:
             "versions": self.versions,
             "warnings": self.warnings,
             "target_record": None if self.target_record is None else self.target_record.to_json(),
+            "verdicts": [v.to_dict() for v in self.verdicts],
         }
 
     def to_json(self, indent: int | None = None) -> str:
@@ -179,6 +185,7 @@ class Explanation:
             versions=dict(data.get("versions", {})),
             warnings=list(data.get("warnings", [])),
             target_record=None if record is None else targets.Target.from_json(record),
+            verdicts=[Verdict.from_dict(v) for v in data.get("verdicts", [])],
         )
 
     @classmethod

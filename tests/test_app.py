@@ -151,6 +151,15 @@ def test_rest_check_compares_maps_and_randomises_each_then_leaves_the_model_inta
     assert len(steps) == 2 * 5  # per method: none, output, 2 blocks, embeddings
     assert all(row["spearman"] == 1.0 for row in steps if row["step"] == 0)
     assert any(abs(row["spearman"]) < 0.9 for row in steps if row["method"] == "attnlrp")
+    # a verdict per method, on the correlation left once every layer is randomised
+    verdicts = result["randomisation_verdicts"]
+    assert set(verdicts) == {"gradient_x_input", "attnlrp"}
+    for method, verdict in verdicts.items():
+        last = max((r for r in steps if r["method"] == method), key=lambda r: r["step"])
+        rho = max(abs(last["spearman"]), abs(last["spearman_abs"]))
+        assert verdict["value"] == pytest.approx(rho)
+        assert verdict["status"] == ("pass" if rho <= 0.3 else "warn" if rho <= 0.7 else "fail")
+    assert [v.check for v in maps["attnlrp"].verdicts] == ["lrp_conservation"]
     after = client.post("/api/v1/explain", json=plain).json()
     assert after["scores"] == before["scores"]  # the weights were restored
 

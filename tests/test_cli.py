@@ -45,6 +45,11 @@ def test_explain_text_json(capsys, method):
     assert e.method == method and e.target.label == "positive"
     assert e.tokens[0] == "[CLS]" and len(e.scores) == len(e.tokens)
     assert ("convergence_delta" in e.metrics) == (method == "integrated_gradients")
+    # MiniLM's integral converges well within the default 50 steps (benchmarks/ig_convergence.py)
+    judged = [(v.check, v.status) for v in e.verdicts]
+    assert judged == (
+        [("integral_convergence", "pass")] if method == "integrated_gradients" else []
+    )
 
 
 @pytest.mark.parametrize("method", ["gradient_x_input", "integrated_gradients"])
@@ -56,6 +61,7 @@ def test_explain_image_table(capsys, cat_png, method):
     out = capsys.readouterr().out
     assert code == 0
     assert "efficientnet-lite0 (image)" in out and "cat" in out and "map       224×224" in out
+    assert ("verdict   integral convergence: " in out) == (method == "integrated_gradients")
 
 
 def test_labels_and_target_options(capsys):
@@ -228,6 +234,9 @@ def test_check_agreement_and_randomisation(capsys, tmp_path):
     randomised = rows[rows.check == "randomisation"]
     assert len(randomised) == 2 * 5  # none + output + 2 blocks + embeddings, per method
     assert (randomised[randomised.step == 0].spearman == 1.0).all()
+    verdicts = rows[rows.check == "randomisation_verdict"]
+    assert sorted(verdicts.method) == ["attnlrp", "gradient_x_input"]
+    assert set(verdicts.status) <= {"pass", "warn", "fail", "inconclusive"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["agreement.html", "randomisation.html"]
     assert main(["check", "--model", "tiny-random-llama", "--text", "a", "--methods", "rise"]) == 2
     assert "nothing to check" in capsys.readouterr().err

@@ -166,3 +166,53 @@ def test_inside_attention_q_and_k_get_a_quarter_through_the_cap(load_model, name
         measured = float((q * g_q).sum() + (k * g_k).sum())
         # the models' eager attention takes its softmax in float32: ~1e-5 relative here
         assert measured == pytest.approx(expected, rel=1e-4, abs=1e-12), layer
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "llama", "vit"])
+def test_the_run_time_accounting_matches_the_independent_one(load_model, name):
+    """
+    What AttnLRP reports as absorbed (biases as their layers' R(out) − R(own input), attention
+    as its output's relevance minus q, k and v's) against :func:`_balance` (biases as b·g):
+    each part, and the remainder left unaccounted.
+    """
+    from attrlab.attribution.methods.lrp import lrp, to_attribution
+    from attrlab.attribution.target import output_target
+
+    adapter = classic_family(load_model("tiny-random-bert").tokenizer, name)
+    logit, at_input, absorbed, softmax = _balance(adapter)
+    inputs = adapter.preprocess(IMAGE if adapter.modality == "image" else TEXT)
+    with torch.no_grad():
+        target = int(adapter.logits(**inputs.model_kwargs())[0].argmax())
+    result = lrp(adapter, inputs, output_target(adapter, target), pe_aware=False, account=True)
+    assert result.target_logit == pytest.approx(logit, rel=1e-9)
+    assert result.embedding_relevance == pytest.approx(at_input, rel=1e-6, abs=1e-9)
+    assert result.softmax_absorbed == pytest.approx(softmax, rel=1e-6, abs=1e-9)
+    metrics = to_attribution(result, pe_aware=False).metrics
+    # a ViT's patch convolution lies before x0: its bias's share is counted too
+    assert metrics["bias_absorbed"] == pytest.approx(
+        absorbed + (result.embedding_relevance - result.token_total - result.positional_total),
+        rel=1e-6,
+        abs=1e-9,
+    )
+    assert abs(metrics["unaccounted_relevance"]) <= 1e-9 * max(1.0, abs(logit))
+
+
+def test_a_rule_that_loses_relevance_fails_the_conservation_verdict(load_model, monkeypatch):
+    """RMSNorm's rule halving what it passes on: nothing accounts for the loss."""
+    from attrlab.attribution import explain
+    from attrlab.attribution.methods.lrp import patches
+    from attrlab.attribution.methods.lrp.rules import identity_rule, scale_gradient
+
+    adapter = load_model("tiny-random-llama")
+    inputs = adapter.preprocess(TEXT)
+    intact = explain(adapter, "attnlrp", inputs).verdicts[0]
+    assert (intact.check, intact.status) == ("lrp_conservation", "pass")
+    monkeypatch.setattr(
+        patches, "rms_norm_rule", lambda x, out: identity_rule(scale_gradient(x, 0.5), out)
+    )
+    leaky = explain(adapter, "attnlrp", inputs)
+    (verdict,) = leaky.verdicts
+    assert verdict.status == "fail" and verdict.value > 0.01
+    assert verdict.value == pytest.approx(
+        abs(leaky.metrics["unaccounted_relevance"]) / abs(leaky.target.logit), rel=1e-6
+    )

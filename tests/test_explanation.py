@@ -17,6 +17,7 @@ from attrlab.attribution.explanation import (
     Timings,
 )
 from attrlab.attribution.params import Param, power_of_two, validate_params
+from attrlab.attribution.verdicts import Verdict
 
 
 def _full_explanation() -> Explanation:
@@ -48,6 +49,10 @@ def _full_explanation() -> Explanation:
         seed=7,
         versions={"torch": "x"},
         warnings=["the text was truncated"],
+        verdicts=[
+            Verdict("lrp_conservation", "relevance accounted", "pass", 1e-7, 1e-3, "accounted"),
+            Verdict("randomisation", "randomisation", "inconclusive", None, 0.3, "constant", "x"),
+        ],
     )
 
 
@@ -81,7 +86,10 @@ def test_json_round_trip_is_lossless():
         "timings",
         "seed",
         "versions",
+        "verdicts",
     }
+    assert restored.verdicts == original.verdicts
+    assert data["verdicts"][0]["status"] == "pass" and data["verdicts"][1]["value"] is None
     assert data["layers"][0]["head"] is None and data["layers"][1]["head"] == 2
     assert data["target"]["logit"] == 0.123456789012345
 

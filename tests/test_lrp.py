@@ -24,6 +24,13 @@ from attrlab.attribution.target import output_target
 LAYERS = 4
 #: The plain AttnLRP rule everywhere (what the family defaults replace for vision transformers).
 ATTNLRP = {"attention_rule": "attnlrp", "gamma_linear": 0.0, "gamma_conv": 0.0}
+#: The smoothing wrapper's parameters (every gradient method takes them), off by default.
+SMOOTHING_OFF = {
+    "smoothing": "none",
+    "smoothing_samples": 20,
+    "smoothing_sigma": 0.15,
+    "smoothing_weight_sigma": 0.2,
+}
 TEXT = "the quick brown fox jumps over the lazy dog"
 IMAGE = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
 
@@ -331,7 +338,7 @@ def test_auto_settings_follow_the_model_family(load_model, spec, resolved):
     inputs = _inputs(adapter)
     for method in ("attnlrp", "pa_lrp"):
         auto = attribution.explain(adapter, method, inputs)
-        assert auto.params == resolved
+        assert auto.params == resolved | SMOOTHING_OFF
         explicit = attribution.explain(adapter, method, inputs, params=resolved)
         np.testing.assert_array_equal(auto.scores, explicit.scores)
     if adapter.modality == "image":
@@ -353,7 +360,9 @@ def test_vit_gamma_defaults_are_applied(tiny64):
         adapter, "attnlrp", inputs, params={"gamma_linear": 0, "gamma_conv": 0}
     )
     np.testing.assert_array_equal(default.scores, explicit.scores)
-    assert off.params == {"attention_rule": "cp", "gamma_linear": 0.0, "gamma_conv": 0.0}
+    assert off.params == {"attention_rule": "cp", "gamma_linear": 0.0, "gamma_conv": 0.0} | (
+        SMOOTHING_OFF
+    )
     assert not np.allclose(default.scores, off.scores, rtol=1e-3, atol=0)
     conv_only = attribution.explain(adapter, "attnlrp", inputs, params={"gamma_linear": 0})
     assert conv_only.params["gamma_conv"] == 100.0

@@ -120,8 +120,12 @@ LABELS = {
         "items",
         "comprehensiveness (higher is better)",
         "comprehensiveness: beats random (share of items)",
+        "comprehensiveness: sign test p (wins vs losses)",
+        "comprehensiveness: verdict",
         "sufficiency (lower is better)",
         "sufficiency: beats random (share of items)",
+        "sufficiency: sign test p (wins vs losses)",
+        "sufficiency: verdict",
         "forward passes per item",
         "seconds per item",
     ],
@@ -130,8 +134,12 @@ LABELS = {
         "items",
         "deletion AUC (lower is better)",
         "deletion AUC: beats random (share of items)",
+        "deletion AUC: sign test p (wins vs losses)",
+        "deletion AUC: verdict",
         "insertion AUC (higher is better)",
         "insertion AUC: beats random (share of items)",
+        "insertion AUC: sign test p (wins vs losses)",
+        "insertion AUC: verdict",
         "forward passes per item",
         "seconds per item",
     ],
@@ -158,7 +166,7 @@ def test_leaderboard_columns_are_labelled_and_rounded(modality):
     shown = readable_table(summary, modality)
     assert list(shown.columns) == LABELS[modality]
     means = per_item.groupby("method", sort=False).mean(numeric_only=True)
-    for (score, _, _), label in zip(SCORES[modality], LABELS[modality][2:6:2], strict=True):
+    for (score, _, _), label in zip(SCORES[modality], LABELS[modality][2:10:4], strict=True):
         # the mean to three decimals, then its interval: "0.164 [-0.010, 0.493]"
         cells = shown[label].str.fullmatch(r"(-?\d\.\d{3}) \[-?\d\.\d{3}, -?\d\.\d{3}\]")
         assert cells.all(), shown[label]

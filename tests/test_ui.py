@@ -169,7 +169,7 @@ def test_two_methods_side_by_side_with_their_agreement(client):
     assert "methods=gradient_x_input%2Cintegrated_gradients" in link and "tab=text" in link
 
 
-def test_trust_card_reports_the_map_against_random_orders(client):
+def test_trust_card_shows_the_verdicts_the_library_computed(client):
     *_, cards, _random, raw, _link, _top, _change = client.predict(
         "tiny-random-bert",
         "",
@@ -182,13 +182,24 @@ def test_trust_card_reports_the_map_against_random_orders(client):
         {},
         api_name="/explain_text",
     )
-    metrics = raw["gradient_x_input"]["metrics"]
-    better = metrics["comprehensiveness"] > metrics["comprehensiveness_random"]
-    card = re.search(
-        r"comprehensiveness.*?(not better than random|better than random)", cards, re.S
-    )
-    assert card is not None
-    assert (card.group(1) == "better than random") == better
+    verdicts = raw["gradient_x_input"]["verdicts"]
+    assert [v["check"] for v in verdicts] == ["comprehensiveness", "sufficiency"]
+    for verdict in verdicts:
+        row = re.search(
+            rf'<tr class="verdict" data-check="{verdict["check"]}" data-status="(\w+)">', cards
+        )
+        assert row is not None and row.group(1) == verdict["status"]
+        # the status follows the score, its random orders' range and the test's p-value
+        metrics = raw["gradient_x_input"]["metrics"]
+        score, p = metrics[verdict["check"]], metrics[f"{verdict['check']}_p"]
+        if p is None:  # the random orders all scored the same
+            assert verdict["status"] == "inconclusive"
+            continue
+        low = metrics[f"{verdict['check']}_random_low"]
+        high = metrics[f"{verdict['check']}_random_high"]
+        assert (p < 0.05) == (not low <= score <= high)
+        margin = abs(score - metrics[f"{verdict['check']}_random"])
+        assert (verdict["status"] == "inconclusive") == (p >= 0.05 or margin < 0.01)
 
 
 def test_next_token_target_is_picked_from_the_predictions(client):

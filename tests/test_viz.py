@@ -21,11 +21,12 @@ from attrlab.attribution.explanation import Explanation, Prediction
 from attrlab.attribution.layers import HEAD_ESTIMATORS, agreement, analyze_layers
 from attrlab.attribution.metrics.leaderboard import SCORES, EvalItem, evaluate_methods
 from attrlab.attribution.run import RunSettings
+from attrlab.attribution.verdicts import Verdict
 from attrlab.viz import (
     ablation_figure,
     agreement_figure,
     attention_figure,
-    conservation_gauge,
+    conservation_figure,
     export_figure,
     head_heatmap,
     heatmap_overlay,
@@ -47,7 +48,6 @@ from attrlab.viz import (
     write_bundle,
 )
 from attrlab.viz.bundle import safe_name
-from attrlab.viz.evaluate import score_label
 from attrlab.viz.image import robust_peak
 from attrlab.viz.table import explanation_table
 
@@ -301,78 +301,136 @@ def test_positional_bars_stack_token_and_positional_relevance(text_explanations)
         positional_figure_tokens(text_explanations["attnlrp"])
 
 
-def test_conservation_gauge_shows_input_relevance_against_the_logit(text_explanations):
+def test_conservation_figure_walks_from_the_input_to_the_logit(text_explanations):
     for name in ("attnlrp", "pa_lrp"):
         e = text_explanations[name]
-        gauge = conservation_gauge(e)
-        (total,), (logit,) = gauge.data[0].x, gauge.data[1].x
-        assert total == e.metrics["input_relevance"]
-        # the logit LRP explained is the model's own
-        assert logit == pytest.approx(e.target.logit, rel=1e-6, abs=1e-9)
-        low, high = gauge.layout.xaxis.range
-        assert low <= min(total, 0) and high >= max(total, 0)
-        assert f"{e.metrics['conservation_error']:.1%}" in gauge.layout.title.text
+        (waterfall,) = conservation_figure(e).data
+        assert list(waterfall.x) == [
+            "Σ input relevance",
+            "positions",
+            "attention",
+            "biases",
+            "unaccounted",
+            "target logit",
+        ]
+        steps = np.asarray(waterfall.y, dtype=float)
+        assert steps[0] == e.metrics["input_relevance"]
+        # the steps end at the logit LRP explained, which is the model's own
+        assert steps[-1] == pytest.approx(e.target.logit, rel=1e-6, abs=1e-9)
+        assert steps[:-1].sum() == pytest.approx(steps[-1], rel=1e-9, abs=1e-12)
+        # each step floats where the last ended; the logit stands on zero
+        bases = np.asarray(waterfall.base, dtype=float)
+        assert bases[0] == 0 and bases[-1] == 0
+        assert bases[1:-1] == pytest.approx(np.cumsum(steps[:-2]), rel=1e-12, abs=1e-12)
+        assert "pass: unaccounted" in conservation_figure(e).layout.title.text
     with pytest.raises(ValueError, match="LRP"):
-        conservation_gauge(text_explanations["gradient_x_input"])
+        conservation_figure(text_explanations["gradient_x_input"])
+    # a file written before the balance: the input's share and the rest of the logit
     toy = _explanation(np.zeros(2), ["a", "b"])
-    ranges = {}
-    for total, logit in ((1.5, 2.0), (-5.0, -2.0), (-1.0, 2.0)):
-        e = _with(toy, metrics={"input_relevance": total, "target_logit": logit})
-        ranges[total, logit] = tuple(conservation_gauge(e).layout.xaxis.range)
-    assert ranges == {(1.5, 2.0): (0, 4), (-5.0, -2.0): (-5, 0), (-1.0, 2.0): (-4, 4)}
+    (old,) = conservation_figure(
+        _with(toy, metrics={"input_relevance": 1.5, "target_logit": 2.0})
+    ).data
+    assert list(old.x) == ["Σ input relevance", "rest of the logit", "target logit"]
+    assert list(old.y) == [1.5, 0.5, 2.0]
 
 
-def _card_rows(card: str) -> dict[str, list[str]]:
-    rows = re.findall(r"<tr>(.*?)</tr>", card)
-    cells = [re.findall(r"<td>(.*?)</td>", row) for row in rows]
-    return {row[0]: row[1:] for row in cells}  # the score's label: the values beside it
+def _verdict_rows(card: str) -> dict[str, list[str]]:
+    """Per verdict row (by check): its cells' text, tags stripped (title, status, value, reason)."""
+    found = {}
+    for check, status, body in re.findall(
+        r'<tr class="verdict" data-check="([^"]*)" data-status="([^"]*)">(.*?)</tr>', card
+    ):
+        cells = [re.sub(r"<[^>]+>", " ", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", body)]
+        assert cells[1] == status  # the status shown is the row's
+        found[check] = cells
+    return found
 
 
-def test_trust_card_verdicts_follow_the_numbers():
+def test_the_trust_card_shows_each_verdict_with_its_threshold_reason_and_advice():
     text = _explanation(np.zeros(2), ["a", "b"])
-    card = trust_card_html(
-        _with(
-            text,
-            metrics={
-                "comprehensiveness": 0.3,
-                "comprehensiveness_random": 0.1,  # higher is better: better
-                "sufficiency": 0.2,
-                "sufficiency_random": 0.1,  # lower is better: not better
-            },
-        )
-    )
+    verdicts = [
+        Verdict(
+            "integral_convergence",
+            "integral convergence",
+            "fail",
+            1.256,
+            0.05,
+            "the integral has not converged",
+            "raise n_steps (this run: 50)",
+        ),
+        Verdict(
+            "comprehensiveness",
+            "comprehensiveness against random orders",
+            "inconclusive",
+            0.31,
+            0.05,
+            "within noise <b>",
+        ),
+    ]
+    metrics = {"comprehensiveness": 0.008, "convergence_delta": 12.9}
+    randomised = Verdict("randomisation", "randomisation check (toy)", "pass", 0.12, 0.3, "depends")
+    card = trust_card_html(_with(text, metrics=metrics, verdicts=verdicts), [randomised])
     assert 'class="trust-card"' in card and 'data-method="toy"' in card
-    assert _card_rows(card) == {
-        "comprehensiveness (higher is better)": ["0.3", "random 0.1", "better than random"],
-        "sufficiency (lower is better)": ["0.2", "random 0.1", "not better than random"],
+    rows = _verdict_rows(card)
+    assert list(rows) == ["integral_convergence", "comprehensiveness", "randomisation"]
+    title, status, measured, reason = rows["integral_convergence"]
+    assert (title, status, measured) == ("integral convergence", "fail", "125.6% (pass ≤ 5.0%)")
+    assert "the integral has not converged" in reason and "raise n_steps (this run: 50)" in reason
+    assert rows["comprehensiveness"][2] == "p = 0.31 (α = 0.05)"
+    assert "&lt;b&gt;" in rows["comprehensiveness"][3]  # reasons are escaped
+    assert rows["randomisation"][:3] == [
+        "randomisation check (toy)",
+        "pass",
+        "max |ρ| 0.12 (pass ≤ 0.3)",
+    ]
+    assert "convergence delta" not in card  # the verdict covers it
+    assert "no faithfulness scores" not in card
+    # a file written before verdicts: the bare delta, said to have none
+    old = trust_card_html(_with(text, metrics={"convergence_delta": 12.9}))
+    assert "convergence delta 12.9 (no verdict)" in old and "no faithfulness scores" in old
+
+
+def test_the_trust_card_shows_where_lrps_relevance_went():
+    text = _explanation(np.zeros(2), ["a", "b"])
+    metrics = {
+        "target_logit": 17.37,
+        "input_relevance": 6.43,
+        "positional_absorbed": 0.0,
+        "softmax_absorbed": 10.94,
+        "bias_absorbed": 0.0,
+        "unaccounted_relevance": -1e-6,
     }
-    image = _explanation(np.zeros((2, 2)))
-    card = trust_card_html(
-        _with(image, metrics={"deletion_morf_auc": 0.2, "deletion_random_auc": 0.3})
+    card = trust_card_html(_with(text, metrics=metrics))
+    balance = re.findall(
+        r'<tr class="balance"><td>(.*?)</td><td>(.*?)</td><td>(.*?)</td></tr>', card
     )
-    assert _card_rows(card) == {
-        "deletion AUC (lower is better)": ["0.2", "random 0.3", "better than random"]
-    }
-    empty = trust_card_html(text)
-    assert "no faithfulness scores: tick &#x27;Trust cards&#x27; and run again" in empty
+    shown = {name.split(" ")[0]: (value, share) for name, value, share in balance}
+    assert shown["Σ"] == ("6.43", "37.0%")
+    assert shown["attention&#x27;s"] == ("10.94", "63.0%")
+    assert shown["unaccounted"] == ("-1e-06", "-5.8e-08")
+    assert shown["target"] == ("17.37", "100.0%")
 
 
 def test_trust_cards_of_real_explanations(text_explanations, image_explanations):
     for e in [*text_explanations.values(), *image_explanations.values()]:
         card = trust_card_html(e)
-        rows = _card_rows(card)
-        for score, random, higher in SCORES[e.model.modality]:
-            if score in e.metrics:
-                value, baseline = e.metrics[score], e.metrics[random]
-                better = value > baseline if higher else value < baseline
-                verdict = "better than random" if better else "not better than random"
-                assert rows[score_label(score, higher)][-1] == verdict, (e.method, score)
-        assert bool(rows) == any(s in e.metrics for s, _, _ in SCORES[e.model.modality])
-        assert ("conservation error" in card) == ("conservation_error" in e.metrics)
-        assert ("convergence delta" in card) == ("convergence_delta" in e.metrics)
+        rows = _verdict_rows(card)
+        assert list(rows) == [v.check for v in e.verdicts]
+        for verdict in e.verdicts:
+            assert rows[verdict.check][1] == verdict.status
+        scores = [s for s, _, _ in SCORES[e.model.modality] if s in e.metrics]
+        assert all(s in rows for s in scores)  # each faithfulness score has its verdict
+        completeness = {
+            "integrated_gradients": "integral_convergence",
+            "attnlrp": "lrp_conservation",
+            "pa_lrp": "lrp_conservation",
+            "deeplift": "summation_to_delta",
+        }
+        if e.method in completeness:
+            assert completeness[e.method] in rows, e.method
+        assert ("where the target logit" in card) == ("unaccounted_relevance" in e.metrics)
         assert ("standard error" in card) == ("std_error" in e.maps), e.method
     rise = image_explanations["rise"]
-    assert "standard error" in trust_card_html(rise)
     assert f"masks used {rise.metrics['masks_used']:,.0f}" in trust_card_html(rise)
     assert "no faithfulness scores" in trust_card_html(text_explanations["rollout"])
 
@@ -519,7 +577,7 @@ def test_bundle_zip_holds_everything_and_reads_back(text_explanations, tmp_path)
     }
     figures = {
         "tokens": token_figure(text_explanations["gradient_x_input"]),
-        "gauge/../x y": conservation_gauge(text_explanations["attnlrp"]),
+        "gauge/../x y": conservation_figure(text_explanations["attnlrp"]),
     }
     path = write_bundle(
         explanations,

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
         token_highlights,
     )
     from attrlab.viz.trust import (
-        conservation_gauge,
+        conservation_figure,
         method_agreement_figure,
         randomisation_figure,
         trust_card_html,
@@ -52,7 +52,7 @@ __all__ = [
     "attention_figure",
     "change_figure",
     "change_html",
-    "conservation_gauge",
+    "conservation_figure",
     "export_figure",
     "head_grid_table",
     "head_heatmap",
@@ -105,7 +105,7 @@ __getattr__, __dir__ = lazy_exports(
         "token_columns_html": "attrlab.viz.text",
         "token_figure": "attrlab.viz.text",
         "token_highlights": "attrlab.viz.text",
-        "conservation_gauge": "attrlab.viz.trust",
+        "conservation_figure": "attrlab.viz.trust",
         "method_agreement_figure": "attrlab.viz.trust",
         "randomisation_figure": "attrlab.viz.trust",
         "trust_card_html": "attrlab.viz.trust",

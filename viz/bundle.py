@@ -89,8 +89,8 @@ def subject_of(
     """
     The subject of ``explanations``: their model(s), methods, and the input they explain.
 
-    ``input_label`` names the input; without one, a text (its tokens' texts) or an image's size (as the
-    model saw it) stand in.
+    ``input_label`` names the input; without one, a text (its tokens' texts) or an image's size
+    (as the model saw it) stand in.
     """
     models = dict.fromkeys(e.model.id for e in explanations.values())
     if input_label is None:

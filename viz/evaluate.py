@@ -69,6 +69,8 @@ def score_labels(modality: str) -> dict[str, str]:
         name = _SCORE_NAMES.get(score, score)
         labels[score] = score_label(score, higher)
         labels[f"{score}_wins"] = f"{name}: beats random (share of items)"
+        labels[f"{score}_sign_p"] = f"{name}: sign test p (wins vs losses)"
+        labels[f"{score}_verdict"] = f"{name}: verdict"
         labels[random] = f"{name}: random orders"
         if score.endswith("_morf_auc"):  # the curve's other order, least relevant first
             labels[score.replace("_morf_", "_lerf_")] = f"{name}: least relevant first"
@@ -84,13 +86,17 @@ def readable_table(table: pd.DataFrame, modality: str) -> pd.DataFrame:
     """
     A leaderboard or per-item table for people: labelled columns, rounded numbers.
 
-    Numbers keep three decimals (forward passes one, seconds two); a leaderboard's mean and
+    Numbers keep three decimals (forward passes one, seconds two; a sign test's p two
+    significant digits); a leaderboard's mean and
     its 95 % interval share one cell, ``0.164 [-0.010, 0.493]``, as a score is read. Columns
     without a label keep their name.
     """
     shown = table.copy()
     for column in shown.select_dtypes("number").columns:
-        shown[column] = shown[column].round(_DECIMALS.get(column, 3))
+        if column.endswith("_sign_p"):  # a p-value reads in significant digits: 3e-05, 0.41
+            shown[column] = shown[column].map(lambda p: f"{p:.2g}")
+        else:
+            shown[column] = shown[column].round(_DECIMALS.get(column, 3))
     for score, _, _ in SCORES[modality]:
         interval = f"{score}_ci"
         if score in shown and interval in shown:

@@ -88,7 +88,7 @@ def _attribution_figures(
 ) -> dict[str, FigureBuilder]:
     from attrlab.viz.image import image_figure, std_error_figure
     from attrlab.viz.text import positional_figure_tokens, token_figure
-    from attrlab.viz.trust import conservation_gauge
+    from attrlab.viz.trust import conservation_figure
     from attrlab.viz.view import IMAGE_VIEW
 
     def on_image(draw: Callable[[Explanation, np.ndarray], go.Figure]) -> FigureBuilder:
@@ -108,7 +108,7 @@ def _attribution_figures(
     if text and explanation.positional_scores is not None:
         figures[POSITIONAL_TOKENS] = lambda: positional_figure_tokens(explanation)
     if {"input_relevance", "target_logit"} <= set(explanation.metrics):
-        figures[CONSERVATION] = lambda: conservation_gauge(explanation)
+        figures[CONSERVATION] = lambda: conservation_figure(explanation)
     if not text and "std_error" in explanation.maps:
         figures[STD_ERROR] = on_image(std_error_figure)
     return figures

@@ -26,6 +26,7 @@ def explanation_table(explanation: Explanation) -> str:
     lines += _token_rows(texts, e.scores) if texts is not None else _image_rows(e)
     if e.metrics:
         lines.append("metrics   " + "  ".join(f"{k}={v:.6g}" for k, v in e.metrics.items()))
+    lines += [f"verdict   {v.summary()}" for v in e.verdicts]
     lines.append(
         f"timings   {e.timings.total_s:.3f} s, {e.timings.forward_passes} forward, "
         f"{e.timings.backward_passes} backward passes"

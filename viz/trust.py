@@ -1,28 +1,30 @@
 """
 Figures and cards of the evidence for a map.
 
-The randomisation check, agreement between methods, LRP's conservation and the faithfulness
-scores against random orders.
+The randomisation check, agreement between methods, LRP's relevance balance and the
+faithfulness scores against random orders; the trust card shows each check's verdict
+(:mod:`attribution.verdicts`), computed in the library.
 """
 
 from __future__ import annotations
 
 import html
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
 from attrlab.attribution.explanation import Explanation
-from attrlab.attribution.metrics.leaderboard import SCORES
-from attrlab.viz.evaluate import METHOD_COLOUR, score_bars, score_label
+from attrlab.attribution.metrics.faithfulness import SCORES
+from attrlab.attribution.verdicts import LRP_PARTS, THRESHOLDS, Verdict
+from attrlab.viz.evaluate import METHOD_COLOUR, score_bars
 from attrlab.viz.layers import agreement_figure
 from attrlab.viz.theme import TEMPLATE
 
 __all__ = [
-    "conservation_gauge",
+    "conservation_figure",
     "method_agreement_figure",
     "randomisation_figure",
     "trust_card_html",
@@ -68,63 +70,53 @@ def randomisation_figure(table: pd.DataFrame) -> go.Figure:
     return figure
 
 
-def conservation_gauge(explanation: Explanation) -> go.Figure:
+def conservation_figure(explanation: Explanation) -> go.Figure:
     """
-    LRP's conservation as a linear gauge: Σ input relevance as a bar, the target logit a mark.
+    LRP's relevance balance as a waterfall: from the input's share to the target logit.
 
-    The axis runs from 0 to ``max(2·|logit|, |Σ|)`` on the side of the logit and Σ (both
-    sides when their signs differ). Needs ``input_relevance`` and ``target_logit`` in
-    ``metrics`` (AttnLRP, PA-LRP). Bars and marks only: Plotly's cartesian build draws it.
+    Bars: Σ input relevance, then each part the rules keep by design
+    (:data:`~attribution.verdicts.LRP_PARTS`) and the unaccounted rest, ending at the logit.
+    Explanations without the balance (files written before it) show the input's share and
+    the rest of the logit in one bar. Needs ``input_relevance`` and ``target_logit`` in
+    ``metrics`` (AttnLRP, PA-LRP).
     """
     metrics = explanation.metrics
     if "input_relevance" not in metrics or "target_logit" not in metrics:
         raise ValueError(
             f"{explanation.method!r} has no conservation metrics (input_relevance, "
-            "target_logit); the gauge is for LRP methods"
+            "target_logit); the figure is for LRP methods"
         )
     total, logit = float(metrics["input_relevance"]), float(metrics["target_logit"])
-    bound = max(2 * abs(logit), abs(total)) or 1.0
-    low = -bound if min(total, logit) < 0 else 0.0
-    high = bound if max(total, logit) > 0 else 0.0
-    error = metrics.get("conservation_error")
-    # a deviation from the logit, neither good nor bad by its sign
-    numbers = f"Σ {total:.4g} vs logit {logit:.4g} (Δ {total - logit:+.4g})"
-    if error is not None and math.isfinite(error):
-        numbers += f", conservation error {error:.1%}"
-    row = ["Σ input relevance"]
+    steps = [("Σ input relevance", total)]
+    if "unaccounted_relevance" in metrics:
+        steps += [(name, float(metrics[key])) for key, (name, _) in LRP_PARTS.items()]
+        steps.append(("unaccounted", float(metrics["unaccounted_relevance"])))
+    else:
+        steps.append(("rest of the logit", logit - total))
+    scale = abs(logit) or 1.0
+    # A waterfall drawn with floating bars (each starts where the last ended), which Plotly's
+    # cartesian build draws: the export bundle then needs no full Plotly.
+    names = [name for name, _ in steps] + ["target logit"]
+    values = [value for _, value in steps] + [logit]
+    bases = [float(v) for v in np.cumsum([0.0, *values[:-2]])] + [0.0]
+    colours = [METHOD_COLOUR if v >= 0 else "#d62728" for v in values[:-1]] + ["#444444"]
     figure = go.Figure(
-        [
-            go.Bar(
-                x=[total],
-                y=row,
-                orientation="h",
-                width=0.5,
-                marker_color=METHOD_COLOUR,
-                name="Σ input relevance",
-                hovertemplate="Σ input relevance %{x:.4g}<extra></extra>",
-            ),
-            go.Scatter(
-                x=[logit],
-                y=row,
-                mode="markers",
-                marker={"symbol": "line-ns", "size": 46, "line": {"color": "#d62728", "width": 4}},
-                name="target logit",
-                hovertemplate="target logit %{x:.4g}<extra></extra>",
-            ),
-        ]
+        go.Bar(
+            x=names,
+            y=values,
+            base=bases,
+            marker_color=colours,
+            text=[f"{value / scale:+.1%}" for value in values[:-1]] + ["100%"],
+            textposition="outside",
+            hovertemplate="%{x}: %{y:.4g}<extra></extra>",
+        )
     )
-    figure.update_layout(
-        title={
-            "text": f"{explanation.method}: Σ input relevance vs target logit<br>"
-            f"<span style='font-size:0.8em'>{numbers}</span>"
-        },
-        xaxis={"range": [low, high], "zeroline": True},
-        yaxis={"visible": False},
-        legend={"orientation": "h", "y": -0.25},
-        template=TEMPLATE,
-        height=260,
-        margin={"l": 30, "r": 30, "t": 80, "b": 20},
-    )
+    title = f"{explanation.method}: where the target logit's relevance went"
+    conservation = next((v for v in explanation.verdicts if v.check == "lrp_conservation"), None)
+    if conservation is not None:
+        title += f"<br><span style='font-size:0.8em'>{conservation.status}: unaccounted "
+        title += f"{_share(conservation.value)} of the logit</span>"
+    figure.update_layout(title=title, yaxis_title="relevance", template=TEMPLATE, showlegend=False)
     return figure
 
 
@@ -132,15 +124,60 @@ def _number(value: float | None) -> str:
     return "—" if value is None or not math.isfinite(value) else f"{value:.4g}"
 
 
-def _verdict(value: float, random: float | None, higher: bool) -> str:
-    if random is None or not (math.isfinite(value) and math.isfinite(random)):
-        return "no random orders to compare"
-    better = value > random if higher else value < random
-    return "better than random" if better else "not better than random"
+def _share(value: float | None) -> str:
+    if value is None or not math.isfinite(value):
+        return "—"
+    return f"{value:.1%}" if abs(value) >= 1e-3 else f"{value:.1e}"
 
 
-def _row(cells: list[str]) -> str:
-    return "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
+def _measured(verdict: Verdict) -> str:
+    """The value judged against its threshold, in the check's own terms."""
+    if verdict.value is None:
+        return "—"
+    if verdict.check == "randomisation":
+        return f"max |ρ| {verdict.value:.2f} (pass ≤ {verdict.threshold:g})"
+    if verdict.check in THRESHOLDS:  # an error as a share
+        return f"{_share(verdict.value)} (pass ≤ {_share(verdict.threshold)})"
+    return f"p = {verdict.value:.2g} (α = {verdict.threshold:g})"  # a test
+
+
+#: A verdict's colour on the card, by status.
+_STATUS_COLOUR = {
+    "pass": "#1a7f37",
+    "warn": "#9a6700",
+    "fail": "#cf222e",
+    "inconclusive": "#57606a",
+}
+
+
+def _verdict_row(verdict: Verdict) -> str:
+    reason = html.escape(verdict.reason)
+    if verdict.advice:
+        reason += f"<br><i>{html.escape(verdict.advice)}</i>"
+    return (
+        f'<tr class="verdict" data-check="{html.escape(verdict.check)}" '
+        f'data-status="{verdict.status}">'
+        f"<td>{html.escape(verdict.title)}</td>"
+        f'<td style="color:{_STATUS_COLOUR[verdict.status]};font-weight:600">'
+        f"{verdict.status}</td>"
+        f"<td>{html.escape(_measured(verdict))}</td><td>{reason}</td></tr>"
+    )
+
+
+def _balance_rows(metrics: Mapping[str, float]) -> str:
+    """LRP's relevance balance: the input, each part kept by design, the unaccounted rest."""
+    scale = abs(float(metrics["target_logit"])) or 1.0
+    parts = [("Σ input relevance (the map)", metrics["input_relevance"])]
+    parts += [(what, metrics[key]) for key, (_, what) in LRP_PARTS.items() if key in metrics]
+    parts.append(
+        ("unaccounted (rounding, or a rule losing relevance)", metrics["unaccounted_relevance"])
+    )
+    parts.append(("target logit", metrics["target_logit"]))
+    return "".join(
+        f'<tr class="balance"><td>{html.escape(name)}</td><td>{_number(value)}</td>'
+        f"<td>{_share(value / scale)}</td></tr>"
+        for name, value in parts
+    )
 
 
 #: A sampling method's convergence metrics, as the trust card names them.
@@ -155,37 +192,25 @@ _CONVERGENCE = {
 #: Convergence metrics that count (masks, evaluations): shown whole.
 _COUNTS = ("masks_used", "evals_used")
 
+#: Verdicts that judge a method's completeness, one of which covers its convergence delta.
+_COMPLETENESS = ("integral_convergence", "summation_to_delta", "lrp_conservation")
 
-def trust_card_html(explanation: Explanation) -> str:
+
+def trust_card_html(explanation: Explanation, extra: Sequence[Verdict] = ()) -> str:
     """
-    A small card of how far to trust one map.
+    A small card of how far to trust one map: a verdict per check, then the numbers behind.
 
-    Each faithfulness score present in ``metrics`` against its random-order counterpart,
-    LRP's conservation error, the convergence delta and, for sampling methods, the standard
-    error of the map and how far the sampling converged.
+    One row per verdict of ``explanation`` and ``extra`` (e.g. its randomisation check's):
+    the check, its status, the value judged against its threshold, the reason and what to
+    do. Then, for LRP, where the target logit's relevance went; for sampling methods, the
+    standard error of the map and how far the sampling converged.
     """
     metrics = explanation.metrics
-    rows = []
-    for score, random, higher in SCORES.get(explanation.model.modality, ()):
-        if score in metrics:
-            value, baseline = metrics[score], metrics.get(random)
-            rows.append(
-                _row(
-                    [
-                        score_label(score, higher),
-                        _number(value),
-                        f"random {_number(baseline)}",
-                        _verdict(value, baseline, higher),
-                    ]
-                )
-            )
-    notes = [] if rows else [_NO_SCORES]
-    if "conservation_error" in metrics:
-        error = metrics["conservation_error"]
-        shown = f"{error:.1%}" if math.isfinite(error) else "undefined"
-        notes.append(f"conservation error {shown} (Σ input relevance vs target logit)")
-    if "convergence_delta" in metrics:
-        notes.append(f"convergence delta {_number(metrics['convergence_delta'])}")
+    verdicts = [*explanation.verdicts, *extra]
+    scored = any(s in metrics for s, _, _ in SCORES.get(explanation.model.modality, ()))
+    notes = [] if scored else [_NO_SCORES]
+    if "convergence_delta" in metrics and not {v.check for v in verdicts} & set(_COMPLETENESS):
+        notes.append(f"convergence delta {_number(metrics['convergence_delta'])} (no verdict)")
     if "std_error" in explanation.maps:
         largest = float(np.max(explanation.maps["std_error"]))
         peak = float(np.abs(explanation.scores).max())
@@ -198,7 +223,14 @@ def trust_card_html(explanation: Explanation) -> str:
     ]
     if sampled:  # how far a sampling method converged
         notes.append("convergence: " + ", ".join(sampled))
-    table = f'<table style="font-size:0.85em">{"".join(rows)}</table>' if rows else ""
+    rows = "".join(_verdict_row(v) for v in verdicts)
+    table = f'<table class="verdicts" style="font-size:0.85em">{rows}</table>' if rows else ""
+    if "unaccounted_relevance" in metrics:
+        table += (
+            '<div style="font-size:0.85em;margin-top:4px">where the target logit\'s relevance '
+            f'went</div><table class="balance" style="font-size:0.85em">{_balance_rows(metrics)}'
+            "</table>"
+        )
     items = "".join(f"<li>{html.escape(note)}</li>" for note in notes)
     method = html.escape(explanation.method)
     return (

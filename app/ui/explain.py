@@ -33,6 +33,7 @@ from attrlab.app.ui.results import (
     export_bundle,
     summary,
     top,
+    trust_cards,
 )
 from attrlab.app.ui.runner import PageRunner
 from attrlab.app.ui.shared import (
@@ -600,7 +601,12 @@ class ExplainTab:
                 session(request),
                 self.key,
             )
-            result = Result(check.explanations, check.agreement, check.randomisation)
+            result = Result(
+                check.explanations,
+                check.agreement,
+                check.randomisation,
+                randomisation_verdicts=check.randomisation_verdicts,
+            )
         if self.image:
             from attrlab.viz.image import display_copy
 
@@ -627,14 +633,13 @@ class ExplainTab:
     def show(self, result: Result, request: gr.Request | None) -> list[Any]:
         """The updates of :attr:`shown` for a run's ``result``, in the default view."""
         from attrlab.viz import method_agreement_figure, randomisation_figure
-        from attrlab.viz.trust import trust_card_html
 
         view = self.default_view
 
         compared = result.agreement is not None and len(result.agreement) > 0
         checked = result.randomisation is not None and len(result.randomisation) > 0
         choices = detail_choices(result)
-        cards_html = "".join(trust_card_html(e) for e in result.explanations.values())
+        cards_html = trust_cards(result)
         return [
             self._maps(result, view, _OPACITY),
             gr.update(

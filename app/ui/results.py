@@ -19,6 +19,7 @@ from attrlab.app.ui.files import page_folder
 from attrlab.attribution.compare import MapChange, compare_explanations
 from attrlab.attribution.errors import AttrlabError
 from attrlab.attribution.explanation import Explanation
+from attrlab.attribution.verdicts import Verdict
 from attrlab.viz.tokens import token_probabilities
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ __all__ = [
     "input_label",
     "summary",
     "top",
+    "trust_cards",
 ]
 
 
@@ -52,6 +54,8 @@ class Result:
     fields: dict[str, Any] = field(default_factory=dict)
     #: Per method, the change from the previous run (an edit and compare).
     changes: dict[str, MapChange] = field(default_factory=dict)
+    #: Per method, the randomisation check's verdict (with ``randomisation``).
+    randomisation_verdicts: dict[str, Verdict] = field(default_factory=dict)
 
 
 def detail_choices(result: Result) -> list[str]:
@@ -78,7 +82,7 @@ def detail_figure(result: Result, choice: str, view: View | None = None) -> Any:
 
 def summary(result: Result) -> dict[str, Any]:
     """The raw results shown as JSON: each method's Explanation, an image's map left out."""
-    kept = ["target", "predictions", "params", "metrics", "timings", "warnings", "seed"]
+    kept = ["target", "predictions", "params", "metrics", "verdicts", "timings", "warnings", "seed"]
     out = {}
     for method, e in result.explanations.items():
         data = e.to_dict()
@@ -119,10 +123,9 @@ def _figures(result: Result, view: View | None) -> dict[str, Any]:
 def _pages(result: Result, view: View | None) -> dict[str, str]:
     """The page's HTML views of a run: token columns (in ``view``), trust cards, comparison."""
     from attrlab.viz import change_html, token_columns_html
-    from attrlab.viz.trust import trust_card_html
     from attrlab.viz.view import TEXT_VIEW
 
-    pages = {"trust_cards": "".join(trust_card_html(e) for e in result.explanations.values())}
+    pages = {"trust_cards": trust_cards(result)}
     if result.image is None:
         pages["maps"] = token_columns_html(result.explanations, view or TEXT_VIEW)
         if result.changes:
@@ -142,6 +145,18 @@ def input_label(result: Result) -> str:
         name = result.fields.get("image_name")
         what = "an uploaded image" + (f" ({name})" if name else "")
     return f"{what}, {width}×{height} px"
+
+
+def trust_cards(result: Result) -> str:
+    """Each method's trust card, its randomisation verdict among its own."""
+    from attrlab.viz.trust import trust_card_html
+
+    return "".join(
+        trust_card_html(
+            e, [result.randomisation_verdicts[m]] if m in result.randomisation_verdicts else []
+        )
+        for m, e in result.explanations.items()
+    )
 
 
 def export_bundle(result: Result, png: bool = True, view: View | None = None) -> Path:

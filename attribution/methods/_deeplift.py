@@ -28,11 +28,12 @@ from attrlab.attribution.methods._deeplift_rules import (
     treated_norm,
 )
 from attrlab.attribution.run import RunContext
+from attrlab.attribution.verdicts import Verdict, summation_to_delta
 
 if TYPE_CHECKING:
     from attrlab.attribution.models.base import Adapter
 
-__all__ = ["deeplift_eps", "deeplift_scope", "untreated_by_deeplift", "warn_untreated"]
+__all__ = ["deeplift_eps", "deeplift_scope", "summation_verdict", "untreated_by_deeplift"]
 
 
 #: Attributes Captum's DeepLIFT sets on hooked modules and deletes only on a full backward.
@@ -53,8 +54,6 @@ _RULE_TABLE_LOCK = threading.Lock()
 _NORMS = (nn.LayerNorm, nn.GroupNorm, nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)
 #: Batch norm in eval mode is an affine map: DeepLIFT treats it exactly.
 _BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
-#: Share of the logit difference above which a DeepLIFT delta is worth a warning.
-_DELTA_WARNING = 1e-3
 
 
 @contextmanager
@@ -155,19 +154,25 @@ def deeplift_eps(model: nn.Module) -> float:
     return max(1e-10, float(torch.finfo(dtype).tiny)) if dtype.is_floating_point else 1e-10
 
 
-def warn_untreated(
+def summation_verdict(
     model: nn.Module,
     run: RunContext,
     scores: np.ndarray,
     metrics: dict[str, float],
     report: DeepLiftReport,
-) -> None:
-    """Warn when DeepLIFT's summation-to-delta cannot hold for ``model`` (or visibly fails)."""
+) -> Verdict:
+    """
+    Judge summation-to-delta (:func:`~attribution.verdicts.summation_to_delta`); warn why not.
+
+    Warns when the delta cannot hold for ``model`` (operations without a rule, named) or
+    visibly fails, and when the values are not finite.
+    """
     if not (np.isfinite(scores).all() and np.isfinite(metrics["convergence_delta"])):
         run.warn(
             "DeepLIFT produced non-finite values (overflow or 0/0 in the model's precision); "
             "load the model in float32 for this method"
         )
+    verdict = summation_to_delta(metrics)
     untreated = sorted(
         set(untreated_by_deeplift(model, report.routed_attention)) | report.untreated
     )
@@ -179,9 +184,10 @@ def warn_untreated(
             f"F(x) - F(baseline): the convergence delta is "
             f"{metrics['relative_convergence_delta']:.1%} of the logit difference"
         )
-    elif metrics["relative_convergence_delta"] > _DELTA_WARNING:
+    elif verdict.status != "pass":
         run.warn(
             f"the convergence delta is {metrics['relative_convergence_delta']:.1%} of "
             "F(x) - F(baseline): a nonlinearity is not conserved (a max-pool whose maximum moves "
             "between input and baseline, or a function DeepLIFT cannot see)"
         )
+    return verdict

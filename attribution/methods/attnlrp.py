@@ -37,8 +37,10 @@ class AttnLRP(AttributionMethod):
     relevance at the input embedding (word + token-type share of ``E + P``); images get pixel
     relevance (H×W) through the patch embedding. Positional encodings receive relevance but
     are not reported: see ``pa_lrp``. ``metrics.conservation_error`` =
-    ``|Σ input relevance − logit| / |logit|``; ``layers`` holds the relevance entering each
-    residual stream (``residual_relevance``).
+    ``|Σ input relevance − logit| / |logit|``, lowered by design: ``metrics`` also say where
+    the rest went (positions, attention's softmax, biases) and what no rule accounts for, and
+    the verdict judges that remainder. ``layers`` holds the relevance entering each residual
+    stream (``residual_relevance``).
     """
 
     name = "attnlrp"
@@ -90,6 +92,7 @@ class AttnLRP(AttributionMethod):
             gamma_linear=params["gamma_linear"],
             gamma_conv=params["gamma_conv"],
             attention_rule=params["attention_rule"],
+            account=True,
         )
         run.count(forward=1, backward=1)
         return to_attribution(result, pe_aware=cls.pe_aware)

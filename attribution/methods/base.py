@@ -20,6 +20,7 @@ from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.params import Param, validate_params
 from attrlab.attribution.run import RunContext
 from attrlab.attribution.target import Target
+from attrlab.attribution.verdicts import Verdict
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -55,6 +56,8 @@ class Attribution:
     layers: pd.DataFrame | None = None
     maps: dict[str, np.ndarray] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
+    #: How the method's own checks came out (completeness, conservation).
+    verdicts: list[Verdict] = field(default_factory=list)
 
 
 class AttributionMethod(ABC):

@@ -14,7 +14,7 @@ from attrlab.attribution.methods._captum import (
     delta_metrics,
     forward_function,
 )
-from attrlab.attribution.methods._deeplift import deeplift_eps, deeplift_scope, warn_untreated
+from attrlab.attribution.methods._deeplift import deeplift_eps, deeplift_scope, summation_verdict
 from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
 from attrlab.attribution.methods.registry import register
 from attrlab.attribution.models.base import Adapter, Inputs
@@ -80,5 +80,5 @@ class DeepLift(AttributionMethod):
         output = run.clean_logits(adapter, inputs)  # F(x): explain's own prediction
         metrics = delta_metrics(forward, output, baseline, extra, target, [float(scores.sum())])
         run.count(forward=3, backward=1)  # input+baseline batch, then F(x0) for the delta
-        warn_untreated(adapter.model, run, scores, metrics, report)
-        return Attribution(scores=scores, metrics=metrics)
+        verdict = summation_verdict(adapter.model, run, scores, metrics, report)
+        return Attribution(scores=scores, metrics=metrics, verdicts=[verdict])

@@ -14,7 +14,7 @@ from attrlab.attribution.methods._captum import (
     delta_metrics,
     reference_space,
 )
-from attrlab.attribution.methods._deeplift import deeplift_eps, deeplift_scope, warn_untreated
+from attrlab.attribution.methods._deeplift import deeplift_eps, deeplift_scope, summation_verdict
 from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
 from attrlab.attribution.methods.registry import register
 from attrlab.attribution.models.base import Adapter, Inputs
@@ -117,5 +117,5 @@ class DeepLiftShap(AttributionMethod):
         output = run.clean_logits(adapter, inputs)  # F(x): explain's own prediction
         metrics = delta_metrics(module, output, references, space.extra, target, sums)
         run.count(forward=3 * count, backward=count)  # inputs and references, then F(references)
-        warn_untreated(adapter.model, run, scores, metrics, report)
-        return Attribution(scores=scores, metrics=metrics)
+        verdict = summation_verdict(adapter.model, run, scores, metrics, report)
+        return Attribution(scores=scores, metrics=metrics, verdicts=[verdict])

@@ -19,11 +19,9 @@ from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.params import Param
 from attrlab.attribution.run import RunContext
 from attrlab.attribution.target import Target
+from attrlab.attribution.verdicts import integral_convergence
 
 __all__ = ["IntegratedGradients"]
-
-#: Above this share of the logit difference the path integral is too coarse to trust.
-_DELTA_WARNING = 0.05
 
 
 @register
@@ -34,7 +32,8 @@ class IntegratedGradients(AttributionMethod):
     Text integrates along the token embeddings (given to the model as ``inputs_embeds``; the
     special tokens' embeddings stay the input's); images along normalised pixels.
     ``metrics.convergence_delta`` is ``Σ attributions − (F(x) − F(baseline))``; completeness
-    holds when it is small.
+    holds when it is small, and the verdict :func:`~attribution.verdicts.integral_convergence`
+    judges it relative to ``|F(x) − F(baseline)|`` (a warning too when it does not pass).
     """
 
     alters_model = False  # plain forward and gradient passes
@@ -89,9 +88,7 @@ class IntegratedGradients(AttributionMethod):
         total = [float(scores.sum())]
         metrics = delta_metrics(module, output, space.reference, space.extra, target, total)
         run.count(forward=params["n_steps"] + 1, backward=params["n_steps"])
-        if metrics["relative_convergence_delta"] > _DELTA_WARNING:
-            run.warn(
-                f"convergence delta is {metrics['relative_convergence_delta']:.1%} of F(x) - "
-                "F(baseline): increase n_steps for a more complete attribution"
-            )
-        return Attribution(scores=scores, metrics=metrics)
+        verdict = integral_convergence(metrics, params["n_steps"])
+        if verdict.status != "pass":
+            run.warn(verdict.sentence())
+        return Attribution(scores=scores, metrics=metrics, verdicts=[verdict])

@@ -12,6 +12,7 @@ from attrlab.attribution.metrics.leaderboard import (
 from attrlab.attribution.metrics.randomisation import (
     cascading_units,
     randomisation_check,
+    randomisation_verdicts,
 )
 
 __all__ = [
@@ -25,5 +26,6 @@ __all__ = [
     "faithfulness",
     "map_agreement",
     "randomisation_check",
+    "randomisation_verdicts",
     "summarise",
 ]

@@ -23,9 +23,14 @@ from attrlab.attribution.errors import BudgetExceededError, InvalidParameterErro
 from attrlab.attribution.explain import explain
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.gate import clear_shares
-from attrlab.attribution.metrics.randomisation import cascading_units, randomisation_check
+from attrlab.attribution.metrics.randomisation import (
+    cascading_units,
+    randomisation_check,
+    randomisation_verdicts,
+)
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.run import RunSettings, stop_if_cancelled
+from attrlab.attribution.verdicts import Verdict
 
 __all__ = ["MethodCheck", "check_methods"]
 
@@ -41,12 +46,25 @@ class MethodCheck:
     #: (empty without ``randomise``).
     randomisation: pd.DataFrame
 
+    @property
+    def randomisation_verdicts(self) -> dict[str, Verdict]:
+        """Each method's verdict on the randomisation check (none without ``randomise``)."""
+        return randomisation_verdicts(self.randomisation)
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: the explanations as Explanation JSON, the tables as lists of rows."""
+        """
+        JSON-ready.
+
+        The explanations as Explanation JSON, the tables as lists of rows, and
+        ``randomisation_verdicts`` (method -> verdict).
+        """
         return {
             "explanations": {name: e.to_dict() for name, e in self.explanations.items()},
             "agreement": _records(self.agreement),
             "randomisation": _records(self.randomisation),
+            "randomisation_verdicts": {
+                name: verdict.to_dict() for name, verdict in self.randomisation_verdicts.items()
+            },
         }
 
 

@@ -18,9 +18,12 @@ p(only the top-k % tokens)``, special tokens always kept, each averaged over k =
 replaced by the mask token. For a decoder the score is the probability of the target token.
 The token deletion and insertion curves (MoRF) are reported as for images.
 
-Every measure comes with the same measure for random orders (the mean over seeded orders), so
-that a number means something. All forwards go through :class:`~attribution.perturb.BatchRunner`
-(batched, counted, cancellable); masks are built per batch.
+Every measure comes with the same measure for seeded random orders (their mean), so that a
+number means something; each score of :data:`SCORES` also with the 95 % range of one random
+order's score and a test of the map's score against them
+(:func:`~attribution.verdicts.against_random`: "inconclusive" when it lies within their
+noise). All forwards go through :class:`~attribution.perturb.BatchRunner` (batched, counted,
+cancellable); masks are built per batch.
 """
 
 from __future__ import annotations
@@ -44,10 +47,12 @@ from attrlab.attribution.perturb import (
     auto_batch_size,
 )
 from attrlab.attribution.run import RunContext
+from attrlab.attribution.verdicts import Verdict, against_random
 
 __all__ = [
     "AOPC_FRACTIONS",
     "IMAGE_FILLS",
+    "RANDOM_ORDERS",
     "TEXT_REMOVALS",
     "Faithfulness",
     "check_options",
@@ -64,15 +69,32 @@ AOPC_FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5)
 IMAGE_FILLS = ("rise", "road")
 #: How hidden tokens are treated: removed, or replaced by the mask token.
 TEXT_REMOVALS = ("delete", "mask")
+#: Random orders a map is scored against by default: enough for the t-test of
+#: :func:`~attribution.verdicts.against_random` to tell a clear margin (4 degrees of freedom).
+RANDOM_ORDERS = 5
+
+#: Per modality: (score, its random-order counterpart, True if higher is better).
+SCORES: dict[str, tuple[tuple[str, str, bool], ...]] = {
+    "image": (
+        ("deletion_morf_auc", "deletion_random_auc", False),
+        ("insertion_morf_auc", "insertion_random_auc", True),
+    ),
+    "text": (
+        ("comprehensiveness", "comprehensiveness_random", True),
+        ("sufficiency", "sufficiency_random", False),
+    ),
+}
 
 
 @dataclass
 class Faithfulness:
-    """Scores (flat, for ``Explanation.metrics``) and the curves they come from."""
+    """Scores (flat, for ``Explanation.metrics``), the curves they come from, their verdicts."""
 
     metrics: dict[str, float] = field(default_factory=dict)
     #: Curve name -> target probability at each step (removed or revealed share: 0 … 1).
     curves: dict[str, np.ndarray] = field(default_factory=dict)
+    #: Each score of :data:`SCORES` against the random orders.
+    verdicts: list[Verdict] = field(default_factory=list)
 
 
 def gaussian_blur(pixels: torch.Tensor, kernel: int = 11, sigma: float = 5.0) -> torch.Tensor:
@@ -135,10 +157,13 @@ def _probabilities(
     return np.concatenate(parts)
 
 
+def _area(curves: np.ndarray, counts: Sequence[int]) -> np.ndarray:
+    """Trapezoid area over the share removed or revealed (exact when the last step is short)."""
+    return np.trapezoid(curves, np.asarray(counts, dtype=np.float64) / max(counts[-1], 1), axis=-1)
+
+
 def _areas(curves: dict[str, np.ndarray], counts: Sequence[int]) -> dict[str, float]:
-    """Trapezoid areas over the share removed or revealed (exact when the last step is short)."""
-    shares = np.asarray(counts, dtype=np.float64) / max(counts[-1], 1)
-    return {f"{name}_auc": float(np.trapezoid(curve, shares)) for name, curve in curves.items()}
+    return {f"{name}_auc": float(_area(curve, counts)) for name, curve in curves.items()}
 
 
 def _image_counts(size: int, steps: int) -> list[int]:
@@ -147,7 +172,7 @@ def _image_counts(size: int, steps: int) -> list[int]:
     return [min(size, i * step) for i in range(math.ceil(size / step) + 1)]
 
 
-def faithfulness_passes(inputs: Inputs, steps: int = 50, random_orders: int = 3) -> int:
+def faithfulness_passes(inputs: Inputs, steps: int = 50, random_orders: int = RANDOM_ORDERS) -> int:
     """Forward passes :func:`faithfulness` spends: two curves per order, MoRF, LeRF, random."""
     if inputs.modality == "image":
         points = len(_image_counts(math.prod(inputs.map_shape), steps))
@@ -179,7 +204,7 @@ def faithfulness(
     scores: np.ndarray,
     target: int,
     steps: int = 50,
-    random_orders: int = 3,
+    random_orders: int = RANDOM_ORDERS,
     text_removal: str = "delete",
     batch_size: int | None = None,
     run: RunContext | None = None,
@@ -243,13 +268,19 @@ def _curves(
     insertion: Perturbation,
     random_orders: int,
     seed: int,
-) -> dict[str, np.ndarray]:
-    """Deletion and insertion along MoRF, LeRF and the random orders (their mean)."""
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """
+    Deletion and insertion along MoRF, LeRF and the random orders.
+
+    Returns:
+        The curves (the random orders' as their mean), and per kind (``deletion``,
+        ``insertion``) each random order's curve, one row per order (none without orders).
+    """
     device = runner.adapter.device
     orders = {"morf": _ranks(values, None), "lerf": _ranks(-values, None)}
     rng = np.random.default_rng(seed)
     randoms = [_ranks(values, rng) for _ in range(random_orders)]
-    curves = {}
+    curves, drawn = {}, {}
     for kind, perturbation, reveal in (
         ("deletion", deletion, False),
         ("insertion", insertion, True),
@@ -258,17 +289,40 @@ def _curves(
             masks = _OrderMasks(torch.from_numpy(ranks).to(device), shape, counts, reveal)
             curves[f"{kind}_{name}"] = _probabilities(runner, perturbation, masks, target)
         if randoms:
-            drawn = [
-                _probabilities(
-                    runner,
-                    perturbation,
-                    _OrderMasks(torch.from_numpy(r).to(device), shape, counts, reveal),
-                    target,
-                )
-                for r in randoms
-            ]
-            curves[f"{kind}_random"] = np.mean(drawn, axis=0)
-    return curves
+            drawn[kind] = np.stack(
+                [
+                    _probabilities(
+                        runner,
+                        perturbation,
+                        _OrderMasks(torch.from_numpy(r).to(device), shape, counts, reveal),
+                        target,
+                    )
+                    for r in randoms
+                ]
+            )
+            curves[f"{kind}_random"] = drawn[kind].mean(axis=0)
+    return curves, drawn
+
+
+def _judged(
+    modality: str, metrics: dict[str, float], per_order: dict[str, np.ndarray]
+) -> list[Verdict]:
+    """
+    Each score of :data:`SCORES` against its random orders' scores, by the counterpart's name.
+
+    Adds the 95 % range of one random order's score to ``metrics`` (``<counterpart>_low`` /
+    ``_high``) and the verdict's p-value (``<score>_p``).
+    """
+    verdicts = []
+    for score, random, higher in SCORES[modality]:
+        verdict, low, high = against_random(
+            score, metrics[score], per_order.get(random, np.empty(0)), higher
+        )
+        verdicts.append(verdict)
+        if random in metrics:
+            metrics.update({f"{random}_low": low, f"{random}_high": high})
+            metrics[f"{score}_p"] = math.nan if verdict.value is None else verdict.value
+    return verdicts
 
 
 def _image(
@@ -293,10 +347,12 @@ def _image(
     else:
         deletion = ImagePerturbation(pixels, "inpainting")  # hidden pixels: the normalised zero
         insertion = ImagePerturbation(pixels, "baseline", baseline=gaussian_blur(pixels))
-    curves = _curves(
+    curves, drawn = _curves(
         runner, target, scores, scores.shape, counts, deletion, insertion, random_orders, run.seed
     )
-    return Faithfulness(_areas(curves, counts), curves)
+    metrics = _areas(curves, counts)
+    per_order = {f"{kind}_random_auc": _area(rows, counts) for kind, rows in drawn.items()}
+    return Faithfulness(metrics, curves, _judged("image", metrics, per_order))
 
 
 def _text(
@@ -318,18 +374,18 @@ def _text(
     total = 2 * len(counts) * (2 + random_orders)
     runner = BatchRunner(adapter, run, batch_size, total)
     perturbation = TextPerturbation(adapter, inputs, removal)
-    curves = _curves(
+    curves, drawn = _curves(
         runner, target, values, (n,), counts, perturbation, perturbation, random_orders, run.seed
     )
     metrics = _areas(curves, counts)
     plain = curves["deletion_morf"][0]
     # as ferret: int(k·n) tokens, leaving out 0 and repeats (short texts have fewer cut-offs)
     ks = sorted({int(k * n) for k in AOPC_FRACTIONS} - {0}) or [1]
-    for order in ("morf", "random"):
-        if f"deletion_{order}" not in curves:
-            continue
-        suffix = "" if order == "morf" else "_random"
-        deleted, kept = curves[f"deletion_{order}"], curves[f"insertion_{order}"]
-        metrics[f"comprehensiveness{suffix}"] = float(np.mean([plain - deleted[k] for k in ks]))
-        metrics[f"sufficiency{suffix}"] = float(np.mean([plain - kept[k] for k in ks]))
-    return Faithfulness(metrics, curves)
+    metrics["comprehensiveness"] = float(plain - curves["deletion_morf"][ks].mean())
+    metrics["sufficiency"] = float(plain - curves["insertion_morf"][ks].mean())
+    per_order = {}
+    if drawn:
+        per_order["comprehensiveness_random"] = plain - drawn["deletion"][:, ks].mean(axis=1)
+        per_order["sufficiency_random"] = plain - drawn["insertion"][:, ks].mean(axis=1)
+        metrics.update({name: float(each.mean()) for name, each in per_order.items()})
+    return Faithfulness(metrics, curves, _judged("text", metrics, per_order))

@@ -4,7 +4,8 @@ Which method to believe for this model: every method on every item, scored for f
 Each (item, method) pair gives one row with the faithfulness scores of the method's map and of
 random orders, the forward passes and seconds it took. :func:`summarise` turns the rows into
 one line per method: the mean of each score with a 95 % bootstrap interval (SciPy), the share
-of items on which the method beats random orders, and the cost per item.
+of items on which the method beats random orders with a sign test over the items and its
+verdict (:func:`~attribution.verdicts.sign_test`), and the cost per item.
 """
 
 from __future__ import annotations
@@ -20,24 +21,13 @@ import pandas as pd
 from scipy.stats import bootstrap
 
 from attrlab.attribution.methods import get_method
-from attrlab.attribution.metrics.faithfulness import check_options, faithfulness
+from attrlab.attribution.metrics.faithfulness import SCORES, check_options, faithfulness
 from attrlab.attribution.models.base import Adapter
 from attrlab.attribution.run import ProgressCallback, RunContext, RunSettings
 from attrlab.attribution.runs import explain_rows
+from attrlab.attribution.verdicts import sign_test
 
 __all__ = ["SCORES", "EvalItem", "bundled_items", "evaluate_methods", "summarise"]
-
-#: Per modality: (score, its random-order counterpart, True if higher is better).
-SCORES: dict[str, tuple[tuple[str, str, bool], ...]] = {
-    "image": (
-        ("deletion_morf_auc", "deletion_random_auc", False),
-        ("insertion_morf_auc", "insertion_random_auc", True),
-    ),
-    "text": (
-        ("comprehensiveness", "comprehensiveness_random", True),
-        ("sufficiency", "sufficiency_random", False),
-    ),
-}
 
 
 @dataclass(frozen=True)
@@ -154,8 +144,10 @@ def summarise(per_item: pd.DataFrame, modality: str, seed: int = 0) -> pd.DataFr
     """
     One row per method: each score's mean and 95 % bootstrap interval, and more.
 
-    Also the share of items on which it beats random orders (``*_wins``), and the mean forward
-    passes and seconds per item.
+    Also the share of items on which it beats random orders (``*_wins``), the two-sided sign
+    test of wins against losses over the items (``*_sign_p``, ties left out) and its verdict
+    (``*_verdict``: pass = better than random, fail = worse, inconclusive), and the mean
+    forward passes and seconds per item.
     """
     rows = []
     for method, group in per_item.groupby("method", sort=False):
@@ -166,8 +158,13 @@ def summarise(per_item: pd.DataFrame, modality: str, seed: int = 0) -> pd.DataFr
             row[score] = float(values.mean())
             row[f"{score}_ci"] = f"[{low:.3f}, {high:.3f}]"
             if random in group:  # absent when no random orders were drawn
-                beats = values > group[random] if higher else values < group[random]
+                randoms = group[random].to_numpy(dtype=float)
+                beats = values > randoms if higher else values < randoms
+                loses = values < randoms if higher else values > randoms
                 row[f"{score}_wins"] = float(np.mean(beats))
+                verdict = sign_test(score, int(beats.sum()), int(loses.sum()))
+                row[f"{score}_sign_p"] = verdict.value
+                row[f"{score}_verdict"] = verdict.status
         row["forward_passes"] = float(group["forward_passes"].mean())
         row["seconds"] = float(group["seconds"].mean())
         rows.append(row)

@@ -15,7 +15,9 @@ head; a tied LM head too) first and what comes before them (embeddings) last; fo
 models, the parameterised children of the model, containers (``Sequential``, ``ModuleList``)
 opened up. A re-initialised parameter is
 drawn from a normal distribution with the parameter's own mean and standard deviation (seeded):
-its scale stays, what was learned goes.
+its scale stays, what was learned goes. :func:`randomisation_verdicts` ends the check with a
+verdict per method (:func:`~attribution.verdicts.randomisation`), judged once every layer is
+randomised.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ from torch import nn
 
 from attrlab.attribution.alteration import altered
 from attrlab.attribution.models.base import Adapter
+from attrlab.attribution.verdicts import Verdict, randomisation
 
-__all__ = ["cascading_units", "randomisation_check"]
+__all__ = ["cascading_units", "randomisation_check", "randomisation_verdicts"]
 
 
 def _has_parameters(module: nn.Module) -> bool:
@@ -149,3 +152,21 @@ def randomisation_check(
         absolute = _spearman(np.abs(original), np.abs(recomputed))
         rows.append((step, name, signed, absolute))
     return pd.DataFrame.from_records(rows, columns=["step", "layer", "spearman", "spearman_abs"])
+
+
+def randomisation_verdicts(table: pd.DataFrame) -> dict[str, Verdict]:
+    """
+    Each method's verdict: whether its map still correlates with the original at the end.
+
+    ``table``: the check's rows of several methods (``method, step, layer, spearman,
+    spearman_abs``).
+    """
+    verdicts: dict[str, Verdict] = {}
+    if table.empty:
+        return verdicts
+    for method, rows in table.groupby("method", sort=False):
+        last = rows.sort_values("step").iloc[-1]
+        verdicts[str(method)] = randomisation(
+            str(method), float(last["spearman"]), float(last["spearman_abs"]), str(last["layer"])
+        )
+    return verdicts

@@ -23,10 +23,12 @@ from attrlab.attribution.errors import UnsupportedMethodError
 from attrlab.attribution.explanation import layer_table
 from attrlab.attribution.methods.base import Attribution
 from attrlab.attribution.methods.lrp import positional
+from attrlab.attribution.methods.lrp.accounting import absorbed_by_biases
 from attrlab.attribution.methods.lrp.patches import Recorder, transformer_lrp
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.layouts import layout_for
 from attrlab.attribution.target import Target
+from attrlab.attribution.verdicts import lrp_conservation
 
 __all__ = ["LRPResult", "lrp", "to_attribution"]
 
@@ -60,6 +62,7 @@ class LRPResult:
             ``"value"``) and on the attention output (``"output"``).
         probes: Relevance ``x ⊙ grad`` (float64, the tensor's shape, batch row 0) of each
             tensor asked for with ``probes`` (a module's input or output).
+        bias_absorbed: What the layers with a bias kept (``account``; else ``None``).
     """
 
     target_logit: float
@@ -75,6 +78,15 @@ class LRPResult:
     residual_tokens: list[np.ndarray] = field(default_factory=list)
     attention_balance: list[dict[str, float]] = field(default_factory=list)
     probes: dict[str, torch.Tensor] = field(default_factory=dict)
+    bias_absorbed: float | None = None
+
+    @property
+    def softmax_absorbed(self) -> float:
+        """What attention kept: its output's relevance minus what reached q, k and v."""
+        return sum(
+            layer["output"] - layer["value"] - layer["query_key"]
+            for layer in self.attention_balance
+        )
 
 
 def lrp(
@@ -87,6 +99,7 @@ def lrp(
     record: bool = False,
     attention_rule: str = "attnlrp",
     probes: Sequence[tuple[str, nn.Module, str]] = (),
+    account: bool = False,
 ) -> LRPResult:
     """
     AttnLRP (``pe_aware=False``) or PA-LRP relevance of ``target``'s score for one input.
@@ -96,6 +109,8 @@ def lrp(
     ``gamma_conv`` as in :func:`~attribution.methods.lrp.patches.transformer_lrp`,
     ``attention_rule`` a key of :data:`~attribution.methods.lrp.patches.ATTENTION_RULES`.
     ``probes`` names modules whose ``"input"`` or ``"output"`` relevance is also returned.
+    ``account`` also measures where the relevance the input does not get went (attention,
+    biases: :mod:`~attribution.methods.lrp.accounting`), in the same backward pass.
 
     Raises:
         UnsupportedMethodError: For models without an LRP layout or with non-eager attention.
@@ -108,10 +123,11 @@ def lrp(
         pixels = inputs.attributed()[0].detach().to(dtype).requires_grad_(True)
         kwargs[inputs.forward_keys[0]] = pixels
     patches = transformer_lrp(
-        adapter, layout, pe_aware, gamma_linear, gamma_conv, record, attention_rule
+        adapter, layout, pe_aware, gamma_linear, gamma_conv, record or account, attention_rule
     )
     probed: dict[str, torch.Tensor] = {}
     with torch.enable_grad(), patches as recorder, ExitStack() as hooks:
+        biases = hooks.enter_context(absorbed_by_biases(adapter.model)) if account else None
         for name, module, where in probes:
             hooks.enter_context(_probe(module, where, name, probed))
         score = target.score(adapter.logits(**kwargs))[0]
@@ -124,6 +140,8 @@ def lrp(
         found = torch.autograd.grad(score, list(named.values()), allow_unused=True)
     grads = {k: g for k, g in zip(named, found, strict=True) if g is not None}
     result = _assemble(adapter, recorder, grads, pixels, float(score.detach()), pe_aware)
+    if biases is not None:
+        result.bias_absorbed = biases.value
     for name, tensor in probed.items():
         grad = grads.get(f"probe.{name}")
         relevance = (
@@ -271,7 +289,11 @@ def to_attribution(result: LRPResult, pe_aware: bool) -> Attribution:
 
     ``metrics.conservation_error`` is ``|Σ input relevance − logit| / |logit|`` where the
     input relevance is the token share (AttnLRP) or token plus positional share (PA-LRP);
-    ``metrics.convergence_delta`` is the signed ``Σ input relevance − logit``.
+    ``metrics.convergence_delta`` is the signed ``Σ input relevance − logit``. A run with
+    ``account`` also gives where the rest went (``positional_absorbed`` for AttnLRP,
+    ``softmax_absorbed``, ``bias_absorbed``), ``unaccounted_relevance`` (the logit minus the
+    input relevance and those parts) and the verdict on it
+    (:func:`~attribution.verdicts.lrp_conservation`).
     """
     total = result.token_total + (result.positional_total if pe_aware else 0.0)
     metrics = {
@@ -298,11 +320,21 @@ def to_attribution(result: LRPResult, pe_aware: bool) -> Attribution:
         ]
         if result.positional_scores is not None:
             maps["combined"] = result.scores + result.positional_scores
-    layers = layer_table(rows)
+    verdicts = []
+    if result.bias_absorbed is not None:
+        parts = {
+            "positional_absorbed": 0.0 if pe_aware else result.positional_total,
+            "softmax_absorbed": result.softmax_absorbed,
+            "bias_absorbed": result.bias_absorbed,
+        }
+        metrics.update(parts)
+        metrics["unaccounted_relevance"] = result.target_logit - total - sum(parts.values())
+        verdicts.append(lrp_conservation(metrics))
     return Attribution(
         scores=result.scores,
         positional_scores=result.positional_scores if pe_aware else None,
-        layers=layers,
+        layers=layer_table(rows),
         maps=maps,
         metrics=metrics,
+        verdicts=verdicts,
     )

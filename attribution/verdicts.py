@@ -1,0 +1,365 @@
+"""
+Verdicts on the evidence for a map: one record per check, every threshold here as data.
+
+A number on a trust card means little by itself: an integrated-gradients delta of −23.9, an
+LRP "conservation error" of 62 %, a comprehensiveness of 0.008 against 0.002. Each check
+therefore ends in a :class:`Verdict`: pass, warn, fail or inconclusive, the value judged, the
+threshold it was judged against, one line of reason and what to do. The methods, the
+faithfulness scores and the randomisation check compute their verdicts with the functions
+here; the page, the CLI and REST only show them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+__all__ = [
+    "ALPHA",
+    "LRP_PARTS",
+    "MIN_MARGIN",
+    "STATUSES",
+    "THRESHOLDS",
+    "Threshold",
+    "Verdict",
+    "against_random",
+    "integral_convergence",
+    "lrp_conservation",
+    "randomisation",
+    "sign_test",
+    "summation_to_delta",
+]
+
+#: What a verdict says: the check passed, passed with a caveat, failed, or could not tell.
+STATUSES = ("pass", "warn", "fail", "inconclusive")
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """
+    Bounds on an error (smaller is better): at most ``passing`` passes, at most ``warning`` warns.
+
+    Attributes:
+        passing: The largest value that passes.
+        warning: The largest value that only warns; above it the check fails.
+        source: Where the numbers come from.
+    """
+
+    passing: float
+    warning: float
+    source: str
+
+    def status(self, value: float) -> str:
+        """``pass``, ``warn`` or ``fail`` for ``value``; ``inconclusive`` when it is not finite."""
+        if not math.isfinite(value):
+            return "inconclusive"
+        return "pass" if value <= self.passing else "warn" if value <= self.warning else "fail"
+
+
+#: Every threshold of a verdict, by check.
+THRESHOLDS: dict[str, Threshold] = {
+    # |Σ attributions − (F(x) − F(x0))| / |F(x) − F(x0)|
+    "integral_convergence": Threshold(
+        0.05,
+        0.2,
+        "Sundararajan et al. 2017 (section 'Computing Integrated Gradients'): enough steps "
+        "bring the attributions within 5 % of F(x) − F(baseline); 20 % and above: ours",
+    ),
+    # DeepLIFT's summation-to-delta holds exactly by construction; 0.1 % allows for rounding
+    "summation_to_delta": Threshold(
+        1e-3,
+        0.05,
+        "Shrikumar et al. 2017: summation-to-delta is exact for the rules' operations; "
+        "0.1 % rounding and 5 % bounds: ours",
+    ),
+    # |logit − (input + positions + biases + softmax)| / |logit|: what no rule accounts for
+    "lrp_conservation": Threshold(
+        1e-3,
+        1e-2,
+        "Achtibat et al. 2024: relevance is conserved up to what biases and the softmax "
+        "linearisation absorb; 0.1 % and 1 % bounds for the rest (rounding): ours",
+    ),
+    # max(|ρ|, ρ of magnitudes) with the original map once every layer is randomised
+    "randomisation": Threshold(
+        0.3,
+        0.7,
+        "Adebayo et al. 2018 give no number; 0.3 and 0.7 are the usual bounds of a weak "
+        "and a strong correlation",
+    ),
+}
+
+#: Significance level of the tests against random orders (two-sided).
+ALPHA = 0.05
+#: The smallest margin over random orders a faithfulness score (a probability, or an area
+#: under probabilities) must have to count, however small its p-value: ours.
+MIN_MARGIN = 0.01
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """
+    How one check of a map came out.
+
+    Attributes:
+        check: Which check (a key: ``integral_convergence``, ``comprehensiveness``, ...).
+        title: The check in words.
+        status: One of :data:`STATUSES`.
+        value: The value judged (an error, a p-value, a correlation), ``None`` when there is
+            none or it is not finite.
+        threshold: The bound ``value`` was judged against, ``None`` when there is none.
+        reason: One line: what the value means.
+        advice: What to do about it (empty when nothing).
+    """
+
+    check: str
+    title: str
+    status: str
+    value: float | None
+    threshold: float | None
+    reason: str
+    advice: str = ""
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"status must be one of {', '.join(STATUSES)}; got {self.status!r}")
+        for name in ("value", "threshold"):  # JSON has no NaN: undefined is None
+            number = getattr(self, name)
+            if number is not None and not math.isfinite(number):
+                object.__setattr__(self, name, None)
+
+    def sentence(self) -> str:
+        """The reason and the advice as one line (a warning's text)."""
+        return f"{self.reason}: {self.advice}" if self.advice else self.reason
+
+    def summary(self) -> str:
+        """One line of plain text: the check, its status, the reason and the advice."""
+        return f"{self.title}: {self.status.upper()}: {self.sentence()}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Verdict:
+        """Inverse of :meth:`to_dict`."""
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+
+def _percent(value: float) -> str:
+    return f"{value:.1%}" if abs(value) >= 1e-3 else f"{value:.1e}"
+
+
+def integral_convergence(metrics: Mapping[str, float], n_steps: int) -> Verdict:
+    """
+    Integrated gradients: has the path integral converged (completeness).
+
+    Judges ``relative_convergence_delta`` (the delta over ``|F(x) − F(baseline)|``).
+    """
+    limits = THRESHOLDS["integral_convergence"]
+    relative = float(metrics["relative_convergence_delta"])
+    status = limits.status(relative)
+    shown = (
+        f"the attributions miss F(x) − F(baseline) = {metrics['logit_difference']:.4g} by "
+        f"{metrics['convergence_delta']:.4g} ({_percent(relative)} of it)"
+    )
+    if status == "pass":
+        reason, advice = f"the integral has converged: {shown}", ""
+    else:
+        reason = f"the integral has not converged: {shown}"
+        advice = f"raise n_steps (this run: {n_steps})"
+        if relative > 1:  # steep stretches of the path: the delta outgrows the difference
+            advice += "; a delta larger than the difference itself may need many times more"
+    return Verdict(
+        "integral_convergence",
+        "integral convergence",
+        status,
+        relative,
+        limits.passing,
+        reason,
+        advice,
+    )
+
+
+def summation_to_delta(metrics: Mapping[str, float]) -> Verdict:
+    """DeepLIFT: do the attributions sum to ``F(x) − F(baseline)``, as its rules guarantee."""
+    limits = THRESHOLDS["summation_to_delta"]
+    relative = float(metrics["relative_convergence_delta"])
+    status = limits.status(relative)
+    shown = f"Σ attributions misses F(x) − F(baseline) by {_percent(relative)} of it"
+    if status == "pass":
+        reason, advice = f"summation-to-delta holds: {shown}", ""
+    else:
+        reason = (
+            f"summation-to-delta fails: {shown}; the model has operations DeepLIFT has no rule "
+            "for (gradients pass through them) or a max that moves between input and baseline"
+        )
+        advice = "on this model prefer integrated gradients or LRP, whose completeness is checked"
+    return Verdict(
+        "summation_to_delta", "summation to delta", status, relative, limits.passing, reason, advice
+    )
+
+
+#: The parts of an LRP run's relevance that its rules keep from the input by design, as they
+#: appear in ``metrics``: (short name, what it is).
+LRP_PARTS: dict[str, tuple[str, str]] = {
+    "positional_absorbed": (
+        "positions",
+        "positional encodings (AttnLRP leaves them out of its map; PA-LRP reports them)",
+    ),
+    "softmax_absorbed": (
+        "attention",
+        "attention's softmax linearisation, or the CP rule's share (negative: it added some)",
+    ),
+    "bias_absorbed": (
+        "biases",
+        "biases of linear layers and LayerNorms (with LRP-γ, its stabiliser too)",
+    ),
+}
+
+
+def lrp_conservation(metrics: Mapping[str, float]) -> Verdict:
+    """
+    LRP: is every part of the logit's relevance accounted for.
+
+    ``metrics``: ``target_logit``, ``input_relevance``, the parts of :data:`LRP_PARTS` and
+    ``unaccounted_relevance`` (the logit minus all of them). The verdict judges the
+    unaccounted share of the logit, not the input's share, which the rules lower by design.
+    """
+    limits = THRESHOLDS["lrp_conservation"]
+    logit = float(metrics["target_logit"])
+    scale = max(abs(logit), 1e-12)
+    unaccounted = abs(float(metrics["unaccounted_relevance"])) / scale
+    status = limits.status(unaccounted)
+    parts = ", ".join(
+        f"{name} {_percent(metrics[key] / scale)}"
+        for key, (name, _) in LRP_PARTS.items()
+        if metrics.get(key)
+    )
+    absorbed = f"; the rules keep the rest by design: {parts}" if parts else ""
+    reason = (
+        f"Σ input relevance is {_percent(metrics['input_relevance'] / scale)} of the logit"
+        f"{absorbed}; unaccounted {_percent(unaccounted)} of the logit"
+    )
+    advice = (
+        ""
+        if status == "pass"
+        else "relevance is lost where no rule accounts for it: load the model in float32 and "
+        "report the model family if it persists"
+    )
+    return Verdict(
+        "lrp_conservation",
+        "relevance accounted",
+        status,
+        unaccounted,
+        limits.passing,
+        reason,
+        advice,
+    )
+
+
+def against_random(
+    score: str, value: float, randoms: Sequence[float] | np.ndarray, higher: bool
+) -> tuple[Verdict, float, float]:
+    """
+    A faithfulness score against the same score of seeded random orders.
+
+    Under the hypothesis that the map's order is no better than a random one, its score is
+    one more draw from the random orders' distribution: with ``R`` orders of mean ``m`` and
+    standard deviation ``s`` (taken as normal), ``t = (value − m) / (s·√(1 + 1/R))`` has a
+    Student t distribution with ``R − 1`` degrees of freedom. Two-sided at :data:`ALPHA`;
+    inconclusive within the random orders' noise, when they do not vary, or when the margin
+    is under :data:`MIN_MARGIN`.
+
+    Returns:
+        The verdict (its value the p-value), and the 95 % interval of a random order's score
+        (``nan`` with fewer than two orders).
+    """
+    title = f"{score} against random orders"
+    drawn = np.asarray(randoms, dtype=np.float64)
+    orders = f"{drawn.size} random order" + ("s" if drawn.size != 1 else "")
+    if drawn.size < 2:
+        reason = f"{orders}: no spread to judge the score against"
+        return (
+            Verdict(score, title, "inconclusive", None, ALPHA, reason, "use more random orders"),
+            math.nan,
+            math.nan,
+        )
+    mean, spread = float(drawn.mean()), float(drawn.std(ddof=1))
+    scale = spread * math.sqrt(1 + 1 / drawn.size)  # of one more draw's distance from the mean
+    width = float(stats.t.ppf(1 - ALPHA / 2, drawn.size - 1)) * scale
+    low, high = mean - width, mean + width
+    if spread <= 1e-12 * max(1.0, abs(mean)):  # rounding apart, every order scored the same
+        reason = f"the {orders} all scored {mean:.3g}: no spread to judge {value:.3g} against"
+        advice = "use a longer input or more random orders"
+        return Verdict(score, title, "inconclusive", None, ALPHA, reason, advice), low, high
+    p = float(2 * stats.t.sf(abs(value - mean) / scale, drawn.size - 1))
+    better = value > mean if higher else value < mean
+    where = f"{value:.3g} against random {mean:.3g}, 95 % range [{low:.3g}, {high:.3g}]"
+    test = f"t-test over {orders} p = {p:.2g}"
+    if p >= ALPHA or abs(value - mean) < MIN_MARGIN:
+        noise = "within random orders' noise" if p >= ALPHA else f"a margin under {MIN_MARGIN:g}"
+        status, reason = "inconclusive", f"{noise}: {where} ({test})"
+        advice = "more random orders, a longer input or attrlab evaluate over many inputs may tell"
+    elif better:
+        status, reason, advice = "pass", f"better than random: {where} ({test})", ""
+    else:
+        side = "higher" if higher else "lower"
+        status, reason = "fail", f"worse than random: {where} ({test}; {side} is better)"
+        advice = "the map ranks the input's parts worse than chance: do not trust its order"
+    return Verdict(score, title, status, p, ALPHA, reason, advice), low, high
+
+
+def sign_test(score: str, wins: int, losses: int) -> Verdict:
+    """
+    A method against random orders over items: a two-sided sign test (ties left out).
+
+    ``wins`` / ``losses``: items on which the method's score beat / lost to its random orders'.
+    """
+    title = f"{score} against random orders, over items"
+    trials = wins + losses
+    if trials == 0:
+        return Verdict(
+            score, title, "inconclusive", None, ALPHA, "every item tied with random orders"
+        )
+    p = float(stats.binomtest(wins, trials, 0.5).pvalue)
+    counts = f"beats random on {wins} of {trials} items (sign test p = {p:.2g})"
+    if p >= ALPHA:
+        status, advice = "inconclusive", "more items may tell"
+        reason = f"not distinguishable from random: {counts}"
+    elif wins > losses:
+        status, reason, advice = "pass", f"better than random: {counts}", ""
+    else:
+        status, reason = "fail", f"worse than random: {counts}"
+        advice = "its maps rank the inputs' parts worse than chance"
+    return Verdict(score, title, status, p, ALPHA, reason, advice)
+
+
+def randomisation(method: str, last: float, last_abs: float, layer: str) -> Verdict:
+    """
+    The cascading randomisation check of one method's map, judged at its last step.
+
+    ``last`` / ``last_abs``: Spearman's ρ (signed, of magnitudes) between the original map and
+    the map once every layer down to ``layer`` is randomised. A map that explains the model
+    falls towards 0; one that stays correlated does not depend on what the model learned.
+    """
+    limits = THRESHOLDS["randomisation"]
+    title = f"randomisation check ({method})"
+    value = max(abs(last), abs(last_abs))
+    status = limits.status(value)
+    shown = f"after randomising down to {layer}, ρ = {last:.2f} (of magnitudes {last_abs:.2f})"
+    if status == "inconclusive":
+        reason, advice = f"{shown}: undefined (a constant map)", "check the map is not constant"
+    elif status == "pass":
+        reason, advice = f"the map depends on the weights: {shown}", ""
+    elif status == "warn":
+        reason = f"the map depends on the weights only in part: {shown}"
+        advice = "part of the map reflects the input or the method rather than the model"
+    else:
+        reason = f"the map hardly depends on the weights: {shown}"
+        advice = "it reflects the input or the method, not what the model learned"
+    return Verdict("randomisation", title, status, value, limits.passing, reason, advice)
