@@ -4,6 +4,7 @@ A downloadable bundle of one page's results: explanations, figures and a manifes
 Layout of ``folder`` (and of the zip, under ``folder``'s name)::
 
     <method>.json  <method>.npz  figures/<name>.html  figures/<name>.png  manifest.json
+    <method>_layers.csv / .parquet / .json   (an explanation with a layer table)
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import plotly.graph_objects as go
 
 from attrlab.attribution.explanation import Explanation
@@ -50,6 +52,14 @@ def _plain(value: Any) -> Any:
     return value.tolist() if hasattr(value, "tolist") else str(value)
 
 
+def _write_table(table: pd.DataFrame, folder: Path, stem: str) -> list[str]:
+    """``table`` as ``<stem>.csv``, ``.parquet`` and ``.json`` (records); their names."""
+    table.to_csv(folder / f"{stem}.csv", index=False)
+    table.to_parquet(folder / f"{stem}.parquet", index=False)
+    table.to_json(folder / f"{stem}.json", orient="records", indent=1, double_precision=15)
+    return [f"{stem}.csv", f"{stem}.parquet", f"{stem}.json"]
+
+
 def write_bundle(
     explanations: Mapping[str, Explanation],
     figures: Mapping[str, go.Figure],
@@ -61,10 +71,12 @@ def write_bundle(
     """
     Write the explanations, figures and a manifest into ``folder``; zip it to ``<folder>.zip``.
 
-    Each explanation as ``<method>.json`` and ``<method>.npz``, each figure as standalone
-    ``figures/<name>.html`` and, with ``png``, ``figures/<name>.png`` (kaleido). Names are
-    reduced to ``[A-Za-z0-9_.-]``. When PNG export fails (no Chromium for kaleido) the PNGs
-    are left out and the reason goes to ``manifest["png_error"]``: the bundle still builds.
+    Each explanation as ``<method>.json`` and ``<method>.npz`` (its layer table, where it has
+    one, also as ``<method>_layers.csv``, ``.parquet`` and ``.json`` records), each figure as
+    standalone ``figures/<name>.html`` and, with ``png``, ``figures/<name>.png`` (kaleido).
+    Names are reduced to ``[A-Za-z0-9_.-]``. When PNG export fails (no Chromium for kaleido)
+    the PNGs are left out and the reason goes to ``manifest["png_error"]``: the bundle still
+    builds.
     ``pages`` (name -> an HTML fragment, such as the token columns or the trust cards) become
     standalone ``pages/<name>.html``.
 
@@ -78,8 +90,11 @@ def write_bundle(
         explanation = explanations[method]
         (folder / f"{stem}.json").write_text(explanation.to_json(indent=1), encoding="utf-8")
         explanation.save_npz(folder / f"{stem}.npz")
+        written = [f"{stem}.json", f"{stem}.npz"]
+        if explanation.layers is not None:
+            written += _write_table(explanation.layers, folder, f"{stem}_layers")
         manifest["methods"][method] = {
-            "files": [f"{stem}.json", f"{stem}.npz"],
+            "files": written,
             "method": explanation.method,
             "model": asdict(explanation.model),
             "params": explanation.params,
