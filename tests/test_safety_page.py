@@ -514,6 +514,36 @@ def test_a_link_to_a_tab_the_page_lacks_is_named(client):
     assert _value(filled["text-input"]) == "(unchanged)"
 
 
+def test_a_layers_link_fills_its_fields_and_names_its_bad_ones(client):
+    good = _load(
+        client,
+        "tab=layers&text=hi&model=tiny-random-llama&next_token=1&target=3"
+        "&measures=gradient,ablation&measure=ablation_zero&heads=l1h0;0:2",
+    )
+    assert good["link-problems"]["visible"] is False
+    assert _value(good["layers-heads"]) == "L1H0, L0H2"  # read, and written as the page does
+    assert _value(good["layers-measures"]) == ["gradient", "ablation"]
+    assert _value(good["layers-head-measure"]) == "ablation_zero"
+    assert _value(good["layers-next-token"]) is True
+    assert _value(good["layers-target"]) == "3"
+    assert _value(good["layers-labels"]) == ""  # a model without labels: none, not the sample's
+    bad = _load(
+        client,
+        f"tab=layers&text=hi&model={TEXT_MODEL}&heads=L1,H2&measures=gradient,nope"
+        + "&next_token=yes",
+    )
+    shown = bad["link-problems"]["value"].replace("\\", "")
+    for words in (
+        "heads 'L1,H2' are not written as L<layer>H<head>",
+        "measures 'nope': not on this tab",
+        "next_token 'yes' is not 1 (on) or 0 (off)",
+    ):
+        assert words in shown, (words, shown)
+    assert _value(bad["layers-measures"]) == ["gradient"]  # the known ones are kept
+    assert _value(bad["layers-input"]) == "hi"
+    assert _value(bad["layers-heads"]) == "(unchanged)"
+
+
 #: Link values: text of every kind (no controls, surrogates or backslashes, which the message
 #: would show escaped), numbers of any size, and digits that are not ASCII.
 LINK_VALUES = (

@@ -121,8 +121,13 @@ def _pages(result: Result) -> dict[str, str]:
     return pages
 
 
-def export_bundle(result: Result, png: bool = True) -> Path:
-    """The run as a zip: Explanation JSON and arrays per method, figures, pages, inputs."""
+def export_bundle(result: Result, png: bool = True, pages: dict[str, str] | None = None) -> Path:
+    """
+    The run as a zip: Explanation JSON and arrays per method, figures, pages, inputs.
+
+    ``pages``: the HTML views to include (default: the explain tabs' token columns, trust
+    cards and comparison).
+    """
     from attrlab.viz.bundle import write_bundle
 
     folder = page_folder("export") / "attrlab-export"
@@ -136,7 +141,7 @@ def export_bundle(result: Result, png: bool = True) -> Path:
         folder,
         extra={"inputs": inputs},
         png=png,
-        pages=_pages(result),
+        pages=_pages(result) if pages is None else pages,
     )
 
 
