@@ -12,9 +12,19 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from playwright.sync_api import Page
+from playwright.sync_api import Page, expect
 
-__all__ = ["ARGS", "CHROMIUM", "ERRORS", "RECORD_ERRORS", "SHOTS", "errors", "no_errors", "tab"]
+__all__ = [
+    "ARGS",
+    "CHROMIUM",
+    "ERRORS",
+    "RECORD_ERRORS",
+    "SHOTS",
+    "downloaded",
+    "errors",
+    "no_errors",
+    "tab",
+]
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = [
@@ -51,3 +61,15 @@ def no_errors(page: Page) -> None:
 
 def tab(page: Page, name: str) -> None:
     page.get_by_role("tab", name=name, exact=True).click()
+
+
+def downloaded(page: Page, tab_key: str, folder: Path, timeout: float = 120_000) -> Path:
+    """Press a tab's *Export bundle* (``#<tab_key>-export``) and save the zip it offers."""
+    page.locator(f"#{tab_key}-export").click()
+    link = page.locator(f"#{tab_key}-bundle a").first
+    expect(link).to_be_visible(timeout=timeout)
+    with page.expect_download() as info:
+        link.click()
+    path = folder / "bundle.zip"
+    info.value.save_as(path)
+    return path

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from _browser import no_errors, tab
+from _browser import downloaded, no_errors, tab
 from playwright.sync_api import Page, expect
 
 from attrlab.attribution.layers import analyze_layers, joint_ablation
@@ -28,6 +28,12 @@ pytestmark = pytest.mark.browser  # Debian chromium through Playwright
 TEXT = "I loved this movie, the acting was wonderful."  # the tab's sample text
 LABELS = ["positive", "negative"]
 LONG = 180_000  # an analysis on a busy 2-core machine
+
+
+@pytest.fixture(autouse=True)
+def patient(page):
+    """Clicks and the closing screenshot wait longer: a busy 2-core machine renders slowly."""
+    page.set_default_timeout(90_000)
 
 
 @pytest.fixture(scope="module")
@@ -176,14 +182,7 @@ def test_a_heads_attention_shows_without_ablating_it(page, minilm_labelled):
 def test_export_downloads_a_bundle_with_the_layer_table(page, tmp_path):
     _analyse(page, ["gradient", "ablation"])
     heatmap = _figure(page, "layers-heatmap")
-    page.locator("#layers-export").click()
-    link = page.locator("#layers-bundle a").first
-    expect(link).to_be_visible(timeout=LONG)
-    with page.expect_download() as info:
-        link.click()
-    path = tmp_path / "bundle.zip"
-    info.value.save_as(path)
-    with zipfile.ZipFile(path) as archive:
+    with zipfile.ZipFile(downloaded(page, "layers", tmp_path, LONG)) as archive:
         names = archive.namelist()
         csv = next(n for n in names if n.endswith("layers_layers.csv"))
         table = pd.read_csv(io.BytesIO(archive.read(csv)))

@@ -193,7 +193,9 @@ def test_the_layers_tab_shows_the_figures_the_rule_names(probe):
     try:
         analyse = _handler(demo, "layers_analyse")
         request = SimpleNamespace(session_hash="s", headers={})
-        shown = analyse("minilm-zeroshot", "good film", "", "", False, ["skip"], request)
+        shown = analyse(
+            True, "minilm-zeroshot", "good film", "", "", False, ["skip"], None, request
+        )
     finally:
         worker.close()
     assert probe["asked"] == ["layers"]

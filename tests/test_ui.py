@@ -259,6 +259,7 @@ def test_layers_then_ablating_a_head_changes_the_prediction(client, load_model):
         "",
         False,
         ["gradient", "ablation"],
+        None,  # the head measure: the first the analysis has
         api_name="/layers_analyse",
     )
     measure, _heatmap, grid = outputs[0], outputs[1], outputs[2]
@@ -364,7 +365,7 @@ def test_a_text_tab_refuses_empty_text_and_the_next_token_tab_a_classifier(clien
 def test_layers_of_a_decoder_ignore_the_zero_shot_labels_field(client):
     outputs = client.predict(
         "tiny-random-llama", "the cat sat on the", "positive, negative", "", True,
-        ["gradient", "lrp"], api_name="/layers_analyse",
+        ["gradient", "lrp"], None, api_name="/layers_analyse",
     )  # fmt: skip
     assert outputs[0]["value"] == "head_gradient"
     assert len(outputs[2]["data"]) == 2 * 4  # two layers of four heads, one row each

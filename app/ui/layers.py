@@ -81,6 +81,7 @@ def layers_tab(runner: PageRunner) -> LinkedTab:
     models = [name for name, m in BUILTIN_MODELS.items() if m.modality == "text"]
     last = gr.State(None)  # Result: the analysis (and the last ablation's maps), the fields
     linked = gr.State(False)  # a shared link filled this tab: run it once loaded
+    asked = gr.State(True)  # Run always runs
     with gr.Row(equal_height=False):
         with gr.Column(scale=2):
             model = gr.Dropdown(
@@ -256,22 +257,7 @@ def layers_tab(runner: PageRunner) -> LinkedTab:
 
     @readable
     def analyse(
-        model_,
-        text_,
-        labels_,
-        target_,
-        next_,
-        measures_,
-        request: gr.Request,
-        progress=gr.Progress(),  # noqa: B008
-    ):
-        return analysed(
-            [model_, text_, labels_, target_, next_, measures_], None, request, progress
-        )
-
-    @readable
-    def run_linked(
-        linked_: bool,
+        asked: bool,
         model_,
         text_,
         labels_,
@@ -282,21 +268,21 @@ def layers_tab(runner: PageRunner) -> LinkedTab:
         request: gr.Request,
         progress=gr.Progress(),  # noqa: B008
     ):
-        """Run the analysis a shared link filled, showing the link's head measure."""
-        if not linked_:
+        """Analyse (Run, or a shared link once it filled the tab); the head measure shown stays."""
+        if not asked:  # the page's load set another tab's link flag
             return [gr.skip()] * len(analysis_outputs)
         fields_ = [model_, text_, labels_, target_, next_, measures_]
         return analysed(fields_, measure_, request, progress)
 
     running = run.click(
         analyse,
-        inputs,
+        [asked, *inputs, measure],
         analysis_outputs,
         api_name="layers_analyse",
         concurrency_id="run-layers",
     )
     linked_run = linked.change(
-        run_linked,
+        analyse,
         [linked, *inputs, measure],
         analysis_outputs,
         api_visibility="private",
@@ -417,65 +403,41 @@ def layers_tab(runner: PageRunner) -> LinkedTab:
         views, figure = ablated(shown, method_, result, request, progress)
         return [*views, figure]
 
-    @readable
-    def ablate_if_asked(
-        ablating: bool, shown: str, method_: str, result: Result | None, request: gr.Request,
-        progress=gr.Progress(),  # noqa: B008
-    ):  # fmt: skip
-        """After a click: ablate the set if asked (the clicked head's attention stays shown)."""
-        if not ablating or not shown.strip():
-            return [gr.skip()] * len(ablation_outputs)
-        return ablated(shown, method_, result, request, progress)[0]
+    def ablate_if(attention_too: bool) -> Any:
+        """A handler ablating the named heads when asked; ``attention_too``: the first's view."""
 
-    @readable
-    def ablate_linked(
-        linked_: bool, shown: str, method_: str, result: Result | None, request: gr.Request,
-        progress=gr.Progress(),  # noqa: B008
-    ):  # fmt: skip
-        """After a link's analysis: ablate the heads it names, if any."""
-        if not linked_ or not shown.strip():
-            return [gr.skip()] * (len(ablation_outputs) + 1)
-        views, figure = ablated(shown, method_, result, request, progress)
-        return [*views, figure]
+        @readable
+        def handler(
+            asked: bool, shown: str, method_: str, result: Result | None, request: gr.Request,
+            progress=gr.Progress(),  # noqa: B008
+        ):  # fmt: skip
+            if not asked or not shown.strip():
+                return [gr.skip()] * (len(ablation_outputs) + 1)
+            views, figure = ablated(shown, method_, result, request, progress)
+            return [*views, figure if attention_too else gr.skip()]
 
-    ablations = []
-    for choosing in (
+        return handler
+
+    private: dict[str, Any] = {"api_visibility": "private"}
+    clicks = [
         clicked.change(
-            clicked_cell, [clicked, heads, add, ablate_click], [chosen, heads],
-            api_visibility="private",
+            clicked_cell, [clicked, heads, add, ablate_click], [chosen, heads], **private
         ),
-        grid.select(
-            clicked_row, [heads, add, ablate_click, grid], [chosen, heads],
-            api_visibility="private",
-        ),
-    ):  # fmt: skip
-        shown_attention = choosing.success(
-            show_attention, [chosen, last], attention, api_visibility="private"
+        grid.select(clicked_row, [heads, add, ablate_click, grid], [chosen, heads], **private),
+    ]
+    shown_heads = [c.success(show_attention, [chosen, last], attention, **private) for c in clicks]
+    # after a click the clicked head's attention stays (the ablated set may start elsewhere)
+    ablations = [
+        trigger(handler, inputs_, [*ablation_outputs, attention], **naming)
+        for trigger, handler, inputs_, naming in (
+            *(
+                (shown.success, ablate_if(False), [ablate_click, heads, method, last], private)
+                for shown in shown_heads
+            ),
+            (ablate.click, run_ablation, [heads, method, last], {"api_name": "layers_ablate"}),
+            (linked_run.success, ablate_if(True), [linked, heads, method, last], private),
         )
-        ablations.append(
-            shown_attention.success(
-                ablate_if_asked,
-                [ablate_click, heads, method, last],
-                ablation_outputs,
-                api_visibility="private",
-            )
-        )
-    ablations.append(
-        ablate.click(
-            run_ablation,
-            [heads, method, last],
-            [*ablation_outputs, attention],
-            api_name="layers_ablate",
-        )
-    )
-    ablations.append(
-        linked_run.success(
-            ablate_linked,
-            [linked, heads, method, last],
-            [*ablation_outputs, attention],
-            api_visibility="private",
-        )
-    )
+    ]
     cancel.click(
         runner.cancel_handler("layers"),
         [],
