@@ -40,7 +40,7 @@ from attrlab.attribution.models import BUILTIN_MODELS, default_model
 if TYPE_CHECKING:
     from attrlab.viz.figures import FigureBuilder
 
-__all__ = ["ABLATION_METHOD", "layers_tab"]
+__all__ = ["layers_tab"]
 
 #: The map re-run with heads ablated: one backward pass, so a click answers at once.
 ABLATION_METHOD = "gradient_x_input"
@@ -66,9 +66,10 @@ _HEATMAP_CLICKS = """
     plot.on('plotly_click', click);
   };
   listen();
-  if (!window.attrlabHeadClicks) {
-    window.attrlabHeadClicks = new MutationObserver(listen);
-    window.attrlabHeadClicks.observe(document.body, {childList: true, subtree: true});
+  const block = document.querySelector('#layers-heatmap');
+  if (block && window.attrlabHeadClicks !== block) {  // Plotly draws into it: listen again
+    window.attrlabHeadClicks = block;
+    new MutationObserver(listen).observe(block, {childList: true, subtree: true});
   }
 }
 """
