@@ -20,8 +20,8 @@ __all__ = [
     "ERRORS",
     "RECORD_ERRORS",
     "SHOTS",
-    "downloaded",
     "errors",
+    "exported",
     "no_errors",
     "tab",
 ]
@@ -63,11 +63,11 @@ def tab(page: Page, name: str) -> None:
     page.get_by_role("tab", name=name, exact=True).click()
 
 
-def downloaded(page: Page, tab_key: str, folder: Path, timeout: float = 120_000) -> Path:
-    """Press a tab's *Export bundle* (``#<tab_key>-export``) and save the zip it offers."""
-    page.locator(f"#{tab_key}-export").click()
-    link = page.locator(f"#{tab_key}-bundle a").first
-    expect(link).to_be_visible(timeout=timeout)
+def exported(page: Page, key: str, folder: Path) -> Path:
+    """Click a tab's Export, download the bundle it offers into ``folder``; the zip's path."""
+    page.locator(f"#{key}-export").click()
+    link = page.locator(f"#{key}-bundle a").first
+    expect(link).to_be_visible(timeout=180_000)
     with page.expect_download() as info:
         link.click()
     path = folder / "bundle.zip"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import zipfile
 
 import pytest
-from _browser import downloaded, no_errors, tab
+from _browser import exported, no_errors, tab
 from playwright.sync_api import expect
 
 from attrlab.attribution.methods import capabilities
@@ -83,7 +83,8 @@ def test_export_downloads_a_bundle_that_opens(page, tmp_path):
     page.locator("#text-methods").get_by_label("attnlrp", exact=False).first.uncheck()
     page.locator("#text-run").click()
     expect(page.locator("#text-maps .attr-column")).to_have_count(1, timeout=120_000)
-    with zipfile.ZipFile(downloaded(page, "text", tmp_path)) as archive:
+    path = exported(page, "text", tmp_path)
+    with zipfile.ZipFile(path) as archive:
         names = archive.namelist()
     assert any(n.endswith("integrated_gradients.json") for n in names)
     assert any(n.endswith("manifest.json") for n in names)

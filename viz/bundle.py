@@ -18,7 +18,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import plotly.graph_objects as go
 
 from attrlab.attribution.explanation import Explanation
@@ -52,11 +51,15 @@ def _plain(value: Any) -> Any:
     return value.tolist() if hasattr(value, "tolist") else str(value)
 
 
-def _write_table(table: pd.DataFrame, folder: Path, stem: str) -> list[str]:
-    """``table`` as ``<stem>.csv``, ``.parquet`` and ``.json`` (records); their names."""
+def _write_layers(explanation: Explanation, folder: Path, stem: str) -> list[str]:
+    """The layer table, if any, as ``<stem>.csv``, ``.parquet`` and ``.json`` (its records)."""
+    table = explanation.layers
+    if table is None:
+        return []
     table.to_csv(folder / f"{stem}.csv", index=False)
     table.to_parquet(folder / f"{stem}.parquet", index=False)
-    table.to_json(folder / f"{stem}.json", orient="records", indent=1, double_precision=15)
+    records = explanation.to_dict()["layers"]
+    (folder / f"{stem}.json").write_text(json.dumps(records, indent=1), encoding="utf-8")
     return [f"{stem}.csv", f"{stem}.parquet", f"{stem}.json"]
 
 
@@ -91,8 +94,7 @@ def write_bundle(
         (folder / f"{stem}.json").write_text(explanation.to_json(indent=1), encoding="utf-8")
         explanation.save_npz(folder / f"{stem}.npz")
         written = [f"{stem}.json", f"{stem}.npz"]
-        if explanation.layers is not None:
-            written += _write_table(explanation.layers, folder, f"{stem}_layers")
+        written += _write_layers(explanation, folder, f"{stem}_layers")
         manifest["methods"][method] = {
             "files": written,
             "method": explanation.method,
