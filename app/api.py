@@ -638,9 +638,11 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         else JSON Lines.
 
         JSON Lines: ``{"index", "explanations": {method: Explanation | {"error"}}}`` per line.
-        Parquet: one row per instance and method (index, method, target, probability, scores,
-        error, and the Explanation as JSON). The whole file is checked first: damaged results
-        answer 500 ``results_damaged`` and nothing else.
+        Parquet: one row per instance and method, ``attrlab batch``'s columns: id (the
+        instance's index), method, target, label, probability, predictions (a list of
+        index, label, probability), tokens, scores (the map flattened row-major) and
+        scores_shape, error, and explanation_json (the whole Explanation). The whole file is
+        checked first: damaged results answer 500 ``results_damaged`` and nothing else.
         """
         job_status_of(job_id)
         if format is None:

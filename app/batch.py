@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -27,6 +28,7 @@ from attrlab.app.jobs import cut_torn_tail, instance_json
 from attrlab.app.worker import BatchRequest, ExplainWorker, Instance
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, parse_json
 from attrlab.attribution.rows import dataset_line, numbered_lines
+from attrlab.attribution.run import ProgressCallback
 
 __all__ = [
     "IMAGE_SUFFIXES",
@@ -43,18 +45,28 @@ __all__ = [
     "unique_ids",
 ]
 
-#: Columns of a batch result row (Parquet, and the flattened job results), with their Arrow
-#: types: one schema whatever the rows hold (``id`` is a job's ``index``, a number, in its
-#: results).
+#: A row's top predictions: each output's index, label and probability.
+PREDICTION_TYPE = pa.struct(
+    [("index", pa.int64()), ("label", pa.string()), ("probability", pa.float64())]
+)
+#: Columns of a batch result row, one per input and method (``attrlab batch``'s JSON Lines and
+#: Parquet, the page's downloads and a job's Parquet), with their Arrow types: one schema
+#: whatever the rows hold. ``id`` is the dataset row's id (a job's: the instance's number,
+#: int64). ``scores`` is the map flattened in row-major order, ``scores_shape`` its shape
+#: (``[tokens]`` or ``[height, width]``); ``explanation_json`` the whole Explanation as JSON
+#: (``Explanation.from_json`` reads it). A row with an error has only it beside its key.
 RESULT_TYPES = {
     "id": pa.string(),
     "method": pa.string(),
     "target": pa.int64(),
     "label": pa.string(),
     "probability": pa.float64(),
-    "scores": pa.string(),
+    "predictions": pa.list_(PREDICTION_TYPE),
+    "tokens": pa.list_(pa.string()),
+    "scores": pa.list_(pa.float64()),
+    "scores_shape": pa.list_(pa.int64()),
     "error": pa.string(),
-    "explanation": pa.string(),
+    "explanation_json": pa.string(),
 }
 RESULT_COLUMNS = list(RESULT_TYPES)
 
@@ -120,14 +132,18 @@ class BatchConfig:
 
 
 def explain_rows(
-    worker: ExplainWorker, config: BatchConfig, rows: Sequence[DatasetRow]
+    worker: ExplainWorker,
+    config: BatchConfig,
+    rows: Sequence[DatasetRow],
+    progress: ProgressCallback | None = None,
 ) -> list[dict[str, Any]]:
     """
     Result rows (see :data:`RESULT_COLUMNS`) for ``rows``, in order, one per row and method.
 
     The rows run as one worker batch, that is through the library's loop over inputs ×
     methods (:func:`attribution.runs.explain_rows`); this adds only the file's row shape. A
-    row that cannot be explained gets its error in each of its result rows.
+    row that cannot be explained gets its error in each of its result rows. ``progress``
+    receives the batch's (explanations done, explanations) as its rows finish.
     """
     request = BatchRequest(
         model=config.model,
@@ -138,7 +154,7 @@ def explain_rows(
         params=config.params,
         evaluate=config.evaluate,
     )
-    results = worker.explain(request)
+    results = worker.explain(request, progress)
     return [
         result
         for row, outcome in zip(rows, results, strict=True)
@@ -150,80 +166,81 @@ def result_rows(key: Any, explanations: dict[str, dict[str, Any]]) -> list[dict[
     """One instance's wire results (method -> Explanation JSON or error) as result rows."""
     rows = []
     for method, outcome in explanations.items():
-        error = outcome.get("error")
-        target = outcome.get("target") or {}
-        rows.append(
-            {
-                "id": key,
-                "method": method,
-                "target": target.get("index"),
-                "label": target.get("label"),
-                "probability": target.get("probability"),
-                "scores": None if error else json.dumps(outcome["scores"]),
-                "error": None if error is None else error["message"],
-                "explanation": None if error else json.dumps(outcome),
-            }
-        )
+        row: dict[str, Any] = dict.fromkeys(RESULT_COLUMNS)
+        row.update(id=key, method=method)
+        if "error" in outcome:
+            row["error"] = outcome["error"]["message"]
+        else:
+            scores = np.asarray(outcome["scores"], dtype=np.float64)
+            row.update(
+                target=outcome["target"]["index"],
+                label=outcome["target"]["label"],
+                probability=outcome["target"]["probability"],
+                predictions=outcome["predictions"],
+                tokens=outcome["tokens"],
+                scores=scores.ravel().tolist(),
+                scores_shape=list(scores.shape),
+                explanation_json=json.dumps(outcome),
+            )
+        rows.append(row)
     return rows
 
 
 def result_table(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
-    """Result rows as a frame with :data:`RESULT_COLUMNS` (``target``: integers or missing)."""
+    """
+    Result rows as a frame with :data:`RESULT_COLUMNS`.
+
+    ``target`` holds integers or missing, ``probability`` numbers or NaN (so a frame of errors
+    only has the types of one with results).
+    """
     table = pd.DataFrame.from_records(list(rows), columns=RESULT_COLUMNS)
-    return table.astype({"target": "Int64"})
+    return table.astype({"target": "Int64", "probability": "float64"})
 
 
-def result_arrow(
-    rows: Iterable[dict[str, Any]], key: str = "id", key_type: pa.DataType | None = None
-) -> pa.Table:
+def result_arrow(rows: Iterable[dict[str, Any]], key_type: pa.DataType | None = None) -> pa.Table:
     """
     Result rows as an Arrow table of one fixed schema, whatever the rows hold.
 
     Without it a column that is all missing (no error in a run, no score in another) would
-    get Arrow's null type, and a resumed run's file would differ from a fresh one's. ``key``
-    names the first column, of ``key_type`` (text by default): a dataset's ``id``, or a
-    job's instance ``index`` (a number).
+    get Arrow's null type, and a resumed run's file would differ from a fresh one's. ``id`` is
+    of ``key_type``: text by default (a dataset's ids), int64 for a job's instance numbers.
     """
     types = {**RESULT_TYPES, "id": key_type or RESULT_TYPES["id"]}
-    schema = pa.schema([(key if name == "id" else name, kind) for name, kind in types.items()])
-    table = result_table(rows).rename(columns={"id": key})
-    return pa.Table.from_pandas(table, schema=schema, preserve_index=False)
+    return pa.Table.from_pandas(
+        result_table(rows), schema=pa.schema(list(types.items())), preserve_index=False
+    )
 
 
-def parquet_file(
-    results: Iterable[dict[str, Any]], chunk: int = 256, key_type: pa.DataType | None = None
-) -> Path:
+def parquet_file(results: Iterable[dict[str, Any]], chunk: int = 256) -> Path:
     """
     Job results (``{"index", "explanations"}`` per instance) as a temporary Parquet file.
 
-    ``index`` is an instance's number (``key_type`` int64), or the id of a page's dataset row
-    (``pa.string()``). Written a chunk of instances at a time, so memory stays bounded by one
-    chunk; the caller serves the file (it lies in the system's temporary folder).
+    One row per instance and method (:data:`RESULT_TYPES`), its ``id`` the instance's
+    ``index`` (int64). Written a chunk of instances at a time, so memory stays
+    bounded by one chunk; the caller serves the file (it lies in the system's temporary folder).
     """
     handle, name = tempfile.mkstemp(prefix="attrlab-results-", suffix=".parquet")
     os.close(handle)
     try:
-        _write_parquet(results, name, chunk, key_type or pa.int64())
+        _write_parquet(results, name, chunk)
     except BaseException:  # a failed write leaves no file behind
         os.unlink(name)
         raise
     return Path(name)
 
 
-def _write_parquet(
-    results: Iterable[dict[str, Any]], name: str, chunk: int, key_type: pa.DataType
-) -> None:
+def _write_parquet(results: Iterable[dict[str, Any]], name: str, chunk: int) -> None:
     writer = None
     try:
         rows_left = iter(results)
         while part := list(itertools.islice(rows_left, chunk)):
             rows = [r for row in part for r in result_rows(row["index"], row["explanations"])]
-            table = result_arrow(rows, "index", key_type)
+            table = result_arrow(rows, pa.int64())
             if writer is None:
                 writer = pq.ParquetWriter(name, table.schema)
             writer.write_table(table)
         if writer is None:  # no results yet: an empty table with the columns
-            pq.write_table(result_arrow([], "index", key_type), name)
+            pq.write_table(result_arrow([], pa.int64()), name)
     finally:
         if writer is not None:
             writer.close()
@@ -312,6 +329,12 @@ class ResultFile:
             raise InvalidInputError(
                 f"'{self.path}' is not the output of attrlab batch (its rows have no id and "
                 "method), so it is not resumed or overwritten: give another output file"
+            )
+        if any(row.keys() != set(RESULT_COLUMNS) for row in rows):
+            raise InvalidInputError(
+                f"'{self.path}' was written by another version of attrlab batch (its rows' "
+                f"columns are not {', '.join(RESULT_COLUMNS)}), so it is not resumed: give "
+                "another output file"
             )
         return rows
 

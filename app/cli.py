@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
+import shutil
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -18,73 +20,146 @@ __all__ = ["main"]
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from attrlab.app.worker import EstimateRequest, ExplainRequest, parse_param_pairs
+    from attrlab.app.worker import EstimateRequest, ExplainRequest
+
+    methods = _names(args.methods) if args.methods is not None else [args.method.strip()]
+    if not methods:
+        raise _usage_error("--methods names at least one method")
+    if args.figures is not None and args.estimate:
+        raise _usage_error("--estimate runs nothing, so it draws no figures: leave out --figures")
+    figures = _output_path(args.figures, folder=True)
+    params = _explain_params(args.param, methods)
+    kind = EstimateRequest if args.estimate else ExplainRequest
+    fields = _input_fields(args)
+    requests = [
+        kind(**fields, method=m, params=params.get(m, {}), evaluate=args.evaluate) for m in methods
+    ]
+    results = _on_worker(args, requests, "method")
+    if figures is not None:
+        _write_figures(_explanation_figures(results, fields["image"]), figures, args.figure_format)
+    if args.format == "json":
+        shown = [r.to_dict() for r in results]
+        # --method gives one object (as before --methods existed); --methods a list
+        print(json.dumps(shown if args.methods is not None else shown[0], indent=2))
+        return 0
+    if args.estimate:
+        print("\n".join(r.summary() for r in results))
+        return 0
     from attrlab.viz.table import explanation_table
 
-    kind = EstimateRequest if args.estimate else ExplainRequest
-    request = kind(
-        **_input_fields(args),
-        method=args.method,
-        params=parse_param_pairs(args.param),
-        evaluate=args.evaluate,
-    )
-    explanation = _on_worker(args, request)
-    if args.estimate:
-        print(
-            json.dumps(explanation.to_dict(), indent=2)
-            if args.format == "json"
-            else explanation.summary()
-        )
-        return 0
-    if args.format == "json":
-        print(explanation.to_json(indent=2))
-    else:
-        print(explanation_table(explanation))
+    print("\n\n".join(explanation_table(e) for e in results))
     return 0
 
 
+def _names(text: str) -> list[str]:
+    """The names of a comma-separated list, blanks left out."""
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def _explain_params(pairs: Sequence[str], methods: Sequence[str]) -> dict[str, dict[str, str]]:
+    """
+    ``--param`` pairs per method: ``key=value`` for the one method, ``method.key=value`` for any.
+
+    Raises:
+        InvalidParameterError: a pair without a method while several run, or for a method
+            that does not run.
+    """
+    from attrlab.app.worker import parse_param_pairs
+
+    params: dict[str, dict[str, str]] = {}
+    for pair in pairs:
+        key = pair.partition("=")[0]
+        if "." in key:
+            method, _, rest = pair.partition(".")
+            method = method.strip()
+            if method not in methods:
+                raise _usage_error(f"--param {pair!r} names {method!r}, which does not run")
+        elif len(methods) == 1:
+            method, rest = methods[0], pair
+        else:
+            raise _usage_error(
+                f"with several methods, name the method of each parameter: --param "
+                f"METHOD.{pair.strip()}"
+            )
+        params.setdefault(method, {}).update(parse_param_pairs([rest]))
+    return params
+
+
+def _explanation_figures(
+    explanations: Sequence[Any], image_bytes: bytes | None
+) -> dict[str, Callable[[], Any]]:
+    """Each explanation's figures (the library's rule), named ``method_figure``."""
+    from attrlab.viz.figures import figures_for
+
+    image = None
+    if image_bytes is not None:  # the maps are drawn on the image's display copy
+        from attrlab.attribution.models import load_image
+        from attrlab.viz.image import display_copy
+
+        image = display_copy(load_image(image_bytes))
+    return {
+        f"{e.method}_{name}": draw
+        for e in explanations
+        for name, draw in figures_for(e, image).items()
+    }
+
+
 def _layers(args: argparse.Namespace) -> int:
-    from attrlab.app.worker import ExplainRequest, ExplainWorker
-    from attrlab.attribution.run import RunSettings
+    from attrlab.app.worker import ExplainRequest
 
     if args.format == "parquet" and args.output is None:
         raise _usage_error("--format parquet writes a file: give --output PATH")
     _output_path(args.output)
-    _output_path(args.figures, folder=True)
-    worker = ExplainWorker(device=args.device, max_models=1)
-    try:
-        if args.input is not None:
-            from attrlab.attribution.layers import analyze_dataset
+    figures = _output_path(args.figures, folder=True)
+    if args.input is not None:
+        return _layers_dataset(args)
+    request = ExplainRequest(
+        **_input_fields(args),
+        method="layers",
+        params={"measures": args.measures or "all", "top_k": args.top_k},
+    )
+    (explanation,) = _on_worker(args, [request], "input")
+    if figures is not None:
+        from attrlab.viz.figures import figures_for
 
-            labels = _labels(args.labels)
-            adapter = worker.adapter(args.model, labels)
-            items = _dataset_items(args.input, args.target)
-            table = analyze_dataset(
-                adapter,
-                items,
-                _measures(args.measures),
-                RunSettings(seed=args.seed),
-                progress=_report_progress,
-            )
-            print(file=sys.stderr)
-            _write_table(table, args, lambda: table.to_string(index=False))
-            return 0
-        request = ExplainRequest(
-            **_input_fields(args),
-            method="layers",
-            params={"measures": args.measures or "all", "top_k": args.top_k},
-        )
-        explanation = worker.explain(request)
-    finally:
-        worker.close()
-    if args.figures is not None:
-        _write_figures(explanation, Path(args.figures), args.figure_format)
+        _write_figures(figures_for(explanation), figures, args.figure_format)
     if args.format == "json":
         _write_text(explanation.to_json(indent=2), args.output)
         return 0
     from attrlab.viz.table import layers_text
 
     _write_table(explanation.layers, args, lambda: layers_text(explanation))
+    return 0
+
+
+def _layers_dataset(args: argparse.Namespace) -> int:
+    """``attrlab layers --input``: the layer measures' means over a dataset."""
+    from attrlab.app.progress import CommandProgress
+    from attrlab.app.worker import ExplainWorker
+    from attrlab.attribution.layers import DatasetItem, analyze_dataset
+    from attrlab.attribution.run import RunSettings
+
+    measures = _measures(args.measures)  # before the model loads
+    lines = _dataset_lines(args.input)
+    worker = ExplainWorker(device=args.device, max_models=1)
+    try:
+        with CommandProgress(len(lines), "input") as bar:
+            adapter = _load_model(worker, args, bar)
+            bar.stage("layers")
+            items = (
+                DatasetItem(raw, target)
+                for raw, target, _ in _records(lines, args.input, args.target)
+            )
+            table = analyze_dataset(
+                adapter,
+                items,
+                measures,
+                RunSettings(seed=args.seed, progress=bar.passes),
+                progress=bar.done,
+            )
+    finally:
+        worker.close()
+    _write_table(table, args, lambda: table.to_string(index=False))
     return 0
 
 
@@ -101,15 +176,40 @@ def _input_fields(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _on_worker(args: argparse.Namespace, request: Any) -> Any:
-    """Run one request on a worker of its own, closed afterwards."""
+def _on_worker(
+    args: argparse.Namespace, requests: Sequence[Any], unit: str, counts_units: bool = False
+) -> list[Any]:
+    """
+    Run requests in turn on a worker of its own (one model load), closed afterwards.
+
+    Every request is checked before the model loads. A progress bar counts the requests as
+    ``unit`` with each one's forward passes under it; with ``counts_units`` the one request
+    reports ``unit`` itself (a check's runs).
+    """
+    from attrlab.app.progress import CommandProgress
     from attrlab.app.worker import ExplainWorker
 
     worker = ExplainWorker(device=args.device, max_models=1)
     try:
-        return worker.explain(request)
+        for request in requests:
+            worker.validate(request)
+        results = []
+        with CommandProgress(None if counts_units else len(requests), unit) as bar:
+            _load_model(worker, args, bar)
+            for done, request in enumerate(requests, start=1):
+                bar.stage(getattr(request, "method", args.command))
+                results.append(worker.explain(request, bar.done if counts_units else bar.passes))
+                if not counts_units:
+                    bar.done(done)
+        return results
     finally:
         worker.close()
+
+
+def _load_model(worker: Any, args: argparse.Namespace, bar: Any) -> Any:
+    """Load the command's model on ``worker`` (kept for its requests), saying so on the bar."""
+    bar.stage(f"loading {args.model}")
+    return worker.adapter(args.model, _labels(args.labels))
 
 
 def _labels(text: str | None) -> list[str] | None:
@@ -128,10 +228,6 @@ def _usage_error(message: str) -> AttrlabError:
     return InvalidParameterError(message)
 
 
-def _report_progress(done: int) -> None:
-    print(f"\r{done} inputs done", end="", file=sys.stderr, flush=True)
-
-
 def _check(args: argparse.Namespace) -> int:
     import pandas as pd
 
@@ -141,12 +237,12 @@ def _check(args: argparse.Namespace) -> int:
     _output_path(args.figures, folder=True)
     request = CheckRequest(
         **_input_fields(args),
-        methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
+        methods=tuple(_names(args.methods)),
         params=_method_params(args.param),
         randomise=args.randomise,
         top_fraction=args.top_fraction,
     )
-    checked = _on_worker(args, request)
+    (checked,) = _on_worker(args, [request], "run", counts_units=True)
     tables = [
         table.assign(check=name)
         for name, table in (
@@ -156,16 +252,14 @@ def _check(args: argparse.Namespace) -> int:
         if not table.empty
     ]
     if args.figures is not None:
-        from attrlab.viz import export_figure, method_agreement_figure, randomisation_figure
+        from attrlab.viz import method_agreement_figure, randomisation_figure
 
-        folder = Path(args.figures).expanduser()
-        folder.mkdir(parents=True, exist_ok=True)
+        figures: dict[str, Callable[[], Any]] = {}
         if not checked.agreement.empty:
-            figure = method_agreement_figure(checked.agreement)
-            export_figure(figure, folder / f"agreement.{args.figure_format}")
+            figures["agreement"] = lambda: method_agreement_figure(checked.agreement)
         if not checked.randomisation.empty:
-            figure = randomisation_figure(checked.randomisation)
-            export_figure(figure, folder / f"randomisation.{args.figure_format}")
+            figures["randomisation"] = lambda: randomisation_figure(checked.randomisation)
+        _write_figures(figures, Path(args.figures), args.figure_format)
     result = pd.concat(tables, ignore_index=True)
 
     def as_text() -> str:
@@ -191,8 +285,6 @@ def _method_params(pairs: Sequence[str]) -> dict[str, dict[str, str]]:
 
 
 def _batch(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     from attrlab.app.batch import (
         IMAGE_SUFFIXES,
         BatchConfig,
@@ -201,11 +293,12 @@ def _batch(args: argparse.Namespace) -> int:
         pending_rows,
         unique_ids,
     )
+    from attrlab.app.progress import CommandProgress
     from attrlab.app.worker import ExplainWorker
     from attrlab.attribution.errors import InvalidInputError
     from attrlab.attribution.gate import checked_params
 
-    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    methods = tuple(_names(args.methods))
     if not methods:
         raise _usage_error("--methods names at least one method")
     output = ResultFile(Path(args.output).expanduser())
@@ -241,11 +334,11 @@ def _batch(args: argparse.Namespace) -> int:
     done = output.done(methods)  # ids with every method written; partial ids are redone
     rows = list(pending_rows(dataset, done))
     print(f"{len(dataset) - len(rows)} inputs already done, {len(rows)} to go", file=sys.stderr)
-    bar = tqdm(total=len(rows), unit="input", file=sys.stderr, dynamic_ncols=True)
-    try:
+    with CommandProgress(len(rows), "input") as bar:
         if args.engine == "ray":
             from attrlab.app.engine_ray import ray_batches
 
+            bar.stage("ray")
             batches = ray_batches(
                 rows,
                 config,
@@ -254,20 +347,26 @@ def _batch(args: argparse.Namespace) -> int:
                 args.cpus_per_worker,
                 args.batch_size,
             )
+            finished = 0
             for results in batches:
                 output.append(results)
-                bar.update(len(results) // len(methods))
+                finished += len(results) // len(methods)
+                bar.done(finished)
         else:
             worker = ExplainWorker(device=args.device, max_models=1)
             try:
+                _load_model(worker, args, bar)
+                bar.stage("batch")
                 for start in range(0, len(rows), args.batch_size):
                     chunk = rows[start : start + args.batch_size]
-                    output.append(explain_rows(worker, config, chunk))
-                    bar.update(len(chunk))
+
+                    def report(runs: int, _: int, start: int = start) -> None:
+                        bar.done(start + runs // len(methods))  # a row is done with its methods
+
+                    output.append(explain_rows(worker, config, chunk, report))
+                    bar.done(start + len(chunk))
             finally:
                 worker.close()
-    finally:
-        bar.close()
     print(
         f"{args.output} holds {len(output.rows)} rows ({output.failed()} with an error)",
         file=sys.stderr,
@@ -328,12 +427,11 @@ def _text_lines(file: Path, name: str) -> Iterator[tuple[int, str]]:
     return numbered_lines(text)
 
 
-def _jsonl_records(path: str, target: str | None) -> Iterator[tuple[Any, Any, str]]:
+def _dataset_lines(path: str) -> list[Any]:
     """
-    ``(raw, target, name)`` per JSONL line: ``{"text": ...}`` or ``{"image": path}``.
+    The lines of a JSONL dataset (see :func:`~attribution.rows.dataset_line`), all read first.
 
-    Every line is read before the first is yielded: a line that cannot be read (see
-    :func:`~attribution.rows.dataset_line`) is refused, naming it, before any work is done.
+    A line that cannot be read is refused, naming it, before any work is done.
     """
     from attrlab.attribution.errors import InvalidInputError
     from attrlab.attribution.rows import dataset_line
@@ -345,64 +443,72 @@ def _jsonl_records(path: str, target: str | None) -> Iterator[tuple[Any, Any, st
     for line in lines:
         if line.problem is not None:
             raise InvalidInputError(f"{path} {line.problem}")
+    return lines
+
+
+def _records(lines: Sequence[Any], path: str, target: str | None) -> Iterator[tuple[Any, Any, str]]:
+    """``(raw, target, name)`` per dataset line: its text, or its image read when its turn comes."""
+    folder = Path(path).expanduser().parent
     for line in lines:
         item_target = target if line.target is None else line.target
         if line.image is not None:  # relative to the JSONL file, read here like --image
-            yield _read_image_file(str(file.parent / line.image)), item_target, line.image
+            yield _read_image_file(str(folder / line.image)), item_target, line.image
         else:
             yield line.text, item_target, str(line.text)
 
 
-def _dataset_items(path: str, target: str | None) -> Iterator[Any]:
-    """One :class:`DatasetItem` per JSONL line."""
-    from attrlab.attribution.layers import DatasetItem
-
-    for raw, item_target, _ in _jsonl_records(path, target):
-        yield DatasetItem(raw, item_target)
-
-
 def _evaluate(args: argparse.Namespace) -> int:
     from attrlab.app.batch import IMAGE_SUFFIXES
+    from attrlab.app.progress import CommandProgress
     from attrlab.app.worker import ExplainWorker
     from attrlab.attribution.errors import InvalidInputError
     from attrlab.attribution.methods import available_methods
     from attrlab.attribution.metrics import EvalItem, bundled_items, evaluate_methods, summarise
     from attrlab.attribution.metrics.faithfulness import check_options
     from attrlab.attribution.run import RunSettings
+    from attrlab.viz.evaluate import leaderboard_text
 
     check_options(args.image_fill, args.text_removal)  # before the model loads
     _output_path(args.output)
     per_item_path = _output_path(args.per_item)
+    methods = _names(args.methods or "") or [
+        m.name for m in available_methods() if m.category == "attribution"
+    ]
+    records: Iterator[tuple[Any, Any, str]] | None = None  # None: the bundled set
+    if args.images is not None:
+        folder = Path(args.images).expanduser()
+        if not folder.is_dir():
+            raise InvalidInputError(f"image folder '{args.images}' does not exist")
+        files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        count = len(files)
+        records = ((_read_image_file(str(f)), args.target, f.name) for f in files)
+    elif args.input is not None:
+        lines = _dataset_lines(args.input)
+        count, records = len(lines), _records(lines, args.input, args.target)
     worker = ExplainWorker(device=args.device, max_models=1)
     try:
-        adapter = worker.adapter(args.model, _labels(args.labels))
-        if args.images is not None:
-            folder = Path(args.images).expanduser()
-            if not folder.is_dir():
-                raise InvalidInputError(f"image folder '{args.images}' does not exist")
-            files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
-            items: Any = (EvalItem(_read_image_file(str(f)), args.target, f.name) for f in files)
-        elif args.input is not None:
-            items = (EvalItem(*record) for record in _jsonl_records(args.input, args.target))
-        else:
-            items = bundled_items(adapter.modality)
-        if args.methods:
-            methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-        else:
-            methods = [m.name for m in available_methods() if m.category == "attribution"]
-        per_item = evaluate_methods(
-            adapter,
-            itertools.islice(items, args.max_items),
-            methods,
-            _method_params(args.param),
-            args.steps,
-            args.random_orders,
-            RunSettings(seed=args.seed),
-            progress=_report_progress,
-            image_fill=args.image_fill,
-            text_removal=args.text_removal,
-        )
-        print(file=sys.stderr)
+        with CommandProgress(None, "item") as bar:
+            adapter = _load_model(worker, args, bar)
+            if records is None:
+                bundled = bundled_items(adapter.modality)
+                count, items = len(bundled), iter(bundled)
+            else:
+                items = (EvalItem(*record) for record in records)
+            bar.done(0, min(count, args.max_items or count))
+            bar.stage("evaluate")
+            per_item = evaluate_methods(
+                adapter,
+                itertools.islice(items, args.max_items),
+                methods,
+                _method_params(args.param),
+                args.steps,
+                args.random_orders,
+                RunSettings(seed=args.seed),
+                progress=bar.done,
+                image_fill=args.image_fill,
+                text_removal=args.text_removal,
+                passes=bar.passes,
+            )
     finally:
         worker.close()
     if per_item.empty:
@@ -416,7 +522,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         except OSError as err:
             raise InvalidInputError(f"cannot write '{args.per_item}': {err}") from None
     summary = summarise(per_item, adapter.modality, args.seed)
-    _write_table(summary, args, lambda: summary.to_string(index=False, float_format="%.4f"))
+    _write_table(summary, args, lambda: leaderboard_text(summary, adapter.modality))
     return 0
 
 
@@ -469,15 +575,37 @@ def _write_table(table: Any, args: argparse.Namespace, as_text: Callable[[], str
         _write_text(as_text(), args.output)
 
 
-def _write_figures(explanation: Any, folder: Path, kind: str) -> None:
-    """Every layer figure of ``explanation`` as ``folder/NAME.{html,png}``."""
-    from attrlab.viz import export_figure
-    from attrlab.viz.figures import figures_for
+def _write_figures(figures: Mapping[str, Callable[[], Any]], folder: Path, kind: str) -> None:
+    """
+    Each figure as ``folder/NAME.html`` or ``.png`` (names reduced to file-safe characters).
 
-    folder.expanduser().mkdir(parents=True, exist_ok=True)
-    figures = figures_for(explanation)
+    Raises:
+        InvalidInputError: a figure that cannot be written: the folder, or PNG export (kaleido
+            drives a Chromium, which may be missing).
+    """
+    from attrlab.attribution.errors import InvalidInputError
+    from attrlab.viz import export_figure
+    from attrlab.viz.bundle import safe_name
+
+    folder = folder.expanduser()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise InvalidInputError(f"cannot write figures to '{folder}': {err.strerror}") from None
     for name, draw in figures.items():
-        export_figure(draw(), folder.expanduser() / f"{name}.{kind}")
+        path = folder / f"{safe_name(name)}.{kind}"
+        try:
+            export_figure(draw(), path)
+        except OSError as err:
+            raise InvalidInputError(f"cannot write '{path}': {err.strerror}") from None
+        except Exception as err:  # kaleido's own errors: no Chromium, a crashed render
+            if kind != "png":
+                raise
+            path.unlink(missing_ok=True)
+            raise InvalidInputError(
+                f"cannot export '{path}' as PNG ({type(err).__name__}: {err}); "
+                "--figure-format html needs no browser"
+            ) from None
     print(f"wrote {len(figures)} figures to {folder}", file=sys.stderr)
 
 
@@ -511,10 +639,9 @@ def _methods(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(described, indent=2))
         return 0
-    for d in described:
-        print(f"{d['name']}  ({d['title']}; {', '.join(d['modalities'])}; {d['paper']})")
-        for key, schema in d["params"].items():
-            print(f"    {key}: {schema}")
+    from attrlab.viz.methods import methods_text
+
+    print(methods_text(described, shutil.get_terminal_size().columns))
     return 0
 
 
@@ -589,11 +716,30 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"attrlab {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    explain = sub.add_parser("explain", help="explain one text or image")
+    explain = sub.add_parser(
+        "explain",
+        help="explain one text or image with one or more methods",
+        description="Explain one text or image: which parts of the input made the model give\n"
+        "its answer, by one or more attribution methods (listed by `attrlab methods`).\n"
+        "The model loads once for all of them; on a terminal a progress bar shows each\n"
+        "method's forward passes.",
+        epilog="examples:\n"
+        '  attrlab explain --method integrated_gradients --text "A lovely film."\n'
+        "  attrlab explain --methods gradcam,rise --image cat.png --param rise.n_masks=2000 \\\n"
+        "      --evaluate --figures figures/\n"
+        "  attrlab explain --method rise --image cat.png --estimate",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     explain.add_argument("--model", default=None, help="alias, hub id or local folder")
-    explain.add_argument("--method", required=True)
+    chosen = explain.add_mutually_exclusive_group(required=True)
+    chosen.add_argument("--method", help="one method, e.g. integrated_gradients")
+    chosen.add_argument(
+        "--methods",
+        metavar="A,B,...",
+        help="several methods, run in turn on one model load (--format json prints a list)",
+    )
     source = explain.add_mutually_exclusive_group(required=True)
-    source.add_argument("--text")
+    source.add_argument("--text", help="the text to explain")
     source.add_argument("--image", help="path of an image file")
     explain.add_argument(
         "--next-token",
@@ -602,10 +748,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     explain.add_argument("--labels", help="comma-separated labels (zero-shot models)")
     explain.add_argument("--target", help="label or output index (default: top prediction)")
-    explain.add_argument("--param", action="append", default=[], help="key=value, repeatable")
-    explain.add_argument("--seed", type=int, default=0)
+    explain.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a method parameter, repeatable: key=value with --method, method.key=value with "
+        "--methods (`attrlab methods` lists each method's parameters)",
+    )
+    explain.add_argument(
+        "--seed", type=int, default=0, help="seed of every random draw (same seed, same map)"
+    )
     explain.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
-    explain.add_argument("--format", choices=("json", "table"), default="table")
+    explain.add_argument(
+        "--format",
+        choices=("json", "table"),
+        default="table",
+        help="table (default): for people; json: the Explanation",
+    )
     explain.add_argument(
         "--estimate",
         action="store_true",
@@ -615,6 +775,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--evaluate",
         action="store_true",
         help="add the map's faithfulness scores beside random orders (deletion/insertion, ERASER)",
+    )
+    explain.add_argument(
+        "--figures",
+        metavar="DIR",
+        help="write each method's figures here as METHOD_FIGURE.html (token scores or the map "
+        "on the image, and the extra views its result has)",
+    )
+    explain.add_argument(
+        "--figure-format",
+        choices=("html", "png"),
+        default="html",
+        help="html (standalone, the default) or png (kaleido, which needs a Chromium)",
     )
     explain.set_defaults(run=_explain)
 
@@ -794,8 +966,15 @@ def build_parser() -> argparse.ArgumentParser:
     batch.set_defaults(run=_batch)
 
     sub.add_parser("models", help="list built-in models").set_defaults(run=_models)
-    methods = sub.add_parser("methods", help="list methods and their parameters")
-    methods.add_argument("--format", choices=("json", "table"), default="table")
+    methods = sub.add_parser(
+        "methods", help="list methods: what each applies to and needs, its parameters"
+    )
+    methods.add_argument(
+        "--format",
+        choices=("json", "table"),
+        default="table",
+        help="table: for people; json: the catalog (names, titles, papers, parameter schemas)",
+    )
     methods.set_defaults(run=_methods)
     return parser
 
@@ -811,7 +990,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             image = Path(args.input).expanduser().is_dir()
         args.model = default_model("image" if image else "text", getattr(args, "next_token", False))
     try:
-        return args.run(args)
+        code = args.run(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
+        return code
+    except BrokenPipeError:  # the reader went away (`attrlab methods | head`): nothing to say
+        # Python's recipe: later writes (and the flush at exit) go to devnull, not the pipe
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
     except KeyboardInterrupt:  # what was written stays
         print("\nattrlab: interrupted", file=sys.stderr)
         return 130

@@ -17,9 +17,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
-from attrlab.app.batch import BatchConfig, DatasetRow, explain_rows
+from attrlab.app.batch import BatchConfig, DatasetRow, explain_rows, result_arrow
 from attrlab.attribution.errors import AttrlabError
 
 __all__ = ["RayEngineError", "ray_batches"]
@@ -42,8 +43,6 @@ class ExplainActor:
         self.worker = ExplainWorker(device=self.config.device, max_models=1)
 
     def __call__(self, batch: Any) -> Any:
-        import pandas as pd
-
         rows = [
             DatasetRow(
                 id=str(r["id"]),
@@ -54,7 +53,8 @@ class ExplainActor:
             )
             for r in batch.to_dict("records")
         ]
-        return pd.DataFrame.from_records(explain_rows(self.worker, self.config, rows))
+        # the file's own schema, whatever the rows hold (a batch of errors has no scores)
+        return result_arrow(explain_rows(self.worker, self.config, rows))
 
 
 def ray_batches(
@@ -127,7 +127,7 @@ def ray_batches(
         except Exception as err:  # an actor's error arrives wrapped in Ray's own
             raise _unwrapped(err) from None
         answers = [
-            {key: _value(value) for key, value in row.items()}
+            {key: _plain(_value(value)) for key, value in row.items()}
             for row in pd.DataFrame(batch).to_dict("records")
         ]
         for answer in answers:  # a column with missing targets comes back as floats
@@ -174,6 +174,15 @@ def _value(value: Any) -> Any:
     if value is None or (isinstance(value, float) and value != value):
         return None
     return value
+
+
+def _plain(value: Any) -> Any:
+    """A list column's value as Python lists, dicts and numbers (Arrow hands back arrays)."""
+    if isinstance(value, np.ndarray | list | tuple):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _target(index: Any, label: Any) -> int | str | None:

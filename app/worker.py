@@ -23,6 +23,7 @@ from transformers.utils import logging as hf_logging
 
 from attrlab.app.settings import ServerSettings
 from attrlab.attribution import explain, load
+from attrlab.attribution.alteration import unaltered
 from attrlab.attribution.errors import (
     AttrlabError,
     InvalidInputError,
@@ -153,6 +154,15 @@ class WorkerRequest(ABC, Generic[Result]):
         """The estimates whose sum prices this job (none where it has no estimate)."""
         return []
 
+    def reads_only(self, adapter: Adapter) -> bool:
+        """
+        Whether this request only reads ``adapter``'s own outputs (a few plain passes).
+
+        Such a request on a model already loaded runs beside a long job (the worker's light
+        path) instead of queueing behind it; see :mod:`attribution.alteration`.
+        """
+        return False
+
 
 @dataclass(frozen=True, kw_only=True)
 class InputRequest(WorkerRequest[Result], Instance):
@@ -205,12 +215,25 @@ class EstimateRequest(InputRequest["Estimate"]):
         """The one method and its parameters."""
         return {self.method: self.params}
 
+    def reads_only(self, adapter: Adapter) -> bool:
+        """
+        Once the model is calibrated: pricing is arithmetic and at most a tokenisation.
+
+        A calibration times passes on the device: beside a job it would measure a shared
+        device and misprice every later request, so it queues like a job.
+        """
+        from attrlab.attribution.estimate import calibrated
+
+        return calibrated(adapter, self.modality)
+
     def run_on(self, adapter: Adapter, run: JobContext) -> Estimate:
-        """The estimate (the first on a model and input size calibrates it)."""
-        from attrlab.attribution.estimate import estimate
+        """The estimate; the first on a model calibrates every batch width of its device."""
+        from attrlab.attribution.estimate import calibrate, estimate
 
         settings = run.settings_for(self.seed, self.evaluate)
-        return estimate(adapter, self.method, run.prepare(self), self.params, settings)
+        inputs = run.prepare(self)
+        calibrate(adapter, inputs).measure_all()  # later estimates run no pass: light
+        return estimate(adapter, self.method, inputs, self.params, settings)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -255,6 +278,10 @@ class PreviewRequest(InputRequest["Preview"]):
     def method_params(self) -> dict[str, dict[str, Any]]:
         """No method runs."""
         return {}
+
+    def reads_only(self, adapter: Adapter) -> bool:
+        """One plain forward pass."""
+        return True
 
     def run_on(self, adapter: Adapter, run: JobContext) -> Preview:
         """The top predictions (one forward pass) and each method's applicability."""
@@ -615,6 +642,10 @@ def visible_devices(device: str | None = None) -> list[str]:
     return [str(resolve_device(part)) for part in parts] or ["cpu"]
 
 
+#: Light requests one lane answers at once beside its job.
+_LIGHT_THREADS = 2
+
+
 class _Lane:
     """One device: its loaded models (least recently used first), one job at a time, its jobs."""
 
@@ -629,6 +660,10 @@ class _Lane:
         self.running = threading.Lock()
         self.executor = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"attrlab-worker-{index}"
+        )
+        # Light requests (predictions, estimates) on a loaded model: beside the running job.
+        self.light = ThreadPoolExecutor(
+            max_workers=_LIGHT_THREADS, thread_name_prefix=f"attrlab-light-{index}"
         )
 
 
@@ -705,7 +740,13 @@ class ExplainWorker:
                 raise QueueFullError(
                     f"{queued} requests are already queued (the limit); try again shortly"
                 )
-            lane = min(self._lanes, key=lambda lane: (len(lane.jobs), model not in lane.models))
+            holding = [lane for lane in self._lanes if model in lane.models]
+            loaded = min(holding, key=lambda lane: len(lane.jobs)) if holding else None
+            if loaded is not None and request.reads_only(loaded.models[model]):
+                lane, light = loaded, True
+            else:
+                lane = min(self._lanes, key=lambda lane: (len(lane.jobs), model not in lane.models))
+                light = False
             lane.jobs.add(job)
 
         def report(done: int, total: int) -> None:
@@ -713,7 +754,10 @@ class ExplainWorker:
             if progress is not None:
                 progress(done, total)
 
-        job.future = lane.executor.submit(self._run, request, report, job.cancel_event, lane)
+        if light:
+            job.future = lane.light.submit(self._run_light, request, report, job.cancel_event, lane)
+        else:
+            job.future = lane.executor.submit(self._run, request, report, job.cancel_event, lane)
         job.future.add_done_callback(lambda _: self._finished(job, lane))
         return job
 
@@ -787,38 +831,71 @@ class ExplainWorker:
         lane: _Lane,
     ) -> Result:
         with lane.running:  # one job at a time on a device, queued or run in place
-            adapter = self.adapter(request.model, request.labels, lane)
-            if request.next_token and adapter.family != "decoder-lm":
-                raise InvalidInputError(
-                    f"a next-token explanation needs a decoder LM; model '{adapter.model_id}' is a "
-                    f"{adapter.family} (the default LM is '{DEFAULT_MODELS['next-token']}')"
-                )
+            base = self.adapter(request.model, None, lane)
+            return self._execute(request, base, progress, cancel)
 
-            def read(instance: Instance) -> Any:
-                stop_if_cancelled(cancel)
-                if instance.problem is not None:
-                    raise InvalidInputError(instance.problem)
-                self.settings.check_request(instance.text, None, instance.target, request.seed)
-                if adapter.modality != instance.modality:
-                    raise InvalidInputError(
-                        f"model '{adapter.model_id}' takes {_article(adapter.modality)} as input, "
-                        f"but the request gives {_article(instance.modality)}"
-                    )
-                if instance.text is not None:
-                    return instance.text
-                return load_image(instance.image, max_pixels=self.settings.max_image_pixels)
+    def _run_light(
+        self,
+        request: WorkerRequest[Result],
+        progress: ProgressCallback,
+        cancel: threading.Event,
+        lane: _Lane,
+    ) -> Result:
+        """
+        A request that only reads a loaded model: beside the lane's job.
 
-            def prepare(instance: Instance) -> Inputs:
-                return adapter.preprocess(read(instance))
+        It never reads the model inside an alteration (:mod:`attribution.alteration`): it waits
+        for one to end.
+        """
+        with self._lock:
+            base = lane.models.get((request.model or "").strip())
+            if base is not None:
+                lane.models.move_to_end(request.model.strip())
+        if base is None:  # evicted since it was submitted: loading is a job's work
+            return self._run(request, progress, cancel, lane)
+        with unaltered(base.model, cancel):
+            return self._execute(request, base, progress, cancel)
 
-            budgets = RunSettings(
-                progress=progress,
-                cancel=cancel,
-                max_forward_passes=self.settings.max_forward_passes,
-                max_seconds=self.settings.max_seconds,
+    def _execute(
+        self,
+        request: WorkerRequest[Result],
+        base: Adapter,
+        progress: ProgressCallback,
+        cancel: threading.Event,
+    ) -> Result:
+        """Run ``request`` on the loaded model ``base`` (its labels applied here)."""
+        adapter = base.with_labels(request.labels) if request.labels else base
+        if request.next_token and adapter.family != "decoder-lm":
+            raise InvalidInputError(
+                f"a next-token explanation needs a decoder LM; model '{adapter.model_id}' is a "
+                f"{adapter.family} (the default LM is '{DEFAULT_MODELS['next-token']}')"
             )
-            context = JobContext(budgets, prepare, read)
-            return request.run_on(adapter, context)
+
+        def read(instance: Instance) -> Any:
+            stop_if_cancelled(cancel)
+            if instance.problem is not None:
+                raise InvalidInputError(instance.problem)
+            self.settings.check_request(instance.text, None, instance.target, request.seed)
+            if adapter.modality != instance.modality:
+                raise InvalidInputError(
+                    f"model '{adapter.model_id}' takes {_article(adapter.modality)} as input, "
+                    f"but the request gives {_article(instance.modality)}"
+                )
+            if instance.text is not None:
+                return instance.text
+            return load_image(instance.image, max_pixels=self.settings.max_image_pixels)
+
+        def prepare(instance: Instance) -> Inputs:
+            return adapter.preprocess(read(instance))
+
+        budgets = RunSettings(
+            progress=progress,
+            cancel=cancel,
+            max_forward_passes=self.settings.max_forward_passes,
+            max_seconds=self.settings.max_seconds,
+        )
+        context = JobContext(budgets, prepare, read)
+        return request.run_on(adapter, context)
 
     def close(self) -> None:
         """Stop accepting work, cancel what is queued or running, and release the models."""
@@ -829,6 +906,7 @@ class ExplainWorker:
             job.cancel()
         for lane in self._lanes:
             lane.executor.shutdown(wait=False, cancel_futures=True)
+            lane.light.shutdown(wait=False, cancel_futures=True)
         with self._lock:
             for lane in self._lanes:
                 lane.models.clear()

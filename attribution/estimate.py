@@ -1,8 +1,9 @@
 """
 What a run will cost, before it starts: model passes, seconds and peak device memory.
 
-Passes come from the method's definition (:meth:`AttributionMethod.passes`): exact, or an upper
-bound where early stopping may end the run sooner. Seconds and memory come from a calibration
+Passes come from the method's definition (:meth:`AttributionMethod.planned_passes`: its own
+passes, once per smoothing sample): exact, or an upper bound where early stopping may end the
+run sooner. Seconds and memory come from a calibration
 per model, device and modality, kept for the process: each cost (a forward or a gradient pass,
 one row at a time or in batches of copies, since batched rows cost less each) is measured on
 the first input that needs it and scaled by input size (tokens or pixels). On CUDA
@@ -16,6 +17,7 @@ import math
 import threading
 import time
 from collections.abc import Mapping
+from contextlib import suppress
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -28,7 +30,7 @@ from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.perturb import auto_batch_size, repeated
 from attrlab.attribution.run import RunSettings
 
-__all__ = ["Calibration", "Estimate", "calibrate", "estimate", "priced"]
+__all__ = ["Calibration", "Estimate", "calibrate", "calibrated", "estimate", "priced"]
 
 
 @dataclass(frozen=True)
@@ -88,10 +90,29 @@ class Calibration:
         self._too_wide: set[tuple[str, int]] = set()  # widths that ran out of device memory
         self._lock = threading.RLock()  # a gradient cost measures forward costs first
 
+    def _widths(self, kind: str) -> tuple[int, ...]:
+        return _WIDTHS["cuda" if self.adapter.device.type == "cuda" else "cpu", kind]
+
+    def measure_all(self) -> None:
+        """Measure every width of this device now (one that does not fit is skipped)."""
+        for kind in ("forward", "backward"):
+            for width in self._widths(kind):
+                with suppress(DeviceMemoryError):
+                    self._seconds_at(kind, width)
+
+    @property
+    def complete(self) -> bool:
+        """Every width is measured (or known not to fit): estimates then run no pass."""
+        with self._lock:
+            return all(
+                (kind, width) in self._seconds or (kind, width) in self._too_wide
+                for kind in ("forward", "backward")
+                for width in self._widths(kind)
+            )
+
     def seconds(self, kind: str, batch: int) -> float:
         """Seconds per row of a ``"forward"`` or ``"backward"`` pass in batches of ``batch``."""
-        cuda = self.adapter.device.type == "cuda"
-        widths = _WIDTHS["cuda" if cuda else "cpu", kind]
+        widths = self._widths(kind)
         batch = max(1, batch)
         below = max(w for w in widths if w <= batch)
         above = min((w for w in widths if w >= batch), default=below)
@@ -183,6 +204,13 @@ def calibrate(adapter: Adapter, inputs: Inputs) -> Calibration:
         return _CALIBRATIONS[key]
 
 
+def calibrated(adapter: Adapter, modality: str) -> bool:
+    """Whether ``adapter``'s calibration for ``modality`` is complete (see :meth:`measure_all`)."""
+    with _CALIBRATING:
+        calibration = _CALIBRATIONS.get((adapter.model_id, str(adapter.device), modality))
+    return calibration is not None and calibration.complete
+
+
 def _best(call: Any, device: torch.device, repeats: int = 2) -> float:
     """Fastest of ``repeats`` timed calls after one warm-up."""
     call()
@@ -226,7 +254,7 @@ def priced(
     """:func:`estimate` of a method with parameters already resolved (by its ``resolve``)."""
     from attrlab.attribution.metrics.faithfulness import faithfulness_passes
 
-    passes = method_cls.passes(adapter, inputs, params)
+    passes = method_cls.planned_passes(adapter, inputs, params)
     calibration = calibrate(adapter, inputs)
     scale = max(1, math.prod(inputs.map_shape)) / calibration.size
     width = passes.batch or 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from functools import cache
 from importlib import metadata
@@ -11,6 +12,7 @@ from typing import Any
 
 import torch
 
+from attrlab.attribution.alteration import altered
 from attrlab.attribution.errors import DeviceMemoryError
 from attrlab.attribution.explanation import (
     Explanation,
@@ -22,7 +24,12 @@ from attrlab.attribution.explanation import (
 from attrlab.attribution.gate import check_modality, clear
 from attrlab.attribution.methods import capabilities
 from attrlab.attribution.models.base import Adapter, Inputs, TextInputs
-from attrlab.attribution.run import RunContext, RunSettings, cancellable_forwards
+from attrlab.attribution.run import (
+    ProgressCallback,
+    RunContext,
+    RunSettings,
+    cancellable_forwards,
+)
 from attrlab.attribution.target import Target, output_index, resolve_target
 
 __all__ = ["Preview", "explain", "input_logits", "predictions", "preview"]
@@ -68,16 +75,23 @@ def explain(
     run.count(forward=1)
     if isinstance(inputs, TextInputs) and inputs.truncated:
         run.warn(f"the text was truncated to the model's limit of {len(inputs.tokens)} tokens")
+    card_progress = run.progress
+    if settings.evaluate and run.progress is not None:
+        from attrlab.attribution.metrics.faithfulness import faithfulness_passes
+
+        run.progress, card_progress = _one_count(run.progress, faithfulness_passes(inputs))
     # Each forward of the method and of its scoring stops the run once it is cancelled.
     with cancellable_forwards(adapter.model, settings.cancel):
         run.stop_if_cancelled()  # a method reading only the prediction stops here
-        result = method_cls.attribute(adapter, inputs, explained, checked, run)
+        with altered(adapter.model) if method_cls.alters_model else nullcontext():
+            result = method_cls.compute(adapter, inputs, explained, checked, run)
         run.attentions = None  # every layer's T × T maps: not kept through the trust scoring
         if settings.evaluate:
             from attrlab.attribution.metrics import (
                 faithfulness,  # metrics explain through this module
             )
 
+            run.progress = card_progress
             scored = faithfulness(adapter, inputs, result.scores, index, run=run)
             result.metrics.update(scored.metrics)
     return Explanation(
@@ -93,6 +107,7 @@ def explain(
         predictions=predictions(adapter, probabilities),
         scores=result.scores,
         tokens=list(inputs.tokens) if isinstance(inputs, TextInputs) else None,
+        token_texts=list(inputs.token_texts) if isinstance(inputs, TextInputs) else None,
         image_size=None if isinstance(inputs, TextInputs) else tuple(result.scores.shape),
         positional_scores=result.positional_scores,
         layers=result.layers,
@@ -108,6 +123,28 @@ def explain(
         warnings=run.warnings,
         target_record=explained,
     )
+
+
+def _one_count(
+    progress: ProgressCallback, card_passes: int
+) -> tuple[ProgressCallback, ProgressCallback]:
+    """
+    The method's and its trust card's progress as one count of passes, the card's after it.
+
+    The method's reports get the card's passes added to their total, so a bar does not start
+    again when the scoring starts; the card's come after the method's whole total.
+    """
+    method_total = 0
+
+    def method(done: int, total: int) -> None:
+        nonlocal method_total
+        method_total = total
+        progress(done, total + card_passes)
+
+    def card(done: int, total: int) -> None:
+        progress(method_total + done, method_total + total)
+
+    return method, card
 
 
 def input_logits(adapter: Adapter, inputs: Inputs) -> torch.Tensor:
@@ -145,7 +182,10 @@ class Preview:
     predictions: list[Prediction]
     #: Method name -> why it does not apply to this model, or None where it does.
     capabilities: dict[str, str | None]
+    #: The tokenizer's strings (text), for programs.
     tokens: list[str] | None
+    #: The text each token stands for (text), for people.
+    token_texts: list[str] | None
     #: True for a decoder LM, whose outputs are its next-token guesses.
     next_token: bool
 
@@ -168,6 +208,7 @@ def preview(adapter: Adapter, inputs: Inputs, k: int = TOP_K) -> Preview:
         predictions=predictions(adapter, probabilities, k),
         capabilities=capabilities(adapter),
         tokens=list(inputs.tokens) if isinstance(inputs, TextInputs) else None,
+        token_texts=list(inputs.token_texts) if isinstance(inputs, TextInputs) else None,
         next_token=adapter.family == "decoder-lm",
     )
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from attrlab.attribution import target as targets
+from attrlab.attribution.tokens import texts_from_tokens
 
 if TYPE_CHECKING:  # pandas is imported where a layer table is read or written
     import pandas as pd
@@ -26,7 +27,7 @@ __all__ = [
     "layer_table",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: Columns of the layer table; ``head`` and ``kv_head`` are null on whole-layer rows.
 LAYER_COLUMNS = ("layer", "head", "kv_head", "component", "measure", "value")
 
@@ -74,6 +75,10 @@ class Explanation:
     Why the model predicted what it did, for one input, one method and one target.
 
     ``scores`` holds one value per token (text) or per pixel of the model input (image, H×W).
+    ``tokens`` are the tokenizer's own strings (``ĠMary``, ``▁Mary``, ``##ry``), for programs;
+    ``token_texts`` the text each token stands for (``" Mary"``, ``"ry"``;
+    :mod:`attribution.tokens`), which is what people are shown. Without them (files of schema
+    2 and before) they are read from the tokens.
     ``layers`` is a long-format table (:data:`LAYER_COLUMNS`: layer, head, kv_head, component,
     measure, value) with ``head`` and ``kv_head`` missing on whole-layer rows. ``maps`` holds
     optional extra arrays, most of the shape of ``scores`` (e.g. a per-pixel standard error),
@@ -91,6 +96,7 @@ class Explanation:
     predictions: list[Prediction]
     scores: np.ndarray
     tokens: list[str] | None = None
+    token_texts: list[str] | None = None
     image_size: tuple[int, int] | None = None
     positional_scores: np.ndarray | None = None
     layers: pd.DataFrame | None = None
@@ -104,6 +110,12 @@ class Explanation:
 
     def __post_init__(self) -> None:
         self.scores = np.asarray(self.scores, dtype=np.float64)
+        if self.tokens is not None and self.token_texts is None:
+            self.token_texts = texts_from_tokens(self.tokens)
+        if self.tokens is not None and len(self.token_texts or []) != len(self.tokens):
+            raise ValueError(
+                f"{len(self.token_texts or [])} token texts for {len(self.tokens)} tokens"
+            )
         if self.positional_scores is not None:
             self.positional_scores = np.asarray(self.positional_scores, dtype=np.float64)
         self.maps = {k: np.asarray(v, dtype=np.float64) for k, v in self.maps.items()}
@@ -120,6 +132,7 @@ class Explanation:
             "target": asdict(self.target),
             "predictions": [asdict(p) for p in self.predictions],
             "tokens": self.tokens,
+            "token_texts": self.token_texts,
             "image_size": list(self.image_size) if self.image_size else None,
             "scores": self.scores.tolist(),
             "positional_scores": _list_or_none(self.positional_scores),
@@ -153,6 +166,7 @@ class Explanation:
             predictions=[Prediction(**p) for p in data["predictions"]],
             scores=np.asarray(data["scores"], dtype=np.float64),
             tokens=data.get("tokens"),
+            token_texts=data.get("token_texts"),
             image_size=tuple(image_size) if image_size else None,
             positional_scores=None if positional is None else np.asarray(positional),
             layers=None if layers is None else layer_table(layers),

@@ -56,6 +56,7 @@ WORKLOAD: dict[str, Workload] = {
     "max_evals": Workload(10_000, True),
     "n_steps": Workload(500, True),
     "n_references": Workload(64, True),
+    "smoothing_samples": Workload(100, True),
     "window": Workload(None, True),
     "bootstrap": Workload(1000, False),
     "max_tokens": Workload(512, False),

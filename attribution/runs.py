@@ -19,7 +19,7 @@ from attrlab.attribution.errors import AttrlabError, JobCancelledError
 from attrlab.attribution.explain import explain
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.models.base import Adapter, Inputs
-from attrlab.attribution.run import RunSettings, stop_if_cancelled
+from attrlab.attribution.run import ProgressCallback, RunSettings, stop_if_cancelled
 
 __all__ = ["RowResult", "TargetedRow", "explain_rows", "run_rows"]
 
@@ -97,6 +97,7 @@ def explain_rows(
     settings: RunSettings | None = None,
     progress: Callable[[int], None] | None = None,
     record_errors: Callable[[int, str | None], AttrlabError] | None = None,
+    passes: ProgressCallback | None = None,
 ) -> Iterator[RowResult[Targeted]]:
     """
     Each row explained by each method (:func:`attribution.explain`), a row at a time.
@@ -105,7 +106,8 @@ def explain_rows(
     target by each method in turn, with that method's ``params`` and the same ``settings``
     (its budgets are each explanation's own: the gate refuses one priced over the seconds;
     its progress is left out, as rows report theirs); ``settings.cancel`` and ``progress``
-    are :func:`run_rows`'.
+    are :func:`run_rows`'. ``passes`` receives each explanation's own progress (forward
+    passes done of its total), for a caller that shows the run in progress.
 
     Without ``record_errors`` the first error stops the loop. With it, a row's errors are its
     results and the next row goes on: an :class:`AttrlabError` from ``prepare`` stands for every
@@ -117,7 +119,7 @@ def explain_rows(
         JobCancelledError: once ``settings.cancel`` is set; a cancel is never recorded as a
             result.
     """
-    each = replace(settings or RunSettings(), progress=None)
+    each = replace(settings or RunSettings(), progress=passes)
 
     def explained(
         numbered: tuple[int, Targeted],

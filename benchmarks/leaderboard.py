@@ -31,6 +31,7 @@ from attrlab.attribution import explain
 from attrlab.attribution.methods import available_methods
 from attrlab.attribution.metrics import SCORES, bundled_items, evaluate_methods, summarise
 from attrlab.attribution.models import load
+from attrlab.viz.evaluate import score_label
 
 #: Each sampling method with its cap and the tolerance compared against it.
 CONVERGENCE = (
@@ -65,7 +66,7 @@ def leaderboard(
     scores = SCORES[adapter.modality]
     header = ["method"]
     for score, _, higher in scores:
-        header += [f"{score} ({'higher' if higher else 'lower'} is better)", "beats random"]
+        header += [score_label(score, higher), "beats random"]
     header += ["forward passes / item", "seconds / item"]
     rows = []
     for row in summary.itertuples(index=False):

@@ -134,7 +134,9 @@ def probe(monkeypatch) -> Iterator[dict[str, Any]]:
     """The rule replaced by one naming a single figure of each name, recording its callers."""
     drawn = {"asked": [], "figures": {}}
 
-    def rule(explanation: Explanation, image: np.ndarray | None = None) -> dict[str, Any]:
+    def rule(
+        explanation: Explanation, image: np.ndarray | None = None, view: Any = None
+    ) -> dict[str, Any]:
         drawn["asked"].append(explanation.method)
         names = ["layers", "positional", "agreement"] if explanation.method == "layers" else []
         made = {name: go.Figure(layout={"title": name}) for name in [*names, "probe"]}
@@ -147,13 +149,16 @@ def probe(monkeypatch) -> Iterator[dict[str, Any]]:
 
 def test_the_cli_writes_the_figures_the_rule_names(probe, tmp_path: Path):
     analysis = _analysis(_rows("head_lrp", heads=2), _rows("lrp_block"))
-    cli._write_figures(analysis, tmp_path, "html")
-    assert probe["asked"] == ["layers"]
+    attribution = _explanation("integrated_gradients", tokens=TOKENS)
+    chosen = cli._explanation_figures([analysis, attribution], None)  # explain --figures
+    cli._write_figures(chosen, tmp_path, "html")
+    assert probe["asked"] == ["layers", "integrated_gradients"]
     assert {p.name for p in tmp_path.iterdir()} == {
-        "layers.html",
-        "positional.html",
-        "agreement.html",
-        "probe.html",
+        "layers_layers.html",
+        "layers_positional.html",
+        "layers_agreement.html",
+        "layers_probe.html",
+        "integrated_gradients_probe.html",
     }
 
 

@@ -119,7 +119,7 @@ def test_a_batch_file_and_a_job_give_the_rows_of_explain_per_input_and_method(
                 assert row["error"] == str(expected) == in_job["error"]["message"]
                 continue
             assert row["error"] is None and row["target"] == expected.target.index
-            np.testing.assert_allclose(json.loads(row["scores"]), expected.scores, rtol=1e-6)
+            np.testing.assert_allclose(row["scores"], expected.scores, rtol=1e-6)
             np.testing.assert_allclose(in_job["scores"], expected.scores, rtol=1e-6)
 
 

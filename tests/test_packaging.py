@@ -68,6 +68,7 @@ def test_the_wheel_installs_one_top_level_name_with_every_module_and_data_file(t
     # no module the tree does not have.
     wanted = [path for path in packaged if path.endswith((".py", ".json", ".txt", ".jsonl"))]
     wanted += [path for path in packaged if path.startswith("assets/eval/images/")]
+    wanted += [path for path in packaged if path.startswith("assets/plotly/")]  # bundles' Plotly
     assert wanted and not {f"attrlab/{path}" for path in wanted} - set(names)
     modules = {name for name in names if name.endswith(".py")}
     assert modules == {f"attrlab/{path}" for path in packaged if path.endswith(".py")}

@@ -65,7 +65,7 @@ def test_a_line_that_cannot_be_read_is_its_rows_error_and_the_run_goes_on(tmp_pa
             alone = worker.explain(
                 ExplainRequest(model=TEXT_MODEL, method="gradient_x_input", text=text)
             )
-            np.testing.assert_allclose(json.loads(rows[key]["scores"]), alone.scores, rtol=1e-5)
+            np.testing.assert_allclose(rows[key]["scores"], alone.scores, rtol=1e-5)
     finally:
         worker.close()
 

@@ -192,7 +192,7 @@ def test_a_line_written_just_before_a_crash_counts_and_the_job_resumes(finished,
     assert served[:5] == lines[:5]  # the line before the crash kept, as it was
     assert [json.loads(line)["index"] for line in served] == list(range(12))
     table = pd.read_parquet(io.BytesIO(parquet.content))
-    assert sorted(table["index"]) == list(range(12))
+    assert sorted(table["id"]) == list(range(12))
 
 
 def _deleted(jobs: Path) -> None:
@@ -327,7 +327,7 @@ def test_an_older_servers_jobs_are_checked_for_form_and_count(finished, tmp_path
     if reason is None:
         assert (status["status"], status["done"]) == ("done", 12)
         assert jsonl.content == finished[2]
-        assert sorted(pd.read_parquet(io.BytesIO(parquet.content))["index"]) == list(range(12))
+        assert sorted(pd.read_parquet(io.BytesIO(parquet.content))["id"]) == list(range(12))
     else:
         assert status["status"] == "damaged"
         assert status["message"] == f"the job's results are damaged: {reason}"

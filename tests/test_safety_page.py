@@ -13,6 +13,7 @@ import builtins
 import io
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -428,7 +429,8 @@ def test_no_input_makes_a_handler_open_a_path_it_did_not_create(client, planted,
 def _load(client: TestClient, query: str) -> dict[str, Any]:
     """The page's load event for a link with ``query``: each filled component by elem_id."""
     config = client.get("/config").json()
-    (load,) = [d for d in config["dependencies"] if [t[1] for t in d["targets"]] == ["load"]]
+    loads = [d for d in config["dependencies"] if [t[1] for t in d["targets"]] == ["load"]]
+    (load,) = [d for d in loads if d["outputs"]]  # the link's (the page's script has none)
     elem_ids = {c["id"]: c["props"].get("elem_id") for c in config["components"]}
     session = uuid.uuid4().hex
     joined = client.post(
@@ -474,6 +476,10 @@ def _value(update: Any) -> Any:
         ('params={"attnlrp":3}', ["attnlrp is not given a JSON object of parameters"]),
         ("params=" + "[" * 5000, ["params is not readable JSON"]),
         ("params=[1]", ["params is not a JSON object"]),
+        ("view=negative", ["view 'negative' is not one of signed, absolute, positive"]),
+        ("clip=101&shared=yes", ["clip '101' is not a percentile from 50 to 100", "shared 'yes'"]),
+        ("clip=%D9%A9%D9%A9", ["clip '٩٩' is not a percentile"]),  # float() would take it
+        ("clip=9_9", ["clip '9_9' is not a percentile"]),
         (
             "seed=%C2%B2&trust=x&methods=attnlrp,zzz",
             ["seed '²'", "trust 'x'", "methods 'zzz'"],
@@ -497,15 +503,20 @@ def test_a_good_link_fills_every_field_and_shows_no_notice(client):
     params = json.dumps({"integrated_gradients": {"n_steps": 8, "internal_batch_size": 4}})
     query = (
         f"tab=text&text=hi&model={TEXT_MODEL}&methods=integrated_gradients&seed=4294967295"
-        f"&trust=1&randomise=0&target=1&params={params}"
+        f"&trust=1&randomise=0&target=1&params={params}&view=absolute&clip=97.5&shared=1"
     )
     filled = _load(client, query)
     assert filled["link-problems"] == {"__type__": "update", "visible": False, "value": ""}
     assert _value(filled["text-seed"]) == 4294967295
     assert _value(filled["text-methods"]) == ["integrated_gradients"]
     assert _value(filled["text-param-integrated_gradients-n_steps"]) == 8
-    assert _value(filled["text-param-integrated_gradients-internal_batch_size"]) == 4
+    assert (
+        _value(filled["text-param-integrated_gradients-internal_batch_size"]) == "4"
+    )  # a text field: it may stay empty
     assert _value(filled["text-target"]) == "1"
+    assert _value(filled["text-view-sign"]) == "absolute"
+    assert _value(filled["text-view-clip"]) == 97.5
+    assert _value(filled["text-view-shared"]) is True
 
 
 def test_a_link_to_a_tab_the_page_lacks_is_named(client):
@@ -554,14 +565,25 @@ LINK_VALUES = (
     )
     | st.integers(-(10**30), 10**30).map(str)
     | st.sampled_from(["0", "1", "²", "٣", "1e3", " 7", "4294967295", "4294967296"])
+    | st.sampled_from(["signed", "absolute", "positive", "50", "99.5", "100", "100.5", "nan"])
 )
+
+
+def _percentile(value: str) -> bool:
+    """A clip a link may hold: ASCII decimals (3 digits, up to 6 decimals) from 50 to 100."""
+    return bool(re.fullmatch(r"[0-9]{1,3}(\.[0-9]{1,6})?", value)) and 50 <= float(value) <= 100
 
 
 @pytest.mark.slow
 @settings(max_examples=40, deadline=None, derandomize=True)
 @given(
     fields=st.dictionaries(
-        st.sampled_from(["text", "model", "labels", "target", "seed", "trust", "randomise"]),
+        st.sampled_from(
+            [
+                *("text", "model", "labels", "target", "seed", "trust", "randomise"),
+                *("view", "clip", "shared"),
+            ]
+        ),
         LINK_VALUES,
     ),
     params=st.none()
@@ -583,7 +605,11 @@ def test_every_link_field_fills_the_tab_or_is_named(client, fields, params):
             assert _value(filled[text_fields[name]]) == value
         elif name == "seed" and value.isascii() and value.isdigit() and int(value) < 2**32:
             assert _value(filled["text-seed"]) == int(value)
-        elif name in ("trust", "randomise") and value in ("0", "1"):
+        elif name in ("trust", "randomise", "shared") and value in ("0", "1"):
             assert f"{name} {value!r}" not in shown
+        elif name == "view" and value in ("signed", "absolute", "positive"):
+            assert _value(filled["text-view-sign"]) == value
+        elif name == "clip" and _percentile(value):
+            assert _value(filled["text-view-clip"]) == float(value)
         else:
             assert f"{name} {value!r} is not" in shown, (name, value, shown)

@@ -169,8 +169,8 @@ def test_a_job_runs_reports_progress_and_serves_its_results(served):
     assert set(Path(tempfile.gettempdir()).glob("attrlab-results-*")) == temporary  # deleted
     table = pd.read_parquet(io.BytesIO(parquet.content))
     assert len(table) == 8 and table["error"].notna().sum() == 2
-    first = table[(table["index"] == 0) & (table.method == "attnlrp")].iloc[0]
-    assert json.loads(first.scores) == batch[0]["attnlrp"]["scores"]
+    first = table[(table["id"] == 0) & (table.method == "attnlrp")].iloc[0]
+    assert first.scores.tolist() == batch[0]["attnlrp"]["scores"]
     assert served.delete(f"/api/v1/jobs/{job_id}").json()["status"] == "done"  # finished stays
     assert served.get("/api/v1/jobs/0123").status_code == 404
 
@@ -406,11 +406,11 @@ def test_batch_command_records_bad_rows_and_resumes(tmp_path, capsys):
     rows = _rows(out)
     assert len(rows) == 24
     earlier = rows[rows.id.isin(first.id)]
-    columns = ["id", "method", "explanation"]
+    columns = ["id", "method", "explanation_json"]
     assert earlier[columns].values.tolist() == first[columns].values.tolist()  # kept as they were
     bad = rows[rows.id == "line-12"]
     assert len(bad) == 2 and bad["error"].str.contains("not JSON").all()
-    explained = json.loads(rows[rows.id == "s7"].iloc[0].explanation)
+    explained = json.loads(rows[rows.id == "s7"].iloc[0].explanation_json)
     assert explained["tokens"][1:4] == ["a", "fine", "day"]
 
 
@@ -513,6 +513,9 @@ def test_parquet_results_have_one_schema_whatever_the_rows_hold(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    prediction = pa.struct(
+        [("index", pa.int64()), ("label", pa.string()), ("probability", pa.float64())]
+    )
     expected = pa.schema(
         [
             ("id", pa.string()),
@@ -520,9 +523,12 @@ def test_parquet_results_have_one_schema_whatever_the_rows_hold(tmp_path):
             ("target", pa.int64()),
             ("label", pa.string()),
             ("probability", pa.float64()),
-            ("scores", pa.string()),
+            ("predictions", pa.list_(prediction)),
+            ("tokens", pa.list_(pa.string())),
+            ("scores", pa.list_(pa.float64())),
+            ("scores_shape", pa.list_(pa.int64())),
             ("error", pa.string()),
-            ("explanation", pa.string()),
+            ("explanation_json", pa.string()),
         ]
     )
     for name, lines in (("clean", TWELVE[:2]), ("broken", ["not json"])):
@@ -577,12 +583,12 @@ def test_ray_engine_gives_the_local_engines_rows(tmp_path, local_ray):
     columns = ["id", "method", "target", "label", "error"]
     assert got[columns].fillna("").values.tolist() == expected[columns].fillna("").values.tolist()
     for ray_row, local_row in zip(got.itertuples(), expected.itertuples(), strict=True):
-        if local_row.scores is None or local_row.scores != local_row.scores:  # an error row
+        if local_row.scores is None:  # an error row
             continue
         # actors run one thread: float32 sums may round differently in their last bits
-        local_scores = np.asarray(json.loads(local_row.scores))
+        local_scores = np.asarray(local_row.scores)
         np.testing.assert_allclose(
-            json.loads(ray_row.scores),
+            ray_row.scores,
             local_scores,
             rtol=1e-5,
             atol=1e-5 * np.abs(local_scores).max(),

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import base64
+import html
 import json
 import re
 import socket
 import threading
 import time
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 import torch
 from _model_state import model_state
@@ -119,10 +122,12 @@ def test_predict_lists_the_top_five_and_why_methods_cannot_run(client, load_mode
     listed = {value for _, value in picker["choices"]}
     assert listed.isdisjoint(reasons) and "rollout" in listed
     assert picker["value"] == ["rollout"]  # the chosen method that applies stays ticked
-    shown = dict((value, label) for label, value in unavailable["choices"])
     image_methods = {e["name"] for e in method_entries("image")}
-    assert shown == {m: f"{m}: {why}" for m, why in reasons.items() if m in image_methods}
-    assert unavailable["visible"]
+    shown = unavailable["value"]  # one line naming them, each reason in the list it opens to
+    for method, why in reasons.items():
+        if method in image_methods:
+            assert f"<li><b>{method}</b>: {html.escape(why)}</li>" in shown
+    assert "Not for this model" in shown and unavailable["visible"]
     assert f"gradcam** cannot run on this model: {reasons['gradcam']}" in notes
 
 
@@ -145,7 +150,17 @@ def test_two_methods_side_by_side_with_their_agreement(client):
     maps = {m: np.asarray(raw[m]["scores"]) for m in ("gradient_x_input", "integrated_gradients")}
     for method, scores in maps.items():
         shown = _spans(html, method)
-        assert [t for t, _ in shown] == raw[method]["tokens"]
+        assert [t for t, _ in shown] == [
+            "[CLS]",
+            "A",
+            " lovely",
+            ",",
+            " charming",
+            " film",
+            ".",
+            "[SEP]",
+        ]
+        assert raw[method]["tokens"][:3] == ["[CLS]", "a", "lovely"]  # the tokenizer's own
         np.testing.assert_allclose([s for _, s in shown], scores, rtol=1e-5)
     # Spearman's ρ of the two importance rankings (|score|), by SciPy
     expected = spearmanr(np.abs(maps["gradient_x_input"]), np.abs(maps["integrated_gradients"]))[0]
@@ -297,9 +312,12 @@ def test_evaluate_ranks_each_method_on_the_bundled_items(client):
     assert sorted(summary["method"]) == ["gradient_x_input", "occlusion"]
     items = pd.DataFrame(per_item["data"], columns=per_item["headers"])
     assert len(items) == 4
-    means = items.groupby("method")["comprehensiveness"].mean()
-    for row in summary.itertuples():
-        assert row.comprehensiveness == pytest.approx(means[row.method], abs=1e-3)
+    shown = "comprehensiveness (higher is better)"  # labelled: "mean [95 % interval]"
+    means = items.groupby("method")[shown].mean()
+    for _, row in summary.iterrows():
+        mean = float(row[shown].split(" ")[0])
+        assert mean == pytest.approx(means[row["method"]], abs=1.5e-3)
+    assert "sufficiency: beats random (share of items)" in summary.columns
     assert _plot(plot)["data"]
 
 
@@ -336,14 +354,15 @@ def test_edit_and_compare_shows_how_each_map_changed(client):
     assert after["target"]["index"] == before["target"]["index"]
     html = shown["value"] if isinstance(shown, dict) else shown
     spans = re.findall(r'<span data-(change|edited)="([^"]+)"[^>]*>([^<]*)<', html)
-    assert [t for *_, t in spans] == after["tokens"]
+    texts = ["[CLS]", "A", " dull", ",", " charming", " film", ".", "[SEP]"]
+    assert [t for *_, t in spans] == after["token_texts"] == texts
     edited = [t for kind, _, t in spans if kind == "edited"]
-    assert edited == ["dull"]
-    old = dict(zip(before["tokens"], before["scores"], strict=True))
+    assert edited == [" dull"]
+    old = dict(zip(before["token_texts"], before["scores"], strict=True))
     for kind, value, token in spans:
         if kind == "change":  # tokens in both texts (each appears once here)
             assert float(value) == pytest.approx(
-                after["scores"][after["tokens"].index(token)] - old[token], rel=1e-4, abs=1e-6
+                after["scores"][texts.index(token)] - old[token], rel=1e-4, abs=1e-6
             )
     change = after["target"]["probability"] - before["target"]["probability"]
     assert f"({change:+.4f})" in html
@@ -378,7 +397,7 @@ def test_layers_of_a_decoder_ignore_the_zero_shot_labels_field(client):
 def test_batch_explains_an_upload_and_records_the_bad_line(client, tmp_path):
     data = tmp_path / "rows.jsonl"
     data.write_text('{"text": "good"}\n{"text": 5}\n{"id": "x", "text": "bad film"}\n')
-    status, table, files = client.predict(
+    status, table, files, *_ = client.predict(
         handle_file(str(data)),
         "tiny-random-bert",
         "",
@@ -390,8 +409,17 @@ def test_batch_explains_an_upload_and_records_the_bad_line(client, tmp_path):
     rows = pd.DataFrame(table["data"], columns=table["headers"])
     assert list(rows["id"]) == ["line-1", "line-2", "x"]
     assert "text must be a string" in rows["error"].iloc[1]
+    # the downloads are attrlab batch's rows: the same in JSON Lines and Parquet
+    jsonl = next(f for f in files if f.endswith(".jsonl"))
+    written = [json.loads(line) for line in Path(jsonl).read_text().splitlines()]
     parquet = next(f for f in files if f.endswith(".parquet"))
-    assert len(pd.read_parquet(parquet)) == 3
+    assert pq.read_table(parquet).to_pylist() == written
+    # the table rounds what the files hold in full
+    explained = [r for r in written if r["error"] is None]
+    assert [p for p in rows["probability"] if p == p] == [
+        round(r["probability"], 4) for r in explained
+    ]
+    assert any(r["probability"] != round(r["probability"], 4) for r in explained)
 
 
 def test_uploads_never_name_server_files(tmp_path):

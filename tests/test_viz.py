@@ -11,12 +11,13 @@ import zipfile
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
+import plotly.io as pio
 import pytest
 import torch
+from _toy_explanations import toy_explanation as _explanation
 
 from attrlab.attribution import explain
-from attrlab.attribution.explanation import Explanation, ModelInfo, Prediction, TargetValues
+from attrlab.attribution.explanation import Explanation, Prediction
 from attrlab.attribution.layers import HEAD_ESTIMATORS, agreement, analyze_layers
 from attrlab.attribution.metrics.leaderboard import SCORES, EvalItem, evaluate_methods
 from attrlab.attribution.run import RunSettings
@@ -49,21 +50,9 @@ from attrlab.viz import (
     write_bundle,
 )
 from attrlab.viz.bundle import safe_name
+from attrlab.viz.evaluate import score_label
 from attrlab.viz.image import robust_peak
 from attrlab.viz.table import explanation_table
-
-
-def _explanation(scores: np.ndarray, tokens: list[str] | None = None) -> Explanation:
-    return Explanation(
-        model=ModelInfo("toy", None, "text" if tokens else "image"),
-        method="toy",
-        params={},
-        target=TargetValues(0, "a", 1.0, 0.5),
-        predictions=[],
-        scores=scores,
-        tokens=tokens,
-        image_size=None if tokens else scores.shape,
-    )
 
 
 def test_overlay_colours_positive_red_negative_blue_and_leaves_zero_alone():
@@ -172,7 +161,7 @@ def test_the_notes_name_the_target_and_what_the_sign_means():
     note = measure_note("ablation_zero", "positive")
     assert "Negative (blue): the head supported 'positive'" in note
     assert "positive (red): the head worked against 'positive'" in note
-    assert "'\\n'" in measure_note("head_lrp", "\n")  # a whitespace token stays visible
+    assert "'↵'" in measure_note("head_lrp", "\n")  # a whitespace token stays visible
     assert measure_note("no such measure", "x") == ""
     fell = ablation_note("L2H3", "positive", 0.9, 0.6)
     assert "0.9000 → 0.6000" in fell and "**-0.3000**" in fell
@@ -189,7 +178,7 @@ def test_a_long_prompts_attention_axis_shows_every_kth_token():
     shown = list(figure.layout.xaxis.ticktext)
     assert 20 <= len(shown) <= 40 and shown[:2] == ["t0", "t3"]
     assert [tokens[i] for i in figure.layout.xaxis.tickvals] == shown
-    assert figure.data[0].text[5][99] == "'t5' → 't99'"  # every pair in the hover
+    assert figure.data[0].text[5][99] == "t5 → t99"  # every pair in the hover
 
 
 def test_layer_figures_export_to_html_and_png(layer_tables, tmp_path):
@@ -255,6 +244,22 @@ _SPAN = re.compile(
 def bert_text(load_model):
     adapter = load_model("tiny-random-bert")
     return adapter, adapter.preprocess("a short <b> text")
+
+
+#: "a short <b> text" as its tokens read on the page: a word's leading space kept.
+BERT_TEXTS = ["[CLS]", "a", " short", " <", "b", ">", " text", "[SEP]"]
+#: The same as Plotly labels: a word's leading space a light ␣, the text escaped.
+_SPACE = '<span style="color:#a0a0a0">␣</span>'
+BERT_TICKS = [
+    "[CLS]",
+    "a",
+    f"{_SPACE}short",
+    f"{_SPACE}&lt;",
+    "b",
+    "&gt;",
+    f"{_SPACE}text",
+    "[SEP]",
+]
 
 
 @pytest.fixture(scope="module")
@@ -327,9 +332,7 @@ def test_token_columns_of_every_text_method(text_explanations):
     spans = _spans(page)
     expected = np.concatenate([e.scores for e in text_explanations.values()])
     np.testing.assert_allclose([s[0] for s in spans], expected, rtol=1e-5, atol=1e-300)
-    tokens = [t for e in text_explanations.values() for t in e.tokens]
-    assert "<" in tokens  # the tokenizer split "<b>"; every token is escaped
-    assert [s[3] for s in spans] == [html.escape(t) for t in tokens]
+    assert [s[3] for s in spans] == [html.escape(t) for t in BERT_TEXTS] * len(text_explanations)
     for explanation in text_explanations.values():
         peak = np.abs(explanation.scores).max()
         target = html.escape(explanation.target.label)
@@ -348,7 +351,7 @@ def test_positional_bars_stack_token_and_positional_relevance(text_explanations)
     assert figure.layout.barmode == "relative"
     np.testing.assert_array_equal(figure.data[0].y, pa.scores)
     np.testing.assert_array_equal(figure.data[1].y, pa.positional_scores)
-    assert list(figure.layout.xaxis.ticktext) == pa.tokens
+    assert list(figure.layout.xaxis.ticktext) == BERT_TICKS
     # PA-LRP's input relevance is token plus positional relevance
     total = pa.scores.sum() + pa.positional_scores.sum()
     assert total == pytest.approx(pa.metrics["input_relevance"], rel=1e-6, abs=1e-12)
@@ -359,27 +362,28 @@ def test_positional_bars_stack_token_and_positional_relevance(text_explanations)
 def test_conservation_gauge_shows_input_relevance_against_the_logit(text_explanations):
     for name in ("attnlrp", "pa_lrp"):
         e = text_explanations[name]
-        (gauge,) = conservation_gauge(e).data
-        assert gauge.value == e.metrics["input_relevance"]
+        gauge = conservation_gauge(e)
+        (total,), (logit,) = gauge.data[0].x, gauge.data[1].x
+        assert total == e.metrics["input_relevance"]
         # the logit LRP explained is the model's own
-        assert gauge.gauge.threshold.value == pytest.approx(e.target.logit, rel=1e-6, abs=1e-9)
-        low, high = gauge.gauge.axis.range
-        assert low <= min(gauge.value, 0) and high >= max(gauge.value, 0)
-        assert f"{e.metrics['conservation_error']:.1%}" in gauge.title.text
+        assert logit == pytest.approx(e.target.logit, rel=1e-6, abs=1e-9)
+        low, high = gauge.layout.xaxis.range
+        assert low <= min(total, 0) and high >= max(total, 0)
+        assert f"{e.metrics['conservation_error']:.1%}" in gauge.layout.title.text
     with pytest.raises(ValueError, match="LRP"):
         conservation_gauge(text_explanations["gradient_x_input"])
     toy = _explanation(np.zeros(2), ["a", "b"])
     ranges = {}
     for total, logit in ((1.5, 2.0), (-5.0, -2.0), (-1.0, 2.0)):
         e = _with(toy, metrics={"input_relevance": total, "target_logit": logit})
-        ranges[total, logit] = tuple(conservation_gauge(e).data[0].gauge.axis.range)
+        ranges[total, logit] = tuple(conservation_gauge(e).layout.xaxis.range)
     assert ranges == {(1.5, 2.0): (0, 4), (-5.0, -2.0): (-5, 0), (-1.0, 2.0): (-4, 4)}
 
 
 def _card_rows(card: str) -> dict[str, list[str]]:
     rows = re.findall(r"<tr>(.*?)</tr>", card)
     cells = [re.findall(r"<td>(.*?)</td>", row) for row in rows]
-    return {row[0].split(" ")[0]: row[1:] for row in cells}
+    return {row[0]: row[1:] for row in cells}  # the score's label: the values beside it
 
 
 def test_trust_card_verdicts_follow_the_numbers():
@@ -397,14 +401,16 @@ def test_trust_card_verdicts_follow_the_numbers():
     )
     assert 'class="trust-card"' in card and 'data-method="toy"' in card
     assert _card_rows(card) == {
-        "comprehensiveness": ["0.3", "random 0.1", "better than random"],
-        "sufficiency": ["0.2", "random 0.1", "not better than random"],
+        "comprehensiveness (higher is better)": ["0.3", "random 0.1", "better than random"],
+        "sufficiency (lower is better)": ["0.2", "random 0.1", "not better than random"],
     }
     image = _explanation(np.zeros((2, 2)))
     card = trust_card_html(
         _with(image, metrics={"deletion_morf_auc": 0.2, "deletion_random_auc": 0.3})
     )
-    assert _card_rows(card) == {"deletion_morf_auc": ["0.2", "random 0.3", "better than random"]}
+    assert _card_rows(card) == {
+        "deletion AUC (lower is better)": ["0.2", "random 0.3", "better than random"]
+    }
     empty = trust_card_html(text)
     assert "no faithfulness scores: tick &#x27;Trust cards&#x27; and run again" in empty
 
@@ -418,7 +424,7 @@ def test_trust_cards_of_real_explanations(text_explanations, image_explanations)
                 value, baseline = e.metrics[score], e.metrics[random]
                 better = value > baseline if higher else value < baseline
                 verdict = "better than random" if better else "not better than random"
-                assert rows[score][-1] == verdict, (e.method, score)
+                assert rows[score_label(score, higher)][-1] == verdict, (e.method, score)
         assert bool(rows) == any(s in e.metrics for s, _, _ in SCORES[e.model.modality])
         assert ("conservation error" in card) == ("conservation_error" in e.metrics)
         assert ("convergence delta" in card) == ("convergence_delta" in e.metrics)
@@ -467,11 +473,12 @@ def test_image_grid_scales_each_map_by_its_robust_peak(image_explanations, pictu
     assert len(heatmaps) == len(images) == len(image_explanations)
     for heatmap, e in zip(heatmaps, image_explanations.values(), strict=True):
         assert e.scores.shape == picture.shape[:2]
-        expected = e.scores / np.percentile(np.abs(e.scores), 99)
-        np.testing.assert_allclose(np.asarray(heatmap.z), expected)
+        # the default view: each map over its 99th percentile of |score|, clipped beyond it
+        expected = np.clip(e.scores / np.percentile(np.abs(e.scores), 99), -1, 1)
+        np.testing.assert_allclose(np.asarray(heatmap.z), expected, rtol=1e-6)
         assert heatmap.opacity == 0.3 and (heatmap.zmin, heatmap.zmax) == (-1, 1)
     assert [h.showscale for h in heatmaps] == [True] + [False] * (len(heatmaps) - 1)
-    assert heatmaps[0].colorbar.title.text == "relevance ÷ robust peak"
+    assert "99th percentile" in heatmaps[0].colorbar.title.text
     titles = [a.text for a in figure.layout.annotations]
     assert titles == [f"{m} → {e.target.label}" for m, e in image_explanations.items()]
     assert figure.layout.yaxis2.scaleanchor == "x2" and figure.layout.xaxis3.visible is False
@@ -494,14 +501,14 @@ def test_attention_figure_of_a_real_head(bert_text):
     adapter, inputs = bert_text
     with torch.no_grad():
         weights = adapter.attentions(**inputs.model_kwargs())[1][0, 2].numpy()
-    figure = attention_figure(weights, inputs.tokens, layer=1, head=2)
+    figure = attention_figure(weights, inputs.token_texts, layer=1, head=2)
     (heatmap,) = figure.data
     np.testing.assert_allclose(np.asarray(heatmap.z).sum(axis=1), 1.0, rtol=1e-5)  # softmax rows
     assert heatmap.zmin == 0 and figure.layout.yaxis.autorange == "reversed"
-    assert list(figure.layout.xaxis.ticktext) == list(inputs.tokens)
+    assert list(figure.layout.xaxis.ticktext) == BERT_TICKS
     assert figure.layout.title.text == "layer 1, head 2: attention"
     with pytest.raises(ValueError):
-        attention_figure(weights[:, :-1], inputs.tokens, 1, 2)
+        attention_figure(weights[:, :-1], inputs.token_texts, 1, 2)
 
 
 def test_token_layers_figure_follows_one_token():
@@ -541,7 +548,7 @@ def test_layers_method_tables_draw(text_explanations):
     per_layer = e.maps["token_per_layer"]  # (layers + 1, tokens): the residual stream per token
     assert per_layer.shape == (len(lrp_block) + 1, len(e.tokens))
     np.testing.assert_allclose(per_layer[:-1].sum(axis=1), lrp_block.value, rtol=1e-6)
-    through = token_layers_figure(per_layer, e.tokens, token=1)
+    through = token_layers_figure(per_layer, e.token_texts, token=1)
     np.testing.assert_array_equal(through.data[1].y, per_layer[:, 1])
     assert list(through.data[1].x) == list(range(len(per_layer)))
 
@@ -594,6 +601,8 @@ def test_bundle_zip_holds_everything_and_reads_back(text_explanations, tmp_path)
             "bundle/figures/tokens.png",
             "bundle/figures/gauge_.._x_y.html",
             "bundle/figures/gauge_.._x_y.png",
+            "bundle/index.html",
+            "bundle/plotly.min.js",  # one copy, every figure's page loads it
         }
         manifest = json.loads(zipped.read("bundle/manifest.json"))
         rise = Explanation.from_json(zipped.read("bundle/_rise__sampled_.json").decode())
@@ -605,7 +614,7 @@ def test_bundle_zip_holds_everything_and_reads_back(text_explanations, tmp_path)
     np.testing.assert_array_equal(rise.scores, original.scores)
     np.testing.assert_array_equal(arrays["scores"], original.scores)
     np.testing.assert_array_equal(arrays["map__std_error"], original.maps["std_error"])
-    assert "plotly" in html_page.lower() and png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert '<script src="../plotly.min.js"' in html_page and png[:8] == b"\x89PNG\r\n\x1a\n"
     entry = manifest["methods"]["../rise <sampled>"]
     assert entry["versions"] == original.versions and entry["versions"]["torch"]
     assert entry["params"] == original.params and entry["seed"] == original.seed
@@ -635,7 +644,7 @@ def test_bundle_without_a_browser_keeps_the_html(text_explanations, tmp_path, mo
     def no_chromium(*_args, **_kwargs):
         raise RuntimeError("Kaleido requires Google Chrome to be installed")
 
-    monkeypatch.setattr(go.Figure, "write_image", no_chromium)
+    monkeypatch.setattr(pio, "write_images", no_chromium)
     e = text_explanations["occlusion"]
     path = write_bundle(
         {"occlusion": e}, {"a": token_figure(e), "a_": token_figure(e)}, tmp_path / "b"

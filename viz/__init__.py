@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from attrlab.attribution.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from attrlab.viz.bundle import write_bundle
+    from attrlab.viz.bundle import write_bundle, write_figures
     from attrlab.viz.compare import change_figure, change_html
     from attrlab.viz.evaluate import leaderboard_figure
     from attrlab.viz.image import heatmap_overlay, image_figure, image_grid_figure, std_error_figure
@@ -43,8 +43,12 @@ if TYPE_CHECKING:
         trust_card_html,
         trust_figure,
     )
+    from attrlab.viz.view import IMAGE_VIEW, TEXT_VIEW, View
 
 __all__ = [
+    "IMAGE_VIEW",
+    "TEXT_VIEW",
+    "View",
     "ablation_figure",
     "ablation_note",
     "agreement_figure",
@@ -75,6 +79,7 @@ __all__ = [
     "trust_card_html",
     "trust_figure",
     "write_bundle",
+    "write_figures",
 ]
 
 __getattr__, __dir__ = lazy_exports(
@@ -83,6 +88,7 @@ __getattr__, __dir__ = lazy_exports(
         "change_figure": "attrlab.viz.compare",
         "change_html": "attrlab.viz.compare",
         "write_bundle": "attrlab.viz.bundle",
+        "write_figures": "attrlab.viz.bundle",
         "leaderboard_figure": "attrlab.viz.evaluate",
         "heatmap_overlay": "attrlab.viz.image",
         "image_figure": "attrlab.viz.image",
@@ -110,5 +116,8 @@ __getattr__, __dir__ = lazy_exports(
         "randomisation_figure": "attrlab.viz.trust",
         "trust_card_html": "attrlab.viz.trust",
         "trust_figure": "attrlab.viz.trust",
+        "IMAGE_VIEW": "attrlab.viz.view",
+        "TEXT_VIEW": "attrlab.viz.view",
+        "View": "attrlab.viz.view",
     },
 )

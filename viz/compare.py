@@ -10,7 +10,8 @@ import plotly.graph_objects as go
 
 from attrlab.attribution.compare import MapChange
 from attrlab.viz.image import map_panels_figure
-from attrlab.viz.text import diverging_colour, text_colour
+from attrlab.viz.text import TOKEN_STYLE, diverging_colour, text_colour
+from attrlab.viz.tokens import token_html
 
 __all__ = ["change_figure", "change_html"]
 
@@ -23,30 +24,28 @@ _LEGEND = (
 def _headline(change: MapChange) -> str:
     target = change.after.target
     return (
-        f"p({html.escape(target.label)}) {change.before.target.probability:.4f} → "
+        f"p({token_html(target.label)}) {change.before.target.probability:.4f} → "
         f"{target.probability:.4f} ({change.probability_change:+.4f})"
     )
 
 
 def _tokens_html(change: MapChange) -> str:
-    tokens = change.after.tokens or []
+    texts = change.after.token_texts or []
     known = change.difference[~np.isnan(change.difference)]
     peak = float(np.abs(known).max()) if known.size else 0.0
     spans = []
-    for token, delta, edited in zip(tokens, change.difference, change.edited or [], strict=True):
+    for text, delta, edited in zip(texts, change.difference, change.edited or [], strict=True):
         if edited:
             spans.append(
                 '<span data-edited="true" title="added or replaced by the edit" '
-                'style="border:1px dashed currentColor;padding:0 3px;margin:1px;'
-                f'border-radius:3px;display:inline-block">{html.escape(token)}</span>'
+                f'style="border:1px dashed currentColor;{TOKEN_STYLE}">{token_html(text)}</span>'
             )
             continue
         background = diverging_colour(float(delta) / peak if peak > 0 else 0.0)
         spans.append(
             f'<span data-change="{float(delta):.6g}" title="{float(delta):+.6g}" '
-            f'style="background:rgb{background};color:{text_colour(background)};'
-            'padding:1px 3px;margin:1px;border-radius:3px;display:inline-block">'
-            f"{html.escape(token)}</span>"
+            f'style="background:rgb{background};color:{text_colour(background)};{TOKEN_STYLE}">'
+            f"{token_html(text)}</span>"
         )
     return "".join(spans)
 
@@ -72,4 +71,4 @@ def change_figure(changes: Mapping[str, MapChange], image: np.ndarray) -> go.Fig
     if not changes:
         raise ValueError("change_figure needs at least one comparison")
     panels = {f"{m}: {_headline(c)}": (m, c.difference) for m, c in changes.items()}
-    return map_panels_figure(panels, image, 0.6, "change ÷ robust peak")
+    return map_panels_figure(panels, image, 0.6, quantity="change")

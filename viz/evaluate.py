@@ -1,4 +1,10 @@
-"""The leaderboard's per-item table as a figure: each method's mean score against random."""
+"""
+The leaderboard for people: its score columns labelled and rounded, and as a figure.
+
+:func:`score_labels` is the one table of what each score column is called where people read
+it: the Evaluate tab, ``attrlab evaluate``, the trust cards and the figures (and so the export
+bundle). The tables themselves keep their short column names (CSV, JSON, Parquet).
+"""
 
 from __future__ import annotations
 
@@ -10,12 +16,98 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from attrlab.attribution.metrics.leaderboard import SCORES
+from attrlab.viz.theme import TEMPLATE
 
-__all__ = ["leaderboard_figure", "score_bars"]
+__all__ = [
+    "leaderboard_figure",
+    "leaderboard_text",
+    "readable_table",
+    "score_bars",
+    "score_label",
+    "score_labels",
+]
 
 #: The colour of a method's own bars (random orders are grey).
 METHOD_COLOUR = "#4c72b0"
 _RANDOM_COLOUR = "#b0b0b0"
+
+
+#: What each faithfulness score measures, in words (its column names are short).
+_SCORE_NAMES = {
+    "comprehensiveness": "comprehensiveness",
+    "sufficiency": "sufficiency",
+    "deletion_morf_auc": "deletion AUC",
+    "insertion_morf_auc": "insertion AUC",
+}
+#: Columns of every leaderboard and per-item table, whatever the modality.
+_COMMON_LABELS = {
+    "method": "method",
+    "item": "item",
+    "items": "items",
+    "forward_passes": "forward passes per item",
+    "seconds": "seconds per item",
+}
+#: Decimals shown per column; every other number gets three.
+_DECIMALS = {"forward_passes": 1, "seconds": 2}
+
+
+def score_label(score: str, higher: bool) -> str:
+    """A score's label with the direction that is better: ``deletion AUC (lower is better)``."""
+    return f"{_SCORE_NAMES.get(score, score)} ({'higher' if higher else 'lower'} is better)"
+
+
+def score_labels(modality: str) -> dict[str, str]:
+    """
+    Column -> label, for :func:`~attribution.metrics.summarise`'s and the per-item tables.
+
+    Each score of :data:`SCORES` ``[modality]``: the score with its better direction, the
+    share of items on which it beats random orders, the random orders' own score and the
+    least-relevant-first curve's area (images).
+    """
+    labels = dict(_COMMON_LABELS)
+    for score, random, higher in SCORES[modality]:
+        name = _SCORE_NAMES.get(score, score)
+        labels[score] = score_label(score, higher)
+        labels[f"{score}_wins"] = f"{name}: beats random (share of items)"
+        labels[random] = f"{name}: random orders"
+        if score.endswith("_morf_auc"):  # the curve's other order, least relevant first
+            labels[score.replace("_morf_", "_lerf_")] = f"{name}: least relevant first"
+    if modality == "text":  # the token curves beside the ERASER scores
+        for curve in ("deletion", "insertion"):
+            labels[f"{curve}_morf_auc"] = f"token {curve} AUC"
+            labels[f"{curve}_lerf_auc"] = f"token {curve} AUC: least relevant first"
+            labels[f"{curve}_random_auc"] = f"token {curve} AUC: random orders"
+    return labels
+
+
+def readable_table(table: pd.DataFrame, modality: str) -> pd.DataFrame:
+    """
+    A leaderboard or per-item table for people: labelled columns, rounded numbers.
+
+    Numbers keep three decimals (forward passes one, seconds two); a leaderboard's mean and
+    its 95 % interval share one cell, ``0.164 [-0.010, 0.493]``, as a score is read. Columns
+    without a label keep their name.
+    """
+    shown = table.copy()
+    for column in shown.select_dtypes("number").columns:
+        shown[column] = shown[column].round(_DECIMALS.get(column, 3))
+    for score, _, _ in SCORES[modality]:
+        interval = f"{score}_ci"
+        if score in shown and interval in shown:
+            means = shown.pop(score).map(lambda value: f"{value:.3f}")
+            shown.insert(shown.columns.get_loc(interval), score, means + " " + shown[interval])
+            shown = shown.drop(columns=interval)
+    return shown.rename(columns=score_labels(modality))
+
+
+def leaderboard_text(summary: pd.DataFrame, modality: str) -> str:
+    """
+    :func:`~attribution.metrics.summarise`'s table for a terminal: a column per method.
+
+    The labels are long, so they head the rows, and the table stays as narrow as its methods.
+    """
+    shown = readable_table(summary, modality).set_index(score_labels(modality)["method"])
+    return shown.T.to_string()
 
 
 def _mean_and_error(per_item: pd.DataFrame, column: str, methods: list[str]) -> pd.DataFrame:
@@ -40,7 +132,7 @@ def score_bars(
     figure = make_subplots(
         rows=1,
         cols=len(scores),
-        subplot_titles=[f"{s} ({'higher' if h else 'lower'} is better)" for s, _, h in scores],
+        subplot_titles=[score_label(s, h) for s, _, h in scores],
     )
     for column, (score, random, _) in enumerate(scores, start=1):
         for name, key, colour in (
@@ -65,7 +157,7 @@ def score_bars(
                 row=1,
                 col=column,
             )
-    figure.update_layout(barmode="group", title=title, template="plotly_white")
+    figure.update_layout(barmode="group", title=title, template=TEMPLATE)
     return figure
 
 

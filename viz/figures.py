@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     import pandas as pd
     import plotly.graph_objects as go
 
+    from attrlab.viz.view import View
+
 __all__ = [
     "AGREEMENT",
     "CONSERVATION",
@@ -53,7 +55,7 @@ AGREEMENT = "agreement"
 
 
 def figures_for(
-    explanation: Explanation, image: np.ndarray | None = None
+    explanation: Explanation, image: np.ndarray | None = None, view: View | None = None
 ) -> dict[str, FigureBuilder]:
     """
     The figures ``explanation`` gets, by name in the order they are shown, each as its builder.
@@ -62,6 +64,8 @@ def figures_for(
         explanation: an attribution, or a layer analysis (the ``layers`` method's
             Explanation, whose table holds every measure).
         image: the explained image (its display copy), which an image's maps are drawn on.
+        view: how an image's map is coloured (:class:`viz.view.View`; default: signed, each
+            map over its 99th percentile of |score|).
 
     Returns:
         Name -> a builder of the figure. An image's builders raise ``ValueError`` when no
@@ -72,7 +76,7 @@ def figures_for(
     if explanation.method == LayerAnalysis.name and explanation.layers is not None:
         top_k = int(explanation.params["top_k"])
         return _layer_figures(explanation.layers, top_k, explanation.target.label)
-    return _attribution_figures(explanation, image)
+    return _attribution_figures(explanation, image, view)
 
 
 def head_measures(table: pd.DataFrame) -> list[str]:
@@ -81,11 +85,12 @@ def head_measures(table: pd.DataFrame) -> list[str]:
 
 
 def _attribution_figures(
-    explanation: Explanation, image: np.ndarray | None
+    explanation: Explanation, image: np.ndarray | None, view: View | None
 ) -> dict[str, FigureBuilder]:
     from attrlab.viz.image import image_figure, std_error_figure
     from attrlab.viz.text import positional_figure_tokens, token_figure
     from attrlab.viz.trust import conservation_gauge
+    from attrlab.viz.view import IMAGE_VIEW
 
     def on_image(draw: Callable[[Explanation, np.ndarray], go.Figure]) -> FigureBuilder:
         def build() -> go.Figure:
@@ -100,7 +105,7 @@ def _attribution_figures(
     if text:
         figures[SCORES] = lambda: token_figure(explanation)
     else:
-        figures[MAP] = on_image(image_figure)
+        figures[MAP] = on_image(functools.partial(image_figure, view=view or IMAGE_VIEW))
     if text and explanation.positional_scores is not None:
         figures[POSITIONAL_TOKENS] = lambda: positional_figure_tokens(explanation)
     if {"input_relevance", "target_logit"} <= set(explanation.metrics):

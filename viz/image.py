@@ -10,6 +10,7 @@ number either. The Explanation keeps its own map, at the model's resolution.
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Mapping
 
 import numpy as np
@@ -18,6 +19,8 @@ from PIL import Image
 from plotly.subplots import make_subplots
 
 from attrlab.attribution.explanation import Explanation
+from attrlab.viz.theme import TEMPLATE
+from attrlab.viz.view import IMAGE_VIEW, View, robust_peak
 
 __all__ = [
     "DISPLAY_MAX_SIDE",
@@ -30,10 +33,6 @@ __all__ = [
     "robust_peak",
     "std_error_figure",
 ]
-
-# the ends of the pages' diverging scale (ColorBrewer RdBu): red supports, blue opposes
-_POSITIVE = np.array([178, 24, 43], dtype=np.float64)
-_NEGATIVE = np.array([33, 102, 172], dtype=np.float64)
 
 #: Longest side, in pixels, of the image a figure draws (a figure's payload grows with its area).
 DISPLAY_MAX_SIDE = 1024
@@ -68,39 +67,35 @@ def fit_map(scores: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
     return np.asarray(image.resize(shape[::-1], Image.Resampling.BILINEAR), dtype=np.float64)
 
 
-def robust_peak(scores: np.ndarray, percentile: float = 99.0) -> float:
-    """Scale of a map: a high percentile of |scores|, so one outlier pixel cannot wash it out."""
-    peak = float(np.percentile(np.abs(scores), percentile))
-    return peak if peak > 0 else float(np.abs(scores).max())
-
-
-def heatmap_overlay(explanation: Explanation, image: np.ndarray, alpha: float = 0.6) -> np.ndarray:
+def heatmap_overlay(
+    explanation: Explanation, image: np.ndarray, alpha: float = 0.6, view: View = IMAGE_VIEW
+) -> np.ndarray:
     """
-    Blend the score map onto ``image`` (H×W×3 uint8): red positive, blue negative.
+    Blend the score map onto ``image`` (H×W×3 uint8) in ``view``'s colours.
 
-    Colour strength is |score| over the map's 99th percentile of |score|, clipped to 1.
+    Each pixel takes its scaled score's colour, weighted by ``alpha`` times its strength
+    (|scaled score|, in [0, 1]): a zero score leaves the pixel as it was. By default red is
+    positive, blue negative, strength |score| over the 99th percentile of |score|, clipped.
     """
     scores = fit_map(explanation.scores, image.shape[:2])
-    peak = robust_peak(scores)
-    strength = (np.abs(scores) / peak if peak > 0 else np.zeros_like(scores)).clip(0, 1)[..., None]
-    colour = np.where(scores[..., None] >= 0, _POSITIVE, _NEGATIVE)
-    weight = alpha * strength
-    blended = image.astype(np.float64) * (1 - weight) + colour * weight
+    scaled = view.scaled({"": scores})[""]
+    weight = alpha * np.abs(scaled)[..., None]
+    blended = image.astype(np.float64) * (1 - weight) + view.colours(scaled) * weight
     return blended.clip(0, 255).astype(np.uint8)
 
 
-def image_figure(explanation: Explanation, image: np.ndarray) -> go.Figure:
-    """The image (its display copy) with the score map as a semi-transparent heatmap on top."""
+def image_figure(explanation: Explanation, image: np.ndarray, view: View = IMAGE_VIEW) -> go.Figure:
+    """The image (its display copy) with the score map, in ``view``, as a heatmap on top."""
     image = display_copy(image)
     scores = fit_map(explanation.scores, image.shape[:2])
-    peak = robust_peak(scores) or 1.0
+    low, high = view.colour_range
     heatmap = go.Heatmap(
-        z=_shown(scores),
-        colorscale="RdBu_r",
-        zmin=-peak,
-        zmax=peak,
+        z=_shown(view.scaled({"": scores})[""]),
+        colorscale=view.colorscale,
+        zmin=low,
+        zmax=high,
         opacity=0.55,
-        colorbar={"title": "relevance"},
+        colorbar={"title": _wrapped(view.describe())},
     )
     return _over_image(image, heatmap, f"{explanation.method} → {explanation.target.label}")
 
@@ -110,6 +105,7 @@ def _over_image(image: np.ndarray, heatmap: go.Heatmap, title: str) -> go.Figure
     figure = go.Figure(go.Image(z=image, hoverinfo="skip"))
     figure.add_trace(heatmap)
     figure.update_layout(
+        template=TEMPLATE,
         title=title,
         yaxis={"autorange": "reversed", "scaleanchor": "x", "visible": False},
         xaxis={"visible": False},
@@ -124,60 +120,65 @@ def _shown(scores: np.ndarray) -> np.ndarray:
     return scores.astype(np.float32)
 
 
-def _scaled(scores: np.ndarray) -> np.ndarray:
-    peak = robust_peak(scores)
-    return scores / peak if peak > 0 else np.zeros_like(scores)
-
-
 def image_grid_figure(
-    explanations: Mapping[str, Explanation], image: np.ndarray, opacity: float = 0.55
+    explanations: Mapping[str, Explanation],
+    image: np.ndarray,
+    opacity: float = 0.55,
+    view: View = IMAGE_VIEW,
 ) -> go.Figure:
     """
     One panel per method: ``image`` with the method's map over it, side by side.
 
-    Each map is divided by its :func:`robust_peak` (methods have different units) and drawn
-    on one diverging scale from −1 to +1, with one colour bar for all panels.
+    The maps are scaled by ``view`` (by default each over its own 99th percentile of |score|,
+    since methods have different units) and drawn on one colour scale with one colour bar
+    saying which view it is.
     """
     if not explanations:
         raise ValueError("image_grid_figure needs at least one explanation")
     if any(e.tokens is not None for e in explanations.values()):
         raise ValueError("image_grid_figure needs image explanations")
     panels = {f"{m} → {e.target.label}": (m, e.scores) for m, e in explanations.items()}
-    return map_panels_figure(panels, image, opacity, "relevance ÷ robust peak")
+    return map_panels_figure(panels, image, opacity, view=view)
 
 
 def map_panels_figure(
     panels: Mapping[str, tuple[str, np.ndarray]],
     image: np.ndarray,
     opacity: float = 0.55,
-    scale_title: str = "relevance ÷ robust peak",
+    quantity: str = "relevance",
+    view: View = IMAGE_VIEW,
 ) -> go.Figure:
     """
-    Panels side by side, each ``image`` under a signed map, keyed by title: (name, map).
+    Panels side by side, each ``image`` under a map, keyed by title: (name, map).
 
-    Each map is resized to the image's display copy and divided by its robust peak, on one
-    diverging scale from −1 to +1 with one colour bar. The panels share one display copy's
-    area (:data:`DISPLAY_MAX_SIDE` squared): each copy's side is that over √(panels).
+    Each map is resized to the image's display copy and scaled by ``view`` (by default signed,
+    each over its own robust peak), on one colour scale with one colour bar naming the view
+    and the ``quantity`` the maps hold. The panels share one display copy's area
+    (:data:`DISPLAY_MAX_SIDE` squared): each copy's side is that over √(panels).
     """
     if not 0.0 <= opacity <= 1.0:
         raise ValueError(f"opacity must lie in [0, 1]; got {opacity}")
     if not panels:
         raise ValueError("map_panels_figure needs at least one panel")
     image = display_copy(image, max(1, math.isqrt(DISPLAY_MAX_SIDE**2 // len(panels))))
+    scaled = view.scaled(
+        {title: fit_map(scores, image.shape[:2]) for title, (_, scores) in panels.items()}
+    )
+    low, high = view.colour_range
     figure = make_subplots(
         rows=1, cols=len(panels), subplot_titles=list(panels), horizontal_spacing=0.02
     )
-    for column, (name, scores) in enumerate(panels.values(), start=1):
+    for column, (title, (name, _)) in enumerate(panels.items(), start=1):
         figure.add_trace(go.Image(z=image, hoverinfo="skip"), row=1, col=column)
         figure.add_trace(
             go.Heatmap(
-                z=_shown(_scaled(fit_map(scores, image.shape[:2]))),
-                colorscale="RdBu_r",
-                zmin=-1.0,
-                zmax=1.0,
+                z=_shown(scaled[title]),
+                colorscale=view.colorscale,
+                zmin=low,
+                zmax=high,
                 opacity=opacity,
                 showscale=column == 1,
-                colorbar={"title": scale_title},
+                colorbar={"title": _wrapped(view.describe(quantity))},
                 name=name,
                 hovertemplate="(%{x}, %{y}): %{z:.3f}<extra>" + name + "</extra>",
             ),
@@ -187,10 +188,13 @@ def map_panels_figure(
         figure.update_yaxes(scaleanchor="x" if column == 1 else f"x{column}", row=1, col=column)
     figure.update_xaxes(visible=False)
     figure.update_yaxes(visible=False, autorange="reversed")
-    figure.update_layout(
-        height=360, margin={"l": 10, "r": 10, "t": 40, "b": 10}, template="plotly_white"
-    )
+    figure.update_layout(height=360, margin={"l": 10, "r": 10, "t": 40, "b": 10}, template=TEMPLATE)
     return figure
+
+
+def _wrapped(text: str, width: int = 24) -> str:
+    """A colour bar's title broken into lines (Plotly does not wrap it)."""
+    return "<br>".join(textwrap.wrap(text, width))
 
 
 def std_error_figure(explanation: Explanation, image: np.ndarray) -> go.Figure:

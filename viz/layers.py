@@ -20,6 +20,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from attrlab.attribution.layers.agreement import head_ranking
+from attrlab.viz.theme import TEMPLATE
+from attrlab.viz.tokens import token_label, token_tick, token_ticks
 
 __all__ = [
     "ablation_figure",
@@ -106,7 +108,7 @@ def measure_note(measure: str, target: str | None = None) -> str:
     ``target`` (the explained output's label) is named in them; without it, "the target".
     An unknown measure gets an empty note.
     """
-    named = "the target" if target is None else repr(target)
+    named = "the target" if target is None else f"'{token_label(target)}'"
     return _NOTES.get(measure, "").format(target=named)
 
 
@@ -115,10 +117,10 @@ def ablation_note(heads: str, target: str, before: float, after: float) -> str:
     The change of the target's probability when ``heads`` are ablated, and its sign's meaning.
 
     Markdown: the heads and the change in bold, then one sentence on the sign; the target's
-    label is named (quoted, so a whitespace token shows) and escaped.
+    label is named (as :func:`viz.tokens.token_label` shows it, quoted) and escaped.
     """
     change = after - before
-    named = html.escape(repr(target), quote=False)
+    named = html.escape(f"'{token_label(target)}'", quote=False)
     if change < 0:
         meaning = (
             f"negative: together these heads supported {named}; without them it is less likely"
@@ -167,14 +169,14 @@ def head_heatmap(table: pd.DataFrame, measure: str, target: str | None = None) -
             colorbar={"title": {"text": measure, "side": "right"}},
         )
     )
-    about = "" if target is None else f" for {target!r}"
+    about = "" if target is None else f" for '{token_tick(target)}'"
     figure.update_layout(
-        title={"text": f"{measure} per head{html.escape(about)}", "font": {"size": 15}},
+        title={"text": f"{measure} per head{about}", "font": {"size": 15}},
         xaxis={"title": "head", "dtick": 1 if heads <= 16 else None},
         yaxis={"title": "layer", "dtick": 1 if layers <= 16 else None},
         height=int(min(760, max(360, 18 * layers + 150))),
         margin={"l": 60, "r": 20, "t": 50, "b": 50},
-        template="plotly_white",
+        template=TEMPLATE,
     )
     return figure
 
@@ -244,7 +246,7 @@ def layer_lines(
         height=90 + 230 * count,
         margin={"l": 50, "r": 20, "t": 70, "b": 40},
         hoverlabel={"align": "left"},
-        template="plotly_white",
+        template=TEMPLATE,
     )
     return figure
 
@@ -271,7 +273,7 @@ def positional_figure(table: pd.DataFrame) -> go.Figure:
         title="token and positional relevance per layer",
         xaxis_title="layer",
         yaxis_title="relevance",
-        template="plotly_white",
+        template=TEMPLATE,
     )
     return figure
 
@@ -308,7 +310,7 @@ def top_heads_figure(table: pd.DataFrame, estimators: Sequence[str], k: int = 10
     figure.update_layout(
         title=f"top {len(labels)} heads and their rank by each estimator",
         yaxis={"autorange": "reversed"},
-        template="plotly_white",
+        template=TEMPLATE,
     )
     return figure
 
@@ -346,7 +348,7 @@ def agreement_figure(
             colorbar={"title": "ρ"},
         )
     )
-    figure.update_layout(title=title, template="plotly_white")
+    figure.update_layout(title=title, template=TEMPLATE)
     return figure
 
 
@@ -358,31 +360,33 @@ def _token_axis(tokens: Sequence[str]) -> dict:
     """A token axis: every token's label, or every k-th one for a long prompt."""
     step = -(-len(tokens) // _MOST_TICKS)
     shown = range(0, len(tokens), step)
+    ticks = token_ticks(tokens)
     return {
         "tickmode": "array",
         "tickvals": list(shown),
-        "ticktext": [tokens[i] for i in shown],
+        "ticktext": [ticks[i] for i in shown],
         "tickangle": -60 if len(tokens) > 12 else 0,
         "tickfont": {"size": 11},
     }
 
 
 def _clipped(token: str, most: int = 24) -> str:
-    """A token quoted for a title or legend, cut to ``most`` characters."""
-    quoted = repr(token)
-    return quoted if len(quoted) <= most else quoted[: most - 1] + "…"
+    """A token for a title or legend (:func:`viz.tokens.token_tick`), cut to ``most`` characters."""
+    text = token_label(token)
+    return token_tick(text if len(text) <= most else text[: most - 1] + "…")
 
 
 def attention_figure(
     attention: np.ndarray, tokens: Sequence[str], layer: int, head: int
 ) -> go.Figure:
-    """One head's attention weights: queries (rows) × keys (columns), tokens as tick labels."""
+    """One head's attention weights: queries (rows) × keys (columns), token texts as ticks."""
     weights = np.asarray(attention, dtype=float)
     if weights.shape != (len(tokens), len(tokens)):
         raise ValueError(
             f"attention must be (tokens, tokens) = {(len(tokens),) * 2}; got {weights.shape}"
         )
-    pairs = [[f"{query!r} → {key!r}" for key in tokens] for query in tokens]
+    shown = token_ticks(tokens)
+    pairs = [[f"{query} → {key}" for key in shown] for query in shown]
     figure = go.Figure(
         go.Heatmap(
             z=weights,
@@ -398,7 +402,7 @@ def attention_figure(
         xaxis={**_token_axis(tokens), "title": "key"},
         yaxis={**_token_axis(tokens), "title": "query", "autorange": "reversed", "tickangle": 0},
         height=int(min(640, max(380, 12 * len(tokens) + 200))),
-        template="plotly_white",
+        template=TEMPLATE,
     )
     return figure
 
@@ -453,7 +457,7 @@ def token_layers_figure(
         },
         yaxis_title="relevance",
         legend={"orientation": "h", "y": -0.3},
-        template="plotly_white",
+        template=TEMPLATE,
     )
     return figure
 
@@ -467,8 +471,9 @@ def ablation_figure(
     Labels are the union of both lists; a label missing from one list (outside its top
     predictions) has no bar there. The title gives the target's change.
     """
-    before = {p.label: float(p.probability) for p in plain}
-    after = {p.label: float(p.probability) for p in ablated}
+    before = {token_tick(p.label): float(p.probability) for p in plain}
+    after = {token_tick(p.label): float(p.probability) for p in ablated}
+    target_label = token_tick(target_label)
     labels = list(dict.fromkeys([*before, *after]))
     if target_label in before and target_label in after:
         old, new = before[target_label], after[target_label]
@@ -497,11 +502,11 @@ def ablation_figure(
     )
     figure.update_layout(
         barmode="group",
-        title=f"target <b>{html.escape(target_label)}</b>: {change}",
+        title=f"target <b>{target_label}</b>: {change}",
         xaxis={"title": "probability", "tickformat": ".0%"},
         yaxis={"autorange": "reversed"},
         height=int(max(260, 140 + 40 * len(labels))),
-        template="plotly_white",
+        template=TEMPLATE,
     )
     return figure
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from attrlab.attribution.explanation import Explanation
+from attrlab.viz.tokens import token_label
 
 __all__ = ["explanation_table", "layers_text"]
 
@@ -17,11 +18,12 @@ def explanation_table(explanation: Explanation) -> str:
     lines = [
         f"model     {e.model.id} ({e.model.modality})",
         f"method    {e.method}  params {e.params}",
-        f"target    {e.target.label!r} (index {e.target.index})  "
+        f"target    {_quoted(e.target.label)} (index {e.target.index})  "
         f"p={e.target.probability:.4f}  logit={e.target.logit:.4f}",
-        "top-5     " + " | ".join(f"{p.label!r} {p.probability:.4f}" for p in e.predictions),
+        "top-5     " + " | ".join(f"{_quoted(p.label)} {p.probability:.4f}" for p in e.predictions),
     ]
-    lines += _token_rows(e.tokens, e.scores) if e.tokens is not None else _image_rows(e)
+    texts = e.token_texts
+    lines += _token_rows(texts, e.scores) if texts is not None else _image_rows(e)
     if e.metrics:
         lines.append("metrics   " + "  ".join(f"{k}={v:.6g}" for k, v in e.metrics.items()))
     lines.append(
@@ -32,11 +34,17 @@ def explanation_table(explanation: Explanation) -> str:
     return "\n".join(lines)
 
 
-def _token_rows(tokens: list[str], scores: np.ndarray) -> list[str]:
+def _quoted(label: str) -> str:
+    """A label in quotes, which show a leading space (``' Mary'``)."""
+    return f"'{token_label(label)}'"
+
+
+def _token_rows(texts: list[str], scores: np.ndarray) -> list[str]:
     peak = float(np.abs(scores).max()) or 1.0
-    width = max(len(t) for t in tokens)
+    shown = [token_label(text) for text in texts]
+    width = max(len(t) for t in shown)
     rows = ["tokens    score"]
-    for token, score in zip(tokens, scores, strict=True):
+    for token, score in zip(shown, scores, strict=True):
         bar = ("+" if score >= 0 else "-") * round(abs(score) / peak * _BAR_WIDTH)
         rows.append(f"  {token:<{width}}  {score:+.6f}  {bar}")
     return rows
@@ -62,7 +70,8 @@ def layers_text(explanation: Explanation, top: int = 5) -> str:
     e, table = explanation, explanation.layers
     lines = [
         f"model     {e.model.id} ({e.model.modality})",
-        f"target    {e.target.label!r} (index {e.target.index})  p={e.target.probability:.4f}",
+        f"target    {_quoted(e.target.label)} (index {e.target.index})  "
+        f"p={e.target.probability:.4f}",
     ]
     if table is None or table.empty:
         return "\n".join([*lines, "no layer measures"])

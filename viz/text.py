@@ -7,9 +7,11 @@ from collections.abc import Mapping
 
 import numpy as np
 import plotly.graph_objects as go
-from plotly.colors import sample_colorscale, unlabel_rgb
 
 from attrlab.attribution.explanation import Explanation
+from attrlab.viz.theme import TEMPLATE
+from attrlab.viz.tokens import token_html, token_label, token_tick, token_ticks
+from attrlab.viz.view import TEXT_VIEW, View
 
 __all__ = [
     "diverging_colour",
@@ -22,17 +24,17 @@ __all__ = [
 ]
 
 
-def _normalised(scores: np.ndarray) -> np.ndarray:
-    peak = float(np.abs(scores).max()) if scores.size else 0.0
-    return scores / peak if peak > 0 else np.zeros_like(scores)
+def token_highlights(explanation: Explanation, view: View = TEXT_VIEW) -> list[tuple[str, float]]:
+    """(token as shown, score scaled by ``view``) pairs; by default in [-1, 1] over max |score|."""
+    texts = _texts(explanation, "token_highlights")
+    scores = view.scaled({"": explanation.scores})[""]
+    return [(token_label(text), float(s)) for text, s in zip(texts, scores, strict=True)]
 
 
-def token_highlights(explanation: Explanation) -> list[tuple[str, float]]:
-    """(token, score in [-1, 1]) pairs, scaled by the largest absolute score."""
-    if explanation.tokens is None:
-        raise ValueError("token_highlights needs a text explanation")
-    scores = _normalised(explanation.scores)
-    return [(token, float(s)) for token, s in zip(explanation.tokens, scores, strict=True)]
+def _texts(explanation: Explanation, view: str) -> list[str]:
+    if explanation.token_texts is None:
+        raise ValueError(f"{view} needs a text explanation")
+    return explanation.token_texts
 
 
 def token_figure(explanation: Explanation) -> go.Figure:
@@ -41,8 +43,7 @@ def token_figure(explanation: Explanation) -> go.Figure:
 
     A sampling method's standard error per token (``maps["std_error"]``) shows as error bars.
     """
-    if explanation.tokens is None:
-        raise ValueError("token_figure needs a text explanation")
+    ticks = token_ticks(_texts(explanation, "token_figure"))
     scores = explanation.scores
     positions = list(range(len(scores)))
     error = explanation.maps.get("std_error")
@@ -52,14 +53,15 @@ def token_figure(explanation: Explanation) -> go.Figure:
             x=positions,
             y=scores,
             marker_color=[f"rgb{diverging_colour(1.0 if s >= 0 else -1.0)}" for s in scores],
-            hovertext=explanation.tokens,
+            hovertext=ticks,
             error_y={"type": "data", "array": error, "visible": True} if shown_error else None,
         )
     )
     figure.update_layout(
-        title=f"{explanation.method} → {explanation.target.label}"
+        template=TEMPLATE,
+        title=f"{explanation.method} → {token_tick(explanation.target.label)}"
         + (" (bars: ± standard error)" if shown_error else ""),
-        xaxis={"tickmode": "array", "tickvals": positions, "ticktext": explanation.tokens},
+        xaxis={"tickmode": "array", "tickvals": positions, "ticktext": ticks},
         yaxis_title="relevance",
         margin={"l": 40, "r": 10, "t": 40, "b": 80},
         height=320,
@@ -67,16 +69,16 @@ def token_figure(explanation: Explanation) -> go.Figure:
     return figure
 
 
-#: ColorBrewer RdBu reversed (blue negative, near-white zero, red positive): colour-blind safe.
-_DIVERGING = "RdBu_r"
-_LEGEND_TEXT = "relevance ÷ each method's largest |score| (red supports the target, blue opposes)"
+_SIGN_MEANING = {
+    "signed": "red supports the target, blue opposes",
+    "positive": "red supports the target; opposing tokens stay white",
+    "absolute": "darker: larger magnitude, either sign",
+}
 
 
 def diverging_colour(value: float) -> tuple[int, int, int]:
-    """RGB of ``value`` in [-1, 1] on the diverging scale."""
-    (sample,) = sample_colorscale(_DIVERGING, [(min(max(value, -1.0), 1.0) + 1.0) / 2.0])
-    red, green, blue = (round(part) for part in unlabel_rgb(sample))
-    return red, green, blue
+    """RGB of ``value`` in [-1, 1] on the signed view's diverging scale (ColorBrewer RdBu)."""
+    return TEXT_VIEW.colour(value)
 
 
 def text_colour(background: tuple[int, int, int]) -> str:
@@ -88,82 +90,94 @@ def text_colour(background: tuple[int, int, int]) -> str:
     return "#111111" if luminance > 0.179 else "#ffffff"
 
 
-def scale_legend_html() -> str:
-    """The diverging scale as a horizontal gradient bar, −1 … 0 … +1, with what it means."""
-    stops = ", ".join(f"rgb{diverging_colour(v)}" for v in np.linspace(-1.0, 1.0, 11))
+def scale_legend_html(view: View = TEXT_VIEW) -> str:
+    """The view's colour scale as a horizontal gradient bar, with its ends and what it means."""
+    low, high = view.colour_range
+    stops = ", ".join(f"rgb{view.colour(v)}" for v in np.linspace(low, high, 11))
+    ends = (
+        "<span>−1</span><span>0</span><span>+1</span>"
+        if view.signed
+        else ("<span>0</span><span>1</span>")
+    )
+    meaning = f"{view.describe()} ({_SIGN_MEANING[view.sign]})"
     return (
-        '<div class="attr-legend" style="max-width:360px;margin:8px 0;font-size:0.85em">'
+        f'<div class="attr-legend" data-view="{html.escape(view.sign)}" '
+        'style="max-width:360px;margin:8px 0;font-size:0.85em">'
         f'<div style="height:12px;border-radius:3px;background:linear-gradient(to right, {stops})">'
         "</div>"
-        '<div style="display:flex;justify-content:space-between"><span>−1</span><span>0</span>'
-        "<span>+1</span></div>"
-        f"<div>{html.escape(_LEGEND_TEXT)}</div></div>"
+        f'<div style="display:flex;justify-content:space-between">{ends}</div>'
+        f"<div>{html.escape(meaning)}</div></div>"
     )
 
 
-def _column_html(method: str, explanation: Explanation) -> str:
-    if explanation.tokens is None:
-        raise ValueError(f"token_columns_html needs text explanations; {method!r} is not")
+#: A token's box; ``white-space:pre`` keeps a word's leading space as a gap inside it.
+TOKEN_STYLE = "padding:1px 3px;margin:1px;border-radius:3px;display:inline-block;white-space:pre"
+
+
+def _column_html(method: str, explanation: Explanation, shown: np.ndarray, view: View) -> str:
     target = explanation.target
     spans = []
-    for token, raw, shown in zip(
-        explanation.tokens, explanation.scores, _normalised(explanation.scores), strict=True
-    ):
-        background = diverging_colour(float(shown))
+    texts = _texts(explanation, "token_columns_html")
+    for text, raw, value in zip(texts, explanation.scores, shown, strict=True):
+        background = view.colour(float(value))
         spans.append(
             f'<span data-score="{float(raw):.6g}" title="{float(raw):.6g}" '
-            f'style="background:rgb{background};color:{text_colour(background)};'
-            'padding:1px 3px;margin:1px;border-radius:3px;display:inline-block">'
-            f"{html.escape(token)}</span>"
+            f'style="background:rgb{background};color:{text_colour(background)};{TOKEN_STYLE}">'
+            f"{token_html(text)}</span>"
         )
     return (
         f'<div class="attr-column" data-method="{html.escape(method)}" '
         'style="flex:1 1 240px;min-width:200px">'
         f'<div style="font-weight:600">{html.escape(method)}</div>'
-        f'<div style="font-size:0.85em;opacity:0.8">→ {html.escape(target.label)} '
+        f'<div style="font-size:0.85em;opacity:0.8;white-space:pre">→ {token_html(target.label)} '
         f"(p={target.probability:.3f})</div>"
         f'<div style="line-height:1.9">{"".join(spans)}</div></div>'
     )
 
 
-def token_columns_html(explanations: Mapping[str, Explanation]) -> str:
+def token_columns_html(explanations: Mapping[str, Explanation], view: View = TEXT_VIEW) -> str:
     """
     The methods' token scores side by side, one column each, with the scale's legend once.
 
-    Each method is scaled by its own largest |score| (methods have different units); each
-    token's ``title`` and ``data-score`` hold its raw score.
+    Colours follow ``view`` (default: signed, each method over its own largest |score|, since
+    methods have different units); each token's ``title`` and ``data-score`` hold its raw score.
     """
     if not explanations:
         raise ValueError("token_columns_html needs at least one explanation")
-    columns = "".join(_column_html(method, e) for method, e in explanations.items())
+    for method, explanation in explanations.items():
+        if explanation.token_texts is None:
+            raise ValueError(f"token_columns_html needs text explanations; {method!r} is not")
+    scaled = view.scaled({m: e.scores for m, e in explanations.items()})
+    columns = "".join(
+        _column_html(method, e, scaled[method], view) for method, e in explanations.items()
+    )
     return (
         '<div class="attr-columns" style="display:flex;flex-wrap:wrap;gap:16px">'
-        f"{columns}</div>{scale_legend_html()}"
+        f"{columns}</div>{scale_legend_html(view)}"
     )
 
 
 def positional_figure_tokens(explanation: Explanation) -> go.Figure:
     """PA-LRP per token: token and positional relevance as stacked bars, tokens on the x axis."""
-    if explanation.tokens is None or explanation.positional_scores is None:
+    if explanation.token_texts is None or explanation.positional_scores is None:
         raise ValueError("positional_figure_tokens needs a text explanation with positional scores")
-    positions = list(range(len(explanation.tokens)))
+    ticks = token_ticks(explanation.token_texts)
+    positions = list(range(len(ticks)))
     figure = go.Figure(
         [
-            go.Bar(x=positions, y=explanation.scores, name="token", hovertext=explanation.tokens),
+            go.Bar(x=positions, y=explanation.scores, name="token", hovertext=ticks),
             go.Bar(
-                x=positions,
-                y=explanation.positional_scores,
-                name="positional",
-                hovertext=explanation.tokens,
+                x=positions, y=explanation.positional_scores, name="positional", hovertext=ticks
             ),
         ]
     )
+    target = token_tick(explanation.target.label)
     figure.update_layout(
         barmode="relative",
-        title=f"{explanation.method} → {explanation.target.label}: token and positional relevance",
-        xaxis={"tickmode": "array", "tickvals": positions, "ticktext": explanation.tokens},
+        title=f"{explanation.method} → {target}: token and positional relevance",
+        xaxis={"tickmode": "array", "tickvals": positions, "ticktext": ticks},
         yaxis_title="relevance",
-        template="plotly_white",
+        template=TEMPLATE,
         height=320,
     )
     return figure

@@ -17,8 +17,9 @@ import plotly.graph_objects as go
 
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.metrics.leaderboard import SCORES
-from attrlab.viz.evaluate import METHOD_COLOUR, score_bars
+from attrlab.viz.evaluate import METHOD_COLOUR, score_bars, score_label
 from attrlab.viz.layers import agreement_figure
+from attrlab.viz.theme import TEMPLATE
 
 __all__ = [
     "conservation_gauge",
@@ -62,18 +63,18 @@ def randomisation_figure(table: pd.DataFrame) -> go.Figure:
         title="cascading randomisation: rank correlation with the original map",
         xaxis_title="randomised down to",
         yaxis={"title": "Spearman ρ", "range": [-1.05, 1.05]},
-        template="plotly_white",
+        template=TEMPLATE,
     )
     return figure
 
 
 def conservation_gauge(explanation: Explanation) -> go.Figure:
     """
-    LRP's conservation: Σ input relevance on a gauge, the target logit as its threshold line.
+    LRP's conservation as a linear gauge: Σ input relevance as a bar, the target logit a mark.
 
     The axis runs from 0 to ``max(2·|logit|, |Σ|)`` on the side of the logit and Σ (both
     sides when their signs differ). Needs ``input_relevance`` and ``target_logit`` in
-    ``metrics`` (AttnLRP, PA-LRP).
+    ``metrics`` (AttnLRP, PA-LRP). Bars and marks only: Plotly's cartesian build draws it.
     """
     metrics = explanation.metrics
     if "input_relevance" not in metrics or "target_logit" not in metrics:
@@ -86,33 +87,44 @@ def conservation_gauge(explanation: Explanation) -> go.Figure:
     low = -bound if min(total, logit) < 0 else 0.0
     high = bound if max(total, logit) > 0 else 0.0
     error = metrics.get("conservation_error")
-    title = f"{explanation.method}: Σ input relevance vs target logit"
+    # a deviation from the logit, neither good nor bad by its sign
+    numbers = f"Σ {total:.4g} vs logit {logit:.4g} (Δ {total - logit:+.4g})"
     if error is not None and math.isfinite(error):
-        title += f"<br><span style='font-size:0.8em'>conservation error {error:.1%}</span>"
+        numbers += f", conservation error {error:.1%}"
+    row = ["Σ input relevance"]
     figure = go.Figure(
-        go.Indicator(
-            mode="gauge+number+delta",
-            value=total,
-            delta={  # a deviation from the logit, neither good nor bad by its sign
-                "reference": logit,
-                "valueformat": ".4g",
-                "increasing": {"color": "#666666"},
-                "decreasing": {"color": "#666666"},
-            },
-            number={"valueformat": ".4g"},
-            title={"text": title},
-            gauge={
-                "axis": {"range": [low, high]},
-                "bar": {"color": METHOD_COLOUR},
-                "threshold": {
-                    "line": {"color": "#d62728", "width": 4},
-                    "thickness": 0.85,
-                    "value": logit,
-                },
-            },
-        )
+        [
+            go.Bar(
+                x=[total],
+                y=row,
+                orientation="h",
+                width=0.5,
+                marker_color=METHOD_COLOUR,
+                name="Σ input relevance",
+                hovertemplate="Σ input relevance %{x:.4g}<extra></extra>",
+            ),
+            go.Scatter(
+                x=[logit],
+                y=row,
+                mode="markers",
+                marker={"symbol": "line-ns", "size": 46, "line": {"color": "#d62728", "width": 4}},
+                name="target logit",
+                hovertemplate="target logit %{x:.4g}<extra></extra>",
+            ),
+        ]
     )
-    figure.update_layout(height=300, margin={"l": 30, "r": 30, "t": 80, "b": 20})
+    figure.update_layout(
+        title={
+            "text": f"{explanation.method}: Σ input relevance vs target logit<br>"
+            f"<span style='font-size:0.8em'>{numbers}</span>"
+        },
+        xaxis={"range": [low, high], "zeroline": True},
+        yaxis={"visible": False},
+        legend={"orientation": "h", "y": -0.25},
+        template=TEMPLATE,
+        height=260,
+        margin={"l": 30, "r": 30, "t": 80, "b": 20},
+    )
     return figure
 
 
@@ -160,7 +172,7 @@ def trust_card_html(explanation: Explanation) -> str:
             rows.append(
                 _row(
                     [
-                        f"{score} ({'higher' if higher else 'lower'} is better)",
+                        score_label(score, higher),
                         _number(value),
                         f"random {_number(baseline)}",
                         _verdict(value, baseline, higher),

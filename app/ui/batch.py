@@ -1,14 +1,18 @@
-"""The Batch tab: a dataset explained with every chosen method, downloaded as JSONL and Parquet."""
+"""
+The Batch tab: a dataset explained with every chosen method, shown as a table and downloaded.
+
+The downloads are ``attrlab batch``'s output (one row per input and method, JSON Lines and
+Parquet); a row of the table opens that row's map.
+"""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import gradio as gr
 
-from attrlab.app.batch import result_rows
+from attrlab.app.batch import ResultFile, result_rows, result_table
 from attrlab.app.jobs import instance_json
 from attrlab.app.ui.files import page_folder, received_file, received_input, uploaded_rows
 from attrlab.app.ui.runner import PageRunner
@@ -58,8 +62,17 @@ def batch_tab(runner: PageRunner) -> None:
         run = gr.Button("Run batch", variant="primary", elem_id="batch-run")
         cancel = gr.Button("Cancel", variant="stop")
     status = gr.Markdown("", elem_id="batch-status")
-    table = gr.Dataframe(label="Results", elem_id="batch-table")
+    table = gr.Dataframe(
+        label="Results (select a row to see its map)",
+        elem_id="batch-table",
+        interactive=False,
+        wrap=True,
+    )
     files = gr.File(label="Download", file_count="multiple", elem_id="batch-files")
+    chosen_row = gr.Markdown("", elem_id="batch-row")
+    row_map = gr.Plot(label="Map of the selected row", elem_id="batch-map", visible=False)
+    # the run's result rows, and each image input's bytes (its map is drawn on it)
+    results = gr.State(None)
 
     @readable
     def run_batch(
@@ -71,10 +84,6 @@ def batch_tab(runner: PageRunner) -> None:
         request: gr.Request,
         progress=gr.Progress(),  # noqa: B008
     ):
-        import pyarrow as pa
-
-        from attrlab.app.batch import parquet_file, result_table
-
         if not chosen:
             raise gr.Error("choose at least one method")
         settings = runner.worker.settings
@@ -88,32 +97,53 @@ def batch_tab(runner: PageRunner) -> None:
             methods=tuple(chosen),
             evaluate=bool(evaluate),
         )
-        results = runner(request_, progress, request.session_hash, "batch")
-        # the REST jobs' result format: {"index", "explanations"} per input
-        records: list[dict[str, Any]] = [
-            {"index": source.id, "explanations": instance_json(outcome)}
-            for source, outcome in zip(rows, results, strict=True)
+        outcomes = runner(request_, progress, request.session_hash, "batch")
+        flat = [
+            row
+            for source, outcome in zip(rows, outcomes, strict=True)
+            for row in result_rows(source.id, instance_json(outcome))
         ]
         folder = page_folder("batch")
-        jsonl = folder / "results.jsonl"
-        jsonl.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-        parquet = folder / "results.parquet"
-        parquet_file(records, key_type=pa.string()).replace(parquet)  # its ids are text
-        flat = [row for r in records for row in result_rows(r["index"], r["explanations"])]
-        shown = result_table(flat).drop(columns=["scores", "explanation"])
-        failed = int(shown["error"].notna().sum())
+        downloads = [folder / "results.jsonl", folder / "results.parquet"]
+        for path_ in downloads:  # attrlab batch's own writer: the same files
+            ResultFile(path_).append(flat)
+        failed = sum(row["error"] is not None for row in flat)
         line = f"{len(rows)} inputs × {len(chosen)} methods: {len(flat) - failed} explained"
         line += f", {failed} failed (see the error column)" if failed else ""
-        return [line, shown, [str(jsonl), str(parquet)]]
+        images = {r.id: r.image for r in rows if r.image is not None}
+        return [
+            line,
+            shown_rows(flat),
+            [str(p) for p in downloads],
+            {"rows": flat, "images": images},
+            "",
+            gr.update(visible=False, value=None),
+        ]
+
+    @readable
+    def open_row(kept: dict[str, Any] | None, selected: gr.SelectData):
+        """The selected row's map: its token scores, or its map on the image."""
+        if not kept or selected.row_value is None:
+            raise gr.Error("run a batch first")
+        key, method = str(selected.row_value[0]), str(selected.row_value[1])
+        max_pixels = runner.worker.settings.max_image_pixels
+        row = next(r for r in kept["rows"] if str(r["id"]) == key and r["method"] == method)
+        if row["error"] is not None:
+            return [f"**{key} · {method}** has no map: {row['error']}", gr.update(visible=False)]
+        return [
+            f"**{key} · {method}**: {row['label']} (p = {row['probability']:.4f})",
+            gr.update(visible=True, value=row_figure(row, kept["images"].get(key), max_pixels)),
+        ]
 
     model.change(labels_for, model, labels, api_visibility="private")
     running = run.click(
         run_batch,
         [upload, model, labels, methods, trust],
-        [status, table, files],
+        [status, table, files, results, chosen_row, row_map],
         api_name="batch",
         concurrency_id="run-batch",
     )
+    table.select(open_row, results, [chosen_row, row_map], api_visibility="private")
     cancel.click(
         runner.cancel_handler("batch"),
         [],
@@ -121,3 +151,31 @@ def batch_tab(runner: PageRunner) -> None:
         cancels=[running],
         api_visibility="private",
     )
+
+
+#: The columns the results table shows (the maps and whole explanations are in the downloads).
+SHOWN_COLUMNS = ["id", "method", "target", "label", "probability", "error"]
+
+
+def shown_rows(rows: list[dict[str, Any]]) -> Any:
+    """The result rows as the table shows them: the summary columns, probabilities rounded."""
+    shown = result_table(rows)[SHOWN_COLUMNS]
+    return shown.assign(probability=shown["probability"].round(4))
+
+
+def row_figure(row: dict[str, Any], image: bytes | None, max_pixels: int | None = None) -> Any:
+    """
+    A result row's map: the library's figure rule on its Explanation.
+
+    An image's map is drawn on the image (``image``: its file's bytes, read within
+    ``max_pixels``).
+    """
+    from attrlab.attribution.explanation import Explanation
+    from attrlab.attribution.models import load_image
+    from attrlab.viz.figures import MAP, SCORES, figures_for
+    from attrlab.viz.image import display_copy
+
+    explanation = Explanation.from_json(row["explanation_json"])
+    picture = None if image is None else display_copy(load_image(image, max_pixels))
+    figures = figures_for(explanation, picture)
+    return figures[SCORES if SCORES in figures else MAP]()

@@ -61,10 +61,19 @@ def evaluate_tab(runner: PageRunner) -> None:
     with gr.Row():
         run = gr.Button("Evaluate", variant="primary", elem_id="evaluate-run")
         cancel = gr.Button("Cancel", variant="stop")
-    table = gr.Dataframe(label="Leaderboard", elem_id="evaluate-table")
+    # long labels wrap, so the columns fit the page; the method stays put when scrolled. Its
+    # eight columns (viz.evaluate.readable_table): method, items, then per score its mean and
+    # interval and its share beating random, then the cost
+    table = gr.Dataframe(
+        label="Leaderboard",
+        elem_id="evaluate-table",
+        wrap=True,
+        pinned_columns=1,
+        column_widths=["16%", "5%", "17%", "14%", "17%", "13%", "9%", "9%"],
+    )
     plot = gr.Plot(label="Scores against random orders", elem_id="evaluate-plot")
     with gr.Accordion("Per item", open=False):
-        per_item_table = gr.Dataframe()
+        per_item_table = gr.Dataframe(elem_id="evaluate-per-item", wrap=True, pinned_columns=2)
 
     def switch(kind: str) -> list[Any]:
         defaults = ["gradient_x_input", "integrated_gradients"]
@@ -92,7 +101,7 @@ def evaluate_tab(runner: PageRunner) -> None:
         progress=gr.Progress(),  # noqa: B008
     ):
         from attrlab.attribution.metrics.leaderboard import summarise
-        from attrlab.viz.evaluate import leaderboard_figure
+        from attrlab.viz.evaluate import leaderboard_figure, readable_table
 
         if not chosen:
             raise gr.Error("choose at least one method")
@@ -117,7 +126,11 @@ def evaluate_tab(runner: PageRunner) -> None:
         if per_item.empty:
             raise gr.Error("nothing was evaluated: none of these methods applies to this model")
         summary = summarise(per_item, kind)
-        return [summary.round(4), leaderboard_figure(per_item, kind), per_item.round(4)]
+        return [
+            readable_table(summary, kind),
+            leaderboard_figure(per_item, kind),
+            readable_table(per_item, kind),
+        ]
 
     running = run.click(
         evaluate,

@@ -15,8 +15,14 @@ from typing import Any
 import gradio as gr
 import numpy as np
 
-from attrlab.app.ui.files import received_file, received_input
-from attrlab.app.ui.link import LinkedTab, page_base, share_query
+from attrlab.app.ui.files import (
+    EXAMPLE_PREFIX,
+    example_images,
+    example_of,
+    received_file,
+    received_input,
+)
+from attrlab.app.ui.link import LinkedTab, page_base, share_query, view_fields
 from attrlab.app.ui.methods import MethodControls
 from attrlab.app.ui.results import (
     Result,
@@ -43,6 +49,8 @@ from attrlab.app.ui.shared import (
 from attrlab.app.worker import CheckRequest, ExplainRequest, PreviewRequest
 from attrlab.attribution.compare import occluded
 from attrlab.attribution.models import BUILTIN_MODELS, default_model, load_image
+from attrlab.viz.tokens import token_label, token_probabilities
+from attrlab.viz.view import CLIP_MIN, IMAGE_VIEW, SIGNS, TEXT_VIEW, View
 
 __all__ = ["DEFAULT_METHODS", "ExplainTab", "TabSpec"]
 
@@ -85,9 +93,11 @@ class ExplainTab:
         self.key = spec.key
         self.api = _API_NAMES[spec.key]
         self.image = spec.modality == "image"
+        #: How the maps are coloured (the view controls set it; a run and the export read it).
+        self.default_view = IMAGE_VIEW if self.image else TEXT_VIEW
         self.last = gr.State(None)
-        self._inputs()
-        self._outputs()
+        self.view = gr.State(self.default_view)
+        self._layout()
         self.params_box = gr.JSON(visible=False)  # method -> parameters, from the widgets
         self.linked = gr.State(False)  # a shared link filled this tab: run it once loaded
         #: What Run hands to :meth:`explain`, in its order.
@@ -103,6 +113,21 @@ class ExplainTab:
 
     # --- layout ---------------------------------------------------------------------------
 
+    def _layout(self) -> None:
+        """
+        Inputs on the left; the prediction, Run and the results on the right.
+
+        At 1280 × 800 the results (or the run's progress, drawn on the maps) start beside the
+        inputs, near Run, not below them.
+        """
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=5, min_width=400):
+                self._inputs()
+                self._options()
+            with gr.Column(scale=7, min_width=480):
+                self._settings()
+                self._outputs()
+
     def _inputs(self) -> None:
         spec, key = self.spec, self.key
         models = [
@@ -111,29 +136,24 @@ class ExplainTab:
             if m.modality == spec.modality and m.next_token == spec.next_token
         ]
         initial = default_model(spec.modality, next_token=spec.next_token)
-        with gr.Row(equal_height=False):
-            with gr.Column(scale=3, min_width=360):
-                with gr.Row():
-                    self.model = gr.Dropdown(
-                        models,
-                        value=initial,
-                        label="Model: built-in alias, hub id or local folder (as the server "
-                        "allows)",
-                        allow_custom_value=True,
-                        scale=2,
-                        elem_id=f"{key}-model",
-                    )
-                    self.labels = gr.Textbox(
-                        (sample_labels(initial) or "") if key == "text" else "",
-                        label="Labels (zero-shot models)",
-                        visible=key == "text",
-                        scale=1,
-                        elem_id=f"{key}-labels",
-                    )
-                self._source()
-                self.controls = MethodControls.build(spec.modality, DEFAULT_METHODS[key], key)
-            with gr.Column(scale=2, min_width=280):
-                self._settings()
+        with gr.Row():
+            self.model = gr.Dropdown(
+                models,
+                value=initial,
+                label="Model: built-in alias, hub id or local folder (as the server allows)",
+                allow_custom_value=True,
+                scale=2,
+                elem_id=f"{key}-model",
+            )
+            self.labels = gr.Textbox(
+                (sample_labels(initial) or "") if key == "text" else "",
+                label="Labels (zero-shot models)",
+                visible=key == "text",
+                scale=1,
+                elem_id=f"{key}-labels",
+            )
+        self._source()
+        self.controls = MethodControls.build(spec.modality, DEFAULT_METHODS[key], key)
 
     def _source(self) -> None:
         """The tab's input: an image (and the occlusion's size), or a text or prompt."""
@@ -152,7 +172,7 @@ class ExplainTab:
                 )
             )
             gr.Examples(
-                [[str(p)] for p in _example_images()],
+                [[str(p)] for p in example_images().values()],
                 [self.source],
                 label="Examples",
                 elem_id=f"{key}-examples",
@@ -179,13 +199,34 @@ class ExplainTab:
                 elem_id=f"{key}-examples",
             )
 
-    def _settings(self) -> None:
-        """The prediction, the target and the run's options and buttons."""
+    def _options(self) -> None:
+        """The run's options: trust cards, the randomisation check, compare, the seed."""
         key = self.key
-        self.prediction = gr.Label(
-            num_top_classes=5, label="Top-5 predictions", elem_id=f"{key}-prediction"
-        )
         with gr.Row():
+            self.trust = gr.Checkbox(
+                False,
+                label="Trust cards (faithfulness vs random orders)",
+                elem_id=f"{key}-trust-option",
+            )
+            self.randomise = gr.Checkbox(
+                False,
+                label="Randomisation check (a run per layer)",
+                elem_id=f"{key}-randomise-option",
+            )
+        with gr.Row():
+            self.compare = gr.Checkbox(
+                False,
+                label="Compare with the previous run (edit the input; same class)",
+                elem_id=f"{key}-compare",
+            )
+            self.seed = gr.Number(
+                0, label="Seed", precision=0, minimum=0, min_width=80, elem_id=f"{key}-seed"
+            )
+
+    def _settings(self) -> None:
+        """The target and Predict, the prediction, the cost line, Run and Cancel."""
+        key = self.key
+        with gr.Row(equal_height=False):
             self.target = gr.Dropdown(
                 [("top prediction", "")],
                 value="",
@@ -199,18 +240,10 @@ class ExplainTab:
                 scale=1,
                 elem_id=f"{key}-predict",
             )
-        with gr.Row():
-            self.trust = gr.Checkbox(False, label="Trust cards (faithfulness vs random orders)")
-            self.randomise = gr.Checkbox(False, label="Randomisation check (a run per layer)")
-        with gr.Row():
-            self.compare = gr.Checkbox(
-                False,
-                label="Compare with the previous run (edit the input; same class)",
-                elem_id=f"{key}-compare",
-            )
-            self.seed = gr.Number(
-                0, label="Seed", precision=0, minimum=0, min_width=80, elem_id=f"{key}-seed"
-            )
+        self.prediction = gr.Label(
+            num_top_classes=5, label="Top-5 predictions", elem_id=f"{key}-prediction"
+        )
+        self.cost_line = gr.Markdown("", elem_id=f"{key}-cost")
         with gr.Row():
             self.run = gr.Button("Run", variant="primary", min_width=120, elem_id=f"{key}-run")
             self.cancel = gr.Button(
@@ -219,7 +252,6 @@ class ExplainTab:
 
     def _outputs(self) -> None:
         key = self.key
-        self.cost_line = gr.Markdown("", elem_id=f"{key}-cost")
         self.opacity: gr.Slider | None = None
         if self.image:
             self.maps: Any = gr.Plot(label="Maps", elem_id=f"{key}-maps")
@@ -228,6 +260,7 @@ class ExplainTab:
             )
         else:
             self.maps = gr.HTML(elem_id=f"{key}-maps")
+        self._view_controls()
         with gr.Row():
             self.agreement = gr.Plot(label="Agreement between methods", elem_id=f"{key}-agreement")
             with gr.Column():
@@ -251,10 +284,44 @@ class ExplainTab:
             )
             self.bundle = gr.File(label="Bundle", height=90, elem_id=f"{key}-bundle")
             self.link = gr.Textbox(
-                label="Link to this view", lines=2, elem_id=f"{key}-link", buttons=["copy"]
+                label="Link to this view",
+                info=(
+                    "It carries a bundled example by name; an uploaded image cannot travel in "
+                    "a link (the tab opens without it)"
+                )
+                if self.image
+                else None,
+                lines=2,
+                elem_id=f"{key}-link",
+                buttons=["copy"],
             )
         with gr.Accordion("Raw results (JSON)", open=False, elem_id=f"{key}-raw-results"):
             self.raw = gr.JSON(elem_id=f"{key}-raw")
+
+    def _view_controls(self) -> None:
+        """How the maps are shown: the sign, the clip percentile, one scale or one per method."""
+        key, default = self.key, self.default_view
+        with gr.Row(elem_id=f"{key}-view"):
+            self.view_sign = gr.Radio(
+                list(SIGNS),
+                value=default.sign,
+                label="Show scores",
+                info="signed; |score|; positive part (negative set to 0)",
+                elem_id=f"{key}-view-sign",
+            )
+            self.view_clip = gr.Slider(
+                CLIP_MIN,
+                100.0,
+                default.clip_percentile,
+                step=0.5,
+                label="Scale ends at this percentile of |score| (100: the largest)",
+                elem_id=f"{key}-view-clip",
+            )
+            self.view_shared = gr.Checkbox(
+                default.shared_scale,
+                label="One scale for all methods",
+                elem_id=f"{key}-view-shared",
+            )
 
     # --- wiring ---------------------------------------------------------------------------
 
@@ -298,7 +365,15 @@ class ExplainTab:
             self.shown,
             api_name=f"explain_{api}",
             concurrency_id=f"run-{key}",
+            # progress on the maps, under Run: the last predictions stay readable meanwhile
+            show_progress_on=[self.maps],
         )
+        # A run draws the default view (its inputs, the API's, stay as they were); a run shown
+        # while another view is chosen is drawn again in it.
+        viewed = [self.view, self.last, self.detail_choice]
+        viewed += [self.opacity] if self.opacity is not None else []
+        redrawn = [self.maps, self.detail, self.link]
+        running.success(self.apply_view, viewed, redrawn, api_visibility="private")
         linked_run = self.linked.change(
             self.gather,
             [controls.picker, *controls.components],
@@ -311,7 +386,9 @@ class ExplainTab:
             self.shown,
             api_visibility="private",
             concurrency_id=f"run-{key}",
+            show_progress_on=[self.maps],
         )
+        linked_run.success(self.apply_view, viewed, redrawn, api_visibility="private")
         self.cancel.click(
             self.runner.cancel_handler(key),
             [],
@@ -321,7 +398,7 @@ class ExplainTab:
         )
         self.detail_choice.change(
             self.redraw_detail,
-            [self.detail_choice, self.last],
+            [self.detail_choice, self.last, self.view],
             self.detail,
             show_progress="hidden",
             api_visibility="private",
@@ -329,12 +406,29 @@ class ExplainTab:
         if self.opacity is not None:
             self.opacity.release(
                 self.redraw_maps,
-                [self.opacity, self.last],
+                [self.opacity, self.last, self.view],
                 self.maps,
                 show_progress="hidden",
                 api_name=f"opacity_{api}",
             )
-        self.export.click(self.download, [self.last], self.bundle, api_name=f"export_{api}")
+        view_inputs = [self.view_sign, self.view_clip, self.view_shared]
+        # the user's changes only: a shared link sets the controls and the view together
+        gr.on(
+            [self.view_sign.input, self.view_clip.release, self.view_shared.input],
+            self.redraw_view,
+            [
+                *view_inputs,
+                self.last,
+                self.detail_choice,
+                *([self.opacity] if self.opacity is not None else []),
+            ],
+            [self.view, self.maps, self.detail, self.link],
+            show_progress="hidden",
+            api_name=f"view_{api}",
+        )
+        self.export.click(
+            self.download, [self.last, self.view], self.bundle, api_name=f"export_{api}"
+        )
         self._wire_price()
 
     def _wire_price(self) -> None:
@@ -366,14 +460,20 @@ class ExplainTab:
                 "model": self.model,
                 "labels": self.labels,
                 "text": None if self.image else self.source,
+                "image": self.source if self.image else None,
                 "target": self.target,
                 "methods": self.controls.picker,
                 "seed": self.seed,
                 "trust": self.trust,
                 "randomise": self.randomise,
+                "view": self.view_sign,
+                "clip": self.view_clip,
+                "shared": self.view_shared,
             },
             self.controls.widgets,
             self.linked,
+            self.view,
+            self.default_view,
         )
 
     # --- handlers -------------------------------------------------------------------------
@@ -409,13 +509,15 @@ class ExplainTab:
         reasons = shown.capabilities
         choices = [("top prediction", "")] + [
             (
-                f"{p.label!r} ({p.probability:.3f})" if self.spec.next_token else p.label,
+                f"'{token_label(p.label)}' ({p.probability:.3f})"
+                if self.spec.next_token
+                else p.label,
                 str(p.index),
             )
             for p in shown.predictions
         ]
         return [
-            {p.label: p.probability for p in shown.predictions},
+            token_probabilities(shown.predictions),
             gr.update(choices=choices, value=""),
             *self.controls.listed(chosen or [], reasons),
         ]
@@ -463,7 +565,9 @@ class ExplainTab:
         if not methods:
             raise gr.Error("choose at least one method")
         base = self.instance(model_, labels_, source_, target_, seed_)
+        example = None
         if self.image:  # decoded once, here: the worker takes the decoded image
+            example = example_of(base["image"])  # a link can carry a bundled example by name
             base["image"] = load_image(base["image"], self.runner.worker.settings.max_image_pixels)
         if compare_ and previous is None:
             raise gr.Error("run once before comparing: the comparison needs a previous run")
@@ -507,6 +611,8 @@ class ExplainTab:
             "model": base["model"],
             "methods": methods,
             "text": base.get("text"),
+            "image": EXAMPLE_PREFIX + example if example else None,
+            "image_name": Path(source_).name if self.image and not example else None,
             "labels": labels_ if self.key == "text" else None,
             "target": "" if base["target"] is None else str(base["target"]),  # as explained
             "seed": base["seed"],
@@ -519,34 +625,31 @@ class ExplainTab:
         return self.show(result, request)
 
     def show(self, result: Result, request: gr.Request | None) -> list[Any]:
-        """The updates of :attr:`shown` for a run's ``result``."""
-        from attrlab.viz import image_grid_figure, method_agreement_figure, randomisation_figure
-        from attrlab.viz.text import token_columns_html
+        """The updates of :attr:`shown` for a run's ``result``, in the default view."""
+        from attrlab.viz import method_agreement_figure, randomisation_figure
         from attrlab.viz.trust import trust_card_html
 
-        if result.image is not None:
-            shown_maps = image_grid_figure(result.explanations, result.image, _OPACITY)
-        else:
-            shown_maps = token_columns_html(result.explanations)
+        view = self.default_view
+
         compared = result.agreement is not None and len(result.agreement) > 0
         checked = result.randomisation is not None and len(result.randomisation) > 0
         choices = detail_choices(result)
         cards_html = "".join(trust_card_html(e) for e in result.explanations.values())
         return [
-            shown_maps,
+            self._maps(result, view, _OPACITY),
             gr.update(
                 value=method_agreement_figure(result.agreement) if compared else None,
                 visible=compared,
             ),
             gr.update(choices=choices, value=choices[0] if choices else None),
-            detail_figure(result, choices[0]) if choices else None,
+            detail_figure(result, choices[0], view) if choices else None,
             f'<div class="trust-cards">{cards_html}</div>',
             gr.update(
                 value=randomisation_figure(result.randomisation) if checked else None,
                 visible=checked,
             ),
             summary(result),
-            page_base(request) + share_query(result.fields),
+            self._link(result, view, request),
             result,
             top(next(iter(result.explanations.values()))),
             comparison_view(result),
@@ -582,27 +685,88 @@ class ExplainTab:
         return self.explain(*values, params, compare_, previous, request, progress)
 
     @readable
-    def redraw_detail(self, choice: str | None, result: Result | None) -> Any:
-        """The details figure the menu names."""
+    def redraw_detail(
+        self, choice: str | None, result: Result | None, view_: View | None = None
+    ) -> Any:
+        """The details figure the menu names (an image's map in the page's view)."""
         if result is None or not choice:
             return None
-        return detail_figure(result, choice)
+        return detail_figure(result, choice, view_ or self.default_view)
 
     @readable
-    def redraw_maps(self, alpha: float, result: Result | None) -> Any:
+    def redraw_maps(self, alpha: float, result: Result | None, view_: View | None = None) -> Any:
         """The image maps again, at the slider's opacity."""
-        from attrlab.viz import image_grid_figure
-
         if result is None or result.image is None:
             raise gr.Error("run an explanation first; the slider sets its maps' opacity")
-        return image_grid_figure(result.explanations, result.image, alpha)
+        return self._maps(result, view_ or self.default_view, alpha)
 
     @readable
-    def download(self, result: Result | None) -> str:
-        """The last run's export bundle."""
+    def redraw_view(
+        self,
+        sign: Any,
+        clip: Any,
+        shared: Any,
+        result: Result | None,
+        choice: str | None,
+        opacity_: float = _OPACITY,
+        request: gr.Request | None = None,
+    ) -> list[Any]:
+        """The maps (and details) again in the controls' view, and its link; nothing re-runs."""
+        try:
+            view = View(sign, float(clip), bool(shared))
+        except (TypeError, ValueError) as err:
+            raise gr.Error(f"that view cannot be shown: {err}") from None
+        if result is None:  # no maps yet: the next run is drawn in this view
+            return [view, gr.skip(), gr.skip(), gr.skip()]
+        return [view, *self._redrawn(view, result, choice, opacity_, request)]
+
+    def apply_view(
+        self,
+        view_: View | None,
+        result: Result | None,
+        choice: str | None,
+        opacity_: float = _OPACITY,
+        request: gr.Request | None = None,
+    ) -> list[Any]:
+        """After a run: its maps, details and link in the chosen view, unless it is the default."""
+        if result is None or view_ is None or view_ == self.default_view:
+            return [gr.skip()] * 3
+        return self._redrawn(view_, result, choice, opacity_, request)
+
+    def _redrawn(
+        self,
+        view: View,
+        result: Result,
+        choice: str | None,
+        alpha: float,
+        request: gr.Request | None,
+    ) -> list[Any]:
+        """The maps, the details and the link of ``result`` in ``view``."""
+        return [
+            self._maps(result, view, alpha),
+            self.redraw_detail(choice, result, view),
+            self._link(result, view, request),
+        ]
+
+    def _maps(self, result: Result, view: View, alpha: float) -> Any:
+        """The maps of a run: token columns, or the image panels at ``alpha``, in ``view``."""
+        from attrlab.viz import image_grid_figure, token_columns_html
+
+        if result.image is not None:
+            return image_grid_figure(result.explanations, result.image, alpha, view)
+        return token_columns_html(result.explanations, view)
+
+    def _link(self, result: Result, view: View, request: gr.Request | None) -> str:
+        """The link to a run in ``view`` (an image only when it is a bundled example)."""
+        fields = {**result.fields, **view_fields(view, self.default_view)}
+        return page_base(request) + share_query(fields)
+
+    @readable
+    def download(self, result: Result | None, view_: View | None = None) -> str:
+        """The last run's export bundle, its maps in the page's view."""
         if result is None:
             raise gr.Error("run an explanation first; the bundle holds its results")
-        return str(export_bundle(result))
+        return str(export_bundle(result, view=view_ or self.default_view))
 
     def price(
         self,
@@ -666,10 +830,3 @@ def _example_texts(next_token: bool) -> list[list[str]]:
         ]
     lines = resources.files("attrlab.assets").joinpath("sentiment_samples.txt").read_text("utf-8")
     return [[line.split("\t")[0]] for line in lines.splitlines() if line.strip()][:4]
-
-
-def _example_images() -> list[Path]:
-    from importlib import resources
-
-    folder = resources.files("attrlab.assets").joinpath("eval", "images")
-    return sorted(Path(str(p)) for p in folder.iterdir() if p.name.endswith(".jpg"))[:4]

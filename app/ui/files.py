@@ -31,8 +31,12 @@ from attrlab.app.batch import IMAGE_SUFFIXES, DatasetRow, dataset_rows, numbered
 from attrlab.attribution.errors import InvalidInputError
 
 __all__ = [
+    "EXAMPLE_PREFIX",
     "FILES_KEPT_S",
     "NOT_RECEIVED",
+    "example_images",
+    "example_named",
+    "example_of",
     "page_folder",
     "received_file",
     "received_input",
@@ -46,6 +50,8 @@ FILES_KEPT_S = 3600
 NOT_RECEIVED = "that file was not uploaded to this page; upload it again"
 #: A page input that takes files.
 FileInput = TypeVar("FileInput", gr.Image, gr.File)
+#: How a shared link names a bundled example image: ``example:chelsea``.
+EXAMPLE_PREFIX = "example:"
 
 
 @functools.cache
@@ -156,6 +162,40 @@ def _data_url_file(url: str) -> Path:
     except ValueError:  # binascii.Error is one
         raise InvalidInputError("an image sent as a data: URL must be base64 data") from None
     return Path(processing_utils.save_bytes_to_cache(raw, "image", str(upload_folder())))
+
+
+@functools.cache
+def example_images() -> dict[str, Path]:
+    """The image tab's bundled examples by name (the file's stem): the evaluation set's images."""
+    from importlib import resources
+
+    folder = resources.files("attrlab.assets").joinpath("eval", "images")
+    files = sorted(Path(str(p)) for p in folder.iterdir() if p.name.endswith(".jpg"))
+    return {path.stem: path for path in files}
+
+
+def example_of(data: bytes) -> str | None:
+    """The name of the bundled example whose file ``data`` is, byte for byte (else None)."""
+    for name, path in example_images().items():
+        if path.stat().st_size == len(data) and path.read_bytes() == data:
+            return name
+    return None
+
+
+def example_named(name: str) -> Path:
+    """
+    A bundled example, by name, as a file this process received (so the page may show it).
+
+    Raises:
+        InvalidInputError: no bundled example has that name.
+    """
+    examples = example_images()
+    if name not in examples:
+        raise InvalidInputError(f"{name!r} is not a bundled example ({', '.join(examples)})")
+    source = examples[name]
+    return Path(
+        processing_utils.save_bytes_to_cache(source.read_bytes(), source.name, str(upload_folder()))
+    )
 
 
 @functools.cache

@@ -350,7 +350,8 @@ def layers_tab(runner: PageRunner) -> LinkedTab:
         base = _request_fields(**_instance(result))
         request_ = AttentionRequest(**base, layer=layer, head=head)
         weights = runner(request_, progress, session(request), "layers")
-        return attention_figure(weights, result.explanations[_ANALYSIS].tokens or [], layer, head)
+        texts = result.explanations[_ANALYSIS].token_texts or []
+        return attention_figure(weights, texts, layer, head)
 
     def ablated(
         shown: str, method_: str, result: Result | None, request: gr.Request, progress: Any
@@ -381,8 +382,8 @@ def layers_tab(runner: PageRunner) -> LinkedTab:
         result = _with_fields(result, heads=format_heads(chosen_))
         result = dataclasses.replace(result, explanations=kept)
         figure = None
-        if outcome.attention is not None and outcome.tokens is not None:
-            figure = attention_figure(outcome.attention, outcome.tokens, *chosen_[0])
+        if outcome.attention is not None and outcome.token_texts is not None:
+            figure = attention_figure(outcome.attention, outcome.token_texts, *chosen_[0])
         views = [
             top(plain),
             top(zeroed),
@@ -457,7 +458,7 @@ def layers_tab(runner: PageRunner) -> LinkedTab:
         per_layer = explanation.maps.get("token_per_layer")
         if per_layer is None:
             raise gr.Error("token relevance per layer comes with the 'lrp' measure")
-        return token_layers_figure(per_layer, explanation.tokens or [], evt.index)
+        return token_layers_figure(per_layer, explanation.token_texts or [], evt.index)
 
     tokens.select(clicked_token, [last], token_layers, api_visibility="private")
 

@@ -2,6 +2,8 @@
 A shared link: a tab's inputs in the page's address, and the page's load that reopens and runs it.
 
 Values are data (never paths); each field of a link is read on its own, and a bad one is named.
+An image travels only as a bundled example's name (``image=example:chelsea``); an uploaded
+image cannot be carried.
 """
 
 from __future__ import annotations
@@ -17,33 +19,46 @@ from urllib.parse import urlencode
 import gradio as gr
 
 from attrlab.app.settings import MAX_SEED
+from attrlab.app.ui.files import EXAMPLE_PREFIX, example_images, example_named
 from attrlab.app.ui.shared import format_heads, labels_for, parse_heads
-from attrlab.attribution.errors import AttrlabError, InvalidParameterError
+from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
 from attrlab.attribution.methods import get_method
+from attrlab.viz.view import CLIP_MIN, SIGNS, View
 
-__all__ = ["LINK_FIELDS", "LinkedTab", "open_shared_link", "page_base", "share_query"]
+__all__ = [
+    "LINK_FIELDS",
+    "LinkedTab",
+    "open_shared_link",
+    "page_base",
+    "share_query",
+    "view_fields",
+]
 
-#: Fields a shared link carries (the page's state in its URL; images stay out).
+#: Fields a shared link carries (the page's state in its URL; an image only by example name).
 LINK_FIELDS = (
     "tab",
     "model",
     "methods",
     "text",
+    "image",
     "labels",
     "target",
     "seed",
     "trust",
     "randomise",
     "params",
+    "view",
+    "clip",
+    "shared",
     "next_token",
     "measures",
     "measure",
     "heads",
 )
+#: Link fields that are on/off flags, written ``1`` (a flag that is off is left out).
+_FLAGS = ("trust", "randomise", "shared", "next_token")
 #: Fields that list choices of a tab's checkbox group: the known ones are kept.
 _LISTS = ("methods", "measures")
-#: Fields that are on (``1``) or off (``0``).
-_FLAGS = ("trust", "randomise", "next_token")
 
 
 @dataclass
@@ -53,6 +68,10 @@ class LinkedTab:
     fields: dict[str, Any]
     widgets: list[tuple[str, str, Any, Any]]
     linked: gr.State
+    #: The tab's view of its maps (a :class:`viz.view.View` in a state), set from the link's
+    #: ``view``, ``clip`` and ``shared`` over ``default_view``; None: the tab has no views.
+    view: gr.State | None = None
+    default_view: View = field(default_factory=View)
 
 
 def share_query(fields: Mapping[str, Any]) -> str:
@@ -68,7 +87,21 @@ def share_query(fields: Mapping[str, Any]) -> str:
     for flag in _FLAGS:
         if flag in shown:
             shown[flag] = "1"
+    if "clip" in shown:
+        shown["clip"] = f"{float(shown['clip']):g}"
     return "?" + urlencode(shown)
+
+
+def view_fields(view: View, default: View) -> dict[str, Any]:
+    """A view's link fields: those that differ from the tab's ``default`` view."""
+    fields: dict[str, Any] = {}
+    if view.sign != default.sign:
+        fields["view"] = view.sign
+    if view.clip_percentile != default.clip_percentile:
+        fields["clip"] = view.clip_percentile
+    if view.shared_scale != default.shared_scale:
+        fields["shared"] = view.shared_scale
+    return fields
 
 
 def page_base(request: gr.Request | None) -> str:
@@ -85,12 +118,13 @@ def open_shared_link(
     """
     A link's query string reopens its tab with its inputs and runs it.
 
-    Values are data (never paths); an image is not carried, so an image tab opens filled but
-    waits for its image. Each field is read on its own: a bad one is left out and named in
-    ``notice``, and the others still fill the tab.
+    Values are data (never paths); an image travels only as a bundled example's name, so an
+    image tab whose link has none opens filled but waits for its image. Each field is read on
+    its own: a bad one is left out and named in ``notice``, and the others still fill the tab.
     """
     order = [(key, name, c) for key, tab in filled.items() for name, c in tab.fields.items() if c]
     widgets = [(key, w) for key, tab in filled.items() for w in tab.widgets]
+    views = {key: (tab.view, tab.default_view) for key, tab in filled.items() if tab.view}
 
     def restore(request: gr.Request) -> list[Any]:
         query = dict(request.query_params) if request is not None else {}
@@ -118,7 +152,12 @@ def open_shared_link(
         for key, (method, name, _, _) in widgets:
             given = link.params.get(method, {}) if key == link.tab else {}
             updates.append(gr.update(value=given[name]) if name in given else gr.update())
-        autorun = link.tab is not None and filled[link.tab].fields.get("text") is not None
+        for key, (_, default) in views.items():
+            updates.append(_linked_view(link.fields, default) if key == link.tab else gr.update())
+        # a tab runs once its input is filled: a text tab always, an image tab given an example
+        autorun = link.tab is not None and (
+            filled[link.tab].fields.get("text") is not None or "image" in link.fields
+        )
         updates += [key == link.tab and autorun for key in filled]
         return updates
 
@@ -130,6 +169,7 @@ def open_shared_link(
             notice,
             *(c for *_, c in order),
             *(w for _, (*_, w) in widgets),
+            *(state for state, _ in views.values()),
             *(tab.linked for tab in filled.values()),
         ],
         api_visibility="private",
@@ -183,10 +223,32 @@ def _read_link(query: Mapping[str, str], filled: Mapping[str, LinkedTab]) -> Lin
     return link
 
 
+def _linked_view(fields: Mapping[str, Any], default: View) -> View:
+    """The view a link's fields set, over the tab's default for those it leaves out."""
+    return View(
+        sign=fields.get("view", default.sign),
+        clip_percentile=fields.get("clip", default.clip_percentile),
+        shared_scale=fields.get("shared", default.shared_scale),
+    )
+
+
 def _link_field(name: str, value: str) -> Any:
     """One field of a link as its widget takes it; ``ValueError`` names what is wrong."""
     if name in _LISTS:
         return [m for m in value.split(",") if m]
+    if name == "image":
+        return _linked_image(value)
+    if name == "view":
+        if value not in SIGNS:
+            raise ValueError(f"view {_quoted(value)} is not one of {', '.join(SIGNS)}")
+        return value
+    if name == "clip":
+        # plain ASCII decimals only (float() also takes "٩٩", "9_9", "nan", "1e2")
+        if not re.fullmatch(r"[0-9]{1,3}(\.[0-9]{1,6})?", value) or not (
+            CLIP_MIN <= float(value) <= 100.0
+        ):
+            raise ValueError(f"clip {_quoted(value)} is not a percentile from {CLIP_MIN:g} to 100")
+        return float(value)
     if name == "seed":
         # ASCII digits only ("²" is a digit to str.isdigit), and no longer than the largest seed
         if not (value.isascii() and value.isdigit() and len(value) <= len(str(MAX_SEED))) or (
@@ -206,6 +268,20 @@ def _link_field(name: str, value: str) -> Any:
                 f"heads {_quoted(value)} are not written as L<layer>H<head>, e.g. L2H3,L4H1"
             ) from None
     return value
+
+
+def _linked_image(value: str) -> str:
+    """A link's image: a bundled example by name, as a file the page may show."""
+    names = ", ".join(EXAMPLE_PREFIX + n for n in example_images())
+    if not value.startswith(EXAMPLE_PREFIX):
+        raise ValueError(
+            f"image {_quoted(value)}: a link carries only a bundled example by name ({names}); "
+            "an uploaded image cannot travel in a link"
+        )
+    try:
+        return str(example_named(value.removeprefix(EXAMPLE_PREFIX)))
+    except InvalidInputError:
+        raise ValueError(f"image {_quoted(value)} is not a bundled example ({names})") from None
 
 
 def _link_params(text: str, methods: set[str], problems: list[str]) -> dict[str, dict[str, Any]]:

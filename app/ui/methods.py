@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,7 +11,7 @@ import gradio as gr
 
 from attrlab.app.ui.shared import method_entries, whole
 
-__all__ = ["MethodControls"]
+__all__ = ["MethodControls", "unavailable_html"]
 
 
 def _widget(prefix: str, method: str, name: str, spec: Mapping[str, Any]) -> Any:
@@ -24,10 +25,10 @@ def _widget(prefix: str, method: str, name: str, spec: Mapping[str, Any]) -> Any
         )
     if kind == "bool":
         return gr.Checkbox(value=bool(default), label=name, info=info, elem_id=elem_id)
-    if kind in ("int", "float"):
+    if kind in ("int", "float") and default is not None:
         # inclusive bounds only: an exclusive one is checked by the schema, with its message
         low, high = spec.get("minimum"), spec.get("maximum")
-        if kind == "float" and default is not None and (low, high) == (0.0, 1.0):
+        if kind == "float" and (low, high) == (0.0, 1.0):
             return gr.Slider(0.0, 1.0, value=default, step=0.01, label=name, info=info)
         return gr.Number(
             value=default,
@@ -38,16 +39,24 @@ def _widget(prefix: str, method: str, name: str, spec: Mapping[str, Any]) -> Any
             precision=0 if kind == "int" else None,
             elem_id=elem_id,
         )
-    return gr.Textbox(value=default or "", label=label, info=info, elem_id=elem_id)
+    # text too for a number that may stay empty: Gradio's number field shows (and sends) 0 for
+    # "empty", which a parameter of minimum 1 refuses; the schema types the text
+    return gr.Textbox(
+        value="" if default is None else default,
+        label=label,
+        info=info,
+        placeholder="automatic" if default is None else None,
+        elem_id=elem_id,
+    )
 
 
 @dataclass
 class MethodControls:
-    """A tab's method picker, one parameter accordion per method, and their widgets."""
+    """A tab's method picker, one parameter accordion per chosen method, and their widgets."""
 
     picker: gr.CheckboxGroup
-    #: The methods that cannot run on the loaded model, disabled, each with its reason.
-    unavailable: gr.CheckboxGroup
+    #: The methods that cannot run on the loaded model: one line, their reasons a click away.
+    unavailable: gr.HTML
     notes: gr.Markdown
     accordions: dict[str, gr.Accordion]
     #: Method -> its label in the picker.
@@ -65,28 +74,24 @@ class MethodControls:
             label="Methods (side by side; those for the loaded model once Predict has run)",
             elem_id=f"{prefix}-methods",
         )
-        unavailable = gr.CheckboxGroup(
-            [],
-            label="Not for this model",
-            interactive=False,
-            visible=False,
-            elem_id=f"{prefix}-unavailable",
-        )
+        unavailable = gr.HTML("", visible=False, elem_id=f"{prefix}-unavailable")
         notes = gr.Markdown("", elem_id=f"{prefix}-method-notes")
         controls = cls(picker, unavailable, notes, {}, titles)
-        with gr.Accordion("Method parameters", open=False):
-            for entry in entries:
-                with gr.Accordion(
-                    f"{entry['title']} ({entry['name']})",
-                    open=False,
-                    visible=entry["name"] in chosen,
-                ) as accordion:
-                    if entry.get("paper"):
-                        gr.Markdown(f"[paper]({entry['paper']})")
-                    for name, spec in entry["params"].items():
-                        widget = _widget(prefix, entry["name"], name, spec)
-                        controls.widgets.append((entry["name"], name, spec.get("default"), widget))
-                controls.accordions[entry["name"]] = accordion
+        # one accordion per chosen method, not nested: each parameter is one click away
+        for entry in entries:
+            with gr.Accordion(
+                f"Parameters: {entry['title']} ({entry['name']})",
+                open=False,
+                visible=entry["name"] in chosen,
+                elem_id=f"{prefix}-params-{entry['name']}",
+                elem_classes=["method-params"],
+            ) as accordion:
+                if entry.get("paper"):
+                    gr.Markdown(f"[paper]({entry['paper']})")
+                for name, spec in entry["params"].items():
+                    widget = _widget(prefix, entry["name"], name, spec)
+                    controls.widgets.append((entry["name"], name, spec.get("default"), widget))
+            controls.accordions[entry["name"]] = accordion
         return controls
 
     @property
@@ -104,10 +109,11 @@ class MethodControls:
 
     def listed(self, chosen: Sequence[str], reasons: Mapping[str, str | None]) -> list[Any]:
         """
-        Updates of the picker, the disabled list and the notes for a model's ``reasons``.
+        Updates of the picker, the "not for this model" line and the notes for ``reasons``.
 
         The picker keeps the methods that apply (those chosen stay ticked); the others are
-        shown disabled with their reasons, and a chosen one that cannot run is named.
+        named on one line, their reasons a click away, and a chosen one that cannot run is
+        named in the notes.
         """
         blocked = {m: why for m, why in reasons.items() if why and m in self.titles}
         return [
@@ -115,11 +121,7 @@ class MethodControls:
                 choices=[(t, m) for m, t in self.titles.items() if m not in blocked],
                 value=[m for m in chosen if m not in blocked],
             ),
-            gr.update(
-                choices=[(f"{m}: {why}", m) for m, why in blocked.items()],
-                value=[],
-                visible=bool(blocked),
-            ),
+            gr.update(value=unavailable_html(blocked), visible=bool(blocked)),
             _method_notes(chosen, reasons),
         ]
 
@@ -136,6 +138,26 @@ class MethodControls:
             show_progress="hidden",
             api_visibility="private",
         )
+
+
+def unavailable_html(blocked: Mapping[str, str]) -> str:
+    """
+    One line naming the methods that cannot run, each reason in a list it opens to.
+
+    Each name also carries its reason as a tooltip.
+    """
+    if not blocked:
+        return ""
+    names = ", ".join(
+        f'<span title="{html.escape(why)}">{html.escape(m)}</span>' for m, why in blocked.items()
+    )
+    reasons = "".join(
+        f"<li><b>{html.escape(m)}</b>: {html.escape(why)}</li>" for m, why in blocked.items()
+    )
+    return (
+        '<details class="not-for-model"><summary>Not for this model: '
+        f"{names}</summary><ul>{reasons}</ul></details>"
+    )
 
 
 def _method_notes(chosen: Sequence[str], reasons: Mapping[str, str | None]) -> str:

@@ -7,6 +7,7 @@ from :mod:`viz`.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -46,10 +47,11 @@ def build_ui(
         TabSpec("image", "Image", "image"),
     ]
     with gr.Blocks(title="attrlab", delete_cache=(FILES_KEPT_S, FILES_KEPT_S)) as demo:
-        gr.Markdown(
-            "# attrlab\nWhy did the model predict that? Pick an input, a model and methods; "
+        gr.Markdown(  # one line: the first screen is for the inputs and the results
+            "**attrlab** · Why did the model predict that? Pick an input, a model and methods; "
             "compare their maps, check how far each can be trusted, and see which layers and "
-            "heads carried the prediction."
+            "heads carried the prediction.",
+            elem_id="page-title",
         )
         notice = gr.Markdown("", visible=False, elem_id="link-problems")  # a link's bad fields
         filled: dict[str, LinkedTab] = {}
@@ -64,8 +66,29 @@ def build_ui(
             with gr.Tab("Batch", id="batch"):
                 batch_tab(runner)
         open_shared_link(demo, tabs, filled, notice)
+        # on the page, not at launch: a mounted page, a Space and a test server all get it
+        demo.load(None, None, None, js=_page_script(), api_visibility="private")
     _name_bad_inputs(demo)
     return demo
+
+
+#: The page's own styling: the "not for this model" line stays one line until opened.
+_PAGE_CSS = """
+.not-for-model summary { white-space: nowrap; overflow: hidden; text-overflow: ellipsis;
+  cursor: pointer; font-size: var(--text-sm); color: var(--body-text-color-subdued); }
+.not-for-model ul { margin: 4px 0 0 1em; font-size: var(--text-sm); }
+"""
+
+
+def _page_script() -> str:
+    """Run on load: the page's styling, and figures that follow a dark theme."""
+    from attrlab.viz.theme import dark_figures_js
+
+    return (
+        "() => { const style = document.createElement('style'); "
+        f"style.textContent = {json.dumps(_PAGE_CSS)}; document.head.appendChild(style); "
+        f"({dark_figures_js().strip()})(); }}"
+    )
 
 
 def _name_bad_inputs(demo: gr.Blocks) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gradio as gr
 import numpy as np
@@ -19,6 +19,10 @@ from attrlab.app.ui.files import page_folder
 from attrlab.attribution.compare import MapChange, compare_explanations
 from attrlab.attribution.errors import AttrlabError
 from attrlab.attribution.explanation import Explanation
+from attrlab.viz.tokens import token_probabilities
+
+if TYPE_CHECKING:
+    from attrlab.viz.view import View
 
 __all__ = [
     "Result",
@@ -27,6 +31,7 @@ __all__ = [
     "detail_choices",
     "detail_figure",
     "export_bundle",
+    "input_label",
     "summary",
     "top",
 ]
@@ -60,12 +65,12 @@ def detail_choices(result: Result) -> list[str]:
     ]
 
 
-def detail_figure(result: Result, choice: str) -> Any:
-    """The figure a details menu's ``choice`` names."""
+def detail_figure(result: Result, choice: str, view: View | None = None) -> Any:
+    """The figure a details menu's ``choice`` names (an image's map in ``view``)."""
     from attrlab.viz.figures import figures_for
 
     method, _, name = choice.partition(" · ")
-    figures = figures_for(result.explanations[method], result.image)
+    figures = figures_for(result.explanations[method], result.image, view)
     if name not in figures:
         raise ValueError(f"{method} has no figure {name!r}")
     return figures[name]()
@@ -78,13 +83,13 @@ def summary(result: Result) -> dict[str, Any]:
     for method, e in result.explanations.items():
         data = e.to_dict()
         # a text's scores are short; an image's map stays in the figure and the export
-        shown = [*kept, "tokens", "scores"] if e.tokens is not None else kept
+        shown = [*kept, "tokens", "token_texts", "scores"] if e.tokens is not None else kept
         out[method] = {k: data[k] for k in shown if k in data}
     return out
 
 
-def _figures(result: Result) -> dict[str, Any]:
-    """Every figure of a run, for the export."""
+def _figures(result: Result, view: View | None) -> dict[str, Any]:
+    """Every figure of a run, for the export (the maps in ``view``)."""
     from attrlab.viz import (
         image_grid_figure,
         method_agreement_figure,
@@ -92,10 +97,13 @@ def _figures(result: Result) -> dict[str, Any]:
         trust_figure,
     )
     from attrlab.viz.figures import MAP
+    from attrlab.viz.view import IMAGE_VIEW
 
     figures: dict[str, Any] = {}
     if result.image is not None:
-        figures["maps"] = image_grid_figure(result.explanations, result.image)
+        figures["maps"] = image_grid_figure(
+            result.explanations, result.image, view=view or IMAGE_VIEW
+        )
     for choice in detail_choices(result):  # a text's scores, conservation, positional, error
         if result.image is None or not choice.endswith(f" · {MAP}"):
             figures[choice.replace(" · ", "_").replace(" ", "_")] = detail_figure(result, choice)
@@ -108,25 +116,45 @@ def _figures(result: Result) -> dict[str, Any]:
     return figures
 
 
-def _pages(result: Result) -> dict[str, str]:
-    """The page's HTML views of a run: token columns, trust cards, the comparison."""
+def _pages(result: Result, view: View | None) -> dict[str, str]:
+    """The page's HTML views of a run: token columns (in ``view``), trust cards, comparison."""
     from attrlab.viz import change_html, token_columns_html
     from attrlab.viz.trust import trust_card_html
+    from attrlab.viz.view import TEXT_VIEW
 
     pages = {"trust_cards": "".join(trust_card_html(e) for e in result.explanations.values())}
     if result.image is None:
-        pages["maps"] = token_columns_html(result.explanations)
+        pages["maps"] = token_columns_html(result.explanations, view or TEXT_VIEW)
         if result.changes:
             pages["comparison"] = change_html(result.changes)
     return pages
 
 
-def export_bundle(result: Result, png: bool = True, pages: dict[str, str] | None = None) -> Path:
+def input_label(result: Result) -> str:
+    """The run's input in words: its text, or its image's name and size."""
+    if result.image_size is None:
+        return str(result.fields.get("text") or "")
+    height, width = result.image_size
+    example = result.fields.get("image")  # a bundled example's link value, example:NAME
+    if example:
+        what = f"the bundled example {str(example).partition(':')[2]}"
+    else:
+        name = result.fields.get("image_name")
+        what = "an uploaded image" + (f" ({name})" if name else "")
+    return f"{what}, {width}×{height} px"
+
+
+def export_bundle(
+    result: Result,
+    png: bool = True,
+    view: View | None = None,
+    pages: dict[str, str] | None = None,
+) -> Path:
     """
     The run as a zip: Explanation JSON and arrays per method, figures, pages, inputs.
 
-    ``pages``: the HTML views to include (default: the explain tabs' token columns, trust
-    cards and comparison).
+    ``pages``: the HTML views to include (default: the explain tabs' token columns in
+    ``view``, trust cards and comparison).
     """
     from attrlab.viz.bundle import write_bundle
 
@@ -137,11 +165,13 @@ def export_bundle(result: Result, png: bool = True, pages: dict[str, str] | None
         inputs["image_size"] = list(result.image_size)
     return write_bundle(
         result.explanations,
-        _figures(result),
+        _figures(result, view),
         folder,
         extra={"inputs": inputs},
         png=png,
-        pages=_pages(result) if pages is None else pages,
+        pages=_pages(result, view) if pages is None else pages,
+        input_label=input_label(result),
+        view=view,
     )
 
 
@@ -172,4 +202,4 @@ def comparison_view(result: Result) -> Any:
 
 def top(explanation: Explanation) -> dict[str, float]:
     """The prediction panel: the top outputs and their probabilities."""
-    return {p.label: p.probability for p in explanation.predictions}
+    return token_probabilities(explanation.predictions)

@@ -37,6 +37,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from attrlab.attribution.alteration import altered
 from attrlab.attribution.errors import InvalidParameterError, UnsupportedMethodError
 from attrlab.attribution.explanation import LAYER_COLUMNS, layer_table
 from attrlab.attribution.layers.hooks import (
@@ -454,11 +455,14 @@ def analyze(
 
     rows: list[tuple[Any, ...]] = []
     tick()
+    # Each measure holds the model altered for its own hooks only: light reads go between.
     if set(_SHARED) & set(chosen):
-        rows += _shared_pass(model, inputs, target, chosen, run)
+        with altered(adapter.model):
+            rows += _shared_pass(model, inputs, target, chosen, run)
     for name in chosen:
         if name in _RUNNERS:
-            rows += _RUNNERS[name](model, inputs, target, run, tick)
+            with altered(adapter.model):
+                rows += _RUNNERS[name](model, inputs, target, run, tick)
     run.step(steps, steps)
     return LayerReport(layer_table(rows), model.lrp_result)
 
@@ -510,6 +514,10 @@ def joint_ablation(
     model = _Model.of(adapter)
     sets = [(), *head_sets]
     kwargs = _repeat(inputs.model_kwargs(), len(sets))
-    with torch.no_grad(), ablate_head_sets(model.projections, model.heads, sets):
+    with (
+        altered(adapter.model),
+        torch.no_grad(),
+        ablate_head_sets(model.projections, model.heads, sets),
+    ):
         probabilities = adapter.logits(**kwargs).double().softmax(-1)[:, target]
     return probabilities.cpu().numpy()

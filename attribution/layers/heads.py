@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from attrlab.attribution.alteration import altered
 from attrlab.attribution.errors import BudgetExceededError, InvalidParameterError
 from attrlab.attribution.explain import explain
 from attrlab.attribution.explanation import Explanation
@@ -56,7 +57,10 @@ class HeadAblation:
     ablated: Explanation
     #: Text: the first head's attention (queries × keys, visible tokens); else None.
     attention: np.ndarray | None
+    #: Text: the tokenizer's strings, for programs; else None.
     tokens: list[str] | None
+    #: Text: the text each token stands for, for people; else None.
+    token_texts: list[str] | None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: the explanations as Explanation JSON, the attention as nested lists."""
@@ -66,6 +70,7 @@ class HeadAblation:
             "ablated": self.ablated.to_dict(),
             "attention": None if self.attention is None else self.attention.tolist(),
             "tokens": self.tokens,
+            "token_texts": self.token_texts,
         }
 
 
@@ -122,7 +127,7 @@ def ablate_heads_and_explain(
                 "server allows per request; the ablated one needs as many: lower the method's "
                 "sample count"
             )
-    with zeroed_heads(projections, count, chosen):
+    with altered(adapter.model), zeroed_heads(projections, count, chosen):
         stop_if_cancelled(settings.cancel)
         ablated = explain(
             adapter,
@@ -138,6 +143,7 @@ def ablate_heads_and_explain(
         ablated=ablated,
         attention=attention,
         tokens=list(inputs.tokens) if isinstance(inputs, TextInputs) else None,
+        token_texts=list(inputs.token_texts) if isinstance(inputs, TextInputs) else None,
     )
 
 

@@ -13,12 +13,14 @@ exact. Softmax is ``exp(s − log Σ exp(s))`` (exp, a sum, a log, a difference,
 LayerNorm a centring, a square, a mean, ``1/√(·+ε)`` and a product. Every multiplier is
 exact, so the attributions sum to ``F(x) − F(x')`` up to rounding.
 
-Multipliers come from the two halves of the batch and are the same for both halves, as Captum's
-are, so gradients stay equal in the two halves. Products the code does not see (gated MLPs
-``act(g)·u``, squeeze-excite gates) get the product rule from that symmetry: averaging the
-halves' gradients at the input of every linear layer and convolution turns ``g·u`` and
-``g·u'`` into ``g·ū``, provided only linear maps and Rescale'd activations lie between the
-product and that layer (products of products need their own rule, as attention has here).
+Multipliers come from the two halves of the batch and are the same for both halves, as
+Captum's Rescale multipliers are. Products written as ``a * b`` in a model's forward (gated MLPs
+``act(g)·u``, squeeze-excite gates ``x·σ(s)``, RMSNorm's ``x·(1/√·)``) are caught where they
+happen, while the rules are on: when both factors carry the paired batch (both depend on the
+input), the product gets the product rule; everywhere else the gradients stay Captum's. A CNN
+without such products is therefore exactly Captum's DeepLIFT, max-pool rule included (whose
+multiplier may differ between the halves where ``Δx = 0``). An in-place product of two such
+factors cannot be given the rule and is reported.
 A rule never changes a forward value: it returns the model's own tensor with another
 backward. A norm, attention or head whose recomputation does not reproduce the model's value
 keeps its plain gradient and is reported.
@@ -35,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.pytorch_utils import Conv1D
+from torch.overrides import TorchFunctionMode
 
 from attrlab.attribution.compat import register_attention
 from attrlab.attribution.methods._routing import (
@@ -54,9 +56,10 @@ __all__ = ["DeepLiftReport", "is_rms_norm", "transformer_deeplift_rules", "treat
 
 #: Name under which the DeepLIFT attention function is registered with transformers.
 ATTENTION_IMPLEMENTATION = "attrlab_deeplift"
-#: Linear maps at whose input the halves' gradients are averaged (products behind them then get
-#: the product rule: gated MLPs, squeeze-excite gates behind convolutions).
-_LINEAR_TYPES = (nn.Linear, Conv1D, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+#: Elementwise products of two tensors, however a forward spells them (``a * b``, ``a.mul(b)``).
+_PRODUCTS = frozenset({torch.mul, torch.Tensor.mul, torch.Tensor.__mul__, torch.Tensor.__rmul__})
+#: The in-place spellings, which cannot return a tensor with another backward.
+_IN_PLACE_PRODUCTS = frozenset({torch.Tensor.mul_, torch.Tensor.__imul__})
 
 
 @dataclass
@@ -261,11 +264,48 @@ def _rms_norm_hook(report: DeepLiftReport) -> Callable[..., Any]:
     return hook
 
 
-def _average_halves(_module: nn.Module, args: tuple) -> tuple | None:
-    x = args[0] if args else None
-    if not isinstance(x, torch.Tensor) or not _paired(x):
-        return None
-    return (with_backward(x, x, _pair_mean), *args[1:])
+def _input_dependent(x: object) -> bool:
+    """A tensor of the paired forward computed from the input (not a weight, not a constant)."""
+    return isinstance(x, torch.Tensor) and x.grad_fn is not None and _paired(x)
+
+
+class _ProductRule(TorchFunctionMode):
+    """
+    DeepLIFT's product rule on every elementwise product of two input-dependent factors.
+
+    Only products whose factors both carry the paired batch (computed in the graph, of one rank
+    and one even leading size) are changed; a product with a weight (a leaf, or of lower rank
+    when computed from one), a mask or a constant keeps its gradient, which is already exact.
+    """
+
+    def __init__(self, report: DeepLiftReport) -> None:
+        super().__init__()
+        self.report = report
+
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func not in _PRODUCTS and func not in _IN_PLACE_PRODUCTS:
+            return func(*args, **kwargs)
+        both = (
+            len(args) == 2
+            and all(_input_dependent(x) for x in args)
+            and args[0].dim() == args[1].dim()
+            and args[0].shape[0] == args[1].shape[0]
+        )
+        if both and func in _IN_PLACE_PRODUCTS:
+            self.report.untreated.add("in-place product")
+        if not both or kwargs or func in _IN_PLACE_PRODUCTS:
+            return func(*args, **kwargs)
+        value = func(*args)
+        wide = _wide(value)  # b̄·a + ā·b computed wide: it must not overflow where a·b does not
+        a, b = (x.to(wide) for x in args)
+        return _product(a, b, value.to(wide)).to(value.dtype)
 
 
 def _deeplift_attention(
@@ -356,8 +396,6 @@ def transformer_deeplift_rules(
                 hook = module.register_forward_hook(_layer_norm_hook(report))
             elif is_rms_norm(module):
                 hook = module.register_forward_hook(_rms_norm_hook(report))
-            elif isinstance(module, _LINEAR_TYPES):
-                hook = module.register_forward_pre_hook(_average_halves)
             else:
                 continue
             stack.callback(hook.remove)
@@ -372,4 +410,5 @@ def transformer_deeplift_rules(
                 _softcap(adapter.logit_softcap or 1.0),
                 lambda name: report.untreated.add(name),
             )
+        stack.enter_context(_ProductRule(report))
         yield report

@@ -112,6 +112,8 @@ class AttentionFlow(AttributionMethod):
     ``max_tokens`` are refused; ``metrics.total_flow`` is the unnormalised sum of the flows.
     """
 
+    alters_model = False  # plain forward and gradient passes
+
     name = "attention_flow"
     title = "Attention flow"
     paper = "https://arxiv.org/abs/2005.00928"

@@ -10,6 +10,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from attrlab.attribution.errors import UnsupportedMethodError
+from attrlab.attribution.methods.smoothing import (
+    SMOOTHING_PARAMS,
+    smoothed,
+    smoothed_passes,
+    smoothing_requested,
+)
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.params import Param, validate_params
 from attrlab.attribution.run import RunContext
@@ -58,7 +64,11 @@ class AttributionMethod(ABC):
     As Captum splits ``attribute`` from ``_attribute``, the public :meth:`resolve` refuses a
     method that does not apply and checks the parameters, once, for every caller; the hooks
     behind it (:meth:`_resolve`, :meth:`passes`, :meth:`attribute`) get parameters already
-    checked and resolved, and never change the dict they are given.
+    checked and resolved, and never change the dict they are given. Callers run a method
+    with :meth:`compute` and price it with :meth:`planned_passes`, which add what the base
+    does for every method: a gradient-based attribution method (one that requires gradients)
+    takes the smoothing parameters (SmoothGrad, VarGrad, NoiseGrad: :mod:`.smoothing`) on top
+    of its own, and is then run once per noisy copy.
 
     Class attributes:
         name: Registry key (``attrlab explain --method NAME``).
@@ -71,8 +81,15 @@ class AttributionMethod(ABC):
         reads_prediction_attentions: It reads the attention probabilities of the input's own
             forward pass (:meth:`RunContext.clean_attentions`), so :func:`attribution.explain`
             makes its prediction with them: one pass for both.
+        reads_prediction: It reads the input's own logits (:meth:`RunContext.clean_logits`,
+            e.g. for a convergence delta): a smoothed run predicts each noisy copy, one pass.
         category: ``"attribution"`` (a map over the input) or ``"analysis"`` (per-layer and
             per-head measures, with a map as a by-product).
+        alters_model: It changes what the model's forward computes or records while it runs
+            (hooks, routed attention), so :func:`attribution.explain` holds the model
+            :func:`~attribution.alteration.altered` for the whole run. False for methods of
+            plain forward and gradient passes, and for those that hold each of their own
+            alterations (a light read may then run between them).
     """
 
     name: ClassVar[str]
@@ -83,7 +100,21 @@ class AttributionMethod(ABC):
     params: ClassVar[tuple[Param, ...]] = ()
     has_convergence_delta: ClassVar[bool] = False
     reads_prediction_attentions: ClassVar[bool] = False
+    reads_prediction: ClassVar[bool] = False
     category: ClassVar[str] = "attribution"
+    alters_model: ClassVar[bool] = True  # a new method is held until it says otherwise
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A gradient-based attribution method takes the smoothing parameters too."""
+        super().__init_subclass__(**kwargs)
+        names = {p.name for p in cls.params}
+        if cls.smoothable() and not names & {p.name for p in SMOOTHING_PARAMS}:
+            cls.params = (*cls.params, *SMOOTHING_PARAMS)
+
+    @classmethod
+    def smoothable(cls) -> bool:
+        """Its maps can be smoothed: an attribution method that requires gradients."""
+        return "gradients" in cls.requires and cls.category == "attribution"
 
     @classmethod
     def unsupported_reason(cls, adapter: Adapter) -> str | None:
@@ -135,6 +166,33 @@ class AttributionMethod(ABC):
             "category": cls.category,
             "params": {p.name: p.to_schema() for p in cls.params},
         }
+
+    @classmethod
+    def planned_passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
+        """The passes :meth:`compute` spends: :meth:`passes`, once per smoothing sample."""
+        reads = cls.reads_prediction or cls.reads_prediction_attentions
+        return smoothed_passes(cls.passes(adapter, inputs, params), params, reads)
+
+    @classmethod
+    def compute(
+        cls,
+        adapter: Adapter,
+        inputs: Inputs,
+        target: Target,
+        params: dict[str, Any],
+        run: RunContext,
+    ) -> Attribution:
+        """:meth:`attribute`, or its smoothed map over noisy copies when ``params`` ask."""
+        if not smoothing_requested(params):
+            return cls.attribute(adapter, inputs, target, params, run)
+        return smoothed(
+            lambda noisy, own: cls.attribute(adapter, noisy, target, params, own),
+            adapter,
+            inputs,
+            params,
+            run,
+            cls.planned_passes(adapter, inputs, params),
+        )
 
     @classmethod
     @abstractmethod

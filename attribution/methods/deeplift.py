@@ -45,6 +45,7 @@ class DeepLift(AttributionMethod):
     paper = "https://arxiv.org/abs/1704.02685"
     requires = frozenset({"gradients"})
     has_convergence_delta = True
+    reads_prediction = True  # F(x) of the convergence delta
     params = (BASELINE_PARAM,)
 
     @classmethod

@@ -63,6 +63,7 @@ class DeepLiftShap(AttributionMethod):
     paper = "https://arxiv.org/abs/1705.07874"
     requires = frozenset({"gradients"})
     has_convergence_delta = True
+    reads_prediction = True  # F(x) of the convergence delta
     params = (
         Param("n_references", "int", 8, "Number of references averaged over.", 2, 256),
         Param(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
+from captum.attr import Attribution as CaptumAttribution
 from captum.attr import InputXGradient, LayerGradientXActivation
 
 from attrlab.attribution.methods._captum import attribute_with
@@ -30,6 +32,9 @@ class GradientXInput(AttributionMethod):
     title = "Gradient × Input"
     paper = "https://arxiv.org/abs/1605.01713"
     requires = frozenset({"gradients"})
+    #: Captum's method on the token-embedding layer (text) and on the input (pixels).
+    layer_method: ClassVar[Callable[..., CaptumAttribution]] = LayerGradientXActivation
+    input_method: ClassVar[Callable[..., CaptumAttribution]] = InputXGradient
 
     @classmethod
     def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
@@ -45,8 +50,6 @@ class GradientXInput(AttributionMethod):
         params: dict[str, Any],
         run: RunContext,
     ) -> Attribution:
-        attributions = attribute_with(
-            adapter, inputs, target, LayerGradientXActivation, InputXGradient
-        )
+        attributions = attribute_with(adapter, inputs, target, cls.layer_method, cls.input_method)
         run.count(forward=1, backward=1)
         return Attribution(scores=inputs.reduce(attributions))

@@ -37,11 +37,14 @@ class IntegratedGradients(AttributionMethod):
     holds when it is small.
     """
 
+    alters_model = False  # plain forward and gradient passes
+
     name = "integrated_gradients"
     title = "Integrated Gradients"
     paper = "https://arxiv.org/abs/1703.01365"
     requires = frozenset({"gradients"})
     has_convergence_delta = True
+    reads_prediction = True  # F(x) of the convergence delta
     params = (
         Param("n_steps", "int", 50, "Points on the straight path (Gauss-Legendre).", 2, 2000),
         Param(

@@ -45,6 +45,8 @@ class LayerAnalysis(AttributionMethod):
     relevance sits).
     """
 
+    alters_model = False  # each measure holds the model altered for its own hooks (analyze)
+
     name = "layers"
     title = "Layer and head analysis"
     paper = "https://arxiv.org/abs/1905.10650"

@@ -41,6 +41,8 @@ class Occlusion(AttributionMethod):
     mask tokens (special tokens stay). Paper: https://arxiv.org/abs/1311.2901
     """
 
+    alters_model = False  # plain forward and gradient passes
+
     name = "occlusion"
     title = "Occlusion"
     paper = "https://arxiv.org/abs/1311.2901"

@@ -95,9 +95,12 @@ class RISE(AttributionMethod):
     the top predicted classes. Paper: https://arxiv.org/abs/1806.07421
     """
 
+    alters_model = False  # plain forward and gradient passes
+
     name = "rise"
     title = "RISE"
     paper = "https://arxiv.org/abs/1806.07421"
+    reads_prediction = True  # the top predicted classes
     params = (
         Param(
             "n_masks",

@@ -78,6 +78,8 @@ class AttentionRollout(AttributionMethod):
     tokens. Rollout ignores the target class: it explains the representation, not a logit.
     """
 
+    alters_model = False  # plain forward and gradient passes
+
     name = "rollout"
     title = "Attention rollout"
     paper = "https://arxiv.org/abs/2005.00928"

@@ -55,6 +55,8 @@ class Shap(AttributionMethod):
     (``evals_used``). Paper: https://arxiv.org/abs/1705.07874
     """
 
+    alters_model = False  # plain forward and gradient passes
+
     name = "shap"
     title = "SHAP (Partition)"
     paper = "https://arxiv.org/abs/1705.07874"

@@ -123,6 +123,8 @@ class Sobol(AttributionMethod):
     Paper: https://arxiv.org/abs/2111.04138
     """
 
+    alters_model = False  # plain forward and gradient passes
+
     name = "sobol"
     title = "Sobol attribution"
     paper = "https://arxiv.org/abs/2111.04138"

@@ -12,7 +12,6 @@ from attrlab.attribution.metrics.leaderboard import (
 from attrlab.attribution.metrics.randomisation import (
     cascading_units,
     randomisation_check,
-    restored_weights,
 )
 
 __all__ = [
@@ -26,6 +25,5 @@ __all__ = [
     "faithfulness",
     "map_agreement",
     "randomisation_check",
-    "restored_weights",
     "summarise",
 ]

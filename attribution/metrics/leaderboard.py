@@ -22,7 +22,7 @@ from scipy.stats import bootstrap
 from attrlab.attribution.methods import get_method
 from attrlab.attribution.metrics.faithfulness import check_options, faithfulness
 from attrlab.attribution.models.base import Adapter
-from attrlab.attribution.run import RunContext, RunSettings
+from attrlab.attribution.run import ProgressCallback, RunContext, RunSettings
 from attrlab.attribution.runs import explain_rows
 
 __all__ = ["SCORES", "EvalItem", "bundled_items", "evaluate_methods", "summarise"]
@@ -75,6 +75,7 @@ def evaluate_methods(
     progress: Callable[[int], None] | None = None,
     image_fill: str = "rise",
     text_removal: str = "delete",
+    passes: ProgressCallback | None = None,
 ) -> pd.DataFrame:
     """
     One row per item and method: faithfulness and random-order scores, and the method's cost.
@@ -86,7 +87,8 @@ def evaluate_methods(
     Methods that do not apply to ``adapter`` are left out; an unknown name is an error.
     ``settings``: the seed (item ``n``'s random orders draw from seed + n), the cancel switch
     (checked between items, and within a method or a score that checks it) and each
-    explanation's budgets, as one request's; ``progress`` receives the items done.
+    explanation's budgets, as one request's; ``progress`` receives the items done, and
+    ``passes`` the forward passes done of each explanation and each scoring in turn.
 
     Raises:
         JobCancelledError: once the cancel switch is set.
@@ -107,12 +109,13 @@ def evaluate_methods(
         params=params,
         settings=each,
         progress=progress,
+        passes=passes,
     )
     rows = []
     for done, result in enumerate(explained, start=1):
         inputs, explanations = result.explained()
         # each item its own random orders
-        orders = RunContext(seed=settings.seed + done, cancel=settings.cancel)
+        orders = RunContext(seed=settings.seed + done, cancel=settings.cancel, progress=passes)
         for name, explanation in explanations.items():
             target = explanation.target.index
             scored = faithfulness(

@@ -6,7 +6,9 @@ keeps the previous steps' random weights) and the map is recomputed after each s
 that explains the model must change as the model is destroyed; one that stays correlated with
 the original (an edge detector, a constant) does not depend on what the model learned. The
 similarity is Spearman's ρ between the original and the randomised map, signed and of absolute
-values (the paper reports both). Every weight is restored afterwards, also on error.
+values (the paper reports both). The model's own weights are back after each step, also on
+error: the random ones wait in a copy between steps, so the model is altered only while a
+step runs.
 
 Layers are the transformer blocks of the model's family layout, with what comes after them (norm,
 head; a tied LM head too) first and what comes before them (embeddings) last; for other
@@ -18,9 +20,7 @@ its scale stays, what was learned goes.
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -29,19 +29,10 @@ import torch
 from scipy.stats import spearmanr
 from torch import nn
 
+from attrlab.attribution.alteration import altered
 from attrlab.attribution.models.base import Adapter
 
-__all__ = ["cascading_units", "randomisation_check", "restored_weights"]
-
-
-@contextmanager
-def restored_weights(model: nn.Module) -> Iterator[None]:
-    """Every parameter and buffer of ``model`` back as it was when the block exits."""
-    saved = copy.deepcopy(model.state_dict())
-    try:
-        yield
-    finally:
-        model.load_state_dict(saved)
+__all__ = ["cascading_units", "randomisation_check"]
 
 
 def _has_parameters(module: nn.Module) -> bool:
@@ -105,6 +96,17 @@ def _randomise(module: nn.Module, generator: torch.Generator) -> None:
             parameter.copy_((mean + std * noise).to(parameter.dtype))
 
 
+def _values(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """Every parameter and buffer of ``model``, a tied one once."""
+    return [*model.named_parameters(), *model.named_buffers()]
+
+
+def _swap(model: nn.Module, values: dict[str, torch.Tensor]) -> None:
+    """Exchange the values of ``model``'s parameters and buffers with ``values`` (no copy)."""
+    for name, tensor in _values(model):
+        tensor.data, values[name] = values[name], tensor.data
+
+
 def _spearman(a: np.ndarray, b: np.ndarray) -> float:
     if np.ptp(a) == 0 or np.ptp(b) == 0:
         return 1.0 if np.array_equal(a, b) else 0.0
@@ -131,11 +133,19 @@ def randomisation_check(
     original = np.asarray(original, dtype=np.float64).ravel()
     rows: list[tuple[Any, ...]] = [(0, "none", 1.0, 1.0)]
     generator = torch.Generator().manual_seed(seed)
-    with restored_weights(adapter.model):
-        for step, (name, unit) in enumerate(cascading_units(adapter), start=1):
-            _randomise(unit, generator)
-            randomised = np.asarray(explain_map(adapter), dtype=np.float64).ravel()
-            signed = _spearman(original, randomised)
-            absolute = _spearman(np.abs(original), np.abs(randomised))
-            rows.append((step, name, signed, absolute))
+    model = adapter.model
+    # The steps' random weights live in this copy between steps, the model's own meanwhile:
+    # the model is altered only while a step runs, so light reads go between the steps.
+    randomised = {name: t.detach().clone() for name, t in _values(model)}
+    for step, (name, unit) in enumerate(cascading_units(adapter), start=1):
+        with altered(model):
+            _swap(model, randomised)
+            try:
+                _randomise(unit, generator)
+                recomputed = np.asarray(explain_map(adapter), dtype=np.float64).ravel()
+            finally:
+                _swap(model, randomised)
+        signed = _spearman(original, recomputed)
+        absolute = _spearman(np.abs(original), np.abs(recomputed))
+        rows.append((step, name, signed, absolute))
     return pd.DataFrame.from_records(rows, columns=["step", "layer", "spearman", "spearman_abs"])

