@@ -37,6 +37,7 @@ from attrlab.attribution.run import ProgressCallback, RunSettings, stop_if_cance
 from attrlab.attribution.runs import explain_rows
 
 if TYPE_CHECKING:  # imported where used: a plain explanation needs none of them
+    import numpy as np
     import pandas as pd
 
     from attrlab.attribution.estimate import Estimate
@@ -48,6 +49,7 @@ if TYPE_CHECKING:  # imported where used: a plain explanation needs none of them
 __all__ = [
     "MAX_ABLATED_HEADS",
     "AblationRequest",
+    "AttentionRequest",
     "BatchRequest",
     "CheckRequest",
     "EstimateRequest",
@@ -341,6 +343,28 @@ class AblationRequest(InputRequest["HeadAblation"]):
             self.params,
             run.settings_for(self.seed),
         )
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionRequest(InputRequest["np.ndarray"]):
+    """
+    One head's attention pattern on one input, as it is (nothing ablated): one forward pass.
+
+    :func:`attribution.layers.head_attention`: queries × keys over the visible tokens.
+    """
+
+    layer: int
+    head: int
+
+    def method_params(self) -> dict[str, dict[str, Any]]:
+        """No method runs."""
+        return {}
+
+    def run_on(self, adapter: Adapter, run: JobContext) -> np.ndarray:
+        """The attention weights (a layer or head the model lacks is refused by name)."""
+        from attrlab.attribution.layers import head_attention
+
+        return head_attention(adapter, run.prepare(self), self.layer, self.head)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -197,12 +197,12 @@ def test_the_layers_tab_shows_the_figures_the_rule_names(probe):
     demo, worker = _page(answer, layers_tab)
     try:
         analyse = _handler(demo, "layers_analyse")
-        request = SimpleNamespace(session_hash="s")
-        shown = analyse("minilm-zeroshot", "good film", "", "", False, ["skip"], request)
+        request = SimpleNamespace(session_hash="s", headers={})
+        shown = analyse(
+            True, "minilm-zeroshot", "good film", "", "", False, ["skip"], None, request
+        )
     finally:
         worker.close()
     assert probe["asked"] == ["layers"]
-    lines, positional, agreement = shown[3], shown[4], shown[5]
-    assert lines is probe["figures"]["layers"]
-    assert positional["visible"] and positional["value"] is probe["figures"]["positional"]
-    assert agreement is probe["figures"]["agreement"]
+    for name, update in zip(["layers", "positional", "agreement"], shown[3:6], strict=True):
+        assert update["visible"] and update["value"] is probe["figures"][name]

@@ -24,6 +24,7 @@ from attrlab import attribution
 from attrlab.app.worker import (
     MAX_ABLATED_HEADS,
     AblationRequest,
+    AttentionRequest,
     CheckRequest,
     EvaluateRequest,
     ExplainWorker,
@@ -336,6 +337,21 @@ def test_preview_is_the_models_own_top_five_and_what_applies(worker):
     assert json.loads(json.dumps(preview.to_dict()))["predictions"][0]["index"] == top.indices[0]
     classifier = worker.explain(PreviewRequest(model="tiny-random-bert", text=text))
     assert not classifier.next_token and len(classifier.predictions) == 2  # two classes
+
+
+def test_attention_request_is_the_models_own_attention_with_nothing_ablated(worker):
+    text = "the cat sat on the mat"
+    weights = worker.explain(
+        AttentionRequest(model="tiny-random-llama", text=text, layer=1, head=3)
+    )
+    adapter = worker.adapter("tiny-random-llama")
+    inputs = adapter.preprocess(text)
+    with torch.no_grad():  # the model's own attention probabilities, asked of transformers
+        own = adapter.model(**inputs.model_kwargs(), output_attentions=True).attentions[1][0, 3]
+    np.testing.assert_allclose(weights, own.double().numpy(), rtol=1e-6, atol=1e-9)
+    assert weights.shape == (len(inputs.tokens),) * 2
+    with pytest.raises(AttrlabError, match=r"\(1, 4\).*of 4 heads"):
+        worker.explain(AttentionRequest(model="tiny-random-llama", text=text, layer=1, head=4))
 
 
 def test_ablation_request_runs_through_the_worker_and_refuses_bad_heads(worker):

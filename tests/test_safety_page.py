@@ -429,7 +429,8 @@ def test_no_input_makes_a_handler_open_a_path_it_did_not_create(client, planted,
 def _load(client: TestClient, query: str) -> dict[str, Any]:
     """The page's load event for a link with ``query``: each filled component by elem_id."""
     config = client.get("/config").json()
-    (load,) = [d for d in config["dependencies"] if [t[1] for t in d["targets"]] == ["load"]]
+    loads = [d for d in config["dependencies"] if [t[1] for t in d["targets"]] == ["load"]]
+    (load,) = [d for d in loads if d["outputs"]]  # the link's (the page's script has none)
     elem_ids = {c["id"]: c["props"].get("elem_id") for c in config["components"]}
     session = uuid.uuid4().hex
     joined = client.post(
@@ -509,7 +510,9 @@ def test_a_good_link_fills_every_field_and_shows_no_notice(client):
     assert _value(filled["text-seed"]) == 4294967295
     assert _value(filled["text-methods"]) == ["integrated_gradients"]
     assert _value(filled["text-param-integrated_gradients-n_steps"]) == 8
-    assert _value(filled["text-param-integrated_gradients-internal_batch_size"]) == 4
+    assert (
+        _value(filled["text-param-integrated_gradients-internal_batch_size"]) == "4"
+    )  # a text field: it may stay empty
     assert _value(filled["text-target"]) == "1"
     assert _value(filled["text-view-sign"]) == "absolute"
     assert _value(filled["text-view-clip"]) == 97.5
@@ -520,6 +523,36 @@ def test_a_link_to_a_tab_the_page_lacks_is_named(client):
     filled = _load(client, "tab=nowhere&text=hello")
     assert "tab 'nowhere' is not one a link opens" in filled["link-problems"]["value"]
     assert _value(filled["text-input"]) == "(unchanged)"
+
+
+def test_a_layers_link_fills_its_fields_and_names_its_bad_ones(client):
+    good = _load(
+        client,
+        "tab=layers&text=hi&model=tiny-random-llama&next_token=1&target=3"
+        "&measures=gradient,ablation&measure=ablation_zero&heads=l1h0;0:2",
+    )
+    assert good["link-problems"]["visible"] is False
+    assert _value(good["layers-heads"]) == "L1H0, L0H2"  # read, and written as the page does
+    assert _value(good["layers-measures"]) == ["gradient", "ablation"]
+    assert _value(good["layers-head-measure"]) == "ablation_zero"
+    assert _value(good["layers-next-token"]) is True
+    assert _value(good["layers-target"]) == "3"
+    assert _value(good["layers-labels"]) == ""  # a model without labels: none, not the sample's
+    bad = _load(
+        client,
+        f"tab=layers&text=hi&model={TEXT_MODEL}&heads=L1,H2&measures=gradient,nope"
+        + "&next_token=yes",
+    )
+    shown = bad["link-problems"]["value"].replace("\\", "")
+    for words in (
+        "heads 'L1,H2' are not written as L<layer>H<head>",
+        "measures 'nope': not on this tab",
+        "next_token 'yes' is not 1 (on) or 0 (off)",
+    ):
+        assert words in shown, (words, shown)
+    assert _value(bad["layers-measures"]) == ["gradient"]  # the known ones are kept
+    assert _value(bad["layers-input"]) == "hi"
+    assert _value(bad["layers-heads"]) == "(unchanged)"
 
 
 #: Link values: text of every kind (no controls, surrogates or backslashes, which the message

@@ -24,7 +24,7 @@ from scipy.stats import spearmanr
 
 from attrlab.app.ui import PageRunner, build_ui, method_entries, share_query
 from attrlab.app.ui.files import uploaded_rows
-from attrlab.app.ui.layers import format_heads, parse_heads
+from attrlab.app.ui.shared import format_heads, parse_heads
 from attrlab.app.worker import AblationRequest, ExplainRequest, ExplainWorker
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
 from attrlab.attribution.layers import joint_ablation
@@ -285,21 +285,26 @@ def test_layers_then_ablating_a_head_changes_the_prediction(client, load_model):
         "",
         False,
         ["gradient", "ablation"],
+        None,  # the head measure: the first the analysis has
         api_name="/layers_analyse",
     )
     measure, _heatmap, grid = outputs[0], outputs[1], outputs[2]
     assert measure["value"] == "head_gradient"  # the first head measure computed
-    assert len(grid["data"]) == 2  # tiny-random-bert: 2 layers
-    before, after, change, _attention, _maps, _figure = client.predict(
+    adapter = load_model("tiny-random-bert")
+    ranked = pd.DataFrame(grid["data"], columns=grid["headers"])
+    assert len(ranked) == adapter.num_layers * adapter.num_heads  # one row per head
+    magnitudes = ranked["value"].abs().tolist()
+    assert magnitudes == sorted(magnitudes, reverse=True)  # ranked by |value|
+    before, after, change, _maps, _figure, link, _attention = client.predict(
         "L1H0, L0H1", "gradient_x_input", api_name="/layers_ablate"
     )
-    adapter = load_model("tiny-random-bert")
     inputs = adapter.preprocess("the film was good")
     target = next(i for i in range(adapter.num_classes) if adapter.label(i) == before["label"])
     plain, ablated = joint_ablation(adapter, inputs, target, [{(1, 0), (0, 1)}])
     shown = {c["label"]: c["confidence"] for c in after["confidences"]}
     assert shown[before["label"]] == pytest.approx(ablated, abs=1e-4)
     assert f"{plain:.4f} → {ablated:.4f}" in change
+    assert "tab=layers" in link and "heads=L1H0%2C+L0H1" in link
 
 
 def test_evaluate_ranks_each_method_on_the_bundled_items(client):
@@ -390,10 +395,10 @@ def test_a_text_tab_refuses_empty_text_and_the_next_token_tab_a_classifier(clien
 def test_layers_of_a_decoder_ignore_the_zero_shot_labels_field(client):
     outputs = client.predict(
         "tiny-random-llama", "the cat sat on the", "positive, negative", "", True,
-        ["gradient", "lrp"], api_name="/layers_analyse",
+        ["gradient", "lrp"], None, api_name="/layers_analyse",
     )  # fmt: skip
     assert outputs[0]["value"] == "head_gradient"
-    assert len(outputs[2]["data"]) == 2  # two layers
+    assert len(outputs[2]["data"]) == 2 * 4  # two layers of four heads, one row each
     positional = outputs[4]
     assert positional["visible"]  # RoPE's cos/sin carry relevance in every layer (PA-LRP)
     bars = _plot(positional)["data"]

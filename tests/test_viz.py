@@ -24,16 +24,19 @@ from attrlab.attribution.run import RunSettings
 from attrlab.attribution.verdicts import Verdict
 from attrlab.viz import (
     ablation_figure,
+    ablation_note,
     agreement_figure,
     attention_figure,
     conservation_figure,
     export_figure,
     head_heatmap,
+    head_rank_table,
     heatmap_overlay,
     image_figure,
     image_grid_figure,
     layer_lines,
     leaderboard_figure,
+    measure_note,
     positional_figure,
     positional_figure_tokens,
     scale_legend_html,
@@ -112,7 +115,7 @@ def test_layer_figures_build_for_every_measure(layer_tables):
                 ]
                 assert z[1, 0] == pytest.approx(float(expected.value.iloc[0]))
             else:
-                figure = layer_lines(table, [measure], normalise=True)
+                figure = layer_lines(table, [measure])
                 assert len(figure.data[0].x) == len(table[table.measure == measure])
         assert len(layer_lines(table).data) == table[table["head"].isna()]["measure"].nunique()
         assert positional_figure(table).data[1].y is not None
@@ -121,6 +124,61 @@ def test_layer_figures_build_for_every_measure(layer_tables):
         pairs = agreement(table, HEAD_ESTIMATORS)
         matrix = np.asarray(agreement_figure(pairs).data[0].z)
         assert matrix.shape == (len(HEAD_ESTIMATORS),) * 2 and np.allclose(np.diag(matrix), 1)
+
+
+def _toy_table() -> pd.DataFrame:
+    """Two layers of three heads (one measure, values written out) and two layer measures."""
+    heads = [0.2, -0.7, 0.05, 0.7, -0.1, 0.3]  # L0H0..L0H2, L1H0..L1H2
+    rows = [(i // 3, i % 3, i % 3, "attention", "ablation_zero", v) for i, v in enumerate(heads)]
+    rows += [(0, None, None, "block", "block_influence", 0.1)]
+    rows += [(1, None, None, "block", "block_influence", 0.4)]
+    rows += [(0, None, None, "block", "skip_kl", 30.0), (1, None, None, "block", "skip_kl", 2.0)]
+    return pd.DataFrame(rows, columns=["layer", "head", "kv_head", "component", "measure", "value"])
+
+
+def test_head_rank_table_ranks_heads_by_magnitude():
+    ranked = head_rank_table(_toy_table(), "ablation_zero")
+    assert list(ranked.columns) == ["head", "value", "rank"]
+    assert list(ranked["head"]) == ["L0H1", "L1H0", "L1H2", "L0H0", "L1H1", "L0H2"]
+    assert list(ranked["value"]) == [-0.7, 0.7, 0.3, 0.2, -0.1, 0.05]
+    assert list(ranked["rank"]) == [1, 1, 3, 4, 5, 6]  # a tie shares the best rank
+
+
+def test_layer_lines_draws_each_measure_in_its_own_panel_and_scale():
+    figure = layer_lines(_toy_table(), target="positive")
+    influence, kl = figure.data
+    assert (influence.name, kl.name) == ("block_influence", "skip_kl")
+    assert list(influence.y) == [0.1, 0.4] and list(kl.y) == [30.0, 2.0]  # raw, not rescaled
+    assert influence.yaxis != kl.yaxis and influence.xaxis != kl.xaxis  # one panel each
+    titles = [a.text for a in figure.layout.annotations]
+    assert titles == ["block_influence", "skip_kl"]
+    assert "KL(p" in kl.hovertemplate
+    with pytest.raises(ValueError, match="no per-layer"):
+        layer_lines(_toy_table()[lambda t: t["head"].notna()])
+
+
+def test_the_notes_name_the_target_and_what_the_sign_means():
+    note = measure_note("ablation_zero", "positive")
+    assert "Negative (blue): the head supported 'positive'" in note
+    assert "positive (red): the head worked against 'positive'" in note
+    assert "'↵'" in measure_note("head_lrp", "\n")  # a whitespace token stays visible
+    assert measure_note("no such measure", "x") == ""
+    fell = ablation_note("L2H3", "positive", 0.9, 0.6)
+    assert "0.9000 → 0.6000" in fell and "**-0.3000**" in fell
+    assert "negative: together these heads supported 'positive'" in fell
+    assert "positive: these heads worked against" in ablation_note("L1H0", "a", 0.2, 0.5)
+    assert "no change" in ablation_note("L1H0", "a", 0.2, 0.2)
+    assert "&lt;b&gt;" in ablation_note("L1H0", "<b>", 0.2, 0.1)  # labels are data
+
+
+def test_a_long_prompts_attention_axis_shows_every_kth_token():
+    tokens = [f"t{i}" for i in range(100)]
+    weights = np.tril(np.ones((100, 100)))
+    figure = attention_figure(weights / weights.sum(axis=1, keepdims=True), tokens, 0, 1)
+    shown = list(figure.layout.xaxis.ticktext)
+    assert 20 <= len(shown) <= 40 and shown[:2] == ["t0", "t3"]
+    assert [tokens[i] for i in figure.layout.xaxis.tickvals] == shown
+    assert figure.data[0].text[5][99] == "t5 → t99"  # every pair in the hover
 
 
 def test_layer_figures_export_to_html_and_png(layer_tables, tmp_path):
@@ -621,6 +679,23 @@ def test_bundle_zip_holds_everything_and_reads_back(text_explanations, tmp_path)
     assert entry["target"]["label"] == original.target.label
     assert manifest["extra"] == {"text": "a short <b> text", "n": 3}
     assert "png_error" not in manifest
+
+
+def test_bundle_holds_a_layer_table_as_csv_parquet_and_json(text_explanations, tmp_path):
+    analysis = text_explanations["layers"]
+    path = write_bundle({"layers": analysis}, {}, tmp_path / "b", png=False)
+    with zipfile.ZipFile(path) as zipped:
+        manifest = json.loads(zipped.read("b/manifest.json"))
+        csv = pd.read_csv(io.BytesIO(zipped.read("b/layers_layers.csv")))
+        parquet = pd.read_parquet(io.BytesIO(zipped.read("b/layers_layers.parquet")))
+        records = pd.DataFrame(json.loads(zipped.read("b/layers_layers.json")))
+    assert "b/layers_layers.csv" in {f"b/{f}" for f in manifest["methods"]["layers"]["files"]}
+    expected = analysis.layers.reset_index(drop=True)
+    for read in (csv, parquet, records):
+        assert list(read.columns) == list(expected.columns)
+        np.testing.assert_allclose(read["value"], expected["value"], rtol=1e-12)
+        assert list(read["measure"]) == list(expected["measure"])
+        np.testing.assert_array_equal(read["head"].isna(), expected["head"].isna())
 
 
 def test_bundle_without_a_browser_keeps_the_html(text_explanations, tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ Layout of ``folder`` (and of the zip, under ``folder``'s name)::
 
     index.html  plotly.min.js  manifest.json  <method>.json  <method>.npz
     figures/<name>.html  figures/<name>.png  pages/<name>.html
+    <method>_layers.csv / .parquet / .json   (an explanation with a layer table)
 
 Every HTML page names the model, the input, the methods and the view it shows, and opens from
 the unzipped folder without a network: the figures load the bundle's one copy of Plotly's
@@ -250,6 +251,18 @@ def _write_pngs(figures: Mapping[str, go.Figure], files: dict[str, list[Path]]) 
     return None
 
 
+def _write_layers(explanation: Explanation, folder: Path, stem: str) -> list[str]:
+    """The layer table, if any, as ``<stem>.csv``, ``.parquet`` and ``.json`` (its records)."""
+    table = explanation.layers
+    if table is None:
+        return []
+    table.to_csv(folder / f"{stem}.csv", index=False)
+    table.to_parquet(folder / f"{stem}.parquet", index=False)
+    records = explanation.to_dict()["layers"]
+    (folder / f"{stem}.json").write_text(json.dumps(records, indent=1), encoding="utf-8")
+    return [f"{stem}.csv", f"{stem}.parquet", f"{stem}.json"]
+
+
 def write_bundle(
     explanations: Mapping[str, Explanation],
     figures: Mapping[str, go.Figure],
@@ -264,7 +277,8 @@ def write_bundle(
     """
     Write the explanations, figures, pages and a manifest into ``folder``; zip it.
 
-    Each explanation as ``<method>.json`` and ``<method>.npz``; each figure as
+    Each explanation as ``<method>.json`` and ``<method>.npz`` (its layer table, where it has
+    one, also as ``<method>_layers.csv``, ``.parquet`` and ``.json`` records); each figure as
     ``figures/<name>.html`` (all loading the bundle's one ``plotly.min.js``) and, with ``png``,
     ``figures/<name>.png`` (kaleido, one session for all). ``pages`` (name -> an HTML fragment,
     such as the token columns or the trust cards) become ``pages/<name>.html``; ``index.html``
@@ -291,8 +305,10 @@ def write_bundle(
         explanation = explanations[method]
         (folder / f"{stem}.json").write_text(explanation.to_json(indent=1), encoding="utf-8")
         explanation.save_npz(folder / f"{stem}.npz")
+        data_files = [f"{stem}.json", f"{stem}.npz"]
+        data_files += _write_layers(explanation, folder, f"{stem}_layers")
         manifest["methods"][method] = {
-            "files": [f"{stem}.json", f"{stem}.npz"],
+            "files": data_files,
             "method": explanation.method,
             "model": asdict(explanation.model),
             "params": explanation.params,

@@ -74,7 +74,8 @@ def figures_for(
     from attrlab.attribution.methods.layers import LayerAnalysis
 
     if explanation.method == LayerAnalysis.name and explanation.layers is not None:
-        return _layer_figures(explanation.layers, int(explanation.params["top_k"]))
+        top_k = int(explanation.params["top_k"])
+        return _layer_figures(explanation.layers, top_k, explanation.target.label)
     return _attribution_figures(explanation, image, view)
 
 
@@ -114,7 +115,7 @@ def _attribution_figures(
     return figures
 
 
-def _layer_figures(table: pd.DataFrame, top_k: int) -> dict[str, FigureBuilder]:
+def _layer_figures(table: pd.DataFrame, top_k: int, target: str) -> dict[str, FigureBuilder]:
     from attrlab.attribution.layers import HEAD_ESTIMATORS, agreement
     from attrlab.viz.layers import (
         agreement_figure,
@@ -125,9 +126,11 @@ def _layer_figures(table: pd.DataFrame, top_k: int) -> dict[str, FigureBuilder]:
     )
 
     measures = set(table["measure"])
-    figures: dict[str, FigureBuilder] = {LAYERS: lambda: layer_lines(table, normalise=True)}
+    figures: dict[str, FigureBuilder] = {}
+    if table["head"].isna().any():
+        figures[LAYERS] = lambda: layer_lines(table, target=target)
     for measure in head_measures(table):
-        figures[HEADS + measure] = functools.partial(head_heatmap, table, measure)
+        figures[HEADS + measure] = functools.partial(head_heatmap, table, measure, target)
     if {"lrp_block", "positional_relevance"} <= measures:
         figures[POSITIONAL] = lambda: positional_figure(table)
     if set(HEAD_ESTIMATORS) & measures:

@@ -8,6 +8,8 @@ HTML or, through kaleido (which drives a Chromium), to PNG.
 
 from __future__ import annotations
 
+import html
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
@@ -15,19 +17,22 @@ from typing import Protocol
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from attrlab.attribution.layers.agreement import head_ranking
 from attrlab.viz.theme import TEMPLATE
-from attrlab.viz.tokens import token_tick, token_ticks
+from attrlab.viz.tokens import token_label, token_tick, token_ticks
 
 __all__ = [
     "ablation_figure",
+    "ablation_note",
     "agreement_figure",
     "attention_figure",
     "export_figure",
-    "head_grid_table",
     "head_heatmap",
+    "head_rank_table",
     "layer_lines",
+    "measure_note",
     "positional_figure",
     "token_layers_figure",
     "top_heads_figure",
@@ -53,14 +58,97 @@ def _rows(table: pd.DataFrame, measure: str, heads: bool) -> pd.DataFrame:
     return rows
 
 
-def head_heatmap(table: pd.DataFrame, measure: str) -> go.Figure:
-    """Layers × heads heatmap of one head measure; hover shows value, layer, head and kv head."""
+#: What each measure's value means, and its sign; ``{target}`` is the explained output.
+_NOTES = {
+    "head_gradient": (
+        "|∂ log p({target}) / ∂ξ| for a gate ξ scaling the head's output (Michel et al. 2019): "
+        "how strongly p({target}) reacts to the head. Never negative; larger = more important."
+    ),
+    "head_lrp": (
+        "AttnLRP relevance for {target} passing through the head. Positive (red): the head "
+        "supports {target}; negative (blue): it speaks against {target}."
+    ),
+    "ablation_zero": (
+        "Change of the logit of {target} when the head's output is zeroed (without the head "
+        "minus as is). Negative (blue): the head supported {target}, whose logit falls without "
+        "it; positive (red): the head worked against {target}."
+    ),
+    "ablation_mean": (
+        "Change of the logit of {target} when the head's output is replaced by its mean over "
+        "the sequence (ablated minus as is). Negative (blue): the head's token-specific output "
+        "supported {target}; positive (red): it worked against {target}."
+    ),
+    "entropy": (
+        "Attention entropy ÷ log(visible keys), mean over queries: 0 = each query looks at one "
+        "token, 1 = attention spread evenly. It does not depend on the target."
+    ),
+    "sink_share": (
+        "Share of attention on the first token, mean over queries (0 to 1). It does not depend "
+        "on the target."
+    ),
+    "block_influence": "1 − cos(input, output) of the block on the residual stream.",
+    "skip_logprob": (
+        "Change of log p({target}) with the block bypassed: negative = the block supported "
+        "{target}."
+    ),
+    "skip_kl": "KL(p ‖ p with the block bypassed): how much the whole prediction changes.",
+    "lrp_block": "AttnLRP relevance for {target} entering the block.",
+    "lrp_attention": "AttnLRP relevance for {target} through the block's attention.",
+    "lrp_mlp": "AttnLRP relevance for {target} through the block's MLP.",
+    "positional_relevance": "PA-LRP relevance for {target} on the positional encoding.",
+    "lens_probability": "p({target}) read from the block's output (logit lens).",
+    "lens_rank": "Rank of {target} read from the block's output (logit lens; 1 = top).",
+}
+
+
+def measure_note(measure: str, target: str | None = None) -> str:
+    """
+    One or two sentences on what ``measure``'s values mean, its sign included.
+
+    ``target`` (the explained output's label) is named in them; without it, "the target".
+    An unknown measure gets an empty note.
+    """
+    named = "the target" if target is None else f"'{token_label(target)}'"
+    return _NOTES.get(measure, "").format(target=named)
+
+
+def ablation_note(heads: str, target: str, before: float, after: float) -> str:
+    """
+    The change of the target's probability when ``heads`` are ablated, and its sign's meaning.
+
+    Markdown: the heads and the change in bold, then one sentence on the sign; the target's
+    label is named (as :func:`viz.tokens.token_label` shows it, quoted) and escaped.
+    """
+    change = after - before
+    named = html.escape(f"'{token_label(target)}'", quote=False)
+    if change < 0:
+        meaning = (
+            f"negative: together these heads supported {named}; without them it is less likely"
+        )
+    elif change > 0:
+        meaning = f"positive: these heads worked against {named}; without them it is more likely"
+    else:
+        meaning = f"no change: these heads do not move {named}"
+    return (
+        f"**{html.escape(heads, quote=False)}** ablated: probability of {named} "
+        f"{before:.4f} → {after:.4f} (**{change:+.4f}**, {meaning})."
+    )
+
+
+def head_heatmap(table: pd.DataFrame, measure: str, target: str | None = None) -> go.Figure:
+    """
+    Layers × heads heatmap of one head measure; hover shows value, layer, head and kv head.
+
+    A signed measure is drawn on a diverging scale centred on 0. Its height grows with the
+    number of layers, so each row stays clickable.
+    """
     rows = _rows(table, measure, heads=True)
     grid = rows.pivot(index="layer", columns="head", values="value").sort_index()
     kv = rows.pivot(index="layer", columns="head", values="kv_head").reindex_like(grid)
     values = grid.to_numpy(dtype=float)
     signed = bool(np.nanmin(values) < 0 < np.nanmax(values))
     peak = float(np.nanmax(np.abs(values))) if values.size else 0.0
+    layers, heads = values.shape
     figure = go.Figure(
         go.Heatmap(
             z=values,
@@ -71,71 +159,93 @@ def head_heatmap(table: pd.DataFrame, measure: str) -> go.Figure:
             zmid=0.0 if signed else None,
             zmin=-peak if signed else None,
             zmax=peak if signed else None,
+            xgap=1,
+            ygap=1,
             hovertemplate=(
                 "layer %{y}, head %{x} (kv head %{customdata})<br>"
                 + measure
-                + " = %{z:.6g}<extra></extra>"
+                + " = %{z:.6g}<br>click: choose this head<extra></extra>"
             ),
-            colorbar={"title": measure},
+            colorbar={"title": {"text": measure, "side": "right"}},
         )
     )
+    about = "" if target is None else f" for '{token_tick(target)}'"
     figure.update_layout(
-        title=f"{measure} per head",
-        xaxis_title="head",
-        yaxis_title="layer",
+        title={"text": f"{measure} per head{about}", "font": {"size": 15}},
+        xaxis={"title": "head", "dtick": 1 if heads <= 16 else None},
+        yaxis={"title": "layer", "dtick": 1 if layers <= 16 else None},
+        height=int(min(760, max(360, 18 * layers + 150))),
+        margin={"l": 60, "r": 20, "t": 50, "b": 50},
         template=TEMPLATE,
     )
     return figure
 
 
-def head_grid_table(table: pd.DataFrame, measure: str) -> pd.DataFrame:
+def head_rank_table(table: pd.DataFrame, measure: str) -> pd.DataFrame:
     """
-    One head measure as a layers × heads table to read and click (values to 4 decimals).
+    One head measure as a narrow table to read and click: heads ranked by ``|value|``.
 
-    The first column names the layer (``L0``, ...); the others are ``H0``, ``H1``, ....
+    Columns ``head`` (``L2H3``), ``value`` (4 significant digits) and ``rank`` (1 = largest
+    magnitude; ties share the best rank).
     """
-    grid = (
-        _rows(table, measure, heads=True)
-        .pivot(index="layer", columns="head", values="value")
-        .sort_index()
+    rows = _rows(table, measure, heads=True)
+    magnitude = rows["value"].abs()
+    ranked = rows.assign(rank=magnitude.rank(ascending=False, method="min").astype(int))
+    ranked = ranked.loc[magnitude.sort_values(ascending=False, kind="stable").index]
+    return pd.DataFrame(
+        {
+            "head": [f"L{int(r.layer)}H{int(r.head)}" for r in ranked.itertuples(index=False)],
+            "value": [float(f"{v:.4g}") for v in ranked["value"]],
+            "rank": ranked["rank"].tolist(),
+        }
     )
-    grid.columns = [f"H{int(h)}" for h in grid.columns]
-    grid.insert(0, "layer", [f"L{int(layer)}" for layer in grid.index])
-    return grid.round(4).reset_index(drop=True)
 
 
 def layer_lines(
-    table: pd.DataFrame, measures: Sequence[str] | None = None, normalise: bool = False
+    table: pd.DataFrame, measures: Sequence[str] | None = None, target: str | None = None
 ) -> go.Figure:
     """
-    One line per layer measure across layers.
+    Small multiples: one panel per layer measure across layers, each on its own y scale.
 
-    ``normalise`` divides each line by its largest absolute value, so measures of different
-    scales share the axis.
+    Panels are laid out four to a row; the hover of each point gives its value and what the
+    measure means (:func:`measure_note`, with ``target`` named).
     """
     layer_rows = table[table["head"].isna()]
     names = list(measures) if measures is not None else list(dict.fromkeys(layer_rows["measure"]))
-    figure = go.Figure()
-    for name in names:
+    if not names:
+        raise ValueError("the table has no per-layer measures")
+    columns = min(4, len(names))
+    count = -(-len(names) // columns)
+    figure = make_subplots(
+        rows=count,
+        cols=columns,
+        subplot_titles=names,
+        horizontal_spacing=0.07,
+        vertical_spacing=0.5 / count if count > 1 else 0.0,
+    )
+    for index, name in enumerate(names):
         rows = _rows(table, name, heads=False).sort_values("layer")
-        values = rows["value"].to_numpy(dtype=float)
-        peak = float(np.abs(values).max()) if values.size else 0.0
-        shown = values / peak if normalise and peak > 0 else values
+        note = "<br>".join(textwrap.wrap(html.escape(measure_note(name, target)), 60))
         figure.add_trace(
             go.Scatter(
                 x=rows["layer"].tolist(),
-                y=shown,
+                y=rows["value"].to_numpy(dtype=float),
                 mode="lines+markers",
                 name=name,
-                customdata=values,
-                hovertemplate=name + " at layer %{x}: %{customdata:.6g}<extra></extra>",
-            )
+                showlegend=False,
+                hovertemplate=f"{name} at layer %{{x}}: %{{y:.6g}}<br><i>{note}</i><extra></extra>",
+            ),
+            row=index // columns + 1,
+            col=index % columns + 1,
         )
+    last = float(layer_rows["layer"].max()) if not layer_rows.empty else 0.0
+    figure.update_xaxes(title_text="layer", title_standoff=4, range=[-0.5, last + 0.5])
+    figure.update_annotations(font_size=13)
     figure.update_layout(
-        title="per-layer measures"
-        + (" (each scaled to its largest magnitude)" if normalise else ""),
-        xaxis_title="layer",
-        yaxis_title="relative value" if normalise else "value",
+        title={"text": "per-layer measures, each on its own scale", "font": {"size": 15}},
+        height=90 + 230 * count,
+        margin={"l": 50, "r": 20, "t": 70, "b": 40},
+        hoverlabel={"align": "left"},
         template=TEMPLATE,
     )
     return figure
@@ -242,12 +352,28 @@ def agreement_figure(
     return figure
 
 
+#: The most token labels an axis shows; longer prompts show every k-th (the hover has all).
+_MOST_TICKS = 40
+
+
 def _token_axis(tokens: Sequence[str]) -> dict:
+    """A token axis: every token's label, or every k-th one for a long prompt."""
+    step = -(-len(tokens) // _MOST_TICKS)
+    shown = range(0, len(tokens), step)
+    ticks = token_ticks(tokens)
     return {
         "tickmode": "array",
-        "tickvals": list(range(len(tokens))),
-        "ticktext": token_ticks(tokens),
+        "tickvals": list(shown),
+        "ticktext": [ticks[i] for i in shown],
+        "tickangle": -60 if len(tokens) > 12 else 0,
+        "tickfont": {"size": 11},
     }
+
+
+def _clipped(token: str, most: int = 24) -> str:
+    """A token for a title or legend (:func:`viz.tokens.token_tick`), cut to ``most`` characters."""
+    text = token_label(token)
+    return token_tick(text if len(text) <= most else text[: most - 1] + "…")
 
 
 def attention_figure(
@@ -274,7 +400,8 @@ def attention_figure(
     figure.update_layout(
         title=f"layer {layer}, head {head}: attention",
         xaxis={**_token_axis(tokens), "title": "key"},
-        yaxis={**_token_axis(tokens), "title": "query", "autorange": "reversed"},
+        yaxis={**_token_axis(tokens), "title": "query", "autorange": "reversed", "tickangle": 0},
+        height=int(min(640, max(380, 12 * len(tokens) + 200))),
         template=TEMPLATE,
     )
     return figure
@@ -314,20 +441,22 @@ def token_layers_figure(
                 x=steps,
                 y=values[:, token],
                 mode="lines+markers",
-                name=f"{token_tick(tokens[token])} (position {token})",
+                name=f"{_clipped(tokens[token])} (position {token})",
                 text=where,
                 hovertemplate="%{text}: %{y:.4g}<extra></extra>",
             ),
         ]
     )
     figure.update_layout(
-        title=f"relevance of {token_tick(tokens[token])} through the layers",
+        title=f"relevance of {_clipped(tokens[token])} through the layers",
         xaxis={
-            "tickmode": "array",
-            "tickvals": steps,
+            "tickmode": "auto",
+            "nticks": min(len(steps), 12),
+            "tickformat": "d",
             "title": f"0 = entering block 0 … {blocks} = leaving block {blocks - 1}",
         },
         yaxis_title="relevance",
+        legend={"orientation": "h", "y": -0.3},
         template=TEMPLATE,
     )
     return figure
@@ -376,6 +505,7 @@ def ablation_figure(
         title=f"target <b>{target_label}</b>: {change}",
         xaxis={"title": "probability", "tickformat": ".0%"},
         yaxis={"autorange": "reversed"},
+        height=int(max(260, 140 + 40 * len(labels))),
         template=TEMPLATE,
     )
     return figure

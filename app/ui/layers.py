@@ -1,74 +1,88 @@
 """
-The Layers & heads tab: which layers and heads carried a prediction, and click-to-ablate.
+The Layers & heads tab: which layers and heads carried a prediction; choose a head to see it.
 
-The layer × head grid of a measure, per-layer lines and the estimators' agreement; a clicked
-head (or a set) is zeroed and the prediction and its map are re-run live.
+The layer × head heatmap of a measure (what its sign means stated with the target named) and
+the heads ranked by it; clicking a cell or a row shows that head's attention for this input
+and, unless unticked, zeroes it and re-runs the prediction and a map live. Per-layer measures
+as small multiples, the estimators' agreement, an export bundle and a link to the view.
 """
 
 from __future__ import annotations
 
-import re
+import dataclasses
+import html
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import gradio as gr
 import pandas as pd
 
+from attrlab.app.ui.link import LinkedTab, page_base, share_query
+from attrlab.app.ui.results import Result, export_bundle, top
 from attrlab.app.ui.runner import PageRunner
 from attrlab.app.ui.shared import (
     SAMPLE_PROMPT,
     SAMPLE_TEXT,
+    format_heads,
     label_list,
     labels_for,
+    parse_heads,
     read_target,
     readable,
     sample_labels,
+    session,
 )
-from attrlab.app.worker import AblationRequest, ExplainRequest
+from attrlab.app.worker import AblationRequest, AttentionRequest, ExplainRequest
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.models import BUILTIN_MODELS, default_model
-from attrlab.viz.tokens import token_label, token_probabilities
 
 if TYPE_CHECKING:
     from attrlab.viz.figures import FigureBuilder
 
-__all__ = ["format_heads", "layers_tab", "parse_heads"]
+__all__ = ["layers_tab"]
 
-_HEAD = re.compile(r"^\s*L?\s*(\d+)\s*[H:./ ]\s*(\d+)\s*$", re.IGNORECASE)
 #: The map re-run with heads ablated: one backward pass, so a click answers at once.
 ABLATION_METHOD = "gradient_x_input"
+#: The analysis's name among a run's explanations (the export's file stem).
+_ANALYSIS = "layers"
+#: A click on a heatmap cell writes ``L<layer>H<head>#<time>`` into the hidden box, whose
+#: change event runs the same handler as a click on the table (``gr.Plot`` has no click event).
+#: The listener is added again whenever Plotly draws the heatmap afresh; removing it first
+#: keeps one listener however often this runs.
+_HEATMAP_CLICKS = """
+() => {
+  const click = window.attrlabHeadClick || (window.attrlabHeadClick = (event) => {
+    const point = event && event.points && event.points[0];
+    const box = document.querySelector('#layers-clicked textarea, #layers-clicked input');
+    if (!point || !box) return;
+    box.value = `L${point.y}H${point.x}#${Date.now()}`;
+    box.dispatchEvent(new Event('input', {bubbles: true}));
+  });
+  const listen = () => {
+    const plot = document.querySelector('#layers-heatmap .js-plotly-plot');
+    if (!plot || typeof plot.on !== 'function') return;
+    plot.removeListener('plotly_click', click);
+    plot.on('plotly_click', click);
+  };
+  listen();
+  const block = document.querySelector('#layers-heatmap');
+  if (block && window.attrlabHeadClicks !== block) {  // Plotly draws into it: listen again
+    window.attrlabHeadClicks = block;
+    new MutationObserver(listen).observe(block, {childList: true, subtree: true});
+  }
+}
+"""
 
 
-def parse_heads(text: str | None) -> tuple[tuple[int, int], ...]:
-    """``"L2H3, L4H1"`` -> ``((2, 3), (4, 1))``; a clear error for anything else."""
-    heads: list[tuple[int, int]] = []
-    for part in (text or "").replace(";", ",").split(","):
-        if not part.strip():
-            continue
-        found = _HEAD.match(part)
-        if found is None:
-            raise InvalidParameterError(
-                f"cannot read the head {part.strip()!r}: write heads as L<layer>H<head>, "
-                "e.g. L2H3, L4H1"
-            )
-        head = (int(found[1]), int(found[2]))
-        if head not in heads:
-            heads.append(head)
-    return tuple(heads)
-
-
-def format_heads(heads: tuple[tuple[int, int], ...] | list[tuple[int, int]]) -> str:
-    """The inverse of :func:`parse_heads`."""
-    return ", ".join(f"L{layer}H{head}" for layer, head in heads)
-
-
-def layers_tab(runner: PageRunner) -> None:
-    """Build the tab; every request goes through ``runner``."""
+def layers_tab(runner: PageRunner) -> LinkedTab:
+    """Build the tab; every request goes through ``runner``. Returns what a link fills."""
     from attrlab.attribution.layers import MEASURES
 
     models = [name for name, m in BUILTIN_MODELS.items() if m.modality == "text"]
-    last = gr.State(None)  # (the analysis Explanation, the request's fields)
+    last = gr.State(None)  # Result: the analysis (and the last ablation's maps), the fields
+    linked = gr.State(False)  # a shared link filled this tab: run it once loaded
+    asked = gr.State(True)  # Run always runs
     with gr.Row(equal_height=False):
         with gr.Column(scale=2):
             model = gr.Dropdown(
@@ -78,18 +92,19 @@ def layers_tab(runner: PageRunner) -> None:
                 allow_custom_value=True,
                 elem_id="layers-model",
             )
-            text = gr.Textbox(
-                SAMPLE_TEXT,
-                label="Text or prompt",
-                lines=2,
-                elem_id="layers-input",
-            )
+            text = gr.Textbox(SAMPLE_TEXT, label="Text or prompt", lines=2, elem_id="layers-input")
             with gr.Row():
                 labels = gr.Textbox(
-                    sample_labels(default_model("text")), label="Labels (zero-shot models)"
+                    sample_labels(default_model("text")),
+                    label="Labels (zero-shot models)",
+                    elem_id="layers-labels",
                 )
-                target = gr.Textbox("", label="Target (label or index; empty = top)")
-                next_token = gr.Checkbox(False, label="Next token (decoder LMs)")
+                target = gr.Textbox(
+                    "", label="Target (label or index; empty = top)", elem_id="layers-target"
+                )
+                next_token = gr.Checkbox(
+                    False, label="Next token (decoder LMs)", elem_id="layers-next-token"
+                )
             gr.Examples(
                 [[SAMPLE_TEXT, "minilm-zeroshot", False], [SAMPLE_PROMPT, "smollm2-135m", True]],
                 [text, model, next_token],
@@ -105,112 +120,177 @@ def layers_tab(runner: PageRunner) -> None:
     with gr.Row():
         run = gr.Button("Analyse", variant="primary", elem_id="layers-run")
         cancel = gr.Button("Cancel", variant="stop", elem_id="layers-cancel")
+
+    gr.Markdown("### Heads")
     with gr.Row(equal_height=False):
-        with gr.Column():
-            measure = gr.Dropdown([], label="Head measure", elem_id="layers-head-measure")
-            heatmap = gr.Plot(label="Layer × head", elem_id="layers-heatmap")
-        with gr.Column():
-            gr.Markdown("Click a head to ablate it (tick *add* to build a set).")
-            grid = gr.Dataframe(
-                interactive=False, label="Heads (click one)", elem_id="layers-grid", max_height=320
+        with gr.Column(scale=3, min_width=420):
+            measure = gr.Dropdown(
+                [],
+                label="Head measure",
+                allow_custom_value=True,  # a link names it before the run lists the choices
+                elem_id="layers-head-measure",
             )
-    with gr.Row():
-        lines = gr.Plot(label="Per layer", elem_id="layers-lines")
-        positional = gr.Plot(
-            label="Token and positional relevance per layer (PA-LRP)",
-            visible=False,
-            elem_id="layers-positional",
-        )
-        agreement = gr.Plot(label="Agreement of head estimators", elem_id="layers-agreement")
+            note = gr.Markdown("", elem_id="layers-measure-note")
+            heatmap = gr.Plot(label="Layer × head (click a cell)", elem_id="layers-heatmap")
+        with gr.Column(scale=1, min_width=260):
+            grid = gr.Dataframe(
+                interactive=False,
+                label="Heads ranked by |value| (click a row)",
+                elem_id="layers-grid",
+                max_height=560,
+                wrap=True,
+            )
+    clicked = gr.Textbox(visible="hidden", elem_id="layers-clicked")
+    chosen = gr.State("")  # the clicked head, "L2H3"
+
+    gr.Markdown("### The chosen head: its attention, and the prediction without it")
     with gr.Row(equal_height=False):
-        tokens = gr.HighlightedText(
-            label="Token relevance (AttnLRP); click a token", elem_id="layers-tokens"
+        heads = gr.Textbox(
+            "", label="Heads to ablate (e.g. L2H3, L4H1)", scale=2, elem_id="layers-heads"
         )
-        token_layers = gr.Plot(
-            label="The clicked token's relevance per layer", elem_id="layers-token-layers"
-        )
-    gr.Markdown("### Ablate heads")
-    with gr.Row():
-        heads = gr.Textbox("", label="Heads (e.g. L2H3, L4H1)", elem_id="layers-heads")
-        add = gr.Checkbox(False, label="add clicked heads to the set")
+        with gr.Column(scale=1, min_width=200):
+            ablate_click = gr.Checkbox(
+                True, label="a click also ablates the head", elem_id="layers-ablate-click"
+            )
+            add = gr.Checkbox(False, label="add clicked heads to the set", elem_id="layers-add")
         method = gr.Dropdown(
             ["gradient_x_input", "integrated_gradients", "attnlrp", "occlusion"],
             value=ABLATION_METHOD,
             label="Map re-run with the heads ablated",
+            scale=1,
+            elem_id="layers-ablation-method",
         )
-        ablate = gr.Button("Ablate", elem_id="layers-ablate")
+        ablate = gr.Button("Ablate", scale=0, min_width=120, elem_id="layers-ablate")
     with gr.Row(equal_height=False):
-        before = gr.Label(num_top_classes=5, label="Prediction", elem_id="layers-before")
-        after = gr.Label(num_top_classes=5, label="With the heads ablated", elem_id="layers-after")
+        attention = gr.Plot(label="Attention of the chosen head", elem_id="layers-attention")
         with gr.Column():
+            with gr.Row():
+                before = gr.Label(num_top_classes=5, label="Prediction", elem_id="layers-before")
+                after = gr.Label(
+                    num_top_classes=5, label="With the heads ablated", elem_id="layers-after"
+                )
             change = gr.Markdown("", elem_id="layers-change")
-            attention = gr.Plot(label="Attention of the first head", elem_id="layers-attention")
+            ablation_plot = gr.Plot(
+                label="Top predictions before and after", elem_id="layers-ablation"
+            )
     compared = gr.HTML(elem_id="layers-maps")
 
-    def fields(model_, text_, labels_, target_, next_):
-        return {
-            "model": model_,
-            "text": text_ or "",
-            "labels": None if next_ else label_list(labels_),  # a decoder's classes are tokens
-            "target": read_target(target_),
-            "next_token": bool(next_),
-        }
+    gr.Markdown("### Layers")
+    lines = gr.Plot(label="Per layer", elem_id="layers-lines")
+    with gr.Row(equal_height=False):
+        with gr.Column():
+            tokens = gr.HighlightedText(
+                label="Token relevance (AttnLRP); click a token", elem_id="layers-tokens"
+            )
+            token_layers = gr.Plot(
+                label="The clicked token's relevance per layer", elem_id="layers-token-layers"
+            )
+        with gr.Column():
+            agreement = gr.Plot(label="Agreement of head estimators", elem_id="layers-agreement")
+            positional = gr.Plot(
+                label="Token and positional relevance per layer (PA-LRP)",
+                visible=False,
+                elem_id="layers-positional",
+            )
+    with gr.Row(equal_height=False):
+        export = gr.Button("Export bundle", scale=0, min_width=160, elem_id="layers-export")
+        bundle = gr.File(label="Bundle", height=90, elem_id="layers-bundle")
+        link = gr.Textbox(
+            label="Link to this view", lines=2, elem_id="layers-link", buttons=["copy"]
+        )
+
+    def shown_link(result: Result, request: gr.Request | None) -> str:
+        return page_base(request) + share_query(result.fields)
+
+    def analysed(
+        fields_: list[Any], wanted: str | None, request: gr.Request | None, progress: Any
+    ) -> list[Any]:
+        """Run the analysis and show it; ``wanted``: the head measure shown, if it has one."""
+        from attrlab.viz import token_highlights
+        from attrlab.viz.figures import AGREEMENT, LAYERS, POSITIONAL, figures_for, head_measures
+
+        model_, text_, labels_, target_, next_, measures_ = fields_
+        if not measures_:
+            raise gr.Error("choose at least one measure")
+        base = _request_fields(model_, text_, labels_, target_, next_)
+        request_ = ExplainRequest(**base, method="layers", params={"measures": ",".join(measures_)})
+        explanation: Explanation = runner(request_, progress, session(request), "layers")
+        table = explanation.layers
+        figures = figures_for(explanation)
+        names = head_measures(table)
+        shown = wanted if wanted in names else (names[0] if names else None)
+        result = Result(
+            {_ANALYSIS: explanation},
+            fields={
+                "tab": "layers",
+                "model": model_,
+                "text": base["text"],
+                "labels": None if next_ else labels_,
+                "target": str(explanation.target.index),  # as explained
+                "next_token": bool(next_),
+                "measures": list(measures_),
+                "measure": shown,
+            },
+        )
+        return [
+            gr.update(choices=names, value=shown),
+            *_head_views(explanation, shown),
+            _shown(figures, LAYERS),
+            _shown(figures, POSITIONAL),
+            _shown(figures, AGREEMENT),
+            token_highlights(explanation) if explanation.tokens is not None else None,
+            None,
+            top(explanation),
+            _measure_note(explanation, shown),
+            shown_link(result, request),
+            result,
+            None,  # the last ablation's views belong to the last analysis
+            "",
+            None,
+            None,
+            "",
+        ]
+
+    analysis_outputs = [measure, heatmap, grid, lines, positional, agreement, tokens]
+    analysis_outputs += [token_layers, before, note, link, last]
+    analysis_outputs += [after, change, attention, ablation_plot, compared]
+    inputs = [model, text, labels, target, next_token, measures]
 
     @readable
     def analyse(
+        asked: bool,
         model_,
         text_,
         labels_,
         target_,
         next_,
         measures_,
+        measure_,
         request: gr.Request,
         progress=gr.Progress(),  # noqa: B008
     ):
-        from attrlab.viz.figures import AGREEMENT, LAYERS, figures_for, head_measures
-
-        if not measures_:
-            raise gr.Error("choose at least one measure")
-        base = fields(model_, text_, labels_, target_, next_)
-        request_ = ExplainRequest(**base, method="layers", params={"measures": ",".join(measures_)})
-        explanation: Explanation = runner(request_, progress, request.session_hash, "layers")
-        table = explanation.layers
-        figures = figures_for(explanation)
-        head_names = head_measures(table)
-        shown_measure = head_names[0] if head_names else None
-        highlighted = None
-        if explanation.tokens is not None:
-            from attrlab.viz import token_highlights
-
-            highlighted = token_highlights(explanation)
-        state = (explanation, {**base, "target": explanation.target.index})
-        return [
-            gr.update(choices=head_names, value=shown_measure),
-            *_head_views(table, shown_measure),
-            figures[LAYERS](),
-            _positional_view(figures),
-            figures[AGREEMENT]() if AGREEMENT in figures else None,
-            highlighted,
-            None,
-            token_probabilities(explanation.predictions),
-            state,
-        ]
+        """Analyse (Run, or a shared link once it filled the tab); the head measure shown stays."""
+        if not asked:  # the page's load set another tab's link flag
+            return [gr.skip()] * len(analysis_outputs)
+        fields_ = [model_, text_, labels_, target_, next_, measures_]
+        return analysed(fields_, measure_, request, progress)
 
     running = run.click(
         analyse,
-        [model, text, labels, target, next_token, measures],
-        [measure, heatmap, grid, lines, positional, agreement, tokens, token_layers, before, last],
+        [asked, *inputs, measure],
+        analysis_outputs,
         api_name="layers_analyse",
         concurrency_id="run-layers",
     )
-    cancel.click(
-        runner.cancel_handler("layers"),
-        [],
-        [],
-        cancels=[running],
-        api_name="layers_cancel",
+    linked_run = linked.change(
+        analyse,
+        [linked, *inputs, measure],
+        analysis_outputs,
+        api_visibility="private",
+        concurrency_id="run-layers",
     )
-    model.change(
+    # the user's choice only: a shared link sets the model, labels and next token together
+    model.input(
         lambda name: [
             gr.update(value=bool(getattr(BUILTIN_MODELS.get(name), "next_token", False))),
             labels_for(name),
@@ -219,94 +299,264 @@ def layers_tab(runner: PageRunner) -> None:
         [next_token, labels],
         api_visibility="private",
     )
+    heatmap.change(None, None, None, js=_HEATMAP_CLICKS)
 
     @readable
-    def redraw(measure_, state):
-        if state is None or not measure_:
-            return [None, None]
-        return _head_views(state[0].layers, measure_)
+    def redraw(measure_: str | None, result: Result | None, request: gr.Request):
+        if result is None or not measure_:
+            return [gr.skip()] * 5
+        analysis = result.explanations[_ANALYSIS]
+        views = [*_head_views(analysis, measure_), _measure_note(analysis, measure_)]
+        result = _with_fields(result, measure=measure_)
+        return [*views, shown_link(result, request), result]
 
-    measure.change(redraw, [measure, last], [heatmap, grid], api_visibility="private")
+    measure.input(  # the user's choice only: a run sets the measure with its views
+        redraw, [measure, last], [heatmap, grid, note, link, last], api_visibility="private"
+    )
 
-    def clicked_head(evt: gr.SelectData, shown: str, adding: bool, grid_: pd.DataFrame):
-        row, column = evt.index
-        if column == 0:  # the layer column
-            raise gr.Error("click a head's cell, not the layer's name")
-        head = (int(str(grid_.iloc[row, 0]).lstrip("L")), column - 1)
-        chosen = list(parse_heads(shown)) if adding else []
-        if head not in chosen:
-            chosen.append(head)
-        return format_heads(chosen)
+    def picked(head: tuple[int, int], heads_: str, adding: bool, ablating: bool) -> list[str]:
+        """The chosen head, and the set to ablate (this head, or the set with it added)."""
+        set_ = heads_
+        if ablating:
+            current = list(parse_heads(heads_)) if adding else []
+            set_ = format_heads([*current, head] if head not in current else current)
+        return [format_heads([head]), set_]
 
     @readable
-    def run_ablation(shown: str, method_: str, state, request: gr.Request, progress=gr.Progress()):  # noqa: B008
-        from attrlab.viz import ablation_figure, attention_figure
+    def clicked_cell(value: str, heads_: str, adding: bool, ablating: bool):
+        head = _one_head(value.partition("#")[0])  # "L2H3#<time>" from the listener
+        return picked(head, heads_, adding, ablating)
+
+    @readable
+    def clicked_row(
+        evt: gr.SelectData, heads_: str, adding: bool, ablating: bool, grid_: pd.DataFrame
+    ):
+        head = _one_head(str(grid_.iloc[evt.index[0], 0]))  # the row's "L2H3"
+        return picked(head, heads_, adding, ablating)
+
+    @readable
+    def show_attention(
+        head_: str,
+        result: Result | None,
+        request: gr.Request,
+        progress=gr.Progress(),  # noqa: B008
+    ):
+        """One head's attention on the analysed input, as it is (nothing ablated)."""
+        from attrlab.viz import attention_figure
+
+        if result is None:
+            raise gr.Error("analyse an input first; the attention is of its tokens")
+        layer, head = _one_head(head_)
+        base = _request_fields(**_instance(result))
+        request_ = AttentionRequest(**base, layer=layer, head=head)
+        weights = runner(request_, progress, session(request), "layers")
+        texts = result.explanations[_ANALYSIS].token_texts or []
+        return attention_figure(weights, texts, layer, head)
+
+    def ablated(
+        shown: str, method_: str, result: Result | None, request: gr.Request, progress: Any
+    ) -> tuple[list[Any], Any]:
+        """The ablation's views (prediction, after, change, maps, bars, link, state)."""
+        from attrlab.viz import ablation_figure, ablation_note, attention_figure
         from attrlab.viz.text import token_columns_html
 
-        if state is None:
+        if result is None:
             raise gr.Error("analyse an input first; ablation re-runs its prediction")
         try:
-            chosen = parse_heads(shown)
+            chosen_ = parse_heads(shown)
         except InvalidParameterError as err:
             raise gr.Error(str(err)) from None
-        if not chosen:
-            raise gr.Error("name at least one head, or click one in the grid")
-        _, base = state
-        request_ = AblationRequest(**base, method=method_, heads=chosen)
-        result = runner(request_, progress, request.session_hash, "layers")
-        plain, ablated = result.plain, result.ablated
-        delta = ablated.target.probability - plain.target.probability
-        line = (
-            f"**{format_heads(chosen)}** ablated: p({token_label(plain.target.label)}) "
-            f"{plain.target.probability:.4f} → {ablated.target.probability:.4f} ({delta:+.4f})"
+        if not chosen_:
+            raise gr.Error("name at least one head, or click one in the heatmap or the table")
+        base = _request_fields(**_instance(result))
+        request_ = AblationRequest(**base, method=method_, heads=chosen_)
+        outcome = runner(request_, progress, session(request), "layers")
+        plain, zeroed = outcome.plain, outcome.ablated
+        label = plain.target.label
+        line = ablation_note(
+            format_heads(chosen_), label, plain.target.probability, zeroed.target.probability
         )
+        maps = {f"{method_} (as is)": plain, f"{method_} (heads ablated)": zeroed}
+        kept = {_ANALYSIS: result.explanations[_ANALYSIS], method_: plain}
+        kept[f"{method_}_heads_ablated"] = zeroed
+        result = _with_fields(result, heads=format_heads(chosen_))
+        result = dataclasses.replace(result, explanations=kept)
         figure = None
-        if result.attention is not None and result.token_texts is not None:
-            figure = attention_figure(result.attention, result.token_texts, *chosen[0])
-        maps = {f"{method_} (as is)": plain, f"{method_} (heads ablated)": ablated}
-        return [
-            token_probabilities(plain.predictions),
-            token_probabilities(ablated.predictions),
-            line + "\n\n",
-            figure,
+        if outcome.attention is not None and outcome.token_texts is not None:
+            figure = attention_figure(outcome.attention, outcome.token_texts, *chosen_[0])
+        views = [
+            top(plain),
+            top(zeroed),
+            line,
             token_columns_html(maps) if plain.tokens is not None else "",
-            ablation_figure(plain.predictions, ablated.predictions, plain.target.label),
+            ablation_figure(plain.predictions, zeroed.predictions, label),
+            shown_link(result, request),
+            result,
         ]
+        return views, figure
 
-    ablation_plot = gr.Plot(label="Top predictions before and after", elem_id="layers-ablation")
-    ablation_outputs = [before, after, change, attention, compared, ablation_plot]
-    grid.select(clicked_head, [heads, add, grid], heads, api_visibility="private").success(
-        run_ablation, [heads, method, last], ablation_outputs, api_visibility="private"
-    )
-    ablate.click(run_ablation, [heads, method, last], ablation_outputs, api_name="layers_ablate")
+    ablation_outputs = [before, after, change, compared, ablation_plot, link, last]
 
     @readable
-    def clicked_token(evt: gr.SelectData, state):
+    def run_ablation(
+        shown: str, method_: str, result: Result | None, request: gr.Request,
+        progress=gr.Progress(),  # noqa: B008
+    ):  # fmt: skip
+        views, figure = ablated(shown, method_, result, request, progress)
+        return [*views, figure]
+
+    def ablate_if(attention_too: bool) -> Any:
+        """A handler ablating the named heads when asked; ``attention_too``: the first's view."""
+
+        @readable
+        def handler(
+            asked: bool, shown: str, method_: str, result: Result | None, request: gr.Request,
+            progress=gr.Progress(),  # noqa: B008
+        ):  # fmt: skip
+            if not asked or not shown.strip():
+                return [gr.skip()] * (len(ablation_outputs) + 1)
+            views, figure = ablated(shown, method_, result, request, progress)
+            return [*views, figure if attention_too else gr.skip()]
+
+        return handler
+
+    private: dict[str, Any] = {"api_visibility": "private"}
+    clicks = [
+        clicked.change(
+            clicked_cell, [clicked, heads, add, ablate_click], [chosen, heads], **private
+        ),
+        grid.select(clicked_row, [heads, add, ablate_click, grid], [chosen, heads], **private),
+    ]
+    shown_heads = [c.success(show_attention, [chosen, last], attention, **private) for c in clicks]
+    # after a click the clicked head's attention stays (the ablated set may start elsewhere)
+    ablations = [
+        trigger(handler, inputs_, [*ablation_outputs, attention], **naming)
+        for trigger, handler, inputs_, naming in (
+            *(
+                (shown.success, ablate_if(False), [ablate_click, heads, method, last], private)
+                for shown in shown_heads
+            ),
+            (ablate.click, run_ablation, [heads, method, last], {"api_name": "layers_ablate"}),
+            (linked_run.success, ablate_if(True), [linked, heads, method, last], private),
+        )
+    ]
+    cancel.click(
+        runner.cancel_handler("layers"),
+        [],
+        [],
+        cancels=[running, linked_run, *ablations],
+        api_name="layers_cancel",
+    )
+
+    @readable
+    def clicked_token(evt: gr.SelectData, result: Result | None):
         from attrlab.viz import token_layers_figure
 
-        if state is None:
+        if result is None:
             return None
-        explanation = state[0]
+        explanation = result.explanations[_ANALYSIS]
         per_layer = explanation.maps.get("token_per_layer")
         if per_layer is None:
             raise gr.Error("token relevance per layer comes with the 'lrp' measure")
-        return token_layers_figure(per_layer, explanation.token_texts, evt.index)
+        return token_layers_figure(per_layer, explanation.token_texts or [], evt.index)
 
     tokens.select(clicked_token, [last], token_layers, api_visibility="private")
 
+    @readable
+    def download(result: Result | None) -> str:
+        """The analysis (and the last ablation's maps) as a zip, its layer table among them."""
+        from attrlab.viz.text import token_columns_html
 
-def _positional_view(figures: Mapping[str, FigureBuilder]) -> Any:
-    """PA-LRP's token against positional relevance per layer, where the model has both."""
-    from attrlab.viz.figures import POSITIONAL
+        if result is None:
+            raise gr.Error("analyse an input first; the bundle holds its results")
+        maps = {k: e for k, e in result.explanations.items() if k != _ANALYSIS}
+        pages = {"ablation_maps": token_columns_html(maps)} if maps else {}
+        return str(export_bundle(result, pages=pages))
 
-    if POSITIONAL not in figures:
+    export.click(download, [last], bundle, api_name="layers_export")
+    return LinkedTab(
+        {
+            "model": model,
+            "labels": labels,
+            "text": text,
+            "target": target,
+            "next_token": next_token,
+            "measures": measures,
+            "measure": measure,
+            "heads": heads,
+        },
+        [],
+        linked,
+    )
+
+
+def _one_head(text: str) -> tuple[int, int]:
+    """The one head ``text`` names (``"L2H3"``); a clear error for anything else."""
+    try:
+        heads = parse_heads(text)
+    except InvalidParameterError as err:
+        raise gr.Error(str(err)) from None
+    if len(heads) != 1:
+        raise gr.Error(f"name one head, e.g. L2H3; got {text.strip()!r}")
+    return heads[0]
+
+
+def _request_fields(model: str, text: str, labels: str | None, target: Any, next_token: bool):
+    """A request's model and input fields from the tab's."""
+    return {
+        "model": model,
+        "text": text or "",
+        "labels": None if next_token else label_list(labels),  # a decoder's classes are tokens
+        "target": read_target(target),
+        "next_token": bool(next_token),
+    }
+
+
+def _instance(result: Result) -> dict[str, Any]:
+    """The analysed input's fields (its target as explained), for the requests that follow."""
+    fields = result.fields
+    return {
+        "model": fields["model"],
+        "text": fields["text"],
+        "labels": fields["labels"],
+        "target": fields["target"],
+        "next_token": fields["next_token"],
+    }
+
+
+def _with_fields(result: Result, **changed: Any) -> Result:
+    """``result`` with some of its fields changed (a new one: the session keeps the old)."""
+    return dataclasses.replace(result, fields={**result.fields, **changed})
+
+
+def _shown(figures: Mapping[str, FigureBuilder], name: str) -> Any:
+    """The figure ``name`` where the rule gives it one, else its place hidden."""
+    if name not in figures:
         return gr.update(value=None, visible=False)
-    return gr.update(value=figures[POSITIONAL](), visible=True)
+    return gr.update(value=figures[name](), visible=True)
 
 
-def _head_views(table: pd.DataFrame, measure: str | None) -> list[Any]:
-    from attrlab.viz import head_grid_table, head_heatmap
+def _head_views(explanation: Explanation, measure: str | None) -> list[Any]:
+    """The heatmap of a head measure (by the figure rule) and its heads ranked."""
+    from attrlab.viz import head_rank_table
+    from attrlab.viz.figures import HEADS, figures_for
 
     if measure is None:
         return [None, None]
-    return [head_heatmap(table, measure), head_grid_table(table, measure)]
+    figures = figures_for(explanation)
+    if HEADS + measure not in figures:
+        raise gr.Error(f"this analysis has no head measure {measure!r}")
+    table = explanation.layers
+    assert table is not None  # an analysis with head measures has its table
+    return [figures[HEADS + measure](), head_rank_table(table, measure)]
+
+
+def _measure_note(explanation: Explanation, measure: str | None) -> str:
+    """What the head measure's values and their sign mean, the explained target named."""
+    from attrlab.viz import measure_note
+
+    meaning = measure_note(measure, explanation.target.label) if measure else ""
+    if not meaning:
+        return ""
+    shown = html.escape(meaning, quote=False)
+    return f"**{measure}**: {shown} Click a cell or a row to choose a head."

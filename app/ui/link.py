@@ -20,6 +20,7 @@ import gradio as gr
 
 from attrlab.app.settings import MAX_SEED
 from attrlab.app.ui.files import EXAMPLE_PREFIX, example_images, example_named
+from attrlab.app.ui.shared import format_heads, labels_for, parse_heads
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
 from attrlab.attribution.methods import get_method
 from attrlab.viz.view import CLIP_MIN, SIGNS, View
@@ -49,9 +50,15 @@ LINK_FIELDS = (
     "view",
     "clip",
     "shared",
+    "next_token",
+    "measures",
+    "measure",
+    "heads",
 )
 #: Link fields that are on/off flags, written ``1`` (a flag that is off is left out).
-_FLAGS = ("trust", "randomise", "shared")
+_FLAGS = ("trust", "randomise", "shared", "next_token")
+#: Fields that list choices of a tab's checkbox group: the known ones are kept.
+_LISTS = ("methods", "measures")
 
 
 @dataclass
@@ -72,8 +79,9 @@ def share_query(fields: Mapping[str, Any]) -> str:
     shown = {
         k: v for k, v in fields.items() if k in LINK_FIELDS and v not in (None, "", [], {}, False)
     }
-    if isinstance(shown.get("methods"), list | tuple):
-        shown["methods"] = ",".join(shown["methods"])
+    for name in _LISTS:
+        if isinstance(shown.get(name), list | tuple):
+            shown[name] = ",".join(shown[name])
     if "params" in shown:
         shown["params"] = json.dumps(shown["params"], separators=(",", ":"))
     for flag in _FLAGS:
@@ -129,10 +137,14 @@ def open_shared_link(
                 visible=bool(shown),
             )
         )
-        for key, name, _ in order:
-            if key != link.tab or name not in link.fields:
+        for key, name, component in order:
+            if key != link.tab:
                 updates.append(gr.update())
-            elif name == "target":
+            elif name not in link.fields:
+                # labels follow a link's model when it names none (a fixed head takes none)
+                named = name == "labels" and "model" in link.fields
+                updates.append(labels_for(link.fields["model"]) if named else gr.update())
+            elif name == "target" and isinstance(component, gr.Dropdown):
                 value = link.fields[name]
                 updates.append(gr.update(choices=[("top prediction", ""), value], value=value))
             else:
@@ -188,8 +200,8 @@ def _read_link(query: Mapping[str, str], filled: Mapping[str, LinkedTab]) -> Lin
         link.problems.append(f"tab {_quoted(tab)} is not one a link opens ({', '.join(filled)})")
         return link
     link.tab = tab
-    methods = {value for _, value in filled[tab].fields["methods"].choices}
-    for name, component in filled[tab].fields.items():
+    fields = filled[tab].fields
+    for name, component in fields.items():
         value = query.get(name)
         if component is None or value is None:  # an image tab has no text
             continue
@@ -197,12 +209,15 @@ def _read_link(query: Mapping[str, str], filled: Mapping[str, LinkedTab]) -> Lin
             link.fields[name] = _link_field(name, value)
         except ValueError as err:
             link.problems.append(str(err))
-    if "methods" in link.fields:  # the known ones are kept, the others named
-        given = link.fields["methods"]
-        link.fields["methods"] = [m for m in given if m in methods]
-        unknown = [_quoted(m) for m in given if m not in methods]
-        if unknown:
-            link.problems.append(f"methods {', '.join(unknown)}: not on this tab")
+    for name in _LISTS:  # the known ones are kept, the others named
+        if name in link.fields:
+            known = {value for _, value in fields[name].choices}
+            given = link.fields[name]
+            link.fields[name] = [m for m in given if m in known]
+            unknown = [_quoted(m) for m in given if m not in known]
+            if unknown:
+                link.problems.append(f"{name} {', '.join(unknown)}: not on this tab")
+    methods = {value for _, value in fields["methods"].choices} if "methods" in fields else set()
     if query.get("params"):
         link.params = _link_params(query["params"], methods, link.problems)
     return link
@@ -219,7 +234,7 @@ def _linked_view(fields: Mapping[str, Any], default: View) -> View:
 
 def _link_field(name: str, value: str) -> Any:
     """One field of a link as its widget takes it; ``ValueError`` names what is wrong."""
-    if name == "methods":
+    if name in _LISTS:
         return [m for m in value.split(",") if m]
     if name == "image":
         return _linked_image(value)
@@ -245,6 +260,13 @@ def _link_field(name: str, value: str) -> Any:
         if value not in ("0", "1"):
             raise ValueError(f"{name} {_quoted(value)} is not 1 (on) or 0 (off)")
         return value == "1"
+    if name == "heads":
+        try:
+            return format_heads(parse_heads(value))
+        except InvalidParameterError:
+            raise ValueError(
+                f"heads {_quoted(value)} are not written as L<layer>H<head>, e.g. L2H3,L4H1"
+            ) from None
     return value
 
 

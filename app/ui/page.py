@@ -60,7 +60,7 @@ def build_ui(
                 with gr.Tab(spec.title, id=spec.key):
                     filled[spec.key] = ExplainTab(spec, runner, cost).linked_tab
             with gr.Tab("Layers & heads", id="layers"):
-                layers_tab(runner)
+                filled["layers"] = layers_tab(runner)
             with gr.Tab("Evaluate", id="evaluate"):
                 evaluate_tab(runner)
             with gr.Tab("Batch", id="batch"):

@@ -159,8 +159,18 @@ def trust_cards(result: Result) -> str:
     )
 
 
-def export_bundle(result: Result, png: bool = True, view: View | None = None) -> Path:
-    """The run as a zip: Explanation JSON and arrays per method, figures, pages, inputs."""
+def export_bundle(
+    result: Result,
+    png: bool = True,
+    view: View | None = None,
+    pages: dict[str, str] | None = None,
+) -> Path:
+    """
+    The run as a zip: Explanation JSON and arrays per method, figures, pages, inputs.
+
+    ``pages``: the HTML views to include (default: the explain tabs' token columns in
+    ``view``, trust cards and comparison).
+    """
     from attrlab.viz.bundle import write_bundle
 
     folder = page_folder("export") / "attrlab-export"
@@ -174,7 +184,7 @@ def export_bundle(result: Result, png: bool = True, view: View | None = None) ->
         folder,
         extra={"inputs": inputs},
         png=png,
-        pages=_pages(result, view),
+        pages=_pages(result, view) if pages is None else pages,
         input_label=input_label(result),
         view=view,
     )

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 from typing import Any
 
 import gradio as gr
 
 from attrlab.app.errors import public_message
-from attrlab.attribution.errors import AttrlabError
+from attrlab.attribution.errors import AttrlabError, InvalidParameterError
 from attrlab.attribution.methods.catalog import catalog_entries
 from attrlab.attribution.models import BUILTIN_MODELS
 
@@ -17,10 +18,12 @@ __all__ = [
     "SAMPLE_LABELS",
     "SAMPLE_PROMPT",
     "SAMPLE_TEXT",
+    "format_heads",
     "label_list",
     "labels_for",
     "method_entries",
     "method_names",
+    "parse_heads",
     "read_target",
     "readable",
     "sample_labels",
@@ -31,6 +34,7 @@ __all__ = [
 SAMPLE_TEXT = "I loved this movie, the acting was wonderful."
 SAMPLE_PROMPT = "The capital of France is"
 SAMPLE_LABELS = "positive, negative"
+_HEAD = re.compile(r"^\s*L?\s*(\d+)\s*[H:./ ]\s*(\d+)\s*$", re.IGNORECASE)
 
 
 def readable(handler: Callable[..., Any]) -> Callable[..., Any]:
@@ -107,3 +111,26 @@ def whole(value: Any) -> Any:
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return value
+
+
+def parse_heads(text: str | None) -> tuple[tuple[int, int], ...]:
+    """``"L2H3, L4H1"`` -> ``((2, 3), (4, 1))``; a clear error for anything else."""
+    heads: list[tuple[int, int]] = []
+    for part in (text or "").replace(";", ",").split(","):
+        if not part.strip():
+            continue
+        found = _HEAD.match(part)
+        if found is None:
+            raise InvalidParameterError(
+                f"cannot read the head {part.strip()!r}: write heads as L<layer>H<head>, "
+                "e.g. L2H3, L4H1"
+            )
+        head = (int(found[1]), int(found[2]))
+        if head not in heads:
+            heads.append(head)
+    return tuple(heads)
+
+
+def format_heads(heads: tuple[tuple[int, int], ...] | list[tuple[int, int]]) -> str:
+    """The inverse of :func:`parse_heads`."""
+    return ", ".join(f"L{layer}H{head}" for layer, head in heads)
