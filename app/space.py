@@ -145,7 +145,7 @@ class SpaceRunner:
         self.worker.validate(request)  # nothing out of bounds takes a slot
         seconds, seen_larger = self._price(request)
         if seconds is not None and seen_larger and _slot(seconds) > self.max_slot_s:
-            advice = "; ".join(f"{m}: {lighter(m)}" for m in request.method_params())
+            advice = "; ".join(f"{m}: {lighter(m, p)}" for m, p in request.method_params().items())
             raise TooSlowError(
                 f"this request needs a GPU slot of about {_slot(seconds)} s; this Space's slots "
                 f"last at most {self.max_slot_s} s ({advice})"

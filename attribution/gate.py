@@ -47,6 +47,9 @@ class Workload(NamedTuple):
     ceiling: float | None
     #: Lowering it makes a run faster: a too-slow refusal advises it (in :data:`WORKLOAD`'s order).
     advised: bool
+    #: ``(parameter, value)``: the parameter sets no work while that one has that value (the
+    #: smoothing copies when smoothing is off), so it is not advised then.
+    idle_when: tuple[str, Any] | None = None
 
 
 #: The parameters that set a run's size, by name.
@@ -56,7 +59,7 @@ WORKLOAD: dict[str, Workload] = {
     "max_evals": Workload(10_000, True),
     "n_steps": Workload(500, True),
     "n_references": Workload(64, True),
-    "smoothing_samples": Workload(100, True),
+    "smoothing_samples": Workload(100, True, idle_when=("smoothing", "none")),
     "window": Workload(None, True),
     "bootstrap": Workload(1000, False),
     "max_tokens": Workload(512, False),
@@ -133,7 +136,7 @@ def clear(
             times = f" ({runs} runs of it)" if runs > 1 else ""
             raise TooSlowError(
                 f"this request would take {cost.summary()}{times}; this server allows "
-                f"{settings.max_seconds:g} s per request: {lighter(method)}"
+                f"{settings.max_seconds:g} s per request: {lighter(method, resolved)}"
             )
     return Cleared(method_cls, resolved)
 
@@ -165,10 +168,28 @@ def clear_shares(
     }
 
 
-def lighter(method: str) -> str:
-    """How to ask for less of ``method`` (a too-slow refusal's advice)."""
-    names = {p.name for p in get_method(method).params}
-    advice = [f"lower {name}" for name, work in WORKLOAD.items() if work.advised and name in names]
+def lighter(method: str, params: Mapping[str, Any] | None = None) -> str:
+    """
+    How to ask for less of ``method`` (a too-slow refusal's advice).
+
+    ``params`` (the run's; those not given take their defaults): a parameter that sets no work
+    with them is not advised.
+    """
+    schema = get_method(method).params
+    names = {p.name for p in schema}
+    given = {**{p.name: p.default for p in schema}, **(params or {})}
+
+    def at_work(work: Workload) -> bool:
+        if work.idle_when is None or params is None:
+            return True
+        name, idle = work.idle_when
+        return given.get(name) != idle
+
+    advice = [
+        f"lower {name}"
+        for name, work in WORKLOAD.items()
+        if work.advised and name in names and at_work(work)
+    ]
     if "tolerance" in names:
         advice.append("set a tolerance")
     return ", ".join([*advice, "or give a smaller input"])

@@ -262,3 +262,15 @@ def test_no_method_changes_the_params_it_is_given(tiny_models, method):
     assert resolved == handed
     explanation = explain(adapter, method, inputs, target=0, params=given)
     assert given == kept and explanation.params == handed
+
+
+def test_the_advice_names_only_parameters_that_set_work_in_this_run():
+    from attrlab.attribution.gate import lighter
+
+    # Smoothing's copies cost nothing while smoothing is off (its default), so they are not
+    # advised then; a run that smooths is told to lower them too.
+    assert lighter("integrated_gradients", {}) == "lower n_steps, or give a smaller input"
+    smoothed = lighter("integrated_gradients", {"smoothing": "smoothgrad"})
+    assert smoothed == "lower n_steps, lower smoothing_samples, or give a smaller input"
+    # Without the run's parameters every workload parameter is named.
+    assert "lower smoothing_samples" in lighter("integrated_gradients")
