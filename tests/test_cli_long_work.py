@@ -161,9 +161,9 @@ def test_the_trust_card_counts_after_the_map_in_one_progress(load_model):
         (total,) = totals
         done = [d for d, _ in reports]
         assert done == sorted(done) and done[-1] == total
-        # the card's passes are faithfulness_passes: 2 curves × (n + 1) points × 5 orders
+        # the card's passes: 2 curves × (n + 1) points × (the map's 2 orders + 5 random ones)
         tokens = len(inputs.tokens) - 2
-        card = 2 * (tokens + 1) * (2 + 3)
+        card = 2 * (tokens + 1) * (2 + 5)
         method_passes = params.get("n_masks", 0)
         assert total == method_passes + card
         assert explained.timings.forward_passes >= total + 1  # and the prediction's pass

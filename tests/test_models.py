@@ -90,7 +90,7 @@ def test_decoder_logits_are_the_next_token_of_the_last_real_position(load_model)
 def test_decoder_target_given_as_text(load_model):
     adapter = load_model("tiny-random-llama")
     index = adapter.target_index("fox", torch.zeros(adapter.num_classes))
-    assert adapter.label(index) == "fox"
+    assert adapter.label(index) == " fox"  # the token's text after other text
 
 
 def test_vit_adapter(load_model):
