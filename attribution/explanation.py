@@ -3,8 +3,8 @@ The single result type of every method, with a lossless JSON and ``.npz`` round 
 
 Files: ``.json`` (:meth:`Explanation.to_json`, everything as text), ``.npz``
 (:meth:`Explanation.save_npz`, arrays native, the rest as JSON inside), and a ``.json`` whose
-arrays are left to the ``.npz`` beside it, which it names (:meth:`Explanation.save_json`: an
-image's maps, 224² numbers, weigh ten times as much as text). :meth:`Explanation.load` reads all
+arrays are left to the ``.npz`` beside it, which it names (:meth:`Explanation.save_json`: as
+text an image's maps weigh several times their ``.npz``). :meth:`Explanation.load` reads all
 three.
 """
 
