@@ -41,7 +41,7 @@ __all__ = [
 
 #: Longest side, in pixels, of the image a figure draws (a figure's payload grows with its area).
 DISPLAY_MAX_SIDE = 1024
-#: JPEG quality of a photograph under the maps (a tenth of its PNG, no artefact seen under them).
+#: JPEG quality of a photograph under the maps (the cat: a sixth of its PNG, no artefact seen).
 JPEG_QUALITY = 90
 #: Decimals of a scaled map's hover value; the map is stored rounded to them.
 HOVER_DECIMALS = 3
