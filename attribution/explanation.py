@@ -1,4 +1,12 @@
-"""The single result type of every method, with a lossless JSON and ``.npz`` round trip."""
+"""
+The single result type of every method, with a lossless JSON and ``.npz`` round trip.
+
+Files: ``.json`` (:meth:`Explanation.to_json`, everything as text), ``.npz``
+(:meth:`Explanation.save_npz`, arrays native, the rest as JSON inside), and a ``.json`` whose
+arrays are left to the ``.npz`` beside it, which it names (:meth:`Explanation.save_json`: as
+text an image's maps weigh several times their ``.npz``). :meth:`Explanation.load` reads all
+three.
+"""
 
 from __future__ import annotations
 
@@ -29,6 +37,8 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 3
+#: The array fields, which ``.npz`` files hold natively.
+_ARRAYS = ("scores", "positional_scores", "maps")
 #: Columns of the layer table; ``head`` and ``kv_head`` are null on whole-layer rows.
 LAYER_COLUMNS = ("layer", "head", "kv_head", "component", "measure", "value")
 
@@ -191,34 +201,100 @@ class Explanation:
     @classmethod
     def from_json(cls, text: str) -> Explanation:
         """Inverse of :meth:`to_json`."""
-        return cls.from_dict(json.loads(text))
+        data = json.loads(text)
+        if "arrays" in data:
+            raise ValueError(
+                f"this JSON leaves its arrays to {data['arrays']!r}: read the file with "
+                "Explanation.load(path)"
+            )
+        return cls.from_dict(data)
+
+    def _meta(self) -> dict[str, Any]:
+        """:meth:`to_dict` without the arrays."""
+        meta = self.to_dict()
+        for key in _ARRAYS:
+            meta.pop(key)
+        return meta
 
     def save_npz(self, path: str | Path) -> None:
-        """Save arrays natively and everything else as JSON inside one ``.npz`` file."""
-        meta = self.to_dict()
-        arrays: dict[str, Any] = {"scores": self.scores}
-        for key in ("scores", "positional_scores", "maps"):
-            meta.pop(key)
+        """
+        Save arrays natively and everything else as JSON inside one ``.npz`` file.
+
+        An array is stored as float32 when that holds every value exactly (a model's float32
+        maps: half the bytes), else as float64; :meth:`load_npz` gives float64 back.
+        """
+        arrays: dict[str, Any] = {"scores": _narrowest(self.scores)}
         if self.positional_scores is not None:
-            arrays["positional_scores"] = self.positional_scores
-        arrays.update({f"map__{k}": v for k, v in self.maps.items()})
-        arrays["meta"] = np.array(json.dumps(meta))
+            arrays["positional_scores"] = _narrowest(self.positional_scores)
+        arrays.update({f"map__{k}": _narrowest(v) for k, v in self.maps.items()})
+        arrays["meta"] = np.array(json.dumps(self._meta()))
         np.savez_compressed(path, **arrays)
+
+    def save_json(self, path: str | Path, arrays: str | None = None) -> None:
+        """
+        Write :meth:`to_json` to ``path``; with ``arrays``, leave the arrays to that file.
+
+        ``arrays`` names a ``.npz`` file beside ``path`` that :meth:`save_npz` wrote (the
+        caller writes it); the JSON then holds the rest and the name (``"arrays"``), and
+        :meth:`load` reads the two together.
+        """
+        if arrays is None:
+            text = self.to_json(indent=1)
+        else:
+            _beside(Path(path), arrays)  # a bare file name, or refused
+            text = json.dumps({**self._meta(), "arrays": arrays}, indent=1)
+        Path(path).write_text(text, encoding="utf-8")
 
     @classmethod
     def load_npz(cls, path: str | Path) -> Explanation:
         """Inverse of :meth:`save_npz`."""
         with np.load(path, allow_pickle=False) as archive:
             meta = json.loads(str(archive["meta"]))
-            meta["scores"] = archive["scores"]
-            files = set(archive.files)
-            meta["positional_scores"] = (
-                archive["positional_scores"] if "positional_scores" in files else None
-            )
-            meta["maps"] = {
-                k.removeprefix("map__"): archive[k] for k in archive.files if k.startswith("map__")
-            }
-        return cls.from_dict(meta)
+            return cls.from_dict(_with_arrays(meta, archive))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Explanation:
+        """
+        An Explanation file: ``.npz`` (:meth:`save_npz`) or ``.json`` (:meth:`to_json`).
+
+        A JSON that leaves its arrays to a ``.npz`` (:meth:`save_json`) takes them from that
+        file, which must lie beside it.
+        """
+        path = Path(path)
+        if path.suffix == ".npz":
+            return cls.load_npz(path)
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if "arrays" not in data:
+            return cls.from_dict(data)
+        with np.load(_beside(path, data.pop("arrays")), allow_pickle=False) as archive:
+            return cls.from_dict(_with_arrays(data, archive))
+
+
+def _narrowest(array: np.ndarray) -> np.ndarray:
+    """``array`` as float32 when that holds every value exactly, else as it is."""
+    with np.errstate(over="ignore"):  # beyond float32's range: inf, so not exact
+        narrow = array.astype(np.float32)
+    return narrow if np.array_equal(narrow, array, equal_nan=True) else array
+
+
+def _with_arrays(meta: dict[str, Any], archive: Any) -> dict[str, Any]:
+    """``meta`` (a dict without arrays) with the arrays of an opened :meth:`save_npz` file."""
+    files = set(archive.files)
+    return {
+        **meta,
+        "scores": archive["scores"],
+        "positional_scores": archive["positional_scores"] if "positional_scores" in files else None,
+        "maps": {
+            k.removeprefix("map__"): archive[k] for k in archive.files if k.startswith("map__")
+        },
+    }
+
+
+def _beside(path: Path, name: Any) -> Path:
+    """The file ``name`` in ``path``'s folder; a path elsewhere is refused."""
+    if not isinstance(name, str) or Path(name).name != name or name in {"", ".", ".."}:
+        raise ValueError(f"the arrays must be a .npz file beside the JSON; got {name!r}")
+    return path.parent / name
 
 
 def _list_or_none(array: np.ndarray | None) -> list | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from PIL import Image
 
 from attrlab.attribution.explanation import Explanation, ModelInfo, TargetValues
 
@@ -21,3 +22,18 @@ def toy_explanation(
         tokens=tokens,
         image_size=None if tokens else scores.shape,
     )
+
+
+def cnn_maps() -> dict[str, Explanation]:
+    """
+    Two 224² image maps as a CNN gives them, in float32: pixel noise (as gradient × input)
+    and a 7×7 map resized to the input (as Grad-CAM), by method.
+    """
+    rng = np.random.default_rng(0)
+    noise = rng.standard_normal((224, 224)) * rng.random((224, 224)) ** 4  # heavy tails
+    coarse = Image.fromarray(rng.random((7, 7)).astype(np.float32), mode="F")
+    smooth = np.asarray(coarse.resize((224, 224), Image.Resampling.BILINEAR))
+    return {
+        "gradient_x_input": toy_explanation(noise.astype(np.float32), None, "gradient_x_input"),
+        "gradcam": toy_explanation(smooth, None, "gradcam"),
+    }

@@ -7,9 +7,10 @@ import zipfile
 
 import numpy as np
 import plotly.graph_objects as go
-from _toy_explanations import toy_explanation
+from _toy_explanations import cnn_maps, toy_explanation
 from plotly.offline import get_plotlyjs_version
 
+from attrlab.attribution.explanation import Explanation
 from attrlab.viz import image_grid_figure, token_figure, write_bundle
 from attrlab.viz.bundle import PLOTLY_FILE, plotly_build, subject_of
 from attrlab.viz.view import View
@@ -73,3 +74,37 @@ def test_without_a_label_the_input_is_named_from_the_explanations():
     assert (text.model, text.input, text.methods) == ("tiny-model", "text: [CLS]hi", ("m",))
     image = subject_of({"m": toy_explanation(np.zeros((3, 5)), None, "m")})
     assert image.input == "an image, 5×3 px as the model saw it"
+
+
+def test_an_image_bundle_is_plotly_the_lossless_maps_and_little_else(tmp_path):
+    """Issue 25: the cat's bundle was 6 MB; its figure alone held 1.6 MB of pixels and maps."""
+    from skimage import data
+
+    explanations = cnn_maps()
+    cat = data.chelsea()  # 300×451: its own display copy
+    archive = write_bundle(
+        explanations, {"maps": image_grid_figure(explanations, cat)}, tmp_path / "out"
+    )
+    with zipfile.ZipFile(archive) as zipped:
+        stored = {info.filename: info.compress_size for info in zipped.infolist()}
+        zipped.extractall(tmp_path / "unzipped")
+    assert "out/figures/maps.jpg" in stored  # a photograph's still, as a JPEG
+    script = stored[f"out/{PLOTLY_FILE}"]  # 0.5 MB deflated, whatever the figures
+    maps = stored["out/gradient_x_input.npz"] + stored["out/gradcam.npz"]
+    # the maps losslessly, float32 where exact: about their 2 × 224² × 4 bytes
+    assert maps < 2 * 224 * 224 * 4
+    # The rest: the page of the maps figure (the photograph as a JPEG, twice, and each map's
+    # 224² values to the hover's 3 decimals as text), its still, the Explanations' metadata, the
+    # index and the manifest. It was 2.7 MB: the photograph's pixels and each map at its size
+    # as arrays, and the maps as JSON text besides their .npz.
+    rest = archive.stat().st_size - script - maps
+    assert rest < 320_000, f"{rest:,} bytes beside Plotly's script and the maps"
+    assert archive.stat().st_size < 1_200_000  # 3.6 MB before
+    folder = tmp_path / "unzipped" / "out"
+    for method, original in explanations.items():
+        for suffix in ("json", "npz"):  # either file gives the Explanation back exactly
+            restored = Explanation.load(folder / f"{method}.{suffix}")
+            assert restored.to_json() == original.to_json()
+            np.testing.assert_array_equal(restored.scores, original.scores)
+            assert restored.scores.dtype == np.float64
+        assert "scores" not in json.loads((folder / f"{method}.json").read_text())  # in the .npz

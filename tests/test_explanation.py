@@ -101,6 +101,53 @@ def test_npz_round_trip_keeps_arrays_and_metadata(tmp_path):
     _assert_same(original, Explanation.load_npz(path))
 
 
+def test_npz_keeps_float32_where_that_is_exact_and_float64_elsewhere(tmp_path):
+    original = _full_explanation()  # its scores came from float32, its other arrays did not
+    original.maps["edges"] = np.array([np.nan, np.inf, -0.0, 0.5])  # each exact in float32
+    original.maps["fine"] = np.array([0.5, 1e-320])  # below float32's smallest: not exact
+    original.maps["huge"] = np.array([1e300])  # beyond float32's range
+    path = tmp_path / "e.npz"
+    original.save_npz(path)
+    with np.load(path) as stored:
+        dtypes = {name: stored[name].dtype for name in stored.files if name != "meta"}
+    assert dtypes == {
+        "scores": np.float32,
+        "positional_scores": np.float64,
+        "map__std_error": np.float64,
+        "map__edges": np.float32,
+        "map__fine": np.float64,
+        "map__huge": np.float64,
+    }
+    restored = Explanation.load_npz(path)
+    _assert_same(original, restored)
+    assert restored.scores.dtype == np.float64
+    for name, array in original.maps.items():
+        assert restored.maps[name].dtype == np.float64
+        np.testing.assert_array_equal(restored.maps[name], array)
+    assert np.signbit(restored.maps["edges"][2])  # -0.0 kept
+
+
+def test_a_json_leaving_its_arrays_to_the_npz_beside_it(tmp_path):
+    original = _full_explanation()
+    original.save_npz(tmp_path / "e.npz")
+    original.save_json(tmp_path / "e.json", arrays="e.npz")
+    data = json.loads((tmp_path / "e.json").read_text())
+    assert data["arrays"] == "e.npz" and not {"scores", "positional_scores", "maps"} & set(data)
+    assert data["target"]["logit"] == 0.123456789012345  # the rest as in to_json
+    _assert_same(original, Explanation.load(tmp_path / "e.json"))
+    _assert_same(original, Explanation.load(tmp_path / "e.npz"))
+    with pytest.raises(ValueError, match=r"'e.npz'.*Explanation.load"):
+        Explanation.from_json((tmp_path / "e.json").read_text())
+    original.save_json(tmp_path / "whole.json")  # without: to_json's whole text
+    _assert_same(original, Explanation.load(tmp_path / "whole.json"))
+    for elsewhere in ("../e.npz", "/tmp/e.npz", "", ".."):
+        with pytest.raises(ValueError, match="beside the JSON"):
+            original.save_json(tmp_path / "x.json", arrays=elsewhere)
+        (tmp_path / "x.json").write_text(json.dumps({**data, "arrays": elsewhere}))
+        with pytest.raises(ValueError, match="beside the JSON"):
+            Explanation.load(tmp_path / "x.json")
+
+
 def test_image_explanation_round_trip(tmp_path):
     original = _full_explanation()
     original.tokens, original.positional_scores, original.layers = None, None, None

@@ -20,6 +20,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
+from _figures import drawn_picture, extent
 from fastapi.testclient import TestClient
 from gradio import processing_utils
 from PIL import Image, ImageFile
@@ -170,12 +171,14 @@ def test_a_figure_of_panels_draws_one_display_copys_area_however_many(load_model
     big = np.random.default_rng(5).integers(0, 256, (1500, 2000, 3), dtype=np.uint8)
     explanation = explain(adapter, "gradient_x_input", adapter.preprocess(big))
     figure = image_grid_figure({f"method{i}": explanation for i in range(count)}, big)
-    images = [np.asarray(t.z).shape for t in figure.data if t.type == "image"]
-    maps = [np.asarray(t.z).shape for t in figure.data if t.type == "heatmap"]
+    images = [drawn_picture(t).shape for t in figure.data if t.type == "image"]
+    maps = [t for t in figure.data if t.type == "heatmap"]
     assert len(images) == len(maps) == count
     assert sum(h * w for h, w, _ in images) <= DISPLAY_MAX_SIDE**2
-    for (height, width, _), shape in zip(images, maps, strict=True):
-        assert shape == (height, width)  # each map fitted to its panel's copy
+    for (height, width, _), heatmap in zip(images, maps, strict=True):
+        rows, columns = np.asarray(heatmap.z).shape  # the map's own cells, never more than the copy
+        assert rows <= height and columns <= width
+        assert extent(heatmap) == pytest.approx((height, width))  # stretched over its panel's copy
         assert abs(width / height - 2000 / 1500) < 0.01  # the aspect kept
         assert width >= DISPLAY_MAX_SIDE / math.sqrt(count) - 2  # no smaller than its share
 

@@ -20,6 +20,7 @@ import zlib
 import httpx
 import numpy as np
 import pytest
+from _figures import drawn_picture, extent
 from _live_server import running_server
 from gradio_client import Client, handle_file
 from PIL import Image
@@ -128,8 +129,12 @@ def test_figures_draw_a_display_copy_of_at_most_1024_px_a_side(load_model):
         image_grid_figure({"rise": explanation}, big),
         std_error_figure(explanation, big),
     ):
-        shapes = {(t.type, np.asarray(t.z).shape) for t in figure.data}
-        assert shapes == {("image", (683, 1024, 3)), ("heatmap", (683, 1024))}
+        picture, heatmap = figure.data
+        assert drawn_picture(picture).shape == (683, 1024, 3)
+        # the map at the model's resolution (never more cells than the copy's pixels), stretched
+        # over the copy
+        assert np.asarray(heatmap.z).shape == (32, 32)
+        assert extent(heatmap) == pytest.approx((683, 1024))
     # the map itself stays at the model's resolution in the Explanation
     assert explanation.scores.shape == explanation.image_size == (32, 32)
 
@@ -244,21 +249,18 @@ def test_a_36_mp_png_is_answered_from_a_display_copy_in_bounded_memory(server):
     assert growth < 512 * MIB, f"the server grew by {growth / MIB:.0f} MiB"
     shown = (round(height * 1024 / width), 1024)  # 711 × 1024: longest side 1024, aspect kept
     for figure in (outputs[0], outputs[3]):  # the maps, and the details' first view (its map)
-        traces = json.loads(figure["plot"])["data"]
-        assert {t["type"]: _array(t["z"]).shape[:2] for t in traces} == {
-            "image": shown,
-            "heatmap": shown,
-        }
-    # Two figures of one panel each, a panel being the copy (3 bytes a pixel) and its map
-    # (float32, 4 bytes): at most 2 × 1024² × 7 = 14.7 MB of arrays, whatever the image. In
-    # JSON that is base64 (4/3), and Plotly writes each "/" of it as \u002f (up to 1.7× seen):
-    # 48 MiB bounds it. Before the display copy, an 8 MP image answered 279 MB.
-    arrays = sum(
-        _array(t["z"]).nbytes
-        for figure in (outputs[0], outputs[3])
-        for t in json.loads(figure["plot"])["data"]
-    )
-    assert arrays == 2 * shown[0] * shown[1] * (3 + 4)
+        picture, heatmap = json.loads(figure["plot"])["data"]
+        assert drawn_picture(picture).shape[:2] == shown
+        # the copy encoded (the smaller of PNG and JPEG) in less than its 3 bytes a pixel
+        assert len(picture["source"]) * 3 / 4 < 3 * shown[0] * shown[1]
+        rows, columns = _array(heatmap["z"]).shape  # the map's cells: never more than the copy's
+        assert rows <= shown[0] and columns <= shown[1]
+        assert extent(heatmap) == pytest.approx(shown)
+    # Two figures of one panel each, a panel being the copy (under 3 bytes a pixel, base64 in
+    # JSON: 4) and its map (at most a number a pixel, as text of at most 8 characters): under
+    # 2 × 1024² × 12 = 25 MB whatever the image; Plotly writes each "/" of the base64 as
+    # \u002f (up to 1.7× seen): 48 MiB bounds it. Before the display copy, an 8 MP image
+    # answered 279 MB.
     answer = len(json.dumps(outputs))
     assert answer < 48 * MIB, f"the answer is {answer / MIB:.0f} MiB"
 

@@ -12,6 +12,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from _figures import drawn_picture
 from PIL import Image
 
 from attrlab.app.cli import main
@@ -220,5 +221,5 @@ def test_a_batch_tab_rows_map_is_drawn_over_its_own_image():
         (picture,) = [t for t in figure.data if t.type == "image"]
         (heatmap,) = [t for t in figure.data if t.type == "heatmap"]
         shade = 40 if row["id"] == "dark" else 220
-        assert (np.asarray(picture.z) == shade).all()  # the row's own image, under its map
+        assert (drawn_picture(picture) == shade).all()  # the row's own image, under its map
         assert np.asarray(heatmap.z).shape == (20, 28)  # the map fitted to it

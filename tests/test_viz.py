@@ -14,7 +14,9 @@ import pandas as pd
 import plotly.io as pio
 import pytest
 import torch
+from _figures import drawn_picture, extent
 from _toy_explanations import toy_explanation as _explanation
+from PIL import Image
 
 from attrlab.attribution import explain
 from attrlab.attribution.explanation import Explanation, Prediction
@@ -51,7 +53,7 @@ from attrlab.viz import (
     write_bundle,
 )
 from attrlab.viz.bundle import safe_name
-from attrlab.viz.image import robust_peak
+from attrlab.viz.image import picture_uri, robust_peak
 from attrlab.viz.table import explanation_table
 
 
@@ -501,9 +503,10 @@ def test_a_cam_map_draws_like_the_others(effnet):
     gradcam = explain(effnet, "gradcam", effnet.preprocess(cat))
     heat = next(t for t in image_grid_figure({"gradcam": gradcam}, cat).data if t.type == "heatmap")
     shown = np.asarray(heat.z)
-    assert shown.shape == cat.shape[:2]  # resized onto the photograph
+    assert shown.shape == gradcam.scores.shape == (224, 224)  # the model's cells...
+    assert extent(heat) == pytest.approx(cat.shape[:2])  # ...stretched over the photograph
     assert shown.min() >= 0.0  # Grad-CAM's ReLU: the map has no negative evidence
-    assert np.percentile(shown, 99) == pytest.approx(1.0, rel=1e-6)
+    assert np.percentile(shown, 99) == pytest.approx(1.0, abs=5e-4)  # the hover's 3 decimals
     assert "no faithfulness scores" in trust_card_html(gradcam)
 
 
@@ -533,17 +536,41 @@ def test_image_grid_scales_each_map_by_its_robust_peak(image_explanations, pictu
         assert e.scores.shape == picture.shape[:2]
         # the default view: each map over its 99th percentile of |score|, clipped beyond it
         expected = np.clip(e.scores / np.percentile(np.abs(e.scores), 99), -1, 1)
-        np.testing.assert_allclose(np.asarray(heatmap.z), expected, rtol=1e-6)
+        # to the 3 decimals the hover shows
+        np.testing.assert_allclose(np.asarray(heatmap.z), expected, rtol=0, atol=5e-4 + 1e-12)
+        assert "%{z:.3f}" in heatmap.hovertemplate
         assert heatmap.opacity == 0.3 and (heatmap.zmin, heatmap.zmax) == (-1, 1)
     assert [h.showscale for h in heatmaps] == [True] + [False] * (len(heatmaps) - 1)
     assert "99th percentile" in heatmaps[0].colorbar.title.text
     titles = [a.text for a in figure.layout.annotations]
     assert titles == [f"{m} → {e.target.label}" for m, e in image_explanations.items()]
     assert figure.layout.yaxis2.scaleanchor == "x2" and figure.layout.xaxis3.visible is False
-    larger = image_grid_figure(image_explanations, np.zeros((64, 48, 3), np.uint8))
-    assert np.asarray(larger.data[1].z).shape == (64, 48)
+    # a larger picture: the map keeps its 32² cells, stretched over it
+    larger = image_grid_figure(image_explanations, np.zeros((64, 48, 3), np.uint8)).data[1]
+    assert np.asarray(larger.z).shape == (32, 32) and extent(larger) == (64, 48)
+    # a smaller one: no more cells than its pixels (the figure's size stays bounded)
+    smaller = image_grid_figure(image_explanations, np.zeros((16, 24, 3), np.uint8)).data[1]
+    assert np.asarray(smaller.z).shape == (16, 24) and extent(smaller) == (16, 24)
     with pytest.raises(ValueError, match="opacity"):
         image_grid_figure(image_explanations, picture, opacity=1.5)
+
+
+def test_a_photograph_is_drawn_as_a_jpeg_and_a_drawing_as_an_exact_png():
+    from skimage import data
+
+    cat = data.chelsea()
+    photo = picture_uri(cat)
+    assert photo.startswith("data:image/jpeg;base64,")
+    as_png = io.BytesIO()
+    Image.fromarray(cat).save(as_png, "PNG")
+    assert len(photo) * 3 / 4 < len(as_png.getvalue()) / 3  # several times smaller than a PNG
+    decoded = drawn_picture({"source": photo}).astype(int)
+    assert decoded.shape == cat.shape and np.abs(decoded - cat).mean() < 2  # of 255
+    drawing = np.zeros((60, 80, 3), np.uint8)
+    drawing[10:30, 20:50] = (200, 30, 30)  # flat colours, sharp edges
+    flat = picture_uri(drawing)
+    assert flat.startswith("data:image/png;base64,")
+    np.testing.assert_array_equal(drawn_picture({"source": flat}), drawing)  # exact
 
 
 def test_std_error_figure_draws_the_sampling_error(image_explanations, picture):

@@ -4,12 +4,14 @@ A downloadable bundle of one page's results: explanations, figures, pages and a 
 Layout of ``folder`` (and of the zip, under ``folder``'s name)::
 
     index.html  plotly.min.js  manifest.json  <method>.json  <method>.npz
-    figures/<name>.html  figures/<name>.png  pages/<name>.html
+    figures/<name>.html  figures/<name>.png|.jpg  pages/<name>.html
     <method>_layers.csv / .parquet / .json   (an explanation with a layer table)
 
 Every HTML page names the model, the input, the methods and the view it shows, and opens from
 the unzipped folder without a network: the figures load the bundle's one copy of Plotly's
-script (``plotly.min.js``, the smallest build that draws them all).
+script (``plotly.min.js``, the smallest build that draws them all). Each Explanation is whole
+in its ``.npz``; its ``.json`` is whole too for a text, and for an image names the ``.npz``
+that holds its maps (``Explanation.load`` reads either file, exactly).
 """
 
 from __future__ import annotations
@@ -197,22 +199,23 @@ def write_figures(
     index: str | None = None,
 ) -> tuple[dict[str, list[Path]], str | None, str]:
     """
-    Each figure as ``folder/figures/<name>.html`` (and ``.png``), sharing one Plotly script.
+    Each figure as ``folder/figures/<name>.html`` (and a still), sharing one Plotly script.
 
     The script (:func:`plotly_build`) is written once, as ``folder/plotly.min.js``; each page
-    loads it by a relative path, so the folder opens offline. The PNGs are rendered by kaleido
-    in one browser session for all figures; when that fails (no Chromium for kaleido), they are
-    left out and the reason is returned.
+    loads it by a relative path, so the folder opens offline. The stills (a PNG, or a JPEG for a
+    figure drawing a photograph) are rendered by kaleido in one browser session for all
+    figures; when that fails (no Chromium for kaleido), they are left out and the reason is
+    returned.
 
     Args:
         figures: name -> figure; names are reduced to ``[A-Za-z0-9_.-]``.
         folder: where ``figures/`` and the script go.
         subject: what the figures show, named at the top of each page.
-        png: render PNGs too.
+        png: render the stills too.
         index: a page's address, relative to ``figures/``, that each page links back to.
 
     Returns:
-        (name -> its files, the PNG error or None, the Plotly build written).
+        (name -> its files, the stills' error or None, the Plotly build written).
     """
     (folder / "figures").mkdir(parents=True, exist_ok=True)
     build, script = plotly_build(figures.values())
@@ -226,15 +229,23 @@ def write_figures(
             _document(subject, name, body, index, f"../{PLOTLY_FILE}"), encoding="utf-8"
         )
         files[name] = [page]
-    png_error = _write_pngs(figures, files) if png and figures else None
+    png_error = _write_stills(figures, files) if png and figures else None
     return files, png_error, build
 
 
-def _write_pngs(figures: Mapping[str, go.Figure], files: dict[str, list[Path]]) -> str | None:
-    """Every figure's PNG beside its page, in one kaleido session; the error, if it failed."""
+def _write_stills(figures: Mapping[str, go.Figure], files: dict[str, list[Path]]) -> str | None:
+    """
+    Every figure's still beside its page, in one kaleido session; the error, if it failed.
+
+    A PNG, or a JPEG for a figure that draws its picture as one (a photograph: a fifth of the
+    PNG's bytes).
+    """
     import plotly.io as pio
 
-    targets = {name: files[name][0].with_suffix(".png") for name in figures}
+    targets = {
+        name: files[name][0].with_suffix(".jpg" if _draws_a_jpeg(figure) else ".png")
+        for name, figure in figures.items()
+    }
     try:
         pio.write_images(
             list(figures.values()),
@@ -263,6 +274,14 @@ def _write_layers(explanation: Explanation, folder: Path, stem: str) -> list[str
     return [f"{stem}.csv", f"{stem}.parquet", f"{stem}.json"]
 
 
+def _draws_a_jpeg(figure: go.Figure) -> bool:
+    """Whether ``figure`` draws a picture encoded as a JPEG (:func:`viz.image.picture_uri`)."""
+    return any(
+        trace.type == "image" and str(trace.source or "").startswith("data:image/jpeg")
+        for trace in figure.data
+    )
+
+
 def write_bundle(
     explanations: Mapping[str, Explanation],
     figures: Mapping[str, go.Figure],
@@ -277,16 +296,19 @@ def write_bundle(
     """
     Write the explanations, figures, pages and a manifest into ``folder``; zip it.
 
-    Each explanation as ``<method>.json`` and ``<method>.npz`` (its layer table, where it has
-    one, also as ``<method>_layers.csv``, ``.parquet`` and ``.json`` records); each figure as
+    Each explanation as ``<method>.npz`` (whole: ``Explanation.load_npz``) and
+    ``<method>.json`` (whole for a text; an image's names the ``.npz`` for its maps:
+    ``Explanation.load``; its layer table, where it has one, also as
+    ``<method>_layers.csv``, ``.parquet`` and ``.json`` records); each figure as
     ``figures/<name>.html`` (all loading the bundle's one ``plotly.min.js``) and, with ``png``,
-    ``figures/<name>.png`` (kaleido, one session for all). ``pages`` (name -> an HTML fragment,
-    such as the token columns or the trust cards) become ``pages/<name>.html``; ``index.html``
-    links everything. Every page names the model, the input (``input_label``: the text, or the
-    image's name and size; see :func:`subject_of`), the methods and the ``view`` the maps were
-    drawn in, which the manifest records too. Names are reduced to ``[A-Za-z0-9_.-]``. When
-    PNG export fails (no Chromium for kaleido) the PNGs are left out and the reason goes to
-    ``manifest["png_error"]``: the bundle still builds.
+    a still: ``figures/<name>.png``, or ``.jpg`` for a figure drawing a photograph (kaleido,
+    one session for all). ``pages`` (name -> an HTML
+    fragment, such as the token columns or the trust cards) become ``pages/<name>.html``;
+    ``index.html`` links everything. Every page names the model, the input (``input_label``:
+    the text, or the image's name and size; see :func:`subject_of`), the methods and the
+    ``view`` the maps were drawn in, which the manifest records too. Names are reduced to
+    ``[A-Za-z0-9_.-]``. When the stills fail (no Chromium for kaleido) they are left out and
+    the reason goes to ``manifest["png_error"]``: the bundle still builds.
 
     Returns:
         The path of the zip file, ``<folder>.zip``.
@@ -303,8 +325,10 @@ def write_bundle(
     }
     for method, stem in _stems(explanations).items():
         explanation = explanations[method]
-        (folder / f"{stem}.json").write_text(explanation.to_json(indent=1), encoding="utf-8")
         explanation.save_npz(folder / f"{stem}.npz")
+        # an image's maps only in the .npz: as JSON text they weighed ten times as much
+        apart = f"{stem}.npz" if explanation.tokens is None else None
+        explanation.save_json(folder / f"{stem}.json", arrays=apart)
         data_files = [f"{stem}.json", f"{stem}.npz"]
         data_files += _write_layers(explanation, folder, f"{stem}_layers")
         manifest["methods"][method] = {
