@@ -88,6 +88,8 @@ class CommandProgress:
         elif done < bar.n or total != bar.total:
             bar.reset(total=total)
         bar.update(done - bar.n)
+        if done >= total:  # a quick run's last update falls inside tqdm's redraw interval
+            bar.refresh()
 
     def close(self) -> None:
         """Close the bars: the units' bar stays on the terminal, the passes' bar is cleared."""

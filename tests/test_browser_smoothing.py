@@ -14,8 +14,8 @@ def test_smoothgrad_from_the_method_parameters_runs_n_copies(page):
     methods.get_by_label("integrated_gradients", exact=True).uncheck()
     methods.get_by_label("attnlrp", exact=True).uncheck()
     methods.get_by_label("gradient", exact=True).check()
-    page.get_by_text("Method parameters", exact=True).click()
-    page.get_by_text("Gradient (saliency) (gradient)", exact=True).click()
+    # one accordion per chosen method: its parameters are one click away
+    page.get_by_text("Parameters: Gradient (saliency) (gradient)", exact=True).click()
     mode = page.locator("#text-param-gradient-smoothing input")
     expect(mode).to_be_visible()
     mode.click()

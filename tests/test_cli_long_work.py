@@ -54,8 +54,14 @@ def test_progress_shows_on_a_terminal_with_the_runs_passes_and_an_eta():
     reader = threading.Thread(target=_drain, args=(master, seen))
     reader.start()
     try:
+        # tqdm redraws at most every TQDM_MININTERVAL seconds: as on a fast machine, a bar
+        # shows only its first and last states, and the last must still say what was done
         done = subprocess.run(
-            [*CLI, *RISE, "--format", "json"], stdout=subprocess.PIPE, stderr=slave, timeout=300
+            [*CLI, *RISE, "--format", "json"],
+            stdout=subprocess.PIPE,
+            stderr=slave,
+            timeout=300,
+            env={**os.environ, "TQDM_MININTERVAL": "100"},
         )
     finally:
         os.close(slave)

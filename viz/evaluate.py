@@ -60,17 +60,15 @@ def score_labels(modality: str) -> dict[str, str]:
     """
     Column -> label, for :func:`~attribution.metrics.summarise`'s and the per-item tables.
 
-    Each score of :data:`SCORES` ``[modality]``: the score with its better direction, the
-    share of items on which it beats random orders, the random orders' own score and the
-    least-relevant-first curve's area (images).
+    Each score of :data:`SCORES` ``[modality]``: the score with its better direction, its
+    comparison with random orders (the verdict, the share of items beating them, the sign
+    test), the random orders' own score and the least-relevant-first curve's area (images).
     """
     labels = dict(_COMMON_LABELS)
     for score, random, higher in SCORES[modality]:
         name = _SCORE_NAMES.get(score, score)
         labels[score] = score_label(score, higher)
-        labels[f"{score}_wins"] = f"{name}: beats random (share of items)"
-        labels[f"{score}_sign_p"] = f"{name}: sign test p (wins vs losses)"
-        labels[f"{score}_verdict"] = f"{name}: verdict"
+        labels[f"{score}_against_random"] = f"{name}: against random orders"
         labels[random] = f"{name}: random orders"
         if score.endswith("_morf_auc"):  # the curve's other order, least relevant first
             labels[score.replace("_morf_", "_lerf_")] = f"{name}: least relevant first"
@@ -86,17 +84,26 @@ def readable_table(table: pd.DataFrame, modality: str) -> pd.DataFrame:
     """
     A leaderboard or per-item table for people: labelled columns, rounded numbers.
 
-    Numbers keep three decimals (forward passes one, seconds two; a sign test's p two
-    significant digits); a leaderboard's mean and
-    its 95 % interval share one cell, ``0.164 [-0.010, 0.493]``, as a score is read. Columns
-    without a label keep their name.
+    Numbers keep three decimals (forward passes one, seconds two); a leaderboard's mean and
+    its 95 % interval share one cell, ``0.164 [-0.010, 0.493]``, as a score is read, and its
+    comparison with random orders another, ``pass: 80 % of items, p 0.031`` (the verdict, the
+    share of items beating them, the sign test's p), so the table fits a page. Columns without
+    a label keep their name.
     """
     shown = table.copy()
+    for score, _, _ in SCORES[modality]:
+        parts = [f"{score}_{part}" for part in ("verdict", "wins", "sign_p")]
+        if all(part in shown for part in parts):
+            at = shown.columns.get_loc(parts[1])  # where the share of items stood
+            verdict, wins, p = (shown.pop(part) for part in parts)
+            # a p-value reads in significant digits: 3e-05, 0.41
+            cells = [
+                f"{v}: {w:.0%} of items, p {q:.2g}"
+                for v, w, q in zip(verdict, wins, p, strict=True)
+            ]
+            shown.insert(at, f"{score}_against_random", cells)
     for column in shown.select_dtypes("number").columns:
-        if column.endswith("_sign_p"):  # a p-value reads in significant digits: 3e-05, 0.41
-            shown[column] = shown[column].map(lambda p: f"{p:.2g}")
-        else:
-            shown[column] = shown[column].round(_DECIMALS.get(column, 3))
+        shown[column] = shown[column].round(_DECIMALS.get(column, 3))
     for score, _, _ in SCORES[modality]:
         interval = f"{score}_ci"
         if score in shown and interval in shown:

@@ -63,13 +63,13 @@ def evaluate_tab(runner: PageRunner) -> None:
         cancel = gr.Button("Cancel", variant="stop")
     # long labels wrap, so the columns fit the page; the method stays put when scrolled. Its
     # eight columns (viz.evaluate.readable_table): method, items, then per score its mean and
-    # interval and its share beating random, then the cost
+    # interval and its comparison with random orders, then the cost
     table = gr.Dataframe(
         label="Leaderboard",
         elem_id="evaluate-table",
         wrap=True,
         pinned_columns=1,
-        column_widths=["16%", "5%", "17%", "14%", "17%", "13%", "9%", "9%"],
+        column_widths=["15%", "5%", "16%", "16%", "16%", "16%", "8%", "8%"],
     )
     plot = gr.Plot(label="Scores against random orders", elem_id="evaluate-plot")
     with gr.Accordion("Per item", open=False):
