@@ -328,7 +328,7 @@ def test_evaluate_ranks_each_method_on_the_bundled_items(client):
     for _, row in summary.iterrows():
         mean = float(row[shown].split(" ")[0])
         assert mean == pytest.approx(means[row["method"]], abs=1.5e-3)
-    assert "sufficiency: beats random (share of items)" in summary.columns
+    assert "sufficiency: against random orders" in summary.columns
     assert _plot(plot)["data"]
 
 
