@@ -39,7 +39,7 @@ from attrlab.app.worker import (
     Instance,
     WorkerRequest,
 )
-from attrlab.attribution.answers import MAX_NEW_TOKENS, AnswerSpec
+from attrlab.attribution.answers import MAX_NEW_TOKENS, AnswerSpec, answer_asked
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
 from attrlab.attribution.methods import available_methods
 from attrlab.attribution.methods.catalog import catalog_entries
@@ -179,13 +179,11 @@ class _AnswerBody(BaseModel):
     @property
     def asks_answer(self) -> bool:
         """Whether any answer field is given (so a decoder LM is the default model)."""
-        given = (self.answer, self.generate, self.stop, self.contrast)
-        return self.chat or any(value is not None for value in given)
+        return answer_asked(vars(self))
 
     def answer_spec(self, per_step: bool = False) -> AnswerSpec | None:
         """The answer asked about (``None``: none), checked."""
-        fields = self.model_dump(include={"answer", "generate", "stop", "contrast", "chat"})
-        return AnswerSpec.from_json({**fields, "per_step": per_step})
+        return AnswerSpec.from_json({**vars(self), "per_step": per_step})
 
 
 #: The ``per_step`` field of a body that explains (a single explain, a batch's instance).

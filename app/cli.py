@@ -182,21 +182,18 @@ def _input_fields(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-#: The flags of a decoder's answer (:func:`_add_answer_options`), by their attribute names.
-_ANSWER_FLAGS = ("answer", "generate", "stop", "contrast", "chat", "per_step")
-
-
 def _answer_spec(args: argparse.Namespace) -> Any:
     """The answer the flags ask about (checked by the library), or ``None``."""
     from attrlab.attribution.answers import AnswerSpec
 
-    return AnswerSpec.from_json({name: getattr(args, name, None) for name in _ANSWER_FLAGS})
+    return AnswerSpec.from_json(vars(args))
 
 
 def _asks_answer(args: argparse.Namespace) -> bool:
     """Whether any answer flag is given (a decoder LM is then the default model)."""
-    given = [getattr(args, name, None) for name in _ANSWER_FLAGS]
-    return any(value is not None and value is not False for value in given)
+    from attrlab.attribution.answers import answer_asked
+
+    return answer_asked(vars(args))
 
 
 def _on_worker(

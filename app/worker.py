@@ -908,10 +908,11 @@ class ExplainWorker:
             return load_image(instance.image, max_pixels=self.settings.max_image_pixels)
 
         def targeted(instance: Instance) -> Prepared:
-            return prepare_input(adapter, read(instance), instance.target, instance.answer)
+            raw = read(instance)
+            return prepare_input(adapter, raw, instance.target, instance.answer, cancel)
 
         def prepare(instance: Instance) -> Inputs:
-            return prepare_input(adapter, read(instance), None, instance.answer).inputs
+            return prepare_input(adapter, read(instance), None, instance.answer, cancel).inputs
 
         budgets = RunSettings(
             progress=progress,

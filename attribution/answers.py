@@ -41,6 +41,7 @@ __all__ = [
     "MEASURES",
     "Answer",
     "AnswerSpec",
+    "answer_asked",
     "answer_inputs",
     "answer_log_probs",
     "answer_request",
@@ -343,6 +344,15 @@ def generate_answer(
             "the model ends its answer at once (end of sequence): nothing to explain"
         )
     return Answer(tuple(ids), decoder.tokenizer.decode(ids), generated=True, stop=reason)
+
+
+def answer_asked(record: Mapping[str, Any]) -> bool:
+    """
+    Whether ``record`` (a request's fields) gives any answer field, checked or not.
+
+    Such a request is a decoder LM's: front ends choose its default model by this.
+    """
+    return any(_set(record.get(name)) for name in ANSWER_FIELDS)
 
 
 def _set(value: Any) -> bool:

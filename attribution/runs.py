@@ -20,7 +20,12 @@ from attrlab.attribution.errors import AttrlabError, InvalidInputError, JobCance
 from attrlab.attribution.explain import explain
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.models.base import Adapter, Inputs
-from attrlab.attribution.run import ProgressCallback, RunSettings, stop_if_cancelled
+from attrlab.attribution.run import (
+    ProgressCallback,
+    RunSettings,
+    cancellable_forwards,
+    stop_if_cancelled,
+)
 from attrlab.attribution.target import Target
 
 __all__ = ["Prepared", "RowResult", "TargetedRow", "explain_rows", "prepare_input", "run_rows"]
@@ -51,18 +56,24 @@ class Prepared:
 
 
 def prepare_input(
-    adapter: Adapter, raw: Any, target: int | str | None, answer: AnswerSpec | None = None
+    adapter: Adapter,
+    raw: Any,
+    target: int | str | None,
+    answer: AnswerSpec | None = None,
+    cancel: threading.Event | None = None,
 ) -> Prepared:
     """
     A request's input on the loaded model: every front end's one way from fields to inputs.
 
     ``raw`` (a text or an image) is preprocessed and explained for ``target``; with ``answer``
     the text is a decoder LM's prompt, and inputs and target are the answer's
-    (:func:`attribution.answers.answer_request`).
+    (:func:`attribution.answers.answer_request`). Generating an answer stops at its next
+    forward once ``cancel`` is set.
 
     Raises:
         InvalidInputError: a ``target`` beside an answer (the answer is what is explained), and
             what the adapter or :func:`~attribution.answers.answer_request` refuses.
+        JobCancelledError: ``cancel`` set while the answer is generated.
     """
     if answer is None:
         return Prepared(adapter.preprocess(raw), target)
@@ -70,7 +81,8 @@ def prepare_input(
         raise InvalidInputError(
             "an answer or contrast is itself what is explained: leave out the target"
         )
-    inputs, record = answer.request(adapter, raw)
+    with cancellable_forwards(adapter.model, cancel):
+        inputs, record = answer.request(adapter, raw)
     return Prepared(inputs, record, answer.per_step)
 
 

@@ -9,6 +9,7 @@ itself (one backward per step and for the whole answer), so a field that got los
 from __future__ import annotations
 
 import json
+import threading
 
 import numpy as np
 import pandas as pd
@@ -25,9 +26,10 @@ from attrlab.app.server import create_app
 from attrlab.app.worker import ExplainRequest, ExplainWorker
 from attrlab.attribution import explain
 from attrlab.attribution.answers import MAX_NEW_TOKENS, AnswerSpec, answer_request
-from attrlab.attribution.errors import InvalidInputError
+from attrlab.attribution.errors import InvalidInputError, JobCancelledError
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.rows import dataset_line
+from attrlab.attribution.runs import prepare_input
 
 LM, CLASSIFIER = "tiny-random-gpt2", "tiny-random-bert"
 PROMPT, ANSWER, CONTRAST = "The capital of France is", " Paris city", " Lyon"
@@ -245,7 +247,14 @@ def test_a_job_and_a_batch_row_carry_their_answer(served, load_model, tmp_path, 
     assert "not both" in rows.iloc[2].error
 
 
-def test_a_failed_answer_leaves_the_worker_free():
+def test_a_failed_or_cancelled_answer_leaves_nothing_behind(load_model):
+    adapter = load_model(LM)
+    hooks = dict(adapter.model._forward_pre_hooks)
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(JobCancelledError):  # generation stops at its first forward
+        prepare_input(adapter, PROMPT, None, AnswerSpec(generate=MAX_NEW_TOKENS), cancel)
+    assert adapter.model._forward_pre_hooks == hooks
     worker = ExplainWorker(device="cpu", max_models=1)
     try:
         refused = ExplainRequest(
