@@ -73,7 +73,7 @@ def _step_rows(steps: np.ndarray, labels: list[str], texts: list[str]) -> list[s
     )
     return [
         "",
-        "per step  rows: answer tokens (a contrast's with - ), columns: input tokens; the rows "
+        "per step  rows: answer tokens (a contrast's with −), columns: input tokens; the rows "
         "sum to the map above for methods linear in the score",
         table.to_string(float_format=lambda v: f"{v:+.3g}"),
     ]
