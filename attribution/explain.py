@@ -10,10 +10,12 @@ from functools import cache
 from importlib import metadata
 from typing import Any
 
+import numpy as np
 import torch
 
 from attrlab.attribution.alteration import altered
-from attrlab.attribution.errors import DeviceMemoryError
+from attrlab.attribution.answers import prompt_prediction, reused_outputs, with_alternative
+from attrlab.attribution.errors import DeviceMemoryError, InvalidInputError
 from attrlab.attribution.explanation import (
     Explanation,
     ModelInfo,
@@ -23,6 +25,7 @@ from attrlab.attribution.explanation import (
 )
 from attrlab.attribution.gate import check_modality, clear
 from attrlab.attribution.methods import capabilities
+from attrlab.attribution.methods.base import Attribution, AttributionMethod
 from attrlab.attribution.models.base import Adapter, Inputs, TextInputs
 from attrlab.attribution.run import (
     ProgressCallback,
@@ -30,9 +33,16 @@ from attrlab.attribution.run import (
     RunSettings,
     cancellable_forwards,
 )
-from attrlab.attribution.target import Target, output_index, resolve_target
+from attrlab.attribution.target import (
+    ContrastTarget,
+    StepTarget,
+    Target,
+    first_token,
+    output_index,
+    resolve_target,
+)
 
-__all__ = ["Preview", "explain", "input_logits", "predictions", "preview"]
+__all__ = ["Preview", "attribute", "explain", "input_logits", "predictions", "preview"]
 
 TOP_K = 5
 
@@ -44,12 +54,17 @@ def explain(
     target: int | str | Target | None = None,
     params: Mapping[str, Any] | None = None,
     settings: RunSettings | None = None,
+    per_step: bool = False,
 ) -> Explanation:
     """
     Explain ``target`` with ``method``.
 
     ``target`` is an index, a label, ``None`` (the top prediction) or a
-    :class:`~attribution.target.Target` record.
+    :class:`~attribution.target.Target` record: a decoder LM's answer or contrast on inputs
+    holding that answer (:mod:`attribution.answers`). ``per_step`` adds, for a target of
+    several steps, one map per step (``maps["steps"]``, steps × tokens; their rows sum to the
+    whole map for methods linear in the score): perturbation methods score every step from
+    the forwards of the whole map, gradient methods spend one run per step.
 
     ``settings`` (:class:`~attribution.run.RunSettings`): the seed, progress, cancel switch and
     budgets of the run; its ``max_forward_passes`` bounds sampling methods (a server's budget
@@ -68,7 +83,13 @@ def explain(
     start = time.perf_counter()
     logits, attentions = _prediction(adapter, inputs, method_cls.reads_prediction_attentions)
     explained = resolve_target(adapter, target, logits)
-    index = output_index(explained, "the Explanation's target")
+    answer_length = inputs.answer_length if isinstance(inputs, TextInputs) else 0
+    if explained.answer_length != answer_length:
+        raise InvalidInputError(
+            f"the input holds an answer of {answer_length} tokens but the target "
+            f"({explained.kind}) reads {explained.answer_length}: build both from the same "
+            "answer (attribution.answers)"
+        )
     probabilities = logits.softmax(-1)
     run = RunContext.of(settings, logits=logits, attentions=attentions)
     del attentions  # held by the run while the method reads them, then let go (below)
@@ -84,7 +105,7 @@ def explain(
     with cancellable_forwards(adapter.model, settings.cancel):
         run.stop_if_cancelled()  # a method reading only the prediction stops here
         with altered(adapter.model) if method_cls.alters_model else nullcontext():
-            result = method_cls.compute(adapter, inputs, explained, checked, run)
+            result = attribute(method_cls, adapter, inputs, explained, checked, run, per_step)
         run.attentions = None  # every layer's T × T maps: not kept through the trust scoring
         if settings.evaluate:
             from attrlab.attribution.metrics import (
@@ -92,18 +113,20 @@ def explain(
             )
 
             run.progress = card_progress
+            index = output_index(explained, "the trust card")
             scored = faithfulness(adapter, inputs, result.scores, index, run=run)
             result.metrics.update(scored.metrics)
             result.verdicts += scored.verdicts
+    outputs = run.clean_outputs(adapter, inputs, explained)
     return Explanation(
         model=ModelInfo(adapter.model_id, adapter.revision, adapter.modality),
         method=method_cls.name,
         params=checked,
         target=TargetValues(
-            index=index,
+            index=first_token(explained),
             label=explained.label,
-            logit=float(explained.score(logits[None])[0]),
-            probability=float(explained.probability(logits[None])[0]),
+            logit=float(explained.score(outputs)[0]),
+            probability=float(explained.probability(outputs)[0]),
         ),
         predictions=predictions(adapter, probabilities),
         scores=result.scores,
@@ -124,6 +147,90 @@ def explain(
         warnings=run.warnings,
         target_record=explained,
         verdicts=result.verdicts,
+    )
+
+
+def attribute(
+    method_cls: type[AttributionMethod],
+    adapter: Adapter,
+    inputs: Inputs,
+    target: Target,
+    params: dict[str, Any],
+    run: RunContext,
+    per_step: bool = False,
+) -> Attribution:
+    """
+    ``method_cls`` on ``target`` (its parameters checked), with a map per step if asked.
+
+    A contrast whose alternative needs a sequence of its own, under a gradient method (whose
+    forward takes embeddings): each answer attributed in its own sequence, then subtracted
+    (:func:`_contrast_by_parts`).
+    """
+    by_parts = (
+        isinstance(target, ContrastTarget)
+        and not target.shares_input
+        and "gradients" in method_cls.requires
+    )
+    if by_parts and isinstance(target, ContrastTarget) and isinstance(inputs, TextInputs):
+        if per_step:
+            raise InvalidInputError(
+                "a per-step matrix of a contrast between answers that differ before their last "
+                "token needs one sequence per answer: explain each answer per step instead"
+            )
+        return _contrast_by_parts(method_cls, adapter, inputs, target, params, run)
+    if not per_step or target.steps == 1:
+        return method_cls.compute(adapter, inputs, target, params, run)
+    sampled = "gradients" not in method_cls.requires
+    with reused_outputs() if sampled else nullcontext():
+        result = method_cls.compute(adapter, inputs, target, params, run)
+        rows = []
+        for step in range(target.steps):
+            # each row a run of its own: a sampling method draws the same masks again, so
+            # its forwards come back from the whole map's (reused_outputs)
+            own = RunContext(seed=run.seed, cancel=run.cancel, logits=run.logits)
+            own.attentions = run.attentions
+            rows.append(
+                method_cls.compute(adapter, inputs, StepTarget(target, step), params, own).scores
+            )
+            if not sampled:
+                run.count(forward=own.forward_passes, backward=own.backward_passes)
+    result.maps["steps"] = np.stack(rows)
+    return result
+
+
+def _contrast_by_parts(
+    method_cls: type[AttributionMethod],
+    adapter: Adapter,
+    inputs: TextInputs,
+    target: ContrastTarget,
+    params: dict[str, Any],
+    run: RunContext,
+) -> Attribution:
+    """
+    A contrast as the answer's map minus the alternative's, each in its own sequence.
+
+    Exact for a method whose map is linear in the explained score (gradients, their
+    integrals, DeepLIFT's multipliers, LRP's relevance: the two forwards share no operation,
+    so the contrast's graph is their difference). The prompt's tokens get the difference; the
+    answer's tokens their own values; the alternative's tokens, absent from the input, give
+    their values in ``maps["alternative_answer"]``. Metrics and verdicts come from both runs,
+    named ``answer.*`` and ``alternative.*``.
+    """
+    answer = method_cls.compute(adapter, inputs, target.answer, params, run)
+    alternative_inputs = with_alternative(adapter, inputs, target.alternative)
+    other = RunContext(seed=run.seed, cancel=run.cancel)
+    alternative = method_cls.compute(adapter, alternative_inputs, target.alternative, params, other)
+    run.count(forward=other.forward_passes, backward=other.backward_passes)
+    prompt = int(inputs.input_ids.shape[1]) - inputs.answer_length
+    scores = np.array(answer.scores, dtype=np.float64, copy=True)
+    scores[:prompt] -= alternative.scores[:prompt]
+    metrics = {f"answer.{k}": v for k, v in answer.metrics.items()}
+    metrics |= {f"alternative.{k}": v for k, v in alternative.metrics.items()}
+    return Attribution(
+        scores=scores,
+        maps={"alternative_answer": -np.asarray(alternative.scores[prompt:], dtype=np.float64)},
+        metrics=metrics,
+        verdicts=[*answer.verdicts, *alternative.verdicts],
     )
 
 
@@ -162,9 +269,15 @@ def input_logits(adapter: Adapter, inputs: Inputs) -> torch.Tensor:
 def _prediction(
     adapter: Adapter, inputs: Inputs, with_attentions: bool
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
-    """:func:`input_logits`, and ``with_attentions`` the attention probabilities of that pass."""
+    """
+    :func:`input_logits`, and ``with_attentions`` the attention probabilities of that pass.
+
+    With an answer in the input: the prediction after the prompt (what the answer follows).
+    """
     try:
         with torch.no_grad():
+            if isinstance(inputs, TextInputs) and inputs.answer_length:
+                return prompt_prediction(adapter, inputs, with_attentions)
             if not with_attentions:
                 return adapter.logits(**inputs.model_kwargs())[0].double(), None
             logits, attentions = adapter.logits_and_attentions(**inputs.model_kwargs())

@@ -16,7 +16,8 @@ import contextlib
 import math
 import zlib
 from collections.abc import Callable, Iterator
-from typing import Protocol
+from functools import partial
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -34,6 +35,9 @@ from attrlab.attribution.masks import (
 )
 from attrlab.attribution.models.base import Adapter, Inputs, TextInputs, text_adapter
 from attrlab.attribution.run import RunContext
+
+if TYPE_CHECKING:
+    from attrlab.attribution.target import Target
 
 __all__ = [
     "IMAGE_PERTURBATIONS",
@@ -252,7 +256,7 @@ class ImagePerturbation:
 
 class TextPerturbation:
     """
-    Apply keep masks over the non-special tokens of one text (special tokens always stay).
+    Apply keep masks over one text's tokens that are not fixed (special ones, an answer's).
 
     A mask value ``>= 0.5`` keeps the token. Hidden tokens are replaced by the tokenizer's
     mask token (``mask``) or pad token (``pad``), or removed (``delete``: the remaining tokens
@@ -268,7 +272,7 @@ class TextPerturbation:
         self.ids = inputs.input_ids[0]
         self.attention = inputs.attention_mask[0]
         #: Positions of the tokens that masks act on (mask column j -> token free[j]).
-        self.free = (~inputs.special_tokens).nonzero().squeeze(1).to(self.ids.device)
+        self.free = (~inputs.fixed_tokens).nonzero().squeeze(1).to(self.ids.device)
         text = text_adapter(adapter)
         self.pad_id = text.pad_token_id
         self.fill_id = text.mask_token_id if kind == "mask" else text.pad_token_id
@@ -465,6 +469,8 @@ class BatchRunner:
         precision: One of :data:`PRECISIONS` (checked by the methods' parameter schema):
             ``float32``, or a half type for CUDA autocast of the forwards (logits come back as
             float32 either way, so estimators accumulate in full precision).
+        target: What the forwards read (:meth:`Target.outputs`: an answer's steps); ``None``:
+            the adapter's logits.
     """
 
     def __init__(
@@ -475,10 +481,12 @@ class BatchRunner:
         total: int,
         report: bool = True,
         precision: str = "float32",
+        target: Target | None = None,
     ) -> None:
         if precision != "float32" and adapter.device.type != "cuda":
             run.warn(f"precision={precision} applies on a GPU; this run used float32")
         self.adapter = adapter
+        self._outputs = adapter.logits if target is None else partial(target.outputs, adapter)
         self.precision = precision
         self.run = run
         self.batch_size = max(1, int(batch_size))
@@ -497,7 +505,7 @@ class BatchRunner:
             JobCancelledError: between batches, once the job is cancelled.
             DeviceMemoryError: if even a batch of one does not fit.
         """
-        return self.chunks(n, lambda start, stop: self.adapter.logits(**build(start, stop)).float())
+        return self.chunks(n, lambda start, stop: self._outputs(**build(start, stop)).float())
 
     def chunks(
         self, n: int, forward: Callable[[int, int], torch.Tensor]
@@ -548,7 +556,7 @@ class BatchRunner:
         return None
 
     def logits(self, **model_kwargs: torch.Tensor) -> torch.Tensor:
-        """All logits of one large batch of kwargs, computed in chunks (a forward for Captum)."""
+        """All outputs of one large batch of kwargs, computed in chunks (a forward for Captum)."""
         n = next(iter(model_kwargs.values())).shape[0]
         chunks = [
             logits

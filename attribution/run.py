@@ -25,6 +25,7 @@ from attrlab.attribution.errors import (
 
 if TYPE_CHECKING:
     from attrlab.attribution.models.base import Adapter, Inputs
+    from attrlab.attribution.target import Target
 
 __all__ = [
     "ProgressCallback",
@@ -88,6 +89,8 @@ class RunContext:
     max_forward_passes: int | None = None
     logits: torch.Tensor | None = field(default=None, repr=False, compare=False)
     attentions: tuple[torch.Tensor, ...] | None = field(default=None, repr=False, compare=False)
+    #: Targets' outputs on the input itself (:meth:`clean_outputs`), where not the logits.
+    outputs: dict[Target, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
     forward_passes: int = 0
     backward_passes: int = 0
     warnings: list[str] = field(default_factory=list)
@@ -152,6 +155,25 @@ class RunContext:
                 self.logits = adapter.logits(**inputs.model_kwargs())[0]
             self.count(forward=1)
         return self.logits
+
+    def clean_outputs(self, adapter: Adapter, inputs: Inputs, target: Target) -> torch.Tensor:
+        """
+        ``target``'s outputs on the input itself (one row).
+
+        :meth:`clean_logits` where the target reads the logits (one output); otherwise one
+        counted forward, kept for the rest of the run.
+        """
+        if target.reads_logits:
+            return self.clean_logits(adapter, inputs)[None]
+        if target not in self.outputs:
+            with torch.no_grad():
+                self.outputs[target] = target.outputs(adapter, **inputs.model_kwargs())
+            self.count(forward=1)
+        return self.outputs[target]
+
+    def clean_score(self, adapter: Adapter, inputs: Inputs, target: Target) -> torch.Tensor:
+        """``target``'s score on the input itself (0-d): F(x) of a convergence delta."""
+        return target.score(self.clean_outputs(adapter, inputs, target))[0]
 
     def clean_attentions(self, adapter: Adapter, inputs: Inputs) -> tuple[torch.Tensor, ...]:
         """

@@ -18,21 +18,26 @@ that the Explanation's export carries.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
 
 from attrlab.attribution.errors import InvalidInputError, UnsupportedMethodError
 
 if TYPE_CHECKING:
-    import torch
-
     from attrlab.attribution.models.base import Adapter
 
 __all__ = [
+    "AnswerTarget",
     "ClassTarget",
+    "ContrastTarget",
     "NextTokenTarget",
     "OutputTarget",
+    "StepTarget",
     "Target",
+    "first_token",
     "output_index",
     "output_target",
     "resolve_target",
@@ -61,9 +66,62 @@ class Target(ABC):
         if "kind" in cls.__dict__:
             _KINDS[cls.kind] = cls
 
+    def outputs(self, adapter: Adapter, **model_kwargs: torch.Tensor) -> torch.Tensor:
+        """
+        What :meth:`score` reads, from one forward of ``model_kwargs`` (a batch of inputs).
+
+        The adapter's ``(B, C)`` logits unless a kind reads more (an answer's steps). While
+        :func:`~attribution.answers.reused_outputs` holds, outputs already computed for the
+        same inputs come back without a forward.
+        """
+        from attrlab.attribution.answers import remembered
+
+        store, key = remembered(self, model_kwargs)
+        if store is not None and key in store:
+            return store[key]
+        found = self._outputs(adapter, **model_kwargs)
+        if store is not None:
+            store[key] = found
+        return found
+
+    def _outputs(self, adapter: Adapter, **model_kwargs: torch.Tensor) -> torch.Tensor:
+        return adapter.logits(**model_kwargs)
+
+    @property
+    def reads_logits(self) -> bool:
+        """Its outputs are the adapter's logits (so the prediction's logits serve)."""
+        return True
+
     @abstractmethod
     def score(self, outputs: torch.Tensor) -> torch.Tensor:
-        """The explained scalar of each row: ``(B, C)`` outputs of the adapter -> ``(B,)``."""
+        """The explained scalar of each row: :meth:`outputs` of a batch -> ``(B,)``."""
+
+    @property
+    def steps(self) -> int:
+        """How many steps the score sums (an answer's tokens); 1 for one output."""
+        return 1
+
+    def step_scores(self, outputs: torch.Tensor) -> torch.Tensor:
+        """``(B, steps)``: each step's part of :meth:`score` (they sum to it)."""
+        return self.score(outputs)[:, None]
+
+    def step_labels(self) -> list[str]:
+        """Each step's label, as the rows of a per-step matrix show it."""
+        return [self.label]
+
+    @property
+    def answer_length(self) -> int:
+        """Tokens at the input's end the target reads as its answer (0: none)."""
+        return 0
+
+    def in_logits(self) -> Target:
+        """
+        The target read in logits rather than log-probabilities (LRP explains those).
+
+        The same target where it reads logits already (one output); an answer's steps then
+        read their tokens' logits, so a contrast of one token each is the logit difference.
+        """
+        return self
 
     def probability(self, outputs: torch.Tensor) -> torch.Tensor:
         """
@@ -153,6 +211,317 @@ class NextTokenTarget(OutputTarget):
     kind: ClassVar[str] = "next_token"
 
 
+def _token_list(value: Any, what: str) -> tuple[int, ...]:
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    ):
+        raise InvalidInputError(f"{what} is a non-empty list of token ids; got {value!r}")
+    return tuple(value)
+
+
+def _text_list(value: Any, count: int, what: str) -> tuple[str, ...]:
+    if (
+        not isinstance(value, list)
+        or len(value) != count
+        or not all(isinstance(v, str) for v in value)
+    ):
+        raise InvalidInputError(f"{what} is a list of {count} texts; got {value!r}")
+    return tuple(value)
+
+
+@dataclass(frozen=True)
+class AnswerTarget(Target):
+    """
+    A decoder LM's whole answer: the sum of its tokens' log-probabilities, teacher-forced.
+
+    The input is the prompt followed by the answer (``inputs.answer_length == len(tokens)``,
+    :func:`attribution.answers.answer_inputs`); step ``k`` is ``log p(token_k | prompt,
+    tokens_<k)``.
+
+    Attributes:
+        tokens: The answer's token ids.
+        token_labels: The text each stands for.
+        label: The answer's text.
+        generated: True for the model's own greedy continuation.
+        measure: ``log_prob`` (the default), or ``logit``: each step reads its token's raw
+            logit (:meth:`in_logits`, for LRP).
+    """
+
+    kind: ClassVar[str] = "answer"
+    tokens: tuple[int, ...]
+    token_labels: tuple[str, ...]
+    label: str = ""
+    generated: bool = False
+    measure: str = "log_prob"
+
+    def _outputs(self, adapter: Adapter, **model_kwargs: torch.Tensor) -> torch.Tensor:
+        """``(B, len(tokens))``: each step's log-probability (or logit)."""
+        from attrlab.attribution.answers import answer_log_probs, decoder_adapter
+
+        logits = decoder_adapter(adapter).model(**model_kwargs).logits
+        mask = model_kwargs["attention_mask"]
+        return answer_log_probs(logits, mask, self.tokens, len(self.tokens), self.measure)
+
+    def score(self, outputs: torch.Tensor) -> torch.Tensor:
+        """``log p(answer | prompt)``: the steps' log-probabilities (or logits) summed."""
+        return outputs.sum(dim=1)
+
+    def probability(self, outputs: torch.Tensor) -> torch.Tensor:
+        """``p(answer | prompt)`` (a score in log-probabilities)."""
+        return self.score(outputs).exp()
+
+    def in_logits(self) -> AnswerTarget:
+        return replace(self, measure="logit")
+
+    @property
+    def reads_logits(self) -> bool:
+        return False
+
+    @property
+    def steps(self) -> int:
+        return len(self.tokens)
+
+    def step_scores(self, outputs: torch.Tensor) -> torch.Tensor:
+        return outputs
+
+    def step_labels(self) -> list[str]:
+        return list(self.token_labels)
+
+    @property
+    def answer_length(self) -> int:
+        return len(self.tokens)
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"kind", "tokens", "token_labels", "label", "generated", "measure"}``."""
+        return {
+            "kind": self.kind,
+            "tokens": list(self.tokens),
+            "token_labels": list(self.token_labels),
+            "label": self.label,
+            "generated": self.generated,
+            "measure": self.measure,
+        }
+
+    @classmethod
+    def _from_fields(cls, data: dict[str, Any]) -> Target:
+        from attrlab.attribution.answers import MEASURES
+
+        tokens = _token_list(data.get("tokens"), "an answer's 'tokens'")
+        labels = _text_list(data.get("token_labels"), len(tokens), "an answer's 'token_labels'")
+        label, generated = data.get("label", ""), data.get("generated", False)
+        measure = data.get("measure", "log_prob")
+        if not isinstance(label, str) or not isinstance(generated, bool):
+            raise InvalidInputError("an answer's 'label' is a text and 'generated' true or false")
+        if measure not in MEASURES:
+            raise InvalidInputError(f"an answer's 'measure' is one of {', '.join(MEASURES)}")
+        return cls(tokens, labels, label, generated, measure)
+
+
+@dataclass(frozen=True)
+class ContrastTarget(Target):
+    """
+    One answer rather than another: ``log p(answer | x) − log p(alternative | x)``.
+
+    The input holds ``answer`` (teacher-forced). Where the alternative's steps read positions
+    that do not depend on how it differs (one token; or its earlier tokens are the answer's),
+    both come from the same forward. Otherwise the alternative needs its own sequence: scored
+    here by a second forward of the same perturbed prompt with the alternative in place
+    (token ids only); gradient methods, whose maps are linear in the score, attribute each
+    answer in its own sequence and subtract (:func:`attribution.explain`).
+
+    For one token each, this is also the logit difference (the softmax's normaliser cancels).
+
+    Attributes:
+        answer: The answer the input holds.
+        alternative: The answer it is contrasted with.
+        label: ``"' Paris' rather than ' Lyon'"``.
+    """
+
+    kind: ClassVar[str] = "contrast"
+    answer: AnswerTarget
+    alternative: AnswerTarget
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.label:
+            label = f"{self.answer.label!r} rather than {self.alternative.label!r}"
+            object.__setattr__(self, "label", label)
+
+    @property
+    def shares_input(self) -> bool:
+        """Both answers are read from the answer's own sequence (causal attention)."""
+        ours, theirs = self.answer.tokens, self.alternative.tokens
+        return len(theirs) <= len(ours) + 1 and theirs[:-1] == ours[: len(theirs) - 1]
+
+    def _outputs(self, adapter: Adapter, **model_kwargs: torch.Tensor) -> torch.Tensor:
+        """``(B, len(answer) + len(alternative))``: both answers' step log-probabilities."""
+        from attrlab.attribution.answers import answer_log_probs, decoder_adapter
+
+        model = decoder_adapter(adapter).model
+        mask = model_kwargs["attention_mask"]
+        length = len(self.answer.tokens)
+        logits = model(**model_kwargs).logits
+        measure = self.answer.measure
+        ours = answer_log_probs(logits, mask, self.answer.tokens, length, measure)
+        if self.shares_input:
+            theirs = answer_log_probs(logits, mask, self.alternative.tokens, length, measure)
+        else:
+            swapped = _with_answer(model_kwargs, length, self.alternative.tokens)
+            theirs = answer_log_probs(
+                model(**swapped).logits,
+                swapped["attention_mask"],
+                self.alternative.tokens,
+                len(self.alternative.tokens),
+                measure,
+            )
+        return torch.cat([ours, theirs], dim=1)
+
+    def score(self, outputs: torch.Tensor) -> torch.Tensor:
+        """``log p(answer) − log p(alternative)`` per row."""
+        return self.step_scores(outputs).sum(dim=1)
+
+    def probability(self, outputs: torch.Tensor) -> torch.Tensor:
+        """``p(answer) / p(alternative)``: how many times likelier the answer is."""
+        return self.score(outputs).exp()
+
+    @property
+    def steps(self) -> int:
+        return len(self.answer.tokens) + len(self.alternative.tokens)
+
+    def step_scores(self, outputs: torch.Tensor) -> torch.Tensor:
+        """The answer's steps, then the alternative's with their sign turned."""
+        length = len(self.answer.tokens)
+        return torch.cat([outputs[:, :length], -outputs[:, length:]], dim=1)
+
+    def step_labels(self) -> list[str]:
+        return [
+            *(f"+{t}" for t in self.answer.token_labels),
+            *(f"−{t}" for t in self.alternative.token_labels),
+        ]
+
+    @property
+    def answer_length(self) -> int:
+        return len(self.answer.tokens)
+
+    @property
+    def reads_logits(self) -> bool:
+        return False
+
+    def in_logits(self) -> ContrastTarget:
+        return replace(
+            self, answer=self.answer.in_logits(), alternative=self.alternative.in_logits()
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"kind", "answer", "alternative", "label"}``."""
+        return {
+            "kind": self.kind,
+            "answer": self.answer.to_json(),
+            "alternative": self.alternative.to_json(),
+            "label": self.label,
+        }
+
+    @classmethod
+    def _from_fields(cls, data: dict[str, Any]) -> Target:
+        answer = Target.from_json(data.get("answer"))
+        alternative = Target.from_json(data.get("alternative"))
+        label = data.get("label", "")
+        if not isinstance(answer, AnswerTarget) or not isinstance(alternative, AnswerTarget):
+            raise InvalidInputError("a contrast's 'answer' and 'alternative' are answer targets")
+        if not isinstance(label, str):
+            raise InvalidInputError("a contrast's 'label' is a text")
+        return cls(answer, alternative, label)
+
+
+@dataclass(frozen=True)
+class StepTarget(Target):
+    """
+    One step of a target of several (a row of the per-step matrix): its part of the score.
+
+    Attributes:
+        whole: The target of several steps.
+        step: Which, from 0.
+    """
+
+    kind: ClassVar[str] = "step"
+    whole: Target
+    step: int
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.step < self.whole.steps:
+            raise InvalidInputError(
+                f"step {self.step} is out of range: the target has {self.whole.steps} steps"
+            )
+        if not self.label:
+            object.__setattr__(self, "label", self.whole.step_labels()[self.step])
+
+    def outputs(self, adapter: Adapter, **model_kwargs: torch.Tensor) -> torch.Tensor:
+        """The whole target's outputs (so every step's run reuses the same forwards)."""
+        return self.whole.outputs(adapter, **model_kwargs)
+
+    def score(self, outputs: torch.Tensor) -> torch.Tensor:
+        return self.whole.step_scores(outputs)[:, self.step]
+
+    @property
+    def answer_length(self) -> int:
+        return self.whole.answer_length
+
+    @property
+    def reads_logits(self) -> bool:
+        return self.whole.reads_logits
+
+    def in_logits(self) -> StepTarget:
+        return replace(self, whole=self.whole.in_logits())
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"kind", "whole", "step", "label"}``."""
+        return {
+            "kind": self.kind,
+            "whole": self.whole.to_json(),
+            "step": self.step,
+            "label": self.label,
+        }
+
+    @classmethod
+    def _from_fields(cls, data: dict[str, Any]) -> Target:
+        step, label = data.get("step"), data.get("label", "")
+        if not isinstance(step, int) or isinstance(step, bool) or not isinstance(label, str):
+            raise InvalidInputError("a step target has a whole-number 'step' and a text 'label'")
+        return cls(Target.from_json(data.get("whole")), step, label)
+
+
+def _with_answer(
+    model_kwargs: dict[str, torch.Tensor], length: int, tokens: Sequence[int]
+) -> dict[str, torch.Tensor]:
+    """
+    ``model_kwargs``' rows (token ids) with ``tokens`` for their last ``length`` attended ones.
+
+    The rows come back right-padded again.
+
+    Raises:
+        UnsupportedMethodError: inputs given as embeddings (a gradient method's).
+    """
+    if "input_ids" not in model_kwargs:
+        raise UnsupportedMethodError(
+            "an alternative answer of its own needs the token ids to swap in; this method "
+            "passes embeddings"
+        )
+    ids, mask = model_kwargs["input_ids"], model_kwargs["attention_mask"]
+    kept = mask.sum(dim=1).long() - length  # each row's prompt
+    width = int(kept.max()) + len(tokens)
+    new_ids = ids.new_zeros(ids.shape[0], width)
+    new_mask = mask.new_zeros(ids.shape[0], width)
+    alternative = torch.as_tensor(list(tokens), device=ids.device, dtype=ids.dtype)
+    for row, prompt in enumerate(kept.tolist()):
+        new_ids[row, :prompt] = ids[row, :prompt]
+        new_ids[row, prompt : prompt + len(tokens)] = alternative
+        new_mask[row, : prompt + len(tokens)] = 1
+    return {"input_ids": new_ids, "attention_mask": new_mask}
+
+
 def output_target(adapter: Adapter, index: int) -> OutputTarget:
     """Output ``index`` of ``adapter`` as the kind its outputs are, with the model's label."""
     kind = NextTokenTarget if adapter.family == "decoder-lm" else ClassTarget
@@ -178,6 +547,21 @@ def resolve_target(
     if isinstance(target, Target):
         return target
     return output_target(adapter, adapter.target_index(target, logits))
+
+
+def first_token(target: Target) -> int:
+    """
+    The output a target is recorded under: its index, or an answer's first token.
+
+    (:class:`~attribution.explanation.TargetValues` keeps one index; the record keeps all.)
+    """
+    if isinstance(target, StepTarget):
+        return first_token(target.whole)
+    if isinstance(target, ContrastTarget):
+        return target.answer.tokens[0]
+    if isinstance(target, AnswerTarget):
+        return target.tokens[0]
+    return output_index(target, "the Explanation's target")
 
 
 def output_index(target: Target, what: str) -> int:

@@ -54,12 +54,14 @@ def forward_function(
     index: the forward's output is already the scalar attributed, of any kind of target.
     """
     keys = inputs.forward_keys
-    return lambda *tensors: target.score(adapter.logits(**dict(zip(keys, tensors, strict=True))))
+    return lambda *tensors: target.score(
+        target.outputs(adapter, **dict(zip(keys, tensors, strict=True)))
+    )
 
 
 class AdapterModule(nn.Module):
     """
-    ``target``'s score of ``adapter.logits`` as an ``nn.Module`` taking tensors named by ``keys``.
+    ``target``'s score of the adapter's outputs as an ``nn.Module`` taking tensors by ``keys``.
 
     The adapter's model is a registered child, so hooks that Captum places on every
     submodule (DeepLIFT's nonlinearity rules) reach it; the model itself is not changed.
@@ -70,11 +72,12 @@ class AdapterModule(nn.Module):
         self.model = adapter.model
         self.keys = tuple(keys)
         self.target = target
-        self._logits = adapter.logits
+        self._adapter = adapter
 
     def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
         """The target's scores ``(B,)`` for the tensors given in the order of ``keys``."""
-        return self.target.score(self._logits(**dict(zip(self.keys, tensors, strict=True))))
+        kwargs = dict(zip(self.keys, tensors, strict=True))
+        return self.target.score(self.target.outputs(self._adapter, **kwargs))
 
 
 def baseline_for(adapter: Adapter, inputs: Inputs, kind: str) -> torch.Tensor:
@@ -120,7 +123,7 @@ def _embedding_space(adapter: Adapter, inputs: Inputs, baseline: torch.Tensor) -
         tensor,
         reference,
         scale,
-        text.special_tokens.view(1, -1, 1),
+        text.fixed_tokens.view(1, -1, 1),
         ("inputs_embeds", "attention_mask"),
         (text.attention_mask,),
     )
@@ -176,7 +179,6 @@ def delta_metrics(
     output: torch.Tensor,
     references: torch.Tensor,
     extra: tuple[torch.Tensor, ...] | None,
-    target: Target,
     attribution_sums: Sequence[float],
 ) -> dict[str, float]:
     """
@@ -185,9 +187,10 @@ def delta_metrics(
     ``attribution_sums`` holds the attributions' sum against each reference row of
     ``references``; with several (DeepLIFT-SHAP) the delta and the difference are their means,
     and ``max_abs_reference_delta`` is the largest delta of a single reference. ``output`` is
-    the input's own logits (one row: the prediction ``explain`` already made, so F(x) costs no
-    pass); F(x0) is one forward of the references. All in float64: both sides are the model's
-    own logits, cast before subtracting, so a half-precision model's delta is not rounded away.
+    the target's score F(x) on the input itself (:meth:`RunContext.clean_score`: from the
+    prediction ``explain`` already made where the target reads it, so it costs no pass); F(x0)
+    is one forward of the references. All in float64: both sides are the model's own outputs,
+    cast before subtracting, so a half-precision model's delta is not rounded away.
     """
     extra = extra or ()
     rows = references.shape[0]
@@ -195,7 +198,7 @@ def delta_metrics(
         raise ValueError(f"{len(attribution_sums)} attribution sums for {rows} references")
     with torch.no_grad():
         reference = forward(references, *(e.expand(rows, *e.shape[1:]) for e in extra))
-    differences = (target.score(output[None])[0].double() - reference.double()).cpu()
+    differences = (output.double() - reference.double()).cpu()
     deltas = torch.tensor(attribution_sums, dtype=torch.float64) - differences
     difference, delta = float(differences.mean()), float(deltas.mean())
     metrics = {

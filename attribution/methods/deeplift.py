@@ -77,8 +77,8 @@ class DeepLift(AttributionMethod):
         scores = inputs.reduce(attributions)
         _, extra = inputs.attributed()
         forward = forward_function(adapter, inputs, target)
-        output = run.clean_logits(adapter, inputs)  # F(x): explain's own prediction
-        metrics = delta_metrics(forward, output, baseline, extra, target, [float(scores.sum())])
+        output = run.clean_score(adapter, inputs, target)  # F(x): explain's own prediction
+        metrics = delta_metrics(forward, output, baseline, extra, [float(scores.sum())])
         run.count(forward=3, backward=1)  # input+baseline batch, then F(x0) for the delta
         verdict = summation_verdict(adapter.model, run, scores, metrics, report)
         return Attribution(scores=scores, metrics=metrics, verdicts=[verdict])

@@ -114,8 +114,8 @@ class DeepLiftShap(AttributionMethod):
             )
         scores = inputs.reduce(per_reference.mean(dim=0, keepdim=True))
         sums = per_reference.detach().double().flatten(1).sum(dim=1).tolist()
-        output = run.clean_logits(adapter, inputs)  # F(x): explain's own prediction
-        metrics = delta_metrics(module, output, references, space.extra, target, sums)
+        output = run.clean_score(adapter, inputs, target)  # F(x): explain's own prediction
+        metrics = delta_metrics(module, output, references, space.extra, sums)
         run.count(forward=3 * count, backward=count)  # inputs and references, then F(references)
         verdict = summation_verdict(adapter.model, run, scores, metrics, report)
         return Attribution(scores=scores, metrics=metrics, verdicts=[verdict])

@@ -84,9 +84,9 @@ class IntegratedGradients(AttributionMethod):
         scores = inputs.reduce(attributions)
         # The delta's F(x) is the prediction explain already made: only F(baseline) is a pass
         # (Captum's own delta would run the input's forward again).
-        output = run.clean_logits(adapter, inputs)
+        output = run.clean_score(adapter, inputs, target)
         total = [float(scores.sum())]
-        metrics = delta_metrics(module, output, space.reference, space.extra, target, total)
+        metrics = delta_metrics(module, output, space.reference, space.extra, total)
         run.count(forward=params["n_steps"] + 1, backward=params["n_steps"])
         verdict = integral_convergence(metrics, params["n_steps"])
         if verdict.status != "pass":

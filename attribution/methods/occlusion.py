@@ -94,7 +94,12 @@ class Occlusion(AttributionMethod):
             image = cast(ImageInputs, inputs).image  # check_segments: images only
             labels = slic_segments(image, params["n_segments"]).to(tensor.device)
             runner = BatchRunner(
-                adapter, run, batch_size, int(labels.max()) + 2, precision=params["precision"]
+                adapter,
+                run,
+                batch_size,
+                int(labels.max()) + 2,
+                precision=params["precision"],
+                target=target,
             )
             method = FeatureAblation(_forward(runner, inputs, target))
             kwargs: dict[str, Any] = {"feature_mask": labels[None, None]}
@@ -103,7 +108,7 @@ class Occlusion(AttributionMethod):
                 inputs.map_shape, tensor.shape[1:], params["window"], params["stride"]
             )
             runner = BatchRunner(
-                adapter, run, batch_size, windows + 1, precision=params["precision"]
+                adapter, run, batch_size, windows + 1, precision=params["precision"], target=target
             )
             method = CaptumOcclusion(_forward(runner, inputs, target))
             kwargs = {"sliding_window_shapes": window, "strides": stride}

@@ -173,11 +173,13 @@ class RISE(AttributionMethod):
             adapter.device,
             params["n_segments"] if params["segments"] == "slic" else None,
         )
-        targets = _targets(adapter, run.clean_logits(adapter, inputs), target)
+        targets = _targets(adapter, run, inputs, target)
         first = masks.batch(0, 1)
         estimator = RiseEstimator(len(targets), first[0].numel(), params["p"])
         batch_size = params["batch_size"] or auto_batch_size(adapter, inputs)
-        runner = BatchRunner(adapter, run, batch_size, len(masks), precision=params["precision"])
+        runner = BatchRunner(
+            adapter, run, batch_size, len(masks), precision=params["precision"], target=target
+        )
         tolerance, error = params["tolerance"], float("nan")
         for batch, logits in runner.score(masks, perturbation):
             probability = params["output"] == "probability"
@@ -209,8 +211,15 @@ class RISE(AttributionMethod):
         return Attribution(scores=maps[0], maps={"std_error": std_error, **extra}, metrics=metrics)
 
 
-def _targets(adapter: Adapter, logits: torch.Tensor, target: Target) -> list[Target]:
-    """``target`` first, then the top predicted outputs (their maps come at little cost)."""
+def _targets(adapter: Adapter, run: RunContext, inputs: Inputs, target: Target) -> list[Target]:
+    """
+    ``target`` first, then the top predicted outputs (their maps come at little cost).
+
+    Only where the target reads the logits: an answer's forwards read its steps alone.
+    """
+    if not target.reads_logits:
+        return [target]
+    logits = run.clean_logits(adapter, inputs)
     named = target.index if isinstance(target, OutputTarget) else None
     top = logits.topk(min(TOP_CLASSES, logits.numel())).indices.tolist()
     return [target, *(output_target(adapter, c) for c in top if c != named)]

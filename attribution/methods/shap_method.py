@@ -102,7 +102,9 @@ class Shap(AttributionMethod):
                 f"a SHAP tolerance compares refinements from {MIN_EVALS_BEFORE_STOPPING} "
                 f"evaluations on: set max_evals above {MIN_EVALS_BEFORE_STOPPING}"
             )
-        runner = BatchRunner(adapter, run, batch_size, max_evals, precision=params["precision"])
+        runner = BatchRunner(
+            adapter, run, batch_size, max_evals, precision=params["precision"], target=target
+        )
         remember = tolerance is not None
         explain, data, reduce = _EXPLAINERS[inputs.modality](
             adapter, inputs, target, runner, params, remember

@@ -193,7 +193,7 @@ def _text_noise(
     ids = inputs.input_ids
     with torch.no_grad():
         clean = embedding(ids)
-    free = ~inputs.special_tokens.to(clean.device).view(1, -1, 1)
+    free = ~inputs.fixed_tokens.to(clean.device).view(1, -1, 1)
     values = clean.masked_select(free.expand_as(clean))
     spread = float(values.max() - values.min()) if values.numel() else 0.0
     epsilon = torch.randn(clean.shape, generator=generator, dtype=torch.float64)

@@ -203,7 +203,12 @@ class Sobol(AttributionMethod):
         points = qmc.Sobol(2 * dimension, scramble=False).random(n)
         batch_size = params["batch_size"] or auto_batch_size(adapter, inputs)
         runner = BatchRunner(
-            adapter, run, batch_size, n * (dimension + 2), precision=params["precision"]
+            adapter,
+            run,
+            batch_size,
+            n * (dimension + 2),
+            precision=params["precision"],
+            target=target,
         )
         outputs_a, outputs_c = [], []
         for start, stop in _blocks(n, tolerance is not None):

@@ -177,7 +177,7 @@ def faithfulness_passes(inputs: Inputs, steps: int = 50, random_orders: int = RA
     if inputs.modality == "image":
         points = len(_image_counts(math.prod(inputs.map_shape), steps))
     else:
-        points = int((~cast(TextInputs, inputs).special_tokens).sum()) + 1
+        points = int((~cast(TextInputs, inputs).fixed_tokens).sum()) + 1
     return 2 * points * (2 + random_orders)
 
 
@@ -365,7 +365,7 @@ def _text(
     batch_size: int,
     run: RunContext,
 ) -> Faithfulness:
-    free = (~inputs.special_tokens).cpu().numpy()
+    free = (~inputs.fixed_tokens).cpu().numpy()
     values = scores[free]
     n = values.size
     if n == 0:

@@ -43,6 +43,11 @@ class TextInputs:
     :mod:`attribution.tokens`), which is what people are shown. ``offsets`` are each token's
     ``(start, end)`` characters in ``text`` as the tokenizer gives them (``(0, 0)`` for a
     token it added), ``None`` from a slow tokenizer.
+
+    A decoder LM's answer is teacher-forced after its prompt in the same sequence: its
+    ``answer_length`` last tokens (:mod:`attribution.answers`). Like special tokens they are
+    :attr:`fixed_tokens`: perturbations and references keep them, since they are what is
+    explained, read at the positions counted back from the last attended one.
     """
 
     text: str
@@ -53,6 +58,7 @@ class TextInputs:
     special_tokens: torch.Tensor  # bool (T,): CLS/SEP/BOS kept by perturbations and baselines
     truncated: bool = False
     offsets: list[tuple[int, int]] | None = None
+    answer_length: int = 0
 
     modality = "text"
     #: :meth:`Adapter.logits` keywords, in the order gradient methods pass them positionally.
@@ -69,6 +75,15 @@ class TextInputs:
         """Shape of a score map: one score per token."""
         return (int(self.input_ids.shape[1]),)
 
+    @property
+    def fixed_tokens(self) -> torch.Tensor:
+        """Bool ``(T,)``: tokens every perturbation and reference keeps (special, answer)."""
+        if self.answer_length == 0:
+            return self.special_tokens
+        fixed = self.special_tokens.clone()
+        fixed[-self.answer_length :] = True
+        return fixed
+
     def attributed(self) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """The tensor gradient methods attribute to (via its embeddings) and the other args."""
         return self.input_ids, (self.attention_mask,)
@@ -82,10 +97,10 @@ class TextInputs:
         return attributions[0].sum(dim=-1).detach().double().cpu().numpy()
 
     def reference(self, adapter: Adapter, kind: str) -> torch.Tensor:
-        """Token ids with every non-special token replaced by the pad or mask token."""
+        """Token ids with every token not fixed replaced by the pad or mask token."""
         text = text_adapter(adapter)
         fill = text.pad_token_id if kind == "pad" else text.mask_token_id
-        return torch.where(self.special_tokens, self.input_ids, fill)
+        return torch.where(self.fixed_tokens, self.input_ids, fill)
 
     def visible_tokens(self, count: int) -> torch.Tensor:
         """Which of the model's ``count`` token positions attend (padding does not)."""

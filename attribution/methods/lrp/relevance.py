@@ -130,7 +130,9 @@ def lrp(
         biases = hooks.enter_context(absorbed_by_biases(adapter.model)) if account else None
         for name, module, where in probes:
             hooks.enter_context(_probe(module, where, name, probed))
-        score = target.score(adapter.logits(**kwargs))[0]
+        # an answer's steps in logits: the softmax's normaliser has no LRP rule
+        explained = target.in_logits()
+        score = explained.score(explained.outputs(adapter, **kwargs))[0]
         if not score.requires_grad:
             raise UnsupportedMethodError(
                 "the model's output does not depend on its input embedding"

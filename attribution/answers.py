@@ -1,0 +1,546 @@
+"""
+Whole answers of a decoder LM: teacher-forced inputs, greedy generation, per-step readouts.
+
+An answer is explained in the sequence the model would read it in: the prompt's tokens, then
+the answer's, in one forward pass (teacher forcing). The logits at the position before each
+answer token give that token's log-probability; the positions are counted back from each row's
+last attended token (right padding), so a perturbation that deletes prompt tokens, shifting
+everything after them, still reads the answer where it now is. The answer's own tokens are
+:attr:`~attribution.models.base.TextInputs.fixed_tokens`: what is explained, never perturbed.
+
+:func:`answer_inputs` builds the sequence (optionally in the tokenizer's chat template),
+:func:`generate_answer` finds the model's own greedy continuation first, and
+:func:`answer_log_probs` reads an answer's per-step log-probabilities from a forward's logits.
+:func:`reused_outputs` lets several runs over the same perturbed inputs (the rows of a
+per-step matrix) share the forwards of the first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
+from attrlab.attribution.models.base import TextInputs
+from attrlab.attribution.tokens import token_texts
+
+if TYPE_CHECKING:
+    from attrlab.attribution.models.base import Adapter
+    from attrlab.attribution.models.text import DecoderLMAdapter
+    from attrlab.attribution.target import AnswerTarget, Target
+
+__all__ = [
+    "ANSWER_FIELDS",
+    "MAX_NEW_TOKENS",
+    "MEASURES",
+    "Answer",
+    "AnswerSpec",
+    "answer_asked",
+    "answer_inputs",
+    "answer_log_probs",
+    "answer_request",
+    "answer_target",
+    "decoder_adapter",
+    "generate_answer",
+    "given_answer",
+    "prompt_inputs",
+    "prompt_of",
+    "prompt_prediction",
+    "reused_outputs",
+    "with_alternative",
+]
+
+#: The longest answer :func:`generate_answer` produces (each token is one more forward).
+MAX_NEW_TOKENS = 256
+
+#: The fields of a request about an answer, as JSON names them (:class:`AnswerSpec`).
+ANSWER_FIELDS = ("answer", "generate", "stop", "contrast", "chat", "per_step")
+
+
+@dataclass(frozen=True)
+class AnswerSpec:
+    """
+    What a request asks about a decoder LM's answer: plain data, checked when made.
+
+    It travels with a request (the worker's instances, batch rows, stored jobs, Ray actors) and
+    becomes inputs and a target once the model is loaded (:meth:`request`, that is
+    :func:`answer_request`). Every front end builds one from its own fields, so a combination
+    is refused with the same words everywhere, before any model loads.
+
+    Attributes:
+        answer: The continuation to explain (teacher-forced).
+        generate: Explain the model's greedy continuation of at most this many tokens instead.
+        stop: Text that ends a generated answer.
+        contrast: An alternative answer: the target is ``log p(answer) − log p(contrast)``.
+        chat: The prompt in the tokenizer's chat template.
+        per_step: Add one map per answer token (``maps["steps"]``, steps × tokens).
+
+    Raises:
+        InvalidInputError: a field of the wrong type, both ``answer`` and ``generate``, an empty
+            answer, contrast or stop, ``stop`` without ``generate``, ``per_step`` without an
+            answer to split.
+        InvalidParameterError: ``generate`` outside 1..:data:`MAX_NEW_TOKENS`.
+    """
+
+    answer: str | None = None
+    generate: int | None = None
+    stop: str | None = None
+    contrast: str | None = None
+    chat: bool = False
+    per_step: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("answer", "stop", "contrast"):
+            if not isinstance(getattr(self, name), str | None):
+                raise InvalidInputError(f"'{name}' is a text; got {getattr(self, name)!r}")
+        for name in ("chat", "per_step"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidInputError(f"'{name}' is true or false; got {getattr(self, name)!r}")
+        if self.answer is not None and self.generate is not None:
+            raise InvalidInputError("give an answer or ask to generate one, not both")
+        if self.answer is not None:
+            _nonempty(self.answer, "the answer is empty: give the continuation to explain")
+        if self.generate is not None:
+            _check_generate(self.generate)
+        if self.contrast is not None:
+            _nonempty(self.contrast, "the contrast is empty: give the alternative continuation")
+        if self.stop is not None:
+            if self.generate is None:
+                raise InvalidInputError("'stop' ends a generated answer: give it with 'generate'")
+            _nonempty(self.stop, "the stop text is empty: give the text that ends the answer")
+        if self.per_step and self.answer is self.generate is self.contrast is None:
+            raise InvalidInputError(
+                "per_step splits an answer into its tokens: give an answer, ask to generate "
+                "one, or give a contrast"
+            )
+
+    @classmethod
+    def from_json(cls, record: Mapping[str, Any]) -> AnswerSpec | None:
+        """
+        The answer fields of a JSON object (a dataset line, a stored row); ``None`` if none.
+
+        Raises:
+            InvalidInputError, InvalidParameterError: as the class does.
+        """
+        given = {name: record[name] for name in ANSWER_FIELDS if _set(record.get(name))}
+        return cls(**given) if given else None
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields that are set (:meth:`from_json` reads them back)."""
+        return {name: getattr(self, name) for name in ANSWER_FIELDS if _set(getattr(self, name))}
+
+    def request(self, adapter: Adapter, prompt: str) -> tuple[TextInputs, Target]:
+        """The inputs and target of ``prompt`` and this answer on ``adapter``."""
+        return answer_request(
+            adapter,
+            prompt,
+            answer=self.answer,
+            generate=self.generate,
+            contrast=self.contrast,
+            chat=self.chat,
+            stop=self.stop,
+        )
+
+
+@dataclass(frozen=True)
+class Answer:
+    """
+    An answer's tokens as the model reads them after the prompt.
+
+    Attributes:
+        ids: Its token ids.
+        text: Its text.
+        generated: True when it is the model's own greedy continuation.
+        stop: Why generation ended (``"eos"``, ``"stop"``, ``"length"``); ``None`` when given.
+    """
+
+    ids: tuple[int, ...]
+    text: str
+    generated: bool = False
+    stop: str | None = None
+
+
+def decoder_adapter(adapter: Adapter) -> DecoderLMAdapter:
+    """``adapter`` as a decoder LM, or a clear refusal (answers are a decoder's)."""
+    from attrlab.attribution.models.text import DecoderLMAdapter
+
+    if not isinstance(adapter, DecoderLMAdapter):
+        raise InvalidInputError(
+            f"answers and contrasts explain a decoder LM's continuation; model "
+            f"'{adapter.model_id}' is a {adapter.family}"
+        )
+    return adapter
+
+
+def prompt_inputs(adapter: Adapter, prompt: str, chat: bool = False) -> TextInputs:
+    """
+    The prompt as the model reads it; ``chat`` wraps it in the tokenizer's chat template.
+
+    In the template (a user turn, then the assistant's turn opening) every token outside the
+    user's own text is marked special: kept out of maps and perturbations, shown greyed.
+
+    Raises:
+        InvalidInputError: not a decoder LM, an empty prompt, or ``chat`` without a template.
+    """
+    decoder = decoder_adapter(adapter)
+    if not chat:
+        return decoder.preprocess(prompt)
+    tokenizer = decoder.tokenizer
+    if not getattr(tokenizer, "chat_template", None):
+        raise InvalidInputError(
+            f"model '{adapter.model_id}' has no chat template; explain the prompt as it is"
+        )
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise InvalidInputError("the prompt is empty: give at least one word to explain")
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+    )
+    start = text.find(prompt)
+    if start < 0:  # a template that rewrites the message: nothing to align the tokens with
+        raise InvalidInputError("the chat template changes the prompt's text; explain it plainly")
+    stop = start + len(prompt)
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids = list(encoded["input_ids"])
+    offsets = [(int(a), int(b)) for a, b in encoded["offset_mapping"]]
+    # template tokens: those outside the user's characters
+    special = [not (a < stop and b > start) for a, b in offsets]
+    return _inputs(decoder, text, ids, special, offsets)
+
+
+def answer_inputs(adapter: Adapter, prompt: TextInputs, answer: Answer) -> TextInputs:
+    """
+    ``prompt`` followed by ``answer``'s tokens: one teacher-forced sequence.
+
+    The answer's characters follow the prompt's in ``text``; its tokens are the last
+    ``answer_length`` ones.
+
+    Raises:
+        InvalidInputError: an empty answer, or prompt and answer longer than the model reads.
+    """
+    decoder = decoder_adapter(adapter)
+    if not answer.ids:
+        raise InvalidInputError("the answer is empty: give at least one token to explain")
+    ids = [*prompt.input_ids[0].tolist(), *answer.ids]
+    if len(ids) > decoder.max_length:
+        raise InvalidInputError(
+            f"prompt and answer take {len(ids)} tokens; model '{adapter.model_id}' reads at "
+            f"most {decoder.max_length}: shorten the prompt or the answer"
+        )
+    text = prompt.text + answer.text
+    offsets = None
+    if prompt.offsets is not None:
+        at = len(prompt.text)
+        offsets = [
+            *prompt.offsets,
+            *((at + a, at + b) for a, b in _answer_offsets(decoder, answer)),
+        ]
+    special = [*prompt.special_tokens.tolist(), *([False] * len(answer.ids))]
+    inputs = _inputs(decoder, text, ids, special, offsets)
+    return replace(inputs, answer_length=len(answer.ids), truncated=prompt.truncated)
+
+
+def prompt_of(inputs: TextInputs, answer_text: str) -> TextInputs:
+    """``inputs`` without their answer (of text ``answer_text``): the prompt alone."""
+    keep = int(inputs.input_ids.shape[1]) - inputs.answer_length
+    text = inputs.text[: len(inputs.text) - len(answer_text)] if answer_text else inputs.text
+    return replace(
+        inputs,
+        text=text,
+        input_ids=inputs.input_ids[:, :keep],
+        attention_mask=inputs.attention_mask[:, :keep],
+        tokens=inputs.tokens[:keep],
+        token_texts=inputs.token_texts[:keep],
+        special_tokens=inputs.special_tokens[:keep],
+        offsets=None if inputs.offsets is None else inputs.offsets[:keep],
+        answer_length=0,
+    )
+
+
+def with_alternative(adapter: Adapter, inputs: TextInputs, alternative: Any) -> TextInputs:
+    """
+    The same prompt followed by ``alternative`` (an answer target) instead of the answer.
+
+    The answer's text is the part of ``inputs.text`` after the prompt's characters.
+    """
+    prompt_chars = inputs.offsets[-inputs.answer_length - 1][1] if inputs.offsets else None
+    answer_text = inputs.text[prompt_chars:] if prompt_chars is not None else ""
+    prompt = prompt_of(inputs, answer_text)
+    answer = Answer(tuple(alternative.tokens), alternative.label)
+    return answer_inputs(adapter, prompt, answer)
+
+
+def prompt_prediction(
+    adapter: Adapter, inputs: TextInputs, with_attentions: bool
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+    """
+    The next-token logits after the prompt of ``inputs`` (which hold an answer), float64.
+
+    Read from the whole sequence's forward (causal attention: the answer does not change
+    them), whose attention probabilities come back too with ``with_attentions``.
+    """
+    decoder = decoder_adapter(adapter)
+    kwargs = inputs.model_kwargs()
+    out = decoder.model(**kwargs, output_attentions=with_attentions)
+    at = int(kwargs["attention_mask"][0].sum()) - 1 - inputs.answer_length
+    attentions = tuple(out.attentions or ()) if with_attentions else None
+    return out.logits[0, at].double(), attentions
+
+
+def given_answer(adapter: Adapter, text: str) -> Answer:
+    """The answer a user typed, as the tokens that follow a prompt (no special tokens)."""
+    decoder = decoder_adapter(adapter)
+    _nonempty(text, "the answer is empty: give the continuation to explain")
+    ids = decoder.tokenizer.encode(text, add_special_tokens=False)
+    if not ids:
+        raise InvalidInputError(f"the answer {text!r} gives this model no token")
+    return Answer(tuple(int(i) for i in ids), text)
+
+
+def generate_answer(
+    adapter: Adapter, prompt: TextInputs, max_new_tokens: int, stop: str | None = None
+) -> Answer:
+    """
+    The model's greedy continuation of ``prompt``: at most ``max_new_tokens`` tokens.
+
+    Generation ends at the end-of-sequence token (not kept), once the text contains ``stop``
+    (the token completing it is kept, as Hugging Face's ``stop_strings`` does), or at
+    ``max_new_tokens``. One forward per token, reusing the key/value cache.
+
+    Raises:
+        InvalidParameterError: ``max_new_tokens`` outside 1..:data:`MAX_NEW_TOKENS`.
+    """
+    decoder = decoder_adapter(adapter)
+    _check_generate(max_new_tokens)
+    room = decoder.max_length - int(prompt.input_ids.shape[1])
+    if room < 1:
+        raise InvalidInputError("the prompt fills the model's context: no room for an answer")
+    eos = _eos_ids(decoder)
+    ids: list[int] = []
+    reason = "length"
+    step_ids, mask = prompt.input_ids, prompt.attention_mask
+    past: Any = None
+    with torch.no_grad():
+        for _ in range(min(int(max_new_tokens), room)):
+            out = decoder.model(input_ids=step_ids, attention_mask=mask, cache=past, use_cache=True)
+            past = out.cache
+            token = int(out.logits[0, -1].argmax())
+            if token in eos:
+                reason = "eos"
+                break
+            ids.append(token)
+            if stop and stop in decoder.tokenizer.decode(ids):
+                reason = "stop"
+                break
+            step_ids = torch.tensor([[token]], device=mask.device)
+            mask = torch.cat([mask, mask.new_ones(1, 1)], dim=1)
+    if not ids:
+        raise InvalidInputError(
+            "the model ends its answer at once (end of sequence): nothing to explain"
+        )
+    return Answer(tuple(ids), decoder.tokenizer.decode(ids), generated=True, stop=reason)
+
+
+def answer_asked(record: Mapping[str, Any]) -> bool:
+    """
+    Whether ``record`` (a request's fields) gives any answer field, checked or not.
+
+    Such a request is a decoder LM's: front ends choose its default model by this.
+    """
+    return any(_set(record.get(name)) for name in ANSWER_FIELDS)
+
+
+def _set(value: Any) -> bool:
+    """A field given a value: not missing, not ``None``, not ``false`` (``0`` is a value)."""
+    return value is not None and value is not False
+
+
+def _check_generate(max_new_tokens: Any) -> None:
+    """Refuse a number of new tokens that is not a whole number in 1..:data:`MAX_NEW_TOKENS`."""
+    if (
+        isinstance(max_new_tokens, bool)
+        or not isinstance(max_new_tokens, int)
+        or not 1 <= max_new_tokens <= MAX_NEW_TOKENS
+    ):
+        raise InvalidParameterError(
+            f"generate takes 1 to {MAX_NEW_TOKENS} new tokens; got {max_new_tokens!r}"
+        )
+
+
+def _nonempty(text: Any, message: str) -> None:
+    """Refuse ``text`` unless it is a text of at least one character."""
+    if not isinstance(text, str) or not text:
+        raise InvalidInputError(message)
+
+
+#: What an answer's step reads: its token's log-probability, or its raw logit (LRP).
+MEASURES = ("log_prob", "logit")
+
+
+def answer_log_probs(
+    logits: torch.Tensor,
+    attention_mask: torch.Tensor,
+    tokens: Sequence[int],
+    answer_length: int,
+    measure: str = "log_prob",
+) -> torch.Tensor:
+    """
+    Per-step log-probabilities ``(B, len(tokens))`` of ``tokens`` as an answer.
+
+    ``measure="logit"``: the tokens' raw logits instead.
+
+    ``logits`` ``(B, T, V)`` are a forward's over sequences whose last ``answer_length``
+    attended tokens are the answer; step ``k`` is read at the position before the answer's
+    token ``k``: ``last - answer_length + k``. ``tokens`` may differ from the answer in the
+    sequence where the positions read do not depend on the difference (an alternative whose
+    earlier tokens are the sequence's: causal attention).
+    """
+    last = attention_mask.sum(dim=1).long() - 1
+    steps = torch.arange(len(tokens), device=logits.device)
+    positions = (last - answer_length)[:, None] + steps[None, :]
+    rows = torch.arange(logits.shape[0], device=logits.device)[:, None]
+    read = logits[rows, positions].float()
+    if measure == "log_prob":
+        read = read.log_softmax(-1)
+    wanted = torch.as_tensor(list(tokens), device=logits.device).expand(logits.shape[0], -1)
+    return read.gather(-1, wanted[..., None])[..., 0]
+
+
+#: While :func:`reused_outputs` holds: (target, inputs' digest) -> the target's outputs.
+_REUSED: ContextVar[dict[tuple[Any, str], torch.Tensor] | None] = ContextVar(
+    "attrlab_reused_outputs", default=None
+)
+
+
+@contextmanager
+def reused_outputs() -> Iterator[None]:
+    """
+    Within the block, a target's outputs on inputs it has already read come from memory.
+
+    For runs that score the same perturbed inputs again (each row of a per-step matrix after
+    the whole answer's map): the forwards are spent once. Only forwards without gradients are
+    kept; a key is the target and a digest of the inputs' values.
+    """
+    token = _REUSED.set({})
+    try:
+        yield
+    finally:
+        _REUSED.reset(token)
+
+
+def remembered(target: Any, model_kwargs: dict[str, torch.Tensor]) -> tuple[Any, Any]:
+    """
+    ``(store, key)`` of ``target``'s outputs on ``model_kwargs`` while outputs are reused.
+
+    ``store`` is ``None`` when they are not: outside :func:`reused_outputs`, or inputs that
+    carry gradients.
+    """
+    store = _REUSED.get()
+    if store is None or torch.is_grad_enabled():
+        return None, None
+    digest = hashlib.blake2b(digest_size=16)
+    for name in sorted(model_kwargs):
+        tensor = model_kwargs[name]
+        digest.update(name.encode())
+        digest.update(str(tuple(tensor.shape)).encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return store, (target, digest.hexdigest())
+
+
+def _eos_ids(decoder: DecoderLMAdapter) -> set[int]:
+    found: set[int] = set()
+    for source in (getattr(decoder.model, "generation_config", None), decoder.config):
+        eos = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(eos, int):
+            found.add(eos)
+        elif isinstance(eos, (list, tuple)):
+            found.update(int(e) for e in eos)
+    if decoder.tokenizer.eos_token_id is not None:
+        found.add(int(decoder.tokenizer.eos_token_id))
+    return found
+
+
+def _answer_offsets(decoder: DecoderLMAdapter, answer: Answer) -> list[tuple[int, int]]:
+    """Each answer token's characters in ``answer.text``, from decoding growing prefixes."""
+    ends = [len(decoder.tokenizer.decode(answer.ids[: k + 1])) for k in range(len(answer.ids))]
+    return list(zip([0, *ends[:-1]], ends, strict=True))
+
+
+def _inputs(
+    decoder: DecoderLMAdapter,
+    text: str,
+    ids: list[int],
+    special: list[bool],
+    offsets: list[tuple[int, int]] | None,
+) -> TextInputs:
+    device = decoder.device
+    tensor = torch.tensor([ids], device=device)
+    return TextInputs(
+        text=text,
+        input_ids=tensor,
+        attention_mask=torch.ones_like(tensor),
+        tokens=decoder.tokenizer.convert_ids_to_tokens(ids),
+        token_texts=token_texts(decoder.tokenizer, text, ids, special, offsets),
+        special_tokens=torch.tensor(special, device=device),
+        offsets=offsets,
+    )
+
+
+def answer_target(adapter: Adapter, inputs: TextInputs, answer: Answer) -> AnswerTarget:
+    """The target of ``answer`` in ``inputs`` (built by :func:`answer_inputs`)."""
+    from attrlab.attribution.target import AnswerTarget
+
+    labels = tuple(inputs.token_texts[-len(answer.ids) :])
+    return AnswerTarget(answer.ids, labels, answer.text, answer.generated)
+
+
+def answer_request(
+    adapter: Adapter,
+    prompt: str,
+    answer: str | None = None,
+    generate: int | None = None,
+    contrast: str | None = None,
+    chat: bool = False,
+    stop: str | None = None,
+) -> tuple[TextInputs, Target]:
+    """
+    The inputs and target of a request about a decoder LM's answer: what every front end calls.
+
+    ``answer``: the continuation to explain (teacher-forced); ``generate``: explain the model's
+    own greedy continuation of at most that many tokens instead (ending at ``stop``);
+    ``contrast``: an alternative answer, so the target is ``log p(answer) − log p(contrast)``;
+    ``chat``: the prompt in the tokenizer's chat template. Without ``answer`` or ``generate``
+    but with ``contrast``, the answer is the model's next token.
+
+    Raises:
+        InvalidInputError: not a decoder LM, a combination :class:`AnswerSpec` refuses, an empty
+            prompt, a contrast that is the answer, or a sequence longer than the model reads.
+        InvalidParameterError: ``generate`` out of range.
+    """
+    from attrlab.attribution.target import ContrastTarget
+
+    AnswerSpec(answer=answer, generate=generate, stop=stop, contrast=contrast, chat=chat)
+    prompt_tokens = prompt_inputs(adapter, prompt, chat)
+    if answer is not None:
+        found = given_answer(adapter, answer)
+    else:
+        found = generate_answer(adapter, prompt_tokens, 1 if generate is None else generate, stop)
+    inputs = answer_inputs(adapter, prompt_tokens, found)
+    target: Target = answer_target(adapter, inputs, found)
+    if contrast is not None:
+        alternative = given_answer(adapter, contrast)
+        if alternative.ids == found.ids:
+            raise InvalidInputError(
+                f"the contrast {contrast!r} is the answer itself: give another continuation"
+            )
+        alternative_inputs = answer_inputs(adapter, prompt_tokens, alternative)
+        target = ContrastTarget(
+            answer_target(adapter, inputs, found),
+            answer_target(adapter, alternative_inputs, alternative),
+        )
+    return inputs, target
