@@ -22,13 +22,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
 from attrlab.attribution.models.base import TextInputs
-from attrlab.attribution.tokens import token_texts
+from attrlab.attribution.tokens import continuation_texts, token_texts
 
 if TYPE_CHECKING:
     from attrlab.attribution.models.base import Adapter
@@ -158,12 +159,15 @@ class Answer:
         text: Its text.
         generated: True when it is the model's own greedy continuation.
         stop: Why generation ended (``"eos"``, ``"stop"``, ``"length"``); ``None`` when given.
+        offsets: Each token's characters in ``text``, as a fast tokenizer gives them.
     """
 
     ids: tuple[int, ...]
     text: str
     generated: bool = False
     stop: str | None = None
+    #: Each token's characters in ``text`` (``None``: from the tokens' continuation texts).
+    offsets: tuple[tuple[int, int], ...] | None = None
 
 
 def decoder_adapter(adapter: Adapter) -> DecoderLMAdapter:
@@ -296,10 +300,14 @@ def given_answer(adapter: Adapter, text: str) -> Answer:
     """The answer a user typed, as the tokens that follow a prompt (no special tokens)."""
     decoder = decoder_adapter(adapter)
     _nonempty(text, "the answer is empty: give the continuation to explain")
-    ids = decoder.tokenizer.encode(text, add_special_tokens=False)
+    tokenizer = decoder.tokenizer
+    fast = bool(getattr(tokenizer, "is_fast", False))
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=fast)
+    ids = encoded["input_ids"]
     if not ids:
         raise InvalidInputError(f"the answer {text!r} gives this model no token")
-    return Answer(tuple(int(i) for i in ids), text)
+    offsets = tuple((int(a), int(b)) for a, b in encoded["offset_mapping"]) if fast else None
+    return Answer(tuple(int(i) for i in ids), text, offsets=offsets)
 
 
 def generate_answer(
@@ -334,7 +342,7 @@ def generate_answer(
                 reason = "eos"
                 break
             ids.append(token)
-            if stop and stop in decoder.tokenizer.decode(ids):
+            if stop and stop in "".join(continuation_texts(decoder.tokenizer, ids)):
                 reason = "stop"
                 break
             step_ids = torch.tensor([[token]], device=mask.device)
@@ -343,7 +351,8 @@ def generate_answer(
         raise InvalidInputError(
             "the model ends its answer at once (end of sequence): nothing to explain"
         )
-    return Answer(tuple(ids), decoder.tokenizer.decode(ids), generated=True, stop=reason)
+    text = "".join(continuation_texts(decoder.tokenizer, ids))  # its leading space kept
+    return Answer(tuple(ids), text, generated=True, stop=reason)
 
 
 def answer_asked(record: Mapping[str, Any]) -> bool:
@@ -466,8 +475,10 @@ def _eos_ids(decoder: DecoderLMAdapter) -> set[int]:
 
 
 def _answer_offsets(decoder: DecoderLMAdapter, answer: Answer) -> list[tuple[int, int]]:
-    """Each answer token's characters in ``answer.text``, from decoding growing prefixes."""
-    ends = [len(decoder.tokenizer.decode(answer.ids[: k + 1])) for k in range(len(answer.ids))]
+    """Each answer token's characters in ``answer.text``: the tokenizer's, or its texts'."""
+    if answer.offsets is not None:
+        return list(answer.offsets)
+    ends = list(accumulate(len(t) for t in continuation_texts(decoder.tokenizer, answer.ids)))
     return list(zip([0, *ends[:-1]], ends, strict=True))
 
 

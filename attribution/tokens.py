@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
-__all__ = ["texts_from_tokens", "token_texts", "vocabulary_text"]
+__all__ = ["continuation_texts", "texts_from_tokens", "token_texts", "vocabulary_text"]
 
 #: A probe token's text: the text of one vocabulary entry is what it adds after the probe, so
 #: that decoders which drop a leading space at the start of a text keep it (SentencePiece).
@@ -69,6 +69,18 @@ def vocabulary_text(tokenizer: Any, index: int) -> str:
         return str(tokenizer.convert_ids_to_tokens(index))
     probe = tokenizer.encode(_PROBE, add_special_tokens=False)[-1:]
     return _decoded_texts(tokenizer, [*probe, index], [False] * (len(probe) + 1))[-1]
+
+
+def continuation_texts(tokenizer: Any, ids: Sequence[int]) -> list[str]:
+    """
+    The text each of ``ids`` stands for as a continuation of other text (an answer's tokens).
+
+    Decoded after a probe token, so tokenizers that drop a leading space at the start of a
+    text (SentencePiece, WordPiece) keep it: ``[" Paris", ","]``, never ``["Paris", ","]``.
+    """
+    probe = tokenizer.encode(_PROBE, add_special_tokens=False)[-1:]
+    texts = _decoded_texts(tokenizer, [*probe, *ids], [False] * (len(probe) + len(ids)))
+    return texts[len(probe) :]
 
 
 def _offset_texts(
