@@ -40,6 +40,7 @@ from attrlab.app.worker import (
     WorkerRequest,
 )
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
+from attrlab.attribution.features import GRANULARITIES
 from attrlab.attribution.methods import available_methods
 from attrlab.attribution.methods.catalog import catalog_entries
 from attrlab.attribution.models import BUILTIN_MODELS, default_model
@@ -166,6 +167,20 @@ class _InputBody(BaseModel):
     target: _Target = None
     seed: _WholeNumber = Field(0, ge=0, le=2**32 - 1)
     next_token: bool = Field(False, description="Explain a decoder LM's next token")
+    granularity: str = Field(
+        "token",
+        max_length=20,
+        description="Text: what the scores are given to: each token, word, sentence or span "
+        "(perturbation methods hide whole features; the Explanation adds 'features' and "
+        "'feature_scores')",
+        json_schema_extra={"enum": list(GRANULARITIES)},
+    )
+    spans: list[list[_WholeNumber]] | None = Field(
+        None,
+        max_length=10_000,
+        description="With granularity 'span': [start, end] character spans of the text, e.g. "
+        "one per retrieved document",
+    )
 
     def input_fields(self) -> dict[str, Any]:
         """The worker request's input fields; the image's bytes decoded (the image is not)."""
@@ -179,6 +194,8 @@ class _InputBody(BaseModel):
             "target": self.target,
             "seed": self.seed,
             "next_token": self.next_token,
+            "granularity": self.granularity,
+            "spans": self.spans,
         }
 
 
@@ -262,6 +279,11 @@ class ExplainBody(_InputBody):
         else:
             if self.text is not None or self.image_base64 is not None or self.target is not None:
                 raise ValueError("with 'instances', each instance carries its input and target")
+            if self.granularity != "token" or self.spans is not None:
+                raise ValueError(
+                    "a batch ('instances') is explained per token: leave out "
+                    "'granularity' and 'spans'"
+                )
             if (self.method is None) == (self.methods is None):
                 raise ValueError("a batch names 'method' or 'methods'")
         return self

@@ -30,6 +30,7 @@ from attrlab.attribution.errors import (
     InvalidParameterError,
 )
 from attrlab.attribution.explanation import Explanation
+from attrlab.attribution.features import check_features, with_features
 from attrlab.attribution.gate import checked_params, clear_shares
 from attrlab.attribution.models import DEFAULT_MODELS, Adapter, Inputs, load_image
 from attrlab.attribution.models.loading import resolve_device
@@ -112,12 +113,15 @@ class Instance:
     One input: a text or an image, and the output to explain.
 
     ``image`` holds encoded image bytes or a decoded array, never a path: front ends that read
-    files (the CLI) read them before building the request.
+    files (the CLI) read them before building the request. A text is explained at
+    ``granularity`` (``spans``: the character spans of ``span``; :mod:`attribution.features`).
     """
 
     text: str | None = None
     image: Any = None
     target: int | str | None = None
+    granularity: str = "token"
+    spans: Sequence[Sequence[int]] | None = None
     #: Why the input could not even be read (undecodable base64): its job reports this.
     problem: str | None = None
 
@@ -172,6 +176,7 @@ class InputRequest(WorkerRequest[Result], Instance):
         """Exactly one input, and every field within this server's bounds."""
         self.modality  # noqa: B018 - raises for both or neither
         settings.check_request(self.text, self.labels, self.target, self.seed)
+        check_features(self.granularity, self.spans, self.text)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -886,7 +891,8 @@ class ExplainWorker:
             return load_image(instance.image, max_pixels=self.settings.max_image_pixels)
 
         def prepare(instance: Instance) -> Inputs:
-            return adapter.preprocess(read(instance))
+            inputs = adapter.preprocess(read(instance))
+            return with_features(inputs, instance.granularity, instance.spans)
 
         budgets = RunSettings(
             progress=progress,
