@@ -108,10 +108,12 @@ class Shap(AttributionMethod):
             )
         runner = BatchRunner(adapter, run, batch_size, max_evals, precision=params["precision"])
         remember = tolerance is not None
-        kind = "features" if isinstance(inputs, TextInputs) and inputs.features else None
-        explain, data, reduce = _EXPLAINERS[kind or inputs.modality](
-            adapter, inputs, target, runner, params, remember
-        )
+        if isinstance(inputs, TextInputs) and inputs.features is not None:
+            explain, data, reduce = _features(adapter, inputs, target, runner, remember)
+        else:
+            explain, data, reduce = _EXPLAINERS[inputs.modality](
+                adapter, inputs, target, runner, params, remember
+            )
         metrics: dict[str, float] = {}
         previous: np.ndarray | None = None
         for evals in _refinements(max_evals, remember):
@@ -273,16 +275,10 @@ def _text(
 
 
 def _features(
-    adapter: Adapter,
-    inputs: Inputs,
-    target: Target,
-    runner: BatchRunner,
-    params: dict[str, Any],
-    remember: bool,
+    adapter: Adapter, inputs: TextInputs, target: Target, runner: BatchRunner, remember: bool
 ) -> tuple[Any, Any, Callable[[np.ndarray], np.ndarray]]:
     """Partition explainer over the text's features: 1 keeps a feature, 0 hides it."""
-    tokens = cast(TextInputs, inputs)
-    perturbation = TextPerturbation(adapter, tokens, "mask", tokens.features)
+    perturbation = TextPerturbation(adapter, inputs, "mask", inputs.features)
     n = perturbation.n_cells(0)
     masker = shap.maskers.Partition(np.zeros((1, n)), clustering=_neighbour_tree(n))
 
@@ -317,8 +313,8 @@ def _neighbour_tree(n: int) -> np.ndarray:
     return np.asarray(rows, dtype=np.float64).reshape(-1, 4)
 
 
-#: The shap masker and data for each modality, and for a text's features.
-_EXPLAINERS = {"text": _text, "image": _image, "features": _features}
+#: The shap masker and data for each modality (a text's features: :func:`_features`).
+_EXPLAINERS = {"text": _text, "image": _image}
 
 
 def _kept_text(adapter: Adapter, inputs: TextInputs) -> str:
