@@ -368,7 +368,8 @@ def _runs(
     homes: list[int | None],
     units: list[tuple[int, int]] | None,
 ) -> list[Feature]:
-    """A feature per run of consecutive eligible tokens of one home."""
+    """A feature per run of consecutive eligible tokens of one home (``units``: their spans)."""
+    spans = _token_spans(inputs)
     features = []
     i = 0
     while i < len(homes):
@@ -379,21 +380,15 @@ def _runs(
         stop = i + 1
         while stop < len(homes) and eligible[stop] and homes[stop] == home:
             stop += 1
-        features.append(_run_feature(inputs, i, stop, None if units is None else units[home]))
+        if units is None or not spans:
+            features.append(Feature("".join(inputs.token_texts[i:stop]).strip(), i, stop))
+        else:
+            first, last = min(s for s, _ in spans[i:stop]), max(e for _, e in spans[i:stop])
+            # the unit's characters its tokens reach (a truncated text: part of its last unit)
+            begin, end = max(units[home][0], first), min(units[home][1], last)
+            features.append(Feature(inputs.text[begin:end], i, stop, begin, end))
         i = stop
     return features
-
-
-def _run_feature(
-    inputs: TextInputs, start: int, stop: int, unit: tuple[int, int] | None
-) -> Feature:
-    if unit is None or inputs.offsets is None:
-        return Feature("".join(inputs.token_texts[start:stop]).strip(), start, stop)
-    spans = _token_spans(inputs)[start:stop]
-    first, last = min(s for s, _ in spans), max(e for _, e in spans)
-    # the unit's characters its tokens reach (a truncated text reaches part of its last unit)
-    char_start, char_end = max(unit[0], first), min(unit[1], last)
-    return Feature(inputs.text[char_start:char_end], start, stop, char_start, char_end)
 
 
 def _every_span_held(
