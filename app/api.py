@@ -41,6 +41,7 @@ from attrlab.app.worker import (
 )
 from attrlab.attribution.answers import MAX_NEW_TOKENS, AnswerSpec, answer_asked
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
+from attrlab.attribution.features import GRANULARITIES
 from attrlab.attribution.methods import available_methods
 from attrlab.attribution.methods.catalog import catalog_entries
 from attrlab.attribution.models import BUILTIN_MODELS, default_model
@@ -220,6 +221,20 @@ class _InputBody(_AnswerBody):
     target: _Target = None
     seed: _WholeNumber = Field(0, ge=0, le=2**32 - 1)
     next_token: bool = Field(False, description="Explain a decoder LM's next token")
+    granularity: str = Field(
+        "token",
+        max_length=20,
+        description="Text: what the scores are given to: each token, word, sentence or span "
+        "(perturbation methods hide whole features; the Explanation adds 'features' and "
+        "'feature_scores')",
+        json_schema_extra={"enum": list(GRANULARITIES)},
+    )
+    spans: list[list[_WholeNumber]] | None = Field(
+        None,
+        max_length=10_000,
+        description="With granularity 'span': [start, end] character spans of the text, e.g. "
+        "one per retrieved document",
+    )
 
     def input_fields(self, per_step: bool = False) -> dict[str, Any]:
         """The worker request's input fields; the image's bytes decoded (the image is not)."""
@@ -235,6 +250,8 @@ class _InputBody(_AnswerBody):
             "seed": self.seed,
             "next_token": self.next_token,
             "answer": answer,
+            "granularity": self.granularity,
+            "spans": self.spans,
         }
 
 
@@ -341,6 +358,11 @@ class ExplainBody(_InputBody):
             if self.asks_answer or self.per_step:
                 raise ValueError(
                     "with 'instances', each instance carries its own answer, contrast and per_step"
+                )
+            if self.granularity != "token" or self.spans is not None:
+                raise ValueError(
+                    "a batch ('instances') is explained per token: leave out "
+                    "'granularity' and 'spans'"
                 )
             if (self.method is None) == (self.methods is None):
                 raise ValueError("a batch names 'method' or 'methods'")

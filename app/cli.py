@@ -179,6 +179,8 @@ def _input_fields(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
         "next_token": getattr(args, "next_token", False),
         "answer": _answer_spec(args),
+        "granularity": getattr(args, "granularity", "token"),
+        "spans": _spans(getattr(args, "spans", None)),
     }
 
 
@@ -194,6 +196,19 @@ def _asks_answer(args: argparse.Namespace) -> bool:
     from attrlab.attribution.answers import answer_asked
 
     return answer_asked(vars(args))
+
+
+def _spans(text: str | None) -> Any:
+    """``--spans``: a JSON list of ``[start, end]`` pairs (checked by the library)."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise _usage_error(
+            f"--spans is a JSON list of [start, end] character pairs, e.g. '[[0, 120], "
+            f"[121, 300]]'; got {text!r}"
+        ) from None
 
 
 def _on_worker(
@@ -825,6 +840,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="a method parameter, repeatable: key=value with --method, method.key=value with "
         "--methods (`attrlab methods` lists each method's parameters)",
+    )
+    explain.add_argument(
+        "--granularity",
+        default="token",
+        help="what a text's scores are given to: token (default), word, sentence, or span "
+        "(the --spans); perturbation methods hide whole words, sentences or spans, and the "
+        "others' token scores are summed within each",
+    )
+    explain.add_argument(
+        "--spans",
+        metavar="JSON",
+        help="with --granularity span: character spans of the text as a JSON list, e.g. "
+        "'[[0, 120], [121, 300]]' (one per retrieved document, say)",
     )
     explain.add_argument(
         "--seed", type=int, default=0, help="seed of every random draw (same seed, same map)"

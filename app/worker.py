@@ -31,6 +31,7 @@ from attrlab.attribution.errors import (
     InvalidParameterError,
 )
 from attrlab.attribution.explanation import Explanation
+from attrlab.attribution.features import check_features
 from attrlab.attribution.gate import checked_params, clear_shares
 from attrlab.attribution.models import DEFAULT_MODELS, Adapter, Inputs, load_image
 from attrlab.attribution.models.loading import resolve_device
@@ -115,13 +116,16 @@ class Instance:
     ``image`` holds encoded image bytes or a decoded array, never a path: front ends that read
     files (the CLI) read them before building the request. With ``answer`` the text is a
     decoder LM's prompt, and what is explained is the answer it asks about (given, generated,
-    contrasted: :class:`~attribution.answers.AnswerSpec`), not ``target``.
+    contrasted: :class:`~attribution.answers.AnswerSpec`), not ``target``. A text is explained
+    at ``granularity`` (``spans``: the character spans of ``span``; :mod:`attribution.features`).
     """
 
     text: str | None = None
     image: Any = None
     target: int | str | None = None
     answer: AnswerSpec | None = None
+    granularity: str = "token"
+    spans: Sequence[Sequence[int]] | None = None
     #: Why the input could not even be read (undecodable base64): its job reports this.
     problem: str | None = None
 
@@ -176,6 +180,7 @@ class InputRequest(WorkerRequest[Result], Instance):
         """Exactly one input, and every field within this server's bounds."""
         self.modality  # noqa: B018 - raises for both or neither
         settings.check_request(self.text, self.labels, self.target, self.seed, self.answer)
+        check_features(self.granularity, self.spans, self.text)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -909,10 +914,18 @@ class ExplainWorker:
 
         def targeted(instance: Instance) -> Prepared:
             raw = read(instance)
-            return prepare_input(adapter, raw, instance.target, instance.answer, cancel)
+            return prepare_input(
+                adapter,
+                raw,
+                instance.target,
+                instance.answer,
+                cancel,
+                instance.granularity,
+                instance.spans,
+            )
 
         def prepare(instance: Instance) -> Inputs:
-            return prepare_input(adapter, read(instance), None, instance.answer, cancel).inputs
+            return targeted(instance).inputs
 
         budgets = RunSettings(
             progress=progress,

@@ -23,6 +23,7 @@ from attrlab.attribution.explanation import (
     TargetValues,
     Timings,
 )
+from attrlab.attribution.features import feature_scores
 from attrlab.attribution.gate import check_modality, clear
 from attrlab.attribution.methods import capabilities
 from attrlab.attribution.methods.base import Attribution, AttributionMethod
@@ -71,7 +72,9 @@ def explain(
     per request); ``evaluate`` adds the map's faithfulness scores and their random-order
     counterparts to ``metrics`` (the trust card: :func:`attribution.metrics.faithfulness` with
     its defaults). The run passes :func:`attribution.gate.clear` first; ``params`` is left as
-    it is, and the Explanation's ``params`` are those that ran.
+    it is, and the Explanation's ``params`` are those that ran. A text explained by words,
+    sentences or spans (:func:`attribution.features.with_features`) is perturbed feature by
+    feature, and the Explanation adds the per-token map's sum within each feature.
 
     Raises:
         UnknownMethodError, UnsupportedMethodError, InvalidParameterError, InvalidInputError,
@@ -118,6 +121,7 @@ def explain(
             result.metrics.update(scored.metrics)
             result.verdicts += scored.verdicts
     outputs = run.clean_outputs(adapter, inputs, explained)
+    features = inputs.features if isinstance(inputs, TextInputs) else None
     return Explanation(
         model=ModelInfo(adapter.model_id, adapter.revision, adapter.modality),
         method=method_cls.name,
@@ -147,6 +151,11 @@ def explain(
         warnings=run.warnings,
         target_record=explained,
         verdicts=result.verdicts,
+        granularity=inputs.granularity if isinstance(inputs, TextInputs) else "token",
+        features=None if features is None else list(features),
+        # every method's per-token map summed within each feature (a perturbation method's
+        # own value per feature, which it spread over the feature's tokens)
+        feature_scores=None if features is None else feature_scores(result.scores, features),
     )
 
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from attrlab.attribution import target as targets
+from attrlab.attribution.features import Feature
 from attrlab.attribution.tokens import texts_from_tokens
 from attrlab.attribution.verdicts import Verdict
 
@@ -100,7 +101,10 @@ class Explanation:
     written before it existed), ``target`` that target's values on this input. ``verdicts``
     say how each check of the map came out (:class:`~attribution.verdicts.Verdict`: its
     completeness, and with ``evaluate`` its faithfulness against random orders); files written
-    before them have none.
+    before them have none. A text explained by words, sentences or spans
+    (:mod:`attribution.features`; ``granularity``) has its ``features`` and their
+    ``feature_scores``, each the sum of its tokens' ``scores``; at ``token`` level (and in
+    files written before features existed) both are ``None``.
     """
 
     model: ModelInfo
@@ -122,9 +126,17 @@ class Explanation:
     warnings: list[str] = field(default_factory=list)
     target_record: targets.Target | None = None
     verdicts: list[Verdict] = field(default_factory=list)
+    granularity: str = "token"
+    features: list[Feature] | None = None
+    feature_scores: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.scores = np.asarray(self.scores, dtype=np.float64)
+        if self.feature_scores is not None:
+            self.feature_scores = np.asarray(self.feature_scores, dtype=np.float64)
+        scored = 0 if self.feature_scores is None else self.feature_scores.size
+        if len(self.features or ()) != scored:
+            raise ValueError(f"{len(self.features or ())} features for {scored} feature scores")
         if self.tokens is not None and self.token_texts is None:
             self.token_texts = texts_from_tokens(self.tokens)
         if self.tokens is not None and len(self.token_texts or []) != len(self.tokens):
@@ -161,6 +173,9 @@ class Explanation:
             "warnings": self.warnings,
             "target_record": None if self.target_record is None else self.target_record.to_json(),
             "verdicts": [v.to_dict() for v in self.verdicts],
+            "granularity": self.granularity,
+            "features": None if self.features is None else [f.to_dict() for f in self.features],
+            "feature_scores": _list_or_none(self.feature_scores),
         }
 
     def to_json(self, indent: int | None = None) -> str:
@@ -174,6 +189,8 @@ class Explanation:
         image_size = data.get("image_size")
         positional = data.get("positional_scores")
         record = data.get("target_record")
+        features = data.get("features")
+        feature_scores = data.get("feature_scores")
         return cls(
             model=ModelInfo(**data["model"]),
             method=data["method"],
@@ -196,6 +213,9 @@ class Explanation:
             warnings=list(data.get("warnings", [])),
             target_record=None if record is None else targets.Target.from_json(record),
             verdicts=[Verdict.from_dict(v) for v in data.get("verdicts", [])],
+            granularity=data.get("granularity", "token"),
+            features=None if features is None else [Feature.from_dict(f) for f in features],
+            feature_scores=None if feature_scores is None else np.asarray(feature_scores),
         )
 
     @classmethod

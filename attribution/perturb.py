@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import math
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from attrlab.attribution.errors import DeviceMemoryError, InvalidInputError, InvalidParameterError
+from attrlab.attribution.features import Feature, features_of, spread
 from attrlab.attribution.imputation import noisy_linear_imputation
 from attrlab.attribution.masks import (
     CellMasks,
@@ -256,14 +257,23 @@ class ImagePerturbation:
 
 class TextPerturbation:
     """
-    Apply keep masks over one text's tokens that are not fixed (special ones, an answer's).
+    Apply keep masks over the features of one text (special tokens and an answer always stay).
 
-    A mask value ``>= 0.5`` keeps the token. Hidden tokens are replaced by the tokenizer's
-    mask token (``mask``) or pad token (``pad``), or removed (``delete``: the remaining tokens
-    shift left and the batch is right-padded with attention 0).
+    Mask column ``j`` keeps or hides every token of feature ``j`` (``features``: words,
+    sentences, spans; by default each non-special token on its own,
+    :func:`~attribution.features.features_of`); tokens in no feature always stay. A mask value
+    ``>= 0.5`` keeps the feature. Hidden tokens are replaced by the tokenizer's mask token
+    (``mask``) or pad token (``pad``), or removed (``delete``: the remaining tokens shift left
+    and the batch is right-padded with attention 0).
     """
 
-    def __init__(self, adapter: Adapter, inputs: TextInputs, kind: str = "mask") -> None:
+    def __init__(
+        self,
+        adapter: Adapter,
+        inputs: TextInputs,
+        kind: str = "mask",
+        features: Sequence[Feature] | None = None,
+    ) -> None:
         if kind not in TEXT_PERTURBATIONS:
             raise InvalidParameterError(
                 f"text perturbation must be one of {', '.join(TEXT_PERTURBATIONS)}; got {kind!r}"
@@ -271,25 +281,31 @@ class TextPerturbation:
         self.kind = kind
         self.ids = inputs.input_ids[0]
         self.attention = inputs.attention_mask[0]
-        #: Positions of the tokens that masks act on (mask column j -> token free[j]).
-        self.free = (~inputs.fixed_tokens).nonzero().squeeze(1).to(self.ids.device)
+        self.features = tuple(features_of(inputs, "token") if features is None else features)
+        #: The tokens masks act on, and the mask column of each (token free[i] -> column[i]).
+        self.free = torch.tensor(
+            [i for f in self.features for i in range(f.start, f.stop)], dtype=torch.long
+        ).to(self.ids.device)
+        self.column = torch.tensor(
+            [j for j, f in enumerate(self.features) for _ in range(f.size)], dtype=torch.long
+        ).to(self.ids.device)
         text = text_adapter(adapter)
         self.pad_id = text.pad_token_id
         self.fill_id = text.mask_token_id if kind == "mask" else text.pad_token_id
 
     @property
     def n_tokens(self) -> int:
-        """Number of maskable (non-special) tokens."""
+        """Number of tokens the masks act on (those of the features)."""
         return int(self.free.numel())
 
     def n_cells(self, grid: int) -> int:
-        """One cell per maskable token (``grid`` is for images)."""
-        if self.n_tokens == 0:
+        """One cell per feature (``grid`` is for images)."""
+        if not self.features:
             raise InvalidInputError("the text has no tokens to perturb besides special tokens")
-        return self.n_tokens
+        return len(self.features)
 
     def design_masks(self, design: torch.Tensor, grid: int, device: torch.device) -> MaskBatches:
-        """Each design row keeps the tokens whose value is ≥ 0.5."""
+        """Each design row keeps the features whose value is ≥ 0.5."""
         return CellMasks(design, device)
 
     def random_masks(
@@ -301,27 +317,30 @@ class TextPerturbation:
         device: torch.device,
         superpixels: int | None = None,
     ) -> MaskBatches:
-        """Each token kept with probability ``p``."""
+        """Each feature kept with probability ``p``."""
         if superpixels is not None:
             raise InvalidParameterError("segments=slic applies to images; text is masked per token")
         keep = torch.rand(n, self.n_cells(grid), generator=generator) < p
         return CellMasks(keep, device)
 
     def cell_map(self, values: np.ndarray, grid: int) -> np.ndarray:
-        """Cells are tokens: as :meth:`element_map`."""
+        """Cells are features: as :meth:`element_map`."""
         return self.element_map(values)
 
     def element_map(self, values: np.ndarray) -> np.ndarray:
-        """Per-token scores from values over the maskable tokens (special tokens get 0)."""
-        out = np.zeros((*values.shape[:-1], self.ids.numel()), dtype=np.float64)
-        out[..., self.free.cpu().numpy()] = values
-        return out
+        """
+        Per-token scores from values per feature.
+
+        Each value is shared evenly among its feature's tokens
+        (:func:`~attribution.features.spread`); special tokens get 0.
+        """
+        return spread(values, self.features, self.ids.numel())
 
     def __call__(self, masks: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Model kwargs for a batch of ``(b, n_tokens)`` keep masks."""
+        """Model kwargs for a batch of ``(b, n_features)`` keep masks."""
         b, length = masks.shape[0], self.ids.numel()
         keep = torch.ones(b, length, dtype=torch.bool, device=self.ids.device)
-        keep[:, self.free] = masks.to(self.ids.device) >= 0.5
+        keep[:, self.free] = masks.to(self.ids.device)[:, self.column] >= 0.5
         ids = self.ids.expand(b, length)
         attention = self.attention.expand(b, length)
         if self.kind != "delete":
@@ -366,9 +385,9 @@ def repeated(tensor: torch.Tensor, batch: int) -> torch.Tensor:
 def perturbation_for(
     adapter: Adapter, inputs: Inputs, image_kind: str = "inpainting", text_kind: str = "mask"
 ) -> Perturbation:
-    """The perturbation matching the input's modality."""
-    if isinstance(inputs, TextInputs):
-        return TextPerturbation(adapter, inputs, text_kind)
+    """The perturbation matching the input's modality (text: over its features, if any)."""
+    if isinstance(inputs, TextInputs):  # over the features the inputs are explained at
+        return TextPerturbation(adapter, inputs, text_kind, inputs.features)
     return ImagePerturbation(inputs.pixel_values, image_kind, image=inputs.image)
 
 

@@ -19,6 +19,7 @@ from attrlab.attribution.answers import AnswerSpec
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, JobCancelledError
 from attrlab.attribution.explain import explain
 from attrlab.attribution.explanation import Explanation
+from attrlab.attribution.features import with_features
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.run import (
     ProgressCallback,
@@ -61,6 +62,8 @@ def prepare_input(
     target: int | str | None,
     answer: AnswerSpec | None = None,
     cancel: threading.Event | None = None,
+    granularity: str = "token",
+    spans: Any = None,
 ) -> Prepared:
     """
     A request's input on the loaded model: every front end's one way from fields to inputs.
@@ -68,7 +71,8 @@ def prepare_input(
     ``raw`` (a text or an image) is preprocessed and explained for ``target``; with ``answer``
     the text is a decoder LM's prompt, and inputs and target are the answer's
     (:func:`attribution.answers.answer_request`). Generating an answer stops at its next
-    forward once ``cancel`` is set.
+    forward once ``cancel`` is set. A text is explained at ``granularity`` (its words,
+    sentences or ``spans``: :func:`attribution.features.with_features`).
 
     Raises:
         InvalidInputError: a ``target`` beside an answer (the answer is what is explained), and
@@ -76,14 +80,14 @@ def prepare_input(
         JobCancelledError: ``cancel`` set while the answer is generated.
     """
     if answer is None:
-        return Prepared(adapter.preprocess(raw), target)
+        return Prepared(with_features(adapter.preprocess(raw), granularity, spans), target)
     if target is not None:
         raise InvalidInputError(
             "an answer or contrast is itself what is explained: leave out the target"
         )
     with cancellable_forwards(adapter.model, cancel):
         inputs, record = answer.request(adapter, raw)
-    return Prepared(inputs, record, answer.per_step)
+    return Prepared(with_features(inputs, granularity, spans), record, answer.per_step)
 
 
 Row = TypeVar("Row")

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 import transformers as tf
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+from _tokenizers import sentencepiece
 from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegacy
 
 from attrlab.app.cli import main
@@ -54,42 +54,6 @@ def byte_level() -> tf.PreTrainedTokenizerBase:
 @pytest.fixture(scope="module")
 def wordpiece() -> tf.PreTrainedTokenizerBase:
     return tf.AutoTokenizer.from_pretrained(_minilm_dir())
-
-
-_PIECES = ["▁When", "▁Ma", "ry", "▁and", "▁John", "▁went", "▁", *"abcdefghijklmnopqrstuvwxyz"]
-
-
-def sentencepiece(layout: str) -> tf.PreTrainedTokenizerBase:
-    """
-    A LLaMA-style Unigram tokenizer with byte fallback, in either of LLaMA's two layouts.
-
-    ``metaspace``: a Metaspace pre-tokenizer (``▁`` for spaces, prepended to the first word);
-    ``normalizer``: the older LLaMA layout (a normaliser prepends ``▁`` and replaces spaces).
-    As transformers' LLaMA converter writes them.
-    """
-    bytes_ = [(f"<0x{b:02X}>", 0.0) for b in range(256)]
-    vocab = [("<unk>", 0.0), ("<s>", 0.0), ("</s>", 0.0), *bytes_]
-    vocab += [(p, -1.0 if len(p) > 1 else -10.0) for p in _PIECES]
-    tok = Tokenizer(models.Unigram(vocab, unk_id=0, byte_fallback=True))
-    if layout == "metaspace":
-        tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first", split=False)
-    else:
-        tok.normalizer = normalizers.Sequence(
-            [normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]
-        )
-    # both layouts decode alike, dropping the space prepended to the first word
-    tok.decoder = decoders.Sequence(
-        [
-            decoders.Replace("▁", " "),
-            decoders.ByteFallback(),
-            decoders.Fuse(),
-            decoders.Strip(" ", 1, 0),
-        ]
-    )
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    return tf.PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
-    )
 
 
 def test_byte_level_tokens_read_as_the_text(byte_level):

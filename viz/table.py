@@ -27,6 +27,9 @@ def explanation_table(explanation: Explanation) -> str:
     lines += _token_rows(texts, e.scores) if texts is not None else _image_rows(e)
     if "steps" in e.maps and texts is not None and e.target_record is not None:
         lines += _step_rows(e.maps["steps"], e.target_record.step_labels(), texts)
+    if e.features is not None and e.feature_scores is not None:  # the sums per word, sentence...
+        names = [_shortened(feature.text) for feature in e.features]
+        lines += _token_rows(names, e.feature_scores, f"{e.granularity}s")
     if e.metrics:
         lines.append("metrics   " + "  ".join(f"{k}={v:.6g}" for k, v in e.metrics.items()))
     lines += [f"verdict   {v.summary()}" for v in e.verdicts]
@@ -84,15 +87,20 @@ def _quoted(label: str) -> str:
     return f"'{token_label(label)}'"
 
 
-def _token_rows(texts: list[str], scores: np.ndarray) -> list[str]:
+def _token_rows(texts: list[str], scores: np.ndarray, kind: str = "tokens") -> list[str]:
     peak = float(np.abs(scores).max()) or 1.0
     shown = [token_label(text) for text in texts]
     width = max(len(t) for t in shown)
-    rows = ["tokens    score"]
+    rows = [f"{kind:<10}score"]
     for token, score in zip(shown, scores, strict=True):
         bar = ("+" if score >= 0 else "-") * round(abs(score) / peak * _BAR_WIDTH)
         rows.append(f"  {token:<{width}}  {score:+.6f}  {bar}")
     return rows
+
+
+def _shortened(text: str, width: int = 40) -> str:
+    """A long sentence or span cut to ``width`` characters, with an ellipsis."""
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _image_rows(e: Explanation) -> list[str]:

@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any, cast
 
 import numpy as np
+import torch
 from captum.attr import FeatureAblation
 from captum.attr import Occlusion as CaptumOcclusion
 
 from attrlab.attribution.errors import InvalidParameterError
+from attrlab.attribution.features import Feature
 from attrlab.attribution.masks import slic_segments
 from attrlab.attribution.methods._captum import BASELINE_PARAM, baseline_for
 from attrlab.attribution.methods._masks import (
@@ -20,9 +22,9 @@ from attrlab.attribution.methods._masks import (
 )
 from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
 from attrlab.attribution.methods.registry import register
-from attrlab.attribution.models.base import Adapter, ImageInputs, Inputs
+from attrlab.attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
 from attrlab.attribution.params import Param
-from attrlab.attribution.perturb import BatchRunner, auto_batch_size
+from attrlab.attribution.perturb import BatchRunner, TextPerturbation, auto_batch_size
 from attrlab.attribution.run import RunContext
 from attrlab.attribution.target import Target
 
@@ -38,7 +40,9 @@ class Occlusion(AttributionMethod):
     filled with the mean colour (normalised zero) or black; each pixel gets the average drop
     of the windows covering it. With ``segments=slic`` each SLIC superpixel is occluded once
     instead (Captum ``FeatureAblation``). Text: windows of ``window`` tokens replaced by pad or
-    mask tokens (special tokens stay). Paper: https://arxiv.org/abs/1311.2901
+    mask tokens (special tokens stay); a text explained by words, sentences or spans
+    (:mod:`attribution.features`) has each feature occluded once instead, its drop shared
+    evenly among its tokens. Paper: https://arxiv.org/abs/1311.2901
     """
 
     alters_model = False  # plain forward and gradient passes
@@ -68,6 +72,8 @@ class Occlusion(AttributionMethod):
         """The model passes :meth:`attribute` spends on ``inputs``."""
         check_segments(inputs, params["segments"])
         batch = params["batch_size"] or auto_batch_size(adapter, inputs)
+        if (features := _features(inputs, params)) is not None:
+            return Passes(len(features) + 1, batch=batch)
         if params["segments"] == "slic":
             image = cast(ImageInputs, inputs).image
             return Passes(int(slic_segments(image, params["n_segments"]).max()) + 2, batch=batch)
@@ -90,6 +96,8 @@ class Occlusion(AttributionMethod):
         batch_size = params["batch_size"] or auto_batch_size(adapter, inputs)
         tensor, extra = inputs.attributed()
         baseline = baseline_for(adapter, inputs, params["baseline"])
+        if _features(inputs, params) is not None:
+            return _occluded_features(adapter, cast(TextInputs, inputs), target, params, run)
         if params["segments"] == "slic":
             image = cast(ImageInputs, inputs).image  # check_segments: images only
             labels = slic_segments(image, params["n_segments"]).to(tensor.device)
@@ -122,6 +130,39 @@ class Occlusion(AttributionMethod):
         # Windows span all channels, so every channel holds the same drop: keep one.
         scores = attributions[0].reshape(-1, *inputs.map_shape)[0]
         return Attribution(scores=scores.detach().double().cpu().numpy())
+
+
+def _features(inputs: Inputs, params: dict[str, Any]) -> tuple[Feature, ...] | None:
+    """The text's features, when it is explained by words, sentences or spans."""
+    if not isinstance(inputs, TextInputs) or inputs.features is None:
+        return None
+    if params["window"] or params["stride"]:
+        raise InvalidParameterError(
+            f"window and stride slide over tokens; at granularity={inputs.granularity} "
+            "each feature is occluded on its own: leave them empty"
+        )
+    return inputs.features
+
+
+def _occluded_features(
+    adapter: Adapter, inputs: TextInputs, target: Target, params: dict[str, Any], run: RunContext
+) -> Attribution:
+    """Each feature's drop in the target's score when all its tokens are hidden at once."""
+    kind = "mask" if params["baseline"] == "mask" else "pad"
+    perturbation = TextPerturbation(adapter, inputs, kind, inputs.features)
+    n = perturbation.n_cells(0)
+    # row 0 keeps everything; row j + 1 hides feature j
+    design = torch.cat([torch.ones(1, n), 1 - torch.eye(n)])
+    batch_size = params["batch_size"] or auto_batch_size(adapter, inputs)
+    runner = BatchRunner(adapter, run, batch_size, n + 1, precision=params["precision"])
+    masks = perturbation.design_masks(design, 0, adapter.device)
+    scores = np.concatenate(
+        [
+            target.score(logits).double().cpu().numpy()
+            for _, logits in runner.score(masks, perturbation)
+        ]
+    )
+    return Attribution(scores=perturbation.element_map(scores[0] - scores[1:]))
 
 
 def _forward(runner: BatchRunner, inputs: Inputs, target: Target) -> Any:

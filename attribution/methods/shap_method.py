@@ -20,6 +20,7 @@ from attrlab.attribution.params import Param
 from attrlab.attribution.perturb import (
     TOP_DECILE,
     BatchRunner,
+    TextPerturbation,
     auto_batch_size,
     box_blur,
     top_decile_error,
@@ -39,11 +40,14 @@ class Shap(AttributionMethod):
     Owen values of a hierarchy of features, from ``shap``'s Partition explainer.
 
     Text: ``shap.maskers.Text`` with the model's tokenizer (hidden tokens become the mask
-    token; its partition tree groups neighbouring tokens). Images: ``shap.maskers.Image``
-    hiding regions with a box-blurred copy of the image (``blur×blur``, as the masker's
-    ``"blur(k,k)"`` option, computed without OpenCV) over axis-aligned splits; pixel values
-    are summed over colour channels. Scores explain the target logit. The explainer spends at
-    most ``max_evals`` forward passes.
+    token; its partition tree groups neighbouring tokens). A text explained by words,
+    sentences or spans (:mod:`attribution.features`) is masked feature by feature instead
+    (all of a feature's tokens become mask tokens together), over a balanced tree of
+    neighbouring features; each feature's value is shared evenly among its tokens. Images:
+    ``shap.maskers.Image`` hiding regions with a box-blurred copy of the image
+    (``blur×blur``, as the masker's ``"blur(k,k)"`` option, computed without OpenCV) over
+    axis-aligned splits; pixel values are summed over colour channels. Scores explain the
+    target logit. The explainer spends at most ``max_evals`` forward passes.
 
     The Partition explainer is deterministic, so it has no sampling error; with a ``tolerance``
     it is refined instead, with ``64, 128, 256, …`` evaluations up to ``max_evals``, until the
@@ -106,9 +110,12 @@ class Shap(AttributionMethod):
             adapter, run, batch_size, max_evals, precision=params["precision"], target=target
         )
         remember = tolerance is not None
-        explain, data, reduce = _EXPLAINERS[inputs.modality](
-            adapter, inputs, target, runner, params, remember
-        )
+        if isinstance(inputs, TextInputs) and inputs.features is not None:
+            explain, data, reduce = _features(adapter, inputs, target, runner, remember)
+        else:
+            explain, data, reduce = _EXPLAINERS[inputs.modality](
+                adapter, inputs, target, runner, params, remember
+            )
         metrics: dict[str, float] = {}
         previous: np.ndarray | None = None
         for evals in _refinements(max_evals, remember):
@@ -269,7 +276,46 @@ def _text(
     return shap.explainers.Partition(_model_function(model, remember), masker), [text], reduce
 
 
-#: The shap masker and data for each modality.
+def _features(
+    adapter: Adapter, inputs: TextInputs, target: Target, runner: BatchRunner, remember: bool
+) -> tuple[Any, Any, Callable[[np.ndarray], np.ndarray]]:
+    """Partition explainer over the text's features: 1 keeps a feature, 0 hides it."""
+    perturbation = TextPerturbation(adapter, inputs, "mask", inputs.features)
+    n = perturbation.n_cells(0)
+    masker = shap.maskers.Partition(np.zeros((1, n)), clustering=_neighbour_tree(n))
+
+    def model(batch: np.ndarray) -> np.ndarray:
+        masks = torch.as_tensor(np.asarray(batch, dtype=np.float32))
+        logits = runner.logits(**perturbation(masks))
+        return target.score(logits)[:, None].cpu().numpy()
+
+    explainer = shap.explainers.Partition(_model_function(model, remember), masker)
+    return explainer, np.ones((1, n)), perturbation.element_map
+
+
+def _neighbour_tree(n: int) -> np.ndarray:
+    """
+    A balanced binary tree over ``n`` features in order, as a SciPy linkage matrix.
+
+    Each node joins the two halves of a run of neighbouring features (as shap's image masker
+    splits regions), so Owen values credit neighbours as groups first; a node's distance is
+    its size, which grows towards the root as a linkage needs.
+    """
+    rows: list[list[float]] = []
+
+    def node(start: int, stop: int) -> int:
+        if stop - start == 1:
+            return start
+        middle = (start + stop) // 2
+        left, right = node(start, middle), node(middle, stop)
+        rows.append([left, right, stop - start, stop - start])
+        return n + len(rows) - 1
+
+    node(0, n)
+    return np.asarray(rows, dtype=np.float64).reshape(-1, 4)
+
+
+#: The shap masker and data for each modality (a text's features: :func:`_features`).
 _EXPLAINERS = {"text": _text, "image": _image}
 
 

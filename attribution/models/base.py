@@ -18,6 +18,7 @@ from attrlab.attribution.models.layouts import LAYOUTS, Layout, find_module
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
+    from attrlab.attribution.features import Feature
     from attrlab.attribution.models.images import ImageTransform
 
 __all__ = [
@@ -42,7 +43,9 @@ class TextInputs:
     ``token_texts`` the text each stands for (``" Mary"``, ``"ry"``; see
     :mod:`attribution.tokens`), which is what people are shown. ``offsets`` are each token's
     ``(start, end)`` characters in ``text`` as the tokenizer gives them (``(0, 0)`` for a
-    token it added), ``None`` from a slow tokenizer.
+    token it added), ``None`` from a slow tokenizer. ``features`` are the words, sentences or
+    spans explained together at ``granularity`` (:func:`attribution.features.with_features`);
+    ``None``: each token on its own.
 
     A decoder LM's answer is teacher-forced after its prompt in the same sequence: its
     ``answer_length`` last tokens (:mod:`attribution.answers`). Like special tokens they are
@@ -59,6 +62,8 @@ class TextInputs:
     truncated: bool = False
     offsets: list[tuple[int, int]] | None = None
     answer_length: int = 0
+    granularity: str = "token"
+    features: tuple[Feature, ...] | None = None
 
     modality = "text"
     #: :meth:`Adapter.logits` keywords, in the order gradient methods pass them positionally.
