@@ -16,6 +16,7 @@ import torch
 from attrlab.attribution.alteration import altered
 from attrlab.attribution.answers import prompt_prediction, reused_outputs, with_alternative
 from attrlab.attribution.errors import DeviceMemoryError, InvalidInputError
+from attrlab.attribution.estimate import per_step_runs
 from attrlab.attribution.explanation import (
     Explanation,
     ModelInfo,
@@ -78,7 +79,8 @@ def explain(
         TooSlowError: as :func:`attribution.gate.clear`.
     """
     settings = settings or RunSettings()
-    cleared = clear(adapter, method, inputs, params, settings)
+    record = target if isinstance(target, Target) else None
+    cleared = clear(adapter, method, inputs, params, settings, target=record, per_step=per_step)
     method_cls, checked = cleared.method, cleared.params
     start = time.perf_counter()
     logits, attentions = _prediction(adapter, inputs, method_cls.reads_prediction_attentions)
@@ -180,18 +182,19 @@ def attribute(
         return _contrast_by_parts(method_cls, adapter, inputs, target, params, run)
     if not per_step or target.steps == 1:
         return method_cls.compute(adapter, inputs, target, params, run)
-    sampled = "gradients" not in method_cls.requires
+    sampled = per_step_runs(method_cls, target.steps) == 0
     with reused_outputs() if sampled else nullcontext():
         result = method_cls.compute(adapter, inputs, target, params, run)
+        clean = run.clean_outputs(adapter, inputs, target)  # every step's F(x), read once
         rows = []
         for step in range(target.steps):
             # each row a run of its own: a sampling method draws the same masks again, so
             # its forwards come back from the whole map's (reused_outputs)
             own = RunContext(seed=run.seed, cancel=run.cancel, logits=run.logits)
             own.attentions = run.attentions
-            rows.append(
-                method_cls.compute(adapter, inputs, StepTarget(target, step), params, own).scores
-            )
+            row = StepTarget(target, step)
+            own.outputs[row] = clean  # a step reads the whole target's outputs
+            rows.append(method_cls.compute(adapter, inputs, row, params, own).scores)
             if not sampled:
                 run.count(forward=own.forward_passes, backward=own.backward_passes)
     result.maps["steps"] = np.stack(rows)
