@@ -39,6 +39,7 @@ from attrlab.app.worker import (
     Instance,
     WorkerRequest,
 )
+from attrlab.attribution.answers import MAX_NEW_TOKENS, AnswerSpec
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
 from attrlab.attribution.methods import available_methods
 from attrlab.attribution.methods.catalog import catalog_entries
@@ -142,8 +143,63 @@ _UNAUTHORIZED: dict[int | str, dict[str, Any]] = {
 }
 
 
-class _InputBody(BaseModel):
-    """What every request names: the input, the model and the target."""
+class _AnswerBody(BaseModel):
+    """
+    A decoder LM's answer to explain instead of its next token (all optional).
+
+    The combination is checked by the library (:class:`attribution.answers.AnswerSpec`), so
+    every front end refuses it in the same words: 400, or 422 for ``generate`` out of range.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    answer: str | None = Field(
+        None,
+        examples=[" Paris"],
+        description="A decoder LM's continuation of the text to explain (teacher-forced): "
+        "its log-probability, the sum over its tokens. Not with 'generate' nor 'target'",
+    )
+    generate: _WholeNumber | None = Field(
+        None,
+        description="Explain the model's own greedy continuation of at most this many tokens "
+        f"(1 to {MAX_NEW_TOKENS}), recorded in the Explanation's target_record",
+        json_schema_extra={"minimum": 1, "maximum": MAX_NEW_TOKENS},
+    )
+    stop: str | None = Field(None, description="With 'generate': text that ends the answer")
+    contrast: str | None = Field(
+        None,
+        examples=[" Lyon"],
+        description="An alternative continuation: explain log p(answer) − log p(contrast) "
+        "(the answer defaults to the model's next token)",
+    )
+    chat: bool = Field(
+        False, description="Wrap the text in the tokenizer's chat template as a user turn"
+    )
+
+    @property
+    def asks_answer(self) -> bool:
+        """Whether any answer field is given (so a decoder LM is the default model)."""
+        given = (self.answer, self.generate, self.stop, self.contrast)
+        return self.chat or any(value is not None for value in given)
+
+    def answer_spec(self, per_step: bool = False) -> AnswerSpec | None:
+        """The answer asked about (``None``: none), checked."""
+        fields = self.model_dump(include={"answer", "generate", "stop", "contrast", "chat"})
+        return AnswerSpec.from_json({**fields, "per_step": per_step})
+
+
+#: The ``per_step`` field of a body that explains (a single explain, a batch's instance).
+_PerStep = Annotated[
+    bool,
+    Field(
+        description="With an answer or contrast: also one map per answer token, as the "
+        "Explanation's maps.steps (answer tokens × input tokens)"
+    ),
+]
+
+
+class _InputBody(_AnswerBody):
+    """What every request names: the input, the model and the target (or an answer)."""
 
     model_config = ConfigDict(
         extra="forbid",
@@ -167,18 +223,20 @@ class _InputBody(BaseModel):
     seed: _WholeNumber = Field(0, ge=0, le=2**32 - 1)
     next_token: bool = Field(False, description="Explain a decoder LM's next token")
 
-    def input_fields(self) -> dict[str, Any]:
+    def input_fields(self, per_step: bool = False) -> dict[str, Any]:
         """The worker request's input fields; the image's bytes decoded (the image is not)."""
         image = _decoded(self.image_base64)
         modality = "image" if image is not None else "text"
+        answer = self.answer_spec(per_step)
         return {
-            "model": self.model or default_model(modality, self.next_token),
+            "model": self.model or default_model(modality, self.next_token or answer is not None),
             "text": self.text,
             "image": image,
             "labels": self.labels,
             "target": self.target,
             "seed": self.seed,
             "next_token": self.next_token,
+            "answer": answer,
         }
 
 
@@ -192,8 +250,13 @@ def _decoded(image_base64: str | None) -> bytes | None:
         raise InvalidInputError("image_base64 is not valid base64") from None
 
 
-class InstanceBody(BaseModel):
-    """One input of a batch: a text or an image, and optionally the output to explain."""
+class InstanceBody(_AnswerBody):
+    """
+    One input of a batch: a text or an image, and optionally the output to explain.
+
+    A text for a decoder LM may carry the answer to explain instead (``answer`` or
+    ``generate``, ``contrast``, ...), each instance its own.
+    """
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -202,19 +265,25 @@ class InstanceBody(BaseModel):
         None, description="The image file's bytes (PNG, JPEG, ...), base64-encoded"
     )
     target: _Target = None
+    per_step: _PerStep = False
 
     def to_instance(self) -> Instance:
-        """The worker's instance; one that cannot be decoded carries its problem along."""
+        """The worker's instance; one that cannot be read carries its problem along."""
         try:
             image = _decoded(self.image_base64)
-        except InvalidInputError as err:
+            answer = self.answer_spec(self.per_step)
+        except AttrlabError as err:
             return Instance(problem=str(err))
-        return Instance(text=self.text, image=image, target=self.target)
+        return Instance(text=self.text, image=image, target=self.target, answer=answer)
 
 
 class ExplainBody(_InputBody):
     """
     One explanation (``method`` with ``text`` or ``image_base64``), or a batch.
+
+    For a decoder LM, ``answer`` (or ``generate``), ``contrast`` and ``per_step`` explain a
+    whole answer instead of the next token; the Explanation's ``target_record`` says what was
+    explained and ``maps.steps`` holds the per-step matrix.
 
     A batch gives ``instances`` and ``method`` or ``methods``; with ``methods``, ``params``
     maps each method to its parameters. The answer is ``{"explanations": [...]}`` in the order
@@ -230,7 +299,15 @@ class ExplainBody(_InputBody):
                     "method": "integrated_gradients",
                     "text": "A wonderful, heartwarming film.",
                     "params": {"n_steps": 16},
-                }
+                },
+                {
+                    "model": "smollm2-135m",
+                    "method": "attnlrp",
+                    "text": "The capital of France is",
+                    "answer": " Paris",
+                    "contrast": " Lyon",
+                    "per_step": True,
+                },
             ]
         },
     )
@@ -253,6 +330,7 @@ class ExplainBody(_InputBody):
     evaluate: bool = Field(
         False, description="Add the map's faithfulness scores (deletion/insertion or ERASER)"
     )
+    per_step: _PerStep = False
 
     @model_validator(mode="after")
     def _one_form(self) -> ExplainBody:
@@ -262,6 +340,10 @@ class ExplainBody(_InputBody):
         else:
             if self.text is not None or self.image_base64 is not None or self.target is not None:
                 raise ValueError("with 'instances', each instance carries its input and target")
+            if self.asks_answer or self.per_step:
+                raise ValueError(
+                    "with 'instances', each instance carries its own answer, contrast and per_step"
+                )
             if (self.method is None) == (self.methods is None):
                 raise ValueError("a batch names 'method' or 'methods'")
         return self
@@ -269,7 +351,7 @@ class ExplainBody(_InputBody):
     def to_request(self) -> ExplainRequest:
         """The worker request for one input."""
         return ExplainRequest(
-            **self.input_fields(),
+            **self.input_fields(self.per_step),
             method=self.method or "",
             params=self.params,
             evaluate=self.evaluate,
@@ -285,10 +367,12 @@ class ExplainBody(_InputBody):
             raise InvalidParameterError(
                 "with 'methods', 'params' maps each method to an object of its parameters"
             )
+        # without a model, the first instance chooses the default (an image, an answer)
         first = instances[0] if instances else None
         modality = "image" if first is not None and first.image_base64 is not None else "text"
+        decoder = self.next_token or (first is not None and first.asks_answer)
         return BatchRequest(
-            model=self.model or default_model(modality, self.next_token),
+            model=self.model or default_model(modality, decoder),
             labels=self.labels,
             seed=self.seed,
             next_token=self.next_token,
@@ -535,7 +619,7 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         if body.instances is not None:
             raise InvalidParameterError("an estimate is for one input: give 'text' or an image")
         submitted = EstimateRequest(
-            **body.input_fields(),
+            **body.input_fields(body.per_step),
             method=body.method or "",
             params=body.params,
             evaluate=body.evaluate,
@@ -696,7 +780,8 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         """
         KServe V1 explain: ``{"instances": [...]}`` -> ``{"explanations": [...]}``.
 
-        An instance is a text, or ``{"text" | "image_base64", "target"?}``; ``parameters``
+        An instance is a text, or ``{"text" | "image_base64", "target"?}`` (a decoder's
+        prompt may carry ``answer`` or ``generate``, ``contrast``, ``per_step``); ``parameters``
         chooses the method (default ``integrated_gradients``) and its ``params``. Each
         explanation is the Explanation JSON, or ``{"error": ...}`` for an instance that could
         not be explained.

@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 
 from attrlab.app.jobs import cut_torn_tail, instance_json
 from attrlab.app.worker import BatchRequest, ExplainWorker, Instance
+from attrlab.attribution.answers import AnswerSpec
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, parse_json
 from attrlab.attribution.rows import dataset_line, numbered_lines
 from attrlab.attribution.run import ProgressCallback
@@ -73,18 +74,29 @@ RESULT_COLUMNS = list(RESULT_TYPES)
 
 @dataclass(frozen=True)
 class DatasetRow:
-    """One input of a dataset: its id, a text or the image file's bytes, an optional target."""
+    """
+    One input of a dataset: its id, a text or the image file's bytes, an optional target.
+
+    A text row may instead ask about a decoder LM's answer (``answer``).
+    """
 
     id: str
     text: str | None = None
     image: bytes | None = None
     target: int | str | None = None
+    answer: AnswerSpec | None = None
     #: Why the row could not be read (bad JSON, a missing file): recorded as its result.
     problem: str | None = None
 
     def instance(self) -> Instance:
         """The row as the worker's input."""
-        return Instance(text=self.text, image=self.image, target=self.target, problem=self.problem)
+        return Instance(
+            text=self.text,
+            image=self.image,
+            target=self.target,
+            answer=self.answer,
+            problem=self.problem,
+        )
 
 
 #: Image files a folder (or an uploaded zip) contributes as rows.
@@ -104,7 +116,9 @@ def dataset_rows(
     for number, line in lines:
         row = dataset_line(number, line)
         if row.problem is not None or row.image is None:
-            yield DatasetRow(id=row.id, text=row.text, target=row.target, problem=row.problem)
+            yield DatasetRow(
+                id=row.id, text=row.text, target=row.target, answer=row.answer, problem=row.problem
+            )
             continue
         if read_image is None:
             problem = f"line {number}: images come in a zip upload beside the JSONL"

@@ -112,6 +112,11 @@ def _layers(args: argparse.Namespace) -> int:
     _output_path(args.output)
     figures = _output_path(args.figures, folder=True)
     if args.input is not None:
+        if _asks_answer(args):
+            raise _usage_error(
+                "--answer, --generate, --contrast and --chat explain one --text; a dataset's "
+                "layers explain each line's prediction"
+            )
         return _layers_dataset(args)
     request = ExplainRequest(
         **_input_fields(args),
@@ -173,7 +178,25 @@ def _input_fields(args: argparse.Namespace) -> dict[str, Any]:
         "target": args.target,
         "seed": args.seed,
         "next_token": getattr(args, "next_token", False),
+        "answer": _answer_spec(args),
     }
+
+
+#: The flags of a decoder's answer (:func:`_add_answer_options`), by their attribute names.
+_ANSWER_FLAGS = ("answer", "generate", "stop", "contrast", "chat", "per_step")
+
+
+def _answer_spec(args: argparse.Namespace) -> Any:
+    """The answer the flags ask about (checked by the library), or ``None``."""
+    from attrlab.attribution.answers import AnswerSpec
+
+    return AnswerSpec.from_json({name: getattr(args, name, None) for name in _ANSWER_FLAGS})
+
+
+def _asks_answer(args: argparse.Namespace) -> bool:
+    """Whether any answer flag is given (a decoder LM is then the default model)."""
+    given = [getattr(args, name, None) for name in _ANSWER_FLAGS]
+    return any(value is not None and value is not False for value in given)
 
 
 def _on_worker(
@@ -451,6 +474,11 @@ def _dataset_lines(path: str) -> list[Any]:
     for line in lines:
         if line.problem is not None:
             raise InvalidInputError(f"{path} {line.problem}")
+        if line.answer is not None:
+            raise InvalidInputError(
+                f"{path}: row '{line.id}' asks about an answer; this command explains each "
+                "line's prediction (attrlab batch explains answers)"
+            )
     return lines
 
 
@@ -718,6 +746,40 @@ def _version() -> str:
         return "(not installed)"
 
 
+def _add_answer_options(parser: argparse.ArgumentParser, per_step: bool) -> None:
+    """The flags of a decoder LM's answer (one --text): what it continues, against what."""
+    group = parser.add_argument_group(
+        "a decoder LM's answer (instead of its next token; default model: smollm2-135m)"
+    )
+    group.add_argument(
+        "--answer",
+        metavar="TEXT",
+        help="the continuation of --text to explain (teacher-forced): its log-probability",
+    )
+    group.add_argument(
+        "--generate",
+        type=int,
+        metavar="N",
+        help="explain the model's own greedy continuation of at most N tokens",
+    )
+    group.add_argument("--stop", metavar="TEXT", help="with --generate: text that ends the answer")
+    group.add_argument(
+        "--contrast",
+        metavar="TEXT",
+        help="an alternative continuation: explain log p(answer) - log p(contrast) (the answer "
+        "defaults to the next token)",
+    )
+    group.add_argument(
+        "--chat", action="store_true", help="wrap --text in the tokenizer's chat template"
+    )
+    if per_step:
+        group.add_argument(
+            "--per-step",
+            action="store_true",
+            help="also one map per answer token (a steps x tokens matrix; JSON: maps.steps)",
+        )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``attrlab`` command."""
     parser = argparse.ArgumentParser(prog="attrlab", description=__doc__)
@@ -735,7 +797,9 @@ def build_parser() -> argparse.ArgumentParser:
         '  attrlab explain --method integrated_gradients --text "A lovely film."\n'
         "  attrlab explain --methods gradcam,rise --image cat.png --param rise.n_masks=2000 \\\n"
         "      --evaluate --figures figures/\n"
-        "  attrlab explain --method rise --image cat.png --estimate",
+        "  attrlab explain --method rise --image cat.png --estimate\n"
+        '  attrlab explain --method attnlrp --text "The capital of France is" \\\n'
+        '      --answer " Paris" --contrast " Lyon" --per-step',
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     explain.add_argument("--model", default=None, help="alias, hub id or local folder")
@@ -754,6 +818,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="explain a decoder LM's next token (default model: smollm2-135m)",
     )
+    _add_answer_options(explain, per_step=True)
     explain.add_argument("--labels", help="comma-separated labels (zero-shot models)")
     explain.add_argument("--target", help="label or output index (default: top prediction)")
     explain.add_argument(
@@ -866,6 +931,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     layers.add_argument("--top-k", type=_positive_int, default=5, help="heads compared (top-k)")
     layers.add_argument("--next-token", action="store_true", help="explain a decoder's next token")
+    _add_answer_options(layers, per_step=False)
     layers.add_argument("--labels", help="comma-separated labels (zero-shot models)")
     layers.add_argument("--target", help="label or output index (default: top prediction)")
     layers.add_argument("--seed", type=int, default=0)
@@ -996,7 +1062,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         image = getattr(args, "image", None) or getattr(args, "images", None)
         if args.command == "batch":
             image = Path(args.input).expanduser().is_dir()
-        args.model = default_model("image" if image else "text", getattr(args, "next_token", False))
+        decoder = getattr(args, "next_token", False) or _asks_answer(args)
+        args.model = default_model("image" if image else "text", decoder)
     try:
         code = args.run(args)
         sys.stdout.flush()  # a closed pipe shows here, not at exit

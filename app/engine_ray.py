@@ -10,6 +10,7 @@ optional extra (``pip install attrlab[ray]``).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import tempfile
@@ -21,9 +22,10 @@ import numpy as np
 import pandas as pd
 
 from attrlab.app.batch import BatchConfig, DatasetRow, explain_rows, result_arrow
+from attrlab.attribution.answers import AnswerSpec
 from attrlab.attribution.errors import AttrlabError
 
-__all__ = ["RayEngineError", "ray_batches"]
+__all__ = ["ExplainActor", "RayEngineError", "ray_batches", "ray_items"]
 
 
 class RayEngineError(AttrlabError):
@@ -43,18 +45,42 @@ class ExplainActor:
         self.worker = ExplainWorker(device=self.config.device, max_models=1)
 
     def __call__(self, batch: Any) -> Any:
-        rows = [
+        rows = self.dataset_rows(batch)
+        # the file's own schema, whatever the rows hold (a batch of errors has no scores)
+        return result_arrow(explain_rows(self.worker, self.config, rows))
+
+    @staticmethod
+    def dataset_rows(batch: pd.DataFrame) -> list[DatasetRow]:
+        """The rows of a pandas batch of :func:`ray_items`, as they were."""
+        return [
             DatasetRow(
                 id=str(r["id"]),
                 text=_value(r["text"]),
                 image=_value(r["image"]),
                 target=_target(r["target_index"], r["target_label"]),
+                answer=_answer(r["answer"]),
                 problem=_value(r["problem"]),
             )
             for r in batch.to_dict("records")
         ]
-        # the file's own schema, whatever the rows hold (a batch of errors has no scores)
-        return result_arrow(explain_rows(self.worker, self.config, rows))
+
+
+def ray_items(rows: Sequence[DatasetRow]) -> list[dict[str, Any]]:
+    """Dataset rows as Ray Data items: columns of one Arrow type each, whatever rows hold."""
+    return [
+        {
+            "id": r.id,
+            "text": r.text,
+            "image": r.image,
+            # a target index and a target label travel apart
+            "target_index": r.target if isinstance(r.target, int) else None,
+            "target_label": r.target if isinstance(r.target, str) else None,
+            # an answer's fields as one JSON text
+            "answer": None if r.answer is None else json.dumps(r.answer.to_json()),
+            "problem": r.problem,
+        }
+        for r in rows
+    ]
 
 
 def ray_batches(
@@ -95,18 +121,7 @@ def ray_batches(
             raise RayEngineError(f"cannot start or reach Ray: {err}") from None
     if not os.environ.get("RAY_ADDRESS"):  # a joined cluster may scale up to what is asked
         _check_resources(ray.cluster_resources(), workers, gpus_per_worker, cpus_per_worker)
-    # an Arrow column has one type: a target index and a target label travel apart
-    items = [
-        {
-            "id": r.id,
-            "text": r.text,
-            "image": r.image,
-            "target_index": r.target if isinstance(r.target, int) else None,
-            "target_label": r.target if isinstance(r.target, str) else None,
-            "problem": r.problem,
-        }
-        for r in rows
-    ]
+    items = ray_items(rows)
     # an actor's error (a model that cannot load) reaches here as itself, not as Ray's wrapper
     ray.data.DataContext.get_current().raise_original_map_exception = True
     dataset = ray.data.from_items(items).map_batches(
@@ -183,6 +198,11 @@ def _plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {key: _plain(item) for key, item in value.items()}
     return value.item() if isinstance(value, np.generic) else value
+
+
+def _answer(fields: Any) -> AnswerSpec | None:
+    fields = _value(fields)
+    return None if fields is None else AnswerSpec.from_json(json.loads(fields))
 
 
 def _target(index: Any, label: Any) -> int | str | None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from attrlab.attribution.answers import AnswerSpec
 from attrlab.attribution.errors import (
     AttrlabError,
     InputTooLargeError,
@@ -169,14 +170,28 @@ class ServerSettings:
         )
 
     def check_request(
-        self, text: str | None, labels: Sequence[str] | None, target: Any, seed: Any
+        self,
+        text: str | None,
+        labels: Sequence[str] | None,
+        target: Any,
+        seed: Any,
+        answer: AnswerSpec | None = None,
     ) -> None:
-        """Refuse request fields out of bounds, whichever front end they came through."""
-        if text is not None and self.max_text_chars is not None and len(text) > self.max_text_chars:
-            raise InputTooLargeError(
-                f"the text has {len(text)} characters; this server accepts at most "
-                f"{self.max_text_chars}"
-            )
+        """
+        Refuse request fields out of bounds, whichever front end they came through.
+
+        A decoder's ``answer`` and ``contrast`` are texts of the same bound as the prompt's.
+        """
+        texts = [("the text", text)]
+        if answer is not None:
+            texts += [("the answer", answer.answer), ("the contrast", answer.contrast)]
+            texts += [("the stop text", answer.stop)]
+        for what, value in texts:
+            limit = self.max_text_chars
+            if value is not None and limit is not None and len(value) > limit:
+                raise InputTooLargeError(
+                    f"{what} has {len(value)} characters; this server accepts at most {limit}"
+                )
         if labels is not None and (
             len(labels) > MAX_LABELS or any(len(label) > MAX_LABEL_CHARS for label in labels)
         ):
@@ -187,10 +202,10 @@ class ServerSettings:
             raise InvalidInputError(f"the target is longer than {MAX_TARGET_CHARS} characters")
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
             raise InvalidInputError(f"the seed must be a whole number from 0 to {MAX_SEED}")
-        for value, what in (
-            (text, "the text"),
-            (target, "the target"),
-            *((x, "a label") for x in labels or ()),
+        for what, value in (
+            *texts,
+            ("the target", target),
+            *(("a label", x) for x in labels or ()),
         ):
             if isinstance(value, str):
                 require_unicode(value, what)

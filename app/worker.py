@@ -24,6 +24,7 @@ from transformers.utils import logging as hf_logging
 from attrlab.app.settings import ServerSettings
 from attrlab.attribution import explain, load
 from attrlab.attribution.alteration import unaltered
+from attrlab.attribution.answers import AnswerSpec
 from attrlab.attribution.errors import (
     AttrlabError,
     InvalidInputError,
@@ -34,7 +35,7 @@ from attrlab.attribution.gate import checked_params, clear_shares
 from attrlab.attribution.models import DEFAULT_MODELS, Adapter, Inputs, load_image
 from attrlab.attribution.models.loading import resolve_device
 from attrlab.attribution.run import ProgressCallback, RunSettings, stop_if_cancelled
-from attrlab.attribution.runs import explain_rows
+from attrlab.attribution.runs import Prepared, explain_rows, prepare_input
 
 if TYPE_CHECKING:  # imported where used: a plain explanation needs none of them
     import numpy as np
@@ -112,12 +113,15 @@ class Instance:
     One input: a text or an image, and the output to explain.
 
     ``image`` holds encoded image bytes or a decoded array, never a path: front ends that read
-    files (the CLI) read them before building the request.
+    files (the CLI) read them before building the request. With ``answer`` the text is a
+    decoder LM's prompt, and what is explained is the answer it asks about (given, generated,
+    contrasted: :class:`~attribution.answers.AnswerSpec`), not ``target``.
     """
 
     text: str | None = None
     image: Any = None
     target: int | str | None = None
+    answer: AnswerSpec | None = None
     #: Why the input could not even be read (undecodable base64): its job reports this.
     problem: str | None = None
 
@@ -171,7 +175,7 @@ class InputRequest(WorkerRequest[Result], Instance):
     def check(self, settings: ServerSettings) -> None:
         """Exactly one input, and every field within this server's bounds."""
         self.modality  # noqa: B018 - raises for both or neither
-        settings.check_request(self.text, self.labels, self.target, self.seed)
+        settings.check_request(self.text, self.labels, self.target, self.seed, self.answer)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -193,13 +197,15 @@ class ExplainRequest(InputRequest[Explanation]):
 
     def run_on(self, adapter: Adapter, run: JobContext) -> Explanation:
         """The explanation (refused first when its estimate is over the server's seconds)."""
+        ready = run.targeted(self)
         return explain(
             adapter,
             self.method,
-            run.prepare(self),
-            target=self.target,
+            ready.inputs,
+            target=ready.target,
             params=self.params,
             settings=run.settings_for(self.seed, self.evaluate),
+            per_step=ready.per_step,
         )
 
 
@@ -250,6 +256,11 @@ class CheckRequest(InputRequest["MethodCheck"]):
     randomise: bool = False
     top_fraction: float = 0.1
     evaluate: bool = False  # each map's faithfulness scores (the trust card) in its metrics
+
+    def check(self, settings: ServerSettings) -> None:
+        """As every input's, and no answer (the library compares maps of one output)."""
+        super().check(settings)
+        _one_output(self.answer, "a check of methods")
 
     def method_params(self) -> dict[str, dict[str, Any]]:
         """Each method and its parameters."""
@@ -313,6 +324,7 @@ class AblationRequest(InputRequest["HeadAblation"]):
     def check(self, settings: ServerSettings) -> None:
         """One to :data:`MAX_ABLATED_HEADS` heads (whether the model has them is its job's)."""
         super().check(settings)
+        _one_output(self.answer, "a head ablation")
         if not self.heads or len(self.heads) > MAX_ABLATED_HEADS:
             raise InvalidParameterError(
                 f"name 1 to {MAX_ABLATED_HEADS} (layer, head) pairs to ablate; got "
@@ -412,6 +424,11 @@ class EvaluateRequest(WorkerRequest["pd.DataFrame"]):
         for number, instance in enumerate(self.instances, start=1):
             if instance.problem is not None:
                 raise InvalidInputError(f"item {number}: {instance.problem}")
+            if instance.answer is not None:
+                raise InvalidInputError(
+                    f"item {number} asks about an answer; an evaluation scores each item's "
+                    "prediction"
+                )
             settings.check_request(instance.text, None, instance.target, self.seed)
             if instance.modality != self.modality:
                 raise InvalidInputError(
@@ -546,6 +563,7 @@ class BatchRequest(WorkerRequest[list[InstanceResults]]):
                 text=instance.text,
                 image=instance.image,
                 target=instance.target,
+                answer=instance.answer,
                 problem=instance.problem,
                 method=method,
                 params=self.params.get(method, {}),
@@ -576,7 +594,7 @@ class BatchRequest(WorkerRequest[list[InstanceResults]]):
             adapter,
             self.instances,
             self.methods,
-            run.prepare,
+            run.targeted,
             params=self.params,
             settings=run.settings_for(self.seed, self.evaluate),
             progress=lambda done: run.progress(done * len(self.methods), total),
@@ -593,6 +611,8 @@ class JobContext:
     settings: RunSettings
     #: An instance checked against the server's bounds and the model, decoded, preprocessed.
     prepare: Callable[[Instance], Inputs]
+    #: The same with what it explains: its target, or the answer it asks about.
+    targeted: Callable[[Instance], Prepared]
     #: The same, decoded only: a text, or an image within the server's pixel limit.
     read: Callable[[Instance], Any]
 
@@ -875,7 +895,9 @@ class ExplainWorker:
             stop_if_cancelled(cancel)
             if instance.problem is not None:
                 raise InvalidInputError(instance.problem)
-            self.settings.check_request(instance.text, None, instance.target, request.seed)
+            self.settings.check_request(
+                instance.text, None, instance.target, request.seed, instance.answer
+            )
             if adapter.modality != instance.modality:
                 raise InvalidInputError(
                     f"model '{adapter.model_id}' takes {_article(adapter.modality)} as input, "
@@ -885,8 +907,11 @@ class ExplainWorker:
                 return instance.text
             return load_image(instance.image, max_pixels=self.settings.max_image_pixels)
 
+        def targeted(instance: Instance) -> Prepared:
+            return prepare_input(adapter, read(instance), instance.target, instance.answer)
+
         def prepare(instance: Instance) -> Inputs:
-            return adapter.preprocess(read(instance))
+            return prepare_input(adapter, read(instance), None, instance.answer).inputs
 
         budgets = RunSettings(
             progress=progress,
@@ -894,7 +919,7 @@ class ExplainWorker:
             max_forward_passes=self.settings.max_forward_passes,
             max_seconds=self.settings.max_seconds,
         )
-        context = JobContext(budgets, prepare, read)
+        context = JobContext(budgets, prepare, targeted, read)
         return request.run_on(adapter, context)
 
     def close(self) -> None:
@@ -922,6 +947,15 @@ def _params_only_for(params: dict[str, Any], methods: Sequence[str], verb: str) 
     if unknown:
         raise InvalidParameterError(
             f"parameters are given for {', '.join(sorted(unknown))}, which is not {verb}"
+        )
+
+
+def _one_output(answer: AnswerSpec | None, what: str) -> None:
+    """Refuse an answer where the library's ``what`` explains one output (a class, a token)."""
+    if answer is not None:
+        raise InvalidInputError(
+            f"{what} explains one output (a class or the next token), not an answer or a "
+            "contrast: explain those one method at a time"
         )
 
 

@@ -18,7 +18,7 @@ per-step matrix) share the forwards of the first.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
@@ -36,9 +36,11 @@ if TYPE_CHECKING:
     from attrlab.attribution.target import AnswerTarget, Target
 
 __all__ = [
+    "ANSWER_FIELDS",
     "MAX_NEW_TOKENS",
     "MEASURES",
     "Answer",
+    "AnswerSpec",
     "answer_inputs",
     "answer_log_probs",
     "answer_request",
@@ -55,6 +57,94 @@ __all__ = [
 
 #: The longest answer :func:`generate_answer` produces (each token is one more forward).
 MAX_NEW_TOKENS = 256
+
+#: The fields of a request about an answer, as JSON names them (:class:`AnswerSpec`).
+ANSWER_FIELDS = ("answer", "generate", "stop", "contrast", "chat", "per_step")
+
+
+@dataclass(frozen=True)
+class AnswerSpec:
+    """
+    What a request asks about a decoder LM's answer: plain data, checked when made.
+
+    It travels with a request (the worker's instances, batch rows, stored jobs, Ray actors) and
+    becomes inputs and a target once the model is loaded (:meth:`request`, that is
+    :func:`answer_request`). Every front end builds one from its own fields, so a combination
+    is refused with the same words everywhere, before any model loads.
+
+    Attributes:
+        answer: The continuation to explain (teacher-forced).
+        generate: Explain the model's greedy continuation of at most this many tokens instead.
+        stop: Text that ends a generated answer.
+        contrast: An alternative answer: the target is ``log p(answer) − log p(contrast)``.
+        chat: The prompt in the tokenizer's chat template.
+        per_step: Add one map per answer token (``maps["steps"]``, steps × tokens).
+
+    Raises:
+        InvalidInputError: a field of the wrong type, both ``answer`` and ``generate``, an empty
+            answer, contrast or stop, ``stop`` without ``generate``, ``per_step`` without an
+            answer to split.
+        InvalidParameterError: ``generate`` outside 1..:data:`MAX_NEW_TOKENS`.
+    """
+
+    answer: str | None = None
+    generate: int | None = None
+    stop: str | None = None
+    contrast: str | None = None
+    chat: bool = False
+    per_step: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("answer", "stop", "contrast"):
+            if not isinstance(getattr(self, name), str | None):
+                raise InvalidInputError(f"'{name}' is a text; got {getattr(self, name)!r}")
+        for name in ("chat", "per_step"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidInputError(f"'{name}' is true or false; got {getattr(self, name)!r}")
+        if self.answer is not None and self.generate is not None:
+            raise InvalidInputError("give an answer or ask to generate one, not both")
+        if self.answer is not None:
+            _nonempty(self.answer, "the answer is empty: give the continuation to explain")
+        if self.generate is not None:
+            _check_generate(self.generate)
+        if self.contrast is not None:
+            _nonempty(self.contrast, "the contrast is empty: give the alternative continuation")
+        if self.stop is not None:
+            if self.generate is None:
+                raise InvalidInputError("'stop' ends a generated answer: give it with 'generate'")
+            _nonempty(self.stop, "the stop text is empty: give the text that ends the answer")
+        if self.per_step and self.answer is self.generate is self.contrast is None:
+            raise InvalidInputError(
+                "per_step splits an answer into its tokens: give an answer, ask to generate "
+                "one, or give a contrast"
+            )
+
+    @classmethod
+    def from_json(cls, record: Mapping[str, Any]) -> AnswerSpec | None:
+        """
+        The answer fields of a JSON object (a dataset line, a stored row); ``None`` if none.
+
+        Raises:
+            InvalidInputError, InvalidParameterError: as the class does.
+        """
+        given = {name: record[name] for name in ANSWER_FIELDS if _set(record.get(name))}
+        return cls(**given) if given else None
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields that are set (:meth:`from_json` reads them back)."""
+        return {name: getattr(self, name) for name in ANSWER_FIELDS if _set(getattr(self, name))}
+
+    def request(self, adapter: Adapter, prompt: str) -> tuple[TextInputs, Target]:
+        """The inputs and target of ``prompt`` and this answer on ``adapter``."""
+        return answer_request(
+            adapter,
+            prompt,
+            answer=self.answer,
+            generate=self.generate,
+            contrast=self.contrast,
+            chat=self.chat,
+            stop=self.stop,
+        )
 
 
 @dataclass(frozen=True)
@@ -204,8 +294,7 @@ def prompt_prediction(
 def given_answer(adapter: Adapter, text: str) -> Answer:
     """The answer a user typed, as the tokens that follow a prompt (no special tokens)."""
     decoder = decoder_adapter(adapter)
-    if not isinstance(text, str) or not text:
-        raise InvalidInputError("the answer is empty: give the continuation to explain")
+    _nonempty(text, "the answer is empty: give the continuation to explain")
     ids = decoder.tokenizer.encode(text, add_special_tokens=False)
     if not ids:
         raise InvalidInputError(f"the answer {text!r} gives this model no token")
@@ -226,10 +315,7 @@ def generate_answer(
         InvalidParameterError: ``max_new_tokens`` outside 1..:data:`MAX_NEW_TOKENS`.
     """
     decoder = decoder_adapter(adapter)
-    if isinstance(max_new_tokens, bool) or not 1 <= int(max_new_tokens) <= MAX_NEW_TOKENS:
-        raise InvalidParameterError(
-            f"generate takes 1 to {MAX_NEW_TOKENS} new tokens; got {max_new_tokens!r}"
-        )
+    _check_generate(max_new_tokens)
     room = decoder.max_length - int(prompt.input_ids.shape[1])
     if room < 1:
         raise InvalidInputError("the prompt fills the model's context: no room for an answer")
@@ -257,6 +343,29 @@ def generate_answer(
             "the model ends its answer at once (end of sequence): nothing to explain"
         )
     return Answer(tuple(ids), decoder.tokenizer.decode(ids), generated=True, stop=reason)
+
+
+def _set(value: Any) -> bool:
+    """A field given a value: not missing, not ``None``, not ``false`` (``0`` is a value)."""
+    return value is not None and value is not False
+
+
+def _check_generate(max_new_tokens: Any) -> None:
+    """Refuse a number of new tokens that is not a whole number in 1..:data:`MAX_NEW_TOKENS`."""
+    if (
+        isinstance(max_new_tokens, bool)
+        or not isinstance(max_new_tokens, int)
+        or not 1 <= max_new_tokens <= MAX_NEW_TOKENS
+    ):
+        raise InvalidParameterError(
+            f"generate takes 1 to {MAX_NEW_TOKENS} new tokens; got {max_new_tokens!r}"
+        )
+
+
+def _nonempty(text: Any, message: str) -> None:
+    """Refuse ``text`` unless it is a text of at least one character."""
+    if not isinstance(text, str) or not text:
+        raise InvalidInputError(message)
 
 
 #: What an answer's step reads: its token's log-probability, or its raw logit (LRP).
@@ -399,14 +508,13 @@ def answer_request(
     but with ``contrast``, the answer is the model's next token.
 
     Raises:
-        InvalidInputError: not a decoder LM, both ``answer`` and ``generate``, an empty prompt,
-            answer or contrast, or a sequence longer than the model reads.
+        InvalidInputError: not a decoder LM, a combination :class:`AnswerSpec` refuses, an empty
+            prompt, a contrast that is the answer, or a sequence longer than the model reads.
         InvalidParameterError: ``generate`` out of range.
     """
     from attrlab.attribution.target import ContrastTarget
 
-    if answer is not None and generate is not None:
-        raise InvalidInputError("give an answer or ask to generate one, not both")
+    AnswerSpec(answer=answer, generate=generate, stop=stop, contrast=contrast, chat=chat)
     prompt_tokens = prompt_inputs(adapter, prompt, chat)
     if answer is not None:
         found = given_answer(adapter, answer)

@@ -1,6 +1,9 @@
 """
 The one reader of dataset lines: JSON Lines, one ``{"id"?, "text" | "image", "target"?}`` each.
 
+A text line may also ask about a decoder LM's answer: ``answer`` or ``generate`` (with
+``stop``), ``contrast``, ``chat``, ``per_step`` (:class:`~attribution.answers.AnswerSpec`).
+
 Every front end that reads a dataset file reads it here (``attrlab batch``, ``layers`` and
 ``evaluate`` with ``--input``, the page's uploads), and the REST API refuses a target with the
 same words (:func:`target_problem`), so a line means the same thing on every path.
@@ -12,7 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from attrlab.attribution.errors import InvalidInputError, parse_json, require_unicode
+from attrlab.attribution.answers import AnswerSpec
+from attrlab.attribution.errors import AttrlabError, InvalidInputError, parse_json, require_unicode
 
 __all__ = ["DatasetLine", "dataset_line", "numbered_lines", "target_problem"]
 
@@ -50,6 +54,9 @@ class DatasetLine:
     text: str | None = None
     image: str | None = None
     target: int | str | None = None
+    #: What the line asks about a decoder LM's answer to its text (``None``: its prediction).
+    #: (A line's own features, ``granularity`` and ``spans``, would be read beside it.)
+    answer: AnswerSpec | None = None
     #: Why the line cannot be a row ("line 3: not JSON (...)"); the other fields are then unset.
     problem: str | None = None
 
@@ -57,6 +64,8 @@ class DatasetLine:
 def dataset_line(number: int, line: str) -> DatasetLine:
     """
     Line ``number`` of a JSONL dataset: ``{"id"?, "text" | "image": name, "target"?}``.
+
+    A text line may carry the fields of an :class:`~attribution.answers.AnswerSpec`.
 
     It never raises: a line that is not JSON (nested too deeply to read, too), not an object,
     or has a field of the wrong type or a string that is not valid Unicode (a lone surrogate,
@@ -85,9 +94,15 @@ def dataset_line(number: int, line: str) -> DatasetLine:
     if not isinstance(record[field], str):
         return DatasetLine(id=key, problem=f"line {number}: {field} must be a string")
     try:  # JSON's "\ud800" escapes make strings no file name, tokenizer or Parquet can hold
-        for name in ("id", field, "target"):
+        for name in ("id", field, "target", "answer", "stop", "contrast"):
             if isinstance(record.get(name), str):
                 require_unicode(record[name], f"line {number}: the {name}")
     except InvalidInputError as err:
         return DatasetLine(id=f"line-{number}", problem=str(err))
-    return DatasetLine(id=key, target=target, **{field: record[field]})
+    try:
+        answer = AnswerSpec.from_json(record)
+    except AttrlabError as err:
+        return DatasetLine(id=key, problem=f"line {number}: {err}")
+    if answer is not None and field == "image":
+        return DatasetLine(id=key, problem=f"line {number}: an answer follows a text, not an image")
+    return DatasetLine(id=key, target=target, answer=answer, **{field: record[field]})

@@ -15,13 +15,15 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol, TypeVar
 
-from attrlab.attribution.errors import AttrlabError, JobCancelledError
+from attrlab.attribution.answers import AnswerSpec
+from attrlab.attribution.errors import AttrlabError, InvalidInputError, JobCancelledError
 from attrlab.attribution.explain import explain
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.run import ProgressCallback, RunSettings, stop_if_cancelled
+from attrlab.attribution.target import Target
 
-__all__ = ["RowResult", "TargetedRow", "explain_rows", "run_rows"]
+__all__ = ["Prepared", "RowResult", "TargetedRow", "explain_rows", "prepare_input", "run_rows"]
 
 
 class TargetedRow(Protocol):
@@ -30,6 +32,46 @@ class TargetedRow(Protocol):
     @property
     def target(self) -> int | str | None:
         """A class index or label."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """
+    One input ready to explain: the model's inputs and what to explain on them.
+
+    Attributes:
+        inputs: The adapter's inputs (for a decoder's answer: prompt and answer, one sequence).
+        target: A class index or label (``None``: the top prediction), or a target record.
+        per_step: Add one map per step of the target (:func:`attribution.explain`).
+    """
+
+    inputs: Inputs
+    target: int | str | Target | None = None
+    per_step: bool = False
+
+
+def prepare_input(
+    adapter: Adapter, raw: Any, target: int | str | None, answer: AnswerSpec | None = None
+) -> Prepared:
+    """
+    A request's input on the loaded model: every front end's one way from fields to inputs.
+
+    ``raw`` (a text or an image) is preprocessed and explained for ``target``; with ``answer``
+    the text is a decoder LM's prompt, and inputs and target are the answer's
+    (:func:`attribution.answers.answer_request`).
+
+    Raises:
+        InvalidInputError: a ``target`` beside an answer (the answer is what is explained), and
+            what the adapter or :func:`~attribution.answers.answer_request` refuses.
+    """
+    if answer is None:
+        return Prepared(adapter.preprocess(raw), target)
+    if target is not None:
+        raise InvalidInputError(
+            "an answer or contrast is itself what is explained: leave out the target"
+        )
+    inputs, record = answer.request(adapter, raw)
+    return Prepared(inputs, record, answer.per_step)
 
 
 Row = TypeVar("Row")
@@ -91,7 +133,7 @@ def explain_rows(
     adapter: Adapter,
     rows: Iterable[Targeted],
     methods: Sequence[str],
-    prepare: Callable[[Targeted], Inputs],
+    prepare: Callable[[Targeted], Inputs | Prepared],
     *,
     params: Mapping[str, dict[str, Any]] | None = None,
     settings: RunSettings | None = None,
@@ -102,12 +144,14 @@ def explain_rows(
     """
     Each row explained by each method (:func:`attribution.explain`), a row at a time.
 
-    A row is prepared once (``prepare``: the adapter's inputs), then explained with its own
-    target by each method in turn, with that method's ``params`` and the same ``settings``
-    (its budgets are each explanation's own: the gate refuses one priced over the seconds;
-    its progress is left out, as rows report theirs); ``settings.cancel`` and ``progress``
-    are :func:`run_rows`'. ``passes`` receives each explanation's own progress (forward
-    passes done of its total), for a caller that shows the run in progress.
+    A row is prepared once (``prepare``: the adapter's inputs, explained for the row's own
+    target; or a :class:`Prepared` record, whose target and ``per_step`` are used instead, as
+    a decoder's answer needs), then explained by each method in turn, with that method's
+    ``params`` and the same ``settings`` (its budgets are each explanation's own: the gate
+    refuses one priced over the seconds; its progress is left out, as rows report theirs);
+    ``settings.cancel`` and ``progress`` are :func:`run_rows`'. ``passes`` receives each
+    explanation's own progress (forward passes done of its total), for a caller that shows
+    the run in progress.
 
     Without ``record_errors`` the first error stops the loop. With it, a row's errors are its
     results and the next row goes on: an :class:`AttrlabError` from ``prepare`` stands for every
@@ -126,24 +170,27 @@ def explain_rows(
     ) -> tuple[Inputs | AttrlabError, dict[str, Explanation | AttrlabError]]:
         number, row = numbered
         try:
-            inputs = prepare(row)
+            ready = prepare(row)
         except Exception as err:
             problem = _recorded(err, record_errors, number, None)
             return problem, dict.fromkeys(methods, problem)
+        if not isinstance(ready, Prepared):
+            ready = Prepared(ready, row.target)
         outcomes: dict[str, Explanation | AttrlabError] = {}
         for method in methods:
             try:
                 outcomes[method] = explain(
                     adapter,
                     method,
-                    inputs,
-                    target=row.target,
+                    ready.inputs,
+                    target=ready.target,
                     params=(params or {}).get(method),
                     settings=each,
+                    per_step=ready.per_step,
                 )
             except Exception as err:
                 outcomes[method] = _recorded(err, record_errors, number, method)
-        return inputs, outcomes
+        return ready.inputs, outcomes
 
     for (_, row), (inputs, outcomes) in run_rows(enumerate(rows), explained, each.cancel, progress):
         yield RowResult(row, inputs, outcomes)

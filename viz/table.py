@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from attrlab.attribution.explanation import Explanation
+from attrlab.attribution.target import AnswerTarget, ContrastTarget
 from attrlab.viz.tokens import token_label
 
 __all__ = ["explanation_table", "layers_text"]
@@ -18,12 +20,13 @@ def explanation_table(explanation: Explanation) -> str:
     lines = [
         f"model     {e.model.id} ({e.model.modality})",
         f"method    {e.method}  params {e.params}",
-        f"target    {_quoted(e.target.label)} (index {e.target.index})  "
-        f"p={e.target.probability:.4f}  logit={e.target.logit:.4f}",
+        *_target_lines(e),
         "top-5     " + " | ".join(f"{_quoted(p.label)} {p.probability:.4f}" for p in e.predictions),
     ]
     texts = e.token_texts
     lines += _token_rows(texts, e.scores) if texts is not None else _image_rows(e)
+    if "steps" in e.maps and texts is not None and e.target_record is not None:
+        lines += _step_rows(e.maps["steps"], e.target_record.step_labels(), texts)
     if e.metrics:
         lines.append("metrics   " + "  ".join(f"{k}={v:.6g}" for k, v in e.metrics.items()))
     lines += [f"verdict   {v.summary()}" for v in e.verdicts]
@@ -33,6 +36,47 @@ def explanation_table(explanation: Explanation) -> str:
     )
     lines += [f"warning   {w}" for w in e.warnings]
     return "\n".join(lines)
+
+
+def _target_lines(e: Explanation) -> list[str]:
+    """What was explained: one output, or a decoder's answer (its tokens) and its contrast."""
+    record = e.target_record
+    if isinstance(record, ContrastTarget):
+        return [
+            f"target    contrast: log p(answer) - log p(contrast) = {e.target.logit:.4f}  "
+            f"p(answer)/p(contrast)={e.target.probability:.4g}",
+            _answer_line("answer", record.answer),
+            _answer_line("contrast", record.alternative),
+        ]
+    if isinstance(record, AnswerTarget):
+        return [
+            f"target    answer: log p(answer) = {e.target.logit:.4f}  p={e.target.probability:.4g}",
+            _answer_line("answer", record),
+        ]
+    return [
+        f"target    {_quoted(e.target.label)} (index {e.target.index})  "
+        f"p={e.target.probability:.4f}  logit={e.target.logit:.4f}"
+    ]
+
+
+def _answer_line(name: str, answer: AnswerTarget) -> str:
+    """``answer    ' Paris' (generated) tokens ' Par' | 'is'``."""
+    how = " (generated)" if answer.generated else ""
+    tokens = " | ".join(_quoted(t) for t in answer.token_labels)
+    return f"{name:<9} {_quoted(answer.label)}{how}  tokens {tokens}"
+
+
+def _step_rows(steps: np.ndarray, labels: list[str], texts: list[str]) -> list[str]:
+    """The per-step matrix: a row per answer step (its map over the input's tokens)."""
+    table = pd.DataFrame(
+        steps, index=[token_label(label) for label in labels], columns=[_quoted(t) for t in texts]
+    )
+    return [
+        "",
+        "per step  rows: answer tokens (a contrast's with - ), columns: input tokens; the rows "
+        "sum to the map above for methods linear in the score",
+        table.to_string(float_format=lambda v: f"{v:+.3g}"),
+    ]
 
 
 def _quoted(label: str) -> str:
