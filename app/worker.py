@@ -235,11 +235,15 @@ class EstimateRequest(InputRequest["Estimate"]):
     def run_on(self, adapter: Adapter, run: JobContext) -> Estimate:
         """The estimate; the first on a model calibrates every batch width of its device."""
         from attrlab.attribution.estimate import calibrate, estimate
+        from attrlab.attribution.target import Target
 
         settings = run.settings_for(self.seed, self.evaluate)
-        inputs = run.prepare(self)
-        calibrate(adapter, inputs).measure_all()  # later estimates run no pass: light
-        return estimate(adapter, self.method, inputs, self.params, settings)
+        ready = run.targeted(self)
+        calibrate(adapter, ready.inputs).measure_all()  # later estimates run no pass: light
+        record = ready.target if isinstance(ready.target, Target) else None  # an answer's
+        return estimate(
+            adapter, self.method, ready.inputs, self.params, settings, record, ready.per_step
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

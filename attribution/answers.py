@@ -456,8 +456,16 @@ def _eos_ids(decoder: DecoderLMAdapter) -> set[int]:
 
 
 def _answer_offsets(decoder: DecoderLMAdapter, answer: Answer) -> list[tuple[int, int]]:
-    """Each answer token's characters in ``answer.text``, from decoding growing prefixes."""
-    ends = [len(decoder.tokenizer.decode(answer.ids[: k + 1])) for k in range(len(answer.ids))]
+    """
+    Each answer token's characters in ``answer.text``, from decoding growing prefixes.
+
+    A decoding that drops the text's leading space (WordPiece's) is shifted by it: the first
+    token keeps the space, as a byte-level token does.
+    """
+    decode = decoder.tokenizer.decode
+    lead = len(answer.text) - len(answer.text.lstrip())
+    shift = lead if lead and not decode(answer.ids)[:1].isspace() else 0
+    ends = [shift + len(decode(answer.ids[: k + 1])) for k in range(len(answer.ids))]
     return list(zip([0, *ends[:-1]], ends, strict=True))
 
 

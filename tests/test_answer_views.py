@@ -91,3 +91,11 @@ def test_a_next_token_has_no_answer_views(load_model):
     assert STEPS not in figures_for(explanation)
     with pytest.raises(ValueError, match="needs an answer's explanation"):
         answer_html(explanation)
+
+
+def test_an_answers_tokens_read_as_its_words_after_a_wordpiece_decoding(contrast):
+    # WordPiece decodes " mat" as "mat": the labels must still be the typed words, each with
+    # its leading space (a decoding that drops the space shifted every later token's text)
+    explanation, prompt, _ = contrast
+    assert explanation.token_texts[prompt:] == [" mat", " and", " slept"]
+    assert explanation.target_record.alternative.token_labels == (" floor",)

@@ -187,12 +187,17 @@ def answer_html(explanation: Explanation, view: View = TEXT_VIEW, chosen: int | 
     answer = record.answer if isinstance(record, ContrastTarget) else record
     generated = isinstance(answer, AnswerTarget) and answer.generated
     about = " (the model's own greedy answer)" if generated else ""
+    hint = (
+        "click an underlined token for its step's row"
+        if "steps" in explanation.maps
+        else "run it per step for each token's row"
+    )
     return (
         f'<div class="answer-view" data-method="{html.escape(explanation.method)}">'
         f'<div style="font-weight:600">{html.escape(explanation.method)}: the whole answer'
         f"{about}</div>"
         f'<div style="font-size:0.85em;opacity:0.8">{_quantity(layout)} = '
-        f"{target.logit:.4g}; click an underlined token for its step's row</div>"
+        f"{target.logit:.4g}; {hint}</div>"
         f'<div style="line-height:1.9">{"".join(spans)}{rather}</div>'
         f"{scale_legend_html(view)}</div>"
     )
