@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import html
+import json
 import re
+import zipfile
 
 import numpy as np
 import pytest
 
+from attrlab.app.ui.results import Result, export_bundle
 from attrlab.attribution import explain
 from attrlab.attribution.answers import answer_request
+from attrlab.attribution.explanation import Explanation
 from attrlab.viz.answer import answer_html, step_row_html, steps_figure
 from attrlab.viz.figures import STEPS, figures_for
 from attrlab.viz.tokens import token_html, token_tick
@@ -99,3 +103,17 @@ def test_an_answers_tokens_read_as_its_words_after_a_wordpiece_decoding(contrast
     explanation, prompt, _ = contrast
     assert explanation.token_texts[prompt:] == [" mat", " and", " slept"]
     assert explanation.target_record.alternative.token_labels == (" floor",)
+
+
+def test_the_export_carries_the_question_the_answers_page_and_its_heatmap(contrast):
+    explanation, _, _ = contrast
+    asked = {"tab": "next", "text": PROMPT, "answer": ANSWER, "contrast": CONTRAST}
+    bundle = zipfile.ZipFile(export_bundle(Result({"gxi": explanation}, fields=asked), png=False))
+    read = {name.split("/", 1)[1]: name for name in bundle.namelist()}
+    assert json.loads(bundle.read(read["manifest.json"]))["extra"]["inputs"] == asked
+    page = bundle.read(read["pages/answer.html"]).decode()
+    assert page.count('class="answer-token"') == 3 and 'class="alternative-token"' in page
+    assert "figures/gxi_steps.html" in read
+    back = Explanation.from_dict(json.loads(bundle.read(read["gxi.json"])))
+    np.testing.assert_array_equal(back.maps["steps"], explanation.maps["steps"])
+    assert back.target_record == explanation.target_record

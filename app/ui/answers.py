@@ -253,7 +253,7 @@ class LanguageModelTab(ExplainTab):
         stop_: str = "",
         chat_: bool = False,
         per_step_: bool = True,
-        request: gr.Request = None,  # type: ignore[assignment]  # Gradio's, at its place
+        request: gr.Request | None = None,
         progress=gr.Progress(),  # noqa: B008
     ) -> list:
         """Run: each chosen method on the next token, or on the answer asked for."""
@@ -263,37 +263,6 @@ class LanguageModelTab(ExplainTab):
         result = self.run_methods(base, *values, request, progress)
         result.fields |= asked.link_fields()
         return self.show(result, request)
-
-    def run_linked(  # type: ignore[override]  # the answer's fields follow every tab's
-        self,
-        linked_: bool,
-        model_,
-        labels_,
-        source_,
-        target_,
-        methods,
-        trust_,
-        randomise_,
-        seed_,
-        params,
-        compare_,
-        previous,
-        answer_,
-        contrast_,
-        generate_,
-        max_new_tokens_,
-        stop_,
-        chat_,
-        per_step_,
-        request: gr.Request,
-        progress=gr.Progress(),  # noqa: B008
-    ) -> list[Any]:
-        """Run the tab a shared link filled, its answer with it."""
-        if not linked_:
-            return [gr.skip()] * len(self.shown)
-        values = (model_, labels_, source_, target_, methods, trust_, randomise_, seed_)
-        asked = (answer_, contrast_, generate_, max_new_tokens_, stop_, chat_, per_step_)
-        return self.explain(*values, params, compare_, previous, *asked, request, progress)
 
     def price(  # type: ignore[override]  # the answer's fields come first
         self,

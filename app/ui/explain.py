@@ -698,26 +698,20 @@ class ExplainTab:
 
     def run_linked(
         self,
-        linked_: bool,
-        model_,
-        labels_,
-        source_,
-        target_,
-        methods,
-        trust_,
-        randomise_,
-        seed_,
-        params,
-        compare_,
-        previous,
-        request: gr.Request,
+        request: gr.Request | None = None,
         progress=gr.Progress(),  # noqa: B008
+        linked_: bool = False,
+        *values: Any,
     ) -> list[Any]:
-        """Run the tab a shared link filled; the page's load sets every tab's flag."""
+        """
+        Run the tab a shared link filled (``values``: its :attr:`fields`').
+
+        The page's load sets every tab's flag. Gradio gives ``request`` and ``progress`` at
+        their places, so they come first here, before the fields of any tab.
+        """
         if not linked_:
             return [gr.skip()] * len(self.shown)
-        values = (model_, labels_, source_, target_, methods, trust_, randomise_, seed_)
-        return self.explain(*values, params, compare_, previous, request, progress)
+        return self.explain(*values, request=request, progress=progress)
 
     @readable
     def redraw_detail(
