@@ -261,11 +261,6 @@ class CheckRequest(InputRequest["MethodCheck"]):
     top_fraction: float = 0.1
     evaluate: bool = False  # each map's faithfulness scores (the trust card) in its metrics
 
-    def check(self, settings: ServerSettings) -> None:
-        """As every input's, and no answer (the library compares maps of one output)."""
-        super().check(settings)
-        _one_output(self.answer, "a check of methods")
-
     def method_params(self) -> dict[str, dict[str, Any]]:
         """Each method and its parameters."""
         return {method: self.params.get(method, {}) for method in self.methods}
@@ -274,15 +269,17 @@ class CheckRequest(InputRequest["MethodCheck"]):
         """The explanations, their agreement and the randomisation checks."""
         from attrlab.attribution.metrics.check import check_methods
 
+        ready = run.targeted(self)
         return check_methods(
             adapter,
             self.methods,
-            run.prepare(self),
-            self.target,
+            ready.inputs,
+            ready.target,
             self.params,
             self.randomise,
             self.top_fraction,
             run.settings_for(self.seed, self.evaluate),
+            ready.per_step,
         )
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "estimate",
     "per_step_runs",
     "priced",
+    "steps_batch",
 ]
 
 
@@ -244,9 +245,27 @@ def per_step_runs(method_cls: type[AttributionMethod], steps: int) -> int:
     The runs of ``method_cls`` that a per-step matrix of ``steps`` rows adds to the whole map.
 
     A method that scores perturbed inputs reads every step from the whole map's forwards: none.
-    A gradient method (LRP among them) runs once more per step. One row is the map itself.
+    A gradient method (LRP among them) spends one run's passes per step: in batches of
+    steps where it has them (:func:`steps_batch`), else a run per step. One row is the map.
     """
     return steps if steps > 1 and "gradients" in method_cls.requires else 0
+
+
+def steps_batch(method_cls: type[AttributionMethod], steps: int, params: Mapping[str, Any]) -> int:
+    """
+    How many steps of a per-step matrix one of the method's passes takes (1: a run per step).
+
+    A method with batched steps (:meth:`AttributionMethod.attribute_steps`) takes up to
+    :data:`~attribution.explain.STEPS_PER_PASS` at once, unless its map is smoothed.
+    """
+    from attrlab.attribution.explain import STEPS_PER_PASS  # explain prices through here
+    from attrlab.attribution.methods.smoothing import smoothing_requested
+
+    own = method_cls.attribute_steps.__func__  # type: ignore[attr-defined]
+    batched = own is not AttributionMethod.attribute_steps.__func__  # type: ignore[attr-defined]
+    if not batched or smoothing_requested(dict(params)):
+        return 1
+    return max(1, min(steps, STEPS_PER_PASS))
 
 
 def estimate(
@@ -293,12 +312,20 @@ def priced(
     calibration = calibrate(adapter, inputs)
     scale = max(1, math.prod(inputs.map_shape)) / calibration.size
     width = passes.batch or 1
-    rows = passes.forward - passes.backward  # forwards without a backward
-    seconds = rows * calibration.seconds("forward", width)
-    if passes.backward:
-        per_row = calibration.seconds("forward", width) + calibration.seconds("backward", width)
-        seconds += passes.backward * per_row
-    seconds *= runs
+
+    def run_seconds(batch: int) -> float:  # one run's passes, in rows of ``batch``
+        rows = passes.forward - passes.backward  # forwards without a backward
+        seconds = rows * calibration.seconds("forward", batch)
+        if passes.backward:
+            per_row = calibration.seconds("forward", batch) + calibration.seconds("backward", batch)
+            seconds += passes.backward * per_row
+        return seconds
+
+    seconds = run_seconds(width)
+    if runs > 1:  # the per-step matrix's runs, a batch of steps at once where the method can
+        batch = steps_batch(method_cls, steps, params)
+        seconds += (runs - 1) * run_seconds(width if batch == 1 else batch)
+        width = max(width, batch)
     forward = passes.forward * runs + 1  # explain's own forward of the input
     seconds += calibration.seconds("forward", 1)
     if target is not None and not target.reads_logits:  # the target's values on the input

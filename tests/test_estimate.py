@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from attrlab.attribution import explain
+from attrlab.attribution.answers import answer_request
 from attrlab.attribution.errors import UnsupportedMethodError
 from attrlab.attribution.estimate import estimate
 from attrlab.attribution.methods import available_methods, get_method
@@ -145,12 +146,13 @@ def test_a_gpu_calibration_prices_between_widths_and_skips_widths_that_do_not_fi
     assert tight.seconds("forward", 300) == 2.0  # 256 does not fit either: down to 64
 
 
-@pytest.mark.parametrize("method", ["integrated_gradients", "attnlrp", "occlusion"])
+@pytest.mark.parametrize(
+    "method", ["gradient_x_input", "integrated_gradients", "attnlrp", "occlusion"]
+)
 def test_a_per_step_matrix_is_priced_as_explain_spends_it(load_model, method):
-    # a gradient method runs once more per answer token (integrated gradients also reads each
-    # step's F(x)); occlusion scores every step from the whole map's forwards
-    from attrlab.attribution.answers import answer_request
-
+    # a gradient method spends one run's passes per answer token (gradient × input and AttnLRP
+    # in one batch of steps; integrated gradients a run each, reading the whole target's F(x));
+    # occlusion scores every step from the whole map's forwards
     adapter = load_model("tiny-random-llama")
     inputs, target = answer_request(adapter, "the cat sat on the", answer=" mat and slept")
     assert target.steps > 1

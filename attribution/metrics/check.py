@@ -78,6 +78,7 @@ def check_methods(
     randomise: bool = False,
     top_fraction: float = 0.1,
     settings: RunSettings | None = None,
+    per_step: bool = False,
 ) -> MethodCheck:
     """
     Explain ``inputs`` with every method, then compare the maps and (``randomise``) check each.
@@ -90,7 +91,9 @@ def check_methods(
     (:func:`attribution.gate.clear_shares`) before anything runs. ``progress`` counts
     explanations done out of those planned. ``evaluate`` adds each method's faithfulness scores
     (the trust card, as :func:`~attribution.explain.explain`'s) to its explanation's metrics; the
-    randomisation recomputes need only their maps and skip them.
+    randomisation recomputes need only their maps and skip them, as they skip ``per_step``
+    (each method's per-step matrix of an answer's target, as :func:`~attribution.explain.explain`
+    adds it).
 
     Raises:
         InvalidParameterError: for fewer than two methods without ``randomise``, a method named
@@ -120,7 +123,11 @@ def check_methods(
     spent = {"forward": 0, "explanations": 0}
 
     def run(
-        method: str, model: Adapter, target: int | str | Target | None, scored: bool = False
+        method: str,
+        model: Adapter,
+        target: int | str | Target | None,
+        scored: bool = False,
+        steps: bool = False,
     ) -> Explanation:
         stop_if_cancelled(settings.cancel)
         left = None if max_forward_passes is None else max_forward_passes - spent["forward"]
@@ -142,6 +149,7 @@ def check_methods(
                     max_forward_passes=left,
                     evaluate=scored,
                 ),
+                per_step=steps,
             )
         except BudgetExceededError:
             raise BudgetExceededError(
@@ -155,9 +163,9 @@ def check_methods(
             progress(spent["explanations"], planned)
         return explanation
 
-    first = run(methods[0], adapter, target, settings.evaluate)
+    first = run(methods[0], adapter, target, settings.evaluate, per_step)
     explained = first.target_record  # the same target for every method and step
-    rest = {m: run(m, adapter, explained, settings.evaluate) for m in methods[1:]}
+    rest = {m: run(m, adapter, explained, settings.evaluate, per_step) for m in methods[1:]}
     explanations = {methods[0]: first, **rest}
     maps = {name: e.scores for name, e in explanations.items()}
     agreement = map_agreement(maps, top_fraction) if len(methods) > 1 else _empty(_AGREEMENT)

@@ -1,14 +1,17 @@
-"""The Language model tab's fields: what a run asks the worker, and what its link carries."""
+"""The Language model tab's fields: what a run asks the worker, what its link carries."""
 
 from __future__ import annotations
 
 from urllib.parse import parse_qs
 
+import numpy as np
 import pytest
 
 from attrlab.app.ui.answers import AskedAnswer
 from attrlab.app.ui.link import _link_field, share_query
-from attrlab.attribution.answers import AnswerSpec
+from attrlab.app.worker import CheckRequest, ExplainWorker
+from attrlab.attribution import explain
+from attrlab.attribution.answers import AnswerSpec, answer_request
 from attrlab.attribution.errors import InvalidParameterError
 
 
@@ -62,3 +65,26 @@ def test_a_links_answer_fields_read_back():
     assert _link_field("max_new_tokens", "16") == 16
     assert _link_field("per_step", "0") is False and _link_field("generate", "1") is True
     assert _link_field("answer", " Paris") == " Paris"
+
+
+def test_several_methods_on_an_answer_compare_maps_of_the_same_contrast(load_model):
+    # the page's Run with two methods: one check through the worker, per step
+    prompt, answer, contrast = "the cat sat on the", " mat and slept", " floor"
+    spec = AnswerSpec(answer=answer, contrast=contrast, per_step=True)
+    methods = ("gradient_x_input", "occlusion")
+    worker = ExplainWorker(device="cpu")
+    try:
+        check = worker.explain(
+            CheckRequest(model="tiny-random-llama", text=prompt, answer=spec, methods=methods)
+        )
+    finally:
+        worker.close()
+    adapter = load_model("tiny-random-llama")
+    inputs, target = answer_request(adapter, prompt, answer=answer, contrast=contrast)
+    for method in methods:
+        alone = explain(adapter, method, inputs, target, per_step=True)
+        shown = check.explanations[method]
+        assert shown.target_record == target
+        np.testing.assert_allclose(shown.scores, alone.scores, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(shown.maps["steps"], alone.maps["steps"], rtol=1e-5, atol=1e-7)
+    assert len(check.agreement) == 1
