@@ -240,11 +240,15 @@ class EstimateRequest(InputRequest["Estimate"]):
     def run_on(self, adapter: Adapter, run: JobContext) -> Estimate:
         """The estimate; the first on a model calibrates every batch width of its device."""
         from attrlab.attribution.estimate import calibrate, estimate
+        from attrlab.attribution.target import Target
 
         settings = run.settings_for(self.seed, self.evaluate)
-        inputs = run.prepare(self)
-        calibrate(adapter, inputs).measure_all()  # later estimates run no pass: light
-        return estimate(adapter, self.method, inputs, self.params, settings)
+        ready = run.targeted(self)
+        calibrate(adapter, ready.inputs).measure_all()  # later estimates run no pass: light
+        record = ready.target if isinstance(ready.target, Target) else None  # an answer's
+        return estimate(
+            adapter, self.method, ready.inputs, self.params, settings, record, ready.per_step
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -262,11 +266,6 @@ class CheckRequest(InputRequest["MethodCheck"]):
     top_fraction: float = 0.1
     evaluate: bool = False  # each map's faithfulness scores (the trust card) in its metrics
 
-    def check(self, settings: ServerSettings) -> None:
-        """As every input's, and no answer (the library compares maps of one output)."""
-        super().check(settings)
-        _one_output(self.answer, "a check of methods")
-
     def method_params(self) -> dict[str, dict[str, Any]]:
         """Each method and its parameters."""
         return {method: self.params.get(method, {}) for method in self.methods}
@@ -275,15 +274,17 @@ class CheckRequest(InputRequest["MethodCheck"]):
         """The explanations, their agreement and the randomisation checks."""
         from attrlab.attribution.metrics.check import check_methods
 
+        ready = run.targeted(self)
         return check_methods(
             adapter,
             self.methods,
-            run.prepare(self),
-            self.target,
+            ready.inputs,
+            ready.target,
             self.params,
             self.randomise,
             self.top_fraction,
             run.settings_for(self.seed, self.evaluate),
+            ready.per_step,
         )
 
 

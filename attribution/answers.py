@@ -47,6 +47,7 @@ __all__ = [
     "answer_log_probs",
     "answer_request",
     "answer_target",
+    "check_answer_fits",
     "decoder_adapter",
     "generate_answer",
     "given_answer",
@@ -180,6 +181,23 @@ def decoder_adapter(adapter: Adapter) -> DecoderLMAdapter:
             f"'{adapter.model_id}' is a {adapter.family}"
         )
     return adapter
+
+
+def check_answer_fits(inputs: Any, target: Target) -> None:
+    """
+    Refuse a target that reads another answer than ``inputs`` hold (or one they lack).
+
+    Raises:
+        InvalidInputError: the lengths differ (an answer target on a prompt alone, or the
+            reverse).
+    """
+    answer_length = inputs.answer_length if isinstance(inputs, TextInputs) else 0
+    if target.answer_length != answer_length:
+        raise InvalidInputError(
+            f"the input holds an answer of {answer_length} tokens but the target "
+            f"({target.kind}) reads {target.answer_length}: build both from the same "
+            "answer (attribution.answers)"
+        )
 
 
 def prompt_inputs(adapter: Adapter, prompt: str, chat: bool = False) -> TextInputs:
@@ -413,7 +431,8 @@ def answer_log_probs(
     steps = torch.arange(len(tokens), device=logits.device)
     positions = (last - answer_length)[:, None] + steps[None, :]
     rows = torch.arange(logits.shape[0], device=logits.device)[:, None]
-    read = logits[rows, positions].float()
+    read = logits[rows, positions]
+    read = read.to(torch.promote_types(read.dtype, torch.float32))  # half precision: float32
     if measure == "log_prob":
         read = read.log_softmax(-1)
     wanted = torch.as_tensor(list(tokens), device=logits.device).expand(logits.shape[0], -1)

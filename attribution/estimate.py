@@ -18,19 +18,31 @@ import threading
 import time
 from collections.abc import Mapping
 from contextlib import suppress
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from attrlab.attribution.errors import DeviceMemoryError
 from attrlab.attribution.methods import get_method
 from attrlab.attribution.methods.base import AttributionMethod
-from attrlab.attribution.models.base import Adapter, Inputs
+from attrlab.attribution.models.base import Adapter, Inputs, TextInputs
 from attrlab.attribution.perturb import auto_batch_size, repeated
 from attrlab.attribution.run import RunSettings
 
-__all__ = ["Calibration", "Estimate", "calibrate", "calibrated", "estimate", "priced"]
+if TYPE_CHECKING:
+    from attrlab.attribution.target import Target
+
+__all__ = [
+    "Calibration",
+    "Estimate",
+    "calibrate",
+    "calibrated",
+    "estimate",
+    "per_step_runs",
+    "priced",
+    "steps_batch",
+]
 
 
 @dataclass(frozen=True)
@@ -83,6 +95,10 @@ class Calibration:
     """
 
     def __init__(self, adapter: Adapter, inputs: Inputs) -> None:
+        if isinstance(inputs, TextInputs) and inputs.answer_length:
+            # timed as a text of the same length: a pass costs the same, and the calibration's
+            # runs explain the next token, not the answer
+            inputs = replace(inputs, answer_length=0)
         self.adapter, self.inputs = adapter, inputs
         self.size = max(1, math.prod(inputs.map_shape))
         self.peak_memory_bytes: int | None = None  # CUDA: the largest pass's peak, per row
@@ -224,24 +240,58 @@ def _best(call: Any, device: torch.device, repeats: int = 2) -> float:
     return min(times)
 
 
+def per_step_runs(method_cls: type[AttributionMethod], steps: int) -> int:
+    """
+    The runs of ``method_cls`` that a per-step matrix of ``steps`` rows adds to the whole map.
+
+    A method that scores perturbed inputs reads every step from the whole map's forwards: none.
+    A gradient method (LRP among them) spends one run's passes per step: in batches of
+    steps where it has them (:func:`steps_batch`), else a run per step. One row is the map.
+    """
+    return steps if steps > 1 and "gradients" in method_cls.requires else 0
+
+
+def steps_batch(method_cls: type[AttributionMethod], steps: int, params: Mapping[str, Any]) -> int:
+    """
+    How many steps of a per-step matrix one of the method's passes takes (1: a run per step).
+
+    A method with batched steps (:meth:`AttributionMethod.attribute_steps`) takes up to
+    :data:`~attribution.explain.STEPS_PER_PASS` at once, unless its map is smoothed.
+    """
+    from attrlab.attribution.explain import STEPS_PER_PASS  # explain prices through here
+    from attrlab.attribution.methods.smoothing import smoothing_requested
+
+    own = method_cls.attribute_steps.__func__  # type: ignore[attr-defined]
+    batched = own is not AttributionMethod.attribute_steps.__func__  # type: ignore[attr-defined]
+    if not batched or smoothing_requested(dict(params)):
+        return 1
+    return max(1, min(steps, STEPS_PER_PASS))
+
+
 def estimate(
     adapter: Adapter,
     method: str,
     inputs: Inputs,
     params: Mapping[str, Any] | None = None,
     settings: RunSettings | None = None,
+    target: Target | None = None,
+    per_step: bool = False,
 ) -> Estimate:
     """
-    The cost of ``explain(adapter, method, inputs, params=params, settings=settings)``.
+    The cost of ``explain(adapter, method, inputs, target, params, settings, per_step)``.
 
-    Of the settings only ``evaluate`` changes the cost (the trust card's curves).
+    Of the settings only ``evaluate`` changes the cost (the trust card's curves). ``target``:
+    a target record (an answer, a contrast), whose values on the input may take a forward of
+    their own and whose per-step matrix (``per_step``) is priced by :func:`per_step_runs`;
+    ``None`` for a class or a next token.
 
     Raises:
         UnknownMethodError, UnsupportedMethodError, InvalidParameterError: as ``explain``.
     """
     method_cls = get_method(method)
     resolved = method_cls.resolve(adapter, params)
-    return priced(adapter, method_cls, inputs, resolved, (settings or RunSettings()).evaluate)
+    evaluate = (settings or RunSettings()).evaluate
+    return priced(adapter, method_cls, inputs, resolved, evaluate, target, per_step)
 
 
 def priced(
@@ -250,21 +300,37 @@ def priced(
     inputs: Inputs,
     params: dict[str, Any],
     evaluate: bool = False,
+    target: Target | None = None,
+    per_step: bool = False,
 ) -> Estimate:
     """:func:`estimate` of a method with parameters already resolved (by its ``resolve``)."""
     from attrlab.attribution.metrics.faithfulness import faithfulness_passes
 
     passes = method_cls.planned_passes(adapter, inputs, params)
+    steps = target.steps if per_step and target is not None else 1
+    runs = 1 + per_step_runs(method_cls, steps)
     calibration = calibrate(adapter, inputs)
     scale = max(1, math.prod(inputs.map_shape)) / calibration.size
     width = passes.batch or 1
-    rows = passes.forward - passes.backward  # forwards without a backward
-    seconds = rows * calibration.seconds("forward", width)
-    if passes.backward:
-        per_row = calibration.seconds("forward", width) + calibration.seconds("backward", width)
-        seconds += passes.backward * per_row
-    forward = passes.forward + 1  # explain's own forward of the input
+
+    def run_seconds(batch: int) -> float:  # one run's passes, in rows of ``batch``
+        rows = passes.forward - passes.backward  # forwards without a backward
+        seconds = rows * calibration.seconds("forward", batch)
+        if passes.backward:
+            per_row = calibration.seconds("forward", batch) + calibration.seconds("backward", batch)
+            seconds += passes.backward * per_row
+        return seconds
+
+    seconds = run_seconds(width)
+    if runs > 1:  # the per-step matrix's runs, a batch of steps at once where the method can
+        batch = steps_batch(method_cls, steps, params)
+        seconds += (runs - 1) * run_seconds(width if batch == 1 else batch)
+        width = max(width, batch)
+    forward = passes.forward * runs + 1  # explain's own forward of the input
     seconds += calibration.seconds("forward", 1)
+    if target is not None and not target.reads_logits:  # the target's values on the input
+        forward += 1
+        seconds += calibration.seconds("forward", 1)
     if evaluate:  # the trust card's curves, scored in batches
         scoring = faithfulness_passes(inputs)
         forward += scoring
@@ -276,7 +342,7 @@ def priced(
     return Estimate(
         method=method_cls.name,
         forward_passes=forward,
-        backward_passes=passes.backward,
+        backward_passes=passes.backward * runs,
         exact=passes.exact,
         seconds=seconds * scale,
         peak_memory_bytes=memory,

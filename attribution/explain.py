@@ -14,8 +14,14 @@ import numpy as np
 import torch
 
 from attrlab.attribution.alteration import altered
-from attrlab.attribution.answers import prompt_prediction, reused_outputs, with_alternative
+from attrlab.attribution.answers import (
+    check_answer_fits,
+    prompt_prediction,
+    reused_outputs,
+    with_alternative,
+)
 from attrlab.attribution.errors import DeviceMemoryError, InvalidInputError
+from attrlab.attribution.estimate import per_step_runs
 from attrlab.attribution.explanation import (
     Explanation,
     ModelInfo,
@@ -27,6 +33,7 @@ from attrlab.attribution.features import feature_scores
 from attrlab.attribution.gate import check_modality, clear
 from attrlab.attribution.methods import capabilities
 from attrlab.attribution.methods.base import Attribution, AttributionMethod
+from attrlab.attribution.methods.smoothing import smoothing_requested
 from attrlab.attribution.models.base import Adapter, Inputs, TextInputs
 from attrlab.attribution.run import (
     ProgressCallback,
@@ -39,7 +46,6 @@ from attrlab.attribution.target import (
     StepTarget,
     Target,
     first_token,
-    output_index,
     resolve_target,
 )
 
@@ -65,7 +71,10 @@ def explain(
     holding that answer (:mod:`attribution.answers`). ``per_step`` adds, for a target of
     several steps, one map per step (``maps["steps"]``, steps × tokens; their rows sum to the
     whole map for methods linear in the score): perturbation methods score every step from
-    the forwards of the whole map, gradient methods spend one run per step.
+    the forwards of the whole map; gradient × input, gradient and AttnLRP / PA-LRP compute the
+    steps in batches (one forward of the input repeated once per step, one backward:
+    :meth:`~attribution.methods.base.AttributionMethod.attribute_steps`), other gradient
+    methods spend one run per step.
 
     ``settings`` (:class:`~attribution.run.RunSettings`): the seed, progress, cancel switch and
     budgets of the run; its ``max_forward_passes`` bounds sampling methods (a server's budget
@@ -81,18 +90,13 @@ def explain(
         TooSlowError: as :func:`attribution.gate.clear`.
     """
     settings = settings or RunSettings()
-    cleared = clear(adapter, method, inputs, params, settings)
+    record = target if isinstance(target, Target) else None
+    cleared = clear(adapter, method, inputs, params, settings, target=record, per_step=per_step)
     method_cls, checked = cleared.method, cleared.params
     start = time.perf_counter()
     logits, attentions = _prediction(adapter, inputs, method_cls.reads_prediction_attentions)
     explained = resolve_target(adapter, target, logits)
-    answer_length = inputs.answer_length if isinstance(inputs, TextInputs) else 0
-    if explained.answer_length != answer_length:
-        raise InvalidInputError(
-            f"the input holds an answer of {answer_length} tokens but the target "
-            f"({explained.kind}) reads {explained.answer_length}: build both from the same "
-            "answer (attribution.answers)"
-        )
+    check_answer_fits(inputs, explained)
     probabilities = logits.softmax(-1)
     run = RunContext.of(settings, logits=logits, attentions=attentions)
     del attentions  # held by the run while the method reads them, then let go (below)
@@ -116,8 +120,7 @@ def explain(
             )
 
             run.progress = card_progress
-            index = output_index(explained, "the trust card")
-            scored = faithfulness(adapter, inputs, result.scores, index, run=run)
+            scored = faithfulness(adapter, inputs, result.scores, explained, run=run)
             result.metrics.update(scored.metrics)
             result.verdicts += scored.verdicts
     outputs = run.clean_outputs(adapter, inputs, explained)
@@ -179,6 +182,7 @@ def attribute(
         isinstance(target, ContrastTarget)
         and not target.shares_input
         and "gradients" in method_cls.requires
+        and method_cls.category == "attribution"  # an analysis's tables do not subtract
     )
     if by_parts and isinstance(target, ContrastTarget) and isinstance(inputs, TextInputs):
         if per_step:
@@ -189,22 +193,69 @@ def attribute(
         return _contrast_by_parts(method_cls, adapter, inputs, target, params, run)
     if not per_step or target.steps == 1:
         return method_cls.compute(adapter, inputs, target, params, run)
-    sampled = "gradients" not in method_cls.requires
+    sampled = per_step_runs(method_cls, target.steps) == 0
     with reused_outputs() if sampled else nullcontext():
         result = method_cls.compute(adapter, inputs, target, params, run)
+        batched = (
+            None if sampled else _steps_in_rows(method_cls, adapter, inputs, target, params, run)
+        )
+        if batched is not None:
+            result.maps["steps"] = batched
+            return result
+        clean = run.clean_outputs(adapter, inputs, target)  # every step's F(x), read once
         rows = []
         for step in range(target.steps):
             # each row a run of its own: a sampling method draws the same masks again, so
             # its forwards come back from the whole map's (reused_outputs)
             own = RunContext(seed=run.seed, cancel=run.cancel, logits=run.logits)
             own.attentions = run.attentions
-            rows.append(
-                method_cls.compute(adapter, inputs, StepTarget(target, step), params, own).scores
-            )
+            row = StepTarget(target, step)
+            own.outputs[row] = clean  # a step reads the whole target's outputs
+            rows.append(method_cls.compute(adapter, inputs, row, params, own).scores)
             if not sampled:
                 run.count(forward=own.forward_passes, backward=own.backward_passes)
     result.maps["steps"] = np.stack(rows)
     return result
+
+
+#: The most steps one batched pass of :meth:`AttributionMethod.attribute_steps` takes on:
+#: rows of the repeated input, each holding its own activations for the backward.
+STEPS_PER_PASS = 16
+
+
+def _steps_in_rows(
+    method_cls: type[AttributionMethod],
+    adapter: Adapter,
+    inputs: Inputs,
+    target: Target,
+    params: dict[str, Any],
+    run: RunContext,
+) -> np.ndarray | None:
+    """
+    The per-step matrix from the method's batched passes, :data:`STEPS_PER_PASS` steps each.
+
+    ``None`` where the method has none, a smoothed map (each noisy copy is a run of its
+    own), or a batch that does not fit in GPU memory: the caller then runs one attribution
+    per step.
+    """
+    if smoothing_requested(params):
+        return None
+    rows = []
+    for start in range(0, target.steps, STEPS_PER_PASS):
+        steps = range(start, min(target.steps, start + STEPS_PER_PASS))
+        try:
+            found = method_cls.attribute_steps(adapter, inputs, target, steps, params, run)
+        except torch.cuda.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            run.warn(
+                f"the per-step maps of {len(steps)} steps at once do not fit in GPU memory: "
+                "one run per step instead"
+            )
+            return None
+        if found is None:
+            return None
+        rows.append(found)
+    return np.concatenate(rows)
 
 
 def _contrast_by_parts(

@@ -25,6 +25,7 @@ from attrlab.attribution.methods.base import AttributionMethod
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.params import validate_params
 from attrlab.attribution.run import RunSettings
+from attrlab.attribution.target import Target
 
 __all__ = [
     "DEFAULT_PARAM_LIMITS",
@@ -115,12 +116,15 @@ def clear(
     params: Mapping[str, Any] | None,
     settings: RunSettings,
     runs: int = 1,
+    target: Target | None = None,
+    per_step: bool = False,
 ) -> Cleared:
     """
     Let a run of ``method`` on ``inputs`` through, or refuse it before it starts.
 
     ``runs``: the run is repeated that many times (a check's randomisation steps, an ablation's
-    second map), all within ``settings.max_seconds``.
+    second map), all within ``settings.max_seconds``. ``target`` and ``per_step``: a target
+    record and its per-step matrix, priced with the run (:func:`~attribution.estimate.estimate`).
 
     Raises:
         UnknownMethodError, UnsupportedMethodError, InvalidParameterError: as their names say.
@@ -131,7 +135,7 @@ def clear(
     check_modality(adapter, inputs)
     resolved = method_cls.resolve(adapter, params)
     if settings.max_seconds is not None:
-        cost = priced(adapter, method_cls, inputs, resolved, settings.evaluate)
+        cost = priced(adapter, method_cls, inputs, resolved, settings.evaluate, target, per_step)
         if cost.seconds * runs > settings.max_seconds:
             times = f" ({runs} runs of it)" if runs > 1 else ""
             raise TooSlowError(

@@ -17,7 +17,7 @@ import math
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -39,6 +39,9 @@ from attrlab.attribution.run import RunContext
 
 if TYPE_CHECKING:
     from attrlab.attribution.target import Target
+
+#: What a forward of :meth:`BatchRunner.chunks` returns (logits, or the caller's readout).
+Output = TypeVar("Output")
 
 __all__ = [
     "IMAGE_PERTURBATIONS",
@@ -527,8 +530,8 @@ class BatchRunner:
         return self.chunks(n, lambda start, stop: self._outputs(**build(start, stop)).float())
 
     def chunks(
-        self, n: int, forward: Callable[[int, int], torch.Tensor]
-    ) -> Iterator[tuple[int, int, torch.Tensor]]:
+        self, n: int, forward: Callable[[int, int], Output]
+    ) -> Iterator[tuple[int, int, Output]]:
         """
         Yield ``(start, stop, forward(start, stop))`` for items ``0..n-1``, one pass per item.
 
@@ -561,8 +564,8 @@ class BatchRunner:
             self.run.stop_if_cancelled()
 
     def _forward(
-        self, forward: Callable[[int, int], torch.Tensor], start: int, stop: int
-    ) -> torch.Tensor | None:
+        self, forward: Callable[[int, int], Output], start: int, stop: int
+    ) -> Output | None:
         try:
             with torch.no_grad(), _autocast(self.adapter, self.precision):
                 return forward(start, stop)

@@ -35,6 +35,7 @@ __all__ = [
     "ContrastTarget",
     "NextTokenTarget",
     "OutputTarget",
+    "StepRows",
     "StepTarget",
     "Target",
     "first_token",
@@ -86,6 +87,42 @@ class Target(ABC):
 
     def _outputs(self, adapter: Adapter, **model_kwargs: torch.Tensor) -> torch.Tensor:
         return adapter.logits(**model_kwargs)
+
+    def from_logits(
+        self, adapter: Adapter, logits: torch.Tensor, model_kwargs: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
+        """
+        :meth:`outputs` read from a decoder LM's logits at every position, ``(B, T, V)``.
+
+        For logits the caller computed (a logit lens, a forward under hooks that also reads
+        the whole distribution); ``model_kwargs`` are the inputs they belong to.
+
+        Raises:
+            InvalidInputError: ``adapter`` is not a decoder LM.
+            UnsupportedMethodError: the target reads a forward of another sequence too.
+        """
+        from attrlab.attribution.answers import decoder_adapter
+
+        return decoder_adapter(adapter).output_logits(logits, model_kwargs)
+
+    def read_offsets(self) -> tuple[int, ...]:
+        """
+        The positions whose outputs the score reads, counted back from the last attended one.
+
+        ``0`` is the last position (where a decoder predicts its next token). One per step, in
+        step order, for the steps read from the input's own sequence (a contrast's alternative
+        read from a sequence of its own has none): the rows attention readouts explain.
+        """
+        return (0,)
+
+    def log_probability(self, outputs: torch.Tensor) -> torch.Tensor:
+        """
+        ``log p`` of the target in each row of its outputs, ``(B,)``.
+
+        One output: its log-softmax. Answers, contrasts and their steps score
+        log-probabilities already: their :meth:`score`.
+        """
+        return self.score(outputs)
 
     @property
     def reads_logits(self) -> bool:
@@ -177,6 +214,10 @@ class OutputTarget(Target):
         """The logit of output :attr:`index` in each row."""
         return outputs[:, self.index]
 
+    def log_probability(self, outputs: torch.Tensor) -> torch.Tensor:
+        """``log softmax`` of the logits at :attr:`index`."""
+        return outputs.log_softmax(-1)[:, self.index]
+
     def to_json(self) -> dict[str, Any]:
         """``{"kind", "index", "label"}``."""
         return {"kind": self.kind, "index": self.index, "label": self.label}
@@ -258,11 +299,23 @@ class AnswerTarget(Target):
 
     def _outputs(self, adapter: Adapter, **model_kwargs: torch.Tensor) -> torch.Tensor:
         """``(B, len(tokens))``: each step's log-probability (or logit)."""
-        from attrlab.attribution.answers import answer_log_probs, decoder_adapter
+        from attrlab.attribution.answers import decoder_adapter
 
         logits = decoder_adapter(adapter).model(**model_kwargs).logits
+        return self.from_logits(adapter, logits, model_kwargs)
+
+    def from_logits(
+        self, adapter: Adapter, logits: torch.Tensor, model_kwargs: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
+        """Each step's log-probability (or logit), read at the position before its token."""
+        from attrlab.attribution.answers import answer_log_probs
+
         mask = model_kwargs["attention_mask"]
         return answer_log_probs(logits, mask, self.tokens, len(self.tokens), self.measure)
+
+    def read_offsets(self) -> tuple[int, ...]:
+        """Step ``k`` is read at ``last − len(tokens) + k``."""
+        return tuple(range(len(self.tokens), 0, -1))
 
     def score(self, outputs: torch.Tensor) -> torch.Tensor:
         """``log p(answer | prompt)``: the steps' log-probabilities (or logits) summed."""
@@ -357,26 +410,51 @@ class ContrastTarget(Target):
 
     def _outputs(self, adapter: Adapter, **model_kwargs: torch.Tensor) -> torch.Tensor:
         """``(B, len(answer) + len(alternative))``: both answers' step log-probabilities."""
-        from attrlab.attribution.answers import answer_log_probs, decoder_adapter
+        from attrlab.attribution.answers import decoder_adapter
 
         model = decoder_adapter(adapter).model
-        mask = model_kwargs["attention_mask"]
-        length = len(self.answer.tokens)
         logits = model(**model_kwargs).logits
-        measure = self.answer.measure
-        ours = answer_log_probs(logits, mask, self.answer.tokens, length, measure)
         if self.shares_input:
-            theirs = answer_log_probs(logits, mask, self.alternative.tokens, length, measure)
-        else:
-            swapped = _with_answer(model_kwargs, length, self.alternative.tokens)
-            theirs = answer_log_probs(
-                model(**swapped).logits,
-                swapped["attention_mask"],
-                self.alternative.tokens,
-                len(self.alternative.tokens),
-                measure,
-            )
+            return self.from_logits(adapter, logits, model_kwargs)
+        ours = self.answer.from_logits(adapter, logits, model_kwargs)
+        swapped = _with_answer(model_kwargs, len(self.answer.tokens), self.alternative.tokens)
+        theirs = self.alternative.from_logits(adapter, model(**swapped).logits, swapped)
         return torch.cat([ours, theirs], dim=1)
+
+    def from_logits(
+        self, adapter: Adapter, logits: torch.Tensor, model_kwargs: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
+        """
+        Both answers' steps from the answer's sequence.
+
+        Raises:
+            UnsupportedMethodError: the alternative needs a sequence of its own.
+        """
+        from attrlab.attribution.answers import answer_log_probs
+
+        if not self.shares_input:
+            raise UnsupportedMethodError(
+                f"{self.label} reads the alternative from a sequence of its own (the two differ "
+                "before their last token), not from the answer's logits: explain each answer "
+                "on its own and subtract"
+            )
+        ours = self.answer.from_logits(adapter, logits, model_kwargs)
+        theirs = answer_log_probs(
+            logits,
+            model_kwargs["attention_mask"],
+            self.alternative.tokens,
+            len(self.answer.tokens),
+            self.alternative.measure,
+        )
+        return torch.cat([ours, theirs], dim=1)
+
+    def read_offsets(self) -> tuple[int, ...]:
+        """The answer's steps, then the alternative's where they are read from the same sequence."""
+        ours = self.answer.read_offsets()
+        if not self.shares_input:
+            return ours
+        length = len(self.answer.tokens)
+        return (*ours, *(length - k for k in range(len(self.alternative.tokens))))
 
     def score(self, outputs: torch.Tensor) -> torch.Tensor:
         """``log p(answer) − log p(alternative)`` per row."""
@@ -465,6 +543,26 @@ class StepTarget(Target):
     def score(self, outputs: torch.Tensor) -> torch.Tensor:
         return self.whole.step_scores(outputs)[:, self.step]
 
+    def from_logits(
+        self, adapter: Adapter, logits: torch.Tensor, model_kwargs: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
+        return self.whole.from_logits(adapter, logits, model_kwargs)
+
+    def read_offsets(self) -> tuple[int, ...]:
+        """
+        The one position the step is read at.
+
+        Raises:
+            UnsupportedMethodError: a contrast's alternative step read from its own sequence.
+        """
+        offsets = self.whole.read_offsets()
+        if self.step >= len(offsets):
+            raise UnsupportedMethodError(
+                f"step {self.label!r} is read from the alternative's own sequence, not from "
+                "this input's positions"
+            )
+        return (offsets[self.step],)
+
     @property
     def answer_length(self) -> int:
         return self.whole.answer_length
@@ -491,6 +589,76 @@ class StepTarget(Target):
         if not isinstance(step, int) or isinstance(step, bool) or not isinstance(label, str):
             raise InvalidInputError("a step target has a whole-number 'step' and a text 'label'")
         return cls(Target.from_json(data.get("whole")), step, label)
+
+
+@dataclass(frozen=True)
+class StepRows(Target):
+    """
+    Several steps of a target in the rows of one batch: row ``r`` scores step ``chosen[r % n]``.
+
+    For a per-step matrix in one pass (:meth:`AttributionMethod.attribute_steps`): the input
+    repeated once per step, row ``r`` explaining step ``chosen[r]``; summed over the rows, one
+    backward gives each row its own step's gradient (rows do not interact). The modulus keeps
+    the order of batches that repeat the whole batch (an integration path's points).
+
+    Attributes:
+        whole: The target of several steps.
+        chosen: Which steps, in row order.
+    """
+
+    kind: ClassVar[str] = "step_rows"
+    whole: Target
+    chosen: tuple[int, ...]
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.chosen or not all(0 <= s < self.whole.steps for s in self.chosen):
+            raise InvalidInputError(
+                f"steps {self.chosen} are not steps of a target of {self.whole.steps}"
+            )
+        if not self.label:
+            object.__setattr__(self, "label", f"{self.whole.label} (steps in rows)")
+
+    def outputs(self, adapter: Adapter, **model_kwargs: torch.Tensor) -> torch.Tensor:
+        """The whole target's outputs."""
+        return self.whole.outputs(adapter, **model_kwargs)
+
+    def score(self, outputs: torch.Tensor) -> torch.Tensor:
+        """Row ``r``'s step ``chosen[r % len(chosen)]``."""
+        rows = torch.arange(outputs.shape[0], device=outputs.device)
+        chosen = torch.as_tensor(self.chosen, device=outputs.device)
+        return self.whole.step_scores(outputs)[rows, chosen[rows % len(self.chosen)]]
+
+    @property
+    def answer_length(self) -> int:
+        return self.whole.answer_length
+
+    @property
+    def reads_logits(self) -> bool:
+        return self.whole.reads_logits
+
+    def in_logits(self) -> StepRows:
+        return replace(self, whole=self.whole.in_logits())
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"kind", "whole", "chosen", "label"}``."""
+        return {
+            "kind": self.kind,
+            "whole": self.whole.to_json(),
+            "chosen": list(self.chosen),
+            "label": self.label,
+        }
+
+    @classmethod
+    def _from_fields(cls, data: dict[str, Any]) -> Target:
+        chosen, label = data.get("chosen"), data.get("label", "")
+        if (
+            not isinstance(chosen, list)
+            or not all(isinstance(s, int) and not isinstance(s, bool) for s in chosen)
+            or not isinstance(label, str)
+        ):
+            raise InvalidInputError("step rows have a list of whole-number 'chosen' and a 'label'")
+        return cls(Target.from_json(data.get("whole")), tuple(chosen), label)
 
 
 def _with_answer(

@@ -1,7 +1,7 @@
 """
 The page shows tokens as the text they stand for, in headless Debian Chromium.
 
-SmolLM2's byte-level tokens (``ĠMary``, ``Ċ``) must read as text on the Next token tab: the
+SmolLM2's byte-level tokens (``ĠMary``, ``Ċ``) must read as text on the Language model tab: the
 token columns, the Details bars' axis and the top-5 panel, where a newline is a visible ``↵``.
 """
 
@@ -19,7 +19,7 @@ SHOWN = ["Line", " one", ".", "↵", "Line", " two", ".", "↵"]
 
 
 def test_next_token_shows_texts_not_byte_level_tokens(page):
-    tab(page, "Next token")
+    tab(page, "Language model")
     page.locator("#next-input textarea").fill(PROMPT)
     page.locator("#next-methods").get_by_label("attnlrp", exact=False).first.uncheck()
     page.locator("#next-run").click()  # SmolLM2, gradient × input

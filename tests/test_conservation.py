@@ -15,6 +15,7 @@ q and k there against a reference computed from the recorded tensors.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -29,14 +30,26 @@ TEXT = "the quick brown fox jumps over the lazy dog"
 IMAGE = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
 
 
-def _balance(adapter) -> tuple[float, float, float, float]:
-    """(logit, relevance at x0, absorbed by biases, absorbed by softmax linearisation)."""
-    inputs = adapter.preprocess(IMAGE if adapter.modality == "image" else TEXT)
+def _balance(
+    adapter, inputs=None, explained: Callable[[dict], torch.Tensor] | None = None
+) -> tuple[float, float, float, float]:
+    """
+    (logit, relevance at x0, absorbed by biases, absorbed by softmax linearisation).
+
+    ``explained(kwargs)`` is the scalar explained (the top output's logit by default).
+    """
+    if inputs is None:
+        inputs = adapter.preprocess(IMAGE if adapter.modality == "image" else TEXT)
     kwargs = dict(inputs.model_kwargs())
     if "pixel_values" in kwargs:
         kwargs["pixel_values"] = kwargs["pixel_values"].double()
-    with torch.no_grad():
-        target = int(adapter.logits(**kwargs)[0].argmax())
+    if explained is None:
+        with torch.no_grad():
+            target = int(adapter.logits(**kwargs)[0].argmax())
+
+        def explained(kwargs: dict) -> torch.Tensor:
+            return adapter.logits(**kwargs)[0, target]
+
     biases: list[tuple[nn.Module, torch.Tensor]] = []
     layout = layout_for(adapter)
     path, where = layout.embedding_sum
@@ -56,7 +69,7 @@ def _balance(adapter) -> tuple[float, float, float, float]:
             )
         ]
         try:
-            logit = adapter.logits(**kwargs)[0, target]
+            logit = explained(kwargs)
         finally:
             for hook in hooks:
                 hook.remove()
@@ -189,6 +202,44 @@ def test_the_run_time_accounting_matches_the_independent_one(load_model, name):
     assert result.softmax_absorbed == pytest.approx(softmax, rel=1e-6, abs=1e-9)
     metrics = to_attribution(result, pe_aware=False).metrics
     # a ViT's patch convolution lies before x0: its bias's share is counted too
+    assert metrics["bias_absorbed"] == pytest.approx(
+        absorbed + (result.embedding_relevance - result.token_total - result.positional_total),
+        rel=1e-6,
+        abs=1e-9,
+    )
+    assert abs(metrics["unaccounted_relevance"]) <= 1e-9 * max(1.0, abs(logit))
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+@pytest.mark.parametrize("contrast", [" sleeps", None])
+def test_an_answer_and_a_contrast_conserve_their_logits_term_by_term(load_model, name, contrast):
+    """
+    A contrast of one token each: the logit difference; a whole answer: its steps' logits
+    summed (read by hand at the positions before each token), against the parts AttnLRP reports.
+    """
+    from attrlab.attribution.answers import answer_request
+    from attrlab.attribution.methods.lrp import lrp, to_attribution
+
+    adapter = classic_family(load_model("tiny-random-bert").tokenizer, name)
+    answer = " jumps" if contrast else " jumps over the dog"
+    inputs, target = answer_request(adapter, TEXT, answer=answer, contrast=contrast)
+    length = inputs.answer_length
+    first = inputs.input_ids.shape[1] - 1 - length  # the position predicting the answer
+
+    def explained(kwargs: dict) -> torch.Tensor:
+        logits = adapter.model(**kwargs).logits[0]
+        if contrast:
+            ours, theirs = target.answer.tokens[0], target.alternative.tokens[0]
+            return logits[first, ours] - logits[first, theirs]
+        return sum(logits[first + k, token] for k, token in enumerate(target.tokens))
+
+    logit, at_input, absorbed, softmax = _balance(adapter, inputs, explained)
+    assert at_input + absorbed + softmax == pytest.approx(logit, rel=1e-6, abs=1e-9)
+    result = lrp(adapter, inputs, target, pe_aware=False, account=True)
+    assert result.target_logit == pytest.approx(logit, rel=1e-9)
+    assert result.embedding_relevance == pytest.approx(at_input, rel=1e-6, abs=1e-9)
+    assert result.softmax_absorbed == pytest.approx(softmax, rel=1e-6, abs=1e-9)
+    metrics = to_attribution(result, pe_aware=False).metrics
     assert metrics["bias_absorbed"] == pytest.approx(
         absorbed + (result.embedding_relevance - result.token_total - result.positional_total),
         rel=1e-6,

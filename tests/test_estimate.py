@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from attrlab.attribution import explain
+from attrlab.attribution.answers import answer_request
 from attrlab.attribution.errors import UnsupportedMethodError
 from attrlab.attribution.estimate import estimate
 from attrlab.attribution.methods import available_methods, get_method
@@ -143,3 +144,27 @@ def test_a_gpu_calibration_prices_between_widths_and_skips_widths_that_do_not_fi
     assert narrow.seconds("forward", 512) == 1.0  # 1024 rows do not fit: flat at 256
     tight = calibration(fits_below=256)
     assert tight.seconds("forward", 300) == 2.0  # 256 does not fit either: down to 64
+
+
+@pytest.mark.parametrize(
+    "method", ["gradient_x_input", "integrated_gradients", "attnlrp", "occlusion"]
+)
+def test_a_per_step_matrix_is_priced_as_explain_spends_it(load_model, method):
+    # a gradient method spends one run's passes per answer token (gradient × input and AttnLRP
+    # in one batch of steps; integrated gradients a run each, reading the whole target's F(x));
+    # occlusion scores every step from the whole map's forwards
+    adapter = load_model("tiny-random-llama")
+    inputs, target = answer_request(adapter, "the cat sat on the", answer=" mat and slept")
+    assert target.steps > 1
+    params = {"n_steps": 2} if method == "integrated_gradients" else SMALL.get(method, {})
+    whole = estimate(adapter, method, inputs, params, target=target)
+    cost = estimate(adapter, method, inputs, params, target=target, per_step=True)
+    spent = explain(adapter, method, inputs, target, params, per_step=True).timings
+    assert (spent.forward_passes, spent.backward_passes) == (
+        cost.forward_passes,
+        cost.backward_passes,
+    )
+    if method == "occlusion":
+        assert (cost.forward_passes, cost.seconds) == (whole.forward_passes, whole.seconds)
+    else:
+        assert cost.backward_passes == whole.backward_passes * (1 + target.steps)

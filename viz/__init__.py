@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from attrlab.attribution.lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from attrlab.viz.answer import answer_html, step_row_html, steps_figure
     from attrlab.viz.bundle import write_bundle, write_figures
     from attrlab.viz.compare import change_figure, change_html
     from attrlab.viz.evaluate import leaderboard_figure
@@ -52,6 +53,7 @@ __all__ = [
     "ablation_figure",
     "ablation_note",
     "agreement_figure",
+    "answer_html",
     "attention_figure",
     "change_figure",
     "change_html",
@@ -71,6 +73,8 @@ __all__ = [
     "randomisation_figure",
     "scale_legend_html",
     "std_error_figure",
+    "step_row_html",
+    "steps_figure",
     "token_columns_html",
     "token_figure",
     "token_highlights",
@@ -85,6 +89,9 @@ __all__ = [
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
+        "answer_html": "attrlab.viz.answer",
+        "step_row_html": "attrlab.viz.answer",
+        "steps_figure": "attrlab.viz.answer",
         "change_figure": "attrlab.viz.compare",
         "change_html": "attrlab.viz.compare",
         "write_bundle": "attrlab.viz.bundle",

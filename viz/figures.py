@@ -31,6 +31,7 @@ __all__ = [
     "POSITIONAL_TOKENS",
     "SCORES",
     "STD_ERROR",
+    "STEPS",
     "TOP_HEADS",
     "FigureBuilder",
     "figures_for",
@@ -46,6 +47,8 @@ MAP = "map"
 POSITIONAL_TOKENS = "token and positional relevance"
 CONSERVATION = "conservation"
 STD_ERROR = "standard error"
+#: A decoder LM's answer run per step: the step × source matrix.
+STEPS = "steps"
 #: A layer analysis's figures; a heatmap per head measure is named ``HEADS + measure``.
 LAYERS = "layers"
 HEADS = "heads_"
@@ -87,6 +90,7 @@ def head_measures(table: pd.DataFrame) -> list[str]:
 def _attribution_figures(
     explanation: Explanation, image: np.ndarray | None, view: View | None
 ) -> dict[str, FigureBuilder]:
+    from attrlab.viz.answer import answer_layout, steps_figure
     from attrlab.viz.image import image_figure, std_error_figure
     from attrlab.viz.text import positional_figure_tokens, token_figure
     from attrlab.viz.trust import conservation_figure
@@ -108,6 +112,8 @@ def _attribution_figures(
         figures[MAP] = on_image(functools.partial(image_figure, view=view or IMAGE_VIEW))
     if text and explanation.positional_scores is not None:
         figures[POSITIONAL_TOKENS] = lambda: positional_figure_tokens(explanation)
+    if text and "steps" in explanation.maps and answer_layout(explanation) is not None:
+        figures[STEPS] = lambda: steps_figure(explanation)
     if {"input_relevance", "target_logit"} <= set(explanation.metrics):
         figures[CONSERVATION] = lambda: conservation_figure(explanation)
     if not text and "std_error" in explanation.maps:

@@ -21,6 +21,7 @@ __all__ = [
     "token_columns_html",
     "token_figure",
     "token_highlights",
+    "token_span",
 ]
 
 
@@ -114,17 +115,31 @@ def scale_legend_html(view: View = TEXT_VIEW) -> str:
 TOKEN_STYLE = "padding:1px 3px;margin:1px;border-radius:3px;display:inline-block;white-space:pre"
 
 
+def token_span(
+    text: str, raw: float, value: float, view: View, attributes: str = "", style: str = ""
+) -> str:
+    """
+    One token's box, coloured by its scaled ``value`` in ``view``; ``raw`` in its tooltip.
+
+    ``attributes`` and ``style`` are added to the element's own (a mark, a click target).
+    """
+    background = view.colour(value)
+    extra = f" {attributes}" if attributes else ""
+    more = f";{style}" if style else ""
+    return (
+        f'<span data-score="{raw:.6g}" title="{raw:.6g}"{extra} '
+        f'style="background:rgb{background};color:{text_colour(background)};{TOKEN_STYLE}{more}">'
+        f"{token_html(text)}</span>"
+    )
+
+
 def _column_html(method: str, explanation: Explanation, shown: np.ndarray, view: View) -> str:
     target = explanation.target
-    spans = []
     texts = _texts(explanation, "token_columns_html")
-    for text, raw, value in zip(texts, explanation.scores, shown, strict=True):
-        background = view.colour(float(value))
-        spans.append(
-            f'<span data-score="{float(raw):.6g}" title="{float(raw):.6g}" '
-            f'style="background:rgb{background};color:{text_colour(background)};{TOKEN_STYLE}">'
-            f"{token_html(text)}</span>"
-        )
+    spans = [
+        token_span(text, float(raw), float(value), view)
+        for text, raw, value in zip(texts, explanation.scores, shown, strict=True)
+    ]
     return (
         f'<div class="attr-column" data-method="{html.escape(method)}" '
         'style="flex:1 1 240px;min-width:200px">'

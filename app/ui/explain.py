@@ -98,13 +98,16 @@ class ExplainTab:
         self.default_view = IMAGE_VIEW if self.image else TEXT_VIEW
         self.last = gr.State(None)
         self.view = gr.State(self.default_view)
+        #: What is explained beyond the target menu (a language model's answer): last among
+        #: :meth:`explain`'s inputs, first among :meth:`price`'s. None on most tabs.
+        self.target_fields: list[Any] = []
         self._layout()
         self.params_box = gr.JSON(visible=False)  # method -> parameters, from the widgets
         self.linked = gr.State(False)  # a shared link filled this tab: run it once loaded
         #: What Run hands to :meth:`explain`, in its order.
         self.fields = [self.model, self.labels, self.source, self.target, self.controls.picker]
         self.fields += [self.trust, self.randomise, self.seed, self.params_box]
-        self.fields += [self.compare, self.last]
+        self.fields += [self.compare, self.last, *self.target_fields]
         #: What :meth:`show` fills, in its order.
         self.shown = [self.maps, self.agreement, self.detail_choice, self.detail, self.cards]
         self.shown += [self.randomisation, self.raw, self.link, self.last, self.prediction]
@@ -390,6 +393,8 @@ class ExplainTab:
             show_progress_on=[self.maps],
         )
         linked_run.success(self.apply_view, viewed, redrawn, api_visibility="private")
+        for ran in (running, linked_run):
+            self.after_run(ran)
         self.cancel.click(
             self.runner.cancel_handler(key),
             [],
@@ -432,6 +437,9 @@ class ExplainTab:
         )
         self._wire_price()
 
+    def after_run(self, ran: Any) -> None:
+        """What follows a run once it is shown (``ran``: its event); nothing on most tabs."""
+
     def _wire_price(self) -> None:
         """The cost line, priced again whenever an input of the price changes."""
         controls = self.controls
@@ -439,8 +447,11 @@ class ExplainTab:
         triggers += [controls.picker.change, self.trust.change, self.randomise.change]
         triggers += [self.target.change, self.labels.change]
         triggers += [w.change for w in controls.components]
-        priced = [self.model, self.labels, self.source, self.target, self.seed]
-        priced += [self.trust, self.randomise]
+        triggers += [  # a typed text once it is left, as the input's
+            c.blur if isinstance(c, gr.Textbox) else c.change for c in self.target_fields
+        ]
+        priced = [*self.target_fields, self.model, self.labels, self.source, self.target]
+        priced += [self.seed, self.trust, self.randomise]
         gr.on(
             triggers,
             self.price,
@@ -562,17 +573,36 @@ class ExplainTab:
         progress=gr.Progress(),  # noqa: B008
     ) -> list:
         """Run: each chosen method's explanation (and the checks asked for), shown."""
+        base = self.instance(model_, labels_, source_, target_, seed_)
+        values = (source_, labels_, methods, trust_, randomise_, params, compare_, previous)
+        return self.show(self.run_methods(base, *values, request, progress), request)
+
+    def run_methods(
+        self,
+        base: dict[str, Any],
+        source_: Any,
+        labels_: str,
+        methods: list[str] | None,
+        trust_: bool,
+        randomise_: bool,
+        params: Any,
+        compare_: bool,
+        previous: Result | None,
+        request: gr.Request | None,
+        progress: Any,
+    ) -> Result:
+        """The run of ``methods`` on the request fields ``base`` (:meth:`instance`'s)."""
         methods = list(methods or [])
         if not methods:
             raise gr.Error("choose at least one method")
-        base = self.instance(model_, labels_, source_, target_, seed_)
         example = None
         if self.image:  # decoded once, here: the worker takes the decoded image
             example = example_of(base["image"])  # a link can carry a bundled example by name
             base["image"] = load_image(base["image"], self.runner.worker.settings.max_image_pixels)
         if compare_ and previous is None:
             raise gr.Error("run once before comparing: the comparison needs a previous run")
-        if compare_ and previous is not None:  # the class the previous run explained
+        if compare_ and previous is not None and base.get("answer") is None:
+            # the class the previous run explained (an answer is explained again as asked)
             base["target"] = next(iter(previous.explanations.values())).target.index
         params = params if isinstance(params, dict) else {}
         if len(methods) == 1 and not randomise_:
@@ -628,7 +658,7 @@ class ExplainTab:
         }
         if compare_ and previous is not None:
             result.changes = changes(previous, result)
-        return self.show(result, request)
+        return result
 
     def show(self, result: Result, request: gr.Request | None) -> list[Any]:
         """The updates of :attr:`shown` for a run's ``result``, in the default view."""
@@ -668,26 +698,20 @@ class ExplainTab:
 
     def run_linked(
         self,
-        linked_: bool,
-        model_,
-        labels_,
-        source_,
-        target_,
-        methods,
-        trust_,
-        randomise_,
-        seed_,
-        params,
-        compare_,
-        previous,
-        request: gr.Request,
+        request: gr.Request | None = None,
         progress=gr.Progress(),  # noqa: B008
+        linked_: bool = False,
+        *values: Any,
     ) -> list[Any]:
-        """Run the tab a shared link filled; the page's load sets every tab's flag."""
+        """
+        Run the tab a shared link filled (``values``: its :attr:`fields`').
+
+        The page's load sets every tab's flag. Gradio gives ``request`` and ``progress`` at
+        their places, so they come first here, before the fields of any tab.
+        """
         if not linked_:
             return [gr.skip()] * len(self.shown)
-        values = (model_, labels_, source_, target_, methods, trust_, randomise_, seed_)
-        return self.explain(*values, params, compare_, previous, request, progress)
+        return self.explain(*values, request=request, progress=progress)
 
     @readable
     def redraw_detail(
@@ -786,13 +810,24 @@ class ExplainTab:
         *values: Any,
     ) -> str:
         """The cost line: each chosen method's price before Run."""
-        methods = list(chosen or [])
-        if not methods:
+        if not chosen:
             return ""
         try:
             base = self.instance(model_, labels_, source_, target_, seed_)
         except gr.Error as err:
             return f"Cost: cannot estimate ({err.message})"
+        return self.priced(base, trust_, randomise_, chosen, values)
+
+    def priced(
+        self,
+        base: dict[str, Any],
+        trust_: bool,
+        randomise_: bool,
+        chosen: list[str] | None,
+        values: tuple[Any, ...],
+    ) -> str:
+        """The cost line of the request fields ``base``; ``values``: the methods' widgets'."""
+        methods = list(chosen or [])
         widgets = self.controls.components
         params = self.controls.params(methods, dict(zip(widgets, values, strict=True)))
         lines = [

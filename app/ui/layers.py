@@ -27,6 +27,7 @@ from attrlab.app.ui.shared import (
     label_list,
     labels_for,
     parse_heads,
+    plot_clicks_js,
     read_target,
     readable,
     sample_labels,
@@ -47,32 +48,16 @@ ABLATION_METHOD = "gradient_x_input"
 #: The analysis's name among a run's explanations (the export's file stem).
 _ANALYSIS = "layers"
 #: A click on a heatmap cell writes ``L<layer>H<head>#<time>`` into the hidden box, whose
-#: change event runs the same handler as a click on the table (``gr.Plot`` has no click event).
-#: The listener is added again whenever Plotly draws the heatmap afresh; removing it first
-#: keeps one listener however often this runs.
-_HEATMAP_CLICKS = """
-() => {
-  const click = window.attrlabHeadClick || (window.attrlabHeadClick = (event) => {
-    const point = event && event.points && event.points[0];
+#: change event runs the same handler as a click on the table.
+_HEATMAP_CLICKS = plot_clicks_js(
+    "layers-heatmap",
+    """
     const box = document.querySelector('#layers-clicked textarea, #layers-clicked input');
-    if (!point || !box) return;
+    if (!box) return;
     box.value = `L${point.y}H${point.x}#${Date.now()}`;
     box.dispatchEvent(new Event('input', {bubbles: true}));
-  });
-  const listen = () => {
-    const plot = document.querySelector('#layers-heatmap .js-plotly-plot');
-    if (!plot || typeof plot.on !== 'function') return;
-    plot.removeListener('plotly_click', click);
-    plot.on('plotly_click', click);
-  };
-  listen();
-  const block = document.querySelector('#layers-heatmap');
-  if (block && window.attrlabHeadClicks !== block) {  // Plotly draws into it: listen again
-    window.attrlabHeadClicks = block;
-    new MutationObserver(listen).observe(block, {childList: true, subtree: true});
-  }
-}
-"""
+    """,
+)
 
 
 def layers_tab(runner: PageRunner) -> LinkedTab:

@@ -21,6 +21,7 @@ import gradio as gr
 from attrlab.app.settings import MAX_SEED
 from attrlab.app.ui.files import EXAMPLE_PREFIX, example_images, example_named
 from attrlab.app.ui.shared import format_heads, labels_for, parse_heads
+from attrlab.attribution.answers import MAX_NEW_TOKENS
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
 from attrlab.attribution.methods import get_method
 from attrlab.viz.view import CLIP_MIN, SIGNS, View
@@ -54,9 +55,18 @@ LINK_FIELDS = (
     "measures",
     "measure",
     "heads",
+    "answer",
+    "contrast",
+    "generate",
+    "max_new_tokens",
+    "stop",
+    "chat",
+    "per_step",
 )
 #: Link fields that are on/off flags, written ``1`` (a flag that is off is left out).
-_FLAGS = ("trust", "randomise", "shared", "next_token")
+_FLAGS = ("trust", "randomise", "shared", "next_token", "generate", "chat")
+#: Flags that are on unless a link says ``0`` (written only when off).
+_ON_FLAGS = ("per_step",)
 #: Fields that list choices of a tab's checkbox group: the known ones are kept.
 _LISTS = ("methods", "measures")
 
@@ -79,6 +89,10 @@ def share_query(fields: Mapping[str, Any]) -> str:
     shown = {
         k: v for k, v in fields.items() if k in LINK_FIELDS and v not in (None, "", [], {}, False)
     }
+    for flag in _ON_FLAGS:
+        shown.pop(flag, None)
+        if fields.get(flag) is False:
+            shown[flag] = "0"
     for name in _LISTS:
         if isinstance(shown.get(name), list | tuple):
             shown[name] = ",".join(shown[name])
@@ -256,7 +270,14 @@ def _link_field(name: str, value: str) -> Any:
         ):
             raise ValueError(f"seed {_quoted(value)} is not a whole number from 0 to {MAX_SEED}")
         return int(value)
-    if name in _FLAGS:
+    if name == "max_new_tokens":
+        digits = value.isascii() and value.isdigit() and len(value) <= len(str(MAX_NEW_TOKENS))
+        if not digits or not 1 <= int(value) <= MAX_NEW_TOKENS:
+            raise ValueError(
+                f"max_new_tokens {_quoted(value)} is not a whole number from 1 to {MAX_NEW_TOKENS}"
+            )
+        return int(value)
+    if name in _FLAGS or name in _ON_FLAGS:
         if value not in ("0", "1"):
             raise ValueError(f"{name} {_quoted(value)} is not 1 (on) or 0 (off)")
         return value == "1"

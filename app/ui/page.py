@@ -15,6 +15,7 @@ import gradio as gr
 from gradio.exceptions import InvalidPathError
 from pydantic import ValidationError
 
+from attrlab.app.ui.answers import LanguageModelTab
 from attrlab.app.ui.batch import batch_tab
 from attrlab.app.ui.evaluate import evaluate_tab
 from attrlab.app.ui.explain import ExplainTab, TabSpec
@@ -43,7 +44,7 @@ def build_ui(
     cost = cost or (lambda request: queued_cost(worker, request))
     specs = [
         TabSpec("text", "Text classification", "text"),
-        TabSpec("next", "Next token", "text", next_token=True),
+        TabSpec("next", "Language model", "text", next_token=True),
         TabSpec("image", "Image", "image"),
     ]
     with gr.Blocks(title="attrlab", delete_cache=(FILES_KEPT_S, FILES_KEPT_S)) as demo:
@@ -58,7 +59,8 @@ def build_ui(
         with gr.Tabs() as tabs:
             for spec in specs:
                 with gr.Tab(spec.title, id=spec.key):
-                    filled[spec.key] = ExplainTab(spec, runner, cost).linked_tab
+                    kind = LanguageModelTab if spec.next_token else ExplainTab
+                    filled[spec.key] = kind(spec, runner, cost).linked_tab
             with gr.Tab("Layers & heads", id="layers"):
                 filled["layers"] = layers_tab(runner)
             with gr.Tab("Evaluate", id="evaluate"):

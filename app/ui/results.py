@@ -82,7 +82,8 @@ def detail_figure(result: Result, choice: str, view: View | None = None) -> Any:
 
 def summary(result: Result) -> dict[str, Any]:
     """The raw results shown as JSON: each method's Explanation, an image's map left out."""
-    kept = ["target", "predictions", "params", "metrics", "verdicts", "timings", "warnings", "seed"]
+    kept = ["target", "target_record", "predictions", "params", "metrics", "verdicts"]
+    kept += ["timings", "warnings", "seed"]
     out = {}
     for method, e in result.explanations.items():
         data = e.to_dict()
@@ -122,12 +123,20 @@ def _figures(result: Result, view: View | None) -> dict[str, Any]:
 
 def _pages(result: Result, view: View | None) -> dict[str, str]:
     """The page's HTML views of a run: token columns (in ``view``), trust cards, comparison."""
-    from attrlab.viz import change_html, token_columns_html
+    from attrlab.viz import answer_html, change_html, token_columns_html
+    from attrlab.viz.answer import answer_layout
     from attrlab.viz.view import TEXT_VIEW
 
     pages = {"trust_cards": trust_cards(result)}
     if result.image is None:
         pages["maps"] = token_columns_html(result.explanations, view or TEXT_VIEW)
+        answers = [  # a language model's answer, marked in each method's map
+            answer_html(e, view or TEXT_VIEW)
+            for e in result.explanations.values()
+            if answer_layout(e) is not None
+        ]
+        if answers:
+            pages["answer"] = "".join(answers)
         if result.changes:
             pages["comparison"] = change_html(result.changes)
     return pages

@@ -24,6 +24,7 @@ __all__ = [
     "method_entries",
     "method_names",
     "parse_heads",
+    "plot_clicks_js",
     "read_target",
     "readable",
     "sample_labels",
@@ -134,3 +135,41 @@ def parse_heads(text: str | None) -> tuple[tuple[int, int], ...]:
 def format_heads(heads: tuple[tuple[int, int], ...] | list[tuple[int, int]]) -> str:
     """The inverse of :func:`parse_heads`."""
     return ", ".join(f"L{layer}H{head}" for layer, head in heads)
+
+
+#: :func:`plot_clicks_js`'s script. The listener is added again whenever Plotly draws the figure
+#: afresh (a MutationObserver on the block); removing it first keeps one listener however
+#: often this runs. ``NAME`` keys the page-wide listener and observer of one plot.
+_PLOT_CLICKS = """
+() => {
+  const click = window.NAME || (window.NAME = (event) => {
+    const point = event && event.points && event.points[0];
+    if (!point) return;
+    ON_POINT
+  });
+  const listen = () => {
+    const plot = document.querySelector('#PLOT .js-plotly-plot');
+    if (!plot || typeof plot.on !== 'function') return;
+    plot.removeListener('plotly_click', click);
+    plot.on('plotly_click', click);
+  };
+  listen();
+  const block = document.querySelector('#PLOT');
+  if (block && window.NAMEBlock !== block) {
+    window.NAMEBlock = block;
+    new MutationObserver(listen).observe(block, {childList: true, subtree: true});
+  }
+}
+"""
+
+
+def plot_clicks_js(plot_id: str, on_point: str) -> str:
+    """
+    A script that makes a click on a point of the Plotly figure in ``#plot_id`` run ``on_point``.
+
+    ``gr.Plot`` has no click event: run the script on the plot's ``change`` (``js=``).
+    ``on_point`` is JavaScript that reads ``point`` (Plotly's clicked point: ``point.x``,
+    ``point.y``).
+    """
+    name = "attrlabClicks_" + re.sub(r"\W", "_", plot_id)
+    return _PLOT_CLICKS.replace("ON_POINT", on_point).replace("PLOT", plot_id).replace("NAME", name)

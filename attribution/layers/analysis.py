@@ -1,24 +1,36 @@
 """
 Per-layer and per-head measures of one prediction, as one long table.
 
+Every measure that depends on what is explained reads a :class:`~attribution.target.Target`:
+a class, a decoder's next token, or a decoder's answer or contrast on inputs holding that answer
+(:mod:`attribution.answers`). "The target's log-probability" is ``log p`` of one output, or
+``log p(answer)`` (its tokens' summed); for a contrast ``log p(A) − log p(B)``. "The target's
+score" is one output's logit, or that log-probability for an answer or a contrast (for one token
+each, the logit difference: the IOI measure). A contrast whose alternative needs a sequence of
+its own (the two differ before their last token) is refused: every measure here reads both
+answers from one forward.
+
 Definitions (METHODS.md, "Layer and head importance"):
 
 * ``block_influence``: ``1 − cos(h_in, h_out)`` of each block on the residual stream, averaged
   over visible tokens (ShortGPT, Men et al. 2024).
 * ``skip``: the block's output replaced by its input; ``skip_logprob`` is the change of the
-  target's log-probability, ``skip_kl`` the KL divergence ``KL(p ‖ p_skip)``.
+  target's log-probability, ``skip_kl`` the KL divergence ``KL(p ‖ p_skip)`` of the
+  predictions at the positions the target reads (summed over an answer's steps).
 * ``logit_lens`` (decoders): the residual after each block through the final norm and the
   unembedding: the target's probability (``lens_probability``) and rank (``lens_rank``, 1 =
-  top) at the position the model predicts from (nostalgebraist 2020).
-* ``lrp``: AttnLRP (PA-LRP where the model has positional encodings) in one backward pass:
+  top) at the position the model predicts from (nostalgebraist 2020); for an answer or a
+  contrast, its log-probability read so at each of its steps' positions (``lens_score``).
+* ``lrp``: AttnLRP (PA-LRP where the model has positional encodings) of the target's score in
+  logits (an answer's per-step logits summed, a contrast's logit difference) in one backward:
   relevance entering each block (``lrp_block``), through its attention and MLP branches
   (``lrp_attention``, ``lrp_mlp``), through each head (``head_lrp``: the output projection's
   input, split by head) and, with PA-LRP, on positions per layer (``positional_relevance``).
-* ``gradient``: ``|∂ log p_target / ∂ξ_h|`` at ``ξ = 1`` for a gate ``ξ_h`` on each head's
+* ``gradient``: ``|∂ log p(target) / ∂ξ_h|`` at ``ξ = 1`` for a gate ``ξ_h`` on each head's
   output (Michel et al. 2019, https://arxiv.org/abs/1905.10650). Values are raw, so they
   compare across layers (the paper's per-layer ℓ2 normalisation serves pruning).
-* ``ablation``: change of the target logit with the head zeroed (``ablation_zero``) or replaced
-  by its mean over the sequence (``ablation_mean``); all heads of a layer in one batch.
+* ``ablation``: change of the target's score with the head zeroed (``ablation_zero``) or
+  replaced by its mean over the sequence (``ablation_mean``); all heads of a layer in one batch.
 * ``entropy``: attention entropy of each query normalised by the log of its visible keys
   (causal and sliding-window queries see fewer), averaged over queries seeing more than one.
 * ``sink``: attention mass on the first token, averaged over queries.
@@ -38,6 +50,7 @@ import torch
 from torch import nn
 
 from attrlab.attribution.alteration import altered
+from attrlab.attribution.answers import check_answer_fits, decoder_adapter
 from attrlab.attribution.errors import InvalidParameterError, UnsupportedMethodError
 from attrlab.attribution.explanation import LAYER_COLUMNS, layer_table
 from attrlab.attribution.layers.hooks import (
@@ -55,7 +68,7 @@ from attrlab.attribution.models.layouts import Layout, layout_for
 from attrlab.attribution.models.text import DecoderLMAdapter
 from attrlab.attribution.perturb import BatchRunner
 from attrlab.attribution.run import RunContext, RunSettings
-from attrlab.attribution.target import output_target
+from attrlab.attribution.target import ContrastTarget, OutputTarget, Target, output_target
 
 __all__ = [
     "COLUMNS",
@@ -104,9 +117,9 @@ MEASURES: dict[str, Measure] = {
         Measure("sink", ("sink_share",), "1 forward (shared)", "mass on the first token"),
         Measure(
             "logit_lens",
-            ("lens_probability", "lens_rank"),
+            ("lens_probability", "lens_rank", "lens_score"),
             "1 forward (shared)",
-            "target probability and rank from each block's residual",
+            "target probability and rank (an answer's log-probability) from each block's residual",
             decoders_only=True,
         ),
         Measure(
@@ -131,7 +144,7 @@ MEASURES: dict[str, Measure] = {
             "ablation",
             ("ablation_zero", "ablation_mean"),
             "L forwards, 2H+1 rows from the ablated block on",
-            "Δ target logit with a head zeroed or mean-ablated",
+            "Δ target score (a logit; an answer's log p) with a head zeroed or mean-ablated",
         ),
     )
 }
@@ -199,7 +212,7 @@ def _visible(inputs: Inputs, tokens: int) -> torch.Tensor:
 
 
 def _shared_pass(
-    model: _Model, inputs: Inputs, target: int, chosen: list[str], run: RunContext
+    model: _Model, inputs: Inputs, target: Target, chosen: list[str], run: RunContext
 ) -> list[tuple]:
     """Block influence, entropy, sink share and logit lens from one forward pass."""
     rows: list[tuple] = []
@@ -248,60 +261,95 @@ def _entropy_and_sink(
 
 
 def _logit_lens(
-    model: _Model, inputs: Inputs, residuals: list[torch.Tensor], target: int
+    model: _Model, inputs: Inputs, residuals: list[torch.Tensor], target: Target
 ) -> list[tuple]:
+    """
+    The target read from each block's residual.
+
+    One output's probability and rank, else its log-probability (``lens_score``). Only the
+    positions the target reads go through the unembedding: the last ``span`` ones, read as a
+    sequence of their own (right-aligned, so offsets from the end hold).
+    """
     adapter = model.adapter
     norm, unembed, cap = adapter.final_norm(), adapter.unembedding(), adapter.logit_softcap
     if unembed is None:
         raise UnsupportedMethodError(f"model '{adapter.model_id}' has no unembedding")
     mask = inputs.model_kwargs()["attention_mask"]
-    position = int(DecoderLMAdapter.predicted_positions(mask)[0])
+    last = int(DecoderLMAdapter.predicted_positions(mask)[0])
+    span = max(target.read_offsets()) + 1
+    window = {"attention_mask": torch.ones(1, span, dtype=mask.dtype, device=mask.device)}
     rows = []
     with torch.no_grad():
         for layer, residual in enumerate(residuals):
-            logits = unembed(norm(residual[:, position]))[0].double()
+            logits = unembed(norm(residual[:, last + 1 - span : last + 1])).double()
             if cap:
                 logits = torch.tanh(logits / cap) * cap
-            probability = float(logits.softmax(-1)[target])
-            rank = int((logits > logits[target]).sum()) + 1
+            outputs = target.from_logits(adapter, logits, window)
+            if not isinstance(target, OutputTarget):
+                score = float(target.log_probability(outputs)[0])
+                rows.append((layer, None, None, "residual", "lens_score", score))
+                continue
+            probability = float(target.probability(outputs)[0])
+            rank = int((outputs[0] > target.score(outputs)[0]).sum()) + 1
             rows.append((layer, None, None, "residual", "lens_probability", probability))
             rows.append((layer, None, None, "residual", "lens_rank", float(rank)))
     return rows
 
 
+def _read(
+    adapter: Adapter, target: Target, kwargs: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """
+    One forward: ``target``'s outputs, and the logits ``(B, P, C)`` of the predictions it reads.
+
+    One output: the adapter's logits (a classifier's too), as one prediction. Otherwise a
+    decoder's logits at each position of :meth:`Target.read_offsets`.
+    """
+    if isinstance(target, OutputTarget):
+        logits = adapter.logits(**kwargs)
+        return logits, logits[:, None]
+    logits = decoder_adapter(adapter).model(**kwargs).logits
+    last = DecoderLMAdapter.predicted_positions(kwargs["attention_mask"])
+    offsets = torch.tensor(target.read_offsets(), device=logits.device)
+    rows = torch.arange(logits.shape[0], device=logits.device)[:, None]
+    return target.from_logits(adapter, logits, kwargs), logits[rows, last[:, None] - offsets]
+
+
 def _skip(
-    model: _Model, inputs: Inputs, target: int, run: RunContext, tick: Callable[[], None]
+    model: _Model, inputs: Inputs, target: Target, run: RunContext, tick: Callable[[], None]
 ) -> list[tuple]:
     tick()
     layers = len(model.blocks)
     kwargs = inputs.model_kwargs()
 
-    def forward(start: int, stop: int) -> torch.Tensor:
+    def forward(start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
         # row 0 unchanged, row 1 + i skips block start + i
         with skip_blocks(model.blocks[start:stop], range(1, stop - start + 1)):
-            return model.adapter.logits(**_repeat(kwargs, 1 + stop - start))
+            return _read(model.adapter, target, _repeat(kwargs, 1 + stop - start))
 
     rows = []
     runner = BatchRunner(model.adapter, run, layers, layers, report=False)
-    for start, stop, logits in runner.chunks(layers, forward):
+    for start, stop, (outputs, predicted) in runner.chunks(layers, forward):
         run.count(forward=1)  # the unchanged row
-        logp = logits.double().log_softmax(-1)
+        logp = predicted.double().log_softmax(-1)
+        logp_target = target.log_probability(outputs.double())
         for row, layer in enumerate(range(start, stop), start=1):
             kl = float((logp[0].exp() * (logp[0] - logp[row])).sum())
-            change = float(logp[row, target] - logp[0, target])
+            change = float(logp_target[row] - logp_target[0])
             rows.append((layer, None, None, "block", "skip_logprob", change))
             rows.append((layer, None, None, "block", "skip_kl", kl))
     return rows
 
 
 def _gradient(
-    model: _Model, inputs: Inputs, target: int, run: RunContext, tick: Callable[[], None]
+    model: _Model, inputs: Inputs, target: Target, run: RunContext, tick: Callable[[], None]
 ) -> list[tuple]:
     tick()
     device = model.adapter.device
     gates = [torch.ones(model.heads, device=device, requires_grad=True) for _ in model.blocks]
     with torch.enable_grad(), gate_heads(model.projections, gates):
-        logp = model.adapter.logits(**inputs.model_kwargs())[0].log_softmax(-1)[target]
+        outputs = target.outputs(model.adapter, **inputs.model_kwargs())
+        logp = target.log_probability(outputs)[0]
         grads = torch.autograd.grad(logp, gates, allow_unused=True)
     run.count(forward=1, backward=1)
     rows = []
@@ -313,7 +361,7 @@ def _gradient(
 
 
 def _ablation(
-    model: _Model, inputs: Inputs, target: int, run: RunContext, tick: Callable[[], None]
+    model: _Model, inputs: Inputs, target: Target, run: RunContext, tick: Callable[[], None]
 ) -> list[tuple]:
     heads = model.heads
     kwargs = inputs.model_kwargs()
@@ -334,12 +382,12 @@ def _ablation(
                 model.projections[layer], heads, batch, visible, widen_at=model.blocks[layer]
             )
             with widen:
-                return model.adapter.logits(**kwargs)[:, target]
+                return target.score(target.outputs(model.adapter, **kwargs))
 
         change: dict[tuple[int, str], float] = {}
-        for start, stop, logits in runner.chunks(len(variants), forward):
+        for start, stop, scores in runner.chunks(len(variants), forward):
             run.count(forward=1)  # the unablated row
-            values = logits.double()
+            values = scores.double()
             change.update(zip(variants[start:stop], (values[1:] - values[0]).tolist(), strict=True))
         for _, head, kv in model.head_rows(layer):
             rows.append((layer, head, kv, "head", "ablation_zero", change[head, "zero"]))
@@ -348,7 +396,7 @@ def _ablation(
 
 
 def _lrp(
-    model: _Model, inputs: Inputs, target: int, run: RunContext, tick: Callable[[], None]
+    model: _Model, inputs: Inputs, target: Target, run: RunContext, tick: Callable[[], None]
 ) -> list[tuple]:
     tick()
     adapter = model.adapter
@@ -364,7 +412,7 @@ def _lrp(
     result = lrp(
         adapter,
         inputs,
-        output_target(adapter, target),
+        target,
         pe_aware,
         settings["gamma_linear"],
         settings["gamma_conv"],
@@ -437,13 +485,14 @@ def planned_passes(
 def analyze(
     adapter: Adapter,
     inputs: Inputs,
-    target: int,
+    target: int | Target,
     measures: Collection[str] | None = None,
     run: RunContext | None = None,
 ) -> LayerReport:
     """:func:`analyze_layers`, keeping the LRP pass's token relevance too."""
     run = run or RunContext()
     chosen = _check_measures(adapter, measures)
+    target = _checked_target(adapter, inputs, target)
     model = _Model.of(adapter)
     layers = len(model.blocks)
     run.plan(planned_passes(adapter, chosen)[0], "the measures (ablation)")
@@ -470,22 +519,41 @@ def analyze(
 def analyze_layers(
     adapter: Adapter,
     inputs: Inputs,
-    target: int,
+    target: int | Target,
     measures: Collection[str] | None = None,
     settings: RunSettings | None = None,
 ) -> pd.DataFrame:
     """
     The measures of :data:`MEASURES` (all that apply by default) for ``target`` on one input.
 
+    ``target``: an output's index, or a :class:`~attribution.target.Target` (a decoder's
+    answer or contrast on inputs holding that answer, :func:`attribution.answers.answer_request`).
+
     Returns:
         A long table with :data:`COLUMNS`: one row per layer (``head`` null) or per query head
         and measure.
 
     Raises:
-        UnsupportedMethodError: For models without transformer blocks attrlab knows.
+        UnsupportedMethodError: For models without transformer blocks attrlab knows, or a
+            contrast whose alternative needs a sequence of its own.
         InvalidParameterError: For unknown measures, or decoder-only ones on other models.
+        InvalidInputError: A target whose answer the input does not hold.
     """
     return analyze(adapter, inputs, target, measures, RunContext.of(settings)).table
+
+
+def _checked_target(adapter: Adapter, inputs: Inputs, target: int | Target) -> Target:
+    """``target`` as a record that fits ``inputs`` and is read from one forward."""
+    if not isinstance(target, Target):
+        return output_target(adapter, target)
+    check_answer_fits(inputs, target)
+    if isinstance(target, ContrastTarget) and not target.shares_input:
+        raise UnsupportedMethodError(
+            f"the layer and head analysis reads both answers of {target.label} from one "
+            "forward, but they differ before their last token, so the alternative needs a "
+            "sequence of its own: analyse each answer on its own and compare"
+        )
+    return target
 
 
 def head_projections(adapter: Adapter) -> tuple[list[nn.Module], int]:

@@ -25,6 +25,7 @@ from attrlab.attribution.layers.analysis import head_projections
 from attrlab.attribution.layers.hooks import check_heads, zeroed_heads
 from attrlab.attribution.models.base import Adapter, Inputs, TextInputs
 from attrlab.attribution.run import ProgressCallback, RunSettings, stop_if_cancelled
+from attrlab.attribution.target import Target
 
 __all__ = ["HeadAblation", "ablate_heads_and_explain", "head_attention"]
 
@@ -78,13 +79,13 @@ def ablate_heads_and_explain(
     adapter: Adapter,
     method: str,
     inputs: Inputs,
-    target: int | str | None,
+    target: int | str | Target | None,
     heads: Sequence[tuple[int, int]],
     params: dict[str, Any] | None = None,
     settings: RunSettings | None = None,
 ) -> HeadAblation:
     """
-    Explain ``target`` with ``method``, then the same class again with ``heads`` zeroed.
+    Explain ``target`` with ``method``, then the same target again with ``heads`` zeroed.
 
     ``settings`` holds for both explanations together: ``max_forward_passes`` bounds them
     both, ``max_seconds`` prices both before the first starts, and ``progress`` counts the
@@ -133,7 +134,7 @@ def ablate_heads_and_explain(
             adapter,
             method,
             inputs,
-            plain.target.index,
+            plain.target_record,
             params,
             replace(each, progress=_half(settings.progress, 1), max_forward_passes=left),
         )

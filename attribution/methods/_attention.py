@@ -4,11 +4,14 @@ Shared pieces of attention rollout and attention flow (Abnar & Zuidema 2020).
 Paper: https://arxiv.org/abs/2005.00928. Both methods model a transformer as a layered graph
 whose layer-``l`` edges are the head-fused attention of block ``l`` plus the residual
 connection, ``Ã_l = 0.5·A_l + 0.5·I`` with rows renormalised to sum to 1. Where the model reads
-its output (CLS, the last position or a mean over tokens) comes from ``Adapter.readout``.
+its output (CLS, the last position or a mean over tokens) comes from ``Adapter.readout``; a
+decoder's answer is read at the positions predicting its tokens
+(:meth:`~attribution.target.Target.read_offsets`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,6 +21,7 @@ from attrlab.attribution.errors import UnsupportedMethodError
 from attrlab.attribution.models.base import Adapter, Inputs, patch_grid
 from attrlab.attribution.params import Param
 from attrlab.attribution.run import RunContext
+from attrlab.attribution.target import Target
 
 __all__ = [
     "HEAD_FUSION_PARAM",
@@ -46,7 +50,8 @@ class AttentionGraph:
         fused: ``(L, n, n)`` float64 head-fused attention probabilities per layer.
         keep: ``(T,)`` bool, which input positions the ``n`` graph tokens are (padding out).
         readout: ``(n,)`` float64 weights with which the output reads the last layer's
-            tokens (one-hot for CLS / last position, uniform for mean pooling); sums to 1.
+            tokens (one-hot for CLS / last position, uniform for mean pooling or over an
+            answer's predicting positions); sums to 1.
     """
 
     fused: torch.Tensor
@@ -65,7 +70,7 @@ class AttentionGraph:
 
 
 def attention_graph(
-    adapter: Adapter, inputs: Inputs, run: RunContext, head_fusion: str
+    adapter: Adapter, inputs: Inputs, run: RunContext, head_fusion: str, target: Target
 ) -> AttentionGraph:
     """
     Every layer's attention for example 0, heads fused, from the input's own forward pass.
@@ -74,7 +79,8 @@ def attention_graph(
     with ``attention_mask == 1``; images keep every token. The readout follows
     ``adapter.readout`` (:func:`readout_weights`): mean-pooled sentence encoders, such as the
     zero-shot MiniLM, read the mean of the attended tokens' final states, so the explained row
-    is the mean of their rows.
+    is the mean of their rows; a decoder reads ``target`` at the positions of
+    :meth:`~attribution.target.Target.read_offsets` (an answer's: the mean of their rows).
 
     Raises:
         UnsupportedMethodError: the adapter declares no readout position.
@@ -89,28 +95,41 @@ def attention_graph(
     keep = inputs.visible_tokens(fused.shape[-1]).to(fused.device)
     if not keep.all():
         fused = fused[:, keep][:, :, keep]
-    return AttentionGraph(fused, keep, readout_weights(adapter, fused.shape[-1]).to(fused.device))
+    readout = readout_weights(adapter, fused.shape[-1], target.read_offsets())
+    return AttentionGraph(fused, keep, readout.to(fused.device))
 
 
 #: How each readout weighs the last layer's tokens (see :func:`readout_weights`).
 READOUTS = ("first", "last", "mean", "first_two", "first_and_patches")
 
 
-def readout_weights(adapter: Adapter, n: int) -> torch.Tensor:
+def readout_weights(adapter: Adapter, n: int, offsets: Sequence[int] = (0,)) -> torch.Tensor:
     """
     ``(n,)`` float64 weights with which the output reads the last layer's ``n`` tokens.
 
-    ``first``: CLS; ``last``: the position a decoder predicts from; ``mean``: every token
-    equally; ``first_two``: CLS and distillation token, half each (distilled DeiT averages the
-    two heads); ``first_and_patches``: half on CLS, half spread over the patch tokens (DINOv2's
-    head reads CLS concatenated with the mean patch; register tokens get nothing).
+    ``first``: CLS; ``last``: the positions a decoder predicts from, counted back from the
+    last by ``offsets`` (its next token: the last; an answer's tokens: the positions before
+    each, equally); ``mean``: every token equally; ``first_two``: CLS and distillation token,
+    half each (distilled DeiT averages the two heads); ``first_and_patches``: half on CLS, half
+    spread over the patch tokens (DINOv2's head reads CLS concatenated with the mean patch;
+    register tokens get nothing).
+
+    Raises:
+        UnsupportedMethodError: ``offsets`` other than the last position on a model that does
+            not read it.
     """
     weights = torch.zeros(n, dtype=torch.float64)
     kind = adapter.readout
+    read = sorted(set(offsets))
+    if kind != "last" and read != [0]:
+        raise UnsupportedMethodError(
+            f"model '{adapter.model_id}' reads its output at one place ({kind}), not at the "
+            "positions of an answer"
+        )
     if kind == "first":
         weights[0] = 1.0
     elif kind == "last":
-        weights[-1] = 1.0
+        weights[[n - 1 - offset for offset in read]] = 1.0 / len(read)
     elif kind == "mean":
         weights.fill_(1.0 / n)
     elif kind == "first_two":

@@ -21,6 +21,7 @@ from torch import nn
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
 from attrlab.attribution.params import Param
+from attrlab.attribution.perturb import repeated
 from attrlab.attribution.target import Target
 
 __all__ = [
@@ -152,6 +153,7 @@ def attribute_with(
     input_method: Callable[..., CaptumAttribution],
     as_module: bool = False,
     eps: float | None = None,
+    rows: int = 1,
     **kwargs: Any,
 ) -> Any:
     """
@@ -160,6 +162,8 @@ def attribute_with(
     ``layer_method`` (Captum's ``Layer*`` class) when the inputs attribute to a layer (token
     embeddings), else ``input_method``. ``as_module`` passes the forward pass as an
     :class:`AdapterModule` (DeepLIFT needs it); ``eps`` sets DeepLIFT's zero threshold.
+    ``rows``: the input repeated in that many batch rows (each scored by ``target`` as
+    :class:`~attribution.target.StepRows` does), attributions one row each.
     """
     forward = (
         AdapterModule(adapter, inputs.forward_keys, target)
@@ -167,6 +171,8 @@ def attribute_with(
         else forward_function(adapter, inputs, target)
     )
     tensor, extra = inputs.attributed()
+    if rows > 1:
+        tensor, extra = repeated(tensor, rows), tuple(repeated(e, rows) for e in extra)
     layer = inputs.attribution_layer(adapter)
     method = input_method(forward) if layer is None else layer_method(forward, layer)
     if eps is not None:

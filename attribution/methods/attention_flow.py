@@ -107,7 +107,8 @@ class AttentionFlow(AttributionMethod):
     residual-augmented attention ``Ã_l = 0.5·A_l + 0.5·I`` (rows renormalised) as capacities.
     The score of input token ``j`` is the max-flow from the explained output node (CLS for
     text classifiers and ViT, the last position for decoders, a pooling node fed by every
-    attended token with weight ``1/n`` for the mean-pooled zero-shot MiniLM) to ``(0, j)``;
+    attended token with weight ``1/n`` for the mean-pooled zero-shot MiniLM or by each
+    position predicting a decoder's answer token with weight ``1/A``) to ``(0, j)``;
     scores are normalised to sum to 1. ViT maps are drawn like rollout's. Inputs longer than
     ``max_tokens`` are refused; ``metrics.total_flow`` is the unnormalised sum of the flows.
     """
@@ -145,7 +146,7 @@ class AttentionFlow(AttributionMethod):
         params: dict[str, Any],
         run: RunContext,
     ) -> Attribution:
-        graph = attention_graph(adapter, inputs, run, params["head_fusion"])
+        graph = attention_graph(adapter, inputs, run, params["head_fusion"], target)
         if graph.num_tokens > params["max_tokens"]:
             raise InvalidInputError(
                 f"attention_flow handles at most {params['max_tokens']} tokens "

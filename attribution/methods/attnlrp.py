@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
+
+import numpy as np
 
 from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
 from attrlab.attribution.methods.lrp import (
     LRP_PARAMS,
     lrp,
+    lrp_steps,
     resolve_settings,
     to_attribution,
 )
@@ -96,3 +100,27 @@ class AttnLRP(AttributionMethod):
         )
         run.count(forward=1, backward=1)
         return to_attribution(result, pe_aware=cls.pe_aware)
+
+    @classmethod
+    def attribute_steps(
+        cls,
+        adapter: Adapter,
+        inputs: Inputs,
+        target: Target,
+        steps: Sequence[int],
+        params: dict[str, Any],
+        run: RunContext,
+    ) -> np.ndarray:
+        """One patched forward of the text repeated once per step, one backward."""
+        rows = lrp_steps(
+            adapter,
+            inputs,
+            target,
+            steps,
+            cls.pe_aware,
+            gamma_linear=params["gamma_linear"],
+            gamma_conv=params["gamma_conv"],
+            attention_rule=params["attention_rule"],
+        )
+        run.count(forward=len(steps), backward=len(steps))
+        return rows

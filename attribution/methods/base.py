@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -196,6 +196,26 @@ class AttributionMethod(ABC):
             run,
             cls.planned_passes(adapter, inputs, params),
         )
+
+    @classmethod
+    def attribute_steps(
+        cls,
+        adapter: Adapter,
+        inputs: Inputs,
+        target: Target,
+        steps: Sequence[int],
+        params: dict[str, Any],
+        run: RunContext,
+    ) -> np.ndarray | None:
+        """
+        Hook: the maps of ``steps`` of ``target`` at once, ``(len(steps), *map_shape)``.
+
+        What :meth:`attribute`'s ``scores`` are for each :class:`~attribution.target.StepTarget`,
+        from batched passes (the input repeated, row ``r`` scoring step ``steps[r]``:
+        :class:`~attribution.target.StepRows`). ``None`` where the method has no such batch:
+        :func:`attribution.explain.attribute` then runs one attribution per step.
+        """
+        return None
 
     @classmethod
     @abstractmethod

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
+import numpy as np
 from captum.attr import Attribution as CaptumAttribution
 from captum.attr import InputXGradient, LayerGradientXActivation
 
@@ -13,7 +14,7 @@ from attrlab.attribution.methods.base import Attribution, AttributionMethod, Pas
 from attrlab.attribution.methods.registry import register
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.run import RunContext
-from attrlab.attribution.target import Target
+from attrlab.attribution.target import StepRows, Target
 
 __all__ = ["GradientXInput"]
 
@@ -53,3 +54,26 @@ class GradientXInput(AttributionMethod):
         attributions = attribute_with(adapter, inputs, target, cls.layer_method, cls.input_method)
         run.count(forward=1, backward=1)
         return Attribution(scores=inputs.reduce(attributions))
+
+    @classmethod
+    def attribute_steps(
+        cls,
+        adapter: Adapter,
+        inputs: Inputs,
+        target: Target,
+        steps: Sequence[int],
+        params: dict[str, Any],
+        run: RunContext,
+    ) -> np.ndarray:
+        """One forward of the input repeated once per step, one backward of their sum."""
+        rows = len(steps)
+        attributions = attribute_with(
+            adapter,
+            inputs,
+            StepRows(target, tuple(steps)),
+            cls.layer_method,
+            cls.input_method,
+            rows=rows,
+        )
+        run.count(forward=rows, backward=rows)
+        return np.stack([inputs.reduce(attributions[r : r + 1]) for r in range(rows)])

@@ -14,7 +14,7 @@ from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.layouts import unsupported_reason
 from attrlab.attribution.params import Param
 from attrlab.attribution.run import RunContext
-from attrlab.attribution.target import Target, output_index
+from attrlab.attribution.target import Target
 
 __all__ = ["LayerAnalysis", "measure_names"]
 
@@ -89,8 +89,7 @@ class LayerAnalysis(AttributionMethod):
         params: dict[str, Any],
         run: RunContext,
     ) -> Attribution:
-        index = output_index(target, "the layer and head analysis")
-        report = analyze(adapter, inputs, index, measure_names(params["measures"]), run)
+        report = analyze(adapter, inputs, target, measure_names(params["measures"]), run)
         pairs = agreement(report.table, HEAD_ESTIMATORS, params["top_k"])
         maps: dict[str, np.ndarray] = {}
         if report.lrp is None:

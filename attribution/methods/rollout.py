@@ -71,11 +71,13 @@ class AttentionRollout(AttributionMethod):
     Attention rollout: multiply the residual-augmented attention matrices of all layers.
 
     The explained row is where the output reads the last layer: CLS for text classifiers and
-    ViT, the last position for decoders, and for the mean-pooled zero-shot MiniLM the mean of
-    the rows of all attended tokens (special tokens included, as in its pooling). Scores of
-    one input sum to 1 (text); ViT maps show the patch tokens on the patch grid, upsampled to
-    the image, and ``metrics.non_patch_share`` is the share left on CLS (and distillation)
-    tokens. Rollout ignores the target class: it explains the representation, not a logit.
+    ViT, the last position for decoders (for an answer, the mean of the rows of the positions
+    predicting its tokens; a per-step row, its step's position), and for the mean-pooled
+    zero-shot MiniLM the mean of the rows of all attended tokens (special tokens included, as
+    in its pooling). Scores of one input sum to 1 (text); ViT maps show the patch tokens on the
+    patch grid, upsampled to the image, and ``metrics.non_patch_share`` is the share left on
+    CLS (and distillation) tokens. Rollout ignores which class or token is the target: it
+    explains the representation read where the target is read, not a logit.
     """
 
     alters_model = False  # plain forward and gradient passes
@@ -113,7 +115,7 @@ class AttentionRollout(AttributionMethod):
         params: dict[str, Any],
         run: RunContext,
     ) -> Attribution:
-        graph = attention_graph(adapter, inputs, run, params["head_fusion"])
+        graph = attention_graph(adapter, inputs, run, params["head_fusion"], target)
         if params["start_layer"] >= graph.num_layers:
             raise InvalidParameterError(
                 f"parameter 'start_layer' must be below the model's {graph.num_layers} layers; "

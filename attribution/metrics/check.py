@@ -5,8 +5,8 @@ How far their maps agree, and whether each map depends on the model's weights at
 randomisation sanity check).
 
 One run shares one forward-pass budget, one cancel switch and one progress count over every
-explanation it computes; the class explained is the first method's, kept for every method and
-every randomisation step.
+explanation it computes; the target explained is the first method's (a class, a next token, or a
+decoder's answer or contrast), kept for every method and every randomisation step.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from attrlab.attribution.metrics.randomisation import (
 )
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.run import RunSettings, stop_if_cancelled
+from attrlab.attribution.target import Target
 from attrlab.attribution.verdicts import Verdict
 
 __all__ = ["MethodCheck", "check_methods"]
@@ -72,11 +73,12 @@ def check_methods(
     adapter: Adapter,
     methods: Sequence[str],
     inputs: Inputs,
-    target: int | str | None = None,
+    target: int | str | Target | None = None,
     params: Mapping[str, dict[str, Any]] | None = None,
     randomise: bool = False,
     top_fraction: float = 0.1,
     settings: RunSettings | None = None,
+    per_step: bool = False,
 ) -> MethodCheck:
     """
     Explain ``inputs`` with every method, then compare the maps and (``randomise``) check each.
@@ -89,7 +91,9 @@ def check_methods(
     (:func:`attribution.gate.clear_shares`) before anything runs. ``progress`` counts
     explanations done out of those planned. ``evaluate`` adds each method's faithfulness scores
     (the trust card, as :func:`~attribution.explain.explain`'s) to its explanation's metrics; the
-    randomisation recomputes need only their maps and skip them.
+    randomisation recomputes need only their maps and skip them, as they skip ``per_step``
+    (each method's per-step matrix of an answer's target, as :func:`~attribution.explain.explain`
+    adds it).
 
     Raises:
         InvalidParameterError: for fewer than two methods without ``randomise``, a method named
@@ -119,7 +123,11 @@ def check_methods(
     spent = {"forward": 0, "explanations": 0}
 
     def run(
-        method: str, model: Adapter, index: int | str | None, scored: bool = False
+        method: str,
+        model: Adapter,
+        target: int | str | Target | None,
+        scored: bool = False,
+        steps: bool = False,
     ) -> Explanation:
         stop_if_cancelled(settings.cancel)
         left = None if max_forward_passes is None else max_forward_passes - spent["forward"]
@@ -133,7 +141,7 @@ def check_methods(
                 model,
                 method,
                 inputs,
-                index,
+                target,
                 (params or {}).get(method),
                 RunSettings(
                     seed=settings.seed,
@@ -141,6 +149,7 @@ def check_methods(
                     max_forward_passes=left,
                     evaluate=scored,
                 ),
+                per_step=steps,
             )
         except BudgetExceededError:
             raise BudgetExceededError(
@@ -154,9 +163,9 @@ def check_methods(
             progress(spent["explanations"], planned)
         return explanation
 
-    first = run(methods[0], adapter, target, settings.evaluate)
-    index = first.target.index  # the same class for every method and step
-    rest = {m: run(m, adapter, index, settings.evaluate) for m in methods[1:]}
+    first = run(methods[0], adapter, target, settings.evaluate, per_step)
+    explained = first.target_record  # the same target for every method and step
+    rest = {m: run(m, adapter, explained, settings.evaluate, per_step) for m in methods[1:]}
     explanations = {methods[0]: first, **rest}
     maps = {name: e.scores for name, e in explanations.items()}
     agreement = map_agreement(maps, top_fraction) if len(methods) > 1 else _empty(_AGREEMENT)
@@ -164,7 +173,7 @@ def check_methods(
     for method in methods if randomise else []:
 
         def recompute(model: Adapter, method: str = method) -> np.ndarray:
-            return run(method, model, index).scores
+            return run(method, model, explained).scores
 
         table = randomisation_check(adapter, recompute, settings.seed, original=maps[method])
         tables.append(table.assign(method=method))

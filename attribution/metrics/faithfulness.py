@@ -15,8 +15,16 @@ Text (ERASER, DeYoung et al. 2020, https://arxiv.org/abs/1911.03429, as ferret c
 *comprehensiveness* is ``p(x) − p(x without its top-k % tokens)``, *sufficiency* ``p(x) −
 p(only the top-k % tokens)``, special tokens always kept, each averaged over k = 10 … 50 %
 (AOPC); higher comprehensiveness and lower sufficiency are better. Tokens are removed, or
-replaced by the mask token. For a decoder the score is the probability of the target token.
-The token deletion and insertion curves (MoRF) are reported as for images.
+replaced by the mask token. The token deletion and insertion curves (MoRF) are reported as for
+images.
+
+What each point measures (:func:`measured`): for a target of one output (a class, a decoder's
+next token) its softmax probability, as above. For a decoder's answer, a contrast or one step
+of either, the target's own score: ``log p(answer | prompt)`` (the sum over its tokens), ``log
+p(A) − log p(B)``, or the step's log-probability, in nats. Those are what the map explains;
+``p(answer)`` of a long answer is too small for differences of it to mean anything (a 16-token
+answer's is often under 1e-20), and a contrast's ``p(A) / p(B)`` has no bound. The answer's own
+tokens are never removed (:attr:`~attribution.models.base.TextInputs.fixed_tokens`).
 
 Every measure comes with the same measure for seeded random orders (their mean), so that a
 number means something; each score of :data:`SCORES` also with the 95 % range of one random
@@ -47,6 +55,7 @@ from attrlab.attribution.perturb import (
     auto_batch_size,
 )
 from attrlab.attribution.run import RunContext
+from attrlab.attribution.target import OutputTarget, Target, output_target
 from attrlab.attribution.verdicts import Verdict, against_random
 
 __all__ = [
@@ -59,6 +68,7 @@ __all__ = [
     "faithfulness",
     "faithfulness_passes",
     "gaussian_blur",
+    "measured",
 ]
 
 #: Shares of the tokens removed (comprehensiveness) or kept (sufficiency), as in ERASER.
@@ -91,7 +101,7 @@ class Faithfulness:
     """Scores (flat, for ``Explanation.metrics``), the curves they come from, their verdicts."""
 
     metrics: dict[str, float] = field(default_factory=dict)
-    #: Curve name -> target probability at each step (removed or revealed share: 0 … 1).
+    #: Curve name -> what :func:`measured` reads at each step (removed or revealed share: 0 … 1).
     curves: dict[str, np.ndarray] = field(default_factory=dict)
     #: Each score of :data:`SCORES` against the random orders.
     verdicts: list[Verdict] = field(default_factory=list)
@@ -147,12 +157,24 @@ def _ranks(values: np.ndarray, generator: np.random.Generator | None) -> np.ndar
     return ranks
 
 
-def _probabilities(
-    runner: BatchRunner, perturbation: Perturbation, masks: _OrderMasks, target: int
+def measured(target: Target, outputs: torch.Tensor) -> torch.Tensor:
+    """
+    What the faithfulness curves read of ``target`` in a batch of its outputs, ``(B,)`` float64.
+
+    One output: its softmax probability. Any other target (an answer, a contrast, a step):
+    its score, a log-probability (or a difference of two) in nats.
+    """
+    outputs = outputs.double()
+    if isinstance(target, OutputTarget):
+        return target.probability(outputs)
+    return target.score(outputs)
+
+
+def _measures(
+    runner: BatchRunner, perturbation: Perturbation, masks: _OrderMasks, target: Target
 ) -> np.ndarray:
     parts = [
-        logits.double().softmax(-1)[:, target].cpu().numpy()
-        for _, logits in runner.score(masks, perturbation)
+        measured(target, outputs).cpu().numpy() for _, outputs in runner.score(masks, perturbation)
     ]
     return np.concatenate(parts)
 
@@ -202,7 +224,7 @@ def faithfulness(
     adapter: Adapter,
     inputs: Inputs,
     scores: np.ndarray,
-    target: int,
+    target: int | Target,
     steps: int = 50,
     random_orders: int = RANDOM_ORDERS,
     text_removal: str = "delete",
@@ -214,6 +236,8 @@ def faithfulness(
     Deletion / insertion and (text) comprehensiveness / sufficiency of ``scores``.
 
     Each is computed for ``target`` beside the mean over ``random_orders`` seeded random orders.
+    ``target``: an output's index, or any :class:`~attribution.target.Target` (a decoder's
+    answer or contrast on inputs holding that answer), read as :func:`measured` says.
 
     ``steps``: points per image curve beyond the first (the pixels removed per step are
     ``ceil(H·W / steps)``); token curves take one token per step. ``image_fill``: one of
@@ -234,6 +258,8 @@ def faithfulness(
             f"scores of shape {scores.shape} do not match the input's map {inputs.map_shape}"
         )
     batch_size = batch_size or auto_batch_size(adapter, inputs)
+    if not isinstance(target, Target):
+        target = output_target(adapter, target)
     if inputs.modality == "image":
         return _image(
             adapter,
@@ -260,7 +286,7 @@ def faithfulness(
 
 def _curves(
     runner: BatchRunner,
-    target: int,
+    target: Target,
     values: np.ndarray,
     shape: tuple[int, ...],
     counts: Sequence[int],
@@ -287,11 +313,11 @@ def _curves(
     ):
         for name, ranks in orders.items():
             masks = _OrderMasks(torch.from_numpy(ranks).to(device), shape, counts, reveal)
-            curves[f"{kind}_{name}"] = _probabilities(runner, perturbation, masks, target)
+            curves[f"{kind}_{name}"] = _measures(runner, perturbation, masks, target)
         if randoms:
             drawn[kind] = np.stack(
                 [
-                    _probabilities(
+                    _measures(
                         runner,
                         perturbation,
                         _OrderMasks(torch.from_numpy(r).to(device), shape, counts, reveal),
@@ -329,7 +355,7 @@ def _image(
     adapter: Adapter,
     inputs: ImageInputs,
     scores: np.ndarray,
-    target: int,
+    target: Target,
     steps: int,
     random_orders: int,
     batch_size: int,
@@ -339,7 +365,7 @@ def _image(
     pixels = inputs.pixel_values
     counts = _image_counts(scores.size, steps)
     total = 2 * len(counts) * (2 + random_orders)
-    runner = BatchRunner(adapter, run, batch_size, total)
+    runner = BatchRunner(adapter, run, batch_size, total, target=target)
     if fill == "road":
         deletion = insertion = ImagePerturbation(
             pixels, "road", seed=run.seed, stop_if_cancelled=run.stop_if_cancelled
@@ -359,7 +385,7 @@ def _text(
     adapter: Adapter,
     inputs: TextInputs,
     scores: np.ndarray,
-    target: int,
+    target: Target,
     random_orders: int,
     removal: str,
     batch_size: int,
@@ -372,7 +398,7 @@ def _text(
         raise InvalidInputError("the text has no tokens to remove besides special tokens")
     counts = list(range(n + 1))
     total = 2 * len(counts) * (2 + random_orders)
-    runner = BatchRunner(adapter, run, batch_size, total)
+    runner = BatchRunner(adapter, run, batch_size, total, target=target)
     perturbation = TextPerturbation(adapter, inputs, removal)
     curves, drawn = _curves(
         runner, target, values, (n,), counts, perturbation, perturbation, random_orders, run.seed

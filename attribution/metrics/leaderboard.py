@@ -107,12 +107,11 @@ def evaluate_methods(
         # each item its own random orders
         orders = RunContext(seed=settings.seed + done, cancel=settings.cancel, progress=passes)
         for name, explanation in explanations.items():
-            target = explanation.target.index
             scored = faithfulness(
                 adapter,
                 inputs,
                 explanation.scores,
-                target,
+                explanation.target_record or explanation.target.index,
                 steps,
                 random_orders,
                 text_removal,

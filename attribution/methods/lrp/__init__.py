@@ -9,7 +9,7 @@ methods live in ``attribution/methods/attnlrp.py`` and ``pa_lrp.py``.
 """
 
 from attrlab.attribution.methods.lrp.patches import lrp_rules, transformer_lrp
-from attrlab.attribution.methods.lrp.relevance import LRPResult, lrp, to_attribution
+from attrlab.attribution.methods.lrp.relevance import LRPResult, lrp, lrp_steps, to_attribution
 from attrlab.attribution.methods.lrp.rules import ATTENTION_RULES, AttentionRule
 from attrlab.attribution.methods.lrp.settings import (
     FAMILY_DEFAULTS,
@@ -27,6 +27,7 @@ __all__ = [
     "LRPResult",
     "lrp",
     "lrp_rules",
+    "lrp_steps",
     "resolve_settings",
     "to_attribution",
     "transformer_lrp",

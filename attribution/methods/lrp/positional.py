@@ -202,6 +202,8 @@ def embedding_split(
     """
     Per-position relevance ``(Σ_d E⊙g, Σ_d P⊙g or None, Σ_d x0⊙g)`` at the embedding sum.
 
+    Each ``(B, T)``: one row per batch row.
+
     Raises:
         UnsupportedMethodError: if the recorded parts do not add up to ``x0`` (the layout
             does not describe this model).
@@ -233,9 +235,9 @@ def embedding_split(
             "PA-LRP could not split the input embedding into token and positional parts "
             "for this model (its embedding layer differs from the known layout)"
         )
-    token_relevance = (token * grad).sum(-1)[0]
-    position_relevance = None if position is None else (position * grad).sum(-1)[0]
-    return token_relevance, position_relevance, (x0 * grad).sum(-1)[0]
+    token_relevance = (token * grad).sum(-1)
+    position_relevance = None if position is None else (position * grad).sum(-1)
+    return token_relevance, position_relevance, (x0 * grad).sum(-1)
 
 
 def _as_tokens(part: torch.Tensor) -> torch.Tensor:

@@ -27,10 +27,11 @@ from attrlab.attribution.methods.lrp.accounting import absorbed_by_biases
 from attrlab.attribution.methods.lrp.patches import Recorder, transformer_lrp
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.layouts import layout_for
-from attrlab.attribution.target import Target
+from attrlab.attribution.perturb import repeated
+from attrlab.attribution.target import StepRows, Target
 from attrlab.attribution.verdicts import lrp_conservation
 
-__all__ = ["LRPResult", "lrp", "to_attribution"]
+__all__ = ["LRPResult", "lrp", "lrp_steps", "to_attribution"]
 
 
 @dataclass
@@ -130,13 +131,7 @@ def lrp(
         biases = hooks.enter_context(absorbed_by_biases(adapter.model)) if account else None
         for name, module, where in probes:
             hooks.enter_context(_probe(module, where, name, probed))
-        # an answer's steps in logits: the softmax's normaliser has no LRP rule
-        explained = target.in_logits()
-        score = explained.score(explained.outputs(adapter, **kwargs))[0]
-        if not score.requires_grad:
-            raise UnsupportedMethodError(
-                "the model's output does not depend on its input embedding"
-            )
+        score = _score(adapter, target, kwargs)
         named = {k: t for k, t in _graph_tensors(recorder, pixels).items() if t.requires_grad}
         named.update({f"probe.{k}": t for k, t in probed.items() if t.requires_grad})
         found = torch.autograd.grad(score, list(named.values()), allow_unused=True)
@@ -153,6 +148,52 @@ def lrp(
         )
         result.probes[name] = relevance[0].cpu()
     return result
+
+
+def lrp_steps(
+    adapter: Adapter,
+    inputs: Inputs,
+    target: Target,
+    steps: Sequence[int],
+    pe_aware: bool,
+    gamma_linear: float = 0.0,
+    gamma_conv: float = 0.0,
+    attention_rule: str = "attnlrp",
+) -> np.ndarray:
+    """
+    Token relevance of each of ``steps`` of ``target``: ``(len(steps), tokens)``, float64.
+
+    Row ``r`` is what :func:`lrp` gives as ``scores`` for step ``steps[r]`` alone, from one
+    patched forward of the text repeated once per step and one backward of the rows' sum
+    (:class:`~attribution.target.StepRows`): the rows do not interact, so each gets its own
+    step's relevance. Arguments as :func:`lrp`'s.
+
+    Raises:
+        UnsupportedMethodError: as :func:`lrp`; or an image (no steps).
+    """
+    if inputs.attribution_layer(adapter) is None:
+        raise UnsupportedMethodError("per-step relevance is for a text's answer, not pixels")
+    kwargs = {k: repeated(v, len(steps)) for k, v in inputs.model_kwargs().items()}
+    patches = transformer_lrp(
+        adapter, layout_for(adapter), pe_aware, gamma_linear, gamma_conv, False, attention_rule
+    )
+    with torch.enable_grad(), patches as recorder:
+        score = _score(adapter, StepRows(target, tuple(steps)), kwargs)
+        if recorder.embedding_sum is None:
+            raise UnsupportedMethodError("no relevance reached the input embedding of this model")
+        (grad,) = torch.autograd.grad(score, recorder.embedding_sum)
+    token, _, _ = positional.embedding_split(recorder, grad)
+    return token.detach().double().cpu().numpy()
+
+
+def _score(adapter: Adapter, target: Target, kwargs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``target``'s score of the patched forward, summed over the batch rows: the seed."""
+    # an answer's steps in logits: the softmax's normaliser has no LRP rule
+    explained = target.in_logits()
+    score = explained.score(explained.outputs(adapter, **kwargs)).sum()
+    if not score.requires_grad:
+        raise UnsupportedMethodError("the model's output does not depend on its input embedding")
+    return score
 
 
 @contextmanager
@@ -216,8 +257,8 @@ def _assemble(
     if "embedding" not in grads:
         raise UnsupportedMethodError("no relevance reached the input embedding of this model")
     token_part, pos_part, sum_part = positional.embedding_split(recorder, grads["embedding"])
-    token, x0 = token_part.detach().double().cpu(), sum_part.detach().double().cpu()
-    pos = None if pos_part is None else pos_part.detach().double().cpu()
+    token, x0 = token_part[0].detach().double().cpu(), sum_part[0].detach().double().cpu()
+    pos = None if pos_part is None else pos_part[0].detach().double().cpu()
     prefix = recorder.prefix_count
     streams: list[tuple[torch.Tensor | None, torch.Tensor | None]] = [
         (h, grads.get(f"block.{i}")) for i, h in sorted(recorder.blocks.items())

@@ -1,0 +1,360 @@
+"""
+The language-model tab: a prompt's next token, or a whole answer (typed or generated) and why.
+
+:class:`LanguageModelTab` is the explain tab with the answer's fields (an answer, a generated
+one, a contrast, the chat template, the per-step matrix) and its views above the maps: the answer
+as coloured tokens, the step × source heatmap and a clicked step's row (:mod:`viz.answer`).
+The fields become the library's :class:`~attribution.answers.AnswerSpec`; what it costs and
+what it computes are the library's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+
+from attrlab.app.errors import public_message
+from attrlab.app.ui.explain import ExplainTab
+from attrlab.app.ui.link import LinkedTab
+from attrlab.app.ui.results import Result
+from attrlab.app.ui.shared import plot_clicks_js, readable, whole
+from attrlab.attribution.answers import MAX_NEW_TOKENS, AnswerSpec
+from attrlab.attribution.errors import AttrlabError
+from attrlab.viz.view import View
+
+__all__ = ["AskedAnswer", "LanguageModelTab"]
+
+#: A click on an answer token (or a contrast's alternative) selects its step: ``data-step``.
+_TOKEN_CLICKS = """
+element.addEventListener('click', (event) => {
+  const token = event.target.closest('[data-step]');
+  if (token) trigger('select', {index: Number(token.dataset.step), value: token.textContent});
+});
+"""
+#: The default number of new tokens of a generated answer.
+_NEW_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class AskedAnswer:
+    """The answer fields of the page, as typed; :meth:`spec` is what the worker gets."""
+
+    answer: str
+    contrast: str
+    generate: bool
+    max_new_tokens: Any
+    stop: str
+    chat: bool
+    per_step: bool
+
+    def spec(self) -> AnswerSpec | None:
+        """
+        The library's record of the request; ``None``: the next token (the target menu's).
+
+        The answer box is left out while generating; the per-step matrix asked for only where
+        there is an answer to split.
+
+        Raises:
+            InvalidInputError, InvalidParameterError: as :class:`AnswerSpec` refuses them.
+        """
+        generate = whole(self.max_new_tokens) if self.generate else None
+        if self.generate and generate is None:
+            generate = 0  # an emptied number: refused by the spec, in words
+        answer = None if self.generate else self.answer or None
+        contrast = self.contrast or None
+        if answer is None and generate is None and contrast is None and not self.chat:
+            return None
+        return AnswerSpec(
+            answer=answer,
+            generate=generate,
+            stop=(self.stop or None) if self.generate else None,
+            contrast=contrast,
+            chat=bool(self.chat),
+            per_step=bool(self.per_step) and not (answer is generate is contrast is None),
+        )
+
+    def request_fields(self) -> dict[str, Any]:
+        """The fields of a worker request: the answer in place of the target menu's token."""
+        spec = self.spec()
+        return {} if spec is None else {"answer": spec, "target": None}
+
+    def link_fields(self) -> dict[str, Any]:
+        """The fields of a link to the run (:func:`app.ui.link.share_query`)."""
+        return {
+            "answer": None if self.generate else self.answer,
+            "contrast": self.contrast,
+            "generate": bool(self.generate),
+            "max_new_tokens": whole(self.max_new_tokens) if self.generate else None,
+            "stop": self.stop if self.generate else None,
+            "chat": bool(self.chat),
+            "per_step": bool(self.per_step),
+        }
+
+
+class LanguageModelTab(ExplainTab):
+    """
+    The explain tab of decoder LMs, with the answer's fields and views.
+
+    Without an answer, a generated one or a contrast it explains the next token the target
+    menu names, as the tab always has.
+    """
+
+    # --- layout ---------------------------------------------------------------------------
+
+    def _source(self) -> None:
+        super()._source()
+        key = self.key
+        with gr.Group(elem_id=f"{key}-answer-options"):
+            with gr.Row():
+                self.answer = gr.Textbox(
+                    "",
+                    label="Answer to explain (teacher-forced after the prompt)",
+                    info=(
+                        "Keep its leading space: ' Paris'. Empty: the next token chosen above. "
+                        "Left out when generating."
+                    ),
+                    placeholder=" Paris",
+                    scale=3,
+                    elem_id=f"{key}-answer",
+                )
+                self.contrast = gr.Textbox(
+                    "",
+                    label="Rather than (a contrast)",
+                    info="Explains log p(answer) − log p(this).",
+                    placeholder=" Lyon",
+                    scale=2,
+                    elem_id=f"{key}-contrast",
+                )
+            with gr.Row(equal_height=True):
+                self.generate = gr.Checkbox(
+                    False,
+                    label="Generate the answer (the model's greedy continuation)",
+                    scale=2,
+                    elem_id=f"{key}-generate",
+                )
+                self.max_new_tokens = gr.Number(
+                    _NEW_TOKENS,
+                    label="Max new tokens",
+                    precision=0,
+                    minimum=1,
+                    maximum=MAX_NEW_TOKENS,
+                    scale=1,
+                    min_width=100,
+                    elem_id=f"{key}-max-new-tokens",
+                )
+                self.stop = gr.Textbox(
+                    "", label="Stop at", scale=1, min_width=100, elem_id=f"{key}-stop"
+                )
+            with gr.Row():
+                self.chat = gr.Checkbox(
+                    False,
+                    label="Chat template (the prompt as a user's turn)",
+                    elem_id=f"{key}-chat",
+                )
+                self.per_step = gr.Checkbox(
+                    True,
+                    label="Per-step matrix (a row per answer token; its cost is in the cost line)",
+                    elem_id=f"{key}-per-step",
+                )
+            # Granularity (token | word | sentence | span) goes here: the features' control.
+        self.target_fields = [self.answer, self.contrast, self.generate, self.max_new_tokens]
+        self.target_fields += [self.stop, self.chat, self.per_step]
+
+    def _outputs(self) -> None:
+        key = self.key
+        with gr.Column(visible=False, elem_id=f"{key}-answer-views") as self.answer_views:
+            self.answer_method = gr.Radio(
+                [], label="Answer views of", visible=False, elem_id=f"{key}-answer-method"
+            )
+            self.answer_view = gr.HTML(js_on_load=_TOKEN_CLICKS, elem_id=f"{key}-answer-view")
+            self.steps = gr.Plot(label="Step × source", visible=False, elem_id=f"{key}-steps")
+            self.step_row = gr.HTML(elem_id=f"{key}-step-row")
+        self.step = gr.State(None)  # the chosen step (a row of the matrix)
+        super()._outputs()
+
+    @property
+    def linked_tab(self) -> LinkedTab:
+        """Every tab's link fields, and the answer's."""
+        linked = super().linked_tab
+        linked.fields |= {
+            "answer": self.answer,
+            "contrast": self.contrast,
+            "generate": self.generate,
+            "max_new_tokens": self.max_new_tokens,
+            "stop": self.stop,
+            "chat": self.chat,
+            "per_step": self.per_step,
+        }
+        return linked
+
+    # --- wiring ---------------------------------------------------------------------------
+
+    def _wire(self) -> None:
+        super()._wire()
+        private: dict[str, Any] = {"api_visibility": "private", "show_progress": "hidden"}
+        views = [self.answer_view, self.steps, self.step_row, self.step]
+        self.answer_method.input(
+            self.pick_method, [self.answer_method, self.last, self.view], views, **private
+        )
+        self.answer_view.select(
+            self.pick_step, [self.answer_method, self.last, self.view], views, **private
+        )
+        self.view.change(
+            self.redraw_answer,
+            [self.answer_method, self.step, self.last, self.view],
+            views,
+            **private,
+        )
+        # a click on a heatmap row clicks its token (or the contrast's alternative)
+        self.steps.change(
+            None,
+            None,
+            None,
+            js=plot_clicks_js(
+                f"{self.key}-steps",
+                f'document.querySelector(`#{self.key}-answer-view [data-step="${{point.y}}"]`)'
+                "?.click();",
+            ),
+        )
+
+    def after_run(self, ran: Any) -> None:
+        """The answer's views of the run, in the page's view, once it is shown."""
+        views = [self.answer_view, self.steps, self.step_row, self.step]
+        ran.success(
+            self.draw_answer,
+            [self.last, self.view],
+            [self.answer_views, self.answer_method, *views],
+            api_visibility="private",
+            show_progress="hidden",
+        )
+
+    # --- handlers -------------------------------------------------------------------------
+
+    @readable
+    def explain(
+        self,
+        model_,
+        labels_,
+        source_,
+        target_,
+        methods,
+        trust_,
+        randomise_,
+        seed_,
+        params,
+        compare_,
+        previous: Result | None,
+        answer_: str = "",
+        contrast_: str = "",
+        generate_: bool = False,
+        max_new_tokens_: Any = _NEW_TOKENS,
+        stop_: str = "",
+        chat_: bool = False,
+        per_step_: bool = True,
+        request: gr.Request | None = None,
+        progress=gr.Progress(),  # noqa: B008
+    ) -> list:
+        """Run: each chosen method on the next token, or on the answer asked for."""
+        asked = AskedAnswer(answer_, contrast_, generate_, max_new_tokens_, stop_, chat_, per_step_)
+        base = self.instance(model_, labels_, source_, target_, seed_) | asked.request_fields()
+        values = (source_, labels_, methods, trust_, randomise_, params, compare_, previous)
+        result = self.run_methods(base, *values, request, progress)
+        result.fields |= asked.link_fields()
+        return self.show(result, request)
+
+    def price(  # type: ignore[override]  # the answer's fields come first
+        self,
+        answer_,
+        contrast_,
+        generate_,
+        max_new_tokens_,
+        stop_,
+        chat_,
+        per_step_,
+        model_,
+        labels_,
+        source_,
+        target_,
+        seed_,
+        trust_: bool,
+        randomise_: bool,
+        chosen: list[str] | None,
+        *values: Any,
+    ) -> str:
+        """The cost line of the next token or the answer asked for, per-step matrix included."""
+        if not chosen:
+            return ""
+        asked = AskedAnswer(answer_, contrast_, generate_, max_new_tokens_, stop_, chat_, per_step_)
+        try:
+            base = self.instance(model_, labels_, source_, target_, seed_)
+            base |= asked.request_fields()
+        except gr.Error as err:
+            return f"Cost: cannot estimate ({err.message})"
+        except AttrlabError as err:
+            return f"Cost: cannot estimate ({public_message(str(err))})"
+        return self.priced(base, trust_, randomise_, chosen, values)
+
+    def draw_answer(self, result: Result | None, view_: View | None) -> list[Any]:
+        """After a run: the answer's views of its first method, or none for a next token."""
+        methods = _answer_methods(result)
+        if result is None or not methods:
+            hidden = gr.update(visible=False)
+            return [hidden, gr.update(choices=[], value=None, visible=False), "", hidden, "", None]
+        return [
+            gr.update(visible=True),
+            gr.update(choices=methods, value=methods[0], visible=len(methods) > 1),
+            *self._views(result, methods[0], None, view_),
+        ]
+
+    @readable
+    def pick_method(self, method: str | None, result: Result | None, view_: View | None) -> list:
+        """Another method's answer views (no step chosen)."""
+        if result is None or method not in _answer_methods(result):
+            return [gr.skip()] * 4
+        return self._views(result, method, None, view_)
+
+    @readable
+    def pick_step(
+        self, method: str | None, result: Result | None, view_: View | None, evt: gr.SelectData
+    ) -> list:
+        """A clicked answer token (or heatmap row): its step's row over the prompt."""
+        methods = _answer_methods(result)
+        if result is None or not methods or not isinstance(evt.index, int):
+            return [gr.skip()] * 4
+        return self._views(result, method if method in methods else methods[0], evt.index, view_)
+
+    @readable
+    def redraw_answer(
+        self, method: str | None, step: int | None, result: Result | None, view_: View | None
+    ) -> list:
+        """The answer's views again in the page's view (the sign, the scale's end)."""
+        if result is None or method not in _answer_methods(result):
+            return [gr.skip()] * 4
+        return self._views(result, method, step, view_)
+
+    def _views(
+        self, result: Result, method: str, step: int | None, view_: View | None
+    ) -> list[Any]:
+        """The answer view, the heatmap, the step's row and the step, of ``method``."""
+        from attrlab.viz.answer import answer_html, step_row_html, steps_figure
+
+        explanation = result.explanations[method]
+        view = view_ or self.default_view
+        matrix = "steps" in explanation.maps
+        return [
+            answer_html(explanation, view, step),
+            gr.update(value=steps_figure(explanation, view) if matrix else None, visible=matrix),
+            step_row_html(explanation, step, view) if step is not None else "",
+            step,
+        ]
+
+
+def _answer_methods(result: Result | None) -> list[str]:
+    """The methods of a run whose explanations are of an answer (not of a next token)."""
+    from attrlab.viz.answer import answer_layout
+
+    if result is None:
+        return []
+    return [m for m, e in result.explanations.items() if answer_layout(e) is not None]
