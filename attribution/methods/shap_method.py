@@ -236,8 +236,9 @@ def _text(
     masker_ids = np.asarray(encoded["input_ids"])
     masker_free = np.flatnonzero(np.asarray(encoded["special_tokens_mask"]) == 0)
     ours = tokens.input_ids[0]
-    our_free = (~tokens.special_tokens).nonzero().squeeze(1).cpu().numpy()
-    if np.array_equal(masker_ids, ours.cpu().numpy()):
+    our_free = (~tokens.fixed_tokens).nonzero().squeeze(1).cpu().numpy()
+    prompt = ours[: len(ours) - tokens.answer_length].cpu().numpy()  # an answer stays as it is
+    if np.array_equal(masker_ids, prompt):
         source = placed = np.arange(len(masker_ids))  # same tokens, special ones included
     elif len(masker_free) == len(our_free) and np.array_equal(
         masker_ids[masker_free], ours.cpu().numpy()[our_free]
@@ -269,12 +270,24 @@ def _text(
     return shap.explainers.Partition(_model_function(model, remember), masker), [text], reduce
 
 
-#: The shap masker and data for each modality.
-_EXPLAINERS = {"text": _text, "image": _image}
+#: The shap madef _kept_text(adapter: Adapter, inputs: TextInputs) -> str:
+    """
+    The text whose tokens the masker hides.
 
+    The input's, cut after the last token the model kept when it was truncated; without its
+    answer (whose text follows the prompt's) when it holds one.
 
-def _kept_text(adapter: Adapter, inputs: TextInputs) -> str:
-    """The input text, cut after the last token the model kept when it was truncated."""
+    Raises:
+        UnsupportedMethodError: an answer, but no character offsets to find where it starts.
+    """
+    if inputs.answer_length:
+        if inputs.offsets is None:
+            raise UnsupportedMethodError(
+                "shap needs the tokenizer's character offsets to leave an answer unmasked; use "
+                "rise, sobol or occlusion for this model"
+            )
+        return inputs.text[: inputs.offsets[-inputs.answer_length][0]]
+The input text, cut after the last token the model kept when it was truncated."""
     if not inputs.truncated:
         return inputs.text
     offsets = text_adapter(adapter).tokenizer(
