@@ -563,6 +563,12 @@ class StepTarget(Target):
             )
         return (offsets[self.step],)
 
+    def probability(self, outputs: torch.Tensor) -> torch.Tensor:
+        """The step's probability: ``exp`` of its log-probability (a softmax over steps is none)."""
+        if self.whole.reads_logits:
+            return super().probability(outputs)
+        return self.score(outputs).exp()
+
     @property
     def answer_length(self) -> int:
         return self.whole.answer_length

@@ -26,7 +26,7 @@ from attrlab.attribution.perturb import (
     top_decile_error,
 )
 from attrlab.attribution.run import RunContext
-from attrlab.attribution.target import Target
+from attrlab.attribution.target import StepTarget, Target
 
 __all__ = ["Shap"]
 
@@ -47,7 +47,9 @@ class Shap(AttributionMethod):
     ``shap.maskers.Image`` hiding regions with a box-blurred copy of the image
     (``blur×blur``, as the masker's ``"blur(k,k)"`` option, computed without OpenCV) over
     axis-aligned splits; pixel values are summed over colour channels. Scores explain the
-    target logit. The explainer spends at most ``max_evals`` forward passes.
+    target logit. The explainer spends at most ``max_evals`` forward passes. An answer's steps
+    are explained together, one column each (:func:`_steps_of`): the whole map is their sum, a
+    per-step row one column.
 
     The Partition explainer is deterministic, so it has no sampling error; with a ``tolerance``
     it is refined instead, with ``64, 128, 256, …`` evaluations up to ``max_evals``, until the
@@ -110,21 +112,20 @@ class Shap(AttributionMethod):
             adapter, run, batch_size, max_evals, precision=params["precision"], target=target
         )
         remember = tolerance is not None
+        whole, step = _steps_of(target)
         if isinstance(inputs, TextInputs) and inputs.features is not None:
-            explain, data, reduce = _features(adapter, inputs, target, runner, remember)
+            explain, data, reduce = _features(adapter, inputs, whole, runner, remember)
         else:
             explain, data, reduce = _EXPLAINERS[inputs.modality](
-                adapter, inputs, target, runner, params, remember
+                adapter, inputs, whole, runner, params, remember
             )
         metrics: dict[str, float] = {}
         previous: np.ndarray | None = None
         for evals in _refinements(max_evals, remember):
             # the same ties broken the same way in every refinement: one tree, one order
             with _numpy_seeded(run.seed):
-                result = explain(
-                    data, max_evals=evals, batch_size=batch_size, outputs=[0], silent=True
-                )
-            values = np.asarray(result.values[0], dtype=np.float64)[..., 0]
+                result = explain(data, max_evals=evals, batch_size=batch_size, silent=True)
+            values = _step_values(np.asarray(result.values[0], dtype=np.float64), step)
             scores = reduce(values)
             if previous is not None:
                 change = top_decile_error(scores, np.abs(scores - previous))
@@ -144,12 +145,31 @@ class Shap(AttributionMethod):
             scores=scores,
             metrics={
                 **metrics,
-                "base_value": float(np.asarray(result.base_values).ravel()[0]),
+                "base_value": float(_step_values(np.asarray(result.base_values), step).ravel()[0]),
                 # Credit of groups left unsplit within max_evals that fell on special
                 # tokens the model input lacks (0 once max_evals suffices).
                 "unassigned_credit": float(values.sum() - scores.sum()),
             },
         )
+
+
+def _steps_of(target: Target) -> tuple[Target, int | None]:
+    """
+    The target whose steps one explainer run explains, each a column; ``target``'s step.
+
+    A row of a per-step matrix (:class:`StepTarget`) is its whole target's run, read at its
+    column: the explainer splits groups in the order the largest change over all steps sets,
+    the same for the whole map and every row, so the rows take its forwards again (reused) and
+    sum to it. A target of one output is its own single column.
+    """
+    if isinstance(target, StepTarget):
+        return target.whole, target.step
+    return target, None
+
+
+def _step_values(values: np.ndarray, step: int | None) -> np.ndarray:
+    """The explainer's values over the steps' columns (last axis): one step's, or their sum."""
+    return values.sum(axis=-1) if step is None else values[..., step]
 
 
 def _refinements(max_evals: int, stopping: bool) -> list[int]:
@@ -221,7 +241,7 @@ def _image(
     def model(batch: np.ndarray) -> np.ndarray:
         tensor = torch.as_tensor(np.asarray(batch, dtype=np.float32), device=device)
         logits = runner.logits(pixel_values=tensor.permute(0, 3, 1, 2))
-        return target.score(logits)[:, None].cpu().numpy()
+        return target.step_scores(logits).cpu().numpy()
 
     explainer = shap.explainers.Partition(_model_function(model, remember), masker)
     return explainer, pixels[None], lambda values: values.sum(-1)
@@ -243,8 +263,9 @@ def _text(
     masker_ids = np.asarray(encoded["input_ids"])
     masker_free = np.flatnonzero(np.asarray(encoded["special_tokens_mask"]) == 0)
     ours = tokens.input_ids[0]
-    our_free = (~tokens.special_tokens).nonzero().squeeze(1).cpu().numpy()
-    if np.array_equal(masker_ids, ours.cpu().numpy()):
+    our_free = (~tokens.fixed_tokens).nonzero().squeeze(1).cpu().numpy()
+    prompt = ours[: len(ours) - tokens.answer_length].cpu().numpy()  # an answer stays as it is
+    if np.array_equal(masker_ids, prompt):
         source = placed = np.arange(len(masker_ids))  # same tokens, special ones included
     elif len(masker_free) == len(our_free) and np.array_equal(
         masker_ids[masker_free], ours.cpu().numpy()[our_free]
@@ -266,7 +287,7 @@ def _text(
         ids[:, placed_index] = masked
         mask = tokens.attention_mask.expand_as(ids)
         logits = runner.logits(input_ids=ids, attention_mask=mask)
-        return target.score(logits)[:, None].cpu().numpy()
+        return target.step_scores(logits).cpu().numpy()
 
     def reduce(values: np.ndarray) -> np.ndarray:
         scores = np.zeros(len(tokens.tokens))
@@ -287,7 +308,7 @@ def _features(
     def model(batch: np.ndarray) -> np.ndarray:
         masks = torch.as_tensor(np.asarray(batch, dtype=np.float32))
         logits = runner.logits(**perturbation(masks))
-        return target.score(logits)[:, None].cpu().numpy()
+        return target.step_scores(logits).cpu().numpy()
 
     explainer = shap.explainers.Partition(_model_function(model, remember), masker)
     return explainer, np.ones((1, n)), perturbation.element_map
@@ -320,7 +341,22 @@ _EXPLAINERS = {"text": _text, "image": _image}
 
 
 def _kept_text(adapter: Adapter, inputs: TextInputs) -> str:
-    """The input text, cut after the last token the model kept when it was truncated."""
+    """
+    The text whose tokens the masker hides.
+
+    The input's, cut after the last token the model kept when it was truncated; without its
+    answer (whose text follows the prompt's) when it holds one.
+
+    Raises:
+        UnsupportedMethodError: an answer, but no character offsets to find where it starts.
+    """
+    if inputs.answer_length:
+        if inputs.offsets is None:
+            raise UnsupportedMethodError(
+                "shap needs the tokenizer's character offsets to leave an answer unmasked; use "
+                "rise, sobol or occlusion for this model"
+            )
+        return inputs.text[: inputs.offsets[-inputs.answer_length][0]]
     if not inputs.truncated:
         return inputs.text
     offsets = text_adapter(adapter).tokenizer(
