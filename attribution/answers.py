@@ -31,7 +31,7 @@ from attrlab.attribution.models.base import TextInputs
 from attrlab.attribution.tokens import token_texts
 
 if TYPE_CHECKING:
-    from attrlab.attribution.models.base import Adapter
+    from attrlab.attribution.models.base import Adapter, Inputs
     from attrlab.attribution.models.text import DecoderLMAdapter
     from attrlab.attribution.target import AnswerTarget, Target
 
@@ -43,6 +43,7 @@ __all__ = [
     "answer_log_probs",
     "answer_request",
     "answer_target",
+    "check_answer_length",
     "decoder_adapter",
     "generate_answer",
     "given_answer",
@@ -85,6 +86,22 @@ def decoder_adapter(adapter: Adapter) -> DecoderLMAdapter:
             f"'{adapter.model_id}' is a {adapter.family}"
         )
     return adapter
+
+
+def check_answer_length(inputs: Inputs, target: Target) -> None:
+    """
+    Refuse a target that reads another answer than ``inputs`` hold (or one they do not).
+
+    Raises:
+        InvalidInputError: the target reads a different number of answer tokens.
+    """
+    answer_length = inputs.answer_length if isinstance(inputs, TextInputs) else 0
+    if target.answer_length != answer_length:
+        raise InvalidInputError(
+            f"the input holds an answer of {answer_length} tokens but the target "
+            f"({target.kind}) reads {target.answer_length}: build both from the same "
+            "answer (attribution.answers)"
+        )
 
 
 def prompt_inputs(adapter: Adapter, prompt: str, chat: bool = False) -> TextInputs:

@@ -14,7 +14,12 @@ import numpy as np
 import torch
 
 from attrlab.attribution.alteration import altered
-from attrlab.attribution.answers import prompt_prediction, reused_outputs, with_alternative
+from attrlab.attribution.answers import (
+    check_answer_length,
+    prompt_prediction,
+    reused_outputs,
+    with_alternative,
+)
 from attrlab.attribution.errors import DeviceMemoryError, InvalidInputError
 from attrlab.attribution.explanation import (
     Explanation,
@@ -83,13 +88,7 @@ def explain(
     start = time.perf_counter()
     logits, attentions = _prediction(adapter, inputs, method_cls.reads_prediction_attentions)
     explained = resolve_target(adapter, target, logits)
-    answer_length = inputs.answer_length if isinstance(inputs, TextInputs) else 0
-    if explained.answer_length != answer_length:
-        raise InvalidInputError(
-            f"the input holds an answer of {answer_length} tokens but the target "
-            f"({explained.kind}) reads {explained.answer_length}: build both from the same "
-            "answer (attribution.answers)"
-        )
+    check_answer_length(inputs, explained)
     probabilities = logits.softmax(-1)
     run = RunContext.of(settings, logits=logits, attentions=attentions)
     del attentions  # held by the run while the method reads them, then let go (below)

@@ -87,6 +87,19 @@ class Target(ABC):
     def _outputs(self, adapter: Adapter, **model_kwargs: torch.Tensor) -> torch.Tensor:
         return adapter.logits(**model_kwargs)
 
+    def sequence_outputs(self, logits: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """
+        What :meth:`score` reads, from a decoder LM's logits at every position ``(B, T, V)``.
+
+        For callers that run the model themselves (context attribution runs a prompt's tail on
+        its key/value cache). Positions are counted back from each row's last attended one, so
+        the logits of a sequence's last positions serve as well as the whole sequence's.
+
+        Raises:
+            UnsupportedMethodError: a target that reads more than one sequence.
+        """
+        raise UnsupportedMethodError(f"a {self.kind} target is not read from one sequence's logits")
+
     @property
     def reads_logits(self) -> bool:
         """Its outputs are the adapter's logits (so the prediction's logits serve)."""
@@ -210,6 +223,13 @@ class NextTokenTarget(OutputTarget):
 
     kind: ClassVar[str] = "next_token"
 
+    def sequence_outputs(self, logits: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The next-token logits ``(B, V)``: those at each row's last attended position."""
+        from attrlab.attribution.models.text import DecoderLMAdapter
+
+        last = DecoderLMAdapter.predicted_positions(attention_mask)
+        return logits[torch.arange(logits.shape[0], device=logits.device), last]
+
 
 def _token_list(value: Any, what: str) -> tuple[int, ...]:
     if (
@@ -258,11 +278,16 @@ class AnswerTarget(Target):
 
     def _outputs(self, adapter: Adapter, **model_kwargs: torch.Tensor) -> torch.Tensor:
         """``(B, len(tokens))``: each step's log-probability (or logit)."""
-        from attrlab.attribution.answers import answer_log_probs, decoder_adapter
+        from attrlab.attribution.answers import decoder_adapter
 
         logits = decoder_adapter(adapter).model(**model_kwargs).logits
-        mask = model_kwargs["attention_mask"]
-        return answer_log_probs(logits, mask, self.tokens, len(self.tokens), self.measure)
+        return self.sequence_outputs(logits, model_kwargs["attention_mask"])
+
+    def sequence_outputs(self, logits: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """``(B, len(tokens))``: each step's log-probability (or logit)."""
+        from attrlab.attribution.answers import answer_log_probs
+
+        return answer_log_probs(logits, attention_mask, self.tokens, len(self.tokens), self.measure)
 
     def score(self, outputs: torch.Tensor) -> torch.Tensor:
         """``log p(answer | prompt)``: the steps' log-probabilities (or logits) summed."""
@@ -357,25 +382,37 @@ class ContrastTarget(Target):
 
     def _outputs(self, adapter: Adapter, **model_kwargs: torch.Tensor) -> torch.Tensor:
         """``(B, len(answer) + len(alternative))``: both answers' step log-probabilities."""
-        from attrlab.attribution.answers import answer_log_probs, decoder_adapter
+        from attrlab.attribution.answers import decoder_adapter
 
         model = decoder_adapter(adapter).model
         mask = model_kwargs["attention_mask"]
-        length = len(self.answer.tokens)
         logits = model(**model_kwargs).logits
-        measure = self.answer.measure
-        ours = answer_log_probs(logits, mask, self.answer.tokens, length, measure)
         if self.shares_input:
-            theirs = answer_log_probs(logits, mask, self.alternative.tokens, length, measure)
-        else:
-            swapped = _with_answer(model_kwargs, length, self.alternative.tokens)
-            theirs = answer_log_probs(
-                model(**swapped).logits,
-                swapped["attention_mask"],
-                self.alternative.tokens,
-                len(self.alternative.tokens),
-                measure,
+            return self.sequence_outputs(logits, mask)
+        swapped = _with_answer(model_kwargs, len(self.answer.tokens), self.alternative.tokens)
+        theirs = self.alternative.sequence_outputs(
+            model(**swapped).logits, swapped["attention_mask"]
+        )
+        return torch.cat([self.answer.sequence_outputs(logits, mask), theirs], dim=1)
+
+    def sequence_outputs(self, logits: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """
+        Both answers' step log-probabilities from the answer's sequence (:attr:`shares_input`).
+
+        Raises:
+            UnsupportedMethodError: the alternative needs a sequence of its own.
+        """
+        from attrlab.attribution.answers import answer_log_probs
+
+        if not self.shares_input:
+            raise UnsupportedMethodError(
+                f"the contrast {self.label} reads the alternative in a sequence of its own "
+                "(it differs from the answer before its last token); contrast answers that "
+                "share their earlier tokens, or one token each"
             )
+        length, measure = len(self.answer.tokens), self.answer.measure
+        ours = answer_log_probs(logits, attention_mask, self.answer.tokens, length, measure)
+        theirs = answer_log_probs(logits, attention_mask, self.alternative.tokens, length, measure)
         return torch.cat([ours, theirs], dim=1)
 
     def score(self, outputs: torch.Tensor) -> torch.Tensor:
@@ -461,6 +498,9 @@ class StepTarget(Target):
     def outputs(self, adapter: Adapter, **model_kwargs: torch.Tensor) -> torch.Tensor:
         """The whole target's outputs (so every step's run reuses the same forwards)."""
         return self.whole.outputs(adapter, **model_kwargs)
+
+    def sequence_outputs(self, logits: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.whole.sequence_outputs(logits, attention_mask)
 
     def score(self, outputs: torch.Tensor) -> torch.Tensor:
         return self.whole.step_scores(outputs)[:, self.step]
