@@ -251,13 +251,6 @@ class NextTokenTarget(OutputTarget):
 
     kind: ClassVar[str] = "next_token"
 
-    def sequence_outputs(self, logits: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """The next-token logits ``(B, V)``: those at each row's last attended position."""
-        from attrlab.attribution.models.text import DecoderLMAdapter
-
-        last = DecoderLMAdapter.predicted_positions(attention_mask)
-        return logits[torch.arange(logits.shape[0], device=logits.device), last]
-
 
 def _token_list(value: Any, what: str) -> tuple[int, ...]:
     if (
