@@ -37,7 +37,10 @@ __all__ = [
     "layer_table",
 ]
 
-SCHEMA_VERSION = 3
+#: 4: answer, contrast and step target records, the per-step matrix (``maps["steps"]``), the
+#: features of a granularity (``granularity``, ``features``, ``feature_scores``); files of
+#: earlier versions still read.
+SCHEMA_VERSION = 4
 #: The array fields, which ``.npz`` files hold natively.
 _ARRAYS = ("scores", "positional_scores", "maps")
 #: Columns of the layer table; ``head`` and ``kv_head`` are null on whole-layer rows.
