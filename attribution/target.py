@@ -20,7 +20,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import torch
 
@@ -514,7 +514,39 @@ class ContrastTarget(Target):
 
 
 @dataclass(frozen=True)
-class StepTarget(Target):
+class _StepsOf(Target):
+    """
+    Steps of a target of several, scored from the whole target's own outputs.
+
+    Attributes:
+        whole: The target of several steps.
+    """
+
+    whole: Target
+
+    def outputs(self, adapter: Adapter, **model_kwargs: torch.Tensor) -> torch.Tensor:
+        """The whole target's outputs (so every step's run reuses the same forwards)."""
+        return self.whole.outputs(adapter, **model_kwargs)
+
+    def from_logits(
+        self, adapter: Adapter, logits: torch.Tensor, model_kwargs: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
+        return self.whole.from_logits(adapter, logits, model_kwargs)
+
+    @property
+    def answer_length(self) -> int:
+        return self.whole.answer_length
+
+    @property
+    def reads_logits(self) -> bool:
+        return self.whole.reads_logits
+
+    def in_logits(self) -> Self:
+        return replace(self, whole=self.whole.in_logits())
+
+
+@dataclass(frozen=True)
+class StepTarget(_StepsOf):
     """
     One step of a target of several (a row of the per-step matrix): its part of the score.
 
@@ -524,7 +556,6 @@ class StepTarget(Target):
     """
 
     kind: ClassVar[str] = "step"
-    whole: Target
     step: int
     label: str = ""
 
@@ -536,17 +567,8 @@ class StepTarget(Target):
         if not self.label:
             object.__setattr__(self, "label", self.whole.step_labels()[self.step])
 
-    def outputs(self, adapter: Adapter, **model_kwargs: torch.Tensor) -> torch.Tensor:
-        """The whole target's outputs (so every step's run reuses the same forwards)."""
-        return self.whole.outputs(adapter, **model_kwargs)
-
     def score(self, outputs: torch.Tensor) -> torch.Tensor:
         return self.whole.step_scores(outputs)[:, self.step]
-
-    def from_logits(
-        self, adapter: Adapter, logits: torch.Tensor, model_kwargs: dict[str, torch.Tensor]
-    ) -> torch.Tensor:
-        return self.whole.from_logits(adapter, logits, model_kwargs)
 
     def read_offsets(self) -> tuple[int, ...]:
         """
@@ -569,17 +591,6 @@ class StepTarget(Target):
             return super().probability(outputs)
         return self.score(outputs).exp()
 
-    @property
-    def answer_length(self) -> int:
-        return self.whole.answer_length
-
-    @property
-    def reads_logits(self) -> bool:
-        return self.whole.reads_logits
-
-    def in_logits(self) -> StepTarget:
-        return replace(self, whole=self.whole.in_logits())
-
     def to_json(self) -> dict[str, Any]:
         """``{"kind", "whole", "step", "label"}``."""
         return {
@@ -598,7 +609,7 @@ class StepTarget(Target):
 
 
 @dataclass(frozen=True)
-class StepRows(Target):
+class StepRows(_StepsOf):
     """
     Several steps of a target in the rows of one batch: row ``r`` scores step ``chosen[r % n]``.
 
@@ -613,7 +624,6 @@ class StepRows(Target):
     """
 
     kind: ClassVar[str] = "step_rows"
-    whole: Target
     chosen: tuple[int, ...]
     label: str = ""
 
@@ -625,26 +635,11 @@ class StepRows(Target):
         if not self.label:
             object.__setattr__(self, "label", f"{self.whole.label} (steps in rows)")
 
-    def outputs(self, adapter: Adapter, **model_kwargs: torch.Tensor) -> torch.Tensor:
-        """The whole target's outputs."""
-        return self.whole.outputs(adapter, **model_kwargs)
-
     def score(self, outputs: torch.Tensor) -> torch.Tensor:
         """Row ``r``'s step ``chosen[r % len(chosen)]``."""
         rows = torch.arange(outputs.shape[0], device=outputs.device)
         chosen = torch.as_tensor(self.chosen, device=outputs.device)
         return self.whole.step_scores(outputs)[rows, chosen[rows % len(self.chosen)]]
-
-    @property
-    def answer_length(self) -> int:
-        return self.whole.answer_length
-
-    @property
-    def reads_logits(self) -> bool:
-        return self.whole.reads_logits
-
-    def in_logits(self) -> StepRows:
-        return replace(self, whole=self.whole.in_logits())
 
     def to_json(self) -> dict[str, Any]:
         """``{"kind", "whole", "chosen", "label"}``."""

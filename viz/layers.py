@@ -98,6 +98,10 @@ _NOTES = {
     "positional_relevance": "PA-LRP relevance for {target} on the positional encoding.",
     "lens_probability": "p({target}) read from the block's output (logit lens).",
     "lens_rank": "Rank of {target} read from the block's output (logit lens; 1 = top).",
+    "lens_score": (
+        "log p({target}) read from the block's output (logit lens): an answer's tokens summed, "
+        "a contrast's difference of two."
+    ),
 }
 
 

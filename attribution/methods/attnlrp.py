@@ -24,6 +24,11 @@ from attrlab.attribution.target import Target
 __all__ = ["AttnLRP"]
 
 
+def _rules(params: dict[str, Any]) -> dict[str, Any]:
+    """The rule parameters of a run (resolved) as :func:`lrp`'s keywords."""
+    return {name: params[name] for name in ("gamma_linear", "gamma_conv", "attention_rule")}
+
+
 @register
 class AttnLRP(AttributionMethod):
     """
@@ -88,16 +93,7 @@ class AttnLRP(AttributionMethod):
                 f"attention_rule '{params['attention_rule']}' sends no relevance through q and "
                 "k, so rotary positions get none"
             )
-        result = lrp(
-            adapter,
-            inputs,
-            target,
-            cls.pe_aware,
-            gamma_linear=params["gamma_linear"],
-            gamma_conv=params["gamma_conv"],
-            attention_rule=params["attention_rule"],
-            account=True,
-        )
+        result = lrp(adapter, inputs, target, cls.pe_aware, account=True, **_rules(params))
         run.count(forward=1, backward=1)
         return to_attribution(result, pe_aware=cls.pe_aware)
 
@@ -112,15 +108,6 @@ class AttnLRP(AttributionMethod):
         run: RunContext,
     ) -> np.ndarray:
         """One patched forward of the text repeated once per step, one backward."""
-        rows = lrp_steps(
-            adapter,
-            inputs,
-            target,
-            steps,
-            cls.pe_aware,
-            gamma_linear=params["gamma_linear"],
-            gamma_conv=params["gamma_conv"],
-            attention_rule=params["attention_rule"],
-        )
+        rows = lrp_steps(adapter, inputs, target, steps, cls.pe_aware, **_rules(params))
         run.count(forward=len(steps), backward=len(steps))
         return rows
