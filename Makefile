@@ -56,6 +56,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/estimate.py
 	$(BIN)/python benchmarks/startup.py
 	$(BIN)/python benchmarks/export.py
+	$(BIN)/python benchmarks/context.py
 
 # A Hugging Face Space's files: the committed tree with the Space's README (its metadata) and
 # a requirements.txt listing pyproject's runtime, app and embedded dependencies and ZeroGPU's

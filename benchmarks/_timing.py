@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Callable
 
@@ -34,6 +35,22 @@ def text_of(adapter, tokens: int) -> object:
         if len(inputs.tokens) <= tokens:
             return inputs
     raise ValueError("cannot build the input")
+
+
+def timing_run(description: str) -> tuple[argparse.Namespace, str, str]:
+    """
+    ``--repeats`` and ``--threads`` read from the command line, the threads set.
+
+    Returns the arguments, the device (the GPU where there is one) and where the run goes, in words.
+    """
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    where = torch.cuda.get_device_name() if device == "cuda" else f"{args.threads} threads, CPU"
+    return args, device, where
 
 
 def best_seconds(calls: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:

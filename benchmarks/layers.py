@@ -13,7 +13,6 @@ fastest of ``--repeats`` interleaved runs after a warm-up. Target: every measure
 
 from __future__ import annotations
 
-import argparse
 import os
 from collections.abc import Callable
 
@@ -22,7 +21,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch
 from _tables import print_table
-from _timing import best_seconds, forward, forward_backward, text_of
+from _timing import best_seconds, forward, forward_backward, text_of, timing_run
 from stand_ins import load_for_benchmark
 
 from attrlab.attribution.layers import MEASURES, analyze_layers
@@ -77,13 +76,7 @@ def bench(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    where = torch.cuda.get_device_name() if device == "cuda" else f"{args.threads} threads, CPU"
+    args, device, where = timing_run(__doc__.split("\n\n")[0])
     for spec, tokens in CASES:
         name, rows = bench(spec, tokens, args.repeats, device)
         print(f"\n{name}  (torch {torch.__version__}, {where})\n")
