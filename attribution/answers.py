@@ -510,12 +510,19 @@ def _inputs(
 ) -> TextInputs:
     device = decoder.device
     tensor = torch.tensor([ids], device=device)
+    # a chat template's tokens are special (kept out of maps) but spell characters of the
+    # text, which their texts are read from; only a token the tokenizer added has none
+    added = (
+        special
+        if offsets is None
+        else [s and a >= b for s, (a, b) in zip(special, offsets, strict=True)]
+    )
     return TextInputs(
         text=text,
         input_ids=tensor,
         attention_mask=torch.ones_like(tensor),
         tokens=decoder.tokenizer.convert_ids_to_tokens(ids),
-        token_texts=token_texts(decoder.tokenizer, text, ids, special, offsets),
+        token_texts=token_texts(decoder.tokenizer, text, ids, added, offsets),
         special_tokens=torch.tensor(special, device=device),
         offsets=offsets,
     )

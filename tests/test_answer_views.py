@@ -117,3 +117,14 @@ def test_the_export_carries_the_question_the_answers_page_and_its_heatmap(contra
     back = Explanation.from_dict(json.loads(bundle.read(read["gxi.json"])))
     np.testing.assert_array_equal(back.maps["steps"], explanation.maps["steps"])
     assert back.target_record == explanation.target_record
+
+
+@pytest.mark.slow
+def test_a_chat_templates_tokens_read_as_the_templates_text(smollm2):
+    # the template's tokens are kept out of maps, but each reads as its own characters: the
+    # first word of the user's text is not the whole template before it, nor a token `Ġare`
+    inputs, _ = answer_request(smollm2, "The capital of France is", answer=" Paris", chat=True)
+    assert "".join(inputs.token_texts) == inputs.text
+    marked = inputs.special_tokens.tolist()
+    user = [t for t, s in zip(inputs.token_texts, marked, strict=True) if not s]
+    assert user == ["The", " capital", " of", " France", " is", " Paris"]

@@ -130,7 +130,7 @@ class LanguageModelTab(ExplainTab):
             with gr.Row(equal_height=True):
                 self.generate = gr.Checkbox(
                     False,
-                    label="Generate the answer (the model's greedy continuation)",
+                    label="Generate the answer (greedy)",
                     scale=2,
                     elem_id=f"{key}-generate",
                 )
@@ -196,7 +196,10 @@ class LanguageModelTab(ExplainTab):
         private: dict[str, Any] = {"api_visibility": "private", "show_progress": "hidden"}
         views = [self.answer_view, self.steps, self.step_row, self.step]
         self.answer_method.input(
-            self.pick_method, [self.answer_method, self.last, self.view], views, **private
+            self.redraw_answer,
+            [self.answer_method, self.step, self.last, self.view],
+            views,
+            **private,
         )
         self.answer_view.select(
             self.pick_step, [self.answer_method, self.last, self.view], views, **private
@@ -309,13 +312,6 @@ class LanguageModelTab(ExplainTab):
         ]
 
     @readable
-    def pick_method(self, method: str | None, result: Result | None, view_: View | None) -> list:
-        """Another method's answer views (no step chosen)."""
-        if result is None or method not in _answer_methods(result):
-            return [gr.skip()] * 4
-        return self._views(result, method, None, view_)
-
-    @readable
     def pick_step(
         self, method: str | None, result: Result | None, view_: View | None, evt: gr.SelectData
     ) -> list:
@@ -329,7 +325,7 @@ class LanguageModelTab(ExplainTab):
     def redraw_answer(
         self, method: str | None, step: int | None, result: Result | None, view_: View | None
     ) -> list:
-        """The answer's views again in the page's view (the sign, the scale's end)."""
+        """The answer's views again: another method's, or in another view (the sign, the scale)."""
         if result is None or method not in _answer_methods(result):
             return [gr.skip()] * 4
         return self._views(result, method, step, view_)
