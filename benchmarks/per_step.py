@@ -56,8 +56,7 @@ def main() -> None:
             adapter, inputs, target, steps, params, RunContext()
         )
         calls[f"{method}: one run per step"] = lambda cls=cls, params=params: [
-            cls.compute(adapter, inputs, StepTarget(target, k), params, RunContext())
-            for k in steps
+            cls.compute(adapter, inputs, StepTarget(target, k), params, RunContext()) for k in steps
         ]
     seconds = best_seconds(calls, args.repeats)
     unit = seconds["16 × forward+backward"]
