@@ -16,6 +16,7 @@ from attrlab.attribution.answers import answer_request
 from attrlab.attribution.explanation import Explanation
 from attrlab.viz.answer import answer_html, step_row_html, steps_figure
 from attrlab.viz.figures import STEPS, figures_for
+from attrlab.viz.text import token_columns_html
 from attrlab.viz.tokens import token_html, token_tick
 
 PROMPT, ANSWER, CONTRAST = "the cat sat on the", " mat and slept", " floor"
@@ -76,6 +77,9 @@ def test_the_answer_view_marks_the_answer_and_offers_every_step(contrast):
     chosen = re.findall(r'data-step="(\d+)"[^>]*outline:2px', view)
     assert chosen == ["1"]
     assert f"= {explanation.target.logit:.4g}" in view  # log p(answer) − log p(alternative)
+    # the token columns say the contrast's odds, not a probability above 1
+    odds = f"p(answer) / p(contrast) = {np.exp(explanation.target.logit):.3g}"
+    assert odds in token_columns_html({"gxi": explanation})
 
 
 def test_a_steps_row_is_coloured_over_its_sources_only(contrast):

@@ -26,6 +26,8 @@ ROWS = 4
 
 def _heatmap(page: Page) -> dict:
     """The heatmap's rows, hover texts and values as Plotly drew them (its values decoded)."""
+    drawn = "() => document.querySelector('#next-steps .js-plotly-plot')?._fullData?.length"
+    page.wait_for_function(drawn, timeout=30_000)
     return page.evaluate(
         """() => {
           const trace = document.querySelector('#next-steps .js-plotly-plot')._fullData[0];
@@ -95,7 +97,8 @@ def test_an_answer_against_a_contrast_step_by_step_and_its_link(page: Page):
     expect(row).to_contain_text("the alternative's token 1")
     assert row.locator("span[data-score]").all_text_contents() == PROMPT_TOKENS
     page.locator("#next-view-sign").get_by_label("absolute").check()  # the views follow
-    expect(view.locator(".attr-legend")).to_have_attribute("data-view", "absolute")
+    legend = view.locator(".attr-legend")
+    expect(legend).to_have_attribute("data-view", "absolute", timeout=30_000)
     expect(row).to_contain_text("Step 4 of 4")
     no_errors(page)
 

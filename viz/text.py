@@ -9,6 +9,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from attrlab.attribution.explanation import Explanation
+from attrlab.attribution.target import ContrastTarget
 from attrlab.viz.theme import TEMPLATE
 from attrlab.viz.tokens import token_html, token_label, token_tick, token_ticks
 from attrlab.viz.view import TEXT_VIEW, View
@@ -145,9 +146,16 @@ def _column_html(method: str, explanation: Explanation, shown: np.ndarray, view:
         'style="flex:1 1 240px;min-width:200px">'
         f'<div style="font-weight:600">{html.escape(method)}</div>'
         f'<div style="font-size:0.85em;opacity:0.8;white-space:pre">→ {token_html(target.label)} '
-        f"(p={target.probability:.3f})</div>"
+        f"({_probability(explanation)})</div>"
         f'<div style="line-height:1.9">{"".join(spans)}</div></div>'
     )
+
+
+def _probability(explanation: Explanation) -> str:
+    """The target's probability, or for a contrast how many times likelier the answer is."""
+    if isinstance(explanation.target_record, ContrastTarget):
+        return f"p(answer) / p(contrast) = {explanation.target.probability:.3g}"
+    return f"p={explanation.target.probability:.3f}"
 
 
 def token_columns_html(explanations: Mapping[str, Explanation], view: View = TEXT_VIEW) -> str:
