@@ -369,3 +369,7 @@ def main() -> None:
     print(f"\n{PARIS!r} rather than {LYON!r} after {FRANCE!r}\n")
     header = ("method", *(repr(w) for w in words), "largest", "' France' ranks", "checks")
     print_table(header, paris)
+
+
+if __name__ == "__main__":
+    main()

@@ -18,7 +18,7 @@ import torch
 from _small_budgets import SMALL_BUDGETS
 
 from attrlab.attribution import explain
-from attrlab.attribution.answers import answer_request, generate_answer, prompt_inputs
+from attrlab.attribution.answers import answer_request, prompt_inputs
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.methods import capabilities
@@ -27,6 +27,7 @@ from attrlab.attribution.target import AnswerTarget, ContrastTarget, StepTarget
 from attrlab.attribution.verdicts import THRESHOLDS
 
 PROMPT = "the cat sat on the mat"
+FRANCE = "The capital of France is"
 TINY = ("tiny-random-gpt2", "tiny-random-llama")
 #: Methods whose maps are linear in the explained score, one of each kind.
 LINEAR = ("gradient_x_input", "integrated_gradients", "attnlrp", "occlusion")
@@ -87,36 +88,39 @@ def forwarded_rows(adapter: Adapter) -> Iterator[list[torch.Tensor]]:
         handle.remove()
 
 
-def test_teacher_forcing_equals_the_models_own_generation(tiny):
-    prompt = prompt_inputs(tiny, PROMPT)
-    answer = generate_answer(tiny, prompt, 5)
-    generated = tiny.model.generate(
+@pytest.mark.parametrize("model", [*TINY, pytest.param("smollm2-135m", marks=pytest.mark.slow)])
+def test_teacher_forcing_equals_the_models_own_generation(load_model, model):
+    adapter = load_model(model)
+    prompt = prompt_inputs(adapter, FRANCE)
+    generated = adapter.model.generate(
         prompt.input_ids,
         attention_mask=prompt.attention_mask,
-        max_new_tokens=5,
+        max_new_tokens=6,
         do_sample=False,
         output_logits=True,
         return_dict_in_generate=True,
     )
-    width = prompt.input_ids.shape[1]
-    assert list(answer.ids) == generated.sequences[0, width:].tolist()
+    tokens = generated.sequences[0, prompt.input_ids.shape[1] :].tolist()
     # the log-softmax of each step's logits, at the token generate chose
     expected = torch.stack(
         [
             step[0].double().log_softmax(-1)[token]
-            for step, token in zip(generated.logits, answer.ids, strict=True)
+            for step, token in zip(generated.logits, tokens, strict=True)
         ]
     )
-    inputs, target = answer_request(tiny, PROMPT, generate=5)
-    assert isinstance(target, AnswerTarget) and target.tokens == answer.ids and target.generated
-    steps = target.step_scores(target.outputs(tiny, **inputs.model_kwargs()))[0]
-    torch.testing.assert_close(steps.double(), expected, rtol=0, atol=1e-5)
-    e = explain(tiny, "gradient_x_input", inputs, target)
-    assert e.target.logit == pytest.approx(float(expected.sum()), abs=1e-5)
-    assert e.target.probability == pytest.approx(float(expected.sum().exp()), rel=1e-5)
-    step = explain(tiny, "gradient_x_input", inputs, StepTarget(target, 2))
-    assert step.target.logit == pytest.approx(float(expected[2]), abs=1e-5)
-    assert step.target.probability == pytest.approx(float(expected[2].exp()), rel=1e-5)
+    inputs, target = answer_request(adapter, FRANCE, generate=6)
+    assert isinstance(target, AnswerTarget) and target.generated
+    assert list(target.tokens) == tokens and len(tokens) == 6
+    if model == "smollm2-135m":
+        assert target.label.startswith(" Paris")
+    steps = target.step_scores(target.outputs(adapter, **inputs.model_kwargs()))[0]
+    torch.testing.assert_close(steps.double(), expected, rtol=0, atol=1e-4)
+    e = explain(adapter, "gradient_x_input", inputs, target)
+    assert e.target.logit == pytest.approx(float(expected.sum()), abs=1e-4)
+    assert e.target.probability == pytest.approx(float(expected.sum().exp()), rel=1e-4)
+    step = explain(adapter, "gradient_x_input", inputs, StepTarget(target, 2))
+    assert step.target.logit == pytest.approx(float(expected[2]), abs=1e-4)
+    assert step.target.probability == pytest.approx(float(expected[2].exp()), rel=1e-4)
 
 
 def test_integrated_gradients_sum_to_the_answers_difference_from_the_baseline(llama):
@@ -292,33 +296,6 @@ def test_an_answer_target_needs_its_answer_in_the_input(load_model):
     target = answer_request(adapter, PROMPT, answer=" the dog")[1]
     with pytest.raises(InvalidInputError, match="holds an answer of 0 tokens"):
         explain(adapter, "occlusion", adapter.preprocess(PROMPT), target)
-
-
-# The embedded SmolLM2 (loaded once per session): a real model's answers.
-FRANCE = "The capital of France is"
-
-
-@pytest.mark.slow
-def test_smollm2_teacher_forcing_equals_its_generation(smollm2):
-    prompt = prompt_inputs(smollm2, FRANCE)
-    generated = smollm2.model.generate(
-        prompt.input_ids,
-        attention_mask=prompt.attention_mask,
-        max_new_tokens=6,
-        do_sample=False,
-        output_logits=True,
-        return_dict_in_generate=True,
-    )
-    inputs, target = answer_request(smollm2, FRANCE, generate=6)
-    assert isinstance(target, AnswerTarget)
-    tokens = generated.sequences[0, prompt.input_ids.shape[1] :].tolist()
-    assert list(target.tokens) == tokens and target.label.startswith(" Paris")
-    expected = sum(
-        float(step[0].double().log_softmax(-1)[token])
-        for step, token in zip(generated.logits, tokens, strict=True)
-    )
-    steps = target.step_scores(target.outputs(smollm2, **inputs.model_kwargs()))[0]
-    assert float(steps.sum()) == pytest.approx(expected, abs=1e-4)
 
 
 @pytest.mark.slow
