@@ -37,8 +37,10 @@ lint: $(STAMP)
 browser:
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 
+# Two workers, each test file on one (its module's server or model loaded once): on 2 cores the
+# waits of one file (a browser drawing, a server starting) run beside the other's work.
 test: lint browser
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 # Day-to-day loop: lint and the tests without the slow, browser and live-server ones (CI runs
 # `make test`, every test).

@@ -238,8 +238,12 @@ def test_perturbation_keeps_the_answer_and_its_per_step_matrix_costs_no_forward(
     # no row perturbs the answer: it is what each row is scored on
     answer = inputs.input_ids[0, -3:]
     assert all(torch.equal(row[-3:], answer) for row in [*whole, *per_step])
-    assert len(whole) > 8 and len(per_step) == len(whole)
-    assert stepped.timings.forward_passes == plain.timings.forward_passes
+    # the rows add no forward: each input they score was scored for the whole map (the
+    # target's own score on the clean input may come from the map's forwards too)
+    assert len(whole) > 8 and len(per_step) <= len(whole)
+    seen = {tuple(row.tolist()) for row in whole}
+    assert all(tuple(row.tolist()) in seen for row in per_step)
+    assert stepped.timings.forward_passes <= plain.timings.forward_passes
     np.testing.assert_allclose(stepped.scores, plain.scores, rtol=0, atol=1e-12)
     assert stepped.maps["steps"].shape == (3, len(inputs.tokens))
     if method in ("occlusion", "shap"):  # linear in the score: the rows add up to the map
