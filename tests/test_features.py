@@ -36,6 +36,7 @@ from attrlab.attribution.features import (
     spread,
     with_features,
 )
+from attrlab.attribution.metrics.faithfulness import faithfulness, faithfulness_passes
 from attrlab.attribution.models.base import ImageInputs
 from attrlab.attribution.models.builtin import _minilm_dir, smollm2_folder
 from attrlab.attribution.models.text import tokenize
@@ -248,6 +249,35 @@ def test_occlusion_of_words_is_the_drop_from_hiding_each_word(minilm):
     assert e.timings.forward_passes == 1 + len(CRITIC_WORDS) + 1  # prediction, clean, words
     with pytest.raises(InvalidParameterError, match="window and stride slide over tokens"):
         explain(minilm, "occlusion", inputs, params={"window": 2})
+
+
+def test_faithfulness_of_words_removes_whole_words_in_the_summed_maps_order(minilm):
+    inputs = with_features(minilm.preprocess(CRITIC), "word")
+    scores = np.zeros(len(inputs.tokens))
+    scores[[2, 3, 4]] = 0.3  # "unaffable": 0.9 over three tokens, first among the words ...
+    scores[9] = 0.5  # ... though "loved" is the top token
+    scores[11] = 0.2  # "film." third
+    target = 1
+    mask, ids = minilm.tokenizer.mask_token_id, inputs.input_ids
+
+    def p(hidden_words) -> float:
+        hidden = ids.clone()
+        for word in hidden_words:
+            hidden[0, CRITIC_WORDS[word]] = mask
+        with torch.no_grad():
+            logits = minilm.model(input_ids=hidden, attention_mask=torch.ones_like(hidden)).logits
+        return float(torch.softmax(logits.double(), -1)[0, target])
+
+    order = [1, 4, 6, 0, 2, 3, 5]  # words by summed score, ties in text order
+    ks = [1, 2, 3]  # int(k · 7 words) for k = 10 … 50 %, without 0 and repeats
+    clean = p([])
+    comprehensiveness = clean - np.mean([p(order[:k]) for k in ks])
+    sufficiency = clean - np.mean([p(order[k:]) for k in ks])
+    scored = faithfulness(minilm, inputs, scores, target, random_orders=0, text_removal="mask")
+    assert scored.metrics["comprehensiveness"] == pytest.approx(comprehensiveness, abs=1e-6)
+    assert scored.metrics["sufficiency"] == pytest.approx(sufficiency, abs=1e-6)
+    assert len(scored.curves["deletion_morf"]) == len(CRITIC_WORDS) + 1  # a point per word
+    assert faithfulness_passes(inputs, random_orders=0) == 2 * 2 * (len(CRITIC_WORDS) + 1)
 
 
 def test_shap_feature_values_add_up_to_hiding_every_sentence(minilm):

@@ -15,7 +15,10 @@ Text (ERASER, DeYoung et al. 2020, https://arxiv.org/abs/1911.03429, as ferret c
 *comprehensiveness* is ``p(x) − p(x without its top-k % tokens)``, *sufficiency* ``p(x) −
 p(only the top-k % tokens)``, special tokens always kept, each averaged over k = 10 … 50 %
 (AOPC); higher comprehensiveness and lower sufficiency are better. Tokens are removed, or
-replaced by the mask token. The token deletion and insertion curves (MoRF) are reported as for
+replaced by the mask token. A text explained by words, sentences or spans
+(:func:`~attribution.features.with_features`) is scored by its features instead: the map summed
+within each feature ranks them, whole features are removed or kept (top-k % of the features),
+and tokens in no feature always stay. The token deletion and insertion curves (MoRF) are reported as for
 images.
 
 What each point measures (:func:`measured`): for a target of one output (a class, a decoder's
@@ -46,6 +49,7 @@ import torch
 from scipy.ndimage import gaussian_filter
 
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
+from attrlab.attribution.features import feature_scores
 from attrlab.attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
 from attrlab.attribution.perturb import (
     BatchRunner,
@@ -199,7 +203,9 @@ def faithfulness_passes(inputs: Inputs, steps: int = 50, random_orders: int = RA
     if inputs.modality == "image":
         points = len(_image_counts(math.prod(inputs.map_shape), steps))
     else:
-        points = int((~cast(TextInputs, inputs).fixed_tokens).sum()) + 1
+        text = cast(TextInputs, inputs)
+        features = text.features
+        points = (int((~text.fixed_tokens).sum()) if features is None else len(features)) + 1
     return 2 * points * (2 + random_orders)
 
 
@@ -240,7 +246,7 @@ def faithfulness(
     answer or contrast on inputs holding that answer), read as :func:`measured` says.
 
     ``steps``: points per image curve beyond the first (the pixels removed per step are
-    ``ceil(H·W / steps)``); token curves take one token per step. ``image_fill``: one of
+    ``ceil(H·W / steps)``); text curves take one token (or feature) per step. ``image_fill``: one of
     :data:`IMAGE_FILLS`; ``text_removal``: one of :data:`TEXT_REMOVALS`.
 
     Raises:
@@ -391,15 +397,13 @@ def _text(
     batch_size: int,
     run: RunContext,
 ) -> Faithfulness:
-    free = (~inputs.fixed_tokens).cpu().numpy()
-    values = scores[free]
+    # the units removed: the inputs' features (words, sentences, spans), else each free token
+    perturbation = TextPerturbation(adapter, inputs, removal, inputs.features)
+    values = feature_scores(scores, perturbation.features)
     n = values.size
-    if n == 0:
-        raise InvalidInputError("the text has no tokens to remove besides special tokens")
     counts = list(range(n + 1))
     total = 2 * len(counts) * (2 + random_orders)
     runner = BatchRunner(adapter, run, batch_size, total, target=target)
-    perturbation = TextPerturbation(adapter, inputs, removal)
     curves, drawn = _curves(
         runner, target, values, (n,), counts, perturbation, perturbation, random_orders, run.seed
     )
