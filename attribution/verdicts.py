@@ -25,6 +25,7 @@ __all__ = [
     "MIN_MARGIN",
     "STATUSES",
     "THRESHOLDS",
+    "Draws",
     "Threshold",
     "Verdict",
     "against_random",
@@ -262,30 +263,55 @@ def lrp_conservation(metrics: Mapping[str, float]) -> Verdict:
     )
 
 
+@dataclass(frozen=True)
+class Draws:
+    """What a score is judged against: seeded random draws of the same kind, in words."""
+
+    #: One draw, singular (``random order``, ``random head set``).
+    one: str = "random order"
+    #: Several, plural.
+    many: str = "random orders"
+    #: What to do when the score is worse than random.
+    fail_advice: str = "the map ranks the input's parts worse than chance: do not trust its order"
+    #: What may tell when the score sits within the draws' noise.
+    noise_advice: str = (
+        "more random orders, a longer input or attrlab evaluate over many inputs may tell"
+    )
+
+
+#: A faithfulness score's draws: random orders of the input's parts.
+MAP_ORDERS = Draws()
+
+
 def against_random(
-    score: str, value: float, randoms: Sequence[float] | np.ndarray, higher: bool
+    score: str,
+    value: float,
+    randoms: Sequence[float] | np.ndarray,
+    higher: bool,
+    draws: Draws = MAP_ORDERS,
 ) -> tuple[Verdict, float, float]:
     """
-    A faithfulness score against the same score of seeded random orders.
+    A score against the same score of seeded random draws (by default, orders of a map).
 
-    Under the hypothesis that the map's order is no better than a random one, its score is
-    one more draw from the random orders' distribution: with ``R`` orders of mean ``m`` and
-    standard deviation ``s`` (taken as normal), ``t = (value − m) / (s·√(1 + 1/R))`` has a
-    Student t distribution with ``R − 1`` degrees of freedom. Two-sided at :data:`ALPHA`;
-    inconclusive within the random orders' noise, when they do not vary, or when the margin
-    is under :data:`MIN_MARGIN`.
+    Under the hypothesis that the map's order (or an estimator's choice) is no better than a
+    random one, its score is one more draw from the random draws' distribution: with ``R`` draws
+    of mean ``m`` and standard deviation ``s`` (taken as normal), ``t = (value − m) /
+    (s·√(1 + 1/R))`` has a Student t distribution with ``R − 1`` degrees of freedom. Two-sided
+    at :data:`ALPHA`; inconclusive within the draws' noise, when they do not vary, or when the
+    margin is under :data:`MIN_MARGIN`.
 
     Returns:
-        The verdict (its value the p-value), and the 95 % interval of a random order's score
-        (``nan`` with fewer than two orders).
+        The verdict (its value the p-value), and the 95 % interval of a random draw's score
+        (``nan`` with fewer than two draws).
     """
-    title = f"{score} against random orders"
+    title = f"{score} against {draws.many}"
     drawn = np.asarray(randoms, dtype=np.float64)
-    orders = f"{drawn.size} random order" + ("s" if drawn.size != 1 else "")
+    counted = f"{drawn.size} " + (draws.many if drawn.size != 1 else draws.one)
     if drawn.size < 2:
-        reason = f"{orders}: no spread to judge the score against"
+        reason = f"{counted}: no spread to judge the score against"
+        advice = f"use more {draws.many}"
         return (
-            Verdict(score, title, "inconclusive", None, ALPHA, reason, "use more random orders"),
+            Verdict(score, title, "inconclusive", None, ALPHA, reason, advice),
             math.nan,
             math.nan,
         )
@@ -293,24 +319,24 @@ def against_random(
     scale = spread * math.sqrt(1 + 1 / drawn.size)  # of one more draw's distance from the mean
     width = float(stats.t.ppf(1 - ALPHA / 2, drawn.size - 1)) * scale
     low, high = mean - width, mean + width
-    if spread <= 1e-12 * max(1.0, abs(mean)):  # rounding apart, every order scored the same
-        reason = f"the {orders} all scored {mean:.3g}: no spread to judge {value:.3g} against"
-        advice = "use a longer input or more random orders"
+    if spread <= 1e-12 * max(1.0, abs(mean)):  # rounding apart, every draw scored the same
+        reason = f"the {counted} all scored {mean:.3g}: no spread to judge {value:.3g} against"
+        advice = f"use a longer input or more {draws.many}"
         return Verdict(score, title, "inconclusive", None, ALPHA, reason, advice), low, high
     p = float(2 * stats.t.sf(abs(value - mean) / scale, drawn.size - 1))
     better = value > mean if higher else value < mean
     where = f"{value:.3g} against random {mean:.3g}, 95 % range [{low:.3g}, {high:.3g}]"
-    test = f"t-test over {orders} p = {p:.2g}"
+    test = f"t-test over {counted} p = {p:.2g}"
     if p >= ALPHA or abs(value - mean) < MIN_MARGIN:
-        noise = "within random orders' noise" if p >= ALPHA else f"a margin under {MIN_MARGIN:g}"
+        noise = f"within {draws.many}' noise" if p >= ALPHA else f"a margin under {MIN_MARGIN:g}"
         status, reason = "inconclusive", f"{noise}: {where} ({test})"
-        advice = "more random orders, a longer input or attrlab evaluate over many inputs may tell"
+        advice = draws.noise_advice
     elif better:
         status, reason, advice = "pass", f"better than random: {where} ({test})", ""
     else:
         side = "higher" if higher else "lower"
         status, reason = "fail", f"worse than random: {where} ({test}; {side} is better)"
-        advice = "the map ranks the input's parts worse than chance: do not trust its order"
+        advice = draws.fail_advice
     return Verdict(score, title, status, p, ALPHA, reason, advice), low, high
 
 

@@ -17,12 +17,12 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-import numpy as np
 import torch
 from _tables import print_table
 
-from attrlab.attribution.layers import HEAD_ESTIMATORS, agreement, analyze_layers, joint_ablation
+from attrlab.attribution.layers import HEAD_ESTIMATORS, agreement, analyze_layers
 from attrlab.attribution.layers.agreement import head_ranking
+from attrlab.attribution.layers.recheck import recheck_heads
 from attrlab.attribution.models import load
 
 CASES = (
@@ -56,35 +56,23 @@ def report(spec: str, text: str, target_label: str, labels: list[str] | None) ->
             for r in pairs.itertuples(index=False)
         ],
     )
-    heads = [
-        (layer, head) for layer in range(adapter.num_layers) for head in range(adapter.num_heads)
-    ]
-    rng = np.random.default_rng(0)
-    random_sets = [
-        [heads[i] for i in rng.choice(len(heads), TOP, replace=False)] for _ in range(DRAWS)
-    ]
-    sets = [[(int(layer), int(head)) for layer, head in top[m]] for m in HEAD_ESTIMATORS]
-    probabilities = joint_ablation(adapter, inputs, target, [*sets, *random_sets])
-    plain, by_estimator, drawn = (
-        probabilities[0],
-        probabilities[1 : 1 + len(sets)],
-        probabilities[1 + len(sets) :],
-    )
-    print()
+    rechecked = recheck_heads(adapter, inputs, target, table, TOP, DRAWS)
+    print(f"\ntarget logit without ablation: {rechecked.score:.4f}\n")
+    sets = rechecked.sets
     rows = [
-        (m, f"{p:.4f}", f"{plain - p:+.4f}")
-        for m, p in zip(HEAD_ESTIMATORS, by_estimator, strict=True)
+        (r.chosen_by, r.heads, f"{r.change:+.4f}")
+        for r in sets[sets.chosen_by != "random"].itertuples()
     ]
-    drops = plain - drawn
+    drawn = sets[sets.chosen_by == "random"].change
     rows.append(
-        (
-            f"{TOP} random heads ({DRAWS} draws)",
-            f"{drawn.mean():.4f}",
-            f"{drops.mean():+.4f} ± {drops.std(ddof=1):.4f}",
-        )
+        (f"{TOP} random heads ({DRAWS} draws)", "", f"{drawn.mean():+.4f} ± {drawn.std():.4f}")
     )
-    print(f"target probability without ablation: {plain:.4f}\n")
-    print_table((f"top-{TOP} heads of", "target probability", "drop"), rows)
+    print_table((f"top-{TOP} heads of", "heads zeroed", "change of the logit"), rows)
+    print()
+    print_table(
+        ("re-check", "verdict", "why"),
+        [(v.title, v.status, v.reason) for v in rechecked.verdicts],
+    )
 
 
 def main() -> None:

@@ -199,7 +199,7 @@ def test_the_layers_tab_shows_the_figures_the_rule_names(probe):
         analyse = _handler(demo, "layers_analyse")
         request = SimpleNamespace(session_hash="s", headers={})
         shown = analyse(
-            True, "minilm-zeroshot", "good film", "", "", False, ["skip"], None, request
+            True, "minilm-zeroshot", "good film", "", "", False, "", "", ["skip"], None, request
         )
     finally:
         worker.close()

@@ -18,6 +18,7 @@ import transformers as tf
 from _tiny_families import BIASED, biased_family, classic_family, clip, dinov2
 from torch import nn
 
+from attrlab.attribution import explain
 from attrlab.attribution.errors import InvalidParameterError, UnsupportedMethodError
 from attrlab.attribution.explanation import layer_table
 from attrlab.attribution.layers import (
@@ -31,6 +32,8 @@ from attrlab.attribution.layers import (
 )
 from attrlab.attribution.layers.analysis import _entropy_and_sink
 from attrlab.attribution.layers.hooks import ablate_heads, block_io, gate_heads, skip_blocks
+from attrlab.attribution.layers.recheck import recheck_heads
+from attrlab.attribution.methods import get_method
 from attrlab.attribution.models.layouts import find_module, layout_for
 from attrlab.attribution.models.text import TextClassifierAdapter
 from attrlab.attribution.run import RunContext
@@ -312,23 +315,84 @@ def test_agreement_of_identical_and_reversed_rankings():
     assert pairs.loc[("head_gradient", "ablation_zero"), "top_k_overlap"] == 0.0
 
 
+def _probability_with_heads_zeroed(adapter, inputs, target: int, chosen) -> float:
+    """The target's probability in a copy of ``adapter`` with ``chosen`` heads zeroed by hand."""
+    head_dim = 32 // HEADS
+    edited = copy.deepcopy(adapter)
+    with torch.no_grad():
+        for layer, head in chosen:
+            projection = _blocks(edited)[layer].self_attn.o_proj
+            projection.weight[:, head * head_dim : (head + 1) * head_dim] = 0
+        return float(edited.logits(**inputs.model_kwargs())[0].double().softmax(-1)[target])
+
+
 def test_joint_ablation_equals_zeroing_the_weights_of_the_set_by_hand(llama):
     inputs = llama.preprocess(TEXT)
     target = _target(llama, inputs)
     sets = [[(0, 1)], [(0, 1), (2, 3)], [(1, 0), (1, 2), (2, 0)]]
     probabilities = joint_ablation(llama, inputs, target, sets)
-    with torch.no_grad():
-        plain = llama.logits(**inputs.model_kwargs())[0].double().softmax(-1)[target]
-    assert probabilities[0] == pytest.approx(float(plain), rel=1e-12)
-    head_dim = 32 // HEADS
+    plain = _probability_with_heads_zeroed(llama, inputs, target, [])
+    assert probabilities[0] == pytest.approx(plain, rel=1e-12)
     for row, chosen in enumerate(sets, start=1):
-        edited = copy.deepcopy(llama)
-        with torch.no_grad():
-            for layer, head in chosen:
-                projection = _blocks(edited)[layer].self_attn.o_proj
-                projection.weight[:, head * head_dim : (head + 1) * head_dim] = 0
-            expected = edited.logits(**inputs.model_kwargs())[0].double().softmax(-1)[target]
-        assert probabilities[row] == pytest.approx(float(expected), rel=1e-9)
+        expected = _probability_with_heads_zeroed(llama, inputs, target, chosen)
+        assert probabilities[row] == pytest.approx(expected, rel=1e-9)
+
+
+def test_the_recheck_zeroes_each_estimators_top_heads_and_judges_them_against_random(llama):
+    """
+    (1, 2) writes 1,000 times stronger, every other head at 1 %: its sets move the logit most.
+
+    The output layer is scaled up too, so that the probability's changes clear the verdicts'
+    absolute margin.
+    """
+    carrier, head_dim = (1, 2), 32 // HEADS
+    with torch.no_grad():
+        for layer, block in enumerate(_blocks(llama)):
+            for head in range(HEADS):
+                columns = slice(head * head_dim, (head + 1) * head_dim)
+                scale = 1000.0 if (layer, head) == carrier else 0.01
+                block.self_attn.o_proj.weight[:, columns] *= scale
+        llama.model.lm_head.weight *= 1000.0
+    inputs = llama.preprocess(TEXT)
+    target = _target(llama, inputs)
+    table = analyze_layers(llama, inputs, target)
+    rechecked = recheck_heads(llama, inputs, target, table, k=2, draws=6, seed=0)
+    plain = _probability_with_heads_zeroed(llama, inputs, target, [])
+    assert rechecked.score == pytest.approx(plain, rel=1e-9)
+    sets = rechecked.sets
+    assert list(sets.chosen_by) == [*HEAD_ESTIMATORS, *["random"] * 6]
+    for row in sets.itertuples():
+        chosen = [tuple(int(x) for x in head.split(".")) for head in row.heads.split(", ")]
+        assert len(set(chosen)) == 2
+        expected = _probability_with_heads_zeroed(llama, inputs, target, chosen)
+        assert row.score == pytest.approx(expected, rel=1e-9)
+        assert row.change == pytest.approx(expected - plain, rel=1e-9, abs=1e-12)
+        if row.chosen_by == "random":
+            assert carrier not in chosen  # (these seeded draws miss it: the test's premise)
+        else:
+            values = _head_values(table, row.chosen_by)
+            ranked = sorted(values, key=lambda key: -abs(values[key]))
+            assert set(chosen) == set(ranked[:2]) and carrier in chosen
+    assert [v.check for v in rechecked.verdicts] == [f"recheck:{m}" for m in HEAD_ESTIMATORS]
+    assert {v.status for v in rechecked.verdicts} == {"pass"}
+    again = recheck_heads(llama, inputs, target, table, k=2, draws=6, seed=0)
+    pd.testing.assert_frame_equal(again.sets, sets)  # seeded draws
+
+
+def test_the_layer_analysis_carries_the_recheck_and_counts_its_forwards(llama):
+    inputs = llama.preprocess(TEXT)
+    e = explain(llama, "layers", inputs, params={"top_k": 3, "recheck_draws": 4})
+    rechecked = recheck_heads(llama, inputs, e.target.index, e.layers, k=3, draws=4)
+    assert e.metrics["recheck_score"] == pytest.approx(rechecked.score, rel=1e-9)
+    for chosen_by, rows in rechecked.sets.groupby("chosen_by"):
+        assert e.metrics[f"recheck:{chosen_by}"] == pytest.approx(rows.change.mean(), rel=1e-9)
+    assert [v.check for v in e.verdicts] == [f"recheck:{m}" for m in HEAD_ESTIMATORS]
+    planned = get_method("layers").planned_passes(
+        llama, inputs, {"measures": "all", "top_k": 3, "recheck_draws": 4}
+    )
+    assert e.timings.forward_passes == 1 + planned.forward  # and the prediction's
+    off = explain(llama, "layers", inputs, params={"recheck_draws": 0})
+    assert not off.verdicts and not any(k.startswith("recheck") for k in off.metrics)
 
 
 def _every_family(tokenizer):

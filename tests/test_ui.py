@@ -26,8 +26,10 @@ from attrlab.app.ui import PageRunner, build_ui, method_entries, share_query
 from attrlab.app.ui.files import uploaded_rows
 from attrlab.app.ui.shared import format_heads, parse_heads
 from attrlab.app.worker import AblationRequest, ExplainRequest, ExplainWorker
+from attrlab.attribution.answers import answer_request
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
 from attrlab.attribution.layers import joint_ablation
+from attrlab.attribution.layers.analysis import analyze_layers
 from attrlab.attribution.methods import capabilities
 
 pytestmark = pytest.mark.server  # the page launched on a port, driven by gradio_client
@@ -284,6 +286,8 @@ def test_layers_then_ablating_a_head_changes_the_prediction(client, load_model):
         "",
         "",
         False,
+        "",  # no answer
+        "",  # nor contrast
         ["gradient", "ablation"],
         None,  # the head measure: the first the analysis has
         api_name="/layers_analyse",
@@ -394,7 +398,7 @@ def test_a_text_tab_refuses_empty_text_and_the_next_token_tab_a_classifier(clien
 
 def test_layers_of_a_decoder_ignore_the_zero_shot_labels_field(client):
     outputs = client.predict(
-        "tiny-random-llama", "the cat sat on the", "positive, negative", "", True,
+        "tiny-random-llama", "the cat sat on the", "positive, negative", "", True, "", "",
         ["gradient", "lrp"], None, api_name="/layers_analyse",
     )  # fmt: skip
     assert outputs[0]["value"] == "head_gradient"
@@ -403,6 +407,31 @@ def test_layers_of_a_decoder_ignore_the_zero_shot_labels_field(client):
     assert positional["visible"]  # RoPE's cos/sin carry relevance in every layer (PA-LRP)
     bars = _plot(positional)["data"]
     assert [b["name"] for b in bars] == ["token (residual)", "positional"]
+
+
+def test_layers_of_a_contrast_read_its_logit_difference_and_recheck_the_top_heads(
+    client, load_model
+):
+    prompt, answer, contrast = "the cat sat on the", " mat", " dog"
+    outputs = client.predict(
+        "tiny-random-llama", prompt, "", "", True, answer, contrast, ["gradient"], None,
+        api_name="/layers_analyse",
+    )  # fmt: skip
+    grid, card = outputs[2], outputs[6]
+    adapter = load_model("tiny-random-llama")
+    inputs, target = answer_request(adapter, prompt, answer=answer, contrast=contrast)
+    assert target.label == "' mat' rather than ' dog'"
+    table = analyze_layers(adapter, inputs, target, ["gradient"])
+    expected = {
+        f"L{int(r.layer)}H{int(r.head)}": r.value for r in table.itertuples() if r.head == r.head
+    }
+    shown = pd.DataFrame(grid["data"], columns=grid["headers"])
+    for row in shown.itertuples(index=False):
+        assert row[1] == pytest.approx(expected[row[0]], rel=1e-3, abs=1e-9)  # shown to 4 digits
+    assert 'data-check="recheck:head_gradient"' in card  # the top heads, zeroed together
+    assert "against random head sets" in card
+    with pytest.raises(Exception, match="explains one output"):
+        client.predict("L1H0", "gradient_x_input", api_name="/layers_ablate")
 
 
 def test_batch_explains_an_upload_and_records_the_bad_line(client, tmp_path):

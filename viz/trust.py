@@ -208,7 +208,8 @@ def trust_card_html(explanation: Explanation, extra: Sequence[Verdict] = ()) -> 
     metrics = explanation.metrics
     verdicts = [*explanation.verdicts, *extra]
     scored = any(s in metrics for s, _, _ in SCORES.get(explanation.model.modality, ()))
-    notes = [] if scored else [_NO_SCORES]
+    # a layer analysis has no map order to score: its checks are the heads' re-check
+    notes = [] if scored or explanation.layers is not None else [_NO_SCORES]
     if "convergence_delta" in metrics and not {v.check for v in verdicts} & set(_COMPLETENESS):
         notes.append(f"convergence delta {_number(metrics['convergence_delta'])} (no verdict)")
     if "std_error" in explanation.maps:

@@ -37,6 +37,7 @@ from attrlab.app.ui.results import (
 )
 from attrlab.app.ui.runner import PageRunner
 from attrlab.app.ui.shared import (
+    IOI_PROMPT,
     SAMPLE_PROMPT,
     SAMPLE_TEXT,
     label_list,
@@ -866,7 +867,7 @@ def _example_texts(next_token: bool) -> list[list[str]]:
     if next_token:
         return [
             [SAMPLE_PROMPT],
-            ["When Mary and John went to the store, John gave a drink to"],
+            [IOI_PROMPT],
         ]
     lines = resources.files("attrlab.assets").joinpath("sentiment_samples.txt").read_text("utf-8")
     return [[line.split("\t")[0]] for line in lines.splitlines() if line.strip()][:4]

@@ -21,6 +21,7 @@ from attrlab.app.ui.link import LinkedTab, page_base, share_query
 from attrlab.app.ui.results import Result, export_bundle, top
 from attrlab.app.ui.runner import PageRunner
 from attrlab.app.ui.shared import (
+    IOI_PROMPT,
     SAMPLE_PROMPT,
     SAMPLE_TEXT,
     format_heads,
@@ -34,7 +35,8 @@ from attrlab.app.ui.shared import (
     session,
 )
 from attrlab.app.worker import AblationRequest, AttentionRequest, ExplainRequest
-from attrlab.attribution.errors import InvalidParameterError
+from attrlab.attribution.answers import AnswerSpec
+from attrlab.attribution.errors import AttrlabError, InvalidParameterError
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.models import BUILTIN_MODELS, default_model
 
@@ -90,9 +92,26 @@ def layers_tab(runner: PageRunner) -> LinkedTab:
                 next_token = gr.Checkbox(
                     False, label="Next token (decoder LMs)", elem_id="layers-next-token"
                 )
+            with gr.Row():
+                answer = gr.Textbox(
+                    "",
+                    label="Answer (decoder LMs; empty = the target token)",
+                    placeholder=" Mary",
+                    elem_id="layers-answer",
+                )
+                contrast = gr.Textbox(
+                    "",
+                    label="Rather than (a contrast)",
+                    placeholder=" John",
+                    elem_id="layers-contrast",
+                )
             gr.Examples(
-                [[SAMPLE_TEXT, "minilm-zeroshot", False], [SAMPLE_PROMPT, "smollm2-135m", True]],
-                [text, model, next_token],
+                [
+                    [SAMPLE_TEXT, "minilm-zeroshot", False, "", ""],
+                    [SAMPLE_PROMPT, "smollm2-135m", True, "", ""],
+                    [IOI_PROMPT, "smollm2-135m", True, " Mary", " John"],
+                ],
+                [text, model, next_token, answer, contrast],
                 label="Examples",
             )
         with gr.Column(scale=1):
@@ -172,6 +191,7 @@ def layers_tab(runner: PageRunner) -> LinkedTab:
             )
         with gr.Column():
             agreement = gr.Plot(label="Agreement of head estimators", elem_id="layers-agreement")
+            card = gr.HTML(elem_id="layers-trust")
             positional = gr.Plot(
                 label="Token and positional relevance per layer (PA-LRP)",
                 visible=False,
@@ -193,11 +213,12 @@ def layers_tab(runner: PageRunner) -> LinkedTab:
         """Run the analysis and show it; ``wanted``: the head measure shown, if it has one."""
         from attrlab.viz import token_highlights
         from attrlab.viz.figures import AGREEMENT, LAYERS, POSITIONAL, figures_for, head_measures
+        from attrlab.viz.trust import trust_card_html
 
-        model_, text_, labels_, target_, next_, measures_ = fields_
+        model_, text_, labels_, target_, next_, answer_, contrast_, measures_ = fields_
         if not measures_:
             raise gr.Error("choose at least one measure")
-        base = _request_fields(model_, text_, labels_, target_, next_)
+        base = _request_fields(model_, text_, labels_, target_, next_, answer_, contrast_)
         request_ = ExplainRequest(**base, method="layers", params={"measures": ",".join(measures_)})
         explanation: Explanation = runner(request_, progress, session(request), "layers")
         table = explanation.layers
@@ -213,6 +234,8 @@ def layers_tab(runner: PageRunner) -> LinkedTab:
                 "labels": None if next_ else labels_,
                 "target": str(explanation.target.index),  # as explained
                 "next_token": bool(next_),
+                "answer": answer_ or "",
+                "contrast": contrast_ or "",
                 "measures": list(measures_),
                 "measure": shown,
             },
@@ -223,6 +246,7 @@ def layers_tab(runner: PageRunner) -> LinkedTab:
             _shown(figures, LAYERS),
             _shown(figures, POSITIONAL),
             _shown(figures, AGREEMENT),
+            trust_card_html(explanation),
             token_highlights(explanation) if explanation.tokens is not None else None,
             None,
             top(explanation),
@@ -236,10 +260,10 @@ def layers_tab(runner: PageRunner) -> LinkedTab:
             "",
         ]
 
-    analysis_outputs = [measure, heatmap, grid, lines, positional, agreement, tokens]
+    analysis_outputs = [measure, heatmap, grid, lines, positional, agreement, card, tokens]
     analysis_outputs += [token_layers, before, note, link, last]
     analysis_outputs += [after, change, attention, ablation_plot, compared]
-    inputs = [model, text, labels, target, next_token, measures]
+    inputs = [model, text, labels, target, next_token, answer, contrast, measures]
 
     @readable
     def analyse(
@@ -249,6 +273,8 @@ def layers_tab(runner: PageRunner) -> LinkedTab:
         labels_,
         target_,
         next_,
+        answer_,
+        contrast_,
         measures_,
         measure_,
         request: gr.Request,
@@ -257,7 +283,7 @@ def layers_tab(runner: PageRunner) -> LinkedTab:
         """Analyse (Run, or a shared link once it filled the tab); the head measure shown stays."""
         if not asked:  # the page's load set another tab's link flag
             return [gr.skip()] * len(analysis_outputs)
-        fields_ = [model_, text_, labels_, target_, next_, measures_]
+        fields_ = [model_, text_, labels_, target_, next_, answer_, contrast_, measures_]
         return analysed(fields_, measure_, request, progress)
 
     running = run.click(
@@ -466,6 +492,8 @@ def layers_tab(runner: PageRunner) -> LinkedTab:
             "text": text,
             "target": target,
             "next_token": next_token,
+            "answer": answer,
+            "contrast": contrast,
             "measures": measures,
             "measure": measure,
             "heads": heads,
@@ -486,15 +514,36 @@ def _one_head(text: str) -> tuple[int, int]:
     return heads[0]
 
 
-def _request_fields(model: str, text: str, labels: str | None, target: Any, next_token: bool):
-    """A request's model and input fields from the tab's."""
-    return {
+def _request_fields(
+    model: str,
+    text: str,
+    labels: str | None,
+    target: Any,
+    next_token: bool,
+    answer: str | None = None,
+    contrast: str | None = None,
+) -> dict[str, Any]:
+    """
+    A request's model and input fields from the tab's.
+
+    An answer or a contrast (a decoder's) takes the target's place: the analysis explains
+    ``log p(answer)``, or ``log p(answer) − log p(contrast)`` (the answer, if empty, the model's
+    next token).
+    """
+    fields = {
         "model": model,
         "text": text or "",
         "labels": None if next_token else label_list(labels),  # a decoder's classes are tokens
         "target": read_target(target),
         "next_token": bool(next_token),
     }
+    if answer or contrast:
+        try:
+            spec = AnswerSpec(answer=answer or None, contrast=contrast or None)
+        except AttrlabError as err:
+            raise gr.Error(str(err)) from None
+        fields.update(answer=spec, target=None)
+    return fields
 
 
 def _instance(result: Result) -> dict[str, Any]:
@@ -506,6 +555,8 @@ def _instance(result: Result) -> dict[str, Any]:
         "labels": fields["labels"],
         "target": fields["target"],
         "next_token": fields["next_token"],
+        "answer": fields.get("answer"),
+        "contrast": fields.get("contrast"),
     }
 
 

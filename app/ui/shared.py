@@ -15,6 +15,7 @@ from attrlab.attribution.methods.catalog import catalog_entries
 from attrlab.attribution.models import BUILTIN_MODELS
 
 __all__ = [
+    "IOI_PROMPT",
     "SAMPLE_LABELS",
     "SAMPLE_PROMPT",
     "SAMPLE_TEXT",
@@ -34,6 +35,8 @@ __all__ = [
 
 SAMPLE_TEXT = "I loved this movie, the acting was wonderful."
 SAMPLE_PROMPT = "The capital of France is"
+#: The indirect-object prompt of the IOI circuit (" Mary" rather than " John").
+IOI_PROMPT = "When Mary and John went to the store, John gave a drink to"
 SAMPLE_LABELS = "positive, negative"
 _HEAD = re.compile(r"^\s*L?\s*(\d+)\s*[H:./ ]\s*(\d+)\s*$", re.IGNORECASE)
 

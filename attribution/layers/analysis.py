@@ -63,6 +63,7 @@ from attrlab.attribution.layers.hooks import (
 )
 from attrlab.attribution.methods.lrp.relevance import LRPResult, lrp
 from attrlab.attribution.methods.lrp.settings import resolve_settings
+from attrlab.attribution.metrics.faithfulness import measured
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.layouts import Layout, layout_for
 from attrlab.attribution.models.text import DecoderLMAdapter
@@ -78,6 +79,8 @@ __all__ = [
     "Measure",
     "analyze",
     "analyze_layers",
+    "chosen_measures",
+    "head_estimators",
     "head_projections",
     "joint_ablation",
 ]
@@ -184,7 +187,13 @@ class _Model:
         return [(layer, h, self.adapter.kv_head(h)) for h in range(self.heads)]
 
 
-def _check_measures(adapter: Adapter, measures: Collection[str] | None) -> list[str]:
+def chosen_measures(adapter: Adapter, measures: Collection[str] | None) -> list[str]:
+    """
+    The measure groups ``measures`` names (``None``: all that apply to ``adapter``), checked.
+
+    Raises:
+        InvalidParameterError: for unknown measures, or decoder-only ones on other models.
+    """
     chosen = list(MEASURES) if measures is None else list(dict.fromkeys(measures))
     unknown = [m for m in chosen if m not in MEASURES]
     if unknown:
@@ -468,7 +477,7 @@ def planned_passes(
     Raises:
         InvalidParameterError, UnsupportedMethodError: as :func:`analyze`.
     """
-    chosen = _check_measures(adapter, measures)
+    chosen = chosen_measures(adapter, measures)
     model = _Model.of(adapter)
     layers, heads = len(model.blocks), model.heads
     forward = {"skip": layers + 1, "gradient": 1, "lrp": 1, "ablation": layers * (1 + 2 * heads)}
@@ -491,7 +500,7 @@ def analyze(
 ) -> LayerReport:
     """:func:`analyze_layers`, keeping the LRP pass's token relevance too."""
     run = run or RunContext()
-    chosen = _check_measures(adapter, measures)
+    chosen = chosen_measures(adapter, measures)
     target = _checked_target(adapter, inputs, target)
     model = _Model.of(adapter)
     layers = len(model.blocks)
@@ -567,19 +576,34 @@ def head_projections(adapter: Adapter) -> tuple[list[nn.Module], int]:
     return model.projections, model.heads
 
 
+def head_estimators(adapter: Adapter, measures: Collection[str] | None) -> list[str]:
+    """The head estimators (:data:`HEAD_ESTIMATORS`) the chosen ``measures`` produce."""
+    produced = {row for m in chosen_measures(adapter, measures) for row in MEASURES[m].produces}
+    return [m for m in HEAD_ESTIMATORS if m in produced]
+
+
 def joint_ablation(
-    adapter: Adapter, inputs: Inputs, target: int, head_sets: Sequence[Collection[tuple[int, int]]]
+    adapter: Adapter,
+    inputs: Inputs,
+    target: int | Target,
+    head_sets: Sequence[Collection[tuple[int, int]]],
 ) -> np.ndarray:
     """
-    Target probability with each set of ``(layer, head)`` zeroed together, in one batch.
+    What faithfulness reads of the target, with each set of heads zeroed together.
+
+    ``(layer, head)`` pairs of each set are zeroed jointly; the sets run in one batch. One
+    output's softmax probability, an answer's or a contrast's log-probability score
+    (:func:`~attribution.metrics.faithfulness.measured`).
 
     Returns:
-        ``(1 + len(head_sets),)``: the plain probability, then one per set.
+        ``(1 + len(head_sets),)`` float64: the plain value, then one per set.
 
     Raises:
         InvalidParameterError: for a pair the model does not have.
+        InvalidInputError, UnsupportedMethodError: as :func:`analyze_layers` for ``target``.
     """
     model = _Model.of(adapter)
+    target = _checked_target(adapter, inputs, target)
     sets = [(), *head_sets]
     kwargs = _repeat(inputs.model_kwargs(), len(sets))
     with (
@@ -587,5 +611,5 @@ def joint_ablation(
         torch.no_grad(),
         ablate_head_sets(model.projections, model.heads, sets),
     ):
-        probabilities = adapter.logits(**kwargs).double().softmax(-1)[:, target]
-    return probabilities.cpu().numpy()
+        values = measured(target, target.outputs(adapter, **kwargs))
+    return values.cpu().numpy()

@@ -7,7 +7,14 @@ from typing import Any
 import numpy as np
 
 from attrlab.attribution.layers.agreement import agreement, agreement_metrics
-from attrlab.attribution.layers.analysis import HEAD_ESTIMATORS, MEASURES, analyze, planned_passes
+from attrlab.attribution.layers.analysis import (
+    HEAD_ESTIMATORS,
+    MEASURES,
+    analyze,
+    head_estimators,
+    planned_passes,
+)
+from attrlab.attribution.layers.recheck import RECHECK_DRAWS, recheck_heads, recheck_passes
 from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
 from attrlab.attribution.methods.registry import register
 from attrlab.attribution.models.base import Adapter, Inputs
@@ -42,7 +49,10 @@ class LayerAnalysis(AttributionMethod):
     ``lrp`` measure's pass) to ``scores``. On text, that pass also gives
     ``maps["token_per_layer"]``, ``(layers + 1, tokens)``: the relevance entering each block's
     residual stream, then leaving the last one, per token (where in the sequence each layer's
-    relevance sits).
+    relevance sits). Each head estimator's top ``top_k`` heads are then zeroed together beside
+    ``recheck_draws`` random sets of as many heads (:mod:`attribution.layers.recheck`): the
+    target's change goes to ``metrics`` (``recheck:<estimator>``, ``recheck:random``), a
+    verdict per estimator to ``verdicts``.
     """
 
     alters_model = False  # each measure holds the model altered for its own hooks (analyze)
@@ -64,7 +74,24 @@ class LayerAnalysis(AttributionMethod):
             ),
             check=_known,
         ),
-        Param("top_k", "int", 5, "Heads compared by the top-k overlap of estimators.", 1, 1000),
+        Param(
+            "top_k",
+            "int",
+            5,
+            "Heads compared by the top-k overlap of estimators, and zeroed together to re-check "
+            "each estimator's top heads.",
+            1,
+            1000,
+        ),
+        Param(
+            "recheck_draws",
+            "int",
+            RECHECK_DRAWS,
+            "Random sets of top_k heads each estimator's top heads are re-checked against "
+            "(zeroed together, one batch); 0 leaves the re-check out.",
+            0,
+            100,
+        ),
     )
 
     @classmethod
@@ -77,7 +104,11 @@ class LayerAnalysis(AttributionMethod):
     @classmethod
     def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
         """The model passes :meth:`attribute` spends on ``inputs``."""
-        forward, backward, width = planned_passes(adapter, measure_names(params["measures"]))
+        measures = measure_names(params["measures"])
+        forward, backward, width = planned_passes(adapter, measures)
+        if params["recheck_draws"] and (estimators := head_estimators(adapter, measures)):
+            rechecked = recheck_passes(len(estimators), params["recheck_draws"])
+            forward, width = forward + rechecked, max(width, rechecked)
         return Passes(forward, backward, batch=width if width > 1 else None)
 
     @classmethod
@@ -91,6 +122,22 @@ class LayerAnalysis(AttributionMethod):
     ) -> Attribution:
         report = analyze(adapter, inputs, target, measure_names(params["measures"]), run)
         pairs = agreement(report.table, HEAD_ESTIMATORS, params["top_k"])
+        metrics = agreement_metrics(pairs)
+        verdicts = []
+        if params["recheck_draws"]:
+            rechecked = recheck_heads(
+                adapter,
+                inputs,
+                target,
+                report.table,
+                params["top_k"],
+                params["recheck_draws"],
+                run.seed,
+            )
+            if rechecked is not None:
+                run.count(forward=len(rechecked.sets) + 1)
+                metrics.update(rechecked.metrics())
+                verdicts = rechecked.verdicts
         maps: dict[str, np.ndarray] = {}
         if report.lrp is None:
             run.warn("scores are zero: token relevance comes with the 'lrp' measure")
@@ -104,5 +151,6 @@ class LayerAnalysis(AttributionMethod):
             positional_scores=positional,
             layers=report.table,
             maps=maps,
-            metrics=agreement_metrics(pairs),
+            metrics=metrics,
+            verdicts=verdicts,
         )

@@ -18,8 +18,8 @@ p(only the top-k % tokens)``, special tokens always kept, each averaged over k =
 replaced by the mask token. A text explained by words, sentences or spans
 (:func:`~attribution.features.with_features`) is scored by its features instead: the map summed
 within each feature ranks them, whole features are removed or kept (top-k % of the features),
-and tokens in no feature always stay. The token deletion and insertion curves (MoRF) are reported as for
-images.
+and tokens in no feature always stay. The token deletion and insertion curves (MoRF) are
+reported as for images.
 
 What each point measures (:func:`measured`): for a target of one output (a class, a decoder's
 next token) its softmax probability, as above. For a decoder's answer, a contrast or one step

@@ -1,0 +1,129 @@
+"""
+An exact re-check of the heads a layer analysis highlights (issue 27, "trust where it is shown").
+
+Each head estimator (:data:`~attribution.layers.analysis.HEAD_ESTIMATORS`) ranks the heads by
+``|value|``; its top ``k`` heads are zeroed together and the change of the target's score is
+read, beside ``k`` heads drawn at random (``draws`` seeded draws), all in one forward batch. An
+estimator's top heads should move the target more than random ones do: each estimator gets a
+verdict, ``|change|`` of its top heads against the random sets' (the same t-test as a map's
+faithfulness against random orders, :func:`~attribution.verdicts.against_random`).
+
+"The target's score" is what a map's faithfulness reads: one output's softmax probability, an
+answer's log-probability or a contrast's ``log p(A) − log p(B)``
+(:func:`~attribution.metrics.faithfulness.measured`). Zeroing a head's output is the ablation
+of ``ablation_zero``, jointly over the set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+
+from attrlab.attribution.layers.agreement import head_ranking
+from attrlab.attribution.layers.analysis import HEAD_ESTIMATORS, joint_ablation
+from attrlab.attribution.models.base import Adapter, Inputs
+from attrlab.attribution.target import Target
+from attrlab.attribution.verdicts import Draws, Verdict, against_random
+
+__all__ = ["RECHECK_DRAWS", "HeadRecheck", "recheck_heads", "recheck_passes"]
+
+#: Random head sets an estimator's top heads are judged against by default (as many as the
+#: random orders of a map's faithfulness, for the same t-test).
+RECHECK_DRAWS = 5
+
+#: The random draws of the verdicts, in words.
+_HEAD_SETS = Draws(
+    one="random head set",
+    many="random head sets",
+    fail_advice="the estimator's top heads move the target less than random heads do: do not "
+    "trust its ranking on this input",
+    noise_advice="more draws (recheck_draws), a larger top_k, or the estimators' agreement "
+    "over a dataset may tell",
+)
+
+
+@dataclass
+class HeadRecheck:
+    """
+    The target's score with heads zeroed together.
+
+    Attributes:
+        k: Heads per set.
+        score: The target's score with no head zeroed.
+        sets: One row per set: ``chosen_by`` (an estimator, or ``random``), ``heads``
+            (``"layer.head"`` joined by commas), ``score`` with them zeroed, and ``change``
+            (that score minus :attr:`score`).
+        verdicts: Per estimator, ``|change|`` of its top heads against the random sets'.
+    """
+
+    k: int
+    score: float
+    sets: pd.DataFrame
+    verdicts: list[Verdict]
+
+    def metrics(self) -> dict[str, float]:
+        """Flat numbers for ``Explanation.metrics``: ``recheck:<estimator>`` changes."""
+        out = {"recheck_k": float(self.k), "recheck_score": self.score}
+        for chosen_by, rows in self.sets.groupby("chosen_by", sort=False):
+            out[f"recheck:{chosen_by}"] = float(rows["change"].mean())
+        return out
+
+
+def recheck_passes(estimators: int, draws: int = RECHECK_DRAWS) -> int:
+    """Sequences :func:`recheck_heads` runs forward: the plain one, one per set (one batch)."""
+    return 1 + estimators + draws
+
+
+def recheck_heads(
+    adapter: Adapter,
+    inputs: Inputs,
+    target: int | Target,
+    table: pd.DataFrame,
+    k: int = 5,
+    draws: int = RECHECK_DRAWS,
+    seed: int = 0,
+) -> HeadRecheck | None:
+    """
+    Zero each head estimator's top ``k`` heads of ``table`` together, and ``draws`` random sets.
+
+    ``table``: a layer analysis of this input and target (:func:`analyze_layers`); estimators
+    absent from it are left out, and ``None`` is returned when it has none.
+
+    Raises:
+        InvalidParameterError: for a ``k`` larger than the model's heads.
+    """
+    estimators = [m for m in HEAD_ESTIMATORS if (table["measure"] == m).any()]
+    if not estimators:
+        return None
+    rankings = {m: head_ranking(table, m) for m in estimators}
+    heads = list(rankings[estimators[0]].index)
+    k = min(k, len(heads))
+    # ties broken by the head's place in the model, so that equal values pick the same heads
+    top = [
+        list(rankings[m].sort_values(ascending=False, kind="stable").index[:k]) for m in estimators
+    ]
+    rng = np.random.default_rng(seed)
+    random_sets = [
+        [heads[i] for i in sorted(rng.choice(len(heads), k, replace=False))] for _ in range(draws)
+    ]
+    sets = [[(int(layer), int(head)) for layer, head in chosen] for chosen in [*top, *random_sets]]
+    scores = joint_ablation(adapter, inputs, target, sets)
+    plain = float(scores[0])
+    chosen_by = [*estimators, *(["random"] * draws)]
+    frame = pd.DataFrame(
+        {
+            "chosen_by": chosen_by,
+            "heads": [", ".join(f"{layer}.{head}" for layer, head in s) for s in sets],
+            "score": scores[1:],
+            "change": scores[1:] - plain,
+        }
+    )
+    random_effects = np.abs(scores[1 + len(estimators) :] - plain)
+    verdicts = []
+    for i, m in enumerate(estimators):
+        effect = abs(float(scores[1 + i]) - plain)
+        verdict = against_random(f"top-{k} heads of {m}", effect, random_effects, True, _HEAD_SETS)
+        verdicts.append(replace(verdict[0], check=f"recheck:{m}"))
+    return HeadRecheck(k, plain, frame, verdicts)
