@@ -530,7 +530,7 @@ def _request_fields(
     ``log p(answer)``, or ``log p(answer) − log p(contrast)`` (the answer, if empty, the model's
     next token).
     """
-    fields = {
+    fields: dict[str, Any] = {
         "model": model,
         "text": text or "",
         "labels": None if next_token else label_list(labels),  # a decoder's classes are tokens
