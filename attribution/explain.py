@@ -71,9 +71,10 @@ def explain(
     holding that answer (:mod:`attribution.answers`). ``per_step`` adds, for a target of
     several steps, one map per step (``maps["steps"]``, steps × tokens; their rows sum to the
     whole map for methods linear in the score): perturbation methods score every step from
-    the forwards of the whole map; gradient × input, gradient and AttnLRP / PA-LRP compute the
-    steps in batches (one forward of the input repeated once per step, one backward:
-    :meth:`~attribution.methods.base.AttributionMethod.attribute_steps`), other gradient
+    the forwards of the whole map; gradient × input and gradient compute the steps in batches
+    (one forward of the input repeated once per step, one backward), AttnLRP / PA-LRP from one
+    forward and a backward per step
+    (:meth:`~attribution.methods.base.AttributionMethod.attribute_steps`); other gradient
     methods spend one run per step.
 
     ``settings`` (:class:`~attribution.run.RunSettings`): the seed, progress, cancel switch and
@@ -219,7 +220,7 @@ def attribute(
 
 
 #: The most steps one batched pass of :meth:`AttributionMethod.attribute_steps` takes on:
-#: rows of the repeated input, each holding its own activations for the backward.
+#: rows of the repeated input each hold their own activations for the backward.
 STEPS_PER_PASS = 16
 
 

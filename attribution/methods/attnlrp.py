@@ -107,7 +107,7 @@ class AttnLRP(AttributionMethod):
         params: dict[str, Any],
         run: RunContext,
     ) -> np.ndarray:
-        """One patched forward of the text repeated once per step, one backward."""
+        """One patched forward of the text, one backward per step through its graph."""
         rows = lrp_steps(adapter, inputs, target, steps, cls.pe_aware, **_rules(params))
-        run.count(forward=len(steps), backward=len(steps))
+        run.count(forward=1, backward=len(steps))
         return rows

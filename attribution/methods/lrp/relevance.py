@@ -27,8 +27,7 @@ from attrlab.attribution.methods.lrp.accounting import absorbed_by_biases
 from attrlab.attribution.methods.lrp.patches import Recorder, transformer_lrp
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.layouts import layout_for
-from attrlab.attribution.perturb import repeated
-from attrlab.attribution.target import StepRows, Target
+from attrlab.attribution.target import Target
 from attrlab.attribution.verdicts import lrp_conservation
 
 __all__ = ["LRPResult", "lrp", "lrp_steps", "to_attribution"]
@@ -163,25 +162,36 @@ def lrp_steps(
     """
     Token relevance of each of ``steps`` of ``target``: ``(len(steps), tokens)``, float64.
 
-    Row ``r`` is what :func:`lrp` gives as ``scores`` for step ``steps[r]`` alone, from one
-    patched forward of the text repeated once per step and one backward of the rows' sum
-    (:class:`~attribution.target.StepRows`): the rows do not interact, so each gets its own
-    step's relevance. Arguments as :func:`lrp`'s.
+    Row ``r`` is what :func:`lrp` gives as ``scores`` for step ``steps[r]`` alone: one patched
+    forward of the text, then one backward per step through the same graph (kept between
+    them). A step's relevance needs its own backward (a row of the Jacobian), but the forward
+    and its activations are shared: ``F + S·B`` rather than ``S·(F + B)``, and one input's
+    activations in memory rather than ``S``. Arguments as :func:`lrp`'s.
 
     Raises:
         UnsupportedMethodError: as :func:`lrp`; or an image (no steps).
     """
     if inputs.attribution_layer(adapter) is None:
         raise UnsupportedMethodError("per-step relevance is for a text's answer, not pixels")
-    kwargs = {k: repeated(v, len(steps)) for k, v in inputs.model_kwargs().items()}
     patches = transformer_lrp(
         adapter, layout_for(adapter), pe_aware, gamma_linear, gamma_conv, False, attention_rule
     )
+    explained = target.in_logits()  # an answer's steps in logits: no LRP rule for log-softmax
     with torch.enable_grad(), patches as recorder:
-        score = _score(adapter, StepRows(target, tuple(steps)), kwargs)
+        per_step = explained.step_scores(explained.outputs(adapter, **inputs.model_kwargs()))[0]
         if recorder.embedding_sum is None:
             raise UnsupportedMethodError("no relevance reached the input embedding of this model")
-        (grad,) = torch.autograd.grad(score, recorder.embedding_sum)
+        if not per_step.requires_grad:
+            raise UnsupportedMethodError(
+                "the model's output does not depend on its input embedding"
+            )
+        last = len(steps) - 1
+        grad = torch.cat(
+            [
+                torch.autograd.grad(per_step[k], recorder.embedding_sum, retain_graph=r < last)[0]
+                for r, k in enumerate(steps)
+            ]
+        )
     token, _, _ = positional.embedding_split(recorder, grad)
     return token.detach().double().cpu().numpy()
 
