@@ -360,6 +360,7 @@ def _batch(args: argparse.Namespace) -> int:
     finally:
         checker.close()
     dataset = unique_ids(_batch_rows(args.input))  # read whole before the output changes
+    _check_features(dataset)
     if not dataset:
         what = f"images ({', '.join(IMAGE_SUFFIXES)})" if Path(args.input).is_dir() else "lines"
         raise InvalidInputError(f"input '{args.input}' holds no {what} to explain")
@@ -429,6 +430,23 @@ def _first_request(config: Any) -> Any:
         methods=config.methods,
         params=config.params,
     )
+
+
+def _check_features(rows: Sequence[Any]) -> None:
+    """
+    Refuse, before any work, a row whose granularity or spans cannot be explained.
+
+    Raises:
+        InvalidInputError, InvalidParameterError: naming the row (exit 2).
+    """
+    from attrlab.attribution.features import check_features
+
+    for row in rows:
+        if row.problem is None:
+            try:
+                check_features(row.granularity, row.spans, row.text)
+            except AttrlabError as err:
+                raise type(err)(f"row '{row.id}': {err}") from None
 
 
 def _batch_rows(path: str) -> Iterator[Any]:

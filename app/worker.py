@@ -570,6 +570,8 @@ class BatchRequest(WorkerRequest[list[InstanceResults]]):
                 image=instance.image,
                 target=instance.target,
                 answer=instance.answer,
+                granularity=instance.granularity,
+                spans=instance.spans,
                 problem=instance.problem,
                 method=method,
                 params=self.params.get(method, {}),
