@@ -38,10 +38,11 @@ from attrlab.app.worker import (
     ExplainWorker,
     Instance,
     WorkerRequest,
+    check_instance_features,
 )
 from attrlab.attribution.answers import MAX_NEW_TOKENS, AnswerSpec, answer_asked
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
-from attrlab.attribution.features import GRANULARITIES, check_features
+from attrlab.attribution.features import GRANULARITIES
 from attrlab.attribution.methods import available_methods
 from attrlab.attribution.methods.catalog import catalog_entries
 from attrlab.attribution.models import BUILTIN_MODELS, default_model
@@ -198,12 +199,7 @@ _PerStep = Annotated[
 
 
 class _FeaturesBody(BaseModel):
-    """
-    A text's features: what its scores are given to (all optional).
-
-    Checked by the library (:func:`attribution.features.check_features`) against the text,
-    before anything is queued: a bad span is a 422 that names it.
-    """
+    """A text's features: what its scores are given to (all optional; checked by the worker)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -221,16 +217,7 @@ class _FeaturesBody(BaseModel):
         description="With granularity 'span': [start, end] character spans of the text, e.g. "
         "one per retrieved document",
     )
-
     text: str | None = Field(None, description="The text to explain (text models)")
-
-    @model_validator(mode="after")
-    def _features(self) -> _FeaturesBody:
-        try:
-            check_features(self.granularity, self.spans, self.text)
-        except AttrlabError as err:
-            raise ValueError(str(err)) from None
-        return self
 
 
 class _InputBody(_AnswerBody, _FeaturesBody):
@@ -726,8 +713,9 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
                 f"a job holds at most {settings.max_job_instances} instances on this server; "
                 f"got {total}"
             )
-        # methods, parameters and model, before storing
+        # methods, parameters and model, and every instance's features, before storing
         worker.validate(body.to_batch([0]), strict=True)
+        check_instance_features(body.instances or [])
         job_id = jobs.submit(body.model_dump(mode="json"), total)
         return job_status_of(job_id)
 

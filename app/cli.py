@@ -337,7 +337,7 @@ def _batch(args: argparse.Namespace) -> int:
         unique_ids,
     )
     from attrlab.app.progress import CommandProgress
-    from attrlab.app.worker import ExplainWorker
+    from attrlab.app.worker import ExplainWorker, check_instance_features
     from attrlab.attribution.errors import InvalidInputError
     from attrlab.attribution.gate import checked_params
 
@@ -360,7 +360,7 @@ def _batch(args: argparse.Namespace) -> int:
     finally:
         checker.close()
     dataset = unique_ids(_batch_rows(args.input))  # read whole before the output changes
-    _check_features(dataset)
+    check_instance_features(dataset, lambda _, row: f"row '{row.id}'")  # exit 2, before work
     if not dataset:
         what = f"images ({', '.join(IMAGE_SUFFIXES)})" if Path(args.input).is_dir() else "lines"
         raise InvalidInputError(f"input '{args.input}' holds no {what} to explain")
@@ -430,23 +430,6 @@ def _first_request(config: Any) -> Any:
         methods=config.methods,
         params=config.params,
     )
-
-
-def _check_features(rows: Sequence[Any]) -> None:
-    """
-    Refuse, before any work, a row whose granularity or spans cannot be explained.
-
-    Raises:
-        InvalidInputError, InvalidParameterError: naming the row (exit 2).
-    """
-    from attrlab.attribution.features import check_features
-
-    for row in rows:
-        if row.problem is None:
-            try:
-                check_features(row.granularity, row.spans, row.text)
-            except AttrlabError as err:
-                raise type(err)(f"row '{row.id}': {err}") from None
 
 
 def _batch_rows(path: str) -> Iterator[Any]:

@@ -87,19 +87,21 @@ def test_a_rest_batch_explains_each_instance_at_its_own_granularity(served):
 
 
 @pytest.mark.parametrize(
-    ("instance", "words"),
+    ("instance", "status", "words"),
     [
-        ({"granularity": "span", "spans": [[0, 99]]}, "span 1 [0, 99] must satisfy"),
-        ({"granularity": "span", "spans": [[0, 5], [3, 9]]}, "overlap"),
-        ({"granularity": "span"}, "granularity=span needs spans"),
-        ({"granularity": "paragraph"}, "granularity must be one of"),
+        ({"granularity": "span", "spans": [[0, 99]]}, 400, "instances[1]: span 1 [0, 99] must"),
+        ({"granularity": "span", "spans": [[0, 5], [3, 9]]}, 400, "instances[1]: spans [0, 5]"),
+        ({"granularity": "span"}, 422, "instances[1]: granularity=span needs spans"),
+        ({"granularity": "paragraph"}, 422, "instances[1]: granularity must be one of"),
     ],
 )
-def test_a_rest_batch_refuses_a_bad_span_by_name(served, instance, words):
-    body = {"model": LM, "method": "gradient_x_input", "instances": [{"text": TEXT, **instance}]}
+def test_a_rest_batch_refuses_a_bad_span_by_name(served, instance, status, words):
+    # as a single request refuses it (400 invalid input, 422 invalid parameter), nothing queued
+    instances = [{"text": TEXT}, {"text": TEXT, **instance}]
+    body = {"model": LM, "method": "gradient_x_input", "instances": instances}
     for route in ("/api/v1/explain", "/api/v1/jobs"):
         response = served.post(route, json=body)
-        assert response.status_code == 422, response.text
+        assert response.status_code == status, response.text
         assert words in response.json()["error"]["message"]
 
 
