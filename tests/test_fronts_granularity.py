@@ -10,6 +10,7 @@ forward on the template's text.
 from __future__ import annotations
 
 import json
+import re
 from contextlib import contextmanager
 
 import numpy as np
@@ -29,7 +30,7 @@ from attrlab.attribution.errors import InvalidInputError
 from attrlab.attribution.explain import preview
 from attrlab.attribution.features import read_spans
 from attrlab.attribution.runs import prepare_input
-from attrlab.viz.answer import answer_html, steps_figure
+from attrlab.viz.answer import answer_html, step_row_html, steps_figure
 from attrlab.viz.text import token_columns_html
 
 LM = "tiny-random-gpt2"
@@ -199,10 +200,11 @@ def test_a_chat_templates_tokens_are_greyed_in_the_maps_and_the_heatmap(load_mod
     template = [not t.strip() or "|" in t for t in e.token_texts]  # <|user|>, spaces, ...
     assert e.special_tokens is not None and e.special_tokens == inputs.special_tokens.tolist()
     assert sum(e.special_tokens) >= 3 and any(template)
-    for page in (answer_html(e), token_columns_html({"gxi": e})):
+    for page in (answer_html(e), token_columns_html({"gxi": e}), step_row_html(e, 2)):
         greyed = page.count('class="kept-out"')
         assert greyed == sum(e.special_tokens)  # shown, not coloured
-        assert page.count("data-score=") == len(e.token_texts)  # none hidden
+        assert len(re.findall("<span[^>]* title=", page)) == len(e.token_texts)  # none hidden
+    assert answer_html(e).count("data-score=") == len(e.token_texts)
     heatmap = steps_figure(e).data[0]
     columns = np.isnan(np.asarray(heatmap.z, dtype=float)).all(axis=0)
     assert columns[np.asarray(e.special_tokens)].all()  # blank columns under greyed ticks

@@ -166,11 +166,12 @@ def answer_html(explanation: Explanation, view: View = TEXT_VIEW, chosen: int | 
         zip(texts, explanation.scores, shown, strict=True)
     ):
         step = position - layout.prompt_length
-        if special[position]:
-            spans.append(kept_out_span(text, float(raw)))
-        elif step < 0:
-            spans.append(token_span(text, float(raw), float(value), view))
-        if step < 0 or special[position]:
+        if step < 0:  # the prompt's (an answer's tokens are never special)
+            spans.append(
+                kept_out_span(text, float(raw))
+                if special[position]
+                else token_span(text, float(raw), float(value), view)
+            )
             continue
         mark = _ANSWER_MARK + (_CHOSEN_MARK if step == chosen else "")
         attributes = f'class="answer-token" data-step="{step}"'
@@ -312,10 +313,12 @@ def step_row_html(explanation: Explanation, step: int, view: View = TEXT_VIEW) -
     shown = _scaled_outside(row[: own.sources], special[: own.sources], view)
     spans = []
     for position, text in enumerate(explanation.token_texts or []):
-        if position < own.sources and special[position]:
-            spans.append(kept_out_span(text, float(row[position])))
-        elif position < own.sources:
-            spans.append(token_span(text, float(row[position]), float(shown[position]), view))
+        if position < own.sources:
+            spans.append(
+                kept_out_span(text, float(row[position]))
+                if special[position]
+                else token_span(text, float(row[position]), float(shown[position]), view)
+            )
             continue
         chosen = not own.alternative and position == layout.prompt_length + own.index
         style = _NOT_SOURCE_STYLE + (_CHOSEN_MARK + "opacity:1;" if chosen else "")
