@@ -22,13 +22,18 @@ def _run(page: Page) -> None:
     page.locator("#next-run").click()
 
 
-def test_a_prompt_by_words_then_by_typed_spans_and_its_link(page: Page):
+def _prompt(page: Page, prompt: str) -> None:
+    """The Language model tab on the tiny model, with ``prompt``, gradient × input alone."""
     tab(page, "Language model")
     model = page.locator("#next-model input")
     model.fill(MODEL)
     model.press("Enter")
-    page.locator("#next-input textarea").fill(PROMPT)
+    page.locator("#next-input textarea").fill(prompt)
     page.locator("#next-methods").get_by_label("attnlrp", exact=False).first.uncheck()
+
+
+def test_a_prompt_by_words_then_by_typed_spans_and_its_link(page: Page):
+    _prompt(page, PROMPT)
     _run(page)  # by tokens first: gradient × input
     column = page.locator("#next-maps .attr-column")
     expect(column).to_have_attribute("data-granularity", "token", timeout=120_000)
@@ -75,3 +80,31 @@ def test_a_prompt_by_words_then_by_typed_spans_and_its_link(page: Page):
     expect(page.locator("#next-granularity input[value='span']")).to_be_checked()
     expect(page.locator("#next-maps span[data-feature]")).to_have_count(2, timeout=120_000)
     no_errors(page)
+
+
+def test_a_contrast_takes_the_picked_token_and_predict_follows_the_chat_box(page: Page):
+    _prompt(page, "the cat sat on the")
+    page.locator("#next-predict").click()
+    menu = page.locator("#next-target input")
+    page.wait_for_function(  # the predictions fill the menu
+        "() => document.querySelector('#next-prediction')?.innerText.includes('%')",
+        timeout=60_000,
+    )
+    menu.click()
+    options = page.get_by_role("option")
+    expect(options).to_have_count(6)  # the top prediction, then the five
+    picked = options.nth(2).inner_text()  # the second prediction: not the greedy token
+    options.nth(2).click()
+    page.locator("#next-contrast textarea").fill(" floor")
+    _run(page)
+    answer = page.locator("#next-answer-view .answer-token")
+    expect(answer).to_have_count(1, timeout=120_000)
+    assert picked.startswith(f"'{answer.inner_text()}' (")  # the menu's label of that token
+    expect(page.locator("#next-answer-view .alternative-token")).to_have_text(" floor")
+    no_errors(page)
+
+    # Predict asks for the tokens after the chat template: this model has none, and says so
+    page.locator("#next-chat input").check()
+    page.locator("#next-predict").click()
+    page.wait_for_function("() => window.__errors.length > 0", timeout=30_000)
+    assert "has no chat template" in errors(page)[0]
