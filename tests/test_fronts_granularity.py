@@ -15,12 +15,15 @@ from contextlib import contextmanager
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 import torch
 from _jobs import job_settings
 from fastapi.testclient import TestClient
 
+from attrlab.app.batch import DatasetRow
 from attrlab.app.cli import main
+from attrlab.app.engine_ray import ExplainActor, ray_items
 from attrlab.app.server import create_app
 from attrlab.app.ui.answers import AskedAnswer
 from attrlab.app.worker import ExplainWorker
@@ -29,6 +32,7 @@ from attrlab.attribution.answers import AnswerSpec, answer_request
 from attrlab.attribution.errors import InvalidInputError
 from attrlab.attribution.explain import preview
 from attrlab.attribution.features import read_spans
+from attrlab.attribution.rows import dataset_line
 from attrlab.attribution.runs import prepare_input
 from attrlab.viz.answer import answer_html, step_row_html, steps_figure
 from attrlab.viz.text import token_columns_html
@@ -210,3 +214,19 @@ def test_a_chat_templates_tokens_are_greyed_in_the_maps_and_the_heatmap(load_mod
     assert columns[np.asarray(e.special_tokens)].all()  # blank columns under greyed ticks
     ticks = steps_figure(e).layout.xaxis.ticktext
     assert all(("#9ca3af" in t) == s for t, s in zip(ticks, e.special_tokens, strict=True))
+
+
+def test_a_rows_features_survive_a_dataset_line_and_the_ray_engines_rows():
+    line = dataset_line(1, json.dumps({"text": TEXT, "granularity": "span", "spans": [[4, 16]]}))
+    assert (line.granularity, line.spans, line.problem) == ("span", [[4, 16]], None)
+    bad = dataset_line(2, json.dumps({"text": TEXT, "granularity": "span", "spans": "4-16"}))
+    assert "line 2: spans must be a list" in bad.problem
+    rows = [
+        DatasetRow(id="a", text=TEXT, granularity=line.granularity, spans=line.spans),
+        DatasetRow(id="b", text=TEXT, granularity="sentence"),
+        DatasetRow(id="c", text=TEXT),
+    ]
+    # as Ray hands a batch to an actor: the items through Arrow, then pandas
+    batch = pa.Table.from_pylist(ray_items(rows)).to_pandas()
+    assert ExplainActor.dataset_rows(batch) == rows
+    assert [r.instance().spans for r in rows] == [[[4, 16]], None, None]
