@@ -31,6 +31,7 @@ from attrlab.attribution import explain
 from attrlab.attribution.answers import AnswerSpec, answer_request
 from attrlab.attribution.errors import InvalidInputError
 from attrlab.attribution.explain import preview
+from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.features import read_spans
 from attrlab.attribution.rows import dataset_line
 from attrlab.attribution.runs import prepare_input
@@ -204,6 +205,9 @@ def test_a_chat_templates_tokens_are_greyed_in_the_maps_and_the_heatmap(load_mod
     template = [not t.strip() or "|" in t for t in e.token_texts]  # <|user|>, spaces, ...
     assert e.special_tokens is not None and e.special_tokens == inputs.special_tokens.tolist()
     assert sum(e.special_tokens) >= 3 and any(template)
+    assert Explanation.from_json(e.to_json()).special_tokens == e.special_tokens
+    older = {k: v for k, v in e.to_dict().items() if k != "special_tokens"}
+    assert Explanation.from_dict(older).special_tokens is None  # files before the field
     for page in (answer_html(e), token_columns_html({"gxi": e}), step_row_html(e, 2)):
         greyed = page.count('class="kept-out"')
         assert greyed == sum(e.special_tokens)  # shown, not coloured
