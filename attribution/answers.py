@@ -342,13 +342,14 @@ def given_answer(adapter: Adapter, text: str) -> Answer:
     return Answer(tuple(int(i) for i in ids), text, offsets=offsets)
 
 
-def next_token_answer(adapter: Adapter, prompt: TextInputs, token: int | str) -> Answer:
+def next_token_answer(adapter: Adapter, prompt: TextInputs, token: int | str | None) -> Answer:
     """
     The next token ``token`` of ``prompt`` as a one-token answer.
 
-    ``token`` is an index or a label, read as a next-token target is (the model's own logits
-    after the prompt resolve a label, as :meth:`~attribution.models.base.Adapter.target_index`
-    does).
+    ``token`` is an index, a label or ``None`` (the model's own top prediction, recorded as
+    generated), read as a next-token target is, from the model's logits after the prompt
+    (:meth:`~attribution.models.base.Adapter.target_index`). Unlike a generated answer it may
+    be the end-of-sequence token: why the model would stop here is a question too.
 
     Raises:
         InvalidInputError: an index out of the vocabulary or an unknown label.
@@ -358,7 +359,7 @@ def next_token_answer(adapter: Adapter, prompt: TextInputs, token: int | str) ->
         logits = decoder.logits(**prompt.model_kwargs())[0]
     index = decoder.target_index(token, logits)
     text = "".join(continuation_texts(decoder.tokenizer, [index]))
-    return Answer((index,), text)
+    return Answer((index,), text, generated=token is None)
 
 
 def generate_answer(
@@ -606,10 +607,10 @@ def answer_request(
     prompt_tokens = prompt_inputs(adapter, prompt, chat)
     if answer is not None:
         found = given_answer(adapter, answer)
-    elif token is not None:
-        found = next_token_answer(adapter, prompt_tokens, token)
+    elif generate is not None:
+        found = generate_answer(adapter, prompt_tokens, generate, stop)
     else:
-        found = generate_answer(adapter, prompt_tokens, 1 if generate is None else generate, stop)
+        found = next_token_answer(adapter, prompt_tokens, token)
     inputs = answer_inputs(adapter, prompt_tokens, found)
     target: Target = answer_target(adapter, inputs, found)
     if contrast is not None:
