@@ -38,6 +38,7 @@ from attrlab.app.worker import (
     ExplainWorker,
     Instance,
     WorkerRequest,
+    check_instance_features,
 )
 from attrlab.attribution.answers import MAX_NEW_TOKENS, AnswerSpec, answer_asked
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
@@ -171,7 +172,7 @@ class _AnswerBody(BaseModel):
         None,
         examples=[" Lyon"],
         description="An alternative continuation: explain log p(answer) − log p(contrast) "
-        "(the answer defaults to the model's next token)",
+        "(without an answer: the target's next token, by default the model's own)",
     )
     chat: bool = Field(
         False, description="Wrap the text in the tokenizer's chat template as a user turn"
@@ -197,7 +198,29 @@ _PerStep = Annotated[
 ]
 
 
-class _InputBody(_AnswerBody):
+class _FeaturesBody(BaseModel):
+    """A text's features: what its scores are given to (all optional; checked by the worker)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    granularity: str = Field(
+        "token",
+        max_length=20,
+        description="Text: what the scores are given to: each token, word, sentence or span "
+        "(perturbation methods hide whole features; the Explanation adds 'features' and "
+        "'feature_scores')",
+        json_schema_extra={"enum": list(GRANULARITIES)},
+    )
+    spans: list[list[_WholeNumber]] | None = Field(
+        None,
+        max_length=10_000,
+        description="With granularity 'span': [start, end] character spans of the text, e.g. "
+        "one per retrieved document",
+    )
+    text: str | None = Field(None, description="The text to explain (text models)")
+
+
+class _InputBody(_AnswerBody, _FeaturesBody):
     """What every request names: the input, the model and the target (or an answer)."""
 
     model_config = ConfigDict(
@@ -213,7 +236,6 @@ class _InputBody(_AnswerBody):
         description="Default: minilm-zeroshot for text, smollm2-135m with next_token, "
         "efficientnet-lite0 for images",
     )
-    text: str | None = Field(None, description="The text to explain (text models)")
     image_base64: str | None = Field(
         None, description="The image file's bytes (PNG, JPEG, ...), base64-encoded"
     )
@@ -221,20 +243,6 @@ class _InputBody(_AnswerBody):
     target: _Target = None
     seed: _WholeNumber = Field(0, ge=0, le=2**32 - 1)
     next_token: bool = Field(False, description="Explain a decoder LM's next token")
-    granularity: str = Field(
-        "token",
-        max_length=20,
-        description="Text: what the scores are given to: each token, word, sentence or span "
-        "(perturbation methods hide whole features; the Explanation adds 'features' and "
-        "'feature_scores')",
-        json_schema_extra={"enum": list(GRANULARITIES)},
-    )
-    spans: list[list[_WholeNumber]] | None = Field(
-        None,
-        max_length=10_000,
-        description="With granularity 'span': [start, end] character spans of the text, e.g. "
-        "one per retrieved document",
-    )
 
     def input_fields(self, per_step: bool = False) -> dict[str, Any]:
         """The worker request's input fields; the image's bytes decoded (the image is not)."""
@@ -265,17 +273,17 @@ def _decoded(image_base64: str | None) -> bytes | None:
         raise InvalidInputError("image_base64 is not valid base64") from None
 
 
-class InstanceBody(_AnswerBody):
+class InstanceBody(_AnswerBody, _FeaturesBody):
     """
     One input of a batch: a text or an image, and optionally the output to explain.
 
     A text for a decoder LM may carry the answer to explain instead (``answer`` or
-    ``generate``, ``contrast``, ...), each instance its own.
+    ``generate``, ``contrast``, ...), and any text its ``granularity`` and ``spans``, each
+    instance its own.
     """
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    text: str | None = Field(None, description="The text to explain (text models)")
     image_base64: str | None = Field(
         None, description="The image file's bytes (PNG, JPEG, ...), base64-encoded"
     )
@@ -289,7 +297,14 @@ class InstanceBody(_AnswerBody):
             answer = self.answer_spec(self.per_step)
         except AttrlabError as err:
             return Instance(problem=str(err))
-        return Instance(text=self.text, image=image, target=self.target, answer=answer)
+        return Instance(
+            text=self.text,
+            image=image,
+            target=self.target,
+            answer=answer,
+            granularity=self.granularity,
+            spans=self.spans,
+        )
 
 
 class ExplainBody(_InputBody):
@@ -361,8 +376,7 @@ class ExplainBody(_InputBody):
                 )
             if self.granularity != "token" or self.spans is not None:
                 raise ValueError(
-                    "a batch ('instances') is explained per token: leave out "
-                    "'granularity' and 'spans'"
+                    "with 'instances', each instance carries its own granularity and spans"
                 )
             if (self.method is None) == (self.methods is None):
                 raise ValueError("a batch names 'method' or 'methods'")
@@ -699,8 +713,9 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
                 f"a job holds at most {settings.max_job_instances} instances on this server; "
                 f"got {total}"
             )
-        # methods, parameters and model, before storing
+        # methods, parameters and model, and every instance's features, before storing
         worker.validate(body.to_batch([0]), strict=True)
+        check_instance_features(body.instances or [])
         job_id = jobs.submit(body.model_dump(mode="json"), total)
         return job_status_of(job_id)
 

@@ -77,7 +77,8 @@ class DatasetRow:
     """
     One input of a dataset: its id, a text or the image file's bytes, an optional target.
 
-    A text row may instead ask about a decoder LM's answer (``answer``).
+    A text row may instead ask about a decoder LM's answer (``answer``), and be explained
+    by its words, sentences or spans (``granularity``, ``spans``).
     """
 
     id: str
@@ -85,6 +86,8 @@ class DatasetRow:
     image: bytes | None = None
     target: int | str | None = None
     answer: AnswerSpec | None = None
+    granularity: str = "token"
+    spans: list[list[int]] | None = None
     #: Why the row could not be read (bad JSON, a missing file): recorded as its result.
     problem: str | None = None
 
@@ -95,6 +98,8 @@ class DatasetRow:
             image=self.image,
             target=self.target,
             answer=self.answer,
+            granularity=self.granularity,
+            spans=self.spans,
             problem=self.problem,
         )
 
@@ -117,7 +122,13 @@ def dataset_rows(
         row = dataset_line(number, line)
         if row.problem is not None or row.image is None:
             yield DatasetRow(
-                id=row.id, text=row.text, target=row.target, answer=row.answer, problem=row.problem
+                id=row.id,
+                text=row.text,
+                target=row.target,
+                answer=row.answer,
+                granularity=row.granularity,
+                spans=row.spans,
+                problem=row.problem,
             )
             continue
         if read_image is None:
@@ -129,7 +140,9 @@ def dataset_rows(
         except AttrlabError as err:
             yield DatasetRow(id=row.id, problem=f"line {number}: {err}")
             continue
-        yield DatasetRow(id=row.id, image=image, target=row.target)
+        yield DatasetRow(
+            id=row.id, image=image, target=row.target, granularity=row.granularity, spans=row.spans
+        )
 
 
 @dataclass(frozen=True)

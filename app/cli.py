@@ -337,7 +337,7 @@ def _batch(args: argparse.Namespace) -> int:
         unique_ids,
     )
     from attrlab.app.progress import CommandProgress
-    from attrlab.app.worker import ExplainWorker
+    from attrlab.app.worker import ExplainWorker, check_instance_features
     from attrlab.attribution.errors import InvalidInputError
     from attrlab.attribution.gate import checked_params
 
@@ -360,6 +360,7 @@ def _batch(args: argparse.Namespace) -> int:
     finally:
         checker.close()
     dataset = unique_ids(_batch_rows(args.input))  # read whole before the output changes
+    check_instance_features(dataset, lambda _, row: f"row '{row.id}'")  # exit 2, before work
     if not dataset:
         what = f"images ({', '.join(IMAGE_SUFFIXES)})" if Path(args.input).is_dir() else "lines"
         raise InvalidInputError(f"input '{args.input}' holds no {what} to explain")

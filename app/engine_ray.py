@@ -59,6 +59,8 @@ class ExplainActor:
                 image=_value(r["image"]),
                 target=_target(r["target_index"], r["target_label"]),
                 answer=_answer(r["answer"]),
+                granularity=str(r["granularity"]),
+                spans=None if _value(r["spans"]) is None else json.loads(r["spans"]),
                 problem=_value(r["problem"]),
             )
             for r in batch.to_dict("records")
@@ -77,6 +79,8 @@ def ray_items(rows: Sequence[DatasetRow]) -> list[dict[str, Any]]:
             "target_label": r.target if isinstance(r.target, str) else None,
             # an answer's fields as one JSON text
             "answer": None if r.answer is None else json.dumps(r.answer.to_json()),
+            "granularity": r.granularity,
+            "spans": None if r.spans is None else json.dumps(r.spans),  # as one JSON text
             "problem": r.problem,
         }
         for r in rows

@@ -67,6 +67,7 @@ __all__ = [
     "QueueFullError",
     "WorkerClosedError",
     "WorkerRequest",
+    "check_instance_features",
     "parse_param_pairs",
     "visible_devices",
 ]
@@ -135,6 +136,30 @@ class Instance:
         if (self.text is None) == (self.image is None):
             raise InvalidInputError("give exactly one input: a text or an image")
         return "text" if self.text is not None else "image"
+
+
+def check_instance_features(
+    instances: Sequence[Any], name: Callable[[int, Any], str] | None = None
+) -> None:
+    """
+    Refuse the first of a batch's instances whose granularity or spans cannot be explained.
+
+    ``instances``: anything with ``granularity``, ``spans`` and ``text`` (an :class:`Instance`,
+    a REST body's, a dataset row); one that carries its ``problem`` already is left to report
+    it. Needs no model: a batch, a job or a dataset is refused before any work, naming the
+    instance: ``name(number, instance)``, by default ``instances[number]``.
+
+    Raises:
+        InvalidInputError, InvalidParameterError: as :func:`~attribution.features.check_features`,
+            prefixed with the instance's name.
+    """
+    for number, instance in enumerate(instances):
+        if getattr(instance, "problem", None) is None:
+            try:
+                check_features(instance.granularity, instance.spans, instance.text)
+            except AttrlabError as err:
+                named = name(number, instance) if name else f"instances[{number}]"
+                raise type(err)(f"{named}: {err}") from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -547,6 +572,7 @@ class BatchRequest(WorkerRequest[list[InstanceResults]]):
         super().check(settings)
         if not self.methods or not self.instances:
             raise InvalidParameterError("a batch needs at least one method and one instance")
+        check_instance_features(self.instances)
         if settings.max_batch is not None and len(self.instances) > settings.max_batch:
             raise InvalidParameterError(
                 f"a batch holds at most {settings.max_batch} instances on this server; got "
@@ -570,6 +596,8 @@ class BatchRequest(WorkerRequest[list[InstanceResults]]):
                 image=instance.image,
                 target=instance.target,
                 answer=instance.answer,
+                granularity=instance.granularity,
+                spans=instance.spans,
                 problem=instance.problem,
                 method=method,
                 params=self.params.get(method, {}),

@@ -51,6 +51,7 @@ __all__ = [
     "decoder_adapter",
     "generate_answer",
     "given_answer",
+    "next_token_answer",
     "prompt_inputs",
     "prompt_of",
     "prompt_prediction",
@@ -137,8 +138,20 @@ class AnswerSpec:
         """The fields that are set (:meth:`from_json` reads them back)."""
         return {name: getattr(self, name) for name in ANSWER_FIELDS if _set(getattr(self, name))}
 
-    def request(self, adapter: Adapter, prompt: str) -> tuple[TextInputs, Target]:
-        """The inputs and target of ``prompt`` and this answer on ``adapter``."""
+    @property
+    def next_token(self) -> bool:
+        """Whether the answer is one next token (no answer given, none generated)."""
+        return self.answer is None and self.generate is None
+
+    def request(
+        self, adapter: Adapter, prompt: str, token: int | str | None = None
+    ) -> tuple[TextInputs, Target]:
+        """
+        The inputs and target of ``prompt`` and this answer on ``adapter``.
+
+        ``token``: the next token that is the answer where :attr:`next_token` (as a target
+        names it: :func:`answer_request`).
+        """
         return answer_request(
             adapter,
             prompt,
@@ -147,6 +160,7 @@ class AnswerSpec:
             contrast=self.contrast,
             chat=self.chat,
             stop=self.stop,
+            token=token,
         )
 
 
@@ -326,6 +340,26 @@ def given_answer(adapter: Adapter, text: str) -> Answer:
         raise InvalidInputError(f"the answer {text!r} gives this model no token")
     offsets = tuple((int(a), int(b)) for a, b in encoded["offset_mapping"]) if fast else None
     return Answer(tuple(int(i) for i in ids), text, offsets=offsets)
+
+
+def next_token_answer(adapter: Adapter, prompt: TextInputs, token: int | str | None) -> Answer:
+    """
+    The next token ``token`` of ``prompt`` as a one-token answer.
+
+    ``token`` is an index, a label or ``None`` (the model's own top prediction, recorded as
+    generated), read as a next-token target is, from the model's logits after the prompt
+    (:meth:`~attribution.models.base.Adapter.target_index`). Unlike a generated answer it may
+    be the end-of-sequence token: why the model would stop here is a question too.
+
+    Raises:
+        InvalidInputError: an index out of the vocabulary or an unknown label.
+    """
+    decoder = decoder_adapter(adapter)
+    with torch.no_grad():
+        logits = decoder.logits(**prompt.model_kwargs())[0]
+    index = decoder.target_index(token, logits)
+    text = "".join(continuation_texts(decoder.tokenizer, [index]))
+    return Answer((index,), text, generated=token is None)
 
 
 def generate_answer(
@@ -544,6 +578,7 @@ def answer_request(
     contrast: str | None = None,
     chat: bool = False,
     stop: str | None = None,
+    token: int | str | None = None,
 ) -> tuple[TextInputs, Target]:
     """
     The inputs and target of a request about a decoder LM's answer: what every front end calls.
@@ -552,21 +587,30 @@ def answer_request(
     own greedy continuation of at most that many tokens instead (ending at ``stop``);
     ``contrast``: an alternative answer, so the target is ``log p(answer) − log p(contrast)``;
     ``chat``: the prompt in the tokenizer's chat template. Without ``answer`` or ``generate``
-    but with ``contrast``, the answer is the model's next token.
+    the answer is one next token: ``token`` (an index or a label, as a next-token target names
+    it: the one a user picked among the predictions), or the model's own next token.
 
     Raises:
-        InvalidInputError: not a decoder LM, a combination :class:`AnswerSpec` refuses, an empty
-            prompt, a contrast that is the answer, or a sequence longer than the model reads.
+        InvalidInputError: not a decoder LM, a combination :class:`AnswerSpec` refuses, a
+            ``token`` beside an answer or ``generate``, a ``token`` out of the vocabulary, an
+            empty prompt, a contrast that is the answer, or a sequence longer than the model
+            reads.
         InvalidParameterError: ``generate`` out of range.
     """
     from attrlab.attribution.target import ContrastTarget
 
-    AnswerSpec(answer=answer, generate=generate, stop=stop, contrast=contrast, chat=chat)
+    spec = AnswerSpec(answer=answer, generate=generate, stop=stop, contrast=contrast, chat=chat)
+    if token is not None and not spec.next_token:
+        raise InvalidInputError(
+            "an answer (given or generated) is itself what is explained: leave out the target"
+        )
     prompt_tokens = prompt_inputs(adapter, prompt, chat)
     if answer is not None:
         found = given_answer(adapter, answer)
+    elif generate is not None:
+        found = generate_answer(adapter, prompt_tokens, generate, stop)
     else:
-        found = generate_answer(adapter, prompt_tokens, 1 if generate is None else generate, stop)
+        found = next_token_answer(adapter, prompt_tokens, token)
     inputs = answer_inputs(adapter, prompt_tokens, found)
     target: Target = answer_target(adapter, inputs, found)
     if contrast is not None:

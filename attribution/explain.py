@@ -160,6 +160,7 @@ def explain(
         # every method's per-token map summed within each feature (a perturbation method's
         # own value per feature, which it spread over the feature's tokens)
         feature_scores=None if features is None else feature_scores(result.scores, features),
+        special_tokens=(inputs.special_tokens.tolist() if isinstance(inputs, TextInputs) else None),
     )
 
 

@@ -107,7 +107,9 @@ class Explanation:
     before them have none. A text explained by words, sentences or spans
     (:mod:`attribution.features`; ``granularity``) has its ``features`` and their
     ``feature_scores``, each the sum of its tokens' ``scores``; at ``token`` level (and in
-    files written before features existed) both are ``None``.
+    files written before features existed) both are ``None``. ``special_tokens`` marks the
+    text's special tokens (a chat template's among them), which no perturbation touches and
+    views show greyed, outside the colour scale (``None``: not recorded, as in older files).
     """
 
     model: ModelInfo
@@ -132,6 +134,7 @@ class Explanation:
     granularity: str = "token"
     features: list[Feature] | None = None
     feature_scores: np.ndarray | None = None
+    special_tokens: list[bool] | None = None
 
     def __post_init__(self) -> None:
         self.scores = np.asarray(self.scores, dtype=np.float64)
@@ -142,6 +145,11 @@ class Explanation:
             raise ValueError(f"{len(self.features or ())} features for {scored} feature scores")
         if self.tokens is not None and self.token_texts is None:
             self.token_texts = texts_from_tokens(self.tokens)
+        if self.special_tokens is not None and len(self.special_tokens) != len(self.tokens or []):
+            raise ValueError(
+                f"{len(self.special_tokens)} special-token marks for {len(self.tokens or [])} "
+                "tokens"
+            )
         if self.tokens is not None and len(self.token_texts or []) != len(self.tokens):
             raise ValueError(
                 f"{len(self.token_texts or [])} token texts for {len(self.tokens)} tokens"
@@ -179,6 +187,7 @@ class Explanation:
             "granularity": self.granularity,
             "features": None if self.features is None else [f.to_dict() for f in self.features],
             "feature_scores": _list_or_none(self.feature_scores),
+            "special_tokens": self.special_tokens,
         }
 
     def to_json(self, indent: int | None = None) -> str:
@@ -219,6 +228,7 @@ class Explanation:
             granularity=data.get("granularity", "token"),
             features=None if features is None else [Feature.from_dict(f) for f in features],
             feature_scores=None if feature_scores is None else np.asarray(feature_scores),
+            special_tokens=data.get("special_tokens"),
         )
 
     @classmethod

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import json
 import re
 import reprlib
 from collections.abc import Sequence
@@ -54,6 +55,7 @@ __all__ = [
     "check_features",
     "feature_scores",
     "features_of",
+    "read_spans",
     "sentence_spans",
     "spread",
     "with_features",
@@ -128,6 +130,46 @@ def check_features(granularity: str, spans: Any = None, text: str | None = None)
         )
     if spans is not None and text is not None:
         _checked_spans(spans, text)
+
+
+#: A span as a person types it: ``start-end`` (``start:end`` and ``start, end`` read too).
+_TYPED_SPAN = re.compile(r"\s*([0-9]{1,9})\s*[-:,]\s*([0-9]{1,9})\s*")
+
+
+def read_spans(typed: str) -> list[list[int]] | None:
+    """
+    Spans as a person types them: one per line, ``start-end`` in characters (end excluded).
+
+    A JSON list of ``[start, end]`` pairs reads too (what the CLI and REST take). Blank lines
+    are skipped; no span at all is ``None``. Whether the spans fit the text is
+    :func:`check_features`' to say.
+
+    Raises:
+        InvalidInputError: a line that is not ``start-end``, or JSON that is not a list.
+    """
+    if typed.lstrip().startswith("["):
+        try:
+            given = json.loads(typed)
+        except ValueError:
+            raise InvalidInputError(
+                f"spans {reprlib.repr(typed)} are not readable JSON; write one span per line, "
+                "start-end, or a JSON list of [start, end] pairs"
+            ) from None
+        if not isinstance(given, list):
+            raise InvalidInputError("spans in JSON are a list of [start, end] pairs")
+        return given
+    spans = []
+    for number, line in enumerate(typed.splitlines(), start=1):
+        if not line.strip():
+            continue
+        match = _TYPED_SPAN.fullmatch(line)
+        if match is None:
+            raise InvalidInputError(
+                f"spans line {number} {reprlib.repr(line.strip())} is not start-end in "
+                "characters, e.g. 0-42"
+            )
+        spans.append([int(match[1]), int(match[2])])
+    return spans or None
 
 
 def _checked_spans(spans: Any, text: str) -> list[tuple[int, int]]:

@@ -2,7 +2,10 @@
 The one reader of dataset lines: JSON Lines, one ``{"id"?, "text" | "image", "target"?}`` each.
 
 A text line may also ask about a decoder LM's answer: ``answer`` or ``generate`` (with
-``stop``), ``contrast``, ``chat``, ``per_step`` (:class:`~attribution.answers.AnswerSpec`).
+``stop``), ``contrast``, ``chat``, ``per_step`` (:class:`~attribution.answers.AnswerSpec`),
+and be explained by its words, sentences or spans: ``granularity`` and ``spans``
+(:mod:`attribution.features`; whether the spans fit the text is checked where it is
+explained, or up front by :func:`~attribution.features.check_features`).
 
 Every front end that reads a dataset file reads it here (``attrlab batch``, ``layers`` and
 ``evaluate`` with ``--input``, the page's uploads), and the REST API refuses a target with the
@@ -17,6 +20,7 @@ from typing import Any
 
 from attrlab.attribution.answers import AnswerSpec
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, parse_json, require_unicode
+from attrlab.attribution.features import check_features
 
 __all__ = ["DatasetLine", "dataset_line", "numbered_lines", "target_problem"]
 
@@ -55,8 +59,11 @@ class DatasetLine:
     image: str | None = None
     target: int | str | None = None
     #: What the line asks about a decoder LM's answer to its text (``None``: its prediction).
-    #: (A line's own features, ``granularity`` and ``spans``, would be read beside it.)
     answer: AnswerSpec | None = None
+    #: What the text's scores are given to (:data:`~attribution.features.GRANULARITIES`).
+    granularity: str = "token"
+    #: The character spans of granularity ``span``.
+    spans: list[list[int]] | None = None
     #: Why the line cannot be a row ("line 3: not JSON (...)"); the other fields are then unset.
     problem: str | None = None
 
@@ -99,10 +106,21 @@ def dataset_line(number: int, line: str) -> DatasetLine:
                 require_unicode(record[name], f"line {number}: the {name}")
     except InvalidInputError as err:
         return DatasetLine(id=f"line-{number}", problem=str(err))
+    if not isinstance(record.get("spans", []), list):
+        return DatasetLine(id=key, problem=f"line {number}: spans must be a list of [start, end]")
     try:
         answer = AnswerSpec.from_json(record)
+        granularity, spans = record.get("granularity", "token"), record.get("spans")
+        check_features(granularity, spans)  # each span, and its fit to the text: later
     except AttrlabError as err:
         return DatasetLine(id=key, problem=f"line {number}: {err}")
     if answer is not None and field == "image":
         return DatasetLine(id=key, problem=f"line {number}: an answer follows a text, not an image")
-    return DatasetLine(id=key, target=target, answer=answer, **{field: record[field]})
+    return DatasetLine(
+        id=key,
+        target=target,
+        answer=answer,
+        granularity=granularity,
+        spans=spans,
+        **{field: record[field]},
+    )

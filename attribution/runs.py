@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol, TypeVar
 
 from attrlab.attribution.answers import AnswerSpec
-from attrlab.attribution.errors import AttrlabError, InvalidInputError, JobCancelledError
+from attrlab.attribution.errors import AttrlabError, JobCancelledError
 from attrlab.attribution.explain import explain
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.features import with_features
@@ -70,23 +70,22 @@ def prepare_input(
 
     ``raw`` (a text or an image) is preprocessed and explained for ``target``; with ``answer``
     the text is a decoder LM's prompt, and inputs and target are the answer's
-    (:func:`attribution.answers.answer_request`). Generating an answer stops at its next
-    forward once ``cancel`` is set. A text is explained at ``granularity`` (its words,
-    sentences or ``spans``: :func:`attribution.features.with_features`).
+    (:func:`attribution.answers.answer_request`; ``target`` is then the next token that is
+    the answer, where none is given or generated: a contrast's, or the chat template's).
+    Generating an answer stops at its next forward once ``cancel`` is set. A text is explained
+    at ``granularity`` (its words, sentences or ``spans``:
+    :func:`attribution.features.with_features`).
 
     Raises:
-        InvalidInputError: a ``target`` beside an answer (the answer is what is explained), and
-            what the adapter or :func:`~attribution.answers.answer_request` refuses.
+        InvalidInputError: a ``target`` beside a given or generated answer (the answer is what
+            is explained), and what the adapter or
+            :func:`~attribution.answers.answer_request` refuses.
         JobCancelledError: ``cancel`` set while the answer is generated.
     """
     if answer is None:
         return Prepared(with_features(adapter.preprocess(raw), granularity, spans), target)
-    if target is not None:
-        raise InvalidInputError(
-            "an answer or contrast is itself what is explained: leave out the target"
-        )
     with cancellable_forwards(adapter.model, cancel):
-        inputs, record = answer.request(adapter, raw)
+        inputs, record = answer.request(adapter, raw, target)
     return Prepared(with_features(inputs, granularity, spans), record, answer.per_step)
 
 

@@ -44,10 +44,10 @@ def runs(monkeypatch) -> list[str]:
 
 
 def _spans(page: Page) -> list[list[tuple[float, tuple[int, ...]]]]:
-    """Per method column: (raw score, background RGB) of each token."""
+    """Per method column: (raw score, background RGB) of each coloured token (not [CLS], [SEP])."""
     return page.evaluate(
         """() => [...document.querySelectorAll('#text-maps .attr-column')].map(column =>
-            [...column.querySelectorAll('span[data-score]')].map(span => [
+            [...column.querySelectorAll('span[data-score]:not(.kept-out)')].map(span => [
                 parseFloat(span.dataset.score),
                 span.style.background.match(/\\d+/g).map(Number),
             ]))"""

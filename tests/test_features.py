@@ -436,4 +436,4 @@ def test_rest_explains_spans_and_refuses_them_in_a_batch(rest):
     assert [f.text for f in e.features] == ["[1] A dull plot.", "[2] Wonderful acting."]
     batch = {"model": "minilm-zeroshot", "method": "occlusion", "granularity": "word"}
     response = rest.post("/api/v1/explain", json={**batch, "instances": [{"text": RAG}]})
-    assert response.status_code == 422 and "per token" in response.text
+    assert response.status_code == 422 and "each instance carries its own" in response.text

@@ -329,19 +329,24 @@ def test_token_columns_colour_each_method_on_its_own_signed_scale():
 
 
 def test_token_columns_of_every_text_method(text_explanations):
+    # [CLS] and [SEP] are greyed, outside the scale: the coloured spans are the words'
     page = token_columns_html(text_explanations)
     assert page.count('class="attr-column"') == len(text_explanations)
     spans = _spans(page)
-    expected = np.concatenate([e.scores for e in text_explanations.values()])
+    words = slice(1, -1)
+    expected = np.concatenate([e.scores[words] for e in text_explanations.values()])
     np.testing.assert_allclose([s[0] for s in spans], expected, rtol=1e-5, atol=1e-300)
-    assert [s[3] for s in spans] == [html.escape(t) for t in BERT_TEXTS] * len(text_explanations)
+    texts = [html.escape(t) for t in BERT_TEXTS[words]]
+    assert [s[3] for s in spans] == texts * len(text_explanations)
+    greyed = re.findall(r'<span class="kept-out" data-score="([^"]*)"[^>]*>([^<]*)<', page)
+    assert [t for _, t in greyed] == ["[CLS]", "[SEP]"] * len(text_explanations)
     for explanation in text_explanations.values():
-        peak = np.abs(explanation.scores).max()
+        peak = np.abs(explanation.scores[words]).max()
         target = html.escape(explanation.target.label)
         assert f"→ {target} (p={explanation.target.probability:.3f})" in page
         if peak > 0:
-            top = int(np.argmax(np.abs(explanation.scores)))
-            colour = _RED if explanation.scores[top] > 0 else _BLUE
+            top = int(np.argmax(np.abs(explanation.scores[words])))
+            colour = _RED if explanation.scores[words][top] > 0 else _BLUE
             assert _spans(token_columns_html({"m": explanation}))[top][1] == colour, (
                 explanation.method
             )

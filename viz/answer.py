@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.target import AnswerTarget, ContrastTarget
-from attrlab.viz.text import TOKEN_STYLE, scale_legend_html, token_span
+from attrlab.viz.text import TOKEN_STYLE, kept_out, kept_out_span, scale_legend_html, token_span
 from attrlab.viz.theme import TEMPLATE
 from attrlab.viz.tokens import token_html, token_tick, token_ticks
 from attrlab.viz.view import TEXT_VIEW, View
@@ -39,6 +39,8 @@ _ANSWER_MARK = "box-shadow:inset 0 -3px 0 rgba(0,0,0,0.6);cursor:pointer;"
 _CHOSEN_MARK = "outline:2px solid #f59e0b;outline-offset:1px;"
 #: A contrast's alternative: not in the input, so uncoloured, in a dashed box.
 _ALTERNATIVE_STYLE = f"{TOKEN_STYLE};border:1px dashed currentColor;cursor:pointer;"
+#: A greyed axis label.
+_GREY = "#9ca3af"
 #: A token that is no source of the step shown (it comes after it).
 _NOT_SOURCE_STYLE = f"{TOKEN_STYLE};opacity:0.35;"
 
@@ -157,14 +159,19 @@ def answer_html(explanation: Explanation, view: View = TEXT_VIEW, chosen: int | 
     """
     layout = _layout(explanation, "the answer's view")
     texts = explanation.token_texts or []
-    shown = view.scaled({"": explanation.scores})[""]
+    special = kept_out(explanation)
+    shown = _scaled_outside(explanation.scores, special, view)
     spans = []
     for position, (text, raw, value) in enumerate(
         zip(texts, explanation.scores, shown, strict=True)
     ):
         step = position - layout.prompt_length
-        if step < 0:
-            spans.append(token_span(text, float(raw), float(value), view))
+        if step < 0:  # the prompt's (an answer's tokens are never special)
+            spans.append(
+                kept_out_span(text, float(raw))
+                if special[position]
+                else token_span(text, float(raw), float(value), view)
+            )
             continue
         mark = _ANSWER_MARK + (_CHOSEN_MARK if step == chosen else "")
         attributes = f'class="answer-token" data-step="{step}"'
@@ -203,13 +210,21 @@ def answer_html(explanation: Explanation, view: View = TEXT_VIEW, chosen: int | 
     )
 
 
+def _scaled_outside(scores: np.ndarray, kept: np.ndarray, view: View) -> np.ndarray:
+    """``scores`` scaled by ``view`` over the tokens not ``kept`` out (those read 0)."""
+    shown = np.zeros(np.shape(scores))
+    shown[~kept] = view.scaled({"": np.asarray(scores)[~kept]})[""]
+    return shown
+
+
 def steps_figure(explanation: Explanation, view: View = TEXT_VIEW) -> go.Figure:
     """
     The step × source heatmap: a row per answer step, a column per token of the input.
 
     Hover gives the value, the row's token and the column's; the cells of tokens a step does
-    not read are blank. Colours follow ``view`` (signed by default, on a scale symmetric
-    around 0 up to the matrix's largest |score|); a line parts the prompt from the answer.
+    not read, and of special tokens (greyed on the axis), are blank. Colours follow ``view``
+    (signed by default, on a scale symmetric around 0 up to the matrix's largest |score|); a
+    line parts the prompt from the answer.
 
     Raises:
         ValueError: not an answer's explanation, or no per-step matrix.
@@ -217,9 +232,13 @@ def steps_figure(explanation: Explanation, view: View = TEXT_VIEW) -> go.Figure:
     layout = _layout(explanation, "the per-step matrix")
     matrix = step_matrix(explanation)
     texts = explanation.token_texts or []
-    columns = token_ticks(texts)
+    special = kept_out(explanation)
+    columns = [
+        f'<span style="color:{_GREY}">{tick}</span>' if kept else tick
+        for tick, kept in zip(token_ticks(texts), special, strict=True)
+    ]
     rows = [step.tick(layout.contrast) for step in layout.steps]
-    readable = ~np.isnan(matrix)
+    readable = ~np.isnan(matrix) & ~special[None, :]  # special columns: blank, greyed ticks
     peak = view.peak(matrix[readable]) if readable.any() else 0.0
     peak = peak or 1.0
     low, high = view.colour_range
@@ -290,12 +309,16 @@ def step_row_html(explanation: Explanation, step: int, view: View = TEXT_VIEW) -
     if not 0 <= step < len(layout.steps):
         raise ValueError(f"the answer has {len(layout.steps)} steps; there is no step {step + 1}")
     row, own = matrix[step], layout.steps[step]
-    readable = row[: own.sources]
-    shown = view.scaled({"": readable})[""]
+    special = kept_out(explanation)
+    shown = _scaled_outside(row[: own.sources], special[: own.sources], view)
     spans = []
     for position, text in enumerate(explanation.token_texts or []):
         if position < own.sources:
-            spans.append(token_span(text, float(row[position]), float(shown[position]), view))
+            spans.append(
+                kept_out_span(text, float(row[position]))
+                if special[position]
+                else token_span(text, float(row[position]), float(shown[position]), view)
+            )
             continue
         chosen = not own.alternative and position == layout.prompt_length + own.index
         style = _NOT_SOURCE_STYLE + (_CHOSEN_MARK + "opacity:1;" if chosen else "")

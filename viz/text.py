@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import html
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import plotly.graph_objects as go
 
 from attrlab.attribution.explanation import Explanation
+from attrlab.attribution.features import Feature
 from attrlab.attribution.target import ContrastTarget
 from attrlab.viz.theme import TEMPLATE
 from attrlab.viz.tokens import token_html, token_label, token_tick, token_ticks
 from attrlab.viz.view import TEXT_VIEW, View
 
 __all__ = [
+    "KEPT_OUT_STYLE",
     "diverging_colour",
+    "kept_out",
+    "kept_out_span",
     "positional_figure_tokens",
     "scale_legend_html",
     "text_colour",
@@ -117,34 +122,130 @@ TOKEN_STYLE = "padding:1px 3px;margin:1px;border-radius:3px;display:inline-block
 
 
 def token_span(
-    text: str, raw: float, value: float, view: View, attributes: str = "", style: str = ""
+    text: str,
+    raw: float,
+    value: float,
+    view: View,
+    attributes: str = "",
+    style: str = "",
+    about: str = "",
 ) -> str:
     """
     One token's box, coloured by its scaled ``value`` in ``view``; ``raw`` in its tooltip.
 
-    ``attributes`` and ``style`` are added to the element's own (a mark, a click target).
+    ``attributes`` and ``style`` are added to the element's own (a mark, a click target);
+    ``about`` (plain text) precedes the score in the tooltip.
     """
     background = view.colour(value)
     extra = f" {attributes}" if attributes else ""
     more = f";{style}" if style else ""
+    title = f"{html.escape(about)}: {raw:.6g}" if about else f"{raw:.6g}"
     return (
-        f'<span data-score="{raw:.6g}" title="{raw:.6g}"{extra} '
+        f'<span data-score="{raw:.6g}" title="{title}"{extra} '
         f'style="background:rgb{background};color:{text_colour(background)};{TOKEN_STYLE}{more}">'
         f"{token_html(text)}</span>"
     )
 
 
-def _column_html(method: str, explanation: Explanation, shown: np.ndarray, view: View) -> str:
-    target = explanation.target
+#: Why a token is greyed: it is special, or (in a view by features) in no feature.
+_SPECIAL = "special token: kept as it is, not coloured"
+_NO_FEATURE = "in no feature: kept as it is, not coloured"
+
+
+#: A token kept out of a map (a special or chat-template token, or one in no feature): grey,
+#: on no colour of the scale.
+KEPT_OUT_STYLE = f"{TOKEN_STYLE};background:#e5e7eb;color:#6b7280;border:1px dotted #9ca3af"
+
+
+def kept_out(explanation: Explanation) -> np.ndarray:
+    """Bool per token: the special tokens (a chat template's among them), shown greyed."""
+    count = len(explanation.token_texts or [])
+    if explanation.special_tokens is None:
+        return np.zeros(count, dtype=bool)
+    return np.asarray(explanation.special_tokens, dtype=bool)
+
+
+def kept_out_span(text: str, raw: float, why: str = _SPECIAL, attributes: str = "") -> str:
+    """A greyed token's box: ``why`` it is not coloured, and its ``raw`` score, in its title."""
+    extra = f" {attributes}" if attributes else ""
+    return (
+        f'<span class="kept-out" data-score="{raw:.6g}" title="{html.escape(why)} '
+        f'(score {raw:.6g})"{extra} style="{KEPT_OUT_STYLE}">{token_html(text)}</span>'
+    )
+
+
+@dataclass(frozen=True)
+class _Box:
+    """One box of a token view: a token, or a whole feature; ``why`` it is greyed, if it is."""
+
+    text: str
+    score: float
+    why: str | None = None
+    feature: int | None = None
+    #: A feature's words on hover.
+    about: str = ""
+
+
+def _feature_words(feature: Feature) -> str:
+    """A feature on hover: its text and how many tokens it holds."""
+    tokens = "1 token" if feature.size == 1 else f"{feature.size} tokens"
+    return f"{feature.text} ({tokens})"
+
+
+def _boxes(explanation: Explanation) -> list[_Box]:
+    """
+    The boxes of a token view: a token each, or with features a feature each.
+
+    A feature reads as its tokens' texts and holds its score (its tokens' sum); a token in no
+    feature (special, an answer's, outside every span) is greyed, as special tokens always are.
+    """
     texts = _texts(explanation, "token_columns_html")
-    spans = [
-        token_span(text, float(raw), float(value), view)
-        for text, raw, value in zip(texts, explanation.scores, shown, strict=True)
-    ]
+    special = kept_out(explanation)
+    features = explanation.features
+    if features is None or explanation.feature_scores is None:
+        return [
+            _Box(text, float(score), _SPECIAL if special[i] else None)
+            for i, (text, score) in enumerate(zip(texts, explanation.scores, strict=True))
+        ]
+    starts = {feature.start: k for k, feature in enumerate(features)}
+    boxes, position = [], 0
+    while position < len(texts):
+        k = starts.get(position)
+        if k is None:
+            why = _SPECIAL if special[position] else _NO_FEATURE
+            boxes.append(_Box(texts[position], float(explanation.scores[position]), why))
+            position += 1
+            continue
+        feature = features[k]
+        text = "".join(texts[feature.start : feature.stop])
+        score = float(explanation.feature_scores[k])
+        boxes.append(_Box(text, score, feature=k, about=_feature_words(feature)))
+        position = feature.stop
+    return boxes
+
+
+def _column_html(
+    method: str, explanation: Explanation, boxes: list[_Box], shown: np.ndarray, view: View
+) -> str:
+    """One method's column; ``shown``: the coloured boxes' scaled values, in order."""
+    target = explanation.target
+    values = iter(shown)
+    spans = []
+    for box in boxes:
+        if box.why is not None:
+            spans.append(kept_out_span(box.text, box.score, box.why))
+        elif box.feature is not None:
+            attributes = f'data-feature="{box.feature}"'
+            value = float(next(values))
+            spans.append(token_span(box.text, box.score, value, view, attributes, about=box.about))
+        else:
+            spans.append(token_span(box.text, box.score, float(next(values)), view))
+    by = "" if explanation.granularity == "token" else f", by {explanation.granularity}"
     return (
         f'<div class="attr-column" data-method="{html.escape(method)}" '
+        f'data-granularity="{html.escape(explanation.granularity)}" '
         'style="flex:1 1 240px;min-width:200px">'
-        f'<div style="font-weight:600">{html.escape(method)}</div>'
+        f'<div style="font-weight:600">{html.escape(method)}{by}</div>'
         f'<div style="font-size:0.85em;opacity:0.8;white-space:pre">→ {token_html(target.label)} '
         f"({_probability(explanation)})</div>"
         f'<div style="line-height:1.9">{"".join(spans)}</div></div>'
@@ -164,15 +265,21 @@ def token_columns_html(explanations: Mapping[str, Explanation], view: View = TEX
 
     Colours follow ``view`` (default: signed, each method over its own largest |score|, since
     methods have different units); each token's ``title`` and ``data-score`` hold its raw score.
+    A text explained by words, sentences or spans shows a box per feature, coloured by its
+    score (``data-feature``: its number; its text and score on hover). Special tokens (and,
+    by features, tokens in no feature) are greyed and left out of the scale.
     """
     if not explanations:
         raise ValueError("token_columns_html needs at least one explanation")
     for method, explanation in explanations.items():
         if explanation.token_texts is None:
             raise ValueError(f"token_columns_html needs text explanations; {method!r} is not")
-    scaled = view.scaled({m: e.scores for m, e in explanations.items()})
+    boxes = {method: _boxes(e) for method, e in explanations.items()}
+    coloured = {m: np.array([b.score for b in bs if b.why is None]) for m, bs in boxes.items()}
+    scaled = view.scaled(coloured)
     columns = "".join(
-        _column_html(method, e, scaled[method], view) for method, e in explanations.items()
+        _column_html(method, e, boxes[method], scaled[method], view)
+        for method, e in explanations.items()
     )
     return (
         '<div class="attr-columns" style="display:flex;flex-wrap:wrap;gap:16px">'

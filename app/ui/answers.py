@@ -15,13 +15,11 @@ from typing import Any
 
 import gradio as gr
 
-from attrlab.app.errors import public_message
-from attrlab.app.ui.explain import ExplainTab
+from attrlab.app.ui.explain import Asked, ExplainTab
 from attrlab.app.ui.link import LinkedTab
 from attrlab.app.ui.results import Result
 from attrlab.app.ui.shared import plot_clicks_js, readable, whole
 from attrlab.attribution.answers import MAX_NEW_TOKENS, AnswerSpec
-from attrlab.attribution.errors import AttrlabError
 from attrlab.viz.view import View
 
 __all__ = ["AskedAnswer", "LanguageModelTab"]
@@ -41,13 +39,13 @@ _NEW_TOKENS = 16
 class AskedAnswer:
     """The answer fields of the page, as typed; :meth:`spec` is what the worker gets."""
 
-    answer: str
-    contrast: str
-    generate: bool
-    max_new_tokens: Any
-    stop: str
-    chat: bool
-    per_step: bool
+    answer: str = ""
+    contrast: str = ""
+    generate: bool = False
+    max_new_tokens: Any = _NEW_TOKENS
+    stop: str = ""
+    chat: bool = False
+    per_step: bool = True
 
     def spec(self) -> AnswerSpec | None:
         """
@@ -76,9 +74,20 @@ class AskedAnswer:
         )
 
     def request_fields(self) -> dict[str, Any]:
-        """The fields of a worker request: the answer in place of the target menu's token."""
+        """
+        The fields of a worker request: the answer asked about.
+
+        A given or generated answer takes the target menu's place; without one the menu's
+        token is the answer (a contrast's, or the chat template's next token).
+        """
         spec = self.spec()
-        return {} if spec is None else {"answer": spec, "target": None}
+        if spec is None:
+            return {}
+        return {"answer": spec} if spec.next_token else {"answer": spec, "target": None}
+
+    def preview_fields(self) -> dict[str, Any]:
+        """Predict's fields: the next tokens after the chat template's prompt, when it is on."""
+        return {"answer": AnswerSpec(chat=True), "target": None} if self.chat else {}
 
     def link_fields(self) -> dict[str, Any]:
         """The fields of a link to the run (:func:`app.ui.link.share_query`)."""
@@ -158,9 +167,8 @@ class LanguageModelTab(ExplainTab):
                     label="Per-step matrix (a row per answer token; its cost is in the cost line)",
                     elem_id=f"{key}-per-step",
                 )
-            # Granularity (token | word | sentence | span) goes here: the features' control.
-        self.target_fields = [self.answer, self.contrast, self.generate, self.max_new_tokens]
-        self.target_fields += [self.stop, self.chat, self.per_step]
+        self.asked_fields += [self.answer, self.contrast, self.generate, self.max_new_tokens]
+        self.asked_fields += [self.stop, self.chat, self.per_step]
 
     def _outputs(self) -> None:
         key = self.key
@@ -204,6 +212,8 @@ class LanguageModelTab(ExplainTab):
         self.answer_view.select(
             self.pick_step, [self.answer_method, self.last, self.view], views, **private
         )
+        # the chat template changes what follows the prompt: the predictions are stale
+        self.chat.input(self.forget_prediction, None, [self.prediction, self.target], **private)
         self.view.change(
             self.redraw_answer,
             [self.answer_method, self.step, self.last, self.view],
@@ -235,69 +245,15 @@ class LanguageModelTab(ExplainTab):
 
     # --- handlers -------------------------------------------------------------------------
 
-    @readable
-    def explain(
-        self,
-        model_,
-        labels_,
-        source_,
-        target_,
-        methods,
-        trust_,
-        randomise_,
-        seed_,
-        params,
-        compare_,
-        previous: Result | None,
-        answer_: str = "",
-        contrast_: str = "",
-        generate_: bool = False,
-        max_new_tokens_: Any = _NEW_TOKENS,
-        stop_: str = "",
-        chat_: bool = False,
-        per_step_: bool = True,
-        request: gr.Request | None = None,
-        progress=gr.Progress(),  # noqa: B008
-    ) -> list:
-        """Run: each chosen method on the next token, or on the answer asked for."""
-        asked = AskedAnswer(answer_, contrast_, generate_, max_new_tokens_, stop_, chat_, per_step_)
-        base = self.instance(model_, labels_, source_, target_, seed_) | asked.request_fields()
-        values = (source_, labels_, methods, trust_, randomise_, params, compare_, previous)
-        result = self.run_methods(base, *values, request, progress)
-        result.fields |= asked.link_fields()
-        return self.show(result, request)
-
-    def price(  # type: ignore[override]  # the answer's fields come first
-        self,
-        answer_,
-        contrast_,
-        generate_,
-        max_new_tokens_,
-        stop_,
-        chat_,
-        per_step_,
-        model_,
-        labels_,
-        source_,
-        target_,
-        seed_,
-        trust_: bool,
-        randomise_: bool,
-        chosen: list[str] | None,
-        *values: Any,
-    ) -> str:
-        """The cost line of the next token or the answer asked for, per-step matrix included."""
-        if not chosen:
-            return ""
-        asked = AskedAnswer(answer_, contrast_, generate_, max_new_tokens_, stop_, chat_, per_step_)
-        try:
-            base = self.instance(model_, labels_, source_, target_, seed_)
-            base |= asked.request_fields()
-        except gr.Error as err:
-            return f"Cost: cannot estimate ({err.message})"
-        except AttrlabError as err:
-            return f"Cost: cannot estimate ({public_message(str(err))})"
-        return self.priced(base, trust_, randomise_, chosen, values)
+    def asked(self, *values: Any) -> Asked:
+        """The granularity's fields (the prompt's features) and the answer's."""
+        features = super().asked(*values[:2])
+        answer = AskedAnswer(*values[2:])
+        return Asked(
+            features.request | answer.request_fields(),
+            features.link | answer.link_fields(),
+            answer.preview_fields(),
+        )
 
     def draw_answer(self, result: Result | None, view_: View | None) -> list[Any]:
         """After a run: the answer's views of its first method, or none for a next token."""

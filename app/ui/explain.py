@@ -15,6 +15,7 @@ from typing import Any
 import gradio as gr
 import numpy as np
 
+from attrlab.app.errors import public_message
 from attrlab.app.ui.files import (
     EXAMPLE_PREFIX,
     example_images,
@@ -50,11 +51,13 @@ from attrlab.app.ui.shared import (
 )
 from attrlab.app.worker import CheckRequest, ExplainRequest, PreviewRequest
 from attrlab.attribution.compare import occluded
+from attrlab.attribution.errors import AttrlabError
+from attrlab.attribution.features import GRANULARITIES, read_spans
 from attrlab.attribution.models import BUILTIN_MODELS, default_model, load_image
 from attrlab.viz.tokens import token_label, token_probabilities
 from attrlab.viz.view import CLIP_MIN, IMAGE_VIEW, SIGNS, TEXT_VIEW, View
 
-__all__ = ["DEFAULT_METHODS", "ExplainTab", "TabSpec"]
+__all__ = ["DEFAULT_METHODS", "Asked", "AskedFeatures", "ExplainTab", "TabSpec"]
 
 #: Methods ticked when a tab opens: fast on a CPU, and of two families (gradient and LRP).
 DEFAULT_METHODS = {
@@ -78,6 +81,43 @@ class TabSpec:
     next_token: bool = False
 
 
+@dataclass(frozen=True)
+class Asked:
+    """
+    What a tab's own fields (:attr:`ExplainTab.asked_fields`) add to a request and its link.
+
+    Attributes:
+        request: Fields of the worker's request (an answer, a granularity and its spans).
+        link: Fields of the run's shared link and export, as typed.
+        preview: Fields of Predict's request (the chat template's prompt).
+    """
+
+    request: dict[str, Any]
+    link: dict[str, Any]
+    preview: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class AskedFeatures:
+    """A text tab's granularity and spans as typed; what the worker gets and a link carries."""
+
+    granularity: str = "token"
+    spans: str = ""
+
+    def asked(self) -> Asked:
+        """
+        The request's ``granularity`` and ``spans`` (those of ``span`` only), and the link's.
+
+        Raises:
+            InvalidInputError: spans that are not one ``start-end`` a line (nor JSON pairs).
+        """
+        granularity = self.granularity or "token"
+        spans = read_spans(self.spans or "") if granularity == "span" else None
+        link = {"granularity": None if granularity == "token" else granularity}
+        link["spans"] = self.spans if granularity == "span" else None
+        return Asked({"granularity": granularity, "spans": spans}, link, {})
+
+
 class ExplainTab:
     """
     One explain tab: its components, and its handlers as methods.
@@ -99,16 +139,17 @@ class ExplainTab:
         self.default_view = IMAGE_VIEW if self.image else TEXT_VIEW
         self.last = gr.State(None)
         self.view = gr.State(self.default_view)
-        #: What is explained beyond the target menu (a language model's answer): last among
-        #: :meth:`explain`'s inputs, first among :meth:`price`'s. None on most tabs.
-        self.target_fields: list[Any] = []
+        #: The tab's own fields of the question (a text's granularity, a language model's
+        #: answer), read by :meth:`asked`: last among :meth:`explain`'s and :meth:`preview`'s
+        #: inputs, first among :meth:`price`'s. None on the image tab.
+        self.asked_fields: list[Any] = []
         self._layout()
         self.params_box = gr.JSON(visible=False)  # method -> parameters, from the widgets
         self.linked = gr.State(False)  # a shared link filled this tab: run it once loaded
         #: What Run hands to :meth:`explain`, in its order.
         self.fields = [self.model, self.labels, self.source, self.target, self.controls.picker]
         self.fields += [self.trust, self.randomise, self.seed, self.params_box]
-        self.fields += [self.compare, self.last, *self.target_fields]
+        self.fields += [self.compare, self.last, *self.asked_fields]
         #: What :meth:`show` fills, in its order.
         self.shown = [self.maps, self.agreement, self.detail_choice, self.detail, self.cards]
         self.shown += [self.randomisation, self.raw, self.link, self.last, self.prediction]
@@ -203,6 +244,33 @@ class ExplainTab:
                 label="Examples",
                 elem_id=f"{key}-examples",
             )
+            self._features()
+
+    def _features(self) -> None:
+        """A text's granularity, and the spans of ``span``."""
+        key = self.key
+        with gr.Row(equal_height=True):
+            self.granularity = gr.Radio(
+                list(GRANULARITIES),
+                value="token",
+                label="Explain by",
+                info=(
+                    "tokens, words, sentences or the spans you give: perturbation methods hide "
+                    "whole features, every map is summed within each"
+                ),
+                scale=2,
+                elem_id=f"{key}-granularity",
+            )
+            self.spans = gr.Textbox(
+                "",
+                label="Spans: one a line, start-end in characters of the text (end excluded)",
+                placeholder="0-42\n43-120",
+                lines=2,
+                visible=False,
+                scale=2,
+                elem_id=f"{key}-spans",
+            )
+        self.asked_fields += [self.granularity, self.spans]
 
     def _options(self) -> None:
         """The run's options: trust cards, the randomisation check, compare, the seed."""
@@ -333,12 +401,21 @@ class ExplainTab:
     def _wire(self) -> None:
         key, api, controls = self.key, self.api, self.controls
         listing = [controls.picker, controls.unavailable, controls.notes]
+        previewed = [self.model, self.labels, self.source, self.target, self.seed]
         self.predict.click(
             self.preview,
-            [self.model, self.labels, self.source, self.target, self.seed, controls.picker],
+            [*previewed, controls.picker, *self.asked_fields],
             [self.prediction, self.target, *listing],
             api_name=f"predict_{api}",
         )
+        if not self.image:  # the spans' box is there for granularity span only
+            self.granularity.change(
+                lambda granularity: gr.update(visible=granularity == "span"),
+                self.granularity,
+                self.spans,
+                api_visibility="private",
+                show_progress="hidden",
+            )
         controls.wire()
         if self.occlusion is not None:
             self.source.select(
@@ -449,9 +526,9 @@ class ExplainTab:
         triggers += [self.target.change, self.labels.change]
         triggers += [w.change for w in controls.components]
         triggers += [  # a typed text once it is left, as the input's
-            c.blur if isinstance(c, gr.Textbox) else c.change for c in self.target_fields
+            c.blur if isinstance(c, gr.Textbox) else c.change for c in self.asked_fields
         ]
-        priced = [*self.target_fields, self.model, self.labels, self.source, self.target]
+        priced = [*self.asked_fields, self.model, self.labels, self.source, self.target]
         priced += [self.seed, self.trust, self.randomise]
         gr.on(
             triggers,
@@ -475,6 +552,8 @@ class ExplainTab:
                 "text": None if self.image else self.source,
                 "image": self.source if self.image else None,
                 "target": self.target,
+                "granularity": None if self.image else self.granularity,
+                "spans": None if self.image else self.spans,
                 "methods": self.controls.picker,
                 "seed": self.seed,
                 "trust": self.trust,
@@ -508,13 +587,35 @@ class ExplainTab:
             **data,
         }
 
+    def asked(self, *values: Any) -> Asked:
+        """
+        What the values of :attr:`asked_fields` add to a request, its link and Predict's.
+
+        Raises:
+            InvalidInputError, InvalidParameterError: fields the library refuses, in words.
+        """
+        if self.image:
+            return Asked({}, {}, {})
+        return AskedFeatures(*values[:2]).asked()
+
     @readable
     def preview(
-        self, model_, labels_, source_, target_, seed_, chosen, request: gr.Request
+        self,
+        model_,
+        labels_,
+        source_,
+        target_,
+        seed_,
+        chosen,
+        request: gr.Request | None = None,
+        *asked_: Any,
     ) -> list:
         """Predict: the top outputs, the target's choices and the methods for the model."""
+        fields = (
+            self.instance(model_, labels_, source_, target_, seed_) | self.asked(*asked_).preview
+        )
         shown = self.runner(
-            PreviewRequest(**self.instance(model_, labels_, source_, target_, seed_)),
+            PreviewRequest(**fields),
             gr.Progress(),
             session(request),
             self.key,
@@ -570,13 +671,17 @@ class ExplainTab:
         params,
         compare_,
         previous: Result | None,
-        request: gr.Request,
+        request: gr.Request | None = None,
         progress=gr.Progress(),  # noqa: B008
+        *asked_: Any,
     ) -> list:
         """Run: each chosen method's explanation (and the checks asked for), shown."""
-        base = self.instance(model_, labels_, source_, target_, seed_)
+        asked = self.asked(*asked_)
+        base = self.instance(model_, labels_, source_, target_, seed_) | asked.request
         values = (source_, labels_, methods, trust_, randomise_, params, compare_, previous)
-        return self.show(self.run_methods(base, *values, request, progress), request)
+        result = self.run_methods(base, *values, request, progress)
+        result.fields |= asked.link
+        return self.show(result, request)
 
     def run_methods(
         self,
@@ -712,7 +817,8 @@ class ExplainTab:
         """
         if not linked_:
             return [gr.skip()] * len(self.shown)
-        return self.explain(*values, request=request, progress=progress)
+        common = len(values) - len(self.asked_fields)  # explain's own: request, progress follow
+        return self.explain(*values[:common], request, progress, *values[common:])
 
     @readable
     def redraw_detail(
@@ -798,39 +904,28 @@ class ExplainTab:
             raise gr.Error("run an explanation first; the bundle holds its results")
         return str(export_bundle(result, view=view_ or self.default_view))
 
-    def price(
-        self,
-        model_,
-        labels_,
-        source_,
-        target_,
-        seed_,
-        trust_: bool,
-        randomise_: bool,
-        chosen: list[str] | None,
-        *values: Any,
-    ) -> str:
-        """The cost line: each chosen method's price before Run."""
+    def price(self, *values: Any) -> str:
+        """
+        The cost line: each chosen method's price before Run.
+
+        ``values``: those of :attr:`asked_fields`, the model, labels, input, target, seed, the
+        trust and randomise options, the chosen methods, then the methods' widgets.
+        """
+        count = len(self.asked_fields)
+        asked_, fields, widgets = values[:count], values[count : count + 8], values[count + 8 :]
+        model_, labels_, source_, target_, seed_, trust_, randomise_, chosen = fields
         if not chosen:
             return ""
         try:
             base = self.instance(model_, labels_, source_, target_, seed_)
+            base |= self.asked(*asked_).request
         except gr.Error as err:
             return f"Cost: cannot estimate ({err.message})"
-        return self.priced(base, trust_, randomise_, chosen, values)
-
-    def priced(
-        self,
-        base: dict[str, Any],
-        trust_: bool,
-        randomise_: bool,
-        chosen: list[str] | None,
-        values: tuple[Any, ...],
-    ) -> str:
-        """The cost line of the request fields ``base``; ``values``: the methods' widgets'."""
-        methods = list(chosen or [])
-        widgets = self.controls.components
-        params = self.controls.params(methods, dict(zip(widgets, values, strict=True)))
+        except AttrlabError as err:
+            return f"Cost: cannot estimate ({public_message(str(err))})"
+        methods = list(chosen)
+        components = self.controls.components
+        params = self.controls.params(methods, dict(zip(components, widgets, strict=True)))
         lines = [
             m
             + ": "

@@ -23,6 +23,7 @@ from attrlab.app.ui.files import EXAMPLE_PREFIX, example_images, example_named
 from attrlab.app.ui.shared import format_heads, labels_for, parse_heads
 from attrlab.attribution.answers import MAX_NEW_TOKENS
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
+from attrlab.attribution.features import GRANULARITIES
 from attrlab.attribution.methods import get_method
 from attrlab.viz.view import CLIP_MIN, SIGNS, View
 
@@ -62,6 +63,8 @@ LINK_FIELDS = (
     "stop",
     "chat",
     "per_step",
+    "granularity",
+    "spans",
 )
 #: Link fields that are on/off flags, written ``1`` (a flag that is off is left out).
 _FLAGS = ("trust", "randomise", "shared", "next_token", "generate", "chat")
@@ -252,6 +255,12 @@ def _link_field(name: str, value: str) -> Any:
         return [m for m in value.split(",") if m]
     if name == "image":
         return _linked_image(value)
+    if name == "granularity":
+        if value not in GRANULARITIES:
+            raise ValueError(
+                f"granularity {_quoted(value)} is not one of {', '.join(GRANULARITIES)}"
+            )
+        return value
     if name == "view":
         if value not in SIGNS:
             raise ValueError(f"view {_quoted(value)} is not one of {', '.join(SIGNS)}")
