@@ -557,6 +557,7 @@ def _evaluate(args: argparse.Namespace) -> int:
                 image_fill=args.image_fill,
                 text_removal=args.text_removal,
                 passes=bar.passes,
+                granularity=args.granularity,
             )
     finally:
         worker.close()
@@ -993,6 +994,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--text-removal",
         default="delete",
         help="hidden tokens: delete, or mask (replaced by the mask token)",
+    )
+    evaluate.add_argument(
+        "--granularity",
+        choices=("token", "word", "sentence"),
+        default="token",
+        help="texts explained and scored by tokens, words or sentences",
     )
     evaluate.add_argument("--seed", type=int, default=0)
     evaluate.add_argument("--device", default=None)

@@ -36,6 +36,7 @@ from attrlab.attribution.features import (
     spread,
     with_features,
 )
+from attrlab.attribution.metrics import EvalItem, evaluate_methods
 from attrlab.attribution.metrics.faithfulness import faithfulness, faithfulness_passes
 from attrlab.attribution.models.base import ImageInputs
 from attrlab.attribution.models.builtin import _minilm_dir, smollm2_folder
@@ -278,6 +279,21 @@ def test_faithfulness_of_words_removes_whole_words_in_the_summed_maps_order(mini
     assert scored.metrics["sufficiency"] == pytest.approx(sufficiency, abs=1e-6)
     assert len(scored.curves["deletion_morf"]) == len(CRITIC_WORDS) + 1  # a point per word
     assert faithfulness_passes(inputs, random_orders=0) == 2 * 2 * (len(CRITIC_WORDS) + 1)
+
+
+def test_a_leaderboard_by_words_scores_each_item_over_its_words(minilm):
+    items = [EvalItem(CRITIC, "positive", "critic"), EvalItem("A dull, slow film.", None, "dull")]
+    kwargs = {"random_orders": 0, "text_removal": "mask"}
+    rows = evaluate_methods(minilm, items, ["gradient_x_input"], granularity="word", **kwargs)
+    for item, row in zip(items, rows.itertuples(), strict=True):
+        inputs = with_features(minilm.preprocess(item.raw), "word")
+        e = explain(minilm, "gradient_x_input", inputs, target=item.target)
+        scored = faithfulness(minilm, inputs, e.scores, e.target.index, **kwargs)
+        assert len(scored.curves["deletion_morf"]) == len(inputs.features) + 1  # by words
+        assert row.comprehensiveness == pytest.approx(scored.metrics["comprehensiveness"])
+        assert row.sufficiency == pytest.approx(scored.metrics["sufficiency"])
+    with pytest.raises(InvalidParameterError, match="spans of one text"):
+        evaluate_methods(minilm, items, ["gradient_x_input"], granularity="span")
 
 
 def test_shap_feature_values_add_up_to_hiding_every_sentence(minilm):

@@ -20,6 +20,8 @@ import numpy as np
 import pandas as pd
 from scipy.stats import bootstrap
 
+from attrlab.attribution.errors import InvalidParameterError
+from attrlab.attribution.features import check_features, with_features
 from attrlab.attribution.methods import get_method
 from attrlab.attribution.metrics.faithfulness import SCORES, check_options, faithfulness
 from attrlab.attribution.models.base import Adapter
@@ -66,9 +68,13 @@ def evaluate_methods(
     image_fill: str = "rise",
     text_removal: str = "delete",
     passes: ProgressCallback | None = None,
+    granularity: str = "token",
 ) -> pd.DataFrame:
     """
     One row per item and method: faithfulness and random-order scores, and the method's cost.
+
+    ``granularity``: texts explained and scored by ``word`` or ``sentence`` features
+    (:func:`~attribution.features.with_features`; ``span`` needs spans of one text).
 
     The cost is the method's own forward passes and seconds (scoring the map is not counted).
     ``steps``, ``random_orders``, ``image_fill`` and ``text_removal`` are
@@ -84,6 +90,11 @@ def evaluate_methods(
         JobCancelledError: once the cancel switch is set.
     """
     check_options(image_fill, text_removal)
+    if granularity == "span":
+        raise InvalidParameterError(
+            "granularity=span needs the spans of one text; evaluate items by word or sentence"
+        )
+    check_features(granularity)
     settings = settings or RunSettings()
     # the explanations alone: no trust card of their own, no price of their own (a server prices
     # the whole evaluation before it starts)
@@ -95,7 +106,7 @@ def evaluate_methods(
         adapter,
         items,
         applicable,
-        lambda item: adapter.preprocess(item.raw),
+        lambda item: with_features(adapter.preprocess(item.raw), granularity),
         params=params,
         settings=each,
         progress=progress,
