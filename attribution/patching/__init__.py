@@ -17,6 +17,7 @@ from attrlab.attribution.patching.base import (
     PatchingProblem,
     patching_problem,
 )
+from attrlab.attribution.patching.exact import patched_score
 from attrlab.attribution.patching.report import (
     ESTIMATORS,
     Estimator,
@@ -37,6 +38,7 @@ __all__ = [
     "PatchingProblem",
     "PatchingReport",
     "agreement",
+    "patched_score",
     "patching_problem",
     "patching_report",
     "planned_passes",

@@ -29,6 +29,12 @@ AGREEMENT_COLUMNS = (
 _SITE = ["layer", "head", "position"]
 
 
+def _effects(frame: pd.DataFrame) -> pd.Series:
+    """Effects indexed by site (a missing head or position as −1)."""
+    sites = {c: frame[c].astype("float64").fillna(-1) for c in _SITE}
+    return frame.assign(**sites).set_index(_SITE)["effect"]
+
+
 def _pearson(a: np.ndarray, b: np.ndarray) -> float:
     if a.size < 2 or np.ptp(a) == 0 or np.ptp(b) == 0:
         return float("nan")
@@ -46,20 +52,12 @@ def agreement(table: pd.DataFrame, magnitudes: set[str], top_k: int = 10) -> pd.
         without exact rows. r and ρ are NaN where either side is constant.
     """
     rows = []
-    keyed = table.assign(**{c: table[c].astype("float64").fillna(-1) for c in _SITE}).set_index(
-        ["estimator", "direction", "component", *_SITE]
-    )["effect"]
-    for (estimator, direction, component), _ in table.groupby(
-        ["estimator", "direction", "component"], sort=False
-    ):
-        if estimator == "exact":
+    groups = dict(list(table.groupby(["estimator", "direction", "component"], sort=False)))
+    for (estimator, direction, component), frame in groups.items():
+        exact = groups.get(("exact", direction, component))
+        if estimator == "exact" or exact is None:
             continue
-        try:
-            exact = keyed.loc["exact", direction, component]
-        except KeyError:
-            continue
-        estimate = keyed.loc[estimator, direction, component]
-        a, b = estimate.align(exact, join="inner")
+        a, b = _effects(frame).align(_effects(exact), join="inner")
         reference = b.abs() if estimator in magnitudes else b
         k = min(top_k, len(a))
         rho, overlap = rank_agreement(a.to_numpy(), reference.to_numpy(), k)

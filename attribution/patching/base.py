@@ -31,8 +31,8 @@ import pandas as pd
 import torch
 from torch import nn
 
-from attrlab.attribution.compat import register_attention
 from attrlab.attribution.answers import Answer, answer_inputs, answer_request, prompt_inputs
+from attrlab.attribution.compat import register_attention
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
 from attrlab.attribution.layers.analysis import ModelParts, checked_target
 from attrlab.attribution.methods._routing import eager_attention, route_attention, route_of
@@ -41,29 +41,29 @@ from attrlab.attribution.perturb import repeated
 from attrlab.attribution.target import AnswerTarget, ContrastTarget, Target
 
 __all__ = [
+    "COLUMNS",
+    "COMPONENTS",
+    "DIRECTIONS",
+    "MAX_SEEDS",
     "Activations",
+    "Component",
+    "GaussianNoise",
+    "PatchingProblem",
+    "Pattern",
     "Run",
+    "Runs",
     "Scale",
+    "check_components",
+    "check_directions",
     "edited",
     "noised",
+    "patching_problem",
     "recorded",
     "recorded_patterns",
     "scale_of",
     "site_masks",
     "site_sums",
     "table",
-    "COLUMNS",
-    "COMPONENTS",
-    "DIRECTIONS",
-    "MAX_SEEDS",
-    "Component",
-    "GaussianNoise",
-    "PatchingProblem",
-    "Pattern",
-    "Runs",
-    "check_components",
-    "check_directions",
-    "patching_problem",
 ]
 
 #: Most noise draws a causal-tracing corruption averages over.
@@ -166,6 +166,7 @@ class GaussianNoise:
                 f"(0..{tokens - 1})"
             )
         weight = adapter.token_embedding_module().weight
+        assert isinstance(weight, torch.Tensor)
         std = float(weight.detach().double().std())
         noise = torch.zeros(self.seeds, tokens, weight.shape[1], dtype=torch.float64)
         for draw in range(self.seeds):

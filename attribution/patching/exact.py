@@ -17,12 +17,19 @@ from dataclasses import dataclass, field
 
 import torch
 
+from attrlab.attribution.alteration import altered
+from attrlab.attribution.errors import InvalidParameterError
+from attrlab.attribution.models.base import Adapter
 from attrlab.attribution.patching.base import (
+    COMPONENTS,
     Activations,
+    PatchingProblem,
     Pattern,
     Run,
     Runs,
     Scale,
+    check_components,
+    check_directions,
     edited,
     noised,
     recorded,
@@ -32,7 +39,7 @@ from attrlab.attribution.patching.base import (
 )
 from attrlab.attribution.perturb import BatchRunner
 
-__all__ = ["Baseline", "baseline", "exact", "exact_rows"]
+__all__ = ["Baseline", "baseline", "exact", "exact_rows", "patched_score"]
 
 
 @dataclass
@@ -95,6 +102,37 @@ def exact_rows(runs: Runs, direction: str, components: Sequence[str]) -> int:
     return sum(len(runs.sites(c)) for c in components) * runs.layers * repeats
 
 
+def _patched_scores(
+    runs: Runs,
+    direction: str,
+    component: str,
+    layer: int,
+    masks: torch.Tensor,
+    items: range,
+    sources: torch.Tensor,
+) -> torch.Tensor:
+    """
+    The target's score of each item, patched from ``sources`` ``(rows, T, F)``.
+
+    Item ``i`` patches ``masks[i // draws]`` with noise draw ``i % draws`` (``draws``: the
+    noised side's rows).
+    """
+    destination, source = runs.sides(direction)
+    repeats = max(destination.rows, source.rows)
+    index = torch.tensor(list(items))
+    draw = index % repeats
+    where = masks[index // repeats]
+    values = sources[draw % source.rows]
+    noise = None if destination.noise is None else destination.noise[draw % destination.rows]
+
+    def patch(x: torch.Tensor) -> torch.Tensor:
+        return torch.where(where, values.to(x.dtype), x)
+
+    target, adapter = runs.problem.target, runs.adapter
+    with noised(adapter, noise), edited(runs.parts, component, layer, patch):
+        return target.score(target.outputs(adapter, **destination.kwargs(len(items))))
+
+
 def exact(
     runs: Runs,
     base: Baseline,
@@ -112,37 +150,25 @@ def exact(
     destination, source = runs.sides(direction)
     repeats = max(destination.rows, source.rows)
     scale = base.scale(direction)
-    sources = base.of(runs, source)
-    target, adapter = runs.problem.target, runs.adapter
     rows: list[tuple] = []
     for component in components:
         sites = runs.sites(component)
         for layer in range(runs.layers):
-            patch_from = sources[component, layer]
+            sources = base.of(runs, source)[component, layer]
             masks = site_masks(
-                sites, patch_from.shape[1], patch_from.shape[2], runs.heads, patch_from.device
+                sites, sources.shape[1], sources.shape[2], runs.heads, sources.device
             )
 
             def forward(
                 start: int,
                 stop: int,
-                patch_from: torch.Tensor = patch_from,
+                component: str = component,
+                layer: int = layer,
                 masks: torch.Tensor = masks,
+                sources: torch.Tensor = sources,
             ) -> torch.Tensor:
-                # item i patches site i // repeats with draw i % repeats
-                items = torch.arange(start, stop)
-                draw = items % repeats
-                where = masks[items // repeats]
-                values = patch_from[draw % source.rows]
-                noise = None
-                if destination.noise is not None:
-                    noise = destination.noise[draw % destination.rows]
-
-                def patch(x: torch.Tensor) -> torch.Tensor:
-                    return torch.where(where, values.to(x.dtype), x)
-
-                with noised(adapter, noise), edited(runs.parts, component, layer, patch):
-                    return target.score(target.outputs(adapter, **destination.kwargs(stop - start)))
+                items = range(start, stop)
+                return _patched_scores(runs, direction, component, layer, masks, items, sources)
 
             totals = torch.zeros(len(sites), dtype=torch.float64)
             for start, stop, scores in runner.chunks(len(sites) * repeats, forward):
@@ -151,3 +177,53 @@ def exact(
             for site, total in zip(sites, (totals / repeats).tolist(), strict=True):
                 rows.append(runs.row(component, layer, site, scale, total - scale.destination))
     return rows
+
+
+def patched_score(
+    adapter: Adapter,
+    problem: PatchingProblem,
+    component: str,
+    layer: int,
+    positions: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    direction: str = "denoising",
+) -> float:
+    """
+    The normalised score with several sites of one layer patched together, in one forward.
+
+    ``positions``: the token positions patched (``None``: all; ``()``: none); ``heads``: the
+    heads patched, for the head components (``None``: all).
+
+    Raises:
+        InvalidParameterError: an unknown component or direction, a layer, position or head
+            the model or input does not have, heads for a component without heads.
+        InvalidInputError, UnsupportedMethodError: as :meth:`Runs.of`.
+    """
+    (component,) = check_components([component])
+    (direction,) = check_directions([direction])
+    runs = Runs.of(adapter, problem)
+    if not 0 <= layer < runs.layers:
+        raise InvalidParameterError(
+            f"layer {layer} is not in this model: it has {runs.layers} (0..{runs.layers - 1})"
+        )
+    if heads is not None and not COMPONENTS[component].per_head:
+        raise InvalidParameterError(f"the {component} component has no heads to choose")
+    chosen_positions = list(range(runs.length)) if positions is None else list(positions)
+    chosen_heads = list(range(runs.heads)) if heads is None else list(heads)
+    for name, values, count in (
+        ("position", chosen_positions, runs.length),
+        ("head", chosen_heads, runs.heads),
+    ):
+        outside = [v for v in values if not 0 <= v < count]
+        if outside:
+            raise InvalidParameterError(f"{name}(s) {outside} are outside 0..{count - 1}")
+    destination, source = runs.sides(direction)
+    repeats = max(destination.rows, source.rows)
+    with altered(adapter.model), torch.no_grad():
+        base = baseline(runs, [component])
+        sources = base.of(runs, source)[component, layer]
+        sites = [(p, h) for p in chosen_positions for h in chosen_heads]
+        union = site_masks(sites, sources.shape[1], sources.shape[2], runs.heads, sources.device)
+        masks = union.any(0, keepdim=True)
+        scores = _patched_scores(runs, direction, component, layer, masks, range(repeats), sources)
+    return base.scale(direction).normalise(float(scores.double().mean()))

@@ -228,7 +228,7 @@ def patching_report(
     if top_k < 1:
         raise InvalidParameterError(f"top_k is at least 1; got {top_k}")
     run = RunContext.of(settings)
-    forward, backward, widest = planned_passes(adapter, problem, chosen, parts, ways)
+    forward, _, widest = planned_passes(adapter, problem, chosen, parts, ways)
     run.plan(forward, "the components, directions or noise draws")
     runs = Runs.of(adapter, problem)
     gradient_stages = sum(1 for e in chosen if e != "exact") * len(ways)
