@@ -61,7 +61,8 @@ def _copy_head_model(tokenizer) -> DecoderLMAdapter:
     with torch.no_grad():
         for param in model.parameters():
             param.zero_()
-        for norm in (model.transformer.h[0].ln_1, model.transformer.h[0].ln_2, model.transformer.ln_f):
+        block = model.transformer.h[0]
+        for norm in (block.ln_1, block.ln_2, model.transformer.ln_f):
             norm.weight.fill_(1.0)
         wte, wpe = model.transformer.wte.weight, model.transformer.wpe.weight
         for word in ("then", "went", "home"):
@@ -71,7 +72,7 @@ def _copy_head_model(tokenizer) -> DecoderLMAdapter:
             wte[index, :2] = torch.tensor([2.0 * sign, -2.0 * sign])
             wte[index, 5] = 1.0
         wpe[1, 15] = 4.0
-        attention = model.transformer.h[0].attn
+        attention = block.attn
         qkv, out = attention.c_attn, attention.c_proj  # Conv1D: x @ weight, (in, out)
         qkv.bias[0] = 30.0  # head 0's query: a constant
         qkv.weight[15, 16] = 1.0  # head 0's key reads the position mark
@@ -173,7 +174,7 @@ def test_a_forced_error_mid_patch_leaves_the_model_as_it_was(gpt2):
     for estimator in ESTIMATORS:
         calls = iter(range(1000))
 
-        def fail(_m, _a, _o):
+        def fail(_m, _a, _o, calls=calls):
             if next(calls) == 2:  # the first pass after the baseline: mid-estimator
                 raise RuntimeError("forced")
 
@@ -201,7 +202,9 @@ def test_cancel_and_budget_stop_a_run(gpt2):
     settings = RunSettings(progress=progress, cancel=cancel)
     before = model_state(gpt2.model)
     with pytest.raises(JobCancelledError):
-        patching_report(gpt2, problem, ["exact"], ["head_position"], settings=settings, batch_size=4)
+        patching_report(
+            gpt2, problem, ["exact"], ["head_position"], settings=settings, batch_size=4
+        )
     assert model_state(gpt2.model) == before
     assert seen and seen[-1][0] < seen[-1][1]
     forward, _, _ = planned_passes(gpt2, problem, ["exact"], ["head"])

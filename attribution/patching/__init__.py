@@ -8,16 +8,9 @@ problem, components and hooks of :mod:`~attribution.patching.base`.
 """
 
 from attrlab.attribution.patching.agreement import AGREEMENT_COLUMNS, agreement
-from attrlab.attribution.patching.base import (
-    COLUMNS,
-    COMPONENTS,
-    DIRECTIONS,
-    Component,
-    GaussianNoise,
-    PatchingProblem,
-    patching_problem,
-)
+from attrlab.attribution.patching.base import COLUMNS, COMPONENTS, DIRECTIONS, Component
 from attrlab.attribution.patching.exact import patched_score
+from attrlab.attribution.patching.problem import GaussianNoise, PatchingProblem, patching_problem
 from attrlab.attribution.patching.report import (
     ESTIMATORS,
     Estimator,

@@ -40,16 +40,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from attrlab.attribution.patching.base import (
-    COMPONENTS,
-    Activations,
-    Pattern,
-    Runs,
-    noised,
-    recorded,
-    site_sums,
-)
+from attrlab.attribution.patching.base import COMPONENTS, site_sums
 from attrlab.attribution.patching.exact import Baseline
+from attrlab.attribution.patching.hooks import Activations, Pattern, noised, recorded
+from attrlab.attribution.patching.problem import Runs
 
 __all__ = ["atp", "atp_star", "gradients"]
 

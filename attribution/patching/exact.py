@@ -22,21 +22,21 @@ from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.models.base import Adapter
 from attrlab.attribution.patching.base import (
     COMPONENTS,
-    Activations,
-    PatchingProblem,
-    Pattern,
-    Run,
-    Runs,
     Scale,
     check_components,
     check_directions,
+    scale_of,
+    site_masks,
+)
+from attrlab.attribution.patching.hooks import (
+    Activations,
+    Pattern,
     edited,
     noised,
     recorded,
     recorded_patterns,
-    scale_of,
-    site_masks,
 )
+from attrlab.attribution.patching.problem import PatchingProblem, Run, Runs
 from attrlab.attribution.perturb import BatchRunner
 
 __all__ = ["Baseline", "baseline", "exact", "exact_rows", "patched_score"]
@@ -86,7 +86,7 @@ def baseline(runs: Runs, components: Sequence[str], patterns: bool = False) -> B
             stack.enter_context(torch.no_grad())
             seen = stack.enter_context(recorded(runs.parts, components))
             if patterns:
-                found_patterns[name] = stack.enter_context(recorded_patterns(runs))
+                found_patterns[name] = stack.enter_context(recorded_patterns(runs.adapter))
             scores[name] = runs.score(run).double().cpu()
         activations[name] = dict(seen)
     clean, corrupted = float(scores["clean"][0]), scores["corrupted"].tolist()

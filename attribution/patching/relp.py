@@ -17,8 +17,8 @@ from attrlab.attribution.methods.lrp.patches import transformer_lrp
 from attrlab.attribution.methods.lrp.settings import resolve_settings
 from attrlab.attribution.models.layouts import layout_for
 from attrlab.attribution.patching.atp import atp, gradients
-from attrlab.attribution.patching.base import Runs
 from attrlab.attribution.patching.exact import Baseline
+from attrlab.attribution.patching.problem import Runs
 
 __all__ = ["relp"]
 

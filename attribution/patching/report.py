@@ -20,14 +20,9 @@ from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.models.base import Adapter
 from attrlab.attribution.patching.agreement import agreement
 from attrlab.attribution.patching.atp import atp, atp_star, gradients
-from attrlab.attribution.patching.base import (
-    PatchingProblem,
-    Runs,
-    check_components,
-    check_directions,
-    table,
-)
+from attrlab.attribution.patching.base import check_components, check_directions, table
 from attrlab.attribution.patching.exact import baseline, exact, exact_rows
+from attrlab.attribution.patching.problem import PatchingProblem, Runs
 from attrlab.attribution.patching.relp import relp
 from attrlab.attribution.perturb import BatchRunner
 from attrlab.attribution.run import RunContext, RunSettings
