@@ -14,7 +14,7 @@ raw scores are kept beside it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
@@ -31,6 +31,7 @@ __all__ = [
     "Site",
     "check_components",
     "check_directions",
+    "chosen_names",
     "scale_of",
     "site_masks",
     "site_sums",
@@ -88,38 +89,31 @@ COLUMNS = (
 )
 
 
-def check_components(components: Sequence[str] | None) -> list[str]:
+def chosen_names(kind: str, given: Sequence[str] | None, known: Collection[str]) -> list[str]:
     """
-    The components asked for (all by default), each once.
+    The ``kind`` names asked for (all of ``known`` when ``given`` is None), each once.
 
     Raises:
-        InvalidParameterError: an unknown name.
+        InvalidParameterError: none, or a name not in ``known``.
     """
-    chosen = list(COMPONENTS) if components is None else list(dict.fromkeys(components))
-    unknown = [c for c in chosen if c not in COMPONENTS]
+    chosen = list(known) if given is None else list(dict.fromkeys(given))
+    unknown = [name for name in chosen if name not in known]
     if unknown or not chosen:
         raise InvalidParameterError(
-            f"unknown component(s) {', '.join(map(repr, unknown)) or '(none given)'}; choose "
-            f"from {', '.join(COMPONENTS)}"
+            f"unknown {kind}(s) {', '.join(map(repr, unknown)) or '(none given)'}; choose "
+            f"from {', '.join(known)}"
         )
     return chosen
+
+
+def check_components(components: Sequence[str] | None) -> list[str]:
+    """The components asked for (all by default): :func:`chosen_names`."""
+    return chosen_names("component", components, COMPONENTS)
 
 
 def check_directions(directions: Sequence[str] | None) -> list[str]:
-    """
-    The directions asked for (both by default), each once.
-
-    Raises:
-        InvalidParameterError: an unknown name.
-    """
-    chosen = list(DIRECTIONS) if directions is None else list(dict.fromkeys(directions))
-    unknown = [d for d in chosen if d not in DIRECTIONS]
-    if unknown or not chosen:
-        raise InvalidParameterError(
-            f"unknown direction(s) {', '.join(map(repr, unknown)) or '(none given)'}; choose "
-            f"from {', '.join(DIRECTIONS)}"
-        )
-    return chosen
+    """The directions asked for (both by default): :func:`chosen_names`."""
+    return chosen_names("direction", directions, DIRECTIONS)
 
 
 #: A site: a token position (``None``: every position) and a head (``None``: every feature).

@@ -20,7 +20,12 @@ from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.models.base import Adapter
 from attrlab.attribution.patching.agreement import agreement
 from attrlab.attribution.patching.atp import atp, atp_star, gradients
-from attrlab.attribution.patching.base import check_components, check_directions, table
+from attrlab.attribution.patching.base import (
+    check_components,
+    check_directions,
+    chosen_names,
+    table,
+)
 from attrlab.attribution.patching.exact import baseline, exact, exact_rows
 from attrlab.attribution.patching.problem import PatchingProblem, Runs
 from attrlab.attribution.patching.relp import relp
@@ -87,14 +92,7 @@ ESTIMATORS: dict[str, Estimator] = {
 
 
 def _check_estimators(estimators: Sequence[str] | None) -> list[str]:
-    chosen = list(ESTIMATORS) if estimators is None else list(dict.fromkeys(estimators))
-    unknown = [e for e in chosen if e not in ESTIMATORS]
-    if unknown or not chosen:
-        raise InvalidParameterError(
-            f"unknown estimator(s) {', '.join(map(repr, unknown)) or '(none given)'}; choose "
-            f"from {', '.join(ESTIMATORS)}"
-        )
-    return chosen
+    return chosen_names("estimator", estimators, ESTIMATORS)
 
 
 @dataclass
