@@ -10,25 +10,29 @@ baseline) and one forward and backward of the destination give every site of eve
 AtP* (Kramár et al. 2024, https://arxiv.org/abs/2403.00745) adds two fixes; what is implemented:
 
 * QK fix. AtP linearises the attention softmax, which saturates: a large change of the scores
-  can move the pattern a lot while its gradient is near zero. The paper recomputes the softmax
-  exactly for the query-key path and keeps the linear estimate elsewhere. For a head's output
-  ``z_t = Σ_s A_ts v_s`` (our head sites; patching them patches the head's queries, keys and
-  values), the estimate becomes ``g_t · [(A'_t − A_t) v + A_t (v' − v)]``: ``A'`` the
-  pattern recomputed from the source's queries and keys (that is the source run's own
-  softmax), ``v, v'`` the values of both runs, ``g`` the gradient at the head's output, and
-  the query-key and value effects added as the paper adds them (their product, a second-order
-  term, is left out). Residual, attention and MLP sites have no softmax of their own: the fix
-  does not change them.
+  can move the pattern a lot while its gradient is near zero. The paper's nodes include each
+  head's queries and keys; for them it recomputes the softmax exactly (the pattern with the
+  patched query or key) and keeps the linear estimate from the pattern on. Our head sites are
+  the head's output ``z_t = Σ_s A_ts v_s``, and patching it patches the head's queries, keys
+  and values together, so the fix applies to all three at once: the estimate is
+  ``g_t · [(A'_t − A_t) v + A_t (v' − v)]`` with ``A'`` the softmax recomputed from the
+  source's queries and keys (which is the source run's own pattern), ``v, v'`` the values of
+  both runs and ``g`` the gradient at the head's output; the query-key and value effects are
+  added as the paper adds its nodes' effects, leaving out their second-order product
+  ``(A' − A)(v' − v)``. (Plain AtP on ``z`` uses the exact ``Δz``; the fix matters for the
+  paper's query and key nodes, which these sites do not split out.) Residual, attention and
+  MLP sites have no softmax of their own: the fix leaves them as AtP has them.
 * GradDrop. Direct and indirect effects that cancel in the gradient hide a site. For each
   layer ``l`` the backward is run with the gradient through block ``l``'s attention and MLP
   branches dropped (the block's output passes the gradient only along the residual
   connection); ``I_l(n)`` is the estimate with that gradient and the score is
-  ``Σ_l |I_l(n)| / (L − 1)`` (the paper's Eq. 11; a site's own layer gives 0, hence ``L − 1``).
+  ``Σ_l |I_l(n)| / (L − 1)``, the paper's normalisation (here a site's own layer gives 0).
   All ``L`` variants run as rows of one forward batch with one backward. The result is a
   magnitude: the agreement with exact patching compares it with ``|exact|``. With one layer
   there is nothing to drop: the score is ``|I|`` of the QK-fixed estimate.
 
-The paper's noising and denoising both read the gradient at the destination run, as here.
+Both directions read the gradient at the destination run (the paper's noising: at the clean
+run, with the corrupted activations as the source).
 """
 
 from __future__ import annotations
