@@ -255,12 +255,11 @@ class Runs:
         heads: list[int | None] = list(range(self.heads)) if kind.per_head else [None]
         return [(position, head) for head in heads for position in positions]
 
-    def score(self, run: Run, rows: int | None = None) -> torch.Tensor:
-        """The target's score of each row of ``run`` (with its noise), ``(rows,)``."""
-        rows = run.rows if rows is None else rows
+    def score(self, run: Run) -> torch.Tensor:
+        """The target's score of each row of ``run`` (one per noise draw), ``(rows,)``."""
         target = self.problem.target
         with noised(self.adapter, run.noise):
-            return target.score(target.outputs(self.adapter, **run.kwargs(rows)))
+            return target.score(target.outputs(self.adapter, **run.kwargs(run.rows)))
 
     def side_name(self, run: Run) -> str:
         """``"clean"`` or ``"corrupted"``: which side ``run`` is."""
