@@ -117,6 +117,14 @@ def test_the_copying_head_alone_restores_the_clean_answer(copy_head):
     read_at = len(problem.clean.token_texts) - 2  # the prompt's last token
     assert head0[read_at] >= 0.9
     assert head0.drop(read_at).abs().max() <= 0.1
+    # every head's pattern is the same in both runs (keys read the position mark only), so
+    # AtP*'s recomputed softmax changes nothing: its value path is AtP's (one layer: no
+    # GradDrop, the magnitude |AtP|)
+    estimates = patching_report(copy_head, problem, ["atp", "atp_star"], ["head"], ["denoising"])
+    by_estimator = estimates.table.set_index(["estimator", "head"])["effect"]
+    assert by_estimator["atp", 0] > 0
+    for head in range(4):
+        assert by_estimator["atp_star", head] == pytest.approx(abs(by_estimator["atp", head]))
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
