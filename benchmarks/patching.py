@@ -1,8 +1,7 @@
 """
 Activation patching on SmolLM2-135M's IOI prompt, and how well AtP, AtP* and RelP match it.
 
-Run: ``.venv/bin/python benchmarks/patching.py [components ...]`` (default: residual, attention,
-mlp, head).
+Run: ``.venv/bin/python benchmarks/patching.py [components ...]`` (default: residual, head).
 
 "When Mary and John went to the store, John gave a drink to" against the same prompt with the
 second name swapped ("... store, Mary gave ..."), target " Mary" rather than " John" (the logit
@@ -32,6 +31,7 @@ from attrlab.attribution.patching import (
     patching_report,
     planned_passes,
 )
+from attrlab.attribution.run import RunSettings
 
 CLEAN = "When Mary and John went to the store, John gave a drink to"
 CORRUPTED = "When Mary and John went to the store, Mary gave a drink to"
@@ -47,7 +47,8 @@ def main(components: list[str]) -> None:
     reports = {}
     for name in ESTIMATORS:
         start = time.perf_counter()
-        reports[name] = patching_report(adapter, problem, [name], components)
+        settings = RunSettings(progress=_progress(name))
+        reports[name] = patching_report(adapter, problem, [name], components, settings=settings)
         print(f"{name}: {time.perf_counter() - start:.1f} s")
     exact = reports["exact"]
     print(f"\nclean {exact.clean_score:.3f}, corrupted {exact.corrupted_score:.3f}\n")
@@ -77,6 +78,19 @@ def main(components: list[str]) -> None:
     )
 
 
+def _progress(name: str) -> Any:
+    """Print ``name``'s progress at every tenth of its work (to stderr)."""
+    shown: set[int] = set()
+
+    def report(done: int, total: int) -> None:
+        tenth = 10 * done // max(1, total)
+        if tenth not in shown:
+            shown.add(tenth)
+            print(f"  {name}: {done}/{total}", file=sys.stderr, flush=True)
+
+    return report
+
+
 def _site(row: Any) -> str:
     """``L3.H4@' John' 0.52``: layer, head, token and normalised effect of a table row."""
     head = "" if pd.isna(row.head) else f".H{row.head}"
@@ -85,4 +99,4 @@ def _site(row: Any) -> str:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["residual", "attention", "mlp", "head"])
+    main(sys.argv[1:] or ["residual", "head"])
