@@ -217,10 +217,11 @@ def pruning_curves(
         kwargs = inputs.model_kwargs()
 
         def forward(start: int, stop: int, kwargs: dict = kwargs, target: Target = target) -> Any:
-            pairs = [(b, r) for r, row in enumerate(removals[start:stop]) for b in row]
-            blocks = [parts.blocks[b] for b, _ in pairs]
+            batch = removals[start:stop]
+            bypassed = {b: [r for r, row in enumerate(batch) if b in row] for b in range(layers)}
+            chosen = [b for b in range(layers) if bypassed[b]]
             rows = {k: repeated(v, stop - start) for k, v in kwargs.items()}
-            with skip_blocks(blocks, [r for _, r in pairs]):
+            with skip_blocks([parts.blocks[b] for b in chosen], [bypassed[b] for b in chosen]):
                 return _metrics(adapter, target, rows)
 
         with altered(adapter.model):
