@@ -54,9 +54,11 @@ def main(components: list[str]) -> None:
     print(f"\nclean {exact.clean_score:.3f}, corrupted {exact.corrupted_score:.3f}\n")
     rows = []
     for (direction, component), frame in exact.table.groupby(["direction", "component"]):
-        best = frame.reindex(frame["normalised"].abs().sort_values(ascending=False).index)[:TOP]
+        best = frame.reindex(frame["effect"].abs().sort_values(ascending=False).index)[:TOP]
         rows.append((direction, component, ", ".join(_site(r) for r in best.itertuples())))
-    print_table(("direction", "component", f"top {TOP} sites by |normalised| (exact)"), rows)
+    print_table(
+        ("direction", "component", f"top {TOP} sites by |effect| (exact; normalised)"), rows
+    )
     print()
     magnitudes = {e.name for e in ESTIMATORS.values() if e.magnitude}
     together = pd.concat([r.table for r in reports.values()], ignore_index=True)
