@@ -155,8 +155,8 @@ HEAD_ESTIMATORS = ("head_gradient", "ablation_zero", "ablation_mean", "head_lrp"
 
 
 @dataclass
-class ModelParts:
-    """The blocks, attention output projections and MLP outputs of a model, found once."""
+class _Model:
+    """What the measures need to know about the model, found once."""
 
     adapter: Adapter
     layout: Layout
@@ -167,7 +167,7 @@ class ModelParts:
     lrp_result: LRPResult | None = None
 
     @classmethod
-    def of(cls, adapter: Adapter) -> ModelParts:
+    def of(cls, adapter: Adapter) -> _Model:
         layout = layout_for(adapter)
         blocks = adapter.blocks()
         try:
@@ -214,7 +214,7 @@ def _visible(inputs: Inputs, tokens: int) -> torch.Tensor:
 
 
 def _shared_pass(
-    model: ModelParts, inputs: Inputs, target: Target, chosen: list[str], run: RunContext
+    model: _Model, inputs: Inputs, target: Target, chosen: list[str], run: RunContext
 ) -> list[tuple]:
     """Block influence, entropy, sink share and logit lens from one forward pass."""
     rows: list[tuple] = []
@@ -263,7 +263,7 @@ def _entropy_and_sink(
 
 
 def _logit_lens(
-    model: ModelParts, inputs: Inputs, residuals: list[torch.Tensor], target: Target
+    model: _Model, inputs: Inputs, residuals: list[torch.Tensor], target: Target
 ) -> list[tuple]:
     """
     The target read from each block's residual.
@@ -318,7 +318,7 @@ def _read(
 
 
 def _skip(
-    model: ModelParts, inputs: Inputs, target: Target, run: RunContext, tick: Callable[[], None]
+    model: _Model, inputs: Inputs, target: Target, run: RunContext, tick: Callable[[], None]
 ) -> list[tuple]:
     tick()
     layers = len(model.blocks)
@@ -344,7 +344,7 @@ def _skip(
 
 
 def _gradient(
-    model: ModelParts, inputs: Inputs, target: Target, run: RunContext, tick: Callable[[], None]
+    model: _Model, inputs: Inputs, target: Target, run: RunContext, tick: Callable[[], None]
 ) -> list[tuple]:
     tick()
     device = model.adapter.device
@@ -363,7 +363,7 @@ def _gradient(
 
 
 def _ablation(
-    model: ModelParts, inputs: Inputs, target: Target, run: RunContext, tick: Callable[[], None]
+    model: _Model, inputs: Inputs, target: Target, run: RunContext, tick: Callable[[], None]
 ) -> list[tuple]:
     heads = model.heads
     kwargs = inputs.model_kwargs()
@@ -398,7 +398,7 @@ def _ablation(
 
 
 def _lrp(
-    model: ModelParts, inputs: Inputs, target: Target, run: RunContext, tick: Callable[[], None]
+    model: _Model, inputs: Inputs, target: Target, run: RunContext, tick: Callable[[], None]
 ) -> list[tuple]:
     tick()
     adapter = model.adapter
@@ -471,7 +471,7 @@ def planned_passes(
         InvalidParameterError, UnsupportedMethodError: as :func:`analyze`.
     """
     chosen = _check_measures(adapter, measures)
-    model = ModelParts.of(adapter)
+    model = _Model.of(adapter)
     layers, heads = len(model.blocks), model.heads
     forward = {"skip": layers + 1, "gradient": 1, "lrp": 1, "ablation": layers * (1 + 2 * heads)}
     backward = {"gradient": 1, "lrp": 1}
@@ -494,8 +494,8 @@ def analyze(
     """:func:`analyze_layers`, keeping the LRP pass's token relevance too."""
     run = run or RunContext()
     chosen = _check_measures(adapter, measures)
-    target = checked_target(adapter, inputs, target)
-    model = ModelParts.of(adapter)
+    target = _checked_target(adapter, inputs, target)
+    model = _Model.of(adapter)
     layers = len(model.blocks)
     run.plan(planned_passes(adapter, chosen)[0], "the measures (ablation)")
     steps = 1 + sum(layers if name == "ablation" else 1 for name in chosen if name in _RUNNERS)
@@ -544,7 +544,7 @@ def analyze_layers(
     return analyze(adapter, inputs, target, measures, RunContext.of(settings)).table
 
 
-def checked_target(adapter: Adapter, inputs: Inputs, target: int | Target) -> Target:
+def _checked_target(adapter: Adapter, inputs: Inputs, target: int | Target) -> Target:
     """``target`` as a record that fits ``inputs`` and is read from one forward."""
     if not isinstance(target, Target):
         return output_target(adapter, target)
@@ -565,7 +565,7 @@ def head_projections(adapter: Adapter) -> tuple[list[nn.Module], int]:
     Raises:
         UnsupportedMethodError: For models without transformer blocks attrlab knows.
     """
-    model = ModelParts.of(adapter)
+    model = _Model.of(adapter)
     return model.projections, model.heads
 
 
@@ -581,7 +581,7 @@ def joint_ablation(
     Raises:
         InvalidParameterError: for a pair the model does not have.
     """
-    model = ModelParts.of(adapter)
+    model = _Model.of(adapter)
     sets = [(), *head_sets]
     kwargs = _repeat(inputs.model_kwargs(), len(sets))
     with (
@@ -591,3 +591,10 @@ def joint_ablation(
     ):
         probabilities = adapter.logits(**kwargs).double().softmax(-1)[:, target]
     return probabilities.cpu().numpy()
+
+
+#: The blocks, attention output projections and MLP outputs of a model, found once
+#: (``ModelParts.of(adapter)``): what activation patching and the pruning curves reach too.
+ModelParts = _Model
+#: :func:`_checked_target` for the other layer-level analyses (patching, pruning curves).
+checked_target = _checked_target
