@@ -6,6 +6,7 @@ import copy
 import threading
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import transformers as tf
@@ -285,3 +286,22 @@ def test_bad_problems_are_refused_by_name(gpt2):
         patching_problem(gpt2, IOI, noise=GaussianNoise(positions=(99,)))
     with pytest.raises(InvalidParameterError, match="layer 5"):
         patched_score(gpt2, problem, "residual", 5)
+
+
+def test_exact_batches_halve_on_out_of_memory_with_the_same_values(llama):
+    """Every attention output projection refuses more than 3 rows, as a full GPU would."""
+    problem = patching_problem(llama, IOI, IOI_SWAPPED, answer=" mary", contrast=" john")
+    plain = patching_report(llama, problem, ["exact"], ["head"], ["denoising"])
+
+    def refuse(_module, args):
+        if args[0].shape[0] > 3:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    handles = [block.self_attn.o_proj.register_forward_pre_hook(refuse) for block in llama.blocks()]
+    try:
+        tight = patching_report(llama, problem, ["exact"], ["head"], ["denoising"])
+    finally:
+        for handle in handles:
+            handle.remove()
+    pd.testing.assert_frame_equal(tight.table, plain.table, rtol=1e-6)
+    assert tight.forward_passes == plain.forward_passes  # rows, however they are batched
