@@ -77,8 +77,10 @@ __all__ = [
     "MEASURES",
     "LayerReport",
     "Measure",
+    "ModelParts",
     "analyze",
     "analyze_layers",
+    "checked_target",
     "chosen_measures",
     "head_estimators",
     "head_projections",
@@ -156,8 +158,13 @@ HEAD_ESTIMATORS = ("head_gradient", "ablation_zero", "ablation_mean", "head_lrp"
 
 
 @dataclass
-class _Model:
-    """What the measures need to know about the model, found once."""
+class ModelParts:
+    """
+    The blocks, attention output projections and MLP outputs of a model, found once.
+
+    What the measures need to know about the model; activation patching and the pruning
+    curves reach the same modules.
+    """
 
     adapter: Adapter
     layout: Layout
@@ -168,7 +175,7 @@ class _Model:
     lrp_result: LRPResult | None = None
 
     @classmethod
-    def of(cls, adapter: Adapter) -> _Model:
+    def of(cls, adapter: Adapter) -> ModelParts:
         layout = layout_for(adapter)
         blocks = adapter.blocks()
         try:
@@ -221,7 +228,7 @@ def _visible(inputs: Inputs, tokens: int) -> torch.Tensor:
 
 
 def _shared_pass(
-    model: _Model, inputs: Inputs, target: Target, chosen: list[str], run: RunContext
+    model: ModelParts, inputs: Inputs, target: Target, chosen: list[str], run: RunContext
 ) -> list[tuple]:
     """Block influence, entropy, sink share and logit lens from one forward pass."""
     rows: list[tuple] = []
@@ -270,7 +277,7 @@ def _entropy_and_sink(
 
 
 def _logit_lens(
-    model: _Model, inputs: Inputs, residuals: list[torch.Tensor], target: Target
+    model: ModelParts, inputs: Inputs, residuals: list[torch.Tensor], target: Target
 ) -> list[tuple]:
     """
     The target read from each block's residual.
@@ -325,7 +332,7 @@ def _read(
 
 
 def _skip(
-    model: _Model, inputs: Inputs, target: Target, run: RunContext, tick: Callable[[], None]
+    model: ModelParts, inputs: Inputs, target: Target, run: RunContext, tick: Callable[[], None]
 ) -> list[tuple]:
     tick()
     layers = len(model.blocks)
@@ -351,7 +358,7 @@ def _skip(
 
 
 def _gradient(
-    model: _Model, inputs: Inputs, target: Target, run: RunContext, tick: Callable[[], None]
+    model: ModelParts, inputs: Inputs, target: Target, run: RunContext, tick: Callable[[], None]
 ) -> list[tuple]:
     tick()
     device = model.adapter.device
@@ -370,7 +377,7 @@ def _gradient(
 
 
 def _ablation(
-    model: _Model, inputs: Inputs, target: Target, run: RunContext, tick: Callable[[], None]
+    model: ModelParts, inputs: Inputs, target: Target, run: RunContext, tick: Callable[[], None]
 ) -> list[tuple]:
     heads = model.heads
     kwargs = inputs.model_kwargs()
@@ -405,7 +412,7 @@ def _ablation(
 
 
 def _lrp(
-    model: _Model, inputs: Inputs, target: Target, run: RunContext, tick: Callable[[], None]
+    model: ModelParts, inputs: Inputs, target: Target, run: RunContext, tick: Callable[[], None]
 ) -> list[tuple]:
     tick()
     adapter = model.adapter
@@ -478,7 +485,7 @@ def planned_passes(
         InvalidParameterError, UnsupportedMethodError: as :func:`analyze`.
     """
     chosen = chosen_measures(adapter, measures)
-    model = _Model.of(adapter)
+    model = ModelParts.of(adapter)
     layers, heads = len(model.blocks), model.heads
     forward = {"skip": layers + 1, "gradient": 1, "lrp": 1, "ablation": layers * (1 + 2 * heads)}
     backward = {"gradient": 1, "lrp": 1}
@@ -501,8 +508,8 @@ def analyze(
     """:func:`analyze_layers`, keeping the LRP pass's token relevance too."""
     run = run or RunContext()
     chosen = chosen_measures(adapter, measures)
-    target = _checked_target(adapter, inputs, target)
-    model = _Model.of(adapter)
+    target = checked_target(adapter, inputs, target)
+    model = ModelParts.of(adapter)
     layers = len(model.blocks)
     run.plan(planned_passes(adapter, chosen)[0], "the measures (ablation)")
     steps = 1 + sum(layers if name == "ablation" else 1 for name in chosen if name in _RUNNERS)
@@ -551,7 +558,7 @@ def analyze_layers(
     return analyze(adapter, inputs, target, measures, RunContext.of(settings)).table
 
 
-def _checked_target(adapter: Adapter, inputs: Inputs, target: int | Target) -> Target:
+def checked_target(adapter: Adapter, inputs: Inputs, target: int | Target) -> Target:
     """``target`` as a record that fits ``inputs`` and is read from one forward."""
     if not isinstance(target, Target):
         return output_target(adapter, target)
@@ -572,7 +579,7 @@ def head_projections(adapter: Adapter) -> tuple[list[nn.Module], int]:
     Raises:
         UnsupportedMethodError: For models without transformer blocks attrlab knows.
     """
-    model = _Model.of(adapter)
+    model = ModelParts.of(adapter)
     return model.projections, model.heads
 
 
@@ -602,8 +609,8 @@ def joint_ablation(
         InvalidParameterError: for a pair the model does not have.
         InvalidInputError, UnsupportedMethodError: as :func:`analyze_layers` for ``target``.
     """
-    model = _Model.of(adapter)
-    target = _checked_target(adapter, inputs, target)
+    model = ModelParts.of(adapter)
+    target = checked_target(adapter, inputs, target)
     sets = [(), *head_sets]
     kwargs = _repeat(inputs.model_kwargs(), len(sets))
     with (

@@ -63,12 +63,14 @@ def block_io(blocks: Sequence[nn.Module]) -> Iterator[list[tuple[torch.Tensor, t
 
 
 @contextmanager
-def skip_blocks(blocks: Sequence[nn.Module], rows: Sequence[int]) -> Iterator[None]:
-    """Block ``i`` returns its input as its output in batch row ``rows[i]`` (others untouched)."""
+def skip_blocks(blocks: Sequence[nn.Module], rows: Sequence[int | list[int]]) -> Iterator[None]:
+    """Block ``i`` returns its input as its output in batch row(s) ``rows[i]``, others untouched."""
     with ExitStack() as stack:
         for block, row in zip(blocks, rows, strict=True):
 
-            def bypass(_m: nn.Module, args: tuple, kwargs: dict, out: Any, row: int = row) -> Any:
+            def bypass(
+                _m: nn.Module, args: tuple, kwargs: dict, out: Any, row: int | list[int] = row
+            ) -> Any:
                 hidden = _output_hidden(out).clone()
                 hidden[row] = _hidden(args, kwargs)[row]
                 return _replace_hidden(out, hidden)

@@ -1,0 +1,296 @@
+"""
+The problem patching studies: a clean input, its corruption and the target read on both.
+
+A :class:`PatchingProblem` holds a clean input, a corrupted one (the same token length: IOI with
+the second name swapped) or Gaussian noise on chosen tokens' embeddings (causal tracing, Meng et
+al. 2022, https://arxiv.org/abs/2202.05262), and a target, usually a contrast (" Mary" rather
+than " John"), read as ``target.score(target.outputs(adapter, ...))``. :class:`Runs` is a
+checked problem on one model: its two sides and the model's parts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from attrlab.attribution.answers import Answer, answer_inputs, answer_request, prompt_inputs
+from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
+from attrlab.attribution.layers.analysis import ModelParts, checked_target
+from attrlab.attribution.models.base import Adapter, TextInputs, text_adapter
+from attrlab.attribution.patching.base import COMPONENTS, Scale, Site
+from attrlab.attribution.patching.hooks import noised
+from attrlab.attribution.perturb import repeated
+from attrlab.attribution.target import AnswerTarget, ContrastTarget, Target
+
+__all__ = ["MAX_SEEDS", "GaussianNoise", "PatchingProblem", "Run", "Runs", "patching_problem"]
+
+#: Most noise draws a causal-tracing corruption averages over.
+MAX_SEEDS = 64
+
+
+@dataclass(frozen=True)
+class GaussianNoise:
+    """
+    Causal tracing's corruption: Gaussian noise on the token embeddings at ``positions``.
+
+    Meng et al. 2022 (https://arxiv.org/abs/2202.05262): noise of standard deviation ``scale``
+    times that of the embeddings (here the standard deviation of all entries of the model's
+    token-embedding matrix), one draw per seed; every score of the corrupted run is the mean
+    over the draws. Draw ``i`` comes from a generator seeded with ``seed + i``.
+
+    Attributes:
+        positions: Token positions whose embeddings are corrupted (the subject's tokens).
+        seeds: How many draws are averaged.
+        scale: Noise standard deviation in units of the embeddings' standard deviation.
+        seed: Seed of the first draw.
+    """
+
+    positions: tuple[int, ...]
+    seeds: int = 10
+    scale: float = 3.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.positions or len(set(self.positions)) != len(self.positions):
+            raise InvalidParameterError(
+                f"noise needs at least one token position, each once; got {self.positions!r}"
+            )
+        if not 1 <= self.seeds <= MAX_SEEDS:
+            raise InvalidParameterError(f"noise takes 1 to {MAX_SEEDS} seeds; got {self.seeds}")
+        if not self.scale > 0:
+            raise InvalidParameterError(f"the noise scale must be positive; got {self.scale}")
+
+    def draws(self, adapter: Adapter, tokens: int) -> torch.Tensor:
+        """
+        The noise added to the token embeddings: ``(seeds, tokens, D)``, zero off ``positions``.
+
+        Raises:
+            InvalidInputError: a position outside the input.
+        """
+        outside = [p for p in self.positions if not 0 <= p < tokens]
+        if outside:
+            raise InvalidInputError(
+                f"noise position(s) {outside} are outside the input's {tokens} tokens "
+                f"(0..{tokens - 1})"
+            )
+        weight = adapter.token_embedding_module().weight
+        assert isinstance(weight, torch.Tensor)
+        std = float(weight.detach().double().std())
+        noise = torch.zeros(self.seeds, tokens, weight.shape[1], dtype=torch.float64)
+        for draw in range(self.seeds):
+            generator = torch.Generator().manual_seed(self.seed + draw)
+            values = torch.randn(len(self.positions), weight.shape[1], generator=generator)
+            noise[draw, list(self.positions)] = values.double() * self.scale * std
+        return noise.to(device=weight.device, dtype=weight.dtype)
+
+
+@dataclass(frozen=True)
+class PatchingProblem:
+    """
+    A clean input, its corruption and the target read on both.
+
+    Exactly one of ``corrupted`` (another input of the same token length) and ``noise``
+    (:class:`GaussianNoise` on the clean input) is given.
+    """
+
+    clean: TextInputs
+    target: Target
+    corrupted: TextInputs | None = None
+    noise: GaussianNoise | None = None
+
+    def check(self, adapter: Adapter) -> None:
+        """
+        Refuse a problem patching cannot pair position by position, naming what differs.
+
+        Raises:
+            InvalidInputError: both or neither corruption, token lengths or answers that
+                differ, a target the inputs do not hold, noise outside the input.
+            UnsupportedMethodError: a contrast whose alternative needs a sequence of its own.
+        """
+        if (self.corrupted is None) == (self.noise is None):
+            raise InvalidInputError(
+                "give a corrupted input or Gaussian noise on the clean one, exactly one of them"
+            )
+        checked_target(adapter, self.clean, self.target)
+        clean_length = int(self.clean.input_ids.shape[1])
+        if self.corrupted is not None:
+            corrupted_length = int(self.corrupted.input_ids.shape[1])
+            if corrupted_length != clean_length:
+                raise InvalidInputError(
+                    f"the clean input has {clean_length} tokens and the corrupted one "
+                    f"{corrupted_length}: patching pairs their positions, so both need the same "
+                    "length (swap a word for one of as many tokens)"
+                )
+            if self.corrupted.answer_length != self.clean.answer_length:
+                raise InvalidInputError(
+                    "the clean and corrupted inputs hold answers of different lengths: build "
+                    "both with the same answer (patching_problem)"
+                )
+        else:
+            assert self.noise is not None
+            self.noise.draws(adapter, clean_length)  # the range check
+
+
+def patching_problem(
+    adapter: Adapter,
+    clean: str,
+    corrupted: str | None = None,
+    answer: str | None = None,
+    contrast: str | None = None,
+    noise: GaussianNoise | None = None,
+) -> PatchingProblem:
+    """
+    The problem of two prompts (or one and noise) and an answer, as every front end builds it.
+
+    The target is ``answer`` (default: the model's next token after ``clean``), or ``answer``
+    rather than ``contrast``; both prompts are followed by the same answer tokens.
+
+    Raises:
+        InvalidInputError: as :func:`~attribution.answers.answer_request` and
+            :meth:`PatchingProblem.check`.
+    """
+    clean_inputs, target = answer_request(adapter, clean, answer=answer, contrast=contrast)
+    corrupted_inputs = None
+    if corrupted is not None:
+        held = target.answer if isinstance(target, ContrastTarget) else target
+        assert isinstance(held, AnswerTarget)
+        prompt = prompt_inputs(adapter, corrupted)
+        corrupted_inputs = answer_inputs(adapter, prompt, Answer(held.tokens, held.label))
+    problem = PatchingProblem(clean_inputs, target, corrupted_inputs, noise)
+    problem.check(adapter)
+    return problem
+
+
+@dataclass(frozen=True)
+class Run:
+    """
+    One side of the problem: an input and, for the noised side, its noise draws.
+
+    Attributes:
+        inputs: The input (one row).
+        noise: ``(rows, T, D)`` added to its token embeddings, or ``None`` (one row).
+    """
+
+    inputs: TextInputs
+    noise: torch.Tensor | None = None
+
+    @property
+    def rows(self) -> int:
+        """How many forwards one pass of this side takes (the noise draws)."""
+        return 1 if self.noise is None else int(self.noise.shape[0])
+
+    def kwargs(self, rows: int) -> dict[str, torch.Tensor]:
+        """The model's keywords for ``rows`` copies of the input."""
+        return {k: repeated(v, rows) for k, v in self.inputs.model_kwargs().items()}
+
+
+@dataclass
+class Runs:
+    """
+    The model's parts and both sides of a problem, found once per report.
+
+    Attributes:
+        adapter: The model.
+        parts: Its blocks, output projections and MLP outputs.
+        problem: What is patched.
+        clean: The clean side.
+        corrupted: The corrupted side (the clean input with noise, or the corrupted input).
+        tokens: The clean input's token texts (the ``token`` column).
+    """
+
+    adapter: Adapter
+    parts: ModelParts
+    problem: PatchingProblem
+    clean: Run
+    corrupted: Run
+    tokens: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, adapter: Adapter, problem: PatchingProblem) -> Runs:
+        """
+        Check ``problem`` and find the model's parts.
+
+        Raises:
+            InvalidInputError, UnsupportedMethodError: as :meth:`PatchingProblem.check`, or a
+                model without the parts patching reaches (not a transformer attrlab knows).
+        """
+        text_adapter(adapter)
+        problem.check(adapter)
+        parts = ModelParts.of(adapter)
+        clean = Run(problem.clean)
+        if problem.noise is not None:
+            draws = problem.noise.draws(adapter, int(problem.clean.input_ids.shape[1]))
+            corrupted = Run(problem.clean, draws)
+        else:
+            assert problem.corrupted is not None
+            corrupted = Run(problem.corrupted)
+        return cls(adapter, parts, problem, clean, corrupted, list(problem.clean.token_texts))
+
+    @property
+    def layers(self) -> int:
+        """Transformer blocks."""
+        return len(self.parts.blocks)
+
+    @property
+    def heads(self) -> int:
+        """Query heads per block."""
+        return self.parts.heads
+
+    @property
+    def length(self) -> int:
+        """Tokens of each input."""
+        return int(self.problem.clean.input_ids.shape[1])
+
+    def sides(self, direction: str) -> tuple[Run, Run]:
+        """``(destination, source)``: the run patched into, and the one patched from."""
+        if direction == "denoising":
+            return self.corrupted, self.clean
+        return self.clean, self.corrupted
+
+    def sites(self, component: str) -> list[Site]:
+        """Every site of ``component`` in one layer, in table order."""
+        kind = COMPONENTS[component]
+        positions: list[int | None] = list(range(self.length)) if kind.per_position else [None]
+        heads: list[int | None] = list(range(self.heads)) if kind.per_head else [None]
+        return [(position, head) for head in heads for position in positions]
+
+    def score(self, run: Run) -> torch.Tensor:
+        """The target's score of each row of ``run`` (one per noise draw), ``(rows,)``."""
+        target = self.problem.target
+        with noised(self.adapter, run.noise):
+            return target.score(target.outputs(self.adapter, **run.kwargs(run.rows)))
+
+    def side_name(self, run: Run) -> str:
+        """``"clean"`` or ``"corrupted"``: which side ``run`` is."""
+        return "clean" if run is self.clean else "corrupted"
+
+    def row(
+        self,
+        component: str,
+        layer: int,
+        site: Site,
+        scale: Scale,
+        effect: float,
+        magnitude: bool = False,
+    ) -> tuple:
+        """
+        One table row (without the estimator and direction) of an effect on the scale.
+
+        ``magnitude``: the effect is an estimate of ``|effect|`` (AtP*): no patched score, and
+        the normalised value is its share of ``|clean − corrupted|``.
+        """
+        position, head = site
+        patched = float("nan") if magnitude else scale.destination + effect
+        normalised = effect / abs(scale.gap) if magnitude else scale.normalise(patched)
+        return (
+            component,
+            layer,
+            head,
+            None if head is None else self.adapter.kv_head(head),
+            position,
+            None if position is None else self.tokens[position],
+            effect,
+            patched,
+            normalised,
+        )

@@ -1,0 +1,276 @@
+"""
+One call for a patching study: exact patching and its estimators, their table and agreement.
+
+:data:`ESTIMATORS` says what each estimator is and costs (data a front end lists);
+:func:`planned_passes` prices a study before it runs; :func:`patching_report` runs it under
+the model's alteration lock, with progress, cancellation and the pass budget of its
+:class:`~attribution.run.RunSettings`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from attrlab.attribution.alteration import altered
+from attrlab.attribution.errors import InvalidParameterError
+from attrlab.attribution.models.base import Adapter
+from attrlab.attribution.patching.agreement import agreement
+from attrlab.attribution.patching.atp import atp, atp_star, gradients
+from attrlab.attribution.patching.base import (
+    check_components,
+    check_directions,
+    chosen_names,
+    table,
+)
+from attrlab.attribution.patching.exact import baseline, exact, exact_rows
+from attrlab.attribution.patching.problem import PatchingProblem, Runs
+from attrlab.attribution.patching.relp import relp
+from attrlab.attribution.perturb import BatchRunner
+from attrlab.attribution.run import RunContext, RunSettings
+
+__all__ = ["ESTIMATORS", "Estimator", "PatchingReport", "patching_report", "planned_passes"]
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """
+    One way of finding each site's patching effect.
+
+    Attributes:
+        name: Its ``estimator`` in the tables.
+        title: For people.
+        paper: Where it comes from.
+        magnitude: It estimates ``|effect|`` (compared with ``|exact|``).
+        cost: Passes per direction, in words.
+    """
+
+    name: str
+    title: str
+    paper: str
+    magnitude: bool
+    cost: str
+
+
+#: Every estimator, in table order.
+ESTIMATORS: dict[str, Estimator] = {
+    e.name: e
+    for e in (
+        Estimator(
+            "exact",
+            "Activation patching",
+            "https://arxiv.org/abs/2202.05262",
+            False,
+            "one forward row per site and layer (and noise draw)",
+        ),
+        Estimator(
+            "atp",
+            "Attribution patching (AtP)",
+            "https://arxiv.org/abs/2310.10348",
+            False,
+            "1 forward + 1 backward",
+        ),
+        Estimator(
+            "atp_star",
+            "AtP* (QK fix, GradDrop)",
+            "https://arxiv.org/abs/2403.00745",
+            True,
+            "1 forward of L rows + 1 backward",
+        ),
+        Estimator(
+            "relp",
+            "Relevance patching (RelP)",
+            "https://arxiv.org/abs/2508.21258",
+            False,
+            "1 forward + 1 backward, LRP rules",
+        ),
+    )
+}
+
+
+def _check_estimators(estimators: Sequence[str] | None) -> list[str]:
+    return chosen_names("estimator", estimators, ESTIMATORS)
+
+
+@dataclass
+class PatchingReport:
+    """
+    A patching study's results: plain data, JSON-ready with :meth:`to_dict`.
+
+    Attributes:
+        table: One row per estimator, direction, component and site
+            (:data:`~attribution.patching.base.COLUMNS`).
+        agreement: Each estimator against exact patching
+            (:data:`~attribution.patching.agreement.AGREEMENT_COLUMNS`).
+        target: The target's label.
+        clean_score: The target's score on the clean input.
+        corrupted_score: On the corrupted side (the mean over noise draws).
+        corrupted_scores: Per noise draw (one value without noise).
+        tokens: The clean input's token texts.
+        corrupted_tokens: The corrupted input's (``None`` with noise).
+        forward_passes: Forward rows spent.
+        backward_passes: Backward passes spent.
+    """
+
+    table: pd.DataFrame
+    agreement: pd.DataFrame
+    target: str
+    clean_score: float
+    corrupted_score: float
+    corrupted_scores: list[float]
+    tokens: list[str]
+    corrupted_tokens: list[str] | None
+    forward_passes: int = 0
+    backward_passes: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the tables as lists of records (missing values as ``None``)."""
+
+        def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+            plain = frame.astype(object).where(frame.notna(), None)
+            return [
+                {k: (None if isinstance(v, float) and v != v else v) for k, v in row.items()}
+                for row in plain.to_dict(orient="records")
+            ]
+
+        return {
+            "target": self.target,
+            "clean_score": self.clean_score,
+            "corrupted_score": self.corrupted_score,
+            "corrupted_scores": self.corrupted_scores,
+            "tokens": self.tokens,
+            "corrupted_tokens": self.corrupted_tokens,
+            "table": records(self.table),
+            "agreement": records(self.agreement),
+            "forward_passes": self.forward_passes,
+            "backward_passes": self.backward_passes,
+            "warnings": self.warnings,
+        }
+
+
+def planned_passes(
+    adapter: Adapter,
+    problem: PatchingProblem,
+    estimators: Sequence[str] | None = None,
+    components: Sequence[str] | None = None,
+    directions: Sequence[str] | None = None,
+) -> tuple[int, int, int]:
+    """
+    ``(forward rows, backward passes, widest batch)`` of :func:`patching_report`.
+
+    Raises:
+        InvalidParameterError, InvalidInputError, UnsupportedMethodError: as
+            :func:`patching_report`.
+    """
+    chosen = _check_estimators(estimators)
+    parts = check_components(components)
+    ways = check_directions(directions)
+    runs = Runs.of(adapter, problem)
+    forward = runs.clean.rows + runs.corrupted.rows  # the baseline of both sides
+    backward, widest = 0, max(runs.clean.rows, runs.corrupted.rows)
+    for direction in ways:
+        destination, _ = runs.sides(direction)
+        if "exact" in chosen:
+            forward += exact_rows(runs, direction, parts)
+            repeats = max(runs.clean.rows, runs.corrupted.rows)
+            widest = max(widest, max(len(runs.sites(c)) for c in parts) * repeats)
+        for name, rows in (
+            ("atp", destination.rows),
+            ("relp", destination.rows),
+            ("atp_star", destination.rows * (runs.layers if runs.layers > 1 else 1)),
+        ):
+            if name in chosen:
+                forward += rows
+                backward += 1
+                widest = max(widest, rows)
+    return forward, backward, widest
+
+
+def patching_report(
+    adapter: Adapter,
+    problem: PatchingProblem,
+    estimators: Sequence[str] | None = None,
+    components: Sequence[str] | None = None,
+    directions: Sequence[str] | None = None,
+    settings: RunSettings | None = None,
+    top_k: int = 10,
+    batch_size: int | None = None,
+) -> PatchingReport:
+    """
+    Patch every site of ``components`` in ``directions`` exactly and by the ``estimators``.
+
+    All by default. ``batch_size``: most rows per forward (default: a layer's sites in one
+    batch; halved on CUDA out-of-memory either way). ``top_k``: the overlap's ``k``.
+
+    Raises:
+        InvalidParameterError: unknown names, ``top_k`` < 1.
+        InvalidInputError: inputs of different token lengths, a target they do not hold, a
+            corruption that leaves the score unchanged.
+        UnsupportedMethodError: a model whose blocks attrlab does not know (RelP: whose LRP
+            rules it lacks; AtP*: whose attention it cannot route).
+        BudgetExceededError: more forward rows than the settings allow.
+        JobCancelledError: once ``settings.cancel`` is set (the model is left as it was).
+    """
+    chosen = _check_estimators(estimators)
+    parts = check_components(components)
+    ways = check_directions(directions)
+    if top_k < 1:
+        raise InvalidParameterError(f"top_k is at least 1; got {top_k}")
+    run = RunContext.of(settings)
+    forward, _, widest = planned_passes(adapter, problem, chosen, parts, ways)
+    run.plan(forward, "the components, directions or noise draws")
+    runs = Runs.of(adapter, problem)
+    gradient_stages = sum(1 for e in chosen if e != "exact") * len(ways)
+    exact_total = sum(exact_rows(runs, d, parts) for d in ways) if "exact" in chosen else 0
+    runner = BatchRunner(adapter, run, batch_size or widest, exact_total + gradient_stages)
+    rows: list[tuple] = []
+
+    def stage_done() -> None:
+        runner.done += 1
+        run.step(runner.done, runner.total)
+
+    with altered(adapter.model):
+        base = baseline(runs, parts, patterns="atp_star" in chosen)
+        run.count(forward=runs.clean.rows + runs.corrupted.rows)
+        for direction in ways:
+            destination, _ = runs.sides(direction)
+            found: dict[str, list[tuple]] = {}
+            if "exact" in chosen:
+                found["exact"] = exact(runs, base, direction, parts, runner)
+            if "atp" in chosen:
+                _, grads = gradients(runs, direction, parts)
+                found["atp"] = atp(runs, base, direction, parts, grads)
+                run.count(forward=destination.rows, backward=1)
+                stage_done()
+            if "atp_star" in chosen:
+                found["atp_star"] = atp_star(runs, base, direction, parts)
+                run.count(forward=destination.rows * max(1, runs.layers), backward=1)
+                stage_done()
+            if "relp" in chosen:
+                found["relp"] = relp(runs, base, direction, parts)
+                run.count(forward=destination.rows, backward=1)
+                stage_done()
+            for name in chosen:
+                rows += [(name, direction, *row) for row in found[name]]
+    if runs.layers < 2 and "atp_star" in chosen:
+        run.warn("AtP*: a model of one layer has no layer to drop: GradDrop was left out")
+    frame = table(rows)
+    magnitudes = {e.name for e in ESTIMATORS.values() if e.magnitude}
+    corrupted = problem.corrupted
+    return PatchingReport(
+        table=frame,
+        agreement=agreement(frame, magnitudes, top_k),
+        target=problem.target.label,
+        clean_score=base.clean,
+        corrupted_score=sum(base.corrupted) / len(base.corrupted),
+        corrupted_scores=base.corrupted,
+        tokens=runs.tokens,
+        corrupted_tokens=None if corrupted is None else list(corrupted.token_texts),
+        forward_passes=run.forward_passes,
+        backward_passes=run.backward_passes,
+        warnings=run.warnings,
+    )

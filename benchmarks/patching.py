@@ -1,0 +1,104 @@
+"""
+Activation patching on SmolLM2-135M's IOI prompt, and how well AtP, AtP* and RelP match it.
+
+Run: ``.venv/bin/python benchmarks/patching.py [components ...]`` (default: residual, head).
+
+"When Mary and John went to the store, John gave a drink to" against the same prompt with the
+second name swapped ("... store, Mary gave ..."), target " Mary" rather than " John" (the logit
+difference). Prints the passes planned, the seconds each estimator took, the sites exact
+patching ranks highest per component, and each estimator's agreement with exact patching.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import pandas as pd
+import torch
+from _tables import print_table
+
+from attrlab.attribution.models import load
+from attrlab.attribution.patching import (
+    ESTIMATORS,
+    agreement,
+    patching_problem,
+    patching_report,
+    planned_passes,
+)
+from attrlab.attribution.run import RunSettings
+
+CLEAN = "When Mary and John went to the store, John gave a drink to"
+CORRUPTED = "When Mary and John went to the store, Mary gave a drink to"
+TOP = 5
+
+
+def main(components: list[str]) -> None:
+    torch.set_num_threads(os.cpu_count() or 1)
+    adapter = load("smollm2-135m", device="cpu")
+    problem = patching_problem(adapter, CLEAN, CORRUPTED, answer=" Mary", contrast=" John")
+    forward, backward, widest = planned_passes(adapter, problem, None, components)
+    print(f"planned: {forward:,} forward rows, {backward} backward passes, batch {widest}\n")
+    reports = {}
+    for name in ESTIMATORS:
+        start = time.perf_counter()
+        settings = RunSettings(progress=_progress(name))
+        reports[name] = patching_report(adapter, problem, [name], components, settings=settings)
+        print(f"{name}: {time.perf_counter() - start:.1f} s")
+    exact = reports["exact"]
+    print(f"\nclean {exact.clean_score:.3f}, corrupted {exact.corrupted_score:.3f}\n")
+    rows = []
+    for (direction, component), frame in exact.table.groupby(["direction", "component"]):
+        best = frame.reindex(frame["effect"].abs().sort_values(ascending=False).index)[:TOP]
+        rows.append((direction, component, ", ".join(_site(r) for r in best.itertuples())))
+    print_table(
+        ("direction", "component", f"top {TOP} sites by |effect| (exact; normalised)"), rows
+    )
+    print()
+    magnitudes = {e.name for e in ESTIMATORS.values() if e.magnitude}
+    together = pd.concat([r.table for r in reports.values()], ignore_index=True)
+    found = agreement(together, magnitudes, top_k=10)
+    print_table(
+        ("estimator", "direction", "component", "sites", "Pearson r", "Spearman ρ", "top-10"),
+        [
+            (
+                r.estimator,
+                r.direction,
+                r.component,
+                r.sites,
+                f"{r.pearson:.2f}",
+                f"{r.spearman:.2f}",
+                f"{r.top_k_overlap:.1f}",
+            )
+            for r in found.itertuples(index=False)
+        ],
+    )
+
+
+def _progress(name: str) -> Any:
+    """Print ``name``'s progress at every tenth of its work (to stderr)."""
+    shown: set[int] = set()
+
+    def report(done: int, total: int) -> None:
+        tenth = 10 * done // max(1, total)
+        if tenth not in shown:
+            shown.add(tenth)
+            print(f"  {name}: {done}/{total}", file=sys.stderr, flush=True)
+
+    return report
+
+
+def _site(row: Any) -> str:
+    """``L3.H4@' John' 0.52``: layer, head, token and normalised effect of a table row."""
+    head = "" if pd.isna(row.head) else f".H{row.head}"
+    token = "" if pd.isna(row.token) else f"@{row.token!r}"
+    return f"L{row.layer}{head}{token} {row.normalised:.2f}"
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or ["residual", "head"])
