@@ -37,6 +37,7 @@ from attrlab.app.worker import (
     ExplainRequest,
     ExplainWorker,
     Instance,
+    PatchRequest,
     WorkerRequest,
     check_instance_features,
 )
@@ -55,6 +56,7 @@ __all__ = [
     "ErrorBody",
     "ExplainBody",
     "LayersBody",
+    "PatchBody",
     "build_router",
     "install_error_handlers",
 ]
@@ -448,6 +450,78 @@ class LayersBody(_InputBody):
         )
 
 
+class PatchBody(BaseModel):
+    """
+    Activation patching of a decoder LM, and AtP, AtP* and RelP scored against it.
+
+    Exactly one corruption: ``corrupted`` (a prompt of the clean one's token length) or
+    ``noise_positions`` (causal tracing: Gaussian noise on those tokens' embeddings).
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "model": "smollm2-135m",
+                    "clean": "When Mary and John went to the store, John gave a drink to",
+                    "corrupted": "When Mary and John went to the store, Mary gave a drink to",
+                    "answer": " Mary",
+                    "contrast": " John",
+                    "components": ["residual", "head"],
+                }
+            ]
+        },
+    )
+
+    model: str | None = Field(
+        None, min_length=1, max_length=500, description="A decoder LM (default: smollm2-135m)"
+    )
+    clean: str = Field(..., min_length=1, description="The clean prompt")
+    corrupted: str | None = Field(None, min_length=1, description="The corrupted prompt")
+    noise_positions: list[_WholeNumber] | None = Field(
+        None, min_length=1, max_length=64, description="Clean prompt's token positions to noise"
+    )
+    noise_seeds: _WholeNumber = Field(10, ge=1, le=64, description="Noise draws averaged")
+    answer: str | None = Field(
+        None, min_length=1, description="The answer (default: the model's next token)"
+    )
+    contrast: str | None = Field(None, min_length=1, description="The answer rather than this")
+    components: list[Annotated[str, Field(max_length=50)]] | None = Field(
+        None, max_length=10, description="residual, attention, mlp, head, head_position (all)"
+    )
+    estimators: list[Annotated[str, Field(max_length=50)]] | None = Field(
+        None, max_length=10, description="exact, atp, atp_star, relp (default: all)"
+    )
+    directions: list[Annotated[str, Field(max_length=50)]] | None = Field(
+        None, max_length=2, description="denoising, noising (default: both)"
+    )
+    top_k: _WholeNumber = Field(10, ge=1, le=10_000, description="Sites in the top-k overlap")
+    seed: _WholeNumber = Field(0, ge=0, le=2**32 - 1)
+
+    def to_request(self) -> PatchRequest:
+        """The worker request for this body."""
+
+        def names(given: list[str] | None) -> tuple[str, ...] | None:
+            return None if given is None else tuple(given)
+
+        return PatchRequest(
+            model=self.model or default_model("text", True),
+            seed=self.seed,
+            clean=self.clean,
+            corrupted=self.corrupted,
+            answer=self.answer,
+            contrast=self.contrast,
+            noise_positions=None if self.noise_positions is None else tuple(self.noise_positions),
+            noise_seeds=self.noise_seeds,
+            components=names(self.components),
+            estimators=names(self.estimators),
+            directions=names(self.directions),
+            top_k=self.top_k,
+        )
+
+
 class CheckBody(_InputBody):
     """
     Several methods on one input: their maps' agreement and each map's randomisation check.
@@ -682,6 +756,19 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         from the top layer down, one row per method and step (step 0: nothing randomised).
         The server's forward-pass budget covers the whole check: no explanation starts once it
         is spent, and a sampling method is refused when the passes left cannot cover it.
+        """
+        return JSONResponse((await run(body.to_request(), request)).to_dict())
+
+    @router.post("/patch", response_model=None)
+    async def patch(body: PatchBody, request: Request) -> JSONResponse:
+        """
+        Which layers, positions and heads carry the difference a corruption makes.
+
+        ``table``: one row per estimator (``exact`` activation patching, ``atp``, ``atp_star``,
+        ``relp``), direction, component and site, with the raw ``effect`` and the
+        ``normalised`` one (0 = corrupted, 1 = clean on the target); ``agreement``: each
+        estimator against exact patching (Pearson, Spearman, top-k overlap) per direction and
+        component. The server's forward-pass budget covers the whole study.
         """
         return JSONResponse((await run(body.to_request(), request)).to_dict())
 

@@ -137,6 +137,54 @@ def _layers(args: argparse.Namespace) -> int:
     return 0
 
 
+def _patch(args: argparse.Namespace) -> int:
+    """``attrlab patch``: activation patching and its estimators on one pair of prompts."""
+    from attrlab.app.worker import PatchRequest
+
+    if args.format == "parquet" and args.output is None:
+        raise _usage_error("--format parquet writes a file: give --output PATH")
+    _output_path(args.output)
+    request = PatchRequest(
+        model=args.model,
+        seed=args.seed,
+        clean=args.clean,
+        corrupted=args.corrupt,
+        answer=args.answer,
+        contrast=args.contrast,
+        noise_positions=_positions(args.noise_positions),
+        noise_seeds=args.noise_seeds,
+        components=_optional_names(args.components),
+        estimators=_optional_names(args.estimators),
+        directions=_optional_names(args.directions),
+        top_k=args.top_k,
+    )
+    (report,) = _on_worker(args, [request], "study")
+    if args.format == "json":
+        _write_text(json.dumps(report.to_dict(), indent=2), args.output)
+        return 0
+    from attrlab.viz.table import patching_text
+
+    _write_table(report.table, args, lambda: patching_text(report))
+    return 0
+
+
+def _optional_names(text: str | None) -> tuple[str, ...] | None:
+    """A comma-separated option's names, ``None`` when it is not given (all)."""
+    return None if text is None else tuple(_names(text))
+
+
+def _positions(text: str | None) -> tuple[int, ...] | None:
+    """``--noise-positions 2,3``: token positions, refused in words when not whole numbers."""
+    if text is None:
+        return None
+    try:
+        return tuple(int(part) for part in _names(text))
+    except ValueError:
+        raise _usage_error(
+            f"--noise-positions takes token positions such as 2,3; got {text!r}"
+        ) from None
+
+
 def _layers_dataset(args: argparse.Namespace) -> int:
     """``attrlab layers --input``: the layer measures' means over a dataset."""
     from attrlab.app.progress import CommandProgress
@@ -244,7 +292,7 @@ def _on_worker(
 def _load_model(worker: Any, args: argparse.Namespace, bar: Any) -> Any:
     """Load the command's model on ``worker`` (kept for its requests), saying so on the bar."""
     bar.stage(f"loading {args.model}")
-    return worker.adapter(args.model, _labels(args.labels))
+    return worker.adapter(args.model, _labels(getattr(args, "labels", None)))
 
 
 def _labels(text: str | None) -> list[str] | None:
@@ -969,6 +1017,37 @@ def build_parser() -> argparse.ArgumentParser:
     layers.add_argument("--figure-format", choices=("html", "png"), default="html")
     layers.set_defaults(run=_layers)
 
+    patch = sub.add_parser(
+        "patch",
+        help="activation patching of a decoder LM: which layers, positions and heads carry the "
+        "difference a corrupted prompt makes, and how far AtP, AtP* and RelP agree with it",
+    )
+    patch.add_argument("--model", default=None, help="alias, hub id or local folder (a decoder)")
+    patch.add_argument("--clean", required=True, help="the clean prompt")
+    corruption = patch.add_mutually_exclusive_group(required=True)
+    corruption.add_argument("--corrupt", help="the corrupted prompt (the same token length)")
+    corruption.add_argument(
+        "--noise-positions",
+        help="causal tracing instead: the clean prompt's token positions to noise, e.g. 2,3",
+    )
+    patch.add_argument("--noise-seeds", type=_positive_int, default=10, help="noise draws")
+    patch.add_argument("--answer", help="the answer (default: the model's next token)")
+    patch.add_argument("--contrast", help="the answer rather than this one")
+    patch.add_argument(
+        "--components",
+        help="comma-separated: residual, attention, mlp, head, head_position (default: all)",
+    )
+    patch.add_argument(
+        "--estimators", help="comma-separated: exact, atp, atp_star, relp (default: all)"
+    )
+    patch.add_argument("--directions", help="denoising, noising (default: both)")
+    patch.add_argument("--top-k", type=_positive_int, default=10, help="sites in the overlap")
+    patch.add_argument("--seed", type=int, default=0)
+    patch.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
+    patch.add_argument("--format", choices=("table", "json", "csv", "parquet"), default="table")
+    patch.add_argument("--output", help="file to write (default: stdout; parquet needs one)")
+    patch.set_defaults(run=_patch)
+
     evaluate = sub.add_parser(
         "evaluate", help="faithfulness leaderboard of methods over images or sentences"
     )
@@ -1089,13 +1168,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; user errors print one line and exit with status 2."""
     args = build_parser().parse_args(argv)
-    if args.command in ("explain", "layers", "evaluate", "check", "batch") and args.model is None:
+    commands = ("explain", "layers", "evaluate", "check", "batch", "patch")
+    if args.command in commands and args.model is None:
         from attrlab.attribution.models import default_model
 
         image = getattr(args, "image", None) or getattr(args, "images", None)
         if args.command == "batch":
             image = Path(args.input).expanduser().is_dir()
-        decoder = getattr(args, "next_token", False) or _asks_answer(args)
+        decoder = (
+            args.command == "patch" or getattr(args, "next_token", False) or _asks_answer(args)
+        )
         args.model = default_model("image" if image else "text", decoder)
     try:
         code = args.run(args)

@@ -47,6 +47,7 @@ if TYPE_CHECKING:  # imported where used: a plain explanation needs none of them
     from attrlab.attribution.layers import HeadAblation
     from attrlab.attribution.metrics import EvalItem
     from attrlab.attribution.metrics.check import MethodCheck
+    from attrlab.attribution.patching import PatchingReport
 
 __all__ = [
     "MAX_ABLATED_HEADS",
@@ -63,6 +64,7 @@ __all__ = [
     "InstanceResults",
     "Job",
     "JobTableBusyError",
+    "PatchRequest",
     "PreviewRequest",
     "QueueFullError",
     "WorkerClosedError",
@@ -385,6 +387,65 @@ class AblationRequest(InputRequest["HeadAblation"]):
             self.heads,
             self.params,
             run.settings_for(self.seed),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class PatchRequest(WorkerRequest["PatchingReport"]):
+    """
+    Activation patching of a decoder LM and its estimators (:mod:`attribution.patching`).
+
+    ``clean`` and ``corrupted`` prompts of the same token length, or ``noise_positions`` (the
+    clean prompt's token positions whose embeddings get causal tracing's Gaussian noise,
+    ``noise_seeds`` draws); the target is ``answer`` (default: the model's next token), or
+    ``answer`` rather than ``contrast``. ``components``, ``estimators``, ``directions``:
+    ``None`` for all.
+    """
+
+    clean: str
+    next_token: bool = True  # a decoder LM, loaded as one
+    corrupted: str | None = None
+    answer: str | None = None
+    contrast: str | None = None
+    noise_positions: tuple[int, ...] | None = None
+    noise_seeds: int = 10
+    components: tuple[str, ...] | None = None
+    estimators: tuple[str, ...] | None = None
+    directions: tuple[str, ...] | None = None
+    top_k: int = 10
+
+    def check(self, settings: ServerSettings) -> None:
+        """The texts within this server's bounds, and one corruption."""
+        for text in (self.corrupted, self.answer, self.contrast):
+            settings.check_request(text, None, None, self.seed)
+        settings.check_request(self.clean, self.labels, None, self.seed)
+        if (self.corrupted is None) == (self.noise_positions is None):
+            raise InvalidInputError(
+                "give a corrupted prompt, or noise positions of the clean one (causal tracing)"
+            )
+
+    def method_params(self) -> dict[str, dict[str, Any]]:
+        """No registered method: patching is its own study."""
+        return {}
+
+    def run_on(self, adapter: Adapter, run: JobContext) -> PatchingReport:
+        """The study under the job's budget, progress and cancel switch."""
+        from attrlab.attribution.patching import GaussianNoise, patching_problem, patching_report
+
+        noise = None
+        if self.noise_positions is not None:
+            noise = GaussianNoise(self.noise_positions, self.noise_seeds, seed=self.seed)
+        problem = patching_problem(
+            adapter, self.clean, self.corrupted, self.answer, self.contrast, noise
+        )
+        return patching_report(
+            adapter,
+            problem,
+            self.estimators,
+            self.components,
+            self.directions,
+            run.settings_for(self.seed),
+            self.top_k,
         )
 
 

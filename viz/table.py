@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 import pandas as pd
 
@@ -9,7 +11,10 @@ from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.target import AnswerTarget, ContrastTarget
 from attrlab.viz.tokens import token_label
 
-__all__ = ["explanation_table", "layers_text"]
+if TYPE_CHECKING:
+    from attrlab.attribution.patching import PatchingReport
+
+__all__ = ["explanation_table", "layers_text", "patching_text"]
 
 _BAR_WIDTH = 20
 
@@ -147,3 +152,37 @@ def layers_text(explanation: Explanation, top: int = 5) -> str:
         lines += [f"  {k} = {v:.3f}" for k, v in agreement.items()]
     lines += [f"warning   {w}" for w in e.warnings]
     return "\n".join(lines)
+
+
+def patching_text(report: PatchingReport, top: int = 5) -> str:
+    """
+    Terminal view of a patching study (``attrlab patch --format table``).
+
+    The target and its score on both sides, the ``top`` sites of exact patching per direction
+    and component (by ``|normalised|``), and each estimator's agreement with exact patching.
+    """
+    lines = [
+        f"target    {report.target}",
+        f"score     clean {report.clean_score:.4g}, corrupted {report.corrupted_score:.4g}"
+        " (normalised: 0 = corrupted, 1 = clean)",
+    ]
+    exact = report.table[report.table["estimator"] == "exact"]
+    for (direction, component), rows in exact.groupby(["direction", "component"], sort=False):
+        ranked = rows.reindex(rows["normalised"].abs().sort_values(ascending=False).index)
+        shown = ", ".join(_site(r) for r in ranked.head(top).itertuples(index=False))
+        lines.append(f"top {direction} {component}: {shown}")
+    if not report.agreement.empty:
+        lines += ["", "estimators against exact patching"]
+        lines.append(report.agreement.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    lines += [f"warning   {w}" for w in report.warnings]
+    return "\n".join(lines)
+
+
+def _site(row: Any) -> str:
+    """``L3H2@5 ' John'=0.92``: a site and its normalised effect."""
+    where = f"L{int(row.layer)}"
+    if pd.notna(row.head):
+        where += f"H{int(row.head)}"
+    if pd.notna(row.position):
+        where += f"@{int(row.position)} {_quoted(str(row.token))}"
+    return f"{where}={row.normalised:.3g}"

@@ -1,0 +1,101 @@
+"""
+``attrlab patch`` and ``POST /api/v1/patch``: the library's patching study, wired.
+
+Each front end's numbers are checked against :func:`attribution.patching.patching_report` run
+directly on the same tiny model and prompts; bad input is refused in words (exit 2, HTTP 4xx).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pandas as pd
+import pytest
+from fastapi.testclient import TestClient
+
+from attrlab.app.cli import main
+from attrlab.app.server import create_app
+from attrlab.app.worker import ExplainWorker
+from attrlab.attribution.patching import patching_problem, patching_report
+
+MODEL = "tiny-random-gpt2"
+CLEAN = "When Mary and John went to the store, John gave a drink to"
+CORRUPT = "When Mary and John went to the store, Mary gave a drink to"
+STUDY = {"estimators": ["exact", "atp"], "components": ["residual", "head"]}
+
+
+@pytest.fixture(scope="module")
+def expected(load_model):
+    problem = patching_problem(load_model(MODEL), CLEAN, CORRUPT, " Mary", " John")
+    return patching_report(load_model(MODEL), problem, **STUDY)
+
+
+def _same_table(got: pd.DataFrame, expected: pd.DataFrame) -> None:
+    assert len(got) == len(expected)
+    for column in ("estimator", "direction", "component"):
+        assert list(got[column]) == list(expected[column])
+    for column in ("effect", "normalised"):
+        pd.testing.assert_series_equal(
+            got[column].astype(float), expected[column].astype(float), rtol=1e-6, atol=1e-9
+        )
+
+
+def test_the_cli_writes_the_study_as_json_and_csv(capsys, tmp_path, expected):
+    argv = ["patch", "--model", MODEL, "--clean", CLEAN, "--corrupt", CORRUPT]
+    argv += ["--answer", " Mary", "--contrast", " John", "--estimators", "exact,atp"]
+    argv += ["--components", "residual,head"]
+    assert main([*argv, "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["target"] == "' Mary' rather than ' John'"
+    assert report["clean_score"] == pytest.approx(expected.clean_score, rel=1e-6)
+    _same_table(pd.DataFrame(report["table"]), expected.table)
+    assert {(r["estimator"], r["component"]) for r in report["agreement"]} == {
+        ("atp", "residual"),
+        ("atp", "head"),
+    }
+    assert main([*argv, "--format", "csv"]) == 0
+    _same_table(pd.read_csv(io.StringIO(capsys.readouterr().out)), expected.table)
+    assert main(argv) == 0  # the terminal view: the top sites and the agreement
+    text = capsys.readouterr().out
+    assert "top denoising residual:" in text and "estimators against exact patching" in text
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--corrupt", "When Mary went to the store"], "token"),
+        (["--noise-positions", "two"], "--noise-positions takes token positions"),
+        (["--corrupt", CORRUPT, "--components", "everything"], "everything"),
+    ],
+)
+def test_the_cli_refuses_bad_studies_in_words(capsys, extra, message):
+    assert main(["patch", "--model", MODEL, "--clean", CLEAN, *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+@pytest.fixture(scope="module")
+def served():
+    worker = ExplainWorker(device="cpu", max_models=1)
+    with TestClient(create_app(worker)) as client:
+        yield client
+    worker.close()
+
+
+def test_rest_patch_answers_the_study_and_refuses_bad_bodies(served, expected):
+    body = {"model": MODEL, "clean": CLEAN, "corrupted": CORRUPT}
+    body |= {"answer": " Mary", "contrast": " John", **STUDY}
+    response = served.post("/api/v1/patch", json=body)
+    assert response.status_code == 200, response.text
+    _same_table(pd.DataFrame(response.json()["table"]), expected.table)
+    for bad, named in (
+        ({k: v for k, v in body.items() if k != "corrupted"}, "corrupted prompt, or noise"),
+        ({**body, "components": ["everything"]}, "unknown component(s) 'everything'"),
+        ({**body, "corrupted": "When Mary went"}, "token"),  # another token length
+        ({**body, "noise_seeds": 0}, "noise_seeds"),
+    ):
+        response = served.post("/api/v1/patch", json=bad)
+        assert 400 <= response.status_code < 500, response.text
+        assert named in json.dumps(response.json()["error"]), response.text
+    assert "/api/v1/patch" in served.get("/openapi.json").json()["paths"]
