@@ -30,6 +30,12 @@ if TYPE_CHECKING:
         token_layers_figure,
         top_heads_figure,
     )
+    from attrlab.viz.patching import (
+        estimator_scatter,
+        patching_head_grid,
+        patching_heatmaps,
+        pruning_figure,
+    )
     from attrlab.viz.text import (
         positional_figure_tokens,
         scale_legend_html,
@@ -58,6 +64,7 @@ __all__ = [
     "change_figure",
     "change_html",
     "conservation_figure",
+    "estimator_scatter",
     "export_figure",
     "head_heatmap",
     "head_rank_table",
@@ -68,8 +75,11 @@ __all__ = [
     "leaderboard_figure",
     "measure_note",
     "method_agreement_figure",
+    "patching_head_grid",
+    "patching_heatmaps",
     "positional_figure",
     "positional_figure_tokens",
+    "pruning_figure",
     "randomisation_figure",
     "scale_legend_html",
     "std_error_figure",
@@ -113,6 +123,10 @@ __getattr__, __dir__ = lazy_exports(
         "positional_figure": "attrlab.viz.layers",
         "token_layers_figure": "attrlab.viz.layers",
         "top_heads_figure": "attrlab.viz.layers",
+        "estimator_scatter": "attrlab.viz.patching",
+        "patching_head_grid": "attrlab.viz.patching",
+        "patching_heatmaps": "attrlab.viz.patching",
+        "pruning_figure": "attrlab.viz.patching",
         "positional_figure_tokens": "attrlab.viz.text",
         "scale_legend_html": "attrlab.viz.text",
         "token_columns_html": "attrlab.viz.text",
