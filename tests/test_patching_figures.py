@@ -14,6 +14,7 @@ from attrlab.attribution.patching import patching_problem, patching_report
 from attrlab.viz import (
     estimator_scatter,
     export_figure,
+    patching_figures,
     patching_head_grid,
     patching_heatmaps,
     pruning_figure,
@@ -159,16 +160,34 @@ def test_pruning_figure_draws_the_curves_and_names_their_areas(curves):
         assert {t.legend for t in traces} == {"legend" if c == 1 else f"legend{c}"}
 
 
+def test_a_study_gets_the_figures_it_has_data_for(gpt2, report):
+    names = [
+        "patching_residual",
+        "patching_attention",
+        "patching_mlp",
+        "patching_head_position",
+        "patching_heads",
+        "estimators_denoising",
+        "estimators_noising",
+    ]
+    assert list(patching_figures(report)) == names
+    problem = patching_problem(gpt2, CLEAN, CORRUPTED, answer=" mary", contrast=" john")
+    small = patching_report(gpt2, problem, ["exact"], ["mlp", "head"], ["noising"])
+    figures = patching_figures(small)
+    assert list(figures) == ["patching_mlp", "patching_heads"]
+    assert [p.text for p in figures["patching_mlp"].layout.annotations] == [
+        "noising (1 = unpatched)"
+    ]
+
+
 def test_every_figure_exports_to_standalone_html(report, curves, tmp_path):
     figures = {
-        **{f"patching_{k}": f for k, f in patching_heatmaps(report, "atp").items()},
-        "heads": patching_head_grid(report),
-        "scatter": estimator_scatter(report, "noising"),
+        **patching_figures(report),
+        **{f"atp_{k}": f for k, f in patching_heatmaps(report, "atp").items()},
         "pruning": pruning_figure(curves),
     }
     for name, figure in figures.items():
         page = export_figure(figure, tmp_path / f"{name}.html").read_text(encoding="utf-8")
         assert page.lstrip().lower().startswith("<!doctype html>") and "Plotly.newPlot" in page
         assert len(page) > 1_000_000  # Plotly's script inlined: opens offline
-    heatmap = patching_heatmaps(report, "atp")["residual"]
-    assert "Attribution patching (AtP)" in heatmap.layout.title.text
+    assert "Attribution patching (AtP)" in figures["atp_residual"].layout.title.text

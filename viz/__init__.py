@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     )
     from attrlab.viz.patching import (
         estimator_scatter,
+        patching_figures,
         patching_head_grid,
         patching_heatmaps,
         pruning_figure,
@@ -75,6 +76,7 @@ __all__ = [
     "leaderboard_figure",
     "measure_note",
     "method_agreement_figure",
+    "patching_figures",
     "patching_head_grid",
     "patching_heatmaps",
     "positional_figure",
@@ -124,6 +126,7 @@ __getattr__, __dir__ = lazy_exports(
         "token_layers_figure": "attrlab.viz.layers",
         "top_heads_figure": "attrlab.viz.layers",
         "estimator_scatter": "attrlab.viz.patching",
+        "patching_figures": "attrlab.viz.patching",
         "patching_head_grid": "attrlab.viz.patching",
         "patching_heatmaps": "attrlab.viz.patching",
         "pruning_figure": "attrlab.viz.patching",

@@ -25,7 +25,13 @@ from attrlab.viz.layers import _DIVERGING, _token_axis
 from attrlab.viz.theme import TEMPLATE
 from attrlab.viz.tokens import token_tick
 
-__all__ = ["estimator_scatter", "patching_head_grid", "patching_heatmaps", "pruning_figure"]
+__all__ = [
+    "estimator_scatter",
+    "patching_figures",
+    "patching_head_grid",
+    "patching_heatmaps",
+    "pruning_figure",
+]
 
 #: Each direction's baseline on the normalised scale: the score of the run patched into.
 _BASELINE = {"denoising": 0.0, "noising": 1.0}
@@ -33,8 +39,8 @@ _BASELINE = {"denoising": 0.0, "noising": 1.0}
 _MOST_LABELLED = 160
 #: Metrics of the pruning curves, for people.
 _METRICS = {
-    "log_prob": "log p(target)",
-    "top1_agreement": "top-1 agreement with the full model",
+    "log_prob": "log p(target) (higher is better)",
+    "top1_agreement": "top-1 agreement with the full model (higher is better)",
     "next_token_loss": "next-token loss (lower is better)",
 }
 
@@ -396,6 +402,8 @@ def estimator_scatter(report: PatchingReport, direction: str = "denoising") -> g
         figure.update_xaxes(
             title_text="exact effect", title_font_size=12, row=len(estimators), col=c
         )
+    figure.update_xaxes(exponentformat="e")
+    figure.update_yaxes(exponentformat="e")
     figure.update_annotations(font_size=12)
     figure.update_layout(
         title={
@@ -483,3 +491,29 @@ def pruning_figure(curves: PruningCurves) -> go.Figure:
         template=TEMPLATE,
     )
     return figure
+
+
+def patching_figures(report: PatchingReport) -> dict[str, go.Figure]:
+    """
+    Every figure a patching study has data for, by name (what a front end shows or writes).
+
+    Exact patching's heatmaps (``patching_<component>``; an estimator's where the study ran
+    no exact patching), its head grid (``patching_heads``) when heads were patched, and with
+    exact patching and an estimator, one scatter per direction (``estimators_<direction>``).
+    """
+    table = report.table
+    ran = list(dict.fromkeys(table["estimator"]))
+    if not ran:
+        return {}
+    shown = "exact" if "exact" in ran else ran[0]
+    components = set(table.loc[table["estimator"] == shown, "component"])
+    figures: dict[str, go.Figure] = {}
+    if any(COMPONENTS[c].per_position for c in components):
+        heatmaps = patching_heatmaps(report, shown)
+        figures |= {f"patching_{name}": figure for name, figure in heatmaps.items()}
+    if "head" in components:
+        figures["patching_heads"] = patching_head_grid(report, shown)
+    if shown == "exact" and len(ran) > 1:
+        for direction in _directions(table):
+            figures[f"estimators_{direction}"] = estimator_scatter(report, direction)
+    return figures
