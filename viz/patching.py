@@ -37,6 +37,8 @@ __all__ = [
 _BASELINE = {"denoising": 0.0, "noising": 1.0}
 #: Cells a heatmap writes its values into (beyond that the hover alone has them).
 _MOST_LABELLED = 160
+#: Rows (or columns) beyond which a heatmap's cells are drawn without borders.
+_MOST_GAPS = 60
 #: Metrics of the pruning curves, for people.
 _METRICS = {
     "log_prob": "log p(target) (higher is better)",
@@ -105,7 +107,7 @@ def _panels_figure(
         shared_xaxes=stacked,
         shared_yaxes=not stacked,
         subplot_titles=[f"{p.direction} ({_BASELINE[p.direction]:g} = unpatched)" for p in panels],
-        vertical_spacing=0.12 if stacked else 0.0,
+        vertical_spacing=min(0.12, 90 / height) if stacked else 0.0,  # about 90 px
         horizontal_spacing=0.0 if stacked else 0.2,
     )
     span = _span(panels)
@@ -123,8 +125,9 @@ def _panels_figure(
                 texttemplate="%{z:.2f}" if labelled else None,
                 textfont={"size": 10},
                 coloraxis=axis,
-                xgap=1,
-                ygap=1,
+                # cell borders only while cells are large enough to keep their colour
+                xgap=1 if panel.z.shape[1] <= _MOST_GAPS else 0,
+                ygap=1 if panel.z.shape[0] <= _MOST_GAPS else 0,
                 hovertemplate=hover,
             ),
             row=index + 1 if stacked else 1,
@@ -250,7 +253,11 @@ def patching_heatmaps(report: PatchingReport, estimator: str = "exact") -> dict[
             stacked=True,
             hover=hover,
             title=f"{component.description}: {_what(report, estimator)}",
-            height=int(len(panels) * min(520, max(180, 22 * count + 60)) + 160),
+            # heads × layers rows get more room, still under a screen's height each
+            height=int(
+                len(panels) * min(900 if component.per_head else 520, max(180, 22 * count + 60))
+                + 160
+            ),
         )
         axis = _token_axis(report.tokens)
         axis["ticktext"] = [ticks[i] for i in axis["tickvals"]]
