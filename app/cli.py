@@ -144,6 +144,7 @@ def _patch(args: argparse.Namespace) -> int:
     if args.format == "parquet" and args.output is None:
         raise _usage_error("--format parquet writes a file: give --output PATH")
     _output_path(args.output)
+    figures = _output_path(args.figures, folder=True)
     request = PatchRequest(
         model=args.model,
         seed=args.seed,
@@ -159,6 +160,11 @@ def _patch(args: argparse.Namespace) -> int:
         top_k=args.top_k,
     )
     (report,) = _on_worker(args, [request], "study")
+    if figures is not None:
+        from attrlab.viz import patching_figures
+
+        drawn = patching_figures(report)
+        _write_figures({name: _built(f) for name, f in drawn.items()}, figures, args.figure_format)
     if args.format == "json":
         _write_text(json.dumps(report.to_dict(), indent=2), args.output)
         return 0
@@ -166,6 +172,11 @@ def _patch(args: argparse.Namespace) -> int:
 
     _write_table(report.table, args, lambda: patching_text(report))
     return 0
+
+
+def _built(figure: Any) -> Callable[[], Any]:
+    """A figure already drawn, as the builder :func:`_write_figures` takes."""
+    return lambda: figure
 
 
 def _optional_names(text: str | None) -> tuple[str, ...] | None:
@@ -1046,6 +1057,10 @@ def build_parser() -> argparse.ArgumentParser:
     patch.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
     patch.add_argument("--format", choices=("table", "json", "csv", "parquet"), default="table")
     patch.add_argument("--output", help="file to write (default: stdout; parquet needs one)")
+    patch.add_argument(
+        "--figures", help="folder for the figures (heatmaps, head grid, estimators vs exact)"
+    )
+    patch.add_argument("--figure-format", choices=("html", "png"), default="html")
     patch.set_defaults(run=_patch)
 
     evaluate = sub.add_parser(

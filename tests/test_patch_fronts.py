@@ -18,6 +18,7 @@ from attrlab.app.cli import main
 from attrlab.app.server import create_app
 from attrlab.app.worker import ExplainWorker
 from attrlab.attribution.patching import patching_problem, patching_report
+from attrlab.viz import patching_figures
 
 MODEL = "tiny-random-gpt2"
 CLEAN = "When Mary and John went to the store, John gave a drink to"
@@ -56,8 +57,10 @@ def test_the_cli_writes_the_study_as_json_and_csv(capsys, tmp_path, expected):
     }
     assert main([*argv, "--format", "csv"]) == 0
     _same_table(pd.read_csv(io.StringIO(capsys.readouterr().out)), expected.table)
-    assert main(argv) == 0  # the terminal view: the top sites and the agreement
+    assert main([*argv, "--figures", str(tmp_path / "figures")]) == 0  # and the terminal view
     text = capsys.readouterr().out
+    written = sorted(p.name for p in (tmp_path / "figures").iterdir())
+    assert written == sorted(f"{name}.html" for name in patching_figures(expected))
     assert "top denoising residual:" in text and "estimators against exact patching" in text
 
 
