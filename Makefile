@@ -59,6 +59,9 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/startup.py
 	$(BIN)/python benchmarks/export.py
 	$(BIN)/python benchmarks/context.py
+	$(BIN)/python benchmarks/generation.py
+	$(BIN)/python benchmarks/per_step.py
+	$(BIN)/python benchmarks/patching.py
 
 # A Hugging Face Space's files: the committed tree with the Space's README (its metadata) and
 # a requirements.txt listing pyproject's runtime, app and embedded dependencies and ZeroGPU's
