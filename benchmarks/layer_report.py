@@ -57,7 +57,7 @@ def report(spec: str, text: str, target_label: str, labels: list[str] | None) ->
         ],
     )
     rechecked = recheck_heads(adapter, inputs, target, table, TOP, DRAWS)
-    print(f"\ntarget logit without ablation: {rechecked.score:.4f}\n")
+    print(f"\ntarget probability without ablation: {rechecked.score:.4f}\n")
     sets = rechecked.sets
     rows = [
         (r.chosen_by, r.heads, f"{r.change:+.4f}")
@@ -67,7 +67,7 @@ def report(spec: str, text: str, target_label: str, labels: list[str] | None) ->
     rows.append(
         (f"{TOP} random heads ({DRAWS} draws)", "", f"{drawn.mean():+.4f} ± {drawn.std():.4f}")
     )
-    print_table((f"top-{TOP} heads of", "heads zeroed", "change of the logit"), rows)
+    print_table((f"top-{TOP} heads of", "heads zeroed", "change of the probability"), rows)
     print()
     print_table(
         ("re-check", "verdict", "why"),
