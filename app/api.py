@@ -439,6 +439,13 @@ class LayersBody(_InputBody):
         None, max_length=20, description="Measures to compute (default: all that apply)"
     )
     top_k: _WholeNumber = Field(5, ge=1, le=1000, description="Heads compared by top-k overlap")
+    recheck_draws: _WholeNumber = Field(
+        5,
+        ge=0,
+        le=100,
+        description="Random sets of top_k heads each estimator's top heads are re-checked "
+        "against, zeroed together (0: no re-check)",
+    )
 
     def to_request(self) -> ExplainRequest:
         """The worker request: the registered ``layers`` method with these parameters."""
@@ -446,7 +453,7 @@ class LayersBody(_InputBody):
         return ExplainRequest(
             **self.input_fields(),
             method="layers",
-            params={"measures": measures, "top_k": self.top_k},
+            params={"measures": measures, "top_k": self.top_k, "recheck_draws": self.recheck_draws},
         )
 
 

@@ -121,7 +121,11 @@ def _layers(args: argparse.Namespace) -> int:
     request = ExplainRequest(
         **_input_fields(args),
         method="layers",
-        params={"measures": args.measures or "all", "top_k": args.top_k},
+        params={
+            "measures": args.measures or "all",
+            "top_k": args.top_k,
+            "recheck_draws": args.recheck_draws,
+        },
     )
     (explanation,) = _on_worker(args, [request], "input")
     if figures is not None:
@@ -1016,6 +1020,12 @@ def build_parser() -> argparse.ArgumentParser:
         "default: all that apply",
     )
     layers.add_argument("--top-k", type=_positive_int, default=5, help="heads compared (top-k)")
+    layers.add_argument(
+        "--recheck-draws",
+        type=int,
+        default=5,
+        help="random head sets each estimator's top-k heads are re-checked against (0: none)",
+    )
     layers.add_argument("--next-token", action="store_true", help="explain a decoder's next token")
     _add_answer_options(layers, per_step=False)
     layers.add_argument("--labels", help="comma-separated labels (zero-shot models)")

@@ -322,11 +322,17 @@ def priced(
         return seconds
 
     seconds = run_seconds(width)
+    forward = passes.forward * runs + 1  # the map's, each step's, and explain's own forward
     if runs > 1:  # the per-step matrix's runs, a batch of steps at once where the method can
         batch = steps_batch(method_cls, steps, params)
-        seconds += (runs - 1) * run_seconds(width if batch == 1 else batch)
-        width = max(width, batch)
-    forward = passes.forward * runs + 1  # explain's own forward of the input
+        if method_cls.steps_share_forward and batch > 1:  # a forward per batch of steps
+            batches = math.ceil((runs - 1) / batch)
+            forward -= (runs - 1 - batches) * passes.forward
+            seconds += batches * calibration.seconds("forward", 1)
+            seconds += (runs - 1) * passes.backward * calibration.seconds("backward", 1)
+        else:
+            seconds += (runs - 1) * run_seconds(width if batch == 1 else batch)
+            width = max(width, batch)
     seconds += calibration.seconds("forward", 1)
     if target is not None and not target.reads_logits:  # the target's values on the input
         forward += 1

@@ -94,6 +94,7 @@ def test_rest_layers_returns_the_table_and_the_agreement(client):
             "next_token": True,
             "measures": ["gradient", "ablation", "logit_lens"],
             "top_k": 3,
+            "recheck_draws": 2,
         },
     )
     assert response.status_code == 200, response.text
@@ -101,7 +102,13 @@ def test_rest_layers_returns_the_table_and_the_agreement(client):
     assert e.method == "layers" and e.params == {
         "measures": "gradient,ablation,logit_lens",
         "top_k": 3,
+        "recheck_draws": 2,
     }
+    assert [v.check for v in e.verdicts] == [
+        "recheck:head_gradient",
+        "recheck:ablation_zero",
+        "recheck:ablation_mean",
+    ]  # each estimator's top heads re-checked against random head sets
     heads = e.layers[e.layers.measure == "head_gradient"]
     assert len(heads) == 2 * 4 and heads["kv_head"].notna().all()  # 2 layers x 4 query heads
     assert set(e.layers.measure) >= {"ablation_zero", "ablation_mean", "lens_rank"}

@@ -52,6 +52,7 @@ class AttnLRP(AttributionMethod):
     stream (``residual_relevance``).
     """
 
+    steps_share_forward = True  # attribute_steps: one forward, a backward per step
     name = "attnlrp"
     title = "AttnLRP"
     paper = "https://arxiv.org/abs/2402.05602"

@@ -88,6 +88,9 @@ class AttributionMethod(ABC):
             e.g. for a convergence delta): a smoothed run predicts each noisy copy, one pass.
         category: ``"attribution"`` (a map over the input) or ``"analysis"`` (per-layer and
             per-head measures, with a map as a by-product).
+        steps_share_forward: Its batched per-step matrix (:meth:`attribute_steps`) runs one
+            forward of the input per batch of steps and a backward per step, rather than the
+            input repeated once per step (what :mod:`attribution.estimate` prices).
         alters_model: It changes what the model's forward computes or records while it runs
             (hooks, routed attention), so :func:`attribution.explain` holds the model
             :func:`~attribution.alteration.altered` for the whole run. False for methods of
@@ -106,6 +109,7 @@ class AttributionMethod(ABC):
     reads_prediction: ClassVar[bool] = False
     category: ClassVar[str] = "attribution"
     alters_model: ClassVar[bool] = True  # a new method is held until it says otherwise
+    steps_share_forward: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """A gradient-based attribution method takes the smoothing parameters too."""
