@@ -266,6 +266,7 @@ def test_ablation_failing_or_cancelled_mid_way_leaves_the_model_as_it_was(llama)
             inputs,
             None,
             [(1, 1)],
+            {"batch_size": 2},  # occluded tokens in several batches: a cancel is seen between
             settings=RunSettings(progress=cancel_in_second_half, cancel=cancel),
         )
     assert cancel.is_set() and reported[-1][0] > reported[-1][1] // 2

@@ -10,7 +10,7 @@ from captum.attr import FeatureAblation
 from captum.attr import Occlusion as CaptumOcclusion
 
 from attrlab.attribution.errors import InvalidParameterError
-from attrlab.attribution.features import Feature
+from attrlab.attribution.features import Feature, features_of
 from attrlab.attribution.masks import slic_segments
 from attrlab.attribution.methods._captum import BASELINE_PARAM, baseline_for
 from attrlab.attribution.methods._masks import (
@@ -133,9 +133,21 @@ class Occlusion(AttributionMethod):
 
 
 def _features(inputs: Inputs, params: dict[str, Any]) -> tuple[Feature, ...] | None:
-    """The text's features, when it is explained by words, sentences or spans."""
-    if not isinstance(inputs, TextInputs) or inputs.features is None:
+    """
+    What a text occludes one at a time: its features, or its tokens one by one.
+
+    Features are words, sentences or spans; ``None`` where windows slide (images, text windows
+    wider than a token, a fill other than a token). Token by token, only tokens that can change
+    are occluded: a window over a special token or an answer's (kept as they are) would spend a
+    forward to change nothing.
+    """
+    if not isinstance(inputs, TextInputs):
         return None
+    if inputs.features is None:
+        one_by_one = params["window"] in (None, 1) and params["stride"] in (None, 1)
+        if not one_by_one or params["baseline"] not in ("auto", "pad", "mask"):
+            return None
+        return tuple(features_of(inputs, "token"))
     if params["window"] or params["stride"]:
         raise InvalidParameterError(
             f"window and stride slide over tokens; at granularity={inputs.granularity} "
@@ -149,17 +161,19 @@ def _occluded_features(
 ) -> Attribution:
     """Each feature's drop in the target's score when all its tokens are hidden at once."""
     kind = "mask" if params["baseline"] == "mask" else "pad"
-    perturbation = TextPerturbation(adapter, inputs, kind, inputs.features)
+    perturbation = TextPerturbation(adapter, inputs, kind, _features(inputs, params))
     n = perturbation.n_cells(0)
     # row 0 keeps everything; row j + 1 hides feature j
     design = torch.cat([torch.ones(1, n), 1 - torch.eye(n)])
     batch_size = params["batch_size"] or auto_batch_size(adapter, inputs)
-    runner = BatchRunner(adapter, run, batch_size, n + 1, precision=params["precision"])
+    runner = BatchRunner(
+        adapter, run, batch_size, n + 1, precision=params["precision"], target=target
+    )
     masks = perturbation.design_masks(design, 0, adapter.device)
     scores = np.concatenate(
         [
-            target.score(logits).double().cpu().numpy()
-            for _, logits in runner.score(masks, perturbation)
+            target.score(outputs).double().cpu().numpy()
+            for _, outputs in runner.score(masks, perturbation)
         ]
     )
     return Attribution(scores=perturbation.element_map(scores[0] - scores[1:]))
