@@ -31,6 +31,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	mkdir -p .typecheck/attrlab
 	for d in app assets attribution viz; do ln -sfn ../../$$d .typecheck/attrlab/$$d; done
+	ln -sfn ../../app/python_api/__init__.py .typecheck/attrlab/__init__.py
 	$(BIN)/mypy
 
 # Browser tests drive Debian's Chromium through Playwright (no browser download).

@@ -161,6 +161,7 @@ def explain(
         # own value per feature, which it spread over the feature's tokens)
         feature_scores=None if features is None else feature_scores(result.scores, features),
         special_tokens=(inputs.special_tokens.tolist() if isinstance(inputs, TextInputs) else None),
+        image=None if isinstance(inputs, TextInputs) else getattr(inputs, "image", None),
     )
 
 

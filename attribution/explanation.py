@@ -110,6 +110,13 @@ class Explanation:
     files written before features existed) both are ``None``. ``special_tokens`` marks the
     text's special tokens (a chat template's among them), which no perturbation touches and
     views show greyed, outside the colour scale (``None``: not recorded, as in older files).
+    ``image`` is the explained image as the model saw it (H×W×3 uint8), kept in memory so that
+    the map can be drawn over it (a notebook, :meth:`figure`); files do not carry it (the
+    caller has the image), and an Explanation read from a file draws its map alone.
+
+    In a notebook an Explanation shows itself (:meth:`_repr_html_`: coloured tokens or the map
+    over the image, the target and the trust card; a layer analysis its head grid). Drawing is
+    :mod:`attrlab.viz`'s, imported when asked: the library itself renders nothing.
     """
 
     model: ModelInfo
@@ -135,6 +142,7 @@ class Explanation:
     features: list[Feature] | None = None
     feature_scores: np.ndarray | None = None
     special_tokens: list[bool] | None = None
+    image: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.scores = np.asarray(self.scores, dtype=np.float64)
@@ -159,6 +167,61 @@ class Explanation:
         self.maps = {k: np.asarray(v, dtype=np.float64) for k, v in self.maps.items()}
         if self.layers is not None:
             self.layers = layer_table(self.layers.to_dict("records"))
+
+    def top_features(self, k: int = 5) -> list[tuple[str, float]]:
+        """
+        A text's ``k`` highest-scoring features, highest first, as ``(text, score)``.
+
+        Features are tokens, or the words, sentences or spans the text was explained by;
+        special tokens are left out.
+
+        Raises:
+            ValueError: an image's explanation (its map has pixels, not features).
+        """
+        if self.token_texts is None:
+            raise ValueError("an image's map has no features to list: draw it (.figure())")
+        if self.features is not None and self.feature_scores is not None:
+            pairs = [
+                (f.text, float(s)) for f, s in zip(self.features, self.feature_scores, strict=True)
+            ]
+        else:
+            special = self.special_tokens or [False] * len(self.token_texts)
+            pairs = [
+                (text, float(score))
+                for text, score, out in zip(self.token_texts, self.scores, special, strict=True)
+                if not out
+            ]
+        return sorted(pairs, key=lambda pair: -pair[1])[:k]
+
+    def figures(self) -> list[str]:
+        """The names of the figures :meth:`figure` draws for this explanation."""
+        from attrlab.viz.figures import figures_for
+
+        return list(figures_for(self, self.image))
+
+    def figure(self, name: str | None = None) -> Any:
+        """
+        One Plotly figure (default: the first of :meth:`figures`): a notebook shows it inline.
+
+        Raises:
+            ValueError: a name not in :meth:`figures`, or an image's map without its image.
+        """
+        from attrlab.viz.figures import figures_for
+
+        builders = figures_for(self, self.image)
+        chosen = next(iter(builders)) if name is None else name
+        if chosen not in builders:
+            raise ValueError(f"no figure {name!r}; this explanation has {', '.join(builders)}")
+        return builders[chosen]()
+
+    def show(self, name: str | None = None) -> None:
+        """Show :meth:`figure` (inline in a notebook, a browser tab elsewhere)."""
+        self.figure(name).show()
+
+    def _repr_html_(self) -> str:  # a notebook's display
+        from attrlab.viz.notebook import explanation_html
+
+        return explanation_html(self)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict (the REST and CLI wire format)."""

@@ -36,6 +36,7 @@ __all__ = [
     "FigureBuilder",
     "figures_for",
     "head_measures",
+    "is_layer_analysis",
 ]
 
 #: Draws one figure when called.
@@ -74,12 +75,17 @@ def figures_for(
         Name -> a builder of the figure. An image's builders raise ``ValueError`` when no
         ``image`` was given.
     """
-    from attrlab.attribution.methods.layers import LayerAnalysis
-
-    if explanation.method == LayerAnalysis.name and explanation.layers is not None:
+    if is_layer_analysis(explanation) and explanation.layers is not None:
         top_k = int(explanation.params["top_k"])
         return _layer_figures(explanation.layers, top_k, explanation.target.label)
     return _attribution_figures(explanation, image, view)
+
+
+def is_layer_analysis(explanation: Explanation) -> bool:
+    """Whether ``explanation`` is the ``layers`` method's (its table is its result, not a map)."""
+    from attrlab.attribution.methods.layers import LayerAnalysis
+
+    return explanation.method == LayerAnalysis.name and explanation.layers is not None
 
 
 def head_measures(table: pd.DataFrame) -> list[str]:

@@ -22,6 +22,7 @@ __all__ = [
     "kept_out",
     "kept_out_span",
     "positional_figure_tokens",
+    "probability_text",
     "scale_legend_html",
     "text_colour",
     "token_columns_html",
@@ -247,12 +248,12 @@ def _column_html(
         'style="flex:1 1 240px;min-width:200px">'
         f'<div style="font-weight:600">{html.escape(method)}{by}</div>'
         f'<div style="font-size:0.85em;opacity:0.8;white-space:pre">→ {token_html(target.label)} '
-        f"({_probability(explanation)})</div>"
+        f"({probability_text(explanation)})</div>"
         f'<div style="line-height:1.9">{"".join(spans)}</div></div>'
     )
 
 
-def _probability(explanation: Explanation) -> str:
+def probability_text(explanation: Explanation) -> str:
     """The target's probability, or for a contrast how many times likelier the answer is."""
     if isinstance(explanation.target_record, ContrastTarget):
         return f"p(answer) / p(contrast) = {explanation.target.probability:.3g}"

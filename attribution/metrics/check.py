@@ -52,6 +52,11 @@ class MethodCheck:
         """Each method's verdict on the randomisation check (none without ``randomise``)."""
         return randomisation_verdicts(self.randomisation)
 
+    def _repr_html_(self) -> str:  # a notebook's display: drawn by attrlab.viz
+        from attrlab.viz.notebook import comparison_html
+
+        return comparison_html(self)
+
     def to_dict(self) -> dict[str, Any]:
         """
         JSON-ready.

@@ -1,0 +1,296 @@
+"""
+attrlab: why a PyTorch / Hugging Face model predicted what it did.
+
+The Python front end, installed as the top-level package ``attrlab`` (its source lives in
+``app/python_api/``: the repository's top-level folders are fixed, and this is wiring like the
+CLI and REST). Five lines:
+
+    >>> import attrlab
+    >>> model = attrlab.load("minilm-zeroshot", device="cpu")
+    >>> explanation = attrlab.explain(model, "A wonderful, heartwarming story.",
+    ...                               target="positive", granularity="word")
+    >>> explanation.top_features(2)  # integrated gradients, summed over each word's tokens
+    [('wonderful,', 6.4...), ('heartwarming', 5.7...)]
+
+Every call is the library's own (:mod:`attrlab.attribution`) with a model given as a spec or a
+loaded adapter and an input given as a text or an image: :func:`explain` (one method, or
+``methods=[...]`` compared), :func:`layers` (per-layer and per-head measures) and
+:func:`patch` (activation patching and its cheap estimators). In a notebook an Explanation, a
+comparison and a layer analysis show themselves (``_repr_html_``); ``.figure()`` and
+``.show()`` give the Plotly figures. Importing ``attrlab`` imports nothing heavy: each call
+imports what it needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
+
+if TYPE_CHECKING:
+    import numpy as np
+    from PIL import Image
+
+    from attrlab.attribution.explanation import Explanation
+    from attrlab.attribution.metrics.check import MethodCheck
+    from attrlab.attribution.models.base import Adapter
+    from attrlab.attribution.patching import PatchingReport
+
+__all__ = ["AttrlabError", "explain", "layers", "load", "patch"]
+
+#: What :func:`explain` runs when no method is named: no sampling, and it applies to every model.
+DEFAULT_METHOD = "integrated_gradients"
+
+
+def load(
+    spec: str,
+    device: str | None = None,
+    labels: Sequence[str] | None = None,
+) -> Adapter:
+    """
+    A model by built-in alias, Hugging Face hub id or local folder, ready to explain.
+
+    Args:
+        spec: ``"minilm-zeroshot"``, ``"efficientnet-lite0"``, ``"smollm2-135m"`` (embedded,
+            no network), a hub id such as ``"textattack/bert-base-uncased-SST-2"``, or a path.
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...; default CUDA when there is one.
+        labels: A zero-shot model's class names (default: its own).
+
+    Raises:
+        UnknownModelError, ModelLoadError: the spec names nothing loadable, or it cannot load.
+
+    Example:
+        >>> import attrlab
+        >>> model = attrlab.load("minilm-zeroshot", device="cpu", labels=["sports", "politics"])
+        >>> model.labels
+        ['sports', 'politics']
+    """
+    from attrlab.attribution.models.loading import load as load_model
+
+    return load_model(spec, device=device, labels=labels)
+
+
+def _model(model: Adapter | str) -> Adapter:
+    return load(model) if isinstance(model, str) else model
+
+
+def _prepared(
+    adapter: Adapter,
+    data: str | Path | Image.Image | np.ndarray,
+    target: int | str | None,
+    answer: str | None,
+    contrast: str | None,
+    generate: int | None,
+    chat: bool,
+    per_step: bool,
+    granularity: str,
+    spans: Sequence[Sequence[int]] | None,
+) -> Any:
+    """The front ends' one way from fields to inputs and target (an answer's too)."""
+    from attrlab.attribution.answers import AnswerSpec
+    from attrlab.attribution.models import load_image
+    from attrlab.attribution.runs import prepare_input
+
+    if isinstance(data, Path):  # a local file is the caller's to name: this is not a server
+        data = load_image(data.read_bytes())
+    elif not isinstance(data, str):
+        data = load_image(data)
+    asked = answer is not None or contrast is not None or generate is not None or chat
+    spec = (
+        AnswerSpec(answer, generate, None, contrast, chat, per_step) if asked or per_step else None
+    )
+    return prepare_input(adapter, data, target, spec, None, granularity, spans)
+
+
+def explain(
+    model: Adapter | str,
+    data: str | Path | Image.Image | np.ndarray,
+    method: str | None = None,
+    *,
+    methods: Sequence[str] | None = None,
+    target: int | str | None = None,
+    answer: str | None = None,
+    contrast: str | None = None,
+    generate: int | None = None,
+    chat: bool = False,
+    per_step: bool = False,
+    granularity: str = "token",
+    spans: Sequence[Sequence[int]] | None = None,
+    evaluate: bool = False,
+    randomise: bool = False,
+    seed: int = 0,
+    params: dict[str, Any] | None = None,
+) -> Explanation | MethodCheck:
+    """
+    Explain what ``model`` predicts for ``data`` with one method, or compare several.
+
+    Args:
+        model: A loaded model (:func:`load`) or a spec to load.
+        data: A text (a decoder LM's prompt), or an image: a PIL image, an H×W×3 array or a
+            :class:`~pathlib.Path` to an image file.
+        method: One method (``attrlab.attribution.available_methods()``); default
+            :data:`DEFAULT_METHOD`.
+        methods: Several methods instead: their maps, side by side, and their agreement.
+        target: A class index or label, or a decoder LM's next token as text; default the
+            top prediction.
+        answer: A decoder LM's answer to explain (teacher-forced), instead of the next token.
+        contrast: An alternative answer: the target becomes ``log p(answer) − log p(contrast)``.
+        generate: Explain the model's greedy answer of at most this many tokens.
+        chat: Put the prompt in the tokenizer's chat template.
+        per_step: Add one map per answer token (``maps["steps"]``).
+        granularity: ``"token"``, ``"word"``, ``"sentence"`` or ``"span"``.
+        spans: With ``granularity="span"``: character ``(start, stop)`` ranges of the text.
+        evaluate: Add the trust card's faithfulness scores against random orders.
+        randomise: With ``methods``: each map's randomisation sanity check.
+        seed: Seeds every random draw of the run.
+        params: The method's parameters (``{"n_steps": 32}``); with ``methods``, per method
+            (``{"integrated_gradients": {"n_steps": 32}}``).
+
+    Returns:
+        An :class:`~attrlab.attribution.explanation.Explanation`, or with ``methods`` a
+        :class:`~attrlab.attribution.metrics.check.MethodCheck` (``.explanations`` by method,
+        ``.agreement`` of their maps).
+
+    Raises:
+        InvalidParameterError, InvalidInputError, UnknownMethodError, UnsupportedMethodError:
+            as the library's :func:`~attrlab.attribution.explain.explain`, named.
+
+    Example:
+        >>> import attrlab
+        >>> model = attrlab.load("minilm-zeroshot", device="cpu")
+        >>> e = attrlab.explain(model, "A wonderful, heartwarming story.", "gradient_x_input",
+        ...                     target="positive", granularity="word")
+        >>> e.target.label, e.top_features(1)
+        ('positive', [('heartwarming', 3.05...)])
+        >>> check = attrlab.explain(model, "A wonderful, heartwarming story.",
+        ...                         methods=["gradient_x_input", "integrated_gradients"])
+        >>> check.agreement[["first", "second", "k"]].values.tolist()
+        [['gradient_x_input', 'integrated_gradients', 1]]
+    """
+    from attrlab.attribution import RunSettings
+    from attrlab.attribution import explain as explain_one
+
+    if method is not None and methods is not None:
+        raise InvalidParameterError("give one method, or several as methods=[...], not both")
+    adapter = _model(model)
+    ready = _prepared(
+        adapter, data, target, answer, contrast, generate, chat, per_step, granularity, spans
+    )
+    settings = RunSettings(seed=seed, evaluate=evaluate)
+    if methods is None:
+        if randomise:
+            raise InvalidParameterError("randomise checks several methods: give methods=[...]")
+        return explain_one(
+            adapter,
+            method or DEFAULT_METHOD,
+            ready.inputs,
+            target=ready.target,
+            params=params,
+            settings=settings,
+            per_step=ready.per_step,
+        )
+    from attrlab.attribution.metrics.check import check_methods
+
+    return check_methods(
+        adapter,
+        list(methods),
+        ready.inputs,
+        ready.target,
+        params,
+        randomise,
+        settings=settings,
+        per_step=ready.per_step,
+    )
+
+
+def layers(
+    model: Adapter | str,
+    text: str,
+    *,
+    target: int | str | None = None,
+    answer: str | None = None,
+    contrast: str | None = None,
+    chat: bool = False,
+    seed: int = 0,
+    **params: Any,
+) -> Explanation:
+    """
+    Which layers and heads carried the prediction: the ``layers`` method's measures.
+
+    ``params`` are the method's (``measures``, ``top_k``, ``recheck_draws``, ...:
+    ``attrlab methods``). The Explanation's ``layers`` table holds one row per layer, head and
+    measure; its verdicts re-check each head estimator's top heads against random heads.
+
+    Raises:
+        InvalidParameterError, InvalidInputError: as :func:`explain`.
+
+    Example:
+        >>> import attrlab
+        >>> table = attrlab.layers("tiny-random-gpt2", "The capital of France is",
+        ...                        measures="gradient,logit_lens").layers
+        >>> sorted(set(table["measure"]))
+        ['head_gradient', 'lens_probability', 'lens_rank']
+    """
+    from attrlab.attribution.methods.layers import LayerAnalysis
+
+    if not isinstance(text, str):
+        raise InvalidInputError("the layers analysis reads a text")
+    explained = explain(
+        model,
+        text,
+        LayerAnalysis.name,
+        target=target,
+        answer=answer,
+        contrast=contrast,
+        chat=chat,
+        seed=seed,
+        params=params,
+    )
+    return cast("Explanation", explained)  # one method: one Explanation
+
+
+def patch(
+    model: Adapter | str,
+    clean: str,
+    corrupted: str | None = None,
+    *,
+    answer: str | None = None,
+    contrast: str | None = None,
+    noise_positions: Sequence[int] | None = None,
+    noise_seeds: int = 10,
+    components: Sequence[str] | None = None,
+    estimators: Sequence[str] | None = None,
+    directions: Sequence[str] | None = None,
+    top_k: int = 10,
+    seed: int = 0,
+) -> PatchingReport:
+    """
+    Activation patching of a decoder LM, and AtP, AtP* and RelP scored against it.
+
+    ``clean`` and ``corrupted`` prompts of the same token length (IOI with a name swapped), or
+    ``noise_positions`` of the clean prompt whose embeddings get causal tracing's Gaussian
+    noise. The target is ``answer`` (default: the clean run's next token), or ``answer`` rather
+    than ``contrast``. ``components`` (``residual``, ``attention``, ``mlp``, ``head``,
+    ``head_position``), ``estimators`` (``exact``, ``atp``, ``atp_star``, ``relp``) and
+    ``directions`` (``denoising``, ``noising``): ``None`` for all.
+
+    Raises:
+        InvalidInputError: prompts of different lengths, both or neither corruption.
+    """
+    from attrlab.attribution import RunSettings
+    from attrlab.attribution.patching import GaussianNoise, patching_problem, patching_report
+
+    if (corrupted is None) == (noise_positions is None):
+        raise InvalidInputError(
+            "give a corrupted prompt, or noise positions of the clean one (causal tracing)"
+        )
+    adapter = _model(model)
+    noise = None
+    if noise_positions is not None:
+        noise = GaussianNoise(tuple(noise_positions), noise_seeds, seed=seed)
+    problem = patching_problem(adapter, clean, corrupted, answer, contrast, noise)
+    return patching_report(
+        adapter, problem, estimators, components, directions, RunSettings(seed=seed), top_k
+    )

@@ -1,0 +1,166 @@
+"""
+What a notebook shows for a result: self-contained HTML, no script and no network.
+
+An Explanation shows its tokens coloured with the scale's legend (an answer's whole view for a
+decoder LM's answer), or its map over the image (a picture inside the page), then its target
+and trust card; a layer analysis its layer × head grid per head measure and each one's top
+heads; several methods compared (:class:`~attribution.metrics.check.MethodCheck`) their maps
+side by side and the agreement of each pair. The interactive figures are Plotly's
+(``Explanation.figure()``), which notebooks draw themselves.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+
+from attrlab.attribution.explanation import Explanation
+from attrlab.attribution.metrics.check import MethodCheck
+from attrlab.viz.answer import answer_html, answer_layout
+from attrlab.viz.figures import head_measures, is_layer_analysis
+from attrlab.viz.image import heatmap_overlay, picture_uri
+from attrlab.viz.layers import head_rank_table
+from attrlab.viz.text import (
+    diverging_colour,
+    probability_text,
+    scale_legend_html,
+    text_colour,
+    token_columns_html,
+)
+from attrlab.viz.tokens import token_html
+from attrlab.viz.trust import trust_card_html
+from attrlab.viz.view import IMAGE_VIEW
+
+__all__ = ["comparison_html", "explanation_html", "layer_grid_html"]
+
+#: Heads listed under each head measure's grid.
+TOP_HEADS = 5
+#: The grey an image's map is drawn on when its image is not at hand (read from a file).
+_NO_IMAGE = 128
+
+
+def _heading(explanation: Explanation) -> str:
+    target = explanation.target
+    model = explanation.model
+    return (
+        '<div class="attrlab-heading" style="font-size:0.9em;margin-bottom:4px">'
+        f"<b>{html.escape(explanation.method)}</b> on {html.escape(model.id)}: target "
+        f'<span class="attrlab-target">{token_html(target.label)}</span> '
+        f"({probability_text(explanation)}, score {target.logit:.4g})</div>"
+    )
+
+
+def _image_html(explanations: Mapping[str, Explanation]) -> str:
+    """Each map over its image (or over grey), one picture per method, with the legend."""
+    pictures = []
+    for method, explanation in explanations.items():
+        image = explanation.image
+        if image is None:
+            height, width = explanation.scores.shape
+            image = np.full((height, width, 3), _NO_IMAGE, dtype=np.uint8)
+        uri = picture_uri(heatmap_overlay(explanation, image, view=IMAGE_VIEW))
+        pictures.append(
+            f'<figure class="attrlab-map" data-method="{html.escape(method)}" '
+            'style="margin:0 8px 0 0;display:inline-block">'
+            f'<img src="{uri}" alt="{html.escape(method)} map" style="width:224px">'
+            f"<figcaption>{html.escape(method)}</figcaption></figure>"
+        )
+    return f"<div>{''.join(pictures)}</div>{scale_legend_html(IMAGE_VIEW)}"
+
+
+def layer_grid_html(table: pd.DataFrame, measure: str) -> str:
+    """
+    One head measure as a layer × head grid of coloured cells, then its top heads.
+
+    Each cell's colour is its value over the measure's largest |value| (red positive, blue
+    negative); its ``title`` holds the head and value.
+    """
+    heads = table[(table["measure"] == measure) & table["head"].notna()]
+    grid = heads.pivot_table(index="layer", columns="head", values="value", aggfunc="mean")
+    peak = float(np.nanmax(np.abs(grid.to_numpy()))) if grid.size else 0.0
+    rows = []
+    for layer, values in grid.iterrows():
+        cells = []
+        for head, value in values.items():
+            scaled = 0.0 if peak == 0 or np.isnan(value) else float(value) / peak
+            background = diverging_colour(scaled)
+            cells.append(
+                f'<td title="L{int(layer)}H{int(head)}: {value:.4g}" '
+                f'style="width:14px;height:14px;background:rgb{background};'
+                f'color:{text_colour(background)}"></td>'
+            )
+        rows.append(f'<tr><th style="font-size:0.7em">L{int(layer)}</th>{"".join(cells)}</tr>')
+    top = head_rank_table(table, measure).head(TOP_HEADS)
+    listed = ", ".join(f"{r.head} ({r.value:.3g})" for r in top.itertuples(index=False))
+    return (
+        f'<div class="attrlab-head-grid" data-measure="{html.escape(measure)}" '
+        'style="display:inline-block;margin:0 12px 8px 0;vertical-align:top">'
+        f'<div style="font-weight:600">{html.escape(measure)}</div>'
+        f'<table style="border-collapse:collapse">{"".join(rows)}</table>'
+        f'<div style="font-size:0.8em">top: {html.escape(listed)}</div></div>'
+    )
+
+
+def _layers_html(table: pd.DataFrame) -> str:
+    grids = "".join(layer_grid_html(table, measure) for measure in head_measures(table))
+    return f"<div>{grids}</div>{scale_legend_html()}"
+
+
+def _warnings(explanation: Explanation) -> str:
+    items = "".join(f"<li>{html.escape(w)}</li>" for w in explanation.warnings)
+    return f'<ul class="attrlab-warnings">{items}</ul>' if items else ""
+
+
+def explanation_html(explanation: Explanation) -> str:
+    """One explanation: its heading, its map (or a layer analysis's grids), its trust card."""
+    if is_layer_analysis(explanation) and explanation.layers is not None:
+        body = _layers_html(explanation.layers)
+    elif explanation.token_texts is None:
+        body = _image_html({explanation.method: explanation})
+    elif answer_layout(explanation) is not None:
+        body = answer_html(explanation)
+    else:
+        body = token_columns_html({explanation.method: explanation})
+    card = trust_card_html(explanation) if explanation.verdicts or explanation.metrics else ""
+    return (
+        f'<div class="attrlab-explanation">{_heading(explanation)}{body}{card}'
+        f"{_warnings(explanation)}</div>"
+    )
+
+
+def _agreement_html(pairs: pd.DataFrame) -> str:
+    if pairs.empty:
+        return ""
+    rows = "".join(
+        f"<tr><td>{html.escape(str(r.first))}</td><td>{html.escape(str(r.second))}</td>"
+        f"<td>{r.spearman:.3f}</td><td>{r.top_k_overlap:.3f}</td></tr>"
+        for r in pairs.itertuples(index=False)
+    )
+    return (
+        '<table class="attrlab-agreement" style="font-size:0.85em">'
+        "<tr><th>method</th><th>method</th><th>Spearman ρ</th><th>top-k overlap</th></tr>"
+        f"{rows}</table>"
+    )
+
+
+def comparison_html(check: MethodCheck) -> str:
+    """Several methods on one input: maps side by side, each pair's agreement, trust cards."""
+    explanations = check.explanations
+    first = next(iter(explanations.values()))
+    if first.token_texts is None:
+        maps = _image_html(explanations)
+    else:
+        maps = token_columns_html(explanations)
+    extra = check.randomisation_verdicts
+    cards = "".join(
+        trust_card_html(e, [extra[m]] if m in extra else [])
+        for m, e in explanations.items()
+        if e.verdicts or e.metrics or m in extra
+    )
+    return (
+        f'<div class="attrlab-comparison">{maps}{_agreement_html(check.agreement)}'
+        f'<div style="display:flex;flex-wrap:wrap;gap:8px">{cards}</div></div>'
+    )
