@@ -43,7 +43,7 @@ docs: $(STAMP) links
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 docs-serve: $(STAMP) links
-	$(BIN)/mkdocs serve
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 # Browser tests drive Debian's Chromium through Playwright (no browser download).
 browser:
