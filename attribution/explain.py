@@ -87,8 +87,9 @@ def explain(
     feature, and the Explanation adds the per-token map's sum within each feature.
 
     Raises:
-        UnknownMethodError, UnsupportedMethodError, InvalidParameterError, InvalidInputError,
-        TooSlowError: as :func:`attribution.gate.clear`.
+        AttrlabError: as :func:`attribution.gate.clear` raises it: ``UnknownMethodError``,
+            ``UnsupportedMethodError``, ``InvalidParameterError``, ``InvalidInputError`` or
+            ``TooSlowError``.
     """
     settings = settings or RunSettings()
     record = target if isinstance(target, Target) else None

@@ -1,4 +1,4 @@
-"""The one table printer of the benchmark scripts: Markdown, ready for the README."""
+"""The one table printer of the benchmark scripts: Markdown, ready for docs/."""
 
 from __future__ import annotations
 

@@ -151,7 +151,7 @@ class _Client(Protocol):
 
 
 class _Httpx:
-    """httpx, as the README's Python example uses it."""
+    """httpx, as the Python example in docs/rest-api.md uses it."""
 
     def __init__(self, url: str) -> None:
         self.client = httpx.Client(base_url=url, timeout=600)

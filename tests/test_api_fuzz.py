@@ -48,7 +48,7 @@ WORKER = ExplainWorker(device="cpu", settings=FUZZ_SETTINGS)
 APP = create_app(WORKER)
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
 
-CASES: list[int] = []  # generated cases, counted for the README's report
+CASES: list[int] = []  # generated cases, counted for the report in docs/security.md
 JOB_CALLS: Counter[tuple[str, int]] = Counter()  # (operation, status) in the stateful run
 CREATED: list[str] = []  # the jobs it created
 #: A job the tiny text model explains in moments; the stateful run sends its generated texts.
