@@ -15,6 +15,15 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 #: The folders a wheel carries, as attrlab's subpackages.
 FOLDERS = ("app", "assets", "attribution", "viz")
+#: The top-level package `attrlab` itself (the Python API): its source folder inside app/.
+ROOT_PACKAGE = "app/python_api/"
+
+
+def _installed(path: str) -> str:
+    """Where a tracked file lands in the wheel."""
+    if path.startswith(ROOT_PACKAGE):
+        return "attrlab/" + path.removeprefix(ROOT_PACKAGE)
+    return f"attrlab/{path}"
 
 
 def _installs(text: str) -> list[str]:
@@ -69,9 +78,10 @@ def test_the_wheel_installs_one_top_level_name_with_every_module_and_data_file(t
     wanted = [path for path in packaged if path.endswith((".py", ".json", ".txt", ".jsonl"))]
     wanted += [path for path in packaged if path.startswith("assets/eval/images/")]
     wanted += [path for path in packaged if path.startswith("assets/plotly/")]  # bundles' Plotly
-    assert wanted and not {f"attrlab/{path}" for path in wanted} - set(names)
+    assert wanted and not {_installed(path) for path in wanted} - set(names)
     modules = {name for name in names if name.endswith(".py")}
-    assert modules == {f"attrlab/{path}" for path in packaged if path.endswith(".py")}
+    assert modules == {_installed(path) for path in packaged if path.endswith(".py")}
+    assert "attrlab/__init__.py" in modules  # `import attrlab` gives the Python API
     entry = zipfile.ZipFile(wheel).read(
         next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     )
