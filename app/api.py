@@ -459,10 +459,12 @@ class LayersBody(_InputBody):
 
 class PatchBody(BaseModel):
     """
-    Activation patching of a decoder LM, and AtP, AtP* and RelP scored against it.
+    Activation patching of a transformer, and AtP, AtP* and RelP scored against it.
 
-    Exactly one corruption: ``corrupted`` (a prompt of the clean one's token length) or
-    ``noise_positions`` (causal tracing: Gaussian noise on those tokens' embeddings).
+    Exactly one corruption: ``corrupted`` (a text of the clean one's token length) or
+    ``noise_positions`` (causal tracing: Gaussian noise on those tokens' embeddings). A decoder
+    LM's target is ``answer`` (and ``contrast``); a text classifier's is ``target``, a class
+    (then the default model is the default text classifier).
     """
 
     model_config = ConfigDict(
@@ -483,7 +485,10 @@ class PatchBody(BaseModel):
     )
 
     model: str | None = Field(
-        None, min_length=1, max_length=500, description="A decoder LM (default: smollm2-135m)"
+        None,
+        min_length=1,
+        max_length=500,
+        description="A decoder LM or text classifier (default: smollm2-135m)",
     )
     clean: str = Field(..., min_length=1, description="The clean prompt")
     corrupted: str | None = Field(None, min_length=1, description="The corrupted prompt")
@@ -492,9 +497,10 @@ class PatchBody(BaseModel):
     )
     noise_seeds: _WholeNumber = Field(10, ge=1, le=64, description="Noise draws averaged")
     answer: str | None = Field(
-        None, min_length=1, description="The answer (default: the model's next token)"
+        None, min_length=1, description="A decoder LM's answer (default: its next token)"
     )
     contrast: str | None = Field(None, min_length=1, description="The answer rather than this")
+    target: _Target = None  # a text classifier's class (default: the clean text's top class)
     components: list[Annotated[str, Field(max_length=50)]] | None = Field(
         None, max_length=10, description="residual, attention, mlp, head, head_position (all)"
     )
@@ -514,12 +520,13 @@ class PatchBody(BaseModel):
             return None if given is None else tuple(given)
 
         return PatchRequest(
-            model=self.model or default_model("text", True),
+            model=self.model or default_model("text", self.target is None),
             seed=self.seed,
             clean=self.clean,
             corrupted=self.corrupted,
             answer=self.answer,
             contrast=self.contrast,
+            target=self.target,
             noise_positions=None if self.noise_positions is None else tuple(self.noise_positions),
             noise_seeds=self.noise_seeds,
             components=names(self.components),

@@ -156,6 +156,7 @@ def _patch(args: argparse.Namespace) -> int:
         corrupted=args.corrupt,
         answer=args.answer,
         contrast=args.contrast,
+        target=args.target,
         noise_positions=_positions(args.noise_positions),
         noise_seeds=args.noise_seeds,
         components=_optional_names(args.components),
@@ -1040,11 +1041,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     patch = sub.add_parser(
         "patch",
-        help="activation patching of a decoder LM: which layers, positions and heads carry the "
-        "difference a corrupted prompt makes, and how far AtP, AtP* and RelP agree with it",
+        help="activation patching of a decoder LM or text classifier: which layers, positions "
+        "and heads carry the difference a corrupted text makes, and how far AtP, AtP* and RelP "
+        "agree with it",
     )
-    patch.add_argument("--model", default=None, help="alias, hub id or local folder (a decoder)")
-    patch.add_argument("--clean", required=True, help="the clean prompt")
+    patch.add_argument(
+        "--model", default=None, help="alias, hub id or local folder (a decoder LM or classifier)"
+    )
+    patch.add_argument("--clean", required=True, help="the clean text")
     corruption = patch.add_mutually_exclusive_group(required=True)
     corruption.add_argument("--corrupt", help="the corrupted prompt (the same token length)")
     corruption.add_argument(
@@ -1052,8 +1056,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="causal tracing instead: the clean prompt's token positions to noise, e.g. 2,3",
     )
     patch.add_argument("--noise-seeds", type=_positive_int, default=10, help="noise draws")
-    patch.add_argument("--answer", help="the answer (default: the model's next token)")
+    patch.add_argument("--answer", help="a decoder LM's answer (default: its next token)")
     patch.add_argument("--contrast", help="the answer rather than this one")
+    patch.add_argument(
+        "--target",
+        help="a text classifier's class, label or index (default: the clean text's top class; "
+        "the default model is then the default text classifier)",
+    )
     patch.add_argument(
         "--components",
         help="comma-separated: residual, attention, mlp, head, head_position (default: all)",
@@ -1200,9 +1209,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         image = getattr(args, "image", None) or getattr(args, "images", None)
         if args.command == "batch":
             image = Path(args.input).expanduser().is_dir()
-        decoder = (
-            args.command == "patch" or getattr(args, "next_token", False) or _asks_answer(args)
-        )
+        patches_lm = args.command == "patch" and args.target is None
+        decoder = patches_lm or getattr(args, "next_token", False) or _asks_answer(args)
         args.model = default_model("image" if image else "text", decoder)
     try:
         code = args.run(args)

@@ -393,20 +393,21 @@ class AblationRequest(InputRequest["HeadAblation"]):
 @dataclass(frozen=True, kw_only=True)
 class PatchRequest(WorkerRequest["PatchingReport"]):
     """
-    Activation patching of a decoder LM and its estimators (:mod:`attribution.patching`).
+    Activation patching of a transformer and its estimators (:mod:`attribution.patching`).
 
-    ``clean`` and ``corrupted`` prompts of the same token length, or ``noise_positions`` (the
-    clean prompt's token positions whose embeddings get causal tracing's Gaussian noise,
-    ``noise_seeds`` draws); the target is ``answer`` (default: the model's next token), or
-    ``answer`` rather than ``contrast``. ``components``, ``estimators``, ``directions``:
+    ``clean`` and ``corrupted`` texts of the same token length, or ``noise_positions`` (the
+    clean text's token positions whose embeddings get causal tracing's Gaussian noise,
+    ``noise_seeds`` draws). On a decoder LM the target is ``answer`` (default: the model's next
+    token), or ``answer`` rather than ``contrast``; on a text classifier the class ``target``
+    (default: the clean text's top class). ``components``, ``estimators``, ``directions``:
     ``None`` for all.
     """
 
     clean: str
-    next_token: bool = True  # a decoder LM, loaded as one
     corrupted: str | None = None
     answer: str | None = None
     contrast: str | None = None
+    target: int | str | None = None
     noise_positions: tuple[int, ...] | None = None
     noise_seeds: int = 10
     components: tuple[str, ...] | None = None
@@ -418,7 +419,7 @@ class PatchRequest(WorkerRequest["PatchingReport"]):
         """The texts within this server's bounds, and one corruption."""
         for text in (self.corrupted, self.answer, self.contrast):
             settings.check_request(text, None, None, self.seed)
-        settings.check_request(self.clean, self.labels, None, self.seed)
+        settings.check_request(self.clean, self.labels, self.target, self.seed)
         if (self.corrupted is None) == (self.noise_positions is None):
             raise InvalidInputError(
                 "give a corrupted prompt, or noise positions of the clean one (causal tracing)"
@@ -436,7 +437,7 @@ class PatchRequest(WorkerRequest["PatchingReport"]):
         if self.noise_positions is not None:
             noise = GaussianNoise(self.noise_positions, self.noise_seeds, seed=self.seed)
         problem = patching_problem(
-            adapter, self.clean, self.corrupted, self.answer, self.contrast, noise
+            adapter, self.clean, self.corrupted, self.answer, self.contrast, noise, self.target
         )
         return patching_report(
             adapter,

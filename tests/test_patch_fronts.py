@@ -102,3 +102,24 @@ def test_rest_patch_answers_the_study_and_refuses_bad_bodies(served, expected):
         assert 400 <= response.status_code < 500, response.text
         assert named in json.dumps(response.json()["error"]), response.text
     assert "/api/v1/patch" in served.get("/openapi.json").json()["paths"]
+
+
+def test_a_classifier_is_patched_on_its_class_through_cli_and_rest(served, capsys, load_model):
+    """A text classifier's class logit: the CLI and REST give the library's study."""
+    bert = load_model("tiny-random-bert")
+    problem = patching_problem(bert, "a fine film", "a poor film", target=1)
+    expected = patching_report(bert, problem, ["exact"], ["mlp"])
+    argv = ["patch", "--model", "tiny-random-bert", "--clean", "a fine film"]
+    argv += ["--corrupt", "a poor film", "--target", "1", "--estimators", "exact"]
+    assert main([*argv, "--components", "mlp", "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["target"] == bert.label(1)
+    _same_table(pd.DataFrame(report["table"]), expected.table)
+    body = {"model": "tiny-random-bert", "clean": "a fine film", "corrupted": "a poor film"}
+    body |= {"target": 1, "estimators": ["exact"], "components": ["mlp"]}
+    response = served.post("/api/v1/patch", json=body)
+    assert response.status_code == 200, response.text
+    _same_table(pd.DataFrame(response.json()["table"]), expected.table)
+    response = served.post("/api/v1/patch", json={**body, "answer": " yes"})
+    assert response.status_code == 400
+    assert "is a classifier" in response.json()["error"]["message"]

@@ -128,10 +128,19 @@ def test_the_copying_head_alone_restores_the_clean_answer(copy_head):
         assert by_estimator["atp_star", head] == pytest.approx(abs(by_estimator["atp", head]))
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama"])
+@pytest.fixture(scope="module")
+def bert(load_model):
+    return load_model("tiny-random-bert")
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "bert"])
 def test_a_whole_residual_stream_restores_all_and_nothing_restores_none(name, request):
     adapter = request.getfixturevalue(name)
-    problem = patching_problem(adapter, IOI, IOI_SWAPPED, answer=" mary", contrast=" john")
+    if name == "bert":  # a classifier: its class's logit (an encoder: every position counts)
+        problem = patching_problem(adapter, "a fine film", "a poor film", target=1)
+        assert problem.target.label == adapter.label(1)
+    else:
+        problem = patching_problem(adapter, IOI, IOI_SWAPPED, answer=" mary", contrast=" john")
     for layer in range(adapter.num_layers):
         for direction, everything in (("denoising", 1.0), ("noising", 0.0)):
             all_of_it = patched_score(adapter, problem, "residual", layer, direction=direction)
@@ -289,6 +298,22 @@ def test_bad_problems_are_refused_by_name(gpt2):
         patching_problem(gpt2, IOI, noise=GaussianNoise(positions=(99,)))
     with pytest.raises(InvalidParameterError, match="layer 5"):
         patched_score(gpt2, problem, "residual", 5)
+    with pytest.raises(InvalidInputError, match="decoder LM's target is its answer"):
+        patching_problem(gpt2, IOI, IOI_SWAPPED, target=3)
+
+
+def test_a_classifiers_problem_reads_its_class_logit_and_refuses_answers(bert):
+    problem = patching_problem(bert, "a fine film", "a poor film")  # the clean top class
+    with torch.no_grad():
+        clean = bert.logits(**bert.preprocess("a fine film").model_kwargs())[0]
+        corrupted = bert.logits(**bert.preprocess("a poor film").model_kwargs())[0]
+    top = int(clean.argmax())
+    report = patching_report(bert, problem, ["exact"], ["mlp"], ["denoising"])
+    assert report.target == bert.label(top)
+    assert report.clean_score == pytest.approx(float(clean[top]), abs=1e-5)
+    assert report.corrupted_score == pytest.approx(float(corrupted[top]), abs=1e-5)
+    with pytest.raises(InvalidInputError, match="is a classifier"):
+        patching_problem(bert, "a fine film", "a poor film", answer=" yes")
 
 
 def test_exact_batches_halve_on_out_of_memory_with_the_same_values(llama):

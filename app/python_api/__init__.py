@@ -258,6 +258,7 @@ def patch(
     *,
     answer: str | None = None,
     contrast: str | None = None,
+    target: int | str | None = None,
     noise_positions: Sequence[int] | None = None,
     noise_seeds: int = 10,
     components: Sequence[str] | None = None,
@@ -267,14 +268,15 @@ def patch(
     seed: int = 0,
 ) -> PatchingReport:
     """
-    Activation patching of a decoder LM, and AtP, AtP* and RelP scored against it.
+    Activation patching of a transformer, and AtP, AtP* and RelP scored against it.
 
-    ``clean`` and ``corrupted`` prompts of the same token length (IOI with a name swapped), or
-    ``noise_positions`` of the clean prompt whose embeddings get causal tracing's Gaussian
-    noise. The target is ``answer`` (default: the clean run's next token), or ``answer`` rather
-    than ``contrast``. ``components`` (``residual``, ``attention``, ``mlp``, ``head``,
-    ``head_position``), ``estimators`` (``exact``, ``atp``, ``atp_star``, ``relp``) and
-    ``directions`` (``denoising``, ``noising``): ``None`` for all.
+    ``clean`` and ``corrupted`` texts of the same token length (IOI with a name swapped), or
+    ``noise_positions`` of the clean text whose embeddings get causal tracing's Gaussian
+    noise. A decoder LM's target is ``answer`` (default: the clean run's next token), or
+    ``answer`` rather than ``contrast``; a text classifier's is the class ``target`` (default:
+    the clean text's top class), read as its logit. ``components`` (``residual``,
+    ``attention``, ``mlp``, ``head``, ``head_position``), ``estimators`` (``exact``, ``atp``,
+    ``atp_star``, ``relp``) and ``directions`` (``denoising``, ``noising``): ``None`` for all.
 
     Raises:
         InvalidInputError: prompts of different lengths, both or neither corruption.
@@ -290,7 +292,7 @@ def patch(
     noise = None
     if noise_positions is not None:
         noise = GaussianNoise(tuple(noise_positions), noise_seeds, seed=seed)
-    problem = patching_problem(adapter, clean, corrupted, answer, contrast, noise)
+    problem = patching_problem(adapter, clean, corrupted, answer, contrast, noise, target)
     return patching_report(
         adapter, problem, estimators, components, directions, RunSettings(seed=seed), top_k
     )

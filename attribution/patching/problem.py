@@ -21,7 +21,7 @@ from attrlab.attribution.models.base import Adapter, TextInputs, text_adapter
 from attrlab.attribution.patching.base import COMPONENTS, Scale, Site
 from attrlab.attribution.patching.hooks import noised
 from attrlab.attribution.perturb import repeated
-from attrlab.attribution.target import AnswerTarget, ContrastTarget, Target
+from attrlab.attribution.target import AnswerTarget, ContrastTarget, Target, resolve_target
 
 __all__ = ["MAX_SEEDS", "GaussianNoise", "PatchingProblem", "Run", "Runs", "patching_problem"]
 
@@ -139,25 +139,61 @@ def patching_problem(
     answer: str | None = None,
     contrast: str | None = None,
     noise: GaussianNoise | None = None,
+    target: int | str | None = None,
 ) -> PatchingProblem:
     """
-    The problem of two prompts (or one and noise) and an answer, as every front end builds it.
+    The problem of two inputs (or one and noise) and a target, as every front end builds it.
 
-    The target is ``answer`` (default: the model's next token after ``clean``), or ``answer``
-    rather than ``contrast``; both prompts are followed by the same answer tokens.
+    On a decoder LM the target is ``answer`` (default: the model's next token after ``clean``),
+    or ``answer`` rather than ``contrast``; both prompts are followed by the same answer
+    tokens. On a text classifier (BERT, MiniLM zero-shot, ...) it is the class ``target``
+    (an index or label; default: the clean input's top class), read as its logit.
 
     Raises:
         InvalidInputError: as :func:`~attribution.answers.answer_request` and
-            :meth:`PatchingProblem.check`.
+            :meth:`PatchingProblem.check`; an answer or contrast on a classifier, a class
+            target on a decoder LM.
     """
-    clean_inputs, target = answer_request(adapter, clean, answer=answer, contrast=contrast)
+    if adapter.family != "decoder-lm":
+        return _classifier_problem(adapter, clean, corrupted, answer, contrast, noise, target)
+    if target is not None:
+        raise InvalidInputError(
+            "a decoder LM's target is its answer (and contrast), not a class: give answer="
+        )
+    clean_inputs, record = answer_request(adapter, clean, answer=answer, contrast=contrast)
     corrupted_inputs = None
     if corrupted is not None:
-        held = target.answer if isinstance(target, ContrastTarget) else target
+        held = record.answer if isinstance(record, ContrastTarget) else record
         assert isinstance(held, AnswerTarget)
         prompt = prompt_inputs(adapter, corrupted)
         corrupted_inputs = answer_inputs(adapter, prompt, Answer(held.tokens, held.label))
-    problem = PatchingProblem(clean_inputs, target, corrupted_inputs, noise)
+    problem = PatchingProblem(clean_inputs, record, corrupted_inputs, noise)
+    problem.check(adapter)
+    return problem
+
+
+def _classifier_problem(
+    adapter: Adapter,
+    clean: str,
+    corrupted: str | None,
+    answer: str | None,
+    contrast: str | None,
+    noise: GaussianNoise | None,
+    target: int | str | None,
+) -> PatchingProblem:
+    """A text classifier's problem: the class's logit on both inputs."""
+    if answer is not None or contrast is not None:
+        raise InvalidInputError(
+            f"{adapter.model_id} is a classifier: its target is a class (target=), not an "
+            "answer or a contrast, which are a decoder LM's"
+        )
+    texts = text_adapter(adapter)
+    clean_inputs = texts.preprocess(clean)
+    with torch.no_grad():
+        logits = adapter.logits(**clean_inputs.model_kwargs())
+    record = resolve_target(adapter, target, logits)
+    corrupted_inputs = None if corrupted is None else texts.preprocess(corrupted)
+    problem = PatchingProblem(clean_inputs, record, corrupted_inputs, noise)
     problem.check(adapter)
     return problem
 
