@@ -1,11 +1,14 @@
 """
 Activation patching on SmolLM2-135M's IOI prompt, and how well AtP, AtP* and RelP match it.
 
-Run: ``.venv/bin/python benchmarks/patching.py [components ...]`` (default: residual, head).
+Run: ``.venv/bin/python benchmarks/patching.py [--model minilm-zeroshot] [components ...]``
+(default: smollm2-135m; residual, head).
 
-"When Mary and John went to the store, John gave a drink to" against the same prompt with the
-second name swapped ("... store, Mary gave ..."), target " Mary" rather than " John" (the logit
-difference). Prints the passes planned, the seconds each estimator took, the sites exact
+SmolLM2: "When Mary and John went to the store, John gave a drink to" against the same prompt
+with the second name swapped ("... store, Mary gave ..."), target " Mary" rather than " John"
+(the logit difference). MiniLM zero-shot (a sentence encoder): "A wonderful, heartwarming
+story." against "A dreadful, heartwarming story.", target the class "positive" (its logit,
+100 × cosine). Prints the passes planned, the seconds each estimator took, the sites exact
 patching ranks highest per component, and each estimator's agreement with exact patching.
 """
 
@@ -33,15 +36,27 @@ from attrlab.attribution.patching import (
 )
 from attrlab.attribution.run import RunSettings
 
-CLEAN = "When Mary and John went to the store, John gave a drink to"
-CORRUPTED = "When Mary and John went to the store, Mary gave a drink to"
+#: Each model's clean text, corrupted text and target.
+PAIRS: dict[str, tuple[str, str, dict[str, str]]] = {
+    "smollm2-135m": (
+        "When Mary and John went to the store, John gave a drink to",
+        "When Mary and John went to the store, Mary gave a drink to",
+        {"answer": " Mary", "contrast": " John"},
+    ),
+    "minilm-zeroshot": (
+        "A wonderful, heartwarming story.",
+        "A dreadful, heartwarming story.",
+        {"target": "positive"},
+    ),
+}
 TOP = 5
 
 
-def main(components: list[str]) -> None:
+def main(model: str, components: list[str]) -> None:
     torch.set_num_threads(os.cpu_count() or 1)
-    adapter = load("smollm2-135m", device="cpu")
-    problem = patching_problem(adapter, CLEAN, CORRUPTED, answer=" Mary", contrast=" John")
+    adapter = load(model, device="cpu")
+    clean, corrupted, target = PAIRS[model]
+    problem = patching_problem(adapter, clean, corrupted, **target)
     forward, backward, widest = planned_passes(adapter, problem, None, components)
     print(f"planned: {forward:,} forward rows, {backward} backward passes, batch {widest}\n")
     reports = {}
@@ -101,4 +116,8 @@ def _site(row: Any) -> str:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["residual", "head"])
+    arguments = sys.argv[1:]
+    chosen = "smollm2-135m"
+    if arguments[:1] == ["--model"]:
+        chosen, arguments = arguments[1], arguments[2:]
+    main(chosen, arguments or ["residual", "head"])

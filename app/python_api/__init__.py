@@ -280,6 +280,19 @@ def patch(
 
     Raises:
         InvalidInputError: prompts of different lengths, both or neither corruption.
+
+    Example:
+        >>> import attrlab
+        >>> report = attrlab.patch(
+        ...     "tiny-random-gpt2",
+        ...     "When Mary and John went to the store, John gave a drink to",
+        ...     "When Mary and John went to the store, Mary gave a drink to",
+        ...     answer=" Mary", contrast=" John", components=["residual"],
+        ...     estimators=["exact", "atp"])
+        >>> report.target
+        "' Mary' rather than ' John'"
+        >>> report.agreement[["estimator", "direction", "component"]].values.tolist()
+        [['atp', 'denoising', 'residual'], ['atp', 'noising', 'residual']]
     """
     from attrlab.attribution import RunSettings
     from attrlab.attribution.patching import GaussianNoise, patching_problem, patching_report
