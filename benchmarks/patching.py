@@ -25,6 +25,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import pandas as pd
 import torch
 from _tables import print_table
+from _timing import best_seconds, forward_backward
 
 from attrlab.attribution.models import load
 from attrlab.attribution.patching import (
@@ -59,13 +60,15 @@ def main(model: str, components: list[str]) -> None:
     problem = patching_problem(adapter, clean, corrupted, **target)
     forward, backward, widest = planned_passes(adapter, problem, None, components)
     print(f"planned: {forward:,} forward rows, {backward} backward passes, batch {widest}\n")
-    reports = {}
+    reports, seconds = {}, {}
     for name in ESTIMATORS:
         start = time.perf_counter()
         settings = RunSettings(progress=_progress(name))
         reports[name] = patching_report(adapter, problem, [name], components, settings=settings)
-        print(f"{name}: {time.perf_counter() - start:.1f} s")
+        seconds[name] = time.perf_counter() - start
+        print(f"{name}: {seconds[name]:.1f} s")
     exact = reports["exact"]
+    _costs(adapter, problem, seconds, exact.forward_passes, widest)
     print(f"\nclean {exact.clean_score:.3f}, corrupted {exact.corrupted_score:.3f}\n")
     rows = []
     for (direction, component), frame in exact.table.groupby(["direction", "component"]):
@@ -93,6 +96,39 @@ def main(model: str, components: list[str]) -> None:
             for r in found.itertuples(index=False)
         ],
     )
+
+
+def _costs(adapter: Any, problem: Any, seconds: dict, rows: int, widest: int) -> None:
+    """
+    Each estimator's seconds as multiples of one forward + backward of the target, and exact
+    patching's seconds per patched row against one plain forward row at the same batch width.
+    """
+    wide = {
+        k: v.repeat(widest, *[1] * (v.dim() - 1)) for k, v in problem.clean.model_kwargs().items()
+    }
+
+    def plain_forward() -> None:
+        with torch.no_grad():
+            problem.target.outputs(adapter, **wide)
+
+    fb_call = forward_backward(adapter, problem.clean, 0)  # the clean input: prompt and answer
+    best = best_seconds({"fb": fb_call, "wide": plain_forward}, repeats=3)
+    fb, per_row = best["fb"], best["wide"] / widest
+    print(
+        f"\none forward + backward {fb:.3f} s; a plain forward of {widest} rows {per_row:.4f} s/row"
+    )
+    table = [(n, f"{s:.1f}", f"{s / fb:.1f}", "≤ 3") for n, s in seconds.items() if n != "exact"]
+    exact_row = seconds["exact"] / rows
+    table.append(
+        (
+            "exact (per patched row)",
+            f"{exact_row:.4f}",
+            f"{exact_row / per_row:.2f} × a plain row",
+            "≤ 1",
+        )
+    )
+    print_table(("estimator", "seconds", "× forward+backward", "target"), table)
+    print()
 
 
 def _progress(name: str) -> Any:
