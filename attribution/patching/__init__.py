@@ -15,6 +15,7 @@ from attrlab.attribution.patching.report import (
     ESTIMATORS,
     Estimator,
     PatchingReport,
+    check_study,
     patching_report,
     planned_passes,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "PatchingProblem",
     "PatchingReport",
     "agreement",
+    "check_study",
     "patched_score",
     "patching_problem",
     "patching_report",

@@ -32,7 +32,14 @@ from attrlab.attribution.patching.relp import relp
 from attrlab.attribution.perturb import BatchRunner
 from attrlab.attribution.run import RunContext, RunSettings
 
-__all__ = ["ESTIMATORS", "Estimator", "PatchingReport", "patching_report", "planned_passes"]
+__all__ = [
+    "ESTIMATORS",
+    "Estimator",
+    "PatchingReport",
+    "check_study",
+    "patching_report",
+    "planned_passes",
+]
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,22 @@ ESTIMATORS: dict[str, Estimator] = {
 
 def _check_estimators(estimators: Sequence[str] | None) -> list[str]:
     return chosen_names("estimator", estimators, ESTIMATORS)
+
+
+def check_study(
+    estimators: Sequence[str] | None = None,
+    components: Sequence[str] | None = None,
+    directions: Sequence[str] | None = None,
+) -> None:
+    """
+    Refuse unknown names before a model is loaded (a front end queueing a study).
+
+    Raises:
+        InvalidParameterError: as :func:`patching_report`, naming what exists.
+    """
+    _check_estimators(estimators)
+    check_components(components)
+    check_directions(directions)
 
 
 @dataclass
