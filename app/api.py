@@ -16,7 +16,7 @@ import logging
 import os
 import pathlib
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Response
@@ -991,9 +991,7 @@ def _report_parquet(rows: Iterator[dict[str, Any]]) -> pathlib.Path:
     os.close(handle)
     table = [record for row in rows for record in row["report"]["table"]]
     try:
-        pd.DataFrame.from_records(table, columns=list(COLUMNS)).to_parquet(
-            name, index=False
-        )
+        pd.DataFrame.from_records(table, columns=list(COLUMNS)).to_parquet(name, index=False)
     except BaseException:  # a failed write leaves no file behind
         os.unlink(name)
         raise

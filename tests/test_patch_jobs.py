@@ -130,15 +130,16 @@ def test_a_cancelled_patch_job_leaves_the_model_unpatched_and_the_queue_moving(t
     worker.close()
 
 
-def test_a_patch_job_interrupted_by_a_restart_runs_again_to_the_direct_report(
-    tmp_path, expected
-):
+def test_a_patch_job_interrupted_by_a_restart_runs_again_to_the_direct_report(tmp_path, expected):
     worker = _worker(tmp_path)
-    with held(worker.adapter(MODEL).model) as (reached, release):
-        with TestClient(create_app(worker)) as client:
-            job_id = client.post("/api/v1/jobs/patch", json=BODY).json()["job_id"]
-            assert reached.wait(60), "the study never ran"
-            threading.Timer(0.5, release.set).start()  # the stop below waits for the study
+    # the server stops (the client's exit) while the study is held mid-way
+    with (
+        held(worker.adapter(MODEL).model) as (reached, release),
+        TestClient(create_app(worker)) as client,
+    ):
+        job_id = client.post("/api/v1/jobs/patch", json=BODY).json()["job_id"]
+        assert reached.wait(60), "the study never ran"
+        threading.Timer(0.5, release.set).start()  # the stop waits for the study's next step
     worker.close()
     assert JobStore(tmp_path / "jobs").get(job_id).status == "queued"  # back in the queue
     restarted = _worker(tmp_path)

@@ -36,6 +36,7 @@ __all__ = [
     "ESTIMATORS",
     "Estimator",
     "PatchingReport",
+    "agreement_reading",
     "check_study",
     "patching_report",
     "planned_passes",
@@ -173,6 +174,45 @@ class PatchingReport:
             "backward_passes": self.backward_passes,
             "warnings": self.warnings,
         }
+
+
+#: Spearman's ρ of an estimator's site ranking with exact patching's, on its weakest component
+#: and direction, from which it is read as tracking exact patching (or roughly so).
+TRACKS = 0.8
+ROUGHLY = 0.5
+
+
+def agreement_reading(report: PatchingReport) -> list[str]:
+    """
+    In plain words, per estimator: does it rank the sites as exact patching does, and where not.
+
+    Judged on the weakest Spearman ρ over the components and directions compared (at least
+    :data:`TRACKS`: it tracks; at least :data:`ROUGHLY`: roughly; below: it does not), with
+    that cell's top-k overlap; none without exact patching beside an estimator.
+    """
+    lines = []
+    table = report.agreement
+    for name in dict.fromkeys(table["estimator"]):
+        rows = table[table["estimator"] == name]
+        title = ESTIMATORS[name].title if name in ESTIMATORS else name
+        measured = rows.dropna(subset=["spearman"])
+        if measured.empty:
+            lines.append(f"{title}: no ranking to compare (the effects are constant).")
+            continue
+        weakest = measured.loc[measured["spearman"].idxmin()]
+        rho = float(weakest["spearman"])
+        verdict = (
+            "tracks exact patching"
+            if rho >= TRACKS
+            else "tracks exact patching roughly"
+            if rho >= ROUGHLY
+            else "does not track exact patching"
+        )
+        where = f"{weakest['component']}, {weakest['direction']}"
+        overlap = f"top-{int(weakest['k'])} overlap {float(weakest['top_k_overlap']):.2f}"
+        spread = "" if len(measured) == 1 else f" (weakest of {len(measured)}: {where})"
+        lines.append(f"{title} {verdict}: Spearman ρ {rho:.2f}, {overlap}{spread}.")
+    return lines
 
 
 def planned_passes(
