@@ -210,8 +210,10 @@ def agreement_reading(report: PatchingReport) -> list[str]:
         )
         where = f"{weakest['component']}, {weakest['direction']}"
         overlap = f"top-{int(weakest['k'])} overlap {float(weakest['top_k_overlap']):.2f}"
+        # the ranking is judged; Pearson's r says whether the sizes of the effects match too
+        sizes = f"Pearson r {float(weakest['pearson']):.2f}"
         spread = "" if len(measured) == 1 else f" (weakest of {len(measured)}: {where})"
-        lines.append(f"{title} {verdict}: Spearman ρ {rho:.2f}, {overlap}{spread}.")
+        lines.append(f"{title} {verdict}: Spearman ρ {rho:.2f}, {overlap}, {sizes}{spread}.")
     return lines
 
 
