@@ -101,3 +101,25 @@ def test_the_export_holds_the_report_its_tables_and_every_figure(load_model):
     assert manifest["extra"]["inputs"] == fields
     index = read("index.html").decode()
     assert MODEL in index and "data/patching_report.json" in index
+
+
+def test_the_reading_judges_each_estimator_on_its_weakest_ranking():
+    from attrlab.attribution.patching import AGREEMENT_COLUMNS, PatchingReport, agreement_reading
+
+    rows = [  # estimator, direction, component, sites, pearson, spearman, overlap, k
+        ("atp", "denoising", "residual", 30, 0.99, 0.95, 1.0, 10),
+        ("atp", "noising", "head", 8, 0.2, 0.3, 0.5, 8),
+        ("atp_star", "denoising", "residual", 30, 0.7, 0.6, 0.8, 10),
+        ("relp", "denoising", "residual", 30, float("nan"), float("nan"), 0.0, 10),
+        ("exact_twin", "denoising", "residual", 30, 1.0, 0.8, 1.0, 10),
+    ]
+    table = pd.DataFrame(rows, columns=list(AGREEMENT_COLUMNS))
+    report = PatchingReport(pd.DataFrame(), table, "' Mary'", 1.0, 0.0, [0.0], [], None)
+    assert agreement_reading(report) == [
+        "Attribution patching (AtP) does not track exact patching: Spearman ρ 0.30, top-8 "
+        "overlap 0.50, Pearson r 0.20 (weakest of 2: head, noising).",
+        "AtP* (QK fix, GradDrop) tracks exact patching roughly: Spearman ρ 0.60, top-10 overlap "
+        "0.80, Pearson r 0.70.",
+        "Relevance patching (RelP): no ranking to compare (the effects are constant).",
+        "exact_twin tracks exact patching: Spearman ρ 0.80, top-10 overlap 1.00, Pearson r 1.00.",
+    ]
