@@ -670,7 +670,7 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
     Routes under /api/v1 and KServe's /v1.
 
     GET /health (open), /status, /models, /methods; POST /explain, /layers, /check, /patch;
-    jobs (when ``jobs`` is given): POST /jobs, POST /jobs/patch, GET /jobs/{id}, GET
+    jobs (when ``jobs`` is given): POST /jobs, POST /patch/jobs, GET /jobs/{id}, GET
     /jobs/{id}/results, DELETE /jobs/{id}; POST /v1/models/{model}:explain.
     """
     settings = worker.settings
@@ -836,7 +836,7 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         return queued_job(body.model_dump(mode="json"), total)
 
     @router.post(
-        "/jobs/patch",
+        "/patch/jobs",
         status_code=202,
         responses={202: {"description": "The job's status (queued)", "links": _JOB_LINKS}},
     )
@@ -864,7 +864,7 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         ``errors`` lists the first 100 (index, method, code, message); ``instance_errors``
         counts the instances with any, and the results hold every one. A job whose results on
         file are not what was written is ``damaged``, and ``message`` says how. ``kind`` is
-        ``batch`` (``POST /jobs``) or ``patch`` (``POST /jobs/patch``); ``steps`` is the
+        ``batch`` (``POST /jobs``) or ``patch`` (``POST /patch/jobs``); ``steps`` is the
         running instance's progress (``{done, total}``), null when none runs.
         """
         return job_status_of(job_id)
@@ -900,7 +900,7 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         instance's index), method, target, label, probability, predictions (a list of
         index, label, probability), tokens, scores (the map flattened row-major) and
         scores_shape, error, and explanation_json (the whole Explanation). A patching job
-        (``POST /jobs/patch``): one line ``{"index": 0, "report": ...}``, or as Parquet the
+        (``POST /patch/jobs``): one line ``{"index": 0, "report": ...}``, or as Parquet the
         report's table (one row per estimator, direction, component and site). The whole file
         is checked first: damaged results answer 500 ``results_damaged`` and nothing else.
         """

@@ -1,5 +1,5 @@
 """
-A patching study as a durable job (``POST /api/v1/jobs/patch``), beside the batch jobs.
+A patching study as a durable job (``POST /api/v1/patch/jobs``), beside the batch jobs.
 
 The job's report is checked against :func:`attribution.patching.patching_report` run directly
 on the same tiny model; a forward hook holds the worker mid-study where a test needs a running
@@ -79,7 +79,7 @@ def test_a_patch_job_shows_its_steps_and_ends_with_the_direct_studys_report(tmp_
     worker = _worker(tmp_path)
     with TestClient(create_app(worker)) as client, held(worker.adapter(MODEL).model) as hold:
         reached, release = hold
-        submitted = client.post("/api/v1/jobs/patch", json=BODY)
+        submitted = client.post("/api/v1/patch/jobs", json=BODY)
         assert submitted.status_code == 202, submitted.text
         job_id = submitted.json()["job_id"]
         assert submitted.json()["kind"] == "patch" and submitted.json()["total"] == 1
@@ -113,15 +113,15 @@ def test_a_cancelled_patch_job_leaves_the_model_unpatched_and_the_queue_moving(t
     adapter = worker.adapter(MODEL)
     ids = adapter.preprocess(CLEAN).input_ids
     with TestClient(create_app(worker)) as client:
-        warm = client.post("/api/v1/jobs/patch", json=BODY).json()["job_id"]
+        warm = client.post("/api/v1/patch/jobs", json=BODY).json()["job_id"]
         assert wait_for_job(client, warm)["status"] == "done"  # lazy hooks installed once
         state, logits = model_state(adapter.model), adapter.model(ids).logits
         with held(adapter.model) as (reached, release):
-            job_id = client.post("/api/v1/jobs/patch", json=BODY).json()["job_id"]
+            job_id = client.post("/api/v1/patch/jobs", json=BODY).json()["job_id"]
             assert reached.wait(60), "the study never ran"
             assert client.delete(f"/api/v1/jobs/{job_id}").json()["status"] == "cancelled"
             release.set()
-            follow = client.post("/api/v1/jobs/patch", json=BODY).json()["job_id"]
+            follow = client.post("/api/v1/patch/jobs", json=BODY).json()["job_id"]
             assert wait_for_job(client, follow)["status"] == "done"  # the queue is not stuck
         assert client.get(f"/api/v1/jobs/{job_id}").json()["status"] == "cancelled"
         assert client.get(f"/api/v1/jobs/{job_id}/results").text == ""  # no report written
@@ -137,7 +137,7 @@ def test_a_patch_job_interrupted_by_a_restart_runs_again_to_the_direct_report(tm
         held(worker.adapter(MODEL).model) as (reached, release),
         TestClient(create_app(worker)) as client,
     ):
-        job_id = client.post("/api/v1/jobs/patch", json=BODY).json()["job_id"]
+        job_id = client.post("/api/v1/patch/jobs", json=BODY).json()["job_id"]
         assert reached.wait(60), "the study never ran"
         threading.Timer(0.5, release.set).start()  # the stop waits for the study's next step
     worker.close()
@@ -162,18 +162,18 @@ def test_bad_patch_jobs_are_refused_in_json_or_fail_naming_why(tmp_path):
             ({**BODY, "noise_seeds": 0}, "noise_seeds"),
             ({**BODY, "clean": ""}, "clean"),
         ):
-            response = client.post("/api/v1/jobs/patch", json=bad)
+            response = client.post("/api/v1/patch/jobs", json=bad)
             assert 400 <= response.status_code < 500, response.text
             assert named in json.dumps(response.json()["error"]), response.text
         # what only the model can tell (another token length) ends the job, in words
-        shorter = client.post("/api/v1/jobs/patch", json={**BODY, "corrupted": "When Mary went"})
+        shorter = client.post("/api/v1/patch/jobs", json={**BODY, "corrupted": "When Mary went"})
         status = wait_for_job(client, shorter.json()["job_id"])
         assert status["status"] == "failed" and "token" in status["message"]
     worker.close()
     settings = dataclasses.replace(job_settings(tmp_path, MODEL), data_dir=None)
     keepless = ExplainWorker(device="cpu", settings=settings)
     with TestClient(create_app(keepless)) as client:
-        response = client.post("/api/v1/jobs/patch", json=BODY)
+        response = client.post("/api/v1/patch/jobs", json=BODY)
         assert response.status_code == 404, response.text
         assert "no data folder" in response.json()["error"]["message"]
     keepless.close()
