@@ -77,6 +77,8 @@ LINK_FIELDS = (
 _FLAGS = ("trust", "randomise", "shared", "next_token", "generate", "chat")
 #: Flags that are on unless a link says ``0`` (written only when off).
 _ON_FLAGS = ("per_step",)
+#: Fields that count something, from 1 to their most.
+_COUNTS = {"max_new_tokens": MAX_NEW_TOKENS, "noise_seeds": MAX_SEEDS}
 #: Fields that list choices of a tab's checkbox group: the known ones are kept.
 _LISTS = ("methods", "measures", "components", "estimators", "directions")
 
@@ -301,19 +303,11 @@ def _link_field(name: str, value: str) -> Any:
             raise ValueError(
                 f"noise_positions {_quoted(value)} are not token positions written 3,4"
             ) from None
-    if name == "noise_seeds":
-        digits = value.isascii() and value.isdigit() and len(value) <= len(str(MAX_SEEDS))
-        if not digits or not 1 <= int(value) <= MAX_SEEDS:
-            raise ValueError(
-                f"noise_seeds {_quoted(value)} is not a whole number from 1 to {MAX_SEEDS}"
-            )
-        return int(value)
-    if name == "max_new_tokens":
-        digits = value.isascii() and value.isdigit() and len(value) <= len(str(MAX_NEW_TOKENS))
-        if not digits or not 1 <= int(value) <= MAX_NEW_TOKENS:
-            raise ValueError(
-                f"max_new_tokens {_quoted(value)} is not a whole number from 1 to {MAX_NEW_TOKENS}"
-            )
+    if name in _COUNTS:
+        most = _COUNTS[name]
+        digits = value.isascii() and value.isdigit() and len(value) <= len(str(most))
+        if not digits or not 1 <= int(value) <= most:
+            raise ValueError(f"{name} {_quoted(value)} is not a whole number from 1 to {most}")
         return int(value)
     if name in _FLAGS or name in _ON_FLAGS:
         if value not in ("0", "1"):
