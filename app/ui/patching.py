@@ -10,6 +10,7 @@ estimators' agreement with exact patching and its reading in words, an export an
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -252,12 +253,13 @@ def patching_view(runner: PageRunner) -> LinkedTab:
 def _summary(report: PatchingReport) -> str:
     """The scores patching moves between, what it cost, and the library's warnings."""
     gap = report.clean_score - report.corrupted_score
+    target = html.escape(report.target, quote=False)
     text = (
-        f"Target **{report.target}**: score {report.clean_score:.4g} on the clean prompt, "
+        f"Target **{target}**: score {report.clean_score:.4g} on the clean prompt, "
         f"{report.corrupted_score:.4g} corrupted (gap {gap:.4g}); "
         f"{report.forward_passes:,} forward rows, {report.backward_passes:,} backward passes."
     )
-    return text + "".join(f"\n\n⚠ {warning}" for warning in report.warnings)
+    return text + "".join(f"\n\n⚠ {html.escape(w, quote=False)}" for w in report.warnings)
 
 
 def export_patching(result: PatchingResult, png: bool = True) -> Path:
