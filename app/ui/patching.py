@@ -80,7 +80,7 @@ def patching_view(runner: PageRunner) -> LinkedTab:
                     elem_id="patching-noise",
                 )
                 seeds = gr.Number(
-                    10,
+                    PatchRequest.noise_seeds,  # the library's default number of draws
                     precision=0,
                     minimum=1,
                     maximum=MAX_SEEDS,
@@ -170,7 +170,7 @@ def patching_view(runner: PageRunner) -> LinkedTab:
             clean=clean_ or "",
             corrupted=corrupted_ or None,  # with noise too: refused in words
             noise_positions=positions,
-            noise_seeds=int(seeds_ or 10),
+            noise_seeds=PatchRequest.noise_seeds if seeds_ is None else int(seeds_),
             answer=answer_ or None,
             contrast=contrast_ or None,
             components=tuple(components_ or ()),
