@@ -782,9 +782,9 @@ class JobRunner:
 
     ``parse(request)`` reads a stored request (with the API's body parser, so that a stored job
     is read exactly as a live request is) into its :class:`JobWork`: the worker request for
-    its instance ``index`` and the line its result writes. One runner per data folder runs jobs at a
-    time (an exclusive lock on ``runner.lock``); another server on the same folder queues jobs
-    and takes over when the first stops.
+    its instance ``index`` and the line its result writes. One runner per data folder runs jobs
+    at a time (an exclusive lock on ``runner.lock``); another server on the same folder queues
+    jobs and takes over when the first stops.
     """
 
     def __init__(

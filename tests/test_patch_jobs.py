@@ -22,7 +22,7 @@ from _jobs import job_settings, wait_for_job
 from _model_state import model_state
 from fastapi.testclient import TestClient
 
-from attrlab.app.jobs import JobStore
+from attrlab.app.jobs import DamagedResultsError, JobStore
 from attrlab.app.server import create_app
 from attrlab.app.worker import ExplainWorker
 from attrlab.attribution.patching import patching_problem, patching_report
@@ -177,3 +177,16 @@ def test_bad_patch_jobs_are_refused_in_json_or_fail_naming_why(tmp_path):
         assert response.status_code == 404, response.text
         assert "no data folder" in response.json()["error"]["message"]
     keepless.close()
+
+
+def test_a_report_line_is_checked_as_a_report_when_read(tmp_path):
+    store = JobStore(tmp_path)
+    job_id = store.create({"kind": "patch", "body": {}}, total=1, limit=4)
+    store.claim_next()
+    assert store.append(job_id, {"index": 0, "report": {"table": [{"effect": 0.5}]}})
+    assert [row["report"]["table"] for row in store.results(job_id)] == [[{"effect": 0.5}]]
+    assert store.get(job_id).errors == 0  # a report's line lists no instance errors
+    other = store.create({"kind": "patch", "body": {}}, total=1, limit=4)
+    store.results_path(other).write_text('{"index": 0, "report": {"table": "cut"}}\n')
+    with pytest.raises(DamagedResultsError, match="line 1 does not hold a patching report"):
+        list(store.results(other))
