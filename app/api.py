@@ -14,7 +14,9 @@ import hmac
 import json
 import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
+import pathlib
+import tempfile
+from collections.abc import Iterator, Sequence
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Response
@@ -29,7 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from attrlab.app.batch import parquet_file
 from attrlab.app.errors import error_status, public_message, validation_problems
-from attrlab.app.jobs import DamagedResultsError, JobRunner, instance_json
+from attrlab.app.jobs import DamagedResultsError, JobRunner, JobWork, batch_work, instance_json
 from attrlab.app.worker import (
     BatchRequest,
     CheckRequest,
@@ -595,10 +597,22 @@ class JobBody(ExplainBody):
         return self
 
 
-def job_parser(stored: dict[str, Any]) -> Callable[[int], BatchRequest]:
-    """A stored job's body, read as a live one; its worker request for instance ``i``."""
+#: A stored job's ``kind`` beside its body (a batch job's is stored bare, as it always was).
+PATCH_JOB = "patch"
+
+
+def job_parser(stored: dict[str, Any]) -> JobWork:
+    """
+    A stored job's body, read as a live one: its worker requests and the lines they write.
+
+    A batch job's instance ``i`` is a batch of one; a patching job (``{"kind": "patch",
+    "body": PatchBody}``) is one study, written as ``{"index": 0, "report": ...}``.
+    """
+    if stored.get("kind") == PATCH_JOB:
+        patch = PatchBody.model_validate(stored.get("body"))
+        return JobWork(lambda _: patch.to_request(), lambda report: {"report": report.to_dict()})
     body = JobBody.model_validate(stored)
-    return lambda index: body.to_batch([index])
+    return batch_work(lambda index: body.to_batch([index]))
 
 
 class KServeParameters(BaseModel):
@@ -662,9 +676,9 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
     """
     Routes under /api/v1 and KServe's /v1.
 
-    GET /health (open), /status, /models, /methods; POST /explain, /layers, /check; jobs
-    (when ``jobs`` is given): POST /jobs, GET /jobs/{id}, GET /jobs/{id}/results, DELETE
-    /jobs/{id}; POST /v1/models/{model}:explain.
+    GET /health (open), /status, /models, /methods; POST /explain, /layers, /check, /patch;
+    jobs (when ``jobs`` is given): POST /jobs, POST /patch/jobs, GET /jobs/{id}, GET
+    /jobs/{id}/results, DELETE /jobs/{id}; POST /v1/models/{model}:explain.
     """
     settings = worker.settings
     open_routes = APIRouter(prefix=API_PREFIX)
@@ -792,7 +806,18 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         status = jobs.store.status(job_id)
         if status is None:
             raise HTTPException(404, f"no job '{job_id}'")
-        return status
+        steps = jobs.progress(job_id)
+        kind = jobs.store.request(job_id).get("kind") == PATCH_JOB
+        return {
+            **status,
+            "kind": PATCH_JOB if kind else "batch",
+            "steps": None if steps is None else {"done": steps[0], "total": steps[1]},
+        }
+
+    def queued_job(stored: dict[str, Any], total: int) -> dict[str, Any]:
+        if jobs is None:
+            raise HTTPException(404, "this server keeps no jobs (no data folder)")
+        return job_status_of(jobs.submit(stored, total))
 
     @router.post(
         "/jobs",
@@ -806,8 +831,6 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         Jobs survive a restart of the server: queued and interrupted ones resume, finished
         results stay. A full job queue answers 429 with ``Retry-After``.
         """
-        if jobs is None:
-            raise HTTPException(404, "this server keeps no jobs (no data folder)")
         total = len(body.instances or [])
         if total > settings.max_job_instances:
             raise InvalidParameterError(
@@ -817,8 +840,28 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         # methods, parameters and model, and every instance's features, before storing
         worker.validate(body.to_batch([0]), strict=True)
         check_instance_features(body.instances or [])
-        job_id = jobs.submit(body.model_dump(mode="json"), total)
-        return job_status_of(job_id)
+        return queued_job(body.model_dump(mode="json"), total)
+
+    @router.post(
+        "/patch/jobs",
+        status_code=202,
+        responses={202: {"description": "The job's status (queued)", "links": _JOB_LINKS}},
+    )
+    def submit_patch_job(body: PatchBody) -> dict[str, Any]:
+        """
+        Queue a durable patching study (the body of ``POST /patch``); ``202 {job_id}``.
+
+        Polled, downloaded and cancelled as every job, on ``/jobs/{job_id}``: its status has
+        ``kind: "patch"``, ``total`` 1 (one study) and, while it runs, ``steps`` (``done`` of
+        ``total`` patching stages); its results are one JSON line, ``{"index": 0, "report":
+        ...}`` with the report of ``POST /patch``, or with ``format=parquet`` the report's
+        ``table``. Cancelling stops it at its next batch of patched runs (the model is left
+        unpatched); a restart runs it again from the start. Names and the corruption are
+        checked here (4xx); what needs the model (the prompts' token lengths, a target they do
+        not hold) ends the job ``failed`` with the reason in ``message``.
+        """
+        worker.validate(body.to_request(), strict=True)
+        return queued_job({"kind": PATCH_JOB, "body": body.model_dump(mode="json")}, 1)
 
     @router.get("/jobs/{job_id}", responses={200: {"description": "The job", "links": _JOB_LINKS}})
     def job_status(job_id: Annotated[str, Path(max_length=64)]) -> dict[str, Any]:
@@ -827,7 +870,9 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
 
         ``errors`` lists the first 100 (index, method, code, message); ``instance_errors``
         counts the instances with any, and the results hold every one. A job whose results on
-        file are not what was written is ``damaged``, and ``message`` says how.
+        file are not what was written is ``damaged``, and ``message`` says how. ``kind`` is
+        ``batch`` (``POST /jobs``) or ``patch`` (``POST /patch/jobs``); ``steps`` is the
+        running instance's progress (``{done, total}``), null when none runs.
         """
         return job_status_of(job_id)
 
@@ -861,10 +906,12 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         Parquet: one row per instance and method, ``attrlab batch``'s columns: id (the
         instance's index), method, target, label, probability, predictions (a list of
         index, label, probability), tokens, scores (the map flattened row-major) and
-        scores_shape, error, and explanation_json (the whole Explanation). The whole file is
-        checked first: damaged results answer 500 ``results_damaged`` and nothing else.
+        scores_shape, error, and explanation_json (the whole Explanation). A patching job
+        (``POST /patch/jobs``): one line ``{"index": 0, "report": ...}``, or as Parquet the
+        report's table (one row per estimator, direction, component and site). The whole file
+        is checked first: damaged results answer 500 ``results_damaged`` and nothing else.
         """
-        job_status_of(job_id)
+        status = job_status_of(job_id)
         if format is None:
             format = "parquet" if _PARQUET in request.headers.get("accept", "") else "jsonl"
         try:
@@ -879,7 +926,8 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
                 headers={"Content-Length": str(copy.stat().st_size)},
             )
         try:
-            path = parquet_file(_rows_of(copy))
+            rows = _rows_of(copy)
+            path = _report_parquet(rows) if status["kind"] == PATCH_JOB else parquet_file(rows)
         finally:
             os.unlink(copy)
         return StreamingResponse(
@@ -938,6 +986,23 @@ def _rows_of(path: os.PathLike[str]) -> Iterator[dict[str, Any]]:
     with open(path, encoding="utf-8") as file:
         for line in file:
             yield json.loads(line)
+
+
+def _report_parquet(rows: Iterator[dict[str, Any]]) -> pathlib.Path:
+    """A patching job's report table (empty before it is done) as a temporary Parquet file."""
+    import pandas as pd
+
+    from attrlab.attribution.patching import COLUMNS
+
+    handle, name = tempfile.mkstemp(prefix="attrlab-results-", suffix=".parquet")
+    os.close(handle)
+    table = [record for row in rows for record in row["report"]["table"]]
+    try:
+        pd.DataFrame.from_records(table, columns=list(COLUMNS)).to_parquet(name, index=False)
+    except BaseException:  # a failed write leaves no file behind
+        os.unlink(name)
+        raise
+    return pathlib.Path(name)
 
 
 def _read_then_delete(path: os.PathLike[str]) -> Iterator[bytes]:

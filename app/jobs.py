@@ -1,5 +1,8 @@
 """
-Durable batch jobs: a SQLite job table and a JSON Lines file of results per job.
+Durable jobs: a SQLite job table and a JSON Lines file of results per job.
+
+A job is a batch of explain instances (a line per instance), or a patching study (one line,
+its report): :class:`JobWork` says what a stored job runs and writes.
 
 Both live under the server's data folder (``ATTRLAB_DATA``), so a restarted server resumes its
 queued and interrupted jobs and loses nothing that finished: an instance's results are appended
@@ -47,6 +50,7 @@ from attrlab.app.worker import (
     JobTableBusyError,
     QueueFullError,
     WorkerClosedError,
+    WorkerRequest,
 )
 from attrlab.attribution.errors import AttrlabError, JobCancelledError
 
@@ -57,7 +61,9 @@ __all__ = [
     "JobRecord",
     "JobRunner",
     "JobStore",
+    "JobWork",
     "UnreadableJobsError",
+    "batch_work",
     "instance_json",
     "set_aside",
 ]
@@ -612,7 +618,8 @@ def _checked_row(line: bytes, number: int, total: int) -> dict[str, Any]:
     Line ``number`` of a job of ``total`` instances, parsed, if it is a result row.
 
     A row is ``{"index": 0 <= i < total, "explanations": {method: outcome}}``, an outcome an
-    Explanation (with ``scores``) or ``{"error": {"code", "message"}}``.
+    Explanation (with ``scores``) or ``{"error": {"code", "message"}}``; a patching job's one
+    row is ``{"index": 0, "report": {...}}``, a report with its ``table`` of records.
 
     Raises:
         DamagedResultsError: naming the line and what is wrong with it.
@@ -629,6 +636,11 @@ def _checked_row(line: bytes, number: int, total: int) -> dict[str, Any]:
             f"results line {number} has index {json.dumps(index)[:40]}; this job's instances "
             f"are 0 to {total - 1}"
         )
+    if "report" in row:
+        report = row["report"]
+        if not isinstance(report, dict) or not isinstance(report.get("table"), list):
+            raise DamagedResultsError(f"results line {number} does not hold a patching report")
+        return row
     explanations = row.get("explanations")
     if not isinstance(explanations, dict) or not all(
         _is_outcome(outcome) for outcome in explanations.values()
@@ -668,10 +680,10 @@ def set_aside(folder: Path) -> Path:
 
 
 def _errors_of(job_id: str, result: dict[str, Any]) -> list[tuple[Any, ...]]:
-    """An instance's errors as ``instance_errors`` rows."""
+    """An instance's errors as ``instance_errors`` rows (a report's row has none)."""
     return [
         (job_id, result["index"], method, outcome["error"]["code"], outcome["error"]["message"])
-        for method, outcome in result["explanations"].items()
+        for method, outcome in result.get("explanations", {}).items()
         if "error" in outcome
     ]
 
@@ -739,22 +751,47 @@ def instance_json(results: InstanceResults) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class JobWork:
+    """
+    What a stored job runs: each instance's worker request, and the result line it writes.
+
+    Attributes:
+        request: Instance ``index`` -> the worker request that computes it.
+        line: That request's result -> its results line (beside ``index``), such as
+            ``{"explanations": ...}`` or ``{"report": ...}`` (see :func:`_checked_row`).
+    """
+
+    request: Callable[[int], WorkerRequest[Any]]
+    line: Callable[[Any], dict[str, Any]]
+
+
+def batch_work(build: Callable[[int], BatchRequest]) -> JobWork:
+    """A batch job's work: instance ``index`` as a worker batch of one, its explanations."""
+
+    def line(results: list[InstanceResults]) -> dict[str, Any]:
+        (only,) = results
+        return {"explanations": instance_json(only)}
+
+    return JobWork(build, line)
+
+
 class JobRunner:
     """
     Runs stored jobs through the worker, oldest first, one instance per worker request.
 
     ``parse(request)`` reads a stored request (with the API's body parser, so that a stored job
-    is read exactly as a live request is) into a function giving the worker's
-    :class:`BatchRequest` for its instance ``index``. One runner per data folder runs jobs at a
-    time (an exclusive lock on ``runner.lock``); another server on the same folder queues jobs
-    and takes over when the first stops.
+    is read exactly as a live request is) into its :class:`JobWork`: the worker request for
+    its instance ``index`` and the line its result writes. One runner per data folder runs jobs
+    at a time (an exclusive lock on ``runner.lock``); another server on the same folder queues
+    jobs and takes over when the first stops.
     """
 
     def __init__(
         self,
         store: JobStore,
         worker: ExplainWorker,
-        parse: Callable[[dict[str, Any]], Callable[[int], BatchRequest]],
+        parse: Callable[[dict[str, Any]], JobWork],
         poll_s: float = 0.2,
     ) -> None:
         self.store = store
@@ -855,7 +892,7 @@ class JobRunner:
             self.store.finish(job.id, "failed", f"the job's results are damaged: {err}")
             return
         try:
-            build = self.parse(self.store.request(job.id))
+            work = self.parse(self.store.request(job.id))
         except ValueError:  # a stored request this version of the server cannot read
             self.store.finish(job.id, "failed", "the stored request cannot be read")
             return
@@ -870,7 +907,7 @@ class JobRunner:
                 if record is None or record.status != "running":  # cancelled meanwhile
                     return
                 try:
-                    results = self._explain(job.id, build(index))
+                    result = self._explain(job.id, work.request(index))
                     break
                 except QueueFullError:  # interactive requests fill the worker's queue
                     self._stopping.wait(self.poll_s)
@@ -881,7 +918,7 @@ class JobRunner:
                 except AttrlabError as err:  # the model or a method cannot run at all
                     self.store.finish(job.id, "failed", error_record(err)["error"]["message"])
                     return
-            row = {"index": index, "explanations": instance_json(results)}
+            row = {"index": index, **work.line(result)}
             try:
                 if not self.store.append(job.id, row):  # cancelled as the instance finished
                     return
@@ -890,7 +927,15 @@ class JobRunner:
                 return
         self.store.finish(job.id, "done")
 
-    def _explain(self, job_id: str, request: BatchRequest) -> InstanceResults:
+    def progress(self, job_id: str) -> tuple[int, int] | None:
+        """The steps done of the running instance of ``job_id`` (None: not running one)."""
+        with self._lock:
+            current = self._current
+        if current is None or current[0] != job_id:
+            return None
+        return current[1].progress
+
+    def _explain(self, job_id: str, request: WorkerRequest[Any]) -> Any:
         submitted = self.worker.submit(request)
         with self._lock:
             self._current = (job_id, submitted)
@@ -898,8 +943,7 @@ class JobRunner:
             record = self.store.get(job_id)
             if self._stopping.is_set() or record is None or record.status != "running":
                 submitted.cancel()  # a stop or cancel that came before _current was set
-            (results,) = submitted.result()
+            return submitted.result()
         finally:
             with self._lock:
                 self._current = None
-        return results

@@ -416,7 +416,9 @@ class PatchRequest(WorkerRequest["PatchingReport"]):
     top_k: int = 10
 
     def check(self, settings: ServerSettings) -> None:
-        """The texts within this server's bounds, and one corruption."""
+        """The texts within this server's bounds, one corruption, and known study names."""
+        from attrlab.attribution.patching import check_study
+
         for text in (self.corrupted, self.answer, self.contrast):
             settings.check_request(text, None, None, self.seed)
         settings.check_request(self.clean, self.labels, self.target, self.seed)
@@ -424,6 +426,7 @@ class PatchRequest(WorkerRequest["PatchingReport"]):
             raise InvalidInputError(
                 "give a corrupted prompt, or noise positions of the clean one (causal tracing)"
             )
+        check_study(self.estimators, self.components, self.directions)  # before any queueing
 
     def method_params(self) -> dict[str, dict[str, Any]]:
         """No registered method: patching is its own study."""

@@ -6,6 +6,7 @@ Layout of ``folder`` (and of the zip, under ``folder``'s name)::
     index.html  plotly.min.js  manifest.json  <method>.json  <method>.npz
     figures/<name>.html  figures/<name>.png|.jpg  pages/<name>.html
     <method>_layers.csv / .parquet / .json   (an explanation with a layer table)
+    data/<name>   (a study's own files: a patching report's JSON, its tables as CSV)
 
 Every HTML page names the model, the input, the methods and the view it shows, and opens from
 the unzipped folder without a network: the figures load the bundle's one copy of Plotly's
@@ -22,7 +23,7 @@ import re
 import shutil
 import zipfile
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -292,6 +293,8 @@ def write_bundle(
     *,
     input_label: str | None = None,
     view: View | None = None,
+    data: Mapping[str, str] | None = None,
+    model: str | None = None,
 ) -> Path:
     """
     Write the explanations, figures, pages and a manifest into ``folder``; zip it.
@@ -308,7 +311,9 @@ def write_bundle(
     the text, or the image's name and size; see :func:`subject_of`), the methods and the
     ``view`` the maps were drawn in, which the manifest records too. Names are reduced to
     ``[A-Za-z0-9_.-]``. When the stills fail (no Chromium for kaleido) they are left out and
-    the reason goes to ``manifest["png_error"]``: the bundle still builds.
+    the reason goes to ``manifest["png_error"]``: the bundle still builds. ``data`` (file
+    name -> text, such as a study's report JSON and tables as CSV) become ``data/<name>``;
+    ``model`` names the model where no explanation does (a patching study's export).
 
     Returns:
         The path of the zip file, ``<folder>.zip``.
@@ -316,6 +321,8 @@ def write_bundle(
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     subject = subject_of(explanations, input_label, view)
+    if model is not None:
+        subject = replace(subject, model=model)
     manifest: dict[str, Any] = {
         "bundle_version": BUNDLE_VERSION,
         "subject": {"model": subject.model, "input": subject.input},
@@ -363,6 +370,13 @@ def write_bundle(
                 _document(subject, name, pages[name], "../index.html", ""), encoding="utf-8"
             )
             manifest["pages"][name] = path.relative_to(folder).as_posix()
+    if data:
+        (folder / "data").mkdir(exist_ok=True)
+        manifest["data"] = {}
+        for name, stem in _stems(data).items():
+            path = folder / "data" / stem
+            path.write_text(data[name], encoding="utf-8")
+            manifest["data"][name] = path.relative_to(folder).as_posix()
     (folder / "index.html").write_text(_index(subject, manifest), encoding="utf-8")
     manifest["extra"] = dict(extra or {})
     (folder / "manifest.json").write_text(
@@ -394,7 +408,10 @@ def _index(subject: Subject, manifest: Mapping[str, Any]) -> str:
         body += f"<h2>Pages</h2>{links(manifest['pages'])}"
     if manifest["figures"]:
         body += f"<h2>Figures</h2>{links(manifest['figures'])}"
-    data = {m: entry["files"] for m, entry in manifest["methods"].items()}
-    body += f"<h2>Explanations (JSON, NumPy arrays)</h2>{links(data)}"
+    if manifest.get("data"):
+        body += f"<h2>Data</h2>{links(manifest['data'])}"
+    if manifest["methods"] or not manifest.get("data"):
+        data = {m: entry["files"] for m, entry in manifest["methods"].items()}
+        body += f"<h2>Explanations (JSON, NumPy arrays)</h2>{links(data)}"
     body += '<p><a href="manifest.json">manifest.json</a>: inputs, parameters, seeds, versions</p>'
     return _document(subject, "attrlab export", body, None, "")

@@ -11,6 +11,7 @@ corrupted one.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -20,14 +21,16 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from attrlab.attribution.layers.pruning import PruningCurves
-from attrlab.attribution.patching import COMPONENTS, ESTIMATORS, PatchingReport
+from attrlab.attribution.patching import COMPONENTS, DIRECTIONS, ESTIMATORS, PatchingReport
 from attrlab.viz.layers import _DIVERGING, _token_axis
 from attrlab.viz.theme import TEMPLATE
 from attrlab.viz.tokens import token_tick
 
 __all__ = [
     "estimator_scatter",
+    "patching_figure_names",
     "patching_figures",
+    "patching_files",
     "patching_head_grid",
     "patching_heatmaps",
     "pruning_figure",
@@ -498,6 +501,25 @@ def pruning_figure(curves: PruningCurves) -> go.Figure:
         template=TEMPLATE,
     )
     return figure
+
+
+def patching_figure_names() -> list[str]:
+    """Every name :func:`patching_figures` may give, in its order (a front end's places)."""
+    heatmaps = [f"patching_{c.name}" for c in COMPONENTS.values() if c.per_position]
+    return [*heatmaps, "patching_heads", *(f"estimators_{d}" for d in DIRECTIONS)]
+
+
+def patching_files(report: PatchingReport) -> dict[str, str]:
+    """
+    A study's data as an export's files: the report's JSON, its table and agreement as CSV.
+
+    ``patching_report.json`` is :meth:`PatchingReport.to_dict`; the CSVs hold every column.
+    """
+    return {
+        "patching_report.json": json.dumps(report.to_dict(), indent=1, allow_nan=False),
+        "patching_table.csv": report.table.to_csv(index=False),
+        "patching_agreement.csv": report.agreement.to_csv(index=False),
+    }
 
 
 def patching_figures(report: PatchingReport) -> dict[str, go.Figure]:

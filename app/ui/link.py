@@ -20,11 +20,12 @@ import gradio as gr
 
 from attrlab.app.settings import MAX_SEED
 from attrlab.app.ui.files import EXAMPLE_PREFIX, example_images, example_named
-from attrlab.app.ui.shared import format_heads, labels_for, parse_heads
+from attrlab.app.ui.shared import format_heads, labels_for, parse_heads, parse_positions
 from attrlab.attribution.answers import MAX_NEW_TOKENS
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
 from attrlab.attribution.features import GRANULARITIES
 from attrlab.attribution.methods import get_method
+from attrlab.attribution.patching.problem import MAX_SEEDS
 from attrlab.viz.view import CLIP_MIN, SIGNS, View
 
 __all__ = [
@@ -65,13 +66,21 @@ LINK_FIELDS = (
     "per_step",
     "granularity",
     "spans",
+    "corrupted",
+    "noise_positions",
+    "noise_seeds",
+    "components",
+    "estimators",
+    "directions",
 )
 #: Link fields that are on/off flags, written ``1`` (a flag that is off is left out).
 _FLAGS = ("trust", "randomise", "shared", "next_token", "generate", "chat")
 #: Flags that are on unless a link says ``0`` (written only when off).
 _ON_FLAGS = ("per_step",)
+#: Fields that count something, from 1 to their most.
+_COUNTS = {"max_new_tokens": MAX_NEW_TOKENS, "noise_seeds": MAX_SEEDS}
 #: Fields that list choices of a tab's checkbox group: the known ones are kept.
-_LISTS = ("methods", "measures")
+_LISTS = ("methods", "measures", "components", "estimators", "directions")
 
 
 @dataclass
@@ -85,6 +94,9 @@ class LinkedTab:
     #: ``view``, ``clip`` and ``shared`` over ``default_view``; None: the tab has no views.
     view: gr.State | None = None
     default_view: View = field(default_factory=View)
+    #: The page's tab that holds this one, and the tabs inside it whose tab ``key`` this one
+    #: is (a view within a tab); None: this one is a page's tab.
+    within: tuple[str, gr.Tabs] | None = None
 
 
 def share_query(fields: Mapping[str, Any]) -> str:
@@ -142,12 +154,15 @@ def open_shared_link(
     order = [(key, name, c) for key, tab in filled.items() for name, c in tab.fields.items() if c]
     widgets = [(key, w) for key, tab in filled.items() for w in tab.widgets]
     views = {key: (tab.view, tab.default_view) for key, tab in filled.items() if tab.view}
+    inner = {key: tab.within[1] for key, tab in filled.items() if tab.within}
 
     def restore(request: gr.Request) -> list[Any]:
         query = dict(request.query_params) if request is not None else {}
         link = _read_link(query, filled)
         shown = "; ".join(link.problems)
-        updates: list[Any] = [gr.update(selected=link.tab) if link.tab else gr.update()]
+        holder = filled[link.tab].within if link.tab else None
+        opened = holder[0] if holder else link.tab
+        updates: list[Any] = [gr.update(selected=opened) if opened else gr.update()]
         updates.append(
             gr.update(
                 value=_markdown_text(f"Left out of this link: {shown}.") if shown else "",
@@ -171,6 +186,7 @@ def open_shared_link(
             updates.append(gr.update(value=given[name]) if name in given else gr.update())
         for key, (_, default) in views.items():
             updates.append(_linked_view(link.fields, default) if key == link.tab else gr.update())
+        updates += [gr.update(selected=key) if key == link.tab else gr.update() for key in inner]
         # a tab runs once its input is filled: a text tab always, an image tab given an example
         autorun = link.tab is not None and (
             filled[link.tab].fields.get("text") is not None or "image" in link.fields
@@ -187,6 +203,7 @@ def open_shared_link(
             *(c for *_, c in order),
             *(w for _, (*_, w) in widgets),
             *(state for state, _ in views.values()),
+            *inner.values(),
             *(tab.linked for tab in filled.values()),
         ],
         api_visibility="private",
@@ -279,12 +296,18 @@ def _link_field(name: str, value: str) -> Any:
         ):
             raise ValueError(f"seed {_quoted(value)} is not a whole number from 0 to {MAX_SEED}")
         return int(value)
-    if name == "max_new_tokens":
-        digits = value.isascii() and value.isdigit() and len(value) <= len(str(MAX_NEW_TOKENS))
-        if not digits or not 1 <= int(value) <= MAX_NEW_TOKENS:
+    if name == "noise_positions":
+        try:
+            return ",".join(map(str, parse_positions(value) or ()))
+        except InvalidParameterError:
             raise ValueError(
-                f"max_new_tokens {_quoted(value)} is not a whole number from 1 to {MAX_NEW_TOKENS}"
-            )
+                f"noise_positions {_quoted(value)} are not token positions written 3,4"
+            ) from None
+    if name in _COUNTS:
+        most = _COUNTS[name]
+        digits = value.isascii() and value.isdigit() and len(value) <= len(str(most))
+        if not digits or not 1 <= int(value) <= most:
+            raise ValueError(f"{name} {_quoted(value)} is not a whole number from 1 to {most}")
         return int(value)
     if name in _FLAGS or name in _ON_FLAGS:
         if value not in ("0", "1"):

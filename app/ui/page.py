@@ -7,6 +7,7 @@ from :mod:`viz`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +23,7 @@ from attrlab.app.ui.explain import ExplainTab, TabSpec
 from attrlab.app.ui.files import FILES_KEPT_S, NOT_RECEIVED, upload_folder
 from attrlab.app.ui.layers import layers_tab
 from attrlab.app.ui.link import LinkedTab, open_shared_link
+from attrlab.app.ui.patching import patching_view
 from attrlab.app.ui.runner import PageRunner, Runner, queued_cost
 from attrlab.app.worker import ExplainRequest, ExplainWorker
 
@@ -61,8 +63,12 @@ def build_ui(
                 with gr.Tab(spec.title, id=spec.key):
                     kind = LanguageModelTab if spec.next_token else ExplainTab
                     filled[spec.key] = kind(spec, runner, cost).linked_tab
-            with gr.Tab("Layers & heads", id="layers"):
-                filled["layers"] = layers_tab(runner)
+            with gr.Tab("Layers & heads", id="layers"), gr.Tabs() as layer_views:
+                with gr.Tab("Layer and head measures", id="layers-measures-view"):
+                    filled["layers"] = layers_tab(runner)
+                with gr.Tab("Activation patching", id="patching"):
+                    view = patching_view(runner)
+                    filled["patching"] = dataclasses.replace(view, within=("layers", layer_views))
             with gr.Tab("Evaluate", id="evaluate"):
                 evaluate_tab(runner)
             with gr.Tab("Batch", id="batch"):

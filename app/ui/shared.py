@@ -15,6 +15,7 @@ from attrlab.attribution.methods.catalog import catalog_entries
 from attrlab.attribution.models import BUILTIN_MODELS
 
 __all__ = [
+    "IOI_CORRUPTED",
     "IOI_PROMPT",
     "SAMPLE_LABELS",
     "SAMPLE_PROMPT",
@@ -25,6 +26,7 @@ __all__ = [
     "method_entries",
     "method_names",
     "parse_heads",
+    "parse_positions",
     "plot_clicks_js",
     "read_target",
     "readable",
@@ -37,6 +39,8 @@ SAMPLE_TEXT = "I loved this movie, the acting was wonderful."
 SAMPLE_PROMPT = "The capital of France is"
 #: The indirect-object prompt of the IOI circuit (" Mary" rather than " John").
 IOI_PROMPT = "When Mary and John went to the store, John gave a drink to"
+#: The IOI prompt with the second name swapped: as many tokens, the other answer.
+IOI_CORRUPTED = "When Mary and John went to the store, Mary gave a drink to"
 SAMPLE_LABELS = "positive, negative"
 _HEAD = re.compile(r"^\s*L?\s*(\d+)\s*[H:./ ]\s*(\d+)\s*$", re.IGNORECASE)
 
@@ -133,6 +137,16 @@ def parse_heads(text: str | None) -> tuple[tuple[int, int], ...]:
         if head not in heads:
             heads.append(head)
     return tuple(heads)
+
+
+def parse_positions(text: str | None) -> tuple[int, ...] | None:
+    """``"3, 4"`` -> ``(3, 4)``: token positions; None when empty; a clear error otherwise."""
+    parts = [part.strip() for part in (text or "").split(",") if part.strip()]
+    if not all(part.isascii() and part.isdigit() and len(part) <= 6 for part in parts):
+        raise InvalidParameterError(
+            f"noise positions are token positions written 3,4 (from 0); got {(text or '')[:40]!r}"
+        )
+    return tuple(int(part) for part in parts) or None
 
 
 def format_heads(heads: tuple[tuple[int, int], ...] | list[tuple[int, int]]) -> str:

@@ -15,6 +15,8 @@ from attrlab.attribution.patching.report import (
     ESTIMATORS,
     Estimator,
     PatchingReport,
+    agreement_reading,
+    check_study,
     patching_report,
     planned_passes,
 )
@@ -31,6 +33,8 @@ __all__ = [
     "PatchingProblem",
     "PatchingReport",
     "agreement",
+    "agreement_reading",
+    "check_study",
     "patched_score",
     "patching_problem",
     "patching_report",

@@ -32,7 +32,15 @@ from attrlab.attribution.patching.relp import relp
 from attrlab.attribution.perturb import BatchRunner
 from attrlab.attribution.run import RunContext, RunSettings
 
-__all__ = ["ESTIMATORS", "Estimator", "PatchingReport", "patching_report", "planned_passes"]
+__all__ = [
+    "ESTIMATORS",
+    "Estimator",
+    "PatchingReport",
+    "agreement_reading",
+    "check_study",
+    "patching_report",
+    "planned_passes",
+]
 
 
 @dataclass(frozen=True)
@@ -95,6 +103,22 @@ def _check_estimators(estimators: Sequence[str] | None) -> list[str]:
     return chosen_names("estimator", estimators, ESTIMATORS)
 
 
+def check_study(
+    estimators: Sequence[str] | None = None,
+    components: Sequence[str] | None = None,
+    directions: Sequence[str] | None = None,
+) -> None:
+    """
+    Refuse unknown names before a model is loaded (a front end queueing a study).
+
+    Raises:
+        InvalidParameterError: as :func:`patching_report`, naming what exists.
+    """
+    _check_estimators(estimators)
+    check_components(components)
+    check_directions(directions)
+
+
 @dataclass
 class PatchingReport:
     """
@@ -150,6 +174,47 @@ class PatchingReport:
             "backward_passes": self.backward_passes,
             "warnings": self.warnings,
         }
+
+
+#: Spearman's ρ of an estimator's site ranking with exact patching's, on its weakest component
+#: and direction, from which it is read as tracking exact patching (or roughly so).
+TRACKS = 0.8
+ROUGHLY = 0.5
+
+
+def agreement_reading(report: PatchingReport) -> list[str]:
+    """
+    In plain words, per estimator: does it rank the sites as exact patching does, and where not.
+
+    Judged on the weakest Spearman ρ over the components and directions compared (at least
+    :data:`TRACKS`: it tracks; at least :data:`ROUGHLY`: roughly; below: it does not), with
+    that cell's top-k overlap; none without exact patching beside an estimator.
+    """
+    lines = []
+    table = report.agreement
+    for name in dict.fromkeys(table["estimator"]):
+        rows = table[table["estimator"] == name]
+        title = ESTIMATORS[name].title if name in ESTIMATORS else name
+        measured = rows.dropna(subset=["spearman"])
+        if measured.empty:
+            lines.append(f"{title}: no ranking to compare (the effects are constant).")
+            continue
+        weakest = measured.loc[measured["spearman"].idxmin()]
+        rho = float(weakest["spearman"])
+        verdict = (
+            "tracks exact patching"
+            if rho >= TRACKS
+            else "tracks exact patching roughly"
+            if rho >= ROUGHLY
+            else "does not track exact patching"
+        )
+        where = f"{weakest['component']}, {weakest['direction']}"
+        overlap = f"top-{int(weakest['k'])} overlap {float(weakest['top_k_overlap']):.2f}"
+        # the ranking is judged; Pearson's r says whether the sizes of the effects match too
+        sizes = f"Pearson r {float(weakest['pearson']):.2f}"
+        spread = "" if len(measured) == 1 else f" (weakest of {len(measured)}: {where})"
+        lines.append(f"{title} {verdict}: Spearman ρ {rho:.2f}, {overlap}, {sizes}{spread}.")
+    return lines
 
 
 def planned_passes(

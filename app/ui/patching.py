@@ -1,0 +1,285 @@
+"""
+Activation patching on the Layers & heads tab: which layers, positions and heads carry a change.
+
+A clean prompt and its corruption (a prompt of as many tokens, or noise on chosen positions:
+causal tracing), an answer and a contrast; the components, estimators and directions offered
+are the library's own (:mod:`attribution.patching`). A run goes through the page's runner
+(progress, Cancel, the server's pass budget) and shows the figures of :mod:`viz.patching`, the
+estimators' agreement with exact patching and its reading in words, an export and a link.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import gradio as gr
+
+from attrlab.app.ui.files import page_folder
+from attrlab.app.ui.link import LinkedTab, page_base, share_query
+from attrlab.app.ui.runner import PageRunner
+from attrlab.app.ui.shared import IOI_CORRUPTED, IOI_PROMPT, parse_positions, readable, session
+from attrlab.app.worker import PatchRequest
+from attrlab.attribution.models import BUILTIN_MODELS, default_model
+from attrlab.attribution.patching import COMPONENTS, DIRECTIONS, ESTIMATORS
+from attrlab.attribution.patching.problem import MAX_SEEDS
+
+if TYPE_CHECKING:
+    from attrlab.attribution.patching import PatchingReport
+
+__all__ = ["PatchingResult", "export_patching", "patching_view"]
+
+#: The tab key of a run (its Cancel stops only this view's study).
+_TAB = "patching"
+
+
+@dataclass(frozen=True)
+class PatchingResult:
+    """A study shown on the page: its report and the fields that asked for it (a link's)."""
+
+    report: PatchingReport
+    fields: dict[str, Any]
+
+
+def patching_view(runner: PageRunner) -> LinkedTab:
+    """Build the patching view; every study goes through ``runner``. Returns what a link fills."""
+    from attrlab.viz.patching import patching_figure_names
+
+    models = [name for name, m in BUILTIN_MODELS.items() if m.next_token]
+    last = gr.State(None)  # PatchingResult
+    linked = gr.State(False)  # a shared link filled the view: run it once loaded
+    asked = gr.State(True)  # Run always runs
+    gr.Markdown(
+        "Patch one component at a time between a clean prompt and its corruption, and read "
+        "how far each moves the answer's score from the corrupted run's (0) to the clean "
+        "one's (1). The cheap estimators are scored against exact patching."
+    )
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=2):
+            model = gr.Dropdown(
+                models,
+                value=default_model("text", next_token=True),
+                label="Model (a decoder LM)",
+                allow_custom_value=True,
+                elem_id="patching-model",
+            )
+            clean = gr.Textbox(IOI_PROMPT, label="Clean prompt", lines=2, elem_id="patching-clean")
+            corrupted = gr.Textbox(
+                IOI_CORRUPTED,
+                label="Corrupted prompt (as many tokens as the clean one)",
+                lines=2,
+                elem_id="patching-corrupted",
+            )
+            with gr.Row():
+                noise = gr.Textbox(
+                    "",
+                    label="…or noise on these clean token positions (causal tracing)",
+                    placeholder="3,4",
+                    elem_id="patching-noise",
+                )
+                seeds = gr.Number(
+                    PatchRequest.noise_seeds,  # the library's default number of draws
+                    precision=0,
+                    minimum=1,
+                    maximum=MAX_SEEDS,
+                    label="Noise draws",
+                    elem_id="patching-seeds",
+                )
+            with gr.Row():
+                answer = gr.Textbox(
+                    " Mary", label="Answer (empty: the next token)", elem_id="patching-answer"
+                )
+                contrast = gr.Textbox(" John", label="Rather than", elem_id="patching-contrast")
+        with gr.Column(scale=1):
+            components = gr.CheckboxGroup(
+                [(f"{c.name}: {c.description}", c.name) for c in COMPONENTS.values()],
+                # a head at each position is the costliest by far: asked for, not a default
+                value=[c.name for c in COMPONENTS.values() if not (c.per_head and c.per_position)],
+                label="Components",
+                elem_id="patching-components",
+            )
+            estimators = gr.CheckboxGroup(
+                [(f"{e.title}: {e.cost}", e.name) for e in ESTIMATORS.values()],
+                value=list(ESTIMATORS),
+                label="Estimators (exact patching is the reference)",
+                elem_id="patching-estimators",
+            )
+            directions = gr.CheckboxGroup(
+                list(DIRECTIONS),
+                value=list(DIRECTIONS),
+                label="Directions (denoising: clean into corrupted; noising: the reverse)",
+                elem_id="patching-directions",
+            )
+    with gr.Row():
+        run = gr.Button("Patch", variant="primary", elem_id="patching-run")
+        cancel = gr.Button("Cancel", variant="stop", elem_id="patching-cancel")
+    summary = gr.Markdown("", elem_id="patching-summary")
+    reading = gr.Markdown("", elem_id="patching-reading")
+    agreement = gr.Dataframe(
+        interactive=False,
+        label="Each estimator against exact patching",
+        elem_id="patching-agreement",
+        wrap=True,
+    )
+    names = patching_figure_names()
+    plots = [
+        gr.Plot(visible=False, elem_id="patching-" + name.replace("_", "-"), show_label=False)
+        for name in names
+    ]
+    # Layer pruning curves (viz.patching.pruning_figure) go here once the pruning study's
+    # worker request is on main; hidden until then.
+    gr.Plot(visible=False, label="Layer pruning curves", elem_id="patching-pruning")
+    with gr.Row(equal_height=False):
+        export = gr.Button("Export", scale=0, min_width=160, elem_id="patching-export")
+        bundle = gr.File(label="Bundle", height=90, elem_id="patching-bundle")
+        link = gr.Textbox(
+            label="Link to this study", lines=2, elem_id="patching-link", buttons=["copy"]
+        )
+
+    inputs = [model, clean, corrupted, noise, seeds, answer, contrast]
+    inputs += [components, estimators, directions]
+    outputs = [summary, reading, agreement, *plots, link, last]
+
+    @readable
+    def study(
+        asked_: bool,
+        model_: str,
+        clean_: str,
+        corrupted_: str,
+        noise_: str,
+        seeds_: float | None,
+        answer_: str,
+        contrast_: str,
+        components_: list[str],
+        estimators_: list[str],
+        directions_: list[str],
+        request: gr.Request,
+        progress=gr.Progress(),  # noqa: B008
+    ):
+        """Run the study (Patch, or a shared link once it filled the view) and show it."""
+        from attrlab.attribution.patching import agreement_reading
+        from attrlab.viz.patching import patching_figures
+
+        if not asked_:  # the page's load set another tab's link flag
+            return [gr.skip()] * len(outputs)
+        positions = parse_positions(noise_)
+        request_ = PatchRequest(
+            model=model_,
+            clean=clean_ or "",
+            corrupted=corrupted_ or None,  # with noise too: refused in words
+            noise_positions=positions,
+            noise_seeds=PatchRequest.noise_seeds if seeds_ is None else int(seeds_),
+            answer=answer_ or None,
+            contrast=contrast_ or None,
+            components=tuple(components_ or ()),
+            estimators=tuple(estimators_ or ()),
+            directions=tuple(directions_ or ()),
+        )
+        report: PatchingReport = runner(request_, progress, session(request), _TAB)
+        figures = patching_figures(report)
+        fields = {
+            "tab": _TAB,
+            "model": model_,
+            "text": clean_,
+            "corrupted": request_.corrupted or "",
+            "noise_positions": ",".join(map(str, positions or ())),
+            "noise_seeds": request_.noise_seeds if positions else None,
+            "answer": answer_ or "",
+            "contrast": contrast_ or "",
+            "components": list(components_),
+            "estimators": list(estimators_),
+            "directions": list(directions_),
+        }
+        lines = agreement_reading(report)
+        return [
+            _summary(report),
+            "\n".join(f"- {line}" for line in lines) if lines else "",
+            report.agreement.round(4),
+            *(
+                gr.update(value=figures[name], visible=True)
+                if name in figures
+                else gr.update(value=None, visible=False)
+                for name in names
+            ),
+            page_base(request) + share_query(fields),
+            PatchingResult(report, fields),
+        ]
+
+    running = run.click(
+        study, [asked, *inputs], outputs, api_name="patching_run", concurrency_id="run-patching"
+    )
+    linked_run = linked.change(
+        study,
+        [linked, *inputs],
+        outputs,
+        api_visibility="private",
+        concurrency_id="run-patching",
+    )
+    cancel.click(
+        runner.cancel_handler(_TAB),
+        [],
+        [],
+        cancels=[running, linked_run],
+        api_name="patching_cancel",
+    )
+
+    @readable
+    def download(result: PatchingResult | None) -> str:
+        if result is None:
+            raise gr.Error("run a study first; the export holds its report")
+        return str(export_patching(result))
+
+    export.click(download, [last], bundle, api_name="patching_export")
+    return LinkedTab(
+        {
+            "model": model,
+            "text": clean,
+            "corrupted": corrupted,
+            "noise_positions": noise,
+            "noise_seeds": seeds,
+            "answer": answer,
+            "contrast": contrast,
+            "components": components,
+            "estimators": estimators,
+            "directions": directions,
+        },
+        [],
+        linked,
+    )
+
+
+def _summary(report: PatchingReport) -> str:
+    """The scores patching moves between, what it cost, and the library's warnings."""
+    gap = report.clean_score - report.corrupted_score
+    target = html.escape(report.target, quote=False)
+    text = (
+        f"Target **{target}**: score {report.clean_score:.4g} on the clean prompt, "
+        f"{report.corrupted_score:.4g} corrupted (gap {gap:.4g}); "
+        f"{report.forward_passes:,} forward rows, {report.backward_passes:,} backward passes."
+    )
+    return text + "".join(f"\n\n⚠ {html.escape(w, quote=False)}" for w in report.warnings)
+
+
+def export_patching(result: PatchingResult, png: bool = True) -> Path:
+    """
+    The study as a zip: its report JSON, its tables as CSV, every figure as HTML (and PNG).
+
+    The manifest's ``extra.inputs`` are the fields a link carries.
+    """
+    from attrlab.viz.bundle import write_bundle
+    from attrlab.viz.patching import patching_figures, patching_files
+
+    fields = result.fields
+    shown = fields.get("corrupted") or f"noise on positions {fields.get('noise_positions')}"
+    return write_bundle(
+        {},
+        patching_figures(result.report),
+        page_folder("export") / "attrlab-patching",
+        extra={"inputs": fields},
+        png=png,
+        input_label=f"clean: {fields.get('text')!s}; corrupted: {shown}",
+        data=patching_files(result.report),
+        model=str(fields.get("model")),
+    )

@@ -1,0 +1,138 @@
+"""
+The activation patching view (Layers & heads tab) in headless Debian Chromium.
+
+Expected numbers come from :func:`attribution.patching.patching_report` run in the test on the
+same tiny model, never from the page's own output.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _browser import errors, no_errors, tab
+from playwright.sync_api import Page, expect
+
+from attrlab.attribution.patching import patching_problem, patching_report
+
+pytestmark = pytest.mark.browser
+
+MODEL = "tiny-random-gpt2"
+CLEAN = "When Mary and John went to the store, John gave a drink to"  # the view's example
+CORRUPT = "When Mary and John went to the store, Mary gave a drink to"
+COMPONENTS = ["residual", "head"]
+LONG = 120_000
+
+
+@pytest.fixture(autouse=True)
+def patient(page):
+    page.set_default_timeout(60_000)
+
+
+@pytest.fixture(scope="module")
+def expected(load_model):
+    adapter = load_model(MODEL)
+    problem = patching_problem(adapter, CLEAN, CORRUPT, " Mary", " John")
+    return patching_report(adapter, problem, components=COMPONENTS)
+
+
+def _open(page: Page, components: bool = True) -> None:
+    """Open the view on the tiny model; ``components``: only :data:`COMPONENTS` ticked."""
+    tab(page, "Layers & heads")
+    tab(page, "Activation patching")
+    model = page.locator("#patching-model input")
+    model.fill(MODEL)
+    model.press("Enter")
+    if not components:
+        return
+    for box in page.locator("#patching-components input[type=checkbox]").all():
+        name = box.evaluate("b => b.closest('label').innerText.split(':')[0].trim()")
+        box.set_checked(name in COMPONENTS)
+
+
+def _figure(page: Page, elem_id: str) -> dict:
+    return page.evaluate(
+        """(id) => {
+          const plot = document.querySelector(`#${id} .js-plotly-plot`);
+          const plain = (v) => ArrayBuffer.isView(v) ? Array.from(v)
+            : Array.isArray(v) ? v.map(plain) : v;
+          return {data: plot._fullData.map((t) => ({z: plain(t.z), name: t.name})),
+                  ticks: plot._fullLayout.xaxis.ticktext,
+                  titles: (plot.layout.annotations || []).map((a) => a.text)};
+        }""",
+        elem_id,
+    )
+
+
+def test_a_study_shows_its_figures_reading_and_link_and_the_link_reruns_it(
+    page, page_url, expected
+):
+    _open(page)
+    page.locator("#patching-run").click()
+    heatmap = "patching-patching-residual"
+    expect(page.locator(f"#{heatmap} .js-plotly-plot")).to_be_visible(timeout=LONG)
+    shown = _figure(page, heatmap)
+    table = expected.table
+    for trace, direction in zip(shown["data"], ("denoising", "noising"), strict=True):
+        rows = table[
+            (table.estimator == "exact")
+            & (table.component == "residual")
+            & (table.direction == direction)
+        ]
+        grid = rows.pivot_table(index="layer", columns="position", values="normalised")
+        np.testing.assert_allclose(np.array(trace["z"], dtype=float), grid.to_numpy(), rtol=1e-6)
+    assert any("John→" in tick and "Mary" in tick for tick in shown["ticks"])  # the swap
+    for hidden in ("patching-patching-attention", "patching-patching-mlp"):
+        expect(page.locator(f"#{hidden}")).to_be_hidden()  # not asked for
+    expect(page.locator("#patching-patching-heads .js-plotly-plot")).to_be_visible()
+    scatter = _figure(page, "patching-estimators-denoising")
+    agreement = expected.agreement.set_index(["estimator", "direction", "component"])
+    rho = agreement.loc[("atp", "denoising", "residual"), "spearman"]
+    assert any(f"ρ = {rho:.3f}" in title for title in scatter["titles"])
+    reading = page.locator("#patching-reading")
+    expect(reading).to_contain_text("Attribution patching (AtP)")
+    expect(reading).to_contain_text("exact patching")
+    expect(page.locator("#patching-summary")).to_contain_text(f"{expected.clean_score:.4g}")
+    link = page.locator("#patching-link textarea").input_value()
+    for part in ("tab=patching", f"model={MODEL}", "components=residual%2Chead"):
+        assert part in link
+    no_errors(page)
+    page.screenshot(path=_shot("patching-study"), full_page=True)
+
+    page.goto(link)  # a fresh page: the link refills the view and runs it
+    expect(page.locator("#patching-corrupted textarea")).to_have_value(CORRUPT, timeout=30_000)
+    expect(page.locator(f"#{heatmap} .js-plotly-plot")).to_be_visible(timeout=LONG)
+    assert _figure(page, heatmap)["data"][0]["z"] == shown["data"][0]["z"]
+    no_errors(page)
+
+
+#: A bad study's fields (corrupted, noise positions, clean) and the words refusing it.
+BAD = [
+    ("When Mary went to the store", "", CLEAN, "15 tokens and the corrupted one 7"),
+    ("", "", CLEAN, "give a corrupted prompt, or noise positions"),  # neither
+    (CORRUPT, "3", CLEAN, "give a corrupted prompt, or noise positions"),  # both
+    ("", "two", CLEAN, "noise positions are token positions"),
+    (CORRUPT, "", "", "text is empty"),
+]
+
+
+def test_bad_studies_are_refused_in_words(page):
+    _open(page, components=False)  # refused before any patching
+    for corrupted, noise, clean, words in BAD:
+        page.locator("#patching-corrupted textarea").fill(corrupted)
+        page.locator("#patching-noise textarea").fill(noise)
+        page.locator("#patching-clean textarea").fill(clean)
+        seen = len(errors(page))
+        page.locator("#patching-run").click()
+        page.wait_for_function(f"() => window.__errors.length > {seen}", timeout=LONG)
+        message = errors(page)[-1]
+        assert words in message and "Traceback" not in message, message
+        for close in page.locator(".toast-close").all():  # the next refusal gets its own toast
+            close.click()
+        expect(page.locator(".toast-body")).to_have_count(0)
+
+
+def _shot(name: str) -> str:
+    from _browser import SHOTS
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    return str(SHOTS / f"{name}.png")
