@@ -29,7 +29,7 @@ from attrlab.attribution.patching.base import (
 from attrlab.attribution.patching.exact import baseline, exact, exact_rows
 from attrlab.attribution.patching.problem import PatchingProblem, Runs
 from attrlab.attribution.patching.relp import relp
-from attrlab.attribution.perturb import BatchRunner
+from attrlab.attribution.perturb import BatchRunner, auto_batch_size
 from attrlab.attribution.run import RunContext, RunSettings
 
 __all__ = [
@@ -269,7 +269,9 @@ def patching_report(
     Patch every site of ``components`` in ``directions`` exactly and by the ``estimators``.
 
     All by default. ``batch_size``: most rows per forward (default: a layer's sites in one
-    batch; halved on CUDA out-of-memory either way). ``top_k``: the overlap's ``k``.
+    batch, at most :func:`~attribution.perturb.auto_batch_size`'s rows, which on a CPU scale
+    down with the input's length: a long prompt's sites times many noise draws would not fit
+    in memory; halved on CUDA out-of-memory either way). ``top_k``: the overlap's ``k``.
 
     Raises:
         InvalidParameterError: unknown names, ``top_k`` < 1.
@@ -291,7 +293,8 @@ def patching_report(
     runs = Runs.of(adapter, problem)
     gradient_stages = sum(1 for e in chosen if e != "exact") * len(ways)
     exact_total = sum(exact_rows(runs, d, parts) for d in ways) if "exact" in chosen else 0
-    runner = BatchRunner(adapter, run, batch_size or widest, exact_total + gradient_stages)
+    default = min(widest, auto_batch_size(adapter, problem.clean))
+    runner = BatchRunner(adapter, run, batch_size or default, exact_total + gradient_stages)
     rows: list[tuple] = []
 
     def stage_done() -> None:
