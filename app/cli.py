@@ -183,6 +183,59 @@ def _built(figure: Any) -> Callable[[], Any]:
     return lambda: figure
 
 
+def _prune(args: argparse.Namespace) -> int:
+    """``attrlab prune``: layer and head pruning curves of each estimator's ranking."""
+    from attrlab.app.worker import PruneRequest
+
+    if args.format == "parquet" and args.output is None:
+        raise _usage_error("--format parquet writes a file: give --output PATH")
+    _output_path(args.output)
+    figures = _output_path(args.figures, folder=True)
+    request = PruneRequest(
+        model=args.model,
+        labels=_labels(args.labels),
+        seed=args.seed,
+        next_token=args.next_token,
+        text=args.text,
+        target=args.target,
+        answer=args.answer,
+        contrast=args.contrast,
+        corrupted=args.corrupt,
+        texts=None if args.input is None else _dataset_texts(args.input),
+        units=_optional_names(args.units),
+        draws=args.draws,
+        head_step=args.head_step,
+    )
+    (study,) = _on_worker(args, [request], "study")
+    if figures is not None:
+        from attrlab.viz import pruning_figures
+
+        drawn = pruning_figures(study)
+        _write_figures({name: _built(f) for name, f in drawn.items()}, figures, args.figure_format)
+    if args.format == "json":
+        _write_text(json.dumps(study.to_dict(), indent=2), args.output)
+        return 0
+    from attrlab.viz.table import pruning_text
+
+    _write_table(study.curve_table(), args, lambda: pruning_text(study))
+    return 0
+
+
+def _dataset_texts(path: str) -> tuple[str, ...]:
+    """The texts of a JSONL dataset, refusing images and targets (each text's is its top one)."""
+    from attrlab.attribution.errors import InvalidInputError
+
+    texts = []
+    for line in _dataset_lines(path):
+        if line.text is None or line.target is not None:
+            raise InvalidInputError(
+                f"{path}: row '{line.id}' gives an image or a target; pruning measures texts, "
+                "each on the unpruned model's top prediction"
+            )
+        texts.append(line.text)
+    return tuple(texts)
+
+
 def _optional_names(text: str | None) -> tuple[str, ...] | None:
     """A comma-separated option's names, ``None`` when it is not given (all)."""
     return None if text is None else tuple(_names(text))
@@ -1073,6 +1126,46 @@ def build_parser() -> argparse.ArgumentParser:
     patch.add_argument("--figure-format", choices=("html", "png"), default="html")
     patch.set_defaults(run=_patch)
 
+    prune = sub.add_parser(
+        "prune",
+        help="layer and head pruning curves: remove the units each estimator ranks least "
+        "important, over a small dataset, beside random orders (ShortGPT's test)",
+    )
+    prune.add_argument(
+        "--model", default=None, help="alias, hub id or local folder (default: minilm-zeroshot)"
+    )
+    prune.add_argument("--text", required=True, help="the input the units are ranked on")
+    prune.add_argument("--labels", help="comma-separated zero-shot labels")
+    prune.add_argument("--target", help="class index or label to rank for (default: top)")
+    prune.add_argument("--next-token", action="store_true", help="rank for a decoder's next token")
+    prune.add_argument("--answer", help="a decoder's answer to rank for")
+    prune.add_argument("--contrast", help="the answer rather than this one")
+    prune.add_argument(
+        "--corrupt", help="a corrupted prompt (same token length): exact residual patching ranks"
+    )
+    prune.add_argument(
+        "--input",
+        help="JSONL dataset of texts to prune over (default: the bundled sentences); each is "
+        "scored on the unpruned model's top prediction",
+    )
+    prune.add_argument("--units", help="comma-separated: layer, head (default: both)")
+    prune.add_argument("--draws", type=_positive_int, default=5, help="random orders per unit")
+    prune.add_argument(
+        "--head-step", type=_positive_int, help="heads removed per point (default: ≤ 16 points)"
+    )
+    prune.add_argument("--seed", type=int, default=0)
+    prune.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
+    prune.add_argument(
+        "--format",
+        choices=("table", "json", "csv", "parquet"),
+        default="table",
+        help="table: the areas and verdicts; csv, parquet: the curves; json: everything",
+    )
+    prune.add_argument("--output", help="file to write (default: stdout; parquet needs one)")
+    prune.add_argument("--figures", help="folder for the figures (curves per unit)")
+    prune.add_argument("--figure-format", choices=("html", "png"), default="html")
+    prune.set_defaults(run=_prune)
+
     evaluate = sub.add_parser(
         "evaluate", help="faithfulness leaderboard of methods over images or sentences"
     )
@@ -1193,7 +1286,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; user errors print one line and exit with status 2."""
     args = build_parser().parse_args(argv)
-    commands = ("explain", "layers", "evaluate", "check", "batch", "patch")
+    commands = ("explain", "layers", "evaluate", "check", "batch", "patch", "prune")
     if args.command in commands and args.model is None:
         from attrlab.attribution.models import default_model
 
@@ -1201,7 +1294,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "batch":
             image = Path(args.input).expanduser().is_dir()
         decoder = (
-            args.command == "patch" or getattr(args, "next_token", False) or _asks_answer(args)
+            args.command == "patch"
+            or getattr(args, "next_token", False)
+            or _asks_answer(args)
+            or getattr(args, "corrupt", None) is not None
         )
         args.model = default_model("image" if image else "text", decoder)
     try:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -413,7 +413,7 @@ def _curves(
                 METRICS[metric],
                 _ORDERS,
             )
-            verdicts.append(verdict)
+            verdicts.append(replace(verdict, check=f"{unit}_pruning:{name}:{metric}"))
             scores.append(
                 (name, metric, float(areas[i, m]), *[np.nan] * 3, verdict.status, verdict.value)
             )

@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from attrlab.attribution.answers import answer_request
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
 from attrlab.attribution.layers.analysis import (
     ModelParts,
@@ -39,7 +40,7 @@ from attrlab.attribution.layers.pruning import (
 )
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.text import DecoderLMAdapter
-from attrlab.attribution.patching import PatchingProblem, patching_report
+from attrlab.attribution.patching import PatchingProblem, patching_problem, patching_report
 from attrlab.attribution.patching import planned_passes as patching_passes
 from attrlab.attribution.run import RunContext, RunSettings
 from attrlab.attribution.target import Target, resolve_target
@@ -48,7 +49,9 @@ __all__ = [
     "MAX_TEXTS",
     "PruningStudy",
     "bundled_texts",
+    "check_units",
     "pruning_study",
+    "ranked_input",
     "study_parts",
 ]
 
@@ -74,7 +77,7 @@ class PruningStudy:
     Attributes:
         target: The label of the target the rankings were made for.
         texts: The dataset's size (inputs the curves are measured on).
-        table: The layer analysis the rankings come from (long format).
+        analysis: The layer analysis the rankings come from (long format).
         layers: The layer pruning curves, when layers were pruned.
         heads: The head pruning curves, when heads were pruned.
         forward_passes: Forward rows spent.
@@ -84,7 +87,7 @@ class PruningStudy:
 
     target: str
     texts: int
-    table: pd.DataFrame
+    analysis: pd.DataFrame
     layers: PruningCurves | None = None
     heads: PruningCurves | None = None
     forward_passes: int = 0
@@ -95,6 +98,14 @@ class PruningStudy:
         """The curves by unit (``layer``, ``head``), those that ran."""
         found = {"layer": self.layers, "head": self.heads}
         return {unit: curves for unit, curves in found.items() if curves is not None}
+
+    def curve_table(self) -> pd.DataFrame:
+        """Every unit's curves in one long table, ``unit`` first."""
+        return _by_unit({u: c.curves for u, c in self.curves().items()})
+
+    def score_table(self) -> pd.DataFrame:
+        """Every unit's areas and verdicts in one table, ``unit`` first."""
+        return _by_unit({u: c.scores for u, c in self.curves().items()})
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (the analysis table left out: ``attrlab layers`` gives it)."""
@@ -108,6 +119,13 @@ class PruningStudy:
         }
 
 
+def _by_unit(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    return pd.concat(
+        [frame.assign(unit=unit)[["unit", *frame.columns]] for unit, frame in frames.items()],
+        ignore_index=True,
+    )
+
+
 def bundled_texts() -> list[str]:
     """The bundled evaluation sentences (``assets/eval``), the default dataset."""
     from attrlab.attribution.metrics import bundled_items
@@ -115,7 +133,13 @@ def bundled_texts() -> list[str]:
     return [str(item.raw) for item in bundled_items("text")]
 
 
-def _checked_units(units: Collection[str]) -> list[str]:
+def check_units(units: Collection[str]) -> list[str]:
+    """
+    ``units`` checked: one or both of :data:`~attribution.layers.pruning.UNITS`, each once.
+
+    Raises:
+        InvalidParameterError: none, or an unknown one.
+    """
     chosen = list(dict.fromkeys(units))
     unknown = [u for u in chosen if u not in UNITS]
     if not chosen or unknown:
@@ -159,7 +183,7 @@ def study_parts(
     Raises:
         InvalidParameterError: as :func:`pruning_study`.
     """
-    chosen = _checked_units(units)
+    chosen = check_units(units)
     if draws < 1:
         raise InvalidParameterError(f"draws is at least 1; got {draws}")
     parts = ModelParts.of(adapter)
@@ -181,7 +205,7 @@ def study_parts(
 def pruning_study(
     adapter: Adapter,
     inputs: Inputs,
-    target: int | Target,
+    target: int | str | Target | None,
     texts: Sequence[str] | None = None,
     items: Sequence[tuple[Inputs, Target]] | None = None,
     problem: PatchingProblem | None = None,
@@ -193,10 +217,12 @@ def pruning_study(
     """
     Rank layers and heads for ``target`` on ``inputs``, and prune by each ranking over a dataset.
 
-    The dataset: ``items`` (inputs with their targets), else ``texts`` (default: the bundled
-    sentences), each scored on the unpruned model's top prediction (a class, or the next
-    token). ``problem``: a patching problem on ``inputs`` and ``target`` (its clean side)
-    whose exact residual patching ranks the layers too (``residual_patching``). ``units``:
+    ``target``: a record (an answer, a contrast: :func:`ranked_input`), or an output's index or
+    label (``None``: the top prediction). The dataset: ``items`` (inputs with their targets),
+    else ``texts`` (default: the bundled sentences), each scored on the unpruned model's top
+    prediction (a class, or the next token). ``problem``: a patching problem on ``inputs`` and
+    ``target`` (its clean side) whose exact residual patching ranks the layers too
+    (``residual_patching``). ``units``:
     ``layer``, ``head`` or both; ``draws`` random orders each; ``head_step``: heads removed
     per point of the head curves (default: at most :data:`~attribution.layers.pruning.
     MAX_POINTS` points). The whole study is priced first and refused over ``settings``'
@@ -213,7 +239,18 @@ def pruning_study(
     from attrlab.attribution.gate import clear_study  # the gate prices through estimate
 
     settings = settings or RunSettings()
-    chosen = _checked_units(units)
+    chosen = check_units(units)
+    dataset = [i for i, _ in items] if items is not None else _dataset(adapter, texts)
+    run = RunContext.of(settings)
+    parts = study_parts(
+        adapter, inputs, dataset, problem, chosen, draws, head_step, items is not None
+    )
+    if not isinstance(target, Target):  # its top prediction or label: one forward more
+        _, forward, backward, widest = parts[0]
+        parts[0] = (inputs, forward + 1, backward, widest)
+    clear_study(adapter, "pruning", parts, settings, run, "the texts, units or draws")
+    if not isinstance(target, Target):
+        target = _prediction(adapter, inputs, target, run)
     target = checked_target(adapter, inputs, target)
     if problem is not None:
         same = torch.equal(problem.clean.input_ids, inputs.model_kwargs()["input_ids"])
@@ -221,16 +258,10 @@ def pruning_study(
             raise InvalidInputError(
                 "the patching problem must be on the input and target the layers are ranked for"
             )
-    dataset = [i for i, _ in items] if items is not None else _dataset(adapter, texts)
-    run = RunContext.of(settings)
-    parts = study_parts(
-        adapter, inputs, dataset, problem, chosen, draws, head_step, items is not None
-    )
-    clear_study(adapter, "pruning", parts, settings, run, "the texts, units or draws")
     report = analyze(adapter, inputs, target, _measures(adapter, chosen), run)
     model = ModelParts.of(adapter)
     if items is None:
-        items = [(i, _top_prediction(adapter, i, run)) for i in dataset]
+        items = [(i, _prediction(adapter, i, None, run)) for i in dataset]
     found = PruningStudy(target.label, len(items), report.table)
     if "layer" in chosen:
         rankings = layer_rankings(report.table, adapter, target)
@@ -256,10 +287,48 @@ def pruning_study(
     return found
 
 
-def _top_prediction(adapter: Adapter, inputs: Inputs, run: RunContext) -> Target:
-    """The unpruned model's top prediction on ``inputs`` (a class, or the next token)."""
+def _prediction(
+    adapter: Adapter, inputs: Inputs, target: int | str | None, run: RunContext
+) -> Target:
+    """``target`` (an index, a label, or ``None``: the top prediction) on ``inputs`` as a record."""
     run.stop_if_cancelled()
     with torch.no_grad():
         logits = adapter.logits(**inputs.model_kwargs())[0]
     run.count(forward=1)
-    return resolve_target(adapter, None, logits)
+    return resolve_target(adapter, target, logits)
+
+
+def ranked_input(
+    adapter: Adapter,
+    text: str,
+    target: int | str | None = None,
+    answer: str | None = None,
+    contrast: str | None = None,
+    corrupted: str | None = None,
+) -> tuple[Inputs, int | str | Target | None, PatchingProblem | None]:
+    """
+    What a front end's fields rank the layers and heads on: inputs, target and patching problem.
+
+    ``text`` with ``target`` (a class or a next token; ``None``: the top prediction), or a
+    decoder's prompt with its ``answer`` (``contrast``: rather than that one); ``corrupted``:
+    a corrupted prompt of the same token length, whose exact residual patching against
+    ``text`` ranks the layers too (:func:`~attribution.patching.patching_problem`).
+
+    Raises:
+        InvalidInputError: a target beside an answer, and what
+            :func:`~attribution.answers.answer_request` and
+            :func:`~attribution.patching.patching_problem` refuse.
+    """
+    asks_answer = answer is not None or contrast is not None or corrupted is not None
+    if target is not None and asks_answer:
+        raise InvalidInputError(
+            "give a target, or an answer (a contrast, a corrupted prompt) of a decoder LM: the "
+            "answer is what the layers are ranked for"
+        )
+    if corrupted is not None:
+        problem = patching_problem(adapter, text, corrupted, answer, contrast)
+        return problem.clean, problem.target, problem
+    if asks_answer:
+        inputs, record = answer_request(adapter, text, answer=answer, contrast=contrast)
+        return inputs, record, None
+    return adapter.preprocess(text), target, None
