@@ -516,20 +516,12 @@ class PruneBody(BaseModel):
     def to_request(self) -> PruneRequest:
         """The worker request for this body."""
         decoder = self.next_token or any((self.answer, self.contrast, self.corrupted))
+        given = self.model_dump(exclude={"model", "texts", "units"})
         return PruneRequest(
+            **given,
             model=self.model or default_model("text", decoder),
-            labels=self.labels,
-            seed=self.seed,
-            next_token=self.next_token,
-            text=self.text,
-            target=self.target,
-            answer=self.answer,
-            contrast=self.contrast,
-            corrupted=self.corrupted,
             texts=None if self.texts is None else tuple(self.texts),
             units=None if self.units is None else tuple(self.units),
-            draws=self.draws,
-            head_step=self.head_step,
         )
 
 

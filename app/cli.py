@@ -145,10 +145,7 @@ def _patch(args: argparse.Namespace) -> int:
     """``attrlab patch``: activation patching and its estimators on one pair of prompts."""
     from attrlab.app.worker import PatchRequest
 
-    if args.format == "parquet" and args.output is None:
-        raise _usage_error("--format parquet writes a file: give --output PATH")
-    _output_path(args.output)
-    figures = _output_path(args.figures, folder=True)
+    figures = _study_paths(args)
     request = PatchRequest(
         model=args.model,
         seed=args.seed,
@@ -164,17 +161,41 @@ def _patch(args: argparse.Namespace) -> int:
         top_k=args.top_k,
     )
     (report,) = _on_worker(args, [request], "study")
-    if figures is not None:
-        from attrlab.viz import patching_figures
-
-        drawn = patching_figures(report)
-        _write_figures({name: _built(f) for name, f in drawn.items()}, figures, args.figure_format)
-    if args.format == "json":
-        _write_text(json.dumps(report.to_dict(), indent=2), args.output)
-        return 0
     from attrlab.viz.table import patching_text
 
-    _write_table(report.table, args, lambda: patching_text(report))
+    return _write_study(report, args, figures, "patching_figures", report.table, patching_text)
+
+
+def _study_paths(args: argparse.Namespace) -> Path | None:
+    """A study command's output paths checked before any work; its figures' folder."""
+    if args.format == "parquet" and args.output is None:
+        raise _usage_error("--format parquet writes a file: give --output PATH")
+    _output_path(args.output)
+    return _output_path(args.figures, folder=True)
+
+
+def _write_study(
+    study: Any,
+    args: argparse.Namespace,
+    folder: Path | None,
+    figures: str,
+    table: Any,
+    as_text: Callable[[Any], str],
+) -> int:
+    """
+    The study's figures into ``folder`` (if any), then the study as JSON or its ``table``.
+
+    ``figures``: the :mod:`attrlab.viz` function drawing them (imported only when drawn).
+    """
+    if folder is not None:
+        import attrlab.viz
+
+        drawn = getattr(attrlab.viz, figures)(study)
+        _write_figures({name: _built(f) for name, f in drawn.items()}, folder, args.figure_format)
+    if args.format == "json":
+        _write_text(json.dumps(study.to_dict(), indent=2), args.output)
+    else:
+        _write_table(table, args, lambda: as_text(study))
     return 0
 
 
@@ -187,10 +208,7 @@ def _prune(args: argparse.Namespace) -> int:
     """``attrlab prune``: layer and head pruning curves of each estimator's ranking."""
     from attrlab.app.worker import PruneRequest
 
-    if args.format == "parquet" and args.output is None:
-        raise _usage_error("--format parquet writes a file: give --output PATH")
-    _output_path(args.output)
-    figures = _output_path(args.figures, folder=True)
+    figures = _study_paths(args)
     request = PruneRequest(
         model=args.model,
         labels=_labels(args.labels),
@@ -207,18 +225,9 @@ def _prune(args: argparse.Namespace) -> int:
         head_step=args.head_step,
     )
     (study,) = _on_worker(args, [request], "study")
-    if figures is not None:
-        from attrlab.viz import pruning_figures
-
-        drawn = pruning_figures(study)
-        _write_figures({name: _built(f) for name, f in drawn.items()}, figures, args.figure_format)
-    if args.format == "json":
-        _write_text(json.dumps(study.to_dict(), indent=2), args.output)
-        return 0
     from attrlab.viz.table import pruning_text
 
-    _write_table(study.curve_table(), args, lambda: pruning_text(study))
-    return 0
+    return _write_study(study, args, figures, "pruning_figures", study.curve_table(), pruning_text)
 
 
 def _dataset_texts(path: str) -> tuple[str, ...]:
@@ -910,6 +919,18 @@ def _add_answer_options(parser: argparse.ArgumentParser, per_step: bool) -> None
         )
 
 
+def _study_arguments(parser: argparse.ArgumentParser, formats: str, figures: str) -> None:
+    """A study command's seed, device and output flags (what ``--format`` writes, ``figures``)."""
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
+    parser.add_argument(
+        "--format", choices=("table", "json", "csv", "parquet"), default="table", help=formats
+    )
+    parser.add_argument("--output", help="file to write (default: stdout; parquet needs one)")
+    parser.add_argument("--figures", help=f"folder for {figures}")
+    parser.add_argument("--figure-format", choices=("html", "png"), default="html")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``attrlab`` command."""
     parser = argparse.ArgumentParser(prog="attrlab", description=__doc__)
@@ -1116,14 +1137,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     patch.add_argument("--directions", help="denoising, noising (default: both)")
     patch.add_argument("--top-k", type=_positive_int, default=10, help="sites in the overlap")
-    patch.add_argument("--seed", type=int, default=0)
-    patch.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
-    patch.add_argument("--format", choices=("table", "json", "csv", "parquet"), default="table")
-    patch.add_argument("--output", help="file to write (default: stdout; parquet needs one)")
-    patch.add_argument(
-        "--figures", help="folder for the figures (heatmaps, head grid, estimators vs exact)"
+    _study_arguments(
+        patch,
+        "table: for people; csv, parquet: the table; json: everything",
+        "the figures (heatmaps, head grid, estimators vs exact)",
     )
-    patch.add_argument("--figure-format", choices=("html", "png"), default="html")
     patch.set_defaults(run=_patch)
 
     prune = sub.add_parser(
@@ -1153,17 +1171,11 @@ def build_parser() -> argparse.ArgumentParser:
     prune.add_argument(
         "--head-step", type=_positive_int, help="heads removed per point (default: ≤ 16 points)"
     )
-    prune.add_argument("--seed", type=int, default=0)
-    prune.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
-    prune.add_argument(
-        "--format",
-        choices=("table", "json", "csv", "parquet"),
-        default="table",
-        help="table: the areas and verdicts; csv, parquet: the curves; json: everything",
+    _study_arguments(
+        prune,
+        "table: the areas and verdicts; csv, parquet: the curves; json: everything",
+        "the figures (the curves per unit)",
     )
-    prune.add_argument("--output", help="file to write (default: stdout; parquet needs one)")
-    prune.add_argument("--figures", help="folder for the figures (curves per unit)")
-    prune.add_argument("--figure-format", choices=("html", "png"), default="html")
     prune.set_defaults(run=_prune)
 
     evaluate = sub.add_parser(

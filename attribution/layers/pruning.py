@@ -295,7 +295,7 @@ def _removing(
 def pruning_curves(
     adapter: Adapter,
     items: Sequence[tuple[Inputs, Target]],
-    rankings: Mapping[str, Sequence[float]],
+    rankings: Mapping[str, Sequence[float] | np.ndarray],
     draws: int = 5,
     max_removed: int | None = None,
     settings: RunSettings | None = None,
