@@ -482,7 +482,7 @@ def pruning_figure(curves: PruningCurves) -> go.Figure:
                         row=1,
                         col=m,
                     )
-                name = f"random (area {area['auc']:#.4g} ± {area['std']:#.2g}; band: range)"
+                name = f"random (area {area['auc']:#.4g} ± {area['std']:#.2g})"
             else:
                 name = f"{order} (area {area['auc']:#.4g}, {area['status']})"
             figure.add_trace(
@@ -513,18 +513,17 @@ def pruning_figure(curves: PruningCurves) -> go.Figure:
                 }
             }
         )
-    figure.update_xaxes(
-        title_text=f"{unit}s removed (least important first)", dtick=1 if unit == "layer" else None
-    )
+    figure.update_xaxes(title_text=f"{unit}s removed", dtick=1 if unit == "layer" else None)
     figure.update_annotations(font_size=13)
     figure.update_layout(
         title={
-            "text": f"{unit} pruning by each ranking and by random orders (dashed: their mean, "
-            "band: lowest to highest)",
+            "text": f"{unit} pruning, least important first by each ranking; random orders: "
+            "mean (dashed) and lowest to highest draw (band)",
             "font": {"size": 15},
         },
-        height=460,
-        margin={"l": 60, "r": 20, "t": 70, "b": 150},
+        height=500,
+        width=480 * len(metrics),
+        margin={"l": 60, "r": 20, "t": 90, "b": 170},
         template=TEMPLATE,
     )
     return figure
