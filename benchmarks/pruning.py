@@ -87,9 +87,8 @@ def _run(adapter, inputs, target, **given) -> None:
     start = time.perf_counter()
     study = pruning_study(adapter, inputs, target, draws=DRAWS, settings=RunSettings(), **given)
     spent = time.perf_counter() - start
-    print(
-        f"spent: {study.forward_passes:,} forward, {study.backward_passes} backward, {spent:.0f} s\n"
-    )
+    passes = f"{study.forward_passes:,} forward, {study.backward_passes} backward"
+    print(f"spent: {passes}, {spent:.0f} s\n")
     _print(study)
 
 
