@@ -40,6 +40,7 @@ from attrlab.app.worker import (
     ExplainWorker,
     Instance,
     PatchRequest,
+    PruneRequest,
     WorkerRequest,
     check_instance_features,
 )
@@ -59,6 +60,7 @@ __all__ = [
     "ExplainBody",
     "LayersBody",
     "PatchBody",
+    "PruneBody",
     "build_router",
     "install_error_handlers",
 ]
@@ -459,6 +461,72 @@ class LayersBody(_InputBody):
         )
 
 
+class PruneBody(BaseModel):
+    """
+    Layer and head pruning curves: each estimator's ranking, pruned over a small dataset.
+
+    The layers and heads are ranked on ``text`` for ``target`` (a class, or with
+    ``next_token`` a decoder's next token), or for a decoder's ``answer`` (rather than
+    ``contrast``; with ``corrupted``, exact residual patching ranks the layers too), then
+    removed least important first over ``texts`` (default: the bundled sentences).
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "model": "smollm2-135m",
+                    "text": "When Mary and John went to the store, John gave a drink to",
+                    "corrupted": "When Mary and John went to the store, Mary gave a drink to",
+                    "answer": " Mary",
+                    "contrast": " John",
+                    "units": ["layer"],
+                }
+            ]
+        },
+    )
+
+    model: str | None = Field(
+        None,
+        min_length=1,
+        max_length=500,
+        description="Default: minilm-zeroshot, or smollm2-135m for a next token or an answer",
+    )
+    text: str = Field(..., min_length=1, description="The input the layers and heads are ranked on")
+    labels: list[Annotated[str, Field(max_length=200)]] | None = Field(None, max_length=100)
+    target: _Target = None
+    next_token: bool = Field(False, description="Rank for a decoder LM's next token")
+    answer: str | None = Field(None, min_length=1, description="A decoder's answer to rank for")
+    contrast: str | None = Field(None, min_length=1, description="The answer rather than this")
+    corrupted: str | None = Field(
+        None, min_length=1, description="A corrupted prompt: exact residual patching ranks too"
+    )
+    texts: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        None, min_length=1, max_length=64, description="The dataset (default: bundled sentences)"
+    )
+    units: list[Annotated[str, Field(max_length=10)]] | None = Field(
+        None, min_length=1, max_length=2, description="layer, head (default: both)"
+    )
+    draws: _WholeNumber = Field(5, ge=1, le=100, description="Random orders per unit")
+    head_step: _WholeNumber | None = Field(
+        None, ge=1, description="Heads removed per point (default: at most 16 points)"
+    )
+    seed: _WholeNumber = Field(0, ge=0, le=2**32 - 1)
+
+    def to_request(self) -> PruneRequest:
+        """The worker request for this body."""
+        decoder = self.next_token or any((self.answer, self.contrast, self.corrupted))
+        given = self.model_dump(exclude={"model", "texts", "units"})
+        return PruneRequest(
+            **given,
+            model=self.model or default_model("text", decoder),
+            texts=None if self.texts is None else tuple(self.texts),
+            units=None if self.units is None else tuple(self.units),
+        )
+
+
 class PatchBody(BaseModel):
     """
     Activation patching of a transformer, and AtP, AtP* and RelP scored against it.
@@ -797,6 +865,21 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         ``normalised`` one (0 = corrupted, 1 = clean on the target); ``agreement``: each
         estimator against exact patching (Pearson, Spearman, top-k overlap) per direction and
         component. The server's forward-pass budget covers the whole study.
+        """
+        return JSONResponse((await run(body.to_request(), request)).to_dict())
+
+    @router.post("/prune", response_model=None)
+    async def prune(body: PruneBody, request: Request) -> JSONResponse:
+        """
+        Which layer and head estimators pick the units a model can lose (ShortGPT's test).
+
+        ``layer`` / ``head``: ``curves`` (per order, units removed and metric: the dataset's
+        mean ``log_prob`` of each text's target, ``top1_agreement`` with the unpruned model
+        and, for decoders, ``next_token_loss``; the ``random`` order's rows carry the draws'
+        ``std``, ``low`` and ``high``), ``scores`` (each order's area under each curve, with
+        each ranking's verdict against the random draws' areas), ``orders`` and ``verdicts``.
+        The study is priced first: over the server's forward-pass budget or seconds it is
+        refused before any work.
         """
         return JSONResponse((await run(body.to_request(), request)).to_dict())
 

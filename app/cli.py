@@ -145,10 +145,7 @@ def _patch(args: argparse.Namespace) -> int:
     """``attrlab patch``: activation patching and its estimators on one pair of prompts."""
     from attrlab.app.worker import PatchRequest
 
-    if args.format == "parquet" and args.output is None:
-        raise _usage_error("--format parquet writes a file: give --output PATH")
-    _output_path(args.output)
-    figures = _output_path(args.figures, folder=True)
+    figures = _study_paths(args)
     request = PatchRequest(
         model=args.model,
         seed=args.seed,
@@ -165,23 +162,88 @@ def _patch(args: argparse.Namespace) -> int:
         top_k=args.top_k,
     )
     (report,) = _on_worker(args, [request], "study")
-    if figures is not None:
-        from attrlab.viz import patching_figures
-
-        drawn = patching_figures(report)
-        _write_figures({name: _built(f) for name, f in drawn.items()}, figures, args.figure_format)
-    if args.format == "json":
-        _write_text(json.dumps(report.to_dict(), indent=2), args.output)
-        return 0
     from attrlab.viz.table import patching_text
 
-    _write_table(report.table, args, lambda: patching_text(report))
+    return _write_study(report, args, figures, "patching_figures", report.table, patching_text)
+
+
+def _study_paths(args: argparse.Namespace) -> Path | None:
+    """A study command's output paths checked before any work; its figures' folder."""
+    if args.format == "parquet" and args.output is None:
+        raise _usage_error("--format parquet writes a file: give --output PATH")
+    _output_path(args.output)
+    return _output_path(args.figures, folder=True)
+
+
+def _write_study(
+    study: Any,
+    args: argparse.Namespace,
+    folder: Path | None,
+    figures: str,
+    table: Any,
+    as_text: Callable[[Any], str],
+) -> int:
+    """
+    The study's figures into ``folder`` (if any), then the study as JSON or its ``table``.
+
+    ``figures``: the :mod:`attrlab.viz` function drawing them (imported only when drawn).
+    """
+    if folder is not None:
+        import attrlab.viz
+
+        drawn = getattr(attrlab.viz, figures)(study)
+        _write_figures({name: _built(f) for name, f in drawn.items()}, folder, args.figure_format)
+    if args.format == "json":
+        _write_text(json.dumps(study.to_dict(), indent=2), args.output)
+    else:
+        _write_table(table, args, lambda: as_text(study))
     return 0
 
 
 def _built(figure: Any) -> Callable[[], Any]:
     """A figure already drawn, as the builder :func:`_write_figures` takes."""
     return lambda: figure
+
+
+def _prune(args: argparse.Namespace) -> int:
+    """``attrlab prune``: layer and head pruning curves of each estimator's ranking."""
+    from attrlab.app.worker import PruneRequest
+
+    figures = _study_paths(args)
+    request = PruneRequest(
+        model=args.model,
+        labels=_labels(args.labels),
+        seed=args.seed,
+        next_token=args.next_token,
+        text=args.text,
+        target=args.target,
+        answer=args.answer,
+        contrast=args.contrast,
+        corrupted=args.corrupt,
+        texts=None if args.input is None else _dataset_texts(args.input),
+        units=_optional_names(args.units),
+        draws=args.draws,
+        head_step=args.head_step,
+    )
+    (study,) = _on_worker(args, [request], "study")
+    from attrlab.viz.table import pruning_text
+
+    return _write_study(study, args, figures, "pruning_figures", study.curve_table(), pruning_text)
+
+
+def _dataset_texts(path: str) -> tuple[str, ...]:
+    """The texts of a JSONL dataset, refusing images and targets (each text's is its top one)."""
+    from attrlab.attribution.errors import InvalidInputError
+
+    texts = []
+    for line in _dataset_lines(path):
+        if line.text is None or line.target is not None:
+            raise InvalidInputError(
+                f"{path}: row '{line.id}' gives an image or a target; pruning measures texts, "
+                "each on the unpruned model's top prediction"
+            )
+        texts.append(line.text)
+    return tuple(texts)
 
 
 def _optional_names(text: str | None) -> tuple[str, ...] | None:
@@ -858,6 +920,18 @@ def _add_answer_options(parser: argparse.ArgumentParser, per_step: bool) -> None
         )
 
 
+def _study_arguments(parser: argparse.ArgumentParser, formats: str, figures: str) -> None:
+    """A study command's seed, device and output flags (what ``--format`` writes, ``figures``)."""
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
+    parser.add_argument(
+        "--format", choices=("table", "json", "csv", "parquet"), default="table", help=formats
+    )
+    parser.add_argument("--output", help="file to write (default: stdout; parquet needs one)")
+    parser.add_argument("--figures", help=f"folder for {figures}")
+    parser.add_argument("--figure-format", choices=("html", "png"), default="html")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``attrlab`` command."""
     parser = argparse.ArgumentParser(prog="attrlab", description=__doc__)
@@ -1072,15 +1146,46 @@ def build_parser() -> argparse.ArgumentParser:
     )
     patch.add_argument("--directions", help="denoising, noising (default: both)")
     patch.add_argument("--top-k", type=_positive_int, default=10, help="sites in the overlap")
-    patch.add_argument("--seed", type=int, default=0)
-    patch.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
-    patch.add_argument("--format", choices=("table", "json", "csv", "parquet"), default="table")
-    patch.add_argument("--output", help="file to write (default: stdout; parquet needs one)")
-    patch.add_argument(
-        "--figures", help="folder for the figures (heatmaps, head grid, estimators vs exact)"
+    _study_arguments(
+        patch,
+        "table: for people; csv, parquet: the table; json: everything",
+        "the figures (heatmaps, head grid, estimators vs exact)",
     )
-    patch.add_argument("--figure-format", choices=("html", "png"), default="html")
     patch.set_defaults(run=_patch)
+
+    prune = sub.add_parser(
+        "prune",
+        help="layer and head pruning curves: remove the units each estimator ranks least "
+        "important, over a small dataset, beside random orders (ShortGPT's test)",
+    )
+    prune.add_argument(
+        "--model", default=None, help="alias, hub id or local folder (default: minilm-zeroshot)"
+    )
+    prune.add_argument("--text", required=True, help="the input the units are ranked on")
+    prune.add_argument("--labels", help="comma-separated zero-shot labels")
+    prune.add_argument("--target", help="class index or label to rank for (default: top)")
+    prune.add_argument("--next-token", action="store_true", help="rank for a decoder's next token")
+    prune.add_argument("--answer", help="a decoder's answer to rank for")
+    prune.add_argument("--contrast", help="the answer rather than this one")
+    prune.add_argument(
+        "--corrupt", help="a corrupted prompt (same token length): exact residual patching ranks"
+    )
+    prune.add_argument(
+        "--input",
+        help="JSONL dataset of texts to prune over (default: the bundled sentences); each is "
+        "scored on the unpruned model's top prediction",
+    )
+    prune.add_argument("--units", help="comma-separated: layer, head (default: both)")
+    prune.add_argument("--draws", type=_positive_int, default=5, help="random orders per unit")
+    prune.add_argument(
+        "--head-step", type=_positive_int, help="heads removed per point (default: ≤ 16 points)"
+    )
+    _study_arguments(
+        prune,
+        "table: the areas and verdicts; csv, parquet: the curves; json: everything",
+        "the figures (the curves per unit)",
+    )
+    prune.set_defaults(run=_prune)
 
     evaluate = sub.add_parser(
         "evaluate", help="faithfulness leaderboard of methods over images or sentences"
@@ -1202,15 +1307,20 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; user errors print one line and exit with status 2."""
     args = build_parser().parse_args(argv)
-    commands = ("explain", "layers", "evaluate", "check", "batch", "patch")
+    commands = ("explain", "layers", "evaluate", "check", "batch", "patch", "prune")
     if args.command in commands and args.model is None:
         from attrlab.attribution.models import default_model
 
         image = getattr(args, "image", None) or getattr(args, "images", None)
         if args.command == "batch":
             image = Path(args.input).expanduser().is_dir()
-        patches_lm = args.command == "patch" and args.target is None
-        decoder = patches_lm or getattr(args, "next_token", False) or _asks_answer(args)
+        decoder = (
+            (args.command == "patch" and args.target is None)
+            or getattr(args, "next_token", False)
+            or _asks_answer(args)
+            # a pruning study ranked by residual patching needs a decoder LM's corrupted prompt
+            or (args.command == "prune" and args.corrupt is not None)
+        )
         args.model = default_model("image" if image else "text", decoder)
     try:
         code = args.run(args)

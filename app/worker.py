@@ -45,6 +45,7 @@ if TYPE_CHECKING:  # imported where used: a plain explanation needs none of them
     from attrlab.attribution.estimate import Estimate
     from attrlab.attribution.explain import Preview
     from attrlab.attribution.layers import HeadAblation
+    from attrlab.attribution.layers.pruning_study import PruningStudy
     from attrlab.attribution.metrics import EvalItem
     from attrlab.attribution.metrics.check import MethodCheck
     from attrlab.attribution.patching import PatchingReport
@@ -66,6 +67,7 @@ __all__ = [
     "JobTableBusyError",
     "PatchRequest",
     "PreviewRequest",
+    "PruneRequest",
     "QueueFullError",
     "WorkerClosedError",
     "WorkerRequest",
@@ -450,6 +452,66 @@ class PatchRequest(WorkerRequest["PatchingReport"]):
             self.directions,
             run.settings_for(self.seed),
             self.top_k,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class PruneRequest(WorkerRequest["PruningStudy"]):
+    """
+    Layer and head pruning curves (:func:`attribution.layers.pruning_study.pruning_study`).
+
+    The layers and heads are ranked on ``text`` for ``target``, or for a decoder's ``answer``
+    (rather than ``contrast``; with ``corrupted``, exact residual patching ranks the layers
+    too), and pruned over ``texts`` (``None``: the bundled sentences). ``units``: ``None`` for
+    layers and heads.
+    """
+
+    text: str
+    target: int | str | None = None
+    answer: str | None = None
+    contrast: str | None = None
+    corrupted: str | None = None
+    texts: tuple[str, ...] | None = None
+    units: tuple[str, ...] | None = None
+    draws: int = 5
+    head_step: int | None = None
+
+    def check(self, settings: ServerSettings) -> None:
+        """Every text within this server's bounds, and no more dataset texts than a study takes."""
+        from attrlab.attribution.layers.pruning_study import MAX_TEXTS, check_units
+
+        if self.units is not None:
+            check_units(self.units)
+        settings.check_request(self.text, self.labels, self.target, self.seed)
+        for text in (self.answer, self.contrast, self.corrupted, *(self.texts or ())):
+            settings.check_request(text, None, None, self.seed)
+        if self.texts is not None and not 1 <= len(self.texts) <= MAX_TEXTS:
+            raise InvalidInputError(
+                f"give 1 to {MAX_TEXTS} texts to prune over; got {len(self.texts)}"
+            )
+
+    def method_params(self) -> dict[str, dict[str, Any]]:
+        """No registered method: pruning is its own study."""
+        return {}
+
+    def run_on(self, adapter: Adapter, run: JobContext) -> PruningStudy:
+        """The study, priced and refused over the job's budgets before any work."""
+        from attrlab.attribution.layers.pruning import UNITS
+        from attrlab.attribution.layers.pruning_study import pruning_study, ranked_input
+
+        inputs, target, problem = ranked_input(
+            adapter, self.text, self.target, self.answer, self.contrast, self.corrupted
+        )
+        return pruning_study(
+            adapter,
+            inputs,
+            target,
+            texts=self.texts,
+            problem=problem,
+            units=self.units or UNITS,
+            draws=self.draws,
+            head_step=self.head_step,
+            settings=run.settings_for(self.seed),
         )
 
 

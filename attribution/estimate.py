@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -42,6 +42,7 @@ __all__ = [
     "per_step_runs",
     "priced",
     "steps_batch",
+    "study_estimate",
 ]
 
 
@@ -351,6 +352,42 @@ def priced(
         backward_passes=passes.backward * runs,
         exact=passes.exact,
         seconds=seconds * scale,
+        peak_memory_bytes=memory,
+        device=str(adapter.device),
+    )
+
+
+def study_estimate(
+    adapter: Adapter, study: str, parts: Sequence[tuple[Inputs, int, int, int]]
+) -> Estimate:
+    """
+    The cost of a study that is not one method's run (a patching or a pruning study).
+
+    ``parts``: per input, ``(inputs, forward rows, backward passes, widest batch)``, as the
+    study's planner gives them (:func:`attribution.patching.planned_passes`,
+    :func:`attribution.layers.pruning_study.study_parts`). Forward rows are priced per row in
+    batches of the widest batch, each backward pass (with its forward) one row at a time, both
+    from the calibration and scaled by the input's size.
+    """
+    forward = backward = 0
+    seconds = 0.0
+    memory: int | None = None
+    for inputs, rows, backwards, widest in parts:
+        calibration = calibrate(adapter, inputs)
+        scale = max(1, math.prod(inputs.map_shape)) / calibration.size
+        single = calibration.seconds("forward", 1) + calibration.seconds("backward", 1)
+        plain = (rows - backwards) * calibration.seconds("forward", max(1, widest))
+        seconds += (plain + backwards * single) * scale
+        forward, backward = forward + rows, backward + backwards
+        if calibration.peak_memory_bytes is not None:
+            part_memory = int(calibration.peak_memory_bytes * max(1, widest) * scale)
+            memory = max(memory or 0, part_memory)
+    return Estimate(
+        method=study,
+        forward_passes=forward,
+        backward_passes=backward,
+        exact=True,
+        seconds=seconds,
         peak_memory_bytes=memory,
         device=str(adapter.device),
     )

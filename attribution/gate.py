@@ -19,12 +19,12 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from attrlab.attribution.errors import TooSlowError, UnsupportedMethodError
-from attrlab.attribution.estimate import priced
+from attrlab.attribution.estimate import priced, study_estimate
 from attrlab.attribution.methods import get_method
 from attrlab.attribution.methods.base import AttributionMethod
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.params import validate_params
-from attrlab.attribution.run import RunSettings
+from attrlab.attribution.run import RunContext, RunSettings
 from attrlab.attribution.target import Target
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "checked_params",
     "clear",
     "clear_shares",
+    "clear_study",
     "lighter",
 ]
 
@@ -170,6 +171,36 @@ def clear_shares(
         for method in methods
         if not applicable_only or get_method(method).unsupported_reason(adapter) is None
     }
+
+
+def clear_study(
+    adapter: Adapter,
+    study: str,
+    parts: Sequence[tuple[Inputs, int, int, int]],
+    settings: RunSettings,
+    run: RunContext,
+    lower: str,
+) -> None:
+    """
+    Let a study (patching, pruning) through, or refuse it before it starts.
+
+    ``parts``: its planned passes per input (:func:`~attribution.estimate.study_estimate`).
+    Its forward rows are announced to ``run`` (refused over ``settings.max_forward_passes``);
+    when the settings bound its seconds, it is priced from the calibration and refused when it
+    would take longer. ``lower``: what to ask for less of.
+
+    Raises:
+        BudgetExceededError: more forward passes than the settings allow.
+        TooSlowError: estimated over ``settings.max_seconds``.
+    """
+    run.plan(sum(rows for _, rows, _, _ in parts), lower)
+    if settings.max_seconds is not None:
+        cost = study_estimate(adapter, study, parts)
+        if cost.seconds > settings.max_seconds:
+            raise TooSlowError(
+                f"this {study} study would take {cost.summary()}; this server allows "
+                f"{settings.max_seconds:g} s per request: lower {lower}"
+            )
 
 
 def lighter(method: str, params: Mapping[str, Any] | None = None) -> str:

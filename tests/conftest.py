@@ -48,6 +48,20 @@ def smollm2(load_model) -> Adapter:
     return load_model("smollm2-135m")
 
 
+@pytest.fixture(scope="module")
+def served():
+    """The REST API in-process (FastAPI's test client) on its own unrestricted CPU worker."""
+    from fastapi.testclient import TestClient
+
+    from attrlab.app.server import create_app
+    from attrlab.app.worker import ExplainWorker
+
+    worker = ExplainWorker(device="cpu", max_models=1)
+    with TestClient(create_app(worker)) as client:
+        yield client
+    worker.close()
+
+
 # Browser tests (marked `browser`): helpers in _browser.py.
 @pytest.fixture(scope="module")
 def page_url():

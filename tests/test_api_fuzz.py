@@ -33,6 +33,9 @@ FUZZ_SETTINGS = ServerSettings.for_server(
     max_text_chars=2000,
     max_image_pixels=250_000,
     max_body_bytes=1_000_000,
+    # a study's rows: a pruning study of MiniLM over the bundled set (≈ 1,500 rows, tens of
+    # seconds on a busy CPU) is refused before it starts, small ones of the tiny models run
+    max_forward_passes=300,
     param_limits={
         "n_masks": 32,
         "n_designs": 8,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -22,6 +23,7 @@ from attrlab.attribution.layers.pruning import (
 from attrlab.attribution.models.text import DecoderLMAdapter
 from attrlab.attribution.patching import patched_score, patching_problem, patching_report
 from attrlab.attribution.run import RunSettings
+from attrlab.attribution.verdicts import against_random
 
 TEXTS = (
     "when mary and john went to the store john gave a drink to",
@@ -117,3 +119,97 @@ def test_rankings_from_the_layer_table_and_from_residual_patching(gpt2, items):
     ranking = residual_patching_ranking(report.table, gpt2.num_layers, read_at)
     at_read = [patched_score(gpt2, problem, "residual", layer, (read_at,)) for layer in (0, 1)]
     np.testing.assert_allclose(ranking, np.abs(np.diff([*at_read, 1.0])), atol=1e-9)
+
+
+def _without_heads(adapter: DecoderLMAdapter, heads: list[tuple[int, int]]) -> DecoderLMAdapter:
+    """A copy of the model whose output projections ignore the ``heads`` (their rows zeroed)."""
+    model = copy.deepcopy(adapter.model)
+    width = model.config.n_embd // model.config.n_head
+    with torch.no_grad():
+        for layer, head in heads:  # GPT-2's Conv1D weight is (input, output)
+            model.transformer.h[layer].attn.c_proj.weight[head * width : (head + 1) * width] = 0
+    return DecoderLMAdapter(model, adapter.tokenizer, "pruned", add_special_tokens=False)
+
+
+def test_head_curves_match_the_model_with_those_heads_taken_out(gpt2, items):
+    units = gpt2.num_layers * gpt2.num_heads
+    ranking = np.arange(units, dtype=float)[::-1]  # the last head is the least important
+    before = model_state(gpt2.model)
+    found = pruning_curves(gpt2, items, {"last_least": ranking}, draws=2, unit="head", step=3)
+    assert model_state(gpt2.model) == before
+    curve = found.curves.set_index(["order", "removed", "metric"])["value"]
+    # k = 0, then every 3rd count up to half the heads, which is always measured
+    half = units // 2
+    assert sorted(set(found.curves["removed"])) == sorted({*range(0, half + 1, 3), half})
+    plain = _measured(gpt2, items)
+    for k in sorted(set(found.curves["removed"])):
+        order = [divmod(u, gpt2.num_heads) for u in range(units - 1, units - 1 - k, -1)]
+        assert found.orders["last_least"][:k] == [list(pair) for pair in order]
+        log_prob, tops, loss = _measured(_without_heads(gpt2, order), items)
+        assert curve["last_least", k, "log_prob"] == pytest.approx(log_prob, abs=1e-5)
+        agreement = np.mean([a == b for a, b in zip(tops, plain[1], strict=True)])
+        assert curve["last_least", k, "top1_agreement"] == pytest.approx(agreement)
+        assert curve["last_least", k, "next_token_loss"] == pytest.approx(loss, abs=1e-5)
+    assert curve["random", 0, "log_prob"] == pytest.approx(plain[0], abs=1e-5)
+
+
+@pytest.mark.parametrize("unit", ["layer", "head"])
+def test_curves_over_ten_inputs_are_the_mean_of_ten_single_runs(gpt2, unit):
+    words = ("mary", "john", "the", "store", "gave", "a", "drink", "to", "went", "and")
+    texts = [" ".join(words[i:] + words[:i]) for i in range(10)]
+    ten = [answer_request(gpt2, text, answer=" mary") for text in texts]
+    rankings = {
+        "first_least": np.arange(gpt2.num_layers * (gpt2.num_heads if unit == "head" else 1))
+    }
+    settings = RunSettings(seed=5)
+    shape = {"draws": 2, "settings": settings, "unit": unit, "step": 2 if unit == "head" else 1}
+    together = pruning_curves(gpt2, ten, rankings, **shape).curves
+    singles = [pruning_curves(gpt2, [item], rankings, **shape) for item in ten]
+    mean = np.mean([single.curves["value"].to_numpy() for single in singles], axis=0)
+    np.testing.assert_allclose(together["value"].to_numpy(), mean, atol=1e-9)
+
+
+def test_the_random_band_is_the_draws_spread_and_rankings_are_judged_against_their_areas(
+    gpt2, items
+):
+    units = gpt2.num_layers * gpt2.num_heads
+    found = pruning_curves(
+        gpt2, items, {"ours": np.arange(units)}, 3, None, RunSettings(seed=7), "head"
+    )
+    # the same draws as rankings of their own: a permutation p ranks unit p[i] i-th
+    rng = np.random.default_rng(7)
+    drawn = {}
+    for d in range(3):
+        importance = np.empty(units)
+        importance[rng.permutation(units)] = np.arange(units)
+        drawn[f"draw{d}"] = importance
+    alone = pruning_curves(gpt2, items, drawn, draws=2, unit="head")
+    curves = alone.curves.set_index(["order", "metric", "removed"])["value"]
+    band = found.curves[found.curves["order"] == "random"].set_index(["metric", "removed"])
+    for (metric, k), row in band.iterrows():
+        values = np.array([curves[f"draw{d}", metric, k] for d in range(3)])
+        assert row["value"] == pytest.approx(values.mean(), abs=1e-9)
+        assert row["std"] == pytest.approx(values.std(ddof=1), abs=1e-9)
+        assert (row["low"], row["high"]) == pytest.approx((values.min(), values.max()), abs=1e-9)
+    scores = found.scores.set_index(["order", "metric"])
+    verdicts = {v.check: v for v in found.verdicts}
+    for metric in ("log_prob", "top1_agreement", "next_token_loss"):
+        ks = np.array(sorted(set(band.loc[metric].index)), dtype=float)
+
+        def area(
+            order: str, table: pd.Series = curves, metric: str = metric, ks: np.ndarray = ks
+        ) -> float:
+            ys = np.array([table[order, metric, int(k)] for k in ks])
+            return float(np.sum((ys[1:] + ys[:-1]) / 2 * np.diff(ks)) / ks[-1])
+
+        areas = np.array([area(f"draw{d}") for d in range(3)])
+        random = scores.loc["random", metric]
+        assert random["auc"] == pytest.approx(areas.mean(), abs=1e-9)
+        assert random["std"] == pytest.approx(areas.std(ddof=1), abs=1e-9)
+        assert (random["low"], random["high"]) == pytest.approx((areas.min(), areas.max()))
+        ours = found.curves.set_index(["order", "metric", "removed"])["value"]
+        assert scores.loc["ours", metric]["auc"] == pytest.approx(area("ours", ours), abs=1e-9)
+        higher = metric != "next_token_loss"
+        expected, _, _ = against_random("x", area("ours", ours), areas, higher)
+        assert scores.loc["ours", metric]["status"] == expected.status
+        assert verdicts[f"head_pruning:ours:{metric}"].status == expected.status

@@ -12,11 +12,8 @@ import json
 
 import pandas as pd
 import pytest
-from fastapi.testclient import TestClient
 
 from attrlab.app.cli import main
-from attrlab.app.server import create_app
-from attrlab.app.worker import ExplainWorker
 from attrlab.attribution.patching import patching_problem, patching_report
 from attrlab.viz import patching_figures
 
@@ -76,14 +73,6 @@ def test_the_cli_refuses_bad_studies_in_words(capsys, extra, message):
     assert main(["patch", "--model", MODEL, "--clean", CLEAN, *extra]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
-
-
-@pytest.fixture(scope="module")
-def served():
-    worker = ExplainWorker(device="cpu", max_models=1)
-    with TestClient(create_app(worker)) as client:
-        yield client
-    worker.close()
 
 
 def test_rest_patch_answers_the_study_and_refuses_bad_bodies(served, expected):

@@ -139,13 +139,21 @@ def test_scatter_points_are_the_tables_pairs_and_titles_the_agreement(report):
             assert rho_shown == pytest.approx(found["spearman"], abs=5e-4)
 
 
-def test_pruning_figure_draws_the_curves_and_names_their_areas(curves):
+def test_pruning_figure_draws_the_curves_the_random_band_and_names_their_areas(curves):
     figure = pruning_figure(curves)
     table, scores = curves.curves, curves.scores
     metrics = ["log_prob", "top1_agreement", "next_token_loss"]
     for c, metric in enumerate(metrics, start=1):
-        traces = list(figure.select_traces(row=1, col=c))
+        every = list(figure.select_traces(row=1, col=c))
+        band = [t for t in every if t.showlegend is False]
+        random = table[(table["order"] == "random") & (table["metric"] == metric)]
+        # the band runs from the lowest to the highest random draw at each k, filled between
+        assert [list(t.y) for t in band] == [list(random["high"]), list(random["low"])]
+        assert band[1].fill == "tonexty"
+        traces = [t for t in every if t.showlegend is not False]
         assert [t.name.split(" (")[0] for t in traces] == ["first", "last", "random"]
+        random_area = scores[(scores["order"] == "random") & (scores["metric"] == metric)]
+        assert f"± {float(random_area['std'].iloc[0]):#.2g}" in traces[-1].name
         for trace in traces:
             order = trace.name.split(" (")[0]
             rows = table[(table["order"] == order) & (table["metric"] == metric)]

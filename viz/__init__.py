@@ -36,6 +36,7 @@ if TYPE_CHECKING:
         patching_head_grid,
         patching_heatmaps,
         pruning_figure,
+        pruning_figures,
     )
     from attrlab.viz.text import (
         positional_figure_tokens,
@@ -82,6 +83,7 @@ __all__ = [
     "positional_figure",
     "positional_figure_tokens",
     "pruning_figure",
+    "pruning_figures",
     "randomisation_figure",
     "scale_legend_html",
     "std_error_figure",
@@ -130,6 +132,7 @@ __getattr__, __dir__ = lazy_exports(
         "patching_head_grid": "attrlab.viz.patching",
         "patching_heatmaps": "attrlab.viz.patching",
         "pruning_figure": "attrlab.viz.patching",
+        "pruning_figures": "attrlab.viz.patching",
         "positional_figure_tokens": "attrlab.viz.text",
         "scale_legend_html": "attrlab.viz.text",
         "token_columns_html": "attrlab.viz.text",

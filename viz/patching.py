@@ -1,5 +1,5 @@
 """
-Figures of a patching study (``attribution.patching``) and of layer pruning curves.
+Figures of a patching study (``attribution.patching``) and of pruning curves.
 
 Pure functions of the plain results: a :class:`~attribution.patching.PatchingReport`'s table
 and agreement, a :class:`~attribution.layers.pruning.PruningCurves`. Effects are drawn on the
@@ -21,6 +21,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from attrlab.attribution.layers.pruning import PruningCurves
+from attrlab.attribution.layers.pruning_study import PruningStudy
 from attrlab.attribution.patching import COMPONENTS, DIRECTIONS, ESTIMATORS, PatchingReport
 from attrlab.viz.layers import _DIVERGING, _token_axis
 from attrlab.viz.theme import TEMPLATE
@@ -34,6 +35,7 @@ __all__ = [
     "patching_head_grid",
     "patching_heatmaps",
     "pruning_figure",
+    "pruning_figures",
 ]
 
 #: Each direction's baseline on the normalised scale: the score of the run patched into.
@@ -432,10 +434,12 @@ def estimator_scatter(report: PatchingReport, direction: str = "denoising") -> g
 
 def pruning_figure(curves: PruningCurves) -> go.Figure:
     """
-    Layer pruning curves: a panel per metric, a line per ranking beside the random orders' mean.
+    Pruning curves: a panel per metric, a line per ranking beside the random orders.
 
-    Each panel has its own legend, naming each order's area under the curve (the mean over
-    ``k = 0 … K`` removed layers).
+    The random orders are drawn as their mean (dashed) inside the band from their lowest to
+    their highest draw. Each panel has its own legend, naming each ranking's area under the
+    curve (the mean over ``k = 0 … K`` removed units) and its verdict against the random
+    draws' areas, and the random draws' mean area and standard deviation.
     """
     table, scores = curves.curves, curves.scores
     metrics = [
@@ -444,7 +448,7 @@ def pruning_figure(curves: PruningCurves) -> go.Figure:
         if table.loc[table["metric"] == m, "value"].notna().any()
     ]
     orders = list(dict.fromkeys(table["order"]))
-    areas = scores.set_index(["order", "metric"])["auc"]
+    areas = scores.set_index(["order", "metric"])
     figure = make_subplots(
         rows=1,
         cols=len(metrics),
@@ -454,25 +458,48 @@ def pruning_figure(curves: PruningCurves) -> go.Figure:
     palette = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3"]
     rankings = [o for o in orders if o != "random"]
     colours = {o: palette[i % len(palette)] for i, o in enumerate(rankings)} | {"random": "#7f7f7f"}
+    unit = curves.unit
     for m, metric in enumerate(metrics, start=1):
         legend = "legend" if m == 1 else f"legend{m}"
         for order in orders:
             rows = table[(table["order"] == order) & (table["metric"] == metric)].sort_values(
                 "removed"
             )
-            area = areas.get((order, metric), float("nan"))
+            x = rows["removed"].tolist()
+            area = areas.loc[(order, metric)]
+            if order == "random":
+                for bound, fill in (("high", None), ("low", "tonexty")):
+                    figure.add_trace(
+                        go.Scatter(
+                            x=x,
+                            y=rows[bound].to_numpy(dtype=float),
+                            mode="lines",
+                            line={"width": 0, "color": colours[order]},
+                            fill=fill,
+                            fillcolor="rgba(127, 127, 127, 0.2)",
+                            name=f"random {bound}est draw",
+                            legend=legend,
+                            showlegend=False,
+                            hovertemplate=f"random, {bound}est draw: %{{y:.4g}}<extra></extra>",
+                        ),
+                        row=1,
+                        col=m,
+                    )
+                name = f"random (area {area['auc']:#.4g} ± {area['std']:#.2g})"
+            else:
+                name = f"{order} (area {area['auc']:#.4g}, {area['status']})"
             figure.add_trace(
                 go.Scatter(
-                    x=rows["removed"].tolist(),
+                    x=x,
                     y=rows["value"].to_numpy(dtype=float),
                     mode="lines+markers",
-                    name=f"{order} (area {area:#.4g})",
+                    name=name,
                     legend=legend,
                     line={
                         "color": colours[order],
                         "dash": "dash" if order == "random" else "solid",
                     },
-                    hovertemplate=f"{order}: %{{y:.4g}} with %{{x}} layers removed<extra></extra>",
+                    hovertemplate=f"{order}: %{{y:.4g}} with %{{x}} {unit}s removed<extra></extra>",
                 ),
                 row=1,
                 col=m,
@@ -489,15 +516,17 @@ def pruning_figure(curves: PruningCurves) -> go.Figure:
                 }
             }
         )
-    figure.update_xaxes(title_text="layers removed (least important first)", dtick=1)
+    figure.update_xaxes(title_text=f"{unit}s removed", dtick=1 if unit == "layer" else None)
     figure.update_annotations(font_size=13)
     figure.update_layout(
         title={
-            "text": "layer pruning by each ranking and by random orders (dashed)",
+            "text": f"{unit} pruning, least important first by each ranking; random orders: "
+            "mean (dashed) and lowest to highest draw (band)",
             "font": {"size": 15},
         },
-        height=460,
-        margin={"l": 60, "r": 20, "t": 70, "b": 150},
+        height=500,
+        width=480 * len(metrics),
+        margin={"l": 60, "r": 20, "t": 90, "b": 170},
         template=TEMPLATE,
     )
     return figure
@@ -520,6 +549,11 @@ def patching_files(report: PatchingReport) -> dict[str, str]:
         "patching_table.csv": report.table.to_csv(index=False),
         "patching_agreement.csv": report.agreement.to_csv(index=False),
     }
+
+
+def pruning_figures(study: PruningStudy) -> dict[str, go.Figure]:
+    """The curves of each unit a pruning study pruned (``pruning_layers``, ``pruning_heads``)."""
+    return {f"pruning_{unit}s": pruning_figure(curves) for unit, curves in study.curves().items()}
 
 
 def patching_figures(report: PatchingReport) -> dict[str, go.Figure]:

@@ -12,9 +12,10 @@ from attrlab.attribution.target import AnswerTarget, ContrastTarget
 from attrlab.viz.tokens import token_label
 
 if TYPE_CHECKING:
+    from attrlab.attribution.layers.pruning_study import PruningStudy
     from attrlab.attribution.patching import PatchingReport
 
-__all__ = ["explanation_table", "layers_text", "patching_text"]
+__all__ = ["explanation_table", "layers_text", "patching_text", "pruning_text"]
 
 _BAR_WIDTH = 20
 
@@ -175,6 +176,25 @@ def patching_text(report: PatchingReport, top: int = 5) -> str:
         lines += ["", "estimators against exact patching"]
         lines.append(report.agreement.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     lines += [f"warning   {w}" for w in report.warnings]
+    return "\n".join(lines)
+
+
+def pruning_text(study: PruningStudy) -> str:
+    """
+    Terminal view of a pruning study (``attrlab prune --format table``).
+
+    The target the units were ranked for, then per unit each order's area under each curve:
+    a ranking's with its verdict against the random draws, the random draws' mean with their
+    standard deviation and range.
+    """
+    lines = [f"target    {study.target}", f"texts     {study.texts}"]
+    for unit, curves in study.curves().items():
+        removed = int(curves.curves["removed"].max())
+        lines += ["", f"{unit}s removed 0 … {removed}: area under each curve (its mean height)"]
+        shown = curves.scores.drop(columns="p_value").fillna("")
+        lines.append(shown.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        lines += [f"  {v.summary()}" for v in curves.verdicts if v.status != "inconclusive"]
+    lines += [f"warning   {w}" for w in study.warnings]
     return "\n".join(lines)
 
 

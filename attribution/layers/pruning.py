@@ -1,22 +1,33 @@
 """
-Layer pruning curves: remove layers from least to most important by a ranking, and measure.
+Pruning curves: remove layers or heads from least to most important by a ranking, and measure.
 
-For each ranking of the layers (:func:`layer_rankings` reads Block Influence, skip, logit lens
-and LRP per layer from a layer table; :func:`residual_patching_ranking` exact residual
-patching from a patching report; any per-layer importances serve), the ``k`` least important
-blocks are bypassed together (each returns its input, as :func:`~attribution.layers.hooks.
-skip_blocks` does for ``skip``), ``k = 0 … L/2``, on every input of a small dataset. Measured:
-the target's log-probability, top-1 agreement with the unpruned model at the position the
-target is read, and for decoder LMs the mean next-token loss over the input's tokens. Beside
-the rankings, random orders (the mean of several seeded draws). An estimator's score on a
-metric is the area under its curve: the mean over ``k = 0 … K`` by the trapezoid rule, per
-step of ``k`` (higher log-probability and agreement, lower loss, are better).
+ShortGPT's test (Men et al. 2024, https://arxiv.org/abs/2403.03853) made a check of the
+estimators. For each ranking of the layers (:func:`layer_rankings` reads Block Influence, skip,
+logit lens and LRP per layer from a layer table; :func:`residual_patching_ranking` exact
+residual patching from a patching report; any per-layer importances serve), the ``k`` least
+important blocks are bypassed together (each returns its input, as
+:func:`~attribution.layers.hooks.skip_blocks` does for ``skip``), ``k = 0 … L/2``. For each
+ranking of the heads (:func:`head_rankings`: the head estimators of the layer table), the
+``k`` least important heads are zeroed together at their output projection's input (as
+``ablation_zero`` zeroes one), ``k = 0 … LH/2``. Where ``K`` is large (SmolLM2's 270 heads),
+``k`` goes in steps so that a curve has at most :data:`MAX_POINTS` points beyond ``k = 0``.
+
+Measured on every input of a small dataset: the target's log-probability, top-1 agreement with
+the unpruned model at the position the target is read, and for decoder LMs the mean next-token
+loss over the input's tokens. Beside the rankings, ``draws`` seeded random orders: their mean
+curve and its spread per ``k`` (standard deviation, lowest and highest draw). An order's score
+on a metric is the area under its curve (the trapezoid over the measured ``k``, divided by
+``K``: the curve's mean height); each ranking's area is judged against the random draws'
+areas (:func:`~attribution.verdicts.against_random`; higher log-probability and agreement,
+lower loss, are better).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -27,26 +38,54 @@ import torch.nn.functional as F
 from attrlab.attribution.alteration import altered
 from attrlab.attribution.answers import decoder_adapter
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
-from attrlab.attribution.layers.analysis import ModelParts, checked_target
-from attrlab.attribution.layers.hooks import skip_blocks
+from attrlab.attribution.layers.agreement import head_ranking
+from attrlab.attribution.layers.analysis import HEAD_ESTIMATORS, ModelParts, checked_target
+from attrlab.attribution.layers.hooks import ablate_head_sets, skip_blocks
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.text import DecoderLMAdapter
 from attrlab.attribution.perturb import BatchRunner, repeated
 from attrlab.attribution.run import RunContext, RunSettings
 from attrlab.attribution.target import Target
+from attrlab.attribution.verdicts import Draws, Verdict, against_random
 
 __all__ = [
     "CURVE_COLUMNS",
+    "MAX_POINTS",
+    "METRICS",
+    "SCORE_COLUMNS",
+    "UNITS",
     "PruningCurves",
+    "curve_passes",
+    "head_rankings",
     "layer_rankings",
     "pruning_curves",
     "residual_patching_ranking",
+    "unit_count",
 ]
 
-#: Columns of the curves: one row per order, number of removed layers and metric.
-CURVE_COLUMNS = ("order", "removed", "metric", "value")
-#: The order name of the random draws' mean.
+#: Columns of the curves: one row per order, number of removed units and metric; ``std``,
+#: ``low`` and ``high`` (the random draws' standard deviation, lowest and highest) are set on
+#: the random orders' rows only.
+CURVE_COLUMNS = ("order", "removed", "metric", "value", "std", "low", "high")
+#: Columns of the areas: as the curves', and each ranking's verdict against the random draws.
+SCORE_COLUMNS = ("order", "metric", "auc", "std", "low", "high", "status", "p_value")
+#: The order name of the random draws.
 RANDOM = "random"
+#: What is removed: whole blocks, or single heads.
+UNITS = ("layer", "head")
+#: Most removal counts a curve measures beyond ``k = 0`` (``k`` steps over where ``K`` is larger).
+MAX_POINTS = 16
+#: Each metric, and whether higher is better.
+METRICS = {"log_prob": True, "top1_agreement": True, "next_token_loss": False}
+
+#: The random draws of the verdicts, in words.
+_ORDERS = Draws(
+    one="random removal order",
+    many="random removal orders",
+    fail_advice="pruning by this ranking hurts more than pruning at random: its least important "
+    "units are not the ones to remove",
+    noise_advice="more random draws (draws) or more inputs may tell",
+)
 
 
 def _per_layer(table: pd.DataFrame, measure: str, layers: int) -> np.ndarray | None:
@@ -122,29 +161,104 @@ def residual_patching_ranking(table: pd.DataFrame, layers: int, read_at: int) ->
     return np.abs(np.diff(np.append(curve, 1.0)))
 
 
+def head_rankings(table: pd.DataFrame, layers: int, heads: int) -> dict[str, np.ndarray]:
+    """
+    Per-head importances from a layer table: ``|value|`` of each head estimator it holds.
+
+    Flattened layer by layer (unit ``l·H + h`` is head ``h`` of layer ``l``), as
+    :func:`pruning_curves` takes them with ``unit="head"``. Estimators the table lacks, or
+    holds for only some heads, are left out.
+    """
+    index = pd.MultiIndex.from_product([range(layers), range(heads)], names=["layer", "head"])
+    found: dict[str, np.ndarray] = {}
+    for measure in HEAD_ESTIMATORS:
+        ranking = head_ranking(table, measure)
+        if ranking.empty:
+            continue
+        ranking.index = ranking.index.set_levels(
+            [level.astype("int64") for level in ranking.index.levels]
+        )
+        values = ranking.reindex(index).to_numpy(dtype=float)
+        if not np.isnan(values).any():
+            found[measure] = values
+    return found
+
+
+def unit_count(parts: ModelParts, unit: str) -> int:
+    """How many units of ``unit`` (:data:`UNITS`) the model has: blocks, or heads in all."""
+    if unit not in UNITS:
+        raise InvalidParameterError(f"unit is one of {', '.join(UNITS)}; got {unit!r}")
+    return len(parts.blocks) * (parts.heads if unit == "head" else 1)
+
+
+def _removal_counts(units: int, max_removed: int | None, step: int | None) -> list[int]:
+    """The ``k`` measured beyond 0: ``step, 2·step, …`` up to ``max_removed`` (always included)."""
+    removed = units // 2 if max_removed is None else max_removed
+    if not 1 <= removed < units:
+        raise InvalidParameterError(f"max_removed is 1 to {units - 1}; got {removed}")
+    stride = math.ceil(removed / MAX_POINTS) if step is None else step
+    if not 1 <= stride <= removed:
+        raise InvalidParameterError(f"step is 1 to max_removed ({removed}); got {stride}")
+    counts = list(range(stride, removed + 1, stride))
+    return counts if counts[-1] == removed else [*counts, removed]
+
+
+def curve_passes(
+    parts: ModelParts,
+    rankings: int,
+    draws: int = 5,
+    unit: str = "layer",
+    max_removed: int | None = None,
+    step: int | None = None,
+) -> int:
+    """
+    Forward rows :func:`pruning_curves` runs per input (all in one batch where they fit).
+
+    Raises:
+        InvalidParameterError: as :func:`pruning_curves`.
+    """
+    counts = _removal_counts(unit_count(parts, unit), max_removed, step)
+    return 1 + (rankings + draws) * len(counts)
+
+
 @dataclass
 class PruningCurves:
     """
-    Curves per order and their areas.
+    Curves per order, their areas and each ranking's verdict against random orders.
 
     Attributes:
-        curves: :data:`CURVE_COLUMNS`: the mean over the dataset per order, removed layers and
-            metric (``log_prob``, ``top1_agreement``, ``next_token_loss``).
-        scores: ``order, metric, auc``: the area under each curve.
-        orders: Each ranking's removal order (least important first), layers by index.
+        unit: What was removed (:data:`UNITS`).
+        curves: :data:`CURVE_COLUMNS`: the mean over the dataset per order, removed units and
+            metric (``log_prob``, ``top1_agreement``, ``next_token_loss``); the random order's
+            rows are the draws' mean and spread.
+        scores: :data:`SCORE_COLUMNS`: each order's area under each curve; the random order's
+            is the draws' mean area (``std``, ``low``, ``high``: over the draws' areas), a
+            ranking's comes with its verdict's ``status`` and p-value.
+        orders: Each ranking's removal order (least important first): layers by index, heads
+            as ``[layer, head]``.
+        verdicts: Per ranking and metric, its area against the random draws' areas.
     """
 
+    unit: str
     curves: pd.DataFrame
     scores: pd.DataFrame
-    orders: dict[str, list[int]]
+    orders: dict[str, list[Any]]
+    verdicts: list[Verdict]
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: the tables as lists of records."""
+        """JSON-ready: the tables as lists of records (missing values as ``None``)."""
         return {
-            "curves": self.curves.to_dict(orient="records"),
-            "scores": self.scores.to_dict(orient="records"),
+            "unit": self.unit,
+            "curves": _records(self.curves),
+            "scores": _records(self.scores),
             "orders": self.orders,
+            "verdicts": [v.to_dict() for v in self.verdicts],
         }
+
+
+def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    plain = frame.astype(object).where(frame.notna(), None)
+    return list(plain.to_dict(orient="records"))
 
 
 def _metrics(
@@ -165,63 +279,78 @@ def _metrics(
     return target.log_probability(outputs).double(), logits[rows, read].argmax(-1), per_row
 
 
+def _removing(
+    parts: ModelParts, unit: str, batch: Sequence[Sequence[int]]
+) -> AbstractContextManager[None]:
+    """A context in which batch row ``r`` runs without the units ``batch[r]``."""
+    if unit == "head":
+        sets = [[divmod(u, parts.heads) for u in row] for row in batch]
+        return ablate_head_sets(parts.projections, parts.heads, sets)
+    layers = len(parts.blocks)
+    bypassed = {b: [r for r, row in enumerate(batch) if b in row] for b in range(layers)}
+    chosen = [b for b in range(layers) if bypassed[b]]
+    return skip_blocks([parts.blocks[b] for b in chosen], [bypassed[b] for b in chosen])
+
+
 def pruning_curves(
     adapter: Adapter,
     items: Sequence[tuple[Inputs, Target]],
-    rankings: Mapping[str, Sequence[float]],
+    rankings: Mapping[str, Sequence[float] | np.ndarray],
     draws: int = 5,
     max_removed: int | None = None,
     settings: RunSettings | None = None,
+    unit: str = "layer",
+    step: int | None = None,
+    run: RunContext | None = None,
 ) -> PruningCurves:
     """
-    Remove ``k = 0 … max_removed`` (default ``L // 2``) layers by each ranking, on ``items``.
+    Remove ``k = 0 … max_removed`` units (default: half of them) by each ranking, on ``items``.
 
-    ``rankings``: name -> per-layer importance (higher: more important; ties keep layer
-    order). ``draws`` random orders (seeded by ``settings.seed``) are averaged. Every order's
-    rows of one input go in one forward batch (halved on CUDA out-of-memory).
+    ``unit``: ``layer`` (blocks bypassed) or ``head`` (heads zeroed; unit ``l·H + h``).
+    ``rankings``: name -> per-unit importance (higher: more important; ties keep the units'
+    order). ``draws`` random orders (seeded by ``settings.seed``). ``step``: ``k`` goes up by
+    this much (default: the smallest step giving at most :data:`MAX_POINTS` points; the last
+    point is ``max_removed`` either way). Every order's rows of one input go in one forward
+    batch (halved on CUDA out-of-memory). ``run``: the state of a larger run this is part of
+    (its budget, progress and counters), instead of a fresh one of ``settings``.
 
     Raises:
-        InvalidParameterError: no items, a ranking of the wrong length or with NaN, a
-            ranking named ``random``, ``max_removed`` outside ``1 … L − 1``, ``draws`` < 1.
+        InvalidParameterError: no items, an unknown unit, a ranking of the wrong length or with
+            NaN, a ranking named ``random``, ``max_removed`` outside ``1 … units − 1``, a
+            ``step`` outside ``1 … max_removed``, ``draws`` < 1.
         InvalidInputError: a target its input does not hold.
         BudgetExceededError, JobCancelledError: as the settings say.
     """
     parts = ModelParts.of(adapter)
-    layers = len(parts.blocks)
-    removed = layers // 2 if max_removed is None else max_removed
+    units = unit_count(parts, unit)
+    counts = _removal_counts(units, max_removed, step)
     if not items:
         raise InvalidParameterError("give at least one input to measure the curves on")
-    if not 1 <= removed < layers:
-        raise InvalidParameterError(f"max_removed is 1 to {layers - 1}; got {removed}")
     if draws < 1:
         raise InvalidParameterError(f"draws is at least 1; got {draws}")
     orders: dict[str, list[int]] = {}
     for name, importance in rankings.items():
         values = np.asarray(importance, dtype=float)
-        if name == RANDOM or values.shape != (layers,) or np.isnan(values).any():
+        if name == RANDOM or values.shape != (units,) or np.isnan(values).any():
             raise InvalidParameterError(
-                f"ranking {name!r} needs one number per layer ({layers}), none missing, and a "
+                f"ranking {name!r} needs one number per {unit} ({units}), none missing, and a "
                 f"name other than {RANDOM!r}"
             )
         orders[name] = [int(i) for i in np.argsort(values, kind="stable")]
-    run = RunContext.of(settings)
-    random_orders = [list(run.rng.permutation(layers)) for _ in range(draws)]
+    run = run or RunContext.of(settings)
+    random_orders = [[int(u) for u in run.rng.permutation(units)] for _ in range(draws)]
     plans = [*orders.values(), *random_orders]
-    # row 0 unpruned, then each order's k = 1 … removed
-    removals: list[list[int]] = [[]] + [order[:k] for order in plans for k in range(1, removed + 1)]
-    total = len(items) * len(removals)
-    runner = BatchRunner(adapter, run, len(removals), total)
-    sums = np.zeros((len(removals), 3))
+    # row 0 unpruned, then each order's k of `counts`
+    removals: list[list[int]] = [[]] + [order[:k] for order in plans for k in counts]
+    runner = BatchRunner(adapter, run, len(removals), len(items) * len(removals))
+    sums = np.zeros((len(removals), len(METRICS)))
     for inputs, target in items:
         checked_target(adapter, inputs, target)
         kwargs = inputs.model_kwargs()
 
         def forward(start: int, stop: int, kwargs: dict = kwargs, target: Target = target) -> Any:
-            batch = removals[start:stop]
-            bypassed = {b: [r for r, row in enumerate(batch) if b in row] for b in range(layers)}
-            chosen = [b for b in range(layers) if bypassed[b]]
             rows = {k: repeated(v, stop - start) for k, v in kwargs.items()}
-            with skip_blocks([parts.blocks[b] for b in chosen], [bypassed[b] for b in chosen]):
+            with _removing(parts, unit, removals[start:stop]):
                 return _metrics(adapter, target, rows)
 
         with altered(adapter.model):
@@ -234,31 +363,70 @@ def pruning_curves(
         )
         sums += torch.stack([log_prob, (top1 == top1[0]).double(), loss], 1).numpy()
     means = sums / len(items)
-    return _curves(means, list(orders), draws, removed, orders, adapter.family == "decoder-lm")
+    named = {name: [_unit_name(parts, unit, u) for u in order] for name, order in orders.items()}
+    decoder = adapter.family == "decoder-lm"
+    return _curves(unit, means, list(orders), draws, counts, named, decoder)
+
+
+def _unit_name(parts: ModelParts, unit: str, index: int) -> Any:
+    return list(divmod(index, parts.heads)) if unit == "head" else index
+
+
+def _spread(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Mean, sample standard deviation (NaN for one draw), lowest and highest over axis 0."""
+    std = values.std(0, ddof=1) if len(values) > 1 else np.full(values.shape[1:], np.nan)
+    return values.mean(0), std, values.min(0), values.max(0)
 
 
 def _curves(
+    unit: str,
     means: np.ndarray,
     names: list[str],
     draws: int,
-    removed: int,
-    orders: dict[str, list[int]],
+    counts: list[int],
+    orders: dict[str, list[Any]],
     decoder: bool,
 ) -> PruningCurves:
-    """The curve table and areas from per-row means ``(1 + orders·removed, 3)``."""
-    metrics = ["log_prob", "top1_agreement", *(["next_token_loss"] if decoder else [])]
-    by_order = means[1:].reshape(len(names) + draws, removed, 3)
-    curves = {name: by_order[i] for i, name in enumerate(names)}
-    curves[RANDOM] = by_order[len(names) :].mean(0)
-    records, scores = [], []
-    for name, values in curves.items():
-        full = np.vstack([means[0], values])  # k = 0 … removed
-        for m, metric in enumerate(metrics):
-            records += [(name, k, metric, float(full[k, m])) for k in range(removed + 1)]
-            area = float(np.sum((full[1:, m] + full[:-1, m]) / 2) / removed)
-            scores.append((name, metric, area))
+    """The tables and verdicts from per-row means ``(1 + orders·len(counts), metrics)``."""
+    metrics = [m for m in METRICS if decoder or m != "next_token_loss"]
+    ks = np.array([0, *counts], dtype=np.float64)
+    by_order = means[1:].reshape(len(names) + draws, len(counts), len(METRICS))
+    full = np.concatenate(
+        [np.broadcast_to(means[0], (len(by_order), 1, len(METRICS))), by_order], 1
+    )
+    areas = np.trapezoid(full, ks, axis=1) / ks[-1]  # (orders, metrics)
+    drawn, drawn_areas = full[len(names) :], areas[len(names) :]
+    curve_spread, area_spread = _spread(drawn), _spread(drawn_areas)
+    records, scores, verdicts = [], [], []
+    for m, metric in enumerate(METRICS):
+        if metric not in metrics:
+            continue
+        for i, name in enumerate(names):
+            records += [
+                (name, int(k), metric, float(full[i, j, m]), *[np.nan] * 3)
+                for j, k in enumerate(ks)
+            ]
+            verdict, _, _ = against_random(
+                f"{name}'s {metric} area",
+                float(areas[i, m]),
+                drawn_areas[:, m],
+                METRICS[metric],
+                _ORDERS,
+            )
+            verdicts.append(replace(verdict, check=f"{unit}_pruning:{name}:{metric}"))
+            scores.append(
+                (name, metric, float(areas[i, m]), *[np.nan] * 3, verdict.status, verdict.value)
+            )
+        mean, std, low, high = (s[:, m] for s in curve_spread)
+        records += [
+            (RANDOM, int(k), metric, float(mean[j]), float(std[j]), float(low[j]), float(high[j]))
+            for j, k in enumerate(ks)
+        ]
+        scores.append((RANDOM, metric, *(float(s[m]) for s in area_spread), None, None))
     return PruningCurves(
+        unit,
         pd.DataFrame.from_records(records, columns=list(CURVE_COLUMNS)),
-        pd.DataFrame.from_records(scores, columns=["order", "metric", "auc"]),
+        pd.DataFrame.from_records(scores, columns=list(SCORE_COLUMNS)),
         orders,
+        verdicts,
     )

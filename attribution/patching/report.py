@@ -17,6 +17,7 @@ import pandas as pd
 
 from attrlab.attribution.alteration import altered
 from attrlab.attribution.errors import InvalidParameterError
+from attrlab.attribution.gate import clear_study
 from attrlab.attribution.models.base import Adapter
 from attrlab.attribution.patching.agreement import agreement
 from attrlab.attribution.patching.atp import atp, atp_star, gradients
@@ -280,6 +281,7 @@ def patching_report(
         UnsupportedMethodError: a model whose blocks attrlab does not know (RelP: whose LRP
             rules it lacks; AtP*: whose attention it cannot route).
         BudgetExceededError: more forward rows than the settings allow.
+        TooSlowError: estimated over ``settings.max_seconds`` (before any work).
         JobCancelledError: once ``settings.cancel`` is set (the model is left as it was).
     """
     chosen = _check_estimators(estimators)
@@ -287,9 +289,13 @@ def patching_report(
     ways = check_directions(directions)
     if top_k < 1:
         raise InvalidParameterError(f"top_k is at least 1; got {top_k}")
+    settings = settings or RunSettings()
     run = RunContext.of(settings)
-    forward, _, widest = planned_passes(adapter, problem, chosen, parts, ways)
-    run.plan(forward, "the components, directions or noise draws")
+    forward, backward, widest = planned_passes(adapter, problem, chosen, parts, ways)
+    lower = "the components, directions or noise draws"
+    clear_study(
+        adapter, "patching", [(problem.clean, forward, backward, widest)], settings, run, lower
+    )
     runs = Runs.of(adapter, problem)
     gradient_stages = sum(1 for e in chosen if e != "exact") * len(ways)
     exact_total = sum(exact_rows(runs, d, parts) for d in ways) if "exact" in chosen else 0
