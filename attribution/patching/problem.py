@@ -172,6 +172,12 @@ def patching_problem(
     return problem
 
 
+def _text_inputs(adapter: Adapter, text: str) -> TextInputs:
+    inputs = adapter.preprocess(text)
+    assert isinstance(inputs, TextInputs)  # a text adapter's (checked by text_adapter)
+    return inputs
+
+
 def _classifier_problem(
     adapter: Adapter,
     clean: str,
@@ -187,12 +193,12 @@ def _classifier_problem(
             f"{adapter.model_id} is a classifier: its target is a class (target=), not an "
             "answer or a contrast, which are a decoder LM's"
         )
-    texts = text_adapter(adapter)
-    clean_inputs = texts.preprocess(clean)
+    text_adapter(adapter)  # refuses a model that takes no text
+    clean_inputs = _text_inputs(adapter, clean)
     with torch.no_grad():
         logits = adapter.logits(**clean_inputs.model_kwargs())
     record = resolve_target(adapter, target, logits)
-    corrupted_inputs = None if corrupted is None else texts.preprocess(corrupted)
+    corrupted_inputs = None if corrupted is None else _text_inputs(adapter, corrupted)
     problem = PatchingProblem(clean_inputs, record, corrupted_inputs, noise)
     problem.check(adapter)
     return problem
