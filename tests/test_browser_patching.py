@@ -136,3 +136,33 @@ def _shot(name: str) -> str:
 
     SHOTS.mkdir(parents=True, exist_ok=True)
     return str(SHOTS / f"{name}.png")
+
+
+def test_pruning_curves_show_beside_the_study_with_the_librarys_areas(page, load_model):
+    """Prune layers over two texts: the page's areas are the library's study's, to the digit."""
+    from attrlab.attribution.layers.pruning_study import pruning_study, ranked_input
+    from attrlab.attribution.run import RunSettings
+    from attrlab.viz.table import pruning_text
+
+    texts = ["The cat sat on the mat.", "Paris is the capital of France."]
+    adapter = load_model(MODEL)
+    inputs, target, problem = ranked_input(adapter, CLEAN, None, " Mary", " John", CORRUPT)
+    expected = pruning_study(
+        adapter,
+        inputs,
+        target,
+        texts=texts,
+        problem=problem,
+        units=("layer",),
+        draws=2,
+        settings=RunSettings(seed=0),
+    )
+    _open(page, components=False)
+    page.locator("#pruning-texts textarea").fill("\n".join(texts))
+    page.locator("#pruning-draws input").fill("2")
+    page.locator("#pruning-run").click()
+    expect(page.locator("#pruning-layers .js-plotly-plot")).to_be_visible(timeout=LONG)
+    shown = page.locator("#pruning-scores code").inner_text()
+    assert shown.strip() == pruning_text(expected).strip()
+    expect(page.locator("#pruning-heads .js-plotly-plot")).to_have_count(0)  # not asked for
+    no_errors(page)

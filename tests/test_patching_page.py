@@ -103,6 +103,26 @@ def test_the_export_holds_the_report_its_tables_and_every_figure(load_model):
     assert MODEL in index and "data/patching_report.json" in index
 
 
+def test_the_export_carries_the_pruning_study_run_beside_it(load_model):
+    from attrlab.attribution.layers.pruning_study import pruning_study, ranked_input
+
+    adapter = load_model(MODEL)
+    problem = patching_problem(adapter, CLEAN, CORRUPT, " Mary", " John")
+    report = patching_report(adapter, problem, ["exact"], ["residual"])
+    inputs, target, _ = ranked_input(adapter, CLEAN, None, " Mary", " John")
+    pruned = pruning_study(adapter, inputs, target, texts=["a cat sat"], units=("layer",), draws=2)
+    fields = {"tab": "patching", "model": MODEL, "text": CLEAN, "corrupted": CORRUPT}
+    archive = zipfile.ZipFile(
+        export_patching(PatchingResult(report, fields), png=False, pruned=pruned)
+    )
+    names = archive.namelist()
+    scores = pd.read_csv(
+        io.BytesIO(archive.read(next(n for n in names if n.endswith("data/pruning_scores.csv"))))
+    )
+    assert scores["auc"].tolist() == pruned.score_table()["auc"].tolist()
+    assert any(n.endswith("figures/pruning_layers.html") for n in names)
+
+
 def test_the_reading_judges_each_estimator_on_its_weakest_ranking():
     from attrlab.attribution.patching import AGREEMENT_COLUMNS, PatchingReport, agreement_reading
 

@@ -36,6 +36,7 @@ __all__ = [
     "patching_heatmaps",
     "pruning_figure",
     "pruning_figures",
+    "pruning_files",
 ]
 
 #: Each direction's baseline on the normalised scale: the score of the run patched into.
@@ -548,6 +549,15 @@ def patching_files(report: PatchingReport) -> dict[str, str]:
         "patching_report.json": json.dumps(report.to_dict(), indent=1, allow_nan=False),
         "patching_table.csv": report.table.to_csv(index=False),
         "patching_agreement.csv": report.agreement.to_csv(index=False),
+    }
+
+
+def pruning_files(study: PruningStudy) -> dict[str, str]:
+    """A pruning study's data as an export's files: its JSON, its curves and areas as CSV."""
+    return {
+        "pruning_study.json": json.dumps(study.to_dict(), indent=1, allow_nan=False),
+        "pruning_curves.csv": study.curve_table().to_csv(index=False),
+        "pruning_scores.csv": study.score_table().to_csv(index=False),
     }
 
 

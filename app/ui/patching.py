@@ -27,12 +27,14 @@ from attrlab.attribution.patching import COMPONENTS, DIRECTIONS, ESTIMATORS
 from attrlab.attribution.patching.problem import MAX_SEEDS
 
 if TYPE_CHECKING:
+    from attrlab.attribution.layers.pruning_study import PruningStudy
     from attrlab.attribution.patching import PatchingReport
 
 __all__ = ["PatchingResult", "export_patching", "patching_view"]
 
-#: The tab key of a run (its Cancel stops only this view's study).
+#: The tab keys of a run (each Cancel stops only its own view's study).
 _TAB = "patching"
+_PRUNING_TAB = "pruning"
 
 
 @dataclass(frozen=True)
@@ -128,9 +130,7 @@ def patching_view(runner: PageRunner) -> LinkedTab:
         gr.Plot(visible=False, elem_id="patching-" + name.replace("_", "-"), show_label=False)
         for name in names
     ]
-    # Layer pruning curves (viz.patching.pruning_figure) go here once the pruning study's
-    # worker request is on main; hidden until then.
-    gr.Plot(visible=False, label="Layer pruning curves", elem_id="patching-pruning")
+    pruning = _pruning_section(runner, model, clean, corrupted, answer, contrast)
     with gr.Row(equal_height=False):
         export = gr.Button("Export", scale=0, min_width=160, elem_id="patching-export")
         bundle = gr.File(label="Bundle", height=90, elem_id="patching-bundle")
@@ -226,12 +226,12 @@ def patching_view(runner: PageRunner) -> LinkedTab:
     )
 
     @readable
-    def download(result: PatchingResult | None) -> str:
+    def download(result: PatchingResult | None, pruned: PruningStudy | None) -> str:
         if result is None:
             raise gr.Error("run a study first; the export holds its report")
-        return str(export_patching(result))
+        return str(export_patching(result, pruned=pruned))
 
-    export.click(download, [last], bundle, api_name="patching_export")
+    export.click(download, [last, pruning], bundle, api_name="patching_export")
     return LinkedTab(
         {
             "model": model,
@@ -250,6 +250,112 @@ def patching_view(runner: PageRunner) -> LinkedTab:
     )
 
 
+def _pruning_section(
+    runner: PageRunner,
+    model: gr.Dropdown,
+    clean: gr.Textbox,
+    corrupted: gr.Textbox,
+    answer: gr.Textbox,
+    contrast: gr.Textbox,
+) -> gr.State:
+    """
+    ShortGPT's test beside the study; returns the state holding the last pruning study.
+
+    The layers and heads are ranked on the clean prompt (and by exact residual patching with
+    the corrupted one), the least important removed first over a small dataset, and each
+    ranking's curve compared with random orders.
+    """
+    from attrlab.app.worker import PruneRequest
+    from attrlab.attribution.layers.pruning import UNITS
+
+    last = gr.State(None)  # PruningStudy
+    gr.Markdown(
+        "**Pruning curves.** Rank the layers and heads on the clean prompt (the layer "
+        "analysis's estimators, and exact residual patching against the corrupted prompt), "
+        "remove the least important first over a small dataset, and see which ranking the "
+        "model survives best, beside random removal orders (their mean and range)."
+    )
+    with gr.Row(equal_height=False):
+        texts = gr.Textbox(
+            "",
+            label="Texts to prune over, one per line (empty: the bundled sentences)",
+            lines=3,
+            elem_id="pruning-texts",
+        )
+        with gr.Column(scale=0, min_width=220):
+            units = gr.CheckboxGroup(
+                list(UNITS), value=["layer"], label="Units", elem_id="pruning-units"
+            )
+            draws = gr.Number(
+                PruneRequest.draws,
+                precision=0,
+                minimum=2,
+                label="Random orders",
+                elem_id="pruning-draws",
+            )
+    with gr.Row():
+        prune = gr.Button("Prune", variant="primary", elem_id="pruning-run")
+        cancel = gr.Button("Cancel", variant="stop", elem_id="pruning-cancel")
+    scores = gr.Markdown("", elem_id="pruning-scores")
+    plots = {
+        unit: gr.Plot(visible=False, show_label=False, elem_id=f"pruning-{unit}s") for unit in UNITS
+    }
+
+    @readable
+    def study(
+        model_: str,
+        clean_: str,
+        corrupted_: str,
+        answer_: str,
+        contrast_: str,
+        texts_: str,
+        units_: list[str],
+        draws_: float | None,
+        request: gr.Request,
+        progress=gr.Progress(),  # noqa: B008
+    ):
+        """Run the pruning study and show its curves and areas."""
+        from attrlab.viz.patching import pruning_figure
+        from attrlab.viz.table import pruning_text
+
+        lines = tuple(line.strip() for line in (texts_ or "").splitlines() if line.strip())
+        request_ = PruneRequest(
+            model=model_,
+            text=clean_ or "",
+            answer=answer_ or None,
+            contrast=contrast_ or None,
+            corrupted=corrupted_ or None,
+            texts=lines or None,
+            units=tuple(units_ or ()),
+            draws=PruneRequest.draws if draws_ is None else int(draws_),
+        )
+        pruned: PruningStudy = runner(request_, progress, session(request), _PRUNING_TAB)
+        curves = pruned.curves()
+        return [
+            f"```\n{pruning_text(pruned)}\n```",
+            *(
+                gr.update(value=pruning_figure(curves[unit]), visible=True)
+                if unit in curves
+                else gr.update(value=None, visible=False)
+                for unit in UNITS
+            ),
+            pruned,
+        ]
+
+    fields = [model, clean, corrupted, answer, contrast, texts, units, draws]
+    running = prune.click(
+        study,
+        fields,
+        [scores, *plots.values(), last],
+        api_name="pruning_run",
+        concurrency_id="run-pruning",
+    )
+    cancel.click(
+        runner.cancel_handler(_PRUNING_TAB), [], [], cancels=[running], api_name="pruning_cancel"
+    )
+    return last
+
+
 def _summary(report: PatchingReport) -> str:
     """The scores patching moves between, what it cost, and the library's warnings."""
     gap = report.clean_score - report.corrupted_score
@@ -262,24 +368,37 @@ def _summary(report: PatchingReport) -> str:
     return text + "".join(f"\n\n⚠ {html.escape(w, quote=False)}" for w in report.warnings)
 
 
-def export_patching(result: PatchingResult, png: bool = True) -> Path:
+def export_patching(
+    result: PatchingResult, png: bool = True, pruned: PruningStudy | None = None
+) -> Path:
     """
     The study as a zip: its report JSON, its tables as CSV, every figure as HTML (and PNG).
 
-    The manifest's ``extra.inputs`` are the fields a link carries.
+    The manifest's ``extra.inputs`` are the fields a link carries. With ``pruned`` (the
+    pruning study run beside it) its curves' figures and its JSON and tables too.
     """
     from attrlab.viz.bundle import write_bundle
-    from attrlab.viz.patching import patching_figures, patching_files
+    from attrlab.viz.patching import (
+        patching_figures,
+        patching_files,
+        pruning_figures,
+        pruning_files,
+    )
 
     fields = result.fields
     shown = fields.get("corrupted") or f"noise on positions {fields.get('noise_positions')}"
+    figures = patching_figures(result.report)
+    data = patching_files(result.report)
+    if pruned is not None:
+        figures |= pruning_figures(pruned)
+        data |= pruning_files(pruned)
     return write_bundle(
         {},
-        patching_figures(result.report),
+        figures,
         page_folder("export") / "attrlab-patching",
         extra={"inputs": fields},
         png=png,
         input_label=f"clean: {fields.get('text')!s}; corrupted: {shown}",
-        data=patching_files(result.report),
+        data=data,
         model=str(fields.get("model")),
     )
