@@ -35,6 +35,7 @@ from attrlab.attribution.patching import (
     patching_report,
     planned_passes,
 )
+from attrlab.attribution.patching.problem import Runs
 from attrlab.attribution.run import RunSettings
 
 #: Each model's clean text, corrupted text and target.
@@ -68,7 +69,9 @@ def main(model: str, components: list[str]) -> None:
         seconds[name] = time.perf_counter() - start
         print(f"{name}: {seconds[name]:.1f} s")
     exact = reports["exact"]
-    _costs(adapter, problem, components, seconds["exact"], exact.forward_passes, widest)
+    runs = Runs.of(adapter, problem)
+    exact_width = max(len(runs.sites(c)) for c in components)  # a layer's sites: one batch
+    _costs(adapter, problem, components, seconds["exact"], exact.forward_passes, exact_width)
     print(f"\nclean {exact.clean_score:.3f}, corrupted {exact.corrupted_score:.3f}\n")
     rows = []
     for (direction, component), frame in exact.table.groupby(["direction", "component"]):
@@ -104,8 +107,9 @@ def _costs(
     """
     Each estimator's seconds per direction as multiples of one forward + backward of the
     target, and exact patching's seconds per patched row against one plain forward row at the
-    same batch width. The estimators, the forward + backward and the plain forward run
-    interleaved, fastest of two each (:func:`best_seconds`), so load spikes hit all alike.
+    same batch width (``widest``: exact patching's, a layer's sites). The estimators, the
+    forward + backward and the plain forward run interleaved, fastest of two each
+    (:func:`best_seconds`), so load spikes hit all alike.
     """
     wide = {
         k: v.repeat(widest, *[1] * (v.dim() - 1)) for k, v in problem.clean.model_kwargs().items()
