@@ -33,6 +33,7 @@ from attrlab.attribution.features import feature_scores
 from attrlab.attribution.gate import check_modality, clear
 from attrlab.attribution.methods import capabilities
 from attrlab.attribution.methods.base import Attribution, AttributionMethod
+from attrlab.attribution.methods.checkpointing import checkpointing_for
 from attrlab.attribution.methods.smoothing import smoothing_requested
 from attrlab.attribution.models.base import Adapter, Inputs, TextInputs
 from attrlab.attribution.run import (
@@ -113,7 +114,10 @@ def explain(
     # Each forward of the method and of its scoring stops the run once it is cancelled.
     with cancellable_forwards(adapter.model, settings.cancel):
         run.stop_if_cancelled()  # a method reading only the prediction stops here
-        with altered(adapter.model) if method_cls.alters_model else nullcontext():
+        with (
+            altered(adapter.model) if method_cls.alters_model else nullcontext(),
+            checkpointing_for(adapter, checked),
+        ):
             result = attribute(method_cls, adapter, inputs, explained, checked, run, per_step)
         run.attentions = None  # every layer's T × T maps: not kept through the trust scoring
         if settings.evaluate:

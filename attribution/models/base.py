@@ -14,6 +14,7 @@ from torch import nn
 
 from attrlab.attribution.errors import InvalidInputError, UnsupportedMethodError
 from attrlab.attribution.models.layouts import LAYOUTS, Layout, find_module
+from attrlab.attribution.models.placement import execution_device
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -221,8 +222,13 @@ class Adapter(ABC):
 
     @property
     def device(self) -> torch.device:
-        """Where the model's parameters live."""
-        return next(self.model.parameters()).device
+        """
+        Where inputs go: where the model's first layer runs.
+
+        The device of its parameters, or for a model spread over devices and disk
+        (:mod:`attribution.models.placement`) the device its first placed module runs on.
+        """
+        return execution_device(self.model) or next(self.model.parameters()).device
 
     @property
     @abstractmethod
