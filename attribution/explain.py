@@ -30,7 +30,7 @@ from attrlab.attribution.explanation import (
     Timings,
 )
 from attrlab.attribution.features import feature_scores
-from attrlab.attribution.gate import check_modality, clear
+from attrlab.attribution.gate import Cleared, check_modality, clear
 from attrlab.attribution.methods import capabilities
 from attrlab.attribution.methods.base import Attribution, AttributionMethod
 from attrlab.attribution.methods.checkpointing import checkpointing_for
@@ -95,6 +95,20 @@ def explain(
     settings = settings or RunSettings()
     record = target if isinstance(target, Target) else None
     cleared = clear(adapter, method, inputs, params, settings, target=record, per_step=per_step)
+    eager = adapter.eager_attention() if cleared.method.needs_eager_attention() else nullcontext()
+    with eager:  # SDPA / flash models: eager for a method that reads or routes attention
+        return _explained(adapter, inputs, target, cleared, settings, per_step)
+
+
+def _explained(
+    adapter: Adapter,
+    inputs: Inputs,
+    target: int | str | Target | None,
+    cleared: Cleared,
+    settings: RunSettings,
+    per_step: bool,
+) -> Explanation:
+    """:func:`explain` of a run :func:`attribution.gate.clear` passed."""
     method_cls, checked = cleared.method, cleared.params
     start = time.perf_counter()
     logits, attentions = _prediction(adapter, inputs, method_cls.reads_prediction_attentions)

@@ -97,6 +97,10 @@ class AttributionMethod(ABC):
             :func:`~attribution.alteration.altered` for the whole run. False for methods of
             plain forward and gradient passes, and for those that hold each of their own
             alterations (a light read may then run between them).
+        routes_attention: It reads attention probabilities or routes attention to a rule, so
+            :func:`attribution.explain` runs it (and the prediction before it) with eager
+            attention (:meth:`Adapter.eager_attention`); by default, when it requires
+            ``"attentions"``.
         checkpointable: Its passes are gradient passes through the transformer blocks, so it
             takes the ``checkpointing`` parameter (:mod:`.checkpointing`) for long inputs.
     """
@@ -114,6 +118,14 @@ class AttributionMethod(ABC):
     alters_model: ClassVar[bool] = True  # a new method is held until it says otherwise
     steps_share_forward: ClassVar[bool] = False
     checkpointable: ClassVar[bool] = False
+    routes_attention: ClassVar[bool | None] = None
+
+    @classmethod
+    def needs_eager_attention(cls) -> bool:
+        """It runs with eager attention (see ``routes_attention``)."""
+        if cls.routes_attention is not None:
+            return cls.routes_attention
+        return "attentions" in cls.requires
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """A gradient-based attribution method takes the smoothing parameters too."""

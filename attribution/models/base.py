@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attrlab.attribution.alteration import altered
 from attrlab.attribution.errors import InvalidInputError, UnsupportedMethodError
 from attrlab.attribution.models.layouts import LAYOUTS, Layout, find_module
 from attrlab.attribution.models.placement import execution_device
@@ -270,6 +272,29 @@ class Adapter(ABC):
     def attention_implementation(self) -> str | None:
         """The attention kernel the model runs (``"eager"``, ``"sdpa"``, ...); eager without."""
         return getattr(self.config, "_attn_implementation", "eager")
+
+    @contextmanager
+    def eager_attention(self) -> Iterator[None]:
+        """
+        Inside the block the model runs eager attention, then its own kernel again.
+
+        SDPA and flash attention return no probabilities and cannot be routed to a rule; a
+        method that needs either runs in this block (:func:`attribution.explain`), instead of
+        refusing the model. The switch is transformers' ``set_attn_implementation`` on the
+        model (its sub-models too), undone on leaving, also after an error; the model is held
+        :func:`~attribution.alteration.altered` meanwhile. Nothing changes for an eager model.
+        """
+        implementation = self.attention_implementation
+        owner = next((m for m in self.model.modules() if hasattr(m, "set_attn_implementation")), None)
+        if implementation in (None, "eager") or owner is None:
+            yield
+            return
+        with altered(self.model):
+            owner.set_attn_implementation("eager")
+            try:
+                yield
+            finally:
+                owner.set_attn_implementation(implementation)
 
     @property
     def layout(self) -> Layout | None:
