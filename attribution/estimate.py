@@ -209,9 +209,7 @@ class Calibration:
             method = get_method("integrated_gradients")
             singles = 1 + method.passes(adapter, inputs, params).forward - width  # + predict
             single = self.seconds("forward", 1)
-            seconds = max(
-                (spent - singles * single) / width - self.seconds("forward", width), 0.0
-            )
+            seconds = max((spent - singles * single) / width - self.seconds("forward", width), 0.0)
         return seconds
 
 

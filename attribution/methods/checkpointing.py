@@ -55,9 +55,7 @@ def checkpointing_reason(adapter: Adapter) -> str | None:
     return None
 
 
-def checkpointing_for(
-    adapter: Adapter, params: Mapping[str, Any]
-) -> AbstractContextManager[None]:
+def checkpointing_for(adapter: Adapter, params: Mapping[str, Any]) -> AbstractContextManager[None]:
     """:func:`checkpointed` where ``params`` ask for it, else nothing."""
     return checkpointed(adapter) if params.get("checkpointing") else nullcontext()
 
@@ -96,7 +94,7 @@ def checkpointed(adapter: Adapter) -> Iterator[None]:
             config.use_cache = False  # type: ignore[union-attr]
         for block in adapter.blocks():
             stack.callback(_restore_forward, block, block.__dict__.get("forward"))
-            block.forward = _checkpointed_forward(block.forward)  # type: ignore[method-assign]
+            block.forward = _checkpointed_forward(block.forward)
         yield
 
 
@@ -105,4 +103,4 @@ def _restore_forward(block: nn.Module, own: Any) -> None:
     if own is None:
         del block.forward
     else:
-        block.forward = own  # type: ignore[method-assign]
+        block.forward = own

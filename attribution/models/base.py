@@ -285,16 +285,17 @@ class Adapter(ABC):
         :func:`~attribution.alteration.altered` meanwhile. Nothing changes for an eager model.
         """
         implementation = self.attention_implementation
-        owner = next((m for m in self.model.modules() if hasattr(m, "set_attn_implementation")), None)
-        if implementation in (None, "eager") or owner is None:
+        setters = (getattr(m, "set_attn_implementation", None) for m in self.model.modules())
+        switch: Any = next((setter for setter in setters if callable(setter)), None)
+        if implementation in (None, "eager") or switch is None:
             yield
             return
         with altered(self.model):
-            owner.set_attn_implementation("eager")
+            switch("eager")
             try:
                 yield
             finally:
-                owner.set_attn_implementation(implementation)
+                switch(implementation)
 
     @property
     def layout(self) -> Layout | None:
