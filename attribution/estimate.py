@@ -170,19 +170,17 @@ class Calibration:
             self.seconds("forward", 1)
             self.seconds("forward", width)
         try:
-            with peak_memory(adapter.device) as peak:
-                seconds = self._timed(kind, width, repeats)
+            seconds, peak = self._timed(kind, width, repeats)
         except torch.cuda.OutOfMemoryError:
             raise DeviceMemoryError(
                 f"model '{adapter.model_id}' ran out of GPU memory while calibrating the estimate"
             ) from None
-        measured = peak()
-        if measured is not None:
-            self.peak_memory_bytes = max(self.peak_memory_bytes or 0, measured // width)
+        if peak is not None:
+            self.peak_memory_bytes = max(self.peak_memory_bytes or 0, peak // width)
         return seconds
 
-    def _timed(self, kind: str, width: int, repeats: int) -> float:
-        """Seconds per row of a ``kind`` pass of ``width`` rows (the fastest of ``repeats``)."""
+    def _timed(self, kind: str, width: int, repeats: int) -> tuple[float, int | None]:
+        """Seconds per row of a ``kind`` pass of ``width`` rows, and its peak memory."""
         from attrlab.attribution.explain import (
             explain,  # explain imports the methods, which import this
         )
@@ -195,13 +193,16 @@ class Calibration:
                 with torch.no_grad():
                     adapter.logits(**rows)
 
-            seconds = _best(forward, adapter.device, repeats) / width
+            spent, peak = _best(forward, adapter.device, repeats)
+            seconds = spent / width
         elif width == 1:  # gradient × input: 2 forwards and 1 backward in all
-            spent = _best(lambda: explain(adapter, "gradient_x_input", inputs), adapter.device)
+            spent, peak = _best(
+                lambda: explain(adapter, "gradient_x_input", inputs), adapter.device
+            )
             seconds = max(spent - 2 * self.seconds("forward", 1), 0.0)
         else:  # a path of `width` points in one batch, width backwards, and single rows
             params = {"n_steps": width, "internal_batch_size": width}
-            spent = _best(
+            spent, peak = _best(
                 lambda: explain(adapter, "integrated_gradients", inputs, params=params),
                 adapter.device,
                 repeats,
@@ -210,7 +211,7 @@ class Calibration:
             singles = 1 + method.passes(adapter, inputs, params).forward - width  # + predict
             single = self.seconds("forward", 1)
             seconds = max((spent - singles * single) / width - self.seconds("forward", width), 0.0)
-        return seconds
+        return seconds, peak
 
 
 _CALIBRATIONS: dict[tuple[Any, ...], Calibration] = {}
@@ -233,9 +234,15 @@ def calibrated(adapter: Adapter, modality: str) -> bool:
     return calibration is not None and calibration.complete
 
 
-def _best(call: Any, device: torch.device, repeats: int = 2) -> float:
-    """Fastest of ``repeats`` timed calls after one warm-up."""
-    call()
+def _best(call: Any, device: torch.device, repeats: int = 2) -> tuple[float, int | None]:
+    """
+    Fastest of ``repeats`` timed calls after one warm-up, and the warm-up's peak memory.
+
+    The peak is measured on the warm-up only: on the CPU its measure first hands freed memory
+    back to the system, which the timed calls should not pay for again.
+    """
+    with peak_memory(device) as peak:
+        call()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -243,7 +250,7 @@ def _best(call: Any, device: torch.device, repeats: int = 2) -> float:
         if device.type == "cuda":  # kernels run asynchronously: wait for them
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - start)
-    return min(times)
+    return min(times), peak()
 
 
 def per_step_runs(method_cls: type[AttributionMethod], steps: int) -> int:

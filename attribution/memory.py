@@ -5,17 +5,20 @@ CUDA: torch's allocator counts its own peak (``max_memory_allocated``). CPU: tor
 count (its CPU allocator hands requests to ``malloc``; ``tracemalloc`` sees only Python's
 objects), so the process's resident memory is read from Linux instead: free heap memory is
 first handed back to the system (glibc's ``malloc_trim``, so that memory freed earlier and kept
-by ``malloc`` cannot hide new allocations), the resident high-water mark is reset
-(``/proc/self/clear_refs``), and the peak is ``VmHWM`` minus the resting ``VmRSS``. That counts
-everything the process touched meanwhile (other threads too: a served process measures beside
-its other requests) and pages, not bytes; where Linux or glibc do not offer this, the peak is
-unknown (``None``).
+by ``malloc`` cannot hide new allocations), then a thread samples the resident size
+(``/proc/self/statm``) every :data:`SAMPLE_S` seconds while the work runs; the peak is the
+largest sample minus the resting size. It counts everything the process touched meanwhile
+(other threads too) in pages, and can miss a spike shorter than the sampling interval.
+(Resetting the kernel's own high-water mark through ``/proc/self/clear_refs`` was tried: it
+made the passes measured several times slower here.) Off Linux the peak is unknown (``None``).
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cache
@@ -25,9 +28,10 @@ import torch
 
 __all__ = ["peak_memory", "resident_bytes"]
 
-_STATUS = Path("/proc/self/status")
-_CLEAR_REFS = Path("/proc/self/clear_refs")
-_RESET_HIGH_WATER_MARK = "5"  # clear_refs: reset the peak resident set size to the current one
+#: How often the resident size is sampled while CPU work runs (seconds).
+SAMPLE_S = 0.001
+_STATM = Path("/proc/self/statm")  # sizes in pages: total, resident, ...
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 @contextmanager
@@ -49,35 +53,35 @@ def peak_memory(device: torch.device) -> Iterator[Callable[[], int | None]]:
         peak[0] = max(0, torch.cuda.max_memory_allocated(device) - resting)
         return
     _trim()
-    cpu_resting = _reset_high_water_mark()
-    yield lambda: peak[0]
-    high = _status_bytes("VmHWM")
-    if cpu_resting is not None and high is not None:
-        peak[0] = max(0, high - cpu_resting)
+    before = resident_bytes()
+    if before is None:
+        yield lambda: peak[0]
+        return
+    highest = [before]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(SAMPLE_S):
+            highest[0] = max(highest[0], resident_bytes() or 0)
+
+    sampler = threading.Thread(target=sample, name="attrlab-peak-memory", daemon=True)
+    sampler.start()
+    try:
+        yield lambda: peak[0]
+    finally:
+        done.set()
+        sampler.join()
+    highest[0] = max(highest[0], resident_bytes() or 0)
+    peak[0] = highest[0] - before
 
 
 def resident_bytes() -> int | None:
-    """The process's resident memory now (``VmRSS``), or ``None`` off Linux."""
-    return _status_bytes("VmRSS")
-
-
-def _status_bytes(field: str) -> int | None:
+    """The process's resident memory now, or ``None`` off Linux."""
     try:
-        for line in _STATUS.read_text().splitlines():
-            if line.startswith(f"{field}:"):
-                return int(line.split()[1]) * 1024  # reported in kB
-    except OSError:
+        pages = int(_STATM.read_text().split()[1])
+    except (OSError, IndexError, ValueError):
         return None
-    return None
-
-
-def _reset_high_water_mark() -> int | None:
-    """Reset ``VmHWM`` to the current resident memory; that memory, or ``None`` if it cannot."""
-    try:
-        _CLEAR_REFS.write_text(_RESET_HIGH_WATER_MARK)
-    except OSError:
-        return None
-    return resident_bytes()
+    return pages * _PAGE
 
 
 @cache
