@@ -10,7 +10,7 @@ gradients (``--ig-steps`` path points, ``--ig-batch`` per pass), each with ``che
 off and on. Each run is a fresh process (so one run's freed memory cannot hide the next's),
 after a warm-up explain of a short text: peak memory is
 :func:`attribution.memory.peak_memory` around the one ``explain`` call (on the CPU the
-process's resident high-water mark above its resting memory, on a GPU torch's allocator peak),
+process's sampled resident size above its resting size, on a GPU torch's allocator peak),
 seconds its wall time. A plain run (no checkpointing) longer than ``--plain-up-to`` tokens is
 not run: its attention maps alone would not fit this machine (it is printed as not run). The
 last columns compare checkpointed with plain runs where both ran: the target is at most 0.5 ×
