@@ -6,9 +6,10 @@ passes, once per smoothing sample): exact, or an upper bound where early stoppin
 run sooner. Seconds and memory come from a calibration
 per model, device and modality, kept for the process: each cost (a forward or a gradient pass,
 one row at a time or in batches of copies, since batched rows cost less each) is measured on
-the first input that needs it and scaled by input size (tokens or pixels). On CUDA
-the peak memory of those passes (beyond the resting weights) is measured too and scaled by the
-widest batch.
+the first input that needs it and scaled by input size (tokens or pixels). The peak memory
+of those passes beyond the resting weights (:func:`attribution.memory.peak_memory`: torch's
+allocator on CUDA, the process's resident high-water mark on the CPU) is measured too and
+scaled by the widest batch.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from attrlab.attribution.errors import DeviceMemoryError
+from attrlab.attribution.memory import peak_memory
 from attrlab.attribution.methods import get_method
 from attrlab.attribution.methods.base import AttributionMethod
 from attrlab.attribution.models.base import Adapter, Inputs, TextInputs
@@ -102,7 +104,7 @@ class Calibration:
             inputs = replace(inputs, answer_length=0)
         self.adapter, self.inputs = adapter, inputs
         self.size = max(1, math.prod(inputs.map_shape))
-        self.peak_memory_bytes: int | None = None  # CUDA: the largest pass's peak, per row
+        self.peak_memory_bytes: int | None = None  # the largest pass's peak, per row
         self._seconds: dict[tuple[str, int], float] = {}
         self._too_wide: set[tuple[str, int]] = set()  # widths that ran out of device memory
         self._lock = threading.RLock()  # a gradient cost measures forward costs first
@@ -163,49 +165,54 @@ class Calibration:
             return self._seconds[kind, width]
 
     def _measure(self, kind: str, width: int) -> float:
+        adapter = self.adapter
+        repeats = 2 if width < 64 else 1  # wide passes vary less and cost the most to repeat
+        if kind == "backward":  # the forwards it subtracts, measured first: not inside its peak
+            self.seconds("forward", 1)
+            self.seconds("forward", width)
+        try:
+            seconds, peak = self._timed(kind, width, repeats)
+        except torch.cuda.OutOfMemoryError:
+            raise DeviceMemoryError(
+                f"model '{adapter.model_id}' ran out of GPU memory while calibrating the estimate"
+            ) from None
+        if peak is not None:
+            self.peak_memory_bytes = max(self.peak_memory_bytes or 0, peak // width)
+        return seconds
+
+    def _timed(self, kind: str, width: int, repeats: int) -> tuple[float, int | None]:
+        """Seconds per row of a ``kind`` pass of ``width`` rows, and its peak memory."""
         from attrlab.attribution.explain import (
             explain,  # explain imports the methods, which import this
         )
 
         adapter, inputs = self.adapter, self.inputs
-        cuda = adapter.device.type == "cuda"
-        repeats = 2 if width < 64 else 1  # wide passes vary less and cost the most to repeat
-        if cuda:
-            torch.cuda.reset_peak_memory_stats(adapter.device)
-            resting = torch.cuda.memory_allocated(adapter.device)
-        try:
-            if kind == "forward":
-                rows = {k: repeated(v, width) for k, v in inputs.model_kwargs().items()}
+        if kind == "forward":
+            rows = {k: repeated(v, width) for k, v in inputs.model_kwargs().items()}
 
-                def forward() -> None:
-                    with torch.no_grad():
-                        adapter.logits(**rows)
+            def forward() -> None:
+                with torch.no_grad():
+                    adapter.logits(**rows)
 
-                seconds = _best(forward, adapter.device, repeats) / width
-            elif width == 1:  # gradient × input: 2 forwards and 1 backward in all
-                spent = _best(lambda: explain(adapter, "gradient_x_input", inputs), adapter.device)
-                seconds = max(spent - 2 * self.seconds("forward", 1), 0.0)
-            else:  # a path of `width` points in one batch, width backwards, and single rows
-                params = {"n_steps": width, "internal_batch_size": width}
-                spent = _best(
-                    lambda: explain(adapter, "integrated_gradients", inputs, params=params),
-                    adapter.device,
-                    repeats,
-                )
-                method = get_method("integrated_gradients")
-                singles = 1 + method.passes(adapter, inputs, params).forward - width  # + predict
-                single = self.seconds("forward", 1)
-                seconds = max(
-                    (spent - singles * single) / width - self.seconds("forward", width), 0.0
-                )
-        except torch.cuda.OutOfMemoryError:
-            raise DeviceMemoryError(
-                f"model '{adapter.model_id}' ran out of GPU memory while calibrating the estimate"
-            ) from None
-        if cuda:
-            peak = max(0, torch.cuda.max_memory_allocated(adapter.device) - resting) // width
-            self.peak_memory_bytes = max(self.peak_memory_bytes or 0, peak)
-        return seconds
+            spent, peak = _best(forward, adapter.device, repeats)
+            seconds = spent / width
+        elif width == 1:  # gradient × input: 2 forwards and 1 backward in all
+            spent, peak = _best(
+                lambda: explain(adapter, "gradient_x_input", inputs), adapter.device
+            )
+            seconds = max(spent - 2 * self.seconds("forward", 1), 0.0)
+        else:  # a path of `width` points in one batch, width backwards, and single rows
+            params = {"n_steps": width, "internal_batch_size": width}
+            spent, peak = _best(
+                lambda: explain(adapter, "integrated_gradients", inputs, params=params),
+                adapter.device,
+                repeats,
+            )
+            method = get_method("integrated_gradients")
+            singles = 1 + method.passes(adapter, inputs, params).forward - width  # + predict
+            single = self.seconds("forward", 1)
+            seconds = max((spent - singles * single) / width - self.seconds("forward", width), 0.0)
+        return seconds, peak
 
 
 _CALIBRATIONS: dict[tuple[Any, ...], Calibration] = {}
@@ -228,9 +235,15 @@ def calibrated(adapter: Adapter, modality: str) -> bool:
     return calibration is not None and calibration.complete
 
 
-def _best(call: Any, device: torch.device, repeats: int = 2) -> float:
-    """Fastest of ``repeats`` timed calls after one warm-up."""
-    call()
+def _best(call: Any, device: torch.device, repeats: int = 2) -> tuple[float, int | None]:
+    """
+    Fastest of ``repeats`` timed calls after one warm-up, and the warm-up's peak memory.
+
+    The peak is measured on the warm-up only: on the CPU its measure first hands freed memory
+    back to the system, which the timed calls should not pay for again.
+    """
+    with peak_memory(device) as peak:
+        call()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -238,7 +251,7 @@ def _best(call: Any, device: torch.device, repeats: int = 2) -> float:
         if device.type == "cuda":  # kernels run asynchronously: wait for them
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - start)
-    return min(times)
+    return min(times), peak()
 
 
 def per_step_runs(method_cls: type[AttributionMethod], steps: int) -> int:

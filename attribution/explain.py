@@ -30,9 +30,10 @@ from attrlab.attribution.explanation import (
     Timings,
 )
 from attrlab.attribution.features import feature_scores
-from attrlab.attribution.gate import check_modality, clear
+from attrlab.attribution.gate import Cleared, check_modality, clear
 from attrlab.attribution.methods import capabilities
 from attrlab.attribution.methods.base import Attribution, AttributionMethod
+from attrlab.attribution.methods.checkpointing import checkpointing_for
 from attrlab.attribution.methods.smoothing import smoothing_requested
 from attrlab.attribution.models.base import Adapter, Inputs, TextInputs
 from attrlab.attribution.run import (
@@ -94,6 +95,20 @@ def explain(
     settings = settings or RunSettings()
     record = target if isinstance(target, Target) else None
     cleared = clear(adapter, method, inputs, params, settings, target=record, per_step=per_step)
+    eager = adapter.eager_attention() if cleared.method.needs_eager_attention() else nullcontext()
+    with eager:  # SDPA / flash models: eager for a method that reads or routes attention
+        return _explained(adapter, inputs, target, cleared, settings, per_step)
+
+
+def _explained(
+    adapter: Adapter,
+    inputs: Inputs,
+    target: int | str | Target | None,
+    cleared: Cleared,
+    settings: RunSettings,
+    per_step: bool,
+) -> Explanation:
+    """:func:`explain` of a run :func:`attribution.gate.clear` passed."""
     method_cls, checked = cleared.method, cleared.params
     start = time.perf_counter()
     logits, attentions = _prediction(adapter, inputs, method_cls.reads_prediction_attentions)
@@ -113,7 +128,10 @@ def explain(
     # Each forward of the method and of its scoring stops the run once it is cancelled.
     with cancellable_forwards(adapter.model, settings.cancel):
         run.stop_if_cancelled()  # a method reading only the prediction stops here
-        with altered(adapter.model) if method_cls.alters_model else nullcontext():
+        with (
+            altered(adapter.model) if method_cls.alters_model else nullcontext(),
+            checkpointing_for(adapter, checked),
+        ):
             result = attribute(method_cls, adapter, inputs, explained, checked, run, per_step)
         run.attentions = None  # every layer's T × T maps: not kept through the trust scoring
         if settings.evaluate:

@@ -15,6 +15,12 @@ On CUDA it then checks, and fails loudly otherwise: the automatic batch comes fr
 a bfloat16 RISE map agrees with the float32 one; a RISE run whose batch overflows a capped GPU
 halves its batch and gives the same map; a job through the worker runs on the GPU. With
 ``ATTRLAB_STAND_INS`` set, models too large to carry are stand-ins (``stand_ins.py``).
+
+Models that do not fit one device (issue 28; written without a GPU, NOT RUN yet): SmolLM2 from
+its folder spread by a device map (its blocks split over the GPUs there are, the second half on
+the CPU with one GPU) gives the single-GPU model's gradient × input, integrated-gradients and
+AttnLRP maps; loaded in 8-bit and in 4-bit (bitsandbytes) every one of those methods runs, and
+its map's correlation with the float32 map is printed.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import argparse
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -123,6 +130,7 @@ def main() -> None:
     )
     if device.type == "cuda":
         checks += _cuda_checks(device)
+        checks += _placement_checks(device)
         print()
         print_table(("CUDA check", "result"), checks)
 
@@ -190,6 +198,51 @@ def _cuda_checks(device: torch.device) -> list[tuple[str, str]]:
     )
     assert batch < 4096, batch
     assert difference < 1e-3, difference
+    return checks
+
+
+def _placement_checks(device: torch.device) -> list[tuple[str, str]]:
+    """A device-mapped and a quantised SmolLM2 against the model on one GPU (issue 28)."""
+    import numpy as np
+
+    from attrlab.attribution.models import load
+    from attrlab.attribution.models.builtin import smollm2_folder
+    from attrlab.attribution.models.placement import Placement
+
+    stand_in = Path(os.environ.get("ATTRLAB_STAND_INS", "/nonexistent")) / "smollm2-135m"
+    folder = str(stand_in if any(stand_in.glob("*.safetensors")) else smollm2_folder())
+    methods = {"gradient_x_input": {}, "integrated_gradients": {"n_steps": 16}, "attnlrp": {}}
+    whole = load(folder, device=str(device))
+    text = whole.preprocess("When Mary and John went to the store, John gave a drink to")
+    expected = {m: explain(whole, m, text, params=p).scores for m, p in methods.items()}
+    layers = whole.num_layers
+    gpus = torch.cuda.device_count()
+    spread = {"model.embed_tokens": 0, "model.rotary_emb": 0, "model.norm": 0, "lm_head": 0}
+    for layer in range(layers):
+        half = layer >= layers // 2
+        spread[f"model.layers.{layer}"] = (1 if gpus > 1 else "cpu") if half else 0
+    checks = []
+    variants: dict[str, Placement] = {
+        f"device map over {'2 GPUs' if gpus > 1 else 'GPU + CPU'}": Placement(spread),
+        "8-bit (bitsandbytes)": Placement(quantization="8bit"),
+        "4-bit (bitsandbytes)": Placement(quantization="4bit"),
+    }
+    for name, placement in variants.items():
+        placed = load(folder, placement=placement)
+        inputs = placed.preprocess(text.text)
+        for method, params in methods.items():
+            scores = explain(placed, method, inputs, params=params).scores
+            assert np.isfinite(scores).all(), (name, method)
+            if placement.quantization is None:
+                difference = float(np.abs(scores - expected[method]).max())
+                scale = float(np.abs(expected[method]).max())
+                checks.append((f"{method}, {name}", f"map differs by {difference / scale:.1e}"))
+                assert difference < 1e-3 * scale, (name, method, difference)
+            else:
+                correlation = _correlation(scores, expected[method])
+                checks.append((f"{method}, {name}", f"r = {correlation:.3f} with float32"))
+        del placed
+        torch.cuda.empty_cache()
     return checks
 
 

@@ -108,20 +108,22 @@ def test_deeplift_shap_averages_over_seeded_references():
 
 
 @pytest.mark.parametrize("method", ["deeplift", "deeplift_shap"])
-def test_deeplift_warns_where_attention_bypasses_its_rule(load_model, method):
-    """Attention outside the eager interface (SDPA here) keeps plain gradients: said, and seen."""
+def test_deeplift_routes_the_attention_of_an_sdpa_model_through_eager_for_the_run(
+    load_model, method
+):
+    """SDPA bypasses the attention rule: the run switches to eager (the rule applies), then back."""
     adapter = load_model("tiny-random-llama")
     inputs = adapter.preprocess("the cat sat on the mat")
     hooks = hook_count(adapter.model)  # transformers keeps its own output-capturing hooks
+    expected = explain(adapter, method, inputs)
     adapter.model.set_attn_implementation("sdpa")
     try:
         explanation = explain(adapter, method, inputs)
+        assert adapter.attention_implementation == "sdpa"
     finally:
         adapter.model.set_attn_implementation("eager")
-    assert explanation.scores.shape == (len(inputs.tokens),)
-    (warning,) = [w for w in explanation.warnings if "DeepLIFT" in w]
-    assert "Attention" in warning
-    assert "RMSNorm" not in warning and "SiLU" not in warning  # both have rules
+    assert not [w for w in explanation.warnings if "Attention" in w]
+    np.testing.assert_allclose(explanation.scores, expected.scores, rtol=1e-6, atol=1e-9)
     assert hook_count(adapter.model) == hooks
 
 

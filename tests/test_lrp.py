@@ -24,12 +24,14 @@ from attrlab.attribution.target import output_target
 LAYERS = 4
 #: The plain AttnLRP rule everywhere (what the family defaults replace for vision transformers).
 ATTNLRP = {"attention_rule": "attnlrp", "gamma_linear": 0.0, "gamma_conv": 0.0}
-#: The smoothing wrapper's parameters (every gradient method takes them), off by default.
+#: The smoothing wrapper's parameters (every gradient method takes them), off by default, and
+#: gradient checkpointing (the LRP methods take it), off by default.
 SMOOTHING_OFF = {
     "smoothing": "none",
     "smoothing_samples": 20,
     "smoothing_sigma": 0.15,
     "smoothing_weight_sigma": 0.2,
+    "checkpointing": False,
 }
 TEXT = "the quick brown fox jumps over the lazy dog"
 IMAGE = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)

@@ -48,6 +48,10 @@ def load(
     spec: str,
     device: str | None = None,
     labels: Sequence[str] | None = None,
+    *,
+    device_map: str | dict[str, str | int] | None = None,
+    offload_folder: str | Path | None = None,
+    quantization: str | None = None,
 ) -> Adapter:
     """
     A model by built-in alias, Hugging Face hub id or local folder, ready to explain.
@@ -57,9 +61,16 @@ def load(
             no network), a hub id such as ``"textattack/bert-base-uncased-SST-2"``, or a path.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...; default CUDA when there is one.
         labels: A zero-shot model's class names (default: its own).
+        device_map: A model too large for one device, spread by accelerate: ``"auto"`` or a
+            dict of module names to ``"cuda:0"``, ``"cpu"``, ``"disk"`` (``device`` is then
+            not used). Every method runs on it; inputs go where its first layer runs.
+        offload_folder: Where layers mapped to ``"disk"`` are kept.
+        quantization: ``"8bit"`` or ``"4bit"`` weights (bitsandbytes, CUDA; a model read from
+            a folder or the hub).
 
     Raises:
         UnknownModelError, ModelLoadError: the spec names nothing loadable, or it cannot load.
+        InvalidInputError: a device map, offload folder or quantisation that cannot work.
 
     Example:
         >>> import attrlab
@@ -68,8 +79,11 @@ def load(
         ['sports', 'politics']
     """
     from attrlab.attribution.models.loading import load as load_model
+    from attrlab.attribution.models.placement import Placement
 
-    return load_model(spec, device=device, labels=labels)
+    folder = None if offload_folder is None else Path(offload_folder)
+    placement = Placement(device_map, folder, quantization)
+    return load_model(spec, device=device, labels=labels, placement=placement)
 
 
 def _model(model: Adapter | str) -> Adapter:

@@ -20,6 +20,7 @@ from torch import nn
 
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
+from attrlab.attribution.models.placement import parameter
 from attrlab.attribution.params import Param
 from attrlab.attribution.perturb import repeated
 from attrlab.attribution.target import Target
@@ -116,10 +117,8 @@ def _embedding_space(adapter: Adapter, inputs: Inputs, baseline: torch.Tensor) -
     embedding = adapter.token_embedding_module()
     with torch.no_grad():
         tensor, reference = embedding(text.input_ids), embedding(baseline)
-    weight = getattr(embedding, "weight", None)
-    scale = (
-        float(weight.detach().std()) if isinstance(weight, torch.Tensor) else float(tensor.std())
-    )
+    weight = parameter(embedding, "weight")
+    scale = float(weight.detach().std()) if weight is not None else float(tensor.std())
     return ReferenceSpace(
         tensor,
         reference,

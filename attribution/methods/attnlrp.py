@@ -56,6 +56,7 @@ class AttnLRP(AttributionMethod):
     name = "attnlrp"
     title = "AttnLRP"
     paper = "https://arxiv.org/abs/2402.05602"
+    checkpointable = True
     requires = frozenset({"gradients", "attentions"})
     has_convergence_delta = True
     params = LRP_PARAMS

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from attrlab.attribution.errors import UnsupportedMethodError
+from attrlab.attribution.errors import InvalidParameterError, UnsupportedMethodError
+from attrlab.attribution.methods.checkpointing import CHECKPOINTING_PARAM, checkpointing_reason
 from attrlab.attribution.methods.smoothing import (
     SMOOTHING_PARAMS,
     smoothed,
@@ -96,6 +97,12 @@ class AttributionMethod(ABC):
             :func:`~attribution.alteration.altered` for the whole run. False for methods of
             plain forward and gradient passes, and for those that hold each of their own
             alterations (a light read may then run between them).
+        routes_attention: It reads attention probabilities or routes attention to a rule, so
+            :func:`attribution.explain` runs it (and the prediction before it) with eager
+            attention (:meth:`Adapter.eager_attention`); by default, when it requires
+            ``"attentions"``.
+        checkpointable: Its passes are gradient passes through the transformer blocks, so it
+            takes the ``checkpointing`` parameter (:mod:`.checkpointing`) for long inputs.
     """
 
     name: ClassVar[str]
@@ -110,6 +117,15 @@ class AttributionMethod(ABC):
     category: ClassVar[str] = "attribution"
     alters_model: ClassVar[bool] = True  # a new method is held until it says otherwise
     steps_share_forward: ClassVar[bool] = False
+    checkpointable: ClassVar[bool] = False
+    routes_attention: ClassVar[bool | None] = None
+
+    @classmethod
+    def needs_eager_attention(cls) -> bool:
+        """It runs with eager attention (see ``routes_attention``)."""
+        if cls.routes_attention is not None:
+            return cls.routes_attention
+        return "attentions" in cls.requires
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """A gradient-based attribution method takes the smoothing parameters too."""
@@ -117,6 +133,8 @@ class AttributionMethod(ABC):
         names = {p.name for p in cls.params}
         if cls.smoothable() and not names & {p.name for p in SMOOTHING_PARAMS}:
             cls.params = (*cls.params, *SMOOTHING_PARAMS)
+        if cls.checkpointable and CHECKPOINTING_PARAM.name not in names:
+            cls.params = (*cls.params, CHECKPOINTING_PARAM)
 
     @classmethod
     def smoothable(cls) -> bool:
@@ -148,12 +166,16 @@ class AttributionMethod(ABC):
 
         Raises:
             UnsupportedMethodError: the method does not apply to ``adapter``.
-            InvalidParameterError: an unknown parameter or a bad value.
+            InvalidParameterError: an unknown parameter or a bad value, or checkpointing
+                asked of a model without transformer blocks.
         """
         reason = cls.unsupported_reason(adapter)
         if reason is not None:
             raise UnsupportedMethodError(reason)
-        return cls._resolve(adapter, validate_params(cls.params, params, strict))
+        checked = validate_params(cls.params, params, strict)
+        if checked.get(CHECKPOINTING_PARAM.name) and (why := checkpointing_reason(adapter)):
+            raise InvalidParameterError(why)
+        return cls._resolve(adapter, checked)
 
     @classmethod
     def _resolve(cls, adapter: Adapter, params: dict[str, Any]) -> dict[str, Any]:

@@ -44,6 +44,7 @@ class DeepLift(AttributionMethod):
     title = "DeepLIFT (Rescale)"
     paper = "https://arxiv.org/abs/1704.02685"
     requires = frozenset({"gradients"})
+    routes_attention = True  # its rules reach attention only through the eager function
     has_convergence_delta = True
     reads_prediction = True  # F(x) of the convergence delta
     params = (BASELINE_PARAM,)

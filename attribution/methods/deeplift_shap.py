@@ -62,6 +62,7 @@ class DeepLiftShap(AttributionMethod):
     title = "DeepLIFT-SHAP"
     paper = "https://arxiv.org/abs/1705.07874"
     requires = frozenset({"gradients"})
+    routes_attention = True  # its rules reach attention only through the eager function
     has_convergence_delta = True
     reads_prediction = True  # F(x) of the convergence delta
     params = (

@@ -32,6 +32,7 @@ class GradientXInput(AttributionMethod):
     name = "gradient_x_input"
     title = "Gradient × Input"
     paper = "https://arxiv.org/abs/1605.01713"
+    checkpointable = True
     requires = frozenset({"gradients"})
     #: Captum's method on the token-embedding layer (text) and on the input (pixels).
     layer_method: ClassVar[Callable[..., CaptumAttribution]] = LayerGradientXActivation

@@ -41,6 +41,7 @@ class IntegratedGradients(AttributionMethod):
     name = "integrated_gradients"
     title = "Integrated Gradients"
     paper = "https://arxiv.org/abs/1703.01365"
+    checkpointable = True
     requires = frozenset({"gradients"})
     has_convergence_delta = True
     reads_prediction = True  # F(x) of the convergence delta

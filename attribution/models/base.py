@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -12,8 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attrlab.attribution.alteration import altered
 from attrlab.attribution.errors import InvalidInputError, UnsupportedMethodError
 from attrlab.attribution.models.layouts import LAYOUTS, Layout, find_module
+from attrlab.attribution.models.placement import execution_device
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -221,8 +224,13 @@ class Adapter(ABC):
 
     @property
     def device(self) -> torch.device:
-        """Where the model's parameters live."""
-        return next(self.model.parameters()).device
+        """
+        Where inputs go: where the model's first layer runs.
+
+        The device of its parameters, or for a model spread over devices and disk
+        (:mod:`attribution.models.placement`) the device its first placed module runs on.
+        """
+        return execution_device(self.model) or next(self.model.parameters()).device
 
     @property
     @abstractmethod
@@ -264,6 +272,30 @@ class Adapter(ABC):
     def attention_implementation(self) -> str | None:
         """The attention kernel the model runs (``"eager"``, ``"sdpa"``, ...); eager without."""
         return getattr(self.config, "_attn_implementation", "eager")
+
+    @contextmanager
+    def eager_attention(self) -> Iterator[None]:
+        """
+        Inside the block the model runs eager attention, then its own kernel again.
+
+        SDPA and flash attention return no probabilities and cannot be routed to a rule; a
+        method that needs either runs in this block (:func:`attribution.explain`), instead of
+        refusing the model. The switch is transformers' ``set_attn_implementation`` on the
+        model (its sub-models too), undone on leaving, also after an error; the model is held
+        :func:`~attribution.alteration.altered` meanwhile. Nothing changes for an eager model.
+        """
+        implementation = self.attention_implementation
+        setters = (getattr(m, "set_attn_implementation", None) for m in self.model.modules())
+        switch: Any = next((setter for setter in setters if callable(setter)), None)
+        if implementation in (None, "eager") or switch is None:
+            yield
+            return
+        with altered(self.model):
+            switch("eager")
+            try:
+                yield
+            finally:
+                switch(implementation)
 
     @property
     def layout(self) -> Layout | None:

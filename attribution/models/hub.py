@@ -15,6 +15,7 @@ from attrlab.attribution.models.builtin import imagenet_labels
 from attrlab.attribution.models.families import FAMILIES, family_of
 from attrlab.attribution.models.folders import CONFIG_FILE, check_inside, read_config
 from attrlab.attribution.models.images import ImageTransform
+from attrlab.attribution.models.placement import Placement, pretrained_kwargs
 from attrlab.attribution.models.text import DecoderLMAdapter, TextClassifierAdapter
 from attrlab.attribution.models.vision import CLIPZeroShotAdapter, CNNAdapter, ViTAdapter
 
@@ -36,6 +37,7 @@ def load_pretrained(
     revision: str | None = None,
     model_id: str | None = None,
     within: Sequence[Path] | None = None,
+    placement: Placement | None = None,
 ) -> Adapter:
     """
     Load a hub id or local directory; the adapter is chosen from the model's config.
@@ -48,6 +50,8 @@ def load_pretrained(
         within: Model roots (servers): ``spec`` must then be a folder every file of which,
             links followed, lies inside one of them (see :func:`check_inside`), checked before
             anything in it is read.
+        placement: Load a transformers model straight onto devices and disk, or quantised
+            (:func:`~attribution.models.placement.pretrained_kwargs`); others are placed after.
 
     Raises:
         UnknownModelError: nothing loadable by that name.
@@ -71,9 +75,9 @@ def load_pretrained(
         elif config["model_type"] not in FAMILIES:  # known before transformers reads a file
             raise _unsupported(name, config["model_type"])
         else:
-            adapter = _load_transformers(spec, name, revision, from_folder=True, held=held)
+            adapter = _load_transformers(spec, name, revision, True, held, placement)
     else:
-        adapter = _load_transformers(spec, name, revision, from_folder=False)
+        adapter = _load_transformers(spec, name, revision, False, placement=placement)
     adapter.model_id = name
     return adapter
 
@@ -96,7 +100,12 @@ def download(repo_id: str, revision: str | None = None) -> str:
 
 
 def _load_transformers(
-    spec: str, name: str, revision: str | None, from_folder: bool, held: int | None = None
+    spec: str,
+    name: str,
+    revision: str | None,
+    from_folder: bool,
+    held: int | None = None,
+    placement: Placement | None = None,
 ) -> Adapter:
     config = _config(spec, name, revision, from_folder)
     family = family_of(config)
@@ -104,8 +113,9 @@ def _load_transformers(
         raise _unsupported(name, config.model_type)
     if held is not None:
         _check_described_size(config, held, name)
-    kwargs = {"revision": revision, "attn_implementation": "eager"}  # eager: attentions out
+    kwargs: dict[str, Any] = {"revision": revision, "attn_implementation": "eager"}  # attentions
     try:
+        kwargs |= pretrained_kwargs(placement or Placement())
         if family == "vision-transformer":
             return _load_vit(spec, kwargs)
         if family == "zero-shot-image":

@@ -233,13 +233,7 @@ def unsupported_reason(adapter: Adapter) -> str | None:
             f"is {kind}. A family is added as a row of LAYOUTS in "
             "attribution/models/layouts.py naming its blocks, attention and embeddings"
         )
-    implementation = adapter.attention_implementation
-    if implementation not in (None, "eager"):
-        return (
-            f"LRP needs eager attention, but model '{adapter.model_id}' uses "
-            f"'{implementation}'; load it with attn_implementation='eager'"
-        )
-    return None
+    return None  # SDPA / flash models run eagerly for the method (Adapter.eager_attention)
 
 
 def layout_for(adapter: Adapter) -> Layout:

@@ -11,6 +11,7 @@ from attrlab.attribution.errors import InvalidInputError, UnknownModelError
 from attrlab.attribution.models.base import Adapter
 from attrlab.attribution.models.catalog import BUILTIN_MODELS
 from attrlab.attribution.models.hub import download, load_pretrained
+from attrlab.attribution.models.placement import Placement, dispatch
 
 __all__ = ["load", "resolve_device"]
 
@@ -21,6 +22,7 @@ def load(
     labels: Sequence[str] | None = None,
     hub_only: bool = False,
     within: Sequence[Path] | None = None,
+    placement: Placement | None = None,
 ) -> Adapter:
     """
     Load a model by built-in alias, Hugging Face hub id or local directory.
@@ -32,6 +34,8 @@ def load(
         hub_only: Treat ``spec`` as a hub id only, never as a local folder (servers).
         within: Model roots (servers): ``spec`` is then a folder loaded only if every file
             it would have read lies inside one of them, its links followed.
+        placement: Spread the model over devices and disk, or quantise it
+            (:mod:`attribution.models.placement`); ``device`` is then not used.
 
     Raises:
         UnknownModelError: The spec names nothing loadable.
@@ -41,13 +45,17 @@ def load(
     spec = (spec or "").strip()
     if not spec:
         raise UnknownModelError(f"no model given; built-in aliases: {', '.join(BUILTIN_MODELS)}")
+    placement = placement or Placement()
     if spec in BUILTIN_MODELS:
         adapter = BUILTIN_MODELS[spec].build()
     elif hub_only:
-        adapter = load_pretrained(download(spec), model_id=spec)
+        adapter = load_pretrained(download(spec), model_id=spec, placement=placement)
     else:
-        adapter = load_pretrained(spec, within=within)
-    adapter.model.to(resolve_device(device))
+        adapter = load_pretrained(spec, within=within, placement=placement)
+    if not placement.spread:
+        adapter.model.to(resolve_device(device))
+    elif getattr(adapter.model, "hf_device_map", None) is None:  # built in memory: place it now
+        dispatch(adapter.model, placement)
     return adapter.with_labels(labels) if labels else adapter
 
 

@@ -43,6 +43,7 @@ from attrlab.attribution.methods.lrp.rules import (
 )
 from attrlab.attribution.models.base import Adapter
 from attrlab.attribution.models.layouts import Layout, find_module
+from attrlab.attribution.models.placement import parameter
 
 __all__ = ["ATTENTION_IMPLEMENTATION", "Recorder", "lrp_rules", "transformer_lrp"]
 
@@ -156,7 +157,7 @@ def _module_rule(module: nn.Module, gamma_linear: float, gamma_conv: float) -> C
         return lambda _m, args, out: identity_rule(args[0], out)
     if isinstance(module, nn.LayerNorm):
         ndim, eps = len(module.normalized_shape), module.eps
-        return lambda m, args, out: layer_norm_rule(args[0], out, ndim, m.weight, eps)
+        return lambda m, args, out: layer_norm_rule(args[0], out, ndim, _weight_at(m, out), eps)
     if type(module).__name__.endswith("RMSNorm"):
         return lambda _m, args, out: rms_norm_rule(args[0], out)
     gamma = gamma_conv if isinstance(module, nn.Conv2d) else gamma_linear
@@ -164,6 +165,12 @@ def _module_rule(module: nn.Module, gamma_linear: float, gamma_conv: float) -> C
     if op is not None:
         return lambda _m, args, out: gamma_rule(args[0], out, op, gamma)
     return None
+
+
+def _weight_at(module: nn.Module, out: torch.Tensor) -> torch.Tensor | None:
+    """A norm's weight where its output is (an offloaded one's is on meta after its forward)."""
+    weight = parameter(module, "weight")
+    return None if weight is None else weight.to(out.device)
 
 
 @contextmanager

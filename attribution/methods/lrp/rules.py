@@ -24,6 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.grad import conv2d_input
 
+from attrlab.attribution.models.placement import parameter
+
 __all__ = [
     "ATTENTION_RULES",
     "AffineOp",
@@ -196,10 +198,10 @@ class AffineOp:
     @classmethod
     def of(cls, module: nn.Module) -> AffineOp | None:
         """The op of an ``nn.Linear``, ``nn.Conv2d`` or transformers ``Conv1D``; else ``None``."""
-        weight = getattr(module, "weight", None)
-        if not isinstance(weight, torch.Tensor):
+        weight = parameter(module, "weight")  # offloaded weights too
+        if weight is None:
             return None
-        weight, bias = weight.detach(), _detached(getattr(module, "bias", None))
+        weight, bias = weight.detach(), _detached(parameter(module, "bias"))
         if isinstance(module, nn.Linear):
             return cls(F.linear, lambda g, w, _: g @ w, weight, bias)
         if isinstance(module, nn.Conv2d) and module.padding_mode == "zeros":
