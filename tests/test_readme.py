@@ -46,6 +46,11 @@ DOCS_NOT_RUN = {
     "test_serving.py and test_safety_jobs.py call the job routes",
     ("deployment.md", "gradio_client"): "needs a running page or Space; test_space.py calls "
     "/explain_batch",
+    ("large-models.md", 'offload_folder="/scratch/offload"'): "a placeholder model folder and "
+    "8-bit loading (CUDA only); test_placement.py loads tiny models with device_map and disk "
+    "offload",
+    ("large-models.md", "long_text"): "a long text is the point (minutes on a CPU); "
+    "test_placement.py checks checkpointed maps on tiny models",
 }
 
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
