@@ -106,12 +106,12 @@ def test_a_study_shows_its_figures_reading_and_link_and_the_link_reruns_it(
 
 
 #: A bad study's fields (corrupted, noise positions, clean) and the words refusing it.
+#: One refusal the model makes (token lengths) and one the page's reader makes (positions);
+#: the library's others (neither or both corruptions, an empty prompt) are refused in the same
+#: words over REST and the CLI (test_patch_fronts.py), through the same PatchRequest.check.
 BAD = [
     ("When Mary went to the store", "", CLEAN, "15 tokens and the corrupted one 7"),
-    ("", "", CLEAN, "give a corrupted prompt, or noise positions"),  # neither
-    (CORRUPT, "3", CLEAN, "give a corrupted prompt, or noise positions"),  # both
     ("", "two", CLEAN, "noise positions are token positions"),
-    (CORRUPT, "", "", "text is empty"),
 ]
 
 

@@ -83,6 +83,8 @@ def test_rest_patch_answers_the_study_and_refuses_bad_bodies(served, expected):
     _same_table(pd.DataFrame(response.json()["table"]), expected.table)
     for bad, named in (
         ({k: v for k, v in body.items() if k != "corrupted"}, "corrupted prompt, or noise"),
+        ({**body, "noise_positions": [3]}, "corrupted prompt, or noise"),  # both
+        ({**body, "clean": ""}, "clean"),
         ({**body, "components": ["everything"]}, "unknown component(s) 'everything'"),
         ({**body, "corrupted": "When Mary went"}, "token"),  # another token length
         ({**body, "noise_seeds": 0}, "noise_seeds"),
