@@ -47,7 +47,7 @@ from attrlab.attribution.methods._routing import (
     route_attention,
     route_of,
 )
-from attrlab.attribution.methods.lrp.rules import with_backward
+from attrlab.attribution.methods.lrp.rules import multiplied_backward
 
 if TYPE_CHECKING:
     from attrlab.attribution.models.base import Adapter
@@ -115,7 +115,7 @@ def _rescale(
         quotient = (y1 - y2) / torch.where(small, torch.ones_like(dx), dx)
         multiplier = torch.where(small, derivative(mid), quotient)
         multiplier = _both_halves(torch.nan_to_num(multiplier, nan=0.0, posinf=0.0, neginf=0.0))
-    return with_backward(x, y, lambda grad: (grad.to(wide) * multiplier).to(grad.dtype))
+    return multiplied_backward(x, y, multiplier)
 
 
 def _product(
@@ -167,9 +167,7 @@ def _log_sum_exp(scores: torch.Tensor) -> torch.Tensor:
         weights = _both_halves(
             torch.nan_to_num(log_multiplier * exp_multiplier, nan=0.0, posinf=0.0, neginf=0.0)
         )
-    return with_backward(
-        scores, value.to(scores.dtype), lambda grad: (grad.to(wide) * weights).to(grad.dtype)
-    )
+    return multiplied_backward(scores, value.to(scores.dtype), weights)
 
 
 def _softmax(scores: torch.Tensor) -> torch.Tensor:

@@ -34,6 +34,7 @@ __all__ = [
     "gamma_rule",
     "identity_rule",
     "layer_norm_rule",
+    "multiplied_backward",
     "rms_norm_rule",
     "scale_gradient",
     "stabilize",
@@ -44,23 +45,46 @@ _HALF_PRECISION = (torch.float16, torch.bfloat16)
 
 
 class _WithBackward(torch.autograd.Function):
-    """Return ``output`` unchanged; send ``vjp(grad)`` back to ``x`` (nothing to ``output``)."""
+    """
+    Return ``output`` unchanged; send ``vjp(grad, *saved)`` back to ``x`` (nothing else).
+
+    The tensors the backward needs go through ``save_for_backward``, not the closure: saved
+    tensors are what gradient checkpointing drops after the forward and recomputes for the
+    backward; a tensor held in a closure would stay for the whole pass.
+    """
 
     @staticmethod
-    def forward(ctx, x, output, vjp):
+    def forward(ctx, x, output, vjp, *saved):
         ctx.vjp = vjp
+        ctx.save_for_backward(*saved)
         return output.detach()
 
     @staticmethod
     def backward(ctx, grad):
-        return ctx.vjp(grad), None, None
+        saved = ctx.saved_tensors  # read once: checkpointing unpacks each saved tensor once
+        return ctx.vjp(grad, *saved), None, None, *(None for _ in saved)
 
 
 def with_backward(
-    x: torch.Tensor, output: torch.Tensor, vjp: Callable[[torch.Tensor], torch.Tensor]
+    x: torch.Tensor,
+    output: torch.Tensor,
+    vjp: Callable[..., torch.Tensor],
+    *saved: torch.Tensor,
 ) -> torch.Tensor:
-    """``output`` whose backward pass maps the incoming gradient with ``vjp`` onto ``x``."""
-    return _WithBackward.apply(x, output, vjp)
+    """
+    ``output`` whose backward pass maps the incoming gradient with ``vjp(grad, *saved)`` onto ``x``.
+
+    Tensors ``vjp`` reads are passed as ``saved`` (not captured by it), so that checkpointing
+    can free them between the forward and the backward.
+    """
+    return _WithBackward.apply(x, output, vjp, *saved)
+
+
+def multiplied_backward(
+    x: torch.Tensor, output: torch.Tensor, factor: torch.Tensor
+) -> torch.Tensor:
+    """``output`` whose backward sends ``grad ⊙ factor`` to ``x`` (in ``factor``'s precision)."""
+    return with_backward(x, output, lambda grad, f: (grad.to(f.dtype) * f).to(grad.dtype), factor)
 
 
 def stabilize(value: torch.Tensor, epsilon: float = 1e-6) -> torch.Tensor:
@@ -75,7 +99,7 @@ def scale_gradient(x: torch.Tensor, factor: float) -> torch.Tensor:
     The uniform rule on a bilinear product ``a·b`` gives each factor half of the product's
     relevance; in Gradient × Input form that is the factor's gradient times ½.
     """
-    return with_backward(x, x, lambda grad: grad * factor)
+    return with_backward(x, x, lambda grad: grad * factor)  # a number: nothing to save
 
 
 @dataclass(frozen=True)
@@ -134,7 +158,7 @@ def identity_rule(x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
         x_wide, out_wide = x.to(wide), output.to(wide)
         safe = torch.where(x_wide == 0, torch.ones_like(x_wide), x_wide)
         ratio = torch.where(x_wide == 0, torch.zeros_like(x_wide), out_wide / safe)
-    return with_backward(x, output, lambda grad: (grad.to(wide) * ratio).to(grad.dtype))
+    return multiplied_backward(x, output, ratio)
 
 
 def _reduced_dims(x: torch.Tensor, normalized_ndim: int) -> tuple[int, ...]:
@@ -160,11 +184,11 @@ def layer_norm_rule(
         inv_std = torch.rsqrt(stats.var(dim=dims, unbiased=False, keepdim=True) + eps)
         scale = inv_std.to(x.dtype) if weight is None else inv_std.to(x.dtype) * weight.detach()
 
-    def vjp(grad: torch.Tensor) -> torch.Tensor:
+    def vjp(grad: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         scaled = grad * scale
         return scaled - scaled.mean(dim=dims, keepdim=True)
 
-    return with_backward(x, output, vjp)
+    return with_backward(x, output, vjp, scale)
 
 
 def rms_norm_rule(x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
@@ -242,7 +266,7 @@ def gamma_rule(x: torch.Tensor, output: torch.Tensor, op: AffineOp, gamma: float
     denominators of the positive-input terms only).
     """
 
-    def vjp(grad: torch.Tensor) -> torch.Tensor:
+    def vjp(grad: torch.Tensor, x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
         w, b = op.weight, op.bias
         w_up, w_down = w + gamma * w.clamp(min=0), w + gamma * w.clamp(max=0)
         b_up = None if b is None else b + gamma * b.clamp(min=0)
@@ -262,4 +286,4 @@ def gamma_rule(x: torch.Tensor, output: torch.Tensor, op: AffineOp, gamma: float
         )
         return relevance_in / stabilize(x, 1e-10)
 
-    return with_backward(x, output, vjp)
+    return with_backward(x, output, vjp, x.detach(), output.detach())
