@@ -140,12 +140,12 @@ def test_an_answer_against_a_contrast_is_log_p_answer_minus_log_p_contrast():
         model, "The capital of France is", "gradient_x_input", answer=" Paris", contrast=" Lyon"
     )
     tok = model.tokenizer
-    prompt = tok("The capital of France is")["input_ids"]
+    prompt = model.preprocess("The capital of France is").model_kwargs()
     with torch.no_grad():
-        logits = model.model(torch.tensor([prompt])).logits[0, -1].log_softmax(-1)
-    paris, lyon = tok(" Paris")["input_ids"], tok(" Lyon")["input_ids"]
-    if len(paris) == len(lyon) == 1:  # one token each: the target is read off one forward
-        assert e.target.logit == pytest.approx(float(logits[paris[0]] - logits[lyon[0]]), abs=1e-5)
+        logits = model.model(**prompt).logits[0, -1].log_softmax(-1)
+    (paris,) = tok(" Paris", add_special_tokens=False)["input_ids"]  # one token each: the
+    (lyon,) = tok(" Lyon", add_special_tokens=False)["input_ids"]  # target is one forward's
+    assert e.target.logit == pytest.approx(float(logits[paris] - logits[lyon]), abs=1e-5)
     page = parsed(e._repr_html_())
     assert with_class(page, "answer-token") and with_class(page, "alternative-token")
 
