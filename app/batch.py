@@ -28,6 +28,7 @@ from attrlab.app.jobs import cut_torn_tail, instance_json
 from attrlab.app.worker import BatchRequest, ExplainWorker, Instance
 from attrlab.attribution.answers import AnswerSpec
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, parse_json
+from attrlab.attribution.models.placement import Placement
 from attrlab.attribution.rows import dataset_line, numbered_lines
 from attrlab.attribution.run import ProgressCallback
 
@@ -156,6 +157,7 @@ class BatchConfig:
     seed: int = 0
     evaluate: bool = False
     device: str | None = None
+    placement: Placement = field(default_factory=Placement)
 
 
 def explain_rows(
@@ -295,10 +297,12 @@ class ResultFile:
         """
         Refuse a run whose settings differ from those of the rows already in the output.
 
-        ``settings``: ``model``, ``labels``, ``seed``, ``evaluate`` and ``params`` (method ->
-        its resolved parameters), kept beside the output in ``<output>.settings.json``. A
-        method new to the output adds its parameters. An output written before settings were
-        kept is not checked.
+        ``settings``: ``model``, ``labels``, ``seed``, ``evaluate``, ``quantization`` (the
+        weights' format changes the maps; where the layers are placed does not) and ``params``
+        (method -> its resolved parameters), kept beside the output in
+        ``<output>.settings.json``. A method new to the output adds its parameters. An output
+        written before settings were kept is not checked; one kept before quantisation was
+        has none.
 
         Raises:
             InvalidInputError: naming the setting that differs.
@@ -310,6 +314,7 @@ class ResultFile:
                 stored = parse_json(path.read_text(encoding="utf-8"), "the settings")
                 keys = ("model", "labels", "seed", "evaluate")
                 checks = [(key, stored[key], settings[key]) for key in keys]
+                checks += [("quantization", stored.get("quantization"), settings["quantization"])]
                 checks += [
                     (f"{method}'s parameters", stored["params"][method], params)
                     for method, params in settings["params"].items()

@@ -266,13 +266,12 @@ def _positions(text: str | None) -> tuple[int, ...] | None:
 def _layers_dataset(args: argparse.Namespace) -> int:
     """``attrlab layers --input``: the layer measures' means over a dataset."""
     from attrlab.app.progress import CommandProgress
-    from attrlab.app.worker import ExplainWorker
     from attrlab.attribution.layers import DatasetItem, analyze_dataset
     from attrlab.attribution.run import RunSettings
 
     measures = _measures(args.measures)  # before the model loads
     lines = _dataset_lines(args.input)
-    worker = ExplainWorker(device=args.device, max_models=1)
+    worker = _worker(args)
     try:
         with CommandProgress(len(lines), "input") as bar:
             adapter = _load_model(worker, args, bar)
@@ -324,17 +323,16 @@ def _asks_answer(args: argparse.Namespace) -> bool:
     return answer_asked(vars(args))
 
 
-def _spans(text: str | None) -> Any:
-    """``--spans``: a JSON list of ``[start, end]`` pairs (checked by the library)."""
-    if text is None:
+def _spans(given: Sequence[str] | None) -> Any:
+    """``--spans``: ``start-end`` pairs or one JSON list, read as the page reads typed spans."""
+    from attrlab.attribution.features import read_spans
+
+    if given is None:
         return None
     try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        raise _usage_error(
-            f"--spans is a JSON list of [start, end] character pairs, e.g. '[[0, 120], "
-            f"[121, 300]]'; got {text!r}"
-        ) from None
+        return read_spans("\n".join(given))  # one span per argument, as one per line
+    except AttrlabError as error:
+        raise _usage_error(f"--spans: {error}") from None
 
 
 def _on_worker(
@@ -348,9 +346,8 @@ def _on_worker(
     reports ``unit`` itself (a check's runs).
     """
     from attrlab.app.progress import CommandProgress
-    from attrlab.app.worker import ExplainWorker
 
-    worker = ExplainWorker(device=args.device, max_models=1)
+    worker = _worker(args)
     try:
         for request in requests:
             worker.validate(request)
@@ -365,6 +362,31 @@ def _on_worker(
         return results
     finally:
         worker.close()
+
+
+def _worker(args: argparse.Namespace) -> Any:
+    """A worker for one command's model, on ``--device`` or where the placement flags put it."""
+    from attrlab.app.settings import ServerSettings
+    from attrlab.app.worker import ExplainWorker
+
+    return ExplainWorker(
+        device=args.device, max_models=1, settings=ServerSettings.unrestricted(_placement(args))
+    )
+
+
+def _placement(args: argparse.Namespace) -> Any:
+    """The placement flags' placement (the command line reads no environment for it)."""
+    from attrlab.app.settings import placement_setting
+
+    return placement_setting(None, _placement_flags(args))
+
+
+def _placement_flags(args: argparse.Namespace) -> dict[str, str | None]:
+    return {
+        "device_map": args.device_map,
+        "offload_folder": args.offload_folder,
+        "quantization": args.quantization,
+    }
 
 
 def _load_model(worker: Any, args: argparse.Namespace, bar: Any) -> Any:
@@ -463,7 +485,7 @@ def _batch(args: argparse.Namespace) -> int:
         unique_ids,
     )
     from attrlab.app.progress import CommandProgress
-    from attrlab.app.worker import ExplainWorker, check_instance_features
+    from attrlab.app.worker import check_instance_features
     from attrlab.attribution.errors import InvalidInputError
     from attrlab.attribution.gate import checked_params
 
@@ -479,8 +501,9 @@ def _batch(args: argparse.Namespace) -> int:
         seed=args.seed,
         evaluate=args.evaluate,
         device=args.device,
+        placement=_placement(args),
     )
-    checker = ExplainWorker(device=args.device, max_models=1)
+    checker = _worker(args)
     try:
         checker.validate(_first_request(config))  # methods, parameters, model: before any work
     finally:
@@ -498,6 +521,7 @@ def _batch(args: argparse.Namespace) -> int:
             "labels": labels,
             "seed": config.seed,
             "evaluate": config.evaluate,
+            "quantization": config.placement.quantization,
             "params": resolved,
         }
     )
@@ -523,7 +547,7 @@ def _batch(args: argparse.Namespace) -> int:
                 finished += len(results) // len(methods)
                 bar.done(finished)
         else:
-            worker = ExplainWorker(device=args.device, max_models=1)
+            worker = _worker(args)
             try:
                 _load_model(worker, args, bar)
                 bar.stage("batch")
@@ -635,7 +659,6 @@ def _records(lines: Sequence[Any], path: str, target: str | None) -> Iterator[tu
 def _evaluate(args: argparse.Namespace) -> int:
     from attrlab.app.batch import IMAGE_SUFFIXES
     from attrlab.app.progress import CommandProgress
-    from attrlab.app.worker import ExplainWorker
     from attrlab.attribution.errors import InvalidInputError
     from attrlab.attribution.methods import available_methods
     from attrlab.attribution.metrics import EvalItem, bundled_items, evaluate_methods, summarise
@@ -660,7 +683,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     elif args.input is not None:
         lines = _dataset_lines(args.input)
         count, records = len(lines), _records(lines, args.input, args.target)
-    worker = ExplainWorker(device=args.device, max_models=1)
+    worker = _worker(args)
     try:
         with CommandProgress(None, "item") as bar:
             adapter = _load_model(worker, args, bar)
@@ -822,7 +845,12 @@ def _methods(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from attrlab.app.settings import ServerSettings, parse_param_limits, split_list
+    from attrlab.app.settings import (
+        ServerSettings,
+        parse_param_limits,
+        placement_setting,
+        split_list,
+    )
 
     try:
         from attrlab.app.server import serve
@@ -845,6 +873,7 @@ def _serve(args: argparse.Namespace) -> int:
         data_dir=Path(args.data).expanduser() if args.data else None,
         max_jobs=args.max_jobs,
         reset_jobs=True if args.reset_jobs else None,
+        placement=placement_setting(os.environ, _placement_flags(args)),
     )
     if args.param_limit:
         limits = {**settings.param_limits, **parse_param_limits(args.param_limit)}
@@ -920,6 +949,33 @@ def _add_answer_options(parser: argparse.ArgumentParser, per_step: bool) -> None
         )
 
 
+def _add_placement_options(parser: argparse.ArgumentParser, server: bool = False) -> None:
+    """Where a model too large for one device is placed (``--device`` is then not used)."""
+    group = parser.add_argument_group(
+        "models too large for one device (accelerate, bitsandbytes; --device is then not used)"
+    )
+    variable = " ({})" if server else ""
+    group.add_argument(
+        "--device-map",
+        metavar="MAP",
+        help="auto, balanced, balanced_low_0, sequential, or a JSON object of module names to "
+        'devices, e.g. \'{"model.layers.0": "cuda:0", "lm_head": "disk"}\''
+        + variable.format("ATTRLAB_DEVICE_MAP"),
+    )
+    group.add_argument(
+        "--offload-folder",
+        metavar="DIR",
+        help="folder for the layers mapped to disk (made if missing)"
+        + variable.format("ATTRLAB_OFFLOAD_FOLDER"),
+    )
+    group.add_argument(
+        "--quantization",
+        metavar="FORMAT",
+        help="8bit or 4bit weights (bitsandbytes, CUDA; a model read from a folder or the hub)"
+        + variable.format("ATTRLAB_QUANTIZATION"),
+    )
+
+
 def _study_arguments(parser: argparse.ArgumentParser, formats: str, figures: str) -> None:
     """A study command's seed, device and output flags (what ``--format`` writes, ``figures``)."""
     parser.add_argument("--seed", type=int, default=0)
@@ -930,6 +986,7 @@ def _study_arguments(parser: argparse.ArgumentParser, formats: str, figures: str
     parser.add_argument("--output", help="file to write (default: stdout; parquet needs one)")
     parser.add_argument("--figures", help=f"folder for {figures}")
     parser.add_argument("--figure-format", choices=("html", "png"), default="html")
+    _add_placement_options(parser)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -990,9 +1047,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     explain.add_argument(
         "--spans",
-        metavar="JSON",
-        help="with --granularity span: character spans of the text as a JSON list, e.g. "
-        "'[[0, 120], [121, 300]]' (one per retrieved document, say)",
+        nargs="+",
+        metavar="SPAN",
+        help="with --granularity span: character spans of the text, start-end with the end "
+        "excluded (one per retrieved document, say), e.g. --spans 0-120 121-300, or one JSON "
+        "list '[[0, 120], [121, 300]]'",
     )
     explain.add_argument(
         "--seed", type=int, default=0, help="seed of every random draw (same seed, same map)"
@@ -1026,6 +1085,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="html",
         help="html (standalone, the default) or png (kaleido, which needs a Chromium)",
     )
+    _add_placement_options(explain)
     explain.set_defaults(run=_explain)
 
     serve = sub.add_parser(
@@ -1077,6 +1137,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="if the job folder cannot be read, move it aside and start with no jobs "
         "(ATTRLAB_RESET_JOBS)",
     )
+    _add_placement_options(serve, server=True)
     serve.set_defaults(run=_serve)
 
     layers = sub.add_parser(
@@ -1111,6 +1172,7 @@ def build_parser() -> argparse.ArgumentParser:
     layers.add_argument("--output", help="file to write (default: stdout; parquet needs one)")
     layers.add_argument("--figures", help="folder for the figures (one input)")
     layers.add_argument("--figure-format", choices=("html", "png"), default="html")
+    _add_placement_options(layers)
     layers.set_defaults(run=_layers)
 
     patch = sub.add_parser(
@@ -1224,6 +1286,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--format", choices=("table", "json", "csv"), default="table")
     evaluate.add_argument("--output", help="file for the summary (default: stdout)")
     evaluate.add_argument("--per-item", help="file for the per-item rows (.csv or .parquet)")
+    _add_placement_options(evaluate)
     evaluate.set_defaults(run=_evaluate)
 
     check = sub.add_parser(
@@ -1257,6 +1320,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--device", default=None)
     check.add_argument("--format", choices=("table", "json", "csv"), default="table")
     check.add_argument("--output", help="file to write (default: stdout)")
+    _add_placement_options(check)
     check.set_defaults(run=_check)
 
     batch = sub.add_parser(
@@ -1288,6 +1352,7 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--evaluate", action="store_true", help="add each map's trust card")
     batch.add_argument("--seed", type=int, default=0)
     batch.add_argument("--device", default=None)
+    _add_placement_options(batch)
     batch.set_defaults(run=_batch)
 
     sub.add_parser("models", help="list built-in models").set_defaults(run=_models)

@@ -38,11 +38,15 @@ class ExplainActor:
     def __init__(self, config: dict[str, Any]) -> None:
         import torch
 
+        from attrlab.app.settings import ServerSettings
         from attrlab.app.worker import ExplainWorker
+        from attrlab.attribution.models.placement import Placement
 
         torch.set_num_threads(max(1, int(os.environ.get("ATTRLAB_ACTOR_THREADS", "1"))))
-        self.config = BatchConfig(**config)
-        self.worker = ExplainWorker(device=self.config.device, max_models=1)
+        # asdict made the placement a dict on its way here
+        self.config = BatchConfig(**{**config, "placement": Placement(**config["placement"])})
+        settings = ServerSettings.unrestricted(self.config.placement)
+        self.worker = ExplainWorker(device=self.config.device, max_models=1, settings=settings)
 
     def __call__(self, batch: Any) -> Any:
         rows = self.dataset_rows(batch)

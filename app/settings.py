@@ -3,7 +3,9 @@ What a running server accepts: models, sizes, parameter budgets, token (environm
 
 The command line and the library trust their user and run :meth:`ServerSettings.unrestricted`;
 ``attrlab serve`` builds its settings with :meth:`ServerSettings.for_server`, whose defaults
-serve only the built-in aliases, download nothing and bound every request.
+serve only the built-in aliases, download nothing and bound every request. Where models are
+placed (a device map, an offload folder, quantisation) is the operator's choice alone, made
+when the server or command starts (:func:`placement_setting`); no request can name it.
 """
 
 from __future__ import annotations
@@ -28,12 +30,19 @@ from attrlab.attribution.gate import DEFAULT_PARAM_LIMITS
 from attrlab.attribution.models import BUILTIN_MODELS
 from attrlab.attribution.models.folders import resolves_inside
 from attrlab.attribution.models.images import max_image_pixels
+from attrlab.attribution.models.placement import (
+    FIELDS,
+    Placement,
+    PlacementError,
+    check_placement,
+)
 
 __all__ = [
     "ModelSource",
     "ServerSettings",
     "SettingsError",
     "parse_param_limits",
+    "placement_setting",
     "positive_int",
     "split_list",
 ]
@@ -82,6 +91,8 @@ class ServerSettings:
         max_job_instances: Most instances in one job.
         reset_jobs: A job folder that cannot be read (its table lost, emptied or damaged) is
             moved aside for an empty one, instead of refusing to start.
+        placement: Where every model loaded is placed: spread by a device map, layers on
+            disk, quantised (:mod:`attribution.models.placement`); default one device.
     """
 
     models: frozenset[str] | None = None
@@ -100,11 +111,12 @@ class ServerSettings:
     max_jobs: int = 16
     max_job_instances: int = 10_000
     reset_jobs: bool = False
+    placement: Placement = field(default_factory=Placement)
 
     @classmethod
-    def unrestricted(cls) -> ServerSettings:
+    def unrestricted(cls, placement: Placement | None = None) -> ServerSettings:
         """Any model, no budgets: for the command line and library use."""
-        return cls()
+        return cls(placement=placement or Placement())
 
     @classmethod
     def for_server(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> ServerSettings:
@@ -139,10 +151,19 @@ class ServerSettings:
             max_jobs=_positive(env, "ATTRLAB_MAX_JOBS", 16),
             max_job_instances=_positive(env, "ATTRLAB_MAX_JOB_INSTANCES", 10_000),
             reset_jobs=_flag(env, "ATTRLAB_RESET_JOBS", False),
+            placement=placement_setting(env),
         )
         settings = replace(settings, **{k: v for k, v in overrides.items() if v is not None})
         if settings.api_token is not None and settings.max_seconds is None:
             settings = replace(settings, max_seconds=TOKEN_SERVER_MAX_SECONDS)
+        for spec in sorted(settings.models or ()):  # a refusal now, not at each request
+            try:
+                check_placement(spec, settings.placement)
+            except AttrlabError as err:
+                raise SettingsError(
+                    f"{err}; serve only models read from folders or the hub (ATTRLAB_MODELS, "
+                    "--models), or no quantisation (ATTRLAB_QUANTIZATION, --quantization)"
+                ) from None
         return settings
 
     def model_source(self, spec: str) -> ModelSource:
@@ -221,6 +242,35 @@ class ServerSettings:
                     f"parameter '{name}' = {value} is above this server's limit of "
                     f"{limit:g} for {method}; ask for less"
                 )
+
+
+def placement_setting(
+    env: Mapping[str, str] | None, flags: Mapping[str, str | None] | None = None
+) -> Placement:
+    """
+    The placement ``flags`` give (by field; ``None``: not given), else ``env``'s variables.
+
+    ``ATTRLAB_DEVICE_MAP`` (a strategy or a JSON object of module names to devices),
+    ``ATTRLAB_OFFLOAD_FOLDER``, ``ATTRLAB_QUANTIZATION``; flags ``--device-map``,
+    ``--offload-folder``, ``--quantization``. The command line's other commands read no
+    environment (``env`` ``None``): only a server does.
+
+    Raises:
+        SettingsError: naming the flag or variable at fault, in the library's words.
+    """
+    flags = flags or {}
+    texts, names = {}, {}
+    for name in FIELDS:
+        flag, variable = f"--{name.replace('_', '-')}", f"ATTRLAB_{name.upper()}"
+        if flags.get(name) is not None or env is None:
+            texts[name], names[name] = flags.get(name), flag
+        else:
+            texts[name] = env.get(variable)
+            names[name] = variable if variable in env else f"{flag} ({variable})"
+    try:
+        return Placement.from_text(texts)
+    except PlacementError as err:
+        raise SettingsError(f"{names[err.field]}: {err}") from None
 
 
 def default_data_dir() -> Path:

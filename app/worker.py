@@ -14,6 +14,7 @@ from abc import ABC, abstractmethod
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from dataclasses import fields as dataclass_fields
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -35,6 +36,7 @@ from attrlab.attribution.features import check_features
 from attrlab.attribution.gate import checked_params, clear_shares
 from attrlab.attribution.models import DEFAULT_MODELS, Adapter, Inputs, load_image
 from attrlab.attribution.models.loading import resolve_device
+from attrlab.attribution.models.placement import placement_of, private_offload
 from attrlab.attribution.run import ProgressCallback, RunSettings, stop_if_cancelled
 from attrlab.attribution.runs import Prepared, explain_rows, prepare_input
 
@@ -853,7 +855,9 @@ class ExplainWorker:
     Runs jobs one at a time per device, with an LRU cache of loaded models on each.
 
     With several devices (every visible GPU by default) each job goes to the device with the
-    fewest jobs, preferring one that already holds the job's model.
+    fewest jobs, preferring one that already holds the job's model. With a placement that
+    spreads models (the settings' device map or quantisation) there is one lane, ``device`` is
+    not used, and the models' disk layers go to a private folder removed by :meth:`close`.
     """
 
     def __init__(
@@ -862,10 +866,14 @@ class ExplainWorker:
         max_models: int = 3,
         settings: ServerSettings | None = None,
     ) -> None:
-        self.devices = visible_devices(device)
+        self.settings = settings or ServerSettings.unrestricted()
+        # a spread model spans devices itself: one copy, so one lane, named after what places it
+        spread = self.settings.placement.spread
+        self.devices = ["device_map"] if spread else visible_devices(device)
         self.device = ",".join(self.devices)
         self.max_models = max_models
-        self.settings = settings or ServerSettings.unrestricted()
+        self._cleanup = ExitStack()
+        self.placement = self._cleanup.enter_context(private_offload(self.settings.placement))
         self.model_loads: Counter[str] = Counter()
         self._lanes = [_Lane(name, index) for index, name in enumerate(self.devices)]
         self._lock = threading.Lock()
@@ -888,7 +896,13 @@ class ExplainWorker:
                 adapter = lane.models.pop(spec, None)
             fresh = adapter is None
             if adapter is None:
-                adapter = load(spec, device=lane.device, hub_only=hub_only, within=within)
+                adapter = load(
+                    spec,
+                    device=lane.device,
+                    hub_only=hub_only,
+                    within=within,
+                    placement=self.placement,
+                )
             with self._lock:
                 self.model_loads[spec] += fresh
                 lane.models[spec] = adapter
@@ -986,8 +1000,9 @@ class ExplainWorker:
         return self._run(request, progress or _silent, threading.Event(), self._lanes[0])
 
     def status(self) -> dict[str, Any]:
-        """Devices, loaded models, how often each was loaded, and the queue length."""
+        """Devices, loaded models (and where each is), how often each was loaded, the queue."""
         with self._lock:
+            loaded = {spec: a.model for lane in self._lanes for spec, a in lane.models.items()}
             return {
                 "device": self.device,
                 "devices": [
@@ -998,7 +1013,8 @@ class ExplainWorker:
                     }
                     for lane in self._lanes
                 ],
-                "models_loaded": list(dict.fromkeys(m for ln in self._lanes for m in ln.models)),
+                "models_loaded": list(loaded),
+                "placements": {spec: placement_of(model) for spec, model in loaded.items()},
                 "model_loads": dict(self.model_loads),
                 "queued": sum(len(lane.jobs) for lane in self._lanes),
                 "max_queue": self.settings.max_queue,
@@ -1105,6 +1121,7 @@ class ExplainWorker:
         with self._lock:
             for lane in self._lanes:
                 lane.models.clear()
+        self._cleanup.close()  # the private offload folder, once no model reads it
 
 
 def _silent(done: int, total: int) -> None:

@@ -9,11 +9,15 @@ seeded model undispatched.
 from __future__ import annotations
 
 import time
+import weakref
+from collections import Counter
 
 import numpy as np
 import pytest
 import torch
+import transformers as tf
 from _model_state import model_state
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import attrlab
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError, ModelLoadError
@@ -23,6 +27,7 @@ from attrlab.attribution.memory import peak_memory
 from attrlab.attribution.methods.checkpointing import checkpointed
 from attrlab.attribution.models.loading import load
 from attrlab.attribution.models.placement import Placement
+from attrlab.attribution.models.text import DecoderLMAdapter
 
 TEXT = "the cat sat on the mat because it was warm"
 #: tiny-random-llama: embeddings, a block, the final norm and the head on disk, the rest on CPU.
@@ -105,16 +110,22 @@ def test_lrp_on_a_dispatched_model_leaves_it_as_it_was_after_an_error(llama_pair
     torch.testing.assert_close(dispatched.logits(**inputs.model_kwargs()), logits)
 
 
-@pytest.mark.parametrize("method", ["gradient_x_input", "integrated_gradients", "attnlrp"])
+@pytest.mark.parametrize(
+    "method", ["gradient_x_input", "integrated_gradients", "attnlrp", "pa_lrp"]
+)
 def test_checkpointed_runs_give_the_plain_maps(llama_pair, method):
     plain, dispatched = llama_pair
-    params = METHODS[method]
+    params = METHODS.get(method, {})
     expected = explain(plain, method, plain.preprocess(TEXT), params=params)
     for adapter in (plain, dispatched):
         got = explain(
             adapter, method, adapter.preprocess(TEXT), params=params | {"checkpointing": True}
         )
         np.testing.assert_allclose(got.scores, expected.scores, rtol=1e-5, atol=1e-7)
+        if expected.positional_scores is not None:  # PA-LRP: rotary relevance of every layer
+            np.testing.assert_allclose(
+                got.positional_scores, expected.positional_scores, rtol=1e-5, atol=1e-7
+            )
         assert got.params["checkpointing"] is True
         if expected.layers is not None:  # LRP's per-layer relevance reaches inside the blocks
             np.testing.assert_allclose(
@@ -146,6 +157,105 @@ def test_checkpointing_recomputes_each_block_in_the_backward_and_is_undone(llama
     with pytest.raises(RuntimeError, match="inside"), checkpointed(adapter):
         raise RuntimeError("inside")
     assert model_state(adapter.model) == before and "forward" not in vars(adapter.blocks()[0])
+
+
+class _LiveByShape(TorchDispatchMode):
+    """The most tensors of each watched shape alive at once (counted by storage) during a pass."""
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]]):
+        super().__init__()
+        self.names = {shape: name for name, shape in shapes.items()}
+        self.alive: set[int] = set()
+        self.now: Counter[str] = Counter()
+        self.most: Counter[str] = Counter()
+
+    def _freed(self, key: int, name: str) -> None:
+        self.alive.discard(key)
+        self.now[name] -= 1
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in out if isinstance(out, tuple | list) else (out,):
+            name = isinstance(tensor, torch.Tensor) and self.names.get(tuple(tensor.shape))
+            storage = tensor.untyped_storage() if name else None
+            if storage is None or storage.data_ptr() in self.alive:
+                continue  # not watched, or a view of a tensor already counted
+            self.alive.add(storage.data_ptr())
+            self.now[name] += 1
+            self.most[name] = max(self.most[name], self.now[name])
+            weakref.finalize(storage, self._freed, storage.data_ptr(), name)
+        return out
+
+
+def test_checkpointed_lrp_holds_one_blocks_activations_at_a_time(llama_pair):
+    """
+    A checkpointed AttnLRP pass (with its conservation accounting) frees each block's inside.
+
+    LLaMA stacks of 2 and 4 blocks with biases on every linear layer (the accounting reads each
+    one's relevance). A plain pass keeps every block's attention probabilities and MLP
+    activations until its backward, so the most alive at once grows by the blocks added; a
+    checkpointed one holds one block's, whatever the depth: neither after the forward (what the
+    accounting reads is saved for the backward, not kept by a hook) nor during the backward (what
+    the run records is the forward's tensors, not a recomputed block's, which would keep that
+    block's whole recomputed graph).
+    """
+    tokenizer = llama_pair[0].tokenizer
+    heads, intermediate = 4, 48
+    most: dict[tuple[int, bool], dict[str, int]] = {}
+    for layers in (2, 4):
+        torch.manual_seed(0)
+        config = tf.LlamaConfig(
+            vocab_size=tokenizer.vocab_size,
+            hidden_size=32,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=2,
+            intermediate_size=intermediate,
+            attention_bias=True,
+            mlp_bias=True,
+            attn_implementation="eager",
+        )
+        adapter = DecoderLMAdapter(tf.LlamaForCausalLM(config).eval(), tokenizer, "llama")
+        inputs = adapter.preprocess(" ".join(["warm"] * 24))
+        tokens = len(inputs.tokens)
+        shapes = {"attention": (1, heads, tokens, tokens), "mlp": (1, tokens, intermediate)}
+        for checkpointing in (False, True):
+            with _LiveByShape(shapes) as live:
+                explain(adapter, "attnlrp", inputs, params={"checkpointing": checkpointing})
+            most[layers, checkpointing] = dict(live.most)
+    for shape in ("attention", "mlp"):
+        assert most[4, False][shape] >= most[2, False][shape] + 2  # the measure sees the stack
+        assert most[4, True][shape] == most[2, True][shape] < most[2, False][shape], most
+
+
+def test_a_decoders_logits_are_read_where_it_predicts_without_the_whole_sequences(llama_pair):
+    """
+    Next-token logits come from the vocabulary head at each row's last attended position only.
+
+    Against the model's own logits at every position (rows of two lengths, right-padded); and
+    an explanation's pass never holds a ``(tokens × vocabulary)`` tensor, which on a long input
+    (4,096 tokens × 49,152 for SmolLM2: 0.8 GB, and as much again for its gradient) outweighs
+    a block's activations.
+    """
+    adapter = llama_pair[0]
+    batch = adapter.tokenizer([TEXT, "the cat"], padding=True, return_tensors="pt")
+    kwargs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
+    with torch.no_grad():
+        every = adapter.model(**kwargs).logits
+        last = batch.attention_mask.sum(1) - 1
+        torch.testing.assert_close(adapter.logits(**kwargs), every[torch.arange(2), last])
+        got, attentions = adapter.logits_and_attentions(**kwargs)
+    torch.testing.assert_close(got, every[torch.arange(2), last])
+    assert len(attentions) == adapter.num_layers
+    inputs = adapter.preprocess(TEXT)
+    whole = {"logits": (1, len(inputs.tokens), adapter.num_classes)}
+    with _LiveByShape(whole) as live:
+        adapter.model(**inputs.model_kwargs())  # the measure sees the whole logits
+    assert live.most["logits"] == 1
+    for method in ("gradient_x_input", "attnlrp"):
+        with _LiveByShape(whole) as live:
+            explain(adapter, method, inputs)
+        assert live.most["logits"] == 0, method
 
 
 def test_checkpointing_is_refused_for_a_model_without_transformer_blocks(effnet):

@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["cache_root", "converted"]
+__all__ = ["cache_root", "converted", "remove_orphans"]
 
 _DONE = ".complete"
 
@@ -36,7 +36,7 @@ def converted(name: str, convert: Callable[[Path], None]) -> Path:
     if (target / _DONE).is_file():
         return target
     root.mkdir(parents=True, exist_ok=True)
-    _remove_orphans(root, name)
+    remove_orphans(root, name)
     staging = Path(tempfile.mkdtemp(prefix=f".{name}-{os.getpid()}-", dir=root))
     try:
         convert(staging)
@@ -53,8 +53,12 @@ def converted(name: str, convert: Callable[[Path], None]) -> Path:
     return target
 
 
-def _remove_orphans(root: Path, name: str) -> None:
-    """Staging folders of conversions whose process died (killed, out of memory) before cleanup."""
+def remove_orphans(root: Path, name: str) -> None:
+    """
+    Folders ``.NAME-PID-*`` in ``root`` whose process died (killed, out of memory) before cleanup.
+
+    A conversion's staging folders here; a server's private offload folders too.
+    """
     for folder in root.glob(f".{name}-*-*"):
         pid = folder.name.removeprefix(f".{name}-").split("-", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):

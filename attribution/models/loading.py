@@ -11,7 +11,7 @@ from attrlab.attribution.errors import InvalidInputError, UnknownModelError
 from attrlab.attribution.models.base import Adapter
 from attrlab.attribution.models.catalog import BUILTIN_MODELS
 from attrlab.attribution.models.hub import download, load_pretrained
-from attrlab.attribution.models.placement import Placement, dispatch
+from attrlab.attribution.models.placement import Placement, check_placement, dispatch
 
 __all__ = ["load", "resolve_device"]
 
@@ -35,17 +35,21 @@ def load(
         within: Model roots (servers): ``spec`` is then a folder loaded only if every file
             it would have read lies inside one of them, its links followed.
         placement: Spread the model over devices and disk, or quantise it
-            (:mod:`attribution.models.placement`); ``device`` is then not used.
+            (:mod:`attribution.models.placement`); ``device`` is then not used. Its disk
+            layers go to a subfolder of the offload folder of the model's own.
 
     Raises:
         UnknownModelError: The spec names nothing loadable.
         ModelLoadError: The model exists but cannot be loaded: a file leading out of
-            ``within``, a missing or malformed config, an unsupported family.
+            ``within``, a missing or malformed config, an unsupported family, a placement
+            it cannot take (:func:`check_placement`).
+        PlacementError: The offload folder cannot be written to.
     """
     spec = (spec or "").strip()
     if not spec:
         raise UnknownModelError(f"no model given; built-in aliases: {', '.join(BUILTIN_MODELS)}")
-    placement = placement or Placement()
+    placement = (placement or Placement()).for_model(spec)
+    check_placement(spec, placement)
     if spec in BUILTIN_MODELS:
         adapter = BUILTIN_MODELS[spec].build()
     elif hub_only:

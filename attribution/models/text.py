@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -254,6 +255,36 @@ class DecoderLMAdapter(TextClassifierAdapter):
     ):
         super().__init__(model, tokenizer, model_id, revision)
         self.add_special_tokens = add_special_tokens
+        # transformers' causal LMs can run their vocabulary head on some positions only
+        self.keeps_logits = "logits_to_keep" in inspect.signature(type(model).forward).parameters
+
+    def logits(self, **model_kwargs: torch.Tensor) -> torch.Tensor:
+        return self._read_logits(model_kwargs)[0]
+
+    def logits_and_attentions(
+        self, **model_kwargs: torch.Tensor
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        logits, out = self._read_logits(model_kwargs, output_attentions=True)
+        return logits, tuple(out.attentions or ())
+
+    def _read_logits(
+        self, model_kwargs: dict[str, torch.Tensor], **options: Any
+    ) -> tuple[torch.Tensor, Any]:
+        """
+        The ``(B, C)`` next-token logits and the model's output, the head run where they are read.
+
+        Only each row's last attended position goes through the vocabulary head
+        (``logits_to_keep``): the whole ``(B, T, vocabulary)`` logits, and in a gradient pass
+        their gradient, would outweigh a transformer block's activations on a long input.
+        """
+        if not self.keeps_logits:
+            out = self.model(**model_kwargs, **options)
+            return self.output_logits(out.logits, model_kwargs), out
+        last = self.predicted_positions(model_kwargs["attention_mask"])
+        kept, row_position = torch.unique(last, return_inverse=True)
+        out = self.model(**model_kwargs, **options, logits_to_keep=kept)
+        rows = torch.arange(out.logits.shape[0], device=last.device)  # hooks may add rows
+        return out.logits[rows, row_position], out
 
     @property
     def num_classes(self) -> int:
