@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from attrlab.attribution.methods.lrp.rules import with_backward
+
 __all__ = ["BiasRelevance", "absorbed_by_biases", "has_bias"]
 
 
@@ -60,21 +62,30 @@ def absorbed_by_biases(model: nn.Module) -> Iterator[BiasRelevance]:
     reads, so the gradient there is the layer's own rule; the layer keeps
     ``Σ output ⊙ grad − Σ alias ⊙ grad``. Enter it after the LRP rules, whose hooks must see
     the alias and replace the output first. Hooks are removed on exit, also on error.
+
+    The values read in the backward pass are saved tensors of an identity step
+    (:func:`~attribution.methods.lrp.rules.with_backward`), not captured by a hook, so that
+    gradient checkpointing can drop them after the forward; a recomputed block builds the
+    same steps, whose backward never runs.
     """
     absorbed = BiasRelevance()
+
+    def observed(x: torch.Tensor, sign: float) -> torch.Tensor:
+        def vjp(grad: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+            absorbed.add(sign * _relevance(values, grad))
+            return grad
+
+        return with_backward(x, x, vjp, x.detach())
 
     def alias(_module: nn.Module, args: tuple) -> tuple | None:
         if not args or not isinstance(args[0], torch.Tensor) or not args[0].requires_grad:
             return None
-        own = args[0].view_as(args[0])
-        values = own.detach()
-        own.register_hook(lambda grad: absorbed.add(-_relevance(values, grad)))
-        return (own, *args[1:])
+        return (observed(args[0], -1.0), *args[1:])
 
-    def output(_module: nn.Module, _args: tuple, out: torch.Tensor) -> None:
+    def output(_module: nn.Module, _args: tuple, out: torch.Tensor) -> torch.Tensor | None:
         if isinstance(out, torch.Tensor) and out.requires_grad:
-            values = out.detach()
-            out.register_hook(lambda grad: absorbed.add(_relevance(values, grad)))
+            return observed(out, 1.0)
+        return None
 
     with ExitStack() as stack:
         for module in model.modules():

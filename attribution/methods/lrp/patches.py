@@ -97,7 +97,14 @@ def _one_lrp_context() -> Iterator[None]:
 
 @dataclass
 class Recorder:
-    """Tensors captured during one patched forward pass (graph tensors and plain values)."""
+    """
+    Tensors captured during one patched forward pass (graph tensors and plain values).
+
+    Gradient checkpointing reruns each block during the backward pass, hooks included. What a
+    block records is kept from its first run (:meth:`keep`): the gradients are the forward's,
+    and a recomputed tensor held here would keep its block's recomputed graph (every saved
+    tensor of it) alive until the end of the pass.
+    """
 
     embedding_sum: torch.Tensor | None = None
     token_parts: list[torch.Tensor] = field(default_factory=list)
@@ -120,6 +127,10 @@ class Recorder:
     rotary: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     unrotated: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     attention: dict[int, tuple[torch.Tensor, ...]] = field(default_factory=dict)
+
+    def keep(self, group: str, index: int, tensors: tuple[torch.Tensor, ...]) -> None:
+        """Record ``tensors`` for layer ``index`` in ``group`` unless the forward already did."""
+        getattr(self, group).setdefault(index, tensors)
 
 
 @contextmanager
@@ -220,8 +231,7 @@ def transformer_lrp(
         stack.enter_context(lrp_rules(model, gamma_linear, gamma_conv, no_gamma=projections))
         for index, block in enumerate(blocks):
             attention = block.get_submodule(layout.attention)
-            keep = recorder.attention if record else None
-            route = _LRPRoute(eager_attention(attention), index, keep, rule)
+            route = _LRPRoute(eager_attention(attention), index, recorder if record else None, rule)
             stack.enter_context(route_attention(attention, ATTENTION_IMPLEMENTATION, route))
             hook = block.register_forward_pre_hook(
                 _block_recorder(recorder, index), with_kwargs=True
@@ -269,7 +279,7 @@ class _LRPRoute:
 
     eager: Callable
     index: int
-    keep: dict | None
+    recorder: Recorder | None
     rule: AttentionRule
 
 
@@ -285,8 +295,8 @@ def _lrp_attention(
         output, weights = _softcapped_attention(module, *ruled, *args, **kwargs)
     else:
         output, weights = route.eager(module, *ruled, *args, **kwargs)
-    if route.keep is not None:
-        route.keep[route.index] = (query, key, value, output)
+    if route.recorder is not None:
+        route.recorder.keep("attention", route.index, (query, key, value, output))
     return output, weights
 
 

@@ -75,7 +75,7 @@ def rotary_hooks(
                 f"{type(attention).__name__}'s arguments"
             )
         cos, sin = (t.detach().requires_grad_(True) for t in kwargs[rotary.kwarg])
-        recorder.rotary[index] = (cos, sin)
+        recorder.keep("rotary", index, (cos, sin))
         kwargs = {**kwargs, rotary.kwarg: (scale_gradient(cos, 0.5), scale_gradient(sin, 0.5))}
         return args, kwargs
 
@@ -122,7 +122,7 @@ def rotary_function(
         if threading.get_ident() != owner:
             return original(q, k, cos, sin, *args, **kwargs)
         if record:
-            recorder.unrotated[_ROTATION.layer] = (q, k)
+            recorder.keep("unrotated", _ROTATION.layer, (q, k))
         if pe_aware:
             q, k = _halve_rotated(q, cos.shape[-1]), _halve_rotated(k, cos.shape[-1])
         return original(q, k, cos, sin, *args, **kwargs)

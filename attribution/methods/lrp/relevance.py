@@ -210,17 +210,22 @@ def _score(adapter: Adapter, target: Target, kwargs: dict[str, torch.Tensor]) ->
 def _probe(
     module: nn.Module, where: str, name: str, into: dict[str, torch.Tensor]
 ) -> Iterator[None]:
-    """Keep ``module``'s input (first argument) or output under ``name`` during the pass."""
+    """
+    Keep ``module``'s input (first argument) or output under ``name`` during the pass.
+
+    The first call's (the forward's, should checkpointing rerun the module): see
+    :class:`~attribution.methods.lrp.patches.Recorder`.
+    """
     if where == "input":
 
         def keep_input(_m: nn.Module, args: tuple) -> None:
-            into[name] = args[0]
+            into.setdefault(name, args[0])
 
         handle = module.register_forward_pre_hook(keep_input)
     else:
 
         def keep_output(_m: nn.Module, _a: tuple, out: Any) -> None:
-            into[name] = out if isinstance(out, torch.Tensor) else out[0]
+            into.setdefault(name, out if isinstance(out, torch.Tensor) else out[0])
 
         handle = module.register_forward_hook(keep_output)
     try:
