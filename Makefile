@@ -50,8 +50,10 @@ docs-serve: $(STAMP) links
 browser:
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 
-# Two workers, each test file on one (its module's server or model loaded once): on 2 cores the
-# waits of one file (a browser drawing, a server starting) run beside the other's work.
+# Two workers, each test file on one (a worker's page server, browser and models loaded once):
+# on 2 cores the waits of one file (a browser drawing, a server starting) run beside the other's
+# work. Three were tried on the whole suite (2026-12-02): 26 min 49 s, against 21 min 3 s for two
+# the run before, and browser tests timed out with the cores shared three ways.
 test: lint docs browser
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
@@ -75,6 +77,11 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/generation.py
 	$(BIN)/python benchmarks/per_step.py
 	$(BIN)/python benchmarks/patching.py
+	$(BIN)/python benchmarks/deeplift_delta.py
+	$(BIN)/python benchmarks/lrp_accounting.py
+	$(BIN)/python benchmarks/ig_convergence.py
+	$(BIN)/python benchmarks/pruning.py
+	$(BIN)/python benchmarks/memory.py
 
 # A Hugging Face Space's files: the committed tree with the Space's README (its metadata) and
 # a requirements.txt listing pyproject's runtime, app and embedded dependencies and ZeroGPU's

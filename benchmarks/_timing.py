@@ -8,6 +8,10 @@ from collections.abc import Callable
 
 import torch
 
+from attrlab.attribution.methods import available_methods
+from attrlab.attribution.run import RunContext
+from attrlab.attribution.target import output_target
+
 WORDS = [
     "the",
     "film",
@@ -94,3 +98,23 @@ def forward_backward(adapter, inputs, target: int) -> Callable[[], object]:
             handle.remove()
 
     return run
+
+
+def method_call(
+    name: str, adapter, inputs, target: int, logits: torch.Tensor | None = None
+) -> Callable[[], object] | None:
+    """
+    A registered method's ``attribute`` on ``inputs`` with its default parameters, resolved.
+
+    ``logits``: the input's own logits, as :func:`attribution.explain`'s prediction hands them
+    to a method that reads them (so F(x) of a convergence delta costs no pass); without them
+    such a method spends one forward of its own. ``None`` where the method is not registered or
+    does not support the model.
+    """
+    registered = {m.name: m for m in available_methods()}
+    method = registered.get(name)
+    if method is None or method.unsupported_reason(adapter) is not None:
+        return None
+    params = method.resolve(adapter, {})  # as ``explain`` runs it: "auto" values resolved
+    explained = output_target(adapter, target)
+    return lambda: method.attribute(adapter, inputs, explained, params, RunContext(logits=logits))

@@ -9,7 +9,7 @@ the issue's case) and EfficientNet-Lite0 on the bundled cat with gradient × inp
 Each code version (``--before``: a git revision, by default the tree before issue 25; after:
 this working tree) runs in its own process on the same inputs; the time is the best of
 ``--repeats`` exports, PNGs included. The floor is kaleido's own cost of one small figure's
-PNG (one browser started).
+PNG (one browser started). Last, each bundle's larger files, deflated and as stored.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import tempfile
 import time
 import zipfile
 from pathlib import Path
+from typing import Any
 
 from _tables import print_table
 
@@ -31,10 +32,13 @@ FOLDERS = ("app", "assets", "attribution", "viz")
 #: The tree before issue 25's export work.
 BEFORE = "4267c77"
 TEXT = "The film was wonderful and moving"  # 8 tokens for MiniLM, [CLS] and [SEP] included
+TITLES = (("text", "MiniLM, 8 tokens, IG + AttnLRP, trust"), ("image", "cat, ×I + Grad-CAM"))
+#: The smallest file listed in a bundle's breakdown (deflated bytes).
+LISTED = 10_000
 
 
-def measure(repeats: int) -> dict[str, float]:
-    """Seconds (best of ``repeats``) and zip bytes of each case's bundle, and the floor."""
+def measure(repeats: int) -> dict[str, Any]:
+    """Seconds (best of ``repeats``), zip bytes and each file's of each case's bundle; the floor."""
     import plotly.graph_objects as go
     from PIL import Image
     from skimage import data
@@ -44,7 +48,7 @@ def measure(repeats: int) -> dict[str, float]:
     from attrlab.attribution.agreement import map_agreement
     from attrlab.viz.image import display_copy
 
-    out: dict[str, float] = {}
+    out: dict[str, Any] = {}
     cases = {
         "text": ("minilm-zeroshot", TEXT, ["integrated_gradients", "attnlrp"], True),
         "image": (
@@ -79,11 +83,11 @@ def measure(repeats: int) -> dict[str, float]:
         # The floor of a bundle's size: one copy of Plotly's script (the dependency's own) and
         # the maps kept losslessly (.npz), as the zip holds them (compressed).
         with zipfile.ZipFile(archive) as bundle:
-            out[f"{case} floor bytes"] = sum(
-                entry.compress_size
-                for entry in bundle.infolist()
-                if entry.filename.endswith((".js", ".npz"))
-            )
+            entries = bundle.infolist()
+        out[f"{case} floor bytes"] = sum(
+            entry.compress_size for entry in entries if entry.filename.endswith((".js", ".npz"))
+        )
+        out[f"{case} files"] = {e.filename: [e.compress_size, e.file_size] for e in entries}
     figure = go.Figure(go.Bar(x=[0, 1, 2], y=[1.0, -0.5, 0.25]))
     floor = []
     with tempfile.TemporaryDirectory() as folder:
@@ -112,7 +116,7 @@ def _tree(folder: Path, revision: str | None) -> Path:
     return folder
 
 
-def _run(tree: Path, repeats: int) -> dict[str, float]:
+def _run(tree: Path, repeats: int) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1"}
     env["TRANSFORMERS_OFFLINE"] = "1"
     done = subprocess.run(
@@ -138,10 +142,7 @@ def main() -> None:
         before = _run(_tree(Path(folder) / "before", args.before), args.repeats)
         after = _run(_tree(Path(folder) / "after", None), args.repeats)
     rows = []
-    for case, title in (
-        ("text", "MiniLM, 8 tokens, IG + AttnLRP, trust"),
-        ("image", "cat, ×I + Grad-CAM"),
-    ):
+    for case, title in TITLES:
         seconds = (before[f"{case} seconds"], after[f"{case} seconds"])
         size = (before[f"{case} bytes"], after[f"{case} bytes"])
         floor = after[f"{case} floor bytes"]
@@ -170,6 +171,16 @@ def main() -> None:
     print_table(header, rows)
     floors = before["floor seconds"], after["floor seconds"]
     print(f"\nfloor, kaleido's PNG of one small figure: {min(floors):.1f} s")
+    for case, title in TITLES:
+        print(f"\n{title}: the bundle's files over {LISTED / 1e6} MB deflated\n")
+        files = _files("before", before[f"{case} files"]) + _files("after", after[f"{case} files"])
+        print_table(("version", "file", "MB deflated", "MB"), files)
+
+
+def _files(version: str, sizes: dict[str, list[int]]) -> list[tuple[str, str, str, str]]:
+    """The files of one bundle over :data:`LISTED` bytes deflated, largest first."""
+    kept = sorted(((s, name) for name, s in sizes.items() if s[0] >= LISTED), reverse=True)
+    return [(version, name, f"{s[0] / 1e6:.2f}", f"{s[1] / 1e6:.2f}") for s, name in kept]
 
 
 if __name__ == "__main__":

@@ -33,27 +33,13 @@ os.environ.setdefault("KINETO_LOG_LEVEL", "5")
 
 import torch
 from _tables import print_table
-from _timing import best_seconds, forward, forward_backward, text_of
+from _timing import best_seconds, forward, forward_backward, method_call, text_of
 from torch.profiler import ProfilerActivity, profile
 
-from attrlab.attribution.methods import available_methods
 from attrlab.attribution.models import load
-from attrlab.attribution.params import validate_params
-from attrlab.attribution.run import RunContext
-from attrlab.attribution.target import output_target
 
 METHODS = ("rollout", "attnlrp", "pa_lrp", "deeplift", "attention_flow")
 FLOW_TOKENS = 64
-
-
-def method_call(name: str, adapter, inputs, target: int) -> Callable[[], object] | None:
-    registered = {m.name: m for m in available_methods()}
-    method = registered.get(name)
-    if method is None or method.unsupported_reason(adapter) is not None:
-        return None
-    params = validate_params(method.params, {})
-    explained = output_target(adapter, target)
-    return lambda: method.attribute(adapter, inputs, explained, params, RunContext())
 
 
 def peak_bytes(call: Callable[[], object]) -> float:

@@ -1,8 +1,9 @@
 """
 Shared pieces of the browser tests: Debian's Chromium, error capture, tab switching.
 
-The fixtures (``page_url``: the page served in-process, one per test module; ``browser``;
-``page``: a fresh context on it, errors recorded, a screenshot at the end) are in conftest.py.
+The fixtures (``page_url``: the page served in-process, one server for the modules a pytest
+process runs; ``browser``; ``page``: a fresh context on it, errors recorded, a screenshot at the
+end) are in conftest.py.
 """
 
 from __future__ import annotations

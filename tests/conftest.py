@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
+from collections.abc import Iterator
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 # Servers the tests start keep their jobs in a throwaway folder, not the user's data folder.
 os.environ.setdefault("ATTRLAB_DATA", tempfile.mkdtemp(prefix="attrlab-test-data-"))
+# Waiting OpenMP threads sleep instead of spinning, in this process and those the tests start:
+# `make test` runs two pytest workers with two torch threads each on two cores, and spinning
+# threads burnt the other worker's time. Four CPU-bound test files (2026-12-03, two workers):
+# 126 s spinning, 64 s sleeping. One thread per worker took 53 s there, but the browser files
+# a third longer on the whole suite (33 min 6 s): their runs lost the core the page left idle.
+os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 
 import pytest
 import torch
@@ -64,25 +70,30 @@ def served():
 
 # Browser tests (marked `browser`): helpers in _browser.py.
 @pytest.fixture(scope="module")
-def page_url():
-    """The page served in-process on a loopback port with its own CPU worker."""
+def page_url() -> Iterator[str]:
+    """
+    The page's address: served in-process with its own CPU worker, a server of the module's own.
+
+    A server shared across modules was tried: a module whose long run outlived its test held
+    up the next module's runs.
+    """
+    from _live_server import launch_blocks
+
     from attrlab.app.ui import build_ui
     from attrlab.app.worker import ExplainWorker
 
     worker = ExplainWorker(device="cpu")
     demo = build_ui(worker)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
-    yield f"http://127.0.0.1:{port}/"
-    demo.close()
-    worker.close()
+    try:
+        yield launch_blocks(demo)
+    finally:
+        demo.close()
+        worker.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def browser():
-    """Debian's Chromium through Playwright (no browser download)."""
+    """Debian's Chromium through Playwright (no browser download), one per pytest process."""
     from _browser import ARGS, CHROMIUM
     from playwright.sync_api import sync_playwright
 
@@ -93,15 +104,29 @@ def browser():
 
 
 @pytest.fixture
-def page(browser, page_url, request):
-    """A fresh browser context on the served page; errors recorded, a screenshot at the end."""
+def blank_page(browser, page_url, request):
+    """
+    A fresh browser context, nothing opened yet: for a test that opens a link first.
+
+    Errors are recorded; a screenshot at the end. (Each load of the page costs seconds.)
+    """
     from _browser import RECORD_ERRORS, SHOTS
+    from playwright.sync_api import Error as PlaywrightError
 
     context = browser.new_context(viewport={"width": 1440, "height": 900}, accept_downloads=True)
     context.add_init_script(RECORD_ERRORS)
     page = context.new_page()
-    page.goto(page_url)
     yield page
     SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{request.node.name}.png"), full_page=True)
+    try:  # a record for CI's artifacts, not a check: a page too busy to draw one fails nothing
+        page.screenshot(path=str(SHOTS / f"{request.node.name}.png"), full_page=True)
+    except PlaywrightError as err:
+        print(f"no screenshot of {request.node.name}: {err.message.splitlines()[0]}")
     context.close()
+
+
+@pytest.fixture
+def page(blank_page, page_url):
+    """:func:`blank_page` on the served page."""
+    blank_page.goto(page_url)
+    return blank_page

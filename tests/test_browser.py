@@ -111,7 +111,8 @@ def test_a_method_that_cannot_apply_shows_its_reason(page, effnet):
     no_errors(page)
 
 
-def test_a_shared_link_reopens_the_view_and_runs_it(page, page_url):
+def test_a_shared_link_reopens_the_view_and_runs_it(blank_page, page_url):
+    page = blank_page  # the link is its first load
     page.goto(
         page_url + "?tab=next&model=tiny-random-llama&text=the+cat+sat&methods=rise"
         '&params={"rise":{"n_masks":64}}'
@@ -127,7 +128,8 @@ def test_a_shared_link_reopens_the_view_and_runs_it(page, page_url):
     no_errors(page)
 
 
-def test_a_hand_made_link_with_broken_parameters_still_opens(page, page_url):
+def test_a_hand_made_link_with_broken_parameters_still_opens(blank_page, page_url):
+    page = blank_page  # the link is its first load
     page.goto(page_url + "?tab=image&model=tiny-random-vit&params=" + "[" * 5000)
     expect(page.locator("#image-model input")).to_have_value("tiny-random-vit", timeout=30_000)
     no_errors(page)  # the parameters are dropped; an image tab waits for its image

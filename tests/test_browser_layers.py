@@ -31,9 +31,9 @@ LONG = 180_000  # an analysis on a busy 2-core machine
 
 
 @pytest.fixture(autouse=True)
-def patient(page):
+def patient(blank_page):
     """Clicks and the closing screenshot wait longer: a busy 2-core machine renders slowly."""
-    page.set_default_timeout(90_000)
+    blank_page.set_default_timeout(90_000)
 
 
 @pytest.fixture(scope="module")
@@ -202,7 +202,8 @@ def test_export_downloads_a_bundle_with_the_layer_table(page, tmp_path, minilm_l
     no_errors(page)
 
 
-def test_a_layers_link_reopens_the_view_and_runs_it(page, page_url, load_model):
+def test_a_layers_link_reopens_the_view_and_runs_it(blank_page, page_url, load_model):
+    page = blank_page  # the link is its first load
     page.goto(
         page_url + "?tab=layers&model=tiny-random-bert&text=the+film+was+good"
         "&measures=gradient,ablation&measure=ablation_zero&heads=L1H0"
@@ -228,7 +229,8 @@ def test_a_layers_link_reopens_the_view_and_runs_it(page, page_url, load_model):
 
 
 @pytest.mark.slow
-def test_the_token_per_layer_ticks_do_not_overlap_on_a_30_layer_model(page, page_url):
+def test_the_token_per_layer_ticks_do_not_overlap_on_a_30_layer_model(blank_page, page_url):
+    page = blank_page  # the link is its first load
     page.goto(page_url + "?tab=layers&model=smollm2-135m&text=The+capital+of+France+is"
               "&next_token=1&measures=lrp")  # fmt: skip
     expect(page.locator("#layers-heatmap .js-plotly-plot")).to_be_visible(timeout=600_000)

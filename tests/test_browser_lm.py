@@ -112,7 +112,8 @@ def test_an_answer_against_a_contrast_step_by_step_and_its_link(page: Page):
     no_errors(page)
 
 
-def test_a_link_to_a_generated_answer_generates_it_again(page: Page, page_url: str):
+def test_a_link_to_a_generated_answer_generates_it_again(blank_page: Page, page_url: str):
+    page = blank_page  # the link is its first load
     page.goto(
         page_url + f"?tab=next&model={MODEL}&text=the+cat&methods=occlusion"
         "&generate=1&max_new_tokens=3&per_step=0"

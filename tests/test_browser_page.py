@@ -47,6 +47,12 @@ _PROGRESS_IN_VIEW = f"""
 """
 
 
+@pytest.fixture
+def page(blank_page):
+    """Each test opens the page itself, at the first screen's size (:func:`_open`)."""
+    return blank_page
+
+
 @pytest.fixture(autouse=True, scope="module")
 def one_torch_thread():
     """Runs take one core and leave the browser the other (two cores: it starves otherwise)."""

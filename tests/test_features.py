@@ -385,7 +385,11 @@ def test_features_survive_json_and_npz_and_old_files_read(minilm, tmp_path):
     ("flags", "message"),
     [
         (["--granularity", "paragraph"], "granularity must be one of token, word, sentence, span"),
-        (["--granularity", "span", "--spans", "[[0, 2"], "--spans is a JSON list"),
+        (
+            ["--granularity", "span", "--spans", "[[0, 2"],
+            "--spans: spans '[[0, 2' are not readable",
+        ),
+        (["--granularity", "span", "--spans", "0-4", "ten"], "--spans: spans line 2 'ten' is not"),
         (["--granularity", "span", "--spans", "[[3, 1]]"], "0 <= start < end <= 14"),
         (["--granularity", "span", "--spans", "[[0, 5], [4, 9]]"], "overlap"),
         (["--granularity", "span"], "granularity=span needs spans"),
@@ -407,6 +411,10 @@ def test_cli_explains_words(capsys):
     assert main([*argv, "A lovely film.", "--granularity", "word"]) == 0  # the table
     table = capsys.readouterr().out
     assert "words     score" in table and "film." in table.split("words")[1]
+    spans = ["--granularity", "span", "--format", "json", "--spans"]
+    assert main([*argv, "A lovely film.", *spans, "0-8", "9-14"]) == 0  # as the page types them
+    e = Explanation.from_json(capsys.readouterr().out)
+    assert [f.text for f in e.features] == ["A lovely", "film."]
 
 
 @pytest.fixture(scope="module")

@@ -329,8 +329,8 @@ def test_preview_is_the_models_own_top_five_and_what_applies(worker):
         logits = adapter.model(input_ids=inputs.input_ids).logits[0, -1].double()
     top = logits.softmax(-1).topk(5)
     assert [p.index for p in preview.predictions] == top.indices.tolist()
-    np.testing.assert_allclose(
-        [p.probability for p in preview.predictions], top.values.numpy(), rtol=1e-9
+    np.testing.assert_allclose(  # float32 logits: the head run on one position rounds apart
+        [p.probability for p in preview.predictions], top.values.numpy(), rtol=1e-6
     )
     assert preview.tokens == inputs.tokens and preview.next_token
     assert preview.capabilities["gradient_x_input"] is None

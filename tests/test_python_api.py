@@ -181,6 +181,7 @@ def test_every_method_familys_display_is_valid_html_with_its_parts():
                 assert {g["data-measure"] for g in grids} == set(
                     e.layers.loc[e.layers["head"].notna(), "measure"]
                 )
+                assert "measure's largest |value|" in heading  # not a method's scores' legend
             elif e.token_texts is not None:
                 boxes = [
                     a for _, a in page.elements if a.get("data-score") or a.get("title")

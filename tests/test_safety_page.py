@@ -14,7 +14,6 @@ import io
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,7 @@ import gradio as gr
 import httpx
 import numpy as np
 import pytest
+from _live_server import launch_blocks
 from fastapi.testclient import TestClient
 from gradio.data_classes import ImageData
 from hypothesis import HealthCheck, given, settings
@@ -296,11 +296,7 @@ def test_the_space_reads_and_serves_only_what_it_received(planted):
 
     settings = ServerSettings.for_server({}, models=frozenset({IMAGE_MODEL}))
     demo = space.build_space(settings)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
-    url = f"http://127.0.0.1:{port}"
+    url = launch_blocks(demo).rstrip("/")
     try:
         with httpx.Client(base_url=url, timeout=60) as http:
             for path in planted.png:

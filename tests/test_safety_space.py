@@ -11,12 +11,14 @@ import io
 import json
 import socket
 from typing import Any
+from urllib.parse import urlsplit
 
 import gradio
 import httpx
 import jsonschema
 import numpy as np
 import pytest
+from _live_server import launch_blocks
 from fastapi.testclient import TestClient
 from gradio_client import Client
 from gradio_client.exceptions import AppError
@@ -48,12 +50,6 @@ def settings(tmp_path_factory):
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def space_port(settings):
     """The Space's Blocks, launched with the options ``app.space.launch`` gives them."""
@@ -66,11 +62,9 @@ def space_port(settings):
         patch.setattr(gradio.Blocks, "launch", record)
         patch.setattr(Image, "MAX_IMAGE_PIXELS", Image.MAX_IMAGE_PIXELS)  # launch bounds it
         space.launch(settings)
-    port = _free_port()
     demo = launched["demo"]
-    local = {"server_name": "127.0.0.1", "server_port": port, "prevent_thread_lock": True}
-    demo.launch(**{**launched["options"], **local, "quiet": True})
-    yield port
+    url = launch_blocks(demo, **launched["options"])
+    yield urlsplit(url).port
     demo.close()
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import pickle
 import re
-import socket
 import subprocess
 import sys
 from dataclasses import replace
@@ -21,6 +20,7 @@ import numpy as np
 import pytest
 import tomllib
 import yaml
+from _live_server import launch_blocks
 
 from attrlab.app import space
 from attrlab.app.api import ExplainBody
@@ -44,12 +44,6 @@ def worker():
     w = ExplainWorker(device="cpu")
     yield w
     w.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_space_metadata_names_the_entry_and_the_pinned_gradio():
@@ -107,10 +101,9 @@ def test_space_api_explains_a_batch_and_the_page_through_gradio_client():
     from gradio_client import Client
 
     demo = space.build_space(ServerSettings.unrestricted())
-    port = _free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    url = launch_blocks(demo)
     try:
-        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        client = Client(url, verbose=False)
         body = {
             "model": "tiny-random-bert",
             "methods": ["gradient_x_input", "integrated_gradients"],

@@ -6,7 +6,6 @@ import base64
 import html
 import json
 import re
-import socket
 import threading
 import time
 import zipfile
@@ -17,6 +16,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import torch
+from _live_server import launch_blocks
 from _model_state import model_state
 from gradio_client import Client, handle_file
 from PIL import Image
@@ -47,11 +47,7 @@ def worker():
 @pytest.fixture(scope="module")
 def client(worker):
     demo = build_ui(worker)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
-    yield Client(f"http://127.0.0.1:{port}/", verbose=False)
+    yield Client(launch_blocks(demo), verbose=False)
     demo.close()
 
 

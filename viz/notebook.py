@@ -104,9 +104,16 @@ def layer_grid_html(table: pd.DataFrame, measure: str) -> str:
     )
 
 
+#: What a head grid's colours show (a measure's values, not a method's scores).
+HEAD_GRID_MEANING = (
+    "each head's value ÷ its measure's largest |value| (red positive, blue negative; what a "
+    "sign means depends on the measure)"
+)
+
+
 def _layers_html(table: pd.DataFrame) -> str:
     grids = "".join(layer_grid_html(table, measure) for measure in head_measures(table))
-    return f"<div>{grids}</div>{scale_legend_html()}"
+    return f"<div>{grids}</div>{scale_legend_html(meaning=HEAD_GRID_MEANING)}"
 
 
 def _warnings(explanation: Explanation) -> str:

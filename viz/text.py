@@ -98,8 +98,13 @@ def text_colour(background: tuple[int, int, int]) -> str:
     return "#111111" if luminance > 0.179 else "#ffffff"
 
 
-def scale_legend_html(view: View = TEXT_VIEW) -> str:
-    """The view's colour scale as a horizontal gradient bar, with its ends and what it means."""
+def scale_legend_html(view: View = TEXT_VIEW, meaning: str | None = None) -> str:
+    """
+    The view's colour scale as a horizontal gradient bar, with its ends and what it means.
+
+    ``meaning`` replaces the view's own words (what the colours show) where the values are not
+    a method's scores.
+    """
     low, high = view.colour_range
     stops = ", ".join(f"rgb{view.colour(v)}" for v in np.linspace(low, high, 11))
     ends = (
@@ -107,7 +112,7 @@ def scale_legend_html(view: View = TEXT_VIEW) -> str:
         if view.signed
         else ("<span>0</span><span>1</span>")
     )
-    meaning = f"{view.describe()} ({_SIGN_MEANING[view.sign]})"
+    meaning = meaning or f"{view.describe()} ({_SIGN_MEANING[view.sign]})"
     return (
         f'<div class="attr-legend" data-view="{html.escape(view.sign)}" '
         'style="max-width:360px;margin:8px 0;font-size:0.85em">'
