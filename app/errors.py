@@ -20,6 +20,7 @@ from attrlab.attribution.errors import (
     InvalidParameterError,
     JobCancelledError,
     ModelLoadError,
+    TooMuchMemoryError,
     TooSlowError,
     UnknownMethodError,
     UnknownModelError,
@@ -51,6 +52,7 @@ ERROR_STATUS: dict[type[AttrlabError], tuple[int, str]] = {
     JobTableBusyError: (503, "jobs_unavailable"),
     InstanceFailedError: (500, "internal"),
     TooSlowError: (422, "too_slow"),
+    TooMuchMemoryError: (422, "over_memory"),
 }
 
 # An absolute POSIX or Windows path not preceded by a word character, e.g. inside a library's

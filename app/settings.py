@@ -27,6 +27,7 @@ from attrlab.attribution.errors import (
     require_unicode,
 )
 from attrlab.attribution.gate import DEFAULT_PARAM_LIMITS
+from attrlab.attribution.memory import default_memory_limit
 from attrlab.attribution.models import BUILTIN_MODELS
 from attrlab.attribution.models.folders import resolves_inside
 from attrlab.attribution.models.images import max_image_pixels
@@ -85,6 +86,11 @@ class ServerSettings:
         max_seconds: Longest estimated time of one explanation; slower requests are refused
             before they start, with the estimate (``None``: no limit). A server with an
             ``api_token`` defaults to :data:`TOKEN_SERVER_MAX_SECONDS` (120 s).
+        max_memory_bytes: Most memory one request may hold at its peak beyond the loaded
+            model: its passes are batched to fit, and a request estimated over it even so is
+            refused before it starts (``None``: no limit). A server defaults to a share of
+            the memory available when it starts
+            (:func:`~attribution.memory.default_memory_limit`).
         max_batch: Most instances in one batch request (``instances``; ``None``: no limit).
         data_dir: Where durable jobs keep their table and results (``None``: no jobs).
         max_jobs: Jobs queued or running at once; more are answered 429.
@@ -106,6 +112,7 @@ class ServerSettings:
     max_queue: int = 1024
     max_forward_passes: int | None = None
     max_seconds: float | None = None
+    max_memory_bytes: int | None = None
     max_batch: int | None = None
     data_dir: Path | None = None
     max_jobs: int = 16
@@ -146,6 +153,7 @@ class ServerSettings:
             max_queue=_positive(env, "ATTRLAB_MAX_QUEUE", 64),
             max_forward_passes=_positive(env, "ATTRLAB_MAX_FORWARD_PASSES", 20_000),
             max_seconds=_positive_or_none(env, "ATTRLAB_MAX_SECONDS"),
+            max_memory_bytes=_memory(env, "ATTRLAB_MAX_MEMORY") or default_memory_limit(),
             max_batch=_positive(env, "ATTRLAB_MAX_BATCH", 64),
             data_dir=Path(env.get("ATTRLAB_DATA") or default_data_dir()).expanduser(),
             max_jobs=_positive(env, "ATTRLAB_MAX_JOBS", 16),
@@ -334,6 +342,31 @@ def _positive_or_none(env: Mapping[str, str], name: str) -> float | None:
     if not number > 0 or number == float("inf"):
         raise SettingsError(f"{name} must be a positive number of seconds; got {value!r}")
     return number
+
+
+#: Units a memory setting may be written in ("4GB", "512 MiB", "2.5G", or bytes).
+_UNITS = {
+    "": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 2**10, "m": 1000**2, "mb": 1000**2,
+    "mib": 2**20, "g": 1000**3, "gb": 1000**3, "gib": 2**30, "t": 1000**4, "tb": 1000**4,
+    "tib": 2**40,
+}  # fmt: skip
+
+
+def _memory(env: Mapping[str, str], name: str) -> int | None:
+    value = env.get(name, "").strip()
+    if not value:
+        return None
+    written = re.fullmatch(r"([0-9.]+)\s*([A-Za-z]*)", value)
+    try:
+        amount = float(written[1]) * _UNITS[written[2].lower()] if written else float("nan")
+    except (ValueError, KeyError):
+        amount = float("nan")
+    if not amount >= 1 or amount == float("inf"):
+        raise SettingsError(
+            f"{name} is an amount of memory, e.g. 4GB, 512MiB or a number of bytes; got "
+            f"{value[:40]!r}"
+        )
+    return int(amount)
 
 
 def _image_pixels(env: Mapping[str, str]) -> int:

@@ -266,7 +266,7 @@ class EstimateRequest(InputRequest["Estimate"]):
         """
         from attrlab.attribution.estimate import calibrated
 
-        return calibrated(adapter, self.modality)
+        return calibrated(adapter)
 
     def run_on(self, adapter: Adapter, run: JobContext) -> Estimate:
         """The estimate; the first on a model calibrates every batch width of its device."""
@@ -275,7 +275,7 @@ class EstimateRequest(InputRequest["Estimate"]):
 
         settings = run.settings_for(self.seed, self.evaluate)
         ready = run.targeted(self)
-        calibrate(adapter, ready.inputs).measure_all()  # later estimates run no pass: light
+        calibrate(adapter).measure_all()  # later estimates run no pass: light
         record = ready.target if isinstance(ready.target, Target) else None  # an answer's
         return estimate(
             adapter, self.method, ready.inputs, self.params, settings, record, ready.per_step
@@ -1094,6 +1094,7 @@ class ExplainWorker:
                 cancel,
                 instance.granularity,
                 instance.spans,
+                budgets=budgets,
             )
 
         def prepare(instance: Instance) -> Inputs:
@@ -1104,6 +1105,7 @@ class ExplainWorker:
             cancel=cancel,
             max_forward_passes=self.settings.max_forward_passes,
             max_seconds=self.settings.max_seconds,
+            max_memory_bytes=self.settings.max_memory_bytes,
         )
         context = JobContext(budgets, prepare, targeted, read)
         return request.run_on(adapter, context)

@@ -77,6 +77,10 @@ class TooSlowError(AttrlabError):
     """A run whose estimated time is over the seconds its caller allows."""
 
 
+class TooMuchMemoryError(AttrlabError):
+    """A run whose estimated peak memory is over the memory its caller allows."""
+
+
 class JobCancelledError(AttrlabError):
     """The user cancelled the job; partial work is discarded."""
 

@@ -3,13 +3,15 @@ What a run will cost, before it starts: model passes, seconds and peak device me
 
 Passes come from the method's definition (:meth:`AttributionMethod.planned_passes`: its own
 passes, once per smoothing sample): exact, or an upper bound where early stopping may end the
-run sooner. Seconds and memory come from a calibration
-per model, device and modality, kept for the process: each cost (a forward or a gradient pass,
-one row at a time or in batches of copies, since batched rows cost less each) is measured on
-the first input that needs it and scaled by input size (tokens or pixels). The peak memory
-of those passes beyond the resting weights (:func:`attribution.memory.peak_memory`: torch's
-allocator on CUDA, the process's resident high-water mark on the CPU) is measured too and
-scaled by the widest batch.
+run sooner. Seconds and memory come from a calibration per model, device and modality, kept
+for the process: each cost (a forward or a gradient pass, one row at a time or in batches of
+copies, since batched rows cost less each) is measured on a fixed short input of the model's
+own (:func:`reference_input`: never a request's, so that a request's size cannot change what
+calibrating costs) and scaled by input size (tokens or pixels). The peak memory of those
+passes beyond the resting weights (:func:`attribution.memory.peak_memory`: torch's allocator
+on CUDA, the process's resident high-water mark on the CPU) is measured too, scaled by size
+(a transformer's attention maps by its square, :meth:`Calibration.row_bytes`) and by the
+widest batch.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -28,7 +30,7 @@ from attrlab.attribution.errors import DeviceMemoryError
 from attrlab.attribution.memory import peak_memory
 from attrlab.attribution.methods import get_method
 from attrlab.attribution.methods.base import AttributionMethod
-from attrlab.attribution.models.base import Adapter, Inputs, TextInputs
+from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.perturb import auto_batch_size, repeated
 from attrlab.attribution.run import RunSettings
 
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
     from attrlab.attribution.target import Target
 
 __all__ = [
+    "REFERENCE_TEXT",
     "Calibration",
     "Estimate",
     "calibrate",
@@ -43,6 +46,7 @@ __all__ = [
     "estimate",
     "per_step_runs",
     "priced",
+    "reference_input",
     "steps_batch",
     "study_estimate",
 ]
@@ -87,6 +91,24 @@ _WIDTHS = {
 }
 
 
+#: The text every text model is calibrated on: short, so that calibrating costs a few of the
+#: model's forward and gradient passes on 64 rows of it at most, whatever is asked later.
+REFERENCE_TEXT = "The film was long, but the acting was warm and the ending stayed with me."
+#: Tensors of one layer's attention maps (heads × T × T) a gradient pass holds at its peak:
+#: the scores, the probabilities kept for the backward, and their gradient.
+ATTENTION_MAPS = 3
+
+
+def reference_input(adapter: Adapter) -> Inputs:
+    """The fixed input of the model's own that its calibration times (never a request's)."""
+    if adapter.modality == "image":
+        from PIL import Image
+
+        # resized to the model's own input size by its transform, as every image is
+        return adapter.preprocess(Image.new("RGB", (224, 224), (124, 116, 104)))
+    return adapter.preprocess(REFERENCE_TEXT)
+
+
 class Calibration:
     """
     Measured costs of one model on one device and modality, per row of a reference input.
@@ -94,20 +116,68 @@ class Calibration:
     Each cost is measured the first time an estimate needs it and kept for the process: a
     forward and a gradient pass, one row at a time or in batches of 16 and 64 copies (on a GPU
     up to 1024 forward and 256 gradient rows; a width that runs out of memory is skipped). Costs
-    scale with the input's size (tokens or pixels) relative to the reference input's.
+    scale with the input's size (tokens or pixels) relative to the reference input's
+    (:func:`reference_input`, which :func:`calibrate` gives it).
     """
 
     def __init__(self, adapter: Adapter, inputs: Inputs) -> None:
-        if isinstance(inputs, TextInputs) and inputs.answer_length:
-            # timed as a text of the same length: a pass costs the same, and the calibration's
-            # runs explain the next token, not the answer
-            inputs = replace(inputs, answer_length=0)
         self.adapter, self.inputs = adapter, inputs
         self.size = max(1, math.prod(inputs.map_shape))
-        self.peak_memory_bytes: int | None = None  # the largest pass's peak, per row
+        #: (kind, width) -> the peak memory of a pass of that many rows on the reference
+        self.peaks: dict[tuple[str, int], int] = {}
         self._seconds: dict[tuple[str, int], float] = {}
         self._too_wide: set[tuple[str, int]] = set()  # widths that ran out of device memory
         self._lock = threading.RLock()  # a gradient cost measures forward costs first
+
+    def row_bytes(self, inputs: Inputs) -> int | None:
+        """
+        Peak memory of one more row of a pass on ``inputs``' size (see :meth:`peak_bytes`).
+
+        A pass's peak grows by this much per row: the slope between the two widest batches
+        measured of a kind (the largest of the kinds), so that what a pass holds once whatever
+        its width (buffers, thread pools) does not count per row. The reference's slope scaled
+        by size; for a transformer plus the growth of its attention maps beyond that (layers ×
+        heads × T² values of :data:`ATTENTION_MAPS` tensors, quadratic in the tokens where the
+        rest of a row is linear). ``None`` before a pass was measured, or where the CPU's peak
+        cannot be read.
+        """
+        with self._lock:
+            slopes = []
+            for kind in ("forward", "backward"):
+                widths = sorted(w for k, w in self.peaks if k == kind)
+                if len(widths) == 1:  # one width: all of its peak counts per row
+                    slopes.append(self.peaks[kind, widths[0]] / widths[0])
+                elif widths:
+                    narrow, wide = widths[-2], widths[-1]
+                    grown = self.peaks[kind, wide] - self.peaks[kind, narrow]
+                    slopes.append(max(grown, 0) / (wide - narrow))
+        if not slopes:
+            return None
+        size = max(1, math.prod(inputs.map_shape))
+        linear = max(slopes) * size / self.size
+        adapter = self.adapter
+        growth = 0
+        if inputs.modality == "text" and adapter.num_heads:
+            itemsize = next(adapter.model.parameters()).element_size()
+            maps = ATTENTION_MAPS * adapter.num_layers * adapter.num_heads * itemsize
+            growth = maps * max(0, size * size - size * self.size)
+        return int(linear + growth)
+
+    def peak_bytes(self, inputs: Inputs, width: int) -> int | None:
+        """
+        Peak memory of a pass of ``width`` rows on ``inputs``, beyond the resting model.
+
+        What the widest pass measured held beyond its rows (:meth:`row_bytes` each), plus
+        ``width`` rows. ``None`` as :meth:`row_bytes`.
+        """
+        row = self.row_bytes(inputs)
+        if row is None:
+            return None
+        reference = self.row_bytes(self.inputs) or 0
+        with self._lock:
+            kind, wide = max(self.peaks, key=lambda key: (key[1], key[0] == "backward"))
+            held = max(0, self.peaks[kind, wide] - wide * reference)
+        return held + row * max(1, width)
 
     def _widths(self, kind: str) -> tuple[int, ...]:
         return _WIDTHS["cuda" if self.adapter.device.type == "cuda" else "cpu", kind]
@@ -177,7 +247,7 @@ class Calibration:
                 f"model '{adapter.model_id}' ran out of GPU memory while calibrating the estimate"
             ) from None
         if peak is not None:
-            self.peak_memory_bytes = max(self.peak_memory_bytes or 0, peak // width)
+            self.peaks[kind, width] = peak
         return seconds
 
     def _timed(self, kind: str, width: int, repeats: int) -> tuple[float, int | None]:
@@ -219,19 +289,20 @@ _CALIBRATIONS: dict[tuple[Any, ...], Calibration] = {}
 _CALIBRATING = threading.Lock()
 
 
-def calibrate(adapter: Adapter, inputs: Inputs) -> Calibration:
-    """The calibration of ``adapter`` on its device for this modality (made on first use)."""
-    key = (adapter.model_id, str(adapter.device), inputs.modality)
+def calibrate(adapter: Adapter) -> Calibration:
+    """The calibration of ``adapter`` on its device (made on first use, on its reference)."""
+    key = (adapter.model_id, str(adapter.device), adapter.modality)
     with _CALIBRATING:
         if key not in _CALIBRATIONS:
-            _CALIBRATIONS[key] = Calibration(adapter, inputs)
+            _CALIBRATIONS[key] = Calibration(adapter, reference_input(adapter))
         return _CALIBRATIONS[key]
 
 
-def calibrated(adapter: Adapter, modality: str) -> bool:
-    """Whether ``adapter``'s calibration for ``modality`` is complete (see :meth:`measure_all`)."""
+def calibrated(adapter: Adapter) -> bool:
+    """Whether ``adapter``'s calibration is complete (see :meth:`Calibration.measure_all`)."""
     with _CALIBRATING:
-        calibration = _CALIBRATIONS.get((adapter.model_id, str(adapter.device), modality))
+        key = (adapter.model_id, str(adapter.device), adapter.modality)
+        calibration = _CALIBRATIONS.get(key)
     return calibration is not None and calibration.complete
 
 
@@ -265,12 +336,18 @@ def per_step_runs(method_cls: type[AttributionMethod], steps: int) -> int:
     return steps if steps > 1 and "gradients" in method_cls.requires else 0
 
 
-def steps_batch(method_cls: type[AttributionMethod], steps: int, params: Mapping[str, Any]) -> int:
+def steps_batch(
+    method_cls: type[AttributionMethod],
+    steps: int,
+    params: Mapping[str, Any],
+    max_rows: int | None = None,
+) -> int:
     """
     How many steps of a per-step matrix one of the method's passes takes (1: a run per step).
 
     A method with batched steps (:meth:`AttributionMethod.attribute_steps`) takes up to
-    :data:`~attribution.explain.STEPS_PER_PASS` at once, unless its map is smoothed.
+    :data:`~attribution.explain.STEPS_PER_PASS` at once, unless its map is smoothed, and at
+    most ``max_rows`` (the rows the run's memory holds: :attr:`attribution.gate.Cleared.rows`).
     """
     from attrlab.attribution.explain import STEPS_PER_PASS  # explain prices through here
     from attrlab.attribution.methods.smoothing import smoothing_requested
@@ -279,7 +356,7 @@ def steps_batch(method_cls: type[AttributionMethod], steps: int, params: Mapping
     batched = own is not AttributionMethod.attribute_steps.__func__  # type: ignore[attr-defined]
     if not batched or smoothing_requested(dict(params)):
         return 1
-    return max(1, min(steps, STEPS_PER_PASS))
+    return max(1, min(steps, STEPS_PER_PASS, max_rows or STEPS_PER_PASS))
 
 
 def estimate(
@@ -316,14 +393,20 @@ def priced(
     evaluate: bool = False,
     target: Target | None = None,
     per_step: bool = False,
+    max_rows: int | None = None,
 ) -> Estimate:
-    """:func:`estimate` of a method with parameters already resolved (by its ``resolve``)."""
+    """
+    :func:`estimate` of a method with parameters already resolved (by its ``resolve``).
+
+    ``max_rows``: the most rows of one pass the run holds beside its own batch (a per-step
+    matrix's batch of steps, the trust card's scoring batch), as the gate bounds them.
+    """
     from attrlab.attribution.metrics.faithfulness import faithfulness_passes
 
     passes = method_cls.planned_passes(adapter, inputs, params)
     steps = target.steps if per_step and target is not None else 1
     runs = 1 + per_step_runs(method_cls, steps)
-    calibration = calibrate(adapter, inputs)
+    calibration = calibrate(adapter)
     scale = max(1, math.prod(inputs.map_shape)) / calibration.size
     width = passes.batch or 1
 
@@ -338,7 +421,7 @@ def priced(
     seconds = run_seconds(width)
     forward = passes.forward * runs + 1  # the map's, each step's, and explain's own forward
     if runs > 1:  # the per-step matrix's runs, a batch of steps at once where the method can
-        batch = steps_batch(method_cls, steps, params)
+        batch = steps_batch(method_cls, steps, params, max_rows)
         if method_cls.steps_share_forward and batch > 1:  # a forward per batch of steps
             batches = math.ceil((runs - 1) / batch)
             forward -= (runs - 1 - batches) * passes.forward
@@ -353,12 +436,13 @@ def priced(
         seconds += calibration.seconds("forward", 1)
     if evaluate:  # the trust card's curves, scored in batches
         scoring = faithfulness_passes(inputs)
+        scoring_batch = auto_batch_size(adapter, inputs)
+        if max_rows is not None:
+            scoring_batch = min(scoring_batch, max_rows)
         forward += scoring
-        seconds += scoring * calibration.seconds("forward", auto_batch_size(adapter, inputs))
-        width = max(width, auto_batch_size(adapter, inputs))
-    memory = None
-    if calibration.peak_memory_bytes is not None:  # the widest pass sets the peak
-        memory = int(calibration.peak_memory_bytes * width * scale)
+        seconds += scoring * calibration.seconds("forward", scoring_batch)
+        width = max(width, scoring_batch)
+    memory = calibration.peak_bytes(inputs, width)  # the widest pass sets the peak
     return Estimate(
         method=method_cls.name,
         forward_passes=forward,
@@ -386,14 +470,14 @@ def study_estimate(
     seconds = 0.0
     memory: int | None = None
     for inputs, rows, backwards, widest in parts:
-        calibration = calibrate(adapter, inputs)
+        calibration = calibrate(adapter)
         scale = max(1, math.prod(inputs.map_shape)) / calibration.size
         single = calibration.seconds("forward", 1) + calibration.seconds("backward", 1)
         plain = (rows - backwards) * calibration.seconds("forward", max(1, widest))
         seconds += (plain + backwards * single) * scale
         forward, backward = forward + rows, backward + backwards
-        if calibration.peak_memory_bytes is not None:
-            part_memory = int(calibration.peak_memory_bytes * max(1, widest) * scale)
+        part_memory = calibration.peak_bytes(inputs, widest)
+        if part_memory is not None:
             memory = max(memory or 0, part_memory)
     return Estimate(
         method=study,

@@ -115,7 +115,7 @@ def _explained(
     explained = resolve_target(adapter, target, logits)
     check_answer_fits(inputs, explained)
     probabilities = logits.softmax(-1)
-    run = RunContext.of(settings, logits=logits, attentions=attentions)
+    run = RunContext.of(settings, logits=logits, attentions=attentions, max_rows=cleared.rows)
     del attentions  # held by the run while the method reads them, then let go (below)
     run.count(forward=1)
     if isinstance(inputs, TextInputs) and inputs.truncated:
@@ -256,15 +256,16 @@ def _steps_in_rows(
     """
     The per-step matrix from the method's batched passes, :data:`STEPS_PER_PASS` steps each.
 
-    ``None`` where the method has none, a smoothed map (each noisy copy is a run of its
-    own), or a batch that does not fit in GPU memory: the caller then runs one attribution
-    per step.
+    Fewer steps a pass where the run's memory holds fewer rows (``run.max_rows``). ``None``
+    where the method has none, a smoothed map (each noisy copy is a run of its own), or a
+    batch that does not fit in GPU memory: the caller then runs one attribution per step.
     """
     if smoothing_requested(params):
         return None
     rows = []
-    for start in range(0, target.steps, STEPS_PER_PASS):
-        steps = range(start, min(target.steps, start + STEPS_PER_PASS))
+    width = min(STEPS_PER_PASS, run.max_rows or STEPS_PER_PASS)  # within the run's memory
+    for start in range(0, target.steps, width):
+        steps = range(start, min(target.steps, start + width))
         try:
             found = method_cls.attribute_steps(adapter, inputs, target, steps, params, run)
         except torch.cuda.OutOfMemoryError:

@@ -6,7 +6,9 @@ Before a model is loaded, :func:`checked_params`: the method exists and its para
 valid. With the model, :func:`clear`: the method applies to it and to the input, its
 parameters are resolved for it (never changing the caller's dict), and, when the run's
 :class:`~attribution.run.RunSettings` bound its seconds, the run is priced
-(:func:`~attribution.estimate.estimate`) and refused when it would take longer. Several methods
+(:func:`~attribution.estimate.estimate`) and refused when it would take longer. When they bound
+its memory, the run's rows per pass are lowered until its estimated peak fits (results do not
+change with the batch), and the run is refused when even that does not fit. Several methods
 in one run (:func:`clear_shares`) share those seconds equally. The forward-pass budget is held
 while the run goes (:meth:`~attribution.run.RunContext.plan`): a method stopping early may
 spend less than its bound.
@@ -18,8 +20,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
-from attrlab.attribution.errors import TooSlowError, UnsupportedMethodError
-from attrlab.attribution.estimate import priced, study_estimate
+from attrlab.attribution.errors import (
+    TooMuchMemoryError,
+    TooSlowError,
+    UnsupportedMethodError,
+)
+from attrlab.attribution.estimate import Estimate, calibrate, priced, study_estimate
 from attrlab.attribution.methods import get_method
 from attrlab.attribution.methods.base import AttributionMethod
 from attrlab.attribution.models.base import Adapter, Inputs
@@ -35,9 +41,12 @@ __all__ = [
     "check_modality",
     "checked_params",
     "clear",
+    "clear_generation",
     "clear_shares",
     "clear_study",
     "lighter",
+    "memory_rows",
+    "memory_text",
 ]
 
 
@@ -72,14 +81,24 @@ WORKLOAD: dict[str, Workload] = {
 DEFAULT_PARAM_LIMITS: dict[str, float] = {
     name: work.ceiling for name, work in WORKLOAD.items() if work.ceiling is not None
 }
+#: The parameters that set how many rows one pass holds (not what the run computes): the gate
+#: lowers them to fit a memory bound.
+ROW_PARAMS = ("internal_batch_size", "batch_size")
 
 
 @dataclass(frozen=True)
 class Cleared:
-    """A run the gate lets through: its method and the parameters it runs with (resolved)."""
+    """
+    A run the gate lets through: its method and the parameters it runs with (resolved).
+
+    ``rows``: the most rows one pass may hold within the run's memory bound (``None``: no
+    bound), for the passes a parameter does not batch (a per-step matrix's steps, the trust
+    card's scoring).
+    """
 
     method: type[AttributionMethod]
     params: dict[str, Any]
+    rows: int | None = None
 
 
 def checked_params(
@@ -135,15 +154,95 @@ def clear(
     method_cls = get_method(method)
     check_modality(adapter, inputs)
     resolved = method_cls.resolve(adapter, params)
+    rows = None
+    if settings.max_memory_bytes is not None:
+        resolved, rows = _within_memory(
+            adapter, method_cls, inputs, resolved, settings, target, per_step
+        )
     if settings.max_seconds is not None:
-        cost = priced(adapter, method_cls, inputs, resolved, settings.evaluate, target, per_step)
+        cost = priced(
+            adapter, method_cls, inputs, resolved, settings.evaluate, target, per_step, rows
+        )
         if cost.seconds * runs > settings.max_seconds:
             times = f" ({runs} runs of it)" if runs > 1 else ""
             raise TooSlowError(
                 f"this request would take {cost.summary()}{times}; this server allows "
                 f"{settings.max_seconds:g} s per request: {lighter(method, resolved)}"
             )
-    return Cleared(method_cls, resolved)
+    return Cleared(method_cls, resolved, rows)
+
+
+def _within_memory(
+    adapter: Adapter,
+    method_cls: type[AttributionMethod],
+    inputs: Inputs,
+    params: dict[str, Any],
+    settings: RunSettings,
+    target: Target | None,
+    per_step: bool,
+) -> tuple[dict[str, Any], int | None]:
+    """
+    ``params`` with the rows of each pass lowered to fit ``settings.max_memory_bytes``.
+
+    The rows that fit come from the calibration's peak per row on this input's size; the
+    method's row parameters (:data:`ROW_PARAMS`) are lowered to them, and the run is priced
+    again at those widths.
+
+    Raises:
+        TooMuchMemoryError: even so estimated over the bound (one row does not fit, or a pass
+            the method cannot batch holds more).
+    """
+    limit = settings.max_memory_bytes
+    rows = memory_rows(adapter, inputs, settings)
+    if limit is None or rows is None:  # no bound, or the CPU's peak cannot be read here
+        return params, None
+    cost = priced(adapter, method_cls, inputs, params, settings.evaluate, target, per_step)
+    if cost.peak_memory_bytes is None or cost.peak_memory_bytes <= limit:
+        return params, rows
+    names = {p.name for p in method_cls.params}
+    fitted = dict(params)
+    for name in ROW_PARAMS:
+        planned = method_cls.planned_passes(adapter, inputs, fitted).batch
+        if name in names and planned is not None:
+            fitted[name] = min(planned, rows)
+    cost = priced(adapter, method_cls, inputs, fitted, settings.evaluate, target, per_step, rows)
+    if cost.peak_memory_bytes is not None and cost.peak_memory_bytes > limit:
+        raise TooMuchMemoryError(
+            f"this request would need {memory_text(cost)} at its peak; this server allows "
+            f"{_bytes(limit)} per request: {lighter(method_cls.name, fitted)}"
+        )
+    return fitted, rows
+
+
+def memory_rows(adapter: Adapter, inputs: Inputs, settings: RunSettings) -> int | None:
+    """
+    The most rows of one pass on ``inputs`` within ``settings.max_memory_bytes`` (at least 1).
+
+    From the model's whole calibration (every width measured, so that the peak per row is the
+    same for every request). ``None``: no bound, or a CPU whose peak cannot be read.
+    """
+    if settings.max_memory_bytes is None:
+        return None
+    calibration = calibrate(adapter)
+    calibration.measure_all()
+    row, one = calibration.row_bytes(inputs), calibration.peak_bytes(inputs, 1)
+    if row is None or one is None:
+        return None
+    held = one - row  # once per pass, whatever its rows
+    return max(1, (settings.max_memory_bytes - held) // max(row, 1))
+
+
+def memory_text(cost: Estimate) -> str:
+    """An estimate's peak memory for people: "≈ 1.2 GB of memory on cpu"."""
+    return f"≈ {_bytes(cost.peak_memory_bytes or 0)} of memory on {cost.device}"
+
+
+def _bytes(count: float) -> str:
+    for unit in ("bytes", "KB", "MB", "GB"):
+        if count < 1000 or unit == "GB":
+            return f"{count:,.0f} {unit}" if unit == "bytes" else f"{count:,.1f} {unit}"
+        count /= 1000
+    raise AssertionError("unreachable")
 
 
 def clear_shares(
@@ -184,23 +283,62 @@ def clear_study(
     """
     Let a study (patching, pruning) through, or refuse it before it starts.
 
-    ``parts``: its planned passes per input (:func:`~attribution.estimate.study_estimate`).
+    ``parts``: its planned passes per input (:func:`~attribution.estimate.study_estimate`),
+    their widest batches within :func:`memory_rows` where the study can batch them so.
     Its forward rows are announced to ``run`` (refused over ``settings.max_forward_passes``);
-    when the settings bound its seconds, it is priced from the calibration and refused when it
-    would take longer. ``lower``: what to ask for less of.
+    when the settings bound its seconds or memory, it is priced from the calibration and
+    refused when it would take longer or hold more. ``lower``: what to ask for less of.
 
     Raises:
         BudgetExceededError: more forward passes than the settings allow.
+        TooMuchMemoryError: estimated over ``settings.max_memory_bytes``.
         TooSlowError: estimated over ``settings.max_seconds``.
     """
     run.plan(sum(rows for _, rows, _, _ in parts), lower)
-    if settings.max_seconds is not None:
-        cost = study_estimate(adapter, study, parts)
-        if cost.seconds > settings.max_seconds:
-            raise TooSlowError(
-                f"this {study} study would take {cost.summary()}; this server allows "
-                f"{settings.max_seconds:g} s per request: lower {lower}"
-            )
+    if settings.max_seconds is None and settings.max_memory_bytes is None:
+        return
+    cost = study_estimate(adapter, study, parts)
+    limit = settings.max_memory_bytes
+    if limit is not None and (cost.peak_memory_bytes or 0) > limit:
+        raise TooMuchMemoryError(
+            f"this {study} study would need {memory_text(cost)} at its peak; this server "
+            f"allows {_bytes(limit)} per request: lower {lower}"
+        )
+    if settings.max_seconds is not None and cost.seconds > settings.max_seconds:
+        raise TooSlowError(
+            f"this {study} study would take {cost.summary()}; this server allows "
+            f"{settings.max_seconds:g} s per request: lower {lower}"
+        )
+
+
+def clear_generation(adapter: Adapter, prompt: Inputs, tokens: int, settings: RunSettings) -> None:
+    """
+    Let the generation of an answer of up to ``tokens`` tokens after ``prompt`` through.
+
+    Priced before it starts, as ``tokens`` forwards on the prompt (an upper bound: the cache
+    of keys and values makes each later token cheaper), and refused when that is over the
+    settings' seconds or memory. Generating then stops at its next forward once the seconds
+    are spent (:func:`~attribution.run.cancellable_forwards`).
+
+    Raises:
+        TooMuchMemoryError, TooSlowError: estimated over ``settings``' bounds.
+    """
+    if settings.max_seconds is None and settings.max_memory_bytes is None:
+        return
+    cost = study_estimate(adapter, "generation", [(prompt, tokens, 0, 1)])
+    what = f"generating up to {tokens:,} tokens after this prompt"
+    lower = "lower generate or give a shorter prompt"
+    limit = settings.max_memory_bytes
+    if limit is not None and (cost.peak_memory_bytes or 0) > limit:
+        raise TooMuchMemoryError(
+            f"{what} would need {memory_text(cost)} at its peak; this server allows "
+            f"{_bytes(limit)} per request: {lower}"
+        )
+    if settings.max_seconds is not None and cost.seconds > settings.max_seconds:
+        raise TooSlowError(
+            f"{what} would take {cost.summary()}; this server allows "
+            f"{settings.max_seconds:g} s per request: {lower}"
+        )
 
 
 def lighter(method: str, params: Mapping[str, Any] | None = None) -> str:

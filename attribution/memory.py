@@ -26,11 +26,16 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["peak_memory", "resident_bytes"]
+__all__ = ["available_bytes", "default_memory_limit", "peak_memory", "resident_bytes"]
+
+#: A server's default bound on one request's peak memory: this share of the memory available
+#: when it starts (the rest for the models it loads and the requests beside it).
+DEFAULT_MEMORY_SHARE = 0.5
 
 #: How often the resident size is sampled while CPU work runs (seconds).
 SAMPLE_S = 0.001
 _STATM = Path("/proc/self/statm")  # sizes in pages: total, resident, ...
+_MEMINFO = Path("/proc/meminfo")
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -82,6 +87,27 @@ def resident_bytes() -> int | None:
     except (OSError, IndexError, ValueError):
         return None
     return pages * _PAGE
+
+
+def available_bytes() -> int | None:
+    """The machine's memory available to new work now (Linux's ``MemAvailable``), or ``None``."""
+    try:
+        for line in _MEMINFO.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024  # in kB
+    except (OSError, IndexError, ValueError):
+        return None
+    return None
+
+
+def default_memory_limit() -> int | None:
+    """
+    A server's bound on one request's peak memory when none is set: a share of what is free.
+
+    :data:`DEFAULT_MEMORY_SHARE` of :func:`available_bytes`; ``None`` where that is unknown.
+    """
+    available = available_bytes()
+    return None if available is None else int(available * DEFAULT_MEMORY_SHARE)
 
 
 @cache

@@ -8,6 +8,7 @@ How a run goes: what its caller sets, and the state handed to every method.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from torch import nn
 from attrlab.attribution.errors import (
     BudgetExceededError,
     JobCancelledError,
+    TooSlowError,
     UnsupportedMethodError,
 )
 
@@ -55,6 +57,10 @@ class RunSettings:
             sampling method is refused when it plans more.
         max_seconds: Longest estimated time of the run (``None``: no limit); a run estimated
             over it is refused before it starts, with :class:`TooSlowError`.
+        max_memory_bytes: Most memory the run may hold at its peak beyond the resting model
+            (``None``: no limit). The gate batches the run's rows to fit it and refuses, before
+            it starts, a run whose estimated peak is over it even so
+            (:class:`TooMuchMemoryError`).
         evaluate: Add the map's faithfulness scores and their random-order counterparts to its
             metrics (the trust card).
     """
@@ -64,6 +70,7 @@ class RunSettings:
     cancel: threading.Event | None = None
     max_forward_passes: int | None = None
     max_seconds: float | None = None
+    max_memory_bytes: int | None = None
     evaluate: bool = False
 
 
@@ -81,12 +88,15 @@ class RunContext:
             method runs (a method reads them with :meth:`clean_logits` instead of a pass).
         attentions: The attention probabilities of that same pass, when the method reads them
             (:meth:`clean_attentions`).
+        max_rows: Most rows one pass may hold, where the run's memory bounds them
+            (:attr:`attribution.gate.Cleared.rows`); ``None``: as the method batches.
     """
 
     seed: int = 0
     progress: ProgressCallback | None = None
     cancel: threading.Event | None = None
     max_forward_passes: int | None = None
+    max_rows: int | None = None
     logits: torch.Tensor | None = field(default=None, repr=False, compare=False)
     attentions: tuple[torch.Tensor, ...] | None = field(default=None, repr=False, compare=False)
     #: Targets' outputs on the input itself (:meth:`clean_outputs`), where not the logits.
@@ -209,7 +219,9 @@ def stop_if_cancelled(cancel: threading.Event | None) -> None:
 
 
 @contextmanager
-def cancellable_forwards(model: nn.Module, cancel: threading.Event | None) -> Iterator[None]:
+def cancellable_forwards(
+    model: nn.Module, cancel: threading.Event | None, max_seconds: float | None = None
+) -> Iterator[None]:
     """
     Make every forward pass of ``model`` a cancellation point while the block runs.
 
@@ -217,16 +229,24 @@ def cancellable_forwards(model: nn.Module, cancel: threading.Event | None) -> It
     a method stops before its next batch or step whatever library runs its forwards (Captum's
     internal batches, shap's evaluations, a perturbation batch) without code of its own. Only
     forwards of the thread that entered are stopped: another thread's run on the same model
-    answers to its own cancel. The hook is removed on exit.
+    answers to its own cancel. With ``max_seconds``, a forward that would start once the block
+    has run that long raises :class:`TooSlowError` instead (a budget spent). The hook is
+    removed on exit.
     """
-    if cancel is None:
+    if cancel is None and max_seconds is None:
         yield
         return
     owner = threading.get_ident()
+    deadline = None if max_seconds is None else time.monotonic() + max_seconds
 
     def check(_module: nn.Module, _args: tuple[object, ...]) -> None:
-        if threading.get_ident() == owner:
-            stop_if_cancelled(cancel)
+        if threading.get_ident() != owner:
+            return
+        stop_if_cancelled(cancel)
+        if deadline is not None and time.monotonic() > deadline:
+            raise TooSlowError(
+                f"this request ran past the {max_seconds:g} s this server allows per request"
+            )
 
     handle = model.register_forward_pre_hook(check)
     try:

@@ -15,11 +15,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol, TypeVar
 
-from attrlab.attribution.answers import AnswerSpec
+from attrlab.attribution.answers import AnswerSpec, prompt_inputs
 from attrlab.attribution.errors import AttrlabError, JobCancelledError
 from attrlab.attribution.explain import explain
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.features import with_features
+from attrlab.attribution.gate import clear_generation
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.run import (
     ProgressCallback,
@@ -64,6 +65,8 @@ def prepare_input(
     cancel: threading.Event | None = None,
     granularity: str = "token",
     spans: Any = None,
+    *,
+    budgets: RunSettings | None = None,
 ) -> Prepared:
     """
     A request's input on the loaded model: every front end's one way from fields to inputs.
@@ -72,8 +75,10 @@ def prepare_input(
     the text is a decoder LM's prompt, and inputs and target are the answer's
     (:func:`attribution.answers.answer_request`; ``target`` is then the next token that is
     the answer, where none is given or generated: a contrast's, or the chat template's).
-    Generating an answer stops at its next forward once ``cancel`` is set. A text is explained
-    at ``granularity`` (its words, sentences or ``spans``:
+    Generating an answer stops at its next forward once ``cancel`` is set. ``budgets``: the
+    run's seconds and memory bound the generation too: it is priced before it starts
+    (:func:`attribution.gate.clear_generation`) and stops once the seconds are spent. A text
+    is explained at ``granularity`` (its words, sentences or ``spans``:
     :func:`attribution.features.with_features`).
 
     Raises:
@@ -81,10 +86,17 @@ def prepare_input(
             is explained), and what the adapter or
             :func:`~attribution.answers.answer_request` refuses.
         JobCancelledError: ``cancel`` set while the answer is generated.
+        TooSlowError, TooMuchMemoryError: a generation over ``budgets``, before it starts or
+            (seconds) while it goes.
     """
     if answer is None:
         return Prepared(with_features(adapter.preprocess(raw), granularity, spans), target)
-    with cancellable_forwards(adapter.model, cancel):
+    max_seconds = None
+    if budgets is not None and answer.generate is not None:
+        prompt = prompt_inputs(adapter, raw, answer.chat)
+        clear_generation(adapter, prompt, answer.generate, budgets)
+        max_seconds = budgets.max_seconds
+    with cancellable_forwards(adapter.model, cancel, max_seconds):
         inputs, record = answer.request(adapter, raw, target)
     return Prepared(with_features(inputs, granularity, spans), record, answer.per_step)
 

@@ -264,6 +264,8 @@ def faithfulness(
             f"scores of shape {scores.shape} do not match the input's map {inputs.map_shape}"
         )
     batch_size = batch_size or auto_batch_size(adapter, inputs)
+    if run.max_rows is not None:  # within the run's memory
+        batch_size = min(batch_size, run.max_rows)
     if not isinstance(target, Target):
         target = output_target(adapter, target)
     if inputs.modality == "image":

@@ -17,7 +17,7 @@ import pandas as pd
 
 from attrlab.attribution.alteration import altered
 from attrlab.attribution.errors import InvalidParameterError
-from attrlab.attribution.gate import clear_study
+from attrlab.attribution.gate import clear_study, memory_rows
 from attrlab.attribution.models.base import Adapter
 from attrlab.attribution.patching.agreement import agreement
 from attrlab.attribution.patching.atp import atp, atp_star, gradients
@@ -224,9 +224,13 @@ def planned_passes(
     estimators: Sequence[str] | None = None,
     components: Sequence[str] | None = None,
     directions: Sequence[str] | None = None,
+    max_rows: int | None = None,
 ) -> tuple[int, int, int]:
     """
     ``(forward rows, backward passes, widest batch)`` of :func:`patching_report`.
+
+    ``max_rows``: exact patching's batches hold at most that many rows (a memory bound); the
+    gradient estimators' noise draws run in one batch whatever it is.
 
     Raises:
         InvalidParameterError, InvalidInputError, UnsupportedMethodError: as
@@ -243,7 +247,8 @@ def planned_passes(
         if "exact" in chosen:
             forward += exact_rows(runs, direction, parts)
             repeats = max(runs.clean.rows, runs.corrupted.rows)
-            widest = max(widest, max(len(runs.sites(c)) for c in parts) * repeats)
+            exact_width = max(len(runs.sites(c)) for c in parts) * repeats
+            widest = max(widest, min(exact_width, max_rows or exact_width))
         for name, rows in (
             ("atp", destination.rows),
             ("relp", destination.rows),
@@ -291,7 +296,8 @@ def patching_report(
         raise InvalidParameterError(f"top_k is at least 1; got {top_k}")
     settings = settings or RunSettings()
     run = RunContext.of(settings)
-    forward, backward, widest = planned_passes(adapter, problem, chosen, parts, ways)
+    fits = memory_rows(adapter, problem.clean, settings)  # exact patching's batch fits in it
+    forward, backward, widest = planned_passes(adapter, problem, chosen, parts, ways, fits)
     lower = "the components, directions or noise draws"
     clear_study(
         adapter, "patching", [(problem.clean, forward, backward, widest)], settings, run, lower
@@ -299,7 +305,7 @@ def patching_report(
     runs = Runs.of(adapter, problem)
     gradient_stages = sum(1 for e in chosen if e != "exact") * len(ways)
     exact_total = sum(exact_rows(runs, d, parts) for d in ways) if "exact" in chosen else 0
-    default = min(widest, auto_batch_size(adapter, problem.clean))
+    default = min(widest, auto_batch_size(adapter, problem.clean), fits or widest)
     runner = BatchRunner(adapter, run, batch_size or default, exact_total + gradient_stages)
     rows: list[tuple] = []
 
