@@ -166,6 +166,28 @@ def test_the_attacks_requests_are_refused_quickly_on_a_low_bound(tmp_path):
     worker.close()
 
 
+@pytest.mark.server
+def test_a_generation_over_a_token_servers_seconds_is_refused_before_it_starts(tmp_path):
+    worker = _server(tmp_path, api_token="t0ken", max_seconds=0.01)
+    body = {
+        "model": "tiny-random-llama",
+        "method": "gradient_x_input",
+        "text": "word " * 3000,
+        "generate": 256,
+    }
+    with TestClient(create_app(worker)) as client:
+        started = time.monotonic()
+        refused = client.post(
+            "/api/v1/explain", json=body, headers={"Authorization": "Bearer t0ken"}
+        )
+        assert refused.status_code == 422, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "too_slow"
+        assert "generating up to 256 tokens after this prompt would take" in error["message"]
+        assert time.monotonic() - started < 30
+    worker.close()
+
+
 @pytest.mark.slow
 def test_a_bound_that_admits_the_request_holds_its_peak(minilm):
     """MiniLM's integrated gradients on 300 words within 700 MB: batched, and under it."""
