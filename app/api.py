@@ -17,6 +17,7 @@ import os
 import pathlib
 import tempfile
 from collections.abc import Iterator, Sequence
+from functools import partial
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Response
@@ -674,13 +675,47 @@ def job_parser(stored: dict[str, Any]) -> JobWork:
     A stored job's body, read as a live one: its worker requests and the lines they write.
 
     A batch job's instance ``i`` is a batch of one; a patching job (``{"kind": "patch",
-    "body": PatchBody}``) is one study, written as ``{"index": 0, "report": ...}``.
+    "body": PatchBody}``) is one study, written as ``{"index": 0, "report": ...}``. Each
+    carries the gate its route checks before storing it (:func:`gate_job`, :func:`gate_patch_job`).
     """
     if stored.get("kind") == PATCH_JOB:
         patch = PatchBody.model_validate(stored.get("body"))
-        return JobWork(lambda _: patch.to_request(), lambda report: {"report": report.to_dict()})
+        return JobWork(
+            lambda _: patch.to_request(),
+            lambda report: {"report": report.to_dict()},
+            partial(gate_patch_job, patch),
+        )
     body = JobBody.model_validate(stored)
-    return batch_work(lambda index: body.to_batch([index]))
+    return batch_work(lambda index: body.to_batch([index]), partial(gate_job, body))
+
+
+def gate_job(body: JobBody, worker: ExplainWorker) -> None:
+    """
+    Refuse a batch job that ``worker``'s settings would not run, before it is stored or run.
+
+    Raises:
+        AttrlabError: too many instances, or the methods, parameters, model or an instance's
+            features out of this server's bounds.
+    """
+    total = len(body.instances or [])
+    limit = worker.settings.max_job_instances
+    if total > limit:
+        raise InvalidParameterError(
+            f"a job holds at most {limit} instances on this server; got {total}"
+        )
+    # methods, parameters and model, and every instance's features
+    worker.validate(body.to_batch([0]), strict=True)
+    check_instance_features(body.instances or [])
+
+
+def gate_patch_job(body: PatchBody, worker: ExplainWorker) -> None:
+    """
+    Refuse a patching job that ``worker``'s settings would not run (names, bounds, model).
+
+    Raises:
+        AttrlabError: as :meth:`ExplainWorker.validate`.
+    """
+    worker.validate(body.to_request(), strict=True)
 
 
 class KServeParameters(BaseModel):
@@ -914,16 +949,8 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         Jobs survive a restart of the server: queued and interrupted ones resume, finished
         results stay. A full job queue answers 429 with ``Retry-After``.
         """
-        total = len(body.instances or [])
-        if total > settings.max_job_instances:
-            raise InvalidParameterError(
-                f"a job holds at most {settings.max_job_instances} instances on this server; "
-                f"got {total}"
-            )
-        # methods, parameters and model, and every instance's features, before storing
-        worker.validate(body.to_batch([0]), strict=True)
-        check_instance_features(body.instances or [])
-        return queued_job(body.model_dump(mode="json"), total)
+        gate_job(body, worker)  # the gate a run of the stored job passes again
+        return queued_job(body.model_dump(mode="json"), len(body.instances or []))
 
     @router.post(
         "/patch/jobs",
@@ -943,7 +970,7 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         checked here (4xx); what needs the model (the prompts' token lengths, a target they do
         not hold) ends the job ``failed`` with the reason in ``message``.
         """
-        worker.validate(body.to_request(), strict=True)
+        gate_patch_job(body, worker)  # the gate a run of the stored job passes again
         return queued_job({"kind": PATCH_JOB, "body": body.model_dump(mode="json")}, 1)
 
     @router.get("/jobs/{job_id}", responses={200: {"description": "The job", "links": _JOB_LINKS}})
