@@ -1160,6 +1160,21 @@ def install_error_handlers(app: FastAPI) -> None:
         return _error(500, "internal", "internal error; the server log has the details")
 
 
+#: The response header that has the server close the connection once the response is sent.
+_CLOSE = (b"connection", b"close")
+
+
+def _refused(too_large: str) -> JSONResponse:
+    """
+    The 413 for a body over the limit, closing the connection.
+
+    The rest of a refused body is never read, so the connection cannot serve another request:
+    uvicorn closes it once a response saying ``Connection: close`` is sent (otherwise a client
+    still sending would hold it open for as long as it sends).
+    """
+    return _error(413, "request_too_large", too_large, Connection="close")
+
+
 class _BodyTooLargeError(HTTPException):
     """A body that grew past the limit while read, raised through the app being guarded."""
 
@@ -1220,21 +1235,25 @@ class ApiGuard:
         too_large = f"the request body is larger than this server's limit of {self.max_bytes} bytes"
         declared = dict(scope["headers"]).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > self.max_bytes:
-            await _error(413, "request_too_large", too_large)(scope, receive, send)
+            await _refused(too_large)(scope, receive, send)
             return
-        seen, started = 0, False
+        seen, started, over = 0, False, False
 
         async def counted() -> Message:
-            nonlocal seen
+            nonlocal seen, over
             message = await receive()
             seen += len(message.get("body", b""))
             if seen > self.max_bytes:  # a chunked body that grows past the limit
+                over = True
                 raise _BodyTooLargeError(413, too_large)
             return message
 
         async def watched(message: Message) -> None:
             nonlocal started
-            started = started or message["type"] == "http.response.start"
+            if message["type"] == "http.response.start":
+                started = True
+                if over:  # whatever the app answers, the body's rest is left unread
+                    message = {**message, "headers": [*message.get("headers", ()), _CLOSE]}
             await send(message)
 
         try:
@@ -1242,7 +1261,7 @@ class ApiGuard:
         except HTTPException as err:  # raised by counted() through an app that did not catch it
             if err.status_code != 413 or started:
                 raise
-            await _error(413, "request_too_large", too_large)(scope, receive, send)
+            await _refused(too_large)(scope, receive, send)
 
     def _matches(self, scope: Scope) -> bool:
         # Only the API's own routes: the UI's mount at / matches every path.
