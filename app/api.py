@@ -47,6 +47,7 @@ from attrlab.app.worker import (
 )
 from attrlab.attribution.answers import MAX_NEW_TOKENS, AnswerSpec, answer_asked
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
+from attrlab.attribution.explanation import SCHEMA_VERSION
 from attrlab.attribution.features import GRANULARITIES
 from attrlab.attribution.methods import available_methods
 from attrlab.attribution.methods.catalog import catalog_entries
@@ -56,12 +57,15 @@ from attrlab.attribution.rows import target_problem
 
 __all__ = [
     "ApiGuard",
+    "BatchExplanationsBody",
     "CheckBody",
     "ErrorBody",
     "ExplainBody",
+    "ExplanationBody",
     "LayersBody",
     "PatchBody",
     "PruneBody",
+    "TargetValuesBody",
     "build_router",
     "install_error_handlers",
 ]
@@ -106,6 +110,69 @@ class ErrorBody(BaseModel):
     """The body of every error response."""
 
     error: ErrorDetail
+
+
+class TargetValuesBody(BaseModel):
+    """
+    An Explanation's ``target``: the explained target's values, each named for what it holds.
+
+    Only its kind's are present: a class or next token ``logit`` and
+    ``probability``; a whole answer ``log_probability`` and ``probability``; a contrast
+    ``log_probability_difference`` and ``probability_ratio``; an answer or contrast read in
+    logits (a hand-made record) ``logit_sum`` or ``logit_difference``. A step of an answer or
+    contrast holds its part under the whole's names.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    index: int = Field(description="The output explained (an answer's: its first token)")
+    label: str = Field(description="How the target is shown")
+    logit: float | None = Field(None, description="A class or next token: its logit")
+    probability: float | None = Field(
+        None,
+        description="A class or next token: its softmax probability; a whole answer: "
+        "p(answer | prompt), the product of its tokens' probabilities",
+    )
+    log_probability: float | None = Field(
+        None,
+        description="A whole answer: log p(answer | prompt), its tokens' log-probabilities "
+        "summed (teacher-forced)",
+    )
+    log_probability_difference: float | None = Field(
+        None, description="A contrast: log p(answer) − log p(alternative)"
+    )
+    probability_ratio: float | None = Field(
+        None,
+        description="A contrast: p(answer) / p(alternative), how many times likelier the "
+        "answer is (absent past float range)",
+    )
+    logit_sum: float | None = Field(
+        None, description="An answer read in logits: its tokens' logits summed"
+    )
+    logit_difference: float | None = Field(
+        None, description="A contrast read in logits: the answers' summed logits, subtracted"
+    )
+
+
+class ExplanationBody(BaseModel):
+    """An Explanation as JSON (docs/explanation-json.md has all its fields; these are checked)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    schema_version: int = Field(
+        description="The Explanation JSON's version", json_schema_extra={"const": SCHEMA_VERSION}
+    )
+    method: str
+    target: TargetValuesBody
+    target_record: dict[str, Any] | None = Field(
+        description="What was explained: {kind: class | next_token | answer | contrast | step, ...}"
+    )
+
+
+class BatchExplanationsBody(BaseModel):
+    """A batch's results: per instance, each method's Explanation or its error."""
+
+    explanations: list[dict[str, ExplanationBody | ErrorBody]]
 
 
 #: No request names more methods than attrlab has (from the catalog: no method imported).
@@ -832,7 +899,16 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
             raise
         return outcome
 
-    @router.post("/explain", response_model=None)
+    @router.post(
+        "/explain",
+        response_model=None,
+        responses={
+            200: {
+                "model": ExplanationBody | BatchExplanationsBody,
+                "description": "The Explanation, or a batch's explanations",
+            }
+        },
+    )
     async def explain(body: ExplainBody, request: Request) -> JSONResponse:
         """
         Explain one text or image (the Explanation as JSON), or a batch of them.
@@ -866,7 +942,11 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         cost = await run(submitted, request)
         return {**cost.to_dict(), "summary": cost.summary()}
 
-    @router.post("/layers", response_model=None)
+    @router.post(
+        "/layers",
+        response_model=None,
+        responses={200: {"model": ExplanationBody, "description": "The Explanation"}},
+    )
     async def layers(body: LayersBody, request: Request) -> JSONResponse:
         """
         Which layers and heads carried the prediction (Explanation JSON).
