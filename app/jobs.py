@@ -967,21 +967,25 @@ class JobRunner:
                 continue
             if self.store.open_runs(job.id, index) >= MAX_OPEN_RUNS:
                 row = self._interrupted(job.id, work, index)
-            else:
-                self.store.start_run(job.id, index)  # open until it ends, unless the server dies
-                try:
-                    row = self._instance(job.id, work, index)
-                finally:
-                    self.store.end_run(job.id, index)
-            if row is None:
-                return
-            try:
-                if not self.store.append(job.id, row):  # cancelled as the instance finished
+                if row is None or not self._keep(job.id, row):
                     return
-            except DamagedResultsError as err:  # replaced by a link, a pipe, a folder
-                self.store.finish(job.id, "failed", f"the job's results are damaged: {err}")
-                return
+                continue
+            self.store.start_run(job.id, index)  # open until it ends, unless the server dies
+            try:
+                row = self._instance(job.id, work, index)
+                if row is None or not self._keep(job.id, row):
+                    return
+            finally:  # closed once its result is on disk, or it ended without one
+                self.store.end_run(job.id, index)
         self.store.finish(job.id, "done")
+
+    def _keep(self, job_id: str, row: dict[str, Any]) -> bool:
+        """Append an instance's results line; False when the job ended instead (go no further)."""
+        try:
+            return self.store.append(job_id, row)  # False: cancelled as the instance finished
+        except DamagedResultsError as err:  # replaced by a link, a pipe, a folder
+            self.store.finish(job_id, "failed", f"the job's results are damaged: {err}")
+            return False
 
     def _instance(self, job_id: str, work: JobWork, index: int) -> dict[str, Any] | None:
         """
