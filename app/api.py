@@ -17,6 +17,7 @@ import os
 import pathlib
 import tempfile
 from collections.abc import Iterator, Sequence
+from functools import partial
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Response
@@ -46,6 +47,7 @@ from attrlab.app.worker import (
 )
 from attrlab.attribution.answers import MAX_NEW_TOKENS, AnswerSpec, answer_asked
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
+from attrlab.attribution.explanation import SCHEMA_VERSION
 from attrlab.attribution.features import GRANULARITIES
 from attrlab.attribution.methods import available_methods
 from attrlab.attribution.methods.catalog import catalog_entries
@@ -55,12 +57,15 @@ from attrlab.attribution.rows import target_problem
 
 __all__ = [
     "ApiGuard",
+    "BatchExplanationsBody",
     "CheckBody",
     "ErrorBody",
     "ExplainBody",
+    "ExplanationBody",
     "LayersBody",
     "PatchBody",
     "PruneBody",
+    "TargetValuesBody",
     "build_router",
     "install_error_handlers",
 ]
@@ -105,6 +110,69 @@ class ErrorBody(BaseModel):
     """The body of every error response."""
 
     error: ErrorDetail
+
+
+class TargetValuesBody(BaseModel):
+    """
+    An Explanation's ``target``: the explained target's values, each named for what it holds.
+
+    Only its kind's are present: a class or next token ``logit`` and
+    ``probability``; a whole answer ``log_probability`` and ``probability``; a contrast
+    ``log_probability_difference`` and ``probability_ratio``; an answer or contrast read in
+    logits (a hand-made record) ``logit_sum`` or ``logit_difference``. A step of an answer or
+    contrast holds its part under the whole's names.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    index: int = Field(description="The output explained (an answer's: its first token)")
+    label: str = Field(description="How the target is shown")
+    logit: float | None = Field(None, description="A class or next token: its logit")
+    probability: float | None = Field(
+        None,
+        description="A class or next token: its softmax probability; a whole answer: "
+        "p(answer | prompt), the product of its tokens' probabilities",
+    )
+    log_probability: float | None = Field(
+        None,
+        description="A whole answer: log p(answer | prompt), its tokens' log-probabilities "
+        "summed (teacher-forced)",
+    )
+    log_probability_difference: float | None = Field(
+        None, description="A contrast: log p(answer) − log p(alternative)"
+    )
+    probability_ratio: float | None = Field(
+        None,
+        description="A contrast: p(answer) / p(alternative), how many times likelier the "
+        "answer is (absent past float range)",
+    )
+    logit_sum: float | None = Field(
+        None, description="An answer read in logits: its tokens' logits summed"
+    )
+    logit_difference: float | None = Field(
+        None, description="A contrast read in logits: the answers' summed logits, subtracted"
+    )
+
+
+class ExplanationBody(BaseModel):
+    """An Explanation as JSON (docs/explanation-json.md has all its fields; these are checked)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    schema_version: int = Field(
+        description="The Explanation JSON's version", json_schema_extra={"const": SCHEMA_VERSION}
+    )
+    method: str
+    target: TargetValuesBody
+    target_record: dict[str, Any] | None = Field(
+        description="What was explained: {kind: class | next_token | answer | contrast | step, ...}"
+    )
+
+
+class BatchExplanationsBody(BaseModel):
+    """A batch's results: per instance, each method's Explanation or its error."""
+
+    explanations: list[dict[str, ExplanationBody | ErrorBody]]
 
 
 #: No request names more methods than attrlab has (from the catalog: no method imported).
@@ -674,13 +742,47 @@ def job_parser(stored: dict[str, Any]) -> JobWork:
     A stored job's body, read as a live one: its worker requests and the lines they write.
 
     A batch job's instance ``i`` is a batch of one; a patching job (``{"kind": "patch",
-    "body": PatchBody}``) is one study, written as ``{"index": 0, "report": ...}``.
+    "body": PatchBody}``) is one study, written as ``{"index": 0, "report": ...}``. Each
+    carries the gate its route checks before storing it (:func:`gate_job`, :func:`gate_patch_job`).
     """
     if stored.get("kind") == PATCH_JOB:
         patch = PatchBody.model_validate(stored.get("body"))
-        return JobWork(lambda _: patch.to_request(), lambda report: {"report": report.to_dict()})
+        return JobWork(
+            lambda _: patch.to_request(),
+            lambda report: {"report": report.to_dict()},
+            partial(gate_patch_job, patch),
+        )
     body = JobBody.model_validate(stored)
-    return batch_work(lambda index: body.to_batch([index]))
+    return batch_work(lambda index: body.to_batch([index]), partial(gate_job, body))
+
+
+def gate_job(body: JobBody, worker: ExplainWorker) -> None:
+    """
+    Refuse a batch job that ``worker``'s settings would not run, before it is stored or run.
+
+    Raises:
+        AttrlabError: too many instances, or the methods, parameters, model or an instance's
+            features out of this server's bounds.
+    """
+    total = len(body.instances or [])
+    limit = worker.settings.max_job_instances
+    if total > limit:
+        raise InvalidParameterError(
+            f"a job holds at most {limit} instances on this server; got {total}"
+        )
+    # methods, parameters and model, and every instance's features
+    worker.validate(body.to_batch([0]), strict=True)
+    check_instance_features(body.instances or [])
+
+
+def gate_patch_job(body: PatchBody, worker: ExplainWorker) -> None:
+    """
+    Refuse a patching job that ``worker``'s settings would not run (names, bounds, model).
+
+    Raises:
+        AttrlabError: as :meth:`ExplainWorker.validate`.
+    """
+    worker.validate(body.to_request(), strict=True)
 
 
 class KServeParameters(BaseModel):
@@ -797,7 +899,16 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
             raise
         return outcome
 
-    @router.post("/explain", response_model=None)
+    @router.post(
+        "/explain",
+        response_model=None,
+        responses={
+            200: {
+                "model": ExplanationBody | BatchExplanationsBody,
+                "description": "The Explanation, or a batch's explanations",
+            }
+        },
+    )
     async def explain(body: ExplainBody, request: Request) -> JSONResponse:
         """
         Explain one text or image (the Explanation as JSON), or a batch of them.
@@ -831,7 +942,11 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         cost = await run(submitted, request)
         return {**cost.to_dict(), "summary": cost.summary()}
 
-    @router.post("/layers", response_model=None)
+    @router.post(
+        "/layers",
+        response_model=None,
+        responses={200: {"model": ExplanationBody, "description": "The Explanation"}},
+    )
     async def layers(body: LayersBody, request: Request) -> JSONResponse:
         """
         Which layers and heads carried the prediction (Explanation JSON).
@@ -914,16 +1029,8 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         Jobs survive a restart of the server: queued and interrupted ones resume, finished
         results stay. A full job queue answers 429 with ``Retry-After``.
         """
-        total = len(body.instances or [])
-        if total > settings.max_job_instances:
-            raise InvalidParameterError(
-                f"a job holds at most {settings.max_job_instances} instances on this server; "
-                f"got {total}"
-            )
-        # methods, parameters and model, and every instance's features, before storing
-        worker.validate(body.to_batch([0]), strict=True)
-        check_instance_features(body.instances or [])
-        return queued_job(body.model_dump(mode="json"), total)
+        gate_job(body, worker)  # the gate a run of the stored job passes again
+        return queued_job(body.model_dump(mode="json"), len(body.instances or []))
 
     @router.post(
         "/patch/jobs",
@@ -943,7 +1050,7 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         checked here (4xx); what needs the model (the prompts' token lengths, a target they do
         not hold) ends the job ``failed`` with the reason in ``message``.
         """
-        worker.validate(body.to_request(), strict=True)
+        gate_patch_job(body, worker)  # the gate a run of the stored job passes again
         return queued_job({"kind": PATCH_JOB, "body": body.model_dump(mode="json")}, 1)
 
     @router.get("/jobs/{job_id}", responses={200: {"description": "The job", "links": _JOB_LINKS}})
@@ -1133,6 +1240,21 @@ def install_error_handlers(app: FastAPI) -> None:
         return _error(500, "internal", "internal error; the server log has the details")
 
 
+#: The response header that has the server close the connection once the response is sent.
+_CLOSE = (b"connection", b"close")
+
+
+def _refused(too_large: str) -> JSONResponse:
+    """
+    The 413 for a body over the limit, closing the connection.
+
+    The rest of a refused body is never read, so the connection cannot serve another request:
+    uvicorn closes it once a response saying ``Connection: close`` is sent (otherwise a client
+    still sending would hold it open for as long as it sends).
+    """
+    return _error(413, "request_too_large", too_large, Connection="close")
+
+
 class _BodyTooLargeError(HTTPException):
     """A body that grew past the limit while read, raised through the app being guarded."""
 
@@ -1193,21 +1315,25 @@ class ApiGuard:
         too_large = f"the request body is larger than this server's limit of {self.max_bytes} bytes"
         declared = dict(scope["headers"]).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > self.max_bytes:
-            await _error(413, "request_too_large", too_large)(scope, receive, send)
+            await _refused(too_large)(scope, receive, send)
             return
-        seen, started = 0, False
+        seen, started, over = 0, False, False
 
         async def counted() -> Message:
-            nonlocal seen
+            nonlocal seen, over
             message = await receive()
             seen += len(message.get("body", b""))
             if seen > self.max_bytes:  # a chunked body that grows past the limit
+                over = True
                 raise _BodyTooLargeError(413, too_large)
             return message
 
         async def watched(message: Message) -> None:
             nonlocal started
-            started = started or message["type"] == "http.response.start"
+            if message["type"] == "http.response.start":
+                started = True
+                if over:  # whatever the app answers, the body's rest is left unread
+                    message = {**message, "headers": [*message.get("headers", ()), _CLOSE]}
             await send(message)
 
         try:
@@ -1215,7 +1341,7 @@ class ApiGuard:
         except HTTPException as err:  # raised by counted() through an app that did not catch it
             if err.status_code != 413 or started:
                 raise
-            await _error(413, "request_too_large", too_large)(scope, receive, send)
+            await _refused(too_large)(scope, receive, send)
 
     def _matches(self, scope: Scope) -> bool:
         # Only the API's own routes: the UI's mount at / matches every path.

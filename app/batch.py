@@ -204,7 +204,9 @@ def result_rows(key: Any, explanations: dict[str, dict[str, Any]]) -> list[dict[
             row.update(
                 target=outcome["target"]["index"],
                 label=outcome["target"]["label"],
-                probability=outcome["target"]["probability"],
+                # one output's or an answer's; a contrast has none (its probability_ratio
+                # is in explanation_json)
+                probability=outcome["target"].get("probability"),
                 predictions=outcome["predictions"],
                 tokens=outcome["tokens"],
                 scores=scores.ravel().tolist(),

@@ -7,6 +7,7 @@ from typing import Any
 
 from attrlab.app.worker import (
     InstanceFailedError,
+    InstanceInterruptedError,
     JobTableBusyError,
     QueueFullError,
     WorkerClosedError,
@@ -51,6 +52,7 @@ ERROR_STATUS: dict[type[AttrlabError], tuple[int, str]] = {
     WorkerClosedError: (503, "shutting_down"),
     JobTableBusyError: (503, "jobs_unavailable"),
     InstanceFailedError: (500, "internal"),
+    InstanceInterruptedError: (500, "instance_interrupted"),
     TooSlowError: (422, "too_slow"),
     TooMuchMemoryError: (422, "over_memory"),
 }

@@ -45,6 +45,7 @@ except ImportError:  # not POSIX: one server per data folder, unchecked
 from attrlab.app.worker import (
     BatchRequest,
     ExplainWorker,
+    InstanceInterruptedError,
     InstanceResults,
     Job,
     JobTableBusyError,
@@ -56,7 +57,9 @@ from attrlab.attribution.errors import AttrlabError, JobCancelledError
 
 __all__ = [
     "DAMAGED",
+    "INTERRUPTED",
     "JOB_STATES",
+    "MAX_OPEN_RUNS",
     "DamagedResultsError",
     "JobRecord",
     "JobRunner",
@@ -91,7 +94,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     done_at_start INTEGER NOT NULL DEFAULT 0,
     result_lines INTEGER,
     result_bytes INTEGER,
-    result_digest TEXT
+    result_digest TEXT,
+    run_instance INTEGER,
+    open_runs INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS instance_errors (
     job_id TEXT NOT NULL,
@@ -104,12 +109,15 @@ CREATE INDEX IF NOT EXISTS instance_errors_of_job ON instance_errors (job_id, in
 """
 #: Columns added since the first job table, for folders made by an older server. The result
 #: record stays NULL for an older server's jobs until a run recounts them: until then their
-#: files are checked for form and count only.
+#: files are checked for form and count only. An older server's interrupted job has no open
+#: run on record (``open_runs`` 0): its instance in progress gets its first run and one retry.
 _ADDED_COLUMNS = {
     "done_at_start": "INTEGER NOT NULL DEFAULT 0",
     "result_lines": "INTEGER",
     "result_bytes": "INTEGER",
     "result_digest": "TEXT",
+    "run_instance": "INTEGER",
+    "open_runs": "INTEGER NOT NULL DEFAULT 0",
 }
 _DATABASE = "jobs.sqlite"
 #: The digest of no result lines; each line written chains on with :func:`_chained`.
@@ -124,6 +132,14 @@ _RESULTS_OPEN = _NO_WAIT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY"
 _NOT_A_FILE = "the results file is not a regular file"
 #: Instance errors listed in a job's status (all of them are in its results).
 LISTED_ERRORS = 100
+#: Runs of one instance that may end with the server stopping (killed for memory, say) before
+#: the instance is failed instead of run again: the first run and one retry.
+MAX_OPEN_RUNS = 2
+#: Why an instance in whose runs the server stopped :data:`MAX_OPEN_RUNS` times is not run.
+INTERRUPTED = (
+    "the server stopped while this instance ran, twice; it is not run again (it may need more "
+    "memory or time than this server has)"
+)
 
 
 @dataclass(frozen=True)
@@ -342,6 +358,38 @@ class JobStore:
         """Queue again the jobs a stopped server left running; how many."""
         with self._connection() as db:
             return db.execute("UPDATE jobs SET status = 'queued' WHERE status = 'running'").rowcount
+
+    def open_runs(self, job_id: str, index: int) -> int:
+        """
+        The runs of instance ``index`` that started and never ended: the server stopped in them.
+
+        A run that ends in any way while the server lives (a result, an error, a cancel, a
+        stop that requeues the job) is closed by :meth:`end_run`; only a server that dies
+        mid-instance (killed for memory, say) leaves one open.
+        """
+        with self._connection() as db:
+            row = db.execute(
+                "SELECT open_runs FROM jobs WHERE id = ? AND run_instance = ?", (job_id, index)
+            ).fetchone()
+        return row[0] if row else 0
+
+    def start_run(self, job_id: str, index: int) -> None:
+        """Count a run of instance ``index`` as open, on disk, before any of its work starts."""
+        with self._connection() as db:
+            db.execute(
+                "UPDATE jobs SET open_runs = CASE WHEN run_instance = ? THEN open_runs + 1 "
+                "ELSE 1 END, run_instance = ? WHERE id = ?",
+                (index, index, job_id),
+            )
+
+    def end_run(self, job_id: str, index: int) -> None:
+        """Close the run of instance ``index`` that :meth:`start_run` opened (it ended)."""
+        with self._connection() as db:
+            db.execute(
+                "UPDATE jobs SET open_runs = open_runs - 1 "
+                "WHERE id = ? AND run_instance = ? AND open_runs > 0",
+                (job_id, index),
+            )
 
     def results_path(self, job_id: str) -> Path:
         """The job's JSON Lines result file (for an id the table holds: never a client's)."""
@@ -760,20 +808,32 @@ class JobWork:
         request: Instance ``index`` -> the worker request that computes it.
         line: That request's result -> its results line (beside ``index``), such as
             ``{"explanations": ...}`` or ``{"report": ...}`` (see :func:`_checked_row`).
+        gate: The checks a new job of this body passes before it is stored (bounds, methods,
+            parameters, model), against a worker's current settings; a run of a stored job
+            passes them again first (the settings may have changed since).
+        error_line: Instance ``index`` and why it is not computed -> its results line, such
+            as an error per method; None when one instance's failure fails the job.
     """
 
     request: Callable[[int], WorkerRequest[Any]]
     line: Callable[[Any], dict[str, Any]]
+    gate: Callable[[ExplainWorker], None]
+    error_line: Callable[[int, AttrlabError], dict[str, Any]] | None = None
 
 
-def batch_work(build: Callable[[int], BatchRequest]) -> JobWork:
+def batch_work(
+    build: Callable[[int], BatchRequest], gate: Callable[[ExplainWorker], None]
+) -> JobWork:
     """A batch job's work: instance ``index`` as a worker batch of one, its explanations."""
 
     def line(results: list[InstanceResults]) -> dict[str, Any]:
         (only,) = results
         return {"explanations": instance_json(only)}
 
-    return JobWork(build, line)
+    def error_line(index: int, err: AttrlabError) -> dict[str, Any]:
+        return {"explanations": {method: error_record(err) for method in build(index).methods}}
+
+    return JobWork(build, line, gate, error_line)
 
 
 class JobRunner:
@@ -896,36 +956,77 @@ class JobRunner:
         except ValueError:  # a stored request this version of the server cannot read
             self.store.finish(job.id, "failed", "the stored request cannot be read")
             return
+        try:  # resumed work passes the gate new work passes, under today's settings
+            work.gate(self.worker)
+        except AttrlabError as err:
+            message = error_record(err)["error"]["message"]
+            self.store.finish(job.id, "failed", f"this server refuses the job now: {message}")
+            return
         for index in range(job.total):
             if index in finished:
                 continue
-            while True:  # one instance, retried while the worker's queue is full
-                if self._stopping.is_set():
-                    self.store.requeue(job.id)  # resumed by the next start
+            if self.store.open_runs(job.id, index) >= MAX_OPEN_RUNS:
+                row = self._interrupted(job.id, work, index)
+                if row is None or not self._keep(job.id, row):
                     return
-                record = self.store.get(job.id)
-                if record is None or record.status != "running":  # cancelled meanwhile
-                    return
-                try:
-                    result = self._explain(job.id, work.request(index))
-                    break
-                except QueueFullError:  # interactive requests fill the worker's queue
-                    self._stopping.wait(self.poll_s)
-                except (JobCancelledError, CancelledError):
-                    continue  # cancelled or stopping: the checks above end the job
-                except WorkerClosedError:
-                    self._stopping.set()  # the worker is gone: so is this runner
-                except AttrlabError as err:  # the model or a method cannot run at all
-                    self.store.finish(job.id, "failed", error_record(err)["error"]["message"])
-                    return
-            row = {"index": index, **work.line(result)}
+                continue
+            self.store.start_run(job.id, index)  # open until it ends, unless the server dies
             try:
-                if not self.store.append(job.id, row):  # cancelled as the instance finished
+                row = self._instance(job.id, work, index)
+                if row is None or not self._keep(job.id, row):
                     return
-            except DamagedResultsError as err:  # replaced by a link, a pipe, a folder
-                self.store.finish(job.id, "failed", f"the job's results are damaged: {err}")
-                return
+            finally:  # closed once its result is on disk, or it ended without one
+                self.store.end_run(job.id, index)
         self.store.finish(job.id, "done")
+
+    def _keep(self, job_id: str, row: dict[str, Any]) -> bool:
+        """Append an instance's results line; False when the job ended instead (go no further)."""
+        try:
+            return self.store.append(job_id, row)  # False: cancelled as the instance finished
+        except DamagedResultsError as err:  # replaced by a link, a pipe, a folder
+            self.store.finish(job_id, "failed", f"the job's results are damaged: {err}")
+            return False
+
+    def _instance(self, job_id: str, work: JobWork, index: int) -> dict[str, Any] | None:
+        """
+        Instance ``index`` computed: its results line; None when the job ended meanwhile.
+
+        Retried while the worker's queue is full; a stop puts the job back in the queue.
+        """
+        while True:
+            if self._stopping.is_set():
+                self.store.requeue(job_id)  # resumed by the next start
+                return None
+            record = self.store.get(job_id)
+            if record is None or record.status != "running":  # cancelled meanwhile
+                return None
+            try:
+                result = self._explain(job_id, work.request(index))
+            except QueueFullError:  # interactive requests fill the worker's queue
+                self._stopping.wait(self.poll_s)
+                continue
+            except (JobCancelledError, CancelledError):
+                continue  # cancelled or stopping: the checks above end the job
+            except WorkerClosedError:
+                self._stopping.set()  # the worker is gone: so is this runner
+                continue
+            except AttrlabError as err:  # the model or a method cannot run at all
+                self.store.finish(job_id, "failed", error_record(err)["error"]["message"])
+                return None
+            return {"index": index, **work.line(result)}
+
+    def _interrupted(self, job_id: str, work: JobWork, index: int) -> dict[str, Any] | None:
+        """
+        Instance ``index``, whose runs the server died in twice, failed: its error line.
+
+        None, and the job failed with the reason, for a job whose instance is all its work.
+        """
+        err = InstanceInterruptedError(INTERRUPTED)
+        log.warning("job %s: instance %d is not run again: %s", job_id, index, INTERRUPTED)
+        if work.error_line is None:
+            self.store.finish(job_id, "failed", INTERRUPTED)
+            return None
+        return {"index": index, **work.error_line(index, err)}
 
     def progress(self, job_id: str) -> tuple[int, int] | None:
         """The steps done of the running instance of ``job_id`` (None: not running one)."""

@@ -64,6 +64,7 @@ __all__ = [
     "ExplainWorker",
     "InputRequest",
     "Instance",
+    "InstanceInterruptedError",
     "InstanceResults",
     "Job",
     "JobTableBusyError",
@@ -88,6 +89,10 @@ log = logging.getLogger(__name__)
 
 class InstanceFailedError(AttrlabError):
     """An unexpected failure (a bug) while explaining one instance of a batch."""
+
+
+class InstanceInterruptedError(AttrlabError):
+    """A job's instance not run again: the server stopped in its runs (killed, say) twice."""
 
 
 class QueueFullError(AttrlabError):

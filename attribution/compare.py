@@ -59,7 +59,13 @@ def compare_explanations(before: Explanation, after: Explanation) -> MapChange:
             f"compare explanations of one class; got {before.target.label!r} and "
             f"{after.target.label!r}"
         )
-    change = after.target.probability - before.target.probability
+    before_p, after_p = before.target.probability, after.target.probability
+    if before_p is None or after_p is None:
+        raise InvalidInputError(
+            "compare explanations of a class, a next token or an answer: a contrast has no "
+            "probability (its target holds a probability_ratio)"
+        )
+    change = after_p - before_p
     if (before.tokens is None) != (after.tokens is None):
         raise InvalidInputError("compare two texts or two images, not one of each")
     if before.tokens is None or after.tokens is None:

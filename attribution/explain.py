@@ -150,10 +150,7 @@ def _explained(
         method=method_cls.name,
         params=checked,
         target=TargetValues(
-            index=first_token(explained),
-            label=explained.label,
-            logit=float(explained.score(outputs)[0]),
-            probability=float(explained.probability(outputs)[0]),
+            index=first_token(explained), label=explained.label, **explained.values(outputs)
         ),
         predictions=predictions(adapter, probabilities),
         scores=result.scores,

@@ -38,9 +38,12 @@ __all__ = [
 ]
 
 #: 4: answer, contrast and step target records, the per-step matrix (``maps["steps"]``), the
-#: features of a granularity (``granularity``, ``features``, ``feature_scores``); files of
-#: earlier versions still read.
-SCHEMA_VERSION = 4
+#: features of a granularity (``granularity``, ``features``, ``feature_scores``). 5: the
+#: ``target`` values named for what they hold (:class:`TargetValues`): up to 4 an answer's
+#: log-probability and a contrast's log-probability difference were its ``logit``, a
+#: contrast's probability ratio its ``probability``. Files of earlier versions still read
+#: (their values under the names they hold).
+SCHEMA_VERSION = 5
 #: The array fields, which ``.npz`` files hold natively.
 _ARRAYS = ("scores", "positional_scores", "maps")
 #: Columns of the layer table; ``head`` and ``kv_head`` are null on whole-layer rows.
@@ -67,12 +70,71 @@ class Prediction:
 
 @dataclass(frozen=True)
 class TargetValues:
-    """The explained output's values: its index, name, score (logit) and probability."""
+    """
+    The explained target's values on this input, each named for what it holds.
+
+    Only those of the target's kind are set (:meth:`attribution.target.Target.values`); the
+    others are None, and JSON leaves them out:
+
+    - one output (a class, a next token): ``logit`` and ``probability`` (softmax);
+    - a whole answer: ``log_probability``, ``log p(answer | prompt)`` (its tokens'
+      log-probabilities summed), and ``probability``, ``p(answer | prompt)``;
+    - a contrast: ``log_probability_difference``, ``log p(answer) − log p(alternative)``, and
+      ``probability_ratio``, ``p(answer) / p(alternative)`` (left out past float range);
+    - an answer or contrast read in logits (a hand-made record): ``logit_sum`` or
+      ``logit_difference`` alone;
+    - a step of an answer or contrast: its part of its whole's, under the whole's names.
+
+    Attributes:
+        index: The output explained (an answer's: its first token).
+        label: How the target is shown.
+    """
 
     index: int
     label: str
-    logit: float
-    probability: float
+    logit: float | None = None
+    probability: float | None = None
+    log_probability: float | None = None
+    log_probability_difference: float | None = None
+    probability_ratio: float | None = None
+    logit_sum: float | None = None
+    logit_difference: float | None = None
+
+    @property
+    def score(self) -> float:
+        """The scalar the method attributed: the logit, log-probability or difference."""
+        for value in (
+            self.logit,
+            self.log_probability,
+            self.log_probability_difference,
+            self.logit_sum,
+            self.logit_difference,
+        ):
+            if value is not None:
+                return value
+        raise ValueError(f"the values of target {self.label!r} hold no score")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the index, the label and the values its kind holds."""
+        return {key: value for key, value in asdict(self).items() if value is not None}
+
+    @classmethod
+    def from_dict(
+        cls, data: dict[str, Any], version: int, record: targets.Target | None
+    ) -> TargetValues:
+        """
+        The values :meth:`to_dict` wrote, in a file of schema ``version`` of ``record``.
+
+        Up to schema 4 every kind stored its score as ``logit`` and its probability (or
+        ratio) as ``probability``: they are read under the names of what they hold.
+        """
+        if version >= 5 or record is None:  # no record: a class or next token (schema ≤ 3)
+            return cls(**data)
+        score_name, probability_name = record.value_names
+        values = {"index": data["index"], "label": data["label"], score_name: data["logit"]}
+        if probability_name is not None and data.get("probability") is not None:
+            values[probability_name] = data["probability"]
+        return cls(**values)
 
 
 @dataclass
@@ -230,7 +292,7 @@ class Explanation:
             "model": asdict(self.model),
             "method": self.method,
             "params": self.params,
-            "target": asdict(self.target),
+            "target": self.target.to_dict(),
             "predictions": [asdict(p) for p in self.predictions],
             "tokens": self.tokens,
             "token_texts": self.token_texts,
@@ -264,13 +326,15 @@ class Explanation:
         image_size = data.get("image_size")
         positional = data.get("positional_scores")
         record = data.get("target_record")
+        explained = None if record is None else targets.Target.from_json(record)
         features = data.get("features")
         feature_scores = data.get("feature_scores")
+        version = data.get("schema_version", SCHEMA_VERSION)
         return cls(
             model=ModelInfo(**data["model"]),
             method=data["method"],
             params=dict(data["params"]),
-            target=TargetValues(**data["target"]),
+            target=TargetValues.from_dict(data["target"], version, explained),
             predictions=[Prediction(**p) for p in data["predictions"]],
             scores=np.asarray(data["scores"], dtype=np.float64),
             tokens=data.get("tokens"),
@@ -286,7 +350,7 @@ class Explanation:
             seed=data.get("seed"),
             versions=dict(data.get("versions", {})),
             warnings=list(data.get("warnings", [])),
-            target_record=None if record is None else targets.Target.from_json(record),
+            target_record=explained,
             verdicts=[Verdict.from_dict(v) for v in data.get("verdicts", [])],
             granularity=data.get("granularity", "token"),
             features=None if features is None else [Feature.from_dict(f) for f in features],

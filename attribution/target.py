@@ -17,6 +17,7 @@ that the Explanation's export carries.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -167,6 +168,32 @@ class Target(ABC):
         For methods weighing by probability (RISE's default output) and the Explanation's record.
         """
         return self.score(outputs.softmax(-1))
+
+    @property
+    def value_names(self) -> tuple[str, str | None]:
+        """
+        What :meth:`score` and :meth:`probability` hold, named as the Explanation records them.
+
+        One output: its ``logit`` and its softmax ``probability``. The second is None where
+        the probability means nothing (an answer scored in logits).
+        """
+        return ("logit", "probability")
+
+    def values(self, outputs: torch.Tensor) -> dict[str, float]:
+        """
+        The first row's score and probability, each under its :attr:`value_names` name.
+
+        Read in float64, so that a probability ratio overflows only past ``e**709``; one that
+        still overflows is left out (JSON has no infinity).
+        """
+        outputs = outputs.double()
+        score_name, probability_name = self.value_names
+        values = {score_name: float(self.score(outputs)[0])}
+        if probability_name is not None:
+            probability = float(self.probability(outputs)[0])
+            if math.isfinite(probability):
+                values[probability_name] = probability
+        return values
 
     @abstractmethod
     def to_json(self) -> dict[str, Any]:
@@ -325,6 +352,13 @@ class AnswerTarget(Target):
         """``p(answer | prompt)`` (a score in log-probabilities)."""
         return self.score(outputs).exp()
 
+    @property
+    def value_names(self) -> tuple[str, str | None]:
+        """``log_probability`` and ``probability`` of the answer; in logits, ``logit_sum``."""
+        if self.measure == "logit":
+            return ("logit_sum", None)
+        return ("log_probability", "probability")
+
     def in_logits(self) -> AnswerTarget:
         return replace(self, measure="logit")
 
@@ -398,6 +432,11 @@ class ContrastTarget(Target):
     label: str = ""
 
     def __post_init__(self) -> None:
+        if self.answer.measure != self.alternative.measure:
+            raise InvalidInputError(
+                "a contrast reads both answers in one measure; got "
+                f"{self.answer.measure} and {self.alternative.measure}"
+            )
         if not self.label:
             label = f"{self.answer.label!r} rather than {self.alternative.label!r}"
             object.__setattr__(self, "label", label)
@@ -463,6 +502,13 @@ class ContrastTarget(Target):
     def probability(self, outputs: torch.Tensor) -> torch.Tensor:
         """``p(answer) / p(alternative)``: how many times likelier the answer is."""
         return self.score(outputs).exp()
+
+    @property
+    def value_names(self) -> tuple[str, str | None]:
+        """``log_probability_difference``, ``probability_ratio``; in logits ``logit_difference``."""
+        if self.answer.measure == "logit":
+            return ("logit_difference", None)
+        return ("log_probability_difference", "probability_ratio")
 
     @property
     def steps(self) -> int:
@@ -540,6 +586,11 @@ class _StepsOf(Target):
     @property
     def reads_logits(self) -> bool:
         return self.whole.reads_logits
+
+    @property
+    def value_names(self) -> tuple[str, str | None]:
+        """The whole target's names: a step holds its part of the whole's quantity."""
+        return self.whole.value_names
 
     def in_logits(self) -> Self:
         return replace(self, whole=self.whole.in_logits())

@@ -227,7 +227,7 @@ def captum_rows(
             for in_tokens in (True, False)
         }
     print(
-        f"log p(answer | prompt): attrlab {maps['occlusion'][0].target.logit:.4f}; Captum "
+        f"log p(answer | prompt): attrlab {maps['occlusion'][0].target.score:.4f}; Captum "
         f"teacher-forced {read[False]:.4f}, token by token with its cache {read[True]:.4f}\n"
     )
     for in_tokens, how in ((True, "token by token (default)"), (False, "teacher-forced")):

@@ -136,8 +136,8 @@ def test_a_head_ablated_map_explains_the_same_answer(llama):
     _zero_head_by_hand(edited, 1, 2)
     prompt = inputs.input_ids[0, : -inputs.answer_length].tolist()
     by_hand = _log_prob(edited, prompt, target.tokens)
-    assert ablation.ablated.target.logit == pytest.approx(by_hand, **CLOSE)
-    assert ablation.plain.target.logit == pytest.approx(
+    assert ablation.ablated.target.log_probability == pytest.approx(by_hand, **CLOSE)
+    assert ablation.plain.target.log_probability == pytest.approx(
         _log_prob(llama, prompt, target.tokens), **CLOSE
     )
 

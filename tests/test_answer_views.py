@@ -76,9 +76,10 @@ def test_the_answer_view_marks_the_answer_and_offers_every_step(contrast):
     assert re.search(rf'class="alternative-token" data-step="{answer}"', view)
     chosen = re.findall(r'data-step="(\d+)"[^>]*outline:2px', view)
     assert chosen == ["1"]
-    assert f"= {explanation.target.logit:.4g}" in view  # log p(answer) − log p(alternative)
+    difference = explanation.target.log_probability_difference  # log p(answer) − log p(alt.)
+    assert difference is not None and f"= {difference:.4g}" in view
     # the token columns say the contrast's odds, not a probability above 1
-    odds = f"p(answer) / p(contrast) = {np.exp(explanation.target.logit):.3g}"
+    odds = f"p(answer) / p(contrast) = {np.exp(difference):.3g}"
     assert odds in token_columns_html({"gxi": explanation})
 
 

@@ -116,10 +116,10 @@ def test_teacher_forcing_equals_the_models_own_generation(load_model, model):
     steps = target.step_scores(target.outputs(adapter, **inputs.model_kwargs()))[0]
     torch.testing.assert_close(steps.double(), expected, rtol=0, atol=1e-4)
     e = explain(adapter, "gradient_x_input", inputs, target)
-    assert e.target.logit == pytest.approx(float(expected.sum()), abs=1e-4)
+    assert e.target.log_probability == pytest.approx(float(expected.sum()), abs=1e-4)
     assert e.target.probability == pytest.approx(float(expected.sum().exp()), rel=1e-4)
     step = explain(adapter, "gradient_x_input", inputs, StepTarget(target, 2))
-    assert step.target.logit == pytest.approx(float(expected[2]), abs=1e-4)
+    assert step.target.log_probability == pytest.approx(float(expected[2]), abs=1e-4)
     assert step.target.probability == pytest.approx(float(expected[2].exp()), rel=1e-4)
 
 
@@ -165,7 +165,7 @@ def test_a_contrast_of_an_answer_with_itself_explains_nothing(llama, method, par
     assert isinstance(answer, AnswerTarget)
     itself = ContrastTarget(answer, answer)  # answer_request refuses it: built directly
     e = explain(llama, method, inputs, itself, params)
-    assert e.target.logit == pytest.approx(0, abs=1e-6)
+    assert e.target.log_probability_difference == pytest.approx(0, abs=1e-6)
     # float32 sums of a, b, −a, −b leave rounding, nothing more
     np.testing.assert_allclose(e.scores, 0, rtol=0, atol=1e-5)
 
@@ -189,8 +189,8 @@ def test_swapping_a_shared_input_contrast_negates_it(llama, method, answer, alte
     difference = float(
         teacher_forced(llama, prompt, ours).sum() - teacher_forced(llama, prompt, theirs).sum()
     )
-    assert one.target.logit == pytest.approx(difference, abs=1e-5)
-    assert other.target.logit == pytest.approx(-difference, abs=1e-5)
+    assert one.target.log_probability_difference == pytest.approx(difference, abs=1e-5)
+    assert other.target.log_probability_difference == pytest.approx(-difference, abs=1e-5)
     np.testing.assert_allclose(other.scores, -one.scores, rtol=1e-4, atol=1e-5)
     assert np.abs(one.scores).max() > 1e-3  # not a map of zeros negating itself
 
@@ -215,8 +215,8 @@ def test_swapping_a_contrast_of_two_sequences_negates_it(llama, method):
     difference = float(
         teacher_forced(llama, prompt, dog).sum() - teacher_forced(llama, prompt, cat).sum()
     )
-    assert one.target.logit == pytest.approx(difference, abs=1e-5)
-    assert other.target.logit == pytest.approx(-difference, abs=1e-5)
+    assert one.target.log_probability_difference == pytest.approx(difference, abs=1e-5)
+    assert other.target.log_probability_difference == pytest.approx(-difference, abs=1e-5)
     width = prompt.shape[1]
     np.testing.assert_allclose(other.scores[:width], -one.scores[:width], rtol=1e-4, atol=1e-5)
     assert np.abs(one.scores[:width]).max() > 1e-3
@@ -324,7 +324,8 @@ def test_smollm2_paris_rather_than_lyon(smollm2):
     maps = {}
     for method in methods:
         e = explain(smollm2, method, inputs, target, SMALL_BUDGETS.get(method, {}))
-        assert e.target.logit == pytest.approx(log_ratio(prompt), abs=1e-4), method
+        difference = e.target.log_probability_difference
+        assert difference == pytest.approx(log_ratio(prompt), abs=1e-4), method
         assert e.scores.shape == (len(inputs.tokens),) and np.all(np.isfinite(e.scores)), method
         maps[method] = e.scores
     drops = [

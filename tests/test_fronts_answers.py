@@ -82,7 +82,7 @@ def test_cli_explains_an_answer_against_a_contrast_per_step(capsys, tmp_path, lo
         record = e.target_record.to_json()
         assert record["kind"] == "contrast"
         assert record["answer"]["label"] == ANSWER and record["alternative"]["label"] == CONTRAST
-        assert e.target.logit == pytest.approx(score, abs=1e-4)
+        assert e.target.log_probability_difference == pytest.approx(score, abs=1e-4)
         # the rows of the per-step matrix (separate runs) sum to the whole map (linear methods)
         assert e.maps["steps"].shape == (3, len(e.tokens))
         np.testing.assert_allclose(e.maps["steps"].sum(0), e.scores, atol=1e-5)
@@ -152,7 +152,8 @@ def test_rest_explains_a_contrast_per_step(served, load_model):
     response = client.post("/api/v1/explain", json={**body, "contrast": CONTRAST, "per_step": True})
     assert response.status_code == 200, response.text
     e = response.json()
-    assert e["target_record"]["kind"] == "contrast" and e["target"]["logit"] == pytest.approx(score)
+    assert e["target_record"]["kind"] == "contrast"
+    assert e["target"]["log_probability_difference"] == pytest.approx(score)
     tolerance = 1e-4 * np.abs(whole).max()
     np.testing.assert_allclose(e["scores"], whole, atol=tolerance)
     np.testing.assert_allclose(e["maps"]["steps"], rows, atol=tolerance)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 import sys
@@ -145,7 +146,10 @@ def test_an_answer_against_a_contrast_is_log_p_answer_minus_log_p_contrast():
         logits = model.model(**prompt).logits[0, -1].log_softmax(-1)
     (paris,) = tok(" Paris", add_special_tokens=False)["input_ids"]  # one token each: the
     (lyon,) = tok(" Lyon", add_special_tokens=False)["input_ids"]  # target is one forward's
-    assert e.target.logit == pytest.approx(float(logits[paris] - logits[lyon]), abs=1e-5)
+    difference = float(logits[paris] - logits[lyon])
+    assert e.target.log_probability_difference == pytest.approx(difference, abs=1e-5)
+    assert e.target.probability_ratio == pytest.approx(math.exp(difference), rel=1e-5)
+    assert e.target.logit is None and e.target.probability is None  # no class's values
     page = parsed(e._repr_html_())
     assert with_class(page, "answer-token") and with_class(page, "alternative-token")
 

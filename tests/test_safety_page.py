@@ -495,6 +495,30 @@ def test_a_bad_link_field_is_named_and_the_rest_fills_the_tab(client, query, nam
         assert _value(filled["text-methods"]) == ["attnlrp"]  # the known ones are kept
 
 
+def _notice(client: TestClient, query: str) -> tuple[str, dict[str, Any]]:
+    """A link's notice as the Markdown renders it, and what the link filled."""
+    filled = _load(client, f"tab=text&text=hello+there&model={TEXT_MODEL}&{query}")
+    assert filled["link-problems"]["visible"] is True
+    return filled["link-problems"]["value"].replace("\\", ""), filled
+
+
+def test_a_name_repeated_in_a_link_is_named_once_with_its_count(client):
+    shown, filled = _notice(client, "methods=attnlrp" + ",nope" * 2000 + ",gradcam,nope")
+    assert shown.count("nope") == 1 and shown.count("gradcam") == 1
+    assert "methods 'nope' (2,001 times), 'gradcam': not on this tab" in shown
+    assert _value(filled["text-methods"]) == ["attnlrp"]  # the known one is kept
+    parameters = ["steps", *(f"p{i}" for i in range(500))]  # 501 names no method has
+    strangers = [f"m{i}" for i in range(500)]  # 500 names that are no method of the tab
+    params = {"integrated_gradients": dict.fromkeys(parameters, 1)}
+    params |= {name: {} for name in strangers}
+    shown, _ = _notice(client, urlencode({"params": json.dumps(params)}))
+    first = ", ".join(repr(name) for name in parameters[:10])
+    assert f"params: integrated_gradients has no parameters {first}, and 491 others" in shown
+    first = ", ".join(repr(name) for name in strangers[:10])
+    assert f"params: {first}, and 490 others are not methods of this tab" in shown
+    assert len(shown) < 1000  # a few sentences, not one per name
+
+
 def test_a_good_link_fills_every_field_and_shows_no_notice(client):
     params = json.dumps({"integrated_gradients": {"n_steps": 8, "internal_batch_size": 4}})
     query = (

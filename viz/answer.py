@@ -204,7 +204,7 @@ def answer_html(explanation: Explanation, view: View = TEXT_VIEW, chosen: int | 
         f'<div style="font-weight:600">{html.escape(explanation.method)}: the whole answer'
         f"{about}</div>"
         f'<div style="font-size:0.85em;opacity:0.8">{_quantity(layout)} = '
-        f"{target.logit:.4g}; {hint}</div>"
+        f"{target.score:.4g}; {hint}</div>"
         f'<div style="line-height:1.9">{"".join(spans)}{rather}</div>'
         f"{scale_legend_html(view)}</div>"
     )

@@ -49,7 +49,7 @@ def _heading(explanation: Explanation) -> str:
         '<div class="attrlab-heading" style="font-size:0.9em;margin-bottom:4px">'
         f"<b>{html.escape(explanation.method)}</b> on {html.escape(model.id)}: target "
         f'<span class="attrlab-target">{token_html(target.label)}</span> '
-        f"({probability_text(explanation)}, score {target.logit:.4g})</div>"
+        f"({probability_text(explanation)}, score {target.score:.4g})</div>"
     )
 
 

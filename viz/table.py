@@ -49,23 +49,29 @@ def explanation_table(explanation: Explanation) -> str:
 
 def _target_lines(e: Explanation) -> list[str]:
     """What was explained: one output, or a decoder's answer (its tokens) and its contrast."""
-    record = e.target_record
+    record, values = e.target_record, e.target
     if isinstance(record, ContrastTarget):
         return [
-            f"target    contrast: log p(answer) - log p(contrast) = {e.target.logit:.4f}  "
-            f"p(answer)/p(contrast)={e.target.probability:.4g}",
+            f"target    contrast: log p(answer) - log p(contrast) = {values.score:.4f}  "
+            f"p(answer)/p(contrast)={_number(values.probability_ratio, '.4g')}",
             _answer_line("answer", record.answer),
             _answer_line("contrast", record.alternative),
         ]
     if isinstance(record, AnswerTarget):
         return [
-            f"target    answer: log p(answer) = {e.target.logit:.4f}  p={e.target.probability:.4g}",
+            f"target    answer: log p(answer) = {values.score:.4f}  "
+            f"p={_number(values.probability, '.4g')}",
             _answer_line("answer", record),
         ]
     return [
         f"target    {_quoted(e.target.label)} (index {e.target.index})  "
-        f"p={e.target.probability:.4f}  logit={e.target.logit:.4f}"
+        f"p={_number(values.probability, '.4f')}  logit={values.score:.4f}"
     ]
+
+
+def _number(value: float | None, spec: str) -> str:
+    """``value`` as ``spec`` formats it; ``n/a`` where the record has none."""
+    return "n/a" if value is None else format(value, spec)
 
 
 def _answer_line(name: str, answer: AnswerTarget) -> str:
@@ -130,7 +136,7 @@ def layers_text(explanation: Explanation, top: int = 5) -> str:
     lines = [
         f"model     {e.model.id} ({e.model.modality})",
         f"target    {_quoted(e.target.label)} (index {e.target.index})  "
-        f"p={e.target.probability:.4f}",
+        f"p={_number(e.target.probability, '.4f')}",
     ]
     if table is None or table.empty:
         return "\n".join([*lines, "no layer measures"])

@@ -259,10 +259,19 @@ def _column_html(
 
 
 def probability_text(explanation: Explanation) -> str:
-    """The target's probability, or for a contrast how many times likelier the answer is."""
+    """
+    The target's probability, or for a contrast how many times likelier the answer is.
+
+    A record with neither (a ratio past float range, an answer read in logits) gives its score.
+    """
+    values = explanation.target
+    if values.probability_ratio is not None:
+        return f"p(answer) / p(contrast) = {values.probability_ratio:.3g}"
+    if values.probability is not None:
+        return f"p={values.probability:.3f}"
     if isinstance(explanation.target_record, ContrastTarget):
-        return f"p(answer) / p(contrast) = {explanation.target.probability:.3g}"
-    return f"p={explanation.target.probability:.3f}"
+        return f"log p(answer) − log p(contrast) = {values.score:.4g}"
+    return f"score {values.score:.4g}"
 
 
 def token_columns_html(explanations: Mapping[str, Explanation], view: View = TEXT_VIEW) -> str:

@@ -130,8 +130,10 @@ def batch_tab(runner: PageRunner) -> None:
         row = next(r for r in kept["rows"] if str(r["id"]) == key and r["method"] == method)
         if row["error"] is not None:
             return [f"**{key} · {method}** has no map: {row['error']}", gr.update(visible=False)]
+        probability = row["probability"]  # none for a contrast (its explanation has its ratio)
+        shown = "" if probability is None else f" (p = {probability:.4f})"
         return [
-            f"**{key} · {method}**: {row['label']} (p = {row['probability']:.4f})",
+            f"**{key} · {method}**: {row['label']}{shown}",
             gr.update(visible=True, value=row_figure(row, kept["images"].get(key), max_pixels)),
         ]
 

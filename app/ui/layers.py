@@ -384,9 +384,9 @@ def layers_tab(runner: PageRunner) -> LinkedTab:
         outcome = runner(request_, progress, session(request), "layers")
         plain, zeroed = outcome.plain, outcome.ablated
         label = plain.target.label
-        line = ablation_note(
-            format_heads(chosen_), label, plain.target.probability, zeroed.target.probability
-        )
+        before, after = plain.target.probability, zeroed.target.probability
+        assert before is not None and after is not None  # an ablation explains one output
+        line = ablation_note(format_heads(chosen_), label, before, after)
         maps = {f"{method_} (as is)": plain, f"{method_} (heads ablated)": zeroed}
         kept = {_ANALYSIS: result.explanations[_ANALYSIS], method_: plain}
         kept[f"{method_}_heads_ablated"] = zeroed

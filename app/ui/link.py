@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
@@ -81,6 +82,8 @@ _ON_FLAGS = ("per_step",)
 _COUNTS = {"max_new_tokens": MAX_NEW_TOKENS, "noise_seeds": MAX_SEEDS}
 #: Fields that list choices of a tab's checkbox group: the known ones are kept.
 _LISTS = ("methods", "measures", "components", "estimators", "directions")
+#: Distinct values a notice names in one sentence; past these, it counts the others.
+_MOST_NAMED = 10
 
 
 @dataclass
@@ -248,9 +251,9 @@ def _read_link(query: Mapping[str, str], filled: Mapping[str, LinkedTab]) -> Lin
             known = {value for _, value in fields[name].choices}
             given = link.fields[name]
             link.fields[name] = [m for m in given if m in known]
-            unknown = [_quoted(m) for m in given if m not in known]
+            unknown = [m for m in given if m not in known]
             if unknown:
-                link.problems.append(f"{name} {', '.join(unknown)}: not on this tab")
+                link.problems.append(f"{name} {_named(unknown)}: not on this tab")
     methods = {value for _, value in fields["methods"].choices} if "methods" in fields else set()
     if query.get("params"):
         link.params = _link_params(query["params"], methods, link.problems)
@@ -348,9 +351,12 @@ def _link_params(text: str, methods: set[str], problems: list[str]) -> dict[str,
         problems.append("params is not a JSON object of method -> parameters")
         return {}
     params: dict[str, dict[str, Any]] = {}
+    strangers = [method for method in given if method not in methods]
+    if strangers:
+        verb = "is not a method" if len(strangers) == 1 else "are not methods"
+        problems.append(f"params: {_named(strangers)} {verb} of this tab")
     for method, values in given.items():
         if method not in methods:
-            problems.append(f"params: {_quoted(method)} is not a method of this tab")
             continue
         if not isinstance(values, dict):
             problems.append(f"params: {method} is not given a JSON object of parameters")
@@ -360,9 +366,12 @@ def _link_params(text: str, methods: set[str], problems: list[str]) -> dict[str,
         except AttrlabError as err:  # a method whose library is not installed
             problems.append(f"params: {method}: {err}")
             continue
+        unknown = [name for name in values if name not in schema]
+        if unknown:
+            noun = "parameter" if len(unknown) == 1 else "parameters"
+            problems.append(f"params: {method} has no {noun} {_named(unknown)}")
         for name, value in values.items():
             if name not in schema:
-                problems.append(f"params: {method} has no parameter {_quoted(name)}")
                 continue
             try:
                 checked = schema[name].validate(value)
@@ -373,6 +382,22 @@ def _link_params(text: str, methods: set[str], problems: list[str]) -> dict[str,
                 continue
             params.setdefault(method, {})[name] = checked
     return params
+
+
+def _named(values: Iterable[str]) -> str:
+    """
+    Values from a link for a notice: each once, as first given, with its count if repeated.
+
+    At most :data:`_MOST_NAMED` are quoted; the others are counted.
+    """
+    counts = Counter(values)
+    named = [
+        _quoted(value) + (f" ({count:,} times)" if count > 1 else "")
+        for value, count in list(counts.items())[:_MOST_NAMED]
+    ]
+    if len(counts) > _MOST_NAMED:
+        named.append(f"and {len(counts) - _MOST_NAMED:,} others")
+    return ", ".join(named)
 
 
 def _quoted(value: str) -> str:
