@@ -9,6 +9,8 @@ the last predictions stay on screen.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from _browser import errors, no_errors, tab
@@ -16,6 +18,7 @@ from playwright.sync_api import Page, expect
 
 from attrlab.app.ui.shared import method_entries
 from attrlab.attribution.methods import capabilities
+from attrlab.attribution.perturb import BatchRunner
 
 pytestmark = pytest.mark.browser
 
@@ -47,6 +50,19 @@ _PROGRESS_IN_VIEW = f"""
 """
 
 
+#: The steps done so far, as the run's progress reads ("1,234/200,000 steps"); null if none.
+_STEPS_DONE = """
+() => {
+  const shown = [...document.querySelectorAll('.progress-level-inner, .progress-text, .meta-text')]
+    .map((e) => e.textContent.match(/([\\d,]+)\\/[\\d,]+ steps/)).find((m) => m);
+  return shown ? Number(shown[1].replaceAll(',', '')) : null;
+}
+"""
+#: How many times slower than this machine the page's CPU runs in the long-run test: a loaded
+#: CI machine, whose two cores a run, the browser and another pytest worker share.
+SLOWER_CPU = 3
+
+
 @pytest.fixture
 def page(blank_page):
     """Each test opens the page itself, at the first screen's size (:func:`_open`)."""
@@ -67,6 +83,23 @@ def _open(page: Page, url: str, query: str = "") -> None:
     page.set_default_timeout(60_000)  # two cores: a run beside the browser slows every step
     page.goto(url + query)
     expect(page.locator("#text-run")).to_be_visible(timeout=60_000)
+
+
+def _a_long_rise_run(page: Page, batch_size: int | None = None) -> None:
+    """Choose RISE alone with 200,000 masks (and ``batch_size``), and wait for its price."""
+    methods = page.locator("#text-methods")
+    methods.get_by_label("integrated_gradients", exact=True).uncheck()
+    methods.get_by_label("attnlrp", exact=True).uncheck()
+    methods.get_by_label("rise", exact=True).check()
+    page.locator("#text-params-rise").get_by_text("Parameters", exact=False).first.click()
+    fields = {"n_masks": 200_000} | ({"batch_size": batch_size} if batch_size else {})
+    for name, value in fields.items():
+        field = page.locator(f"#text-param-rise-{name}").locator("input, textarea")
+        field.click(click_count=3)
+        field.type(str(value))  # typed over the selection: never an empty field
+        field.press("Tab")
+    # the first estimate calibrates the model (a job of its own)
+    expect(page.locator("#text-cost")).to_contain_text("200,001 forward", timeout=300_000)
 
 
 def _top(page: Page, selector: str) -> float:
@@ -124,18 +157,8 @@ def test_predict_and_the_cost_answer_while_a_long_run_goes(page, page_url):
     page.locator("#text-predict").click()
     prediction = page.locator("#text-prediction h2")  # the top class
     expect(prediction).to_have_text("positive", timeout=120_000)
-    methods = page.locator("#text-methods")
-    methods.get_by_label("integrated_gradients", exact=True).uncheck()
-    methods.get_by_label("attnlrp", exact=True).uncheck()
-    methods.get_by_label("rise", exact=True).check()
-    page.locator("#text-params-rise").get_by_text("Parameters", exact=False).first.click()
-    masks = page.locator("#text-param-rise-n_masks input")
-    masks.click(click_count=3)
-    masks.type("200000")  # typed over the selection: never an empty field
-    masks.press("Tab")
+    _a_long_rise_run(page)
     cost = page.locator("#text-cost")
-    # the first estimate calibrates the model (a job of its own); then Run
-    expect(cost).to_contain_text("200,001 forward", timeout=300_000)
     page.locator("#text-run").click()
     running = f"() => {_PROGRESS_IN_VIEW}"
     page.wait_for_function(running, timeout=120_000)  # it runs, its progress in view
@@ -153,3 +176,43 @@ def test_predict_and_the_cost_answer_while_a_long_run_goes(page, page_url):
     page.wait_for_function(f"() => !({_PROGRESS_IN_VIEW})")  # the run stops
     shown = errors(page)  # at most Cancel's own words, nothing else
     assert all("the job was cancelled" in e for e in shown), shown
+
+
+def test_the_page_answers_at_once_all_through_a_long_runs_progress(page, page_url, monkeypatch):
+    """
+    A long run's progress leaves the page free: a trivial script answers at once throughout.
+
+    Each move of the bar is a message Gradio's page handles for every component that ever
+    showed a status. Four a second kept the page busy, and on a loaded machine its backlog grew
+    with the run: a click waited a minute after four minutes (docs/development.md). Here the
+    page's CPU is :data:`SLOWER_CPU` times slower, and the run paced (a small batch, then a
+    sleep) to leave the cores free; the bar moves all along.
+    """
+    step = BatchRunner._step
+
+    def paced(self: BatchRunner) -> None:
+        step(self)
+        time.sleep(0.2)
+
+    monkeypatch.setattr(BatchRunner, "_step", paced)
+    _open(page, page_url)
+    _a_long_rise_run(page, batch_size=4)
+    cpu = page.context.new_cdp_session(page)
+    cpu.send("Emulation.setCPUThrottlingRate", {"rate": SLOWER_CPU})
+    page.locator("#text-run").click()
+    running = f"() => {_PROGRESS_IN_VIEW}"
+    page.wait_for_function(running, timeout=120_000)
+    answers: list[float] = []
+    steps: list[int] = []
+    until = time.monotonic() + 25
+    while time.monotonic() < until:
+        asked = time.monotonic()
+        page.evaluate("() => 1")
+        answers.append(time.monotonic() - asked)
+        steps.append(page.evaluate(_STEPS_DONE))
+        time.sleep(2)
+    cpu.send("Emulation.setCPUThrottlingRate", {"rate": 1})
+    assert max(answers) < 1, [round(a, 2) for a in answers]
+    assert len(set(steps)) >= 5, steps  # the bar moved all along
+    page.locator("#text-cancel").click()
+    page.wait_for_function(f"() => !({_PROGRESS_IN_VIEW})")  # the run stops

@@ -16,6 +16,7 @@ SCRIPT = re.compile(r"benchmarks/(\w+\.py)")
 NOT_IN_BENCH = {
     "stand_ins.py": "builds stand-in models for a device machine; it measures nothing",
     "gpu.py": "the device script: its numbers are a GPU's, run on one (docs/gpu.md)",
+    "page_progress.py": "drives Chromium (make browser) through minutes of a run, by hand",
 }
 
 

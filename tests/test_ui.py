@@ -9,6 +9,7 @@ import re
 import threading
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -557,3 +558,70 @@ def test_cancel_stops_the_tabs_job_and_leaves_the_model_unpatched(worker):
 def _logits(adapter) -> torch.Tensor:
     with torch.no_grad():
         return adapter.logits(**adapter.preprocess("the film was good").model_kwargs())
+
+
+#: A move of the page's progress bar: when, the fraction, the words.
+Move = tuple[float, float, str]
+
+
+def _moves() -> tuple[list[Move], Callable[..., None]]:
+    moves: list[Move] = []
+
+    def progress(fraction: float, desc: str = "") -> None:
+        moves.append((time.monotonic(), fraction, desc))
+
+    return moves, progress
+
+
+def _assert_paced(moves: list[Move], total: int) -> None:
+    """Each count shown once, about one move a second, the ETA shown and the bar ending full."""
+    counts = [desc.split(" ")[0] for _, _, desc in moves]
+    assert len(set(counts)) == len(counts), counts  # a count already shown is not sent again
+    took = moves[-1][0] - moves[0][0]
+    # a second apart, but for the first steps (they start the ETA) and the end
+    assert len(moves) <= took / PageRunner.bar_s + 3, (took, counts)
+    assert any(re.search(r"steps, (≈ [\d,]+ s|< 1 s) left$", desc) for *_, desc in moves)
+    assert moves[-1][1:] == (1.0, f"{total:,}/{total:,} steps")
+
+
+def test_the_progress_bar_moves_about_once_a_second_however_often_a_job_reports(worker):
+    """
+    Each move is a message the page handles for every component that ever showed a status.
+
+    A Space's job reports every step: 20,000 in about 3 s here. Sent on, they kept the page's
+    main thread busy (docs/development.md, the page's slowdown); a move a second is enough.
+    """
+    total = 20_000
+    moves, progress = _moves()
+
+    def run(request, report):  # a Space's GPU slot: the job reports each step itself
+        for done in range(total + 1):
+            report(done, total)
+            time.sleep(0.000_15)
+        return "the result"
+
+    request = ExplainRequest(model="tiny-random-bert", text="a", method="gradient")
+    assert PageRunner(worker, run=run)(request, progress, "a session") == "the result"
+    assert moves[-1][0] - moves[0][0] > 2 * PageRunner.bar_s  # long enough to be paced
+    _assert_paced(moves, total)
+
+
+def test_a_slow_jobs_progress_is_sent_once_per_count(worker, monkeypatch):
+    """The worker's job is polled four times a second; a count that has not moved is not sent."""
+    from attrlab.attribution.perturb import BatchRunner
+
+    step = BatchRunner._step
+
+    def slow(self: BatchRunner) -> None:  # a batch every 0.6 s: a count lasts for three polls
+        step(self)
+        time.sleep(0.6)
+
+    monkeypatch.setattr(BatchRunner, "_step", slow)
+    moves, progress = _moves()
+    request = ExplainRequest(
+        model="tiny-random-bert", method="rise", text="a fine day",
+        params={"n_masks": 12, "batch_size": 2},
+    )  # fmt: skip
+    PageRunner(worker)(request, progress, "a session")
+    assert moves[-1][0] - moves[0][0] > 2  # six batches
+    _assert_paced(moves, 12)  # a pass per mask

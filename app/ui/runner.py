@@ -35,10 +35,18 @@ class PageRunner:
     handler's thread polls the job's progress and moves the bar. With a ``run`` (a Space's GPU
     slots) a job cannot be stopped once started; Cancel then only frees the page. User errors
     become a message on the page, bugs a generic one.
+
+    The bar moves only when the count changed, and at most every :attr:`bar_s`: each move is a
+    message that Gradio's page handles for every component that ever showed a status (hundreds
+    here, for the shared link's fields), about 0.1 s of its main thread on 2 cores. At four a
+    second a long run kept the page that busy, and where it got less than that of a core its
+    backlog grew without end: a click waited a minute after a few minutes of run.
     """
 
-    #: How often the handler's thread moves the progress bar (seconds).
+    #: How often the handler's thread reads the job's progress (seconds).
     poll_s = 0.25
+    #: The least time between two moves of the progress bar (seconds); the last one always goes.
+    bar_s = 1.0
 
     def __init__(self, worker: ExplainWorker, run: Runner | None = None) -> None:
         self.worker = worker
@@ -53,7 +61,7 @@ class PageRunner:
         session: str | None = None,
         tab: str = "",
     ) -> Any:
-        report = _eta_reporter(progress)
+        report = _ProgressBar(progress, self.bar_s)
         try:
             if self._run is not None:
                 return self._run(request, report)
@@ -107,19 +115,37 @@ class PageRunner:
             job.cancel()
 
 
-def _eta_reporter(progress: Callable[..., Any]) -> ProgressCallback:
-    started: list[float] = []  # when the passes began (not the wait, load and calibration)
+class _ProgressBar:
+    """
+    Gradio's progress bar with an ETA, as a :data:`ProgressCallback`: ``done`` of ``total``.
 
-    def report(done: int, total: int) -> None:
-        if not started:
-            started.append(time.monotonic())
+    A count already shown is not sent again, nor a new one within ``every_s`` of the last move
+    once the bar has left 0; the first steps (they start the ETA) and the end (the bar ends full)
+    always are.
+    """
+
+    def __init__(self, progress: Callable[..., Any], every_s: float) -> None:
+        self._progress = progress
+        self._every_s = every_s
+        self._started: float | None = None  # when the passes began (not the wait or the load)
+        self._shown: tuple[int, int] | None = None
+        self._moved = 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if self._started is None:
+            self._started = now
+        if (done, total) == self._shown:
+            return
+        moving = self._shown is not None and self._shown[0] > 0
+        if moving and done < total and now - self._moved < self._every_s:
+            return
+        self._shown, self._moved = (done, total), now
         eta = ""
         if 0 < done < total:  # the rate so far, over what is left
-            left = (time.monotonic() - started[0]) / done * (total - done)
+            left = (now - self._started) / done * (total - done)
             eta = f", ≈ {left:,.0f} s left" if left >= 1 else ", < 1 s left"
-        progress(done / max(total, 1), desc=f"{done:,}/{total:,} steps{eta}")
-
-    return report
+        self._progress(done / max(total, 1), desc=f"{done:,}/{total:,} steps{eta}")
 
 
 def queued_cost(worker: ExplainWorker, request: ExplainRequest) -> str:
