@@ -212,7 +212,9 @@ def test_the_page_answers_at_once_all_through_a_long_runs_progress(page, page_ur
         steps.append(page.evaluate(_STEPS_DONE))
         time.sleep(2)
     cpu.send("Emulation.setCPUThrottlingRate", {"rate": 1})
-    assert max(answers) < 1, [round(a, 2) for a in answers]
+    # a backlog grows with the run (5.1 s after 25 s before the fix, 2026-12-04); an answer
+    # may still wait a second or so for one message on a loaded machine
+    assert max(answers) < 3, [round(a, 2) for a in answers]
     assert len(set(steps)) >= 5, steps  # the bar moved all along
     page.locator("#text-cancel").click()
     page.wait_for_function(f"() => !({_PROGRESS_IN_VIEW})")  # the run stops
