@@ -82,6 +82,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/ig_convergence.py
 	$(BIN)/python benchmarks/pruning.py
 	$(BIN)/python benchmarks/memory.py
+	$(BIN)/python benchmarks/calibration.py
 
 # A Hugging Face Space's files: the committed tree with the Space's README (its metadata) and
 # a requirements.txt listing pyproject's runtime, app and embedded dependencies and ZeroGPU's
