@@ -18,6 +18,7 @@ per-step matrix) share the forwards of the first.
 from __future__ import annotations
 
 import hashlib
+import secrets
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
+from attrlab.attribution.errors import InvalidInputError, InvalidParameterError, require_unicode
 from attrlab.attribution.models.base import TextInputs
 from attrlab.attribution.tokens import continuation_texts, token_texts
 
@@ -219,10 +220,19 @@ def prompt_inputs(adapter: Adapter, prompt: str, chat: bool = False) -> TextInpu
     The prompt as the model reads it; ``chat`` wraps it in the tokenizer's chat template.
 
     In the template (a user turn, then the assistant's turn opening) every token outside the
-    user's own text is marked special: kept out of maps and perturbations, shown greyed.
+    user's own text is marked special: kept out of maps and perturbations, shown greyed. The
+    user's text is found where the template puts the message (:func:`_user_turn`), never by
+    searching for its words (a system prompt may hold them too), and it is tokenised alone,
+    as plain text: a control token written in it (``<|im_start|>``) is its characters, so a
+    prompt cannot open a turn of its own. The template's text around it is tokenised apart,
+    with its control tokens; so a token never spans the template and the user's text (a
+    template's space before the message stays its own token).
 
     Raises:
-        InvalidInputError: not a decoder LM, an empty prompt, or ``chat`` without a template.
+        InvalidInputError: not a decoder LM, an empty prompt, ``chat`` without a template, a
+            template that repeats or rewrites the message's surroundings, a prompt that holds
+            one of the template's control tokens the tokenizer cannot read as plain text, or a
+            template and prompt longer than the model reads.
     """
     decoder = decoder_adapter(adapter)
     if not chat:
@@ -234,19 +244,111 @@ def prompt_inputs(adapter: Adapter, prompt: str, chat: bool = False) -> TextInpu
         )
     if not isinstance(prompt, str) or not prompt.strip():
         raise InvalidInputError("the prompt is empty: give at least one word to explain")
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+    require_unicode(prompt, "the prompt")
+    before, user, after = _user_turn(tokenizer, prompt)
+    fast = bool(getattr(tokenizer, "is_fast", False))
+    ids: list[int] = []
+    special: list[bool] = []
+    offsets: list[tuple[int, int]] = []
+    at = 0
+    for piece, users in ((before, False), (user, True), (after, False)):
+        if not piece:
+            continue
+        encoded = tokenizer(
+            piece,
+            add_special_tokens=False,
+            return_offsets_mapping=fast,
+            split_special_tokens=users,  # the user's text: control tokens as characters
+        )
+        piece_ids = [int(i) for i in encoded["input_ids"]]
+        if users:
+            _refuse_control_tokens(tokenizer, piece_ids, before + after)
+        ids += piece_ids
+        special += [not users] * len(piece_ids)
+        if fast:
+            offsets += [(at + int(a), at + int(b)) for a, b in encoded["offset_mapping"]]
+        at += len(piece)
+    if special.count(False) == 0:
+        raise InvalidInputError(
+            "the prompt gives this model no token to explain in the chat template; give at "
+            "least one word"
+        )
+    if len(ids) > decoder.max_length:
+        raise InvalidInputError(
+            f"the prompt in the chat template takes {len(ids)} tokens; model "
+            f"'{adapter.model_id}' reads at most {decoder.max_length}: shorten the prompt"
+        )
+    return _inputs(decoder, before + user + after, ids, special, offsets if fast else None)
+
+
+def _user_turn(tokenizer: Any, prompt: str) -> tuple[str, str, str]:
+    """
+    The chat template's text before the user's message, the message as placed, the text after.
+
+    The template is rendered once around a random marker, which must appear exactly once:
+    where it stands is where the message goes, whatever text the template holds elsewhere (a
+    system prompt that shares the prompt's words). Rendered with the prompt, the template must
+    give the same text around it; the message as placed may differ from the prompt where the
+    template trims it.
+
+    Raises:
+        InvalidInputError: the marker is repeated or missing (a template that copies, drops or
+            rewrites the message), or the text around the prompt differs from that around
+            the marker.
+    """
+    marker = f"attrlab{secrets.token_hex(16)}"
+    shaped = _render(tokenizer, marker)
+    if shaped.count(marker) != 1:
+        raise InvalidInputError(
+            f"the chat template puts the user's message {shaped.count(marker)} times, not once: "
+            "which tokens are the prompt's is ambiguous; explain the prompt as it is"
+        )
+    before, after = shaped.split(marker)
+    text = _render(tokenizer, prompt)
+    if (
+        len(text) < len(before) + len(after)
+        or not text.startswith(before)
+        or not text.endswith(after)
+    ):
+        raise InvalidInputError(
+            "the chat template changes its text with the prompt's: which tokens are the "
+            "prompt's is ambiguous; explain the prompt as it is"
+        )
+    return before, text[len(before) : len(text) - len(after)], after
+
+
+def _render(tokenizer: Any, content: str) -> str:
+    """The chat template's text of one user turn of ``content``, the assistant's turn opened."""
+    return str(
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+        )
     )
-    start = text.find(prompt)
-    if start < 0:  # a template that rewrites the message: nothing to align the tokens with
-        raise InvalidInputError("the chat template changes the prompt's text; explain it plainly")
-    stop = start + len(prompt)
-    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids = list(encoded["input_ids"])
-    offsets = [(int(a), int(b)) for a, b in encoded["offset_mapping"]]
-    # template tokens: those outside the user's characters
-    special = [not (a < stop and b > start) for a, b in offsets]
-    return _inputs(decoder, text, ids, special, offsets)
+
+
+def _refuse_control_tokens(tokenizer: Any, ids: Sequence[int], template: str) -> None:
+    """
+    Refuse user tokens that are control tokens: special ones, or those the template writes.
+
+    Special tokens are read as plain text already (``split_special_tokens``); an added token
+    that is not marked special (as some tokenizers keep their turn markers) is still matched,
+    and a vocabulary may spell a control token from plain characters: such a prompt is refused
+    rather than let into the template as a turn of its own.
+    """
+    added = tokenizer.added_tokens_decoder
+    control = set(tokenizer.all_special_ids) | {
+        index
+        for index, token in added.items()
+        if token.special or (token.content in template and not token.content.isspace())
+    }
+    found = [index for index in ids if index in control]
+    if found:
+        names = sorted({str(tokenizer.convert_ids_to_tokens(index)) for index in found})
+        raise InvalidInputError(
+            f"the prompt holds {', '.join(map(repr, names))}, which this model's tokenizer "
+            "reads as a control token of its chat template: remove it, or explain the prompt "
+            "without the template"
+        )
 
 
 def answer_inputs(adapter: Adapter, prompt: TextInputs, answer: Answer) -> TextInputs:
