@@ -84,6 +84,10 @@ DEFAULT_PARAM_LIMITS: dict[str, float] = {
 #: The parameters that set how many rows one pass holds (not what the run computes): the gate
 #: lowers them to fit a memory bound.
 ROW_PARAMS = ("internal_batch_size", "batch_size")
+#: The share of a memory bound a run's estimated peak is fit to. The estimate scales a short
+#: calibration by size and reads the CPU's peak from the resident size, which a heap reused
+#: from earlier work hides: measured peaks ran up to 28 % over it (2026-12-05).
+MEMORY_HEADROOM = 0.7
 
 
 @dataclass(frozen=True)
@@ -186,18 +190,18 @@ def _within_memory(
 
     The rows that fit come from the calibration's peak per row on this input's size; the
     method's row parameters (:data:`ROW_PARAMS`) are lowered to them, and the run is priced
-    again at those widths.
+    again at those widths. Also the rows that fit (``None``: no bound, or the CPU's peak cannot
+    be read here).
 
     Raises:
         TooMuchMemoryError: even so estimated over the bound (one row does not fit, or a pass
             the method cannot batch holds more).
     """
-    limit = settings.max_memory_bytes
     rows = memory_rows(adapter, inputs, settings)
-    if limit is None or rows is None:  # no bound, or the CPU's peak cannot be read here
+    if rows is None:  # no bound, or the CPU's peak cannot be read here
         return params, None
     cost = priced(adapter, method_cls, inputs, params, settings.evaluate, target, per_step)
-    if cost.peak_memory_bytes is None or cost.peak_memory_bytes <= limit:
+    if (cost.peak_memory_bytes or 0) <= _usable(settings):
         return params, rows
     names = {p.name for p in method_cls.params}
     fitted = dict(params)
@@ -206,11 +210,7 @@ def _within_memory(
         if name in names and planned is not None:
             fitted[name] = min(planned, rows)
     cost = priced(adapter, method_cls, inputs, fitted, settings.evaluate, target, per_step, rows)
-    if cost.peak_memory_bytes is not None and cost.peak_memory_bytes > limit:
-        raise TooMuchMemoryError(
-            f"this request would need {memory_text(cost)} at its peak; this server allows "
-            f"{_bytes(limit)} per request: {lighter(method_cls.name, fitted)}"
-        )
+    _refuse_over_memory("this request", cost, settings, lighter(method_cls.name, fitted))
     return fitted, rows
 
 
@@ -218,8 +218,9 @@ def memory_rows(adapter: Adapter, inputs: Inputs, settings: RunSettings) -> int 
     """
     The most rows of one pass on ``inputs`` within ``settings.max_memory_bytes`` (at least 1).
 
-    From the model's whole calibration (every width measured, so that the peak per row is the
-    same for every request). ``None``: no bound, or a CPU whose peak cannot be read.
+    Within :data:`MEMORY_HEADROOM` of the bound, from the model's whole calibration (every
+    width measured, so that the peak per row is the same for every request). ``None``: no
+    bound, or a CPU whose peak cannot be read.
     """
     if settings.max_memory_bytes is None:
         return None
@@ -229,7 +230,28 @@ def memory_rows(adapter: Adapter, inputs: Inputs, settings: RunSettings) -> int 
     if row is None or one is None:
         return None
     held = one - row  # once per pass, whatever its rows
-    return max(1, (settings.max_memory_bytes - held) // max(row, 1))
+    return max(1, (_usable(settings) - held) // max(row, 1))
+
+
+def _usable(settings: RunSettings) -> int:
+    """What of the settings' memory bound an estimated peak may take (:data:`MEMORY_HEADROOM`)."""
+    return int((settings.max_memory_bytes or 0) * MEMORY_HEADROOM)
+
+
+def _refuse_over_memory(what: str, cost: Estimate, settings: RunSettings, advice: str) -> None:
+    """
+    Refuse ``what`` when its estimated peak is over :func:`_usable` of the settings' bound.
+
+    Raises:
+        TooMuchMemoryError: naming the estimate, the bound and ``advice``.
+    """
+    bound = settings.max_memory_bytes
+    if bound is None or (cost.peak_memory_bytes or 0) <= _usable(settings):
+        return
+    raise TooMuchMemoryError(
+        f"{what} would need {memory_text(cost)} at its peak; this server allows "
+        f"{_bytes(bound)} per request, {MEMORY_HEADROOM:.0%} of it for an estimate: {advice}"
+    )
 
 
 def memory_text(cost: Estimate) -> str:
@@ -298,12 +320,7 @@ def clear_study(
     if settings.max_seconds is None and settings.max_memory_bytes is None:
         return
     cost = study_estimate(adapter, study, parts)
-    limit = settings.max_memory_bytes
-    if limit is not None and (cost.peak_memory_bytes or 0) > limit:
-        raise TooMuchMemoryError(
-            f"this {study} study would need {memory_text(cost)} at its peak; this server "
-            f"allows {_bytes(limit)} per request: lower {lower}"
-        )
+    _refuse_over_memory(f"this {study} study", cost, settings, f"lower {lower}")
     if settings.max_seconds is not None and cost.seconds > settings.max_seconds:
         raise TooSlowError(
             f"this {study} study would take {cost.summary()}; this server allows "
@@ -328,12 +345,7 @@ def clear_generation(adapter: Adapter, prompt: Inputs, tokens: int, settings: Ru
     cost = study_estimate(adapter, "generation", [(prompt, tokens, 0, 1)])
     what = f"generating up to {tokens:,} tokens after this prompt"
     lower = "lower generate or give a shorter prompt"
-    limit = settings.max_memory_bytes
-    if limit is not None and (cost.peak_memory_bytes or 0) > limit:
-        raise TooMuchMemoryError(
-            f"{what} would need {memory_text(cost)} at its peak; this server allows "
-            f"{_bytes(limit)} per request: {lower}"
-        )
+    _refuse_over_memory(what, cost, settings, lower)
     if settings.max_seconds is not None and cost.seconds > settings.max_seconds:
         raise TooSlowError(
             f"{what} would take {cost.summary()}; this server allows "

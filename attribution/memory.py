@@ -30,7 +30,7 @@ __all__ = ["available_bytes", "default_memory_limit", "peak_memory", "resident_b
 
 #: A server's default bound on one request's peak memory: this share of the memory available
 #: when it starts (the rest for the models it loads and the requests beside it).
-DEFAULT_MEMORY_SHARE = 0.25
+DEFAULT_MEMORY_SHARE = 0.4
 
 #: How often the resident size is sampled while CPU work runs (seconds).
 SAMPLE_S = 0.001
