@@ -31,6 +31,14 @@ from starlette.routing import Match, Mount, Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from attrlab.app.batch import parquet_file
+from attrlab.app.bounds import (
+    MAX_PARAMS,
+    METHOD_COUNT,
+    MethodParams,
+    ParamOrParams,
+    ParamsByMethod,
+    one_methods_params,
+)
 from attrlab.app.errors import error_status, public_message, validation_problems
 from attrlab.app.jobs import DamagedResultsError, JobRunner, JobWork, batch_work, instance_json
 from attrlab.app.worker import (
@@ -50,7 +58,6 @@ from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidP
 from attrlab.attribution.explanation import SCHEMA_VERSION
 from attrlab.attribution.features import GRANULARITIES
 from attrlab.attribution.methods import available_methods
-from attrlab.attribution.methods.catalog import catalog_entries
 from attrlab.attribution.models import BUILTIN_MODELS, default_model
 from attrlab.attribution.params import whole_float_as_int
 from attrlab.attribution.rows import target_problem
@@ -176,7 +183,7 @@ class BatchExplanationsBody(BaseModel):
 
 
 #: No request names more methods than attrlab has (from the catalog: no method imported).
-_METHOD_COUNT = len(catalog_entries())
+_METHOD_COUNT = METHOD_COUNT
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": description}
@@ -428,8 +435,10 @@ class ExplainBody(_InputBody):
         max_length=100_000,
         description="Batch: the inputs, explained in order (this server's limit applies)",
     )
-    params: dict[Annotated[str, Field(max_length=100)], Any] = Field(
-        default_factory=dict, max_length=50
+    params: dict[Annotated[str, Field(max_length=100)], ParamOrParams] = Field(
+        default_factory=dict,
+        max_length=MAX_PARAMS,
+        description="The method's parameters (with 'methods': method -> its parameters)",
     )
     evaluate: bool = Field(
         False, description="Add the map's faithfulness scores (deletion/insertion or ERASER)"
@@ -438,6 +447,8 @@ class ExplainBody(_InputBody):
 
     @model_validator(mode="after")
     def _one_form(self) -> ExplainBody:
+        if self.methods is None:
+            one_methods_params(self.params)  # a method's parameters: no object among them
         if self.instances is None:
             if self.method is None or self.methods is not None:
                 raise ValueError("give 'method' for one input, or 'instances' for a batch")
@@ -697,11 +708,8 @@ class CheckBody(_InputBody):
     methods: list[Annotated[str, Field(min_length=1, max_length=100)]] = Field(
         ..., min_length=1, max_length=_METHOD_COUNT, description="Methods to explain and compare"
     )
-    params: dict[
-        Annotated[str, Field(max_length=100)],
-        dict[Annotated[str, Field(max_length=100)], Any],
-    ] = Field(
-        default_factory=dict, max_length=_METHOD_COUNT, description="Method name -> its parameters"
+    params: ParamsByMethod = Field(
+        default_factory=dict, description="Method name -> its parameters"
     )
     randomise: bool = Field(
         False,
@@ -791,9 +799,7 @@ class KServeParameters(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     method: str = Field("integrated_gradients", min_length=1, max_length=100)
-    params: dict[Annotated[str, Field(max_length=100)], Any] = Field(
-        default_factory=dict, max_length=50
-    )
+    params: MethodParams = Field(default_factory=dict)
     labels: list[Annotated[str, Field(max_length=200)]] | None = Field(None, max_length=100)
     seed: _WholeNumber = Field(0, ge=0, le=2**32 - 1)
     next_token: bool = False

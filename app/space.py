@@ -253,8 +253,10 @@ def launch(settings: ServerSettings | None = None) -> None:
     """Serve the Space with the server's page limits: login with a token, body and image size."""
     settings = settings or ServerSettings.for_server()
     bound_image_decoding(settings)
-    build_space(settings).launch(
+    demo = build_space(settings)
+    demo.launch(
         server_name="0.0.0.0",
+        state_session_capacity=demo.state_session_capacity,  # the page's, not Gradio's default
         auth=page_login(settings.api_token),
         max_file_size=settings.max_body_bytes,
         app_kwargs=ApiGuard.options(settings.max_body_bytes),  # before Gradio parses a body

@@ -15,6 +15,7 @@ from typing import Any
 import gradio as gr
 import numpy as np
 
+from attrlab.app.bounds import page_params
 from attrlab.app.errors import public_message
 from attrlab.app.ui.files import (
     EXAMPLE_PREFIX,
@@ -676,6 +677,7 @@ class ExplainTab:
         *asked_: Any,
     ) -> list:
         """Run: each chosen method's explanation (and the checks asked for), shown."""
+        params = page_params(params)  # bounded as REST's, before anything reads into it
         asked = self.asked(*asked_)
         base = self.instance(model_, labels_, source_, target_, seed_) | asked.request
         values = (source_, labels_, methods, trust_, randomise_, params, compare_, previous)
@@ -691,7 +693,7 @@ class ExplainTab:
         methods: list[str] | None,
         trust_: bool,
         randomise_: bool,
-        params: Any,
+        params: dict[str, dict[str, Any]],
         compare_: bool,
         previous: Result | None,
         request: gr.Request | None,
@@ -710,7 +712,6 @@ class ExplainTab:
         if compare_ and previous is not None and base.get("answer") is None:
             # the class the previous run explained (an answer is explained again as asked)
             base["target"] = next(iter(previous.explanations.values())).target.index
-        params = params if isinstance(params, dict) else {}
         if len(methods) == 1 and not randomise_:
             explanation = self.runner(
                 ExplainRequest(

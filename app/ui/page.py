@@ -21,13 +21,19 @@ from attrlab.app.ui.batch import batch_tab
 from attrlab.app.ui.evaluate import evaluate_tab
 from attrlab.app.ui.explain import ExplainTab, TabSpec
 from attrlab.app.ui.files import FILES_KEPT_S, NOT_RECEIVED, upload_folder
+from attrlab.app.ui.gradio_compat import keep_no_request_values
 from attrlab.app.ui.layers import layers_tab
 from attrlab.app.ui.link import LinkedTab, open_shared_link
 from attrlab.app.ui.patching import patching_view
 from attrlab.app.ui.runner import PageRunner, Runner, queued_cost
 from attrlab.app.worker import ExplainRequest, ExplainWorker
 
-__all__ = ["build_ui"]
+__all__ = ["SESSIONS_KEPT", "build_ui"]
+
+#: The browser sessions (and API calls, each its own session) whose state the page keeps, the
+#: least recently used forgotten first; Gradio's default is 10,000. A session keeps its tabs'
+#: last results, and no copy of what its requests carried (:mod:`~app.ui.gradio_compat`).
+SESSIONS_KEPT = 1000
 
 
 def build_ui(
@@ -42,6 +48,7 @@ def build_ui(
     worker's queue, and its estimate; a ZeroGPU Space gives its slots and their prices).
     """
     upload_folder()  # before any component: each reads Gradio's folder when made
+    keep_no_request_values()  # a request's values, however large, go with it
     runner = PageRunner(worker, run)
     cost = cost or (lambda request: queued_cost(worker, request))
     specs = [
@@ -77,6 +84,7 @@ def build_ui(
         # on the page, not at launch: a mounted page, a Space and a test server all get it
         demo.load(None, None, None, js=_page_script(), api_visibility="private")
     _name_bad_inputs(demo)
+    demo.state_session_capacity = SESSIONS_KEPT  # launch() takes it as an option too
     return demo
 
 
