@@ -35,8 +35,10 @@ __all__ = [
 METHOD_COUNT = len(catalog_entries())
 #: The most parameters one method is given, and the longest text a parameter takes.
 MAX_PARAMS, MAX_PARAM_CHARS = 50, 200
+#: The longest name of a method or a parameter.
+MAX_NAME_CHARS = 100
 #: A method's or a parameter's name.
-Name = Annotated[str, Field(max_length=100)]
+Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
 _SCALAR = f"a number, true or false, or a text of at most {MAX_PARAM_CHARS} characters"
 
 
@@ -66,8 +68,8 @@ def _scalar_or_params(value: Any) -> Any:
     if len(value) > MAX_PARAMS:
         raise ValueError(f"a method takes at most {MAX_PARAMS} parameters")
     for name, item in value.items():
-        if not isinstance(name, str) or len(name) > 100:
-            raise ValueError("a parameter's name is a text of at most 100 characters")
+        if not isinstance(name, str) or len(name) > MAX_NAME_CHARS:
+            raise ValueError(f"a parameter's name is a text of at most {MAX_NAME_CHARS} characters")
         _scalar(item)
     return value
 
@@ -83,7 +85,7 @@ ParamOrParams = Annotated[
                 {
                     "type": "object",
                     "maxProperties": MAX_PARAMS,
-                    "propertyNames": {"maxLength": 100},
+                    "propertyNames": {"maxLength": MAX_NAME_CHARS},
                     "additionalProperties": _SCALAR_SCHEMA,
                 },
             ]

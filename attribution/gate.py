@@ -203,11 +203,10 @@ def _within_memory(
     cost = priced(adapter, method_cls, inputs, params, settings.evaluate, target, per_step)
     if (cost.peak_memory_bytes or 0) <= _usable(settings):
         return params, rows
-    names = {p.name for p in method_cls.params}
     fitted = dict(params)
-    for name in ROW_PARAMS:
+    for name in {p.name for p in method_cls.params}.intersection(ROW_PARAMS):
         planned = method_cls.planned_passes(adapter, inputs, fitted).batch
-        if name in names and planned is not None:
+        if planned is not None:
             fitted[name] = min(planned, rows)
     cost = priced(adapter, method_cls, inputs, fitted, settings.evaluate, target, per_step, rows)
     _refuse_over_memory("this request", cost, settings, lighter(method_cls.name, fitted))
