@@ -7,6 +7,7 @@ server with a token bounds a request's seconds by default.
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 import socket
@@ -132,12 +133,15 @@ def test_an_over_limit_body_is_refused_before_the_space_reads_it(space_port, par
         with socket.create_connection(("127.0.0.1", space_port), timeout=30) as sock:
             sock.sendall(_head(space_port, f"Content-Length: {len(body)}", path) + body[:1000])
             assert _answer(sock) == (413, refusal), path
-    # No Content-Length: chunks past the limit, the body never ended, and still answered.
+    # No Content-Length: chunks past the limit, the body never ended, and still answered. The
+    # server answers and closes as soon as the limit is passed, so a send may find the connection
+    # closed; a client then stops sending and reads the answer, as HTTP clients do.
     with socket.create_connection(("127.0.0.1", space_port), timeout=30) as sock:
         sock.sendall(_head(space_port, "Transfer-Encoding: chunked"))
-        for start in range(0, 250_000, 10_000):
-            piece = body[start : start + 10_000]
-            sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            for start in range(0, 250_000, 10_000):
+                piece = body[start : start + 10_000]
+                sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
         assert _answer(sock) == (413, refusal)
     # The whole body sent, with its length: the same answer, and the handler never ran.
     whole = httpx.post(
