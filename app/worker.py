@@ -485,10 +485,11 @@ class PruneRequest(WorkerRequest["PruningStudy"]):
 
     def check(self, settings: ServerSettings) -> None:
         """Every text within this server's bounds, and no more dataset texts than a study takes."""
-        from attrlab.attribution.layers.pruning_study import MAX_TEXTS, check_units
+        from attrlab.attribution.engine import check_unit_kinds
+        from attrlab.attribution.layers.pruning_study import MAX_TEXTS
 
         if self.units is not None:
-            check_units(self.units)
+            check_unit_kinds(self.units)
         settings.check_request(self.text, self.labels, self.target, self.seed)
         for text in (self.answer, self.contrast, self.corrupted, *(self.texts or ())):
             settings.check_request(text, None, None, self.seed)
@@ -503,7 +504,6 @@ class PruneRequest(WorkerRequest["PruningStudy"]):
 
     def run_on(self, adapter: Adapter, run: JobContext) -> PruningStudy:
         """The study, priced and refused over the job's budgets before any work."""
-        from attrlab.attribution.layers.pruning import UNITS
         from attrlab.attribution.layers.pruning_study import pruning_study, ranked_input
 
         inputs, target, problem = ranked_input(
@@ -515,7 +515,7 @@ class PruneRequest(WorkerRequest["PruningStudy"]):
             target,
             texts=self.texts,
             problem=problem,
-            units=self.units or UNITS,
+            units=self.units or None,
             draws=self.draws,
             head_step=self.head_step,
             settings=run.settings_for(self.seed),

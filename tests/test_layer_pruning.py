@@ -13,13 +13,14 @@ from _model_state import model_state
 from torch import nn
 
 from attrlab.attribution.answers import answer_request
-from attrlab.attribution.errors import InvalidParameterError
-from attrlab.attribution.layers import analyze_layers
-from attrlab.attribution.layers.pruning import (
-    layer_rankings,
+from attrlab.attribution.engine import (
+    Evidence,
     pruning_curves,
     residual_patching_ranking,
+    scores_of,
 )
+from attrlab.attribution.errors import InvalidParameterError
+from attrlab.attribution.layers import analyze_layers
 from attrlab.attribution.models.text import DecoderLMAdapter
 from attrlab.attribution.patching import patched_score, patching_problem, patching_report
 from attrlab.attribution.run import RunSettings
@@ -103,7 +104,7 @@ def test_random_orders_follow_the_seed_and_bad_rankings_are_refused(gpt2, items)
 def test_rankings_from_the_layer_table_and_from_residual_patching(gpt2, items):
     inputs, target = items[0]
     table = analyze_layers(gpt2, inputs, target, ["block_influence", "skip", "lrp", "logit_lens"])
-    rankings = layer_rankings(table, gpt2, target)
+    rankings = scores_of(Evidence(gpt2, target, table), "layer")
     assert set(rankings) == {"block_influence", "skip", "lrp", "logit_lens"}
     skip = table[table["measure"] == "skip_logprob"].sort_values("layer")["value"].abs()
     np.testing.assert_allclose(rankings["skip"], skip.to_numpy())

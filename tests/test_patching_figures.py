@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from attrlab.attribution.answers import answer_request
-from attrlab.attribution.layers.pruning import pruning_curves
+from attrlab.attribution.engine import pruning_curves
 from attrlab.attribution.patching import patching_problem, patching_report
 from attrlab.viz import (
     estimator_scatter,

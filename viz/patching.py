@@ -2,7 +2,7 @@
 Figures of a patching study (``attribution.patching``) and of pruning curves.
 
 Pure functions of the plain results: a :class:`~attribution.patching.PatchingReport`'s table
-and agreement, a :class:`~attribution.layers.pruning.PruningCurves`. Effects are drawn on the
+and agreement, a :class:`~attribution.engine.verification.PruningCurves`. Effects are drawn on the
 study's normalised scale (0 = the corrupted score, 1 = the clean one), each direction's panel
 with diverging colours centred on its baseline (denoising 0, noising 1): white is a patch that
 changes nothing, red moves the score towards (or past) the clean one, blue towards the
@@ -20,7 +20,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from attrlab.attribution.layers.pruning import PruningCurves
+from attrlab.attribution.engine import PruningCurves
 from attrlab.attribution.layers.pruning_study import PruningStudy
 from attrlab.attribution.patching import COMPONENTS, DIRECTIONS, ESTIMATORS, PatchingReport
 from attrlab.viz.layers import _DIVERGING, _token_axis

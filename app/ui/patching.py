@@ -266,7 +266,7 @@ def _pruning_section(
     ranking's curve compared with random orders.
     """
     from attrlab.app.worker import PruneRequest
-    from attrlab.attribution.layers.pruning import UNITS
+    from attrlab.attribution.engine import UNIT_KINDS
 
     last = gr.State(None)  # PruningStudy
     gr.Markdown(
@@ -284,7 +284,7 @@ def _pruning_section(
         )
         with gr.Column(scale=0, min_width=220):
             units = gr.CheckboxGroup(
-                list(UNITS), value=["layer"], label="Units", elem_id="pruning-units"
+                list(UNIT_KINDS), value=["layer"], label="Units", elem_id="pruning-units"
             )
             draws = gr.Number(
                 PruneRequest.draws,
@@ -298,7 +298,8 @@ def _pruning_section(
         cancel = gr.Button("Cancel", variant="stop", elem_id="pruning-cancel")
     scores = gr.Markdown("", elem_id="pruning-scores")
     plots = {
-        unit: gr.Plot(visible=False, show_label=False, elem_id=f"pruning-{unit}s") for unit in UNITS
+        unit: gr.Plot(visible=False, show_label=False, elem_id=f"pruning-{unit}s")
+        for unit in UNIT_KINDS
     }
 
     @readable
@@ -337,7 +338,7 @@ def _pruning_section(
                 gr.update(value=pruning_figure(curves[unit]), visible=True)
                 if unit in curves
                 else gr.update(value=None, visible=False)
-                for unit in UNITS
+                for unit in UNIT_KINDS
             ),
             pruned,
         ]

@@ -21,23 +21,19 @@ import pandas as pd
 import torch
 
 from attrlab.attribution.answers import answer_request
-from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
-from attrlab.attribution.layers.analysis import (
-    ModelParts,
-    analyze,
-    checked_target,
-    chosen_measures,
-)
-from attrlab.attribution.layers.analysis import planned_passes as analysis_passes
-from attrlab.attribution.layers.pruning import (
-    UNITS,
+from attrlab.attribution.engine import (
+    UNIT_KINDS,
+    Evidence,
     PruningCurves,
+    check_unit_kinds,
     curve_passes,
-    head_rankings,
-    layer_rankings,
+    estimators_for,
     pruning_curves,
-    residual_patching_ranking,
+    scores_of,
 )
+from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
+from attrlab.attribution.layers.analysis import analyze, checked_target, chosen_measures
+from attrlab.attribution.layers.analysis import planned_passes as analysis_passes
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.text import DecoderLMAdapter
 from attrlab.attribution.patching import PatchingProblem, patching_problem, patching_report
@@ -49,7 +45,6 @@ __all__ = [
     "MAX_TEXTS",
     "PruningStudy",
     "bundled_texts",
-    "check_units",
     "pruning_study",
     "ranked_input",
     "study_parts",
@@ -57,14 +52,6 @@ __all__ = [
 
 #: Most dataset texts one study measures its curves on.
 MAX_TEXTS = 64
-#: The measure groups that rank layers, and heads.
-_RANKING_MEASURES = {
-    "layer": ("block_influence", "skip", "lrp", "logit_lens"),
-    "head": ("gradient", "lrp", "ablation"),
-}
-#: How many layer rankings each layer measure group gives, and head rankings the head groups.
-_LAYER_RANKINGS = ("block_influence", "skip", "lrp", "logit_lens")
-_HEAD_RANKINGS = 4
 #: A study's part for pricing: an input, its forward rows, backward passes and widest batch.
 Part = tuple[Inputs, int, int, int]
 
@@ -78,8 +65,7 @@ class PruningStudy:
         target: The label of the target the rankings were made for.
         texts: The dataset's size (inputs the curves are measured on).
         analysis: The layer analysis the rankings come from (long format).
-        layers: The layer pruning curves, when layers were pruned.
-        heads: The head pruning curves, when heads were pruned.
+        by_unit: The pruning curves of each unit kind pruned.
         forward_passes: Forward rows spent.
         backward_passes: Backward passes spent.
         warnings: What the run noted.
@@ -88,16 +74,24 @@ class PruningStudy:
     target: str
     texts: int
     analysis: pd.DataFrame
-    layers: PruningCurves | None = None
-    heads: PruningCurves | None = None
+    by_unit: dict[str, PruningCurves] = field(default_factory=dict)
     forward_passes: int = 0
     backward_passes: int = 0
     warnings: list[str] = field(default_factory=list)
 
+    @property
+    def layers(self) -> PruningCurves | None:
+        """The layer pruning curves, when layers were pruned."""
+        return self.by_unit.get("layer")
+
+    @property
+    def heads(self) -> PruningCurves | None:
+        """The head pruning curves, when heads were pruned."""
+        return self.by_unit.get("head")
+
     def curves(self) -> dict[str, PruningCurves]:
-        """The curves by unit (``layer``, ``head``), those that ran."""
-        found = {"layer": self.layers, "head": self.heads}
-        return {unit: curves for unit, curves in found.items() if curves is not None}
+        """The curves by unit kind, those that ran, in the order the kinds are registered."""
+        return {unit: self.by_unit[unit] for unit in UNIT_KINDS if unit in self.by_unit}
 
     def curve_table(self) -> pd.DataFrame:
         """Every unit's curves in one long table, ``unit`` first."""
@@ -133,28 +127,19 @@ def bundled_texts() -> list[str]:
     return [str(item.raw) for item in bundled_items("text")]
 
 
-def check_units(units: Collection[str]) -> list[str]:
-    """
-    ``units`` checked: one or both of :data:`~attribution.layers.pruning.UNITS`, each once.
-
-    Raises:
-        InvalidParameterError: none, or an unknown one.
-    """
-    chosen = list(dict.fromkeys(units))
-    unknown = [u for u in chosen if u not in UNITS]
-    if not chosen or unknown:
-        raise InvalidParameterError(f"units are one or more of {', '.join(UNITS)}; got {chosen}")
-    return chosen
-
-
-def _measures(adapter: Adapter, units: Sequence[str]) -> list[str]:
-    wanted = {m for unit in units for m in _RANKING_MEASURES[unit]}
+def _measures(adapter: Adapter, units: Sequence[str], patching: bool) -> list[str]:
+    """The analysis's measure groups the estimators of ``units`` read, in the order they run."""
+    wanted = {
+        m for unit in units for e in estimators_for(adapter, unit, patching) for m in e.measures
+    }
     return [m for m in chosen_measures(adapter, None) if m in wanted]
 
 
-def _layer_ranking_count(adapter: Adapter, problem: PatchingProblem | None) -> int:
-    decoder = adapter.family == "decoder-lm"
-    return len(_LAYER_RANKINGS) - (0 if decoder else 1) + (problem is not None)
+def _patches(adapter: Adapter, units: Sequence[str], problem: PatchingProblem | None) -> bool:
+    """Whether an estimator of ``units`` reads exact residual patching of ``problem``."""
+    if problem is None:
+        return False
+    return any(e.needs_patching for u in units for e in estimators_for(adapter, u, True))
 
 
 def _dataset(adapter: Adapter, texts: Sequence[str] | None) -> list[Inputs]:
@@ -169,7 +154,7 @@ def study_parts(
     inputs: Inputs,
     dataset: Sequence[Inputs],
     problem: PatchingProblem | None = None,
-    units: Collection[str] = UNITS,
+    units: Collection[str] | None = None,
     draws: int = 5,
     head_step: int | None = None,
     targets_known: bool = False,
@@ -183,23 +168,30 @@ def study_parts(
     Raises:
         InvalidParameterError: as :func:`pruning_study`.
     """
-    chosen = check_units(units)
+    chosen = check_unit_kinds(list(UNIT_KINDS) if units is None else units)
     if draws < 1:
         raise InvalidParameterError(f"draws is at least 1; got {draws}")
-    parts = ModelParts.of(adapter)
-    forward, backward, widest = analysis_passes(adapter, _measures(adapter, chosen))
+    patches = _patches(adapter, chosen, problem)
+    forward, backward, widest = analysis_passes(adapter, _measures(adapter, chosen, patches))
     found: list[Part] = [(inputs, forward, backward, widest)]
-    if problem is not None and "layer" in chosen:
+    if problem is not None and patches:
         forward, backward, widest = patching_passes(
             adapter, problem, ["exact"], ["residual"], ["denoising"]
         )
         found.append((problem.clean, forward, backward, widest))
-    rankings = {"layer": _layer_ranking_count(adapter, problem), "head": _HEAD_RANKINGS}
-    steps = {"layer": None, "head": head_step}
-    rows = sum(curve_passes(parts, rankings[u], draws, u, step=steps[u]) for u in chosen)
-    width = max(curve_passes(parts, rankings[u], draws, u, step=steps[u]) for u in chosen)
-    found += [(item, rows + (not targets_known), 0, width) for item in dataset]
+    rows = [
+        curve_passes(
+            adapter, len(estimators_for(adapter, u, patches)), draws, u, step=_step(u, head_step)
+        )
+        for u in chosen
+    ]
+    found += [(item, sum(rows) + (not targets_known), 0, max(rows)) for item in dataset]
     return found
+
+
+def _step(unit: str, head_step: int | None) -> int | None:
+    """The removal step of ``unit``'s curves: ``head_step`` for heads, the default for others."""
+    return head_step if unit == "head" else None
 
 
 def pruning_study(
@@ -209,7 +201,7 @@ def pruning_study(
     texts: Sequence[str] | None = None,
     items: Sequence[tuple[Inputs, Target]] | None = None,
     problem: PatchingProblem | None = None,
-    units: Collection[str] = UNITS,
+    units: Collection[str] | None = None,
     draws: int = 5,
     head_step: int | None = None,
     settings: RunSettings | None = None,
@@ -222,10 +214,11 @@ def pruning_study(
     else ``texts`` (default: the bundled sentences), each scored on the unpruned model's top
     prediction (a class, or the next token). ``problem``: a patching problem on ``inputs`` and
     ``target`` (its clean side) whose exact residual patching ranks the layers too
-    (``residual_patching``). ``units``:
-    ``layer``, ``head`` or both; ``draws`` random orders each; ``head_step``: heads removed
-    per point of the head curves (default: at most :data:`~attribution.layers.pruning.
-    MAX_POINTS` points). The whole study is priced first and refused over ``settings``'
+    (``residual_patching``). ``units``: the unit kinds to prune
+    (:data:`~attribution.engine.units.UNIT_KINDS`; ``None``: every one), each ranked by every
+    registered estimator of it that applies; ``draws`` random orders each; ``head_step``: heads
+    removed per point of the head curves (default: at most :data:`~attribution.engine.
+    verification.MAX_POINTS` points). The whole study is priced first and refused over ``settings``'
     forward-pass budget or seconds (:func:`~attribution.gate.clear_study`).
 
     Raises:
@@ -239,7 +232,7 @@ def pruning_study(
     from attrlab.attribution.gate import clear_study  # the gate prices through estimate
 
     settings = settings or RunSettings()
-    chosen = check_units(units)
+    chosen = check_unit_kinds(list(UNIT_KINDS) if units is None else units)
     dataset = [i for i, _ in items] if items is not None else _dataset(adapter, texts)
     run = RunContext.of(settings)
     parts = study_parts(
@@ -258,29 +251,24 @@ def pruning_study(
             raise InvalidInputError(
                 "the patching problem must be on the input and target the layers are ranked for"
             )
-    report = analyze(adapter, inputs, target, _measures(adapter, chosen), run)
-    model = ModelParts.of(adapter)
+    patches = _patches(adapter, chosen, problem)
+    report = analyze(adapter, inputs, target, _measures(adapter, chosen, patches), run)
     if items is None:
         items = [(i, _prediction(adapter, i, None, run)) for i in dataset]
+    evidence = Evidence(adapter, target, report.table)
+    if problem is not None and patches:
+        quiet = replace(settings, max_forward_passes=None, max_seconds=None)  # priced above
+        patched = patching_report(adapter, problem, ["exact"], ["residual"], ["denoising"], quiet)
+        run.count(forward=patched.forward_passes)
+        mask = inputs.model_kwargs()["attention_mask"]
+        read_at = int(DecoderLMAdapter.predicted_positions(mask)[0]) - target.read_offsets()[0]
+        evidence = replace(evidence, patching=patched.table, read_at=read_at)
     found = PruningStudy(target.label, len(items), report.table)
-    if "layer" in chosen:
-        rankings = layer_rankings(report.table, adapter, target)
-        if problem is not None:
-            quiet = replace(settings, max_forward_passes=None, max_seconds=None)  # priced above
-            patched = patching_report(
-                adapter, problem, ["exact"], ["residual"], ["denoising"], quiet
-            )
-            run.count(forward=patched.forward_passes)
-            mask = inputs.model_kwargs()["attention_mask"]
-            read_at = int(DecoderLMAdapter.predicted_positions(mask)[0]) - target.read_offsets()[0]
-            rankings["residual_patching"] = residual_patching_ranking(
-                patched.table, len(model.blocks), read_at
-            )
-        found.layers = pruning_curves(adapter, items, rankings, draws, run=run)
-    if "head" in chosen:
-        rankings = head_rankings(report.table, len(model.blocks), model.heads)
-        found.heads = pruning_curves(
-            adapter, items, rankings, draws, unit="head", step=head_step, run=run
+    for unit in chosen:
+        rankings = scores_of(evidence, unit)
+        step = _step(unit, head_step)
+        found.by_unit[unit] = pruning_curves(
+            adapter, items, rankings, draws, unit=unit, step=step, run=run
         )
     found.forward_passes, found.backward_passes = run.forward_passes, run.backward_passes
     found.warnings = run.warnings

@@ -1,16 +1,13 @@
 """
-Pruning curves: remove layers or heads from least to most important by a ranking, and measure.
+Verification: remove units from least to most important by each estimator, and measure.
 
 ShortGPT's test (Men et al. 2024, https://arxiv.org/abs/2403.03853) made a check of the
-estimators. For each ranking of the layers (:func:`layer_rankings` reads Block Influence, skip,
-logit lens and LRP per layer from a layer table; :func:`residual_patching_ranking` exact
-residual patching from a patching report; any per-layer importances serve), the ``k`` least
-important blocks are bypassed together (each returns its input, as
-:func:`~attribution.layers.hooks.skip_blocks` does for ``skip``), ``k = 0 … L/2``. For each
-ranking of the heads (:func:`head_rankings`: the head estimators of the layer table), the
-``k`` least important heads are zeroed together at their output projection's input (as
-``ablation_zero`` zeroes one), ``k = 0 … LH/2``. Where ``K`` is large (SmolLM2's 270 heads),
-``k`` goes in steps so that a curve has at most :data:`MAX_POINTS` points beyond ``k = 0``.
+estimators, for any registered unit kind (:mod:`attribution.engine.units`). For each ranking
+(one importance per site of the kind, in its site order: an estimator's scores), the ``k``
+least important sites are removed together by the kind's removal (layers bypassed, heads zeroed
+at their output projection's input, ...), ``k = 0 … K/2``. Where ``K`` is large (SmolLM2's 270
+heads), ``k`` goes in steps so that a curve has at most :data:`MAX_POINTS` points beyond
+``k = 0``.
 
 Measured on every input of a small dataset: the target's log-probability, top-1 agreement with
 the unpruned model at the position the target is read, and for decoder LMs the mean next-token
@@ -26,7 +23,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -37,10 +33,9 @@ import torch.nn.functional as F
 
 from attrlab.attribution.alteration import altered
 from attrlab.attribution.answers import decoder_adapter
-from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
-from attrlab.attribution.layers.agreement import head_ranking
-from attrlab.attribution.layers.analysis import HEAD_ESTIMATORS, ModelParts, checked_target
-from attrlab.attribution.layers.hooks import ablate_head_sets, skip_blocks
+from attrlab.attribution.engine.units import Site, unit_kind
+from attrlab.attribution.errors import InvalidParameterError
+from attrlab.attribution.layers.analysis import checked_target
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.text import DecoderLMAdapter
 from attrlab.attribution.perturb import BatchRunner, repeated
@@ -53,14 +48,10 @@ __all__ = [
     "MAX_POINTS",
     "METRICS",
     "SCORE_COLUMNS",
-    "UNITS",
     "PruningCurves",
     "curve_passes",
-    "head_rankings",
-    "layer_rankings",
+    "measured_rows",
     "pruning_curves",
-    "residual_patching_ranking",
-    "unit_count",
 ]
 
 #: Columns of the curves: one row per order, number of removed units and metric; ``std``,
@@ -71,8 +62,6 @@ CURVE_COLUMNS = ("order", "removed", "metric", "value", "std", "low", "high")
 SCORE_COLUMNS = ("order", "metric", "auc", "std", "low", "high", "status", "p_value")
 #: The order name of the random draws.
 RANDOM = "random"
-#: What is removed: whole blocks, or single heads.
-UNITS = ("layer", "head")
 #: Most removal counts a curve measures beyond ``k = 0`` (``k`` steps over where ``K`` is larger).
 MAX_POINTS = 16
 #: Each metric, and whether higher is better.
@@ -88,109 +77,6 @@ _ORDERS = Draws(
 )
 
 
-def _per_layer(table: pd.DataFrame, measure: str, layers: int) -> np.ndarray | None:
-    value = "value" if "value" in table.columns else "mean"
-    rows = table[(table["measure"] == measure) & table["head"].isna()]
-    if rows.empty:
-        return None
-    series = rows.groupby("layer")[value].mean()
-    return series.reindex(range(layers)).to_numpy(dtype=float)
-
-
-def layer_rankings(table: pd.DataFrame, adapter: Adapter, target: Target) -> dict[str, np.ndarray]:
-    """
-    Per-layer importances from :func:`analyze_layers`' table of ``target`` on one input.
-
-    ``block_influence`` as it is; ``skip`` ``|skip_logprob|``; ``lrp`` the relevance through the
-    block's attention and MLP branches, ``|lrp_attention| + |lrp_mlp|``; ``logit_lens`` how much
-    the target's log-probability read from the residual changes through the block (before the
-    first block: read from uniform logits). Those whose measures the table lacks are left out.
-    """
-    layers = adapter.num_layers
-    found: dict[str, np.ndarray] = {}
-    influence = _per_layer(table, "block_influence", layers)
-    if influence is not None:
-        found["block_influence"] = influence
-    skip = _per_layer(table, "skip_logprob", layers)
-    if skip is not None:
-        found["skip"] = np.abs(skip)
-    attention, mlp = (_per_layer(table, f"lrp_{b}", layers) for b in ("attention", "mlp"))
-    if attention is not None and mlp is not None:
-        found["lrp"] = np.abs(attention) + np.abs(mlp)
-    lens = _per_layer(table, "lens_score", layers)
-    probability = _per_layer(table, "lens_probability", layers)
-    if lens is None and probability is not None:
-        lens = np.log(np.clip(probability, 1e-300, None))
-    if lens is not None:
-        found["logit_lens"] = np.abs(np.diff(lens, prepend=_uniform_read(adapter, target)))
-    return found
-
-
-def _uniform_read(adapter: Adapter, target: Target) -> float:
-    """The target's log-probability read from all-zero logits (the lens before any block)."""
-    span = max(target.read_offsets()) + 1
-    window = {"attention_mask": torch.ones(1, span, dtype=torch.long)}
-    zeros = torch.zeros(1, span, adapter.num_classes, dtype=torch.float64)
-    return float(target.log_probability(target.from_logits(adapter, zeros, window))[0])
-
-
-def residual_patching_ranking(table: pd.DataFrame, layers: int, read_at: int) -> np.ndarray:
-    """
-    Per-layer importance from exact residual patching (a patching report's table).
-
-    How much of the clean answer the residual stream at position ``read_at`` (where the target
-    is read) gains through each block, by denoising: ``|r(l + 1) − r(l)|`` of the normalised
-    effect ``r`` of patching the residual entering block ``l`` there, with ``r(L) = 1`` (after
-    the last block the residual there is the whole clean prediction).
-
-    Raises:
-        InvalidInputError: the table has no exact denoising residual rows at ``read_at``.
-    """
-    rows = table[
-        (table["estimator"] == "exact")
-        & (table["direction"] == "denoising")
-        & (table["component"] == "residual")
-        & (table["position"] == read_at)
-    ]
-    if len(rows) != layers:
-        raise InvalidInputError(
-            f"the patching table has {len(rows)} exact denoising residual rows at position "
-            f"{read_at}; the ranking needs one per layer ({layers})"
-        )
-    curve = rows.sort_values("layer")["normalised"].to_numpy(dtype=float)
-    return np.abs(np.diff(np.append(curve, 1.0)))
-
-
-def head_rankings(table: pd.DataFrame, layers: int, heads: int) -> dict[str, np.ndarray]:
-    """
-    Per-head importances from a layer table: ``|value|`` of each head estimator it holds.
-
-    Flattened layer by layer (unit ``l·H + h`` is head ``h`` of layer ``l``), as
-    :func:`pruning_curves` takes them with ``unit="head"``. Estimators the table lacks, or
-    holds for only some heads, are left out.
-    """
-    index = pd.MultiIndex.from_product([range(layers), range(heads)], names=["layer", "head"])
-    found: dict[str, np.ndarray] = {}
-    for measure in HEAD_ESTIMATORS:
-        ranking = head_ranking(table, measure)
-        if ranking.empty:
-            continue
-        ranking.index = ranking.index.set_levels(
-            [level.astype("int64") for level in ranking.index.levels]
-        )
-        values = ranking.reindex(index).to_numpy(dtype=float)
-        if not np.isnan(values).any():
-            found[measure] = values
-    return found
-
-
-def unit_count(parts: ModelParts, unit: str) -> int:
-    """How many units of ``unit`` (:data:`UNITS`) the model has: blocks, or heads in all."""
-    if unit not in UNITS:
-        raise InvalidParameterError(f"unit is one of {', '.join(UNITS)}; got {unit!r}")
-    return len(parts.blocks) * (parts.heads if unit == "head" else 1)
-
-
 def _removal_counts(units: int, max_removed: int | None, step: int | None) -> list[int]:
     """The ``k`` measured beyond 0: ``step, 2·step, …`` up to ``max_removed`` (always included)."""
     removed = units // 2 if max_removed is None else max_removed
@@ -204,7 +90,7 @@ def _removal_counts(units: int, max_removed: int | None, step: int | None) -> li
 
 
 def curve_passes(
-    parts: ModelParts,
+    adapter: Adapter,
     rankings: int,
     draws: int = 5,
     unit: str = "layer",
@@ -217,7 +103,7 @@ def curve_passes(
     Raises:
         InvalidParameterError: as :func:`pruning_curves`.
     """
-    counts = _removal_counts(unit_count(parts, unit), max_removed, step)
+    counts = _removal_counts(len(unit_kind(unit).sites(adapter)), max_removed, step)
     return 1 + (rankings + draws) * len(counts)
 
 
@@ -227,7 +113,7 @@ class PruningCurves:
     Curves per order, their areas and each ranking's verdict against random orders.
 
     Attributes:
-        unit: What was removed (:data:`UNITS`).
+        unit: The unit kind removed (:data:`~attribution.engine.units.UNIT_KINDS`).
         curves: :data:`CURVE_COLUMNS`: the mean over the dataset per order, removed units and
             metric (``log_prob``, ``top1_agreement``, ``next_token_loss``); the random order's
             rows are the draws' mean and spread.
@@ -279,17 +165,46 @@ def _metrics(
     return target.log_probability(outputs).double(), logits[rows, read].argmax(-1), per_row
 
 
-def _removing(
-    parts: ModelParts, unit: str, batch: Sequence[Sequence[int]]
-) -> AbstractContextManager[None]:
-    """A context in which batch row ``r`` runs without the units ``batch[r]``."""
-    if unit == "head":
-        sets = [[divmod(u, parts.heads) for u in row] for row in batch]
-        return ablate_head_sets(parts.projections, parts.heads, sets)
-    layers = len(parts.blocks)
-    bypassed = {b: [r for r, row in enumerate(batch) if b in row] for b in range(layers)}
-    chosen = [b for b in range(layers) if bypassed[b]]
-    return skip_blocks([parts.blocks[b] for b in chosen], [bypassed[b] for b in chosen])
+def measured_rows(
+    adapter: Adapter,
+    items: Sequence[tuple[Inputs, Target]],
+    unit: str,
+    removals: Sequence[Sequence[Site]],
+    run: RunContext,
+    removal: str | None = None,
+) -> np.ndarray:
+    """
+    :data:`METRICS` per row, the mean over ``items``, with row ``r`` run without ``removals[r]``.
+
+    ``removals[0]`` is the row every top-1 agreement is read against (the unpruned model where
+    it is empty). Each input's rows go in one forward batch where they fit (halved on CUDA
+    out-of-memory), removed by the kind's ``removal`` (``None``: its default).
+
+    Returns:
+        ``(len(removals), len(METRICS))`` float64; ``next_token_loss`` NaN off decoder LMs.
+    """
+    remove = unit_kind(unit).removal(removal)
+    runner = BatchRunner(adapter, run, len(removals), len(items) * len(removals))
+    sums = np.zeros((len(removals), len(METRICS)))
+    for inputs, target in items:
+        checked_target(adapter, inputs, target)
+        kwargs = inputs.model_kwargs()
+
+        def forward(start: int, stop: int, kwargs: dict = kwargs, target: Target = target) -> Any:
+            rows = {k: repeated(v, stop - start) for k, v in kwargs.items()}
+            with remove(adapter, removals[start:stop]):
+                return _metrics(adapter, target, rows)
+
+        with altered(adapter.model):
+            chunks = list(runner.chunks(len(removals), forward))
+        log_prob = torch.cat([c[2][0] for c in chunks]).cpu()
+        top1 = torch.cat([c[2][1] for c in chunks]).cpu()
+        losses = [c[2][2] for c in chunks]
+        loss = (
+            torch.cat(losses).cpu() if losses[0] is not None else torch.full_like(log_prob, np.nan)
+        )
+        sums += torch.stack([log_prob, (top1 == top1[0]).double(), loss], 1).numpy()
+    return sums / len(items)
 
 
 def pruning_curves(
@@ -302,27 +217,30 @@ def pruning_curves(
     unit: str = "layer",
     step: int | None = None,
     run: RunContext | None = None,
+    removal: str | None = None,
 ) -> PruningCurves:
     """
     Remove ``k = 0 … max_removed`` units (default: half of them) by each ranking, on ``items``.
 
-    ``unit``: ``layer`` (blocks bypassed) or ``head`` (heads zeroed; unit ``l·H + h``).
-    ``rankings``: name -> per-unit importance (higher: more important; ties keep the units'
-    order). ``draws`` random orders (seeded by ``settings.seed``). ``step``: ``k`` goes up by
-    this much (default: the smallest step giving at most :data:`MAX_POINTS` points; the last
-    point is ``max_removed`` either way). Every order's rows of one input go in one forward
-    batch (halved on CUDA out-of-memory). ``run``: the state of a larger run this is part of
-    (its budget, progress and counters), instead of a fresh one of ``settings``.
+    ``unit``: a registered unit kind (:data:`~attribution.engine.units.UNIT_KINDS`: ``layer``,
+    blocks bypassed; ``head``, heads zeroed, unit ``l·H + h``), removed by its ``removal``
+    (``None``: the kind's default). ``rankings``: name -> per-unit importance (higher: more
+    important; ties keep the units' order). ``draws`` random orders (seeded by
+    ``settings.seed``). ``step``: ``k`` goes up by this much (default: the smallest step giving
+    at most :data:`MAX_POINTS` points; the last point is ``max_removed`` either way). Every
+    order's rows of one input go in one forward batch (halved on CUDA out-of-memory).
+    ``run``: the state of a larger run this is part of (its budget, progress and counters),
+    instead of a fresh one of ``settings``.
 
     Raises:
-        InvalidParameterError: no items, an unknown unit, a ranking of the wrong length or with
-            NaN, a ranking named ``random``, ``max_removed`` outside ``1 … units − 1``, a
-            ``step`` outside ``1 … max_removed``, ``draws`` < 1.
+        InvalidParameterError: no items, an unknown unit or removal, a ranking of the wrong
+            length or with NaN, a ranking named ``random``, ``max_removed`` outside
+            ``1 … units − 1``, a ``step`` outside ``1 … max_removed``, ``draws`` < 1.
         InvalidInputError: a target its input does not hold.
         BudgetExceededError, JobCancelledError: as the settings say.
     """
-    parts = ModelParts.of(adapter)
-    units = unit_count(parts, unit)
+    sites = unit_kind(unit).sites(adapter)
+    units = len(sites)
     counts = _removal_counts(units, max_removed, step)
     if not items:
         raise InvalidParameterError("give at least one input to measure the curves on")
@@ -341,35 +259,13 @@ def pruning_curves(
     random_orders = [[int(u) for u in run.rng.permutation(units)] for _ in range(draws)]
     plans = [*orders.values(), *random_orders]
     # row 0 unpruned, then each order's k of `counts`
-    removals: list[list[int]] = [[]] + [order[:k] for order in plans for k in counts]
-    runner = BatchRunner(adapter, run, len(removals), len(items) * len(removals))
-    sums = np.zeros((len(removals), len(METRICS)))
-    for inputs, target in items:
-        checked_target(adapter, inputs, target)
-        kwargs = inputs.model_kwargs()
-
-        def forward(start: int, stop: int, kwargs: dict = kwargs, target: Target = target) -> Any:
-            rows = {k: repeated(v, stop - start) for k, v in kwargs.items()}
-            with _removing(parts, unit, removals[start:stop]):
-                return _metrics(adapter, target, rows)
-
-        with altered(adapter.model):
-            chunks = list(runner.chunks(len(removals), forward))
-        log_prob = torch.cat([c[2][0] for c in chunks]).cpu()
-        top1 = torch.cat([c[2][1] for c in chunks]).cpu()
-        losses = [c[2][2] for c in chunks]
-        loss = (
-            torch.cat(losses).cpu() if losses[0] is not None else torch.full_like(log_prob, np.nan)
-        )
-        sums += torch.stack([log_prob, (top1 == top1[0]).double(), loss], 1).numpy()
-    means = sums / len(items)
-    named = {name: [_unit_name(parts, unit, u) for u in order] for name, order in orders.items()}
+    removals: list[list[Site]] = [[]] + [
+        [sites[u] for u in order[:k]] for order in plans for k in counts
+    ]
+    means = measured_rows(adapter, items, unit, removals, run, removal)
+    named = {name: [sites[u].name() for u in order] for name, order in orders.items()}
     decoder = adapter.family == "decoder-lm"
     return _curves(unit, means, list(orders), draws, counts, named, decoder)
-
-
-def _unit_name(parts: ModelParts, unit: str, index: int) -> Any:
-    return list(divmod(index, parts.heads)) if unit == "head" else index
 
 
 def _spread(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -1,0 +1,316 @@
+"""
+Importance estimators: registered by name, each scoring every site of one unit kind.
+
+An :class:`Estimator` says as data what it scores (its unit kind), what it reads (the layer
+analysis's measure groups, whose passes price it; or exact residual patching), whether its score
+is the exact effect of the kind's removal of that site alone, and where it comes from. Its
+``score`` turns the evidence of one ranked input (:class:`Evidence`) into one number per site,
+in the kind's site order, higher for more important.
+
+Layers: Block Influence (ShortGPT, Men et al. 2024), the exact effect of skipping the block, its
+AttnLRP relevance (Achtibat et al. 2024), the logit lens's change through it (nostalgebraist
+2020), and exact residual patching (Meng et al. 2022). Heads: the gradient at a head gate and
+zero / mean ablation (Michel et al. 2019), and AttnLRP relevance per head.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from attrlab.attribution.errors import InvalidInputError
+from attrlab.attribution.layers.agreement import head_ranking
+from attrlab.attribution.layers.analysis import MEASURES, chosen_measures
+from attrlab.attribution.models.base import Adapter
+from attrlab.attribution.target import Target
+
+__all__ = [
+    "ESTIMATORS",
+    "Estimator",
+    "Evidence",
+    "estimators_for",
+    "register_estimator",
+    "residual_patching_ranking",
+    "scores_of",
+]
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """
+    What the estimators of one ranked input read.
+
+    Attributes:
+        adapter: The model.
+        target: What is explained on the ranked input.
+        analysis: The layer analysis's long table on that input (the measures the chosen
+            estimators read).
+        patching: Exact denoising residual patching's table on that input and its corrupted
+            twin, when a corrupted prompt was given.
+        read_at: The position the target is read at (with ``patching``).
+    """
+
+    adapter: Adapter
+    target: Target
+    analysis: pd.DataFrame
+    patching: pd.DataFrame | None = None
+    read_at: int | None = None
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """
+    An importance estimator over one unit kind.
+
+    Attributes:
+        name: Its name in tables, orders and requests.
+        unit: The unit kind it scores (:data:`~attribution.engine.units.UNIT_KINDS`).
+        description: What it computes, for people.
+        source: The paper or idea it comes from.
+        score: One importance per site of the kind (``None``: the evidence lacks what it reads).
+        measures: The layer analysis's measure groups it reads (they price it).
+        exact: Its score is the measured effect of removing that site alone, as the kind's
+            default removal does, on the ranked input (not an approximation).
+        needs_patching: It reads exact residual patching (a corrupted prompt is needed).
+    """
+
+    name: str
+    unit: str
+    description: str
+    source: str
+    score: Callable[[Evidence], np.ndarray | None]
+    measures: tuple[str, ...] = ()
+    exact: bool = False
+    needs_patching: bool = False
+
+    @property
+    def cost(self) -> str:
+        """What it costs, in words (its measure groups' costs, or patching's)."""
+        costs = [MEASURES[m].cost for m in self.measures]
+        return "; ".join(costs or ["exact residual patching: one forward per layer"])
+
+    def applies_to(self, adapter: Adapter, patching: bool) -> bool:
+        """Whether it can score ``adapter`` (``patching``: a corrupted prompt is given)."""
+        applicable = set(chosen_measures(adapter, None))
+        return set(self.measures) <= applicable and (patching or not self.needs_patching)
+
+
+#: Every registered estimator by name, in registration order (the order rankings are listed).
+ESTIMATORS: dict[str, Estimator] = {}
+
+
+def register_estimator(estimator: Estimator) -> Estimator:
+    """
+    Add ``estimator`` to :data:`ESTIMATORS`.
+
+    Raises:
+        ValueError: an estimator of that name is registered already.
+    """
+    if estimator.name in ESTIMATORS:
+        raise ValueError(f"an estimator named {estimator.name!r} is registered already")
+    ESTIMATORS[estimator.name] = estimator
+    return estimator
+
+
+def estimators_for(adapter: Adapter, unit: str, patching: bool = False) -> list[Estimator]:
+    """The registered estimators of ``unit`` that apply to ``adapter``, in registration order."""
+    return [e for e in ESTIMATORS.values() if e.unit == unit and e.applies_to(adapter, patching)]
+
+
+def scores_of(evidence: Evidence, unit: str) -> dict[str, np.ndarray]:
+    """Every applicable estimator of ``unit``'s scores on ``evidence`` (those it can give)."""
+    patching = evidence.patching is not None
+    found = {e.name: e.score(evidence) for e in estimators_for(evidence.adapter, unit, patching)}
+    return {name: values for name, values in found.items() if values is not None}
+
+
+def _per_layer(table: pd.DataFrame, measure: str, layers: int) -> np.ndarray | None:
+    value = "value" if "value" in table.columns else "mean"
+    rows = table[(table["measure"] == measure) & table["head"].isna()]
+    if rows.empty:
+        return None
+    series = rows.groupby("layer")[value].mean()
+    return series.reindex(range(layers)).to_numpy(dtype=float)
+
+
+def _block_influence(evidence: Evidence) -> np.ndarray | None:
+    return _per_layer(evidence.analysis, "block_influence", evidence.adapter.num_layers)
+
+
+def _skip(evidence: Evidence) -> np.ndarray | None:
+    skip = _per_layer(evidence.analysis, "skip_logprob", evidence.adapter.num_layers)
+    return None if skip is None else np.abs(skip)
+
+
+def _lrp(evidence: Evidence) -> np.ndarray | None:
+    """The relevance through the block's attention and MLP branches: ``|attention| + |mlp|``."""
+    table, layers = evidence.analysis, evidence.adapter.num_layers
+    attention, mlp = (_per_layer(table, f"lrp_{b}", layers) for b in ("attention", "mlp"))
+    if attention is None or mlp is None:
+        return None
+    return np.abs(attention) + np.abs(mlp)
+
+
+def _logit_lens(evidence: Evidence) -> np.ndarray | None:
+    """
+    How much the target's log-probability read from the residual changes through the block.
+
+    Before the first block it is read from uniform logits.
+    """
+    table, layers = evidence.analysis, evidence.adapter.num_layers
+    lens = _per_layer(table, "lens_score", layers)
+    probability = _per_layer(table, "lens_probability", layers)
+    if lens is None and probability is not None:
+        lens = np.log(np.clip(probability, 1e-300, None))
+    if lens is None:
+        return None
+    return np.abs(np.diff(lens, prepend=_uniform_read(evidence.adapter, evidence.target)))
+
+
+def _uniform_read(adapter: Adapter, target: Target) -> float:
+    """The target's log-probability read from all-zero logits (the lens before any block)."""
+    span = max(target.read_offsets()) + 1
+    window = {"attention_mask": torch.ones(1, span, dtype=torch.long)}
+    zeros = torch.zeros(1, span, adapter.num_classes, dtype=torch.float64)
+    return float(target.log_probability(target.from_logits(adapter, zeros, window))[0])
+
+
+def residual_patching_ranking(table: pd.DataFrame, layers: int, read_at: int) -> np.ndarray:
+    """
+    Per-layer importance from exact residual patching (a patching report's table).
+
+    How much of the clean answer the residual stream at position ``read_at`` (where the target
+    is read) gains through each block, by denoising: ``|r(l + 1) − r(l)|`` of the normalised
+    effect ``r`` of patching the residual entering block ``l`` there, with ``r(L) = 1`` (after
+    the last block the residual there is the whole clean prediction).
+
+    Raises:
+        InvalidInputError: the table has no exact denoising residual rows at ``read_at``.
+    """
+    rows = table[
+        (table["estimator"] == "exact")
+        & (table["direction"] == "denoising")
+        & (table["component"] == "residual")
+        & (table["position"] == read_at)
+    ]
+    if len(rows) != layers:
+        raise InvalidInputError(
+            f"the patching table has {len(rows)} exact denoising residual rows at position "
+            f"{read_at}; the ranking needs one per layer ({layers})"
+        )
+    curve = rows.sort_values("layer")["normalised"].to_numpy(dtype=float)
+    return np.abs(np.diff(np.append(curve, 1.0)))
+
+
+def _residual_patching(evidence: Evidence) -> np.ndarray | None:
+    if evidence.patching is None or evidence.read_at is None:
+        return None
+    layers = evidence.adapter.num_layers
+    return residual_patching_ranking(evidence.patching, layers, evidence.read_at)
+
+
+def _head_measure(measure: str) -> Callable[[Evidence], np.ndarray | None]:
+    """``|value|`` of the head measure ``measure`` per head, layer by layer (``None``: a gap)."""
+
+    def score(evidence: Evidence) -> np.ndarray | None:
+        adapter = evidence.adapter
+        index = pd.MultiIndex.from_product(
+            [range(adapter.num_layers), range(adapter.num_heads)], names=["layer", "head"]
+        )
+        ranking = head_ranking(evidence.analysis, measure)
+        if ranking.empty:
+            return None
+        ranking.index = ranking.index.set_levels(
+            [level.astype("int64") for level in ranking.index.levels]
+        )
+        values = ranking.reindex(index).to_numpy(dtype=float)
+        return None if np.isnan(values).any() else values
+
+    return score
+
+
+_SHORTGPT = "Men et al. 2024, ShortGPT (https://arxiv.org/abs/2403.03853)"
+_ATTNLRP = "Achtibat et al. 2024, AttnLRP (https://arxiv.org/abs/2402.05602)"
+_MICHEL = "Michel et al. 2019, Are Sixteen Heads Really Better than One? (arXiv:1905.10650)"
+
+for _estimator in (
+    Estimator(
+        "block_influence",
+        "layer",
+        "1 − cos(h_in, h_out) of the block on the residual stream",
+        _SHORTGPT,
+        _block_influence,
+        ("block_influence",),
+    ),
+    Estimator(
+        "skip",
+        "layer",
+        "|Δ log p(target)| when the block is bypassed",
+        _SHORTGPT,
+        _skip,
+        ("skip",),
+        exact=True,
+    ),
+    Estimator(
+        "lrp",
+        "layer",
+        "|relevance| through the block's attention plus its MLP branch",
+        _ATTNLRP,
+        _lrp,
+        ("lrp",),
+    ),
+    Estimator(
+        "logit_lens",
+        "layer",
+        "|change| through the block of the target's log-probability read from the residual",
+        "nostalgebraist 2020, interpreting GPT: the logit lens",
+        _logit_lens,
+        ("logit_lens",),
+    ),
+    Estimator(
+        "residual_patching",
+        "layer",
+        "what exact residual patching at the read position gains through the block",
+        "Meng et al. 2022, Locating and Editing Factual Associations in GPT (arXiv:2202.05262)",
+        _residual_patching,
+        needs_patching=True,
+    ),
+    Estimator(
+        "head_gradient",
+        "head",
+        "|∂ log p / ∂ξ_h| at a gate on the head",
+        _MICHEL,
+        _head_measure("head_gradient"),
+        ("gradient",),
+    ),
+    Estimator(
+        "ablation_zero",
+        "head",
+        "|Δ target score| with the head zeroed",
+        _MICHEL,
+        _head_measure("ablation_zero"),
+        ("ablation",),
+        exact=True,
+    ),
+    Estimator(
+        "ablation_mean",
+        "head",
+        "|Δ target score| with the head's output replaced by its mean over positions",
+        "Wang et al. 2022, Interpretability in the Wild (arXiv:2211.00593)",
+        _head_measure("ablation_mean"),
+        ("ablation",),
+    ),
+    Estimator(
+        "head_lrp",
+        "head",
+        "|relevance| through the head",
+        _ATTNLRP,
+        _head_measure("head_lrp"),
+        ("lrp",),
+    ),
+):
+    register_estimator(_estimator)
