@@ -1,0 +1,91 @@
+"""
+The importance engine's outputs before and after a change to it, compared bit for bit.
+
+Run: ``.venv/bin/python benchmarks/engine_outputs.py write FILE`` on the commit before a change,
+then ``… compare FILE`` on the commit after it. Each writes or compares, per model, the pruning
+study's whole JSON (orders, curves, areas, verdicts, passes) and its layer analysis table:
+tiny random GPT-2, LLaMA and BERT (layers and heads; the decoders ranked for " mary" rather
+than " john", with exact residual patching of a corrupted prompt) and SmolLM2-135M (layers;
+" Paris" rather than " Rome"), two dataset texts, two random draws, seed 3, one thread.
+``compare`` prints one row per model and exits 1 when any output differs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch
+from _tables import print_table
+
+from attrlab.attribution.layers.pruning_study import pruning_study, ranked_input
+from attrlab.attribution.models import load
+from attrlab.attribution.run import RunSettings
+
+CLEAN = "when mary and john went to the store john gave a drink to"
+CORRUPTED = "when mary and john went to the store mary gave a drink to"
+TEXTS = ("the cat sat on the mat and", "mary gave john a")
+MODELS = ("tiny-random-gpt2", "tiny-random-llama", "tiny-random-bert", "smollm2-135m")
+
+
+def outputs() -> dict[str, Any]:
+    """Every model's study and analysis, JSON-ready (NaN as ``None``)."""
+    found: dict[str, Any] = {}
+    for alias in MODELS:
+        adapter = load(alias, device="cpu")
+        if alias == "smollm2-135m":
+            ranked = ranked_input(
+                adapter,
+                "The capital of France is",
+                answer=" Paris",
+                contrast=" Rome",
+                corrupted="The capital of Italy is",
+            )
+            units: tuple[str, ...] = ("layer",)
+        elif adapter.family == "decoder-lm":
+            ranked = ranked_input(
+                adapter, CLEAN, answer=" mary", contrast=" john", corrupted=CORRUPTED
+            )
+            units = ("layer", "head")
+        else:
+            ranked = ranked_input(adapter, "a fine day at the beach")
+            units = ("layer", "head")
+        inputs, target, problem = ranked
+        study = pruning_study(
+            adapter,
+            inputs,
+            target,
+            TEXTS,
+            problem=problem,
+            units=units,
+            draws=2,
+            head_step=2,
+            settings=RunSettings(seed=3),
+        )
+        analysis = study.analysis.astype(object).where(study.analysis.notna(), None)
+        found[alias] = {"study": study.to_dict(), "analysis": analysis.to_dict(orient="records")}
+    return found
+
+
+def main(action: str, path: Path) -> int:
+    torch.set_num_threads(1)
+    now = json.loads(json.dumps(outputs(), sort_keys=True, default=str))
+    if action == "write":
+        path.write_text(json.dumps(now, sort_keys=True))
+        return 0
+    before = json.loads(path.read_text())
+    rows = [(alias, "identical" if before.get(alias) == now[alias] else "DIFFERS") for alias in now]
+    print_table(("model", "pruning study and analysis, before vs after"), rows)
+    return int(any(state == "DIFFERS" for _, state in rows))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] not in ("write", "compare"):
+        sys.exit("usage: engine_outputs.py write|compare FILE")
+    sys.exit(main(sys.argv[1], Path(sys.argv[2])))
