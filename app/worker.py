@@ -44,10 +44,10 @@ if TYPE_CHECKING:  # imported where used: a plain explanation needs none of them
     import numpy as np
     import pandas as pd
 
+    from attrlab.attribution.engine.study import PruningStudy
     from attrlab.attribution.estimate import Estimate
     from attrlab.attribution.explain import Preview
     from attrlab.attribution.layers import HeadAblation
-    from attrlab.attribution.layers.pruning_study import PruningStudy
     from attrlab.attribution.metrics import EvalItem
     from attrlab.attribution.metrics.check import MethodCheck
     from attrlab.attribution.patching import PatchingReport
@@ -465,7 +465,7 @@ class PatchRequest(WorkerRequest["PatchingReport"]):
 @dataclass(frozen=True, kw_only=True)
 class PruneRequest(WorkerRequest["PruningStudy"]):
     """
-    Layer and head pruning curves (:func:`attribution.layers.pruning_study.pruning_study`).
+    Layer and head pruning curves (:func:`attribution.engine.study.pruning_study`).
 
     The layers and heads are ranked on ``text`` for ``target``, or for a decoder's ``answer``
     (rather than ``contrast``; with ``corrupted``, exact residual patching ranks the layers
@@ -486,7 +486,7 @@ class PruneRequest(WorkerRequest["PruningStudy"]):
     def check(self, settings: ServerSettings) -> None:
         """Every text within this server's bounds, and no more dataset texts than a study takes."""
         from attrlab.attribution.engine import check_unit_kinds
-        from attrlab.attribution.layers.pruning_study import MAX_TEXTS
+        from attrlab.attribution.engine.study import MAX_TEXTS
 
         if self.units is not None:
             check_unit_kinds(self.units)
@@ -504,7 +504,7 @@ class PruneRequest(WorkerRequest["PruningStudy"]):
 
     def run_on(self, adapter: Adapter, run: JobContext) -> PruningStudy:
         """The study, priced and refused over the job's budgets before any work."""
-        from attrlab.attribution.layers.pruning_study import pruning_study, ranked_input
+        from attrlab.attribution.engine.study import pruning_study, ranked_input
 
         inputs, target, problem = ranked_input(
             adapter, self.text, self.target, self.answer, self.contrast, self.corrupted

@@ -462,7 +462,7 @@ def study_estimate(
 
     ``parts``: per input, ``(inputs, forward rows, backward passes, widest batch)``, as the
     study's planner gives them (:func:`attribution.patching.planned_passes`,
-    :func:`attribution.layers.pruning_study.study_parts`). Forward rows are priced per row in
+    :func:`attribution.engine.study.study_parts`). Forward rows are priced per row in
     batches of the widest batch, each backward pass (with its forward) one row at a time, both
     from the calibration and scaled by the input's size.
     """

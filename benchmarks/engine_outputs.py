@@ -24,7 +24,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch
 from _tables import print_table
 
-from attrlab.attribution.layers.pruning_study import pruning_study, ranked_input
+from attrlab.attribution.engine.study import pruning_study, ranked_input
 from attrlab.attribution.models import load
 from attrlab.attribution.run import RunSettings
 

@@ -29,13 +29,13 @@ from _tables import print_table
 from patching import CLEAN, CORRUPTED
 
 from attrlab.attribution.answers import answer_request
-from attrlab.attribution.estimate import study_estimate
-from attrlab.attribution.layers.pruning_study import (
+from attrlab.attribution.engine.study import (
     PruningStudy,
     bundled_texts,
     pruning_study,
     study_parts,
 )
+from attrlab.attribution.estimate import study_estimate
 from attrlab.attribution.models import load
 from attrlab.attribution.patching import patching_problem
 from attrlab.attribution.run import RunSettings

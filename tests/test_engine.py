@@ -25,10 +25,10 @@ from attrlab.attribution.engine import (
     removal_agreement,
     unit_kind,
 )
+from attrlab.attribution.engine.study import pruning_study
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.layers import analyze_layers
 from attrlab.attribution.layers.analysis import ModelParts
-from attrlab.attribution.layers.pruning_study import pruning_study
 from attrlab.attribution.models.base import Adapter
 from attrlab.attribution.models.text import DecoderLMAdapter
 

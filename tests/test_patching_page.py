@@ -104,7 +104,7 @@ def test_the_export_holds_the_report_its_tables_and_every_figure(load_model):
 
 
 def test_the_export_carries_the_pruning_study_run_beside_it(load_model):
-    from attrlab.attribution.layers.pruning_study import pruning_study, ranked_input
+    from attrlab.attribution.engine.study import pruning_study, ranked_input
 
     adapter = load_model(MODEL)
     problem = patching_problem(adapter, CLEAN, CORRUPT, " Mary", " John")

@@ -1,7 +1,7 @@
 """
 ``attrlab prune`` and ``POST /api/v1/prune``: the library's pruning study, wired.
 
-Each front end's numbers are checked against :func:`attribution.layers.pruning_study.
+Each front end's numbers are checked against :func:`attribution.engine.study.
 pruning_study` run directly on the same tiny model and prompts; bad input is refused in words
 (exit 2, HTTP 4xx), and a study over the server's budget before it starts.
 """
@@ -17,8 +17,8 @@ import pytest
 from attrlab.app.cli import main
 from attrlab.app.settings import ServerSettings
 from attrlab.app.worker import ExplainWorker, PatchRequest, PruneRequest
+from attrlab.attribution.engine.study import pruning_study, ranked_input
 from attrlab.attribution.errors import TooSlowError
-from attrlab.attribution.layers.pruning_study import pruning_study, ranked_input
 from attrlab.viz import pruning_figures
 
 MODEL = "tiny-random-gpt2"

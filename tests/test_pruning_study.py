@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from _model_state import model_state
 
+from attrlab.attribution.engine.study import pruning_study, ranked_input, study_parts
 from attrlab.attribution.errors import BudgetExceededError, InvalidInputError, TooSlowError
 from attrlab.attribution.estimate import study_estimate
 from attrlab.attribution.layers import analyze_layers
-from attrlab.attribution.layers.pruning_study import pruning_study, ranked_input, study_parts
 from attrlab.attribution.patching import patched_score, patching_report
 from attrlab.attribution.run import RunSettings
 

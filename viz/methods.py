@@ -1,7 +1,8 @@
 """
-The method catalog as text for a terminal (``attrlab methods``).
+The method catalog and the importance engine's catalog as text for a terminal.
 
-Plain Python on the catalog's entries: listing the methods imports none of them, nor NumPy.
+Plain Python on the catalogs' entries (``attrlab methods``, ``attrlab units``): listing the
+methods imports none of them, nor NumPy.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["methods_text", "param_range"]
+__all__ = ["methods_text", "param_range", "units_text"]
 
 
 def param_range(schema: Mapping[str, Any]) -> str:
@@ -86,4 +87,33 @@ def methods_text(entries: Sequence[Mapping[str, Any]], width: int = 100) -> str:
             lines.append(line)
             if schema.get("help"):
                 lines += wrap.wrap(schema["help"])
+    return "\n".join(lines)
+
+
+def units_text(entries: Sequence[Mapping[str, Any]], width: int = 100) -> str:
+    """
+    The unit kinds with their removals, then each kind's estimators with what they cost.
+
+    ``entries``: the engine's catalog (:func:`attribution.engine.estimators.engine_catalog`);
+    ``width`` the terminal's columns, to which descriptions are wrapped.
+    """
+    rows = [("UNIT", "REMOVED BY", "WHAT")] + [
+        (e["name"], ", ".join(e["removals"]), e["description"]) for e in entries
+    ]
+    lines = _columns(rows)
+    wrap = textwrap.TextWrapper(
+        width=max(40, width), initial_indent=" " * 6, subsequent_indent=" " * 6
+    )
+    for e in entries:
+        lines += ["", f"{e['name']}: estimators"]
+        if not e["estimators"]:
+            lines.append("    none registered: random orders only")
+            continue
+        cells = [
+            (f"    {s['name']}", "exact" if s["exact"] else "estimate", s["cost"])
+            for s in e["estimators"]
+        ]
+        for line, estimator in zip(_columns(cells), e["estimators"], strict=True):
+            lines.append(line)
+            lines += wrap.wrap(f"{estimator['description']} ({estimator['source']})")
     return "\n".join(lines)

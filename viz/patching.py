@@ -21,7 +21,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from attrlab.attribution.engine import PruningCurves
-from attrlab.attribution.layers.pruning_study import PruningStudy
+from attrlab.attribution.engine.study import PruningStudy
 from attrlab.attribution.patching import COMPONENTS, DIRECTIONS, ESTIMATORS, PatchingReport
 from attrlab.viz.layers import _DIVERGING, _token_axis
 from attrlab.viz.theme import TEMPLATE

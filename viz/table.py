@@ -12,7 +12,7 @@ from attrlab.attribution.target import AnswerTarget, ContrastTarget
 from attrlab.viz.tokens import token_label
 
 if TYPE_CHECKING:
-    from attrlab.attribution.layers.pruning_study import PruningStudy
+    from attrlab.attribution.engine.study import PruningStudy
     from attrlab.attribution.patching import PatchingReport
 
 __all__ = ["explanation_table", "layers_text", "patching_text", "pruning_text"]

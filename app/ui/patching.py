@@ -27,7 +27,7 @@ from attrlab.attribution.patching import COMPONENTS, DIRECTIONS, ESTIMATORS
 from attrlab.attribution.patching.problem import MAX_SEEDS
 
 if TYPE_CHECKING:
-    from attrlab.attribution.layers.pruning_study import PruningStudy
+    from attrlab.attribution.engine.study import PruningStudy
     from attrlab.attribution.patching import PatchingReport
 
 __all__ = ["PatchingResult", "export_patching", "patching_view"]

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 
+from attrlab.attribution.engine.units import UNIT_KINDS
 from attrlab.attribution.errors import InvalidInputError
 from attrlab.attribution.layers.agreement import head_ranking
 from attrlab.attribution.layers.analysis import MEASURES, chosen_measures
@@ -32,6 +34,7 @@ __all__ = [
     "ESTIMATORS",
     "Estimator",
     "Evidence",
+    "engine_catalog",
     "estimators_for",
     "register_estimator",
     "residual_patching_ranking",
@@ -93,6 +96,19 @@ class Estimator:
         costs = [MEASURES[m].cost for m in self.measures]
         return "; ".join(costs or ["exact residual patching: one forward per layer"])
 
+    def describe(self) -> dict[str, Any]:
+        """JSON-ready: what it scores and reads, what it costs, and where it comes from."""
+        return {
+            "name": self.name,
+            "unit": self.unit,
+            "description": self.description,
+            "source": self.source,
+            "exact": self.exact,
+            "cost": self.cost,
+            "measures": [*self.measures],
+            "needs_patching": self.needs_patching,
+        }
+
     def applies_to(self, adapter: Adapter, patching: bool) -> bool:
         """Whether it can score ``adapter`` (``patching``: a corrupted prompt is given)."""
         applicable = set(chosen_measures(adapter, None))
@@ -126,6 +142,22 @@ def scores_of(evidence: Evidence, unit: str) -> dict[str, np.ndarray]:
     patching = evidence.patching is not None
     found = {e.name: e.score(evidence) for e in estimators_for(evidence.adapter, unit, patching)}
     return {name: values for name, values in found.items() if values is not None}
+
+
+def engine_catalog() -> list[dict[str, Any]]:
+    """
+    Every registered unit kind with its estimators, JSON-ready: what front ends list.
+
+    Each kind's :meth:`~attribution.engine.units.UnitKind.describe`, and ``estimators``: each
+    of its estimators' :meth:`Estimator.describe`, in registration order.
+    """
+    return [
+        {
+            **kind.describe(),
+            "estimators": [e.describe() for e in ESTIMATORS.values() if e.unit == kind.name],
+        }
+        for kind in UNIT_KINDS.values()
+    ]
 
 
 def _per_layer(table: pd.DataFrame, measure: str, layers: int) -> np.ndarray | None:

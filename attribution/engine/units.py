@@ -80,6 +80,10 @@ class UnitKind:
     sites: Callable[[Adapter], list[Site]]
     removals: Mapping[str, Removal]
 
+    def describe(self) -> dict[str, Any]:
+        """JSON-ready: its name, description and removals (the default first)."""
+        return {"name": self.name, "description": self.description, "removals": [*self.removals]}
+
     def removal(self, name: str | None = None) -> Removal:
         """
         The removal named ``name`` (``None``: the default).
