@@ -65,7 +65,8 @@ from attrlab.attribution.methods.lrp.relevance import LRPResult, lrp
 from attrlab.attribution.methods.lrp.settings import resolve_settings
 from attrlab.attribution.metrics.faithfulness import measured
 from attrlab.attribution.models.base import Adapter, Inputs
-from attrlab.attribution.models.layouts import Layout, layout_for
+from attrlab.attribution.models.families import Layout
+from attrlab.attribution.models.layouts import layout_for
 from attrlab.attribution.models.text import DecoderLMAdapter
 from attrlab.attribution.perturb import BatchRunner
 from attrlab.attribution.run import RunContext, RunSettings
@@ -184,7 +185,7 @@ class ModelParts:
         except AttributeError as err:  # a variant of the family with other module names
             raise UnsupportedMethodError(
                 f"layer analysis cannot find its modules in model '{adapter.model_id}': {err}; "
-                "its family's row in attribution/models/layouts.py needs these paths"
+                "its family's row in attribution/models/families.py needs these paths"
             ) from None
         if adapter.num_heads <= 0:
             raise UnsupportedMethodError(f"model '{adapter.model_id}' reports no attention heads")

@@ -15,7 +15,8 @@ from torch import nn
 
 from attrlab.attribution.alteration import altered
 from attrlab.attribution.errors import InvalidInputError, UnsupportedMethodError
-from attrlab.attribution.models.layouts import LAYOUTS, Layout, find_module
+from attrlab.attribution.models.families import Layout
+from attrlab.attribution.models.layouts import find_module, layout_of
 from attrlab.attribution.models.placement import execution_device
 
 if TYPE_CHECKING:
@@ -300,7 +301,7 @@ class Adapter(ABC):
     @property
     def layout(self) -> Layout | None:
         """Where the model's family keeps its blocks, attention and embeddings, if attrlab knows."""
-        return LAYOUTS.get(self.model_type or "")
+        return layout_of(self.model_type)
 
     def blocks(self) -> list[nn.Module]:
         """

@@ -12,7 +12,7 @@ import transformers as tf
 from attrlab.attribution.errors import AttrlabError, ModelLoadError, UnknownModelError
 from attrlab.attribution.models.base import Adapter
 from attrlab.attribution.models.builtin import imagenet_labels
-from attrlab.attribution.models.families import FAMILIES, family_of
+from attrlab.attribution.models.families import FAMILIES, family_of, loadable
 from attrlab.attribution.models.folders import CONFIG_FILE, check_inside, read_config
 from attrlab.attribution.models.images import ImageTransform
 from attrlab.attribution.models.placement import Placement, pretrained_kwargs
@@ -72,7 +72,7 @@ def load_pretrained(
         architecture = config.get("architecture")
         if isinstance(architecture, str):
             adapter = _load_timm_folder(folder, architecture, name)
-        elif config["model_type"] not in FAMILIES:  # known before transformers reads a file
+        elif not loadable(config["model_type"]):  # known before transformers reads a file
             raise _unsupported(name, config["model_type"])
         else:
             adapter = _load_transformers(spec, name, revision, True, held, placement)
@@ -178,12 +178,12 @@ def _whole_entries(config: Mapping[str, Any], prefix: str = "") -> Iterator[tupl
 
 
 def _unsupported(name: str, model_type: str) -> ModelLoadError:
-    supported = ", ".join(sorted(FAMILIES))
+    supported = ", ".join(sorted(t for t in FAMILIES if loadable(t)))
     return ModelLoadError(
         f"model '{name}' is of type '{model_type}', which attrlab does not support; "
         f"supported types: {supported} (and timm image classifiers). A family is added as a "
-        "row of FAMILIES in attribution/models/families.py (and, for LRP, of LAYOUTS in "
-        "attribution/models/layouts.py)"
+        "row of FAMILIES in attribution/models/families.py (with a layout of its modules for LRP, "
+        "layer analysis and the importance engine)"
     )
 
 

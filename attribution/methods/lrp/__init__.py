@@ -3,7 +3,7 @@ Layer-wise Relevance Propagation for transformers: AttnLRP rules and PA-LRP posi
 
 ``rules`` holds the rules as autograd functions, ``settings`` the shared parameters and each
 family's defaults (data), ``patches`` the undoable hooks that apply the rules to a model (at the
-per-family module paths of ``attribution/models/layouts.py``), ``positional`` the
+per-family module paths of ``attribution/models/families.py``), ``positional`` the
 positional-encoding-aware parts, and ``relevance`` the forward/backward run. The registered
 methods live in ``attribution/methods/attnlrp.py`` and ``pa_lrp.py``.
 """

@@ -42,7 +42,8 @@ from attrlab.attribution.methods.lrp.rules import (
     scale_gradient,
 )
 from attrlab.attribution.models.base import Adapter
-from attrlab.attribution.models.layouts import Layout, find_module
+from attrlab.attribution.models.families import Layout
+from attrlab.attribution.models.layouts import find_module
 from attrlab.attribution.models.placement import parameter
 
 __all__ = ["ATTENTION_IMPLEMENTATION", "Recorder", "lrp_rules", "transformer_lrp"]

@@ -29,12 +29,8 @@ from torch import nn
 from attrlab.attribution.compat import family_function, set_family_function
 from attrlab.attribution.errors import UnsupportedMethodError
 from attrlab.attribution.methods.lrp.rules import scale_gradient
-from attrlab.attribution.models.layouts import (
-    Layout,
-    RotaryLayout,
-    find_module,
-    find_parameter,
-)
+from attrlab.attribution.models.families import Layout, RotaryLayout
+from attrlab.attribution.models.layouts import find_module, find_parameter
 
 if TYPE_CHECKING:
     from attrlab.attribution.methods.lrp.patches import Recorder
