@@ -292,7 +292,7 @@ class PatchingView:
             "directions": list(directions_),
         }
         lines = agreement_reading(report)
-        views = {
+        views: dict[gr.components.Component, Any] = {
             self.summary: _summary(report),
             self.reading: "\n".join(f"- {line}" for line in lines) if lines else "",
             self.agreement: report.agreement.round(4),
