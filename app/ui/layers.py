@@ -301,7 +301,8 @@ class LayersTab:
                 self.clicked_row, [*picking, self.grid], [self.chosen, self.heads], **private
             ),
         ]
-        show_attention = self.show_attention  # one handler for both clicks
+        # one bound handler for both clicks: Gradio queues events by their handler's identity
+        show_attention = self.show_attention
         shown_heads = [
             click.success(show_attention, [self.chosen, self.last], self.attention, **private)
             for click in clicks
@@ -310,8 +311,10 @@ class LayersTab:
         ablated_shown = [self.ablate_click, self.heads, self.method, self.last]
         outputs = [*self.ablation_outputs, self.attention]
         ablations = [
-            *(shown.success(self.ablate_clicked, ablated_shown, outputs, **private)
-              for shown in shown_heads),
+            *(
+                shown.success(self.ablate_clicked, ablated_shown, outputs, **private)
+                for shown in shown_heads
+            ),
             self.ablate.click(
                 self.run_ablation,
                 [self.heads, self.method, self.last],
@@ -319,10 +322,12 @@ class LayersTab:
                 api_name="layers_ablate",
             ),
             linked_run.success(
-                self.ablate_linked, [self.linked, self.heads, self.method, self.last], outputs,
+                self.ablate_linked,
+                [self.linked, self.heads, self.method, self.last],
+                outputs,
                 **private,
             ),
-        ]  # fmt: skip
+        ]
         self.cancel.click(
             self.runner.cancel_handler("layers"),
             [],
