@@ -41,6 +41,7 @@ from attrlab.app.bounds import (
 )
 from attrlab.app.errors import error_status, public_message, validation_problems
 from attrlab.app.jobs import DamagedResultsError, JobRunner, JobWork, batch_work, instance_json
+from attrlab.app.settings import ServerSettings
 from attrlab.app.worker import (
     BatchRequest,
     CheckRequest,
@@ -856,17 +857,57 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
     jobs (when ``jobs`` is given): POST /jobs, POST /patch/jobs, GET /jobs/{id}, GET
     /jobs/{id}/results, DELETE /jobs/{id}; POST /v1/models/{model}:explain.
     """
-    settings = worker.settings
     open_routes = APIRouter(prefix=API_PREFIX)
-    router = APIRouter(
-        dependencies=_token_guard(settings.api_token),
-        responses={**_ERRORS, **(_UNAUTHORIZED if settings.api_token else {})},
-    )
+    _add_health_route(open_routes)
+    router = APIRouter(**_guarded(worker.settings))
+    _add_listing_routes(router, worker)  # the order of the schema's paths
+    _add_explain_routes(router, worker)
+    _add_study_routes(router, worker)
+    _add_job_submit_routes(router, worker, jobs)
+    _add_job_routes(router, jobs)
+    open_routes.include_router(router)
+    outer = APIRouter()
+    outer.include_router(open_routes)
+    outer.include_router(_kserve_router(worker))
+    return outer
+
+
+def _guarded(settings: ServerSettings) -> dict[str, Any]:
+    """A router's options: the bearer token checked when one is set, the error responses."""
+    return {
+        "dependencies": _token_guard(settings.api_token),
+        "responses": {**_ERRORS, **(_UNAUTHORIZED if settings.api_token else {})},
+    }
+
+
+async def _outcome(worker: ExplainWorker, submitted: WorkerRequest[Any], request: Request) -> Any:
+    """``submitted``'s result from ``worker``; the work stops when the client goes away."""
+    job = worker.submit(submitted, strict=True)
+    result = asyncio.wrap_future(job.future)
+    try:
+        while not (await asyncio.wait({result}, timeout=_DISCONNECT_POLL_S))[0]:
+            if await request.is_disconnected():  # nobody is waiting: stop the work
+                job.cancel()
+                break
+        outcome = await result
+    except asyncio.CancelledError:  # the server is stopping
+        job.cancel()
+        raise
+    return outcome
+
+
+def _add_health_route(open_routes: APIRouter) -> None:
+    """GET /health, open to all."""
 
     @open_routes.api_route("/health", methods=["GET", "HEAD"])
     def health() -> dict[str, str]:
         """Liveness only (open, for load balancers and container health checks)."""
         return {"status": "ok"}
+
+
+def _add_listing_routes(router: APIRouter, worker: ExplainWorker) -> None:
+    """GET /status, /models, /methods: what this server runs and serves."""
+    settings = worker.settings
 
     @router.get("/status")
     def status() -> dict[str, Any]:
@@ -891,19 +932,9 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         """Every method with its modalities and parameter schema."""
         return [m.describe() for m in available_methods()]
 
-    async def run(submitted: WorkerRequest[Any], request: Request) -> Any:
-        job = worker.submit(submitted, strict=True)
-        result = asyncio.wrap_future(job.future)
-        try:
-            while not (await asyncio.wait({result}, timeout=_DISCONNECT_POLL_S))[0]:
-                if await request.is_disconnected():  # nobody is waiting: stop the work
-                    job.cancel()
-                    break
-            outcome = await result
-        except asyncio.CancelledError:  # the server is stopping
-            job.cancel()
-            raise
-        return outcome
+
+def _add_explain_routes(router: APIRouter, worker: ExplainWorker) -> None:
+    """POST /explain (one input or a batch) and /estimate (its cost, without running it)."""
 
     @router.post(
         "/explain",
@@ -924,8 +955,8 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         instance that could not be explained (the others complete).
         """
         if body.instances is None:
-            return JSONResponse((await run(body.to_request(), request)).to_dict())
-        results = await run(body.to_batch(), request)
+            return JSONResponse((await _outcome(worker, body.to_request(), request)).to_dict())
+        results = await _outcome(worker, body.to_batch(), request)
         return JSONResponse({"explanations": [instance_json(r) for r in results]})
 
     @router.post("/estimate")
@@ -945,8 +976,12 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
             params=body.params,
             evaluate=body.evaluate,
         )
-        cost = await run(submitted, request)
+        cost = await _outcome(worker, submitted, request)
         return {**cost.to_dict(), "summary": cost.summary()}
+
+
+def _add_study_routes(router: APIRouter, worker: ExplainWorker) -> None:
+    """POST /layers, /check, /patch, /prune: the studies of one input."""
 
     @router.post(
         "/layers",
@@ -960,7 +995,7 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         ``layers`` holds one row per layer / head and measure; ``metrics`` say how far the head
         estimators agree (Spearman ρ and top-k overlap per pair).
         """
-        return JSONResponse((await run(body.to_request(), request)).to_dict())
+        return JSONResponse((await _outcome(worker, body.to_request(), request)).to_dict())
 
     @router.post("/check", response_model=None)
     async def check(body: CheckBody, request: Request) -> JSONResponse:
@@ -974,7 +1009,7 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         The server's forward-pass budget covers the whole check: no explanation starts once it
         is spent, and a sampling method is refused when the passes left cannot cover it.
         """
-        return JSONResponse((await run(body.to_request(), request)).to_dict())
+        return JSONResponse((await _outcome(worker, body.to_request(), request)).to_dict())
 
     @router.post("/patch", response_model=None)
     async def patch(body: PatchBody, request: Request) -> JSONResponse:
@@ -987,7 +1022,7 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         estimator against exact patching (Pearson, Spearman, top-k overlap) per direction and
         component. The server's forward-pass budget covers the whole study.
         """
-        return JSONResponse((await run(body.to_request(), request)).to_dict())
+        return JSONResponse((await _outcome(worker, body.to_request(), request)).to_dict())
 
     @router.post("/prune", response_model=None)
     async def prune(body: PruneBody, request: Request) -> JSONResponse:
@@ -1002,26 +1037,36 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         The study is priced first: over the server's forward-pass budget or seconds it is
         refused before any work.
         """
-        return JSONResponse((await run(body.to_request(), request)).to_dict())
+        return JSONResponse((await _outcome(worker, body.to_request(), request)).to_dict())
 
-    def job_status_of(job_id: str) -> dict[str, Any]:
-        if jobs is None:
-            raise HTTPException(404, "this server keeps no jobs (no data folder)")
-        status = jobs.store.status(job_id)
-        if status is None:
-            raise HTTPException(404, f"no job '{job_id}'")
-        steps = jobs.progress(job_id)
-        kind = jobs.store.request(job_id).get("kind") == PATCH_JOB
-        return {
-            **status,
-            "kind": PATCH_JOB if kind else "batch",
-            "steps": None if steps is None else {"done": steps[0], "total": steps[1]},
-        }
 
-    def queued_job(stored: dict[str, Any], total: int) -> dict[str, Any]:
-        if jobs is None:
-            raise HTTPException(404, "this server keeps no jobs (no data folder)")
-        return job_status_of(jobs.submit(stored, total))
+def _job_status(jobs: JobRunner | None, job_id: str) -> dict[str, Any]:
+    """A job's status, its kind and its running instance's steps; 404 without it or jobs."""
+    if jobs is None:
+        raise HTTPException(404, "this server keeps no jobs (no data folder)")
+    status = jobs.store.status(job_id)
+    if status is None:
+        raise HTTPException(404, f"no job '{job_id}'")
+    steps = jobs.progress(job_id)
+    kind = jobs.store.request(job_id).get("kind") == PATCH_JOB
+    return {
+        **status,
+        "kind": PATCH_JOB if kind else "batch",
+        "steps": None if steps is None else {"done": steps[0], "total": steps[1]},
+    }
+
+
+def _queued_job(jobs: JobRunner | None, stored: dict[str, Any], total: int) -> dict[str, Any]:
+    """The status of the job ``stored`` (its body, of ``total`` instances) once queued."""
+    if jobs is None:
+        raise HTTPException(404, "this server keeps no jobs (no data folder)")
+    return _job_status(jobs, jobs.submit(stored, total))
+
+
+def _add_job_submit_routes(
+    router: APIRouter, worker: ExplainWorker, jobs: JobRunner | None
+) -> None:
+    """POST /jobs and /patch/jobs: durable jobs, gated as their runs will be."""
 
     @router.post(
         "/jobs",
@@ -1036,7 +1081,7 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         results stay. A full job queue answers 429 with ``Retry-After``.
         """
         gate_job(body, worker)  # the gate a run of the stored job passes again
-        return queued_job(body.model_dump(mode="json"), len(body.instances or []))
+        return _queued_job(jobs, body.model_dump(mode="json"), len(body.instances or []))
 
     @router.post(
         "/patch/jobs",
@@ -1057,7 +1102,11 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         not hold) ends the job ``failed`` with the reason in ``message``.
         """
         gate_patch_job(body, worker)  # the gate a run of the stored job passes again
-        return queued_job({"kind": PATCH_JOB, "body": body.model_dump(mode="json")}, 1)
+        return _queued_job(jobs, {"kind": PATCH_JOB, "body": body.model_dump(mode="json")}, 1)
+
+
+def _add_job_routes(router: APIRouter, jobs: JobRunner | None) -> None:
+    """GET /jobs/{id}, GET /jobs/{id}/results, DELETE /jobs/{id}: a job's status, results, end."""
 
     @router.get("/jobs/{job_id}", responses={200: {"description": "The job", "links": _JOB_LINKS}})
     def job_status(job_id: Annotated[str, Path(max_length=64)]) -> dict[str, Any]:
@@ -1070,7 +1119,7 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         ``batch`` (``POST /jobs``) or ``patch`` (``POST /patch/jobs``); ``steps`` is the
         running instance's progress (``{done, total}``), null when none runs.
         """
-        return job_status_of(job_id)
+        return _job_status(jobs, job_id)
 
     @router.get(
         "/jobs/{job_id}/results",
@@ -1107,7 +1156,7 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         report's table (one row per estimator, direction, component and site). The whole file
         is checked first: damaged results answer 500 ``results_damaged`` and nothing else.
         """
-        status = job_status_of(job_id)
+        status = _job_status(jobs, job_id)
         if format is None:
             format = "parquet" if _PARQUET in request.headers.get("accept", "") else "jsonl"
         try:
@@ -1141,15 +1190,14 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
     )
     def cancel_job(job_id: Annotated[str, Path(max_length=64)]) -> dict[str, Any]:
         """Cancel a job (its instance in progress stops); finished results stay."""
-        job_status_of(job_id)
+        _job_status(jobs, job_id)
         jobs.cancel(job_id)  # type: ignore[union-attr]
-        return job_status_of(job_id)
+        return _job_status(jobs, job_id)
 
-    kserve = APIRouter(
-        prefix="/v1",
-        dependencies=_token_guard(settings.api_token),
-        responses={**_ERRORS, **(_UNAUTHORIZED if settings.api_token else {})},
-    )
+
+def _kserve_router(worker: ExplainWorker) -> APIRouter:
+    """KServe V1's POST /v1/models/{model}:explain, guarded as the API's routes."""
+    kserve = APIRouter(prefix="/v1", **_guarded(worker.settings))
 
     @kserve.post("/models/{model:path}:explain", response_model=None)  # hub ids hold a /
     async def kserve_explain(
@@ -1166,15 +1214,11 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
         explanation is the Explanation JSON, or ``{"error": ...}`` for an instance that could
         not be explained.
         """
-        results = await run(body.to_batch(model), request)
+        results = await _outcome(worker, body.to_batch(model), request)
         method = body.parameters.method
         return JSONResponse({"explanations": [instance_json(r)[method] for r in results]})
 
-    open_routes.include_router(router)
-    outer = APIRouter()
-    outer.include_router(open_routes)
-    outer.include_router(kserve)
-    return outer
+    return kserve
 
 
 def _rows_of(path: os.PathLike[str]) -> Iterator[dict[str, Any]]:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from attrlab.attribution.errors import AttrlabError
 
@@ -989,12 +989,12 @@ def _study_arguments(parser: argparse.ArgumentParser, formats: str, figures: str
     _add_placement_options(parser)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the ``attrlab`` command."""
-    parser = argparse.ArgumentParser(prog="attrlab", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"attrlab {_version()}")
-    sub = parser.add_subparsers(dest="command", required=True)
+#: What ``add_subparsers`` returns: each subcommand adds its parser to it.
+_Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
+
+def _add_explain_command(sub: _Subcommands) -> None:
+    """``attrlab explain``: one text or image explained with one or more methods."""
     explain = sub.add_parser(
         "explain",
         help="explain one text or image with one or more methods",
@@ -1088,6 +1088,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_placement_options(explain)
     explain.set_defaults(run=_explain)
 
+
+def _add_serve_command(sub: _Subcommands) -> None:
+    """``attrlab serve``: the web app and REST API, the server's bounds as flags."""
     serve = sub.add_parser(
         "serve",
         help="start the web app and REST API",
@@ -1140,6 +1143,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_placement_options(serve, server=True)
     serve.set_defaults(run=_serve)
 
+
+def _add_layers_command(sub: _Subcommands) -> None:
+    """``attrlab layers``: the layer and head measures of one input or a dataset."""
     layers = sub.add_parser(
         "layers", help="which layers and heads carried a prediction (one input or a dataset)"
     )
@@ -1175,6 +1181,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_placement_options(layers)
     layers.set_defaults(run=_layers)
 
+
+def _add_patch_command(sub: _Subcommands) -> None:
+    """``attrlab patch``: activation patching and the estimators against it."""
     patch = sub.add_parser(
         "patch",
         help="activation patching of a decoder LM or text classifier: which layers, positions "
@@ -1215,6 +1224,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     patch.set_defaults(run=_patch)
 
+
+def _add_prune_command(sub: _Subcommands) -> None:
+    """``attrlab prune``: layer and head pruning curves beside random orders."""
     prune = sub.add_parser(
         "prune",
         help="layer and head pruning curves: remove the units each estimator ranks least "
@@ -1249,6 +1261,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     prune.set_defaults(run=_prune)
 
+
+def _add_evaluate_command(sub: _Subcommands) -> None:
+    """``attrlab evaluate``: the faithfulness leaderboard of methods over a set."""
     evaluate = sub.add_parser(
         "evaluate", help="faithfulness leaderboard of methods over images or sentences"
     )
@@ -1289,6 +1304,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_placement_options(evaluate)
     evaluate.set_defaults(run=_evaluate)
 
+
+def _add_check_command(sub: _Subcommands) -> None:
+    """``attrlab check``: agreement between maps of one input, and randomisation."""
     check = sub.add_parser(
         "check",
         help="sanity checks of maps on one input: agreement between methods, randomisation",
@@ -1323,6 +1341,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_placement_options(check)
     check.set_defaults(run=_check)
 
+
+def _add_batch_command(sub: _Subcommands) -> None:
+    """``attrlab batch``: every method on every row of a dataset, to a file."""
     batch = sub.add_parser(
         "batch", help="every method on every row of a dataset, to JSON Lines or Parquet"
     )
@@ -1355,7 +1376,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_placement_options(batch)
     batch.set_defaults(run=_batch)
 
+
+def _add_models_command(sub: _Subcommands) -> None:
+    """``attrlab models``: the built-in models."""
     sub.add_parser("models", help="list built-in models").set_defaults(run=_models)
+
+
+def _add_methods_command(sub: _Subcommands) -> None:
+    """``attrlab methods``: the method catalog."""
     methods = sub.add_parser(
         "methods", help="list methods: what each applies to and needs, its parameters"
     )
@@ -1366,6 +1394,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="table: for people; json: the catalog (names, titles, papers, parameter schemas)",
     )
     methods.set_defaults(run=_methods)
+
+
+#: The subcommands, each adding its parser, in the order ``attrlab --help`` lists them.
+_COMMANDS: tuple[Callable[[_Subcommands], None], ...] = (
+    _add_explain_command,
+    _add_serve_command,
+    _add_layers_command,
+    _add_patch_command,
+    _add_prune_command,
+    _add_evaluate_command,
+    _add_check_command,
+    _add_batch_command,
+    _add_models_command,
+    _add_methods_command,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``attrlab`` command."""
+    parser = argparse.ArgumentParser(prog="attrlab", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"attrlab {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add_command in _COMMANDS:
+        add_command(sub)
     return parser
 
 

@@ -20,7 +20,7 @@ from attrlab.app.ui.shared import label_list, labels_for, method_names, readable
 from attrlab.app.worker import BatchRequest
 from attrlab.attribution.models import BUILTIN_MODELS, default_model
 
-__all__ = ["batch_tab"]
+__all__ = ["BatchTab", "batch_tab"]
 
 
 def _example_dataset() -> Path:
@@ -31,51 +31,89 @@ def _example_dataset() -> Path:
 
 def batch_tab(runner: PageRunner) -> None:
     """A dataset explained with every chosen method; results as JSON Lines and Parquet."""
-    gr.Markdown(
-        'Upload a **.jsonl** file (one `{"text": ..., "target"?: ...}` per line) or a '
-        '**.zip** of images (or of images and a .jsonl naming them with `"image"`).'
-    )
-    with gr.Row():
-        upload = received_input(
-            gr.File(label="Dataset", file_types=[".jsonl", ".zip"], elem_id="batch-upload")
+    BatchTab(runner)
+
+
+class BatchTab:
+    """The Batch tab: its components, and its handlers as methods (wired when made)."""
+
+    def __init__(self, runner: PageRunner) -> None:
+        self.runner = runner
+        self._inputs()
+        self._results()
+        self._wire()
+
+    def _inputs(self) -> None:
+        """The dataset, the model, its labels and the methods; Run and Cancel."""
+        gr.Markdown(
+            'Upload a **.jsonl** file (one `{"text": ..., "target"?: ...}` per line) or a '
+            '**.zip** of images (or of images and a .jsonl naming them with `"image"`).'
         )
-        with gr.Column():
-            model = gr.Dropdown(
-                [n for n, m in BUILTIN_MODELS.items() if not m.next_token],
-                value=default_model("text"),
-                label="Model",
-                allow_custom_value=True,
-                elem_id="batch-model",
+        with gr.Row():
+            self.upload = received_input(
+                gr.File(label="Dataset", file_types=[".jsonl", ".zip"], elem_id="batch-upload")
             )
-            labels = gr.Textbox(
-                sample_labels(default_model("text")), label="Labels (zero-shot models)"
-            )
-            methods = gr.CheckboxGroup(
-                sorted(set(method_names("text")) | set(method_names("image"))),
-                value=["gradient_x_input"],
-                label="Methods",
-                elem_id="batch-methods",
-            )
-            trust = gr.Checkbox(False, label="Trust cards (faithfulness scores)")
-    gr.Examples([[str(_example_dataset())]], [upload], label="Example")
-    with gr.Row():
-        run = gr.Button("Run batch", variant="primary", elem_id="batch-run")
-        cancel = gr.Button("Cancel", variant="stop")
-    status = gr.Markdown("", elem_id="batch-status")
-    table = gr.Dataframe(
-        label="Results (select a row to see its map)",
-        elem_id="batch-table",
-        interactive=False,
-        wrap=True,
-    )
-    files = gr.File(label="Download", file_count="multiple", elem_id="batch-files")
-    chosen_row = gr.Markdown("", elem_id="batch-row")
-    row_map = gr.Plot(label="Map of the selected row", elem_id="batch-map", visible=False)
-    # the run's result rows, and each image input's bytes (its map is drawn on it)
-    results = gr.State(None)
+            with gr.Column():
+                self.model = gr.Dropdown(
+                    [n for n, m in BUILTIN_MODELS.items() if not m.next_token],
+                    value=default_model("text"),
+                    label="Model",
+                    allow_custom_value=True,
+                    elem_id="batch-model",
+                )
+                self.labels = gr.Textbox(
+                    sample_labels(default_model("text")), label="Labels (zero-shot models)"
+                )
+                self.methods = gr.CheckboxGroup(
+                    sorted(set(method_names("text")) | set(method_names("image"))),
+                    value=["gradient_x_input"],
+                    label="Methods",
+                    elem_id="batch-methods",
+                )
+                self.trust = gr.Checkbox(False, label="Trust cards (faithfulness scores)")
+        gr.Examples([[str(_example_dataset())]], [self.upload], label="Example")
+        with gr.Row():
+            self.run = gr.Button("Run batch", variant="primary", elem_id="batch-run")
+            self.cancel = gr.Button("Cancel", variant="stop")
+
+    def _results(self) -> None:
+        """The results table, the downloads, and the selected row's map."""
+        self.status = gr.Markdown("", elem_id="batch-status")
+        self.table = gr.Dataframe(
+            label="Results (select a row to see its map)",
+            elem_id="batch-table",
+            interactive=False,
+            wrap=True,
+        )
+        self.files = gr.File(label="Download", file_count="multiple", elem_id="batch-files")
+        self.chosen_row = gr.Markdown("", elem_id="batch-row")
+        self.row_map = gr.Plot(label="Map of the selected row", elem_id="batch-map", visible=False)
+        # the run's result rows, and each image input's bytes (its map is drawn on it)
+        self.kept = gr.State(None)
+
+    def _wire(self) -> None:
+        self.model.change(labels_for, self.model, self.labels, api_visibility="private")
+        running = self.run.click(
+            self.run_batch,
+            [self.upload, self.model, self.labels, self.methods, self.trust],
+            [self.status, self.table, self.files, self.kept, self.chosen_row, self.row_map],
+            api_name="batch",
+            concurrency_id="run-batch",
+        )
+        self.table.select(
+            self.open_row, self.kept, [self.chosen_row, self.row_map], api_visibility="private"
+        )
+        self.cancel.click(
+            self.runner.cancel_handler("batch"),
+            [],
+            [],
+            cancels=[running],
+            api_visibility="private",
+        )
 
     @readable
     def run_batch(
+        self,
         path,
         model_,
         labels_,
@@ -84,9 +122,10 @@ def batch_tab(runner: PageRunner) -> None:
         request: gr.Request,
         progress=gr.Progress(),  # noqa: B008
     ):
+        # no docstring: Gradio would show it as the API's description of the call
         if not chosen:
             raise gr.Error("choose at least one method")
-        settings = runner.worker.settings
+        settings = self.runner.worker.settings
         rows = uploaded_rows(received_file(path), settings.max_body_bytes, settings.max_batch)
         if not rows:
             raise gr.Error("the upload holds no rows")
@@ -97,7 +136,7 @@ def batch_tab(runner: PageRunner) -> None:
             methods=tuple(chosen),
             evaluate=bool(evaluate),
         )
-        outcomes = runner(request_, progress, request.session_hash, "batch")
+        outcomes = self.runner(request_, progress, request.session_hash, "batch")
         flat = [
             row
             for source, outcome in zip(rows, outcomes, strict=True)
@@ -121,12 +160,12 @@ def batch_tab(runner: PageRunner) -> None:
         ]
 
     @readable
-    def open_row(kept: dict[str, Any] | None, selected: gr.SelectData):
+    def open_row(self, kept: dict[str, Any] | None, selected: gr.SelectData):
         """The selected row's map: its token scores, or its map on the image."""
         if not kept or selected.row_value is None:
             raise gr.Error("run a batch first")
         key, method = str(selected.row_value[0]), str(selected.row_value[1])
-        max_pixels = runner.worker.settings.max_image_pixels
+        max_pixels = self.runner.worker.settings.max_image_pixels
         row = next(r for r in kept["rows"] if str(r["id"]) == key and r["method"] == method)
         if row["error"] is not None:
             return [f"**{key} · {method}** has no map: {row['error']}", gr.update(visible=False)]
@@ -136,23 +175,6 @@ def batch_tab(runner: PageRunner) -> None:
             f"**{key} · {method}**: {row['label']}{shown}",
             gr.update(visible=True, value=row_figure(row, kept["images"].get(key), max_pixels)),
         ]
-
-    model.change(labels_for, model, labels, api_visibility="private")
-    running = run.click(
-        run_batch,
-        [upload, model, labels, methods, trust],
-        [status, table, files, results, chosen_row, row_map],
-        api_name="batch",
-        concurrency_id="run-batch",
-    )
-    table.select(open_row, results, [chosen_row, row_map], api_visibility="private")
-    cancel.click(
-        runner.cancel_handler("batch"),
-        [],
-        [],
-        cancels=[running],
-        api_visibility="private",
-    )
 
 
 #: The columns the results table shows (the maps and whole explanations are in the downloads).

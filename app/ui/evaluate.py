@@ -12,7 +12,7 @@ from attrlab.app.ui.shared import label_list, labels_for, method_names, readable
 from attrlab.app.worker import MAX_CURVE_STEPS, MAX_ORDERS, EvaluateRequest, Instance
 from attrlab.attribution.models import BUILTIN_MODELS, default_model
 
-__all__ = ["evaluate_tab"]
+__all__ = ["EvaluateTab", "evaluate_tab"]
 
 
 def _classifiers(modality: str) -> list[str]:
@@ -23,72 +23,122 @@ def _classifiers(modality: str) -> list[str]:
 
 def evaluate_tab(runner: PageRunner) -> None:
     """Every chosen method on the bundled examples, scored for faithfulness."""
-    from attrlab.attribution.metrics.leaderboard import bundled_items
+    EvaluateTab(runner)
 
-    counts = {m: len(bundled_items(m)) for m in ("text", "image")}
-    gr.Markdown(
-        "Each method's map on each bundled example, scored against random orders of the same "
-        "input (text: comprehensiveness and sufficiency; images: deletion and insertion)."
-    )
-    with gr.Row():
-        modality = gr.Radio(["text", "image"], value="text", label="Inputs")
-        model = gr.Dropdown(
-            _classifiers("text"),
-            value=default_model("text"),
-            label="Model",
-            allow_custom_value=True,
-            elem_id="evaluate-model",
+
+class EvaluateTab:
+    """The Evaluate tab: its components, and its handlers as methods (wired when made)."""
+
+    def __init__(self, runner: PageRunner) -> None:
+        from attrlab.attribution.metrics.leaderboard import bundled_items
+
+        self.runner = runner
+        #: The bundled examples of each modality (the Items slider's end).
+        self.counts = {m: len(bundled_items(m)) for m in ("text", "image")}
+        self._inputs()
+        self._results()
+        self._wire()
+
+    def _inputs(self) -> None:
+        """The modality, model, labels and methods; how many items, steps and random orders."""
+        counts = self.counts
+        gr.Markdown(
+            "Each method's map on each bundled example, scored against random orders of the same "
+            "input (text: comprehensiveness and sufficiency; images: deletion and insertion)."
         )
-        labels = gr.Textbox(sample_labels(default_model("text")), label="Labels (zero-shot models)")
-    methods = gr.CheckboxGroup(
-        method_names("text"),
-        value=["gradient_x_input", "integrated_gradients", "attnlrp"],
-        label="Methods",
-        elem_id="evaluate-methods",
-    )
-    with gr.Row():
-        items = gr.Slider(1, counts["text"], value=min(4, counts["text"]), step=1, label="Items")
-        steps = gr.Slider(5, MAX_CURVE_STEPS, value=20, step=1, label="Curve steps (images)")
-        orders = gr.Slider(1, MAX_ORDERS, value=2, step=1, label="Random orders")
-        upload = received_input(
-            gr.File(
-                label="Or your own set (.jsonl of texts, .zip of images)",
-                file_types=[".jsonl", ".zip"],
-                height=90,
-                elem_id="evaluate-upload",
+        with gr.Row():
+            self.modality = gr.Radio(["text", "image"], value="text", label="Inputs")
+            self.model = gr.Dropdown(
+                _classifiers("text"),
+                value=default_model("text"),
+                label="Model",
+                allow_custom_value=True,
+                elem_id="evaluate-model",
             )
+            self.labels = gr.Textbox(
+                sample_labels(default_model("text")), label="Labels (zero-shot models)"
+            )
+        self.methods = gr.CheckboxGroup(
+            method_names("text"),
+            value=["gradient_x_input", "integrated_gradients", "attnlrp"],
+            label="Methods",
+            elem_id="evaluate-methods",
         )
-    with gr.Row():
-        run = gr.Button("Evaluate", variant="primary", elem_id="evaluate-run")
-        cancel = gr.Button("Cancel", variant="stop")
-    # long labels wrap, so the columns fit the page; the method stays put when scrolled. Its
-    # eight columns (viz.evaluate.readable_table): method, items, then per score its mean and
-    # interval and its comparison with random orders, then the cost
-    table = gr.Dataframe(
-        label="Leaderboard",
-        elem_id="evaluate-table",
-        wrap=True,
-        pinned_columns=1,
-        column_widths=["15%", "5%", "16%", "16%", "16%", "16%", "8%", "8%"],
-    )
-    plot = gr.Plot(label="Scores against random orders", elem_id="evaluate-plot")
-    with gr.Accordion("Per item", open=False):
-        per_item_table = gr.Dataframe(elem_id="evaluate-per-item", wrap=True, pinned_columns=2)
+        with gr.Row():
+            self.items = gr.Slider(
+                1, counts["text"], value=min(4, counts["text"]), step=1, label="Items"
+            )
+            self.steps = gr.Slider(
+                5, MAX_CURVE_STEPS, value=20, step=1, label="Curve steps (images)"
+            )
+            self.orders = gr.Slider(1, MAX_ORDERS, value=2, step=1, label="Random orders")
+            self.upload = received_input(
+                gr.File(
+                    label="Or your own set (.jsonl of texts, .zip of images)",
+                    file_types=[".jsonl", ".zip"],
+                    height=90,
+                    elem_id="evaluate-upload",
+                )
+            )
+        with gr.Row():
+            self.run = gr.Button("Evaluate", variant="primary", elem_id="evaluate-run")
+            self.cancel = gr.Button("Cancel", variant="stop")
 
-    def switch(kind: str) -> list[Any]:
+    def _results(self) -> None:
+        """The leaderboard, its figure, and the per-item scores."""
+        # long labels wrap, so the columns fit the page; the method stays put when scrolled. Its
+        # eight columns (viz.evaluate.readable_table): method, items, then per score its mean and
+        # interval and its comparison with random orders, then the cost
+        self.table = gr.Dataframe(
+            label="Leaderboard",
+            elem_id="evaluate-table",
+            wrap=True,
+            pinned_columns=1,
+            column_widths=["15%", "5%", "16%", "16%", "16%", "16%", "8%", "8%"],
+        )
+        self.plot = gr.Plot(label="Scores against random orders", elem_id="evaluate-plot")
+        with gr.Accordion("Per item", open=False):
+            self.per_item_table = gr.Dataframe(
+                elem_id="evaluate-per-item", wrap=True, pinned_columns=2
+            )
+
+    def _wire(self) -> None:
+        self.modality.change(
+            self.switch,
+            self.modality,
+            [self.model, self.methods, self.items, self.labels],
+            api_visibility="private",
+        )
+        self.model.change(labels_for, self.model, self.labels, api_visibility="private")
+        question = [self.modality, self.model, self.labels, self.methods]
+        running = self.run.click(
+            self.evaluate,
+            [*question, self.items, self.steps, self.orders, self.upload],
+            [self.table, self.plot, self.per_item_table],
+            api_name="evaluate",
+            concurrency_id="run-evaluate",
+        )
+        self.cancel.click(
+            self.runner.cancel_handler("evaluate"),
+            [],
+            [],
+            cancels=[running],
+            api_visibility="private",
+        )
+
+    def switch(self, kind: str) -> list[Any]:
+        # no docstring, as the handler it replaces (Gradio reads it as the call's description)
         defaults = ["gradient_x_input", "integrated_gradients"]
         return [
             gr.update(choices=_classifiers(kind), value=default_model(kind)),
             gr.update(choices=method_names(kind), value=defaults),
-            gr.update(maximum=counts[kind], value=min(4, counts[kind])),
+            gr.update(maximum=self.counts[kind], value=min(4, self.counts[kind])),
             labels_for(default_model(kind)),
         ]
 
-    modality.change(switch, modality, [model, methods, items, labels], api_visibility="private")
-    model.change(labels_for, model, labels, api_visibility="private")
-
     @readable
     def evaluate(
+        self,
         kind,
         model_,
         labels_,
@@ -100,6 +150,7 @@ def evaluate_tab(runner: PageRunner) -> None:
         request: gr.Request,
         progress=gr.Progress(),  # noqa: B008
     ):
+        # no docstring: Gradio would show it as the API's description of the call
         from attrlab.attribution.metrics.leaderboard import summarise
         from attrlab.viz.evaluate import leaderboard_figure, readable_table
 
@@ -107,7 +158,7 @@ def evaluate_tab(runner: PageRunner) -> None:
             raise gr.Error("choose at least one method")
         instances: tuple[Instance, ...] = ()
         if path:  # an uploaded set, all of it (within the server's batch bound)
-            settings = runner.worker.settings
+            settings = self.runner.worker.settings
             rows = uploaded_rows(received_file(path), settings.max_body_bytes, settings.max_batch)
             if not rows:
                 raise gr.Error("the upload holds no rows")
@@ -122,7 +173,7 @@ def evaluate_tab(runner: PageRunner) -> None:
             random_orders=int(orders_),
             instances=instances,
         )
-        per_item = runner(request_, progress, request.session_hash, "evaluate")
+        per_item = self.runner(request_, progress, request.session_hash, "evaluate")
         if per_item.empty:
             raise gr.Error("nothing was evaluated: none of these methods applies to this model")
         summary = summarise(per_item, kind)
@@ -131,18 +182,3 @@ def evaluate_tab(runner: PageRunner) -> None:
             leaderboard_figure(per_item, kind),
             readable_table(per_item, kind),
         ]
-
-    running = run.click(
-        evaluate,
-        [modality, model, labels, methods, items, steps, orders, upload],
-        [table, plot, per_item_table],
-        api_name="evaluate",
-        concurrency_id="run-evaluate",
-    )
-    cancel.click(
-        runner.cancel_handler("evaluate"),
-        [],
-        [],
-        cancels=[running],
-        api_visibility="private",
-    )

@@ -25,6 +25,7 @@ from attrlab.app.ui.shared import (
     SAMPLE_PROMPT,
     SAMPLE_TEXT,
     format_heads,
+    in_order,
     label_list,
     labels_for,
     parse_heads,
@@ -43,7 +44,7 @@ from attrlab.attribution.models import BUILTIN_MODELS, default_model
 if TYPE_CHECKING:
     from attrlab.viz.figures import FigureBuilder
 
-__all__ = ["layers_tab"]
+__all__ = ["LayersTab", "layers_tab"]
 
 #: The map re-run with heads ablated: one backward pass, so a click answers at once.
 ABLATION_METHOD = "gradient_x_input"
@@ -64,151 +65,325 @@ _HEATMAP_CLICKS = plot_clicks_js(
 
 def layers_tab(runner: PageRunner) -> LinkedTab:
     """Build the tab; every request goes through ``runner``. Returns what a link fills."""
-    from attrlab.attribution.layers import MEASURES
+    return LayersTab(runner).linked_tab
 
-    models = [name for name, m in BUILTIN_MODELS.items() if m.modality == "text"]
-    last = gr.State(None)  # Result: the analysis (and the last ablation's maps), the fields
-    linked = gr.State(False)  # a shared link filled this tab: run it once loaded
-    asked = gr.State(True)  # Run always runs
-    with gr.Row(equal_height=False):
-        with gr.Column(scale=2):
-            model = gr.Dropdown(
-                models,
-                value=default_model("text"),
-                label="Model (a transformer)",
-                allow_custom_value=True,
-                elem_id="layers-model",
-            )
-            text = gr.Textbox(SAMPLE_TEXT, label="Text or prompt", lines=2, elem_id="layers-input")
-            with gr.Row():
-                labels = gr.Textbox(
-                    sample_labels(default_model("text")),
-                    label="Labels (zero-shot models)",
-                    elem_id="layers-labels",
-                )
-                target = gr.Textbox(
-                    "", label="Target (label or index; empty = top)", elem_id="layers-target"
-                )
-                next_token = gr.Checkbox(
-                    False, label="Next token (decoder LMs)", elem_id="layers-next-token"
-                )
-            with gr.Row():
-                answer = gr.Textbox(
-                    "",
-                    label="Answer (decoder LMs; empty = the target token)",
-                    placeholder=" Mary",
-                    elem_id="layers-answer",
-                )
-                contrast = gr.Textbox(
-                    "",
-                    label="Rather than (a contrast)",
-                    placeholder=" John",
-                    elem_id="layers-contrast",
-                )
-            gr.Examples(
-                [
-                    [SAMPLE_TEXT, "minilm-zeroshot", False, "", ""],
-                    [SAMPLE_PROMPT, "smollm2-135m", True, "", ""],
-                    [IOI_PROMPT, "smollm2-135m", True, " Mary", " John"],
-                ],
-                [text, model, next_token, answer, contrast],
-                label="Examples",
-            )
-        with gr.Column(scale=1):
-            measures = gr.CheckboxGroup(
-                [(f"{m.name}: {m.cost}", m.name) for m in MEASURES.values()],
-                value=["block_influence", "skip", "gradient", "lrp", "ablation"],
-                label="Measures",
-                elem_id="layers-measures",
-            )
-    with gr.Row():
-        run = gr.Button("Analyse", variant="primary", elem_id="layers-run")
-        cancel = gr.Button("Cancel", variant="stop", elem_id="layers-cancel")
 
-    gr.Markdown("### Heads")
-    with gr.Row(equal_height=False):
-        with gr.Column(scale=3, min_width=420):
-            measure = gr.Dropdown(
-                [],
-                label="Head measure",
-                allow_custom_value=True,  # a link names it before the run lists the choices
-                elem_id="layers-head-measure",
-            )
-            note = gr.Markdown("", elem_id="layers-measure-note")
-            heatmap = gr.Plot(label="Layer × head (click a cell)", elem_id="layers-heatmap")
-        with gr.Column(scale=1, min_width=260):
-            grid = gr.Dataframe(
-                interactive=False,
-                label="Heads ranked by |value| (click a row)",
-                elem_id="layers-grid",
-                max_height=560,
-                wrap=True,
-            )
-    clicked = gr.Textbox(visible="hidden", elem_id="layers-clicked")
-    chosen = gr.State("")  # the clicked head, "L2H3"
+class LayersTab:
+    """
+    The Layers & heads tab: its components, and its handlers as methods.
 
-    gr.Markdown("### The chosen head: its attention, and the prediction without it")
-    with gr.Row(equal_height=False):
-        heads = gr.Textbox(
-            "", label="Heads to ablate (e.g. L2H3, L4H1)", scale=2, elem_id="layers-heads"
+    Made inside a ``gr.Tab``; the components are laid out and wired when it is made. The last
+    analysis (and the last ablation's maps) stays in the session (``last``).
+    """
+
+    def __init__(self, runner: PageRunner) -> None:
+        self.runner = runner
+        self.last = gr.State(
+            None
+        )  # Result: the analysis (and the last ablation's maps), the fields
+        self.linked = gr.State(False)  # a shared link filled this tab: run it once loaded
+        self.asked = gr.State(True)  # Run always runs
+        self._question()
+        self._heads_section()
+        self._chosen_head_section()
+        self._layers_section()
+        self._export_row()
+        #: What an analysis reads, in :meth:`analyse`'s order.
+        self.fields = [self.model, self.text, self.labels, self.target, self.next_token]
+        self.fields += [self.answer, self.contrast, self.measures]
+        #: What an analysis fills, in its order: its views, then the last ablation's emptied.
+        self.analysis_outputs = [self.measure, self.heatmap, self.grid, self.lines]
+        self.analysis_outputs += [self.positional, self.agreement, self.card, self.tokens]
+        self.analysis_outputs += [self.token_layers, self.before, self.note, self.link, self.last]
+        self.analysis_outputs += [self.after, self.change, self.attention, self.ablation_plot]
+        self.analysis_outputs += [self.compared]
+        #: What an ablation fills (the chosen head's attention aside), in its order.
+        self.ablation_outputs = [self.before, self.after, self.change, self.compared]
+        self.ablation_outputs += [self.ablation_plot, self.link, self.last]
+        self._wire()
+
+    # --- layout ---------------------------------------------------------------------------
+
+    def _question(self) -> None:
+        """The model, the input and what to explain of it, the measures, Run and Cancel."""
+        from attrlab.attribution.layers import MEASURES
+
+        models = [name for name, m in BUILTIN_MODELS.items() if m.modality == "text"]
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=2):
+                self.model = gr.Dropdown(
+                    models,
+                    value=default_model("text"),
+                    label="Model (a transformer)",
+                    allow_custom_value=True,
+                    elem_id="layers-model",
+                )
+                self.text = gr.Textbox(
+                    SAMPLE_TEXT, label="Text or prompt", lines=2, elem_id="layers-input"
+                )
+                with gr.Row():
+                    self.labels = gr.Textbox(
+                        sample_labels(default_model("text")),
+                        label="Labels (zero-shot models)",
+                        elem_id="layers-labels",
+                    )
+                    self.target = gr.Textbox(
+                        "", label="Target (label or index; empty = top)", elem_id="layers-target"
+                    )
+                    self.next_token = gr.Checkbox(
+                        False, label="Next token (decoder LMs)", elem_id="layers-next-token"
+                    )
+                with gr.Row():
+                    self.answer = gr.Textbox(
+                        "",
+                        label="Answer (decoder LMs; empty = the target token)",
+                        placeholder=" Mary",
+                        elem_id="layers-answer",
+                    )
+                    self.contrast = gr.Textbox(
+                        "",
+                        label="Rather than (a contrast)",
+                        placeholder=" John",
+                        elem_id="layers-contrast",
+                    )
+                gr.Examples(
+                    [
+                        [SAMPLE_TEXT, "minilm-zeroshot", False, "", ""],
+                        [SAMPLE_PROMPT, "smollm2-135m", True, "", ""],
+                        [IOI_PROMPT, "smollm2-135m", True, " Mary", " John"],
+                    ],
+                    [self.text, self.model, self.next_token, self.answer, self.contrast],
+                    label="Examples",
+                )
+            with gr.Column(scale=1):
+                self.measures = gr.CheckboxGroup(
+                    [(f"{m.name}: {m.cost}", m.name) for m in MEASURES.values()],
+                    value=["block_influence", "skip", "gradient", "lrp", "ablation"],
+                    label="Measures",
+                    elem_id="layers-measures",
+                )
+        with gr.Row():
+            self.run = gr.Button("Analyse", variant="primary", elem_id="layers-run")
+            self.cancel = gr.Button("Cancel", variant="stop", elem_id="layers-cancel")
+
+    def _heads_section(self) -> None:
+        """A head measure's heatmap and the heads ranked by it; a click chooses a head."""
+        gr.Markdown("### Heads")
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=3, min_width=420):
+                self.measure = gr.Dropdown(
+                    [],
+                    label="Head measure",
+                    allow_custom_value=True,  # a link names it before the run lists the choices
+                    elem_id="layers-head-measure",
+                )
+                self.note = gr.Markdown("", elem_id="layers-measure-note")
+                self.heatmap = gr.Plot(
+                    label="Layer × head (click a cell)", elem_id="layers-heatmap"
+                )
+            with gr.Column(scale=1, min_width=260):
+                self.grid = gr.Dataframe(
+                    interactive=False,
+                    label="Heads ranked by |value| (click a row)",
+                    elem_id="layers-grid",
+                    max_height=560,
+                    wrap=True,
+                )
+        self.clicked = gr.Textbox(visible="hidden", elem_id="layers-clicked")
+        self.chosen = gr.State("")  # the clicked head, "L2H3"
+
+    def _chosen_head_section(self) -> None:
+        """The heads to ablate, the chosen head's attention, the prediction without them."""
+        gr.Markdown("### The chosen head: its attention, and the prediction without it")
+        with gr.Row(equal_height=False):
+            self.heads = gr.Textbox(
+                "", label="Heads to ablate (e.g. L2H3, L4H1)", scale=2, elem_id="layers-heads"
+            )
+            with gr.Column(scale=1, min_width=200):
+                self.ablate_click = gr.Checkbox(
+                    True, label="a click also ablates the head", elem_id="layers-ablate-click"
+                )
+                self.add = gr.Checkbox(
+                    False, label="add clicked heads to the set", elem_id="layers-add"
+                )
+            self.method = gr.Dropdown(
+                ["gradient_x_input", "integrated_gradients", "attnlrp", "occlusion"],
+                value=ABLATION_METHOD,
+                label="Map re-run with the heads ablated",
+                scale=1,
+                elem_id="layers-ablation-method",
+            )
+            self.ablate = gr.Button("Ablate", scale=0, min_width=120, elem_id="layers-ablate")
+        with gr.Row(equal_height=False):
+            self.attention = gr.Plot(
+                label="Attention of the chosen head", elem_id="layers-attention"
+            )
+            with gr.Column():
+                with gr.Row():
+                    self.before = gr.Label(
+                        num_top_classes=5, label="Prediction", elem_id="layers-before"
+                    )
+                    self.after = gr.Label(
+                        num_top_classes=5, label="With the heads ablated", elem_id="layers-after"
+                    )
+                self.change = gr.Markdown("", elem_id="layers-change")
+                self.ablation_plot = gr.Plot(
+                    label="Top predictions before and after", elem_id="layers-ablation"
+                )
+        self.compared = gr.HTML(elem_id="layers-maps")
+
+    def _layers_section(self) -> None:
+        """The per-layer measures, the tokens' relevance, the estimators' agreement."""
+        gr.Markdown("### Layers")
+        self.lines = gr.Plot(label="Per layer", elem_id="layers-lines")
+        with gr.Row(equal_height=False):
+            with gr.Column():
+                self.tokens = gr.HighlightedText(
+                    label="Token relevance (AttnLRP); click a token", elem_id="layers-tokens"
+                )
+                self.token_layers = gr.Plot(
+                    label="The clicked token's relevance per layer", elem_id="layers-token-layers"
+                )
+            with gr.Column():
+                self.agreement = gr.Plot(
+                    label="Agreement of head estimators", elem_id="layers-agreement"
+                )
+                self.card = gr.HTML(elem_id="layers-trust")
+                self.positional = gr.Plot(
+                    label="Token and positional relevance per layer (PA-LRP)",
+                    visible=False,
+                    elem_id="layers-positional",
+                )
+
+    def _export_row(self) -> None:
+        with gr.Row(equal_height=False):
+            self.export = gr.Button(
+                "Export bundle", scale=0, min_width=160, elem_id="layers-export"
+            )
+            self.bundle = gr.File(label="Bundle", height=90, elem_id="layers-bundle")
+            self.link = gr.Textbox(
+                label="Link to this view", lines=2, elem_id="layers-link", buttons=["copy"]
+            )
+
+    # --- wiring ---------------------------------------------------------------------------
+
+    def _wire(self) -> None:
+        private: dict[str, Any] = {"api_visibility": "private"}
+        running = self.run.click(
+            self.analyse,
+            [self.asked, *self.fields, self.measure],
+            self.analysis_outputs,
+            api_name="layers_analyse",
+            concurrency_id="run-layers",
         )
-        with gr.Column(scale=1, min_width=200):
-            ablate_click = gr.Checkbox(
-                True, label="a click also ablates the head", elem_id="layers-ablate-click"
-            )
-            add = gr.Checkbox(False, label="add clicked heads to the set", elem_id="layers-add")
-        method = gr.Dropdown(
-            ["gradient_x_input", "integrated_gradients", "attnlrp", "occlusion"],
-            value=ABLATION_METHOD,
-            label="Map re-run with the heads ablated",
-            scale=1,
-            elem_id="layers-ablation-method",
+        linked_run = self.linked.change(
+            self.analyse,
+            [self.linked, *self.fields, self.measure],
+            self.analysis_outputs,
+            api_visibility="private",
+            concurrency_id="run-layers",
         )
-        ablate = gr.Button("Ablate", scale=0, min_width=120, elem_id="layers-ablate")
-    with gr.Row(equal_height=False):
-        attention = gr.Plot(label="Attention of the chosen head", elem_id="layers-attention")
-        with gr.Column():
-            with gr.Row():
-                before = gr.Label(num_top_classes=5, label="Prediction", elem_id="layers-before")
-                after = gr.Label(
-                    num_top_classes=5, label="With the heads ablated", elem_id="layers-after"
-                )
-            change = gr.Markdown("", elem_id="layers-change")
-            ablation_plot = gr.Plot(
-                label="Top predictions before and after", elem_id="layers-ablation"
-            )
-    compared = gr.HTML(elem_id="layers-maps")
+        # the user's choice only: a shared link sets the model, labels and next token together
+        self.model.input(self.model_chosen, self.model, [self.next_token, self.labels], **private)
+        self.heatmap.change(None, None, None, js=_HEATMAP_CLICKS)
+        self.measure.input(  # the user's choice only: a run sets the measure with its views
+            self.redraw,
+            [self.measure, self.last],
+            [self.heatmap, self.grid, self.note, self.link, self.last],
+            **private,
+        )
+        picking = [self.heads, self.add, self.ablate_click]
+        clicks = [
+            self.clicked.change(
+                self.clicked_cell, [self.clicked, *picking], [self.chosen, self.heads], **private
+            ),
+            self.grid.select(
+                self.clicked_row, [*picking, self.grid], [self.chosen, self.heads], **private
+            ),
+        ]
+        # one bound handler for both clicks: Gradio queues events by their handler's identity
+        show_attention = self.show_attention
+        shown_heads = [
+            click.success(show_attention, [self.chosen, self.last], self.attention, **private)
+            for click in clicks
+        ]
+        # after a click the clicked head's attention stays (the ablated set may start elsewhere)
+        ablated_shown = [self.ablate_click, self.heads, self.method, self.last]
+        outputs = [*self.ablation_outputs, self.attention]
+        ablations = [
+            *(
+                shown.success(self.ablate_clicked, ablated_shown, outputs, **private)
+                for shown in shown_heads
+            ),
+            self.ablate.click(
+                self.run_ablation,
+                [self.heads, self.method, self.last],
+                outputs,
+                api_name="layers_ablate",
+            ),
+            linked_run.success(
+                self.ablate_linked,
+                [self.linked, self.heads, self.method, self.last],
+                outputs,
+                **private,
+            ),
+        ]
+        self.cancel.click(
+            self.runner.cancel_handler("layers"),
+            [],
+            [],
+            cancels=[running, linked_run, *ablations],
+            api_name="layers_cancel",
+        )
+        self.tokens.select(self.clicked_token, [self.last], self.token_layers, **private)
+        self.export.click(self.download, [self.last], self.bundle, api_name="layers_export")
 
-    gr.Markdown("### Layers")
-    lines = gr.Plot(label="Per layer", elem_id="layers-lines")
-    with gr.Row(equal_height=False):
-        with gr.Column():
-            tokens = gr.HighlightedText(
-                label="Token relevance (AttnLRP); click a token", elem_id="layers-tokens"
-            )
-            token_layers = gr.Plot(
-                label="The clicked token's relevance per layer", elem_id="layers-token-layers"
-            )
-        with gr.Column():
-            agreement = gr.Plot(label="Agreement of head estimators", elem_id="layers-agreement")
-            card = gr.HTML(elem_id="layers-trust")
-            positional = gr.Plot(
-                label="Token and positional relevance per layer (PA-LRP)",
-                visible=False,
-                elem_id="layers-positional",
-            )
-    with gr.Row(equal_height=False):
-        export = gr.Button("Export bundle", scale=0, min_width=160, elem_id="layers-export")
-        bundle = gr.File(label="Bundle", height=90, elem_id="layers-bundle")
-        link = gr.Textbox(
-            label="Link to this view", lines=2, elem_id="layers-link", buttons=["copy"]
+    @property
+    def linked_tab(self) -> LinkedTab:
+        """What a shared link fills on this tab, and the flag that runs it."""
+        return LinkedTab(
+            {
+                "model": self.model,
+                "labels": self.labels,
+                "text": self.text,
+                "target": self.target,
+                "next_token": self.next_token,
+                "answer": self.answer,
+                "contrast": self.contrast,
+                "measures": self.measures,
+                "measure": self.measure,
+                "heads": self.heads,
+            },
+            [],
+            self.linked,
         )
 
-    def shown_link(result: Result, request: gr.Request | None) -> str:
-        return page_base(request) + share_query(result.fields)
+    # --- handlers -------------------------------------------------------------------------
 
-    def analysed(
-        fields_: list[Any], wanted: str | None, request: gr.Request | None, progress: Any
+    @readable
+    def analyse(
+        self,
+        asked: bool,
+        model_,
+        text_,
+        labels_,
+        target_,
+        next_,
+        answer_,
+        contrast_,
+        measures_,
+        measure_,
+        request: gr.Request,
+        progress=gr.Progress(),  # noqa: B008
+    ):
+        """Analyse (Run, or a shared link once it filled the tab); the head measure shown stays."""
+        if not asked:  # the page's load set another tab's link flag
+            return [gr.skip()] * len(self.analysis_outputs)
+        fields_ = [model_, text_, labels_, target_, next_, answer_, contrast_, measures_]
+        return self._analysed(fields_, measure_, request, progress)
+
+    def _analysed(
+        self, fields_: list[Any], wanted: str | None, request: gr.Request | None, progress: Any
     ) -> list[Any]:
         """Run the analysis and show it; ``wanted``: the head measure shown, if it has one."""
         from attrlab.viz import token_highlights
@@ -220,10 +395,9 @@ def layers_tab(runner: PageRunner) -> LinkedTab:
             raise gr.Error("choose at least one measure")
         base = _request_fields(model_, text_, labels_, target_, next_, answer_, contrast_)
         request_ = ExplainRequest(**base, method="layers", params={"measures": ",".join(measures_)})
-        explanation: Explanation = runner(request_, progress, session(request), "layers")
-        table = explanation.layers
+        explanation: Explanation = self.runner(request_, progress, session(request), "layers")
         figures = figures_for(explanation)
-        names = head_measures(table)
+        names = head_measures(explanation.layers)
         shown = wanted if wanted in names else (names[0] if names else None)
         result = Result(
             {_ANALYSIS: explanation},
@@ -240,113 +414,64 @@ def layers_tab(runner: PageRunner) -> LinkedTab:
                 "measure": shown,
             },
         )
+        heatmap, grid = _head_views(explanation, shown)
+        views = {
+            self.measure: gr.update(choices=names, value=shown),
+            self.heatmap: heatmap,
+            self.grid: grid,
+            self.lines: _shown(figures, LAYERS),
+            self.positional: _shown(figures, POSITIONAL),
+            self.agreement: _shown(figures, AGREEMENT),
+            self.card: trust_card_html(explanation),
+            self.tokens: token_highlights(explanation) if explanation.tokens is not None else None,
+            self.token_layers: None,
+            self.before: top(explanation),
+            self.note: _measure_note(explanation, shown),
+            self.link: _link(result, request),
+            self.last: result,
+            # the last ablation's views belong to the last analysis
+            self.after: None,
+            self.change: "",
+            self.attention: None,
+            self.ablation_plot: None,
+            self.compared: "",
+        }
+        return in_order(self.analysis_outputs, views)
+
+    def model_chosen(self, name: str) -> list[Any]:
+        """A model's next-token default and its labels field."""
         return [
-            gr.update(choices=names, value=shown),
-            *_head_views(explanation, shown),
-            _shown(figures, LAYERS),
-            _shown(figures, POSITIONAL),
-            _shown(figures, AGREEMENT),
-            trust_card_html(explanation),
-            token_highlights(explanation) if explanation.tokens is not None else None,
-            None,
-            top(explanation),
-            _measure_note(explanation, shown),
-            shown_link(result, request),
-            result,
-            None,  # the last ablation's views belong to the last analysis
-            "",
-            None,
-            None,
-            "",
-        ]
-
-    analysis_outputs = [measure, heatmap, grid, lines, positional, agreement, card, tokens]
-    analysis_outputs += [token_layers, before, note, link, last]
-    analysis_outputs += [after, change, attention, ablation_plot, compared]
-    inputs = [model, text, labels, target, next_token, answer, contrast, measures]
-
-    @readable
-    def analyse(
-        asked: bool,
-        model_,
-        text_,
-        labels_,
-        target_,
-        next_,
-        answer_,
-        contrast_,
-        measures_,
-        measure_,
-        request: gr.Request,
-        progress=gr.Progress(),  # noqa: B008
-    ):
-        """Analyse (Run, or a shared link once it filled the tab); the head measure shown stays."""
-        if not asked:  # the page's load set another tab's link flag
-            return [gr.skip()] * len(analysis_outputs)
-        fields_ = [model_, text_, labels_, target_, next_, answer_, contrast_, measures_]
-        return analysed(fields_, measure_, request, progress)
-
-    running = run.click(
-        analyse,
-        [asked, *inputs, measure],
-        analysis_outputs,
-        api_name="layers_analyse",
-        concurrency_id="run-layers",
-    )
-    linked_run = linked.change(
-        analyse,
-        [linked, *inputs, measure],
-        analysis_outputs,
-        api_visibility="private",
-        concurrency_id="run-layers",
-    )
-    # the user's choice only: a shared link sets the model, labels and next token together
-    model.input(
-        lambda name: [
             gr.update(value=bool(getattr(BUILTIN_MODELS.get(name), "next_token", False))),
             labels_for(name),
-        ],
-        model,
-        [next_token, labels],
-        api_visibility="private",
-    )
-    heatmap.change(None, None, None, js=_HEATMAP_CLICKS)
+        ]
 
     @readable
-    def redraw(measure_: str | None, result: Result | None, request: gr.Request):
+    def redraw(self, measure_: str | None, result: Result | None, request: gr.Request):
+        """Another head measure: its heatmap, ranking and note, and the link naming it."""
         if result is None or not measure_:
             return [gr.skip()] * 5
         analysis = result.explanations[_ANALYSIS]
         views = [*_head_views(analysis, measure_), _measure_note(analysis, measure_)]
         result = _with_fields(result, measure=measure_)
-        return [*views, shown_link(result, request), result]
-
-    measure.input(  # the user's choice only: a run sets the measure with its views
-        redraw, [measure, last], [heatmap, grid, note, link, last], api_visibility="private"
-    )
-
-    def picked(head: tuple[int, int], heads_: str, adding: bool, ablating: bool) -> list[str]:
-        """The chosen head, and the set to ablate (this head, or the set with it added)."""
-        set_ = heads_
-        if ablating:
-            current = list(parse_heads(heads_)) if adding else []
-            set_ = format_heads([*current, head] if head not in current else current)
-        return [format_heads([head]), set_]
+        return [*views, _link(result, request), result]
 
     @readable
-    def clicked_cell(value: str, heads_: str, adding: bool, ablating: bool):
+    def clicked_cell(self, value: str, heads_: str, adding: bool, ablating: bool):
+        """A heatmap cell clicked: the chosen head and the set to ablate."""
         head = _one_head(value.partition("#")[0])  # "L2H3#<time>" from the listener
-        return picked(head, heads_, adding, ablating)
+        return _picked(head, heads_, adding, ablating)
 
     @readable
     def clicked_row(
-        evt: gr.SelectData, heads_: str, adding: bool, ablating: bool, grid_: pd.DataFrame
+        self, evt: gr.SelectData, heads_: str, adding: bool, ablating: bool, grid_: pd.DataFrame
     ):
+        """A ranked head's row clicked: the chosen head and the set to ablate."""
         head = _one_head(str(grid_.iloc[evt.index[0], 0]))  # the row's "L2H3"
-        return picked(head, heads_, adding, ablating)
+        return _picked(head, heads_, adding, ablating)
 
     @readable
     def show_attention(
+        self,
         head_: str,
         result: Result | None,
         request: gr.Request,
@@ -360,14 +485,48 @@ def layers_tab(runner: PageRunner) -> LinkedTab:
         layer, head = _one_head(head_)
         base = _request_fields(**_instance(result))
         request_ = AttentionRequest(**base, layer=layer, head=head)
-        weights = runner(request_, progress, session(request), "layers")
+        weights = self.runner(request_, progress, session(request), "layers")
         texts = result.explanations[_ANALYSIS].token_texts or []
         return attention_figure(weights, texts, layer, head)
 
-    def ablated(
-        shown: str, method_: str, result: Result | None, request: gr.Request, progress: Any
-    ) -> tuple[list[Any], Any]:
-        """The ablation's views (prediction, after, change, maps, bars, link, state)."""
+    @readable
+    def run_ablation(
+        self, shown: str, method_: str, result: Result | None, request: gr.Request,
+        progress=gr.Progress(),  # noqa: B008
+    ):  # fmt: skip
+        # Ablate (no docstring: Gradio would show it as the API's description of the call)
+        return self._ablated(shown, method_, result, request, progress, attention_too=True)
+
+    @readable
+    def ablate_clicked(
+        self, asked: bool, shown: str, method_: str, result: Result | None, request: gr.Request,
+        progress=gr.Progress(),  # noqa: B008
+    ):  # fmt: skip
+        """After a click, when asked: the set ablated; the clicked head's attention stays."""
+        if not asked or not shown.strip():
+            return [gr.skip()] * (len(self.ablation_outputs) + 1)
+        return self._ablated(shown, method_, result, request, progress, attention_too=False)
+
+    @readable
+    def ablate_linked(
+        self, asked: bool, shown: str, method_: str, result: Result | None, request: gr.Request,
+        progress=gr.Progress(),  # noqa: B008
+    ):  # fmt: skip
+        """After a shared link's analysis, when it names heads: them ablated, the first's view."""
+        if not asked or not shown.strip():
+            return [gr.skip()] * (len(self.ablation_outputs) + 1)
+        return self._ablated(shown, method_, result, request, progress, attention_too=True)
+
+    def _ablated(
+        self,
+        shown: str,
+        method_: str,
+        result: Result | None,
+        request: gr.Request,
+        progress: Any,
+        attention_too: bool,
+    ) -> list[Any]:
+        """The ablation's views; ``attention_too``: the first head's attention drawn too."""
         from attrlab.viz import ablation_figure, ablation_note, attention_figure
         from attrlab.viz.text import token_columns_html
 
@@ -381,12 +540,11 @@ def layers_tab(runner: PageRunner) -> LinkedTab:
             raise gr.Error("name at least one head, or click one in the heatmap or the table")
         base = _request_fields(**_instance(result))
         request_ = AblationRequest(**base, method=method_, heads=chosen_)
-        outcome = runner(request_, progress, session(request), "layers")
+        outcome = self.runner(request_, progress, session(request), "layers")
         plain, zeroed = outcome.plain, outcome.ablated
         label = plain.target.label
         before, after = plain.target.probability, zeroed.target.probability
         assert before is not None and after is not None  # an ablation explains one output
-        line = ablation_note(format_heads(chosen_), label, before, after)
         maps = {f"{method_} (as is)": plain, f"{method_} (heads ablated)": zeroed}
         kept = {_ANALYSIS: result.explanations[_ANALYSIS], method_: plain}
         kept[f"{method_}_heads_ablated"] = zeroed
@@ -395,72 +553,21 @@ def layers_tab(runner: PageRunner) -> LinkedTab:
         figure = None
         if outcome.attention is not None and outcome.token_texts is not None:
             figure = attention_figure(outcome.attention, outcome.token_texts, *chosen_[0])
-        views = [
-            top(plain),
-            top(zeroed),
-            line,
-            token_columns_html(maps) if plain.tokens is not None else "",
-            ablation_figure(plain.predictions, zeroed.predictions, label),
-            shown_link(result, request),
-            result,
-        ]
-        return views, figure
-
-    ablation_outputs = [before, after, change, compared, ablation_plot, link, last]
-
-    @readable
-    def run_ablation(
-        shown: str, method_: str, result: Result | None, request: gr.Request,
-        progress=gr.Progress(),  # noqa: B008
-    ):  # fmt: skip
-        views, figure = ablated(shown, method_, result, request, progress)
-        return [*views, figure]
-
-    def ablate_if(attention_too: bool) -> Any:
-        """A handler ablating the named heads when asked; ``attention_too``: the first's view."""
-
-        @readable
-        def handler(
-            asked: bool, shown: str, method_: str, result: Result | None, request: gr.Request,
-            progress=gr.Progress(),  # noqa: B008
-        ):  # fmt: skip
-            if not asked or not shown.strip():
-                return [gr.skip()] * (len(ablation_outputs) + 1)
-            views, figure = ablated(shown, method_, result, request, progress)
-            return [*views, figure if attention_too else gr.skip()]
-
-        return handler
-
-    private: dict[str, Any] = {"api_visibility": "private"}
-    clicks = [
-        clicked.change(
-            clicked_cell, [clicked, heads, add, ablate_click], [chosen, heads], **private
-        ),
-        grid.select(clicked_row, [heads, add, ablate_click, grid], [chosen, heads], **private),
-    ]
-    shown_heads = [c.success(show_attention, [chosen, last], attention, **private) for c in clicks]
-    # after a click the clicked head's attention stays (the ablated set may start elsewhere)
-    ablations = [
-        trigger(handler, inputs_, [*ablation_outputs, attention], **naming)
-        for trigger, handler, inputs_, naming in (
-            *(
-                (shown.success, ablate_if(False), [ablate_click, heads, method, last], private)
-                for shown in shown_heads
-            ),
-            (ablate.click, run_ablation, [heads, method, last], {"api_name": "layers_ablate"}),
-            (linked_run.success, ablate_if(True), [linked, heads, method, last], private),
-        )
-    ]
-    cancel.click(
-        runner.cancel_handler("layers"),
-        [],
-        [],
-        cancels=[running, linked_run, *ablations],
-        api_name="layers_cancel",
-    )
+        views = {
+            self.before: top(plain),
+            self.after: top(zeroed),
+            self.change: ablation_note(format_heads(chosen_), label, before, after),
+            self.compared: token_columns_html(maps) if plain.tokens is not None else "",
+            self.ablation_plot: ablation_figure(plain.predictions, zeroed.predictions, label),
+            self.link: _link(result, request),
+            self.last: result,
+            self.attention: figure if attention_too else gr.skip(),
+        }
+        return in_order([*self.ablation_outputs, self.attention], views)
 
     @readable
-    def clicked_token(evt: gr.SelectData, result: Result | None):
+    def clicked_token(self, evt: gr.SelectData, result: Result | None):
+        """A token clicked: its relevance per layer."""
         from attrlab.viz import token_layers_figure
 
         if result is None:
@@ -471,10 +578,8 @@ def layers_tab(runner: PageRunner) -> LinkedTab:
             raise gr.Error("token relevance per layer comes with the 'lrp' measure")
         return token_layers_figure(per_layer, explanation.token_texts or [], evt.index)
 
-    tokens.select(clicked_token, [last], token_layers, api_visibility="private")
-
     @readable
-    def download(result: Result | None) -> str:
+    def download(self, result: Result | None) -> str:
         """The analysis (and the last ablation's maps) as a zip, its layer table among them."""
         from attrlab.viz.text import token_columns_html
 
@@ -484,23 +589,19 @@ def layers_tab(runner: PageRunner) -> LinkedTab:
         pages = {"ablation_maps": token_columns_html(maps)} if maps else {}
         return str(export_bundle(result, pages=pages))
 
-    export.click(download, [last], bundle, api_name="layers_export")
-    return LinkedTab(
-        {
-            "model": model,
-            "labels": labels,
-            "text": text,
-            "target": target,
-            "next_token": next_token,
-            "answer": answer,
-            "contrast": contrast,
-            "measures": measures,
-            "measure": measure,
-            "heads": heads,
-        },
-        [],
-        linked,
-    )
+
+def _link(result: Result, request: gr.Request | None) -> str:
+    """The link that reopens the tab with ``result``'s fields."""
+    return page_base(request) + share_query(result.fields)
+
+
+def _picked(head: tuple[int, int], heads_: str, adding: bool, ablating: bool) -> list[str]:
+    """The chosen head, and the set to ablate (this head, or the set with it added)."""
+    set_ = heads_
+    if ablating:
+        current = list(parse_heads(heads_)) if adding else []
+        set_ = format_heads([*current, head] if head not in current else current)
+    return [format_heads([head]), set_]
 
 
 def _one_head(text: str) -> tuple[int, int]:

@@ -20,7 +20,14 @@ import gradio as gr
 from attrlab.app.ui.files import page_folder
 from attrlab.app.ui.link import LinkedTab, page_base, share_query
 from attrlab.app.ui.runner import PageRunner
-from attrlab.app.ui.shared import IOI_CORRUPTED, IOI_PROMPT, parse_positions, readable, session
+from attrlab.app.ui.shared import (
+    IOI_CORRUPTED,
+    IOI_PROMPT,
+    in_order,
+    parse_positions,
+    readable,
+    session,
+)
 from attrlab.app.worker import PatchRequest
 from attrlab.attribution.models import BUILTIN_MODELS, default_model
 from attrlab.attribution.patching import COMPONENTS, DIRECTIONS, ESTIMATORS
@@ -30,7 +37,7 @@ if TYPE_CHECKING:
     from attrlab.attribution.engine.study import PruningStudy
     from attrlab.attribution.patching import PatchingReport
 
-__all__ = ["PatchingResult", "export_patching", "patching_view"]
+__all__ = ["PatchingResult", "PatchingView", "export_patching", "patching_view"]
 
 #: The tab keys of a run (each Cancel stops only its own view's study).
 _TAB = "patching"
@@ -47,103 +54,195 @@ class PatchingResult:
 
 def patching_view(runner: PageRunner) -> LinkedTab:
     """Build the patching view; every study goes through ``runner``. Returns what a link fills."""
-    from attrlab.viz.patching import patching_figure_names
+    return PatchingView(runner).linked_tab
 
-    models = [name for name, m in BUILTIN_MODELS.items() if m.next_token]
-    last = gr.State(None)  # PatchingResult
-    linked = gr.State(False)  # a shared link filled the view: run it once loaded
-    asked = gr.State(True)  # Run always runs
-    gr.Markdown(
-        "Patch one component at a time between a clean prompt and its corruption, and read "
-        "how far each moves the answer's score from the corrupted run's (0) to the clean "
-        "one's (1). The cheap estimators are scored against exact patching."
-    )
-    with gr.Row(equal_height=False):
-        with gr.Column(scale=2):
-            model = gr.Dropdown(
-                models,
-                value=default_model("text", next_token=True),
-                label="Model (a decoder LM)",
-                allow_custom_value=True,
-                elem_id="patching-model",
-            )
-            clean = gr.Textbox(IOI_PROMPT, label="Clean prompt", lines=2, elem_id="patching-clean")
-            corrupted = gr.Textbox(
-                IOI_CORRUPTED,
-                label="Corrupted prompt (as many tokens as the clean one)",
-                lines=2,
-                elem_id="patching-corrupted",
-            )
-            with gr.Row():
-                noise = gr.Textbox(
-                    "",
-                    label="…or noise on these clean token positions (causal tracing)",
-                    placeholder="3,4",
-                    elem_id="patching-noise",
+
+class PatchingView:
+    """
+    The patching view: its components, and its handlers as methods.
+
+    Made inside a ``gr.Tab``; the components are laid out and wired when it is made. The last
+    study stays in the session (``last``), the last pruning study beside it (``pruned``).
+    """
+
+    def __init__(self, runner: PageRunner) -> None:
+        self.runner = runner
+        self.last = gr.State(None)  # PatchingResult
+        self.linked = gr.State(False)  # a shared link filled the view: run it once loaded
+        self.asked = gr.State(True)  # Run always runs
+        gr.Markdown(
+            "Patch one component at a time between a clean prompt and its corruption, and read "
+            "how far each moves the answer's score from the corrupted run's (0) to the clean "
+            "one's (1). The cheap estimators are scored against exact patching."
+        )
+        self._question()
+        self._results()
+        self.pruned = _pruning_section(
+            runner, self.model, self.clean, self.corrupted, self.answer, self.contrast
+        )
+        self._export_row()
+        #: What a study reads, in :meth:`study`'s order.
+        self.fields = [self.model, self.clean, self.corrupted, self.noise, self.seeds]
+        self.fields += [self.answer, self.contrast, self.components, self.estimators]
+        self.fields += [self.directions]
+        #: What a study fills, in its order.
+        self.outputs = [self.summary, self.reading, self.agreement, *self.plots.values()]
+        self.outputs += [self.link, self.last]
+        self._wire()
+
+    # --- layout ---------------------------------------------------------------------------
+
+    def _question(self) -> None:
+        """The model, the prompts or the noise, the answer, what to patch and how; Run."""
+        models = [name for name, m in BUILTIN_MODELS.items() if m.next_token]
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=2):
+                self.model = gr.Dropdown(
+                    models,
+                    value=default_model("text", next_token=True),
+                    label="Model (a decoder LM)",
+                    allow_custom_value=True,
+                    elem_id="patching-model",
                 )
-                seeds = gr.Number(
-                    PatchRequest.noise_seeds,  # the library's default number of draws
-                    precision=0,
-                    minimum=1,
-                    maximum=MAX_SEEDS,
-                    label="Noise draws",
-                    elem_id="patching-seeds",
+                self.clean = gr.Textbox(
+                    IOI_PROMPT, label="Clean prompt", lines=2, elem_id="patching-clean"
                 )
-            with gr.Row():
-                answer = gr.Textbox(
-                    " Mary", label="Answer (empty: the next token)", elem_id="patching-answer"
+                self.corrupted = gr.Textbox(
+                    IOI_CORRUPTED,
+                    label="Corrupted prompt (as many tokens as the clean one)",
+                    lines=2,
+                    elem_id="patching-corrupted",
                 )
-                contrast = gr.Textbox(" John", label="Rather than", elem_id="patching-contrast")
-        with gr.Column(scale=1):
-            components = gr.CheckboxGroup(
-                [(f"{c.name}: {c.description}", c.name) for c in COMPONENTS.values()],
-                # a head at each position is the costliest by far: asked for, not a default
-                value=[c.name for c in COMPONENTS.values() if not (c.per_head and c.per_position)],
-                label="Components",
-                elem_id="patching-components",
-            )
-            estimators = gr.CheckboxGroup(
-                [(f"{e.title}: {e.cost}", e.name) for e in ESTIMATORS.values()],
-                value=list(ESTIMATORS),
-                label="Estimators (exact patching is the reference)",
-                elem_id="patching-estimators",
-            )
-            directions = gr.CheckboxGroup(
-                list(DIRECTIONS),
-                value=list(DIRECTIONS),
-                label="Directions (denoising: clean into corrupted; noising: the reverse)",
-                elem_id="patching-directions",
-            )
-    with gr.Row():
-        run = gr.Button("Patch", variant="primary", elem_id="patching-run")
-        cancel = gr.Button("Cancel", variant="stop", elem_id="patching-cancel")
-    summary = gr.Markdown("", elem_id="patching-summary")
-    reading = gr.Markdown("", elem_id="patching-reading")
-    agreement = gr.Dataframe(
-        interactive=False,
-        label="Each estimator against exact patching",
-        elem_id="patching-agreement",
-        wrap=True,
-    )
-    names = patching_figure_names()
-    plots = [
-        gr.Plot(visible=False, elem_id="patching-" + name.replace("_", "-"), show_label=False)
-        for name in names
-    ]
-    pruning = _pruning_section(runner, model, clean, corrupted, answer, contrast)
-    with gr.Row(equal_height=False):
-        export = gr.Button("Export", scale=0, min_width=160, elem_id="patching-export")
-        bundle = gr.File(label="Bundle", height=90, elem_id="patching-bundle")
-        link = gr.Textbox(
-            label="Link to this study", lines=2, elem_id="patching-link", buttons=["copy"]
+                with gr.Row():
+                    self.noise = gr.Textbox(
+                        "",
+                        label="…or noise on these clean token positions (causal tracing)",
+                        placeholder="3,4",
+                        elem_id="patching-noise",
+                    )
+                    self.seeds = gr.Number(
+                        PatchRequest.noise_seeds,  # the library's default number of draws
+                        precision=0,
+                        minimum=1,
+                        maximum=MAX_SEEDS,
+                        label="Noise draws",
+                        elem_id="patching-seeds",
+                    )
+                with gr.Row():
+                    self.answer = gr.Textbox(
+                        " Mary", label="Answer (empty: the next token)", elem_id="patching-answer"
+                    )
+                    self.contrast = gr.Textbox(
+                        " John", label="Rather than", elem_id="patching-contrast"
+                    )
+            with gr.Column(scale=1):
+                self._choices()
+        with gr.Row():
+            self.run = gr.Button("Patch", variant="primary", elem_id="patching-run")
+            self.cancel = gr.Button("Cancel", variant="stop", elem_id="patching-cancel")
+
+    def _choices(self) -> None:
+        """The components, estimators and directions: the library's own."""
+        self.components = gr.CheckboxGroup(
+            [(f"{c.name}: {c.description}", c.name) for c in COMPONENTS.values()],
+            # a head at each position is the costliest by far: asked for, not a default
+            value=[c.name for c in COMPONENTS.values() if not (c.per_head and c.per_position)],
+            label="Components",
+            elem_id="patching-components",
+        )
+        self.estimators = gr.CheckboxGroup(
+            [(f"{e.title}: {e.cost}", e.name) for e in ESTIMATORS.values()],
+            value=list(ESTIMATORS),
+            label="Estimators (exact patching is the reference)",
+            elem_id="patching-estimators",
+        )
+        self.directions = gr.CheckboxGroup(
+            list(DIRECTIONS),
+            value=list(DIRECTIONS),
+            label="Directions (denoising: clean into corrupted; noising: the reverse)",
+            elem_id="patching-directions",
         )
 
-    inputs = [model, clean, corrupted, noise, seeds, answer, contrast]
-    inputs += [components, estimators, directions]
-    outputs = [summary, reading, agreement, *plots, link, last]
+    def _results(self) -> None:
+        """The study's summary, its reading in words, the agreement table and the figures."""
+        from attrlab.viz.patching import patching_figure_names
+
+        self.summary = gr.Markdown("", elem_id="patching-summary")
+        self.reading = gr.Markdown("", elem_id="patching-reading")
+        self.agreement = gr.Dataframe(
+            interactive=False,
+            label="Each estimator against exact patching",
+            elem_id="patching-agreement",
+            wrap=True,
+        )
+        self.plots = {
+            name: gr.Plot(
+                visible=False, elem_id="patching-" + name.replace("_", "-"), show_label=False
+            )
+            for name in patching_figure_names()
+        }
+
+    def _export_row(self) -> None:
+        with gr.Row(equal_height=False):
+            self.export = gr.Button("Export", scale=0, min_width=160, elem_id="patching-export")
+            self.bundle = gr.File(label="Bundle", height=90, elem_id="patching-bundle")
+            self.link = gr.Textbox(
+                label="Link to this study", lines=2, elem_id="patching-link", buttons=["copy"]
+            )
+
+    # --- wiring ---------------------------------------------------------------------------
+
+    def _wire(self) -> None:
+        running = self.run.click(
+            self.study,
+            [self.asked, *self.fields],
+            self.outputs,
+            api_name="patching_run",
+            concurrency_id="run-patching",
+        )
+        linked_run = self.linked.change(
+            self.study,
+            [self.linked, *self.fields],
+            self.outputs,
+            api_visibility="private",
+            concurrency_id="run-patching",
+        )
+        self.cancel.click(
+            self.runner.cancel_handler(_TAB),
+            [],
+            [],
+            cancels=[running, linked_run],
+            api_name="patching_cancel",
+        )
+        self.export.click(
+            self.download, [self.last, self.pruned], self.bundle, api_name="patching_export"
+        )
+
+    @property
+    def linked_tab(self) -> LinkedTab:
+        """What a shared link fills on this view, and the flag that runs it."""
+        return LinkedTab(
+            {
+                "model": self.model,
+                "text": self.clean,
+                "corrupted": self.corrupted,
+                "noise_positions": self.noise,
+                "noise_seeds": self.seeds,
+                "answer": self.answer,
+                "contrast": self.contrast,
+                "components": self.components,
+                "estimators": self.estimators,
+                "directions": self.directions,
+            },
+            [],
+            self.linked,
+        )
+
+    # --- handlers -------------------------------------------------------------------------
 
     @readable
     def study(
+        self,
         asked_: bool,
         model_: str,
         clean_: str,
@@ -163,7 +262,7 @@ def patching_view(runner: PageRunner) -> LinkedTab:
         from attrlab.viz.patching import patching_figures
 
         if not asked_:  # the page's load set another tab's link flag
-            return [gr.skip()] * len(outputs)
+            return [gr.skip()] * len(self.outputs)
         positions = parse_positions(noise_)
         request_ = PatchRequest(
             model=model_,
@@ -177,7 +276,7 @@ def patching_view(runner: PageRunner) -> LinkedTab:
             estimators=tuple(estimators_ or ()),
             directions=tuple(directions_ or ()),
         )
-        report: PatchingReport = runner(request_, progress, session(request), _TAB)
+        report: PatchingReport = self.runner(request_, progress, session(request), _TAB)
         figures = patching_figures(report)
         fields = {
             "tab": _TAB,
@@ -193,61 +292,27 @@ def patching_view(runner: PageRunner) -> LinkedTab:
             "directions": list(directions_),
         }
         lines = agreement_reading(report)
-        return [
-            _summary(report),
-            "\n".join(f"- {line}" for line in lines) if lines else "",
-            report.agreement.round(4),
-            *(
-                gr.update(value=figures[name], visible=True)
+        views: dict[gr.components.Component, Any] = {
+            self.summary: _summary(report),
+            self.reading: "\n".join(f"- {line}" for line in lines) if lines else "",
+            self.agreement: report.agreement.round(4),
+            **{
+                plot: gr.update(value=figures[name], visible=True)
                 if name in figures
                 else gr.update(value=None, visible=False)
-                for name in names
-            ),
-            page_base(request) + share_query(fields),
-            PatchingResult(report, fields),
-        ]
-
-    running = run.click(
-        study, [asked, *inputs], outputs, api_name="patching_run", concurrency_id="run-patching"
-    )
-    linked_run = linked.change(
-        study,
-        [linked, *inputs],
-        outputs,
-        api_visibility="private",
-        concurrency_id="run-patching",
-    )
-    cancel.click(
-        runner.cancel_handler(_TAB),
-        [],
-        [],
-        cancels=[running, linked_run],
-        api_name="patching_cancel",
-    )
+                for name, plot in self.plots.items()
+            },
+            self.link: page_base(request) + share_query(fields),
+            self.last: PatchingResult(report, fields),
+        }
+        return in_order(self.outputs, views)
 
     @readable
-    def download(result: PatchingResult | None, pruned: PruningStudy | None) -> str:
+    def download(self, result: PatchingResult | None, pruned: PruningStudy | None) -> str:
+        # no docstring: Gradio would show it as the API's description of the call
         if result is None:
             raise gr.Error("run a study first; the export holds its report")
         return str(export_patching(result, pruned=pruned))
-
-    export.click(download, [last, pruning], bundle, api_name="patching_export")
-    return LinkedTab(
-        {
-            "model": model,
-            "text": clean,
-            "corrupted": corrupted,
-            "noise_positions": noise,
-            "noise_seeds": seeds,
-            "answer": answer,
-            "contrast": contrast,
-            "components": components,
-            "estimators": estimators,
-            "directions": directions,
-        },
-        [],
-        linked,
-    )
 
 
 def _pruning_section(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import gradio as gr
@@ -21,6 +21,7 @@ __all__ = [
     "SAMPLE_PROMPT",
     "SAMPLE_TEXT",
     "format_heads",
+    "in_order",
     "label_list",
     "labels_for",
     "method_entries",
@@ -63,6 +64,17 @@ def readable(handler: Callable[..., Any]) -> Callable[..., Any]:
             raise gr.Error(public_message(str(err))) from None
 
     return wrapped
+
+
+def in_order(outputs: list[Any], views: Mapping[Any, Any]) -> list[Any]:
+    """
+    ``views``, keyed by component, in the order of an event's ``outputs`` (each one named).
+
+    A handler names what it fills rather than counting places; Gradio takes the list (a test
+    may call the handler and read it as the page does).
+    """
+    assert views.keys() == set(outputs), "every output has its view, and only they"
+    return [views[component] for component in outputs]
 
 
 def session(request: gr.Request | None) -> str | None:
