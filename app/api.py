@@ -32,9 +32,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from attrlab.app.batch import parquet_file
 from attrlab.app.bounds import (
+    MAX_NAMES,
     MAX_PARAMS,
     METHOD_COUNT,
     MethodParams,
+    Name,
     ParamOrParams,
     ParamsByMethod,
     one_methods_params,
@@ -55,6 +57,7 @@ from attrlab.app.worker import (
     check_instance_features,
 )
 from attrlab.attribution.answers import MAX_NEW_TOKENS, AnswerSpec, answer_asked
+from attrlab.attribution.engine import UNIT_KINDS, engine_catalog
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
 from attrlab.attribution.explanation import SCHEMA_VERSION
 from attrlab.attribution.features import GRANULARITIES
@@ -541,6 +544,13 @@ class LayersBody(_InputBody):
         )
 
 
+def _unit_kinds(schema: dict[str, Any]) -> None:
+    """The registered unit kinds as the units' choices, read when the schema is made."""
+    for branch in schema.get("anyOf", [schema]):
+        if branch.get("type") == "array":
+            branch["items"]["enum"] = list(UNIT_KINDS)
+
+
 class PruneBody(BaseModel):
     """
     Layer and head pruning curves: each estimator's ranking, pruned over a small dataset.
@@ -586,8 +596,12 @@ class PruneBody(BaseModel):
     texts: list[Annotated[str, Field(min_length=1)]] | None = Field(
         None, min_length=1, max_length=64, description="The dataset (default: bundled sentences)"
     )
-    units: list[Annotated[str, Field(max_length=10)]] | None = Field(
-        None, min_length=1, max_length=2, description="layer, head (default: both)"
+    units: list[Name] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_NAMES,
+        description="Unit kinds to prune (default: every one; GET /units lists them)",
+        json_schema_extra=_unit_kinds,
     )
     draws: _WholeNumber = Field(5, ge=1, le=100, description="Random orders per unit")
     head_step: _WholeNumber | None = Field(
@@ -853,7 +867,8 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
     """
     Routes under /api/v1 and KServe's /v1.
 
-    GET /health (open), /status, /models, /methods; POST /explain, /layers, /check, /patch;
+    GET /health (open), /status, /models, /methods, /units; POST /explain, /layers, /check,
+    /patch, /prune;
     jobs (when ``jobs`` is given): POST /jobs, POST /patch/jobs, GET /jobs/{id}, GET
     /jobs/{id}/results, DELETE /jobs/{id}; POST /v1/models/{model}:explain.
     """
@@ -906,7 +921,7 @@ def _add_health_route(open_routes: APIRouter) -> None:
 
 
 def _add_listing_routes(router: APIRouter, worker: ExplainWorker) -> None:
-    """GET /status, /models, /methods: what this server runs and serves."""
+    """GET /status, /models, /methods, /units: what this server runs and serves."""
     settings = worker.settings
 
     @router.get("/status")
@@ -931,6 +946,11 @@ def _add_listing_routes(router: APIRouter, worker: ExplainWorker) -> None:
     def methods() -> list[dict[str, Any]]:
         """Every method with its modalities and parameter schema."""
         return [m.describe() for m in available_methods()]
+
+    @router.get("/units")
+    def units() -> list[dict[str, Any]]:
+        """Every unit kind a pruning study removes, with its removals and estimators."""
+        return engine_catalog()
 
 
 def _add_explain_routes(router: APIRouter, worker: ExplainWorker) -> None:

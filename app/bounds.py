@@ -20,6 +20,7 @@ from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.methods.catalog import catalog_entries
 
 __all__ = [
+    "MAX_NAMES",
     "MAX_PARAMS",
     "MAX_PARAM_CHARS",
     "METHOD_COUNT",
@@ -37,6 +38,8 @@ METHOD_COUNT = len(catalog_entries())
 MAX_PARAMS, MAX_PARAM_CHARS = 50, 200
 #: The longest name of a method or a parameter.
 MAX_NAME_CHARS = 100
+#: The most names one request lists of anything else (unit kinds, components, estimators).
+MAX_NAMES = 32
 #: A method's or a parameter's name.
 Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
 _SCALAR = f"a number, true or false, or a text of at most {MAX_PARAM_CHARS} characters"

@@ -844,6 +844,18 @@ def _methods(args: argparse.Namespace) -> int:
     return 0
 
 
+def _units(args: argparse.Namespace) -> int:
+    from attrlab.attribution.engine import engine_catalog
+    from attrlab.viz.methods import units_text
+
+    described = engine_catalog()
+    if args.format == "json":
+        print(json.dumps(described, indent=2))
+        return 0
+    print(units_text(described, shutil.get_terminal_size().columns))
+    return 0
+
+
 def _serve(args: argparse.Namespace) -> int:
     from attrlab.app.settings import (
         ServerSettings,
@@ -1249,7 +1261,10 @@ def _add_prune_command(sub: _Subcommands) -> None:
         help="JSONL dataset of texts to prune over (default: the bundled sentences); each is "
         "scored on the unpruned model's top prediction",
     )
-    prune.add_argument("--units", help="comma-separated: layer, head (default: both)")
+    prune.add_argument(
+        "--units",
+        help="comma-separated unit kinds to prune (default: every one; attrlab units lists them)",
+    )
     prune.add_argument("--draws", type=_positive_int, default=5, help="random orders per unit")
     prune.add_argument(
         "--head-step", type=_positive_int, help="heads removed per point (default: ≤ 16 points)"
@@ -1396,6 +1411,20 @@ def _add_methods_command(sub: _Subcommands) -> None:
     methods.set_defaults(run=_methods)
 
 
+def _add_units_command(sub: _Subcommands) -> None:
+    """``attrlab units``: the importance engine's unit kinds and estimators."""
+    units = sub.add_parser(
+        "units", help="list unit kinds (what prune removes) and the estimators that rank each"
+    )
+    units.add_argument(
+        "--format",
+        choices=("json", "table"),
+        default="table",
+        help="table: for people; json: the engine's catalog (kinds, removals, estimators)",
+    )
+    units.set_defaults(run=_units)
+
+
 #: The subcommands, each adding its parser, in the order ``attrlab --help`` lists them.
 _COMMANDS: tuple[Callable[[_Subcommands], None], ...] = (
     _add_explain_command,
@@ -1408,6 +1437,7 @@ _COMMANDS: tuple[Callable[[_Subcommands], None], ...] = (
     _add_batch_command,
     _add_models_command,
     _add_methods_command,
+    _add_units_command,
 )
 
 
