@@ -30,7 +30,14 @@ from attrlab.attribution.params import MethodParams, param
 from attrlab.attribution.run import RunContext
 from attrlab.attribution.target import Target
 
-__all__ = ["CAPACITY_SCALE", "MAX_TOKENS", "AttentionFlow", "attention_flow", "flow_network"]
+__all__ = [
+    "CAPACITY_SCALE",
+    "MAX_TOKENS",
+    "AttentionFlow",
+    "AttentionFlowParams",
+    "attention_flow",
+    "flow_network",
+]
 
 #: Hard upper bound of ``max_tokens``: the cost grows like L·n³ (about a minute at 12 × 512).
 MAX_TOKENS = 1024

@@ -182,7 +182,10 @@ class AttributionMethod(ABC, Generic[P]):
         """
         The parameters a run on ``adapter`` uses: checked, defaults filled in, resolved.
 
-        ``params`` is left as it is; ``strict``: values only of their own type (JSON).
+        The method's record is built from ``params`` (:meth:`MethodParams.validated`) and
+        resolved (:meth:`_resolve`); it is given back as plain names and values, what front
+        ends, prices and the Explanation read. ``params`` is left as it is; ``strict``: values
+        only of their own type (JSON).
 
         Raises:
             UnsupportedMethodError: the method does not apply to ``adapter``.

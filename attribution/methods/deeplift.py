@@ -22,7 +22,7 @@ from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.run import RunContext
 from attrlab.attribution.target import Target
 
-__all__ = ["DeepLift"]
+__all__ = ["DeepLift", "DeepLiftParams"]
 
 
 @dataclass(frozen=True, kw_only=True)

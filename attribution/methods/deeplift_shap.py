@@ -23,7 +23,7 @@ from attrlab.attribution.params import param
 from attrlab.attribution.run import RunContext
 from attrlab.attribution.target import Target
 
-__all__ = ["DeepLiftShap", "reference_distribution"]
+__all__ = ["DeepLiftShap", "DeepLiftShapParams", "reference_distribution"]
 
 
 def reference_distribution(

@@ -19,7 +19,7 @@ from attrlab.attribution.params import param
 from attrlab.attribution.run import RunContext
 from attrlab.attribution.target import Target
 
-__all__ = ["GradCam", "last_feature_map"]
+__all__ = ["GradCam", "GradCamParams", "last_feature_map"]
 
 
 def last_feature_map(adapter: Adapter, pixel_values: torch.Tensor) -> str:

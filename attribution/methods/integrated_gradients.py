@@ -23,7 +23,7 @@ from attrlab.attribution.run import RunContext
 from attrlab.attribution.target import Target
 from attrlab.attribution.verdicts import integral_convergence
 
-__all__ = ["IntegratedGradients"]
+__all__ = ["IntegratedGradients", "IntegratedGradientsParams"]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -23,7 +23,7 @@ from attrlab.attribution.params import MethodParams, param
 from attrlab.attribution.run import RunContext
 from attrlab.attribution.target import Target
 
-__all__ = ["LayerAnalysis", "measure_names"]
+__all__ = ["LayerAnalysis", "LayerAnalysisParams", "measure_names"]
 
 
 def measure_names(value: str) -> list[str] | None:

@@ -29,7 +29,7 @@ from attrlab.attribution.perturb import BatchRunner, TextPerturbation, auto_batc
 from attrlab.attribution.run import RunContext
 from attrlab.attribution.target import Target
 
-__all__ = ["Occlusion"]
+__all__ = ["Occlusion", "OcclusionParams"]
 
 
 @dataclass(frozen=True, kw_only=True)

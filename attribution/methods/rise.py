@@ -32,7 +32,7 @@ from attrlab.attribution.perturb import (
 from attrlab.attribution.run import RunContext
 from attrlab.attribution.target import OutputTarget, Target, output_target
 
-__all__ = ["RISE", "RiseEstimator"]
+__all__ = ["RISE", "RiseEstimator", "RiseParams"]
 
 #: Masks every estimate rests on before convergence is judged (standard errors of fewer are
 #: themselves too noisy to trust).

@@ -20,7 +20,7 @@ from attrlab.attribution.params import MethodParams, param
 from attrlab.attribution.run import RunContext
 from attrlab.attribution.target import Target
 
-__all__ = ["AttentionRollout", "attention_rollout", "discard_lowest"]
+__all__ = ["AttentionRollout", "RolloutParams", "attention_rollout", "discard_lowest"]
 
 
 def _below_one(value: float) -> str | None:

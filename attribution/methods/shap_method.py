@@ -29,7 +29,7 @@ from attrlab.attribution.perturb import (
 from attrlab.attribution.run import RunContext
 from attrlab.attribution.target import StepTarget, Target
 
-__all__ = ["Shap"]
+__all__ = ["Shap", "ShapParams"]
 
 #: Evaluations of the first refinement when a tolerance is set (doubled until it is met).
 MIN_EVALS_BEFORE_STOPPING = 64

@@ -31,7 +31,7 @@ from attrlab.attribution.perturb import (
 from attrlab.attribution.run import RunContext
 from attrlab.attribution.target import Target
 
-__all__ = ["Sobol", "jansen_total_order", "sobol_design", "total_order_indices"]
+__all__ = ["Sobol", "SobolParams", "jansen_total_order", "sobol_design", "total_order_indices"]
 
 #: Below this output variance (relative to the squared mean) the indices are undefined.
 _MIN_VARIANCE = 1e-10
