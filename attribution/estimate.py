@@ -352,9 +352,7 @@ def steps_batch(
     from attrlab.attribution.explain import STEPS_PER_PASS  # explain prices through here
     from attrlab.attribution.methods.smoothing import smoothing_requested
 
-    own = method_cls.attribute_steps.__func__  # type: ignore[attr-defined]
-    batched = own is not AttributionMethod.attribute_steps.__func__  # type: ignore[attr-defined]
-    if not batched or smoothing_requested(dict(params)):
+    if not method_cls.batches_steps() or smoothing_requested(method_cls.record_of(params)):
         return 1
     return max(1, min(steps, STEPS_PER_PASS, max_rows or STEPS_PER_PASS))
 

@@ -130,7 +130,7 @@ def _explained(
         run.stop_if_cancelled()  # a method reading only the prediction stops here
         with (
             altered(adapter.model) if method_cls.alters_model else nullcontext(),
-            checkpointing_for(adapter, checked),
+            checkpointing_for(adapter, method_cls.record_of(checked)),
         ):
             result = attribute(method_cls, adapter, inputs, explained, checked, run, per_step)
         run.attentions = None  # every layer's T × T maps: not kept through the trust scoring
@@ -257,7 +257,7 @@ def _steps_in_rows(
     where the method has none, a smoothed map (each noisy copy is a run of its own), or a
     batch that does not fit in GPU memory: the caller then runs one attribution per step.
     """
-    if smoothing_requested(params):
+    if smoothing_requested(method_cls.record_of(params)):
         return None
     rows = []
     width = min(STEPS_PER_PASS, run.max_rows or STEPS_PER_PASS)  # within the run's memory

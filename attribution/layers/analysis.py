@@ -417,7 +417,7 @@ def _lrp(
 ) -> list[tuple]:
     tick()
     adapter = model.adapter
-    settings = resolve_settings(adapter, {})
+    settings = resolve_settings(adapter)
     pe_aware = adapter.positional_encoding is not None
     probes = []
     for layer, (projection, mlp) in enumerate(zip(model.projections, model.mlps, strict=True)):
@@ -431,9 +431,9 @@ def _lrp(
         inputs,
         target,
         pe_aware,
-        settings["gamma_linear"],
-        settings["gamma_conv"],
-        attention_rule=settings["attention_rule"],
+        settings.gamma_linear,
+        settings.gamma_conv,
+        attention_rule=settings.attention_rule,
         probes=probes,
     )
     run.count(forward=1, backward=1)

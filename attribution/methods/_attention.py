@@ -19,12 +19,12 @@ import torch
 
 from attrlab.attribution.errors import UnsupportedMethodError
 from attrlab.attribution.models.base import Adapter, Inputs, patch_grid
-from attrlab.attribution.params import Param
+from attrlab.attribution.params import Spec
 from attrlab.attribution.run import RunContext
 from attrlab.attribution.target import Target
 
 __all__ = [
-    "HEAD_FUSION_PARAM",
+    "HEAD_FUSION",
     "AttentionGraph",
     "attention_graph",
     "fuse_heads",
@@ -32,9 +32,8 @@ __all__ = [
     "with_residual",
 ]
 
-HEAD_FUSION_PARAM = Param(
-    "head_fusion",
-    "str",
+#: The ``head_fusion`` parameter, a field of the attention methods' records.
+HEAD_FUSION: Spec[str] = Spec(
     "mean",
     "How the heads of a layer are combined into one attention matrix: mean, max or min.",
     choices=("mean", "max", "min"),

@@ -21,12 +21,12 @@ from torch import nn
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
 from attrlab.attribution.models.placement import parameter
-from attrlab.attribution.params import Param
+from attrlab.attribution.params import Spec
 from attrlab.attribution.perturb import repeated
 from attrlab.attribution.target import Target
 
 __all__ = [
-    "BASELINE_PARAM",
+    "BASELINE",
     "AdapterModule",
     "ReferenceSpace",
     "attribute_with",
@@ -36,9 +36,8 @@ __all__ = [
     "reference_space",
 ]
 
-BASELINE_PARAM = Param(
-    "baseline",
-    "str",
+#: The ``baseline`` parameter, a field of the Captum-based methods' records.
+BASELINE: Spec[str] = Spec(
     "auto",
     "Reference input: text 'pad' or 'mask' tokens (CLS/SEP kept); image 'mean' colour "
     "(normalised zero) or 'black'. 'auto' = pad for text, mean for images.",

@@ -7,58 +7,47 @@ import torch
 
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.models.base import Inputs
-from attrlab.attribution.params import Param
+from attrlab.attribution.params import Spec
 from attrlab.attribution.perturb import PRECISIONS, TEXT_PERTURBATIONS
 from attrlab.attribution.run import RunContext
 
 __all__ = [
-    "BATCH_SIZE_PARAM",
-    "N_SEGMENTS_PARAM",
-    "PRECISION_PARAM",
-    "SEED_PARAM",
-    "SEGMENTS_PARAM",
-    "TEXT_PERTURBATION_PARAM",
+    "BATCH_SIZE",
+    "N_SEGMENTS",
+    "PRECISION",
+    "SEED",
+    "SEGMENTS",
+    "TEXT_PERTURBATION",
     "check_segments",
     "generator_for",
     "noise_ratio",
 ]
 
-BATCH_SIZE_PARAM = Param(
-    "batch_size",
-    "int",
+# The parameters the perturbation methods share, each a field of their records.
+BATCH_SIZE: Spec[int | None] = Spec(
     None,
     "Perturbed inputs per forward pass (default: automatic; halved on GPU out-of-memory).",
     1,
     4096,
 )
-PRECISION_PARAM = Param(
-    "precision",
-    "str",
+PRECISION: Spec[str] = Spec(
     "float32",
     "Perturbation forwards on a GPU: float32, or autocast to bfloat16 / float16 (faster; the "
     "estimator still accumulates in float32). No effect on a CPU.",
     choices=PRECISIONS,
 )
-TEXT_PERTURBATION_PARAM = Param(
-    "text_perturbation",
-    "str",
+TEXT_PERTURBATION: Spec[str] = Spec(
     "mask",
     "Text: a hidden token becomes the mask token, the pad token, or is deleted.",
     choices=TEXT_PERTURBATIONS,
 )
-SEGMENTS_PARAM = Param(
-    "segments",
-    "str",
+SEGMENTS: Spec[str] = Spec(
     "grid",
     "Images: mask the method's regular grid, or SLIC superpixels (scikit-image).",
     choices=("grid", "slic"),
 )
-N_SEGMENTS_PARAM = Param(
-    "n_segments", "int", 50, "Approximate number of SLIC superpixels (segments=slic).", 2, 5000
-)
-SEED_PARAM = Param(
-    "seed", "int", None, "Seed of the masks (default: the run's seed).", 0, 2**63 - 1
-)
+N_SEGMENTS: Spec[int] = Spec(50, "Approximate number of SLIC superpixels (segments=slic).", 2, 5000)
+SEED: Spec[int | None] = Spec(None, "Seed of the masks (default: the run's seed).", 0, 2**63 - 1)
 
 
 def generator_for(run: RunContext, seed: int | None) -> torch.Generator:

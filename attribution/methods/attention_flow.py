@@ -9,7 +9,7 @@ CPU, where pure-Python networkx takes minutes.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -18,7 +18,7 @@ from scipy.sparse.csgraph import maximum_flow
 
 from attrlab.attribution.errors import InvalidInputError
 from attrlab.attribution.methods._attention import (
-    HEAD_FUSION_PARAM,
+    HEAD_FUSION,
     attention_graph,
     to_scores,
     with_residual,
@@ -26,11 +26,18 @@ from attrlab.attribution.methods._attention import (
 from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
 from attrlab.attribution.methods.registry import register
 from attrlab.attribution.models.base import Adapter, Inputs
-from attrlab.attribution.params import Param
+from attrlab.attribution.params import MethodParams, param
 from attrlab.attribution.run import RunContext
 from attrlab.attribution.target import Target
 
-__all__ = ["CAPACITY_SCALE", "MAX_TOKENS", "AttentionFlow", "attention_flow", "flow_network"]
+__all__ = [
+    "CAPACITY_SCALE",
+    "MAX_TOKENS",
+    "AttentionFlow",
+    "AttentionFlowParams",
+    "attention_flow",
+    "flow_network",
+]
 
 #: Hard upper bound of ``max_tokens``: the cost grows like L·n³ (about a minute at 12 × 512).
 MAX_TOKENS = 1024
@@ -98,8 +105,21 @@ def attention_flow(
     return flows / total, total
 
 
+@dataclass(frozen=True, kw_only=True)
+class AttentionFlowParams(MethodParams):
+    """The parameters of :class:`AttentionFlow`."""
+
+    head_fusion: str = HEAD_FUSION.as_field()
+    max_tokens: int = param(
+        256,
+        "Longest input accepted (the cost grows with the cube of the token count).",
+        2,
+        MAX_TOKENS,
+    )
+
+
 @register
-class AttentionFlow(AttributionMethod):
+class AttentionFlow(AttributionMethod[AttentionFlowParams]):
     """
     Attention flow: maximum flow through the layered attention graph to each input token.
 
@@ -120,36 +140,26 @@ class AttentionFlow(AttributionMethod):
     paper = "https://arxiv.org/abs/2005.00928"
     requires = frozenset({"attentions"})
     reads_prediction_attentions = True
-    params = (
-        HEAD_FUSION_PARAM,
-        Param(
-            "max_tokens",
-            "int",
-            256,
-            "Longest input accepted (the cost grows with the cube of the token count).",
-            2,
-            MAX_TOKENS,
-        ),
-    )
+    param_record = AttentionFlowParams
 
     @classmethod
-    def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
+    def _passes(cls, adapter: Adapter, inputs: Inputs, params: AttentionFlowParams) -> Passes:
         """The model passes :meth:`attribute` spends on ``inputs``."""
         return Passes(0)  # the attentions come from explain's own prediction
 
     @classmethod
-    def attribute(
+    def _attribute(
         cls,
         adapter: Adapter,
         inputs: Inputs,
         target: Target,
-        params: dict[str, Any],
+        params: AttentionFlowParams,
         run: RunContext,
     ) -> Attribution:
-        graph = attention_graph(adapter, inputs, run, params["head_fusion"], target)
-        if graph.num_tokens > params["max_tokens"]:
+        graph = attention_graph(adapter, inputs, run, params.head_fusion, target)
+        if graph.num_tokens > params.max_tokens:
             raise InvalidInputError(
-                f"attention_flow handles at most {params['max_tokens']} tokens "
+                f"attention_flow handles at most {params.max_tokens} tokens "
                 f"(parameter max_tokens, up to {MAX_TOKENS}); this input has {graph.num_tokens}. "
                 "Its cost grows with the cube of the length: shorten the input or use rollout"
             )

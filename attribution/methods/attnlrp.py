@@ -3,34 +3,73 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
 
 from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
+from attrlab.attribution.methods.checkpointing import CheckpointingParams
 from attrlab.attribution.methods.lrp import (
-    LRP_PARAMS,
     lrp,
     lrp_steps,
     resolve_settings,
     to_attribution,
 )
 from attrlab.attribution.methods.registry import register
+from attrlab.attribution.methods.smoothing import SmoothingParams
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.layouts import unsupported_reason
+from attrlab.attribution.params import param
 from attrlab.attribution.run import RunContext
 from attrlab.attribution.target import Target
 
-__all__ = ["AttnLRP"]
+__all__ = ["AttnLRP", "LRPParams"]
 
 
-def _rules(params: dict[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True, kw_only=True)
+class LRPParams(SmoothingParams, CheckpointingParams):
+    """The parameters of AttnLRP and PA-LRP."""
+
+    attention_rule: str = param(
+        "auto",
+        "Rule inside attention: 'attnlrp' (relevance also flows through softmax to q and k: "
+        "q, k get ¼ of their gradient, v ½); 'cp' (attention probabilities held constant: "
+        "q, k get none, v all of it; LXT's ViT rule); 'cp_half' (as 'cp', but v gets half "
+        "of the attention output's relevance, as in the PA-LRP reference code); 'cp_gate' "
+        "('cp' with the gated-MLP gate held constant too, LXT's full CP for LLaMA-style "
+        "blocks); or 'auto' ('cp' for vision transformers, following LXT, and 'attnlrp' for "
+        "text).",
+        choices=("auto", "attnlrp", "cp", "cp_half", "cp_gate"),
+    )
+    gamma_linear: float | None = param(
+        None,
+        "LRP-γ on the linear layers outside attention (MLP and classifier head); attention "
+        "projections keep the ε-rule. Empty = family default: 0.05 for vision transformers, "
+        "0 for text models; 0 turns it off.",
+        minimum=0.0,
+        maximum=100.0,
+    )
+    gamma_conv: float | None = param(
+        None,
+        "LRP-γ on convolutions, i.e. the ViT patch embedding. Empty = family default: 100 for "
+        "vision transformers, 0 for text models; 0 turns it off.",
+        minimum=0.0,
+        maximum=1000.0,
+    )
+
+
+def _rules(params: LRPParams) -> dict[str, Any]:
     """The rule parameters of a run (resolved) as :func:`lrp`'s keywords."""
-    return {name: params[name] for name in ("gamma_linear", "gamma_conv", "attention_rule")}
+    return {
+        "gamma_linear": params.gamma_linear,
+        "gamma_conv": params.gamma_conv,
+        "attention_rule": params.attention_rule,
+    }
 
 
 @register
-class AttnLRP(AttributionMethod):
+class AttnLRP(AttributionMethod[LRPParams]):
     """
     Attention-aware LRP in its Gradient × Input form: one forward, one modified backward.
 
@@ -59,7 +98,7 @@ class AttnLRP(AttributionMethod):
     checkpointable = True
     requires = frozenset({"gradients", "attentions"})
     has_convergence_delta = True
-    params = LRP_PARAMS
+    param_record = LRPParams
     #: Whether relevance is also attributed to positional encodings (PA-LRP).
     pe_aware: ClassVar[bool] = False
 
@@ -68,31 +107,39 @@ class AttnLRP(AttributionMethod):
         return super().unsupported_reason(adapter) or unsupported_reason(adapter)
 
     @classmethod
-    def _resolve(cls, adapter: Adapter, params: dict[str, Any]) -> dict[str, Any]:
+    def _resolve(cls, adapter: Adapter, params: LRPParams) -> LRPParams:
         """The family's rule and γ values in place of ``"auto"`` / empty: what actually runs."""
-        return resolve_settings(adapter, params)
+        settings = resolve_settings(
+            adapter, params.attention_rule, params.gamma_linear, params.gamma_conv
+        )
+        return replace(
+            params,
+            attention_rule=settings.attention_rule,
+            gamma_linear=settings.gamma_linear,
+            gamma_conv=settings.gamma_conv,
+        )
 
     @classmethod
-    def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
+    def _passes(cls, adapter: Adapter, inputs: Inputs, params: LRPParams) -> Passes:
         """The model passes :meth:`attribute` spends on ``inputs``."""
         return Passes(1, 1)
 
     @classmethod
-    def attribute(
+    def _attribute(
         cls,
         adapter: Adapter,
         inputs: Inputs,
         target: Target,
-        params: dict[str, Any],
+        params: LRPParams,
         run: RunContext,
     ) -> Attribution:
         if (
             cls.pe_aware
-            and params["attention_rule"].startswith("cp")
+            and params.attention_rule.startswith("cp")
             and adapter.positional_encoding == "rope"
         ):
             run.warn(
-                f"attention_rule '{params['attention_rule']}' sends no relevance through q and "
+                f"attention_rule '{params.attention_rule}' sends no relevance through q and "
                 "k, so rotary positions get none"
             )
         result = lrp(adapter, inputs, target, cls.pe_aware, account=True, **_rules(params))
@@ -100,13 +147,13 @@ class AttnLRP(AttributionMethod):
         return to_attribution(result, pe_aware=cls.pe_aware)
 
     @classmethod
-    def attribute_steps(
+    def _attribute_steps(
         cls,
         adapter: Adapter,
         inputs: Inputs,
         target: Target,
         steps: Sequence[int],
-        params: dict[str, Any],
+        params: LRPParams,
         run: RunContext,
     ) -> np.ndarray:
         """One patched forward of the text, one backward per step through its graph."""

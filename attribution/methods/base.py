@@ -5,20 +5,20 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, cast
 
 import numpy as np
 
 from attrlab.attribution.errors import InvalidParameterError, UnsupportedMethodError
-from attrlab.attribution.methods.checkpointing import CHECKPOINTING_PARAM, checkpointing_reason
+from attrlab.attribution.methods.checkpointing import CheckpointingParams, checkpointing_reason
 from attrlab.attribution.methods.smoothing import (
-    SMOOTHING_PARAMS,
+    SmoothingParams,
     smoothed,
     smoothed_passes,
     smoothing_requested,
 )
 from attrlab.attribution.models.base import Adapter, Inputs
-from attrlab.attribution.params import Param, validate_params
+from attrlab.attribution.params import MethodParams, Param
 from attrlab.attribution.run import RunContext
 from attrlab.attribution.target import Target
 from attrlab.attribution.verdicts import Verdict
@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = ["Attribution", "AttributionMethod", "Passes"]
+
+#: A method's parameter record.
+P = TypeVar("P", bound=MethodParams)
 
 
 @dataclass(frozen=True)
@@ -61,18 +64,21 @@ class Attribution:
     verdicts: list[Verdict] = field(default_factory=list)
 
 
-class AttributionMethod(ABC):
+class AttributionMethod(ABC, Generic[P]):
     """
-    One attribution method. Subclasses fill in the class attributes and :meth:`attribute`.
+    One attribution method: subclasses fill in the class attributes, ``_passes``, ``_attribute``.
 
     As Captum splits ``attribute`` from ``_attribute``, the public :meth:`resolve` refuses a
-    method that does not apply and checks the parameters, once, for every caller; the hooks
-    behind it (:meth:`_resolve`, :meth:`passes`, :meth:`attribute`) get parameters already
-    checked and resolved, and never change the dict they are given. Callers run a method
-    with :meth:`compute` and price it with :meth:`planned_passes`, which add what the base
-    does for every method: a gradient-based attribution method (one that requires gradients)
-    takes the smoothing parameters (SmoothGrad, VarGrad, NoiseGrad: :mod:`.smoothing`) on top
-    of its own, and is then run once per noisy copy.
+    method that does not apply and checks the parameters, once, for every caller. The public
+    calls speak plain names and values (a mapping, as :meth:`resolve` gives it); the hooks
+    behind them (:meth:`_resolve`, :meth:`_passes`, :meth:`_attribute`,
+    :meth:`_attribute_steps`) get the method's typed record (``P``, its
+    :attr:`param_record`), checked and resolved. Callers run a method with :meth:`compute` and
+    price it with :meth:`planned_passes`, which add what the base does for every method: a
+    gradient-based attribution method (one that requires gradients) takes the smoothing
+    parameters (SmoothGrad, VarGrad, NoiseGrad: its record derives from
+    :class:`~.smoothing.SmoothingParams`) on top of its own, and is then run once per noisy
+    copy.
 
     Class attributes:
         name: Registry key (``attrlab explain --method NAME``).
@@ -80,7 +86,8 @@ class AttributionMethod(ABC):
         paper: Citation link shown in docs and UI.
         modalities: Input modalities it applies to.
         requires: Adapter features it needs (see :class:`Adapter`).
-        params: Parameter schema.
+        param_record: The record of its parameters (``P``), one typed field per parameter.
+        params: Parameter schema, derived from ``param_record`` (:meth:`MethodParams.schema`).
         has_convergence_delta: It reports a completeness / convergence delta in ``metrics``.
         reads_prediction_attentions: It reads the attention probabilities of the input's own
             forward pass (:meth:`RunContext.clean_attentions`), so :func:`attribution.explain`
@@ -102,7 +109,8 @@ class AttributionMethod(ABC):
             attention (:meth:`Adapter.eager_attention`); by default, when it requires
             ``"attentions"``.
         checkpointable: Its passes are gradient passes through the transformer blocks, so it
-            takes the ``checkpointing`` parameter (:mod:`.checkpointing`) for long inputs.
+            takes the ``checkpointing`` parameter for long inputs (its record derives from
+            :class:`~.checkpointing.CheckpointingParams`).
     """
 
     name: ClassVar[str]
@@ -110,6 +118,7 @@ class AttributionMethod(ABC):
     paper: ClassVar[str]
     modalities: ClassVar[frozenset[str]] = frozenset({"text", "image"})
     requires: ClassVar[frozenset[str]] = frozenset()
+    param_record: ClassVar[type[MethodParams]] = MethodParams
     params: ClassVar[tuple[Param, ...]] = ()
     has_convergence_delta: ClassVar[bool] = False
     reads_prediction_attentions: ClassVar[bool] = False
@@ -128,13 +137,24 @@ class AttributionMethod(ABC):
         return "attentions" in cls.requires
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """A gradient-based attribution method takes the smoothing parameters too."""
+        """
+        The schema from the record, whose shared groups match the method's capabilities.
+
+        Raises:
+            TypeError: a smoothable (checkpointable) method whose record does not derive from
+                the smoothing (checkpointing) record, or another whose record does.
+        """
         super().__init_subclass__(**kwargs)
-        names = {p.name for p in cls.params}
-        if cls.smoothable() and not names & {p.name for p in SMOOTHING_PARAMS}:
-            cls.params = (*cls.params, *SMOOTHING_PARAMS)
-        if cls.checkpointable and CHECKPOINTING_PARAM.name not in names:
-            cls.params = (*cls.params, CHECKPOINTING_PARAM)
+        cls.params = cls.param_record.schema()
+        for group, takes in (
+            (SmoothingParams, cls.smoothable()),
+            (CheckpointingParams, cls.checkpointable),
+        ):
+            if takes != issubclass(cls.param_record, group):
+                raise TypeError(
+                    f"{cls.__name__}: its param_record must {'' if takes else 'not '}derive "
+                    f"from {group.__name__}"
+                )
 
     @classmethod
     def smoothable(cls) -> bool:
@@ -162,7 +182,10 @@ class AttributionMethod(ABC):
         """
         The parameters a run on ``adapter`` uses: checked, defaults filled in, resolved.
 
-        ``params`` is left as it is; ``strict``: values only of their own type (JSON).
+        The method's record is built from ``params`` (:meth:`MethodParams.validated`) and
+        resolved (:meth:`_resolve`); it is given back as plain names and values, what front
+        ends, prices and the Explanation read. ``params`` is left as it is; ``strict``: values
+        only of their own type (JSON).
 
         Raises:
             UnsupportedMethodError: the method does not apply to ``adapter``.
@@ -172,15 +195,24 @@ class AttributionMethod(ABC):
         reason = cls.unsupported_reason(adapter)
         if reason is not None:
             raise UnsupportedMethodError(reason)
-        checked = validate_params(cls.params, params, strict)
-        if checked.get(CHECKPOINTING_PARAM.name) and (why := checkpointing_reason(adapter)):
+        checked = cast(P, cls.param_record.validated(params, strict))
+        if (
+            isinstance(checked, CheckpointingParams)
+            and checked.checkpointing
+            and (why := checkpointing_reason(adapter))
+        ):
             raise InvalidParameterError(why)
-        return cls._resolve(adapter, checked)
+        return cls._resolve(adapter, checked).to_dict()
 
     @classmethod
-    def _resolve(cls, adapter: Adapter, params: dict[str, Any]) -> dict[str, Any]:
-        """Hook: ``params`` (checked) with what depends on the model filled in (a new dict)."""
+    def _resolve(cls, adapter: Adapter, params: P) -> P:
+        """Hook: ``params`` (checked) with what depends on the model filled in."""
         return params
+
+    @classmethod
+    def record_of(cls, params: Mapping[str, Any]) -> P:
+        """The typed record of ``params`` resolved (see :meth:`MethodParams.of`)."""
+        return cast(P, cls.param_record.of(params))
 
     @classmethod
     def describe(cls) -> dict[str, Any]:
@@ -197,10 +229,11 @@ class AttributionMethod(ABC):
         }
 
     @classmethod
-    def planned_passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
+    def planned_passes(cls, adapter: Adapter, inputs: Inputs, params: Mapping[str, Any]) -> Passes:
         """The passes :meth:`compute` spends: :meth:`passes`, once per smoothing sample."""
+        record = cls.record_of(params)
         reads = cls.reads_prediction or cls.reads_prediction_attentions
-        return smoothed_passes(cls.passes(adapter, inputs, params), params, reads)
+        return smoothed_passes(cls._passes(adapter, inputs, record), record, reads)
 
     @classmethod
     def compute(
@@ -208,20 +241,39 @@ class AttributionMethod(ABC):
         adapter: Adapter,
         inputs: Inputs,
         target: Target,
-        params: dict[str, Any],
+        params: Mapping[str, Any],
         run: RunContext,
     ) -> Attribution:
         """:meth:`attribute`, or its smoothed map over noisy copies when ``params`` ask."""
-        if not smoothing_requested(params):
-            return cls.attribute(adapter, inputs, target, params, run)
+        record = cls.record_of(params)
+        smoothing: MethodParams = record  # narrowed to the smoothing record, ``record`` stays P
+        if not smoothing_requested(smoothing):
+            return cls._attribute(adapter, inputs, target, record, run)
         return smoothed(
-            lambda noisy, own: cls.attribute(adapter, noisy, target, params, own),
+            lambda noisy, own: cls._attribute(adapter, noisy, target, record, own),
             adapter,
             inputs,
-            params,
+            smoothing,
             run,
             cls.planned_passes(adapter, inputs, params),
         )
+
+    @classmethod
+    def passes(cls, adapter: Adapter, inputs: Inputs, params: Mapping[str, Any]) -> Passes:
+        """The passes :meth:`attribute` spends on ``inputs`` with ``params`` (resolved)."""
+        return cls._passes(adapter, inputs, cls.record_of(params))
+
+    @classmethod
+    def attribute(
+        cls,
+        adapter: Adapter,
+        inputs: Inputs,
+        target: Target,
+        params: Mapping[str, Any],
+        run: RunContext,
+    ) -> Attribution:
+        """Attribute ``target``'s score (:meth:`Target.score`) on one input (params resolved)."""
+        return cls._attribute(adapter, inputs, target, cls.record_of(params), run)
 
     @classmethod
     def attribute_steps(
@@ -230,32 +282,52 @@ class AttributionMethod(ABC):
         inputs: Inputs,
         target: Target,
         steps: Sequence[int],
-        params: dict[str, Any],
+        params: Mapping[str, Any],
         run: RunContext,
     ) -> np.ndarray | None:
         """
-        Hook: the maps of ``steps`` of ``target`` at once, ``(len(steps), *map_shape)``.
+        The maps of ``steps`` of ``target`` at once, ``(len(steps), *map_shape)``.
 
         What :meth:`attribute`'s ``scores`` are for each :class:`~attribution.target.StepTarget`,
         from batched passes (the input repeated, row ``r`` scoring step ``steps[r]``:
-        :class:`~attribution.target.StepRows`). ``None`` where the method has no such batch:
-        :func:`attribution.explain.attribute` then runs one attribution per step.
+        :class:`~attribution.target.StepRows`). ``None`` where the method has no such batch
+        (:meth:`batches_steps`): :func:`attribution.explain.attribute` then runs one
+        attribution per step.
         """
-        return None
+        return cls._attribute_steps(adapter, inputs, target, steps, cls.record_of(params), run)
 
     @classmethod
-    @abstractmethod
-    def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
-        """The passes :meth:`attribute` spends on ``inputs`` with ``params`` (resolved)."""
+    def batches_steps(cls) -> bool:
+        """It has a batched per-step matrix (:meth:`attribute_steps` of its own)."""
+        own = cls._attribute_steps.__func__  # type: ignore[attr-defined]
+        return own is not AttributionMethod._attribute_steps.__func__  # type: ignore[attr-defined]
 
     @classmethod
-    @abstractmethod
-    def attribute(
+    def _attribute_steps(
         cls,
         adapter: Adapter,
         inputs: Inputs,
         target: Target,
-        params: dict[str, Any],
+        steps: Sequence[int],
+        params: P,
+        run: RunContext,
+    ) -> np.ndarray | None:
+        """Hook of :meth:`attribute_steps`; ``None``: no batched matrix."""
+        return None
+
+    @classmethod
+    @abstractmethod
+    def _passes(cls, adapter: Adapter, inputs: Inputs, params: P) -> Passes:
+        """Hook of :meth:`passes`."""
+
+    @classmethod
+    @abstractmethod
+    def _attribute(
+        cls,
+        adapter: Adapter,
+        inputs: Inputs,
+        target: Target,
+        params: P,
         run: RunContext,
     ) -> Attribution:
-        """Attribute ``target``'s score (:meth:`Target.score`) on one input (params resolved)."""
+        """Hook of :meth:`attribute`."""

@@ -15,14 +15,15 @@ rules' hooks and patched attention are in force during the recomputation as in t
 on; this wraps the blocks of the evaluating model instead.
 
 :attr:`AttributionMethod.checkpointable` methods (gradient, gradient × input, integrated
-gradients, the LRP methods) take :data:`CHECKPOINTING_PARAM`; :func:`attribution.explain`
-runs them inside :func:`checkpointing_for`.
+gradients, the LRP methods) have records deriving from :class:`CheckpointingParams`;
+:func:`attribution.explain` runs them inside :func:`checkpointing_for`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,17 +33,20 @@ from torch.utils.checkpoint import checkpoint
 from attrlab.attribution.alteration import altered
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.models.base import Adapter
-from attrlab.attribution.params import Param
+from attrlab.attribution.params import MethodParams, param
 
-__all__ = ["CHECKPOINTING_PARAM", "checkpointed", "checkpointing_for", "checkpointing_reason"]
+__all__ = ["CheckpointingParams", "checkpointed", "checkpointing_for", "checkpointing_reason"]
 
-CHECKPOINTING_PARAM = Param(
-    "checkpointing",
-    "bool",
-    False,
-    "Gradient checkpointing: recompute each transformer block during the backward instead of "
-    "keeping its activations (long texts: far less memory for about one more forward).",
-)
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointingParams(MethodParams):
+    """The ``checkpointing`` parameter, which every checkpointable method's record has."""
+
+    checkpointing: bool = param(
+        False,
+        "Gradient checkpointing: recompute each transformer block during the backward instead "
+        "of keeping its activations (long texts: far less memory for about one more forward).",
+    )
 
 
 def checkpointing_reason(adapter: Adapter) -> str | None:
@@ -55,9 +59,10 @@ def checkpointing_reason(adapter: Adapter) -> str | None:
     return None
 
 
-def checkpointing_for(adapter: Adapter, params: Mapping[str, Any]) -> AbstractContextManager[None]:
+def checkpointing_for(adapter: Adapter, params: MethodParams) -> AbstractContextManager[None]:
     """:func:`checkpointed` where ``params`` ask for it, else nothing."""
-    return checkpointed(adapter) if params.get("checkpointing") else nullcontext()
+    asked = isinstance(params, CheckpointingParams) and params.checkpointing
+    return checkpointed(adapter) if asked else nullcontext()
 
 
 def _checkpointed_forward(forward: Any) -> Any:

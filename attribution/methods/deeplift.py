@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 from captum.attr import DeepLift as CaptumDeepLift
 from captum.attr import LayerDeepLift
 
 from attrlab.attribution.methods._captum import (
-    BASELINE_PARAM,
+    BASELINE,
     attribute_with,
     baseline_for,
     delta_metrics,
@@ -17,15 +17,23 @@ from attrlab.attribution.methods._captum import (
 from attrlab.attribution.methods._deeplift import deeplift_eps, deeplift_scope, summation_verdict
 from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
 from attrlab.attribution.methods.registry import register
+from attrlab.attribution.methods.smoothing import SmoothingParams
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.run import RunContext
 from attrlab.attribution.target import Target
 
-__all__ = ["DeepLift"]
+__all__ = ["DeepLift", "DeepLiftParams"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeepLiftParams(SmoothingParams):
+    """The parameters of :class:`DeepLift`."""
+
+    baseline: str = BASELINE.as_field()
 
 
 @register
-class DeepLift(AttributionMethod):
+class DeepLift(AttributionMethod[DeepLiftParams]):
     """
     Difference from a reference input, propagated with DeepLIFT's Rescale multipliers.
 
@@ -47,23 +55,23 @@ class DeepLift(AttributionMethod):
     routes_attention = True  # its rules reach attention only through the eager function
     has_convergence_delta = True
     reads_prediction = True  # F(x) of the convergence delta
-    params = (BASELINE_PARAM,)
+    param_record = DeepLiftParams
 
     @classmethod
-    def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
+    def _passes(cls, adapter: Adapter, inputs: Inputs, params: DeepLiftParams) -> Passes:
         """The model passes :meth:`attribute` spends on ``inputs``."""
         return Passes(3, 1, batch=2)  # the input and baseline batch, then F(x0) for the delta
 
     @classmethod
-    def attribute(
+    def _attribute(
         cls,
         adapter: Adapter,
         inputs: Inputs,
         target: Target,
-        params: dict[str, Any],
+        params: DeepLiftParams,
         run: RunContext,
     ) -> Attribution:
-        baseline = baseline_for(adapter, inputs, params["baseline"])
+        baseline = baseline_for(adapter, inputs, params.baseline)
         with deeplift_scope(adapter.model, adapter) as report:
             attributions = attribute_with(
                 adapter,

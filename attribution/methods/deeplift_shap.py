@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 from captum.attr import DeepLift as CaptumDeepLift
 
 from attrlab.attribution.methods._captum import (
-    BASELINE_PARAM,
+    BASELINE,
     AdapterModule,
     baseline_for,
     delta_metrics,
@@ -17,12 +17,13 @@ from attrlab.attribution.methods._captum import (
 from attrlab.attribution.methods._deeplift import deeplift_eps, deeplift_scope, summation_verdict
 from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
 from attrlab.attribution.methods.registry import register
+from attrlab.attribution.methods.smoothing import SmoothingParams
 from attrlab.attribution.models.base import Adapter, Inputs
-from attrlab.attribution.params import Param
+from attrlab.attribution.params import param
 from attrlab.attribution.run import RunContext
 from attrlab.attribution.target import Target
 
-__all__ = ["DeepLiftShap", "reference_distribution"]
+__all__ = ["DeepLiftShap", "DeepLiftShapParams", "reference_distribution"]
 
 
 def reference_distribution(
@@ -43,8 +44,23 @@ def reference_distribution(
     return reference + (noise * scale) * epsilon.to(reference.device, reference.dtype)
 
 
+@dataclass(frozen=True, kw_only=True)
+class DeepLiftShapParams(SmoothingParams):
+    """The parameters of :class:`DeepLiftShap`."""
+
+    n_references: int = param(8, "Number of references averaged over.", 2, 256)
+    noise: float = param(
+        0.25,
+        "Spread of the references around the baseline (normalised pixel units; for text, "
+        "embedding standard deviations).",
+        0.0,
+        10.0,
+    )
+    baseline: str = BASELINE.as_field()
+
+
 @register
-class DeepLiftShap(AttributionMethod):
+class DeepLiftShap(AttributionMethod[DeepLiftShapParams]):
     """
     DeepLIFT against several references, averaged: an estimate of SHAP values.
 
@@ -65,37 +81,25 @@ class DeepLiftShap(AttributionMethod):
     routes_attention = True  # its rules reach attention only through the eager function
     has_convergence_delta = True
     reads_prediction = True  # F(x) of the convergence delta
-    params = (
-        Param("n_references", "int", 8, "Number of references averaged over.", 2, 256),
-        Param(
-            "noise",
-            "float",
-            0.25,
-            "Spread of the references around the baseline (normalised pixel units; for text, "
-            "embedding standard deviations).",
-            0.0,
-            10.0,
-        ),
-        BASELINE_PARAM,
-    )
+    param_record = DeepLiftShapParams
 
     @classmethod
-    def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
+    def _passes(cls, adapter: Adapter, inputs: Inputs, params: DeepLiftShapParams) -> Passes:
         """The model passes :meth:`attribute` spends on ``inputs``."""
-        count = params["n_references"]
+        count = params.n_references
         return Passes(3 * count, count, batch=2 * count)  # inputs and references together
 
     @classmethod
-    def attribute(
+    def _attribute(
         cls,
         adapter: Adapter,
         inputs: Inputs,
         target: Target,
-        params: dict[str, Any],
+        params: DeepLiftShapParams,
         run: RunContext,
     ) -> Attribution:
-        baseline = baseline_for(adapter, inputs, params["baseline"])
-        count, noise = params["n_references"], params["noise"]
+        baseline = baseline_for(adapter, inputs, params.baseline)
+        count, noise = params.n_references, params.noise
         space = reference_space(adapter, inputs, baseline)
         references = reference_distribution(space.reference, count, noise, space.scale, run)
         references = torch.where(space.fixed, space.tensor, references)

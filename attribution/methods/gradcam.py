@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -12,12 +13,13 @@ from attrlab.attribution.errors import InvalidParameterError, UnsupportedMethodE
 from attrlab.attribution.methods._captum import forward_function
 from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
 from attrlab.attribution.methods.registry import register
+from attrlab.attribution.methods.smoothing import SmoothingParams
 from attrlab.attribution.models.base import Adapter, Inputs
-from attrlab.attribution.params import Param
+from attrlab.attribution.params import param
 from attrlab.attribution.run import RunContext
 from attrlab.attribution.target import Target
 
-__all__ = ["GradCam", "last_feature_map"]
+__all__ = ["GradCam", "GradCamParams", "last_feature_map"]
 
 
 def last_feature_map(adapter: Adapter, pixel_values: torch.Tensor) -> str:
@@ -59,8 +61,17 @@ def last_feature_map(adapter: Adapter, pixel_values: torch.Tensor) -> str:
     return found[-1]
 
 
+@dataclass(frozen=True, kw_only=True)
+class GradCamParams(SmoothingParams):
+    """The parameters of :class:`GradCam`."""
+
+    layer: str = param(
+        "auto", "Module whose feature map is used (dotted name); 'auto' = the last feature map."
+    )
+
+
 @register
-class GradCam(AttributionMethod):
+class GradCam(AttributionMethod[GradCamParams]):
     """
     Class activation map weighted by the spatially averaged gradients of the target's score.
 
@@ -75,33 +86,26 @@ class GradCam(AttributionMethod):
     paper = "https://arxiv.org/abs/1610.02391"
     modalities = frozenset({"image"})
     requires = frozenset({"gradients", "convolutions"})
-    params = (
-        Param(
-            "layer",
-            "str",
-            "auto",
-            "Module whose feature map is used (dotted name); 'auto' = the last feature map.",
-        ),
-    )
+    param_record = GradCamParams
 
     @classmethod
-    def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
+    def _passes(cls, adapter: Adapter, inputs: Inputs, params: GradCamParams) -> Passes:
         """The model passes :meth:`attribute` spends on ``inputs``."""
-        return Passes(2 if params["layer"] == "auto" else 1, 1)  # "auto": a probe forward
+        return Passes(2 if params.layer == "auto" else 1, 1)  # "auto": a probe forward
 
     @classmethod
-    def attribute(
+    def _attribute(
         cls,
         adapter: Adapter,
         inputs: Inputs,
         target: Target,
-        params: dict[str, Any],
+        params: GradCamParams,
         run: RunContext,
     ) -> Attribution:
         if inputs.modality != "image":
             raise UnsupportedMethodError("Grad-CAM explains images only")
         pixels, _ = inputs.attributed()
-        name = params["layer"]
+        name = params.layer
         if name == "auto":
             name = last_feature_map(adapter, pixels)
             run.count(forward=1)

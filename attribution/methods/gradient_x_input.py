@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 from captum.attr import Attribution as CaptumAttribution
@@ -11,16 +12,23 @@ from captum.attr import InputXGradient, LayerGradientXActivation
 
 from attrlab.attribution.methods._captum import attribute_with
 from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
+from attrlab.attribution.methods.checkpointing import CheckpointingParams
 from attrlab.attribution.methods.registry import register
+from attrlab.attribution.methods.smoothing import SmoothingParams
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.run import RunContext
 from attrlab.attribution.target import StepRows, Target
 
-__all__ = ["GradientXInput"]
+__all__ = ["GradientXInput", "GradientXInputParams"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class GradientXInputParams(SmoothingParams, CheckpointingParams):
+    """The parameters of :class:`GradientXInput` (and the gradient): the shared groups only."""
 
 
 @register
-class GradientXInput(AttributionMethod):
+class GradientXInput(AttributionMethod[GradientXInputParams]):
     """
     Elementwise product of the input and the gradient of the target's score.
 
@@ -34,22 +42,23 @@ class GradientXInput(AttributionMethod):
     paper = "https://arxiv.org/abs/1605.01713"
     checkpointable = True
     requires = frozenset({"gradients"})
+    param_record = GradientXInputParams
     #: Captum's method on the token-embedding layer (text) and on the input (pixels).
     layer_method: ClassVar[Callable[..., CaptumAttribution]] = LayerGradientXActivation
     input_method: ClassVar[Callable[..., CaptumAttribution]] = InputXGradient
 
     @classmethod
-    def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
+    def _passes(cls, adapter: Adapter, inputs: Inputs, params: GradientXInputParams) -> Passes:
         """The model passes :meth:`attribute` spends on ``inputs``."""
         return Passes(1, 1)
 
     @classmethod
-    def attribute(
+    def _attribute(
         cls,
         adapter: Adapter,
         inputs: Inputs,
         target: Target,
-        params: dict[str, Any],
+        params: GradientXInputParams,
         run: RunContext,
     ) -> Attribution:
         attributions = attribute_with(adapter, inputs, target, cls.layer_method, cls.input_method)
@@ -57,13 +66,13 @@ class GradientXInput(AttributionMethod):
         return Attribution(scores=inputs.reduce(attributions))
 
     @classmethod
-    def attribute_steps(
+    def _attribute_steps(
         cls,
         adapter: Adapter,
         inputs: Inputs,
         target: Target,
         steps: Sequence[int],
-        params: dict[str, Any],
+        params: GradientXInputParams,
         run: RunContext,
     ) -> np.ndarray:
         """One forward of the input repeated once per step, one backward of their sum."""

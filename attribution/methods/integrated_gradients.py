@@ -2,30 +2,43 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 from captum.attr import IntegratedGradients as CaptumIG
 
 from attrlab.attribution.methods._captum import (
-    BASELINE_PARAM,
+    BASELINE,
     AdapterModule,
     baseline_for,
     delta_metrics,
     reference_space,
 )
 from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
+from attrlab.attribution.methods.checkpointing import CheckpointingParams
 from attrlab.attribution.methods.registry import register
+from attrlab.attribution.methods.smoothing import SmoothingParams
 from attrlab.attribution.models.base import Adapter, Inputs
-from attrlab.attribution.params import Param
+from attrlab.attribution.params import param
 from attrlab.attribution.run import RunContext
 from attrlab.attribution.target import Target
 from attrlab.attribution.verdicts import integral_convergence
 
-__all__ = ["IntegratedGradients"]
+__all__ = ["IntegratedGradients", "IntegratedGradientsParams"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class IntegratedGradientsParams(SmoothingParams, CheckpointingParams):
+    """The parameters of :class:`IntegratedGradients`."""
+
+    n_steps: int = param(50, "Points on the straight path (Gauss-Legendre).", 2, 2000)
+    internal_batch_size: int | None = param(
+        None, "Path points per forward pass (default: all at once).", 1, 4096
+    )
+    baseline: str = BASELINE.as_field()
 
 
 @register
-class IntegratedGradients(AttributionMethod):
+class IntegratedGradients(AttributionMethod[IntegratedGradientsParams]):
     """
     Path integral of gradients from a baseline to the input.
 
@@ -45,42 +58,31 @@ class IntegratedGradients(AttributionMethod):
     requires = frozenset({"gradients"})
     has_convergence_delta = True
     reads_prediction = True  # F(x) of the convergence delta
-    params = (
-        Param("n_steps", "int", 50, "Points on the straight path (Gauss-Legendre).", 2, 2000),
-        Param(
-            "internal_batch_size",
-            "int",
-            None,
-            "Path points per forward pass (default: all at once).",
-            1,
-            4096,
-        ),
-        BASELINE_PARAM,
-    )
+    param_record = IntegratedGradientsParams
 
     @classmethod
-    def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
+    def _passes(cls, adapter: Adapter, inputs: Inputs, params: IntegratedGradientsParams) -> Passes:
         """The model passes :meth:`attribute` spends on ``inputs``."""
-        batch = params["internal_batch_size"] or params["n_steps"]
-        return Passes(params["n_steps"] + 1, params["n_steps"], batch=batch)  # + F(baseline)
+        batch = params.internal_batch_size or params.n_steps
+        return Passes(params.n_steps + 1, params.n_steps, batch=batch)  # + F(baseline)
 
     @classmethod
-    def attribute(
+    def _attribute(
         cls,
         adapter: Adapter,
         inputs: Inputs,
         target: Target,
-        params: dict[str, Any],
+        params: IntegratedGradientsParams,
         run: RunContext,
     ) -> Attribution:
-        space = reference_space(adapter, inputs, baseline_for(adapter, inputs, params["baseline"]))
+        space = reference_space(adapter, inputs, baseline_for(adapter, inputs, params.baseline))
         module = AdapterModule(adapter, space.keys, target)
         attributions = CaptumIG(module).attribute(
             space.tensor,
             baselines=space.reference,
             additional_forward_args=space.extra,
-            n_steps=params["n_steps"],
-            internal_batch_size=params["internal_batch_size"],
+            n_steps=params.n_steps,
+            internal_batch_size=params.internal_batch_size,
         )
         scores = inputs.reduce(attributions)
         # The delta's F(x) is the prediction explain already made: only F(baseline) is a pass
@@ -88,8 +90,8 @@ class IntegratedGradients(AttributionMethod):
         output = run.clean_score(adapter, inputs, target)
         total = [float(scores.sum())]
         metrics = delta_metrics(module, output, space.reference, space.extra, total)
-        run.count(forward=params["n_steps"] + 1, backward=params["n_steps"])
-        verdict = integral_convergence(metrics, params["n_steps"])
+        run.count(forward=params.n_steps + 1, backward=params.n_steps)
+        verdict = integral_convergence(metrics, params.n_steps)
         if verdict.status != "pass":
             run.warn(verdict.sentence())
         return Attribution(scores=scores, metrics=metrics, verdicts=[verdict])

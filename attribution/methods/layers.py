@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -19,11 +19,11 @@ from attrlab.attribution.methods.base import Attribution, AttributionMethod, Pas
 from attrlab.attribution.methods.registry import register
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.layouts import unsupported_reason
-from attrlab.attribution.params import Param
+from attrlab.attribution.params import MethodParams, param
 from attrlab.attribution.run import RunContext
 from attrlab.attribution.target import Target
 
-__all__ = ["LayerAnalysis", "measure_names"]
+__all__ = ["LayerAnalysis", "LayerAnalysisParams", "measure_names"]
 
 
 def measure_names(value: str) -> list[str] | None:
@@ -39,8 +39,37 @@ def _known(value: str) -> str | None:
     return None
 
 
+@dataclass(frozen=True, kw_only=True)
+class LayerAnalysisParams(MethodParams):
+    """The parameters of :class:`LayerAnalysis`."""
+
+    measures: str = param(
+        "all",
+        "Comma-separated measures, or 'all' (those that apply): "
+        + "; ".join(
+            f"{m.name} ({m.description}; rows {', '.join(m.produces)}; {m.cost})"
+            for m in MEASURES.values()
+        ),
+        check=_known,
+    )
+    top_k: int = param(
+        5,
+        "Heads compared by the top-k overlap of estimators, and zeroed together to re-check "
+        "each estimator's top heads.",
+        1,
+        1000,
+    )
+    recheck_draws: int = param(
+        RECHECK_DRAWS,
+        "Random sets of top_k heads each estimator's top heads are re-checked against "
+        "(zeroed together, one batch); 0 leaves the re-check out.",
+        0,
+        100,
+    )
+
+
 @register
-class LayerAnalysis(AttributionMethod):
+class LayerAnalysis(AttributionMethod[LayerAnalysisParams]):
     """
     Which layers and heads carried the prediction (``attribution.layers``).
 
@@ -62,37 +91,7 @@ class LayerAnalysis(AttributionMethod):
     paper = "https://arxiv.org/abs/1905.10650"
     category = "analysis"
     requires = frozenset({"gradients", "attentions"})
-    params = (
-        Param(
-            "measures",
-            "str",
-            "all",
-            "Comma-separated measures, or 'all' (those that apply): "
-            + "; ".join(
-                f"{m.name} ({m.description}; rows {', '.join(m.produces)}; {m.cost})"
-                for m in MEASURES.values()
-            ),
-            check=_known,
-        ),
-        Param(
-            "top_k",
-            "int",
-            5,
-            "Heads compared by the top-k overlap of estimators, and zeroed together to re-check "
-            "each estimator's top heads.",
-            1,
-            1000,
-        ),
-        Param(
-            "recheck_draws",
-            "int",
-            RECHECK_DRAWS,
-            "Random sets of top_k heads each estimator's top heads are re-checked against "
-            "(zeroed together, one batch); 0 leaves the re-check out.",
-            0,
-            100,
-        ),
-    )
+    param_record = LayerAnalysisParams
 
     @classmethod
     def unsupported_reason(cls, adapter: Adapter) -> str | None:
@@ -102,36 +101,36 @@ class LayerAnalysis(AttributionMethod):
         return reason
 
     @classmethod
-    def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
+    def _passes(cls, adapter: Adapter, inputs: Inputs, params: LayerAnalysisParams) -> Passes:
         """The model passes :meth:`attribute` spends on ``inputs``."""
-        measures = measure_names(params["measures"])
+        measures = measure_names(params.measures)
         forward, backward, width = planned_passes(adapter, measures)
-        if params["recheck_draws"] and (estimators := head_estimators(adapter, measures)):
-            rechecked = recheck_passes(len(estimators), params["recheck_draws"])
+        if params.recheck_draws and (estimators := head_estimators(adapter, measures)):
+            rechecked = recheck_passes(len(estimators), params.recheck_draws)
             forward, width = forward + rechecked, max(width, rechecked)
         return Passes(forward, backward, batch=width if width > 1 else None)
 
     @classmethod
-    def attribute(
+    def _attribute(
         cls,
         adapter: Adapter,
         inputs: Inputs,
         target: Target,
-        params: dict[str, Any],
+        params: LayerAnalysisParams,
         run: RunContext,
     ) -> Attribution:
-        report = analyze(adapter, inputs, target, measure_names(params["measures"]), run)
-        pairs = agreement(report.table, HEAD_ESTIMATORS, params["top_k"])
+        report = analyze(adapter, inputs, target, measure_names(params.measures), run)
+        pairs = agreement(report.table, HEAD_ESTIMATORS, params.top_k)
         metrics = agreement_metrics(pairs)
         verdicts = []
-        if params["recheck_draws"]:
+        if params.recheck_draws:
             rechecked = recheck_heads(
                 adapter,
                 inputs,
                 target,
                 report.table,
-                params["top_k"],
-                params["recheck_draws"],
+                params.top_k,
+                params.recheck_draws,
                 run.seed,
             )
             if rechecked is not None:

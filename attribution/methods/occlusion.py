@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
@@ -12,27 +13,45 @@ from captum.attr import Occlusion as CaptumOcclusion
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.features import Feature, features_of
 from attrlab.attribution.masks import slic_segments
-from attrlab.attribution.methods._captum import BASELINE_PARAM, baseline_for
+from attrlab.attribution.methods._captum import BASELINE, baseline_for
 from attrlab.attribution.methods._masks import (
-    BATCH_SIZE_PARAM,
-    N_SEGMENTS_PARAM,
-    PRECISION_PARAM,
-    SEGMENTS_PARAM,
+    BATCH_SIZE,
+    N_SEGMENTS,
+    PRECISION,
+    SEGMENTS,
     check_segments,
 )
 from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
 from attrlab.attribution.methods.registry import register
 from attrlab.attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
-from attrlab.attribution.params import Param
+from attrlab.attribution.params import MethodParams, param
 from attrlab.attribution.perturb import BatchRunner, TextPerturbation, auto_batch_size
 from attrlab.attribution.run import RunContext
 from attrlab.attribution.target import Target
 
-__all__ = ["Occlusion"]
+__all__ = ["Occlusion", "OcclusionParams"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class OcclusionParams(MethodParams):
+    """The parameters of :class:`Occlusion`."""
+
+    window: int | None = param(
+        None,
+        "Window side in pixels (default: an eighth of the image) or in tokens (default 1).",
+        1,
+        4096,
+    )
+    stride: int | None = param(None, "Step between windows (default: half a window).", 1, 4096)
+    baseline: str = BASELINE.as_field()
+    segments: str = SEGMENTS.as_field()
+    n_segments: int = N_SEGMENTS.as_field()
+    batch_size: int | None = BATCH_SIZE.as_field()
+    precision: str = PRECISION.as_field()
 
 
 @register
-class Occlusion(AttributionMethod):
+class Occlusion(AttributionMethod[OcclusionParams]):
     """
     Drop in the target's score when a window of the input is replaced by a baseline.
 
@@ -50,73 +69,56 @@ class Occlusion(AttributionMethod):
     name = "occlusion"
     title = "Occlusion"
     paper = "https://arxiv.org/abs/1311.2901"
-    params = (
-        Param(
-            "window",
-            "int",
-            None,
-            "Window side in pixels (default: an eighth of the image) or in tokens (default 1).",
-            1,
-            4096,
-        ),
-        Param("stride", "int", None, "Step between windows (default: half a window).", 1, 4096),
-        BASELINE_PARAM,
-        SEGMENTS_PARAM,
-        N_SEGMENTS_PARAM,
-        BATCH_SIZE_PARAM,
-        PRECISION_PARAM,
-    )
+    param_record = OcclusionParams
 
     @classmethod
-    def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
+    def _passes(cls, adapter: Adapter, inputs: Inputs, params: OcclusionParams) -> Passes:
         """The model passes :meth:`attribute` spends on ``inputs``."""
-        check_segments(inputs, params["segments"])
-        batch = params["batch_size"] or auto_batch_size(adapter, inputs)
+        check_segments(inputs, params.segments)
+        batch = params.batch_size or auto_batch_size(adapter, inputs)
         if (features := _features(inputs, params)) is not None:
             return Passes(len(features) + 1, batch=batch)
-        if params["segments"] == "slic":
+        if params.segments == "slic":
             image = cast(ImageInputs, inputs).image
-            return Passes(int(slic_segments(image, params["n_segments"]).max()) + 2, batch=batch)
+            return Passes(int(slic_segments(image, params.n_segments).max()) + 2, batch=batch)
         tensor, _ = inputs.attributed()
-        _, _, windows = _windows(
-            inputs.map_shape, tensor.shape[1:], params["window"], params["stride"]
-        )
+        _, _, windows = _windows(inputs.map_shape, tensor.shape[1:], params.window, params.stride)
         return Passes(windows + 1, batch=batch)
 
     @classmethod
-    def attribute(
+    def _attribute(
         cls,
         adapter: Adapter,
         inputs: Inputs,
         target: Target,
-        params: dict[str, Any],
+        params: OcclusionParams,
         run: RunContext,
     ) -> Attribution:
-        check_segments(inputs, params["segments"])
-        batch_size = params["batch_size"] or auto_batch_size(adapter, inputs)
+        check_segments(inputs, params.segments)
+        batch_size = params.batch_size or auto_batch_size(adapter, inputs)
         tensor, extra = inputs.attributed()
-        baseline = baseline_for(adapter, inputs, params["baseline"])
+        baseline = baseline_for(adapter, inputs, params.baseline)
         if _features(inputs, params) is not None:
             return _occluded_features(adapter, cast(TextInputs, inputs), target, params, run)
-        if params["segments"] == "slic":
+        if params.segments == "slic":
             image = cast(ImageInputs, inputs).image  # check_segments: images only
-            labels = slic_segments(image, params["n_segments"]).to(tensor.device)
+            labels = slic_segments(image, params.n_segments).to(tensor.device)
             runner = BatchRunner(
                 adapter,
                 run,
                 batch_size,
                 int(labels.max()) + 2,
-                precision=params["precision"],
+                precision=params.precision,
                 target=target,
             )
             method = FeatureAblation(_forward(runner, inputs, target))
             kwargs: dict[str, Any] = {"feature_mask": labels[None, None]}
         else:
             window, stride, windows = _windows(
-                inputs.map_shape, tensor.shape[1:], params["window"], params["stride"]
+                inputs.map_shape, tensor.shape[1:], params.window, params.stride
             )
             runner = BatchRunner(
-                adapter, run, batch_size, windows + 1, precision=params["precision"], target=target
+                adapter, run, batch_size, windows + 1, precision=params.precision, target=target
             )
             method = CaptumOcclusion(_forward(runner, inputs, target))
             kwargs = {"sliding_window_shapes": window, "strides": stride}
@@ -132,7 +134,7 @@ class Occlusion(AttributionMethod):
         return Attribution(scores=scores.detach().double().cpu().numpy())
 
 
-def _features(inputs: Inputs, params: dict[str, Any]) -> tuple[Feature, ...] | None:
+def _features(inputs: Inputs, params: OcclusionParams) -> tuple[Feature, ...] | None:
     """
     What a text occludes one at a time: its features, or its tokens one by one.
 
@@ -144,11 +146,11 @@ def _features(inputs: Inputs, params: dict[str, Any]) -> tuple[Feature, ...] | N
     if not isinstance(inputs, TextInputs):
         return None
     if inputs.features is None:
-        one_by_one = params["window"] in (None, 1) and params["stride"] in (None, 1)
-        if not one_by_one or params["baseline"] not in ("auto", "pad", "mask"):
+        one_by_one = params.window in (None, 1) and params.stride in (None, 1)
+        if not one_by_one or params.baseline not in ("auto", "pad", "mask"):
             return None
         return tuple(features_of(inputs, "token"))
-    if params["window"] or params["stride"]:
+    if params.window or params.stride:
         raise InvalidParameterError(
             f"window and stride slide over tokens; at granularity={inputs.granularity} "
             "each feature is occluded on its own: leave them empty"
@@ -157,18 +159,16 @@ def _features(inputs: Inputs, params: dict[str, Any]) -> tuple[Feature, ...] | N
 
 
 def _occluded_features(
-    adapter: Adapter, inputs: TextInputs, target: Target, params: dict[str, Any], run: RunContext
+    adapter: Adapter, inputs: TextInputs, target: Target, params: OcclusionParams, run: RunContext
 ) -> Attribution:
     """Each feature's drop in the target's score when all its tokens are hidden at once."""
-    kind = "mask" if params["baseline"] == "mask" else "pad"
+    kind = "mask" if params.baseline == "mask" else "pad"
     perturbation = TextPerturbation(adapter, inputs, kind, _features(inputs, params))
     n = perturbation.n_cells(0)
     # row 0 keeps everything; row j + 1 hides feature j
     design = torch.cat([torch.ones(1, n), 1 - torch.eye(n)])
-    batch_size = params["batch_size"] or auto_batch_size(adapter, inputs)
-    runner = BatchRunner(
-        adapter, run, batch_size, n + 1, precision=params["precision"], target=target
-    )
+    batch_size = params.batch_size or auto_batch_size(adapter, inputs)
+    runner = BatchRunner(adapter, run, batch_size, n + 1, precision=params.precision, target=target)
     masks = perturbation.design_masks(design, 0, adapter.device)
     scores = np.concatenate(
         [

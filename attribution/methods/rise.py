@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from attrlab.attribution.methods._masks import (
-    BATCH_SIZE_PARAM,
-    N_SEGMENTS_PARAM,
-    PRECISION_PARAM,
-    SEED_PARAM,
-    SEGMENTS_PARAM,
-    TEXT_PERTURBATION_PARAM,
+    BATCH_SIZE,
+    N_SEGMENTS,
+    PRECISION,
+    SEED,
+    SEGMENTS,
+    TEXT_PERTURBATION,
     check_segments,
     generator_for,
     noise_ratio,
@@ -21,7 +21,7 @@ from attrlab.attribution.methods._masks import (
 from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
 from attrlab.attribution.methods.registry import register
 from attrlab.attribution.models.base import Adapter, Inputs
-from attrlab.attribution.params import Param
+from attrlab.attribution.params import MethodParams, param
 from attrlab.attribution.perturb import (
     TOP_DECILE,
     BatchRunner,
@@ -32,7 +32,7 @@ from attrlab.attribution.perturb import (
 from attrlab.attribution.run import RunContext
 from attrlab.attribution.target import OutputTarget, Target, output_target
 
-__all__ = ["RISE", "RiseEstimator"]
+__all__ = ["RISE", "RiseEstimator", "RiseParams"]
 
 #: Masks every estimate rests on before convergence is judged (standard errors of fewer are
 #: themselves too noisy to trust).
@@ -81,8 +81,47 @@ class RiseEstimator:
         return (variance / self.n).sqrt().cpu().numpy()
 
 
+@dataclass(frozen=True, kw_only=True)
+class RiseParams(MethodParams):
+    """The parameters of :class:`RISE`."""
+
+    n_masks: int = param(
+        4000,
+        "Number of random masks (forward passes); the cap when a tolerance is set.",
+        1,
+        200_000,
+    )
+    tolerance: float | None = param(
+        None,
+        f"Stop early once {TOP_DECILE.format(error='standard error')} is at most this, "
+        f"checked after each batch from {MIN_MASKS_BEFORE_STOPPING} masks on; empty = "
+        "always n_masks.",
+        0.0,
+        1.0,
+        True,
+    )
+    grid: int = param(7, "Cells per side of the random grid (images).", 2, 128)
+    p: float = param(0.5, "Probability of keeping a cell / token.", 0.0, 1.0, True)
+    batch_size: int | None = BATCH_SIZE.as_field()
+    precision: str = PRECISION.as_field()
+    seed: int | None = SEED.as_field()
+    perturbation: str = param(
+        "inpainting",
+        "Images: hidden pixels become the mean colour (inpainting) or a blurred copy.",
+        choices=("inpainting", "blur"),
+    )
+    text_perturbation: str = TEXT_PERTURBATION.as_field()
+    segments: str = SEGMENTS.as_field()
+    n_segments: int = N_SEGMENTS.as_field()
+    output: str = param(
+        "probability",
+        "Model output weighting the masks: softmax probability (paper) or logit.",
+        choices=("probability", "logit"),
+    )
+
+
 @register
-class RISE(AttributionMethod):
+class RISE(AttributionMethod[RiseParams]):
     """
     Saliency as the output-weighted average of random masks.
 
@@ -101,88 +140,46 @@ class RISE(AttributionMethod):
     title = "RISE"
     paper = "https://arxiv.org/abs/1806.07421"
     reads_prediction = True  # the top predicted classes
-    params = (
-        Param(
-            "n_masks",
-            "int",
-            4000,
-            "Number of random masks (forward passes); the cap when a tolerance is set.",
-            1,
-            200_000,
-        ),
-        Param(
-            "tolerance",
-            "float",
-            None,
-            f"Stop early once {TOP_DECILE.format(error='standard error')} is at most this, "
-            f"checked after each batch from {MIN_MASKS_BEFORE_STOPPING} masks on; empty = "
-            "always n_masks.",
-            0.0,
-            1.0,
-            True,
-        ),
-        Param("grid", "int", 7, "Cells per side of the random grid (images).", 2, 128),
-        Param("p", "float", 0.5, "Probability of keeping a cell / token.", 0.0, 1.0, True),
-        BATCH_SIZE_PARAM,
-        PRECISION_PARAM,
-        SEED_PARAM,
-        Param(
-            "perturbation",
-            "str",
-            "inpainting",
-            "Images: hidden pixels become the mean colour (inpainting) or a blurred copy.",
-            choices=("inpainting", "blur"),
-        ),
-        TEXT_PERTURBATION_PARAM,
-        SEGMENTS_PARAM,
-        N_SEGMENTS_PARAM,
-        Param(
-            "output",
-            "str",
-            "probability",
-            "Model output weighting the masks: softmax probability (paper) or logit.",
-            choices=("probability", "logit"),
-        ),
-    )
+    param_record = RiseParams
 
     @classmethod
-    def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
+    def _passes(cls, adapter: Adapter, inputs: Inputs, params: RiseParams) -> Passes:
         """The model passes :meth:`attribute` spends on ``inputs``."""
-        batch = params["batch_size"] or auto_batch_size(adapter, inputs)
-        return Passes(params["n_masks"], batch=batch, exact=params["tolerance"] is None)
+        batch = params.batch_size or auto_batch_size(adapter, inputs)
+        return Passes(params.n_masks, batch=batch, exact=params.tolerance is None)
 
     @classmethod
-    def attribute(
+    def _attribute(
         cls,
         adapter: Adapter,
         inputs: Inputs,
         target: Target,
-        params: dict[str, Any],
+        params: RiseParams,
         run: RunContext,
     ) -> Attribution:
-        check_segments(inputs, params["segments"])
+        check_segments(inputs, params.segments)
         perturbation = perturbation_for(
-            adapter, inputs, params["perturbation"], params["text_perturbation"]
+            adapter, inputs, params.perturbation, params.text_perturbation
         )
-        generator = generator_for(run, params["seed"])
+        generator = generator_for(run, params.seed)
         masks = perturbation.random_masks(
-            params["n_masks"],
-            params["p"],
-            params["grid"],
+            params.n_masks,
+            params.p,
+            params.grid,
             generator,
             adapter.device,
-            params["n_segments"] if params["segments"] == "slic" else None,
+            params.n_segments if params.segments == "slic" else None,
         )
         targets = _targets(adapter, run, inputs, target)
         first = masks.batch(0, 1)
-        estimator = RiseEstimator(len(targets), first[0].numel(), params["p"])
-        batch_size = params["batch_size"] or auto_batch_size(adapter, inputs)
+        estimator = RiseEstimator(len(targets), first[0].numel(), params.p)
+        batch_size = params.batch_size or auto_batch_size(adapter, inputs)
         runner = BatchRunner(
-            adapter, run, batch_size, len(masks), precision=params["precision"], target=target
+            adapter, run, batch_size, len(masks), precision=params.precision, target=target
         )
-        tolerance, error = params["tolerance"], float("nan")
+        tolerance, error = params.tolerance, float("nan")
         for batch, logits in runner.score(masks, perturbation):
-            probability = params["output"] == "probability"
+            probability = params.output == "probability"
             scores = [t.probability(logits) if probability else t.score(logits) for t in targets]
             estimator.add(batch, torch.stack(scores, dim=1))
             if tolerance is not None and estimator.n >= MIN_MASKS_BEFORE_STOPPING:
@@ -198,7 +195,7 @@ class RISE(AttributionMethod):
             if error > tolerance:
                 run.warn(
                     f"RISE did not reach tolerance {tolerance:g} within n_masks="
-                    f"{params['n_masks']}: the top decile's relative standard error is "
+                    f"{params.n_masks}: the top decile's relative standard error is "
                     f"{error:.3g}; raise n_masks or the tolerance"
                 )
         maps, std_error = perturbation.element_map(maps), perturbation.element_map(std_error)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.methods._attention import (
-    HEAD_FUSION_PARAM,
+    HEAD_FUSION,
     attention_graph,
     to_scores,
     with_residual,
@@ -16,11 +16,11 @@ from attrlab.attribution.methods._attention import (
 from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
 from attrlab.attribution.methods.registry import register
 from attrlab.attribution.models.base import Adapter, Inputs, patch_grid
-from attrlab.attribution.params import Param
+from attrlab.attribution.params import MethodParams, param
 from attrlab.attribution.run import RunContext
 from attrlab.attribution.target import Target
 
-__all__ = ["AttentionRollout", "attention_rollout", "discard_lowest"]
+__all__ = ["AttentionRollout", "RolloutParams", "attention_rollout", "discard_lowest"]
 
 
 def _below_one(value: float) -> str | None:
@@ -65,8 +65,23 @@ def attention_rollout(
     return result
 
 
+@dataclass(frozen=True, kw_only=True)
+class RolloutParams(MethodParams):
+    """The parameters of :class:`AttentionRollout`."""
+
+    head_fusion: str = HEAD_FUSION.as_field()
+    discard_ratio: float = param(
+        0.0,
+        "Share of the lowest fused attention entries set to 0 in each layer (CLS kept).",
+        0.0,
+        1.0,
+        check=_below_one,
+    )
+    start_layer: int = param(0, "First layer (0-based) included in the product.", 0, 1000)
+
+
 @register
-class AttentionRollout(AttributionMethod):
+class AttentionRollout(AttributionMethod[RolloutParams]):
     """
     Attention rollout: multiply the residual-augmented attention matrices of all layers.
 
@@ -87,41 +102,29 @@ class AttentionRollout(AttributionMethod):
     paper = "https://arxiv.org/abs/2005.00928"
     requires = frozenset({"attentions"})
     reads_prediction_attentions = True
-    params = (
-        HEAD_FUSION_PARAM,
-        Param(
-            "discard_ratio",
-            "float",
-            0.0,
-            "Share of the lowest fused attention entries set to 0 in each layer (CLS kept).",
-            0.0,
-            1.0,
-            check=_below_one,
-        ),
-        Param("start_layer", "int", 0, "First layer (0-based) included in the product.", 0, 1000),
-    )
+    param_record = RolloutParams
 
     @classmethod
-    def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
+    def _passes(cls, adapter: Adapter, inputs: Inputs, params: RolloutParams) -> Passes:
         """The model passes :meth:`attribute` spends on ``inputs``."""
         return Passes(0)  # the attentions come from explain's own prediction
 
     @classmethod
-    def attribute(
+    def _attribute(
         cls,
         adapter: Adapter,
         inputs: Inputs,
         target: Target,
-        params: dict[str, Any],
+        params: RolloutParams,
         run: RunContext,
     ) -> Attribution:
-        graph = attention_graph(adapter, inputs, run, params["head_fusion"], target)
-        if params["start_layer"] >= graph.num_layers:
+        graph = attention_graph(adapter, inputs, run, params.head_fusion, target)
+        if params.start_layer >= graph.num_layers:
             raise InvalidParameterError(
                 f"parameter 'start_layer' must be below the model's {graph.num_layers} layers; "
-                f"got {params['start_layer']}"
+                f"got {params.start_layer}"
             )
-        rolled = attention_rollout(graph.fused, params["discard_ratio"], params["start_layer"])
+        rolled = attention_rollout(graph.fused, params.discard_ratio, params.start_layer)
         row = graph.readout @ rolled
         metrics = {}
         if inputs.modality == "image":  # how much ends on CLS / registers rather than patches

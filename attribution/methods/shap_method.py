@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
@@ -12,11 +13,11 @@ import shap
 import torch
 
 from attrlab.attribution.errors import InvalidParameterError, UnsupportedMethodError
-from attrlab.attribution.methods._masks import BATCH_SIZE_PARAM, PRECISION_PARAM
+from attrlab.attribution.methods._masks import BATCH_SIZE, PRECISION
 from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
 from attrlab.attribution.methods.registry import register
 from attrlab.attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs, text_adapter
-from attrlab.attribution.params import Param
+from attrlab.attribution.params import MethodParams, param
 from attrlab.attribution.perturb import (
     TOP_DECILE,
     BatchRunner,
@@ -28,14 +29,33 @@ from attrlab.attribution.perturb import (
 from attrlab.attribution.run import RunContext
 from attrlab.attribution.target import StepTarget, Target
 
-__all__ = ["Shap"]
+__all__ = ["Shap", "ShapParams"]
 
 #: Evaluations of the first refinement when a tolerance is set (doubled until it is met).
 MIN_EVALS_BEFORE_STOPPING = 64
 
 
+@dataclass(frozen=True, kw_only=True)
+class ShapParams(MethodParams):
+    """The parameters of :class:`Shap`."""
+
+    max_evals: int = param(500, "Most forward passes the explainer may spend.", 10, 100_000)
+    tolerance: float | None = param(
+        None,
+        f"Stop refining once {TOP_DECILE.format(error='change')} between refinements "
+        f"with twice the evaluations, from {MIN_EVALS_BEFORE_STOPPING} on, is at most this; "
+        "empty = always max_evals.",
+        0.0,
+        1.0,
+        True,
+    )
+    blur: int = param(128, "Images: side of the box blur hiding masked regions.", 1, 4096)
+    batch_size: int | None = BATCH_SIZE.as_field()
+    precision: str = PRECISION.as_field()
+
+
 @register
-class Shap(AttributionMethod):
+class Shap(AttributionMethod[ShapParams]):
     """
     Owen values of a hierarchy of features, from ``shap``'s Partition explainer.
 
@@ -66,50 +86,34 @@ class Shap(AttributionMethod):
     name = "shap"
     title = "SHAP (Partition)"
     paper = "https://arxiv.org/abs/1705.07874"
-    params = (
-        Param("max_evals", "int", 500, "Most forward passes the explainer may spend.", 10, 100_000),
-        Param(
-            "tolerance",
-            "float",
-            None,
-            f"Stop refining once {TOP_DECILE.format(error='change')} between refinements "
-            f"with twice the evaluations, from {MIN_EVALS_BEFORE_STOPPING} on, is at most this; "
-            "empty = always max_evals.",
-            0.0,
-            1.0,
-            True,
-        ),
-        Param("blur", "int", 128, "Images: side of the box blur hiding masked regions.", 1, 4096),
-        BATCH_SIZE_PARAM,
-        PRECISION_PARAM,
-    )
+    param_record = ShapParams
 
     @classmethod
-    def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
+    def _passes(cls, adapter: Adapter, inputs: Inputs, params: ShapParams) -> Passes:
         """At most the model passes :meth:`attribute` spends on ``inputs``."""
         # the Partition explainer stops early once its cluster tree is fully expanded
-        batch = params["batch_size"] or auto_batch_size(adapter, inputs)
+        batch = params.batch_size or auto_batch_size(adapter, inputs)
         # shap adds masks in pairs, so an odd budget can be passed by up to two evaluations
-        return Passes(params["max_evals"] + 2, batch=batch, exact=False)
+        return Passes(params.max_evals + 2, batch=batch, exact=False)
 
     @classmethod
-    def attribute(
+    def _attribute(
         cls,
         adapter: Adapter,
         inputs: Inputs,
         target: Target,
-        params: dict[str, Any],
+        params: ShapParams,
         run: RunContext,
     ) -> Attribution:
-        batch_size = params["batch_size"] or auto_batch_size(adapter, inputs)
-        max_evals, tolerance = params["max_evals"], params["tolerance"]
+        batch_size = params.batch_size or auto_batch_size(adapter, inputs)
+        max_evals, tolerance = params.max_evals, params.tolerance
         if tolerance is not None and max_evals <= MIN_EVALS_BEFORE_STOPPING:
             raise InvalidParameterError(
                 f"a SHAP tolerance compares refinements from {MIN_EVALS_BEFORE_STOPPING} "
                 f"evaluations on: set max_evals above {MIN_EVALS_BEFORE_STOPPING}"
             )
         runner = BatchRunner(
-            adapter, run, batch_size, max_evals, precision=params["precision"], target=target
+            adapter, run, batch_size, max_evals, precision=params.precision, target=target
         )
         remember = tolerance is not None
         whole, step = _steps_of(target)
@@ -127,13 +131,13 @@ class Shap(AttributionMethod):
                 result = explain(data, max_evals=evals, batch_size=batch_size, silent=True)
             values = _step_values(np.asarray(result.values[0], dtype=np.float64), step)
             scores = reduce(values)
-            if previous is not None:
+            if previous is not None and tolerance is not None:  # refinements compared
                 change = top_decile_error(scores, np.abs(scores - previous))
                 metrics["top_decile_error"] = change
                 if change <= tolerance:
                     break
             previous = scores
-        if remember:
+        if tolerance is not None:
             metrics["evals_used"] = float(runner.done)
             if metrics["top_decile_error"] > tolerance:
                 run.warn(
@@ -228,11 +232,11 @@ def _image(
     inputs: Inputs,
     target: Target,
     runner: BatchRunner,
-    params: dict[str, Any],
+    params: ShapParams,
     remember: bool,
 ) -> tuple[Any, Any, Callable[[np.ndarray], np.ndarray]]:
     """Partition explainer over normalised H×W×3 pixels, blurred where hidden."""
-    image, blur = cast(ImageInputs, inputs), params["blur"]
+    image, blur = cast(ImageInputs, inputs), params.blur
     device = image.pixel_values.device
     pixels = image.pixel_values[0].permute(1, 2, 0).cpu().numpy().astype(np.float32)
     blurred = box_blur(image.pixel_values, blur)[0].permute(1, 2, 0).cpu().numpy()
@@ -252,7 +256,7 @@ def _text(
     inputs: Inputs,
     target: Target,
     runner: BatchRunner,
-    params: dict[str, Any],
+    params: ShapParams,
     remember: bool,
 ) -> tuple[Any, Any, Callable[[np.ndarray], np.ndarray]]:
     """Partition explainer over the masker's tokens, mapped onto the model's tokens."""

@@ -12,8 +12,8 @@ the N maps the mode keeps the mean (SmoothGrad, NoiseGrad, NoiseGrad++), the mea
 (SmoothGrad², Hooker et al. 2019) or the variance (VarGrad, Adebayo et al. 2018), always of the
 method's own map (after its sum over channels or the embedding dimension).
 
-:attr:`AttributionMethod.params <attribution.methods.base.AttributionMethod>` of every
-gradient-based attribution method include :data:`SMOOTHING_PARAMS`; the method base runs
+:attr:`AttributionMethod.param_record <attribution.methods.base.AttributionMethod>` of every
+gradient-based attribution method derives from :class:`SmoothingParams`; the method base runs
 :func:`smoothed` when they ask for it, so no method has code of its own for it.
 """
 
@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, TypeGuard, cast
 
 import numpy as np
 import torch
@@ -32,7 +32,7 @@ from torch import nn
 
 from attrlab.attribution.alteration import altered
 from attrlab.attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
-from attrlab.attribution.params import Param
+from attrlab.attribution.params import MethodParams, param
 from attrlab.attribution.run import RunContext
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SMOOTHING_MODES",
-    "SMOOTHING_PARAMS",
+    "SmoothingParams",
     "input_noise",
     "smoothed",
     "smoothed_passes",
@@ -67,34 +67,30 @@ SMOOTHING_MODES: dict[str, SmoothingMode] = {
     "noisegrad++": SmoothingMode(inputs=True, weights=True, statistic="mean"),
 }
 
-SMOOTHING_PARAMS = (
-    Param(
-        "smoothing",
-        "str",
+
+@dataclass(frozen=True, kw_only=True)
+class SmoothingParams(MethodParams):
+    """The smoothing parameters, which every gradient-based attribution method's record has."""
+
+    smoothing: str = param(
         "none",
         "Average the map over noisy copies: of the input (smoothgrad; smoothgrad_sq: mean of "
         "squares; vargrad: variance), of the weights (noisegrad) or of both (noisegrad++).",
         choices=("none", *SMOOTHING_MODES),
-    ),
-    Param("smoothing_samples", "int", 20, "Noisy copies averaged over (N).", 1, 1000),
-    Param(
-        "smoothing_sigma",
-        "float",
+    )
+    smoothing_samples: int = param(20, "Noisy copies averaged over (N).", 1, 1000)
+    smoothing_sigma: float = param(
         0.15,
         "Input noise: standard deviation as a share of the input's range (max − min); text: "
         "of its token embeddings.",
         0.0,
         1.0,
-    ),
-    Param(
-        "smoothing_weight_sigma",
-        "float",
-        0.2,
-        "Weight noise: each weight multiplied by a draw of N(1, σ²).",
-        0.0,
-        1.0,
-    ),
-)
+    )
+    smoothing_weight_sigma: float = param(
+        0.2, "Weight noise: each weight multiplied by a draw of N(1, σ²).", 0.0, 1.0
+    )
+
+
 #: Seed streams of the noise, apart from the method's own draws with the run's seed.
 _INPUT_STREAM, _WEIGHT_STREAM = 1, 2
 # Models whose weights are noisy now: a second noise context on one of them is refused.
@@ -102,12 +98,12 @@ _NOISY: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 _NOISY_LOCK = threading.Lock()
 
 
-def smoothing_requested(params: dict[str, Any]) -> bool:
+def smoothing_requested(params: MethodParams) -> TypeGuard[SmoothingParams]:
     """``params`` ask for a smoothed map."""
-    return params.get("smoothing", "none") != "none"
+    return isinstance(params, SmoothingParams) and params.smoothing != "none"
 
 
-def smoothed_passes(passes: Passes, params: dict[str, Any], reads_prediction: bool) -> Passes:
+def smoothed_passes(passes: Passes, params: MethodParams, reads_prediction: bool) -> Passes:
     """
     The passes of a smoothed run: the method's, once per sample.
 
@@ -116,7 +112,7 @@ def smoothed_passes(passes: Passes, params: dict[str, Any], reads_prediction: bo
     """
     if not smoothing_requested(params):
         return passes
-    samples = params["smoothing_samples"]
+    samples = params.smoothing_samples
     return replace(
         passes,
         forward=samples * (passes.forward + int(reads_prediction)),
@@ -293,7 +289,7 @@ def smoothed(
     attribute: Callable[[Inputs, RunContext], Attribution],
     adapter: Adapter,
     inputs: Inputs,
-    params: dict[str, Any],
+    params: SmoothingParams,
     run: RunContext,
     planned: Passes,
 ) -> Attribution:
@@ -308,17 +304,15 @@ def smoothed(
     ``planned`` (the whole smoothed run's passes, :func:`smoothed_passes`) is announced to the
     run's budget before the first sample.
     """
-    mode = SMOOTHING_MODES[params["smoothing"]]
-    samples = params["smoothing_samples"]
+    mode = SMOOTHING_MODES[params.smoothing]
+    samples = params.smoothing_samples
     run.plan(planned.forward, "smoothing_samples")
     generator = torch.Generator().manual_seed(_seed(run.seed, _INPUT_STREAM))
     arrays: dict[str, _Moments] = {}
     metrics: dict[str, _Moments] = {}
     first: Attribution | None = None
     weights = (
-        weight_noise(
-            adapter.model, params["smoothing_weight_sigma"], _seed(run.seed, _WEIGHT_STREAM)
-        )
+        weight_noise(adapter.model, params.smoothing_weight_sigma, _seed(run.seed, _WEIGHT_STREAM))
         if mode.weights
         else nullcontext(lambda: None)
     )
@@ -327,7 +321,7 @@ def smoothed(
             run.step(sample, samples)
             draw()
             noisy = (
-                input_noise(adapter, inputs, params["smoothing_sigma"], generator)
+                input_noise(adapter, inputs, params.smoothing_sigma, generator)
                 if mode.inputs
                 else nullcontext(inputs)
             )

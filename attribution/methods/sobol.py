@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -12,15 +12,15 @@ from scipy.stats import qmc
 
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.methods._masks import (
-    BATCH_SIZE_PARAM,
-    PRECISION_PARAM,
-    TEXT_PERTURBATION_PARAM,
+    BATCH_SIZE,
+    PRECISION,
+    TEXT_PERTURBATION,
     noise_ratio,
 )
 from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
 from attrlab.attribution.methods.registry import register
 from attrlab.attribution.models.base import Adapter, Inputs
-from attrlab.attribution.params import Param, power_of_two
+from attrlab.attribution.params import MethodParams, param, power_of_two
 from attrlab.attribution.perturb import (
     TOP_DECILE,
     BatchRunner,
@@ -31,7 +31,7 @@ from attrlab.attribution.perturb import (
 from attrlab.attribution.run import RunContext
 from attrlab.attribution.target import Target
 
-__all__ = ["Sobol", "jansen_total_order", "sobol_design", "total_order_indices"]
+__all__ = ["Sobol", "SobolParams", "jansen_total_order", "sobol_design", "total_order_indices"]
 
 #: Below this output variance (relative to the squared mean) the indices are undefined.
 _MIN_VARIANCE = 1e-10
@@ -107,8 +107,41 @@ def bootstrap_std_error(
     return estimates.std(axis=0, ddof=1)
 
 
+@dataclass(frozen=True, kw_only=True)
+class SobolParams(MethodParams):
+    """The parameters of :class:`Sobol`."""
+
+    grid: int = param(8, "Cells per side of the mask grid (images).", 2, 32)
+    n_designs: int = param(
+        32,
+        "Quasi-Monte Carlo designs (a power of two); forwards = n_designs·(cells+2).",
+        2,
+        4096,
+        check=power_of_two,
+    )
+    perturbation: str = param(
+        "inpainting",
+        "Images: mean-colour inpainting x⊙M, blur, or amplitude x⊙(M-0.5).",
+        choices=("inpainting", "blur", "amplitude"),
+    )
+    tolerance: float | None = param(
+        None,
+        "Stop early once, over the cell indices and their bootstrap errors, "
+        f"{TOP_DECILE.format(error='standard error')} is at most this, checked at "
+        f"{MIN_DESIGNS_BEFORE_STOPPING}, {2 * MIN_DESIGNS_BEFORE_STOPPING}, … designs; "
+        "needs bootstrap > 1; empty = always n_designs.",
+        0.0,
+        1.0,
+        True,
+    )
+    text_perturbation: str = TEXT_PERTURBATION.as_field()
+    batch_size: int | None = BATCH_SIZE.as_field()
+    precision: str = PRECISION.as_field()
+    bootstrap: int = param(100, "Bootstrap replicates for the standard error (0 = off).", 0, 10_000)
+
+
 @register
-class Sobol(AttributionMethod):
+class Sobol(AttributionMethod[SobolParams]):
     """
     Total-order Sobol' index of each cell of a ``grid×grid`` mask (images) or each token (text).
 
@@ -128,92 +161,51 @@ class Sobol(AttributionMethod):
     name = "sobol"
     title = "Sobol attribution"
     paper = "https://arxiv.org/abs/2111.04138"
-    params = (
-        Param("grid", "int", 8, "Cells per side of the mask grid (images).", 2, 32),
-        Param(
-            "n_designs",
-            "int",
-            32,
-            "Quasi-Monte Carlo designs (a power of two); forwards = n_designs·(cells+2).",
-            2,
-            4096,
-            check=power_of_two,
-        ),
-        Param(
-            "perturbation",
-            "str",
-            "inpainting",
-            "Images: mean-colour inpainting x⊙M, blur, or amplitude x⊙(M-0.5).",
-            choices=("inpainting", "blur", "amplitude"),
-        ),
-        Param(
-            "tolerance",
-            "float",
-            None,
-            "Stop early once, over the cell indices and their bootstrap errors, "
-            f"{TOP_DECILE.format(error='standard error')} is at most this, checked at "
-            f"{MIN_DESIGNS_BEFORE_STOPPING}, {2 * MIN_DESIGNS_BEFORE_STOPPING}, … designs; "
-            "needs bootstrap > 1; empty = always n_designs.",
-            0.0,
-            1.0,
-            True,
-        ),
-        TEXT_PERTURBATION_PARAM,
-        BATCH_SIZE_PARAM,
-        PRECISION_PARAM,
-        Param(
-            "bootstrap",
-            "int",
-            100,
-            "Bootstrap replicates for the standard error (0 = off).",
-            0,
-            10_000,
-        ),
-    )
+    param_record = SobolParams
 
     @classmethod
-    def passes(cls, adapter: Adapter, inputs: Inputs, params: dict[str, Any]) -> Passes:
+    def _passes(cls, adapter: Adapter, inputs: Inputs, params: SobolParams) -> Passes:
         """The model passes :meth:`attribute` spends on ``inputs``."""
         perturbation = perturbation_for(
-            adapter, inputs, params["perturbation"], params["text_perturbation"]
+            adapter, inputs, params.perturbation, params.text_perturbation
         )
-        count = params["n_designs"] * (perturbation.n_cells(params["grid"]) + 2)
-        batch = params["batch_size"] or auto_batch_size(adapter, inputs)
-        return Passes(count, batch=batch, exact=params["tolerance"] is None)
+        count = params.n_designs * (perturbation.n_cells(params.grid) + 2)
+        batch = params.batch_size or auto_batch_size(adapter, inputs)
+        return Passes(count, batch=batch, exact=params.tolerance is None)
 
     @classmethod
-    def attribute(
+    def _attribute(
         cls,
         adapter: Adapter,
         inputs: Inputs,
         target: Target,
-        params: dict[str, Any],
+        params: SobolParams,
         run: RunContext,
     ) -> Attribution:
-        n, tolerance, replicates = params["n_designs"], params["tolerance"], params["bootstrap"]
+        n, tolerance, replicates = params.n_designs, params.tolerance, params.bootstrap
         if tolerance is not None and replicates < 2:
             raise InvalidParameterError(
                 "a Sobol tolerance needs the bootstrap's standard error: set bootstrap to 2 or more"
             )
         perturbation = perturbation_for(
-            adapter, inputs, params["perturbation"], params["text_perturbation"]
+            adapter, inputs, params.perturbation, params.text_perturbation
         )
-        dimension = perturbation.n_cells(params["grid"])
+        dimension = perturbation.n_cells(params.grid)
         run.plan(n * (dimension + 2), "n_designs or grid")  # before the design is built
         points = qmc.Sobol(2 * dimension, scramble=False).random(n)
-        batch_size = params["batch_size"] or auto_batch_size(adapter, inputs)
+        batch_size = params.batch_size or auto_batch_size(adapter, inputs)
         runner = BatchRunner(
             adapter,
             run,
             batch_size,
             n * (dimension + 2),
-            precision=params["precision"],
+            precision=params.precision,
             target=target,
         )
         outputs_a, outputs_c = [], []
         for start, stop in _blocks(n, tolerance is not None):
             design = torch.from_numpy(replicated_design(points[start:stop])).float()
-            masks = perturbation.design_masks(design, params["grid"], adapter.device)
+            masks = perturbation.design_masks(design, params.grid, adapter.device)
             y = np.concatenate(
                 [
                     target.score(logits).double().cpu().numpy()
@@ -242,9 +234,9 @@ class Sobol(AttributionMethod):
                 "the target logit did not vary under the Sobol masks (zero variance): "
                 "the map is all zeros"
             )
-        scores = perturbation.cell_map(indices, params["grid"])
+        scores = perturbation.cell_map(indices, params.grid)
         # bicubic upsampling may dip below zero between cells; an error is not negative
-        std_error = np.clip(perturbation.cell_map(std_error, params["grid"]), 0, None)
+        std_error = np.clip(perturbation.cell_map(std_error, params.grid), 0, None)
         return Attribution(
             scores=scores,
             maps={"std_error": std_error},

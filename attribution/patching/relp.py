@@ -31,14 +31,14 @@ def relp(runs: Runs, base: Baseline, direction: str, components: Sequence[str]) 
         UnsupportedMethodError: a model the LRP rules do not cover.
     """
     adapter = runs.adapter
-    settings = resolve_settings(adapter, {})
+    settings = resolve_settings(adapter)
     rules = transformer_lrp(
         adapter,
         layout_for(adapter),
         pe_aware=False,
-        gamma_linear=settings["gamma_linear"],
-        gamma_conv=settings["gamma_conv"],
-        attention_rule=settings["attention_rule"],
+        gamma_linear=settings.gamma_linear,
+        gamma_conv=settings.gamma_conv,
+        attention_rule=settings.attention_rule,
     )
     _, grads = gradients(runs, direction, components, rules=rules)
     return atp(runs, base, direction, components, grads)

@@ -13,7 +13,6 @@ from attrlab.attribution.methods.lrp.relevance import LRPResult, lrp, lrp_steps,
 from attrlab.attribution.methods.lrp.rules import ATTENTION_RULES, AttentionRule
 from attrlab.attribution.methods.lrp.settings import (
     FAMILY_DEFAULTS,
-    LRP_PARAMS,
     LRPDefaults,
     resolve_settings,
 )
@@ -21,7 +20,6 @@ from attrlab.attribution.methods.lrp.settings import (
 __all__ = [
     "ATTENTION_RULES",
     "FAMILY_DEFAULTS",
-    "LRP_PARAMS",
     "AttentionRule",
     "LRPDefaults",
     "LRPResult",
