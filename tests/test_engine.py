@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
+import gradio as gr
 import numpy as np
 import pytest
 import torch
 from _model_state import model_state
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 from scipy.stats import spearmanr
 
+from attrlab.app import cli
+from attrlab.app.api import build_router, install_error_handlers
+from attrlab.app.ui.patching import patching_view
+from attrlab.app.ui.runner import PageRunner
+from attrlab.app.worker import ExplainWorker
 from attrlab.attribution.answers import answer_request
 from attrlab.attribution.engine import (
     ESTIMATORS,
@@ -186,3 +195,36 @@ def test_a_removal_undoes_its_hooks_on_error_and_bad_names_are_refused(gpt2, ite
         removal_agreement(gpt2, items, "head", {"short": [1.0]})
     with pytest.raises(ValueError, match="registered already"):
         register_unit_kind(unit_kind("layer"))
+
+
+def test_a_registered_unit_kind_appears_in_every_front_end(mlp_kind, capsys):
+    # the CLI's listing
+    assert cli.main(["units", "--format", "json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    mlp = next(entry for entry in listed if entry["name"] == "mlp")
+    assert (mlp["removals"], [e["name"] for e in mlp["estimators"]]) == (["zero"], ["mlp_lrp"])
+    assert cli.main(["units"]) == 0
+    assert "mlp_lrp" in capsys.readouterr().out
+    # REST: the listing, and the prune body's unit choices in the schema
+    worker = ExplainWorker(device="cpu")
+    app = FastAPI()
+    app.include_router(build_router(worker))
+    install_error_handlers(app)
+    with TestClient(app) as client:
+        assert "mlp" in [entry["name"] for entry in client.get("/api/v1/units").json()]
+        schema = client.get("/openapi.json").json()["components"]["schemas"]["PruneBody"]
+        choices = schema["properties"]["units"]["anyOf"][0]["items"]["enum"]
+        assert choices == ["layer", "head", "mlp"]
+        body = {"model": "tiny-random-gpt2", "text": TEXTS[0], "next_token": True}
+        pruned = client.post("/api/v1/prune", json={**body, "texts": [TEXTS[1]], "units": ["mlp"]})
+        assert pruned.status_code == 200, pruned.text
+        assert list(pruned.json()["mlp"]["orders"]) == ["mlp_lrp"]
+        refused = client.post("/api/v1/prune", json={**body, "units": ["neuron"]})
+        assert refused.status_code == 422
+        assert "units are one or more of layer, head, mlp" in refused.json()["error"]["message"]
+    # the page's unit choices
+    with gr.Blocks() as page:
+        patching_view(PageRunner(worker))
+    units = next(b for b in page.blocks.values() if b.elem_id == "pruning-units")
+    assert [value for _, value in units.choices] == ["layer", "head", "mlp"]
+    worker.close()
