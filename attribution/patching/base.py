@@ -32,6 +32,7 @@ __all__ = [
     "check_components",
     "check_directions",
     "chosen_names",
+    "row_chunks",
     "scale_of",
     "site_masks",
     "site_sums",
@@ -114,6 +115,12 @@ def check_components(components: Sequence[str] | None) -> list[str]:
 def check_directions(directions: Sequence[str] | None) -> list[str]:
     """The directions asked for (both by default): :func:`chosen_names`."""
     return chosen_names("direction", directions, DIRECTIONS)
+
+
+def row_chunks(rows: int, max_rows: int | None) -> list[range]:
+    """Rows ``0 … rows − 1`` in passes of at most ``max_rows`` (a memory bound; ``None``: one)."""
+    step = max(1, max_rows or rows)
+    return [range(start, min(rows, start + step)) for start in range(0, rows, step)]
 
 
 #: A site: a token position (``None``: every position) and a head (``None``: every feature).
