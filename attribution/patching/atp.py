@@ -136,7 +136,7 @@ def _site_terms(
     The gradient rows (:func:`_gradients`) run in passes of at most ``max_rows`` (all in one
     without a bound), each counted on ``run``; a row serves its own draw, or every draw when
     the destination has one row (noising with noise). Rows come in order, so each draw's
-    dropped layers come in layer order.
+    dropped layers come in layer order for each ``(component, layer)``.
 
     Yields:
         ``((component, layer), draws, estimates)``: ``estimates`` ``(len(draws), sites)``
@@ -150,21 +150,26 @@ def _site_terms(
         run.stop_if_cancelled()
         grads = _gradients(runs, direction, components, rows, rules, drop)
         run.count(forward=len(rows), backward=1)
-        for variant in sorted({i // destination.rows for i in rows}):
-            pairs = [
-                (at, draw)
-                for at, i in enumerate(rows)
-                if i // destination.rows == variant
-                for draw in range(i % destination.rows, repeats, destination.rows)
-            ]
-            at = torch.tensor([a for a, _ in pairs])
-            draws = torch.tensor([d for _, d in pairs])
-            for component in components:
-                for layer in range(runs.layers):
-                    change = difference(component, layer, draws)
-                    grad = grads[component, layer][at.to(change.device)]
-                    found = site_sums(change * grad, sites[component], runs.heads)
-                    yield (component, layer), draws, found
+        # (row of the pass, draw it serves), by variant; each draw's change is found once
+        served = [
+            (at, draw)
+            for at, i in enumerate(rows)
+            for draw in range(i % destination.rows, repeats, destination.rows)
+        ]
+        draws = sorted({draw for _, draw in served})
+        place = {draw: k for k, draw in enumerate(draws)}  # where in ``change``
+        by_variant: dict[int, list[tuple[int, int]]] = {}
+        for at, draw in served:
+            by_variant.setdefault(rows[at] // destination.rows, []).append((at, draw))
+        for component in components:
+            for layer in range(runs.layers):
+                change = difference(component, layer, torch.tensor(draws))
+                for pairs in by_variant.values():
+                    at = torch.tensor([a for a, _ in pairs], device=change.device)
+                    chosen = torch.tensor([place[d] for _, d in pairs], device=change.device)
+                    grad = grads[component, layer][at]
+                    found = site_sums(change[chosen] * grad, sites[component], runs.heads)
+                    yield (component, layer), torch.tensor([d for _, d in pairs]), found
 
 
 def _differences(
