@@ -5,6 +5,7 @@ AtP, RelP and AtP* run the destination's noise draws (AtP*: times its dropped la
 of the rows the bound leaves (:func:`~attribution.gate.memory_rows`), as the baseline and exact
 patching do: their tables equal the unbounded ones, the passes counted equal the plan and the
 model's own forwards, and a study the gate refused while its draws ran in one batch now runs.
+Their per-site sums build no mask per site.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 from attrlab.attribution.errors import TooMuchMemoryError
 from attrlab.attribution.estimate import calibrate
 from attrlab.attribution.gate import MEMORY_HEADROOM, clear_study, memory_rows
+from attrlab.attribution.memory import peak_memory
 from attrlab.attribution.models.text import DecoderLMAdapter
 from attrlab.attribution.patching import (
     GaussianNoise,
@@ -28,6 +30,7 @@ from attrlab.attribution.patching import (
     patching_report,
     planned_passes,
 )
+from attrlab.attribution.patching.base import site_sums
 from attrlab.attribution.run import RunContext, RunSettings
 
 IOI = "when mary and john went to the store john gave a drink to"
@@ -135,3 +138,31 @@ def test_a_study_refused_while_its_draws_ran_in_one_batch_now_runs_within_the_bo
     report = patching_report(gpt2, problem, **STUDY, settings=settings)
     assert set(report.table["estimator"]) == set(STUDY["estimators"])
     assert report.table["effect"].notna().all()
+
+
+def test_site_sums_equal_a_loop_over_each_sites_part():
+    """Each site's sum, found without a mask per site, against a plain loop over its part."""
+    generator = torch.Generator().manual_seed(0)
+    values = torch.randn(3, 5, 8, generator=generator)  # rows, positions, 2 heads × 4
+    sites = [(1, None), (None, 1), (4, 0), (None, None), (0, 1)]
+    found = site_sums(values, sites, heads=2)
+    assert found.dtype == torch.float64 and found.shape == (3, len(sites))
+    for row in range(3):
+        for column, (position, head) in enumerate(sites):
+            total = 0.0
+            for t in range(5):
+                for f in range(8):
+                    if position in (None, t) and head in (None, f // 4):
+                        total += float(values[row, t, f])
+            assert float(found[row, column]) == pytest.approx(total, rel=1e-12, abs=1e-12)
+
+
+def test_site_sums_of_every_head_at_every_position_hold_no_mask_per_site():
+    """800 sites over 200 × 256 features: a float64 mask per site would be 330 MB."""
+    heads, length, features = 4, 200, 256
+    values = torch.ones(1, length, features)
+    sites = [(position, head) for head in range(heads) for position in range(length)]
+    with peak_memory(torch.device("cpu")) as peak:
+        found = site_sums(values, sites, heads)
+    torch.testing.assert_close(found, torch.full((1, len(sites)), features / heads).double())
+    assert peak() is not None and peak() < 64 * 2**20, peak()
