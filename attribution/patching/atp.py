@@ -152,23 +152,24 @@ def _site_terms(
         run.count(forward=len(rows), backward=1)
         # (row of the pass, draw it serves), by variant; each draw's change is found once
         served = [
-            (at, draw)
-            for at, i in enumerate(rows)
+            (position, draw)
+            for position, i in enumerate(rows)
             for draw in range(i % destination.rows, repeats, destination.rows)
         ]
         draws = sorted({draw for _, draw in served})
         place = {draw: k for k, draw in enumerate(draws)}  # where in ``change``
         by_variant: dict[int, list[tuple[int, int]]] = {}
-        for at, draw in served:
-            by_variant.setdefault(rows[at] // destination.rows, []).append((at, draw))
+        for position, draw in served:
+            by_variant.setdefault(rows[position] // destination.rows, []).append((position, draw))
         for component in components:
             for layer in range(runs.layers):
                 change = difference(component, layer, torch.tensor(draws))
                 for pairs in by_variant.values():
-                    at = torch.tensor([a for a, _ in pairs], device=change.device)
-                    chosen = torch.tensor([place[d] for _, d in pairs], device=change.device)
-                    grad = grads[component, layer][at]
-                    found = site_sums(change[chosen] * grad, sites[component], runs.heads)
+                    device = change.device
+                    of_row = torch.tensor([position for position, _ in pairs], device=device)
+                    of_draw = torch.tensor([place[draw] for _, draw in pairs], device=device)
+                    grad = grads[component, layer][of_row]
+                    found = site_sums(change[of_draw] * grad, sites[component], runs.heads)
                     yield (component, layer), torch.tensor([d for _, d in pairs]), found
 
 
