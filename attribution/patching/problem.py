@@ -297,9 +297,8 @@ class Runs:
         heads: list[int | None] = list(range(self.heads)) if kind.per_head else [None]
         return [(position, head) for head in heads for position in positions]
 
-    def score(self, run: Run, rows: range | None = None) -> torch.Tensor:
-        """The target's score of ``rows`` of ``run`` (default: all; one per noise draw)."""
-        rows = range(run.rows) if rows is None else rows
+    def score(self, run: Run, rows: range) -> torch.Tensor:
+        """The target's score of ``rows`` of ``run`` (one per noise draw), ``(len(rows),)``."""
         noise = None if run.noise is None else run.noise[rows.start : rows.stop]
         target = self.problem.target
         with noised(self.adapter, noise):
