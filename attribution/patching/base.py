@@ -32,6 +32,7 @@ __all__ = [
     "check_components",
     "check_directions",
     "chosen_names",
+    "row_chunks",
     "scale_of",
     "site_masks",
     "site_sums",
@@ -116,6 +117,12 @@ def check_directions(directions: Sequence[str] | None) -> list[str]:
     return chosen_names("direction", directions, DIRECTIONS)
 
 
+def row_chunks(rows: int, max_rows: int | None) -> list[range]:
+    """Rows ``0 … rows − 1`` in passes of at most ``max_rows`` (a memory bound; ``None``: one)."""
+    step = max(1, max_rows or rows)
+    return [range(start, min(rows, start + step)) for start in range(0, rows, step)]
+
+
 #: A site: a token position (``None``: every position) and a head (``None``: every feature).
 Site = tuple[int | None, int | None]
 
@@ -179,11 +186,21 @@ def site_sums(values: torch.Tensor, sites: Sequence[Site], heads: int) -> torch.
     """
     Per-element contributions ``(rows, T, F)`` summed over each site's part.
 
+    Summed per position and head first, so no ``(sites, T, F)`` mask is built (for every head
+    at every position of a long prompt that would be gigabytes).
+
     Returns:
         ``(rows, len(sites))`` float64.
     """
-    masks = site_masks(sites, values.shape[1], values.shape[2], heads, values.device)
-    return torch.einsum("rtf,stf->rs", values.double(), masks.double())
+    rows, length, features = values.shape
+    split = heads if any(head is not None for _, head in sites) else 1
+    parts = values.double().reshape(rows, length, split, features // split).sum(-1)
+    # one more position holding every position's sum, one more head holding every head's
+    parts = torch.cat([parts, parts.sum(1, keepdim=True)], 1)
+    parts = torch.cat([parts, parts.sum(2, keepdim=True)], 2)
+    at = torch.tensor([length if p is None else p for p, _ in sites], device=values.device)
+    of = torch.tensor([split if h is None else h for _, h in sites], device=values.device)
+    return parts[:, at, of]
 
 
 def table(rows: Sequence[tuple]) -> pd.DataFrame:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import torch
 
@@ -25,6 +26,7 @@ from attrlab.attribution.patching.base import (
     Scale,
     check_components,
     check_directions,
+    row_chunks,
     scale_of,
     site_masks,
 )
@@ -40,6 +42,8 @@ from attrlab.attribution.patching.problem import PatchingProblem, Run, Runs
 from attrlab.attribution.perturb import BatchRunner
 
 __all__ = ["Baseline", "baseline", "exact", "exact_rows", "patched_score"]
+
+Key = TypeVar("Key")
 
 
 @dataclass
@@ -68,11 +72,14 @@ class Baseline:
         return self.activations[runs.side_name(run)]
 
 
-def baseline(runs: Runs, components: Sequence[str], patterns: bool = False) -> Baseline:
+def baseline(
+    runs: Runs, components: Sequence[str], patterns: bool = False, max_rows: int | None = None
+) -> Baseline:
     """
     One unpatched forward of each side (``1 + draws`` rows), recording ``components``.
 
-    ``patterns``: record the attention patterns and values too (AtP*'s QK fix).
+    ``patterns``: record the attention patterns and values too (AtP*'s QK fix). ``max_rows``:
+    most rows per forward (a memory bound): a side's draws then run in several.
 
     Raises:
         InvalidInputError: the corruption does not change the target's score.
@@ -81,18 +88,41 @@ def baseline(runs: Runs, components: Sequence[str], patterns: bool = False) -> B
     found_patterns: dict[str, Pattern] = {}
     scores: dict[str, torch.Tensor] = {}
     for run in (runs.clean, runs.corrupted):
+        chunks: list[tuple[torch.Tensor, Activations, Pattern]] = []
+        for rows in row_chunks(run.rows, max_rows):
+            with ExitStack() as stack:
+                stack.enter_context(torch.no_grad())
+                seen = stack.enter_context(recorded(runs.parts, components))
+                pattern = stack.enter_context(recorded_patterns(runs.adapter)) if patterns else {}
+                score = runs.score(run, rows).double().cpu()
+            chunks.append((score, seen, pattern))
         name = runs.side_name(run)
-        with ExitStack() as stack:
-            stack.enter_context(torch.no_grad())
-            seen = stack.enter_context(recorded(runs.parts, components))
-            if patterns:
-                found_patterns[name] = stack.enter_context(recorded_patterns(runs.adapter))
-            scores[name] = runs.score(run).double().cpu()
-        activations[name] = dict(seen)
+        scores[name] = torch.cat([score for score, _, _ in chunks])
+        activations[name] = _joined([seen for _, seen, _ in chunks])
+        if patterns:
+            found_patterns[name] = _joined([pattern for _, _, pattern in chunks])
     clean, corrupted = float(scores["clean"][0]), scores["corrupted"].tolist()
     found = Baseline(clean, corrupted, activations, found_patterns)
     found.scale("denoising")  # refuses a corruption that changes nothing
     return found
+
+
+def _joined(chunks: list[dict[Key, Any]]) -> dict[Key, Any]:
+    """
+    Each key's tensors (or tuples of tensors) of several passes joined along their rows.
+
+    Each chunk's tensor is let go once joined, so the join holds one key twice at most.
+    """
+    if len(chunks) == 1:
+        return chunks[0]
+    joined: dict[Key, Any] = {}
+    for key in list(chunks[0]):
+        pieces = [chunk.pop(key) for chunk in chunks]
+        if isinstance(pieces[0], torch.Tensor):
+            joined[key] = torch.cat(pieces)
+        else:  # a pattern's (weights, values)
+            joined[key] = tuple(torch.cat(part) for part in zip(*pieces, strict=True))
+    return joined
 
 
 def exact_rows(runs: Runs, direction: str, components: Sequence[str]) -> int:

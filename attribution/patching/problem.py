@@ -297,11 +297,12 @@ class Runs:
         heads: list[int | None] = list(range(self.heads)) if kind.per_head else [None]
         return [(position, head) for head in heads for position in positions]
 
-    def score(self, run: Run) -> torch.Tensor:
-        """The target's score of each row of ``run`` (one per noise draw), ``(rows,)``."""
+    def score(self, run: Run, rows: range) -> torch.Tensor:
+        """The target's score of ``rows`` of ``run`` (one per noise draw), ``(len(rows),)``."""
+        noise = None if run.noise is None else run.noise[rows.start : rows.stop]
         target = self.problem.target
-        with noised(self.adapter, run.noise):
-            return target.score(target.outputs(self.adapter, **run.kwargs(run.rows)))
+        with noised(self.adapter, noise):
+            return target.score(target.outputs(self.adapter, **run.kwargs(len(rows))))
 
     def side_name(self, run: Run) -> str:
         """``"clean"`` or ``"corrupted"``: which side ``run`` is."""

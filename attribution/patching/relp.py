@@ -12,27 +12,39 @@ form). Cost as AtP: one forward of each side and one forward and backward of the
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 from attrlab.attribution.methods.lrp.patches import transformer_lrp
 from attrlab.attribution.methods.lrp.settings import resolve_settings
 from attrlab.attribution.models.layouts import layout_for
-from attrlab.attribution.patching.atp import atp, gradients
+from attrlab.attribution.patching.atp import atp
 from attrlab.attribution.patching.exact import Baseline
 from attrlab.attribution.patching.problem import Runs
+from attrlab.attribution.run import RunContext
 
 __all__ = ["relp"]
 
 
-def relp(runs: Runs, base: Baseline, direction: str, components: Sequence[str]) -> list[tuple]:
+def relp(
+    runs: Runs,
+    base: Baseline,
+    direction: str,
+    components: Sequence[str],
+    run: RunContext,
+    max_rows: int | None = None,
+) -> list[tuple]:
     """
     RelP's table rows: ``Δa · R-gradient`` per site (AtP's, with LRP's backward).
+
+    ``max_rows``: most rows per gradient pass (a memory bound).
 
     Raises:
         UnsupportedMethodError: a model the LRP rules do not cover.
     """
     adapter = runs.adapter
     settings = resolve_settings(adapter)
-    rules = transformer_lrp(
+    rules = partial(
+        transformer_lrp,
         adapter,
         layout_for(adapter),
         pe_aware=False,
@@ -40,5 +52,4 @@ def relp(runs: Runs, base: Baseline, direction: str, components: Sequence[str]) 
         gamma_conv=settings.gamma_conv,
         attention_rule=settings.attention_rule,
     )
-    _, grads = gradients(runs, direction, components, rules=rules)
-    return atp(runs, base, direction, components, grads)
+    return atp(runs, base, direction, components, run, max_rows, rules)

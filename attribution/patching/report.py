@@ -20,11 +20,12 @@ from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.gate import clear_study, memory_rows
 from attrlab.attribution.models.base import Adapter
 from attrlab.attribution.patching.agreement import agreement
-from attrlab.attribution.patching.atp import atp, atp_star, gradients
+from attrlab.attribution.patching.atp import atp, atp_star
 from attrlab.attribution.patching.base import (
     check_components,
     check_directions,
     chosen_names,
+    row_chunks,
     table,
 )
 from attrlab.attribution.patching.exact import baseline, exact, exact_rows
@@ -229,8 +230,10 @@ def planned_passes(
     """
     ``(forward rows, backward passes, widest batch)`` of :func:`patching_report`.
 
-    ``max_rows``: exact patching's batches hold at most that many rows (a memory bound); the
-    gradient estimators' noise draws run in one batch whatever it is.
+    ``max_rows``: every pass holds at most that many rows (a memory bound): the baseline's
+    noise draws and exact patching's sites run in batches of that many, and the gradient
+    estimators' rows (noise draws; AtP*: times the dropped layers) in passes of that many, one
+    backward each.
 
     Raises:
         InvalidParameterError, InvalidInputError, UnsupportedMethodError: as
@@ -241,7 +244,8 @@ def planned_passes(
     ways = check_directions(directions)
     runs = Runs.of(adapter, problem)
     forward = runs.clean.rows + runs.corrupted.rows  # the baseline of both sides
-    backward, widest = 0, max(runs.clean.rows, runs.corrupted.rows)
+    backward = 0
+    widest = max(len(row_chunks(side.rows, max_rows)[0]) for side in (runs.clean, runs.corrupted))
     for direction in ways:
         destination, _ = runs.sides(direction)
         if "exact" in chosen:
@@ -255,9 +259,10 @@ def planned_passes(
             ("atp_star", destination.rows * (runs.layers if runs.layers > 1 else 1)),
         ):
             if name in chosen:
+                passes = row_chunks(rows, max_rows)
                 forward += rows
-                backward += 1
-                widest = max(widest, rows)
+                backward += len(passes)
+                widest = max(widest, len(passes[0]))
     return forward, backward, widest
 
 
@@ -296,7 +301,7 @@ def patching_report(
         raise InvalidParameterError(f"top_k is at least 1; got {top_k}")
     settings = settings or RunSettings()
     run = RunContext.of(settings)
-    fits = memory_rows(adapter, problem.clean, settings)  # exact patching's batch fits in it
+    fits = memory_rows(adapter, problem.clean, settings)  # every pass's rows fit in it
     forward, backward, widest = planned_passes(adapter, problem, chosen, parts, ways, fits)
     lower = "the components, directions or noise draws"
     clear_study(
@@ -314,25 +319,20 @@ def patching_report(
         run.step(runner.done, runner.total)
 
     with altered(adapter.model):
-        base = baseline(runs, parts, patterns="atp_star" in chosen)
+        base = baseline(runs, parts, patterns="atp_star" in chosen, max_rows=fits)
         run.count(forward=runs.clean.rows + runs.corrupted.rows)
         for direction in ways:
-            destination, _ = runs.sides(direction)
             found: dict[str, list[tuple]] = {}
             if "exact" in chosen:
                 found["exact"] = exact(runs, base, direction, parts, runner)
             if "atp" in chosen:
-                _, grads = gradients(runs, direction, parts)
-                found["atp"] = atp(runs, base, direction, parts, grads)
-                run.count(forward=destination.rows, backward=1)
+                found["atp"] = atp(runs, base, direction, parts, run, fits)
                 stage_done()
             if "atp_star" in chosen:
-                found["atp_star"] = atp_star(runs, base, direction, parts)
-                run.count(forward=destination.rows * max(1, runs.layers), backward=1)
+                found["atp_star"] = atp_star(runs, base, direction, parts, run, fits)
                 stage_done()
             if "relp" in chosen:
-                found["relp"] = relp(runs, base, direction, parts)
-                run.count(forward=destination.rows, backward=1)
+                found["relp"] = relp(runs, base, direction, parts, run, fits)
                 stage_done()
             for name in chosen:
                 rows += [(name, direction, *row) for row in found[name]]
