@@ -17,7 +17,6 @@ from attrlab.attribution.alteration import altered
 from attrlab.attribution.answers import (
     check_answer_fits,
     prompt_prediction,
-    reused_outputs,
     with_alternative,
 )
 from attrlab.attribution.errors import DeviceMemoryError, InvalidInputError
@@ -48,6 +47,7 @@ from attrlab.attribution.target import (
     Target,
     first_token,
     resolve_target,
+    reused_outputs,
 )
 
 __all__ = ["Preview", "attribute", "explain", "input_logits", "predictions", "preview"]

@@ -36,7 +36,6 @@ import torch
 import torch.nn.functional as F
 
 from attrlab.attribution.alteration import altered
-from attrlab.attribution.answers import decoder_adapter
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
 from attrlab.attribution.layers.agreement import head_ranking
 from attrlab.attribution.layers.analysis import HEAD_ESTIMATORS, ModelParts, checked_target
@@ -45,7 +44,7 @@ from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.text import DecoderLMAdapter
 from attrlab.attribution.perturb import BatchRunner, repeated
 from attrlab.attribution.run import RunContext, RunSettings
-from attrlab.attribution.target import Target
+from attrlab.attribution.target import Target, decoder_adapter
 from attrlab.attribution.verdicts import Draws, Verdict, against_random
 
 __all__ = [
