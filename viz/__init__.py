@@ -1,20 +1,25 @@
 """
 Rendering of Explanations, layer tables and checks: Plotly figures, overlays, highlights.
 
-Exports are imported on first use (Plotly only where a figure is drawn).
+Exports are imported on first use (Plotly only where a figure is drawn). Importing this package
+registers it as the library's renderer (:mod:`attribution.rendering`): an Explanation's
+``figure()`` and a notebook's display of a result are drawn here.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import sys
+from typing import TYPE_CHECKING, cast
 
 from attrlab.attribution.lazy import lazy_exports
+from attrlab.attribution.rendering import Renderer, register_renderer
 
 if TYPE_CHECKING:
     from attrlab.viz.answer import answer_html, step_row_html, steps_figure
     from attrlab.viz.bundle import write_bundle, write_figures
     from attrlab.viz.compare import change_figure, change_html
     from attrlab.viz.evaluate import leaderboard_figure
+    from attrlab.viz.figures import figures_for
     from attrlab.viz.image import heatmap_overlay, image_figure, image_grid_figure, std_error_figure
     from attrlab.viz.layers import (
         ablation_figure,
@@ -30,6 +35,7 @@ if TYPE_CHECKING:
         token_layers_figure,
         top_heads_figure,
     )
+    from attrlab.viz.notebook import comparison_html, explanation_html
     from attrlab.viz.patching import (
         estimator_scatter,
         patching_figures,
@@ -65,9 +71,12 @@ __all__ = [
     "attention_figure",
     "change_figure",
     "change_html",
+    "comparison_html",
     "conservation_figure",
     "estimator_scatter",
+    "explanation_html",
     "export_figure",
+    "figures_for",
     "head_heatmap",
     "head_rank_table",
     "heatmap_overlay",
@@ -111,6 +120,7 @@ __getattr__, __dir__ = lazy_exports(
         "write_bundle": "attrlab.viz.bundle",
         "write_figures": "attrlab.viz.bundle",
         "leaderboard_figure": "attrlab.viz.evaluate",
+        "figures_for": "attrlab.viz.figures",
         "heatmap_overlay": "attrlab.viz.image",
         "image_figure": "attrlab.viz.image",
         "image_grid_figure": "attrlab.viz.image",
@@ -127,6 +137,8 @@ __getattr__, __dir__ = lazy_exports(
         "positional_figure": "attrlab.viz.layers",
         "token_layers_figure": "attrlab.viz.layers",
         "top_heads_figure": "attrlab.viz.layers",
+        "comparison_html": "attrlab.viz.notebook",
+        "explanation_html": "attrlab.viz.notebook",
         "estimator_scatter": "attrlab.viz.patching",
         "patching_figures": "attrlab.viz.patching",
         "patching_head_grid": "attrlab.viz.patching",
@@ -148,3 +160,6 @@ __getattr__, __dir__ = lazy_exports(
         "View": "attrlab.viz.view",
     },
 )
+
+# The package is the renderer: each drawing function it exports is imported on first use.
+register_renderer(cast(Renderer, sys.modules[__name__]))
