@@ -22,6 +22,7 @@ import torch
 
 from attrlab.attribution.answers import answer_request
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
+from attrlab.attribution.gate import clear_study
 from attrlab.attribution.layers.analysis import (
     ModelParts,
     analyze,
@@ -38,6 +39,7 @@ from attrlab.attribution.layers.pruning import (
     pruning_curves,
     residual_patching_ranking,
 )
+from attrlab.attribution.metrics.leaderboard import bundled_items
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.text import DecoderLMAdapter
 from attrlab.attribution.patching import PatchingProblem, patching_problem, patching_report
@@ -128,8 +130,6 @@ def _by_unit(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 def bundled_texts() -> list[str]:
     """The bundled evaluation sentences (``assets/eval``), the default dataset."""
-    from attrlab.attribution.metrics import bundled_items
-
     return [str(item.raw) for item in bundled_items("text")]
 
 
@@ -236,8 +236,6 @@ def pruning_study(
         BudgetExceededError, TooSlowError: over the settings' budgets, before any work.
         JobCancelledError: once ``settings.cancel`` is set.
     """
-    from attrlab.attribution.gate import clear_study  # the gate prices through estimate
-
     settings = settings or RunSettings()
     chosen = check_units(units)
     dataset = [i for i, _ in items] if items is not None else _dataset(adapter, texts)

@@ -12,6 +12,7 @@ import transformers as tf
 from attrlab.attribution.errors import AttrlabError, ModelLoadError, UnknownModelError
 from attrlab.attribution.models.base import Adapter
 from attrlab.attribution.models.builtin import imagenet_labels
+from attrlab.attribution.models.catalog import BUILTIN_MODELS
 from attrlab.attribution.models.families import FAMILIES, family_of
 from attrlab.attribution.models.folders import CONFIG_FILE, check_inside, read_config
 from attrlab.attribution.models.images import ImageTransform
@@ -200,8 +201,6 @@ def _config(spec: str, name: str, revision: str | None, from_folder: bool) -> An
 
 
 def _not_found(spec: str) -> str:
-    from attrlab.attribution.models.catalog import BUILTIN_MODELS
-
     return (
         f"model '{spec}' is not a built-in alias, not a local model directory, and could not "
         "be fetched from the Hugging Face hub (offline, or no such id). Download it where the "
