@@ -10,7 +10,9 @@ from attrlab.app.ui.files import received_file, received_input, uploaded_rows
 from attrlab.app.ui.runner import PageRunner
 from attrlab.app.ui.shared import label_list, labels_for, method_names, readable, sample_labels
 from attrlab.app.worker import MAX_CURVE_STEPS, MAX_ORDERS, EvaluateRequest, Instance
+from attrlab.attribution.metrics.leaderboard import bundled_items, summarise
 from attrlab.attribution.models import BUILTIN_MODELS, default_model
+from attrlab.viz.evaluate import leaderboard_figure, readable_table
 
 __all__ = ["evaluate_tab"]
 
@@ -23,8 +25,6 @@ def _classifiers(modality: str) -> list[str]:
 
 def evaluate_tab(runner: PageRunner) -> None:
     """Every chosen method on the bundled examples, scored for faithfulness."""
-    from attrlab.attribution.metrics.leaderboard import bundled_items
-
     counts = {m: len(bundled_items(m)) for m in ("text", "image")}
     gr.Markdown(
         "Each method's map on each bundled example, scored against random orders of the same "
@@ -100,9 +100,6 @@ def evaluate_tab(runner: PageRunner) -> None:
         request: gr.Request,
         progress=gr.Progress(),  # noqa: B008
     ):
-        from attrlab.attribution.metrics.leaderboard import summarise
-        from attrlab.viz.evaluate import leaderboard_figure, readable_table
-
         if not chosen:
             raise gr.Error("choose at least one method")
         instances: tuple[Instance, ...] = ()

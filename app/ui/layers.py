@@ -38,7 +38,20 @@ from attrlab.app.worker import AblationRequest, AttentionRequest, ExplainRequest
 from attrlab.attribution.answers import AnswerSpec
 from attrlab.attribution.errors import AttrlabError, InvalidParameterError
 from attrlab.attribution.explanation import Explanation
+from attrlab.attribution.layers import MEASURES
 from attrlab.attribution.models import BUILTIN_MODELS, default_model
+from attrlab.viz import (
+    ablation_figure,
+    ablation_note,
+    attention_figure,
+    head_rank_table,
+    measure_note,
+    token_highlights,
+    token_layers_figure,
+)
+from attrlab.viz.figures import AGREEMENT, HEADS, LAYERS, POSITIONAL, figures_for, head_measures
+from attrlab.viz.text import token_columns_html
+from attrlab.viz.trust import trust_card_html
 
 if TYPE_CHECKING:
     from attrlab.viz.figures import FigureBuilder
@@ -64,8 +77,6 @@ _HEATMAP_CLICKS = plot_clicks_js(
 
 def layers_tab(runner: PageRunner) -> LinkedTab:
     """Build the tab; every request goes through ``runner``. Returns what a link fills."""
-    from attrlab.attribution.layers import MEASURES
-
     models = [name for name, m in BUILTIN_MODELS.items() if m.modality == "text"]
     last = gr.State(None)  # Result: the analysis (and the last ablation's maps), the fields
     linked = gr.State(False)  # a shared link filled this tab: run it once loaded
@@ -211,10 +222,6 @@ def layers_tab(runner: PageRunner) -> LinkedTab:
         fields_: list[Any], wanted: str | None, request: gr.Request | None, progress: Any
     ) -> list[Any]:
         """Run the analysis and show it; ``wanted``: the head measure shown, if it has one."""
-        from attrlab.viz import token_highlights
-        from attrlab.viz.figures import AGREEMENT, LAYERS, POSITIONAL, figures_for, head_measures
-        from attrlab.viz.trust import trust_card_html
-
         model_, text_, labels_, target_, next_, answer_, contrast_, measures_ = fields_
         if not measures_:
             raise gr.Error("choose at least one measure")
@@ -353,8 +360,6 @@ def layers_tab(runner: PageRunner) -> LinkedTab:
         progress=gr.Progress(),  # noqa: B008
     ):
         """One head's attention on the analysed input, as it is (nothing ablated)."""
-        from attrlab.viz import attention_figure
-
         if result is None:
             raise gr.Error("analyse an input first; the attention is of its tokens")
         layer, head = _one_head(head_)
@@ -368,9 +373,6 @@ def layers_tab(runner: PageRunner) -> LinkedTab:
         shown: str, method_: str, result: Result | None, request: gr.Request, progress: Any
     ) -> tuple[list[Any], Any]:
         """The ablation's views (prediction, after, change, maps, bars, link, state)."""
-        from attrlab.viz import ablation_figure, ablation_note, attention_figure
-        from attrlab.viz.text import token_columns_html
-
         if result is None:
             raise gr.Error("analyse an input first; ablation re-runs its prediction")
         try:
@@ -461,8 +463,6 @@ def layers_tab(runner: PageRunner) -> LinkedTab:
 
     @readable
     def clicked_token(evt: gr.SelectData, result: Result | None):
-        from attrlab.viz import token_layers_figure
-
         if result is None:
             return None
         explanation = result.explanations[_ANALYSIS]
@@ -476,8 +476,6 @@ def layers_tab(runner: PageRunner) -> LinkedTab:
     @readable
     def download(result: Result | None) -> str:
         """The analysis (and the last ablation's maps) as a zip, its layer table among them."""
-        from attrlab.viz.text import token_columns_html
-
         if result is None:
             raise gr.Error("analyse an input first; the bundle holds its results")
         maps = {k: e for k, e in result.explanations.items() if k != _ANALYSIS}
@@ -574,9 +572,6 @@ def _shown(figures: Mapping[str, FigureBuilder], name: str) -> Any:
 
 def _head_views(explanation: Explanation, measure: str | None) -> list[Any]:
     """The heatmap of a head measure (by the figure rule) and its heads ranked."""
-    from attrlab.viz import head_rank_table
-    from attrlab.viz.figures import HEADS, figures_for
-
     if measure is None:
         return [None, None]
     figures = figures_for(explanation)
@@ -589,8 +584,6 @@ def _head_views(explanation: Explanation, measure: str | None) -> list[Any]:
 
 def _measure_note(explanation: Explanation, measure: str | None) -> str:
     """What the head measure's values and their sign mean, the explained target named."""
-    from attrlab.viz import measure_note
-
     meaning = measure_note(measure, explanation.target.label) if measure else ""
     if not meaning:
         return ""

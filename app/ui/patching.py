@@ -21,10 +21,21 @@ from attrlab.app.ui.files import page_folder
 from attrlab.app.ui.link import LinkedTab, page_base, share_query
 from attrlab.app.ui.runner import PageRunner
 from attrlab.app.ui.shared import IOI_CORRUPTED, IOI_PROMPT, parse_positions, readable, session
-from attrlab.app.worker import PatchRequest
+from attrlab.app.worker import PatchRequest, PruneRequest
+from attrlab.attribution.layers.pruning import UNITS
 from attrlab.attribution.models import BUILTIN_MODELS, default_model
-from attrlab.attribution.patching import COMPONENTS, DIRECTIONS, ESTIMATORS
+from attrlab.attribution.patching import COMPONENTS, DIRECTIONS, ESTIMATORS, agreement_reading
 from attrlab.attribution.patching.problem import MAX_SEEDS
+from attrlab.viz.bundle import write_bundle
+from attrlab.viz.patching import (
+    patching_figure_names,
+    patching_figures,
+    patching_files,
+    pruning_figure,
+    pruning_figures,
+    pruning_files,
+)
+from attrlab.viz.table import pruning_text
 
 if TYPE_CHECKING:
     from attrlab.attribution.layers.pruning_study import PruningStudy
@@ -47,8 +58,6 @@ class PatchingResult:
 
 def patching_view(runner: PageRunner) -> LinkedTab:
     """Build the patching view; every study goes through ``runner``. Returns what a link fills."""
-    from attrlab.viz.patching import patching_figure_names
-
     models = [name for name, m in BUILTIN_MODELS.items() if m.next_token]
     last = gr.State(None)  # PatchingResult
     linked = gr.State(False)  # a shared link filled the view: run it once loaded
@@ -159,9 +168,6 @@ def patching_view(runner: PageRunner) -> LinkedTab:
         progress=gr.Progress(),  # noqa: B008
     ):
         """Run the study (Patch, or a shared link once it filled the view) and show it."""
-        from attrlab.attribution.patching import agreement_reading
-        from attrlab.viz.patching import patching_figures
-
         if not asked_:  # the page's load set another tab's link flag
             return [gr.skip()] * len(outputs)
         positions = parse_positions(noise_)
@@ -265,9 +271,6 @@ def _pruning_section(
     the corrupted one), the least important removed first over a small dataset, and each
     ranking's curve compared with random orders.
     """
-    from attrlab.app.worker import PruneRequest
-    from attrlab.attribution.layers.pruning import UNITS
-
     last = gr.State(None)  # PruningStudy
     gr.Markdown(
         "**Pruning curves.** Rank the layers and heads on the clean prompt (the layer "
@@ -315,9 +318,6 @@ def _pruning_section(
         progress=gr.Progress(),  # noqa: B008
     ):
         """Run the pruning study and show its curves and areas."""
-        from attrlab.viz.patching import pruning_figure
-        from attrlab.viz.table import pruning_text
-
         lines = tuple(line.strip() for line in (texts_ or "").splitlines() if line.strip())
         request_ = PruneRequest(
             model=model_,
@@ -377,14 +377,6 @@ def export_patching(
     The manifest's ``extra.inputs`` are the fields a link carries. With ``pruned`` (the
     pruning study run beside it) its curves' figures and its JSON and tables too.
     """
-    from attrlab.viz.bundle import write_bundle
-    from attrlab.viz.patching import (
-        patching_figures,
-        patching_files,
-        pruning_figures,
-        pruning_files,
-    )
-
     fields = result.fields
     shown = fields.get("corrupted") or f"noise on positions {fields.get('noise_positions')}"
     figures = patching_figures(result.report)
