@@ -13,13 +13,16 @@ from attrlab.attribution.errors import AttrlabError
 from attrlab.attribution.lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from attrlab.attribution.answers import AnswerSpec
     from attrlab.attribution.explain import explain
     from attrlab.attribution.explanation import Explanation
     from attrlab.attribution.methods.registry import available_methods, get_method
     from attrlab.attribution.models.loading import load
     from attrlab.attribution.run import RunSettings
+    from attrlab.attribution.runs import prepare_input
 
 __all__ = [
+    "AnswerSpec",
     "AttrlabError",
     "Explanation",
     "RunSettings",
@@ -27,11 +30,14 @@ __all__ = [
     "explain",
     "get_method",
     "load",
+    "prepare_input",
 ]
 
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
+        "prepare_input": "attrlab.attribution.runs",
+        "AnswerSpec": "attrlab.attribution.answers",
         "explain": "attrlab.attribution.explain",
         "Explanation": "attrlab.attribution.explanation",
         "available_methods": "attrlab.attribution.methods.registry",

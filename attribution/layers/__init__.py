@@ -29,24 +29,38 @@ if TYPE_CHECKING:
         head_attention,
     )
     from attrlab.attribution.layers.hooks import zeroed_heads
+    from attrlab.attribution.layers.pruning import UNITS
+    from attrlab.attribution.layers.pruning_study import (
+        MAX_TEXTS,
+        PruningStudy,
+        check_units,
+        pruning_study,
+        ranked_input,
+    )
 
 __all__ = [
     "COLUMNS",
     "DATASET_COLUMNS",
     "HEAD_ESTIMATORS",
+    "MAX_TEXTS",
     "MEASURES",
+    "UNITS",
     "DatasetItem",
     "HeadAblation",
     "LayerReport",
     "Measure",
+    "PruningStudy",
     "ablate_heads_and_explain",
     "agreement",
     "agreement_metrics",
     "analyze",
     "analyze_dataset",
     "analyze_layers",
+    "check_units",
     "head_attention",
     "joint_ablation",
+    "pruning_study",
+    "ranked_input",
     "zeroed_heads",
 ]
 
@@ -70,5 +84,11 @@ __getattr__, __dir__ = lazy_exports(
         "ablate_heads_and_explain": "attrlab.attribution.layers.heads",
         "head_attention": "attrlab.attribution.layers.heads",
         "zeroed_heads": "attrlab.attribution.layers.hooks",
+        "UNITS": "attrlab.attribution.layers.pruning",
+        "MAX_TEXTS": "attrlab.attribution.layers.pruning_study",
+        "PruningStudy": "attrlab.attribution.layers.pruning_study",
+        "check_units": "attrlab.attribution.layers.pruning_study",
+        "pruning_study": "attrlab.attribution.layers.pruning_study",
+        "ranked_input": "attrlab.attribution.layers.pruning_study",
     },
 )

@@ -13,6 +13,7 @@ from attrlab.attribution.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from attrlab.attribution.agreement import map_agreement
+    from attrlab.attribution.metrics.check import MethodCheck, check_methods
     from attrlab.attribution.metrics.faithfulness import (
         AOPC_FRACTIONS,
         Faithfulness,
@@ -36,8 +37,10 @@ __all__ = [
     "SCORES",
     "EvalItem",
     "Faithfulness",
+    "MethodCheck",
     "bundled_items",
     "cascading_units",
+    "check_methods",
     "evaluate_methods",
     "faithfulness",
     "map_agreement",
@@ -50,6 +53,8 @@ __getattr__, __dir__ = lazy_exports(
     __name__,
     {
         "map_agreement": "attrlab.attribution.agreement",
+        "MethodCheck": "attrlab.attribution.metrics.check",
+        "check_methods": "attrlab.attribution.metrics.check",
         "AOPC_FRACTIONS": "attrlab.attribution.metrics.faithfulness",
         "Faithfulness": "attrlab.attribution.metrics.faithfulness",
         "faithfulness": "attrlab.attribution.metrics.faithfulness",
