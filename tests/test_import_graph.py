@@ -178,7 +178,6 @@ DEFERRED_IMPORTS = {
     "pandas": "tables: a plain explanation and the listing commands import none",
     "plotly": "drawing: text and JSON output import none",
     "timm": "image models built on timm: a text model imports none",
-    "torch": "a Ray actor's own device set-up",
     "transformers": "a decoder's cache and the attention registry: a CNN imports no model code",
 }
 

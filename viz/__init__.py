@@ -16,11 +16,17 @@ from attrlab.attribution.rendering import Renderer, register_renderer
 
 if TYPE_CHECKING:
     from attrlab.viz.answer import answer_html, step_row_html, steps_figure
-    from attrlab.viz.bundle import write_bundle, write_figures
+    from attrlab.viz.bundle import safe_name, write_bundle, write_figures
     from attrlab.viz.compare import change_figure, change_html
-    from attrlab.viz.evaluate import leaderboard_figure
+    from attrlab.viz.evaluate import leaderboard_figure, leaderboard_text
     from attrlab.viz.figures import figures_for
-    from attrlab.viz.image import heatmap_overlay, image_figure, image_grid_figure, std_error_figure
+    from attrlab.viz.image import (
+        display_copy,
+        heatmap_overlay,
+        image_figure,
+        image_grid_figure,
+        std_error_figure,
+    )
     from attrlab.viz.layers import (
         ablation_figure,
         ablation_note,
@@ -44,6 +50,7 @@ if TYPE_CHECKING:
         pruning_figure,
         pruning_figures,
     )
+    from attrlab.viz.table import explanation_table, layers_text, patching_text, pruning_text
     from attrlab.viz.text import (
         positional_figure_tokens,
         scale_legend_html,
@@ -73,8 +80,10 @@ __all__ = [
     "change_html",
     "comparison_html",
     "conservation_figure",
+    "display_copy",
     "estimator_scatter",
     "explanation_html",
+    "explanation_table",
     "export_figure",
     "figures_for",
     "head_heatmap",
@@ -83,17 +92,22 @@ __all__ = [
     "image_figure",
     "image_grid_figure",
     "layer_lines",
+    "layers_text",
     "leaderboard_figure",
+    "leaderboard_text",
     "measure_note",
     "method_agreement_figure",
     "patching_figures",
     "patching_head_grid",
     "patching_heatmaps",
+    "patching_text",
     "positional_figure",
     "positional_figure_tokens",
     "pruning_figure",
     "pruning_figures",
+    "pruning_text",
     "randomisation_figure",
+    "safe_name",
     "scale_legend_html",
     "std_error_figure",
     "step_row_html",
@@ -112,6 +126,13 @@ __all__ = [
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
+        "safe_name": "attrlab.viz.bundle",
+        "leaderboard_text": "attrlab.viz.evaluate",
+        "display_copy": "attrlab.viz.image",
+        "pruning_text": "attrlab.viz.table",
+        "patching_text": "attrlab.viz.table",
+        "layers_text": "attrlab.viz.table",
+        "explanation_table": "attrlab.viz.table",
         "answer_html": "attrlab.viz.answer",
         "step_row_html": "attrlab.viz.answer",
         "steps_figure": "attrlab.viz.answer",

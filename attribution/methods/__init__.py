@@ -12,7 +12,7 @@ from attrlab.attribution.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from attrlab.attribution.methods.base import Attribution, AttributionMethod
-    from attrlab.attribution.methods.layers import LayerAnalysis
+    from attrlab.attribution.methods.layers import LayerAnalysis, measure_names
     from attrlab.attribution.methods.registry import (
         available_methods,
         capabilities,
@@ -27,12 +27,14 @@ __all__ = [
     "available_methods",
     "capabilities",
     "get_method",
+    "measure_names",
     "register",
 ]
 
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
+        "measure_names": "attrlab.attribution.methods.layers",
         "LayerAnalysis": "attrlab.attribution.methods.layers",
         "Attribution": "attrlab.attribution.methods.base",
         "AttributionMethod": "attrlab.attribution.methods.base",

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from attrlab.attribution.metrics.faithfulness import (
         AOPC_FRACTIONS,
         Faithfulness,
+        check_options,
         faithfulness,
     )
     from attrlab.attribution.metrics.leaderboard import (
@@ -41,6 +42,7 @@ __all__ = [
     "bundled_items",
     "cascading_units",
     "check_methods",
+    "check_options",
     "evaluate_methods",
     "faithfulness",
     "map_agreement",
@@ -52,6 +54,7 @@ __all__ = [
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
+        "check_options": "attrlab.attribution.metrics.faithfulness",
         "map_agreement": "attrlab.attribution.agreement",
         "MethodCheck": "attrlab.attribution.metrics.check",
         "check_methods": "attrlab.attribution.metrics.check",

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 import transformers as tf
+from huggingface_hub import snapshot_download
+from huggingface_hub.errors import HFValidationError
 
 from attrlab.attribution.errors import AttrlabError, ModelLoadError, UnknownModelError
 from attrlab.attribution.models.base import Adapter
@@ -89,9 +91,6 @@ def download(repo_id: str, revision: str | None = None) -> str:
 
     Unlike ``from_pretrained``, this never reads a local folder of the same name.
     """
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HFValidationError
-
     try:
         return snapshot_download(
             repo_id.removeprefix("hf-hub:"), revision=revision, allow_patterns=_HUB_FILES
