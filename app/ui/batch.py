@@ -13,6 +13,7 @@ from typing import Any
 
 import gradio as gr
 
+from attrlab import viz
 from attrlab.app.batch import ResultFile, result_rows, result_table
 from attrlab.app.jobs import instance_json
 from attrlab.app.ui.files import page_folder, received_file, received_input, uploaded_rows
@@ -21,7 +22,7 @@ from attrlab.app.ui.shared import label_list, labels_for, method_names, readable
 from attrlab.app.worker import BatchRequest
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.models import BUILTIN_MODELS, default_model, load_image
-from attrlab.viz.figures import MAP, SCORES, figures_for
+from attrlab.viz.figures import MAP, SCORES
 from attrlab.viz.image import display_copy
 
 __all__ = ["batch_tab"]
@@ -176,5 +177,5 @@ def row_figure(row: dict[str, Any], image: bytes | None, max_pixels: int | None 
     """
     explanation = Explanation.from_json(row["explanation_json"])
     picture = None if image is None else display_copy(load_image(image, max_pixels))
-    figures = figures_for(explanation, picture)
+    figures = viz.figures_for(explanation, picture)
     return figures[SCORES if SCORES in figures else MAP]()

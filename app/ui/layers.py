@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import gradio as gr
 import pandas as pd
 
+from attrlab import viz
 from attrlab.app.ui.link import LinkedTab, page_base, share_query
 from attrlab.app.ui.results import Result, export_bundle, top
 from attrlab.app.ui.runner import PageRunner
@@ -49,7 +50,7 @@ from attrlab.viz import (
     token_highlights,
     token_layers_figure,
 )
-from attrlab.viz.figures import AGREEMENT, HEADS, LAYERS, POSITIONAL, figures_for, head_measures
+from attrlab.viz.figures import AGREEMENT, HEADS, LAYERS, POSITIONAL, head_measures
 from attrlab.viz.text import token_columns_html
 from attrlab.viz.trust import trust_card_html
 
@@ -229,7 +230,7 @@ def layers_tab(runner: PageRunner) -> LinkedTab:
         request_ = ExplainRequest(**base, method="layers", params={"measures": ",".join(measures_)})
         explanation: Explanation = runner(request_, progress, session(request), "layers")
         table = explanation.layers
-        figures = figures_for(explanation)
+        figures = viz.figures_for(explanation)
         names = head_measures(table)
         shown = wanted if wanted in names else (names[0] if names else None)
         result = Result(
@@ -574,7 +575,7 @@ def _head_views(explanation: Explanation, measure: str | None) -> list[Any]:
     """The heatmap of a head measure (by the figure rule) and its heads ranked."""
     if measure is None:
         return [None, None]
-    figures = figures_for(explanation)
+    figures = viz.figures_for(explanation)
     if HEADS + measure not in figures:
         raise gr.Error(f"this analysis has no head measure {measure!r}")
     table = explanation.layers

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import gradio as gr
 import numpy as np
 
+from attrlab import viz
 from attrlab.app.errors import public_message
 from attrlab.app.ui.files import page_folder
 from attrlab.attribution.compare import MapChange, compare_explanations
@@ -32,7 +33,7 @@ from attrlab.viz import (
 )
 from attrlab.viz.answer import answer_layout
 from attrlab.viz.bundle import write_bundle
-from attrlab.viz.figures import MAP, figures_for
+from attrlab.viz.figures import MAP
 from attrlab.viz.tokens import token_probabilities
 from attrlab.viz.trust import trust_card_html
 from attrlab.viz.view import IMAGE_VIEW, TEXT_VIEW
@@ -78,14 +79,14 @@ def detail_choices(result: Result) -> list[str]:
     return [
         f"{method} · {name}"
         for method, explanation in result.explanations.items()
-        for name in figures_for(explanation, result.image)
+        for name in viz.figures_for(explanation, result.image)
     ]
 
 
 def detail_figure(result: Result, choice: str, view: View | None = None) -> Any:
     """The figure a details menu's ``choice`` names (an image's map in ``view``)."""
     method, _, name = choice.partition(" · ")
-    figures = figures_for(result.explanations[method], result.image, view)
+    figures = viz.figures_for(result.explanations[method], result.image, view)
     if name not in figures:
         raise ValueError(f"{method} has no figure {name!r}")
     return figures[name]()
