@@ -1,7 +1,13 @@
 """
-No module imports in a circle: the module-level imports of our packages form a DAG.
+No module imports in a circle, even from inside a function, and the library never draws.
 
-The graph is read from the source with :mod:`ast`, without importing anything: an edge runs
+Two walks. The first (``_graph``) is what importing runs: module-level imports only, which
+must form a DAG. The second (``_imports``) is every import of the tree, function-level ones and
+the packages' lazy exports included: no circle, no arrow from the library to ``viz/``,
+``app/`` or the facade, nothing of attrlab inside a function, and other libraries inside
+functions only from :data:`DEFERRED_IMPORTS`.
+
+Both read the source with :mod:`ast`, without importing anything. In the first an edge runs
 from a module to each of our modules it imports when it is itself imported, i.e. its
 module-level imports (class bodies included; not those inside functions, nor under
 ``if TYPE_CHECKING:``). Importing ``a.b.c`` also runs the ``__init__`` of ``a.b``, so the
@@ -111,7 +117,7 @@ def test_the_graph_reads_real_imports():
     # models/base.py imports errors and layouts at module level, images only for type checks.
     assert {"attrlab.attribution.errors", "attrlab.attribution.models.layouts"} <= base
     assert "attrlab.attribution.models.images" not in base
-    # The catalog's generator imports the registry inside a function.
+    # The catalog reads its file and nothing of the registry (which reads the catalog).
     assert (
         "attrlab.attribution.methods.registry" not in graph["attrlab.attribution.methods.catalog"]
     )
