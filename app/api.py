@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from functools import partial
 from typing import Annotated, Any
 
+import pandas as pd
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -64,6 +65,7 @@ from attrlab.attribution.features import GRANULARITIES
 from attrlab.attribution.methods import available_methods
 from attrlab.attribution.models import BUILTIN_MODELS, default_model
 from attrlab.attribution.params import whole_float_as_int
+from attrlab.attribution.patching import COLUMNS
 from attrlab.attribution.rows import target_problem
 
 __all__ = [
@@ -1250,10 +1252,6 @@ def _rows_of(path: os.PathLike[str]) -> Iterator[dict[str, Any]]:
 
 def _report_parquet(rows: Iterator[dict[str, Any]]) -> pathlib.Path:
     """A patching job's report table (empty before it is done) as a temporary Parquet file."""
-    import pandas as pd
-
-    from attrlab.attribution.patching import COLUMNS
-
     handle, name = tempfile.mkstemp(prefix="attrlab-results-", suffix=".parquet")
     os.close(handle)
     table = [record for row in rows for record in row["report"]["table"]]

@@ -14,14 +14,19 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, TypeAlias
 
-from attrlab.attribution.errors import AttrlabError
+from attrlab import app, attribution, viz
+from attrlab.app.progress import CommandProgress
+from attrlab.attribution import engine, layers, metrics, models
+from attrlab.attribution import methods as attribution_methods
+from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
+from attrlab.attribution.methods.catalog import catalog_entries
+from attrlab.attribution.models.catalog import BUILTIN_MODELS, default_model
+from attrlab.viz.methods import methods_text, units_text
 
 __all__ = ["main"]
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from attrlab.app.worker import EstimateRequest, ExplainRequest
-
     methods = _names(args.methods) if args.methods is not None else [args.method.strip()]
     if not methods:
         raise _usage_error("--methods names at least one method")
@@ -29,7 +34,7 @@ def _explain(args: argparse.Namespace) -> int:
         raise _usage_error("--estimate runs nothing, so it draws no figures: leave out --figures")
     figures = _output_path(args.figures, folder=True)
     params = _explain_params(args.param, methods)
-    kind = EstimateRequest if args.estimate else ExplainRequest
+    kind = app.EstimateRequest if args.estimate else app.ExplainRequest
     fields = _input_fields(args)
     requests = [
         kind(**fields, method=m, params=params.get(m, {}), evaluate=args.evaluate) for m in methods
@@ -45,9 +50,8 @@ def _explain(args: argparse.Namespace) -> int:
     if args.estimate:
         print("\n".join(r.summary() for r in results))
         return 0
-    from attrlab.viz.table import explanation_table
 
-    print("\n\n".join(explanation_table(e) for e in results))
+    print("\n\n".join(viz.explanation_table(e) for e in results))
     return 0
 
 
@@ -64,8 +68,6 @@ def _explain_params(pairs: Sequence[str], methods: Sequence[str]) -> dict[str, d
         InvalidParameterError: a pair without a method while several run, or for a method
             that does not run.
     """
-    from attrlab.app.worker import parse_param_pairs
-
     params: dict[str, dict[str, str]] = {}
     for pair in pairs:
         key = pair.partition("=")[0]
@@ -81,7 +83,7 @@ def _explain_params(pairs: Sequence[str], methods: Sequence[str]) -> dict[str, d
                 f"with several methods, name the method of each parameter: --param "
                 f"METHOD.{pair.strip()}"
             )
-        params.setdefault(method, {}).update(parse_param_pairs([rest]))
+        params.setdefault(method, {}).update(app.parse_param_pairs([rest]))
     return params
 
 
@@ -89,24 +91,17 @@ def _explanation_figures(
     explanations: Sequence[Any], image_bytes: bytes | None
 ) -> dict[str, Callable[[], Any]]:
     """Each explanation's figures (the library's rule), named ``method_figure``."""
-    from attrlab.viz.figures import figures_for
-
     image = None
     if image_bytes is not None:  # the maps are drawn on the image's display copy
-        from attrlab.attribution.models import load_image
-        from attrlab.viz.image import display_copy
-
-        image = display_copy(load_image(image_bytes))
+        image = viz.display_copy(models.load_image(image_bytes))
     return {
         f"{e.method}_{name}": draw
         for e in explanations
-        for name, draw in figures_for(e, image).items()
+        for name, draw in viz.figures_for(e, image).items()
     }
 
 
 def _layers(args: argparse.Namespace) -> int:
-    from attrlab.app.worker import ExplainRequest
-
     if args.format == "parquet" and args.output is None:
         raise _usage_error("--format parquet writes a file: give --output PATH")
     _output_path(args.output)
@@ -118,7 +113,7 @@ def _layers(args: argparse.Namespace) -> int:
                 "layers explain each line's prediction"
             )
         return _layers_dataset(args)
-    request = ExplainRequest(
+    request = app.ExplainRequest(
         **_input_fields(args),
         method="layers",
         params={
@@ -129,24 +124,19 @@ def _layers(args: argparse.Namespace) -> int:
     )
     (explanation,) = _on_worker(args, [request], "input")
     if figures is not None:
-        from attrlab.viz.figures import figures_for
-
-        _write_figures(figures_for(explanation), figures, args.figure_format)
+        _write_figures(viz.figures_for(explanation), figures, args.figure_format)
     if args.format == "json":
         _write_text(explanation.to_json(indent=2), args.output)
         return 0
-    from attrlab.viz.table import layers_text
 
-    _write_table(explanation.layers, args, lambda: layers_text(explanation))
+    _write_table(explanation.layers, args, lambda: viz.layers_text(explanation))
     return 0
 
 
 def _patch(args: argparse.Namespace) -> int:
     """``attrlab patch``: activation patching and its estimators on one pair of prompts."""
-    from attrlab.app.worker import PatchRequest
-
     figures = _study_paths(args)
-    request = PatchRequest(
+    request = app.PatchRequest(
         model=args.model,
         seed=args.seed,
         clean=args.clean,
@@ -162,9 +152,8 @@ def _patch(args: argparse.Namespace) -> int:
         top_k=args.top_k,
     )
     (report,) = _on_worker(args, [request], "study")
-    from attrlab.viz.table import patching_text
 
-    return _write_study(report, args, figures, "patching_figures", report.table, patching_text)
+    return _write_study(report, args, figures, "patching_figures", report.table, viz.patching_text)
 
 
 def _study_paths(args: argparse.Namespace) -> Path | None:
@@ -189,9 +178,7 @@ def _write_study(
     ``figures``: the :mod:`attrlab.viz` function drawing them (imported only when drawn).
     """
     if folder is not None:
-        import attrlab.viz
-
-        drawn = getattr(attrlab.viz, figures)(study)
+        drawn = getattr(viz, figures)(study)
         _write_figures({name: _built(f) for name, f in drawn.items()}, folder, args.figure_format)
     if args.format == "json":
         _write_text(json.dumps(study.to_dict(), indent=2), args.output)
@@ -207,10 +194,8 @@ def _built(figure: Any) -> Callable[[], Any]:
 
 def _prune(args: argparse.Namespace) -> int:
     """``attrlab prune``: layer and head pruning curves of each estimator's ranking."""
-    from attrlab.app.worker import PruneRequest
-
     figures = _study_paths(args)
-    request = PruneRequest(
+    request = app.PruneRequest(
         model=args.model,
         labels=_labels(args.labels),
         seed=args.seed,
@@ -226,15 +211,13 @@ def _prune(args: argparse.Namespace) -> int:
         head_step=args.head_step,
     )
     (study,) = _on_worker(args, [request], "study")
-    from attrlab.viz.table import pruning_text
 
-    return _write_study(study, args, figures, "pruning_figures", study.curve_table(), pruning_text)
+    table = study.curve_table()
+    return _write_study(study, args, figures, "pruning_figures", table, viz.pruning_text)
 
 
 def _dataset_texts(path: str) -> tuple[str, ...]:
     """The texts of a JSONL dataset, refusing images and targets (each text's is its top one)."""
-    from attrlab.attribution.errors import InvalidInputError
-
     texts = []
     for line in _dataset_lines(path):
         if line.text is None or line.target is not None:
@@ -265,10 +248,6 @@ def _positions(text: str | None) -> tuple[int, ...] | None:
 
 def _layers_dataset(args: argparse.Namespace) -> int:
     """``attrlab layers --input``: the layer measures' means over a dataset."""
-    from attrlab.app.progress import CommandProgress
-    from attrlab.attribution.layers import DatasetItem, analyze_dataset
-    from attrlab.attribution.run import RunSettings
-
     measures = _measures(args.measures)  # before the model loads
     lines = _dataset_lines(args.input)
     worker = _worker(args)
@@ -277,14 +256,14 @@ def _layers_dataset(args: argparse.Namespace) -> int:
             adapter = _load_model(worker, args, bar)
             bar.stage("layers")
             items = (
-                DatasetItem(raw, target)
+                layers.DatasetItem(raw, target)
                 for raw, target, _ in _records(lines, args.input, args.target)
             )
-            table = analyze_dataset(
+            table = layers.analyze_dataset(
                 adapter,
                 items,
                 measures,
-                RunSettings(seed=args.seed, progress=bar.passes),
+                attribution.RunSettings(seed=args.seed, progress=bar.passes),
                 progress=bar.done,
             )
     finally:
@@ -311,26 +290,20 @@ def _input_fields(args: argparse.Namespace) -> dict[str, Any]:
 
 def _answer_spec(args: argparse.Namespace) -> Any:
     """The answer the flags ask about (checked by the library), or ``None``."""
-    from attrlab.attribution.answers import AnswerSpec
-
-    return AnswerSpec.from_json(vars(args))
+    return attribution.AnswerSpec.from_json(vars(args))
 
 
 def _asks_answer(args: argparse.Namespace) -> bool:
     """Whether any answer flag is given (a decoder LM is then the default model)."""
-    from attrlab.attribution.answers import answer_asked
-
-    return answer_asked(vars(args))
+    return attribution.answer_asked(vars(args))
 
 
 def _spans(given: Sequence[str] | None) -> Any:
     """``--spans``: ``start-end`` pairs or one JSON list, read as the page reads typed spans."""
-    from attrlab.attribution.features import read_spans
-
     if given is None:
         return None
     try:
-        return read_spans("\n".join(given))  # one span per argument, as one per line
+        return attribution.read_spans("\n".join(given))  # one span per argument, as one per line
     except AttrlabError as error:
         raise _usage_error(f"--spans: {error}") from None
 
@@ -345,8 +318,6 @@ def _on_worker(
     ``unit`` with each one's forward passes under it; with ``counts_units`` the one request
     reports ``unit`` itself (a check's runs).
     """
-    from attrlab.app.progress import CommandProgress
-
     worker = _worker(args)
     try:
         for request in requests:
@@ -366,19 +337,14 @@ def _on_worker(
 
 def _worker(args: argparse.Namespace) -> Any:
     """A worker for one command's model, on ``--device`` or where the placement flags put it."""
-    from attrlab.app.settings import ServerSettings
-    from attrlab.app.worker import ExplainWorker
-
-    return ExplainWorker(
-        device=args.device, max_models=1, settings=ServerSettings.unrestricted(_placement(args))
+    return app.ExplainWorker(
+        device=args.device, max_models=1, settings=app.ServerSettings.unrestricted(_placement(args))
     )
 
 
 def _placement(args: argparse.Namespace) -> Any:
     """The placement flags' placement (the command line reads no environment for it)."""
-    from attrlab.app.settings import placement_setting
-
-    return placement_setting(None, _placement_flags(args))
+    return app.placement_setting(None, _placement_flags(args))
 
 
 def _placement_flags(args: argparse.Namespace) -> dict[str, str | None]:
@@ -400,25 +366,19 @@ def _labels(text: str | None) -> list[str] | None:
 
 
 def _measures(text: str | None) -> list[str] | None:
-    from attrlab.attribution.methods.layers import measure_names
-
-    return measure_names(text or "all")
+    return attribution_methods.measure_names(text or "all")
 
 
 def _usage_error(message: str) -> AttrlabError:
-    from attrlab.attribution.errors import InvalidParameterError
-
     return InvalidParameterError(message)
 
 
 def _check(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from attrlab.app.worker import CheckRequest
-
     _output_path(args.output)
     _output_path(args.figures, folder=True)
-    request = CheckRequest(
+    request = app.CheckRequest(
         **_input_fields(args),
         methods=tuple(_names(args.methods)),
         params=_method_params(args.param),
@@ -439,13 +399,11 @@ def _check(args: argparse.Namespace) -> int:
         {**v.to_dict(), "method": m, "check": "randomisation_verdict"} for m, v in verdicts.items()
     ]
     if args.figures is not None:
-        from attrlab.viz import method_agreement_figure, randomisation_figure
-
         figures: dict[str, Callable[[], Any]] = {}
         if not checked.agreement.empty:
-            figures["agreement"] = lambda: method_agreement_figure(checked.agreement)
+            figures["agreement"] = lambda: viz.method_agreement_figure(checked.agreement)
         if not checked.randomisation.empty:
-            figures["randomisation"] = lambda: randomisation_figure(checked.randomisation)
+            figures["randomisation"] = lambda: viz.randomisation_figure(checked.randomisation)
         _write_figures(figures, Path(args.figures), args.figure_format)
     result = pd.concat(
         [*tables, *([pd.DataFrame(verdict_rows)] if verdict_rows else [])], ignore_index=True
@@ -464,36 +422,21 @@ def _check(args: argparse.Namespace) -> int:
 
 def _method_params(pairs: Sequence[str]) -> dict[str, dict[str, str]]:
     """``["rise.n_masks=500", ...]`` -> ``{"rise": {"n_masks": "500"}}``."""
-    from attrlab.app.worker import parse_param_pairs
-
     params: dict[str, dict[str, str]] = {}
     for pair in pairs:
         method, dot, rest = pair.partition(".")
         if not dot:
             raise _usage_error(f"--param is method.key=value; got {pair!r}")
-        params.setdefault(method.strip(), {}).update(parse_param_pairs([rest]))
+        params.setdefault(method.strip(), {}).update(app.parse_param_pairs([rest]))
     return params
 
 
 def _batch(args: argparse.Namespace) -> int:
-    from attrlab.app.batch import (
-        IMAGE_SUFFIXES,
-        BatchConfig,
-        ResultFile,
-        explain_rows,
-        pending_rows,
-        unique_ids,
-    )
-    from attrlab.app.progress import CommandProgress
-    from attrlab.app.worker import check_instance_features
-    from attrlab.attribution.errors import InvalidInputError
-    from attrlab.attribution.gate import checked_params
-
     methods = tuple(_names(args.methods))
     if not methods:
         raise _usage_error("--methods names at least one method")
-    output = ResultFile(Path(args.output).expanduser())
-    config = BatchConfig(
+    output = app.ResultFile(Path(args.output).expanduser())
+    config = app.BatchConfig(
         model=args.model,
         methods=methods,
         params=_method_params(args.param),
@@ -508,12 +451,12 @@ def _batch(args: argparse.Namespace) -> int:
         checker.validate(_first_request(config))  # methods, parameters, model: before any work
     finally:
         checker.close()
-    dataset = unique_ids(_batch_rows(args.input))  # read whole before the output changes
-    check_instance_features(dataset, lambda _, row: f"row '{row.id}'")  # exit 2, before work
+    dataset = app.unique_ids(_batch_rows(args.input))  # read whole before the output changes
+    app.check_instance_features(dataset, lambda _, row: f"row '{row.id}'")  # exit 2, before work
     if not dataset:
-        what = f"images ({', '.join(IMAGE_SUFFIXES)})" if Path(args.input).is_dir() else "lines"
+        what = f"images ({', '.join(app.IMAGE_SUFFIXES)})" if Path(args.input).is_dir() else "lines"
         raise InvalidInputError(f"input '{args.input}' holds no {what} to explain")
-    resolved = {m: checked_params(m, config.params.get(m)) for m in methods}
+    resolved = {m: attribution.checked_params(m, config.params.get(m)) for m in methods}
     labels = list(config.labels) if config.labels else None
     output.keep_settings(  # a resumed output's rows were made as this run's will be
         {
@@ -526,14 +469,12 @@ def _batch(args: argparse.Namespace) -> int:
         }
     )
     done = output.done(methods)  # ids with every method written; partial ids are redone
-    rows = list(pending_rows(dataset, done))
+    rows = list(app.pending_rows(dataset, done))
     print(f"{len(dataset) - len(rows)} inputs already done, {len(rows)} to go", file=sys.stderr)
     with CommandProgress(len(rows), "input") as bar:
         if args.engine == "ray":
-            from attrlab.app.engine_ray import ray_batches
-
             bar.stage("ray")
-            batches = ray_batches(
+            batches = app.ray_batches(
                 rows,
                 config,
                 args.workers,
@@ -557,7 +498,7 @@ def _batch(args: argparse.Namespace) -> int:
                     def report(runs: int, _: int, start: int = start) -> None:
                         bar.done(start + runs // len(methods))  # a row is done with its methods
 
-                    output.append(explain_rows(worker, config, chunk, report))
+                    output.append(app.explain_rows(worker, config, chunk, report))
                     bar.done(start + len(chunk))
             finally:
                 worker.close()
@@ -570,13 +511,11 @@ def _batch(args: argparse.Namespace) -> int:
 
 def _first_request(config: Any) -> Any:
     """A one-instance request carrying the batch's methods and parameters, for validation."""
-    from attrlab.app.worker import BatchRequest, Instance
-
-    return BatchRequest(
+    return app.BatchRequest(
         model=config.model,
         labels=config.labels,
         seed=config.seed,
-        instances=(Instance(text=""),),
+        instances=(app.Instance(text=""),),
         methods=config.methods,
         params=config.params,
     )
@@ -589,36 +528,30 @@ def _batch_rows(path: str) -> Iterator[Any]:
     A line is ``{"id"?, "text" | "image": path relative to the file, "target"?}``; a row that
     cannot be read carries its problem, recorded as its result.
     """
-    from attrlab.app.batch import IMAGE_SUFFIXES, DatasetRow, dataset_rows
-    from attrlab.attribution.errors import InvalidInputError
-
     source = Path(path).expanduser()
     if source.is_dir():
-        for file in sorted(p for p in source.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES):
+        for file in sorted(p for p in source.iterdir() if p.suffix.lower() in app.IMAGE_SUFFIXES):
             try:
-                yield DatasetRow(id=file.name, image=_read_image_file(str(file)))
+                yield app.DatasetRow(id=file.name, image=_read_image_file(str(file)))
             except AttrlabError as err:
-                yield DatasetRow(id=file.name, problem=str(err))
+                yield app.DatasetRow(id=file.name, problem=str(err))
         return
     if not source.is_file():
         raise InvalidInputError(f"input '{path}' is neither a JSONL file nor a folder of images")
-    yield from dataset_rows(
+    yield from app.dataset_rows(
         _text_lines(source, path), lambda name: _read_image_file(str(source.parent / name))
     )
 
 
 def _text_lines(file: Path, name: str) -> Iterator[tuple[int, str]]:
     """``(line number, line)`` of the non-blank lines of a UTF-8 text file."""
-    from attrlab.attribution.errors import InvalidInputError
-    from attrlab.attribution.rows import numbered_lines
-
     try:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise InvalidInputError(
             f"input file '{name}' cannot be read as UTF-8 text: {err}"
         ) from None
-    return numbered_lines(text)
+    return attribution.numbered_lines(text)
 
 
 def _dataset_lines(path: str) -> list[Any]:
@@ -627,13 +560,10 @@ def _dataset_lines(path: str) -> list[Any]:
 
     A line that cannot be read is refused, naming it, before any work is done.
     """
-    from attrlab.attribution.errors import InvalidInputError
-    from attrlab.attribution.rows import dataset_line
-
     file = Path(path).expanduser()
     if not file.is_file():
         raise InvalidInputError(f"input file '{path}' does not exist or is not a regular file")
-    lines = [dataset_line(number, line) for number, line in _text_lines(file, path)]
+    lines = [attribution.dataset_line(number, line) for number, line in _text_lines(file, path)]
     for line in lines:
         if line.problem is not None:
             raise InvalidInputError(f"{path} {line.problem}")
@@ -657,27 +587,18 @@ def _records(lines: Sequence[Any], path: str, target: str | None) -> Iterator[tu
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from attrlab.app.batch import IMAGE_SUFFIXES
-    from attrlab.app.progress import CommandProgress
-    from attrlab.attribution.errors import InvalidInputError
-    from attrlab.attribution.methods import available_methods
-    from attrlab.attribution.metrics import EvalItem, bundled_items, evaluate_methods, summarise
-    from attrlab.attribution.metrics.faithfulness import check_options
-    from attrlab.attribution.run import RunSettings
-    from attrlab.viz.evaluate import leaderboard_text
-
-    check_options(args.image_fill, args.text_removal)  # before the model loads
+    metrics.check_options(args.image_fill, args.text_removal)  # before the model loads
     _output_path(args.output)
     per_item_path = _output_path(args.per_item)
     methods = _names(args.methods or "") or [
-        m.name for m in available_methods() if m.category == "attribution"
+        m.name for m in attribution.available_methods() if m.category == "attribution"
     ]
     records: Iterator[tuple[Any, Any, str]] | None = None  # None: the bundled set
     if args.images is not None:
         folder = Path(args.images).expanduser()
         if not folder.is_dir():
             raise InvalidInputError(f"image folder '{args.images}' does not exist")
-        files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        files = sorted(p for p in folder.iterdir() if p.suffix.lower() in app.IMAGE_SUFFIXES)
         count = len(files)
         records = ((_read_image_file(str(f)), args.target, f.name) for f in files)
     elif args.input is not None:
@@ -688,20 +609,20 @@ def _evaluate(args: argparse.Namespace) -> int:
         with CommandProgress(None, "item") as bar:
             adapter = _load_model(worker, args, bar)
             if records is None:
-                bundled = bundled_items(adapter.modality)
+                bundled = metrics.bundled_items(adapter.modality)
                 count, items = len(bundled), iter(bundled)
             else:
-                items = (EvalItem(*record) for record in records)
+                items = (metrics.EvalItem(*record) for record in records)
             bar.done(0, min(count, args.max_items or count))
             bar.stage("evaluate")
-            per_item = evaluate_methods(
+            per_item = metrics.evaluate_methods(
                 adapter,
                 itertools.islice(items, args.max_items),
                 methods,
                 _method_params(args.param),
                 args.steps,
                 args.random_orders,
-                RunSettings(seed=args.seed),
+                attribution.RunSettings(seed=args.seed),
                 progress=bar.done,
                 image_fill=args.image_fill,
                 text_removal=args.text_removal,
@@ -720,8 +641,8 @@ def _evaluate(args: argparse.Namespace) -> int:
                 per_item.to_csv(per_item_path, index=False)
         except OSError as err:
             raise InvalidInputError(f"cannot write '{args.per_item}': {err}") from None
-    summary = summarise(per_item, adapter.modality, args.seed)
-    _write_table(summary, args, lambda: leaderboard_text(summary, adapter.modality))
+    summary = metrics.summarise(per_item, adapter.modality, args.seed)
+    _write_table(summary, args, lambda: viz.leaderboard_text(summary, adapter.modality))
     return 0
 
 
@@ -731,8 +652,6 @@ def _output_path(path: str | None, folder: bool = False) -> Path | None:
 
     Its parent must exist and it must not be the other kind of thing.
     """
-    from attrlab.attribution.errors import InvalidInputError
-
     if path is None:
         return None
     target = Path(path).expanduser()
@@ -748,7 +667,6 @@ def _write_text(text: str, output: str | None) -> None:
     if output is None:
         print(text)
         return
-    from attrlab.attribution.errors import InvalidInputError
 
     try:
         Path(output).expanduser().write_text(text + "\n", encoding="utf-8")
@@ -760,8 +678,6 @@ def _write_table(table: Any, args: argparse.Namespace, as_text: Callable[[], str
     """The long table as the chosen ``--format``, to ``--output`` or stdout."""
     output = _output_path(args.output)
     if args.format == "parquet":
-        from attrlab.attribution.errors import InvalidInputError
-
         try:
             table.to_parquet(output, index=False)
         except OSError as err:
@@ -782,19 +698,15 @@ def _write_figures(figures: Mapping[str, Callable[[], Any]], folder: Path, kind:
         InvalidInputError: a figure that cannot be written: the folder, or PNG export (kaleido
             drives a Chromium, which may be missing).
     """
-    from attrlab.attribution.errors import InvalidInputError
-    from attrlab.viz import export_figure
-    from attrlab.viz.bundle import safe_name
-
     folder = folder.expanduser()
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise InvalidInputError(f"cannot write figures to '{folder}': {err.strerror}") from None
     for name, draw in figures.items():
-        path = folder / f"{safe_name(name)}.{kind}"
+        path = folder / f"{viz.safe_name(name)}.{kind}"
         try:
-            export_figure(draw(), path)
+            viz.export_figure(draw(), path)
         except OSError as err:
             raise InvalidInputError(f"cannot write '{path}': {err.strerror}") from None
         except Exception as err:  # kaleido's own errors: no Chromium, a crashed render
@@ -810,8 +722,6 @@ def _write_figures(figures: Mapping[str, Callable[[], Any]], folder: Path, kind:
 
 def _read_image_file(path: str) -> bytes:
     """The bytes of the image file the user named (the only place attrlab opens a file)."""
-    from attrlab.attribution.errors import InvalidInputError
-
     file = Path(path).expanduser()
     if not file.is_file():  # also refuses devices and FIFOs, which could block or never end
         raise InvalidInputError(f"image file '{path}' does not exist or is not a regular file")
@@ -822,8 +732,6 @@ def _read_image_file(path: str) -> bytes:
 
 
 def _models(_: argparse.Namespace) -> int:
-    from attrlab.attribution.models import BUILTIN_MODELS
-
     for name, entry in BUILTIN_MODELS.items():
         print(f"{name:<20} {entry.modality:<6} {entry.description}")
     print("\nAlso: any Hugging Face hub id or local folder of a supported family.")
@@ -831,24 +739,18 @@ def _models(_: argparse.Namespace) -> int:
 
 
 def _methods(args: argparse.Namespace) -> int:
-    from attrlab.attribution.methods.catalog import catalog_entries
-
     # From the catalog: describing the methods imports none of them.
     described = [{k: v for k, v in e.items() if k != "module"} for e in catalog_entries()]
     if args.format == "json":
         print(json.dumps(described, indent=2))
         return 0
-    from attrlab.viz.methods import methods_text
 
     print(methods_text(described, shutil.get_terminal_size().columns))
     return 0
 
 
 def _units(args: argparse.Namespace) -> int:
-    from attrlab.attribution.engine import engine_catalog
-    from attrlab.viz.methods import units_text
-
-    described = engine_catalog()
+    described = engine.engine_catalog()
     if args.format == "json":
         print(json.dumps(described, indent=2))
         return 0
@@ -857,23 +759,16 @@ def _units(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from attrlab.app.settings import (
-        ServerSettings,
-        parse_param_limits,
-        placement_setting,
-        split_list,
-    )
-
     try:
-        from attrlab.app.server import serve
+        serve = app.serve
     except ImportError as err:  # the web stack is an extra: the library works without it
         raise AttrlabError(
             f"attrlab serve needs the package '{err.name}', which is not installed: "
             "pip install 'attrlab[app]'"
         ) from None
 
-    settings = ServerSettings.for_server(
-        models=frozenset(split_list(args.models)) if args.models else None,
+    settings = app.ServerSettings.for_server(
+        models=frozenset(app.split_list(args.models)) if args.models else None,
         allow_hub=True if args.allow_hub else None,
         model_roots=tuple(Path(p).expanduser().resolve() for p in args.model_root) or None,
         max_body_bytes=args.max_body_bytes,
@@ -885,10 +780,10 @@ def _serve(args: argparse.Namespace) -> int:
         data_dir=Path(args.data).expanduser() if args.data else None,
         max_jobs=args.max_jobs,
         reset_jobs=True if args.reset_jobs else None,
-        placement=placement_setting(os.environ, _placement_flags(args)),
+        placement=app.placement_setting(os.environ, _placement_flags(args)),
     )
     if args.param_limit:
-        limits = {**settings.param_limits, **parse_param_limits(args.param_limit)}
+        limits = {**settings.param_limits, **app.parse_param_limits(args.param_limit)}
         settings = replace(settings, param_limits=limits)
     if args.host not in ("127.0.0.1", "localhost", "::1") and settings.api_token is None:
         print(
@@ -901,11 +796,9 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _positive_int(text: str) -> int:
-    from attrlab.app.settings import SettingsError, positive_int
-
     try:
-        return positive_int(text, "the value")
-    except SettingsError as err:
+        return app.positive_int(text, "the value")
+    except app.SettingsError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
@@ -1456,8 +1349,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     commands = ("explain", "layers", "evaluate", "check", "batch", "patch", "prune")
     if args.command in commands and args.model is None:
-        from attrlab.attribution.models import default_model
-
         image = getattr(args, "image", None) or getattr(args, "images", None)
         if args.command == "batch":
             image = Path(args.input).expanduser().is_dir()

@@ -20,10 +20,14 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import torch
 
 from attrlab.app.batch import BatchConfig, DatasetRow, explain_rows, result_arrow
+from attrlab.app.settings import ServerSettings
+from attrlab.app.worker import ExplainWorker
 from attrlab.attribution.answers import AnswerSpec
 from attrlab.attribution.errors import AttrlabError
+from attrlab.attribution.models.placement import Placement
 
 __all__ = ["ExplainActor", "RayEngineError", "ray_batches", "ray_items"]
 
@@ -36,12 +40,6 @@ class ExplainActor:
     """One model per actor; a pandas batch of dataset rows in, result rows out."""
 
     def __init__(self, config: dict[str, Any]) -> None:
-        import torch
-
-        from attrlab.app.settings import ServerSettings
-        from attrlab.app.worker import ExplainWorker
-        from attrlab.attribution.models.placement import Placement
-
         torch.set_num_threads(max(1, int(os.environ.get("ATTRLAB_ACTOR_THREADS", "1"))))
         # asdict made the placement a dict on its way here
         self.config = BatchConfig(**{**config, "placement": Placement(**config["placement"])})

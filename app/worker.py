@@ -23,7 +23,7 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from attrlab.app.settings import ServerSettings
-from attrlab.attribution import explain, load
+from attrlab.attribution import engine, explain, layers, load, metrics, patching
 from attrlab.attribution.alteration import unaltered
 from attrlab.attribution.answers import AnswerSpec
 from attrlab.attribution.errors import (
@@ -31,6 +31,8 @@ from attrlab.attribution.errors import (
     InvalidInputError,
     InvalidParameterError,
 )
+from attrlab.attribution.estimate import calibrate, calibrated, estimate
+from attrlab.attribution.explain import preview
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.features import check_features
 from attrlab.attribution.gate import checked_params, clear_shares
@@ -39,8 +41,9 @@ from attrlab.attribution.models.loading import resolve_device
 from attrlab.attribution.models.placement import placement_of, private_offload
 from attrlab.attribution.run import ProgressCallback, RunSettings, stop_if_cancelled
 from attrlab.attribution.runs import Prepared, explain_rows, prepare_input
+from attrlab.attribution.target import Target
 
-if TYPE_CHECKING:  # imported where used: a plain explanation needs none of them
+if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
 
@@ -269,15 +272,10 @@ class EstimateRequest(InputRequest["Estimate"]):
         A calibration times passes on the device: beside a job it would measure a shared
         device and misprice every later request, so it queues like a job.
         """
-        from attrlab.attribution.estimate import calibrated
-
         return calibrated(adapter)
 
     def run_on(self, adapter: Adapter, run: JobContext) -> Estimate:
         """The estimate; the first on a model calibrates every batch width of its device."""
-        from attrlab.attribution.estimate import calibrate, estimate
-        from attrlab.attribution.target import Target
-
         settings = run.settings_for(self.seed, self.evaluate)
         ready = run.targeted(self)
         calibrate(adapter).measure_all()  # later estimates run no pass: light
@@ -308,10 +306,8 @@ class CheckRequest(InputRequest["MethodCheck"]):
 
     def run_on(self, adapter: Adapter, run: JobContext) -> MethodCheck:
         """The explanations, their agreement and the randomisation checks."""
-        from attrlab.attribution.metrics.check import check_methods
-
         ready = run.targeted(self)
-        return check_methods(
+        return metrics.check_methods(
             adapter,
             self.methods,
             ready.inputs,
@@ -338,8 +334,6 @@ class PreviewRequest(InputRequest["Preview"]):
 
     def run_on(self, adapter: Adapter, run: JobContext) -> Preview:
         """The top predictions (one forward pass) and each method's applicability."""
-        from attrlab.attribution.explain import preview
-
         return preview(adapter, run.prepare(self))
 
 
@@ -386,9 +380,7 @@ class AblationRequest(InputRequest["HeadAblation"]):
 
     def run_on(self, adapter: Adapter, run: JobContext) -> HeadAblation:
         """Both maps (refused first when their estimate is over the server's seconds)."""
-        from attrlab.attribution.layers import ablate_heads_and_explain
-
-        return ablate_heads_and_explain(
+        return layers.ablate_heads_and_explain(
             adapter,
             self.method,
             run.prepare(self),
@@ -426,8 +418,6 @@ class PatchRequest(WorkerRequest["PatchingReport"]):
 
     def check(self, settings: ServerSettings) -> None:
         """The texts within this server's bounds, one corruption, and known study names."""
-        from attrlab.attribution.patching import check_study
-
         for text in (self.corrupted, self.answer, self.contrast):
             settings.check_request(text, None, None, self.seed)
         settings.check_request(self.clean, self.labels, self.target, self.seed)
@@ -435,7 +425,9 @@ class PatchRequest(WorkerRequest["PatchingReport"]):
             raise InvalidInputError(
                 "give a corrupted prompt, or noise positions of the clean one (causal tracing)"
             )
-        check_study(self.estimators, self.components, self.directions)  # before any queueing
+        patching.check_study(
+            self.estimators, self.components, self.directions
+        )  # before any queueing
 
     def method_params(self) -> dict[str, dict[str, Any]]:
         """No registered method: patching is its own study."""
@@ -443,15 +435,13 @@ class PatchRequest(WorkerRequest["PatchingReport"]):
 
     def run_on(self, adapter: Adapter, run: JobContext) -> PatchingReport:
         """The study under the job's budget, progress and cancel switch."""
-        from attrlab.attribution.patching import GaussianNoise, patching_problem, patching_report
-
         noise = None
         if self.noise_positions is not None:
-            noise = GaussianNoise(self.noise_positions, self.noise_seeds, seed=self.seed)
-        problem = patching_problem(
+            noise = patching.GaussianNoise(self.noise_positions, self.noise_seeds, seed=self.seed)
+        problem = patching.patching_problem(
             adapter, self.clean, self.corrupted, self.answer, self.contrast, noise, self.target
         )
-        return patching_report(
+        return patching.patching_report(
             adapter,
             problem,
             self.estimators,
@@ -485,17 +475,14 @@ class PruneRequest(WorkerRequest["PruningStudy"]):
 
     def check(self, settings: ServerSettings) -> None:
         """Every text within this server's bounds, and no more dataset texts than a study takes."""
-        from attrlab.attribution.engine import check_unit_kinds
-        from attrlab.attribution.engine.study import MAX_TEXTS
-
         if self.units is not None:
-            check_unit_kinds(self.units)
+            engine.check_unit_kinds(self.units)
         settings.check_request(self.text, self.labels, self.target, self.seed)
         for text in (self.answer, self.contrast, self.corrupted, *(self.texts or ())):
             settings.check_request(text, None, None, self.seed)
-        if self.texts is not None and not 1 <= len(self.texts) <= MAX_TEXTS:
+        if self.texts is not None and not 1 <= len(self.texts) <= engine.MAX_TEXTS:
             raise InvalidInputError(
-                f"give 1 to {MAX_TEXTS} texts to prune over; got {len(self.texts)}"
+                f"give 1 to {engine.MAX_TEXTS} texts to prune over; got {len(self.texts)}"
             )
 
     def method_params(self) -> dict[str, dict[str, Any]]:
@@ -504,12 +491,10 @@ class PruneRequest(WorkerRequest["PruningStudy"]):
 
     def run_on(self, adapter: Adapter, run: JobContext) -> PruningStudy:
         """The study, priced and refused over the job's budgets before any work."""
-        from attrlab.attribution.engine.study import pruning_study, ranked_input
-
-        inputs, target, problem = ranked_input(
+        inputs, target, problem = engine.ranked_input(
             adapter, self.text, self.target, self.answer, self.contrast, self.corrupted
         )
-        return pruning_study(
+        return engine.pruning_study(
             adapter,
             inputs,
             target,
@@ -539,9 +524,7 @@ class AttentionRequest(InputRequest["np.ndarray"]):
 
     def run_on(self, adapter: Adapter, run: JobContext) -> np.ndarray:
         """The attention weights (a layer or head the model lacks is refused by name)."""
-        from attrlab.attribution.layers import head_attention
-
-        return head_attention(adapter, run.prepare(self), self.layer, self.head)
+        return layers.head_attention(adapter, run.prepare(self), self.layer, self.head)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -565,12 +548,10 @@ class EvaluateRequest(WorkerRequest["pd.DataFrame"]):
 
     def check(self, settings: ServerSettings) -> None:
         """A known modality, methods, items and curve sizes within bounds, readable inputs."""
-        from attrlab.attribution.metrics import SCORES
-
         super().check(settings)
-        if self.modality not in SCORES:
+        if self.modality not in metrics.SCORES:
             raise InvalidParameterError(
-                f"the modality is one of {', '.join(SCORES)}; got {self.modality!r}"
+                f"the modality is one of {', '.join(metrics.SCORES)}; got {self.modality!r}"
             )
         if not self.methods:
             raise InvalidParameterError("name at least one method to evaluate")
@@ -612,19 +593,17 @@ class EvaluateRequest(WorkerRequest["pd.DataFrame"]):
 
         ``read`` decodes an uploaded one within the server's bounds (without it, as uploaded).
         """
-        from attrlab.attribution.metrics import EvalItem, bundled_items
-
         if self.instances:
             chosen = self.instances[: self.items]
             return [
-                EvalItem(
+                metrics.EvalItem(
                     read(i) if read else i.text if i.text is not None else i.image,
                     i.target,
                     f"item {n}",
                 )
                 for n, i in enumerate(chosen, start=1)
             ]
-        return bundled_items(self.modality)[: self.items]
+        return metrics.bundled_items(self.modality)[: self.items]
 
     def costs(self) -> list[EstimateRequest]:
         """
@@ -654,8 +633,6 @@ class EvaluateRequest(WorkerRequest["pd.DataFrame"]):
 
     def run_on(self, adapter: Adapter, run: JobContext) -> pd.DataFrame:
         """The per-item table (refused first when its estimate is over the server's seconds)."""
-        from attrlab.attribution.metrics import evaluate_methods
-
         if adapter.modality != self.modality:
             raise InvalidInputError(
                 f"model '{adapter.model_id}' takes {_article(adapter.modality)} as input; "
@@ -670,7 +647,7 @@ class EvaluateRequest(WorkerRequest["pd.DataFrame"]):
             adapter, self.methods, first, self.params, settings, runs=total, applicable_only=True
         )
         run.progress(0, total)
-        return evaluate_methods(
+        return metrics.evaluate_methods(
             adapter,
             items,
             self.methods,

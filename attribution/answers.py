@@ -8,20 +8,16 @@ last attended token (right padding), so a perturbation that deletes prompt token
 everything after them, still reads the answer where it now is. The answer's own tokens are
 :attr:`~attribution.models.base.TextInputs.fixed_tokens`: what is explained, never perturbed.
 
-:func:`answer_inputs` builds the sequence (optionally in the tokenizer's chat template),
-:func:`generate_answer` finds the model's own greedy continuation first, and
-:func:`answer_log_probs` reads an answer's per-step log-probabilities from a forward's logits.
-:func:`reused_outputs` lets several runs over the same perturbed inputs (the rows of a
-per-step matrix) share the forwards of the first.
+:func:`answer_inputs` builds the sequence (optionally in the tokenizer's chat template), and
+:func:`generate_answer` finds the model's own greedy continuation first. Reading an answer's
+per-step log-probabilities from a forward's logits is the target record's own
+(:class:`~attribution.target.AnswerTarget`, :func:`~attribution.target.answer_log_probs`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import secrets
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any
@@ -30,33 +26,29 @@ import torch
 
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError, require_unicode
 from attrlab.attribution.models.base import TextInputs
+from attrlab.attribution.target import AnswerTarget, ContrastTarget, Target, decoder_adapter
 from attrlab.attribution.tokens import continuation_texts, token_texts
 
 if TYPE_CHECKING:
     from attrlab.attribution.models.base import Adapter
     from attrlab.attribution.models.text import DecoderLMAdapter
-    from attrlab.attribution.target import AnswerTarget, Target
 
 __all__ = [
     "ANSWER_FIELDS",
     "MAX_NEW_TOKENS",
-    "MEASURES",
     "Answer",
     "AnswerSpec",
     "answer_asked",
     "answer_inputs",
-    "answer_log_probs",
     "answer_request",
     "answer_target",
     "check_answer_fits",
-    "decoder_adapter",
     "generate_answer",
     "given_answer",
     "next_token_answer",
     "prompt_inputs",
     "prompt_of",
     "prompt_prediction",
-    "reused_outputs",
     "with_alternative",
 ]
 
@@ -184,18 +176,6 @@ class Answer:
     stop: str | None = None
     #: Each token's characters in ``text`` (``None``: from the tokens' continuation texts).
     offsets: tuple[tuple[int, int], ...] | None = None
-
-
-def decoder_adapter(adapter: Adapter) -> DecoderLMAdapter:
-    """``adapter`` as a decoder LM, or a clear refusal (answers are a decoder's)."""
-    from attrlab.attribution.models.text import DecoderLMAdapter
-
-    if not isinstance(adapter, DecoderLMAdapter):
-        raise InvalidInputError(
-            f"answers and contrasts explain a decoder LM's continuation; model "
-            f"'{adapter.model_id}' is a {adapter.family}"
-        )
-    return adapter
 
 
 def check_answer_fits(inputs: Any, target: Target) -> None:
@@ -541,81 +521,6 @@ def _nonempty(text: Any, message: str) -> None:
         raise InvalidInputError(message)
 
 
-#: What an answer's step reads: its token's log-probability, or its raw logit (LRP).
-MEASURES = ("log_prob", "logit")
-
-
-def answer_log_probs(
-    logits: torch.Tensor,
-    attention_mask: torch.Tensor,
-    tokens: Sequence[int],
-    answer_length: int,
-    measure: str = "log_prob",
-) -> torch.Tensor:
-    """
-    Per-step log-probabilities ``(B, len(tokens))`` of ``tokens`` as an answer.
-
-    ``measure="logit"``: the tokens' raw logits instead.
-
-    ``logits`` ``(B, T, V)`` are a forward's over sequences whose last ``answer_length``
-    attended tokens are the answer; step ``k`` is read at the position before the answer's
-    token ``k``: ``last - answer_length + k``. ``tokens`` may differ from the answer in the
-    sequence where the positions read do not depend on the difference (an alternative whose
-    earlier tokens are the sequence's: causal attention).
-    """
-    last = attention_mask.sum(dim=1).long() - 1
-    steps = torch.arange(len(tokens), device=logits.device)
-    positions = (last - answer_length)[:, None] + steps[None, :]
-    rows = torch.arange(logits.shape[0], device=logits.device)[:, None]
-    read = logits[rows, positions]
-    read = read.to(torch.promote_types(read.dtype, torch.float32))  # half precision: float32
-    if measure == "log_prob":
-        read = read.log_softmax(-1)
-    wanted = torch.as_tensor(list(tokens), device=logits.device).expand(logits.shape[0], -1)
-    return read.gather(-1, wanted[..., None])[..., 0]
-
-
-#: While :func:`reused_outputs` holds: (target, inputs' digest) -> the target's outputs.
-_REUSED: ContextVar[dict[tuple[Any, str], torch.Tensor] | None] = ContextVar(
-    "attrlab_reused_outputs", default=None
-)
-
-
-@contextmanager
-def reused_outputs() -> Iterator[None]:
-    """
-    Within the block, a target's outputs on inputs it has already read come from memory.
-
-    For runs that score the same perturbed inputs again (each row of a per-step matrix after
-    the whole answer's map): the forwards are spent once. Only forwards without gradients are
-    kept; a key is the target and a digest of the inputs' values.
-    """
-    token = _REUSED.set({})
-    try:
-        yield
-    finally:
-        _REUSED.reset(token)
-
-
-def remembered(target: Any, model_kwargs: dict[str, torch.Tensor]) -> tuple[Any, Any]:
-    """
-    ``(store, key)`` of ``target``'s outputs on ``model_kwargs`` while outputs are reused.
-
-    ``store`` is ``None`` when they are not: outside :func:`reused_outputs`, or inputs that
-    carry gradients.
-    """
-    store = _REUSED.get()
-    if store is None or torch.is_grad_enabled():
-        return None, None
-    digest = hashlib.blake2b(digest_size=16)
-    for name in sorted(model_kwargs):
-        tensor = model_kwargs[name]
-        digest.update(name.encode())
-        digest.update(str(tuple(tensor.shape)).encode())
-        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    return store, (target, digest.hexdigest())
-
-
 def _eos_ids(decoder: DecoderLMAdapter) -> set[int]:
     found: set[int] = set()
     for source in (getattr(decoder.model, "generation_config", None), decoder.config):
@@ -666,8 +571,6 @@ def _inputs(
 
 def answer_target(adapter: Adapter, inputs: TextInputs, answer: Answer) -> AnswerTarget:
     """The target of ``answer`` in ``inputs`` (built by :func:`answer_inputs`)."""
-    from attrlab.attribution.target import AnswerTarget
-
     labels = tuple(inputs.token_texts[-len(answer.ids) :])
     return AnswerTarget(answer.ids, labels, answer.text, answer.generated)
 
@@ -699,8 +602,6 @@ def answer_request(
             reads.
         InvalidParameterError: ``generate`` out of range.
     """
-    from attrlab.attribution.target import ContrastTarget
-
     spec = AnswerSpec(answer=answer, generate=generate, stop=stop, contrast=contrast, chat=chat)
     if token is not None and not spec.next_token:
         raise InvalidInputError(

@@ -31,11 +31,11 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from attrlab.attribution.answers import check_answer_fits, decoder_adapter
+from attrlab.attribution.answers import check_answer_fits
 from attrlab.attribution.errors import InvalidInputError
 from attrlab.attribution.models.base import Adapter, TextInputs
 from attrlab.attribution.run import RunContext
-from attrlab.attribution.target import Target
+from attrlab.attribution.target import Target, decoder_adapter
 
 __all__ = ["ContextAttribution", "context_attribution"]
 

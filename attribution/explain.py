@@ -17,7 +17,6 @@ from attrlab.attribution.alteration import altered
 from attrlab.attribution.answers import (
     check_answer_fits,
     prompt_prediction,
-    reused_outputs,
     with_alternative,
 )
 from attrlab.attribution.errors import DeviceMemoryError, InvalidInputError
@@ -35,6 +34,7 @@ from attrlab.attribution.methods import capabilities
 from attrlab.attribution.methods.base import Attribution, AttributionMethod
 from attrlab.attribution.methods.checkpointing import checkpointing_for
 from attrlab.attribution.methods.smoothing import smoothing_requested
+from attrlab.attribution.metrics.faithfulness import faithfulness, faithfulness_passes
 from attrlab.attribution.models.base import Adapter, Inputs, TextInputs
 from attrlab.attribution.run import (
     ProgressCallback,
@@ -48,6 +48,7 @@ from attrlab.attribution.target import (
     Target,
     first_token,
     resolve_target,
+    reused_outputs,
 )
 
 __all__ = ["Preview", "attribute", "explain", "input_logits", "predictions", "preview"]
@@ -122,8 +123,6 @@ def _explained(
         run.warn(f"the text was truncated to the model's limit of {len(inputs.tokens)} tokens")
     card_progress = run.progress
     if settings.evaluate and run.progress is not None:
-        from attrlab.attribution.metrics.faithfulness import faithfulness_passes
-
         run.progress, card_progress = _one_count(run.progress, faithfulness_passes(inputs))
     # Each forward of the method and of its scoring stops the run once it is cancelled.
     with cancellable_forwards(adapter.model, settings.cancel):
@@ -135,10 +134,6 @@ def _explained(
             result = attribute(method_cls, adapter, inputs, explained, checked, run, per_step)
         run.attentions = None  # every layer's T × T maps: not kept through the trust scoring
         if settings.evaluate:
-            from attrlab.attribution.metrics import (
-                faithfulness,  # metrics explain through this module
-            )
-
             run.progress = card_progress
             scored = faithfulness(adapter, inputs, result.scores, explained, run=run)
             result.metrics.update(scored.metrics)

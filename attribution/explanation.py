@@ -20,6 +20,7 @@ import numpy as np
 
 from attrlab.attribution import target as targets
 from attrlab.attribution.features import Feature
+from attrlab.attribution.rendering import renderer, required_renderer
 from attrlab.attribution.tokens import texts_from_tokens
 from attrlab.attribution.verdicts import Verdict
 
@@ -178,7 +179,8 @@ class Explanation:
 
     In a notebook an Explanation shows itself (:meth:`_repr_html_`: coloured tokens or the map
     over the image, the target and the trust card; a layer analysis its head grid). Drawing is
-    :mod:`attrlab.viz`'s, imported when asked: the library itself renders nothing.
+    the renderer's that :mod:`attrlab.viz` registers (:mod:`attribution.rendering`): the
+    library itself renders nothing.
     """
 
     model: ModelInfo
@@ -257,9 +259,7 @@ class Explanation:
 
     def figures(self) -> list[str]:
         """The names of the figures :meth:`figure` draws for this explanation."""
-        from attrlab.viz.figures import figures_for
-
-        return list(figures_for(self, self.image))
+        return list(required_renderer().figures_for(self, self.image))
 
     def figure(self, name: str | None = None) -> Any:
         """
@@ -267,10 +267,9 @@ class Explanation:
 
         Raises:
             ValueError: a name not in :meth:`figures`, or an image's map without its image.
+            RuntimeError: nothing draws (:mod:`attrlab.viz` was never imported).
         """
-        from attrlab.viz.figures import figures_for
-
-        builders = figures_for(self, self.image)
+        builders = required_renderer().figures_for(self, self.image)
         chosen = next(iter(builders)) if name is None else name
         if chosen not in builders:
             raise ValueError(f"no figure {name!r}; this explanation has {', '.join(builders)}")
@@ -280,10 +279,9 @@ class Explanation:
         """Show :meth:`figure` (inline in a notebook, a browser tab elsewhere)."""
         self.figure(name).show()
 
-    def _repr_html_(self) -> str:  # a notebook's display
-        from attrlab.viz.notebook import explanation_html
-
-        return explanation_html(self)
+    def _repr_html_(self) -> str | None:  # a notebook's display; None: the plain repr
+        drawing = renderer()
+        return None if drawing is None else drawing.explanation_html(self)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict (the REST and CLI wire format)."""

@@ -17,9 +17,11 @@ def lazy_exports(
     """
     A package's ``__getattr__`` and ``__dir__`` for ``exports`` (name -> defining module).
 
-    The first access imports the defining module and keeps the value on the package. An export
-    named like the submodule that defines it (``attribution.explain``) stays the export even
-    after the submodule is imported, which would otherwise bind the module in its place.
+    The first access imports the defining module; each access reads the value there, so that
+    code reaching an export through its package sees what its module holds now (a value a test
+    replaced in the module, say). An export named like the submodule that defines it
+    (``attribution.explain``) stays the export even after the submodule is imported, which would
+    otherwise bind the module in its place.
     """
     module_object = sys.modules[package]
     module_object.__class__ = _Package
@@ -29,9 +31,7 @@ def lazy_exports(
         module = exports.get(name)
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(import_module(module), name)
-        setattr(sys.modules[package], name, value)
-        return value
+        return getattr(import_module(module), name)
 
     def __dir__() -> list[str]:
         return sorted({*vars(sys.modules[package]), *exports})

@@ -12,25 +12,32 @@ Today's kinds name one output (:class:`OutputTarget`): a class of a classifier
 from others fit the same interface: a contrast "A rather than B" scores
 ``A.score(outputs) - B.score(outputs)``; a whole answer sums its steps' scores, each step a
 target of its own. Each kind has a JSON form (:meth:`Target.to_json`, :meth:`Target.from_json`)
-that the Explanation's export carries.
+that the Explanation's export carries. How an answer is scored lives here too
+(:func:`answer_log_probs`, the outputs reused while :func:`reused_outputs` holds), so the record
+reads its own outputs; building an answer's inputs is :mod:`~attribution.answers`' work.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import torch
 
 from attrlab.attribution.errors import InvalidInputError, UnsupportedMethodError
+from attrlab.attribution.models.text import DecoderLMAdapter
 
 if TYPE_CHECKING:
     from attrlab.attribution.models.base import Adapter
 
 __all__ = [
+    "MEASURES",
     "AnswerTarget",
     "ClassTarget",
     "ContrastTarget",
@@ -39,14 +46,102 @@ __all__ = [
     "StepRows",
     "StepTarget",
     "Target",
+    "answer_log_probs",
+    "decoder_adapter",
     "first_token",
     "output_index",
     "output_target",
     "resolve_target",
+    "reused_outputs",
 ]
 
 #: Target kind (its JSON ``kind``) -> the class that reads it back.
 _KINDS: dict[str, type[Target]] = {}
+
+
+def decoder_adapter(adapter: Adapter) -> DecoderLMAdapter:
+    """``adapter`` as a decoder LM, or a clear refusal (answers are a decoder's)."""
+    if not isinstance(adapter, DecoderLMAdapter):
+        raise InvalidInputError(
+            f"answers and contrasts explain a decoder LM's continuation; model "
+            f"'{adapter.model_id}' is a {adapter.family}"
+        )
+    return adapter
+
+
+#: What an answer's step reads: its token's log-probability, or its raw logit (LRP).
+MEASURES = ("log_prob", "logit")
+
+
+def answer_log_probs(
+    logits: torch.Tensor,
+    attention_mask: torch.Tensor,
+    tokens: Sequence[int],
+    answer_length: int,
+    measure: str = "log_prob",
+) -> torch.Tensor:
+    """
+    Per-step log-probabilities ``(B, len(tokens))`` of ``tokens`` as an answer.
+
+    ``measure="logit"``: the tokens' raw logits instead.
+
+    ``logits`` ``(B, T, V)`` are a forward's over sequences whose last ``answer_length``
+    attended tokens are the answer; step ``k`` is read at the position before the answer's
+    token ``k``: ``last - answer_length + k``. ``tokens`` may differ from the answer in the
+    sequence where the positions read do not depend on the difference (an alternative whose
+    earlier tokens are the sequence's: causal attention).
+    """
+    last = attention_mask.sum(dim=1).long() - 1
+    steps = torch.arange(len(tokens), device=logits.device)
+    positions = (last - answer_length)[:, None] + steps[None, :]
+    rows = torch.arange(logits.shape[0], device=logits.device)[:, None]
+    read = logits[rows, positions]
+    read = read.to(torch.promote_types(read.dtype, torch.float32))  # half precision: float32
+    if measure == "log_prob":
+        read = read.log_softmax(-1)
+    wanted = torch.as_tensor(list(tokens), device=logits.device).expand(logits.shape[0], -1)
+    return read.gather(-1, wanted[..., None])[..., 0]
+
+
+#: While :func:`reused_outputs` holds: (target, inputs' digest) -> the target's outputs.
+_REUSED: ContextVar[dict[tuple[Any, str], torch.Tensor] | None] = ContextVar(
+    "attrlab_reused_outputs", default=None
+)
+
+
+@contextmanager
+def reused_outputs() -> Iterator[None]:
+    """
+    Within the block, a target's outputs on inputs it has already read come from memory.
+
+    For runs that score the same perturbed inputs again (each row of a per-step matrix after
+    the whole answer's map): the forwards are spent once. Only forwards without gradients are
+    kept; a key is the target and a digest of the inputs' values.
+    """
+    token = _REUSED.set({})
+    try:
+        yield
+    finally:
+        _REUSED.reset(token)
+
+
+def remembered(target: Any, model_kwargs: dict[str, torch.Tensor]) -> tuple[Any, Any]:
+    """
+    ``(store, key)`` of ``target``'s outputs on ``model_kwargs`` while outputs are reused.
+
+    ``store`` is ``None`` when they are not: outside :func:`reused_outputs`, or inputs that
+    carry gradients.
+    """
+    store = _REUSED.get()
+    if store is None or torch.is_grad_enabled():
+        return None, None
+    digest = hashlib.blake2b(digest_size=16)
+    for name in sorted(model_kwargs):
+        tensor = model_kwargs[name]
+        digest.update(name.encode())
+        digest.update(str(tuple(tensor.shape)).encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return store, (target, digest.hexdigest())
 
 
 class Target(ABC):
@@ -73,11 +168,9 @@ class Target(ABC):
         What :meth:`score` reads, from one forward of ``model_kwargs`` (a batch of inputs).
 
         The adapter's ``(B, C)`` logits unless a kind reads more (an answer's steps). While
-        :func:`~attribution.answers.reused_outputs` holds, outputs already computed for the
+        :func:`reused_outputs` holds, outputs already computed for the
         same inputs come back without a forward.
         """
-        from attrlab.attribution.answers import remembered
-
         store, key = remembered(self, model_kwargs)
         if store is not None and key in store:
             return store[key]
@@ -102,8 +195,6 @@ class Target(ABC):
             InvalidInputError: ``adapter`` is not a decoder LM.
             UnsupportedMethodError: the target reads a forward of another sequence too.
         """
-        from attrlab.attribution.answers import decoder_adapter
-
         return decoder_adapter(adapter).output_logits(logits, model_kwargs)
 
     def read_offsets(self) -> tuple[int, ...]:
@@ -326,8 +417,6 @@ class AnswerTarget(Target):
 
     def _outputs(self, adapter: Adapter, **model_kwargs: torch.Tensor) -> torch.Tensor:
         """``(B, len(tokens))``: each step's log-probability (or logit)."""
-        from attrlab.attribution.answers import decoder_adapter
-
         logits = decoder_adapter(adapter).model(**model_kwargs).logits
         return self.from_logits(adapter, logits, model_kwargs)
 
@@ -335,8 +424,6 @@ class AnswerTarget(Target):
         self, adapter: Adapter, logits: torch.Tensor, model_kwargs: dict[str, torch.Tensor]
     ) -> torch.Tensor:
         """Each step's log-probability (or logit), read at the position before its token."""
-        from attrlab.attribution.answers import answer_log_probs
-
         mask = model_kwargs["attention_mask"]
         return answer_log_probs(logits, mask, self.tokens, len(self.tokens), self.measure)
 
@@ -393,8 +480,6 @@ class AnswerTarget(Target):
 
     @classmethod
     def _from_fields(cls, data: dict[str, Any]) -> Target:
-        from attrlab.attribution.answers import MEASURES
-
         tokens = _token_list(data.get("tokens"), "an answer's 'tokens'")
         labels = _text_list(data.get("token_labels"), len(tokens), "an answer's 'token_labels'")
         label, generated = data.get("label", ""), data.get("generated", False)
@@ -449,8 +534,6 @@ class ContrastTarget(Target):
 
     def _outputs(self, adapter: Adapter, **model_kwargs: torch.Tensor) -> torch.Tensor:
         """``(B, len(answer) + len(alternative))``: both answers' step log-probabilities."""
-        from attrlab.attribution.answers import decoder_adapter
-
         model = decoder_adapter(adapter).model
         logits = model(**model_kwargs).logits
         if self.shares_input:
@@ -469,8 +552,6 @@ class ContrastTarget(Target):
         Raises:
             UnsupportedMethodError: the alternative needs a sequence of its own.
         """
-        from attrlab.attribution.answers import answer_log_probs
-
         if not self.shares_input:
             raise UnsupportedMethodError(
                 f"{self.label} reads the alternative from a sequence of its own (the two differ "

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from typing import cast
 
 import numpy as np
 import pandas as pd
 import pytest
 
+import attrlab.viz
+from attrlab.attribution import rendering
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.explanation import (
     Explanation,
@@ -202,3 +205,37 @@ def test_schema_1_layer_records_are_read():
     assert layers["measure"].tolist() == ["residual_relevance", "head_importance"]
     assert layers["component"].tolist() == ["block", "head"]
     assert layers["kv_head"].isna().all() and layers["head"].tolist()[1] == 3
+
+
+class _Recorder:
+    """A renderer that says what it was asked to draw."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def figures_for(self, explanation, image=None):
+        self.asked.append(f"figures of {explanation.method}")
+        return {"first": lambda: "drawn first", "second": lambda: "drawn second"}
+
+    def explanation_html(self, explanation):
+        return f"<p>{explanation.method}</p>"
+
+    def comparison_html(self, check):
+        return "<p>comparison</p>"
+
+
+def test_an_explanation_draws_with_the_renderer_registered_and_viz_is_the_one_imported():
+    assert rendering.renderer() is attrlab.viz  # `import attrlab` imports it: it registers
+    e = _full_explanation()
+    recorder = _Recorder()
+    try:
+        rendering.register_renderer(recorder)
+        assert e.figures() == ["first", "second"]
+        assert (e.figure(), e.figure("second")) == ("drawn first", "drawn second")
+        with pytest.raises(ValueError, match="no figure 'third'"):
+            e.figure("third")
+        assert e._repr_html_() == f"<p>{e.method}</p>"
+        assert recorder.asked == [f"figures of {e.method}"] * 4
+    finally:
+        rendering.register_renderer(cast(rendering.Renderer, attrlab.viz))
+    assert rendering.renderer() is attrlab.viz

@@ -13,7 +13,8 @@ import sys
 from PIL import Image
 from skimage import data
 
-from attrlab.attribution.methods.catalog import catalog_entries, live_entries, method_modules
+from attrlab.attribution.methods.catalog import catalog_entries, method_modules
+from attrlab.attribution.methods.registry import live_entries
 
 #: ImageNet's cat classes (tabby, tiger cat, Persian, Siamese, Egyptian cat): the photo's answer.
 IMAGENET_CATS = {"tabby", "tiger cat", "Persian cat", "Siamese cat", "Egyptian cat"}

@@ -1,21 +1,32 @@
 """
 Rendering of Explanations, layer tables and checks: Plotly figures, overlays, highlights.
 
-Exports are imported on first use (Plotly only where a figure is drawn).
+Exports are imported on first use (Plotly only where a figure is drawn). Importing this package
+registers it as the library's renderer (:mod:`attribution.rendering`): an Explanation's
+``figure()`` and a notebook's display of a result are drawn here.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import sys
+from typing import TYPE_CHECKING, cast
 
 from attrlab.attribution.lazy import lazy_exports
+from attrlab.attribution.rendering import Renderer, register_renderer
 
 if TYPE_CHECKING:
     from attrlab.viz.answer import answer_html, step_row_html, steps_figure
-    from attrlab.viz.bundle import write_bundle, write_figures
+    from attrlab.viz.bundle import safe_name, write_bundle, write_figures
     from attrlab.viz.compare import change_figure, change_html
-    from attrlab.viz.evaluate import leaderboard_figure
-    from attrlab.viz.image import heatmap_overlay, image_figure, image_grid_figure, std_error_figure
+    from attrlab.viz.evaluate import leaderboard_figure, leaderboard_text
+    from attrlab.viz.figures import figures_for
+    from attrlab.viz.image import (
+        display_copy,
+        heatmap_overlay,
+        image_figure,
+        image_grid_figure,
+        std_error_figure,
+    )
     from attrlab.viz.layers import (
         ablation_figure,
         ablation_note,
@@ -30,6 +41,7 @@ if TYPE_CHECKING:
         token_layers_figure,
         top_heads_figure,
     )
+    from attrlab.viz.notebook import comparison_html, explanation_html
     from attrlab.viz.patching import (
         estimator_scatter,
         patching_figures,
@@ -38,6 +50,7 @@ if TYPE_CHECKING:
         pruning_figure,
         pruning_figures,
     )
+    from attrlab.viz.table import explanation_table, layers_text, patching_text, pruning_text
     from attrlab.viz.text import (
         positional_figure_tokens,
         scale_legend_html,
@@ -65,26 +78,36 @@ __all__ = [
     "attention_figure",
     "change_figure",
     "change_html",
+    "comparison_html",
     "conservation_figure",
+    "display_copy",
     "estimator_scatter",
+    "explanation_html",
+    "explanation_table",
     "export_figure",
+    "figures_for",
     "head_heatmap",
     "head_rank_table",
     "heatmap_overlay",
     "image_figure",
     "image_grid_figure",
     "layer_lines",
+    "layers_text",
     "leaderboard_figure",
+    "leaderboard_text",
     "measure_note",
     "method_agreement_figure",
     "patching_figures",
     "patching_head_grid",
     "patching_heatmaps",
+    "patching_text",
     "positional_figure",
     "positional_figure_tokens",
     "pruning_figure",
     "pruning_figures",
+    "pruning_text",
     "randomisation_figure",
+    "safe_name",
     "scale_legend_html",
     "std_error_figure",
     "step_row_html",
@@ -103,6 +126,13 @@ __all__ = [
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
+        "safe_name": "attrlab.viz.bundle",
+        "leaderboard_text": "attrlab.viz.evaluate",
+        "display_copy": "attrlab.viz.image",
+        "pruning_text": "attrlab.viz.table",
+        "patching_text": "attrlab.viz.table",
+        "layers_text": "attrlab.viz.table",
+        "explanation_table": "attrlab.viz.table",
         "answer_html": "attrlab.viz.answer",
         "step_row_html": "attrlab.viz.answer",
         "steps_figure": "attrlab.viz.answer",
@@ -111,6 +141,7 @@ __getattr__, __dir__ = lazy_exports(
         "write_bundle": "attrlab.viz.bundle",
         "write_figures": "attrlab.viz.bundle",
         "leaderboard_figure": "attrlab.viz.evaluate",
+        "figures_for": "attrlab.viz.figures",
         "heatmap_overlay": "attrlab.viz.image",
         "image_figure": "attrlab.viz.image",
         "image_grid_figure": "attrlab.viz.image",
@@ -127,6 +158,8 @@ __getattr__, __dir__ = lazy_exports(
         "positional_figure": "attrlab.viz.layers",
         "token_layers_figure": "attrlab.viz.layers",
         "top_heads_figure": "attrlab.viz.layers",
+        "comparison_html": "attrlab.viz.notebook",
+        "explanation_html": "attrlab.viz.notebook",
         "estimator_scatter": "attrlab.viz.patching",
         "patching_figures": "attrlab.viz.patching",
         "patching_head_grid": "attrlab.viz.patching",
@@ -148,3 +181,6 @@ __getattr__, __dir__ = lazy_exports(
         "View": "attrlab.viz.view",
     },
 )
+
+# The package is the renderer: each drawing function it exports is imported on first use.
+register_renderer(cast(Renderer, sys.modules[__name__]))

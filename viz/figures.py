@@ -13,13 +13,25 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from attrlab.attribution.explanation import Explanation
+from attrlab.attribution.layers import HEAD_ESTIMATORS, agreement
+from attrlab.attribution.methods.layers import LayerAnalysis
+from attrlab.viz.answer import answer_layout, steps_figure
+from attrlab.viz.image import image_figure, std_error_figure
+from attrlab.viz.layers import (
+    agreement_figure,
+    head_heatmap,
+    layer_lines,
+    positional_figure,
+    top_heads_figure,
+)
+from attrlab.viz.text import positional_figure_tokens, token_figure
+from attrlab.viz.trust import conservation_figure
+from attrlab.viz.view import IMAGE_VIEW, View
 
 if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
     import plotly.graph_objects as go
-
-    from attrlab.viz.view import View
 
 __all__ = [
     "AGREEMENT",
@@ -83,8 +95,6 @@ def figures_for(
 
 def is_layer_analysis(explanation: Explanation) -> bool:
     """Whether ``explanation`` is the ``layers`` method's (its table is its result, not a map)."""
-    from attrlab.attribution.methods.layers import LayerAnalysis
-
     return explanation.method == LayerAnalysis.name and explanation.layers is not None
 
 
@@ -96,12 +106,6 @@ def head_measures(table: pd.DataFrame) -> list[str]:
 def _attribution_figures(
     explanation: Explanation, image: np.ndarray | None, view: View | None
 ) -> dict[str, FigureBuilder]:
-    from attrlab.viz.answer import answer_layout, steps_figure
-    from attrlab.viz.image import image_figure, std_error_figure
-    from attrlab.viz.text import positional_figure_tokens, token_figure
-    from attrlab.viz.trust import conservation_figure
-    from attrlab.viz.view import IMAGE_VIEW
-
     def on_image(draw: Callable[[Explanation, np.ndarray], go.Figure]) -> FigureBuilder:
         def build() -> go.Figure:
             if image is None:
@@ -128,15 +132,6 @@ def _attribution_figures(
 
 
 def _layer_figures(table: pd.DataFrame, top_k: int, target: str) -> dict[str, FigureBuilder]:
-    from attrlab.attribution.layers import HEAD_ESTIMATORS, agreement
-    from attrlab.viz.layers import (
-        agreement_figure,
-        head_heatmap,
-        layer_lines,
-        positional_figure,
-        top_heads_figure,
-    )
-
     measures = set(table["measure"])
     figures: dict[str, FigureBuilder] = {}
     if table["head"].isna().any():

@@ -27,6 +27,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+# The library's packages export on first use: a call imports what it needs (torch among it).
+# attrlab.viz registers itself as the library's renderer: results draw in a notebook.
+from attrlab import attribution, viz  # noqa: F401
+from attrlab.attribution import methods as attribution_methods
+from attrlab.attribution import metrics, models, patching
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
 
 if TYPE_CHECKING:
@@ -78,12 +83,9 @@ def load(
         >>> model.labels
         ['sports', 'politics']
     """
-    from attrlab.attribution.models.loading import load as load_model
-    from attrlab.attribution.models.placement import Placement
-
     folder = None if offload_folder is None else Path(offload_folder)
-    placement = Placement(device_map, folder, quantization)
-    return load_model(spec, device=device, labels=labels, placement=placement)
+    placement = models.Placement(device_map, folder, quantization)
+    return models.load(spec, device=device, labels=labels, placement=placement)
 
 
 def _model(model: Adapter | str) -> Adapter:
@@ -103,19 +105,17 @@ def _prepared(
     spans: Sequence[Sequence[int]] | None,
 ) -> Any:
     """The front ends' one way from fields to inputs and target (an answer's too)."""
-    from attrlab.attribution.answers import AnswerSpec
-    from attrlab.attribution.models import load_image
-    from attrlab.attribution.runs import prepare_input
-
     if isinstance(data, Path):  # a local file is the caller's to name: this is not a server
-        data = load_image(data.read_bytes())
+        data = models.load_image(data.read_bytes())
     elif not isinstance(data, str):
-        data = load_image(data)
+        data = models.load_image(data)
     asked = answer is not None or contrast is not None or generate is not None or chat
     spec = (
-        AnswerSpec(answer, generate, None, contrast, chat, per_step) if asked or per_step else None
+        attribution.AnswerSpec(answer, generate, None, contrast, chat, per_step)
+        if asked or per_step
+        else None
     )
-    return prepare_input(adapter, data, target, spec, None, granularity, spans)
+    return attribution.prepare_input(adapter, data, target, spec, None, granularity, spans)
 
 
 def explain(
@@ -183,20 +183,17 @@ def explain(
         >>> check.agreement[["first", "second", "k"]].values.tolist()
         [['gradient_x_input', 'integrated_gradients', 1]]
     """
-    from attrlab.attribution import RunSettings
-    from attrlab.attribution import explain as explain_one
-
     if method is not None and methods is not None:
         raise InvalidParameterError("give one method, or several as methods=[...], not both")
     adapter = _model(model)
     ready = _prepared(
         adapter, data, target, answer, contrast, generate, chat, per_step, granularity, spans
     )
-    settings = RunSettings(seed=seed, evaluate=evaluate)
+    settings = attribution.RunSettings(seed=seed, evaluate=evaluate)
     if methods is None:
         if randomise:
             raise InvalidParameterError("randomise checks several methods: give methods=[...]")
-        return explain_one(
+        return attribution.explain(
             adapter,
             method or DEFAULT_METHOD,
             ready.inputs,
@@ -205,9 +202,7 @@ def explain(
             settings=settings,
             per_step=ready.per_step,
         )
-    from attrlab.attribution.metrics.check import check_methods
-
-    return check_methods(
+    return metrics.check_methods(
         adapter,
         list(methods),
         ready.inputs,
@@ -247,14 +242,12 @@ def layers(
         >>> sorted(set(table["measure"]))
         ['head_gradient', 'lens_probability', 'lens_rank']
     """
-    from attrlab.attribution.methods.layers import LayerAnalysis
-
     if not isinstance(text, str):
         raise InvalidInputError("the layers analysis reads a text")
     explained = explain(
         model,
         text,
-        LayerAnalysis.name,
+        attribution_methods.LayerAnalysis.name,
         target=target,
         answer=answer,
         contrast=contrast,
@@ -308,9 +301,6 @@ def patch(
         >>> report.agreement[["estimator", "direction", "component"]].values.tolist()
         [['atp', 'denoising', 'residual'], ['atp', 'noising', 'residual']]
     """
-    from attrlab.attribution import RunSettings
-    from attrlab.attribution.patching import GaussianNoise, patching_problem, patching_report
-
     if (corrupted is None) == (noise_positions is None):
         raise InvalidInputError(
             "give a corrupted prompt, or noise positions of the clean one (causal tracing)"
@@ -318,8 +308,14 @@ def patch(
     adapter = _model(model)
     noise = None
     if noise_positions is not None:
-        noise = GaussianNoise(tuple(noise_positions), noise_seeds, seed=seed)
-    problem = patching_problem(adapter, clean, corrupted, answer, contrast, noise, target)
-    return patching_report(
-        adapter, problem, estimators, components, directions, RunSettings(seed=seed), top_k
+        noise = patching.GaussianNoise(tuple(noise_positions), noise_seeds, seed=seed)
+    problem = patching.patching_problem(adapter, clean, corrupted, answer, contrast, noise, target)
+    return patching.patching_report(
+        adapter,
+        problem,
+        estimators,
+        components,
+        directions,
+        attribution.RunSettings(seed=seed),
+        top_k,
     )

@@ -20,6 +20,7 @@ from attrlab.app.ui.link import LinkedTab
 from attrlab.app.ui.results import Result
 from attrlab.app.ui.shared import plot_clicks_js, readable, whole
 from attrlab.attribution.answers import MAX_NEW_TOKENS, AnswerSpec
+from attrlab.viz.answer import answer_html, answer_layout, step_row_html, steps_figure
 from attrlab.viz.view import View
 
 __all__ = ["AskedAnswer", "LanguageModelTab"]
@@ -290,8 +291,6 @@ class LanguageModelTab(ExplainTab):
         self, result: Result, method: str, step: int | None, view_: View | None
     ) -> list[Any]:
         """The answer view, the heatmap, the step's row and the step, of ``method``."""
-        from attrlab.viz.answer import answer_html, step_row_html, steps_figure
-
         explanation = result.explanations[method]
         view = view_ or self.default_view
         matrix = "steps" in explanation.maps
@@ -305,8 +304,6 @@ class LanguageModelTab(ExplainTab):
 
 def _answer_methods(result: Result | None) -> list[str]:
     """The methods of a run whose explanations are of an answer (not of a next token)."""
-    from attrlab.viz.answer import answer_layout
-
     if result is None:
         return []
     return [m for m, e in result.explanations.items() if answer_layout(e) is not None]

@@ -7,25 +7,28 @@ Parquet); a row of the table opens that row's map.
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import gradio as gr
 
+from attrlab import viz
 from attrlab.app.batch import ResultFile, result_rows, result_table
 from attrlab.app.jobs import instance_json
 from attrlab.app.ui.files import page_folder, received_file, received_input, uploaded_rows
 from attrlab.app.ui.runner import PageRunner
 from attrlab.app.ui.shared import label_list, labels_for, method_names, readable, sample_labels
 from attrlab.app.worker import BatchRequest
-from attrlab.attribution.models import BUILTIN_MODELS, default_model
+from attrlab.attribution.explanation import Explanation
+from attrlab.attribution.models import BUILTIN_MODELS, default_model, load_image
+from attrlab.viz.figures import MAP, SCORES
+from attrlab.viz.image import display_copy
 
 __all__ = ["BatchTab", "batch_tab"]
 
 
 def _example_dataset() -> Path:
-    from importlib import resources
-
     return Path(str(resources.files("attrlab.assets").joinpath("examples", "reviews.jsonl")))
 
 
@@ -194,12 +197,7 @@ def row_figure(row: dict[str, Any], image: bytes | None, max_pixels: int | None 
     An image's map is drawn on the image (``image``: its file's bytes, read within
     ``max_pixels``).
     """
-    from attrlab.attribution.explanation import Explanation
-    from attrlab.attribution.models import load_image
-    from attrlab.viz.figures import MAP, SCORES, figures_for
-    from attrlab.viz.image import display_copy
-
     explanation = Explanation.from_json(row["explanation_json"])
     picture = None if image is None else display_copy(load_image(image, max_pixels))
-    figures = figures_for(explanation, picture)
+    figures = viz.figures_for(explanation, picture)
     return figures[SCORES if SCORES in figures else MAP]()

@@ -10,7 +10,9 @@ from attrlab.app.ui.files import received_file, received_input, uploaded_rows
 from attrlab.app.ui.runner import PageRunner
 from attrlab.app.ui.shared import label_list, labels_for, method_names, readable, sample_labels
 from attrlab.app.worker import MAX_CURVE_STEPS, MAX_ORDERS, EvaluateRequest, Instance
+from attrlab.attribution.metrics.leaderboard import bundled_items, summarise
 from attrlab.attribution.models import BUILTIN_MODELS, default_model
+from attrlab.viz.evaluate import leaderboard_figure, readable_table
 
 __all__ = ["EvaluateTab", "evaluate_tab"]
 
@@ -30,8 +32,6 @@ class EvaluateTab:
     """The Evaluate tab: its components, and its handlers as methods (wired when made)."""
 
     def __init__(self, runner: PageRunner) -> None:
-        from attrlab.attribution.metrics.leaderboard import bundled_items
-
         self.runner = runner
         #: The bundled examples of each modality (the Items slider's end).
         self.counts = {m: len(bundled_items(m)) for m in ("text", "image")}
@@ -151,9 +151,6 @@ class EvaluateTab:
         progress=gr.Progress(),  # noqa: B008
     ):
         # no docstring: Gradio would show it as the API's description of the call
-        from attrlab.attribution.metrics.leaderboard import summarise
-        from attrlab.viz.evaluate import leaderboard_figure, readable_table
-
         if not chosen:
             raise gr.Error("choose at least one method")
         instances: tuple[Instance, ...] = ()

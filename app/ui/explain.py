@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,13 @@ from attrlab.attribution.compare import occluded
 from attrlab.attribution.errors import AttrlabError
 from attrlab.attribution.features import GRANULARITIES, read_spans
 from attrlab.attribution.models import BUILTIN_MODELS, default_model, load_image
+from attrlab.viz import (
+    image_grid_figure,
+    method_agreement_figure,
+    randomisation_figure,
+    token_columns_html,
+)
+from attrlab.viz.image import display_copy
 from attrlab.viz.tokens import token_label, token_probabilities
 from attrlab.viz.view import CLIP_MIN, IMAGE_VIEW, SIGNS, TEXT_VIEW, View
 
@@ -745,8 +753,6 @@ class ExplainTab:
                 randomisation_verdicts=check.randomisation_verdicts,
             )
         if self.image:
-            from attrlab.viz.image import display_copy
-
             result.image = display_copy(base["image"])
             result.image_size = (base["image"].height, base["image"].width)
         result.fields = {
@@ -769,8 +775,6 @@ class ExplainTab:
 
     def show(self, result: Result, request: gr.Request | None) -> list[Any]:
         """The updates of :attr:`shown` for a run's ``result``, in the default view."""
-        from attrlab.viz import method_agreement_figure, randomisation_figure
-
         view = self.default_view
 
         compared = result.agreement is not None and len(result.agreement) > 0
@@ -887,8 +891,6 @@ class ExplainTab:
 
     def _maps(self, result: Result, view: View, alpha: float) -> Any:
         """The maps of a run: token columns, or the image panels at ``alpha``, in ``view``."""
-        from attrlab.viz import image_grid_figure, token_columns_html
-
         if result.image is not None:
             return image_grid_figure(result.explanations, result.image, alpha, view)
         return token_columns_html(result.explanations, view)
@@ -958,8 +960,6 @@ def _uploaded_image(path: str | None) -> bytes:
 
 
 def _example_texts(next_token: bool) -> list[list[str]]:
-    from importlib import resources
-
     if next_token:
         return [
             [SAMPLE_PROMPT],

@@ -20,6 +20,7 @@ import zipfile
 import zlib
 from collections.abc import Iterable
 from contextlib import suppress
+from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -167,8 +168,6 @@ def _data_url_file(url: str) -> Path:
 @functools.cache
 def example_images() -> dict[str, Path]:
     """The image tab's bundled examples by name (the file's stem): the evaluation set's images."""
-    from importlib import resources
-
     folder = resources.files("attrlab.assets").joinpath("eval", "images")
     files = sorted(Path(str(p)) for p in folder.iterdir() if p.name.endswith(".jpg"))
     return {path.stem: path for path in files}

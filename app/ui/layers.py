@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import gradio as gr
 import pandas as pd
 
+from attrlab import viz
 from attrlab.app.ui.link import LinkedTab, page_base, share_query
 from attrlab.app.ui.results import Result, export_bundle, top
 from attrlab.app.ui.runner import PageRunner
@@ -39,7 +40,20 @@ from attrlab.app.worker import AblationRequest, AttentionRequest, ExplainRequest
 from attrlab.attribution.answers import AnswerSpec
 from attrlab.attribution.errors import AttrlabError, InvalidParameterError
 from attrlab.attribution.explanation import Explanation
+from attrlab.attribution.layers import MEASURES
 from attrlab.attribution.models import BUILTIN_MODELS, default_model
+from attrlab.viz import (
+    ablation_figure,
+    ablation_note,
+    attention_figure,
+    head_rank_table,
+    measure_note,
+    token_highlights,
+    token_layers_figure,
+)
+from attrlab.viz.figures import AGREEMENT, HEADS, LAYERS, POSITIONAL, head_measures
+from attrlab.viz.text import token_columns_html
+from attrlab.viz.trust import trust_card_html
 
 if TYPE_CHECKING:
     from attrlab.viz.figures import FigureBuilder
@@ -106,8 +120,6 @@ class LayersTab:
 
     def _question(self) -> None:
         """The model, the input and what to explain of it, the measures, Run and Cancel."""
-        from attrlab.attribution.layers import MEASURES
-
         models = [name for name, m in BUILTIN_MODELS.items() if m.modality == "text"]
         with gr.Row(equal_height=False):
             with gr.Column(scale=2):
@@ -386,17 +398,13 @@ class LayersTab:
         self, fields_: list[Any], wanted: str | None, request: gr.Request | None, progress: Any
     ) -> list[Any]:
         """Run the analysis and show it; ``wanted``: the head measure shown, if it has one."""
-        from attrlab.viz import token_highlights
-        from attrlab.viz.figures import AGREEMENT, LAYERS, POSITIONAL, figures_for, head_measures
-        from attrlab.viz.trust import trust_card_html
-
         model_, text_, labels_, target_, next_, answer_, contrast_, measures_ = fields_
         if not measures_:
             raise gr.Error("choose at least one measure")
         base = _request_fields(model_, text_, labels_, target_, next_, answer_, contrast_)
         request_ = ExplainRequest(**base, method="layers", params={"measures": ",".join(measures_)})
         explanation: Explanation = self.runner(request_, progress, session(request), "layers")
-        figures = figures_for(explanation)
+        figures = viz.figures_for(explanation)
         names = head_measures(explanation.layers)
         shown = wanted if wanted in names else (names[0] if names else None)
         result = Result(
@@ -478,8 +486,6 @@ class LayersTab:
         progress=gr.Progress(),  # noqa: B008
     ):
         """One head's attention on the analysed input, as it is (nothing ablated)."""
-        from attrlab.viz import attention_figure
-
         if result is None:
             raise gr.Error("analyse an input first; the attention is of its tokens")
         layer, head = _one_head(head_)
@@ -527,9 +533,6 @@ class LayersTab:
         attention_too: bool,
     ) -> list[Any]:
         """The ablation's views; ``attention_too``: the first head's attention drawn too."""
-        from attrlab.viz import ablation_figure, ablation_note, attention_figure
-        from attrlab.viz.text import token_columns_html
-
         if result is None:
             raise gr.Error("analyse an input first; ablation re-runs its prediction")
         try:
@@ -568,8 +571,6 @@ class LayersTab:
     @readable
     def clicked_token(self, evt: gr.SelectData, result: Result | None):
         """A token clicked: its relevance per layer."""
-        from attrlab.viz import token_layers_figure
-
         if result is None:
             return None
         explanation = result.explanations[_ANALYSIS]
@@ -581,8 +582,6 @@ class LayersTab:
     @readable
     def download(self, result: Result | None) -> str:
         """The analysis (and the last ablation's maps) as a zip, its layer table among them."""
-        from attrlab.viz.text import token_columns_html
-
         if result is None:
             raise gr.Error("analyse an input first; the bundle holds its results")
         maps = {k: e for k, e in result.explanations.items() if k != _ANALYSIS}
@@ -675,12 +674,9 @@ def _shown(figures: Mapping[str, FigureBuilder], name: str) -> Any:
 
 def _head_views(explanation: Explanation, measure: str | None) -> list[Any]:
     """The heatmap of a head measure (by the figure rule) and its heads ranked."""
-    from attrlab.viz import head_rank_table
-    from attrlab.viz.figures import HEADS, figures_for
-
     if measure is None:
         return [None, None]
-    figures = figures_for(explanation)
+    figures = viz.figures_for(explanation)
     if HEADS + measure not in figures:
         raise gr.Error(f"this analysis has no head measure {measure!r}")
     table = explanation.layers
@@ -690,8 +686,6 @@ def _head_views(explanation: Explanation, measure: str | None) -> list[Any]:
 
 def _measure_note(explanation: Explanation, measure: str | None) -> str:
     """What the head measure's values and their sign mean, the explained target named."""
-    from attrlab.viz import measure_note
-
     meaning = measure_note(measure, explanation.target.label) if measure else ""
     if not meaning:
         return ""

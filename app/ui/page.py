@@ -27,6 +27,7 @@ from attrlab.app.ui.link import LinkedTab, open_shared_link
 from attrlab.app.ui.patching import patching_view
 from attrlab.app.ui.runner import PageRunner, Runner, queued_cost
 from attrlab.app.worker import ExplainRequest, ExplainWorker
+from attrlab.viz.theme import dark_figures_js
 
 __all__ = ["SESSIONS_KEPT", "build_ui"]
 
@@ -98,8 +99,6 @@ _PAGE_CSS = """
 
 def _page_script() -> str:
     """Run on load: the page's styling, and figures that follow a dark theme."""
-    from attrlab.viz.theme import dark_figures_js
-
     return (
         "() => { const style = document.createElement('style'); "
         f"style.textContent = {json.dumps(_PAGE_CSS)}; document.head.appendChild(style); "

@@ -28,10 +28,21 @@ from attrlab.app.ui.shared import (
     readable,
     session,
 )
-from attrlab.app.worker import PatchRequest
+from attrlab.app.worker import PatchRequest, PruneRequest
+from attrlab.attribution.engine import UNIT_KINDS
 from attrlab.attribution.models import BUILTIN_MODELS, default_model
-from attrlab.attribution.patching import COMPONENTS, DIRECTIONS, ESTIMATORS
+from attrlab.attribution.patching import COMPONENTS, DIRECTIONS, ESTIMATORS, agreement_reading
 from attrlab.attribution.patching.problem import MAX_SEEDS
+from attrlab.viz.bundle import write_bundle
+from attrlab.viz.patching import (
+    patching_figure_names,
+    patching_figures,
+    patching_files,
+    pruning_figure,
+    pruning_figures,
+    pruning_files,
+)
+from attrlab.viz.table import pruning_text
 
 if TYPE_CHECKING:
     from attrlab.attribution.engine.study import PruningStudy
@@ -165,8 +176,6 @@ class PatchingView:
 
     def _results(self) -> None:
         """The study's summary, its reading in words, the agreement table and the figures."""
-        from attrlab.viz.patching import patching_figure_names
-
         self.summary = gr.Markdown("", elem_id="patching-summary")
         self.reading = gr.Markdown("", elem_id="patching-reading")
         self.agreement = gr.Dataframe(
@@ -258,9 +267,6 @@ class PatchingView:
         progress=gr.Progress(),  # noqa: B008
     ):
         """Run the study (Patch, or a shared link once it filled the view) and show it."""
-        from attrlab.attribution.patching import agreement_reading
-        from attrlab.viz.patching import patching_figures
-
         if not asked_:  # the page's load set another tab's link flag
             return [gr.skip()] * len(self.outputs)
         positions = parse_positions(noise_)
@@ -330,9 +336,6 @@ def _pruning_section(
     the corrupted one), the least important removed first over a small dataset, and each
     ranking's curve compared with random orders.
     """
-    from attrlab.app.worker import PruneRequest
-    from attrlab.attribution.engine import UNIT_KINDS
-
     last = gr.State(None)  # PruningStudy
     gr.Markdown(
         "**Pruning curves.** Rank the layers and heads on the clean prompt (the layer "
@@ -381,9 +384,6 @@ def _pruning_section(
         progress=gr.Progress(),  # noqa: B008
     ):
         """Run the pruning study and show its curves and areas."""
-        from attrlab.viz.patching import pruning_figure
-        from attrlab.viz.table import pruning_text
-
         lines = tuple(line.strip() for line in (texts_ or "").splitlines() if line.strip())
         request_ = PruneRequest(
             model=model_,
@@ -443,14 +443,6 @@ def export_patching(
     The manifest's ``extra.inputs`` are the fields a link carries. With ``pruned`` (the
     pruning study run beside it) its curves' figures and its JSON and tables too.
     """
-    from attrlab.viz.bundle import write_bundle
-    from attrlab.viz.patching import (
-        patching_figures,
-        patching_files,
-        pruning_figures,
-        pruning_files,
-    )
-
     fields = result.fields
     shown = fields.get("corrupted") or f"noise on positions {fields.get('noise_positions')}"
     figures = patching_figures(result.report)

@@ -14,13 +14,29 @@ from typing import TYPE_CHECKING, Any
 import gradio as gr
 import numpy as np
 
+from attrlab import viz
 from attrlab.app.errors import public_message
 from attrlab.app.ui.files import page_folder
 from attrlab.attribution.compare import MapChange, compare_explanations
 from attrlab.attribution.errors import AttrlabError
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.verdicts import Verdict
+from attrlab.viz import (
+    answer_html,
+    change_figure,
+    change_html,
+    image_grid_figure,
+    method_agreement_figure,
+    randomisation_figure,
+    token_columns_html,
+    trust_figure,
+)
+from attrlab.viz.answer import answer_layout
+from attrlab.viz.bundle import write_bundle
+from attrlab.viz.figures import MAP
 from attrlab.viz.tokens import token_probabilities
+from attrlab.viz.trust import trust_card_html
+from attrlab.viz.view import IMAGE_VIEW, TEXT_VIEW
 
 if TYPE_CHECKING:
     from attrlab.viz.view import View
@@ -60,21 +76,17 @@ class Result:
 
 def detail_choices(result: Result) -> list[str]:
     """The details menu of a run: ``"method · figure"`` for every figure of every method."""
-    from attrlab.viz.figures import figures_for
-
     return [
         f"{method} · {name}"
         for method, explanation in result.explanations.items()
-        for name in figures_for(explanation, result.image)
+        for name in viz.figures_for(explanation, result.image)
     ]
 
 
 def detail_figure(result: Result, choice: str, view: View | None = None) -> Any:
     """The figure a details menu's ``choice`` names (an image's map in ``view``)."""
-    from attrlab.viz.figures import figures_for
-
     method, _, name = choice.partition(" · ")
-    figures = figures_for(result.explanations[method], result.image, view)
+    figures = viz.figures_for(result.explanations[method], result.image, view)
     if name not in figures:
         raise ValueError(f"{method} has no figure {name!r}")
     return figures[name]()
@@ -95,15 +107,6 @@ def summary(result: Result) -> dict[str, Any]:
 
 def _figures(result: Result, view: View | None) -> dict[str, Any]:
     """Every figure of a run, for the export (the maps in ``view``)."""
-    from attrlab.viz import (
-        image_grid_figure,
-        method_agreement_figure,
-        randomisation_figure,
-        trust_figure,
-    )
-    from attrlab.viz.figures import MAP
-    from attrlab.viz.view import IMAGE_VIEW
-
     figures: dict[str, Any] = {}
     if result.image is not None:
         figures["maps"] = image_grid_figure(
@@ -123,10 +126,6 @@ def _figures(result: Result, view: View | None) -> dict[str, Any]:
 
 def _pages(result: Result, view: View | None) -> dict[str, str]:
     """The page's HTML views of a run: token columns (in ``view``), trust cards, comparison."""
-    from attrlab.viz import answer_html, change_html, token_columns_html
-    from attrlab.viz.answer import answer_layout
-    from attrlab.viz.view import TEXT_VIEW
-
     pages = {"trust_cards": trust_cards(result)}
     if result.image is None:
         pages["maps"] = token_columns_html(result.explanations, view or TEXT_VIEW)
@@ -158,8 +157,6 @@ def input_label(result: Result) -> str:
 
 def trust_cards(result: Result) -> str:
     """Each method's trust card, its randomisation verdict among its own."""
-    from attrlab.viz.trust import trust_card_html
-
     return "".join(
         trust_card_html(
             e, [result.randomisation_verdicts[m]] if m in result.randomisation_verdicts else []
@@ -180,8 +177,6 @@ def export_bundle(
     ``pages``: the HTML views to include (default: the explain tabs' token columns in
     ``view``, trust cards and comparison).
     """
-    from attrlab.viz.bundle import write_bundle
-
     folder = page_folder("export") / "attrlab-export"
     folder.mkdir()
     inputs = dict(result.fields)
@@ -215,8 +210,6 @@ def changes(previous: Result, result: Result) -> dict[str, MapChange]:
 
 def comparison_view(result: Result) -> Any:
     """The comparison shown under the maps (hidden without one)."""
-    from attrlab.viz import change_figure, change_html
-
     if not result.changes:
         return gr.update(value=None, visible=False)
     if result.image is not None:

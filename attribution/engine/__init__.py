@@ -3,72 +3,134 @@ The importance engine: unit kinds, estimators, and the checks of one against the
 
 :mod:`~attribution.engine.units` registers what can be scored and removed (layers, heads),
 :mod:`~attribution.engine.estimators` what scores it, :mod:`~attribution.engine.verification`
-removes sites in each estimator's order beside random orders (pruning curves and verdicts), and
-:mod:`~attribution.engine.agreement` compares each estimator with the exact removal of each site.
+removes sites in each estimator's order beside random orders (pruning curves and verdicts),
+:mod:`~attribution.engine.agreement` compares each estimator with the exact removal of each
+site, and :mod:`~attribution.engine.study` composes them into a pruning study. Exports are
+imported on first use.
 """
 
-from attrlab.attribution.engine.agreement import (
-    AGREEMENT_COLUMNS,
-    RemovalAgreement,
-    agreement_passes,
-    removal_agreement,
-)
-from attrlab.attribution.engine.estimators import (
-    ESTIMATORS,
-    Estimator,
-    Evidence,
-    engine_catalog,
-    estimators_for,
-    register_estimator,
-    residual_patching_ranking,
-    scores_of,
-)
-from attrlab.attribution.engine.units import (
-    UNIT_KINDS,
-    Removal,
-    Site,
-    UnitKind,
-    check_unit_kinds,
-    register_unit_kind,
-    unit_kind,
-)
-from attrlab.attribution.engine.verification import (
-    CURVE_COLUMNS,
-    MAX_POINTS,
-    METRICS,
-    SCORE_COLUMNS,
-    PruningCurves,
-    curve_passes,
-    measured_rows,
-    pruning_curves,
-)
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from attrlab.attribution.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from attrlab.attribution.engine.agreement import (
+        AGREEMENT_COLUMNS,
+        RemovalAgreement,
+        agreement_passes,
+        removal_agreement,
+    )
+    from attrlab.attribution.engine.estimators import (
+        ESTIMATORS,
+        Estimator,
+        Evidence,
+        engine_catalog,
+        estimators_for,
+        register_estimator,
+        residual_patching_ranking,
+        scores_of,
+    )
+    from attrlab.attribution.engine.study import (
+        MAX_TEXTS,
+        PruningStudy,
+        bundled_texts,
+        pruning_study,
+        ranked_input,
+        study_parts,
+    )
+    from attrlab.attribution.engine.units import (
+        UNIT_KINDS,
+        Removal,
+        Site,
+        UnitKind,
+        check_unit_kinds,
+        register_unit_kind,
+        unit_kind,
+    )
+    from attrlab.attribution.engine.verification import (
+        CURVE_COLUMNS,
+        MAX_POINTS,
+        METRICS,
+        SCORE_COLUMNS,
+        PruningCurves,
+        curve_passes,
+        measured_rows,
+        pruning_curves,
+    )
 
 __all__ = [
     "AGREEMENT_COLUMNS",
     "CURVE_COLUMNS",
     "ESTIMATORS",
     "MAX_POINTS",
+    "MAX_TEXTS",
     "METRICS",
     "SCORE_COLUMNS",
     "UNIT_KINDS",
     "Estimator",
     "Evidence",
     "PruningCurves",
+    "PruningStudy",
     "Removal",
     "RemovalAgreement",
     "Site",
     "UnitKind",
     "agreement_passes",
+    "bundled_texts",
     "check_unit_kinds",
     "curve_passes",
     "engine_catalog",
     "estimators_for",
     "measured_rows",
     "pruning_curves",
+    "pruning_study",
+    "ranked_input",
     "register_estimator",
     "register_unit_kind",
     "removal_agreement",
     "residual_patching_ranking",
     "scores_of",
+    "study_parts",
     "unit_kind",
 ]
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "AGREEMENT_COLUMNS": "attrlab.attribution.engine.agreement",
+        "RemovalAgreement": "attrlab.attribution.engine.agreement",
+        "agreement_passes": "attrlab.attribution.engine.agreement",
+        "removal_agreement": "attrlab.attribution.engine.agreement",
+        "ESTIMATORS": "attrlab.attribution.engine.estimators",
+        "Estimator": "attrlab.attribution.engine.estimators",
+        "Evidence": "attrlab.attribution.engine.estimators",
+        "engine_catalog": "attrlab.attribution.engine.estimators",
+        "estimators_for": "attrlab.attribution.engine.estimators",
+        "register_estimator": "attrlab.attribution.engine.estimators",
+        "residual_patching_ranking": "attrlab.attribution.engine.estimators",
+        "scores_of": "attrlab.attribution.engine.estimators",
+        "MAX_TEXTS": "attrlab.attribution.engine.study",
+        "PruningStudy": "attrlab.attribution.engine.study",
+        "bundled_texts": "attrlab.attribution.engine.study",
+        "pruning_study": "attrlab.attribution.engine.study",
+        "ranked_input": "attrlab.attribution.engine.study",
+        "study_parts": "attrlab.attribution.engine.study",
+        "UNIT_KINDS": "attrlab.attribution.engine.units",
+        "Removal": "attrlab.attribution.engine.units",
+        "Site": "attrlab.attribution.engine.units",
+        "UnitKind": "attrlab.attribution.engine.units",
+        "check_unit_kinds": "attrlab.attribution.engine.units",
+        "register_unit_kind": "attrlab.attribution.engine.units",
+        "unit_kind": "attrlab.attribution.engine.units",
+        "CURVE_COLUMNS": "attrlab.attribution.engine.verification",
+        "MAX_POINTS": "attrlab.attribution.engine.verification",
+        "METRICS": "attrlab.attribution.engine.verification",
+        "SCORE_COLUMNS": "attrlab.attribution.engine.verification",
+        "PruningCurves": "attrlab.attribution.engine.verification",
+        "curve_passes": "attrlab.attribution.engine.verification",
+        "measured_rows": "attrlab.attribution.engine.verification",
+        "pruning_curves": "attrlab.attribution.engine.verification",
+    },
+)

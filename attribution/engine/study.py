@@ -4,7 +4,7 @@ One call for a pruning study: rank layers and heads on one prompt, prune by each
 :func:`pruning_study` analyses one input and target (:func:`~attribution.layers.analysis.
 analyze`: the measures that rank layers and heads), optionally adds exact residual patching's
 layer ranking from a patching problem on that input, and measures the layer and head pruning
-curves of every ranking beside random orders (:func:`~attribution.layers.pruning.
+curves of every ranking beside random orders (:func:`~attribution.engine.verification.
 pruning_curves`) over a small dataset: the bundled sentences by default, or given texts, each
 scored on its own top prediction of the unpruned model; or inputs prepared with their targets.
 :func:`study_parts` prices it before it runs (:func:`~attribution.estimate.study_estimate`);
@@ -21,19 +21,14 @@ import pandas as pd
 import torch
 
 from attrlab.attribution.answers import answer_request
-from attrlab.attribution.engine import (
-    UNIT_KINDS,
-    Evidence,
-    PruningCurves,
-    check_unit_kinds,
-    curve_passes,
-    estimators_for,
-    pruning_curves,
-    scores_of,
-)
+from attrlab.attribution.engine.estimators import Evidence, estimators_for, scores_of
+from attrlab.attribution.engine.units import UNIT_KINDS, check_unit_kinds
+from attrlab.attribution.engine.verification import PruningCurves, curve_passes, pruning_curves
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
+from attrlab.attribution.gate import clear_study
 from attrlab.attribution.layers.analysis import analyze, checked_target, chosen_measures
 from attrlab.attribution.layers.analysis import planned_passes as analysis_passes
+from attrlab.attribution.metrics.leaderboard import bundled_items
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.text import DecoderLMAdapter
 from attrlab.attribution.patching import PatchingProblem, patching_problem, patching_report
@@ -122,8 +117,6 @@ def _by_unit(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 def bundled_texts() -> list[str]:
     """The bundled evaluation sentences (``assets/eval``), the default dataset."""
-    from attrlab.attribution.metrics import bundled_items
-
     return [str(item.raw) for item in bundled_items("text")]
 
 
@@ -229,8 +222,6 @@ def pruning_study(
         BudgetExceededError, TooSlowError: over the settings' budgets, before any work.
         JobCancelledError: once ``settings.cancel`` is set.
     """
-    from attrlab.attribution.gate import clear_study  # the gate prices through estimate
-
     settings = settings or RunSettings()
     chosen = check_unit_kinds(list(UNIT_KINDS) if units is None else units)
     dataset = [i for i, _ in items] if items is not None else _dataset(adapter, texts)

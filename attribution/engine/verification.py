@@ -32,7 +32,6 @@ import torch
 import torch.nn.functional as F
 
 from attrlab.attribution.alteration import altered
-from attrlab.attribution.answers import decoder_adapter
 from attrlab.attribution.engine.units import Site, unit_kind
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.layers.analysis import checked_target
@@ -40,7 +39,7 @@ from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.text import DecoderLMAdapter
 from attrlab.attribution.perturb import BatchRunner, repeated
 from attrlab.attribution.run import RunContext, RunSettings
-from attrlab.attribution.target import Target
+from attrlab.attribution.target import Target, decoder_adapter
 from attrlab.attribution.verdicts import Draws, Verdict, against_random
 
 __all__ = [

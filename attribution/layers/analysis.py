@@ -50,7 +50,7 @@ import torch
 from torch import nn
 
 from attrlab.attribution.alteration import altered
-from attrlab.attribution.answers import check_answer_fits, decoder_adapter
+from attrlab.attribution.answers import check_answer_fits
 from attrlab.attribution.errors import InvalidParameterError, UnsupportedMethodError
 from attrlab.attribution.explanation import LAYER_COLUMNS, layer_table
 from attrlab.attribution.layers.hooks import (
@@ -70,7 +70,13 @@ from attrlab.attribution.models.layouts import layout_for
 from attrlab.attribution.models.text import DecoderLMAdapter
 from attrlab.attribution.perturb import BatchRunner
 from attrlab.attribution.run import RunContext, RunSettings
-from attrlab.attribution.target import ContrastTarget, OutputTarget, Target, output_target
+from attrlab.attribution.target import (
+    ContrastTarget,
+    OutputTarget,
+    Target,
+    decoder_adapter,
+    output_target,
+)
 
 __all__ = [
     "COLUMNS",

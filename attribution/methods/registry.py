@@ -2,24 +2,40 @@
 Explicit method registry: each method module registers its class with ``@register``.
 
 That decorator is where a method is registered; ``catalog.json`` is generated from the
-registered classes (``python -m attrlab.attribution.methods.catalog``), and lookups import only
+registered classes (``python -m attrlab.attribution.methods``), and lookups import only
 the module the catalog names for the method asked for, so a command pays for Captum, shap or
 SciPy's graph code only when it runs a method that needs them.
 """
 
 from __future__ import annotations
 
+import json
+import pkgutil
 from importlib import import_module
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from attrlab.attribution.errors import UnknownMethodError, UnsupportedMethodError
-from attrlab.attribution.methods.catalog import catalog_entries, method_module, method_modules
+from attrlab.attribution.methods.catalog import (
+    CATALOG_FILE,
+    catalog_entries,
+    method_module,
+    method_modules,
+)
 
 if TYPE_CHECKING:
     from attrlab.attribution.methods.base import AttributionMethod
     from attrlab.attribution.models.base import Adapter
 
-__all__ = ["available_methods", "capabilities", "get_method", "register", "registered"]
+__all__ = [
+    "available_methods",
+    "capabilities",
+    "get_method",
+    "live_entries",
+    "register",
+    "registered",
+    "write_catalog",
+]
 
 _REGISTRY: dict[str, type[AttributionMethod]] = {}
 
@@ -70,3 +86,29 @@ def registered() -> list[type[AttributionMethod]]:
 def capabilities(adapter: Adapter) -> dict[str, str | None]:
     """For each method: ``None`` if it applies to ``adapter``, else the reason it does not."""
     return {method.name: method.unsupported_reason(adapter) for method in available_methods()}
+
+
+def live_entries() -> list[dict[str, Any]]:
+    """
+    The entries as the method classes describe themselves.
+
+    Imports every public module of this package (helpers are ``_``-prefixed; ``lrp`` is a
+    subpackage), which registers its methods, and reads the registry.
+    """
+    folder = Path(__file__).parent
+    for found in pkgutil.iter_modules([str(folder)]):
+        if not found.ispkg and not found.name.startswith("_"):
+            import_module(f"{__package__}.{found.name}")
+    entries = [
+        {**cls.describe(), "module": cls.__module__.rsplit(".", 1)[1]} for cls in registered()
+    ]
+    return sorted(entries, key=lambda e: e["name"])
+
+
+def write_catalog() -> Path:
+    """Write ``catalog.json`` from the method classes."""
+    path = Path(__file__).with_name(CATALOG_FILE)
+    path.write_text(
+        json.dumps(live_entries(), indent=1, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
+    return path

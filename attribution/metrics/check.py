@@ -29,6 +29,7 @@ from attrlab.attribution.metrics.randomisation import (
     randomisation_verdicts,
 )
 from attrlab.attribution.models.base import Adapter, Inputs
+from attrlab.attribution.rendering import renderer
 from attrlab.attribution.run import RunSettings, stop_if_cancelled
 from attrlab.attribution.target import Target
 from attrlab.attribution.verdicts import Verdict
@@ -52,10 +53,9 @@ class MethodCheck:
         """Each method's verdict on the randomisation check (none without ``randomise``)."""
         return randomisation_verdicts(self.randomisation)
 
-    def _repr_html_(self) -> str:  # a notebook's display: drawn by attrlab.viz
-        from attrlab.viz.notebook import comparison_html
-
-        return comparison_html(self)
+    def _repr_html_(self) -> str | None:  # a notebook's display, by the registered renderer
+        drawing = renderer()
+        return None if drawing is None else drawing.comparison_html(self)
 
     def to_dict(self) -> dict[str, Any]:
         """

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     )
     from attrlab.attribution.models.images import load_image
     from attrlab.attribution.models.loading import load
+    from attrlab.attribution.models.placement import Placement
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -28,6 +29,7 @@ __all__ = [
     "BuiltinModel",
     "ImageInputs",
     "Inputs",
+    "Placement",
     "TextInputs",
     "default_model",
     "load",
@@ -37,6 +39,7 @@ __all__ = [
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
+        "Placement": "attrlab.attribution.models.placement",
         "BUILTIN_MODELS": "attrlab.attribution.models.catalog",
         "DEFAULT_MODELS": "attrlab.attribution.models.catalog",
         "BuiltinModel": "attrlab.attribution.models.catalog",

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 import transformers as tf
+from safetensors.torch import save_model
 
 from attrlab.attribution.errors import ModelLoadError
 from attrlab.attribution.models.base import Adapter
@@ -126,8 +127,6 @@ def smollm2_from_gguf(gguf: Path) -> tuple[Any, Any]:
 
 
 def _save_smollm2(gguf: Path, folder: Path) -> None:
-    from safetensors.torch import save_model
-
     model, tokenizer = smollm2_from_gguf(gguf)
     # save_pretrained refuses models loaded from GGUF; the weights are plain float32 by now.
     save_model(model, str(folder / "model.safetensors"))  # writes tied weights once

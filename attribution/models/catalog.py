@@ -8,11 +8,6 @@ loaders in :mod:`attribution.models.builtin` import the heavy libraries when one
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import import_module
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from attrlab.attribution.models.base import Adapter
 
 __all__ = ["BUILTIN_MODELS", "DEFAULT_MODELS", "BuiltinModel", "default_model"]
 
@@ -29,13 +24,6 @@ class BuiltinModel:
     next_token: bool = False
     #: A zero-shot classifier: its classes are the labels a request gives.
     zero_shot: bool = False
-
-    def build(self) -> Adapter:
-        """Load the model (imports torch, transformers and what the model needs)."""
-        adapter: Adapter = getattr(
-            import_module("attrlab.attribution.models.builtin"), self.loader
-        )()
-        return adapter
 
 
 BUILTIN_MODELS: dict[str, BuiltinModel] = {

@@ -8,10 +8,13 @@ from typing import Any
 
 import torch
 import transformers as tf
+from huggingface_hub import snapshot_download
+from huggingface_hub.errors import HFValidationError
 
 from attrlab.attribution.errors import AttrlabError, ModelLoadError, UnknownModelError
 from attrlab.attribution.models.base import Adapter
 from attrlab.attribution.models.builtin import imagenet_labels
+from attrlab.attribution.models.catalog import BUILTIN_MODELS
 from attrlab.attribution.models.families import FAMILIES, family_of, loadable
 from attrlab.attribution.models.folders import CONFIG_FILE, check_inside, read_config
 from attrlab.attribution.models.images import ImageTransform
@@ -88,9 +91,6 @@ def download(repo_id: str, revision: str | None = None) -> str:
 
     Unlike ``from_pretrained``, this never reads a local folder of the same name.
     """
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HFValidationError
-
     try:
         return snapshot_download(
             repo_id.removeprefix("hf-hub:"), revision=revision, allow_patterns=_HUB_FILES
@@ -200,8 +200,6 @@ def _config(spec: str, name: str, revision: str | None, from_folder: bool) -> An
 
 
 def _not_found(spec: str) -> str:
-    from attrlab.attribution.models.catalog import BUILTIN_MODELS
-
     return (
         f"model '{spec}' is not a built-in alias, not a local model directory, and could not "
         "be fetched from the Hugging Face hub (offline, or no such id). Download it where the "

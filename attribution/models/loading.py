@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from attrlab.attribution.errors import InvalidInputError, UnknownModelError
+from attrlab.attribution.models import builtin
 from attrlab.attribution.models.base import Adapter
 from attrlab.attribution.models.catalog import BUILTIN_MODELS
 from attrlab.attribution.models.hub import download, load_pretrained
@@ -51,7 +52,7 @@ def load(
     placement = (placement or Placement()).for_model(spec)
     check_placement(spec, placement)
     if spec in BUILTIN_MODELS:
-        adapter = BUILTIN_MODELS[spec].build()
+        adapter = getattr(builtin, BUILTIN_MODELS[spec].loader)()
     elif hub_only:
         adapter = load_pretrained(download(spec), model_id=spec, placement=placement)
     else:

@@ -5,21 +5,34 @@ Exact activation patching (:mod:`~attribution.patching.exact`), attribution patc
 (:mod:`~attribution.patching.atp`), relevance patching (:mod:`~attribution.patching.relp`), and
 their agreement with the exact effects (:mod:`~attribution.patching.agreement`), on the shared
 problem, components and hooks of :mod:`~attribution.patching.base`.
+
+Exports are imported on first use.
 """
 
-from attrlab.attribution.patching.agreement import AGREEMENT_COLUMNS, agreement
-from attrlab.attribution.patching.base import COLUMNS, COMPONENTS, DIRECTIONS, Component
-from attrlab.attribution.patching.exact import patched_score
-from attrlab.attribution.patching.problem import GaussianNoise, PatchingProblem, patching_problem
-from attrlab.attribution.patching.report import (
-    ESTIMATORS,
-    Estimator,
-    PatchingReport,
-    agreement_reading,
-    check_study,
-    patching_report,
-    planned_passes,
-)
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from attrlab.attribution.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from attrlab.attribution.patching.agreement import AGREEMENT_COLUMNS, agreement
+    from attrlab.attribution.patching.base import COLUMNS, COMPONENTS, DIRECTIONS, Component
+    from attrlab.attribution.patching.exact import patched_score
+    from attrlab.attribution.patching.problem import (
+        GaussianNoise,
+        PatchingProblem,
+        patching_problem,
+    )
+    from attrlab.attribution.patching.report import (
+        ESTIMATORS,
+        Estimator,
+        PatchingReport,
+        agreement_reading,
+        check_study,
+        patching_report,
+        planned_passes,
+    )
 
 __all__ = [
     "AGREEMENT_COLUMNS",
@@ -40,3 +53,26 @@ __all__ = [
     "patching_report",
     "planned_passes",
 ]
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "AGREEMENT_COLUMNS": "attrlab.attribution.patching.agreement",
+        "agreement": "attrlab.attribution.patching.agreement",
+        "COLUMNS": "attrlab.attribution.patching.base",
+        "COMPONENTS": "attrlab.attribution.patching.base",
+        "DIRECTIONS": "attrlab.attribution.patching.base",
+        "Component": "attrlab.attribution.patching.base",
+        "patched_score": "attrlab.attribution.patching.exact",
+        "GaussianNoise": "attrlab.attribution.patching.problem",
+        "PatchingProblem": "attrlab.attribution.patching.problem",
+        "patching_problem": "attrlab.attribution.patching.problem",
+        "ESTIMATORS": "attrlab.attribution.patching.report",
+        "Estimator": "attrlab.attribution.patching.report",
+        "PatchingReport": "attrlab.attribution.patching.report",
+        "agreement_reading": "attrlab.attribution.patching.report",
+        "check_study": "attrlab.attribution.patching.report",
+        "patching_report": "attrlab.attribution.patching.report",
+        "planned_passes": "attrlab.attribution.patching.report",
+    },
+)

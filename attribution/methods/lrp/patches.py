@@ -29,7 +29,11 @@ from attrlab.attribution.methods._routing import (
     route_attention,
     route_of,
 )
-from attrlab.attribution.methods.lrp import positional
+from attrlab.attribution.methods.lrp.positional import (
+    embedding_hooks,
+    rotary_function,
+    rotary_hooks,
+)
 from attrlab.attribution.methods.lrp.rules import (
     ATTENTION_RULES,
     AffineOp,
@@ -250,13 +254,11 @@ def transformer_lrp(
                 stack.callback(halve.remove)
             if layout.rotary is not None and (pe_aware or record):
                 if index == 0:  # one function serves every layer of the family
-                    positional.rotary_function(
-                        stack, attention, layout.rotary, recorder, pe_aware, record
-                    )
-                positional.rotary_hooks(stack, attention, layout.rotary, recorder, index, pe_aware)
+                    rotary_function(stack, attention, layout.rotary, recorder, pe_aware, record)
+                rotary_hooks(stack, attention, layout.rotary, recorder, index, pe_aware)
         last = blocks[-1].register_forward_hook(lambda _m, _a, out: _set_last(recorder, out))
         stack.callback(last.remove)
-        positional.embedding_hooks(stack, model, layout, recorder)
+        embedding_hooks(stack, model, layout, recorder)
         patch_heads(stack, adapter, _normalize_constant_norm, identity_rule, _head_mismatch)
         yield recorder
 

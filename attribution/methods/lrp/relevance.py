@@ -22,9 +22,13 @@ from torch import nn
 from attrlab.attribution.errors import UnsupportedMethodError
 from attrlab.attribution.explanation import layer_table
 from attrlab.attribution.methods.base import Attribution
-from attrlab.attribution.methods.lrp import positional
 from attrlab.attribution.methods.lrp.accounting import absorbed_by_biases
 from attrlab.attribution.methods.lrp.patches import Recorder, transformer_lrp
+from attrlab.attribution.methods.lrp.positional import (
+    embedding_split,
+    rotary_scores,
+    spread_patches,
+)
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.layouts import layout_for
 from attrlab.attribution.target import Target
@@ -192,7 +196,7 @@ def lrp_steps(
                 for r, k in enumerate(steps)
             ]
         )
-    token, _, _ = positional.embedding_split(recorder, grad)
+    token, _, _ = embedding_split(recorder, grad)
     return token.detach().double().cpu().numpy()
 
 
@@ -271,7 +275,7 @@ def _assemble(
 ) -> LRPResult:
     if "embedding" not in grads:
         raise UnsupportedMethodError("no relevance reached the input embedding of this model")
-    token_part, pos_part, sum_part = positional.embedding_split(recorder, grads["embedding"])
+    token_part, pos_part, sum_part = embedding_split(recorder, grads["embedding"])
     token, x0 = token_part[0].detach().double().cpu(), sum_part[0].detach().double().cpu()
     pos = None if pos_part is None else pos_part[0].detach().double().cpu()
     prefix = recorder.prefix_count
@@ -286,13 +290,13 @@ def _assemble(
     if pos is not None:
         positional_scores, per_layer, pos_total = pos.numpy(), [float(pos.sum())], float(pos.sum())
     if recorder.rotary:
-        positional_scores, per_layer, pos_total = positional.rotary_scores(recorder, grads)
+        positional_scores, per_layer, pos_total = rotary_scores(recorder, grads)
     if pixels is not None:
         image = (pixels.detach().double() * grads["pixels"].double()).sum(1)[0].cpu().numpy()
         size = (image.shape[0], image.shape[1])
         if pos is not None:
             grid = getattr(adapter, "patch_grid", None) or _square_grid(len(pos) - prefix)
-            positional_scores = positional.spread_patches(pos[prefix:], grid, size)
+            positional_scores = spread_patches(pos[prefix:], grid, size)
         scores, prefix_relevance = image, float(token[:prefix].sum())
         prefix_positional = 0.0 if pos is None else float(pos[:prefix].sum())
         token_total = float(image.sum()) + prefix_relevance

@@ -1,0 +1,67 @@
+"""
+Where drawing plugs into the library's results, which are plain data.
+
+The library draws nothing and imports nothing that draws. An Explanation's ``figure()`` and
+``show()``, and the notebook display (``_repr_html_``) of an Explanation or a method comparison,
+ask the renderer registered here. :mod:`attrlab.viz` registers itself when it is imported, and
+``import attrlab`` imports it, so a notebook gets its display; without a renderer a notebook
+shows the plain ``repr`` and ``figure()`` says what to import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from attrlab.attribution.explanation import Explanation
+    from attrlab.attribution.metrics.check import MethodCheck
+
+__all__ = ["Renderer", "register_renderer", "renderer", "required_renderer"]
+
+
+class Renderer(Protocol):
+    """What draws the library's results (:mod:`attrlab.viz` is one)."""
+
+    def figures_for(
+        self, explanation: Explanation, image: np.ndarray | None = None
+    ) -> Mapping[str, Callable[[], Any]]:
+        """The figures ``explanation`` gets, by name, each as a builder of a Plotly figure."""
+        ...
+
+    def explanation_html(self, explanation: Explanation) -> str:
+        """An explanation as a notebook shows it."""
+        ...
+
+    def comparison_html(self, check: MethodCheck) -> str:
+        """Several methods on one input as a notebook shows them."""
+        ...
+
+
+#: The registered renderer (one at most: registering again replaces it).
+_RENDERERS: list[Renderer] = []
+
+
+def register_renderer(drawing: Renderer) -> None:
+    """Make ``drawing`` the renderer results ask (a second registration replaces the first)."""
+    _RENDERERS[:] = [drawing]
+
+
+def renderer() -> Renderer | None:
+    """The registered renderer, or ``None`` when nothing that draws has been imported."""
+    return _RENDERERS[0] if _RENDERERS else None
+
+
+def required_renderer() -> Renderer:
+    """
+    The registered renderer.
+
+    Raises:
+        RuntimeError: none is registered (the library was imported without :mod:`attrlab.viz`).
+    """
+    found = renderer()
+    if found is None:
+        raise RuntimeError("drawing is attrlab.viz's: import attrlab (or attrlab.viz) first")
+    return found
