@@ -63,6 +63,7 @@ from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidP
 from attrlab.attribution.explanation import SCHEMA_VERSION
 from attrlab.attribution.features import GRANULARITIES
 from attrlab.attribution.methods import available_methods
+from attrlab.attribution.methods.catalog import DEFAULT_METHOD
 from attrlab.attribution.models import BUILTIN_MODELS, default_model
 from attrlab.attribution.params import whole_float_as_int
 from attrlab.attribution.patching import COLUMNS
@@ -815,7 +816,7 @@ class KServeParameters(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    method: str = Field("integrated_gradients", min_length=1, max_length=100)
+    method: str = Field(DEFAULT_METHOD, min_length=1, max_length=100)
     params: MethodParams = Field(default_factory=dict)
     labels: list[Annotated[str, Field(max_length=200)]] | None = Field(None, max_length=100)
     seed: _WholeNumber = Field(0, ge=0, le=2**32 - 1)

@@ -33,6 +33,7 @@ from attrlab import attribution, viz  # noqa: F401
 from attrlab.attribution import methods as attribution_methods
 from attrlab.attribution import metrics, models, patching
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
+from attrlab.attribution.methods.catalog import DEFAULT_METHOD
 
 if TYPE_CHECKING:
     import numpy as np
@@ -44,9 +45,6 @@ if TYPE_CHECKING:
     from attrlab.attribution.patching import PatchingReport
 
 __all__ = ["AttrlabError", "explain", "layers", "load", "patch"]
-
-#: What :func:`explain` runs when no method is named: no sampling, and it applies to every model.
-DEFAULT_METHOD = "integrated_gradients"
 
 
 def load(
@@ -145,7 +143,7 @@ def explain(
         data: A text (a decoder LM's prompt), or an image: a PIL image, an H×W×3 array or a
             :class:`~pathlib.Path` to an image file.
         method: One method (``attrlab.attribution.available_methods()``); default
-            :data:`DEFAULT_METHOD`.
+            :data:`~attribution.methods.catalog.DEFAULT_METHOD`.
         methods: Several methods instead: their maps, side by side, and their agreement.
         target: A class index or label, or a decoder LM's next token as text; default the
             top prediction.

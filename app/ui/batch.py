@@ -21,6 +21,7 @@ from attrlab.app.ui.runner import PageRunner
 from attrlab.app.ui.shared import label_list, labels_for, method_names, readable, sample_labels
 from attrlab.app.worker import BatchRequest
 from attrlab.attribution.explanation import Explanation
+from attrlab.attribution.methods.catalog import SUGGESTED_METHODS
 from attrlab.attribution.models import BUILTIN_MODELS, default_model, load_image
 from attrlab.viz.figures import MAP, SCORES
 from attrlab.viz.image import display_copy
@@ -69,7 +70,7 @@ class BatchTab:
                 )
                 self.methods = gr.CheckboxGroup(
                     sorted(set(method_names("text")) | set(method_names("image"))),
-                    value=["gradient_x_input"],
+                    value=list(SUGGESTED_METHODS["batch"]),
                     label="Methods",
                     elem_id="batch-methods",
                 )

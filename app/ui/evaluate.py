@@ -10,6 +10,7 @@ from attrlab.app.ui.files import received_file, received_input, uploaded_rows
 from attrlab.app.ui.runner import PageRunner
 from attrlab.app.ui.shared import label_list, labels_for, method_names, readable, sample_labels
 from attrlab.app.worker import MAX_CURVE_STEPS, MAX_ORDERS, EvaluateRequest, Instance
+from attrlab.attribution.methods.catalog import SUGGESTED_METHODS
 from attrlab.attribution.metrics.leaderboard import bundled_items, summarise
 from attrlab.attribution.models import BUILTIN_MODELS, default_model
 from attrlab.viz.evaluate import leaderboard_figure, readable_table
@@ -60,7 +61,7 @@ class EvaluateTab:
             )
         self.methods = gr.CheckboxGroup(
             method_names("text"),
-            value=["gradient_x_input", "integrated_gradients", "attnlrp"],
+            value=list(SUGGESTED_METHODS["evaluate_text"]),
             label="Methods",
             elem_id="evaluate-methods",
         )
@@ -128,7 +129,7 @@ class EvaluateTab:
 
     def switch(self, kind: str) -> list[Any]:
         # no docstring, as the handler it replaces (Gradio reads it as the call's description)
-        defaults = ["gradient_x_input", "integrated_gradients"]
+        defaults = list(SUGGESTED_METHODS[f"evaluate_{kind}"])
         return [
             gr.update(choices=_classifiers(kind), value=default_model(kind)),
             gr.update(choices=method_names(kind), value=defaults),

@@ -55,6 +55,7 @@ from attrlab.app.worker import CheckRequest, ExplainRequest, PreviewRequest
 from attrlab.attribution.compare import occluded
 from attrlab.attribution.errors import AttrlabError
 from attrlab.attribution.features import GRANULARITIES, read_spans
+from attrlab.attribution.methods.catalog import SUGGESTED_METHODS
 from attrlab.attribution.models import BUILTIN_MODELS, default_model, load_image
 from attrlab.viz import (
     image_grid_figure,
@@ -66,14 +67,8 @@ from attrlab.viz.image import display_copy
 from attrlab.viz.tokens import token_label, token_probabilities
 from attrlab.viz.view import CLIP_MIN, IMAGE_VIEW, SIGNS, TEXT_VIEW, View
 
-__all__ = ["DEFAULT_METHODS", "Asked", "AskedFeatures", "ExplainTab", "TabSpec"]
+__all__ = ["Asked", "AskedFeatures", "ExplainTab", "TabSpec"]
 
-#: Methods ticked when a tab opens: fast on a CPU, and of two families (gradient and LRP).
-DEFAULT_METHODS = {
-    "text": ["integrated_gradients", "attnlrp"],
-    "next": ["attnlrp", "gradient_x_input"],
-    "image": ["gradient_x_input", "gradcam"],
-}
 #: The name of each tab's REST routes (``explain_text``, ``predict_next_token``, ...).
 _API_NAMES = {"text": "text", "next": "next_token", "image": "image"}
 #: The image maps' opacity when a run is shown.
@@ -208,7 +203,7 @@ class ExplainTab:
                 elem_id=f"{key}-labels",
             )
         self._source()
-        self.controls = MethodControls.build(spec.modality, DEFAULT_METHODS[key], key)
+        self.controls = MethodControls.build(spec.modality, list(SUGGESTED_METHODS[key]), key)
 
     def _source(self) -> None:
         """The tab's input: an image (and the occlusion's size), or a text or prompt."""

@@ -41,6 +41,7 @@ from attrlab.attribution.answers import AnswerSpec
 from attrlab.attribution.errors import AttrlabError, InvalidParameterError
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.layers import MEASURES
+from attrlab.attribution.methods.catalog import SUGGESTED_METHODS
 from attrlab.attribution.models import BUILTIN_MODELS, default_model
 from attrlab.viz import (
     ablation_figure,
@@ -60,8 +61,6 @@ if TYPE_CHECKING:
 
 __all__ = ["LayersTab", "layers_tab"]
 
-#: The map re-run with heads ablated: one backward pass, so a click answers at once.
-ABLATION_METHOD = "gradient_x_input"
 #: The analysis's name among a run's explanations (the export's file stem).
 _ANALYSIS = "layers"
 #: A click on a heatmap cell writes ``L<layer>H<head>#<time>`` into the hidden box, whose
@@ -219,8 +218,8 @@ class LayersTab:
                     False, label="add clicked heads to the set", elem_id="layers-add"
                 )
             self.method = gr.Dropdown(
-                ["gradient_x_input", "integrated_gradients", "attnlrp", "occlusion"],
-                value=ABLATION_METHOD,
+                list(SUGGESTED_METHODS["ablation"]),
+                value=SUGGESTED_METHODS["ablation"][0],
                 label="Map re-run with the heads ablated",
                 scale=1,
                 elem_id="layers-ablation-method",

@@ -18,7 +18,31 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-__all__ = ["CATALOG_FILE", "catalog_entries", "method_module", "method_modules"]
+__all__ = [
+    "CATALOG_FILE",
+    "DEFAULT_METHOD",
+    "SUGGESTED_METHODS",
+    "catalog_entries",
+    "method_module",
+    "method_modules",
+]
+
+#: The method run when a request names none (the Python API, KServe).
+DEFAULT_METHOD = "integrated_gradients"
+#: The methods a front end offers first, per use: fast on a CPU, and of two families (gradient
+#: and LRP) where two are ticked. ``text``, ``next`` (a decoder's next token) and ``image``: a
+#: tab's first maps; ``evaluate_text`` / ``evaluate_image``: the leaderboard's; ``batch``: a
+#: batch's; ``ablation``: the map re-run with heads ablated (first: one backward pass, so a
+#: click answers at once), then the others offered for it.
+SUGGESTED_METHODS: dict[str, tuple[str, ...]] = {
+    "text": ("integrated_gradients", "attnlrp"),
+    "next": ("attnlrp", "gradient_x_input"),
+    "image": ("gradient_x_input", "gradcam"),
+    "evaluate_text": ("gradient_x_input", "integrated_gradients", "attnlrp"),
+    "evaluate_image": ("gradient_x_input", "integrated_gradients"),
+    "batch": ("gradient_x_input",),
+    "ablation": ("gradient_x_input", "integrated_gradients", "attnlrp", "occlusion"),
+}
 
 #: The generated file, beside this module.
 CATALOG_FILE = "catalog.json"
