@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import sys
 import time
@@ -58,9 +57,9 @@ from attrlab.app.worker import (
     InstanceFailedError,
     WorkerRequest,
 )
-from attrlab.attribution.errors import AttrlabError, TooSlowError
-from attrlab.attribution.gate import checked_params, lighter
-from attrlab.attribution.pricing import EstimateBook, Price
+from attrlab.attribution.errors import AttrlabError
+from attrlab.attribution.gate import checked_params, clear_slot
+from attrlab.attribution.pricing import FIRST_SLOT_S, EstimateBook, Price, slot_seconds
 from attrlab.attribution.run import ProgressCallback
 
 __all__ = ["FIRST_SLOT_S", "SpaceRunner", "build_space"]
@@ -70,10 +69,6 @@ log = logging.getLogger(__name__)
 #: Whether GPU work runs in ZeroGPU slots (the platform sets SPACES_ZERO_GPU).
 ZERO_GPU = spaces is not None and bool(spaces.config.Config.zero_gpu)
 
-#: Slot of a job not priced yet (seconds).
-FIRST_SLOT_S = 60
-#: Margin over the estimate, whose seconds are within a factor 2 on the embedded models.
-SLOT_FACTOR, SLOT_EXTRA_S = 2.0, 10
 #: Slots whose time beyond their estimates (model loads, calibration, decoding) is remembered.
 _RECENT_SLOTS = 5
 
@@ -119,7 +114,7 @@ class SpaceRunner:
         seconds = self.priced_s(request)
         if seconds is None:
             return min(self.max_slot_s, FIRST_SLOT_S)
-        return min(self.max_slot_s, _slot(seconds))
+        return min(self.max_slot_s, slot_seconds(seconds))
 
     def cost_line(self, request: ExplainRequest) -> str:
         """The page's estimate before Run, without touching the GPU."""
@@ -144,12 +139,7 @@ class SpaceRunner:
             return self.worker.explain(request, progress=progress)
         self.worker.validate(request)  # nothing out of bounds takes a slot
         seconds, seen_larger = self._price(request)
-        if seconds is not None and seen_larger and _slot(seconds) > self.max_slot_s:
-            advice = "; ".join(f"{m}: {lighter(m, p)}" for m, p in request.method_params().items())
-            raise TooSlowError(
-                f"this request needs a GPU slot of about {_slot(seconds)} s; this Space's slots "
-                f"last at most {self.max_slot_s} s ({advice})"
-            )
+        clear_slot(seconds, seen_larger, self.max_slot_s, request.method_params())
         keys = [_price_key(cost)[0] for cost in request.costs()]
         try:
             outcome, seen, beyond = self._on_gpu(request)
@@ -188,10 +178,6 @@ class SpaceRunner:
             )
         beyond = time.monotonic() - start - sum(estimated for _, _, estimated in seen)
         return outcome, seen, max(0.0, beyond)
-
-
-def _slot(seconds: float) -> int:
-    return math.ceil(SLOT_FACTOR * seconds + SLOT_EXTRA_S)
 
 
 def _price_key(cost: EstimateRequest) -> tuple[PriceKey, int]:

@@ -30,6 +30,7 @@ from attrlab.attribution.methods import get_method
 from attrlab.attribution.methods.base import AttributionMethod
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.params import validate_params
+from attrlab.attribution.pricing import slot_seconds
 from attrlab.attribution.run import RunContext, RunSettings
 from attrlab.attribution.target import Target
 
@@ -43,6 +44,7 @@ __all__ = [
     "clear",
     "clear_generation",
     "clear_shares",
+    "clear_slot",
     "clear_study",
     "lighter",
     "memory_rows",
@@ -350,6 +352,32 @@ def clear_generation(adapter: Adapter, prompt: Inputs, tokens: int, settings: Ru
             f"{what} would take {cost.summary()}; this server allows "
             f"{settings.max_seconds:g} s per request: {lower}"
         )
+
+
+def clear_slot(
+    seconds: float | None,
+    certain: bool,
+    max_slot_s: int,
+    method_params: Mapping[str, Mapping[str, Any]],
+) -> None:
+    """
+    Refuse a job whose GPU slot (:func:`~attribution.pricing.slot_seconds`) would be too long.
+
+    ``seconds``: its price from earlier runs (``None``: not priced yet, never refused);
+    ``certain``: the price comes from inputs at least as large (a smaller input's price is a
+    guess, and runs to learn more); ``method_params``: each method of the job and its
+    parameters, for the advice.
+
+    Raises:
+        TooSlowError: over ``max_slot_s``, naming the slot asked for and how to ask for less.
+    """
+    if seconds is None or not certain or slot_seconds(seconds) <= max_slot_s:
+        return
+    advice = "; ".join(f"{m}: {lighter(m, p)}" for m, p in method_params.items())
+    raise TooSlowError(
+        f"this request needs a GPU slot of about {slot_seconds(seconds)} s; this Space's slots "
+        f"last at most {max_slot_s} s ({advice})"
+    )
 
 
 def lighter(method: str, params: Mapping[str, Any] | None = None) -> str:

@@ -10,12 +10,23 @@ beyond their estimates (model loads, decoding), and prices a job from them.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
 from typing import NamedTuple
 
-__all__ = ["EstimateBook", "Price"]
+__all__ = ["FIRST_SLOT_S", "SLOT_EXTRA_S", "SLOT_FACTOR", "EstimateBook", "Price", "slot_seconds"]
+
+#: Slot of a job not priced yet (seconds).
+FIRST_SLOT_S = 60
+#: Margin over the estimate, whose seconds are within a factor 2 on the embedded models.
+SLOT_FACTOR, SLOT_EXTRA_S = 2.0, 10
+
+
+def slot_seconds(seconds: float) -> int:
+    """The GPU slot a job priced at ``seconds`` asks for: the estimate with its margin."""
+    return math.ceil(SLOT_FACTOR * seconds + SLOT_EXTRA_S)
 
 
 class Price(NamedTuple):
