@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from attrlab.attribution.pricing import EstimateBook, Price
+from attrlab.attribution.errors import TooSlowError
+from attrlab.attribution.gate import clear_slot
+from attrlab.attribution.pricing import EstimateBook, Price, slot_seconds
 
 
 def test_a_part_is_priced_at_the_highest_rate_seen_plus_the_largest_recent_overhead():
@@ -36,3 +38,14 @@ def test_an_unknown_or_unanswered_kind_has_no_price_until_a_run_answers():
     book.record([("rise", 10, 3.0)], beyond=0.0)
     assert not book.unanswered(["rise"])
     assert book.price([("rise", 10)]) == Price(pytest.approx(3.0), True)
+
+
+def test_a_slot_longer_than_the_space_allows_is_refused_only_when_its_price_is_sure():
+    params = {"rise": {"n_masks": 4000}}
+    assert slot_seconds(20.0) == 50  # twice the estimate and 10 s
+    clear_slot(None, True, 50, params)  # not priced yet: the first run learns its price
+    clear_slot(20.0, True, 50, params)  # exactly the longest slot
+    clear_slot(30.0, False, 50, params)  # priced from smaller inputs only: a guess, runs
+    with pytest.raises(TooSlowError, match=r"a GPU slot of about 71 s; .* at most 50 s") as err:
+        clear_slot(30.5, True, 50, params)
+    assert "rise: lower n_masks" in str(err.value)
