@@ -20,9 +20,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch
 from _tables import print_table
 
+from attrlab.attribution.engine.recheck import recheck_heads
 from attrlab.attribution.layers import HEAD_ESTIMATORS, agreement, analyze_layers
 from attrlab.attribution.layers.agreement import head_ranking
-from attrlab.attribution.layers.recheck import recheck_heads
 from attrlab.attribution.models import load
 
 CASES = (

@@ -21,7 +21,8 @@ import torch
 from _browser import exported, no_errors, tab
 from playwright.sync_api import Page, expect
 
-from attrlab.attribution.layers import analyze_layers, joint_ablation
+from attrlab.attribution.engine.recheck import joint_ablation
+from attrlab.attribution.layers import analyze_layers
 
 pytestmark = pytest.mark.browser  # Debian chromium through Playwright
 

@@ -30,12 +30,12 @@ from attrlab.app.worker import (
     ExplainWorker,
     PreviewRequest,
 )
+from attrlab.attribution.engine.recheck import joint_ablation
 from attrlab.attribution.errors import AttrlabError, InvalidParameterError, JobCancelledError
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.layers import (
     ablate_heads_and_explain,
     head_attention,
-    joint_ablation,
     zeroed_heads,
 )
 from attrlab.attribution.layers.hooks import ablate_head_sets

@@ -19,6 +19,7 @@ from _tiny_families import BIASED, biased_family, classic_family, clip, dinov2
 from torch import nn
 
 from attrlab.attribution import explain
+from attrlab.attribution.engine.recheck import joint_ablation, recheck_heads
 from attrlab.attribution.errors import InvalidParameterError, UnsupportedMethodError
 from attrlab.attribution.explanation import layer_table
 from attrlab.attribution.layers import (
@@ -28,11 +29,9 @@ from attrlab.attribution.layers import (
     analyze,
     analyze_dataset,
     analyze_layers,
-    joint_ablation,
 )
 from attrlab.attribution.layers.analysis import _entropy_and_sink
 from attrlab.attribution.layers.hooks import ablate_heads, block_io, gate_heads, skip_blocks
-from attrlab.attribution.layers.recheck import recheck_heads
 from attrlab.attribution.methods import get_method
 from attrlab.attribution.models.layouts import find_module, layout_for
 from attrlab.attribution.models.text import TextClassifierAdapter

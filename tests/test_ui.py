@@ -28,8 +28,8 @@ from attrlab.app.ui.files import uploaded_rows
 from attrlab.app.ui.shared import format_heads, parse_heads
 from attrlab.app.worker import AblationRequest, ExplainRequest, ExplainWorker
 from attrlab.attribution.answers import answer_request
+from attrlab.attribution.engine.recheck import joint_ablation
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
-from attrlab.attribution.layers import joint_ablation
 from attrlab.attribution.layers.analysis import analyze_layers
 from attrlab.attribution.methods import capabilities
 

@@ -32,6 +32,13 @@ if TYPE_CHECKING:
         residual_patching_ranking,
         scores_of,
     )
+    from attrlab.attribution.engine.recheck import (
+        RECHECK_DRAWS,
+        HeadRecheck,
+        joint_ablation,
+        recheck_heads,
+        recheck_passes,
+    )
     from attrlab.attribution.engine.study import (
         MAX_TEXTS,
         PruningStudy,
@@ -58,6 +65,7 @@ if TYPE_CHECKING:
         curve_passes,
         measured_rows,
         pruning_curves,
+        removed_scores,
     )
 
 __all__ = [
@@ -67,10 +75,12 @@ __all__ = [
     "MAX_POINTS",
     "MAX_TEXTS",
     "METRICS",
+    "RECHECK_DRAWS",
     "SCORE_COLUMNS",
     "UNIT_KINDS",
     "Estimator",
     "Evidence",
+    "HeadRecheck",
     "PruningCurves",
     "PruningStudy",
     "Removal",
@@ -83,13 +93,17 @@ __all__ = [
     "curve_passes",
     "engine_catalog",
     "estimators_for",
+    "joint_ablation",
     "measured_rows",
     "pruning_curves",
     "pruning_study",
     "ranked_input",
+    "recheck_heads",
+    "recheck_passes",
     "register_estimator",
     "register_unit_kind",
     "removal_agreement",
+    "removed_scores",
     "residual_patching_ranking",
     "scores_of",
     "study_parts",
@@ -111,6 +125,11 @@ __getattr__, __dir__ = lazy_exports(
         "register_estimator": "attrlab.attribution.engine.estimators",
         "residual_patching_ranking": "attrlab.attribution.engine.estimators",
         "scores_of": "attrlab.attribution.engine.estimators",
+        "RECHECK_DRAWS": "attrlab.attribution.engine.recheck",
+        "HeadRecheck": "attrlab.attribution.engine.recheck",
+        "joint_ablation": "attrlab.attribution.engine.recheck",
+        "recheck_heads": "attrlab.attribution.engine.recheck",
+        "recheck_passes": "attrlab.attribution.engine.recheck",
         "MAX_TEXTS": "attrlab.attribution.engine.study",
         "PruningStudy": "attrlab.attribution.engine.study",
         "bundled_texts": "attrlab.attribution.engine.study",
@@ -132,5 +151,6 @@ __getattr__, __dir__ = lazy_exports(
         "curve_passes": "attrlab.attribution.engine.verification",
         "measured_rows": "attrlab.attribution.engine.verification",
         "pruning_curves": "attrlab.attribution.engine.verification",
+        "removed_scores": "attrlab.attribution.engine.verification",
     },
 )

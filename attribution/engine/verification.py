@@ -35,6 +35,7 @@ from attrlab.attribution.alteration import altered
 from attrlab.attribution.engine.units import Site, unit_kind
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.layers.analysis import checked_target
+from attrlab.attribution.metrics.faithfulness import measured
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.text import DecoderLMAdapter
 from attrlab.attribution.perturb import BatchRunner, repeated
@@ -51,6 +52,7 @@ __all__ = [
     "curve_passes",
     "measured_rows",
     "pruning_curves",
+    "removed_scores",
 ]
 
 #: Columns of the curves: one row per order, number of removed units and metric; ``std``,
@@ -204,6 +206,37 @@ def measured_rows(
         )
         sums += torch.stack([log_prob, (top1 == top1[0]).double(), loss], 1).numpy()
     return sums / len(items)
+
+
+def removed_scores(
+    adapter: Adapter,
+    inputs: Inputs,
+    target: int | Target,
+    unit: str,
+    sets: Sequence[Sequence[Site]],
+    removal: str | None = None,
+) -> np.ndarray:
+    """
+    What faithfulness reads of the target with each set of ``unit``'s sites removed together.
+
+    The sets run in one batch beside the plain model, removed by the kind's ``removal``
+    (``None``: its default). One output's softmax probability, an answer's or a contrast's
+    log-probability score (:func:`~attribution.metrics.faithfulness.measured`).
+
+    Returns:
+        ``(1 + len(sets),)`` float64: the plain value, then one per set.
+
+    Raises:
+        InvalidParameterError: an unknown unit or removal, a site the model does not have.
+        InvalidInputError, UnsupportedMethodError: a target the input does not hold.
+    """
+    target = checked_target(adapter, inputs, target)
+    rows = [[], *sets]
+    kwargs = {k: repeated(v, len(rows)) for k, v in inputs.model_kwargs().items()}
+    remove = unit_kind(unit).removal(removal)
+    with altered(adapter.model), torch.no_grad(), remove(adapter, rows):
+        values = measured(target, target.outputs(adapter, **kwargs))
+    return values.cpu().numpy()
 
 
 def pruning_curves(

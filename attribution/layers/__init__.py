@@ -20,7 +20,6 @@ if TYPE_CHECKING:
         Measure,
         analyze,
         analyze_layers,
-        joint_ablation,
     )
     from attrlab.attribution.layers.dataset import DATASET_COLUMNS, DatasetItem, analyze_dataset
     from attrlab.attribution.layers.heads import (
@@ -46,7 +45,6 @@ __all__ = [
     "analyze_dataset",
     "analyze_layers",
     "head_attention",
-    "joint_ablation",
     "zeroed_heads",
 ]
 
@@ -62,7 +60,6 @@ __getattr__, __dir__ = lazy_exports(
         "Measure": "attrlab.attribution.layers.analysis",
         "analyze": "attrlab.attribution.layers.analysis",
         "analyze_layers": "attrlab.attribution.layers.analysis",
-        "joint_ablation": "attrlab.attribution.layers.analysis",
         "DATASET_COLUMNS": "attrlab.attribution.layers.dataset",
         "DatasetItem": "attrlab.attribution.layers.dataset",
         "analyze_dataset": "attrlab.attribution.layers.dataset",

@@ -40,11 +40,10 @@ Query heads are reported; ``kv_head`` names the key/value head each shares (GQA)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import torch
 from torch import nn
@@ -55,7 +54,6 @@ from attrlab.attribution.errors import InvalidParameterError, UnsupportedMethodE
 from attrlab.attribution.explanation import LAYER_COLUMNS, layer_table
 from attrlab.attribution.layers.hooks import (
     ABLATIONS,
-    ablate_head_sets,
     ablate_heads,
     block_io,
     gate_heads,
@@ -63,7 +61,6 @@ from attrlab.attribution.layers.hooks import (
 )
 from attrlab.attribution.methods.lrp.relevance import LRPResult, lrp
 from attrlab.attribution.methods.lrp.settings import resolve_settings
-from attrlab.attribution.metrics.faithfulness import measured
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.families import Layout
 from attrlab.attribution.models.layouts import layout_for
@@ -91,7 +88,6 @@ __all__ = [
     "chosen_measures",
     "head_estimators",
     "head_projections",
-    "joint_ablation",
 ]
 
 #: Columns of the long table; ``head`` and ``kv_head`` are null on layer rows.
@@ -594,36 +590,3 @@ def head_estimators(adapter: Adapter, measures: Collection[str] | None) -> list[
     """The head estimators (:data:`HEAD_ESTIMATORS`) the chosen ``measures`` produce."""
     produced = {row for m in chosen_measures(adapter, measures) for row in MEASURES[m].produces}
     return [m for m in HEAD_ESTIMATORS if m in produced]
-
-
-def joint_ablation(
-    adapter: Adapter,
-    inputs: Inputs,
-    target: int | Target,
-    head_sets: Sequence[Collection[tuple[int, int]]],
-) -> np.ndarray:
-    """
-    What faithfulness reads of the target, with each set of heads zeroed together.
-
-    ``(layer, head)`` pairs of each set are zeroed jointly; the sets run in one batch. One
-    output's softmax probability, an answer's or a contrast's log-probability score
-    (:func:`~attribution.metrics.faithfulness.measured`).
-
-    Returns:
-        ``(1 + len(head_sets),)`` float64: the plain value, then one per set.
-
-    Raises:
-        InvalidParameterError: for a pair the model does not have.
-        InvalidInputError, UnsupportedMethodError: as :func:`analyze_layers` for ``target``.
-    """
-    model = ModelParts.of(adapter)
-    target = checked_target(adapter, inputs, target)
-    sets = [(), *head_sets]
-    kwargs = _repeat(inputs.model_kwargs(), len(sets))
-    with (
-        altered(adapter.model),
-        torch.no_grad(),
-        ablate_head_sets(model.projections, model.heads, sets),
-    ):
-        values = measured(target, target.outputs(adapter, **kwargs))
-    return values.cpu().numpy()

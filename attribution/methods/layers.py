@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from attrlab.attribution.engine.recheck import RECHECK_DRAWS, recheck_heads, recheck_passes
 from attrlab.attribution.layers.agreement import agreement, agreement_metrics
 from attrlab.attribution.layers.analysis import (
     HEAD_ESTIMATORS,
@@ -14,7 +15,6 @@ from attrlab.attribution.layers.analysis import (
     head_estimators,
     planned_passes,
 )
-from attrlab.attribution.layers.recheck import RECHECK_DRAWS, recheck_heads, recheck_passes
 from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
 from attrlab.attribution.methods.registry import register
 from attrlab.attribution.models.base import Adapter, Inputs
@@ -79,7 +79,7 @@ class LayerAnalysis(AttributionMethod[LayerAnalysisParams]):
     ``maps["token_per_layer"]``, ``(layers + 1, tokens)``: the relevance entering each block's
     residual stream, then leaving the last one, per token (where in the sequence each layer's
     relevance sits). Each head estimator's top ``top_k`` heads are then zeroed together beside
-    ``recheck_draws`` random sets of as many heads (:mod:`attribution.layers.recheck`): the
+    ``recheck_draws`` random sets of as many heads (:mod:`attribution.engine.recheck`): the
     target's change goes to ``metrics`` (``recheck:<estimator>``, ``recheck:random``), a
     verdict per estimator to ``verdicts``.
     """

@@ -1,11 +1,12 @@
 """
 An exact re-check of the heads a layer analysis highlights (issue 27, "trust where it is shown").
 
-Each head estimator (:data:`~attribution.layers.analysis.HEAD_ESTIMATORS`) ranks the heads by
-``|value|``; its top ``k`` heads are zeroed together and the change of the target's score is
-read, beside ``k`` heads drawn at random (``draws`` seeded draws), all in one forward batch. An
-estimator's top heads should move the target more than random ones do: each estimator gets a
-verdict, ``|change|`` of its top heads against the random sets' (the same t-test as a map's
+Each registered head estimator (:data:`~attribution.engine.estimators.ESTIMATORS` of the
+``head`` unit kind, read from a layer table) ranks the heads; its top ``k`` heads are zeroed
+together (the kind's removal) and the change of the target's score is read, beside ``k``
+heads drawn at random (``draws`` seeded draws), all in one forward batch. An estimator's top
+heads should move the target more than random ones do: each estimator gets a verdict,
+``|change|`` of its top heads against the random sets' (the same t-test as a map's
 faithfulness against random orders, :func:`~attribution.verdicts.against_random`).
 
 "The target's score" is what a map's faithfulness reads: one output's softmax probability, an
@@ -16,18 +17,21 @@ of ``ablation_zero``, jointly over the set.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 
-from attrlab.attribution.layers.agreement import head_ranking
-from attrlab.attribution.layers.analysis import HEAD_ESTIMATORS, joint_ablation
+from attrlab.attribution.engine.estimators import Evidence, scores_of
+from attrlab.attribution.engine.units import Site, unit_kind
+from attrlab.attribution.engine.verification import removed_scores
+from attrlab.attribution.layers.analysis import checked_target
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.target import Target
 from attrlab.attribution.verdicts import Draws, Verdict, against_random
 
-__all__ = ["RECHECK_DRAWS", "HeadRecheck", "recheck_heads", "recheck_passes"]
+__all__ = ["RECHECK_DRAWS", "HeadRecheck", "joint_ablation", "recheck_heads", "recheck_passes"]
 
 #: Random head sets an estimator's top heads are judged against by default (as many as the
 #: random orders of a map's faithfulness, for the same t-test).
@@ -71,6 +75,29 @@ class HeadRecheck:
         return out
 
 
+def joint_ablation(
+    adapter: Adapter,
+    inputs: Inputs,
+    target: int | Target,
+    head_sets: Sequence[Collection[tuple[int, int]]],
+) -> np.ndarray:
+    """
+    What faithfulness reads of the target, with each set of heads zeroed together.
+
+    ``(layer, head)`` pairs of each set are zeroed jointly; the sets run in one batch
+    (:func:`~attribution.engine.verification.removed_scores` of the ``head`` unit kind).
+
+    Returns:
+        ``(1 + len(head_sets),)`` float64: the plain value, then one per set.
+
+    Raises:
+        InvalidParameterError: for a pair the model does not have.
+        InvalidInputError, UnsupportedMethodError: as :func:`analyze_layers` for ``target``.
+    """
+    sets = [[Site("head", layer=layer, head=head) for layer, head in s] for s in head_sets]
+    return removed_scores(adapter, inputs, target, "head", sets)
+
+
 def recheck_passes(estimators: int, draws: int = RECHECK_DRAWS) -> int:
     """Sequences :func:`recheck_heads` runs forward: the plain one, one per set (one batch)."""
     return 1 + estimators + draws
@@ -89,33 +116,32 @@ def recheck_heads(
     Zero each head estimator's top ``k`` heads of ``table`` together, and ``draws`` random sets.
 
     ``table``: a layer analysis of this input and target (:func:`analyze_layers`); estimators
-    absent from it are left out, and ``None`` is returned when it has none.
+    whose measures it lacks are left out, and ``None`` is returned when it has none.
 
     Raises:
         InvalidParameterError: for a ``k`` larger than the model's heads.
     """
-    estimators = [m for m in HEAD_ESTIMATORS if (table["measure"] == m).any()]
-    if not estimators:
+    target = checked_target(adapter, inputs, target)
+    rankings = scores_of(Evidence(adapter, target, table), "head")
+    if not rankings:
         return None
-    rankings = {m: head_ranking(table, m) for m in estimators}
-    heads = list(rankings[estimators[0]].index)
+    estimators = list(rankings)
+    heads = unit_kind("head").sites(adapter)
     k = min(k, len(heads))
     # ties broken by the head's place in the model, so that equal values pick the same heads
-    top = [
-        list(rankings[m].sort_values(ascending=False, kind="stable").index[:k]) for m in estimators
-    ]
+    top = [[heads[i] for i in np.argsort(-rankings[m], kind="stable")[:k]] for m in estimators]
     rng = np.random.default_rng(seed)
     random_sets = [
         [heads[i] for i in sorted(rng.choice(len(heads), k, replace=False))] for _ in range(draws)
     ]
-    sets = [[(int(layer), int(head)) for layer, head in chosen] for chosen in [*top, *random_sets]]
-    scores = joint_ablation(adapter, inputs, target, sets)
+    sets = [*top, *random_sets]
+    scores = removed_scores(adapter, inputs, target, "head", sets)
     plain = float(scores[0])
     chosen_by = [*estimators, *(["random"] * draws)]
     frame = pd.DataFrame(
         {
             "chosen_by": chosen_by,
-            "heads": [", ".join(f"{layer}.{head}" for layer, head in s) for s in sets],
+            "heads": [", ".join(f"{h.layer}.{h.head}" for h in s) for s in sets],
             "score": scores[1:],
             "change": scores[1:] - plain,
         }
