@@ -33,6 +33,7 @@ __all__ = [
     "ProgressCallback",
     "RunContext",
     "RunSettings",
+    "SharedPasses",
     "cancellable_forwards",
     "stop_if_cancelled",
 ]
@@ -210,6 +211,41 @@ class RunContext:
     def warn(self, message: str) -> None:
         """Attach a warning to the Explanation."""
         self.warnings.append(message)
+
+
+@dataclass
+class SharedPasses:
+    """
+    One forward-pass budget spent in turn by the runs of a composite run.
+
+    A check of several methods, or a plain map and its ablated twin, each run with what the
+    runs before it left (:meth:`left`), and count what they spent (:meth:`spend`).
+
+    Attributes:
+        limit: The whole run's forward passes (``None``: no bound).
+        spent: Forward passes spent so far.
+    """
+
+    limit: int | None
+    spent: int = 0
+
+    def left(self, refusal: str) -> int | None:
+        """
+        The passes the next run may spend (``None``: no bound).
+
+        Raises:
+            BudgetExceededError: ``refusal`` (``{limit}`` in it filled), when the runs before
+                spent them all.
+        """
+        if self.limit is None:
+            return None
+        if self.spent >= self.limit:
+            raise BudgetExceededError(refusal.format(limit=self.limit))
+        return self.limit - self.spent
+
+    def spend(self, passes: int) -> None:
+        """Count ``passes`` forward passes a run spent."""
+        self.spent += passes
 
 
 def stop_if_cancelled(cancel: threading.Event | None) -> None:

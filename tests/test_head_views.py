@@ -31,7 +31,12 @@ from attrlab.app.worker import (
     PreviewRequest,
 )
 from attrlab.attribution.engine.recheck import joint_ablation
-from attrlab.attribution.errors import AttrlabError, InvalidParameterError, JobCancelledError
+from attrlab.attribution.errors import (
+    AttrlabError,
+    BudgetExceededError,
+    InvalidParameterError,
+    JobCancelledError,
+)
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.layers import (
     ablate_heads_and_explain,
@@ -284,6 +289,21 @@ def test_ablation_failing_or_cancelled_mid_way_leaves_the_model_as_it_was(llama)
         handle.remove()
     assert model_state(llama.model) == before
     assert torch.equal(_logits(llama, **inputs.model_kwargs()), logits)
+
+
+def test_the_plain_and_ablated_maps_share_one_forward_pass_budget(llama):
+    inputs = llama.preprocess(TEXT)
+    both = ablate_heads_and_explain(llama, "occlusion", inputs, None, [(1, 1)])
+    plain, ablated = both.plain.timings.forward_passes, both.ablated.timings.forward_passes
+    within = RunSettings(max_forward_passes=plain + ablated)
+    ablate_heads_and_explain(llama, "occlusion", inputs, None, [(1, 1)], settings=within)
+    spent = RunSettings(max_forward_passes=plain)  # the plain map spends it all
+    message = f"the plain explanation spent the {plain:,} forward passes"
+    with pytest.raises(BudgetExceededError, match=message):
+        ablate_heads_and_explain(llama, "occlusion", inputs, None, [(1, 1)], settings=spent)
+    short = RunSettings(max_forward_passes=plain + ablated - 1)  # the ablated map runs short
+    with pytest.raises(BudgetExceededError):
+        ablate_heads_and_explain(llama, "occlusion", inputs, None, [(1, 1)], settings=short)
 
 
 def test_ablation_refuses_no_heads_and_heads_the_model_lacks(llama):

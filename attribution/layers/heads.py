@@ -17,14 +17,19 @@ import numpy as np
 import torch
 
 from attrlab.attribution.alteration import altered
-from attrlab.attribution.errors import BudgetExceededError, InvalidParameterError
+from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.explain import explain
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.gate import clear
 from attrlab.attribution.layers.analysis import head_projections
 from attrlab.attribution.layers.hooks import check_heads, zeroed_heads
 from attrlab.attribution.models.base import Adapter, Inputs, TextInputs
-from attrlab.attribution.run import ProgressCallback, RunSettings, stop_if_cancelled
+from attrlab.attribution.run import (
+    ProgressCallback,
+    RunSettings,
+    SharedPasses,
+    stop_if_cancelled,
+)
 from attrlab.attribution.target import Target
 
 __all__ = ["HeadAblation", "ablate_heads_and_explain", "head_attention"]
@@ -99,7 +104,7 @@ def ablate_heads_and_explain(
         JobCancelledError: once ``cancel`` is set (the model is left as it was).
     """
     settings = settings or RunSettings()
-    budget = settings.max_forward_passes
+    budget = SharedPasses(settings.max_forward_passes)
     if not heads:
         raise InvalidParameterError("name at least one (layer, head) to ablate")
     projections, count = head_projections(adapter)
@@ -119,15 +124,11 @@ def ablate_heads_and_explain(
         params,
         replace(each, progress=_half(settings.progress, 0)),
     )
-    left = None
-    if budget is not None:
-        left = budget - plain.timings.forward_passes
-        if left <= 0:
-            raise BudgetExceededError(
-                f"the plain explanation spent the {budget:,} forward passes this "
-                "server allows per request; the ablated one needs as many: lower the method's "
-                "sample count"
-            )
+    budget.spend(plain.timings.forward_passes)
+    left = budget.left(
+        "the plain explanation spent the {limit:,} forward passes this server allows per "
+        "request; the ablated one needs as many: lower the method's sample count"
+    )
     with altered(adapter.model), zeroed_heads(projections, count, chosen):
         stop_if_cancelled(settings.cancel)
         ablated = explain(

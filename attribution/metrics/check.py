@@ -30,7 +30,7 @@ from attrlab.attribution.metrics.randomisation import (
 )
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.rendering import renderer
-from attrlab.attribution.run import RunSettings, stop_if_cancelled
+from attrlab.attribution.run import RunSettings, SharedPasses, stop_if_cancelled
 from attrlab.attribution.target import Target
 from attrlab.attribution.verdicts import Verdict
 
@@ -107,7 +107,7 @@ def check_methods(
         JobCancelledError: once ``cancel`` is set (weights are restored first).
     """
     settings = settings or RunSettings()
-    max_forward_passes, progress = settings.max_forward_passes, settings.progress
+    budget, progress = SharedPasses(settings.max_forward_passes), settings.progress
     methods = list(methods)
     if not methods:
         raise InvalidParameterError("name at least one method to check")
@@ -125,7 +125,7 @@ def check_methods(
     steps = len(cascading_units(adapter)) if randomise else 0
     clear_shares(adapter, methods, inputs, params, settings, runs=1 + steps)
     planned = len(methods) * (1 + steps)
-    spent = {"forward": 0, "explanations": 0}
+    finished = 0  # explanations
 
     def run(
         method: str,
@@ -134,13 +134,12 @@ def check_methods(
         scored: bool = False,
         steps: bool = False,
     ) -> Explanation:
+        nonlocal finished
         stop_if_cancelled(settings.cancel)
-        left = None if max_forward_passes is None else max_forward_passes - spent["forward"]
-        if left is not None and left <= 0:
-            raise BudgetExceededError(
-                f"the check spent the {max_forward_passes:,} forward passes this server allows "
-                f"per request before '{method}': check fewer methods"
-            )
+        left = budget.left(
+            f"the check spent the {{limit:,}} forward passes this server allows per request "
+            f"before '{method}': check fewer methods"
+        )
         try:
             explanation = explain(
                 model,
@@ -159,13 +158,13 @@ def check_methods(
         except BudgetExceededError:
             raise BudgetExceededError(
                 f"'{method}' needs more forward passes than the {left:,} left of the "
-                f"{max_forward_passes:,} this server allows per request (the whole check "
+                f"{budget.limit:,} this server allows per request (the whole check "
                 "counts): lower its sample count, or check fewer methods"
             ) from None
-        spent["forward"] += explanation.timings.forward_passes
-        spent["explanations"] += 1
+        budget.spend(explanation.timings.forward_passes)
+        finished += 1
         if progress is not None:
-            progress(spent["explanations"], planned)
+            progress(finished, planned)
         return explanation
 
     first = run(methods[0], adapter, target, settings.evaluate, per_step)
