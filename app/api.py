@@ -58,6 +58,14 @@ from attrlab.app.worker import (
     check_instance_features,
 )
 from attrlab.attribution.answers import MAX_NEW_TOKENS, AnswerSpec, answer_asked
+from attrlab.attribution.defaults import (
+    LAYERS_TOP_K,
+    NOISE_SEEDS,
+    PATCHING_TOP_K,
+    PRUNING_DRAWS,
+    RECHECK_DRAWS,
+    TOP_FRACTION,
+)
 from attrlab.attribution.engine import UNIT_KINDS, engine_catalog
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
 from attrlab.attribution.explanation import SCHEMA_VERSION
@@ -528,9 +536,11 @@ class LayersBody(_InputBody):
     measures: list[Annotated[str, Field(min_length=1, max_length=50)]] | None = Field(
         None, max_length=20, description="Measures to compute (default: all that apply)"
     )
-    top_k: _WholeNumber = Field(5, ge=1, le=1000, description="Heads compared by top-k overlap")
+    top_k: _WholeNumber = Field(
+        LAYERS_TOP_K, ge=1, le=1000, description="Heads compared by top-k overlap"
+    )
     recheck_draws: _WholeNumber = Field(
-        5,
+        RECHECK_DRAWS,
         ge=0,
         le=100,
         description="Random sets of top_k heads each estimator's top heads are re-checked "
@@ -606,7 +616,7 @@ class PruneBody(BaseModel):
         description="Unit kinds to prune (default: every one; GET /units lists them)",
         json_schema_extra=_unit_kinds,
     )
-    draws: _WholeNumber = Field(5, ge=1, le=100, description="Random orders per unit")
+    draws: _WholeNumber = Field(PRUNING_DRAWS, ge=1, le=100, description="Random orders per unit")
     head_step: _WholeNumber | None = Field(
         None, ge=1, description="Heads removed per point (default: at most 16 points)"
     )
@@ -662,7 +672,7 @@ class PatchBody(BaseModel):
     noise_positions: list[_WholeNumber] | None = Field(
         None, min_length=1, max_length=64, description="Clean prompt's token positions to noise"
     )
-    noise_seeds: _WholeNumber = Field(10, ge=1, le=64, description="Noise draws averaged")
+    noise_seeds: _WholeNumber = Field(NOISE_SEEDS, ge=1, le=64, description="Noise draws averaged")
     answer: str | None = Field(
         None, min_length=1, description="A decoder LM's answer (default: its next token)"
     )
@@ -677,7 +687,9 @@ class PatchBody(BaseModel):
     directions: list[Annotated[str, Field(max_length=50)]] | None = Field(
         None, max_length=2, description="denoising, noising (default: both)"
     )
-    top_k: _WholeNumber = Field(10, ge=1, le=10_000, description="Sites in the top-k overlap")
+    top_k: _WholeNumber = Field(
+        PATCHING_TOP_K, ge=1, le=10_000, description="Sites in the top-k overlap"
+    )
     seed: _WholeNumber = Field(0, ge=0, le=2**32 - 1)
 
     def to_request(self) -> PatchRequest:
@@ -735,7 +747,7 @@ class CheckBody(_InputBody):
         "(Adebayo et al. 2018): one explanation per method and randomised layer",
     )
     top_fraction: float = Field(
-        0.1, gt=0.0, le=1.0, description="Share of tokens or pixels in the top-k overlap"
+        TOP_FRACTION, gt=0.0, le=1.0, description="Share of tokens or pixels in the top-k overlap"
     )
 
     def to_request(self) -> CheckRequest:

@@ -18,6 +18,14 @@ from attrlab import app, attribution, viz
 from attrlab.app.progress import CommandProgress
 from attrlab.attribution import engine, layers, metrics, models
 from attrlab.attribution import methods as attribution_methods
+from attrlab.attribution.defaults import (
+    LAYERS_TOP_K,
+    NOISE_SEEDS,
+    PATCHING_TOP_K,
+    PRUNING_DRAWS,
+    RECHECK_DRAWS,
+    TOP_FRACTION,
+)
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
 from attrlab.attribution.methods.catalog import catalog_entries
 from attrlab.attribution.models.catalog import BUILTIN_MODELS, default_model
@@ -1066,11 +1074,13 @@ def _add_layers_command(sub: _Subcommands) -> None:
         help="comma-separated measure names (listed by `attrlab methods` under 'layers'); "
         "default: all that apply",
     )
-    layers.add_argument("--top-k", type=_positive_int, default=5, help="heads compared (top-k)")
+    layers.add_argument(
+        "--top-k", type=_positive_int, default=LAYERS_TOP_K, help="heads compared (top-k)"
+    )
     layers.add_argument(
         "--recheck-draws",
         type=int,
-        default=5,
+        default=RECHECK_DRAWS,
         help="random head sets each estimator's top-k heads are re-checked against (0: none)",
     )
     layers.add_argument("--next-token", action="store_true", help="explain a decoder's next token")
@@ -1105,7 +1115,7 @@ def _add_patch_command(sub: _Subcommands) -> None:
         "--noise-positions",
         help="causal tracing instead: the clean prompt's token positions to noise, e.g. 2,3",
     )
-    patch.add_argument("--noise-seeds", type=_positive_int, default=10, help="noise draws")
+    patch.add_argument("--noise-seeds", type=_positive_int, default=NOISE_SEEDS, help="noise draws")
     patch.add_argument("--answer", help="a decoder LM's answer (default: its next token)")
     patch.add_argument("--contrast", help="the answer rather than this one")
     patch.add_argument(
@@ -1121,7 +1131,9 @@ def _add_patch_command(sub: _Subcommands) -> None:
         "--estimators", help="comma-separated: exact, atp, atp_star, relp (default: all)"
     )
     patch.add_argument("--directions", help="denoising, noising (default: both)")
-    patch.add_argument("--top-k", type=_positive_int, default=10, help="sites in the overlap")
+    patch.add_argument(
+        "--top-k", type=_positive_int, default=PATCHING_TOP_K, help="sites in the overlap"
+    )
     _study_arguments(
         patch,
         "table: for people; csv, parquet: the table; json: everything",
@@ -1158,7 +1170,9 @@ def _add_prune_command(sub: _Subcommands) -> None:
         "--units",
         help="comma-separated unit kinds to prune (default: every one; attrlab units lists them)",
     )
-    prune.add_argument("--draws", type=_positive_int, default=5, help="random orders per unit")
+    prune.add_argument(
+        "--draws", type=_positive_int, default=PRUNING_DRAWS, help="random orders per unit"
+    )
     prune.add_argument(
         "--head-step", type=_positive_int, help="heads removed per point (default: ≤ 16 points)"
     )
@@ -1232,7 +1246,10 @@ def _add_check_command(sub: _Subcommands) -> None:
         help="cascading model-parameter randomisation test (Adebayo et al. 2018) per method",
     )
     check.add_argument(
-        "--top-fraction", type=float, default=0.1, help="share of elements in the top-k overlap"
+        "--top-fraction",
+        type=float,
+        default=TOP_FRACTION,
+        help="share of elements in the top-k overlap",
     )
     check.add_argument(
         "--param",

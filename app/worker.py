@@ -26,6 +26,7 @@ from attrlab.app.settings import ServerSettings
 from attrlab.attribution import engine, explain, layers, load, metrics, patching
 from attrlab.attribution.alteration import unaltered
 from attrlab.attribution.answers import AnswerSpec
+from attrlab.attribution.defaults import NOISE_SEEDS, PATCHING_TOP_K, PRUNING_DRAWS, TOP_FRACTION
 from attrlab.attribution.errors import (
     AttrlabError,
     InvalidInputError,
@@ -297,7 +298,7 @@ class CheckRequest(InputRequest["MethodCheck"]):
     methods: tuple[str, ...]
     params: dict[str, dict[str, Any]] = field(default_factory=dict)  # per method
     randomise: bool = False
-    top_fraction: float = 0.1
+    top_fraction: float = TOP_FRACTION
     evaluate: bool = False  # each map's faithfulness scores (the trust card) in its metrics
 
     def method_params(self) -> dict[str, dict[str, Any]]:
@@ -410,11 +411,11 @@ class PatchRequest(WorkerRequest["PatchingReport"]):
     contrast: str | None = None
     target: int | str | None = None
     noise_positions: tuple[int, ...] | None = None
-    noise_seeds: int = 10
+    noise_seeds: int = NOISE_SEEDS
     components: tuple[str, ...] | None = None
     estimators: tuple[str, ...] | None = None
     directions: tuple[str, ...] | None = None
-    top_k: int = 10
+    top_k: int = PATCHING_TOP_K
 
     def check(self, settings: ServerSettings) -> None:
         """The texts within this server's bounds, one corruption, and known study names."""
@@ -470,7 +471,7 @@ class PruneRequest(WorkerRequest["PruningStudy"]):
     corrupted: str | None = None
     texts: tuple[str, ...] | None = None
     units: tuple[str, ...] | None = None
-    draws: int = 5
+    draws: int = PRUNING_DRAWS
     head_step: int | None = None
 
     def check(self, settings: ServerSettings) -> None:

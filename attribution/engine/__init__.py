@@ -33,7 +33,6 @@ if TYPE_CHECKING:
         scores_of,
     )
     from attrlab.attribution.engine.recheck import (
-        RECHECK_DRAWS,
         HeadRecheck,
         joint_ablation,
         recheck_heads,
@@ -75,7 +74,6 @@ __all__ = [
     "MAX_POINTS",
     "MAX_TEXTS",
     "METRICS",
-    "RECHECK_DRAWS",
     "SCORE_COLUMNS",
     "UNIT_KINDS",
     "Estimator",
@@ -125,7 +123,6 @@ __getattr__, __dir__ = lazy_exports(
         "register_estimator": "attrlab.attribution.engine.estimators",
         "residual_patching_ranking": "attrlab.attribution.engine.estimators",
         "scores_of": "attrlab.attribution.engine.estimators",
-        "RECHECK_DRAWS": "attrlab.attribution.engine.recheck",
         "HeadRecheck": "attrlab.attribution.engine.recheck",
         "joint_ablation": "attrlab.attribution.engine.recheck",
         "recheck_heads": "attrlab.attribution.engine.recheck",

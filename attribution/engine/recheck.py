@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
+from attrlab.attribution.defaults import RECHECK_DRAWS
 from attrlab.attribution.engine.estimators import Evidence, scores_of
 from attrlab.attribution.engine.units import Site, unit_kind
 from attrlab.attribution.engine.verification import removed_scores
@@ -31,11 +32,8 @@ from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.target import Target
 from attrlab.attribution.verdicts import Draws, Verdict, against_random
 
-__all__ = ["RECHECK_DRAWS", "HeadRecheck", "joint_ablation", "recheck_heads", "recheck_passes"]
+__all__ = ["HeadRecheck", "joint_ablation", "recheck_heads", "recheck_passes"]
 
-#: Random head sets an estimator's top heads are judged against by default (as many as the
-#: random orders of a map's faithfulness, for the same t-test).
-RECHECK_DRAWS = 5
 
 #: The random draws of the verdicts, in words.
 _HEAD_SETS = Draws(

@@ -21,6 +21,7 @@ import pandas as pd
 import torch
 
 from attrlab.attribution.answers import answer_request
+from attrlab.attribution.defaults import PRUNING_DRAWS
 from attrlab.attribution.engine.estimators import Evidence, estimators_for, scores_of
 from attrlab.attribution.engine.units import UNIT_KINDS, check_unit_kinds
 from attrlab.attribution.engine.verification import PruningCurves, curve_passes, pruning_curves
@@ -148,7 +149,7 @@ def study_parts(
     dataset: Sequence[Inputs],
     problem: PatchingProblem | None = None,
     units: Collection[str] | None = None,
-    draws: int = 5,
+    draws: int = PRUNING_DRAWS,
     head_step: int | None = None,
     targets_known: bool = False,
 ) -> list[Part]:
@@ -195,7 +196,7 @@ def pruning_study(
     items: Sequence[tuple[Inputs, Target]] | None = None,
     problem: PatchingProblem | None = None,
     units: Collection[str] | None = None,
-    draws: int = 5,
+    draws: int = PRUNING_DRAWS,
     head_step: int | None = None,
     settings: RunSettings | None = None,
 ) -> PruningStudy:

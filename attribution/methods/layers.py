@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from attrlab.attribution.engine.recheck import RECHECK_DRAWS, recheck_heads, recheck_passes
+from attrlab.attribution.defaults import LAYERS_TOP_K, RECHECK_DRAWS
+from attrlab.attribution.engine.recheck import recheck_heads, recheck_passes
 from attrlab.attribution.layers.agreement import agreement, agreement_metrics
 from attrlab.attribution.layers.analysis import (
     HEAD_ESTIMATORS,
@@ -53,7 +54,7 @@ class LayerAnalysisParams(MethodParams):
         check=_known,
     )
     top_k: int = param(
-        5,
+        LAYERS_TOP_K,
         "Heads compared by the top-k overlap of estimators, and zeroed together to re-check "
         "each estimator's top heads.",
         1,

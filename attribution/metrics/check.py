@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from attrlab.attribution.agreement import map_agreement
+from attrlab.attribution.defaults import TOP_FRACTION
 from attrlab.attribution.errors import BudgetExceededError, InvalidParameterError
 from attrlab.attribution.explain import explain
 from attrlab.attribution.explanation import Explanation
@@ -81,7 +82,7 @@ def check_methods(
     target: int | str | Target | None = None,
     params: Mapping[str, dict[str, Any]] | None = None,
     randomise: bool = False,
-    top_fraction: float = 0.1,
+    top_fraction: float = TOP_FRACTION,
     settings: RunSettings | None = None,
     per_step: bool = False,
 ) -> MethodCheck:

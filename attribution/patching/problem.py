@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from attrlab.attribution.answers import Answer, answer_inputs, answer_request, prompt_inputs
+from attrlab.attribution.defaults import NOISE_SEEDS
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
 from attrlab.attribution.layers.analysis import ModelParts, checked_target
 from attrlab.attribution.models.base import Adapter, TextInputs, text_adapter
@@ -47,7 +48,7 @@ class GaussianNoise:
     """
 
     positions: tuple[int, ...]
-    seeds: int = 10
+    seeds: int = NOISE_SEEDS
     scale: float = 3.0
     seed: int = 0
 

@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from attrlab.attribution.alteration import altered
+from attrlab.attribution.defaults import PATCHING_TOP_K
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.gate import clear_study, memory_rows
 from attrlab.attribution.models.base import Adapter
@@ -273,7 +274,7 @@ def patching_report(
     components: Sequence[str] | None = None,
     directions: Sequence[str] | None = None,
     settings: RunSettings | None = None,
-    top_k: int = 10,
+    top_k: int = PATCHING_TOP_K,
     batch_size: int | None = None,
 ) -> PatchingReport:
     """

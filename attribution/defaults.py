@@ -1,0 +1,31 @@
+"""
+The numbers a study takes when a request leaves them out, for the library and every front end.
+
+CLI flags, REST bodies, worker requests and the page's fields all read them here.
+
+Plain numbers, importing nothing: ``attrlab --help`` reads them without loading torch.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "LAYERS_TOP_K",
+    "NOISE_SEEDS",
+    "PATCHING_TOP_K",
+    "PRUNING_DRAWS",
+    "RECHECK_DRAWS",
+    "TOP_FRACTION",
+]
+
+#: The layer analysis: heads compared by the estimators' top-k overlap and re-checked together.
+LAYERS_TOP_K = 5
+#: The heads' re-check: random head sets each estimator's top heads are judged against (as many
+#: as the random orders of a map's faithfulness, for the same t-test).
+RECHECK_DRAWS = 5
+#: Activation patching: causal tracing's noise draws, and sites in the top-k overlap of an
+#: estimator with exact patching.
+NOISE_SEEDS, PATCHING_TOP_K = 10, 10
+#: Pruning curves: random removal orders per unit kind.
+PRUNING_DRAWS = 5
+#: A check of methods: share of a map's elements in the top-k overlap of two methods.
+TOP_FRACTION = 0.1
