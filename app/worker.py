@@ -269,13 +269,14 @@ class EstimateRequest(InputRequest["Estimate"]):
         A calibration times passes on the device: beside a job it would measure a shared
         device and misprice every later request, so it queues like a job.
         """
-        from attrlab.attribution.estimate import calibrated
+        from attrlab.attribution.calibration import calibrated
 
         return calibrated(adapter)
 
     def run_on(self, adapter: Adapter, run: JobContext) -> Estimate:
         """The estimate; the first on a model calibrates every batch width of its device."""
-        from attrlab.attribution.estimate import calibrate, estimate
+        from attrlab.attribution.calibration import calibrate
+        from attrlab.attribution.estimate import estimate
         from attrlab.attribution.target import Target
 
         settings = run.settings_for(self.seed, self.evaluate)
