@@ -95,6 +95,7 @@ class Calibration:
         self.peaks: dict[tuple[str, int], int] = {}
         self._seconds: dict[tuple[str, int], float] = {}
         self._too_wide: set[tuple[str, int]] = set()  # widths that ran out of device memory
+        self._warmed = False  # the model's first pass is run untimed
         self._lock = threading.RLock()  # a gradient cost measures forward costs first
 
     def row_bytes(self, inputs: Inputs) -> int | None:
@@ -228,6 +229,9 @@ class Calibration:
         forward = self.seconds("forward", width) if kind == "backward" else 0.0
         call = _gradient_pass if kind == "backward" else _forward_pass
         try:
+            if not self._warmed:  # a model's first pass pays once (lazy buffers, paged weights)
+                _forward_pass(adapter, self.inputs, 1)()
+                self._warmed = True
             spent, peak = _timed(call(adapter, self.inputs, width), adapter.device)
         except torch.cuda.OutOfMemoryError:
             raise DeviceMemoryError(
