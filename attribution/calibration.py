@@ -287,8 +287,8 @@ def _timed(call: Callable[[], Any], device: torch.device) -> tuple[float, int | 
     The first call measures the peak: on the CPU its measure first hands freed memory back to
     the system, so that call also pays for fresh memory (and, on any device, for shapes not
     run before). Its time counts alone where it took :data:`ONE_CALL_S` or more; else the
-    fastest of the calls after it counts, two of them where a call is under
-    :data:`SHORT_CALL_S`.
+    fastest of it and the calls after it (two of them where a call is under
+    :data:`SHORT_CALL_S`) counts, so that one call slowed by other work does not.
     """
 
     def run() -> float:
@@ -303,7 +303,7 @@ def _timed(call: Callable[[], Any], device: torch.device) -> tuple[float, int | 
     if first >= ONE_CALL_S:
         return first, peak()
     repeats = 2 if first < SHORT_CALL_S else 1
-    return min(run() for _ in range(repeats)), peak()
+    return min(first, *(run() for _ in range(repeats))), peak()
 
 
 _CALIBRATIONS: dict[tuple[Any, ...], Calibration] = {}
