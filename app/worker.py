@@ -26,13 +26,14 @@ from attrlab.app.settings import ServerSettings
 from attrlab.attribution import engine, explain, layers, load, metrics, patching
 from attrlab.attribution.alteration import unaltered
 from attrlab.attribution.answers import AnswerSpec
+from attrlab.attribution.calibration import calibrate, calibrated
 from attrlab.attribution.defaults import NOISE_SEEDS, PATCHING_TOP_K, PRUNING_DRAWS, TOP_FRACTION
 from attrlab.attribution.errors import (
     AttrlabError,
     InvalidInputError,
     InvalidParameterError,
 )
-from attrlab.attribution.estimate import calibrate, calibrated, estimate
+from attrlab.attribution.estimate import estimate
 from attrlab.attribution.explain import preview
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.features import check_features

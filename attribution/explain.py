@@ -20,7 +20,7 @@ from attrlab.attribution.answers import (
     with_alternative,
 )
 from attrlab.attribution.errors import DeviceMemoryError, InvalidInputError
-from attrlab.attribution.estimate import per_step_runs
+from attrlab.attribution.estimate import per_step_runs, steps_batch
 from attrlab.attribution.explanation import (
     Explanation,
     ModelInfo,
@@ -232,11 +232,6 @@ def attribute(
     return result
 
 
-#: The most steps one batched pass of :meth:`AttributionMethod.attribute_steps` takes on:
-#: rows of the repeated input each hold their own activations for the backward.
-STEPS_PER_PASS = 16
-
-
 def _steps_in_rows(
     method_cls: type[AttributionMethod],
     adapter: Adapter,
@@ -246,16 +241,17 @@ def _steps_in_rows(
     run: RunContext,
 ) -> np.ndarray | None:
     """
-    The per-step matrix from the method's batched passes, :data:`STEPS_PER_PASS` steps each.
+    The per-step matrix from the method's batched passes, as many steps each as priced.
 
-    Fewer steps a pass where the run's memory holds fewer rows (``run.max_rows``). ``None``
-    where the method has none, a smoothed map (each noisy copy is a run of its own), or a
-    batch that does not fit in GPU memory: the caller then runs one attribution per step.
+    :func:`~attribution.estimate.steps_batch` says how many: fewer where the run's memory
+    holds fewer rows (``run.max_rows``). ``None`` where the method has none, a smoothed map
+    (each noisy copy is a run of its own), or a batch that does not fit in GPU memory: the
+    caller then runs one attribution per step.
     """
     if smoothing_requested(method_cls.record_of(params)):
         return None
     rows = []
-    width = min(STEPS_PER_PASS, run.max_rows or STEPS_PER_PASS)  # within the run's memory
+    width = steps_batch(method_cls, target.steps, params, run.max_rows)
     for start in range(0, target.steps, width):
         steps = range(start, min(target.steps, start + width))
         try:

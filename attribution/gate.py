@@ -20,12 +20,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
+from attrlab.attribution.calibration import calibrate
 from attrlab.attribution.errors import (
     TooMuchMemoryError,
     TooSlowError,
     UnsupportedMethodError,
 )
-from attrlab.attribution.estimate import Estimate, calibrate, priced, study_estimate
+from attrlab.attribution.estimate import Estimate, priced, study_estimate
 from attrlab.attribution.methods import get_method
 from attrlab.attribution.methods.base import AttributionMethod
 from attrlab.attribution.models.base import Adapter, Inputs

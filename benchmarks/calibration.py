@@ -35,7 +35,7 @@ LONGEST_S = 300
 def _case(model: str, words: int, own: bool) -> dict[str, float]:
     import torch
 
-    from attrlab.attribution.estimate import Calibration, calibrate
+    from attrlab.attribution.calibration import Calibration, calibrate
     from attrlab.attribution.memory import peak_memory
     from attrlab.attribution.models import load
 

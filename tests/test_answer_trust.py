@@ -281,7 +281,7 @@ def test_attention_flow_of_an_answer_step_is_the_flow_of_the_text_up_to_its_posi
 )
 def test_batched_per_step_maps_equal_one_run_per_step(load_model, monkeypatch, name, method):
     """A contrast's steps: the answer's two, then the alternative's (read from one sequence)."""
-    explaining = importlib.import_module("attrlab.attribution.explain")
+    pricing = importlib.import_module("attrlab.attribution.estimate")
     adapter = load_model(name)
     cls = get_method(method)
     params = cls.resolve(adapter, {})
@@ -295,7 +295,7 @@ def test_batched_per_step_maps_equal_one_run_per_step(load_model, monkeypatch, n
         cls.compute(adapter, inputs, StepTarget(target, k), params, RunContext()) for k in steps
     ]
     np.testing.assert_allclose(batched, np.stack([r.scores for r in loop]), rtol=1e-5, atol=1e-7)
-    monkeypatch.setattr(explaining, "STEPS_PER_PASS", 2)  # in batches of two steps and one
+    monkeypatch.setattr(pricing, "STEPS_PER_PASS", 2)  # in batches of two steps and one
     whole = explain(adapter, method, inputs, target, per_step=True)
     np.testing.assert_allclose(whole.maps["steps"], batched, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(whole.maps["steps"].sum(0), whole.scores, rtol=1e-5, atol=1e-6)

@@ -118,8 +118,8 @@ def test_a_gpu_calibration_prices_between_widths_and_skips_widths_that_do_not_fi
     """Per-row costs written out: linear in log width between timed widths; OOM widths skipped."""
     from types import SimpleNamespace
 
+    from attrlab.attribution.calibration import Calibration
     from attrlab.attribution.errors import DeviceMemoryError
-    from attrlab.attribution.estimate import Calibration
 
     adapter = SimpleNamespace(device=torch.device("cuda"), model_id="gpu-stand-in")
     inputs = SimpleNamespace(map_shape=(10,), modality="text")

@@ -22,8 +22,9 @@ from attrlab.app.server import create_app
 from attrlab.app.settings import ServerSettings, SettingsError
 from attrlab.app.worker import ExplainWorker
 from attrlab.attribution.answers import AnswerSpec
+from attrlab.attribution.calibration import _CALIBRATIONS, REFERENCE_TEXT, calibrate
 from attrlab.attribution.errors import TooMuchMemoryError, TooSlowError
-from attrlab.attribution.estimate import _CALIBRATIONS, REFERENCE_TEXT, calibrate, estimate
+from attrlab.attribution.estimate import estimate
 from attrlab.attribution.explain import explain
 from attrlab.attribution.gate import MEMORY_HEADROOM, clear, memory_rows
 from attrlab.attribution.memory import peak_memory
