@@ -17,6 +17,7 @@ NOT_IN_BENCH = {
     "stand_ins.py": "builds stand-in models for a device machine; it measures nothing",
     "gpu.py": "the device script: its numbers are a GPU's, run on one (docs/gpu.md)",
     "page_progress.py": "drives Chromium (make browser) through minutes of a run, by hand",
+    "engine_outputs.py": "compares outputs across two commits (write on one, compare on the other)",
 }
 
 
