@@ -620,6 +620,11 @@ class PruneBody(BaseModel):
     head_step: _WholeNumber | None = Field(
         None, ge=1, description="Heads removed per point (default: at most 16 points)"
     )
+    agreement: bool = Field(
+        False,
+        description="Also remove each site alone and score each ranking against those exact "
+        "effects (Spearman's rho, top-k overlap): one more forward row per site and text",
+    )
     seed: _WholeNumber = Field(0, ge=0, le=2**32 - 1)
 
     def to_request(self) -> PruneRequest:

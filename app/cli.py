@@ -217,6 +217,7 @@ def _prune(args: argparse.Namespace) -> int:
         units=_optional_names(args.units),
         draws=args.draws,
         head_step=args.head_step,
+        agreement=args.agreement,
     )
     (study,) = _on_worker(args, [request], "study")
 
@@ -1175,6 +1176,11 @@ def _add_prune_command(sub: _Subcommands) -> None:
     )
     prune.add_argument(
         "--head-step", type=_positive_int, help="heads removed per point (default: ≤ 16 points)"
+    )
+    prune.add_argument(
+        "--agreement",
+        action="store_true",
+        help="also remove each unit alone and score each ranking against those exact effects",
     )
     _study_arguments(
         prune,

@@ -462,7 +462,8 @@ class PruneRequest(WorkerRequest["PruningStudy"]):
     The layers and heads are ranked on ``text`` for ``target``, or for a decoder's ``answer``
     (rather than ``contrast``; with ``corrupted``, exact residual patching ranks the layers
     too), and pruned over ``texts`` (``None``: the bundled sentences). ``units``: ``None`` for
-    layers and heads.
+    every registered unit kind. ``agreement``: each site also removed alone, and each ranking
+    scored against those exact effects.
     """
 
     text: str
@@ -474,6 +475,7 @@ class PruneRequest(WorkerRequest["PruningStudy"]):
     units: tuple[str, ...] | None = None
     draws: int = PRUNING_DRAWS
     head_step: int | None = None
+    agreement: bool = False
 
     def check(self, settings: ServerSettings) -> None:
         """Every text within this server's bounds, and no more dataset texts than a study takes."""
@@ -506,6 +508,7 @@ class PruneRequest(WorkerRequest["PruningStudy"]):
             draws=self.draws,
             head_step=self.head_step,
             settings=run.settings_for(self.seed),
+            agreement=self.agreement,
         )
 
 

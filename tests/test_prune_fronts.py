@@ -61,6 +61,9 @@ def test_the_cli_writes_the_study_as_json_csv_table_and_figures(capsys, tmp_path
     written = sorted(p.name for p in (tmp_path / "figures").iterdir())
     assert written == sorted(f"{name}.html" for name in pruning_figures(expected))
     assert "layers removed 0 … 1" in text and "residual_patching" in text
+    assert main([*argv, "--units", "layer", "--agreement"]) == 0
+    text = capsys.readouterr().out
+    assert "each layer removed alone" in text and "top_k_overlap" in text
 
 
 @pytest.mark.parametrize(
@@ -82,6 +85,7 @@ def test_rest_prune_answers_the_study_and_refuses_bad_bodies(served, expected):
     body |= {"texts": list(TEXTS), "draws": 2, "head_step": 2}
     response = served.post("/api/v1/prune", json=body)
     assert response.status_code == 200, response.text
+    assert "agreements" not in response.json()  # only when asked
     for unit in ("layer", "head"):
         _same_curves(pd.DataFrame(response.json()[unit]["curves"]), expected.curves()[unit].curves)
     for bad, named in (
@@ -95,6 +99,10 @@ def test_rest_prune_answers_the_study_and_refuses_bad_bodies(served, expected):
         assert 400 <= response.status_code < 500, response.text
         assert named in json.dumps(response.json()["error"]), response.text
     assert "/api/v1/prune" in served.get("/openapi.json").json()["paths"]
+    asked = served.post("/api/v1/prune", json={**body, "units": ["layer"], "agreement": True})
+    assert asked.status_code == 200, asked.text
+    table = asked.json()["agreements"]["layer"]["table"]
+    assert [row["estimator"] for row in table] == list(expected.curves()["layer"].orders)
 
 
 def test_the_servers_seconds_refuse_a_prune_and_a_patch_before_they_run():

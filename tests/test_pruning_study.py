@@ -87,3 +87,35 @@ def test_an_over_budget_study_is_refused_before_any_forward(gpt2, ranked):
     assert model_state(gpt2.model) == before
     with pytest.raises(InvalidInputError, match="give a target, or an answer"):
         ranked_input(gpt2, CLEAN, target=3, answer=" mary")
+
+
+def test_a_study_with_agreement_removes_each_unit_alone_and_spends_what_it_planned(gpt2, ranked):
+    inputs, target, problem = ranked
+    study = pruning_study(
+        gpt2, inputs, target, TEXTS, problem=problem, draws=2, head_step=2, agreement=True
+    )
+    dataset = [gpt2.preprocess(t) for t in TEXTS]
+    parts = study_parts(gpt2, inputs, dataset, problem, draws=2, head_step=2, agreement=True)
+    assert study.forward_passes == sum(rows for _, rows, _, _ in parts)
+    plain_parts = study_parts(gpt2, inputs, dataset, problem, draws=2, head_step=2)
+    sites = gpt2.num_layers + gpt2.num_layers * gpt2.num_heads
+    assert sum(r for _, r, _, _ in parts) - sum(r for _, r, _, _ in plain_parts) == len(TEXTS) * (
+        2 + sites
+    )  # per text: the plain model and each layer, then the plain model and each head
+    checked = 0
+    for unit, curves in study.curves().items():
+        agreement = study.agreements[unit]
+        assert list(agreement.table["estimator"]) == list(curves.orders)
+        # removing a ranking's least important unit alone is its curve's first step
+        values = curves.curves.set_index(["order", "removed", "metric"])["value"]
+        sites, drops = map(str, agreement.effects["site"]), agreement.effects["effect"]
+        effects = dict(zip(sites, drops, strict=True))
+        for order, removal in curves.orders.items():
+            k = int(curves.curves[curves.curves["order"] == order]["removed"].iloc[1])
+            if k != 1:
+                continue
+            drop = values[order, 0, "log_prob"] - values[order, 1, "log_prob"]
+            assert effects[str(removal[0])] == pytest.approx(drop, abs=1e-9)
+            checked += 1
+    assert checked == len(study.layers.orders)  # every layer ranking (the head curves step by 2)
+    assert set(study.to_dict()["agreements"]) == {"layer", "head"}

@@ -200,6 +200,10 @@ def pruning_text(study: PruningStudy) -> str:
         shown = curves.scores.drop(columns="p_value").fillna("")
         lines.append(shown.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
         lines += [f"  {v.summary()}" for v in curves.verdicts if v.status != "inconclusive"]
+        agreement = study.agreements.get(unit)
+        if agreement is not None:
+            lines += ["", f"each {unit} removed alone: each ranking against those exact effects"]
+            lines.append(agreement.table.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     lines += [f"warning   {w}" for w in study.warnings]
     return "\n".join(lines)
 

@@ -22,6 +22,11 @@ import torch
 
 from attrlab.attribution.answers import answer_request
 from attrlab.attribution.defaults import PRUNING_DRAWS
+from attrlab.attribution.engine.agreement import (
+    RemovalAgreement,
+    agreement_passes,
+    removal_agreement,
+)
 from attrlab.attribution.engine.estimators import Evidence, estimators_for, scores_of
 from attrlab.attribution.engine.units import UNIT_KINDS, check_unit_kinds
 from attrlab.attribution.engine.verification import PruningCurves, curve_passes, pruning_curves
@@ -62,6 +67,8 @@ class PruningStudy:
         texts: The dataset's size (inputs the curves are measured on).
         analysis: The layer analysis the rankings come from (long format).
         by_unit: The pruning curves of each unit kind pruned.
+        agreements: Per unit kind, when asked: each site removed alone over the dataset, and
+            each estimator's agreement with those exact effects.
         forward_passes: Forward rows spent.
         backward_passes: Backward passes spent.
         warnings: What the run noted.
@@ -71,6 +78,7 @@ class PruningStudy:
     texts: int
     analysis: pd.DataFrame
     by_unit: dict[str, PruningCurves] = field(default_factory=dict)
+    agreements: dict[str, RemovalAgreement] = field(default_factory=dict)
     forward_passes: int = 0
     backward_passes: int = 0
     warnings: list[str] = field(default_factory=list)
@@ -103,6 +111,11 @@ class PruningStudy:
             "target": self.target,
             "texts": self.texts,
             **{unit: curves.to_dict() for unit, curves in self.curves().items()},
+            **(
+                {"agreements": {u: a.to_dict() for u, a in self.agreements.items()}}
+                if self.agreements
+                else {}
+            ),
             "forward_passes": self.forward_passes,
             "backward_passes": self.backward_passes,
             "warnings": self.warnings,
@@ -152,12 +165,14 @@ def study_parts(
     draws: int = PRUNING_DRAWS,
     head_step: int | None = None,
     targets_known: bool = False,
+    agreement: bool = False,
 ) -> list[Part]:
     """
     What :func:`pruning_study` runs, per input: ``(inputs, forward rows, backward, widest)``.
 
     ``dataset``: the inputs the curves are measured on; ``targets_known``: their targets are
-    given (else each costs a forward to find its top prediction).
+    given (else each costs a forward to find its top prediction); ``agreement``: each site is
+    removed alone too.
 
     Raises:
         InvalidParameterError: as :func:`pruning_study`.
@@ -179,6 +194,8 @@ def study_parts(
         )
         for u in chosen
     ]
+    if agreement:  # each site alone, beside the plain model, as a batch of its own
+        rows += [agreement_passes(adapter, u) for u in chosen]
     found += [(item, sum(rows) + (not targets_known), 0, max(rows)) for item in dataset]
     return found
 
@@ -199,6 +216,7 @@ def pruning_study(
     draws: int = PRUNING_DRAWS,
     head_step: int | None = None,
     settings: RunSettings | None = None,
+    agreement: bool = False,
 ) -> PruningStudy:
     """
     Rank layers and heads for ``target`` on ``inputs``, and prune by each ranking over a dataset.
@@ -212,7 +230,10 @@ def pruning_study(
     (:data:`~attribution.engine.units.UNIT_KINDS`; ``None``: every one), each ranked by every
     registered estimator of it that applies; ``draws`` random orders each; ``head_step``: heads
     removed per point of the head curves (default: at most :data:`~attribution.engine.
-    verification.MAX_POINTS` points). The whole study is priced first and refused over ``settings``'
+    verification.MAX_POINTS` points); ``agreement``: also remove each site alone over the
+    dataset and score every ranking against those exact effects
+    (:func:`~attribution.engine.agreement.removal_agreement`). The whole study is priced first
+    and refused over ``settings``'
     forward-pass budget or seconds (:func:`~attribution.gate.clear_study`).
 
     Raises:
@@ -228,7 +249,7 @@ def pruning_study(
     dataset = [i for i, _ in items] if items is not None else _dataset(adapter, texts)
     run = RunContext.of(settings)
     parts = study_parts(
-        adapter, inputs, dataset, problem, chosen, draws, head_step, items is not None
+        adapter, inputs, dataset, problem, chosen, draws, head_step, items is not None, agreement
     )
     if not isinstance(target, Target):  # its top prediction or label: one forward more
         _, forward, backward, widest = parts[0]
@@ -262,6 +283,8 @@ def pruning_study(
         found.by_unit[unit] = pruning_curves(
             adapter, items, rankings, draws, unit=unit, step=step, run=run
         )
+        if agreement:
+            found.agreements[unit] = removal_agreement(adapter, items, unit, rankings, run=run)
     found.forward_passes, found.backward_passes = run.forward_passes, run.backward_passes
     found.warnings = run.warnings
     return found
