@@ -193,6 +193,10 @@ def test_a_removal_undoes_its_hooks_on_error_and_bad_names_are_refused(gpt2, ite
         unit_kind("layer").removal("zero")
     with pytest.raises(InvalidParameterError, match="one score per head"):
         removal_agreement(gpt2, items, "head", {"short": [1.0]})
+    with pytest.raises(InvalidParameterError, match="top_k is at least 1"):
+        removal_agreement(gpt2, items, "head", {}, top_k=0)
+    with pytest.raises(InvalidParameterError, match="at least one input"):
+        removal_agreement(gpt2, [], "head", {})
     with pytest.raises(ValueError, match="registered already"):
         register_unit_kind(unit_kind("layer"))
 

@@ -26,7 +26,7 @@ import torch
 from attrlab.attribution.engine.units import UNIT_KINDS
 from attrlab.attribution.errors import InvalidInputError
 from attrlab.attribution.layers.agreement import head_ranking
-from attrlab.attribution.layers.analysis import MEASURES, chosen_measures
+from attrlab.attribution.layers.analysis import HEAD_ESTIMATORS, MEASURES, chosen_measures
 from attrlab.attribution.models.base import Adapter
 from attrlab.attribution.target import Target
 
@@ -269,6 +269,25 @@ _SHORTGPT = "Men et al. 2024, ShortGPT (https://arxiv.org/abs/2403.03853)"
 _ATTNLRP = "Achtibat et al. 2024, AttnLRP (https://arxiv.org/abs/2402.05602)"
 _MICHEL = "Michel et al. 2019, Are Sixteen Heads Really Better than One? (arXiv:1905.10650)"
 
+#: What each of the layer analysis's head estimators (:data:`~attribution.layers.analysis.
+#: HEAD_ESTIMATORS`) is, where it comes from, and whether it is the head's exact effect.
+_HEADS = {
+    "head_gradient": ("|∂ log p / ∂ξ_h| at a gate on the head", _MICHEL, False),
+    "ablation_zero": ("|Δ target score| with the head zeroed", _MICHEL, True),
+    "ablation_mean": (
+        "|Δ target score| with the head's output replaced by its mean over positions",
+        "Wang et al. 2022, Interpretability in the Wild (arXiv:2211.00593)",
+        False,
+    ),
+    "head_lrp": ("|relevance| through the head", _ATTNLRP, False),
+}
+
+
+def _group(measure: str) -> str:
+    """The analysis's measure group that produces the rows of ``measure``."""
+    return next(group.name for group in MEASURES.values() if measure in group.produces)
+
+
 for _estimator in (
     Estimator(
         "block_influence",
@@ -311,38 +330,17 @@ for _estimator in (
         _residual_patching,
         needs_patching=True,
     ),
-    Estimator(
-        "head_gradient",
-        "head",
-        "|∂ log p / ∂ξ_h| at a gate on the head",
-        _MICHEL,
-        _head_measure("head_gradient"),
-        ("gradient",),
-    ),
-    Estimator(
-        "ablation_zero",
-        "head",
-        "|Δ target score| with the head zeroed",
-        _MICHEL,
-        _head_measure("ablation_zero"),
-        ("ablation",),
-        exact=True,
-    ),
-    Estimator(
-        "ablation_mean",
-        "head",
-        "|Δ target score| with the head's output replaced by its mean over positions",
-        "Wang et al. 2022, Interpretability in the Wild (arXiv:2211.00593)",
-        _head_measure("ablation_mean"),
-        ("ablation",),
-    ),
-    Estimator(
-        "head_lrp",
-        "head",
-        "|relevance| through the head",
-        _ATTNLRP,
-        _head_measure("head_lrp"),
-        ("lrp",),
+    *(
+        Estimator(
+            measure,
+            "head",
+            _HEADS[measure][0],
+            _HEADS[measure][1],
+            _head_measure(measure),
+            (_group(measure),),
+            exact=_HEADS[measure][2],
+        )
+        for measure in HEAD_ESTIMATORS
     ),
 ):
     register_estimator(_estimator)

@@ -45,17 +45,15 @@ class Site:
         kind: The unit kind's name.
         layer: The block it is in.
         head: The attention head (query head) in that block.
-        index: Its index within the block for units finer than a head (a neuron, a channel).
     """
 
     kind: str
     layer: int | None = None
     head: int | None = None
-    index: int | None = None
 
     def name(self) -> int | list[int]:
-        """Its JSON form in a removal order: the layer alone, or ``[layer, head, …]``."""
-        where = [v for v in (self.layer, self.head, self.index) if v is not None]
+        """Its JSON form in a removal order: the layer alone, or ``[layer, head]``."""
+        where = [v for v in (self.layer, self.head) if v is not None]
         return where[0] if len(where) == 1 else where
 
 
