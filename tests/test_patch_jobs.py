@@ -25,6 +25,7 @@ from fastapi.testclient import TestClient
 from attrlab.app.jobs import DamagedResultsError, JobStore
 from attrlab.app.server import create_app
 from attrlab.app.worker import ExplainWorker
+from attrlab.attribution.calibration import calibrate
 from attrlab.attribution.patching import patching_problem, patching_report
 
 MODEL = "tiny-random-gpt2"
@@ -72,7 +73,11 @@ def _same_table(got: pd.DataFrame, expected: pd.DataFrame) -> None:
 
 
 def _worker(tmp_path) -> ExplainWorker:
-    return ExplainWorker(device="cpu", settings=job_settings(tmp_path, MODEL))
+    worker = ExplainWorker(device="cpu", settings=job_settings(tmp_path, MODEL))
+    # calibrated before any hold: the held forward is the study's, whichever test ran first
+    # (calibrations are kept per model for the process)
+    calibrate(worker.adapter(MODEL)).measure_all()
+    return worker
 
 
 def test_a_patch_job_shows_its_steps_and_ends_with_the_direct_studys_report(tmp_path, expected):
