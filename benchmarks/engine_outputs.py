@@ -10,7 +10,7 @@ than " john", with exact residual patching of a corrupted prompt) and SmolLM2-13
 them, on the tiny models, a whole patching report (every estimator, component and direction;
 on LLaMA with Gaussian noise of two draws as well), its agreement in words, its planned passes
 and patched scores of several sites together. ``compare`` prints one row per output and exits 1
-when any differs.
+when any differs (an output the file lacks, written before it was added here, is named so).
 """
 
 from __future__ import annotations
@@ -126,14 +126,22 @@ def patching_outputs() -> dict[str, Any]:
 
 def main(action: str, path: Path) -> int:
     torch.set_num_threads(1)
-    now = json.loads(
-        json.dumps({**outputs(), **patching_outputs()}, sort_keys=True, default=str)
-    )
+    now = json.loads(json.dumps({**outputs(), **patching_outputs()}, sort_keys=True, default=str))
     if action == "write":
         path.write_text(json.dumps(now, sort_keys=True))
         return 0
     before = json.loads(path.read_text())
-    rows = [(alias, "identical" if before.get(alias) == now[alias] else "DIFFERS") for alias in now]
+    rows = [
+        (
+            alias,
+            "not in the file"
+            if alias not in before
+            else "identical"
+            if before[alias] == now[alias]
+            else "DIFFERS",
+        )
+        for alias in now
+    ]
     print_table(("output", "before vs after"), rows)
     return int(any(state == "DIFFERS" for _, state in rows))
 

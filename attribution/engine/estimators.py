@@ -10,20 +10,24 @@ in the kind's site order, higher for more important.
 Layers: Block Influence (ShortGPT, Men et al. 2024), the exact effect of skipping the block, its
 AttnLRP relevance (Achtibat et al. 2024), the logit lens's change through it (nostalgebraist
 2020), and exact residual patching (Meng et al. 2022). Heads: the gradient at a head gate and
-zero / mean ablation (Michel et al. 2019), and AttnLRP relevance per head.
+zero / mean ablation (Michel et al. 2019), and AttnLRP relevance per head. The patching sites
+(heads, and the residual, attention, MLP and head outputs at a position): exact activation
+patching (Meng et al. 2022; Wang et al. 2023), AtP (Nanda 2023), AtP* (Kramár et al. 2024) and
+RelP (Jafari et al. 2025), computed together by
+:func:`~attribution.patching.report.patching_report` and read from its table.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 
-from attrlab.attribution.engine.units import UNIT_KINDS
+from attrlab.attribution.engine.units import COMPONENT_KINDS, UNIT_KINDS
 from attrlab.attribution.errors import InvalidInputError
 from attrlab.attribution.layers.agreement import head_ranking
 from attrlab.attribution.layers.analysis import HEAD_ESTIMATORS, MEASURES, chosen_measures
@@ -55,6 +59,10 @@ class Evidence:
         patching: Exact denoising residual patching's table on that input and its corrupted
             twin, when a corrupted prompt was given.
         read_at: The position the target is read at (with ``patching``).
+        report: A whole patching report's table (every estimator, component and direction of
+            :func:`~attribution.patching.report.patching_report`), which the patching
+            estimators read.
+        unit: The unit kind being scored (set by :func:`scores_of`).
     """
 
     adapter: Adapter
@@ -62,6 +70,8 @@ class Evidence:
     analysis: pd.DataFrame
     patching: pd.DataFrame | None = None
     read_at: int | None = None
+    report: pd.DataFrame | None = None
+    unit: str = ""
 
 
 @dataclass(frozen=True)
@@ -71,48 +81,79 @@ class Estimator:
 
     Attributes:
         name: Its name in tables, orders and requests.
-        unit: The unit kind it scores (:data:`~attribution.engine.units.UNIT_KINDS`).
+        unit: The unit kind it scores (:data:`~attribution.engine.units.UNIT_KINDS`), or the
+            kinds.
         description: What it computes, for people.
         source: The paper or idea it comes from.
-        score: One importance per site of the kind (``None``: the evidence lacks what it reads).
+        score: One importance per site of the kind :attr:`Evidence.unit` (``None``: the
+            evidence lacks what it reads).
         measures: The layer analysis's measure groups it reads (they price it).
-        exact: Its score is the measured effect of removing that site alone, as the kind's
-            default removal does, on the ranked input (not an approximation).
+        exact: Its score is the measured effect of removing that site alone, by its
+            ``removal``, on the ranked input (not an approximation).
         needs_patching: It reads exact residual patching (a corrupted prompt is needed).
+        title: Its name for people (default: its name).
+        passes: What it costs in words, where it reads no measure group.
+        removal: The removal its effects are of (``None``: each kind's default).
+        magnitude: It estimates the size of the effect, not its sign.
+        patching_report: It is computed by :func:`~attribution.patching.report.
+            patching_report` on a clean and a corrupted run and read from its table
+            (:attr:`Evidence.report`).
     """
 
     name: str
-    unit: str
+    unit: str | tuple[str, ...]
     description: str
     source: str
     score: Callable[[Evidence], np.ndarray | None]
     measures: tuple[str, ...] = ()
     exact: bool = False
     needs_patching: bool = False
+    title: str = ""
+    passes: str = ""
+    removal: str | None = None
+    magnitude: bool = False
+    patching_report: bool = False
+
+    @property
+    def units(self) -> tuple[str, ...]:
+        """The unit kinds it scores."""
+        return (self.unit,) if isinstance(self.unit, str) else self.unit
 
     @property
     def cost(self) -> str:
-        """What it costs, in words (its measure groups' costs, or patching's)."""
-        costs = [MEASURES[m].cost for m in self.measures]
-        return "; ".join(costs or ["exact residual patching: one forward per layer"])
+        """What it costs, in words (its measure groups' costs, or its passes)."""
+        return "; ".join([MEASURES[m].cost for m in self.measures] or [self.passes])
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready: what it scores and reads, what it costs, and where it comes from."""
         return {
             "name": self.name,
-            "unit": self.unit,
+            "title": self.title or self.name,
+            "units": [*self.units],
             "description": self.description,
             "source": self.source,
             "exact": self.exact,
+            "removal": self.removal,
+            "magnitude": self.magnitude,
             "cost": self.cost,
             "measures": [*self.measures],
             "needs_patching": self.needs_patching,
+            "patching_report": self.patching_report,
         }
 
-    def applies_to(self, adapter: Adapter, patching: bool) -> bool:
-        """Whether it can score ``adapter`` (``patching``: a corrupted prompt is given)."""
+    def applies_to(self, adapter: Adapter, patching: bool, report: bool = False) -> bool:
+        """
+        Whether it can score ``adapter``.
+
+        ``patching``: a corrupted prompt is given (exact residual patching runs); ``report``:
+        a whole patching report is at hand.
+        """
         applicable = set(chosen_measures(adapter, None))
-        return set(self.measures) <= applicable and (patching or not self.needs_patching)
+        return (
+            set(self.measures) <= applicable
+            and (patching or not self.needs_patching)
+            and (report or not self.patching_report)
+        )
 
 
 #: Every registered estimator by name, in registration order (the order rankings are listed).
@@ -132,15 +173,28 @@ def register_estimator(estimator: Estimator) -> Estimator:
     return estimator
 
 
-def estimators_for(adapter: Adapter, unit: str, patching: bool = False) -> list[Estimator]:
-    """The registered estimators of ``unit`` that apply to ``adapter``, in registration order."""
-    return [e for e in ESTIMATORS.values() if e.unit == unit and e.applies_to(adapter, patching)]
+def estimators_for(
+    adapter: Adapter, unit: str, patching: bool = False, report: bool = False
+) -> list[Estimator]:
+    """
+    The registered estimators of ``unit`` that apply to ``adapter``, in registration order.
+
+    ``patching``, ``report``: as :meth:`Estimator.applies_to`.
+    """
+    return [
+        e
+        for e in ESTIMATORS.values()
+        if unit in e.units and e.applies_to(adapter, patching, report)
+    ]
 
 
 def scores_of(evidence: Evidence, unit: str) -> dict[str, np.ndarray]:
     """Every applicable estimator of ``unit``'s scores on ``evidence`` (those it can give)."""
-    patching = evidence.patching is not None
-    found = {e.name: e.score(evidence) for e in estimators_for(evidence.adapter, unit, patching)}
+    patching, report = evidence.patching is not None, evidence.report is not None
+    of_unit = replace(evidence, unit=unit)
+    found = {
+        e.name: e.score(of_unit) for e in estimators_for(evidence.adapter, unit, patching, report)
+    }
     return {name: values for name, values in found.items() if values is not None}
 
 
@@ -154,7 +208,7 @@ def engine_catalog() -> list[dict[str, Any]]:
     return [
         {
             **kind.describe(),
-            "estimators": [e.describe() for e in ESTIMATORS.values() if e.unit == kind.name],
+            "estimators": [e.describe() for e in ESTIMATORS.values() if kind.name in e.units],
         }
         for kind in UNIT_KINDS.values()
     ]
@@ -283,6 +337,67 @@ _HEADS = {
 }
 
 
+def _patching_effects(name: str) -> Callable[[Evidence], np.ndarray | None]:
+    """
+    ``|effect|`` per site of :attr:`Evidence.unit` in the report's rows of estimator ``name``.
+
+    Read from the denoising rows (clean activations into the corrupted run), else the noising
+    ones; the report lists each component's sites in its unit kind's site order.
+    """
+
+    def score(evidence: Evidence) -> np.ndarray | None:
+        table = evidence.report
+        if table is None:
+            return None
+        component = next(c for c, kind in COMPONENT_KINDS.items() if kind == evidence.unit)
+        rows = table[(table["estimator"] == name) & (table["component"] == component)]
+        if rows.empty:
+            return None
+        direction = "denoising" if (rows["direction"] == "denoising").any() else "noising"
+        effects = rows[rows["direction"] == direction]["effect"]
+        return np.abs(effects.to_numpy(dtype=float))
+
+    return score
+
+
+#: The patching report's estimators: name, title, what it computes, source, passes.
+_PATCHING = (
+    (
+        "exact",
+        "Activation patching",
+        "the change of the target's score with the site patched from the other run",
+        "Meng et al. 2022, Locating and Editing Factual Associations in GPT "
+        "(arXiv:2202.05262); Wang et al. 2023, Interpretability in the Wild (arXiv:2211.00593)",
+        "one forward row per site and layer (and noise draw)",
+    ),
+    (
+        "atp",
+        "Attribution patching (AtP)",
+        "(a_source − a_destination) · ∂score/∂a at the run patched into: patching to first order",
+        "Nanda 2023, Attribution Patching (https://www.neelnanda.io/mechanistic-"
+        "interpretability/attribution-patching); Syed et al. 2023 (arXiv:2310.10348)",
+        "1 forward + 1 backward",
+    ),
+    (
+        "atp_star",
+        "AtP* (QK fix, GradDrop)",
+        "|AtP| with each head's attention recomputed from the other run (QK fix), summed over "
+        "backwards that drop one block's branches each (GradDrop)",
+        "Kramár et al. 2024, AtP*: An efficient and scalable method for localizing LLM "
+        "behaviour to components (arXiv:2403.00745)",
+        "1 forward of L rows + 1 backward",
+    ),
+    (
+        "relp",
+        "Relevance patching (RelP)",
+        "AtP with LRP's propagation coefficients (AttnLRP rules) in place of the gradient",
+        "Jafari et al. 2025, RelP: Faithful and Efficient Circuit Discovery via Relevance "
+        "Patching (arXiv:2508.21258)",
+        "1 forward + 1 backward, LRP rules",
+    ),
+)
+
+
 def _group(measure: str) -> str:
     """The analysis's measure group that produces the rows of ``measure``."""
     return next(group.name for group in MEASURES.values() if measure in group.produces)
@@ -329,6 +444,7 @@ for _estimator in (
         "Meng et al. 2022, Locating and Editing Factual Associations in GPT (arXiv:2202.05262)",
         _residual_patching,
         needs_patching=True,
+        passes="exact residual patching: one forward per layer",
     ),
     *(
         Estimator(
@@ -341,6 +457,22 @@ for _estimator in (
             exact=_HEADS[measure][2],
         )
         for measure in HEAD_ESTIMATORS
+    ),
+    *(
+        Estimator(
+            name,
+            tuple(COMPONENT_KINDS.values()),
+            description,
+            source,
+            _patching_effects(name),
+            exact=name == "exact",
+            title=title,
+            passes=passes,
+            removal="patch",
+            magnitude=name == "atp_star",
+            patching_report=True,
+        )
+        for name, title, description, source, passes in _PATCHING
     ),
 ):
     register_estimator(_estimator)

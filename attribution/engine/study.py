@@ -28,7 +28,7 @@ from attrlab.attribution.engine.agreement import (
     removal_agreement,
 )
 from attrlab.attribution.engine.estimators import Evidence, estimators_for, scores_of
-from attrlab.attribution.engine.units import UNIT_KINDS, check_unit_kinds
+from attrlab.attribution.engine.units import UNIT_KINDS, check_unit_kinds, model_unit_kinds
 from attrlab.attribution.engine.verification import PruningCurves, curve_passes, pruning_curves
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
 from attrlab.attribution.gate import clear_study
@@ -177,7 +177,7 @@ def study_parts(
     Raises:
         InvalidParameterError: as :func:`pruning_study`.
     """
-    chosen = check_unit_kinds(list(UNIT_KINDS) if units is None else units)
+    chosen = check_unit_kinds(model_unit_kinds() if units is None else units)
     if draws < 1:
         raise InvalidParameterError(f"draws is at least 1; got {draws}")
     patches = _patches(adapter, chosen, problem)
@@ -227,7 +227,7 @@ def pruning_study(
     prediction (a class, or the next token). ``problem``: a patching problem on ``inputs`` and
     ``target`` (its clean side) whose exact residual patching ranks the layers too
     (``residual_patching``). ``units``: the unit kinds to prune
-    (:data:`~attribution.engine.units.UNIT_KINDS`; ``None``: every one), each ranked by every
+    (:func:`~attribution.engine.units.model_unit_kinds`; ``None``: every one), each ranked by every
     registered estimator of it that applies; ``draws`` random orders each; ``head_step``: heads
     removed per point of the head curves (default: at most :data:`~attribution.engine.
     verification.MAX_POINTS` points); ``agreement``: also remove each site alone over the
@@ -245,7 +245,7 @@ def pruning_study(
         JobCancelledError: once ``settings.cancel`` is set.
     """
     settings = settings or RunSettings()
-    chosen = check_unit_kinds(list(UNIT_KINDS) if units is None else units)
+    chosen = check_unit_kinds(model_unit_kinds() if units is None else units)
     dataset = [i for i, _ in items] if items is not None else _dataset(adapter, texts)
     run = RunContext.of(settings)
     parts = study_parts(
