@@ -278,12 +278,12 @@ def _position_sites(unit: str, per_head: bool) -> Callable[[Adapter, Inputs | No
     return sites
 
 
-def _edits(component: str, how: str) -> Removal:
-    """Each row's sites of ``component`` zeroed or set to their mean over positions."""
+def _removed(component: str, how: str, source: Activations | None = None) -> Removal:
+    """Each row's sites of ``component`` removed ``how`` (``zero``, ``mean``, ``patch``)."""
 
     def remove(adapter: Adapter, rows: Sequence[Sequence[Site]]) -> AbstractContextManager[None]:
         located = [[(_where(s.layer), s.position, s.head) for s in row] for row in rows]
-        return removed_sites(ModelParts.of(adapter), component, located, how)
+        return removed_sites(ModelParts.of(adapter), component, located, how, source)
 
     return remove
 
@@ -292,13 +292,7 @@ def _patch(component: str) -> Patch:
     """Each row's sites of ``component`` written with the other run's activations."""
 
     def patch(source: Activations) -> Removal:
-        def remove(
-            adapter: Adapter, rows: Sequence[Sequence[Site]]
-        ) -> AbstractContextManager[None]:
-            located = [[(_where(s.layer), s.position, s.head) for s in row] for row in rows]
-            return removed_sites(ModelParts.of(adapter), component, located, "patch", source)
-
-        return remove
+        return _removed(component, "patch", source)
 
     return patch
 
@@ -341,7 +335,7 @@ for _component in (c for c in COMPONENTS.values() if c.per_position):
             f"{_component.description}: one layer and position, removed by zeroing it, by its "
             "mean over the input's positions, or by patching it from another run",
             _position_sites(_name, _component.per_head),
-            {"zero": _edits(_component.name, "zero"), "mean": _edits(_component.name, "mean")},
+            {how: _removed(_component.name, how) for how in ("zero", "mean")},
             patch=_patch(_component.name),
             positional=True,
         )
