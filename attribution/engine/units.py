@@ -321,7 +321,8 @@ COMPONENT_KINDS = {
 register_unit_kind(
     UnitKind(
         "head",
-        "an attention head, removed by zeroing its output at the output projection's input",
+        "an attention head, removed by zeroing its output at the output projection's input "
+        "(or patched from another run)",
         _heads,
         {"zero": _zero_heads},
         patch=_patch("head"),
@@ -332,8 +333,9 @@ for _component in (c for c in COMPONENTS.values() if c.per_position):
     register_unit_kind(
         UnitKind(
             _name,
-            f"{_component.description}: one layer and position, removed by zeroing it, by its "
-            "mean over the input's positions, or by patching it from another run",
+            f"{_component.description} (a site: one layer"
+            f"{', head' if _component.per_head else ''} and position); removed by zeroing it, by "
+            "its mean over the input's positions, or by patching it from another run",
             _position_sites(_name, _component.per_head),
             {how: _removed(_component.name, how) for how in ("zero", "mean")},
             patch=_patch(_component.name),
