@@ -128,6 +128,36 @@ def test_patching_a_residual_site_is_the_hidden_state_replaced_by_hand(load_mode
     assert not torch.equal(found, _logits(adapter, CLEAN))  # the patch changed something
 
 
+@pytest.mark.parametrize("alias", MODELS)
+def test_patching_a_head_writes_the_other_runs_head_output_by_hand(load_model, alias):
+    adapter = load_model(alias)
+    heads = adapter.model.config.num_attention_heads
+    _, _, projection = _modules(adapter, 0)
+    seen = []
+
+    def keep(_m, args, kwargs):
+        seen.append(args[0].detach().clone())
+
+    with _hooked(projection, keep, pre=True):
+        _logits(adapter, CORRUPTED)
+    (source,) = seen
+    width = source.shape[-1] // heads
+    part = slice(width, 2 * width)  # head 1, every position
+
+    def write(_m, args, kwargs):
+        x = args[0].clone()
+        x[..., part] = source[..., part]
+        return (x, *args[1:]), kwargs
+
+    with _hooked(projection, write, pre=True):
+        expected = _logits(adapter, CLEAN)
+    patch = unit_kind("head").patched({("head", 0): source})
+    with patch(adapter, [[Site("head", layer=0, head=1)]]):
+        found = _logits(adapter, CLEAN)
+    assert torch.equal(found, expected)
+    assert not torch.equal(found, _logits(adapter, CLEAN))
+
+
 def test_exact_patching_matches_a_residual_patched_by_hand(load_model):
     adapter = load_model("tiny-random-gpt2")
     problem = patching_problem(adapter, CLEAN, CORRUPTED, answer=" mary", contrast=" john")
