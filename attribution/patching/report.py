@@ -10,7 +10,7 @@ the model's alteration lock, with progress, cancellation and the pass budget of 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +33,7 @@ from attrlab.attribution.patching.base import (
     row_chunks,
     table,
 )
-from attrlab.attribution.patching.exact import baseline, exact, exact_rows
+from attrlab.attribution.patching.exact import Baseline, baseline, exact, exact_rows
 from attrlab.attribution.patching.problem import PatchingProblem, Runs
 from attrlab.attribution.patching.relp import relp
 from attrlab.attribution.perturb import BatchRunner, auto_batch_size
@@ -55,6 +55,16 @@ __all__ = [
 #: in table order.
 ESTIMATORS: dict[str, Estimator] = {
     name: e for name, e in ENGINE_ESTIMATORS.items() if e.patching_report
+}
+
+
+#: ``(runs, baseline, direction, components, run, max_rows)`` -> an estimator's table rows.
+_Rows = Callable[[Runs, Baseline, str, Sequence[str], RunContext, int | None], list[tuple]]
+#: How the report computes each gradient estimator's rows of one direction (one stage each).
+_GRADIENT: dict[str, _Rows] = {
+    "atp": atp,
+    "atp_star": atp_star,
+    "relp": relp,
 }
 
 
@@ -279,16 +289,11 @@ def patching_report(
         run.count(forward=runs.clean.rows + runs.corrupted.rows)
         for direction in ways:
             found: dict[str, list[tuple]] = {}
-            if "exact" in chosen:
-                found["exact"] = exact(runs, base, direction, parts, runner)
-            if "atp" in chosen:
-                found["atp"] = atp(runs, base, direction, parts, run, fits)
-                stage_done()
-            if "atp_star" in chosen:
-                found["atp_star"] = atp_star(runs, base, direction, parts, run, fits)
-                stage_done()
-            if "relp" in chosen:
-                found["relp"] = relp(runs, base, direction, parts, run, fits)
+            for name in (n for n in ESTIMATORS if n in chosen):  # in the registry's order
+                if name == "exact":  # on its own batches, which step the progress
+                    found[name] = exact(runs, base, direction, parts, runner)
+                    continue
+                found[name] = _GRADIENT[name](runs, base, direction, parts, run, fits)
                 stage_done()
             for name in chosen:
                 rows += [(name, direction, *row) for row in found[name]]
