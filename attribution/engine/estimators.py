@@ -19,7 +19,7 @@ RelP (Jafari et al. 2025), computed together by
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -31,7 +31,8 @@ from attrlab.attribution.engine.units import COMPONENT_KINDS, UNIT_KINDS
 from attrlab.attribution.errors import InvalidInputError
 from attrlab.attribution.layers.agreement import head_ranking
 from attrlab.attribution.layers.analysis import HEAD_ESTIMATORS, MEASURES, chosen_measures
-from attrlab.attribution.models.base import Adapter
+from attrlab.attribution.methods.catalog import catalog_entries
+from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.target import Target
 
 __all__ = [
@@ -62,6 +63,9 @@ class Evidence:
         report: A whole patching report's table (every estimator, component and direction of
             :func:`~attribution.patching.report.patching_report`), which the patching
             estimators read.
+        maps: Input attributions of the ranked input: method name -> one score per token
+            (an Explanation's ``scores``), which the input-attribution estimators read.
+        inputs: The ranked input (with ``maps``: where its tokens are).
         unit: The unit kind being scored (set by :func:`scores_of`).
     """
 
@@ -71,7 +75,14 @@ class Evidence:
     patching: pd.DataFrame | None = None
     read_at: int | None = None
     report: pd.DataFrame | None = None
+    maps: Mapping[str, np.ndarray] | None = None
+    inputs: Inputs | None = None
     unit: str = ""
+
+    def given(self) -> set[str]:
+        """What it holds beyond the analysis: ``patching``, ``report``, ``maps``."""
+        held = {"patching": self.patching, "report": self.report, "maps": self.maps}
+        return {name for name, value in held.items() if value is not None}
 
 
 @dataclass(frozen=True)
@@ -90,14 +101,15 @@ class Estimator:
         measures: The layer analysis's measure groups it reads (they price it).
         exact: Its score is the measured effect of removing that site alone, by its
             ``removal``, on the ranked input (not an approximation).
-        needs_patching: It reads exact residual patching (a corrupted prompt is needed).
+        reads: What it reads beyond the analysis's measures (one of :attr:`READS`):
+            ``analysis`` nothing more; ``patching`` exact residual patching (a corrupted prompt
+            is needed); ``report`` a whole patching report (computed by
+            :func:`~attribution.patching.report.patching_report`); ``maps`` input
+            attributions of the ranked input (by the method of its name).
         title: Its name for people (default: its name).
         passes: What it costs in words, where it reads no measure group.
         removal: The removal its effects are of (``None``: each kind's default).
         magnitude: It estimates the size of the effect, not its sign.
-        patching_report: It is computed by :func:`~attribution.patching.report.
-            patching_report` on a clean and a corrupted run and read from its table
-            (:attr:`Evidence.report`).
     """
 
     name: str
@@ -107,12 +119,23 @@ class Estimator:
     score: Callable[[Evidence], np.ndarray | None]
     measures: tuple[str, ...] = ()
     exact: bool = False
-    needs_patching: bool = False
+    reads: str = "analysis"
     title: str = ""
     passes: str = ""
     removal: str | None = None
     magnitude: bool = False
-    patching_report: bool = False
+
+    #: What an estimator may read (each but ``analysis`` an :class:`Evidence` field).
+    READS = ("analysis", "patching", "report", "maps")
+
+    def __post_init__(self) -> None:
+        if self.reads not in self.READS:
+            raise ValueError(f"an estimator reads one of {', '.join(self.READS)}")
+
+    @property
+    def needs_patching(self) -> bool:
+        """It reads exact residual patching of a corrupted prompt."""
+        return self.reads == "patching"
 
     @property
     def units(self) -> tuple[str, ...]:
@@ -138,22 +161,13 @@ class Estimator:
             "cost": self.cost,
             "measures": [*self.measures],
             "needs_patching": self.needs_patching,
-            "patching_report": self.patching_report,
+            "reads": self.reads,
         }
 
-    def applies_to(self, adapter: Adapter, patching: bool, report: bool = False) -> bool:
-        """
-        Whether it can score ``adapter``.
-
-        ``patching``: a corrupted prompt is given (exact residual patching runs); ``report``:
-        a whole patching report is at hand.
-        """
+    def applies_to(self, adapter: Adapter, given: Collection[str] = ()) -> bool:
+        """Whether it can score ``adapter`` with the evidence ``given`` (:attr:`READS`)."""
         applicable = set(chosen_measures(adapter, None))
-        return (
-            set(self.measures) <= applicable
-            and (patching or not self.needs_patching)
-            and (report or not self.patching_report)
-        )
+        return set(self.measures) <= applicable and self.reads in {"analysis", *given}
 
 
 #: Every registered estimator by name, in registration order (the order rankings are listed).
@@ -173,28 +187,20 @@ def register_estimator(estimator: Estimator) -> Estimator:
     return estimator
 
 
-def estimators_for(
-    adapter: Adapter, unit: str, patching: bool = False, report: bool = False
-) -> list[Estimator]:
+def estimators_for(adapter: Adapter, unit: str, given: Collection[str] = ()) -> list[Estimator]:
     """
     The registered estimators of ``unit`` that apply to ``adapter``, in registration order.
 
-    ``patching``, ``report``: as :meth:`Estimator.applies_to`.
+    ``given``: the evidence at hand beyond the analysis (:meth:`Estimator.applies_to`).
     """
-    return [
-        e
-        for e in ESTIMATORS.values()
-        if unit in e.units and e.applies_to(adapter, patching, report)
-    ]
+    return [e for e in ESTIMATORS.values() if unit in e.units and e.applies_to(adapter, given)]
 
 
 def scores_of(evidence: Evidence, unit: str) -> dict[str, np.ndarray]:
     """Every applicable estimator of ``unit``'s scores on ``evidence`` (those it can give)."""
-    patching, report = evidence.patching is not None, evidence.report is not None
     of_unit = replace(evidence, unit=unit)
-    found = {
-        e.name: e.score(of_unit) for e in estimators_for(evidence.adapter, unit, patching, report)
-    }
+    applicable = estimators_for(evidence.adapter, unit, evidence.given())
+    found = {e.name: e.score(of_unit) for e in applicable}
     return {name: values for name, values in found.items() if values is not None}
 
 
@@ -398,6 +404,19 @@ _PATCHING = (
 )
 
 
+def _token_map(method: str) -> Callable[[Evidence], np.ndarray | None]:
+    """``|score|`` of each token site in the map of ``method`` (``None``: no such map)."""
+
+    def score(evidence: Evidence) -> np.ndarray | None:
+        if evidence.maps is None or method not in evidence.maps or evidence.inputs is None:
+            return None
+        sites = UNIT_KINDS["token"].sites(evidence.adapter, evidence.inputs)
+        values = np.asarray(evidence.maps[method], dtype=float)
+        return np.abs(values[np.array([site.position for site in sites], dtype=int)])
+
+    return score
+
+
 def _group(measure: str) -> str:
     """The analysis's measure group that produces the rows of ``measure``."""
     return next(group.name for group in MEASURES.values() if measure in group.produces)
@@ -443,7 +462,7 @@ for _estimator in (
         "what exact residual patching at the read position gains through the block",
         "Meng et al. 2022, Locating and Editing Factual Associations in GPT (arXiv:2202.05262)",
         _residual_patching,
-        needs_patching=True,
+        reads="patching",
         passes="exact residual patching: one forward per layer",
     ),
     *(
@@ -470,9 +489,23 @@ for _estimator in (
             passes=passes,
             removal="patch",
             magnitude=name == "atp_star",
-            patching_report=True,
+            reads="report",
         )
         for name, title, description, source, passes in _PATCHING
+    ),
+    *(
+        Estimator(
+            entry["name"],
+            "token",
+            f"|{entry['title']}| of the token, from the method's map of the ranked input",
+            entry["paper"],
+            _token_map(entry["name"]),
+            reads="maps",
+            title=entry["title"],
+            passes="the method's own (attrlab methods; estimated as for an explanation)",
+        )
+        for entry in catalog_entries()
+        if entry["category"] == "attribution" and "text" in entry["modalities"]
     ),
 ):
     register_estimator(_estimator)

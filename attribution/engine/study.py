@@ -137,16 +137,24 @@ def bundled_texts() -> list[str]:
 def _measures(adapter: Adapter, units: Sequence[str], patching: bool) -> list[str]:
     """The analysis's measure groups the estimators of ``units`` read, in the order they run."""
     wanted = {
-        m for unit in units for e in estimators_for(adapter, unit, patching) for m in e.measures
+        m
+        for unit in units
+        for e in estimators_for(adapter, unit, _given(patching))
+        for m in e.measures
     }
     return [m for m in chosen_measures(adapter, None) if m in wanted]
+
+
+def _given(patching: bool) -> tuple[str, ...]:
+    """The evidence a study's estimators may read beyond its analysis: exact residual patching."""
+    return ("patching",) if patching else ()
 
 
 def _patches(adapter: Adapter, units: Sequence[str], problem: PatchingProblem | None) -> bool:
     """Whether an estimator of ``units`` reads exact residual patching of ``problem``."""
     if problem is None:
         return False
-    return any(e.needs_patching for u in units for e in estimators_for(adapter, u, True))
+    return any(e.needs_patching for u in units for e in estimators_for(adapter, u, _given(True)))
 
 
 def _dataset(adapter: Adapter, texts: Sequence[str] | None) -> list[Inputs]:
@@ -190,7 +198,11 @@ def study_parts(
         found.append((problem.clean, forward, backward, widest))
     rows = [
         curve_passes(
-            adapter, len(estimators_for(adapter, u, patches)), draws, u, step=_step(u, head_step)
+            adapter,
+            len(estimators_for(adapter, u, _given(patches))),
+            draws,
+            u,
+            step=_step(u, head_step),
         )
         for u in chosen
     ]

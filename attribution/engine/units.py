@@ -27,11 +27,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
+from attrlab.attribution.features import features_of
 from attrlab.attribution.layers.analysis import ModelParts
 from attrlab.attribution.layers.hooks import ablate_head_sets, skip_blocks
 from attrlab.attribution.models.base import Adapter, Inputs, TextInputs
 from attrlab.attribution.patching.base import COMPONENTS
 from attrlab.attribution.patching.hooks import Activations, removed_sites
+from attrlab.attribution.perturb import hidden_tokens
 
 __all__ = [
     "COMPONENT_KINDS",
@@ -297,6 +299,22 @@ def _patch(component: str) -> Patch:
     return patch
 
 
+def _tokens(adapter: Adapter, inputs: Inputs | None) -> list[Site]:
+    """Each token a perturbation may hide (not a special or answer token), in text order."""
+    if not isinstance(inputs, TextInputs):
+        raise InvalidInputError("a token site is a token of a text input: give one")
+    return [Site("token", position=f.start) for f in features_of(inputs, "token")]
+
+
+def _hidden(kind: str) -> Removal:
+    """Each row's tokens hidden as the perturbation methods hide them (``mask``, ``pad``)."""
+
+    def remove(adapter: Adapter, rows: Sequence[Sequence[Site]]) -> AbstractContextManager[None]:
+        return hidden_tokens(adapter, [[_where(s.position) for s in row] for row in rows], kind)
+
+    return remove
+
+
 def _where(value: Any) -> int:
     if value is None:  # a site of another kind handed to this kind's removal
         raise InvalidParameterError("a site lacks the position its unit kind needs")
@@ -342,3 +360,13 @@ for _component in (c for c in COMPONENTS.values() if c.per_position):
             positional=True,
         )
     )
+register_unit_kind(
+    UnitKind(
+        "token",
+        "a token of the input (special and answer tokens stay), removed by the mask token in "
+        "its place, or the pad token, as the perturbation methods hide it",
+        _tokens,
+        {kind: _hidden(kind) for kind in ("mask", "pad")},
+        positional=True,
+    )
+)

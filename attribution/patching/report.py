@@ -54,7 +54,7 @@ __all__ = [
 #: The patching report's estimators, from the engine's registry (those computed by the report),
 #: in table order.
 ESTIMATORS: dict[str, Estimator] = {
-    name: e for name, e in ENGINE_ESTIMATORS.items() if e.patching_report
+    name: e for name, e in ENGINE_ESTIMATORS.items() if e.reads == "report"
 }
 
 
