@@ -14,7 +14,9 @@ zero / mean ablation (Michel et al. 2019), and AttnLRP relevance per head. The p
 (heads, and the residual, attention, MLP and head outputs at a position): exact activation
 patching (Meng et al. 2022; Wang et al. 2023), AtP (Nanda 2023), AtP* (Kramár et al. 2024) and
 RelP (Jafari et al. 2025), computed together by
-:func:`~attribution.patching.report.patching_report` and read from its table.
+:func:`~attribution.patching.report.patching_report` and read from its table. Tokens: each text
+attribution method of the catalog (:func:`~attribution.methods.catalog.catalog_entries`), read
+from its map of the ranked input.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ block exits, error or not, and runs under :func:`~attribution.alteration.altered
 
 Layers and heads are the model's own sites; the patching components at a token position
 (``residual_position``, ``attention_position``, ``mlp_position``, ``head_position``: one per
-:data:`~attribution.patching.base.COMPONENTS` entry at a position) are the input's, listed from
+:data:`~attribution.patching.base.COMPONENTS` entry at a position) and the input's tokens
+(``token``: those a perturbation may hide, hidden as it hides them) are the input's, listed from
 the input (a dataset's inputs then need the same length). The verification loop
 (:func:`~attribution.engine.verification.pruning_curves`) and the agreement table
 (:func:`~attribution.engine.agreement.removal_agreement`) work on any registered kind; a pruning
