@@ -66,7 +66,7 @@ from attrlab.attribution.defaults import (
     RECHECK_DRAWS,
     TOP_FRACTION,
 )
-from attrlab.attribution.engine import UNIT_KINDS, engine_catalog
+from attrlab.attribution.engine import engine_catalog, model_unit_kinds
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
 from attrlab.attribution.explanation import SCHEMA_VERSION
 from attrlab.attribution.features import GRANULARITIES
@@ -558,10 +558,10 @@ class LayersBody(_InputBody):
 
 
 def _unit_kinds(schema: dict[str, Any]) -> None:
-    """The registered unit kinds as the units' choices, read when the schema is made."""
+    """The registered kinds a study prunes as the units' choices, read when the schema is made."""
     for branch in schema.get("anyOf", [schema]):
         if branch.get("type") == "array":
-            branch["items"]["enum"] = list(UNIT_KINDS)
+            branch["items"]["enum"] = model_unit_kinds()
 
 
 class PruneBody(BaseModel):

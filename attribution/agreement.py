@@ -2,7 +2,8 @@
 Do two importance rankings agree? Spearman's ρ and top-k overlap, for heads or for map pixels.
 
 One policy for both uses: importance is the absolute value; ρ is over every element, the overlap
-is the share of the ``k`` most important elements the two rankings share.
+is the share of the ``k`` most important elements the two rankings share. Where the sizes of
+signed effects are compared too, Pearson's r of the values (:func:`pearson`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,14 @@ import numpy as np
 import pandas as pd
 from scipy.stats import spearmanr
 
-__all__ = ["map_agreement", "rank_agreement"]
+__all__ = ["map_agreement", "pearson", "rank_agreement"]
+
+
+def pearson(a: np.ndarray, b: np.ndarray) -> float:
+    """Pearson's r of the values ``a`` and ``b``; NaN for fewer than two or a constant side."""
+    if a.size < 2 or np.ptp(a) == 0 or np.ptp(b) == 0:
+        return float("nan")
+    return float(np.corrcoef(a, b)[0, 1])
 
 
 def rank_agreement(a: np.ndarray, b: np.ndarray, k: int) -> tuple[float, float]:

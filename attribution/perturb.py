@@ -55,7 +55,9 @@ __all__ = [
     "TextPerturbation",
     "auto_batch_size",
     "box_blur",
+    "fill_token",
     "forward_row_bytes",
+    "hidden_tokens",
     "perturbation_for",
     "repeated",
     "top_decile_error",
@@ -258,6 +260,46 @@ class ImagePerturbation:
         return torch.as_tensor(np.stack(imputed)).to(self.pixels)
 
 
+def fill_token(adapter: Adapter, kind: str) -> int:
+    """The id a hidden token becomes: the mask token (``mask``), else the pad token."""
+    text = text_adapter(adapter)
+    return text.mask_token_id if kind == "mask" else text.pad_token_id
+
+
+@contextlib.contextmanager
+def hidden_tokens(
+    adapter: Adapter, rows: Sequence[Sequence[int]], kind: str = "mask"
+) -> Iterator[None]:
+    """
+    Batch row ``r`` of the passes inside runs with its tokens at positions ``rows[r]`` hidden.
+
+    Hidden as :class:`TextPerturbation` hides them (``mask`` or ``pad``): the token-embedding
+    module's output there is its output for the fill token, which is what the fill token's id
+    would give.
+
+    Raises:
+        InvalidParameterError: a kind other than ``mask`` and ``pad``.
+    """
+    if kind not in ("mask", "pad"):
+        raise InvalidParameterError(f"tokens are hidden by mask or pad; got {kind!r}")
+    module = adapter.token_embedding_module()
+    weight = module.weight
+    assert isinstance(weight, torch.Tensor)
+    filler = module(torch.full((1, 1), fill_token(adapter, kind), device=weight.device))[0, 0]
+
+    def hide(_m: torch.nn.Module, _a: tuple, out: torch.Tensor) -> torch.Tensor:
+        where = torch.zeros(out.shape[:2], dtype=torch.bool, device=out.device)
+        for r, positions in enumerate(rows):
+            where[r, list(positions)] = True
+        return torch.where(where[..., None], filler.to(out.dtype), out)
+
+    handle = module.register_forward_hook(hide)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 class TextPerturbation:
     """
     Apply keep masks over the features of one text (special tokens and an answer always stay).
@@ -292,9 +334,8 @@ class TextPerturbation:
         self.column = torch.tensor(
             [j for j, f in enumerate(self.features) for _ in range(f.size)], dtype=torch.long
         ).to(self.ids.device)
-        text = text_adapter(adapter)
-        self.pad_id = text.pad_token_id
-        self.fill_id = text.mask_token_id if kind == "mask" else text.pad_token_id
+        self.pad_id = text_adapter(adapter).pad_token_id
+        self.fill_id = fill_token(adapter, kind)
 
     @property
     def n_tokens(self) -> int:

@@ -6,8 +6,11 @@ then ``… compare FILE`` on the commit after it. Each writes or compares, per m
 study's whole JSON (orders, curves, areas, verdicts, passes) and its layer analysis table:
 tiny random GPT-2, LLaMA and BERT (layers and heads; the decoders ranked for " mary" rather
 than " john", with exact residual patching of a corrupted prompt) and SmolLM2-135M (layers;
-" Paris" rather than " Rome"), two dataset texts, two random draws, seed 3, one thread.
-``compare`` prints one row per model and exits 1 when any output differs.
+" Paris" rather than " Rome"), two dataset texts, two random draws, seed 3, one thread. Beside
+them, on the tiny models, a whole patching report (every estimator, component and direction;
+on LLaMA with Gaussian noise of two draws as well), its agreement in words, its planned passes
+and patched scores of several sites together. ``compare`` prints one row per output and exits 1
+when any differs (an output the file lacks, written before it was added here, is named so).
 """
 
 from __future__ import annotations
@@ -26,6 +29,15 @@ from _tables import print_table
 
 from attrlab.attribution.engine.study import pruning_study, ranked_input
 from attrlab.attribution.models import load
+from attrlab.attribution.patching import (
+    COMPONENTS,
+    GaussianNoise,
+    agreement_reading,
+    patched_score,
+    patching_problem,
+    patching_report,
+    planned_passes,
+)
 from attrlab.attribution.run import RunSettings
 
 CLEAN = "when mary and john went to the store john gave a drink to"
@@ -73,15 +85,64 @@ def outputs() -> dict[str, Any]:
     return found
 
 
+def patching_outputs() -> dict[str, Any]:
+    """Patching reports on the tiny models, JSON-ready (NaN as ``None``)."""
+    found: dict[str, Any] = {}
+    for alias in MODELS[:3]:
+        adapter = load(alias, device="cpu")
+        if adapter.family == "decoder-lm":
+            problems = {
+                "corrupted": patching_problem(
+                    adapter, CLEAN, CORRUPTED, answer=" mary", contrast=" john"
+                )
+            }
+            if alias == "tiny-random-llama":
+                noise = GaussianNoise((1, 2), seeds=2, seed=5)
+                problems["noise"] = patching_problem(
+                    adapter, CLEAN, answer=" mary", contrast=" john", noise=noise
+                )
+        else:
+            problems = {
+                "corrupted": patching_problem(
+                    adapter, "a fine day at the beach", "a awful day at the beach"
+                )
+            }
+        for name, problem in problems.items():
+            settings = RunSettings(seed=3)
+            report = patching_report(adapter, problem, settings=settings, top_k=4)
+            patched = {
+                f"{c}:{d}": patched_score(adapter, problem, c, 1, [0, 2], direction=d)
+                for c in COMPONENTS
+                for d in ("denoising", "noising")
+            }
+            found[f"patching:{alias}:{name}"] = {
+                "report": report.to_dict(),
+                "reading": agreement_reading(report),
+                "planned": planned_passes(adapter, problem, max_rows=7),
+                "patched": patched,
+            }
+    return found
+
+
 def main(action: str, path: Path) -> int:
     torch.set_num_threads(1)
-    now = json.loads(json.dumps(outputs(), sort_keys=True, default=str))
+    now = json.loads(json.dumps({**outputs(), **patching_outputs()}, sort_keys=True, default=str))
     if action == "write":
         path.write_text(json.dumps(now, sort_keys=True))
         return 0
     before = json.loads(path.read_text())
-    rows = [(alias, "identical" if before.get(alias) == now[alias] else "DIFFERS") for alias in now]
-    print_table(("model", "pruning study and analysis, before vs after"), rows)
+    rows = [
+        (
+            alias,
+            "not in the file"
+            if alias not in before
+            else "identical"
+            if before[alias] == now[alias]
+            else "DIFFERS",
+        )
+        for alias in now
+    ]
+    print_table(("output", "before vs after"), rows)
     return int(any(state == "DIFFERS" for _, state in rows))
 
 

@@ -27,10 +27,10 @@ import torch
 from _tables import print_table
 from _timing import best_seconds, forward_backward
 
+from attrlab.attribution.engine.agreement import agreement_with_exact
 from attrlab.attribution.models import load
 from attrlab.attribution.patching import (
     ESTIMATORS,
-    agreement,
     patching_problem,
     patching_report,
     planned_passes,
@@ -81,7 +81,7 @@ def main(model: str, components: list[str]) -> None:
     print()
     magnitudes = {e.name for e in ESTIMATORS.values() if e.magnitude}
     together = pd.concat([r.table for r in reports.values()], ignore_index=True)
-    found = agreement(together, magnitudes, top_k=10)
+    found = agreement_with_exact(together, magnitudes, top_k=10)
     print_table(
         ("estimator", "direction", "component", "sites", "Pearson r", "Spearman ρ", "top-10"),
         [

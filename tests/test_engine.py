@@ -38,7 +38,7 @@ from attrlab.attribution.engine.study import pruning_study
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.layers import analyze_layers
 from attrlab.attribution.layers.analysis import ModelParts
-from attrlab.attribution.models.base import Adapter
+from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.text import DecoderLMAdapter
 
 TEXTS = (
@@ -68,7 +68,7 @@ def _zero_mlps(adapter: Adapter, rows: Sequence[Sequence[Site]]) -> Iterator[Non
             handle.remove()
 
 
-def _mlp_sites(adapter: Adapter) -> list[Site]:
+def _mlp_sites(adapter: Adapter, _inputs: Inputs | None) -> list[Site]:
     return [Site("mlp", layer=b) for b in range(adapter.num_layers)]
 
 

@@ -29,7 +29,7 @@ from attrlab.app.ui.shared import (
     session,
 )
 from attrlab.app.worker import PatchRequest, PruneRequest
-from attrlab.attribution.engine import UNIT_KINDS
+from attrlab.attribution.engine import model_unit_kinds
 from attrlab.attribution.models import BUILTIN_MODELS, default_model
 from attrlab.attribution.patching import COMPONENTS, DIRECTIONS, ESTIMATORS, agreement_reading
 from attrlab.attribution.patching.problem import MAX_SEEDS
@@ -352,7 +352,7 @@ def _pruning_section(
         )
         with gr.Column(scale=0, min_width=220):
             units = gr.CheckboxGroup(
-                list(UNIT_KINDS), value=["layer"], label="Units", elem_id="pruning-units"
+                model_unit_kinds(), value=["layer"], label="Units", elem_id="pruning-units"
             )
             draws = gr.Number(
                 PruneRequest.draws,
@@ -365,9 +365,10 @@ def _pruning_section(
         prune = gr.Button("Prune", variant="primary", elem_id="pruning-run")
         cancel = gr.Button("Cancel", variant="stop", elem_id="pruning-cancel")
     scores = gr.Markdown("", elem_id="pruning-scores")
+    pruned_kinds = model_unit_kinds()  # read once: the page's outputs are fixed when built
     plots = {
         unit: gr.Plot(visible=False, show_label=False, elem_id=f"pruning-{unit}s")
-        for unit in UNIT_KINDS
+        for unit in pruned_kinds
     }
 
     @readable
@@ -403,7 +404,7 @@ def _pruning_section(
                 gr.update(value=pruning_figure(curves[unit]), visible=True)
                 if unit in curves
                 else gr.update(value=None, visible=False)
-                for unit in UNIT_KINDS
+                for unit in pruned_kinds
             ),
             pruned,
         ]

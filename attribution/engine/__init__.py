@@ -1,7 +1,8 @@
 """
 The importance engine: unit kinds, estimators, and the checks of one against the other.
 
-:mod:`~attribution.engine.units` registers what can be scored and removed (layers, heads),
+:mod:`~attribution.engine.units` registers what can be scored and removed (layers, heads,
+the patching sites at a position),
 :mod:`~attribution.engine.estimators` what scores it, :mod:`~attribution.engine.verification`
 removes sites in each estimator's order beside random orders (pruning curves and verdicts),
 :mod:`~attribution.engine.agreement` compares each estimator with the exact removal of each
@@ -18,8 +19,10 @@ from attrlab.attribution.lazy import lazy_exports
 if TYPE_CHECKING:
     from attrlab.attribution.engine.agreement import (
         AGREEMENT_COLUMNS,
+        PATCHING_AGREEMENT_COLUMNS,
         RemovalAgreement,
         agreement_passes,
+        agreement_with_exact,
         removal_agreement,
     )
     from attrlab.attribution.engine.estimators import (
@@ -47,12 +50,15 @@ if TYPE_CHECKING:
         study_parts,
     )
     from attrlab.attribution.engine.units import (
+        COMPONENT_KINDS,
         UNIT_KINDS,
         Removal,
         Site,
         UnitKind,
         check_unit_kinds,
+        model_unit_kinds,
         register_unit_kind,
+        shared_sites,
         unit_kind,
     )
     from attrlab.attribution.engine.verification import (
@@ -69,11 +75,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AGREEMENT_COLUMNS",
+    "COMPONENT_KINDS",
     "CURVE_COLUMNS",
     "ESTIMATORS",
     "MAX_POINTS",
     "MAX_TEXTS",
     "METRICS",
+    "PATCHING_AGREEMENT_COLUMNS",
     "SCORE_COLUMNS",
     "UNIT_KINDS",
     "Estimator",
@@ -86,6 +94,7 @@ __all__ = [
     "Site",
     "UnitKind",
     "agreement_passes",
+    "agreement_with_exact",
     "bundled_texts",
     "check_unit_kinds",
     "curve_passes",
@@ -93,6 +102,7 @@ __all__ = [
     "estimators_for",
     "joint_ablation",
     "measured_rows",
+    "model_unit_kinds",
     "pruning_curves",
     "pruning_study",
     "ranked_input",
@@ -104,6 +114,7 @@ __all__ = [
     "removed_scores",
     "residual_patching_ranking",
     "scores_of",
+    "shared_sites",
     "study_parts",
     "unit_kind",
 ]
@@ -112,6 +123,8 @@ __getattr__, __dir__ = lazy_exports(
     __name__,
     {
         "AGREEMENT_COLUMNS": "attrlab.attribution.engine.agreement",
+        "PATCHING_AGREEMENT_COLUMNS": "attrlab.attribution.engine.agreement",
+        "agreement_with_exact": "attrlab.attribution.engine.agreement",
         "RemovalAgreement": "attrlab.attribution.engine.agreement",
         "agreement_passes": "attrlab.attribution.engine.agreement",
         "removal_agreement": "attrlab.attribution.engine.agreement",
@@ -133,7 +146,10 @@ __getattr__, __dir__ = lazy_exports(
         "pruning_study": "attrlab.attribution.engine.study",
         "ranked_input": "attrlab.attribution.engine.study",
         "study_parts": "attrlab.attribution.engine.study",
+        "COMPONENT_KINDS": "attrlab.attribution.engine.units",
         "UNIT_KINDS": "attrlab.attribution.engine.units",
+        "model_unit_kinds": "attrlab.attribution.engine.units",
+        "shared_sites": "attrlab.attribution.engine.units",
         "Removal": "attrlab.attribution.engine.units",
         "Site": "attrlab.attribution.engine.units",
         "UnitKind": "attrlab.attribution.engine.units",

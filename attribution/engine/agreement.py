@@ -2,10 +2,13 @@
 Agreement with exact removal: does an estimator rank sites as removing each alone does.
 
 For one unit kind, every site is removed alone (the kind's removal) on every input of a dataset,
-and the mean drop of the target's log-probability is the site's exact effect. Each estimator's
-scores are compared with those effects by the policy every ranking comparison in attrlab follows
+and the mean drop of the target's log-probability is the site's exact effect
+(:func:`removal_agreement`); or the exact effects are a patching report's ``exact`` rows, each
+site patched alone (:func:`agreement_with_exact`). Each estimator's scores are compared with
+those effects by the policy every ranking comparison in attrlab follows
 (:func:`~attribution.agreement.rank_agreement`: Spearman's ρ of the importances, and the share of
-the ``k`` most important sites both put first).
+the ``k`` most important sites both put first; Pearson's r of the signed effects beside it where
+the estimates are effects too: :func:`~attribution.agreement.pearson`).
 """
 
 from __future__ import annotations
@@ -17,18 +20,38 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from attrlab.attribution.agreement import rank_agreement
-from attrlab.attribution.engine.units import unit_kind
+from attrlab.attribution.agreement import pearson, rank_agreement
+from attrlab.attribution.engine.units import shared_sites, unit_kind
 from attrlab.attribution.engine.verification import METRICS, measured_rows
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.run import RunContext, RunSettings
 from attrlab.attribution.target import Target
 
-__all__ = ["AGREEMENT_COLUMNS", "RemovalAgreement", "agreement_passes", "removal_agreement"]
+__all__ = [
+    "AGREEMENT_COLUMNS",
+    "PATCHING_AGREEMENT_COLUMNS",
+    "RemovalAgreement",
+    "agreement_passes",
+    "agreement_with_exact",
+    "removal_agreement",
+]
 
 #: Columns of the agreement table: one row per estimator.
 AGREEMENT_COLUMNS = ("estimator", "sites", "spearman", "top_k_overlap", "k")
+#: Columns of a patching report's agreement: one row per estimator, direction and component.
+PATCHING_AGREEMENT_COLUMNS = (
+    "estimator",
+    "direction",
+    "component",
+    "sites",
+    "pearson",
+    "spearman",
+    "top_k_overlap",
+    "k",
+)
+#: A patching table's site columns.
+_SITE = ["layer", "head", "position"]
 _LOG_PROB = list(METRICS).index("log_prob")
 
 
@@ -58,9 +81,13 @@ class RemovalAgreement:
         }
 
 
-def agreement_passes(adapter: Adapter, unit: str) -> int:
-    """Forward rows :func:`removal_agreement` runs per input: the plain model and each site."""
-    return 1 + len(unit_kind(unit).sites(adapter))
+def agreement_passes(adapter: Adapter, unit: str, inputs: Inputs | None = None) -> int:
+    """
+    Forward rows :func:`removal_agreement` runs per input: the plain model and each site.
+
+    ``inputs``: one of the inputs, where the kind's sites are positions of it.
+    """
+    return 1 + len(unit_kind(unit).sites(adapter, inputs))
 
 
 def removal_agreement(
@@ -85,7 +112,7 @@ def removal_agreement(
             or with NaN, ``top_k`` < 1.
         BudgetExceededError, JobCancelledError: as the settings say.
     """
-    sites = unit_kind(unit).sites(adapter)
+    sites = shared_sites(adapter, unit, [inputs for inputs, _ in items])
     if not items:
         raise InvalidParameterError("give at least one input to remove the sites on")
     if top_k < 1:
@@ -108,3 +135,38 @@ def removal_agreement(
         pd.DataFrame({"site": [s.name() for s in sites], "effect": effects}),
         pd.DataFrame.from_records(rows, columns=list(AGREEMENT_COLUMNS)),
     )
+
+
+def _effects(frame: pd.DataFrame) -> pd.Series:
+    """A patching table's effects indexed by site (a missing head or position as −1)."""
+    sites = {c: frame[c].astype("float64").fillna(-1) for c in _SITE}
+    return frame.assign(**sites).set_index(_SITE)["effect"]
+
+
+def agreement_with_exact(
+    table: pd.DataFrame, magnitudes: set[str], top_k: int = 10
+) -> pd.DataFrame:
+    """
+    Agreement of every estimator in a patching ``table`` with its ``exact`` rows.
+
+    ``table``: :data:`~attribution.patching.base.COLUMNS`; ``magnitudes``: estimators whose
+    effects are magnitudes (compared with ``|exact|``). ``top_k``: the overlap's ``k`` (at most
+    the sites compared).
+
+    Returns:
+        One row per estimator, direction and component (:data:`PATCHING_AGREEMENT_COLUMNS`);
+        empty without exact rows. r and ρ are NaN where either side is constant.
+    """
+    rows = []
+    groups = dict(list(table.groupby(["estimator", "direction", "component"], sort=False)))
+    for (estimator, direction, component), frame in groups.items():
+        exact = groups.get(("exact", direction, component))
+        if estimator == "exact" or exact is None:
+            continue
+        a, b = _effects(frame).align(_effects(exact), join="inner")
+        reference = b.abs() if estimator in magnitudes else b
+        k = min(top_k, len(a))
+        rho, overlap = rank_agreement(a.to_numpy(), reference.to_numpy(), k)
+        r = pearson(a.to_numpy(float), reference.to_numpy(float))
+        rows.append((estimator, direction, component, len(a), r, rho, overlap, k))
+    return pd.DataFrame.from_records(rows, columns=list(PATCHING_AGREEMENT_COLUMNS))

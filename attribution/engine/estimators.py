@@ -10,24 +10,31 @@ in the kind's site order, higher for more important.
 Layers: Block Influence (ShortGPT, Men et al. 2024), the exact effect of skipping the block, its
 AttnLRP relevance (Achtibat et al. 2024), the logit lens's change through it (nostalgebraist
 2020), and exact residual patching (Meng et al. 2022). Heads: the gradient at a head gate and
-zero / mean ablation (Michel et al. 2019), and AttnLRP relevance per head.
+zero / mean ablation (Michel et al. 2019), and AttnLRP relevance per head. The patching sites
+(heads, and the residual, attention, MLP and head outputs at a position): exact activation
+patching (Meng et al. 2022; Wang et al. 2023), AtP (Nanda 2023), AtP* (Kramár et al. 2024) and
+RelP (Jafari et al. 2025), computed together by
+:func:`~attribution.patching.report.patching_report` and read from its table. Tokens: each text
+attribution method of the catalog (:func:`~attribution.methods.catalog.catalog_entries`), read
+from its map of the ranked input.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 
-from attrlab.attribution.engine.units import UNIT_KINDS
+from attrlab.attribution.engine.units import COMPONENT_KINDS, UNIT_KINDS
 from attrlab.attribution.errors import InvalidInputError
 from attrlab.attribution.layers.agreement import head_ranking
 from attrlab.attribution.layers.analysis import HEAD_ESTIMATORS, MEASURES, chosen_measures
-from attrlab.attribution.models.base import Adapter
+from attrlab.attribution.methods.catalog import catalog_entries
+from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.target import Target
 
 __all__ = [
@@ -55,6 +62,13 @@ class Evidence:
         patching: Exact denoising residual patching's table on that input and its corrupted
             twin, when a corrupted prompt was given.
         read_at: The position the target is read at (with ``patching``).
+        report: A whole patching report's table (every estimator, component and direction of
+            :func:`~attribution.patching.report.patching_report`), which the patching
+            estimators read.
+        maps: Input attributions of the ranked input: method name -> one score per token
+            (an Explanation's ``scores``), which the input-attribution estimators read.
+        inputs: The ranked input (with ``maps``: where its tokens are).
+        unit: The unit kind being scored (set by :func:`scores_of`).
     """
 
     adapter: Adapter
@@ -62,6 +76,15 @@ class Evidence:
     analysis: pd.DataFrame
     patching: pd.DataFrame | None = None
     read_at: int | None = None
+    report: pd.DataFrame | None = None
+    maps: Mapping[str, np.ndarray] | None = None
+    inputs: Inputs | None = None
+    unit: str = ""
+
+    def given(self) -> set[str]:
+        """What it holds beyond the analysis: ``patching``, ``report``, ``maps``."""
+        held = {"patching": self.patching, "report": self.report, "maps": self.maps}
+        return {name for name, value in held.items() if value is not None}
 
 
 @dataclass(frozen=True)
@@ -71,48 +94,82 @@ class Estimator:
 
     Attributes:
         name: Its name in tables, orders and requests.
-        unit: The unit kind it scores (:data:`~attribution.engine.units.UNIT_KINDS`).
+        unit: The unit kind it scores (:data:`~attribution.engine.units.UNIT_KINDS`), or the
+            kinds.
         description: What it computes, for people.
         source: The paper or idea it comes from.
-        score: One importance per site of the kind (``None``: the evidence lacks what it reads).
+        score: One importance per site of the kind :attr:`Evidence.unit` (``None``: the
+            evidence lacks what it reads).
         measures: The layer analysis's measure groups it reads (they price it).
-        exact: Its score is the measured effect of removing that site alone, as the kind's
-            default removal does, on the ranked input (not an approximation).
-        needs_patching: It reads exact residual patching (a corrupted prompt is needed).
+        exact: Its score is the measured effect of removing that site alone, by its
+            ``removal``, on the ranked input (not an approximation).
+        reads: What it reads beyond the analysis's measures (one of :attr:`READS`):
+            ``analysis`` nothing more; ``patching`` exact residual patching (a corrupted prompt
+            is needed); ``report`` a whole patching report (computed by
+            :func:`~attribution.patching.report.patching_report`); ``maps`` input
+            attributions of the ranked input (by the method of its name).
+        title: Its name for people (default: its name).
+        passes: What it costs in words, where it reads no measure group.
+        removal: The removal its effects are of (``None``: each kind's default).
+        magnitude: It estimates the size of the effect, not its sign.
     """
 
     name: str
-    unit: str
+    unit: str | tuple[str, ...]
     description: str
     source: str
     score: Callable[[Evidence], np.ndarray | None]
     measures: tuple[str, ...] = ()
     exact: bool = False
-    needs_patching: bool = False
+    reads: str = "analysis"
+    title: str = ""
+    passes: str = ""
+    removal: str | None = None
+    magnitude: bool = False
+
+    #: What an estimator may read (each but ``analysis`` an :class:`Evidence` field).
+    READS = ("analysis", "patching", "report", "maps")
+
+    def __post_init__(self) -> None:
+        if self.reads not in self.READS:
+            raise ValueError(f"an estimator reads one of {', '.join(self.READS)}")
+
+    @property
+    def needs_patching(self) -> bool:
+        """It reads exact residual patching of a corrupted prompt."""
+        return self.reads == "patching"
+
+    @property
+    def units(self) -> tuple[str, ...]:
+        """The unit kinds it scores."""
+        return (self.unit,) if isinstance(self.unit, str) else self.unit
 
     @property
     def cost(self) -> str:
-        """What it costs, in words (its measure groups' costs, or patching's)."""
-        costs = [MEASURES[m].cost for m in self.measures]
-        return "; ".join(costs or ["exact residual patching: one forward per layer"])
+        """What it costs, in words (its measure groups' costs, or its passes)."""
+        return "; ".join([MEASURES[m].cost for m in self.measures] or [self.passes])
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready: what it scores and reads, what it costs, and where it comes from."""
         return {
             "name": self.name,
-            "unit": self.unit,
+            "title": self.title or self.name,
+            "units": [*self.units],
             "description": self.description,
             "source": self.source,
             "exact": self.exact,
+            "removal": self.removal,
+            "magnitude": self.magnitude,
             "cost": self.cost,
             "measures": [*self.measures],
             "needs_patching": self.needs_patching,
+            "reads": self.reads,
         }
 
-    def applies_to(self, adapter: Adapter, patching: bool) -> bool:
-        """Whether it can score ``adapter`` (``patching``: a corrupted prompt is given)."""
+    def applies_to(self, adapter: Adapter, given: Collection[str] = ()) -> bool:
+        """Whether it can score ``adapter`` with the evidence ``given`` (:attr:`READS`)."""
         applicable = set(chosen_measures(adapter, None))
-        return set(self.measures) <= applicable and (patching or not self.needs_patching)
+        return set(self.measures) <= applicable and self.reads in {"analysis", *given}
 
 
 #: Every registered estimator by name, in registration order (the order rankings are listed).
@@ -132,15 +189,20 @@ def register_estimator(estimator: Estimator) -> Estimator:
     return estimator
 
 
-def estimators_for(adapter: Adapter, unit: str, patching: bool = False) -> list[Estimator]:
-    """The registered estimators of ``unit`` that apply to ``adapter``, in registration order."""
-    return [e for e in ESTIMATORS.values() if e.unit == unit and e.applies_to(adapter, patching)]
+def estimators_for(adapter: Adapter, unit: str, given: Collection[str] = ()) -> list[Estimator]:
+    """
+    The registered estimators of ``unit`` that apply to ``adapter``, in registration order.
+
+    ``given``: the evidence at hand beyond the analysis (:meth:`Estimator.applies_to`).
+    """
+    return [e for e in ESTIMATORS.values() if unit in e.units and e.applies_to(adapter, given)]
 
 
 def scores_of(evidence: Evidence, unit: str) -> dict[str, np.ndarray]:
     """Every applicable estimator of ``unit``'s scores on ``evidence`` (those it can give)."""
-    patching = evidence.patching is not None
-    found = {e.name: e.score(evidence) for e in estimators_for(evidence.adapter, unit, patching)}
+    of_unit = replace(evidence, unit=unit)
+    applicable = estimators_for(evidence.adapter, unit, evidence.given())
+    found = {e.name: e.score(of_unit) for e in applicable}
     return {name: values for name, values in found.items() if values is not None}
 
 
@@ -154,7 +216,7 @@ def engine_catalog() -> list[dict[str, Any]]:
     return [
         {
             **kind.describe(),
-            "estimators": [e.describe() for e in ESTIMATORS.values() if e.unit == kind.name],
+            "estimators": [e.describe() for e in ESTIMATORS.values() if kind.name in e.units],
         }
         for kind in UNIT_KINDS.values()
     ]
@@ -283,6 +345,80 @@ _HEADS = {
 }
 
 
+def _patching_effects(name: str) -> Callable[[Evidence], np.ndarray | None]:
+    """
+    ``|effect|`` per site of :attr:`Evidence.unit` in the report's rows of estimator ``name``.
+
+    Read from the denoising rows (clean activations into the corrupted run), else the noising
+    ones; the report lists each component's sites in its unit kind's site order.
+    """
+
+    def score(evidence: Evidence) -> np.ndarray | None:
+        table = evidence.report
+        if table is None:
+            return None
+        component = next(c for c, kind in COMPONENT_KINDS.items() if kind == evidence.unit)
+        rows = table[(table["estimator"] == name) & (table["component"] == component)]
+        if rows.empty:
+            return None
+        direction = "denoising" if (rows["direction"] == "denoising").any() else "noising"
+        effects = rows[rows["direction"] == direction]["effect"]
+        return np.abs(effects.to_numpy(dtype=float))
+
+    return score
+
+
+#: The patching report's estimators: name, title, what it computes, source, passes.
+_PATCHING = (
+    (
+        "exact",
+        "Activation patching",
+        "the change of the target's score with the site patched from the other run",
+        "Meng et al. 2022, Locating and Editing Factual Associations in GPT "
+        "(arXiv:2202.05262); Wang et al. 2023, Interpretability in the Wild (arXiv:2211.00593)",
+        "one forward row per site and layer (and noise draw)",
+    ),
+    (
+        "atp",
+        "Attribution patching (AtP)",
+        "(a_source − a_destination) · ∂score/∂a at the run patched into: patching to first order",
+        "Nanda 2023, Attribution Patching (https://www.neelnanda.io/mechanistic-"
+        "interpretability/attribution-patching); Syed et al. 2023 (arXiv:2310.10348)",
+        "1 forward + 1 backward",
+    ),
+    (
+        "atp_star",
+        "AtP* (QK fix, GradDrop)",
+        "|AtP| with each head's attention recomputed from the other run (QK fix), summed over "
+        "backwards that drop one block's branches each (GradDrop)",
+        "Kramár et al. 2024, AtP*: An efficient and scalable method for localizing LLM "
+        "behaviour to components (arXiv:2403.00745)",
+        "1 forward of L rows + 1 backward",
+    ),
+    (
+        "relp",
+        "Relevance patching (RelP)",
+        "AtP with LRP's propagation coefficients (AttnLRP rules) in place of the gradient",
+        "Jafari et al. 2025, RelP: Faithful and Efficient Circuit Discovery via Relevance "
+        "Patching (arXiv:2508.21258)",
+        "1 forward + 1 backward, LRP rules",
+    ),
+)
+
+
+def _token_map(method: str) -> Callable[[Evidence], np.ndarray | None]:
+    """``|score|`` of each token site in the map of ``method`` (``None``: no such map)."""
+
+    def score(evidence: Evidence) -> np.ndarray | None:
+        if evidence.maps is None or method not in evidence.maps or evidence.inputs is None:
+            return None
+        sites = UNIT_KINDS["token"].sites(evidence.adapter, evidence.inputs)
+        values = np.asarray(evidence.maps[method], dtype=float)
+        return np.abs(values[np.array([site.position for site in sites], dtype=int)])
+
+    return score
+
+
 def _group(measure: str) -> str:
     """The analysis's measure group that produces the rows of ``measure``."""
     return next(group.name for group in MEASURES.values() if measure in group.produces)
@@ -328,7 +464,8 @@ for _estimator in (
         "what exact residual patching at the read position gains through the block",
         "Meng et al. 2022, Locating and Editing Factual Associations in GPT (arXiv:2202.05262)",
         _residual_patching,
-        needs_patching=True,
+        reads="patching",
+        passes="exact residual patching: one forward per layer",
     ),
     *(
         Estimator(
@@ -341,6 +478,36 @@ for _estimator in (
             exact=_HEADS[measure][2],
         )
         for measure in HEAD_ESTIMATORS
+    ),
+    *(
+        Estimator(
+            name,
+            tuple(COMPONENT_KINDS.values()),
+            description,
+            source,
+            _patching_effects(name),
+            exact=name == "exact",
+            title=title,
+            passes=passes,
+            removal="patch",
+            magnitude=name == "atp_star",
+            reads="report",
+        )
+        for name, title, description, source, passes in _PATCHING
+    ),
+    *(
+        Estimator(
+            entry["name"],
+            "token",
+            f"|{entry['title']}| of the token, from the method's map of the ranked input",
+            entry["paper"],
+            _token_map(entry["name"]),
+            reads="maps",
+            title=entry["title"],
+            passes="the method's own (attrlab methods; estimated as for an explanation)",
+        )
+        for entry in catalog_entries()
+        if entry["category"] == "attribution" and "text" in entry["modalities"]
     ),
 ):
     register_estimator(_estimator)

@@ -28,7 +28,7 @@ from attrlab.attribution.engine.agreement import (
     removal_agreement,
 )
 from attrlab.attribution.engine.estimators import Evidence, estimators_for, scores_of
-from attrlab.attribution.engine.units import UNIT_KINDS, check_unit_kinds
+from attrlab.attribution.engine.units import UNIT_KINDS, check_unit_kinds, model_unit_kinds
 from attrlab.attribution.engine.verification import PruningCurves, curve_passes, pruning_curves
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
 from attrlab.attribution.gate import clear_study
@@ -137,16 +137,24 @@ def bundled_texts() -> list[str]:
 def _measures(adapter: Adapter, units: Sequence[str], patching: bool) -> list[str]:
     """The analysis's measure groups the estimators of ``units`` read, in the order they run."""
     wanted = {
-        m for unit in units for e in estimators_for(adapter, unit, patching) for m in e.measures
+        m
+        for unit in units
+        for e in estimators_for(adapter, unit, _given(patching))
+        for m in e.measures
     }
     return [m for m in chosen_measures(adapter, None) if m in wanted]
+
+
+def _given(patching: bool) -> tuple[str, ...]:
+    """The evidence a study's estimators may read beyond its analysis: exact residual patching."""
+    return ("patching",) if patching else ()
 
 
 def _patches(adapter: Adapter, units: Sequence[str], problem: PatchingProblem | None) -> bool:
     """Whether an estimator of ``units`` reads exact residual patching of ``problem``."""
     if problem is None:
         return False
-    return any(e.needs_patching for u in units for e in estimators_for(adapter, u, True))
+    return any(e.needs_patching for u in units for e in estimators_for(adapter, u, _given(True)))
 
 
 def _dataset(adapter: Adapter, texts: Sequence[str] | None) -> list[Inputs]:
@@ -177,7 +185,7 @@ def study_parts(
     Raises:
         InvalidParameterError: as :func:`pruning_study`.
     """
-    chosen = check_unit_kinds(list(UNIT_KINDS) if units is None else units)
+    chosen = check_unit_kinds(model_unit_kinds() if units is None else units)
     if draws < 1:
         raise InvalidParameterError(f"draws is at least 1; got {draws}")
     patches = _patches(adapter, chosen, problem)
@@ -190,7 +198,11 @@ def study_parts(
         found.append((problem.clean, forward, backward, widest))
     rows = [
         curve_passes(
-            adapter, len(estimators_for(adapter, u, patches)), draws, u, step=_step(u, head_step)
+            adapter,
+            len(estimators_for(adapter, u, _given(patches))),
+            draws,
+            u,
+            step=_step(u, head_step),
         )
         for u in chosen
     ]
@@ -227,7 +239,7 @@ def pruning_study(
     prediction (a class, or the next token). ``problem``: a patching problem on ``inputs`` and
     ``target`` (its clean side) whose exact residual patching ranks the layers too
     (``residual_patching``). ``units``: the unit kinds to prune
-    (:data:`~attribution.engine.units.UNIT_KINDS`; ``None``: every one), each ranked by every
+    (:func:`~attribution.engine.units.model_unit_kinds`; ``None``: every one), each ranked by every
     registered estimator of it that applies; ``draws`` random orders each; ``head_step``: heads
     removed per point of the head curves (default: at most :data:`~attribution.engine.
     verification.MAX_POINTS` points); ``agreement``: also remove each site alone over the
@@ -245,7 +257,7 @@ def pruning_study(
         JobCancelledError: once ``settings.cancel`` is set.
     """
     settings = settings or RunSettings()
-    chosen = check_unit_kinds(list(UNIT_KINDS) if units is None else units)
+    chosen = check_unit_kinds(model_unit_kinds() if units is None else units)
     dataset = [i for i, _ in items] if items is not None else _dataset(adapter, texts)
     run = RunContext.of(settings)
     parts = study_parts(

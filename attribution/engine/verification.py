@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from attrlab.attribution.alteration import altered
-from attrlab.attribution.engine.units import Site, unit_kind
+from attrlab.attribution.engine.units import Site, shared_sites, unit_kind
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.layers.analysis import checked_target
 from attrlab.attribution.metrics.faithfulness import measured
@@ -97,14 +97,17 @@ def curve_passes(
     unit: str = "layer",
     max_removed: int | None = None,
     step: int | None = None,
+    inputs: Inputs | None = None,
 ) -> int:
     """
     Forward rows :func:`pruning_curves` runs per input (all in one batch where they fit).
 
+    ``inputs``: one of the inputs, where the kind's sites are positions of it.
+
     Raises:
         InvalidParameterError: as :func:`pruning_curves`.
     """
-    counts = _removal_counts(len(unit_kind(unit).sites(adapter)), max_removed, step)
+    counts = _removal_counts(len(unit_kind(unit).sites(adapter, inputs)), max_removed, step)
     return 1 + (rankings + draws) * len(counts)
 
 
@@ -271,7 +274,7 @@ def pruning_curves(
         InvalidInputError: a target its input does not hold.
         BudgetExceededError, JobCancelledError: as the settings say.
     """
-    sites = unit_kind(unit).sites(adapter)
+    sites = shared_sites(adapter, unit, [inputs for inputs, _ in items])
     units = len(sites)
     counts = _removal_counts(units, max_removed, step)
     if not items:

@@ -2,9 +2,11 @@
 Activation patching and its estimators: which components carry the difference two inputs make.
 
 Exact activation patching (:mod:`~attribution.patching.exact`), attribution patching and AtP*
-(:mod:`~attribution.patching.atp`), relevance patching (:mod:`~attribution.patching.relp`), and
-their agreement with the exact effects (:mod:`~attribution.patching.agreement`), on the shared
-problem, components and hooks of :mod:`~attribution.patching.base`.
+(:mod:`~attribution.patching.atp`), relevance patching (:mod:`~attribution.patching.relp`), on
+the shared problem, components and hooks of :mod:`~attribution.patching.base`, composed by
+:func:`~attribution.patching.report.patching_report`. Its sites are the importance engine's unit
+kinds and its estimators the engine's (:mod:`attribution.engine`), which scores their agreement
+with the exact effects (:func:`~attribution.engine.agreement.agreement_with_exact`).
 
 Exports are imported on first use.
 """
@@ -16,7 +18,6 @@ from typing import TYPE_CHECKING
 from attrlab.attribution.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from attrlab.attribution.patching.agreement import AGREEMENT_COLUMNS, agreement
     from attrlab.attribution.patching.base import COLUMNS, COMPONENTS, DIRECTIONS, Component
     from attrlab.attribution.patching.exact import patched_score
     from attrlab.attribution.patching.problem import (
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
         patching_problem,
     )
     from attrlab.attribution.patching.report import (
+        AGREEMENT_COLUMNS,
         ESTIMATORS,
         Estimator,
         PatchingReport,
@@ -45,7 +47,6 @@ __all__ = [
     "GaussianNoise",
     "PatchingProblem",
     "PatchingReport",
-    "agreement",
     "agreement_reading",
     "check_study",
     "patched_score",
@@ -57,8 +58,7 @@ __all__ = [
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
-        "AGREEMENT_COLUMNS": "attrlab.attribution.patching.agreement",
-        "agreement": "attrlab.attribution.patching.agreement",
+        "AGREEMENT_COLUMNS": "attrlab.attribution.patching.report",
         "COLUMNS": "attrlab.attribution.patching.base",
         "COMPONENTS": "attrlab.attribution.patching.base",
         "DIRECTIONS": "attrlab.attribution.patching.base",

@@ -3,8 +3,10 @@ Activation patching: each site's activation from one run written into the other,
 
 Denoising writes the clean activation into the corrupted run, noising the corrupted one into
 the clean run (Meng et al. 2022, https://arxiv.org/abs/2202.05262; Heimersheim & Nanda 2024,
-https://arxiv.org/abs/2404.15255). Each batch row patches one site; the sites of one layer go in
-one forward batch (halved on CUDA out-of-memory by :class:`~attribution.perturb.BatchRunner`).
+https://arxiv.org/abs/2404.15255). Each batch row patches one site, by the patch removal of
+the site's unit kind (:meth:`~attribution.engine.units.UnitKind.patched`); the sites of one
+layer go in one forward batch (halved on CUDA out-of-memory by
+:class:`~attribution.perturb.BatchRunner`).
 With Gaussian-noise corruption every site is patched once per noise draw and the scores are
 averaged.
 """
@@ -19,6 +21,7 @@ from typing import Any, TypeVar
 import torch
 
 from attrlab.attribution.alteration import altered
+from attrlab.attribution.engine.units import COMPONENT_KINDS, Site, unit_kind
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.models.base import Adapter
 from attrlab.attribution.patching.base import (
@@ -28,12 +31,11 @@ from attrlab.attribution.patching.base import (
     check_directions,
     row_chunks,
     scale_of,
-    site_masks,
 )
+from attrlab.attribution.patching.base import Site as Located
 from attrlab.attribution.patching.hooks import (
     Activations,
     Pattern,
-    edited,
     noised,
     recorded,
     recorded_patterns,
@@ -132,34 +134,37 @@ def exact_rows(runs: Runs, direction: str, components: Sequence[str]) -> int:
     return sum(len(runs.sites(c)) for c in components) * runs.layers * repeats
 
 
+def _sites(component: str, layer: int, located: list[Located]) -> list[Site]:
+    """``located`` (positions and heads of one layer) as sites of the component's unit kind."""
+    kind = COMPONENT_KINDS[component]
+    return [Site(kind, layer=layer, head=head, position=at) for at, head in located]
+
+
 def _patched_scores(
     runs: Runs,
     direction: str,
     component: str,
     layer: int,
-    masks: torch.Tensor,
+    patched: list[list[Site]],
     items: range,
     sources: torch.Tensor,
 ) -> torch.Tensor:
     """
     The target's score of each item, patched from ``sources`` ``(rows, T, F)``.
 
-    Item ``i`` patches ``masks[i // draws]`` with noise draw ``i % draws`` (``draws``: the
-    noised side's rows).
+    Item ``i`` patches the sites ``patched[i // draws]`` with noise draw ``i % draws``
+    (``draws``: the noised side's rows).
     """
     destination, source = runs.sides(direction)
     repeats = max(destination.rows, source.rows)
     index = torch.tensor(list(items))
     draw = index % repeats
-    where = masks[index // repeats]
+    rows = [patched[i] for i in (index // repeats).tolist()]
     values = sources[draw % source.rows]
     noise = None if destination.noise is None else destination.noise[draw % destination.rows]
-
-    def patch(x: torch.Tensor) -> torch.Tensor:
-        return torch.where(where, values.to(x.dtype), x)
-
+    patch = unit_kind(COMPONENT_KINDS[component]).patched({(component, layer): values})
     target, adapter = runs.problem.target, runs.adapter
-    with noised(adapter, noise), edited(runs.parts, component, layer, patch):
+    with noised(adapter, noise), patch(adapter, rows):
         return target.score(target.outputs(adapter, **destination.kwargs(len(items))))
 
 
@@ -185,20 +190,18 @@ def exact(
         sites = runs.sites(component)
         for layer in range(runs.layers):
             sources = base.of(runs, source)[component, layer]
-            masks = site_masks(
-                sites, sources.shape[1], sources.shape[2], runs.heads, sources.device
-            )
+            alone = [[site] for site in _sites(component, layer, sites)]
 
             def forward(
                 start: int,
                 stop: int,
                 component: str = component,
                 layer: int = layer,
-                masks: torch.Tensor = masks,
+                alone: list[list[Site]] = alone,
                 sources: torch.Tensor = sources,
             ) -> torch.Tensor:
                 items = range(start, stop)
-                return _patched_scores(runs, direction, component, layer, masks, items, sources)
+                return _patched_scores(runs, direction, component, layer, alone, items, sources)
 
             totals = torch.zeros(len(sites), dtype=torch.float64)
             for start, stop, scores in runner.chunks(len(sites) * repeats, forward):
@@ -252,8 +255,9 @@ def patched_score(
     with altered(adapter.model), torch.no_grad():
         base = baseline(runs, [component])
         sources = base.of(runs, source)[component, layer]
-        sites = [(p, h) for p in chosen_positions for h in chosen_heads]
-        union = site_masks(sites, sources.shape[1], sources.shape[2], runs.heads, sources.device)
-        masks = union.any(0, keepdim=True)
-        scores = _patched_scores(runs, direction, component, layer, masks, range(repeats), sources)
+        per_head: list[int | None] = [*chosen_heads] if COMPONENTS[component].per_head else [None]
+        together = _sites(component, layer, [(p, h) for p in chosen_positions for h in per_head])
+        scores = _patched_scores(
+            runs, direction, component, layer, [together], range(repeats), sources
+        )
     return base.scale(direction).normalise(float(scores.double().mean()))

@@ -19,9 +19,18 @@ from attrlab.attribution.compat import register_attention
 from attrlab.attribution.layers.analysis import ModelParts
 from attrlab.attribution.methods._routing import eager_attention, route_attention, route_of
 from attrlab.attribution.models.base import Adapter
-from attrlab.attribution.patching.base import COMPONENTS
+from attrlab.attribution.patching.base import COMPONENTS, site_masks
 
-__all__ = ["Activations", "Edit", "Pattern", "edited", "noised", "recorded", "recorded_patterns"]
+__all__ = [
+    "Activations",
+    "Edit",
+    "Pattern",
+    "edited",
+    "noised",
+    "recorded",
+    "recorded_patterns",
+    "removed_sites",
+]
 
 
 @contextmanager
@@ -95,6 +104,49 @@ def edited(parts: ModelParts, component: str, layer: int, edit: Edit) -> Iterato
 
 #: ``(component, layer)`` -> an activation ``(rows, T, F)``.
 Activations = dict[tuple[str, int], torch.Tensor]
+
+#: A site of one component: ``(layer, position, head)``, ``None`` for every position or head.
+Located = tuple[int, int | None, int | None]
+
+
+@contextmanager
+def removed_sites(
+    parts: ModelParts,
+    component: str,
+    rows: Sequence[Sequence[Located]],
+    how: str,
+    source: Activations | None = None,
+) -> Iterator[None]:
+    """
+    Batch row ``r`` of the passes inside runs with the sites ``rows[r]`` of ``component`` removed.
+
+    ``how``: ``zero``; ``mean``, the activation's mean over the positions of that row; or
+    ``patch``, ``source[component, layer]`` row ``r`` written in (the other run's activation).
+    Each layer with a site is edited by :func:`edited`, the sites' masks those of
+    :func:`~attribution.patching.base.site_masks`.
+    """
+    layers = sorted({layer for row in rows for layer, _, _ in row})
+    with ExitStack() as stack:
+        for layer in layers:
+            chosen = [[(p, h) for b, p, h in row if b == layer] for row in rows]
+
+            def remove(x: torch.Tensor, layer: int = layer, chosen: list = chosen) -> torch.Tensor:
+                _, length, features = x.shape
+                where = torch.stack(
+                    [
+                        site_masks(sites, length, features, parts.heads, x.device).any(0)
+                        for sites in chosen
+                    ]
+                )
+                if how == "zero":
+                    return x.masked_fill(where, 0)
+                if how == "mean":
+                    return torch.where(where, x.mean(1, keepdim=True), x)
+                assert source is not None  # a patch
+                return torch.where(where, source[component, layer].to(x.dtype), x)
+
+            stack.enter_context(edited(parts, component, layer, remove))
+        yield
 
 
 @contextmanager

@@ -1,7 +1,8 @@
 """
 One call for a patching study: exact patching and its estimators, their table and agreement.
 
-:data:`ESTIMATORS` says what each estimator is and costs (data a front end lists);
+:data:`ESTIMATORS` says what each estimator is and costs (data a front end lists): the engine's
+estimators computed by the report (:data:`~attribution.engine.estimators.ESTIMATORS`);
 :func:`planned_passes` prices a study before it runs; :func:`patching_report` runs it under
 the model's alteration lock, with progress, cancellation and the pass budget of its
 :class:`~attribution.run.RunSettings`.
@@ -9,7 +10,7 @@ the model's alteration lock, with progress, cancellation and the pass budget of 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,10 +18,13 @@ import pandas as pd
 
 from attrlab.attribution.alteration import altered
 from attrlab.attribution.defaults import PATCHING_TOP_K
+from attrlab.attribution.engine.agreement import PATCHING_AGREEMENT_COLUMNS as AGREEMENT_COLUMNS
+from attrlab.attribution.engine.agreement import agreement_with_exact
+from attrlab.attribution.engine.estimators import ESTIMATORS as ENGINE_ESTIMATORS
+from attrlab.attribution.engine.estimators import Estimator
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.gate import clear_study, memory_rows
 from attrlab.attribution.models.base import Adapter
-from attrlab.attribution.patching.agreement import agreement
 from attrlab.attribution.patching.atp import atp, atp_star
 from attrlab.attribution.patching.base import (
     check_components,
@@ -29,13 +33,14 @@ from attrlab.attribution.patching.base import (
     row_chunks,
     table,
 )
-from attrlab.attribution.patching.exact import baseline, exact, exact_rows
+from attrlab.attribution.patching.exact import Baseline, baseline, exact, exact_rows
 from attrlab.attribution.patching.problem import PatchingProblem, Runs
 from attrlab.attribution.patching.relp import relp
 from attrlab.attribution.perturb import BatchRunner, auto_batch_size
 from attrlab.attribution.run import RunContext, RunSettings
 
 __all__ = [
+    "AGREEMENT_COLUMNS",
     "ESTIMATORS",
     "Estimator",
     "PatchingReport",
@@ -46,59 +51,20 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class Estimator:
-    """
-    One way of finding each site's patching effect.
-
-    Attributes:
-        name: Its ``estimator`` in the tables.
-        title: For people.
-        paper: Where it comes from.
-        magnitude: It estimates ``|effect|`` (compared with ``|exact|``).
-        cost: Passes per direction, in words.
-    """
-
-    name: str
-    title: str
-    paper: str
-    magnitude: bool
-    cost: str
-
-
-#: Every estimator, in table order.
+#: The patching report's estimators, from the engine's registry (those computed by the report),
+#: in table order.
 ESTIMATORS: dict[str, Estimator] = {
-    e.name: e
-    for e in (
-        Estimator(
-            "exact",
-            "Activation patching",
-            "https://arxiv.org/abs/2202.05262",
-            False,
-            "one forward row per site and layer (and noise draw)",
-        ),
-        Estimator(
-            "atp",
-            "Attribution patching (AtP)",
-            "https://arxiv.org/abs/2310.10348",
-            False,
-            "1 forward + 1 backward",
-        ),
-        Estimator(
-            "atp_star",
-            "AtP* (QK fix, GradDrop)",
-            "https://arxiv.org/abs/2403.00745",
-            True,
-            "1 forward of L rows + 1 backward",
-        ),
-        Estimator(
-            "relp",
-            "Relevance patching (RelP)",
-            "https://arxiv.org/abs/2508.21258",
-            False,
-            "1 forward + 1 backward, LRP rules",
-        ),
-    )
+    name: e for name, e in ENGINE_ESTIMATORS.items() if e.reads == "report"
+}
+
+
+#: ``(runs, baseline, direction, components, run, max_rows)`` -> an estimator's table rows.
+_Rows = Callable[[Runs, Baseline, str, Sequence[str], RunContext, int | None], list[tuple]]
+#: How the report computes each gradient estimator's rows of one direction (one stage each).
+_GRADIENT: dict[str, _Rows] = {
+    "atp": atp,
+    "atp_star": atp_star,
+    "relp": relp,
 }
 
 
@@ -130,8 +96,7 @@ class PatchingReport:
     Attributes:
         table: One row per estimator, direction, component and site
             (:data:`~attribution.patching.base.COLUMNS`).
-        agreement: Each estimator against exact patching
-            (:data:`~attribution.patching.agreement.AGREEMENT_COLUMNS`).
+        agreement: Each estimator against exact patching (:data:`AGREEMENT_COLUMNS`).
         target: The target's label.
         clean_score: The target's score on the clean input.
         corrupted_score: On the corrupted side (the mean over noise draws).
@@ -324,16 +289,11 @@ def patching_report(
         run.count(forward=runs.clean.rows + runs.corrupted.rows)
         for direction in ways:
             found: dict[str, list[tuple]] = {}
-            if "exact" in chosen:
-                found["exact"] = exact(runs, base, direction, parts, runner)
-            if "atp" in chosen:
-                found["atp"] = atp(runs, base, direction, parts, run, fits)
-                stage_done()
-            if "atp_star" in chosen:
-                found["atp_star"] = atp_star(runs, base, direction, parts, run, fits)
-                stage_done()
-            if "relp" in chosen:
-                found["relp"] = relp(runs, base, direction, parts, run, fits)
+            for name in (n for n in ESTIMATORS if n in chosen):  # in the registry's order
+                if name == "exact":  # on its own batches, which step the progress
+                    found[name] = exact(runs, base, direction, parts, runner)
+                    continue
+                found[name] = _GRADIENT[name](runs, base, direction, parts, run, fits)
                 stage_done()
             for name in chosen:
                 rows += [(name, direction, *row) for row in found[name]]
@@ -344,7 +304,7 @@ def patching_report(
     corrupted = problem.corrupted
     return PatchingReport(
         table=frame,
-        agreement=agreement(frame, magnitudes, top_k),
+        agreement=agreement_with_exact(frame, magnitudes, top_k),
         target=problem.target.label,
         clean_score=base.clean,
         corrupted_score=sum(base.corrupted) / len(base.corrupted),
