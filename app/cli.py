@@ -19,6 +19,7 @@ from attrlab.app.progress import CommandProgress
 from attrlab.attribution import engine, layers, metrics, models
 from attrlab.attribution import methods as attribution_methods
 from attrlab.attribution.defaults import (
+    EVALUATE_ORDERS,
     LAYERS_TOP_K,
     NOISE_SEEDS,
     PATCHING_TOP_K,
@@ -1207,7 +1208,13 @@ def _add_evaluate_command(sub: _Subcommands) -> None:
         "--param", action="append", default=[], help="method.key=value, repeatable"
     )
     evaluate.add_argument("--steps", type=_positive_int, default=50, help="points per curve")
-    evaluate.add_argument("--random-orders", type=int, default=3)
+    evaluate.add_argument(
+        "--random-orders",
+        type=int,
+        default=EVALUATE_ORDERS,
+        help="most random orders per item (drawn until each margin is settled; a short text's "
+        "exact expectation where that costs no more)",
+    )
     evaluate.add_argument(
         "--image-fill",
         default="rise",

@@ -27,7 +27,13 @@ from attrlab.attribution import engine, explain, layers, load, metrics, patching
 from attrlab.attribution.alteration import unaltered
 from attrlab.attribution.answers import AnswerSpec
 from attrlab.attribution.calibration import calibrate, calibrated
-from attrlab.attribution.defaults import NOISE_SEEDS, PATCHING_TOP_K, PRUNING_DRAWS, TOP_FRACTION
+from attrlab.attribution.defaults import (
+    EVALUATE_ORDERS,
+    NOISE_SEEDS,
+    PATCHING_TOP_K,
+    PRUNING_DRAWS,
+    TOP_FRACTION,
+)
 from attrlab.attribution.errors import (
     AttrlabError,
     InvalidInputError,
@@ -341,10 +347,10 @@ class PreviewRequest(InputRequest["Preview"]):
 
 #: The most heads one :class:`AblationRequest` zeroes.
 MAX_ABLATED_HEADS = 64
-#: Bounds of an :class:`EvaluateRequest`'s curves: the trust card's own sizes (50 steps, 3
-#: random orders), which its estimate prices.
+#: Bounds of an :class:`EvaluateRequest`'s curves: the trust card's own steps, which its
+#: estimate prices, and the most random orders an item's reference may draw.
 MAX_CURVE_STEPS = 50
-MAX_ORDERS = 3
+MAX_ORDERS = EVALUATE_ORDERS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -547,7 +553,7 @@ class EvaluateRequest(WorkerRequest["pd.DataFrame"]):
     params: dict[str, dict[str, Any]] = field(default_factory=dict)  # per method
     items: int | None = None
     steps: int = 20
-    random_orders: int = 2
+    random_orders: int = EVALUATE_ORDERS
     #: An uploaded set to evaluate instead of the bundled items (its first ``items``).
     instances: tuple[Instance, ...] = ()
 

@@ -9,6 +9,7 @@ Plain numbers, importing nothing: ``attrlab --help`` reads them without loading 
 from __future__ import annotations
 
 __all__ = [
+    "EVALUATE_ORDERS",
     "LAYERS_TOP_K",
     "NOISE_SEEDS",
     "PATCHING_TOP_K",
@@ -19,13 +20,18 @@ __all__ = [
 
 #: The layer analysis: heads compared by the estimators' top-k overlap and re-checked together.
 LAYERS_TOP_K = 5
-#: The heads' re-check: random head sets each estimator's top heads are judged against (as many
-#: as the random orders of a map's faithfulness, for the same t-test).
-RECHECK_DRAWS = 5
+#: The heads' re-check: the most random head sets each estimator's top heads are judged against
+#: (drawn five at first, more while a margin is unsettled: the rule of every verdict against
+#: random draws).
+RECHECK_DRAWS = 20
 #: Activation patching: causal tracing's noise draws, and sites in the top-k overlap of an
 #: estimator with exact patching.
 NOISE_SEEDS, PATCHING_TOP_K = 10, 10
-#: Pruning curves: random removal orders per unit kind.
-PRUNING_DRAWS = 5
+#: An evaluation: the most random orders per item its methods' maps are judged against (drawn
+#: until every margin is settled; a short text's exact expectation where it costs no more).
+EVALUATE_ORDERS = 100
+#: Pruning curves: the most random removal orders per unit kind (drawn five at first, more while
+#: a ranking's area is unsettled against them).
+PRUNING_DRAWS = 20
 #: A check of methods: share of a map's elements in the top-k overlap of two methods.
 TOP_FRACTION = 0.1

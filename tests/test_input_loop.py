@@ -151,7 +151,16 @@ def test_the_leaderboard_scores_explain_per_item_and_method(bert):
             expected.append({"item": item.name, "method": method, **scored.metrics})
             expected[-1]["forward_passes"] = alone.timings.forward_passes
     expected_table = pd.DataFrame(expected)
-    pd.testing.assert_frame_equal(table[expected_table.columns], expected_table, rtol=1e-9)
+    # where every subset costs no more than the one order allowed, an item's reference is a random
+    # order's exact expectation (tests/test_random_reference.py), not the order drawn here
+    drawn = table["random_orders"] > 0
+    assert drawn.any() and not drawn.all()
+    reference = [c for c in expected_table if "random" in c or c.endswith("_p")]
+    own = [c for c in expected_table if c not in reference]
+    pd.testing.assert_frame_equal(table[own], expected_table[own], rtol=1e-9)
+    pd.testing.assert_frame_equal(
+        table.loc[drawn, reference], expected_table.loc[drawn, reference], rtol=1e-9
+    )
 
 
 def test_dataset_mode_sums_analyze_layers_per_input(load_model):

@@ -355,11 +355,14 @@ def test_the_recheck_zeroes_each_estimators_top_heads_and_judges_them_against_ra
     inputs = llama.preprocess(TEXT)
     target = _target(llama, inputs)
     table = analyze_layers(llama, inputs, target)
-    rechecked = recheck_heads(llama, inputs, target, table, k=2, draws=6, seed=0)
+    rechecked = recheck_heads(llama, inputs, target, table, k=2, draws=5, seed=0)
     plain = _probability_with_heads_zeroed(llama, inputs, target, [])
     assert rechecked.score == pytest.approx(plain, rel=1e-9)
     sets = rechecked.sets
-    assert list(sets.chosen_by) == [*HEAD_ESTIMATORS, *["random"] * 6]
+    assert list(sets.chosen_by) == [
+        *HEAD_ESTIMATORS,
+        *["random"] * 5,
+    ]  # the carrier settles every margin at the first 5
     for row in sets.itertuples():
         chosen = [tuple(int(x) for x in head.split(".")) for head in row.heads.split(", ")]
         assert len(set(chosen)) == 2
@@ -374,7 +377,7 @@ def test_the_recheck_zeroes_each_estimators_top_heads_and_judges_them_against_ra
             assert set(chosen) == set(ranked[:2]) and carrier in chosen
     assert [v.check for v in rechecked.verdicts] == [f"recheck:{m}" for m in HEAD_ESTIMATORS]
     assert {v.status for v in rechecked.verdicts} == {"pass"}
-    again = recheck_heads(llama, inputs, target, table, k=2, draws=6, seed=0)
+    again = recheck_heads(llama, inputs, target, table, k=2, draws=5, seed=0)
     pd.testing.assert_frame_equal(again.sets, sets)  # seeded draws
 
 

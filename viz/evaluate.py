@@ -98,7 +98,7 @@ def readable_table(table: pd.DataFrame, modality: str) -> pd.DataFrame:
             verdict, wins, p = (shown.pop(part) for part in parts)
             # a p-value reads in significant digits: 3e-05, 0.41
             cells = [
-                f"{v}: {w:.0%} of items, p {q:.2g}"
+                f"{v}: {w:.0%} of items, " + (f"p {q:.2g}" if pd.notna(q) else "every item tied")
                 for v, w, q in zip(verdict, wins, p, strict=True)
             ]
             shown.insert(at, f"{score}_against_random", cells)

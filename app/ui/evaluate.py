@@ -72,7 +72,13 @@ class EvaluateTab:
             self.steps = gr.Slider(
                 5, MAX_CURVE_STEPS, value=20, step=1, label="Curve steps (images)"
             )
-            self.orders = gr.Slider(1, MAX_ORDERS, value=2, step=1, label="Random orders")
+            self.orders = gr.Slider(
+                1,
+                MAX_ORDERS,
+                value=EvaluateRequest.random_orders,
+                step=1,
+                label="Random orders (most)",
+            )
             self.upload = received_input(
                 gr.File(
                     label="Or your own set (.jsonl of texts, .zip of images)",

@@ -4,10 +4,12 @@ An exact re-check of the heads a layer analysis highlights (issue 27, "trust whe
 Each registered head estimator (:data:`~attribution.engine.estimators.ESTIMATORS` of the
 ``head`` unit kind, read from a layer table) ranks the heads; its top ``k`` heads are zeroed
 together (the kind's removal) and the change of the target's score is read, beside ``k``
-heads drawn at random (``draws`` seeded draws), all in one forward batch. An estimator's top
-heads should move the target more than random ones do: each estimator gets a verdict,
-``|change|`` of its top heads against the random sets' (the same t-test as a map's
-faithfulness against random orders, :func:`~attribution.verdicts.against_random`).
+heads drawn at random (seeded draws, at most ``draws``: more while an estimator's margin over
+them is unsettled, :func:`~attribution.verdicts.draw_until_settled`), the first ones in one
+forward batch with the top sets. An estimator's top heads should move the target more than
+random ones do: each estimator gets a verdict, ``|change|`` of its top heads against the random
+sets' (the same t-test as a map's faithfulness against random orders,
+:func:`~attribution.verdicts.against_random`).
 
 "The target's score" is what a map's faithfulness reads: one output's softmax probability, an
 answer's log-probability or a contrast's ``log p(A) − log p(B)``
@@ -30,7 +32,14 @@ from attrlab.attribution.engine.verification import removed_scores
 from attrlab.attribution.layers.analysis import checked_target
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.target import Target
-from attrlab.attribution.verdicts import Draws, Verdict, against_random
+from attrlab.attribution.verdicts import (
+    FIRST_DRAWS,
+    Draws,
+    Verdict,
+    against_random,
+    draw_rounds,
+    draw_until_settled,
+)
 
 __all__ = ["HeadRecheck", "joint_ablation", "recheck_heads", "recheck_passes"]
 
@@ -98,7 +107,7 @@ def joint_ablation(
 
 def recheck_passes(estimators: int, draws: int = RECHECK_DRAWS) -> int:
     """Sequences :func:`recheck_heads` runs forward: the plain one, one per set (one batch)."""
-    return 1 + estimators + draws
+    return 1 + estimators + draws + draw_rounds(draws) - 1  # each later round: the plain one
 
 
 def recheck_heads(
@@ -111,7 +120,7 @@ def recheck_heads(
     seed: int = 0,
 ) -> HeadRecheck | None:
     """
-    Zero each head estimator's top ``k`` heads of ``table`` together, and ``draws`` random sets.
+    Zero each head estimator's top ``k`` heads of ``table`` together, and random sets of ``k``.
 
     ``table``: a layer analysis of this input and target (:func:`analyze_layers`); estimators
     whose measures it lacks are left out, and ``None`` is returned when it has none.
@@ -129,13 +138,32 @@ def recheck_heads(
     # ties broken by the head's place in the model, so that equal values pick the same heads
     top = [[heads[i] for i in np.argsort(-rankings[m], kind="stable")[:k]] for m in estimators]
     rng = np.random.default_rng(seed)
-    random_sets = [
-        [heads[i] for i in sorted(rng.choice(len(heads), k, replace=False))] for _ in range(draws)
-    ]
-    sets = [*top, *random_sets]
+
+    def random_sets(count: int) -> list[list[Site]]:
+        return [
+            [heads[i] for i in sorted(rng.choice(len(heads), k, replace=False))]
+            for _ in range(count)
+        ]
+
+    # the plain model, the top sets and the first random sets in one batch
+    sets = [*top, *random_sets(min(FIRST_DRAWS, draws))]
     scores = removed_scores(adapter, inputs, target, "head", sets)
     plain = float(scores[0])
-    chosen_by = [*estimators, *(["random"] * draws)]
+    effects = np.abs(scores[1 : 1 + len(top)] - plain)
+    first = [np.abs(scores[1 + len(top) :] - plain)]
+
+    def draw(count: int) -> np.ndarray:
+        nonlocal scores
+        if first:  # the rule's first round: drawn above
+            return first.pop()[:, None]
+        more = random_sets(count)
+        sets.extend(more)
+        values = removed_scores(adapter, inputs, target, "head", more)[1:]
+        scores = np.concatenate([scores, values])
+        return np.abs(values - plain)[:, None]
+
+    random_effects = draw_until_settled(draw, effects[:, None], draws)[:, 0]
+    chosen_by = [*estimators, *(["random"] * len(random_effects))]
     frame = pd.DataFrame(
         {
             "chosen_by": chosen_by,
@@ -144,10 +172,10 @@ def recheck_heads(
             "change": scores[1:] - plain,
         }
     )
-    random_effects = np.abs(scores[1 + len(estimators) :] - plain)
     verdicts = []
     for i, m in enumerate(estimators):
-        effect = abs(float(scores[1 + i]) - plain)
-        verdict = against_random(f"top-{k} heads of {m}", effect, random_effects, True, _HEAD_SETS)
+        verdict = against_random(
+            f"top-{k} heads of {m}", float(effects[i]), random_effects, True, _HEAD_SETS
+        )
         verdicts.append(replace(verdict[0], check=f"recheck:{m}"))
     return HeadRecheck(k, plain, frame, verdicts)

@@ -11,8 +11,10 @@ heads), ``k`` goes in steps so that a curve has at most :data:`MAX_POINTS` point
 
 Measured on every input of a small dataset: the target's log-probability, top-1 agreement with
 the unpruned model at the position the target is read, and for decoder LMs the mean next-token
-loss over the input's tokens. Beside the rankings, ``draws`` seeded random orders: their mean
-curve and its spread per ``k`` (standard deviation, lowest and highest draw). An order's score
+loss over the input's tokens. Beside the rankings, seeded random orders (at most ``draws``: five
+at first, more while a ranking's area is unsettled against them,
+:func:`~attribution.verdicts.draw_until_settled`): their mean curve and its spread per ``k``
+(standard deviation, lowest and highest draw). An order's score
 on a metric is the area under its curve (the trapezoid over the measured ``k``, divided by
 ``K``: the curve's mean height); each ranking's area is judged against the random draws'
 areas (:func:`~attribution.verdicts.against_random`; higher log-probability and agreement,
@@ -32,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from attrlab.attribution.alteration import altered
+from attrlab.attribution.defaults import PRUNING_DRAWS
 from attrlab.attribution.engine.units import Site, shared_sites, unit_kind
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.layers.analysis import checked_target
@@ -41,7 +44,14 @@ from attrlab.attribution.models.text import DecoderLMAdapter
 from attrlab.attribution.perturb import BatchRunner, repeated
 from attrlab.attribution.run import RunContext, RunSettings
 from attrlab.attribution.target import Target, decoder_adapter
-from attrlab.attribution.verdicts import Draws, Verdict, against_random
+from attrlab.attribution.verdicts import (
+    FIRST_DRAWS,
+    Draws,
+    Verdict,
+    against_random,
+    draw_rounds,
+    draw_until_settled,
+)
 
 __all__ = [
     "CURVE_COLUMNS",
@@ -93,7 +103,7 @@ def _removal_counts(units: int, max_removed: int | None, step: int | None) -> li
 def curve_passes(
     adapter: Adapter,
     rankings: int,
-    draws: int = 5,
+    draws: int = PRUNING_DRAWS,
     unit: str = "layer",
     max_removed: int | None = None,
     step: int | None = None,
@@ -108,7 +118,8 @@ def curve_passes(
         InvalidParameterError: as :func:`pruning_curves`.
     """
     counts = _removal_counts(len(unit_kind(unit).sites(adapter, inputs)), max_removed, step)
-    return 1 + (rankings + draws) * len(counts)
+    # each round of random orders after the first measures the unpruned row again
+    return 1 + (rankings + draws) * len(counts) + draw_rounds(draws) - 1
 
 
 @dataclass
@@ -246,7 +257,7 @@ def pruning_curves(
     adapter: Adapter,
     items: Sequence[tuple[Inputs, Target]],
     rankings: Mapping[str, Sequence[float] | np.ndarray],
-    draws: int = 5,
+    draws: int = PRUNING_DRAWS,
     max_removed: int | None = None,
     settings: RunSettings | None = None,
     unit: str = "layer",
@@ -260,7 +271,7 @@ def pruning_curves(
     ``unit``: a registered unit kind (:data:`~attribution.engine.units.UNIT_KINDS`: ``layer``,
     blocks bypassed; ``head``, heads zeroed, unit ``l·H + h``), removed by its ``removal``
     (``None``: the kind's default). ``rankings``: name -> per-unit importance (higher: more
-    important; ties keep the units' order). ``draws`` random orders (seeded by
+    important; ties keep the units' order). At most ``draws`` random orders (seeded by
     ``settings.seed``). ``step``: ``k`` goes up by this much (default: the smallest step giving
     at most :data:`MAX_POINTS` points; the last point is ``max_removed`` either way). Every
     order's rows of one input go in one forward batch (halved on CUDA out-of-memory).
@@ -291,16 +302,50 @@ def pruning_curves(
             )
         orders[name] = [int(i) for i in np.argsort(values, kind="stable")]
     run = run or RunContext.of(settings)
-    random_orders = [[int(u) for u in run.rng.permutation(units)] for _ in range(draws)]
-    plans = [*orders.values(), *random_orders]
-    # row 0 unpruned, then each order's k of `counts`
-    removals: list[list[Site]] = [[]] + [
-        [sites[u] for u in order[:k]] for order in plans for k in counts
-    ]
-    means = measured_rows(adapter, items, unit, removals, run, removal)
-    named = {name: [sites[u].name() for u in order] for name, order in orders.items()}
+    ks = np.array([0, *counts], dtype=np.float64)
     decoder = adapter.family == "decoder-lm"
-    return _curves(unit, means, list(orders), draws, counts, named, decoder)
+    judged_metrics = [m for m, name in enumerate(METRICS) if decoder or name != "next_token_loss"]
+
+    def measure(plans: Sequence[Sequence[int]]) -> np.ndarray:
+        # row 0 unpruned (what top-1 agreement is read against), then each order's k of `counts`
+        removals: list[list[Site]] = [[]] + [
+            [sites[u] for u in order[:k]] for order in plans for k in counts
+        ]
+        return measured_rows(adapter, items, unit, removals, run, removal)
+
+    def random_orders(count: int) -> list[list[int]]:
+        return [[int(u) for u in run.rng.permutation(units)] for _ in range(count)]
+
+    # the rankings and the first random orders in one batch per input
+    means = measure([*orders.values(), *random_orders(min(FIRST_DRAWS, draws))])
+    first = [means]
+
+    def draw(count: int) -> np.ndarray:
+        nonlocal means
+        if first:  # the rule's first round: measured above
+            rows = first.pop()[1 + len(orders) * len(counts) :]
+        else:
+            rows = measure(random_orders(count))[1:]
+            means = np.concatenate([means, rows])
+        return _areas(means[0], rows, ks)[:, judged_metrics]
+
+    named_rows = means[1 : 1 + len(orders) * len(counts)]
+    judged = _areas(means[0], named_rows, ks)[:, judged_metrics]
+    drawn = len(draw_until_settled(draw, judged, draws))
+    named = {name: [sites[u].name() for u in order] for name, order in orders.items()}
+    return _curves(unit, means, list(orders), drawn, counts, named, decoder)
+
+
+def _areas(plain: np.ndarray, rows: np.ndarray, ks: np.ndarray) -> np.ndarray:
+    """
+    Each order's area per metric, ``(orders, metrics)``, from its rows after ``k = 0``.
+
+    ``rows``: ``(orders · len(ks) − 1, metrics)``, an order's removal counts in turn; ``plain``
+    is every order's ``k = 0``. The trapezoid over ``ks``, divided by the last ``k``.
+    """
+    by_order = rows.reshape(-1, len(ks) - 1, rows.shape[-1])
+    full = np.concatenate([np.broadcast_to(plain, (len(by_order), 1, rows.shape[-1])), by_order], 1)
+    return np.trapezoid(full, ks, axis=1) / ks[-1]
 
 
 def _spread(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -325,7 +370,7 @@ def _curves(
     full = np.concatenate(
         [np.broadcast_to(means[0], (len(by_order), 1, len(METRICS))), by_order], 1
     )
-    areas = np.trapezoid(full, ks, axis=1) / ks[-1]  # (orders, metrics)
+    areas = _areas(means[0], means[1:], ks)  # (orders, metrics)
     drawn, drawn_areas = full[len(names) :], areas[len(names) :]
     curve_spread, area_spread = _spread(drawn), _spread(drawn_areas)
     records, scores, verdicts = [], [], []

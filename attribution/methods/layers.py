@@ -62,8 +62,9 @@ class LayerAnalysisParams(MethodParams):
     )
     recheck_draws: int = param(
         RECHECK_DRAWS,
-        "Random sets of top_k heads each estimator's top heads are re-checked against "
-        "(zeroed together, one batch); 0 leaves the re-check out.",
+        "The most random sets of top_k heads each estimator's top heads are re-checked against "
+        "(zeroed together; five at first, more while a margin is unsettled); 0 leaves the "
+        "re-check out.",
         0,
         100,
     )

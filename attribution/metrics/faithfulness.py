@@ -39,8 +39,9 @@ cancellable); masks are built per batch.
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -54,13 +55,19 @@ from attrlab.attribution.models.base import Adapter, ImageInputs, Inputs, TextIn
 from attrlab.attribution.perturb import (
     BatchRunner,
     ImagePerturbation,
+    MaskBatches,
     Perturbation,
     TextPerturbation,
     auto_batch_size,
 )
 from attrlab.attribution.run import RunContext
 from attrlab.attribution.target import OutputTarget, Target, output_target
-from attrlab.attribution.verdicts import Verdict, against_random
+from attrlab.attribution.verdicts import (
+    Verdict,
+    against_random,
+    draw_until_settled,
+    standard_errors,
+)
 
 __all__ = [
     "AOPC_FRACTIONS",
@@ -70,6 +77,7 @@ __all__ = [
     "Faithfulness",
     "check_options",
     "faithfulness",
+    "faithfulness_of_maps",
     "faithfulness_passes",
     "gaussian_blur",
     "measured",
@@ -83,9 +91,9 @@ AOPC_FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5)
 IMAGE_FILLS = ("rise", "road")
 #: How hidden tokens are treated: removed, or replaced by the mask token.
 TEXT_REMOVALS = ("delete", "mask")
-#: Random orders a map is scored against by default: enough for the t-test of
-#: :func:`~attribution.verdicts.against_random` to tell a clear margin (4 degrees of freedom).
-RANDOM_ORDERS = 5
+#: The most random orders a map is scored against by default: drawn five at first and more
+#: while its margin over them is unsettled (:func:`~attribution.verdicts.draw_until_settled`).
+RANDOM_ORDERS = 20
 
 #: Per modality: (score, its random-order counterpart, True if higher is better).
 SCORES: dict[str, tuple[tuple[str, str, bool], ...]] = {
@@ -175,7 +183,7 @@ def measured(target: Target, outputs: torch.Tensor) -> torch.Tensor:
 
 
 def _measures(
-    runner: BatchRunner, perturbation: Perturbation, masks: _OrderMasks, target: Target
+    runner: BatchRunner, perturbation: Perturbation, masks: MaskBatches, target: Target
 ) -> np.ndarray:
     parts = [
         measured(target, outputs).cpu().numpy() for _, outputs in runner.score(masks, perturbation)
@@ -241,9 +249,11 @@ def faithfulness(
     """
     Deletion / insertion and (text) comprehensiveness / sufficiency of ``scores``.
 
-    Each is computed for ``target`` beside the mean over ``random_orders`` seeded random orders.
-    ``target``: an output's index, or any :class:`~attribution.target.Target` (a decoder's
-    answer or contrast on inputs holding that answer), read as :func:`measured` says.
+    Each is computed for ``target`` beside seeded random orders (their mean), drawn until the
+    map's margin over them is settled, at most ``random_orders``
+    (:func:`~attribution.verdicts.draw_until_settled`). ``target``: an output's index, or any
+    :class:`~attribution.target.Target` (a decoder's answer or contrast on inputs holding that
+    answer), read as :func:`measured` says.
 
     ``steps``: points per image curve beyond the first (the pixels removed per step are
     ``ceil(H·W / steps)``); text curves take one token (or feature) per step. ``image_fill``: one of
@@ -254,88 +264,263 @@ def faithfulness(
             ``text_removal``.
         InvalidInputError: when ``scores`` do not match the input, or a text has no tokens.
     """
+    return faithfulness_of_maps(
+        adapter,
+        inputs,
+        {"map": scores},
+        target,
+        steps,
+        random_orders,
+        text_removal,
+        batch_size,
+        run,
+        image_fill,
+    )["map"]
+
+
+def faithfulness_of_maps(
+    adapter: Adapter,
+    inputs: Inputs,
+    maps: Mapping[str, np.ndarray],
+    target: int | Target,
+    steps: int = 50,
+    random_orders: int = RANDOM_ORDERS,
+    text_removal: str = "delete",
+    batch_size: int | None = None,
+    run: RunContext | None = None,
+    image_fill: str = "rise",
+    expected: bool = False,
+) -> dict[str, Faithfulness]:
+    """
+    :func:`faithfulness` of several maps of one input and target, against one set of orders.
+
+    A random order does not depend on the map, so the maps share theirs: orders are drawn until
+    every map's margin is settled (at most ``random_orders``), and each map is judged against
+    the same orders, as :func:`faithfulness` judges one. Each map's result by its name.
+
+    ``expected``: what a map is compared with is a random order's expected score, not one more
+    draw (an evaluation's items): on a text, exact where measuring every subset of its cut-offs
+    takes no more forwards than ``random_orders`` orders would (``*_random`` is then that
+    expectation, with a standard error of 0, ``random_orders`` 0 and no per-map verdict), else
+    the drawn orders' mean.
+
+    Raises:
+        As :func:`faithfulness`.
+    """
     if steps < 1 or random_orders < 0:
         raise InvalidParameterError("steps must be at least 1 and random_orders at least 0")
     check_options(image_fill, text_removal)
     run = run or RunContext()
-    scores = np.asarray(scores, dtype=np.float64)
-    if scores.shape != inputs.map_shape:
-        raise InvalidInputError(
-            f"scores of shape {scores.shape} do not match the input's map {inputs.map_shape}"
-        )
+    values = {name: np.asarray(scores, dtype=np.float64) for name, scores in maps.items()}
+    for scores in values.values():
+        if scores.shape != inputs.map_shape:
+            raise InvalidInputError(
+                f"scores of shape {scores.shape} do not match the input's map {inputs.map_shape}"
+            )
     batch_size = batch_size or auto_batch_size(adapter, inputs)
     if run.max_rows is not None:  # within the run's memory
         batch_size = min(batch_size, run.max_rows)
     if not isinstance(target, Target):
         target = output_target(adapter, target)
     if inputs.modality == "image":
-        return _image(
-            adapter,
-            cast(ImageInputs, inputs),
-            scores,
-            target,
-            steps,
-            random_orders,
-            batch_size,
-            run,
-            image_fill,
-        )
-    return _text(
-        adapter,
-        cast(TextInputs, inputs),
-        scores,
-        target,
-        random_orders,
-        text_removal,
-        batch_size,
-        run,
-    )
+        image = cast(ImageInputs, inputs)
+        parts = _image_parts(image, steps, run, image_fill)
+    else:
+        parts, values = _text_parts(adapter, cast(TextInputs, inputs), values, text_removal)
+    exact = _exact_rows(parts, random_orders) if expected else None
+    # the most forwards: two curves per map's MoRF and LeRF, then the random orders' (or the
+    # exact expectation's subsets)
+    rows = 2 * len(parts.counts) * 2 * len(values)
+    rows += exact if exact is not None else 2 * len(parts.counts) * random_orders
+    runner = BatchRunner(adapter, run, batch_size, rows, target=target)
+    scorer = _Scorer(inputs.modality, runner, target, parts)
+    ranked = {
+        name: (scorer.curves(_ranks(v, None)), scorer.curves(_ranks(-v, None)))
+        for name, v in values.items()
+    }
+    if exact is not None:
+        plain = next(iter(ranked.values()))[0]["deletion"][0]  # nothing removed: the input
+        reference = scorer.expected(float(plain))
+        return {
+            name: scorer.against(morf, lerf, reference) for name, (morf, lerf) in ranked.items()
+        }
+    judged = np.array([scorer.scores(morf) for morf, _ in ranked.values()])
+    rng = np.random.default_rng(run.seed)
+    size = next(iter(values.values())).size
+    drawn: list[dict[str, np.ndarray]] = []
+
+    def draw(count: int) -> np.ndarray:
+        more = [scorer.curves(_ranks(np.zeros(size), rng)) for _ in range(count)]
+        drawn.extend(more)
+        return np.array([scorer.scores(curves) for curves in more]).reshape(count, -1)
+
+    per_order = draw_until_settled(draw, judged, random_orders) if random_orders else None
+    return {
+        name: scorer.judged(morf, lerf, drawn, per_order) for name, (morf, lerf) in ranked.items()
+    }
 
 
-def _curves(
-    runner: BatchRunner,
-    target: Target,
-    values: np.ndarray,
-    shape: tuple[int, ...],
-    counts: Sequence[int],
-    deletion: Perturbation,
-    insertion: Perturbation,
-    random_orders: int,
-    seed: int,
-) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+@dataclass(frozen=True)
+class _Parts:
     """
-    Deletion and insertion along MoRF, LeRF and the random orders.
+    What one input's curves are made of.
 
-    Returns:
-        The curves (the random orders' as their mean), and per kind (``deletion``,
-        ``insertion``) each random order's curve, one row per order (none without orders).
+    ``ks``: a text's AOPC cut-offs (``None`` for an image, scored by its curves' areas).
     """
-    device = runner.adapter.device
-    orders = {"morf": _ranks(values, None), "lerf": _ranks(-values, None)}
-    rng = np.random.default_rng(seed)
-    randoms = [_ranks(values, rng) for _ in range(random_orders)]
-    curves, drawn = {}, {}
-    for kind, perturbation, reveal in (
-        ("deletion", deletion, False),
-        ("insertion", insertion, True),
-    ):
-        for name, ranks in orders.items():
-            masks = _OrderMasks(torch.from_numpy(ranks).to(device), shape, counts, reveal)
-            curves[f"{kind}_{name}"] = _measures(runner, perturbation, masks, target)
-        if randoms:
-            drawn[kind] = np.stack(
-                [
-                    _measures(
-                        runner,
-                        perturbation,
-                        _OrderMasks(torch.from_numpy(r).to(device), shape, counts, reveal),
-                        target,
-                    )
-                    for r in randoms
-                ]
+
+    shape: tuple[int, ...]
+    counts: list[int]
+    deletion: Perturbation
+    insertion: Perturbation
+    ks: list[int] | None = None
+
+
+def _exact_rows(parts: _Parts, random_orders: int) -> int | None:
+    """
+    Forwards of a text's exact random expectation (``2·Σ C(n, k)`` over its cut-offs).
+
+    ``None``: an image, or more than ``random_orders`` orders' curves would take.
+    """
+    if parts.ks is None:
+        return None
+    rows = 2 * sum(math.comb(parts.shape[0], k) for k in parts.ks)
+    return rows if rows <= 2 * len(parts.counts) * random_orders else None
+
+
+class _SubsetMasks:
+    """Masks keeping (or, ``keep=False``, removing) each of a set of subsets, a row each."""
+
+    def __init__(self, chosen: torch.Tensor, keep: bool) -> None:
+        self.chosen, self.keep = chosen, keep
+
+    def __len__(self) -> int:
+        return int(self.chosen.shape[0])
+
+    def batch(self, start: int, stop: int) -> torch.Tensor:
+        rows = self.chosen[start:stop]
+        return (rows if self.keep else ~rows).float()
+
+
+@dataclass
+class _Scorer:
+    """One input's curves along an order, and what its modality scores of them."""
+
+    modality: str
+    runner: BatchRunner
+    target: Target
+    parts: _Parts
+
+    def curves(self, ranks: np.ndarray) -> dict[str, np.ndarray]:
+        """The deletion and insertion curves along ``ranks`` (0 = first removed or revealed)."""
+        order = torch.from_numpy(ranks).to(self.runner.adapter.device)
+        parts = self.parts
+        return {
+            kind: _measures(
+                self.runner,
+                perturbation,
+                _OrderMasks(order, parts.shape, parts.counts, reveal),
+                self.target,
             )
-            curves[f"{kind}_random"] = drawn[kind].mean(axis=0)
-    return curves, drawn
+            for kind, perturbation, reveal in (
+                ("deletion", parts.deletion, False),
+                ("insertion", parts.insertion, True),
+            )
+        }
+
+    def scores(self, curves: dict[str, np.ndarray]) -> tuple[float, float]:
+        """An order's two scores of :data:`SCORES` (deletion and insertion areas, or AOPCs)."""
+        deletion, insertion, ks = curves["deletion"], curves["insertion"], self.parts.ks
+        if ks is None:
+            counts = self.parts.counts
+            return float(_area(deletion, counts)), float(_area(insertion, counts))
+        plain = deletion[0]  # nothing removed yet: the input itself
+        return float(plain - deletion[ks].mean()), float(plain - insertion[ks].mean())
+
+    def expected(self, plain: float) -> tuple[float, float]:
+        """
+        A uniformly random order's expected comprehensiveness and sufficiency, exactly.
+
+        The first ``k`` units of a uniformly random order are a uniformly random ``k``-subset,
+        so at each cut-off the expectation is the mean over every ``k``-subset removed
+        (comprehensiveness) or kept alone (sufficiency).
+        """
+        n, device = self.parts.shape[0], self.runner.adapter.device
+        removed, kept = [], []
+        for k in self.parts.ks or ():
+            chosen = torch.zeros(math.comb(n, k), n, dtype=torch.bool)
+            for row, subset in enumerate(itertools.combinations(range(n), k)):
+                chosen[row, list(subset)] = True
+            chosen = chosen.to(device)
+            removed.append(
+                _measures(
+                    self.runner, self.parts.deletion, _SubsetMasks(chosen, False), self.target
+                ).mean()
+            )
+            kept.append(
+                _measures(
+                    self.runner, self.parts.insertion, _SubsetMasks(chosen, True), self.target
+                ).mean()
+            )
+        return plain - float(np.mean(removed)), plain - float(np.mean(kept))
+
+    def _curves_of(
+        self,
+        morf: dict[str, np.ndarray],
+        lerf: dict[str, np.ndarray],
+        drawn: list[dict[str, np.ndarray]],
+    ) -> dict[str, np.ndarray]:
+        curves = {}
+        for kind in morf:  # deletion, then insertion: MoRF, LeRF, the random orders' mean
+            curves[f"{kind}_morf"], curves[f"{kind}_lerf"] = morf[kind], lerf[kind]
+            if drawn:
+                curves[f"{kind}_random"] = np.mean([order[kind] for order in drawn], axis=0)
+        return curves
+
+    def _metrics(
+        self, morf: dict[str, np.ndarray], curves: dict[str, np.ndarray]
+    ) -> dict[str, float]:
+        metrics = _areas(curves, self.parts.counts)
+        if self.parts.ks is not None:
+            named = SCORES[self.modality]
+            metrics.update(
+                {score: v for (score, _, _), v in zip(named, self.scores(morf), strict=True)}
+            )
+        return metrics
+
+    def against(
+        self,
+        morf: dict[str, np.ndarray],
+        lerf: dict[str, np.ndarray],
+        reference: tuple[float, float],
+    ) -> Faithfulness:
+        """A map's scores and curves beside a random order's exact expected scores."""
+        curves = self._curves_of(morf, lerf, [])
+        metrics = self._metrics(morf, curves)
+        for (_, random, _), value in zip(SCORES[self.modality], reference, strict=True):
+            metrics.update({random: value, f"{random}_se": 0.0})
+        metrics["random_orders"] = 0.0
+        return Faithfulness(metrics, curves)
+
+    def judged(
+        self,
+        morf: dict[str, np.ndarray],
+        lerf: dict[str, np.ndarray],
+        drawn: list[dict[str, np.ndarray]],
+        per_order: np.ndarray | None,
+    ) -> Faithfulness:
+        """A map's scores, curves and verdicts against the orders ``drawn`` (their scores)."""
+        curves = self._curves_of(morf, lerf, drawn)
+        metrics = self._metrics(morf, curves)
+        named = SCORES[self.modality]
+        orders: dict[str, np.ndarray] = {}
+        if per_order is not None:
+            orders = {random: per_order[:, j] for j, (_, random, _) in enumerate(named)}
+            if self.parts.ks is not None:
+                metrics.update({random: float(each.mean()) for random, each in orders.items()})
+            errors = standard_errors(per_order)
+            metrics.update({f"{r}_se": float(errors[j]) for j, (_, r, _) in enumerate(named)})
+            metrics["random_orders"] = float(len(per_order))
+        return Faithfulness(metrics, curves, _judged(self.modality, metrics, orders))
 
 
 def _judged(
@@ -359,21 +544,10 @@ def _judged(
     return verdicts
 
 
-def _image(
-    adapter: Adapter,
-    inputs: ImageInputs,
-    scores: np.ndarray,
-    target: Target,
-    steps: int,
-    random_orders: int,
-    batch_size: int,
-    run: RunContext,
-    fill: str,
-) -> Faithfulness:
+def _image_parts(inputs: ImageInputs, steps: int, run: RunContext, fill: str) -> _Parts:
+    """An image's curve points and its fills (RISE's, or ROAD's imputation)."""
     pixels = inputs.pixel_values
-    counts = _image_counts(scores.size, steps)
-    total = 2 * len(counts) * (2 + random_orders)
-    runner = BatchRunner(adapter, run, batch_size, total, target=target)
+    counts = _image_counts(math.prod(inputs.map_shape), steps)
     if fill == "road":
         deletion = insertion = ImagePerturbation(
             pixels, "road", seed=run.seed, stop_if_cancelled=run.stop_if_cancelled
@@ -381,43 +555,20 @@ def _image(
     else:
         deletion = ImagePerturbation(pixels, "inpainting")  # hidden pixels: the normalised zero
         insertion = ImagePerturbation(pixels, "baseline", baseline=gaussian_blur(pixels))
-    curves, drawn = _curves(
-        runner, target, scores, scores.shape, counts, deletion, insertion, random_orders, run.seed
-    )
-    metrics = _areas(curves, counts)
-    per_order = {f"{kind}_random_auc": _area(rows, counts) for kind, rows in drawn.items()}
-    return Faithfulness(metrics, curves, _judged("image", metrics, per_order))
+    return _Parts(inputs.map_shape, counts, deletion, insertion)
 
 
-def _text(
-    adapter: Adapter,
-    inputs: TextInputs,
-    scores: np.ndarray,
-    target: Target,
-    random_orders: int,
-    removal: str,
-    batch_size: int,
-    run: RunContext,
-) -> Faithfulness:
-    # the units removed: the inputs' features (words, sentences, spans), else each free token
+def _text_parts(
+    adapter: Adapter, inputs: TextInputs, maps: dict[str, np.ndarray], removal: str
+) -> tuple[_Parts, dict[str, np.ndarray]]:
+    """
+    A text's curve points and removal, and each map summed over the units it removes.
+
+    The units: the inputs' features (words, sentences, spans), else each free token.
+    """
     perturbation = TextPerturbation(adapter, inputs, removal, inputs.features)
-    values = feature_scores(scores, perturbation.features)
-    n = values.size
-    counts = list(range(n + 1))
-    total = 2 * len(counts) * (2 + random_orders)
-    runner = BatchRunner(adapter, run, batch_size, total, target=target)
-    curves, drawn = _curves(
-        runner, target, values, (n,), counts, perturbation, perturbation, random_orders, run.seed
-    )
-    metrics = _areas(curves, counts)
-    plain = curves["deletion_morf"][0]
+    values = {name: feature_scores(v, perturbation.features) for name, v in maps.items()}
+    n = next(iter(values.values())).size
     # as ferret: int(k·n) tokens, leaving out 0 and repeats (short texts have fewer cut-offs)
     ks = sorted({int(k * n) for k in AOPC_FRACTIONS} - {0}) or [1]
-    metrics["comprehensiveness"] = float(plain - curves["deletion_morf"][ks].mean())
-    metrics["sufficiency"] = float(plain - curves["insertion_morf"][ks].mean())
-    per_order = {}
-    if drawn:
-        per_order["comprehensiveness_random"] = plain - drawn["deletion"][:, ks].mean(axis=1)
-        per_order["sufficiency_random"] = plain - drawn["insertion"][:, ks].mean(axis=1)
-        metrics.update({name: float(each.mean()) for name, each in per_order.items()})
-    return Faithfulness(metrics, curves, _judged("text", metrics, per_order))
+    return _Parts((n,), list(range(n + 1)), perturbation, perturbation, ks), values

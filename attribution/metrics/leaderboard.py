@@ -20,14 +20,16 @@ import numpy as np
 import pandas as pd
 from scipy.stats import bootstrap
 
+from attrlab.attribution.defaults import EVALUATE_ORDERS
 from attrlab.attribution.errors import InvalidParameterError
+from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.features import check_features, with_features
 from attrlab.attribution.methods import get_method
-from attrlab.attribution.metrics.faithfulness import SCORES, check_options, faithfulness
+from attrlab.attribution.metrics.faithfulness import SCORES, check_options, faithfulness_of_maps
 from attrlab.attribution.models.base import Adapter
 from attrlab.attribution.run import ProgressCallback, RunContext, RunSettings
 from attrlab.attribution.runs import explain_rows
-from attrlab.attribution.verdicts import sign_test
+from attrlab.attribution.verdicts import item_outcome, sign_test
 
 __all__ = ["SCORES", "EvalItem", "bundled_items", "evaluate_methods", "summarise"]
 
@@ -62,7 +64,7 @@ def evaluate_methods(
     methods: Sequence[str],
     params: dict[str, dict[str, Any]] | None = None,
     steps: int = 50,
-    random_orders: int = 3,
+    random_orders: int = EVALUATE_ORDERS,
     settings: RunSettings | None = None,
     progress: Callable[[int], None] | None = None,
     image_fill: str = "rise",
@@ -77,8 +79,12 @@ def evaluate_methods(
     (:func:`~attribution.features.with_features`; ``span`` needs spans of one text).
 
     The cost is the method's own forward passes and seconds (scoring the map is not counted).
-    ``steps``, ``random_orders``, ``image_fill`` and ``text_removal`` are
-    :func:`~attribution.metrics.faithfulness`'s.
+    ``steps``, ``image_fill`` and ``text_removal`` are :func:`~attribution.metrics.faithfulness`'s.
+    Each item's maps are compared with a random order's expected scores
+    (:func:`~attribution.metrics.faithfulness.faithfulness_of_maps` with ``expected``): exact on
+    a short text, else the mean of random orders drawn until every map's margin is settled, at
+    most ``random_orders``; ``*_random_se`` is its standard error, ``random_orders`` the orders
+    drawn (0: exact).
 
     Methods that do not apply to ``adapter`` are left out; an unknown name is an error.
     ``settings``: the seed (item ``n``'s random orders draw from seed + n), the cancel switch
@@ -115,29 +121,35 @@ def evaluate_methods(
     rows = []
     for done, result in enumerate(explained, start=1):
         inputs, explanations = result.explained()
-        # each item its own random orders
-        orders = RunContext(seed=settings.seed + done, cancel=settings.cancel, progress=passes)
+        # each item its own random orders, shared by the methods explaining the same output
+        by_target: dict[int, dict[str, Explanation]] = {}
         for name, explanation in explanations.items():
-            scored = faithfulness(
+            by_target.setdefault(explanation.target.index, {})[name] = explanation
+        for same in by_target.values():
+            first = next(iter(same.values()))
+            orders = RunContext(seed=settings.seed + done, cancel=settings.cancel, progress=passes)
+            scored = faithfulness_of_maps(
                 adapter,
                 inputs,
-                explanation.scores,
-                explanation.target_record or explanation.target.index,
+                {name: explanation.scores for name, explanation in same.items()},
+                first.target_record or first.target.index,
                 steps,
                 random_orders,
                 text_removal,
                 run=orders,
                 image_fill=image_fill,
+                expected=True,
             )
-            rows.append(
+            rows += [
                 {
                     "item": result.row.name or str(done),
                     "method": name,
-                    **scored.metrics,
+                    **scored[name].metrics,
                     "forward_passes": explanation.timings.forward_passes,
                     "seconds": explanation.timings.total_s,  # the method's, not the scoring's
                 }
-            )
+                for name, explanation in same.items()
+            ]
     return pd.DataFrame(rows)
 
 
@@ -169,10 +181,16 @@ def summarise(per_item: pd.DataFrame, modality: str, seed: int = 0) -> pd.DataFr
             row[f"{score}_ci"] = f"[{low:.3f}, {high:.3f}]"
             if random in group:  # absent when no random orders were drawn
                 randoms = group[random].to_numpy(dtype=float)
-                beats = values > randoms if higher else values < randoms
-                loses = values < randoms if higher else values > randoms
-                row[f"{score}_wins"] = float(np.mean(beats))
-                verdict = sign_test(score, int(beats.sum()), int(loses.sum()))
+                # rows written before draws became adaptive carry no error: their mean as is
+                errors = group.get(f"{random}_se", pd.Series(0.0, index=group.index))
+                outcomes = np.array(
+                    [
+                        item_outcome(v, m, e, higher)
+                        for v, m, e in zip(values, randoms, errors.to_numpy(float), strict=True)
+                    ]
+                )
+                row[f"{score}_wins"] = float(np.mean(outcomes == 1))
+                verdict = sign_test(score, int((outcomes == 1).sum()), int((outcomes == -1).sum()))
                 row[f"{score}_sign_p"] = verdict.value
                 row[f"{score}_verdict"] = verdict.status
         row["forward_passes"] = float(group["forward_passes"].mean())

@@ -1,0 +1,162 @@
+"""
+Do the evaluation's verdicts survive a change of seed (issue 41 report)?
+
+Run: ``.venv/bin/python benchmarks/verdict_stability.py [--seeds 5] [--before 3] [--most 64]
+[--modality text|image] [--methods a,b]``
+
+``attrlab evaluate`` on the bundled set (MiniLM zero-shot on the sentences, EfficientNet-Lite0
+on the images), every method that applies, once per seed, twice: as before issue 41 (each map
+scored alone against ``--before`` random orders, their mean the reference; a win any margin of
+at least 0.01 over it), and as now (``attrlab evaluate --random-orders MOST``: a short text's
+exact expected score, else random orders drawn until every method's margin is settled, at most
+``--most``; a win only a settled margin).
+Printed: each method's sign-test verdict per seed under both rules and whether it stayed the
+same, then the cost per item under both (random orders drawn, wall seconds of the whole
+evaluation divided by the items).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import pandas as pd
+import torch
+from _tables import print_table
+
+from attrlab.attribution.methods import available_methods
+from attrlab.attribution.metrics import (
+    SCORES,
+    bundled_items,
+    evaluate_methods,
+    faithfulness,
+    summarise,
+)
+from attrlab.attribution.models import Adapter, load
+from attrlab.attribution.run import RunContext, RunSettings
+from attrlab.attribution.runs import explain_rows
+
+MODELS = {"text": "minilm-zeroshot", "image": "efficientnet-lite0"}
+
+
+def before(adapter: Adapter, methods: list[str], seed: int, orders: int) -> pd.DataFrame:
+    """
+    The per-item rows as ``attrlab evaluate`` made them before issue 41.
+
+    Each map scored alone against ``orders`` random orders of the item's seed (seed + item
+    number, the same for every method), their mean the reference, with no standard error.
+    """
+    items = bundled_items(adapter.modality)
+    rows = []
+    explained = explain_rows(
+        adapter,
+        items,
+        methods,
+        lambda item: adapter.preprocess(item.raw),
+        settings=RunSettings(seed=seed),
+    )
+    for done, result in enumerate(explained, start=1):
+        inputs, explanations = result.explained()
+        for name, explanation in explanations.items():
+            scored = faithfulness(
+                adapter,
+                inputs,
+                explanation.scores,
+                explanation.target_record or explanation.target.index,
+                50,
+                orders,
+                run=RunContext(seed=seed + done),
+            )
+            metrics = {k: v for k, v in scored.metrics.items() if not k.endswith("_se")}
+            # the cost columns the summary reads (not compared here)
+            rows.append(
+                {
+                    "item": result.row.name,
+                    "method": name,
+                    **metrics,
+                    "forward_passes": 0,
+                    "seconds": 0,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def run(
+    modality: str, methods: list[str] | None, seed: int, orders: int, old_rule: bool
+) -> tuple[pd.DataFrame, pd.DataFrame, float]:
+    """The per-item rows and summary of one evaluation, and its wall seconds."""
+    adapter = load(MODELS[modality], device="cpu")
+    chosen = methods or [
+        m.name
+        for m in available_methods()
+        if m.category == "attribution" and m.unsupported_reason(adapter) is None
+    ]
+    start = time.perf_counter()
+    if old_rule:
+        per_item = before(adapter, chosen, seed, orders)
+    else:
+        per_item = evaluate_methods(
+            adapter, bundled_items(modality), chosen, None, 50, orders, RunSettings(seed=seed)
+        )
+    seconds = time.perf_counter() - start
+    return per_item, summarise(per_item, modality, seed), seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--modality", choices=tuple(MODELS), default="text")
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--before", type=int, default=3)
+    parser.add_argument("--most", type=int, default=64)
+    parser.add_argument("--methods", default=None)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    methods = args.methods.split(",") if args.methods else None
+    verdicts: dict[tuple[str, str, str], list[str]] = {}
+    costs = []
+    for rule, orders, old in (("before", args.before, True), ("after", args.most, False)):
+        drawn, seconds, items = [], 0.0, 0
+        for seed in range(args.seeds):
+            per_item, summary, took = run(args.modality, methods, seed, orders, old)
+            seconds += took
+            items += per_item["item"].nunique()
+            drawn += list(per_item.groupby("item")["random_orders"].first().fillna(orders))
+            for row in summary.itertuples(index=False):
+                for score, _, _ in SCORES[args.modality]:
+                    key = (row.method, score, rule)
+                    verdicts.setdefault(key, []).append(str(getattr(row, f"{score}_verdict")))
+        mean_orders = sum(drawn) / len(drawn)
+        costs.append(
+            [
+                rule,
+                f"{mean_orders:.1f} (max {max(drawn):.0f})",
+                f"{seconds / items:.2f}",
+            ]
+        )
+    rows = []
+    names = sorted({(m, s) for m, s, _ in verdicts})
+    for method, score in names:
+        before, after = verdicts[(method, score, "before")], verdicts[(method, score, "after")]
+        rows.append(
+            [
+                method,
+                score,
+                " ".join(before),
+                "yes" if len(set(before)) == 1 else "**no**",
+                " ".join(after),
+                "yes" if len(set(after)) == 1 else "**no**",
+            ]
+        )
+    print(f"{MODELS[args.modality]}, bundled {args.modality} items, seeds 0–{args.seeds - 1}")
+    print_table(["method", "score", "before: verdict per seed", "stable", "after", "stable"], rows)
+    stable = [sum(r[i] == "yes" for r in rows) for i in (3, 5)]
+    print(f"\nstable verdicts: before {stable[0]}/{len(rows)}, after {stable[1]}/{len(rows)}\n")
+    print_table(["rule", "random orders per item", "seconds per item (explain + score)"], costs)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,256 @@
+"""
+Verdicts against random draws that do not turn on the luck of a few draws (issue 41).
+
+The one rule (:func:`attrlab.attribution.verdicts.draw_until_settled`): random draws until each
+judged margin spans three standard errors of the draws' mean, or is surely under the smallest
+margin that counts. An evaluation's items are compared with a random order's exact expected
+score where it is cheap (checked against a closed form on a model whose answer is known), and a
+sign test says when there are too few items to decide.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import transformers as tf
+from _perturbation_toys import token_reader_adapter
+from scipy import stats
+from torch import nn
+from transformers.modeling_outputs import SequenceClassifierOutput
+
+from attrlab.attribution.metrics import evaluate_methods, summarise
+from attrlab.attribution.metrics.faithfulness import AOPC_FRACTIONS, faithfulness_of_maps
+from attrlab.attribution.metrics.leaderboard import EvalItem
+from attrlab.attribution.models.text import TextClassifierAdapter
+from attrlab.attribution.run import RunContext, RunSettings
+from attrlab.attribution.verdicts import (
+    MIN_SIGN_TRIALS,
+    draw_until_settled,
+    item_outcome,
+    settled,
+    sign_test,
+)
+
+
+class _Stream:
+    """Seeded normal draws of one score, recording how many each call asked for."""
+
+    def __init__(self, mean: float, sd: float) -> None:
+        self.rng, self.mean, self.sd, self.asked = np.random.default_rng(0), mean, sd, []
+
+    def __call__(self, count: int) -> np.ndarray:
+        self.asked.append(count)
+        return self.rng.normal(self.mean, self.sd, (count, 1))
+
+
+def test_a_clear_margin_settles_at_the_first_draws():
+    stream = _Stream(0.0, 0.1)
+    drawn = draw_until_settled(stream, np.array([[5.0]]), most=100)
+    assert stream.asked == [5] and drawn.shape == (5, 1)
+
+
+def test_a_margin_within_the_noise_draws_doubling_up_to_the_cap():
+    stream = _Stream(0.0, 1.0)
+    drawn = draw_until_settled(stream, np.array([[0.2]]), most=64)
+    # 0.2 never spans 3·1/√64 = 0.375: every round is drawn, doubling, the last one cut at 64
+    assert stream.asked == [5, 5, 10, 20, 24] and drawn.shape == (64, 1)
+
+
+def test_the_rule_stops_once_the_margin_spans_three_standard_errors():
+    stream = _Stream(0.0, 1.0)
+    drawn = draw_until_settled(stream, np.array([[0.5]]), most=1000)[:, 0]
+    assert len(stream.asked) > 2  # 0.5 needs about (3/0.5)² = 36 draws of sd 1
+
+    def spans(draws: np.ndarray) -> bool:
+        return abs(0.5 - draws.mean()) >= 3 * draws.std(ddof=1) / math.sqrt(len(draws))
+
+    assert spans(drawn)  # settled when it stopped
+    assert not spans(drawn[: sum(stream.asked[:-1])])  # and not one round earlier
+
+
+def test_every_judged_value_must_settle_and_the_draws_are_one_stream():
+    stream = _Stream(0.0, 1.0)
+    judged = np.array([[5.0], [0.01]])  # one clear, one never settles: the cap
+    drawn = draw_until_settled(stream, judged, most=40)
+    again = _Stream(0.0, 1.0)(40)
+    np.testing.assert_array_equal(drawn, again)  # rounds continue the same seeded stream
+
+
+@pytest.mark.parametrize(
+    ("margin", "error", "expected"),
+    [
+        (0.31, 0.1, True),  # over 3 errors
+        (0.29, 0.1, False),
+        (-0.5, 0.1, True),  # either side
+        (0.002, 0.002, True),  # 0.002 + 0.006 < 0.01: surely too small to count
+        (0.004, 0.002, False),  # 0.004 + 0.006 = 0.01: not surely under it
+        (1.0, math.nan, False),  # one draw: no error, nothing settled
+    ],
+)
+def test_settled_written_out(margin, error, expected):
+    assert settled(margin, error) is expected
+
+
+def test_an_items_outcome_is_a_win_or_loss_only_when_settled():
+    assert item_outcome(0.5, 0.1, 0.05, higher=True) == 1
+    assert item_outcome(0.5, 0.1, 0.05, higher=False) == -1
+    assert item_outcome(0.5, 0.1, 0.2, higher=True) == 0  # 0.4 < 3·0.2
+    assert item_outcome(0.105, 0.1, 0.0, higher=True) == 0  # exact, but under 0.01
+    assert item_outcome(0.12, 0.1, 0.0, higher=True) == 1
+
+
+def test_too_few_items_to_decide_is_said_so():
+    assert MIN_SIGN_TRIALS == 6  # 2·½⁵ = 0.0625 ≥ 0.05 > 2·½⁶ = 0.031
+    four = sign_test("deletion_morf_auc", 4, 0)
+    assert four.status == "inconclusive"
+    assert "too few items to decide (need ≥ 6)" in four.reason
+    six = sign_test("deletion_morf_auc", 6, 0)
+    assert six.status == "pass" and six.value == pytest.approx(2 / 64)
+
+
+def _cat_reader(load_model):
+    return token_reader_adapter(load_model("tiny-random-bert").tokenizer, "cat")
+
+
+def _expected_random(n: int, high: float) -> tuple[float, float]:
+    """
+    A random order's expected comprehensiveness and sufficiency for the "cat" reader.
+
+    p = σ(5) with "cat" present, ½ without; the first k of a random order hold "cat" with
+    probability k / n, so E p(x without them) = σ(5) − (σ(5) − ½)·k/n and E p(them alone) =
+    ½ + (σ(5) − ½)·k/n, averaged over the ERASER cut-offs.
+    """
+    ks = sorted({int(f * n) for f in AOPC_FRACTIONS} - {0}) or [1]
+    share = float(np.mean([k / n for k in ks]))
+    return (high - 0.5) * share, (high - 0.5) * (1 - share)
+
+
+def test_the_exact_expectation_equals_the_closed_form(load_model):
+    adapter = _cat_reader(load_model)
+    inputs = adapter.preprocess("the cat sat on a red mat today")
+    n = int((~inputs.fixed_tokens).sum())
+    high = 1 / (1 + math.exp(-5))
+    scores = np.zeros(len(inputs.tokens))
+    scores[inputs.tokens.index("cat")] = 1.0
+    scored = faithfulness_of_maps(
+        adapter, inputs, {"oracle": scores}, 0, random_orders=100, expected=True
+    )["oracle"]
+    comprehensiveness, sufficiency = _expected_random(n, high)
+    m = scored.metrics
+    assert m["random_orders"] == 0 and m["comprehensiveness_random_se"] == 0
+    assert m["comprehensiveness_random"] == pytest.approx(comprehensiveness, abs=1e-6)
+    assert m["sufficiency_random"] == pytest.approx(sufficiency, abs=1e-6)
+    # too few orders allowed to pay for every subset: drawn instead, near the same expectation
+    drawn = faithfulness_of_maps(
+        adapter, inputs, {"oracle": scores}, 0, random_orders=3, expected=True
+    )["oracle"].metrics
+    assert drawn["random_orders"] == 3
+    assert drawn["comprehensiveness_random"] != pytest.approx(comprehensiveness, abs=1e-6)
+
+
+def test_maps_share_one_set_of_random_orders(load_model):
+    adapter = _cat_reader(load_model)
+    inputs = adapter.preprocess("a cat and a dog and a bird and a fish sat on the long mat")
+    oracle = np.zeros(len(inputs.tokens))
+    oracle[inputs.tokens.index("cat")] = 1.0
+    flat = np.linspace(0, 1, len(inputs.tokens))
+    both = faithfulness_of_maps(
+        adapter, inputs, {"oracle": oracle, "flat": flat}, 0, random_orders=40, run=RunContext()
+    )
+    a, b = both["oracle"].metrics, both["flat"].metrics
+    assert a["random_orders"] == b["random_orders"] >= 5
+    assert a["comprehensiveness_random"] == b["comprehensiveness_random"]
+    # the flat map ranks "cat" nowhere in particular: its margin may not settle, so orders
+    # are drawn until both settle or the cap; with the oracle alone fewer suffice
+    alone = faithfulness_of_maps(adapter, inputs, {"oracle": oracle}, 0, random_orders=40)
+    assert alone["oracle"].metrics["random_orders"] <= a["random_orders"]
+    # each map is judged with the same t-test against the drawn orders as before
+    p = a["comprehensiveness_p"]
+    assert 0 <= p <= 1
+
+
+class _BagOfWords(nn.Module):
+    """Logit 0 = 3·tanh(Σ weight of each attended token / 3), logit 1 = 0; seeded weights."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.config = tf.BertConfig(max_position_embeddings=128, num_labels=2)
+        self.embed = nn.Embedding(vocab, 1)
+        with torch.no_grad():
+            self.embed.weight.copy_(
+                torch.randn(vocab, 1, generator=torch.Generator().manual_seed(0))
+            )
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.embed
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **_: object,
+    ) -> SequenceClassifierOutput:
+        embedded = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
+        total = (embedded[..., 0] * attention_mask).sum(1)
+        logit = 3 * torch.tanh(total / 3)
+        return SequenceClassifierOutput(logits=torch.stack([logit, torch.zeros_like(logit)], 1))
+
+
+SENTENCES = [
+    "the cat sat on the mat",
+    "a dog ran in the park",
+    "we ate bread and soup",
+    "rain fell on the old roof",
+    "my friend reads books",
+    "the sun rose over hills",
+    "birds sang in the trees",
+    "she painted the blue door",
+    "they walked to the shop",
+    "the river ran cold",
+]
+#: Long enough that every subset costs more than 100 orders: the reference is drawn.
+FILLER = " and then the small red bus went down the long road to town"
+
+
+@pytest.mark.parametrize("length", ["short", "long"])
+def test_verdicts_stay_the_same_under_five_seeds(load_model, length):
+    tokenizer = load_model("tiny-random-bert").tokenizer
+    adapter = TextClassifierAdapter(_BagOfWords(tokenizer.vocab_size).eval(), tokenizer, "bow")
+    tail = FILLER if length == "long" else ""
+    items = [EvalItem(text + tail, 0, text) for text in SENTENCES]
+    methods = ["occlusion", "gradient_x_input", "rise"]
+    verdicts = []
+    for seed in range(5):
+        per_item = evaluate_methods(
+            adapter,
+            items,
+            methods,
+            {"rise": {"n_masks": 1000}},
+            random_orders=100,
+            settings=RunSettings(seed=seed),
+        )
+        summary = summarise(per_item, "text", seed)
+        verdicts.append(
+            {
+                (row.method, score): getattr(row, f"{score}_verdict")
+                for row in summary.itertuples()
+                for score in ("comprehensiveness", "sufficiency")
+            }
+        )
+    assert all(v == verdicts[0] for v in verdicts), verdicts
+    assert "pass" in verdicts[0].values()  # not a set where nothing can be told
+    # a short text's reference is the exact expectation, a long one's is drawn
+    exact = per_item["random_orders"] == 0
+    assert exact.all() if length == "short" else not exact.any()
+    # the verdict is the sign test over the decided items, written out
+    rows = per_item[per_item["method"] == "occlusion"]
+    margin = rows["sufficiency_random"] - rows["sufficiency"]  # lower is better
+    reach = np.maximum(0.01, 3 * rows["sufficiency_random_se"])
+    wins, losses = int((margin >= reach).sum()), int((margin <= -reach).sum())
+    p = stats.binomtest(wins, wins + losses, 0.5).pvalue if wins + losses else 1.0
+    status = "inconclusive" if wins + losses < 6 or p >= 0.05 else "pass"
+    assert verdicts[-1][("occlusion", "sufficiency")] == status
