@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import transformers as tf
@@ -33,6 +34,7 @@ from attrlab.attribution.verdicts import (
     settled,
     sign_test,
 )
+from attrlab.viz.evaluate import readable_table
 
 
 class _Stream:
@@ -254,3 +256,30 @@ def test_verdicts_stay_the_same_under_five_seeds(load_model, length):
     p = stats.binomtest(wins, wins + losses, 0.5).pvalue if wins + losses else 1.0
     status = "inconclusive" if wins + losses < 6 or p >= 0.05 else "pass"
     assert verdicts[-1][("occlusion", "sufficiency")] == status
+
+
+def test_four_images_say_too_few_items_rather_than_a_bare_inconclusive():
+    # four items, each far better than its reference: no two-sided sign test can pass on four
+    per_item = pd.DataFrame(
+        {
+            "item": [f"image {n}" for n in range(4)],
+            "method": "occlusion",
+            "deletion_morf_auc": 0.05,
+            "deletion_random_auc": 0.3,
+            "deletion_random_auc_se": 0.01,
+            "insertion_morf_auc": 0.6,
+            "insertion_random_auc": 0.3,
+            "insertion_random_auc_se": 0.01,
+            "forward_passes": 2.0,
+            "seconds": 0.1,
+        }
+    )
+    summary = summarise(per_item, "image")
+    assert summary["deletion_morf_auc_verdict"].item() == "inconclusive"
+    assert summary["deletion_morf_auc_untied"].item() == 4
+    shown = readable_table(summary, "image")
+    cells = [c for c in shown.iloc[0] if isinstance(c, str) and "of items" in c]
+    assert len(cells) == 2
+    assert all(
+        c.startswith("too few items to decide (need ≥ 6): 100% of items, p 0.12") for c in cells
+    )

@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from attrlab.attribution.metrics.leaderboard import SCORES
+from attrlab.attribution.verdicts import MIN_SIGN_TRIALS
 from attrlab.viz.theme import TEMPLATE
 
 __all__ = [
@@ -96,6 +97,10 @@ def readable_table(table: pd.DataFrame, modality: str) -> pd.DataFrame:
         if all(part in shown for part in parts):
             at = shown.columns.get_loc(parts[1])  # where the share of items stood
             verdict, wins, p = (shown.pop(part) for part in parts)
+            untied = shown.pop(f"{score}_untied") if f"{score}_untied" in shown else None
+            if untied is not None:  # no sign test can pass on so few: said, not a bare verdict
+                too_few = f"too few items to decide (need ≥ {MIN_SIGN_TRIALS})"
+                verdict = verdict.where(untied >= MIN_SIGN_TRIALS, too_few)
             # a p-value reads in significant digits: 3e-05, 0.41
             cells = [
                 f"{v}: {w:.0%} of items, " + (f"p {q:.2g}" if pd.notna(q) else "every item tied")

@@ -166,10 +166,12 @@ def summarise(per_item: pd.DataFrame, modality: str, seed: int = 0) -> pd.DataFr
     """
     One row per method: each score's mean and 95 % bootstrap interval, and more.
 
-    Also the share of items on which it beats random orders (``*_wins``), the two-sided sign
-    test of wins against losses over the items (``*_sign_p``, ties left out) and its verdict
-    (``*_verdict``: pass = better than random, fail = worse, inconclusive), and the mean
-    forward passes and seconds per item.
+    Also the share of items on which it beats random orders (``*_wins``: a settled margin of at
+    least 0.01 over the item's reference, :func:`~attribution.verdicts.item_outcome`), the items
+    that won or lost (``*_untied``), the two-sided sign test of wins against losses over them
+    (``*_sign_p``) and its verdict (``*_verdict``: pass = better than random, fail = worse,
+    inconclusive; under :data:`~attribution.verdicts.MIN_SIGN_TRIALS` untied items always
+    inconclusive), and the mean forward passes and seconds per item.
     """
     rows = []
     for method, group in per_item.groupby("method", sort=False):
@@ -190,6 +192,7 @@ def summarise(per_item: pd.DataFrame, modality: str, seed: int = 0) -> pd.DataFr
                     ]
                 )
                 row[f"{score}_wins"] = float(np.mean(outcomes == 1))
+                row[f"{score}_untied"] = int((outcomes != 0).sum())
                 verdict = sign_test(score, int((outcomes == 1).sum()), int((outcomes == -1).sum()))
                 row[f"{score}_sign_p"] = verdict.value
                 row[f"{score}_verdict"] = verdict.status
