@@ -616,7 +616,9 @@ class PruneBody(BaseModel):
         description="Unit kinds to prune (default: every one; GET /units lists them)",
         json_schema_extra=_unit_kinds,
     )
-    draws: _WholeNumber = Field(PRUNING_DRAWS, ge=1, le=100, description="Random orders per unit")
+    draws: _WholeNumber = Field(
+        PRUNING_DRAWS, ge=1, le=100, description="The most random orders per unit kind"
+    )
     head_step: _WholeNumber | None = Field(
         None, ge=1, description="Heads removed per point (default: at most 16 points)"
     )

@@ -1173,7 +1173,7 @@ def _add_prune_command(sub: _Subcommands) -> None:
         help="comma-separated unit kinds to prune (default: every one; attrlab units lists them)",
     )
     prune.add_argument(
-        "--draws", type=_positive_int, default=PRUNING_DRAWS, help="random orders per unit"
+        "--draws", type=_positive_int, default=PRUNING_DRAWS, help="most random orders per unit"
     )
     prune.add_argument(
         "--head-step", type=_positive_int, help="heads removed per point (default: ≤ 16 points)"
