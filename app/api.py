@@ -54,7 +54,6 @@ from attrlab.app.worker import (
     Instance,
     PatchRequest,
     PruneRequest,
-    WorkerRequest,
     check_instance_features,
 )
 from attrlab.attribution.answers import MAX_NEW_TOKENS, AnswerSpec, answer_asked
@@ -75,6 +74,7 @@ from attrlab.attribution.methods.catalog import DEFAULT_METHOD
 from attrlab.attribution.models import BUILTIN_MODELS, default_model
 from attrlab.attribution.params import whole_float_as_int
 from attrlab.attribution.patching import COLUMNS
+from attrlab.attribution.request import Request as WorkerRequest
 from attrlab.attribution.rows import target_problem
 
 __all__ = [
