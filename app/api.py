@@ -630,9 +630,10 @@ class PruneBody(BaseModel):
     def to_request(self) -> PruneRequest:
         """The worker request for this body."""
         decoder = self.next_token or any((self.answer, self.contrast, self.corrupted))
-        given = self.model_dump(exclude={"model", "texts", "units"})
+        given = self.model_dump(exclude={"model", "texts", "units", "answer", "contrast"})
         return PruneRequest(
             **given,
+            answer=AnswerSpec.from_json({"answer": self.answer, "contrast": self.contrast}),
             model=self.model or default_model("text", decoder),
             texts=None if self.texts is None else tuple(self.texts),
             units=None if self.units is None else tuple(self.units),
@@ -708,8 +709,7 @@ class PatchBody(BaseModel):
             seed=self.seed,
             clean=self.clean,
             corrupted=self.corrupted,
-            answer=self.answer,
-            contrast=self.contrast,
+            answer=AnswerSpec.from_json({"answer": self.answer, "contrast": self.contrast}),
             target=self.target,
             noise_positions=None if self.noise_positions is None else tuple(self.noise_positions),
             noise_seeds=self.noise_seeds,

@@ -149,8 +149,7 @@ def _patch(args: argparse.Namespace) -> int:
         seed=args.seed,
         clean=args.clean,
         corrupted=args.corrupt,
-        answer=args.answer,
-        contrast=args.contrast,
+        answer=_study_answer(args),
         target=args.target,
         noise_positions=_positions(args.noise_positions),
         noise_seeds=args.noise_seeds,
@@ -162,6 +161,11 @@ def _patch(args: argparse.Namespace) -> int:
     (report,) = _on_worker(args, [request], "study")
 
     return _write_study(report, args, figures, "patching_figures", report.table, viz.patching_text)
+
+
+def _study_answer(args: argparse.Namespace) -> Any:
+    """A study's ``--answer`` and ``--contrast`` as the answer it ranks for, or ``None``."""
+    return attribution.AnswerSpec.from_json({"answer": args.answer, "contrast": args.contrast})
 
 
 def _study_paths(args: argparse.Namespace) -> Path | None:
@@ -210,8 +214,7 @@ def _prune(args: argparse.Namespace) -> int:
         next_token=args.next_token,
         text=args.text,
         target=args.target,
-        answer=args.answer,
-        contrast=args.contrast,
+        answer=_study_answer(args),
         corrupted=args.corrupt,
         texts=None if args.input is None else _dataset_texts(args.input),
         units=_optional_names(args.units),

@@ -356,16 +356,15 @@ class PatchRequest(Request["PatchingReport"]):
 
     ``clean`` and ``corrupted`` texts of the same token length, or ``noise_positions`` (the
     clean text's token positions whose embeddings get causal tracing's Gaussian noise,
-    ``noise_seeds`` draws). On a decoder LM the target is ``answer`` (default: the model's next
-    token), or ``answer`` rather than ``contrast``; on a text classifier the class ``target``
+    ``noise_seeds`` draws). On a decoder LM the target is ``answer``'s answer (default: the
+    model's next token), or that rather than its contrast; on a text classifier the class ``target``
     (default: the clean text's top class). ``components``, ``estimators``, ``directions``:
     ``None`` for all.
     """
 
     clean: str
     corrupted: str | None = None
-    answer: str | None = None
-    contrast: str | None = None
+    answer: AnswerSpec | None = None
     target: int | str | None = None
     noise_positions: tuple[int, ...] | None = None
     noise_seeds: int = NOISE_SEEDS
@@ -376,9 +375,9 @@ class PatchRequest(Request["PatchingReport"]):
 
     def check(self, bounds: RequestBounds) -> None:
         """The texts within this server's bounds, one corruption, and known study names."""
-        for text in (self.corrupted, self.answer, self.contrast):
-            bounds.check_fields(text, None, None, self.seed)
-        bounds.check_fields(self.clean, self.labels, self.target, self.seed)
+        _given_answer(self.answer, "patching")
+        bounds.check_fields(self.corrupted, None, None, self.seed)
+        bounds.check_fields(self.clean, self.labels, self.target, self.seed, self.answer)
         if (self.corrupted is None) == (self.noise_positions is None):
             raise InvalidInputError(
                 "give a corrupted prompt, or noise positions of the clean one (causal tracing)"
@@ -397,7 +396,7 @@ class PatchRequest(Request["PatchingReport"]):
         if self.noise_positions is not None:
             noise = patching.GaussianNoise(self.noise_positions, self.noise_seeds, seed=self.seed)
         problem = patching.patching_problem(
-            adapter, self.clean, self.corrupted, self.answer, self.contrast, noise, self.target
+            adapter, self.clean, self.corrupted, *_answer_texts(self.answer), noise, self.target
         )
         return patching.patching_report(
             adapter,
@@ -416,16 +415,15 @@ class PruneRequest(Request["PruningStudy"]):
     Layer and head pruning curves (:func:`attribution.engine.study.pruning_study`).
 
     The layers and heads are ranked on ``text`` for ``target``, or for a decoder's ``answer``
-    (rather than ``contrast``; with ``corrupted``, exact residual patching ranks the layers
-    too), and pruned over ``texts`` (``None``: the bundled sentences). ``units``: ``None`` for
-    every registered unit kind. ``agreement``: each site also removed alone, and each ranking
-    scored against those exact effects.
+    (its answer, rather than its contrast; with ``corrupted``, exact residual patching ranks
+    the layers too), and pruned over ``texts`` (``None``: the bundled sentences). ``units``:
+    ``None`` for every registered unit kind. ``agreement``: each site also removed alone, and
+    each ranking scored against those exact effects.
     """
 
     text: str
     target: int | str | None = None
-    answer: str | None = None
-    contrast: str | None = None
+    answer: AnswerSpec | None = None
     corrupted: str | None = None
     texts: tuple[str, ...] | None = None
     units: tuple[str, ...] | None = None
@@ -437,8 +435,9 @@ class PruneRequest(Request["PruningStudy"]):
         """Every text within this server's bounds, and no more dataset texts than a study takes."""
         if self.units is not None:
             engine.check_unit_kinds(self.units)
-        bounds.check_fields(self.text, self.labels, self.target, self.seed)
-        for text in (self.answer, self.contrast, self.corrupted, *(self.texts or ())):
+        _given_answer(self.answer, "a pruning study")
+        bounds.check_fields(self.text, self.labels, self.target, self.seed, self.answer)
+        for text in (self.corrupted, *(self.texts or ())):
             bounds.check_fields(text, None, None, self.seed)
         if self.texts is not None and not 1 <= len(self.texts) <= engine.MAX_TEXTS:
             raise InvalidInputError(
@@ -452,7 +451,7 @@ class PruneRequest(Request["PruningStudy"]):
     def run_on(self, adapter: Adapter, run: JobContext) -> PruningStudy:
         """The study, priced and refused over the job's budgets before any work."""
         inputs, target, problem = engine.ranked_input(
-            adapter, self.text, self.target, self.answer, self.contrast, self.corrupted
+            adapter, self.text, self.target, *_answer_texts(self.answer), self.corrupted
         )
         return engine.pruning_study(
             adapter,
@@ -744,6 +743,20 @@ def _one_output(answer: AnswerSpec | None, what: str) -> None:
             f"{what} explains one output (a class or the next token), not an answer or a "
             "contrast: explain those one method at a time"
         )
+
+
+def _given_answer(answer: AnswerSpec | None, what: str) -> None:
+    """Refuse an answer ``what`` cannot take: it ranks for a given answer or the next token."""
+    if answer is not None and (answer.generate is not None or answer.chat or answer.per_step):
+        raise InvalidInputError(
+            f"{what} explains a given answer (or the next token), rather than a contrast: "
+            "generate, chat and per_step are an explanation's"
+        )
+
+
+def _answer_texts(answer: AnswerSpec | None) -> tuple[str | None, str | None]:
+    """``answer``'s answer and contrast texts (``None`` each where it gives none)."""
+    return (None, None) if answer is None else (answer.answer, answer.contrast)
 
 
 def check_modality(adapter: Adapter, modality: str) -> None:
