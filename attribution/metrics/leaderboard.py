@@ -29,7 +29,14 @@ from attrlab.attribution.run import ProgressCallback, RunContext, RunSettings
 from attrlab.attribution.runs import explain_rows
 from attrlab.attribution.verdicts import sign_test
 
-__all__ = ["SCORES", "EvalItem", "bundled_items", "evaluate_methods", "summarise"]
+__all__ = [
+    "SCORES",
+    "EvalItem",
+    "bundled_items",
+    "check_granularity",
+    "evaluate_methods",
+    "summarise",
+]
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,20 @@ def bundled_items(modality: str) -> list[EvalItem]:
     lines = root.joinpath("sentences.jsonl").read_text(encoding="utf-8").splitlines()
     records = [json.loads(line) for line in lines if line.strip()]
     return [EvalItem(r["text"], r.get("target"), r["text"][:40]) for r in records]
+
+
+def check_granularity(granularity: str) -> None:
+    """
+    Refuse a granularity an evaluation cannot explain its items by (``span`` is one text's).
+
+    Raises:
+        InvalidParameterError: ``span``, or a granularity that does not exist.
+    """
+    if granularity == "span":
+        raise InvalidParameterError(
+            "granularity=span needs the spans of one text; evaluate items by word or sentence"
+        )
+    check_features(granularity)
 
 
 def evaluate_methods(
@@ -90,11 +111,7 @@ def evaluate_methods(
         JobCancelledError: once the cancel switch is set.
     """
     check_options(image_fill, text_removal)
-    if granularity == "span":
-        raise InvalidParameterError(
-            "granularity=span needs the spans of one text; evaluate items by word or sentence"
-        )
-    check_features(granularity)
+    check_granularity(granularity)
     settings = settings or RunSettings()
     # the explanations alone: no trust card of their own, no price of their own (a server prices
     # the whole evaluation before it starts)

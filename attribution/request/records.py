@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from dataclasses import fields as dataclass_fields
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from attrlab.attribution import engine, layers, metrics, patching
+from attrlab.attribution import engine, layers, methods, metrics, patching
 from attrlab.attribution.answers import AnswerSpec
 from attrlab.attribution.calibration import calibrate, calibrated
 from attrlab.attribution.defaults import NOISE_SEEDS, PATCHING_TOP_K, PRUNING_DRAWS, TOP_FRACTION
@@ -63,6 +63,7 @@ __all__ = [
     "InstanceFailedError",
     "InstanceResults",
     "JobContext",
+    "LayersDatasetRequest",
     "PatchRequest",
     "PreviewRequest",
     "PruneRequest",
@@ -493,11 +494,13 @@ class EvaluateRequest(Request["pd.DataFrame"]):
     Which method to believe for a model: each method on the bundled items, scored.
 
     :func:`attribution.metrics.evaluate_methods` on the first ``items`` of
-    :func:`attribution.metrics.bundled_items` (all of them by default); one row per item and
-    method that applies.
+    :func:`attribution.metrics.bundled_items` of ``modality`` (all of them by default; ``None``:
+    the model's modality), or of the uploaded ``instances`` (named ``names``, by default
+    ``item 1``, ``item 2``...); one row per item and method that applies. ``image_fill``,
+    ``text_removal`` and ``granularity`` are the evaluation's.
     """
 
-    modality: str
+    modality: str | None
     methods: tuple[str, ...]
     params: dict[str, dict[str, Any]] = field(default_factory=dict)  # per method
     items: int | None = None
@@ -505,11 +508,15 @@ class EvaluateRequest(Request["pd.DataFrame"]):
     random_orders: int = 2
     #: An uploaded set to evaluate instead of the bundled items (its first ``items``).
     instances: tuple[Instance, ...] = ()
+    names: tuple[str, ...] = ()
+    image_fill: str = "rise"
+    text_removal: str = "delete"
+    granularity: str = "token"
 
     def check(self, bounds: RequestBounds) -> None:
         """A known modality, methods, items and curve sizes within bounds, readable inputs."""
         super().check(bounds)
-        if self.modality not in metrics.SCORES:
+        if self.modality is not None and self.modality not in metrics.SCORES:
             raise InvalidParameterError(
                 f"the modality is one of {', '.join(metrics.SCORES)}; got {self.modality!r}"
             )
@@ -522,10 +529,17 @@ class EvaluateRequest(Request["pd.DataFrame"]):
                 f"steps must lie in 1..{MAX_CURVE_STEPS} and random_orders in 0..{MAX_ORDERS}; "
                 f"got {self.steps} and {self.random_orders}"
             )
+        metrics.check_options(self.image_fill, self.text_removal)
+        metrics.check_granularity(self.granularity)
         if bounds.max_batch is not None and len(self.instances) > bounds.max_batch:
             raise InvalidParameterError(
                 f"an evaluation holds at most {bounds.max_batch} uploaded items on this "
                 f"server; got {len(self.instances)}"
+            )
+        if self.names and len(self.names) != len(self.instances):
+            raise InvalidParameterError(
+                f"name every uploaded item or none; got {len(self.names)} names for "
+                f"{len(self.instances)} items"
             )
         for number, instance in enumerate(self.instances, start=1):
             if instance.problem is not None:
@@ -536,7 +550,7 @@ class EvaluateRequest(Request["pd.DataFrame"]):
                     "prediction"
                 )
             bounds.check_fields(instance.text, None, instance.target, self.seed)
-            if instance.modality != self.modality:
+            if self.modality is not None and instance.modality != self.modality:
                 raise InvalidInputError(
                     f"item {number} is {_article(instance.modality)}; this evaluation takes "
                     f"{self.modality}"
@@ -547,11 +561,14 @@ class EvaluateRequest(Request["pd.DataFrame"]):
         """Each method and its parameters."""
         return {method: self.params.get(method, {}) for method in self.methods}
 
-    def chosen_items(self, read: Callable[[Instance], Any] | None = None) -> list[EvalItem]:
+    def chosen_items(
+        self, modality: str, read: Callable[[Instance], Any] | None = None
+    ) -> list[EvalItem]:
         """
-        The items evaluated: the uploaded ones, else the bundled ones (the first ``items``).
+        The items evaluated: the uploaded ones, else the bundled ones of ``modality``.
 
-        ``read`` decodes an uploaded one within the server's bounds (without it, as uploaded).
+        The first ``items`` of them. ``read`` decodes an uploaded one within the server's
+        bounds (without it, as uploaded).
         """
         if self.instances:
             chosen = self.instances[: self.items]
@@ -559,22 +576,25 @@ class EvaluateRequest(Request["pd.DataFrame"]):
                 metrics.EvalItem(
                     read(i) if read else i.text if i.text is not None else i.image,
                     i.target,
-                    f"item {n}",
+                    self.names[n - 1] if self.names else f"item {n}",
                 )
                 for n, i in enumerate(chosen, start=1)
             ]
-        return metrics.bundled_items(self.modality)[: self.items]
+        return metrics.bundled_items(modality)[: self.items]
 
     def costs(self) -> list[EstimateRequest]:
         """
         An explanation with its trust card per item and method (an unreadable item is refused).
 
         The trust card's curves are the largest an evaluation may ask for, so this is an upper
-        bound.
+        bound. An evaluation of the model's own modality (``None``) is priced only once its
+        model is loaded, as it runs: none here.
         """
         for number, instance in enumerate(self.instances, start=1):
             if instance.problem is not None:
                 raise InvalidInputError(f"item {number}: {instance.problem}")
+        if self.modality is None:
+            return []
         return [
             EstimateRequest(
                 model=self.model,
@@ -587,14 +607,16 @@ class EvaluateRequest(Request["pd.DataFrame"]):
                 params=self.params.get(method, {}),
                 evaluate=True,
             )
-            for item in self.chosen_items()
+            for item in self.chosen_items(self.modality)
             for method in self.methods
         ]
 
     def run_on(self, adapter: Adapter, run: JobContext) -> pd.DataFrame:
         """The per-item table (refused first when its estimate is over the server's seconds)."""
-        check_modality(adapter, self.modality)
-        items = self.chosen_items(run.read)
+        check_modality(adapter, self.modality or adapter.modality)
+        items = self.chosen_items(adapter.modality, run.read)
+        if not items:
+            raise InvalidInputError("nothing was evaluated: no items, or no method applies")
         total = len(items)
         first = adapter.preprocess(items[0].raw)
         settings = run.settings_for(self.seed, evaluate=True)
@@ -611,6 +633,55 @@ class EvaluateRequest(Request["pd.DataFrame"]):
             self.steps,
             self.random_orders,
             settings,
+            progress=lambda done: run.progress(done, total),
+            image_fill=self.image_fill,
+            text_removal=self.text_removal,
+            granularity=self.granularity,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayersDatasetRequest(Request["pd.DataFrame"]):
+    """
+    The layer measures' means over a dataset (:func:`attribution.layers.analyze_dataset`).
+
+    Each of ``instances`` is analysed for its ``target`` (by default its top class);
+    ``measures``: the layer analysis's (comma-separated names, or ``all``).
+    """
+
+    instances: tuple[Instance, ...]
+    measures: str = "all"
+
+    def check(self, bounds: RequestBounds) -> None:
+        """At least one readable input, each of one output, within the bounds."""
+        super().check(bounds)
+        if not self.instances:
+            raise InvalidInputError("the dataset has no inputs to analyse")
+        if bounds.max_batch is not None and len(self.instances) > bounds.max_batch:
+            raise InvalidParameterError(
+                f"a dataset holds at most {bounds.max_batch} inputs on this server; got "
+                f"{len(self.instances)}"
+            )
+        for number, instance in enumerate(self.instances, start=1):
+            if instance.problem is not None:
+                raise InvalidInputError(f"input {number}: {instance.problem}")
+            _one_output(instance.answer, "a dataset's layer analysis")
+            bounds.check_fields(instance.text, None, instance.target, self.seed)
+
+    def method_params(self) -> dict[str, dict[str, Any]]:
+        """The layer analysis's measures (its schema knows their names)."""
+        return {"layers": {"measures": self.measures}}
+
+    def run_on(self, adapter: Adapter, run: JobContext) -> pd.DataFrame:
+        """The table of means; the job's progress counts the inputs done."""
+        total = len(self.instances)
+        items = (layers.DatasetItem(run.read(i), i.target) for i in self.instances)
+        run.progress(0, total)
+        return layers.analyze_dataset(
+            adapter,
+            items,
+            methods.measure_names(self.measures),
+            replace(run.settings_for(self.seed), progress=None),  # its passes are not inputs
             progress=lambda done: run.progress(done, total),
         )
 
