@@ -13,7 +13,7 @@ the bounds' budgets: each run prices itself against them (:mod:`attribution.gate
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, TypeVar
 
 from attrlab.attribution.errors import InvalidInputError
 from attrlab.attribution.gate import checked_params
@@ -25,7 +25,10 @@ from attrlab.attribution.request.records import Instance, JobContext, Request, c
 from attrlab.attribution.run import ProgressCallback, stop_if_cancelled
 from attrlab.attribution.runs import Prepared, prepare_input
 
-__all__ = ["admit", "resolve"]
+__all__ = ["admit", "resolve", "run_request"]
+
+#: What a request computes.
+Result = TypeVar("Result")
 
 
 def admit(request: Request[Any], bounds: RequestBounds, strict: bool = False) -> None:
@@ -93,3 +96,23 @@ def resolve(
         return targeted(instance).inputs
 
     return JobContext(budgets, prepare, targeted, read)
+
+
+def run_request(
+    request: Request[Result],
+    adapter: Adapter,
+    bounds: RequestBounds | None = None,
+    progress: ProgressCallback | None = None,
+) -> Result:
+    """
+    ``request`` admitted, resolved and run on the loaded ``adapter``, in the caller's thread.
+
+    The library's own way through the gate (the Python API's); a worker does the same with
+    its device, queue and cancel switch. ``bounds``: none by default (the caller is trusted).
+
+    Raises:
+        AttrlabError: as :func:`admit` and :func:`resolve`, and the run's own refusals.
+    """
+    bounds = bounds or RequestBounds()
+    admit(request, bounds)
+    return request.run_on(adapter, resolve(request, adapter, bounds, progress, threading.Event()))
