@@ -17,6 +17,8 @@ from attrlab import app, attribution, viz
 from attrlab.app.progress import CommandProgress
 from attrlab.attribution import engine, metrics, models
 from attrlab.attribution.defaults import (
+    EVALUATION_ORDERS,
+    EVALUATION_STEPS,
     LAYERS_TOP_K,
     NOISE_SEEDS,
     PATCHING_TOP_K,
@@ -1206,8 +1208,10 @@ def _add_evaluate_command(sub: _Subcommands) -> None:
     evaluate.add_argument(
         "--param", action="append", default=[], help="method.key=value, repeatable"
     )
-    evaluate.add_argument("--steps", type=_positive_int, default=50, help="points per curve")
-    evaluate.add_argument("--random-orders", type=int, default=3)
+    evaluate.add_argument(
+        "--steps", type=_positive_int, default=EVALUATION_STEPS, help="points per curve"
+    )
+    evaluate.add_argument("--random-orders", type=int, default=EVALUATION_ORDERS)
     evaluate.add_argument(
         "--image-fill",
         default="rise",

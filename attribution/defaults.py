@@ -9,6 +9,8 @@ Plain numbers, importing nothing: ``attrlab --help`` reads them without loading 
 from __future__ import annotations
 
 __all__ = [
+    "EVALUATION_ORDERS",
+    "EVALUATION_STEPS",
     "LAYERS_TOP_K",
     "NOISE_SEEDS",
     "PATCHING_TOP_K",
@@ -29,3 +31,6 @@ NOISE_SEEDS, PATCHING_TOP_K = 10, 10
 PRUNING_DRAWS = 5
 #: A check of methods: share of a map's elements in the top-k overlap of two methods.
 TOP_FRACTION = 0.1
+#: An evaluation of methods (the leaderboard): points per deletion / insertion curve, and
+#: random orders per item (the command line's, the page's and the library's alike).
+EVALUATION_STEPS, EVALUATION_ORDERS = 50, 3

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import bootstrap
 
+from attrlab.attribution.defaults import EVALUATION_ORDERS, EVALUATION_STEPS
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.features import check_features, with_features
 from attrlab.attribution.methods import get_method
@@ -82,8 +83,8 @@ def evaluate_methods(
     items: Iterable[EvalItem],
     methods: Sequence[str],
     params: dict[str, dict[str, Any]] | None = None,
-    steps: int = 50,
-    random_orders: int = 3,
+    steps: int = EVALUATION_STEPS,
+    random_orders: int = EVALUATION_ORDERS,
     settings: RunSettings | None = None,
     progress: Callable[[int], None] | None = None,
     image_fill: str = "rise",

@@ -22,7 +22,14 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from attrlab.attribution import engine, layers, methods, metrics, patching
 from attrlab.attribution.answers import AnswerSpec
 from attrlab.attribution.calibration import calibrate, calibrated
-from attrlab.attribution.defaults import NOISE_SEEDS, PATCHING_TOP_K, PRUNING_DRAWS, TOP_FRACTION
+from attrlab.attribution.defaults import (
+    EVALUATION_ORDERS,
+    EVALUATION_STEPS,
+    NOISE_SEEDS,
+    PATCHING_TOP_K,
+    PRUNING_DRAWS,
+    TOP_FRACTION,
+)
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
 from attrlab.attribution.estimate import estimate
 from attrlab.attribution.explain import explain, preview
@@ -504,8 +511,8 @@ class EvaluateRequest(Request["pd.DataFrame"]):
     methods: tuple[str, ...]
     params: dict[str, dict[str, Any]] = field(default_factory=dict)  # per method
     items: int | None = None
-    steps: int = 20
-    random_orders: int = 2
+    steps: int = EVALUATION_STEPS
+    random_orders: int = EVALUATION_ORDERS
     #: An uploaded set to evaluate instead of the bundled items (its first ``items``).
     instances: tuple[Instance, ...] = ()
     names: tuple[str, ...] = ()
