@@ -10,7 +10,6 @@ and the command line. The records are re-exported here for the front ends.
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from collections import Counter, OrderedDict
@@ -88,9 +87,6 @@ __all__ = [
 
 #: What a job computes: an Explanation, a check of several methods, a preview, a table.
 Result = TypeVar("Result")
-
-
-log = logging.getLogger(__name__)
 
 
 class InstanceInterruptedError(AttrlabError):

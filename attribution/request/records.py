@@ -144,7 +144,7 @@ def check_instance_features(
 
 @dataclass(frozen=True, kw_only=True)
 class Request(ABC, Generic[Result]):
-    """What every job names: a model (with zero-shot labels), a seed, next-token or not."""
+    """What every request names: a model (with zero-shot labels), a seed, next-token or not."""
 
     model: str
     labels: Sequence[str] | None = None
