@@ -173,7 +173,10 @@ def explain(
 
     Raises:
         InvalidParameterError, InvalidInputError, UnknownMethodError, UnsupportedMethodError:
-            as the library's :func:`~attrlab.attribution.explain.explain`, named.
+            as the gate every front end's request passes
+            (:func:`~attrlab.attribution.request.run_request`: a seed out of range, an input
+            the model does not read, ...) and the library's
+            :func:`~attrlab.attribution.explain.explain`, named.
 
     Example:
         >>> import attrlab
