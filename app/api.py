@@ -54,7 +54,6 @@ from attrlab.app.worker import (
     Instance,
     PatchRequest,
     PruneRequest,
-    WorkerRequest,
     check_instance_features,
 )
 from attrlab.attribution.answers import MAX_NEW_TOKENS, AnswerSpec, answer_asked
@@ -75,6 +74,7 @@ from attrlab.attribution.methods.catalog import DEFAULT_METHOD
 from attrlab.attribution.models import BUILTIN_MODELS, default_model
 from attrlab.attribution.params import whole_float_as_int
 from attrlab.attribution.patching import COLUMNS
+from attrlab.attribution.request import Request as WorkerRequest
 from attrlab.attribution.rows import target_problem
 
 __all__ = [
@@ -632,9 +632,10 @@ class PruneBody(BaseModel):
     def to_request(self) -> PruneRequest:
         """The worker request for this body."""
         decoder = self.next_token or any((self.answer, self.contrast, self.corrupted))
-        given = self.model_dump(exclude={"model", "texts", "units"})
+        given = self.model_dump(exclude={"model", "texts", "units", "answer", "contrast"})
         return PruneRequest(
             **given,
+            answer=AnswerSpec.from_json({"answer": self.answer, "contrast": self.contrast}),
             model=self.model or default_model("text", decoder),
             texts=None if self.texts is None else tuple(self.texts),
             units=None if self.units is None else tuple(self.units),
@@ -710,8 +711,7 @@ class PatchBody(BaseModel):
             seed=self.seed,
             clean=self.clean,
             corrupted=self.corrupted,
-            answer=self.answer,
-            contrast=self.contrast,
+            answer=AnswerSpec.from_json({"answer": self.answer, "contrast": self.contrast}),
             target=self.target,
             noise_positions=None if self.noise_positions is None else tuple(self.noise_positions),
             noise_seeds=self.noise_seeds,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import shutil
@@ -16,10 +15,10 @@ from typing import Any, TypeAlias
 
 from attrlab import app, attribution, viz
 from attrlab.app.progress import CommandProgress
-from attrlab.attribution import engine, layers, metrics, models
-from attrlab.attribution import methods as attribution_methods
+from attrlab.attribution import engine, metrics, models
 from attrlab.attribution.defaults import (
-    EVALUATE_ORDERS,
+    EVALUATION_ORDERS,
+    EVALUATION_STEPS,
     LAYERS_TOP_K,
     NOISE_SEEDS,
     PATCHING_TOP_K,
@@ -150,8 +149,7 @@ def _patch(args: argparse.Namespace) -> int:
         seed=args.seed,
         clean=args.clean,
         corrupted=args.corrupt,
-        answer=args.answer,
-        contrast=args.contrast,
+        answer=_study_answer(args),
         target=args.target,
         noise_positions=_positions(args.noise_positions),
         noise_seeds=args.noise_seeds,
@@ -163,6 +161,11 @@ def _patch(args: argparse.Namespace) -> int:
     (report,) = _on_worker(args, [request], "study")
 
     return _write_study(report, args, figures, "patching_figures", report.table, viz.patching_text)
+
+
+def _study_answer(args: argparse.Namespace) -> Any:
+    """A study's ``--answer`` and ``--contrast`` as the answer it ranks for, or ``None``."""
+    return attribution.AnswerSpec.from_json({"answer": args.answer, "contrast": args.contrast})
 
 
 def _study_paths(args: argparse.Namespace) -> Path | None:
@@ -211,8 +214,7 @@ def _prune(args: argparse.Namespace) -> int:
         next_token=args.next_token,
         text=args.text,
         target=args.target,
-        answer=args.answer,
-        contrast=args.contrast,
+        answer=_study_answer(args),
         corrupted=args.corrupt,
         texts=None if args.input is None else _dataset_texts(args.input),
         units=_optional_names(args.units),
@@ -258,26 +260,15 @@ def _positions(text: str | None) -> tuple[int, ...] | None:
 
 def _layers_dataset(args: argparse.Namespace) -> int:
     """``attrlab layers --input``: the layer measures' means over a dataset."""
-    measures = _measures(args.measures)  # before the model loads
-    lines = _dataset_lines(args.input)
-    worker = _worker(args)
-    try:
-        with CommandProgress(len(lines), "input") as bar:
-            adapter = _load_model(worker, args, bar)
-            bar.stage("layers")
-            items = (
-                layers.DatasetItem(raw, target)
-                for raw, target, _ in _records(lines, args.input, args.target)
-            )
-            table = layers.analyze_dataset(
-                adapter,
-                items,
-                measures,
-                attribution.RunSettings(seed=args.seed, progress=bar.passes),
-                progress=bar.done,
-            )
-    finally:
-        worker.close()
+    instances, _ = _dataset_instances(_dataset_lines(args.input), args.input, args.target)
+    request = app.LayersDatasetRequest(
+        model=args.model,
+        labels=_labels(args.labels),
+        seed=args.seed,
+        instances=instances,
+        measures=args.measures or "all",
+    )
+    (table,) = _on_worker(args, [request], "input", counts_units=True)
     _write_table(table, args, lambda: table.to_string(index=False))
     return 0
 
@@ -321,12 +312,19 @@ def _spans(given: Sequence[str] | None) -> Any:
 def _on_worker(
     args: argparse.Namespace, requests: Sequence[Any], unit: str, counts_units: bool = False
 ) -> list[Any]:
+    """The results of :func:`_on_model`."""
+    return _on_model(args, requests, unit, counts_units)[0]
+
+
+def _on_model(
+    args: argparse.Namespace, requests: Sequence[Any], unit: str, counts_units: bool = False
+) -> tuple[list[Any], Any]:
     """
     Run requests in turn on a worker of its own (one model load), closed afterwards.
 
     Every request is checked before the model loads. A progress bar counts the requests as
     ``unit`` with each one's forward passes under it; with ``counts_units`` the one request
-    reports ``unit`` itself (a check's runs).
+    reports ``unit`` itself (a check's runs). Gives the results and the model they ran on.
     """
     worker = _worker(args)
     try:
@@ -334,13 +332,13 @@ def _on_worker(
             worker.validate(request)
         results = []
         with CommandProgress(None if counts_units else len(requests), unit) as bar:
-            _load_model(worker, args, bar)
+            adapter = _load_model(worker, args, bar)
             for done, request in enumerate(requests, start=1):
                 bar.stage(getattr(request, "method", args.command))
                 results.append(worker.explain(request, bar.done if counts_units else bar.passes))
                 if not counts_units:
                     bar.done(done)
-        return results
+        return results, adapter
     finally:
         worker.close()
 
@@ -373,10 +371,6 @@ def _load_model(worker: Any, args: argparse.Namespace, bar: Any) -> Any:
 
 def _labels(text: str | None) -> list[str] | None:
     return [s.strip() for s in text.split(",")] if text else None
-
-
-def _measures(text: str | None) -> list[str] | None:
-    return attribution_methods.measure_names(text or "all")
 
 
 def _usage_error(message: str) -> AttrlabError:
@@ -585,62 +579,69 @@ def _dataset_lines(path: str) -> list[Any]:
     return lines
 
 
-def _records(lines: Sequence[Any], path: str, target: str | None) -> Iterator[tuple[Any, Any, str]]:
-    """``(raw, target, name)`` per dataset line: its text, or its image read when its turn comes."""
+def _dataset_instances(
+    lines: Sequence[Any], path: str, target: str | None
+) -> tuple[tuple[Any, ...], tuple[str, ...]]:
+    """
+    A dataset's lines as worker instances (``target`` where a line gives none), and names.
+
+    A line's image is read here, relative to the JSONL file, as ``--image`` is; a text is
+    named by itself.
+    """
     folder = Path(path).expanduser().parent
+    instances, names = [], []
     for line in lines:
         item_target = target if line.target is None else line.target
-        if line.image is not None:  # relative to the JSONL file, read here like --image
-            yield _read_image_file(str(folder / line.image)), item_target, line.image
+        if line.image is not None:
+            image = _read_image_file(str(folder / line.image))
+            instances.append(app.Instance(image=image, target=item_target))
+            names.append(line.image)
         else:
-            yield line.text, item_target, str(line.text)
+            instances.append(app.Instance(text=line.text, target=item_target))
+            names.append(str(line.text))
+    return tuple(instances), tuple(names)
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    metrics.check_options(args.image_fill, args.text_removal)  # before the model loads
     _output_path(args.output)
     per_item_path = _output_path(args.per_item)
     methods = _names(args.methods or "") or [
         m.name for m in attribution.available_methods() if m.category == "attribution"
     ]
-    records: Iterator[tuple[Any, Any, str]] | None = None  # None: the bundled set
+    instances: tuple[Any, ...] = ()  # none: the bundled set of the model's modality
+    names: tuple[str, ...] = ()
     if args.images is not None:
         folder = Path(args.images).expanduser()
         if not folder.is_dir():
             raise InvalidInputError(f"image folder '{args.images}' does not exist")
         files = sorted(p for p in folder.iterdir() if p.suffix.lower() in app.IMAGE_SUFFIXES)
-        count = len(files)
-        records = ((_read_image_file(str(f)), args.target, f.name) for f in files)
+        files = files[: args.max_items]
+        instances = tuple(
+            app.Instance(image=_read_image_file(str(f)), target=args.target) for f in files
+        )
+        names = tuple(f.name for f in files)
     elif args.input is not None:
-        lines = _dataset_lines(args.input)
-        count, records = len(lines), _records(lines, args.input, args.target)
-    worker = _worker(args)
-    try:
-        with CommandProgress(None, "item") as bar:
-            adapter = _load_model(worker, args, bar)
-            if records is None:
-                bundled = metrics.bundled_items(adapter.modality)
-                count, items = len(bundled), iter(bundled)
-            else:
-                items = (metrics.EvalItem(*record) for record in records)
-            bar.done(0, min(count, args.max_items or count))
-            bar.stage("evaluate")
-            per_item = metrics.evaluate_methods(
-                adapter,
-                itertools.islice(items, args.max_items),
-                methods,
-                _method_params(args.param),
-                args.steps,
-                args.random_orders,
-                attribution.RunSettings(seed=args.seed),
-                progress=bar.done,
-                image_fill=args.image_fill,
-                text_removal=args.text_removal,
-                passes=bar.passes,
-                granularity=args.granularity,
-            )
-    finally:
-        worker.close()
+        lines = _dataset_lines(args.input)[: args.max_items]
+        instances, names = _dataset_instances(lines, args.input, args.target)
+    if (args.images is not None or args.input is not None) and not instances:
+        raise InvalidInputError("nothing was evaluated: no items, or no method applies")
+    request = app.EvaluateRequest(
+        model=args.model,
+        labels=_labels(args.labels),
+        seed=args.seed,
+        modality=None,
+        methods=tuple(methods),
+        params=_method_params(args.param),
+        items=args.max_items,
+        steps=args.steps,
+        random_orders=args.random_orders,
+        instances=instances,
+        names=names,
+        image_fill=args.image_fill,
+        text_removal=args.text_removal,
+        granularity=args.granularity,
+    )
+    (per_item,), adapter = _on_model(args, [request], "item", counts_units=True)
     if per_item.empty:
         raise InvalidInputError("nothing was evaluated: no items, or no method applies")
     if per_item_path is not None:
@@ -1207,11 +1208,13 @@ def _add_evaluate_command(sub: _Subcommands) -> None:
     evaluate.add_argument(
         "--param", action="append", default=[], help="method.key=value, repeatable"
     )
-    evaluate.add_argument("--steps", type=_positive_int, default=50, help="points per curve")
+    evaluate.add_argument(
+        "--steps", type=_positive_int, default=EVALUATION_STEPS, help="points per curve"
+    )
     evaluate.add_argument(
         "--random-orders",
         type=int,
-        default=EVALUATE_ORDERS,
+        default=EVALUATION_ORDERS,
         help="most random orders per item (drawn until each margin is settled; a short text's "
         "exact expectation where that costs no more)",
     )

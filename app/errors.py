@@ -6,7 +6,6 @@ import re
 from typing import Any
 
 from attrlab.app.worker import (
-    InstanceFailedError,
     InstanceInterruptedError,
     JobTableBusyError,
     QueueFullError,
@@ -27,6 +26,7 @@ from attrlab.attribution.errors import (
     UnknownModelError,
     UnsupportedMethodError,
 )
+from attrlab.attribution.request import InstanceFailedError
 
 __all__ = [
     "ERROR_STATUS",

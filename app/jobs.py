@@ -50,8 +50,8 @@ from attrlab.app.worker import (
     Job,
     JobTableBusyError,
     QueueFullError,
+    Request,
     WorkerClosedError,
-    WorkerRequest,
 )
 from attrlab.attribution.errors import AttrlabError, JobCancelledError
 
@@ -815,7 +815,7 @@ class JobWork:
             as an error per method; None when one instance's failure fails the job.
     """
 
-    request: Callable[[int], WorkerRequest[Any]]
+    request: Callable[[int], Request[Any]]
     line: Callable[[Any], dict[str, Any]]
     gate: Callable[[ExplainWorker], None]
     error_line: Callable[[int, AttrlabError], dict[str, Any]] | None = None
@@ -1036,7 +1036,7 @@ class JobRunner:
             return None
         return current[1].progress
 
-    def _explain(self, job_id: str, request: WorkerRequest[Any]) -> Any:
+    def _explain(self, job_id: str, request: Request[Any]) -> Any:
         submitted = self.worker.submit(request)
         with self._lock:
             self._current = (job_id, submitted)

@@ -12,19 +12,15 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from attrlab.attribution.answers import AnswerSpec
 from attrlab.attribution.errors import (
     AttrlabError,
-    InputTooLargeError,
-    InvalidInputError,
     InvalidParameterError,
     UnknownModelError,
-    require_unicode,
 )
 from attrlab.attribution.gate import DEFAULT_PARAM_LIMITS
 from attrlab.attribution.memory import default_memory_limit
@@ -37,6 +33,7 @@ from attrlab.attribution.models.placement import (
     PlacementError,
     check_placement,
 )
+from attrlab.attribution.request import RequestBounds
 
 __all__ = [
     "ModelSource",
@@ -57,8 +54,6 @@ _HUB_ID = re.compile(r"^(hf-hub:)?[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0
 #: Longest estimated seconds of one request on a server with an API token (``ATTRLAB_MAX_SECONDS``
 #: sets another): a server that needs a token serves others, whose work must stay bounded.
 TOKEN_SERVER_MAX_SECONDS = 120.0
-#: Request fields bounded for every front end (the REST schema says the same).
-MAX_LABELS, MAX_LABEL_CHARS, MAX_TARGET_CHARS, MAX_SEED = 100, 200, 200, 2**32 - 1
 
 
 class SettingsError(AttrlabError):
@@ -66,9 +61,12 @@ class SettingsError(AttrlabError):
 
 
 @dataclass(frozen=True)
-class ServerSettings:
+class ServerSettings(RequestBounds):
     """
     Limits and permissions applied to every request the worker runs.
+
+    The bounds of each request (:class:`~attribution.request.RequestBounds`) and the server's
+    own settings: which models, the token, the queue, the jobs, where models are placed.
 
     Attributes:
         models: Specs served (aliases, hub ids, folders); ``None`` means any (CLI, library).
@@ -105,15 +103,8 @@ class ServerSettings:
     allow_hub: bool = True
     model_roots: tuple[Path, ...] = ()
     max_body_bytes: int = 32 * 2**20
-    max_text_chars: int | None = None
-    max_image_pixels: int = field(default_factory=max_image_pixels)
-    param_limits: Mapping[str, float] = field(default_factory=dict)
     api_token: str | None = None
     max_queue: int = 1024
-    max_forward_passes: int | None = None
-    max_seconds: float | None = None
-    max_memory_bytes: int | None = None
-    max_batch: int | None = None
     data_dir: Path | None = None
     max_jobs: int = 16
     max_job_instances: int = 10_000
@@ -197,59 +188,6 @@ class ServerSettings:
         raise UnknownModelError(
             f"model '{spec}' is not served here; this server serves: {served}{extra}"
         )
-
-    def check_request(
-        self,
-        text: str | None,
-        labels: Sequence[str] | None,
-        target: Any,
-        seed: Any,
-        answer: AnswerSpec | None = None,
-    ) -> None:
-        """
-        Refuse request fields out of bounds, whichever front end they came through.
-
-        A decoder's ``answer`` and ``contrast`` are texts of the same bound as the prompt's.
-        """
-        texts = [("the text", text)]
-        if answer is not None:
-            texts += [("the answer", answer.answer), ("the contrast", answer.contrast)]
-            texts += [("the stop text", answer.stop)]
-        for what, value in texts:
-            limit = self.max_text_chars
-            if value is not None and limit is not None and len(value) > limit:
-                raise InputTooLargeError(
-                    f"{what} has {len(value)} characters; this server accepts at most {limit}"
-                )
-        if labels is not None and (
-            len(labels) > MAX_LABELS or any(len(label) > MAX_LABEL_CHARS for label in labels)
-        ):
-            raise InvalidInputError(
-                f"give at most {MAX_LABELS} labels of at most {MAX_LABEL_CHARS} characters each"
-            )
-        if isinstance(target, str) and len(target) > MAX_TARGET_CHARS:
-            raise InvalidInputError(f"the target is longer than {MAX_TARGET_CHARS} characters")
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
-            raise InvalidInputError(f"the seed must be a whole number from 0 to {MAX_SEED}")
-        for what, value in (
-            *texts,
-            ("the target", target),
-            *(("a label", x) for x in labels or ()),
-        ):
-            if isinstance(value, str):
-                require_unicode(value, what)
-
-    def check_params(self, method: str, params: Mapping[str, Any]) -> None:
-        """Refuse resolved parameters above this server's budget for ``method``."""
-        for name, value in params.items():
-            limit = self.param_limits.get(f"{method}.{name}", self.param_limits.get(name))
-            if limit is None or not isinstance(value, (int, float)) or isinstance(value, bool):
-                continue
-            if value > limit:
-                raise InvalidParameterError(
-                    f"parameter '{name}' = {value} is above this server's limit of "
-                    f"{limit:g} for {method}; ask for less"
-                )
 
 
 def placement_setting(

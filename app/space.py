@@ -55,7 +55,7 @@ from attrlab.app.worker import (
     ExplainRequest,
     ExplainWorker,
     InstanceFailedError,
-    WorkerRequest,
+    Request,
 )
 from attrlab.attribution.errors import AttrlabError
 from attrlab.attribution.gate import checked_params, clear_slot
@@ -99,15 +99,15 @@ class SpaceRunner:
         self.book = EstimateBook(recent=_RECENT_SLOTS)
         self._on_gpu = gpu(self._run_on_device, duration=self.slot_s) if gpu else None
 
-    def _price(self, request: WorkerRequest[Any]) -> Price:
+    def _price(self, request: Request[Any]) -> Price:
         """The request's price from earlier slots' estimates (:class:`EstimateBook`)."""
         return self.book.price([_price_key(cost) for cost in request.costs()])
 
-    def priced_s(self, request: WorkerRequest[Any]) -> float | None:
+    def priced_s(self, request: Request[Any]) -> float | None:
         """Seconds from earlier slots' estimates; None while any part was never priced."""
         return self._price(request).seconds
 
-    def slot_s(self, request: WorkerRequest[Any]) -> int:
+    def slot_s(self, request: Request[Any]) -> int:
         """The slot a job asks for: from its estimate, the first-job slot, or the longest."""
         if self.book.unanswered(_price_key(c)[0] for c in request.costs()):
             return self.max_slot_s
@@ -123,9 +123,7 @@ class SpaceRunner:
             return "known after the first run of this model, method and parameters"
         return f"≈ {seconds:,.1f} s on the GPU (from the estimates of earlier runs)"
 
-    def run(
-        self, request: WorkerRequest[Result], progress: ProgressCallback | None = None
-    ) -> Result:
+    def run(self, request: Request[Result], progress: ProgressCallback | None = None) -> Result:
         """
         Run a request: in a GPU slot on ZeroGPU, else in the worker's queue.
 
@@ -152,7 +150,7 @@ class SpaceRunner:
         return outcome
 
     def _run_on_device(
-        self, request: WorkerRequest[Result]
+        self, request: Request[Result]
     ) -> tuple[Result | AttrlabError, list[tuple[PriceKey, int, float]], float]:
         """In the slot: estimate the job's parts (pricing the next ones), run it, time it all."""
         start = time.monotonic()

@@ -9,7 +9,8 @@ Plain numbers, importing nothing: ``attrlab --help`` reads them without loading 
 from __future__ import annotations
 
 __all__ = [
-    "EVALUATE_ORDERS",
+    "EVALUATION_ORDERS",
+    "EVALUATION_STEPS",
     "LAYERS_TOP_K",
     "NOISE_SEEDS",
     "PATCHING_TOP_K",
@@ -27,11 +28,13 @@ RECHECK_DRAWS = 20
 #: Activation patching: causal tracing's noise draws, and sites in the top-k overlap of an
 #: estimator with exact patching.
 NOISE_SEEDS, PATCHING_TOP_K = 10, 10
-#: An evaluation: the most random orders per item its methods' maps are judged against (drawn
-#: until every margin is settled; a short text's exact expectation where it costs no more).
-EVALUATE_ORDERS = 100
 #: Pruning curves: the most random removal orders per unit kind (drawn five at first, more while
 #: a ranking's area is unsettled against them).
 PRUNING_DRAWS = 20
 #: A check of methods: share of a map's elements in the top-k overlap of two methods.
 TOP_FRACTION = 0.1
+#: An evaluation of methods (the leaderboard): points per deletion / insertion curve, and the
+#: most random orders per item its methods' maps are judged against (drawn until every margin
+#: is settled; a short text's exact expectation where that costs no more), for the command line,
+#: the page and the library alike.
+EVALUATION_STEPS, EVALUATION_ORDERS = 50, 100

@@ -17,6 +17,7 @@ import pytest
 from attrlab.app.cli import main
 from attrlab.app.settings import ServerSettings
 from attrlab.app.worker import ExplainWorker, PatchRequest, PruneRequest
+from attrlab.attribution.answers import AnswerSpec
 from attrlab.attribution.engine.study import pruning_study, ranked_input
 from attrlab.attribution.errors import TooSlowError
 from attrlab.viz import pruning_figures
@@ -108,10 +109,11 @@ def test_rest_prune_answers_the_study_and_refuses_bad_bodies(served, expected):
 def test_the_servers_seconds_refuse_a_prune_and_a_patch_before_they_run():
     worker = ExplainWorker(device="cpu", max_models=1, settings=ServerSettings(max_seconds=1e-6))
     try:
-        prune = PruneRequest(model=MODEL, text=TEXT, texts=TEXTS, draws=2, **ASKED)
+        asked = AnswerSpec(**ASKED)
+        prune = PruneRequest(model=MODEL, text=TEXT, texts=TEXTS, draws=2, answer=asked)
         with pytest.raises(TooSlowError, match="this pruning study would take"):
             worker.explain(prune)
-        patch = PatchRequest(model=MODEL, clean=TEXT, corrupted=CORRUPT, **ASKED)
+        patch = PatchRequest(model=MODEL, clean=TEXT, corrupted=CORRUPT, answer=asked)
         with pytest.raises(TooSlowError, match="this patching study would take"):
             worker.explain(patch)
     finally:

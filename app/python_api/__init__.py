@@ -31,7 +31,9 @@ from typing import TYPE_CHECKING, Any, cast
 # attrlab.viz registers itself as the library's renderer: results draw in a notebook.
 from attrlab import attribution, viz  # noqa: F401
 from attrlab.attribution import methods as attribution_methods
-from attrlab.attribution import metrics, models, patching
+from attrlab.attribution import models
+from attrlab.attribution import request as attribution_request
+from attrlab.attribution.defaults import NOISE_SEEDS, PATCHING_TOP_K
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
 from attrlab.attribution.methods.catalog import DEFAULT_METHOD
 
@@ -90,8 +92,7 @@ def _model(model: Adapter | str) -> Adapter:
     return load(model) if isinstance(model, str) else model
 
 
-def _prepared(
-    adapter: Adapter,
+def _instance(
     data: str | Path | Image.Image | np.ndarray,
     target: int | str | None,
     answer: str | None,
@@ -101,19 +102,24 @@ def _prepared(
     per_step: bool,
     granularity: str,
     spans: Sequence[Sequence[int]] | None,
-) -> Any:
-    """The front ends' one way from fields to inputs and target (an answer's too)."""
-    if isinstance(data, Path):  # a local file is the caller's to name: this is not a server
-        data = models.load_image(data.read_bytes())
-    elif not isinstance(data, str):
-        data = models.load_image(data)
+) -> dict[str, Any]:
+    """A request's input fields: the text or image, what to explain of it, its features."""
+    # a local file is the caller's to name: this is not a server
+    raw = data.read_bytes() if isinstance(data, Path) else data
     asked = answer is not None or contrast is not None or generate is not None or chat
     spec = (
         attribution.AnswerSpec(answer, generate, None, contrast, chat, per_step)
         if asked or per_step
         else None
     )
-    return attribution.prepare_input(adapter, data, target, spec, None, granularity, spans)
+    return {
+        "text": raw if isinstance(raw, str) else None,
+        "image": None if isinstance(raw, str) else raw,
+        "target": target,
+        "answer": spec,
+        "granularity": granularity,
+        "spans": spans,
+    }
 
 
 def explain(
@@ -167,7 +173,10 @@ def explain(
 
     Raises:
         InvalidParameterError, InvalidInputError, UnknownMethodError, UnsupportedMethodError:
-            as the library's :func:`~attrlab.attribution.explain.explain`, named.
+            as the gate every front end's request passes
+            (:func:`~attrlab.attribution.request.run_request`: a seed out of range, an input
+            the model does not read, ...) and the library's
+            :func:`~attrlab.attribution.explain.explain`, named.
 
     Example:
         >>> import attrlab
@@ -184,32 +193,29 @@ def explain(
     if method is not None and methods is not None:
         raise InvalidParameterError("give one method, or several as methods=[...], not both")
     adapter = _model(model)
-    ready = _prepared(
-        adapter, data, target, answer, contrast, generate, chat, per_step, granularity, spans
-    )
-    settings = attribution.RunSettings(seed=seed, evaluate=evaluate)
+    fields = _instance(data, target, answer, contrast, generate, chat, per_step, granularity, spans)
     if methods is None:
         if randomise:
             raise InvalidParameterError("randomise checks several methods: give methods=[...]")
-        return attribution.explain(
-            adapter,
-            method or DEFAULT_METHOD,
-            ready.inputs,
-            target=ready.target,
-            params=params,
-            settings=settings,
-            per_step=ready.per_step,
+        one = attribution_request.ExplainRequest(
+            model=adapter.model_id,
+            seed=seed,
+            **fields,
+            method=method or DEFAULT_METHOD,
+            params=params or {},
+            evaluate=evaluate,
         )
-    return metrics.check_methods(
-        adapter,
-        list(methods),
-        ready.inputs,
-        ready.target,
-        params,
-        randomise,
-        settings=settings,
-        per_step=ready.per_step,
+        return attribution_request.run_request(one, adapter)
+    several = attribution_request.CheckRequest(
+        model=adapter.model_id,
+        seed=seed,
+        **fields,
+        methods=tuple(methods),
+        params=params or {},
+        randomise=randomise,
+        evaluate=evaluate,
     )
+    return attribution_request.run_request(several, adapter)
 
 
 def layers(
@@ -265,11 +271,11 @@ def patch(
     contrast: str | None = None,
     target: int | str | None = None,
     noise_positions: Sequence[int] | None = None,
-    noise_seeds: int = 10,
+    noise_seeds: int = NOISE_SEEDS,
     components: Sequence[str] | None = None,
     estimators: Sequence[str] | None = None,
     directions: Sequence[str] | None = None,
-    top_k: int = 10,
+    top_k: int = PATCHING_TOP_K,
     seed: int = 0,
 ) -> PatchingReport:
     """
@@ -299,21 +305,19 @@ def patch(
         >>> report.agreement[["estimator", "direction", "component"]].values.tolist()
         [['atp', 'denoising', 'residual'], ['atp', 'noising', 'residual']]
     """
-    if (corrupted is None) == (noise_positions is None):
-        raise InvalidInputError(
-            "give a corrupted prompt, or noise positions of the clean one (causal tracing)"
-        )
     adapter = _model(model)
-    noise = None
-    if noise_positions is not None:
-        noise = patching.GaussianNoise(tuple(noise_positions), noise_seeds, seed=seed)
-    problem = patching.patching_problem(adapter, clean, corrupted, answer, contrast, noise, target)
-    return patching.patching_report(
-        adapter,
-        problem,
-        estimators,
-        components,
-        directions,
-        attribution.RunSettings(seed=seed),
-        top_k,
+    request = attribution_request.PatchRequest(
+        model=adapter.model_id,
+        seed=seed,
+        clean=clean,
+        corrupted=corrupted,
+        answer=attribution.AnswerSpec.from_json({"answer": answer, "contrast": contrast}),
+        target=target,
+        noise_positions=None if noise_positions is None else tuple(noise_positions),
+        noise_seeds=noise_seeds,
+        components=None if components is None else tuple(components),
+        estimators=None if estimators is None else tuple(estimators),
+        directions=None if directions is None else tuple(directions),
+        top_k=top_k,
     )
+    return attribution_request.run_request(request, adapter)

@@ -9,10 +9,11 @@ import gradio as gr
 from attrlab.app.ui.files import received_file, received_input, uploaded_rows
 from attrlab.app.ui.runner import PageRunner
 from attrlab.app.ui.shared import label_list, labels_for, method_names, readable, sample_labels
-from attrlab.app.worker import MAX_CURVE_STEPS, MAX_ORDERS, EvaluateRequest, Instance
+from attrlab.attribution.defaults import EVALUATION_ORDERS, EVALUATION_STEPS
 from attrlab.attribution.methods.catalog import SUGGESTED_METHODS
 from attrlab.attribution.metrics.leaderboard import bundled_items, summarise
 from attrlab.attribution.models import BUILTIN_MODELS, default_model
+from attrlab.attribution.request import MAX_CURVE_STEPS, MAX_ORDERS, EvaluateRequest, Instance
 from attrlab.viz.evaluate import leaderboard_figure, readable_table
 
 __all__ = ["EvaluateTab", "evaluate_tab"]
@@ -70,14 +71,10 @@ class EvaluateTab:
                 1, counts["text"], value=min(4, counts["text"]), step=1, label="Items"
             )
             self.steps = gr.Slider(
-                5, MAX_CURVE_STEPS, value=20, step=1, label="Curve steps (images)"
+                5, MAX_CURVE_STEPS, value=EVALUATION_STEPS, step=1, label="Curve steps (images)"
             )
             self.orders = gr.Slider(
-                1,
-                MAX_ORDERS,
-                value=EvaluateRequest.random_orders,
-                step=1,
-                label="Random orders (most)",
+                1, MAX_ORDERS, value=EVALUATION_ORDERS, step=1, label="Random orders (most)"
             )
             self.upload = received_input(
                 gr.File(

@@ -29,6 +29,7 @@ from attrlab.app.ui.shared import (
     session,
 )
 from attrlab.app.worker import PatchRequest, PruneRequest
+from attrlab.attribution.answers import AnswerSpec
 from attrlab.attribution.engine import model_unit_kinds
 from attrlab.attribution.models import BUILTIN_MODELS, default_model
 from attrlab.attribution.patching import COMPONENTS, DIRECTIONS, ESTIMATORS, agreement_reading
@@ -276,8 +277,7 @@ class PatchingView:
             corrupted=corrupted_ or None,  # with noise too: refused in words
             noise_positions=positions,
             noise_seeds=PatchRequest.noise_seeds if seeds_ is None else int(seeds_),
-            answer=answer_ or None,
-            contrast=contrast_ or None,
+            answer=AnswerSpec.from_json({"answer": answer_ or None, "contrast": contrast_ or None}),
             components=tuple(components_ or ()),
             estimators=tuple(estimators_ or ()),
             directions=tuple(directions_ or ()),
@@ -389,8 +389,7 @@ def _pruning_section(
         request_ = PruneRequest(
             model=model_,
             text=clean_ or "",
-            answer=answer_ or None,
-            contrast=contrast_ or None,
+            answer=AnswerSpec.from_json({"answer": answer_ or None, "contrast": contrast_ or None}),
             corrupted=corrupted_ or None,
             texts=lines or None,
             units=tuple(units_ or ()),

@@ -14,7 +14,7 @@ import gradio as gr
 
 from attrlab.app.errors import public_message
 from attrlab.app.ui.shared import session
-from attrlab.app.worker import ExplainRequest, ExplainWorker, Job, WorkerRequest
+from attrlab.app.worker import ExplainRequest, ExplainWorker, Job, Request
 from attrlab.attribution.errors import AttrlabError
 from attrlab.attribution.run import ProgressCallback
 
@@ -23,7 +23,7 @@ __all__ = ["PageRunner", "Runner", "queued_cost"]
 log = logging.getLogger(__name__)
 
 #: How a page's request is run: through the worker's queue, or (a Space) in a GPU slot.
-Runner = Callable[[WorkerRequest[Any], ProgressCallback], Any]
+Runner = Callable[[Request[Any], ProgressCallback], Any]
 
 
 class PageRunner:
@@ -56,7 +56,7 @@ class PageRunner:
 
     def __call__(
         self,
-        request: WorkerRequest[Any],
+        request: Request[Any],
         progress: Callable[..., Any],
         session: str | None = None,
         tab: str = "",

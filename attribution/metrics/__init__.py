@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         SCORES,
         EvalItem,
         bundled_items,
+        check_granularity,
         evaluate_methods,
         summarise,
     )
@@ -41,6 +42,7 @@ __all__ = [
     "MethodCheck",
     "bundled_items",
     "cascading_units",
+    "check_granularity",
     "check_methods",
     "check_options",
     "evaluate_methods",
@@ -64,6 +66,7 @@ __getattr__, __dir__ = lazy_exports(
         "SCORES": "attrlab.attribution.metrics.leaderboard",
         "EvalItem": "attrlab.attribution.metrics.leaderboard",
         "bundled_items": "attrlab.attribution.metrics.leaderboard",
+        "check_granularity": "attrlab.attribution.metrics.leaderboard",
         "evaluate_methods": "attrlab.attribution.metrics.leaderboard",
         "summarise": "attrlab.attribution.metrics.leaderboard",
         "cascading_units": "attrlab.attribution.metrics.randomisation",

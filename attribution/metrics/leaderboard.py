@@ -20,18 +20,30 @@ import numpy as np
 import pandas as pd
 from scipy.stats import bootstrap
 
-from attrlab.attribution.defaults import EVALUATE_ORDERS
+from attrlab.attribution.defaults import EVALUATION_ORDERS, EVALUATION_STEPS
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.features import check_features, with_features
 from attrlab.attribution.methods import get_method
-from attrlab.attribution.metrics.faithfulness import SCORES, check_options, faithfulness_of_maps
+from attrlab.attribution.metrics.faithfulness import (
+    RANDOM_ORDERS,
+    SCORES,
+    check_options,
+    faithfulness_of_maps,
+)
 from attrlab.attribution.models.base import Adapter
 from attrlab.attribution.run import ProgressCallback, RunContext, RunSettings
 from attrlab.attribution.runs import explain_rows
 from attrlab.attribution.verdicts import item_outcome, sign_test
 
-__all__ = ["SCORES", "EvalItem", "bundled_items", "evaluate_methods", "summarise"]
+__all__ = [
+    "SCORES",
+    "EvalItem",
+    "bundled_items",
+    "check_granularity",
+    "evaluate_methods",
+    "summarise",
+]
 
 
 @dataclass(frozen=True)
@@ -58,13 +70,27 @@ def bundled_items(modality: str) -> list[EvalItem]:
     return [EvalItem(r["text"], r.get("target"), r["text"][:40]) for r in records]
 
 
+def check_granularity(granularity: str) -> None:
+    """
+    Refuse a granularity an evaluation cannot explain its items by (``span`` is one text's).
+
+    Raises:
+        InvalidParameterError: ``span``, or a granularity that does not exist.
+    """
+    if granularity == "span":
+        raise InvalidParameterError(
+            "granularity=span needs the spans of one text; evaluate items by word or sentence"
+        )
+    check_features(granularity)
+
+
 def evaluate_methods(
     adapter: Adapter,
     items: Iterable[EvalItem],
     methods: Sequence[str],
     params: dict[str, dict[str, Any]] | None = None,
-    steps: int = 50,
-    random_orders: int = EVALUATE_ORDERS,
+    steps: int = EVALUATION_STEPS,
+    random_orders: int = EVALUATION_ORDERS,
     settings: RunSettings | None = None,
     progress: Callable[[int], None] | None = None,
     image_fill: str = "rise",
@@ -83,7 +109,9 @@ def evaluate_methods(
     Each item's maps are compared with a random order's expected scores
     (:func:`~attribution.metrics.faithfulness.faithfulness_of_maps` with ``expected``): exact on
     a short text, else the mean of random orders drawn until every map's margin is settled, at
-    most ``random_orders``; ``*_random_se`` is its standard error, ``random_orders`` the orders
+    most ``random_orders`` (and at most :data:`~attribution.metrics.faithfulness.RANDOM_ORDERS`
+    per method that applies, what the gate prices); ``*_random_se`` is its standard error,
+    ``random_orders`` the orders
     drawn (0: exact).
 
     Methods that do not apply to ``adapter`` are left out; an unknown name is an error.
@@ -96,11 +124,7 @@ def evaluate_methods(
         JobCancelledError: once the cancel switch is set.
     """
     check_options(image_fill, text_removal)
-    if granularity == "span":
-        raise InvalidParameterError(
-            "granularity=span needs the spans of one text; evaluate items by word or sentence"
-        )
-    check_features(granularity)
+    check_granularity(granularity)
     settings = settings or RunSettings()
     # the explanations alone: no trust card of their own, no price of their own (a server prices
     # the whole evaluation before it starts)
@@ -108,6 +132,9 @@ def evaluate_methods(
         seed=settings.seed, cancel=settings.cancel, max_forward_passes=settings.max_forward_passes
     )
     applicable = [name for name in methods if get_method(name).unsupported_reason(adapter) is None]
+    # an item's orders within what its methods' trust cards are priced for (each at most
+    # RANDOM_ORDERS beside its own two orders): the gate's price stays an upper bound
+    random_orders = min(random_orders, RANDOM_ORDERS * max(1, len(applicable)))
     explained = explain_rows(
         adapter,
         items,

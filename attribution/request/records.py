@@ -1,0 +1,857 @@
+"""
+The request records every front end builds, and the rules each request carries.
+
+A request names a model (with zero-shot labels), a seed and what to compute: an explanation,
+its estimate, a check of several methods, a head ablation, a patching or pruning study, an
+evaluation, a batch. Its :meth:`~Request.check` holds the request's own rules (one output, how
+many heads, the curves' sizes, parameters only for methods it runs) and the server's
+:class:`~attribution.request.bounds.RequestBounds`, with no model loaded; its
+:meth:`~Request.run_on` computes it on the loaded model through the :class:`JobContext`
+:func:`~attribution.request.admission.resolve` gives (inputs read, checked and targeted).
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from dataclasses import fields as dataclass_fields
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from attrlab.attribution import engine, layers, methods, metrics, patching
+from attrlab.attribution.answers import AnswerSpec
+from attrlab.attribution.calibration import calibrate, calibrated
+from attrlab.attribution.defaults import (
+    EVALUATION_ORDERS,
+    EVALUATION_STEPS,
+    NOISE_SEEDS,
+    PATCHING_TOP_K,
+    PRUNING_DRAWS,
+    TOP_FRACTION,
+)
+from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
+from attrlab.attribution.estimate import estimate
+from attrlab.attribution.explain import explain, preview
+from attrlab.attribution.explanation import Explanation
+from attrlab.attribution.features import check_features
+from attrlab.attribution.gate import clear_shares
+from attrlab.attribution.models.base import Adapter, Inputs
+from attrlab.attribution.request.bounds import RequestBounds
+from attrlab.attribution.run import RunSettings
+from attrlab.attribution.runs import Prepared, explain_rows
+from attrlab.attribution.target import Target
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+
+    from attrlab.attribution.engine.study import PruningStudy
+    from attrlab.attribution.estimate import Estimate
+    from attrlab.attribution.explain import Preview
+    from attrlab.attribution.layers import HeadAblation
+    from attrlab.attribution.metrics import EvalItem
+    from attrlab.attribution.metrics.check import MethodCheck
+    from attrlab.attribution.patching import PatchingReport
+
+__all__ = [
+    "MAX_ABLATED_HEADS",
+    "MAX_CURVE_STEPS",
+    "MAX_ORDERS",
+    "AblationRequest",
+    "AttentionRequest",
+    "BatchRequest",
+    "CheckRequest",
+    "EstimateRequest",
+    "EvaluateRequest",
+    "ExplainRequest",
+    "InputRequest",
+    "Instance",
+    "InstanceFailedError",
+    "InstanceResults",
+    "JobContext",
+    "LayersDatasetRequest",
+    "PatchRequest",
+    "PreviewRequest",
+    "PruneRequest",
+    "Request",
+    "check_instance_features",
+    "check_modality",
+]
+
+#: What a request computes: an Explanation, a check of several methods, a preview, a table.
+Result = TypeVar("Result")
+
+log = logging.getLogger(__name__)
+
+
+class InstanceFailedError(AttrlabError):
+    """An unexpected failure (a bug) while explaining one instance of a batch."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Instance:
+    """
+    One input: a text or an image, and the output to explain.
+
+    ``image`` holds encoded image bytes or a decoded array, never a path: front ends that read
+    files (the CLI) read them before building the request. With ``answer`` the text is a
+    decoder LM's prompt, and what is explained is the answer it asks about (given, generated,
+    contrasted: :class:`~attribution.answers.AnswerSpec`), not ``target``. A text is explained
+    at ``granularity`` (``spans``: the character spans of ``span``; :mod:`attribution.features`).
+    """
+
+    text: str | None = None
+    image: Any = None
+    target: int | str | None = None
+    answer: AnswerSpec | None = None
+    granularity: str = "token"
+    spans: Sequence[Sequence[int]] | None = None
+    #: Why the input could not even be read (undecodable base64): its job reports this.
+    problem: str | None = None
+
+    @property
+    def modality(self) -> str:
+        """``"text"`` or ``"image"``, refusing inputs that give both or neither."""
+        if (self.text is None) == (self.image is None):
+            raise InvalidInputError("give exactly one input: a text or an image")
+        return "text" if self.text is not None else "image"
+
+
+def check_instance_features(
+    instances: Sequence[Any], name: Callable[[int, Any], str] | None = None
+) -> None:
+    """
+    Refuse the first of a batch's instances whose granularity or spans cannot be explained.
+
+    ``instances``: anything with ``granularity``, ``spans`` and ``text`` (an :class:`Instance`,
+    a REST body's, a dataset row); one that carries its ``problem`` already is left to report
+    it. Needs no model: a batch, a job or a dataset is refused before any work, naming the
+    instance: ``name(number, instance)``, by default ``instances[number]``.
+
+    Raises:
+        InvalidInputError, InvalidParameterError: as :func:`~attribution.features.check_features`,
+            prefixed with the instance's name.
+    """
+    for number, instance in enumerate(instances):
+        if getattr(instance, "problem", None) is None:
+            try:
+                check_features(instance.granularity, instance.spans, instance.text)
+            except AttrlabError as err:
+                named = name(number, instance) if name else f"instances[{number}]"
+                raise type(err)(f"{named}: {err}") from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Request(ABC, Generic[Result]):
+    """What every request names: a model (with zero-shot labels), a seed, next-token or not."""
+
+    model: str
+    labels: Sequence[str] | None = None
+    seed: int = 0
+    next_token: bool = False  # the model must be a decoder LM; its next token is explained
+
+    def check(self, bounds: RequestBounds) -> None:
+        """Refuse, before the model loads, what breaks the request's rules or ``bounds``."""
+        bounds.check_fields(None, self.labels, None, self.seed)
+
+    @abstractmethod
+    def method_params(self) -> dict[str, dict[str, Any]]:
+        """Method name -> the parameters the job runs it with."""
+
+    @abstractmethod
+    def run_on(self, adapter: Adapter, run: JobContext) -> Result:
+        """Compute the job's result on the loaded model."""
+
+    def costs(self) -> list[EstimateRequest]:
+        """The estimates whose sum prices this job (none where it has no estimate)."""
+        return []
+
+    def reads_only(self, adapter: Adapter) -> bool:
+        """
+        Whether this request only reads ``adapter``'s own outputs (a few plain passes).
+
+        Such a request on a model already loaded runs beside a long job (the worker's light
+        path) instead of queueing behind it; see :mod:`attribution.alteration`.
+        """
+        return False
+
+
+@dataclass(frozen=True, kw_only=True)
+class InputRequest(Request[Result], Instance):
+    """A job on one input."""
+
+    def check(self, bounds: RequestBounds) -> None:
+        """Exactly one input, and every field within this server's bounds."""
+        self.modality  # noqa: B018 - raises for both or neither
+        bounds.check_fields(self.text, self.labels, self.target, self.seed, self.answer)
+        check_features(self.granularity, self.spans, self.text)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExplainRequest(InputRequest[Explanation]):
+    """One explanation to compute: a model, a method and a text or an image."""
+
+    method: str
+    params: dict[str, Any] = field(default_factory=dict)
+    evaluate: bool = False  # add the map's faithfulness scores (the trust card) to metrics
+
+    def method_params(self) -> dict[str, dict[str, Any]]:
+        """The one method and its parameters."""
+        return {self.method: self.params}
+
+    def costs(self) -> list[EstimateRequest]:
+        """The estimate of this explanation."""
+        fields = {f.name: getattr(self, f.name) for f in dataclass_fields(self)}
+        return [EstimateRequest(**fields)]
+
+    def run_on(self, adapter: Adapter, run: JobContext) -> Explanation:
+        """The explanation (refused first when its estimate is over the server's seconds)."""
+        ready = run.targeted(self)
+        return explain(
+            adapter,
+            self.method,
+            ready.inputs,
+            target=ready.target,
+            params=self.params,
+            settings=run.settings_for(self.seed, self.evaluate),
+            per_step=ready.per_step,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class EstimateRequest(InputRequest["Estimate"]):
+    """What an explanation would cost, without running it."""
+
+    method: str
+    params: dict[str, Any] = field(default_factory=dict)
+    evaluate: bool = False
+
+    def method_params(self) -> dict[str, dict[str, Any]]:
+        """The one method and its parameters."""
+        return {self.method: self.params}
+
+    def reads_only(self, adapter: Adapter) -> bool:
+        """
+        Once the model is calibrated: pricing is arithmetic and at most a tokenisation.
+
+        A calibration times passes on the device: beside a job it would measure a shared
+        device and misprice every later request, so it queues like a job.
+        """
+        return calibrated(adapter)
+
+    def run_on(self, adapter: Adapter, run: JobContext) -> Estimate:
+        """The estimate; the first on a model calibrates every batch width of its device."""
+        settings = run.settings_for(self.seed, self.evaluate)
+        ready = run.targeted(self)
+        calibrate(adapter).measure_all()  # later estimates run no pass: light
+        record = ready.target if isinstance(ready.target, Target) else None  # an answer's
+        return estimate(
+            adapter, self.method, ready.inputs, self.params, settings, record, ready.per_step
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckRequest(InputRequest["MethodCheck"]):
+    """
+    Several methods on one input, compared.
+
+    Their maps' agreement and (``randomise``) each map's randomisation check
+    (:func:`attribution.metrics.check.check_methods`).
+    """
+
+    methods: tuple[str, ...]
+    params: dict[str, dict[str, Any]] = field(default_factory=dict)  # per method
+    randomise: bool = False
+    top_fraction: float = TOP_FRACTION
+    evaluate: bool = False  # each map's faithfulness scores (the trust card) in its metrics
+
+    def method_params(self) -> dict[str, dict[str, Any]]:
+        """Each method and its parameters."""
+        return {method: self.params.get(method, {}) for method in self.methods}
+
+    def run_on(self, adapter: Adapter, run: JobContext) -> MethodCheck:
+        """The explanations, their agreement and the randomisation checks."""
+        ready = run.targeted(self)
+        return metrics.check_methods(
+            adapter,
+            self.methods,
+            ready.inputs,
+            ready.target,
+            self.params,
+            self.randomise,
+            self.top_fraction,
+            run.settings_for(self.seed, self.evaluate),
+            ready.per_step,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreviewRequest(InputRequest["Preview"]):
+    """What the model predicts for one input and which methods apply, before choosing one."""
+
+    def method_params(self) -> dict[str, dict[str, Any]]:
+        """No method runs."""
+        return {}
+
+    def reads_only(self, adapter: Adapter) -> bool:
+        """One plain forward pass."""
+        return True
+
+    def run_on(self, adapter: Adapter, run: JobContext) -> Preview:
+        """The top predictions (one forward pass) and each method's applicability."""
+        return preview(adapter, run.prepare(self))
+
+
+#: The most heads one :class:`AblationRequest` zeroes.
+MAX_ABLATED_HEADS = 64
+#: Bounds of an :class:`EvaluateRequest`'s curves: the trust card's own steps, which its
+#: estimate prices, and the most random orders per item (drawn only while a margin is
+#: unsettled, within what the methods' trust cards are priced for:
+#: :func:`~attribution.metrics.evaluate_methods`).
+MAX_CURVE_STEPS = 50
+MAX_ORDERS = EVALUATION_ORDERS
+
+
+@dataclass(frozen=True, kw_only=True)
+class AblationRequest(InputRequest["HeadAblation"]):
+    """
+    One method's map of one input, then again with chosen heads zeroed.
+
+    :func:`attribution.layers.ablate_heads_and_explain`: the same class explained both times.
+    """
+
+    method: str
+    heads: tuple[tuple[int, int], ...]
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def check(self, bounds: RequestBounds) -> None:
+        """One to :data:`MAX_ABLATED_HEADS` heads (whether the model has them is its job's)."""
+        super().check(bounds)
+        _one_output(self.answer, "a head ablation")
+        if not self.heads or len(self.heads) > MAX_ABLATED_HEADS:
+            raise InvalidParameterError(
+                f"name 1 to {MAX_ABLATED_HEADS} (layer, head) pairs to ablate; got "
+                f"{len(self.heads)}"
+            )
+
+    def method_params(self) -> dict[str, dict[str, Any]]:
+        """The one method and its parameters."""
+        return {self.method: self.params}
+
+    def costs(self) -> list[EstimateRequest]:
+        """The method's estimate, once for the plain map and once for the ablated one."""
+        fields = {f.name: getattr(self, f.name) for f in dataclass_fields(self)}
+        fields.pop("heads")
+        cost = EstimateRequest(**fields)
+        return [cost, cost]
+
+    def run_on(self, adapter: Adapter, run: JobContext) -> HeadAblation:
+        """Both maps (refused first when their estimate is over the server's seconds)."""
+        return layers.ablate_heads_and_explain(
+            adapter,
+            self.method,
+            run.prepare(self),
+            self.target,
+            self.heads,
+            self.params,
+            run.settings_for(self.seed),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class PatchRequest(Request["PatchingReport"]):
+    """
+    Activation patching of a transformer and its estimators (:mod:`attribution.patching`).
+
+    ``clean`` and ``corrupted`` texts of the same token length, or ``noise_positions`` (the
+    clean text's token positions whose embeddings get causal tracing's Gaussian noise,
+    ``noise_seeds`` draws). On a decoder LM the target is ``answer``'s answer (default: the
+    model's next token), or that rather than its contrast; on a text classifier the class ``target``
+    (default: the clean text's top class). ``components``, ``estimators``, ``directions``:
+    ``None`` for all.
+    """
+
+    clean: str
+    corrupted: str | None = None
+    answer: AnswerSpec | None = None
+    target: int | str | None = None
+    noise_positions: tuple[int, ...] | None = None
+    noise_seeds: int = NOISE_SEEDS
+    components: tuple[str, ...] | None = None
+    estimators: tuple[str, ...] | None = None
+    directions: tuple[str, ...] | None = None
+    top_k: int = PATCHING_TOP_K
+
+    def check(self, bounds: RequestBounds) -> None:
+        """The texts within this server's bounds, one corruption, and known study names."""
+        _given_answer(self.answer, "patching")
+        bounds.check_fields(self.corrupted, None, None, self.seed)
+        bounds.check_fields(self.clean, self.labels, self.target, self.seed, self.answer)
+        if (self.corrupted is None) == (self.noise_positions is None):
+            raise InvalidInputError(
+                "give a corrupted prompt, or noise positions of the clean one (causal tracing)"
+            )
+        patching.check_study(
+            self.estimators, self.components, self.directions
+        )  # before any queueing
+
+    def method_params(self) -> dict[str, dict[str, Any]]:
+        """No registered method: patching is its own study."""
+        return {}
+
+    def run_on(self, adapter: Adapter, run: JobContext) -> PatchingReport:
+        """The study under the job's budget, progress and cancel switch."""
+        noise = None
+        if self.noise_positions is not None:
+            noise = patching.GaussianNoise(self.noise_positions, self.noise_seeds, seed=self.seed)
+        problem = patching.patching_problem(
+            adapter, self.clean, self.corrupted, *_answer_texts(self.answer), noise, self.target
+        )
+        return patching.patching_report(
+            adapter,
+            problem,
+            self.estimators,
+            self.components,
+            self.directions,
+            run.settings_for(self.seed),
+            self.top_k,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class PruneRequest(Request["PruningStudy"]):
+    """
+    Layer and head pruning curves (:func:`attribution.engine.study.pruning_study`).
+
+    The layers and heads are ranked on ``text`` for ``target``, or for a decoder's ``answer``
+    (its answer, rather than its contrast; with ``corrupted``, exact residual patching ranks
+    the layers too), and pruned over ``texts`` (``None``: the bundled sentences). ``units``:
+    ``None`` for every registered unit kind. ``agreement``: each site also removed alone, and
+    each ranking scored against those exact effects.
+    """
+
+    text: str
+    target: int | str | None = None
+    answer: AnswerSpec | None = None
+    corrupted: str | None = None
+    texts: tuple[str, ...] | None = None
+    units: tuple[str, ...] | None = None
+    draws: int = PRUNING_DRAWS
+    head_step: int | None = None
+    agreement: bool = False
+
+    def check(self, bounds: RequestBounds) -> None:
+        """Every text within this server's bounds, and no more dataset texts than a study takes."""
+        if self.units is not None:
+            engine.check_unit_kinds(self.units)
+        _given_answer(self.answer, "a pruning study")
+        bounds.check_fields(self.text, self.labels, self.target, self.seed, self.answer)
+        for text in (self.corrupted, *(self.texts or ())):
+            bounds.check_fields(text, None, None, self.seed)
+        if self.texts is not None and not 1 <= len(self.texts) <= engine.MAX_TEXTS:
+            raise InvalidInputError(
+                f"give 1 to {engine.MAX_TEXTS} texts to prune over; got {len(self.texts)}"
+            )
+
+    def method_params(self) -> dict[str, dict[str, Any]]:
+        """No registered method: pruning is its own study."""
+        return {}
+
+    def run_on(self, adapter: Adapter, run: JobContext) -> PruningStudy:
+        """The study, priced and refused over the job's budgets before any work."""
+        inputs, target, problem = engine.ranked_input(
+            adapter, self.text, self.target, *_answer_texts(self.answer), self.corrupted
+        )
+        return engine.pruning_study(
+            adapter,
+            inputs,
+            target,
+            texts=self.texts,
+            problem=problem,
+            units=self.units or None,
+            draws=self.draws,
+            head_step=self.head_step,
+            settings=run.settings_for(self.seed),
+            agreement=self.agreement,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionRequest(InputRequest["np.ndarray"]):
+    """
+    One head's attention pattern on one input, as it is (nothing ablated): one forward pass.
+
+    :func:`attribution.layers.head_attention`: queries × keys over the visible tokens.
+    """
+
+    layer: int
+    head: int
+
+    def method_params(self) -> dict[str, dict[str, Any]]:
+        """No method runs."""
+        return {}
+
+    def run_on(self, adapter: Adapter, run: JobContext) -> np.ndarray:
+        """The attention weights (a layer or head the model lacks is refused by name)."""
+        return layers.head_attention(adapter, run.prepare(self), self.layer, self.head)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvaluateRequest(Request["pd.DataFrame"]):
+    """
+    Which method to believe for a model: each method on the bundled items, scored.
+
+    :func:`attribution.metrics.evaluate_methods` on the first ``items`` of
+    :func:`attribution.metrics.bundled_items` of ``modality`` (all of them by default; ``None``:
+    the model's modality), or of the uploaded ``instances`` (named ``names``, by default
+    ``item 1``, ``item 2``...); one row per item and method that applies. ``image_fill``,
+    ``text_removal`` and ``granularity`` are the evaluation's.
+    """
+
+    modality: str | None
+    methods: tuple[str, ...]
+    params: dict[str, dict[str, Any]] = field(default_factory=dict)  # per method
+    items: int | None = None
+    steps: int = EVALUATION_STEPS
+    random_orders: int = EVALUATION_ORDERS
+    #: An uploaded set to evaluate instead of the bundled items (its first ``items``).
+    instances: tuple[Instance, ...] = ()
+    names: tuple[str, ...] = ()
+    image_fill: str = "rise"
+    text_removal: str = "delete"
+    granularity: str = "token"
+
+    def check(self, bounds: RequestBounds) -> None:
+        """A known modality, methods, items and curve sizes within bounds, readable inputs."""
+        super().check(bounds)
+        if self.modality is not None and self.modality not in metrics.SCORES:
+            raise InvalidParameterError(
+                f"the modality is one of {', '.join(metrics.SCORES)}; got {self.modality!r}"
+            )
+        if not self.methods:
+            raise InvalidParameterError("name at least one method to evaluate")
+        if self.items is not None and self.items < 1:
+            raise InvalidParameterError(f"evaluate at least 1 item; got {self.items}")
+        if not 1 <= self.steps <= MAX_CURVE_STEPS or not 0 <= self.random_orders <= MAX_ORDERS:
+            raise InvalidParameterError(
+                f"steps must lie in 1..{MAX_CURVE_STEPS} and random_orders in 0..{MAX_ORDERS}; "
+                f"got {self.steps} and {self.random_orders}"
+            )
+        metrics.check_options(self.image_fill, self.text_removal)
+        metrics.check_granularity(self.granularity)
+        if bounds.max_batch is not None and len(self.instances) > bounds.max_batch:
+            raise InvalidParameterError(
+                f"an evaluation holds at most {bounds.max_batch} uploaded items on this "
+                f"server; got {len(self.instances)}"
+            )
+        if self.names and len(self.names) != len(self.instances):
+            raise InvalidParameterError(
+                f"name every uploaded item or none; got {len(self.names)} names for "
+                f"{len(self.instances)} items"
+            )
+        for number, instance in enumerate(self.instances, start=1):
+            if instance.problem is not None:
+                raise InvalidInputError(f"item {number}: {instance.problem}")
+            if instance.answer is not None:
+                raise InvalidInputError(
+                    f"item {number} asks about an answer; an evaluation scores each item's "
+                    "prediction"
+                )
+            bounds.check_fields(instance.text, None, instance.target, self.seed)
+            if self.modality is not None and instance.modality != self.modality:
+                raise InvalidInputError(
+                    f"item {number} is {_article(instance.modality)}; this evaluation takes "
+                    f"{self.modality}"
+                )
+        _params_only_for(self.params, self.methods, "evaluated")
+
+    def method_params(self) -> dict[str, dict[str, Any]]:
+        """Each method and its parameters."""
+        return {method: self.params.get(method, {}) for method in self.methods}
+
+    def chosen_items(
+        self, modality: str, read: Callable[[Instance], Any] | None = None
+    ) -> list[EvalItem]:
+        """
+        The items evaluated: the uploaded ones, else the bundled ones of ``modality``.
+
+        The first ``items`` of them. ``read`` decodes an uploaded one within the server's
+        bounds (without it, as uploaded).
+        """
+        if self.instances:
+            chosen = self.instances[: self.items]
+            return [
+                metrics.EvalItem(
+                    read(i) if read else i.text if i.text is not None else i.image,
+                    i.target,
+                    self.names[n - 1] if self.names else f"item {n}",
+                )
+                for n, i in enumerate(chosen, start=1)
+            ]
+        return metrics.bundled_items(modality)[: self.items]
+
+    def costs(self) -> list[EstimateRequest]:
+        """
+        An explanation with its trust card per item and method (an unreadable item is refused).
+
+        The trust card's curves are the largest an evaluation may ask for, so this is an upper
+        bound. An evaluation of the model's own modality (``None``) is priced only once its
+        model is loaded, as it runs: none here.
+        """
+        for number, instance in enumerate(self.instances, start=1):
+            if instance.problem is not None:
+                raise InvalidInputError(f"item {number}: {instance.problem}")
+        if self.modality is None:
+            return []
+        return [
+            EstimateRequest(
+                model=self.model,
+                labels=self.labels,
+                seed=self.seed,
+                text=item.raw if isinstance(item.raw, str) else None,
+                image=None if isinstance(item.raw, str) else item.raw,
+                target=item.target,
+                method=method,
+                params=self.params.get(method, {}),
+                evaluate=True,
+            )
+            for item in self.chosen_items(self.modality)
+            for method in self.methods
+        ]
+
+    def run_on(self, adapter: Adapter, run: JobContext) -> pd.DataFrame:
+        """The per-item table (refused first when its estimate is over the server's seconds)."""
+        check_modality(adapter, self.modality or adapter.modality)
+        items = self.chosen_items(adapter.modality, run.read)
+        if not items:
+            raise InvalidInputError("nothing was evaluated: no items, or no method applies")
+        total = len(items)
+        first = adapter.preprocess(items[0].raw)
+        settings = run.settings_for(self.seed, evaluate=True)
+        # each item's explanation and scores within the method's share of the server's seconds
+        clear_shares(
+            adapter, self.methods, first, self.params, settings, runs=total, applicable_only=True
+        )
+        run.progress(0, total)
+        return metrics.evaluate_methods(
+            adapter,
+            items,
+            self.methods,
+            self.params,
+            self.steps,
+            self.random_orders,
+            settings,
+            progress=lambda done: run.progress(done, total),
+            image_fill=self.image_fill,
+            text_removal=self.text_removal,
+            granularity=self.granularity,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayersDatasetRequest(Request["pd.DataFrame"]):
+    """
+    The layer measures' means over a dataset (:func:`attribution.layers.analyze_dataset`).
+
+    Each of ``instances`` is analysed for its ``target`` (by default its top class);
+    ``measures``: the layer analysis's (comma-separated names, or ``all``).
+    """
+
+    instances: tuple[Instance, ...]
+    measures: str = "all"
+
+    def check(self, bounds: RequestBounds) -> None:
+        """At least one readable input, each of one output, within the bounds."""
+        super().check(bounds)
+        if not self.instances:
+            raise InvalidInputError("the dataset has no inputs to analyse")
+        if bounds.max_batch is not None and len(self.instances) > bounds.max_batch:
+            raise InvalidParameterError(
+                f"a dataset holds at most {bounds.max_batch} inputs on this server; got "
+                f"{len(self.instances)}"
+            )
+        for number, instance in enumerate(self.instances, start=1):
+            if instance.problem is not None:
+                raise InvalidInputError(f"input {number}: {instance.problem}")
+            _one_output(instance.answer, "a dataset's layer analysis")
+            bounds.check_fields(instance.text, None, instance.target, self.seed)
+
+    def method_params(self) -> dict[str, dict[str, Any]]:
+        """The layer analysis's measures (its schema knows their names)."""
+        return {"layers": {"measures": self.measures}}
+
+    def run_on(self, adapter: Adapter, run: JobContext) -> pd.DataFrame:
+        """The table of means; the job's progress counts the inputs done."""
+        total = len(self.instances)
+        items = (layers.DatasetItem(run.read(i), i.target) for i in self.instances)
+        run.progress(0, total)
+        return layers.analyze_dataset(
+            adapter,
+            items,
+            methods.measure_names(self.measures),
+            replace(run.settings_for(self.seed), progress=None),  # its passes are not inputs
+            progress=lambda done: run.progress(done, total),
+        )
+
+
+#: One instance's results: method name -> its Explanation, or the error that stopped it.
+InstanceResults = dict[str, "Explanation | AttrlabError"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchRequest(Request[list[InstanceResults]]):
+    """
+    Several methods on several inputs, in order, as one job.
+
+    An input that cannot be explained (empty, unreadable, too large, a target the model does
+    not have) gets its error and the others go on; each explanation has the server's
+    forward-pass budget of one request.
+    """
+
+    instances: tuple[Instance, ...]
+    methods: tuple[str, ...]
+    params: dict[str, dict[str, Any]] = field(default_factory=dict)  # per method
+    evaluate: bool = False
+
+    def check(self, bounds: RequestBounds) -> None:
+        """At least one method and one instance, and no more instances than allowed."""
+        super().check(bounds)
+        if not self.methods or not self.instances:
+            raise InvalidParameterError("a batch needs at least one method and one instance")
+        check_instance_features(self.instances)
+        if bounds.max_batch is not None and len(self.instances) > bounds.max_batch:
+            raise InvalidParameterError(
+                f"a batch holds at most {bounds.max_batch} instances on this server; got "
+                f"{len(self.instances)} (send a job for more)"
+            )
+        _params_only_for(self.params, self.methods, "run")
+
+    def method_params(self) -> dict[str, dict[str, Any]]:
+        """Each method and its parameters."""
+        return {method: self.params.get(method, {}) for method in self.methods}
+
+    def costs(self) -> list[EstimateRequest]:
+        """One estimate per instance and method."""
+        return [
+            EstimateRequest(
+                model=self.model,
+                labels=self.labels,
+                seed=self.seed,
+                next_token=self.next_token,
+                text=instance.text,
+                image=instance.image,
+                target=instance.target,
+                answer=instance.answer,
+                granularity=instance.granularity,
+                spans=instance.spans,
+                problem=instance.problem,
+                method=method,
+                params=self.params.get(method, {}),
+                evaluate=self.evaluate,
+            )
+            for instance in self.instances
+            for method in self.methods
+        ]
+
+    def run_on(self, adapter: Adapter, run: JobContext) -> list[InstanceResults]:
+        """Each instance's explanations or errors; a cancelled job stops as a whole."""
+        total = len(self.instances) * len(self.methods)
+
+        def failed(number: int, method: str | None) -> AttrlabError:
+            # a bug on one input must not sink the others
+            if method is None:
+                log.exception("reading instance %d failed", number)
+                return InstanceFailedError(
+                    "this input could not be read inside attrlab; the server log has the details"
+                )
+            log.exception("explaining instance %d with %s failed", number, method)
+            return InstanceFailedError(
+                f"{method} failed on this input inside attrlab; the server log has the details"
+            )
+
+        run.progress(0, total)
+        rows = explain_rows(
+            adapter,
+            self.instances,
+            self.methods,
+            run.targeted,
+            params=self.params,
+            settings=run.settings_for(self.seed, self.evaluate),
+            progress=lambda done: run.progress(done * len(self.methods), total),
+            record_errors=failed,
+        )
+        return [row.outcomes for row in rows]
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """What the worker hands a job: its progress, cancel switch and budgets, its input decoder."""
+
+    #: The job's progress and cancel switch, and the server's budgets of one request.
+    settings: RunSettings
+    #: An instance checked against the server's bounds and the model, decoded, preprocessed.
+    prepare: Callable[[Instance], Inputs]
+    #: The same with what it explains: its target, or the answer it asks about.
+    targeted: Callable[[Instance], Prepared]
+    #: The same, decoded only: a text, or an image within the server's pixel limit.
+    read: Callable[[Instance], Any]
+
+    def settings_for(self, seed: int, evaluate: bool = False) -> RunSettings:
+        """The settings of a run of this job: its seed and trust card, the job's budgets."""
+        return replace(self.settings, seed=seed, evaluate=evaluate)
+
+    def progress(self, done: int, total: int) -> None:
+        """Report the job's progress."""
+        if self.settings.progress is not None:
+            self.settings.progress(done, total)
+
+
+def _params_only_for(params: dict[str, Any], methods: Sequence[str], verb: str) -> None:
+    """Refuse parameters given for a method the job does not ``verb`` (run, evaluate)."""
+    unknown = set(params) - set(methods)
+    if unknown:
+        raise InvalidParameterError(
+            f"parameters are given for {', '.join(sorted(unknown))}, which is not {verb}"
+        )
+
+
+def _one_output(answer: AnswerSpec | None, what: str) -> None:
+    """Refuse an answer where the library's ``what`` explains one output (a class, a token)."""
+    if answer is not None:
+        raise InvalidInputError(
+            f"{what} explains one output (a class or the next token), not an answer or a "
+            "contrast: explain those one method at a time"
+        )
+
+
+def _given_answer(answer: AnswerSpec | None, what: str) -> None:
+    """Refuse an answer ``what`` cannot take: it ranks for a given answer or the next token."""
+    if answer is not None and (answer.generate is not None or answer.chat or answer.per_step):
+        raise InvalidInputError(
+            f"{what} explains a given answer (or the next token), rather than a contrast: "
+            "generate, chat and per_step are an explanation's"
+        )
+
+
+def _answer_texts(answer: AnswerSpec | None) -> tuple[str | None, str | None]:
+    """``answer``'s answer and contrast texts (``None`` each where it gives none)."""
+    return (None, None) if answer is None else (answer.answer, answer.contrast)
+
+
+def check_modality(adapter: Adapter, modality: str) -> None:
+    """
+    Refuse a request whose input (``"text"`` or ``"image"``) is not what ``adapter`` reads.
+
+    Raises:
+        InvalidInputError: naming both.
+    """
+    if adapter.modality != modality:
+        raise InvalidInputError(
+            f"model '{adapter.model_id}' takes {_article(adapter.modality)} as input, "
+            f"but the request gives {_article(modality)}"
+        )
+
+
+def _article(modality: str) -> str:
+    return "an image" if modality == "image" else "text"
