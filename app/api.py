@@ -56,8 +56,18 @@ from attrlab.app.worker import (
     PruneRequest,
     check_instance_features,
 )
-from attrlab.attribution.answers import MAX_NEW_TOKENS, AnswerSpec, answer_asked
-from attrlab.attribution.defaults import (
+from attrlab.attribution.engine import engine_catalog, model_unit_kinds
+from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
+from attrlab.attribution.explanation import SCHEMA_VERSION
+from attrlab.attribution.inputs.features import GRANULARITIES
+from attrlab.attribution.inputs.rows import target_problem
+from attrlab.attribution.methods import available_methods
+from attrlab.attribution.methods.catalog import DEFAULT_METHOD
+from attrlab.attribution.models import BUILTIN_MODELS, default_model
+from attrlab.attribution.patching import COLUMNS
+from attrlab.attribution.request import Request as WorkerRequest
+from attrlab.attribution.request.answers import MAX_NEW_TOKENS, AnswerSpec, answer_asked
+from attrlab.attribution.request.defaults import (
     LAYERS_TOP_K,
     NOISE_SEEDS,
     PATCHING_TOP_K,
@@ -65,17 +75,7 @@ from attrlab.attribution.defaults import (
     RECHECK_DRAWS,
     TOP_FRACTION,
 )
-from attrlab.attribution.engine import engine_catalog, model_unit_kinds
-from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
-from attrlab.attribution.explanation import SCHEMA_VERSION
-from attrlab.attribution.features import GRANULARITIES
-from attrlab.attribution.methods import available_methods
-from attrlab.attribution.methods.catalog import DEFAULT_METHOD
-from attrlab.attribution.models import BUILTIN_MODELS, default_model
-from attrlab.attribution.params import whole_float_as_int
-from attrlab.attribution.patching import COLUMNS
-from attrlab.attribution.request import Request as WorkerRequest
-from attrlab.attribution.rows import target_problem
+from attrlab.attribution.request.params import whole_float_as_int
 
 __all__ = [
     "ApiGuard",
@@ -245,7 +245,7 @@ class _AnswerBody(BaseModel):
     """
     A decoder LM's answer to explain instead of its next token (all optional).
 
-    The combination is checked by the library (:class:`attribution.answers.AnswerSpec`), so
+    The combination is checked by the library (:class:`attribution.request.answers.AnswerSpec`), so
     every front end refuses it in the same words: 400, or 422 for ``generate`` out of range.
     """
 

@@ -26,11 +26,11 @@ import pyarrow.parquet as pq
 
 from attrlab.app.jobs import cut_torn_tail, instance_json
 from attrlab.app.worker import BatchRequest, ExplainWorker, Instance
-from attrlab.attribution.answers import AnswerSpec
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, parse_json
+from attrlab.attribution.inputs.rows import dataset_line, numbered_lines
 from attrlab.attribution.models.placement import Placement
-from attrlab.attribution.rows import dataset_line, numbered_lines
-from attrlab.attribution.run import ProgressCallback
+from attrlab.attribution.request.answers import AnswerSpec
+from attrlab.attribution.request.run import ProgressCallback
 
 __all__ = [
     "IMAGE_SUFFIXES",
@@ -113,7 +113,7 @@ def dataset_rows(
     lines: Iterable[tuple[int, str]], read_image: Callable[[str], bytes] | None
 ) -> Iterator[DatasetRow]:
     """
-    Rows from JSONL lines ``(number, line)`` (see :func:`attribution.rows.dataset_line`).
+    Rows from JSONL lines ``(number, line)`` (see :func:`attribution.inputs.rows.dataset_line`).
 
     ``read_image`` reads an ``"image"`` line's name (a file beside the dataset, or a member of
     an uploaded zip); without one, image lines are refused (a page's upload names no server
@@ -170,7 +170,7 @@ def explain_rows(
     Result rows (see :data:`RESULT_COLUMNS`) for ``rows``, in order, one per row and method.
 
     The rows run as one worker batch, that is through the library's loop over inputs ×
-    methods (:func:`attribution.runs.explain_rows`); this adds only the file's row shape. A
+    methods (:func:`attribution.inputs.runs.explain_rows`); this adds only the file's row shape. A
     row that cannot be explained gets its error in each of its result rows. ``progress``
     receives the batch's (explanations done, explanations) as its rows finish.
     """

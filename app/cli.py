@@ -16,7 +16,10 @@ from typing import Any, TypeAlias
 from attrlab import app, attribution, viz
 from attrlab.app.progress import CommandProgress
 from attrlab.attribution import engine, metrics, models
-from attrlab.attribution.defaults import (
+from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
+from attrlab.attribution.methods.catalog import catalog_entries
+from attrlab.attribution.models.catalog import BUILTIN_MODELS, default_model
+from attrlab.attribution.request.defaults import (
     EVALUATION_ORDERS,
     EVALUATION_STEPS,
     LAYERS_TOP_K,
@@ -26,9 +29,6 @@ from attrlab.attribution.defaults import (
     RECHECK_DRAWS,
     TOP_FRACTION,
 )
-from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
-from attrlab.attribution.methods.catalog import catalog_entries
-from attrlab.attribution.models.catalog import BUILTIN_MODELS, default_model
 from attrlab.viz.methods import methods_text, units_text
 
 __all__ = ["main"]
@@ -560,7 +560,7 @@ def _text_lines(file: Path, name: str) -> Iterator[tuple[int, str]]:
 
 def _dataset_lines(path: str) -> list[Any]:
     """
-    The lines of a JSONL dataset (see :func:`~attribution.rows.dataset_line`), all read first.
+    The lines of a JSONL dataset (:func:`~attribution.inputs.rows.dataset_line`), all read first.
 
     A line that cannot be read is refused, naming it, before any work is done.
     """

@@ -25,9 +25,9 @@ import torch
 from attrlab.app.batch import BatchConfig, DatasetRow, explain_rows, result_arrow
 from attrlab.app.settings import ServerSettings
 from attrlab.app.worker import ExplainWorker
-from attrlab.attribution.answers import AnswerSpec
 from attrlab.attribution.errors import AttrlabError
 from attrlab.attribution.models.placement import Placement
+from attrlab.attribution.request.answers import AnswerSpec
 
 __all__ = ["ExplainActor", "RayEngineError", "ray_batches", "ray_items"]
 

@@ -8,7 +8,7 @@ Both live under the server's data folder (``ATTRLAB_DATA``), so a restarted serv
 queued and interrupted jobs and loses nothing that finished: an instance's results are appended
 (and flushed to disk) before its progress is counted, and resuming skips the instances whose
 results are on file. One runner thread feeds jobs to the worker one instance at a time (a
-worker batch of one, explained by the library's loop, :func:`attribution.runs.explain_rows`),
+worker batch of one, explained by the library's loop, :func:`attribution.inputs.runs.explain_rows`),
 so interactive requests wait at most one instance behind a job.
 
 The table records, per job, the result lines written, their bytes and a digest chained over

@@ -3,8 +3,8 @@ The command line's progress: bars on stderr with the time spent and left, on a t
 
 Every long ``attrlab`` command reports through one :class:`CommandProgress`: a bar of the
 command's own units (methods, inputs, items) and, under it while a run goes, that run's forward
-passes as the library reports them (:data:`attribution.run.ProgressCallback`). Where stderr is
-not a terminal (a log file, a pipe, a CI job) nothing is drawn, so logs hold no bar redraws.
+passes as the library reports them (:data:`attribution.request.run.ProgressCallback`). Where stderr
+is not a terminal (a log file, a pipe, a CI job) nothing is drawn, so logs hold no bar redraws.
 """
 
 from __future__ import annotations

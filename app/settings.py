@@ -22,8 +22,6 @@ from attrlab.attribution.errors import (
     InvalidParameterError,
     UnknownModelError,
 )
-from attrlab.attribution.gate import DEFAULT_PARAM_LIMITS
-from attrlab.attribution.memory import default_memory_limit
 from attrlab.attribution.models import BUILTIN_MODELS
 from attrlab.attribution.models.folders import resolves_inside
 from attrlab.attribution.models.images import max_image_pixels
@@ -34,6 +32,8 @@ from attrlab.attribution.models.placement import (
     check_placement,
 )
 from attrlab.attribution.request import RequestBounds
+from attrlab.attribution.request.gate import DEFAULT_PARAM_LIMITS
+from attrlab.attribution.request.memory import default_memory_limit
 
 __all__ = [
     "ModelSource",
@@ -88,7 +88,7 @@ class ServerSettings(RequestBounds):
             model: its passes are batched to fit, and a request estimated over it even so is
             refused before it starts (``None``: no limit). A server defaults to a share of
             the memory available when it starts
-            (:func:`~attribution.memory.default_memory_limit`).
+            (:func:`~attribution.request.memory.default_memory_limit`).
         max_batch: Most instances in one batch request (``instances``; ``None``: no limit).
         data_dir: Where durable jobs keep their table and results (``None``: no jobs).
         max_jobs: Jobs queued or running at once; more are answered 429.

@@ -6,7 +6,7 @@ explanation runs inside a ``spaces.GPU`` function, in ZeroGPU's GPU process, and
 as long as its cost estimate says: twice the estimate plus 10 s, within
 ``ATTRLAB_SPACE_MAX_SLOT`` seconds (a job priced over that is refused before it starts, with
 what to lower). Estimates need the model on the device, which the main process must not touch,
-so each slot computes its jobs' estimates (``attribution.estimate``) and hands them back as
+so each slot computes its jobs' estimates (``attribution.request.estimate``) and hands them back as
 seconds per character of text (per image: images are resized to the model's input); the next
 job of the same model, method and parameters is priced from them, and a first job asks for
 :data:`FIRST_SLOT_S`. Mounted FastAPI routes get no ZeroGPU slot, so the batch endpoint is a
@@ -58,9 +58,9 @@ from attrlab.app.worker import (
     Request,
 )
 from attrlab.attribution.errors import AttrlabError
-from attrlab.attribution.gate import checked_params, clear_slot
-from attrlab.attribution.pricing import FIRST_SLOT_S, EstimateBook, Price, slot_seconds
-from attrlab.attribution.run import ProgressCallback
+from attrlab.attribution.request.gate import checked_params, clear_slot
+from attrlab.attribution.request.pricing import FIRST_SLOT_S, EstimateBook, Price, slot_seconds
+from attrlab.attribution.request.run import ProgressCallback
 
 __all__ = ["FIRST_SLOT_S", "SpaceRunner", "build_space"]
 
@@ -84,9 +84,9 @@ class SpaceRunner:
     ``gpu`` makes a function run in a GPU slot, given a ``duration`` callable (``spaces.GPU``
     on ZeroGPU); without it requests go through the worker's queue. A slot estimates its job's
     parts and times itself; the main process records them, per :data:`PriceKey`, in the
-    library's :class:`~attribution.pricing.EstimateBook`, which prices the next job (the slots'
-    time beyond their estimates: the largest of the last five). A job whose slot ended without
-    an answer (ZeroGPU stops a slot at its duration) asks for the longest slot next time.
+    library's :class:`~attribution.request.pricing.EstimateBook`, which prices the next job (the
+    slots' time beyond their estimates: the largest of the last five). A job whose slot ended
+    without an answer (ZeroGPU stops a slot at its duration) asks for the longest slot next time.
     """
 
     def __init__(

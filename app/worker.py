@@ -52,7 +52,7 @@ from attrlab.attribution.request import (
     check_instance_features,
     resolve,
 )
-from attrlab.attribution.run import ProgressCallback
+from attrlab.attribution.request.run import ProgressCallback
 
 __all__ = [
     "MAX_ABLATED_HEADS",

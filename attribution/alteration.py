@@ -10,7 +10,7 @@ while any alteration of that model is in force and keeps new ones from starting 
 
 Plain forward and gradient passes of a job alter nothing and take no part: they run beside
 light reads (autograd's state is per thread, and the job's thread-scoped cancellation hook,
-:func:`attribution.run.cancellable_forwards`, ignores other threads). A light read never
+:func:`attribution.request.run.cancellable_forwards`, ignores other threads). A light read never
 writes: an alteration begun by a thread that is reading the model is a bug, refused at once
 rather than left to deadlock.
 
@@ -28,7 +28,7 @@ from contextlib import contextmanager
 
 from torch import nn
 
-from attrlab.attribution.run import stop_if_cancelled
+from attrlab.attribution.request.run import stop_if_cancelled
 
 __all__ = ["altered", "altering_thread", "unaltered"]
 

@@ -31,11 +31,11 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from attrlab.attribution.answers import check_answer_fits
 from attrlab.attribution.errors import InvalidInputError
 from attrlab.attribution.models.base import Adapter, TextInputs
-from attrlab.attribution.run import RunContext
-from attrlab.attribution.target import Target, decoder_adapter
+from attrlab.attribution.request.answers import check_answer_fits
+from attrlab.attribution.request.run import RunContext
+from attrlab.attribution.request.target import Target, decoder_adapter
 
 __all__ = ["ContextAttribution", "context_attribution"]
 
@@ -88,11 +88,11 @@ def context_attribution(
     """
     Score each feature of a decoder LM's prompt by leaving it out: ``F(x) − F(x without it)``.
 
-    ``target``: the next token (:class:`~attribution.target.NextTokenTarget`), an answer held
-    by ``inputs`` or a contrast of two answers read from that one sequence (built by
-    :func:`attribution.answers.answer_request`), or one step of them. ``features``: token
+    ``target``: the next token (:class:`~attribution.request.target.NextTokenTarget`), an answer
+    held by ``inputs`` or a contrast of two answers read from that one sequence (built by
+    :func:`attribution.request.answers.answer_request`), or one step of them. ``features``: token
     ranges ``(start, stop)`` or records with ``.start`` / ``.stop``
-    (:class:`attribution.features.Feature`), within the prompt, clear of special tokens.
+    (:class:`attribution.inputs.features.Feature`), within the prompt, clear of special tokens.
     ``reuse_cache``: reuse the whole input's key/value cache for the tokens before each
     feature (see the module); ``False`` runs one whole forward per shortened input, for
     comparison. Both give the same scores, to float tolerance.

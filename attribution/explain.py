@@ -14,13 +14,7 @@ import numpy as np
 import torch
 
 from attrlab.attribution.alteration import altered
-from attrlab.attribution.answers import (
-    check_answer_fits,
-    prompt_prediction,
-    with_alternative,
-)
 from attrlab.attribution.errors import DeviceMemoryError, InvalidInputError
-from attrlab.attribution.estimate import per_step_runs, steps_batch
 from attrlab.attribution.explanation import (
     Explanation,
     ModelInfo,
@@ -28,21 +22,27 @@ from attrlab.attribution.explanation import (
     TargetValues,
     Timings,
 )
-from attrlab.attribution.features import feature_scores
-from attrlab.attribution.gate import Cleared, check_modality, clear
+from attrlab.attribution.inputs.features import feature_scores
 from attrlab.attribution.methods import capabilities
 from attrlab.attribution.methods.base import Attribution, AttributionMethod
 from attrlab.attribution.methods.checkpointing import checkpointing_for
 from attrlab.attribution.methods.smoothing import smoothing_requested
 from attrlab.attribution.metrics.faithfulness import faithfulness, faithfulness_passes
 from attrlab.attribution.models.base import Adapter, Inputs, TextInputs
-from attrlab.attribution.run import (
+from attrlab.attribution.request.answers import (
+    check_answer_fits,
+    prompt_prediction,
+    with_alternative,
+)
+from attrlab.attribution.request.estimate import per_step_runs, steps_batch
+from attrlab.attribution.request.gate import Cleared, check_modality, clear
+from attrlab.attribution.request.run import (
     ProgressCallback,
     RunContext,
     RunSettings,
     cancellable_forwards,
 )
-from attrlab.attribution.target import (
+from attrlab.attribution.request.target import (
     ContrastTarget,
     StepTarget,
     Target,
@@ -69,8 +69,8 @@ def explain(
     Explain ``target`` with ``method``.
 
     ``target`` is an index, a label, ``None`` (the top prediction) or a
-    :class:`~attribution.target.Target` record: a decoder LM's answer or contrast on inputs
-    holding that answer (:mod:`attribution.answers`). ``per_step`` adds, for a target of
+    :class:`~attribution.request.target.Target` record: a decoder LM's answer or contrast on inputs
+    holding that answer (:mod:`attribution.request.answers`). ``per_step`` adds, for a target of
     several steps, one map per step (``maps["steps"]``, steps × tokens; their rows sum to the
     whole map for methods linear in the score): perturbation methods score every step from
     the forwards of the whole map; gradient × input and gradient compute the steps in batches
@@ -79,17 +79,17 @@ def explain(
     (:meth:`~attribution.methods.base.AttributionMethod.attribute_steps`); other gradient
     methods spend one run per step.
 
-    ``settings`` (:class:`~attribution.run.RunSettings`): the seed, progress, cancel switch and
-    budgets of the run; its ``max_forward_passes`` bounds sampling methods (a server's budget
+    ``settings`` (:class:`~attribution.request.run.RunSettings`): the seed, progress, cancel switch
+    and budgets of the run; its ``max_forward_passes`` bounds sampling methods (a server's budget
     per request); ``evaluate`` adds the map's faithfulness scores and their random-order
     counterparts to ``metrics`` (the trust card: :func:`attribution.metrics.faithfulness` with
-    its defaults). The run passes :func:`attribution.gate.clear` first; ``params`` is left as
-    it is, and the Explanation's ``params`` are those that ran. A text explained by words,
-    sentences or spans (:func:`attribution.features.with_features`) is perturbed feature by
+    its defaults). The run passes :func:`attribution.request.gate.clear` first; ``params`` is left
+    as it is, and the Explanation's ``params`` are those that ran. A text explained by words,
+    sentences or spans (:func:`attribution.inputs.features.with_features`) is perturbed feature by
     feature, and the Explanation adds the per-token map's sum within each feature.
 
     Raises:
-        AttrlabError: as :func:`attribution.gate.clear` raises it: ``UnknownMethodError``,
+        AttrlabError: as :func:`attribution.request.gate.clear` raises it: ``UnknownMethodError``,
             ``UnsupportedMethodError``, ``InvalidParameterError``, ``InvalidInputError`` or
             ``TooSlowError``.
     """
@@ -109,7 +109,7 @@ def _explained(
     settings: RunSettings,
     per_step: bool,
 ) -> Explanation:
-    """:func:`explain` of a run :func:`attribution.gate.clear` passed."""
+    """:func:`explain` of a run :func:`attribution.request.gate.clear` passed."""
     method_cls, checked = cleared.method, cleared.params
     start = time.perf_counter()
     logits, attentions = _prediction(adapter, inputs, method_cls.reads_prediction_attentions)
@@ -243,7 +243,7 @@ def _steps_in_rows(
     """
     The per-step matrix from the method's batched passes, as many steps each as priced.
 
-    :func:`~attribution.estimate.steps_batch` says how many: fewer where the run's memory
+    :func:`~attribution.request.estimate.steps_batch` says how many: fewer where the run's memory
     holds fewer rows (``run.max_rows``). ``None`` where the method has none, a smoothed map
     (each noisy copy is a run of its own), or a batch that does not fit in GPU memory: the
     caller then runs one attribution per step.

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from attrlab.attribution import target as targets
-from attrlab.attribution.features import Feature
+from attrlab.attribution.inputs.features import Feature
+from attrlab.attribution.inputs.tokens import texts_from_tokens
 from attrlab.attribution.rendering import renderer, required_renderer
-from attrlab.attribution.tokens import texts_from_tokens
+from attrlab.attribution.request import target as targets
 from attrlab.attribution.verdicts import Verdict
 
 if TYPE_CHECKING:  # pandas is imported where a layer table is read or written
@@ -74,7 +74,7 @@ class TargetValues:
     """
     The explained target's values on this input, each named for what it holds.
 
-    Only those of the target's kind are set (:meth:`attribution.target.Target.values`); the
+    Only those of the target's kind are set (:meth:`attribution.request.target.Target.values`); the
     others are None, and JSON leaves them out:
 
     - one output (a class, a next token): ``logit`` and ``probability`` (softmax);
@@ -155,7 +155,7 @@ class Explanation:
     ``scores`` holds one value per token (text) or per pixel of the model input (image, H×W).
     ``tokens`` are the tokenizer's own strings (``ĠMary``, ``▁Mary``, ``##ry``), for programs;
     ``token_texts`` the text each token stands for (``" Mary"``, ``"ry"``;
-    :mod:`attribution.tokens`), which is what people are shown. Without them (files of schema
+    :mod:`attribution.inputs.tokens`), which is what people are shown. Without them (files of schema
     2 and before) they are read from the tokens.
     ``layers`` is a long-format table (:data:`LAYER_COLUMNS`: layer, head, kv_head, component,
     measure, value) with ``head`` and ``kv_head`` missing on whole-layer rows. ``maps`` holds
@@ -163,12 +163,12 @@ class Explanation:
     some not (the ``layers`` method's ``token_per_layer``: one row of token scores per layer).
     ``warnings`` tells the user what was changed or is unreliable (input truncated, convergence
     delta large, ...). ``target_record`` is what was explained as a
-    :class:`~attribution.target.Target` (its kind, JSON ``target_record``; ``None`` in files
+    :class:`~attribution.request.target.Target` (its kind, JSON ``target_record``; ``None`` in files
     written before it existed), ``target`` that target's values on this input. ``verdicts``
     say how each check of the map came out (:class:`~attribution.verdicts.Verdict`: its
     completeness, and with ``evaluate`` its faithfulness against random orders); files written
     before them have none. A text explained by words, sentences or spans
-    (:mod:`attribution.features`; ``granularity``) has its ``features`` and their
+    (:mod:`attribution.inputs.features`; ``granularity``) has its ``features`` and their
     ``feature_scores``, each the sum of its tokens' ``scores``; at ``token`` level (and in
     files written before features existed) both are ``None``. ``special_tokens`` marks the
     text's special tokens (a chat template's among them), which no perturbation touches and

@@ -9,8 +9,8 @@ from collections.abc import Callable
 import torch
 
 from attrlab.attribution.methods import available_methods
-from attrlab.attribution.run import RunContext
-from attrlab.attribution.target import output_target
+from attrlab.attribution.request.run import RunContext
+from attrlab.attribution.request.target import output_target
 
 WORDS = [
     "the",

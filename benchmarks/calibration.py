@@ -35,9 +35,9 @@ LONGEST_S = 300
 def _case(model: str, words: int, own: bool) -> dict[str, float]:
     import torch
 
-    from attrlab.attribution.calibration import Calibration, calibrate
-    from attrlab.attribution.memory import peak_memory
     from attrlab.attribution.models import load
+    from attrlab.attribution.request.calibration import Calibration, calibrate
+    from attrlab.attribution.request.memory import peak_memory
 
     torch.set_num_threads(2)
     adapter = load(model, device="cpu")

@@ -25,8 +25,8 @@ from _tables import print_table
 from _timing import best_seconds, timing_run
 from stand_ins import load_for_benchmark
 
-from attrlab.attribution.answers import answer_request
 from attrlab.attribution.context import context_attribution
+from attrlab.attribution.request.answers import answer_request
 
 SENTENCES = [
     "Marie Curie was born in Warsaw in 1867.",

@@ -38,7 +38,7 @@ from attrlab.attribution.patching import (
     patching_report,
     planned_passes,
 )
-from attrlab.attribution.run import RunSettings
+from attrlab.attribution.request.run import RunSettings
 
 CLEAN = "when mary and john went to the store john gave a drink to"
 CORRUPTED = "when mary and john went to the store mary gave a drink to"

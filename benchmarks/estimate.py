@@ -25,8 +25,8 @@ from skimage import data
 from stand_ins import load_for_benchmark
 
 from attrlab.attribution import explain
-from attrlab.attribution.estimate import estimate
 from attrlab.attribution.methods import get_method
+from attrlab.attribution.request.estimate import estimate
 
 CASES = (
     ("minilm-zeroshot", "A warm, funny and moving film with a cast that clearly enjoyed it."),

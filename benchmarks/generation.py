@@ -54,10 +54,10 @@ from scipy.stats import pearsonr, spearmanr
 from stand_ins import load_for_benchmark
 
 from attrlab.attribution import explain
-from attrlab.attribution.answers import answer_request
 from attrlab.attribution.context import context_attribution
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.methods import capabilities
+from attrlab.attribution.request.answers import answer_request
 
 SENTENCES = (
     "Ada Lovelace was born in London.",

@@ -42,7 +42,7 @@ from skimage import data
 from stand_ins import load_for_benchmark
 
 from attrlab.attribution import explain
-from attrlab.attribution.perturb import auto_batch_size, forward_row_bytes, repeated
+from attrlab.attribution.inputs.perturb import auto_batch_size, forward_row_bytes, repeated
 
 
 def _timed(device: torch.device, call: Callable[[], Any]) -> tuple[float, int | None]:

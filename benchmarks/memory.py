@@ -9,7 +9,7 @@ On the embedded SmolLM2-135M (30 layers, eager attention; a stand-in under
 gradients (``--ig-steps`` path points, ``--ig-batch`` per pass), each with ``checkpointing``
 off and on. Each run is a fresh process (so one run's freed memory cannot hide the next's),
 after a warm-up explain of a short text: peak memory is
-:func:`attribution.memory.peak_memory` around the one ``explain`` call (on the CPU the
+:func:`attribution.request.memory.peak_memory` around the one ``explain`` call (on the CPU the
 process's sampled resident size above its resting size, on a GPU torch's allocator peak),
 seconds its wall time. A plain run (no checkpointing) longer than ``--plain-up-to`` tokens is
 not run: its attention maps alone would not fit this machine (it is printed as not run). The
@@ -41,7 +41,7 @@ def _one(method: str, tokens: int, checkpointing: bool, args: argparse.Namespace
     from stand_ins import load_for_benchmark
 
     from attrlab.attribution.explain import explain
-    from attrlab.attribution.memory import peak_memory
+    from attrlab.attribution.request.memory import peak_memory
 
     torch.set_num_threads(args.threads)
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -35,7 +35,7 @@ from playwright.sync_api import CDPSession, expect, sync_playwright
 
 from attrlab.app.ui import build_ui
 from attrlab.app.worker import ExplainWorker
-from attrlab.attribution.perturb import BatchRunner
+from attrlab.attribution.inputs.perturb import BatchRunner
 
 #: The steps the run's progress shows ("1,234/200,000 steps"); null if none.
 STEPS = """

@@ -36,7 +36,7 @@ from attrlab.attribution.patching import (
     planned_passes,
 )
 from attrlab.attribution.patching.problem import Runs
-from attrlab.attribution.run import RunSettings
+from attrlab.attribution.request.run import RunSettings
 
 #: Each model's clean text, corrupted text and target.
 PAIRS: dict[str, tuple[str, str, dict[str, str]]] = {

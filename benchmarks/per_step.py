@@ -27,9 +27,9 @@ from _timing import best_seconds, forward_backward, text_of
 from stand_ins import load_for_benchmark
 
 from attrlab.attribution import get_method
-from attrlab.attribution.answers import Answer, answer_inputs, answer_target, given_answer
-from attrlab.attribution.run import RunContext
-from attrlab.attribution.target import StepTarget
+from attrlab.attribution.request.answers import Answer, answer_inputs, answer_target, given_answer
+from attrlab.attribution.request.run import RunContext
+from attrlab.attribution.request.target import StepTarget
 
 PROMPT_TOKENS, ANSWER_TOKENS = 64, 16
 ANSWER = " and the ending left the whole audience quiet for a long time after the lights came up"

@@ -26,9 +26,9 @@ from _tables import print_table
 from skimage import data
 
 from attrlab import attribution
-from attrlab.attribution.masks import ShiftedGridMasks
+from attrlab.attribution.inputs.masks import ShiftedGridMasks
+from attrlab.attribution.inputs.perturb import TextPerturbation, perturbation_for
 from attrlab.attribution.models.base import Adapter, Inputs
-from attrlab.attribution.perturb import TextPerturbation, perturbation_for
 
 SENTENCE = "I absolutely loved this wonderful film, though the ending dragged on a little."
 IMAGE_BATCH = 16

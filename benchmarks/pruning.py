@@ -28,17 +28,17 @@ import torch
 from _tables import print_table
 from patching import CLEAN, CORRUPTED
 
-from attrlab.attribution.answers import answer_request
 from attrlab.attribution.engine.study import (
     PruningStudy,
     bundled_texts,
     pruning_study,
     study_parts,
 )
-from attrlab.attribution.estimate import study_estimate
 from attrlab.attribution.models import load
 from attrlab.attribution.patching import patching_problem
-from attrlab.attribution.run import RunSettings
+from attrlab.attribution.request.answers import answer_request
+from attrlab.attribution.request.estimate import study_estimate
+from attrlab.attribution.request.run import RunSettings
 
 #: Random orders per unit.
 DRAWS = 10

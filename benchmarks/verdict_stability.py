@@ -28,6 +28,7 @@ import pandas as pd
 import torch
 from _tables import print_table
 
+from attrlab.attribution.inputs.runs import explain_rows
 from attrlab.attribution.methods import available_methods
 from attrlab.attribution.metrics import (
     SCORES,
@@ -37,8 +38,7 @@ from attrlab.attribution.metrics import (
     summarise,
 )
 from attrlab.attribution.models import Adapter, load
-from attrlab.attribution.run import RunContext, RunSettings
-from attrlab.attribution.runs import explain_rows
+from attrlab.attribution.request.run import RunContext, RunSettings
 
 MODELS = {"text": "minilm-zeroshot", "image": "efficientnet-lite0"}
 

@@ -23,21 +23,21 @@ from test_layers import _zero_head_by_hand
 from test_rollout_flow import model_attentions, reference_rollout
 
 from attrlab.attribution import explain, get_method
-from attrlab.attribution.answers import answer_request
 from attrlab.attribution.errors import UnsupportedMethodError
 from attrlab.attribution.layers import ablate_heads_and_explain, analyze_layers
 from attrlab.attribution.layers.analysis import head_projections
 from attrlab.attribution.metrics import faithfulness
 from attrlab.attribution.metrics.check import check_methods
 from attrlab.attribution.metrics.randomisation import cascading_units
-from attrlab.attribution.run import RunContext, RunSettings
-from attrlab.attribution.target import StepTarget
+from attrlab.attribution.request.answers import answer_request
+from attrlab.attribution.request.run import RunContext, RunSettings
+from attrlab.attribution.request.target import StepTarget
 
 PROMPT = "the quick brown fox jumps"
 #: Rounding apart: the model's eager attention takes its softmax in float32 (sequences of
 #: other lengths or batches round differently).
 CLOSE = {"rel": 1e-6, "abs": 1e-9}
-#: Perturbation forwards come back in float32 (attribution.perturb.BatchRunner).
+#: Perturbation forwards come back in float32 (attribution.inputs.perturb.BatchRunner).
 PERTURBED = {"rtol": 1e-5, "atol": 1e-5}
 IOI = "when mary and john went to the store john gave a drink to"
 
@@ -281,7 +281,7 @@ def test_attention_flow_of_an_answer_step_is_the_flow_of_the_text_up_to_its_posi
 )
 def test_batched_per_step_maps_equal_one_run_per_step(load_model, monkeypatch, name, method):
     """A contrast's steps: the answer's two, then the alternative's (read from one sequence)."""
-    pricing = importlib.import_module("attrlab.attribution.estimate")
+    pricing = importlib.import_module("attrlab.attribution.request.estimate")
     adapter = load_model(name)
     cls = get_method(method)
     params = cls.resolve(adapter, {})

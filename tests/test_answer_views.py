@@ -12,8 +12,8 @@ import pytest
 
 from attrlab.app.ui.results import Result, export_bundle
 from attrlab.attribution import explain
-from attrlab.attribution.answers import answer_request
 from attrlab.attribution.explanation import Explanation
+from attrlab.attribution.request.answers import answer_request
 from attrlab.viz.answer import answer_html, step_row_html, steps_figure
 from attrlab.viz.figures import STEPS, figures_for
 from attrlab.viz.text import token_columns_html

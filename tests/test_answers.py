@@ -18,12 +18,12 @@ import torch
 from _small_budgets import SMALL_BUDGETS
 
 from attrlab.attribution import explain
-from attrlab.attribution.answers import answer_request, prompt_inputs
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.methods import capabilities
 from attrlab.attribution.models.base import Adapter, TextInputs
-from attrlab.attribution.target import AnswerTarget, ContrastTarget, StepTarget
+from attrlab.attribution.request.answers import answer_request, prompt_inputs
+from attrlab.attribution.request.target import AnswerTarget, ContrastTarget, StepTarget
 from attrlab.attribution.verdicts import THRESHOLDS
 
 PROMPT = "the cat sat on the mat"

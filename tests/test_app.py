@@ -197,7 +197,7 @@ def test_worker_reports_progress_and_cancels(worker):
     def progress(done, total):
         seen.append((done, total))
 
-    from attrlab.attribution.run import RunContext
+    from attrlab.attribution.request.run import RunContext
 
     run = RunContext(progress=progress, cancel=cancelled)
     run.step(1, 4)

@@ -17,8 +17,8 @@ from _browser import errors, no_errors, tab
 from playwright.sync_api import Page, expect
 
 from attrlab.app.ui.shared import method_entries
+from attrlab.attribution.inputs.perturb import BatchRunner
 from attrlab.attribution.methods import capabilities
-from attrlab.attribution.perturb import BatchRunner
 
 pytestmark = pytest.mark.browser
 

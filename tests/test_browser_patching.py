@@ -142,7 +142,7 @@ def _shot(name: str) -> str:
 def test_pruning_curves_show_beside_the_study_with_the_librarys_areas(page, load_model):
     """Prune layers over two texts: the page's areas are the library's study's, to the digit."""
     from attrlab.attribution.engine.study import pruning_study, ranked_input
-    from attrlab.attribution.run import RunSettings
+    from attrlab.attribution.request.run import RunSettings
     from attrlab.viz.table import pruning_text
 
     texts = ["The cat sat on the mat.", "Paris is the capital of France."]

@@ -23,10 +23,10 @@ from tokenizers import AddedToken
 from attrlab.app.cli import main
 from attrlab.app.server import create_app
 from attrlab.app.worker import ExplainWorker
-from attrlab.attribution.answers import answer_request, prompt_inputs
 from attrlab.attribution.errors import InvalidInputError
 from attrlab.attribution.models.builtin import smollm2_folder
 from attrlab.attribution.models.text import DecoderLMAdapter
+from attrlab.attribution.request.answers import answer_request, prompt_inputs
 
 #: Llama 3.1's template, cut to one user turn and its default system message.
 LLAMA3 = (

@@ -24,7 +24,7 @@ from attrlab.app.cli import main
 from attrlab.attribution import explain, load
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.methods.catalog import catalog_entries
-from attrlab.attribution.run import RunSettings
+from attrlab.attribution.request.run import RunSettings
 
 CLI = [sys.executable, "-m", "attrlab.app.cli"]
 TEXT = "a fine day for a walk"

@@ -128,7 +128,7 @@ def test_dinov2_and_clip_conserve(load_model):
 def test_dinov2_positions_resized_to_the_input_get_their_relevance(registers):
     """DINOv2 interpolates its position embeddings to the input size (registers get none)."""
     from attrlab.attribution.methods.lrp import lrp
-    from attrlab.attribution.target import output_target
+    from attrlab.attribution.request.target import output_target
 
     adapter = dinov2(size=48, registers=registers)  # 6×6 patches, embeddings made for 4×4
     with torch.no_grad():  # pixel relevance then equals the patches' share of x0 exactly
@@ -189,7 +189,7 @@ def test_the_run_time_accounting_matches_the_independent_one(load_model, name):
     each part, and the remainder left unaccounted.
     """
     from attrlab.attribution.methods.lrp import lrp
-    from attrlab.attribution.target import output_target
+    from attrlab.attribution.request.target import output_target
 
     adapter = classic_family(load_model("tiny-random-bert").tokenizer, name)
     logit, at_input, absorbed, softmax = _balance(adapter)
@@ -224,8 +224,8 @@ def test_an_answer_and_a_contrast_conserve_their_logits_term_by_term(load_model,
     A contrast of one token each: the logit difference; a whole answer: its steps' logits
     summed (read by hand at the positions before each token), against the parts AttnLRP reports.
     """
-    from attrlab.attribution.answers import answer_request
     from attrlab.attribution.methods.lrp import lrp
+    from attrlab.attribution.request.answers import answer_request
 
     adapter = classic_family(load_model("tiny-random-bert").tokenizer, name)
     answer = " jumps" if contrast else " jumps over the dog"

@@ -18,7 +18,6 @@ import pytest
 import torch
 from _tiny_families import build_family
 
-from attrlab.attribution.answers import answer_request
 from attrlab.attribution.context import context_attribution
 from attrlab.attribution.errors import (
     BudgetExceededError,
@@ -26,8 +25,14 @@ from attrlab.attribution.errors import (
     JobCancelledError,
     UnsupportedMethodError,
 )
-from attrlab.attribution.run import RunContext
-from attrlab.attribution.target import AnswerTarget, ContrastTarget, NextTokenTarget, StepTarget
+from attrlab.attribution.request.answers import answer_request
+from attrlab.attribution.request.run import RunContext
+from attrlab.attribution.request.target import (
+    AnswerTarget,
+    ContrastTarget,
+    NextTokenTarget,
+    StepTarget,
+)
 
 PROMPT = "the film was good and the actors were great but the plot felt slow"
 KINDS = ("next_token", "answer", "contrast")

@@ -18,7 +18,7 @@ from attrlab.app.api import ExplainBody
 from attrlab.attribution.errors import AttrlabError, InputTooLargeError, InvalidInputError
 from attrlab.attribution.methods import available_methods
 from attrlab.attribution.models import load_image
-from attrlab.attribution.params import validate_params
+from attrlab.attribution.request.params import validate_params
 
 FUZZ = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True

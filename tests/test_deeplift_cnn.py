@@ -20,7 +20,7 @@ from attrlab.attribution.methods._deeplift import deeplift_scope
 from attrlab.attribution.methods.deeplift_shap import reference_distribution
 from attrlab.attribution.models.images import ImageTransform
 from attrlab.attribution.models.vision import CNNAdapter
-from attrlab.attribution.run import RunContext
+from attrlab.attribution.request.run import RunContext
 
 MEAN, STD = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
 

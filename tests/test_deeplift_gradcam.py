@@ -13,9 +13,9 @@ from attrlab.attribution.errors import InvalidParameterError, UnsupportedMethodE
 from attrlab.attribution.methods._deeplift import untreated_by_deeplift
 from attrlab.attribution.models.images import ImageTransform
 from attrlab.attribution.models.vision import CNNAdapter
-from attrlab.attribution.params import validate_params
-from attrlab.attribution.run import RunContext, RunSettings
-from attrlab.attribution.target import output_target
+from attrlab.attribution.request.params import validate_params
+from attrlab.attribution.request.run import RunContext, RunSettings
+from attrlab.attribution.request.target import output_target
 
 SIZE = 16
 MEAN, STD = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)

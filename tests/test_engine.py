@@ -21,7 +21,6 @@ from attrlab.app.api import build_router, install_error_handlers
 from attrlab.app.ui.patching import patching_view
 from attrlab.app.ui.runner import PageRunner
 from attrlab.app.worker import ExplainWorker
-from attrlab.attribution.answers import answer_request
 from attrlab.attribution.engine import (
     ESTIMATORS,
     UNIT_KINDS,
@@ -40,6 +39,7 @@ from attrlab.attribution.layers import analyze_layers
 from attrlab.attribution.layers.analysis import ModelParts
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.text import DecoderLMAdapter
+from attrlab.attribution.request.answers import answer_request
 
 TEXTS = (
     "when mary and john went to the store john gave a drink to",

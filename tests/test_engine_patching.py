@@ -31,7 +31,7 @@ from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
 from attrlab.attribution.layers.analysis import ModelParts
 from attrlab.attribution.patching import patching_problem, patching_report
 from attrlab.attribution.patching.hooks import recorded
-from attrlab.attribution.run import RunSettings
+from attrlab.attribution.request.run import RunSettings
 
 CLEAN = "when mary and john went to the store john gave a drink to"
 CORRUPTED = "when mary and john went to the store mary gave a drink to"

@@ -11,7 +11,6 @@ import torch
 from _model_state import model_state
 
 from attrlab.app import cli
-from attrlab.attribution.answers import answer_request
 from attrlab.attribution.engine import (
     ESTIMATORS,
     Evidence,
@@ -22,6 +21,7 @@ from attrlab.attribution.engine import (
 )
 from attrlab.attribution.errors import InvalidInputError
 from attrlab.attribution.explain import explain
+from attrlab.attribution.request.answers import answer_request
 
 PROMPT = "when mary and john went to the store john gave a drink to"
 

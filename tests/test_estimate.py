@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from attrlab.attribution import explain
-from attrlab.attribution.answers import answer_request
 from attrlab.attribution.errors import UnsupportedMethodError
-from attrlab.attribution.estimate import estimate
 from attrlab.attribution.methods import available_methods, get_method
-from attrlab.attribution.run import RunSettings
+from attrlab.attribution.request.answers import answer_request
+from attrlab.attribution.request.estimate import estimate
+from attrlab.attribution.request.run import RunSettings
 
 #: Small settings so that every method runs in moments on the tiny models.
 SMALL = {
@@ -118,8 +118,8 @@ def test_a_gpu_calibration_prices_between_widths_and_skips_widths_that_do_not_fi
     """Per-row costs written out: linear in log width between timed widths; OOM widths skipped."""
     from types import SimpleNamespace
 
-    from attrlab.attribution.calibration import Calibration
     from attrlab.attribution.errors import DeviceMemoryError
+    from attrlab.attribution.request.calibration import Calibration
 
     adapter = SimpleNamespace(device=torch.device("cuda"), model_id="gpu-stand-in")
     inputs = SimpleNamespace(map_shape=(10,), modality="text")

@@ -19,7 +19,7 @@ from attrlab.attribution.explanation import (
     TargetValues,
     Timings,
 )
-from attrlab.attribution.params import Param, power_of_two, validate_params
+from attrlab.attribution.request.params import Param, power_of_two, validate_params
 from attrlab.attribution.verdicts import Verdict
 
 

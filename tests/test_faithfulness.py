@@ -18,7 +18,7 @@ from torch import nn
 
 from attrlab.attribution import explain
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
-from attrlab.attribution.imputation import noisy_linear_imputation
+from attrlab.attribution.inputs.imputation import noisy_linear_imputation
 from attrlab.attribution.metrics import (
     cascading_units,
     faithfulness,
@@ -26,7 +26,7 @@ from attrlab.attribution.metrics import (
     randomisation_check,
 )
 from attrlab.attribution.metrics.faithfulness import gaussian_blur
-from attrlab.attribution.run import RunContext, RunSettings
+from attrlab.attribution.request.run import RunContext, RunSettings
 
 
 @pytest.fixture
@@ -109,7 +109,7 @@ def test_road_restores_a_linear_ramp_and_adds_noise_of_the_given_scale():
 
 def test_road_noise_follows_the_mask_not_the_batch_and_imputation_stops_when_cancelled():
     from attrlab.attribution.errors import JobCancelledError
-    from attrlab.attribution.perturb import ImagePerturbation
+    from attrlab.attribution.inputs.perturb import ImagePerturbation
 
     pixels = torch.rand(1, 3, 12, 12, generator=torch.Generator().manual_seed(0))
     masks = (torch.rand(3, 12, 12, generator=torch.Generator().manual_seed(1)) > 0.5).float()

@@ -22,7 +22,7 @@ from attrlab.attribution.methods.lrp.rules import rms_norm_rule
 from attrlab.attribution.models import load
 from attrlab.attribution.models.layouts import layout_for
 from attrlab.attribution.models.text import DecoderLMAdapter, TextClassifierAdapter
-from attrlab.attribution.target import output_target
+from attrlab.attribution.request.target import output_target
 
 TEXT = "the quick brown fox jumps over the lazy dog"
 

@@ -29,7 +29,7 @@ from attrlab.app.worker import ExplainWorker
 from attrlab.attribution import explain
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
 from attrlab.attribution.explanation import Explanation
-from attrlab.attribution.features import (
+from attrlab.attribution.inputs.features import (
     feature_scores,
     features_of,
     sentence_spans,

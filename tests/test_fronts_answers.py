@@ -25,11 +25,11 @@ from attrlab.app.engine_ray import ExplainActor, ray_items
 from attrlab.app.server import create_app
 from attrlab.app.worker import ExplainRequest, ExplainWorker
 from attrlab.attribution import explain
-from attrlab.attribution.answers import MAX_NEW_TOKENS, AnswerSpec, answer_request
 from attrlab.attribution.errors import InvalidInputError, JobCancelledError
 from attrlab.attribution.explanation import Explanation
-from attrlab.attribution.rows import dataset_line
-from attrlab.attribution.runs import prepare_input
+from attrlab.attribution.inputs.rows import dataset_line
+from attrlab.attribution.inputs.runs import prepare_input
+from attrlab.attribution.request.answers import MAX_NEW_TOKENS, AnswerSpec, answer_request
 
 LM, CLASSIFIER = "tiny-random-gpt2", "tiny-random-bert"
 PROMPT, ANSWER, CONTRAST = "The capital of France is", " Paris city", " Lyon"

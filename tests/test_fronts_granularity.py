@@ -28,13 +28,13 @@ from attrlab.app.server import create_app
 from attrlab.app.ui.answers import AskedAnswer
 from attrlab.app.worker import ExplainWorker
 from attrlab.attribution import explain
-from attrlab.attribution.answers import AnswerSpec, answer_request
 from attrlab.attribution.errors import InvalidInputError
 from attrlab.attribution.explain import preview
 from attrlab.attribution.explanation import Explanation
-from attrlab.attribution.features import read_spans
-from attrlab.attribution.rows import dataset_line
-from attrlab.attribution.runs import prepare_input
+from attrlab.attribution.inputs.features import read_spans
+from attrlab.attribution.inputs.rows import dataset_line
+from attrlab.attribution.inputs.runs import prepare_input
+from attrlab.attribution.request.answers import AnswerSpec, answer_request
 from attrlab.viz.answer import answer_html, step_row_html, steps_figure
 from attrlab.viz.text import token_columns_html
 

@@ -47,8 +47,8 @@ from attrlab.attribution.layers.hooks import ablate_head_sets
 from attrlab.attribution.methods.lrp.relevance import lrp
 from attrlab.attribution.metrics import bundled_items, evaluate_methods, faithfulness
 from attrlab.attribution.models.layouts import find_module, layout_for
-from attrlab.attribution.run import RunSettings
-from attrlab.attribution.target import output_target
+from attrlab.attribution.request.run import RunSettings
+from attrlab.attribution.request.target import output_target
 
 TEXT = "the quick brown fox jumps over the lazy dog"
 LAYERS, HEADS, HIDDEN = 3, 4, 32

@@ -1,6 +1,6 @@
 """
-The one loop over inputs × methods (:mod:`attribution.runs`) and the one JSONL row reader
-(:mod:`attribution.rows`): every caller's rows are ``explain`` run per input and method, and
+The one loop over inputs × methods (:mod:`attribution.inputs.runs`) and the one JSONL row reader
+(:mod:`attribution.inputs.rows`): every caller's rows are ``explain`` run per input and method, and
 every path that reads a target refuses JSON's ``true`` in the same words.
 """
 
@@ -25,11 +25,11 @@ from attrlab.app.ui.files import uploaded_rows
 from attrlab.app.worker import BatchRequest, ExplainWorker, Instance
 from attrlab.attribution import explain
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, JobCancelledError
+from attrlab.attribution.inputs.rows import dataset_line, numbered_lines, target_problem
+from attrlab.attribution.inputs.runs import explain_rows
 from attrlab.attribution.layers import DatasetItem, analyze_dataset, analyze_layers
 from attrlab.attribution.metrics import EvalItem, evaluate_methods, faithfulness
-from attrlab.attribution.rows import dataset_line, numbered_lines, target_problem
-from attrlab.attribution.run import RunContext, RunSettings
-from attrlab.attribution.runs import explain_rows
+from attrlab.attribution.request.run import RunContext, RunSettings
 
 TEXT_MODEL = "tiny-random-bert"
 METHODS = ("gradient_x_input", "occlusion")

@@ -12,7 +12,6 @@ import torch.nn.functional as F
 from _model_state import model_state
 from torch import nn
 
-from attrlab.attribution.answers import answer_request
 from attrlab.attribution.engine import (
     Evidence,
     pruning_curves,
@@ -23,7 +22,8 @@ from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.layers import analyze_layers
 from attrlab.attribution.models.text import DecoderLMAdapter
 from attrlab.attribution.patching import patched_score, patching_problem, patching_report
-from attrlab.attribution.run import RunSettings
+from attrlab.attribution.request.answers import answer_request
+from attrlab.attribution.request.run import RunSettings
 from attrlab.attribution.verdicts import against_random
 
 TEXTS = (

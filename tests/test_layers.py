@@ -35,7 +35,7 @@ from attrlab.attribution.layers.hooks import ablate_heads, block_io, gate_heads,
 from attrlab.attribution.methods import get_method
 from attrlab.attribution.models.layouts import find_module, layout_for
 from attrlab.attribution.models.text import TextClassifierAdapter
-from attrlab.attribution.run import RunContext
+from attrlab.attribution.request.run import RunContext
 
 TEXT = "the quick brown fox jumps over the lazy dog"
 HEADS, KV_HEADS, LAYERS = 4, 2, 3

@@ -11,8 +11,8 @@ from attrlab.app.ui.answers import AskedAnswer
 from attrlab.app.ui.link import _link_field, share_query
 from attrlab.app.worker import CheckRequest, ExplainWorker
 from attrlab.attribution import explain
-from attrlab.attribution.answers import AnswerSpec, answer_request
 from attrlab.attribution.errors import InvalidParameterError
+from attrlab.attribution.request.answers import AnswerSpec, answer_request
 
 
 def _asked(**given) -> AskedAnswer:

@@ -19,7 +19,7 @@ from attrlab.attribution.models.images import ImageTransform
 from attrlab.attribution.models.layouts import find_module, layout_for
 from attrlab.attribution.models.text import DecoderLMAdapter, TextClassifierAdapter
 from attrlab.attribution.models.vision import CNNAdapter, ViTAdapter
-from attrlab.attribution.target import output_target
+from attrlab.attribution.request.target import output_target
 
 LAYERS = 4
 #: The plain AttnLRP rule everywhere (what the family defaults replace for vision transformers).

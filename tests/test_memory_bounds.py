@@ -21,16 +21,16 @@ from fastapi.testclient import TestClient
 from attrlab.app.server import create_app
 from attrlab.app.settings import ServerSettings, SettingsError
 from attrlab.app.worker import ExplainWorker
-from attrlab.attribution.answers import AnswerSpec
-from attrlab.attribution.calibration import _CALIBRATIONS, REFERENCE_TEXT, calibrate
 from attrlab.attribution.errors import TooMuchMemoryError, TooSlowError
-from attrlab.attribution.estimate import estimate
 from attrlab.attribution.explain import explain
-from attrlab.attribution.gate import MEMORY_HEADROOM, clear, memory_rows
-from attrlab.attribution.memory import peak_memory
+from attrlab.attribution.inputs.runs import prepare_input
 from attrlab.attribution.methods import get_method
-from attrlab.attribution.run import RunSettings, cancellable_forwards
-from attrlab.attribution.runs import prepare_input
+from attrlab.attribution.request.answers import AnswerSpec
+from attrlab.attribution.request.calibration import _CALIBRATIONS, REFERENCE_TEXT, calibrate
+from attrlab.attribution.request.estimate import estimate
+from attrlab.attribution.request.gate import MEMORY_HEADROOM, clear, memory_rows
+from attrlab.attribution.request.memory import peak_memory
+from attrlab.attribution.request.run import RunSettings, cancellable_forwards
 
 WORDS_300 = "word " * 300
 

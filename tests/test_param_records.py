@@ -13,7 +13,7 @@ import pytest
 from attrlab.attribution.methods import available_methods
 from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
 from attrlab.attribution.methods.smoothing import SmoothingParams
-from attrlab.attribution.params import MethodParams, param, validate_params
+from attrlab.attribution.request.params import MethodParams, param, validate_params
 
 METHODS = Path(__file__).resolve().parents[1] / "attribution" / "methods"
 KINDS = {int: "int", float: "float", str: "str", bool: "bool"}

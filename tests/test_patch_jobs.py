@@ -25,8 +25,8 @@ from fastapi.testclient import TestClient
 from attrlab.app.jobs import DamagedResultsError, JobStore
 from attrlab.app.server import create_app
 from attrlab.app.worker import ExplainWorker
-from attrlab.attribution.calibration import calibrate
 from attrlab.attribution.patching import patching_problem, patching_report
+from attrlab.attribution.request.calibration import calibrate
 
 MODEL = "tiny-random-gpt2"
 CLEAN = "When Mary and John went to the store, John gave a drink to"

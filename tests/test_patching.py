@@ -29,7 +29,7 @@ from attrlab.attribution.patching import (
     patching_report,
     planned_passes,
 )
-from attrlab.attribution.run import RunSettings
+from attrlab.attribution.request.run import RunSettings
 
 CLEAN, CORRUPTED = "then mary went home", "then john went home"
 IOI = "when mary and john went to the store john gave a drink to"

@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attrlab.attribution.answers import answer_request
 from attrlab.attribution.engine import pruning_curves
 from attrlab.attribution.patching import patching_problem, patching_report
+from attrlab.attribution.request.answers import answer_request
 from attrlab.viz import (
     estimator_scatter,
     export_figure,

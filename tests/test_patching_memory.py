@@ -2,8 +2,8 @@
 A patching study's gradient estimators split their noise draws to fit a memory bound.
 
 AtP, RelP and AtP* run the destination's noise draws (AtP*: times its dropped layers) in passes
-of the rows the bound leaves (:func:`~attribution.gate.memory_rows`), as the baseline and exact
-patching do: their tables equal the unbounded ones, the passes counted equal the plan and the
+of the rows the bound leaves (:func:`~attribution.request.gate.memory_rows`), as the baseline and
+exact patching do: their tables equal the unbounded ones, the passes counted equal the plan and the
 model's own forwards, and a study the gate refused while its draws ran in one batch now runs.
 Their per-site sums build no mask per site.
 """
@@ -19,9 +19,6 @@ import pytest
 import torch
 
 from attrlab.attribution.errors import TooMuchMemoryError
-from attrlab.attribution.estimate import calibrate
-from attrlab.attribution.gate import MEMORY_HEADROOM, clear_study, memory_rows
-from attrlab.attribution.memory import peak_memory
 from attrlab.attribution.models.text import DecoderLMAdapter
 from attrlab.attribution.patching import (
     GaussianNoise,
@@ -31,7 +28,10 @@ from attrlab.attribution.patching import (
     planned_passes,
 )
 from attrlab.attribution.patching.base import site_sums
-from attrlab.attribution.run import RunContext, RunSettings
+from attrlab.attribution.request.estimate import calibrate
+from attrlab.attribution.request.gate import MEMORY_HEADROOM, clear_study, memory_rows
+from attrlab.attribution.request.memory import peak_memory
+from attrlab.attribution.request.run import RunContext, RunSettings
 
 IOI = "when mary and john went to the store john gave a drink to"
 DRAWS = 5

@@ -13,17 +13,17 @@ from skimage.transform import resize
 
 from attrlab import attribution
 from attrlab.attribution.errors import DeviceMemoryError, InvalidParameterError, JobCancelledError
-from attrlab.attribution.masks import CellMasks, GridMasks, ShiftedGridMasks
-from attrlab.attribution.models.base import Adapter
-from attrlab.attribution.perturb import (
+from attrlab.attribution.inputs.masks import CellMasks, GridMasks, ShiftedGridMasks
+from attrlab.attribution.inputs.perturb import (
     BatchRunner,
     ImagePerturbation,
     TextPerturbation,
     auto_batch_size,
     box_blur,
 )
-from attrlab.attribution.run import RunContext, RunSettings
-from attrlab.attribution.target import output_target
+from attrlab.attribution.models.base import Adapter
+from attrlab.attribution.request.run import RunContext, RunSettings
+from attrlab.attribution.request.target import output_target
 
 TEXT = "the film was wonderful"
 
@@ -261,7 +261,7 @@ def test_no_pass_is_spent_twice_rows_through_the_model_equal_the_reported_passes
 
 def test_rise_called_on_its_own_spends_one_counted_pass_for_the_prediction(quadrant):
     from attrlab.attribution.methods import get_method
-    from attrlab.attribution.params import validate_params
+    from attrlab.attribution.request.params import validate_params
 
     rise = get_method("rise")
     inputs = quadrant.preprocess(toys.white_image())

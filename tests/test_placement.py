@@ -21,13 +21,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import attrlab
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError, ModelLoadError
-from attrlab.attribution.estimate import estimate
 from attrlab.attribution.explain import explain
-from attrlab.attribution.memory import peak_memory
 from attrlab.attribution.methods.checkpointing import checkpointed
 from attrlab.attribution.models.loading import load
 from attrlab.attribution.models.placement import Placement
 from attrlab.attribution.models.text import DecoderLMAdapter
+from attrlab.attribution.request.estimate import estimate
+from attrlab.attribution.request.memory import peak_memory
 
 TEXT = "the cat sat on the mat because it was warm"
 #: tiny-random-llama: embeddings, a block, the final norm and the head on disk, the rest on CPU.

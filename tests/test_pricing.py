@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from attrlab.attribution.errors import TooSlowError
-from attrlab.attribution.gate import clear_slot
-from attrlab.attribution.pricing import EstimateBook, Price, slot_seconds
+from attrlab.attribution.request.gate import clear_slot
+from attrlab.attribution.request.pricing import EstimateBook, Price, slot_seconds
 
 
 def test_a_part_is_priced_at_the_highest_rate_seen_plus_the_largest_recent_overhead():

@@ -8,10 +8,10 @@ from _model_state import model_state
 
 from attrlab.attribution.engine.study import pruning_study, ranked_input, study_parts
 from attrlab.attribution.errors import BudgetExceededError, InvalidInputError, TooSlowError
-from attrlab.attribution.estimate import study_estimate
 from attrlab.attribution.layers import analyze_layers
 from attrlab.attribution.patching import patched_score, patching_report
-from attrlab.attribution.run import RunSettings
+from attrlab.attribution.request.estimate import study_estimate
+from attrlab.attribution.request.run import RunSettings
 
 CLEAN = "when mary and john went to the store john gave a drink to"
 CORRUPT = "when mary and john went to the store mary gave a drink to"

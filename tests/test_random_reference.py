@@ -26,7 +26,7 @@ from attrlab.attribution.metrics import evaluate_methods, summarise
 from attrlab.attribution.metrics.faithfulness import AOPC_FRACTIONS, faithfulness_of_maps
 from attrlab.attribution.metrics.leaderboard import EvalItem
 from attrlab.attribution.models.text import TextClassifierAdapter
-from attrlab.attribution.run import RunContext, RunSettings
+from attrlab.attribution.request.run import RunContext, RunSettings
 from attrlab.attribution.verdicts import (
     MIN_SIGN_TRIALS,
     draw_until_settled,

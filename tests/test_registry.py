@@ -14,7 +14,7 @@ from _small_budgets import SMALL_BUDGETS
 from attrlab import attribution
 from attrlab.attribution.errors import UnsupportedMethodError
 from attrlab.attribution.methods import available_methods
-from attrlab.attribution.run import RunSettings
+from attrlab.attribution.request.run import RunSettings
 
 TINY = ["tiny-random-bert", "tiny-random-gpt2", "tiny-random-llama", "tiny-random-vit"]
 IMAGE = np.random.default_rng(1).integers(0, 256, (32, 32, 3), dtype=np.uint8)

@@ -9,10 +9,10 @@ import torch
 
 from attrlab import attribution
 from attrlab.attribution.errors import InvalidParameterError
-from attrlab.attribution.masks import ShiftedGridMasks
+from attrlab.attribution.inputs.masks import ShiftedGridMasks
 from attrlab.attribution.methods.rise import MIN_MASKS_BEFORE_STOPPING
 from attrlab.attribution.models.base import Adapter
-from attrlab.attribution.run import RunSettings
+from attrlab.attribution.request.run import RunSettings
 
 SMALL = {"n_masks": 400, "grid": 4}
 
@@ -198,7 +198,7 @@ def test_tolerance_not_reached_within_the_cap_warns(effnet):
 
 
 def test_top_decile_error_of_a_map_written_out():
-    from attrlab.attribution.perturb import top_decile_error
+    from attrlab.attribution.inputs.perturb import top_decile_error
 
     saliency = np.zeros(100)
     saliency[:10] = 1.0  # centred: the top decile deviates by 0.9, the rest by 0.1

@@ -17,8 +17,8 @@ from attrlab.attribution.errors import (
 from attrlab.attribution.methods._attention import fuse_heads
 from attrlab.attribution.methods.attention_flow import attention_flow
 from attrlab.attribution.methods.rollout import attention_rollout, discard_lowest
-from attrlab.attribution.params import validate_params
-from attrlab.attribution.run import RunContext
+from attrlab.attribution.request.params import validate_params
+from attrlab.attribution.request.run import RunContext
 
 
 def random_attentions(layers: int, heads: int, n: int, seed: int) -> torch.Tensor:

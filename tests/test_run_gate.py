@@ -192,8 +192,8 @@ def test_the_library_gate_raises_the_class_the_front_ends_map(
     from attrlab.app.errors import ERROR_STATUS
     from attrlab.attribution import explain
     from attrlab.attribution.errors import TooSlowError
-    from attrlab.attribution.gate import clear
-    from attrlab.attribution.run import RunSettings
+    from attrlab.attribution.request.gate import clear
+    from attrlab.attribution.request.run import RunSettings
 
     error = error or TooSlowError
     assert ERROR_STATUS[error] == (status, code)
@@ -243,8 +243,8 @@ def test_no_method_changes_the_params_it_is_given(tiny_models, method):
     """
     from attrlab.attribution import explain
     from attrlab.attribution.methods import get_method
-    from attrlab.attribution.run import RunContext
-    from attrlab.attribution.target import output_target
+    from attrlab.attribution.request.run import RunContext
+    from attrlab.attribution.request.target import output_target
 
     cls = get_method(method)
     adapter = next(a for a in tiny_models if cls.unsupported_reason(a) is None)
@@ -265,7 +265,7 @@ def test_no_method_changes_the_params_it_is_given(tiny_models, method):
 
 
 def test_the_advice_names_only_parameters_that_set_work_in_this_run():
-    from attrlab.attribution.gate import lighter
+    from attrlab.attribution.request.gate import lighter
 
     # Smoothing's copies cost nothing while smoothing is off (its default), so they are not
     # advised then; a run that smooths is told to lower them too.

@@ -559,7 +559,7 @@ def test_settings_from_environment():
 def test_server_defaults_accept_every_method_default():
     """Budgets never refuse a request that leaves a method's parameters at their defaults."""
     from attrlab.attribution.methods import available_methods
-    from attrlab.attribution.params import validate_params
+    from attrlab.attribution.request.params import validate_params
 
     settings = ServerSettings.for_server({})
     for method in available_methods():

@@ -24,7 +24,7 @@ from attrlab.attribution.errors import JobCancelledError
 from attrlab.attribution.methods import available_methods, capabilities
 from attrlab.attribution.metrics.check import check_methods
 from attrlab.attribution.models import Adapter, load
-from attrlab.attribution.run import RunSettings, cancellable_forwards
+from attrlab.attribution.request.run import RunSettings, cancellable_forwards
 
 TEXT = "the cat sat on the mat"
 #: Small budgets, and batches small enough that each method runs several forwards.

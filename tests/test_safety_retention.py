@@ -28,7 +28,7 @@ from attrlab.app.settings import ServerSettings
 from attrlab.app.ui import build_ui
 from attrlab.app.ui.page import SESSIONS_KEPT
 from attrlab.app.worker import ExplainWorker
-from attrlab.attribution.memory import _trim, resident_bytes
+from attrlab.attribution.request.memory import _trim, resident_bytes
 
 MODEL = "tiny-random-bert"
 #: Items in the hostile parameter: 4 bytes each as JSON, some 70 bytes each once parsed.

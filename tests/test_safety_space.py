@@ -31,7 +31,7 @@ from attrlab.app.settings import ServerSettings
 from attrlab.app.worker import ExplainWorker
 from attrlab.attribution import explain
 from attrlab.attribution.models import load
-from attrlab.attribution.run import RunSettings
+from attrlab.attribution.request.run import RunSettings
 
 TEXT_MODEL, IMAGE_MODEL = "tiny-random-bert", "tiny-random-vit"
 LIMIT = 200_000

@@ -9,9 +9,9 @@ import torch
 
 from attrlab import attribution
 from attrlab.attribution.errors import InvalidParameterError
+from attrlab.attribution.inputs.perturb import box_blur
 from attrlab.attribution.methods import get_method
 from attrlab.attribution.models.base import Adapter
-from attrlab.attribution.perturb import box_blur
 
 SENTENCE = "the plot was wonderful but far too long"
 

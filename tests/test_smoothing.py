@@ -23,12 +23,12 @@ from attrlab.attribution.errors import (
     InvalidParameterError,
     JobCancelledError,
 )
-from attrlab.attribution.estimate import estimate
 from attrlab.attribution.methods import available_methods, get_method
 from attrlab.attribution.methods.smoothing import weight_noise
 from attrlab.attribution.models.images import ImageTransform
 from attrlab.attribution.models.vision import CNNAdapter
-from attrlab.attribution.run import RunSettings
+from attrlab.attribution.request.estimate import estimate
+from attrlab.attribution.request.run import RunSettings
 
 SIZE = 8
 SAMPLES = 4

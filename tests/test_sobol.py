@@ -19,7 +19,7 @@ from attrlab.attribution.methods.sobol import (
     total_order_indices,
 )
 from attrlab.attribution.models.base import Adapter
-from attrlab.attribution.run import RunSettings
+from attrlab.attribution.request.run import RunSettings
 
 ISHIGAMI_TOTAL = np.array([0.5576, 0.4424, 0.2437])  # a = 7, b = 0.1 (analytic)
 

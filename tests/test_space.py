@@ -30,8 +30,8 @@ from attrlab.app.ui.runner import queued_cost
 from attrlab.app.worker import ExplainRequest, ExplainWorker
 from attrlab.attribution import explain
 from attrlab.attribution.errors import AttrlabError, TooSlowError
-from attrlab.attribution.estimate import estimate
 from attrlab.attribution.models import load
+from attrlab.attribution.request.estimate import estimate
 
 ROOT = Path(__file__).resolve().parent.parent
 RISE = ExplainRequest(

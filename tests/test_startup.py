@@ -99,7 +99,7 @@ def test_an_image_explanation_on_a_cnn_skips_transformers_model_code(tmp_path):
 def test_explain_stays_the_function_when_its_module_is_imported_first():
     """``attribution.explain`` is an export and a submodule: the import must not swap them."""
     script = (
-        "import attrlab.attribution.metrics, attrlab.attribution.estimate\n"
+        "import attrlab.attribution.metrics, attrlab.attribution.request.estimate\n"
         "from attrlab import attribution\n"
         "from attrlab.attribution import explain\n"
         "print(callable(attribution.explain), callable(explain))\n"

@@ -17,8 +17,8 @@ from attrlab.attribution.errors import InvalidInputError, UnsupportedMethodError
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.methods import available_methods, get_method
 from attrlab.attribution.models.base import Adapter, Inputs
-from attrlab.attribution.run import RunContext
-from attrlab.attribution.target import (
+from attrlab.attribution.request.run import RunContext
+from attrlab.attribution.request.target import (
     ClassTarget,
     NextTokenTarget,
     Target,

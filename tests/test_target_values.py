@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from attrlab.attribution import explain
-from attrlab.attribution.answers import answer_request
 from attrlab.attribution.explanation import SCHEMA_VERSION, Explanation
+from attrlab.attribution.request.answers import answer_request
 
 LM, CLASSIFIER = "tiny-random-gpt2", "tiny-random-bert"
 PROMPT = "The capital of France is"

@@ -28,9 +28,9 @@ from attrlab.attribution.explanation import (
     Prediction,
     TargetValues,
 )
+from attrlab.attribution.inputs.tokens import texts_from_tokens, vocabulary_text
 from attrlab.attribution.models.builtin import _minilm_dir, smollm2_folder
 from attrlab.attribution.models.text import tokenize
-from attrlab.attribution.tokens import texts_from_tokens, vocabulary_text
 from attrlab.viz.table import explanation_table
 from attrlab.viz.text import token_columns_html, token_figure
 from attrlab.viz.tokens import token_label, token_probabilities, token_tick

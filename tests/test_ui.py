@@ -27,11 +27,11 @@ from attrlab.app.ui import PageRunner, build_ui, method_entries, share_query
 from attrlab.app.ui.files import uploaded_rows
 from attrlab.app.ui.shared import format_heads, parse_heads
 from attrlab.app.worker import AblationRequest, ExplainRequest, ExplainWorker
-from attrlab.attribution.answers import answer_request
 from attrlab.attribution.engine.recheck import joint_ablation
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
 from attrlab.attribution.layers.analysis import analyze_layers
 from attrlab.attribution.methods import capabilities
+from attrlab.attribution.request.answers import answer_request
 
 pytestmark = pytest.mark.server  # the page launched on a port, driven by gradio_client
 
@@ -608,7 +608,7 @@ def test_the_progress_bar_moves_about_once_a_second_however_often_a_job_reports(
 
 def test_a_slow_jobs_progress_is_sent_once_per_count(worker, monkeypatch):
     """The worker's job is polled four times a second; a count that has not moved is not sent."""
-    from attrlab.attribution.perturb import BatchRunner
+    from attrlab.attribution.inputs.perturb import BatchRunner
 
     step = BatchRunner._step
 

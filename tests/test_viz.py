@@ -22,7 +22,7 @@ from attrlab.attribution import explain
 from attrlab.attribution.explanation import Explanation, Prediction
 from attrlab.attribution.layers import HEAD_ESTIMATORS, agreement, analyze_layers
 from attrlab.attribution.metrics.leaderboard import SCORES, EvalItem, evaluate_methods
-from attrlab.attribution.run import RunSettings
+from attrlab.attribution.request.run import RunSettings
 from attrlab.attribution.verdicts import Verdict
 from attrlab.viz import (
     ablation_figure,

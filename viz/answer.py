@@ -1,11 +1,11 @@
 """
 A decoder LM's answer: its whole map with the answer marked, the step × source matrix, a row.
 
-An answer's Explanation (its target record an answer or a contrast, :mod:`attribution.answers`)
-holds the prompt's tokens, then the answer's. A per-step run adds ``maps["steps"]``: one row per
-step (the answer's tokens, then a contrast's alternative's) over every token. A step reads only
-its sources, the prompt and the answer's tokens before it (causal attention): the matrix leaves
-the other cells blank, and a row's view greys them.
+An answer's Explanation (its target record an answer or a contrast,
+:mod:`attribution.request.answers`) holds the prompt's tokens, then the answer's. A per-step run
+adds ``maps["steps"]``: one row per step (the answer's tokens, then a contrast's alternative's) over
+every token. A step reads only its sources, the prompt and the answer's tokens before it (causal
+attention): the matrix leaves the other cells blank, and a row's view greys them.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from attrlab.attribution.explanation import Explanation
-from attrlab.attribution.target import AnswerTarget, ContrastTarget
+from attrlab.attribution.request.target import AnswerTarget, ContrastTarget
 from attrlab.viz.text import TOKEN_STYLE, kept_out, kept_out_span, scale_legend_html, token_span
 from attrlab.viz.theme import TEMPLATE
 from attrlab.viz.tokens import token_html, token_tick, token_ticks

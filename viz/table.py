@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from attrlab.attribution.explanation import Explanation
-from attrlab.attribution.target import AnswerTarget, ContrastTarget
+from attrlab.attribution.request.target import AnswerTarget, ContrastTarget
 from attrlab.viz.tokens import token_label
 
 if TYPE_CHECKING:

@@ -10,8 +10,8 @@ import numpy as np
 import plotly.graph_objects as go
 
 from attrlab.attribution.explanation import Explanation
-from attrlab.attribution.features import Feature
-from attrlab.attribution.target import ContrastTarget
+from attrlab.attribution.inputs.features import Feature
+from attrlab.attribution.request.target import ContrastTarget
 from attrlab.viz.theme import TEMPLATE
 from attrlab.viz.tokens import token_html, token_label, token_tick, token_ticks
 from attrlab.viz.view import TEXT_VIEW, View

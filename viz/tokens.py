@@ -1,7 +1,7 @@
 """
 How a token's text (and a next-token label) reads wherever tokens are shown.
 
-Every view takes a token's text (:mod:`attribution.tokens`: ``" Mary"``, never ``ĠMary``) and
+Every view takes a token's text (:mod:`attribution.inputs.tokens`: ``" Mary"``, never ``ĠMary``) and
 shows it through one of these: a token of whitespace alone as visible marks (``␣`` a space,
 ``↵`` a line break, ``⇥`` a tab), a token that completes no character (the first bytes of one
 several tokens share) as ``◌``, and line breaks and tabs inside a token as the same marks.

@@ -33,9 +33,9 @@ from attrlab import attribution, viz  # noqa: F401
 from attrlab.attribution import methods as attribution_methods
 from attrlab.attribution import models
 from attrlab.attribution import request as attribution_request
-from attrlab.attribution.defaults import NOISE_SEEDS, PATCHING_TOP_K
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
 from attrlab.attribution.methods.catalog import DEFAULT_METHOD
+from attrlab.attribution.request.defaults import NOISE_SEEDS, PATCHING_TOP_K
 
 if TYPE_CHECKING:
     import numpy as np

@@ -4,7 +4,7 @@ The language-model tab: a prompt's next token, or a whole answer (typed or gener
 :class:`LanguageModelTab` is the explain tab with the answer's fields (an answer, a generated
 one, a contrast, the chat template, the per-step matrix) and its views above the maps: the answer
 as coloured tokens, the step × source heatmap and a clicked step's row (:mod:`viz.answer`).
-The fields become the library's :class:`~attribution.answers.AnswerSpec`; what it costs and
+The fields become the library's :class:`~attribution.request.answers.AnswerSpec`; what it costs and
 what it computes are the library's.
 """
 
@@ -19,7 +19,7 @@ from attrlab.app.ui.explain import Asked, ExplainTab
 from attrlab.app.ui.link import LinkedTab
 from attrlab.app.ui.results import Result
 from attrlab.app.ui.shared import plot_clicks_js, readable, whole
-from attrlab.attribution.answers import MAX_NEW_TOKENS, AnswerSpec
+from attrlab.attribution.request.answers import MAX_NEW_TOKENS, AnswerSpec
 from attrlab.viz.answer import answer_html, answer_layout, step_row_html, steps_figure
 from attrlab.viz.view import View
 

@@ -9,11 +9,11 @@ import gradio as gr
 from attrlab.app.ui.files import received_file, received_input, uploaded_rows
 from attrlab.app.ui.runner import PageRunner
 from attrlab.app.ui.shared import label_list, labels_for, method_names, readable, sample_labels
-from attrlab.attribution.defaults import EVALUATION_ORDERS, EVALUATION_STEPS
 from attrlab.attribution.methods.catalog import SUGGESTED_METHODS
 from attrlab.attribution.metrics.leaderboard import bundled_items, summarise
 from attrlab.attribution.models import BUILTIN_MODELS, default_model
 from attrlab.attribution.request import MAX_CURVE_STEPS, MAX_ORDERS, EvaluateRequest, Instance
+from attrlab.attribution.request.defaults import EVALUATION_ORDERS, EVALUATION_STEPS
 from attrlab.viz.evaluate import leaderboard_figure, readable_table
 
 __all__ = ["EvaluateTab", "evaluate_tab"]

@@ -54,7 +54,7 @@ from attrlab.app.ui.shared import (
 from attrlab.app.worker import CheckRequest, ExplainRequest, PreviewRequest
 from attrlab.attribution.compare import occluded
 from attrlab.attribution.errors import AttrlabError
-from attrlab.attribution.features import GRANULARITIES, read_spans
+from attrlab.attribution.inputs.features import GRANULARITIES, read_spans
 from attrlab.attribution.methods.catalog import SUGGESTED_METHODS
 from attrlab.attribution.models import BUILTIN_MODELS, default_model, load_image
 from attrlab.viz import (

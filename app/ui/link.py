@@ -21,12 +21,12 @@ import gradio as gr
 
 from attrlab.app.ui.files import EXAMPLE_PREFIX, example_images, example_named
 from attrlab.app.ui.shared import format_heads, labels_for, parse_heads, parse_positions
-from attrlab.attribution.answers import MAX_NEW_TOKENS
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
-from attrlab.attribution.features import GRANULARITIES
+from attrlab.attribution.inputs.features import GRANULARITIES
 from attrlab.attribution.methods import get_method
 from attrlab.attribution.patching.problem import MAX_SEEDS
 from attrlab.attribution.request import MAX_SEED
+from attrlab.attribution.request.answers import MAX_NEW_TOKENS
 from attrlab.viz.view import CLIP_MIN, SIGNS, View
 
 __all__ = [

@@ -29,11 +29,11 @@ from attrlab.app.ui.shared import (
     session,
 )
 from attrlab.app.worker import PatchRequest, PruneRequest
-from attrlab.attribution.answers import AnswerSpec
 from attrlab.attribution.engine import model_unit_kinds
 from attrlab.attribution.models import BUILTIN_MODELS, default_model
 from attrlab.attribution.patching import COMPONENTS, DIRECTIONS, ESTIMATORS, agreement_reading
 from attrlab.attribution.patching.problem import MAX_SEEDS
+from attrlab.attribution.request.answers import AnswerSpec
 from attrlab.viz.bundle import write_bundle
 from attrlab.viz.patching import (
     patching_figure_names,

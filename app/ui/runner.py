@@ -16,7 +16,7 @@ from attrlab.app.errors import public_message
 from attrlab.app.ui.shared import session
 from attrlab.app.worker import ExplainRequest, ExplainWorker, Job, Request
 from attrlab.attribution.errors import AttrlabError
-from attrlab.attribution.run import ProgressCallback
+from attrlab.attribution.request.run import ProgressCallback
 
 __all__ = ["PageRunner", "Runner", "queued_cost"]
 

@@ -25,8 +25,8 @@ from attrlab.attribution.engine.units import shared_sites, unit_kind
 from attrlab.attribution.engine.verification import METRICS, measured_rows
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.models.base import Adapter, Inputs
-from attrlab.attribution.run import RunContext, RunSettings
-from attrlab.attribution.target import Target
+from attrlab.attribution.request.run import RunContext, RunSettings
+from attrlab.attribution.request.target import Target
 
 __all__ = [
     "AGREEMENT_COLUMNS",

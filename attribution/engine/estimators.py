@@ -35,7 +35,7 @@ from attrlab.attribution.layers.agreement import head_ranking
 from attrlab.attribution.layers.analysis import HEAD_ESTIMATORS, MEASURES, chosen_measures
 from attrlab.attribution.methods.catalog import catalog_entries
 from attrlab.attribution.models.base import Adapter, Inputs
-from attrlab.attribution.target import Target
+from attrlab.attribution.request.target import Target
 
 __all__ = [
     "ESTIMATORS",

@@ -25,13 +25,13 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from attrlab.attribution.defaults import RECHECK_DRAWS
 from attrlab.attribution.engine.estimators import Evidence, scores_of
 from attrlab.attribution.engine.units import Site, unit_kind
 from attrlab.attribution.engine.verification import removed_scores
 from attrlab.attribution.layers.analysis import checked_target
 from attrlab.attribution.models.base import Adapter, Inputs
-from attrlab.attribution.target import Target
+from attrlab.attribution.request.defaults import RECHECK_DRAWS
+from attrlab.attribution.request.target import Target
 from attrlab.attribution.verdicts import (
     FIRST_DRAWS,
     Draws,

@@ -7,8 +7,9 @@ layer ranking from a patching problem on that input, and measures the layer and 
 curves of every ranking beside random orders (:func:`~attribution.engine.verification.
 pruning_curves`) over a small dataset: the bundled sentences by default, or given texts, each
 scored on its own top prediction of the unpruned model; or inputs prepared with their targets.
-:func:`study_parts` prices it before it runs (:func:`~attribution.estimate.study_estimate`);
-the study refuses to start over its settings' budgets (:func:`~attribution.gate.clear_study`).
+:func:`study_parts` prices it before it runs (:func:`~attribution.request.estimate.study_estimate`);
+the study refuses to start over its settings' budgets
+(:func:`~attribution.request.gate.clear_study`).
 """
 
 from __future__ import annotations
@@ -20,8 +21,6 @@ from typing import Any
 import pandas as pd
 import torch
 
-from attrlab.attribution.answers import answer_request
-from attrlab.attribution.defaults import PRUNING_DRAWS
 from attrlab.attribution.engine.agreement import (
     RemovalAgreement,
     agreement_passes,
@@ -31,7 +30,6 @@ from attrlab.attribution.engine.estimators import Evidence, estimators_for, scor
 from attrlab.attribution.engine.units import UNIT_KINDS, check_unit_kinds, model_unit_kinds
 from attrlab.attribution.engine.verification import PruningCurves, curve_passes, pruning_curves
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
-from attrlab.attribution.gate import clear_study
 from attrlab.attribution.layers.analysis import analyze, checked_target, chosen_measures
 from attrlab.attribution.layers.analysis import planned_passes as analysis_passes
 from attrlab.attribution.metrics.leaderboard import bundled_items
@@ -39,8 +37,11 @@ from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.text import DecoderLMAdapter
 from attrlab.attribution.patching import PatchingProblem, patching_problem, patching_report
 from attrlab.attribution.patching import planned_passes as patching_passes
-from attrlab.attribution.run import RunContext, RunSettings
-from attrlab.attribution.target import Target, resolve_target
+from attrlab.attribution.request.answers import answer_request
+from attrlab.attribution.request.defaults import PRUNING_DRAWS
+from attrlab.attribution.request.gate import clear_study
+from attrlab.attribution.request.run import RunContext, RunSettings
+from attrlab.attribution.request.target import Target, resolve_target
 
 __all__ = [
     "MAX_TEXTS",
@@ -246,7 +247,7 @@ def pruning_study(
     dataset and score every ranking against those exact effects
     (:func:`~attribution.engine.agreement.removal_agreement`). The whole study is priced first
     and refused over ``settings``'
-    forward-pass budget or seconds (:func:`~attribution.gate.clear_study`).
+    forward-pass budget or seconds (:func:`~attribution.request.gate.clear_study`).
 
     Raises:
         InvalidParameterError: unknown units, ``draws`` < 1, a bad ``head_step``.
@@ -331,7 +332,7 @@ def ranked_input(
 
     Raises:
         InvalidInputError: a target beside an answer, and what
-            :func:`~attribution.answers.answer_request` and
+            :func:`~attribution.request.answers.answer_request` and
             :func:`~attribution.patching.patching_problem` refuse.
     """
     asks_answer = answer is not None or contrast is not None or corrupted is not None

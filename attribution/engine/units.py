@@ -28,13 +28,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
-from attrlab.attribution.features import features_of
+from attrlab.attribution.inputs.features import features_of
+from attrlab.attribution.inputs.perturb import hidden_tokens
 from attrlab.attribution.layers.analysis import ModelParts
 from attrlab.attribution.layers.hooks import ablate_head_sets, skip_blocks
 from attrlab.attribution.models.base import Adapter, Inputs, TextInputs
 from attrlab.attribution.patching.base import COMPONENTS
 from attrlab.attribution.patching.hooks import Activations, removed_sites
-from attrlab.attribution.perturb import hidden_tokens
 
 __all__ = [
     "COMPONENT_KINDS",

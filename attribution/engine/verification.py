@@ -34,16 +34,16 @@ import torch
 import torch.nn.functional as F
 
 from attrlab.attribution.alteration import altered
-from attrlab.attribution.defaults import PRUNING_DRAWS
 from attrlab.attribution.engine.units import Site, shared_sites, unit_kind
 from attrlab.attribution.errors import InvalidParameterError
+from attrlab.attribution.inputs.perturb import BatchRunner, repeated
 from attrlab.attribution.layers.analysis import checked_target
 from attrlab.attribution.metrics.faithfulness import measured
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.text import DecoderLMAdapter
-from attrlab.attribution.perturb import BatchRunner, repeated
-from attrlab.attribution.run import RunContext, RunSettings
-from attrlab.attribution.target import Target, decoder_adapter
+from attrlab.attribution.request.defaults import PRUNING_DRAWS
+from attrlab.attribution.request.run import RunContext, RunSettings
+from attrlab.attribution.request.target import Target, decoder_adapter
 from attrlab.attribution.verdicts import (
     FIRST_DRAWS,
     Draws,

@@ -1,9 +1,9 @@
 """
 Per-layer and per-head measures of one prediction, as one long table.
 
-Every measure that depends on what is explained reads a :class:`~attribution.target.Target`:
+Every measure that depends on what is explained reads a :class:`~attribution.request.target.Target`:
 a class, a decoder's next token, or a decoder's answer or contrast on inputs holding that answer
-(:mod:`attribution.answers`). "The target's log-probability" is ``log p`` of one output, or
+(:mod:`attribution.request.answers`). "The target's log-probability" is ``log p`` of one output, or
 ``log p(answer)`` (its tokens' summed); for a contrast ``log p(A) − log p(B)``. "The target's
 score" is one output's logit, or that log-probability for an answer or a contrast (for one token
 each, the logit difference: the IOI measure). A contrast whose alternative needs a sequence of
@@ -49,9 +49,9 @@ import torch
 from torch import nn
 
 from attrlab.attribution.alteration import altered
-from attrlab.attribution.answers import check_answer_fits
 from attrlab.attribution.errors import InvalidParameterError, UnsupportedMethodError
 from attrlab.attribution.explanation import LAYER_COLUMNS, layer_table
+from attrlab.attribution.inputs.perturb import BatchRunner
 from attrlab.attribution.layers.hooks import (
     ABLATIONS,
     ablate_heads,
@@ -65,9 +65,9 @@ from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.families import Layout
 from attrlab.attribution.models.layouts import layout_for
 from attrlab.attribution.models.text import DecoderLMAdapter
-from attrlab.attribution.perturb import BatchRunner
-from attrlab.attribution.run import RunContext, RunSettings
-from attrlab.attribution.target import (
+from attrlab.attribution.request.answers import check_answer_fits
+from attrlab.attribution.request.run import RunContext, RunSettings
+from attrlab.attribution.request.target import (
     ContrastTarget,
     OutputTarget,
     Target,
@@ -545,8 +545,9 @@ def analyze_layers(
     """
     The measures of :data:`MEASURES` (all that apply by default) for ``target`` on one input.
 
-    ``target``: an output's index, or a :class:`~attribution.target.Target` (a decoder's
-    answer or contrast on inputs holding that answer, :func:`attribution.answers.answer_request`).
+    ``target``: an output's index, or a :class:`~attribution.request.target.Target` (a decoder's
+    answer or contrast on inputs holding that answer,
+    :func:`attribution.request.answers.answer_request`).
 
     Returns:
         A long table with :data:`COLUMNS`: one row per layer (``head`` null) or per query head

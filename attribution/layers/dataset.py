@@ -15,10 +15,10 @@ import numpy as np
 import pandas as pd
 import torch
 
+from attrlab.attribution.inputs.runs import run_rows
 from attrlab.attribution.layers.analysis import analyze
 from attrlab.attribution.models.base import Adapter
-from attrlab.attribution.run import RunContext, RunSettings
-from attrlab.attribution.runs import run_rows
+from attrlab.attribution.request.run import RunContext, RunSettings
 
 __all__ = ["DATASET_COLUMNS", "DatasetItem", "analyze_dataset"]
 

@@ -20,17 +20,17 @@ from attrlab.attribution.alteration import altered
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.explain import explain
 from attrlab.attribution.explanation import Explanation
-from attrlab.attribution.gate import clear
 from attrlab.attribution.layers.analysis import head_projections
 from attrlab.attribution.layers.hooks import check_heads, zeroed_heads
 from attrlab.attribution.models.base import Adapter, Inputs, TextInputs
-from attrlab.attribution.run import (
+from attrlab.attribution.request.gate import clear
+from attrlab.attribution.request.run import (
     ProgressCallback,
     RunSettings,
     SharedPasses,
     stop_if_cancelled,
 )
-from attrlab.attribution.target import Target
+from attrlab.attribution.request.target import Target
 
 __all__ = ["HeadAblation", "ablate_heads_and_explain", "head_attention"]
 

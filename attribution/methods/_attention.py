@@ -6,7 +6,7 @@ whose layer-``l`` edges are the head-fused attention of block ``l`` plus the res
 connection, ``Ã_l = 0.5·A_l + 0.5·I`` with rows renormalised to sum to 1. Where the model reads
 its output (CLS, the last position or a mean over tokens) comes from ``Adapter.readout``; a
 decoder's answer is read at the positions predicting its tokens
-(:meth:`~attribution.target.Target.read_offsets`).
+(:meth:`~attribution.request.target.Target.read_offsets`).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import torch
 
 from attrlab.attribution.errors import UnsupportedMethodError
 from attrlab.attribution.models.base import Adapter, Inputs, patch_grid
-from attrlab.attribution.params import Spec
-from attrlab.attribution.run import RunContext
-from attrlab.attribution.target import Target
+from attrlab.attribution.request.params import Spec
+from attrlab.attribution.request.run import RunContext
+from attrlab.attribution.request.target import Target
 
 __all__ = [
     "HEAD_FUSION",
@@ -79,7 +79,7 @@ def attention_graph(
     ``adapter.readout`` (:func:`readout_weights`): mean-pooled sentence encoders, such as the
     zero-shot MiniLM, read the mean of the attended tokens' final states, so the explained row
     is the mean of their rows; a decoder reads ``target`` at the positions of
-    :meth:`~attribution.target.Target.read_offsets` (an answer's: the mean of their rows).
+    :meth:`~attribution.request.target.Target.read_offsets` (an answer's: the mean of their rows).
 
     Raises:
         UnsupportedMethodError: the adapter declares no readout position.

@@ -19,11 +19,11 @@ from captum.attr import Attribution as CaptumAttribution
 from torch import nn
 
 from attrlab.attribution.errors import InvalidParameterError
+from attrlab.attribution.inputs.perturb import repeated
 from attrlab.attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
 from attrlab.attribution.models.placement import parameter
-from attrlab.attribution.params import Spec
-from attrlab.attribution.perturb import repeated
-from attrlab.attribution.target import Target
+from attrlab.attribution.request.params import Spec
+from attrlab.attribution.request.target import Target
 
 __all__ = [
     "BASELINE",
@@ -161,7 +161,7 @@ def attribute_with(
     embeddings), else ``input_method``. ``as_module`` passes the forward pass as an
     :class:`AdapterModule` (DeepLIFT needs it); ``eps`` sets DeepLIFT's zero threshold.
     ``rows``: the input repeated in that many batch rows (each scored by ``target`` as
-    :class:`~attribution.target.StepRows` does), attributions one row each.
+    :class:`~attribution.request.target.StepRows` does), attributions one row each.
     """
     forward = (
         AdapterModule(adapter, inputs.forward_keys, target)

@@ -27,7 +27,7 @@ from attrlab.attribution.methods._deeplift_rules import (
     transformer_deeplift_rules,
     treated_norm,
 )
-from attrlab.attribution.run import RunContext
+from attrlab.attribution.request.run import RunContext
 from attrlab.attribution.verdicts import Verdict, summation_to_delta
 
 if TYPE_CHECKING:

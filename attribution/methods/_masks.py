@@ -6,10 +6,10 @@ import numpy as np
 import torch
 
 from attrlab.attribution.errors import InvalidParameterError
+from attrlab.attribution.inputs.perturb import PRECISIONS, TEXT_PERTURBATIONS
 from attrlab.attribution.models.base import Inputs
-from attrlab.attribution.params import Spec
-from attrlab.attribution.perturb import PRECISIONS, TEXT_PERTURBATIONS
-from attrlab.attribution.run import RunContext
+from attrlab.attribution.request.params import Spec
+from attrlab.attribution.request.run import RunContext
 
 __all__ = [
     "BATCH_SIZE",

@@ -26,9 +26,9 @@ from attrlab.attribution.methods._attention import (
 from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
 from attrlab.attribution.methods.registry import register
 from attrlab.attribution.models.base import Adapter, Inputs
-from attrlab.attribution.params import MethodParams, param
-from attrlab.attribution.run import RunContext
-from attrlab.attribution.target import Target
+from attrlab.attribution.request.params import MethodParams, param
+from attrlab.attribution.request.run import RunContext
+from attrlab.attribution.request.target import Target
 
 __all__ = [
     "CAPACITY_SCALE",

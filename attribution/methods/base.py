@@ -18,9 +18,9 @@ from attrlab.attribution.methods.smoothing import (
     smoothing_requested,
 )
 from attrlab.attribution.models.base import Adapter, Inputs
-from attrlab.attribution.params import MethodParams, Param
-from attrlab.attribution.run import RunContext
-from attrlab.attribution.target import Target
+from attrlab.attribution.request.params import MethodParams, Param
+from attrlab.attribution.request.run import RunContext
+from attrlab.attribution.request.target import Target
 from attrlab.attribution.verdicts import Verdict
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ class AttributionMethod(ABC, Generic[P]):
             per-head measures, with a map as a by-product).
         steps_share_forward: Its batched per-step matrix (:meth:`attribute_steps`) runs one
             forward of the input per batch of steps and a backward per step, rather than the
-            input repeated once per step (what :mod:`attribution.estimate` prices).
+            input repeated once per step (what :mod:`attribution.request.estimate` prices).
         alters_model: It changes what the model's forward computes or records while it runs
             (hooks, routed attention), so :func:`attribution.explain` holds the model
             :func:`~attribution.alteration.altered` for the whole run. False for methods of
@@ -288,11 +288,11 @@ class AttributionMethod(ABC, Generic[P]):
         """
         The maps of ``steps`` of ``target`` at once, ``(len(steps), *map_shape)``.
 
-        What :meth:`attribute`'s ``scores`` are for each :class:`~attribution.target.StepTarget`,
-        from batched passes (the input repeated, row ``r`` scoring step ``steps[r]``:
-        :class:`~attribution.target.StepRows`). ``None`` where the method has no such batch
-        (:meth:`batches_steps`): :func:`attribution.explain.attribute` then runs one
-        attribution per step.
+        What :meth:`attribute`'s ``scores`` are for each
+        :class:`~attribution.request.target.StepTarget`, from batched passes (the input repeated,
+        row ``r`` scoring step ``steps[r]``: :class:`~attribution.request.target.StepRows`).
+        ``None`` where the method has no such batch (:meth:`batches_steps`):
+        :func:`attribution.explain.attribute` then runs one attribution per step.
         """
         return cls._attribute_steps(adapter, inputs, target, steps, cls.record_of(params), run)
 

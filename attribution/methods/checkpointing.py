@@ -33,7 +33,7 @@ from torch.utils.checkpoint import checkpoint
 from attrlab.attribution.alteration import altered
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.models.base import Adapter
-from attrlab.attribution.params import MethodParams, param
+from attrlab.attribution.request.params import MethodParams, param
 
 __all__ = ["CheckpointingParams", "checkpointed", "checkpointing_for", "checkpointing_reason"]
 

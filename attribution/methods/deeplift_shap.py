@@ -19,9 +19,9 @@ from attrlab.attribution.methods.base import Attribution, AttributionMethod, Pas
 from attrlab.attribution.methods.registry import register
 from attrlab.attribution.methods.smoothing import SmoothingParams
 from attrlab.attribution.models.base import Adapter, Inputs
-from attrlab.attribution.params import param
-from attrlab.attribution.run import RunContext
-from attrlab.attribution.target import Target
+from attrlab.attribution.request.params import param
+from attrlab.attribution.request.run import RunContext
+from attrlab.attribution.request.target import Target
 
 __all__ = ["DeepLiftShap", "DeepLiftShapParams", "reference_distribution"]
 

@@ -16,8 +16,8 @@ from attrlab.attribution.methods.checkpointing import CheckpointingParams
 from attrlab.attribution.methods.registry import register
 from attrlab.attribution.methods.smoothing import SmoothingParams
 from attrlab.attribution.models.base import Adapter, Inputs
-from attrlab.attribution.run import RunContext
-from attrlab.attribution.target import StepRows, Target
+from attrlab.attribution.request.run import RunContext
+from attrlab.attribution.request.target import StepRows, Target
 
 __all__ = ["GradientXInput", "GradientXInputParams"]
 

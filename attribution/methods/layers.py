@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from attrlab.attribution.defaults import LAYERS_TOP_K, RECHECK_DRAWS
 from attrlab.attribution.engine.recheck import recheck_heads, recheck_passes
 from attrlab.attribution.layers.agreement import agreement, agreement_metrics
 from attrlab.attribution.layers.analysis import (
@@ -20,9 +19,10 @@ from attrlab.attribution.methods.base import Attribution, AttributionMethod, Pas
 from attrlab.attribution.methods.registry import register
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.layouts import unsupported_reason
-from attrlab.attribution.params import MethodParams, param
-from attrlab.attribution.run import RunContext
-from attrlab.attribution.target import Target
+from attrlab.attribution.request.defaults import LAYERS_TOP_K, RECHECK_DRAWS
+from attrlab.attribution.request.params import MethodParams, param
+from attrlab.attribution.request.run import RunContext
+from attrlab.attribution.request.target import Target
 
 __all__ = ["LayerAnalysis", "LayerAnalysisParams", "measure_names"]
 

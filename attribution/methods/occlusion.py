@@ -11,8 +11,9 @@ from captum.attr import FeatureAblation
 from captum.attr import Occlusion as CaptumOcclusion
 
 from attrlab.attribution.errors import InvalidParameterError
-from attrlab.attribution.features import Feature, features_of
-from attrlab.attribution.masks import slic_segments
+from attrlab.attribution.inputs.features import Feature, features_of
+from attrlab.attribution.inputs.masks import slic_segments
+from attrlab.attribution.inputs.perturb import BatchRunner, TextPerturbation, auto_batch_size
 from attrlab.attribution.methods._captum import BASELINE, baseline_for
 from attrlab.attribution.methods._masks import (
     BATCH_SIZE,
@@ -24,10 +25,9 @@ from attrlab.attribution.methods._masks import (
 from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
 from attrlab.attribution.methods.registry import register
 from attrlab.attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
-from attrlab.attribution.params import MethodParams, param
-from attrlab.attribution.perturb import BatchRunner, TextPerturbation, auto_batch_size
-from attrlab.attribution.run import RunContext
-from attrlab.attribution.target import Target
+from attrlab.attribution.request.params import MethodParams, param
+from attrlab.attribution.request.run import RunContext
+from attrlab.attribution.request.target import Target
 
 __all__ = ["Occlusion", "OcclusionParams"]
 
@@ -60,7 +60,7 @@ class Occlusion(AttributionMethod[OcclusionParams]):
     of the windows covering it. With ``segments=slic`` each SLIC superpixel is occluded once
     instead (Captum ``FeatureAblation``). Text: windows of ``window`` tokens replaced by pad or
     mask tokens (special tokens stay); a text explained by words, sentences or spans
-    (:mod:`attribution.features`) has each feature occluded once instead, its drop shared
+    (:mod:`attribution.inputs.features`) has each feature occluded once instead, its drop shared
     evenly among its tokens. Paper: https://arxiv.org/abs/1311.2901
     """
 

@@ -7,6 +7,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from attrlab.attribution.inputs.perturb import (
+    TOP_DECILE,
+    BatchRunner,
+    auto_batch_size,
+    perturbation_for,
+    top_decile_error,
+)
 from attrlab.attribution.methods._masks import (
     BATCH_SIZE,
     N_SEGMENTS,
@@ -21,16 +28,9 @@ from attrlab.attribution.methods._masks import (
 from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
 from attrlab.attribution.methods.registry import register
 from attrlab.attribution.models.base import Adapter, Inputs
-from attrlab.attribution.params import MethodParams, param
-from attrlab.attribution.perturb import (
-    TOP_DECILE,
-    BatchRunner,
-    auto_batch_size,
-    perturbation_for,
-    top_decile_error,
-)
-from attrlab.attribution.run import RunContext
-from attrlab.attribution.target import OutputTarget, Target, output_target
+from attrlab.attribution.request.params import MethodParams, param
+from attrlab.attribution.request.run import RunContext
+from attrlab.attribution.request.target import OutputTarget, Target, output_target
 
 __all__ = ["RISE", "RiseEstimator", "RiseParams"]
 

@@ -13,12 +13,7 @@ import shap
 import torch
 
 from attrlab.attribution.errors import InvalidParameterError, UnsupportedMethodError
-from attrlab.attribution.methods._masks import BATCH_SIZE, PRECISION
-from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
-from attrlab.attribution.methods.registry import register
-from attrlab.attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs, text_adapter
-from attrlab.attribution.params import MethodParams, param
-from attrlab.attribution.perturb import (
+from attrlab.attribution.inputs.perturb import (
     TOP_DECILE,
     BatchRunner,
     TextPerturbation,
@@ -26,8 +21,13 @@ from attrlab.attribution.perturb import (
     box_blur,
     top_decile_error,
 )
-from attrlab.attribution.run import RunContext
-from attrlab.attribution.target import StepTarget, Target
+from attrlab.attribution.methods._masks import BATCH_SIZE, PRECISION
+from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
+from attrlab.attribution.methods.registry import register
+from attrlab.attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs, text_adapter
+from attrlab.attribution.request.params import MethodParams, param
+from attrlab.attribution.request.run import RunContext
+from attrlab.attribution.request.target import StepTarget, Target
 
 __all__ = ["Shap", "ShapParams"]
 
@@ -61,7 +61,7 @@ class Shap(AttributionMethod[ShapParams]):
 
     Text: ``shap.maskers.Text`` with the model's tokenizer (hidden tokens become the mask
     token; its partition tree groups neighbouring tokens). A text explained by words,
-    sentences or spans (:mod:`attribution.features`) is masked feature by feature instead
+    sentences or spans (:mod:`attribution.inputs.features`) is masked feature by feature instead
     (all of a feature's tokens become mask tokens together), over a balanced tree of
     neighbouring features; each feature's value is shared evenly among its tokens. Images:
     ``shap.maskers.Image`` hiding regions with a box-blurred copy of the image

@@ -32,8 +32,8 @@ from torch import nn
 
 from attrlab.attribution.alteration import altered
 from attrlab.attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
-from attrlab.attribution.params import MethodParams, param
-from attrlab.attribution.run import RunContext
+from attrlab.attribution.request.params import MethodParams, param
+from attrlab.attribution.request.run import RunContext
 
 if TYPE_CHECKING:
     from attrlab.attribution.methods.base import Attribution, Passes

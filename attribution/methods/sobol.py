@@ -11,6 +11,13 @@ import torch
 from scipy.stats import qmc
 
 from attrlab.attribution.errors import InvalidParameterError
+from attrlab.attribution.inputs.perturb import (
+    TOP_DECILE,
+    BatchRunner,
+    auto_batch_size,
+    perturbation_for,
+    top_decile_error,
+)
 from attrlab.attribution.methods._masks import (
     BATCH_SIZE,
     PRECISION,
@@ -20,16 +27,9 @@ from attrlab.attribution.methods._masks import (
 from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
 from attrlab.attribution.methods.registry import register
 from attrlab.attribution.models.base import Adapter, Inputs
-from attrlab.attribution.params import MethodParams, param, power_of_two
-from attrlab.attribution.perturb import (
-    TOP_DECILE,
-    BatchRunner,
-    auto_batch_size,
-    perturbation_for,
-    top_decile_error,
-)
-from attrlab.attribution.run import RunContext
-from attrlab.attribution.target import Target
+from attrlab.attribution.request.params import MethodParams, param, power_of_two
+from attrlab.attribution.request.run import RunContext
+from attrlab.attribution.request.target import Target
 
 __all__ = ["Sobol", "SobolParams", "jansen_total_order", "sobol_design", "total_order_indices"]
 

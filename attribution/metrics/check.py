@@ -19,11 +19,9 @@ import numpy as np
 import pandas as pd
 
 from attrlab.attribution.agreement import map_agreement
-from attrlab.attribution.defaults import TOP_FRACTION
 from attrlab.attribution.errors import BudgetExceededError, InvalidParameterError
 from attrlab.attribution.explain import explain
 from attrlab.attribution.explanation import Explanation
-from attrlab.attribution.gate import clear_shares
 from attrlab.attribution.metrics.randomisation import (
     cascading_units,
     randomisation_check,
@@ -31,8 +29,10 @@ from attrlab.attribution.metrics.randomisation import (
 )
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.rendering import renderer
-from attrlab.attribution.run import RunSettings, SharedPasses, stop_if_cancelled
-from attrlab.attribution.target import Target
+from attrlab.attribution.request.defaults import TOP_FRACTION
+from attrlab.attribution.request.gate import clear_shares
+from attrlab.attribution.request.run import RunSettings, SharedPasses, stop_if_cancelled
+from attrlab.attribution.request.target import Target
 from attrlab.attribution.verdicts import Verdict
 
 __all__ = ["MethodCheck", "check_methods"]
@@ -94,7 +94,7 @@ def check_methods(
     and a sampling method is refused when the passes left cannot cover it (a gradient method,
     which plans nothing, may overrun the budget by its own few passes); its ``max_seconds``
     is shared equally by the methods, each priced with its randomisation steps
-    (:func:`attribution.gate.clear_shares`) before anything runs. ``progress`` counts
+    (:func:`attribution.request.gate.clear_shares`) before anything runs. ``progress`` counts
     explanations done out of those planned. ``evaluate`` adds each method's faithfulness scores
     (the trust card, as :func:`~attribution.explain.explain`'s) to its explanation's metrics; the
     randomisation recomputes need only their maps and skip them, as they skip ``per_step``

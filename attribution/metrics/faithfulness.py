@@ -16,8 +16,8 @@ Text (ERASER, DeYoung et al. 2020, https://arxiv.org/abs/1911.03429, as ferret c
 p(only the top-k % tokens)``, special tokens always kept, each averaged over k = 10 … 50 %
 (AOPC); higher comprehensiveness and lower sufficiency are better. Tokens are removed, or
 replaced by the mask token. A text explained by words, sentences or spans
-(:func:`~attribution.features.with_features`) is scored by its features instead: the map summed
-within each feature ranks them, whole features are removed or kept (top-k % of the features),
+(:func:`~attribution.inputs.features.with_features`) is scored by its features instead: the map
+summed within each feature ranks them, whole features are removed or kept (top-k % of the features),
 and tokens in no feature always stay. The token deletion and insertion curves (MoRF) are
 reported as for images.
 
@@ -33,7 +33,7 @@ Every measure comes with the same measure for seeded random orders (their mean),
 number means something; each score of :data:`SCORES` also with the 95 % range of one random
 order's score and a test of the map's score against them
 (:func:`~attribution.verdicts.against_random`: "inconclusive" when it lies within their
-noise). All forwards go through :class:`~attribution.perturb.BatchRunner` (batched, counted,
+noise). All forwards go through :class:`~attribution.inputs.perturb.BatchRunner` (batched, counted,
 cancellable); masks are built per batch.
 """
 
@@ -50,9 +50,8 @@ import torch
 from scipy.ndimage import gaussian_filter
 
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
-from attrlab.attribution.features import feature_scores
-from attrlab.attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
-from attrlab.attribution.perturb import (
+from attrlab.attribution.inputs.features import feature_scores
+from attrlab.attribution.inputs.perturb import (
     BatchRunner,
     ImagePerturbation,
     MaskBatches,
@@ -60,8 +59,9 @@ from attrlab.attribution.perturb import (
     TextPerturbation,
     auto_batch_size,
 )
-from attrlab.attribution.run import RunContext
-from attrlab.attribution.target import OutputTarget, Target, output_target
+from attrlab.attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
+from attrlab.attribution.request.run import RunContext
+from attrlab.attribution.request.target import OutputTarget, Target, output_target
 from attrlab.attribution.verdicts import (
     Verdict,
     against_random,
@@ -252,8 +252,8 @@ def faithfulness(
     Each is computed for ``target`` beside seeded random orders (their mean), drawn until the
     map's margin over them is settled, at most ``random_orders``
     (:func:`~attribution.verdicts.draw_until_settled`). ``target``: an output's index, or any
-    :class:`~attribution.target.Target` (a decoder's answer or contrast on inputs holding that
-    answer), read as :func:`measured` says.
+    :class:`~attribution.request.target.Target` (a decoder's answer or contrast on inputs holding
+    that answer), read as :func:`measured` says.
 
     ``steps``: points per image curve beyond the first (the pixels removed per step are
     ``ceil(H·W / steps)``); text curves take one token (or feature) per step. ``image_fill``: one of

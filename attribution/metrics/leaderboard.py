@@ -20,10 +20,10 @@ import numpy as np
 import pandas as pd
 from scipy.stats import bootstrap
 
-from attrlab.attribution.defaults import EVALUATION_ORDERS, EVALUATION_STEPS
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.explanation import Explanation
-from attrlab.attribution.features import check_features, with_features
+from attrlab.attribution.inputs.features import check_features, with_features
+from attrlab.attribution.inputs.runs import explain_rows
 from attrlab.attribution.methods import get_method
 from attrlab.attribution.metrics.faithfulness import (
     RANDOM_ORDERS,
@@ -32,8 +32,8 @@ from attrlab.attribution.metrics.faithfulness import (
     faithfulness_of_maps,
 )
 from attrlab.attribution.models.base import Adapter
-from attrlab.attribution.run import ProgressCallback, RunContext, RunSettings
-from attrlab.attribution.runs import explain_rows
+from attrlab.attribution.request.defaults import EVALUATION_ORDERS, EVALUATION_STEPS
+from attrlab.attribution.request.run import ProgressCallback, RunContext, RunSettings
 from attrlab.attribution.verdicts import item_outcome, sign_test
 
 __all__ = [
@@ -102,7 +102,7 @@ def evaluate_methods(
     One row per item and method: faithfulness and random-order scores, and the method's cost.
 
     ``granularity``: texts explained and scored by ``word`` or ``sentence`` features
-    (:func:`~attribution.features.with_features`; ``span`` needs spans of one text).
+    (:func:`~attribution.inputs.features.with_features`; ``span`` needs spans of one text).
 
     The cost is the method's own forward passes and seconds (scoring the map is not counted).
     ``steps``, ``image_fill`` and ``text_removal`` are :func:`~attribution.metrics.faithfulness`'s.

@@ -22,7 +22,7 @@ from attrlab.attribution.models.placement import execution_device
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
-    from attrlab.attribution.features import Feature
+    from attrlab.attribution.inputs.features import Feature
     from attrlab.attribution.models.images import ImageTransform
 
 __all__ = [
@@ -45,14 +45,14 @@ class TextInputs:
 
     ``tokens`` are the tokenizer's own strings (``ĠMary``, ``▁Mary``, ``##ry``);
     ``token_texts`` the text each stands for (``" Mary"``, ``"ry"``; see
-    :mod:`attribution.tokens`), which is what people are shown. ``offsets`` are each token's
+    :mod:`attribution.inputs.tokens`), which is what people are shown. ``offsets`` are each token's
     ``(start, end)`` characters in ``text`` as the tokenizer gives them (``(0, 0)`` for a
     token it added), ``None`` from a slow tokenizer. ``features`` are the words, sentences or
-    spans explained together at ``granularity`` (:func:`attribution.features.with_features`);
+    spans explained together at ``granularity`` (:func:`attribution.inputs.features.with_features`);
     ``None``: each token on its own.
 
     A decoder LM's answer is teacher-forced after its prompt in the same sequence: its
-    ``answer_length`` last tokens (:mod:`attribution.answers`). Like special tokens they are
+    ``answer_length`` last tokens (:mod:`attribution.request.answers`). Like special tokens they are
     :attr:`fixed_tokens`: perturbations and references keep them, since they are what is
     explained, read at the positions counted back from the last attended one.
     """

@@ -12,9 +12,9 @@ from torch import nn
 from transformers.modeling_outputs import SequenceClassifierOutput
 
 from attrlab.attribution.errors import InvalidInputError, require_unicode
+from attrlab.attribution.inputs.tokens import token_texts, vocabulary_text
 from attrlab.attribution.models.base import TextAdapter, TextInputs
 from attrlab.attribution.models.families import positional_encoding_of
-from attrlab.attribution.tokens import token_texts, vocabulary_text
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
@@ -30,7 +30,7 @@ def tokenize(
     """
     Tokenise one text, truncating to ``max_length`` tokens and recording whether it did.
 
-    Each token's text (:func:`~attribution.tokens.token_texts`) comes from the tokenizer's
+    Each token's text (:func:`~attribution.inputs.tokens.token_texts`) comes from the tokenizer's
     character offsets, which fast tokenizers give (kept on the inputs), else from decoding.
     """
     if text is not None and not isinstance(text, str):

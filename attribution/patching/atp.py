@@ -54,7 +54,7 @@ from attrlab.attribution.patching.base import COMPONENTS, row_chunks, site_sums
 from attrlab.attribution.patching.exact import Baseline
 from attrlab.attribution.patching.hooks import Activations, Pattern, noised, recorded
 from attrlab.attribution.patching.problem import Runs
-from attrlab.attribution.run import RunContext
+from attrlab.attribution.request.run import RunContext
 
 __all__ = ["Rules", "atp", "atp_star"]
 

@@ -6,7 +6,7 @@ the clean run (Meng et al. 2022, https://arxiv.org/abs/2202.05262; Heimersheim &
 https://arxiv.org/abs/2404.15255). Each batch row patches one site, by the patch removal of
 the site's unit kind (:meth:`~attribution.engine.units.UnitKind.patched`); the sites of one
 layer go in one forward batch (halved on CUDA out-of-memory by
-:class:`~attribution.perturb.BatchRunner`).
+:class:`~attribution.inputs.perturb.BatchRunner`).
 With Gaussian-noise corruption every site is patched once per noise draw and the scores are
 averaged.
 """
@@ -23,6 +23,7 @@ import torch
 from attrlab.attribution.alteration import altered
 from attrlab.attribution.engine.units import COMPONENT_KINDS, Site, unit_kind
 from attrlab.attribution.errors import InvalidParameterError
+from attrlab.attribution.inputs.perturb import BatchRunner
 from attrlab.attribution.models.base import Adapter
 from attrlab.attribution.patching.base import (
     COMPONENTS,
@@ -41,7 +42,6 @@ from attrlab.attribution.patching.hooks import (
     recorded_patterns,
 )
 from attrlab.attribution.patching.problem import PatchingProblem, Run, Runs
-from attrlab.attribution.perturb import BatchRunner
 
 __all__ = ["Baseline", "baseline", "exact", "exact_rows", "patched_score"]
 

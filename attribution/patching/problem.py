@@ -14,15 +14,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attrlab.attribution.answers import Answer, answer_inputs, answer_request, prompt_inputs
-from attrlab.attribution.defaults import NOISE_SEEDS
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
+from attrlab.attribution.inputs.perturb import repeated
 from attrlab.attribution.layers.analysis import ModelParts, checked_target
 from attrlab.attribution.models.base import Adapter, TextInputs, text_adapter
 from attrlab.attribution.patching.base import COMPONENTS, Scale, Site
 from attrlab.attribution.patching.hooks import noised
-from attrlab.attribution.perturb import repeated
-from attrlab.attribution.target import AnswerTarget, ContrastTarget, Target, resolve_target
+from attrlab.attribution.request.answers import Answer, answer_inputs, answer_request, prompt_inputs
+from attrlab.attribution.request.defaults import NOISE_SEEDS
+from attrlab.attribution.request.target import AnswerTarget, ContrastTarget, Target, resolve_target
 
 __all__ = ["MAX_SEEDS", "GaussianNoise", "PatchingProblem", "Run", "Runs", "patching_problem"]
 
@@ -151,7 +151,7 @@ def patching_problem(
     (an index or label; default: the clean input's top class), read as its logit.
 
     Raises:
-        InvalidInputError: as :func:`~attribution.answers.answer_request` and
+        InvalidInputError: as :func:`~attribution.request.answers.answer_request` and
             :meth:`PatchingProblem.check`; an answer or contrast on a classifier, a class
             target on a decoder LM.
     """

@@ -20,7 +20,7 @@ from attrlab.attribution.models.layouts import layout_for
 from attrlab.attribution.patching.atp import atp
 from attrlab.attribution.patching.exact import Baseline
 from attrlab.attribution.patching.problem import Runs
-from attrlab.attribution.run import RunContext
+from attrlab.attribution.request.run import RunContext
 
 __all__ = ["relp"]
 

@@ -5,7 +5,7 @@ One call for a patching study: exact patching and its estimators, their table an
 estimators computed by the report (:data:`~attribution.engine.estimators.ESTIMATORS`);
 :func:`planned_passes` prices a study before it runs; :func:`patching_report` runs it under
 the model's alteration lock, with progress, cancellation and the pass budget of its
-:class:`~attribution.run.RunSettings`.
+:class:`~attribution.request.run.RunSettings`.
 """
 
 from __future__ import annotations
@@ -17,13 +17,12 @@ from typing import Any
 import pandas as pd
 
 from attrlab.attribution.alteration import altered
-from attrlab.attribution.defaults import PATCHING_TOP_K
 from attrlab.attribution.engine.agreement import PATCHING_AGREEMENT_COLUMNS as AGREEMENT_COLUMNS
 from attrlab.attribution.engine.agreement import agreement_with_exact
 from attrlab.attribution.engine.estimators import ESTIMATORS as ENGINE_ESTIMATORS
 from attrlab.attribution.engine.estimators import Estimator
 from attrlab.attribution.errors import InvalidParameterError
-from attrlab.attribution.gate import clear_study, memory_rows
+from attrlab.attribution.inputs.perturb import BatchRunner, auto_batch_size
 from attrlab.attribution.models.base import Adapter
 from attrlab.attribution.patching.atp import atp, atp_star
 from attrlab.attribution.patching.base import (
@@ -36,8 +35,9 @@ from attrlab.attribution.patching.base import (
 from attrlab.attribution.patching.exact import Baseline, baseline, exact, exact_rows
 from attrlab.attribution.patching.problem import PatchingProblem, Runs
 from attrlab.attribution.patching.relp import relp
-from attrlab.attribution.perturb import BatchRunner, auto_batch_size
-from attrlab.attribution.run import RunContext, RunSettings
+from attrlab.attribution.request.defaults import PATCHING_TOP_K
+from attrlab.attribution.request.gate import clear_study, memory_rows
+from attrlab.attribution.request.run import RunContext, RunSettings
 
 __all__ = [
     "AGREEMENT_COLUMNS",
@@ -246,7 +246,7 @@ def patching_report(
     Patch every site of ``components`` in ``directions`` exactly and by the ``estimators``.
 
     All by default. ``batch_size``: most rows per forward (default: a layer's sites in one
-    batch, at most :func:`~attribution.perturb.auto_batch_size`'s rows, which on a CPU scale
+    batch, at most :func:`~attribution.inputs.perturb.auto_batch_size`'s rows, which on a CPU scale
     down with the input's length: a long prompt's sites times many noise draws would not fit
     in memory; halved on CUDA out-of-memory either way). ``top_k``: the overlap's ``k``.
 

@@ -1,12 +1,19 @@
 """
-One request and its gate: the records every front end builds, the bounds, admit and resolve.
+One request and its gate: what to explain, whether it may run, what it costs, how it runs.
 
 :mod:`~attribution.request.records` holds the requests and their rules,
 :mod:`~attribution.request.bounds` the numbers a server bounds them by, and
 :mod:`~attribution.request.admission` the gate: :func:`admit` before the model loads,
 :func:`resolve` once it is loaded, :func:`run_request` both and the run in the caller's
-thread. The worker (``app.worker``) adds the device: queues, lanes, the model cache, progress
-and cancel. Exports are imported on first use: the bounds need no model code.
+thread. Beside them: what is explained (:mod:`~attribution.request.target`,
+:mod:`~attribution.request.answers`), one method's run cleared and priced
+(:mod:`~attribution.request.gate`, :mod:`~attribution.request.estimate`,
+:mod:`~attribution.request.calibration`, :mod:`~attribution.request.memory`,
+:mod:`~attribution.request.pricing`), the run's settings and state
+(:mod:`~attribution.request.run`), parameter schemas (:mod:`~attribution.request.params`) and
+the numbers a request leaves out (:mod:`~attribution.request.defaults`). The worker
+(``app.worker``) adds the device: queues, lanes, the model cache, progress and cancel. Exports
+are imported on first use: the bounds need no model code.
 """
 
 from __future__ import annotations

@@ -3,11 +3,11 @@ The gate of a request, in two steps: :func:`admit` before the model loads, :func
 
 Every front end's request passes both, through the worker: :func:`admit` checks the request's
 own rules and fields within the server's :class:`~attribution.request.bounds.RequestBounds`,
-its methods and their parameters (:func:`~attribution.gate.checked_params`, within the
+its methods and their parameters (:func:`~attribution.request.gate.checked_params`, within the
 bounds' ceilings); :func:`resolve` checks it against the loaded model (a next token needs a
 decoder LM; each input of the model's modality, within the bounds, decoded, targeted) and
 gives the :class:`~attribution.request.records.JobContext` it runs with, whose settings carry
-the bounds' budgets: each run prices itself against them (:mod:`attribution.gate`).
+the bounds' budgets: each run prices itself against them (:mod:`attribution.request.gate`).
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ import threading
 from typing import Any, TypeVar
 
 from attrlab.attribution.errors import InvalidInputError
-from attrlab.attribution.gate import checked_params
+from attrlab.attribution.inputs.runs import Prepared, prepare_input
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.catalog import DEFAULT_MODELS
 from attrlab.attribution.models.images import load_image
 from attrlab.attribution.request.bounds import RequestBounds
+from attrlab.attribution.request.gate import checked_params
 from attrlab.attribution.request.records import Instance, JobContext, Request, check_modality
-from attrlab.attribution.run import ProgressCallback, stop_if_cancelled
-from attrlab.attribution.runs import Prepared, prepare_input
+from attrlab.attribution.request.run import ProgressCallback, stop_if_cancelled
 
 __all__ = ["admit", "resolve", "run_request"]
 

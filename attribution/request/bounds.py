@@ -14,7 +14,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from attrlab.attribution.answers import AnswerSpec
 from attrlab.attribution.errors import (
     InputTooLargeError,
     InvalidInputError,
@@ -22,7 +21,8 @@ from attrlab.attribution.errors import (
     require_unicode,
 )
 from attrlab.attribution.models.images import max_image_pixels
-from attrlab.attribution.run import ProgressCallback, RunSettings
+from attrlab.attribution.request.answers import AnswerSpec
+from attrlab.attribution.request.run import ProgressCallback, RunSettings
 
 __all__ = [
     "MAX_LABELS",

@@ -20,9 +20,16 @@ from dataclasses import fields as dataclass_fields
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from attrlab.attribution import engine, layers, methods, metrics, patching
-from attrlab.attribution.answers import AnswerSpec
-from attrlab.attribution.calibration import calibrate, calibrated
-from attrlab.attribution.defaults import (
+from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
+from attrlab.attribution.explain import explain, preview
+from attrlab.attribution.explanation import Explanation
+from attrlab.attribution.inputs.features import check_features
+from attrlab.attribution.inputs.runs import Prepared, explain_rows
+from attrlab.attribution.models.base import Adapter, Inputs
+from attrlab.attribution.request.answers import AnswerSpec
+from attrlab.attribution.request.bounds import RequestBounds
+from attrlab.attribution.request.calibration import calibrate, calibrated
+from attrlab.attribution.request.defaults import (
     EVALUATION_ORDERS,
     EVALUATION_STEPS,
     NOISE_SEEDS,
@@ -30,29 +37,22 @@ from attrlab.attribution.defaults import (
     PRUNING_DRAWS,
     TOP_FRACTION,
 )
-from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
-from attrlab.attribution.estimate import estimate
-from attrlab.attribution.explain import explain, preview
-from attrlab.attribution.explanation import Explanation
-from attrlab.attribution.features import check_features
-from attrlab.attribution.gate import clear_shares
-from attrlab.attribution.models.base import Adapter, Inputs
-from attrlab.attribution.request.bounds import RequestBounds
-from attrlab.attribution.run import RunSettings
-from attrlab.attribution.runs import Prepared, explain_rows
-from attrlab.attribution.target import Target
+from attrlab.attribution.request.estimate import estimate
+from attrlab.attribution.request.gate import clear_shares
+from attrlab.attribution.request.run import RunSettings
+from attrlab.attribution.request.target import Target
 
 if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
 
     from attrlab.attribution.engine.study import PruningStudy
-    from attrlab.attribution.estimate import Estimate
     from attrlab.attribution.explain import Preview
     from attrlab.attribution.layers import HeadAblation
     from attrlab.attribution.metrics import EvalItem
     from attrlab.attribution.metrics.check import MethodCheck
     from attrlab.attribution.patching import PatchingReport
+    from attrlab.attribution.request.estimate import Estimate
 
 __all__ = [
     "MAX_ABLATED_HEADS",
@@ -97,8 +97,9 @@ class Instance:
     ``image`` holds encoded image bytes or a decoded array, never a path: front ends that read
     files (the CLI) read them before building the request. With ``answer`` the text is a
     decoder LM's prompt, and what is explained is the answer it asks about (given, generated,
-    contrasted: :class:`~attribution.answers.AnswerSpec`), not ``target``. A text is explained
-    at ``granularity`` (``spans``: the character spans of ``span``; :mod:`attribution.features`).
+    contrasted: :class:`~attribution.request.answers.AnswerSpec`), not ``target``. A text is
+    explained at ``granularity`` (``spans``: the character spans of ``span``;
+    :mod:`attribution.inputs.features`).
     """
 
     text: str | None = None
@@ -130,7 +131,8 @@ def check_instance_features(
     instance: ``name(number, instance)``, by default ``instances[number]``.
 
     Raises:
-        InvalidInputError, InvalidParameterError: as :func:`~attribution.features.check_features`,
+        InvalidInputError, InvalidParameterError: as
+        :func:`~attribution.inputs.features.check_features`,
             prefixed with the instance's name.
     """
     for number, instance in enumerate(instances):

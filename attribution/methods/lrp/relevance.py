@@ -31,7 +31,7 @@ from attrlab.attribution.methods.lrp.positional import (
 )
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.layouts import layout_for
-from attrlab.attribution.target import Target
+from attrlab.attribution.request.target import Target
 from attrlab.attribution.verdicts import lrp_conservation
 
 __all__ = ["LRPResult", "lrp", "lrp_steps", "to_attribution"]

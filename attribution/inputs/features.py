@@ -2,7 +2,7 @@
 Features of a text: tokens, words, sentences or given spans, and scores moved between levels.
 
 A *feature* is a run of consecutive tokens explained as one: perturbation methods hide or keep
-all its tokens together (:class:`~attribution.perturb.TextPerturbation`), and every per-token
+all its tokens together (:class:`~attribution.inputs.perturb.TextPerturbation`), and every per-token
 map is summed within it (:func:`feature_scores`). Where a method computed one value per
 feature, :func:`spread` shares it evenly among the feature's tokens, so that the per-token map
 sums back to it.

@@ -15,20 +15,20 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol, TypeVar
 
-from attrlab.attribution.answers import AnswerSpec, prompt_inputs
 from attrlab.attribution.errors import AttrlabError, JobCancelledError
 from attrlab.attribution.explain import explain
 from attrlab.attribution.explanation import Explanation
-from attrlab.attribution.features import with_features
-from attrlab.attribution.gate import clear_generation
+from attrlab.attribution.inputs.features import with_features
 from attrlab.attribution.models.base import Adapter, Inputs
-from attrlab.attribution.run import (
+from attrlab.attribution.request.answers import AnswerSpec, prompt_inputs
+from attrlab.attribution.request.gate import clear_generation
+from attrlab.attribution.request.run import (
     ProgressCallback,
     RunSettings,
     cancellable_forwards,
     stop_if_cancelled,
 )
-from attrlab.attribution.target import Target
+from attrlab.attribution.request.target import Target
 
 __all__ = ["Prepared", "RowResult", "TargetedRow", "explain_rows", "prepare_input", "run_rows"]
 
@@ -73,18 +73,18 @@ def prepare_input(
 
     ``raw`` (a text or an image) is preprocessed and explained for ``target``; with ``answer``
     the text is a decoder LM's prompt, and inputs and target are the answer's
-    (:func:`attribution.answers.answer_request`; ``target`` is then the next token that is
+    (:func:`attribution.request.answers.answer_request`; ``target`` is then the next token that is
     the answer, where none is given or generated: a contrast's, or the chat template's).
     Generating an answer stops at its next forward once ``cancel`` is set. ``budgets``: the
     run's seconds and memory bound the generation too: it is priced before it starts
-    (:func:`attribution.gate.clear_generation`) and stops once the seconds are spent. A text
+    (:func:`attribution.request.gate.clear_generation`) and stops once the seconds are spent. A text
     is explained at ``granularity`` (its words, sentences or ``spans``:
-    :func:`attribution.features.with_features`).
+    :func:`attribution.inputs.features.with_features`).
 
     Raises:
         InvalidInputError: a ``target`` beside a given or generated answer (the answer is what
             is explained), and what the adapter or
-            :func:`~attribution.answers.answer_request` refuses.
+            :func:`~attribution.request.answers.answer_request` refuses.
         JobCancelledError: ``cancel`` set while the answer is generated.
         TooSlowError, TooMuchMemoryError: a generation over ``budgets``, before it starts or
             (seconds) while it goes.

@@ -27,7 +27,7 @@ from attrlab.attribution.errors import (
 
 if TYPE_CHECKING:
     from attrlab.attribution.models.base import Adapter, Inputs
-    from attrlab.attribution.target import Target
+    from attrlab.attribution.request.target import Target
 
 __all__ = [
     "ProgressCallback",
@@ -47,8 +47,9 @@ class RunSettings:
     """
     What the caller of a run decides, handed whole from front end to method.
 
-    :func:`~attribution.explain`, :func:`~attribution.estimate`, the checks of several methods
-    and the head ablation take one; the gate (:mod:`attribution.gate`) reads its budgets.
+    :func:`~attribution.explain`, :func:`~attribution.request.estimate`, the checks of several
+    methods and the head ablation take one; the gate (:mod:`attribution.request.gate`) reads its
+    budgets.
 
     Attributes:
         seed: Seed of every random draw of the run (same seed, same result).
@@ -90,7 +91,7 @@ class RunContext:
         attentions: The attention probabilities of that same pass, when the method reads them
             (:meth:`clean_attentions`).
         max_rows: Most rows one pass may hold, where the run's memory bounds them
-            (:attr:`attribution.gate.Cleared.rows`); ``None``: as the method batches.
+            (:attr:`attribution.request.gate.Cleared.rows`); ``None``: as the method batches.
     """
 
     seed: int = 0

@@ -6,9 +6,9 @@ and a backward to them, as the gradient methods spend it) is timed on ``width`` 
 fixed short input of the model's own (:func:`reference_input`: never a request's, so that a
 request's size cannot change what calibrating costs), since batched rows cost less each. The
 passes are the adapter's own, run directly: calibrating runs no attribution method. The peak
-memory of those passes beyond the resting weights (:func:`attribution.memory.peak_memory`:
+memory of those passes beyond the resting weights (:func:`attribution.request.memory.peak_memory`:
 torch's allocator on CUDA, the process's resident high-water mark on the CPU) is measured in
-the same passes. :mod:`attribution.estimate` scales both by the size of the input it prices.
+the same passes. :mod:`attribution.request.estimate` scales both by the size of the input it prices.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import torch
 from PIL import Image
 
 from attrlab.attribution.errors import DeviceMemoryError
-from attrlab.attribution.memory import peak_memory
+from attrlab.attribution.inputs.perturb import repeated
 from attrlab.attribution.models.base import Adapter, Inputs
-from attrlab.attribution.perturb import repeated
+from attrlab.attribution.request.memory import peak_memory
 
 __all__ = [
     "ATTENTION_MAPS",

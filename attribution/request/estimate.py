@@ -4,10 +4,10 @@ What a run will cost, before it starts: model passes, seconds and peak device me
 Passes come from the method's definition (:meth:`AttributionMethod.planned_passes`: its own
 passes, once per smoothing sample): exact, or an upper bound where early stopping may end the
 run sooner. Seconds and memory come from the model's calibration
-(:mod:`attribution.calibration`: forward and gradient passes timed on a fixed short input of
+(:mod:`attribution.request.calibration`: forward and gradient passes timed on a fixed short input of
 the model's own, one row at a time or in batches), scaled by the input's size (tokens or
 pixels; a transformer's attention maps by its square,
-:meth:`~attribution.calibration.Calibration.row_bytes`), memory also by the widest batch.
+:meth:`~attribution.request.calibration.Calibration.row_bytes`), memory also by the widest batch.
 """
 
 from __future__ import annotations
@@ -17,17 +17,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from attrlab.attribution.calibration import calibrate
+from attrlab.attribution.inputs.perturb import auto_batch_size
 from attrlab.attribution.methods import get_method
 from attrlab.attribution.methods.base import AttributionMethod
 from attrlab.attribution.methods.smoothing import smoothing_requested
 from attrlab.attribution.metrics.faithfulness import faithfulness_passes
 from attrlab.attribution.models.base import Adapter, Inputs
-from attrlab.attribution.perturb import auto_batch_size
-from attrlab.attribution.run import RunSettings
+from attrlab.attribution.request.calibration import calibrate
+from attrlab.attribution.request.run import RunSettings
 
 if TYPE_CHECKING:
-    from attrlab.attribution.target import Target
+    from attrlab.attribution.request.target import Target
 
 __all__ = [
     "STEPS_PER_PASS",
@@ -94,7 +94,8 @@ def steps_batch(
 
     A method with batched steps (:meth:`AttributionMethod.attribute_steps`) takes up to
     :data:`STEPS_PER_PASS` at once, unless its map is smoothed, and at
-    most ``max_rows`` (the rows the run's memory holds: :attr:`attribution.gate.Cleared.rows`).
+    most ``max_rows`` (the rows the run's memory holds:
+    :attr:`attribution.request.gate.Cleared.rows`).
     """
     if not method_cls.batches_steps() or smoothing_requested(method_cls.record_of(params)):
         return 1

@@ -2,7 +2,7 @@
 Mask families: the low-resolution cell values of N masks, expanded one batch at a time.
 
 Each family holds only its cell values (N × cells, small) and builds the full-resolution masks
-of one batch on request (see :class:`attribution.perturb.MaskBatches`): per-token values for
+of one batch on request (see :class:`attribution.inputs.perturb.MaskBatches`): per-token values for
 text, ``g×g`` grids upsampled nearest (Sobol) or bilinearly with random shifts (RISE), and
 SLIC superpixels.
 """

@@ -5,12 +5,12 @@ The worker (and through it the CLI, REST, the page and the Space) and the librar
 Before a model is loaded, :func:`checked_params`: the method exists and its parameters are
 valid. With the model, :func:`clear`: the method applies to it and to the input, its
 parameters are resolved for it (never changing the caller's dict), and, when the run's
-:class:`~attribution.run.RunSettings` bound its seconds, the run is priced
-(:func:`~attribution.estimate.estimate`) and refused when it would take longer. When they bound
-its memory, the run's rows per pass are lowered until its estimated peak fits (results do not
+:class:`~attribution.request.run.RunSettings` bound its seconds, the run is priced
+(:func:`~attribution.request.estimate.estimate`) and refused when it would take longer. When they
+bound its memory, the run's rows per pass are lowered until its estimated peak fits (results do not
 change with the batch), and the run is refused when even that does not fit. Several methods
 in one run (:func:`clear_shares`) share those seconds equally. The forward-pass budget is held
-while the run goes (:meth:`~attribution.run.RunContext.plan`): a method stopping early may
+while the run goes (:meth:`~attribution.request.run.RunContext.plan`): a method stopping early may
 spend less than its bound.
 """
 
@@ -20,20 +20,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
-from attrlab.attribution.calibration import calibrate
 from attrlab.attribution.errors import (
     TooMuchMemoryError,
     TooSlowError,
     UnsupportedMethodError,
 )
-from attrlab.attribution.estimate import Estimate, priced, study_estimate
 from attrlab.attribution.methods import get_method
 from attrlab.attribution.methods.base import AttributionMethod
 from attrlab.attribution.models.base import Adapter, Inputs
-from attrlab.attribution.params import validate_params
-from attrlab.attribution.pricing import slot_seconds
-from attrlab.attribution.run import RunContext, RunSettings
-from attrlab.attribution.target import Target
+from attrlab.attribution.request.calibration import calibrate
+from attrlab.attribution.request.estimate import Estimate, priced, study_estimate
+from attrlab.attribution.request.params import validate_params
+from attrlab.attribution.request.pricing import slot_seconds
+from attrlab.attribution.request.run import RunContext, RunSettings
+from attrlab.attribution.request.target import Target
 
 __all__ = [
     "DEFAULT_PARAM_LIMITS",
@@ -151,7 +151,8 @@ def clear(
 
     ``runs``: the run is repeated that many times (a check's randomisation steps, an ablation's
     second map), all within ``settings.max_seconds``. ``target`` and ``per_step``: a target
-    record and its per-step matrix, priced with the run (:func:`~attribution.estimate.estimate`).
+    record and its per-step matrix, priced with the run
+    (:func:`~attribution.request.estimate.estimate`).
 
     Raises:
         UnknownMethodError, UnsupportedMethodError, InvalidParameterError: as their names say.
@@ -307,7 +308,7 @@ def clear_study(
     """
     Let a study (patching, pruning) through, or refuse it before it starts.
 
-    ``parts``: its planned passes per input (:func:`~attribution.estimate.study_estimate`),
+    ``parts``: its planned passes per input (:func:`~attribution.request.estimate.study_estimate`),
     their widest batches within :func:`memory_rows` where the study can batch them so.
     Its forward rows are announced to ``run`` (refused over ``settings.max_forward_passes``);
     when the settings bound its seconds or memory, it is priced from the calibration and
@@ -337,7 +338,7 @@ def clear_generation(adapter: Adapter, prompt: Inputs, tokens: int, settings: Ru
     Priced before it starts, as ``tokens`` forwards on the prompt (an upper bound: the cache
     of keys and values makes each later token cheaper), and refused when that is over the
     settings' seconds or memory. Generating then stops at its next forward once the seconds
-    are spent (:func:`~attribution.run.cancellable_forwards`).
+    are spent (:func:`~attribution.request.run.cancellable_forwards`).
 
     Raises:
         TooMuchMemoryError, TooSlowError: estimated over ``settings``' bounds.
@@ -362,7 +363,7 @@ def clear_slot(
     method_params: Mapping[str, Mapping[str, Any]],
 ) -> None:
     """
-    Refuse a job whose GPU slot (:func:`~attribution.pricing.slot_seconds`) would be too long.
+    Refuse a job whose GPU slot (:func:`~attribution.request.pricing.slot_seconds`) is too long.
 
     ``seconds``: its price from earlier runs (``None``: not priced yet, never refused);
     ``certain``: the price comes from inputs at least as large (a smaller input's price is a

@@ -2,8 +2,8 @@
 Prices of runs from earlier estimates, for callers that may not estimate now.
 
 A ZeroGPU Space must size a GPU slot before it may touch the GPU, so it cannot call
-:func:`attribution.estimate.estimate` first: it prices a job from what earlier slots estimated
-for runs of the same kind. :class:`EstimateBook` keeps, per kind (any hashable key: model,
+:func:`attribution.request.estimate.estimate` first: it prices a job from what earlier slots
+estimated for runs of the same kind. :class:`EstimateBook` keeps, per kind (any hashable key: model,
 method, parameters...), the estimated seconds at each input size seen, and the time runs took
 beyond their estimates (model loads, decoding), and prices a job from them.
 """

@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 
 from attrlab.attribution.errors import DeviceMemoryError, InvalidInputError, InvalidParameterError
-from attrlab.attribution.features import Feature, features_of, spread
-from attrlab.attribution.imputation import noisy_linear_imputation
-from attrlab.attribution.masks import (
+from attrlab.attribution.inputs.features import Feature, features_of, spread
+from attrlab.attribution.inputs.imputation import noisy_linear_imputation
+from attrlab.attribution.inputs.masks import (
     CellMasks,
     GridMasks,
     SegmentMasks,
@@ -35,10 +35,10 @@ from attrlab.attribution.masks import (
     upsample,
 )
 from attrlab.attribution.models.base import Adapter, Inputs, TextInputs, text_adapter
-from attrlab.attribution.run import RunContext
+from attrlab.attribution.request.run import RunContext
 
 if TYPE_CHECKING:
-    from attrlab.attribution.target import Target
+    from attrlab.attribution.request.target import Target
 
 #: What a forward of :meth:`BatchRunner.chunks` returns (logits, or the caller's readout).
 Output = TypeVar("Output")
@@ -158,8 +158,8 @@ class ImagePerturbation:
     zero); ``blur``: ``x·M + (1-M)·blur(x)``; ``baseline``: ``x·M + (1-M)·x0``;
     ``amplitude``: ``x·(M - 0.5)·σ``; ``road``: hidden pixels (``M < 0.5``) imputed from the
     visible ones with Gaussian noise of scale ``noise``
-    (:func:`~attribution.imputation.noisy_linear_imputation`), drawn from ``seed`` and the mask
-    itself, so that a mask gets the same noise whatever batch it is scored in (a retry after
+    (:func:`~attribution.inputs.imputation.noisy_linear_imputation`), drawn from ``seed`` and the
+    mask itself, so that a mask gets the same noise whatever batch it is scored in (a retry after
     out-of-memory changes nothing). Each imputation is a sparse solve on the CPU:
     ``stop_if_cancelled`` is called before each one.
     """
@@ -306,8 +306,8 @@ class TextPerturbation:
 
     Mask column ``j`` keeps or hides every token of feature ``j`` (``features``: words,
     sentences, spans; by default each non-special token on its own,
-    :func:`~attribution.features.features_of`); tokens in no feature always stay. A mask value
-    ``>= 0.5`` keeps the feature. Hidden tokens are replaced by the tokenizer's mask token
+    :func:`~attribution.inputs.features.features_of`); tokens in no feature always stay. A mask
+    value ``>= 0.5`` keeps the feature. Hidden tokens are replaced by the tokenizer's mask token
     (``mask``) or pad token (``pad``), or removed (``delete``: the remaining tokens shift left
     and the batch is right-padded with attention 0).
     """
@@ -376,7 +376,7 @@ class TextPerturbation:
         Per-token scores from values per feature.
 
         Each value is shared evenly among its feature's tokens
-        (:func:`~attribution.features.spread`); special tokens get 0.
+        (:func:`~attribution.inputs.features.spread`); special tokens get 0.
         """
         return spread(values, self.features, self.ids.numel())
 

@@ -14,7 +14,7 @@ from others fit the same interface: a contrast "A rather than B" scores
 target of its own. Each kind has a JSON form (:meth:`Target.to_json`, :meth:`Target.from_json`)
 that the Explanation's export carries. How an answer is scored lives here too
 (:func:`answer_log_probs`, the outputs reused while :func:`reused_outputs` holds), so the record
-reads its own outputs; building an answer's inputs is :mod:`~attribution.answers`' work.
+reads its own outputs; building an answer's inputs is :mod:`~attribution.request.answers`' work.
 """
 
 from __future__ import annotations
@@ -396,7 +396,7 @@ class AnswerTarget(Target):
     A decoder LM's whole answer: the sum of its tokens' log-probabilities, teacher-forced.
 
     The input is the prompt followed by the answer (``inputs.answer_length == len(tokens)``,
-    :func:`attribution.answers.answer_inputs`); step ``k`` is ``log p(token_k | prompt,
+    :func:`attribution.request.answers.answer_inputs`); step ``k`` is ``log p(token_k | prompt,
     tokens_<k)``.
 
     Attributes:

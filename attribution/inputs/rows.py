@@ -2,10 +2,10 @@
 The one reader of dataset lines: JSON Lines, one ``{"id"?, "text" | "image", "target"?}`` each.
 
 A text line may also ask about a decoder LM's answer: ``answer`` or ``generate`` (with
-``stop``), ``contrast``, ``chat``, ``per_step`` (:class:`~attribution.answers.AnswerSpec`),
+``stop``), ``contrast``, ``chat``, ``per_step`` (:class:`~attribution.request.answers.AnswerSpec`),
 and be explained by its words, sentences or spans: ``granularity`` and ``spans``
-(:mod:`attribution.features`; whether the spans fit the text is checked where it is
-explained, or up front by :func:`~attribution.features.check_features`).
+(:mod:`attribution.inputs.features`; whether the spans fit the text is checked where it is
+explained, or up front by :func:`~attribution.inputs.features.check_features`).
 
 Every front end that reads a dataset file reads it here (``attrlab batch``, ``layers`` and
 ``evaluate`` with ``--input``, the page's uploads), and the REST API refuses a target with the
@@ -18,9 +18,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from attrlab.attribution.answers import AnswerSpec
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, parse_json, require_unicode
-from attrlab.attribution.features import check_features
+from attrlab.attribution.inputs.features import check_features
+from attrlab.attribution.request.answers import AnswerSpec
 
 __all__ = ["DatasetLine", "dataset_line", "numbered_lines", "target_problem"]
 
@@ -60,7 +60,7 @@ class DatasetLine:
     target: int | str | None = None
     #: What the line asks about a decoder LM's answer to its text (``None``: its prediction).
     answer: AnswerSpec | None = None
-    #: What the text's scores are given to (:data:`~attribution.features.GRANULARITIES`).
+    #: What the text's scores are given to (:data:`~attribution.inputs.features.GRANULARITIES`).
     granularity: str = "token"
     #: The character spans of granularity ``span``.
     spans: list[list[int]] | None = None
@@ -72,7 +72,7 @@ def dataset_line(number: int, line: str) -> DatasetLine:
     """
     Line ``number`` of a JSONL dataset: ``{"id"?, "text" | "image": name, "target"?}``.
 
-    A text line may carry the fields of an :class:`~attribution.answers.AnswerSpec`.
+    A text line may carry the fields of an :class:`~attribution.request.answers.AnswerSpec`.
 
     It never raises: a line that is not JSON (nested too deeply to read, too), not an object,
     or has a field of the wrong type or a string that is not valid Unicode (a lone surrogate,

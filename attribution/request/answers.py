@@ -11,7 +11,8 @@ everything after them, still reads the answer where it now is. The answer's own 
 :func:`answer_inputs` builds the sequence (optionally in the tokenizer's chat template), and
 :func:`generate_answer` finds the model's own greedy continuation first. Reading an answer's
 per-step log-probabilities from a forward's logits is the target record's own
-(:class:`~attribution.target.AnswerTarget`, :func:`~attribution.target.answer_log_probs`).
+(:class:`~attribution.request.target.AnswerTarget`,
+:func:`~attribution.request.target.answer_log_probs`).
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError, require_unicode
+from attrlab.attribution.inputs.tokens import continuation_texts, token_texts
 from attrlab.attribution.models.base import TextInputs
-from attrlab.attribution.target import AnswerTarget, ContrastTarget, Target, decoder_adapter
-from attrlab.attribution.tokens import continuation_texts, token_texts
+from attrlab.attribution.request.target import AnswerTarget, ContrastTarget, Target, decoder_adapter
 
 if TYPE_CHECKING:
     from attrlab.attribution.models.base import Adapter
@@ -191,7 +192,7 @@ def check_answer_fits(inputs: Any, target: Target) -> None:
         raise InvalidInputError(
             f"the input holds an answer of {answer_length} tokens but the target "
             f"({target.kind}) reads {target.answer_length}: build both from the same "
-            "answer (attribution.answers)"
+            "answer (attribution.request.answers)"
         )
 
 
