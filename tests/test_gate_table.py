@@ -139,8 +139,11 @@ ROWS = [
     Row(
         "evaluation steps out of range",
         InvalidParameterError,
-        "steps must lie in 1..50 and random_orders in 0..3; got 60 and 3",
-        ["evaluate", "--model", TEXT_MODEL, "--methods", "gradient_x_input", "--steps", "60"],
+        "steps must lie in 1..50 and random_orders in 0..100; got 60 and 3",
+        [
+            *("evaluate", "--model", TEXT_MODEL, "--methods", "gradient_x_input"),
+            *("--steps", "60", "--random-orders", "3"),
+        ],
         None,
         lambda bounds: admit(
             EvaluateRequest(

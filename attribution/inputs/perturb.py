@@ -598,6 +598,16 @@ class BatchRunner:
             self._step()
             start = stop
 
+    def finish(self) -> None:
+        """
+        Report the planned passes done: the rest were not needed (random draws that settled).
+
+        A plan is an upper bound where draws stop once settled
+        (:func:`~attribution.verdicts.draw_until_settled`); the progress then ends at its total.
+        """
+        if self.report:
+            self.run.step(self.total, self.total)
+
     def _step(self) -> None:
         if self.report:
             self.run.step(min(self.done, self.total), self.total)

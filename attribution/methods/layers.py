@@ -23,6 +23,7 @@ from attrlab.attribution.request.defaults import LAYERS_TOP_K, RECHECK_DRAWS
 from attrlab.attribution.request.params import MethodParams, param
 from attrlab.attribution.request.run import RunContext
 from attrlab.attribution.request.target import Target
+from attrlab.attribution.verdicts import draw_rounds
 
 __all__ = ["LayerAnalysis", "LayerAnalysisParams", "measure_names"]
 
@@ -107,10 +108,12 @@ class LayerAnalysis(AttributionMethod[LayerAnalysisParams]):
         """The model passes :meth:`attribute` spends on ``inputs``."""
         measures = measure_names(params.measures)
         forward, backward, width = planned_passes(adapter, measures)
+        exact = True
         if params.recheck_draws and (estimators := head_estimators(adapter, measures)):
             rechecked = recheck_passes(len(estimators), params.recheck_draws)
             forward, width = forward + rechecked, max(width, rechecked)
-        return Passes(forward, backward, batch=width if width > 1 else None)
+            exact = draw_rounds(params.recheck_draws) == 1  # more draws only while unsettled
+        return Passes(forward, backward, batch=width if width > 1 else None, exact=exact)
 
     @classmethod
     def _attribute(

@@ -355,6 +355,7 @@ def faithfulness_of_maps(
         return np.array([scorer.scores(curves) for curves in more]).reshape(count, -1)
 
     per_order = draw_until_settled(draw, judged, random_orders) if random_orders else None
+    runner.finish()
     return {
         name: scorer.judged(morf, lerf, drawn, per_order) for name, (morf, lerf) in ranked.items()
     }
