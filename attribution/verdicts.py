@@ -34,6 +34,7 @@ __all__ = [
     "against_random",
     "draw_rounds",
     "draw_until_settled",
+    "first_round",
     "integral_convergence",
     "item_outcome",
     "lrp_conservation",
@@ -392,11 +393,16 @@ def standard_errors(drawn: np.ndarray) -> np.ndarray:
     return np.asarray(drawn.std(axis=0, ddof=1) / math.sqrt(len(drawn)))
 
 
+def first_round(most: int) -> int:
+    """How many draws :func:`draw_until_settled` starts with when at most ``most`` are drawn."""
+    return min(FIRST_DRAWS, max(most, 0))
+
+
 def draw_until_settled(
     draw: Callable[[int], np.ndarray],
     judged: np.ndarray,
     most: int,
-    first: int = FIRST_DRAWS,
+    drawn: np.ndarray | None = None,
 ) -> np.ndarray:
     """
     Random draws of some scores until every judged value's margin over them is settled.
@@ -406,15 +412,16 @@ def draw_until_settled(
     is judged against must be precise next to the value's distance from it, or a verdict turns
     on the luck of a few draws. ``draw(count)``: ``count`` more draws, one row each, one column
     per score (each call continues the same seeded stream). ``judged``: ``(values, scores)``,
-    the values compared with each score's draws. Draws ``first`` (at most ``most``), then
-    doubles them until every margin is :func:`settled` or ``most`` are drawn.
+    the values compared with each score's draws. Draws :func:`first_round` of them (``drawn``:
+    that round, where the caller measured it beside the judged values), then doubles them
+    until every margin is :func:`settled` or ``most`` are drawn.
 
     Returns:
         Every draw, ``(draws, scores)``.
     """
     judged = np.asarray(judged, dtype=np.float64)
-    drawn = np.asarray(draw(min(max(first, 1), most)), dtype=np.float64)
-    while len(drawn) < most:
+    drawn = np.asarray(draw(first_round(most)) if drawn is None else drawn, dtype=np.float64)
+    while 0 < len(drawn) < most:
         margins = judged - drawn.mean(axis=0)
         errors = np.broadcast_to(standard_errors(drawn), margins.shape)
         if all(settled(float(m), float(e)) for m, e in zip(margins.flat, errors.flat, strict=True)):
@@ -424,9 +431,9 @@ def draw_until_settled(
     return drawn
 
 
-def draw_rounds(most: int, first: int = FIRST_DRAWS) -> int:
-    """The most calls :func:`draw_until_settled` makes to its ``draw`` (its rounds)."""
-    drawn, rounds = min(max(first, 1), most), 1
+def draw_rounds(most: int) -> int:
+    """The most rounds :func:`draw_until_settled` draws (the first round among them)."""
+    drawn, rounds = first_round(most), 1
     while drawn < most:
         drawn, rounds = drawn + min(drawn, most - drawn), rounds + 1
     return rounds

@@ -33,12 +33,12 @@ from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.request.defaults import RECHECK_DRAWS
 from attrlab.attribution.request.target import Target
 from attrlab.attribution.verdicts import (
-    FIRST_DRAWS,
     Draws,
     Verdict,
     against_random,
     draw_rounds,
     draw_until_settled,
+    first_round,
 )
 
 __all__ = ["HeadRecheck", "joint_ablation", "recheck_heads", "recheck_passes"]
@@ -146,23 +146,21 @@ def recheck_heads(
         ]
 
     # the plain model, the top sets and the first random sets in one batch
-    sets = [*top, *random_sets(min(FIRST_DRAWS, draws))]
+    sets = [*top, *random_sets(first_round(draws))]
     scores = removed_scores(adapter, inputs, target, "head", sets)
     plain = float(scores[0])
     effects = np.abs(scores[1 : 1 + len(top)] - plain)
-    first = [np.abs(scores[1 + len(top) :] - plain)]
 
     def draw(count: int) -> np.ndarray:
         nonlocal scores
-        if first:  # the rule's first round: drawn above
-            return first.pop()[:, None]
         more = random_sets(count)
         sets.extend(more)
         values = removed_scores(adapter, inputs, target, "head", more)[1:]
         scores = np.concatenate([scores, values])
         return np.abs(values - plain)[:, None]
 
-    random_effects = draw_until_settled(draw, effects[:, None], draws)[:, 0]
+    first = np.abs(scores[1 + len(top) :] - plain)[:, None]
+    random_effects = draw_until_settled(draw, effects[:, None], draws, first)[:, 0]
     chosen_by = [*estimators, *(["random"] * len(random_effects))]
     frame = pd.DataFrame(
         {

@@ -45,12 +45,12 @@ from attrlab.attribution.request.defaults import PRUNING_DRAWS
 from attrlab.attribution.request.run import RunContext, RunSettings
 from attrlab.attribution.request.target import Target, decoder_adapter
 from attrlab.attribution.verdicts import (
-    FIRST_DRAWS,
     Draws,
     Verdict,
     against_random,
     draw_rounds,
     draw_until_settled,
+    first_round,
 )
 
 __all__ = [
@@ -317,21 +317,17 @@ def pruning_curves(
         return [[int(u) for u in run.rng.permutation(units)] for _ in range(count)]
 
     # the rankings and the first random orders in one batch per input
-    means = measure([*orders.values(), *random_orders(min(FIRST_DRAWS, draws))])
-    first = [means]
+    means = measure([*orders.values(), *random_orders(first_round(draws))])
 
     def draw(count: int) -> np.ndarray:
         nonlocal means
-        if first:  # the rule's first round: measured above
-            rows = first.pop()[1 + len(orders) * len(counts) :]
-        else:
-            rows = measure(random_orders(count))[1:]
-            means = np.concatenate([means, rows])
+        rows = measure(random_orders(count))[1:]
+        means = np.concatenate([means, rows])
         return _areas(means[0], rows, ks)[:, judged_metrics]
 
-    named_rows = means[1 : 1 + len(orders) * len(counts)]
-    judged = _areas(means[0], named_rows, ks)[:, judged_metrics]
-    drawn = len(draw_until_settled(draw, judged, draws))
+    areas = _areas(means[0], means[1:], ks)[:, judged_metrics]  # the rankings', then the draws'
+    first = areas[len(orders) :]
+    drawn = len(draw_until_settled(draw, areas[: len(orders)], draws, first))
     named = {name: [sites[u].name() for u in order] for name, order in orders.items()}
     return _curves(unit, means, list(orders), drawn, counts, named, decoder)
 

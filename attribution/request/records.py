@@ -157,9 +157,9 @@ class Request(ABC, Generic[Result]):
         """Refuse, before the model loads, what breaks the request's rules or ``bounds``."""
         bounds.check_fields(None, self.labels, None, self.seed)
 
-    @abstractmethod
     def method_params(self) -> dict[str, dict[str, Any]]:
-        """Method name -> the parameters the job runs it with."""
+        """Method name -> the parameters the job runs it with (none: no registered method)."""
+        return {}
 
     @abstractmethod
     def run_on(self, adapter: Adapter, run: JobContext) -> Result:
@@ -179,6 +179,28 @@ class Request(ABC, Generic[Result]):
         return False
 
 
+class _OneMethod:
+    """A request that runs one method with its parameters."""
+
+    method: str
+    params: dict[str, Any]
+
+    def method_params(self) -> dict[str, dict[str, Any]]:
+        """The one method and its parameters."""
+        return {self.method: self.params}
+
+
+class _SeveralMethods:
+    """A request that runs several methods, each with its parameters (none: the defaults)."""
+
+    methods: tuple[str, ...]
+    params: dict[str, dict[str, Any]]
+
+    def method_params(self) -> dict[str, dict[str, Any]]:
+        """Each method and its parameters."""
+        return {method: self.params.get(method, {}) for method in self.methods}
+
+
 @dataclass(frozen=True, kw_only=True)
 class InputRequest(Request[Result], Instance):
     """A job on one input."""
@@ -191,16 +213,12 @@ class InputRequest(Request[Result], Instance):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ExplainRequest(InputRequest[Explanation]):
+class ExplainRequest(_OneMethod, InputRequest[Explanation]):
     """One explanation to compute: a model, a method and a text or an image."""
 
     method: str
     params: dict[str, Any] = field(default_factory=dict)
     evaluate: bool = False  # add the map's faithfulness scores (the trust card) to metrics
-
-    def method_params(self) -> dict[str, dict[str, Any]]:
-        """The one method and its parameters."""
-        return {self.method: self.params}
 
     def costs(self) -> list[EstimateRequest]:
         """The estimate of this explanation."""
@@ -222,16 +240,12 @@ class ExplainRequest(InputRequest[Explanation]):
 
 
 @dataclass(frozen=True, kw_only=True)
-class EstimateRequest(InputRequest["Estimate"]):
+class EstimateRequest(_OneMethod, InputRequest["Estimate"]):
     """What an explanation would cost, without running it."""
 
     method: str
     params: dict[str, Any] = field(default_factory=dict)
     evaluate: bool = False
-
-    def method_params(self) -> dict[str, dict[str, Any]]:
-        """The one method and its parameters."""
-        return {self.method: self.params}
 
     def reads_only(self, adapter: Adapter) -> bool:
         """
@@ -254,7 +268,7 @@ class EstimateRequest(InputRequest["Estimate"]):
 
 
 @dataclass(frozen=True, kw_only=True)
-class CheckRequest(InputRequest["MethodCheck"]):
+class CheckRequest(_SeveralMethods, InputRequest["MethodCheck"]):
     """
     Several methods on one input, compared.
 
@@ -267,10 +281,6 @@ class CheckRequest(InputRequest["MethodCheck"]):
     randomise: bool = False
     top_fraction: float = TOP_FRACTION
     evaluate: bool = False  # each map's faithfulness scores (the trust card) in its metrics
-
-    def method_params(self) -> dict[str, dict[str, Any]]:
-        """Each method and its parameters."""
-        return {method: self.params.get(method, {}) for method in self.methods}
 
     def run_on(self, adapter: Adapter, run: JobContext) -> MethodCheck:
         """The explanations, their agreement and the randomisation checks."""
@@ -292,10 +302,6 @@ class CheckRequest(InputRequest["MethodCheck"]):
 class PreviewRequest(InputRequest["Preview"]):
     """What the model predicts for one input and which methods apply, before choosing one."""
 
-    def method_params(self) -> dict[str, dict[str, Any]]:
-        """No method runs."""
-        return {}
-
     def reads_only(self, adapter: Adapter) -> bool:
         """One plain forward pass."""
         return True
@@ -316,7 +322,7 @@ MAX_ORDERS = EVALUATION_ORDERS
 
 
 @dataclass(frozen=True, kw_only=True)
-class AblationRequest(InputRequest["HeadAblation"]):
+class AblationRequest(_OneMethod, InputRequest["HeadAblation"]):
     """
     One method's map of one input, then again with chosen heads zeroed.
 
@@ -336,10 +342,6 @@ class AblationRequest(InputRequest["HeadAblation"]):
                 f"name 1 to {MAX_ABLATED_HEADS} (layer, head) pairs to ablate; got "
                 f"{len(self.heads)}"
             )
-
-    def method_params(self) -> dict[str, dict[str, Any]]:
-        """The one method and its parameters."""
-        return {self.method: self.params}
 
     def costs(self) -> list[EstimateRequest]:
         """The method's estimate, once for the plain map and once for the ablated one."""
@@ -398,10 +400,6 @@ class PatchRequest(Request["PatchingReport"]):
             self.estimators, self.components, self.directions
         )  # before any queueing
 
-    def method_params(self) -> dict[str, dict[str, Any]]:
-        """No registered method: patching is its own study."""
-        return {}
-
     def run_on(self, adapter: Adapter, run: JobContext) -> PatchingReport:
         """The study under the job's budget, progress and cancel switch."""
         noise = None
@@ -456,10 +454,6 @@ class PruneRequest(Request["PruningStudy"]):
                 f"give 1 to {engine.MAX_TEXTS} texts to prune over; got {len(self.texts)}"
             )
 
-    def method_params(self) -> dict[str, dict[str, Any]]:
-        """No registered method: pruning is its own study."""
-        return {}
-
     def run_on(self, adapter: Adapter, run: JobContext) -> PruningStudy:
         """The study, priced and refused over the job's budgets before any work."""
         inputs, target, problem = engine.ranked_input(
@@ -490,17 +484,13 @@ class AttentionRequest(InputRequest["np.ndarray"]):
     layer: int
     head: int
 
-    def method_params(self) -> dict[str, dict[str, Any]]:
-        """No method runs."""
-        return {}
-
     def run_on(self, adapter: Adapter, run: JobContext) -> np.ndarray:
         """The attention weights (a layer or head the model lacks is refused by name)."""
         return layers.head_attention(adapter, run.prepare(self), self.layer, self.head)
 
 
 @dataclass(frozen=True, kw_only=True)
-class EvaluateRequest(Request["pd.DataFrame"]):
+class EvaluateRequest(_SeveralMethods, Request["pd.DataFrame"]):
     """
     Which method to believe for a model: each method on the bundled items, scored.
 
@@ -567,10 +557,6 @@ class EvaluateRequest(Request["pd.DataFrame"]):
                     f"{self.modality}"
                 )
         _params_only_for(self.params, self.methods, "evaluated")
-
-    def method_params(self) -> dict[str, dict[str, Any]]:
-        """Each method and its parameters."""
-        return {method: self.params.get(method, {}) for method in self.methods}
 
     def chosen_items(
         self, modality: str, read: Callable[[Instance], Any] | None = None
@@ -702,7 +688,7 @@ InstanceResults = dict[str, "Explanation | AttrlabError"]
 
 
 @dataclass(frozen=True, kw_only=True)
-class BatchRequest(Request[list[InstanceResults]]):
+class BatchRequest(_SeveralMethods, Request[list[InstanceResults]]):
     """
     Several methods on several inputs, in order, as one job.
 
@@ -728,10 +714,6 @@ class BatchRequest(Request[list[InstanceResults]]):
                 f"{len(self.instances)} (send a job for more)"
             )
         _params_only_for(self.params, self.methods, "run")
-
-    def method_params(self) -> dict[str, dict[str, Any]]:
-        """Each method and its parameters."""
-        return {method: self.params.get(method, {}) for method in self.methods}
 
     def costs(self) -> list[EstimateRequest]:
         """One estimate per instance and method."""
