@@ -45,17 +45,7 @@ from attrlab.app.bounds import (
 from attrlab.app.errors import error_status, public_message, validation_problems
 from attrlab.app.jobs import DamagedResultsError, JobRunner, JobWork, batch_work, instance_json
 from attrlab.app.settings import ServerSettings
-from attrlab.app.worker import (
-    BatchRequest,
-    CheckRequest,
-    EstimateRequest,
-    ExplainRequest,
-    ExplainWorker,
-    Instance,
-    PatchRequest,
-    PruneRequest,
-    check_instance_features,
-)
+from attrlab.app.worker import ExplainWorker
 from attrlab.attribution.engine import engine_catalog, model_unit_kinds
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
 from attrlab.attribution.explanation import SCHEMA_VERSION
@@ -65,6 +55,16 @@ from attrlab.attribution.methods import available_methods
 from attrlab.attribution.methods.catalog import DEFAULT_METHOD
 from attrlab.attribution.models import BUILTIN_MODELS, default_model
 from attrlab.attribution.patching import COLUMNS
+from attrlab.attribution.request import (
+    BatchRequest,
+    CheckRequest,
+    EstimateRequest,
+    ExplainRequest,
+    Instance,
+    PatchRequest,
+    PruneRequest,
+    check_instance_features,
+)
 from attrlab.attribution.request import Request as WorkerRequest
 from attrlab.attribution.request.answers import MAX_NEW_TOKENS, AnswerSpec, answer_asked
 from attrlab.attribution.request.defaults import (

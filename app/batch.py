@@ -25,10 +25,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from attrlab.app.jobs import cut_torn_tail, instance_json
-from attrlab.app.worker import BatchRequest, ExplainWorker, Instance
+from attrlab.app.worker import ExplainWorker
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, parse_json
 from attrlab.attribution.inputs.rows import dataset_line, numbered_lines
 from attrlab.attribution.models.placement import Placement
+from attrlab.attribution.request import BatchRequest, Instance
 from attrlab.attribution.request.answers import AnswerSpec
 from attrlab.attribution.request.run import ProgressCallback
 

@@ -16,6 +16,7 @@ from typing import Any, TypeAlias
 from attrlab import app, attribution, viz
 from attrlab.app.progress import CommandProgress
 from attrlab.attribution import engine, metrics, models
+from attrlab.attribution import request as request_records
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
 from attrlab.attribution.methods.catalog import catalog_entries
 from attrlab.attribution.models.catalog import BUILTIN_MODELS, default_model
@@ -42,7 +43,7 @@ def _explain(args: argparse.Namespace) -> int:
         raise _usage_error("--estimate runs nothing, so it draws no figures: leave out --figures")
     figures = _output_path(args.figures, folder=True)
     params = _explain_params(args.param, methods)
-    kind = app.EstimateRequest if args.estimate else app.ExplainRequest
+    kind = request_records.EstimateRequest if args.estimate else request_records.ExplainRequest
     fields = _input_fields(args)
     requests = [
         kind(**fields, method=m, params=params.get(m, {}), evaluate=args.evaluate) for m in methods
@@ -121,7 +122,7 @@ def _layers(args: argparse.Namespace) -> int:
                 "layers explain each line's prediction"
             )
         return _layers_dataset(args)
-    request = app.ExplainRequest(
+    request = request_records.ExplainRequest(
         **_input_fields(args),
         method="layers",
         params={
@@ -144,7 +145,7 @@ def _layers(args: argparse.Namespace) -> int:
 def _patch(args: argparse.Namespace) -> int:
     """``attrlab patch``: activation patching and its estimators on one pair of prompts."""
     figures = _study_paths(args)
-    request = app.PatchRequest(
+    request = request_records.PatchRequest(
         model=args.model,
         seed=args.seed,
         clean=args.clean,
@@ -207,7 +208,7 @@ def _built(figure: Any) -> Callable[[], Any]:
 def _prune(args: argparse.Namespace) -> int:
     """``attrlab prune``: layer and head pruning curves of each estimator's ranking."""
     figures = _study_paths(args)
-    request = app.PruneRequest(
+    request = request_records.PruneRequest(
         model=args.model,
         labels=_labels(args.labels),
         seed=args.seed,
@@ -261,7 +262,7 @@ def _positions(text: str | None) -> tuple[int, ...] | None:
 def _layers_dataset(args: argparse.Namespace) -> int:
     """``attrlab layers --input``: the layer measures' means over a dataset."""
     instances, _ = _dataset_instances(_dataset_lines(args.input), args.input, args.target)
-    request = app.LayersDatasetRequest(
+    request = request_records.LayersDatasetRequest(
         model=args.model,
         labels=_labels(args.labels),
         seed=args.seed,
@@ -382,7 +383,7 @@ def _check(args: argparse.Namespace) -> int:
 
     _output_path(args.output)
     _output_path(args.figures, folder=True)
-    request = app.CheckRequest(
+    request = request_records.CheckRequest(
         **_input_fields(args),
         methods=tuple(_names(args.methods)),
         params=_method_params(args.param),
@@ -456,7 +457,9 @@ def _batch(args: argparse.Namespace) -> int:
     finally:
         checker.close()
     dataset = app.unique_ids(_batch_rows(args.input))  # read whole before the output changes
-    app.check_instance_features(dataset, lambda _, row: f"row '{row.id}'")  # exit 2, before work
+    request_records.check_instance_features(
+        dataset, lambda _, row: f"row '{row.id}'"
+    )  # exit 2, before work
     if not dataset:
         what = f"images ({', '.join(app.IMAGE_SUFFIXES)})" if Path(args.input).is_dir() else "lines"
         raise InvalidInputError(f"input '{args.input}' holds no {what} to explain")
@@ -515,11 +518,11 @@ def _batch(args: argparse.Namespace) -> int:
 
 def _first_request(config: Any) -> Any:
     """A one-instance request carrying the batch's methods and parameters, for validation."""
-    return app.BatchRequest(
+    return request_records.BatchRequest(
         model=config.model,
         labels=config.labels,
         seed=config.seed,
-        instances=(app.Instance(text=""),),
+        instances=(request_records.Instance(text=""),),
         methods=config.methods,
         params=config.params,
     )
@@ -594,10 +597,10 @@ def _dataset_instances(
         item_target = target if line.target is None else line.target
         if line.image is not None:
             image = _read_image_file(str(folder / line.image))
-            instances.append(app.Instance(image=image, target=item_target))
+            instances.append(request_records.Instance(image=image, target=item_target))
             names.append(line.image)
         else:
-            instances.append(app.Instance(text=line.text, target=item_target))
+            instances.append(request_records.Instance(text=line.text, target=item_target))
             names.append(str(line.text))
     return tuple(instances), tuple(names)
 
@@ -617,7 +620,8 @@ def _evaluate(args: argparse.Namespace) -> int:
         files = sorted(p for p in folder.iterdir() if p.suffix.lower() in app.IMAGE_SUFFIXES)
         files = files[: args.max_items]
         instances = tuple(
-            app.Instance(image=_read_image_file(str(f)), target=args.target) for f in files
+            request_records.Instance(image=_read_image_file(str(f)), target=args.target)
+            for f in files
         )
         names = tuple(f.name for f in files)
     elif args.input is not None:
@@ -625,7 +629,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         instances, names = _dataset_instances(lines, args.input, args.target)
     if (args.images is not None or args.input is not None) and not instances:
         raise InvalidInputError("nothing was evaluated: no items, or no method applies")
-    request = app.EvaluateRequest(
+    request = request_records.EvaluateRequest(
         model=args.model,
         labels=_labels(args.labels),
         seed=args.seed,

@@ -43,17 +43,15 @@ try:
 except ImportError:  # not POSIX: one server per data folder, unchecked
     fcntl = None  # type: ignore[assignment]
 from attrlab.app.worker import (
-    BatchRequest,
     ExplainWorker,
     InstanceInterruptedError,
-    InstanceResults,
     Job,
     JobTableBusyError,
     QueueFullError,
-    Request,
     WorkerClosedError,
 )
 from attrlab.attribution.errors import AttrlabError, JobCancelledError
+from attrlab.attribution.request import BatchRequest, InstanceResults, Request
 
 __all__ = [
     "DAMAGED",

@@ -50,14 +50,14 @@ from attrlab.app.jobs import instance_json
 from attrlab.app.server import bound_image_decoding, page_login
 from attrlab.app.settings import ServerSettings, SettingsError
 from attrlab.app.ui import build_ui
-from attrlab.app.worker import (
+from attrlab.app.worker import ExplainWorker
+from attrlab.attribution.errors import AttrlabError
+from attrlab.attribution.request import (
     EstimateRequest,
     ExplainRequest,
-    ExplainWorker,
     InstanceFailedError,
     Request,
 )
-from attrlab.attribution.errors import AttrlabError
 from attrlab.attribution.request.gate import checked_params, clear_slot
 from attrlab.attribution.request.pricing import FIRST_SLOT_S, EstimateBook, Price, slot_seconds
 from attrlab.attribution.request.run import ProgressCallback

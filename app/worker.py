@@ -5,7 +5,7 @@ Every front end submits the library's requests (:mod:`attribution.request`) here
 worker passes each through the library's gate with this server's settings as its bounds
 (:func:`~attribution.request.admit` before queueing, :func:`~attribution.request.resolve`
 once the model is loaded), so a request is refused alike through REST, the page, the Space
-and the command line. The records are re-exported here for the front ends.
+and the command line.
 """
 
 from __future__ import annotations
@@ -30,56 +30,19 @@ from attrlab.attribution.models import Adapter
 from attrlab.attribution.models.loading import resolve_device
 from attrlab.attribution.models.placement import placement_of, private_offload
 from attrlab.attribution.request import (
-    MAX_ABLATED_HEADS,
-    AblationRequest,
-    AttentionRequest,
-    BatchRequest,
-    CheckRequest,
-    EstimateRequest,
-    EvaluateRequest,
-    ExplainRequest,
-    InputRequest,
-    Instance,
-    InstanceFailedError,
-    InstanceResults,
-    JobContext,
-    LayersDatasetRequest,
-    PatchRequest,
-    PreviewRequest,
-    PruneRequest,
     Request,
     admit,
-    check_instance_features,
     resolve,
 )
 from attrlab.attribution.request.run import ProgressCallback
 
 __all__ = [
-    "MAX_ABLATED_HEADS",
-    "AblationRequest",
-    "AttentionRequest",
-    "BatchRequest",
-    "CheckRequest",
-    "EstimateRequest",
-    "EvaluateRequest",
-    "ExplainRequest",
     "ExplainWorker",
-    "InputRequest",
-    "Instance",
-    "InstanceFailedError",
     "InstanceInterruptedError",
-    "InstanceResults",
     "Job",
-    "JobContext",
     "JobTableBusyError",
-    "LayersDatasetRequest",
-    "PatchRequest",
-    "PreviewRequest",
-    "PruneRequest",
     "QueueFullError",
-    "Request",
     "WorkerClosedError",
-    "check_instance_features",
     "parse_param_pairs",
     "visible_devices",
 ]

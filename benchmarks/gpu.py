@@ -145,7 +145,8 @@ def _cuda_checks(device: torch.device) -> list[tuple[str, str]]:
     """The CUDA path's properties; an assertion fails the script if one does not hold."""
     import numpy as np
 
-    from attrlab.app.worker import ExplainRequest, ExplainWorker
+    from attrlab.app.worker import ExplainWorker
+    from attrlab.attribution.request import ExplainRequest
 
     checks = []
     adapter, spec = load_for_benchmark("efficientnet-lite0", str(device))

@@ -25,8 +25,9 @@ from _jobs import job_settings
 
 from attrlab.app.api import job_parser
 from attrlab.app.jobs import JobRunner, JobStore, JobWork
-from attrlab.app.worker import BatchRequest, ExplainWorker, InstanceResults, JobContext
+from attrlab.app.worker import ExplainWorker
 from attrlab.attribution.errors import JobCancelledError
+from attrlab.attribution.request import BatchRequest, InstanceResults, JobContext
 
 #: Exit status of a process the kernel killed (128 + SIGKILL).
 KILLED = 137

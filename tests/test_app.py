@@ -13,9 +13,10 @@ from PIL import Image
 from skimage import data
 
 from attrlab.app.server import create_app
-from attrlab.app.worker import ExplainRequest, ExplainWorker
+from attrlab.app.worker import ExplainWorker
 from attrlab.attribution.errors import JobCancelledError
 from attrlab.attribution.explanation import Explanation
+from attrlab.attribution.request import ExplainRequest
 
 
 @pytest.fixture(scope="module")

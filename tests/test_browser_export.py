@@ -17,7 +17,8 @@ import pytest
 from _browser import errors, exported, no_errors, tab
 from playwright.sync_api import Page, expect
 
-from attrlab.app.worker import CheckRequest, ExplainRequest, ExplainWorker
+from attrlab.app.worker import ExplainWorker
+from attrlab.attribution.request import CheckRequest, ExplainRequest
 
 pytestmark = pytest.mark.browser  # Debian chromium through Playwright
 

@@ -23,12 +23,13 @@ from attrlab.app.batch import DatasetRow
 from attrlab.app.cli import main
 from attrlab.app.engine_ray import ExplainActor, ray_items
 from attrlab.app.server import create_app
-from attrlab.app.worker import ExplainRequest, ExplainWorker
+from attrlab.app.worker import ExplainWorker
 from attrlab.attribution import explain
 from attrlab.attribution.errors import InvalidInputError, JobCancelledError
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.inputs.rows import dataset_line
 from attrlab.attribution.inputs.runs import prepare_input
+from attrlab.attribution.request import ExplainRequest
 from attrlab.attribution.request.answers import MAX_NEW_TOKENS, AnswerSpec, answer_request
 
 LM, CLASSIFIER = "tiny-random-gpt2", "tiny-random-bert"

@@ -21,15 +21,7 @@ from _model_state import model_state
 from _tiny_families import classic_family
 
 from attrlab import attribution
-from attrlab.app.worker import (
-    MAX_ABLATED_HEADS,
-    AblationRequest,
-    AttentionRequest,
-    CheckRequest,
-    EvaluateRequest,
-    ExplainWorker,
-    PreviewRequest,
-)
+from attrlab.app.worker import ExplainWorker
 from attrlab.attribution.engine.recheck import joint_ablation
 from attrlab.attribution.errors import (
     AttrlabError,
@@ -47,6 +39,14 @@ from attrlab.attribution.layers.hooks import ablate_head_sets
 from attrlab.attribution.methods.lrp.relevance import lrp
 from attrlab.attribution.metrics import bundled_items, evaluate_methods, faithfulness
 from attrlab.attribution.models.layouts import find_module, layout_for
+from attrlab.attribution.request import (
+    MAX_ABLATED_HEADS,
+    AblationRequest,
+    AttentionRequest,
+    CheckRequest,
+    EvaluateRequest,
+    PreviewRequest,
+)
 from attrlab.attribution.request.run import RunSettings
 from attrlab.attribution.request.target import output_target
 

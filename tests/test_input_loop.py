@@ -22,13 +22,14 @@ from hypothesis import strategies as st
 from attrlab.app.cli import main
 from attrlab.app.server import create_app
 from attrlab.app.ui.files import uploaded_rows
-from attrlab.app.worker import BatchRequest, ExplainWorker, Instance
+from attrlab.app.worker import ExplainWorker
 from attrlab.attribution import explain
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, JobCancelledError
 from attrlab.attribution.inputs.rows import dataset_line, numbered_lines, target_problem
 from attrlab.attribution.inputs.runs import explain_rows
 from attrlab.attribution.layers import DatasetItem, analyze_dataset, analyze_layers
 from attrlab.attribution.metrics import EvalItem, evaluate_methods, faithfulness
+from attrlab.attribution.request import BatchRequest, Instance
 from attrlab.attribution.request.run import RunContext, RunSettings
 
 TEXT_MODEL = "tiny-random-bert"

@@ -9,9 +9,10 @@ import pytest
 
 from attrlab.app.ui.answers import AskedAnswer
 from attrlab.app.ui.link import _link_field, share_query
-from attrlab.app.worker import CheckRequest, ExplainWorker
+from attrlab.app.worker import ExplainWorker
 from attrlab.attribution import explain
 from attrlab.attribution.errors import InvalidParameterError
+from attrlab.attribution.request import CheckRequest
 from attrlab.attribution.request.answers import AnswerSpec, answer_request
 
 

@@ -16,9 +16,10 @@ import pytest
 
 from attrlab.app.cli import main
 from attrlab.app.settings import ServerSettings
-from attrlab.app.worker import ExplainWorker, PatchRequest, PruneRequest
+from attrlab.app.worker import ExplainWorker
 from attrlab.attribution.engine.study import pruning_study, ranked_input
 from attrlab.attribution.errors import TooSlowError
+from attrlab.attribution.request import PatchRequest, PruneRequest
 from attrlab.attribution.request.answers import AnswerSpec
 from attrlab.viz import pruning_figures
 

@@ -30,7 +30,7 @@ from attrlab.app.cli import main
 from attrlab.app.server import create_app
 from attrlab.app.settings import ServerSettings
 from attrlab.app.ui import PageRunner
-from attrlab.app.worker import ExplainRequest, ExplainWorker
+from attrlab.app.worker import ExplainWorker
 from attrlab.attribution.errors import (
     AttrlabError,
     BudgetExceededError,
@@ -39,6 +39,7 @@ from attrlab.attribution.errors import (
     UnsupportedMethodError,
 )
 from attrlab.attribution.methods import available_methods
+from attrlab.attribution.request import ExplainRequest
 
 MODEL = "tiny-random-bert"
 TEXT = "a fine day"

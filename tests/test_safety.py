@@ -22,8 +22,9 @@ from PIL import Image
 from attrlab.app.cli import main
 from attrlab.app.server import create_app
 from attrlab.app.settings import ServerSettings, SettingsError
-from attrlab.app.worker import ExplainRequest, ExplainWorker
+from attrlab.app.worker import ExplainWorker
 from attrlab.attribution.errors import UnknownModelError
+from attrlab.attribution.request import ExplainRequest
 
 TEXT_MODEL = "tiny-random-bert"
 IMAGE_MODEL = "tiny-random-vit"

@@ -13,7 +13,8 @@ import pytest
 
 from attrlab.app.cli import main
 from attrlab.app.ui.files import uploaded_rows
-from attrlab.app.worker import ExplainRequest, ExplainWorker
+from attrlab.app.worker import ExplainWorker
+from attrlab.attribution.request import ExplainRequest
 
 TEXT_MODEL = "tiny-random-bert"
 #: A JSON array nested 100,000 deep: Python's parser gives up (RecursionError) long before.

@@ -24,7 +24,8 @@ from PIL import Image
 from attrlab.app.cli import main
 from attrlab.app.server import create_app
 from attrlab.app.settings import ServerSettings
-from attrlab.app.worker import ExplainRequest, ExplainWorker
+from attrlab.app.worker import ExplainWorker
+from attrlab.attribution.request import ExplainRequest
 
 TEXT_MODEL = "tiny-random-bert"
 #: Written into every file planted outside the root: it must never appear in an answer.

@@ -22,7 +22,8 @@ from fastapi.testclient import TestClient
 
 from attrlab.app.jobs import JobStore
 from attrlab.app.server import create_app
-from attrlab.app.worker import ExplainRequest, ExplainWorker
+from attrlab.app.worker import ExplainWorker
+from attrlab.attribution.request import ExplainRequest
 
 TEXT_MODEL = "tiny-random-bert"
 METHOD = "gradient_x_input"

@@ -310,7 +310,7 @@ def test_a_bug_on_one_instance_is_that_instances_error_and_a_bug_in_a_job_ends_i
     tmp_path, monkeypatch
 ):
     """Failures that are not the user's (not an AttrlabError) never sink others or stick."""
-    from attrlab.app import worker as worker_module
+    from attrlab.attribution.request import BatchRequest
 
     worker = ExplainWorker(device="cpu", settings=_settings(tmp_path))
     adapter = worker.adapter(TEXT_MODEL)
@@ -341,7 +341,7 @@ def test_a_bug_on_one_instance_is_that_instances_error_and_a_bug_in_a_job_ends_i
         def broken(self, adapter, run):
             raise RuntimeError("a bug outside any one instance")
 
-        monkeypatch.setattr(worker_module.BatchRequest, "run_on", broken)
+        monkeypatch.setattr(BatchRequest, "run_on", broken)
         failed = _wait(client, client.post("/api/v1/jobs", json=batch).json()["job_id"])
         assert failed["status"] == "failed" and "server log" in failed["message"]
         monkeypatch.undo()

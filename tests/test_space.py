@@ -27,10 +27,11 @@ from attrlab.app.api import ExplainBody
 from attrlab.app.settings import ServerSettings
 from attrlab.app.ui import PageRunner
 from attrlab.app.ui.runner import queued_cost
-from attrlab.app.worker import ExplainRequest, ExplainWorker
+from attrlab.app.worker import ExplainWorker
 from attrlab.attribution import explain
 from attrlab.attribution.errors import AttrlabError, TooSlowError
 from attrlab.attribution.models import load
+from attrlab.attribution.request import ExplainRequest
 from attrlab.attribution.request.estimate import estimate
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -26,11 +26,12 @@ from scipy.stats import spearmanr
 from attrlab.app.ui import PageRunner, build_ui, method_entries, share_query
 from attrlab.app.ui.files import uploaded_rows
 from attrlab.app.ui.shared import format_heads, parse_heads
-from attrlab.app.worker import AblationRequest, ExplainRequest, ExplainWorker
+from attrlab.app.worker import ExplainWorker
 from attrlab.attribution.engine.recheck import joint_ablation
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
 from attrlab.attribution.layers.analysis import analyze_layers
 from attrlab.attribution.methods import capabilities
+from attrlab.attribution.request import AblationRequest, ExplainRequest
 from attrlab.attribution.request.answers import answer_request
 
 pytestmark = pytest.mark.server  # the page launched on a port, driven by gradio_client

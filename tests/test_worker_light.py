@@ -14,14 +14,10 @@ from concurrent.futures import CancelledError
 import pytest
 import torch
 
-from attrlab.app.worker import (
-    CheckRequest,
-    ExplainRequest,
-    ExplainWorker,
-    PreviewRequest,
-)
+from attrlab.app.worker import ExplainWorker
 from attrlab.attribution.alteration import altering_thread
 from attrlab.attribution.errors import JobCancelledError
+from attrlab.attribution.request import CheckRequest, ExplainRequest, PreviewRequest
 
 MODEL = "tiny-random-bert"
 TEXT = "the film was good and the acting was fine"

@@ -15,8 +15,9 @@ from _model_state import model_state
 from fastapi.testclient import TestClient
 
 from attrlab.app.server import create_app
-from attrlab.app.worker import ExplainRequest, ExplainWorker
+from attrlab.app.worker import ExplainWorker
 from attrlab.attribution.errors import JobCancelledError
+from attrlab.attribution.request import ExplainRequest
 
 LLAMA = ExplainRequest(model="tiny-random-llama", method="attnlrp", text="the cat sat on the mat")
 RISE = ExplainRequest(

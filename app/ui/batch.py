@@ -19,10 +19,10 @@ from attrlab.app.jobs import instance_json
 from attrlab.app.ui.files import page_folder, received_file, received_input, uploaded_rows
 from attrlab.app.ui.runner import PageRunner
 from attrlab.app.ui.shared import label_list, labels_for, method_names, readable, sample_labels
-from attrlab.app.worker import BatchRequest
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.methods.catalog import SUGGESTED_METHODS
 from attrlab.attribution.models import BUILTIN_MODELS, default_model, load_image
+from attrlab.attribution.request import BatchRequest
 from attrlab.viz.figures import MAP, SCORES
 from attrlab.viz.image import display_copy
 

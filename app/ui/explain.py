@@ -51,12 +51,12 @@ from attrlab.app.ui.shared import (
     session,
     whole,
 )
-from attrlab.app.worker import CheckRequest, ExplainRequest, PreviewRequest
 from attrlab.attribution.compare import occluded
 from attrlab.attribution.errors import AttrlabError
 from attrlab.attribution.inputs.features import GRANULARITIES, read_spans
 from attrlab.attribution.methods.catalog import SUGGESTED_METHODS
 from attrlab.attribution.models import BUILTIN_MODELS, default_model, load_image
+from attrlab.attribution.request import CheckRequest, ExplainRequest, PreviewRequest
 from attrlab.viz import (
     image_grid_figure,
     method_agreement_figure,

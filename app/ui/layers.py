@@ -36,12 +36,12 @@ from attrlab.app.ui.shared import (
     sample_labels,
     session,
 )
-from attrlab.app.worker import AblationRequest, AttentionRequest, ExplainRequest
 from attrlab.attribution.errors import AttrlabError, InvalidParameterError
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.layers import MEASURES
 from attrlab.attribution.methods.catalog import SUGGESTED_METHODS
 from attrlab.attribution.models import BUILTIN_MODELS, default_model
+from attrlab.attribution.request import AblationRequest, AttentionRequest, ExplainRequest
 from attrlab.attribution.request.answers import AnswerSpec
 from attrlab.viz import (
     ablation_figure,

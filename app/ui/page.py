@@ -26,7 +26,8 @@ from attrlab.app.ui.layers import layers_tab
 from attrlab.app.ui.link import LinkedTab, open_shared_link
 from attrlab.app.ui.patching import patching_view
 from attrlab.app.ui.runner import PageRunner, Runner, queued_cost
-from attrlab.app.worker import ExplainRequest, ExplainWorker
+from attrlab.app.worker import ExplainWorker
+from attrlab.attribution.request import ExplainRequest
 from attrlab.viz.theme import dark_figures_js
 
 __all__ = ["SESSIONS_KEPT", "build_ui"]

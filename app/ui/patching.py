@@ -28,11 +28,11 @@ from attrlab.app.ui.shared import (
     readable,
     session,
 )
-from attrlab.app.worker import PatchRequest, PruneRequest
 from attrlab.attribution.engine import model_unit_kinds
 from attrlab.attribution.models import BUILTIN_MODELS, default_model
 from attrlab.attribution.patching import COMPONENTS, DIRECTIONS, ESTIMATORS, agreement_reading
 from attrlab.attribution.patching.problem import MAX_SEEDS
+from attrlab.attribution.request import PatchRequest, PruneRequest
 from attrlab.attribution.request.answers import AnswerSpec
 from attrlab.viz.bundle import write_bundle
 from attrlab.viz.patching import (

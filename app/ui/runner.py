@@ -14,8 +14,9 @@ import gradio as gr
 
 from attrlab.app.errors import public_message
 from attrlab.app.ui.shared import session
-from attrlab.app.worker import ExplainRequest, ExplainWorker, Job, Request
+from attrlab.app.worker import ExplainWorker, Job
 from attrlab.attribution.errors import AttrlabError
+from attrlab.attribution.request import ExplainRequest, Request
 from attrlab.attribution.request.run import ProgressCallback
 
 __all__ = ["PageRunner", "Runner", "queued_cost"]
