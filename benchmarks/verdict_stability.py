@@ -1,7 +1,7 @@
 """
 Do the evaluation's verdicts survive a change of seed (issue 41 report)?
 
-Run: ``.venv/bin/python benchmarks/verdict_stability.py [--seeds 5] [--before 3] [--most 64]
+Run: ``.venv/bin/python benchmarks/verdict_stability.py [--seeds 5] [--before 3] [--most 100]
 [--modality text|image] [--methods a,b]``
 
 ``attrlab evaluate`` on the bundled set (MiniLM zero-shot on the sentences, EfficientNet-Lite0
@@ -11,7 +11,8 @@ at least 0.01 over it), and as now (``attrlab evaluate --random-orders MOST``: a
 exact expected score, else random orders drawn until every method's margin is settled, at most
 ``--most``; a win only a settled margin).
 Printed: each method's sign-test verdict per seed under both rules and whether it stayed the
-same, then the cost per item under both (random orders drawn, wall seconds of the whole
+same, then the cost per item under both (random orders drawn, the scoring's forward rows
+counted by a hook on the model less the methods' own passes, wall seconds of the whole
 evaluation divided by the items).
 """
 
@@ -38,6 +39,7 @@ from attrlab.attribution.metrics import (
     summarise,
 )
 from attrlab.attribution.models import Adapter, load
+from attrlab.attribution.request.defaults import EVALUATION_ORDERS
 from attrlab.attribution.request.run import RunContext, RunSettings
 
 MODELS = {"text": "minilm-zeroshot", "image": "efficientnet-lite0"}
@@ -72,24 +74,41 @@ def before(adapter: Adapter, methods: list[str], seed: int, orders: int) -> pd.D
                 run=RunContext(seed=seed + done),
             )
             metrics = {k: v for k, v in scored.metrics.items() if not k.endswith("_se")}
-            # the cost columns the summary reads (not compared here)
+            # the cost columns the summary reads (the method's own passes, as evaluate's)
             rows.append(
                 {
                     "item": result.row.name,
                     "method": name,
                     **metrics,
-                    "forward_passes": 0,
+                    "forward_passes": explanation.timings.forward_passes,
                     "seconds": 0,
                 }
             )
     return pd.DataFrame(rows)
 
 
+def _rows_counted(model: torch.nn.Module) -> list[int]:
+    """A running count of the rows ``model`` runs forward (a hook; one entry, updated)."""
+    counted = [0]
+
+    def count(_: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        first = next(v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor))
+        counted[0] += int(first.shape[0])
+
+    model.register_forward_pre_hook(count, with_kwargs=True)
+    return counted
+
+
 def run(
     modality: str, methods: list[str] | None, seed: int, orders: int, old_rule: bool
-) -> tuple[pd.DataFrame, pd.DataFrame, float]:
-    """The per-item rows and summary of one evaluation, and its wall seconds."""
+) -> tuple[pd.DataFrame, pd.DataFrame, float, int]:
+    """
+    The per-item rows and summary of one evaluation, its wall seconds and its scoring's rows.
+
+    The scoring's rows: every row the model ran forward, less the methods' own passes.
+    """
     adapter = load(MODELS[modality], device="cpu")
+    counted = _rows_counted(adapter.model)
     chosen = methods or [
         m.name
         for m in available_methods()
@@ -103,7 +122,8 @@ def run(
             adapter, bundled_items(modality), chosen, None, 50, orders, RunSettings(seed=seed)
         )
     seconds = time.perf_counter() - start
-    return per_item, summarise(per_item, modality, seed), seconds
+    scoring = counted[0] - int(per_item["forward_passes"].sum())
+    return per_item, summarise(per_item, modality, seed), seconds, scoring
 
 
 def main() -> None:
@@ -111,7 +131,7 @@ def main() -> None:
     parser.add_argument("--modality", choices=tuple(MODELS), default="text")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--before", type=int, default=3)
-    parser.add_argument("--most", type=int, default=64)
+    parser.add_argument("--most", type=int, default=EVALUATION_ORDERS)
     parser.add_argument("--methods", default=None)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -119,10 +139,10 @@ def main() -> None:
     verdicts: dict[tuple[str, str, str], list[str]] = {}
     costs = []
     for rule, orders, old in (("before", args.before, True), ("after", args.most, False)):
-        drawn, seconds, items = [], 0.0, 0
+        drawn, seconds, items, scoring = [], 0.0, 0, 0
         for seed in range(args.seeds):
-            per_item, summary, took = run(args.modality, methods, seed, orders, old)
-            seconds += took
+            per_item, summary, took, rows = run(args.modality, methods, seed, orders, old)
+            seconds, scoring = seconds + took, scoring + rows
             items += per_item["item"].nunique()
             drawn += list(per_item.groupby("item")["random_orders"].first().fillna(orders))
             for row in summary.itertuples(index=False):
@@ -134,6 +154,7 @@ def main() -> None:
             [
                 rule,
                 f"{mean_orders:.1f} (max {max(drawn):.0f})",
+                f"{scoring / items:,.0f}",
                 f"{seconds / items:.2f}",
             ]
         )
@@ -155,7 +176,15 @@ def main() -> None:
     print_table(["method", "score", "before: verdict per seed", "stable", "after", "stable"], rows)
     stable = [sum(r[i] == "yes" for r in rows) for i in (3, 5)]
     print(f"\nstable verdicts: before {stable[0]}/{len(rows)}, after {stable[1]}/{len(rows)}\n")
-    print_table(["rule", "random orders per item", "seconds per item (explain + score)"], costs)
+    print_table(
+        [
+            "rule",
+            "random orders per item",
+            "scoring's forward rows per item",
+            "seconds per item (explain + score)",
+        ],
+        costs,
+    )
 
 
 if __name__ == "__main__":
