@@ -2,8 +2,10 @@
 The importance engine: unit kinds, estimators, and the checks of one against the other.
 
 :mod:`~attribution.engine.units` registers what can be scored and removed (layers, heads,
-the patching sites at a position),
-:mod:`~attribution.engine.estimators` what scores it, :mod:`~attribution.engine.verification`
+the patching sites at a position, the input's tokens), :mod:`~attribution.engine.channels` the
+MLP neurons and convolution channels, :mod:`~attribution.engine.estimators` and
+:mod:`~attribution.engine.channel_estimators` what scores them (:mod:`~attribution.engine.
+registry`: all of them, registered), :mod:`~attribution.engine.verification`
 removes sites in each estimator's order beside random orders (pruning curves and verdicts),
 :mod:`~attribution.engine.agreement` compares each estimator with the exact removal of each
 site, and :mod:`~attribution.engine.study` composes them into a pruning study. Exports are
@@ -25,21 +27,30 @@ if TYPE_CHECKING:
         agreement_with_exact,
         removal_agreement,
     )
+    from attrlab.attribution.engine.channels import ChannelStatistics, channel_statistics
     from attrlab.attribution.engine.estimators import (
-        ESTIMATORS,
         Estimator,
         Evidence,
-        engine_catalog,
-        estimators_for,
         register_estimator,
         residual_patching_ranking,
-        scores_of,
     )
     from attrlab.attribution.engine.recheck import (
         HeadRecheck,
         joint_ablation,
         recheck_heads,
         recheck_passes,
+    )
+    from attrlab.attribution.engine.registry import (
+        ESTIMATORS,
+        UNIT_KINDS,
+        check_unit_kinds,
+        default_unit_kinds,
+        engine_catalog,
+        estimators_for,
+        model_unit_kinds,
+        scores_of,
+        shared_sites,
+        unit_kind,
     )
     from attrlab.attribution.engine.study import (
         MAX_TEXTS,
@@ -51,15 +62,10 @@ if TYPE_CHECKING:
     )
     from attrlab.attribution.engine.units import (
         COMPONENT_KINDS,
-        UNIT_KINDS,
         Removal,
         Site,
         UnitKind,
-        check_unit_kinds,
-        model_unit_kinds,
         register_unit_kind,
-        shared_sites,
-        unit_kind,
     )
     from attrlab.attribution.engine.verification import (
         CURVE_COLUMNS,
@@ -84,6 +90,7 @@ __all__ = [
     "PATCHING_AGREEMENT_COLUMNS",
     "SCORE_COLUMNS",
     "UNIT_KINDS",
+    "ChannelStatistics",
     "Estimator",
     "Evidence",
     "HeadRecheck",
@@ -96,8 +103,10 @@ __all__ = [
     "agreement_passes",
     "agreement_with_exact",
     "bundled_texts",
+    "channel_statistics",
     "check_unit_kinds",
     "curve_passes",
+    "default_unit_kinds",
     "engine_catalog",
     "estimators_for",
     "joint_ablation",
@@ -128,14 +137,14 @@ __getattr__, __dir__ = lazy_exports(
         "RemovalAgreement": "attrlab.attribution.engine.agreement",
         "agreement_passes": "attrlab.attribution.engine.agreement",
         "removal_agreement": "attrlab.attribution.engine.agreement",
-        "ESTIMATORS": "attrlab.attribution.engine.estimators",
+        "ESTIMATORS": "attrlab.attribution.engine.registry",
         "Estimator": "attrlab.attribution.engine.estimators",
         "Evidence": "attrlab.attribution.engine.estimators",
-        "engine_catalog": "attrlab.attribution.engine.estimators",
-        "estimators_for": "attrlab.attribution.engine.estimators",
+        "engine_catalog": "attrlab.attribution.engine.registry",
+        "estimators_for": "attrlab.attribution.engine.registry",
         "register_estimator": "attrlab.attribution.engine.estimators",
         "residual_patching_ranking": "attrlab.attribution.engine.estimators",
-        "scores_of": "attrlab.attribution.engine.estimators",
+        "scores_of": "attrlab.attribution.engine.registry",
         "HeadRecheck": "attrlab.attribution.engine.recheck",
         "joint_ablation": "attrlab.attribution.engine.recheck",
         "recheck_heads": "attrlab.attribution.engine.recheck",
@@ -147,15 +156,18 @@ __getattr__, __dir__ = lazy_exports(
         "ranked_input": "attrlab.attribution.engine.study",
         "study_parts": "attrlab.attribution.engine.study",
         "COMPONENT_KINDS": "attrlab.attribution.engine.units",
-        "UNIT_KINDS": "attrlab.attribution.engine.units",
-        "model_unit_kinds": "attrlab.attribution.engine.units",
-        "shared_sites": "attrlab.attribution.engine.units",
+        "UNIT_KINDS": "attrlab.attribution.engine.registry",
+        "model_unit_kinds": "attrlab.attribution.engine.registry",
+        "shared_sites": "attrlab.attribution.engine.registry",
         "Removal": "attrlab.attribution.engine.units",
         "Site": "attrlab.attribution.engine.units",
         "UnitKind": "attrlab.attribution.engine.units",
-        "check_unit_kinds": "attrlab.attribution.engine.units",
+        "check_unit_kinds": "attrlab.attribution.engine.registry",
         "register_unit_kind": "attrlab.attribution.engine.units",
-        "unit_kind": "attrlab.attribution.engine.units",
+        "unit_kind": "attrlab.attribution.engine.registry",
+        "default_unit_kinds": "attrlab.attribution.engine.registry",
+        "ChannelStatistics": "attrlab.attribution.engine.channels",
+        "channel_statistics": "attrlab.attribution.engine.channels",
         "CURVE_COLUMNS": "attrlab.attribution.engine.verification",
         "MAX_POINTS": "attrlab.attribution.engine.verification",
         "METRICS": "attrlab.attribution.engine.verification",

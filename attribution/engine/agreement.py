@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from attrlab.attribution.agreement import pearson, rank_agreement
-from attrlab.attribution.engine.units import shared_sites, unit_kind
+from attrlab.attribution.engine.registry import shared_sites, unit_kind
 from attrlab.attribution.engine.verification import METRICS, measured_rows
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.models.base import Adapter, Inputs

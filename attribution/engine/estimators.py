@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from attrlab.attribution.engine.channels import ChannelStatistics
 from attrlab.attribution.engine.units import COMPONENT_KINDS, UNIT_KINDS
 from attrlab.attribution.errors import InvalidInputError
 from attrlab.attribution.layers.agreement import head_ranking
@@ -68,6 +69,9 @@ class Evidence:
         maps: Input attributions of the ranked input: method name -> one score per token
             (an Explanation's ``scores``), which the input-attribution estimators read.
         inputs: The ranked input (with ``maps``: where its tokens are).
+        statistics: Per channel kind, its channels' weights and activation statistics over the
+            dataset (:func:`~attribution.engine.channels.channel_statistics`), which the
+            channel estimators read.
         unit: The unit kind being scored (set by :func:`scores_of`).
     """
 
@@ -79,11 +83,17 @@ class Evidence:
     report: pd.DataFrame | None = None
     maps: Mapping[str, np.ndarray] | None = None
     inputs: Inputs | None = None
+    statistics: Mapping[str, ChannelStatistics] | None = None
     unit: str = ""
 
     def given(self) -> set[str]:
-        """What it holds beyond the analysis: ``patching``, ``report``, ``maps``."""
-        held = {"patching": self.patching, "report": self.report, "maps": self.maps}
+        """What it holds beyond the analysis: ``patching``, ``report``, ``maps``, ``statistics``."""
+        held = {
+            "patching": self.patching,
+            "report": self.report,
+            "maps": self.maps,
+            "statistics": self.statistics,
+        }
         return {name for name, value in held.items() if value is not None}
 
 
@@ -107,11 +117,13 @@ class Estimator:
             ``analysis`` nothing more; ``patching`` exact residual patching (a corrupted prompt
             is needed); ``report`` a whole patching report (computed by
             :func:`~attribution.patching.report.patching_report`); ``maps`` input
-            attributions of the ranked input (by the method of its name).
+            attributions of the ranked input (by the method of its name); ``statistics``
+            channel statistics over the dataset.
         title: Its name for people (default: its name).
         passes: What it costs in words, where it reads no measure group.
         removal: The removal its effects are of (``None``: each kind's default).
         magnitude: It estimates the size of the effect, not its sign.
+        decoders_only: It reads what only decoder LMs have (the next-token loss).
     """
 
     name: str
@@ -126,9 +138,10 @@ class Estimator:
     passes: str = ""
     removal: str | None = None
     magnitude: bool = False
+    decoders_only: bool = False
 
     #: What an estimator may read (each but ``analysis`` an :class:`Evidence` field).
-    READS = ("analysis", "patching", "report", "maps")
+    READS = ("analysis", "patching", "report", "maps", "statistics")
 
     def __post_init__(self) -> None:
         if self.reads not in self.READS:
@@ -168,6 +181,8 @@ class Estimator:
 
     def applies_to(self, adapter: Adapter, given: Collection[str] = ()) -> bool:
         """Whether it can score ``adapter`` with the evidence ``given`` (:attr:`READS`)."""
+        if self.decoders_only and adapter.family != "decoder-lm":
+            return False
         applicable = set(chosen_measures(adapter, None))
         return set(self.measures) <= applicable and self.reads in {"analysis", *given}
 

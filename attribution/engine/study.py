@@ -26,8 +26,22 @@ from attrlab.attribution.engine.agreement import (
     agreement_passes,
     removal_agreement,
 )
-from attrlab.attribution.engine.estimators import Evidence, estimators_for, scores_of
-from attrlab.attribution.engine.units import UNIT_KINDS, check_unit_kinds, model_unit_kinds
+from attrlab.attribution.engine.channels import (
+    CHANNEL_KINDS,
+    OBJECTIVES,
+    ChannelStatistics,
+    channel_statistics,
+    statistics_passes,
+)
+from attrlab.attribution.engine.estimators import Evidence
+from attrlab.attribution.engine.registry import (
+    STATISTICS_NEEDS,
+    UNIT_KINDS,
+    check_unit_kinds,
+    default_unit_kinds,
+    estimators_for,
+    scores_of,
+)
 from attrlab.attribution.engine.verification import PruningCurves, curve_passes, pruning_curves
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
 from attrlab.attribution.layers.analysis import analyze, checked_target, chosen_measures
@@ -130,6 +144,11 @@ def _by_unit(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
     )
 
 
+def _units(adapter: Adapter, units: Collection[str] | None) -> list[str]:
+    """The unit kinds a study prunes: ``units`` checked, or the model's defaults."""
+    return check_unit_kinds(default_unit_kinds(adapter) if units is None else units, adapter)
+
+
 def bundled_texts() -> list[str]:
     """The bundled evaluation sentences (``assets/eval``), the default dataset."""
     return [str(item.raw) for item in bundled_items("text")]
@@ -147,8 +166,32 @@ def _measures(adapter: Adapter, units: Sequence[str], patching: bool) -> list[st
 
 
 def _given(patching: bool) -> tuple[str, ...]:
-    """The evidence a study's estimators may read beyond its analysis: exact residual patching."""
-    return ("patching",) if patching else ()
+    """
+    The evidence a study's estimators may read beyond its analysis.
+
+    Channel statistics over its dataset, always; exact residual patching where asked.
+    """
+    return ("statistics", "patching") if patching else ("statistics",)
+
+
+def _statistics_needs(adapter: Adapter, unit: str) -> tuple[tuple[str, ...], bool, bool] | None:
+    """
+    What the channel statistics of ``unit`` must hold for its estimators, or ``None``.
+
+    ``(objectives, weight gradients, relevance)`` over the applicable estimators that read
+    them (:data:`~attribution.engine.channel_estimators.STATISTICS_NEEDS`).
+    """
+    if unit not in CHANNEL_KINDS:
+        return None
+    named = [e.name for e in estimators_for(adapter, unit, _given(False))]
+    needs = [STATISTICS_NEEDS[name] for name in named if name in STATISTICS_NEEDS]
+    objectives = {o for found, _, _ in needs for o in found}
+    decoder = adapter.family == "decoder-lm"
+    return (
+        tuple(o for o in OBJECTIVES if o in objectives and (decoder or o != "loss")),
+        any(gradients for _, gradients, _ in needs),
+        any(relevance for _, _, relevance in needs),
+    )
 
 
 def _patches(adapter: Adapter, units: Sequence[str], problem: PatchingProblem | None) -> bool:
@@ -159,6 +202,8 @@ def _patches(adapter: Adapter, units: Sequence[str], problem: PatchingProblem | 
 
 
 def _dataset(adapter: Adapter, texts: Sequence[str] | None) -> list[Inputs]:
+    if texts is None and adapter.modality == "image":  # the bundled images
+        return [adapter.preprocess(item.raw) for item in bundled_items("image")]
     chosen = bundled_texts() if texts is None else list(texts)
     if not chosen or len(chosen) > MAX_TEXTS:
         raise InvalidInputError(f"give 1 to {MAX_TEXTS} texts to prune over; got {len(chosen)}")
@@ -186,11 +231,12 @@ def study_parts(
     Raises:
         InvalidParameterError: as :func:`pruning_study`.
     """
-    chosen = check_unit_kinds(model_unit_kinds() if units is None else units)
+    chosen = _units(adapter, units)
     if draws < 1:
         raise InvalidParameterError(f"draws is at least 1; got {draws}")
     patches = _patches(adapter, chosen, problem)
-    forward, backward, widest = analysis_passes(adapter, _measures(adapter, chosen, patches))
+    measures = _measures(adapter, chosen, patches)
+    forward, backward, widest = analysis_passes(adapter, measures) if measures else (0, 0, 1)
     found: list[Part] = [(inputs, forward, backward, widest)]
     if problem is not None and patches:
         forward, backward, widest = patching_passes(
@@ -209,7 +255,11 @@ def study_parts(
     ]
     if agreement:  # each site alone, beside the plain model, as a batch of its own
         rows += [agreement_passes(adapter, u) for u in chosen]
-    found += [(item, sum(rows) + (not targets_known), 0, max(rows)) for item in dataset]
+    needs = [n for n in (_statistics_needs(adapter, u) for u in chosen) if n is not None]
+    collected = [statistics_passes(objectives, lrp) for objectives, _, lrp in needs]
+    forward = sum(rows) + (not targets_known) + sum(f for f, _ in collected)
+    backward = sum(b for _, b in collected)
+    found += [(item, forward, backward, max(rows)) for item in dataset]
     return found
 
 
@@ -240,7 +290,8 @@ def pruning_study(
     prediction (a class, or the next token). ``problem``: a patching problem on ``inputs`` and
     ``target`` (its clean side) whose exact residual patching ranks the layers too
     (``residual_patching``). ``units``: the unit kinds to prune
-    (:func:`~attribution.engine.units.model_unit_kinds`; ``None``: every one), each ranked by every
+    (:func:`~attribution.engine.units.model_unit_kinds`; ``None``: the model's default kinds,
+    :func:`~attribution.engine.units.default_unit_kinds`), each ranked by every
     registered estimator of it that applies; ``draws`` random orders each; ``head_step``: heads
     removed per point of the head curves (default: at most :data:`~attribution.engine.
     verification.MAX_POINTS` points); ``agreement``: also remove each site alone over the
@@ -258,7 +309,7 @@ def pruning_study(
         JobCancelledError: once ``settings.cancel`` is set.
     """
     settings = settings or RunSettings()
-    chosen = check_unit_kinds(model_unit_kinds() if units is None else units)
+    chosen = _units(adapter, units)
     dataset = [i for i, _ in items] if items is not None else _dataset(adapter, texts)
     run = RunContext.of(settings)
     parts = study_parts(
@@ -278,10 +329,20 @@ def pruning_study(
                 "the patching problem must be on the input and target the layers are ranked for"
             )
     patches = _patches(adapter, chosen, problem)
-    report = analyze(adapter, inputs, target, _measures(adapter, chosen, patches), run)
+    measures = _measures(adapter, chosen, patches)
+    # a study of channels alone reads no measure (a CNN has no layer analysis)
+    table = analyze(adapter, inputs, target, measures, run).table if measures else pd.DataFrame()
     if items is None:
         items = [(i, _prediction(adapter, i, None, run)) for i in dataset]
-    evidence = Evidence(adapter, target, report.table)
+    statistics: dict[str, ChannelStatistics] = {}
+    for unit in chosen:
+        needs = _statistics_needs(adapter, unit)
+        if needs is not None:
+            objectives, gradients, relevance = needs
+            statistics[unit] = channel_statistics(
+                adapter, items, unit, objectives, gradients, relevance, run
+            )
+    evidence = Evidence(adapter, target, table, statistics=statistics)
     if problem is not None and patches:
         quiet = replace(settings, max_forward_passes=None, max_seconds=None)  # priced above
         patched = patching_report(adapter, problem, ["exact"], ["residual"], ["denoising"], quiet)
@@ -289,7 +350,7 @@ def pruning_study(
         mask = inputs.model_kwargs()["attention_mask"]
         read_at = int(DecoderLMAdapter.predicted_positions(mask)[0]) - target.read_offsets()[0]
         evidence = replace(evidence, patching=patched.table, read_at=read_at)
-    found = PruningStudy(target.label, len(items), report.table)
+    found = PruningStudy(target.label, len(items), table)
     for unit in chosen:
         rankings = scores_of(evidence, unit)
         step = _step(unit, head_step)

@@ -27,7 +27,11 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
+from attrlab.attribution.errors import (
+    InvalidInputError,
+    InvalidParameterError,
+    UnsupportedMethodError,
+)
 from attrlab.attribution.inputs.features import features_of
 from attrlab.attribution.inputs.perturb import hidden_tokens
 from attrlab.attribution.layers.analysis import ModelParts
@@ -43,6 +47,7 @@ __all__ = [
     "Site",
     "UnitKind",
     "check_unit_kinds",
+    "default_unit_kinds",
     "model_unit_kinds",
     "register_unit_kind",
     "shared_sites",
@@ -60,21 +65,24 @@ class Site:
         layer: The block it is in.
         head: The attention head (query head) in that block.
         position: The token position of the input.
+        channel: The channel within its layer (an MLP neuron, a convolution's output channel).
     """
 
     kind: str
     layer: int | None = None
     head: int | None = None
     position: int | None = None
+    channel: int | None = None
 
     def name(self) -> int | list[int]:
         """
         Its JSON form in a removal order: its fields that are set, in order, or one alone.
 
         A layer is its index, a head ``[layer, head]``, a residual site ``[layer, position]``,
-        a head at a position ``[layer, head, position]`` (the kind says which fields it has).
+        a head at a position ``[layer, head, position]``, a neuron ``[layer, channel]`` (the kind
+        says which fields it has).
         """
-        where = [v for v in (self.layer, self.head, self.position) if v is not None]
+        where = [v for v in (self.layer, self.head, self.position, self.channel) if v is not None]
         return where[0] if len(where) == 1 else where
 
 
@@ -98,6 +106,9 @@ class UnitKind:
         patch: How its sites are written with another run's activations (activation
             patching: ``patch`` among its removals), or ``None``.
         positional: Its sites are positions of an input, so they depend on the input.
+        by_default: A pruning study prunes it when no kinds are named (the cheap ones).
+        unsupported: Why it does not apply to a model (``None``: it does), or ``None`` for a
+            kind every model with transformer blocks has.
     """
 
     name: str
@@ -106,6 +117,12 @@ class UnitKind:
     removals: Mapping[str, Removal]
     patch: Patch | None = None
     positional: bool = False
+    by_default: bool = True
+    unsupported: Callable[[Adapter], str | None] | None = None
+
+    def applies_to(self, adapter: Adapter) -> str | None:
+        """``None`` where ``adapter`` has this kind's sites, else why not."""
+        return None if self.unsupported is None else self.unsupported(adapter)
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready: its name, description and removals (the default first; ``patch`` last)."""
@@ -115,6 +132,7 @@ class UnitKind:
             "description": self.description,
             "removals": removals,
             "positional": self.positional,
+            "by_default": self.by_default,
         }
 
     def sites(self, adapter: Adapter, inputs: Inputs | None = None) -> list[Site]:
@@ -180,6 +198,15 @@ def model_unit_kinds() -> list[str]:
     return [name for name, kind in UNIT_KINDS.items() if not kind.positional]
 
 
+def default_unit_kinds(adapter: Adapter) -> list[str]:
+    """What a pruning study of ``adapter`` prunes when no kinds are named."""
+    return [
+        name
+        for name in model_unit_kinds()
+        if UNIT_KINDS[name].by_default and UNIT_KINDS[name].applies_to(adapter) is None
+    ]
+
+
 def unit_kind(name: str) -> UnitKind:
     """
     The registered kind ``name``.
@@ -192,20 +219,27 @@ def unit_kind(name: str) -> UnitKind:
     return UNIT_KINDS[name]
 
 
-def check_unit_kinds(names: Collection[str]) -> list[str]:
+def check_unit_kinds(names: Collection[str], adapter: Adapter | None = None) -> list[str]:
     """
-    ``names`` checked as a pruning study's units.
+    ``names`` checked as a pruning study's units (on ``adapter``, where given).
 
     The model's kinds (:func:`model_unit_kinds`), each once, at least one.
 
     Raises:
         InvalidParameterError: none, or one that is unknown or positional.
+        UnsupportedMethodError: a kind ``adapter`` does not have (a convolution channel of a
+            transformer).
     """
     known = model_unit_kinds()
     chosen = list(dict.fromkeys(names))
     unknown = [u for u in chosen if u not in known]
     if not chosen or unknown:
         raise InvalidParameterError(f"units are one or more of {', '.join(known)}; got {chosen}")
+    if adapter is not None:
+        for name in chosen:
+            reason = UNIT_KINDS[name].applies_to(adapter)
+            if reason is not None:
+                raise UnsupportedMethodError(reason)
     return chosen
 
 

@@ -34,7 +34,8 @@ import torch
 import torch.nn.functional as F
 
 from attrlab.attribution.alteration import altered
-from attrlab.attribution.engine.units import Site, shared_sites, unit_kind
+from attrlab.attribution.engine.registry import shared_sites, unit_kind
+from attrlab.attribution.engine.units import Site
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.inputs.perturb import BatchRunner, repeated
 from attrlab.attribution.layers.analysis import checked_target
