@@ -188,7 +188,7 @@ def test_a_removal_undoes_its_hooks_on_error_and_bad_names_are_refused(gpt2, ite
             raise RuntimeError("inside")
         assert model_state(gpt2.model) == before
     with pytest.raises(InvalidParameterError, match="unit is one of layer, head"):
-        unit_kind("neuron")
+        unit_kind("no_such_unit")
     with pytest.raises(InvalidParameterError, match="a layer is removed by skip"):
         unit_kind("layer").removal("zero")
     with pytest.raises(InvalidParameterError, match="one score per head"):
@@ -218,17 +218,18 @@ def test_a_registered_unit_kind_appears_in_every_front_end(mlp_kind, capsys):
         assert "mlp" in [entry["name"] for entry in client.get("/api/v1/units").json()]
         schema = client.get("/openapi.json").json()["components"]["schemas"]["PruneBody"]
         choices = schema["properties"]["units"]["anyOf"][0]["items"]["enum"]
-        assert choices == ["layer", "head", "mlp"]
+        assert choices == ["layer", "head", "neuron", "channel", "mlp"]
         body = {"model": "tiny-random-gpt2", "text": TEXTS[0], "next_token": True}
         pruned = client.post("/api/v1/prune", json={**body, "texts": [TEXTS[1]], "units": ["mlp"]})
         assert pruned.status_code == 200, pruned.text
         assert list(pruned.json()["mlp"]["orders"]) == ["mlp_lrp"]
-        refused = client.post("/api/v1/prune", json={**body, "units": ["neuron"]})
+        refused = client.post("/api/v1/prune", json={**body, "units": ["no_such_unit"]})
         assert refused.status_code == 422
-        assert "units are one or more of layer, head, mlp" in refused.json()["error"]["message"]
+        message = refused.json()["error"]["message"]
+        assert "units are one or more of layer, head, neuron, channel, mlp" in message
     # the page's unit choices
     with gr.Blocks() as page:
         patching_view(PageRunner(worker))
     units = next(b for b in page.blocks.values() if b.elem_id == "pruning-units")
-    assert [value for _, value in units.choices] == ["layer", "head", "mlp"]
+    assert [value for _, value in units.choices] == ["layer", "head", "neuron", "channel", "mlp"]
     worker.close()

@@ -1,0 +1,290 @@
+"""
+Channel units (MLP neurons, convolution channels) and their estimators, against references.
+
+A planted neuron (its down-projection column scaled a hundredfold) and a dead one (its column
+zero) on a tiny random LLaMA, the removal against the weights it stands for, Taylor against
+the measured change to first order, Wanda and LAMP against formulas written out here, and the
+model bit-identical after every removal, an error included.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from attrlab.attribution.engine import (
+    ESTIMATORS,
+    Evidence,
+    Site,
+    channel_statistics,
+    check_unit_kinds,
+    default_unit_kinds,
+    engine_catalog,
+    pruning_study,
+    removal_agreement,
+    scores_of,
+    unit_kind,
+)
+from attrlab.attribution.engine.channel_estimators import lamp_scores
+from attrlab.attribution.engine.channels import channel_layers
+from attrlab.attribution.errors import InvalidParameterError, UnsupportedMethodError
+from attrlab.attribution.layers.analysis import ModelParts
+from attrlab.attribution.request.target import output_target, resolve_target
+
+TEXTS = ["The cat sat on the mat", "A bird in the hand is worth"]
+PLANTED, DEAD = (1, 7), (0, 3)  # (layer, neuron)
+FIRST_ORDER = ["magnitude", "wanda", "wanda_row", "taylor", "taylor_entropy", "mini_llm"]
+
+
+@pytest.fixture(scope="module")
+def planted(load_model):
+    """Tiny LLaMA with one neuron's down-projection column ×100 and another's zeroed."""
+    adapter = copy.deepcopy(load_model("tiny-random-llama"))
+    downs = ModelParts.of(adapter).mlps
+    with torch.no_grad():
+        downs[PLANTED[0]].weight[:, PLANTED[1]] *= 100.0
+        downs[DEAD[0]].weight[:, DEAD[1]] = 0.0
+    return adapter
+
+
+def _items(adapter):
+    found = []
+    for text in TEXTS:
+        inputs = adapter.preprocess(text)
+        with torch.no_grad():
+            logits = adapter.logits(**inputs.model_kwargs())[0]
+        found.append((inputs, resolve_target(adapter, None, logits)))
+    return found
+
+
+def _index(adapter, layer: int, neuron: int) -> int:
+    sites = unit_kind("neuron").sites(adapter)
+    return sites.index(Site("neuron", layer=layer, channel=neuron))
+
+
+def _scores(adapter, items):
+    statistics = channel_statistics(
+        adapter, items, "neuron", ("target", "loss", "entropy"), True, True
+    )
+    evidence = Evidence(adapter, items[0][1], None, statistics={"neuron": statistics})
+    return scores_of(evidence, "neuron")
+
+
+def test_neuron_kind_is_listed_but_not_pruned_by_default(load_model):
+    adapter = load_model("tiny-random-llama")
+    kinds = {k["name"]: k for k in engine_catalog()}
+    assert kinds["neuron"]["removals"] == ["zero", "mean"]
+    names = {e["name"] for e in kinds["neuron"]["estimators"]}
+    assert set(FIRST_ORDER) | {"lamp", "activation", "taylor_loss", "neuron_lrp"} <= names
+    assert default_unit_kinds(adapter) == ["layer", "head"]
+    sites = unit_kind("neuron").sites(adapter)
+    mlps = ModelParts.of(adapter).mlps
+    assert len(sites) == sum(m.in_features for m in mlps)
+    with pytest.raises(UnsupportedMethodError, match="CNN"):
+        check_unit_kinds(["channel"], adapter)
+
+
+def test_planted_neuron_is_first_and_moves_the_target_most(planted):
+    items = _items(planted)
+    scores = _scores(planted, items)
+    top = _index(planted, *PLANTED)
+    for name in FIRST_ORDER + ["taylor_loss", "neuron_lrp"]:
+        assert int(np.argmax(scores[name])) == top, name
+    # LAMP scores every layer's largest channel 1: the planted one is its layer's
+    assert scores["lamp"][top] == pytest.approx(1.0)
+    agreement = removal_agreement(planted, items, "neuron", {"magnitude": scores["magnitude"]})
+    effects = agreement.effects["effect"].to_numpy()
+    assert int(np.argmax(np.abs(effects))) == top
+
+
+def test_dead_neuron_is_last_and_its_removal_changes_nothing(planted):
+    items = _items(planted)
+    scores = _scores(planted, items)
+    dead = _index(planted, *DEAD)
+    for name in ["magnitude", "wanda", "taylor", "taylor_loss", "taylor_entropy"]:
+        assert scores[name][dead] == 0.0, name
+        assert int(np.argmin(scores[name])) == dead, name
+    agreement = removal_agreement(planted, items, "neuron", {"magnitude": scores["magnitude"]})
+    assert agreement.effects["effect"].to_numpy()[dead] == 0.0
+
+
+def test_zeroing_a_neuron_equals_zeroing_its_column(load_model):
+    adapter = load_model("tiny-random-llama")
+    inputs = adapter.preprocess("A bird in the hand is worth")
+    kwargs = inputs.model_kwargs()
+    copied = copy.deepcopy(adapter)
+    with torch.no_grad():
+        ModelParts.of(copied).mlps[1].weight[:, 5] = 0.0
+        reference = copied.logits(**kwargs)
+        with unit_kind("neuron").removal("zero")(adapter, [[Site("neuron", layer=1, channel=5)]]):
+            removed = adapter.logits(**kwargs)
+    torch.testing.assert_close(removed, reference, rtol=0, atol=1e-6)
+
+
+def test_taylor_is_the_change_to_first_order(load_model):
+    """Scaling one neuron's activation by 1 ± ε changes log p by ±ε · Σ a·∂log p/∂a + O(ε²)."""
+    adapter = load_model("tiny-random-llama")
+    inputs, target = _items(adapter)[1]
+    statistics = channel_statistics(adapter, [(inputs, target)], "neuron", ("target",))
+    # the layer's largest effect and central differences: the second-order term cancels, and
+    # the model's float32 rounding (its norms compute in float32) stays far below the change
+    layer, eps = 1, 1e-2
+    neuron = int(statistics.first_order["target"][layer].argmax())
+    taylor = float(statistics.first_order["target"][layer][neuron])
+    down = ModelParts.of(adapter).mlps[layer]
+
+    def log_p(scale: float) -> float:
+        def scaled(_m: nn.Module, args: tuple) -> tuple:
+            x = args[0].clone()
+            x[..., neuron] *= scale
+            return (x,)
+
+        handle = down.register_forward_pre_hook(scaled)
+        try:
+            with torch.no_grad():
+                logits = adapter.logits(**inputs.model_kwargs()).double()
+        finally:
+            handle.remove()
+        return float(target.log_probability(logits)[0])
+
+    change = abs(log_p(1.0 + eps) - log_p(1.0 - eps)) / (2 * eps)
+    assert change == pytest.approx(taylor, rel=1e-2)
+
+
+def test_wanda_and_magnitude_against_the_formulas(load_model):
+    adapter = load_model("tiny-random-llama")
+    items = _items(adapter)
+    down = ModelParts.of(adapter).mlps[0]
+    seen: list[torch.Tensor] = []
+    handle = down.register_forward_pre_hook(lambda _m, args: seen.append(args[0].detach()))
+    try:
+        with torch.no_grad():
+            for inputs, _ in items:
+                adapter.logits(**inputs.model_kwargs())
+    finally:
+        handle.remove()
+    x = torch.cat([s.reshape(-1, s.shape[-1]) for s in seen]).double()
+    weight = down.weight.detach().double()  # (out, in)
+    wanda = (weight.abs() * x.norm(dim=0)).sum(0)
+    scores = _scores(adapter, items)
+    n = down.in_features
+    np.testing.assert_allclose(scores["wanda"][:n], wanda.numpy(), rtol=1e-9)
+    np.testing.assert_allclose(scores["magnitude"][:n], weight.norm(dim=0).numpy(), rtol=1e-9)
+    np.testing.assert_allclose(scores["activation"][:n], x.abs().mean(0).numpy(), rtol=1e-9)
+
+
+def test_lamp_against_its_definition():
+    squares = torch.tensor([4.0, 1.0, 9.0], dtype=torch.float64)
+    # sorted 1, 4, 9: each over the sum of itself and those above it
+    expected = [4 / 13, 1 / 14, 9 / 9]
+    np.testing.assert_allclose(lamp_scores(squares).numpy(), expected)
+
+
+@pytest.mark.parametrize("how", ["zero", "mean"])
+def test_removals_leave_the_model_bit_identical(load_model, how):
+    adapter = load_model("tiny-random-llama")
+    before = {k: v.clone() for k, v in adapter.model.state_dict().items()}
+    inputs = adapter.preprocess("The cat sat")
+    remove = unit_kind("neuron").removal(how)
+    with pytest.raises(RuntimeError, match="forced"):
+        with remove(adapter, [[Site("neuron", layer=0, channel=2)]]):
+            adapter.logits(**inputs.model_kwargs())
+            raise RuntimeError("forced")
+    hooks = [m._forward_pre_hooks for m in ModelParts.of(adapter).mlps]
+    assert all(len(h) == 0 for h in hooks)
+    after = adapter.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_mean_removal_is_the_neurons_mean_over_positions(load_model):
+    adapter = load_model("tiny-random-llama")
+    inputs = adapter.preprocess("The cat sat on the mat")
+    down = ModelParts.of(adapter).mlps[0]
+    seen: list[torch.Tensor] = []
+    handle = down.register_forward_hook(lambda _m, args, _o: seen.append(args[0].detach()))
+    try:
+        with (
+            torch.no_grad(),
+            unit_kind("neuron").removal("mean")(adapter, [[Site("neuron", layer=0, channel=4)]]),
+        ):
+            adapter.logits(**inputs.model_kwargs())
+    finally:
+        handle.remove()
+    column = seen[0][0, :, 4]
+    assert torch.allclose(column, column.mean().expand_as(column))
+    assert column.std() == 0
+
+
+def test_a_site_of_another_model_is_refused(load_model):
+    adapter = load_model("tiny-random-llama")
+    with pytest.raises(InvalidParameterError, match="not a neuron"):
+        with unit_kind("neuron").removal()(adapter, [[Site("neuron", layer=99, channel=0)]]):
+            pass
+
+
+def test_study_of_neurons_prices_and_runs_every_estimator(load_model):
+    adapter = load_model("tiny-random-llama")
+    inputs = adapter.preprocess("The capital of France is")
+    study = pruning_study(adapter, inputs, None, texts=TEXTS, units=["neuron"], draws=5)
+    scores = study.score_table()
+    orders = set(scores["order"])
+    assert {e for e, est in ESTIMATORS.items() if "neuron" in est.units} <= orders
+    assert study.analysis.empty  # neurons read no layer measure
+    curves = study.curve_table()
+    plain = curves[(curves["removed"] == 0) & (curves["metric"] == "log_prob")]["value"]
+    assert plain.nunique() == 1  # every order starts from the unpruned model
+
+
+def _tiny_cnn() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 6, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(6, 5, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(5, 4),
+    )
+
+
+def test_convolution_channels_of_a_cnn():
+    from attrlab.attribution.models.images import ImageTransform
+    from attrlab.attribution.models.vision import CNNAdapter
+
+    adapter = CNNAdapter(
+        _tiny_cnn().eval(),
+        "toy-cnn",
+        ImageTransform((16, 16), (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
+        [f"c{i}" for i in range(4)],
+    )
+    layers = channel_layers(adapter, "channel")
+    assert layers.sizes() == [6, 5]
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 255, (16, 16, 3), dtype=np.uint8) for _ in range(3)]
+    items = []
+    for image in images:
+        inputs = adapter.preprocess(image)
+        with torch.no_grad():
+            index = int(adapter.logits(**inputs.model_kwargs())[0].argmax())
+        items.append((inputs, output_target(adapter, index)))
+    statistics = channel_statistics(adapter, items, "channel", ("target",))
+    conv = layers.modules[1]
+    np.testing.assert_allclose(
+        statistics.weights[1].norm(dim=1).numpy(),
+        conv.weight.detach().double().reshape(5, -1).norm(dim=1).numpy(),
+    )
+    # zeroing an output channel equals zeroing its filter and bias
+    inputs = items[0][0]
+    copied = copy.deepcopy(adapter)
+    with torch.no_grad():
+        copied.model[2].weight[3] = 0.0
+        copied.model[2].bias[3] = 0.0
+        reference = copied.logits(**inputs.model_kwargs())
+        with unit_kind("channel").removal("zero")(adapter, [[Site("channel", layer=1, channel=3)]]):
+            removed = adapter.logits(**inputs.model_kwargs())
+    torch.testing.assert_close(removed, reference, rtol=0, atol=1e-6)
