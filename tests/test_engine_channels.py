@@ -92,7 +92,7 @@ def test_planted_neuron_is_first_and_moves_the_target_most(planted):
     items = _items(planted)
     scores = _scores(planted, items)
     top = _index(planted, *PLANTED)
-    for name in FIRST_ORDER + ["taylor_loss", "neuron_lrp"]:
+    for name in [*FIRST_ORDER, "taylor_loss", "neuron_lrp"]:
         assert int(np.argmax(scores[name])) == top, name
     # LAMP scores every layer's largest channel 1: the planted one is its layer's
     assert scores["lamp"][top] == pytest.approx(1.0)
@@ -190,10 +190,10 @@ def test_removals_leave_the_model_bit_identical(load_model, how):
     before = {k: v.clone() for k, v in adapter.model.state_dict().items()}
     inputs = adapter.preprocess("The cat sat")
     remove = unit_kind("neuron").removal(how)
-    with pytest.raises(RuntimeError, match="forced"):
-        with remove(adapter, [[Site("neuron", layer=0, channel=2)]]):
-            adapter.logits(**inputs.model_kwargs())
-            raise RuntimeError("forced")
+    removed = remove(adapter, [[Site("neuron", layer=0, channel=2)]])
+    with pytest.raises(RuntimeError, match="forced"), removed:
+        adapter.logits(**inputs.model_kwargs())
+        raise RuntimeError("forced")
     hooks = [m._forward_pre_hooks for m in ModelParts.of(adapter).mlps]
     assert all(len(h) == 0 for h in hooks)
     after = adapter.model.state_dict()
@@ -221,9 +221,9 @@ def test_mean_removal_is_the_neurons_mean_over_positions(load_model):
 
 def test_a_site_of_another_model_is_refused(load_model):
     adapter = load_model("tiny-random-llama")
+    elsewhere = [[Site("neuron", layer=99, channel=0)]]
     with pytest.raises(InvalidParameterError, match="not a neuron"):
-        with unit_kind("neuron").removal()(adapter, [[Site("neuron", layer=99, channel=0)]]):
-            pass
+        unit_kind("neuron").removal()(adapter, elsewhere).__enter__()
 
 
 def test_study_of_neurons_prices_and_runs_every_estimator(load_model):
