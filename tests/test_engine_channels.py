@@ -288,3 +288,27 @@ def test_convolution_channels_of_a_cnn():
         with unit_kind("channel").removal("zero")(adapter, [[Site("channel", layer=1, channel=3)]]):
             removed = adapter.logits(**inputs.model_kwargs())
     torch.testing.assert_close(removed, reference, rtol=0, atol=1e-6)
+
+
+def test_agreement_over_many_sites_samples_and_keeps_each_estimators_extremes(load_model):
+    adapter = load_model("tiny-random-llama")
+    items = _items(adapter)[:1]
+    scores = _scores(adapter, items)
+    chosen_scores = {name: scores[name] for name in ("magnitude", "taylor")}
+    full = removal_agreement(adapter, items, "neuron", chosen_scores)
+    assert not full.sampled and set(full.effects["chosen"]) == {"all"}
+    sampled = removal_agreement(adapter, items, "neuron", chosen_scores, top_k=3, max_sites=20)
+    assert sampled.sampled and len(sampled.effects) == 20
+    effects = sampled.effects.set_index(sampled.effects["site"].map(tuple))
+    sites = [tuple(s.name()) for s in unit_kind("neuron").sites(adapter)]
+    for values in chosen_scores.values():
+        order = np.argsort(values, kind="stable")
+        for i in [*order[:3], *order[-3:]]:
+            assert sites[i] in effects.index
+    assert set(sampled.effects["chosen"]) == {"top", "bottom", "sample"}
+    # each removed site's effect is the one removing every site alone measures
+    everything = full.effects.set_index(full.effects["site"].map(tuple))["effect"]
+    np.testing.assert_allclose(
+        effects["effect"].to_numpy(), everything[effects.index].to_numpy(), atol=1e-6
+    )
+    assert sampled.table["sites"].tolist() == [20, 20]

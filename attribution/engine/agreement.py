@@ -3,7 +3,9 @@ Agreement with exact removal: does an estimator rank sites as removing each alon
 
 For one unit kind, every site is removed alone (the kind's removal) on every input of a dataset,
 and the mean drop of the target's log-probability is the site's exact effect
-(:func:`removal_agreement`); or the exact effects are a patching report's ``exact`` rows, each
+(:func:`removal_agreement`; where a kind has more sites than a run can remove one by one, a
+seeded uniform sample of them plus each estimator's ``k`` highest and lowest, each site marked
+with why it was chosen); or the exact effects are a patching report's ``exact`` rows, each
 site patched alone (:func:`agreement_with_exact`). Each estimator's scores are compared with
 those effects by the policy every ranking comparison in attrlab follows
 (:func:`~attribution.agreement.rank_agreement`: Spearman's ρ of the importances, and the share of
@@ -37,8 +39,12 @@ __all__ = [
     "removal_agreement",
 ]
 
-#: Columns of the agreement table: one row per estimator.
-AGREEMENT_COLUMNS = ("estimator", "sites", "spearman", "top_k_overlap", "k")
+#: Columns of the agreement table: one row per estimator. ``sites``: the sites compared;
+#: ``sample_spearman``: ρ over the uniform sample alone (NaN where every site was removed), free
+#: of the bias the estimators' own extremes add to ``spearman``.
+AGREEMENT_COLUMNS = ("estimator", "sites", "spearman", "top_k_overlap", "k", "sample_spearman")
+#: Most sites removed one by one by default; beyond it, a sample and each estimator's extremes.
+MAX_EXACT_SITES = 512
 #: Columns of a patching report's agreement: one row per estimator, direction and component.
 PATCHING_AGREEMENT_COLUMNS = (
     "estimator",
@@ -62,32 +68,73 @@ class RemovalAgreement:
 
     Attributes:
         unit: The unit kind.
-        effects: One row per site: ``site`` (its JSON form) and ``effect``, the mean drop of the
-            target's log-probability over the dataset when that site alone is removed.
+        effects: One row per site removed: ``site`` (its JSON form), ``effect``, the mean drop
+            of the target's log-probability over the dataset when that site alone is removed,
+            and ``chosen``: ``all`` (every site was removed), else ``sample`` (the seeded
+            uniform sample), ``top`` or ``bottom`` (an estimator's highest or lowest).
         table: :data:`AGREEMENT_COLUMNS` (ρ NaN where either side is constant).
+        sampled: Not every site was removed (:data:`MAX_EXACT_SITES`).
     """
 
     unit: str
     effects: pd.DataFrame
     table: pd.DataFrame
+    sampled: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (NaN as ``None``)."""
         table = self.table.astype(object).where(self.table.notna(), None)
         return {
             "unit": self.unit,
+            "sampled": self.sampled,
             "effects": self.effects.to_dict(orient="records"),
             "table": table.to_dict(orient="records"),
         }
 
 
-def agreement_passes(adapter: Adapter, unit: str, inputs: Inputs | None = None) -> int:
+def agreement_passes(
+    adapter: Adapter,
+    unit: str,
+    inputs: Inputs | None = None,
+    estimators: int = 0,
+    top_k: int = 5,
+    max_sites: int = MAX_EXACT_SITES,
+) -> int:
     """
-    Forward rows :func:`removal_agreement` runs per input: the plain model and each site.
+    Forward rows :func:`removal_agreement` runs per input, at most: plain, and each site removed.
 
-    ``inputs``: one of the inputs, where the kind's sites are positions of it.
+    ``inputs``: one of the inputs, where the kind's sites are positions of it; ``estimators``:
+    how many are compared (each adds its extremes where the sites are sampled).
     """
-    return 1 + len(unit_kind(unit).sites(adapter, inputs))
+    sites = len(unit_kind(unit).sites(adapter, inputs))
+    return 1 + (sites if sites <= max_sites else min(sites, max_sites + 2 * top_k * estimators))
+
+
+def _chosen_sites(
+    count: int,
+    scores: Mapping[str, np.ndarray],
+    k: int,
+    max_sites: int,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, list[str]]:
+    """
+    The sites to remove one by one and why: every one, or a sample and the extremes.
+
+    Each estimator's ``k`` highest (``top``) and lowest (``bottom``), then a uniform sample of
+    the rest up to ``max_sites`` in all (``sample``); in site order.
+    """
+    if count <= max_sites:
+        return np.arange(count), ["all"] * count
+    why: dict[int, str] = {}
+    for values in scores.values():
+        order = np.argsort(values, kind="stable")
+        why.update({int(i): "top" for i in order[::-1][:k] if int(i) not in why})
+        why.update({int(i): "bottom" for i in order[:k] if int(i) not in why})
+    rest = np.setdiff1d(np.arange(count), list(why))
+    sample = rng.choice(rest, size=min(len(rest), max(max_sites - len(why), 0)), replace=False)
+    why.update({int(i): "sample" for i in sample})
+    chosen = np.array(sorted(why))
+    return chosen, [why[int(i)] for i in chosen]
 
 
 def removal_agreement(
@@ -99,13 +146,16 @@ def removal_agreement(
     removal: str | None = None,
     settings: RunSettings | None = None,
     run: RunContext | None = None,
+    max_sites: int = MAX_EXACT_SITES,
 ) -> RemovalAgreement:
     """
     Remove each site of ``unit`` alone on ``items``, and score each estimator against it.
 
     ``scores``: estimator name -> one importance per site, in the kind's site order.
     ``top_k``: the overlap's ``k`` (at most the number of sites). ``removal``: the kind's
-    removal (``None``: its default). ``run``: a larger run's state, else a fresh one.
+    removal (``None``: its default). ``run``: a larger run's state, else a fresh one. Over
+    ``max_sites`` sites, those removed are a sample drawn from the run's seed plus each
+    estimator's ``top_k`` highest and lowest (:attr:`RemovalAgreement.sampled`).
 
     Raises:
         InvalidParameterError: no items, an unknown unit or removal, scores of the wrong length
@@ -126,14 +176,26 @@ def removal_agreement(
             )
         checked[name] = array
     run = run or RunContext.of(settings)
-    means = measured_rows(adapter, items, unit, [[], *([site] for site in sites)], run, removal)
+    chosen, why = _chosen_sites(len(sites), checked, top_k, max_sites, run.rng)
+    removed = [[sites[i]] for i in chosen]
+    means = measured_rows(adapter, items, unit, [[], *removed], run, removal)
     effects = means[0, _LOG_PROB] - means[1:, _LOG_PROB]
-    k = min(top_k, len(sites))
-    rows = [(name, len(sites), *rank_agreement(v, effects, k), k) for name, v in checked.items()]
+    k = min(top_k, len(chosen))
+    sample = np.array([w == "sample" for w in why])
+    rows = []
+    for name, values in checked.items():
+        rho_sample = (
+            rank_agreement(values[chosen][sample], effects[sample], 1)[0]
+            if sample.sum() > 2
+            else np.nan
+        )
+        found = rank_agreement(values[chosen], effects, k)
+        rows.append((name, len(chosen), *found, k, rho_sample))
     return RemovalAgreement(
         unit,
-        pd.DataFrame({"site": [s.name() for s in sites], "effect": effects}),
+        pd.DataFrame({"site": [sites[i].name() for i in chosen], "effect": effects, "chosen": why}),
         pd.DataFrame.from_records(rows, columns=list(AGREEMENT_COLUMNS)),
+        bool(sample.any()),
     )
 
 

@@ -254,7 +254,11 @@ def study_parts(
         for u in chosen
     ]
     if agreement:  # each site alone, beside the plain model, as a batch of its own
-        rows += [agreement_passes(adapter, u) for u in chosen]
+        given = _given(patches)
+        rows += [
+            agreement_passes(adapter, u, estimators=len(estimators_for(adapter, u, given)))
+            for u in chosen
+        ]
     needs = [n for n in (_statistics_needs(adapter, u) for u in chosen) if n is not None]
     collected = [statistics_passes(objectives, lrp) for objectives, _, lrp in needs]
     forward = sum(rows) + (not targets_known) + sum(f for f, _ in collected)
