@@ -312,3 +312,73 @@ def test_agreement_over_many_sites_samples_and_keeps_each_estimators_extremes(lo
         effects["effect"].to_numpy(), everything[effects.index].to_numpy(), atol=1e-6
     )
     assert sampled.table["sites"].tolist() == [20, 20]
+
+
+def test_layer_budget_shares_and_allocation():
+    from attrlab.attribution.engine.verification import LayerBudget
+
+    layers = np.array([0] * 4 + [1] * 8 + [2] * 4)
+    uniform = LayerBudget(layers)
+    # a quarter of 16: a quarter of each layer
+    assert uniform.counts(4).tolist() == [1, 2, 1]
+    assert uniform.counts(8).tolist() == [2, 4, 2]
+    # each layer's own least important first, whatever the order says of the others
+    order = [4, 5, 6, 7, 8, 9, 10, 11, 0, 1, 2, 3, 12, 13, 14, 15]
+    assert uniform.take(order, 4) == [4, 5, 0, 12]
+    # layer 2 scores highest, layer 0 lowest: sparsity 1.2×, 1.0×, 0.8× the mean
+    allocated = LayerBudget.allocated(layers, np.array([0.0, 0.5, 1.0]))
+    np.testing.assert_allclose(allocated.weights, [1.2, 1.0, 0.8])
+    # shares 2.4, 4, 1.6: the largest remainder (layer 2's .6) takes the eighth
+    assert allocated.counts(8).tolist() == [2, 4, 2]
+    assert allocated.counts(16).tolist() == [4, 8, 4]  # every site, whatever the weights
+    wide = LayerBudget.allocated(np.repeat([0, 1, 2], [40, 80, 40]), np.array([0.0, 0.5, 1.0]))
+    assert wide.counts(80).tolist() == [24, 40, 16]
+    # past a layer's size, the rest spreads over the others by weight × size: shares 45, 75,
+    # 30; layer 0's 5 over its 40 go 80:32 to the others (78.57, 31.43), then remainders
+    assert wide.counts(150).tolist() == [40, 79, 31]
+    assert LayerBudget.allocated(layers, np.ones(3)).counts(8).tolist() == [2, 4, 2]
+    with pytest.raises(InvalidParameterError, match="one score per layer"):
+        LayerBudget.allocated(layers, np.ones(2))
+
+
+def test_owl_is_the_share_of_outlier_weights(load_model):
+    from attrlab.attribution.engine.allocation import weight_allocation
+
+    adapter = load_model("tiny-random-llama")
+    statistics = channel_statistics(adapter, _items(adapter), "neuron")
+    found = weight_allocation("owl", statistics)
+    for layer, down in enumerate(ModelParts.of(adapter).mlps):
+        metric = down.weight.detach().double().abs().T * statistics.norms[layer][:, None]
+        assert found[layer] == pytest.approx(float((metric > 5 * metric.mean()).double().mean()))
+    dlp = weight_allocation("dlp", statistics)
+    first = ModelParts.of(adapter).mlps[0].weight.detach().double().abs().T
+    assert dlp[0] == pytest.approx(float(np.median((first * statistics.norms[0][:, None]).numpy())))
+
+
+def test_per_layer_study_with_an_allocation(load_model):
+    adapter = load_model("tiny-random-llama")
+    inputs = adapter.preprocess("The capital of France is")
+    study = pruning_study(
+        adapter,
+        inputs,
+        None,
+        texts=TEXTS[:1],
+        units=["neuron"],
+        draws=5,
+        sparsity="per_layer",
+        allocation="owl",
+    )
+    assert set(study.score_table()["unit"]) == {"neuron", "neuron@owl"}
+    assert study.to_dict()["allocation"] == "owl"
+    with pytest.raises(InvalidParameterError, match="use per_layer"):
+        pruning_study(adapter, inputs, None, texts=TEXTS[:1], units=["neuron"], allocation="owl")
+    with pytest.raises(InvalidParameterError, match="allocates neurons"):
+        pruning_study(
+            adapter,
+            inputs,
+            None,
+            texts=TEXTS[:1],
+            units=["head"],
+            sparsity="per_layer",
+            allocation="owl",
+        )

@@ -18,6 +18,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -25,6 +26,12 @@ from attrlab.attribution.engine.agreement import (
     RemovalAgreement,
     agreement_passes,
     removal_agreement,
+)
+from attrlab.attribution.engine.allocation import (
+    WEIGHT_ALLOCATIONS,
+    check_allocation,
+    layer_scores,
+    weight_allocation,
 )
 from attrlab.attribution.engine.channels import (
     CHANNEL_KINDS,
@@ -35,6 +42,7 @@ from attrlab.attribution.engine.channels import (
 )
 from attrlab.attribution.engine.estimators import Evidence
 from attrlab.attribution.engine.registry import (
+    ESTIMATORS,
     STATISTICS_NEEDS,
     UNIT_KINDS,
     check_unit_kinds,
@@ -42,7 +50,12 @@ from attrlab.attribution.engine.registry import (
     estimators_for,
     scores_of,
 )
-from attrlab.attribution.engine.verification import PruningCurves, curve_passes, pruning_curves
+from attrlab.attribution.engine.verification import (
+    LayerBudget,
+    PruningCurves,
+    curve_passes,
+    pruning_curves,
+)
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
 from attrlab.attribution.layers.analysis import analyze, checked_target, chosen_measures
 from attrlab.attribution.layers.analysis import planned_passes as analysis_passes
@@ -59,6 +72,7 @@ from attrlab.attribution.request.target import Target, resolve_target
 
 __all__ = [
     "MAX_TEXTS",
+    "SPARSITIES",
     "PruningStudy",
     "bundled_texts",
     "pruning_study",
@@ -68,6 +82,8 @@ __all__ = [
 
 #: Most dataset texts one study measures its curves on.
 MAX_TEXTS = 64
+#: How the sites removed at ``k`` are chosen: over all layers, or each layer its share.
+SPARSITIES = ("global", "per_layer")
 #: A study's part for pricing: an input, its forward rows, backward passes and widest batch.
 Part = tuple[Inputs, int, int, int]
 
@@ -84,6 +100,11 @@ class PruningStudy:
         by_unit: The pruning curves of each unit kind pruned.
         agreements: Per unit kind, when asked: each site removed alone over the dataset, and
             each estimator's agreement with those exact effects.
+        sparsity: ``global`` (the ``k`` least important sites of all layers) or ``per_layer``
+            (each layer its share, the least important of its own).
+        allocation: The per-layer allocation the curves of :attr:`allocated` follow, if any.
+        allocated: Per unit kind, the curves under :attr:`allocation` (beside the uniform
+            per-layer ones in :attr:`by_unit`).
         forward_passes: Forward rows spent.
         backward_passes: Backward passes spent.
         warnings: What the run noted.
@@ -94,6 +115,9 @@ class PruningStudy:
     analysis: pd.DataFrame
     by_unit: dict[str, PruningCurves] = field(default_factory=dict)
     agreements: dict[str, RemovalAgreement] = field(default_factory=dict)
+    sparsity: str = "global"
+    allocation: str | None = None
+    allocated: dict[str, PruningCurves] = field(default_factory=dict)
     forward_passes: int = 0
     backward_passes: int = 0
     warnings: list[str] = field(default_factory=list)
@@ -112,13 +136,18 @@ class PruningStudy:
         """The curves by unit kind, those that ran, in the order the kinds are registered."""
         return {unit: self.by_unit[unit] for unit in UNIT_KINDS if unit in self.by_unit}
 
+    def _labelled(self) -> dict[str, PruningCurves]:
+        """Each unit's curves, then the allocated ones as ``unit@allocation``."""
+        allocated = {f"{u}@{self.allocation}": c for u, c in self.allocated.items()}
+        return {**self.curves(), **allocated}
+
     def curve_table(self) -> pd.DataFrame:
-        """Every unit's curves in one long table, ``unit`` first."""
-        return _by_unit({u: c.curves for u, c in self.curves().items()})
+        """Every unit's curves in one long table, ``unit`` first (``unit@allocation``: those)."""
+        return _by_unit({u: c.curves for u, c in self._labelled().items()})
 
     def score_table(self) -> pd.DataFrame:
         """Every unit's areas and verdicts in one table, ``unit`` first."""
-        return _by_unit({u: c.scores for u, c in self.curves().items()})
+        return _by_unit({u: c.scores for u, c in self._labelled().items()})
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (the analysis table left out: ``attrlab layers`` gives it)."""
@@ -129,6 +158,15 @@ class PruningStudy:
             **(
                 {"agreements": {u: a.to_dict() for u, a in self.agreements.items()}}
                 if self.agreements
+                else {}
+            ),
+            "sparsity": self.sparsity,
+            **(
+                {
+                    "allocation": self.allocation,
+                    "allocated": {u: c.to_dict() for u, c in self.allocated.items()},
+                }
+                if self.allocation is not None
                 else {}
             ),
             "forward_passes": self.forward_passes,
@@ -154,14 +192,22 @@ def bundled_texts() -> list[str]:
     return [str(item.raw) for item in bundled_items("text")]
 
 
-def _measures(adapter: Adapter, units: Sequence[str], patching: bool) -> list[str]:
-    """The analysis's measure groups the estimators of ``units`` read, in the order they run."""
+def _measures(
+    adapter: Adapter, units: Sequence[str], patching: bool, allocation: str | None = None
+) -> list[str]:
+    """
+    The analysis's measure groups the estimators of ``units`` read, in the order they run.
+
+    And those of the layer estimator ``allocation`` names, if it is one.
+    """
     wanted = {
         m
         for unit in units
         for e in estimators_for(adapter, unit, _given(patching))
         for m in e.measures
     }
+    if allocation in ESTIMATORS and allocation not in WEIGHT_ALLOCATIONS:
+        wanted |= set(ESTIMATORS[allocation].measures)
     return [m for m in chosen_measures(adapter, None) if m in wanted]
 
 
@@ -220,13 +266,15 @@ def study_parts(
     head_step: int | None = None,
     targets_known: bool = False,
     agreement: bool = False,
+    sparsity: str = "global",
+    allocation: str | None = None,
 ) -> list[Part]:
     """
     What :func:`pruning_study` runs, per input: ``(inputs, forward rows, backward, widest)``.
 
     ``dataset``: the inputs the curves are measured on; ``targets_known``: their targets are
     given (else each costs a forward to find its top prediction); ``agreement``: each site is
-    removed alone too.
+    removed alone too; ``allocation``: the curves run twice (uniform and allocated).
 
     Raises:
         InvalidParameterError: as :func:`pruning_study`.
@@ -234,8 +282,9 @@ def study_parts(
     chosen = _units(adapter, units)
     if draws < 1:
         raise InvalidParameterError(f"draws is at least 1; got {draws}")
+    _check_sparsity(chosen, sparsity, allocation)
     patches = _patches(adapter, chosen, problem)
-    measures = _measures(adapter, chosen, patches)
+    measures = _measures(adapter, chosen, patches, allocation)
     forward, backward, widest = analysis_passes(adapter, measures) if measures else (0, 0, 1)
     found: list[Part] = [(inputs, forward, backward, widest)]
     if problem is not None and patches:
@@ -251,6 +300,7 @@ def study_parts(
             u,
             step=_step(u, head_step),
         )
+        * (1 + (allocation is not None))
         for u in chosen
     ]
     if agreement:  # each site alone, beside the plain model, as a batch of its own
@@ -265,6 +315,47 @@ def study_parts(
     backward = sum(b for _, b in collected)
     found += [(item, forward, backward, max(rows)) for item in dataset]
     return found
+
+
+def _check_sparsity(units: Sequence[str], sparsity: str, allocation: str | None) -> None:
+    """
+    Refuse a sparsity other than ``global`` / ``per_layer``, or an allocation that cannot apply.
+
+    An allocation is per layer: it needs ``per_layer``.
+
+    Raises:
+        InvalidParameterError: naming what is allowed.
+    """
+    if sparsity not in SPARSITIES:
+        raise InvalidParameterError(f"sparsity is one of {', '.join(SPARSITIES)}; got {sparsity!r}")
+    if allocation is None:
+        return
+    if sparsity != "per_layer":
+        raise InvalidParameterError("an allocation sets each layer's sparsity: use per_layer")
+    for unit in units:
+        check_allocation(allocation, unit)
+
+
+def _budgets(
+    adapter: Adapter,
+    unit: str,
+    evidence: Evidence,
+    sparsity: str,
+    allocation: str | None,
+) -> tuple[LayerBudget | None, LayerBudget | None]:
+    """``unit``'s per-layer budgets: uniform (``per_layer``) and the allocation's, if any."""
+    if sparsity == "global":
+        return None, None
+    layers = np.array([site.layer for site in UNIT_KINDS[unit].sites(adapter)], dtype=int)
+    uniform = LayerBudget(layers)
+    if allocation is None:
+        return uniform, None
+    statistics = evidence.statistics or {}
+    if allocation in WEIGHT_ALLOCATIONS:
+        scores = weight_allocation(allocation, statistics[unit])
+    else:
+        scores = layer_scores(allocation, scores_of(evidence, "layer"))
+    return uniform, LayerBudget.allocated(layers, scores)
 
 
 def _step(unit: str, head_step: int | None) -> int | None:
@@ -284,6 +375,8 @@ def pruning_study(
     head_step: int | None = None,
     settings: RunSettings | None = None,
     agreement: bool = False,
+    sparsity: str = "global",
+    allocation: str | None = None,
 ) -> PruningStudy:
     """
     Rank layers and heads for ``target`` on ``inputs``, and prune by each ranking over a dataset.
@@ -300,12 +393,17 @@ def pruning_study(
     removed per point of the head curves (default: at most :data:`~attribution.engine.
     verification.MAX_POINTS` points); ``agreement``: also remove each site alone over the
     dataset and score every ranking against those exact effects
-    (:func:`~attribution.engine.agreement.removal_agreement`). The whole study is priced first
-    and refused over ``settings``'
-    forward-pass budget or seconds (:func:`~attribution.request.gate.clear_study`).
+    (:func:`~attribution.engine.agreement.removal_agreement`). ``sparsity``: ``global`` removes
+    the ``k`` least important sites of all layers, ``per_layer`` each layer's share of them
+    (:class:`~attribution.engine.verification.LayerBudget`); ``allocation``: with
+    ``per_layer``, also the curves under that per-layer allocation
+    (:mod:`~attribution.engine.allocation`: ``owl``, ``dlp`` or a layer estimator's name). The
+    whole study is priced first and refused over ``settings``' forward-pass budget or seconds
+    (:func:`~attribution.request.gate.clear_study`).
 
     Raises:
-        InvalidParameterError: unknown units, ``draws`` < 1, a bad ``head_step``.
+        InvalidParameterError: unknown units, ``draws`` < 1, a bad ``head_step``, sparsity or
+            allocation.
         InvalidInputError: no texts or too many, a target its input does not hold, a problem
             on another input or target.
         UnsupportedMethodError: a model whose blocks attrlab does not know.
@@ -317,7 +415,17 @@ def pruning_study(
     dataset = [i for i, _ in items] if items is not None else _dataset(adapter, texts)
     run = RunContext.of(settings)
     parts = study_parts(
-        adapter, inputs, dataset, problem, chosen, draws, head_step, items is not None, agreement
+        adapter,
+        inputs,
+        dataset,
+        problem,
+        chosen,
+        draws,
+        head_step,
+        items is not None,
+        agreement,
+        sparsity,
+        allocation,
     )
     if not isinstance(target, Target):  # its top prediction or label: one forward more
         _, forward, backward, widest = parts[0]
@@ -333,7 +441,7 @@ def pruning_study(
                 "the patching problem must be on the input and target the layers are ranked for"
             )
     patches = _patches(adapter, chosen, problem)
-    measures = _measures(adapter, chosen, patches)
+    measures = _measures(adapter, chosen, patches, allocation)
     # a study of channels alone reads no measure (a CNN has no layer analysis)
     table = analyze(adapter, inputs, target, measures, run).table if measures else pd.DataFrame()
     if items is None:
@@ -354,13 +462,18 @@ def pruning_study(
         mask = inputs.model_kwargs()["attention_mask"]
         read_at = int(DecoderLMAdapter.predicted_positions(mask)[0]) - target.read_offsets()[0]
         evidence = replace(evidence, patching=patched.table, read_at=read_at)
-    found = PruningStudy(target.label, len(items), table)
+    found = PruningStudy(target.label, len(items), table, sparsity=sparsity, allocation=allocation)
     for unit in chosen:
         rankings = scores_of(evidence, unit)
         step = _step(unit, head_step)
+        uniform, allocated = _budgets(adapter, unit, evidence, sparsity, allocation)
         found.by_unit[unit] = pruning_curves(
-            adapter, items, rankings, draws, unit=unit, step=step, run=run
+            adapter, items, rankings, draws, unit=unit, step=step, run=run, budget=uniform
         )
+        if allocated is not None:
+            found.allocated[unit] = pruning_curves(
+                adapter, items, rankings, draws, unit=unit, step=step, run=run, budget=allocated
+            )
         if agreement:
             found.agreements[unit] = removal_agreement(adapter, items, unit, rankings, run=run)
     found.forward_passes, found.backward_passes = run.forward_passes, run.backward_passes

@@ -55,10 +55,12 @@ from attrlab.attribution.verdicts import (
 )
 
 __all__ = [
+    "ALLOCATION_SPREAD",
     "CURVE_COLUMNS",
     "MAX_POINTS",
     "METRICS",
     "SCORE_COLUMNS",
+    "LayerBudget",
     "PruningCurves",
     "curve_passes",
     "measured_rows",
@@ -87,6 +89,84 @@ _ORDERS = Draws(
     "units are not the ones to remove",
     noise_advice="more random draws (draws) or more inputs may tell",
 )
+
+
+#: How far a layer's sparsity moves from the mean under an allocation: ``±`` this share of it.
+ALLOCATION_SPREAD = 0.2
+
+
+@dataclass(frozen=True)
+class LayerBudget:
+    """
+    Per-layer sparsity: how many of the ``k`` sites removed in all each layer gives up.
+
+    Uniform (``weights`` ``None``), each layer loses the same share of its sites; allocated,
+    layer ``l``'s share is the mean share times ``weights[l]`` (capped at all its sites), the
+    weights scaled so that the shares add up to ``k``. Within a layer, an order removes its
+    own least important sites first.
+
+    Attributes:
+        layers: The layer of each site, in the kind's site order.
+        weights: One relative sparsity per layer (``None``: uniform).
+    """
+
+    layers: np.ndarray
+    weights: np.ndarray | None = None
+
+    @classmethod
+    def allocated(
+        cls, layers: np.ndarray, importance: np.ndarray, spread: float = ALLOCATION_SPREAD
+    ) -> LayerBudget:
+        """
+        More sparsity where ``importance`` (one per layer) is lower: OWL's and DLP's rule.
+
+        Layer ``l``'s weight is ``1 + spread · (1 − 2 r_l)``, ``r_l`` its importance rescaled
+        to ``[0, 1]`` (Yin et al. 2024, OWL: sparsity within ``±λ`` of the mean, lower where a
+        layer scores higher). Equal importances give the uniform budget.
+
+        Raises:
+            InvalidParameterError: a score per layer missing or NaN, ``spread`` outside [0, 1).
+        """
+        importance = np.asarray(importance, dtype=float)
+        count = int(layers.max()) + 1
+        if importance.shape != (count,) or np.isnan(importance).any() or not 0 <= spread < 1:
+            raise InvalidParameterError(
+                f"an allocation needs one score per layer ({count}), none missing, and a spread "
+                f"in [0, 1); got {importance.shape[0]} scores, spread {spread}"
+            )
+        span = np.ptp(importance)
+        ranked = (importance - importance.min()) / span if span > 0 else np.full(count, 0.5)
+        return cls(layers, 1.0 + spread * (1.0 - 2.0 * ranked))
+
+    def counts(self, k: int) -> np.ndarray:
+        """Sites each layer loses when ``k`` are removed in all (largest remainders; capped)."""
+        sizes = np.bincount(self.layers).astype(float)
+        weights = np.ones_like(sizes) if self.weights is None else self.weights
+        share = np.zeros_like(sizes)
+        free = np.ones(len(sizes), dtype=bool)
+        left = float(k)
+        while left > 1e-9 and free.any():  # cap full layers and spread the rest
+            share[free] += left * weights[free] * sizes[free] / (weights[free] @ sizes[free])
+            over = share > sizes
+            left = float((share[over] - sizes[over]).sum())
+            share[over] = sizes[over]
+            free &= ~over
+        taken = np.floor(share + 1e-9).astype(int)
+        remainders = np.argsort(-(share - taken), kind="stable")
+        for layer in remainders[: k - int(taken.sum())]:
+            taken[layer] += 1
+        return taken
+
+    def take(self, order: Sequence[int], k: int) -> list[int]:
+        """The sites ``order`` removes at ``k``: each layer's first ones, its count of them."""
+        left = self.counts(k)
+        chosen = []
+        for site in order:
+            layer = self.layers[site]
+            if left[layer] > 0:
+                left[layer] -= 1
+                chosen.append(int(site))
+        return chosen
 
 
 def _removal_counts(units: int, max_removed: int | None, step: int | None) -> list[int]:
@@ -265,6 +345,7 @@ def pruning_curves(
     step: int | None = None,
     run: RunContext | None = None,
     removal: str | None = None,
+    budget: LayerBudget | None = None,
 ) -> PruningCurves:
     """
     Remove ``k = 0 … max_removed`` units (default: half of them) by each ranking, on ``items``.
@@ -277,7 +358,9 @@ def pruning_curves(
     at most :data:`MAX_POINTS` points; the last point is ``max_removed`` either way). Every
     order's rows of one input go in one forward batch (halved on CUDA out-of-memory).
     ``run``: the state of a larger run this is part of (its budget, progress and counters),
-    instead of a fresh one of ``settings``.
+    instead of a fresh one of ``settings``. ``budget``: per-layer sparsity (each layer gives up
+    its share of the ``k`` sites, its least important by the order; random orders alike),
+    instead of the ``k`` least important sites over all layers.
 
     Raises:
         InvalidParameterError: no items, an unknown unit or removal, a ranking of the wrong
@@ -293,6 +376,8 @@ def pruning_curves(
         raise InvalidParameterError("give at least one input to measure the curves on")
     if draws < 1:
         raise InvalidParameterError(f"draws is at least 1; got {draws}")
+    if budget is not None and budget.layers.shape != (units,):
+        raise InvalidParameterError(f"a layer budget needs the layer of each {unit} ({units})")
     orders: dict[str, list[int]] = {}
     for name, importance in rankings.items():
         values = np.asarray(importance, dtype=float)
@@ -310,7 +395,9 @@ def pruning_curves(
     def measure(plans: Sequence[Sequence[int]]) -> np.ndarray:
         # row 0 unpruned (what top-1 agreement is read against), then each order's k of `counts`
         removals: list[list[Site]] = [[]] + [
-            [sites[u] for u in order[:k]] for order in plans for k in counts
+            [sites[u] for u in (order[:k] if budget is None else budget.take(order, k))]
+            for order in plans
+            for k in counts
         ]
         return measured_rows(adapter, items, unit, removals, run, removal)
 
