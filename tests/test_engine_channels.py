@@ -382,3 +382,21 @@ def test_per_layer_study_with_an_allocation(load_model):
             sparsity="per_layer",
             allocation="owl",
         )
+
+
+def test_study_removal_is_each_kinds_and_refused_where_a_kind_lacks_it(load_model):
+    adapter = load_model("tiny-random-llama")
+    inputs = adapter.preprocess("The capital of France is")
+    zero = pruning_study(adapter, inputs, None, texts=TEXTS[:1], units=["neuron"], draws=5)
+    mean = pruning_study(
+        adapter, inputs, None, texts=TEXTS[:1], units=["neuron"], draws=5, removal="mean"
+    )
+    assert mean.to_dict()["removal"] == "mean"
+    at = {"order": "magnitude", "metric": "log_prob"}
+    last = [
+        s.curve_table().query("order == @at['order'] and metric == @at['metric']")["value"].iloc[-1]
+        for s in (zero, mean)
+    ]
+    assert last[0] != last[1]  # the same order, removed otherwise
+    with pytest.raises(InvalidParameterError, match="a layer is removed by skip"):
+        pruning_study(adapter, inputs, None, texts=TEXTS[:1], units=["layer"], removal="mean")

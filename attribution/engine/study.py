@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -105,6 +106,7 @@ class PruningStudy:
         allocation: The per-layer allocation the curves of :attr:`allocated` follow, if any.
         allocated: Per unit kind, the curves under :attr:`allocation` (beside the uniform
             per-layer ones in :attr:`by_unit`).
+        removal: How the sites were removed (``None``: each kind's default).
         forward_passes: Forward rows spent.
         backward_passes: Backward passes spent.
         warnings: What the run noted.
@@ -118,6 +120,7 @@ class PruningStudy:
     sparsity: str = "global"
     allocation: str | None = None
     allocated: dict[str, PruningCurves] = field(default_factory=dict)
+    removal: str | None = None
     forward_passes: int = 0
     backward_passes: int = 0
     warnings: list[str] = field(default_factory=list)
@@ -161,6 +164,7 @@ class PruningStudy:
                 else {}
             ),
             "sparsity": self.sparsity,
+            "removal": self.removal,
             **(
                 {
                     "allocation": self.allocation,
@@ -268,6 +272,7 @@ def study_parts(
     agreement: bool = False,
     sparsity: str = "global",
     allocation: str | None = None,
+    removal: str | None = None,
 ) -> list[Part]:
     """
     What :func:`pruning_study` runs, per input: ``(inputs, forward rows, backward, widest)``.
@@ -283,6 +288,8 @@ def study_parts(
     if draws < 1:
         raise InvalidParameterError(f"draws is at least 1; got {draws}")
     _check_sparsity(chosen, sparsity, allocation)
+    for unit in chosen:  # each kind must have the removal named
+        UNIT_KINDS[unit].removal(removal)
     patches = _patches(adapter, chosen, problem)
     measures = _measures(adapter, chosen, patches, allocation)
     forward, backward, widest = analysis_passes(adapter, measures) if measures else (0, 0, 1)
@@ -377,6 +384,7 @@ def pruning_study(
     agreement: bool = False,
     sparsity: str = "global",
     allocation: str | None = None,
+    removal: str | None = None,
 ) -> PruningStudy:
     """
     Rank layers and heads for ``target`` on ``inputs``, and prune by each ranking over a dataset.
@@ -398,8 +406,9 @@ def pruning_study(
     (:class:`~attribution.engine.verification.LayerBudget`); ``allocation``: with
     ``per_layer``, also the curves under that per-layer allocation
     (:mod:`~attribution.engine.allocation`: ``owl``, ``dlp`` or a layer estimator's name). The
-    whole study is priced first and refused over ``settings``' forward-pass budget or seconds
-    (:func:`~attribution.request.gate.clear_study`).
+    ``removal``: how every kind's sites are removed (``zero``, ``mean``: a kind that has it;
+    ``None``: each kind's default). The whole study is priced first and refused over
+    ``settings``' forward-pass budget or seconds (:func:`~attribution.request.gate.clear_study`).
 
     Raises:
         InvalidParameterError: unknown units, ``draws`` < 1, a bad ``head_step``, sparsity or
@@ -426,6 +435,7 @@ def pruning_study(
         agreement,
         sparsity,
         allocation,
+        removal,
     )
     if not isinstance(target, Target):  # its top prediction or label: one forward more
         _, forward, backward, widest = parts[0]
@@ -462,20 +472,23 @@ def pruning_study(
         mask = inputs.model_kwargs()["attention_mask"]
         read_at = int(DecoderLMAdapter.predicted_positions(mask)[0]) - target.read_offsets()[0]
         evidence = replace(evidence, patching=patched.table, read_at=read_at)
-    found = PruningStudy(target.label, len(items), table, sparsity=sparsity, allocation=allocation)
+    found = PruningStudy(
+        target.label, len(items), table, sparsity=sparsity, allocation=allocation, removal=removal
+    )
     for unit in chosen:
         rankings = scores_of(evidence, unit)
         step = _step(unit, head_step)
         uniform, allocated = _budgets(adapter, unit, evidence, sparsity, allocation)
-        found.by_unit[unit] = pruning_curves(
-            adapter, items, rankings, draws, unit=unit, step=step, run=run, budget=uniform
+        curves = partial(
+            pruning_curves, adapter, items, rankings, draws, unit=unit, step=step, run=run
         )
+        found.by_unit[unit] = curves(removal=removal, budget=uniform)
         if allocated is not None:
-            found.allocated[unit] = pruning_curves(
-                adapter, items, rankings, draws, unit=unit, step=step, run=run, budget=allocated
-            )
+            found.allocated[unit] = curves(removal=removal, budget=allocated)
         if agreement:
-            found.agreements[unit] = removal_agreement(adapter, items, unit, rankings, run=run)
+            found.agreements[unit] = removal_agreement(
+                adapter, items, unit, rankings, removal=removal, run=run
+            )
     found.forward_passes, found.backward_passes = run.forward_passes, run.backward_passes
     found.warnings = run.warnings
     return found
