@@ -248,6 +248,9 @@ def _objectives(
 ) -> dict[str, torch.Tensor]:
     """Each wanted objective of one forward on ``kwargs`` (one input), as a scalar."""
     decoder = adapter.family == "decoder-lm"
+    if not wanted:  # the activations alone: the adapter's own forward, as cheap as it is
+        adapter.logits(**kwargs)
+        return {}
     if decoder:
         logits = decoder_adapter(adapter).model(**kwargs).logits
     else:
@@ -315,7 +318,7 @@ def channel_statistics(
         with (
             altered(adapter.model),
             _probed(layers, bool(wanted), weight_gradients) as probes,
-            torch.enable_grad(),
+            torch.set_grad_enabled(bool(wanted)),  # statistics alone: a plain forward
         ):
             values = _objectives(adapter, target, kwargs, wanted)
             run.count(forward=1)
