@@ -23,7 +23,14 @@ from attrlab.attribution.engine.channels import CHANNEL_KINDS, ChannelStatistics
 from attrlab.attribution.engine.registry import ESTIMATORS
 from attrlab.attribution.errors import InvalidParameterError
 
-__all__ = ["OUTLIER_RATIO", "WEIGHT_ALLOCATIONS", "allocation_names", "weight_allocation"]
+__all__ = [
+    "OUTLIER_RATIO",
+    "WEIGHT_ALLOCATIONS",
+    "allocation_names",
+    "check_allocation",
+    "layer_scores",
+    "weight_allocation",
+]
 
 #: OWL's outlier threshold: a weight's metric over this many times its layer's mean.
 OUTLIER_RATIO = 5.0
@@ -36,9 +43,9 @@ def allocation_names() -> list[str]:
     return [*WEIGHT_ALLOCATIONS, *(n for n, e in ESTIMATORS.items() if "layer" in e.units)]
 
 
-def check_allocation(name: str, unit: str) -> None:
+def check_allocation(name: str, unit: str | None = None) -> None:
     """
-    Refuse an allocation that does not exist or cannot apply to ``unit``.
+    Refuse an allocation that does not exist or cannot apply to ``unit`` (where named).
 
     Raises:
         InvalidParameterError: naming those that do.
@@ -47,6 +54,8 @@ def check_allocation(name: str, unit: str) -> None:
         raise InvalidParameterError(
             f"allocation is one of {', '.join(allocation_names())}; got {name!r}"
         )
+    if unit is None:
+        return
     if name in WEIGHT_ALLOCATIONS and unit != "neuron":
         raise InvalidParameterError(
             f"the {name} allocation reads the MLP's down projection: it allocates neurons"

@@ -76,6 +76,7 @@ __all__ = [
     "SPARSITIES",
     "PruningStudy",
     "bundled_texts",
+    "check_sparsity",
     "pruning_study",
     "ranked_input",
     "study_parts",
@@ -287,7 +288,7 @@ def study_parts(
     chosen = _units(adapter, units)
     if draws < 1:
         raise InvalidParameterError(f"draws is at least 1; got {draws}")
-    _check_sparsity(chosen, sparsity, allocation)
+    check_sparsity(chosen, sparsity, allocation)
     for unit in chosen:  # each kind must have the removal named
         UNIT_KINDS[unit].removal(removal)
     patches = _patches(adapter, chosen, problem)
@@ -324,7 +325,7 @@ def study_parts(
     return found
 
 
-def _check_sparsity(units: Sequence[str], sparsity: str, allocation: str | None) -> None:
+def check_sparsity(units: Sequence[str], sparsity: str, allocation: str | None) -> None:
     """
     Refuse a sparsity other than ``global`` / ``per_layer``, or an allocation that cannot apply.
 
@@ -339,6 +340,7 @@ def _check_sparsity(units: Sequence[str], sparsity: str, allocation: str | None)
         return
     if sparsity != "per_layer":
         raise InvalidParameterError("an allocation sets each layer's sparsity: use per_layer")
+    check_allocation(allocation)
     for unit in units:
         check_allocation(allocation, unit)
 

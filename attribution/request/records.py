@@ -427,8 +427,9 @@ class PruneRequest(Request["PruningStudy"]):
     The layers and heads are ranked on ``text`` for ``target``, or for a decoder's ``answer``
     (its answer, rather than its contrast; with ``corrupted``, exact residual patching ranks
     the layers too), and pruned over ``texts`` (``None``: the bundled sentences). ``units``:
-    ``None`` for every registered unit kind. ``agreement``: each site also removed alone, and
-    each ranking scored against those exact effects.
+    ``None`` for the model's default kinds. ``agreement``: each site also removed alone, and
+    each ranking scored against those exact effects. ``sparsity``, ``allocation`` and
+    ``removal`` as :func:`attribution.engine.study.pruning_study` takes them.
     """
 
     text: str
@@ -440,11 +441,15 @@ class PruneRequest(Request["PruningStudy"]):
     draws: int = PRUNING_DRAWS
     head_step: int | None = None
     agreement: bool = False
+    sparsity: str = "global"
+    allocation: str | None = None
+    removal: str | None = None
 
     def check(self, bounds: RequestBounds) -> None:
         """Every text within this server's bounds, and no more dataset texts than a study takes."""
         if self.units is not None:
             engine.check_unit_kinds(self.units)
+        engine.check_sparsity(self.units or (), self.sparsity, self.allocation)
         _given_answer(self.answer, "a pruning study")
         bounds.check_fields(self.text, self.labels, self.target, self.seed, self.answer)
         for text in (self.corrupted, *(self.texts or ())):
@@ -470,6 +475,9 @@ class PruneRequest(Request["PruningStudy"]):
             head_step=self.head_step,
             settings=run.settings_for(self.seed),
             agreement=self.agreement,
+            sparsity=self.sparsity,
+            allocation=self.allocation,
+            removal=self.removal,
         )
 
 
