@@ -46,7 +46,8 @@ from attrlab.app.errors import error_status, public_message, validation_problems
 from attrlab.app.jobs import DamagedResultsError, JobRunner, JobWork, batch_work, instance_json
 from attrlab.app.settings import ServerSettings
 from attrlab.app.worker import ExplainWorker
-from attrlab.attribution.engine import engine_catalog, model_unit_kinds
+from attrlab.attribution.engine import SPARSITIES, engine_catalog, model_unit_kinds
+from attrlab.attribution.engine.allocation import allocation_names
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
 from attrlab.attribution.explanation import SCHEMA_VERSION
 from attrlab.attribution.inputs.features import GRANULARITIES
@@ -564,6 +565,13 @@ def _unit_kinds(schema: dict[str, Any]) -> None:
             branch["items"]["enum"] = model_unit_kinds()
 
 
+def _allocations(schema: dict[str, Any]) -> None:
+    """The per-layer allocations a study takes, read when the schema is made."""
+    for branch in schema.get("anyOf", [schema]):
+        if branch.get("type") == "string":
+            branch["enum"] = allocation_names()
+
+
 class PruneBody(BaseModel):
     """
     Layer and head pruning curves: each estimator's ranking, pruned over a small dataset.
@@ -626,6 +634,25 @@ class PruneBody(BaseModel):
         False,
         description="Also remove each site alone and score each ranking against those exact "
         "effects (Spearman's rho, top-k overlap): one more forward row per site and text",
+    )
+    sparsity: str = Field(
+        "global",
+        description="global: the k least important sites of all layers; per_layer: each "
+        "layer its share, its own least important",
+        json_schema_extra={"enum": list(SPARSITIES)},
+    )
+    allocation: str | None = Field(
+        None,
+        description="With per_layer: also the curves under this per-layer allocation (owl, "
+        "dlp, or a layer estimator's name)",
+        json_schema_extra=_allocations,
+    )
+    removal: str | None = Field(
+        None,
+        min_length=1,
+        max_length=100,
+        description="How the sites are removed (a kind's removal, e.g. zero or mean for "
+        "neurons; default: each kind's own; GET /units lists them)",
     )
     seed: _WholeNumber = Field(0, ge=0, le=2**32 - 1)
 

@@ -222,6 +222,9 @@ def _prune(args: argparse.Namespace) -> int:
         draws=args.draws,
         head_step=args.head_step,
         agreement=args.agreement,
+        sparsity=args.sparsity,
+        allocation=args.allocation,
+        removal=args.removal,
     )
     (study,) = _on_worker(args, [request], "study")
 
@@ -1187,6 +1190,20 @@ def _add_prune_command(sub: _Subcommands) -> None:
         "--agreement",
         action="store_true",
         help="also remove each unit alone and score each ranking against those exact effects",
+    )
+    prune.add_argument(
+        "--sparsity",
+        default="global",
+        help="global (default): the k least important units of all layers; per_layer: each "
+        "layer its share, its own least important",
+    )
+    prune.add_argument(
+        "--allocation",
+        help="with --sparsity per_layer, also the curves under this per-layer allocation: owl, "
+        "dlp, or a layer estimator's name (attrlab units lists those)",
+    )
+    prune.add_argument(
+        "--removal", help="how units are removed (zero or mean for neurons; attrlab units lists)"
     )
     _study_arguments(
         prune,

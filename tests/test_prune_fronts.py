@@ -119,3 +119,41 @@ def test_the_servers_seconds_refuse_a_prune_and_a_patch_before_they_run():
             worker.explain(patch)
     finally:
         worker.close()
+
+
+def test_neurons_per_layer_with_an_allocation_through_cli_and_rest(
+    capsys, served, load_model, tmp_path
+):
+    """The channel kinds and their options need no front-end code of their own."""
+    adapter = load_model("tiny-random-llama")
+    inputs = adapter.preprocess(TEXTS[1])
+    options = {"sparsity": "per_layer", "allocation": "owl", "removal": "mean"}
+    expected = pruning_study(adapter, inputs, None, TEXTS[:1], units=["neuron"], draws=2, **options)
+    argv = ["prune", "--model", "tiny-random-llama", "--next-token", "--text", TEXTS[1]]
+    argv += ["--units", "neuron", "--draws", "2", "--sparsity", "per_layer"]
+    argv += ["--allocation", "owl", "--removal", "mean", "--format", "json"]
+    texts = [TEXTS[0]]
+    dataset = tmp_path / "texts.jsonl"
+    dataset.write_text(json.dumps({"text": texts[0]}) + "\n", encoding="utf-8")
+    assert main([*argv, "--input", str(dataset)]) == 0
+    study = json.loads(capsys.readouterr().out)
+    assert (study["sparsity"], study["allocation"], study["removal"]) == tuple(options.values())
+    _same_curves(pd.DataFrame(study["neuron"]["curves"]), expected.by_unit["neuron"].curves)
+    _same_curves(
+        pd.DataFrame(study["allocated"]["neuron"]["curves"]), expected.allocated["neuron"].curves
+    )
+    body = {"model": "tiny-random-llama", "text": TEXTS[1], "next_token": True, "texts": texts}
+    answer = served.post("/api/v1/prune", json={**body, "units": ["neuron"], "draws": 2, **options})
+    assert answer.status_code == 200, answer.text
+    _same_curves(
+        pd.DataFrame(answer.json()["allocated"]["neuron"]["curves"]),
+        expected.allocated["neuron"].curves,
+    )
+    refused = served.post(
+        "/api/v1/prune",
+        json={**body, "units": ["head"], "sparsity": "per_layer", "allocation": "owl"},
+    )
+    assert refused.status_code == 422
+    assert "allocates neurons" in refused.json()["error"]["message"]
+    assert main([*argv[:-8], "--allocation", "owl"]) == 2
+    assert "use per_layer" in capsys.readouterr().err

@@ -562,8 +562,15 @@ def pruning_files(study: PruningStudy) -> dict[str, str]:
 
 
 def pruning_figures(study: PruningStudy) -> dict[str, go.Figure]:
-    """The curves of each unit a pruning study pruned (``pruning_layers``, ``pruning_heads``)."""
-    return {f"pruning_{unit}s": pruning_figure(curves) for unit, curves in study.curves().items()}
+    """
+    The curves of each unit a pruning study pruned (``pruning_layers``, ``pruning_heads``).
+
+    Under an allocation, its curves too (``pruning_neurons_owl``).
+    """
+    return {
+        f"pruning_{unit.replace('@', 's_')}{'' if '@' in unit else 's'}": pruning_figure(curves)
+        for unit, curves in study.labelled_curves().items()
+    }
 
 
 def patching_figures(report: PatchingReport) -> dict[str, go.Figure]:

@@ -194,9 +194,16 @@ def pruning_text(study: PruningStudy) -> str:
     standard deviation and range.
     """
     lines = [f"target    {study.target}", f"texts     {study.texts}"]
-    for unit, curves in study.curves().items():
+    for unit, curves in study.labelled_curves().items():
         removed = int(curves.curves["removed"].max())
-        lines += ["", f"{unit}s removed 0 … {removed}: area under each curve (its mean height)"]
+        kind, _, allocation = unit.partition("@")
+        how = f", each layer's share by the {allocation} allocation" if allocation else ""
+        if not allocation and study.sparsity == "per_layer":
+            how = ", each layer the same share"
+        lines += [
+            "",
+            f"{kind}s removed 0 … {removed}{how}: area under each curve (its mean height)",
+        ]
         shown = curves.scores.drop(columns="p_value").fillna("")
         lines.append(shown.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
         lines += [f"  {v.summary()}" for v in curves.verdicts if v.status != "inconclusive"]

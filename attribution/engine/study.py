@@ -140,18 +140,18 @@ class PruningStudy:
         """The curves by unit kind, those that ran, in the order the kinds are registered."""
         return {unit: self.by_unit[unit] for unit in UNIT_KINDS if unit in self.by_unit}
 
-    def _labelled(self) -> dict[str, PruningCurves]:
-        """Each unit's curves, then the allocated ones as ``unit@allocation``."""
+    def labelled_curves(self) -> dict[str, PruningCurves]:
+        """Each unit's curves (:meth:`curves`), then the allocated ones as ``unit@allocation``."""
         allocated = {f"{u}@{self.allocation}": c for u, c in self.allocated.items()}
         return {**self.curves(), **allocated}
 
     def curve_table(self) -> pd.DataFrame:
         """Every unit's curves in one long table, ``unit`` first (``unit@allocation``: those)."""
-        return _by_unit({u: c.curves for u, c in self._labelled().items()})
+        return _by_unit({u: c.curves for u, c in self.labelled_curves().items()})
 
     def score_table(self) -> pd.DataFrame:
         """Every unit's areas and verdicts in one table, ``unit`` first."""
-        return _by_unit({u: c.scores for u, c in self._labelled().items()})
+        return _by_unit({u: c.scores for u, c in self.labelled_curves().items()})
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (the analysis table left out: ``attrlab layers`` gives it)."""
