@@ -38,7 +38,7 @@ from attrlab.attribution.engine.channels import (
 )
 from attrlab.attribution.engine.estimators import Estimator, Evidence, register_estimator
 
-__all__ = ["STATISTICS_NEEDS", "lamp_scores"]
+__all__ = ["lamp_scores"]
 
 
 def _flat(per_layer: list[torch.Tensor]) -> np.ndarray:
@@ -109,20 +109,6 @@ def _mini_llm(s: ChannelStatistics) -> list[torch.Tensor] | None:
     return [(w.abs() * g).sum(1) * n for w, g, n in zip(s.weights, gradients, s.norms, strict=True)]
 
 
-#: What each estimator needs collected: ``(objectives, weight gradients, relevance)``.
-STATISTICS_NEEDS: dict[str, tuple[tuple[str, ...], bool, bool]] = {
-    "magnitude": ((), False, False),
-    "lamp": ((), False, False),
-    "wanda": ((), False, False),
-    "wanda_row": ((), False, False),
-    "activation": ((), False, False),
-    "taylor": (("target",), False, False),
-    "taylor_loss": (("loss",), False, False),
-    "taylor_entropy": (("entropy",), False, False),
-    "mini_llm": (("loss", "target"), True, False),
-    "neuron_lrp": ((), False, True),
-}
-
 _NEURONS = ("neuron",)
 _PASSES = "one forward over the dataset (shared by the channel estimators)"
 _FIRST_ORDER = "+ one backward per input"
@@ -192,6 +178,7 @@ for _estimator in (
         reads="statistics",
         title="Taylor (target)",
         passes=f"{_PASSES} {_FIRST_ORDER}",
+        needs=("target",),
     ),
     Estimator(
         "taylor_loss",
@@ -204,6 +191,7 @@ for _estimator in (
         title="Taylor (loss)",
         passes=f"{_PASSES} {_FIRST_ORDER}",
         decoders_only=True,
+        needs=("loss",),
     ),
     Estimator(
         "taylor_entropy",
@@ -215,6 +203,7 @@ for _estimator in (
         reads="statistics",
         title="Taylor (entropy)",
         passes=f"{_PASSES} {_FIRST_ORDER}",
+        needs=("entropy",),
     ),
     Estimator(
         "mini_llm",
@@ -226,6 +215,7 @@ for _estimator in (
         reads="statistics",
         title="MINI-LLM",
         passes=f"{_PASSES} {_FIRST_ORDER}",
+        needs=("loss", "target", "weight_gradients"),
     ),
     Estimator(
         "neuron_lrp",
@@ -236,6 +226,7 @@ for _estimator in (
         reads="statistics",
         title="LRP relevance",
         passes="one forward + one backward per text under LRP rules",
+        needs=("relevance",),
     ),
 ):
     register_estimator(_estimator)

@@ -189,29 +189,6 @@ def _removal(unit: str, how: str) -> Callable[..., AbstractContextManager[None]]
 #: The channel kinds, in registration order.
 CHANNEL_KINDS = ("neuron", "channel")
 
-register_unit_kind(
-    UnitKind(
-        "neuron",
-        "an MLP neuron (one input feature of the block's down projection), removed by zeroing "
-        "it or by its mean over the input's tokens",
-        _sites("neuron"),
-        {how: _removal("neuron", how) for how in ("zero", "mean")},
-        by_default=False,
-        unsupported=_neurons_unsupported,
-    )
-)
-register_unit_kind(
-    UnitKind(
-        "channel",
-        "a CNN convolution's output channel, removed by zeroing it or by its mean over the "
-        "feature map's positions",
-        _sites("channel"),
-        {how: _removal("channel", how) for how in ("zero", "mean")},
-        by_default=False,
-        unsupported=_channels_unsupported,
-    )
-)
-
 
 @dataclass
 class ChannelStatistics:
@@ -268,9 +245,27 @@ def _objectives(
     return found
 
 
-def statistics_passes(objectives: Collection[str], relevance: bool) -> tuple[int, int]:
-    """``(forward, backward)`` :func:`channel_statistics` runs per input."""
-    return 1 + int(relevance), len(objectives) + int(relevance)
+def statistics_passes(needs: frozenset[str]) -> tuple[int, int]:
+    """``(forward, backward)`` :func:`channel_statistics` runs per input for ``needs``."""
+    relevance = int("relevance" in needs)
+    return 1 + relevance, len(needs & set(OBJECTIVES)) + relevance
+
+
+def _collector(unit: str) -> Callable[..., ChannelStatistics]:
+    """``unit``'s statistics for what its estimators need (their ``needs``, joined)."""
+
+    def collect(
+        adapter: Adapter,
+        items: Sequence[tuple[Inputs, Target]],
+        needs: frozenset[str],
+        run: RunContext,
+    ) -> ChannelStatistics:
+        objectives = [o for o in OBJECTIVES if o in needs]
+        return channel_statistics(
+            adapter, items, unit, objectives, "weight_gradients" in needs, "relevance" in needs, run
+        )
+
+    return collect
 
 
 def channel_statistics(
@@ -425,3 +420,31 @@ def _neuron_relevance(
     probes = [(f"mlp{b}", m, "input") for b, m in enumerate(layers.modules)]
     result = lrp(adapter, inputs, target, pe_aware=False, probes=probes)
     return [result.probes[f"mlp{b}"].sum(0) for b in range(len(layers.modules))]
+
+
+register_unit_kind(
+    UnitKind(
+        "neuron",
+        "an MLP neuron (one input feature of the block's down projection), removed by zeroing "
+        "it or by its mean over the input's tokens",
+        _sites("neuron"),
+        {how: _removal("neuron", how) for how in ("zero", "mean")},
+        by_default=False,
+        unsupported=_neurons_unsupported,
+        collect=_collector("neuron"),
+        collect_passes=statistics_passes,
+    )
+)
+register_unit_kind(
+    UnitKind(
+        "channel",
+        "a CNN convolution's output channel, removed by zeroing it or by its mean over the "
+        "feature map's positions",
+        _sites("channel"),
+        {how: _removal("channel", how) for how in ("zero", "mean")},
+        by_default=False,
+        unsupported=_channels_unsupported,
+        collect=_collector("channel"),
+        collect_passes=statistics_passes,
+    )
+)

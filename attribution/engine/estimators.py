@@ -29,7 +29,6 @@ import numpy as np
 import pandas as pd
 import torch
 
-from attrlab.attribution.engine.channels import ChannelStatistics
 from attrlab.attribution.engine.units import COMPONENT_KINDS, UNIT_KINDS
 from attrlab.attribution.errors import InvalidInputError
 from attrlab.attribution.layers.agreement import head_ranking
@@ -69,9 +68,10 @@ class Evidence:
         maps: Input attributions of the ranked input: method name -> one score per token
             (an Explanation's ``scores``), which the input-attribution estimators read.
         inputs: The ranked input (with ``maps``: where its tokens are).
-        statistics: Per channel kind, its channels' weights and activation statistics over the
-            dataset (:func:`~attribution.engine.channels.channel_statistics`), which the
-            channel estimators read.
+        statistics: Per unit kind with a collector (:attr:`~attribution.engine.units.UnitKind.
+            collect`), what it read over the dataset: a channel kind's weights and activation
+            statistics (:func:`~attribution.engine.channels.channel_statistics`), the experts'
+            routing (:func:`~attribution.engine.experts.expert_statistics`).
         unit: The unit kind being scored (set by :func:`scores_of`).
     """
 
@@ -83,7 +83,7 @@ class Evidence:
     report: pd.DataFrame | None = None
     maps: Mapping[str, np.ndarray] | None = None
     inputs: Inputs | None = None
-    statistics: Mapping[str, ChannelStatistics] | None = None
+    statistics: Mapping[str, Any] | None = None
     unit: str = ""
 
     def given(self) -> set[str]:
@@ -124,6 +124,10 @@ class Estimator:
         removal: The removal its effects are of (``None``: each kind's default).
         magnitude: It estimates the size of the effect, not its sign.
         decoders_only: It reads what only decoder LMs have (the next-token loss).
+        needs: What the dataset statistics it reads must hold (``reads="statistics"``): the
+            objectives whose first-order effects it takes (``target``, ``loss``, ``entropy``)
+            and anything else its kind's collector offers (``weight_gradients``,
+            ``relevance``).
     """
 
     name: str
@@ -139,6 +143,7 @@ class Estimator:
     removal: str | None = None
     magnitude: bool = False
     decoders_only: bool = False
+    needs: tuple[str, ...] = ()
 
     #: What an estimator may read (each but ``analysis`` an :class:`Evidence` field).
     READS = ("analysis", "patching", "report", "maps", "statistics")

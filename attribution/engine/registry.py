@@ -10,7 +10,7 @@ was imported before.
 
 from __future__ import annotations
 
-from attrlab.attribution.engine.channel_estimators import STATISTICS_NEEDS
+from attrlab.attribution.engine import channel_estimators
 from attrlab.attribution.engine.estimators import (
     ESTIMATORS,
     engine_catalog,
@@ -26,9 +26,12 @@ from attrlab.attribution.engine.units import (
     unit_kind,
 )
 
+#: The modules whose imports register the built-in kinds and estimators beyond the base ones.
+REGISTERING = (channel_estimators,)
+
 __all__ = [
     "ESTIMATORS",
-    "STATISTICS_NEEDS",
+    "REGISTERING",
     "UNIT_KINDS",
     "check_unit_kinds",
     "default_unit_kinds",

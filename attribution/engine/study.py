@@ -34,17 +34,9 @@ from attrlab.attribution.engine.allocation import (
     layer_scores,
     weight_allocation,
 )
-from attrlab.attribution.engine.channels import (
-    CHANNEL_KINDS,
-    OBJECTIVES,
-    ChannelStatistics,
-    channel_statistics,
-    statistics_passes,
-)
 from attrlab.attribution.engine.estimators import Evidence
 from attrlab.attribution.engine.registry import (
     ESTIMATORS,
-    STATISTICS_NEEDS,
     UNIT_KINDS,
     check_unit_kinds,
     default_unit_kinds,
@@ -225,24 +217,18 @@ def _given(patching: bool) -> tuple[str, ...]:
     return ("statistics", "patching") if patching else ("statistics",)
 
 
-def _statistics_needs(adapter: Adapter, unit: str) -> tuple[tuple[str, ...], bool, bool] | None:
+def _needs(adapter: Adapter, unit: str) -> frozenset[str] | None:
     """
-    What the channel statistics of ``unit`` must hold for its estimators, or ``None``.
+    What ``unit``'s collector must read for its applicable estimators, or ``None``.
 
-    ``(objectives, weight gradients, relevance)`` over the applicable estimators that read
-    them (:data:`~attribution.engine.channel_estimators.STATISTICS_NEEDS`).
+    ``None`` where the kind has no collector; the union of its estimators' ``needs``
+    (the next-token loss only on decoder LMs).
     """
-    if unit not in CHANNEL_KINDS:
+    if UNIT_KINDS[unit].collect is None:
         return None
-    named = [e.name for e in estimators_for(adapter, unit, _given(False))]
-    needs = [STATISTICS_NEEDS[name] for name in named if name in STATISTICS_NEEDS]
-    objectives = {o for found, _, _ in needs for o in found}
-    decoder = adapter.family == "decoder-lm"
-    return (
-        tuple(o for o in OBJECTIVES if o in objectives and (decoder or o != "loss")),
-        any(gradients for _, gradients, _ in needs),
-        any(relevance for _, _, relevance in needs),
-    )
+    applicable = estimators_for(adapter, unit, _given(False))
+    needs = {n for e in applicable if e.reads == "statistics" for n in e.needs}
+    return frozenset(needs - ({"loss"} if adapter.family != "decoder-lm" else set()))
 
 
 def _patches(adapter: Adapter, units: Sequence[str], problem: PatchingProblem | None) -> bool:
@@ -317,8 +303,12 @@ def study_parts(
             agreement_passes(adapter, u, estimators=len(estimators_for(adapter, u, given)))
             for u in chosen
         ]
-    needs = [n for n in (_statistics_needs(adapter, u) for u in chosen) if n is not None]
-    collected = [statistics_passes(objectives, lrp) for objectives, _, lrp in needs]
+    collected = [
+        passes(needs)
+        for u in chosen
+        if (passes := UNIT_KINDS[u].collect_passes) is not None
+        and (needs := _needs(adapter, u)) is not None
+    ]
     forward = sum(rows) + (not targets_known) + sum(f for f, _ in collected)
     backward = sum(b for _, b in collected)
     found += [(item, forward, backward, max(rows)) for item in dataset]
@@ -458,14 +448,11 @@ def pruning_study(
     table = analyze(adapter, inputs, target, measures, run).table if measures else pd.DataFrame()
     if items is None:
         items = [(i, _prediction(adapter, i, None, run)) for i in dataset]
-    statistics: dict[str, ChannelStatistics] = {}
+    statistics: dict[str, Any] = {}
     for unit in chosen:
-        needs = _statistics_needs(adapter, unit)
-        if needs is not None:
-            objectives, gradients, relevance = needs
-            statistics[unit] = channel_statistics(
-                adapter, items, unit, objectives, gradients, relevance, run
-            )
+        collect, needs = UNIT_KINDS[unit].collect, _needs(adapter, unit)
+        if collect is not None and needs is not None:
+            statistics[unit] = collect(adapter, items, needs, run)
     evidence = Evidence(adapter, target, table, statistics=statistics)
     if problem is not None and patches:
         quiet = replace(settings, max_forward_passes=None, max_seconds=None)  # priced above

@@ -109,6 +109,12 @@ class UnitKind:
         by_default: A pruning study prunes it when no kinds are named (the cheap ones).
         unsupported: Why it does not apply to a model (``None``: it does), or ``None`` for a
             kind every model with transformer blocks has.
+        collect: Reads what its estimators need over a dataset, once per study:
+            ``(adapter, items, needs, run)`` -> statistics (:attr:`Evidence.statistics
+            <attribution.engine.estimators.Evidence.statistics>`), ``needs`` the union of its
+            estimators' :attr:`~attribution.engine.estimators.Estimator.needs`; ``None``: its
+            estimators read no dataset statistics.
+        collect_passes: ``needs`` -> ``(forward, backward)`` that ``collect`` runs per input.
     """
 
     name: str
@@ -119,6 +125,8 @@ class UnitKind:
     positional: bool = False
     by_default: bool = True
     unsupported: Callable[[Adapter], str | None] | None = None
+    collect: Callable[..., Any] | None = None
+    collect_passes: Callable[[frozenset[str]], tuple[int, int]] | None = None
 
     def applies_to(self, adapter: Adapter) -> str | None:
         """``None`` where ``adapter`` has this kind's sites, else why not."""
