@@ -45,6 +45,7 @@ __all__ = [
     "ChannelStatistics",
     "channel_layers",
     "channel_statistics",
+    "objective_values",
     "statistics_passes",
 ]
 
@@ -220,7 +221,7 @@ class ChannelStatistics:
     inputs: int = 0
 
 
-def _objectives(
+def objective_values(
     adapter: Adapter, target: Target, kwargs: dict[str, torch.Tensor], wanted: Collection[str]
 ) -> dict[str, torch.Tensor]:
     """Each wanted objective of one forward on ``kwargs`` (one input), as a scalar."""
@@ -315,7 +316,7 @@ def channel_statistics(
             _probed(layers, bool(wanted), weight_gradients) as probes,
             torch.set_grad_enabled(bool(wanted)),  # statistics alone: a plain forward
         ):
-            values = _objectives(adapter, target, kwargs, wanted)
+            values = objective_values(adapter, target, kwargs, wanted)
             run.count(forward=1)
             for o, value in values.items():
                 # one backward: the gradient at each layer's channels (and at its output, for

@@ -3,14 +3,15 @@ Every built-in unit kind and estimator, registered: what listings and lookups go
 
 Unit kinds and estimators register themselves where they are defined
 (:mod:`~attribution.engine.units`, :mod:`~attribution.engine.channels`,
-:mod:`~attribution.engine.estimators`, :mod:`~attribution.engine.channel_estimators`); this
+:mod:`~attribution.engine.estimators`, :mod:`~attribution.engine.channel_estimators`,
+:mod:`~attribution.engine.experts`, :mod:`~attribution.engine.expert_estimators`); this
 module imports all of them, so a lookup or a listing made from here sees every one whatever
 was imported before.
 """
 
 from __future__ import annotations
 
-from attrlab.attribution.engine import channel_estimators
+from attrlab.attribution.engine import channel_estimators, expert_estimators
 from attrlab.attribution.engine.estimators import (
     ESTIMATORS,
     engine_catalog,
@@ -27,7 +28,7 @@ from attrlab.attribution.engine.units import (
 )
 
 #: The modules whose imports register the built-in kinds and estimators beyond the base ones.
-REGISTERING = (channel_estimators,)
+REGISTERING = (channel_estimators, expert_estimators)
 
 __all__ = [
     "ESTIMATORS",

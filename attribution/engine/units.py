@@ -66,6 +66,7 @@ class Site:
         head: The attention head (query head) in that block.
         position: The token position of the input.
         channel: The channel within its layer (an MLP neuron, a convolution's output channel).
+        expert: The expert of a mixture-of-experts layer.
     """
 
     kind: str
@@ -73,16 +74,18 @@ class Site:
     head: int | None = None
     position: int | None = None
     channel: int | None = None
+    expert: int | None = None
 
     def name(self) -> int | list[int]:
         """
         Its JSON form in a removal order: its fields that are set, in order, or one alone.
 
         A layer is its index, a head ``[layer, head]``, a residual site ``[layer, position]``,
-        a head at a position ``[layer, head, position]``, a neuron ``[layer, channel]`` (the kind
-        says which fields it has).
+        a head at a position ``[layer, head, position]``, a neuron ``[layer, channel]``, an
+        expert ``[layer, expert]`` (the kind says which fields it has).
         """
-        where = [v for v in (self.layer, self.head, self.position, self.channel) if v is not None]
+        fields = (self.layer, self.head, self.position, self.channel, self.expert)
+        where = [v for v in fields if v is not None]
         return where[0] if len(where) == 1 else where
 
 

@@ -80,8 +80,13 @@ class Layout:
         attention_output: The attention's output projection inside a block; its input is the
             heads' outputs side by side ``(B, T, heads·head_dim)`` (head gates, ablations and
             per-head relevance act there).
-        mlp_output: The MLP's last linear layer inside a block (its output is the MLP branch).
+        mlp_output: The MLP's last linear layer inside a block (its output is the MLP branch;
+            a mixture-of-experts block: the block itself).
         final_norm: Decoders: the norm between the last block and the unembedding (logit lens).
+        router: Mixture-of-experts: the router inside a block (it returns ``(logits, top-k
+            weights, top-k experts)`` per token, or is a linear layer giving the logits).
+        experts: Mixture-of-experts: the experts inside a block (fused 3-D weights called as
+            ``experts(hidden, top_k_index, top_k_weights)``, or a ``ModuleList``).
     """
 
     blocks: str
@@ -99,6 +104,8 @@ class Layout:
     attention_output: str = "attention.o_proj"
     mlp_output: str = "mlp.fc2"
     final_norm: str | None = None
+    router: str | None = None
+    experts: str | None = None
 
 
 _BERT = Layout(
@@ -147,6 +154,15 @@ _LLAMA = Layout(
     gate_activation="mlp.act_fn",
 )
 _PHI3 = replace(_LLAMA, gate_activation="mlp.activation_fn")
+# Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE in transformers 5: a router and fused experts per block
+_MOE = replace(
+    _LLAMA,
+    mlp_output="mlp",
+    gated_product=None,
+    gate_activation=None,
+    router="mlp.gate",
+    experts="mlp.experts",
+)
 _MODERNBERT = Layout(
     blocks="layers",
     attention="attn",
@@ -232,6 +248,10 @@ FAMILIES: dict[str, Family] = {
     "gemma2": Family("decoder-lm", "rope", _LLAMA),
     "gemma3_text": Family("decoder-lm", "rope", _LLAMA),
     "phi3": Family("decoder-lm", "rope", _PHI3),
+    "mixtral": Family("decoder-lm", "rope", _MOE),
+    "qwen2_moe": Family("decoder-lm", "rope", _MOE),
+    "qwen3_moe": Family("decoder-lm", "rope", _MOE),
+    "olmoe": Family("decoder-lm", "rope", _MOE),
     "vit": Family("vision-transformer", "learned", _VIT),
     "deit": Family("vision-transformer", "learned", _DEIT),
     "dinov2": Family("vision-transformer", "learned", _DINOV2),
