@@ -28,7 +28,7 @@ from attrlab.attribution.engine import (
     unit_kind,
 )
 from attrlab.attribution.engine.experts import expert_statistics, moe_layers
-from attrlab.attribution.errors import InvalidParameterError
+from attrlab.attribution.errors import InvalidParameterError, UnsupportedMethodError
 from attrlab.attribution.models.builtin import _minilm_tokenizer
 from attrlab.attribution.models.text import DecoderLMAdapter
 from attrlab.attribution.request.target import resolve_target
@@ -224,3 +224,85 @@ def test_an_expert_the_model_lacks_is_refused(moe):
     site = [[Site("expert", layer=0, expert=EXPERTS)]]
     with pytest.raises(InvalidParameterError, match="not an expert"):
         unit_kind("expert").removal()(moe, site).__enter__()
+
+
+class _Expert(torch.nn.Module):
+    """One Mixtral expert as transformers 4 kept it: its own gate, up and down projections."""
+
+    def __init__(self, gate_up: torch.Tensor, down: torch.Tensor) -> None:
+        super().__init__()
+        gate, up = gate_up.chunk(2)
+        self.w1 = torch.nn.Linear(gate.shape[1], gate.shape[0], bias=False)
+        self.w3 = torch.nn.Linear(up.shape[1], up.shape[0], bias=False)
+        self.w2 = torch.nn.Linear(down.shape[1], down.shape[0], bias=False)
+        with torch.no_grad():
+            self.w1.weight.copy_(gate)
+            self.w3.weight.copy_(up)
+            self.w2.weight.copy_(down)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(torch.nn.functional.silu(self.w1(x)) * self.w3(x))
+
+
+class _ListMixture(torch.nn.Module):
+    """Mixtral's mixture with a linear router and a module list, weights from a fused one."""
+
+    def __init__(self, fused: torch.nn.Module) -> None:
+        super().__init__()
+        router, experts = fused.gate, fused.experts
+        self.top_k = router.top_k
+        self.gate = torch.nn.Linear(router.weight.shape[1], router.weight.shape[0], bias=False)
+        with torch.no_grad():
+            self.gate.weight.copy_(router.weight)
+        self.experts = torch.nn.ModuleList(
+            _Expert(experts.gate_up_proj[e].detach(), experts.down_proj[e].detach())
+            for e in range(router.weight.shape[0])
+        )
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        x = hidden.reshape(-1, hidden.shape[-1])
+        probabilities = torch.softmax(self.gate(x).float(), -1)
+        weights, chosen = torch.topk(probabilities, self.top_k, -1)
+        weights = (weights / weights.sum(-1, keepdim=True)).to(x.dtype)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            token, slot = torch.where(chosen == e)
+            if token.numel():
+                out = out.index_add(0, token, expert(x[token]) * weights[token, slot, None])
+        return out.reshape(hidden.shape)
+
+
+def test_per_expert_module_lists_score_and_reroute_as_the_fused_weights_do():
+    fused = _adapter("mixtral")
+    listed = copy.deepcopy(fused)
+    for layer in listed.model.model.layers:
+        layer.mlp = _ListMixture(layer.mlp)
+    items = _items(fused)
+    inputs = items[1][0]
+    with torch.no_grad():
+        torch.testing.assert_close(
+            listed.logits(**inputs.model_kwargs()), fused.logits(**inputs.model_kwargs())
+        )
+    one, other = (expert_statistics(a, items, ("target",)) for a in (fused, listed))
+    for name in ("frequency", "weight", "reap"):
+        np.testing.assert_allclose(
+            torch.stack(getattr(one, name)).numpy(),
+            torch.stack(getattr(other, name)).numpy(),
+            rtol=1e-5,
+            atol=1e-8,
+        )
+    np.testing.assert_allclose(
+        torch.stack(one.first_order["target"]).numpy(),
+        torch.stack(other.first_order["target"]).numpy(),
+        rtol=1e-4,
+        atol=1e-8,
+    )
+    site = [[Site("expert", layer=1, expert=1)]]
+    with torch.no_grad():
+        with unit_kind("expert").removal("reroute")(fused, site):
+            expected = fused.logits(**inputs.model_kwargs())
+        with unit_kind("expert").removal("reroute")(listed, site):
+            found = listed.logits(**inputs.model_kwargs())
+    torch.testing.assert_close(found, expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(UnsupportedMethodError, match="reroute its tokens instead"):
+        unit_kind("expert").removal("zero")(listed, site).__enter__()

@@ -44,11 +44,49 @@ __all__ = ["ExpertStatistics", "MoELayers", "expert_statistics", "moe_layers"]
 
 @dataclass(frozen=True)
 class MoELayers:
-    """Each mixture-of-experts block's router and experts, and experts per block."""
+    """
+    Each mixture-of-experts block's router and experts, and experts per block.
 
+    Attributes:
+        blocks: The mixture blocks themselves (their output: every expert's weighted sum, and
+            a shared expert's where there is one).
+        routers: Each block's router.
+        experts: Each block's experts: fused (one module of 3-D weights, transformers 5) or a
+            ``ModuleList`` of one module per expert.
+        counts: Experts per block.
+        top_k: Experts each token chooses, per block.
+    """
+
+    blocks: list[nn.Module]
     routers: list[nn.Module]
     experts: list[nn.Module]
     counts: list[int]
+    top_k: list[int]
+
+    def routing(self, layer: int, out: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """
+        ``(top-k experts, their weights)`` per token from block ``layer``'s router output.
+
+        A router of transformers 5 returns them; a linear router's logits are softmaxed and the
+        top-k renormalised where the block renormalises (``norm_topk_prob``; Mixtral always).
+        """
+        if not isinstance(out, torch.Tensor):
+            return out[2], out[1]
+        logits = out.reshape(-1, out.shape[-1])
+        values, chosen = torch.topk(torch.softmax(logits.float(), -1), self.top_k[layer], -1)
+        if getattr(self.blocks[layer], "norm_topk_prob", True):
+            values = values / values.sum(-1, keepdim=True)
+        return chosen, values.to(logits.dtype)
+
+    def expert_output(self, layer: int, expert: int, hidden: torch.Tensor) -> torch.Tensor:
+        """The expert's own output on ``hidden`` ``(tokens, H)``, its weight 1, no graph."""
+        experts = self.experts[layer]
+        with torch.no_grad():
+            if isinstance(experts, nn.ModuleList):
+                return experts[expert](hidden)
+            ones = torch.ones(hidden.shape[0], 1, dtype=hidden.dtype, device=hidden.device)
+            index = torch.full((hidden.shape[0], 1), expert, device=hidden.device)
+            return experts(hidden, index, ones)
 
 
 def _unsupported(adapter: Adapter) -> str | None:
@@ -73,10 +111,16 @@ def moe_layers(adapter: Adapter) -> MoELayers:
     if reason is not None or layout is None or layout.router is None or layout.experts is None:
         raise UnsupportedMethodError(str(reason))
     blocks = adapter.blocks()
+    mixtures = [b.get_submodule(layout.mlp_output) for b in blocks]
     routers = [b.get_submodule(layout.router) for b in blocks]
     experts = [b.get_submodule(layout.experts) for b in blocks]
     counts = [int(getattr(r, "num_experts", 0) or getattr(r, "out_features", 0)) for r in routers]
-    return MoELayers(routers, experts, counts)
+    per_token = getattr(getattr(adapter.model, "config", None), "num_experts_per_tok", 0)
+    top_k = [
+        int(getattr(r, "top_k", 0) or getattr(m, "top_k", 0) or per_token)
+        for r, m in zip(routers, mixtures, strict=True)
+    ]
+    return MoELayers(mixtures, routers, experts, counts, top_k)
 
 
 def _sites(adapter: Adapter, _inputs: Inputs | None) -> list[Site]:
@@ -180,7 +224,7 @@ class ExpertStatistics:
 
 @dataclass
 class _Seen:
-    """One block's routing and experts' input and output in a forward."""
+    """One block's routing, the router's input and the block's output in a forward."""
 
     indices: torch.Tensor = field(default_factory=lambda: torch.empty(0))
     weights: torch.Tensor = field(default_factory=lambda: torch.empty(0))
@@ -190,31 +234,25 @@ class _Seen:
 
 @contextmanager
 def _watched(layers: MoELayers, gradients: bool) -> Iterator[list[_Seen]]:
+    """Record each block's routing; with ``gradients``, add a zero at its output to read them."""
     seen = [_Seen() for _ in layers.routers]
     with ExitStack() as stack:
-        for experts, record in zip(layers.experts, seen, strict=True):
+        for layer, record in enumerate(seen):
 
-            def before(_m: nn.Module, args: tuple, record: _Seen = record) -> None:
-                record.hidden = args[0].detach()
-                record.indices, record.weights = args[1].detach(), args[2].detach()
+            def routed(_m: nn.Module, args: tuple, out: Any, layer: int = layer) -> None:
+                record = seen[layer]
+                record.hidden = args[0].detach().reshape(-1, args[0].shape[-1])
+                indices, weights = layers.routing(layer, out)
+                record.indices, record.weights = indices.detach(), weights.detach()
 
             def after(_m: nn.Module, _a: tuple, out: Any, record: _Seen = record) -> Any:
-                if not gradients:
-                    return out
                 record.zero = torch.zeros_like(out, requires_grad=True)
                 return out + record.zero
 
-            stack.callback(experts.register_forward_pre_hook(before).remove)
-            stack.callback(experts.register_forward_hook(after).remove)
+            stack.callback(layers.routers[layer].register_forward_hook(routed).remove)
+            if gradients:
+                stack.callback(layers.blocks[layer].register_forward_hook(after).remove)
         yield seen
-
-
-def _expert_outputs(experts: nn.Module, hidden: torch.Tensor, expert: int) -> torch.Tensor:
-    """The expert's own output on ``hidden`` (its weight 1), through the block's experts."""
-    ones = torch.ones(hidden.shape[0], 1, dtype=hidden.dtype, device=hidden.device)
-    index = torch.full((hidden.shape[0], 1), expert, dtype=torch.long, device=hidden.device)
-    with torch.no_grad():
-        return experts(hidden, index, ones)
 
 
 def expert_statistics(
@@ -227,18 +265,15 @@ def expert_statistics(
     The experts' routing, REAP saliency and first-order effects over ``items``.
 
     ``objectives``: those of :data:`~attribution.engine.channels.OBJECTIVES` whose first-order
-    effects are wanted (``loss`` on decoder LMs only). Fused experts only (transformers 5).
+    effects are wanted (``loss`` on decoder LMs only). The routing is read from the routers,
+    each expert's output recomputed on its tokens through its own module(s), the gradient read
+    at the block's output (a shared expert adds to it, and the derivative is the same).
 
     Raises:
-        UnsupportedMethodError: a model without mixture-of-experts blocks, or with per-expert
-            module lists.
+        UnsupportedMethodError: a model without mixture-of-experts blocks attrlab knows.
     """
     run = run or RunContext()
     layers = moe_layers(adapter)
-    if any(isinstance(e, nn.ModuleList) for e in layers.experts):
-        raise UnsupportedMethodError(
-            "the expert statistics read fused experts (transformers 5's Mixtral, Qwen-MoE, OLMoE)"
-        )
     wanted = [o for o in OBJECTIVES if o in objectives]
     zeros = [torch.zeros(n, dtype=torch.float64) for n in layers.counts]
     chosen, weight, reap_sum = ([z.clone() for z in zeros] for _ in range(3))
@@ -260,6 +295,7 @@ def expert_statistics(
                 gradients[o] = found
                 run.count(backward=1)
         tokens += seen[0].hidden.shape[0] if seen else 0
+        flat = {o: [g.reshape(-1, g.shape[-1]) for g in found] for o, found in gradients.items()}
         for b, record in enumerate(seen):
             for e in range(layers.counts[b]):
                 token, slot = torch.where(record.indices == e)
@@ -268,11 +304,11 @@ def expert_statistics(
                 w = record.weights[token, slot].double()
                 chosen[b][e] += token.numel()
                 weight[b][e] += w.sum()
-                output = _expert_outputs(layers.experts[b], record.hidden[token], e).double()
+                output = layers.expert_output(b, e, record.hidden[token]).double()
                 reap_sum[b][e] += (w * output.norm(dim=-1)).sum()
-                for o, found in gradients.items():
+                for o, at_outputs in flat.items():
                     contribution = w[:, None] * output
-                    effect = (contribution * found[b][token].double()).sum()
+                    effect = (contribution * at_outputs[b][token].double()).sum()
                     first[o][b][e] += effect.abs()
     count = max(len(items), 1)
     return ExpertStatistics(
