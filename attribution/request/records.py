@@ -26,6 +26,7 @@ from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.inputs.features import check_features
 from attrlab.attribution.inputs.runs import Prepared, explain_rows
 from attrlab.attribution.models.base import Adapter, Inputs
+from attrlab.attribution.models.catalog import default_model
 from attrlab.attribution.request.answers import AnswerSpec
 from attrlab.attribution.request.bounds import RequestBounds
 from attrlab.attribution.request.calibration import calibrate, calibrated
@@ -146,12 +147,31 @@ def check_instance_features(
 
 @dataclass(frozen=True, kw_only=True)
 class Request(ABC, Generic[Result]):
-    """What every request names: a model (with zero-shot labels), a seed, next-token or not."""
+    """
+    What every request names: a model (with zero-shot labels), a seed, next-token or not.
 
-    model: str
+    ``model``: ``None`` for the library's default for what the request asks
+    (:attr:`chosen_model`), which every front end leaves to it.
+    """
+
+    model: str | None = None
     labels: Sequence[str] | None = None
     seed: int = 0
     next_token: bool = False  # the model must be a decoder LM; its next token is explained
+
+    @property
+    def chosen_model(self) -> str:
+        """
+        The model this request runs on: its own, else the default for what it asks.
+
+        The default (:func:`~attribution.models.catalog.default_model`) is by the modality of
+        its input and whether it asks a decoder LM (a next token, an answer): :meth:`_asks`.
+        """
+        return self.model if self.model is not None else default_model(*self._asks())
+
+    def _asks(self) -> tuple[str, bool]:
+        """The modality of the request's input and whether it asks a decoder LM."""
+        return "text", self.next_token
 
     def check(self, bounds: RequestBounds) -> None:
         """Refuse, before the model loads, what breaks the request's rules or ``bounds``."""
@@ -204,6 +224,11 @@ class _SeveralMethods:
 @dataclass(frozen=True, kw_only=True)
 class InputRequest(Request[Result], Instance):
     """A job on one input."""
+
+    def _asks(self) -> tuple[str, bool]:
+        """An image's model or a text's, a decoder LM's for a next token or an answer."""
+        modality = "image" if self.image is not None else "text"
+        return modality, self.next_token or self.answer is not None
 
     def check(self, bounds: RequestBounds) -> None:
         """Exactly one input, and every field within this server's bounds."""
@@ -387,6 +412,10 @@ class PatchRequest(Request["PatchingReport"]):
     directions: tuple[str, ...] | None = None
     top_k: int = PATCHING_TOP_K
 
+    def _asks(self) -> tuple[str, bool]:
+        """A decoder LM's answer, unless a text classifier's class is the target."""
+        return "text", self.target is None
+
     def check(self, bounds: RequestBounds) -> None:
         """The texts within this server's bounds, one corruption, and known study names."""
         _given_answer(self.answer, "patching")
@@ -440,6 +469,11 @@ class PruneRequest(Request["PruningStudy"]):
     draws: int = PRUNING_DRAWS
     head_step: int | None = None
     agreement: bool = False
+
+    def _asks(self) -> tuple[str, bool]:
+        """A decoder LM for a next token, an answer or a corrupted prompt; else a classifier."""
+        asks = self.next_token or self.answer is not None or self.corrupted is not None
+        return "text", asks
 
     def check(self, bounds: RequestBounds) -> None:
         """Every text within this server's bounds, and no more dataset texts than a study takes."""
@@ -513,6 +547,10 @@ class EvaluateRequest(_SeveralMethods, Request["pd.DataFrame"]):
     image_fill: str = "rise"
     text_removal: str = "delete"
     granularity: str = "token"
+
+    def _asks(self) -> tuple[str, bool]:
+        """A classifier of the evaluation's modality (its first uploaded item's by default)."""
+        return self.modality or _first_modality(self.instances), False
 
     def check(self, bounds: RequestBounds) -> None:
         """A known modality, methods, items and curve sizes within bounds, readable inputs."""
@@ -594,7 +632,7 @@ class EvaluateRequest(_SeveralMethods, Request["pd.DataFrame"]):
             return []
         return [
             EstimateRequest(
-                model=self.model,
+                model=self.chosen_model,  # every part on the whole's model
                 labels=self.labels,
                 seed=self.seed,
                 text=item.raw if isinstance(item.raw, str) else None,
@@ -649,6 +687,10 @@ class LayersDatasetRequest(Request["pd.DataFrame"]):
     instances: tuple[Instance, ...]
     measures: str = "all"
 
+    def _asks(self) -> tuple[str, bool]:
+        """A model of the first input's modality (a decoder LM for a next token)."""
+        return _first_modality(self.instances), self.next_token
+
     def check(self, bounds: RequestBounds) -> None:
         """At least one readable input, each of one output, within the bounds."""
         super().check(bounds)
@@ -702,6 +744,11 @@ class BatchRequest(_SeveralMethods, Request[list[InstanceResults]]):
     params: dict[str, dict[str, Any]] = field(default_factory=dict)  # per method
     evaluate: bool = False
 
+    def _asks(self) -> tuple[str, bool]:
+        """The first instance's model: of its modality, a decoder LM's for an answer."""
+        answer = bool(self.instances) and self.instances[0].answer is not None
+        return _first_modality(self.instances), self.next_token or answer
+
     def check(self, bounds: RequestBounds) -> None:
         """At least one method and one instance, and no more instances than allowed."""
         super().check(bounds)
@@ -719,7 +766,7 @@ class BatchRequest(_SeveralMethods, Request[list[InstanceResults]]):
         """One estimate per instance and method."""
         return [
             EstimateRequest(
-                model=self.model,
+                model=self.chosen_model,  # every part on the whole's model
                 labels=self.labels,
                 seed=self.seed,
                 next_token=self.next_token,
@@ -821,6 +868,11 @@ def _given_answer(answer: AnswerSpec | None, what: str) -> None:
 def _answer_texts(answer: AnswerSpec | None) -> tuple[str | None, str | None]:
     """``answer``'s answer and contrast texts (``None`` each where it gives none)."""
     return (None, None) if answer is None else (answer.answer, answer.contrast)
+
+
+def _first_modality(instances: Sequence[Instance]) -> str:
+    """The modality of the first of ``instances`` (text when there are none)."""
+    return "image" if instances and instances[0].image is not None else "text"
 
 
 def check_modality(adapter: Adapter, modality: str) -> None:
