@@ -39,7 +39,7 @@ from attrlab.attribution.request.defaults import (
     TOP_FRACTION,
 )
 from attrlab.attribution.request.estimate import estimate
-from attrlab.attribution.request.gate import clear_shares
+from attrlab.attribution.request.gate import an_input, check_modality, clear_shares
 from attrlab.attribution.request.run import RunSettings
 from attrlab.attribution.request.target import Target
 
@@ -77,7 +77,6 @@ __all__ = [
     "PruneRequest",
     "Request",
     "check_instance_features",
-    "check_modality",
 ]
 
 #: What a request computes: an Explanation, a check of several methods, a preview, a table.
@@ -591,7 +590,7 @@ class EvaluateRequest(_SeveralMethods, Request["pd.DataFrame"]):
             bounds.check_fields(instance.text, None, instance.target, self.seed)
             if self.modality is not None and instance.modality != self.modality:
                 raise InvalidInputError(
-                    f"item {number} is {_article(instance.modality)}; this evaluation takes "
+                    f"item {number} is {an_input(instance.modality)}; this evaluation takes "
                     f"{self.modality}"
                 )
         _params_only_for(self.params, self.methods, "evaluated")
@@ -873,21 +872,3 @@ def _answer_texts(answer: AnswerSpec | None) -> tuple[str | None, str | None]:
 def _first_modality(instances: Sequence[Instance]) -> str:
     """The modality of the first of ``instances`` (text when there are none)."""
     return "image" if instances and instances[0].image is not None else "text"
-
-
-def check_modality(adapter: Adapter, modality: str) -> None:
-    """
-    Refuse a request whose input (``"text"`` or ``"image"``) is not what ``adapter`` reads.
-
-    Raises:
-        InvalidInputError: naming both.
-    """
-    if adapter.modality != modality:
-        raise InvalidInputError(
-            f"model '{adapter.model_id}' takes {_article(adapter.modality)} as input, "
-            f"but the request gives {_article(modality)}"
-        )
-
-
-def _article(modality: str) -> str:
-    return "an image" if modality == "image" else "text"
