@@ -647,8 +647,6 @@ def _evaluate(args: argparse.Namespace) -> int:
         granularity=args.granularity,
     )
     (per_item,), adapter = _on_model(args, [request], "item", counts_units=True)
-    if per_item.empty:
-        raise InvalidInputError("nothing was evaluated: no items, or no method applies")
     if per_item_path is not None:
         try:
             if per_item_path.suffix == ".parquet":

@@ -306,6 +306,11 @@ class CheckRequest(_SeveralMethods, InputRequest["MethodCheck"]):
     top_fraction: float = TOP_FRACTION
     evaluate: bool = False  # each map's faithfulness scores (the trust card) in its metrics
 
+    def check(self, bounds: RequestBounds) -> None:
+        """The input within bounds, and methods a check can compare (no model needed)."""
+        super().check(bounds)
+        metrics.check_choice(self.methods, self.params, self.randomise, self.top_fraction)
+
     def run_on(self, adapter: Adapter, run: JobContext) -> MethodCheck:
         """The explanations, their agreement and the randomisation checks."""
         ready = run.targeted(self)
@@ -343,6 +348,8 @@ MAX_ABLATED_HEADS = 64
 #: :func:`~attribution.metrics.evaluate_methods`).
 MAX_CURVE_STEPS = 50
 MAX_ORDERS = EVALUATION_ORDERS
+#: An evaluation's refusal when it has no row: no items, or no method applies to the model.
+_NOTHING_EVALUATED = "nothing was evaluated: no items, or no method applies"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -646,11 +653,15 @@ class EvaluateRequest(_SeveralMethods, Request["pd.DataFrame"]):
         ]
 
     def run_on(self, adapter: Adapter, run: JobContext) -> pd.DataFrame:
-        """The per-item table (refused first when its estimate is over the server's seconds)."""
+        """
+        The per-item table (refused first when its estimate is over the server's seconds).
+
+        Refused too when it has no row: no items, or no method applies to the model.
+        """
         check_modality(adapter, self.modality or adapter.modality)
         items = self.chosen_items(adapter.modality, run.read)
         if not items:
-            raise InvalidInputError("nothing was evaluated: no items, or no method applies")
+            raise InvalidInputError(_NOTHING_EVALUATED)
         total = len(items)
         first = adapter.preprocess(items[0].raw)
         settings = run.settings_for(self.seed, evaluate=True)
@@ -659,7 +670,7 @@ class EvaluateRequest(_SeveralMethods, Request["pd.DataFrame"]):
             adapter, self.methods, first, self.params, settings, runs=total, applicable_only=True
         )
         run.progress(0, total)
-        return metrics.evaluate_methods(
+        table = metrics.evaluate_methods(
             adapter,
             items,
             self.methods,
@@ -672,6 +683,9 @@ class EvaluateRequest(_SeveralMethods, Request["pd.DataFrame"]):
             text_removal=self.text_removal,
             granularity=self.granularity,
         )
+        if table.empty:
+            raise InvalidInputError(_NOTHING_EVALUATED)
+        return table
 
 
 @dataclass(frozen=True, kw_only=True)
