@@ -17,6 +17,7 @@ import os
 import pathlib
 import tempfile
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import Annotated, Any
 
@@ -54,7 +55,7 @@ from attrlab.attribution.inputs.features import GRANULARITIES
 from attrlab.attribution.inputs.rows import target_problem
 from attrlab.attribution.methods import available_methods
 from attrlab.attribution.methods.catalog import DEFAULT_METHOD
-from attrlab.attribution.models import BUILTIN_MODELS, default_model
+from attrlab.attribution.models import BUILTIN_MODELS
 from attrlab.attribution.patching import COLUMNS
 from attrlab.attribution.request import (
     BatchRequest,
@@ -277,7 +278,7 @@ class _AnswerBody(BaseModel):
 
     @property
     def asks_answer(self) -> bool:
-        """Whether any answer field is given (so a decoder LM is the default model)."""
+        """Whether any answer field is given."""
         return answer_asked(vars(self))
 
     def answer_spec(self, per_step: bool = False) -> AnswerSpec | None:
@@ -343,18 +344,15 @@ class _InputBody(_AnswerBody, _FeaturesBody):
 
     def input_fields(self, per_step: bool = False) -> dict[str, Any]:
         """The worker request's input fields; the image's bytes decoded (the image is not)."""
-        image = _decoded(self.image_base64)
-        modality = "image" if image is not None else "text"
-        answer = self.answer_spec(per_step)
         return {
-            "model": self.model or default_model(modality, self.next_token or answer is not None),
+            "model": self.model,
             "text": self.text,
-            "image": image,
+            "image": _decoded(self.image_base64),
             "labels": self.labels,
             "target": self.target,
             "seed": self.seed,
             "next_token": self.next_token,
-            "answer": answer,
+            "answer": self.answer_spec(per_step),
             "granularity": self.granularity,
             "spans": self.spans,
         }
@@ -502,12 +500,8 @@ class ExplainBody(_InputBody):
             raise InvalidParameterError(
                 "with 'methods', 'params' maps each method to an object of its parameters"
             )
-        # without a model, the first instance chooses the default (an image, an answer)
-        first = instances[0] if instances else None
-        modality = "image" if first is not None and first.image_base64 is not None else "text"
-        decoder = self.next_token or (first is not None and first.asks_answer)
-        return BatchRequest(
-            model=self.model or default_model(modality, decoder),
+        request = BatchRequest(
+            model=self.model,
             labels=self.labels,
             seed=self.seed,
             next_token=self.next_token,
@@ -516,6 +510,10 @@ class ExplainBody(_InputBody):
             params=params,
             evaluate=self.evaluate,
         )
+        if self.model is not None or indices is None or list(indices[:1]) == [0]:
+            return request
+        # a job's parts all run on the whole batch's model: by default its first instance's
+        return replace(request, model=self.to_batch([0]).chosen_model)
 
 
 class LayersBody(_InputBody):
@@ -658,12 +656,11 @@ class PruneBody(BaseModel):
 
     def to_request(self) -> PruneRequest:
         """The worker request for this body."""
-        decoder = self.next_token or any((self.answer, self.contrast, self.corrupted))
         given = self.model_dump(exclude={"model", "texts", "units", "answer", "contrast"})
         return PruneRequest(
             **given,
             answer=AnswerSpec.from_json({"answer": self.answer, "contrast": self.contrast}),
-            model=self.model or default_model("text", decoder),
+            model=self.model,
             texts=None if self.texts is None else tuple(self.texts),
             units=None if self.units is None else tuple(self.units),
         )
@@ -734,7 +731,7 @@ class PatchBody(BaseModel):
             return None if given is None else tuple(given)
 
         return PatchRequest(
-            model=self.model or default_model("text", self.target is None),
+            model=self.model,
             seed=self.seed,
             clean=self.clean,
             corrupted=self.corrupted,

@@ -19,7 +19,7 @@ from attrlab.attribution import engine, metrics, models
 from attrlab.attribution import request as request_records
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
 from attrlab.attribution.methods.catalog import catalog_entries
-from attrlab.attribution.models.catalog import BUILTIN_MODELS, default_model
+from attrlab.attribution.models.catalog import BUILTIN_MODELS
 from attrlab.attribution.request.defaults import (
     EVALUATION_ORDERS,
     EVALUATION_STEPS,
@@ -269,6 +269,7 @@ def _layers_dataset(args: argparse.Namespace) -> int:
         model=args.model,
         labels=_labels(args.labels),
         seed=args.seed,
+        next_token=args.next_token,
         instances=instances,
         measures=args.measures or "all",
     )
@@ -299,7 +300,7 @@ def _answer_spec(args: argparse.Namespace) -> Any:
 
 
 def _asks_answer(args: argparse.Namespace) -> bool:
-    """Whether any answer flag is given (a decoder LM is then the default model)."""
+    """Whether any answer flag is given."""
     return attribution.answer_asked(vars(args))
 
 
@@ -336,7 +337,7 @@ def _on_model(
             worker.validate(request)
         results = []
         with CommandProgress(None if counts_units else len(requests), unit) as bar:
-            adapter = _load_model(worker, args, bar)
+            adapter = _load_model(worker, requests[0].chosen_model, args, bar)
             for done, request in enumerate(requests, start=1):
                 bar.stage(getattr(request, "method", args.command))
                 results.append(worker.explain(request, bar.done if counts_units else bar.passes))
@@ -367,10 +368,10 @@ def _placement_flags(args: argparse.Namespace) -> dict[str, str | None]:
     }
 
 
-def _load_model(worker: Any, args: argparse.Namespace, bar: Any) -> Any:
-    """Load the command's model on ``worker`` (kept for its requests), saying so on the bar."""
-    bar.stage(f"loading {args.model}")
-    return worker.adapter(args.model, _labels(getattr(args, "labels", None)))
+def _load_model(worker: Any, model: str, args: argparse.Namespace, bar: Any) -> Any:
+    """Load the command's ``model`` on ``worker`` (kept for its requests), saying so on the bar."""
+    bar.stage(f"loading {model}")
+    return worker.adapter(model, _labels(getattr(args, "labels", None)))
 
 
 def _labels(text: str | None) -> list[str] | None:
@@ -444,25 +445,37 @@ def _batch(args: argparse.Namespace) -> int:
     if not methods:
         raise _usage_error("--methods names at least one method")
     output = app.ResultFile(Path(args.output).expanduser())
-    config = app.BatchConfig(
+    params = _method_params(args.param)
+    batch_labels = tuple(_labels(args.labels) or ()) or None
+    dataset = app.unique_ids(_batch_rows(args.input))  # read whole before the output changes
+    request_records.check_instance_features(
+        dataset, lambda _, row: f"row '{row.id}'"
+    )  # exit 2, before work
+    # one row of the batch, with its methods and parameters: validated before any work, and
+    # the batch's model (named, or the default for its first row), which every row runs on
+    first = request_records.BatchRequest(
         model=args.model,
+        labels=batch_labels,
+        seed=args.seed,
+        instances=(dataset[0].instance() if dataset else request_records.Instance(text=""),),
         methods=methods,
-        params=_method_params(args.param),
-        labels=tuple(_labels(args.labels) or ()) or None,
+        params=params,
+    )
+    checker = _worker(args)
+    try:
+        checker.validate(first)
+    finally:
+        checker.close()
+    config = app.BatchConfig(
+        model=first.chosen_model,
+        methods=methods,
+        params=params,
+        labels=batch_labels,
         seed=args.seed,
         evaluate=args.evaluate,
         device=args.device,
         placement=_placement(args),
     )
-    checker = _worker(args)
-    try:
-        checker.validate(_first_request(config))  # methods, parameters, model: before any work
-    finally:
-        checker.close()
-    dataset = app.unique_ids(_batch_rows(args.input))  # read whole before the output changes
-    request_records.check_instance_features(
-        dataset, lambda _, row: f"row '{row.id}'"
-    )  # exit 2, before work
     if not dataset:
         what = f"images ({', '.join(app.IMAGE_SUFFIXES)})" if Path(args.input).is_dir() else "lines"
         raise InvalidInputError(f"input '{args.input}' holds no {what} to explain")
@@ -500,7 +513,7 @@ def _batch(args: argparse.Namespace) -> int:
         else:
             worker = _worker(args)
             try:
-                _load_model(worker, args, bar)
+                _load_model(worker, config.model, args, bar)
                 bar.stage("batch")
                 for start in range(0, len(rows), args.batch_size):
                     chunk = rows[start : start + args.batch_size]
@@ -517,18 +530,6 @@ def _batch(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
-
-
-def _first_request(config: Any) -> Any:
-    """A one-instance request carrying the batch's methods and parameters, for validation."""
-    return request_records.BatchRequest(
-        model=config.model,
-        labels=config.labels,
-        seed=config.seed,
-        instances=(request_records.Instance(text=""),),
-        methods=config.methods,
-        params=config.params,
-    )
 
 
 def _batch_rows(path: str) -> Iterator[Any]:
@@ -649,8 +650,6 @@ def _evaluate(args: argparse.Namespace) -> int:
         granularity=args.granularity,
     )
     (per_item,), adapter = _on_model(args, [request], "item", counts_units=True)
-    if per_item.empty:
-        raise InvalidInputError("nothing was evaluated: no items, or no method applies")
     if per_item_path is not None:
         try:
             if per_item_path.suffix == ".parquet":
@@ -1401,19 +1400,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; user errors print one line and exit with status 2."""
     args = build_parser().parse_args(argv)
-    commands = ("explain", "layers", "evaluate", "check", "batch", "patch", "prune")
-    if args.command in commands and args.model is None:
-        image = getattr(args, "image", None) or getattr(args, "images", None)
-        if args.command == "batch":
-            image = Path(args.input).expanduser().is_dir()
-        decoder = (
-            (args.command == "patch" and args.target is None)
-            or getattr(args, "next_token", False)
-            or _asks_answer(args)
-            # a pruning study ranked by residual patching needs a decoder LM's corrupted prompt
-            or (args.command == "prune" and args.corrupt is not None)
-        )
-        args.model = default_model("image" if image else "text", decoder)
     try:
         code = args.run(args)
         sys.stdout.flush()  # a closed pipe shows here, not at exit

@@ -185,7 +185,7 @@ def _price_key(cost: EstimateRequest) -> tuple[PriceKey, int]:
     except AttrlabError:
         params = dict(cost.params)
     key = (
-        cost.model.strip(),
+        cost.chosen_model.strip(),
         tuple(label.strip() for label in cost.labels or ()),
         cost.next_token,
         cost.method,

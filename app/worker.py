@@ -218,7 +218,7 @@ class ExplainWorker:
         """
         self.validate(request, strict)  # before queueing
         job: Job[Result] = Job(future=Future(), cancel_event=threading.Event())
-        model = (request.model or "").strip()
+        model = request.chosen_model.strip()
         with self._lock:
             if self._closed:
                 raise WorkerClosedError("the server is shutting down; try again later")
@@ -260,7 +260,7 @@ class ExplainWorker:
                 serve.
         """
         admit(request, self.settings, strict)
-        self.settings.model_source((request.model or "").strip())
+        self.settings.model_source(request.chosen_model.strip())
 
     def _finished(self, job: Job[Any], lane: _Lane) -> None:
         with self._lock:
@@ -316,7 +316,7 @@ class ExplainWorker:
         lane: _Lane,
     ) -> Result:
         with lane.running:  # one job at a time on a device, queued or run in place
-            base = self.adapter(request.model, None, lane)
+            base = self.adapter(request.chosen_model, None, lane)
             return self._execute(request, base, progress, cancel)
 
     def _run_light(
@@ -333,9 +333,10 @@ class ExplainWorker:
         for one to end.
         """
         with self._lock:
-            base = lane.models.get((request.model or "").strip())
+            model = request.chosen_model.strip()
+            base = lane.models.get(model)
             if base is not None:
-                lane.models.move_to_end(request.model.strip())
+                lane.models.move_to_end(model)
         if base is None:  # evicted since it was submitted: loading is a job's work
             return self._run(request, progress, cancel, lane)
         with unaltered(base.model, cancel):

@@ -385,10 +385,10 @@ def preview(adapter: Adapter, inputs: Inputs, k: int = TOP_K) -> Preview:
     The model's top-``k`` predictions on ``inputs`` and each method's applicability (1 forward).
 
     Raises:
-        UnsupportedMethodError: for an input of another modality than the model's.
+        InvalidInputError: an input of another modality than the model's.
         DeviceMemoryError: as :func:`input_logits`.
     """
-    check_modality(adapter, inputs)
+    check_modality(adapter, inputs.modality)
     probabilities = input_logits(adapter, inputs).softmax(-1)
     return Preview(
         predictions=predictions(adapter, probabilities, k),

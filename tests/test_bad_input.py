@@ -7,7 +7,7 @@ import pytest
 from PIL import Image
 
 from attrlab.attribution import explain
-from attrlab.attribution.errors import InvalidInputError, UnsupportedMethodError
+from attrlab.attribution.errors import InvalidInputError
 from attrlab.attribution.models import load_image
 
 
@@ -73,7 +73,9 @@ def test_truncated_image_file(tmp_path):
 
 def test_modality_mismatch_and_recovery(minilm, effnet):
     image_inputs = effnet.preprocess(np.zeros((10, 10, 3), dtype=np.uint8))
-    with pytest.raises(UnsupportedMethodError, match="takes text input, not image"):
+    with pytest.raises(
+        InvalidInputError, match="takes text as input, but the request gives an image"
+    ):
         explain(minilm, "gradient_x_input", image_inputs)
     # The model is still usable afterwards.
     e = explain(minilm, "gradient_x_input", minilm.preprocess("fine"))

@@ -127,8 +127,6 @@ class BatchTab:
         progress=gr.Progress(),  # noqa: B008
     ):
         # no docstring: Gradio would show it as the API's description of the call
-        if not chosen:
-            raise gr.Error("choose at least one method")
         settings = self.runner.worker.settings
         rows = uploaded_rows(received_file(path), settings.max_body_bytes, settings.max_batch)
         if not rows:
@@ -137,7 +135,7 @@ class BatchTab:
             model=model_,
             labels=label_list(labels_),
             instances=tuple(r.instance() for r in rows),
-            methods=tuple(chosen),
+            methods=tuple(chosen or ()),
             evaluate=bool(evaluate),
         )
         outcomes = self.runner(request_, progress, request.session_hash, "batch")

@@ -704,8 +704,6 @@ class ExplainTab:
     ) -> Result:
         """The run of ``methods`` on the request fields ``base`` (:meth:`instance`'s)."""
         methods = list(methods or [])
-        if not methods:
-            raise gr.Error("choose at least one method")
         example = None
         if self.image:  # decoded once, here: the worker takes the decoded image
             example = example_of(base["image"])  # a link can carry a bundled example by name

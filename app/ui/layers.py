@@ -538,8 +538,6 @@ class LayersTab:
             chosen_ = parse_heads(shown)
         except InvalidParameterError as err:
             raise gr.Error(str(err)) from None
-        if not chosen_:
-            raise gr.Error("name at least one head, or click one in the heatmap or the table")
         base = _request_fields(**_instance(result))
         request_ = AblationRequest(**base, method=method_, heads=chosen_)
         outcome = self.runner(request_, progress, session(request), "layers")

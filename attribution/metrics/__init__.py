@@ -13,7 +13,7 @@ from attrlab.attribution.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from attrlab.attribution.agreement import map_agreement
-    from attrlab.attribution.metrics.check import MethodCheck, check_methods
+    from attrlab.attribution.metrics.check import MethodCheck, check_choice, check_methods
     from attrlab.attribution.metrics.faithfulness import (
         AOPC_FRACTIONS,
         Faithfulness,
@@ -42,6 +42,7 @@ __all__ = [
     "MethodCheck",
     "bundled_items",
     "cascading_units",
+    "check_choice",
     "check_granularity",
     "check_methods",
     "check_options",
@@ -59,6 +60,7 @@ __getattr__, __dir__ = lazy_exports(
         "check_options": "attrlab.attribution.metrics.faithfulness",
         "map_agreement": "attrlab.attribution.agreement",
         "MethodCheck": "attrlab.attribution.metrics.check",
+        "check_choice": "attrlab.attribution.metrics.check",
         "check_methods": "attrlab.attribution.metrics.check",
         "AOPC_FRACTIONS": "attrlab.attribution.metrics.faithfulness",
         "Faithfulness": "attrlab.attribution.metrics.faithfulness",

@@ -35,7 +35,7 @@ from attrlab.attribution.request.run import RunSettings, SharedPasses, stop_if_c
 from attrlab.attribution.request.target import Target
 from attrlab.attribution.verdicts import Verdict
 
-__all__ = ["MethodCheck", "check_methods"]
+__all__ = ["MethodCheck", "check_choice", "check_methods"]
 
 
 @dataclass
@@ -75,6 +75,34 @@ class MethodCheck:
         }
 
 
+def check_choice(
+    methods: Sequence[str],
+    params: Mapping[str, Any] | None = None,
+    randomise: bool = False,
+    top_fraction: float = TOP_FRACTION,
+) -> None:
+    """
+    Refuse, with no model, a check :func:`check_methods` would refuse for what it is asked.
+
+    Raises:
+        InvalidParameterError: no method, fewer than two without ``randomise``, a method named
+            twice, parameters for a method not checked, or a ``top_fraction`` outside (0, 1].
+    """
+    if not methods:
+        raise InvalidParameterError("name at least one method to check")
+    unknown = set(params or {}) - set(methods)
+    if unknown:
+        raise InvalidParameterError(
+            f"parameters are given for {', '.join(sorted(unknown))}, which is not checked"
+        )
+    if len(set(methods)) != len(methods):
+        raise InvalidParameterError("each method can be checked once; one is named twice")
+    if len(methods) < 2 and not randomise:
+        raise InvalidParameterError("nothing to check: give two or more methods, or randomise")
+    if not 0 < top_fraction <= 1:
+        raise InvalidParameterError(f"top_fraction must be in (0, 1]; got {top_fraction}")
+
+
 def check_methods(
     adapter: Adapter,
     methods: Sequence[str],
@@ -110,19 +138,7 @@ def check_methods(
     settings = settings or RunSettings()
     budget, progress = SharedPasses(settings.max_forward_passes), settings.progress
     methods = list(methods)
-    if not methods:
-        raise InvalidParameterError("name at least one method to check")
-    unknown = set(params or {}) - set(methods)
-    if unknown:
-        raise InvalidParameterError(
-            f"parameters are given for {', '.join(sorted(unknown))}, which is not checked"
-        )
-    if len(set(methods)) != len(methods):
-        raise InvalidParameterError("each method can be checked once; one is named twice")
-    if len(methods) < 2 and not randomise:
-        raise InvalidParameterError("nothing to check: give two or more methods, or randomise")
-    if not 0 < top_fraction <= 1:
-        raise InvalidParameterError(f"top_fraction must be in (0, 1]; got {top_fraction}")
+    check_choice(methods, params, randomise, top_fraction)
     steps = len(cascading_units(adapter)) if randomise else 0
     clear_shares(adapter, methods, inputs, params, settings, runs=1 + steps)
     planned = len(methods) * (1 + steps)

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         MAX_TARGET_CHARS,
         RequestBounds,
     )
+    from attrlab.attribution.request.gate import check_modality
     from attrlab.attribution.request.records import (
         MAX_ABLATED_HEADS,
         MAX_CURVE_STEPS,
@@ -53,7 +54,6 @@ if TYPE_CHECKING:
         PruneRequest,
         Request,
         check_instance_features,
-        check_modality,
     )
 
 __all__ = [
@@ -121,6 +121,6 @@ __getattr__, __dir__ = lazy_exports(
         "PruneRequest": "attrlab.attribution.request.records",
         "Request": "attrlab.attribution.request.records",
         "check_instance_features": "attrlab.attribution.request.records",
-        "check_modality": "attrlab.attribution.request.records",
+        "check_modality": "attrlab.attribution.request.gate",
     },
 )

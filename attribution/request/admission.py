@@ -21,8 +21,8 @@ from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.catalog import DEFAULT_MODELS
 from attrlab.attribution.models.images import load_image
 from attrlab.attribution.request.bounds import RequestBounds
-from attrlab.attribution.request.gate import checked_params
-from attrlab.attribution.request.records import Instance, JobContext, Request, check_modality
+from attrlab.attribution.request.gate import check_modality, checked_params
+from attrlab.attribution.request.records import Instance, JobContext, Request
 from attrlab.attribution.request.run import ProgressCallback, stop_if_cancelled
 
 __all__ = ["admit", "resolve", "run_request"]

@@ -494,7 +494,7 @@ def answer_asked(record: Mapping[str, Any]) -> bool:
     """
     Whether ``record`` (a request's fields) gives any answer field, checked or not.
 
-    Such a request is a decoder LM's: front ends choose its default model by this.
+    Such a request is a decoder LM's.
     """
     return any(_set(record.get(name)) for name in ANSWER_FIELDS)
 

@@ -21,9 +21,9 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from attrlab.attribution.errors import (
+    InvalidInputError,
     TooMuchMemoryError,
     TooSlowError,
-    UnsupportedMethodError,
 )
 from attrlab.attribution.methods import get_method
 from attrlab.attribution.methods.base import AttributionMethod
@@ -40,6 +40,7 @@ __all__ = [
     "WORKLOAD",
     "Cleared",
     "Workload",
+    "an_input",
     "check_modality",
     "checked_params",
     "clear",
@@ -123,17 +124,23 @@ def checked_params(
     return validate_params(get_method(method).params, params, strict)
 
 
-def check_modality(adapter: Adapter, inputs: Inputs) -> None:
+def check_modality(adapter: Adapter, modality: str) -> None:
     """
-    Refuse an input of another modality than the model's.
+    Refuse an input (``"text"`` or ``"image"``) of another modality than the model's.
 
     Raises:
-        UnsupportedMethodError: naming both.
+        InvalidInputError: naming both.
     """
-    if inputs.modality != adapter.modality:
-        raise UnsupportedMethodError(
-            f"model '{adapter.model_id}' takes {adapter.modality} input, not {inputs.modality}"
+    if adapter.modality != modality:
+        raise InvalidInputError(
+            f"model '{adapter.model_id}' takes {an_input(adapter.modality)} as input, "
+            f"but the request gives {an_input(modality)}"
         )
+
+
+def an_input(modality: str) -> str:
+    """An input of ``modality`` in words: "an image" or "text"."""
+    return "an image" if modality == "image" else "text"
 
 
 def clear(
@@ -156,11 +163,12 @@ def clear(
 
     Raises:
         UnknownMethodError, UnsupportedMethodError, InvalidParameterError: as their names say.
+        InvalidInputError: an input of another modality than the model's.
         TooSlowError: estimated over ``settings.max_seconds``, with the estimate and what to
             lower.
     """
     method_cls = get_method(method)
-    check_modality(adapter, inputs)
+    check_modality(adapter, inputs.modality)
     resolved = method_cls.resolve(adapter, params)
     rows = None
     if settings.max_memory_bytes is not None:

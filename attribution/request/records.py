@@ -26,6 +26,7 @@ from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.inputs.features import check_features
 from attrlab.attribution.inputs.runs import Prepared, explain_rows
 from attrlab.attribution.models.base import Adapter, Inputs
+from attrlab.attribution.models.catalog import default_model
 from attrlab.attribution.request.answers import AnswerSpec
 from attrlab.attribution.request.bounds import RequestBounds
 from attrlab.attribution.request.calibration import calibrate, calibrated
@@ -38,7 +39,7 @@ from attrlab.attribution.request.defaults import (
     TOP_FRACTION,
 )
 from attrlab.attribution.request.estimate import estimate
-from attrlab.attribution.request.gate import clear_shares
+from attrlab.attribution.request.gate import an_input, check_modality, clear_shares
 from attrlab.attribution.request.run import RunSettings
 from attrlab.attribution.request.target import Target
 
@@ -76,7 +77,6 @@ __all__ = [
     "PruneRequest",
     "Request",
     "check_instance_features",
-    "check_modality",
 ]
 
 #: What a request computes: an Explanation, a check of several methods, a preview, a table.
@@ -146,12 +146,31 @@ def check_instance_features(
 
 @dataclass(frozen=True, kw_only=True)
 class Request(ABC, Generic[Result]):
-    """What every request names: a model (with zero-shot labels), a seed, next-token or not."""
+    """
+    What every request names: a model (with zero-shot labels), a seed, next-token or not.
 
-    model: str
+    ``model``: ``None`` for the library's default for what the request asks
+    (:attr:`chosen_model`), which every front end leaves to it.
+    """
+
+    model: str | None = None
     labels: Sequence[str] | None = None
     seed: int = 0
     next_token: bool = False  # the model must be a decoder LM; its next token is explained
+
+    @property
+    def chosen_model(self) -> str:
+        """
+        The model this request runs on: its own, else the default for what it asks.
+
+        The default (:func:`~attribution.models.catalog.default_model`) is by the modality of
+        its input and whether it asks a decoder LM (a next token, an answer): :meth:`_asks`.
+        """
+        return self.model if self.model is not None else default_model(*self._asks())
+
+    def _asks(self) -> tuple[str, bool]:
+        """The modality of the request's input and whether it asks a decoder LM."""
+        return "text", self.next_token
 
     def check(self, bounds: RequestBounds) -> None:
         """Refuse, before the model loads, what breaks the request's rules or ``bounds``."""
@@ -204,6 +223,11 @@ class _SeveralMethods:
 @dataclass(frozen=True, kw_only=True)
 class InputRequest(Request[Result], Instance):
     """A job on one input."""
+
+    def _asks(self) -> tuple[str, bool]:
+        """An image's model or a text's, a decoder LM's for a next token or an answer."""
+        modality = "image" if self.image is not None else "text"
+        return modality, self.next_token or self.answer is not None
 
     def check(self, bounds: RequestBounds) -> None:
         """Exactly one input, and every field within this server's bounds."""
@@ -282,6 +306,11 @@ class CheckRequest(_SeveralMethods, InputRequest["MethodCheck"]):
     top_fraction: float = TOP_FRACTION
     evaluate: bool = False  # each map's faithfulness scores (the trust card) in its metrics
 
+    def check(self, bounds: RequestBounds) -> None:
+        """The input within bounds, and methods a check can compare (no model needed)."""
+        super().check(bounds)
+        metrics.check_choice(self.methods, self.params, self.randomise, self.top_fraction)
+
     def run_on(self, adapter: Adapter, run: JobContext) -> MethodCheck:
         """The explanations, their agreement and the randomisation checks."""
         ready = run.targeted(self)
@@ -319,6 +348,8 @@ MAX_ABLATED_HEADS = 64
 #: :func:`~attribution.metrics.evaluate_methods`).
 MAX_CURVE_STEPS = 50
 MAX_ORDERS = EVALUATION_ORDERS
+#: An evaluation's refusal when it has no row: no items, or no method applies to the model.
+_NOTHING_EVALUATED = "nothing was evaluated: no items, or no method applies"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -387,6 +418,10 @@ class PatchRequest(Request["PatchingReport"]):
     directions: tuple[str, ...] | None = None
     top_k: int = PATCHING_TOP_K
 
+    def _asks(self) -> tuple[str, bool]:
+        """A decoder LM's answer, unless a text classifier's class is the target."""
+        return "text", self.target is None
+
     def check(self, bounds: RequestBounds) -> None:
         """The texts within this server's bounds, one corruption, and known study names."""
         _given_answer(self.answer, "patching")
@@ -444,6 +479,11 @@ class PruneRequest(Request["PruningStudy"]):
     sparsity: str = "global"
     allocation: str | None = None
     removal: str | None = None
+
+    def _asks(self) -> tuple[str, bool]:
+        """A decoder LM for a next token, an answer or a corrupted prompt; else a classifier."""
+        asks = self.next_token or self.answer is not None or self.corrupted is not None
+        return "text", asks
 
     def check(self, bounds: RequestBounds) -> None:
         """Every text within this server's bounds, and no more dataset texts than a study takes."""
@@ -522,6 +562,10 @@ class EvaluateRequest(_SeveralMethods, Request["pd.DataFrame"]):
     text_removal: str = "delete"
     granularity: str = "token"
 
+    def _asks(self) -> tuple[str, bool]:
+        """A classifier of the evaluation's modality (its first uploaded item's by default)."""
+        return self.modality or _first_modality(self.instances), False
+
     def check(self, bounds: RequestBounds) -> None:
         """A known modality, methods, items and curve sizes within bounds, readable inputs."""
         super().check(bounds)
@@ -561,7 +605,7 @@ class EvaluateRequest(_SeveralMethods, Request["pd.DataFrame"]):
             bounds.check_fields(instance.text, None, instance.target, self.seed)
             if self.modality is not None and instance.modality != self.modality:
                 raise InvalidInputError(
-                    f"item {number} is {_article(instance.modality)}; this evaluation takes "
+                    f"item {number} is {an_input(instance.modality)}; this evaluation takes "
                     f"{self.modality}"
                 )
         _params_only_for(self.params, self.methods, "evaluated")
@@ -602,7 +646,7 @@ class EvaluateRequest(_SeveralMethods, Request["pd.DataFrame"]):
             return []
         return [
             EstimateRequest(
-                model=self.model,
+                model=self.chosen_model,  # every part on the whole's model
                 labels=self.labels,
                 seed=self.seed,
                 text=item.raw if isinstance(item.raw, str) else None,
@@ -617,11 +661,15 @@ class EvaluateRequest(_SeveralMethods, Request["pd.DataFrame"]):
         ]
 
     def run_on(self, adapter: Adapter, run: JobContext) -> pd.DataFrame:
-        """The per-item table (refused first when its estimate is over the server's seconds)."""
+        """
+        The per-item table (refused first when its estimate is over the server's seconds).
+
+        Refused too when it has no row: no items, or no method applies to the model.
+        """
         check_modality(adapter, self.modality or adapter.modality)
         items = self.chosen_items(adapter.modality, run.read)
         if not items:
-            raise InvalidInputError("nothing was evaluated: no items, or no method applies")
+            raise InvalidInputError(_NOTHING_EVALUATED)
         total = len(items)
         first = adapter.preprocess(items[0].raw)
         settings = run.settings_for(self.seed, evaluate=True)
@@ -630,7 +678,7 @@ class EvaluateRequest(_SeveralMethods, Request["pd.DataFrame"]):
             adapter, self.methods, first, self.params, settings, runs=total, applicable_only=True
         )
         run.progress(0, total)
-        return metrics.evaluate_methods(
+        table = metrics.evaluate_methods(
             adapter,
             items,
             self.methods,
@@ -643,6 +691,9 @@ class EvaluateRequest(_SeveralMethods, Request["pd.DataFrame"]):
             text_removal=self.text_removal,
             granularity=self.granularity,
         )
+        if table.empty:
+            raise InvalidInputError(_NOTHING_EVALUATED)
+        return table
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -656,6 +707,10 @@ class LayersDatasetRequest(Request["pd.DataFrame"]):
 
     instances: tuple[Instance, ...]
     measures: str = "all"
+
+    def _asks(self) -> tuple[str, bool]:
+        """A model of the first input's modality (a decoder LM for a next token)."""
+        return _first_modality(self.instances), self.next_token
 
     def check(self, bounds: RequestBounds) -> None:
         """At least one readable input, each of one output, within the bounds."""
@@ -710,6 +765,11 @@ class BatchRequest(_SeveralMethods, Request[list[InstanceResults]]):
     params: dict[str, dict[str, Any]] = field(default_factory=dict)  # per method
     evaluate: bool = False
 
+    def _asks(self) -> tuple[str, bool]:
+        """The first instance's model: of its modality, a decoder LM's for an answer."""
+        answer = bool(self.instances) and self.instances[0].answer is not None
+        return _first_modality(self.instances), self.next_token or answer
+
     def check(self, bounds: RequestBounds) -> None:
         """At least one method and one instance, and no more instances than allowed."""
         super().check(bounds)
@@ -727,7 +787,7 @@ class BatchRequest(_SeveralMethods, Request[list[InstanceResults]]):
         """One estimate per instance and method."""
         return [
             EstimateRequest(
-                model=self.model,
+                model=self.chosen_model,  # every part on the whole's model
                 labels=self.labels,
                 seed=self.seed,
                 next_token=self.next_token,
@@ -831,19 +891,6 @@ def _answer_texts(answer: AnswerSpec | None) -> tuple[str | None, str | None]:
     return (None, None) if answer is None else (answer.answer, answer.contrast)
 
 
-def check_modality(adapter: Adapter, modality: str) -> None:
-    """
-    Refuse a request whose input (``"text"`` or ``"image"``) is not what ``adapter`` reads.
-
-    Raises:
-        InvalidInputError: naming both.
-    """
-    if adapter.modality != modality:
-        raise InvalidInputError(
-            f"model '{adapter.model_id}' takes {_article(adapter.modality)} as input, "
-            f"but the request gives {_article(modality)}"
-        )
-
-
-def _article(modality: str) -> str:
-    return "an image" if modality == "image" else "text"
+def _first_modality(instances: Sequence[Instance]) -> str:
+    """The modality of the first of ``instances`` (text when there are none)."""
+    return "image" if instances and instances[0].image is not None else "text"
