@@ -218,7 +218,7 @@ def test_a_registered_unit_kind_appears_in_every_front_end(mlp_kind, capsys):
         assert "mlp" in [entry["name"] for entry in client.get("/api/v1/units").json()]
         schema = client.get("/openapi.json").json()["components"]["schemas"]["PruneBody"]
         choices = schema["properties"]["units"]["anyOf"][0]["items"]["enum"]
-        assert choices == ["layer", "head", "neuron", "channel", "mlp"]
+        assert choices == ["layer", "head", "neuron", "channel", "expert", "mlp"]
         body = {"model": "tiny-random-gpt2", "text": TEXTS[0], "next_token": True}
         pruned = client.post("/api/v1/prune", json={**body, "texts": [TEXTS[1]], "units": ["mlp"]})
         assert pruned.status_code == 200, pruned.text
@@ -226,10 +226,17 @@ def test_a_registered_unit_kind_appears_in_every_front_end(mlp_kind, capsys):
         refused = client.post("/api/v1/prune", json={**body, "units": ["no_such_unit"]})
         assert refused.status_code == 422
         message = refused.json()["error"]["message"]
-        assert "units are one or more of layer, head, neuron, channel, mlp" in message
+        assert "units are one or more of layer, head, neuron, channel, expert, mlp" in message
     # the page's unit choices
     with gr.Blocks() as page:
         patching_view(PageRunner(worker))
     units = next(b for b in page.blocks.values() if b.elem_id == "pruning-units")
-    assert [value for _, value in units.choices] == ["layer", "head", "neuron", "channel", "mlp"]
+    assert [value for _, value in units.choices] == [
+        "layer",
+        "head",
+        "neuron",
+        "channel",
+        "expert",
+        "mlp",
+    ]
     worker.close()

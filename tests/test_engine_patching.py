@@ -101,7 +101,7 @@ def test_the_patching_sites_are_unit_kinds_listed_from_the_input(load_model, ali
     assert [s.name() for s in unit_kind("head").sites(adapter)] == [
         [b, h] for b in range(layers) for h in range(heads)
     ]
-    assert model_unit_kinds() == ["layer", "head", "neuron", "channel"]
+    assert model_unit_kinds() == ["layer", "head", "neuron", "channel", "expert"]
     with pytest.raises(InvalidInputError, match="token position of a text input"):
         unit_kind("residual_position").sites(adapter)
     shorter = adapter.preprocess("mary gave john a")
