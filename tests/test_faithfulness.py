@@ -27,6 +27,7 @@ from attrlab.attribution.metrics import (
 )
 from attrlab.attribution.metrics.faithfulness import gaussian_blur
 from attrlab.attribution.request.run import RunContext, RunSettings
+from attrlab.attribution.request.target import output_target
 
 
 @pytest.fixture
@@ -211,7 +212,7 @@ def test_randomisation_decorrelates_a_gradient_map_but_not_a_model_free_map():
     image = np.random.default_rng(1).integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8)
     inputs = adapter.preprocess(image)
     gradient = randomisation_check(
-        adapter, lambda a: explain(a, "gradient_x_input", inputs, target=0).scores
+        adapter, lambda a: explain(a, "gradient_x_input", inputs, target=output_target(a, 0)).scores
     )
     brightness = randomisation_check(adapter, lambda a: inputs.pixel_values[0].sum(0).numpy())
     assert list(gradient["layer"]) == ["none", "6", "2", "0"]  # top layer first, cascading
@@ -254,7 +255,9 @@ def test_transformers_cascade_from_the_head_down_to_the_embeddings(load_model):
     inputs = adapter.preprocess("the cat sat on the mat")
     with torch.no_grad():
         before = adapter.logits(**inputs.model_kwargs()).clone()
-    table = randomisation_check(adapter, lambda a: explain(a, "attnlrp", inputs, target=5).scores)
+    table = randomisation_check(
+        adapter, lambda a: explain(a, "attnlrp", inputs, target=output_target(a, 5)).scores
+    )
     assert len(table) == 5 and table["spearman"].iloc[-1] < 0.9
     with torch.no_grad():
         torch.testing.assert_close(adapter.logits(**inputs.model_kwargs()), before, rtol=0, atol=0)
@@ -426,9 +429,13 @@ def test_map_agreement_on_maps_with_known_rankings():
 def test_the_trust_card_adds_faithfulness_to_the_explanation(quadrant):
     inputs = _bright(quadrant)
     card = explain(
-        quadrant, "gradient_x_input", inputs, target=0, settings=RunSettings(evaluate=True)
+        quadrant,
+        "gradient_x_input",
+        inputs,
+        target=output_target(quadrant, 0),
+        settings=RunSettings(evaluate=True),
     )
-    plain = explain(quadrant, "gradient_x_input", inputs, target=0)
+    plain = explain(quadrant, "gradient_x_input", inputs, target=output_target(quadrant, 0))
     scores = faithfulness(quadrant, inputs, plain.scores, 0).metrics
     for name, value in scores.items():
         assert card.metrics[name] == pytest.approx(value)

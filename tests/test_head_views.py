@@ -233,7 +233,11 @@ def test_ablated_explanation_is_the_model_without_the_heads(llama):
     )
     # integrated gradients batches its steps: every row saw the heads zeroed
     by_hand = attribution.explain(
-        _zeroed_by_hand(llama, heads), "integrated_gradients", inputs, target, {"n_steps": 8}
+        _zeroed_by_hand(llama, heads),
+        "integrated_gradients",
+        inputs,
+        output_target(llama, target),
+        {"n_steps": 8},
     )
     np.testing.assert_allclose(result.ablated.scores, by_hand.scores, rtol=1e-9, atol=1e-12)
     alone = attribution.explain(llama, "integrated_gradients", inputs, None, {"n_steps": 8})

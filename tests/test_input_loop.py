@@ -31,6 +31,7 @@ from attrlab.attribution.layers import DatasetItem, analyze_dataset, analyze_lay
 from attrlab.attribution.metrics import EvalItem, evaluate_methods, faithfulness
 from attrlab.attribution.request import BatchRequest, Instance
 from attrlab.attribution.request.run import RunContext, RunSettings
+from attrlab.attribution.request.target import target_record
 
 TEXT_MODEL = "tiny-random-bert"
 METHODS = ("gradient_x_input", "occlusion")
@@ -59,7 +60,8 @@ def bert(worker):
 def _expected(adapter, text, target, method):
     """One explanation computed directly, or the error ``explain`` raises for it."""
     try:
-        return explain(adapter, method, adapter.preprocess(text), target, PARAMS.get(method))
+        record = target_record(adapter, target)
+        return explain(adapter, method, adapter.preprocess(text), record, PARAMS.get(method))
     except AttrlabError as err:
         return err
 

@@ -68,8 +68,6 @@ from attrlab.attribution.models.text import DecoderLMAdapter
 from attrlab.attribution.request.answers import check_answer_fits
 from attrlab.attribution.request.run import RunContext, RunSettings
 from attrlab.attribution.request.target import (
-    ContrastTarget,
-    OutputTarget,
     Target,
     decoder_adapter,
     output_target,
@@ -304,7 +302,7 @@ def _logit_lens(
             if cap:
                 logits = torch.tanh(logits / cap) * cap
             outputs = target.from_logits(adapter, logits, window)
-            if not isinstance(target, OutputTarget):
+            if target.named_output is None:
                 score = float(target.log_probability(outputs)[0])
                 rows.append((layer, None, None, "residual", "lens_score", score))
                 continue
@@ -324,7 +322,7 @@ def _read(
     One output: the adapter's logits (a classifier's too), as one prediction. Otherwise a
     decoder's logits at each position of :meth:`Target.read_offsets`.
     """
-    if isinstance(target, OutputTarget):
+    if target.named_output is not None:
         logits = adapter.logits(**kwargs)
         return logits, logits[:, None]
     logits = decoder_adapter(adapter).model(**kwargs).logits
@@ -567,7 +565,7 @@ def checked_target(adapter: Adapter, inputs: Inputs, target: int | Target) -> Ta
     if not isinstance(target, Target):
         return output_target(adapter, target)
     check_answer_fits(inputs, target)
-    if isinstance(target, ContrastTarget) and not target.shares_input:
+    if not target.shares_input:
         raise UnsupportedMethodError(
             f"the layer and head analysis reads both answers of {target.label} from one "
             "forward, but they differ before their last token, so the alternative needs a "

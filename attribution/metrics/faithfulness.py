@@ -61,7 +61,7 @@ from attrlab.attribution.inputs.perturb import (
 )
 from attrlab.attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
 from attrlab.attribution.request.run import RunContext
-from attrlab.attribution.request.target import OutputTarget, Target, output_target
+from attrlab.attribution.request.target import Target, output_target
 from attrlab.attribution.verdicts import (
     Verdict,
     against_random,
@@ -177,7 +177,7 @@ def measured(target: Target, outputs: torch.Tensor) -> torch.Tensor:
     its score, a log-probability (or a difference of two) in nats.
     """
     outputs = outputs.double()
-    if isinstance(target, OutputTarget):
+    if target.named_output is not None:
         return target.probability(outputs)
     return target.score(outputs)
 
