@@ -41,7 +41,7 @@ from attrlab.attribution.metrics.faithfulness import faithfulness, faithfulness_
 from attrlab.attribution.models.base import ImageInputs
 from attrlab.attribution.models.builtin import _minilm_dir, smollm2_folder
 from attrlab.attribution.models.text import tokenize
-from attrlab.attribution.request.target import target_record
+from attrlab.attribution.request.target import output_target, target_record
 
 CPU = torch.device("cpu")
 #: Punctuation on words, a word split into three tokens, a tab and a newline, a character that
@@ -280,7 +280,9 @@ def test_faithfulness_of_words_removes_whole_words_in_the_summed_maps_order(mini
     clean = p([])
     comprehensiveness = clean - np.mean([p(order[:k]) for k in ks])
     sufficiency = clean - np.mean([p(order[k:]) for k in ks])
-    scored = faithfulness(minilm, inputs, scores, target, random_orders=0, text_removal="mask")
+    scored = faithfulness(
+        minilm, inputs, scores, output_target(minilm, target), random_orders=0, text_removal="mask"
+    )
     assert scored.metrics["comprehensiveness"] == pytest.approx(comprehensiveness, abs=1e-6)
     assert scored.metrics["sufficiency"] == pytest.approx(sufficiency, abs=1e-6)
     assert len(scored.curves["deletion_morf"]) == len(CRITIC_WORDS) + 1  # a point per word
@@ -294,7 +296,7 @@ def test_a_leaderboard_by_words_scores_each_item_over_its_words(minilm):
     for item, row in zip(items, rows.itertuples(), strict=True):
         inputs = with_features(minilm.preprocess(item.raw), "word")
         e = explain(minilm, "gradient_x_input", inputs, target=target_record(minilm, item.target))
-        scored = faithfulness(minilm, inputs, e.scores, e.target.index, **kwargs)
+        scored = faithfulness(minilm, inputs, e.scores, e.target_record, **kwargs)
         assert len(scored.curves["deletion_morf"]) == len(inputs.features) + 1  # by words
         assert row.comprehensiveness == pytest.approx(scored.metrics["comprehensiveness"])
         assert row.sufficiency == pytest.approx(scored.metrics["sufficiency"])

@@ -156,7 +156,9 @@ def test_a_small_margin_within_the_random_orders_noise_is_inconclusive():
 def test_a_model_that_ignores_its_input_gives_an_inconclusive_faithfulness_verdict():
     adapter = image_adapter(ConstantModel())
     scores = np.random.default_rng(0).random((32, 32))
-    scored = faithfulness(adapter, adapter.preprocess(IMAGE), scores, 0, steps=8)
+    scored = faithfulness(
+        adapter, adapter.preprocess(IMAGE), scores, output_target(adapter, 0), steps=8
+    )
     judged = {v.check: v for v in scored.verdicts}
     for score in ("deletion_morf_auc", "insertion_morf_auc"):
         assert judged[score].status == "inconclusive", judged[score].reason
@@ -171,7 +173,9 @@ def test_the_oracle_map_of_a_quadrant_model_passes_both_curves():
     oracle = np.zeros((32, 32))
     oracle[:16, :16] = 1.0
     oracle += np.random.default_rng(0).random((32, 32)) * 1e-3
-    scored = faithfulness(adapter, adapter.preprocess(image), oracle, 0, steps=16)
+    scored = faithfulness(
+        adapter, adapter.preprocess(image), oracle, output_target(adapter, 0), steps=16
+    )
     assert {v.check: v.status for v in scored.verdicts} == {
         "deletion_morf_auc": "pass",
         "insertion_morf_auc": "pass",

@@ -70,7 +70,6 @@ from attrlab.attribution.request.run import RunContext, RunSettings
 from attrlab.attribution.request.target import (
     Target,
     decoder_adapter,
-    output_target,
 )
 
 __all__ = [
@@ -502,7 +501,7 @@ def planned_passes(
 def analyze(
     adapter: Adapter,
     inputs: Inputs,
-    target: int | Target,
+    target: Target,
     measures: Collection[str] | None = None,
     run: RunContext | None = None,
 ) -> LayerReport:
@@ -536,15 +535,15 @@ def analyze(
 def analyze_layers(
     adapter: Adapter,
     inputs: Inputs,
-    target: int | Target,
+    target: Target,
     measures: Collection[str] | None = None,
     settings: RunSettings | None = None,
 ) -> pd.DataFrame:
     """
     The measures of :data:`MEASURES` (all that apply by default) for ``target`` on one input.
 
-    ``target``: an output's index, or a :class:`~attribution.request.target.Target` (a decoder's
-    answer or contrast on inputs holding that answer,
+    ``target``: a :class:`~attribution.request.target.Target` (a class, a next token, or a
+    decoder's answer or contrast on inputs holding that answer,
     :func:`attribution.request.answers.answer_request`).
 
     Returns:
@@ -560,10 +559,8 @@ def analyze_layers(
     return analyze(adapter, inputs, target, measures, RunContext.of(settings)).table
 
 
-def checked_target(adapter: Adapter, inputs: Inputs, target: int | Target) -> Target:
-    """``target`` as a record that fits ``inputs`` and is read from one forward."""
-    if not isinstance(target, Target):
-        return output_target(adapter, target)
+def checked_target(adapter: Adapter, inputs: Inputs, target: Target) -> Target:
+    """``target``, checked to fit ``inputs`` and to be read from one forward."""
     check_answer_fits(inputs, target)
     if not target.shares_input:
         raise UnsupportedMethodError(
