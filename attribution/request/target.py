@@ -275,7 +275,7 @@ class Target(ABC):
 
     @property
     def shares_input(self) -> bool:
-        """Every step is read from the input's own sequence (a contrast's may need its own)."""
+        """False only for a contrast whose alternative needs a sequence of its own."""
         return True
 
     def apart(self) -> tuple[AnswerTarget, AnswerTarget] | None:
@@ -371,7 +371,7 @@ class OutputTarget(Target):
 
     Attributes:
         index: Position in the adapter's output vector (class index, token id).
-        label: Display name; :func:`resolve_target` fills in the model's when empty.
+        label: Display name; :func:`explained_target` fills in the model's when empty.
     """
 
     index: int
@@ -420,7 +420,7 @@ class NextTokenTarget(OutputTarget):
     """
     The next token of a decoder LM: its logit at the last attended position.
 
-    A text naming several tokens resolves to its first (:meth:`Adapter.target_index`); the label
+    A text naming several tokens resolves to its first (:meth:`Adapter.named_index`); the label
     shows which.
     """
 
