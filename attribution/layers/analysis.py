@@ -67,10 +67,7 @@ from attrlab.attribution.models.layouts import layout_for
 from attrlab.attribution.models.text import DecoderLMAdapter
 from attrlab.attribution.request.answers import check_answer_fits
 from attrlab.attribution.request.run import RunContext, RunSettings
-from attrlab.attribution.request.target import (
-    Target,
-    decoder_adapter,
-)
+from attrlab.attribution.request.target import Target, decoder_adapter
 
 __all__ = [
     "COLUMNS",
