@@ -43,11 +43,10 @@ from attrlab.attribution.request.run import (
     cancellable_forwards,
 )
 from attrlab.attribution.request.target import (
-    ContrastTarget,
+    AnswerTarget,
     StepTarget,
     Target,
-    first_token,
-    resolve_target,
+    explained_target,
     reused_outputs,
 )
 
@@ -60,7 +59,7 @@ def explain(
     adapter: Adapter,
     method: str,
     inputs: Inputs,
-    target: int | str | Target | None = None,
+    target: Target | None = None,
     params: Mapping[str, Any] | None = None,
     settings: RunSettings | None = None,
     per_step: bool = False,
@@ -68,9 +67,10 @@ def explain(
     """
     Explain ``target`` with ``method``.
 
-    ``target`` is an index, a label, ``None`` (the top prediction) or a
-    :class:`~attribution.request.target.Target` record: a decoder LM's answer or contrast on inputs
-    holding that answer (:mod:`attribution.request.answers`). ``per_step`` adds, for a target of
+    ``target`` is a :class:`~attribution.request.target.Target` record (a class, a next token,
+    or a decoder LM's answer or contrast on inputs holding that answer:
+    :mod:`attribution.request.answers`), or ``None``: the top prediction of the forward the run
+    starts with. ``per_step`` adds, for a target of
     several steps, one map per step (``maps["steps"]``, steps × tokens; their rows sum to the
     whole map for methods linear in the score): perturbation methods score every step from
     the forwards of the whole map; gradient × input and gradient compute the steps in batches
@@ -94,8 +94,7 @@ def explain(
             ``TooSlowError``.
     """
     settings = settings or RunSettings()
-    record = target if isinstance(target, Target) else None
-    cleared = clear(adapter, method, inputs, params, settings, target=record, per_step=per_step)
+    cleared = clear(adapter, method, inputs, params, settings, target=target, per_step=per_step)
     eager = adapter.eager_attention() if cleared.method.needs_eager_attention() else nullcontext()
     with eager:  # SDPA / flash models: eager for a method that reads or routes attention
         return _explained(adapter, inputs, target, cleared, settings, per_step)
@@ -104,7 +103,7 @@ def explain(
 def _explained(
     adapter: Adapter,
     inputs: Inputs,
-    target: int | str | Target | None,
+    target: Target | None,
     cleared: Cleared,
     settings: RunSettings,
     per_step: bool,
@@ -113,7 +112,7 @@ def _explained(
     method_cls, checked = cleared.method, cleared.params
     start = time.perf_counter()
     logits, attentions = _prediction(adapter, inputs, method_cls.reads_prediction_attentions)
-    explained = resolve_target(adapter, target, logits)
+    explained = explained_target(adapter, target, logits)
     check_answer_fits(inputs, explained)
     probabilities = logits.softmax(-1)
     run = RunContext.of(settings, logits=logits, attentions=attentions, max_rows=cleared.rows)
@@ -145,7 +144,7 @@ def _explained(
         method=method_cls.name,
         params=checked,
         target=TargetValues(
-            index=first_token(explained), label=explained.label, **explained.values(outputs)
+            index=explained.recorded_index, label=explained.label, **explained.values(outputs)
         ),
         predictions=predictions(adapter, probabilities),
         scores=result.scores,
@@ -193,18 +192,17 @@ def attribute(
     (:func:`_contrast_by_parts`).
     """
     by_parts = (
-        isinstance(target, ContrastTarget)
-        and not target.shares_input
-        and "gradients" in method_cls.requires
+        "gradients" in method_cls.requires
         and method_cls.category == "attribution"  # an analysis's tables do not subtract
     )
-    if by_parts and isinstance(target, ContrastTarget) and isinstance(inputs, TextInputs):
+    apart = target.apart() if by_parts else None
+    if apart is not None and isinstance(inputs, TextInputs):
         if per_step:
             raise InvalidInputError(
                 "a per-step matrix of a contrast between answers that differ before their last "
                 "token needs one sequence per answer: explain each answer per step instead"
             )
-        return _contrast_by_parts(method_cls, adapter, inputs, target, params, run)
+        return _contrast_by_parts(method_cls, adapter, inputs, *apart, params, run)
     if not per_step or target.steps == 1:
         return method_cls.compute(adapter, inputs, target, params, run)
     sampled = per_step_runs(method_cls, target.steps) == 0
@@ -273,7 +271,8 @@ def _contrast_by_parts(
     method_cls: type[AttributionMethod],
     adapter: Adapter,
     inputs: TextInputs,
-    target: ContrastTarget,
+    answer: AnswerTarget,
+    alternative: AnswerTarget,
     params: dict[str, Any],
     run: RunContext,
 ) -> Attribution:
@@ -287,21 +286,21 @@ def _contrast_by_parts(
     their values in ``maps["alternative_answer"]``. Metrics and verdicts come from both runs,
     named ``answer.*`` and ``alternative.*``.
     """
-    answer = method_cls.compute(adapter, inputs, target.answer, params, run)
-    alternative_inputs = with_alternative(adapter, inputs, target.alternative)
+    ours = method_cls.compute(adapter, inputs, answer, params, run)
+    alternative_inputs = with_alternative(adapter, inputs, alternative)
     other = RunContext(seed=run.seed, cancel=run.cancel)
-    alternative = method_cls.compute(adapter, alternative_inputs, target.alternative, params, other)
+    theirs = method_cls.compute(adapter, alternative_inputs, alternative, params, other)
     run.count(forward=other.forward_passes, backward=other.backward_passes)
     prompt = int(inputs.input_ids.shape[1]) - inputs.answer_length
-    scores = np.array(answer.scores, dtype=np.float64, copy=True)
-    scores[:prompt] -= alternative.scores[:prompt]
-    metrics = {f"answer.{k}": v for k, v in answer.metrics.items()}
-    metrics |= {f"alternative.{k}": v for k, v in alternative.metrics.items()}
+    scores = np.array(ours.scores, dtype=np.float64, copy=True)
+    scores[:prompt] -= theirs.scores[:prompt]
+    metrics = {f"answer.{k}": v for k, v in ours.metrics.items()}
+    metrics |= {f"alternative.{k}": v for k, v in theirs.metrics.items()}
     return Attribution(
         scores=scores,
-        maps={"alternative_answer": -np.asarray(alternative.scores[prompt:], dtype=np.float64)},
+        maps={"alternative_answer": -np.asarray(theirs.scores[prompt:], dtype=np.float64)},
         metrics=metrics,
-        verdicts=[*answer.verdicts, *alternative.verdicts],
+        verdicts=[*ours.verdicts, *theirs.verdicts],
     )
 
 

@@ -36,6 +36,7 @@ from stand_ins import load_for_benchmark
 
 from attrlab.attribution import explain
 from attrlab.attribution.metrics import bundled_items
+from attrlab.attribution.request.target import target_record
 
 METHODS = ("deeplift", "deeplift_shap")
 FRANCE = ("The capital of France is", " Paris")
@@ -82,8 +83,8 @@ def delta_rows(device: str) -> list[tuple[str, ...]]:
         if double:
             adapter = copy.deepcopy(adapter)
             adapter.model.double()
-        inputs = adapter.preprocess(raw)
-        runs = {m: explain(adapter, m, inputs, target) for m in (*METHODS, "gradient_x_input")}
+        inputs, record = adapter.preprocess(raw), target_record(adapter, target)
+        runs = {m: explain(adapter, m, inputs, record) for m in (*METHODS, "gradient_x_input")}
         plain = np.abs(runs["gradient_x_input"].scores)
         gap = np.abs(runs["deeplift"].scores - runs["gradient_x_input"].scores).max() / plain.max()
         deltas = [f"{runs[m].metrics['relative_convergence_delta']:.1e}" for m in METHODS]

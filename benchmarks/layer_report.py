@@ -24,6 +24,7 @@ from attrlab.attribution.engine.recheck import recheck_heads
 from attrlab.attribution.layers import HEAD_ESTIMATORS, agreement, analyze_layers
 from attrlab.attribution.layers.agreement import head_ranking
 from attrlab.attribution.models import load
+from attrlab.attribution.request.target import resolve_target
 
 CASES = (
     ("smollm2-135m", "When Mary and John went to the store, John gave a drink to", " Mary", None),
@@ -39,9 +40,9 @@ def report(spec: str, text: str, target_label: str, labels: list[str] | None) ->
     inputs = adapter.preprocess(text)
     with torch.no_grad():
         logits = adapter.logits(**inputs.model_kwargs())[0]
-    target = adapter.target_index(target_label, logits)
+    target = resolve_target(adapter, target_label, logits)
     table = analyze_layers(adapter, inputs, target)
-    print(f"\n### {spec}: {text!r} -> {adapter.label(target)!r}\n")
+    print(f"\n### {spec}: {text!r} -> {target.label!r}\n")
     top = {m: list(head_ranking(table, m).nlargest(TOP).index) for m in HEAD_ESTIMATORS}
     print_table(
         ("estimator", f"top {TOP} heads (layer.head)"),

@@ -25,11 +25,12 @@ from _timing import best_seconds, forward, forward_backward, text_of, timing_run
 from stand_ins import load_for_benchmark
 
 from attrlab.attribution.layers import MEASURES, analyze_layers
+from attrlab.attribution.request.target import Target, output_target
 
 CASES = (("minilm-zeroshot", 64), ("smollm2-135m", 32))
 
 
-def analysis(adapter, inputs, target: int, measures: list[str] | None) -> Callable[[], object]:
+def analysis(adapter, inputs, target: Target, measures: list[str] | None) -> Callable[[], object]:
     return lambda: analyze_layers(adapter, inputs, target, measures)
 
 
@@ -39,11 +40,12 @@ def bench(
     adapter, name = load_for_benchmark(spec, device)
     inputs = text_of(adapter, tokens)
     with torch.no_grad():
-        target = int(adapter.logits(**inputs.model_kwargs())[0].argmax())
+        index = int(adapter.logits(**inputs.model_kwargs())[0].argmax())
+    target = output_target(adapter, index)
     groups = [m for m in MEASURES.values() if adapter.family == "decoder-lm" or not m.decoders_only]
     calls = {
         "forward": forward(adapter, inputs),
-        "forward+backward": forward_backward(adapter, inputs, target),
+        "forward+backward": forward_backward(adapter, inputs, index),
         **{m.name: analysis(adapter, inputs, target, [m.name]) for m in groups},
         "all but ablation": analysis(
             adapter, inputs, target, [m.name for m in groups if m.name != "ablation"]

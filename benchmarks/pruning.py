@@ -39,6 +39,7 @@ from attrlab.attribution.patching import patching_problem
 from attrlab.attribution.request.answers import answer_request
 from attrlab.attribution.request.estimate import study_estimate
 from attrlab.attribution.request.run import RunSettings
+from attrlab.attribution.request.target import output_target
 
 #: Random orders per unit.
 DRAWS = 10
@@ -75,7 +76,7 @@ def minilm() -> None:
     print(
         f"## MiniLM: ranked on {first!r} ({adapter.label(target)}), pruned over the bundled set\n"
     )
-    _run(adapter, inputs, target, texts=bundled_texts())
+    _run(adapter, inputs, output_target(adapter, target), texts=bundled_texts())
 
 
 def _run(adapter, inputs, target, **given) -> None:

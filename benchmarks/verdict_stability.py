@@ -68,7 +68,7 @@ def before(adapter: Adapter, methods: list[str], seed: int, orders: int) -> pd.D
                 adapter,
                 inputs,
                 explanation.scores,
-                explanation.target_record or explanation.target.index,
+                explanation.target_record,
                 50,
                 orders,
                 run=RunContext(seed=seed + done),

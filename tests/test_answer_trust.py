@@ -31,7 +31,7 @@ from attrlab.attribution.metrics.check import check_methods
 from attrlab.attribution.metrics.randomisation import cascading_units
 from attrlab.attribution.request.answers import answer_request
 from attrlab.attribution.request.run import RunContext, RunSettings
-from attrlab.attribution.request.target import StepTarget
+from attrlab.attribution.request.target import StepTarget, output_target
 
 PROMPT = "the quick brown fox jumps"
 #: Rounding apart: the model's eager attention takes its softmax in float32 (sequences of
@@ -158,8 +158,10 @@ def test_layers_of_a_logit_difference_are_the_differences_of_its_two_tokens(llam
     measures = ["ablation", "lrp", "logit_lens"]
     contrast = analyze_layers(llama, inputs, target, measures)
     prompt = llama.preprocess(IOI)  # causal attention: the answer changes nothing before it
-    mary = analyze_layers(llama, prompt, target.answer.tokens[0], measures)
-    john = analyze_layers(llama, prompt, target.alternative.tokens[0], measures)
+    mary = analyze_layers(llama, prompt, output_target(llama, target.answer.tokens[0]), measures)
+    john = analyze_layers(
+        llama, prompt, output_target(llama, target.alternative.tokens[0]), measures
+    )
     for measure in ("ablation_zero", "head_lrp", "lrp_block", "lrp_attention"):
         ours, a, b = _by_row(contrast, measure), _by_row(mary, measure), _by_row(john, measure)
         assert ours.keys() == a.keys() and ours

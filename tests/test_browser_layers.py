@@ -23,6 +23,7 @@ from playwright.sync_api import Page, expect
 
 from attrlab.attribution.engine.recheck import joint_ablation
 from attrlab.attribution.layers import analyze_layers
+from attrlab.attribution.request.target import output_target
 
 pytestmark = pytest.mark.browser  # Debian chromium through Playwright
 
@@ -98,7 +99,9 @@ def test_clicking_a_heatmap_cell_ablates_that_head(page, minilm_labelled):
     change = page.locator("#layers-change")
     expect(change).to_contain_text("L2H3", timeout=LONG)
     adapter, inputs = minilm_labelled
-    plain, zeroed = joint_ablation(adapter, inputs, 0, [{(2, 3)}])  # 'positive' is the top class
+    plain, zeroed = joint_ablation(
+        adapter, inputs, output_target(adapter, 0), [{(2, 3)}]
+    )  # 'positive' is the top class
     assert f"{plain:.4f} → {zeroed:.4f}" in change.inner_text()
     shown = _figure(page, "layers-attention")
     assert shown["layout"]["title"]["text"] == "layer 2, head 3: attention"
@@ -128,7 +131,9 @@ def test_the_per_layer_figure_draws_each_measure_in_its_own_panel(page, minilm_l
     expect(lines).to_be_visible(timeout=30_000)
     shown = _figure(page, "layers-lines")
     adapter, inputs = minilm_labelled
-    table = analyze_layers(adapter, inputs, 0, ["block_influence", "skip", "lrp"])
+    table = analyze_layers(
+        adapter, inputs, output_target(adapter, 0), ["block_influence", "skip", "lrp"]
+    )
     expected = table[table["head"].isna()]
     assert {t["name"] for t in shown["data"]} == set(expected["measure"])
     axes = [t["yaxis"] for t in shown["data"]]
@@ -196,7 +201,9 @@ def test_export_downloads_a_bundle_with_the_layer_table(page, tmp_path, minilm_l
         assert any(n.endswith(f"figures/layers_{figure}.html") for n in names), figure
         assert any(n.endswith(f"figures/layers_{figure}.png") for n in names), figure
     adapter, inputs = minilm_labelled
-    expected = analyze_layers(adapter, inputs, 0, ["gradient"])  # the gates' gradients, here
+    expected = analyze_layers(
+        adapter, inputs, output_target(adapter, 0), ["gradient"]
+    )  # the gates' gradients, here
     assert len(table) == len(expected) == adapter.num_layers * adapter.num_heads
     merged = table.merge(expected, on=["layer", "head", "measure"], suffixes=("", "_here"))
     np.testing.assert_allclose(merged["value"], merged["value_here"], rtol=1e-4, atol=1e-9)
@@ -221,7 +228,7 @@ def test_a_layers_link_reopens_the_view_and_runs_it(blank_page, page_url, load_m
     inputs = adapter.preprocess("the film was good")
     top = page.locator("#layers-before h2").inner_text()
     target = next(i for i in range(adapter.num_classes) if adapter.label(i) == top)
-    plain, zeroed = joint_ablation(adapter, inputs, target, [{(1, 0)}])
+    plain, zeroed = joint_ablation(adapter, inputs, output_target(adapter, target), [{(1, 0)}])
     assert f"{plain:.4f} → {zeroed:.4f}" in change.inner_text()
     link = page.locator("#layers-link textarea").input_value()
     for part in ("tab=layers", "model=tiny-random-bert", "measure=ablation_zero", "heads=L1H0"):

@@ -21,6 +21,7 @@ from attrlab.attribution.methods.deeplift_shap import reference_distribution
 from attrlab.attribution.models.images import ImageTransform
 from attrlab.attribution.models.vision import CNNAdapter
 from attrlab.attribution.request.run import RunContext
+from attrlab.attribution.request.target import output_target
 
 MEAN, STD = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
 
@@ -93,7 +94,7 @@ def test_deeplift_on_a_max_pool_cnn_is_captums(build, size, method, params):
     model = build()
     adapter = _adapter(model, size)
     inputs = adapter.preprocess(_image(size))
-    explanation = explain(adapter, method, inputs, target=1, params=params)
+    explanation = explain(adapter, method, inputs, target=output_target(adapter, 1), params=params)
     expected, captum_delta = _captum(model, inputs.pixel_values, 1)
     np.testing.assert_allclose(explanation.scores, expected, rtol=1e-5, atol=1e-7)
     scale = max(1.0, abs(explanation.metrics["logit_difference"]))
@@ -106,7 +107,9 @@ def test_deeplift_shap_on_a_max_pool_cnn_is_captums_deeplift_shap():
     adapter = _adapter(model, 16)
     pixels = adapter.preprocess(_image(16)).pixel_values
     params = {"n_references": 4, "noise": 0.25}
-    explanation = explain(adapter, "deeplift_shap", adapter.preprocess(_image(16)), 1, params)
+    explanation = explain(
+        adapter, "deeplift_shap", adapter.preprocess(_image(16)), output_target(adapter, 1), params
+    )
     references = reference_distribution(torch.zeros_like(pixels), 4, 0.25, 1.0, RunContext())
     expected = CaptumDeepLiftShap(model).attribute(
         pixels.clone().requires_grad_(True), baselines=references, target=1

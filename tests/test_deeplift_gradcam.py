@@ -61,7 +61,7 @@ def hook_count(model: nn.Module) -> int:
 def test_deeplift_on_a_relu_cnn_sums_to_the_logit_difference(method):
     adapter = adapter_for(relu_cnn())
     inputs = adapter.preprocess(random_image())
-    explanation = explain(adapter, method, inputs, target=1)
+    explanation = explain(adapter, method, inputs, target=output_target(adapter, 1))
     metrics = explanation.metrics
     assert abs(metrics["relative_convergence_delta"]) < 1e-4
     assert explanation.scores.sum() - metrics["logit_difference"] == pytest.approx(
@@ -77,7 +77,7 @@ def test_deeplift_on_a_linear_model_is_weight_times_difference(method, baseline)
     adapter = adapter_for(model)
     inputs = adapter.preprocess(random_image(1))
     params = {"baseline": baseline} | ({"noise": 0.0} if method == "deeplift_shap" else {})
-    explanation = explain(adapter, method, inputs, target=2, params=params)
+    explanation = explain(adapter, method, inputs, target=output_target(adapter, 2), params=params)
     x = inputs.pixel_values[0].double()
     if baseline == "mean":
         x0 = torch.zeros_like(x)
@@ -262,7 +262,9 @@ def test_gradcam_peaks_where_the_class_evidence_is():
     )
     image = np.zeros((SIZE, SIZE, 3), dtype=np.uint8)
     image[:4, :4] = 255
-    explanation = explain(adapter, "gradcam", adapter.preprocess(image), target=0)
+    explanation = explain(
+        adapter, "gradcam", adapter.preprocess(image), target=output_target(adapter, 0)
+    )
     scores = explanation.scores
     assert scores.shape == (SIZE, SIZE) and (scores >= 0).all()
     row, col = np.unravel_index(scores.argmax(), scores.shape)
@@ -273,8 +275,10 @@ def test_gradcam_peaks_where_the_class_evidence_is():
 def test_gradcam_layer_parameter():
     adapter = adapter_for(relu_cnn())
     inputs = adapter.preprocess(random_image())
-    auto = explain(adapter, "gradcam", inputs, target=0)
-    named = explain(adapter, "gradcam", inputs, target=0, params={"layer": "4"})  # last ReLU
+    auto = explain(adapter, "gradcam", inputs, target=output_target(adapter, 0))
+    named = explain(
+        adapter, "gradcam", inputs, target=output_target(adapter, 0), params={"layer": "4"}
+    )  # last ReLU
     np.testing.assert_allclose(auto.scores, named.scores)
     with pytest.raises(InvalidParameterError, match="must name a module"):
         explain(adapter, "gradcam", inputs, params={"layer": "no.such.layer"})
@@ -341,7 +345,9 @@ def test_convergence_delta_takes_f_of_x_from_the_prediction_explain_made(
     calls: list[int] = []
     handle = _rows_seen(adapter.model, calls)
     try:
-        explanation = explain(adapter, method, inputs, target=1, params=params)
+        explanation = explain(
+            adapter, method, inputs, target=output_target(adapter, 1), params=params
+        )
     finally:
         handle.remove()
     assert calls == rows

@@ -27,6 +27,7 @@ from attrlab.attribution.metrics import (
 )
 from attrlab.attribution.metrics.faithfulness import gaussian_blur
 from attrlab.attribution.request.run import RunContext, RunSettings
+from attrlab.attribution.request.target import output_target
 
 
 @pytest.fixture
@@ -48,8 +49,12 @@ def _bright(adapter):
 
 def test_the_oracle_map_beats_random_and_its_inverse_on_deletion_and_insertion(quadrant):
     inputs = _bright(quadrant)
-    good = faithfulness(quadrant, inputs, _oracle(), 0, steps=16, random_orders=3).metrics
-    bad = faithfulness(quadrant, inputs, -_oracle(), 0, steps=16, random_orders=0).metrics
+    good = faithfulness(
+        quadrant, inputs, _oracle(), output_target(quadrant, 0), steps=16, random_orders=3
+    ).metrics
+    bad = faithfulness(
+        quadrant, inputs, -_oracle(), output_target(quadrant, 0), steps=16, random_orders=0
+    ).metrics
     assert good["deletion_morf_auc"] < good["deletion_random_auc"] < bad["deletion_morf_auc"]
     assert good["insertion_morf_auc"] > good["insertion_random_auc"] > bad["insertion_morf_auc"]
     # the least relevant first is the inverse map's most relevant first
@@ -58,7 +63,9 @@ def test_the_oracle_map_beats_random_and_its_inverse_on_deletion_and_insertion(q
 
 def test_curve_endpoints_are_the_models_own_output(quadrant):
     inputs = _bright(quadrant)
-    result = faithfulness(quadrant, inputs, _oracle(), 0, steps=8, random_orders=2)
+    result = faithfulness(
+        quadrant, inputs, _oracle(), output_target(quadrant, 0), steps=8, random_orders=2
+    )
     with torch.no_grad():
         plain = float(quadrant.logits(**inputs.model_kwargs()).softmax(-1)[0, 0])
         blurred = gaussian_blur(inputs.pixel_values)
@@ -130,8 +137,12 @@ def test_road_noise_follows_the_mask_not_the_batch_and_imputation_stops_when_can
 
 def test_road_keeps_the_oracle_ahead_of_random_and_the_endpoints_at_the_models_output(quadrant):
     inputs = _bright(quadrant)
-    good = faithfulness(quadrant, inputs, _oracle(), 0, 16, 3, image_fill="road")
-    bad = faithfulness(quadrant, inputs, -_oracle(), 0, 16, 0, image_fill="road").metrics
+    good = faithfulness(
+        quadrant, inputs, _oracle(), output_target(quadrant, 0), 16, 3, image_fill="road"
+    )
+    bad = faithfulness(
+        quadrant, inputs, -_oracle(), output_target(quadrant, 0), 16, 0, image_fill="road"
+    ).metrics
     scores = good.metrics
     assert scores["deletion_morf_auc"] < scores["deletion_random_auc"] < bad["deletion_morf_auc"]
     assert scores["insertion_morf_auc"] > scores["insertion_random_auc"]
@@ -141,13 +152,21 @@ def test_road_keeps_the_oracle_ahead_of_random_and_the_endpoints_at_the_models_o
     for name, curve in good.curves.items():
         assert curve[0 if name.startswith("deletion") else -1] == pytest.approx(plain)
     # differs from RISE's fill: imputation, not the constant, replaces the hidden pixels
-    rise = faithfulness(quadrant, inputs, _oracle(), 0, 16, 0).metrics
+    rise = faithfulness(quadrant, inputs, _oracle(), output_target(quadrant, 0), 16, 0).metrics
     assert rise["deletion_morf_auc"] != pytest.approx(scores["deletion_morf_auc"])
 
 
 def test_forward_passes_are_counted_and_batched(quadrant):
     run = RunContext()
-    faithfulness(quadrant, _bright(quadrant), _oracle(), 0, steps=4, random_orders=1, run=run)
+    faithfulness(
+        quadrant,
+        _bright(quadrant),
+        _oracle(),
+        output_target(quadrant, 0),
+        steps=4,
+        random_orders=1,
+        run=run,
+    )
     assert run.forward_passes == 2 * 5 * (2 + 1)  # two kinds × 5 points × (MoRF, LeRF, random)
 
 
@@ -174,7 +193,14 @@ def test_comprehensiveness_of_the_oracle_token_beats_random(load_model):
     scores = np.zeros(len(inputs.tokens))
     scores[inputs.tokens.index("cat")] = 1.0
     for removal in ("delete", "mask"):
-        metrics = faithfulness(adapter, inputs, scores, 0, random_orders=4, text_removal=removal)
+        metrics = faithfulness(
+            adapter,
+            inputs,
+            scores,
+            output_target(adapter, 0),
+            random_orders=4,
+            text_removal=removal,
+        )
         m = metrics.metrics
         # removing "cat" (the top 10-50 %) always drops p; random orders only sometimes do
         assert m["comprehensiveness"] > m["comprehensiveness_random"]
@@ -186,10 +212,10 @@ def test_comprehensiveness_of_the_oracle_token_beats_random(load_model):
 
 def test_scores_must_match_the_input(quadrant):
     with pytest.raises(InvalidInputError, match="do not match"):
-        faithfulness(quadrant, _bright(quadrant), np.zeros((4, 4)), 0)
+        faithfulness(quadrant, _bright(quadrant), np.zeros((4, 4)), output_target(quadrant, 0))
     for bad, name in (({"image_fill": "zero"}, "image_fill"), ({"text_removal": "x"}, "removal")):
         with pytest.raises(InvalidParameterError, match=name):
-            faithfulness(quadrant, _bright(quadrant), _oracle(), 0, **bad)
+            faithfulness(quadrant, _bright(quadrant), _oracle(), output_target(quadrant, 0), **bad)
 
 
 def _small_cnn():
@@ -211,7 +237,7 @@ def test_randomisation_decorrelates_a_gradient_map_but_not_a_model_free_map():
     image = np.random.default_rng(1).integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8)
     inputs = adapter.preprocess(image)
     gradient = randomisation_check(
-        adapter, lambda a: explain(a, "gradient_x_input", inputs, target=0).scores
+        adapter, lambda a: explain(a, "gradient_x_input", inputs, target=output_target(a, 0)).scores
     )
     brightness = randomisation_check(adapter, lambda a: inputs.pixel_values[0].sum(0).numpy())
     assert list(gradient["layer"]) == ["none", "6", "2", "0"]  # top layer first, cascading
@@ -254,7 +280,9 @@ def test_transformers_cascade_from_the_head_down_to_the_embeddings(load_model):
     inputs = adapter.preprocess("the cat sat on the mat")
     with torch.no_grad():
         before = adapter.logits(**inputs.model_kwargs()).clone()
-    table = randomisation_check(adapter, lambda a: explain(a, "attnlrp", inputs, target=5).scores)
+    table = randomisation_check(
+        adapter, lambda a: explain(a, "attnlrp", inputs, target=output_target(a, 5)).scores
+    )
     assert len(table) == 5 and table["spearman"].iloc[-1] < 0.9
     with torch.no_grad():
         torch.testing.assert_close(adapter.logits(**inputs.model_kwargs()), before, rtol=0, atol=0)
@@ -426,10 +454,14 @@ def test_map_agreement_on_maps_with_known_rankings():
 def test_the_trust_card_adds_faithfulness_to_the_explanation(quadrant):
     inputs = _bright(quadrant)
     card = explain(
-        quadrant, "gradient_x_input", inputs, target=0, settings=RunSettings(evaluate=True)
+        quadrant,
+        "gradient_x_input",
+        inputs,
+        target=output_target(quadrant, 0),
+        settings=RunSettings(evaluate=True),
     )
-    plain = explain(quadrant, "gradient_x_input", inputs, target=0)
-    scores = faithfulness(quadrant, inputs, plain.scores, 0).metrics
+    plain = explain(quadrant, "gradient_x_input", inputs, target=output_target(quadrant, 0))
+    scores = faithfulness(quadrant, inputs, plain.scores, output_target(quadrant, 0)).metrics
     for name, value in scores.items():
         assert card.metrics[name] == pytest.approx(value)
     assert card.timings.forward_passes > plain.timings.forward_passes + 100

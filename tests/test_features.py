@@ -41,6 +41,7 @@ from attrlab.attribution.metrics.faithfulness import faithfulness, faithfulness_
 from attrlab.attribution.models.base import ImageInputs
 from attrlab.attribution.models.builtin import _minilm_dir, smollm2_folder
 from attrlab.attribution.models.text import tokenize
+from attrlab.attribution.request.target import output_target, target_record
 
 CPU = torch.device("cpu")
 #: Punctuation on words, a word split into three tokens, a tab and a newline, a character that
@@ -222,8 +223,13 @@ def _logit(minilm, ids: torch.Tensor, target: int) -> float:
 
 def test_a_word_gets_the_sum_of_its_tokens_gradient_scores(minilm):
     inputs = minilm.preprocess(CRITIC)
-    tokens = explain(minilm, "gradient_x_input", inputs, target="positive")
-    words = explain(minilm, "gradient_x_input", with_features(inputs, "word"), target="positive")
+    tokens = explain(minilm, "gradient_x_input", inputs, target=target_record(minilm, "positive"))
+    words = explain(
+        minilm,
+        "gradient_x_input",
+        with_features(inputs, "word"),
+        target=target_record(minilm, "positive"),
+    )
     assert words.granularity == "word"
     assert [f.text for f in words.features] == [
         "An", "unaffable", "critic,", "oddly,", "loved", "this", "film.",
@@ -274,7 +280,9 @@ def test_faithfulness_of_words_removes_whole_words_in_the_summed_maps_order(mini
     clean = p([])
     comprehensiveness = clean - np.mean([p(order[:k]) for k in ks])
     sufficiency = clean - np.mean([p(order[k:]) for k in ks])
-    scored = faithfulness(minilm, inputs, scores, target, random_orders=0, text_removal="mask")
+    scored = faithfulness(
+        minilm, inputs, scores, output_target(minilm, target), random_orders=0, text_removal="mask"
+    )
     assert scored.metrics["comprehensiveness"] == pytest.approx(comprehensiveness, abs=1e-6)
     assert scored.metrics["sufficiency"] == pytest.approx(sufficiency, abs=1e-6)
     assert len(scored.curves["deletion_morf"]) == len(CRITIC_WORDS) + 1  # a point per word
@@ -287,8 +295,8 @@ def test_a_leaderboard_by_words_scores_each_item_over_its_words(minilm):
     rows = evaluate_methods(minilm, items, ["gradient_x_input"], granularity="word", **kwargs)
     for item, row in zip(items, rows.itertuples(), strict=True):
         inputs = with_features(minilm.preprocess(item.raw), "word")
-        e = explain(minilm, "gradient_x_input", inputs, target=item.target)
-        scored = faithfulness(minilm, inputs, e.scores, e.target.index, **kwargs)
+        e = explain(minilm, "gradient_x_input", inputs, target=target_record(minilm, item.target))
+        scored = faithfulness(minilm, inputs, e.scores, e.target_record, **kwargs)
         assert len(scored.curves["deletion_morf"]) == len(inputs.features) + 1  # by words
         assert row.comprehensiveness == pytest.approx(scored.metrics["comprehensiveness"])
         assert row.sufficiency == pytest.approx(scored.metrics["sufficiency"])
@@ -299,7 +307,9 @@ def test_a_leaderboard_by_words_scores_each_item_over_its_words(minilm):
 def test_shap_feature_values_add_up_to_hiding_every_sentence(minilm):
     text = "A dull start. Then it soars! The end is perfect."
     inputs = with_features(minilm.preprocess(text), "sentence")
-    e = explain(minilm, "shap", inputs, target="positive", params={"max_evals": 100})
+    e = explain(
+        minilm, "shap", inputs, target=target_record(minilm, "positive"), params={"max_evals": 100}
+    )
     hidden = inputs.input_ids.clone()
     for sentence in e.features:
         hidden[0, sentence.start : sentence.stop] = minilm.tokenizer.mask_token_id

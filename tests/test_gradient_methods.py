@@ -11,6 +11,7 @@ from torch import nn
 from attrlab.attribution import explain
 from attrlab.attribution.models.images import ImageTransform
 from attrlab.attribution.models.vision import CNNAdapter
+from attrlab.attribution.request.target import output_target, target_record
 
 
 class _Linear(nn.Module):
@@ -34,7 +35,7 @@ def test_linear_image_model_attributions_are_w_times_x_minus_baseline(method):
     adapter = _linear_adapter()
     image = np.random.default_rng(0).integers(0, 255, (8, 8, 3), dtype=np.uint8)
     inputs = adapter.preprocess(image)
-    e = explain(adapter, method, inputs, target=2)
+    e = explain(adapter, method, inputs, target=output_target(adapter, 2))
     x = inputs.pixel_values[0]
     # Gradient×Input has baseline 0 (= mean colour after normalisation), as IG's default.
     expected = (adapter.model.weight[2].view(3, 8, 8) * x).sum(0).detach().numpy()
@@ -45,7 +46,13 @@ def test_linear_image_model_attributions_are_w_times_x_minus_baseline(method):
 def test_ig_black_baseline_on_linear_model():
     adapter = _linear_adapter()
     inputs = adapter.preprocess(np.full((8, 8, 3), 200, dtype=np.uint8))
-    e = explain(adapter, "integrated_gradients", inputs, target=0, params={"baseline": "black"})
+    e = explain(
+        adapter,
+        "integrated_gradients",
+        inputs,
+        target=output_target(adapter, 0),
+        params={"baseline": "black"},
+    )
     black = (0 - 0.5) / 0.25
     w = adapter.model.weight[0].view(3, 8, 8)
     expected = (w * (inputs.pixel_values[0] - black)).sum(0).detach().numpy()
@@ -83,7 +90,7 @@ def test_ig_completeness_on_efficientnet(effnet):
 def test_gradient_x_input_on_text_equals_manual_product(load_model):
     adapter = load_model("tiny-random-bert")
     inputs = adapter.preprocess("hello there general kenobi")
-    e = explain(adapter, "gradient_x_input", inputs, target=1)
+    e = explain(adapter, "gradient_x_input", inputs, target=output_target(adapter, 1))
     embeddings = adapter.token_embedding_module()(inputs.input_ids).detach().requires_grad_()
     captured = {}
 
@@ -105,7 +112,7 @@ def test_gradient_x_input_on_text_equals_manual_product(load_model):
 def test_decoder_next_token_ig(load_model, alias):
     adapter = load_model(alias)
     inputs = adapter.preprocess("the capital of france is")
-    e = explain(adapter, "integrated_gradients", inputs, target="paris")
+    e = explain(adapter, "integrated_gradients", inputs, target=target_record(adapter, "paris"))
     assert e.target.label == " paris"  # the word as it stands after other text
     assert e.scores.shape == (len(inputs.tokens),)
     assert e.metrics["relative_convergence_delta"] < 0.05

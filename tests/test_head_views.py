@@ -152,7 +152,9 @@ def test_zeroed_heads_equal_zeroed_weights_in_every_row_and_joint_ablation(llama
     target = int(_logits(llama, **inputs.model_kwargs())[0].argmax())
     with zeroed_heads(_projections(llama), HEADS, chosen):
         alone = _logits(llama, **inputs.model_kwargs())[0].softmax(-1)[target]
-    assert float(alone) == pytest.approx(joint_ablation(llama, inputs, target, [chosen])[1])
+    assert float(alone) == pytest.approx(
+        joint_ablation(llama, inputs, output_target(llama, target), [chosen])[1]
+    )
 
 
 def test_zeroed_heads_leave_no_hook_when_the_block_fails(llama):
@@ -229,11 +231,15 @@ def test_ablated_explanation_is_the_model_without_the_heads(llama):
     target = result.plain.target.index
     assert result.ablated.target.index == target
     assert result.ablated.target.probability == pytest.approx(
-        joint_ablation(llama, inputs, target, [heads])[1], rel=1e-9
+        joint_ablation(llama, inputs, output_target(llama, target), [heads])[1], rel=1e-9
     )
     # integrated gradients batches its steps: every row saw the heads zeroed
     by_hand = attribution.explain(
-        _zeroed_by_hand(llama, heads), "integrated_gradients", inputs, target, {"n_steps": 8}
+        _zeroed_by_hand(llama, heads),
+        "integrated_gradients",
+        inputs,
+        output_target(llama, target),
+        {"n_steps": 8},
     )
     np.testing.assert_allclose(result.ablated.scores, by_hand.scores, rtol=1e-9, atol=1e-12)
     alone = attribution.explain(llama, "integrated_gradients", inputs, None, {"n_steps": 8})
@@ -330,7 +336,7 @@ def test_a_check_with_evaluate_carries_each_maps_faithfulness(worker):
     inputs = adapter.preprocess(text)
     for name, explanation in check.explanations.items():
         assert {"comprehensiveness", "comprehensiveness_random"} <= set(explanation.metrics), name
-        expected = faithfulness(adapter, inputs, explanation.scores, explanation.target.index)
+        expected = faithfulness(adapter, inputs, explanation.scores, explanation.target_record)
         for key, value in expected.metrics.items():
             assert explanation.metrics[key] == pytest.approx(value, rel=1e-12, abs=1e-15), key
     plain = worker.explain(dataclasses.replace(request, evaluate=False))
@@ -384,7 +390,7 @@ def test_ablation_request_runs_through_the_worker_and_refuses_bad_heads(worker):
     adapter = worker.adapter("tiny-random-llama")
     inputs = adapter.preprocess(text)
     target = result.plain.target.index
-    expected = joint_ablation(adapter, inputs, target, [[(1, 2), (0, 0)]])
+    expected = joint_ablation(adapter, inputs, output_target(adapter, target), [[(1, 2), (0, 0)]])
     assert expected[1] != pytest.approx(expected[0], rel=1e-3)  # the heads matter
     # float32: one row against joint_ablation's batch of three
     assert result.plain.target.probability == pytest.approx(expected[0], rel=1e-5)
@@ -415,7 +421,7 @@ def test_evaluate_request_scores_each_bundled_item_and_method(worker):
         inputs = adapter.preprocess(item.raw)
         explanation = attribution.explain(adapter, row.method, inputs)
         scored = faithfulness(
-            adapter, inputs, explanation.scores, explanation.target.index, 8, random_orders=0
+            adapter, inputs, explanation.scores, explanation.target_record, 8, random_orders=0
         )
         assert row.deletion_morf_auc == pytest.approx(scored.metrics["deletion_morf_auc"])
         assert row.insertion_morf_auc == pytest.approx(scored.metrics["insertion_morf_auc"])

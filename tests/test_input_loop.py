@@ -31,6 +31,7 @@ from attrlab.attribution.layers import DatasetItem, analyze_dataset, analyze_lay
 from attrlab.attribution.metrics import EvalItem, evaluate_methods, faithfulness
 from attrlab.attribution.request import BatchRequest, Instance
 from attrlab.attribution.request.run import RunContext, RunSettings
+from attrlab.attribution.request.target import output_target, target_record
 
 TEXT_MODEL = "tiny-random-bert"
 METHODS = ("gradient_x_input", "occlusion")
@@ -59,7 +60,8 @@ def bert(worker):
 def _expected(adapter, text, target, method):
     """One explanation computed directly, or the error ``explain`` raises for it."""
     try:
-        return explain(adapter, method, adapter.preprocess(text), target, PARAMS.get(method))
+        record = target_record(adapter, target)
+        return explain(adapter, method, adapter.preprocess(text), record, PARAMS.get(method))
     except AttrlabError as err:
         return err
 
@@ -148,7 +150,7 @@ def test_the_leaderboard_scores_explain_per_item_and_method(bert):
         orders = RunContext(seed=3 + done)  # the random orders of the item, method after method
         for method in METHODS:
             alone = explain(bert, method, inputs, None, PARAMS.get(method), RunSettings(seed=3))
-            scored = faithfulness(bert, inputs, alone.scores, alone.target.index, 4, 1, run=orders)
+            scored = faithfulness(bert, inputs, alone.scores, alone.target_record, 4, 1, run=orders)
             expected.append({"item": item.name, "method": method, **scored.metrics})
             expected[-1]["forward_passes"] = alone.timings.forward_passes
     expected_table = pd.DataFrame(expected)
@@ -176,7 +178,7 @@ def test_dataset_mode_sums_analyze_layers_per_input(load_model):
         inputs = llama.preprocess(item.raw)
         with torch.no_grad():
             target = llama.target_index(item.target, llama.logits(**inputs.model_kwargs())[0])
-        singles.append(analyze_layers(llama, inputs, target, measures))
+        singles.append(analyze_layers(llama, inputs, output_target(llama, target), measures))
     grouped = pd.concat(singles).groupby(["layer", "head", "measure"], dropna=False).value
     expected = grouped.agg(["mean", "count"]).sort_index()
     got = table.set_index(["layer", "head", "measure"])[["mean", "count"]].sort_index()

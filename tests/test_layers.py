@@ -36,6 +36,7 @@ from attrlab.attribution.methods import get_method
 from attrlab.attribution.models.layouts import find_module, layout_for
 from attrlab.attribution.models.text import TextClassifierAdapter
 from attrlab.attribution.request.run import RunContext
+from attrlab.attribution.request.target import output_target
 
 TEXT = "the quick brown fox jumps over the lazy dog"
 HEADS, KV_HEADS, LAYERS = 4, 2, 3
@@ -70,7 +71,7 @@ def test_the_one_head_that_carries_the_signal_ranks_first_everywhere(llama):
                 if (layer, head) != carrier:
                     block.self_attn.o_proj.weight[:, head * head_dim : (head + 1) * head_dim] = 0
     inputs = llama.preprocess(TEXT)
-    table = analyze_layers(llama, inputs, _target(llama, inputs))
+    table = analyze_layers(llama, inputs, output_target(llama, _target(llama, inputs)))
     for measure in HEAD_ESTIMATORS:
         values = _head_values(table, measure)
         ranked = sorted(values, key=lambda key: -abs(values[key]))
@@ -87,7 +88,9 @@ def test_an_identity_block_has_no_influence_and_no_skip_effect(llama):
             if linear.bias is not None:
                 linear.bias.zero_()
     inputs = llama.preprocess(TEXT)
-    table = analyze_layers(llama, inputs, _target(llama, inputs), ["block_influence", "skip"])
+    table = analyze_layers(
+        llama, inputs, output_target(llama, _target(llama, inputs)), ["block_influence", "skip"]
+    )
     per_layer = {(r.measure, int(r.layer)): r.value for r in table.itertuples()}
     assert per_layer["block_influence", 1] == pytest.approx(0.0, abs=1e-12)
     assert per_layer["skip_logprob", 1] == pytest.approx(0.0, abs=1e-12)
@@ -100,7 +103,7 @@ def test_logit_lens_at_the_last_layer_is_the_model_output(llama):
     with torch.no_grad():
         probabilities = llama.logits(**inputs.model_kwargs())[0].double().softmax(-1)
     target = int(probabilities.argsort()[-3])  # the third most likely token: rank 3
-    table = analyze_layers(llama, inputs, target, ["logit_lens"])
+    table = analyze_layers(llama, inputs, output_target(llama, target), ["logit_lens"])
     last = table[table.layer == LAYERS - 1].set_index("measure").value
     assert last["lens_probability"] == pytest.approx(float(probabilities[target]), rel=1e-9)
     assert last["lens_rank"] == 3
@@ -143,7 +146,7 @@ def test_a_model_with_constant_scores_attends_uniformly(llama):
                 linear.weight.zero_()
                 linear.bias.zero_()
     inputs = llama.preprocess(TEXT)
-    table = analyze_layers(llama, inputs, 0, ["entropy", "sink"])
+    table = analyze_layers(llama, inputs, output_target(llama, 0), ["entropy", "sink"])
     entropy = table[table.measure == "entropy"].value
     np.testing.assert_allclose(entropy, 1.0, atol=1e-12)
     tokens = inputs.input_ids.shape[1]  # query q sees q + 1 keys: mean of 1/(q+1)
@@ -154,7 +157,7 @@ def test_a_model_with_constant_scores_attends_uniformly(llama):
 def test_hook_ablation_equals_zeroing_the_heads_weights_by_hand(llama):
     inputs = llama.preprocess(TEXT)
     target = _target(llama, inputs)
-    table = analyze_layers(llama, inputs, target, ["ablation"])
+    table = analyze_layers(llama, inputs, output_target(llama, target), ["ablation"])
     zeroed = _head_values(table, "ablation_zero")
     with torch.no_grad():
         before = float(llama.logits(**inputs.model_kwargs())[0, target])
@@ -172,7 +175,9 @@ def test_mean_ablation_replaces_the_head_by_its_sequence_mean(llama):
     """By hand: the head's slice of the o_proj input set to its mean over positions."""
     inputs = llama.preprocess(TEXT)
     target = _target(llama, inputs)
-    means = _head_values(analyze_layers(llama, inputs, target, ["ablation"]), "ablation_mean")
+    means = _head_values(
+        analyze_layers(llama, inputs, output_target(llama, target), ["ablation"]), "ablation_mean"
+    )
     head_dim, layer, head = 32 // HEADS, 1, 0
     projection = _blocks(llama)[layer].self_attn.o_proj
 
@@ -194,7 +199,7 @@ def test_mean_ablation_replaces_the_head_by_its_sequence_mean(llama):
 
 def test_grouped_query_heads_report_their_key_value_head(llama):
     inputs = llama.preprocess(TEXT)
-    table = analyze_layers(llama, inputs, _target(llama, inputs))
+    table = analyze_layers(llama, inputs, output_target(llama, _target(llama, inputs)))
     for measure in (*HEAD_ESTIMATORS, "entropy", "sink_share"):
         rows = table[table.measure == measure]
         assert len(rows) == LAYERS * HEADS
@@ -212,7 +217,7 @@ def test_head_relevance_adds_up_to_the_attention_branch(llama):
         for block in _blocks(llama):
             block.self_attn.o_proj.bias.zero_()
     inputs = llama.preprocess(TEXT)
-    table = analyze_layers(llama, inputs, _target(llama, inputs), ["lrp"])
+    table = analyze_layers(llama, inputs, output_target(llama, _target(llama, inputs)), ["lrp"])
     heads = table[table.measure == "head_lrp"].groupby("layer").value.sum()
     branch = table[table.measure == "lrp_attention"].set_index("layer").value
     assert branch.abs().max() > 1e-6  # the heads carry relevance
@@ -222,13 +227,13 @@ def test_head_relevance_adds_up_to_the_attention_branch(llama):
 def test_measures_are_checked(llama, load_model):
     inputs = llama.preprocess(TEXT)
     with pytest.raises(InvalidParameterError, match="unknown measure"):
-        analyze_layers(llama, inputs, 0, ["everything"])
+        analyze_layers(llama, inputs, output_target(llama, 0), ["everything"])
     bert = load_model("tiny-random-bert")
     with pytest.raises(InvalidParameterError, match="decoder LMs"):
-        analyze_layers(bert, bert.preprocess("a text"), 0, ["logit_lens"])
+        analyze_layers(bert, bert.preprocess("a text"), output_target(bert, 0), ["logit_lens"])
     cnn = load_model("efficientnet-lite0")
     with pytest.raises(UnsupportedMethodError):
-        analyze_layers(cnn, cnn.preprocess(np.zeros((32, 32, 3), np.uint8)), 0)
+        analyze_layers(cnn, cnn.preprocess(np.zeros((32, 32, 3), np.uint8)), output_target(cnn, 0))
 
 
 def _hook_count(model: nn.Module) -> int:
@@ -261,7 +266,7 @@ def test_skip_and_ablation_batches_halve_on_out_of_memory_with_the_same_values(l
     target = _target(llama, inputs)
     measures = ["skip", "ablation"]
     plain_run = RunContext()
-    plain = analyze(llama, inputs, target, measures, plain_run).table
+    plain = analyze(llama, inputs, output_target(llama, target), measures, plain_run).table
 
     def refuse(_module, args):
         if args[0].shape[0] > 2:
@@ -271,7 +276,7 @@ def test_skip_and_ablation_batches_halve_on_out_of_memory_with_the_same_values(l
     handles = [p.register_forward_pre_hook(refuse) for p in projections]
     try:
         tight_run = RunContext()
-        tight = analyze(llama, inputs, target, measures, tight_run).table
+        tight = analyze(llama, inputs, output_target(llama, target), measures, tight_run).table
     finally:
         for handle in handles:
             handle.remove()
@@ -292,7 +297,9 @@ def test_dataset_mode_over_ten_inputs_is_the_mean_of_ten_runs(llama):
     singles = []
     for text in texts:
         inputs = llama.preprocess(text)
-        singles.append(analyze_layers(llama, inputs, _target(llama, inputs), measures))
+        singles.append(
+            analyze_layers(llama, inputs, output_target(llama, _target(llama, inputs)), measures)
+        )
     grouped = pd.concat(singles).groupby(["layer", "head", "measure"], dropna=False).value
     expected = grouped.agg(["mean", "std", "count"]).sort_index()
     got = summary.set_index(["layer", "head", "measure"])[["mean", "std", "count"]].sort_index()
@@ -329,7 +336,7 @@ def test_joint_ablation_equals_zeroing_the_weights_of_the_set_by_hand(llama):
     inputs = llama.preprocess(TEXT)
     target = _target(llama, inputs)
     sets = [[(0, 1)], [(0, 1), (2, 3)], [(1, 0), (1, 2), (2, 0)]]
-    probabilities = joint_ablation(llama, inputs, target, sets)
+    probabilities = joint_ablation(llama, inputs, output_target(llama, target), sets)
     plain = _probability_with_heads_zeroed(llama, inputs, target, [])
     assert probabilities[0] == pytest.approx(plain, rel=1e-12)
     for row, chosen in enumerate(sets, start=1):
@@ -354,8 +361,10 @@ def test_the_recheck_zeroes_each_estimators_top_heads_and_judges_them_against_ra
         llama.model.lm_head.weight *= 1000.0
     inputs = llama.preprocess(TEXT)
     target = _target(llama, inputs)
-    table = analyze_layers(llama, inputs, target)
-    rechecked = recheck_heads(llama, inputs, target, table, k=2, draws=5, seed=0)
+    table = analyze_layers(llama, inputs, output_target(llama, target))
+    rechecked = recheck_heads(
+        llama, inputs, output_target(llama, target), table, k=2, draws=5, seed=0
+    )
     plain = _probability_with_heads_zeroed(llama, inputs, target, [])
     assert rechecked.score == pytest.approx(plain, rel=1e-9)
     sets = rechecked.sets
@@ -377,14 +386,14 @@ def test_the_recheck_zeroes_each_estimators_top_heads_and_judges_them_against_ra
             assert set(chosen) == set(ranked[:2]) and carrier in chosen
     assert [v.check for v in rechecked.verdicts] == [f"recheck:{m}" for m in HEAD_ESTIMATORS]
     assert {v.status for v in rechecked.verdicts} == {"pass"}
-    again = recheck_heads(llama, inputs, target, table, k=2, draws=5, seed=0)
+    again = recheck_heads(llama, inputs, output_target(llama, target), table, k=2, draws=5, seed=0)
     pd.testing.assert_frame_equal(again.sets, sets)  # seeded draws
 
 
 def test_the_layer_analysis_carries_the_recheck_and_counts_its_forwards(llama):
     inputs = llama.preprocess(TEXT)
     e = explain(llama, "layers", inputs, params={"top_k": 3, "recheck_draws": 4})
-    rechecked = recheck_heads(llama, inputs, e.target.index, e.layers, k=3, draws=4)
+    rechecked = recheck_heads(llama, inputs, e.target_record, e.layers, k=3, draws=4)
     assert e.metrics["recheck_score"] == pytest.approx(rechecked.score, rel=1e-9)
     for chosen_by, rows in rechecked.sets.groupby("chosen_by"):
         assert e.metrics[f"recheck:{chosen_by}"] == pytest.approx(rows.change.mean(), rel=1e-9)
@@ -417,7 +426,7 @@ def test_every_family_gets_every_measure(load_model):
     image = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
     for adapter in _every_family(tokenizer):
         inputs = adapter.preprocess(image if adapter.modality == "image" else TEXT)
-        table = analyze_layers(adapter, inputs, _target(adapter, inputs))
+        table = analyze_layers(adapter, inputs, output_target(adapter, _target(adapter, inputs)))
         assert np.isfinite(table.value).all(), adapter.model_id
         for measure in (*HEAD_ESTIMATORS, "entropy", "sink_share"):
             rows = table[table.measure == measure]
@@ -449,7 +458,8 @@ def test_ablation_matches_the_weights_zeroed_by_hand_in_every_family(load_model)
         inputs = adapter.preprocess(image if adapter.modality == "image" else TEXT)
         target = _target(adapter, inputs)
         zeroed = _head_values(
-            analyze_layers(adapter, inputs, target, ["ablation"]), "ablation_zero"
+            analyze_layers(adapter, inputs, output_target(adapter, target), ["ablation"]),
+            "ablation_zero",
         )
         with torch.no_grad():
             before = float(adapter.logits(**inputs.model_kwargs())[0, target])

@@ -19,7 +19,7 @@ from attrlab.attribution.models.images import ImageTransform
 from attrlab.attribution.models.layouts import find_module, layout_for
 from attrlab.attribution.models.text import DecoderLMAdapter, TextClassifierAdapter
 from attrlab.attribution.models.vision import CNNAdapter, ViTAdapter
-from attrlab.attribution.request.target import output_target
+from attrlab.attribution.request.target import output_target, target_record
 
 LAYERS = 4
 #: The plain AttnLRP rule everywhere (what the family defaults replace for vision transformers).
@@ -532,7 +532,8 @@ def test_minilm_sentiment_word_in_top3(minilm):
     hits = 0
     for text, label, word in samples:
         inputs = minilm.preprocess(text)
-        explanation = attribution.explain(minilm, "pa_lrp", inputs, target=label)
+        target = target_record(minilm, label)
+        explanation = attribution.explain(minilm, "pa_lrp", inputs, target=target)
         scores = explanation.scores.copy()
         scores[inputs.special_tokens.cpu().numpy()] = -np.inf
         top = [explanation.tokens[i] for i in np.argsort(-scores)[:3]]

@@ -269,5 +269,7 @@ def test_rise_called_on_its_own_spends_one_counted_pass_for_the_prediction(quadr
     params = validate_params(rise.params, {"n_masks": 24})
     direct = rise.attribute(quadrant, inputs, output_target(quadrant, 0), params, run)
     assert run.forward_passes == 24 + 1
-    through = attribution.explain(quadrant, "rise", inputs, target=0, params={"n_masks": 24})
+    through = attribution.explain(
+        quadrant, "rise", inputs, target=output_target(quadrant, 0), params={"n_masks": 24}
+    )
     np.testing.assert_allclose(direct.scores, through.scores)

@@ -22,6 +22,7 @@ from attrlab.attribution.errors import (
 )
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.metrics.check import MethodCheck
+from attrlab.attribution.request.target import target_record
 
 TEXT = "A wonderful, heartwarming story."
 #: Elements HTML allows without an end tag.
@@ -82,7 +83,12 @@ def test_explain_takes_a_spec_and_text_and_returns_the_librarys_explanation(mini
     from attrlab.attribution import explain
 
     got = attrlab.explain(minilm, TEXT, "gradient_x_input", target="positive")
-    expected = explain(minilm, "gradient_x_input", minilm.preprocess(TEXT), target="positive")
+    expected = explain(
+        minilm,
+        "gradient_x_input",
+        minilm.preprocess(TEXT),
+        target=target_record(minilm, "positive"),
+    )
     assert isinstance(got, Explanation) and got.target.label == "positive"
     np.testing.assert_allclose(got.scores, expected.scores, rtol=1e-6)
     # the top features are the highest scores, special tokens ([CLS], [SEP]) left out

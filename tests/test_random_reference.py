@@ -27,6 +27,7 @@ from attrlab.attribution.metrics.faithfulness import AOPC_FRACTIONS, faithfulnes
 from attrlab.attribution.metrics.leaderboard import EvalItem
 from attrlab.attribution.models.text import TextClassifierAdapter
 from attrlab.attribution.request.run import RunContext, RunSettings
+from attrlab.attribution.request.target import output_target
 from attrlab.attribution.verdicts import (
     MIN_SIGN_TRIALS,
     draw_until_settled,
@@ -138,7 +139,12 @@ def test_the_exact_expectation_equals_the_closed_form(load_model):
     scores = np.zeros(len(inputs.tokens))
     scores[inputs.tokens.index("cat")] = 1.0
     scored = faithfulness_of_maps(
-        adapter, inputs, {"oracle": scores}, 0, random_orders=100, expected=True
+        adapter,
+        inputs,
+        {"oracle": scores},
+        output_target(adapter, 0),
+        random_orders=100,
+        expected=True,
     )["oracle"]
     comprehensiveness, sufficiency = _expected_random(n, high)
     m = scored.metrics
@@ -147,7 +153,12 @@ def test_the_exact_expectation_equals_the_closed_form(load_model):
     assert m["sufficiency_random"] == pytest.approx(sufficiency, abs=1e-6)
     # too few orders allowed to pay for every subset: drawn instead, near the same expectation
     drawn = faithfulness_of_maps(
-        adapter, inputs, {"oracle": scores}, 0, random_orders=3, expected=True
+        adapter,
+        inputs,
+        {"oracle": scores},
+        output_target(adapter, 0),
+        random_orders=3,
+        expected=True,
     )["oracle"].metrics
     assert drawn["random_orders"] == 3
     assert drawn["comprehensiveness_random"] != pytest.approx(comprehensiveness, abs=1e-6)
@@ -160,14 +171,21 @@ def test_maps_share_one_set_of_random_orders(load_model):
     oracle[inputs.tokens.index("cat")] = 1.0
     flat = np.linspace(0, 1, len(inputs.tokens))
     both = faithfulness_of_maps(
-        adapter, inputs, {"oracle": oracle, "flat": flat}, 0, random_orders=40, run=RunContext()
+        adapter,
+        inputs,
+        {"oracle": oracle, "flat": flat},
+        output_target(adapter, 0),
+        random_orders=40,
+        run=RunContext(),
     )
     a, b = both["oracle"].metrics, both["flat"].metrics
     assert a["random_orders"] == b["random_orders"] >= 5
     assert a["comprehensiveness_random"] == b["comprehensiveness_random"]
     # the flat map ranks "cat" nowhere in particular: its margin may not settle, so orders
     # are drawn until both settle or the cap; with the oracle alone fewer suffice
-    alone = faithfulness_of_maps(adapter, inputs, {"oracle": oracle}, 0, random_orders=40)
+    alone = faithfulness_of_maps(
+        adapter, inputs, {"oracle": oracle}, output_target(adapter, 0), random_orders=40
+    )
     assert alone["oracle"].metrics["random_orders"] <= a["random_orders"]
     # judged against the same orders: one 95 % range of a random order's score for both
     for bound in ("low", "high"):

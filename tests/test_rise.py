@@ -13,6 +13,7 @@ from attrlab.attribution.inputs.masks import ShiftedGridMasks
 from attrlab.attribution.methods.rise import MIN_MASKS_BEFORE_STOPPING
 from attrlab.attribution.models.base import Adapter
 from attrlab.attribution.request.run import RunSettings
+from attrlab.attribution.request.target import output_target
 
 SMALL = {"n_masks": 400, "grid": 4}
 
@@ -26,7 +27,9 @@ def tokenizer(load_model):
 def test_toy_image_map_peaks_in_the_quadrant_the_model_reads(quadrant):
     adapter = toys.image_adapter(toys.QuadrantModel(quadrant))
     inputs = adapter.preprocess(toys.white_image())
-    explanation = attribution.explain(adapter, "rise", inputs, target=0, params=SMALL)
+    explanation = attribution.explain(
+        adapter, "rise", inputs, target=output_target(adapter, 0), params=SMALL
+    )
     assert toys.in_quadrant(explanation.scores, quadrant)
 
 
@@ -36,7 +39,9 @@ def test_map_equals_the_estimator_written_out():
     adapter = toys.image_adapter(model)
     inputs = adapter.preprocess(toys.white_image())
     params = {"n_masks": 50, "grid": 3, "p": 0.3, "seed": 11}
-    explanation = attribution.explain(adapter, "rise", inputs, target=0, params=params)
+    explanation = attribution.explain(
+        adapter, "rise", inputs, target=output_target(adapter, 0), params=params
+    )
     masks = ShiftedGridMasks(
         50, 3, 0.3, (32, 32), torch.Generator().manual_seed(11), adapter.device
     )
@@ -54,13 +59,19 @@ def test_constant_output_shift_shifts_the_map_by_that_constant():
     shifted = toys.image_adapter(toys.QuadrantModel("top-left", shift=3.0))
     inputs = base.preprocess(toys.white_image())
     params = {**SMALL, "output": "logit"}
-    plain = attribution.explain(base, "rise", inputs, target=0, params=params).scores
-    moved = attribution.explain(shifted, "rise", inputs, target=0, params=params).scores
+    plain = attribution.explain(
+        base, "rise", inputs, target=output_target(base, 0), params=params
+    ).scores
+    moved = attribution.explain(
+        shifted, "rise", inputs, target=output_target(shifted, 0), params=params
+    ).scores
     difference = moved - plain
     assert abs(difference.mean() - 3.0) < 0.15  # c · mean mask / p ≈ c
     assert np.abs(difference - 3.0).max() < 0.6
     doubled = toys.image_adapter(toys.QuadrantModel("top-left", scale=8.0, bias=-8.8))
-    twice = attribution.explain(doubled, "rise", inputs, target=0, params=params).scores
+    twice = attribution.explain(
+        doubled, "rise", inputs, target=output_target(doubled, 0), params=params
+    ).scores
     assert np.allclose(twice, 2 * plain, rtol=1e-5, atol=1e-6)  # linear in f
 
 
@@ -69,7 +80,9 @@ def test_toy_text_model_ranks_the_token_it_reads_first(tokenizer, kind):
     adapter = toys.token_reader_adapter(tokenizer, "wonderful")
     inputs = adapter.preprocess("the plot was wonderful but far too long")
     params = {"n_masks": 200, "text_perturbation": kind}
-    explanation = attribution.explain(adapter, "rise", inputs, target=0, params=params)
+    explanation = attribution.explain(
+        adapter, "rise", inputs, target=output_target(adapter, 0), params=params
+    )
     assert inputs.tokens[int(np.argmax(explanation.scores))] == "wonderful"
     special = inputs.special_tokens.numpy()
     assert not explanation.scores[special].any()  # never hidden, so no score
@@ -113,7 +126,9 @@ def test_slic_superpixels_as_mask_basis(tokenizer):
     adapter = toys.image_adapter(toys.QuadrantModel("bottom-right"))
     inputs = adapter.preprocess(toys.quadrant_colours_image())
     params = {"n_masks": 300, "segments": "slic", "n_segments": 16}
-    explanation = attribution.explain(adapter, "rise", inputs, target=0, params=params)
+    explanation = attribution.explain(
+        adapter, "rise", inputs, target=output_target(adapter, 0), params=params
+    )
     assert toys.in_quadrant(explanation.scores, "bottom-right")
     text = toys.token_reader_adapter(tokenizer, "good")
     with pytest.raises(InvalidParameterError, match="segments=slic applies to images"):

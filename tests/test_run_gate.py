@@ -40,6 +40,7 @@ from attrlab.attribution.errors import (
 )
 from attrlab.attribution.methods import available_methods
 from attrlab.attribution.request import ExplainRequest
+from attrlab.attribution.request.target import output_target
 
 MODEL = "tiny-random-bert"
 TEXT = "a fine day"
@@ -245,7 +246,6 @@ def test_no_method_changes_the_params_it_is_given(tiny_models, method):
     from attrlab.attribution import explain
     from attrlab.attribution.methods import get_method
     from attrlab.attribution.request.run import RunContext
-    from attrlab.attribution.request.target import output_target
 
     cls = get_method(method)
     adapter = next(a for a in tiny_models if cls.unsupported_reason(a) is None)
@@ -261,7 +261,7 @@ def test_no_method_changes_the_params_it_is_given(tiny_models, method):
     cls.passes(adapter, inputs, read_only)  # type: ignore[arg-type]
     cls.attribute(adapter, inputs, output_target(adapter, 0), read_only, RunContext())  # type: ignore[arg-type]
     assert resolved == handed
-    explanation = explain(adapter, method, inputs, target=0, params=given)
+    explanation = explain(adapter, method, inputs, target=output_target(adapter, 0), params=given)
     assert given == kept and explanation.params == handed
 
 

@@ -32,6 +32,7 @@ from attrlab.app.worker import ExplainWorker
 from attrlab.attribution import explain
 from attrlab.attribution.models import load
 from attrlab.attribution.request.run import RunSettings
+from attrlab.attribution.request.target import output_target
 
 TEXT_MODEL, IMAGE_MODEL = "tiny-random-bert", "tiny-random-vit"
 LIMIT = 200_000
@@ -213,7 +214,7 @@ def test_whole_numbers_are_integers_as_the_schema_says(rest, space_client):
         adapter,
         "rise",
         adapter.preprocess("a fine day"),
-        target=1,
+        target=output_target(adapter, 1),
         params={"n_masks": 8},
         settings=RunSettings(seed=632),
     )

@@ -12,6 +12,7 @@ from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.inputs.perturb import box_blur
 from attrlab.attribution.methods import get_method
 from attrlab.attribution.models.base import Adapter
+from attrlab.attribution.request.target import output_target
 
 SENTENCE = "the plot was wonderful but far too long"
 
@@ -35,7 +36,9 @@ def test_occlusion_equals_patch_differences_written_out():
     adapter = toys.image_adapter(model)
     inputs = adapter.preprocess(toys.white_image())
     params = {"window": 8, "stride": 8}
-    explanation = attribution.explain(adapter, "occlusion", inputs, target=0, params=params)
+    explanation = attribution.explain(
+        adapter, "occlusion", inputs, target=output_target(adapter, 0), params=params
+    )
     expected = np.zeros((32, 32))
     with torch.no_grad():
         full = model(inputs.pixel_values)[0, 0]
@@ -53,22 +56,26 @@ def test_occlusion_equals_patch_differences_written_out():
 def test_occlusion_default_windows_and_superpixels_find_the_quadrant():
     adapter = toys.image_adapter(toys.QuadrantModel("bottom-left"))
     inputs = adapter.preprocess(toys.quadrant_colours_image())
-    sliding = attribution.explain(adapter, "occlusion", inputs, target=0)
+    sliding = attribution.explain(adapter, "occlusion", inputs, target=output_target(adapter, 0))
     assert toys.in_quadrant(sliding.scores, "bottom-left")
     params = {"segments": "slic", "n_segments": 16}
-    superpixels = attribution.explain(adapter, "occlusion", inputs, target=0, params=params)
+    superpixels = attribution.explain(
+        adapter, "occlusion", inputs, target=output_target(adapter, 0), params=params
+    )
     assert toys.in_quadrant(superpixels.scores, "bottom-left")
     assert len(np.unique(superpixels.scores)) <= 17  # one value per superpixel
 
 
 def test_occlusion_text_windows(reader):
     inputs = reader.preprocess(SENTENCE)
-    single = attribution.explain(reader, "occlusion", inputs, target=0)
+    single = attribution.explain(reader, "occlusion", inputs, target=output_target(reader, 0))
     position = inputs.tokens.index("wonderful")
     assert int(np.argmax(single.scores)) == position
     assert single.scores[position] == pytest.approx(5.0)  # f(x) − f(x with it masked)
     assert np.allclose(np.delete(single.scores, position), 0.0)
-    wide = attribution.explain(reader, "occlusion", inputs, target=0, params={"window": 3})
+    wide = attribution.explain(
+        reader, "occlusion", inputs, target=output_target(reader, 0), params={"window": 3}
+    )
     assert int(np.argmax(wide.scores)) == position
 
 
@@ -83,7 +90,7 @@ def test_occlusion_bad_window():
 
 def test_shap_text_gives_the_read_token_all_the_credit(reader):
     inputs = reader.preprocess(SENTENCE)
-    explanation = attribution.explain(reader, "shap", inputs, target=0)
+    explanation = attribution.explain(reader, "shap", inputs, target=output_target(reader, 0))
     position = inputs.tokens.index("wonderful")
     assert int(np.argmax(explanation.scores)) == position
     # Owen values are efficient: they add up to f(x) − f(all tokens masked) = 5 − 0.
@@ -96,7 +103,9 @@ def test_shap_text_aligns_with_the_model_tokens(load_model, model):
     """Decoders here add no special tokens, unlike shap's masker: scores still align."""
     adapter = load_model(model)
     inputs = adapter.preprocess(SENTENCE)
-    explanation = attribution.explain(adapter, "shap", inputs, target=0, params={"max_evals": 64})
+    explanation = attribution.explain(
+        adapter, "shap", inputs, target=output_target(adapter, 0), params={"max_evals": 64}
+    )
     assert explanation.scores.shape == (len(inputs.tokens),)
     with torch.no_grad():
         full = adapter.logits(**inputs.model_kwargs())[0, 0]
@@ -116,7 +125,9 @@ def test_shap_image_finds_the_quadrant_and_is_efficient():
     adapter = toys.image_adapter(model)
     inputs = adapter.preprocess(toys.quadrant_colours_image())
     params = {"max_evals": 300, "blur": 32}
-    explanation = attribution.explain(adapter, "shap", inputs, target=0, params=params)
+    explanation = attribution.explain(
+        adapter, "shap", inputs, target=output_target(adapter, 0), params=params
+    )
     assert toys.in_quadrant(explanation.scores, "top-left")
     with torch.no_grad():
         full = model(inputs.pixel_values)[0, 0]
@@ -129,9 +140,11 @@ def test_shap_refinements_cost_what_the_last_one_costs_and_give_its_values():
     """An unreachable tolerance refines 64, 128, 256, 300 evals: the same as one 300-eval run."""
     adapter = toys.image_adapter(toys.QuadrantModel("top-left"))
     inputs = adapter.preprocess(toys.quadrant_colours_image())
-    plain = attribution.explain(adapter, "shap", inputs, 0, {"max_evals": 300, "blur": 32})
+    plain = attribution.explain(
+        adapter, "shap", inputs, output_target(adapter, 0), {"max_evals": 300, "blur": 32}
+    )
     params = {"max_evals": 300, "blur": 32, "tolerance": 1e-12}
-    refined = attribution.explain(adapter, "shap", inputs, 0, params)
+    refined = attribution.explain(adapter, "shap", inputs, output_target(adapter, 0), params)
     np.testing.assert_array_equal(refined.scores, plain.scores)
     assert refined.timings.forward_passes == plain.timings.forward_passes
     assert refined.metrics["evals_used"] == plain.timings.forward_passes - 1  # the target's
@@ -141,9 +154,11 @@ def test_shap_refinements_cost_what_the_last_one_costs_and_give_its_values():
 def test_shap_tolerance_stops_once_the_map_settles(load_model):
     adapter = load_model("tiny-random-bert")
     inputs = adapter.preprocess("a long and winding road through the hills of the old country")
-    full = attribution.explain(adapter, "shap", inputs, 0, {"max_evals": 4000})
+    full = attribution.explain(
+        adapter, "shap", inputs, output_target(adapter, 0), {"max_evals": 4000}
+    )
     params = {"max_evals": 4000, "tolerance": 0.1}
-    stopped = attribution.explain(adapter, "shap", inputs, 0, params)
+    stopped = attribution.explain(adapter, "shap", inputs, output_target(adapter, 0), params)
     assert stopped.metrics["top_decile_error"] <= 0.1 and not stopped.warnings
     assert stopped.metrics["evals_used"] < full.timings.forward_passes - 1
     assert np.corrcoef(stopped.scores, full.scores)[0, 1] >= 0.9
@@ -153,7 +168,9 @@ def test_shap_tolerance_needs_room_for_two_refinements():
     adapter = toys.image_adapter(toys.QuadrantModel("top-left"))
     inputs = adapter.preprocess(toys.quadrant_colours_image())
     with pytest.raises(InvalidParameterError, match="set max_evals above 64"):
-        attribution.explain(adapter, "shap", inputs, 0, {"max_evals": 64, "tolerance": 0.1})
+        attribution.explain(
+            adapter, "shap", inputs, output_target(adapter, 0), {"max_evals": 64, "tolerance": 0.1}
+        )
 
 
 def test_shap_seeds_numpys_global_generator_and_restores_it_on_error():

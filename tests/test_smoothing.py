@@ -29,6 +29,7 @@ from attrlab.attribution.models.images import ImageTransform
 from attrlab.attribution.models.vision import CNNAdapter
 from attrlab.attribution.request.estimate import estimate
 from attrlab.attribution.request.run import RunSettings
+from attrlab.attribution.request.target import ClassTarget, output_target
 
 SIZE = 8
 SAMPLES = 4
@@ -66,7 +67,8 @@ class Seen:
 def seen_during(adapter: CNNAdapter, method: str, params: dict, target: int = 2):
     seen = Seen(adapter.model[1])
     try:
-        explanation = explain(adapter, method, adapter.preprocess(image()), target, params)
+        inputs = adapter.preprocess(image())
+        explanation = explain(adapter, method, inputs, output_target(adapter, target), params)
     finally:
         seen.handle.remove()
     return explanation, seen
@@ -96,9 +98,11 @@ def test_smoothgrad_of_the_gradient_of_a_linear_model_is_its_weight_and_vargrad_
     adapter = linear_adapter()
     weight = per_pixel(adapter.model[1].weight[2].detach())
     inputs = adapter.preprocess(image())
-    mean = explain(adapter, "gradient", inputs, 2, smoothing("smoothgrad"))
-    variance = explain(adapter, "gradient", inputs, 2, smoothing("vargrad"))
-    squares = explain(adapter, "gradient", inputs, 2, smoothing("smoothgrad_sq"))
+    mean = explain(adapter, "gradient", inputs, output_target(adapter, 2), smoothing("smoothgrad"))
+    variance = explain(adapter, "gradient", inputs, output_target(adapter, 2), smoothing("vargrad"))
+    squares = explain(
+        adapter, "gradient", inputs, output_target(adapter, 2), smoothing("smoothgrad_sq")
+    )
     np.testing.assert_allclose(mean.scores, weight, rtol=1e-6)
     assert np.array_equal(variance.scores, np.zeros_like(weight))
     np.testing.assert_allclose(squares.scores, weight**2, rtol=1e-6)
@@ -144,9 +148,9 @@ def test_noisegrad_plus_plus_moves_both_the_input_and_the_weights():
 def test_zero_noise_gives_the_plain_method(method, mode):
     adapter = tiny_relu_cnn()
     inputs = adapter.preprocess(image(size=16))
-    plain = explain(adapter, method, inputs, 1)
+    plain = explain(adapter, method, inputs, output_target(adapter, 1))
     params = smoothing(mode, smoothing_sigma=0.0, smoothing_weight_sigma=0.0)
-    smooth = explain(adapter, method, inputs, 1, params)
+    smooth = explain(adapter, method, inputs, output_target(adapter, 1), params)
     np.testing.assert_array_equal(smooth.scores, plain.scores)
     assert smooth.metrics == pytest.approx(plain.metrics)
 
@@ -158,7 +162,9 @@ def test_the_noise_is_seeded(mode):
 
     def run(seed: int) -> np.ndarray:
         settings = RunSettings(seed=seed)
-        return explain(adapter, "gradient", inputs, 1, smoothing(mode), settings).scores
+        return explain(
+            adapter, "gradient", inputs, output_target(adapter, 1), smoothing(mode), settings
+        ).scores
 
     np.testing.assert_array_equal(run(3), run(3))
     assert not np.allclose(run(3), run(4))
@@ -174,7 +180,13 @@ def test_text_noise_lands_on_the_inputs_token_embeddings_only(load_model):
         lambda _m, args: seen.append(args[0].detach().clone())
     )
     try:
-        explain(adapter, "deeplift", inputs, 0, smoothing("smoothgrad", smoothing_samples=1))
+        explain(
+            adapter,
+            "deeplift",
+            inputs,
+            output_target(adapter, 0),
+            smoothing("smoothgrad", smoothing_samples=1),
+        )
         reference = torch.where(inputs.special_tokens, inputs.input_ids, adapter.pad_token_id)
         with torch.no_grad():
             adapter.logits(input_ids=reference, attention_mask=inputs.attention_mask)
@@ -205,7 +217,11 @@ def test_weight_noise_restores_every_weight_after_an_error_mid_run():
     try:
         with pytest.raises(RuntimeError, match="forced failure"):
             explain(
-                adapter, "gradient", adapter.preprocess(image(size=16)), 1, smoothing("noisegrad")
+                adapter,
+                "gradient",
+                adapter.preprocess(image(size=16)),
+                output_target(adapter, 1),
+                smoothing("noisegrad"),
             )
     finally:
         handle.remove()
@@ -214,7 +230,13 @@ def test_weight_noise_restores_every_weight_after_an_error_mid_run():
     assert all(torch.equal(after[k], v) for k, v in before.items())
     assert [p.data_ptr() for p in model.parameters()] == storage
     assert model_state(model) == state
-    explain(adapter, "gradient", adapter.preprocess(image(size=16)), 1, smoothing("noisegrad"))
+    explain(
+        adapter,
+        "gradient",
+        adapter.preprocess(image(size=16)),
+        output_target(adapter, 1),
+        smoothing("noisegrad"),
+    )
 
 
 def test_weight_noise_refuses_a_second_context_on_one_model():
@@ -265,7 +287,7 @@ def test_every_gradient_attribution_method_takes_smoothing_and_no_other_does():
             tiny_relu_cnn(),
             "gradient",
             tiny_relu_cnn().preprocess(image(size=16)),
-            0,
+            ClassTarget(0),
             {"smoothing": "blur"},
         )
 
@@ -278,7 +300,7 @@ def test_progress_and_cancel_work_per_sample():
         adapter,
         "gradient",
         inputs,
-        1,
+        output_target(adapter, 1),
         smoothing("smoothgrad"),
         RunSettings(progress=lambda *r: reports.append(r)),
     )
@@ -292,7 +314,9 @@ def test_progress_and_cancel_work_per_sample():
     weights = {k: v.clone() for k, v in adapter.model.state_dict().items()}
     settings = RunSettings(progress=cancel_after_two, cancel=cancel)
     with pytest.raises(JobCancelledError):
-        explain(adapter, "gradient", inputs, 1, smoothing("noisegrad"), settings)
+        explain(
+            adapter, "gradient", inputs, output_target(adapter, 1), smoothing("noisegrad"), settings
+        )
     assert all(torch.equal(adapter.model.state_dict()[k], v) for k, v in weights.items())
 
 
@@ -300,8 +324,20 @@ def test_the_pass_budget_covers_every_sample():
     adapter = tiny_relu_cnn()
     inputs = adapter.preprocess(image(size=16))
     settings = RunSettings(max_forward_passes=10)
-    explain(adapter, "deeplift", inputs, 1, smoothing("smoothgrad", smoothing_samples=2), settings)
+    explain(
+        adapter,
+        "deeplift",
+        inputs,
+        output_target(adapter, 1),
+        smoothing("smoothgrad", smoothing_samples=2),
+        settings,
+    )
     with pytest.raises(BudgetExceededError, match="smoothing_samples"):
         explain(
-            adapter, "deeplift", inputs, 1, smoothing("smoothgrad", smoothing_samples=3), settings
+            adapter,
+            "deeplift",
+            inputs,
+            output_target(adapter, 1),
+            smoothing("smoothgrad", smoothing_samples=3),
+            settings,
         )

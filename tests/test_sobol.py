@@ -20,6 +20,7 @@ from attrlab.attribution.methods.sobol import (
 )
 from attrlab.attribution.models.base import Adapter
 from attrlab.attribution.request.run import RunSettings
+from attrlab.attribution.request.target import output_target
 
 ISHIGAMI_TOTAL = np.array([0.5576, 0.4424, 0.2437])  # a = 7, b = 0.1 (analytic)
 
@@ -70,7 +71,9 @@ def test_toy_image_mass_lies_in_the_quadrant_the_model_reads(quadrant):
     adapter = toys.image_adapter(toys.QuadrantModel(quadrant))
     inputs = adapter.preprocess(toys.white_image())
     params = {"grid": 4, "n_designs": 32}
-    explanation = attribution.explain(adapter, "sobol", inputs, target=0, params=params)
+    explanation = attribution.explain(
+        adapter, "sobol", inputs, target=output_target(adapter, 0), params=params
+    )
     assert toys.in_quadrant(explanation.scores, quadrant)
     assert toys.quadrant_share(explanation.scores, quadrant) > 0.9
     assert explanation.timings.forward_passes == 1 + 32 * (16 + 2)
@@ -83,7 +86,9 @@ def test_other_image_perturbations_find_the_quadrant(kind):
     adapter = toys.image_adapter(toys.QuadrantModel("bottom-right"))
     inputs = adapter.preprocess(toys.quadrant_colours_image())
     params = {"grid": 4, "n_designs": 16, "perturbation": kind}
-    explanation = attribution.explain(adapter, "sobol", inputs, target=0, params=params)
+    explanation = attribution.explain(
+        adapter, "sobol", inputs, target=output_target(adapter, 0), params=params
+    )
     assert toys.in_quadrant(explanation.scores, "bottom-right")
 
 
@@ -99,7 +104,9 @@ def test_zero_variance_gives_a_zero_map_and_a_warning():
 def test_toy_text_model_ranks_the_token_it_reads_first(load_model):
     adapter = toys.token_reader_adapter(load_model("tiny-random-bert").tokenizer, "wonderful")
     inputs = adapter.preprocess("the plot was wonderful but far too long")
-    explanation = attribution.explain(adapter, "sobol", inputs, target=0, params={"n_designs": 16})
+    explanation = attribution.explain(
+        adapter, "sobol", inputs, target=output_target(adapter, 0), params={"n_designs": 16}
+    )
     assert inputs.tokens[int(np.argmax(explanation.scores))] == "wonderful"
     others = np.delete(explanation.scores, inputs.tokens.index("wonderful"))
     assert np.allclose(others, 0.0)  # the model ignores every other token
@@ -109,16 +116,22 @@ def test_tolerance_stops_in_doubling_blocks_and_agrees_with_four_times_the_desig
     adapter = toys.image_adapter(toys.QuadrantModel("top-right"))
     inputs = adapter.preprocess(toys.quadrant_colours_image())
     params = {"grid": 4, "n_designs": 2048, "tolerance": 0.2}
-    stopped = attribution.explain(adapter, "sobol", inputs, target=0, params=params)
+    stopped = attribution.explain(
+        adapter, "sobol", inputs, target=output_target(adapter, 0), params=params
+    )
     used = int(stopped.metrics["designs_used"])
     assert used in (8, 16, 32, 64, 128, 256, 512, 1024) and not stopped.warnings
     assert stopped.metrics["top_decile_error"] <= 0.2
     assert stopped.timings.forward_passes == 1 + used * (16 + 2)  # the target's, then designs
     params = {"grid": 4, "n_designs": 4 * used}
-    reference = attribution.explain(adapter, "sobol", inputs, target=0, params=params)
+    reference = attribution.explain(
+        adapter, "sobol", inputs, target=output_target(adapter, 0), params=params
+    )
     assert np.corrcoef(stopped.scores.ravel(), reference.scores.ravel())[0, 1] >= 0.9
     # the first `used` designs of the longer run are the stopped run's designs
-    prefix = attribution.explain(adapter, "sobol", inputs, 0, {"grid": 4, "n_designs": used})
+    prefix = attribution.explain(
+        adapter, "sobol", inputs, output_target(adapter, 0), {"grid": 4, "n_designs": used}
+    )
     np.testing.assert_allclose(stopped.scores, prefix.scores, rtol=1e-12, atol=1e-15)
 
 

@@ -19,11 +19,17 @@ from attrlab.attribution.methods import available_methods, get_method
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.request.run import RunContext
 from attrlab.attribution.request.target import (
+    AnswerTarget,
     ClassTarget,
+    ContrastTarget,
     NextTokenTarget,
+    StepRows,
+    StepTarget,
     Target,
+    explained_target,
     output_target,
     resolve_target,
+    target_record,
 )
 
 TEXT = "the cat sat on the mat"
@@ -133,6 +139,63 @@ def test_a_label_resolves_as_before_and_a_bad_target_is_refused(models):
         explain(classifier, "gradient_x_input", inputs, target=LogitDifference(0, 1))
 
 
+def test_a_front_ends_index_or_label_becomes_the_record_without_a_forward(models, monkeypatch):
+    classifier, decoder = models["classifier"], models["decoder"]
+    for adapter in (classifier, decoder):
+
+        def no_forward(**_: torch.Tensor) -> torch.Tensor:
+            raise AssertionError("a record from an index or a label needs no forward")
+
+        monkeypatch.setattr(adapter, "logits", no_forward)
+    assert target_record(classifier, 1) == ClassTarget(1, classifier.label(1))
+    assert target_record(classifier, "1") == ClassTarget(1, classifier.label(1))
+    assert target_record(classifier, classifier.label(0)) == ClassTarget(0, classifier.label(0))
+    word = decoder.tokenizer.encode(" cat", add_special_tokens=False)[0]
+    assert target_record(decoder, " cat") == NextTokenTarget(word, decoder.label(word))
+    given = LogitDifference(0, 1)
+    assert target_record(classifier, given) is given
+    assert target_record(classifier, None) is None and target_record(classifier, "  ") is None
+    for bad in (classifier.num_classes, -1, "no such label"):
+        with pytest.raises(InvalidInputError):
+            target_record(classifier, bad)
+
+
+def test_an_entry_point_reads_the_top_prediction_and_checks_an_output(models):
+    classifier = models["classifier"]
+    logits = torch.zeros(classifier.num_classes)
+    logits[1] = 1.0
+    assert explained_target(classifier, None, logits) == ClassTarget(1, classifier.label(1))
+    assert explained_target(classifier, ClassTarget(0), logits) == ClassTarget(
+        0, classifier.label(0)
+    )
+    assert explained_target(classifier, ClassTarget(0, "mine"), logits).label == "mine"
+    with pytest.raises(InvalidInputError, match="out of range"):
+        explained_target(classifier, ClassTarget(classifier.num_classes), logits)
+    given = LogitDifference(0, 1)
+    assert explained_target(classifier, given, logits) is given
+
+
+def test_each_kind_says_what_views_and_methods_ask_of_it():
+    answer = AnswerTarget((5, 7), ("a", "b"), "ab")
+    same_start = AnswerTarget((5, 9), ("a", "c"), "ac")  # read from the answer's sequence
+    other_start = AnswerTarget((6, 9), ("d", "c"), "dc")  # needs a sequence of its own
+    shared, separate = ContrastTarget(answer, same_start), ContrastTarget(answer, other_start)
+    one = NextTokenTarget(3, "x")
+    assert (one.named_output, one.recorded_index) == (3, 3)
+    assert one.held_answer is None and one.alternative_answer is None and one.apart() is None
+    assert answer.named_output is None and answer.recorded_index == 5
+    assert answer.held_answer is answer and answer.alternative_answer is None
+    assert shared.held_answer is answer and shared.alternative_answer is same_start
+    assert shared.named_output is None and shared.recorded_index == 5
+    assert shared.shares_input and shared.apart() is None
+    assert not separate.shares_input and separate.apart() == (answer, other_start)
+    step = StepTarget(shared, 3)
+    assert step.whole_and_step == (shared, 3) and step.recorded_index == 5
+    assert one.whole_and_step == (one, None) and shared.whole_and_step == (shared, None)
+    with pytest.raises(UnsupportedMethodError, match="one output"):
+        _ = StepRows(shared, (0, 1)).recorded_index
+
+
 def test_json_round_trip_of_each_kind_and_of_the_explanation(models, tmp_path):
     for target in (ClassTarget(3, "cat"), NextTokenTarget(464, " Paris"), LogitDifference(2, 5)):
         text = json.dumps(target.to_json())
@@ -142,7 +205,9 @@ def test_json_round_trip_of_each_kind_and_of_the_explanation(models, tmp_path):
         with pytest.raises(InvalidInputError):
             Target.from_json(bad)
     adapter = models["decoder"]
-    e = explain(adapter, "gradient_x_input", adapter.preprocess(TEXT), target=1)
+    e = explain(
+        adapter, "gradient_x_input", adapter.preprocess(TEXT), target=output_target(adapter, 1)
+    )
     data = json.loads(e.to_json())
     assert data["target_record"] == {"kind": "next_token", "index": 1, "label": adapter.label(1)}
     assert data["target"]["index"] == 1  # the record's values keep their fields
@@ -174,7 +239,9 @@ def test_every_method_gives_the_same_explanation_for_an_index_and_its_record(mod
     record = output_target(adapter, 1)
     for method in (m for m in available_methods() if m.unsupported_reason(adapter) is None):
         params = SMALL.get(method.name)
-        by_index = explain(adapter, method.name, inputs, target=1, params=params)
+        by_index = explain(
+            adapter, method.name, inputs, target=output_target(adapter, 1), params=params
+        )
         by_record = explain(adapter, method.name, inputs, target=record, params=params)
         np.testing.assert_array_equal(by_record.scores, by_index.scores, err_msg=method.name)
         assert by_record.maps.keys() == by_index.maps.keys()

@@ -16,6 +16,7 @@ import torch
 from attrlab.attribution import explain
 from attrlab.attribution.explanation import SCHEMA_VERSION, Explanation
 from attrlab.attribution.request.answers import answer_request
+from attrlab.attribution.request.target import output_target
 
 LM, CLASSIFIER = "tiny-random-gpt2", "tiny-random-bert"
 PROMPT = "The capital of France is"
@@ -72,7 +73,7 @@ def test_a_class_target_keeps_its_logit_and_probability(load_model):
     inputs = adapter.preprocess("a fine day")
     with torch.no_grad():
         logits = adapter.model(**inputs.model_kwargs()).logits[0].double()
-    e = explain(adapter, "gradient_x_input", inputs, target=1)
+    e = explain(adapter, "gradient_x_input", inputs, target=output_target(adapter, 1))
     assert set(e.to_dict()["target"]) == ONE_OUTPUT
     assert e.target.logit == pytest.approx(float(logits[1]), abs=1e-5)
     assert e.target.probability == pytest.approx(float(logits.softmax(-1)[1]), abs=1e-6)

@@ -33,6 +33,7 @@ from attrlab.attribution.layers.analysis import analyze_layers
 from attrlab.attribution.methods import capabilities
 from attrlab.attribution.request import AblationRequest, ExplainRequest
 from attrlab.attribution.request.answers import answer_request
+from attrlab.attribution.request.target import output_target
 
 pytestmark = pytest.mark.server  # the page launched on a port, driven by gradio_client
 
@@ -302,7 +303,9 @@ def test_layers_then_ablating_a_head_changes_the_prediction(client, load_model):
     )
     inputs = adapter.preprocess("the film was good")
     target = next(i for i in range(adapter.num_classes) if adapter.label(i) == before["label"])
-    plain, ablated = joint_ablation(adapter, inputs, target, [{(1, 0), (0, 1)}])
+    plain, ablated = joint_ablation(
+        adapter, inputs, output_target(adapter, target), [{(1, 0), (0, 1)}]
+    )
     shown = {c["label"]: c["confidence"] for c in after["confidences"]}
     assert shown[before["label"]] == pytest.approx(ablated, abs=1e-4)
     assert f"{plain:.4f} → {ablated:.4f}" in change

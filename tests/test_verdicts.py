@@ -27,6 +27,7 @@ from attrlab.attribution.metrics import (
     randomisation_verdicts,
     summarise,
 )
+from attrlab.attribution.request.target import output_target
 from attrlab.attribution.verdicts import (
     FIRST_DRAWS,
     THRESHOLDS,
@@ -68,7 +69,13 @@ class _Exponential(nn.Module):
 def test_integrated_gradients_on_a_linear_model_is_exact_and_passes():
     adapter = image_adapter(_Linear())
     inputs = adapter.preprocess(IMAGE)
-    e = explain(adapter, "integrated_gradients", inputs, target=0, params={"n_steps": 2})
+    e = explain(
+        adapter,
+        "integrated_gradients",
+        inputs,
+        target=output_target(adapter, 0),
+        params={"n_steps": 2},
+    )
     pixels = inputs.pixel_values[0]  # the baseline is the normalised zero
     expected = (adapter.model.weight.detach() * pixels).sum(0).numpy()
     np.testing.assert_allclose(e.scores, expected, rtol=1e-4, atol=1e-4)
@@ -89,13 +96,25 @@ def test_two_steps_on_a_curved_model_fail_with_the_n_steps_advice():
     difference = math.exp(a * s) - 1.0
     relative = abs(summed - difference) / abs(difference)
     assert relative > THRESHOLDS["integral_convergence"].warning  # the case is a failing one
-    e = explain(adapter, "integrated_gradients", inputs, target=0, params={"n_steps": 2})
+    e = explain(
+        adapter,
+        "integrated_gradients",
+        inputs,
+        target=output_target(adapter, 0),
+        params={"n_steps": 2},
+    )
     (verdict,) = e.verdicts
     assert verdict.value == pytest.approx(relative, rel=1e-4)
     assert verdict.status == "fail" and "has not converged" in verdict.reason
     assert verdict.advice == "raise n_steps (this run: 2)"
     assert e.warnings == [verdict.sentence()]
-    many = explain(adapter, "integrated_gradients", inputs, target=0, params={"n_steps": 64})
+    many = explain(
+        adapter,
+        "integrated_gradients",
+        inputs,
+        target=output_target(adapter, 0),
+        params={"n_steps": 64},
+    )
     assert many.verdicts[0].status == "pass" and many.warnings == []
 
 
@@ -137,7 +156,9 @@ def test_a_small_margin_within_the_random_orders_noise_is_inconclusive():
 def test_a_model_that_ignores_its_input_gives_an_inconclusive_faithfulness_verdict():
     adapter = image_adapter(ConstantModel())
     scores = np.random.default_rng(0).random((32, 32))
-    scored = faithfulness(adapter, adapter.preprocess(IMAGE), scores, 0, steps=8)
+    scored = faithfulness(
+        adapter, adapter.preprocess(IMAGE), scores, output_target(adapter, 0), steps=8
+    )
     judged = {v.check: v for v in scored.verdicts}
     for score in ("deletion_morf_auc", "insertion_morf_auc"):
         assert judged[score].status == "inconclusive", judged[score].reason
@@ -152,7 +173,9 @@ def test_the_oracle_map_of_a_quadrant_model_passes_both_curves():
     oracle = np.zeros((32, 32))
     oracle[:16, :16] = 1.0
     oracle += np.random.default_rng(0).random((32, 32)) * 1e-3
-    scored = faithfulness(adapter, adapter.preprocess(image), oracle, 0, steps=16)
+    scored = faithfulness(
+        adapter, adapter.preprocess(image), oracle, output_target(adapter, 0), steps=16
+    )
     assert {v.check: v.status for v in scored.verdicts} == {
         "deletion_morf_auc": "pass",
         "insertion_morf_auc": "pass",

@@ -23,6 +23,7 @@ from attrlab.attribution.explanation import Explanation, Prediction
 from attrlab.attribution.layers import HEAD_ESTIMATORS, agreement, analyze_layers
 from attrlab.attribution.metrics.leaderboard import SCORES, EvalItem, evaluate_methods
 from attrlab.attribution.request.run import RunSettings
+from attrlab.attribution.request.target import output_target
 from attrlab.attribution.verdicts import Verdict
 from attrlab.viz import (
     ablation_figure,
@@ -98,9 +99,12 @@ def layer_tables(load_model):
         adapter = load_model(spec)
         raw = np.zeros((32, 32, 3), np.uint8) if adapter.modality == "image" else "a short text"
         inputs = adapter.preprocess(raw)
-        tables[spec] = (adapter, analyze_layers(adapter, inputs, 0))
+        tables[spec] = (adapter, analyze_layers(adapter, inputs, output_target(adapter, 0)))
     minilm = load_model("minilm-zeroshot")
-    tables["minilm-zeroshot"] = (minilm, analyze_layers(minilm, minilm.preprocess("good"), 0))
+    tables["minilm-zeroshot"] = (
+        minilm,
+        analyze_layers(minilm, minilm.preprocess("good"), output_target(minilm, 0)),
+    )
     return tables
 
 

@@ -17,7 +17,6 @@ import numpy as np
 import plotly.graph_objects as go
 
 from attrlab.attribution.explanation import Explanation
-from attrlab.attribution.request.target import AnswerTarget, ContrastTarget
 from attrlab.viz.text import TOKEN_STYLE, kept_out, kept_out_span, scale_legend_html, token_span
 from attrlab.viz.theme import TEMPLATE
 from attrlab.viz.tokens import token_html, token_tick, token_ticks
@@ -98,20 +97,17 @@ class AnswerLayout:
 def answer_layout(explanation: Explanation) -> AnswerLayout | None:
     """The layout of an answer's Explanation; ``None`` for any other (a next token, a class)."""
     record = explanation.target_record
-    if isinstance(record, ContrastTarget):
-        answer, alternative = record.answer, record.alternative
-    elif isinstance(record, AnswerTarget):
-        answer, alternative = record, None
-    else:
+    answer = None if record is None else record.held_answer
+    if record is None or answer is None:
         return None
+    alternative = record.alternative_answer
     if explanation.token_texts is None or len(explanation.token_texts) < answer.steps:
         return None
     prompt = len(explanation.token_texts) - answer.steps
     steps = [Step(label, k, False, prompt + k) for k, label in enumerate(answer.token_labels)]
     if alternative is not None:
-        shared = isinstance(record, ContrastTarget) and record.shares_input
         steps += [
-            Step(label, k, True, prompt + k if shared else prompt)
+            Step(label, k, True, prompt + k if record.shares_input else prompt)
             for k, label in enumerate(alternative.token_labels)
         ]
     return AnswerLayout(prompt, tuple(steps), alternative is not None)
@@ -191,8 +187,8 @@ def answer_html(explanation: Explanation, view: View = TEXT_VIEW, chosen: int | 
     )
     target = explanation.target
     record = explanation.target_record
-    answer = record.answer if isinstance(record, ContrastTarget) else record
-    generated = isinstance(answer, AnswerTarget) and answer.generated
+    answer = None if record is None else record.held_answer
+    generated = answer is not None and answer.generated
     about = " (the model's own greedy answer)" if generated else ""
     hint = (
         "click an underlined token for its step's row"

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from attrlab.attribution.explanation import Explanation
-from attrlab.attribution.request.target import AnswerTarget, ContrastTarget
+from attrlab.attribution.request.target import AnswerTarget
 from attrlab.viz.tokens import token_label
 
 if TYPE_CHECKING:
@@ -50,18 +50,20 @@ def explanation_table(explanation: Explanation) -> str:
 def _target_lines(e: Explanation) -> list[str]:
     """What was explained: one output, or a decoder's answer (its tokens) and its contrast."""
     record, values = e.target_record, e.target
-    if isinstance(record, ContrastTarget):
+    answer = None if record is None else record.held_answer
+    alternative = None if record is None else record.alternative_answer
+    if answer is not None and alternative is not None:
         return [
             f"target    contrast: log p(answer) - log p(contrast) = {values.score:.4f}  "
             f"p(answer)/p(contrast)={_number(values.probability_ratio, '.4g')}",
-            _answer_line("answer", record.answer),
-            _answer_line("contrast", record.alternative),
+            _answer_line("answer", answer),
+            _answer_line("contrast", alternative),
         ]
-    if isinstance(record, AnswerTarget):
+    if answer is not None:
         return [
             f"target    answer: log p(answer) = {values.score:.4f}  "
             f"p={_number(values.probability, '.4g')}",
-            _answer_line("answer", record),
+            _answer_line("answer", answer),
         ]
     return [
         f"target    {_quoted(e.target.label)} (index {e.target.index})  "

@@ -11,7 +11,6 @@ import plotly.graph_objects as go
 
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.inputs.features import Feature
-from attrlab.attribution.request.target import ContrastTarget
 from attrlab.viz.theme import TEMPLATE
 from attrlab.viz.tokens import token_html, token_label, token_tick, token_ticks
 from attrlab.viz.view import TEXT_VIEW, View
@@ -269,7 +268,8 @@ def probability_text(explanation: Explanation) -> str:
         return f"p(answer) / p(contrast) = {values.probability_ratio:.3g}"
     if values.probability is not None:
         return f"p={values.probability:.3f}"
-    if isinstance(explanation.target_record, ContrastTarget):
+    record = explanation.target_record
+    if record is not None and record.alternative_answer is not None:
         return f"log p(answer) − log p(contrast) = {values.score:.4g}"
     return f"score {values.score:.4g}"
 

@@ -85,7 +85,7 @@ class HeadRecheck:
 def joint_ablation(
     adapter: Adapter,
     inputs: Inputs,
-    target: int | Target,
+    target: Target,
     head_sets: Sequence[Collection[tuple[int, int]]],
 ) -> np.ndarray:
     """
@@ -113,7 +113,7 @@ def recheck_passes(estimators: int, draws: int = RECHECK_DRAWS) -> int:
 def recheck_heads(
     adapter: Adapter,
     inputs: Inputs,
-    target: int | Target,
+    target: Target,
     table: pd.DataFrame,
     k: int = 5,
     draws: int = RECHECK_DRAWS,

@@ -61,7 +61,7 @@ from attrlab.attribution.request.answers import answer_request
 from attrlab.attribution.request.defaults import PRUNING_DRAWS
 from attrlab.attribution.request.gate import clear_study
 from attrlab.attribution.request.run import RunContext, RunSettings
-from attrlab.attribution.request.target import Target, resolve_target
+from attrlab.attribution.request.target import Target, explained_target, target_record
 
 __all__ = [
     "MAX_TEXTS",
@@ -365,7 +365,7 @@ def _step(unit: str, head_step: int | None) -> int | None:
 def pruning_study(
     adapter: Adapter,
     inputs: Inputs,
-    target: int | str | Target | None,
+    target: Target | None,
     texts: Sequence[str] | None = None,
     items: Sequence[tuple[Inputs, Target]] | None = None,
     problem: PatchingProblem | None = None,
@@ -381,8 +381,8 @@ def pruning_study(
     """
     Rank layers and heads for ``target`` on ``inputs``, and prune by each ranking over a dataset.
 
-    ``target``: a record (an answer, a contrast: :func:`ranked_input`), or an output's index or
-    label (``None``: the top prediction). The dataset: ``items`` (inputs with their targets),
+    ``target``: a record (a class, a next token, an answer, a contrast: :func:`ranked_input`),
+    or ``None``: the top prediction. The dataset: ``items`` (inputs with their targets),
     else ``texts`` (default: the bundled sentences), each scored on the unpruned model's top
     prediction (a class, or the next token). ``problem``: a patching problem on ``inputs`` and
     ``target`` (its clean side) whose exact residual patching ranks the layers too
@@ -429,13 +429,11 @@ def pruning_study(
         allocation,
         removal,
     )
-    if not isinstance(target, Target):  # its top prediction or label: one forward more
+    if target is None:  # its top prediction: one forward more
         _, forward, backward, widest = parts[0]
         parts[0] = (inputs, forward + 1, backward, widest)
     clear_study(adapter, "pruning", parts, settings, run, "the texts, units or draws")
-    if not isinstance(target, Target):
-        target = _prediction(adapter, inputs, target, run)
-    target = checked_target(adapter, inputs, target)
+    target = checked_target(adapter, inputs, _prediction(adapter, inputs, target, run))
     if problem is not None:
         same = torch.equal(problem.clean.input_ids, inputs.model_kwargs()["input_ids"])
         if not same or problem.target != target:
@@ -483,15 +481,15 @@ def pruning_study(
     return found
 
 
-def _prediction(
-    adapter: Adapter, inputs: Inputs, target: int | str | None, run: RunContext
-) -> Target:
-    """``target`` (an index, a label, or ``None``: the top prediction) on ``inputs`` as a record."""
+def _prediction(adapter: Adapter, inputs: Inputs, target: Target | None, run: RunContext) -> Target:
+    """``target``, or (``None``) the top prediction on ``inputs``, read from one forward."""
+    if target is not None:
+        return target
     run.stop_if_cancelled()
     with torch.no_grad():
         logits = adapter.logits(**inputs.model_kwargs())[0]
     run.count(forward=1)
-    return resolve_target(adapter, target, logits)
+    return explained_target(adapter, None, logits)
 
 
 def ranked_input(
@@ -501,17 +499,18 @@ def ranked_input(
     answer: str | None = None,
     contrast: str | None = None,
     corrupted: str | None = None,
-) -> tuple[Inputs, int | str | Target | None, PatchingProblem | None]:
+) -> tuple[Inputs, Target | None, PatchingProblem | None]:
     """
     What a front end's fields rank the layers and heads on: inputs, target and patching problem.
 
-    ``text`` with ``target`` (a class or a next token; ``None``: the top prediction), or a
+    ``text`` with ``target`` (a class or a next token, an index or a label read as a record:
+    :func:`~attribution.request.target.target_record`; ``None``: the top prediction), or a
     decoder's prompt with its ``answer`` (``contrast``: rather than that one); ``corrupted``:
     a corrupted prompt of the same token length, whose exact residual patching against
     ``text`` ranks the layers too (:func:`~attribution.patching.patching_problem`).
 
     Raises:
-        InvalidInputError: a target beside an answer, and what
+        InvalidInputError: a target beside an answer, an unknown label, and what
             :func:`~attribution.request.answers.answer_request` and
             :func:`~attribution.patching.patching_problem` refuse.
     """
@@ -527,4 +526,4 @@ def ranked_input(
     if asks_answer:
         inputs, record = answer_request(adapter, text, answer=answer, contrast=contrast)
         return inputs, record, None
-    return adapter.preprocess(text), target, None
+    return adapter.preprocess(text), target_record(adapter, target), None

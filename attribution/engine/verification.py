@@ -306,7 +306,7 @@ def measured_rows(
 def removed_scores(
     adapter: Adapter,
     inputs: Inputs,
-    target: int | Target,
+    target: Target,
     unit: str,
     sets: Sequence[Sequence[Site]],
     removal: str | None = None,

@@ -28,7 +28,7 @@ from attrlab.attribution.request.run import (
     cancellable_forwards,
     stop_if_cancelled,
 )
-from attrlab.attribution.request.target import Target
+from attrlab.attribution.request.target import Target, target_record
 
 __all__ = ["Prepared", "RowResult", "TargetedRow", "explain_rows", "prepare_input", "run_rows"]
 
@@ -48,12 +48,12 @@ class Prepared:
 
     Attributes:
         inputs: The adapter's inputs (for a decoder's answer: prompt and answer, one sequence).
-        target: A class index or label (``None``: the top prediction), or a target record.
+        target: What to explain on them (``None``: the top prediction).
         per_step: Add one map per step of the target (:func:`attribution.explain`).
     """
 
     inputs: Inputs
-    target: int | str | Target | None = None
+    target: Target | None = None
     per_step: bool = False
 
 
@@ -71,7 +71,8 @@ def prepare_input(
     """
     A request's input on the loaded model: every front end's one way from fields to inputs.
 
-    ``raw`` (a text or an image) is preprocessed and explained for ``target``; with ``answer``
+    ``raw`` (a text or an image) is preprocessed and explained for ``target`` (an index or a
+    label, as a record: :func:`~attribution.request.target.target_record`); with ``answer``
     the text is a decoder LM's prompt, and inputs and target are the answer's
     (:func:`attribution.request.answers.answer_request`; ``target`` is then the next token that is
     the answer, where none is given or generated: a contrast's, or the chat template's).
@@ -90,7 +91,8 @@ def prepare_input(
             (seconds) while it goes.
     """
     if answer is None:
-        return Prepared(with_features(adapter.preprocess(raw), granularity, spans), target)
+        inputs = with_features(adapter.preprocess(raw), granularity, spans)
+        return Prepared(inputs, target_record(adapter, target))
     max_seconds = None
     if budgets is not None and answer.generate is not None:
         prompt = prompt_inputs(adapter, raw, answer.chat)
@@ -171,20 +173,21 @@ def explain_rows(
     """
     Each row explained by each method (:func:`attribution.explain`), a row at a time.
 
-    A row is prepared once (``prepare``: the adapter's inputs, explained for the row's own
-    target; or a :class:`Prepared` record, whose target and ``per_step`` are used instead, as
-    a decoder's answer needs), then explained by each method in turn, with that method's
-    ``params`` and the same ``settings`` (its budgets are each explanation's own: the gate
-    refuses one priced over the seconds; its progress is left out, as rows report theirs);
+    A row is prepared once (``prepare``: the adapter's inputs, explained for the row's own target,
+    read as a record there; or a :class:`Prepared` record, whose target and ``per_step`` are used
+    instead, as a decoder's answer needs), then explained by each method in turn, with that method's
+    ``params`` and the same ``settings`` (its budgets are each explanation's own: the gate refuses
+    one priced over the seconds; its progress is left out, as rows report theirs);
     ``settings.cancel`` and ``progress`` are :func:`run_rows`'. ``passes`` receives each
-    explanation's own progress (forward passes done of its total), for a caller that shows
-    the run in progress.
+    explanation's own progress (forward passes done of its total), for a caller that shows the run
+    in progress.
 
     Without ``record_errors`` the first error stops the loop. With it, a row's errors are its
-    results and the next row goes on: an :class:`AttrlabError` from ``prepare`` stands for every
-    method, one from a method (or the gate before it) for that method; any other exception (a
-    bug) is recorded as ``record_errors(row number, method)`` (``None`` for ``prepare``; row numbers
-    count from 0), which is called while it is being handled, so that it may log it.
+    results and the next row goes on: an :class:`AttrlabError` from ``prepare`` (or the row's
+    target) stands for every method, one from a method (or the gate before it) for that method; any
+    other exception (a bug) is recorded as ``record_errors(row number, method)`` (``None`` for
+    ``prepare``; row numbers count from 0), which is called while it is being handled, so that it
+    may log it.
 
     Raises:
         JobCancelledError: once ``settings.cancel`` is set; a cancel is never recorded as a
@@ -198,11 +201,11 @@ def explain_rows(
         number, row = numbered
         try:
             ready = prepare(row)
+            if not isinstance(ready, Prepared):
+                ready = Prepared(ready, target_record(adapter, row.target))
         except Exception as err:
             problem = _recorded(err, record_errors, number, None)
             return problem, dict.fromkeys(methods, problem)
-        if not isinstance(ready, Prepared):
-            ready = Prepared(ready, row.target)
         outcomes: dict[str, Explanation | AttrlabError] = {}
         for method in methods:
             try:

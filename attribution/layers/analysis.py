@@ -67,13 +67,7 @@ from attrlab.attribution.models.layouts import layout_for
 from attrlab.attribution.models.text import DecoderLMAdapter
 from attrlab.attribution.request.answers import check_answer_fits
 from attrlab.attribution.request.run import RunContext, RunSettings
-from attrlab.attribution.request.target import (
-    ContrastTarget,
-    OutputTarget,
-    Target,
-    decoder_adapter,
-    output_target,
-)
+from attrlab.attribution.request.target import Target, decoder_adapter
 
 __all__ = [
     "COLUMNS",
@@ -304,7 +298,7 @@ def _logit_lens(
             if cap:
                 logits = torch.tanh(logits / cap) * cap
             outputs = target.from_logits(adapter, logits, window)
-            if not isinstance(target, OutputTarget):
+            if target.named_output is None:
                 score = float(target.log_probability(outputs)[0])
                 rows.append((layer, None, None, "residual", "lens_score", score))
                 continue
@@ -324,7 +318,7 @@ def _read(
     One output: the adapter's logits (a classifier's too), as one prediction. Otherwise a
     decoder's logits at each position of :meth:`Target.read_offsets`.
     """
-    if isinstance(target, OutputTarget):
+    if target.named_output is not None:
         logits = adapter.logits(**kwargs)
         return logits, logits[:, None]
     logits = decoder_adapter(adapter).model(**kwargs).logits
@@ -504,7 +498,7 @@ def planned_passes(
 def analyze(
     adapter: Adapter,
     inputs: Inputs,
-    target: int | Target,
+    target: Target,
     measures: Collection[str] | None = None,
     run: RunContext | None = None,
 ) -> LayerReport:
@@ -538,15 +532,15 @@ def analyze(
 def analyze_layers(
     adapter: Adapter,
     inputs: Inputs,
-    target: int | Target,
+    target: Target,
     measures: Collection[str] | None = None,
     settings: RunSettings | None = None,
 ) -> pd.DataFrame:
     """
     The measures of :data:`MEASURES` (all that apply by default) for ``target`` on one input.
 
-    ``target``: an output's index, or a :class:`~attribution.request.target.Target` (a decoder's
-    answer or contrast on inputs holding that answer,
+    ``target``: a :class:`~attribution.request.target.Target` (a class, a next token, or a
+    decoder's answer or contrast on inputs holding that answer,
     :func:`attribution.request.answers.answer_request`).
 
     Returns:
@@ -562,12 +556,10 @@ def analyze_layers(
     return analyze(adapter, inputs, target, measures, RunContext.of(settings)).table
 
 
-def checked_target(adapter: Adapter, inputs: Inputs, target: int | Target) -> Target:
-    """``target`` as a record that fits ``inputs`` and is read from one forward."""
-    if not isinstance(target, Target):
-        return output_target(adapter, target)
+def checked_target(adapter: Adapter, inputs: Inputs, target: Target) -> Target:
+    """``target``, checked to fit ``inputs`` and to be read from one forward."""
     check_answer_fits(inputs, target)
-    if isinstance(target, ContrastTarget) and not target.shares_input:
+    if not target.shares_input:
         raise UnsupportedMethodError(
             f"the layer and head analysis reads both answers of {target.label} from one "
             "forward, but they differ before their last token, so the alternative needs a "

@@ -19,6 +19,7 @@ from attrlab.attribution.inputs.runs import run_rows
 from attrlab.attribution.layers.analysis import analyze
 from attrlab.attribution.models.base import Adapter
 from attrlab.attribution.request.run import RunContext, RunSettings
+from attrlab.attribution.request.target import resolve_target
 
 __all__ = ["DATASET_COLUMNS", "DatasetItem", "analyze_dataset"]
 
@@ -75,7 +76,7 @@ def analyze_dataset(
         with torch.no_grad():
             logits = adapter.logits(**inputs.model_kwargs())[0]
         shared.count(forward=1)
-        target = adapter.target_index(item.target, logits)
+        target = resolve_target(adapter, item.target, logits)
         return analyze(adapter, inputs, target, measures, shared).table
 
     stats: dict[tuple, _Welford] = {}

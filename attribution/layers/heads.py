@@ -84,13 +84,15 @@ def ablate_heads_and_explain(
     adapter: Adapter,
     method: str,
     inputs: Inputs,
-    target: int | str | Target | None,
+    target: Target | None,
     heads: Sequence[tuple[int, int]],
     params: dict[str, Any] | None = None,
     settings: RunSettings | None = None,
 ) -> HeadAblation:
     """
     Explain ``target`` with ``method``, then the same target again with ``heads`` zeroed.
+
+    ``target``: ``None`` explains the top prediction of the plain model in both.
 
     ``settings`` holds for both explanations together: ``max_forward_passes`` bounds them
     both, ``max_seconds`` prices both before the first starts, and ``progress`` counts the

@@ -30,7 +30,7 @@ from attrlab.attribution.methods.registry import register
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.request.params import MethodParams, param
 from attrlab.attribution.request.run import RunContext
-from attrlab.attribution.request.target import OutputTarget, Target, output_target
+from attrlab.attribution.request.target import Target, output_target
 
 __all__ = ["RISE", "RiseEstimator", "RiseParams"]
 
@@ -200,9 +200,9 @@ class RISE(AttributionMethod[RiseParams]):
                 )
         maps, std_error = perturbation.element_map(maps), perturbation.element_map(std_error)
         extra = {
-            f"class_{t.index}": maps[i]
+            f"class_{t.named_output}": maps[i]
             for i, t in enumerate(targets)
-            if isinstance(t, OutputTarget)
+            if t.named_output is not None
         }
         metrics["noise_ratio"] = noise_ratio(std_error, maps[0])
         return Attribution(scores=maps[0], maps={"std_error": std_error, **extra}, metrics=metrics)
@@ -217,6 +217,6 @@ def _targets(adapter: Adapter, run: RunContext, inputs: Inputs, target: Target) 
     if not target.reads_logits:
         return [target]
     logits = run.clean_logits(adapter, inputs)
-    named = target.index if isinstance(target, OutputTarget) else None
+    named = target.named_output
     top = logits.topk(min(TOP_CLASSES, logits.numel())).indices.tolist()
     return [target, *(output_target(adapter, c) for c in top if c != named)]

@@ -27,7 +27,7 @@ from attrlab.attribution.methods.registry import register
 from attrlab.attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs, text_adapter
 from attrlab.attribution.request.params import MethodParams, param
 from attrlab.attribution.request.run import RunContext
-from attrlab.attribution.request.target import StepTarget, Target
+from attrlab.attribution.request.target import Target
 
 __all__ = ["Shap", "ShapParams"]
 
@@ -68,8 +68,8 @@ class Shap(AttributionMethod[ShapParams]):
     (``blur×blur``, as the masker's ``"blur(k,k)"`` option, computed without OpenCV) over
     axis-aligned splits; pixel values are summed over colour channels. Scores explain the
     target logit. The explainer spends at most ``max_evals`` forward passes. An answer's steps
-    are explained together, one column each (:func:`_steps_of`): the whole map is their sum, a
-    per-step row one column.
+    are explained together, one column each: the whole map is their sum, a per-step row
+    (:class:`~attribution.request.target.StepTarget`) one column.
 
     The Partition explainer is deterministic, so it has no sampling error; with a ``tolerance``
     it is refined instead, with ``64, 128, 256, …`` evaluations up to ``max_evals``, until the
@@ -116,7 +116,10 @@ class Shap(AttributionMethod[ShapParams]):
             adapter, run, batch_size, max_evals, precision=params.precision, target=target
         )
         remember = tolerance is not None
-        whole, step = _steps_of(target)
+        # a per-step row is its whole target's run read at its column: the explainer splits
+        # groups in the order the largest change over all steps sets, the same for the whole
+        # map and every row, so the rows take its forwards again (reused) and sum to it
+        whole, step = target.whole_and_step
         if isinstance(inputs, TextInputs) and inputs.features is not None:
             explain, data, reduce = _features(adapter, inputs, whole, runner, remember)
         else:
@@ -155,20 +158,6 @@ class Shap(AttributionMethod[ShapParams]):
                 "unassigned_credit": float(values.sum() - scores.sum()),
             },
         )
-
-
-def _steps_of(target: Target) -> tuple[Target, int | None]:
-    """
-    The target whose steps one explainer run explains, each a column; ``target``'s step.
-
-    A row of a per-step matrix (:class:`StepTarget`) is its whole target's run, read at its
-    column: the explainer splits groups in the order the largest change over all steps sets,
-    the same for the whole map and every row, so the rows take its forwards again (reused) and
-    sum to it. A target of one output is its own single column.
-    """
-    if isinstance(target, StepTarget):
-        return target.whole, target.step
-    return target, None
 
 
 def _step_values(values: np.ndarray, step: int | None) -> np.ndarray:

@@ -107,7 +107,7 @@ def check_methods(
     adapter: Adapter,
     methods: Sequence[str],
     inputs: Inputs,
-    target: int | str | Target | None = None,
+    target: Target | None = None,
     params: Mapping[str, dict[str, Any]] | None = None,
     randomise: bool = False,
     top_fraction: float = TOP_FRACTION,
@@ -147,7 +147,7 @@ def check_methods(
     def run(
         method: str,
         model: Adapter,
-        target: int | str | Target | None,
+        target: Target | None,
         scored: bool = False,
         steps: bool = False,
     ) -> Explanation:

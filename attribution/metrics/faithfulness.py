@@ -61,7 +61,7 @@ from attrlab.attribution.inputs.perturb import (
 )
 from attrlab.attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
 from attrlab.attribution.request.run import RunContext
-from attrlab.attribution.request.target import OutputTarget, Target, output_target
+from attrlab.attribution.request.target import Target
 from attrlab.attribution.verdicts import (
     Verdict,
     against_random,
@@ -177,7 +177,7 @@ def measured(target: Target, outputs: torch.Tensor) -> torch.Tensor:
     its score, a log-probability (or a difference of two) in nats.
     """
     outputs = outputs.double()
-    if isinstance(target, OutputTarget):
+    if target.named_output is not None:
         return target.probability(outputs)
     return target.score(outputs)
 
@@ -238,7 +238,7 @@ def faithfulness(
     adapter: Adapter,
     inputs: Inputs,
     scores: np.ndarray,
-    target: int | Target,
+    target: Target,
     steps: int = 50,
     random_orders: int = RANDOM_ORDERS,
     text_removal: str = "delete",
@@ -251,9 +251,9 @@ def faithfulness(
 
     Each is computed for ``target`` beside seeded random orders (their mean), drawn until the
     map's margin over them is settled, at most ``random_orders``
-    (:func:`~attribution.verdicts.draw_until_settled`). ``target``: an output's index, or any
-    :class:`~attribution.request.target.Target` (a decoder's answer or contrast on inputs holding
-    that answer), read as :func:`measured` says.
+    (:func:`~attribution.verdicts.draw_until_settled`). ``target``: any
+    :class:`~attribution.request.target.Target` (a class, a next token, or a decoder's answer or
+    contrast on inputs holding that answer), read as :func:`measured` says.
 
     ``steps``: points per image curve beyond the first (the pixels removed per step are
     ``ceil(H·W / steps)``); text curves take one token (or feature) per step. ``image_fill``: one of
@@ -282,7 +282,7 @@ def faithfulness_of_maps(
     adapter: Adapter,
     inputs: Inputs,
     maps: Mapping[str, np.ndarray],
-    target: int | Target,
+    target: Target,
     steps: int = 50,
     random_orders: int = RANDOM_ORDERS,
     text_removal: str = "delete",
@@ -320,8 +320,6 @@ def faithfulness_of_maps(
     batch_size = batch_size or auto_batch_size(adapter, inputs)
     if run.max_rows is not None:  # within the run's memory
         batch_size = min(batch_size, run.max_rows)
-    if not isinstance(target, Target):
-        target = output_target(adapter, target)
     if inputs.modality == "image":
         image = cast(ImageInputs, inputs)
         parts = _image_parts(image, steps, run, image_fill)

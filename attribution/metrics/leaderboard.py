@@ -154,12 +154,13 @@ def evaluate_methods(
             by_target.setdefault(explanation.target.index, {})[name] = explanation
         for same in by_target.values():
             first = next(iter(same.values()))
+            assert first.target_record is not None  # a fresh explanation holds its record
             orders = RunContext(seed=settings.seed + done, cancel=settings.cancel, progress=passes)
             scored = faithfulness_of_maps(
                 adapter,
                 inputs,
                 {name: explanation.scores for name, explanation in same.items()},
-                first.target_record or first.target.index,
+                first.target_record,
                 steps,
                 random_orders,
                 text_removal,

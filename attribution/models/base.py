@@ -371,6 +371,15 @@ class Adapter(ABC):
         """Resolve a user target (index, label or None = top prediction) to an output index."""
         if target is None or (isinstance(target, str) and not target.strip()):
             return int(logits.argmax())
+        return self.named_index(target)
+
+    def named_index(self, target: int | str) -> int:
+        """
+        The output an index or a label names (a digit string is an index).
+
+        Raises:
+            InvalidInputError: an index out of range or an unknown label.
+        """
         if isinstance(target, str) and target.strip().lstrip("-").isdigit():
             target = int(target)
         if isinstance(target, int):

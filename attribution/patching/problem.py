@@ -22,7 +22,7 @@ from attrlab.attribution.patching.base import COMPONENTS, Scale, Site
 from attrlab.attribution.patching.hooks import noised
 from attrlab.attribution.request.answers import Answer, answer_inputs, answer_request, prompt_inputs
 from attrlab.attribution.request.defaults import NOISE_SEEDS
-from attrlab.attribution.request.target import AnswerTarget, ContrastTarget, Target, resolve_target
+from attrlab.attribution.request.target import Target, resolve_target
 
 __all__ = ["MAX_SEEDS", "GaussianNoise", "PatchingProblem", "Run", "Runs", "patching_problem"]
 
@@ -164,8 +164,8 @@ def patching_problem(
     clean_inputs, record = answer_request(adapter, clean, answer=answer, contrast=contrast)
     corrupted_inputs = None
     if corrupted is not None:
-        held = record.answer if isinstance(record, ContrastTarget) else record
-        assert isinstance(held, AnswerTarget)
+        held = record.held_answer
+        assert held is not None  # an answer request's target is an answer or a contrast
         prompt = prompt_inputs(adapter, corrupted)
         corrupted_inputs = answer_inputs(adapter, prompt, Answer(held.tokens, held.label))
     problem = PatchingProblem(clean_inputs, record, corrupted_inputs, noise)

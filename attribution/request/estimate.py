@@ -117,8 +117,8 @@ def estimate(
 
     Of the settings only ``evaluate`` changes the cost (the trust card's curves). ``target``:
     a target record (an answer, a contrast), whose values on the input may take a forward of
-    their own and whose per-step matrix (``per_step``) is priced by :func:`per_step_runs`;
-    ``None`` for a class or a next token.
+    their own and whose per-step matrix (``per_step``) is priced by :func:`per_step_runs`; a
+    class or a next token (or ``None``, the top prediction) costs the same whichever it is.
 
     Raises:
         UnknownMethodError, UnsupportedMethodError, InvalidParameterError: as ``explain``.

@@ -41,7 +41,7 @@ from attrlab.attribution.request.defaults import (
 from attrlab.attribution.request.estimate import estimate
 from attrlab.attribution.request.gate import an_input, check_modality, clear_shares
 from attrlab.attribution.request.run import RunSettings
-from attrlab.attribution.request.target import Target
+from attrlab.attribution.request.target import target_record
 
 if TYPE_CHECKING:
     import numpy as np
@@ -285,9 +285,8 @@ class EstimateRequest(_OneMethod, InputRequest["Estimate"]):
         settings = run.settings_for(self.seed, self.evaluate)
         ready = run.targeted(self)
         calibrate(adapter).measure_all()  # later estimates run no pass: light
-        record = ready.target if isinstance(ready.target, Target) else None  # an answer's
         return estimate(
-            adapter, self.method, ready.inputs, self.params, settings, record, ready.per_step
+            adapter, self.method, ready.inputs, self.params, settings, ready.target, ready.per_step
         )
 
 
@@ -387,7 +386,7 @@ class AblationRequest(_OneMethod, InputRequest["HeadAblation"]):
             adapter,
             self.method,
             run.prepare(self),
-            self.target,
+            target_record(adapter, self.target),
             self.heads,
             self.params,
             run.settings_for(self.seed),

@@ -48,11 +48,11 @@ __all__ = [
     "Target",
     "answer_log_probs",
     "decoder_adapter",
-    "first_token",
-    "output_index",
+    "explained_target",
     "output_target",
     "resolve_target",
     "reused_outputs",
+    "target_record",
 ]
 
 #: Target kind (its JSON ``kind``) -> the class that reads it back.
@@ -243,6 +243,55 @@ class Target(ABC):
         """Tokens at the input's end the target reads as its answer (0: none)."""
         return 0
 
+    @property
+    def named_output(self) -> int | None:
+        """The one output the target names (a class, a next token); ``None`` for any other."""
+        return None
+
+    @property
+    def recorded_index(self) -> int:
+        """
+        The output the target is recorded under: its index, or an answer's first token.
+
+        (:class:`~attribution.explanation.TargetValues` keeps one index; the record keeps all.)
+
+        Raises:
+            UnsupportedMethodError: a kind that names no output (steps in rows).
+        """
+        raise UnsupportedMethodError(
+            f"the Explanation's target reads one output (a class or the next token), not a "
+            f"{self.kind} target"
+        )
+
+    @property
+    def held_answer(self) -> AnswerTarget | None:
+        """The answer the input holds (a contrast's first); ``None`` for one output or a step."""
+        return None
+
+    @property
+    def alternative_answer(self) -> AnswerTarget | None:
+        """The answer a contrast's is set against; ``None`` for any other kind."""
+        return None
+
+    @property
+    def shares_input(self) -> bool:
+        """False only for a contrast whose alternative needs a sequence of its own."""
+        return True
+
+    def apart(self) -> tuple[AnswerTarget, AnswerTarget] | None:
+        """
+        The two answers to attribute each in its own sequence and subtract, or ``None``.
+
+        A contrast whose alternative is not read from the answer's sequence
+        (:attr:`shares_input`); ``None`` for any other target.
+        """
+        return None
+
+    @property
+    def whole_and_step(self) -> tuple[Target, int | None]:
+        """The target whose steps this one is part of and which step it is; whole: ``None``."""
+        return self, None
+
     def in_logits(self) -> Target:
         """
         The target read in logits rather than log-probabilities (LRP explains those).
@@ -322,7 +371,7 @@ class OutputTarget(Target):
 
     Attributes:
         index: Position in the adapter's output vector (class index, token id).
-        label: Display name; :func:`resolve_target` fills in the model's when empty.
+        label: Display name; :func:`explained_target` fills in the model's when empty.
     """
 
     index: int
@@ -335,6 +384,14 @@ class OutputTarget(Target):
     def log_probability(self, outputs: torch.Tensor) -> torch.Tensor:
         """``log softmax`` of the logits at :attr:`index`."""
         return outputs.log_softmax(-1)[:, self.index]
+
+    @property
+    def named_output(self) -> int:
+        return self.index
+
+    @property
+    def recorded_index(self) -> int:
+        return self.index
 
     def to_json(self) -> dict[str, Any]:
         """``{"kind", "index", "label"}``."""
@@ -363,7 +420,7 @@ class NextTokenTarget(OutputTarget):
     """
     The next token of a decoder LM: its logit at the last attended position.
 
-    A text naming several tokens resolves to its first (:meth:`Adapter.target_index`); the label
+    A text naming several tokens resolves to its first (:meth:`Adapter.named_index`); the label
     shows which.
     """
 
@@ -466,6 +523,14 @@ class AnswerTarget(Target):
     @property
     def answer_length(self) -> int:
         return len(self.tokens)
+
+    @property
+    def recorded_index(self) -> int:
+        return self.tokens[0]
+
+    @property
+    def held_answer(self) -> AnswerTarget:
+        return self
 
     def to_json(self) -> dict[str, Any]:
         """``{"kind", "tokens", "token_labels", "label", "generated", "measure"}``."""
@@ -611,6 +676,21 @@ class ContrastTarget(Target):
         return len(self.answer.tokens)
 
     @property
+    def recorded_index(self) -> int:
+        return self.answer.tokens[0]
+
+    @property
+    def held_answer(self) -> AnswerTarget:
+        return self.answer
+
+    @property
+    def alternative_answer(self) -> AnswerTarget:
+        return self.alternative
+
+    def apart(self) -> tuple[AnswerTarget, AnswerTarget] | None:
+        return None if self.shares_input else (self.answer, self.alternative)
+
+    @property
     def reads_logits(self) -> bool:
         return False
 
@@ -701,6 +781,14 @@ class StepTarget(_StepsOf):
 
     def score(self, outputs: torch.Tensor) -> torch.Tensor:
         return self.whole.step_scores(outputs)[:, self.step]
+
+    @property
+    def recorded_index(self) -> int:
+        return self.whole.recorded_index
+
+    @property
+    def whole_and_step(self) -> tuple[Target, int | None]:
+        return self.whole, self.step
 
     def read_offsets(self) -> tuple[int, ...]:
         """
@@ -829,51 +917,52 @@ def output_target(adapter: Adapter, index: int) -> OutputTarget:
     return kind(index, adapter.label(index))
 
 
-def resolve_target(
-    adapter: Adapter, target: int | str | Target | None, logits: torch.Tensor
-) -> Target:
+def target_record(adapter: Adapter, target: int | str | Target | None) -> Target | None:
     """
-    A user's target as a record.
+    A front end's target as the record library entry points take, without a forward.
 
-    An index, a label or ``None`` (the top prediction in ``logits``) becomes the adapter's kind
-    of :class:`OutputTarget`; an :class:`OutputTarget` is checked against the model's outputs
-    and gets the model's label when it has none; any other :class:`Target` is taken as given.
+    An index or a label becomes the adapter's kind of :class:`OutputTarget` (on a decoder LM a
+    text names its first token); a :class:`Target` is taken as given; ``None`` or a blank text
+    stays ``None``: the top prediction, which an entry point reads from the forward it runs
+    (:func:`explained_target`).
 
     Raises:
         InvalidInputError: an index out of range or an unknown label.
     """
-    if isinstance(target, OutputTarget):
-        index = adapter.target_index(target.index, logits)  # the range check
-        return target if target.label else replace(target, label=adapter.label(index))
-    if isinstance(target, Target):
+    if target is None or isinstance(target, Target):
         return target
-    return output_target(adapter, adapter.target_index(target, logits))
+    if isinstance(target, str) and not target.strip():
+        return None
+    return output_target(adapter, adapter.named_index(target))
 
 
-def first_token(target: Target) -> int:
+def explained_target(adapter: Adapter, target: Target | None, logits: torch.Tensor) -> Target:
     """
-    The output a target is recorded under: its index, or an answer's first token.
+    What an entry point explains: ``target``, or ``None``'s top prediction in ``logits``.
 
-    (:class:`~attribution.explanation.TargetValues` keeps one index; the record keeps all.)
-    """
-    if isinstance(target, StepTarget):
-        return first_token(target.whole)
-    if isinstance(target, ContrastTarget):
-        return target.answer.tokens[0]
-    if isinstance(target, AnswerTarget):
-        return target.tokens[0]
-    return output_index(target, "the Explanation's target")
-
-
-def output_index(target: Target, what: str) -> int:
-    """
-    The one output ``target`` names, for ``what`` (a measure that reads one output's logit).
+    An :class:`OutputTarget` is checked against the model's outputs and gets the model's label
+    when it has none; any other kind is taken as given.
 
     Raises:
-        UnsupportedMethodError: ``target`` is not one output (a class or a next token).
+        InvalidInputError: an output index out of range.
     """
-    if not isinstance(target, OutputTarget):
-        raise UnsupportedMethodError(
-            f"{what} reads one output (a class or the next token), not a {target.kind} target"
-        )
-    return target.index
+    if target is None:
+        return output_target(adapter, int(logits.argmax()))
+    if isinstance(target, OutputTarget):
+        index = adapter.named_index(target.index)  # the range check
+        return target if target.label else replace(target, label=adapter.label(index))
+    return target
+
+
+def resolve_target(
+    adapter: Adapter, target: int | str | Target | None, logits: torch.Tensor
+) -> Target:
+    """
+    A user's target as a record, read from ``logits`` where it is the top prediction.
+
+    :func:`target_record`, then :func:`explained_target`.
+
+    Raises:
+        InvalidInputError: an index out of range or an unknown label.
+    """
+    return explained_target(adapter, target_record(adapter, target), logits)
