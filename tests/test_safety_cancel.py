@@ -24,6 +24,7 @@ from attrlab.attribution.errors import JobCancelledError
 from attrlab.attribution.methods import available_methods, capabilities
 from attrlab.attribution.metrics.check import check_methods
 from attrlab.attribution.models import Adapter, load
+from attrlab.attribution.request.calibration import calibrate
 from attrlab.attribution.request.run import RunSettings, cancellable_forwards
 
 TEXT = "the cat sat on the mat"
@@ -169,6 +170,8 @@ def test_after_a_job_is_cancelled_no_row_is_written_and_the_next_job_runs(tmp_pa
     env = {"ATTRLAB_DATA": str(tmp_path), "ATTRLAB_MODELS": JOB_MODEL}
     worker = ExplainWorker(device="cpu", settings=ServerSettings.for_server(env))
     adapter = worker.adapter(JOB_MODEL)  # the worker's own copy, which the jobs run on
+    # calibrated before any count: the held forward is the job's, whichever test ran first
+    calibrate(adapter).measure_all()
     clean = ForwardCounter(adapter.model)
     explain(adapter, "integrated_gradients", adapter.preprocess(TEXT), params=JOB_PARAMS)
     clean.handle.remove()
