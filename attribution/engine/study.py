@@ -100,6 +100,9 @@ class PruningStudy:
         allocated: Per unit kind, the curves under :attr:`allocation` (beside the uniform
             per-layer ones in :attr:`by_unit`).
         removal: How the sites were removed (``None``: each kind's default).
+        rankings: Per unit kind, each estimator's scores, one per site in the kind's site order
+            (what the curves' orders and the agreement's scatter come from; not in
+            :meth:`to_dict`, whose orders say the same).
         forward_passes: Forward rows spent.
         backward_passes: Backward passes spent.
         warnings: What the run noted.
@@ -114,6 +117,7 @@ class PruningStudy:
     allocation: str | None = None
     allocated: dict[str, PruningCurves] = field(default_factory=dict)
     removal: str | None = None
+    rankings: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     forward_passes: int = 0
     backward_passes: int = 0
     warnings: list[str] = field(default_factory=list)
@@ -463,7 +467,7 @@ def pruning_study(
         target.label, len(items), table, sparsity=sparsity, allocation=allocation, removal=removal
     )
     for unit in chosen:
-        rankings = scores_of(evidence, unit)
+        rankings = found.rankings[unit] = scores_of(evidence, unit)
         step = _step(unit, head_step)
         uniform, allocated = _budgets(adapter, unit, evidence, sparsity, allocation)
         curves = partial(
