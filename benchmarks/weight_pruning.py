@@ -92,7 +92,7 @@ def curves(names: list[str]) -> None:
             )
             scores = study.score_table()
             rows = [
-                (r.unit, r.order, r.metric, f"{r.auc:.4g}", _number(r.std), r.status or "")
+                (r.unit, r.order, r.metric, f"{r.auc:.4g}", _number(r.std), r.status if isinstance(r.status, str) else "")
                 for r in scores.itertuples()
                 if r.metric != "top1_agreement"
             ]
