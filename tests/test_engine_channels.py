@@ -222,7 +222,7 @@ def test_mean_removal_is_the_neurons_mean_over_positions(load_model):
 def test_a_site_of_another_model_is_refused(load_model):
     adapter = load_model("tiny-random-llama")
     elsewhere = [[Site("neuron", layer=99, channel=0)]]
-    with pytest.raises(InvalidParameterError, match="not a neuron"):
+    with pytest.raises(InvalidParameterError, match="not one of this model's neurons"):
         unit_kind("neuron").removal()(adapter, elsewhere).__enter__()
 
 

@@ -222,7 +222,7 @@ def test_a_study_of_experts_with_agreement(moe):
 
 def test_an_expert_the_model_lacks_is_refused(moe):
     site = [[Site("expert", layer=0, expert=EXPERTS)]]
-    with pytest.raises(InvalidParameterError, match="not an expert"):
+    with pytest.raises(InvalidParameterError, match="not one of this model's experts"):
         unit_kind("expert").removal()(moe, site).__enter__()
 
 
