@@ -96,10 +96,16 @@ def weight_rows(module: nn.Module, side: str) -> torch.Tensor:
 
 
 def _neurons_unsupported(adapter: Adapter) -> str | None:
-    if layout_of(adapter.model_type) is None:
+    layout = layout_of(adapter.model_type)
+    if layout is None:
         return (
             f"a neuron is an MLP channel of a transformer family attrlab knows; model "
             f"'{adapter.model_id}' is a {adapter.family}"
+        )
+    if layout.router is not None:
+        return (
+            f"model '{adapter.model_id}' has mixture-of-experts blocks: their units are the "
+            "expert kind (a neuron is a dense MLP's channel)"
         )
     return None
 
