@@ -16,8 +16,8 @@ import logging
 import os
 import pathlib
 import tempfile
-from collections.abc import Iterator, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Annotated, Any
 
@@ -47,7 +47,7 @@ from attrlab.app.errors import error_status, public_message, validation_problems
 from attrlab.app.jobs import DamagedResultsError, JobRunner, JobWork, batch_work, instance_json
 from attrlab.app.settings import ServerSettings
 from attrlab.app.worker import ExplainWorker
-from attrlab.attribution.engine import SPARSITIES, engine_catalog, model_unit_kinds
+from attrlab.attribution.engine import CURVE_COLUMNS, SPARSITIES, engine_catalog, model_unit_kinds
 from attrlab.attribution.engine.allocation import allocation_names
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
 from attrlab.attribution.explanation import SCHEMA_VERSION
@@ -812,24 +812,58 @@ class JobBody(ExplainBody):
         return self
 
 
+@dataclass(frozen=True)
+class _StudyJob:
+    """
+    A durable study's kind: one study of a body, written as one line ``{"index": 0, key: ...}``.
+
+    Attributes:
+        body: The body of the study's route (``POST /patch``, ``POST /prune``).
+        key: The key of the study's result in its line.
+        records: The rows its Parquet download holds, from its result.
+        columns: Those rows' columns.
+    """
+
+    body: type[PatchBody] | type[PruneBody]
+    key: str
+    records: Callable[[dict[str, Any]], list[dict[str, Any]]]
+    columns: tuple[str, ...]
+
+
+def _curve_records(study: dict[str, Any]) -> list[dict[str, Any]]:
+    """A pruning study's curves, every unit's (and each allocated one's), ``unit`` first."""
+    units = {k: v for k, v in study.items() if isinstance(v, dict) and "curves" in v}
+    allocated = {f"{u}@{study.get('allocation')}": v for u, v in study.get("allocated", {}).items()}
+    return [
+        {"unit": unit, **record}
+        for unit, curves in {**units, **allocated}.items()
+        for record in curves["curves"]
+    ]
+
+
 #: A stored job's ``kind`` beside its body (a batch job's is stored bare, as it always was).
-PATCH_JOB = "patch"
+STUDY_JOBS = {
+    "patch": _StudyJob(PatchBody, "report", lambda report: report["table"], tuple(COLUMNS)),
+    "prune": _StudyJob(PruneBody, "study", _curve_records, ("unit", *CURVE_COLUMNS)),
+}
 
 
 def job_parser(stored: dict[str, Any]) -> JobWork:
     """
     A stored job's body, read as a live one: its worker requests and the lines they write.
 
-    A batch job's instance ``i`` is a batch of one; a patching job (``{"kind": "patch",
-    "body": PatchBody}``) is one study, written as ``{"index": 0, "report": ...}``. Each
-    carries the gate its route checks before storing it (:func:`gate_job`, :func:`gate_patch_job`).
+    A batch job's instance ``i`` is a batch of one; a study job (``{"kind": "patch" | "prune",
+    "body": ...}``: :data:`STUDY_JOBS`) is one study, written as ``{"index": 0, "report":
+    ...}`` or ``{"index": 0, "study": ...}``. Each carries the gate its route checks before
+    storing it (:func:`gate_job`, :func:`gate_study_job`).
     """
-    if stored.get("kind") == PATCH_JOB:
-        patch = PatchBody.model_validate(stored.get("body"))
+    kind = STUDY_JOBS.get(stored.get("kind", ""))
+    if kind is not None:
+        study = kind.body.model_validate(stored.get("body"))
         return JobWork(
-            lambda _: patch.to_request(),
-            lambda report: {"report": report.to_dict()},
-            partial(gate_patch_job, patch),
+            lambda _: study.to_request(),
+            lambda result: {kind.key: result.to_dict()},
+            partial(gate_study_job, study),
         )
     body = JobBody.model_validate(stored)
     return batch_work(lambda index: body.to_batch([index]), partial(gate_job, body))
@@ -854,9 +888,9 @@ def gate_job(body: JobBody, worker: ExplainWorker) -> None:
     check_instance_features(body.instances or [])
 
 
-def gate_patch_job(body: PatchBody, worker: ExplainWorker) -> None:
+def gate_study_job(body: PatchBody | PruneBody, worker: ExplainWorker) -> None:
     """
-    Refuse a patching job that ``worker``'s settings would not run (names, bounds, model).
+    Refuse a study job that ``worker``'s settings would not run (names, bounds, model).
 
     Raises:
         AttrlabError: as :meth:`ExplainWorker.validate`.
@@ -1124,10 +1158,10 @@ def _job_status(jobs: JobRunner | None, job_id: str) -> dict[str, Any]:
     if status is None:
         raise HTTPException(404, f"no job '{job_id}'")
     steps = jobs.progress(job_id)
-    kind = jobs.store.request(job_id).get("kind") == PATCH_JOB
+    kind = jobs.store.request(job_id).get("kind")
     return {
         **status,
-        "kind": PATCH_JOB if kind else "batch",
+        "kind": kind if kind in STUDY_JOBS else "batch",
         "steps": None if steps is None else {"done": steps[0], "total": steps[1]},
     }
 
@@ -1142,7 +1176,7 @@ def _queued_job(jobs: JobRunner | None, stored: dict[str, Any], total: int) -> d
 def _add_job_submit_routes(
     router: APIRouter, worker: ExplainWorker, jobs: JobRunner | None
 ) -> None:
-    """POST /jobs and /patch/jobs: durable jobs, gated as their runs will be."""
+    """POST /jobs, /patch/jobs and /prune/jobs: durable jobs, gated as their runs will be."""
 
     @router.post(
         "/jobs",
@@ -1177,8 +1211,26 @@ def _add_job_submit_routes(
         checked here (4xx); what needs the model (the prompts' token lengths, a target they do
         not hold) ends the job ``failed`` with the reason in ``message``.
         """
-        gate_patch_job(body, worker)  # the gate a run of the stored job passes again
-        return _queued_job(jobs, {"kind": PATCH_JOB, "body": body.model_dump(mode="json")}, 1)
+        gate_study_job(body, worker)  # the gate a run of the stored job passes again
+        return _queued_job(jobs, {"kind": "patch", "body": body.model_dump(mode="json")}, 1)
+
+    @router.post(
+        "/prune/jobs",
+        status_code=202,
+        responses={202: {"description": "The job's status (queued)", "links": _JOB_LINKS}},
+    )
+    def submit_prune_job(body: PruneBody) -> dict[str, Any]:
+        """
+        Queue a durable pruning study (the body of ``POST /prune``); ``202 {job_id}``.
+
+        As a patching job: ``kind: "prune"``, ``total`` 1; its results are one JSON line,
+        ``{"index": 0, "study": ...}`` with the study of ``POST /prune``, or with
+        ``format=parquet`` its curves (one row per unit, order, removed count and metric; an
+        allocation's as ``unit@allocation``). Cancelling stops it at its next batch of rows
+        (the model is left as it was); a restart runs it again from the start.
+        """
+        gate_study_job(body, worker)  # the gate a run of the stored job passes again
+        return _queued_job(jobs, {"kind": "prune", "body": body.model_dump(mode="json")}, 1)
 
 
 def _add_job_routes(router: APIRouter, jobs: JobRunner | None) -> None:
@@ -1192,7 +1244,8 @@ def _add_job_routes(router: APIRouter, jobs: JobRunner | None) -> None:
         ``errors`` lists the first 100 (index, method, code, message); ``instance_errors``
         counts the instances with any, and the results hold every one. A job whose results on
         file are not what was written is ``damaged``, and ``message`` says how. ``kind`` is
-        ``batch`` (``POST /jobs``) or ``patch`` (``POST /patch/jobs``); ``steps`` is the
+        ``batch`` (``POST /jobs``), ``patch`` (``POST /patch/jobs``) or ``prune``
+        (``POST /prune/jobs``); ``steps`` is the
         running instance's progress (``{done, total}``), null when none runs.
         """
         return _job_status(jobs, job_id)
@@ -1229,7 +1282,8 @@ def _add_job_routes(router: APIRouter, jobs: JobRunner | None) -> None:
         index, label, probability), tokens, scores (the map flattened row-major) and
         scores_shape, error, and explanation_json (the whole Explanation). A patching job
         (``POST /patch/jobs``): one line ``{"index": 0, "report": ...}``, or as Parquet the
-        report's table (one row per estimator, direction, component and site). The whole file
+        report's table (one row per estimator, direction, component and site); a pruning job
+        (``POST /prune/jobs``): ``{"index": 0, "study": ...}``, or its curves. The whole file
         is checked first: damaged results answer 500 ``results_damaged`` and nothing else.
         """
         status = _job_status(jobs, job_id)
@@ -1248,7 +1302,8 @@ def _add_job_routes(router: APIRouter, jobs: JobRunner | None) -> None:
             )
         try:
             rows = _rows_of(copy)
-            path = _report_parquet(rows) if status["kind"] == PATCH_JOB else parquet_file(rows)
+            study = STUDY_JOBS.get(status["kind"])
+            path = parquet_file(rows) if study is None else _study_parquet(rows, study)
         finally:
             os.unlink(copy)
         return StreamingResponse(
@@ -1304,13 +1359,13 @@ def _rows_of(path: os.PathLike[str]) -> Iterator[dict[str, Any]]:
             yield json.loads(line)
 
 
-def _report_parquet(rows: Iterator[dict[str, Any]]) -> pathlib.Path:
-    """A patching job's report table (empty before it is done) as a temporary Parquet file."""
+def _study_parquet(rows: Iterator[dict[str, Any]], study: _StudyJob) -> pathlib.Path:
+    """A study job's table (empty before it is done) as a temporary Parquet file."""
     handle, name = tempfile.mkstemp(prefix="attrlab-results-", suffix=".parquet")
     os.close(handle)
-    table = [record for row in rows for record in row["report"]["table"]]
+    table = [record for row in rows for record in study.records(row[study.key])]
     try:
-        pd.DataFrame.from_records(table, columns=list(COLUMNS)).to_parquet(name, index=False)
+        pd.DataFrame.from_records(table, columns=list(study.columns)).to_parquet(name, index=False)
     except BaseException:  # a failed write leaves no file behind
         os.unlink(name)
         raise

@@ -665,7 +665,8 @@ def _checked_row(line: bytes, number: int, total: int) -> dict[str, Any]:
 
     A row is ``{"index": 0 <= i < total, "explanations": {method: outcome}}``, an outcome an
     Explanation (with ``scores``) or ``{"error": {"code", "message"}}``; a patching job's one
-    row is ``{"index": 0, "report": {...}}``, a report with its ``table`` of records.
+    row is ``{"index": 0, "report": {...}}``, a report with its ``table`` of records; a pruning
+    job's ``{"index": 0, "study": {...}}``, a study with its ``target``.
 
     Raises:
         DamagedResultsError: naming the line and what is wrong with it.
@@ -686,6 +687,11 @@ def _checked_row(line: bytes, number: int, total: int) -> dict[str, Any]:
         report = row["report"]
         if not isinstance(report, dict) or not isinstance(report.get("table"), list):
             raise DamagedResultsError(f"results line {number} does not hold a patching report")
+        return row
+    if "study" in row:
+        study = row["study"]
+        if not isinstance(study, dict) or not isinstance(study.get("target"), str):
+            raise DamagedResultsError(f"results line {number} does not hold a pruning study")
         return row
     explanations = row.get("explanations")
     if not isinstance(explanations, dict) or not all(

@@ -195,3 +195,36 @@ def test_a_report_line_is_checked_as_a_report_when_read(tmp_path):
     store.results_path(other).write_text('{"index": 0, "report": {"table": "cut"}}\n')
     with pytest.raises(DamagedResultsError, match="line 1 does not hold a patching report"):
         list(store.results(other))
+
+
+def test_a_prune_job_ends_with_the_direct_studys_curves(tmp_path, load_model):
+    """A pruning study is a durable job on the same routes: status, results, Parquet."""
+    from attrlab.attribution.engine import pruning_study
+
+    texts = ["The cat sat on the mat", "Mary gave John a"]
+    adapter = load_model(MODEL)
+    options = {"units": ["neuron"], "draws": 2, "sparsity": "per_layer", "allocation": "owl"}
+    expected = pruning_study(adapter, adapter.preprocess(CLEAN), None, texts=texts, **options)
+    worker = _worker(tmp_path)
+    body = {"model": MODEL, "text": CLEAN, "next_token": True, "texts": texts, **options}
+    with TestClient(create_app(worker)) as client:
+        submitted = client.post("/api/v1/prune/jobs", json=body)
+        assert submitted.status_code == 202, submitted.text
+        assert submitted.json()["kind"] == "prune" and submitted.json()["total"] == 1
+        status = wait_for_job(client, submitted.json()["job_id"])
+        assert status["status"] == "done" and status["kind"] == "prune"
+        job = submitted.json()["job_id"]
+        (line,) = client.get(f"/api/v1/jobs/{job}/results").text.splitlines()
+        study = json.loads(line)["study"]
+        got = pd.DataFrame(study["allocated"]["neuron"]["curves"])
+        want = expected.allocated["neuron"].curves
+        assert list(got["order"]) == list(want["order"])
+        pd.testing.assert_series_equal(got["value"].astype(float), want["value"], rtol=1e-6)
+        parquet = client.get(f"/api/v1/jobs/{job}/results", params={"format": "parquet"})
+        table = pd.read_parquet(io.BytesIO(parquet.content))
+        assert list(table.columns[:2]) == ["unit", "order"]
+        assert set(table["unit"]) == {"neuron", "neuron@owl"}
+        assert len(table) == len(expected.curve_table())
+        refused = client.post("/api/v1/prune/jobs", json={**body, "units": ["expert"]})
+        assert refused.status_code == 422  # refused before it is stored
+    worker.close()
