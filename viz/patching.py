@@ -30,6 +30,7 @@ from attrlab.viz.tokens import token_tick
 from attrlab.viz.weights import effect_scatter_figure, score_map_figure
 
 __all__ = [
+    "PRUNING_FIGURE_ROLES",
     "estimator_scatter",
     "patching_figure_names",
     "patching_figures",
@@ -568,6 +569,10 @@ def pruning_files(study: PruningStudy) -> dict[str, str]:
         "pruning_scores.csv": study.score_table().to_csv(index=False),
         "pruning_rankings.csv": ranking_table(study).to_csv(index=False),
     }
+
+
+#: What each of a unit's pruning figures shows (:func:`pruning_figure_names`' keys).
+PRUNING_FIGURE_ROLES = ("curves", "allocated", "scores", "agreement")
 
 
 def pruning_figure_names(unit: str, allocation: str | None = None) -> dict[str, str]:
