@@ -207,7 +207,7 @@ def pruning_html(study: PruningStudy) -> str:
         f"<b>pruning study</b>: target {token_html(study.target)}, {study.texts} texts, "
         f"{html.escape(study.sparsity)} sparsity"
         + (f", {html.escape(study.allocation)} allocation" if study.allocation else "")
-        + f", removal {html.escape(study.removal or 'each kind default')}</div>"
+        + f", removal: {html.escape(study.removal or 'each kind its default')}</div>"
     ]
     for unit, curves in study.labelled_curves().items():
         verdicts = "".join(

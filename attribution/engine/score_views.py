@@ -105,12 +105,11 @@ def score_grid(sites: Sequence[Site], scores: np.ndarray) -> ScoreGrid:
     values = np.asarray(scores, dtype=float)
     if axis is None or values.shape != (len(sites),):
         raise ValueError("a score grid needs one score per site, each a layer and an index")
-    layers = np.array(sorted({int(s.layer) for s in sites if s.layer is not None}))
-    rows = {layer: r for r, layer in enumerate(layers)}
-    columns = [int(getattr(s, axis)) for s in sites]
-    grid = np.full((len(layers), max(columns) + 1), np.nan)
-    for site, column, value in zip(sites, columns, values, strict=True):
-        grid[rows[int(site.layer)], column] = value  # type: ignore[arg-type]
+    at_layer = np.array([s.layer for s in sites], dtype=int)
+    columns = np.array([getattr(s, axis) for s in sites], dtype=int)
+    layers = np.unique(at_layer)
+    grid = np.full((len(layers), int(columns.max()) + 1), np.nan)
+    grid[np.searchsorted(layers, at_layer), columns] = values
     return ScoreGrid(axis, layers, grid)
 
 
