@@ -246,3 +246,40 @@ def test_the_page_runs_a_neuron_study_with_its_allocation_and_shows_its_figures(
     judged = [v for v in pruned.by_unit["neuron"].verdicts if v.status != "inconclusive"]
     assert all(v.summary() in views[0] for v in judged)
     assert not math.isnan(pruned.agreements["neuron"].table["spearman"].iloc[0])
+
+
+def test_a_cnns_score_maps_leave_the_narrower_layers_missing_channels_empty():
+    from torch import nn
+
+    from attrlab.attribution.models.images import ImageTransform
+    from attrlab.attribution.models.vision import CNNAdapter
+    from attrlab.attribution.request.target import output_target
+
+    torch.manual_seed(0)
+    model = nn.Sequential(  # 6 channels, then 5
+        nn.Conv2d(3, 6, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(6, 5, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(5, 4),
+    ).eval()
+    transform = ImageTransform((16, 16), (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+    adapter = CNNAdapter(model, "toy-cnn", transform, [f"c{i}" for i in range(4)])
+    rng = np.random.default_rng(0)
+    items = []
+    for _ in range(2):
+        inputs = adapter.preprocess(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8))
+        with torch.no_grad():
+            index = int(adapter.logits(**inputs.model_kwargs())[0].argmax())
+        items.append((inputs, output_target(adapter, index)))
+    study = pruning_study(
+        adapter, items[0][0], items[0][1], items=items, units=["channel"], draws=2
+    )
+    figure = pruning_figures(study)["scores_channels"]
+    assert list(_panels(figure)) == list(study.rankings["channel"]) != []
+    for estimator, (heatmap,) in _panels(figure).items():
+        scores = study.rankings["channel"][estimator]
+        expected = np.array([scores[:6], [*scores[6:], np.nan]])
+        np.testing.assert_array_equal(np.asarray(heatmap.z, dtype=float), expected)
