@@ -603,7 +603,14 @@ class PruneBody(BaseModel):
         max_length=500,
         description="Default: minilm-zeroshot, or smollm2-135m for a next token or an answer",
     )
-    text: str = Field(..., min_length=1, description="The input the layers and heads are ranked on")
+    text: str | None = Field(
+        None, min_length=1, description="The input the units are ranked on (or image_base64)"
+    )
+    image_base64: str | None = Field(
+        None,
+        description="An image model's input (its file's bytes, base64): ranked on it, pruned "
+        "over the bundled images",
+    )
     labels: list[Annotated[str, Field(max_length=200)]] | None = Field(None, max_length=100)
     target: _Target = None
     next_token: bool = Field(False, description="Rank for a decoder LM's next token")
@@ -656,9 +663,12 @@ class PruneBody(BaseModel):
 
     def to_request(self) -> PruneRequest:
         """The worker request for this body."""
-        given = self.model_dump(exclude={"model", "texts", "units", "answer", "contrast"})
+        given = self.model_dump(
+            exclude={"model", "texts", "units", "answer", "contrast", "image_base64"}
+        )
         return PruneRequest(
             **given,
+            image=_decoded(self.image_base64),
             answer=AnswerSpec.from_json({"answer": self.answer, "contrast": self.contrast}),
             model=self.model,
             texts=None if self.texts is None else tuple(self.texts),

@@ -214,6 +214,7 @@ def _prune(args: argparse.Namespace) -> int:
         seed=args.seed,
         next_token=args.next_token,
         text=args.text,
+        image=None if args.image is None else _read_image_file(args.image),
         target=args.target,
         answer=_study_answer(args),
         corrupted=args.corrupt,
@@ -1161,7 +1162,11 @@ def _add_prune_command(sub: _Subcommands) -> None:
     prune.add_argument(
         "--model", default=None, help="alias, hub id or local folder (default: minilm-zeroshot)"
     )
-    prune.add_argument("--text", required=True, help="the input the units are ranked on")
+    source = prune.add_mutually_exclusive_group(required=True)
+    source.add_argument("--text", help="the input the units are ranked on")
+    source.add_argument(
+        "--image", help="an image file the units are ranked on (an image model: its channels)"
+    )
     prune.add_argument("--labels", help="comma-separated zero-shot labels")
     prune.add_argument("--target", help="class index or label to rank for (default: top)")
     prune.add_argument("--next-token", action="store_true", help="rank for a decoder's next token")

@@ -92,7 +92,7 @@ def curves(names: list[str]) -> None:
             )
             scores = study.score_table()
             rows = [
-                (r.unit, r.order, r.metric, f"{r.auc:.4g}", _number(r.std), r.status or "")
+                (r.unit, r.order, r.metric, f"{r.auc:.4g}", _number(r.std), _verdict(r.status))
                 for r in scores.itertuples()
                 if r.metric != "top1_agreement"
             ]
@@ -114,6 +114,10 @@ def curves(names: list[str]) -> None:
                         for r in agreement.table.itertuples()
                     ],
                 )
+
+
+def _verdict(status: object) -> str:
+    return status if isinstance(status, str) else ""  # the random orders have none
 
 
 def _number(value: float) -> str:

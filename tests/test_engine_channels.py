@@ -222,7 +222,7 @@ def test_mean_removal_is_the_neurons_mean_over_positions(load_model):
 def test_a_site_of_another_model_is_refused(load_model):
     adapter = load_model("tiny-random-llama")
     elsewhere = [[Site("neuron", layer=99, channel=0)]]
-    with pytest.raises(InvalidParameterError, match="not a neuron"):
+    with pytest.raises(InvalidParameterError, match="not one of this model's neurons"):
         unit_kind("neuron").removal()(adapter, elsewhere).__enter__()
 
 
@@ -400,3 +400,35 @@ def test_study_removal_is_each_kinds_and_refused_where_a_kind_lacks_it(load_mode
     assert last[0] != last[1]  # the same order, removed otherwise
     with pytest.raises(InvalidParameterError, match="a layer is removed by skip"):
         pruning_study(adapter, inputs, None, texts=TEXTS[:1], units=["layer"], removal="mean")
+
+
+def test_channels_of_a_timm_resnet():
+    """Every convolution of a ResNet (stem, blocks, shortcuts) is a layer of channels."""
+    import timm
+
+    from attrlab.attribution.models.images import ImageTransform
+    from attrlab.attribution.models.vision import CNNAdapter
+
+    torch.manual_seed(0)
+    model = timm.create_model(
+        "resnet10t", pretrained=False, num_classes=4, channels=(8, 16, 32, 64), stem_width=8
+    )
+    adapter = CNNAdapter(
+        model.eval(),
+        "toy-resnet",
+        ImageTransform((32, 32), (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
+        [f"c{i}" for i in range(4)],
+    )
+    convolutions = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+    assert channel_layers(adapter, "channel").sizes() == [c.out_channels for c in convolutions]
+    inputs = adapter.preprocess(np.full((32, 32, 3), 90, dtype=np.uint8))
+    copied = copy.deepcopy(adapter)
+    layer = len(convolutions) - 1  # a shortcut or the last block's convolution, biasless
+    with torch.no_grad():
+        [m for m in copied.model.modules() if isinstance(m, nn.Conv2d)][layer].weight[2] = 0.0
+        reference = copied.logits(**inputs.model_kwargs())
+        site = [[Site("channel", layer=layer, channel=2)]]
+        with unit_kind("channel").removal("zero")(adapter, site):
+            removed = adapter.logits(**inputs.model_kwargs())
+    assert convolutions[layer].bias is None
+    torch.testing.assert_close(removed, reference, rtol=0, atol=1e-6)

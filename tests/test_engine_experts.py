@@ -21,6 +21,7 @@ import transformers as tf
 from attrlab.attribution.engine import (
     Evidence,
     Site,
+    check_unit_kinds,
     engine_catalog,
     pruning_study,
     removal_agreement,
@@ -103,6 +104,8 @@ def _routing(adapter, inputs) -> list[torch.Tensor]:
 
 
 def test_sites_and_listing(moe):
+    with pytest.raises(UnsupportedMethodError, match="the expert kind"):
+        check_unit_kinds(["neuron"], moe)
     sites = unit_kind("expert").sites(moe)
     assert [s.name() for s in sites] == [[b, e] for b in range(2) for e in range(EXPERTS)]
     kinds = {k["name"]: k for k in engine_catalog()}
@@ -222,7 +225,7 @@ def test_a_study_of_experts_with_agreement(moe):
 
 def test_an_expert_the_model_lacks_is_refused(moe):
     site = [[Site("expert", layer=0, expert=EXPERTS)]]
-    with pytest.raises(InvalidParameterError, match="not an expert"):
+    with pytest.raises(InvalidParameterError, match="not one of this model's experts"):
         unit_kind("expert").removal()(moe, site).__enter__()
 
 

@@ -8,6 +8,7 @@ pruning_study` run directly on the same tiny model and prompts; bad input is ref
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 
@@ -157,3 +158,32 @@ def test_neurons_per_layer_with_an_allocation_through_cli_and_rest(
     assert "allocates neurons" in refused.json()["error"]["message"]
     assert main([*argv[:-8], "--allocation", "owl"]) == 2
     assert "use per_layer" in capsys.readouterr().err
+
+
+def test_an_image_model_is_ranked_on_an_image_and_pruned_over_the_bundled_images(
+    capsys, load_model, tmp_path, served
+):
+    from PIL import Image
+
+    from attrlab.attribution.models.images import load_image
+
+    picture = tmp_path / "grey.png"
+    Image.new("RGB", (32, 32), (120, 130, 140)).save(picture)
+    adapter = load_model("tiny-random-vit")
+    inputs = adapter.preprocess(load_image(picture.read_bytes()))
+    expected = pruning_study(adapter, inputs, None, units=["layer"], draws=2)
+    argv = ["prune", "--model", "tiny-random-vit", "--image", str(picture), "--units", "layer"]
+    assert main([*argv, "--draws", "2", "--format", "json"]) == 0
+    study = json.loads(capsys.readouterr().out)
+    assert study["texts"] == expected.texts  # the bundled images
+    _same_curves(pd.DataFrame(study["layer"]["curves"]), expected.by_unit["layer"].curves)
+    assert main([*argv, "--corrupt", "a prompt"]) == 2
+    assert "give no answer, corrupted prompt or texts" in capsys.readouterr().err
+    encoded = base64.b64encode(picture.read_bytes()).decode()
+    body = {"model": "tiny-random-vit", "image_base64": encoded, "units": ["layer"], "draws": 2}
+    answer = served.post("/api/v1/prune", json=body)
+    assert answer.status_code == 200, answer.text
+    _same_curves(pd.DataFrame(answer.json()["layer"]["curves"]), expected.by_unit["layer"].curves)
+    neither = served.post("/api/v1/prune", json={"model": "tiny-random-vit", "units": ["layer"]})
+    assert neither.status_code == 400
+    assert "give exactly one input" in neither.json()["error"]["message"]

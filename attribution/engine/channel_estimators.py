@@ -29,35 +29,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
 import torch
 
 from attrlab.attribution.engine.channels import (
     CHANNEL_KINDS,
     ChannelStatistics,
 )
-from attrlab.attribution.engine.estimators import Estimator, Evidence, register_estimator
+from attrlab.attribution.engine.estimators import (
+    Estimator,
+    per_layer_reading,
+    register_estimator,
+)
 
 __all__ = ["lamp_scores"]
-
-
-def _flat(per_layer: list[torch.Tensor]) -> np.ndarray:
-    return torch.cat([v.double().flatten() for v in per_layer]).numpy()
-
-
-def _statistics(evidence: Evidence) -> ChannelStatistics | None:
-    return None if evidence.statistics is None else evidence.statistics.get(evidence.unit)
-
-
-def _reading(read: Callable[[ChannelStatistics], list[torch.Tensor] | None]) -> Callable:
-    """An estimator's score from what ``read`` takes of the statistics (``None``: not there)."""
-
-    def score(evidence: Evidence) -> np.ndarray | None:
-        statistics = _statistics(evidence)
-        found = None if statistics is None else read(statistics)
-        return None if found is None else _flat(found)
-
-    return score
 
 
 def lamp_scores(squares: torch.Tensor) -> torch.Tensor:
@@ -120,7 +104,7 @@ for _estimator in (
         "L2 norm of the channel's weights (a neuron's down-projection column, a filter)",
         "Han et al. 2015, Learning both Weights and Connections (arXiv:1506.02626); Li et al. "
         "2017, Pruning Filters for Efficient ConvNets (arXiv:1608.08710)",
-        _reading(_magnitude),
+        per_layer_reading(_magnitude),
         reads="statistics",
         title="Weight magnitude",
         passes="none (weights only)",
@@ -132,7 +116,7 @@ for _estimator in (
         "across layers",
         "Lee et al. 2021, Layer-adaptive Sparsity for the Magnitude-based Pruning "
         "(arXiv:2010.07611)",
-        _reading(_lamp),
+        per_layer_reading(_lamp),
         reads="statistics",
         title="LAMP",
         passes="none (weights only)",
@@ -142,7 +126,7 @@ for _estimator in (
         _NEURONS,
         "Σ over the down projection's outputs of |W| · ‖x‖₂ of the neuron over the texts",
         "Sun et al. 2024, A Simple and Effective Pruning Approach for LLMs (arXiv:2306.11695)",
-        _reading(_wanda),
+        per_layer_reading(_wanda),
         reads="statistics",
         title="Wanda",
         passes=_PASSES,
@@ -153,7 +137,7 @@ for _estimator in (
         "each weight's |W| · ‖x‖₂ as a share of its output row's (Wanda's comparison group), "
         "summed over the neuron's column",
         "Sun et al. 2024, A Simple and Effective Pruning Approach for LLMs (arXiv:2306.11695)",
-        _reading(_wanda_row),
+        per_layer_reading(_wanda_row),
         reads="statistics",
         title="Wanda (per output row)",
         passes=_PASSES,
@@ -163,7 +147,7 @@ for _estimator in (
         CHANNEL_KINDS,
         "mean |activation| over every position of the texts",
         "Hu et al. 2016, Network Trimming (arXiv:1607.03250)",
-        _reading(lambda s: s.mean_abs),
+        per_layer_reading(lambda s: s.mean_abs),
         reads="statistics",
         title="Mean |activation|",
         passes=_PASSES,
@@ -174,7 +158,7 @@ for _estimator in (
         "|Σ a · ∂ log p(target)/∂a| per text, averaged: the first-order effect of zeroing it",
         "Molchanov et al. 2017, Pruning CNNs for Resource Efficient Inference "
         "(arXiv:1611.06440); Nanda 2023, attribution patching",
-        _reading(_first_order("target")),
+        per_layer_reading(_first_order("target")),
         reads="statistics",
         title="Taylor (target)",
         passes=f"{_PASSES} {_FIRST_ORDER}",
@@ -186,7 +170,7 @@ for _estimator in (
         "|Σ a · ∂ loss/∂a| per text, averaged, of the mean next-token loss (decoder LMs)",
         "Molchanov et al. 2019, Importance Estimation for Neural Network Pruning "
         "(arXiv:1906.10771); Ma et al. 2023, LLM-Pruner (arXiv:2305.11627)",
-        _reading(_first_order("loss")),
+        per_layer_reading(_first_order("loss")),
         reads="statistics",
         title="Taylor (loss)",
         passes=f"{_PASSES} {_FIRST_ORDER}",
@@ -199,7 +183,7 @@ for _estimator in (
         "|Σ a · ∂H/∂a| per text, averaged, of the output distribution's entropy: no label",
         "label-free Taylor pruning on the output's entropy (High-Fidelity Pruning for LLMs, "
         "arXiv:2603.08083)",
-        _reading(_first_order("entropy")),
+        per_layer_reading(_first_order("entropy")),
         reads="statistics",
         title="Taylor (entropy)",
         passes=f"{_PASSES} {_FIRST_ORDER}",
@@ -211,7 +195,7 @@ for _estimator in (
         "Σ over the column of |W| · |∂L/∂W| · ‖x‖₂ (the loss's gradient by backpropagation; "
         "the target's off decoder LMs)",
         "Cheng et al. 2024, MINI-LLM: Memory-Efficient Structured Pruning (arXiv:2407.11681)",
-        _reading(_mini_llm),
+        per_layer_reading(_mini_llm),
         reads="statistics",
         title="MINI-LLM",
         passes=f"{_PASSES} {_FIRST_ORDER}",
@@ -222,7 +206,7 @@ for _estimator in (
         _NEURONS,
         "|Σ relevance| at the neuron per text, averaged (AttnLRP rules, the target's score)",
         "Achtibat et al. 2024, AttnLRP (https://arxiv.org/abs/2402.05602)",
-        _reading(lambda s: s.relevance),
+        per_layer_reading(lambda s: s.relevance),
         reads="statistics",
         title="LRP relevance",
         passes="one forward + one backward per text under LRP rules",

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attrlab.attribution.alteration import altered
-from attrlab.attribution.engine.units import Site, UnitKind, register_unit_kind
+from attrlab.attribution.engine.units import Site, UnitKind, layer_masks, register_unit_kind
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.layers.analysis import ModelParts, checked_target
 from attrlab.attribution.methods.lrp.relevance import lrp
@@ -96,10 +96,16 @@ def weight_rows(module: nn.Module, side: str) -> torch.Tensor:
 
 
 def _neurons_unsupported(adapter: Adapter) -> str | None:
-    if layout_of(adapter.model_type) is None:
+    layout = layout_of(adapter.model_type)
+    if layout is None:
         return (
             f"a neuron is an MLP channel of a transformer family attrlab knows; model "
             f"'{adapter.model_id}' is a {adapter.family}"
+        )
+    if layout.router is not None:
+        return (
+            f"model '{adapter.model_id}' has mixture-of-experts blocks: their units are the "
+            "expert kind (a neuron is a dense MLP's channel)"
         )
     return None
 
@@ -156,16 +162,7 @@ def _removal(unit: str, how: str) -> Callable[..., AbstractContextManager[None]]
     @contextmanager
     def remove(adapter: Adapter, rows: Sequence[Sequence[Site]]) -> Iterator[None]:
         layers = channel_layers(adapter, unit)
-        sizes = layers.sizes()
-        masks: dict[int, torch.Tensor] = {}
-        for r, row in enumerate(rows):
-            for site in row:
-                layer, channel = site.layer or 0, site.channel
-                known = site.layer is not None and 0 <= layer < len(sizes)
-                if not known or channel is None or not 0 <= channel < sizes[layer]:
-                    raise InvalidParameterError(f"{site} is not a {unit} of this model")
-                empty = torch.zeros(len(rows), sizes[layer], dtype=torch.bool)
-                masks.setdefault(layer, empty)[r, channel] = True
+        masks = layer_masks(rows, layers.sizes(), "channel")
         with ExitStack() as stack:
             for layer, mask in masks.items():
                 module = layers.modules[layer]
@@ -423,29 +420,29 @@ def _neuron_relevance(
     return [result.probes[f"mlp{b}"].sum(0) for b in range(len(layers.modules))]
 
 
-register_unit_kind(
-    UnitKind(
-        "neuron",
+#: Each channel kind: what it is and how it is removed, and why a model may lack it.
+_KINDS = {
+    "neuron": (
         "an MLP neuron (one input feature of the block's down projection), removed by zeroing "
         "it or by its mean over the input's tokens",
-        _sites("neuron"),
-        {how: _removal("neuron", how) for how in ("zero", "mean")},
-        by_default=False,
-        unsupported=_neurons_unsupported,
-        collect=_collector("neuron"),
-        collect_passes=statistics_passes,
-    )
-)
-register_unit_kind(
-    UnitKind(
-        "channel",
+        _neurons_unsupported,
+    ),
+    "channel": (
         "a CNN convolution's output channel, removed by zeroing it or by its mean over the "
         "feature map's positions",
-        _sites("channel"),
-        {how: _removal("channel", how) for how in ("zero", "mean")},
-        by_default=False,
-        unsupported=_channels_unsupported,
-        collect=_collector("channel"),
-        collect_passes=statistics_passes,
+        _channels_unsupported,
+    ),
+}
+for _unit, (_description, _unsupported) in _KINDS.items():
+    register_unit_kind(
+        UnitKind(
+            _unit,
+            _description,
+            _sites(_unit),
+            {how: _removal(_unit, how) for how in ("zero", "mean")},
+            by_default=False,
+            unsupported=_unsupported,
+            collect=_collector(_unit),
+            collect_passes=statistics_passes,
+        )
     )
-)

@@ -43,6 +43,7 @@ __all__ = [
     "Evidence",
     "engine_catalog",
     "estimators_for",
+    "per_layer_reading",
     "register_estimator",
     "residual_patching_ranking",
     "scores_of",
@@ -224,6 +225,24 @@ def scores_of(evidence: Evidence, unit: str) -> dict[str, np.ndarray]:
     applicable = estimators_for(evidence.adapter, unit, evidence.given())
     found = {e.name: e.score(of_unit) for e in applicable}
     return {name: values for name, values in found.items() if values is not None}
+
+
+def per_layer_reading(
+    read: Callable[[Any], list[torch.Tensor] | None],
+) -> Callable[[Evidence], np.ndarray | None]:
+    """
+    An estimator's ``score`` from its kind's dataset statistics: what ``read`` takes of them.
+
+    ``read`` gives one tensor per layer (``None``: the statistics lack it); the scores are
+    those tensors one after another, the kind's site order for per-layer kinds.
+    """
+
+    def score(evidence: Evidence) -> np.ndarray | None:
+        held = None if evidence.statistics is None else evidence.statistics.get(evidence.unit)
+        found = None if held is None else read(held)
+        return None if found is None else torch.cat([v.double().flatten() for v in found]).numpy()
+
+    return score
 
 
 def engine_catalog() -> list[dict[str, Any]]:

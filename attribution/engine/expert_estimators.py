@@ -16,24 +16,13 @@ measured on and gives one score per expert, layer by layer:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-import numpy as np
-import torch
-
-from attrlab.attribution.engine.estimators import Estimator, Evidence, register_estimator
-from attrlab.attribution.engine.experts import ExpertStatistics
+from attrlab.attribution.engine.estimators import (
+    Estimator,
+    per_layer_reading,
+    register_estimator,
+)
 
 __all__: list[str] = []
-
-
-def _reading(read: Callable[[ExpertStatistics], list[torch.Tensor] | None]) -> Callable:
-    def score(evidence: Evidence) -> np.ndarray | None:
-        statistics = None if evidence.statistics is None else evidence.statistics.get("expert")
-        found = None if statistics is None else read(statistics)
-        return None if found is None else torch.cat(found).numpy()
-
-    return score
 
 
 _EXPERT = ("expert",)
@@ -46,7 +35,7 @@ for _estimator in (
         "the share of the texts' tokens that choose the expert among their top-k",
         "Lu et al. 2024, Not All Experts are Equal: Efficient Expert Pruning and Skipping "
         "for Mixture-of-Experts LLMs (arXiv:2402.14800)",
-        _reading(lambda s: s.frequency),
+        per_layer_reading(lambda s: s.frequency),
         reads="statistics",
         title="Routing frequency",
         passes=_PASSES,
@@ -56,7 +45,7 @@ for _estimator in (
         _EXPERT,
         "the expert's mean router weight over every token (0 where it is not chosen)",
         "Lu et al. 2024 (arXiv:2402.14800): routing scores as expert importance",
-        _reading(lambda s: s.weight),
+        per_layer_reading(lambda s: s.weight),
         reads="statistics",
         title="Mean router weight",
         passes=_PASSES,
@@ -66,7 +55,7 @@ for _estimator in (
         _EXPERT,
         "router weight × ‖expert output‖₂, averaged over the tokens routed to the expert",
         "Lasby et al. 2025, REAP: Router-weighted Expert Activation Pruning (arXiv:2510.13999)",
-        _reading(lambda s: s.reap),
+        per_layer_reading(lambda s: s.reap),
         reads="statistics",
         title="REAP",
         passes=f"{_PASSES} + one expert pass per routed token",
@@ -76,7 +65,7 @@ for _estimator in (
         _EXPERT,
         "|Σ w · f(x) · ∂ log p(target)/∂y| per text, averaged: dropping the expert, to first order",
         "Molchanov et al. 2019 (arXiv:1906.10771), on the expert's gated output",
-        _reading(lambda s: s.first_order.get("target")),
+        per_layer_reading(lambda s: s.first_order.get("target")),
         reads="statistics",
         title="Gate × gradient (target)",
         passes=f"{_PASSES} + one backward per text",
@@ -87,7 +76,7 @@ for _estimator in (
         _EXPERT,
         "|Σ w · f(x) · ∂ loss/∂y| per text, averaged, of the mean next-token loss",
         "Molchanov et al. 2019 (arXiv:1906.10771), on the expert's gated output",
-        _reading(lambda s: s.first_order.get("loss")),
+        per_layer_reading(lambda s: s.first_order.get("loss")),
         reads="statistics",
         title="Gate × gradient (loss)",
         passes=f"{_PASSES} + one backward per text",

@@ -31,8 +31,8 @@ from torch import nn
 
 from attrlab.attribution.alteration import altered
 from attrlab.attribution.engine.channels import OBJECTIVES, objective_values
-from attrlab.attribution.engine.units import Site, UnitKind, register_unit_kind
-from attrlab.attribution.errors import InvalidParameterError, UnsupportedMethodError
+from attrlab.attribution.engine.units import Site, UnitKind, layer_masks, register_unit_kind
+from attrlab.attribution.errors import UnsupportedMethodError
 from attrlab.attribution.layers.analysis import checked_target
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.layouts import layout_of
@@ -128,20 +128,6 @@ def _sites(adapter: Adapter, _inputs: Inputs | None) -> list[Site]:
     return [Site("expert", layer=b, expert=e) for b, n in enumerate(counts) for e in range(n)]
 
 
-def _token_masks(rows: Sequence[Sequence[Site]], counts: list[int]) -> dict[int, torch.Tensor]:
-    """Per layer, ``(rows, experts)``: which experts each batch row runs without."""
-    masks: dict[int, torch.Tensor] = {}
-    for r, row in enumerate(rows):
-        for site in row:
-            layer, expert = site.layer or 0, site.expert
-            known = site.layer is not None and 0 <= layer < len(counts)
-            if not known or expert is None or not 0 <= expert < counts[layer]:
-                raise InvalidParameterError(f"{site} is not an expert of this model")
-            empty = torch.zeros(len(rows), counts[layer], dtype=torch.bool)
-            masks.setdefault(layer, empty)[r, expert] = True
-    return masks
-
-
 def _per_token(mask: torch.Tensor, tokens: int) -> torch.Tensor:
     """A ``(rows, experts)`` mask spread over the rows' tokens, flattened row by row."""
     return mask.repeat_interleave(tokens // mask.shape[0], dim=0)
@@ -180,7 +166,7 @@ def _removal(how: str) -> Callable[..., AbstractContextManager[None]]:
     @contextmanager
     def remove(adapter: Adapter, rows: Sequence[Sequence[Site]]) -> Iterator[None]:
         layers = moe_layers(adapter)
-        masks = _token_masks(rows, layers.counts)
+        masks = layer_masks(rows, layers.counts, "expert")
         with ExitStack() as stack:
             for layer, mask in masks.items():
                 if how == "reroute":

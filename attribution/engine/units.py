@@ -27,6 +27,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from attrlab.attribution.errors import (
     InvalidInputError,
     InvalidParameterError,
@@ -48,6 +50,7 @@ __all__ = [
     "UnitKind",
     "check_unit_kinds",
     "default_unit_kinds",
+    "layer_masks",
     "model_unit_kinds",
     "register_unit_kind",
     "shared_sites",
@@ -272,6 +275,29 @@ def shared_sites(adapter: Adapter, unit: str, inputs: Sequence[Inputs]) -> list[
             f"a {unit} site is a token position: every input needs the same token length"
         )
     return sites
+
+
+def layer_masks(
+    rows: Sequence[Sequence[Site]], sizes: Sequence[int], field: str
+) -> dict[int, torch.Tensor]:
+    """
+    Per layer, ``(rows, sizes[layer])`` booleans: the sites each batch row runs without.
+
+    ``field``: the site's index within its layer (``channel``, ``expert``).
+
+    Raises:
+        InvalidParameterError: a site the model does not have.
+    """
+    masks: dict[int, torch.Tensor] = {}
+    for r, row in enumerate(rows):
+        for site in row:
+            layer, index = site.layer or 0, getattr(site, field)
+            known = site.layer is not None and 0 <= layer < len(sizes)
+            if not known or index is None or not 0 <= index < sizes[layer]:
+                raise InvalidParameterError(f"{site} is not one of this model's {site.kind}s")
+            empty = torch.zeros(len(rows), sizes[layer], dtype=torch.bool)
+            masks.setdefault(layer, empty)[r, index] = True
+    return masks
 
 
 def _layers(adapter: Adapter, _inputs: Inputs | None) -> list[Site]:

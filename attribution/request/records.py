@@ -460,13 +460,16 @@ class PruneRequest(Request["PruningStudy"]):
 
     The layers and heads are ranked on ``text`` for ``target``, or for a decoder's ``answer``
     (its answer, rather than its contrast; with ``corrupted``, exact residual patching ranks
-    the layers too), and pruned over ``texts`` (``None``: the bundled sentences). ``units``:
+    the layers too), and pruned over ``texts`` (``None``: the bundled sentences); or, for an
+    image model (a CNN's channels), ranked on ``image`` and pruned over the bundled images.
+    ``units``:
     ``None`` for the model's default kinds. ``agreement``: each site also removed alone, and
     each ranking scored against those exact effects. ``sparsity``, ``allocation`` and
     ``removal`` as :func:`attribution.engine.study.pruning_study` takes them.
     """
 
-    text: str
+    text: str | None = None
+    image: Any = None
     target: int | str | None = None
     answer: AnswerSpec | None = None
     corrupted: str | None = None
@@ -481,11 +484,23 @@ class PruneRequest(Request["PruningStudy"]):
 
     def _asks(self) -> tuple[str, bool]:
         """A decoder LM for a next token, an answer or a corrupted prompt; else a classifier."""
+        if self.image is not None:
+            return "image", False
         asks = self.next_token or self.answer is not None or self.corrupted is not None
         return "text", asks
 
+    def _ranked(self) -> Instance:
+        return Instance(text=self.text, image=self.image, target=self.target)
+
     def check(self, bounds: RequestBounds) -> None:
         """Every text within this server's bounds, and no more dataset texts than a study takes."""
+        if self._ranked().modality == "image" and (
+            self.answer is not None or self.corrupted is not None or self.texts is not None
+        ):
+            raise InvalidInputError(
+                "an image is ranked for a class and pruned over the bundled images: give no "
+                "answer, corrupted prompt or texts with it"
+            )
         if self.units is not None:
             engine.check_unit_kinds(self.units)
         engine.check_sparsity(self.units or (), self.sparsity, self.allocation)
@@ -500,9 +515,13 @@ class PruneRequest(Request["PruningStudy"]):
 
     def run_on(self, adapter: Adapter, run: JobContext) -> PruningStudy:
         """The study, priced and refused over the job's budgets before any work."""
-        inputs, target, problem = engine.ranked_input(
-            adapter, self.text, self.target, *_answer_texts(self.answer), self.corrupted
-        )
+        if self.text is None:  # an image, read and bounded as every image is
+            ready = run.targeted(self._ranked())
+            inputs, target, problem = ready.inputs, ready.target, None
+        else:
+            inputs, target, problem = engine.ranked_input(
+                adapter, self.text, self.target, *_answer_texts(self.answer), self.corrupted
+            )
         return engine.pruning_study(
             adapter,
             inputs,
