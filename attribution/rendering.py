@@ -2,10 +2,10 @@
 Where drawing plugs into the library's results, which are plain data.
 
 The library draws nothing and imports nothing that draws. An Explanation's ``figure()`` and
-``show()``, and the notebook display (``_repr_html_``) of an Explanation or a method comparison,
-ask the renderer registered here. :mod:`attrlab.viz` registers itself when it is imported, and
-``import attrlab`` imports it, so a notebook gets its display; without a renderer a notebook
-shows the plain ``repr`` and ``figure()`` says what to import.
+``show()``, and the notebook display (``_repr_html_``) of an Explanation, a method comparison
+or a pruning study, ask the renderer registered here. :mod:`attrlab.viz` registers itself when
+it is imported, and ``import attrlab`` imports it, so a notebook gets its display; without a
+renderer a notebook shows the plain ``repr`` and ``figure()`` says what to import.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import numpy as np
 
+    from attrlab.attribution.engine.study import PruningStudy
     from attrlab.attribution.explanation import Explanation
     from attrlab.attribution.metrics.check import MethodCheck
 
@@ -37,6 +38,10 @@ class Renderer(Protocol):
 
     def comparison_html(self, check: MethodCheck) -> str:
         """Several methods on one input as a notebook shows them."""
+        ...
+
+    def pruning_html(self, study: PruningStudy) -> str:
+        """A pruning study as a notebook shows it."""
         ...
 
 

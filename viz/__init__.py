@@ -41,7 +41,7 @@ if TYPE_CHECKING:
         token_layers_figure,
         top_heads_figure,
     )
-    from attrlab.viz.notebook import comparison_html, explanation_html
+    from attrlab.viz.notebook import comparison_html, explanation_html, pruning_html
     from attrlab.viz.patching import (
         estimator_scatter,
         patching_figures,
@@ -105,6 +105,7 @@ __all__ = [
     "positional_figure_tokens",
     "pruning_figure",
     "pruning_figures",
+    "pruning_html",
     "pruning_text",
     "randomisation_figure",
     "safe_name",
@@ -160,6 +161,7 @@ __getattr__, __dir__ = lazy_exports(
         "top_heads_figure": "attrlab.viz.layers",
         "comparison_html": "attrlab.viz.notebook",
         "explanation_html": "attrlab.viz.notebook",
+        "pruning_html": "attrlab.viz.notebook",
         "estimator_scatter": "attrlab.viz.patching",
         "patching_figures": "attrlab.viz.patching",
         "patching_head_grid": "attrlab.viz.patching",

@@ -5,7 +5,9 @@ An Explanation shows its tokens coloured with the scale's legend (an answer's wh
 decoder LM's answer), or its map over the image (a picture inside the page), then its target
 and trust card; a layer analysis its layer × head grid per head measure and each one's top
 heads; several methods compared (:class:`~attribution.metrics.check.MethodCheck`) their maps
-side by side and the agreement of each pair. The interactive figures are Plotly's
+side by side and the agreement of each pair; a pruning study
+(:class:`~attribution.engine.study.PruningStudy`) each unit's areas and verdicts, and each
+estimator's agreement with exact removal. The interactive figures are Plotly's
 (``Explanation.figure()``), which notebooks draw themselves.
 """
 
@@ -17,6 +19,7 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
+from attrlab.attribution.engine.study import PruningStudy
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.metrics.check import MethodCheck
 from attrlab.viz.answer import answer_html, answer_layout
@@ -34,7 +37,7 @@ from attrlab.viz.tokens import token_html
 from attrlab.viz.trust import trust_card_html
 from attrlab.viz.view import IMAGE_VIEW
 
-__all__ = ["comparison_html", "explanation_html", "layer_grid_html"]
+__all__ = ["comparison_html", "explanation_html", "layer_grid_html", "pruning_html"]
 
 #: Heads listed under each head measure's grid.
 TOP_HEADS = 5
@@ -171,3 +174,61 @@ def comparison_html(check: MethodCheck) -> str:
         f'<div class="attrlab-comparison">{maps}{_agreement_html(check.agreement)}'
         f'<div style="display:flex;flex-wrap:wrap;gap:8px">{cards}</div></div>'
     )
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, float):
+        return "" if np.isnan(value) else f"{value:.4g}"
+    return "" if value is None else html.escape(str(value))
+
+
+def _table_html(frame: pd.DataFrame, css_class: str) -> str:
+    """A small table of text and numbers (numbers to 4 significant digits, missing empty)."""
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
+    rows = "".join(
+        "<tr>" + "".join(f"<td>{_cell(v)}</td>" for v in row) + "</tr>"
+        for row in frame.itertuples(index=False)
+    )
+    return (
+        f'<table class="{css_class}" style="font-size:0.85em;border-collapse:collapse">'
+        f"<tr>{head}</tr>{rows}</table>"
+    )
+
+
+def pruning_html(study: PruningStudy) -> str:
+    """
+    A pruning study: each unit's areas and verdicts, then its estimators' agreement.
+
+    Per unit (and under an allocation, per ``unit@allocation``) its areas under each curve and
+    its verdicts in words; where it was measured, each estimator's agreement with exact removal.
+    """
+    parts = [
+        '<div class="attrlab-heading" style="font-size:0.9em;margin-bottom:4px">'
+        f"<b>pruning study</b>: target {token_html(study.target)}, {study.texts} texts, "
+        f"{html.escape(study.sparsity)} sparsity"
+        + (f", {html.escape(study.allocation)} allocation" if study.allocation else "")
+        + f", removal: {html.escape(study.removal or 'each kind its default')}</div>"
+    ]
+    for unit, curves in study.labelled_curves().items():
+        verdicts = "".join(
+            f'<li data-status="{html.escape(v.status)}">{html.escape(v.summary())}</li>'
+            for v in curves.verdicts
+        )
+        parts.append(
+            f'<div class="attrlab-pruning-unit" data-unit="{html.escape(unit)}">'
+            f'<div style="font-weight:600">{html.escape(unit)}: area under each curve</div>'
+            f"{_table_html(curves.scores.drop(columns='p_value'), 'attrlab-pruning-scores')}"
+            f'<ul class="attrlab-verdicts">{verdicts}</ul></div>'
+        )
+    for unit, agreement in study.agreements.items():
+        sampled = " (a sample and each estimator's extremes)" if agreement.sampled else ""
+        parts.append(
+            f'<div class="attrlab-pruning-agreement" data-unit="{html.escape(unit)}">'
+            f'<div style="font-weight:600">each {html.escape(unit)} removed alone{sampled}: '
+            "each estimator against those exact effects</div>"
+            f"{_table_html(agreement.table, 'attrlab-agreement')}</div>"
+        )
+    warnings = "".join(f"<li>{html.escape(w)}</li>" for w in study.warnings)
+    if warnings:
+        parts.append(f'<ul class="attrlab-warnings">{warnings}</ul>')
+    return f'<div class="attrlab-pruning">{"".join(parts)}</div>'

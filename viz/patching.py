@@ -21,13 +21,16 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from attrlab.attribution.engine import PruningCurves
+from attrlab.attribution.engine.score_views import effect_scatters, ranking_table, score_grids
 from attrlab.attribution.engine.study import PruningStudy
 from attrlab.attribution.patching import COMPONENTS, DIRECTIONS, ESTIMATORS, PatchingReport
 from attrlab.viz.layers import _DIVERGING, _token_axis
 from attrlab.viz.theme import TEMPLATE
 from attrlab.viz.tokens import token_tick
+from attrlab.viz.weights import effect_scatter_figure, score_map_figure
 
 __all__ = [
+    "PRUNING_FIGURE_ROLES",
     "estimator_scatter",
     "patching_figure_names",
     "patching_figures",
@@ -35,6 +38,7 @@ __all__ = [
     "patching_head_grid",
     "patching_heatmaps",
     "pruning_figure",
+    "pruning_figure_names",
     "pruning_figures",
     "pruning_files",
 ]
@@ -553,24 +557,62 @@ def patching_files(report: PatchingReport) -> dict[str, str]:
 
 
 def pruning_files(study: PruningStudy) -> dict[str, str]:
-    """A pruning study's data as an export's files: its JSON, its curves and areas as CSV."""
+    """
+    A pruning study's data as an export's files: its JSON, its curves and areas as CSV.
+
+    And each estimator's score of each site (``pruning_rankings.csv``: what the score maps and
+    the agreement scatter draw, beside the exact effects in the JSON's agreements).
+    """
     return {
         "pruning_study.json": json.dumps(study.to_dict(), indent=1, allow_nan=False),
         "pruning_curves.csv": study.curve_table().to_csv(index=False),
         "pruning_scores.csv": study.score_table().to_csv(index=False),
+        "pruning_rankings.csv": ranking_table(study).to_csv(index=False),
     }
+
+
+#: What each of a unit's pruning figures shows (:func:`pruning_figure_names`' keys).
+PRUNING_FIGURE_ROLES = ("curves", "allocated", "scores", "agreement")
+
+
+def pruning_figure_names(unit: str, allocation: str | None = None) -> dict[str, str]:
+    """
+    The names :func:`pruning_figures` gives ``unit``'s figures, by what each shows.
+
+    ``curves`` (``pruning_neurons``), ``allocated`` (under ``allocation``:
+    ``pruning_neurons_owl``), ``scores`` (per-layer score maps: ``scores_neurons``) and
+    ``agreement`` (the scatter against exact removal: ``agreement_neurons``).
+    """
+    names = {
+        "curves": f"pruning_{unit}s",
+        "scores": f"scores_{unit}s",
+        "agreement": f"agreement_{unit}s",
+    }
+    return names | ({"allocated": f"pruning_{unit}s_{allocation}"} if allocation else {})
 
 
 def pruning_figures(study: PruningStudy) -> dict[str, go.Figure]:
     """
-    The curves of each unit a pruning study pruned (``pruning_layers``, ``pruning_heads``).
+    Every figure a pruning study has data for, by name (:func:`pruning_figure_names`).
 
-    Under an allocation, its curves too (``pruning_neurons_owl``).
+    Each unit's curves (``pruning_layers``, ``pruning_heads``), under an allocation its curves
+    too (``pruning_neurons_owl``), a channel or expert kind's per-layer score maps
+    (``scores_neurons``) and, where the agreement with exact removal was measured, its scatter
+    (``agreement_neurons``).
     """
-    return {
-        f"pruning_{unit.replace('@', 's_')}{'' if '@' in unit else 's'}": pruning_figure(curves)
-        for unit, curves in study.labelled_curves().items()
+    figures = {
+        pruning_figure_names(unit)["curves"]: pruning_figure(curves)
+        for unit, curves in study.curves().items()
     }
+    for unit, curves in study.allocated.items():
+        figures[pruning_figure_names(unit, study.allocation)["allocated"]] = pruning_figure(curves)
+    for unit in study.curves():
+        names = pruning_figure_names(unit)
+        if grids := score_grids(study, unit):
+            figures[names["scores"]] = score_map_figure(grids, unit)
+        if scatters := effect_scatters(study, unit):
+            figures[names["agreement"]] = effect_scatter_figure(scatters, unit)
+    return figures
 
 
 def patching_figures(report: PatchingReport) -> dict[str, go.Figure]:

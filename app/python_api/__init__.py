@@ -14,9 +14,10 @@ CLI and REST). Five lines:
 
 Every call is the library's own (:mod:`attrlab.attribution`) with a model given as a spec or a
 loaded adapter and an input given as a text or an image: :func:`explain` (one method, or
-``methods=[...]`` compared), :func:`layers` (per-layer and per-head measures) and
-:func:`patch` (activation patching and its cheap estimators). In a notebook an Explanation, a
-comparison and a layer analysis show themselves (``_repr_html_``); ``.figure()`` and
+``methods=[...]`` compared), :func:`layers` (per-layer and per-head measures), :func:`patch`
+(activation patching and its cheap estimators) and :func:`prune` (what the model's layers,
+heads, neurons, channels or experts can lose). In a notebook an Explanation, a comparison, a
+layer analysis and a pruning study show themselves (``_repr_html_``); ``.figure()`` and
 ``.show()`` give the Plotly figures. Importing ``attrlab`` imports nothing heavy: each call
 imports what it needs.
 """
@@ -35,18 +36,19 @@ from attrlab.attribution import models
 from attrlab.attribution import request as attribution_request
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
 from attrlab.attribution.methods.catalog import DEFAULT_METHOD
-from attrlab.attribution.request.defaults import NOISE_SEEDS, PATCHING_TOP_K
+from attrlab.attribution.request.defaults import NOISE_SEEDS, PATCHING_TOP_K, PRUNING_DRAWS
 
 if TYPE_CHECKING:
     import numpy as np
     from PIL import Image
 
+    from attrlab.attribution.engine.study import PruningStudy
     from attrlab.attribution.explanation import Explanation
     from attrlab.attribution.metrics.check import MethodCheck
     from attrlab.attribution.models.base import Adapter
     from attrlab.attribution.patching import PatchingReport
 
-__all__ = ["AttrlabError", "explain", "layers", "load", "patch"]
+__all__ = ["AttrlabError", "explain", "layers", "load", "patch", "prune"]
 
 
 def load(
@@ -319,5 +321,68 @@ def patch(
         estimators=None if estimators is None else tuple(estimators),
         directions=None if directions is None else tuple(directions),
         top_k=top_k,
+    )
+    return attribution_request.run_request(request, adapter)
+
+
+def prune(
+    model: Adapter | str,
+    text: str,
+    *,
+    units: Sequence[str] | None = None,
+    texts: Sequence[str] | None = None,
+    target: int | str | None = None,
+    answer: str | None = None,
+    contrast: str | None = None,
+    corrupted: str | None = None,
+    draws: int = PRUNING_DRAWS,
+    agreement: bool = False,
+    sparsity: str = "global",
+    allocation: str | None = None,
+    removal: str | None = None,
+    seed: int = 0,
+) -> PruningStudy:
+    """
+    What the model can lose: each estimator's ranking of its units, pruned beside random orders.
+
+    The units (``layer``, ``head``, ``neuron``, ``channel``, ``expert``: ``attrlab units``;
+    ``None``: the model's defaults) are ranked on ``text`` for ``target`` (a class or next
+    token; default the top prediction) or a decoder LM's ``answer`` rather than ``contrast``
+    (with ``corrupted``, a prompt of as many tokens, exact residual patching ranks the layers
+    too), and removed least important first over ``texts`` (default: the bundled sentences),
+    beside ``draws`` random orders. ``agreement``: each site is also removed alone and every
+    ranking scored against those exact effects. ``sparsity``: ``"global"`` or ``"per_layer"``;
+    ``allocation`` (with ``per_layer``): ``"owl"``, ``"dlp"`` or a layer estimator's name;
+    ``removal``: ``"zero"``, ``"mean"`` (``None``: each kind's default).
+
+    Raises:
+        InvalidParameterError, InvalidInputError: as the gate every front end's request passes,
+            and :func:`~attrlab.attribution.engine.study.pruning_study`'s refusals, named.
+
+    Example:
+        >>> import attrlab
+        >>> study = attrlab.prune("tiny-random-llama", "The cat sat on the", units=["neuron"],
+        ...                       texts=["The cat sat on the mat and"], draws=2,
+        ...                       sparsity="per_layer", allocation="owl")
+        >>> list(study.labelled_curves())
+        ['neuron', 'neuron@owl']
+        >>> study.rankings["neuron"]["magnitude"].shape
+        (128,)
+    """
+    adapter = _model(model)
+    request = attribution_request.PruneRequest(
+        model=adapter.model_id,
+        seed=seed,
+        text=text,
+        target=target,
+        answer=attribution.AnswerSpec.from_json({"answer": answer, "contrast": contrast}),
+        corrupted=corrupted,
+        texts=None if texts is None else tuple(texts),
+        units=None if units is None else tuple(units),
+        draws=draws,
+        agreement=agreement,
+        sparsity=sparsity,
+        allocation=allocation,
+        removal=removal,
     )
     return attribution_request.run_request(request, adapter)

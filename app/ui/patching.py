@@ -19,6 +19,7 @@ import gradio as gr
 
 from attrlab.app.ui.files import page_folder
 from attrlab.app.ui.link import LinkedTab, page_base, share_query
+from attrlab.app.ui.pruning import PruningSection
 from attrlab.app.ui.runner import PageRunner
 from attrlab.app.ui.shared import (
     IOI_CORRUPTED,
@@ -28,22 +29,19 @@ from attrlab.app.ui.shared import (
     readable,
     session,
 )
-from attrlab.attribution.engine import model_unit_kinds
 from attrlab.attribution.models import BUILTIN_MODELS, default_model
 from attrlab.attribution.patching import COMPONENTS, DIRECTIONS, ESTIMATORS, agreement_reading
 from attrlab.attribution.patching.problem import MAX_SEEDS
-from attrlab.attribution.request import PatchRequest, PruneRequest
+from attrlab.attribution.request import PatchRequest
 from attrlab.attribution.request.answers import AnswerSpec
 from attrlab.viz.bundle import write_bundle
 from attrlab.viz.patching import (
     patching_figure_names,
     patching_figures,
     patching_files,
-    pruning_figure,
     pruning_figures,
     pruning_files,
 )
-from attrlab.viz.table import pruning_text
 
 if TYPE_CHECKING:
     from attrlab.attribution.engine.study import PruningStudy
@@ -51,9 +49,8 @@ if TYPE_CHECKING:
 
 __all__ = ["PatchingResult", "PatchingView", "export_patching", "patching_view"]
 
-#: The tab keys of a run (each Cancel stops only its own view's study).
+#: The tab key of a run (its Cancel stops only its own view's study; pruning has its own).
 _TAB = "patching"
-_PRUNING_TAB = "pruning"
 
 
 @dataclass(frozen=True)
@@ -89,9 +86,9 @@ class PatchingView:
         )
         self._question()
         self._results()
-        self.pruned = _pruning_section(
+        self.pruned = PruningSection(
             runner, self.model, self.clean, self.corrupted, self.answer, self.contrast
-        )
+        ).last
         self._export_row()
         #: What a study reads, in :meth:`study`'s order.
         self.fields = [self.model, self.clean, self.corrupted, self.noise, self.seeds]
@@ -319,107 +316,6 @@ class PatchingView:
         if result is None:
             raise gr.Error("run a study first; the export holds its report")
         return str(export_patching(result, pruned=pruned))
-
-
-def _pruning_section(
-    runner: PageRunner,
-    model: gr.Dropdown,
-    clean: gr.Textbox,
-    corrupted: gr.Textbox,
-    answer: gr.Textbox,
-    contrast: gr.Textbox,
-) -> gr.State:
-    """
-    ShortGPT's test beside the study; returns the state holding the last pruning study.
-
-    The layers and heads are ranked on the clean prompt (and by exact residual patching with
-    the corrupted one), the least important removed first over a small dataset, and each
-    ranking's curve compared with random orders.
-    """
-    last = gr.State(None)  # PruningStudy
-    gr.Markdown(
-        "**Pruning curves.** Rank the layers and heads on the clean prompt (the layer "
-        "analysis's estimators, and exact residual patching against the corrupted prompt), "
-        "remove the least important first over a small dataset, and see which ranking the "
-        "model survives best, beside random removal orders (their mean and range)."
-    )
-    with gr.Row(equal_height=False):
-        texts = gr.Textbox(
-            "",
-            label="Texts to prune over, one per line (empty: the bundled sentences)",
-            lines=3,
-            elem_id="pruning-texts",
-        )
-        with gr.Column(scale=0, min_width=220):
-            units = gr.CheckboxGroup(
-                model_unit_kinds(), value=["layer"], label="Units", elem_id="pruning-units"
-            )
-            draws = gr.Number(
-                PruneRequest.draws,
-                precision=0,
-                minimum=2,
-                label="Random orders",
-                elem_id="pruning-draws",
-            )
-    with gr.Row():
-        prune = gr.Button("Prune", variant="primary", elem_id="pruning-run")
-        cancel = gr.Button("Cancel", variant="stop", elem_id="pruning-cancel")
-    scores = gr.Markdown("", elem_id="pruning-scores")
-    pruned_kinds = model_unit_kinds()  # read once: the page's outputs are fixed when built
-    plots = {
-        unit: gr.Plot(visible=False, show_label=False, elem_id=f"pruning-{unit}s")
-        for unit in pruned_kinds
-    }
-
-    @readable
-    def study(
-        model_: str,
-        clean_: str,
-        corrupted_: str,
-        answer_: str,
-        contrast_: str,
-        texts_: str,
-        units_: list[str],
-        draws_: float | None,
-        request: gr.Request,
-        progress=gr.Progress(),  # noqa: B008
-    ):
-        """Run the pruning study and show its curves and areas."""
-        lines = tuple(line.strip() for line in (texts_ or "").splitlines() if line.strip())
-        request_ = PruneRequest(
-            model=model_,
-            text=clean_ or "",
-            answer=AnswerSpec.from_json({"answer": answer_ or None, "contrast": contrast_ or None}),
-            corrupted=corrupted_ or None,
-            texts=lines or None,
-            units=tuple(units_ or ()),
-            draws=PruneRequest.draws if draws_ is None else int(draws_),
-        )
-        pruned: PruningStudy = runner(request_, progress, session(request), _PRUNING_TAB)
-        curves = pruned.curves()
-        return [
-            f"```\n{pruning_text(pruned)}\n```",
-            *(
-                gr.update(value=pruning_figure(curves[unit]), visible=True)
-                if unit in curves
-                else gr.update(value=None, visible=False)
-                for unit in pruned_kinds
-            ),
-            pruned,
-        ]
-
-    fields = [model, clean, corrupted, answer, contrast, texts, units, draws]
-    running = prune.click(
-        study,
-        fields,
-        [scores, *plots.values(), last],
-        api_name="pruning_run",
-        concurrency_id="run-pruning",
-    )
-    cancel.click(
-        runner.cancel_handler(_PRUNING_TAB), [], [], cancels=[running], api_name="pruning_cancel"
-    )
-    return last
 
 
 def _summary(report: PatchingReport) -> str:

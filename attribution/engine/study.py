@@ -42,7 +42,9 @@ from attrlab.attribution.engine.registry import (
     default_unit_kinds,
     estimators_for,
     scores_of,
+    shared_sites,
 )
+from attrlab.attribution.engine.units import Site
 from attrlab.attribution.engine.verification import (
     LayerBudget,
     PruningCurves,
@@ -57,6 +59,7 @@ from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.text import DecoderLMAdapter
 from attrlab.attribution.patching import PatchingProblem, patching_problem, patching_report
 from attrlab.attribution.patching import planned_passes as patching_passes
+from attrlab.attribution.rendering import renderer
 from attrlab.attribution.request.answers import answer_request
 from attrlab.attribution.request.defaults import PRUNING_DRAWS
 from attrlab.attribution.request.gate import clear_study
@@ -103,6 +106,8 @@ class PruningStudy:
         rankings: Per unit kind, each estimator's scores, one per site in the kind's site order
             (what the curves' orders and the agreement's scatter come from; not in
             :meth:`to_dict`, whose orders say the same).
+        sites: Per unit kind, its sites in the order of :attr:`rankings` (where each score is:
+            :mod:`~attribution.engine.score_views`).
         forward_passes: Forward rows spent.
         backward_passes: Backward passes spent.
         warnings: What the run noted.
@@ -118,6 +123,7 @@ class PruningStudy:
     allocated: dict[str, PruningCurves] = field(default_factory=dict)
     removal: str | None = None
     rankings: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    sites: dict[str, list[Site]] = field(default_factory=dict)
     forward_passes: int = 0
     backward_passes: int = 0
     warnings: list[str] = field(default_factory=list)
@@ -131,6 +137,10 @@ class PruningStudy:
     def heads(self) -> PruningCurves | None:
         """The head pruning curves, when heads were pruned."""
         return self.by_unit.get("head")
+
+    def _repr_html_(self) -> str | None:  # a notebook's display, by the registered renderer
+        drawing = renderer()
+        return None if drawing is None else drawing.pruning_html(self)
 
     def curves(self) -> dict[str, PruningCurves]:
         """The curves by unit kind, those that ran, in the order the kinds are registered."""
@@ -468,6 +478,7 @@ def pruning_study(
     )
     for unit in chosen:
         rankings = found.rankings[unit] = scores_of(evidence, unit)
+        found.sites[unit] = shared_sites(adapter, unit, dataset)
         step = _step(unit, head_step)
         uniform, allocated = _budgets(adapter, unit, evidence, sparsity, allocation)
         curves = partial(

@@ -1,0 +1,202 @@
+"""
+Pruning curves on the Layers & heads tab, beside the patching study: what the model can lose.
+
+The units (the library's kinds: layers, heads, neurons, channels, experts), the sparsity, the
+per-layer allocation and the removal offered are the library's own
+(:mod:`attribution.engine`); a run goes through the page's runner (progress, Cancel, the
+server's pass budget) and shows the study's areas and verdicts in words and the figures of
+:func:`viz.patching.pruning_figures` for the kinds that have them: the curves, the allocated
+curves, the per-layer score maps and the agreement with exact removal. The last study stays in
+the session for the patching view's export.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import gradio as gr
+
+from attrlab.app.ui.runner import PageRunner
+from attrlab.app.ui.shared import in_order, readable, session
+from attrlab.attribution.engine import SPARSITIES, model_unit_kinds
+from attrlab.attribution.engine.allocation import allocation_names
+from attrlab.attribution.engine.choices import shared_removals
+from attrlab.attribution.request import PruneRequest
+from attrlab.attribution.request.answers import AnswerSpec
+from attrlab.viz.patching import PRUNING_FIGURE_ROLES, pruning_figure_names, pruning_figures
+from attrlab.viz.table import pruning_text
+
+if TYPE_CHECKING:
+    from attrlab.attribution.engine.study import PruningStudy
+
+__all__ = ["PruningSection"]
+
+#: The tab key of a run (its Cancel stops only its own study).
+_TAB = "pruning"
+#: The removal choice that leaves each kind its default.
+_DEFAULT_REMOVAL = ("each kind's default", "")
+
+
+def _removal_choices(units: list[str] | None) -> list[tuple[str, str]]:
+    return [_DEFAULT_REMOVAL, *((name, name) for name in shared_removals(units or ()))]
+
+
+class PruningSection:
+    """
+    The pruning section: its components, and its handlers as methods.
+
+    Made inside the patching view, whose model and prompts it reads; the last study is in
+    :attr:`last` (a ``gr.State``).
+    """
+
+    def __init__(
+        self,
+        runner: PageRunner,
+        model: gr.Dropdown,
+        clean: gr.Textbox,
+        corrupted: gr.Textbox,
+        answer: gr.Textbox,
+        contrast: gr.Textbox,
+    ) -> None:
+        self.runner = runner
+        self.last = gr.State(None)  # PruningStudy
+        gr.Markdown(
+            "**Pruning curves.** Rank the layers, heads, neurons, channels or experts on the "
+            "clean prompt (the library's estimators, and exact residual patching against the "
+            "corrupted prompt), remove the least important first over a small dataset, and see "
+            "which ranking the model survives best, beside random removal orders (their mean "
+            "and range)."
+        )
+        self._choices()
+        with gr.Row():
+            self.prune = gr.Button("Prune", variant="primary", elem_id="pruning-run")
+            self.cancel = gr.Button("Cancel", variant="stop", elem_id="pruning-cancel")
+        self.scores = gr.Markdown("", elem_id="pruning-scores")
+        self.kinds = model_unit_kinds()  # read once: the page's outputs are fixed when built
+        self.plots = {
+            (unit, role): gr.Plot(
+                visible=False,
+                show_label=False,
+                elem_id=f"pruning-{unit}s" + ("" if role == "curves" else f"-{role}"),
+            )
+            for unit in self.kinds
+            for role in PRUNING_FIGURE_ROLES
+        }
+        #: What a study reads, in :meth:`study`'s order.
+        self.fields = [model, clean, corrupted, answer, contrast, self.texts, self.units]
+        self.fields += [self.draws, self.sparsity, self.allocation, self.removal, self.agreement]
+        #: What a study fills, in its order.
+        self.outputs = [self.scores, *self.plots.values(), self.last]
+        self._wire()
+
+    def _choices(self) -> None:
+        """The texts, the units and random orders; sparsity, allocation, removal, agreement."""
+        with gr.Row(equal_height=False):
+            self.texts = gr.Textbox(
+                "",
+                label="Texts to prune over, one per line (empty: the bundled sentences)",
+                lines=3,
+                elem_id="pruning-texts",
+            )
+            with gr.Column(scale=0, min_width=220):
+                self.units = gr.CheckboxGroup(
+                    model_unit_kinds(), value=["layer"], label="Units", elem_id="pruning-units"
+                )
+                self.draws = gr.Number(
+                    PruneRequest.draws,
+                    precision=0,
+                    minimum=2,
+                    label="Random orders",
+                    elem_id="pruning-draws",
+                )
+        with gr.Row():
+            self.sparsity = gr.Radio(
+                list(SPARSITIES),
+                value=PruneRequest.sparsity,
+                label="Sparsity (global: the least important of all layers; per_layer: each "
+                "layer its share)",
+                elem_id="pruning-sparsity",
+            )
+            self.allocation = gr.Dropdown(
+                [("none", ""), *((name, name) for name in allocation_names())],
+                value="",
+                label="Per-layer allocation (per_layer sparsity)",
+                elem_id="pruning-allocation",
+            )
+            self.removal = gr.Dropdown(
+                _removal_choices(["layer"]),
+                value="",
+                label="Removal (one the chosen units share)",
+                elem_id="pruning-removal",
+            )
+            self.agreement = gr.Checkbox(
+                False,
+                label="Agreement with exact removal (each unit removed alone)",
+                elem_id="pruning-agreement",
+            )
+
+    def _wire(self) -> None:
+        running = self.prune.click(
+            self.study,
+            self.fields,
+            self.outputs,
+            api_name="pruning_run",
+            concurrency_id="run-pruning",
+        )
+        self.cancel.click(
+            self.runner.cancel_handler(_TAB), [], [], cancels=[running], api_name="pruning_cancel"
+        )
+        self.units.change(self.removals, self.units, self.removal, api_visibility="private")
+
+    @staticmethod
+    def removals(units_: list[str] | None) -> Any:
+        # no docstring: Gradio would show it as the API's description of the call
+        return gr.update(choices=_removal_choices(units_), value="")
+
+    @readable
+    def study(
+        self,
+        model_: str,
+        clean_: str,
+        corrupted_: str,
+        answer_: str,
+        contrast_: str,
+        texts_: str,
+        units_: list[str],
+        draws_: float | None,
+        sparsity_: str,
+        allocation_: str | None,
+        removal_: str | None,
+        agreement_: bool,
+        request: gr.Request,
+        progress=gr.Progress(),  # noqa: B008
+    ):
+        """Run the pruning study and show its areas, verdicts and figures."""
+        lines = tuple(line.strip() for line in (texts_ or "").splitlines() if line.strip())
+        request_ = PruneRequest(
+            model=model_,
+            text=clean_ or "",
+            answer=AnswerSpec.from_json({"answer": answer_ or None, "contrast": contrast_ or None}),
+            corrupted=corrupted_ or None,
+            texts=lines or None,
+            units=tuple(units_ or ()),
+            draws=PruneRequest.draws if draws_ is None else int(draws_),
+            sparsity=sparsity_ or PruneRequest.sparsity,
+            allocation=allocation_ or None,
+            removal=removal_ or None,
+            agreement=bool(agreement_),
+        )
+        pruned: PruningStudy = self.runner(request_, progress, session(request), _TAB)
+        figures = pruning_figures(pruned)
+        views: dict[Any, Any] = {
+            self.scores: f"```\n{pruning_text(pruned)}\n```",
+            self.last: pruned,
+        }
+        for (unit, role), plot in self.plots.items():
+            name = pruning_figure_names(unit, pruned.allocation).get(role)
+            views[plot] = (
+                gr.update(value=figures[name], visible=True)
+                if name in figures
+                else gr.update(value=None, visible=False)
+            )
+        return in_order(self.outputs, views)
