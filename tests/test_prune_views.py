@@ -283,3 +283,18 @@ def test_a_cnns_score_maps_leave_the_narrower_layers_missing_channels_empty():
         scores = study.rankings["channel"][estimator]
         expected = np.array([scores[:6], [*scores[6:], np.nan]])
         np.testing.assert_array_equal(np.asarray(heatmap.z, dtype=float), expected)
+
+
+def test_the_python_api_prunes_an_image_models_units(load_model):
+    import numpy as np
+
+    import attrlab
+    from attrlab.attribution.engine import pruning_study
+
+    image = np.full((32, 32, 3), 100, dtype=np.uint8)
+    adapter = load_model("tiny-random-vit")
+    study = attrlab.prune(adapter, image, units=["layer"], draws=2)
+    expected = pruning_study(adapter, adapter.preprocess(image), None, units=["layer"], draws=2)
+    assert study.curve_table()["value"].tolist() == pytest.approx(
+        expected.curve_table()["value"].tolist(), rel=1e-6
+    )

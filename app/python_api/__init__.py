@@ -327,7 +327,7 @@ def patch(
 
 def prune(
     model: Adapter | str,
-    text: str,
+    text: str | Path | Image.Image | np.ndarray,
     *,
     units: Sequence[str] | None = None,
     texts: Sequence[str] | None = None,
@@ -349,7 +349,9 @@ def prune(
     ``None``: the model's defaults) are ranked on ``text`` for ``target`` (a class or next
     token; default the top prediction) or a decoder LM's ``answer`` rather than ``contrast``
     (with ``corrupted``, a prompt of as many tokens, exact residual patching ranks the layers
-    too), and removed least important first over ``texts`` (default: the bundled sentences),
+    too), and removed least important first over ``texts`` (default: the bundled sentences);
+    an image model's (a CNN's ``channel``) on an image (a path, PIL image or array) over the
+    bundled images,
     beside ``draws`` random orders. ``agreement``: each site is also removed alone and every
     ranking scored against those exact effects. ``sparsity``: ``"global"`` or ``"per_layer"``;
     ``allocation`` (with ``per_layer``): ``"owl"``, ``"dlp"`` or a layer estimator's name;
@@ -370,10 +372,12 @@ def prune(
         (128,)
     """
     adapter = _model(model)
+    raw = text.read_bytes() if isinstance(text, Path) else text  # the caller's own file
     request = attribution_request.PruneRequest(
         model=adapter.model_id,
         seed=seed,
-        text=text,
+        text=raw if isinstance(raw, str) else None,
+        image=None if isinstance(raw, str) else raw,
         target=target,
         answer=attribution.AnswerSpec.from_json({"answer": answer, "contrast": contrast}),
         corrupted=corrupted,
