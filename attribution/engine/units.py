@@ -27,6 +27,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from attrlab.attribution.errors import (
@@ -288,15 +289,21 @@ def layer_masks(
     Raises:
         InvalidParameterError: a site the model does not have.
     """
-    masks: dict[int, torch.Tensor] = {}
+    where: list[tuple[int, int, int]] = []  # (row, layer, index), checked, then set at once
     for r, row in enumerate(rows):
         for site in row:
             layer, index = site.layer or 0, getattr(site, field)
             known = site.layer is not None and 0 <= layer < len(sizes)
             if not known or index is None or not 0 <= index < sizes[layer]:
                 raise InvalidParameterError(f"{site} is not one of this model's {site.kind}s")
-            empty = torch.zeros(len(rows), sizes[layer], dtype=torch.bool)
-            masks.setdefault(layer, empty)[r, index] = True
+            where.append((r, layer, index))
+    found = np.array(where, dtype=np.int64).reshape(-1, 3)
+    masks: dict[int, torch.Tensor] = {}
+    for layer in np.unique(found[:, 1]):
+        chosen = found[found[:, 1] == layer]
+        mask = torch.zeros(len(rows), sizes[layer], dtype=torch.bool)
+        mask[torch.from_numpy(chosen[:, 0]), torch.from_numpy(chosen[:, 2])] = True
+        masks[int(layer)] = mask
     return masks
 
 
