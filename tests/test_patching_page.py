@@ -26,8 +26,8 @@ CORRUPT = "When Mary and John went to the store, Mary gave a drink to"
 
 
 @pytest.fixture(scope="module")
-def view():
-    """The view's linked fields, built on a page of their own (no model is loaded)."""
+def views():
+    """The view's and its pruning section's linked fields, on a page of their own (no model)."""
     worker = ExplainWorker(device="cpu")
     with gr.Blocks():
         linked = patching_view(PageRunner(worker))
@@ -35,9 +35,14 @@ def view():
     worker.close()
 
 
-def _opened(query: str, view) -> tuple[dict, list[str]]:
-    link = _read_link(dict(parse_qsl(query.removeprefix("?"))), {"patching": view})
-    assert link.tab == "patching"
+@pytest.fixture(scope="module")
+def view(views):
+    return views["patching"]
+
+
+def _opened(query: str, view, tab: str = "patching") -> tuple[dict, list[str]]:
+    link = _read_link(dict(parse_qsl(query.removeprefix("?"))), {tab: view})
+    assert link.tab == tab
     return link.fields, link.problems
 
 
@@ -71,6 +76,41 @@ def test_a_patching_links_bad_fields_are_named_and_the_rest_still_fill(view):
     assert len(problems) == 3
     assert "noise_positions 'two'" in problems[0] and "noise_seeds '65'" in problems[1]
     assert "components 'everything': not on this tab" in problems[2]
+
+
+def test_a_pruning_links_bad_fields_are_named_and_the_rest_still_fill(views):
+    query = (
+        "?tab=pruning&text=a+b&texts=one%0A%0A+%0Atwo&units=neuron,wings&draws=0"
+        "&sparsity=sideways&allocation=biggest&removal=mean&agreement=yes"
+    )
+    fields, problems = _opened(query, views["pruning"], "pruning")
+    # the blank lines of texts dropped; mean is a removal a neuron has
+    assert fields == {"text": "a b", "texts": "one\ntwo", "units": ["neuron"], "removal": "mean"}
+    assert len(problems) == 5
+    assert problems[0] == "draws '0' is not a whole number from 1 to 100"
+    assert problems[1] == "sparsity 'sideways' is not one of global, per_layer"
+    assert problems[2].startswith("allocation 'biggest' is not one of owl, dlp")
+    assert problems[3] == "agreement 'yes' is not 1 (on) or 0 (off)"
+    assert problems[4] == "units 'wings': not on this tab"
+
+
+def test_a_pruning_links_removal_must_be_one_its_units_share(views):
+    from attrlab.attribution.engine.units import unit_kind
+
+    # a layer is not removed by the mean (a neuron is): named, with what the units offer
+    assert "mean" not in unit_kind("layer").removals
+    fields, problems = _opened("?tab=pruning&units=layer&removal=mean", views["pruning"], "pruning")
+    assert fields == {"units": ["layer"]}
+    offered = ", ".join(unit_kind("layer").removals)
+    assert problems == [f"removal 'mean' is not offered with this link's other fields ({offered})"]
+    fields, problems = _opened("?tab=pruning&removal=wipe", views["pruning"], "pruning")
+    assert fields == {} and problems[0].startswith("removal 'wipe' is not one of ")
+    # more texts than a study takes are cut to the first MAX_TEXTS
+    from attrlab.attribution.engine import MAX_TEXTS
+
+    many = "%0A".join(f"t{i}" for i in range(MAX_TEXTS + 5))
+    fields, problems = _opened(f"?tab=pruning&texts={many}", views["pruning"], "pruning")
+    assert fields["texts"].splitlines() == [f"t{i}" for i in range(MAX_TEXTS)] and not problems
 
 
 def test_the_export_holds_the_report_its_tables_and_every_figure(load_model):

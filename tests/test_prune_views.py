@@ -15,6 +15,8 @@ import math
 import re
 from dataclasses import replace
 from html.parser import HTMLParser
+from typing import Any
+from urllib.parse import parse_qsl
 
 import gradio as gr
 import numpy as np
@@ -210,16 +212,21 @@ def test_the_removal_choices_are_those_the_chosen_kinds_share():
 
 
 @pytest.fixture(scope="module")
-def page():
+def demo():
     worker = ExplainWorker(device="cpu", max_models=2)
-    demo = build_ui(worker)
-    yield {fn.api_name: fn.fn for fn in demo.fns.values() if fn.api_name}
+    yield build_ui(worker)
     worker.close()
+
+
+@pytest.fixture(scope="module")
+def page(demo):
+    return {fn.api_name: fn.fn for fn in demo.fns.values() if fn.api_name}
 
 
 def test_the_page_runs_a_neuron_study_with_its_allocation_and_shows_its_figures(page, study):
     texts = "\n".join(TEXTS)
     views = page["pruning_run"](
+        True,  # asked: Prune, not a link's load
         MODEL,
         TEXT,
         "",
@@ -238,7 +245,7 @@ def test_the_page_runs_a_neuron_study_with_its_allocation_and_shows_its_figures(
     pruned = views[-1]
     for estimator, scores in study.rankings["neuron"].items():
         np.testing.assert_array_equal(pruned.rankings["neuron"][estimator], scores)
-    shown = [v["value"] for v in views[1:-1] if v.get("visible")]
+    shown = [v["value"] for v in views[1:-2] if v.get("visible")]
     titles = sorted(f.layout.title.text.split(",")[0] for f in shown)
     expected = sorted(f.layout.title.text.split(",")[0] for f in pruning_figures(study).values())
     assert len(shown) == 4 and titles == expected
@@ -246,6 +253,66 @@ def test_the_page_runs_a_neuron_study_with_its_allocation_and_shows_its_figures(
     judged = [v for v in pruned.by_unit["neuron"].verdicts if v.status != "inconclusive"]
     assert all(v.summary() in views[0] for v in judged)
     assert not math.isnan(pruned.agreements["neuron"].table["spearman"].iloc[0])
+
+
+#: The pruning run's inputs on the page, in the order ``pruning_run`` takes them.
+_PRUNING_INPUTS = (
+    "patching-model",
+    "patching-clean",
+    "patching-corrupted",
+    "patching-answer",
+    "patching-contrast",
+    "pruning-texts",
+    "pruning-units",
+    "pruning-draws",
+    "pruning-sparsity",
+    "pruning-allocation",
+    "pruning-removal",
+    "pruning-agreement",
+)
+
+
+def _opened(demo, query: str) -> dict[str, Any]:
+    """What the page's load sets when ``query`` opens it: by component id, and the flags."""
+    (load,) = [f for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "restore"]
+    request = gr.Request(query_params=dict(parse_qsl(query.removeprefix("?"))))
+    updates = load.fn(request)
+    assert len(updates) == len(load.outputs)
+    return {c.elem_id or str(c._id): u for c, u in zip(load.outputs, updates, strict=True)}
+
+
+def test_a_pruning_runs_link_fills_the_same_inputs_and_reruns_the_same_study(demo, page):
+    asked = [MODEL, TEXT, "", "", "", "\n".join(TEXTS), ["neuron"], 3, "per_layer", "owl"]
+    asked += ["mean", True]  # a removal other than the default, which the units must share
+    quiet = {"progress": lambda *a, **k: None}
+    first = page["pruning_run"](True, *asked, gr.Request(session_hash="prune-link"), **quiet)
+    link = first[-2]
+    assert link.startswith("?tab=pruning&")  # no page address outside a browser
+    opened = _opened(demo, link)
+    assert opened["link-problems"]["visible"] is False
+    # every input of the run is set by the link, the empty prompts emptied (their widgets
+    # start with the patching study's IOI prompts)
+    filled = [opened[name]["value"] for name in _PRUNING_INPUTS]
+    assert filled == asked
+    assert opened["pruning-removal"]["choices"] == PruningSection.removals(["neuron"])["choices"]
+    flags = [u for u in opened.values() if isinstance(u, bool)]
+    assert flags.count(True) == 1  # the one tab it opens runs: pruning, not the patching view
+    tabs = [u["selected"] for u in opened.values() if isinstance(u, dict) and "selected" in u]
+    assert sorted(tabs) == ["layers", "patching"]
+    second = page["pruning_run"](True, *filled, gr.Request(session_hash="prune-link"), **quiet)
+    assert second[-2] == link
+    before, after = first[-1], second[-1]
+    assert (
+        (before.allocation, before.removal)
+        == ("owl", "mean")
+        == (
+            after.allocation,
+            after.removal,
+        )
+    )
+    pd.testing.assert_frame_equal(after.score_table(), before.score_table())
+    for estimator, scores in before.rankings["neuron"].items():
+        np.testing.assert_array_equal(after.rankings["neuron"][estimator], scores)
 
 
 def test_a_cnns_score_maps_leave_the_narrower_layers_missing_channels_empty():

@@ -12,7 +12,7 @@ import json
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
@@ -21,11 +21,13 @@ import gradio as gr
 
 from attrlab.app.ui.files import EXAMPLE_PREFIX, example_images, example_named
 from attrlab.app.ui.shared import format_heads, labels_for, parse_heads, parse_positions
+from attrlab.attribution.engine import MAX_TEXTS, SPARSITIES, model_unit_kinds, unit_kind
+from attrlab.attribution.engine.allocation import allocation_names
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
 from attrlab.attribution.inputs.features import GRANULARITIES
 from attrlab.attribution.methods import get_method
 from attrlab.attribution.patching.problem import MAX_SEEDS
-from attrlab.attribution.request import MAX_SEED
+from attrlab.attribution.request import MAX_ORDERS, MAX_SEED
 from attrlab.attribution.request.answers import MAX_NEW_TOKENS
 from attrlab.viz.view import CLIP_MIN, SIGNS, View
 
@@ -73,15 +75,33 @@ LINK_FIELDS = (
     "components",
     "estimators",
     "directions",
+    "texts",
+    "units",
+    "draws",
+    "sparsity",
+    "allocation",
+    "removal",
+    "agreement",
 )
 #: Link fields that are on/off flags, written ``1`` (a flag that is off is left out).
-_FLAGS = ("trust", "randomise", "shared", "next_token", "generate", "chat")
+_FLAGS = ("trust", "randomise", "shared", "next_token", "generate", "chat", "agreement")
 #: Flags that are on unless a link says ``0`` (written only when off).
 _ON_FLAGS = ("per_step",)
 #: Fields that count something, from 1 to their most.
-_COUNTS = {"max_new_tokens": MAX_NEW_TOKENS, "noise_seeds": MAX_SEEDS}
+_COUNTS = {"max_new_tokens": MAX_NEW_TOKENS, "noise_seeds": MAX_SEEDS, "draws": MAX_ORDERS}
 #: Fields that list choices of a tab's checkbox group: the known ones are kept.
-_LISTS = ("methods", "measures", "components", "estimators", "directions")
+_LISTS = ("methods", "measures", "components", "estimators", "directions", "units")
+#: Fields that name one of the library's choices, read when a link is opened.
+_CHOICES: dict[str, Callable[[], list[str]]] = {
+    "granularity": lambda: list(GRANULARITIES),
+    "sparsity": lambda: list(SPARSITIES),
+    "allocation": allocation_names,
+    "removal": lambda: list(
+        dict.fromkeys(
+            r for kind in model_unit_kinds() for r in unit_kind(kind).describe()["removals"]
+        )
+    ),
+}
 #: Distinct values a notice names in one sentence; past these, it counts the others.
 _MOST_NAMED = 10
 
@@ -97,9 +117,17 @@ class LinkedTab:
     #: ``view``, ``clip`` and ``shared`` over ``default_view``; None: the tab has no views.
     view: gr.State | None = None
     default_view: View = field(default_factory=View)
-    #: The page's tab that holds this one, and the tabs inside it whose tab ``key`` this one
-    #: is (a view within a tab); None: this one is a page's tab.
-    within: tuple[str, gr.Tabs] | None = None
+    #: The page's tab that holds this one, the tabs inside it, and the id of the one among
+    #: them that shows this one (a view within a tab); None: this one is a page's tab.
+    within: tuple[str, gr.Tabs, str] | None = None
+    #: Dropdown fields whose choices follow the link's other fields (a removal the link's units
+    #: share): field -> its ``(label, value)`` choices given the link's readable fields.
+    follows: dict[str, Callable[[Mapping[str, Any]], list[tuple[str, str]]]] = field(
+        default_factory=dict
+    )
+    #: Text fields a link leaves out when empty, so emptied when it does (the widgets this one
+    #: shares with another view hold that view's defaults).
+    cleared: tuple[str, ...] = ()
 
 
 def share_query(fields: Mapping[str, Any]) -> str:
@@ -140,7 +168,8 @@ def page_base(request: gr.Request | None) -> str:
     """The page's own address, from the browser's request (no server setting needed)."""
     if request is None:
         return ""
-    referer = request.headers.get("referer", "") if request.headers else ""
+    headers = getattr(request, "headers", None)  # a request made in a handler may have none
+    referer = headers.get("referer", "") if headers else ""
     return referer.split("?", 1)[0]
 
 
@@ -154,10 +183,16 @@ def open_shared_link(
     image tab whose link has none opens filled but waits for its image. Each field is read on
     its own: a bad one is left out and named in ``notice``, and the others still fill the tab.
     """
-    order = [(key, name, c) for key, tab in filled.items() for name, c in tab.fields.items() if c]
+    # a component several tabs fill (a view and a section within it) is one output: the tab a
+    # link opens fills it under that tab's name for it
+    order: dict[int, tuple[Any, dict[str, str]]] = {}
+    for key, tab in filled.items():
+        for name, c in tab.fields.items():
+            if c is not None:
+                order.setdefault(id(c), (c, {}))[1][key] = name
     widgets = [(key, w) for key, tab in filled.items() for w in tab.widgets]
     views = {key: (tab.view, tab.default_view) for key, tab in filled.items() if tab.view}
-    inner = {key: tab.within[1] for key, tab in filled.items() if tab.within}
+    inner = {id(tab.within[1]): tab.within[1] for tab in filled.values() if tab.within}
 
     def restore(request: gr.Request) -> list[Any]:
         query = dict(request.query_params) if request is not None else {}
@@ -172,9 +207,14 @@ def open_shared_link(
                 visible=bool(shown),
             )
         )
-        for key, name, component in order:
-            if key != link.tab:
+        follows = filled[link.tab].follows if link.tab else {}
+        cleared = filled[link.tab].cleared if link.tab else ()
+        for component, names in order.values():
+            name = names.get(link.tab or "")
+            if name is None:
                 updates.append(gr.update())
+            elif name in cleared and name not in link.fields:
+                updates.append(gr.update(value=""))
             elif name not in link.fields:
                 # labels follow a link's model when it names none (a fixed head takes none)
                 named = name == "labels" and "model" in link.fields
@@ -182,6 +222,9 @@ def open_shared_link(
             elif name == "target" and isinstance(component, gr.Dropdown):
                 value = link.fields[name]
                 updates.append(gr.update(choices=[("top prediction", ""), value], value=value))
+            elif name in follows:
+                offered = follows[name](link.fields)
+                updates.append(gr.update(choices=offered, value=link.fields[name]))
             else:
                 updates.append(gr.update(value=link.fields[name]))
         for key, (method, name, _, _) in widgets:
@@ -189,7 +232,10 @@ def open_shared_link(
             updates.append(gr.update(value=given[name]) if name in given else gr.update())
         for key, (_, default) in views.items():
             updates.append(_linked_view(link.fields, default) if key == link.tab else gr.update())
-        updates += [gr.update(selected=key) if key == link.tab else gr.update() for key in inner]
+        updates += [
+            gr.update(selected=holder[2]) if holder and holder[1] is held else gr.update()
+            for held in inner.values()
+        ]
         # a tab runs once its input is filled: a text tab always, an image tab given an example
         autorun = link.tab is not None and (
             filled[link.tab].fields.get("text") is not None or "image" in link.fields
@@ -203,7 +249,7 @@ def open_shared_link(
         [
             tabs,
             notice,
-            *(c for *_, c in order),
+            *(c for c, _ in order.values()),
             *(w for _, (*_, w) in widgets),
             *(state for state, _ in views.values()),
             *inner.values(),
@@ -254,6 +300,15 @@ def _read_link(query: Mapping[str, str], filled: Mapping[str, LinkedTab]) -> Lin
             unknown = [m for m in given if m not in known]
             if unknown:
                 link.problems.append(f"{name} {_named(unknown)}: not on this tab")
+    for name, choices_of in filled[tab].follows.items():
+        if name in link.fields:
+            offered = [value for _, value in choices_of(link.fields)]
+            if link.fields[name] not in offered:
+                shown = ", ".join(v for v in offered if v) or "none"
+                link.problems.append(
+                    f"{name} {_quoted(link.fields.pop(name))} is not offered with this link's "
+                    f"other fields ({shown})"
+                )
     methods = {value for _, value in fields["methods"].choices} if "methods" in fields else set()
     if query.get("params"):
         link.params = _link_params(query["params"], methods, link.problems)
@@ -275,12 +330,13 @@ def _link_field(name: str, value: str) -> Any:
         return [m for m in value.split(",") if m]
     if name == "image":
         return _linked_image(value)
-    if name == "granularity":
-        if value not in GRANULARITIES:
-            raise ValueError(
-                f"granularity {_quoted(value)} is not one of {', '.join(GRANULARITIES)}"
-            )
+    if name in _CHOICES:
+        known = _CHOICES[name]()
+        if value not in known:
+            raise ValueError(f"{name} {_quoted(value)} is not one of {', '.join(known)}")
         return value
+    if name == "texts":  # one per line, the blank ones dropped; no more than a study takes
+        return "\n".join([line for line in value.splitlines() if line.strip()][:MAX_TEXTS])
     if name == "view":
         if value not in SIGNS:
             raise ValueError(f"view {_quoted(value)} is not one of {', '.join(SIGNS)}")

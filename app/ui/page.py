@@ -76,8 +76,9 @@ def build_ui(
                 with gr.Tab("Layer and head measures", id="layers-measures-view"):
                     filled["layers"] = layers_tab(runner)
                 with gr.Tab("Activation patching", id="patching"):
-                    view = patching_view(runner)
-                    filled["patching"] = dataclasses.replace(view, within=("layers", layer_views))
+                    inside = ("layers", layer_views, "patching")
+                    for key, view in patching_view(runner).items():
+                        filled[key] = dataclasses.replace(view, within=inside)
             with gr.Tab("Evaluate", id="evaluate"):
                 evaluate_tab(runner)
             with gr.Tab("Batch", id="batch"):

@@ -61,9 +61,14 @@ class PatchingResult:
     fields: dict[str, Any]
 
 
-def patching_view(runner: PageRunner) -> LinkedTab:
-    """Build the patching view; every study goes through ``runner``. Returns what a link fills."""
-    return PatchingView(runner).linked_tab
+def patching_view(runner: PageRunner) -> dict[str, LinkedTab]:
+    """
+    Build the patching view; every study goes through ``runner``.
+
+    Returns what a link fills, by the link's tab: the patching study's and the pruning run's.
+    """
+    view = PatchingView(runner)
+    return {_TAB: view.linked_tab, "pruning": view.pruning.linked_tab}
 
 
 class PatchingView:
@@ -86,9 +91,10 @@ class PatchingView:
         )
         self._question()
         self._results()
-        self.pruned = PruningSection(
+        self.pruning = PruningSection(
             runner, self.model, self.clean, self.corrupted, self.answer, self.contrast
-        ).last
+        )
+        self.pruned = self.pruning.last
         self._export_row()
         #: What a study reads, in :meth:`study`'s order.
         self.fields = [self.model, self.clean, self.corrupted, self.noise, self.seeds]

@@ -6,22 +6,25 @@ per-layer allocation and the removal offered are the library's own
 (:mod:`attribution.engine`); a run goes through the page's runner (progress, Cancel, the
 server's pass budget) and shows the study's areas and verdicts in words and the figures of
 :func:`viz.patching.pruning_figures` for the kinds that have them: the curves, the allocated
-curves, the per-layer score maps and the agreement with exact removal. The last study stays in
-the session for the patching view's export.
+curves, the per-layer score maps and the agreement with exact removal, and a link that reopens
+the section with the run's inputs and runs it. The last study stays in the session for the
+patching view's export.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import gradio as gr
 
+from attrlab.app.ui.link import LinkedTab, page_base, share_query
 from attrlab.app.ui.runner import PageRunner
 from attrlab.app.ui.shared import in_order, readable, session
 from attrlab.attribution.engine import SPARSITIES, model_unit_kinds
 from attrlab.attribution.engine.allocation import allocation_names
 from attrlab.attribution.engine.choices import shared_removals
-from attrlab.attribution.request import PruneRequest
+from attrlab.attribution.request import MAX_ORDERS, PruneRequest
 from attrlab.attribution.request.answers import AnswerSpec
 from attrlab.viz.patching import PRUNING_FIGURE_ROLES, pruning_figure_names, pruning_figures
 from attrlab.viz.table import pruning_text
@@ -59,7 +62,12 @@ class PruningSection:
         contrast: gr.Textbox,
     ) -> None:
         self.runner = runner
+        #: The patching view's model and prompts, which a study reads (and a link fills).
+        self.shared = {"model": model, "text": clean, "corrupted": corrupted}
+        self.shared |= {"answer": answer, "contrast": contrast}
         self.last = gr.State(None)  # PruningStudy
+        self.linked = gr.State(False)  # a shared link filled the section: run it once loaded
+        self.asked = gr.State(True)  # Prune always runs
         gr.Markdown(
             "**Pruning curves.** Rank the layers, heads, neurons, channels or experts on the "
             "clean prompt (the library's estimators, and exact residual patching against the "
@@ -72,6 +80,9 @@ class PruningSection:
             self.prune = gr.Button("Prune", variant="primary", elem_id="pruning-run")
             self.cancel = gr.Button("Cancel", variant="stop", elem_id="pruning-cancel")
         self.scores = gr.Markdown("", elem_id="pruning-scores")
+        self.link = gr.Textbox(
+            label="Link to this pruning run", lines=2, elem_id="pruning-link", buttons=["copy"]
+        )
         self.kinds = model_unit_kinds()  # read once: the page's outputs are fixed when built
         self.plots = {
             (unit, role): gr.Plot(
@@ -86,7 +97,7 @@ class PruningSection:
         self.fields = [model, clean, corrupted, answer, contrast, self.texts, self.units]
         self.fields += [self.draws, self.sparsity, self.allocation, self.removal, self.agreement]
         #: What a study fills, in its order.
-        self.outputs = [self.scores, *self.plots.values(), self.last]
+        self.outputs = [self.scores, *self.plots.values(), self.link, self.last]
         self._wire()
 
     def _choices(self) -> None:
@@ -105,7 +116,8 @@ class PruningSection:
                 self.draws = gr.Number(
                     PruneRequest.draws,
                     precision=0,
-                    minimum=2,
+                    minimum=1,  # the library's least and most (what a link may carry)
+                    maximum=MAX_ORDERS,
                     label="Random orders",
                     elem_id="pruning-draws",
                 )
@@ -138,24 +150,59 @@ class PruningSection:
     def _wire(self) -> None:
         running = self.prune.click(
             self.study,
-            self.fields,
+            [self.asked, *self.fields],
             self.outputs,
             api_name="pruning_run",
             concurrency_id="run-pruning",
         )
-        self.cancel.click(
-            self.runner.cancel_handler(_TAB), [], [], cancels=[running], api_name="pruning_cancel"
+        linked_run = self.linked.change(
+            self.study,
+            [self.linked, *self.fields],
+            self.outputs,
+            api_visibility="private",
+            concurrency_id="run-pruning",
         )
-        self.units.change(self.removals, self.units, self.removal, api_visibility="private")
+        self.cancel.click(
+            self.runner.cancel_handler(_TAB),
+            [],
+            [],
+            cancels=[running, linked_run],
+            api_name="pruning_cancel",
+        )
+        self.units.change(
+            self.removals, [self.units, self.removal], self.removal, api_visibility="private"
+        )
+
+    @property
+    def linked_tab(self) -> LinkedTab:
+        """What a shared link fills on this section, and the flag that runs it."""
+        fields = [self.texts, self.units, self.draws, self.sparsity, self.allocation]
+        fields += [self.removal, self.agreement]
+        names = ["texts", "units", "draws", "sparsity", "allocation", "removal", "agreement"]
+        default_units = list(self.units.value or ())
+
+        def removals(link: Mapping[str, Any]) -> list[tuple[str, str]]:
+            return _removal_choices(link.get("units", default_units))
+
+        return LinkedTab(
+            self.shared | dict(zip(names, fields, strict=True)),
+            [],
+            self.linked,
+            follows={"removal": removals},
+            cleared=("corrupted", "answer", "contrast", "texts", "allocation", "removal"),
+        )
 
     @staticmethod
-    def removals(units_: list[str] | None) -> Any:
+    def removals(units_: list[str] | None, removal_: str | None = None) -> Any:
         # no docstring: Gradio would show it as the API's description of the call
-        return gr.update(choices=_removal_choices(units_), value="")
+        choices = _removal_choices(units_)
+        kept = removal_ if removal_ in {value for _, value in choices} else ""
+        return gr.update(choices=choices, value=kept)
 
     @readable
     def study(
         self,
+        asked_: bool,
         model_: str,
         clean_: str,
         corrupted_: str,
@@ -171,7 +218,9 @@ class PruningSection:
         request: gr.Request,
         progress=gr.Progress(),  # noqa: B008
     ):
-        """Run the pruning study and show its areas, verdicts and figures."""
+        """Run the pruning study (Prune, or a shared link once it filled the section); show it."""
+        if not asked_:  # the page's load set another tab's link flag
+            return [gr.skip()] * len(self.outputs)
         lines = tuple(line.strip() for line in (texts_ or "").splitlines() if line.strip())
         request_ = PruneRequest(
             model=model_,
@@ -188,8 +237,24 @@ class PruningSection:
         )
         pruned: PruningStudy = self.runner(request_, progress, session(request), _TAB)
         figures = pruning_figures(pruned)
+        fields = {
+            "tab": _TAB,
+            "model": model_,
+            "text": clean_,
+            "corrupted": request_.corrupted or "",
+            "answer": answer_ or "",
+            "contrast": contrast_ or "",
+            "texts": "\n".join(lines),
+            "units": list(request_.units or ()),
+            "draws": request_.draws,
+            "sparsity": request_.sparsity,
+            "allocation": request_.allocation or "",
+            "removal": request_.removal or "",
+            "agreement": request_.agreement,
+        }
         views: dict[Any, Any] = {
             self.scores: f"```\n{pruning_text(pruned)}\n```",
+            self.link: page_base(request) + share_query(fields),
             self.last: pruned,
         }
         for (unit, role), plot in self.plots.items():
