@@ -294,6 +294,7 @@ ROWS = [
         ("/api/v1/prune", {"model": DECODER, "text": TEXT, "units": ["nope"]}),
         lambda bounds: admit(PruneRequest(model=DECODER, text=TEXT, units=("nope",)), bounds),
         page=lambda handlers, image: handlers["pruning_run"](
+            True,  # asked: Prune, not a link's load
             DECODER,
             TEXT,
             "",
