@@ -167,3 +167,15 @@ def test_pruning_curves_show_beside_the_study_with_the_librarys_areas(page, load
     assert shown.strip() == pruning_text(expected).strip()
     expect(page.locator("#pruning-heads .js-plotly-plot")).to_have_count(0)  # not asked for
     no_errors(page)
+
+    link = page.locator("#pruning-link textarea").input_value()
+    for part in ("tab=pruning", "units=layer", "draws=2", "texts=The+cat"):
+        assert part in link
+    page.goto(link)  # a fresh page: the link refills the section and runs it
+    expect(page.locator("#pruning-draws input")).to_have_value("2", timeout=30_000)
+    expect(page.locator("#pruning-texts textarea")).to_have_value("\n".join(texts))
+    expect(page.locator("#pruning-layers .js-plotly-plot")).to_be_visible(timeout=LONG)
+    rerun = page.locator("#pruning-scores code").inner_text()
+    assert rerun.strip() == pruning_text(expected).strip()
+    expect(page.locator("#link-problems")).to_be_hidden()
+    no_errors(page)
