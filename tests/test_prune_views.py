@@ -211,6 +211,13 @@ def test_the_removal_choices_are_those_the_chosen_kinds_share():
     assert [value for _, value in choices] == ["", "zero", "mean"]
 
 
+def test_a_chosen_removal_stays_while_the_units_still_share_it():
+    # a link fills the units and the removal at once: the units' change must not undo it
+    assert PruningSection.removals(["neuron", "channel"], "mean")["value"] == "mean"
+    assert PruningSection.removals(["layer"], "mean")["value"] == ""  # a layer is skipped only
+    assert PruningSection.removals(["neuron"])["value"] == ""
+
+
 @pytest.fixture(scope="module")
 def demo():
     worker = ExplainWorker(device="cpu", max_models=2)
