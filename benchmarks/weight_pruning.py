@@ -9,8 +9,8 @@ images for the CNN), each estimator's curve beside random orders with its verdic
 estimator's agreement with exact removal (a seeded sample of 512 sites plus each estimator's
 five highest and lowest where a model has more):
 
-* SmolLM2-135M: its 30 × 1,536 MLP neurons, zeroed; globally, then per layer (uniform, and
-  OWL's allocation);
+* SmolLM2-135M: its 30 × 1,536 MLP neurons, zeroed; globally (``smollm2``), then per layer
+  (uniform, and OWL's allocation: ``smollm2-owl``);
 * MiniLM (zero-shot sentiment): its 6 × 1,536 neurons;
 * EfficientNet-Lite0: its convolutions' output channels.
 
@@ -46,7 +46,8 @@ from attrlab.attribution.request.run import RunSettings
 from attrlab.attribution.request.target import resolve_target
 
 STUDIES = {
-    "smollm2": ("smollm2-135m", "neuron", [{}, {"sparsity": "per_layer", "allocation": "owl"}]),
+    "smollm2": ("smollm2-135m", "neuron", [{}]),
+    "smollm2-owl": ("smollm2-135m", "neuron", [{"sparsity": "per_layer", "allocation": "owl"}]),
     "minilm": ("minilm-zeroshot", "neuron", [{}]),
     "efficientnet": ("efficientnet-lite0", "channel", [{}]),
 }

@@ -11,7 +11,7 @@ was imported before.
 
 from __future__ import annotations
 
-from attrlab.attribution.engine import channel_estimators, expert_estimators
+from attrlab.attribution.engine import channel_estimators, channels, expert_estimators, experts
 from attrlab.attribution.engine.estimators import (
     ESTIMATORS,
     engine_catalog,
@@ -28,7 +28,7 @@ from attrlab.attribution.engine.units import (
 )
 
 #: The modules whose imports register the built-in kinds and estimators beyond the base ones.
-REGISTERING = (channel_estimators, expert_estimators)
+REGISTERING = (channels, experts, channel_estimators, expert_estimators)
 
 __all__ = [
     "ESTIMATORS",
