@@ -309,3 +309,18 @@ def test_per_expert_module_lists_score_and_reroute_as_the_fused_weights_do():
     torch.testing.assert_close(found, expected, rtol=1e-5, atol=1e-6)
     with pytest.raises(UnsupportedMethodError, match="reroute its tokens instead"):
         unit_kind("expert").removal("zero")(listed, site).__enter__()
+
+
+def test_a_fresh_process_lists_every_built_in_kind_and_estimator():
+    """Listings see every kind whatever was imported before (the registry imports them all)."""
+    import subprocess
+    import sys
+
+    code = (
+        "from attrlab.attribution.engine import ESTIMATORS, model_unit_kinds\n"
+        "print(model_unit_kinds(), 'reap' in ESTIMATORS, 'wanda' in ESTIMATORS)"
+    )
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert found.stdout.strip().splitlines()[-1] == (
+        "['layer', 'head', 'neuron', 'channel', 'expert'] True True"
+    )
