@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from attrlab.attribution.alteration import altered
-from attrlab.attribution.errors import InvalidParameterError, UnsupportedMethodError
+from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.models.base import Adapter
 from attrlab.attribution.models.layouts import layout_for
 
@@ -151,19 +151,17 @@ def quantisable_parts(adapter: Adapter, kinds: Sequence[str] | None = None) -> l
                 )
                 for n in matrices
             ]
-    embedding = model.get_input_embeddings()
-    if embedding is None:
-        raise UnsupportedMethodError(f"model '{adapter.model_id}' has no input embeddings")
+    embedding = adapter.token_embedding_module()  # refused where the model has none
     embedding_name = names[id(embedding)]
     head = [
         (n, m)
         for n, m in _matrix_modules(model, "")
-        if n not in inside and m.get_parameter("weight") is not embedding.weight
+        if n not in inside and m.get_parameter("weight") is not embedding.get_parameter("weight")
     ]
     if "embeddings" in chosen:
         found.append(
             WeightPart(
-                "embeddings", "embeddings", None, (embedding_name,), embedding.weight.numel()
+                "embeddings", "embeddings", None, (embedding_name,), _size(model, [embedding_name])
             )
         )
     if "head" in chosen and head:

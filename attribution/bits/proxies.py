@@ -84,9 +84,10 @@ def proxy_scores(
 ) -> pd.DataFrame:
     """Every proxy of :data:`PROXIES` for every part: :data:`PROXY_COLUMNS`."""
     model = adapter.model
-    layered = [_activations(adapter, texts, parts, run), _fisher(adapter, texts, parts, run)]
+    blocks, entropy, ranges = _activations(adapter, texts, parts, run)
+    fisher = _fisher(adapter, texts, parts, run)
     scores: dict[str, dict[str, float]] = {name: {} for name in PROXIES}
-    blocks, entropy, ranges = layered[0]
+    nan = (float("nan"), float("nan"))
     for part in parts:
         weights = torch.cat(
             [
@@ -95,15 +96,15 @@ def proxy_scores(
             ]
         ).double()
         centred = weights - weights.mean()
-        std = float(centred.std())
+        std = float(centred.pow(2).mean().sqrt())  # the population's, as kurtosis takes it
         scores["outliers"][part.name] = float((centred.abs() > OUTLIER_K * std).sum())
         scores["kurtosis"][part.name] = float((centred**4).mean() / max(std, 1e-30) ** 4)
         scores["activation_entropy"][part.name] = entropy.get(part.name, float("nan"))
         scores["activation_range"][part.name] = ranges.get(part.name, float("nan"))
-        influence, distance = blocks.get(part.layer, (float("nan"), float("nan")))
+        influence, distance = nan if part.layer is None else blocks.get(part.layer, nan)
         scores["block_influence"][part.name] = influence
         scores["distance"][part.name] = distance
-        scores["fisher"][part.name] = layered[1][part.name]
+        scores["fisher"][part.name] = fisher[part.name]
     relevance = _relevance(adapter, texts, run)
     attention = {m for p in quantisable_parts(adapter, ["attention"]) for m in p.modules}
     for part in parts:
