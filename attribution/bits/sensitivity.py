@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
@@ -107,6 +107,7 @@ class TextSet:
         log_probs: Per text, the unquantised log-probabilities ``(positions, outputs)``: every
             next-token prediction of a decoder LM, a classifier's one row.
         targets: Per text, the top next token at its last position, or its top class.
+        probabilities: ``log_probs`` exponentiated, kept for the KL of every entry.
         decoder: Whether the model is a decoder LM (its loss is measured).
         base: The unquantised model's measures.
     """
@@ -115,6 +116,7 @@ class TextSet:
     log_probs: list[torch.Tensor]
     targets: list[int]
     decoder: bool
+    probabilities: list[torch.Tensor] = field(default_factory=list)
     base: Measured | None = None
 
     @property
@@ -168,6 +170,7 @@ def text_set(
         if decoder and len(log_probs) < 2:
             raise InvalidInputError("each text needs at least two tokens (one next-token loss)")
         found.log_probs.append(log_probs)
+        found.probabilities.append(log_probs.exp())
         found.targets.append(int(log_probs[-1].argmax()))
     run.count(forward=len(inputs))
     found.base = _measured(found, found.log_probs)
@@ -177,13 +180,13 @@ def text_set(
 def _measured(texts: TextSet, log_probs: Sequence[torch.Tensor]) -> Measured:
     losses = kls = 0.0
     target = 0.0
-    for item, reference, now, wanted in zip(
-        texts.inputs, texts.log_probs, log_probs, texts.targets, strict=True
+    for item, reference, p, now, wanted in zip(
+        texts.inputs, texts.log_probs, texts.probabilities, log_probs, texts.targets, strict=True
     ):
         if texts.decoder:
             ids = item.model_kwargs()["input_ids"][0, 1:].to(now.device)
             losses += float(F.nll_loss(now[:-1], ids, reduction="sum"))
-        kls += float((reference.exp() * (reference - now)).sum())
+        kls += float((p * (reference - now)).sum())
         target += float(now[-1, wanted])
     predictions = texts.tokens
     loss = losses / (predictions - len(texts.inputs)) if texts.decoder else math.nan
