@@ -22,15 +22,37 @@ from attrlab.attribution.bits.parts import (
     quantisable_parts,
     quantised,
 )
+from attrlab.attribution.bits.proxies import PROXIES
+from attrlab.attribution.bits.sensitivity import MAX_TEXTS, bundled_lm_texts, read_texts
+from attrlab.attribution.bits.study import (
+    BITS_DRAWS,
+    BUDGETS,
+    DEFAULT_KINDS,
+    BitsStudy,
+    allocate,
+    bits_study,
+    check_bits_study,
+)
 
 __all__ = [
+    "BITS_DRAWS",
     "BIT_WIDTHS",
+    "BUDGETS",
+    "DEFAULT_KINDS",
     "GROUP_SIZE",
+    "MAX_TEXTS",
     "PART_KINDS",
+    "PROXIES",
+    "BitsStudy",
     "QuantCache",
     "Scheme",
     "WeightPart",
+    "allocate",
+    "bits_study",
+    "bundled_lm_texts",
+    "check_bits_study",
     "fake_quantised",
     "quantisable_parts",
     "quantised",
+    "read_texts",
 ]

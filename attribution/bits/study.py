@@ -63,6 +63,7 @@ __all__ = [
     "allocate",
     "bits_parts",
     "bits_study",
+    "check_bits_study",
 ]
 
 #: The widths an allocation gives.
@@ -196,6 +197,33 @@ def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
     ]
 
 
+def check_bits_study(
+    kinds: Sequence[str] | None,
+    bits: Sequence[int],
+    group_sizes: Sequence[int | None],
+    budgets: Sequence[float],
+    draws: int,
+) -> None:
+    """
+    Refuse, before a model loads, what :func:`bits_study` cannot run.
+
+    Raises:
+        InvalidParameterError: as :func:`bits_study`.
+    """
+    unknown = [k for k in kinds or () if k not in PART_KINDS]
+    if unknown:
+        raise InvalidParameterError(
+            f"unknown part kind(s) {', '.join(unknown)}; choose from {', '.join(PART_KINDS)}"
+        )
+    _schemes(bits, group_sizes)
+    if not budgets:
+        raise InvalidParameterError("give at least one bit budget")
+    for budget in budgets:
+        allocate(np.zeros(1), np.ones(1), budget)  # a budget it cannot meet is refused
+    if draws < 2:
+        raise InvalidParameterError(f"draws is at least 2 (a spread to judge against); got {draws}")
+
+
 def _schemes(bits: Sequence[int], group_sizes: Sequence[int | None]) -> list[Scheme]:
     if not bits or not group_sizes:
         raise InvalidParameterError("give at least one bit width and one group size")
@@ -265,11 +293,8 @@ def bits_study(
     """
     settings = settings or RunSettings()
     run = RunContext.of(settings)
+    check_bits_study(kinds, bits, group_sizes, budgets, draws)
     schemes = _schemes(bits, group_sizes)
-    for budget in budgets:
-        allocate(np.zeros(1), np.ones(1), budget)  # a budget it cannot meet: refused now
-    if draws < 2:
-        raise InvalidParameterError(f"draws is at least 2 (a spread to judge against); got {draws}")
     parts = quantisable_parts(adapter, PART_KINDS if kinds is None else kinds)
     chosen = _chosen_texts(adapter, texts)
     dataset = [adapter.preprocess(text) for text in chosen]
