@@ -326,7 +326,7 @@ def patch(
 
 def bits(
     model: Adapter | str = "smollm2-135m",
-    texts: Sequence[str] | str | Path | None = None,
+    texts: Sequence[str] | None = None,
     *,
     kinds: Sequence[str] | None = None,
     bits: Sequence[int] | None = None,
@@ -338,8 +338,8 @@ def bits(
     """
     Quantise each part of a model alone, score the parts by proxies, and allocate bits.
 
-    ``texts``: the text set, as texts or a JSONL file of ``{"text": ...}`` lines (default: the
-    bundled LM paragraphs; the bundled sentences for a classifier). ``kinds``: the table's
+    ``texts``: the text set (default: the bundled LM paragraphs; the bundled sentences for a
+    classifier). ``kinds``: the table's
     part kinds (``attention``, ``mlp``, ``projection``, ``embeddings``, ``head``; default:
     all but ``projection``); ``bits`` (default 8, 4, 3, 2) and ``group_sizes`` (default 32
     and ``None``: per output channel) make its schemes; ``budgets`` (default 4.0, 3.0 bits per
@@ -355,10 +355,6 @@ def bits(
         [2, 4]
     """
     adapter = _model(model)
-    if isinstance(texts, str | Path):
-        from attrlab.attribution.bits import read_texts
-
-        texts = read_texts(texts)
     asked = attribution_request.BitsRequest  # its fields' defaults stand for what is not given
     request = asked(
         model=adapter.model_id,

@@ -23,6 +23,12 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torchao.quantization.quant_primitives import (
+    MappingType,
+    choose_qparams_affine,
+    dequantize_affine,
+    quantize_affine,
+)
 
 from attrlab.attribution.alteration import altered
 from attrlab.attribution.errors import InvalidParameterError
@@ -177,13 +183,6 @@ def fake_quantised(weight: torch.Tensor, scheme: Scheme) -> torch.Tensor:
     Rows are output channels (``(out, in)``, a convolution's filters flattened); GPT-2's
     ``Conv1D`` stores ``(in, out)``: pass it transposed.
     """
-    from torchao.quantization.quant_primitives import (  # its import is slow: on first use
-        MappingType,
-        choose_qparams_affine,
-        dequantize_affine,
-        quantize_affine,
-    )
-
     matrix = weight.detach().reshape(weight.shape[0], -1).float()
     columns = matrix.shape[1]
     group = columns if scheme.group_size is None else scheme.group_size
