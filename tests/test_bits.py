@@ -261,3 +261,18 @@ def test_study_is_priced_and_refused_before_it_runs(llama):
     assert all(v.status in ("pass", "fail", "inconclusive") for v in study.verdicts.values())
     json.dumps(study.to_dict())
     assert math.isfinite(study.base_loss)
+
+
+def test_a_classifier_is_measured_by_kl_on_its_classes(load_model):
+    bert = load_model("tiny-random-bert")
+    parts = quantisable_parts(bert)
+    head = next(p for p in parts if p.kind == "head")
+    assert any(m.endswith("classifier") for m in head.modules)
+    study = bits_study(bert, TEXTS[:2], kinds=["mlp", "head"], bits=[8, 2], group_sizes=[16])
+    assert study.measure == "kl" and math.isnan(study.base_loss)
+    assert study.table["loss"].isna().all()
+    assert (study.table["kl"] > -1e-7).all()  # a divergence: not below 0 but for rounding
+    rounded_head = study.table[(study.table["part"] == "head") & (study.table["bits"] == 2)]
+    assert float(rounded_head["kl"].iloc[0]) > 1e-6  # the classifier's own weights move its classes
+    # one forward a text per entry, one prediction (a class) a text
+    assert study.tokens == 2
