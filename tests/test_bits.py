@@ -276,3 +276,30 @@ def test_a_classifier_is_measured_by_kl_on_its_classes(load_model):
     assert float(rounded_head["kl"].iloc[0]) > 1e-6  # the classifier's own weights move its classes
     # one forward a text per entry, one prediction (a class) a text
     assert study.tokens == 2
+
+
+def test_each_weight_is_quantised_once_per_scheme_and_each_entry_is_one_forward_a_text(
+    llama, texts, monkeypatch
+):
+    calls: list[tuple[int, ...]] = []
+    plain = parts_module.fake_quantised
+
+    def counted(weight: torch.Tensor, scheme: Scheme) -> torch.Tensor:
+        calls.append(tuple(weight.shape))
+        return plain(weight, scheme)
+
+    monkeypatch.setattr(parts_module, "fake_quantised", counted)
+    parts = quantisable_parts(llama, ["attention", "projection"])  # a projection is in both
+    schemes = [Scheme(4), Scheme(2)]
+    forwards: list[int] = []
+    handle = llama.model.register_forward_hook(lambda *_: forwards.append(1))
+    try:
+        table = sensitivity_table(
+            llama, texts, parts, schemes, QuantCache(llama.model), RunContext()
+        )
+    finally:
+        handle.remove()
+    modules = {m for p in parts for m in p.modules}
+    assert len(calls) == len(modules) * len(schemes)
+    assert len(table) == len(parts) * len(schemes)
+    assert len(forwards) == len(table) * len(texts.inputs)
