@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from scipy import stats
 
+import attrlab.attribution.bits.parts as parts_module
 from attrlab.attribution.bits import (
     QuantCache,
     Scheme,
