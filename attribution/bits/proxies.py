@@ -169,7 +169,9 @@ def _activations(
     for item in texts.inputs:
         run.stop_if_cancelled()
         with altered(adapter.model), _recorded(adapter, parts) as (blocks, inputs), torch.no_grad():
-            adapter.model(**item.model_kwargs())
+            # a decoder's whole model: its head reads every position, as in the table
+            run_model = adapter.model if texts.decoder else adapter.logits
+            run_model(**item.model_kwargs())
         run.count(forward=1)
         for layer, (entering, leaving) in blocks.items():
             a, b = entering.flatten(0, -2).double(), leaving.flatten(0, -2).double()
