@@ -42,7 +42,6 @@ from attrlab.attribution.bits.sensitivity import TextSet
 from attrlab.attribution.errors import UnsupportedMethodError
 from attrlab.attribution.layers.analysis import analyze
 from attrlab.attribution.models.base import Adapter
-from attrlab.attribution.models.text import DecoderLMAdapter
 from attrlab.attribution.request.run import RunContext
 from attrlab.attribution.request.target import explained_target
 
@@ -74,9 +73,9 @@ OUTLIER_K = 3.0
 HISTOGRAM_BINS = 256
 
 
-def proxy_passes(decoder: bool) -> tuple[int, int]:
-    """``(forward, backward)`` per text: activations, Fisher, and LRP (decoder LMs)."""
-    return 2 + 2 * int(decoder), 1 + int(decoder)
+def proxy_passes() -> tuple[int, int]:
+    """``(forward, backward)`` per text: activations, Fisher, and LRP's target and pass."""
+    return 4, 2
 
 
 def proxy_scores(
@@ -236,9 +235,7 @@ def _fisher(
 
 
 def _relevance(adapter: Adapter, texts: TextSet, run: RunContext) -> dict[tuple[int, str], float]:
-    """``(layer, branch)`` -> mean ``|R|`` of the texts' targets (decoder LMs with LRP rules)."""
-    if not isinstance(adapter, DecoderLMAdapter):
-        return {}
+    """``(layer, branch)`` -> mean ``|R|`` of the texts' targets (models with LRP rules)."""
     sums: dict[tuple[int, str], float] = {}
     for item in texts.inputs:
         run.stop_if_cancelled()

@@ -258,7 +258,7 @@ def bits_parts(
     Per text: the unquantised forward, one per table entry, the proxies' passes, and per budget
     one per proxy, the uniform allocation and at most ``draws`` random ones.
     """
-    forward, backward = proxy_passes(isinstance(adapter, DecoderLMAdapter))
+    forward, backward = proxy_passes()
     rows = 1 + parts * schemes + forward + budgets * (len(PROXIES) + 1 + draws)
     return [(item, rows, backward, 1) for item in dataset]
 
