@@ -241,6 +241,7 @@ def _relevance(adapter: Adapter, texts: TextSet, run: RunContext) -> dict[tuple[
         run.stop_if_cancelled()
         with torch.no_grad():
             logits = adapter.logits(**item.model_kwargs())[0]
+        run.count(forward=1)
         target = explained_target(adapter, None, logits)
         try:
             table = analyze(adapter, item, target, ["lrp"], run).table
