@@ -81,6 +81,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/lrp_accounting.py
 	$(BIN)/python benchmarks/ig_convergence.py
 	$(BIN)/python benchmarks/pruning.py
+	$(BIN)/python benchmarks/bits.py
 	$(BIN)/python benchmarks/verdict_stability.py
 	$(BIN)/python benchmarks/weight_pruning.py
 	$(BIN)/python benchmarks/memory.py

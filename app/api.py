@@ -47,6 +47,7 @@ from attrlab.app.errors import error_status, public_message, validation_problems
 from attrlab.app.jobs import DamagedResultsError, JobRunner, JobWork, batch_work, instance_json
 from attrlab.app.settings import ServerSettings
 from attrlab.app.worker import ExplainWorker
+from attrlab.attribution.bits import BIT_WIDTHS, BITS_DRAWS, BUDGETS, GROUP_SIZE
 from attrlab.attribution.engine import CURVE_COLUMNS, SPARSITIES, engine_catalog, model_unit_kinds
 from attrlab.attribution.engine.allocation import allocation_names
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
@@ -59,6 +60,7 @@ from attrlab.attribution.models import BUILTIN_MODELS
 from attrlab.attribution.patching import COLUMNS
 from attrlab.attribution.request import (
     BatchRequest,
+    BitsRequest,
     CheckRequest,
     EstimateRequest,
     ExplainRequest,
@@ -82,6 +84,7 @@ from attrlab.attribution.request.params import whole_float_as_int
 __all__ = [
     "ApiGuard",
     "BatchExplanationsBody",
+    "BitsBody",
     "CheckBody",
     "ErrorBody",
     "ExplainBody",
@@ -676,6 +679,70 @@ class PruneBody(BaseModel):
         )
 
 
+class BitsBody(BaseModel):
+    """
+    Weight-only quantisation, one part at a time, over a text set; proxies; bit allocations.
+
+    Each part of ``kinds`` quantised alone at each of ``bits`` per group of ``group_sizes``
+    weights (``null``: per output channel), measured over ``texts`` (default: the bundled LM
+    paragraphs; the bundled sentences for a classifier); the proxies' agreement with it; each
+    proxy's allocation at each of ``budgets`` beside uniform bits and ``draws`` random ones.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "examples": [{"model": "smollm2-135m", "kinds": ["attention", "mlp"], "draws": 5}]
+        },
+    )
+
+    model: str | None = Field(
+        None, min_length=1, max_length=500, description="Default: smollm2-135m"
+    )
+    labels: list[Annotated[str, Field(max_length=200)]] | None = Field(None, max_length=100)
+    texts: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        None, min_length=1, max_length=200, description="The text set (default: bundled)"
+    )
+    kinds: list[Name] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_NAMES,
+        description="Part kinds of the table: attention, mlp, projection, embeddings, head "
+        "(default: all but projection)",
+    )
+    bits: list[_WholeNumber] = Field(
+        list(BIT_WIDTHS), min_length=1, max_length=8, description="Bit widths (2 to 16)"
+    )
+    group_sizes: list[_WholeNumber | None] = Field(
+        [GROUP_SIZE, None],
+        min_length=1,
+        max_length=4,
+        description="Weights per group; null: one scale per output channel",
+    )
+    budgets: list[float] = Field(
+        list(BUDGETS), min_length=1, max_length=8, description="Average bits per weight"
+    )
+    draws: _WholeNumber = Field(
+        BITS_DRAWS, ge=2, le=100, description="The most random allocations per budget"
+    )
+    seed: _WholeNumber = Field(0, ge=0, le=2**32 - 1)
+
+    def to_request(self) -> BitsRequest:
+        """The worker request for this body."""
+        return BitsRequest(
+            model=self.model,
+            labels=self.labels,
+            seed=self.seed,
+            texts=None if self.texts is None else tuple(self.texts),
+            kinds=None if self.kinds is None else tuple(self.kinds),
+            bits=tuple(self.bits),
+            group_sizes=tuple(self.group_sizes),
+            budgets=tuple(self.budgets),
+            draws=self.draws,
+        )
+
+
 class PatchBody(BaseModel):
     """
     Activation patching of a transformer, and AtP, AtP* and RelP scored against it.
@@ -1146,6 +1213,21 @@ def _add_study_routes(router: APIRouter, worker: ExplainWorker) -> None:
         each ranking's verdict against the random draws' areas), ``orders`` and ``verdicts``.
         The study is priced first: over the server's forward-pass budget or seconds it is
         refused before any work.
+        """
+        return JSONResponse((await _outcome(worker, body.to_request(), request)).to_dict())
+
+    @router.post("/bits", response_model=None)
+    async def bits(body: BitsBody, request: Request) -> JSONResponse:
+        """
+        How much each part of a model loses when its weights are quantised, and who can tell.
+
+        ``table``: per part and scheme (bits, group size) the mean next-token ``loss`` over the
+        texts and its change, the change of each text's target log-probability, and the KL
+        from the unquantised model; ``proxies``: one score per part and proxy; ``agreement``:
+        each proxy's Spearman ρ and top-k overlap with the measured sensitivity; ``curves``:
+        each allocation's measure at each budget (``random``: mean, ``std``, ``low``,
+        ``high`` of the draws); ``verdicts``: each proxy's allocation against the random ones.
+        Priced first: over the server's budget it is refused before any work.
         """
         return JSONResponse((await _outcome(worker, body.to_request(), request)).to_dict())
 

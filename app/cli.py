@@ -15,7 +15,7 @@ from typing import Any, TypeAlias
 
 from attrlab import app, attribution, viz
 from attrlab.app.progress import CommandProgress
-from attrlab.attribution import engine, metrics, models
+from attrlab.attribution import bits, engine, metrics, models
 from attrlab.attribution import request as request_records
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
 from attrlab.attribution.methods.catalog import catalog_entries
@@ -231,6 +231,35 @@ def _prune(args: argparse.Namespace) -> int:
 
     table = study.curve_table()
     return _write_study(study, args, figures, "pruning_figures", table, viz.pruning_text)
+
+
+def _bits(args: argparse.Namespace) -> int:
+    """``attrlab bits``: each part quantised alone, the proxies, and bit allocations."""
+    figures = _study_paths(args)
+    request = request_records.BitsRequest(
+        model=args.model,
+        labels=_labels(args.labels),
+        seed=args.seed,
+        texts=None if args.input is None else tuple(bits.read_texts(args.input)),
+        kinds=_optional_names(args.kinds),
+        bits=tuple(_numbers(args.bits, int, "--bits")),
+        group_sizes=tuple(
+            None if size == "channel" else _numbers(size, int, "--group-sizes")[0]
+            for size in _names(args.group_sizes)
+        ),
+        budgets=tuple(_numbers(args.budgets, float, "--budgets")),
+        draws=args.draws,
+    )
+    (study,) = _on_worker(args, [request], "study")
+    return _write_study(study, args, figures, "bits_figures", study.table, viz.bits_text)
+
+
+def _numbers(text: str, kind: Callable[[str], Any], option: str) -> list[Any]:
+    """A comma-separated option's numbers, refused in words when they are not."""
+    try:
+        return [kind(name) for name in _names(text)]
+    except ValueError:
+        raise _usage_error(f"{option} takes comma-separated numbers; got {text!r}") from None
 
 
 def _dataset_texts(path: str) -> tuple[str, ...]:
@@ -1217,6 +1246,49 @@ def _add_prune_command(sub: _Subcommands) -> None:
     prune.set_defaults(run=_prune)
 
 
+def _add_bits_command(sub: _Subcommands) -> None:
+    """``attrlab bits``: weight-only quantisation, one part at a time, and bit allocations."""
+    command = sub.add_parser(
+        "bits",
+        help="quantise each part of a model alone at 8, 4, 3 and 2 bits over a text set; "
+        "score the parts by proxies; allocate bits by each proxy beside uniform and random",
+    )
+    command.add_argument(
+        "--model", default=None, help="alias, hub id or local folder (default: smollm2-135m)"
+    )
+    command.add_argument("--labels", help="comma-separated zero-shot labels")
+    command.add_argument(
+        "--input",
+        help='JSONL text set, one {"text": ...} a line (default: the bundled LM paragraphs; '
+        "the bundled sentences for a classifier)",
+    )
+    command.add_argument(
+        "--kinds",
+        help="comma-separated part kinds of the table: attention, mlp, projection, embeddings, "
+        "head (default: all but projection)",
+    )
+    command.add_argument("--bits", default=",".join(map(str, bits.BIT_WIDTHS)), help="widths")
+    command.add_argument(
+        "--group-sizes",
+        default=f"{bits.GROUP_SIZE},channel",
+        help="weights per group, or channel: one scale per output channel",
+    )
+    command.add_argument(
+        "--budgets",
+        default=",".join(f"{b:g}" for b in bits.BUDGETS),
+        help="average bits per weight of the allocations",
+    )
+    command.add_argument(
+        "--draws", type=_positive_int, default=bits.BITS_DRAWS, help="most random allocations"
+    )
+    _study_arguments(
+        command,
+        "table: the tables in words; csv, parquet: the sensitivity table; json: everything",
+        "the figures (the sensitivity heatmap, the allocation curves)",
+    )
+    command.set_defaults(run=_bits)
+
+
 def _add_evaluate_command(sub: _Subcommands) -> None:
     """``attrlab evaluate``: the faithfulness leaderboard of methods over a set."""
     evaluate = sub.add_parser(
@@ -1383,6 +1455,7 @@ _COMMANDS: tuple[Callable[[_Subcommands], None], ...] = (
     _add_layers_command,
     _add_patch_command,
     _add_prune_command,
+    _add_bits_command,
     _add_evaluate_command,
     _add_check_command,
     _add_batch_command,

@@ -16,6 +16,7 @@ from attrlab.attribution.rendering import Renderer, register_renderer
 
 if TYPE_CHECKING:
     from attrlab.viz.answer import answer_html, step_row_html, steps_figure
+    from attrlab.viz.bits import bits_figures
     from attrlab.viz.bundle import safe_name, write_bundle, write_figures
     from attrlab.viz.compare import change_figure, change_html
     from attrlab.viz.evaluate import leaderboard_figure, leaderboard_text
@@ -50,7 +51,13 @@ if TYPE_CHECKING:
         pruning_figure,
         pruning_figures,
     )
-    from attrlab.viz.table import explanation_table, layers_text, patching_text, pruning_text
+    from attrlab.viz.table import (
+        bits_text,
+        explanation_table,
+        layers_text,
+        patching_text,
+        pruning_text,
+    )
     from attrlab.viz.text import (
         positional_figure_tokens,
         scale_legend_html,
@@ -76,6 +83,8 @@ __all__ = [
     "agreement_figure",
     "answer_html",
     "attention_figure",
+    "bits_figures",
+    "bits_text",
     "change_figure",
     "change_html",
     "comparison_html",
@@ -131,6 +140,8 @@ __getattr__, __dir__ = lazy_exports(
         "leaderboard_text": "attrlab.viz.evaluate",
         "display_copy": "attrlab.viz.image",
         "pruning_text": "attrlab.viz.table",
+        "bits_text": "attrlab.viz.table",
+        "bits_figures": "attrlab.viz.bits",
         "patching_text": "attrlab.viz.table",
         "layers_text": "attrlab.viz.table",
         "explanation_table": "attrlab.viz.table",

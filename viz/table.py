@@ -12,10 +12,11 @@ from attrlab.attribution.request.target import AnswerTarget
 from attrlab.viz.tokens import token_label
 
 if TYPE_CHECKING:
+    from attrlab.attribution.bits import BitsStudy
     from attrlab.attribution.engine.study import PruningStudy
     from attrlab.attribution.patching import PatchingReport
 
-__all__ = ["explanation_table", "layers_text", "patching_text", "pruning_text"]
+__all__ = ["bits_text", "explanation_table", "layers_text", "patching_text", "pruning_text"]
 
 _BAR_WIDTH = 20
 
@@ -213,6 +214,39 @@ def pruning_text(study: PruningStudy) -> str:
         if agreement is not None:
             lines += ["", f"each {unit} removed alone: each ranking against those exact effects"]
             lines.append(agreement.table.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    lines += [f"warning   {w}" for w in study.warnings]
+    return "\n".join(lines)
+
+
+def bits_text(study: BitsStudy) -> str:
+    """
+    Terminal view of a bits study (``attrlab bits --format table``).
+
+    The unquantised model, the sensitivity of each part per width (rows: parts), each proxy's
+    rank agreement with it, the allocation curves and each proxy's verdicts against random.
+    """
+    value = "loss_change" if study.measure == "loss" else "kl"
+    base = f"loss {study.base_loss:.4f}, " if study.measure == "loss" else ""
+    lines = [
+        f"model     {study.model}",
+        f"texts     {study.texts} ({study.tokens} predictions a forward)",
+        f"base      {base}mean target log-prob {study.base_log_prob:.4f}",
+        f"cost      {study.entries} entries, {study.forward_passes} forward passes, "
+        f"{study.backward_passes} backward; {study.cached} quantised weights computed",
+    ]
+    for scheme, rows in study.table.groupby("scheme", sort=False):
+        grid = rows.pivot(index="part", columns="bits", values=value)
+        grid = grid.loc[list(dict.fromkeys(rows["part"]))]
+        lines += ["", f"{value} with each part quantised alone ({scheme}; columns: bits)"]
+        lines.append(grid.to_string(float_format=lambda v: f"{v:.4g}"))
+    agreement = study.agreement.pivot_table(
+        index="proxy", columns=["scheme", "bits"], values="spearman", sort=False
+    )
+    lines += ["", "each proxy's Spearman ρ with the measured sensitivity (scheme, bits)"]
+    lines.append(agreement.to_string(float_format=lambda v: f"{v:.3g}"))
+    lines += ["", f"allocations: {study.measure} at each average budget"]
+    lines.append(study.curves.fillna("").to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    lines += [f"  {v.summary()}" for v in study.verdicts.values() if v.status != "inconclusive"]
     lines += [f"warning   {w}" for w in study.warnings]
     return "\n".join(lines)
 

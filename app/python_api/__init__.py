@@ -42,13 +42,14 @@ if TYPE_CHECKING:
     import numpy as np
     from PIL import Image
 
+    from attrlab.attribution.bits import BitsStudy
     from attrlab.attribution.engine.study import PruningStudy
     from attrlab.attribution.explanation import Explanation
     from attrlab.attribution.metrics.check import MethodCheck
     from attrlab.attribution.models.base import Adapter
     from attrlab.attribution.patching import PatchingReport
 
-__all__ = ["AttrlabError", "explain", "layers", "load", "patch", "prune"]
+__all__ = ["AttrlabError", "bits", "explain", "layers", "load", "patch", "prune"]
 
 
 def load(
@@ -390,3 +391,48 @@ def prune(
         removal=removal,
     )
     return attribution_request.run_request(request, adapter)
+
+
+def bits(
+    model: Adapter | str = "smollm2-135m",
+    texts: Sequence[str] | None = None,
+    *,
+    kinds: Sequence[str] | None = None,
+    bits: Sequence[int] | None = None,
+    group_sizes: Sequence[int | None] | None = None,
+    budgets: Sequence[float] | None = None,
+    draws: int | None = None,
+    seed: int = 0,
+) -> BitsStudy:
+    """
+    Quantise each part of a model alone, score the parts by proxies, and allocate bits.
+
+    ``texts``: the text set (default: the bundled LM paragraphs; the bundled sentences for a
+    classifier). ``kinds``: the table's
+    part kinds (``attention``, ``mlp``, ``projection``, ``embeddings``, ``head``; default:
+    all but ``projection``); ``bits`` (default 8, 4, 3, 2) and ``group_sizes`` (default 32
+    and ``None``: per output channel) make its schemes; ``budgets`` (default 4.0, 3.0 bits per
+    weight) and ``draws`` (random allocations, default 10) the allocations'. The result's
+    ``table``, ``proxies``, ``agreement`` and ``curves`` are pandas tables;
+    ``attrlab.viz.bits_text`` prints it, ``attrlab.viz.bits_figures`` draws it.
+
+    Example:
+        >>> import attrlab
+        >>> study = attrlab.bits("tiny-random-llama", ["One short text.", "And another."],
+        ...                      kinds=["mlp"], bits=[4, 2], group_sizes=[16], draws=5)
+        >>> sorted(set(study.table["bits"]))
+        [2, 4]
+    """
+    adapter = _model(model)
+    asked = attribution_request.BitsRequest  # its fields' defaults stand for what is not given
+    request = asked(
+        model=adapter.model_id,
+        seed=seed,
+        texts=None if texts is None else tuple(texts),
+        kinds=None if kinds is None else tuple(kinds),
+        bits=asked.bits if bits is None else tuple(bits),
+        group_sizes=asked.group_sizes if group_sizes is None else tuple(group_sizes),
+        budgets=asked.budgets if budgets is None else tuple(budgets),
+        draws=asked.draws if draws is None else draws,
+    )
+    return cast("BitsStudy", attribution_request.run_request(request, adapter))

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field, replace
 from dataclasses import fields as dataclass_fields
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from attrlab.attribution import engine, layers, methods, metrics, patching
+from attrlab.attribution import bits, engine, layers, methods, metrics, patching
+from attrlab.attribution.bits import BIT_WIDTHS, BITS_DRAWS, BUDGETS, GROUP_SIZE
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
 from attrlab.attribution.explain import explain, preview
 from attrlab.attribution.explanation import Explanation
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
 
+    from attrlab.attribution.bits import BitsStudy
     from attrlab.attribution.engine.study import PruningStudy
     from attrlab.attribution.explain import Preview
     from attrlab.attribution.layers import HeadAblation
@@ -62,6 +64,7 @@ __all__ = [
     "AblationRequest",
     "AttentionRequest",
     "BatchRequest",
+    "BitsRequest",
     "CheckRequest",
     "EstimateRequest",
     "EvaluateRequest",
@@ -536,6 +539,51 @@ class PruneRequest(Request["PruningStudy"]):
             sparsity=self.sparsity,
             allocation=self.allocation,
             removal=self.removal,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class BitsRequest(Request["BitsStudy"]):
+    """
+    Weight-only quantisation, one part at a time, and bit allocations by proxies.
+
+    :func:`attribution.bits.bits_study` over ``texts`` (``None``: the bundled LM paragraphs on
+    a decoder, the bundled sentences on a classifier); ``kinds``: the table's part kinds
+    (``None``: :data:`~attribution.bits.DEFAULT_KINDS`); ``group_sizes``: ``None`` entries
+    mean per output channel.
+    """
+
+    texts: tuple[str, ...] | None = None
+    kinds: tuple[str, ...] | None = None
+    bits: tuple[int, ...] = BIT_WIDTHS
+    group_sizes: tuple[int | None, ...] = (GROUP_SIZE, None)
+    budgets: tuple[float, ...] = BUDGETS
+    draws: int = BITS_DRAWS
+
+    def _asks(self) -> tuple[str, bool]:
+        """A language model's loss by default (a classifier's KL where one is named)."""
+        return "text", True
+
+    def check(self, bounds: RequestBounds) -> None:
+        """Known kinds, widths, budgets and draws; every text within this server's bounds."""
+        bits.check_bits_study(self.kinds, self.bits, self.group_sizes, self.budgets, self.draws)
+        bounds.check_fields(None, self.labels, None, self.seed)
+        for text in self.texts or ():
+            bounds.check_fields(text, None, None, self.seed)
+        if self.texts is not None and not 1 <= len(self.texts) <= bits.MAX_TEXTS:
+            raise InvalidInputError(f"give 1 to {bits.MAX_TEXTS} texts; got {len(self.texts)}")
+
+    def run_on(self, adapter: Adapter, run: JobContext) -> BitsStudy:
+        """The study, priced and refused over the job's budgets before any work."""
+        return bits.bits_study(
+            adapter,
+            self.texts,
+            self.kinds or bits.DEFAULT_KINDS,
+            self.bits,
+            self.group_sizes,
+            self.budgets,
+            self.draws,
+            settings=run.settings_for(self.seed),
         )
 
 
