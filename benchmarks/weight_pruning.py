@@ -19,14 +19,18 @@ of one forward + backward (the target's log-probability) per text, of the channe
 the estimators read (activations alone: Wanda and mean |activation|; with the target's
 gradient: Taylor), side by side in one run, with their ratios; forward rows per text of one
 ranking's 16-point curve; peak resident memory of a forward + backward and of the statistics
-with the target's gradient (Linux's high-water mark, reset before each, less the resident
-memory before it).
+with the target's gradient, each in a fresh process (the model loaded, freed memory handed
+back, Linux's high-water mark reset, less the resident memory before it).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import gc
 import os
+import subprocess
+import sys
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -188,14 +192,10 @@ def costs() -> None:
             for name, s in measured.items()
         ],
     )
-    rows = curve_passes(adapter, rankings=1, draws=1, unit="neuron") - 1  # the draw's rows
-    print(f"\none ranking's curve: {rows - 16} unpruned + 16 pruned forward rows per text")
-    peaks = {
-        "forward + backward": _peak(lambda: _forward_backward(adapter, items)),
-        "statistics + target gradient": _peak(
-            lambda: channel_statistics(adapter, items, "neuron", ("target",))
-        ),
-    }
+    per_ranking = curve_passes(adapter, 2, 1, "neuron") - curve_passes(adapter, 1, 1, "neuron")
+    print(f"\none ranking's curve: {per_ranking} pruned forward rows per text, beside the one")
+    print("unpruned row every order shares (17 in all for one ranking alone)")
+    peaks = {what: _peak(what) for what in ("forward + backward", "statistics + target gradient")}
     print()
     print_table(
         ["run", "peak resident MiB beyond the model", "ratio"],
@@ -206,6 +206,30 @@ def costs() -> None:
     )
 
 
+def _peak(what: str) -> float:
+    """``what``'s peak resident memory beyond the loaded model, in a fresh process."""
+    found = subprocess.run(
+        [sys.executable, __file__, "--peak", what], capture_output=True, text=True, check=True
+    )
+    return float(found.stdout.strip().splitlines()[-1])
+
+
+def _peak_child(what: str) -> None:
+    """Load, hand freed memory back, reset Linux's high-water mark, run ``what``, print it."""
+    adapter = load("smollm2-135m")
+    items = _items(adapter)
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)  # the loader's freed buffers back to the system
+    with open("/proc/self/clear_refs", "w", encoding="ascii") as refs:
+        refs.write("5")  # the high-water mark from here on
+    before = _status("VmRSS")
+    if what == "forward + backward":
+        _forward_backward(adapter, items)
+    else:
+        channel_statistics(adapter, items, "neuron", ("target",))
+    print(_status("VmHWM") - before)
+
+
 def _status(field: str) -> float:
     """A ``/proc/self/status`` memory field in MiB."""
     with open("/proc/self/status", encoding="ascii") as status:
@@ -213,20 +237,15 @@ def _status(field: str) -> float:
     return int(line.split()[1]) / 1024
 
 
-def _peak(run) -> float:
-    """Peak resident memory while ``run`` runs, less the resident memory before it (Linux)."""
-    with open("/proc/self/clear_refs", "w", encoding="ascii") as refs:
-        refs.write("5")  # resets the high-water mark to the current resident size
-    before = _status("VmRSS")
-    run()
-    return _status("VmHWM") - before
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("parts", nargs="*", default=["curves", "costs"])
     parser.add_argument("--models", default=",".join(STUDIES))
+    parser.add_argument("--peak", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.peak:
+        _peak_child(args.peak)
+        return
     if "costs" in args.parts:
         costs()
     if "curves" in args.parts:
