@@ -47,7 +47,6 @@ from attrlab.app.errors import error_status, public_message, validation_problems
 from attrlab.app.jobs import DamagedResultsError, JobRunner, JobWork, batch_work, instance_json
 from attrlab.app.settings import ServerSettings
 from attrlab.app.worker import ExplainWorker
-from attrlab.attribution.bits import BIT_WIDTHS, BITS_DRAWS, BUDGETS, GROUP_SIZE
 from attrlab.attribution.engine import CURVE_COLUMNS, SPARSITIES, engine_catalog, model_unit_kinds
 from attrlab.attribution.engine.allocation import allocation_names
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
@@ -72,6 +71,10 @@ from attrlab.attribution.request import (
 from attrlab.attribution.request import Request as WorkerRequest
 from attrlab.attribution.request.answers import MAX_NEW_TOKENS, AnswerSpec, answer_asked
 from attrlab.attribution.request.defaults import (
+    BIT_WIDTHS,
+    BITS_DRAWS,
+    BUDGETS,
+    GROUP_SIZE,
     LAYERS_TOP_K,
     NOISE_SEEDS,
     PATCHING_TOP_K,

@@ -21,8 +21,12 @@ from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidP
 from attrlab.attribution.methods.catalog import catalog_entries
 from attrlab.attribution.models.catalog import BUILTIN_MODELS
 from attrlab.attribution.request.defaults import (
+    BIT_WIDTHS,
+    BITS_DRAWS,
+    BUDGETS,
     EVALUATION_ORDERS,
     EVALUATION_STEPS,
+    GROUP_SIZE,
     LAYERS_TOP_K,
     NOISE_SEEDS,
     PATCHING_TOP_K,
@@ -1267,19 +1271,19 @@ def _add_bits_command(sub: _Subcommands) -> None:
         help="comma-separated part kinds of the table: attention, mlp, projection, embeddings, "
         "head (default: all but projection)",
     )
-    command.add_argument("--bits", default=",".join(map(str, bits.BIT_WIDTHS)), help="widths")
+    command.add_argument("--bits", default=",".join(map(str, BIT_WIDTHS)), help="widths")
     command.add_argument(
         "--group-sizes",
-        default=f"{bits.GROUP_SIZE},channel",
+        default=f"{GROUP_SIZE},channel",
         help="weights per group, or channel: one scale per output channel",
     )
     command.add_argument(
         "--budgets",
-        default=",".join(f"{b:g}" for b in bits.BUDGETS),
+        default=",".join(f"{b:g}" for b in BUDGETS),
         help="average bits per weight of the allocations",
     )
     command.add_argument(
-        "--draws", type=_positive_int, default=bits.BITS_DRAWS, help="most random allocations"
+        "--draws", type=_positive_int, default=BITS_DRAWS, help="most random allocations"
     )
     _study_arguments(
         command,

@@ -24,6 +24,7 @@ imports what it needs.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -37,6 +38,13 @@ from attrlab.attribution import request as attribution_request
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
 from attrlab.attribution.methods.catalog import DEFAULT_METHOD
 from attrlab.attribution.request.defaults import NOISE_SEEDS, PATCHING_TOP_K, PRUNING_DRAWS
+
+# transformers imports torchao (the bits quantiser) whenever it is installed, and torchao
+# registers its enums through a torch call that logs a deprecation warning on stderr in every
+# process: a dependency's note to itself, not the user's concern (attrlab's stderr is its own).
+# The imports above are lazy: no torch module is loaded before this line.
+logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+
 
 if TYPE_CHECKING:
     import numpy as np

@@ -11,35 +11,32 @@ uniform and random allocations, and composes it all into one priced study.
 
 from __future__ import annotations
 
-from attrlab.attribution.bits.parts import (
-    BIT_WIDTHS,
-    GROUP_SIZE,
-    PART_KINDS,
-    QuantCache,
-    Scheme,
-    WeightPart,
-    fake_quantised,
-    quantisable_parts,
-    quantised,
-)
-from attrlab.attribution.bits.proxies import PROXIES
-from attrlab.attribution.bits.sensitivity import MAX_TEXTS, bundled_lm_texts, read_texts
-from attrlab.attribution.bits.study import (
-    BITS_DRAWS,
-    BUDGETS,
-    DEFAULT_KINDS,
-    BitsStudy,
-    allocate,
-    bits_study,
-    check_bits_study,
-)
+from typing import TYPE_CHECKING
+
+from attrlab.attribution.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from attrlab.attribution.bits.parts import (
+        PART_KINDS,
+        QuantCache,
+        Scheme,
+        WeightPart,
+        fake_quantised,
+        quantisable_parts,
+        quantised,
+    )
+    from attrlab.attribution.bits.proxies import PROXIES
+    from attrlab.attribution.bits.sensitivity import MAX_TEXTS, bundled_lm_texts, read_texts
+    from attrlab.attribution.bits.study import (
+        DEFAULT_KINDS,
+        BitsStudy,
+        allocate,
+        bits_study,
+        check_bits_study,
+    )
 
 __all__ = [
-    "BITS_DRAWS",
-    "BIT_WIDTHS",
-    "BUDGETS",
     "DEFAULT_KINDS",
-    "GROUP_SIZE",
     "MAX_TEXTS",
     "PART_KINDS",
     "PROXIES",
@@ -56,3 +53,29 @@ __all__ = [
     "quantised",
     "read_texts",
 ]
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        **dict.fromkeys(
+            (
+                "PART_KINDS",
+                "QuantCache",
+                "Scheme",
+                "WeightPart",
+                "fake_quantised",
+                "quantisable_parts",
+                "quantised",
+            ),
+            "attrlab.attribution.bits.parts",
+        ),
+        "PROXIES": "attrlab.attribution.bits.proxies",
+        **dict.fromkeys(
+            ("MAX_TEXTS", "bundled_lm_texts", "read_texts"), "attrlab.attribution.bits.sensitivity"
+        ),
+        **dict.fromkeys(
+            ("DEFAULT_KINDS", "BitsStudy", "allocate", "bits_study", "check_bits_study"),
+            "attrlab.attribution.bits.study",
+        ),
+    },
+)

@@ -34,10 +34,9 @@ from attrlab.attribution.alteration import altered
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.models.base import Adapter
 from attrlab.attribution.models.layouts import layout_for
+from attrlab.attribution.request.defaults import GROUP_SIZE
 
 __all__ = [
-    "BIT_WIDTHS",
-    "GROUP_SIZE",
     "PART_KINDS",
     "QuantCache",
     "Scheme",
@@ -47,12 +46,6 @@ __all__ = [
     "quantised",
 ]
 
-#: The bit widths of the sensitivity table and of the allocations.
-BIT_WIDTHS = (8, 4, 3, 2)
-#: Weights per group of the group-wise scheme (along the input axis): SmolLM2's widths (576,
-#: 1536) and most models' are multiples of 32; a last, shorter group is padded with zeros,
-#: which the asymmetric range holds anyway.
-GROUP_SIZE = 32
 #: The kinds of part, in table order.
 PART_KINDS = ("attention", "mlp", "projection", "embeddings", "head")
 

@@ -26,8 +26,6 @@ import pandas as pd
 
 from attrlab.attribution.agreement import rank_agreement
 from attrlab.attribution.bits.parts import (
-    BIT_WIDTHS,
-    GROUP_SIZE,
     PART_KINDS,
     QuantCache,
     Scheme,
@@ -48,6 +46,7 @@ from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
 from attrlab.attribution.metrics.leaderboard import bundled_items
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.text import DecoderLMAdapter
+from attrlab.attribution.request.defaults import BIT_WIDTHS, BITS_DRAWS, BUDGETS, GROUP_SIZE
 from attrlab.attribution.request.gate import clear_study
 from attrlab.attribution.request.run import RunContext, RunSettings
 from attrlab.attribution.verdicts import Draws, Verdict, against_random, draw_until_settled
@@ -55,8 +54,6 @@ from attrlab.attribution.verdicts import Draws, Verdict, against_random, draw_un
 __all__ = [
     "AGREEMENT_COLUMNS",
     "ALLOCATION_WIDTHS",
-    "BITS_DRAWS",
-    "BUDGETS",
     "CURVE_COLUMNS",
     "DEFAULT_KINDS",
     "BitsStudy",
@@ -68,10 +65,6 @@ __all__ = [
 
 #: The widths an allocation gives.
 ALLOCATION_WIDTHS = (2, 3, 4, 8)
-#: The default average budgets, bits per weight.
-BUDGETS = (4.0, 3.0)
-#: Most random allocations per budget (five at first).
-BITS_DRAWS = 10
 #: The part kinds of a study's table by default (each projection alone: ask for ``projection``).
 DEFAULT_KINDS = ("attention", "mlp", "embeddings", "head")
 #: Columns of the agreement table: per proxy and scheme, its ranks against the measured ones.

@@ -9,8 +9,12 @@ Plain numbers, importing nothing: ``attrlab --help`` reads them without loading 
 from __future__ import annotations
 
 __all__ = [
+    "BITS_DRAWS",
+    "BIT_WIDTHS",
+    "BUDGETS",
     "EVALUATION_ORDERS",
     "EVALUATION_STEPS",
+    "GROUP_SIZE",
     "LAYERS_TOP_K",
     "NOISE_SEEDS",
     "PATCHING_TOP_K",
@@ -38,3 +42,10 @@ TOP_FRACTION = 0.1
 #: is settled; a short text's exact expectation where that costs no more), for the command line,
 #: the page and the library alike.
 EVALUATION_STEPS, EVALUATION_ORDERS = 50, 100
+#: Bits per part: the widths of the sensitivity table and the allocations; the group size of
+#: group-wise quantisation (SmolLM2's widths 576 and 1,536 and most models' are multiples of
+#: 32; a last, shorter group is padded with zeros, which the asymmetric range holds anyway);
+#: the average budgets in bits per weight; the most random allocations per budget (five at
+#: first).
+BIT_WIDTHS, GROUP_SIZE = (8, 4, 3, 2), 32
+BUDGETS, BITS_DRAWS = (4.0, 3.0), 10

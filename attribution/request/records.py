@@ -20,7 +20,6 @@ from dataclasses import fields as dataclass_fields
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from attrlab.attribution import bits, engine, layers, methods, metrics, patching
-from attrlab.attribution.bits import BIT_WIDTHS, BITS_DRAWS, BUDGETS, GROUP_SIZE
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
 from attrlab.attribution.explain import explain, preview
 from attrlab.attribution.explanation import Explanation
@@ -32,8 +31,12 @@ from attrlab.attribution.request.answers import AnswerSpec
 from attrlab.attribution.request.bounds import RequestBounds
 from attrlab.attribution.request.calibration import calibrate, calibrated
 from attrlab.attribution.request.defaults import (
+    BIT_WIDTHS,
+    BITS_DRAWS,
+    BUDGETS,
     EVALUATION_ORDERS,
     EVALUATION_STEPS,
+    GROUP_SIZE,
     NOISE_SEEDS,
     PATCHING_TOP_K,
     PRUNING_DRAWS,
