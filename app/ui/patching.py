@@ -28,6 +28,7 @@ from attrlab.app.ui.shared import (
     parse_positions,
     readable,
     session,
+    wire_study,
 )
 from attrlab.attribution.models import BUILTIN_MODELS, default_model
 from attrlab.attribution.patching import COMPONENTS, DIRECTIONS, ESTIMATORS, agreement_reading
@@ -206,26 +207,15 @@ class PatchingView:
     # --- wiring ---------------------------------------------------------------------------
 
     def _wire(self) -> None:
-        running = self.run.click(
-            self.study,
-            [self.asked, *self.fields],
-            self.outputs,
-            api_name="patching_run",
-            concurrency_id="run-patching",
-        )
-        linked_run = self.linked.change(
-            self.study,
-            [self.linked, *self.fields],
-            self.outputs,
-            api_visibility="private",
-            concurrency_id="run-patching",
-        )
-        self.cancel.click(
+        wire_study(
+            self.run,
+            self.linked,
+            self.cancel,
             self.runner.cancel_handler(_TAB),
-            [],
-            [],
-            cancels=[running, linked_run],
-            api_name="patching_cancel",
+            self.study,
+            (self.asked, self.fields),
+            self.outputs,
+            "patching",
         )
         self.export.click(
             self.download, [self.last, self.pruned], self.bundle, api_name="patching_export"

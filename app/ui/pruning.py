@@ -20,7 +20,7 @@ import gradio as gr
 
 from attrlab.app.ui.link import LinkedTab, page_base, share_query
 from attrlab.app.ui.runner import PageRunner
-from attrlab.app.ui.shared import in_order, readable, session
+from attrlab.app.ui.shared import in_order, readable, session, wire_study
 from attrlab.attribution.engine import SPARSITIES, model_unit_kinds
 from attrlab.attribution.engine.allocation import allocation_names
 from attrlab.attribution.engine.choices import shared_removals
@@ -148,26 +148,15 @@ class PruningSection:
             )
 
     def _wire(self) -> None:
-        running = self.prune.click(
-            self.study,
-            [self.asked, *self.fields],
-            self.outputs,
-            api_name="pruning_run",
-            concurrency_id="run-pruning",
-        )
-        linked_run = self.linked.change(
-            self.study,
-            [self.linked, *self.fields],
-            self.outputs,
-            api_visibility="private",
-            concurrency_id="run-pruning",
-        )
-        self.cancel.click(
+        wire_study(
+            self.prune,
+            self.linked,
+            self.cancel,
             self.runner.cancel_handler(_TAB),
-            [],
-            [],
-            cancels=[running, linked_run],
-            api_name="pruning_cancel",
+            self.study,
+            (self.asked, self.fields),
+            self.outputs,
+            "pruning",
         )
         self.units.change(
             self.removals, [self.units, self.removal], self.removal, api_visibility="private"

@@ -66,6 +66,36 @@ def readable(handler: Callable[..., Any]) -> Callable[..., Any]:
     return wrapped
 
 
+def wire_study(
+    run: gr.Button,
+    linked: gr.State,
+    cancel: gr.Button,
+    cancel_handler: Callable[..., Any],
+    study: Callable[..., Any],
+    inputs: tuple[Any, list[Any]],
+    outputs: list[Any],
+    name: str,
+) -> None:
+    """
+    A study's button and shared link run ``study``; ``cancel`` stops either.
+
+    ``inputs``: the flag a click sets (the link's own state on a link) and the fields;
+    ``name``: the API names ``<name>_run`` and ``<name>_cancel`` and the run's queue.
+    """
+    asked, fields = inputs
+    running = run.click(
+        study, [asked, *fields], outputs, api_name=f"{name}_run", concurrency_id=f"run-{name}"
+    )
+    linked_run = linked.change(
+        study,
+        [linked, *fields],
+        outputs,
+        api_visibility="private",
+        concurrency_id=f"run-{name}",
+    )
+    cancel.click(cancel_handler, [], [], cancels=[running, linked_run], api_name=f"{name}_cancel")
+
+
 def in_order(outputs: list[Any], views: Mapping[Any, Any]) -> list[Any]:
     """
     ``views``, keyed by component, in the order of an event's ``outputs`` (each one named).
