@@ -24,7 +24,7 @@ lower loss, are better).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -64,6 +64,8 @@ __all__ = [
     "PruningCurves",
     "curve_passes",
     "measured_rows",
+    "order_areas",
+    "order_curves",
     "pruning_curves",
     "removed_scores",
 ]
@@ -390,7 +392,8 @@ def pruning_curves(
     run = run or RunContext.of(settings)
     ks = np.array([0, *counts], dtype=np.float64)
     decoder = adapter.family == "decoder-lm"
-    judged_metrics = [m for m, name in enumerate(METRICS) if decoder or name != "next_token_loss"]
+    judged = [m for m in METRICS if decoder or m != "next_token_loss"]
+    judged_metrics = [list(METRICS).index(m) for m in judged]
 
     def measure(plans: Sequence[Sequence[int]]) -> np.ndarray:
         # row 0 unpruned (what top-1 agreement is read against), then each order's k of `counts`
@@ -411,16 +414,16 @@ def pruning_curves(
         nonlocal means
         rows = measure(random_orders(count))[1:]
         means = np.concatenate([means, rows])
-        return _areas(means[0], rows, ks)[:, judged_metrics]
+        return order_areas(means[0], rows, ks)[:, judged_metrics]
 
-    areas = _areas(means[0], means[1:], ks)[:, judged_metrics]  # the rankings', then the draws'
+    areas = order_areas(means[0], means[1:], ks)[:, judged_metrics]  # rankings', then draws'
     first = areas[len(orders) :]
     drawn = len(draw_until_settled(draw, areas[: len(orders)], draws, first))
     named = {name: [sites[u].name() for u in order] for name, order in orders.items()}
-    return _curves(unit, means, list(orders), drawn, counts, named, decoder)
+    return order_curves(unit, means, list(orders), drawn, [0, *counts], named, METRICS, judged)
 
 
-def _areas(plain: np.ndarray, rows: np.ndarray, ks: np.ndarray) -> np.ndarray:
+def order_areas(plain: np.ndarray, rows: np.ndarray, ks: np.ndarray) -> np.ndarray:
     """
     Each order's area per metric, ``(orders, metrics)``, from its rows after ``k = 0``.
 
@@ -438,40 +441,42 @@ def _spread(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
     return values.mean(0), std, values.min(0), values.max(0)
 
 
-def _curves(
+def order_curves(
     unit: str,
     means: np.ndarray,
     names: list[str],
     draws: int,
-    counts: list[int],
+    ks: Sequence[float],
     orders: dict[str, list[Any]],
-    decoder: bool,
+    metrics: Mapping[str, bool],
+    judged: Collection[str],
+    words: Draws = _ORDERS,
 ) -> PruningCurves:
-    """The tables and verdicts from per-row means ``(1 + orders·len(counts), metrics)``."""
-    metrics = [m for m in METRICS if decoder or m != "next_token_loss"]
-    ks = np.array([0, *counts], dtype=np.float64)
-    by_order = means[1:].reshape(len(names) + draws, len(counts), len(METRICS))
-    full = np.concatenate(
-        [np.broadcast_to(means[0], (len(by_order), 1, len(METRICS))), by_order], 1
-    )
-    areas = _areas(means[0], means[1:], ks)  # (orders, metrics)
+    """
+    The tables and verdicts from per-row means ``(1 + orders·(len(ks) − 1), metrics)``.
+
+    ``ks``: the removal axis, ``0`` first (counts of units, or shares evicted); ``metrics``:
+    each column of ``means`` and whether higher is better; ``judged``: the metrics tabled and
+    judged (each ranking's area against the random draws'). Row 0 is every order's ``k = 0``;
+    the rankings' rows go first, then the draws'.
+    """
+    axis = np.asarray(ks, dtype=np.float64)
+    width = len(metrics)
+    by_order = means[1:].reshape(len(names) + draws, len(axis) - 1, width)
+    full = np.concatenate([np.broadcast_to(means[0], (len(by_order), 1, width)), by_order], 1)
+    areas = order_areas(means[0], means[1:], axis)  # (orders, metrics)
     drawn, drawn_areas = full[len(names) :], areas[len(names) :]
     curve_spread, area_spread = _spread(drawn), _spread(drawn_areas)
     records, scores, verdicts = [], [], []
-    for m, metric in enumerate(METRICS):
-        if metric not in metrics:
+    for m, (metric, higher) in enumerate(metrics.items()):
+        if metric not in judged:
             continue
         for i, name in enumerate(names):
             records += [
-                (name, int(k), metric, float(full[i, j, m]), *[np.nan] * 3)
-                for j, k in enumerate(ks)
+                (name, k, metric, float(full[i, j, m]), *[np.nan] * 3) for j, k in enumerate(ks)
             ]
             verdict, _, _ = against_random(
-                f"{name}'s {metric} area",
-                float(areas[i, m]),
-                drawn_areas[:, m],
-                METRICS[metric],
-                _ORDERS,
+                f"{name}'s {metric} area", float(areas[i, m]), drawn_areas[:, m], higher, words
             )
             verdicts.append(replace(verdict, check=f"{unit}_pruning:{name}:{metric}"))
             scores.append(
@@ -479,7 +484,7 @@ def _curves(
             )
         mean, std, low, high = (s[:, m] for s in curve_spread)
         records += [
-            (RANDOM, int(k), metric, float(mean[j]), float(std[j]), float(low[j]), float(high[j]))
+            (RANDOM, k, metric, float(mean[j]), float(std[j]), float(low[j]), float(high[j]))
             for j, k in enumerate(ks)
         ]
         scores.append((RANDOM, metric, *(float(s[m]) for s in area_spread), None, None))
