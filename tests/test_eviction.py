@@ -16,7 +16,9 @@ from attrlab.attribution.eviction.scorers import SCORERS, by_position, snapkv
 from attrlab.attribution.eviction.study import (
     EVICTION_METRICS,
     EvictionItem,
+    eviction_rows,
     eviction_study,
+    exact_spans,
     kept_masks,
     layer_budgets,
 )
@@ -265,7 +267,8 @@ def test_the_prompt_is_prefilled_once_per_item(llama, item):
     assert seen.count(prompt) == 1  # the one prefill
     answer_rows = sum(n // steps for n in seen if n != prompt)
     assert sum(seen) == prompt + answer_rows * steps
-    assert study.answer_forwards == answer_rows
+    assert study.forward_passes == 1 + answer_rows
+    assert answer_rows <= eviction_rows([study.context[0]], 2, 3, draws=5)
 
 
 def test_by_position_sums_layers_and_heads_with_kept_entries_at_the_top():
@@ -299,3 +302,18 @@ def test_the_full_cache_row_reads_the_answer_as_a_plain_forward_does(llama, item
     curve = study.curves.curves
     at_full = curve[(curve.removed == 0) & (curve.metric == "kl")]["value"]
     assert np.allclose(at_full, 0.0, atol=1e-9)  # the full cache is its own reference
+
+
+def test_long_contexts_take_their_exact_effects_in_spans(llama, item):
+    assert exact_spans(5) == [(i, i + 1) for i in range(5)]
+    assert exact_spans(1030)[:2] == [(0, 3), (3, 6)] and exact_spans(1030)[-1] == (1029, 1030)
+    assert exact_spans(7, span=3) == [(0, 3), (3, 6), (6, 7)]
+    spans = eviction_study(llama, [item], ["h2o"], ratios=(1.0, 0.5), draws=2, span=4)
+    tokens = eviction_study(llama, [item], ["h2o"], ratios=(1.0, 0.5), draws=2, span=1)
+    # the same scorer, judged against 4-token spans rather than single tokens
+    assert spans.agreement.loc[0, "spearman"] != tokens.agreement.loc[0, "spearman"]
+    curves_only = eviction_study(llama, [item], ["h2o"], ratios=(1.0, 0.5), draws=2, span=0)
+    assert curves_only.agreement.empty
+    assert curves_only.forward_passes < tokens.forward_passes - item.inputs.input_ids.shape[1] // 2
+    with pytest.raises(InvalidParameterError, match="exact_loo"):
+        eviction_study(llama, [item], ["exact_loo"], span=0)

@@ -59,7 +59,7 @@ from attrlab.attribution.models.base import Adapter, TextInputs
 from attrlab.attribution.request.defaults import PRUNING_DRAWS
 from attrlab.attribution.request.run import RunContext, RunSettings
 from attrlab.attribution.request.target import Target
-from attrlab.attribution.verdicts import Draws, draw_until_settled, first_round
+from attrlab.attribution.verdicts import Draws, draw_rounds, draw_until_settled, first_round
 
 __all__ = [
     "EVICTION_METRICS",
@@ -68,7 +68,9 @@ __all__ = [
     "SPLITS",
     "EvictionItem",
     "EvictionStudy",
+    "eviction_rows",
     "eviction_study",
+    "exact_spans",
     "kept_masks",
     "layer_budgets",
 ]
@@ -85,6 +87,8 @@ SPLITS = ("uniform", "pyramid")
 PYRAMID_BETA = 20
 #: Answer forwards per batch.
 _CHUNK = 32
+#: Most exact-effect rows per item: longer contexts are evicted in spans (:func:`exact_spans`).
+MAX_EXACT_ROWS = 512
 #: Share of the context positions in the top-k overlap.
 _TOP_SHARE = 0.1
 
@@ -129,7 +133,8 @@ class EvictionStudy:
         scorers: Each scorer's description.
         full: Mean over items of the full cache's ``log_prob`` and ``exact_match``.
         items: Items measured; ``context``: their evictable tokens.
-        answer_forwards: Answer-forward rows run (prefills apart).
+        forward_passes: Forwards the study ran: each item's prefill and every answer forward
+            row (the attribution oracles' own runs apart).
     """
 
     unit: str
@@ -141,7 +146,7 @@ class EvictionStudy:
     full: dict[str, float]
     items: int
     context: list[int]
-    answer_forwards: int
+    forward_passes: int
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready."""
@@ -156,7 +161,7 @@ class EvictionStudy:
             "full": self.full,
             "items": self.items,
             "context": self.context,
-            "answer_forwards": self.answer_forwards,
+            "forward_passes": self.forward_passes,
         }
 
 
@@ -288,6 +293,88 @@ def _check_ratios(ratios: Sequence[float]) -> tuple[float, ...]:
     return chosen
 
 
+def exact_spans(context: int, span: int | None = None) -> list[tuple[int, int]]:
+    """
+    The spans evicted one at a time for the exact effects, ``span`` tokens each.
+
+    ``None``: single tokens up to :data:`MAX_EXACT_ROWS` positions, wider spans beyond.
+
+    Raises:
+        InvalidParameterError: ``span`` below 1.
+    """
+    width = max(1, -(-context // MAX_EXACT_ROWS)) if span is None else span
+    if width < 1:  # 0 (no exact effects) is the study's to read, not a width
+        raise InvalidParameterError(f"an exact-effect span is at least one token; got {width}")
+    return [(start, min(start + width, context)) for start in range(0, context, width)]
+
+
+def eviction_rows(
+    contexts: Sequence[int],
+    scorers: int,
+    ratios: int,
+    draws: int = PRUNING_DRAWS,
+    span: int | None = None,
+) -> int:
+    """
+    Answer forwards a study runs at most (the prefills apart): its price.
+
+    Per item of ``contexts`` evictable tokens: the full cache, each exact-effect span (none
+    with ``span`` 0), and
+    the curves' rows (the full cache, then each of ``scorers`` and at most ``draws`` random
+    evictions at each of the ``ratios`` below 1.0).
+    """
+    per_curve = 1 + (scorers + draws) * (ratios - 1) + draw_rounds(draws) - 1
+    exact = [0 if span == 0 else len(exact_spans(c, span)) for c in contexts]
+    return sum(1 + e + per_curve for e in exact)
+
+
+def _exact_effects(
+    adapter: Adapter,
+    cache: Prefill,
+    reference: torch.Tensor,
+    spans: list[tuple[int, int]],
+    run: RunContext,
+) -> np.ndarray:
+    """The drop of the answer's log-probability with each span evicted from every layer."""
+    alone = keep_all(cache, len(spans)).clone()
+    for row, (start, stop) in enumerate(spans):
+        alone[row, :, :, start:stop] = False
+    without = _measured(adapter, cache, alone, reference, run)[:, 0]
+    steps = torch.arange(len(cache.answer))
+    full = float(reference[steps, cache.answer].sum())
+    return full - without
+
+
+def _prepared(
+    adapter: Adapter,
+    item: EvictionItem,
+    chosen: Sequence[Scorer],
+    span: int | None,
+    run: RunContext,
+) -> tuple[_Item, list[dict[str, Any]]]:
+    """
+    One item prefilled, read on the full cache, its exact effects and every scorer's scores.
+
+    ``span`` ``0``: no exact effects (and no agreement).
+    """
+    cache = prefill(adapter, item.inputs, item.context, window=SNAPKV_WINDOW)
+    run.count(forward=1)
+    reference = torch.log_softmax(evicted_logits(adapter, cache, keep_all(cache, 1)).double(), -1)
+    run.count(forward=1)
+    spans = [] if span == 0 else exact_spans(cache.context, span)
+    effects = _exact_effects(adapter, cache, reference[0], spans, run) if spans else np.zeros(0)
+    per_position = np.repeat(effects, [stop - start for start, stop in spans])
+    scores = _scores(adapter, item, cache, chosen, per_position, run)
+    agreement = []
+    for name, values in scores.items():
+        if spans and name != "exact_loo":
+            positions = by_position(values)
+            summed = np.array([positions[start:stop].sum() for start, stop in spans])
+            rho, overlap = _signed_agreement(summed, effects)
+            agreement.append({"scorer": name, "spearman": rho, "top_k_overlap": overlap})
+    return _Item(cache, reference[0], scores), agreement
+
+
 def eviction_study(
     adapter: Adapter,
     items: Sequence[EvictionItem],
@@ -296,11 +383,15 @@ def eviction_study(
     split: str = "uniform",
     ratios: Sequence[float] = KEEP_RATIOS,
     draws: int = PRUNING_DRAWS,
+    span: int | None = None,
     settings: RunSettings | None = None,
     run: RunContext | None = None,
 ) -> EvictionStudy:
     """
     Evict by each scorer (``None``: every registered one) at each keep ratio, beside random.
+
+    ``span``: the tokens evicted together for the exact effects (:func:`exact_spans`); ``0``
+    measures none (no agreement table, no ``exact_loo``): the curves alone.
 
     Raises:
         InvalidInputError: an item that is not a decoder LM's text, a context out of range.
@@ -318,61 +409,77 @@ def eviction_study(
         raise InvalidParameterError("give at least one prompt to evict from")
     if draws < 1:
         raise InvalidParameterError(f"draws is at least 1; got {draws}")
+    if span == 0 and "exact_loo" in [s.name for s in chosen]:
+        raise InvalidParameterError("exact_loo is the exact effects: leave span above 0")
     run = run or RunContext.of(settings)
     prepared: list[_Item] = []
-    loo_rows = 0
-    agreement_rows: list[dict[str, Any]] = []
+    agreement: list[dict[str, Any]] = []
     for number, item in enumerate(items):
         run.step(number, len(items))
-        cache = prefill(adapter, item.inputs, item.context, window=SNAPKV_WINDOW)
-        run.count(forward=1)
-        full_mask = keep_all(cache, 1)
-        logits = evicted_logits(adapter, cache, full_mask)
-        reference = torch.log_softmax(logits.double(), -1)
-        run.count(forward=1)
-        # each context position evicted alone, from every layer and head
-        alone = keep_all(cache, cache.context).clone()
-        positions = torch.arange(cache.context)
-        alone[positions, :, :, positions] = False
-        without = _measured(adapter, cache, alone, reference[0], run)[:, 0]
-        loo_rows += cache.context
-        full_lp = float(_measured(adapter, cache, full_mask, reference[0], run)[0, 0])
-        drop = full_lp - without
-        scores = _scores(adapter, item, cache, chosen, drop, run)
-        for name, values in scores.items():
-            if name == "exact_loo":
-                continue
-            rho, overlap = _signed_agreement(by_position(values), drop)
-            agreement_rows.append({"scorer": name, "spearman": rho, "top_k_overlap": overlap})
-        prepared.append(_Item(cache, reference[0], scores))
+        entry, rows = _prepared(adapter, item, chosen, span, run)
+        prepared.append(entry)
+        agreement += rows
     names = [s.name for s in chosen]
     evicted = [0.0, *(round(1.0 - r, 10) for r in ratios[1:])]
-    counter = {"rows": 0}
+    curves = _curves(adapter, prepared, names, unit, split, ratios, evicted, draws, run)
+    full = np.mean([_full_cache(e) for e in prepared], 0)
+    return EvictionStudy(
+        unit=unit,
+        split=split,
+        ratios=ratios,
+        curves=curves,
+        agreement=_agreement_table(agreement, chosen),
+        scorers=[s.describe() for s in chosen],
+        full={"log_prob": float(full[0]), "exact_match": float(full[1])},
+        items=len(prepared),
+        context=[entry.cache.context for entry in prepared],
+        forward_passes=run.forward_passes,
+    )
+
+
+def _full_cache(entry: _Item) -> np.ndarray:
+    """The answer's log-probability and exact match on the full cache (its reference read)."""
+    steps = torch.arange(len(entry.cache.answer))
+    log_prob = float(entry.reference[steps, entry.cache.answer].sum())
+    exact = bool((entry.reference.argmax(-1) == entry.cache.answer).all())
+    return np.array([log_prob, float(exact)])
+
+
+def _curves(
+    adapter: Adapter,
+    prepared: Sequence[_Item],
+    names: list[str],
+    unit: str,
+    split: str,
+    ratios: tuple[float, ...],
+    evicted: list[float],
+    draws: int,
+    run: RunContext,
+) -> PruningCurves:
+    """Each scorer's and the random evictions' rows, averaged over the items, and judged."""
 
     def rows_for(entry: _Item, orders: list[torch.Tensor], randoms: int) -> np.ndarray:
         orders = orders + random_scores(entry, randoms)
         masks = [keep_all(entry.cache, 1)[0].cpu()] + [
             kept_masks(entry.cache, scores, r, unit, split) for scores in orders for r in ratios[1:]
         ]
-        counter["rows"] += len(masks)
         return _measured(adapter, entry.cache, torch.stack(masks), entry.reference, run)
 
     def random_scores(entry: _Item, count: int) -> list[torch.Tensor]:
+        cache = entry.cache
         shape = (
-            (entry.cache.context,)
+            (cache.context,)
             if unit == "kv_position"
-            else (entry.cache.layers, entry.cache.kv_heads, entry.cache.context)
+            else (cache.layers, cache.kv_heads, cache.context)
         )
         return [torch.as_tensor(run.rng.random(shape)) for _ in range(count)]
 
     def units_of(scores: torch.Tensor) -> torch.Tensor:
         return torch.as_tensor(by_position(scores)) if unit == "kv_position" else scores
 
+    ranked = [[units_of(entry.scores[n]) for n in names] for entry in prepared]
     first = first_round(draws)
-    means = np.mean(
-        [rows_for(entry, [units_of(entry.scores[n]) for n in names], first) for entry in prepared],
-        axis=0,
-    )
+    means = np.mean([rows_for(e, r, first) for e, r in zip(prepared, ranked, strict=True)], 0)
     axis = np.asarray(evicted)
 
     def draw(count: int) -> np.ndarray:
@@ -383,23 +490,8 @@ def eviction_study(
 
     areas = order_areas(means[0], means[1:], axis)
     drawn = len(draw_until_settled(draw, areas[: len(names)], draws, areas[len(names) :]))
-    curves = order_curves(
+    return order_curves(
         unit, means, names, drawn, evicted, {}, EVICTION_METRICS, EVICTION_METRICS, _EVICTIONS
-    )
-    return EvictionStudy(
-        unit=unit,
-        split=split,
-        ratios=ratios,
-        curves=curves,
-        agreement=_agreement_table(agreement_rows, chosen),
-        scorers=[s.describe() for s in chosen],
-        full={
-            "log_prob": float(means[0, 0]),
-            "exact_match": float(means[0, 1]),
-        },
-        items=len(prepared),
-        context=[entry.cache.context for entry in prepared],
-        answer_forwards=counter["rows"] + loo_rows + 2 * len(prepared),
     )
 
 
