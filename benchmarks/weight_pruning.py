@@ -38,6 +38,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch
 from _tables import print_table
+from _timing import best_seconds
 
 from attrlab.attribution.engine import (
     bundled_texts,
@@ -55,7 +56,6 @@ STUDIES = {
     "minilm": ("minilm-zeroshot", "neuron", [{}]),
     "efficientnet": ("efficientnet-lite0", "channel", [{}]),
 }
-REPEATS = 3
 
 
 def _items(adapter: Adapter) -> list:
@@ -135,15 +135,6 @@ def _first_image(adapter: Adapter) -> object:
     return adapter.preprocess(bundled_items("image")[0].raw)
 
 
-def _timed(run) -> float:
-    best = float("inf")
-    for _ in range(REPEATS):
-        started = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - started)
-    return best
-
-
 def _forward_backward(adapter: Adapter, items: list) -> None:
     for inputs, target in items:
         with torch.enable_grad():
@@ -166,12 +157,12 @@ def costs() -> None:
                 adapter.logits(**inputs.model_kwargs())
 
     measured = {
-        "forward": _timed(forward),
-        "forward + backward": _timed(lambda: _forward_backward(adapter, items)),
-        "statistics (Wanda, activation)": _timed(
+        "forward": best_seconds(forward),
+        "forward + backward": best_seconds(lambda: _forward_backward(adapter, items)),
+        "statistics (Wanda, activation)": best_seconds(
             lambda: channel_statistics(adapter, items, "neuron")
         ),
-        "statistics + target gradient (Taylor)": _timed(
+        "statistics + target gradient (Taylor)": best_seconds(
             lambda: channel_statistics(adapter, items, "neuron", ("target",))
         ),
     }
