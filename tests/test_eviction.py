@@ -317,3 +317,27 @@ def test_long_contexts_take_their_exact_effects_in_spans(llama, item):
     assert curves_only.forward_passes < tokens.forward_passes - item.inputs.input_ids.shape[1] // 2
     with pytest.raises(InvalidParameterError, match="exact_loo"):
         eviction_study(llama, [item], ["exact_loo"], span=0)
+
+
+def test_the_views_show_each_token_kept_or_evicted(llama, item):
+    import json
+
+    study = eviction_study(
+        llama, [item], ["h2o", "knorm"], unit="kv_position", ratios=(1.0, 0.5, 0.25), draws=2
+    )
+    view = study.views[0]
+    context = study.context[0]
+    assert view["tokens"] == item.inputs.token_texts[:context]
+    assert len(view["exact"]) == context and len(view["scores"]["h2o"]) == context
+    for name in ("h2o", "knorm"):
+        for ratio, kept in zip(study.ratios, view["kept"][name], strict=True):
+            assert set(kept) <= {0.0, 1.0} and sum(kept) == round(ratio * context)
+        # the kept half is the half the scorer ranks highest
+        half = np.array(view["kept"][name][1], dtype=bool)
+        scores = np.array(view["scores"][name])
+        assert scores[half].min() >= scores[~half].max()
+    json.dumps(study.to_dict(), allow_nan=False)
+    entries = eviction_study(llama, [item], ["h2o"], ratios=(1.0, 0.5), draws=2)
+    shares = np.array(entries.views[0]["kept"]["h2o"][1])
+    # per layer and head: each keeps half of its own entries, so half of all entries stay
+    assert shares.mean() == pytest.approx(round(0.5 * context) / context)

@@ -135,6 +135,10 @@ class EvictionStudy:
         items: Items measured; ``context``: their evictable tokens.
         forward_passes: Forwards the study ran: each item's prefill and every answer forward
             row (the attribution oracles' own runs apart).
+        views: Per item, what a page shows of its context (:func:`_view`): its ``tokens``,
+            the ``exact`` effect of evicting each (its span's; ``None`` without them), each
+            scorer's per-position ``scores``, and per scorer and keep ratio the share of each
+            position's entries ``kept`` (0 or 1 for ``kv_position``).
     """
 
     unit: str
@@ -147,6 +151,7 @@ class EvictionStudy:
     items: int
     context: list[int]
     forward_passes: int
+    views: list[dict[str, Any]]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready."""
@@ -162,6 +167,7 @@ class EvictionStudy:
             "items": self.items,
             "context": self.context,
             "forward_passes": self.forward_passes,
+            "views": self.views,
         }
 
 
@@ -277,6 +283,8 @@ class _Item:
     cache: Prefill
     reference: torch.Tensor
     scores: dict[str, torch.Tensor]
+    tokens: list[str]
+    effects: np.ndarray | None
 
 
 def _check_ratios(ratios: Sequence[float]) -> tuple[float, ...]:
@@ -372,7 +380,9 @@ def _prepared(
             summed = np.array([positions[start:stop].sum() for start, stop in spans])
             rho, overlap = _signed_agreement(summed, effects)
             agreement.append({"scorer": name, "spearman": rho, "top_k_overlap": overlap})
-    return _Item(cache, reference[0], scores), agreement
+    tokens = item.inputs.token_texts[: cache.context]
+    exact = per_position if spans else None
+    return _Item(cache, reference[0], scores, tokens, exact), agreement
 
 
 def eviction_study(
@@ -434,7 +444,34 @@ def eviction_study(
         items=len(prepared),
         context=[entry.cache.context for entry in prepared],
         forward_passes=run.forward_passes,
+        views=[_view(entry, names, ratios, unit, split) for entry in prepared],
     )
+
+
+def _view(
+    entry: _Item, names: list[str], ratios: tuple[float, ...], unit: str, split: str
+) -> dict[str, Any]:
+    """One item's context as a page shows it (see :attr:`EvictionStudy.views`)."""
+    context = entry.cache.context
+    kept: dict[str, list[list[float]]] = {}
+    for name in names:
+        scores = entry.scores[name]
+        ranked = torch.as_tensor(by_position(scores)) if unit == "kv_position" else scores
+        kept[name] = [
+            [
+                round(float(v), 4)
+                for v in kept_masks(entry.cache, ranked, r, unit, split)[..., :context]
+                .double()
+                .mean((0, 1))
+            ]
+            for r in ratios
+        ]
+    return {
+        "tokens": entry.tokens,
+        "exact": None if entry.effects is None else [float(v) for v in entry.effects],
+        "scores": {n: [float(v) for v in by_position(entry.scores[n])] for n in names},
+        "kept": kept,
+    }
 
 
 def _full_cache(entry: _Item) -> np.ndarray:
