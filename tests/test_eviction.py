@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from attrlab.attribution.errors import InvalidParameterError
+from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
 from attrlab.attribution.eviction.cache import evicted_logits, keep_all, prefill
 from attrlab.attribution.eviction.scorers import SCORERS, by_position, snapkv
 from attrlab.attribution.eviction.study import (
@@ -341,3 +341,16 @@ def test_the_views_show_each_token_kept_or_evicted(llama, item):
     shares = np.array(entries.views[0]["kept"]["h2o"][1])
     # per layer and head: each keeps half of its own entries, so half of all entries stay
     assert shares.mean() == pytest.approx(round(0.5 * context) / context)
+
+
+def test_solved_only_judges_the_items_the_full_cache_answers(llama, item):
+    own_inputs, own_target = answer_request(llama, PROMPT)  # the model's own next token: solved
+    solved = EvictionItem(own_inputs, own_target, label="own")
+    study = eviction_study(
+        llama, [item, solved], ["h2o"], ratios=(1.0, 0.5), draws=2, solved_only=True
+    )
+    assert [v["full"]["exact_match"] for v in study.views] == [False, True]
+    assert [v["judged"] for v in study.views] == [False, True] and study.items == 1
+    assert study.full["exact_match"] == 1.0 and study.views[1]["label"] == "own"
+    with pytest.raises(InvalidInputError, match="none of the items"):
+        eviction_study(llama, [item], ["h2o"], ratios=(1.0, 0.5), solved_only=True)

@@ -46,7 +46,7 @@ import torch
 from scipy.stats import spearmanr
 
 from attrlab.attribution.engine.verification import PruningCurves, order_areas, order_curves
-from attrlab.attribution.errors import InvalidParameterError
+from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
 from attrlab.attribution.eviction.cache import Prefill, evicted_logits, keep_all, prefill
 from attrlab.attribution.eviction.scorers import (
     SCORERS,
@@ -111,11 +111,13 @@ class EvictionItem:
         target: The answer's target, which the attribution oracles explain.
         context: The evictable tokens: the prompt's first ``context`` (``None``: every token
             of the prompt but its last).
+        label: What it is, for people (``needle at depth 0.5``).
     """
 
     inputs: TextInputs
     target: Target
     context: int | None = None
+    label: str = ""
 
 
 @dataclass
@@ -132,10 +134,11 @@ class EvictionStudy:
             exact effects over the items.
         scorers: Each scorer's description.
         full: Mean over items of the full cache's ``log_prob`` and ``exact_match``.
-        items: Items measured; ``context``: their evictable tokens.
+        items: Items judged; ``context``: their evictable tokens.
         forward_passes: Forwards the study ran: each item's prefill and every answer forward
             row (the attribution oracles' own runs apart).
-        views: Per item, what a page shows of its context (:func:`_view`): its ``tokens``,
+        views: Per item, judged or not, what a page shows of it: its ``label``, its ``full``
+            cache's ``log_prob`` and ``exact_match``, whether it was ``judged``, its ``tokens``,
             the ``exact`` effect of evicting each (its span's; ``None`` without them), each
             scorer's per-position ``scores``, and per scorer and keep ratio the share of each
             position's entries ``kept`` (0 or 1 for ``kv_position``).
@@ -285,6 +288,8 @@ class _Item:
     scores: dict[str, torch.Tensor]
     tokens: list[str]
     effects: np.ndarray | None
+    label: str
+    judged: bool = True
 
 
 def _check_ratios(ratios: Sequence[float]) -> tuple[float, ...]:
@@ -382,7 +387,7 @@ def _prepared(
             agreement.append({"scorer": name, "spearman": rho, "top_k_overlap": overlap})
     tokens = item.inputs.token_texts[: cache.context]
     exact = per_position if spans else None
-    return _Item(cache, reference[0], scores, tokens, exact), agreement
+    return _Item(cache, reference[0], scores, tokens, exact, item.label), agreement
 
 
 def eviction_study(
@@ -394,6 +399,7 @@ def eviction_study(
     ratios: Sequence[float] = KEEP_RATIOS,
     draws: int = PRUNING_DRAWS,
     span: int | None = None,
+    solved_only: bool = False,
     settings: RunSettings | None = None,
     run: RunContext | None = None,
 ) -> EvictionStudy:
@@ -401,12 +407,15 @@ def eviction_study(
     Evict by each scorer (``None``: every registered one) at each keep ratio, beside random.
 
     ``span``: the tokens evicted together for the exact effects (:func:`exact_spans`); ``0``
-    measures none (no agreement table, no ``exact_loo``): the curves alone.
+    measures none (no agreement table, no ``exact_loo``): the curves alone. ``solved_only``:
+    the curves and agreement on the items whose answer the full cache gives exactly (greedy),
+    the others shown in :attr:`EvictionStudy.views` but not judged.
 
     Raises:
         InvalidInputError: an item that is not a decoder LM's text, a context out of range.
         InvalidParameterError: unknown scorers, unit or split; ratios that do not start at
             1.0 and fall; ``draws`` < 1; no items.
+        InvalidInputError: ``solved_only`` and no item solved at full cache.
         UnsupportedMethodError: a model whose cache cannot be evicted from.
         BudgetExceededError, JobCancelledError: as the run's settings say.
     """
@@ -422,13 +431,20 @@ def eviction_study(
     if span == 0 and "exact_loo" in [s.name for s in chosen]:
         raise InvalidParameterError("exact_loo is the exact effects: leave span above 0")
     run = run or RunContext.of(settings)
-    prepared: list[_Item] = []
-    agreement: list[dict[str, Any]] = []
+    every: list[tuple[_Item, list[dict[str, Any]]]] = []
     for number, item in enumerate(items):
         run.step(number, len(items))
-        entry, rows = _prepared(adapter, item, chosen, span, run)
-        prepared.append(entry)
-        agreement += rows
+        every.append(_prepared(adapter, item, chosen, span, run))
+    for entry, _ in every:
+        entry.judged = not solved_only or bool(_full_cache(entry)[1])
+    judged = [(entry, rows) for entry, rows in every if entry.judged]
+    if not judged:
+        raise InvalidInputError(
+            "the model answers none of the items exactly with its full cache: nothing to judge "
+            "eviction on (give easier or shorter tasks, or judge unsolved ones too)"
+        )
+    prepared = [entry for entry, _ in judged]
+    agreement = [row for _, rows in judged for row in rows]
     names = [s.name for s in chosen]
     evicted = [0.0, *(round(1.0 - r, 10) for r in ratios[1:])]
     curves = _curves(adapter, prepared, names, unit, split, ratios, evicted, draws, run)
@@ -444,7 +460,7 @@ def eviction_study(
         items=len(prepared),
         context=[entry.cache.context for entry in prepared],
         forward_passes=run.forward_passes,
-        views=[_view(entry, names, ratios, unit, split) for entry in prepared],
+        views=[_view(entry, names, ratios, unit, split) for entry, _ in every],
     )
 
 
@@ -466,7 +482,11 @@ def _view(
             ]
             for r in ratios
         ]
+    full = _full_cache(entry)
     return {
+        "label": entry.label,
+        "full": {"log_prob": float(full[0]), "exact_match": bool(full[1])},
+        "judged": entry.judged,
         "tokens": entry.tokens,
         "exact": None if entry.effects is None else [float(v) for v in entry.effects],
         "scores": {n: [float(v) for v in by_position(entry.scores[n])] for n in names},
