@@ -1393,8 +1393,9 @@ def _add_job_routes(router: APIRouter, jobs: JobRunner | None) -> None:
         (``POST /patch/jobs``): one line ``{"index": 0, "report": ...}``, or as Parquet the
         report's table (one row per estimator, direction, component and site); a pruning job
         (``POST /prune/jobs``): ``{"index": 0, "study": ...}``, or its curves; a bits job
-        (``POST /bits/jobs``): ``{"index": 0, "bits": ...}``, or its sensitivity table. The whole file
-        is checked first: damaged results answer 500 ``results_damaged`` and nothing else.
+        (``POST /bits/jobs``): ``{"index": 0, "bits": ...}``, or its sensitivity table. The
+        whole file is checked first: damaged results answer 500 ``results_damaged`` and nothing
+        else.
         """
         status = _job_status(jobs, job_id)
         if format is None:
