@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import threading
 
 import pandas as pd
 import pytest
@@ -103,6 +104,26 @@ def test_a_cancelled_bits_job_leaves_every_weight_as_it_was_and_the_queue_moving
         assert client.get(f"/api/v1/jobs/{job}/results").text == ""  # no study written
     assert _weights(model) == before  # every parameter's bytes
     worker.close()
+
+
+def test_a_bits_job_interrupted_by_a_restart_runs_again_to_the_direct_table(tmp_path, expected):
+    worker = _worker(tmp_path)
+    model = worker.adapter(MODEL).model
+    before = _weights(model)
+    # the server stops (the client's exit) while a part is held quantised mid-table
+    with held(model, at=4) as (reached, release), TestClient(create_app(worker)) as client:
+        job = client.post("/api/v1/bits/jobs", json=BODY).json()["job_id"]
+        assert reached.wait(60), "the study never ran"
+        threading.Timer(0.5, release.set).start()  # the stop waits for the study's next step
+    worker.close()
+    assert _weights(model) == before  # the stopped run put every weight back
+    assert JobStore(tmp_path / "jobs").get(job).status == "queued"  # back in the queue
+    restarted = _worker(tmp_path)
+    with TestClient(create_app(restarted)) as client:
+        assert wait_for_job(client, job)["status"] == "done"
+        (line,) = client.get(f"/api/v1/jobs/{job}/results").text.splitlines()
+        _same(pd.DataFrame(json.loads(line)["bits"]["table"]), expected.table, "loss_change")
+    restarted.close()
 
 
 def test_a_bits_job_over_the_servers_seconds_fails_before_any_weight_changes(tmp_path):
