@@ -47,6 +47,7 @@ from attrlab.app.errors import error_status, public_message, validation_problems
 from attrlab.app.jobs import DamagedResultsError, JobRunner, JobWork, batch_work, instance_json
 from attrlab.app.settings import ServerSettings
 from attrlab.app.worker import ExplainWorker
+from attrlab.attribution.bits.sensitivity import TABLE_COLUMNS
 from attrlab.attribution.engine import CURVE_COLUMNS, SPARSITIES, engine_catalog, model_unit_kinds
 from attrlab.attribution.engine.allocation import allocation_names
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
@@ -888,13 +889,13 @@ class _StudyJob:
     A durable study's kind: one study of a body, written as one line ``{"index": 0, key: ...}``.
 
     Attributes:
-        body: The body of the study's route (``POST /patch``, ``POST /prune``).
+        body: The body of the study's route (``POST /patch``, ``POST /prune``, ``POST /bits``).
         key: The key of the study's result in its line.
         records: The rows its Parquet download holds, from its result.
         columns: Those rows' columns.
     """
 
-    body: type[PatchBody] | type[PruneBody]
+    body: type[PatchBody] | type[PruneBody] | type[BitsBody]
     key: str
     records: Callable[[dict[str, Any]], list[dict[str, Any]]]
     columns: tuple[str, ...]
@@ -915,6 +916,7 @@ def _curve_records(study: dict[str, Any]) -> list[dict[str, Any]]:
 STUDY_JOBS = {
     "patch": _StudyJob(PatchBody, "report", lambda report: report["table"], tuple(COLUMNS)),
     "prune": _StudyJob(PruneBody, "study", _curve_records, ("unit", *CURVE_COLUMNS)),
+    "bits": _StudyJob(BitsBody, "bits", lambda study: study["table"], TABLE_COLUMNS),
 }
 
 
@@ -922,10 +924,11 @@ def job_parser(stored: dict[str, Any]) -> JobWork:
     """
     A stored job's body, read as a live one: its worker requests and the lines they write.
 
-    A batch job's instance ``i`` is a batch of one; a study job (``{"kind": "patch" | "prune",
-    "body": ...}``: :data:`STUDY_JOBS`) is one study, written as ``{"index": 0, "report":
-    ...}`` or ``{"index": 0, "study": ...}``. Each carries the gate its route checks before
-    storing it (:func:`gate_job`, :func:`gate_study_job`).
+    A batch job's instance ``i`` is a batch of one; a study job (``{"kind": "patch" | "prune" |
+    "bits", "body": ...}``: :data:`STUDY_JOBS`) is one study, written as ``{"index": 0,
+    "report": ...}``, ``{"index": 0, "study": ...}`` or ``{"index": 0, "bits": ...}``. Each
+    carries the gate its route checks before storing it (:func:`gate_job`,
+    :func:`gate_study_job`).
     """
     kind = STUDY_JOBS.get(stored.get("kind", ""))
     if kind is not None:
@@ -958,7 +961,7 @@ def gate_job(body: JobBody, worker: ExplainWorker) -> None:
     check_instance_features(body.instances or [])
 
 
-def gate_study_job(body: PatchBody | PruneBody, worker: ExplainWorker) -> None:
+def gate_study_job(body: PatchBody | PruneBody | BitsBody, worker: ExplainWorker) -> None:
     """
     Refuse a study job that ``worker``'s settings would not run (names, bounds, model).
 
@@ -1029,7 +1032,7 @@ def build_router(worker: ExplainWorker, jobs: JobRunner | None = None) -> APIRou
 
     GET /health (open), /status, /models, /methods, /units; POST /explain, /layers, /check,
     /patch, /prune;
-    jobs (when ``jobs`` is given): POST /jobs, POST /patch/jobs, GET /jobs/{id}, GET
+    jobs (when ``jobs`` is given): POST /jobs, POST /patch/jobs, /prune/jobs, /bits/jobs, GET
     /jobs/{id}/results, DELETE /jobs/{id}; POST /v1/models/{model}:explain.
     """
     open_routes = APIRouter(prefix=API_PREFIX)
@@ -1261,7 +1264,7 @@ def _queued_job(jobs: JobRunner | None, stored: dict[str, Any], total: int) -> d
 def _add_job_submit_routes(
     router: APIRouter, worker: ExplainWorker, jobs: JobRunner | None
 ) -> None:
-    """POST /jobs, /patch/jobs and /prune/jobs: durable jobs, gated as their runs will be."""
+    """POST /jobs, /patch/jobs, /prune/jobs, /bits/jobs: durable jobs, gated as their runs are."""
 
     @router.post(
         "/jobs",
@@ -1317,6 +1320,27 @@ def _add_job_submit_routes(
         gate_study_job(body, worker)  # the gate a run of the stored job passes again
         return _queued_job(jobs, {"kind": "prune", "body": body.model_dump(mode="json")}, 1)
 
+    @router.post(
+        "/bits/jobs",
+        status_code=202,
+        responses={202: {"description": "The job's status (queued)", "links": _JOB_LINKS}},
+    )
+    def submit_bits_job(body: BitsBody) -> dict[str, Any]:
+        """
+        Queue a durable bits study (the body of ``POST /bits``); ``202 {job_id}``.
+
+        As a pruning job: ``kind: "bits"``, ``total`` 1; its results are one JSON line,
+        ``{"index": 0, "bits": ...}`` with the study of ``POST /bits``, or with
+        ``format=parquet`` its sensitivity table (one row per part and scheme). Names, widths,
+        budgets, draws and texts are checked here (4xx, nothing stored); the run is priced as
+        ``POST /bits`` prices it, with the model, and a study over the server's budget ends
+        ``failed`` before any weight is quantised, its ``message`` saying what to lower.
+        Cancelling stops it at its next forward (every weight put back); a restart runs it
+        again from the start.
+        """
+        gate_study_job(body, worker)  # the gate a run of the stored job passes again
+        return _queued_job(jobs, {"kind": "bits", "body": body.model_dump(mode="json")}, 1)
+
 
 def _add_job_routes(router: APIRouter, jobs: JobRunner | None) -> None:
     """GET /jobs/{id}, GET /jobs/{id}/results, DELETE /jobs/{id}: a job's status, results, end."""
@@ -1329,8 +1353,8 @@ def _add_job_routes(router: APIRouter, jobs: JobRunner | None) -> None:
         ``errors`` lists the first 100 (index, method, code, message); ``instance_errors``
         counts the instances with any, and the results hold every one. A job whose results on
         file are not what was written is ``damaged``, and ``message`` says how. ``kind`` is
-        ``batch`` (``POST /jobs``), ``patch`` (``POST /patch/jobs``) or ``prune``
-        (``POST /prune/jobs``); ``steps`` is the
+        ``batch`` (``POST /jobs``), ``patch`` (``POST /patch/jobs``), ``prune``
+        (``POST /prune/jobs``) or ``bits`` (``POST /bits/jobs``); ``steps`` is the
         running instance's progress (``{done, total}``), null when none runs.
         """
         return _job_status(jobs, job_id)
@@ -1368,8 +1392,10 @@ def _add_job_routes(router: APIRouter, jobs: JobRunner | None) -> None:
         scores_shape, error, and explanation_json (the whole Explanation). A patching job
         (``POST /patch/jobs``): one line ``{"index": 0, "report": ...}``, or as Parquet the
         report's table (one row per estimator, direction, component and site); a pruning job
-        (``POST /prune/jobs``): ``{"index": 0, "study": ...}``, or its curves. The whole file
-        is checked first: damaged results answer 500 ``results_damaged`` and nothing else.
+        (``POST /prune/jobs``): ``{"index": 0, "study": ...}``, or its curves; a bits job
+        (``POST /bits/jobs``): ``{"index": 0, "bits": ...}``, or its sensitivity table. The
+        whole file is checked first: damaged results answer 500 ``results_damaged`` and nothing
+        else.
         """
         status = _job_status(jobs, job_id)
         if format is None:

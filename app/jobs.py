@@ -1,8 +1,8 @@
 """
 Durable jobs: a SQLite job table and a JSON Lines file of results per job.
 
-A job is a batch of explain instances (a line per instance), or a patching study (one line,
-its report): :class:`JobWork` says what a stored job runs and writes.
+A job is a batch of explain instances (a line per instance), or a patching, pruning or bits
+study (one line, its result): :class:`JobWork` says what a stored job runs and writes.
 
 Both live under the server's data folder (``ATTRLAB_DATA``), so a restarted server resumes its
 queued and interrupted jobs and loses nothing that finished: an instance's results are appended
@@ -666,7 +666,8 @@ def _checked_row(line: bytes, number: int, total: int) -> dict[str, Any]:
     A row is ``{"index": 0 <= i < total, "explanations": {method: outcome}}``, an outcome an
     Explanation (with ``scores``) or ``{"error": {"code", "message"}}``; a patching job's one
     row is ``{"index": 0, "report": {...}}``, a report with its ``table`` of records; a pruning
-    job's ``{"index": 0, "study": {...}}``, a study with its ``target``.
+    job's ``{"index": 0, "study": {...}}``, a study with its ``target``; a bits job's
+    ``{"index": 0, "bits": {...}}``, a study with its ``measure`` and its ``table`` of records.
 
     Raises:
         DamagedResultsError: naming the line and what is wrong with it.
@@ -692,6 +693,15 @@ def _checked_row(line: bytes, number: int, total: int) -> dict[str, Any]:
         study = row["study"]
         if not isinstance(study, dict) or not isinstance(study.get("target"), str):
             raise DamagedResultsError(f"results line {number} does not hold a pruning study")
+        return row
+    if "bits" in row:
+        study = row["bits"]
+        if (
+            not isinstance(study, dict)
+            or not isinstance(study.get("measure"), str)
+            or not isinstance(study.get("table"), list)
+        ):
+            raise DamagedResultsError(f"results line {number} does not hold a bits study")
         return row
     explanations = row.get("explanations")
     if not isinstance(explanations, dict) or not all(

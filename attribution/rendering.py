@@ -1,11 +1,12 @@
 """
 Where drawing plugs into the library's results, which are plain data.
 
-The library draws nothing and imports nothing that draws. An Explanation's ``figure()`` and
-``show()``, and the notebook display (``_repr_html_``) of an Explanation, a method comparison
-or a pruning study, ask the renderer registered here. :mod:`attrlab.viz` registers itself when
-it is imported, and ``import attrlab`` imports it, so a notebook gets its display; without a
-renderer a notebook shows the plain ``repr`` and ``figure()`` says what to import.
+The library draws nothing and imports nothing that draws. An Explanation's and a bits study's
+``figure()`` and ``show()``, and the notebook display (``_repr_html_``) of an Explanation, a
+method comparison, a pruning study or a bits study, ask the renderer registered here.
+:mod:`attrlab.viz` registers itself when it is imported, and ``import attrlab`` imports it,
+so a notebook gets its display; without a renderer a notebook shows the plain ``repr`` and
+``figure()`` says what to import.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import numpy as np
 
+    from attrlab.attribution.bits import BitsStudy
     from attrlab.attribution.engine.study import PruningStudy
     from attrlab.attribution.explanation import Explanation
     from attrlab.attribution.metrics.check import MethodCheck
@@ -42,6 +44,14 @@ class Renderer(Protocol):
 
     def pruning_html(self, study: PruningStudy) -> str:
         """A pruning study as a notebook shows it."""
+        ...
+
+    def bits_html(self, study: BitsStudy) -> str:
+        """A bits study as a notebook shows it."""
+        ...
+
+    def bits_figures(self, study: BitsStudy) -> Mapping[str, Any]:
+        """A bits study's Plotly figures, by name."""
         ...
 
 

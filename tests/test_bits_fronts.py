@@ -9,6 +9,8 @@ over the server's seconds before it starts.
 from __future__ import annotations
 
 import json
+import math
+from html.parser import HTMLParser
 
 import pandas as pd
 import pytest
@@ -98,3 +100,93 @@ def test_the_python_call_and_the_servers_seconds(load_model, expected):
             worker.explain(request)
     finally:
         worker.close()
+
+
+class _Tables(HTMLParser):
+    """Each ``<table>``'s rows of cell texts, by the table's class; all text besides."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tables: dict[str, list[list[str]]] = {}
+        self.tags: list[str] = []
+        self.text: list[str] = []
+        self._rows: list[list[str]] | None = None
+
+    def handle_starttag(self, tag: str, attrs) -> None:
+        self.tags.append(tag)
+        if tag == "table":
+            self._rows = self.tables.setdefault(dict(attrs).get("class") or "", [])
+        elif tag == "tr" and self._rows is not None:
+            self._rows.append([])
+        elif tag in ("td", "th") and self._rows is not None:
+            self._rows[-1].append("")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "table":
+            self._rows = None
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+        if self._rows and self._rows[-1]:
+            self._rows[-1][-1] += data
+
+
+def test_a_study_shows_its_tables_and_verdicts_in_a_notebook(expected):
+    markup = expected._repr_html_()
+    page = _Tables()
+    page.feed(markup)
+    assert "script" not in page.tags and "http" not in markup
+    (header, *rows) = page.tables["attrlab-bits-sensitivity"]
+    assert header == ["part", "4 bits", "2 bits"]
+    shown = {row[0]: [float(v) for v in row[1:]] for row in rows}
+    measured: dict[str, dict[int, float]] = {}
+    for row in expected.table.itertuples():  # the table's own rows, laid out here
+        measured.setdefault(row.part, {})[row.bits] = row.loss_change
+    assert list(shown) == list(measured)
+    for part, values in shown.items():
+        assert values == pytest.approx([measured[part][4], measured[part][2]], rel=1e-3)
+    (header, *rows) = page.tables["attrlab-agreement"]
+    rho = {(r.proxy, r.bits): r.spearman for r in expected.agreement.itertuples()}
+    for row in rows:
+        cells = dict(zip(header, row, strict=True))
+        want = rho[(cells["proxy"], int(cells["bits"]))]
+        assert (
+            (cells["spearman"] == "")
+            if math.isnan(want)
+            else float(cells["spearman"]) == (pytest.approx(want, rel=1e-3, abs=1e-9))
+        )
+    curves = page.tables["attrlab-bits-curves"]
+    assert [row[0] for row in curves[1:]] == list(expected.curves["allocation"])
+    text = "".join(page.text)
+    for verdict in expected.verdicts.values():
+        assert verdict.summary() in text
+
+
+def test_figure_draws_the_studys_tables(expected):
+    names = expected.figures()
+    assert names == ["bits_sensitivity_group16", "bits_agreement", "bits_allocation"]
+    (heatmap,) = expected.figure().data  # the first: the sensitivity heatmap
+    parts = list(dict.fromkeys(expected.table["part"]))
+    assert list(heatmap.y) == parts and list(heatmap.x) == ["4 bits", "2 bits"]
+    for i, part in enumerate(parts):
+        for j, width in enumerate((4, 2)):
+            table = expected.table
+            rows = table[(table["part"] == part) & (table["bits"] == width)]
+            assert heatmap.z[i][j] == rows["loss_change"].item()
+    (rho,) = expected.figure("bits_agreement").data
+    for i, proxy in enumerate(rho.y):
+        for j, label in enumerate(rho.x):
+            width = int(label.split(" ")[0])
+            rows = expected.agreement
+            want = rows[(rows["proxy"] == proxy) & (rows["bits"] == width)]["spearman"].item()
+            assert rho.z[i][j] == pytest.approx(want, nan_ok=True)
+    traces = {t.name: t for t in expected.figure("bits_allocation").data}
+    curves = expected.curves.set_index("allocation")
+    random = curves.loc["random"]
+    assert list(traces["random highest draw"].y) == [random["high"]]
+    assert list(traces["random lowest draw"].y) == [random["low"]]
+    for name in ("uniform", *(k.split("@")[0] for k in expected.verdicts)):
+        assert list(traces[name].y) == [curves.loc[name, "value"]]
+        assert list(traces[name].x) == [curves.loc[name, "average_bits"]]
+    with pytest.raises(ValueError, match="no figure 'nope'"):
+        expected.figure("nope")

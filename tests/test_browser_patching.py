@@ -179,3 +179,25 @@ def test_pruning_curves_show_beside_the_study_with_the_librarys_areas(page, load
     assert rerun.strip() == pruning_text(expected).strip()
     expect(page.locator("#link-problems")).to_be_hidden()
     no_errors(page)
+
+
+def test_bits_show_the_librarys_sensitivity_heatmap_and_verdicts(page, load_model):
+    """Quantise over two texts with the section's defaults: the heatmap is the library's table."""
+    from attrlab.attribution.bits import bits_study
+
+    texts = ["The cat sat on the mat.", "Paris is the capital of France."]
+    expected = bits_study(load_model(MODEL), texts, group_sizes=(32,), draws=3)
+    _open(page, components=False)
+    page.locator("#bits-texts textarea").fill("\n".join(texts))
+    page.locator("#bits-draws input").fill("3")
+    page.locator("#bits-run").click()
+    expect(page.locator("#bits-sensitivity-plot .js-plotly-plot")).to_be_visible(timeout=LONG)
+    (heatmap,) = _figure(page, "bits-sensitivity-plot")["data"]
+    grid = expected.table.pivot(index="part", columns="bits", values="loss_change")
+    parts = list(dict.fromkeys(expected.table["part"]))
+    np.testing.assert_allclose(heatmap["z"], grid.loc[parts, [8, 4, 3, 2]], rtol=1e-5)
+    summary = page.locator("#bits-summary").inner_text()
+    for verdict in expected.verdicts.values():
+        assert verdict.summary() in summary
+    assert "tab=bits" in page.locator("#bits-link textarea").input_value()
+    no_errors(page)

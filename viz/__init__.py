@@ -16,7 +16,7 @@ from attrlab.attribution.rendering import Renderer, register_renderer
 
 if TYPE_CHECKING:
     from attrlab.viz.answer import answer_html, step_row_html, steps_figure
-    from attrlab.viz.bits import bits_figures
+    from attrlab.viz.bits import bits_figures, bits_files
     from attrlab.viz.bundle import safe_name, write_bundle, write_figures
     from attrlab.viz.compare import change_figure, change_html
     from attrlab.viz.evaluate import leaderboard_figure, leaderboard_text
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
         token_layers_figure,
         top_heads_figure,
     )
-    from attrlab.viz.notebook import comparison_html, explanation_html, pruning_html
+    from attrlab.viz.notebook import bits_html, comparison_html, explanation_html, pruning_html
     from attrlab.viz.patching import (
         estimator_scatter,
         patching_figures,
@@ -84,6 +84,8 @@ __all__ = [
     "answer_html",
     "attention_figure",
     "bits_figures",
+    "bits_files",
+    "bits_html",
     "bits_text",
     "change_figure",
     "change_html",
@@ -142,6 +144,8 @@ __getattr__, __dir__ = lazy_exports(
         "pruning_text": "attrlab.viz.table",
         "bits_text": "attrlab.viz.table",
         "bits_figures": "attrlab.viz.bits",
+        "bits_files": "attrlab.viz.bits",
+        "bits_html": "attrlab.viz.notebook",
         "patching_text": "attrlab.viz.table",
         "layers_text": "attrlab.viz.table",
         "explanation_table": "attrlab.viz.table",

@@ -7,8 +7,9 @@ and trust card; a layer analysis its layer × head grid per head measure and eac
 heads; several methods compared (:class:`~attribution.metrics.check.MethodCheck`) their maps
 side by side and the agreement of each pair; a pruning study
 (:class:`~attribution.engine.study.PruningStudy`) each unit's areas and verdicts, and each
-estimator's agreement with exact removal. The interactive figures are Plotly's
-(``Explanation.figure()``), which notebooks draw themselves.
+estimator's agreement with exact removal; a bits study (:class:`~attribution.bits.BitsStudy`)
+its sensitivity table, the proxies' agreement, the allocation curves and the verdicts. The
+interactive figures are Plotly's (``Explanation.figure()``), which notebooks draw themselves.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
+from attrlab.attribution.bits import BitsStudy
 from attrlab.attribution.engine.study import PruningStudy
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.metrics.check import MethodCheck
 from attrlab.viz.answer import answer_html, answer_layout
+from attrlab.viz.bits import sensitivity_grids
 from attrlab.viz.figures import head_measures, is_layer_analysis
 from attrlab.viz.image import heatmap_overlay, picture_uri
 from attrlab.viz.layers import head_rank_table
@@ -37,7 +40,7 @@ from attrlab.viz.tokens import token_html
 from attrlab.viz.trust import trust_card_html
 from attrlab.viz.view import IMAGE_VIEW
 
-__all__ = ["comparison_html", "explanation_html", "layer_grid_html", "pruning_html"]
+__all__ = ["bits_html", "comparison_html", "explanation_html", "layer_grid_html", "pruning_html"]
 
 #: Heads listed under each head measure's grid.
 TOP_HEADS = 5
@@ -232,3 +235,61 @@ def pruning_html(study: PruningStudy) -> str:
     if warnings:
         parts.append(f'<ul class="attrlab-warnings">{warnings}</ul>')
     return f'<div class="attrlab-pruning">{"".join(parts)}</div>'
+
+
+def _section(title: str, body: str, css_class: str) -> str:
+    return (
+        f'<div class="{css_class}"><div style="font-weight:600">{html.escape(title)}</div>'
+        f"{body}</div>"
+    )
+
+
+def bits_html(study: BitsStudy) -> str:
+    """
+    A bits study: the unquantised model, the sensitivity per part and width, the agreement.
+
+    Then the allocation curves' rows and each proxy's verdict against the random allocations
+    in words (the figures are ``study.figure(name)``).
+    """
+    value = "loss_change" if study.measure == "loss" else "kl"
+    base = f"loss {study.base_loss:.4g}, " if study.measure == "loss" else ""
+    parts = [
+        '<div class="attrlab-heading" style="font-size:0.9em;margin-bottom:4px">'
+        f"<b>bits study</b> of {html.escape(study.model)}: {study.texts} texts, "
+        f"{study.tokens} predictions a forward; unquantised {base}mean target log-prob "
+        f"{study.base_log_prob:.4g}; {study.entries} entries, {study.forward_passes} forward "
+        "passes</div>"
+    ]
+    for scheme, grid in sensitivity_grids(study).items():
+        shown = grid.rename(columns=lambda b: f"{b} bits").reset_index()
+        parts.append(
+            _section(
+                f"{value} with each part quantised alone ({scheme})",
+                _table_html(shown, "attrlab-bits-sensitivity"),
+                "attrlab-bits-scheme",
+            )
+        )
+    agreement = study.agreement.drop(columns="parts")
+    parts.append(
+        _section(
+            f"each proxy's rank agreement with the measured {value}",
+            _table_html(agreement, "attrlab-agreement"),
+            "attrlab-bits-agreement",
+        )
+    )
+    parts.append(
+        _section(
+            f"allocations: {study.measure} at each average budget",
+            _table_html(study.curves, "attrlab-bits-curves"),
+            "attrlab-bits-allocations",
+        )
+    )
+    verdicts = "".join(
+        f'<li data-status="{html.escape(v.status)}">{html.escape(v.summary())}</li>'
+        for v in study.verdicts.values()
+    )
+    parts.append(f'<ul class="attrlab-verdicts">{verdicts}</ul>')
+    warnings = "".join(f"<li>{html.escape(w)}</li>" for w in study.warnings)
+    if warnings:
+        parts.append(f'<ul class="attrlab-warnings">{warnings}</ul>')
+    return f'<div class="attrlab-bits">{"".join(parts)}</div>'

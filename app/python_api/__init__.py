@@ -16,10 +16,11 @@ Every call is the library's own (:mod:`attrlab.attribution`) with a model given 
 loaded adapter and an input given as a text or an image: :func:`explain` (one method, or
 ``methods=[...]`` compared), :func:`layers` (per-layer and per-head measures), :func:`patch`
 (activation patching and its cheap estimators) and :func:`prune` (what the model's layers,
-heads, neurons, channels or experts can lose). In a notebook an Explanation, a comparison, a
-layer analysis and a pruning study show themselves (``_repr_html_``); ``.figure()`` and
-``.show()`` give the Plotly figures. Importing ``attrlab`` imports nothing heavy: each call
-imports what it needs.
+heads, neurons, channels or experts can lose) and :func:`bits` (what quantising each part
+costs). In a notebook an Explanation, a comparison, a layer analysis, a pruning study and a
+bits study show themselves (``_repr_html_``); ``.figure()`` and ``.show()`` give an
+Explanation's and a bits study's Plotly figures. Importing ``attrlab`` imports nothing heavy:
+each call imports what it needs.
 """
 
 from __future__ import annotations
@@ -421,8 +422,10 @@ def bits(
     all but ``projection``); ``bits`` (default 8, 4, 3, 2) and ``group_sizes`` (default 32
     and ``None``: per output channel) make its schemes; ``budgets`` (default 4.0, 3.0 bits per
     weight) and ``draws`` (random allocations, default 10) the allocations'. The result's
-    ``table``, ``proxies``, ``agreement`` and ``curves`` are pandas tables;
-    ``attrlab.viz.bits_text`` prints it, ``attrlab.viz.bits_figures`` draws it.
+    ``table``, ``proxies``, ``agreement`` and ``curves`` are pandas tables. In a notebook it
+    shows its tables and verdicts; ``study.figure(name)`` gives each of ``study.figures()``
+    (the sensitivity heatmap per scheme, ``bits_agreement``, ``bits_allocation``) as a Plotly
+    figure; ``attrlab.viz.bits_text`` prints it.
 
     Example:
         >>> import attrlab
@@ -430,6 +433,8 @@ def bits(
         ...                      kinds=["mlp"], bits=[4, 2], group_sizes=[16], draws=5)
         >>> sorted(set(study.table["bits"]))
         [2, 4]
+        >>> study.figures()
+        ['bits_sensitivity_group16', 'bits_agreement', 'bits_allocation']
     """
     adapter = _model(model)
     asked = attribution_request.BitsRequest  # its fields' defaults stand for what is not given

@@ -20,7 +20,15 @@ from urllib.parse import urlencode
 import gradio as gr
 
 from attrlab.app.ui.files import EXAMPLE_PREFIX, example_images, example_named
-from attrlab.app.ui.shared import format_heads, labels_for, parse_heads, parse_positions
+from attrlab.app.ui.shared import (
+    GROUP_CHOICES,
+    format_budgets,
+    format_heads,
+    labels_for,
+    parse_budgets,
+    parse_heads,
+    parse_positions,
+)
 from attrlab.attribution.engine import MAX_TEXTS, SPARSITIES, model_unit_kinds, unit_kind
 from attrlab.attribution.engine.allocation import allocation_names
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
@@ -82,6 +90,10 @@ LINK_FIELDS = (
     "allocation",
     "removal",
     "agreement",
+    "kinds",
+    "bits",
+    "group_size",
+    "budgets",
 )
 #: Link fields that are on/off flags, written ``1`` (a flag that is off is left out).
 _FLAGS = ("trust", "randomise", "shared", "next_token", "generate", "chat", "agreement")
@@ -90,12 +102,13 @@ _ON_FLAGS = ("per_step",)
 #: Fields that count something, from 1 to their most.
 _COUNTS = {"max_new_tokens": MAX_NEW_TOKENS, "noise_seeds": MAX_SEEDS, "draws": MAX_ORDERS}
 #: Fields that list choices of a tab's checkbox group: the known ones are kept.
-_LISTS = ("methods", "measures", "components", "estimators", "directions", "units")
+_LISTS = ("methods", "measures", "components", "estimators", "directions", "units", "kinds", "bits")
 #: Fields that name one of the library's choices, read when a link is opened.
 _CHOICES: dict[str, Callable[[], list[str]]] = {
     "granularity": lambda: list(GRANULARITIES),
     "sparsity": lambda: list(SPARSITIES),
     "allocation": allocation_names,
+    "group_size": lambda: [value for _, value in GROUP_CHOICES],
     "removal": lambda: list(
         dict.fromkeys(
             r for kind in model_unit_kinds() for r in unit_kind(kind).describe()["removals"]
@@ -236,9 +249,11 @@ def open_shared_link(
             gr.update(selected=holder[2]) if holder and holder[1] is held else gr.update()
             for held in inner.values()
         ]
-        # a tab runs once its input is filled: a text tab always, an image tab given an example
+        # a tab runs once its input is filled: a text tab (a text or a text set: the bundled
+        # one when empty) always, an image tab given an example
         autorun = link.tab is not None and (
-            filled[link.tab].fields.get("text") is not None or "image" in link.fields
+            any(filled[link.tab].fields.get(k) is not None for k in ("text", "texts"))
+            or "image" in link.fields
         )
         updates += [key == link.tab and autorun for key in filled]
         return updates
@@ -361,6 +376,13 @@ def _link_field(name: str, value: str) -> Any:
         except InvalidParameterError:
             raise ValueError(
                 f"noise_positions {_quoted(value)} are not token positions written 3,4"
+            ) from None
+    if name == "budgets":
+        try:
+            return format_budgets(parse_budgets(value))
+        except InvalidParameterError:
+            raise ValueError(
+                f"budgets {_quoted(value)} are not average bits per weight written 4,3.5"
             ) from None
     if name in _COUNTS:
         most = _COUNTS[name]

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import gradio as gr
 
+from attrlab.app.ui.bits import BitsSection
 from attrlab.app.ui.files import page_folder
 from attrlab.app.ui.link import LinkedTab, page_base, share_query
 from attrlab.app.ui.pruning import PruningSection
@@ -66,10 +67,15 @@ def patching_view(runner: PageRunner) -> dict[str, LinkedTab]:
     """
     Build the patching view; every study goes through ``runner``.
 
-    Returns what a link fills, by the link's tab: the patching study's and the pruning run's.
+    Returns what a link fills, by the link's tab: the patching study's, the pruning run's and
+    the bits run's.
     """
     view = PatchingView(runner)
-    return {_TAB: view.linked_tab, "pruning": view.pruning.linked_tab}
+    return {
+        _TAB: view.linked_tab,
+        "pruning": view.pruning.linked_tab,
+        "bits": view.bits.linked_tab,
+    }
 
 
 class PatchingView:
@@ -97,6 +103,7 @@ class PatchingView:
         )
         self.pruned = self.pruning.last
         self._export_row()
+        self.bits = BitsSection(runner, self.model)
         #: What a study reads, in :meth:`study`'s order.
         self.fields = [self.model, self.clean, self.corrupted, self.noise, self.seeds]
         self.fields += [self.answer, self.contrast, self.components, self.estimators]

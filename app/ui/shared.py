@@ -15,17 +15,21 @@ from attrlab.attribution.methods.catalog import catalog_entries
 from attrlab.attribution.models import BUILTIN_MODELS
 
 __all__ = [
+    "BIT_CHOICES",
+    "GROUP_CHOICES",
     "IOI_CORRUPTED",
     "IOI_PROMPT",
     "SAMPLE_LABELS",
     "SAMPLE_PROMPT",
     "SAMPLE_TEXT",
+    "format_budgets",
     "format_heads",
     "in_order",
     "label_list",
     "labels_for",
     "method_entries",
     "method_names",
+    "parse_budgets",
     "parse_heads",
     "parse_positions",
     "plot_clicks_js",
@@ -43,6 +47,10 @@ IOI_PROMPT = "When Mary and John went to the store, John gave a drink to"
 #: The IOI prompt with the second name swapped: as many tokens, the other answer.
 IOI_CORRUPTED = "When Mary and John went to the store, Mary gave a drink to"
 SAMPLE_LABELS = "positive, negative"
+#: The bits section's widths (the library takes any from 2 to 16).
+BIT_CHOICES = ("16", "8", "6", "4", "3", "2")
+#: The bits section's group sizes; ``channel``: one scale per output channel.
+GROUP_CHOICES = (("per output channel", "channel"), *((str(g), str(g)) for g in (16, 32, 64, 128)))
 _HEAD = re.compile(r"^\s*L?\s*(\d+)\s*[H:./ ]\s*(\d+)\s*$", re.IGNORECASE)
 
 
@@ -189,6 +197,21 @@ def parse_positions(text: str | None) -> tuple[int, ...] | None:
             f"noise positions are token positions written 3,4 (from 0); got {(text or '')[:40]!r}"
         )
     return tuple(int(part) for part in parts) or None
+
+
+def parse_budgets(text: str | None) -> tuple[float, ...]:
+    """``"4, 3.5"`` -> ``(4.0, 3.5)``: average bits per weight; a clear error for anything else."""
+    parts = [part.strip() for part in (text or "").split(",") if part.strip()]
+    if not parts or not all(re.fullmatch(r"[0-9]{1,2}(\.[0-9]{1,6})?", p) for p in parts):
+        raise InvalidParameterError(
+            f"bit budgets are average bits per weight written 4, 3.5; got {(text or '')[:40]!r}"
+        )
+    return tuple(float(part) for part in parts)
+
+
+def format_budgets(budgets: tuple[float, ...] | list[float]) -> str:
+    """The inverse of :func:`parse_budgets`."""
+    return ", ".join(f"{budget:g}" for budget in budgets)
 
 
 def format_heads(heads: tuple[tuple[int, int], ...] | list[tuple[int, int]]) -> str:

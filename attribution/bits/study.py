@@ -46,6 +46,7 @@ from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
 from attrlab.attribution.metrics.leaderboard import bundled_items
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.text import DecoderLMAdapter
+from attrlab.attribution.rendering import renderer, required_renderer
 from attrlab.attribution.request.defaults import BIT_WIDTHS, BITS_DRAWS, BUDGETS, GROUP_SIZE
 from attrlab.attribution.request.gate import clear_study
 from attrlab.attribution.request.run import RunContext, RunSettings
@@ -134,6 +135,9 @@ class BitsStudy:
         verdicts: Each proxy's allocation at each budget against the random ones.
         forward_passes: Forwards of one text the study ran; ``backward_passes`` likewise.
         entries: Entries of the table; ``cached``: quantised weights computed (once each).
+
+    In a notebook a study shows its tables and verdicts (:meth:`_repr_html_`); :meth:`figure`
+    gives its Plotly figures, both by the renderer :mod:`attrlab.viz` registers.
     """
 
     model: str
@@ -154,6 +158,32 @@ class BitsStudy:
     entries: int = 0
     cached: int = 0
     warnings: list[str] = field(default_factory=list)
+
+    def _repr_html_(self) -> str | None:  # a notebook's display, by the registered renderer
+        drawing = renderer()
+        return None if drawing is None else drawing.bits_html(self)
+
+    def figures(self) -> list[str]:
+        """The names of the figures :meth:`figure` draws (one heatmap per scheme first)."""
+        return list(required_renderer().bits_figures(self))
+
+    def figure(self, name: str | None = None) -> Any:
+        """
+        One Plotly figure drawn from the tables (default: the first of :meth:`figures`).
+
+        Raises:
+            ValueError: a name not in :meth:`figures`.
+            RuntimeError: nothing draws (:mod:`attrlab.viz` was never imported).
+        """
+        figures = required_renderer().bits_figures(self)
+        chosen = next(iter(figures)) if name is None else name
+        if chosen not in figures:
+            raise ValueError(f"no figure {name!r}; this study has {', '.join(figures)}")
+        return figures[chosen]
+
+    def show(self, name: str | None = None) -> None:
+        """Show :meth:`figure` (inline in a notebook, a browser tab elsewhere)."""
+        self.figure(name).show()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: every table as records (``nan`` as ``None``)."""
