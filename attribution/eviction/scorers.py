@@ -32,6 +32,7 @@ from attrlab.attribution.eviction.cache import Prefill
 
 __all__ = [
     "AWARENESS",
+    "ORACLE_METHODS",
     "SCORERS",
     "SNAPKV_KERNEL",
     "SNAPKV_WINDOW",
@@ -311,15 +312,20 @@ def _register_policies() -> None:
 
 _register_policies()
 
+#: The oracles that are attrlab's attribution methods, run on the whole prompt and answer.
+ORACLE_METHODS = {
+    "gradient_x_input": "gradient × input of the answer's score, per token",
+    "attnlrp": "AttnLRP relevance of the answer's score, per token",
+    "integrated_gradients": "integrated gradients of the answer's score, per token",
+}
+
 #: The oracles: they read the model and the answer (:mod:`~attribution.eviction.study`).
 for _name, _description in {
     "exact_loo": "the drop of the answer's log-probability when the token alone is evicted "
     "from every layer (the exact effect the scorers are checked against)",
     "atp_kv": "first-order effect of evicting each entry: the gradient of the answer's "
     "log-probability with respect to the entry's attention logit",
-    "gradient_x_input": "gradient × input of the answer's score, per token",
-    "attnlrp": "AttnLRP relevance of the answer's score, per token",
-    "integrated_gradients": "integrated gradients of the answer's score, per token",
+    **ORACLE_METHODS,
 }.items():
     register_scorer(
         Scorer(

@@ -68,6 +68,7 @@ __all__ = [
     "SPLITS",
     "EvictionItem",
     "EvictionStudy",
+    "check_ratios",
     "eviction_rows",
     "eviction_study",
     "exact_spans",
@@ -292,7 +293,13 @@ class _Item:
     judged: bool = True
 
 
-def _check_ratios(ratios: Sequence[float]) -> tuple[float, ...]:
+def check_ratios(ratios: Sequence[float]) -> tuple[float, ...]:
+    """
+    ``ratios`` as floats, checked: 1.0 first, then falling, each in (0, 1].
+
+    Raises:
+        InvalidParameterError: otherwise.
+    """
     chosen = tuple(float(r) for r in ratios)
     if (
         len(chosen) < 2
@@ -423,7 +430,7 @@ def eviction_study(
     if unit not in EVICTION_UNITS:
         raise InvalidParameterError(f"the eviction unit is one of {', '.join(EVICTION_UNITS)}")
     layer_budgets(1, 1, 1.0, split)  # refuses an unknown split before anything runs
-    ratios = _check_ratios(ratios)
+    ratios = check_ratios(ratios)
     if not items:
         raise InvalidParameterError("give at least one prompt to evict from")
     if draws < 1:
