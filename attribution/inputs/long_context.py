@@ -221,17 +221,22 @@ def kv_retrieval(
         seed: Makes the task (the same seed, the same task).
         max_tokens: The most ``count`` may give for the prompt with its answer.
         count: Counts a text's tokens (:func:`token_counter`); words by default.
-        pairs: How many pairs (2 … 64) among filler; ``None``: a list of pairs only.
+        pairs: How many pairs (2 … 27) among filler, no word in two keys; ``None``: a list
+            of pairs only.
 
     Raises:
         InvalidParameterError: ``pairs`` out of range, a ``max_tokens`` too small for two pairs
             (or ``pairs``) and the question, or above 8,192.
     """
     if pairs is not None:
-        _check_whole("pairs", pairs, 2, 64)
+        _check_whole("pairs", pairs, 2, len(_NOUNS))
     rng = random.Random(seed)
-    keys = [f"{a}-{n}" for a in _ADJECTIVES for n in _NOUNS]
-    rng.shuffle(keys)
+    if pairs is None:
+        keys = [f"{a}-{n}" for a in _ADJECTIVES for n in _NOUNS]
+        rng.shuffle(keys)
+    else:  # no word in two keys: either word tells a key from the others
+        words = zip(rng.sample(_ADJECTIVES, pairs), rng.sample(_NOUNS, pairs), strict=True)
+        keys = [f"{a}-{n}" for a, n in words]
     values = _numbers(rng, len(keys))
     where = rng.random()
     sentences = _filler(rng) if pairs is not None else []
@@ -333,9 +338,10 @@ def variable_tracking(
     Each chain starts ``VAR QXMTA = 52917.`` and passes the value on ``hops`` times
     (``VAR HZKPB = VAR QXMTA.``); the chains' statements alternate, each chain's in order,
     spread evenly through the filler. The question asks the value of one chain's last
-    variable (RULER asks instead which variables hold a value: a list, which a small model
-    rarely writes out; here the answer is one number, and the other chains' numbers are the
-    wrong ones within reach).
+    variable, and the answer completes ``VAR HZKPB =`` as a chain's first statement does
+    (RULER asks instead which variables hold a value: a list, which a small model rarely
+    writes out; here the answer is one number, and the other chains' numbers, or a variable,
+    are the wrong answers within reach).
 
     Args:
         seed: Makes the task.
@@ -369,7 +375,7 @@ def variable_tracking(
             question=f"What is the value of VAR {last}?",
             answer=values[asked],
             task="variable_tracking",
-            answer_prefix=f"The value of VAR {last} is",
+            answer_prefix=f"VAR {last} =",
             details={
                 "seed": seed,
                 "hops": hops,
