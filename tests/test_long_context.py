@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -31,7 +32,6 @@ from attrlab.attribution.inputs.long_context import (
     token_counter,
     variable_tracking,
 )
-from attrlab.attribution.models import load
 from attrlab.attribution.models.builtin import smollm2_folder
 from attrlab.attribution.models.text import DecoderLMAdapter
 
@@ -168,6 +168,9 @@ def test_a_task_reads_back_from_json_and_its_details_stay_put():
     assert ContextTask.from_json(record) == task
     with pytest.raises(TypeError):
         task.details["seed"] = 5  # type: ignore[index]
+    assert task.details["chains"][0] == tuple(record["details"]["chains"][0])  # arrays: tuples
+    moved = replace(task, answer_prefix="")  # a task made from a task's details
+    assert moved.to_json()["details"] == record["details"]
     with pytest.raises(InvalidInputError, match="JSON"):
         ContextTask("c", "q", "a", "jsonl", details={"when": object()})
     with pytest.raises(InvalidInputError, match="'answer' is empty"):
@@ -241,8 +244,8 @@ def _own_ids(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def test_task_inputs_hold_context_first_and_answer_last_on_a_tiny_llama():
-    adapter = load("tiny-random-llama", device="cpu")  # a WordPiece tokenizer, 128 positions
+def test_task_inputs_hold_context_first_and_answer_last_on_a_tiny_llama(load_model):
+    adapter = load_model("tiny-random-llama")  # a WordPiece tokenizer, 128 positions
     tokenizer = adapter.tokenizer
     task = needle(5, 0.5, 100, token_counter(tokenizer))
     held = task_inputs(adapter, task)
@@ -291,8 +294,20 @@ def test_task_inputs_split_smollm2_tokens_where_the_whole_text_splits(smol_token
         assert smol_tokenizer.decode(ids[-held.inputs.answer_length :]) == answer
 
 
-def test_task_inputs_refuse_a_task_longer_than_the_model_reads():
-    adapter = load("tiny-random-llama", device="cpu")
+def test_task_inputs_refuse_a_task_longer_than_the_model_reads(load_model):
+    adapter = load_model("tiny-random-llama")
     task = needle(0, 0.5, 400, count_words)
     with pytest.raises(InvalidInputError, match="reads at most 128"):
         task_inputs(adapter, task)
+
+
+def test_smollm2_finds_the_needle_with_its_whole_cache(smollm2):
+    """The premise of an eviction curve: the embedded model solves the shipped needle task."""
+    count = token_counter(smollm2.tokenizer)
+    for seed, depth in ((0, 0.0), (1, 0.5), (2, 1.0)):
+        held = task_inputs(smollm2, needle(seed, depth, 250, count))
+        length = held.inputs.answer_length
+        with torch.no_grad():
+            logits = smollm2.model(**held.inputs.model_kwargs()).logits[0]
+        greedy = logits[-length - 1 : -1].argmax(-1).tolist()
+        assert greedy == held.inputs.input_ids[0, -length:].tolist()  # each digit, teacher-forced

@@ -101,7 +101,8 @@ class ContextTask:
         task: The kind's name (``kv_retrieval``, ``needle``, ``variable_tracking``, ``jsonl``).
         answer_prefix: The words the answer completes at the prompt's end (RULER's answer
             prefix, ``"The value of amber-river is"``); empty: the answer follows "Answer:".
-        details: How it was made, as JSON (seed, depth, hops, ...); read-only.
+        details: How it was made, as JSON (seed, depth, hops, ...): a read-only copy (its
+            objects are mappings that refuse changes, its arrays tuples).
 
     Raises:
         InvalidInputError: an empty context, question or answer, a field that is not a text,
@@ -123,11 +124,13 @@ class ContextTask:
             require_unicode(value, f"the task's '{name}'")
             if name != "answer_prefix" and not value.strip():
                 raise InvalidInputError(f"a task's '{name}' is empty")
+        if not isinstance(self.details, Mapping):
+            raise InvalidInputError("a task's details are a JSON object")
         try:
-            frozen = json.loads(json.dumps(dict(self.details), allow_nan=False))
+            copied = json.loads(json.dumps(_thawed(self.details), allow_nan=False))
         except (TypeError, ValueError) as err:
             raise InvalidInputError(f"a task's details must be JSON: {err}") from None
-        object.__setattr__(self, "details", MappingProxyType(frozen))
+        object.__setattr__(self, "details", _frozen(copied))
 
     def to_json(self) -> dict[str, Any]:
         """The task as a JSON object (:meth:`from_json` reads it back)."""
@@ -137,7 +140,7 @@ class ContextTask:
             "answer": self.answer,
             "task": self.task,
             "answer_prefix": self.answer_prefix,
-            "details": dict(self.details),
+            "details": _thawed(self.details),
         }
 
     @classmethod
@@ -496,6 +499,24 @@ def _fit(
         else:
             high = middle - 1
     return make(low)
+
+
+def _frozen(value: Any) -> Any:
+    """A JSON value that cannot change: objects as read-only mappings, arrays as tuples."""
+    if isinstance(value, dict):
+        return MappingProxyType({key: _frozen(item) for key, item in value.items()})
+    if isinstance(value, list):
+        return tuple(_frozen(item) for item in value)
+    return value
+
+
+def _thawed(value: Any) -> Any:
+    """:func:`_frozen`'s value as plain JSON again (dicts and lists)."""
+    if isinstance(value, Mapping):
+        return {key: _thawed(item) for key, item in value.items()}
+    if isinstance(value, tuple):
+        return [_thawed(item) for item in value]
+    return value
 
 
 def _spread(sentences: Sequence[str], statements: Sequence[str]) -> str:
