@@ -240,6 +240,22 @@ def test_read_tasks_refuses_an_empty_file_and_too_many_tasks(tmp_path):
         read_tasks(_write(tmp_path, [GOOD] * (MAX_TASKS + 1)))
 
 
+def test_read_tasks_refuses_a_file_it_cannot_read_as_text(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(GOOD.replace("red", "rouge é").encode("latin-1"))
+    with pytest.raises(InvalidInputError, match="latin1.jsonl: not UTF-8"):
+        read_tasks(path)
+    with pytest.raises(InvalidInputError, match="cannot be read"):
+        read_tasks(tmp_path)  # a folder
+
+
+@pytest.mark.parametrize("kind", MAKERS)
+def test_the_largest_size_in_words_is_filled(kind):
+    task = MAKERS[kind](0, 8192, count_words)
+    words = len(" ".join(task_prompt(task)).split())
+    assert (0.9 * 8192 if kind != "kv_retrieval" else 756 * 6) <= words <= 8192
+
+
 def _own_ids(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 

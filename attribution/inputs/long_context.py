@@ -553,14 +553,14 @@ def _variable_names(rng: random.Random, n: int) -> list[str]:
 
 def _filler(rng: random.Random) -> list[str]:
     """
-    The filler's sentences: the bundled paragraphs in a seeded order, enough for 8,192 tokens.
+    The filler's sentences: the bundled paragraphs in a seeded order, enough for 8,192 words.
 
-    Each pass over the 26 paragraphs (about 3,100 SmolLM2 tokens) is shuffled anew; a sentence
-    ends at ``.``, ``!`` or ``?`` before a space.
+    Each pass over the 26 paragraphs (about 2,400 words, 3,100 SmolLM2 tokens) is shuffled
+    anew; a sentence ends at ``.``, ``!`` or ``?`` before a space.
     """
     paragraphs = _paragraphs()
     sentences: list[str] = []
-    for _ in range(3):
+    for _ in range(4):
         order = list(paragraphs)
         rng.shuffle(order)
         sentences += [s for p in order for s in re.split(r"(?<=[.!?])\s+", p.strip())]
