@@ -243,7 +243,7 @@ def test_read_tasks_refuses_an_empty_file_and_too_many_tasks(tmp_path):
 def test_read_tasks_refuses_a_file_it_cannot_read_as_text(tmp_path):
     path = tmp_path / "latin1.jsonl"
     path.write_bytes(GOOD.replace("red", "rouge é").encode("latin-1"))
-    with pytest.raises(InvalidInputError, match="latin1.jsonl: not UTF-8"):
+    with pytest.raises(InvalidInputError, match=r"latin1\.jsonl: not UTF-8"):
         read_tasks(path)
     with pytest.raises(InvalidInputError, match="cannot be read"):
         read_tasks(tmp_path)  # a folder
