@@ -354,3 +354,17 @@ def test_solved_only_judges_the_items_the_full_cache_answers(llama, item):
     assert study.full["exact_match"] == 1.0 and study.views[1]["label"] == "own"
     with pytest.raises(InvalidInputError, match="none of the items"):
         eviction_study(llama, [item], ["h2o"], ratios=(1.0, 0.5), solved_only=True)
+
+
+def test_unsolved_items_are_shown_without_scores(llama, item):
+    own_inputs, own_target = answer_request(llama, PROMPT)
+    study = eviction_study(
+        llama,
+        [item, EvictionItem(own_inputs, own_target)],
+        ["h2o"],
+        ratios=(1.0, 0.5),
+        draws=2,
+        solved_only=True,
+    )
+    assert study.views[0]["scores"] == {} and study.views[0]["kept"] == {}
+    assert set(study.views[1]["scores"]) == {"h2o"}

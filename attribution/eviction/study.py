@@ -142,7 +142,8 @@ class EvictionStudy:
             cache's ``log_prob`` and ``exact_match``, whether it was ``judged``, its ``tokens``,
             the ``exact`` effect of evicting each (its span's; ``None`` without them), each
             scorer's per-position ``scores``, and per scorer and keep ratio the share of each
-            position's entries ``kept`` (0 or 1 for ``kv_position``).
+            position's entries ``kept`` (0 or 1 for ``kv_position``); an item not judged has
+            no scores.
     """
 
     unit: str
@@ -365,36 +366,43 @@ def _exact_effects(
     return full - without
 
 
-def _prepared(
-    adapter: Adapter,
-    item: EvictionItem,
-    chosen: Sequence[Scorer],
-    span: int | None,
-    run: RunContext,
-) -> tuple[_Item, list[dict[str, Any]]]:
-    """
-    One item prefilled, read on the full cache, its exact effects and every scorer's scores.
-
-    ``span`` ``0``: no exact effects (and no agreement).
-    """
+def _prefilled(adapter: Adapter, item: EvictionItem, run: RunContext) -> _Item:
+    """One item prefilled and read on its full cache."""
     cache = prefill(adapter, item.inputs, item.context, window=SNAPKV_WINDOW)
     run.count(forward=1)
     reference = torch.log_softmax(evicted_logits(adapter, cache, keep_all(cache, 1)).double(), -1)
     run.count(forward=1)
+    tokens = item.inputs.token_texts[: cache.context]
+    return _Item(cache, reference[0], {}, tokens, None, item.label)
+
+
+def _scored(
+    adapter: Adapter,
+    item: EvictionItem,
+    entry: _Item,
+    chosen: Sequence[Scorer],
+    span: int | None,
+    run: RunContext,
+) -> list[dict[str, Any]]:
+    """
+    ``entry``'s exact effects and every scorer's scores, set on it; their agreement rows.
+
+    ``span`` ``0``: no exact effects (and no agreement).
+    """
+    cache = entry.cache
     spans = [] if span == 0 else exact_spans(cache.context, span)
-    effects = _exact_effects(adapter, cache, reference[0], spans, run) if spans else np.zeros(0)
+    effects = _exact_effects(adapter, cache, entry.reference, spans, run) if spans else np.zeros(0)
     per_position = np.repeat(effects, [stop - start for start, stop in spans])
-    scores = _scores(adapter, item, cache, chosen, per_position, run)
+    entry.scores = _scores(adapter, item, cache, chosen, per_position, run)
+    entry.effects = per_position if spans else None
     agreement = []
-    for name, values in scores.items():
+    for name, values in entry.scores.items():
         if spans and name != "exact_loo":
             positions = by_position(values)
             summed = np.array([positions[start:stop].sum() for start, stop in spans])
             rho, overlap = _signed_agreement(summed, effects)
             agreement.append({"scorer": name, "spearman": rho, "top_k_overlap": overlap})
-    tokens = item.inputs.token_texts[: cache.context]
-    exact = per_position if spans else None
-    return _Item(cache, reference[0], scores, tokens, exact, item.label), agreement
+    return agreement
 
 
 def eviction_study(
@@ -438,20 +446,21 @@ def eviction_study(
     if span == 0 and "exact_loo" in [s.name for s in chosen]:
         raise InvalidParameterError("exact_loo is the exact effects: leave span above 0")
     run = run or RunContext.of(settings)
-    every: list[tuple[_Item, list[dict[str, Any]]]] = []
-    for number, item in enumerate(items):
-        run.step(number, len(items))
-        every.append(_prepared(adapter, item, chosen, span, run))
-    for entry, _ in every:
+    every = [_prefilled(adapter, item, run) for item in items]
+    for entry in every:
         entry.judged = not solved_only or bool(_full_cache(entry)[1])
-    judged = [(entry, rows) for entry, rows in every if entry.judged]
-    if not judged:
+    if not any(entry.judged for entry in every):
         raise InvalidInputError(
             "the model answers none of the items exactly with its full cache: nothing to judge "
             "eviction on (give easier or shorter tasks, or judge unsolved ones too)"
         )
-    prepared = [entry for entry, _ in judged]
-    agreement = [row for _, rows in judged for row in rows]
+    agreement: list[dict[str, Any]] = []
+    prepared = []
+    for number, (item, entry) in enumerate(zip(items, every, strict=True)):
+        run.step(number, len(items))
+        if entry.judged:
+            agreement += _scored(adapter, item, entry, chosen, span, run)
+            prepared.append(entry)
     names = [s.name for s in chosen]
     evicted = [0.0, *(round(1.0 - r, 10) for r in ratios[1:])]
     curves = _curves(adapter, prepared, names, unit, split, ratios, evicted, draws, run)
@@ -467,17 +476,15 @@ def eviction_study(
         items=len(prepared),
         context=[entry.cache.context for entry in prepared],
         forward_passes=run.forward_passes,
-        views=[_view(entry, names, ratios, unit, split) for entry, _ in every],
+        views=[_view(entry, ratios, unit, split) for entry in every],
     )
 
 
-def _view(
-    entry: _Item, names: list[str], ratios: tuple[float, ...], unit: str, split: str
-) -> dict[str, Any]:
+def _view(entry: _Item, ratios: tuple[float, ...], unit: str, split: str) -> dict[str, Any]:
     """One item's context as a page shows it (see :attr:`EvictionStudy.views`)."""
     context = entry.cache.context
     kept: dict[str, list[list[float]]] = {}
-    for name in names:
+    for name in entry.scores:
         scores = entry.scores[name]
         ranked = torch.as_tensor(by_position(scores)) if unit == "kv_position" else scores
         kept[name] = [
@@ -496,7 +503,7 @@ def _view(
         "judged": entry.judged,
         "tokens": entry.tokens,
         "exact": None if entry.effects is None else [float(v) for v in entry.effects],
-        "scores": {n: [float(v) for v in by_position(entry.scores[n])] for n in names},
+        "scores": {n: [float(v) for v in by_position(s)] for n, s in entry.scores.items()},
         "kept": kept,
     }
 
