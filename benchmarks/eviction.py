@@ -32,10 +32,12 @@ from transformers import DynamicCache
 
 from attrlab.attribution.bits.sensitivity import bundled_lm_texts
 from attrlab.attribution.eviction.cache import evicted_logits, keep_all, prefill
+from attrlab.attribution.eviction.request import EvictionRequest, run_eviction
 from attrlab.attribution.eviction.study import EvictionItem, eviction_study
 from attrlab.attribution.models import load
 from attrlab.attribution.models.base import Adapter
 from attrlab.attribution.request.answers import answer_request
+from attrlab.attribution.request.run import RunSettings
 
 PLAIN = "prefill (the model's own, with its cache)"
 READ = "prefill with the scorers' readings"
@@ -136,12 +138,86 @@ def costs() -> None:
     )
 
 
+def _number(value: object) -> str:
+    return "" if value is None or value != value else f"{value:.3g}"
+
+
+def curves(tasks: list[str], count: int, tokens: int, units: list[str]) -> None:
+    adapter = load("smollm2-135m")
+    for task in tasks:
+        for unit in units:
+            request = EvictionRequest(
+                task=task, count=count, max_tokens=tokens, unit=unit, draws=10, seed=1
+            )
+            started = time.perf_counter()
+            study = run_eviction(adapter, request, RunSettings(max_forward_passes=None))
+            seconds = time.perf_counter() - started
+            solved = sum(v["full"]["exact_match"] for v in study.views)
+            print(
+                f"\n### {task}, {unit} ({study.split}): {solved} of {len(study.views)} tasks "
+                f"solved at full cache and judged; contexts {study.context} tokens; "
+                f"{study.forward_passes} forwards, {seconds:.0f} s\n"
+            )
+            scores = study.curves.scores
+            rows = []
+            for scorer in study.scorers:
+                name = scorer["name"]
+                row = [name, scorer["awareness"]]
+                for metric in ("log_prob", "exact_match", "kl"):
+                    found = scores[(scores.order == name) & (scores.metric == metric)].iloc[0]
+                    row += [_number(found.auc), found.status]
+                agreed = study.agreement[study.agreement.scorer == name]
+                row += [
+                    _number(agreed.spearman.iloc[0]) if len(agreed) else "",
+                    _number(agreed.top_k_overlap.iloc[0]) if len(agreed) else "",
+                ]
+                rows.append(row)
+            drawn = scores[scores.order == "random"].set_index("metric")
+            rows.append(
+                [
+                    "random",
+                    "",
+                    *(
+                        x
+                        for m in ("log_prob", "exact_match", "kl")
+                        for x in (
+                            f"{_number(drawn.auc[m])} ± {_number(drawn['std'][m])}",
+                            "",
+                        )
+                    ),
+                    "",
+                    "",
+                ]
+            )
+            print_table(
+                [
+                    "scorer",
+                    "knows",
+                    "log-prob area",
+                    "verdict",
+                    "exact-match area",
+                    "verdict",
+                    "KL area",
+                    "verdict",
+                    "ρ with exact",
+                    "top-10 % overlap",
+                ],
+                rows,
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("parts", nargs="*", default=["costs"])
+    parser.add_argument("parts", nargs="*", default=["costs", "curves"])
+    parser.add_argument("--tasks", default="needle,kv_retrieval")
+    parser.add_argument("--units", default="kv_entry,kv_position")
+    parser.add_argument("--items", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=500)
     args = parser.parse_args()
     if "costs" in args.parts:
         costs()
+    if "curves" in args.parts:
+        curves(args.tasks.split(","), args.items, args.tokens, args.units.split(","))
 
 
 if __name__ == "__main__":
