@@ -368,3 +368,23 @@ def test_unsolved_items_are_shown_without_scores(llama, item):
     )
     assert study.views[0]["scores"] == {} and study.views[0]["kept"] == {}
     assert set(study.views[1]["scores"]) == {"h2o"}
+
+
+def test_atp_is_the_derivative_at_each_entry_attention_logit(llama, item):
+    """AtP's score is d log p(answer) / d (the entry's attention logit), by central differences."""
+    adapter = llama
+    cache = prefill(adapter, item.inputs)
+    study = eviction_study(adapter, [item], ["atp_kv"], ratios=(1.0, 0.5), draws=2)
+    atp = np.array(study.views[0]["scores"]["atp_kv"])  # summed over layers and heads
+
+    def answer_log_prob(bias: torch.Tensor) -> float:
+        logits = evicted_logits(adapter, cache, keep_all(cache, 1), bias)
+        log_probs = F.log_softmax(logits.double(), -1)[0]
+        return float(log_probs[torch.arange(len(cache.answer)), cache.answer].sum())
+
+    step = 2e-2  # the attention's softmax runs in float32: a step it resolves
+    for position in range(cache.context):
+        bias = torch.zeros(keep_all(cache, 1).shape, dtype=torch.float64)
+        bias[..., position] = step  # every layer and head: the sum of their derivatives
+        slope = (answer_log_prob(bias) - answer_log_prob(-bias)) / (2 * step)
+        assert atp[position] == pytest.approx(slope, rel=2e-2, abs=2e-6)
