@@ -301,3 +301,43 @@ def test_four_images_say_too_few_items_rather_than_a_bare_inconclusive():
     assert all(
         c.startswith("too few items to decide (need ≥ 6): 100% of items, p 0.12") for c in cells
     )
+
+
+def test_a_sampled_maps_own_noise_leaves_its_close_items_undecided():
+    rows = {
+        "item": [f"s{n}" for n in range(8)],
+        "method": "rise",
+        "comprehensiveness": 0.35,
+        "comprehensiveness_random": 0.3,
+        "comprehensiveness_random_se": 0.0,  # an exact reference
+        "sufficiency": 0.1,
+        "sufficiency_random": 0.3,
+        "sufficiency_random_se": 0.0,
+        "forward_passes": 2.0,
+        "seconds": 0.1,
+    }
+    decided = summarise(pd.DataFrame(rows), "text")
+    assert decided["comprehensiveness_untied"].item() == 8
+    assert decided["comprehensiveness_verdict"].item() == "pass"
+    # the same margins (0.05, 0.2) against a map whose own draw moves its score by 0.03 and 0.01:
+    # 0.05 is within 3 of its errors, 0.2 is not
+    noisy = summarise(
+        pd.DataFrame(rows | {"comprehensiveness_map_se": 0.03, "sufficiency_map_se": 0.01}), "text"
+    )
+    assert noisy["comprehensiveness_untied"].item() == 0
+    assert noisy["comprehensiveness_verdict"].item() == "inconclusive"
+    assert noisy["sufficiency_verdict"].item() == "pass"
+
+
+def test_sampled_maps_are_redrawn_within_their_standard_errors(load_model):
+    tokenizer = load_model("tiny-random-bert").tokenizer
+    adapter = TextClassifierAdapter(_BagOfWords(tokenizer.vocab_size).eval(), tokenizer, "bow")
+    items = [EvalItem(text, 0, text) for text in SENTENCES[:3]]
+    per_item = evaluate_methods(
+        adapter, items, ["occlusion", "rise"], {"rise": {"n_masks": 200}}, random_orders=20
+    )
+    rise = per_item[per_item["method"] == "rise"]
+    occlusion = per_item[per_item["method"] == "occlusion"]
+    assert (rise["comprehensiveness_map_se"] > 0).all() and (rise["sufficiency_map_se"] > 0).all()
+    assert "comprehensiveness_map_se" not in occlusion.dropna(axis=1).columns
+    assert set(per_item["method"]) == {"occlusion", "rise"}  # the redrawn maps make no rows

@@ -11,7 +11,7 @@ verdict (:func:`~attribution.verdicts.sign_test`), and the cost per item.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -37,6 +37,7 @@ from attrlab.attribution.request.run import ProgressCallback, RunContext, RunSet
 from attrlab.attribution.verdicts import item_outcome, sign_test
 
 __all__ = [
+    "MAP_DRAWS",
     "SCORES",
     "EvalItem",
     "bundled_items",
@@ -53,6 +54,12 @@ class EvalItem:
     raw: Any
     target: int | str | None = None
     name: str = ""
+
+
+#: Redrawn maps per sampled map and item: the spread of its score under its own sampling.
+MAP_DRAWS = 8
+#: Marks a redrawn map's name (never a method's).
+_REDRAWN = "#redrawn"
 
 
 def bundled_items(modality: str) -> list[EvalItem]:
@@ -156,13 +163,16 @@ def evaluate_methods(
             first = next(iter(same.values()))
             assert first.target_record is not None  # a fresh explanation holds its record
             orders = RunContext(seed=settings.seed + done, cancel=settings.cancel, progress=passes)
+            maps = {name: explanation.scores for name, explanation in same.items()}
+            redrawn = _redrawn_maps(same, np.random.default_rng([settings.seed, done]))
             scored = faithfulness_of_maps(
                 adapter,
                 inputs,
-                {name: explanation.scores for name, explanation in same.items()},
+                {**maps, **redrawn},
                 first.target_record,
                 steps,
-                random_orders,
+                # each method's curves within its trust card's price, the redrawn maps' too
+                max(0, min(random_orders, RANDOM_ORDERS * len(applicable) - len(redrawn))),
                 text_removal,
                 run=orders,
                 image_fill=image_fill,
@@ -173,12 +183,48 @@ def evaluate_methods(
                     "item": result.row.name or str(done),
                     "method": name,
                     **scored[name].metrics,
+                    **_map_errors(name, scored, inputs.modality),
                     "forward_passes": explanation.timings.forward_passes,
                     "seconds": explanation.timings.total_s,  # the method's, not the scoring's
                 }
                 for name, explanation in same.items()
             ]
     return pd.DataFrame(rows)
+
+
+def _redrawn_maps(
+    explanations: Mapping[str, Explanation], rng: np.random.Generator
+) -> dict[str, np.ndarray]:
+    """
+    A sampled map's score moves with its own draw: :data:`MAP_DRAWS` maps as it might have come.
+
+    A method that samples (RISE's masks, Sobol's designs) reports each element's standard
+    error (``maps["std_error"]``); each redrawn map adds independent normal noise of that size
+    to every element, a parametric bootstrap of the map. Deterministic maps get none.
+    """
+    redrawn = {}
+    for name, explanation in explanations.items():
+        error = explanation.maps.get("std_error")
+        if error is None:
+            continue
+        scores = np.asarray(explanation.scores, dtype=np.float64)
+        spread = np.broadcast_to(np.asarray(error, dtype=np.float64), scores.shape)
+        for draw in range(MAP_DRAWS):
+            redrawn[f"{name}{_REDRAWN}{draw}"] = (
+                scores + rng.normal(0.0, 1.0, scores.shape) * spread
+            )
+    return redrawn
+
+
+def _map_errors(name: str, scored: Mapping[str, Any], modality: str) -> dict[str, float]:
+    """Each score's standard deviation over ``name``'s redrawn maps (``*_map_se``), if any."""
+    draws = [scored[key].metrics for key in scored if key.startswith(f"{name}{_REDRAWN}")]
+    if not draws:
+        return {}
+    return {
+        f"{score}_map_se": float(np.std([d[score] for d in draws], ddof=1))
+        for score, _, _ in SCORES[modality]
+    }
 
 
 def _interval(values: np.ndarray, seed: int) -> tuple[float, float]:
@@ -212,7 +258,10 @@ def summarise(per_item: pd.DataFrame, modality: str, seed: int = 0) -> pd.DataFr
             if random in group:  # absent when no random orders were drawn
                 randoms = group[random].to_numpy(dtype=float)
                 # rows written before draws became adaptive carry no error: their mean as is
-                errors = group.get(f"{random}_se", pd.Series(0.0, index=group.index))
+                errors = group.get(f"{random}_se", pd.Series(0.0, index=group.index)).fillna(0.0)
+                # a sampled map's own noise adds to the reference's (independent draws)
+                own = group.get(f"{score}_map_se", pd.Series(0.0, index=group.index)).fillna(0.0)
+                errors = np.sqrt(errors**2 + own**2)
                 outcomes = np.array(
                     [
                         item_outcome(v, m, e, higher)
