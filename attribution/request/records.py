@@ -610,9 +610,12 @@ class EvictRequest(Request["EvictionStudy"]):
         return "text", True
 
     def check(self, bounds: RequestBounds) -> None:
-        """The study's own rules (:meth:`EvictionRequest.check`) and the seed within bounds."""
+        """The study's own rules (:meth:`EvictionRequest.check`); each given text within bounds."""
         super().check(bounds)
         self.study.check()
+        for task in self.study.tasks or ():
+            for text in (task.context, task.question, task.answer):
+                bounds.check_fields(text, None, None, self.seed)
 
     def run_on(self, adapter: Adapter, run: JobContext) -> EvictionStudy:
         """The study, priced and refused over the job's budgets before any work."""
