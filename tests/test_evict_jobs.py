@@ -22,8 +22,10 @@ from attrlab.app.jobs import DamagedResultsError, JobStore
 from attrlab.app.server import create_app
 from attrlab.app.worker import ExplainWorker
 from attrlab.attribution.eviction.request import EvictionRequest, run_eviction
+from attrlab.attribution.eviction.study import EvictionStudy
 from attrlab.attribution.inputs.long_context import ContextTask
 from attrlab.attribution.methods._routing import _RoutedConfig
+from attrlab.attribution.models.base import Adapter
 from attrlab.attribution.request.calibration import calibrate
 
 MODEL = "tiny-random-llama"
@@ -43,8 +45,8 @@ ASKED = {"scorers": ["h2o", "knorm", "exact_loo"], "ratios": [1.0, 0.5, 0.2], "d
 BODY = {"model": MODEL, "tasks": TASKS, "solved_only": False, **ASKED}
 
 
-@pytest.fixture(scope="module")
-def expected(load_model):
+def direct_study(adapter: Adapter) -> EvictionStudy:
+    """The study of :data:`BODY`, run by the library itself."""
     tasks = tuple(
         ContextTask(t["context"], t["question"], t["answer"], "jsonl", details={"line": n})
         for n, t in enumerate(TASKS, start=1)
@@ -56,7 +58,12 @@ def expected(load_model):
         draws=ASKED["draws"],
         solved_only=False,
     )
-    return run_eviction(load_model(MODEL), asked)
+    return run_eviction(adapter, asked)
+
+
+@pytest.fixture(scope="module")
+def expected(load_model):
+    return direct_study(load_model(MODEL))
 
 
 def _worker(tmp_path, **overrides) -> ExplainWorker:
