@@ -1,5 +1,5 @@
 """
-``attrlab evict``, ``POST /api/v1/evict`` and ``attrlab.evict``: the library's eviction study, wired.
+``attrlab evict``, ``POST /api/v1/evict`` and ``attrlab.evict``: the library's eviction study wired.
 
 Each front end's numbers are checked against :func:`attribution.eviction.request.run_eviction`
 run directly on the same tiny model and tasks (``solved_only`` off: a random model answers
