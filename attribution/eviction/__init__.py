@@ -19,9 +19,16 @@ from attrlab.attribution.lazy import lazy_exports
 if TYPE_CHECKING:
     from attrlab.attribution.eviction.request import EvictionRequest, run_eviction
     from attrlab.attribution.eviction.study import EvictionStudy
-    from attrlab.attribution.inputs.long_context import ContextTask, read_tasks
+    from attrlab.attribution.inputs.long_context import ContextTask, parse_tasks, read_tasks
 
-__all__ = ["ContextTask", "EvictionRequest", "EvictionStudy", "read_tasks", "run_eviction"]
+__all__ = [
+    "ContextTask",
+    "EvictionRequest",
+    "EvictionStudy",
+    "parse_tasks",
+    "read_tasks",
+    "run_eviction",
+]
 
 __getattr__, __dir__ = lazy_exports(
     __name__,
@@ -30,6 +37,7 @@ __getattr__, __dir__ = lazy_exports(
         "run_eviction": "attrlab.attribution.eviction.request",
         "EvictionStudy": "attrlab.attribution.eviction.study",
         "ContextTask": "attrlab.attribution.inputs.long_context",
+        "parse_tasks": "attrlab.attribution.inputs.long_context",
         "read_tasks": "attrlab.attribution.inputs.long_context",
     },
 )
