@@ -32,6 +32,7 @@ __all__ = [
     "parse_budgets",
     "parse_heads",
     "parse_positions",
+    "parse_ratios",
     "plot_clicks_js",
     "read_target",
     "readable",
@@ -205,6 +206,16 @@ def parse_budgets(text: str | None) -> tuple[float, ...]:
     if not parts or not all(re.fullmatch(r"[0-9]{1,2}(\.[0-9]{1,6})?", p) for p in parts):
         raise InvalidParameterError(
             f"bit budgets are average bits per weight written 4, 3.5; got {(text or '')[:40]!r}"
+        )
+    return tuple(float(part) for part in parts)
+
+
+def parse_ratios(text: str | None) -> tuple[float, ...]:
+    """``"1, 0.5, 0.2"`` -> ``(1.0, 0.5, 0.2)``: keep ratios; a clear error for anything else."""
+    parts = [part.strip() for part in (text or "").split(",") if part.strip()]
+    if not parts or not all(re.fullmatch(r"[0-9](\.[0-9]{1,6})?", p) for p in parts):
+        raise InvalidParameterError(
+            f"keep ratios are shares written 1, 0.5, 0.2; got {(text or '')[:40]!r}"
         )
     return tuple(float(part) for part in parts)
 
