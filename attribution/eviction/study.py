@@ -55,6 +55,7 @@ from attrlab.attribution.eviction.scorers import (
     by_position,
     check_scorers,
 )
+from attrlab.attribution.explain import explain
 from attrlab.attribution.models.base import Adapter, TextInputs
 from attrlab.attribution.rendering import renderer, required_renderer
 from attrlab.attribution.request.defaults import PRUNING_DRAWS
@@ -295,8 +296,6 @@ def _atp(adapter: Adapter, cache: Prefill, run: RunContext) -> torch.Tensor:
 
 
 def _attribution(adapter: Adapter, item: EvictionItem, method: str, context: int) -> torch.Tensor:
-    from attrlab.attribution.explain import explain  # the method catalog, loaded on use
-
     found = explain(adapter, method, item.inputs, item.target)
     return torch.as_tensor(np.asarray(found.scores, dtype=np.float64)[:context])
 
