@@ -57,6 +57,8 @@ def test_the_cli_writes_the_study_as_json_table_and_figures(capsys, tmp_path, ex
     assert written == sorted(f"{name}.html" for name in eviction_figures(expected))
     for verdict in expected.curves.verdicts:
         assert verdict.summary() in text
+    areas = expected.curves.scores.set_index(["metric", "order"])["auc"]
+    assert f"area      kl: h2o {areas['kl', 'h2o']:.4g}  knorm {areas['kl', 'knorm']:.4g}" in text
 
 
 @pytest.mark.parametrize(

@@ -156,8 +156,10 @@ def eviction_text(study: EvictionStudy) -> str:
         f"{study.full['exact_match']:.3g} over {study.items} items "
         f"(contexts {', '.join(map(str, study.context))} tokens); "
         f"{study.forward_passes} forward passes",
-        "areas     " + "  ".join(_area_cells(study.curves.scores)),
     ]
+    for metric, rows in study.curves.scores.groupby("metric", sort=False):
+        cells = "  ".join(f"{r.order} {r.auc:.4g}" for r in rows.itertuples(index=False))
+        lines.append(f"area      {metric}: {cells}")
     for row in study.agreement.itertuples(index=False):
         lines.append(
             f"agreement {row.scorer:<22} {row.awareness:<15} ρ {_number(row.spearman)}  "
@@ -165,10 +167,6 @@ def eviction_text(study: EvictionStudy) -> str:
         )
     lines += [f"verdict   {line}" for line in verdict_lines(study)]
     return "\n".join(lines)
-
-
-def _area_cells(scores: pd.DataFrame) -> list[str]:
-    return [f"{r.order}:{r.metric}={r.auc:.4g}" for r in scores.itertuples(index=False)]
 
 
 def _number(value: Any) -> str:
