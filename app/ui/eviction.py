@@ -24,7 +24,14 @@ import gradio as gr
 from attrlab.app.ui.files import page_folder
 from attrlab.app.ui.link import LinkedTab, page_base, share_query
 from attrlab.app.ui.runner import PageRunner
-from attrlab.app.ui.shared import in_order, parse_ratios, readable, session, wire_study
+from attrlab.app.ui.shared import (
+    format_ratios,
+    in_order,
+    parse_ratios,
+    readable,
+    session,
+    wire_study,
+)
 from attrlab.attribution.eviction import parse_tasks
 from attrlab.attribution.eviction.request import (
     MAX_ITEMS,
@@ -53,7 +60,6 @@ __all__ = [
     "EvictionTab",
     "eviction_tab",
     "export_eviction",
-    "format_ratios",
     "item_html",
 ]
 
@@ -332,11 +338,6 @@ class EvictionTab:
         if result is None:
             raise gr.Error("run an eviction study first; the export holds it")
         return str(export_eviction(result))
-
-
-def format_ratios(ratios: tuple[float, ...] | list[float]) -> str:
-    """Keep ratios as the tab's field holds them: ``1, 0.5, 0.2``."""
-    return ", ".join(f"{ratio:g}" for ratio in ratios)
 
 
 def item_html(study: EvictionStudy, index: int, scorer: str | None, ratio: float) -> str:

@@ -24,6 +24,7 @@ from attrlab.app.ui.shared import (
     GROUP_CHOICES,
     format_budgets,
     format_heads,
+    format_ratios,
     labels_for,
     parse_budgets,
     parse_heads,
@@ -419,7 +420,7 @@ def _link_field(name: str, value: str) -> Any:
             ) from None
     if name == "ratios":
         try:
-            return ", ".join(f"{ratio:g}" for ratio in parse_ratios(value))
+            return format_ratios(parse_ratios(value))
         except InvalidParameterError:
             raise ValueError(f"ratios {_quoted(value)} are not keep ratios written 1,0.5") from None
     if name == "tasks":  # JSON Lines, the blank ones dropped; read whole when the tab runs

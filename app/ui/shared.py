@@ -24,6 +24,7 @@ __all__ = [
     "SAMPLE_TEXT",
     "format_budgets",
     "format_heads",
+    "format_ratios",
     "in_order",
     "label_list",
     "labels_for",
@@ -218,6 +219,11 @@ def parse_ratios(text: str | None) -> tuple[float, ...]:
             f"keep ratios are shares written 1, 0.5, 0.2; got {(text or '')[:40]!r}"
         )
     return tuple(float(part) for part in parts)
+
+
+def format_ratios(ratios: tuple[float, ...] | list[float]) -> str:
+    """The inverse of :func:`parse_ratios`."""
+    return ", ".join(f"{ratio:g}" for ratio in ratios)
 
 
 def format_budgets(budgets: tuple[float, ...] | list[float]) -> str:
