@@ -51,8 +51,10 @@ from attrlab.attribution.bits.sensitivity import TABLE_COLUMNS
 from attrlab.attribution.engine import CURVE_COLUMNS, SPARSITIES, engine_catalog, model_unit_kinds
 from attrlab.attribution.engine.allocation import allocation_names
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
+from attrlab.attribution.eviction.request import MAX_ITEMS, TASK_KINDS, EvictionRequest
 from attrlab.attribution.explanation import SCHEMA_VERSION
 from attrlab.attribution.inputs.features import GRANULARITIES
+from attrlab.attribution.inputs.long_context import ContextTask
 from attrlab.attribution.inputs.rows import target_problem
 from attrlab.attribution.methods import available_methods
 from attrlab.attribution.methods.catalog import DEFAULT_METHOD
@@ -63,6 +65,7 @@ from attrlab.attribution.request import (
     BitsRequest,
     CheckRequest,
     EstimateRequest,
+    EvictRequest,
     ExplainRequest,
     Instance,
     PatchRequest,
@@ -91,6 +94,7 @@ __all__ = [
     "BitsBody",
     "CheckBody",
     "ErrorBody",
+    "EvictBody",
     "ExplainBody",
     "ExplanationBody",
     "LayersBody",
@@ -747,6 +751,88 @@ class BitsBody(BaseModel):
         )
 
 
+class TaskBody(BaseModel):
+    """A user's long-context task: a context, a question about it and the answer, known."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    context: str = Field(..., min_length=1)
+    question: str = Field(..., min_length=1)
+    answer: str = Field(..., min_length=1)
+
+
+class EvictBody(BaseModel):
+    """
+    Key/value-cache eviction on a decoder LM: each scorer's curves beside random evictions.
+
+    The tasks are generated (``task``, ``count`` of them of ``max_tokens`` tokens from
+    ``seed``) or given (``tasks``). Each prompt is prefilled once; each scorer keeps its
+    highest-scoring entries (``unit``: ``kv_entry`` per layer and head, ``split`` over the
+    layers; or ``kv_position``) at each of ``ratios`` and the answer is measured beside
+    ``draws`` random evictions; each scorer is also ranked against evicting each token alone
+    (``span`` tokens together; 0: none). ``solved_only``: judge only the items the full cache
+    answers exactly.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "examples": [
+                {"model": "smollm2-135m", "task": "needle", "count": 2, "scorers": ["snapkv"]}
+            ]
+        },
+    )
+
+    model: str | None = Field(
+        None, min_length=1, max_length=500, description="Default: smollm2-135m"
+    )
+    task: Name = Field(EvictionRequest.task, description=f"One of {', '.join(TASK_KINDS)}")
+    count: _WholeNumber = Field(EvictionRequest.count, ge=1, le=MAX_ITEMS)
+    max_tokens: _WholeNumber = Field(
+        EvictionRequest.max_tokens, ge=1, le=100_000, description="A generated prompt's tokens"
+    )
+    tasks: list[TaskBody] | None = Field(
+        None, min_length=1, max_length=MAX_ITEMS, description="The user's tasks instead"
+    )
+    scorers: list[Name] | None = Field(
+        None, min_length=1, max_length=MAX_NAMES, description="Default: every scorer"
+    )
+    unit: Name = Field(EvictionRequest.unit, description="kv_entry or kv_position")
+    split: Name = Field(EvictionRequest.split, description="uniform or pyramid")
+    ratios: list[float] = Field(
+        list(EvictionRequest.ratios), min_length=2, max_length=32, description="1.0 first"
+    )
+    draws: _WholeNumber = Field(EvictionRequest.draws, ge=2, le=100)
+    span: _WholeNumber | None = Field(None, ge=0, le=100_000)
+    solved_only: bool = True
+    seed: _WholeNumber = Field(0, ge=0, le=2**32 - 1)
+
+    def to_request(self) -> EvictRequest:
+        """The worker request for this body (its tasks read as the library reads a JSONL's)."""
+        tasks = None
+        if self.tasks is not None:
+            tasks = tuple(
+                ContextTask(t.context, t.question, t.answer, "jsonl", details={"line": line})
+                for line, t in enumerate(self.tasks, start=1)
+            )
+        study = EvictionRequest(
+            task=self.task,
+            count=self.count,
+            max_tokens=self.max_tokens,
+            seed=self.seed,
+            tasks=tasks,
+            scorers=None if self.scorers is None else tuple(self.scorers),
+            unit=self.unit,
+            split=self.split,
+            ratios=tuple(self.ratios),
+            draws=self.draws,
+            span=self.span,
+            solved_only=self.solved_only,
+        )
+        return EvictRequest(model=self.model, seed=self.seed, study=study)
+
+
 class PatchBody(BaseModel):
     """
     Activation patching of a transformer, and AtP, AtP* and RelP scored against it.
@@ -895,7 +981,7 @@ class _StudyJob:
         columns: Those rows' columns.
     """
 
-    body: type[PatchBody] | type[PruneBody] | type[BitsBody]
+    body: type[PatchBody] | type[PruneBody] | type[BitsBody] | type[EvictBody]
     key: str
     records: Callable[[dict[str, Any]], list[dict[str, Any]]]
     columns: tuple[str, ...]
@@ -917,6 +1003,9 @@ STUDY_JOBS = {
     "patch": _StudyJob(PatchBody, "report", lambda report: report["table"], tuple(COLUMNS)),
     "prune": _StudyJob(PruneBody, "study", _curve_records, ("unit", *CURVE_COLUMNS)),
     "bits": _StudyJob(BitsBody, "bits", lambda study: study["table"], TABLE_COLUMNS),
+    "evict": _StudyJob(
+        EvictBody, "evict", lambda study: study["curves"]["curves"], tuple(CURVE_COLUMNS)
+    ),
 }
 
 
@@ -961,7 +1050,9 @@ def gate_job(body: JobBody, worker: ExplainWorker) -> None:
     check_instance_features(body.instances or [])
 
 
-def gate_study_job(body: PatchBody | PruneBody | BitsBody, worker: ExplainWorker) -> None:
+def gate_study_job(
+    body: PatchBody | PruneBody | BitsBody | EvictBody, worker: ExplainWorker
+) -> None:
     """
     Refuse a study job that ``worker``'s settings would not run (names, bounds, model).
 
@@ -1237,6 +1328,22 @@ def _add_study_routes(router: APIRouter, worker: ExplainWorker) -> None:
         """
         return JSONResponse((await _outcome(worker, body.to_request(), request)).to_dict())
 
+    @router.post("/evict", response_model=None)
+    async def evict(body: EvictBody, request: Request) -> JSONResponse:
+        """
+        Which cached entries a decoder can forget, by each eviction scorer, checked by evicting.
+
+        ``curves``: the curves (per order, share ``removed`` of the context and metric: the
+        answer's ``log_prob``, greedy ``exact_match``, ``kl`` from the full cache; the
+        ``random`` order's rows carry the draws' ``std``, ``low`` and ``high``), each order's
+        area (``scores``) and each scorer's ``verdicts`` against the random evictions;
+        ``agreement``: each scorer's ``awareness``, Spearman ρ and top-k overlap with the exact
+        effect of evicting each token; ``views``: per item its tokens, each scorer's
+        per-position ``scores`` and the share of each token's entries ``kept`` per ratio.
+        Priced first: over the server's budget it is refused before any work.
+        """
+        return JSONResponse((await _outcome(worker, body.to_request(), request)).to_dict())
+
 
 def _job_status(jobs: JobRunner | None, job_id: str) -> dict[str, Any]:
     """A job's status, its kind and its running instance's steps; 404 without it or jobs."""
@@ -1340,6 +1447,26 @@ def _add_job_submit_routes(
         """
         gate_study_job(body, worker)  # the gate a run of the stored job passes again
         return _queued_job(jobs, {"kind": "bits", "body": body.model_dump(mode="json")}, 1)
+
+    @router.post(
+        "/evict/jobs",
+        status_code=202,
+        responses={202: {"description": "The job's status (queued)", "links": _JOB_LINKS}},
+    )
+    def submit_evict_job(body: EvictBody) -> dict[str, Any]:
+        """
+        Queue a durable eviction study (the body of ``POST /evict``); ``202 {job_id}``.
+
+        As a bits job: ``kind: "evict"``, ``total`` 1; its results are one JSON line,
+        ``{"index": 0, "evict": ...}`` with the study of ``POST /evict``, or with
+        ``format=parquet`` its curves (one row per order, share evicted and metric). Names,
+        ratios, draws and tasks are checked here (4xx, nothing stored); the run is priced as
+        ``POST /evict`` prices it, and a study over the server's budget ends ``failed`` before
+        any prefill. Cancelling stops it at its next batch of answer forwards (no attention
+        left routed); a restart runs it again from the start.
+        """
+        gate_study_job(body, worker)  # the gate a run of the stored job passes again
+        return _queued_job(jobs, {"kind": "evict", "body": body.model_dump(mode="json")}, 1)
 
 
 def _add_job_routes(router: APIRouter, jobs: JobRunner | None) -> None:

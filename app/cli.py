@@ -18,6 +18,10 @@ from attrlab.app.progress import CommandProgress
 from attrlab.attribution import bits, engine, metrics, models
 from attrlab.attribution import request as request_records
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
+from attrlab.attribution.eviction.request import TASK_KINDS, EvictionRequest
+from attrlab.attribution.eviction.scorers import SCORERS
+from attrlab.attribution.eviction.study import EVICTION_UNITS, SPLITS
+from attrlab.attribution.inputs.long_context import read_tasks
 from attrlab.attribution.methods.catalog import catalog_entries
 from attrlab.attribution.models.catalog import BUILTIN_MODELS
 from attrlab.attribution.request.defaults import (
@@ -256,6 +260,29 @@ def _bits(args: argparse.Namespace) -> int:
     )
     (study,) = _on_worker(args, [request], "study")
     return _write_study(study, args, figures, "bits_figures", study.table, viz.bits_text)
+
+
+def _evict(args: argparse.Namespace) -> int:
+    """``attrlab evict``: each scorer's entries evicted from the cache, beside random ones."""
+    figures = _study_paths(args)
+    study = EvictionRequest(
+        task=args.task,
+        count=args.count,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+        tasks=None if args.input is None else tuple(read_tasks(args.input)),
+        scorers=_optional_names(args.scorers),
+        unit=args.unit,
+        split=args.split,
+        ratios=tuple(_numbers(args.ratios, float, "--ratios")),
+        draws=args.draws,
+        span=args.span,
+        solved_only=not args.all_items,
+    )
+    request = request_records.EvictRequest(model=args.model, seed=args.seed, study=study)
+    (found,) = _on_worker(args, [request], "study")
+    table = found.curves.curves
+    return _write_study(found, args, figures, "eviction_figures", table, viz.eviction_text)
 
 
 def _numbers(text: str, kind: Callable[[str], Any], option: str) -> list[Any]:
@@ -1293,6 +1320,69 @@ def _add_bits_command(sub: _Subcommands) -> None:
     command.set_defaults(run=_bits)
 
 
+def _add_evict_command(sub: _Subcommands) -> None:
+    """``attrlab evict``: key/value-cache eviction by each scorer, checked against random."""
+    command = sub.add_parser(
+        "evict",
+        help="prefill long-context tasks once, evict cache entries by each scorer at each keep "
+        "ratio and measure the answer, beside random evictions; each scorer's agreement with "
+        "evicting each token alone",
+    )
+    command.add_argument(
+        "--model", default=None, help="alias, hub id or local folder (default: smollm2-135m)"
+    )
+    command.add_argument(
+        "--task", default=EvictionRequest.task, help=f"generated task: {', '.join(TASK_KINDS)}"
+    )
+    command.add_argument(
+        "--count", type=_positive_int, default=EvictionRequest.count, help="tasks generated"
+    )
+    command.add_argument(
+        "--max-tokens",
+        type=_positive_int,
+        default=EvictionRequest.max_tokens,
+        help="a generated prompt's size in the model's tokens",
+    )
+    command.add_argument(
+        "--input",
+        help='JSONL tasks instead, one {"context", "question", "answer"} a line',
+    )
+    command.add_argument(
+        "--scorers", help=f"comma-separated scorers (default: all): {', '.join(SCORERS)}"
+    )
+    command.add_argument("--unit", default=EvictionRequest.unit, help=", ".join(EVICTION_UNITS))
+    command.add_argument(
+        "--split",
+        default=EvictionRequest.split,
+        help=f"a kv_entry budget over the layers: {', '.join(SPLITS)} (PyramidKV's)",
+    )
+    command.add_argument(
+        "--ratios",
+        default=",".join(f"{r:g}" for r in EvictionRequest.ratios),
+        help="keep ratios, 1 first, falling",
+    )
+    command.add_argument(
+        "--draws", type=_positive_int, default=EvictionRequest.draws, help="most random evictions"
+    )
+    command.add_argument(
+        "--span",
+        type=int,
+        help="tokens evicted together for the exact effects (default: 1 up to 512 positions; "
+        "0: none, the curves alone)",
+    )
+    command.add_argument(
+        "--all-items",
+        action="store_true",
+        help="judge the items the full cache does not answer exactly too",
+    )
+    _study_arguments(
+        command,
+        "table: areas, agreement and verdicts; csv, parquet: the curves; json: everything",
+        "the figures (the curves per metric, the agreement)",
+    )
+    command.set_defaults(run=_evict)
+
+
 def _add_evaluate_command(sub: _Subcommands) -> None:
     """``attrlab evaluate``: the faithfulness leaderboard of methods over a set."""
     evaluate = sub.add_parser(
@@ -1460,6 +1550,7 @@ _COMMANDS: tuple[Callable[[_Subcommands], None], ...] = (
     _add_patch_command,
     _add_prune_command,
     _add_bits_command,
+    _add_evict_command,
     _add_evaluate_command,
     _add_check_command,
     _add_batch_command,

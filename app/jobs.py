@@ -1,8 +1,8 @@
 """
 Durable jobs: a SQLite job table and a JSON Lines file of results per job.
 
-A job is a batch of explain instances (a line per instance), or a patching, pruning or bits
-study (one line, its result): :class:`JobWork` says what a stored job runs and writes.
+A job is a batch of explain instances (a line per instance), or a patching, pruning, bits or
+eviction study (one line, its result): :class:`JobWork` says what a stored job runs and writes.
 
 Both live under the server's data folder (``ATTRLAB_DATA``), so a restarted server resumes its
 queued and interrupted jobs and loses nothing that finished: an instance's results are appended
@@ -667,7 +667,9 @@ def _checked_row(line: bytes, number: int, total: int) -> dict[str, Any]:
     Explanation (with ``scores``) or ``{"error": {"code", "message"}}``; a patching job's one
     row is ``{"index": 0, "report": {...}}``, a report with its ``table`` of records; a pruning
     job's ``{"index": 0, "study": {...}}``, a study with its ``target``; a bits job's
-    ``{"index": 0, "bits": {...}}``, a study with its ``measure`` and its ``table`` of records.
+    ``{"index": 0, "bits": {...}}``, a study with its ``measure`` and its ``table`` of records;
+    an eviction job's ``{"index": 0, "evict": {...}}``, a study with its ``curves`` (their
+    ``curves`` records) and its ``views``.
 
     Raises:
         DamagedResultsError: naming the line and what is wrong with it.
@@ -702,6 +704,16 @@ def _checked_row(line: bytes, number: int, total: int) -> dict[str, Any]:
             or not isinstance(study.get("table"), list)
         ):
             raise DamagedResultsError(f"results line {number} does not hold a bits study")
+        return row
+    if "evict" in row:
+        study = row["evict"]
+        if (
+            not isinstance(study, dict)
+            or not isinstance(study.get("curves"), dict)
+            or not isinstance(study["curves"].get("curves"), list)
+            or not isinstance(study.get("views"), list)
+        ):
+            raise DamagedResultsError(f"results line {number} does not hold an eviction study")
         return row
     explanations = row.get("explanations")
     if not isinstance(explanations, dict) or not all(

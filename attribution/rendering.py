@@ -1,9 +1,10 @@
 """
 Where drawing plugs into the library's results, which are plain data.
 
-The library draws nothing and imports nothing that draws. An Explanation's and a bits study's
-``figure()`` and ``show()``, and the notebook display (``_repr_html_``) of an Explanation, a
-method comparison, a pruning study or a bits study, ask the renderer registered here.
+The library draws nothing and imports nothing that draws. An Explanation's, a bits study's and
+an eviction study's ``figure()`` and ``show()``, and the notebook display (``_repr_html_``) of
+an Explanation, a method comparison, a pruning, bits or eviction study, ask the renderer
+registered here.
 :mod:`attrlab.viz` registers itself when it is imported, and ``import attrlab`` imports it,
 so a notebook gets its display; without a renderer a notebook shows the plain ``repr`` and
 ``figure()`` says what to import.
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
 
     from attrlab.attribution.bits import BitsStudy
     from attrlab.attribution.engine.study import PruningStudy
+    from attrlab.attribution.eviction.study import EvictionStudy
     from attrlab.attribution.explanation import Explanation
     from attrlab.attribution.metrics.check import MethodCheck
 
@@ -52,6 +54,14 @@ class Renderer(Protocol):
 
     def bits_figures(self, study: BitsStudy) -> Mapping[str, Any]:
         """A bits study's Plotly figures, by name."""
+        ...
+
+    def eviction_html(self, study: EvictionStudy) -> str:
+        """An eviction study as a notebook shows it."""
+        ...
+
+    def eviction_figures(self, study: EvictionStudy) -> Mapping[str, Any]:
+        """An eviction study's Plotly figures, by name."""
         ...
 
 

@@ -49,12 +49,14 @@ from attrlab.attribution.errors import (
     InvalidParameterError,
     UnknownMethodError,
 )
+from attrlab.attribution.eviction import EvictionRequest
 from attrlab.attribution.request import (
     MAX_ABLATED_HEADS,
     AblationRequest,
     BitsRequest,
     CheckRequest,
     EvaluateRequest,
+    EvictRequest,
     ExplainRequest,
     PruneRequest,
     admit,
@@ -329,6 +331,40 @@ ROWS = [
             "32",
             "4, 3",
             3,
+            PAGE_REQUEST,
+            progress=_no_progress,
+        ),
+        space=None,
+    ),
+    Row(
+        "unknown eviction scorer",
+        InvalidParameterError,
+        "unknown eviction scorer(s) nope",
+        ["evict", "--model", DECODER, "--scorers", "nope", "--device", "cpu"],
+        ("/api/v1/evict", {"model": DECODER, "scorers": ["nope"]}),
+        lambda bounds: admit(
+            EvictRequest(model=DECODER, study=EvictionRequest(scorers=("nope",))), bounds
+        ),
+        page=lambda handlers, image: handlers["evict_run"](
+            True,  # asked: Evict, not a link's load
+            *(DECODER, "kv_retrieval", 3, 500, 0, "", ["nope"], "kv_entry", "uniform"),
+            *("1, 0.5", 3, False),
+            PAGE_REQUEST,
+            progress=_no_progress,
+        ),
+        space=None,
+    ),
+    Row(
+        "keep ratios not from the full cache down",
+        InvalidParameterError,
+        "keep ratios start at 1.0 and fall",
+        ["evict", "--model", DECODER, "--ratios", "0.5,0.2", "--device", "cpu"],
+        ("/api/v1/evict", {"model": DECODER, "ratios": [0.5, 0.2]}),
+        lambda bounds: attrlab.evict(DECODER, ratios=[0.5, 0.2]),
+        page=lambda handlers, image: handlers["evict_run"](
+            True,
+            *(DECODER, "kv_retrieval", 3, 500, 0, "", ["h2o"], "kv_entry", "uniform"),
+            *("0.5, 0.2", 3, False),
             PAGE_REQUEST,
             progress=_no_progress,
         ),

@@ -20,6 +20,13 @@ if TYPE_CHECKING:
     from attrlab.viz.bundle import safe_name, write_bundle, write_figures
     from attrlab.viz.compare import change_figure, change_html
     from attrlab.viz.evaluate import leaderboard_figure, leaderboard_text
+    from attrlab.viz.eviction import (
+        eviction_figures,
+        eviction_files,
+        eviction_text,
+        kept_html,
+        scores_html,
+    )
     from attrlab.viz.figures import figures_for
     from attrlab.viz.image import (
         display_copy,
@@ -42,7 +49,13 @@ if TYPE_CHECKING:
         token_layers_figure,
         top_heads_figure,
     )
-    from attrlab.viz.notebook import bits_html, comparison_html, explanation_html, pruning_html
+    from attrlab.viz.notebook import (
+        bits_html,
+        comparison_html,
+        eviction_html,
+        explanation_html,
+        pruning_html,
+    )
     from attrlab.viz.patching import (
         estimator_scatter,
         patching_figures,
@@ -93,6 +106,10 @@ __all__ = [
     "conservation_figure",
     "display_copy",
     "estimator_scatter",
+    "eviction_figures",
+    "eviction_files",
+    "eviction_html",
+    "eviction_text",
     "explanation_html",
     "explanation_table",
     "export_figure",
@@ -102,6 +119,7 @@ __all__ = [
     "heatmap_overlay",
     "image_figure",
     "image_grid_figure",
+    "kept_html",
     "layer_lines",
     "layers_text",
     "leaderboard_figure",
@@ -121,6 +139,7 @@ __all__ = [
     "randomisation_figure",
     "safe_name",
     "scale_legend_html",
+    "scores_html",
     "std_error_figure",
     "step_row_html",
     "steps_figure",
@@ -146,6 +165,12 @@ __getattr__, __dir__ = lazy_exports(
         "bits_figures": "attrlab.viz.bits",
         "bits_files": "attrlab.viz.bits",
         "bits_html": "attrlab.viz.notebook",
+        "eviction_figures": "attrlab.viz.eviction",
+        "eviction_files": "attrlab.viz.eviction",
+        "eviction_text": "attrlab.viz.eviction",
+        "eviction_html": "attrlab.viz.notebook",
+        "kept_html": "attrlab.viz.eviction",
+        "scores_html": "attrlab.viz.eviction",
         "patching_text": "attrlab.viz.table",
         "layers_text": "attrlab.viz.table",
         "explanation_table": "attrlab.viz.table",

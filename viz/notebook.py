@@ -8,7 +8,9 @@ heads; several methods compared (:class:`~attribution.metrics.check.MethodCheck`
 side by side and the agreement of each pair; a pruning study
 (:class:`~attribution.engine.study.PruningStudy`) each unit's areas and verdicts, and each
 estimator's agreement with exact removal; a bits study (:class:`~attribution.bits.BitsStudy`)
-its sensitivity table, the proxies' agreement, the allocation curves and the verdicts. The
+its sensitivity table, the proxies' agreement, the allocation curves and the verdicts; an
+eviction study (:class:`~attribution.eviction.study.EvictionStudy`) its areas, agreement and
+verdicts. The
 interactive figures are Plotly's (``Explanation.figure()``), which notebooks draw themselves.
 """
 
@@ -22,6 +24,7 @@ import pandas as pd
 
 from attrlab.attribution.bits import BitsStudy
 from attrlab.attribution.engine.study import PruningStudy
+from attrlab.attribution.eviction.study import EvictionStudy
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.metrics.check import MethodCheck
 from attrlab.viz.answer import answer_html, answer_layout
@@ -40,7 +43,14 @@ from attrlab.viz.tokens import token_html
 from attrlab.viz.trust import trust_card_html
 from attrlab.viz.view import IMAGE_VIEW
 
-__all__ = ["bits_html", "comparison_html", "explanation_html", "layer_grid_html", "pruning_html"]
+__all__ = [
+    "bits_html",
+    "comparison_html",
+    "eviction_html",
+    "explanation_html",
+    "layer_grid_html",
+    "pruning_html",
+]
 
 #: Heads listed under each head measure's grid.
 TOP_HEADS = 5
@@ -293,3 +303,38 @@ def bits_html(study: BitsStudy) -> str:
     if warnings:
         parts.append(f'<ul class="attrlab-warnings">{warnings}</ul>')
     return f'<div class="attrlab-bits">{"".join(parts)}</div>'
+
+
+def eviction_html(study: EvictionStudy) -> str:
+    """
+    An eviction study: the full cache, each order's area per metric, the agreement table.
+
+    Then each scorer's verdict against the random evictions in words (the figures are
+    ``study.figure(name)``).
+    """
+    parts = [
+        '<div class="attrlab-heading" style="font-size:0.9em;margin-bottom:4px">'
+        f"<b>eviction study</b> ({html.escape(study.unit)}, {html.escape(study.split)} split): "
+        f"{study.items} items judged, full cache answer log-prob {study.full['log_prob']:.4g}, "
+        f"exact match {study.full['exact_match']:.3g}; {study.forward_passes} forward "
+        "passes</div>",
+        _section(
+            "each order's area under its curve over the share evicted",
+            _table_html(study.curves.scores, "attrlab-eviction-areas"),
+            "attrlab-eviction-curves",
+        ),
+    ]
+    if not study.agreement.empty:
+        parts.append(
+            _section(
+                "each scorer's agreement with evicting each token alone",
+                _table_html(study.agreement, "attrlab-agreement"),
+                "attrlab-eviction-agreement",
+            )
+        )
+    verdicts = "".join(
+        f'<li data-status="{html.escape(v.status)}">{html.escape(v.summary())}</li>'
+        for v in study.curves.verdicts
+    )
+    parts.append(f'<ul class="attrlab-verdicts">{verdicts}</ul>')
+    return f'<div class="attrlab-eviction">{"".join(parts)}</div>'

@@ -17,9 +17,10 @@ loaded adapter and an input given as a text or an image: :func:`explain` (one me
 ``methods=[...]`` compared), :func:`layers` (per-layer and per-head measures), :func:`patch`
 (activation patching and its cheap estimators) and :func:`prune` (what the model's layers,
 heads, neurons, channels or experts can lose) and :func:`bits` (what quantising each part
-costs). In a notebook an Explanation, a comparison, a layer analysis, a pruning study and a
-bits study show themselves (``_repr_html_``); ``.figure()`` and ``.show()`` give an
-Explanation's and a bits study's Plotly figures. Importing ``attrlab`` imports nothing heavy:
+costs) and :func:`evict` (which key/value-cache entries a decoder can forget). In a notebook
+an Explanation, a comparison, a layer analysis and a pruning, bits or eviction study show
+themselves (``_repr_html_``); ``.figure()`` and ``.show()`` give an Explanation's and a bits or
+eviction study's Plotly figures. Importing ``attrlab`` imports nothing heavy:
 each call imports what it needs.
 """
 
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any, cast
 # The library's packages export on first use: a call imports what it needs (torch among it).
 # attrlab.viz registers itself as the library's renderer: results draw in a notebook.
 from attrlab import attribution, viz  # noqa: F401
+from attrlab.attribution import eviction as attribution_eviction
 from attrlab.attribution import methods as attribution_methods
 from attrlab.attribution import models
 from attrlab.attribution import request as attribution_request
@@ -53,12 +55,14 @@ if TYPE_CHECKING:
 
     from attrlab.attribution.bits import BitsStudy
     from attrlab.attribution.engine.study import PruningStudy
+    from attrlab.attribution.eviction.study import EvictionStudy
     from attrlab.attribution.explanation import Explanation
+    from attrlab.attribution.inputs.long_context import ContextTask
     from attrlab.attribution.metrics.check import MethodCheck
     from attrlab.attribution.models.base import Adapter
     from attrlab.attribution.patching import PatchingReport
 
-__all__ = ["AttrlabError", "bits", "explain", "layers", "load", "patch", "prune"]
+__all__ = ["AttrlabError", "bits", "evict", "explain", "layers", "load", "patch", "prune"]
 
 
 def load(
@@ -449,3 +453,90 @@ def bits(
         draws=asked.draws if draws is None else draws,
     )
     return cast("BitsStudy", attribution_request.run_request(request, adapter))
+
+
+def evict(
+    model: Adapter | str = "smollm2-135m",
+    tasks: Sequence[ContextTask | dict[str, Any]] | str | Path | None = None,
+    *,
+    task: str | None = None,
+    count: int | None = None,
+    max_tokens: int | None = None,
+    scorers: Sequence[str] | None = None,
+    unit: str | None = None,
+    split: str | None = None,
+    ratios: Sequence[float] | None = None,
+    draws: int | None = None,
+    span: int | None = None,
+    solved_only: bool = True,
+    seed: int = 0,
+) -> EvictionStudy:
+    """
+    Evict key/value-cache entries by each scorer at each keep ratio, beside random evictions.
+
+    ``tasks``: the user's tasks (``{"context", "question", "answer"}`` records, ``ContextTask``
+    objects, or a JSONL file's path); without them ``count`` tasks of ``task``
+    (``kv_retrieval``, ``needle``, ``variable_tracking``) of ``max_tokens`` tokens are made from
+    ``seed``. ``scorers`` (default: every one), ``unit`` (``kv_entry`` or ``kv_position``),
+    ``split`` (``uniform`` or ``pyramid``), ``ratios`` (1.0 first, falling), ``draws`` (random
+    evictions), ``span`` (tokens evicted together for the exact effects; 0: none) as
+    :func:`~attrlab.attribution.eviction.study.eviction_study` takes them; ``solved_only``:
+    judge only the items the full cache answers exactly. The result's ``curves``,
+    ``agreement`` and ``views`` are its tables; in a notebook it shows its areas, agreement and
+    verdicts, and ``study.figure(name)`` gives each of ``study.figures()`` (the curves per
+    metric, the agreement) as a Plotly figure.
+
+    Raises:
+        InvalidParameterError, InvalidInputError: as the gate every front end's request passes.
+
+    Example:
+        >>> import attrlab
+        >>> study = attrlab.evict("tiny-random-llama", [{"context": "The key is under the mat.",
+        ...     "question": "Where is the key?", "answer": "under the mat"}],
+        ...     scorers=["h2o", "knorm"], ratios=[1.0, 0.5], draws=2, solved_only=False)
+        >>> study.figures()
+        ['eviction_log_prob', 'eviction_exact_match', 'eviction_kl', 'eviction_agreement']
+    """
+    adapter = _model(model)
+    asked = attribution_eviction.EvictionRequest  # its fields' defaults stand for what is not given
+    study = asked(
+        task=asked.task if task is None else task,
+        count=asked.count if count is None else count,
+        max_tokens=asked.max_tokens if max_tokens is None else max_tokens,
+        seed=seed,
+        tasks=_tasks(tasks),
+        scorers=None if scorers is None else tuple(scorers),
+        unit=asked.unit if unit is None else unit,
+        split=asked.split if split is None else split,
+        ratios=asked.ratios if ratios is None else tuple(ratios),
+        draws=asked.draws if draws is None else draws,
+        span=span,
+        solved_only=solved_only,
+    )
+    request = attribution_request.EvictRequest(model=adapter.model_id, seed=seed, study=study)
+    return cast("EvictionStudy", attribution_request.run_request(request, adapter))
+
+
+def _tasks(
+    tasks: Sequence[ContextTask | dict[str, Any]] | str | Path | None,
+) -> tuple[ContextTask, ...] | None:
+    """The user's tasks as the library reads a JSONL file's (a path: that file's)."""
+    if tasks is None:
+        return None
+    if isinstance(tasks, str | Path):
+        return tuple(attribution_eviction.read_tasks(tasks))
+    found = []
+    for line, task in enumerate(tasks, start=1):
+        if isinstance(task, dict):
+            fields = ("context", "question", "answer")
+            if sorted(task) != sorted(fields):
+                raise InvalidInputError(
+                    f"task {line}: give exactly 'context', 'question' and 'answer'; got "
+                    f"{', '.join(map(repr, task))}"
+                )
+            context, question, answer = (task[name] for name in fields)
+            task = attribution_eviction.ContextTask(
+                context, question, answer, "jsonl", details={"line": line}
+            )
+        found.append(task)
+    return tuple(found)

@@ -24,14 +24,18 @@ from attrlab.app.ui.shared import (
     GROUP_CHOICES,
     format_budgets,
     format_heads,
+    format_ratios,
     labels_for,
     parse_budgets,
     parse_heads,
     parse_positions,
+    parse_ratios,
 )
 from attrlab.attribution.engine import MAX_TEXTS, SPARSITIES, model_unit_kinds, unit_kind
 from attrlab.attribution.engine.allocation import allocation_names
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
+from attrlab.attribution.eviction.request import MAX_ITEMS, TASK_KINDS, TASK_SIZES
+from attrlab.attribution.eviction.study import EVICTION_UNITS, SPLITS
 from attrlab.attribution.inputs.features import GRANULARITIES
 from attrlab.attribution.methods import get_method
 from attrlab.attribution.patching.problem import MAX_SEEDS
@@ -94,21 +98,58 @@ LINK_FIELDS = (
     "bits",
     "group_size",
     "budgets",
+    "task",
+    "count",
+    "max_tokens",
+    "tasks",
+    "scorers",
+    "unit",
+    "split",
+    "ratios",
+    "all_items",
 )
 #: Link fields that are on/off flags, written ``1`` (a flag that is off is left out).
-_FLAGS = ("trust", "randomise", "shared", "next_token", "generate", "chat", "agreement")
+_FLAGS = (
+    "trust",
+    "randomise",
+    "shared",
+    "next_token",
+    "generate",
+    "chat",
+    "agreement",
+    "all_items",
+)
 #: Flags that are on unless a link says ``0`` (written only when off).
 _ON_FLAGS = ("per_step",)
 #: Fields that count something, from 1 to their most.
-_COUNTS = {"max_new_tokens": MAX_NEW_TOKENS, "noise_seeds": MAX_SEEDS, "draws": MAX_ORDERS}
+_COUNTS = {
+    "max_new_tokens": MAX_NEW_TOKENS,
+    "noise_seeds": MAX_SEEDS,
+    "draws": MAX_ORDERS,
+    "count": MAX_ITEMS,
+    "max_tokens": TASK_SIZES[1],
+}
 #: Fields that list choices of a tab's checkbox group: the known ones are kept.
-_LISTS = ("methods", "measures", "components", "estimators", "directions", "units", "kinds", "bits")
+_LISTS = (
+    "methods",
+    "measures",
+    "components",
+    "estimators",
+    "directions",
+    "units",
+    "kinds",
+    "bits",
+    "scorers",
+)
 #: Fields that name one of the library's choices, read when a link is opened.
 _CHOICES: dict[str, Callable[[], list[str]]] = {
     "granularity": lambda: list(GRANULARITIES),
     "sparsity": lambda: list(SPARSITIES),
     "allocation": allocation_names,
     "group_size": lambda: [value for _, value in GROUP_CHOICES],
+    "task": lambda: list(TASK_KINDS),
+    "unit": lambda: list(EVICTION_UNITS),
+    "split": lambda: list(SPLITS),
     "removal": lambda: list(
         dict.fromkeys(
             r for kind in model_unit_kinds() for r in unit_kind(kind).describe()["removals"]
@@ -252,7 +293,7 @@ def open_shared_link(
         # a tab runs once its input is filled: a text tab (a text or a text set: the bundled
         # one when empty) always, an image tab given an example
         autorun = link.tab is not None and (
-            any(filled[link.tab].fields.get(k) is not None for k in ("text", "texts"))
+            any(filled[link.tab].fields.get(k) is not None for k in ("text", "texts", "tasks"))
             or "image" in link.fields
         )
         updates += [key == link.tab and autorun for key in filled]
@@ -377,6 +418,13 @@ def _link_field(name: str, value: str) -> Any:
             raise ValueError(
                 f"noise_positions {_quoted(value)} are not token positions written 3,4"
             ) from None
+    if name == "ratios":
+        try:
+            return format_ratios(parse_ratios(value))
+        except InvalidParameterError:
+            raise ValueError(f"ratios {_quoted(value)} are not keep ratios written 1,0.5") from None
+    if name == "tasks":  # JSON Lines, the blank ones dropped; read whole when the tab runs
+        return "\n".join(line for line in value.splitlines() if line.strip())
     if name == "budgets":
         try:
             return format_budgets(parse_budgets(value))

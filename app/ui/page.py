@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from attrlab.app.ui.answers import LanguageModelTab
 from attrlab.app.ui.batch import batch_tab
 from attrlab.app.ui.evaluate import evaluate_tab
+from attrlab.app.ui.eviction import eviction_tab
 from attrlab.app.ui.explain import ExplainTab, TabSpec
 from attrlab.app.ui.files import FILES_KEPT_S, NOT_RECEIVED, upload_folder
 from attrlab.app.ui.gradio_compat import keep_no_request_values
@@ -72,6 +73,9 @@ def build_ui(
                 with gr.Tab(spec.title, id=spec.key):
                     kind = LanguageModelTab if spec.next_token else ExplainTab
                     filled[spec.key] = kind(spec, runner, cost).linked_tab
+                if spec.next_token:  # a decoder's cache, beside its answers
+                    with gr.Tab("KV cache", id="evict"):
+                        filled["evict"] = eviction_tab(runner)
             with gr.Tab("Layers & heads", id="layers"), gr.Tabs() as layer_views:
                 with gr.Tab("Layer and head measures", id="layers-measures-view"):
                     filled["layers"] = layers_tab(runner)

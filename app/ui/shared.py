@@ -24,6 +24,7 @@ __all__ = [
     "SAMPLE_TEXT",
     "format_budgets",
     "format_heads",
+    "format_ratios",
     "in_order",
     "label_list",
     "labels_for",
@@ -32,6 +33,7 @@ __all__ = [
     "parse_budgets",
     "parse_heads",
     "parse_positions",
+    "parse_ratios",
     "plot_clicks_js",
     "read_target",
     "readable",
@@ -207,6 +209,21 @@ def parse_budgets(text: str | None) -> tuple[float, ...]:
             f"bit budgets are average bits per weight written 4, 3.5; got {(text or '')[:40]!r}"
         )
     return tuple(float(part) for part in parts)
+
+
+def parse_ratios(text: str | None) -> tuple[float, ...]:
+    """``"1, 0.5, 0.2"`` -> ``(1.0, 0.5, 0.2)``: keep ratios; a clear error for anything else."""
+    parts = [part.strip() for part in (text or "").split(",") if part.strip()]
+    if not parts or not all(re.fullmatch(r"[0-9](\.[0-9]{1,6})?", p) for p in parts):
+        raise InvalidParameterError(
+            f"keep ratios are shares written 1, 0.5, 0.2; got {(text or '')[:40]!r}"
+        )
+    return tuple(float(part) for part in parts)
+
+
+def format_ratios(ratios: tuple[float, ...] | list[float]) -> str:
+    """The inverse of :func:`parse_ratios`."""
+    return ", ".join(f"{ratio:g}" for ratio in ratios)
 
 
 def format_budgets(budgets: tuple[float, ...] | list[float]) -> str:

@@ -46,6 +46,7 @@ from attrlab.attribution.request.target import decoder_adapter
 __all__ = [
     "MAX_ITEMS",
     "TASK_KINDS",
+    "TASK_SIZES",
     "EvictionRequest",
     "eviction_items",
     "run_eviction",
@@ -55,8 +56,8 @@ __all__ = [
 TASK_KINDS = ("kv_retrieval", "needle", "variable_tracking")
 #: Most items one study evicts from.
 MAX_ITEMS = 20
-#: Prompt sizes a generated task may ask for, in tokens.
-_SIZES = (64, 4096)
+#: Prompt sizes a generated task may ask for, in tokens (fewest, most).
+TASK_SIZES = (64, 4096)
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ class EvictionRequest:
                 )
             if not 1 <= self.count <= MAX_ITEMS:
                 raise InvalidParameterError(f"count is 1 to {MAX_ITEMS}; got {self.count}")
-            low, high = _SIZES
+            low, high = TASK_SIZES
             if not low <= self.max_tokens <= high:
                 raise InvalidParameterError(f"max_tokens is {low} to {high}; got {self.max_tokens}")
         elif not 1 <= len(self.tasks) <= MAX_ITEMS:

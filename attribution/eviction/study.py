@@ -55,7 +55,9 @@ from attrlab.attribution.eviction.scorers import (
     by_position,
     check_scorers,
 )
+from attrlab.attribution.explain import explain
 from attrlab.attribution.models.base import Adapter, TextInputs
+from attrlab.attribution.rendering import renderer, required_renderer
 from attrlab.attribution.request.defaults import PRUNING_DRAWS
 from attrlab.attribution.request.run import RunContext, RunSettings
 from attrlab.attribution.request.target import Target
@@ -144,6 +146,9 @@ class EvictionStudy:
             scorer's per-position ``scores``, and per scorer and keep ratio the share of each
             position's entries ``kept`` (0 or 1 for ``kv_position``); an item not judged has
             no scores.
+
+    In a notebook a study shows its curves' areas, verdicts and agreement (:meth:`_repr_html_`);
+    :meth:`figure` gives its Plotly figures, both by the renderer :mod:`attrlab.viz` registers.
     """
 
     unit: str
@@ -157,6 +162,32 @@ class EvictionStudy:
     context: list[int]
     forward_passes: int
     views: list[dict[str, Any]]
+
+    def _repr_html_(self) -> str | None:  # a notebook's display, by the registered renderer
+        drawing = renderer()
+        return None if drawing is None else drawing.eviction_html(self)
+
+    def figures(self) -> list[str]:
+        """The names of the figures :meth:`figure` draws (the curves per metric first)."""
+        return list(required_renderer().eviction_figures(self))
+
+    def figure(self, name: str | None = None) -> Any:
+        """
+        One Plotly figure drawn from the tables (default: the first of :meth:`figures`).
+
+        Raises:
+            ValueError: a name not in :meth:`figures`.
+            RuntimeError: nothing draws (:mod:`attrlab.viz` was never imported).
+        """
+        figures = required_renderer().eviction_figures(self)
+        chosen = next(iter(figures)) if name is None else name
+        if chosen not in figures:
+            raise ValueError(f"no figure {name!r}; this study has {', '.join(figures)}")
+        return figures[chosen]
+
+    def show(self, name: str | None = None) -> None:
+        """Show :meth:`figure` (inline in a notebook, a browser tab elsewhere)."""
+        self.figure(name).show()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready."""
@@ -265,8 +296,6 @@ def _atp(adapter: Adapter, cache: Prefill, run: RunContext) -> torch.Tensor:
 
 
 def _attribution(adapter: Adapter, item: EvictionItem, method: str, context: int) -> torch.Tensor:
-    from attrlab.attribution.explain import explain  # the method catalog, loaded on use
-
     found = explain(adapter, method, item.inputs, item.target)
     return torch.as_tensor(np.asarray(found.scores, dtype=np.float64)[:context])
 

@@ -61,6 +61,7 @@ __all__ = [
     "kv_retrieval",
     "needle",
     "needle_depths",
+    "parse_tasks",
     "read_tasks",
     "task_inputs",
     "task_prompt",
@@ -401,12 +402,10 @@ def read_tasks(path: str | Path) -> list[ContextTask]:
     """
     A user's tasks: JSON Lines, one ``{"context", "question", "answer"}`` object per line.
 
-    Each field is a non-empty text and no other field is read; blank lines are skipped. The
-    tasks are of kind ``jsonl``, each with its line number in ``details``.
+    As :func:`parse_tasks` reads the file's text, its lines named by the file.
 
     Raises:
-        InvalidInputError: the file unreadable or not UTF-8, no task in it, or a line that is
-            not such an object (named by its number).
+        InvalidInputError: the file unreadable or not UTF-8, and as :func:`parse_tasks`.
         InputTooLargeError: more than :data:`MAX_TASKS` tasks.
     """
     source = Path(path)
@@ -416,14 +415,30 @@ def read_tasks(path: str | Path) -> list[ContextTask]:
         raise InvalidInputError(f"{source.name}: not UTF-8 text") from None
     except OSError as err:
         raise InvalidInputError(f"{source.name}: cannot be read ({err.strerror})") from None
+    return parse_tasks(text, source.name)
+
+
+def parse_tasks(text: str, name: str = "the tasks") -> list[ContextTask]:
+    """
+    Tasks written as JSON Lines (a file's text, or pasted): one object per line.
+
+    Each ``{"context", "question", "answer"}`` field is a non-empty text and no other field is
+    read; blank lines are skipped. The tasks are of kind ``jsonl``, each with its line number
+    in ``details``.
+
+    Raises:
+        InvalidInputError: no task, or a line that is not such an object (named ``name line
+            N``).
+        InputTooLargeError: more than :data:`MAX_TASKS` tasks.
+    """
     tasks: list[ContextTask] = []
     for number, line in numbered_lines(text):
         if len(tasks) == MAX_TASKS:
-            raise InputTooLargeError(f"{source.name} holds more than {MAX_TASKS} tasks")
-        tasks.append(_task_line(parse_json(line, f"{source.name} line {number}"), number, source))
+            raise InputTooLargeError(f"{name} holds more than {MAX_TASKS} tasks")
+        tasks.append(_task_line(parse_json(line, f"{name} line {number}"), number, name))
     if not tasks:
         raise InvalidInputError(
-            f'{source.name} holds no task: give one {{"context", "question", "answer"}} per line'
+            f'{name} holds no task: give one {{"context", "question", "answer"}} per line'
         )
     return tasks
 
@@ -573,8 +588,8 @@ def _paragraphs() -> list[str]:
     return [json.loads(line)["text"] for line in lines if line.strip()]
 
 
-def _task_line(record: Any, number: int, source: Path) -> ContextTask:
-    where = f"{source.name} line {number}"
+def _task_line(record: Any, number: int, name: str) -> ContextTask:
+    where = f"{name} line {number}"
     if not isinstance(record, dict):
         raise InvalidInputError(f'{where}: not a {{"context", "question", "answer"}} object')
     unknown = sorted(set(record) - set(_FIELDS))

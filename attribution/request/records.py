@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from attrlab.attribution import bits, engine, layers, methods, metrics, patching
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
+from attrlab.attribution.eviction.request import EvictionRequest, run_eviction
 from attrlab.attribution.explain import explain, preview
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.inputs.features import check_features
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
 
     from attrlab.attribution.bits import BitsStudy
     from attrlab.attribution.engine.study import PruningStudy
+    from attrlab.attribution.eviction.study import EvictionStudy
     from attrlab.attribution.explain import Preview
     from attrlab.attribution.layers import HeadAblation
     from attrlab.attribution.metrics import EvalItem
@@ -71,6 +73,7 @@ __all__ = [
     "CheckRequest",
     "EstimateRequest",
     "EvaluateRequest",
+    "EvictRequest",
     "ExplainRequest",
     "InputRequest",
     "Instance",
@@ -588,6 +591,35 @@ class BitsRequest(Request["BitsStudy"]):
             self.draws,
             settings=run.settings_for(self.seed),
         )
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvictRequest(Request["EvictionStudy"]):
+    """
+    Key/value-cache eviction on a decoder LM: each scorer's curves beside random evictions.
+
+    ``study``: what :func:`attribution.eviction.request.run_eviction` runs (its tasks, made
+    from its own ``seed`` or given; scorers, unit, split, ratios, draws, span); the record's
+    ``seed`` seeds the random evictions.
+    """
+
+    study: EvictionRequest = field(default_factory=EvictionRequest)
+
+    def _asks(self) -> tuple[str, bool]:
+        """A decoder LM: its cache is what is evicted from."""
+        return "text", True
+
+    def check(self, bounds: RequestBounds) -> None:
+        """The study's own rules (:meth:`EvictionRequest.check`); each given text within bounds."""
+        super().check(bounds)
+        self.study.check()
+        for task in self.study.tasks or ():
+            for text in (task.context, task.question, task.answer):
+                bounds.check_fields(text, None, None, self.seed)
+
+    def run_on(self, adapter: Adapter, run: JobContext) -> EvictionStudy:
+        """The study, priced and refused over the job's budgets before any work."""
+        return run_eviction(adapter, self.study, run.settings_for(self.seed))
 
 
 @dataclass(frozen=True, kw_only=True)
