@@ -59,6 +59,7 @@ from attrlab.attribution.explain import explain
 from attrlab.attribution.models.base import Adapter, TextInputs
 from attrlab.attribution.rendering import renderer, required_renderer
 from attrlab.attribution.request.defaults import PRUNING_DRAWS
+from attrlab.attribution.request.memory import default_memory_limit
 from attrlab.attribution.request.run import RunContext, RunSettings
 from attrlab.attribution.request.target import Target
 from attrlab.attribution.verdicts import Draws, draw_rounds, draw_until_settled, first_round
@@ -295,8 +296,22 @@ def _atp(adapter: Adapter, cache: Prefill, run: RunContext) -> torch.Tensor:
     return bias.grad[0, :, :, : cache.context].detach()
 
 
-def _attribution(adapter: Adapter, item: EvictionItem, method: str, context: int) -> torch.Tensor:
-    found = explain(adapter, method, item.inputs, item.target)
+def _attribution(
+    adapter: Adapter, item: EvictionItem, method: str, context: int, settings: RunSettings
+) -> torch.Tensor:
+    """
+    An attribution oracle's per-position scores, its passes batched within memory.
+
+    Within the settings' memory bound, else a share of what is free
+    (:func:`~attribution.request.memory.default_memory_limit`): integrated gradients would
+    otherwise hold all its path points' attention at once.
+    """
+    bounded = RunSettings(
+        seed=settings.seed,
+        cancel=settings.cancel,
+        max_memory_bytes=settings.max_memory_bytes or default_memory_limit(),
+    )
+    found = explain(adapter, method, item.inputs, item.target, settings=bounded)
     return torch.as_tensor(np.asarray(found.scores, dtype=np.float64)[:context])
 
 
@@ -412,6 +427,7 @@ def _scored(
     chosen: Sequence[Scorer],
     span: int | None,
     run: RunContext,
+    settings: RunSettings,
 ) -> list[dict[str, Any]]:
     """
     ``entry``'s exact effects and every scorer's scores, set on it; their agreement rows.
@@ -422,7 +438,7 @@ def _scored(
     spans = [] if span == 0 else exact_spans(cache.context, span)
     effects = _exact_effects(adapter, cache, entry.reference, spans, run) if spans else np.zeros(0)
     per_position = np.repeat(effects, [stop - start for start, stop in spans])
-    entry.scores = _scores(adapter, item, cache, chosen, per_position, run)
+    entry.scores = _scores(adapter, item, cache, chosen, per_position, run, settings)
     entry.effects = per_position if spans else None
     agreement = []
     for name, values in entry.scores.items():
@@ -488,7 +504,7 @@ def eviction_study(
     for number, (item, entry) in enumerate(zip(items, every, strict=True)):
         run.step(number, len(items))
         if entry.judged:
-            agreement += _scored(adapter, item, entry, chosen, span, run)
+            agreement += _scored(adapter, item, entry, chosen, span, run, settings or RunSettings())
             prepared.append(entry)
     names = [s.name for s in chosen]
     evicted = [0.0, *(round(1.0 - r, 10) for r in ratios[1:])]
@@ -602,6 +618,7 @@ def _scores(
     chosen: Sequence[Scorer],
     drop: np.ndarray,
     run: RunContext,
+    settings: RunSettings,
 ) -> dict[str, torch.Tensor]:
     """Each chosen scorer's ``(layers, K, C)`` scores on one item."""
     found: dict[str, torch.Tensor] = {}
@@ -613,7 +630,7 @@ def _scores(
         elif scorer.name == "atp_kv":
             values = _atp(adapter, cache, run)
         else:
-            values = _attribution(adapter, item, scorer.name, cache.context)
+            values = _attribution(adapter, item, scorer.name, cache.context, settings)
         if values.dim() == 1:  # a position's score, the same in every layer and head
             values = values.double().expand(cache.layers, cache.kv_heads, -1).clone()
         found[scorer.name] = values.double()
