@@ -26,10 +26,12 @@ __all__ = [
     "Family",
     "Layout",
     "RotaryLayout",
+    "VisionLanguage",
     "family_of",
     "loadable",
     "positional_encoding_of",
     "readout_of",
+    "vision_language_of",
 ]
 
 
@@ -211,6 +213,36 @@ _CLIP_VISION = Layout(
 )
 
 
+# A vision-language model's language model sits beside its vision tower, whose blocks a bare
+# "layers" would also match: its paths name the language model.
+_VLM_LANGUAGE_MODEL = replace(
+    _LLAMA,
+    blocks="language_model.layers",
+    final_norm="language_model.norm",
+    embedding_sum=("language_model.embed_tokens", "output"),
+    token_parts=("language_model.embed_tokens",),
+    input_embedding="language_model.embed_tokens",
+)
+
+
+@dataclass(frozen=True)
+class VisionLanguage:
+    """
+    How a vision-language family reads an image: its prompt and its visual tokens' regions.
+
+    Attributes:
+        prompt: Where the image goes in a prompt without a chat template: ``{image}`` is the
+            processor's image placeholder token (which it expands to the visual tokens),
+            ``{prompt}`` the user's text.
+        regions: How visual tokens map back to the image (:mod:`attribution.models.regions`):
+            ``"patch_grid"``, one token per vision-tower patch in row-major order (LLaVA 1.5);
+            ``"merged_grid"``, one token per ``m × m`` block of patches (Qwen2-VL's merger).
+    """
+
+    prompt: str
+    regions: str
+
+
 @dataclass(frozen=True)
 class Family:
     """
@@ -221,11 +253,13 @@ class Family:
             model, such as CLIP's vision tower, never loaded on its own).
         positional: Its kind of positional encoding.
         layout: Where its modules are (``None``: attrlab reaches into none of them).
+        vision_language: For image + prompt -> text models, how they read the image.
     """
 
     adapter: str | None
     positional: str | None = None
     layout: Layout | None = None
+    vision_language: VisionLanguage | None = None
 
 
 #: Hugging Face ``model_type`` -> its row. Qwen3 (q/k norms), Gemma (``1 + w`` norms, scaled
@@ -262,6 +296,20 @@ FAMILIES: dict[str, Family] = {
     ),
     "clip": Family("zero-shot-image", "learned"),
     "clip_vision_model": Family(None, "learned", _CLIP_VISION),
+    # Image + prompt -> text; their language models are LLaMA-like (LLaVA's may be any, its
+    # layout holds for LLaMA, Vicuna and Mistral ones). Tested on tiny random models only.
+    "llava": Family(
+        "vision-language",
+        "rope",
+        _VLM_LANGUAGE_MODEL,
+        VisionLanguage("{image}\n{prompt}", "patch_grid"),
+    ),
+    "qwen2_vl": Family(
+        "vision-language",
+        "rope",
+        _VLM_LANGUAGE_MODEL,
+        VisionLanguage("<|vision_start|>{image}<|vision_end|>{prompt}", "merged_grid"),
+    ),
 }
 
 #: Classifier class -> which tokens its logits read, when not the CLS token alone: distilled
@@ -278,6 +326,12 @@ def loadable(model_type: str) -> bool:
     """Whether an adapter serves ``model_type`` on its own."""
     row = FAMILIES.get(model_type)
     return row is not None and row.adapter is not None
+
+
+def vision_language_of(model_type: str | None) -> VisionLanguage | None:
+    """How a vision-language family reads its image; ``None`` for other families."""
+    row = FAMILIES.get(model_type or "")
+    return row.vision_language if row else None
 
 
 def family_of(config: Any) -> str | None:

@@ -1,0 +1,159 @@
+"""
+Visual tokens back to pixels: each visual token's region of the original image.
+
+A vision-language model's processor pads, resizes and crops the image, its vision tower cuts
+the result into patches, and some families merge neighbouring patches into one token. Each
+step is an axis-aligned affine map, so a token's patch box in the processed image goes back
+to a box of the original image exactly (continuous pixel coordinates: pixel ``i`` spans
+``[i, i + 1)``, as resizing without aligned corners reads them). A resize blends pixels within
+its kernel's reach of a box's edge, so a region's pixels reach its token through that margin
+too; a pad or a crop moves boxes by whole pixels.
+
+The layout of a family's tokens is named in its row (:class:`~attribution.models.families.
+VisionLanguage`): ``patch_grid`` (LLaVA 1.5: the vision tower's patches in row-major order,
+after its CLS token when the family keeps it) or ``merged_grid`` (Qwen2-VL: each token one
+``m × m`` block of patches, blocks in row-major order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from attrlab.attribution.errors import UnsupportedMethodError
+
+__all__ = ["visual_regions"]
+
+
+@dataclass(frozen=True)
+class _ToOriginal:
+    """``original = processed · scale + offset`` along (y, x)."""
+
+    scale: tuple[float, float] = (1.0, 1.0)
+    offset: tuple[float, float] = (0.0, 0.0)
+
+    def then(self, scale: tuple[float, float], offset: tuple[float, float]) -> _ToOriginal:
+        """The map after one more processing step, whose own inverse is ``scale, offset``."""
+        return _ToOriginal(
+            (scale[0] * self.scale[0], scale[1] * self.scale[1]),
+            (
+                offset[0] * self.scale[0] + self.offset[0],
+                offset[1] * self.scale[1] + self.offset[1],
+            ),
+        )
+
+    def boxes(self, boxes: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+        """``(N, 4)`` processed ``(x0, y0, x1, y1)`` boxes as original ones, within ``size``."""
+        (sy, sx), (oy, ox) = self.scale, self.offset
+        out = boxes * np.array([sx, sy, sx, sy]) + np.array([ox, oy, ox, oy])
+        height, width = size
+        return np.clip(out, 0.0, np.array([width, height, width, height], dtype=float))
+
+
+def _entry(size: Any, key: str) -> int | None:
+    """A size field of an image processor (a dict, or transformers' ``SizeDict``)."""
+    value = size.get(key) if isinstance(size, Mapping) else getattr(size, key, None)
+    return int(value) if value else None
+
+
+def _patch_boxes(rows: int, cols: int, side: int) -> np.ndarray:
+    """``(rows · cols, 4)`` boxes of a grid of ``side``-pixel squares, row-major."""
+    r, c = np.divmod(np.arange(rows * cols), cols)
+    return np.stack([c * side, r * side, (c + 1) * side, (r + 1) * side], axis=1).astype(float)
+
+
+def _clip_processing(processor: Any, size: tuple[int, int]) -> tuple[_ToOriginal, tuple[int, int]]:
+    """
+    The pad-to-square, resize and centre-crop of a CLIP / LLaVA image processor, inverted.
+
+    Sizes follow transformers' own rules: the shortest edge to ``S`` and the longest to
+    ``int(S · long / short)``; a crop's corner at ``((h - ch) // 2, (w - cw) // 2)``; a square
+    pad's at ``((side - h) // 2, (side - w) // 2)``.
+    """
+    height, width = size
+    to_original = _ToOriginal()
+    if getattr(processor, "do_pad", False):
+        side = max(height, width)
+        to_original = to_original.then(
+            (1.0, 1.0), (-((side - height) // 2), -((side - width) // 2))
+        )
+        height = width = side
+    if getattr(processor, "do_resize", True):
+        shortest = _entry(processor.size, "shortest_edge")
+        if shortest is not None:
+            short, long = sorted((height, width))
+            new_long = int(shortest * long / short)
+            resized = (shortest, new_long) if height <= width else (new_long, shortest)
+        elif _entry(processor.size, "height") and _entry(processor.size, "width"):
+            resized = (_entry(processor.size, "height") or 0, _entry(processor.size, "width") or 0)
+        else:
+            raise UnsupportedMethodError(f"image processor size {processor.size} is not mapped")
+        to_original = to_original.then((height / resized[0], width / resized[1]), (0.0, 0.0))
+        height, width = resized
+    if getattr(processor, "do_center_crop", False):
+        crop_h, crop_w = _entry(processor.crop_size, "height"), _entry(processor.crop_size, "width")
+        if crop_h is None or crop_w is None or crop_h > height or crop_w > width:
+            raise UnsupportedMethodError(
+                f"a centre crop of {processor.crop_size} from {height}×{width} pixels is not mapped"
+            )
+        to_original = to_original.then((1.0, 1.0), ((height - crop_h) // 2, (width - crop_w) // 2))
+        height, width = crop_h, crop_w
+    return to_original, (height, width)
+
+
+def _patch_grid(
+    processor: Any, config: Any, size: tuple[int, int], outputs: Mapping[str, torch.Tensor]
+) -> np.ndarray:
+    to_original, processed = _clip_processing(processor.image_processor, size)
+    if tuple(outputs["pixel_values"].shape[-2:]) != processed:
+        raise UnsupportedMethodError(
+            f"the processor gave a {tuple(outputs['pixel_values'].shape[-2:])} image where its "
+            f"settings say {processed}: this layout is not mapped (tiling?)"
+        )
+    patch = int(config.vision_config.patch_size)
+    boxes = _patch_boxes(processed[0] // patch, processed[1] // patch, patch)
+    if config.vision_feature_select_strategy == "full":  # the CLS token reads the whole image
+        whole = np.array([[0.0, 0.0, processed[1], processed[0]]])
+        boxes = np.concatenate([whole, boxes])
+    return to_original.boxes(boxes, size)
+
+
+def _merged_grid(
+    processor: Any, config: Any, size: tuple[int, int], outputs: Mapping[str, torch.Tensor]
+) -> np.ndarray:
+    image_processor = processor.image_processor
+    patch, merge = int(image_processor.patch_size), int(image_processor.merge_size)
+    _, rows, cols = (int(n) for n in outputs["image_grid_thw"][0])
+    resized = (rows * patch, cols * patch)  # the processor resizes straight to this
+    to_original = _ToOriginal((size[0] / resized[0], size[1] / resized[1]))
+    return to_original.boxes(_patch_boxes(rows // merge, cols // merge, merge * patch), size)
+
+
+_REGIONS = {"patch_grid": _patch_grid, "merged_grid": _merged_grid}
+
+
+def visual_regions(
+    layout: str,
+    processor: Any,
+    config: Any,
+    size: tuple[int, int],
+    outputs: Mapping[str, torch.Tensor],
+) -> np.ndarray:
+    """
+    Each visual token's box ``(x0, y0, x1, y1)`` in the original image, in token order.
+
+    Args:
+        layout: The family's token layout (``patch_grid`` or ``merged_grid``).
+        processor: The family's processor (its image processor's settings are read).
+        config: The model's config (patch size, which vision features it keeps).
+        size: The original image's ``(height, width)``.
+        outputs: What the processor gave for this one image.
+
+    Raises:
+        UnsupportedMethodError: processing this module cannot map back (tiling, say).
+    """
+    return _REGIONS[layout](processor, config, size, outputs)
