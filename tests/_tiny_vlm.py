@@ -64,11 +64,35 @@ def tiny_llava(image_size: int = 32, strategy: str = "default") -> VisionLanguag
     return VisionLanguageAdapter(model, processor, "tiny-random-llava")
 
 
-def tiny_qwen2_vl(max_pixels: int = 48 * 48) -> VisionLanguageAdapter:
+# Qwen2-VL's tower sizes its blocks by embed_dim and its output by hidden_size; Qwen2.5-VL's
+# by hidden_size and out_hidden_size, with window attention (2 × 2 merged tokens a window here)
+# in every block but those listed
+_QWEN_TOWERS = {
+    "qwen2_vl": {"embed_dim": 16, "hidden_size": 32, "mlp_ratio": 2},
+    "qwen2_5_vl": {
+        "hidden_size": 16,
+        "out_hidden_size": 32,
+        "intermediate_size": 32,
+        "window_size": 16,
+        "fullatt_block_indexes": [1],
+    },
+}
+_QWEN_MODELS = {
+    "qwen2_vl": (tf.Qwen2VLConfig, tf.Qwen2VLForConditionalGeneration, tf.Qwen2VLProcessor),
+    "qwen2_5_vl": (
+        tf.Qwen2_5_VLConfig,
+        tf.Qwen2_5_VLForConditionalGeneration,
+        tf.Qwen2_5_VLProcessor,
+    ),
+}
+
+
+def tiny_qwen2_vl(max_pixels: int = 48 * 48, model_type: str = "qwen2_vl") -> VisionLanguageAdapter:
     """Qwen2-VL layout: 4-px patches merged 2 × 2 (8-px tokens), multimodal RoPE, tiny LM."""
     tokenizer = _tokenizer(_QWEN2_VL_TOKENS)
     start, image, end, video = tokenizer.convert_tokens_to_ids(_QWEN2_VL_TOKENS)
-    config = tf.Qwen2VLConfig(
+    config_class, model_class, processor_class = _QWEN_MODELS[model_type]
+    config = config_class(
         text_config={
             "vocab_size": len(tokenizer),
             "rope_parameters": {"rope_type": "default", "mrope_section": [1, 1, 2]},
@@ -76,13 +100,11 @@ def tiny_qwen2_vl(max_pixels: int = 48 * 48) -> VisionLanguageAdapter:
         },
         vision_config={
             "depth": 2,
-            "embed_dim": 16,
-            "hidden_size": 32,
             "num_heads": 2,
             "patch_size": 4,
             "spatial_merge_size": 2,
             "temporal_patch_size": 2,
-            "mlp_ratio": 2,
+            **_QWEN_TOWERS[model_type],
         },
         image_token_id=image,
         video_token_id=video,
@@ -91,11 +113,46 @@ def tiny_qwen2_vl(max_pixels: int = 48 * 48) -> VisionLanguageAdapter:
         attn_implementation="eager",
     )
     torch.manual_seed(0)
-    model = tf.Qwen2VLForConditionalGeneration(config).eval()
+    model = model_class(config).eval()
     sizes = {"patch_size": 4, "merge_size": 2, "temporal_patch_size": 2}
-    processor = tf.Qwen2VLProcessor(
+    processor = processor_class(
         image_processor=tf.Qwen2VLImageProcessor(min_pixels=64, max_pixels=max_pixels, **sizes),
         tokenizer=tokenizer,
         video_processor=tf.Qwen2VLVideoProcessor(**sizes),
     )
-    return VisionLanguageAdapter(model, processor, "tiny-random-qwen2-vl")
+    return VisionLanguageAdapter(model, processor, f"tiny-random-{model_type}")
+
+
+def tiny_qwen2_5_vl(max_pixels: int = 48 * 48) -> VisionLanguageAdapter:
+    """Qwen2.5-VL layout: as Qwen2-VL, with window attention in the vision tower."""
+    return tiny_qwen2_vl(max_pixels, "qwen2_5_vl")
+
+
+def tiny_paligemma(image_size: int = 32) -> VisionLanguageAdapter:
+    """PaliGemma layout: a SigLIP tower (8-px patches, no CLS), a linear projector, tiny Gemma."""
+    tokenizer = _tokenizer(["<image>"])
+    tokenizer.bos_token = "[CLS]"  # the processor puts BOS between image and prompt
+    config = tf.PaliGemmaConfig(
+        vision_config=tf.SiglipVisionConfig(
+            image_size=image_size,
+            patch_size=8,
+            hidden_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=32,
+        ).to_dict(),
+        text_config=tf.GemmaConfig(
+            vocab_size=len(tokenizer), head_dim=8, **_LANGUAGE_MODEL
+        ).to_dict(),
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+        projection_dim=32,
+        attn_implementation="eager",
+    )
+    torch.manual_seed(0)
+    model = tf.PaliGemmaForConditionalGeneration(config).eval()
+    image_processor = tf.SiglipImageProcessor(
+        size={"height": image_size, "width": image_size},
+        image_seq_length=(image_size // 8) ** 2,
+    )
+    processor = tf.PaliGemmaProcessor(image_processor=image_processor, tokenizer=tokenizer)
+    return VisionLanguageAdapter(model, processor, "tiny-random-paligemma")

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _tiny_vlm import tiny_llava, tiny_qwen2_vl
+from _tiny_vlm import tiny_llava, tiny_paligemma, tiny_qwen2_5_vl, tiny_qwen2_vl
 
 from attrlab.attribution.errors import InvalidInputError
 from attrlab.attribution.models.hub import load_pretrained
@@ -23,6 +23,7 @@ from attrlab.attribution.models.vlm import (
 from attrlab.attribution.request.answers import answer_target, given_answer, next_token_answer
 
 PROMPT = "what is in the picture"
+BUILDS = [tiny_llava, tiny_qwen2_vl, tiny_qwen2_5_vl, tiny_paligemma]
 
 
 def _image(height: int, width: int, seed: int = 0) -> np.ndarray:
@@ -75,6 +76,9 @@ CASES: dict[str, tuple[Callable[[], VisionLanguageAdapter], int, int, int]] = {
     "llava resize ×2": (tiny_llava, 64, 80, 4),
     "qwen2-vl merged 2×2": (tiny_qwen2_vl, 32, 48, 0),
     "qwen2-vl resize ×2": (lambda: tiny_qwen2_vl(max_pixels=32 * 48), 64, 96, 4),
+    "qwen2.5-vl windows": (tiny_qwen2_5_vl, 48, 48, 0),
+    "paligemma as is": (tiny_paligemma, 32, 32, 0),
+    "paligemma resize ×2": (tiny_paligemma, 64, 64, 4),
 }
 
 
@@ -119,7 +123,7 @@ def test_pixels_the_crop_drops_reach_no_token() -> None:
     assert torch.equal(_lm_embeddings(adapter, image), _lm_embeddings(adapter, edges))
 
 
-@pytest.mark.parametrize("build", [tiny_llava, tiny_qwen2_vl])
+@pytest.mark.parametrize("build", BUILDS)
 def test_visual_tokens_are_the_expanded_placeholder(
     build: Callable[[], VisionLanguageAdapter],
 ) -> None:
@@ -132,10 +136,10 @@ def test_visual_tokens_are_the_expanded_placeholder(
     replaced = _changed(token_embeddings, seen[0])
     assert replaced == set(inputs.visual_positions.tolist())
     assert not inputs.fixed_tokens[~inputs.visual_tokens & ~inputs.special_tokens].any()
-    assert inputs.tokens[-1] == "[SEP]" and inputs.special_tokens[-1]
+    assert inputs.special_tokens[inputs.tokens.index("[CLS]")]
 
 
-@pytest.mark.parametrize("build", [tiny_llava, tiny_qwen2_vl])
+@pytest.mark.parametrize("build", BUILDS)
 def test_teacher_forced_answer_reads_the_model_log_probabilities(
     build: Callable[[], VisionLanguageAdapter],
 ) -> None:
@@ -158,7 +162,7 @@ def test_teacher_forced_answer_reads_the_model_log_probabilities(
     assert inputs.fixed_tokens[-3:].all() and not inputs.visual_tokens[-3:].any()
 
 
-@pytest.mark.parametrize("build", [tiny_llava, tiny_qwen2_vl])
+@pytest.mark.parametrize("build", BUILDS)
 def test_next_token_answer_is_the_argmax_after_the_image(
     build: Callable[[], VisionLanguageAdapter],
 ) -> None:
@@ -212,7 +216,7 @@ def test_refuses_what_is_not_an_image_and_a_prompt() -> None:
         adapter.preprocess(ImagePrompt("/etc/passwd", PROMPT))
 
 
-@pytest.mark.parametrize("build", [tiny_llava, tiny_qwen2_vl])
+@pytest.mark.parametrize("build", BUILDS)
 def test_loads_from_a_served_folder(
     build: Callable[[], VisionLanguageAdapter], tmp_path: Path
 ) -> None:

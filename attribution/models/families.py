@@ -237,10 +237,15 @@ class VisionLanguage:
         regions: How visual tokens map back to the image (:mod:`attribution.models.regions`):
             ``"patch_grid"``, one token per vision-tower patch in row-major order (LLaVA 1.5);
             ``"merged_grid"``, one token per ``m × m`` block of patches (Qwen2-VL's merger).
+        token_inputs: The processor's per-token outputs the model reads besides the ids and
+            the attention mask, each with its value over a teacher-forced answer (PaliGemma's
+            token types: 0 is the prefix it reads both ways, 1 the answer it reads causally).
+            Other per-token outputs (a text tokenizer's own token types, labels) are dropped.
     """
 
     prompt: str
     regions: str
+    token_inputs: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -261,6 +266,10 @@ class Family:
     layout: Layout | None = None
     vision_language: VisionLanguage | None = None
 
+
+_QWEN2_VL = VisionLanguage(
+    "<|vision_start|>{image}<|vision_end|>{prompt}", "merged_grid", (("mm_token_type_ids", 0),)
+)
 
 #: Hugging Face ``model_type`` -> its row. Qwen3 (q/k norms), Gemma (``1 + w`` norms, scaled
 #: embeddings, soft-capping) and Phi-3 (fused QKV and gate/up, partial rotary) share LLaMA's
@@ -304,11 +313,15 @@ FAMILIES: dict[str, Family] = {
         _VLM_LANGUAGE_MODEL,
         VisionLanguage("{image}\n{prompt}", "patch_grid"),
     ),
-    "qwen2_vl": Family(
+    "qwen2_vl": Family("vision-language", "rope", _VLM_LANGUAGE_MODEL, _QWEN2_VL),
+    # the same tokens; its tower's window attention is undone before the merger's output
+    "qwen2_5_vl": Family("vision-language", "rope", _VLM_LANGUAGE_MODEL, _QWEN2_VL),
+    # SigLIP patches (no CLS) resized to a fixed square; its processor adds BOS and a newline
+    "paligemma": Family(
         "vision-language",
         "rope",
         _VLM_LANGUAGE_MODEL,
-        VisionLanguage("<|vision_start|>{image}<|vision_end|>{prompt}", "merged_grid"),
+        VisionLanguage("{image}{prompt}", "patch_grid", (("token_type_ids", 1),)),
     ),
 }
 

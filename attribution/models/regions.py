@@ -116,7 +116,8 @@ def _patch_grid(
         )
     patch = int(config.vision_config.patch_size)
     boxes = _patch_boxes(processed[0] // patch, processed[1] // patch, patch)
-    if config.vision_feature_select_strategy == "full":  # the CLS token reads the whole image
+    # LLaVA's "full" features keep the CLS token, which reads the whole image (SigLIP has none)
+    if getattr(config, "vision_feature_select_strategy", None) == "full":
         whole = np.array([[0.0, 0.0, processed[1], processed[0]]])
         boxes = np.concatenate([whole, boxes])
     return to_original.boxes(boxes, size)

@@ -48,8 +48,9 @@ class ImageTextInputs:
     ``input_ids`` hold the prompt with the image placeholder expanded to ``visual_tokens``
     (bool ``(T,)``); ``regions[i]`` is the ``(x0, y0, x1, y1)`` box of ``image`` (the original,
     as decoded) that the ``i``-th visual token stands for. ``image_kwargs`` are the processor's
-    other model inputs (``pixel_values``, Qwen2-VL's ``image_grid_thw`` and token types): those
-    of sequence length run along ``input_ids``. A teacher-forced answer is the last
+    other model inputs (``pixel_values``, Qwen2-VL's ``image_grid_thw``) and the per-token ones
+    the family names (:attr:`~attribution.models.families.VisionLanguage.token_inputs`), which
+    run along ``input_ids``. A teacher-forced answer is the last
     ``answer_length`` tokens, as for :class:`~attribution.models.base.TextInputs`.
     """
 
@@ -161,9 +162,14 @@ class VisionLanguageAdapter(DecoderLMAdapter):
         image = np.array(load_image(raw.image))  # a writable copy, as torch wants
         text = self.prompt_text(raw.prompt)
         encoded = dict(self.processor(images=image, text=text, return_tensors="pt"))
-        encoded.pop("token_type_ids", None)  # the tokenizer's, which the model does not take
         ids = encoded.pop("input_ids")
         mask = encoded.pop("attention_mask")
+        token_inputs = dict(self.reading.token_inputs)
+        encoded = {
+            key: value
+            for key, value in encoded.items()
+            if key in token_inputs or tuple(value.shape) != tuple(ids.shape)
+        }
         if ids.shape[1] > self.max_length:
             raise InvalidInputError(
                 f"image and prompt take {ids.shape[1]} tokens; model '{self.model_id}' reads "
@@ -221,9 +227,9 @@ def with_answer(adapter: Adapter, inputs: ImageTextInputs, answer: Answer) -> Im
     def run_on(tensor: torch.Tensor, fill: int) -> torch.Tensor:
         return torch.cat([tensor, tensor.new_full((1, count), fill)], dim=1)
 
-    sequence = int(inputs.input_ids.shape[1])
+    answer_values = dict(decoder.reading.token_inputs)
     image_kwargs = {
-        key: run_on(value, 0) if value.dim() == 2 and value.shape[1] == sequence else value
+        key: run_on(value, answer_values[key]) if key in answer_values else value
         for key, value in inputs.image_kwargs.items()
     }
     no = torch.zeros(count, dtype=torch.bool, device=ids.device)
