@@ -7,7 +7,7 @@ from typing import Any
 import torch
 import transformers as tf
 
-from attrlab.attribution.models.builtin import _minilm_tokenizer
+from attrlab.attribution.models.builtin import _minilm_dir, _minilm_tokenizer
 from attrlab.attribution.models.vlm import VisionLanguageAdapter
 
 _LANGUAGE_MODEL = {
@@ -156,3 +156,44 @@ def tiny_paligemma(image_size: int = 32) -> VisionLanguageAdapter:
     )
     processor = tf.PaliGemmaProcessor(image_processor=image_processor, tokenizer=tokenizer)
     return VisionLanguageAdapter(model, processor, "tiny-random-paligemma")
+
+
+def tiny_gemma3(image_size: int = 32) -> VisionLanguageAdapter:
+    """Gemma 3 layout: SigLIP (4-px patches, 8 × 8) average-pooled to 4 × 4 tokens, tiny Gemma 3."""
+    special = {
+        "boi_token": "<start_of_image>",
+        "eoi_token": "<end_of_image>",
+        "image_token": "<image_soft_token>",
+    }
+    tokenizer = tf.AutoTokenizer.from_pretrained(_minilm_dir(), extra_special_tokens=special)
+    config = tf.Gemma3Config(
+        vision_config=tf.SiglipVisionConfig(
+            image_size=image_size,
+            patch_size=image_size // 8,
+            hidden_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=32,
+        ).to_dict(),
+        text_config=tf.Gemma3TextConfig(
+            vocab_size=len(tokenizer),
+            head_dim=8,
+            query_pre_attn_scalar=8,
+            sliding_window=4,
+            **_LANGUAGE_MODEL,
+        ).to_dict(),
+        mm_tokens_per_image=16,
+        boi_token_index=tokenizer.boi_token_id,
+        eoi_token_index=tokenizer.eoi_token_id,
+        image_token_index=tokenizer.image_token_id,
+        attn_implementation="eager",
+    )
+    torch.manual_seed(0)
+    model = tf.Gemma3ForConditionalGeneration(config).eval()
+    with torch.no_grad():  # transformers initialises the projection to zeros: no image at all
+        model.model.multi_modal_projector.mm_input_projection_weight.normal_(std=0.5)
+    image_processor = tf.Gemma3ImageProcessor(size={"height": image_size, "width": image_size})
+    processor = tf.Gemma3Processor(
+        image_processor=image_processor, tokenizer=tokenizer, image_seq_length=16
+    )
+    return VisionLanguageAdapter(model, processor, "tiny-random-gemma3")

@@ -9,7 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _tiny_vlm import tiny_llava, tiny_paligemma, tiny_qwen2_5_vl, tiny_qwen2_vl
+from _tiny_vlm import (
+    tiny_gemma3,
+    tiny_llava,
+    tiny_paligemma,
+    tiny_qwen2_5_vl,
+    tiny_qwen2_vl,
+)
 
 from attrlab.attribution.errors import InvalidInputError
 from attrlab.attribution.models.hub import load_pretrained
@@ -23,7 +29,7 @@ from attrlab.attribution.models.vlm import (
 from attrlab.attribution.request.answers import answer_target, given_answer, next_token_answer
 
 PROMPT = "what is in the picture"
-BUILDS = [tiny_llava, tiny_qwen2_vl, tiny_qwen2_5_vl, tiny_paligemma]
+BUILDS = [tiny_llava, tiny_qwen2_vl, tiny_qwen2_5_vl, tiny_paligemma, tiny_gemma3]
 
 
 def _image(height: int, width: int, seed: int = 0) -> np.ndarray:
@@ -79,6 +85,8 @@ CASES: dict[str, tuple[Callable[[], VisionLanguageAdapter], int, int, int]] = {
     "qwen2.5-vl windows": (tiny_qwen2_5_vl, 48, 48, 0),
     "paligemma as is": (tiny_paligemma, 32, 32, 0),
     "paligemma resize ×2": (tiny_paligemma, 64, 64, 4),
+    "gemma3 pooled 2×2": (tiny_gemma3, 32, 32, 0),
+    "gemma3 resize ×2": (tiny_gemma3, 64, 64, 4),
 }
 
 

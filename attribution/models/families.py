@@ -236,10 +236,12 @@ class VisionLanguage:
             ``{prompt}`` the user's text.
         regions: How visual tokens map back to the image (:mod:`attribution.models.regions`):
             ``"patch_grid"``, one token per vision-tower patch in row-major order (LLaVA 1.5);
-            ``"merged_grid"``, one token per ``m × m`` block of patches (Qwen2-VL's merger).
+            ``"merged_grid"``, one token per ``m × m`` block of patches (Qwen2-VL's merger);
+            ``"pooled_grid"``, the patches average-pooled to ``n × n`` tokens (Gemma 3).
         token_inputs: The processor's per-token outputs the model reads besides the ids and
             the attention mask, each with its value over a teacher-forced answer (PaliGemma's
-            token types: 0 is the prefix it reads both ways, 1 the answer it reads causally).
+            token types: 0 is the prefix it reads both ways, 1 the answer it reads causally;
+            Gemma 3's: 1 marks image tokens, which read each other both ways).
             Other per-token outputs (a text tokenizer's own token types, labels) are dropped.
     """
 
@@ -322,6 +324,13 @@ FAMILIES: dict[str, Family] = {
         "rope",
         _VLM_LANGUAGE_MODEL,
         VisionLanguage("{image}{prompt}", "patch_grid", (("token_type_ids", 1),)),
+    ),
+    # its image placeholder (begin-of-image) expands to the pooled tokens between BOI and EOI
+    "gemma3": Family(
+        "vision-language",
+        "rope",
+        _VLM_LANGUAGE_MODEL,
+        VisionLanguage("{image}{prompt}", "pooled_grid", (("token_type_ids", 0),)),
     ),
 }
 

@@ -12,7 +12,8 @@ too; a pad or a crop moves boxes by whole pixels.
 The layout of a family's tokens is named in its row (:class:`~attribution.models.families.
 VisionLanguage`): ``patch_grid`` (LLaVA 1.5: the vision tower's patches in row-major order,
 after its CLS token when the family keeps it) or ``merged_grid`` (Qwen2-VL: each token one
-``m × m`` block of patches, blocks in row-major order).
+``m × m`` block of patches, blocks in row-major order) or ``pooled_grid`` (Gemma 3: the
+patches average-pooled to ``n × n`` tokens, row-major).
 """
 
 from __future__ import annotations
@@ -134,7 +135,22 @@ def _merged_grid(
     return to_original.boxes(_patch_boxes(rows // merge, cols // merge, merge * patch), size)
 
 
-_REGIONS = {"patch_grid": _patch_grid, "merged_grid": _merged_grid}
+def _pooled_grid(
+    processor: Any, config: Any, size: tuple[int, int], outputs: Mapping[str, torch.Tensor]
+) -> np.ndarray:
+    image_processor = processor.image_processor
+    if getattr(image_processor, "do_pan_and_scan", False):
+        raise UnsupportedMethodError("pan and scan crops are not mapped: turn them off")
+    to_original, processed = _clip_processing(image_processor, size)
+    per_side = round(int(config.mm_tokens_per_image) ** 0.5)
+    if processed[0] != processed[1] or processed[0] % per_side:
+        raise UnsupportedMethodError(
+            f"a {processed} image pooled to {per_side}² tokens is not mapped"
+        )
+    return to_original.boxes(_patch_boxes(per_side, per_side, processed[0] // per_side), size)
+
+
+_REGIONS = {"patch_grid": _patch_grid, "merged_grid": _merged_grid, "pooled_grid": _pooled_grid}
 
 
 def visual_regions(
@@ -148,7 +164,7 @@ def visual_regions(
     Each visual token's box ``(x0, y0, x1, y1)`` in the original image, in token order.
 
     Args:
-        layout: The family's token layout (``patch_grid`` or ``merged_grid``).
+        layout: The family's token layout (``patch_grid``, ``merged_grid``, ``pooled_grid``).
         processor: The family's processor (its image processor's settings are read).
         config: The model's config (patch size, which vision features it keeps).
         size: The original image's ``(height, width)``.

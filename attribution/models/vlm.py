@@ -133,6 +133,11 @@ class VisionLanguageAdapter(DecoderLMAdapter):
     def num_kv_heads(self) -> int:
         return int(getattr(self.text_config, "num_key_value_heads", None) or self.num_heads)
 
+    @property
+    def logit_softcap(self) -> float | None:
+        cap = getattr(self.text_config, "final_logit_softcapping", None)
+        return float(cap) if cap else None
+
     def prompt_text(self, prompt: str) -> str:
         """``prompt`` with the image placeholder: in the chat template if there is one."""
         if getattr(self.processor, "chat_template", None):
