@@ -197,3 +197,40 @@ def tiny_gemma3(image_size: int = 32) -> VisionLanguageAdapter:
         image_processor=image_processor, tokenizer=tokenizer, image_seq_length=16
     )
     return VisionLanguageAdapter(model, processor, "tiny-random-gemma3")
+
+
+def tiny_idefics3(splitting: bool = True) -> VisionLanguageAdapter:
+    """
+    Idefics3 layout: 32-px tiles of an image resized to 64 px at most, then the whole image.
+
+    8-px patches pixel-shuffled 2 × 2: each tile gives 2 × 2 tokens of 16 px.
+    """
+    tokenizer = _tokenizer(
+        ["<global-img>", *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7))]
+    )
+    image_processor = tf.Idefics3ImageProcessor(
+        size={"longest_edge": 64},
+        max_image_size={"longest_edge": 32},
+        do_image_splitting=splitting,
+        resample=tf.image_utils.PILImageResampling.BILINEAR,  # Lanczos reaches 3 px a scale
+    )
+    processor = tf.Idefics3Processor(
+        image_processor=image_processor, tokenizer=tokenizer, image_seq_len=4
+    )  # it adds its own image tokens to the tokenizer
+    config = tf.Idefics3Config(
+        vision_config=tf.Idefics3VisionConfig(
+            image_size=32,
+            patch_size=8,
+            hidden_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=32,
+        ).to_dict(),
+        text_config=tf.LlamaConfig(vocab_size=len(tokenizer), **_LANGUAGE_MODEL).to_dict(),
+        scale_factor=2,
+        image_token_id=processor.image_token_id,
+        attn_implementation="eager",
+    )
+    torch.manual_seed(0)
+    model = tf.Idefics3ForConditionalGeneration(config).eval()
+    return VisionLanguageAdapter(model, processor, "tiny-random-idefics3")

@@ -11,6 +11,7 @@ import pytest
 import torch
 from _tiny_vlm import (
     tiny_gemma3,
+    tiny_idefics3,
     tiny_llava,
     tiny_paligemma,
     tiny_qwen2_5_vl,
@@ -29,7 +30,7 @@ from attrlab.attribution.models.vlm import (
 from attrlab.attribution.request.answers import answer_target, given_answer, next_token_answer
 
 PROMPT = "what is in the picture"
-BUILDS = [tiny_llava, tiny_qwen2_vl, tiny_qwen2_5_vl, tiny_paligemma, tiny_gemma3]
+BUILDS = [tiny_llava, tiny_qwen2_vl, tiny_qwen2_5_vl, tiny_paligemma, tiny_gemma3, tiny_idefics3]
 
 
 def _image(height: int, width: int, seed: int = 0) -> np.ndarray:
@@ -40,7 +41,7 @@ def _local_vision(adapter: VisionLanguageAdapter) -> None:
     """Zero the vision tower's attention outputs: each visual token then sees its own patches."""
     with torch.no_grad():
         for name, module in adapter.model.named_modules():
-            in_tower = "vision_tower" in name or ".visual." in name
+            in_tower = any(tower in name for tower in ("vision_tower", ".visual.", "vision_model"))
             if in_tower and name.endswith(("self_attn.out_proj", "attn.proj")):
                 module.weight.zero_()
                 module.bias.zero_()
@@ -54,9 +55,9 @@ def _embeddings_read(adapter: VisionLanguageAdapter) -> Iterator[list[torch.Tens
     def keep(_module: torch.nn.Module, _args: tuple, kwargs: dict) -> None:
         seen.append(kwargs["inputs_embeds"].detach()[0])
 
-    handle = find_module(adapter.model, "language_model").register_forward_pre_hook(
-        keep, with_kwargs=True
-    )
+    assert adapter.layout is not None
+    language_model = find_module(adapter.model, adapter.layout.blocks.removesuffix(".layers"))
+    handle = language_model.register_forward_pre_hook(keep, with_kwargs=True)
     try:
         yield seen
     finally:
@@ -87,37 +88,59 @@ CASES: dict[str, tuple[Callable[[], VisionLanguageAdapter], int, int, int]] = {
     "paligemma resize ×2": (tiny_paligemma, 64, 64, 4),
     "gemma3 pooled 2×2": (tiny_gemma3, 32, 32, 0),
     "gemma3 resize ×2": (tiny_gemma3, 64, 64, 4),
+    "idefics3 2×2 tiles and the whole": (tiny_idefics3, 64, 64, 4),
+    "idefics3 resized tiles and the whole": (tiny_idefics3, 40, 64, 4),
+    "idefics3 no tiles": (lambda: tiny_idefics3(splitting=False), 64, 64, 4),
 }
 
 
+def _overlapping(regions: np.ndarray, token: int) -> set[int]:
+    """Tokens whose boxes share area with ``token``'s (itself, and a tile's whole-image token)."""
+    x0, y0, x1, y1 = regions[token]
+    width = np.minimum(regions[:, 2], x1) - np.maximum(regions[:, 0], x0)
+    height = np.minimum(regions[:, 3], y1) - np.maximum(regions[:, 1], y0)
+    return {int(i) for i in np.nonzero((width > 0) & (height > 0))[0]}
+
+
+def _within(regions: np.ndarray, token: int) -> set[int]:
+    """Tokens whose boxes lie inside ``token``'s (itself, and tiles' tokens in a whole one)."""
+    x0, y0, x1, y1 = regions[token]
+    inside = (regions[:, 0] >= x0) & (regions[:, 1] >= y0)
+    inside &= (regions[:, 2] <= x1) & (regions[:, 3] <= y1)
+    return {int(i) for i in np.nonzero(inside)[0]}
+
+
 @pytest.mark.parametrize("case", list(CASES))
-def test_planted_patch_reaches_exactly_the_token_its_region_names(case: str) -> None:
+def test_planted_patch_reaches_exactly_the_tokens_its_region_names(case: str) -> None:
     """
-    Changing the pixels of a token's region changes that visual token and no other one, and
-    changing every pixel outside it changes every other visual token but not that one.
+    Changing the pixels of a token's region changes the visual tokens whose regions overlap it
+    and no other (on a grid: that token alone), and changing every pixel outside it changes
+    every visual token but those whose regions lie inside it.
     """
     build, height, width, margin = CASES[case]
     adapter = build()
     _local_vision(adapter)
     image = _image(height, width)
     inputs = adapter.preprocess(ImagePrompt(image, PROMPT))
-    positions = inputs.visual_positions.tolist()
+    positions = np.array(inputs.visual_positions.tolist())
     clean = _lm_embeddings(adapter, image)
     count = len(positions)
-    assert count == len(inputs.regions) > 4
+    assert count == len(inputs.regions) >= 4
     for token in range(count):
         x0, y0, x1, y1 = inputs.regions[token]
         inside = image.copy()
         top, left = int(np.ceil(y0)) + margin, int(np.ceil(x0)) + margin
         inside[top : int(y1) - margin, left : int(x1) - margin] ^= 0xFF
         changed = _changed(clean, _lm_embeddings(adapter, inside))
-        assert changed == {positions[token]}, f"token {token} ({x0}, {y0}, {x1}, {y1})"
+        expected = set(positions[sorted(_overlapping(inputs.regions, token))].tolist())
+        assert changed == expected, f"token {token} ({x0}, {y0}, {x1}, {y1})"
         outside = image ^ 0xFF
         outer = slice(max(int(y0) - margin, 0), int(np.ceil(y1)) + margin)
         outer_x = slice(max(int(x0) - margin, 0), int(np.ceil(x1)) + margin)
         outside[outer, outer_x] = image[outer, outer_x]
         changed = _changed(clean, _lm_embeddings(adapter, outside))
-        assert changed == set(positions) - {positions[token]}, f"token {token}"
+        kept = set(positions[sorted(_within(inputs.regions, token))].tolist())
+        assert changed == set(positions.tolist()) - kept, f"token {token}"
 
 
 def test_pixels_the_crop_drops_reach_no_token() -> None:

@@ -224,6 +224,16 @@ _VLM_LANGUAGE_MODEL = replace(
     input_embedding="language_model.embed_tokens",
 )
 
+# Idefics3 and SmolVLM call theirs the text model
+_IDEFICS3_TEXT_MODEL = replace(
+    _LLAMA,
+    blocks="text_model.layers",
+    final_norm="text_model.norm",
+    embedding_sum=("text_model.embed_tokens", "output"),
+    token_parts=("text_model.embed_tokens",),
+    input_embedding="text_model.embed_tokens",
+)
+
 
 @dataclass(frozen=True)
 class VisionLanguage:
@@ -237,7 +247,8 @@ class VisionLanguage:
         regions: How visual tokens map back to the image (:mod:`attribution.models.regions`):
             ``"patch_grid"``, one token per vision-tower patch in row-major order (LLaVA 1.5);
             ``"merged_grid"``, one token per ``m × m`` block of patches (Qwen2-VL's merger);
-            ``"pooled_grid"``, the patches average-pooled to ``n × n`` tokens (Gemma 3).
+            ``"pooled_grid"``, the patches average-pooled to ``n × n`` tokens (Gemma 3);
+            ``"tiled_grid"``, tiles and the whole image, pixel-shuffled (Idefics3, SmolVLM).
         token_inputs: The processor's per-token outputs the model reads besides the ids and
             the attention mask, each with its value over a teacher-forced answer (PaliGemma's
             token types: 0 is the prefix it reads both ways, 1 the answer it reads causally;
@@ -331,6 +342,12 @@ FAMILIES: dict[str, Family] = {
         "rope",
         _VLM_LANGUAGE_MODEL,
         VisionLanguage("{image}{prompt}", "pooled_grid", (("token_type_ids", 0),)),
+    ),
+    "idefics3": Family(
+        "vision-language",
+        "rope",
+        _IDEFICS3_TEXT_MODEL,
+        VisionLanguage("{image}{prompt}", "tiled_grid"),
     ),
 }
 

@@ -13,11 +13,14 @@ The layout of a family's tokens is named in its row (:class:`~attribution.models
 VisionLanguage`): ``patch_grid`` (LLaVA 1.5: the vision tower's patches in row-major order,
 after its CLS token when the family keeps it) or ``merged_grid`` (Qwen2-VL: each token one
 ``m × m`` block of patches, blocks in row-major order) or ``pooled_grid`` (Gemma 3: the
-patches average-pooled to ``n × n`` tokens, row-major).
+patches average-pooled to ``n × n`` tokens, row-major) or ``tiled_grid`` (Idefics3, SmolVLM:
+tiles of the image and then the whole image, each pixel-shuffled into ``s × s`` patch blocks;
+a pixel then reaches a tile's token and the whole image's).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -150,7 +153,82 @@ def _pooled_grid(
     return to_original.boxes(_patch_boxes(per_side, per_side, processed[0] // per_side), size)
 
 
-_REGIONS = {"patch_grid": _patch_grid, "merged_grid": _merged_grid, "pooled_grid": _pooled_grid}
+#: Idefics3's bound on an image's longest side after its first resize.
+_IDEFICS3_MAX_SIDE = 4096
+
+
+def _idefics3_tiled_size(size: tuple[int, int], longest: int, tile: int) -> tuple[int, int]:
+    """
+    The size Idefics3's image processor cuts into tiles, after its two resizes.
+
+    The longest side to ``longest`` (an odd other side made even), bounded by 4096; then each
+    side up to whole tiles, the second from the first through the aspect ratio, as transformers
+    does it (floats included, so the sizes are its own).
+    """
+    height, width = size
+    aspect = width / height
+    if width >= height:
+        width = longest
+        height = int(width / aspect)
+        height += height % 2
+    else:
+        height = longest
+        width = int(height * aspect)
+        width += width % 2
+    height, width = max(height, 1), max(width, 1)
+    aspect = width / height
+    if width >= height and width > _IDEFICS3_MAX_SIDE:
+        width, height = _IDEFICS3_MAX_SIDE, int(_IDEFICS3_MAX_SIDE / aspect)
+    elif height > width and height > _IDEFICS3_MAX_SIDE:
+        height, width = _IDEFICS3_MAX_SIDE, int(_IDEFICS3_MAX_SIDE * aspect)
+    height, width = max(height, 1), max(width, 1)
+    aspect = width / height
+    if width >= height:
+        tiled_w = math.ceil(width / tile) * tile
+        tiled_h = math.ceil(int(tiled_w / aspect) / tile) * tile
+    else:
+        tiled_h = math.ceil(height / tile) * tile
+        tiled_w = math.ceil(int(tiled_h * aspect) / tile) * tile
+    return tiled_h, tiled_w
+
+
+def _tiled_grid(
+    processor: Any, config: Any, size: tuple[int, int], outputs: Mapping[str, torch.Tensor]
+) -> np.ndarray:
+    """
+    Idefics3 / SmolVLM: tiles of the resized image row-major, then the whole image as one tile.
+
+    Each tile's patches are pixel-shuffled: a token is an ``s × s`` block of patches
+    (``s = config.scale_factor``), row-major within its tile.
+    """
+    image_processor = processor.image_processor
+    tile = int(image_processor.max_image_size["longest_edge"])
+    side = int(config.vision_config.patch_size) * int(config.scale_factor)
+    if not getattr(image_processor, "do_resize", True):
+        raise UnsupportedMethodError("an Idefics3 processor that does not resize is not mapped")
+    tiled_h, tiled_w = _idefics3_tiled_size(size, int(image_processor.size["longest_edge"]), tile)
+    tiles = _patch_boxes(tile // side, tile // side, side)
+    boxes = []
+    if getattr(image_processor, "do_image_splitting", False):
+        rows, cols = tiled_h // tile, tiled_w // tile
+        if rows * cols > 1:  # else the one tile is the whole image
+            to_original = _ToOriginal((size[0] / tiled_h, size[1] / tiled_w))
+            for row in range(rows):
+                for col in range(cols):
+                    corner = np.array([col * tile, row * tile, col * tile, row * tile])
+                    boxes.append(to_original.boxes(tiles + corner, size))
+    if len(boxes) + 1 != outputs["pixel_values"].shape[1]:
+        raise UnsupportedMethodError("the processor's tiles are not the ones this map expects")
+    boxes.append(_ToOriginal((size[0] / tile, size[1] / tile)).boxes(tiles, size))
+    return np.concatenate(boxes)
+
+
+_REGIONS = {
+    "patch_grid": _patch_grid,
+    "merged_grid": _merged_grid,
+    "pooled_grid": _pooled_grid,
+    "tiled_grid": _tiled_grid,
+}
 
 
 def visual_regions(
@@ -164,7 +242,8 @@ def visual_regions(
     Each visual token's box ``(x0, y0, x1, y1)`` in the original image, in token order.
 
     Args:
-        layout: The family's token layout (``patch_grid``, ``merged_grid``, ``pooled_grid``).
+        layout: The family's token layout (``patch_grid``, ``merged_grid``, ``pooled_grid``,
+            ``tiled_grid``).
         processor: The family's processor (its image processor's settings are read).
         config: The model's config (patch size, which vision features it keeps).
         size: The original image's ``(height, width)``.
