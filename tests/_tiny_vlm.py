@@ -234,3 +234,41 @@ def tiny_idefics3(splitting: bool = True) -> VisionLanguageAdapter:
     torch.manual_seed(0)
     model = tf.Idefics3ForConditionalGeneration(config).eval()
     return VisionLanguageAdapter(model, processor, "tiny-random-idefics3")
+
+
+def tiny_llava_next() -> VisionLanguageAdapter:
+    """LLaVA-NeXT layout: 32-px tiles of 4 × 4 patches, canvases of 1 × 2, 2 × 1 or 2 × 2 tiles."""
+    tokenizer = _tokenizer(["<image>"])
+    pinpoints = [[32, 64], [64, 32], [64, 64]]
+    config = tf.LlavaNextConfig(
+        vision_config=tf.CLIPVisionConfig(
+            image_size=32,
+            patch_size=8,
+            hidden_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=32,
+        ).to_dict(),
+        text_config=tf.LlamaConfig(vocab_size=len(tokenizer), **_LANGUAGE_MODEL).to_dict(),
+        image_grid_pinpoints=pinpoints,
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+        attn_implementation="eager",
+    )
+    torch.manual_seed(0)
+    model = tf.LlavaNextForConditionalGeneration(config).eval()
+    image_processor = tf.LlavaNextImageProcessor(
+        size={"shortest_edge": 32},
+        crop_size={"height": 32, "width": 32},
+        image_grid_pinpoints=pinpoints,
+        resample=tf.image_utils.PILImageResampling.BILINEAR,
+    )
+    processor = tf.LlavaNextProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=8,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+    )
+    return VisionLanguageAdapter(model, processor, "tiny-random-llava-next")

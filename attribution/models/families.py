@@ -248,7 +248,8 @@ class VisionLanguage:
             ``"patch_grid"``, one token per vision-tower patch in row-major order (LLaVA 1.5);
             ``"merged_grid"``, one token per ``m × m`` block of patches (Qwen2-VL's merger);
             ``"pooled_grid"``, the patches average-pooled to ``n × n`` tokens (Gemma 3);
-            ``"tiled_grid"``, tiles and the whole image, pixel-shuffled (Idefics3, SmolVLM).
+            ``"tiled_grid"``, tiles and the whole image, pixel-shuffled (Idefics3, SmolVLM);
+            ``"anyres_grid"``, the whole image and its any-resolution tiles (LLaVA-NeXT).
         token_inputs: The processor's per-token outputs the model reads besides the ids and
             the attention mask, each with its value over a teacher-forced answer (PaliGemma's
             token types: 0 is the prefix it reads both ways, 1 the answer it reads causally;
@@ -325,6 +326,12 @@ FAMILIES: dict[str, Family] = {
         "rope",
         _VLM_LANGUAGE_MODEL,
         VisionLanguage("{image}\n{prompt}", "patch_grid"),
+    ),
+    "llava_next": Family(
+        "vision-language",
+        "rope",
+        _VLM_LANGUAGE_MODEL,
+        VisionLanguage("{image}\n{prompt}", "anyres_grid"),
     ),
     "qwen2_vl": Family("vision-language", "rope", _VLM_LANGUAGE_MODEL, _QWEN2_VL),
     # the same tokens; its tower's window attention is undone before the merger's output

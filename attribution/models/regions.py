@@ -15,7 +15,9 @@ after its CLS token when the family keeps it) or ``merged_grid`` (Qwen2-VL: each
 ``m × m`` block of patches, blocks in row-major order) or ``pooled_grid`` (Gemma 3: the
 patches average-pooled to ``n × n`` tokens, row-major) or ``tiled_grid`` (Idefics3, SmolVLM:
 tiles of the image and then the whole image, each pixel-shuffled into ``s × s`` patch blocks;
-a pixel then reaches a tile's token and the whole image's).
+a pixel then reaches a tile's token and the whole image's) or ``anyres_grid`` (LLaVA-NeXT: the
+whole image's patches, then the any-resolution canvas's, with row-end newline tokens that
+stand for no region: rows of NaN).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from transformers.image_processing_utils import select_best_resolution
 
 from attrlab.attribution.errors import UnsupportedMethodError
 
@@ -223,7 +226,55 @@ def _tiled_grid(
     return np.concatenate(boxes)
 
 
+def _anyres_grid(
+    processor: Any, config: Any, size: tuple[int, int], outputs: Mapping[str, torch.Tensor]
+) -> np.ndarray:
+    """
+    LLaVA-NeXT: the whole image's patches, then those of its any-resolution canvas.
+
+    The canvas is the grid resolution transformers picks, holding the image resized to fit and
+    centred; the model drops the token rows (or columns) that hold only padding, as its
+    ``unpad_image`` does, and ends each kept row with a newline token, which stands for no
+    region (a row of NaN).
+    """
+    image_processor = processor.image_processor
+    if getattr(config, "vision_feature_select_strategy", "default") != "default":
+        raise UnsupportedMethodError("LLaVA-NeXT keeping its CLS tokens is not mapped")
+    height, width = size
+    tile = int(image_processor.crop_size["height"])
+    side = int(config.vision_config.image_size) // int(config.vision_config.patch_size)
+    patch = tile / side  # a token's side in canvas pixels
+    base = _ToOriginal((height / tile, width / tile)).boxes(_patch_boxes(side, side, patch), size)
+    canvas_h, canvas_w = select_best_resolution(size, image_processor.image_grid_pinpoints)
+    # the image resized to fit the canvas (transformers' get_patch_output_size), then centred
+    if canvas_w / width < canvas_h / height:
+        fit_h, fit_w = min(math.ceil(height * canvas_w / width), canvas_h), canvas_w
+    else:
+        fit_h, fit_w = canvas_h, min(math.ceil(width * canvas_h / height), canvas_w)
+    to_original = _ToOriginal(
+        (height / fit_h, width / fit_w),
+        (-((canvas_h - fit_h) // 2) * height / fit_h, -((canvas_w - fit_w) // 2) * width / fit_w),
+    )
+    rows, cols = canvas_h // tile * side, canvas_w // tile * side
+    kept_rows, kept_cols = range(rows), range(cols)
+    if width / height > cols / rows:  # the model's unpad_image, in tokens
+        padding = (rows - int(round(height * cols / width, 7))) // 2
+        kept_rows = range(padding, rows - padding)
+    else:
+        padding = (cols - int(round(width * rows / height, 7))) // 2
+        kept_cols = range(padding, cols - padding)
+    newline = np.full((1, 4), np.nan)
+    grid = []
+    for row in kept_rows:
+        for col in kept_cols:
+            box = np.array([[col * patch, row * patch, (col + 1) * patch, (row + 1) * patch]])
+            grid.append(to_original.boxes(box, size))
+        grid.append(newline)
+    return np.concatenate([base, *grid])
+
+
 _REGIONS = {
+    "anyres_grid": _anyres_grid,
     "patch_grid": _patch_grid,
     "merged_grid": _merged_grid,
     "pooled_grid": _pooled_grid,
@@ -243,7 +294,7 @@ def visual_regions(
 
     Args:
         layout: The family's token layout (``patch_grid``, ``merged_grid``, ``pooled_grid``,
-            ``tiled_grid``).
+            ``tiled_grid``, ``anyres_grid``).
         processor: The family's processor (its image processor's settings are read).
         config: The model's config (patch size, which vision features it keeps).
         size: The original image's ``(height, width)``.

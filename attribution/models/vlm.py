@@ -47,7 +47,8 @@ class ImageTextInputs:
 
     ``input_ids`` hold the prompt with the image placeholder expanded to ``visual_tokens``
     (bool ``(T,)``); ``regions[i]`` is the ``(x0, y0, x1, y1)`` box of ``image`` (the original,
-    as decoded) that the ``i``-th visual token stands for. ``image_kwargs`` are the processor's
+    as decoded) that the ``i``-th visual token stands for (NaN: a token that stands for no
+    region, such as LLaVA-NeXT's row ends). ``image_kwargs`` are the processor's
     other model inputs (``pixel_values``, Qwen2-VL's ``image_grid_thw``) and the per-token ones
     the family names (:attr:`~attribution.models.families.VisionLanguage.token_inputs`), which
     run along ``input_ids``. A teacher-forced answer is the last
