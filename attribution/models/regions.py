@@ -67,8 +67,8 @@ def _entry(size: Any, key: str) -> int | None:
     return int(value) if value else None
 
 
-def _patch_boxes(rows: int, cols: int, side: int) -> np.ndarray:
-    """``(rows · cols, 4)`` boxes of a grid of ``side``-pixel squares, row-major."""
+def _patch_boxes(rows: int, cols: int, side: float) -> np.ndarray:
+    """``(rows · cols, 4)`` boxes of a grid of squares of ``side`` pixels, row-major."""
     r, c = np.divmod(np.arange(rows * cols), cols)
     return np.stack([c * side, r * side, (c + 1) * side, (r + 1) * side], axis=1).astype(float)
 
