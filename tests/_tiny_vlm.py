@@ -30,8 +30,14 @@ def _tokenizer(extra: list[str]) -> Any:
     return tokenizer
 
 
-def tiny_llava(image_size: int = 32, strategy: str = "default") -> VisionLanguageAdapter:
-    """LLaVA 1.5 layout: a CLIP tower (8-px patches), a 2-layer MLP projector, a tiny LLaMA."""
+def tiny_llava(
+    image_size: int = 32, strategy: str = "default", pad: bool = False
+) -> VisionLanguageAdapter:
+    """
+    LLaVA 1.5 layout: a CLIP tower (8-px patches), a 2-layer MLP projector, a tiny LLaMA.
+
+    ``pad``: LLaVA's own image processor, which pads the image to a square before resizing.
+    """
     tokenizer = _tokenizer(["<image>"])
     config = tf.LlavaConfig(
         vision_config=tf.CLIPVisionConfig(
@@ -50,9 +56,11 @@ def tiny_llava(image_size: int = 32, strategy: str = "default") -> VisionLanguag
     )
     torch.manual_seed(0)
     model = tf.LlavaForConditionalGeneration(config).eval()
-    image_processor = tf.CLIPImageProcessor(
+    image_processor = (tf.LlavaImageProcessor if pad else tf.CLIPImageProcessor)(
         size={"shortest_edge": image_size},
         crop_size={"height": image_size, "width": image_size},
+        do_pad=pad,
+        resample=tf.image_utils.PILImageResampling.BILINEAR,
     )
     processor = tf.LlavaProcessor(
         image_processor=image_processor,

@@ -90,6 +90,7 @@ CASES: dict[str, tuple[Callable[[], VisionLanguageAdapter], int, int, int]] = {
     "llava as is": (tiny_llava, 32, 32, 0),
     "llava centre crop": (tiny_llava, 32, 48, 0),
     "llava resize ×2": (tiny_llava, 64, 80, 4),
+    "llava pad to square": (lambda: tiny_llava(pad=True), 32, 16, 0),  # two columns of padding
     "qwen2-vl merged 2×2": (tiny_qwen2_vl, 32, 48, 0),
     "qwen2-vl resize ×2": (lambda: tiny_qwen2_vl(max_pixels=32 * 48), 64, 96, 4),
     "qwen2.5-vl windows": (tiny_qwen2_5_vl, 48, 48, 0),
@@ -126,7 +127,7 @@ def test_planted_patch_reaches_exactly_the_tokens_its_region_names(case: str) ->
     """
     Changing the pixels of a token's region changes the visual tokens whose regions overlap it
     and no other (on a grid: that token alone), and changing every pixel outside it changes
-    every visual token with a region but those whose regions lie inside it.
+    every visual token with pixels but those whose regions lie inside it.
     """
     build, height, width, margin = CASES[case]
     adapter = build()
@@ -137,7 +138,9 @@ def test_planted_patch_reaches_exactly_the_tokens_its_region_names(case: str) ->
     clean = _lm_embeddings(adapter, image)
     count = len(positions)
     assert count == len(inputs.regions) >= 4
-    placed = ~np.isnan(inputs.regions[:, 0])  # LLaVA-NeXT's row ends stand for no region
+    # tokens of pure padding and LLaVA-NeXT's row ends stand for no pixel: an empty or NaN box
+    sides = inputs.regions[:, 2:] - inputs.regions[:, :2]
+    placed = (sides > 0).all(axis=1)
     for token in np.nonzero(placed)[0]:
         x0, y0, x1, y1 = inputs.regions[token]
         inside = image.copy()
@@ -164,6 +167,16 @@ def test_pixels_the_crop_drops_reach_no_token() -> None:
     edges[:, :8] ^= 0xFF
     edges[:, 40:] ^= 0xFF
     assert torch.equal(_lm_embeddings(adapter, image), _lm_embeddings(adapter, edges))
+
+
+def test_full_features_keep_the_cls_token_over_the_whole_image() -> None:
+    """LLaVA's ``full`` strategy: the CLS token first, over the centre crop; then the patches."""
+    image = _image(32, 48)
+    full = tiny_llava(strategy="full").preprocess(ImagePrompt(image, PROMPT))
+    patches = tiny_llava().preprocess(ImagePrompt(image, PROMPT))
+    assert int(full.visual_tokens.sum()) == 17 == int(patches.visual_tokens.sum()) + 1
+    np.testing.assert_array_equal(full.regions[0], [8, 0, 40, 32])  # the crop's 32 middle columns
+    np.testing.assert_array_equal(full.regions[1:], patches.regions)
 
 
 @pytest.mark.parametrize("build", BUILDS)
