@@ -270,6 +270,8 @@ def test_refuses_what_is_not_an_image_and_a_prompt() -> None:
         adapter.preprocess(ImagePrompt(_image(32, 32), "  "))
     with pytest.raises(InvalidInputError, match="image"):
         adapter.preprocess(ImagePrompt("/etc/passwd", PROMPT))
+    with pytest.raises(InvalidInputError, match="placeholder"):
+        adapter.preprocess(ImagePrompt(_image(32, 32), "compare <image> with this"))
 
 
 @pytest.mark.parametrize("build", BUILDS)

@@ -157,14 +157,19 @@ class VisionLanguageAdapter(DecoderLMAdapter):
         An :class:`ImagePrompt` as model inputs, its visual tokens and their regions.
 
         Raises:
-            InvalidInputError: not an image and a prompt, an empty prompt, or more tokens
-                than the model reads.
+            InvalidInputError: not an image and a prompt, an empty prompt, a prompt holding
+                the image placeholder, or more tokens than the model reads.
         """
         if not isinstance(raw, ImagePrompt):
             raise InvalidInputError("a vision-language model takes an image and a prompt")
         if not isinstance(raw.prompt, str) or not raw.prompt.strip():
             raise InvalidInputError("the prompt is empty: ask something about the image")
         require_unicode(raw.prompt, "the prompt")
+        if self.processor.image_token in raw.prompt:  # it would expand to visual tokens
+            raise InvalidInputError(
+                f"the prompt holds the image placeholder {self.processor.image_token!r}; "
+                "the image is placed for you: give the text alone"
+            )
         image = np.array(load_image(raw.image))  # a writable copy, as torch wants
         text = self.prompt_text(raw.prompt)
         encoded = dict(self.processor(images=image, text=text, return_tensors="pt"))
