@@ -29,6 +29,7 @@ from attrlab.attribution.models.vlm import (
     with_answer,
 )
 from attrlab.attribution.request.answers import answer_target, given_answer, next_token_answer
+from attrlab.attribution.request.gate import check_modality
 
 PROMPT = "what is in the picture"
 BUILDS = [
@@ -239,6 +240,13 @@ def test_the_image_changes_the_prediction() -> None:
         with torch.no_grad():
             logits.append(adapter.logits(**inputs.model_kwargs()))
     assert not torch.allclose(logits[0], logits[1])
+
+
+def test_a_text_request_to_a_vision_language_model_is_refused_by_name() -> None:
+    """No method takes image + text inputs yet: a text request says what the model takes."""
+    adapter = tiny_llava()
+    with pytest.raises(InvalidInputError, match="takes an image and a prompt as input, but the"):
+        check_modality(adapter, "text")
 
 
 def test_chat_template_places_the_image() -> None:
