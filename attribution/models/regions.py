@@ -10,14 +10,17 @@ its kernel's reach of a box's edge, so a region's pixels reach its token through
 too; a pad or a crop moves boxes by whole pixels.
 
 The layout of a family's tokens is named in its row (:class:`~attribution.models.families.
-VisionLanguage`): ``patch_grid`` (LLaVA 1.5: the vision tower's patches in row-major order,
-after its CLS token when the family keeps it) or ``merged_grid`` (Qwen2-VL: each token one
-``m × m`` block of patches, blocks in row-major order) or ``pooled_grid`` (Gemma 3: the
-patches average-pooled to ``n × n`` tokens, row-major) or ``tiled_grid`` (Idefics3, SmolVLM:
-tiles of the image and then the whole image, each pixel-shuffled into ``s × s`` patch blocks;
-a pixel then reaches a tile's token and the whole image's) or ``anyres_grid`` (LLaVA-NeXT: the
-whole image's patches, then the any-resolution canvas's, with row-end newline tokens that
-stand for no region: rows of NaN).
+VisionLanguage`):
+
+- ``patch_grid``: the vision tower's patches, row-major, after its CLS token when the family
+  keeps it (LLaVA 1.5, PaliGemma);
+- ``merged_grid``: each token one ``m × m`` block of patches, blocks row-major (Qwen2-VL,
+  Qwen2.5-VL);
+- ``pooled_grid``: the patches average-pooled to ``n × n`` tokens, row-major (Gemma 3);
+- ``tiled_grid``: tiles of the image, then the whole image, each pixel-shuffled into ``s × s``
+  patch blocks, so a pixel reaches a tile's token and the whole image's (Idefics3);
+- ``anyres_grid``: the whole image's patches, then the any-resolution canvas's, with row-end
+  newline tokens that stand for no region: rows of NaN (LLaVA-NeXT).
 """
 
 from __future__ import annotations
