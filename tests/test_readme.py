@@ -49,6 +49,8 @@ DOCS_NOT_RUN = {
     ("large-models.md", 'offload_folder="/scratch/offload"'): "a placeholder model folder and "
     "8-bit loading (CUDA only); test_placement.py loads tiny models with device_map and disk "
     "offload",
+    ("vlm.md", "ImagePrompt(image_bytes"): "no vision-language weights can be fetched here; "
+    "test_vlm.py makes these calls on tiny random LLaVA and Qwen2-VL models",
     ("large-models.md", "long_text"): "a long text is the point (minutes on a CPU); "
     "test_placement.py checks checkpointed maps on tiny models",
 }

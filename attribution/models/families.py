@@ -26,10 +26,12 @@ __all__ = [
     "Family",
     "Layout",
     "RotaryLayout",
+    "VisionLanguage",
     "family_of",
     "loadable",
     "positional_encoding_of",
     "readout_of",
+    "vision_language_of",
 ]
 
 
@@ -211,6 +213,55 @@ _CLIP_VISION = Layout(
 )
 
 
+# A vision-language model's language model sits beside its vision tower, whose blocks a bare
+# "layers" would also match: its paths name the language model.
+_VLM_LANGUAGE_MODEL = replace(
+    _LLAMA,
+    blocks="language_model.layers",
+    final_norm="language_model.norm",
+    embedding_sum=("language_model.embed_tokens", "output"),
+    token_parts=("language_model.embed_tokens",),
+    input_embedding="language_model.embed_tokens",
+)
+
+# Idefics3 and SmolVLM call theirs the text model
+_IDEFICS3_TEXT_MODEL = replace(
+    _LLAMA,
+    blocks="text_model.layers",
+    final_norm="text_model.norm",
+    embedding_sum=("text_model.embed_tokens", "output"),
+    token_parts=("text_model.embed_tokens",),
+    input_embedding="text_model.embed_tokens",
+)
+
+
+@dataclass(frozen=True)
+class VisionLanguage:
+    """
+    How a vision-language family reads an image: its prompt and its visual tokens' regions.
+
+    Attributes:
+        prompt: Where the image goes in a prompt without a chat template: ``{image}`` is the
+            processor's image placeholder token (which it expands to the visual tokens),
+            ``{prompt}`` the user's text.
+        regions: How visual tokens map back to the image (:mod:`attribution.models.regions`):
+            ``"patch_grid"``, one token per vision-tower patch in row-major order (LLaVA 1.5);
+            ``"merged_grid"``, one token per ``m × m`` block of patches (Qwen2-VL's merger);
+            ``"pooled_grid"``, the patches average-pooled to ``n × n`` tokens (Gemma 3);
+            ``"tiled_grid"``, tiles and the whole image, pixel-shuffled (Idefics3, SmolVLM);
+            ``"anyres_grid"``, the whole image and its any-resolution tiles (LLaVA-NeXT).
+        token_inputs: The processor's per-token outputs the model reads besides the ids and
+            the attention mask, each with its value over a teacher-forced answer (PaliGemma's
+            token types: 0 is the prefix it reads both ways, 1 the answer it reads causally;
+            Gemma 3's: 1 marks image tokens, which read each other both ways).
+            Other per-token outputs (a text tokenizer's own token types, labels) are dropped.
+    """
+
+    prompt: str
+    regions: str
+    token_inputs: tuple[tuple[str, int], ...] = ()
+
+
 @dataclass(frozen=True)
 class Family:
     """
@@ -221,12 +272,18 @@ class Family:
             model, such as CLIP's vision tower, never loaded on its own).
         positional: Its kind of positional encoding.
         layout: Where its modules are (``None``: attrlab reaches into none of them).
+        vision_language: For image + prompt -> text models, how they read the image.
     """
 
     adapter: str | None
     positional: str | None = None
     layout: Layout | None = None
+    vision_language: VisionLanguage | None = None
 
+
+_QWEN2_VL = VisionLanguage(
+    "<|vision_start|>{image}<|vision_end|>{prompt}", "merged_grid", (("mm_token_type_ids", 0),)
+)
 
 #: Hugging Face ``model_type`` -> its row. Qwen3 (q/k norms), Gemma (``1 + w`` norms, scaled
 #: embeddings, soft-capping) and Phi-3 (fused QKV and gate/up, partial rotary) share LLaMA's
@@ -262,6 +319,43 @@ FAMILIES: dict[str, Family] = {
     ),
     "clip": Family("zero-shot-image", "learned"),
     "clip_vision_model": Family(None, "learned", _CLIP_VISION),
+    # Image + prompt -> text; their language models are LLaMA-like (LLaVA's may be any, its
+    # layout holds for LLaMA, Vicuna and Mistral ones). Tested on tiny random models only.
+    "llava": Family(
+        "vision-language",
+        "rope",
+        _VLM_LANGUAGE_MODEL,
+        VisionLanguage("{image}\n{prompt}", "patch_grid"),
+    ),
+    "llava_next": Family(
+        "vision-language",
+        "rope",
+        _VLM_LANGUAGE_MODEL,
+        VisionLanguage("{image}\n{prompt}", "anyres_grid"),
+    ),
+    "qwen2_vl": Family("vision-language", "rope", _VLM_LANGUAGE_MODEL, _QWEN2_VL),
+    # the same tokens; its tower's window attention is undone before the merger's output
+    "qwen2_5_vl": Family("vision-language", "rope", _VLM_LANGUAGE_MODEL, _QWEN2_VL),
+    # SigLIP patches (no CLS) resized to a fixed square; its processor adds BOS and a newline
+    "paligemma": Family(
+        "vision-language",
+        "rope",
+        _VLM_LANGUAGE_MODEL,
+        VisionLanguage("{image}{prompt}", "patch_grid", (("token_type_ids", 1),)),
+    ),
+    # its image placeholder (begin-of-image) expands to the pooled tokens between BOI and EOI
+    "gemma3": Family(
+        "vision-language",
+        "rope",
+        _VLM_LANGUAGE_MODEL,
+        VisionLanguage("{image}{prompt}", "pooled_grid", (("token_type_ids", 0),)),
+    ),
+    "idefics3": Family(
+        "vision-language",
+        "rope",
+        _IDEFICS3_TEXT_MODEL,
+        VisionLanguage("{image}{prompt}", "tiled_grid"),
+    ),
 }
 
 #: Classifier class -> which tokens its logits read, when not the CLS token alone: distilled
@@ -278,6 +372,12 @@ def loadable(model_type: str) -> bool:
     """Whether an adapter serves ``model_type`` on its own."""
     row = FAMILIES.get(model_type)
     return row is not None and row.adapter is not None
+
+
+def vision_language_of(model_type: str | None) -> VisionLanguage | None:
+    """How a vision-language family reads its image; ``None`` for other families."""
+    row = FAMILIES.get(model_type or "")
+    return row.vision_language if row else None
 
 
 def family_of(config: Any) -> str | None:

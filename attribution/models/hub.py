@@ -21,11 +21,13 @@ from attrlab.attribution.models.images import ImageTransform
 from attrlab.attribution.models.placement import Placement, pretrained_kwargs
 from attrlab.attribution.models.text import DecoderLMAdapter, TextClassifierAdapter
 from attrlab.attribution.models.vision import CLIPZeroShotAdapter, CNNAdapter, ViTAdapter
+from attrlab.attribution.models.vlm import VisionLanguageAdapter
 
 __all__ = ["download", "load_pretrained"]
 
-# What a hub download fetches: configs, weights, tokenizers; never code (no remote code runs).
-_HUB_FILES = ["*.json", "*.safetensors", "*.bin", "*.txt", "*.model", "*.tiktoken"]
+# What a hub download fetches: configs, weights, tokenizers, processors' chat templates; never
+# code (no remote code runs).
+_HUB_FILES = ["*.json", "*.safetensors", "*.bin", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
 #: Most layers a served folder's config may ask for (the largest models have a few hundred):
 #: the config's size check builds the model's skeleton, whose cost grows with its layers.
 MAX_CONFIG_LAYERS = 1024
@@ -120,6 +122,10 @@ def _load_transformers(
             return _load_vit(spec, kwargs)
         if family == "zero-shot-image":
             return _load_clip(spec, kwargs)
+        if family == "vision-language":
+            model = tf.AutoModelForImageTextToText.from_pretrained(spec, **kwargs)
+            processor = tf.AutoProcessor.from_pretrained(spec, revision=revision)
+            return VisionLanguageAdapter(model, processor, name, revision)
         tokenizer = tf.AutoTokenizer.from_pretrained(spec, revision=revision)
         if family == "decoder-lm":
             model = tf.AutoModelForCausalLM.from_pretrained(spec, **kwargs)

@@ -91,7 +91,7 @@ class TextClassifierAdapter(TextAdapter):
         self.tokenizer = tokenizer
         self.config = cast("PretrainedConfig", model.config)
         self.positional_encoding = positional_encoding_of(self.config)
-        self.max_length = _max_length(tokenizer, self.config)
+        self.max_length = _max_length(tokenizer, self.config.get_text_config())
         if getattr(self.config, "classifier_pooling", None) == "mean":  # ModernBERT's option
             self.readout = "mean"
 

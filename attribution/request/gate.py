@@ -138,9 +138,12 @@ def check_modality(adapter: Adapter, modality: str) -> None:
         )
 
 
+_INPUTS_IN_WORDS = {"image": "an image", "image-text": "an image and a prompt"}
+
+
 def an_input(modality: str) -> str:
-    """An input of ``modality`` in words: "an image" or "text"."""
-    return "an image" if modality == "image" else "text"
+    """An input of ``modality`` in words: "an image", "an image and a prompt" or "text"."""
+    return _INPUTS_IN_WORDS.get(modality, "text")
 
 
 def clear(

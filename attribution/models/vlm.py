@@ -1,0 +1,264 @@
+"""
+Vision-language models: an image and a prompt in, text out (LLaVA, Qwen2-VL).
+
+The model is a decoder LM whose prompt holds visual tokens: the processor expands the family's
+image placeholder to one token per visual feature, and the model puts the vision tower's
+features at those positions. What is explained is the LM's next token or a teacher-forced
+answer, with the targets of :mod:`attribution.request.target`; :class:`ImageTextInputs` says
+which positions are visual and which region of the original image each one stands for
+(:mod:`attribution.models.regions`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from attrlab.attribution.errors import InvalidInputError, UnsupportedMethodError, require_unicode
+from attrlab.attribution.inputs.tokens import continuation_texts, token_texts
+from attrlab.attribution.models.families import VisionLanguage, vision_language_of
+from attrlab.attribution.models.images import load_image
+from attrlab.attribution.models.regions import visual_regions
+from attrlab.attribution.models.text import DecoderLMAdapter
+
+if TYPE_CHECKING:
+    from attrlab.attribution.models.base import Adapter
+    from attrlab.attribution.request.answers import Answer
+
+__all__ = ["ImagePrompt", "ImageTextInputs", "VisionLanguageAdapter", "with_answer"]
+
+
+@dataclass(frozen=True)
+class ImagePrompt:
+    """What a vision-language request gives: an image (bytes, array or PIL) and a prompt."""
+
+    image: Any
+    prompt: str
+
+
+@dataclass(frozen=True)
+class ImageTextInputs:
+    """
+    One image and a prompt as the model reads them (batch dimension 1).
+
+    ``input_ids`` hold the prompt with the image placeholder expanded to ``visual_tokens``
+    (bool ``(T,)``); ``regions[i]`` is the ``(x0, y0, x1, y1)`` box of ``image`` (the original,
+    as decoded) that the ``i``-th visual token stands for (NaN: a token that stands for no
+    region, such as LLaVA-NeXT's row ends). ``image_kwargs`` are the processor's
+    other model inputs (``pixel_values``, Qwen2-VL's ``image_grid_thw``) and the per-token ones
+    the family names (:attr:`~attribution.models.families.VisionLanguage.token_inputs`), which
+    run along ``input_ids``. A teacher-forced answer is the last
+    ``answer_length`` tokens, as for :class:`~attribution.models.base.TextInputs`.
+    """
+
+    text: str
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    tokens: list[str]
+    token_texts: list[str]
+    special_tokens: torch.Tensor
+    visual_tokens: torch.Tensor
+    image_kwargs: dict[str, torch.Tensor]
+    image: np.ndarray
+    regions: np.ndarray
+    answer_length: int = 0
+
+    modality = "image-text"
+
+    def model_kwargs(self) -> dict[str, torch.Tensor]:
+        """Keyword arguments of the model's forward (and :meth:`Adapter.logits`)."""
+        return {
+            "input_ids": self.input_ids,
+            "attention_mask": self.attention_mask,
+            **self.image_kwargs,
+        }
+
+    @property
+    def pixel_values(self) -> torch.Tensor:
+        """The processed image, in the layout the family's vision tower takes."""
+        return self.image_kwargs["pixel_values"]
+
+    @property
+    def visual_positions(self) -> torch.Tensor:
+        """The sequence positions of the visual tokens, in the order of :attr:`regions`."""
+        return self.visual_tokens.nonzero()[:, 0]
+
+    @property
+    def fixed_tokens(self) -> torch.Tensor:
+        """Bool ``(T,)``: what a text perturbation keeps (special, visual and answer tokens)."""
+        fixed = self.special_tokens | self.visual_tokens
+        if self.answer_length:
+            fixed[-self.answer_length :] = True
+        return fixed
+
+
+class VisionLanguageAdapter(DecoderLMAdapter):
+    """
+    A decoder LM with a vision tower: the next-token logits after an image and a prompt.
+
+    ``processor`` is the family's Hugging Face processor (image processor and tokenizer);
+    a chat template of its own places the image, else the family's prompt pattern does.
+    """
+
+    modality = "image-text"
+    family = "vision-language"
+
+    def __init__(
+        self, model: nn.Module, processor: Any, model_id: str, revision: str | None = None
+    ):
+        super().__init__(model, processor.tokenizer, model_id, revision)
+        self.processor = processor
+        self.text_config: Any = self.config.get_text_config()
+        reading = vision_language_of(self.model_type)
+        if reading is None:
+            raise UnsupportedMethodError(f"model '{model_id}' is not a vision-language family")
+        self.reading: VisionLanguage = reading
+        config: Any = self.config
+        self.image_token_id = int(
+            getattr(config, "image_token_id", None) or config.image_token_index
+        )
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.text_config.num_hidden_layers)
+
+    @property
+    def num_heads(self) -> int:
+        return int(self.text_config.num_attention_heads)
+
+    @property
+    def num_kv_heads(self) -> int:
+        return int(getattr(self.text_config, "num_key_value_heads", None) or self.num_heads)
+
+    @property
+    def logit_softcap(self) -> float | None:
+        cap = getattr(self.text_config, "final_logit_softcapping", None)
+        return float(cap) if cap else None
+
+    def prompt_text(self, prompt: str) -> str:
+        """``prompt`` with the image placeholder: in the chat template if there is one."""
+        if getattr(self.processor, "chat_template", None):
+            turn = [
+                {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}
+            ]
+            return str(
+                self.processor.apply_chat_template(turn, add_generation_prompt=True, tokenize=False)
+            )
+        return self.reading.prompt.format(image=self.processor.image_token, prompt=prompt)
+
+    # Not yet one of the Inputs methods take (their maps, references and reductions come in
+    # the next step of issue 40), so the return type narrows the contract on purpose.
+    def preprocess(self, raw: Any) -> ImageTextInputs:  # type: ignore[override]
+        """
+        An :class:`ImagePrompt` as model inputs, its visual tokens and their regions.
+
+        Raises:
+            InvalidInputError: not an image and a prompt, an empty prompt, a prompt holding
+                the image placeholder, or more tokens than the model reads.
+        """
+        if not isinstance(raw, ImagePrompt):
+            raise InvalidInputError("a vision-language model takes an image and a prompt")
+        if not isinstance(raw.prompt, str) or not raw.prompt.strip():
+            raise InvalidInputError("the prompt is empty: ask something about the image")
+        require_unicode(raw.prompt, "the prompt")
+        if self.processor.image_token in raw.prompt:  # it would expand to visual tokens
+            raise InvalidInputError(
+                f"the prompt holds the image placeholder {self.processor.image_token!r}; "
+                "the image is placed for you: give the text alone"
+            )
+        image = np.array(load_image(raw.image))  # a writable copy, as torch wants
+        text = self.prompt_text(raw.prompt)
+        encoded = dict(self.processor(images=image, text=text, return_tensors="pt"))
+        ids = encoded.pop("input_ids")
+        mask = encoded.pop("attention_mask")
+        token_inputs = dict(self.reading.token_inputs)
+        encoded = {
+            key: value
+            for key, value in encoded.items()
+            if key in token_inputs or tuple(value.shape) != tuple(ids.shape)
+        }
+        if ids.shape[1] > self.max_length:
+            raise InvalidInputError(
+                f"image and prompt take {ids.shape[1]} tokens; model '{self.model_id}' reads "
+                f"at most {self.max_length}"
+            )
+        visual = ids[0] == self.image_token_id
+        regions = visual_regions(
+            self.reading.regions, self.processor, self.config, image.shape[:2], encoded
+        )
+        if len(regions) != int(visual.sum()):
+            raise UnsupportedMethodError(
+                f"the processor gave {int(visual.sum())} visual tokens, its layout "
+                f"'{self.reading.regions}' {len(regions)}: this processing is not mapped"
+            )
+        id_list = ids[0].tolist()
+        special_ids = set(self.tokenizer.all_special_ids) - {self.image_token_id}
+        special = [i in special_ids for i in id_list]
+        device = self.device
+        return ImageTextInputs(
+            text=text,
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            tokens=self.tokenizer.convert_ids_to_tokens(id_list),
+            token_texts=token_texts(self.tokenizer, text, id_list, special),
+            special_tokens=torch.tensor(special, device=device),
+            visual_tokens=visual.to(device),
+            image_kwargs={k: v.to(device) for k, v in encoded.items()},
+            image=image,
+            regions=regions,
+        )
+
+
+def with_answer(adapter: Adapter, inputs: ImageTextInputs, answer: Answer) -> ImageTextInputs:
+    """
+    ``inputs`` followed by ``answer``'s tokens: one teacher-forced sequence.
+
+    The targets of :func:`attribution.request.answers.answer_target` read it as they read a
+    text prompt's answer; the processor's per-token inputs run on over the answer as text.
+
+    Raises:
+        InvalidInputError: an empty answer, or more tokens than the model reads.
+    """
+    decoder = _vision_language(adapter)
+    if not answer.ids:
+        raise InvalidInputError("the answer is empty: give at least one token to explain")
+    count = len(answer.ids)
+    length = int(inputs.input_ids.shape[1]) + count
+    if length > decoder.max_length:
+        raise InvalidInputError(
+            f"image, prompt and answer take {length} tokens; model '{adapter.model_id}' "
+            f"reads at most {decoder.max_length}"
+        )
+    ids = torch.cat([inputs.input_ids, inputs.input_ids.new_tensor([answer.ids])], dim=1)
+
+    def run_on(tensor: torch.Tensor, fill: int) -> torch.Tensor:
+        return torch.cat([tensor, tensor.new_full((1, count), fill)], dim=1)
+
+    answer_values = dict(decoder.reading.token_inputs)
+    image_kwargs = {
+        key: run_on(value, answer_values[key]) if key in answer_values else value
+        for key, value in inputs.image_kwargs.items()
+    }
+    no = torch.zeros(count, dtype=torch.bool, device=ids.device)
+    return replace(
+        inputs,
+        text=inputs.text + answer.text,
+        input_ids=ids,
+        attention_mask=run_on(inputs.attention_mask, 1),
+        tokens=[*inputs.tokens, *decoder.tokenizer.convert_ids_to_tokens(list(answer.ids))],
+        token_texts=[*inputs.token_texts, *continuation_texts(decoder.tokenizer, answer.ids)],
+        special_tokens=torch.cat([inputs.special_tokens, no]),
+        visual_tokens=torch.cat([inputs.visual_tokens, no]),
+        image_kwargs=image_kwargs,
+        answer_length=count,
+    )
+
+
+def _vision_language(adapter: Adapter) -> VisionLanguageAdapter:
+    if not isinstance(adapter, VisionLanguageAdapter):
+        raise UnsupportedMethodError(f"model '{adapter.model_id}' does not take an image and text")
+    return adapter
