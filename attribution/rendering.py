@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from attrlab.attribution.explanation import Explanation
     from attrlab.attribution.metrics.check import MethodCheck
 
-__all__ = ["Renderer", "register_renderer", "renderer", "required_renderer"]
+__all__ = ["DrawnStudy", "Renderer", "register_renderer", "renderer", "required_renderer"]
 
 
 class Renderer(Protocol):
@@ -90,3 +90,44 @@ def required_renderer() -> Renderer:
     if found is None:
         raise RuntimeError("drawing is attrlab.viz's: import attrlab (or attrlab.viz) first")
     return found
+
+
+class DrawnStudy:
+    """
+    A study that shows itself: its notebook display, :meth:`figures`, :meth:`figure`, :meth:`show`.
+
+    A subclass says which of the renderer's drawings are its own (:meth:`_html`,
+    :meth:`_figures`).
+    """
+
+    def _html(self, drawing: Renderer) -> str:
+        raise NotImplementedError
+
+    def _figures(self, drawing: Renderer) -> Mapping[str, Any]:
+        raise NotImplementedError
+
+    def _repr_html_(self) -> str | None:  # a notebook's display, by the registered renderer
+        drawing = renderer()
+        return None if drawing is None else self._html(drawing)
+
+    def figures(self) -> list[str]:
+        """The names of the figures :meth:`figure` draws, its default first."""
+        return list(self._figures(required_renderer()))
+
+    def figure(self, name: str | None = None) -> Any:
+        """
+        One Plotly figure drawn from the tables (default: the first of :meth:`figures`).
+
+        Raises:
+            ValueError: a name not in :meth:`figures`.
+            RuntimeError: nothing draws (:mod:`attrlab.viz` was never imported).
+        """
+        figures = self._figures(required_renderer())
+        chosen = next(iter(figures)) if name is None else name
+        if chosen not in figures:
+            raise ValueError(f"no figure {name!r}; this study has {', '.join(figures)}")
+        return figures[chosen]
+
+    def show(self, name: str | None = None) -> None:
+        """Show :meth:`figure` (inline in a notebook, a browser tab elsewhere)."""
+        self.figure(name).show()

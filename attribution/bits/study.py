@@ -17,7 +17,7 @@ more while a margin is unsettled: :func:`~attribution.verdicts.draw_until_settle
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,7 +46,7 @@ from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
 from attrlab.attribution.metrics.leaderboard import bundled_items
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.text import DecoderLMAdapter
-from attrlab.attribution.rendering import renderer, required_renderer
+from attrlab.attribution.rendering import DrawnStudy, Renderer
 from attrlab.attribution.request.defaults import BIT_WIDTHS, BITS_DRAWS, BUDGETS, GROUP_SIZE
 from attrlab.attribution.request.gate import clear_study
 from attrlab.attribution.request.run import RunContext, RunSettings
@@ -117,7 +117,7 @@ def _uniform_width(budget: float) -> int:
 
 
 @dataclass
-class BitsStudy:
+class BitsStudy(DrawnStudy):
     """
     What :func:`bits_study` found.
 
@@ -159,31 +159,12 @@ class BitsStudy:
     cached: int = 0
     warnings: list[str] = field(default_factory=list)
 
-    def _repr_html_(self) -> str | None:  # a notebook's display, by the registered renderer
-        drawing = renderer()
-        return None if drawing is None else drawing.bits_html(self)
+    def _html(self, drawing: Renderer) -> str:
+        return drawing.bits_html(self)
 
-    def figures(self) -> list[str]:
-        """The names of the figures :meth:`figure` draws (one heatmap per scheme first)."""
-        return list(required_renderer().bits_figures(self))
-
-    def figure(self, name: str | None = None) -> Any:
-        """
-        One Plotly figure drawn from the tables (default: the first of :meth:`figures`).
-
-        Raises:
-            ValueError: a name not in :meth:`figures`.
-            RuntimeError: nothing draws (:mod:`attrlab.viz` was never imported).
-        """
-        figures = required_renderer().bits_figures(self)
-        chosen = next(iter(figures)) if name is None else name
-        if chosen not in figures:
-            raise ValueError(f"no figure {name!r}; this study has {', '.join(figures)}")
-        return figures[chosen]
-
-    def show(self, name: str | None = None) -> None:
-        """Show :meth:`figure` (inline in a notebook, a browser tab elsewhere)."""
-        self.figure(name).show()
+    def _figures(self, drawing: Renderer) -> Mapping[str, Any]:
+        """Its figures (one heatmap per scheme first)."""
+        return drawing.bits_figures(self)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: every table as records (``nan`` as ``None``)."""

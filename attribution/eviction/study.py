@@ -35,7 +35,7 @@ the answer by attrlab's methods (gradient × input, AttnLRP, integrated gradient
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
@@ -57,7 +57,7 @@ from attrlab.attribution.eviction.scorers import (
 )
 from attrlab.attribution.explain import explain
 from attrlab.attribution.models.base import Adapter, TextInputs
-from attrlab.attribution.rendering import renderer, required_renderer
+from attrlab.attribution.rendering import DrawnStudy, Renderer
 from attrlab.attribution.request.defaults import PRUNING_DRAWS
 from attrlab.attribution.request.memory import default_memory_limit
 from attrlab.attribution.request.run import RunContext, RunSettings
@@ -125,7 +125,7 @@ class EvictionItem:
 
 
 @dataclass
-class EvictionStudy:
+class EvictionStudy(DrawnStudy):
     """
     Curves, verdicts and agreement of each scorer on a set of items.
 
@@ -164,31 +164,12 @@ class EvictionStudy:
     forward_passes: int
     views: list[dict[str, Any]]
 
-    def _repr_html_(self) -> str | None:  # a notebook's display, by the registered renderer
-        drawing = renderer()
-        return None if drawing is None else drawing.eviction_html(self)
+    def _html(self, drawing: Renderer) -> str:
+        return drawing.eviction_html(self)
 
-    def figures(self) -> list[str]:
-        """The names of the figures :meth:`figure` draws (the curves per metric first)."""
-        return list(required_renderer().eviction_figures(self))
-
-    def figure(self, name: str | None = None) -> Any:
-        """
-        One Plotly figure drawn from the tables (default: the first of :meth:`figures`).
-
-        Raises:
-            ValueError: a name not in :meth:`figures`.
-            RuntimeError: nothing draws (:mod:`attrlab.viz` was never imported).
-        """
-        figures = required_renderer().eviction_figures(self)
-        chosen = next(iter(figures)) if name is None else name
-        if chosen not in figures:
-            raise ValueError(f"no figure {name!r}; this study has {', '.join(figures)}")
-        return figures[chosen]
-
-    def show(self, name: str | None = None) -> None:
-        """Show :meth:`figure` (inline in a notebook, a browser tab elsewhere)."""
-        self.figure(name).show()
+    def _figures(self, drawing: Renderer) -> Mapping[str, Any]:
+        """Its figures (the curves per metric first)."""
+        return drawing.eviction_figures(self)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready."""
