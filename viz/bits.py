@@ -15,13 +15,12 @@ from typing import TYPE_CHECKING
 import pandas as pd
 import plotly.graph_objects as go
 
+from attrlab.viz.bands import add_random_band
+
 if TYPE_CHECKING:
     from attrlab.attribution.bits import BitsStudy
 
 __all__ = ["bits_figures", "bits_files", "sensitivity_grids"]
-
-#: The random allocations' band, as the pruning curves draw their random orders'.
-_BAND = "rgba(127, 127, 127, 0.2)"
 
 
 def sensitivity_grids(study: BitsStudy) -> dict[str, pd.DataFrame]:
@@ -98,29 +97,7 @@ def _allocation_figure(study: BitsStudy) -> go.Figure:
     curves = study.curves
     figure = go.Figure()
     random = curves[curves["allocation"] == "random"].sort_values("average_bits")
-    for bound, fill in (("high", None), ("low", "tonexty")):
-        figure.add_trace(
-            go.Scatter(
-                x=random["average_bits"],
-                y=random[bound],
-                mode="lines",
-                line={"width": 0, "color": "#7f7f7f"},
-                fill=fill,
-                fillcolor=_BAND,
-                name=f"random {bound}est draw",
-                showlegend=False,
-                hovertemplate=f"random, {bound}est draw: %{{y:.4g}}<extra></extra>",
-            )
-        )
-    figure.add_trace(
-        go.Scatter(
-            x=random["average_bits"],
-            y=random["value"],
-            mode="markers+lines",
-            name="random (mean; band: lowest to highest draw)",
-            line={"dash": "dash", "color": "#7f7f7f"},
-        )
-    )
+    add_random_band(figure, random["average_bits"], random)
     for name, rows in curves[curves["allocation"] != "random"].groupby("allocation", sort=False):
         rows = rows.sort_values("average_bits")
         figure.add_trace(

@@ -19,6 +19,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from attrlab.attribution.engine.verification import RANDOM
+from attrlab.viz.bands import add_random_band
 from attrlab.viz.text import diverging_colour, text_colour
 from attrlab.viz.tokens import token_html
 
@@ -34,8 +35,6 @@ __all__ = [
     "verdict_lines",
 ]
 
-#: The random evictions' band, as the pruning and bits curves draw theirs.
-_BAND = "rgba(127, 127, 127, 0.2)"
 #: Each metric's axis title.
 _TITLES = {
     "log_prob": "answer log-probability",
@@ -64,29 +63,7 @@ def eviction_figures(study: EvictionStudy) -> dict[str, go.Figure]:
 def _curve_figure(study: EvictionStudy, rows: pd.DataFrame, metric: str) -> go.Figure:
     figure = go.Figure()
     random = rows[rows["order"] == RANDOM].sort_values("removed")
-    for bound, fill in (("high", None), ("low", "tonexty")):
-        figure.add_trace(
-            go.Scatter(
-                x=random["removed"],
-                y=random[bound],
-                mode="lines",
-                line={"width": 0, "color": "#7f7f7f"},
-                fill=fill,
-                fillcolor=_BAND,
-                name=f"random {bound}est draw",
-                showlegend=False,
-                hovertemplate=f"random, {bound}est draw: %{{y:.4g}}<extra></extra>",
-            )
-        )
-    figure.add_trace(
-        go.Scatter(
-            x=random["removed"],
-            y=random["value"],
-            mode="markers+lines",
-            name="random (mean; band: lowest to highest draw)",
-            line={"dash": "dash", "color": "#7f7f7f"},
-        )
-    )
+    add_random_band(figure, random["removed"], random)
     for name, order in rows[rows["order"] != RANDOM].groupby("order", sort=False):
         order = order.sort_values("removed")
         figure.add_trace(

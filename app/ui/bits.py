@@ -30,6 +30,8 @@ from attrlab.app.ui.shared import (
     parse_budgets,
     readable,
     session,
+    study_buttons,
+    study_export_row,
     wire_study,
 )
 from attrlab.attribution.bits import DEFAULT_KINDS, PART_KINDS
@@ -77,9 +79,7 @@ class BitsSection:
             "average budget, beside uniform bits and random allocations."
         )
         self._choices()
-        with gr.Row():
-            self.run = gr.Button("Quantise", variant="primary", elem_id="bits-run")
-            self.cancel = gr.Button("Cancel", variant="stop", elem_id="bits-cancel")
+        self.run, self.cancel = study_buttons("bits", "Quantise")
         self.summary = gr.Markdown("", elem_id="bits-summary")
         self.agreement = gr.Dataframe(
             interactive=False,
@@ -91,12 +91,7 @@ class BitsSection:
             role: gr.Plot(visible=False, show_label=False, elem_id=f"bits-{role}-plot")
             for role in _ROLES
         }
-        with gr.Row(equal_height=False):
-            self.export = gr.Button("Export", scale=0, min_width=160, elem_id="bits-export")
-            self.bundle = gr.File(label="Bundle", height=90, elem_id="bits-bundle")
-            self.link = gr.Textbox(
-                label="Link to this bits run", lines=2, elem_id="bits-link", buttons=["copy"]
-            )
+        self.export, self.bundle, self.link = study_export_row("bits", "bits run")
         #: What a study reads, in :meth:`study`'s order.
         self.fields = [model, self.texts, self.kinds, self.widths, self.group_size]
         self.fields += [self.budgets, self.draws]

@@ -30,6 +30,8 @@ from attrlab.app.ui.shared import (
     parse_ratios,
     readable,
     session,
+    study_buttons,
+    study_export_row,
     wire_study,
 )
 from attrlab.attribution.eviction import parse_tasks
@@ -98,9 +100,7 @@ class EvictionTab:
             "token alone. Scorers that know the answer are oracles, not deployable policies."
         )
         self._choices()
-        with gr.Row():
-            self.run = gr.Button("Evict", variant="primary", elem_id="evict-run")
-            self.cancel = gr.Button("Cancel", variant="stop", elem_id="evict-cancel")
+        self.run, self.cancel = study_buttons("evict", "Evict")
         self.summary = gr.Markdown("", elem_id="evict-summary")
         self._item_view()
         self.plots = {
@@ -113,12 +113,7 @@ class EvictionTab:
             elem_id="evict-agreement",
             wrap=True,
         )
-        with gr.Row(equal_height=False):
-            self.export = gr.Button("Export", scale=0, min_width=160, elem_id="evict-export")
-            self.bundle = gr.File(label="Bundle", height=90, elem_id="evict-bundle")
-            self.link = gr.Textbox(
-                label="Link to this eviction run", lines=2, elem_id="evict-link", buttons=["copy"]
-            )
+        self.export, self.bundle, self.link = study_export_row("evict", "eviction run")
         #: What a study reads, in :meth:`study`'s order.
         self.fields = [self.model, self.task, self.count, self.max_tokens, self.seed, self.tasks]
         self.fields += [self.scorers, self.unit, self.split, self.ratios, self.draws]

@@ -29,6 +29,7 @@ from attrlab.app.ui.shared import (
     parse_positions,
     readable,
     session,
+    study_export_row,
     wire_study,
 )
 from attrlab.attribution.models import BUILTIN_MODELS, default_model
@@ -204,12 +205,7 @@ class PatchingView:
         }
 
     def _export_row(self) -> None:
-        with gr.Row(equal_height=False):
-            self.export = gr.Button("Export", scale=0, min_width=160, elem_id="patching-export")
-            self.bundle = gr.File(label="Bundle", height=90, elem_id="patching-bundle")
-            self.link = gr.Textbox(
-                label="Link to this study", lines=2, elem_id="patching-link", buttons=["copy"]
-            )
+        self.export, self.bundle, self.link = study_export_row("patching", "study")
 
     # --- wiring ---------------------------------------------------------------------------
 

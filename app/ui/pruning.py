@@ -20,7 +20,7 @@ import gradio as gr
 
 from attrlab.app.ui.link import LinkedTab, page_base, share_query
 from attrlab.app.ui.runner import PageRunner
-from attrlab.app.ui.shared import in_order, readable, session, wire_study
+from attrlab.app.ui.shared import in_order, readable, session, study_buttons, wire_study
 from attrlab.attribution.engine import SPARSITIES, model_unit_kinds
 from attrlab.attribution.engine.allocation import allocation_names
 from attrlab.attribution.engine.choices import shared_removals
@@ -76,9 +76,7 @@ class PruningSection:
             "and range)."
         )
         self._choices()
-        with gr.Row():
-            self.prune = gr.Button("Prune", variant="primary", elem_id="pruning-run")
-            self.cancel = gr.Button("Cancel", variant="stop", elem_id="pruning-cancel")
+        self.prune, self.cancel = study_buttons("pruning", "Prune")
         self.scores = gr.Markdown("", elem_id="pruning-scores")
         self.link = gr.Textbox(
             label="Link to this pruning run", lines=2, elem_id="pruning-link", buttons=["copy"]

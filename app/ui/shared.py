@@ -39,6 +39,8 @@ __all__ = [
     "readable",
     "sample_labels",
     "session",
+    "study_buttons",
+    "study_export_row",
     "whole",
 ]
 
@@ -74,6 +76,25 @@ def readable(handler: Callable[..., Any]) -> Callable[..., Any]:
             raise gr.Error(public_message(str(err))) from None
 
     return wrapped
+
+
+def study_buttons(prefix: str, label: str) -> tuple[gr.Button, gr.Button]:
+    """A study's run and cancel buttons, side by side (``{prefix}-run``, ``{prefix}-cancel``)."""
+    with gr.Row():
+        run = gr.Button(label, variant="primary", elem_id=f"{prefix}-run")
+        cancel = gr.Button("Cancel", variant="stop", elem_id=f"{prefix}-cancel")
+    return run, cancel
+
+
+def study_export_row(prefix: str, what: str) -> tuple[gr.Button, gr.File, gr.Textbox]:
+    """A study's export button, its bundle and the link to its run (``Link to this {what}``)."""
+    with gr.Row(equal_height=False):
+        export = gr.Button("Export", scale=0, min_width=160, elem_id=f"{prefix}-export")
+        bundle = gr.File(label="Bundle", height=90, elem_id=f"{prefix}-bundle")
+        link = gr.Textbox(
+            label=f"Link to this {what}", lines=2, elem_id=f"{prefix}-link", buttons=["copy"]
+        )
+    return export, bundle, link
 
 
 def wire_study(
