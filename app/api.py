@@ -47,14 +47,13 @@ from attrlab.app.errors import error_status, public_message, validation_problems
 from attrlab.app.jobs import DamagedResultsError, JobRunner, JobWork, batch_work, instance_json
 from attrlab.app.settings import ServerSettings
 from attrlab.app.worker import ExplainWorker
+from attrlab.attribution import eviction
 from attrlab.attribution.bits.sensitivity import TABLE_COLUMNS
 from attrlab.attribution.engine import CURVE_COLUMNS, SPARSITIES, engine_catalog, model_unit_kinds
 from attrlab.attribution.engine.allocation import allocation_names
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
-from attrlab.attribution.eviction.request import MAX_ITEMS, TASK_KINDS, EvictionRequest
 from attrlab.attribution.explanation import SCHEMA_VERSION
 from attrlab.attribution.inputs.features import GRANULARITIES
-from attrlab.attribution.inputs.long_context import ContextTask
 from attrlab.attribution.inputs.rows import target_problem
 from attrlab.attribution.methods import available_methods
 from attrlab.attribution.methods.catalog import DEFAULT_METHOD
@@ -78,7 +77,15 @@ from attrlab.attribution.request.defaults import (
     BIT_WIDTHS,
     BITS_DRAWS,
     BUDGETS,
+    EVICTION_COUNT,
+    EVICTION_MAX_ITEMS,
+    EVICTION_MAX_TOKENS,
+    EVICTION_SPLITS,
+    EVICTION_TASK,
+    EVICTION_TASKS,
+    EVICTION_UNITS,
     GROUP_SIZE,
+    KEEP_RATIOS,
     LAYERS_TOP_K,
     NOISE_SEEDS,
     PATCHING_TOP_K,
@@ -787,23 +794,23 @@ class EvictBody(BaseModel):
     model: str | None = Field(
         None, min_length=1, max_length=500, description="Default: smollm2-135m"
     )
-    task: Name = Field(EvictionRequest.task, description=f"One of {', '.join(TASK_KINDS)}")
-    count: _WholeNumber = Field(EvictionRequest.count, ge=1, le=MAX_ITEMS)
+    task: Name = Field(EVICTION_TASK, description=f"One of {', '.join(EVICTION_TASKS)}")
+    count: _WholeNumber = Field(EVICTION_COUNT, ge=1, le=EVICTION_MAX_ITEMS)
     max_tokens: _WholeNumber = Field(
-        EvictionRequest.max_tokens, ge=1, le=100_000, description="A generated prompt's tokens"
+        EVICTION_MAX_TOKENS, ge=1, le=100_000, description="A generated prompt's tokens"
     )
     tasks: list[TaskBody] | None = Field(
-        None, min_length=1, max_length=MAX_ITEMS, description="The user's tasks instead"
+        None, min_length=1, max_length=EVICTION_MAX_ITEMS, description="The user's tasks instead"
     )
     scorers: list[Name] | None = Field(
         None, min_length=1, max_length=MAX_NAMES, description="Default: every scorer"
     )
-    unit: Name = Field(EvictionRequest.unit, description="kv_entry or kv_position")
-    split: Name = Field(EvictionRequest.split, description="uniform or pyramid")
+    unit: Name = Field(EVICTION_UNITS[0], description=" or ".join(EVICTION_UNITS))
+    split: Name = Field(EVICTION_SPLITS[0], description=" or ".join(EVICTION_SPLITS))
     ratios: list[float] = Field(
-        list(EvictionRequest.ratios), min_length=2, max_length=32, description="1.0 first"
+        list(KEEP_RATIOS), min_length=2, max_length=32, description="1.0 first"
     )
-    draws: _WholeNumber = Field(EvictionRequest.draws, ge=2, le=100)
+    draws: _WholeNumber = Field(PRUNING_DRAWS, ge=2, le=100)
     span: _WholeNumber | None = Field(None, ge=0, le=100_000)
     solved_only: bool = True
     seed: _WholeNumber = Field(0, ge=0, le=2**32 - 1)
@@ -813,10 +820,12 @@ class EvictBody(BaseModel):
         tasks = None
         if self.tasks is not None:
             tasks = tuple(
-                ContextTask(t.context, t.question, t.answer, "jsonl", details={"line": line})
+                eviction.ContextTask(
+                    t.context, t.question, t.answer, "jsonl", details={"line": line}
+                )
                 for line, t in enumerate(self.tasks, start=1)
             )
-        study = EvictionRequest(
+        study = eviction.EvictionRequest(
             task=self.task,
             count=self.count,
             max_tokens=self.max_tokens,

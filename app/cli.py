@@ -15,13 +15,9 @@ from typing import Any, TypeAlias
 
 from attrlab import app, attribution, viz
 from attrlab.app.progress import CommandProgress
-from attrlab.attribution import bits, engine, metrics, models
+from attrlab.attribution import bits, engine, eviction, metrics, models
 from attrlab.attribution import request as request_records
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
-from attrlab.attribution.eviction.request import TASK_KINDS, EvictionRequest
-from attrlab.attribution.eviction.scorers import SCORERS
-from attrlab.attribution.eviction.study import EVICTION_UNITS, SPLITS
-from attrlab.attribution.inputs.long_context import read_tasks
 from attrlab.attribution.methods.catalog import catalog_entries
 from attrlab.attribution.models.catalog import BUILTIN_MODELS
 from attrlab.attribution.request.defaults import (
@@ -30,7 +26,14 @@ from attrlab.attribution.request.defaults import (
     BUDGETS,
     EVALUATION_ORDERS,
     EVALUATION_STEPS,
+    EVICTION_COUNT,
+    EVICTION_MAX_TOKENS,
+    EVICTION_SPLITS,
+    EVICTION_TASK,
+    EVICTION_TASKS,
+    EVICTION_UNITS,
     GROUP_SIZE,
+    KEEP_RATIOS,
     LAYERS_TOP_K,
     NOISE_SEEDS,
     PATCHING_TOP_K,
@@ -265,12 +268,12 @@ def _bits(args: argparse.Namespace) -> int:
 def _evict(args: argparse.Namespace) -> int:
     """``attrlab evict``: each scorer's entries evicted from the cache, beside random ones."""
     figures = _study_paths(args)
-    study = EvictionRequest(
+    study = eviction.EvictionRequest(
         task=args.task,
         count=args.count,
         max_tokens=args.max_tokens,
         seed=args.seed,
-        tasks=None if args.input is None else tuple(read_tasks(args.input)),
+        tasks=None if args.input is None else tuple(eviction.read_tasks(args.input)),
         scorers=_optional_names(args.scorers),
         unit=args.unit,
         split=args.split,
@@ -1332,15 +1335,15 @@ def _add_evict_command(sub: _Subcommands) -> None:
         "--model", default=None, help="alias, hub id or local folder (default: smollm2-135m)"
     )
     command.add_argument(
-        "--task", default=EvictionRequest.task, help=f"generated task: {', '.join(TASK_KINDS)}"
+        "--task", default=EVICTION_TASK, help=f"generated task: {', '.join(EVICTION_TASKS)}"
     )
     command.add_argument(
-        "--count", type=_positive_int, default=EvictionRequest.count, help="tasks generated"
+        "--count", type=_positive_int, default=EVICTION_COUNT, help="tasks generated"
     )
     command.add_argument(
         "--max-tokens",
         type=_positive_int,
-        default=EvictionRequest.max_tokens,
+        default=EVICTION_MAX_TOKENS,
         help="a generated prompt's size in the model's tokens",
     )
     command.add_argument(
@@ -1348,21 +1351,21 @@ def _add_evict_command(sub: _Subcommands) -> None:
         help='JSONL tasks instead, one {"context", "question", "answer"} a line',
     )
     command.add_argument(
-        "--scorers", help=f"comma-separated scorers (default: all): {', '.join(SCORERS)}"
+        "--scorers", help="comma-separated scorers (default: every one; see docs/eviction.md)"
     )
-    command.add_argument("--unit", default=EvictionRequest.unit, help=", ".join(EVICTION_UNITS))
+    command.add_argument("--unit", default=EVICTION_UNITS[0], help=", ".join(EVICTION_UNITS))
     command.add_argument(
         "--split",
-        default=EvictionRequest.split,
-        help=f"a kv_entry budget over the layers: {', '.join(SPLITS)} (PyramidKV's)",
+        default=EVICTION_SPLITS[0],
+        help=f"a kv_entry budget over the layers: {', '.join(EVICTION_SPLITS)} (PyramidKV's)",
     )
     command.add_argument(
         "--ratios",
-        default=",".join(f"{r:g}" for r in EvictionRequest.ratios),
+        default=",".join(f"{r:g}" for r in KEEP_RATIOS),
         help="keep ratios, 1 first, falling",
     )
     command.add_argument(
-        "--draws", type=_positive_int, default=EvictionRequest.draws, help="most random evictions"
+        "--draws", type=_positive_int, default=PRUNING_DRAWS, help="most random evictions"
     )
     command.add_argument(
         "--span",

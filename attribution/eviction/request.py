@@ -37,7 +37,15 @@ from attrlab.attribution.inputs.long_context import (
     variable_tracking,
 )
 from attrlab.attribution.models.base import Adapter
-from attrlab.attribution.request.defaults import PRUNING_DRAWS
+from attrlab.attribution.request.defaults import (
+    EVICTION_COUNT,
+    EVICTION_MAX_TOKENS,
+    EVICTION_TASK,
+    PRUNING_DRAWS,
+)
+from attrlab.attribution.request.defaults import EVICTION_MAX_ITEMS as MAX_ITEMS
+from attrlab.attribution.request.defaults import EVICTION_TASK_SIZES as TASK_SIZES
+from attrlab.attribution.request.defaults import EVICTION_TASKS as TASK_KINDS
 from attrlab.attribution.request.estimate import estimate
 from attrlab.attribution.request.gate import clear_study
 from attrlab.attribution.request.run import RunContext, RunSettings
@@ -52,12 +60,6 @@ __all__ = [
     "run_eviction",
 ]
 
-#: The generated tasks (:mod:`~attribution.inputs.long_context`).
-TASK_KINDS = ("kv_retrieval", "needle", "variable_tracking")
-#: Most items one study evicts from.
-MAX_ITEMS = 20
-#: Prompt sizes a generated task may ask for, in tokens (fewest, most).
-TASK_SIZES = (64, 4096)
 
 
 @dataclass(frozen=True)
@@ -77,9 +79,9 @@ class EvictionRequest:
             :func:`~attribution.eviction.study.eviction_study` takes them.
     """
 
-    task: str = "kv_retrieval"
-    count: int = 3
-    max_tokens: int = 500
+    task: str = EVICTION_TASK
+    count: int = EVICTION_COUNT
+    max_tokens: int = EVICTION_MAX_TOKENS
     seed: int = 0
     tasks: tuple[ContextTask, ...] | None = None
     scorers: tuple[str, ...] | None = None

@@ -58,7 +58,8 @@ from attrlab.attribution.eviction.scorers import (
 from attrlab.attribution.explain import explain
 from attrlab.attribution.models.base import Adapter, TextInputs
 from attrlab.attribution.rendering import DrawnStudy, Renderer
-from attrlab.attribution.request.defaults import PRUNING_DRAWS
+from attrlab.attribution.request.defaults import EVICTION_SPLITS as SPLITS
+from attrlab.attribution.request.defaults import EVICTION_UNITS, KEEP_RATIOS, PRUNING_DRAWS
 from attrlab.attribution.request.memory import default_memory_limit
 from attrlab.attribution.request.run import RunContext, RunSettings
 from attrlab.attribution.request.target import Target
@@ -79,14 +80,8 @@ __all__ = [
     "layer_budgets",
 ]
 
-#: Keep ratios of the curves, the full cache first.
-KEEP_RATIOS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05)
 #: What each eviction is measured by, and whether higher is better.
 EVICTION_METRICS = {"log_prob": True, "exact_match": True, "kl": False}
-#: The units evicted: one cached entry (layer, key/value head, position), or a position whole.
-EVICTION_UNITS = ("kv_entry", "kv_position")
-#: How a ``kv_entry`` budget is split over the layers.
-SPLITS = ("uniform", "pyramid")
 #: PyramidKV's ratio of the mean budget to the last layer's.
 PYRAMID_BETA = 20
 #: Answer forwards per batch.

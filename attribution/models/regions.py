@@ -32,7 +32,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers.image_processing_utils import select_best_resolution
 
 from attrlab.attribution.errors import UnsupportedMethodError
 
@@ -248,6 +247,9 @@ def _anyres_grid(
     side = int(config.vision_config.image_size) // int(config.vision_config.patch_size)
     patch = tile / side  # a token's side in canvas pixels
     base = _ToOriginal((height / tile, width / tile)).boxes(_patch_boxes(side, side, patch), size)
+    # transformers' own choice of canvas; imported here: a CNN's run loads no transformers code
+    from transformers.image_processing_utils import select_best_resolution
+
     canvas_h, canvas_w = select_best_resolution(size, image_processor.image_grid_pinpoints)
     # the image resized to fit the canvas (transformers' get_patch_output_size), then centred
     if canvas_w / width < canvas_h / height:

@@ -14,7 +14,16 @@ __all__ = [
     "BUDGETS",
     "EVALUATION_ORDERS",
     "EVALUATION_STEPS",
+    "EVICTION_COUNT",
+    "EVICTION_MAX_ITEMS",
+    "EVICTION_MAX_TOKENS",
+    "EVICTION_SPLITS",
+    "EVICTION_TASK",
+    "EVICTION_TASKS",
+    "EVICTION_TASK_SIZES",
+    "EVICTION_UNITS",
     "GROUP_SIZE",
+    "KEEP_RATIOS",
     "LAYERS_TOP_K",
     "NOISE_SEEDS",
     "PATCHING_TOP_K",
@@ -49,3 +58,15 @@ EVALUATION_STEPS, EVALUATION_ORDERS = 50, 100
 #: first).
 BIT_WIDTHS, GROUP_SIZE = (8, 4, 3, 2), 32
 BUDGETS, BITS_DRAWS = (4.0, 3.0), 10
+#: Key/value eviction (:mod:`attribution.eviction`): the generated tasks, the most items of one
+#: study, a generated prompt's size in tokens (fewest, most), the units evicted, how a
+#: ``kv_entry`` budget is split over the layers, the curves' keep ratios (the full cache
+#: first), and what a request generates when it says nothing (plain values: a front end reads
+#: them without loading torch).
+EVICTION_TASKS = ("kv_retrieval", "needle", "variable_tracking")
+EVICTION_MAX_ITEMS = 20
+EVICTION_TASK_SIZES = (64, 4096)
+EVICTION_UNITS = ("kv_entry", "kv_position")
+EVICTION_SPLITS = ("uniform", "pyramid")
+KEEP_RATIOS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05)
+EVICTION_TASK, EVICTION_COUNT, EVICTION_MAX_TOKENS = "kv_retrieval", 3, 500

@@ -19,9 +19,8 @@ from dataclasses import dataclass, field, replace
 from dataclasses import fields as dataclass_fields
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from attrlab.attribution import bits, engine, layers, methods, metrics, patching
+from attrlab.attribution import bits, engine, eviction, layers, methods, metrics, patching
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
-from attrlab.attribution.eviction.request import EvictionRequest, run_eviction
 from attrlab.attribution.explain import explain, preview
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.inputs.features import check_features
@@ -54,6 +53,7 @@ if TYPE_CHECKING:
 
     from attrlab.attribution.bits import BitsStudy
     from attrlab.attribution.engine.study import PruningStudy
+    from attrlab.attribution.eviction.request import EvictionRequest
     from attrlab.attribution.eviction.study import EvictionStudy
     from attrlab.attribution.explain import Preview
     from attrlab.attribution.layers import HeadAblation
@@ -603,7 +603,7 @@ class EvictRequest(Request["EvictionStudy"]):
     ``seed`` seeds the random evictions.
     """
 
-    study: EvictionRequest = field(default_factory=EvictionRequest)
+    study: EvictionRequest = field(default_factory=lambda: eviction.EvictionRequest())
 
     def _asks(self) -> tuple[str, bool]:
         """A decoder LM: its cache is what is evicted from."""
@@ -619,7 +619,7 @@ class EvictRequest(Request["EvictionStudy"]):
 
     def run_on(self, adapter: Adapter, run: JobContext) -> EvictionStudy:
         """The study, priced and refused over the job's budgets before any work."""
-        return run_eviction(adapter, self.study, run.settings_for(self.seed))
+        return eviction.run_eviction(adapter, self.study, run.settings_for(self.seed))
 
 
 @dataclass(frozen=True, kw_only=True)
