@@ -61,7 +61,6 @@ __all__ = [
 ]
 
 
-
 @dataclass(frozen=True)
 class EvictionRequest:
     """
