@@ -38,12 +38,14 @@ from attrlab.attribution.models.vlm import ImageTextInputs, VisionLanguageAdapte
 __all__ = [
     "VISUAL_TOKEN",
     "AttentionReading",
+    "answer_scores",
     "batched_kwargs",
     "dropped_at",
     "dropped_rows",
     "prompt_end",
-    "visual_attention",
+    "reading_attention",
     "visual_adapter",
+    "visual_attention",
     "visual_inputs",
 ]
 
@@ -122,20 +124,30 @@ def _routed_attention(
     rows, length, keys = int(query.shape[0]), int(query.shape[2]), int(key.shape[2])
     lowest = torch.finfo(query.dtype).min
     mask = attention_mask
-    if mask is None:  # a model that left the causal mask to the kernel
-        mask = torch.full((length, keys), lowest, dtype=query.dtype, device=query.device)
-        mask = mask.triu(1)[None, None]
-    if route.dropped is not None:
-        others = ~torch.eye(length, keys, dtype=torch.bool, device=query.device)
-        dropped = route.dropped[:, :keys].to(query.device)  # a removal's mask may run longer
-        hidden = dropped[:, None, None, :] & others
-        mask = mask.expand(rows, -1, -1, -1).masked_fill(hidden, lowest)
-    if route.bias is not None:
-        mask = mask + route.bias.to(query.dtype)
+    if route.dropped is not None or route.bias is not None:
+        edited = _base_mask(module, query, keys) if mask is None else mask
+        if route.dropped is not None:
+            others = ~torch.eye(length, keys, dtype=torch.bool, device=query.device)
+            dropped = route.dropped[:, :keys].to(query.device)  # a removal's mask may run longer
+            hidden = dropped[:, None, None, :] & others
+            edited = edited.expand(rows, -1, -1, -1).masked_fill(hidden, lowest)
+        if route.bias is not None:
+            edited = edited + route.bias.to(query.dtype)
+        mask = edited
     output, weights = route.eager(module, query, key, value, mask, *args, **kwargs)
     if route.reading is not None:
         route.reading.probabilities[route.layer] = weights.detach()
     return output, weights
+
+
+def _base_mask(module: Any, query: torch.Tensor, keys: int) -> torch.Tensor:
+    """The mask a module given none applies: every key read, or causal where it says so."""
+    length = int(query.shape[2])
+    mask = torch.zeros((length, keys), dtype=query.dtype, device=query.device)
+    if getattr(module, "is_causal", False):  # the kernel was left to apply causality
+        above = torch.ones((length, keys), dtype=torch.bool, device=query.device).triu(1)
+        mask = mask.masked_fill(above, torch.finfo(query.dtype).min)
+    return mask[None, None]
 
 
 @contextmanager
@@ -150,9 +162,9 @@ def visual_attention(
     Route every language-model block's attention: drop, bias and read.
 
     ``dropped``: ``(B, T)`` bool (or longer than the sequence), the positions row ``b`` drops
-    from block ``layer`` on (their keys masked for every other query). ``biases``: per block, ``(1, H, T, T)`` added to its
-    attention logits (``None``: none). ``read``: the blocks whose attention probabilities are
-    kept in the reading yielded.
+    from block ``layer`` on (their keys masked for every other query). ``biases``: per block,
+    ``(1, H, T, T)`` added to its attention logits (``None``: none). ``read``: the blocks whose
+    attention probabilities are kept in the reading yielded.
 
     Raises:
         InvalidParameterError: a ``layer`` or block read the language model does not have.
@@ -162,7 +174,8 @@ def visual_attention(
     count = len(attentions)
     if not 0 <= layer < count or any(not 0 <= b < count for b in read):
         raise InvalidParameterError(
-            f"the language model has blocks 0 to {count - 1}; got layer {layer}, read {sorted(read)}"
+            f"the language model has blocks 0 to {count - 1}; got layer {layer}, "
+            f"read {sorted(read)}"
         )
     reading = AttentionReading()
     with altered(adapter.model), ExitStack() as stack:
@@ -178,6 +191,45 @@ def visual_attention(
         yield reading
 
 
+@contextmanager
+def reading_attention(attentions: Sequence[Any]) -> Iterator[AttentionReading]:
+    """Keep the attention probabilities of ``attentions`` (any modules the routing reaches)."""
+    reading = AttentionReading()
+    with ExitStack() as stack:
+        for index, attention in enumerate(attentions):
+            route = _Route(eager_attention(attention), index, None, None, reading)
+            stack.enter_context(route_attention(attention, _ROUTE, route))
+        yield reading
+
+
+def answer_scores(
+    logits: torch.Tensor, inputs: ImageTextInputs
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """
+    ``(log_prob, exact, log_probs)`` of the teacher-forced answer per batch row.
+
+    ``log_prob`` ``(B,)``: the answer's log-probability (summed over its tokens); ``exact``
+    ``(B,)``: 1.0 where every answer token is the top prediction given the earlier ones (greedy
+    decoding's answer); ``log_probs`` ``(B, A, V)``: the next-token log-probabilities at the
+    answer's steps (float64).
+
+    Raises:
+        InvalidInputError: an input without an answer.
+    """
+    count = inputs.answer_length
+    if count < 1:
+        raise InvalidInputError(
+            "visual-token importance is measured on an answer: give the input one (with_answer)"
+        )
+    end = prompt_end(inputs)
+    answer = inputs.input_ids[0, end:].to(logits.device)
+    log_probs = torch.log_softmax(logits[:, end - 1 : end - 1 + count].double(), -1)
+    steps = torch.arange(count, device=logits.device)
+    log_prob = log_probs[:, steps, answer].sum(1)
+    exact = (log_probs.argmax(-1) == answer).all(1).double()
+    return log_prob, exact, log_probs
+
+
 def dropped_rows(inputs: ImageTextInputs, rows: Sequence[Sequence[int]]) -> torch.Tensor:
     """
     ``(B, T)`` bool: row ``b`` drops the visual tokens ``rows[b]`` (indices among the visual ones).
@@ -189,7 +241,9 @@ def dropped_rows(inputs: ImageTextInputs, rows: Sequence[Sequence[int]]) -> torc
     found = torch.zeros(len(rows), int(inputs.input_ids.shape[1]), dtype=torch.bool)
     for r, chosen in enumerate(rows):
         if any(not 0 <= i < len(positions) for i in chosen):
-            raise InvalidParameterError(f"visual tokens are 0 to {len(positions) - 1}; got {chosen}")
+            raise InvalidParameterError(
+                f"visual tokens are 0 to {len(positions) - 1}; got {chosen}"
+            )
         found[r, positions[list(chosen)]] = True
     return found.to(inputs.input_ids.device)
 
