@@ -5,10 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from _tiny_vlm import tiny_llava, tiny_qwen2_vl
+from scipy.stats import spearmanr
+
+from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
 from attrlab.attribution.models.vlm import ImagePrompt, with_answer
 from attrlab.attribution.request.answers import given_answer
+from attrlab.attribution.visual_tokens.layers import layer_contribution
 from attrlab.attribution.visual_tokens.removal import (
     VISUAL_TOKEN,
     batched_kwargs,
@@ -16,6 +19,7 @@ from attrlab.attribution.visual_tokens.removal import (
     visual_attention,
 )
 from attrlab.attribution.visual_tokens.scorers import VISUAL_SCORERS, Scoring
+from attrlab.attribution.visual_tokens.study import visual_token_study
 
 
 def _image(height: int, width: int, seed: int = 0) -> np.ndarray:
@@ -229,3 +233,154 @@ def test_exact_is_the_drop_with_each_token_removed(llava, llava_item):
         expected.append(float(full - _answer_log_prob(logits, llava_item)))
     scored = VISUAL_SCORERS["exact"].score(Scoring(llava, llava_item))
     np.testing.assert_allclose(scored, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_the_unit_kind_lists_each_visual_position_and_drops_at_the_input(llava, llava_item):
+    sites = VISUAL_TOKEN.sites(llava, llava_item)
+    assert [s.position for s in sites] == llava_item.visual_positions.tolist()
+    rows = [[sites[2], sites[7]], []]
+    with torch.no_grad(), VISUAL_TOKEN.removal("input")(llava, rows):
+        logits = llava.model(**batched_kwargs(llava_item, 2)).logits
+    with torch.no_grad(), visual_attention(llava, dropped_rows(llava_item, [[2, 7], []])):
+        reference = llava.model(**batched_kwargs(llava_item, 2)).logits
+    torch.testing.assert_close(logits, reference, atol=0, rtol=0)
+    with pytest.raises(InvalidInputError):
+        VISUAL_TOKEN.sites(llava, None)
+
+
+def test_the_study_measures_each_point_as_removing_the_tokens(llava, llava_item):
+    ratios = (1.0, 0.5, 0.25)
+    study = visual_token_study(
+        llava, [llava_item], ["fastv", "gradient_x_input", "exact"], ratios=ratios, draws=4
+    )
+    hidden, positions = _embeddings_and_positions(llava, llava_item)
+    length = llava_item.input_ids.shape[1]
+    visual = llava_item.visual_positions
+    curves = study.curves.curves
+    for name in ("fastv", "gradient_x_input", "exact"):
+        scores = np.asarray(study.scores[0][name])
+        for ratio in ratios[1:]:
+            keep = round(ratio * len(scores))
+            kept = torch.ones(length, dtype=torch.bool)
+            kept[visual[np.argsort(-scores, kind="stable")[keep:]]] = False
+            logits = torch.zeros(1, length, llava.model.lm_head.out_features)
+            logits[:, kept] = _removed_logits(llava, hidden, positions, kept)
+            expected = float(_answer_log_prob(logits, llava_item))
+            row = curves[
+                (curves.order == name)
+                & (curves.metric == "log_prob")
+                & np.isclose(curves.removed, 1 - ratio)
+            ]
+            assert float(row.value.iloc[0]) == pytest.approx(expected, abs=1e-4)
+    full = curves[(curves.removed == 0) & (curves.metric == "kl")]
+    assert np.allclose(full.value, 0.0)
+    verdicts = {v.check for v in study.curves.verdicts}
+    assert verdicts == {
+        f"visual_token_pruning:{n}:{m}"
+        for n in ("fastv", "gradient_x_input", "exact")
+        for m in ("log_prob", "exact_match", "kl")
+    }
+    random = study.curves.scores[study.curves.scores.order == "random"]
+    assert random["std"].notna().all()  # a band from several draws
+    # agreement: signed Spearman with the exact effects, computed here again
+    exact = np.asarray(study.scores[0]["exact"])
+    for name in ("fastv", "gradient_x_input"):
+        rho = spearmanr(study.scores[0][name], exact)[0]
+        row = study.agreement[study.agreement.scorer == name]
+        assert float(row.spearman.iloc[0]) == pytest.approx(rho)
+    assert "exact" not in set(study.agreement.scorer)
+    assert study.not_applicable == {}
+
+
+def test_the_study_at_a_layer_and_scorers_that_do_not_apply(qwen, qwen_item):
+    study = visual_token_study(
+        qwen,
+        [qwen_item],
+        ["fastv_text", "vtc_cls", "transprune"],
+        layer=1,
+        ratios=(1.0, 0.5),
+        draws=2,
+    )
+    assert set(study.not_applicable) == {"vtc_cls"}
+    assert [s["name"] for s in study.scorers] == ["fastv_text", "transprune"]
+    assert study.to_dict()["layer"] == 1
+    with pytest.raises(InvalidParameterError):
+        visual_token_study(qwen, [qwen_item], ["vtc_cls"])
+
+
+def test_every_hook_is_undone_after_an_error(llava, llava_item):
+    model = llava.model
+    attentions = llava.attention_modules()
+    configs = [a.config for a in attentions]
+
+    def hooks() -> list[int]:
+        return [
+            len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks)
+            for m in model.modules()
+        ]
+
+    held = hooks()
+    with torch.no_grad():
+        before = model(**llava_item.model_kwargs()).logits
+
+    def fail(*_args):
+        raise RuntimeError("forced")
+
+    handle = llava.blocks()[1].register_forward_hook(fail)
+    try:
+        for name in ("fastv", "transprune", "gradient_x_input", "atp", "exact"):
+            with pytest.raises(RuntimeError, match="forced"):
+                VISUAL_SCORERS[name].score(Scoring(llava, llava_item))
+        with pytest.raises(RuntimeError, match="forced"):
+            layer_contribution(llava, llava_item)
+    finally:
+        handle.remove()
+    assert [a.config for a in attentions] == configs
+    assert hooks() == held
+    with torch.no_grad():
+        after = model(**llava_item.model_kwargs()).logits
+    torch.testing.assert_close(after, before, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen"])
+def test_shortv_equals_a_hand_written_identity_on_the_visual_tokens(family, request):
+    adapter = request.getfixturevalue(family)
+    inputs = request.getfixturevalue(f"{family}_item")
+    visual = inputs.visual_tokens
+    count = inputs.answer_length
+    start = inputs.input_ids.shape[1] - count
+    answer = inputs.input_ids[0, start:]
+
+    def answer_log_probs() -> torch.Tensor:
+        with torch.no_grad():
+            logits = adapter.model(**inputs.model_kwargs()).logits
+        return torch.log_softmax(logits[0, start - 1 : start - 1 + count].double(), -1)
+
+    full = answer_log_probs()
+    table = layer_contribution(adapter, inputs)
+    assert list(table.columns) == ["layer", "head", "kv_head", "component", "measure", "value"]
+    for block_index, block in enumerate(adapter.blocks()):
+
+        def identity_on_visual(_m, args, kwargs, out):
+            hidden = args[0] if args else kwargs["hidden_states"]
+            output = out if isinstance(out, torch.Tensor) else out[0]
+            replaced = torch.where(visual[None, :, None], hidden, output)
+            return replaced if isinstance(out, torch.Tensor) else (replaced, *out[1:])
+
+        handle = block.register_forward_hook(identity_on_visual, with_kwargs=True)
+        try:
+            frozen = answer_log_probs()
+        finally:
+            handle.remove()
+        steps = torch.arange(count)
+        expected = {
+            "shortv_kl": float((full.exp() * (full - frozen)).sum(-1).mean()),
+            "shortv_log_prob": float(frozen[steps, answer].sum() - full[steps, answer].sum()),
+            "shortv_exact_match": float((frozen.argmax(-1) == answer).all()),
+        }
+        for measure, value in expected.items():
+            row = table[(table.layer == block_index) & (table.measure == measure)]
+            assert float(row.value.iloc[0]) == pytest.approx(value, abs=1e-5)
+        # no block after the last reads the visual tokens: only the earlier ones move the answer
+        last = block_index == len(adapter.blocks()) - 1
+        assert (expected["shortv_kl"] == 0) if last else (expected["shortv_kl"] > 0)

@@ -59,7 +59,7 @@ def visual_adapter(adapter: Adapter) -> VisionLanguageAdapter:
     return adapter
 
 
-def visual_inputs(inputs: Inputs | None) -> ImageTextInputs:
+def visual_inputs(inputs: Inputs | ImageTextInputs | None) -> ImageTextInputs:
     """``inputs`` as an image and a prompt holding visual tokens, or why not."""
     if not isinstance(inputs, ImageTextInputs) or not bool(inputs.visual_tokens.any()):
         raise InvalidInputError("a visual-token site is a visual position of an image and prompt")

@@ -85,7 +85,10 @@ class Scoring:
         if "prompt" not in self._read:
             model = self.adapter
             blocks = model.blocks()
-            modules = [m for b in blocks for m in (b.self_attn, _mlp(model, b))]
+            attentions = model.attention_modules()
+            modules = [
+                m for a, b in zip(attentions, blocks, strict=True) for m in (a, _mlp(model, b))
+            ]
             with (
                 altered(model.model),
                 torch.no_grad(),
@@ -238,7 +241,7 @@ def _no_cls(adapter: VisionLanguageAdapter) -> str | None:
 
 
 def _vtc_cls(scoring: Scoring) -> np.ndarray:
-    model = scoring.adapter.model
+    model: Any = scoring.adapter.model
     config = model.config
     tower = model.model.vision_tower
     layers = getattr(tower, "vision_model", tower).encoder.layers  # transformers 4 nests it
@@ -291,17 +294,16 @@ def _atp(scoring: Scoring) -> np.ndarray:
     model = scoring.adapter
     blocks = range(scoring.layer, model.num_layers)
     length = int(scoring.inputs.input_ids.shape[1])
-    biases: list[torch.Tensor | None] = [None] * model.num_layers
-    for b in blocks:
-        shape = (1, model.num_heads, length, length)
-        biases[b] = torch.zeros(shape, device=model.device, requires_grad=True)
+    shape = (1, model.num_heads, length, length)
+    leaves = [torch.zeros(shape, device=model.device, requires_grad=True) for _ in blocks]
+    biases: list[torch.Tensor | None] = [None] * scoring.layer + list(leaves)
     with (
         altered(model.model),
         torch.enable_grad(),
         visual_attention(model, biases=biases, read=set(blocks)) as reading,
     ):
         log_prob = _answer_log_prob(scoring)
-        gradients = torch.autograd.grad(log_prob, [biases[b] for b in blocks])
+        gradients = torch.autograd.grad(log_prob, leaves)
     others = ~torch.eye(length, dtype=torch.bool, device=model.device)
     total = torch.zeros(length, dtype=torch.float64, device=model.device)
     for b, gradient in zip(blocks, gradients, strict=True):
