@@ -106,6 +106,26 @@ def test_masking_keys_equals_removing_the_tokens(family, request):
     torch.testing.assert_close(same, plain, atol=1e-6, rtol=1e-6)
 
 
+def test_dropping_at_a_layer_equals_removing_the_tokens_from_that_layer_on(llava, llava_item):
+    dropped = dropped_rows(llava_item, [[1, 2, 8, 13]])
+    with torch.no_grad(), visual_attention(llava, dropped, layer=1):
+        logits = llava.model(**llava_item.model_kwargs()).logits
+    with torch.no_grad():
+        hidden = llava.model(**llava_item.model_kwargs(), output_hidden_states=True).hidden_states
+    language_model = llava.model.model.language_model
+    layers = language_model.layers
+    kept = ~dropped[0]
+    language_model.layers = layers[1:]  # block 0 ran on every token; blocks 1 on without them
+    try:
+        reference = _removed_logits(llava, hidden[1], torch.arange(len(kept))[None], kept)
+    finally:
+        language_model.layers = layers
+    torch.testing.assert_close(logits[0, kept][None], reference, atol=1e-5, rtol=1e-5)
+    with torch.no_grad(), visual_attention(llava, dropped, layer=0):  # not the same as at input
+        early = llava.model(**llava_item.model_kwargs())
+    assert not torch.allclose(logits, early.logits)
+
+
 def _answer_log_prob(logits: torch.Tensor, inputs) -> torch.Tensor:
     """The answer's log-probability, summed over its tokens, read by hand."""
     count = inputs.answer_length
