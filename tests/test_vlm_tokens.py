@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from _tiny_vlm import tiny_llava, tiny_qwen2_vl
+from _tiny_vlm import (
+    tiny_gemma3,
+    tiny_idefics3,
+    tiny_llava,
+    tiny_llava_next,
+    tiny_paligemma,
+    tiny_qwen2_5_vl,
+    tiny_qwen2_vl,
+)
 from scipy.stats import spearmanr
 
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
@@ -404,3 +412,27 @@ def test_shortv_equals_a_hand_written_identity_on_the_visual_tokens(family, requ
         # no block after the last reads the visual tokens: only the earlier ones move the answer
         last = block_index == len(adapter.blocks()) - 1
         assert (expected["shortv_kl"] == 0) if last else (expected["shortv_kl"] > 0)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        tiny_paligemma,
+        tiny_gemma3,
+        tiny_idefics3,
+        tiny_llava_next,
+        tiny_qwen2_5_vl,
+    ],
+)
+def test_without_its_visual_tokens_no_family_reads_the_image(build):
+    adapter = build()
+    items = [_answered(adapter, _image(32, 32, seed)) for seed in (1, 2)]
+    assert torch.equal(items[0].input_ids, items[1].input_ids)
+    text = ~items[0].visual_tokens
+    every = list(range(int(text.logical_not().sum())))
+    logits = []
+    for item in items:
+        with torch.no_grad(), visual_attention(adapter, dropped_rows(item, [[], every])):
+            logits.append(adapter.model(**batched_kwargs(item, 2)).logits[:, text])
+    assert not torch.allclose(logits[0][0], logits[1][0], atol=1e-4)  # with them, it does
+    torch.testing.assert_close(logits[0][1], logits[1][1], atol=1e-5, rtol=1e-5)
