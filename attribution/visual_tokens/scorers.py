@@ -27,6 +27,7 @@ from attrlab.attribution.alteration import altered
 from attrlab.attribution.errors import InvalidParameterError, UnsupportedMethodError
 from attrlab.attribution.eviction.scorers import AWARENESS
 from attrlab.attribution.layers.hooks import block_io
+from attrlab.attribution.models.layouts import layout_for
 from attrlab.attribution.models.vlm import ImageTextInputs, VisionLanguageAdapter
 from attrlab.attribution.visual_tokens.removal import (
     answer_scores,
@@ -73,7 +74,7 @@ class Scoring:
     inputs: ImageTextInputs
     attention_layer: int = 1
     layer: int = 0
-    _read: dict[str, Any] = field(default_factory=dict, repr=False)
+    _read: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
 
     def prompt_reading(self) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         """
@@ -102,7 +103,7 @@ class Scoring:
 
 def _mlp(adapter: VisionLanguageAdapter, block: torch.nn.Module) -> torch.nn.Module:
     """A block's MLP (the module whose output is the MLP branch)."""
-    path = adapter._layout().mlp_output
+    path = layout_for(adapter).mlp_output
     if "." not in path:
         raise UnsupportedMethodError(f"no MLP module is known in model '{adapter.model_id}'")
     return block.get_submodule(path.rsplit(".", 1)[0])
