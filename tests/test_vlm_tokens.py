@@ -436,3 +436,23 @@ def test_without_its_visual_tokens_no_family_reads_the_image(build):
             logits.append(adapter.model(**batched_kwargs(item, 2)).logits[:, text])
     assert not torch.allclose(logits[0][0], logits[1][0], atol=1e-4)  # with them, it does
     torch.testing.assert_close(logits[0][1], logits[1][1], atol=1e-5, rtol=1e-5)
+
+
+def test_each_curve_point_is_one_forward_row(llava, llava_item):
+    rows: list[int] = []
+    language_model = llava.model.model.language_model
+    handle = language_model.register_forward_pre_hook(
+        lambda _m, _a, kwargs: rows.append(int(kwargs["inputs_embeds"].shape[0])),
+        with_kwargs=True,
+    )
+    ratios = (1.0, 0.75, 0.5, 0.25)
+    try:
+        study = visual_token_study(llava, [llava_item], ["fastv"], ratios=ratios, draws=8)
+    finally:
+        handle.remove()
+    count = int(llava_item.visual_tokens.sum())
+    assert sum(rows) == study.forward_passes + 1  # FastV's reading forward beside the counted
+    curves = study.forward_passes - 1 - (count + 1)  # the full row, the exact effects
+    orders = curves / (len(ratios) - 1)
+    assert orders == int(orders) and 1 + 1 <= orders <= 1 + 8  # FastV, then 1 to 8 random
+    assert max(rows) <= 32
