@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
@@ -68,6 +68,9 @@ from attrlab.attribution.models.text import DecoderLMAdapter
 from attrlab.attribution.request.answers import check_answer_fits
 from attrlab.attribution.request.run import RunContext, RunSettings
 from attrlab.attribution.request.target import Target, decoder_adapter
+
+if TYPE_CHECKING:
+    from attrlab.attribution.models.vlm import ImageTextInputs
 
 __all__ = [
     "COLUMNS",
@@ -556,7 +559,7 @@ def analyze_layers(
     return analyze(adapter, inputs, target, measures, RunContext.of(settings)).table
 
 
-def checked_target(adapter: Adapter, inputs: Inputs, target: Target) -> Target:
+def checked_target(adapter: Adapter, inputs: Inputs | ImageTextInputs, target: Target) -> Target:
     """``target``, checked to fit ``inputs`` and to be read from one forward."""
     check_answer_fits(inputs, target)
     if not target.shares_input:

@@ -2,15 +2,17 @@
 The problem patching studies: a clean input, its corruption and the target read on both.
 
 A :class:`PatchingProblem` holds a clean input, a corrupted one (the same token length: IOI with
-the second name swapped) or Gaussian noise on chosen tokens' embeddings (causal tracing, Meng et
-al. 2022, https://arxiv.org/abs/2202.05262), and a target, usually a contrast (" Mary" rather
-than " John"), read as ``target.score(target.outputs(adapter, ...))``. :class:`Runs` is a
-checked problem on one model: its two sides and the model's parts.
+the second name swapped; for a vision-language model the same prompt with a corrupted image,
+:mod:`~attribution.patching.image`) or Gaussian noise on chosen tokens' embeddings (causal
+tracing, Meng et al. 2022, https://arxiv.org/abs/2202.05262), and a target, usually a contrast
+(" Mary" rather than " John"), read as ``target.score(target.outputs(adapter, ...))``.
+:class:`Runs` is a checked problem on one model: its two sides and the model's parts.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 import torch
 
@@ -18,13 +20,28 @@ from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
 from attrlab.attribution.inputs.perturb import repeated
 from attrlab.attribution.layers.analysis import ModelParts, checked_target
 from attrlab.attribution.models.base import Adapter, TextInputs, text_adapter
+from attrlab.attribution.models.vlm import ImageTextInputs
 from attrlab.attribution.patching.base import COMPONENTS, Scale, Site
 from attrlab.attribution.patching.hooks import noised
 from attrlab.attribution.request.answers import Answer, answer_inputs, answer_request, prompt_inputs
 from attrlab.attribution.request.defaults import NOISE_SEEDS
 from attrlab.attribution.request.target import Target, resolve_target
+from attrlab.attribution.visual_tokens.removal import batched_kwargs
 
-__all__ = ["MAX_SEEDS", "GaussianNoise", "PatchingProblem", "Run", "Runs", "patching_problem"]
+__all__ = [
+    "MAX_SEEDS",
+    "GaussianNoise",
+    "PatchedInputs",
+    "PatchingProblem",
+    "Run",
+    "Runs",
+    "patching_problem",
+]
+
+#: What patching pairs position by position: a text, or an image and a prompt.
+PatchedInputs = TextInputs | ImageTextInputs
+#: The inputs of one problem, both sides alike.
+PatchedT = TypeVar("PatchedT", TextInputs, ImageTextInputs)
 
 #: Most noise draws a causal-tracing corruption averages over.
 MAX_SEEDS = 64
@@ -87,7 +104,7 @@ class GaussianNoise:
 
 
 @dataclass(frozen=True)
-class PatchingProblem:
+class PatchingProblem(Generic[PatchedT]):
     """
     A clean input, its corruption and the target read on both.
 
@@ -95,9 +112,9 @@ class PatchingProblem:
     (:class:`GaussianNoise` on the clean input) is given.
     """
 
-    clean: TextInputs
+    clean: PatchedT
     target: Target
-    corrupted: TextInputs | None = None
+    corrupted: PatchedT | None = None
     noise: GaussianNoise | None = None
 
     def check(self, adapter: Adapter) -> None:
@@ -106,7 +123,8 @@ class PatchingProblem:
 
         Raises:
             InvalidInputError: both or neither corruption, token lengths or answers that
-                differ, a target the inputs do not hold, noise outside the input.
+                differ, a target the inputs do not hold, noise outside the input or on visual
+                tokens.
             UnsupportedMethodError: a contrast whose alternative needs a sequence of its own.
         """
         if (self.corrupted is None) == (self.noise is None):
@@ -131,6 +149,14 @@ class PatchingProblem:
         else:
             assert self.noise is not None
             self.noise.draws(adapter, clean_length)  # the range check
+            if isinstance(self.clean, ImageTextInputs):
+                visual = [p for p in self.noise.positions if bool(self.clean.visual_tokens[p])]
+                if visual:  # the image's features replace those embeddings after the noise
+                    raise InvalidInputError(
+                        f"noise position(s) {visual} are visual tokens, whose embeddings the "
+                        "image's features overwrite: corrupt the image instead "
+                        "(attribution.patching.image)"
+                    )
 
 
 def patching_problem(
@@ -141,7 +167,7 @@ def patching_problem(
     contrast: str | None = None,
     noise: GaussianNoise | None = None,
     target: int | str | None = None,
-) -> PatchingProblem:
+) -> PatchingProblem[TextInputs]:
     """
     The problem of two inputs (or one and noise) and a target, as every front end builds it.
 
@@ -187,7 +213,7 @@ def _classifier_problem(
     contrast: str | None,
     noise: GaussianNoise | None,
     target: int | str | None,
-) -> PatchingProblem:
+) -> PatchingProblem[TextInputs]:
     """A text classifier's problem: the class's logit on both inputs."""
     if answer is not None or contrast is not None:
         raise InvalidInputError(
@@ -215,7 +241,7 @@ class Run:
         noise: ``(rows, T, D)`` added to its token embeddings, or ``None`` (one row).
     """
 
-    inputs: TextInputs
+    inputs: PatchedInputs
     noise: torch.Tensor | None = None
 
     @property
@@ -225,6 +251,8 @@ class Run:
 
     def kwargs(self, rows: int) -> dict[str, torch.Tensor]:
         """The model's keywords for ``rows`` copies of the input."""
+        if isinstance(self.inputs, ImageTextInputs):  # Qwen2-VL's patches are not one row
+            return batched_kwargs(self.inputs, rows)
         return {k: repeated(v, rows) for k, v in self.inputs.model_kwargs().items()}
 
 

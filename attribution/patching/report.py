@@ -35,6 +35,7 @@ from attrlab.attribution.patching.base import (
 from attrlab.attribution.patching.exact import Baseline, baseline, exact, exact_rows
 from attrlab.attribution.patching.problem import PatchingProblem, Runs
 from attrlab.attribution.patching.relp import relp
+from attrlab.attribution.patching.visual import VisualPositions
 from attrlab.attribution.request.defaults import PATCHING_TOP_K
 from attrlab.attribution.request.gate import clear_study, memory_rows
 from attrlab.attribution.request.run import RunContext, RunSettings
@@ -105,6 +106,8 @@ class PatchingReport:
         corrupted_tokens: The corrupted input's (``None`` with noise).
         forward_passes: Forward rows spent.
         backward_passes: Backward passes spent.
+        visual: Which positions are visual tokens and their regions of the image (a
+            vision-language study, :mod:`~attribution.patching.image`; ``None`` on text).
     """
 
     table: pd.DataFrame
@@ -118,6 +121,7 @@ class PatchingReport:
     forward_passes: int = 0
     backward_passes: int = 0
     warnings: list[str] = field(default_factory=list)
+    visual: VisualPositions | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: the tables as lists of records (missing values as ``None``)."""
@@ -141,6 +145,7 @@ class PatchingReport:
             "forward_passes": self.forward_passes,
             "backward_passes": self.backward_passes,
             "warnings": self.warnings,
+            "visual": None if self.visual is None else self.visual.to_dict(),
         }
 
 
@@ -276,8 +281,8 @@ def patching_report(
     runs = Runs.of(adapter, problem)
     gradient_stages = sum(1 for e in chosen if e != "exact") * len(ways)
     exact_total = sum(exact_rows(runs, d, parts) for d in ways) if "exact" in chosen else 0
-    default = min(widest, auto_batch_size(adapter, problem.clean), fits or widest)
-    runner = BatchRunner(adapter, run, batch_size or default, exact_total + gradient_stages)
+    batch = batch_size or min(widest, auto_batch_size(adapter, problem.clean), fits or widest)
+    runner = BatchRunner(adapter, run, batch, exact_total + gradient_stages)
     rows: list[tuple] = []
 
     def stage_done() -> None:

@@ -1,0 +1,115 @@
+"""
+Which positions of a patching study are visual, and a per-position effect drawn over the image.
+
+A study of a vision-language model (:mod:`~attribution.patching.image`) patches visual and text
+positions alike; :class:`VisualPositions` says which are visual and which box of the original
+image each stands for (:mod:`attribution.models.regions`), so that a front end can sum a
+component's effects over the image part and draw them over the pixels (:meth:`heatmap`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from attrlab.attribution.errors import InvalidParameterError
+
+__all__ = ["VisualPositions", "position_effects"]
+
+
+@dataclass(frozen=True)
+class VisualPositions:
+    """
+    The visual positions of a patched input and their regions of the original image.
+
+    Attributes:
+        mask: Bool ``(T,)``: each position of the clean input is a visual token.
+        regions: ``(N, 4)`` ``(x0, y0, x1, y1)`` box of each visual token, in position order
+            (NaN: a token that stands for no region, such as LLaVA-NeXT's row ends).
+        size: The original image's ``(height, width)``.
+    """
+
+    mask: np.ndarray
+    regions: np.ndarray
+    size: tuple[int, int]
+
+    def heatmap(self, effects: np.ndarray) -> np.ndarray:
+        """
+        Per-position ``effects`` ``(T,)`` drawn over the image: ``(H, W)`` float64.
+
+        A pixel takes the effect of the visual token whose box holds its centre, the mean of
+        them where boxes overlap (a tile's token and the whole image's; LLaVA's CLS token);
+        NaN where no box does (pixels a centre crop drops). Text positions and tokens of no
+        region are left out.
+
+        Raises:
+            InvalidParameterError: not one effect per position.
+        """
+        values = np.asarray(effects, dtype=np.float64)
+        if values.shape != self.mask.shape:
+            raise InvalidParameterError(
+                f"give one effect per position ({self.mask.shape[0]}); got {values.shape}"
+            )
+        height, width = self.size
+        total, count = np.zeros(self.size), np.zeros(self.size)
+        rows, cols = np.arange(height) + 0.5, np.arange(width) + 0.5
+        for (x0, y0, x1, y1), value in zip(self.regions, values[self.mask], strict=True):
+            if np.isnan(x0):
+                continue
+            inside = ((rows >= y0) & (rows < y1))[:, None] & ((cols >= x0) & (cols < x1))[None, :]
+            total[inside] += value
+            count[inside] += 1
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(count > 0, total / count, np.nan)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the mask, the boxes (``None`` for a token of no region), the size."""
+        return {
+            "visual_tokens": [bool(v) for v in self.mask],
+            "regions": [
+                None if np.isnan(box[0]) else [float(v) for v in box] for box in self.regions
+            ],
+            "image_size": list(self.size),
+        }
+
+
+def position_effects(
+    table: pd.DataFrame,
+    estimator: str,
+    direction: str,
+    component: str,
+    layer: int,
+    head: int | None = None,
+    column: str = "effect",
+) -> np.ndarray:
+    """
+    One component's ``column`` at every position of one layer, in position order: ``(T,)``.
+
+    ``head``: the head of ``head_position`` rows (required there, refused elsewhere).
+
+    Raises:
+        InvalidParameterError: no such rows (a component without positions, a head missing or
+            given where there is none, a layer, estimator or direction not in the table).
+    """
+    rows = table[
+        (table["estimator"] == estimator)
+        & (table["direction"] == direction)
+        & (table["component"] == component)
+        & (table["layer"] == layer)
+    ]
+    per_head = rows["head"].notna().any()
+    if (head is None) == bool(per_head):
+        raise InvalidParameterError(
+            f"{component} rows {'are per head: give head=' if per_head else 'have no head'}"
+        )
+    if head is not None:
+        rows = rows[rows["head"] == head]
+    if rows.empty or rows["position"].isna().any():
+        raise InvalidParameterError(
+            f"no per-position {component} rows of {estimator}, {direction}, layer {layer}"
+            + ("" if head is None else f", head {head}")
+        )
+    return rows.sort_values("position")[column].to_numpy(dtype=np.float64)
