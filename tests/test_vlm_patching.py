@@ -349,6 +349,13 @@ def test_images_the_processor_lays_out_differently_are_refused_in_words(problems
     resized = image_patching_problem(adapter, prompt, OtherImage(wider), ANSWER)
     assert resized.corrupted.image.shape == problem.clean.image.shape
     assert resized.corrupted.input_ids.equal(resized.clean.input_ids)
+    # LLaVA resizes and crops every image to one size: another size is kept, and pairs
+    llava, llava_problem = problems["llava"]
+    kept = image_patching_problem(
+        llava, ImagePrompt(llava_problem.clean.image, PROMPT), OtherImage(wider, False), ANSWER
+    )
+    assert kept.corrupted.image.shape == wider.shape
+    assert kept.corrupted.input_ids.equal(kept.clean.input_ids)
     with pytest.raises(InvalidInputError, match="already hold an answer"):
         image_patching_problem(adapter, problem.clean, Blurred(1.0), ANSWER)
     visual = int(problem.clean.visual_positions[0])
