@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import numpy as np
@@ -20,7 +21,7 @@ from _tiny_vlm import (
 
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
 from attrlab.attribution.layers.analysis import ModelParts
-from attrlab.attribution.models.vlm import ImagePrompt
+from attrlab.attribution.models.vlm import ImagePrompt, VisionLanguageAdapter
 from attrlab.attribution.patching import ESTIMATORS, GaussianNoise, PatchingProblem, patched_score
 from attrlab.attribution.patching.hooks import recorded, removed_sites
 from attrlab.attribution.patching.image import (
@@ -196,6 +197,30 @@ def test_atp_is_the_gradient_times_the_difference_written_by_hand(family, proble
     assert (rows["spearman"] > 0.5).all()
 
 
+def test_atp_meets_exact_patching_to_first_order_as_the_noise_shrinks(llava):
+    # float64, so that the small effects of faint noise are read above rounding
+    model = copy.deepcopy(llava.model).double()
+    adapter = VisionLanguageAdapter(model, llava.processor, "tiny-random-llava-float64")
+    prompt = ImagePrompt(_image(32, 32), PROMPT)
+    errors = []
+    for sigma in (1.0, 16.0):
+        report = image_patching_report(
+            adapter,
+            prompt,
+            Noised(sigma),
+            ["residual", "mlp"],
+            ["exact", "atp"],
+            ["denoising"],
+            ANSWER,
+        )
+        table = report.table.set_index(["component", "layer", "position"])
+        exact = table[table["estimator"] == "exact"]["effect"].sort_index()
+        atp = table[table["estimator"] == "atp"]["effect"].sort_index()
+        errors.append(float((exact - atp).abs().max() / exact.abs().max()))
+    # the second-order rest shrinks with the change: AtP's error relative to the effects does
+    assert errors[0] < 0.01 and errors[0] < errors[1] / 4
+
+
 def test_a_report_marks_the_visual_positions_and_draws_them_over_the_image(problems):
     adapter, problem = problems["qwen"]
     report = image_patching_report(
@@ -260,6 +285,10 @@ def test_an_identical_image_changes_nothing_and_is_refused_in_words(problems):
     # every activation of both sides is the same: every patch writes what is there, so every
     # site's effect is zero
     twin = image_patching_problem(adapter, ImagePrompt(image, PROMPT), OtherImage(image.copy()))
+    # without an answer, the model's own next token after the clean image and prompt
+    prompt_inputs = adapter.preprocess(ImagePrompt(image, PROMPT))
+    top = int(_forward(adapter, prompt_inputs).logits[0, -1].argmax())
+    assert twin.target.tokens == (top,) and int(twin.clean.input_ids[0, -1]) == top
     parts = ModelParts.of(adapter)
     components = ["residual", "attention", "mlp", "head"]
     seen = []
