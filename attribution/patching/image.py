@@ -27,7 +27,12 @@ from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
 from attrlab.attribution.models.base import Adapter
 from attrlab.attribution.models.images import load_image
 from attrlab.attribution.models.regions import visual_regions
-from attrlab.attribution.models.vlm import ImagePrompt, ImageTextInputs, with_answer
+from attrlab.attribution.models.vlm import (
+    ImagePrompt,
+    ImageTextInputs,
+    VisionLanguageAdapter,
+    with_answer,
+)
 from attrlab.attribution.patching.problem import PatchingProblem
 from attrlab.attribution.patching.report import PatchingReport, patching_report
 from attrlab.attribution.patching.visual import VisualPositions
@@ -164,7 +169,7 @@ ImageCorruption = OtherImage | Blurred | Noised | Masked
 
 
 def _corrupted_prompt(
-    adapter: Adapter, clean: ImageTextInputs, image: np.ndarray
+    model: VisionLanguageAdapter, clean: ImageTextInputs, image: np.ndarray
 ) -> ImageTextInputs:
     """
     ``clean``'s prompt with ``image``, through the same processor.
@@ -173,7 +178,6 @@ def _corrupted_prompt(
         InvalidInputError: the processor lays the two images out differently (another number
             of visual tokens, tiles or grid), so their positions do not pair.
     """
-    model = visual_adapter(adapter)
     encoded = dict(model.processor(images=image, text=clean.text, return_tensors="pt"))
     ids = encoded.pop("input_ids").to(clean.input_ids.device)
     # the token ids and every integer input (grid, sizes, token types, masks) are the layout
