@@ -88,6 +88,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/calibration.py
 	$(BIN)/python benchmarks/kv_tasks.py
 	$(BIN)/python benchmarks/eviction.py
+	$(BIN)/python benchmarks/vlm_tokens.py
 
 # A Hugging Face Space's files: the committed tree with the Space's README (its metadata) and
 # a requirements.txt listing pyproject's runtime, app and embedded dependencies and ZeroGPU's

@@ -12,7 +12,10 @@ keeps per layer beside the ``prompt × prompt`` attention it reads.
 
 ``curves``: the study on the shipped long-context tasks SmolLM2 solves at full cache
 (:mod:`attribution.inputs.long_context`): every scorer's curves against random evictions and
-its agreement with the exact effect of evicting each token.
+its agreement with the exact effect of evicting each token. ``--splits uniform,pyramid``
+adds PyramidKV's per-layer budgets for ``kv_entry``: the policies' curves only (no exact
+effects: the agreement is the split's own no more than the uniform table's, and the oracles'
+orders are not policies).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from transformers import DynamicCache
 from attrlab.attribution.bits.sensitivity import bundled_lm_texts
 from attrlab.attribution.eviction.cache import evicted_logits, keep_all, prefill
 from attrlab.attribution.eviction.request import EvictionRequest, run_eviction
+from attrlab.attribution.eviction.scorers import SCORERS
 from attrlab.attribution.eviction.study import EvictionItem, eviction_study
 from attrlab.attribution.models import load
 from attrlab.attribution.models.base import Adapter
@@ -142,12 +146,27 @@ def _number(value: object) -> str:
     return "" if value is None or value != value else f"{value:.3g}"
 
 
-def curves(tasks: list[str], count: int, tokens: int, units: list[str]) -> None:
+def _runs(units: list[str], splits: list[str]) -> list[tuple[str, str]]:
+    """``(unit, split)`` pairs: a split divides ``kv_entry``'s budget only."""
+    return [(u, s) for u in units for s in (splits if u == "kv_entry" else ["uniform"])]
+
+
+def curves(tasks: list[str], count: int, tokens: int, units: list[str], splits: list[str]) -> None:
     adapter = load("smollm2-135m")
+    policies = tuple(n for n, s in SCORERS.items() if s.score is not None)
     for task in tasks:
-        for unit in units:
+        for unit, split in _runs(units, splits):
+            plain = split == "uniform"
             request = EvictionRequest(
-                task=task, count=count, max_tokens=tokens, unit=unit, draws=10, seed=1
+                task=task,
+                count=count,
+                max_tokens=tokens,
+                unit=unit,
+                split=split,
+                draws=10,
+                seed=1,
+                scorers=None if plain else policies,
+                span=None if plain else 0,
             )
             started = time.perf_counter()
             study = run_eviction(adapter, request, RunSettings(max_forward_passes=None))
@@ -213,11 +232,18 @@ def main() -> None:
     parser.add_argument("--units", default="kv_entry,kv_position")
     parser.add_argument("--items", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=500)
+    parser.add_argument("--splits", default="uniform")
     args = parser.parse_args()
     if "costs" in args.parts:
         costs()
     if "curves" in args.parts:
-        curves(args.tasks.split(","), args.items, args.tokens, args.units.split(","))
+        curves(
+            args.tasks.split(","),
+            args.items,
+            args.tokens,
+            args.units.split(","),
+            args.splits.split(","),
+        )
 
 
 if __name__ == "__main__":
