@@ -35,6 +35,7 @@ from attrlab.attribution.inputs.masks import (
     upsample,
 )
 from attrlab.attribution.models.base import Adapter, Inputs, TextInputs, text_adapter
+from attrlab.attribution.models.vlm import ImageTextInputs
 from attrlab.attribution.request.run import RunContext
 
 if TYPE_CHECKING:
@@ -45,11 +46,13 @@ Output = TypeVar("Output")
 
 __all__ = [
     "IMAGE_PERTURBATIONS",
+    "IMAGE_TEXT_PERTURBATIONS",
     "PRECISIONS",
     "TEXT_PERTURBATIONS",
     "TOP_DECILE",
     "BatchRunner",
     "ImagePerturbation",
+    "ImageTextPerturbation",
     "MaskBatches",
     "Perturbation",
     "TextPerturbation",
@@ -73,6 +76,9 @@ IMAGE_PERTURBATIONS = ("inpainting", "blur", "baseline", "amplitude", "road")
 ROAD_NOISE = 0.01
 #: Text perturbations of hidden tokens: the mask token, the pad token, or deletion.
 TEXT_PERTURBATIONS = ("mask", "pad", "delete")
+
+#: Image-and-prompt perturbations: a hidden position's row of the first block's input zeroed.
+IMAGE_TEXT_PERTURBATIONS = ("zero",)
 
 #: Box-blur width of the Sobol authors' blur perturbation (``cv2.blur(x, (10, 10))``).
 DEFAULT_BLUR_SIZE = 10
@@ -396,6 +402,77 @@ class TextPerturbation:
         return {"input_ids": ids, "attention_mask": attention.to(self.attention.dtype)}
 
 
+class ImageTextPerturbation:
+    """
+    Apply keep masks over the positions of an image and a prompt, at the first block's input.
+
+    A cell is one visual token or one text token (the special and answer tokens always stay:
+    :attr:`~attribution.models.vlm.ImageTextInputs.fixed_tokens`), in sequence order. A hidden
+    cell's row of the language model's first block input is set to zero, the same
+    reference integrated gradients starts from (:meth:`ImageTextInputs.reference`): the
+    visual features and the word embeddings are hidden alike, after the vision tower and the
+    embedding layer ran on the whole input. A mask value ``>= 0.5`` keeps the cell.
+    """
+
+    def __init__(self, inputs: ImageTextInputs, kind: str = "zero") -> None:
+        if kind not in IMAGE_TEXT_PERTURBATIONS:
+            raise InvalidParameterError(
+                f"an image and a prompt are perturbed by {', '.join(IMAGE_TEXT_PERTURBATIONS)}"
+                f" at the first block's input; got {kind!r}"
+            )
+        self.hidden = inputs.block_input
+        self.held = inputs.held_kwargs()
+        self.length = int(inputs.input_ids.shape[1])
+        #: The positions masks act on, one cell each.
+        self.free = (~inputs.fixed_tokens).nonzero()[:, 0].to(self.hidden.device)
+
+    def n_cells(self, grid: int) -> int:
+        """One cell per visual or text token that is not fixed (``grid`` is for images)."""
+        if not self.free.numel():
+            raise InvalidInputError("the input has no tokens to perturb besides special tokens")
+        return int(self.free.numel())
+
+    def design_masks(self, design: torch.Tensor, grid: int, device: torch.device) -> MaskBatches:
+        """Each design row keeps the cells whose value is ≥ 0.5."""
+        return CellMasks(design, device)
+
+    def random_masks(
+        self,
+        n: int,
+        p: float,
+        grid: int,
+        generator: torch.Generator,
+        device: torch.device,
+        superpixels: int | None = None,
+    ) -> MaskBatches:
+        """Each cell kept with probability ``p``."""
+        if superpixels is not None:
+            raise InvalidParameterError(
+                "segments=slic applies to images; an image and a prompt are masked per token"
+            )
+        keep = torch.rand(n, self.n_cells(grid), generator=generator) < p
+        return CellMasks(keep, device)
+
+    def cell_map(self, values: np.ndarray, grid: int) -> np.ndarray:
+        """Cells are positions: as :meth:`element_map`."""
+        return self.element_map(values)
+
+    def element_map(self, values: np.ndarray) -> np.ndarray:
+        """Per-position scores from values per cell; fixed positions get 0."""
+        values = np.asarray(values)
+        scores = np.zeros((*values.shape[:-1], self.length), dtype=np.float64)
+        scores[..., self.free.cpu().numpy()] = values
+        return scores
+
+    def __call__(self, masks: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Model kwargs for a batch of ``(b, n_cells)`` keep masks."""
+        b = masks.shape[0]
+        keep = torch.ones(b, self.length, dtype=torch.bool, device=self.hidden.device)
+        keep[:, self.free] = masks.to(self.hidden.device) >= 0.5
+        hidden = torch.where(keep[..., None], self.hidden, torch.zeros_like(self.hidden))
+        return {**self.held, "block_input": hidden}
+
+
 #: What :func:`top_decile_error` measures, for the help of every ``tolerance`` parameter.
 TOP_DECILE = (
     "the top decile's relative {error} (the mean {error} of the 10 % of values deviating most "
@@ -432,11 +509,13 @@ def perturbation_for(
     """The perturbation matching the input's modality (text: over its features, if any)."""
     if isinstance(inputs, TextInputs):  # over the features the inputs are explained at
         return TextPerturbation(adapter, inputs, text_kind, inputs.features)
+    if isinstance(inputs, ImageTextInputs):
+        return ImageTextPerturbation(inputs)
     return ImagePerturbation(inputs.pixel_values, image_kind, image=inputs.image)
 
 
 #: Default forward batch per modality on a CPU, at a reference map size.
-_CPU_BATCH = {"image": (16, 224 * 224), "text": (64, 128)}
+_CPU_BATCH = {"image": (16, 224 * 224), "text": (64, 128), "image-text": (64, 128)}
 
 #: Largest automatic batch, and the share of free GPU memory an automatic batch may fill.
 _MAX_BATCH, _GPU_SHARE = 2048, 0.7

@@ -141,6 +141,7 @@ class RISE(AttributionMethod[RiseParams]):
     paper = "https://arxiv.org/abs/1806.07421"
     reads_prediction = True  # the top predicted classes
     param_record = RiseParams
+    modalities = frozenset({"text", "image", "image-text"})
 
     @classmethod
     def _passes(cls, adapter: Adapter, inputs: Inputs, params: RiseParams) -> Passes:

@@ -162,6 +162,7 @@ class Sobol(AttributionMethod[SobolParams]):
     title = "Sobol attribution"
     paper = "https://arxiv.org/abs/2111.04138"
     param_record = SobolParams
+    modalities = frozenset({"text", "image", "image-text"})
 
     @classmethod
     def _passes(cls, adapter: Adapter, inputs: Inputs, params: SobolParams) -> Passes:

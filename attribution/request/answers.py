@@ -28,6 +28,7 @@ import torch
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError, require_unicode
 from attrlab.attribution.inputs.tokens import continuation_texts, token_texts
 from attrlab.attribution.models.base import TextInputs
+from attrlab.attribution.models.vlm import ImageTextInputs
 from attrlab.attribution.request.target import AnswerTarget, ContrastTarget, Target, decoder_adapter
 
 if TYPE_CHECKING:
@@ -187,7 +188,8 @@ def check_answer_fits(inputs: Any, target: Target) -> None:
         InvalidInputError: the lengths differ (an answer target on a prompt alone, or the
             reverse).
     """
-    answer_length = inputs.answer_length if isinstance(inputs, TextInputs) else 0
+    held = isinstance(inputs, TextInputs | ImageTextInputs)
+    answer_length = inputs.answer_length if held else 0
     if target.answer_length != answer_length:
         raise InvalidInputError(
             f"the input holds an answer of {answer_length} tokens but the target "
@@ -395,7 +397,7 @@ def with_alternative(adapter: Adapter, inputs: TextInputs, alternative: Any) -> 
 
 
 def prompt_prediction(
-    adapter: Adapter, inputs: TextInputs, with_attentions: bool
+    adapter: Adapter, inputs: TextInputs | ImageTextInputs, with_attentions: bool
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
     """
     The next-token logits after the prompt of ``inputs`` (which hold an answer), float64.

@@ -474,7 +474,7 @@ class AnswerTarget(Target):
 
     def _outputs(self, adapter: Adapter, **model_kwargs: torch.Tensor) -> torch.Tensor:
         """``(B, len(tokens))``: each step's log-probability (or logit)."""
-        logits = decoder_adapter(adapter).model(**model_kwargs).logits
+        logits = decoder_adapter(adapter).run_model(**model_kwargs).logits
         return self.from_logits(adapter, logits, model_kwargs)
 
     def from_logits(
@@ -599,7 +599,7 @@ class ContrastTarget(Target):
 
     def _outputs(self, adapter: Adapter, **model_kwargs: torch.Tensor) -> torch.Tensor:
         """``(B, len(answer) + len(alternative))``: both answers' step log-probabilities."""
-        model = decoder_adapter(adapter).model
+        model = decoder_adapter(adapter).run_model
         logits = model(**model_kwargs).logits
         if self.shares_input:
             return self.from_logits(adapter, logits, model_kwargs)
