@@ -1,0 +1,283 @@
+"""Methods over an image and a prompt on tiny random vision-language models, per family."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import cache
+
+import numpy as np
+import pytest
+import torch
+from _tiny_vlm import (
+    tiny_gemma3,
+    tiny_idefics3,
+    tiny_llava,
+    tiny_llava_next,
+    tiny_paligemma,
+    tiny_qwen2_5_vl,
+    tiny_qwen2_vl,
+)
+from torch import nn
+
+from attrlab.attribution.errors import InvalidParameterError, UnsupportedMethodError
+from attrlab.attribution.explain import explain
+from attrlab.attribution.models.vlm import (
+    ImagePrompt,
+    ImageTextInputs,
+    VisionLanguageAdapter,
+    with_answer,
+)
+from attrlab.attribution.request.answers import Answer, answer_target, given_answer
+from attrlab.attribution.request.target import Target
+
+PROMPT = "what is in the picture"
+ANSWER = " a cat sits"
+FAMILIES: dict[str, Callable[[], VisionLanguageAdapter]] = {
+    "llava": tiny_llava,
+    "llava_next": tiny_llava_next,
+    "qwen2_vl": tiny_qwen2_vl,
+    "qwen2_5_vl": tiny_qwen2_5_vl,
+    "paligemma": tiny_paligemma,
+    # a window wide enough for the answer to read the image (the default 4 does not reach it)
+    "gemma3": lambda: tiny_gemma3(sliding_window=64),
+    "idefics3": tiny_idefics3,
+}
+
+
+@cache
+def _adapter(family: str) -> VisionLanguageAdapter:
+    return FAMILIES[family]()
+
+
+def _case(family: str) -> tuple[VisionLanguageAdapter, ImageTextInputs, Answer, Target]:
+    adapter = _adapter(family)
+    image = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    answer = given_answer(adapter, ANSWER)
+    inputs = with_answer(adapter, adapter.preprocess(ImagePrompt(image, PROMPT)), answer)
+    return adapter, inputs, answer, answer_target(adapter, inputs, answer)
+
+
+def _module(adapter: VisionLanguageAdapter, pattern: str) -> nn.Module:
+    """A module found by its name in the model (not through attrlab's layouts)."""
+    return next(m for n, m in adapter.model.named_modules() if re.search(pattern, n))
+
+
+def _first_block(adapter: VisionLanguageAdapter) -> nn.Module:
+    return _module(adapter, r"(language_model|text_model)\.layers\.0$")
+
+
+@contextmanager
+def _block_input_edited(
+    adapter: VisionLanguageAdapter, edit: Callable[[torch.Tensor], torch.Tensor]
+) -> Iterator[None]:
+    def hook(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        return (edit(args[0]), *args[1:]), kwargs
+
+    handle = _first_block(adapter).register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def _log_p(adapter: VisionLanguageAdapter, inputs: ImageTextInputs, answer: Answer) -> torch.Tensor:
+    """``log p(answer | image, prompt)`` of one plain forward, read by hand (float64)."""
+    logits = adapter.model(**inputs.model_kwargs()).logits[0].double()
+    n = len(answer.ids)
+    length = logits.shape[0]
+    read = logits[length - n - 1 : length - 1].log_softmax(-1)
+    return read[torch.arange(n), torch.tensor(answer.ids)].sum()
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_gradient_x_input_is_autograd_at_the_first_block_input(family: str) -> None:
+    adapter, inputs, answer, target = _case(family)
+    seen: list[torch.Tensor] = []
+
+    def leaf(hidden: torch.Tensor) -> torch.Tensor:
+        seen.append(hidden.detach().clone().requires_grad_(True))
+        return seen[-1]
+
+    with _block_input_edited(adapter, leaf):
+        _log_p(adapter, inputs, answer).backward()
+    (x,) = seen
+    assert x.grad is not None
+    expected = (x.grad * x).sum(-1)[0].detach().double().numpy()
+    found = explain(adapter, "gradient_x_input", inputs, target).scores
+    assert expected[inputs.visual_tokens.numpy()].any()  # the image is read at all
+    np.testing.assert_allclose(found, expected, rtol=1e-4, atol=1e-6 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_occlusion_is_the_drop_when_a_position_is_hidden_by_hand(family: str) -> None:
+    adapter, inputs, answer, target = _case(family)
+    scores = explain(adapter, "occlusion", inputs, target).scores
+    visual = inputs.visual_positions.tolist()
+    text = [
+        i
+        for i in range(len(inputs.tokens) - len(answer.ids))
+        if not inputs.visual_tokens[i] and not inputs.special_tokens[i]
+    ]
+    with torch.no_grad():
+        clean = float(_log_p(adapter, inputs, answer))
+        for position in (visual[len(visual) // 2], visual[0], text[0]):
+
+            def hide(hidden: torch.Tensor, at: int = position) -> torch.Tensor:
+                hidden = hidden.clone()
+                hidden[:, at] = 0
+                return hidden
+
+            with _block_input_edited(adapter, hide):
+                drop = clean - float(_log_p(adapter, inputs, answer))
+            # the method scores in the model's float32: a few roundings of log p apart
+            rounding = 8 * float(torch.finfo(torch.float32).eps) * abs(clean)
+            assert abs(drop) > 10 * rounding
+            assert scores[position] == pytest.approx(drop, abs=rounding)
+    # special and answer tokens are never hidden
+    assert not scores[inputs.special_tokens.numpy()].any()
+    assert not scores[-len(answer.ids) :].any()
+
+
+@contextmanager
+def _reads_one_visual_token(
+    adapter: VisionLanguageAdapter, positions: torch.Tensor, keep: int
+) -> Iterator[None]:
+    """
+    A model whose answer reads the image through one visual token: the others are zeroed.
+
+    The language model's input embeddings (visual features in place) get every visual row
+    (at ``positions``) but the ``keep``-th set to zero, so nothing of the image but that token
+    reaches the answer.
+    """
+
+    def hook(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        embeds = kwargs["inputs_embeds"].clone()
+        dropped = torch.cat([positions[:keep], positions[keep + 1 :]])
+        embeds[:, dropped] = 0
+        return args, {**kwargs, "inputs_embeds": embeds}
+
+    language_model = _module(adapter, r"^model\.(language_model|text_model)$")
+    handle = language_model.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+PLANTED = [
+    ("gradient_x_input", {}),
+    ("occlusion", {}),
+    ("integrated_gradients", {"n_steps": 32}),
+]
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen2_vl", "paligemma", "gemma3", "idefics3"])
+def test_a_planted_patch_comes_first(family: str) -> None:
+    adapter = _adapter(family)
+    _, plain, answer, _ = _case(family)
+    regions = plain.regions
+    keep = int(np.flatnonzero(~np.isnan(regions[:, 0]))[len(regions) // 3])
+    with _reads_one_visual_token(adapter, plain.visual_positions, keep):
+        _, inputs, _, target = _case(family)  # the block input of the planted model
+        for method, params in PLANTED:
+            explanation = explain(adapter, method, inputs, target, params)
+            visual = np.abs(explanation.maps["visual_tokens"])
+            assert int(visual.argmax()) == keep, method
+            assert visual[keep] > 10 * np.delete(visual, keep).max(initial=0.0), method
+            heat = np.abs(explanation.maps["image_heatmap"])
+            row, col = np.unravel_index(np.nanargmax(heat), heat.shape)
+            x0, y0, x1, y1 = regions[keep]
+            assert x0 <= col + 0.5 < x1 and y0 <= row + 0.5 < y1, method
+
+
+def test_the_image_and_text_shares_are_those_of_the_map_per_step() -> None:
+    adapter, inputs, answer, target = _case("llava")
+    explanation = explain(adapter, "gradient_x_input", inputs, target, per_step=True)
+    scores, visual = explanation.scores, inputs.visual_tokens.numpy()
+    image = np.abs(scores[visual]).sum() / np.abs(scores).sum()
+    metrics = explanation.metrics
+    assert metrics["image_share"] == pytest.approx(image)
+    assert metrics["image_share"] + metrics["text_share"] == pytest.approx(1.0)
+    assert metrics["image_relevance"] == pytest.approx(scores[visual].sum())
+    assert metrics["text_relevance"] == pytest.approx(scores[~visual].sum())
+    steps = explanation.maps["steps"]
+    assert steps.shape == (len(answer.ids), len(inputs.tokens))
+    step_image = np.abs(steps[:, visual]).sum(1) / np.abs(steps).sum(1)
+    np.testing.assert_allclose(explanation.maps["step_image_share"], step_image)
+    np.testing.assert_allclose(
+        explanation.maps["step_image_share"] + explanation.maps["step_text_share"], 1.0
+    )
+    # LLaVA's boxes tile the image: each token's value sits on the pixels of its box
+    heat = explanation.maps["image_heatmap"]
+    assert heat.shape == inputs.image.shape[:2] and not np.isnan(heat).any()
+    for value, (x0, y0, x1, y1) in zip(scores[visual], inputs.regions, strict=True):
+        assert np.all(heat[int(y0) : int(y1), int(x0) : int(x1)] == value)
+
+
+def test_row_end_tokens_of_no_region_stay_off_the_pixels() -> None:
+    adapter, inputs, _, target = _case("llava_next")
+    explanation = explain(adapter, "occlusion", inputs, target)
+    values = explanation.maps["visual_tokens"]
+    no_region = np.isnan(inputs.regions[:, 0])
+    assert no_region.any() and values.shape == (len(inputs.regions),)
+    heat = explanation.maps["image_heatmap"]
+    painted = set(np.unique(heat[~np.isnan(heat)]).round(12))
+    # every pixel is the mean of the region tokens over it: a row end's value alone is none
+    assert not any(round(float(v), 12) in painted for v in values[no_region] if v != 0)
+    assert explanation.metrics["image_share"] + explanation.metrics["text_share"] == (
+        pytest.approx(1.0)
+    )
+
+
+def _hooks(model: nn.Module) -> list[int]:
+    return [
+        len(getattr(m, name))
+        for m in model.modules()
+        for name in (
+            "_forward_hooks",
+            "_forward_pre_hooks",
+            "_backward_hooks",
+            "_backward_pre_hooks",
+        )
+    ]
+
+
+@pytest.mark.parametrize(
+    ("method", "params"),
+    [("gradient_x_input", {}), ("integrated_gradients", {"n_steps": 4}), ("occlusion", {})],
+)
+def test_every_hook_is_undone_after_an_error(method: str, params: dict) -> None:
+    adapter, inputs, _, target = _case("qwen2_vl")
+    with torch.no_grad():
+        before = adapter.logits(**inputs.model_kwargs())
+    hooks = _hooks(adapter.model)
+    calls = []
+
+    def fail(_m: nn.Module, _a: tuple, _o: object) -> None:
+        calls.append(1)
+        if len(calls) > 1:  # the prediction passes, the method's forward fails
+            raise RuntimeError("forced")
+
+    last = _module(adapter, r"language_model\.layers\.1$")
+    handle = last.register_forward_hook(fail)
+    try:
+        with pytest.raises(RuntimeError, match="forced"):
+            explain(adapter, method, inputs, target, params)
+    finally:
+        handle.remove()
+    assert _hooks(adapter.model) == hooks and not any(hooks)
+    with torch.no_grad():
+        assert torch.equal(adapter.logits(**inputs.model_kwargs()), before)
+
+
+def test_methods_that_do_not_apply_say_so() -> None:
+    adapter, inputs, _, target = _case("llava")
+    for method in ("attnlrp", "shap", "deeplift", "gradcam"):
+        with pytest.raises(UnsupportedMethodError, match="image-text"):
+            explain(adapter, method, inputs, target)
+    with pytest.raises(InvalidParameterError, match="zero"):
+        explain(adapter, "integrated_gradients", inputs, target, {"baseline": "pad"})
+    with pytest.raises(InvalidParameterError, match="window"):
+        explain(adapter, "occlusion", inputs, target, {"window": 3})
