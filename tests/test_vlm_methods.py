@@ -170,13 +170,14 @@ PLANTED = [
     ("gradient_x_input", {}),
     ("occlusion", {}),
     ("integrated_gradients", {"n_steps": 32}),
+    ("attnlrp", {}),
 ]
 
 
 @pytest.mark.parametrize("family", ["llava", "qwen2_vl", "paligemma", "gemma3", "idefics3"])
 def test_a_planted_patch_comes_first(family: str) -> None:
     adapter = _adapter(family)
-    _, plain, answer, _ = _case(family)
+    _, plain, _, _ = _case(family)
     regions = plain.regions
     keep = int(np.flatnonzero(~np.isnan(regions[:, 0]))[len(regions) // 3])
     with _reads_one_visual_token(adapter, plain.visual_positions, keep):
@@ -214,6 +215,24 @@ def test_the_image_and_text_shares_are_those_of_the_map_per_step() -> None:
     assert heat.shape == inputs.image.shape[:2] and not np.isnan(heat).any()
     for value, (x0, y0, x1, y1) in zip(scores[visual], inputs.regions, strict=True):
         assert np.all(heat[int(y0) : int(y1), int(x0) : int(x1)] == value)
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen2_5_vl", "idefics3"])
+def test_attnlrp_relevance_at_the_block_input_accounts_for_the_answer_logits(family: str) -> None:
+    adapter, inputs, answer, target = _case(family)
+    explanation = explain(adapter, "attnlrp", inputs, target, per_step=True)
+    with torch.no_grad():
+        logits = adapter.model(**inputs.model_kwargs()).logits[0].double()
+    n, length = len(answer.ids), logits.shape[0]
+    answer_logits = float(logits[torch.arange(length - n - 1, length - 1), list(answer.ids)].sum())
+    metrics = explanation.metrics
+    assert metrics["target_logit"] == pytest.approx(answer_logits, abs=1e-5)
+    absorbed = metrics["softmax_absorbed"] + metrics["bias_absorbed"]
+    absorbed += metrics["positional_absorbed"]
+    # what reached the block input and what attention's softmax and biases kept: the logits
+    assert explanation.scores.sum() + absorbed == pytest.approx(answer_logits, abs=1e-5)
+    assert explanation.scores[inputs.visual_tokens.numpy()].any()
+    np.testing.assert_allclose(explanation.maps["steps"].sum(0), explanation.scores, atol=1e-6)
 
 
 def test_row_end_tokens_of_no_region_stay_off_the_pixels() -> None:
@@ -274,7 +293,7 @@ def test_every_hook_is_undone_after_an_error(method: str, params: dict) -> None:
 
 def test_methods_that_do_not_apply_say_so() -> None:
     adapter, inputs, _, target = _case("llava")
-    for method in ("attnlrp", "shap", "deeplift", "gradcam"):
+    for method in ("pa_lrp", "shap", "deeplift", "gradcam"):
         with pytest.raises(UnsupportedMethodError, match="image-text"):
             explain(adapter, method, inputs, target)
     with pytest.raises(InvalidParameterError, match="zero"):
