@@ -258,7 +258,8 @@ def _at_block_input(
     streams += [(h, grads.get(f"block.{i}")) for i, h in sorted(recorder.blocks.items()) if i]
     streams.append((recorder.last, grads.get("last")))
     residual_tokens = [_token_relevance(h, grad, leaf.shape[1]) for h, grad in streams]
-    per_layer, positional_total = [], 0.0
+    per_layer: list[float] = []
+    positional_total = 0.0
     if recorder.rotary:  # what the rotary positions took, for the accounting
         _, per_layer, positional_total = rotary_scores(recorder, grads)
     return LRPResult(
