@@ -23,6 +23,7 @@ from torch import nn
 
 from attrlab.attribution.errors import InvalidParameterError, UnsupportedMethodError
 from attrlab.attribution.explain import explain
+from attrlab.attribution.metrics.faithfulness import faithfulness
 from attrlab.attribution.models.vlm import (
     ImagePrompt,
     ImageTextInputs,
@@ -248,6 +249,33 @@ def test_row_end_tokens_of_no_region_stay_off_the_pixels() -> None:
     assert explanation.metrics["image_share"] + explanation.metrics["text_share"] == (
         pytest.approx(1.0)
     )
+
+
+def test_faithfulness_removes_visual_and_text_tokens_as_occlusion_hides_them() -> None:
+    adapter, inputs, answer, target = _case("qwen2_vl")
+    scores = explain(adapter, "gradient_x_input", inputs, target).scores
+    scored = faithfulness(adapter, inputs, scores, target, random_orders=0)
+    free = [i for i in range(len(inputs.tokens)) if not inputs.fixed_tokens[i]]
+    order = sorted(free, key=lambda i: -scores[i])
+    assert inputs.visual_tokens[free].any() and not inputs.visual_tokens[free].all()
+
+    def score_without(hidden_positions: list[int]) -> float:
+        def hide(hidden: torch.Tensor) -> torch.Tensor:
+            hidden = hidden.clone()
+            hidden[:, hidden_positions] = 0
+            return hidden
+
+        with torch.no_grad(), _block_input_edited(adapter, hide):
+            return float(_log_p(adapter, inputs, answer))
+
+    deletion, insertion = scored.curves["deletion_morf"], scored.curves["insertion_morf"]
+    assert len(deletion) == len(free) + 1
+    rounding = 8 * float(torch.finfo(torch.float32).eps) * abs(deletion[0])
+    for k in range(3):  # the k most relevant tokens removed, visual or text alike
+        assert deletion[k] == pytest.approx(score_without(order[:k]), abs=rounding)
+    # only the most relevant token shown
+    assert insertion[1] == pytest.approx(score_without(order[1:]), abs=rounding)
+    assert {"comprehensiveness", "sufficiency"} <= set(scored.metrics)
 
 
 def _hooks(model: nn.Module) -> list[int]:
