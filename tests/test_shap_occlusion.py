@@ -26,7 +26,7 @@ def test_all_perturbation_methods_are_registered_with_schemas():
     for name, modalities in (
         ("rise", ["image", "image-text", "text"]),
         ("sobol", ["image", "image-text", "text"]),
-        ("shap", ["image", "text"]),
+        ("shap", ["image", "image-text", "text"]),
         ("occlusion", ["image", "image-text", "text"]),
     ):
         described = get_method(name).describe()

@@ -172,6 +172,7 @@ PLANTED = [
     ("occlusion", {}),
     ("integrated_gradients", {"n_steps": 32}),
     ("attnlrp", {}),
+    ("shap", {"max_evals": 2000}),
 ]
 
 
@@ -234,6 +235,25 @@ def test_attnlrp_relevance_at_the_block_input_accounts_for_the_answer_logits(fam
     assert explanation.scores.sum() + absorbed == pytest.approx(answer_logits, abs=1e-5)
     assert explanation.scores[inputs.visual_tokens.numpy()].any()
     np.testing.assert_allclose(explanation.maps["steps"].sum(0), explanation.scores, atol=1e-6)
+
+
+def test_shap_values_add_up_to_the_drop_when_every_token_is_hidden() -> None:
+    adapter, inputs, answer, target = _case("idefics3")
+    explanation = explain(adapter, "shap", inputs, target, {"max_evals": 2000})
+    free = ~inputs.fixed_tokens
+
+    def hide_all(hidden: torch.Tensor) -> torch.Tensor:
+        return torch.where(free.view(1, -1, 1), torch.zeros_like(hidden), hidden)
+
+    with torch.no_grad():
+        clean = float(_log_p(adapter, inputs, answer))
+        with _block_input_edited(adapter, hide_all):
+            hidden = float(_log_p(adapter, inputs, answer))
+    rounding = 8 * float(torch.finfo(torch.float32).eps) * abs(clean)
+    assert explanation.scores.sum() == pytest.approx(clean - hidden, abs=rounding)
+    assert explanation.metrics["base_value"] == pytest.approx(hidden, abs=rounding)
+    assert explanation.scores[inputs.visual_tokens.numpy()].any()
+    assert not explanation.scores[~free.numpy()].any()
 
 
 def test_row_end_tokens_of_no_region_stay_off_the_pixels() -> None:
@@ -321,7 +341,7 @@ def test_every_hook_is_undone_after_an_error(method: str, params: dict) -> None:
 
 def test_methods_that_do_not_apply_say_so() -> None:
     adapter, inputs, _, target = _case("llava")
-    for method in ("pa_lrp", "shap", "deeplift", "gradcam"):
+    for method in ("pa_lrp", "deeplift", "gradcam"):
         with pytest.raises(UnsupportedMethodError, match="image-text"):
             explain(adapter, method, inputs, target)
     with pytest.raises(InvalidParameterError, match="zero"):
