@@ -348,3 +348,18 @@ def test_methods_that_do_not_apply_say_so() -> None:
         explain(adapter, "integrated_gradients", inputs, target, {"baseline": "pad"})
     with pytest.raises(InvalidParameterError, match="window"):
         explain(adapter, "occlusion", inputs, target, {"window": 3})
+
+
+def test_the_figure_draws_the_image_part_over_the_image_and_the_text_beside() -> None:
+    adapter, inputs, _, target = _case("idefics3")
+    explanation = explain(adapter, "occlusion", inputs, target)
+    assert "image and text" in explanation.figures()
+    figure = explanation.figure("image and text")
+    picture, heat, bars = figure.data
+    assert picture.source.startswith("data:image/")
+    heat_values = np.asarray(heat.z, dtype=np.float64)
+    assert heat_values.shape == inputs.image.shape[:2]
+    assert np.array_equal(np.isnan(heat_values), np.isnan(explanation.maps["image_heatmap"]))
+    text = ~inputs.visual_tokens.numpy()
+    np.testing.assert_allclose(np.asarray(bars.y), explanation.scores[text])
+    assert f"{explanation.metrics['image_share']:.0%}" in figure.layout.annotations[0].text
