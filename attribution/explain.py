@@ -391,7 +391,7 @@ class Preview:
     predictions: list[Prediction]
     #: Method name -> why it does not apply to this model, or None where it does.
     capabilities: dict[str, str | None]
-    #: The tokenizer's strings (text), for programs.
+    #: The tokenizer's strings (text; an image and a prompt: the visual tokens too), for programs.
     tokens: list[str] | None
     #: The text each token stands for (text), for people.
     token_texts: list[str] | None
@@ -413,11 +413,12 @@ def preview(adapter: Adapter, inputs: Inputs, k: int = TOP_K) -> Preview:
     """
     check_modality(adapter, inputs.modality)
     probabilities = input_logits(adapter, inputs).softmax(-1)
+    sequence = inputs if isinstance(inputs, TextInputs | ImageTextInputs) else None
     return Preview(
         predictions=predictions(adapter, probabilities, k),
         capabilities=capabilities(adapter),
-        tokens=list(inputs.tokens) if isinstance(inputs, TextInputs) else None,
-        token_texts=list(inputs.token_texts) if isinstance(inputs, TextInputs) else None,
+        tokens=list(sequence.tokens) if sequence else None,
+        token_texts=list(sequence.token_texts) if sequence else None,
         next_token=adapter.family == "decoder-lm",
     )
 

@@ -572,13 +572,20 @@ def forward_row_bytes(adapter: Adapter, inputs: Inputs) -> int:
 
 
 def _probe(adapter: Adapter, inputs: Inputs, rows: int) -> int:
-    batch = {k: repeated(v, rows) for k, v in inputs.model_kwargs().items()}
+    batch = _probe_batch(inputs, rows)
     torch.cuda.synchronize(adapter.device)
     resting = torch.cuda.memory_allocated(adapter.device)
     torch.cuda.reset_peak_memory_stats(adapter.device)
     with torch.no_grad():
         adapter.logits(**batch)
     return max(1, (torch.cuda.max_memory_allocated(adapter.device) - resting) // rows)
+
+
+def _probe_batch(inputs: Inputs, rows: int) -> dict[str, torch.Tensor]:
+    """``rows`` copies of the input as a perturbation batch runs them."""
+    if isinstance(inputs, ImageTextInputs):  # one image and prompt, the block input's rows
+        return {**inputs.held_kwargs(), "block_input": repeated(inputs.block_input, rows)}
+    return {k: repeated(v, rows) for k, v in inputs.model_kwargs().items()}
 
 
 def _one_row_too_large(adapter: Adapter) -> DeviceMemoryError:
