@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import spearmanr
 
-__all__ = ["map_agreement", "pearson", "rank_agreement"]
+__all__ = ["map_agreement", "pearson", "rank_agreement", "signed_rank_agreement"]
 
 
 def pearson(a: np.ndarray, b: np.ndarray) -> float:
@@ -38,6 +38,26 @@ def rank_agreement(a: np.ndarray, b: np.ndarray, k: int) -> tuple[float, float]:
     top_a = set(np.argsort(-a, kind="stable")[:k])
     top_b = set(np.argsort(-b, kind="stable")[:k])
     return rho, len(top_a & top_b) / k
+
+
+def signed_rank_agreement(
+    score: np.ndarray, effect: np.ndarray, share: float = 0.1
+) -> tuple[float, float]:
+    """
+    ``(ρ, overlap)`` of an importance ``score`` with exact removal ``effect``s, signed.
+
+    A score claims that a higher value marks a unit whose removal costs more: a unit whose
+    removal raises the output is its least important (unlike :func:`rank_agreement`, which
+    compares magnitudes). The overlap is of the top ``share`` of units by each (at least one).
+    ρ is NaN when either side is constant.
+    """
+    score, effect = np.asarray(score, dtype=float), np.asarray(effect, dtype=float)
+    k = max(1, round(share * len(score)))
+    constant = np.ptp(score) == 0 or np.ptp(effect) == 0
+    rho = float("nan") if constant else float(spearmanr(score, effect)[0])
+    top_score = set(np.argsort(-score, kind="stable")[:k])
+    top_effect = set(np.argsort(-effect, kind="stable")[:k])
+    return rho, len(top_score & top_effect) / k
 
 
 def map_agreement(maps: Mapping[str, np.ndarray], top_fraction: float = 0.1) -> pd.DataFrame:

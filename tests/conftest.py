@@ -108,7 +108,9 @@ def blank_page(browser, page_url, request):
     """
     A fresh browser context, nothing opened yet: for a test that opens a link first.
 
-    Errors are recorded; a screenshot at the end. (Each load of the page costs seconds.)
+    Errors are recorded; a screenshot of the whole page when the test failed. (Each load of
+    the page costs seconds; a whole-page screenshot of the long page costs 6–8 s, so a test
+    that passed takes none: 40 browser tests took 4–5 min of them.)
     """
     from _browser import RECORD_ERRORS, SHOTS
     from playwright.sync_api import Error as PlaywrightError
@@ -117,12 +119,23 @@ def blank_page(browser, page_url, request):
     context.add_init_script(RECORD_ERRORS)
     page = context.new_page()
     yield page
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    try:  # a record for CI's artifacts, not a check: a page too busy to draw one fails nothing
-        page.screenshot(path=str(SHOTS / f"{request.node.name}.png"), full_page=True)
-    except PlaywrightError as err:
-        print(f"no screenshot of {request.node.name}: {err.message.splitlines()[0]}")
+    report = getattr(request.node, "call_report", None)
+    if report is not None and report.failed:
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        try:  # a record for CI's artifacts, not a check: a page too busy to draw one fails nothing
+            page.screenshot(path=str(SHOTS / f"{request.node.name}.png"), full_page=True)
+        except PlaywrightError as err:
+            print(f"no screenshot of {request.node.name}: {err.message.splitlines()[0]}")
     context.close()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Keep each test's call report on its item: the browser fixtures read whether it failed."""
+    report = yield
+    if report.when == "call":
+        item.call_report = report
+    return report
 
 
 @pytest.fixture

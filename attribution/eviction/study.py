@@ -43,8 +43,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from scipy.stats import spearmanr
 
+from attrlab.attribution.agreement import signed_rank_agreement
 from attrlab.attribution.engine.verification import PruningCurves, order_areas, order_curves
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
 from attrlab.attribution.eviction.cache import Prefill, evicted_logits, keep_all, prefill
@@ -291,16 +291,6 @@ def _attribution(
     return torch.as_tensor(np.asarray(found.scores, dtype=np.float64)[:context])
 
 
-def _signed_agreement(score: np.ndarray, effect: np.ndarray) -> tuple[float, float]:
-    """Spearman's ρ, and the overlap of the top :data:`_TOP_SHARE` by each (signed)."""
-    k = max(1, round(_TOP_SHARE * len(score)))
-    constant = np.ptp(score) == 0 or np.ptp(effect) == 0
-    rho = float("nan") if constant else float(spearmanr(score, effect)[0])
-    top_score = set(np.argsort(-score, kind="stable")[:k])
-    top_effect = set(np.argsort(-effect, kind="stable")[:k])
-    return rho, len(top_score & top_effect) / k
-
-
 @dataclass
 class _Item:
     """One item's prefill, reference and scores, kept for the random rounds."""
@@ -421,7 +411,7 @@ def _scored(
         if spans and name != "exact_loo":
             positions = by_position(values)
             summed = np.array([positions[start:stop].sum() for start, stop in spans])
-            rho, overlap = _signed_agreement(summed, effects)
+            rho, overlap = signed_rank_agreement(summed, effects, _TOP_SHARE)
             agreement.append({"scorer": name, "spearman": rho, "top_k_overlap": overlap})
     return agreement
 

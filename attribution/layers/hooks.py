@@ -28,6 +28,7 @@ __all__ = [
     "check_heads",
     "gate_heads",
     "skip_blocks",
+    "skip_blocks_at",
     "zeroed_heads",
 ]
 
@@ -73,6 +74,29 @@ def skip_blocks(blocks: Sequence[nn.Module], rows: Sequence[int | list[int]]) ->
             ) -> Any:
                 hidden = _output_hidden(out).clone()
                 hidden[row] = _hidden(args, kwargs)[row]
+                return _replace_hidden(out, hidden)
+
+            stack.callback(block.register_forward_hook(bypass, with_kwargs=True).remove)
+        yield
+
+
+@contextmanager
+def skip_blocks_at(
+    blocks: Sequence[nn.Module], rows: Sequence[int], positions: torch.Tensor
+) -> Iterator[None]:
+    """
+    Block ``i`` returns its input at ``positions`` in batch row ``rows[i]``, its output elsewhere.
+
+    ``positions``: bool ``(T,)``. The block still runs on every position (the others read the
+    skipped positions' inputs as usual); only its update of those positions is left out.
+    """
+    with ExitStack() as stack:
+        for block, row in zip(blocks, rows, strict=True):
+
+            def bypass(_m: nn.Module, args: tuple, kwargs: dict, out: Any, row: int = row) -> Any:
+                hidden = _output_hidden(out).clone()
+                where = positions.to(hidden.device)
+                hidden[row, where] = _hidden(args, kwargs)[row, where]
                 return _replace_hidden(out, hidden)
 
             stack.callback(block.register_forward_hook(bypass, with_kwargs=True).remove)

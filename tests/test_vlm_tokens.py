@@ -1,0 +1,458 @@
+"""Visual-token importance and ShortV's layer contribution (issue 40, items 4 and 5)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from _tiny_vlm import (
+    tiny_gemma3,
+    tiny_idefics3,
+    tiny_llava,
+    tiny_llava_next,
+    tiny_paligemma,
+    tiny_qwen2_5_vl,
+    tiny_qwen2_vl,
+)
+from scipy.stats import spearmanr
+
+from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
+from attrlab.attribution.models.vlm import ImagePrompt, with_answer
+from attrlab.attribution.request.answers import given_answer
+from attrlab.attribution.visual_tokens.layers import layer_contribution
+from attrlab.attribution.visual_tokens.removal import (
+    VISUAL_TOKEN,
+    batched_kwargs,
+    dropped_rows,
+    visual_attention,
+)
+from attrlab.attribution.visual_tokens.scorers import VISUAL_SCORERS, Scoring
+from attrlab.attribution.visual_tokens.study import visual_token_study
+
+
+def _image(height: int, width: int, seed: int = 0) -> np.ndarray:
+    return (np.random.default_rng(seed).random((height, width, 3)) * 255).astype(np.uint8)
+
+
+@pytest.fixture(scope="module")
+def llava():
+    return tiny_llava()
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    return tiny_qwen2_vl()
+
+
+def _answered(adapter, image: np.ndarray, answer: str = " a red cup"):
+    inputs = adapter.preprocess(ImagePrompt(image, "what is on the table"))
+    return with_answer(adapter, inputs, given_answer(adapter, answer))
+
+
+@pytest.fixture(scope="module")
+def llava_item(llava):
+    return _answered(llava, _image(32, 32))
+
+
+@pytest.fixture(scope="module")
+def qwen_item(qwen):
+    return _answered(qwen, _image(32, 48))
+
+
+def _embeddings_and_positions(adapter, inputs):
+    """The first block's input and the position ids the model gives (Qwen2-VL: 3 rows)."""
+    model = adapter.model
+    with torch.no_grad():
+        hidden = model(**inputs.model_kwargs(), output_hidden_states=True).hidden_states[0]
+    length = inputs.input_ids.shape[1]
+    if "image_grid_thw" in inputs.image_kwargs:
+        positions, _ = model.model.get_rope_index(
+            inputs.input_ids,
+            inputs.image_kwargs["mm_token_type_ids"],
+            inputs.image_kwargs["image_grid_thw"],
+            attention_mask=inputs.attention_mask,
+        )
+    else:
+        positions = torch.arange(length)[None]
+    return hidden, positions
+
+
+def _removed_logits(adapter, hidden, positions, kept: torch.Tensor) -> torch.Tensor:
+    """The language model run on the kept positions alone, each with its own position id."""
+    model = adapter.model
+    # an attention mask, else transformers reads a gap in the position ids as packed sequences
+    ones = torch.ones(1, int(kept.sum()), dtype=torch.long)
+    with torch.no_grad():
+        out = model.model.language_model(
+            inputs_embeds=hidden[:, kept],
+            attention_mask=ones,
+            position_ids=positions[..., kept],
+            use_cache=False,
+        )
+        return model.lm_head(out.last_hidden_state)
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen"])
+def test_masking_keys_equals_removing_the_tokens(family, request):
+    adapter = request.getfixturevalue(family)
+    inputs = request.getfixturevalue(f"{family}_item")
+    count = int(inputs.visual_tokens.sum())
+    chosen = [[0, 3, 5], list(range(count))]  # some, then every visual token (a text-only run)
+    dropped = dropped_rows(inputs, chosen)
+    with torch.no_grad(), visual_attention(adapter, dropped):
+        logits = adapter.model(**batched_kwargs(inputs, len(chosen))).logits
+    hidden, positions = _embeddings_and_positions(adapter, inputs)
+    for row in range(len(chosen)):
+        kept = ~dropped[row]
+        reference = _removed_logits(adapter, hidden, positions, kept)
+        torch.testing.assert_close(logits[row, kept][None], reference, atol=1e-5, rtol=1e-5)
+    # dropping nothing is the plain model
+    with torch.no_grad(), visual_attention(adapter, dropped_rows(inputs, [[]])):
+        same = adapter.model(**inputs.model_kwargs()).logits
+    with torch.no_grad():
+        plain = adapter.model(**inputs.model_kwargs()).logits
+    torch.testing.assert_close(same, plain, atol=1e-6, rtol=1e-6)
+
+
+def test_dropping_at_a_layer_equals_removing_the_tokens_from_that_layer_on(llava, llava_item):
+    dropped = dropped_rows(llava_item, [[1, 2, 8, 13]])
+    with torch.no_grad(), visual_attention(llava, dropped, layer=1):
+        logits = llava.model(**llava_item.model_kwargs()).logits
+    with torch.no_grad():
+        hidden = llava.model(**llava_item.model_kwargs(), output_hidden_states=True).hidden_states
+    language_model = llava.model.model.language_model
+    layers = language_model.layers
+    kept = ~dropped[0]
+    language_model.layers = layers[1:]  # block 0 ran on every token; blocks 1 on without them
+    try:
+        reference = _removed_logits(llava, hidden[1], torch.arange(len(kept))[None], kept)
+    finally:
+        language_model.layers = layers
+    torch.testing.assert_close(logits[0, kept][None], reference, atol=1e-5, rtol=1e-5)
+    with torch.no_grad(), visual_attention(llava, dropped, layer=0):  # not the same as at input
+        early = llava.model(**llava_item.model_kwargs())
+    assert not torch.allclose(logits, early.logits)
+
+
+def _answer_log_prob(logits: torch.Tensor, inputs) -> torch.Tensor:
+    """The answer's log-probability, summed over its tokens, read by hand."""
+    count = inputs.answer_length
+    start = inputs.input_ids.shape[1] - count
+    log_probs = torch.log_softmax(logits[0].double(), -1)
+    answer = inputs.input_ids[0, start:]
+    return sum(log_probs[start - 1 + s, answer[s]] for s in range(count))
+
+
+def _attentions(adapter, inputs):
+    with torch.no_grad():
+        return adapter.model(**inputs.model_kwargs(), output_attentions=True).attentions
+
+
+def test_fastv_is_the_attention_from_the_last_token_or_the_instruction(llava, llava_item):
+    attentions = _attentions(llava, llava_item)
+    visual = llava_item.visual_positions
+    last = llava_item.input_ids.shape[1] - llava_item.answer_length - 1
+    instruction = list(range(int(visual[-1]) + 1, last + 1))
+    for layer in (0, 1):
+        scoring = Scoring(llava, llava_item, attention_layer=layer)
+        probabilities = attentions[layer][0].double()  # (H, T, T)
+        expected_last = probabilities[:, last, visual].mean(0)
+        expected_text = probabilities[:, instruction][:, :, visual].mean((0, 1))
+        np.testing.assert_allclose(VISUAL_SCORERS["fastv"].score(scoring), expected_last, atol=1e-6)
+        np.testing.assert_allclose(
+            VISUAL_SCORERS["fastv_text"].score(scoring), expected_text, atol=1e-6
+        )
+
+
+def test_transprune_is_transition_variation_plus_instruction_attention(llava, llava_item):
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    handles = []
+    for block in llava.blocks():
+        handles.append(
+            block.self_attn.register_forward_hook(
+                lambda _m, _a, kw, out: seen.append((kw["hidden_states"], out[0])),
+                with_kwargs=True,
+            )
+        )
+        handles.append(block.mlp.register_forward_hook(lambda _m, a, out: seen.append((a[0], out))))
+    try:
+        attentions = _attentions(llava, llava_item)
+    finally:
+        for handle in handles:
+            handle.remove()
+    end = llava_item.input_ids.shape[1] - llava_item.answer_length
+    visual = llava_item.visual_positions
+    ttv = torch.zeros(end, dtype=torch.float64)
+    for x, y in seen[:2]:  # block 0's attention and MLP: the blocks before layer 1
+        x, y = x[0, :end].double(), y[0, :end].double()
+        ratio = y.norm(dim=-1) / x.norm(dim=-1)
+        cosine = (x * y).sum(-1) / (x.norm(dim=-1) * y.norm(dim=-1))
+        weights = torch.exp(1 - cosine) / torch.exp(1 - cosine).sum()
+        ttv += ratio * weights
+    ttv = ttv[visual]
+    instruction = list(range(int(visual[-1]) + 1, end))
+    iga = attentions[1][0].double()[:, instruction][:, :, visual].mean((0, 1))
+    expected = ttv / ttv.sum() + iga / iga.sum()
+    scored = VISUAL_SCORERS["transprune"].score(Scoring(llava, llava_item, attention_layer=1))
+    np.testing.assert_allclose(scored, expected.numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_vtc_cls_averages_the_cls_rows_over_encoder_layers(llava_item):
+    adapter = tiny_llava()
+    adapter.model.config.vision_feature_layer = -1  # both encoder layers feed the tokens
+    tower = adapter.model.model.vision_tower
+    with torch.no_grad():
+        attentions = tower(llava_item.pixel_values, output_attentions=True).attentions
+    cls_rows = torch.stack([a[0, :, 0, 1:] for a in attentions]).double()  # CLS dropped
+    expected = cls_rows.mean((0, 1))
+    scored = VISUAL_SCORERS["vtc_cls"].score(Scoring(adapter, llava_item))
+    np.testing.assert_allclose(scored, expected.numpy(), atol=1e-6)
+    assert len(scored) == int(llava_item.visual_tokens.sum())
+
+
+def test_vtc_cls_says_where_it_does_not_apply(llava, qwen):
+    assert VISUAL_SCORERS["vtc_cls"].applies_to(llava) is None
+    assert "not applicable" in VISUAL_SCORERS["vtc_cls"].applies_to(qwen)
+
+
+def test_gradient_x_input_at_the_first_block_input(llava, llava_item):
+    hidden, positions = _embeddings_and_positions(llava, llava_item)
+    leaf = hidden.clone().requires_grad_()
+    out = llava.model.model.language_model(inputs_embeds=leaf, position_ids=positions)
+    log_prob = _answer_log_prob(llava.model.lm_head(out.last_hidden_state), llava_item)
+    (gradient,) = torch.autograd.grad(log_prob, leaf)
+    expected = (gradient * leaf).sum(-1)[0, llava_item.visual_positions].detach()
+    scored = VISUAL_SCORERS["gradient_x_input"].score(Scoring(llava, llava_item))
+    np.testing.assert_allclose(scored, expected.double().numpy(), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("layer", [0, 1])
+def test_atp_is_the_gradient_at_the_probabilities_times_their_change(llava, llava_item, layer):
+    out = llava.model(**llava_item.model_kwargs(), output_attentions=True)
+    for attention in out.attentions:
+        attention.retain_grad()
+    _answer_log_prob(out.logits, llava_item).backward()
+    visual = llava_item.visual_positions.tolist()
+    expected = np.zeros(len(visual))
+    for block in range(layer, len(out.attentions)):
+        p = out.attentions[block][0].detach().double()  # (H, T, T)
+        grad = out.attentions[block].grad[0].double()
+        for n, j in enumerate(visual):
+            changed = p / (1 - p[:, :, j : j + 1])  # each row renormalised without key j
+            changed[:, :, j] = 0.0
+            changed[:, j] = p[:, j]  # the dropped token still reads itself
+            expected[n] -= float((grad * (changed - p)).sum())
+    scored = VISUAL_SCORERS["atp"].score(Scoring(llava, llava_item, layer=layer))
+    np.testing.assert_allclose(scored, expected, rtol=1e-4, atol=1e-7)
+
+
+def test_exact_is_the_drop_with_each_token_removed(llava, llava_item):
+    hidden, positions = _embeddings_and_positions(llava, llava_item)
+    length = llava_item.input_ids.shape[1]
+    full = _answer_log_prob(
+        _removed_logits(llava, hidden, positions, torch.ones(length) > 0), llava_item
+    )
+    expected = []
+    for j in llava_item.visual_positions.tolist():
+        kept = torch.ones(length, dtype=torch.bool)
+        kept[j] = False
+        logits = torch.zeros(1, length, llava.model.lm_head.out_features)
+        logits[:, kept] = _removed_logits(llava, hidden, positions, kept)
+        expected.append(float(full - _answer_log_prob(logits, llava_item)))
+    scored = VISUAL_SCORERS["exact"].score(Scoring(llava, llava_item))
+    np.testing.assert_allclose(scored, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_the_unit_kind_lists_each_visual_position_and_drops_at_the_input(llava, llava_item):
+    sites = VISUAL_TOKEN.sites(llava, llava_item)
+    assert [s.position for s in sites] == llava_item.visual_positions.tolist()
+    rows = [[sites[2], sites[7]], []]
+    with torch.no_grad(), VISUAL_TOKEN.removal("input")(llava, rows):
+        logits = llava.model(**batched_kwargs(llava_item, 2)).logits
+    with torch.no_grad(), visual_attention(llava, dropped_rows(llava_item, [[2, 7], []])):
+        reference = llava.model(**batched_kwargs(llava_item, 2)).logits
+    torch.testing.assert_close(logits, reference, atol=0, rtol=0)
+    with pytest.raises(InvalidInputError):
+        VISUAL_TOKEN.sites(llava, None)
+
+
+def test_the_study_measures_each_point_as_removing_the_tokens(llava, llava_item):
+    ratios = (1.0, 0.5, 0.25)
+    study = visual_token_study(
+        llava, [llava_item], ["fastv", "gradient_x_input", "exact"], ratios=ratios, draws=4
+    )
+    hidden, positions = _embeddings_and_positions(llava, llava_item)
+    length = llava_item.input_ids.shape[1]
+    visual = llava_item.visual_positions
+    curves = study.curves.curves
+    for name in ("fastv", "gradient_x_input", "exact"):
+        scores = np.asarray(study.scores[0][name])
+        for ratio in ratios[1:]:
+            keep = round(ratio * len(scores))
+            kept = torch.ones(length, dtype=torch.bool)
+            kept[visual[np.argsort(-scores, kind="stable")[keep:]]] = False
+            logits = torch.zeros(1, length, llava.model.lm_head.out_features)
+            logits[:, kept] = _removed_logits(llava, hidden, positions, kept)
+            expected = float(_answer_log_prob(logits, llava_item))
+            row = curves[
+                (curves.order == name)
+                & (curves.metric == "log_prob")
+                & np.isclose(curves.removed, 1 - ratio)
+            ]
+            assert float(row.value.iloc[0]) == pytest.approx(expected, abs=1e-4)
+    full = curves[(curves.removed == 0) & (curves.metric == "kl")]
+    assert np.allclose(full.value, 0.0)
+    verdicts = {v.check for v in study.curves.verdicts}
+    assert verdicts == {
+        f"visual_token_pruning:{n}:{m}"
+        for n in ("fastv", "gradient_x_input", "exact")
+        for m in ("log_prob", "exact_match", "kl")
+    }
+    random = study.curves.scores[study.curves.scores.order == "random"]
+    assert random["std"].notna().all()  # a band from several draws
+    # agreement: signed Spearman with the exact effects, computed here again
+    exact = np.asarray(study.scores[0]["exact"])
+    for name in ("fastv", "gradient_x_input"):
+        rho = spearmanr(study.scores[0][name], exact)[0]
+        row = study.agreement[study.agreement.scorer == name]
+        assert float(row.spearman.iloc[0]) == pytest.approx(rho)
+    assert "exact" not in set(study.agreement.scorer)
+    assert study.not_applicable == {}
+
+
+def test_the_study_at_a_layer_and_scorers_that_do_not_apply(qwen, qwen_item):
+    study = visual_token_study(
+        qwen,
+        [qwen_item],
+        ["fastv_text", "vtc_cls", "transprune"],
+        layer=1,
+        ratios=(1.0, 0.5),
+        draws=2,
+    )
+    assert set(study.not_applicable) == {"vtc_cls"}
+    assert [s["name"] for s in study.scorers] == ["fastv_text", "transprune"]
+    assert study.to_dict()["layer"] == 1
+    with pytest.raises(InvalidParameterError):
+        visual_token_study(qwen, [qwen_item], ["vtc_cls"])
+
+
+def test_every_hook_is_undone_after_an_error(llava, llava_item):
+    model = llava.model
+    attentions = llava.attention_modules()
+    configs = [a.config for a in attentions]
+
+    def hooks() -> list[int]:
+        return [
+            len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks)
+            for m in model.modules()
+        ]
+
+    held = hooks()
+    with torch.no_grad():
+        before = model(**llava_item.model_kwargs()).logits
+
+    def fail(*_args):
+        raise RuntimeError("forced")
+
+    handle = llava.blocks()[1].register_forward_hook(fail)
+    try:
+        for name in ("fastv", "transprune", "gradient_x_input", "atp", "exact"):
+            with pytest.raises(RuntimeError, match="forced"):
+                VISUAL_SCORERS[name].score(Scoring(llava, llava_item))
+        with pytest.raises(RuntimeError, match="forced"):
+            layer_contribution(llava, llava_item)
+    finally:
+        handle.remove()
+    assert [a.config for a in attentions] == configs
+    assert hooks() == held
+    with torch.no_grad():
+        after = model(**llava_item.model_kwargs()).logits
+    torch.testing.assert_close(after, before, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen"])
+def test_shortv_equals_a_hand_written_identity_on_the_visual_tokens(family, request):
+    adapter = request.getfixturevalue(family)
+    inputs = request.getfixturevalue(f"{family}_item")
+    visual = inputs.visual_tokens
+    count = inputs.answer_length
+    start = inputs.input_ids.shape[1] - count
+    answer = inputs.input_ids[0, start:]
+
+    def answer_log_probs() -> torch.Tensor:
+        with torch.no_grad():
+            logits = adapter.model(**inputs.model_kwargs()).logits
+        return torch.log_softmax(logits[0, start - 1 : start - 1 + count].double(), -1)
+
+    full = answer_log_probs()
+    table = layer_contribution(adapter, inputs)
+    assert list(table.columns) == ["layer", "head", "kv_head", "component", "measure", "value"]
+    for block_index, block in enumerate(adapter.blocks()):
+
+        def identity_on_visual(_m, args, kwargs, out):
+            hidden = args[0] if args else kwargs["hidden_states"]
+            output = out if isinstance(out, torch.Tensor) else out[0]
+            replaced = torch.where(visual[None, :, None], hidden, output)
+            return replaced if isinstance(out, torch.Tensor) else (replaced, *out[1:])
+
+        handle = block.register_forward_hook(identity_on_visual, with_kwargs=True)
+        try:
+            frozen = answer_log_probs()
+        finally:
+            handle.remove()
+        steps = torch.arange(count)
+        expected = {
+            "shortv_kl": float((full.exp() * (full - frozen)).sum(-1).mean()),
+            "shortv_log_prob": float(frozen[steps, answer].sum() - full[steps, answer].sum()),
+            "shortv_exact_match": float((frozen.argmax(-1) == answer).all()),
+        }
+        for measure, value in expected.items():
+            row = table[(table.layer == block_index) & (table.measure == measure)]
+            assert float(row.value.iloc[0]) == pytest.approx(value, abs=1e-5)
+        # no block after the last reads the visual tokens: only the earlier ones move the answer
+        last = block_index == len(adapter.blocks()) - 1
+        assert (expected["shortv_kl"] == 0) if last else (expected["shortv_kl"] > 0)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        tiny_paligemma,
+        tiny_gemma3,
+        tiny_idefics3,
+        tiny_llava_next,
+        tiny_qwen2_5_vl,
+    ],
+)
+def test_without_its_visual_tokens_no_family_reads_the_image(build):
+    adapter = build()
+    items = [_answered(adapter, _image(32, 32, seed)) for seed in (1, 2)]
+    assert torch.equal(items[0].input_ids, items[1].input_ids)
+    text = ~items[0].visual_tokens
+    every = list(range(int(text.logical_not().sum())))
+    logits = []
+    for item in items:
+        with torch.no_grad(), visual_attention(adapter, dropped_rows(item, [[], every])):
+            logits.append(adapter.model(**batched_kwargs(item, 2)).logits[:, text])
+    assert not torch.allclose(logits[0][0], logits[1][0], atol=1e-4)  # with them, it does
+    torch.testing.assert_close(logits[0][1], logits[1][1], atol=1e-5, rtol=1e-5)
+
+
+def test_each_curve_point_is_one_forward_row(llava, llava_item):
+    rows: list[int] = []
+    language_model = llava.model.model.language_model
+    handle = language_model.register_forward_pre_hook(
+        lambda _m, _a, kwargs: rows.append(int(kwargs["inputs_embeds"].shape[0])),
+        with_kwargs=True,
+    )
+    ratios = (1.0, 0.75, 0.5, 0.25)
+    try:
+        study = visual_token_study(llava, [llava_item], ["fastv"], ratios=ratios, draws=8)
+    finally:
+        handle.remove()
+    count = int(llava_item.visual_tokens.sum())
+    assert sum(rows) == study.forward_passes + 1  # FastV's reading forward beside the counted
+    curves = study.forward_passes - 1 - (count + 1)  # the full row, the exact effects
+    orders = curves / (len(ratios) - 1)
+    assert orders == int(orders) and 1 + 1 <= orders <= 1 + 8  # FastV, then 1 to 8 random
+    assert max(rows) <= 32
