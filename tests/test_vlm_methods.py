@@ -31,7 +31,7 @@ from attrlab.attribution.models.vlm import (
     with_answer,
 )
 from attrlab.attribution.request.answers import Answer, answer_target, given_answer
-from attrlab.attribution.request.target import Target
+from attrlab.attribution.request.target import AnswerTarget, ContrastTarget, Target
 
 PROMPT = "what is in the picture"
 ANSWER = " a cat sits"
@@ -363,3 +363,14 @@ def test_the_figure_draws_the_image_part_over_the_image_and_the_text_beside() ->
     text = ~inputs.visual_tokens.numpy()
     np.testing.assert_allclose(np.asarray(bars.y), explanation.scores[text])
     assert f"{explanation.metrics['image_share']:.0%}" in figure.layout.annotations[0].text
+
+
+def test_a_contrast_needing_its_own_sequence_is_refused_on_an_image_and_a_prompt() -> None:
+    adapter, inputs, answer, target = _case("llava")
+    other = given_answer(adapter, " the dog runs")
+    assert other.ids[:-1] != answer.ids[: len(other.ids) - 1]
+    alternative = AnswerTarget(tokens=other.ids, token_labels=("",) * len(other.ids))
+    contrast = ContrastTarget(target, alternative)
+    for method in ("occlusion", "gradient_x_input"):
+        with pytest.raises(UnsupportedMethodError, match="sequence of its own"):
+            explain(adapter, method, inputs, contrast)

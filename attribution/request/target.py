@@ -603,6 +603,12 @@ class ContrastTarget(Target):
         logits = model(**model_kwargs).logits
         if self.shares_input:
             return self.from_logits(adapter, logits, model_kwargs)
+        if "block_input" in model_kwargs:  # it holds the answer's embeddings, not the other's
+            raise UnsupportedMethodError(
+                "a contrast whose answers differ before their last token needs a sequence of "
+                "its own, which an image and a prompt's first-block input does not have: "
+                "explain each answer instead"
+            )
         ours = self.answer.from_logits(adapter, logits, model_kwargs)
         swapped = _with_answer(model_kwargs, len(self.answer.tokens), self.alternative.tokens)
         theirs = self.alternative.from_logits(adapter, model(**swapped).logits, swapped)
