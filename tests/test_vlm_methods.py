@@ -374,3 +374,20 @@ def test_a_contrast_needing_its_own_sequence_is_refused_on_an_image_and_a_prompt
     for method in ("occlusion", "gradient_x_input"):
         with pytest.raises(UnsupportedMethodError, match="sequence of its own"):
             explain(adapter, method, inputs, contrast)
+
+
+def test_rollout_runs_through_the_language_models_attention_over_visual_tokens() -> None:
+    adapter, inputs, answer, target = _case("qwen2_vl")
+    explanation = explain(adapter, "rollout", inputs, target)
+    with torch.no_grad():
+        attentions = adapter.model(**inputs.model_kwargs(), output_attentions=True).attentions
+    length = len(inputs.tokens)
+    assert len(attentions) == 2 and attentions[0].shape[-1] == length  # the language model's
+    rolled = torch.eye(length, dtype=torch.float64)
+    for attention in attentions:  # (A + I) / 2 of the heads' mean, first layer first
+        fused = attention[0].double().mean(0)
+        rolled = ((fused + torch.eye(length, dtype=torch.float64)) / 2) @ rolled
+    n = len(answer.ids)
+    expected = rolled[length - n - 1 : length - 1].mean(0).numpy()  # rows predicting the answer
+    np.testing.assert_allclose(explanation.scores, expected, atol=1e-6)
+    assert explanation.metrics["image_share"] > 0
