@@ -313,13 +313,21 @@ def _hooks(model: nn.Module) -> list[int]:
 
 @pytest.mark.parametrize(
     ("method", "params"),
-    [("gradient_x_input", {}), ("integrated_gradients", {"n_steps": 4}), ("occlusion", {})],
+    [
+        ("gradient_x_input", {}),
+        ("integrated_gradients", {"n_steps": 4}),
+        ("occlusion", {}),
+        ("shap", {"max_evals": 64}),
+        ("attnlrp", {}),
+    ],
 )
 def test_every_hook_is_undone_after_an_error(method: str, params: dict) -> None:
     adapter, inputs, _, target = _case("qwen2_vl")
     with torch.no_grad():
         before = adapter.logits(**inputs.model_kwargs())
     hooks = _hooks(adapter.model)
+    configs = [(m, m.config) for m in adapter.model.modules() if hasattr(m, "config")]
+    modes = [m.training for m in adapter.model.modules()]
     calls = []
 
     def fail(_m: nn.Module, _a: tuple, _o: object) -> None:
@@ -335,6 +343,8 @@ def test_every_hook_is_undone_after_an_error(method: str, params: dict) -> None:
     finally:
         handle.remove()
     assert _hooks(adapter.model) == hooks and not any(hooks)
+    assert all(m.config is config for m, config in configs)  # AttnLRP's routed attention
+    assert [m.training for m in adapter.model.modules()] == modes
     with torch.no_grad():
         assert torch.equal(adapter.logits(**inputs.model_kwargs()), before)
 
