@@ -172,7 +172,7 @@ PLANTED = [
     ("occlusion", {}),
     ("integrated_gradients", {"n_steps": 32}),
     ("attnlrp", {}),
-    ("shap", {"max_evals": 2000}),
+    ("shap", {"max_evals": 500}),
 ]
 
 
