@@ -66,7 +66,9 @@ class ImageTextInputs:
     first block, the first place where the visual features and the word embeddings are one
     sequence (every family writes the features into the embeddings *after* the word-embedding
     layer, so that layer's output holds no visual token). A row of it is one feature, visual
-    or textual; hiding one replaces its row by zero there (:meth:`reference`).
+    or textual; hiding one replaces its row by zero there (:meth:`reference`). It is computed
+    when the inputs are built (:meth:`VisionLanguageAdapter.preprocess`, :func:`with_answer`),
+    from the model as it is then.
     """
 
     text: str
@@ -169,10 +171,10 @@ def _first_block_reads(adapter: VisionLanguageAdapter, hidden: torch.Tensor) -> 
 
     def replace_input(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         given = args[0] if args else kwargs["hidden_states"]
-        if given.shape[1:] != hidden.shape[1:]:
+        if given.shape[1:] != hidden.shape[1:] or given.shape[0] not in (1, hidden.shape[0]):
             raise InvalidInputError(
-                f"the block input has shape {tuple(hidden.shape[1:])}; the model's sequence "
-                f"is {tuple(given.shape[1:])}"
+                f"a block input of shape {tuple(hidden.shape)} does not fit the model's "
+                f"{tuple(given.shape)}: give one row of the other inputs"
             )
         value = hidden.to(given.dtype)
         if args:
