@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,6 +24,7 @@ from torch import nn
 
 from attrlab.attribution.errors import InvalidParameterError, UnsupportedMethodError
 from attrlab.attribution.explain import explain
+from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.metrics.faithfulness import faithfulness
 from attrlab.attribution.models.vlm import (
     ImagePrompt,
@@ -401,3 +403,20 @@ def test_rollout_runs_through_the_language_models_attention_over_visual_tokens()
     expected = rolled[length - n - 1 : length - 1].mean(0).numpy()  # rows predicting the answer
     np.testing.assert_allclose(explanation.scores, expected, atol=1e-6)
     assert explanation.metrics["image_share"] > 0
+
+
+def test_pixels_a_centre_crop_drops_stay_blank_and_travel_as_json_null() -> None:
+    adapter = _adapter("llava")
+    image = np.random.default_rng(1).integers(0, 256, (32, 48, 3), dtype=np.uint8)
+    inputs = adapter.preprocess(ImagePrompt(image, PROMPT))
+    explanation = explain(adapter, "gradient_x_input", inputs)
+    heat = explanation.maps["image_heatmap"]
+    assert heat.shape == (32, 48)
+    # the centre crop keeps the 32 middle columns: the 8 on each side reach no visual token
+    assert np.isnan(heat[:, :8]).all() and np.isnan(heat[:, 40:]).all()
+    assert not np.isnan(heat[:, 8:40]).any()
+    text = explanation.to_json()
+    json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))
+    back = Explanation.from_json(text)
+    np.testing.assert_array_equal(back.maps["image_heatmap"], heat)  # NaN where NaN
+    np.testing.assert_array_equal(back.maps["visual_tokens"], explanation.maps["visual_tokens"])
