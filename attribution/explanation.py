@@ -459,7 +459,11 @@ def _beside(path: Path, name: Any) -> Path:
 def _json_array(array: np.ndarray) -> list:
     """``array`` as nested lists, NaN as ``None`` (JSON has no NaN; NumPy reads it back)."""
     missing = np.isnan(array)
-    return np.where(missing, None, array).tolist() if missing.any() else array.tolist()
+    if not missing.any():
+        return array.tolist()
+    values = array.astype(object)
+    values[missing] = None
+    return values.tolist()
 
 
 def _list_or_none(array: np.ndarray | None) -> list | None:
