@@ -178,15 +178,25 @@ PLANTED = [
 ]
 
 
-@pytest.mark.parametrize("family", ["llava", "qwen2_vl", "paligemma", "gemma3", "idefics3"])
-def test_a_planted_patch_comes_first(family: str) -> None:
+@pytest.mark.parametrize(
+    ("family", "methods"),
+    [
+        ("llava", PLANTED),
+        ("qwen2_vl", [*PLANTED, ("sobol", {"n_designs": 8})]),  # sampling: one family
+        ("paligemma", PLANTED),
+        ("gemma3", PLANTED),
+        ("idefics3", PLANTED),
+    ],
+    ids=["llava", "qwen2_vl", "paligemma", "gemma3", "idefics3"],
+)
+def test_a_planted_patch_comes_first(family: str, methods: list[tuple[str, dict]]) -> None:
     adapter = _adapter(family)
     _, plain, _, _ = _case(family)
     regions = plain.regions
     keep = int(np.flatnonzero(~np.isnan(regions[:, 0]))[len(regions) // 3])
     with _reads_one_visual_token(adapter, plain.visual_positions, keep):
         _, inputs, _, target = _case(family)  # the block input of the planted model
-        for method, params in PLANTED:
+        for method, params in methods:
             explanation = explain(adapter, method, inputs, target, params)
             visual = np.abs(explanation.maps["visual_tokens"])
             assert int(visual.argmax()) == keep, method
