@@ -268,6 +268,35 @@ def test_shap_values_add_up_to_the_drop_when_every_token_is_hidden() -> None:
     assert not explanation.scores[~free.numpy()].any()
 
 
+def test_regions_of_visual_tokens_are_hidden_together() -> None:
+    adapter, inputs, answer, target = _case("llava")  # 4 × 4 tokens of 8 px over 32 px
+    scores = explain(adapter, "occlusion", inputs, target, {"window": 16}).scores
+    positions = inputs.visual_positions.numpy()
+    centres = (inputs.regions[:, :2] + inputs.regions[:, 2:]) / 2
+    top_left = positions[(centres < 16).all(axis=1)]
+    assert len(top_left) == 4
+
+    def hide(hidden: torch.Tensor) -> torch.Tensor:
+        hidden = hidden.clone()
+        hidden[:, top_left] = 0
+        return hidden
+
+    with torch.no_grad():
+        clean = float(_log_p(adapter, inputs, answer))
+        with _block_input_edited(adapter, hide):
+            drop = clean - float(_log_p(adapter, inputs, answer))
+    rounding = 8 * float(torch.finfo(torch.float32).eps) * abs(clean)
+    # the region's drop, shared evenly among its four tokens
+    np.testing.assert_allclose(scores[top_left], drop / 4, atol=rounding / 4)
+    # RISE's masks keep or hide a 2 × 2 grid's regions whole: equal scores within each
+    rise = explain(adapter, "rise", inputs, target, {"grid": 2, "n_masks": 64}).scores
+    cells = (centres[:, 1] // 16) * 2 + centres[:, 0] // 16
+    for cell in range(4):
+        values = rise[positions[cells == cell]]
+        assert len(values) == 4 and (values == values[0]).all()
+    assert len(np.unique(rise[positions])) == 4
+
+
 def test_row_end_tokens_of_no_region_stay_off_the_pixels() -> None:
     adapter, inputs, _, target = _case("llava_next")
     explanation = explain(adapter, "occlusion", inputs, target)
@@ -368,8 +397,8 @@ def test_methods_that_do_not_apply_say_so() -> None:
             explain(adapter, method, inputs, target)
     with pytest.raises(InvalidParameterError, match="zero"):
         explain(adapter, "integrated_gradients", inputs, target, {"baseline": "pad"})
-    with pytest.raises(InvalidParameterError, match="window"):
-        explain(adapter, "occlusion", inputs, target, {"window": 3})
+    with pytest.raises(InvalidParameterError, match="stride"):
+        explain(adapter, "occlusion", inputs, target, {"window": 16, "stride": 8})
 
 
 def test_the_figure_draws_the_image_part_over_the_image_and_the_text_beside() -> None:

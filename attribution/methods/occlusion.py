@@ -45,7 +45,9 @@ class OcclusionParams(MethodParams):
 
     window: int | None = param(
         None,
-        "Window side in pixels (default: an eighth of the image) or in tokens (default 1).",
+        "Window side in pixels (default: an eighth of the image) or in tokens (default 1); an "
+        "image and a prompt: the side in pixels of the cells whose visual tokens are hidden "
+        "together (default: each alone).",
         1,
         4096,
     )
@@ -68,9 +70,11 @@ class Occlusion(AttributionMethod[OcclusionParams]):
     instead (Captum ``FeatureAblation``). Text: windows of ``window`` tokens replaced by pad or
     mask tokens (special tokens stay); a text explained by words, sentences or spans
     (:mod:`attribution.inputs.features`) has each feature occluded once instead, its drop shared
-    evenly among its tokens. An image and a prompt: each visual token and each text token
-    (special and answer tokens stay) hidden once, its row of the language model's first block
-    input set to zero (:class:`~attribution.inputs.perturb.ImageTextPerturbation`).
+    evenly among its tokens. An image and a prompt: each text token and each visual token
+    (with ``window``: the visual tokens of each ``window × window``-pixel cell of the image
+    together, the drop shared evenly among them) hidden once, its rows of the language model's
+    first block input set to zero (special and answer tokens stay;
+    :class:`~attribution.inputs.perturb.ImageTextPerturbation`).
     Paper: https://arxiv.org/abs/1311.2901
     """
 
@@ -178,22 +182,26 @@ def _features(inputs: Inputs, params: OcclusionParams) -> tuple[Feature, ...] | 
 
 def _positions(inputs: ImageTextInputs, params: OcclusionParams) -> ImageTextPerturbation:
     """
-    An image and a prompt, occluded position by position at the first block's input.
+    An image and a prompt, occluded feature by feature at the first block's input.
+
+    Each text token on its own; each visual token on its own, or with ``window`` the visual
+    tokens in each ``window × window``-pixel cell of the image together.
 
     Raises:
-        InvalidParameterError: a window or stride (each position is occluded on its own) or a
+        InvalidParameterError: a stride other than the window (cells do not overlap) or a
             baseline other than zero.
     """
-    if params.window not in (None, 1) or params.stride not in (None, 1):
+    if params.stride not in (None, params.window):
         raise InvalidParameterError(
-            "an image and a prompt are occluded one visual or text token at a time: leave "
-            "window and stride empty"
+            "an image and a prompt are occluded in cells of window × window pixels that do "
+            "not overlap: leave stride empty"
         )
     if params.baseline not in ("auto", "zero"):
         raise InvalidParameterError(
             f"baseline '{params.baseline}' does not apply to an image and a prompt; use zero"
         )
-    return ImageTextPerturbation(inputs)
+    cell = None if params.window is None else (float(params.window), float(params.window))
+    return ImageTextPerturbation(inputs, cell=cell)
 
 
 def _occluded(
