@@ -416,6 +416,31 @@ def test_the_figure_draws_the_image_part_over_the_image_and_the_text_beside() ->
     assert f"{explanation.metrics['image_share']:.0%}" in figure.layout.annotations[0].text
 
 
+def test_a_one_token_contrast_reads_the_answers_own_sequence() -> None:
+    adapter, inputs, answer, target = _case("paligemma")
+    other = given_answer(adapter, " the")
+    assert len(other.ids) == 1 and other.ids[0] != answer.ids[0]
+    alternative = AnswerTarget(tokens=other.ids, token_labels=("",))
+    contrast = ContrastTarget(target, alternative)
+    seen: list[torch.Tensor] = []
+
+    def leaf(hidden: torch.Tensor) -> torch.Tensor:
+        seen.append(hidden.detach().clone().requires_grad_(True))
+        return seen[-1]
+
+    with _block_input_edited(adapter, leaf):
+        logits = adapter.model(**inputs.model_kwargs()).logits[0].double()
+        n, length = len(answer.ids), logits.shape[0]
+        read = logits[length - n - 1 : length - 1].log_softmax(-1)
+        ours = read[torch.arange(n), torch.tensor(answer.ids)].sum()
+        (ours - read[0, other.ids[0]]).backward()
+    (x,) = seen
+    assert x.grad is not None
+    expected = (x.grad * x).sum(-1)[0].detach().double().numpy()
+    found = explain(adapter, "gradient_x_input", inputs, contrast).scores
+    np.testing.assert_allclose(found, expected, rtol=1e-4, atol=1e-6 * np.abs(expected).max())
+
+
 def test_a_contrast_needing_its_own_sequence_is_refused_on_an_image_and_a_prompt() -> None:
     adapter, inputs, answer, target = _case("llava")
     other = given_answer(adapter, " the dog runs")
