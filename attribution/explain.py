@@ -22,6 +22,7 @@ from attrlab.attribution.explanation import (
     TargetValues,
     Timings,
 )
+from attrlab.attribution.image_text import image_text_parts, step_shares
 from attrlab.attribution.inputs.features import feature_scores
 from attrlab.attribution.methods import capabilities
 from attrlab.attribution.methods.base import Attribution, AttributionMethod
@@ -29,6 +30,7 @@ from attrlab.attribution.methods.checkpointing import checkpointing_for
 from attrlab.attribution.methods.smoothing import smoothing_requested
 from attrlab.attribution.metrics.faithfulness import faithfulness, faithfulness_passes
 from attrlab.attribution.models.base import Adapter, Inputs, TextInputs
+from attrlab.attribution.models.vlm import ImageTextInputs
 from attrlab.attribution.request.answers import (
     check_answer_fits,
     prompt_prediction,
@@ -137,8 +139,11 @@ def _explained(
             scored = faithfulness(adapter, inputs, result.scores, explained, run=run)
             result.metrics.update(scored.metrics)
             result.verdicts += scored.verdicts
+    if isinstance(inputs, ImageTextInputs):
+        _split_image_and_text(inputs, result)
     outputs = run.clean_outputs(adapter, inputs, explained)
     features = inputs.features if isinstance(inputs, TextInputs) else None
+    sequence = inputs if isinstance(inputs, TextInputs | ImageTextInputs) else None
     return Explanation(
         model=ModelInfo(adapter.model_id, adapter.revision, adapter.modality),
         method=method_cls.name,
@@ -148,9 +153,9 @@ def _explained(
         ),
         predictions=predictions(adapter, probabilities),
         scores=result.scores,
-        tokens=list(inputs.tokens) if isinstance(inputs, TextInputs) else None,
-        token_texts=list(inputs.token_texts) if isinstance(inputs, TextInputs) else None,
-        image_size=None if isinstance(inputs, TextInputs) else tuple(result.scores.shape),
+        tokens=list(sequence.tokens) if sequence else None,
+        token_texts=list(sequence.token_texts) if sequence else None,
+        image_size=None if sequence else tuple(result.scores.shape),
         positional_scores=result.positional_scores,
         layers=result.layers,
         maps=result.maps,
@@ -170,9 +175,28 @@ def _explained(
         # every method's per-token map summed within each feature (a perturbation method's
         # own value per feature, which it spread over the feature's tokens)
         feature_scores=None if features is None else feature_scores(result.scores, features),
-        special_tokens=(inputs.special_tokens.tolist() if isinstance(inputs, TextInputs) else None),
+        special_tokens=sequence.special_tokens.tolist() if sequence else None,
         image=None if isinstance(inputs, TextInputs) else getattr(inputs, "image", None),
     )
+
+
+def _split_image_and_text(inputs: ImageTextInputs, result: Attribution) -> None:
+    """
+    A vision-language map's image part and shares added to ``result``.
+
+    ``maps["visual_mask"]`` (1 at the visual positions, 0 elsewhere),
+    ``maps["visual_tokens"]`` (one value per visual token), ``maps["image_heatmap"]`` (over
+    the original image's pixels), the image's and the text's shares and signed sums in
+    ``metrics``, and with a per-step matrix each step's shares
+    (:mod:`attribution.image_text`).
+    """
+    parts = image_text_parts(inputs, result.scores)
+    result.maps["visual_mask"] = inputs.visual_tokens.double().cpu().numpy()
+    result.maps["visual_tokens"] = parts.visual
+    result.maps["image_heatmap"] = parts.heatmap
+    result.metrics.update(parts.metrics())
+    if "steps" in result.maps:
+        result.maps.update(step_shares(inputs, result.maps["steps"]))
 
 
 def attribute(
@@ -346,7 +370,7 @@ def _prediction(
     """
     try:
         with torch.no_grad():
-            if isinstance(inputs, TextInputs) and inputs.answer_length:
+            if isinstance(inputs, TextInputs | ImageTextInputs) and inputs.answer_length:
                 return prompt_prediction(adapter, inputs, with_attentions)
             if not with_attentions:
                 return adapter.logits(**inputs.model_kwargs())[0].double(), None
@@ -367,7 +391,7 @@ class Preview:
     predictions: list[Prediction]
     #: Method name -> why it does not apply to this model, or None where it does.
     capabilities: dict[str, str | None]
-    #: The tokenizer's strings (text), for programs.
+    #: The tokenizer's strings (text; an image and a prompt: the visual tokens too), for programs.
     tokens: list[str] | None
     #: The text each token stands for (text), for people.
     token_texts: list[str] | None
@@ -389,11 +413,12 @@ def preview(adapter: Adapter, inputs: Inputs, k: int = TOP_K) -> Preview:
     """
     check_modality(adapter, inputs.modality)
     probabilities = input_logits(adapter, inputs).softmax(-1)
+    sequence = inputs if isinstance(inputs, TextInputs | ImageTextInputs) else None
     return Preview(
         predictions=predictions(adapter, probabilities, k),
         capabilities=capabilities(adapter),
-        tokens=list(inputs.tokens) if isinstance(inputs, TextInputs) else None,
-        token_texts=list(inputs.token_texts) if isinstance(inputs, TextInputs) else None,
+        tokens=list(sequence.tokens) if sequence else None,
+        token_texts=list(sequence.token_texts) if sequence else None,
         next_token=adapter.family == "decoder-lm",
     )
 

@@ -298,7 +298,8 @@ class Explanation:
             "scores": self.scores.tolist(),
             "positional_scores": _list_or_none(self.positional_scores),
             "layers": _layer_records(self.layers),
-            "maps": {k: v.tolist() for k, v in self.maps.items()},
+            # NaN (a pixel no visual token stands for) travels as null, as in metrics
+            "maps": {k: _json_array(v) for k, v in self.maps.items()},
             # JSON has no inf / NaN (an error that is not defined, a flat map): they travel as null
             "metrics": {k: v if math.isfinite(v) else None for k, v in self.metrics.items()},
             "timings": asdict(self.timings),
@@ -340,7 +341,7 @@ class Explanation:
             image_size=tuple(image_size) if image_size else None,
             positional_scores=None if positional is None else np.asarray(positional),
             layers=None if layers is None else layer_table(layers),
-            maps={k: np.asarray(v) for k, v in data.get("maps", {}).items()},
+            maps={k: np.asarray(v, dtype=np.float64) for k, v in data.get("maps", {}).items()},
             metrics={
                 k: float("nan") if v is None else v for k, v in data.get("metrics", {}).items()
             },
@@ -453,6 +454,16 @@ def _beside(path: Path, name: Any) -> Path:
     if not isinstance(name, str) or Path(name).name != name or name in {"", ".", ".."}:
         raise ValueError(f"the arrays must be a .npz file beside the JSON; got {name!r}")
     return path.parent / name
+
+
+def _json_array(array: np.ndarray) -> list:
+    """``array`` as nested lists, NaN as ``None`` (JSON has no NaN; NumPy reads it back)."""
+    missing = np.isnan(array)
+    if not missing.any():
+        return array.tolist()
+    values = array.astype(object)
+    values[missing] = None
+    return values.tolist()
 
 
 def _list_or_none(array: np.ndarray | None) -> list | None:

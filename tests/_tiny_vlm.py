@@ -166,8 +166,13 @@ def tiny_paligemma(image_size: int = 32) -> VisionLanguageAdapter:
     return VisionLanguageAdapter(model, processor, "tiny-random-paligemma")
 
 
-def tiny_gemma3(image_size: int = 32) -> VisionLanguageAdapter:
-    """Gemma 3 layout: SigLIP (4-px patches, 8 × 8) average-pooled to 4 × 4 tokens, tiny Gemma 3."""
+def tiny_gemma3(image_size: int = 32, sliding_window: int = 4) -> VisionLanguageAdapter:
+    """
+    Gemma 3 layout: SigLIP (4-px patches, 8 × 8) average-pooled to 4 × 4 tokens, tiny Gemma 3.
+
+    Both language-model layers attend within ``sliding_window`` tokens: at 4, an answer after
+    the prompt does not reach the image.
+    """
     special = {
         "boi_token": "<start_of_image>",
         "eoi_token": "<end_of_image>",
@@ -187,7 +192,7 @@ def tiny_gemma3(image_size: int = 32) -> VisionLanguageAdapter:
             vocab_size=len(tokenizer),
             head_dim=8,
             query_pre_attn_scalar=8,
-            sliding_window=4,
+            sliding_window=sliding_window,
             **_LANGUAGE_MODEL,
         ).to_dict(),
         mm_tokens_per_image=16,

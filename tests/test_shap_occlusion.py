@@ -23,9 +23,14 @@ def reader(load_model) -> Adapter:
 
 
 def test_all_perturbation_methods_are_registered_with_schemas():
-    for name in ("rise", "sobol", "shap", "occlusion"):
+    for name, modalities in (
+        ("rise", ["image", "image-text", "text"]),
+        ("sobol", ["image", "image-text", "text"]),
+        ("shap", ["image", "image-text", "text"]),
+        ("occlusion", ["image", "image-text", "text"]),
+    ):
         described = get_method(name).describe()
-        assert described["modalities"] == ["image", "text"]
+        assert described["modalities"] == modalities
         assert "batch_size" in described["params"]
     assert get_method("shap").describe()["params"]["max_evals"]["default"] == 500
 

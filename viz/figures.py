@@ -17,6 +17,7 @@ from attrlab.attribution.layers import HEAD_ESTIMATORS, agreement
 from attrlab.attribution.methods.layers import LayerAnalysis
 from attrlab.viz.answer import answer_layout, steps_figure
 from attrlab.viz.image import image_figure, std_error_figure
+from attrlab.viz.image_text import image_text_figure
 from attrlab.viz.layers import (
     agreement_figure,
     head_heatmap,
@@ -37,6 +38,7 @@ __all__ = [
     "AGREEMENT",
     "CONSERVATION",
     "HEADS",
+    "IMAGE_AND_TEXT",
     "LAYERS",
     "MAP",
     "POSITIONAL",
@@ -60,6 +62,8 @@ MAP = "map"
 POSITIONAL_TOKENS = "token and positional relevance"
 CONSERVATION = "conservation"
 STD_ERROR = "standard error"
+#: An image and a prompt's map: its image part over the pixels, its text part beside.
+IMAGE_AND_TEXT = "image and text"
 #: A decoder LM's answer run per step: the step × source matrix.
 STEPS = "steps"
 #: A layer analysis's figures; a heatmap per head measure is named ``HEADS + measure``.
@@ -118,6 +122,8 @@ def _attribution_figures(
     figures: dict[str, FigureBuilder] = {}
     if text:
         figures[SCORES] = lambda: token_figure(explanation)
+        if "image_heatmap" in explanation.maps:
+            figures[IMAGE_AND_TEXT] = on_image(image_text_figure)
     else:
         figures[MAP] = on_image(functools.partial(image_figure, view=view or IMAGE_VIEW))
     if text and explanation.positional_scores is not None:

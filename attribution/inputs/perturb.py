@@ -35,6 +35,7 @@ from attrlab.attribution.inputs.masks import (
     upsample,
 )
 from attrlab.attribution.models.base import Adapter, Inputs, TextInputs, text_adapter
+from attrlab.attribution.models.vlm import ImageTextInputs
 from attrlab.attribution.request.run import RunContext
 
 if TYPE_CHECKING:
@@ -45,11 +46,13 @@ Output = TypeVar("Output")
 
 __all__ = [
     "IMAGE_PERTURBATIONS",
+    "IMAGE_TEXT_PERTURBATIONS",
     "PRECISIONS",
     "TEXT_PERTURBATIONS",
     "TOP_DECILE",
     "BatchRunner",
     "ImagePerturbation",
+    "ImageTextPerturbation",
     "MaskBatches",
     "Perturbation",
     "TextPerturbation",
@@ -57,6 +60,7 @@ __all__ = [
     "box_blur",
     "fill_token",
     "forward_row_bytes",
+    "grid_cell",
     "hidden_tokens",
     "perturbation_for",
     "repeated",
@@ -73,6 +77,9 @@ IMAGE_PERTURBATIONS = ("inpainting", "blur", "baseline", "amplitude", "road")
 ROAD_NOISE = 0.01
 #: Text perturbations of hidden tokens: the mask token, the pad token, or deletion.
 TEXT_PERTURBATIONS = ("mask", "pad", "delete")
+
+#: Image-and-prompt perturbations: a hidden position's row of the first block's input zeroed.
+IMAGE_TEXT_PERTURBATIONS = ("zero",)
 
 #: Box-blur width of the Sobol authors' blur perturbation (``cv2.blur(x, (10, 10))``).
 DEFAULT_BLUR_SIZE = 10
@@ -396,6 +403,126 @@ class TextPerturbation:
         return {"input_ids": ids, "attention_mask": attention.to(self.attention.dtype)}
 
 
+class ImageTextPerturbation:
+    """
+    Apply keep masks over the features of an image and a prompt, at the first block's input.
+
+    A feature is one text token, and one visual token or, with ``cell`` ``(height, width)`` in
+    pixels, a region: the visual tokens whose boxes have their centres in one cell of that
+    size, cells tiling the original image from its top left corner (a token of no region stays
+    a feature of its own). Special and answer
+    tokens always stay (:attr:`~attribution.models.vlm.ImageTextInputs.fixed_tokens`).
+    Features come in sequence order of their first token. A hidden feature's rows of the
+    language model's first block input are set to zero, the reference integrated gradients
+    starts from (:meth:`ImageTextInputs.reference`): the visual features and the word
+    embeddings are hidden alike, after the vision tower and the embedding layer ran on the
+    whole input. A mask value ``>= 0.5`` keeps the feature.
+    """
+
+    def __init__(
+        self,
+        inputs: ImageTextInputs,
+        kind: str = "zero",
+        cell: tuple[float, float] | None = None,
+    ) -> None:
+        if kind not in IMAGE_TEXT_PERTURBATIONS:
+            raise InvalidParameterError(
+                f"an image and a prompt are perturbed by {', '.join(IMAGE_TEXT_PERTURBATIONS)}"
+                f" at the first block's input; got {kind!r}"
+            )
+        self.hidden = inputs.block_input
+        self.held = inputs.held_kwargs()
+        self.length = int(inputs.input_ids.shape[1])
+        device = self.hidden.device
+        free = (~inputs.fixed_tokens).nonzero()[:, 0].cpu().numpy()
+        key = {int(i): ("position", int(i)) for i in free}
+        if cell is not None:
+            for position, region in zip(
+                inputs.visual_positions.tolist(), _region_cells(inputs, cell), strict=True
+            ):
+                if region >= 0 and position in key:
+                    key[position] = ("region", region)
+        order = list(dict.fromkeys(key[i] for i in sorted(key)))  # by first position
+        column = {k: j for j, k in enumerate(order)}
+        #: The positions masks act on, and the mask column of each.
+        self.free = torch.as_tensor(sorted(key), dtype=torch.long, device=device)
+        self.column = torch.as_tensor(
+            [column[key[i]] for i in sorted(key)], dtype=torch.long, device=device
+        )
+        self.sizes = np.bincount(self.column.cpu().numpy(), minlength=len(order))
+
+    def n_cells(self, grid: int) -> int:
+        """One cell per feature (the regions' size was set at construction)."""
+        if not self.free.numel():
+            raise InvalidInputError("the input has no tokens to perturb besides special tokens")
+        return len(self.sizes)
+
+    def design_masks(self, design: torch.Tensor, grid: int, device: torch.device) -> MaskBatches:
+        """Each design row keeps the features whose value is ≥ 0.5."""
+        return CellMasks(design, device)
+
+    def random_masks(
+        self,
+        n: int,
+        p: float,
+        grid: int,
+        generator: torch.Generator,
+        device: torch.device,
+        superpixels: int | None = None,
+    ) -> MaskBatches:
+        """Each feature kept with probability ``p``."""
+        if superpixels is not None:
+            raise InvalidParameterError(
+                "segments=slic applies to images; an image and a prompt are masked per token "
+                "or per grid cell"
+            )
+        keep = torch.rand(n, self.n_cells(grid), generator=generator) < p
+        return CellMasks(keep, device)
+
+    def cell_map(self, values: np.ndarray, grid: int) -> np.ndarray:
+        """Cells are features: as :meth:`element_map`."""
+        return self.element_map(values)
+
+    def element_map(self, values: np.ndarray) -> np.ndarray:
+        """
+        Per-position scores from values per feature; fixed positions get 0.
+
+        A region's value is shared evenly among its visual tokens (they sum to it).
+        """
+        values = np.asarray(values, dtype=np.float64) / self.sizes
+        scores = np.zeros((*values.shape[:-1], self.length), dtype=np.float64)
+        scores[..., self.free.cpu().numpy()] = values[..., self.column.cpu().numpy()]
+        return scores
+
+    def __call__(self, masks: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Model kwargs for a batch of ``(b, n_features)`` keep masks."""
+        b = masks.shape[0]
+        keep = torch.ones(b, self.length, dtype=torch.bool, device=self.hidden.device)
+        keep[:, self.free] = masks.to(self.hidden.device)[:, self.column] >= 0.5
+        hidden = torch.where(keep[..., None], self.hidden, torch.zeros_like(self.hidden))
+        return {**self.held, "block_input": hidden}
+
+
+def _region_cells(inputs: ImageTextInputs, cell: tuple[float, float]) -> list[int]:
+    """Each visual token's cell: the one of ``(height, width)`` pixels holding its centre."""
+    cell_height, cell_width = cell
+    columns = math.ceil(inputs.image.shape[1] / cell_width)
+    cells = []
+    for x0, y0, x1, y1 in inputs.regions:
+        if np.isnan(x0):  # a token of no region
+            cells.append(-1)
+            continue
+        row, column = int((y0 + y1) / 2 // cell_height), int((x0 + x1) / 2 // cell_width)
+        cells.append(row * columns + min(column, columns - 1))
+    return cells
+
+
+def grid_cell(inputs: ImageTextInputs, grid: int) -> tuple[float, float]:
+    """The cell of a ``grid × grid`` split of ``inputs``' image, ``(height, width)`` pixels."""
+    height, width = inputs.image.shape[:2]
+    return height / grid, width / grid
+
+
 #: What :func:`top_decile_error` measures, for the help of every ``tolerance`` parameter.
 TOP_DECILE = (
     "the top decile's relative {error} (the mean {error} of the 10 % of values deviating most "
@@ -427,16 +554,28 @@ def repeated(tensor: torch.Tensor, batch: int) -> torch.Tensor:
 
 
 def perturbation_for(
-    adapter: Adapter, inputs: Inputs, image_kind: str = "inpainting", text_kind: str = "mask"
+    adapter: Adapter,
+    inputs: Inputs,
+    image_kind: str = "inpainting",
+    text_kind: str = "mask",
+    grid: int | None = None,
 ) -> Perturbation:
-    """The perturbation matching the input's modality (text: over its features, if any)."""
+    """
+    The perturbation matching the input's modality (text: over its features, if any).
+
+    An image and a prompt: its visual tokens in the regions of a ``grid × grid`` split of the
+    image (each on its own without ``grid``), its text tokens one by one.
+    """
     if isinstance(inputs, TextInputs):  # over the features the inputs are explained at
         return TextPerturbation(adapter, inputs, text_kind, inputs.features)
+    if isinstance(inputs, ImageTextInputs):
+        cell = None if grid is None else grid_cell(inputs, grid)
+        return ImageTextPerturbation(inputs, cell=cell)
     return ImagePerturbation(inputs.pixel_values, image_kind, image=inputs.image)
 
 
 #: Default forward batch per modality on a CPU, at a reference map size.
-_CPU_BATCH = {"image": (16, 224 * 224), "text": (64, 128)}
+_CPU_BATCH = {"image": (16, 224 * 224), "text": (64, 128), "image-text": (64, 128)}
 
 #: Largest automatic batch, and the share of free GPU memory an automatic batch may fill.
 _MAX_BATCH, _GPU_SHARE = 2048, 0.7
@@ -493,13 +632,20 @@ def forward_row_bytes(adapter: Adapter, inputs: Inputs) -> int:
 
 
 def _probe(adapter: Adapter, inputs: Inputs, rows: int) -> int:
-    batch = {k: repeated(v, rows) for k, v in inputs.model_kwargs().items()}
+    batch = _probe_batch(inputs, rows)
     torch.cuda.synchronize(adapter.device)
     resting = torch.cuda.memory_allocated(adapter.device)
     torch.cuda.reset_peak_memory_stats(adapter.device)
     with torch.no_grad():
         adapter.logits(**batch)
     return max(1, (torch.cuda.max_memory_allocated(adapter.device) - resting) // rows)
+
+
+def _probe_batch(inputs: Inputs, rows: int) -> dict[str, torch.Tensor]:
+    """``rows`` copies of the input as a perturbation batch runs them."""
+    if isinstance(inputs, ImageTextInputs):  # one image and prompt, the block input's rows
+        return {**inputs.held_kwargs(), "block_input": repeated(inputs.block_input, rows)}
+    return {k: repeated(v, rows) for k, v in inputs.model_kwargs().items()}
 
 
 def _one_row_too_large(adapter: Adapter) -> DeviceMemoryError:

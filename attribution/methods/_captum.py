@@ -11,7 +11,7 @@ scope DeepLIFT runs in is :mod:`attribution.methods._deeplift`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import torch
@@ -22,6 +22,7 @@ from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.inputs.perturb import repeated
 from attrlab.attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
 from attrlab.attribution.models.placement import parameter
+from attrlab.attribution.models.vlm import ImageTextInputs
 from attrlab.attribution.request.params import Spec
 from attrlab.attribution.request.target import Target
 
@@ -40,8 +41,10 @@ __all__ = [
 BASELINE: Spec[str] = Spec(
     "auto",
     "Reference input: text 'pad' or 'mask' tokens (CLS/SEP kept); image 'mean' colour "
-    "(normalised zero) or 'black'. 'auto' = pad for text, mean for images.",
-    choices=("auto", "pad", "mask", "mean", "black"),
+    "(normalised zero) or 'black'; image and prompt 'zero' at the language model's first "
+    "block input (special and answer tokens kept). 'auto' = pad for text, mean for images, "
+    "zero for an image and a prompt.",
+    choices=("auto", "pad", "mask", "mean", "black", "zero"),
 )
 
 
@@ -51,12 +54,13 @@ def forward_function(
     """
     Positional-argument forward for Captum returning ``target``'s score ``(B,)``.
 
-    The tensors come in the order of ``inputs.forward_keys``. Captum is given no ``target=``
-    index: the forward's output is already the scalar attributed, of any kind of target.
+    The tensors come in the order of ``inputs.forward_keys``, the rows' shared keywords
+    (``inputs.held_kwargs()``) beside them. Captum is given no ``target=`` index: the
+    forward's output is already the scalar attributed, of any kind of target.
     """
-    keys = inputs.forward_keys
+    keys, held = inputs.forward_keys, inputs.held_kwargs()
     return lambda *tensors: target.score(
-        target.outputs(adapter, **dict(zip(keys, tensors, strict=True)))
+        target.outputs(adapter, **held, **dict(zip(keys, tensors, strict=True)))
     )
 
 
@@ -68,17 +72,24 @@ class AdapterModule(nn.Module):
     submodule (DeepLIFT's nonlinearity rules) reach it; the model itself is not changed.
     """
 
-    def __init__(self, adapter: Adapter, keys: Sequence[str], target: Target):
+    def __init__(
+        self,
+        adapter: Adapter,
+        keys: Sequence[str],
+        target: Target,
+        held: dict[str, torch.Tensor] | None = None,
+    ):
         super().__init__()
         self.model = adapter.model
         self.keys = tuple(keys)
         self.target = target
+        self.held = held or {}  # keywords every row shares (an image and a prompt's)
         self._adapter = adapter
 
     def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
         """The target's scores ``(B,)`` for the tensors given in the order of ``keys``."""
         kwargs = dict(zip(self.keys, tensors, strict=True))
-        return self.target.score(self.target.outputs(self._adapter, **kwargs))
+        return self.target.score(self.target.outputs(self._adapter, **self.held, **kwargs))
 
 
 def baseline_for(adapter: Adapter, inputs: Inputs, kind: str) -> torch.Tensor:
@@ -108,6 +119,7 @@ class ReferenceSpace:
     fixed: torch.Tensor  # broadcastable bool: positions every reference keeps from the input
     keys: tuple[str, ...]  # model keywords for (tensor, *extra)
     extra: tuple[torch.Tensor, ...] | None
+    held: dict[str, torch.Tensor] = field(default_factory=dict)  # keywords rows share
 
 
 def _embedding_space(adapter: Adapter, inputs: Inputs, baseline: torch.Tensor) -> ReferenceSpace:
@@ -135,7 +147,21 @@ def _pixel_space(adapter: Adapter, inputs: Inputs, baseline: torch.Tensor) -> Re
     return ReferenceSpace(pixels, baseline, 1.0, fixed, ("pixel_values",), None)
 
 
-_SPACES = {"text": _embedding_space, "image": _pixel_space}
+def _block_space(adapter: Adapter, inputs: Inputs, baseline: torch.Tensor) -> ReferenceSpace:
+    """An image and a prompt: the language model's first block input; the rest is held."""
+    both = cast(ImageTextInputs, inputs)
+    return ReferenceSpace(
+        both.block_input,
+        baseline,
+        float(both.block_input.std()),
+        both.fixed_tokens.view(1, -1, 1),
+        both.forward_keys,
+        None,
+        both.held_kwargs(),
+    )
+
+
+_SPACES = {"text": _embedding_space, "image": _pixel_space, "image-text": _block_space}
 
 
 def reference_space(adapter: Adapter, inputs: Inputs, baseline: torch.Tensor) -> ReferenceSpace:
@@ -164,7 +190,7 @@ def attribute_with(
     :class:`~attribution.request.target.StepRows` does), attributions one row each.
     """
     forward = (
-        AdapterModule(adapter, inputs.forward_keys, target)
+        AdapterModule(adapter, inputs.forward_keys, target, inputs.held_kwargs())
         if as_module
         else forward_function(adapter, inputs, target)
     )

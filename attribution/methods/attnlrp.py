@@ -84,7 +84,9 @@ class AttnLRP(AttributionMethod[LRPParams]):
     explanation's ``params``. The backward starts at the target logit. Text scores are token
     relevance at the input embedding (word + token-type share of ``E + P``); images get pixel
     relevance (H×W) through the patch embedding. Positional encodings receive relevance but
-    are not reported: see ``pa_lrp``. ``metrics.conservation_error`` =
+    are not reported: see ``pa_lrp``. An image and a prompt: the relevance is stopped at the
+    language model's first block input (visual features and word embeddings there), the
+    vision tower's rules are not used. ``metrics.conservation_error`` =
     ``|Σ input relevance − logit| / |logit|``, lowered by design: ``metrics`` also say where
     the rest went (positions, attention's softmax, biases) and what no rule accounts for, and
     the verdict judges that remainder. ``layers`` holds the relevance entering each residual
@@ -99,6 +101,7 @@ class AttnLRP(AttributionMethod[LRPParams]):
     requires = frozenset({"gradients", "attentions"})
     has_convergence_delta = True
     param_record = LRPParams
+    modalities = frozenset({"text", "image", "image-text"})
     #: Whether relevance is also attributed to positional encodings (PA-LRP).
     pe_aware: ClassVar[bool] = False
 

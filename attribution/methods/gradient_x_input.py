@@ -40,6 +40,7 @@ class GradientXInput(AttributionMethod[GradientXInputParams]):
     name = "gradient_x_input"
     title = "Gradient × Input"
     paper = "https://arxiv.org/abs/1605.01713"
+    modalities = frozenset({"text", "image", "image-text"})
     checkpointable = True
     requires = frozenset({"gradients"})
     param_record = GradientXInputParams

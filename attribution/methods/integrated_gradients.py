@@ -54,6 +54,7 @@ class IntegratedGradients(AttributionMethod[IntegratedGradientsParams]):
     name = "integrated_gradients"
     title = "Integrated Gradients"
     paper = "https://arxiv.org/abs/1703.01365"
+    modalities = frozenset({"text", "image", "image-text"})
     checkpointable = True
     requires = frozenset({"gradients"})
     has_convergence_delta = True
@@ -76,7 +77,7 @@ class IntegratedGradients(AttributionMethod[IntegratedGradientsParams]):
         run: RunContext,
     ) -> Attribution:
         space = reference_space(adapter, inputs, baseline_for(adapter, inputs, params.baseline))
-        module = AdapterModule(adapter, space.keys, target)
+        module = AdapterModule(adapter, space.keys, target, space.held)
         attributions = CaptumIG(module).attribute(
             space.tensor,
             baselines=space.reference,

@@ -13,7 +13,13 @@ from captum.attr import Occlusion as CaptumOcclusion
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.inputs.features import Feature, features_of
 from attrlab.attribution.inputs.masks import slic_segments
-from attrlab.attribution.inputs.perturb import BatchRunner, TextPerturbation, auto_batch_size
+from attrlab.attribution.inputs.perturb import (
+    BatchRunner,
+    ImageTextPerturbation,
+    Perturbation,
+    TextPerturbation,
+    auto_batch_size,
+)
 from attrlab.attribution.methods._captum import BASELINE, baseline_for
 from attrlab.attribution.methods._masks import (
     BATCH_SIZE,
@@ -25,6 +31,7 @@ from attrlab.attribution.methods._masks import (
 from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
 from attrlab.attribution.methods.registry import register
 from attrlab.attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
+from attrlab.attribution.models.vlm import ImageTextInputs
 from attrlab.attribution.request.params import MethodParams, param
 from attrlab.attribution.request.run import RunContext
 from attrlab.attribution.request.target import Target
@@ -38,7 +45,9 @@ class OcclusionParams(MethodParams):
 
     window: int | None = param(
         None,
-        "Window side in pixels (default: an eighth of the image) or in tokens (default 1).",
+        "Window side in pixels (default: an eighth of the image) or in tokens (default 1); an "
+        "image and a prompt: the side in pixels of the cells whose visual tokens are hidden "
+        "together (default: each alone).",
         1,
         4096,
     )
@@ -61,7 +70,12 @@ class Occlusion(AttributionMethod[OcclusionParams]):
     instead (Captum ``FeatureAblation``). Text: windows of ``window`` tokens replaced by pad or
     mask tokens (special tokens stay); a text explained by words, sentences or spans
     (:mod:`attribution.inputs.features`) has each feature occluded once instead, its drop shared
-    evenly among its tokens. Paper: https://arxiv.org/abs/1311.2901
+    evenly among its tokens. An image and a prompt: each text token and each visual token
+    (with ``window``: the visual tokens of each ``window × window``-pixel cell of the image
+    together, the drop shared evenly among them) hidden once, its rows of the language model's
+    first block input set to zero (special and answer tokens stay;
+    :class:`~attribution.inputs.perturb.ImageTextPerturbation`).
+    Paper: https://arxiv.org/abs/1311.2901
     """
 
     alters_model = False  # plain forward and gradient passes
@@ -70,12 +84,15 @@ class Occlusion(AttributionMethod[OcclusionParams]):
     title = "Occlusion"
     paper = "https://arxiv.org/abs/1311.2901"
     param_record = OcclusionParams
+    modalities = frozenset({"text", "image", "image-text"})
 
     @classmethod
     def _passes(cls, adapter: Adapter, inputs: Inputs, params: OcclusionParams) -> Passes:
         """The model passes :meth:`attribute` spends on ``inputs``."""
         check_segments(inputs, params.segments)
         batch = params.batch_size or auto_batch_size(adapter, inputs)
+        if isinstance(inputs, ImageTextInputs):
+            return Passes(_positions(inputs, params).n_cells(0) + 1, batch=batch)
         if (features := _features(inputs, params)) is not None:
             return Passes(len(features) + 1, batch=batch)
         if params.segments == "slic":
@@ -95,11 +112,16 @@ class Occlusion(AttributionMethod[OcclusionParams]):
         run: RunContext,
     ) -> Attribution:
         check_segments(inputs, params.segments)
+        if isinstance(inputs, ImageTextInputs):
+            return _occluded(adapter, inputs, _positions(inputs, params), target, params, run)
         batch_size = params.batch_size or auto_batch_size(adapter, inputs)
         tensor, extra = inputs.attributed()
         baseline = baseline_for(adapter, inputs, params.baseline)
         if _features(inputs, params) is not None:
-            return _occluded_features(adapter, cast(TextInputs, inputs), target, params, run)
+            text = cast(TextInputs, inputs)
+            kind = "mask" if params.baseline == "mask" else "pad"
+            perturbation = TextPerturbation(adapter, text, kind, _features(text, params))
+            return _occluded(adapter, text, perturbation, target, params, run)
         if params.segments == "slic":
             image = cast(ImageInputs, inputs).image  # check_segments: images only
             labels = slic_segments(image, params.n_segments).to(tensor.device)
@@ -158,12 +180,39 @@ def _features(inputs: Inputs, params: OcclusionParams) -> tuple[Feature, ...] | 
     return inputs.features
 
 
-def _occluded_features(
-    adapter: Adapter, inputs: TextInputs, target: Target, params: OcclusionParams, run: RunContext
+def _positions(inputs: ImageTextInputs, params: OcclusionParams) -> ImageTextPerturbation:
+    """
+    An image and a prompt, occluded feature by feature at the first block's input.
+
+    Each text token on its own; each visual token on its own, or with ``window`` the visual
+    tokens in each ``window × window``-pixel cell of the image together.
+
+    Raises:
+        InvalidParameterError: a stride other than the window (cells do not overlap) or a
+            baseline other than zero.
+    """
+    if params.stride not in (None, params.window):
+        raise InvalidParameterError(
+            "an image and a prompt are occluded in cells of window × window pixels that do "
+            "not overlap: leave stride empty"
+        )
+    if params.baseline not in ("auto", "zero"):
+        raise InvalidParameterError(
+            f"baseline '{params.baseline}' does not apply to an image and a prompt; use zero"
+        )
+    cell = None if params.window is None else (float(params.window), float(params.window))
+    return ImageTextPerturbation(inputs, cell=cell)
+
+
+def _occluded(
+    adapter: Adapter,
+    inputs: Inputs,
+    perturbation: Perturbation,
+    target: Target,
+    params: OcclusionParams,
+    run: RunContext,
 ) -> Attribution:
-    """Each feature's drop in the target's score when all its tokens are hidden at once."""
-    kind = "mask" if params.baseline == "mask" else "pad"
-    perturbation = TextPerturbation(adapter, inputs, kind, _features(inputs, params))
+    """Each cell's drop in the target's score when it alone is hidden (a feature's tokens)."""
     n = perturbation.n_cells(0)
     # row 0 keeps everything; row j + 1 hides feature j
     design = torch.cat([torch.ones(1, n), 1 - torch.eye(n)])

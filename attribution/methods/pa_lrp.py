@@ -33,6 +33,8 @@ class PALRP(AttnLRP):
     title = "PA-LRP (positional-aware AttnLRP)"
     paper = "https://arxiv.org/abs/2506.02138"
     pe_aware = True
+    #: Positional relevance is a text's or an image's (an image and a prompt: see ``attnlrp``).
+    modalities = frozenset({"text", "image"})
 
     @classmethod
     def unsupported_reason(cls, adapter: Adapter) -> str | None:

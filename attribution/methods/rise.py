@@ -100,7 +100,13 @@ class RiseParams(MethodParams):
         1.0,
         True,
     )
-    grid: int = param(7, "Cells per side of the random grid (images).", 2, 128)
+    grid: int = param(
+        7,
+        "Cells per side of the random grid (images; an image and a prompt: its visual tokens "
+        "grouped into the regions of such a grid).",
+        2,
+        128,
+    )
     p: float = param(0.5, "Probability of keeping a cell / token.", 0.0, 1.0, True)
     batch_size: int | None = BATCH_SIZE.as_field()
     precision: str = PRECISION.as_field()
@@ -141,6 +147,7 @@ class RISE(AttributionMethod[RiseParams]):
     paper = "https://arxiv.org/abs/1806.07421"
     reads_prediction = True  # the top predicted classes
     param_record = RiseParams
+    modalities = frozenset({"text", "image", "image-text"})
 
     @classmethod
     def _passes(cls, adapter: Adapter, inputs: Inputs, params: RiseParams) -> Passes:
@@ -159,7 +166,7 @@ class RISE(AttributionMethod[RiseParams]):
     ) -> Attribution:
         check_segments(inputs, params.segments)
         perturbation = perturbation_for(
-            adapter, inputs, params.perturbation, params.text_perturbation
+            adapter, inputs, params.perturbation, params.text_perturbation, params.grid
         )
         generator = generator_for(run, params.seed)
         masks = perturbation.random_masks(

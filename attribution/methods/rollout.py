@@ -103,6 +103,7 @@ class AttentionRollout(AttributionMethod[RolloutParams]):
     requires = frozenset({"attentions"})
     reads_prediction_attentions = True
     param_record = RolloutParams
+    modalities = frozenset({"text", "image", "image-text"})
 
     @classmethod
     def _passes(cls, adapter: Adapter, inputs: Inputs, params: RolloutParams) -> Passes:

@@ -16,6 +16,7 @@ from attrlab.attribution.errors import InvalidParameterError, UnsupportedMethodE
 from attrlab.attribution.inputs.perturb import (
     TOP_DECILE,
     BatchRunner,
+    ImageTextPerturbation,
     TextPerturbation,
     auto_batch_size,
     box_blur,
@@ -25,6 +26,7 @@ from attrlab.attribution.methods._masks import BATCH_SIZE, PRECISION
 from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
 from attrlab.attribution.methods.registry import register
 from attrlab.attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs, text_adapter
+from attrlab.attribution.models.vlm import ImageTextInputs
 from attrlab.attribution.request.params import MethodParams, param
 from attrlab.attribution.request.run import RunContext
 from attrlab.attribution.request.target import Target
@@ -66,7 +68,10 @@ class Shap(AttributionMethod[ShapParams]):
     neighbouring features; each feature's value is shared evenly among its tokens. Images:
     ``shap.maskers.Image`` hiding regions with a box-blurred copy of the image
     (``blur×blur``, as the masker's ``"blur(k,k)"`` option, computed without OpenCV) over
-    axis-aligned splits; pixel values are summed over colour channels. Scores explain the
+    axis-aligned splits; pixel values are summed over colour channels. An image and a prompt:
+    its visual and text tokens in sequence order (visual tokens row by row) over a balanced
+    tree of neighbours, a hidden one zeroed at the language model's first block input (as
+    :class:`~attribution.inputs.perturb.ImageTextPerturbation` hides it). Scores explain the
     target logit. The explainer spends at most ``max_evals`` forward passes. An answer's steps
     are explained together, one column each: the whole map is their sum, a per-step row
     (:class:`~attribution.request.target.StepTarget`) one column.
@@ -87,6 +92,7 @@ class Shap(AttributionMethod[ShapParams]):
     title = "SHAP (Partition)"
     paper = "https://arxiv.org/abs/1705.07874"
     param_record = ShapParams
+    modalities = frozenset({"text", "image", "image-text"})
 
     @classmethod
     def _passes(cls, adapter: Adapter, inputs: Inputs, params: ShapParams) -> Passes:
@@ -307,6 +313,31 @@ def _features(
     return explainer, np.ones((1, n)), perturbation.element_map
 
 
+def _image_text(
+    adapter: Adapter,
+    inputs: Inputs,
+    target: Target,
+    runner: BatchRunner,
+    params: ShapParams,
+    remember: bool,
+) -> tuple[Any, Any, Callable[[np.ndarray], np.ndarray]]:
+    """Partition explainer over an image and a prompt's positions: 1 keeps one, 0 zeroes it."""
+    perturbation = ImageTextPerturbation(cast(ImageTextInputs, inputs))
+    n = perturbation.n_cells(0)
+    masker = shap.maskers.Partition(np.zeros((1, n)), clustering=_neighbour_tree(n))
+
+    def model(batch: np.ndarray) -> np.ndarray:
+        masks = torch.as_tensor(np.asarray(batch, dtype=np.float32))
+        # the rows share one image and prompt: batched along the masks alone
+        outputs = [
+            out for _, _, out in runner.batches(len(masks), lambda a, b: perturbation(masks[a:b]))
+        ]
+        return target.step_scores(torch.cat(outputs)).cpu().numpy()
+
+    explainer = shap.explainers.Partition(_model_function(model, remember), masker)
+    return explainer, np.ones((1, n)), perturbation.element_map
+
+
 def _neighbour_tree(n: int) -> np.ndarray:
     """
     A balanced binary tree over ``n`` features in order, as a SciPy linkage matrix.
@@ -330,7 +361,7 @@ def _neighbour_tree(n: int) -> np.ndarray:
 
 
 #: The shap masker and data for each modality (a text's features: :func:`_features`).
-_EXPLAINERS = {"text": _text, "image": _image}
+_EXPLAINERS = {"text": _text, "image": _image, "image-text": _image_text}
 
 
 def _kept_text(adapter: Adapter, inputs: TextInputs) -> str:

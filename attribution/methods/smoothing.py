@@ -32,6 +32,7 @@ from torch import nn
 
 from attrlab.attribution.alteration import altered
 from attrlab.attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
+from attrlab.attribution.models.vlm import ImageTextInputs
 from attrlab.attribution.request.params import MethodParams, param
 from attrlab.attribution.request.run import RunContext
 
@@ -220,9 +221,22 @@ def _image_noise(
     yield replace(inputs, pixel_values=pixels + (sigma * spread * epsilon).to(pixels))
 
 
+def _block_noise(
+    adapter: Adapter, inputs: ImageTextInputs, sigma: float, generator: torch.Generator
+) -> Iterator[Inputs]:
+    """A copy of the input whose first-block input carries the noise (fixed tokens none)."""
+    hidden = inputs.block_input
+    free = ~inputs.fixed_tokens.to(hidden.device).view(1, -1, 1)
+    values = hidden.masked_select(free.expand_as(hidden))
+    spread = float(values.max() - values.min()) if values.numel() else 0.0
+    epsilon = torch.randn(hidden.shape, generator=generator, dtype=torch.float64)
+    yield replace(inputs, block_input=hidden + (sigma * spread * epsilon).to(hidden) * free)
+
+
 _INPUT_NOISE: dict[str, Callable[..., Iterator[Inputs]]] = {
     "text": _text_noise,
     "image": _image_noise,
+    "image-text": _block_noise,
 }
 
 

@@ -111,7 +111,13 @@ def bootstrap_std_error(
 class SobolParams(MethodParams):
     """The parameters of :class:`Sobol`."""
 
-    grid: int = param(8, "Cells per side of the mask grid (images).", 2, 32)
+    grid: int = param(
+        8,
+        "Cells per side of the mask grid (images; an image and a prompt: its visual tokens "
+        "grouped into the regions of such a grid).",
+        2,
+        32,
+    )
     n_designs: int = param(
         32,
         "Quasi-Monte Carlo designs (a power of two); forwards = n_designs·(cells+2).",
@@ -162,12 +168,13 @@ class Sobol(AttributionMethod[SobolParams]):
     title = "Sobol attribution"
     paper = "https://arxiv.org/abs/2111.04138"
     param_record = SobolParams
+    modalities = frozenset({"text", "image", "image-text"})
 
     @classmethod
     def _passes(cls, adapter: Adapter, inputs: Inputs, params: SobolParams) -> Passes:
         """The model passes :meth:`attribute` spends on ``inputs``."""
         perturbation = perturbation_for(
-            adapter, inputs, params.perturbation, params.text_perturbation
+            adapter, inputs, params.perturbation, params.text_perturbation, params.grid
         )
         count = params.n_designs * (perturbation.n_cells(params.grid) + 2)
         batch = params.batch_size or auto_batch_size(adapter, inputs)
@@ -188,7 +195,7 @@ class Sobol(AttributionMethod[SobolParams]):
                 "a Sobol tolerance needs the bootstrap's standard error: set bootstrap to 2 or more"
             )
         perturbation = perturbation_for(
-            adapter, inputs, params.perturbation, params.text_perturbation
+            adapter, inputs, params.perturbation, params.text_perturbation, params.grid
         )
         dimension = perturbation.n_cells(params.grid)
         run.plan(n * (dimension + 2), "n_designs or grid")  # before the design is built

@@ -29,6 +29,11 @@ p(A) − log p(B)``, or the step's log-probability, in nats. Those are what the 
 answer's is often under 1e-20), and a contrast's ``p(A) / p(B)`` has no bound. The answer's own
 tokens are never removed (:attr:`~attribution.models.base.TextInputs.fixed_tokens`).
 
+An image and a prompt (:class:`~attribution.models.vlm.ImageTextInputs`) is scored as a text
+whose tokens are its visual and text tokens together, each removed by zeroing its row of the
+language model's first block input, the way occlusion hides it
+(:class:`~attribution.inputs.perturb.ImageTextPerturbation`).
+
 Every measure comes with the same measure for seeded random orders (their mean), so that a
 number means something; each score of :data:`SCORES` also with the 95 % range of one random
 order's score and a test of the map's score against them
@@ -54,12 +59,14 @@ from attrlab.attribution.inputs.features import feature_scores
 from attrlab.attribution.inputs.perturb import (
     BatchRunner,
     ImagePerturbation,
+    ImageTextPerturbation,
     MaskBatches,
     Perturbation,
     TextPerturbation,
     auto_batch_size,
 )
 from attrlab.attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
+from attrlab.attribution.models.vlm import ImageTextInputs
 from attrlab.attribution.request.run import RunContext
 from attrlab.attribution.request.target import Target
 from attrlab.attribution.verdicts import (
@@ -106,6 +113,7 @@ SCORES: dict[str, tuple[tuple[str, str, bool], ...]] = {
         ("sufficiency", "sufficiency_random", False),
     ),
 }
+SCORES["image-text"] = SCORES["text"]  # scored as one sequence of visual and text tokens
 
 
 @dataclass
@@ -210,6 +218,8 @@ def faithfulness_passes(inputs: Inputs, steps: int = 50, random_orders: int = RA
     """Forward passes :func:`faithfulness` spends: two curves per order, MoRF, LeRF, random."""
     if inputs.modality == "image":
         points = len(_image_counts(math.prod(inputs.map_shape), steps))
+    elif isinstance(inputs, ImageTextInputs):
+        points = int((~inputs.fixed_tokens).sum()) + 1
     else:
         text = cast(TextInputs, inputs)
         features = text.features
@@ -323,6 +333,8 @@ def faithfulness_of_maps(
     if inputs.modality == "image":
         image = cast(ImageInputs, inputs)
         parts = _image_parts(image, steps, run, image_fill)
+    elif isinstance(inputs, ImageTextInputs):
+        parts, values = _image_text_parts(inputs, values)
     else:
         parts, values = _text_parts(adapter, cast(TextInputs, inputs), values, text_removal)
     exact = _exact_rows(parts, random_orders) if expected else None
@@ -555,6 +567,18 @@ def _image_parts(inputs: ImageInputs, steps: int, run: RunContext, fill: str) ->
         deletion = ImagePerturbation(pixels, "inpainting")  # hidden pixels: the normalised zero
         insertion = ImagePerturbation(pixels, "baseline", baseline=gaussian_blur(pixels))
     return _Parts(inputs.map_shape, counts, deletion, insertion)
+
+
+def _image_text_parts(
+    inputs: ImageTextInputs, maps: dict[str, np.ndarray]
+) -> tuple[_Parts, dict[str, np.ndarray]]:
+    """An image and a prompt's curve points: each free visual or text token, as a text's."""
+    perturbation = ImageTextPerturbation(inputs)
+    free = perturbation.free.cpu().numpy()
+    values = {name: v[free] for name, v in maps.items()}
+    n = perturbation.n_cells(0)
+    ks = sorted({int(k * n) for k in AOPC_FRACTIONS} - {0}) or [1]
+    return _Parts((n,), list(range(n + 1)), perturbation, perturbation, ks), values
 
 
 def _text_parts(

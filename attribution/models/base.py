@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 import torch
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     from attrlab.attribution.inputs.features import Feature
     from attrlab.attribution.models.images import ImageTransform
+    from attrlab.attribution.models.vlm import ImageTextInputs
 
 __all__ = [
     "Adapter",
@@ -78,6 +79,10 @@ class TextInputs:
     def model_kwargs(self) -> dict[str, torch.Tensor]:
         """Keyword arguments for :meth:`Adapter.logits`."""
         return {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
+
+    def held_kwargs(self) -> dict[str, torch.Tensor]:
+        """Model keywords every row shares, besides :attr:`forward_keys`: none."""
+        return {}
 
     @property
     def map_shape(self) -> tuple[int, ...]:
@@ -138,6 +143,10 @@ class ImageInputs:
         """Keyword arguments for :meth:`Adapter.logits`."""
         return {"pixel_values": self.pixel_values}
 
+    def held_kwargs(self) -> dict[str, torch.Tensor]:
+        """Model keywords every row shares, besides :attr:`forward_keys`: none."""
+        return {}
+
     @property
     def map_shape(self) -> tuple[int, ...]:
         """Shape of a score map: one score per pixel of the model input, ``(H, W)``."""
@@ -186,7 +195,9 @@ class ImageInputs:
         return upsampled[0, 0].cpu().numpy()
 
 
-Inputs = TextInputs | ImageInputs
+#: What methods take: a text, an image, or an image and a prompt (a vision-language model's,
+#: :class:`~attribution.models.vlm.ImageTextInputs`).
+Inputs = Union[TextInputs, ImageInputs, "ImageTextInputs"]  # a forward reference: Union
 
 
 class Adapter(ABC):

@@ -267,6 +267,10 @@ class DecoderLMAdapter(TextClassifierAdapter):
         logits, out = self._read_logits(model_kwargs, output_attentions=True)
         return logits, tuple(out.attentions or ())
 
+    def run_model(self, **model_kwargs: Any) -> Any:
+        """The model's forward on ``model_kwargs`` (its output, logits at every position)."""
+        return self.model(**model_kwargs)
+
     def _read_logits(
         self, model_kwargs: dict[str, torch.Tensor], **options: Any
     ) -> tuple[torch.Tensor, Any]:
@@ -278,11 +282,11 @@ class DecoderLMAdapter(TextClassifierAdapter):
         their gradient, would outweigh a transformer block's activations on a long input.
         """
         if not self.keeps_logits:
-            out = self.model(**model_kwargs, **options)
+            out = self.run_model(**model_kwargs, **options)
             return self.output_logits(out.logits, model_kwargs), out
         last = self.predicted_positions(model_kwargs["attention_mask"])
         kept, row_position = torch.unique(last, return_inverse=True)
-        out = self.model(**model_kwargs, **options, logits_to_keep=kept)
+        out = self.run_model(**model_kwargs, **options, logits_to_keep=kept)
         rows = torch.arange(out.logits.shape[0], device=last.device)  # hooks may add rows
         return out.logits[rows, row_position], out
 

@@ -11,6 +11,8 @@ which positions are visual and which region of the original image each one stand
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +31,13 @@ if TYPE_CHECKING:
     from attrlab.attribution.models.base import Adapter
     from attrlab.attribution.request.answers import Answer
 
-__all__ = ["ImagePrompt", "ImageTextInputs", "VisionLanguageAdapter", "with_answer"]
+__all__ = [
+    "ImagePrompt",
+    "ImageTextInputs",
+    "VisionLanguageAdapter",
+    "block_input_of",
+    "with_answer",
+]
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,14 @@ class ImageTextInputs:
     the family names (:attr:`~attribution.models.families.VisionLanguage.token_inputs`), which
     run along ``input_ids``. A teacher-forced answer is the last
     ``answer_length`` tokens, as for :class:`~attribution.models.base.TextInputs`.
+
+    Methods attribute at ``block_input``, ``(1, T, D)``: the input of the language model's
+    first block, the first place where the visual features and the word embeddings are one
+    sequence (every family writes the features into the embeddings *after* the word-embedding
+    layer, so that layer's output holds no visual token). A row of it is one feature, visual
+    or textual; hiding one replaces its row by zero there (:meth:`reference`). It is computed
+    when the inputs are built (:meth:`VisionLanguageAdapter.preprocess`, :func:`with_answer`),
+    from the model as it is then.
     """
 
     text: str
@@ -65,9 +81,18 @@ class ImageTextInputs:
     image_kwargs: dict[str, torch.Tensor]
     image: np.ndarray
     regions: np.ndarray
+    block_input: torch.Tensor
     answer_length: int = 0
 
     modality = "image-text"
+    #: :meth:`Adapter.logits` keywords gradient methods pass positionally: the block input.
+    forward_keys = ("block_input",)
+    #: Reference inputs gradient methods may start from: zero at the first block's input.
+    references = ("zero",)
+    #: Explained token by token (words, sentences and spans are a text's).
+    granularity = "token"
+    features = None
+    truncated = False
 
     def model_kwargs(self) -> dict[str, torch.Tensor]:
         """Keyword arguments of the model's forward (and :meth:`Adapter.logits`)."""
@@ -76,6 +101,15 @@ class ImageTextInputs:
             "attention_mask": self.attention_mask,
             **self.image_kwargs,
         }
+
+    def held_kwargs(self) -> dict[str, torch.Tensor]:
+        """
+        The model keywords every row of an attribution shares: all but the block input.
+
+        One row of them runs however many rows of ``block_input`` a pass takes: the vision
+        tower runs once, and the rows broadcast from the first block on.
+        """
+        return self.model_kwargs()
 
     @property
     def pixel_values(self) -> torch.Tensor:
@@ -89,11 +123,86 @@ class ImageTextInputs:
 
     @property
     def fixed_tokens(self) -> torch.Tensor:
-        """Bool ``(T,)``: what a text perturbation keeps (special, visual and answer tokens)."""
-        fixed = self.special_tokens | self.visual_tokens
+        """Bool ``(T,)``: what perturbations and references keep (special and answer tokens)."""
+        fixed = self.special_tokens.clone()
         if self.answer_length:
             fixed[-self.answer_length :] = True
         return fixed
+
+    @property
+    def map_shape(self) -> tuple[int, ...]:
+        """Shape of a score map: one score per sequence position, visual or textual."""
+        return (int(self.input_ids.shape[1]),)
+
+    def attributed(self) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """The first block's input (a copy that requires gradients); the rest is held."""
+        return self.block_input.detach().clone().requires_grad_(True), ()
+
+    def attribution_layer(self, adapter: Adapter) -> nn.Module | None:
+        """The block input is a tensor the model takes: attributions land on it directly."""
+        return None
+
+    def reduce(self, attributions: torch.Tensor) -> np.ndarray:
+        """Per-position scores from ``(1, T, D)`` block-input attributions (summed over ``D``)."""
+        return attributions[0].sum(dim=-1).detach().double().cpu().numpy()
+
+    def reference(self, adapter: Adapter, kind: str) -> torch.Tensor:
+        """Zero at the first block's input for every position but the fixed ones."""
+        kept = self.fixed_tokens.view(1, -1, 1).to(self.block_input.device)
+        return torch.where(kept, self.block_input, torch.zeros_like(self.block_input))
+
+    def visible_tokens(self, count: int) -> torch.Tensor:
+        """Which of the model's ``count`` token positions attend (padding does not)."""
+        return self.attention_mask[0, :count].bool()
+
+    def token_map(self, adapter: Adapter, values: torch.Tensor) -> np.ndarray:
+        """Values per model token as a score map: the positions are the input's."""
+        return values.detach().double().cpu().numpy()
+
+
+@contextmanager
+def _first_block_reads(adapter: VisionLanguageAdapter, hidden: torch.Tensor) -> Iterator[None]:
+    """
+    The language model's first block reads ``hidden`` ``(B, T, D)`` in the passes inside.
+
+    The model runs one row of its other inputs; the ``B`` rows broadcast from that block on
+    (attention masks and rotary positions have one row).
+    """
+
+    def replace_input(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        given = args[0] if args else kwargs["hidden_states"]
+        if given.shape[1:] != hidden.shape[1:] or given.shape[0] not in (1, hidden.shape[0]):
+            raise InvalidInputError(
+                f"a block input of shape {tuple(hidden.shape)} does not fit the model's "
+                f"{tuple(given.shape)}: give one row of the other inputs"
+            )
+        value = hidden.to(given.dtype)
+        if args:
+            return (value, *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": value}
+
+    handle = adapter.blocks()[0].register_forward_pre_hook(replace_input, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def block_input_of(adapter: Adapter, model_kwargs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The input of the language model's first block on ``model_kwargs``, ``(B, T, D)``."""
+    seen: list[torch.Tensor] = []
+
+    def keep(_m: nn.Module, args: tuple, kwargs: dict) -> None:
+        seen.append((args[0] if args else kwargs["hidden_states"]).detach())
+
+    decoder = _vision_language(adapter)
+    handle = decoder.blocks()[0].register_forward_pre_hook(keep, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            decoder.model(**model_kwargs)
+    finally:
+        handle.remove()
+    return seen[0]
 
 
 class VisionLanguageAdapter(DecoderLMAdapter):
@@ -121,6 +230,18 @@ class VisionLanguageAdapter(DecoderLMAdapter):
         self.image_token_id = int(
             getattr(config, "image_token_id", None) or config.image_token_index
         )
+
+    def run_model(self, **model_kwargs: Any) -> Any:
+        """
+        The model's forward; ``block_input`` ``(B, T, D)``, if given, replaces the first block's.
+
+        The other keywords are one row (:meth:`ImageTextInputs.held_kwargs`), run once.
+        """
+        hidden = model_kwargs.pop("block_input", None)
+        if hidden is None:
+            return self.model(**model_kwargs)
+        with _first_block_reads(self, hidden):
+            return self.model(**model_kwargs)
 
     @property
     def num_layers(self) -> int:
@@ -150,8 +271,7 @@ class VisionLanguageAdapter(DecoderLMAdapter):
             )
         return self.reading.prompt.format(image=self.processor.image_token, prompt=prompt)
 
-    # Not yet one of the Inputs methods take (their maps, references and reductions come in
-    # the next step of issue 40), so the return type narrows the contract on purpose.
+    # A decoder LM's preprocess gives text; this one an image and a prompt (both are Inputs).
     def preprocess(self, raw: Any) -> ImageTextInputs:  # type: ignore[override]
         """
         An :class:`ImagePrompt` as model inputs, its visual tokens and their regions.
@@ -199,17 +319,22 @@ class VisionLanguageAdapter(DecoderLMAdapter):
         special_ids = set(self.tokenizer.all_special_ids) - {self.image_token_id}
         special = [i in special_ids for i in id_list]
         device = self.device
+        image_kwargs = {k: v.to(device) for k, v in encoded.items()}
+        ids, mask = ids.to(device), mask.to(device)
         return ImageTextInputs(
             text=text,
-            input_ids=ids.to(device),
-            attention_mask=mask.to(device),
+            input_ids=ids,
+            attention_mask=mask,
             tokens=self.tokenizer.convert_ids_to_tokens(id_list),
             token_texts=token_texts(self.tokenizer, text, id_list, special),
             special_tokens=torch.tensor(special, device=device),
             visual_tokens=visual.to(device),
-            image_kwargs={k: v.to(device) for k, v in encoded.items()},
+            image_kwargs=image_kwargs,
             image=image,
             regions=regions,
+            block_input=block_input_of(
+                self, {"input_ids": ids, "attention_mask": mask, **image_kwargs}
+            ),
         )
 
 
@@ -244,16 +369,19 @@ def with_answer(adapter: Adapter, inputs: ImageTextInputs, answer: Answer) -> Im
         for key, value in inputs.image_kwargs.items()
     }
     no = torch.zeros(count, dtype=torch.bool, device=ids.device)
+    attention_mask = run_on(inputs.attention_mask, 1)
+    model_kwargs = {"input_ids": ids, "attention_mask": attention_mask, **image_kwargs}
     return replace(
         inputs,
         text=inputs.text + answer.text,
         input_ids=ids,
-        attention_mask=run_on(inputs.attention_mask, 1),
+        attention_mask=attention_mask,
         tokens=[*inputs.tokens, *decoder.tokenizer.convert_ids_to_tokens(list(answer.ids))],
         token_texts=[*inputs.token_texts, *continuation_texts(decoder.tokenizer, answer.ids)],
         special_tokens=torch.cat([inputs.special_tokens, no]),
         visual_tokens=torch.cat([inputs.visual_tokens, no]),
         image_kwargs=image_kwargs,
+        block_input=block_input_of(adapter, model_kwargs),
         answer_length=count,
     )
 

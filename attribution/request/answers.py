@@ -397,7 +397,7 @@ def with_alternative(adapter: Adapter, inputs: TextInputs, alternative: Any) -> 
 
 
 def prompt_prediction(
-    adapter: Adapter, inputs: TextInputs, with_attentions: bool
+    adapter: Adapter, inputs: TextInputs | ImageTextInputs, with_attentions: bool
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
     """
     The next-token logits after the prompt of ``inputs`` (which hold an answer), float64.

@@ -474,7 +474,7 @@ class AnswerTarget(Target):
 
     def _outputs(self, adapter: Adapter, **model_kwargs: torch.Tensor) -> torch.Tensor:
         """``(B, len(tokens))``: each step's log-probability (or logit)."""
-        logits = decoder_adapter(adapter).model(**model_kwargs).logits
+        logits = decoder_adapter(adapter).run_model(**model_kwargs).logits
         return self.from_logits(adapter, logits, model_kwargs)
 
     def from_logits(
@@ -599,10 +599,16 @@ class ContrastTarget(Target):
 
     def _outputs(self, adapter: Adapter, **model_kwargs: torch.Tensor) -> torch.Tensor:
         """``(B, len(answer) + len(alternative))``: both answers' step log-probabilities."""
-        model = decoder_adapter(adapter).model
+        model = decoder_adapter(adapter).run_model
         logits = model(**model_kwargs).logits
         if self.shares_input:
             return self.from_logits(adapter, logits, model_kwargs)
+        if "block_input" in model_kwargs:  # it holds the answer's embeddings, not the other's
+            raise UnsupportedMethodError(
+                "a contrast whose answers differ before their last token needs a sequence of "
+                "its own, which an image and a prompt's first-block input does not have: "
+                "explain each answer instead"
+            )
         ours = self.answer.from_logits(adapter, logits, model_kwargs)
         swapped = _with_answer(model_kwargs, len(self.answer.tokens), self.alternative.tokens)
         theirs = self.alternative.from_logits(adapter, model(**swapped).logits, swapped)

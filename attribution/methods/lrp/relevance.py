@@ -31,6 +31,7 @@ from attrlab.attribution.methods.lrp.positional import (
 )
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.layouts import layout_for
+from attrlab.attribution.models.vlm import ImageTextInputs
 from attrlab.attribution.request.target import Target
 from attrlab.attribution.verdicts import lrp_conservation
 
@@ -116,6 +117,10 @@ def lrp(
     ``account`` also measures where the relevance the input does not get went (attention,
     biases: :mod:`~attribution.methods.lrp.accounting`), in the same backward pass.
 
+    An image and a prompt (:class:`~attribution.models.vlm.ImageTextInputs`): the relevance
+    stops at the language model's first block input, where the visual features and the word
+    embeddings are one sequence; the vision tower and the embedding layer get none.
+
     Raises:
         UnsupportedMethodError: For models without an LRP layout or with non-eager attention.
     """
@@ -139,7 +144,10 @@ def lrp(
         named.update({f"probe.{k}": t for k, t in probed.items() if t.requires_grad})
         found = torch.autograd.grad(score, list(named.values()), allow_unused=True)
     grads = {k: g for k, g in zip(named, found, strict=True) if g is not None}
-    result = _assemble(adapter, recorder, grads, pixels, float(score.detach()), pe_aware)
+    if isinstance(inputs, ImageTextInputs) and pixels is not None:
+        result = _at_block_input(recorder, grads, pixels, float(score.detach()))
+    else:
+        result = _assemble(adapter, recorder, grads, pixels, float(score.detach()), pe_aware)
     if biases is not None:
         result.bias_absorbed = biases.value
     for name, tensor in probed.items():
@@ -175,6 +183,10 @@ def lrp_steps(
     Raises:
         UnsupportedMethodError: as :func:`lrp`; or an image (no steps).
     """
+    if isinstance(inputs, ImageTextInputs):
+        return _steps_at_block_input(
+            adapter, inputs, target, steps, pe_aware, gamma_linear, gamma_conv, attention_rule
+        )
     if inputs.attribution_layer(adapter) is None:
         raise UnsupportedMethodError("per-step relevance is for a text's answer, not pixels")
     patches = transformer_lrp(
@@ -198,6 +210,72 @@ def lrp_steps(
         )
     token, _, _ = embedding_split(recorder, grad)
     return token.detach().double().cpu().numpy()
+
+
+def _steps_at_block_input(
+    adapter: Adapter,
+    inputs: ImageTextInputs,
+    target: Target,
+    steps: Sequence[int],
+    pe_aware: bool,
+    gamma_linear: float,
+    gamma_conv: float,
+    attention_rule: str,
+) -> np.ndarray:
+    """:func:`lrp_steps` of an image and a prompt: relevance at the first block's input."""
+    patches = transformer_lrp(
+        adapter, layout_for(adapter), pe_aware, gamma_linear, gamma_conv, False, attention_rule
+    )
+    explained = target.in_logits()
+    dtype = next(adapter.model.parameters()).dtype
+    leaf = inputs.attributed()[0].detach().to(dtype).requires_grad_(True)
+    kwargs = {**inputs.held_kwargs(), "block_input": leaf}
+    with torch.enable_grad(), patches:
+        per_step = explained.step_scores(explained.outputs(adapter, **kwargs))[0]
+        last = len(steps) - 1
+        grad = torch.cat(
+            [
+                torch.autograd.grad(per_step[k], leaf, retain_graph=r < last)[0]
+                for r, k in enumerate(steps)
+            ]
+        )
+    return (leaf.detach().double() * grad.double()).sum(-1).cpu().numpy()
+
+
+def _at_block_input(
+    recorder: Recorder, grads: dict[str, torch.Tensor], leaf: torch.Tensor, logit: float
+) -> LRPResult:
+    """
+    The relevance of an image and a prompt at the first block's input (``leaf``).
+
+    The first block's recorded input is the model's own, which ``leaf`` replaced: the
+    residual stream starts at ``leaf`` instead.
+    """
+    if "pixels" not in grads:
+        raise UnsupportedMethodError("no relevance reached the first block's input")
+    scores = _token_relevance(leaf, grads["pixels"], leaf.shape[1])
+    streams: list[tuple[torch.Tensor | None, torch.Tensor | None]] = [(leaf, grads["pixels"])]
+    streams += [(h, grads.get(f"block.{i}")) for i, h in sorted(recorder.blocks.items()) if i]
+    streams.append((recorder.last, grads.get("last")))
+    residual_tokens = [_token_relevance(h, grad, leaf.shape[1]) for h, grad in streams]
+    per_layer: list[float] = []
+    positional_total = 0.0
+    if recorder.rotary:  # what the rotary positions took, for the accounting
+        _, per_layer, positional_total = rotary_scores(recorder, grads)
+    return LRPResult(
+        target_logit=logit,
+        scores=scores,
+        positional_scores=None,
+        token_total=float(scores.sum()),
+        positional_total=positional_total,
+        prefix_relevance=0.0,
+        prefix_positional=0.0,
+        embedding_relevance=float(scores.sum()),
+        residual=[float(r.sum()) for r in residual_tokens],
+        positional_per_layer=per_layer,
+        residual_tokens=residual_tokens,
+        attention_balance=_attention_balance(recorder, grads),
+    )
 
 
 def _score(adapter: Adapter, target: Target, kwargs: dict[str, torch.Tensor]) -> torch.Tensor:

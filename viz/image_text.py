@@ -1,0 +1,95 @@
+"""An image and a prompt's map: the image part over the pixels, the text part beside it."""
+
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from attrlab.attribution.explanation import Explanation
+from attrlab.viz.image import HOVER_DECIMALS, _map_trace, display_copy, picture_uri
+from attrlab.viz.text import diverging_colour
+from attrlab.viz.theme import TEMPLATE
+from attrlab.viz.tokens import token_tick, token_ticks
+from attrlab.viz.view import IMAGE_VIEW, View
+
+__all__ = ["image_text_figure"]
+
+
+def image_text_figure(
+    explanation: Explanation, image: np.ndarray, view: View = IMAGE_VIEW
+) -> go.Figure:
+    """
+    Left: ``image`` with the visual tokens' values over their regions; right: the text tokens.
+
+    The heatmap is ``maps["image_heatmap"]`` (:mod:`attribution.image_text`), in ``view``'s
+    scale; pixels no region reaches stay bare. The bars are the other positions' scores (the
+    visual ones left out). The title gives the image's and the text's shares of |relevance|.
+
+    Raises:
+        ValueError: an Explanation without an image part (not of an image and a prompt).
+    """
+    heat = explanation.maps.get("image_heatmap")
+    if heat is None or "visual_mask" not in explanation.maps or explanation.token_texts is None:
+        raise ValueError("image_text_figure needs the Explanation of an image and a prompt")
+    picture = display_copy(image)
+    shape = picture.shape[:2]
+    reached = ~np.isnan(heat)
+    scaled = view.scaled({"": np.where(reached, heat, 0.0)})[""]
+    cells = np.where(reached, scaled, np.nan).astype(np.float32)
+    low, high = view.colour_range
+    figure = make_subplots(
+        rows=1,
+        cols=2,
+        column_widths=[0.45, 0.55],
+        subplot_titles=(
+            f"image: {explanation.metrics.get('image_share', float('nan')):.0%} of |relevance|",
+            f"text: {explanation.metrics.get('text_share', float('nan')):.0%} of |relevance|",
+        ),
+    )
+    figure.add_trace(go.Image(source=picture_uri(picture), hoverinfo="skip"), row=1, col=1)
+    figure.add_trace(
+        _map_trace(
+            cells,
+            shape,
+            None,
+            colorscale=view.colorscale,
+            zmin=low,
+            zmax=high,
+            opacity=0.55,
+            showscale=False,
+            hovertemplate=f"(%{{x:.0f}}, %{{y:.0f}}): %{{z:.{HOVER_DECIMALS}f}}<extra></extra>",
+        ),
+        row=1,
+        col=1,
+    )
+    positions = np.flatnonzero(explanation.maps["visual_mask"] == 0).tolist()
+    ticks = token_ticks(explanation.token_texts)
+    scores = explanation.scores[positions]
+    figure.add_trace(
+        go.Bar(
+            x=list(range(len(positions))),
+            y=scores,
+            marker_color=[f"rgb{diverging_colour(1.0 if s >= 0 else -1.0)}" for s in scores],
+            hovertext=[ticks[i] for i in positions],
+        ),
+        row=1,
+        col=2,
+    )
+    figure.update_xaxes(visible=False, row=1, col=1)
+    figure.update_yaxes(autorange="reversed", scaleanchor="x", visible=False, row=1, col=1)
+    figure.update_xaxes(
+        tickmode="array",
+        tickvals=list(range(len(positions))),
+        ticktext=[ticks[i] for i in positions],
+        row=1,
+        col=2,
+    )
+    figure.update_layout(
+        template=TEMPLATE,
+        title=f"{explanation.method} → {token_tick(explanation.target.label)}",
+        showlegend=False,
+        margin={"l": 10, "r": 10, "t": 60, "b": 80},
+        height=420,
+    )
+    return figure
