@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from attrlab.attribution.errors import InvalidParameterError
+from attrlab.attribution.image_text import region_heatmap
 
 __all__ = ["VisualPositions", "position_effects"]
 
@@ -40,10 +41,8 @@ class VisualPositions:
         """
         Per-position ``effects`` ``(T,)`` drawn over the image: ``(H, W)`` float64.
 
-        A pixel takes the effect of the visual token whose box holds its centre, the mean of
-        them where boxes overlap (a tile's token and the whole image's; LLaVA's CLS token);
-        NaN where no box does (pixels a centre crop drops). Text positions and tokens of no
-        region are left out.
+        Painted as a map's image part is (:func:`~attribution.image_text.region_heatmap`);
+        text positions are left out.
 
         Raises:
             InvalidParameterError: not one effect per position.
@@ -53,17 +52,7 @@ class VisualPositions:
             raise InvalidParameterError(
                 f"give one effect per position ({self.mask.shape[0]}); got {values.shape}"
             )
-        height, width = self.size
-        total, count = np.zeros(self.size), np.zeros(self.size)
-        rows, cols = np.arange(height) + 0.5, np.arange(width) + 0.5
-        for (x0, y0, x1, y1), value in zip(self.regions, values[self.mask], strict=True):
-            if np.isnan(x0):
-                continue
-            inside = ((rows >= y0) & (rows < y1))[:, None] & ((cols >= x0) & (cols < x1))[None, :]
-            total[inside] += value
-            count[inside] += 1
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(count > 0, total / count, np.nan)
+        return region_heatmap(self.regions, values[self.mask], self.size)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: the mask, the boxes (``None`` for a token of no region), the size."""
