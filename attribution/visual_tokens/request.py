@@ -46,7 +46,8 @@ class VisualTokenRequest:
     One visual-token study on one image and prompt, as asked.
 
     Attributes:
-        image: The image's encoded bytes (PNG, JPEG: data, never a path).
+        image: The image: its file's encoded bytes (PNG, JPEG), a decoded array or a PIL
+            image; data, never a path (the front ends that read files read them first).
         prompt: The prompt about it.
         answer: The answer to measure, teacher-forced after the prompt (``None``: the model's
             own next token after the prompt).
@@ -56,7 +57,7 @@ class VisualTokenRequest:
         shortv: Also ShortV's layer contribution of every block (one forward row each).
     """
 
-    image: bytes
+    image: Any
     prompt: str
     answer: str | None = None
     scorers: tuple[str, ...] | None = None
@@ -71,12 +72,16 @@ class VisualTokenRequest:
         Refuse, before a model loads, what the study cannot run.
 
         Raises:
-            InvalidInputError: no image bytes, a blank prompt or a blank answer.
+            InvalidInputError: no image (or a path instead of one), a blank prompt or a blank
+                answer.
             InvalidParameterError: an unknown scorer, a negative block, ratios that do not
                 start at 1.0 and fall, fewer than 2 draws.
         """
-        if not isinstance(self.image, bytes | bytearray) or not self.image:
-            raise InvalidInputError("give the image as its encoded bytes (a PNG or JPEG file's)")
+        empty = isinstance(self.image, bytes | bytearray) and not self.image
+        if self.image is None or isinstance(self.image, str) or empty:
+            raise InvalidInputError(
+                "give the image as data: its file's bytes (PNG, JPEG), an array or a PIL image"
+            )
         if not self.prompt.strip():
             raise InvalidInputError("the prompt is empty: ask something about the image")
         if self.answer is not None and not self.answer.strip():
@@ -94,9 +99,8 @@ class VisualTokenRequest:
             )
 
     def to_json(self) -> dict[str, Any]:
-        """What was asked, JSON-ready (the image by its size only)."""
+        """What was asked, JSON-ready (the image left out)."""
         return {
-            "image_bytes": len(self.image),
             "prompt": self.prompt,
             "answer": self.answer,
             "scorers": list(self.scorers or VISUAL_SCORERS),
