@@ -218,7 +218,10 @@ def run_visual_tokens(
         sum(name in _GRADIENT_SCORERS for name in applicable),
         model.num_layers if request.shortv else None,
     )
-    clear_study(model, "visual-token", [(inputs, forwards, backwards, 32)], settings, run, _LOWER)
+    # priced in forward rows alone: the calibration's gradient pass does not run on an image
+    # and a prompt yet, so each backward is priced as two more forward rows
+    rows = forwards + 2 * backwards
+    clear_study(model, "visual-token", [(inputs, rows, 0, 32)], settings, run, _LOWER)
     study = visual_token_study(
         model,
         [inputs],
