@@ -47,7 +47,7 @@ from attrlab.app.errors import error_status, public_message, validation_problems
 from attrlab.app.jobs import DamagedResultsError, JobRunner, JobWork, batch_work, instance_json
 from attrlab.app.settings import ServerSettings
 from attrlab.app.worker import ExplainWorker
-from attrlab.attribution import eviction
+from attrlab.attribution import eviction, visual_tokens
 from attrlab.attribution.bits.sensitivity import TABLE_COLUMNS
 from attrlab.attribution.engine import CURVE_COLUMNS, SPARSITIES, engine_catalog, model_unit_kinds
 from attrlab.attribution.engine.allocation import allocation_names
@@ -69,6 +69,7 @@ from attrlab.attribution.request import (
     Instance,
     PatchRequest,
     PruneRequest,
+    VisualTokensRequest,
     check_instance_features,
 )
 from attrlab.attribution.request import Request as WorkerRequest
@@ -108,6 +109,7 @@ __all__ = [
     "PatchBody",
     "PruneBody",
     "TargetValuesBody",
+    "VisualTokensBody",
     "build_router",
     "install_error_handlers",
 ]
@@ -842,6 +844,69 @@ class EvictBody(BaseModel):
         return EvictRequest(model=self.model, seed=self.seed, study=study)
 
 
+class VisualTokensBody(BaseModel):
+    """
+    Which visual tokens a vision-language model's answer needs, by each scorer, checked.
+
+    ``image_base64`` and ``prompt``: the image file's bytes and the prompt about it; ``answer``
+    the answer measured, teacher-forced (default: the model's own next token; several greedy
+    tokens are not generated on an image and a prompt). Each scorer keeps its highest-scoring
+    visual tokens at each of ``ratios`` and drops the others, at the input (``layer`` 0) or
+    from block ``layer`` on; the answer is measured beside ``draws`` random orders at most,
+    and each scorer is ranked against dropping each visual token alone. ``attention_layer``:
+    the block whose attention FastV and TransPrune read. ``shortv``: ShortV's contribution of
+    each block too.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "model": "llava-hf/llava-1.5-7b-hf",
+                    "image_base64": "iVBORw0KGgo...",
+                    "prompt": "What is on the table?",
+                    "scorers": ["fastv", "exact"],
+                }
+            ]
+        },
+    )
+
+    model: str = Field(..., min_length=1, max_length=500, description="A vision-language model")
+    image_base64: str = Field(
+        ..., min_length=1, description="The image file's bytes (PNG, JPEG, ...), base64-encoded"
+    )
+    prompt: str = Field(..., min_length=1, description="The prompt about the image")
+    answer: str | None = Field(None, min_length=1, description="Default: the next token")
+    scorers: list[Name] | None = Field(
+        None, min_length=1, max_length=MAX_NAMES, description="Default: every scorer"
+    )
+    layer: _WholeNumber = Field(0, ge=0, le=1_000, description="0: dropped at the input")
+    attention_layer: _WholeNumber = Field(1, ge=0, le=1_000)
+    ratios: list[float] = Field(
+        list(KEEP_RATIOS), min_length=2, max_length=32, description="1.0 first"
+    )
+    draws: _WholeNumber = Field(PRUNING_DRAWS, ge=2, le=100)
+    shortv: bool = True
+    seed: _WholeNumber = Field(0, ge=0, le=2**32 - 1)
+
+    def to_request(self) -> VisualTokensRequest:
+        """The worker request for this body (the image decoded to its file's bytes)."""
+        study = visual_tokens.VisualTokenRequest(
+            image=_decoded(self.image_base64) or b"",
+            prompt=self.prompt,
+            answer=self.answer,
+            scorers=None if self.scorers is None else tuple(self.scorers),
+            layer=self.layer,
+            attention_layer=self.attention_layer,
+            ratios=tuple(self.ratios),
+            draws=self.draws,
+            shortv=self.shortv,
+        )
+        return VisualTokensRequest(model=self.model, seed=self.seed, study=study)
+
+
 class PatchBody(BaseModel):
     """
     Activation patching of a transformer, and AtP, AtP* and RelP scored against it.
@@ -990,7 +1055,13 @@ class _StudyJob:
         columns: Those rows' columns.
     """
 
-    body: type[PatchBody] | type[PruneBody] | type[BitsBody] | type[EvictBody]
+    body: (
+        type[PatchBody]
+        | type[PruneBody]
+        | type[BitsBody]
+        | type[EvictBody]
+        | type[VisualTokensBody]
+    )
     key: str
     records: Callable[[dict[str, Any]], list[dict[str, Any]]]
     columns: tuple[str, ...]
@@ -1014,6 +1085,12 @@ STUDY_JOBS = {
     "bits": _StudyJob(BitsBody, "bits", lambda study: study["table"], TABLE_COLUMNS),
     "evict": _StudyJob(
         EvictBody, "evict", lambda study: study["curves"]["curves"], tuple(CURVE_COLUMNS)
+    ),
+    "visual-tokens": _StudyJob(
+        VisualTokensBody,
+        "visual_tokens",
+        lambda study: study["curves"]["curves"],
+        tuple(CURVE_COLUMNS),
     ),
 }
 
@@ -1060,7 +1137,7 @@ def gate_job(body: JobBody, worker: ExplainWorker) -> None:
 
 
 def gate_study_job(
-    body: PatchBody | PruneBody | BitsBody | EvictBody, worker: ExplainWorker
+    body: PatchBody | PruneBody | BitsBody | EvictBody | VisualTokensBody, worker: ExplainWorker
 ) -> None:
     """
     Refuse a study job that ``worker``'s settings would not run (names, bounds, model).
@@ -1353,6 +1430,23 @@ def _add_study_routes(router: APIRouter, worker: ExplainWorker) -> None:
         """
         return JSONResponse((await _outcome(worker, body.to_request(), request)).to_dict())
 
+    @router.post("/visual-tokens", response_model=None)
+    async def visual_tokens_study(body: VisualTokensBody, request: Request) -> JSONResponse:
+        """
+        Which visual tokens a vision-language model's answer needs, by each scorer, checked.
+
+        ``curves``: the curves (per order, share ``removed`` of the visual tokens and metric:
+        the answer's ``log_prob``, greedy ``exact_match``, ``kl`` from the full model; the
+        ``random`` order's rows carry the draws' ``std``, ``low`` and ``high``), each order's
+        area (``scores``) and each scorer's ``verdicts`` against the random orders;
+        ``agreement``: each scorer's ``awareness``, Spearman ρ and top-k overlap with the exact
+        effect of dropping each visual token; ``scores``: each scorer's score per visual token;
+        ``not_applicable``: scorers that do not apply to the model, and why; ``answer``: the
+        answer measured; ``layers``: ShortV's measures per block (``null`` without
+        ``shortv``). Priced first: over the server's budget it is refused before any work.
+        """
+        return JSONResponse((await _outcome(worker, body.to_request(), request)).to_dict())
+
 
 def _job_status(jobs: JobRunner | None, job_id: str) -> dict[str, Any]:
     """A job's status, its kind and its running instance's steps; 404 without it or jobs."""
@@ -1476,6 +1570,26 @@ def _add_job_submit_routes(
         """
         gate_study_job(body, worker)  # the gate a run of the stored job passes again
         return _queued_job(jobs, {"kind": "evict", "body": body.model_dump(mode="json")}, 1)
+
+    @router.post(
+        "/visual-tokens/jobs",
+        status_code=202,
+        responses={202: {"description": "The job's status (queued)", "links": _JOB_LINKS}},
+    )
+    def submit_visual_tokens_job(body: VisualTokensBody) -> dict[str, Any]:
+        """
+        Queue a durable visual-token study (the body of ``POST /visual-tokens``); ``202``.
+
+        As an eviction job: ``kind: "visual-tokens"``, ``total`` 1; its results are one JSON
+        line, ``{"index": 0, "visual_tokens": ...}`` with the study of ``POST /visual-tokens``,
+        or with ``format=parquet`` its curves (one row per order, share dropped and metric).
+        Names, ratios, draws and texts are checked here (4xx, nothing stored); the run is
+        priced as ``POST /visual-tokens`` prices it, and a study over the server's budget ends
+        ``failed`` before any removal. A restart runs it again from the start.
+        """
+        gate_study_job(body, worker)  # the gate a run of the stored job passes again
+        stored = {"kind": "visual-tokens", "body": body.model_dump(mode="json")}
+        return _queued_job(jobs, stored, 1)
 
 
 def _add_job_routes(router: APIRouter, jobs: JobRunner | None) -> None:

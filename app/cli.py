@@ -15,7 +15,7 @@ from typing import Any, TypeAlias
 
 from attrlab import app, attribution, viz
 from attrlab.app.progress import CommandProgress
-from attrlab.attribution import bits, engine, eviction, metrics, models
+from attrlab.attribution import bits, engine, eviction, metrics, models, visual_tokens
 from attrlab.attribution import request as request_records
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
 from attrlab.attribution.methods.catalog import catalog_entries
@@ -286,6 +286,28 @@ def _evict(args: argparse.Namespace) -> int:
     (found,) = _on_worker(args, [request], "study")
     table = found.curves.curves
     return _write_study(found, args, figures, "eviction_figures", table, viz.eviction_text)
+
+
+def _visual_tokens(args: argparse.Namespace) -> int:
+    """``attrlab visual-tokens``: each scorer's visual tokens dropped, beside random ones."""
+    figures = _study_paths(args)
+    study = visual_tokens.VisualTokenRequest(
+        image=_read_image_file(args.image),
+        prompt=args.text,
+        answer=args.answer,
+        scorers=_optional_names(args.scorers),
+        layer=args.layer,
+        attention_layer=args.attention_layer,
+        ratios=tuple(_numbers(args.ratios, float, "--ratios")),
+        draws=args.draws,
+        shortv=not args.no_shortv,
+    )
+    request = request_records.VisualTokensRequest(model=args.model, seed=args.seed, study=study)
+    (found,) = _on_worker(args, [request], "study")
+    table = found.study.curves.curves
+    return _write_study(
+        found, args, figures, "visual_tokens_figures", table, viz.visual_tokens_text
+    )
 
 
 def _numbers(text: str, kind: Callable[[str], Any], option: str) -> list[Any]:
@@ -1386,6 +1408,52 @@ def _add_evict_command(sub: _Subcommands) -> None:
     command.set_defaults(run=_evict)
 
 
+def _add_visual_tokens_command(sub: _Subcommands) -> None:
+    """``attrlab visual-tokens``: a VLM's visual tokens dropped by each scorer, with ShortV."""
+    command = sub.add_parser(
+        "visual-tokens",
+        help="drop a vision-language model's visual tokens by each scorer (FastV, VTC-CLS, "
+        "TransPrune, ...) at each keep ratio and measure the answer, beside random orders; "
+        "each scorer's agreement with dropping each token alone; ShortV's layers",
+    )
+    command.add_argument("--model", required=True, help="a vision-language model: hub id or folder")
+    command.add_argument("--image", required=True, help="the image file (PNG, JPEG, ...)")
+    command.add_argument("--text", required=True, help="the prompt about the image")
+    command.add_argument(
+        "--answer",
+        help="the answer measured, teacher-forced (default: the model's next token)",
+    )
+    command.add_argument(
+        "--scorers", help="comma-separated scorers (default: every one; see docs/vlm_tokens.md)"
+    )
+    command.add_argument(
+        "--layer", type=int, default=0, help="the block tokens are dropped from (0: the input)"
+    )
+    command.add_argument(
+        "--attention-layer",
+        type=int,
+        default=1,
+        help="the block whose attention FastV and TransPrune read",
+    )
+    command.add_argument(
+        "--ratios",
+        default=",".join(f"{r:g}" for r in KEEP_RATIOS),
+        help="keep ratios, 1 first, falling",
+    )
+    command.add_argument(
+        "--draws", type=_positive_int, default=PRUNING_DRAWS, help="most random orders"
+    )
+    command.add_argument(
+        "--no-shortv", action="store_true", help="leave out ShortV's layer contribution"
+    )
+    _study_arguments(
+        command,
+        "table: areas, agreement, verdicts and ShortV; csv, parquet: the curves; json: everything",
+        "the figures (the curves per metric, the agreement, ShortV)",
+    )
+    command.set_defaults(run=_visual_tokens)
+
+
 def _add_evaluate_command(sub: _Subcommands) -> None:
     """``attrlab evaluate``: the faithfulness leaderboard of methods over a set."""
     evaluate = sub.add_parser(
@@ -1554,6 +1622,7 @@ _COMMANDS: tuple[Callable[[_Subcommands], None], ...] = (
     _add_prune_command,
     _add_bits_command,
     _add_evict_command,
+    _add_visual_tokens_command,
     _add_evaluate_command,
     _add_check_command,
     _add_batch_command,

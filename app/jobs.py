@@ -669,7 +669,8 @@ def _checked_row(line: bytes, number: int, total: int) -> dict[str, Any]:
     job's ``{"index": 0, "study": {...}}``, a study with its ``target``; a bits job's
     ``{"index": 0, "bits": {...}}``, a study with its ``measure`` and its ``table`` of records;
     an eviction job's ``{"index": 0, "evict": {...}}``, a study with its ``curves`` (their
-    ``curves`` records) and its ``views``.
+    ``curves`` records) and its ``views``; a visual-token job's ``{"index": 0,
+    "visual_tokens": {...}}``, a study with its ``curves`` and its ``answer``.
 
     Raises:
         DamagedResultsError: naming the line and what is wrong with it.
@@ -714,6 +715,16 @@ def _checked_row(line: bytes, number: int, total: int) -> dict[str, Any]:
             or not isinstance(study.get("views"), list)
         ):
             raise DamagedResultsError(f"results line {number} does not hold an eviction study")
+        return row
+    if "visual_tokens" in row:
+        study = row["visual_tokens"]
+        if (
+            not isinstance(study, dict)
+            or not isinstance(study.get("curves"), dict)
+            or not isinstance(study["curves"].get("curves"), list)
+            or not isinstance(study.get("answer"), dict)
+        ):
+            raise DamagedResultsError(f"results line {number} does not hold a visual-token study")
         return row
     explanations = row.get("explanations")
     if not isinstance(explanations, dict) or not all(

@@ -2,8 +2,9 @@
 Where drawing plugs into the library's results, which are plain data.
 
 The library draws nothing and imports nothing that draws. An Explanation's, a bits study's and
-an eviction study's ``figure()`` and ``show()``, and the notebook display (``_repr_html_``) of
-an Explanation, a method comparison, a pruning, bits or eviction study, ask the renderer
+an eviction or visual-token study's ``figure()`` and ``show()``, and the notebook display
+(``_repr_html_``) of an Explanation, a method comparison, a pruning, bits, eviction or
+visual-token study, ask the renderer
 registered here.
 :mod:`attrlab.viz` registers itself when it is imported, and ``import attrlab`` imports it,
 so a notebook gets its display; without a renderer a notebook shows the plain ``repr`` and
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from attrlab.attribution.eviction.study import EvictionStudy
     from attrlab.attribution.explanation import Explanation
     from attrlab.attribution.metrics.check import MethodCheck
+    from attrlab.attribution.visual_tokens.request import VisualTokenReport
 
 __all__ = ["DrawnStudy", "Renderer", "register_renderer", "renderer", "required_renderer"]
 
@@ -62,6 +64,14 @@ class Renderer(Protocol):
 
     def eviction_figures(self, study: EvictionStudy) -> Mapping[str, Any]:
         """An eviction study's Plotly figures, by name."""
+        ...
+
+    def visual_tokens_html(self, report: VisualTokenReport) -> str:
+        """A visual-token study as a notebook shows it."""
+        ...
+
+    def visual_tokens_figures(self, report: VisualTokenReport) -> Mapping[str, Any]:
+        """A visual-token study's Plotly figures, by name."""
         ...
 
 

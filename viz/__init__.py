@@ -55,6 +55,7 @@ if TYPE_CHECKING:
         eviction_html,
         explanation_html,
         pruning_html,
+        visual_tokens_html,
     )
     from attrlab.viz.patching import (
         estimator_scatter,
@@ -86,6 +87,7 @@ if TYPE_CHECKING:
         trust_figure,
     )
     from attrlab.viz.view import IMAGE_VIEW, TEXT_VIEW, View
+    from attrlab.viz.visual_tokens import visual_tokens_figures, visual_tokens_text
 
 __all__ = [
     "IMAGE_VIEW",
@@ -150,6 +152,9 @@ __all__ = [
     "top_heads_figure",
     "trust_card_html",
     "trust_figure",
+    "visual_tokens_figures",
+    "visual_tokens_html",
+    "visual_tokens_text",
     "write_bundle",
     "write_figures",
 ]
@@ -218,6 +223,9 @@ __getattr__, __dir__ = lazy_exports(
         "randomisation_figure": "attrlab.viz.trust",
         "trust_card_html": "attrlab.viz.trust",
         "trust_figure": "attrlab.viz.trust",
+        "visual_tokens_figures": "attrlab.viz.visual_tokens",
+        "visual_tokens_html": "attrlab.viz.notebook",
+        "visual_tokens_text": "attrlab.viz.visual_tokens",
         "IMAGE_VIEW": "attrlab.viz.view",
         "TEXT_VIEW": "attrlab.viz.view",
         "View": "attrlab.viz.view",

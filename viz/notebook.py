@@ -10,7 +10,8 @@ side by side and the agreement of each pair; a pruning study
 estimator's agreement with exact removal; a bits study (:class:`~attribution.bits.BitsStudy`)
 its sensitivity table, the proxies' agreement, the allocation curves and the verdicts; an
 eviction study (:class:`~attribution.eviction.study.EvictionStudy`) its areas, agreement and
-verdicts. The
+verdicts; a visual-token study (:class:`~attribution.visual_tokens.request.VisualTokenReport`)
+its answer, areas, verdicts, agreement and ShortV's blocks. The
 interactive figures are Plotly's (``Explanation.figure()``), which notebooks draw themselves.
 """
 
@@ -27,6 +28,7 @@ from attrlab.attribution.engine.study import PruningStudy
 from attrlab.attribution.eviction.study import EvictionStudy
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.metrics.check import MethodCheck
+from attrlab.attribution.visual_tokens.request import VisualTokenReport
 from attrlab.viz.answer import answer_html, answer_layout
 from attrlab.viz.bits import sensitivity_grids
 from attrlab.viz.figures import head_measures, is_layer_analysis
@@ -50,6 +52,7 @@ __all__ = [
     "explanation_html",
     "layer_grid_html",
     "pruning_html",
+    "visual_tokens_html",
 ]
 
 #: Heads listed under each head measure's grid.
@@ -338,3 +341,57 @@ def eviction_html(study: EvictionStudy) -> str:
     )
     parts.append(f'<ul class="attrlab-verdicts">{verdicts}</ul>')
     return f'<div class="attrlab-eviction">{"".join(parts)}</div>'
+
+
+def visual_tokens_html(report: VisualTokenReport) -> str:
+    """
+    A visual-token study: its answer, each order's area per metric, the agreement table.
+
+    Then each scorer's verdict against the random orders in words, the scorers that do not
+    apply, and ShortV's measures per block (the figures are ``report.figure(name)``).
+    """
+    study = report.study
+    where = "at the input" if study.layer == 0 else f"from block {study.layer} on"
+    how = "the model's next token" if report.answer["generated"] else "given"
+    parts = [
+        '<div class="attrlab-heading" style="font-size:0.9em;margin-bottom:4px">'
+        f"<b>visual-token study</b> (dropped {where}): answer "
+        f"{html.escape(repr(report.answer['text']))} ({how}), log-prob "
+        f"{study.full['log_prob']:.4g}, exact match {study.full['exact_match']:.3g}; "
+        f"{', '.join(map(str, study.tokens))} visual tokens; {study.forward_passes} forward "
+        "passes</div>",
+        _section(
+            "each order's area under its curve over the share of visual tokens dropped",
+            _table_html(study.curves.scores, "attrlab-visual-areas"),
+            "attrlab-visual-curves",
+        ),
+    ]
+    if not study.agreement.empty:
+        parts.append(
+            _section(
+                "each scorer's agreement with dropping each visual token alone",
+                _table_html(study.agreement, "attrlab-agreement"),
+                "attrlab-visual-agreement",
+            )
+        )
+    verdicts = "".join(
+        f'<li data-status="{html.escape(v.status)}">{html.escape(v.summary())}</li>'
+        for v in study.curves.verdicts
+    )
+    parts.append(f'<ul class="attrlab-verdicts">{verdicts}</ul>')
+    skipped = "".join(
+        f"<li>{html.escape(name)}: {html.escape(why)}</li>"
+        for name, why in study.not_applicable.items()
+    )
+    if skipped:
+        parts.append(f'<ul class="attrlab-not-applicable">{skipped}</ul>')
+    if report.layers is not None:
+        table = report.layers.pivot(index="layer", columns="measure", values="value")
+        parts.append(
+            _section(
+                "ShortV: each block's update of the visual tokens left out",
+                _table_html(table.reset_index(), "attrlab-shortv"),
+                "attrlab-visual-shortv",
+            )
+        )
+    return f'<div class="attrlab-visual-tokens">{"".join(parts)}</div>'

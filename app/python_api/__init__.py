@@ -17,11 +17,12 @@ loaded adapter and an input given as a text or an image: :func:`explain` (one me
 ``methods=[...]`` compared), :func:`layers` (per-layer and per-head measures), :func:`patch`
 (activation patching and its cheap estimators) and :func:`prune` (what the model's layers,
 heads, neurons, channels or experts can lose) and :func:`bits` (what quantising each part
-costs) and :func:`evict` (which key/value-cache entries a decoder can forget). In a notebook
-an Explanation, a comparison, a layer analysis and a pruning, bits or eviction study show
-themselves (``_repr_html_``); ``.figure()`` and ``.show()`` give an Explanation's and a bits or
-eviction study's Plotly figures. Importing ``attrlab`` imports nothing heavy:
-each call imports what it needs.
+costs) and :func:`evict` (which key/value-cache entries a decoder can forget) and
+:func:`visual_tokens` (which visual tokens a vision-language model's answer needs). In a
+notebook an Explanation, a comparison, a layer analysis and a pruning, bits, eviction or
+visual-token study show themselves (``_repr_html_``); ``.figure()`` and ``.show()`` give an
+Explanation's and a bits, eviction or visual-token study's Plotly figures. Importing
+``attrlab`` imports nothing heavy: each call imports what it needs.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from attrlab.attribution import eviction as attribution_eviction
 from attrlab.attribution import methods as attribution_methods
 from attrlab.attribution import models
 from attrlab.attribution import request as attribution_request
+from attrlab.attribution import visual_tokens as attribution_visual_tokens
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
 from attrlab.attribution.methods.catalog import DEFAULT_METHOD
 from attrlab.attribution.request.defaults import NOISE_SEEDS, PATCHING_TOP_K, PRUNING_DRAWS
@@ -61,8 +63,19 @@ if TYPE_CHECKING:
     from attrlab.attribution.metrics.check import MethodCheck
     from attrlab.attribution.models.base import Adapter
     from attrlab.attribution.patching import PatchingReport
+    from attrlab.attribution.visual_tokens.request import VisualTokenReport
 
-__all__ = ["AttrlabError", "bits", "evict", "explain", "layers", "load", "patch", "prune"]
+__all__ = [
+    "AttrlabError",
+    "bits",
+    "evict",
+    "explain",
+    "layers",
+    "load",
+    "patch",
+    "prune",
+    "visual_tokens",
+]
 
 
 def load(
@@ -515,6 +528,58 @@ def evict(
     )
     request = attribution_request.EvictRequest(model=adapter.model_id, seed=seed, study=study)
     return cast("EvictionStudy", attribution_request.run_request(request, adapter))
+
+
+def visual_tokens(
+    model: Adapter | str,
+    image: bytes | Path | Image.Image | np.ndarray,
+    prompt: str,
+    *,
+    answer: str | None = None,
+    scorers: Sequence[str] | None = None,
+    layer: int = 0,
+    attention_layer: int = 1,
+    ratios: Sequence[float] | None = None,
+    draws: int | None = None,
+    shortv: bool = True,
+    seed: int = 0,
+) -> VisualTokenReport:
+    """
+    Drop a vision-language model's visual tokens by each scorer, beside random orders.
+
+    ``image`` (a file's bytes, a :class:`~pathlib.Path`, a PIL image or an H×W×3 array) and
+    ``prompt``: the input; ``answer``: the answer measured, teacher-forced (default: the
+    model's own next token; several greedy tokens are not generated on an image and a prompt).
+    ``scorers`` (default: every one), ``layer`` (the block tokens are dropped from; 0: the
+    input), ``attention_layer``, ``ratios`` (1.0 first, falling) and ``draws`` (random orders)
+    as :func:`~attrlab.attribution.visual_tokens.visual_token_study` takes them; ``shortv``:
+    ShortV's layer contribution too. The result's ``study`` holds the curves, verdicts and
+    agreement, ``layers`` ShortV's table; in a notebook it shows its areas, verdicts,
+    agreement and ShortV's blocks, and ``report.figure(name)`` gives each of
+    ``report.figures()`` as a Plotly figure.
+
+    Raises:
+        InvalidParameterError, InvalidInputError: as the gate every front end's request passes
+            (a model that does not take an image and text among them).
+    """
+    adapter = _model(model)
+    asked = attribution_visual_tokens.VisualTokenRequest  # its defaults stand for what is not given
+    study = asked(
+        # a local file is the caller's to name: this is not a server
+        image=image.read_bytes() if isinstance(image, Path) else image,
+        prompt=prompt,
+        answer=answer,
+        scorers=None if scorers is None else tuple(scorers),
+        layer=layer,
+        attention_layer=attention_layer,
+        ratios=asked.ratios if ratios is None else tuple(ratios),
+        draws=asked.draws if draws is None else draws,
+        shortv=shortv,
+    )
+    request = attribution_request.VisualTokensRequest(
+        model=adapter.model_id, seed=seed, study=study
+    )
+    return cast("VisualTokenReport", attribution_request.run_request(request, adapter))
 
 
 def _tasks(

@@ -55,6 +55,7 @@ if TYPE_CHECKING:
         PreviewRequest,
         PruneRequest,
         Request,
+        VisualTokensRequest,
         check_instance_features,
     )
 
@@ -86,6 +87,7 @@ __all__ = [
     "PruneRequest",
     "Request",
     "RequestBounds",
+    "VisualTokensRequest",
     "admit",
     "check_instance_features",
     "check_modality",
@@ -126,6 +128,7 @@ __getattr__, __dir__ = lazy_exports(
         "PruneRequest": "attrlab.attribution.request.records",
         "BitsRequest": "attrlab.attribution.request.records",
         "Request": "attrlab.attribution.request.records",
+        "VisualTokensRequest": "attrlab.attribution.request.records",
         "check_instance_features": "attrlab.attribution.request.records",
         "check_modality": "attrlab.attribution.request.gate",
     },

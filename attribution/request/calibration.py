@@ -26,6 +26,7 @@ from PIL import Image
 from attrlab.attribution.errors import DeviceMemoryError
 from attrlab.attribution.inputs.perturb import repeated
 from attrlab.attribution.models.base import Adapter, Inputs
+from attrlab.attribution.models.vlm import ImagePrompt
 from attrlab.attribution.request.memory import peak_memory
 
 __all__ = [
@@ -70,9 +71,12 @@ ATTENTION_MAPS = 3
 
 def reference_input(adapter: Adapter) -> Inputs:
     """The fixed input of the model's own that its calibration times (never a request's)."""
+    # resized to the model's own input size by its transform, as every image is
+    image = Image.new("RGB", (224, 224), (124, 116, 104))
     if adapter.modality == "image":
-        # resized to the model's own input size by its transform, as every image is
-        return adapter.preprocess(Image.new("RGB", (224, 224), (124, 116, 104)))
+        return adapter.preprocess(image)
+    if adapter.modality == "image-text":  # a vision-language model reads both
+        return adapter.preprocess(ImagePrompt(image, REFERENCE_TEXT))
     return adapter.preprocess(REFERENCE_TEXT)
 
 

@@ -215,7 +215,13 @@ def study_estimate(
     for inputs, rows, backwards, widest in parts:
         calibration = calibrate(adapter)
         scale = max(1, math.prod(inputs.map_shape)) / calibration.size
-        single = calibration.seconds("forward", 1) + calibration.seconds("backward", 1)
+        # a gradient pass is measured only where one is priced (not every model's input has
+        # one to measure: an image and a prompt's forward-only study)
+        single = (
+            calibration.seconds("forward", 1) + calibration.seconds("backward", 1)
+            if backwards
+            else 0.0
+        )
         plain = (rows - backwards) * calibration.seconds("forward", max(1, widest))
         seconds += (plain + backwards * single) * scale
         forward, backward = forward + rows, backward + backwards

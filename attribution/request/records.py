@@ -19,7 +19,16 @@ from dataclasses import dataclass, field, replace
 from dataclasses import fields as dataclass_fields
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from attrlab.attribution import bits, engine, eviction, layers, methods, metrics, patching
+from attrlab.attribution import (
+    bits,
+    engine,
+    eviction,
+    layers,
+    methods,
+    metrics,
+    patching,
+    visual_tokens,
+)
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
 from attrlab.attribution.explain import explain, preview
 from attrlab.attribution.explanation import Explanation
@@ -27,6 +36,7 @@ from attrlab.attribution.inputs.features import check_features
 from attrlab.attribution.inputs.runs import Prepared, explain_rows
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.catalog import default_model
+from attrlab.attribution.models.images import load_image
 from attrlab.attribution.request.answers import AnswerSpec
 from attrlab.attribution.request.bounds import RequestBounds
 from attrlab.attribution.request.calibration import calibrate, calibrated
@@ -61,6 +71,7 @@ if TYPE_CHECKING:
     from attrlab.attribution.metrics.check import MethodCheck
     from attrlab.attribution.patching import PatchingReport
     from attrlab.attribution.request.estimate import Estimate
+    from attrlab.attribution.visual_tokens.request import VisualTokenReport, VisualTokenRequest
 
 __all__ = [
     "MAX_ABLATED_HEADS",
@@ -85,6 +96,7 @@ __all__ = [
     "PreviewRequest",
     "PruneRequest",
     "Request",
+    "VisualTokensRequest",
     "check_instance_features",
 ]
 
@@ -620,6 +632,55 @@ class EvictRequest(Request["EvictionStudy"]):
     def run_on(self, adapter: Adapter, run: JobContext) -> EvictionStudy:
         """The study, priced and refused over the job's budgets before any work."""
         return eviction.run_eviction(adapter, self.study, run.settings_for(self.seed))
+
+
+@dataclass(frozen=True, kw_only=True)
+class VisualTokensRequest(Request["VisualTokenReport"]):
+    """
+    The visual-token study of a vision-language model on one image and prompt, with ShortV.
+
+    ``study``: what :func:`attribution.visual_tokens.request.run_visual_tokens` runs (its image
+    bytes, prompt, answer, scorers, blocks, ratios, draws); the record's ``seed`` seeds the
+    random orders. ``model`` is required: no vision-language model is built in.
+    """
+
+    study: VisualTokenRequest
+
+    def _asks(self) -> tuple[str, bool]:
+        """An image and a prompt, on a decoder: its answer is what is measured."""
+        return "image-text", True
+
+    @property
+    def chosen_model(self) -> str:
+        """
+        The model named (no default: none of the built-in models takes an image and a prompt).
+
+        Raises:
+            InvalidParameterError: no model named.
+        """
+        if self.model is None or not self.model.strip():
+            raise InvalidParameterError(
+                "name a vision-language model: none of the built-in models takes an image and "
+                "a prompt"
+            )
+        return self.model
+
+    def check(self, bounds: RequestBounds) -> None:
+        """
+        The study's rules (:meth:`VisualTokenRequest.check`); its texts and image in bounds.
+
+        The image is read as the explain path reads one: its pixels from its header first.
+        """
+        super().check(bounds)
+        self.chosen_model  # noqa: B018 - raises without a model
+        self.study.check()
+        for text in (self.study.prompt, self.study.answer):
+            bounds.check_fields(text, None, None, self.seed)
+        load_image(self.study.image, max_pixels=bounds.max_image_pixels)
+
+    def run_on(self, adapter: Adapter, run: JobContext) -> VisualTokenReport:
+        """The study, priced and refused over the job's budgets before any work."""
+        return visual_tokens.run_visual_tokens(adapter, self.study, run.settings_for(self.seed))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -5,7 +5,8 @@ Visual tokens of a vision-language model: which ones the answer needs, and layer
 :mod:`~attribution.visual_tokens.scorers` holds the scorers (FastV, VTC-CLS, TransPrune,
 attributions, exact removal); :mod:`~attribution.visual_tokens.study` measures each scorer's
 curve of the answer as tokens are dropped, beside random orders, and its agreement with exact
-removal; :mod:`~attribution.visual_tokens.layers` is ShortV's layer contribution. Exports are
+removal; :mod:`~attribution.visual_tokens.layers` is ShortV's layer contribution;
+:mod:`~attribution.visual_tokens.request` is both as the front ends ask for them. Exports are
 imported on first use.
 """
 
@@ -18,14 +19,22 @@ from attrlab.attribution.lazy import lazy_exports
 if TYPE_CHECKING:
     from attrlab.attribution.visual_tokens.layers import layer_contribution
     from attrlab.attribution.visual_tokens.removal import VISUAL_TOKEN
+    from attrlab.attribution.visual_tokens.request import (
+        VisualTokenReport,
+        VisualTokenRequest,
+        run_visual_tokens,
+    )
     from attrlab.attribution.visual_tokens.scorers import VISUAL_SCORERS
     from attrlab.attribution.visual_tokens.study import VisualTokenStudy, visual_token_study
 
 __all__ = [
     "VISUAL_SCORERS",
     "VISUAL_TOKEN",
+    "VisualTokenReport",
+    "VisualTokenRequest",
     "VisualTokenStudy",
     "layer_contribution",
+    "run_visual_tokens",
     "visual_token_study",
 ]
 
@@ -34,8 +43,11 @@ __getattr__, __dir__ = lazy_exports(
     {
         "VISUAL_SCORERS": "attrlab.attribution.visual_tokens.scorers",
         "VISUAL_TOKEN": "attrlab.attribution.visual_tokens.removal",
+        "VisualTokenReport": "attrlab.attribution.visual_tokens.request",
+        "VisualTokenRequest": "attrlab.attribution.visual_tokens.request",
         "VisualTokenStudy": "attrlab.attribution.visual_tokens.study",
         "layer_contribution": "attrlab.attribution.visual_tokens.layers",
+        "run_visual_tokens": "attrlab.attribution.visual_tokens.request",
         "visual_token_study": "attrlab.attribution.visual_tokens.study",
     },
 )
