@@ -73,8 +73,8 @@ def prepare_input(
     A request's input on the loaded model: every front end's one way from fields to inputs.
 
     ``raw`` (a text, an image, or an :class:`~attribution.models.vlm.ImagePrompt`, whose
-    next token is explained as a one-token answer) is preprocessed and explained for ``target`` (an index or a
-    label, as a record: :func:`~attribution.request.target.target_record`); with ``answer``
+    next token is explained as a one-token answer) is preprocessed and explained for
+    ``target`` (an index or a label, as a record: :func:`~attribution.request.target.target_record`); with ``answer``
     the text is a decoder LM's prompt, and inputs and target are the answer's
     (:func:`attribution.request.answers.answer_request`; ``target`` is then the next token that is
     the answer, where none is given or generated: a contrast's, or the chat template's).
