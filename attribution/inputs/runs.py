@@ -75,7 +75,8 @@ def prepare_input(
     ``raw`` (a text, an image, or an :class:`~attribution.models.vlm.ImagePrompt`, whose
     next token is explained as a one-token answer) is preprocessed and explained for
     ``target`` (an index or a label, as a record:
-    :func:`~attribution.request.target.target_record`); with ``answer`` the text is a decoder LM's prompt, and inputs and target are the answer's
+    :func:`~attribution.request.target.target_record`); with ``answer`` the text is a
+    decoder LM's prompt, and inputs and target are the answer's
     (:func:`attribution.request.answers.answer_request`; ``target`` is then the next token that is
     the answer, where none is given or generated: a contrast's, or the chat template's).
     Generating an answer stops at its next forward once ``cancel`` is set. ``budgets``: the
