@@ -198,7 +198,9 @@ def test_the_python_api_takes_an_image_and_a_prompt(library, png, tmp_path):
     path = tmp_path / "picture.png"
     path.write_bytes(png)
     for image in (png, path, Image.open(io.BytesIO(png))):
-        found = attrlab.explain(library, image=image, text=PROMPT, method="occlusion", answer=ANSWER)
+        found = attrlab.explain(
+            library, image=image, text=PROMPT, method="occlusion", answer=ANSWER
+        )
         assert isinstance(found, Explanation)
         np.testing.assert_allclose(found.scores, expected.scores, rtol=1e-5, atol=1e-9)
     shown = found._repr_html_()
