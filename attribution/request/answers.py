@@ -671,8 +671,11 @@ def answer_request(
     if isinstance(prompt, ImagePrompt):
         _image_prompt_answer(spec)
         image_prompt = vision_language(adapter).preprocess(prompt)
-        said = given_answer(adapter, answer) if answer is not None else None
-        found = said or next_token_answer(adapter, image_prompt, token)
+        found = (
+            given_answer(adapter, answer)
+            if answer is not None
+            else next_token_answer(adapter, image_prompt, token)
+        )
         return _with_contrast(adapter, image_prompt, found, contrast, with_answer)
     prompt_tokens = prompt_inputs(adapter, prompt, chat)
     if answer is not None:
