@@ -216,3 +216,36 @@ def test_an_image_and_a_prompt_is_priced_and_refused_over_budget(library, png):
     assert estimate.forward_passes >= hidden and estimate.seconds > 0
     with pytest.raises(TooSlowError, match="this server allows"):
         run_request(ExplainRequest(**fields), library, RequestBounds(max_seconds=1e-6))
+
+
+def test_pricing_runs_the_vision_tower_once_per_pass_as_the_methods_do(folder, png):
+    adapter = load_pretrained(str(folder), model_id="priced", within=[folder])  # uncalibrated
+    modules = dict(adapter.model.named_modules())
+    tower = next(m for name, m in modules.items() if name.endswith("vision_tower"))
+    # the second block: the first one's input is replaced by the rows in its own pre-hook
+    block = next(m for name, m in modules.items() if name.endswith("language_model.layers.1"))
+    rows: dict[str, list[int]] = {"tower": [], "block": []}
+    handles = [
+        tower.register_forward_pre_hook(
+            lambda _m, args, kwargs: rows["tower"].append(
+                (args[0] if args else kwargs["pixel_values"]).shape[0]
+            ),
+            with_kwargs=True,
+        ),
+        block.register_forward_pre_hook(
+            lambda _m, args, kwargs: rows["block"].append(
+                (args[0] if args else kwargs["hidden_states"]).shape[0]
+            ),
+            with_kwargs=True,
+        ),
+    ]
+    try:
+        estimate = run_request(
+            EstimateRequest(model="priced", text=PROMPT, image=png, method="rise"), adapter
+        )
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert estimate.seconds > 0
+    assert max(rows["block"]) > 1  # passes of many rows were timed...
+    assert set(rows["tower"]) == {1}  # ...each with one image through the vision tower
