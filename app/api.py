@@ -335,7 +335,11 @@ class _FeaturesBody(BaseModel):
         description="With granularity 'span': [start, end] character spans of the text, e.g. "
         "one per retrieved document",
     )
-    text: str | None = Field(None, description="The text to explain (text models)")
+    text: str | None = Field(
+        None,
+        description="The text to explain (text models); with image_base64, the prompt about "
+        "the image (vision-language models)",
+    )
 
 
 class _InputBody(_AnswerBody, _FeaturesBody):
@@ -355,7 +359,9 @@ class _InputBody(_AnswerBody, _FeaturesBody):
         "efficientnet-lite0 for images",
     )
     image_base64: str | None = Field(
-        None, description="The image file's bytes (PNG, JPEG, ...), base64-encoded"
+        None,
+        description="The image file's bytes (PNG, JPEG, ...), base64-encoded; with text, a "
+        "vision-language model's image and prompt",
     )
     labels: list[Annotated[str, Field(max_length=200)]] | None = Field(None, max_length=100)
     target: _Target = None
@@ -400,7 +406,9 @@ class InstanceBody(_AnswerBody, _FeaturesBody):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     image_base64: str | None = Field(
-        None, description="The image file's bytes (PNG, JPEG, ...), base64-encoded"
+        None,
+        description="The image file's bytes (PNG, JPEG, ...), base64-encoded; with text, a "
+        "vision-language model's image and prompt",
     )
     target: _Target = None
     per_step: _PerStep = False
@@ -424,7 +432,9 @@ class InstanceBody(_AnswerBody, _FeaturesBody):
 
 class ExplainBody(_InputBody):
     """
-    One explanation (``method`` with ``text`` or ``image_base64``), or a batch.
+    One explanation (``method`` with ``text``, ``image_base64`` or both), or a batch.
+
+    Both are a vision-language model's input: the image and its prompt.
 
     For a decoder LM, ``answer`` (or ``generate``), ``contrast`` and ``per_step`` explain a
     whole answer instead of the next token; the Explanation's ``target_record`` says what was

@@ -1016,7 +1016,9 @@ def _add_explain_command(sub: _Subcommands) -> None:
         "      --evaluate --figures figures/\n"
         "  attrlab explain --method rise --image cat.png --estimate\n"
         '  attrlab explain --method attnlrp --text "The capital of France is" \\\n'
-        '      --answer " Paris" --contrast " Lyon" --per-step',
+        '      --answer " Paris" --contrast " Lyon" --per-step\n'
+        "  attrlab explain --model /models/llava-1.5-7b-hf --method gradient_x_input \\\n"
+        '      --image cat.png --text "What is on the table?" --answer " A cup"',
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     explain.add_argument("--model", default=None, help="alias, hub id or local folder")
@@ -1027,9 +1029,13 @@ def _add_explain_command(sub: _Subcommands) -> None:
         metavar="A,B,...",
         help="several methods, run in turn on one model load (--format json prints a list)",
     )
-    source = explain.add_mutually_exclusive_group(required=True)
-    source.add_argument("--text", help="the text to explain")
-    source.add_argument("--image", help="path of an image file")
+    # one of them, or both for a vision-language model (the text is then the image's prompt)
+    explain.add_argument(
+        "--text", help="the text to explain (with --image: the prompt about the image)"
+    )
+    explain.add_argument(
+        "--image", help="path of an image file (with --text: a vision-language model's input)"
+    )
     explain.add_argument(
         "--next-token",
         action="store_true",

@@ -36,6 +36,7 @@ __all__ = [
     "map_panels_figure",
     "picture_uri",
     "robust_peak",
+    "scores_overlay",
     "std_error_figure",
 ]
 
@@ -86,8 +87,14 @@ def heatmap_overlay(
     (|scaled score|, in [0, 1]): a zero score leaves the pixel as it was. By default red is
     positive, blue negative, strength |score| over the 99th percentile of |score|, clipped.
     """
-    scores = fit_map(explanation.scores, image.shape[:2])
-    scaled = view.scaled({"": scores})[""]
+    return scores_overlay(explanation.scores, image, alpha, view)
+
+
+def scores_overlay(
+    scores: np.ndarray, image: np.ndarray, alpha: float = 0.6, view: View = IMAGE_VIEW
+) -> np.ndarray:
+    """A map of ``scores`` (any H×W, resized to ``image``) blended as :func:`heatmap_overlay`."""
+    scaled = view.scaled({"": fit_map(scores, image.shape[:2])})[""]
     weight = alpha * np.abs(scaled)[..., None]
     blended = image.astype(np.float64) * (1 - weight) + view.colours(scaled) * weight
     return blended.clip(0, 255).astype(np.uint8)

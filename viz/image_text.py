@@ -7,13 +7,19 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from attrlab.attribution.explanation import Explanation
-from attrlab.viz.image import HOVER_DECIMALS, _map_trace, display_copy, picture_uri
+from attrlab.viz.image import (
+    HOVER_DECIMALS,
+    _map_trace,
+    display_copy,
+    picture_uri,
+    scores_overlay,
+)
 from attrlab.viz.text import diverging_colour
 from attrlab.viz.theme import TEMPLATE
 from attrlab.viz.tokens import token_tick, token_ticks
 from attrlab.viz.view import IMAGE_VIEW, View
 
-__all__ = ["image_text_figure"]
+__all__ = ["image_part_html", "image_text_figure"]
 
 
 def image_text_figure(
@@ -93,3 +99,23 @@ def image_text_figure(
         height=420,
     )
     return figure
+
+
+def image_part_html(explanation: Explanation, image: np.ndarray, view: View = IMAGE_VIEW) -> str:
+    """
+    The image part for a notebook: ``maps["image_heatmap"]`` blended over ``image``, the shares.
+
+    Pixels no region reaches stay bare, as in :func:`image_text_figure`.
+    """
+    heat = explanation.maps["image_heatmap"]
+    picture = display_copy(image)
+    uri = picture_uri(scores_overlay(np.where(np.isnan(heat), 0.0, heat), picture, view=view))
+    shares = ", ".join(
+        f"{part}: {explanation.metrics.get(part + '_share', float('nan')):.0%}"
+        for part in ("image", "text")
+    )
+    return (
+        '<figure class="attrlab-image-part" style="margin:0 0 8px 0">'
+        f'<img src="{uri}" alt="image part of the map" style="width:224px">'
+        f"<figcaption>{shares} of |relevance|</figcaption></figure>"
+    )

@@ -33,6 +33,7 @@ from attrlab.viz.answer import answer_html, answer_layout
 from attrlab.viz.bits import sensitivity_grids
 from attrlab.viz.figures import head_measures, is_layer_analysis
 from attrlab.viz.image import heatmap_overlay, picture_uri
+from attrlab.viz.image_text import image_part_html
 from attrlab.viz.layers import head_rank_table
 from attrlab.viz.text import (
     diverging_colour,
@@ -150,6 +151,8 @@ def explanation_html(explanation: Explanation) -> str:
         body = answer_html(explanation)
     else:
         body = token_columns_html({explanation.method: explanation})
+    if "image_heatmap" in explanation.maps and explanation.image is not None:
+        body = image_part_html(explanation, explanation.image) + body  # an image and a prompt
     card = trust_card_html(explanation) if explanation.verdicts or explanation.metrics else ""
     return (
         f'<div class="attrlab-explanation">{_heading(explanation)}{body}{card}'

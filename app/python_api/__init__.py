@@ -122,7 +122,9 @@ def _model(model: Adapter | str) -> Adapter:
 
 
 def _instance(
-    data: str | Path | Image.Image | np.ndarray,
+    data: str | Path | Image.Image | np.ndarray | None,
+    image: Path | Image.Image | np.ndarray | bytes | None,
+    text: str | None,
     target: int | str | None,
     answer: str | None,
     contrast: str | None,
@@ -132,9 +134,20 @@ def _instance(
     granularity: str,
     spans: Sequence[Sequence[int]] | None,
 ) -> dict[str, Any]:
-    """A request's input fields: the text or image, what to explain of it, its features."""
+    """
+    A request's input fields: the text, the image or both, what to explain, its features.
+
+    Raises:
+        InvalidInputError: ``data`` beside ``image=`` or ``text=``.
+    """
+    if data is not None:
+        if image is not None or text is not None:
+            raise InvalidInputError(
+                "give the input as data, or as image= and text= (an image and its prompt), not both"
+            )
+        text, image = (data, None) if isinstance(data, str) else (None, data)
     # a local file is the caller's to name: this is not a server
-    raw = data.read_bytes() if isinstance(data, Path) else data
+    raw_image = image.read_bytes() if isinstance(image, Path) else image
     asked = answer is not None or contrast is not None or generate is not None or chat
     spec = (
         attribution.AnswerSpec(answer, generate, None, contrast, chat, per_step)
@@ -142,8 +155,8 @@ def _instance(
         else None
     )
     return {
-        "text": raw if isinstance(raw, str) else None,
-        "image": None if isinstance(raw, str) else raw,
+        "text": text,
+        "image": raw_image,
         "target": target,
         "answer": spec,
         "granularity": granularity,
@@ -153,9 +166,11 @@ def _instance(
 
 def explain(
     model: Adapter | str,
-    data: str | Path | Image.Image | np.ndarray,
+    data: str | Path | Image.Image | np.ndarray | None = None,
     method: str | None = None,
     *,
+    image: Path | Image.Image | np.ndarray | bytes | None = None,
+    text: str | None = None,
     methods: Sequence[str] | None = None,
     target: int | str | None = None,
     answer: str | None = None,
@@ -176,7 +191,14 @@ def explain(
     Args:
         model: A loaded model (:func:`load`) or a spec to load.
         data: A text (a decoder LM's prompt), or an image: a PIL image, an H×W×3 array or a
-            :class:`~pathlib.Path` to an image file.
+            :class:`~pathlib.Path` to an image file. Or leave it out and give ``image`` and
+            ``text`` instead.
+        image: With ``text``, a vision-language model's input: the image (a file's
+            :class:`~pathlib.Path`, a PIL image, an H×W×3 array or encoded bytes) and its
+            prompt; its next token, or ``answer``, is explained over the image's visual tokens
+            and the prompt's tokens together (``maps["image_heatmap"]``,
+            ``metrics["image_share"]``).
+        text: The text to explain, as ``data`` is, or with ``image`` the prompt.
         method: One method (``attrlab.attribution.available_methods()``); default
             :data:`~attribution.methods.catalog.DEFAULT_METHOD`.
         methods: Several methods instead: their maps, side by side, and their agreement.
@@ -222,7 +244,9 @@ def explain(
     if method is not None and methods is not None:
         raise InvalidParameterError("give one method, or several as methods=[...], not both")
     adapter = _model(model)
-    fields = _instance(data, target, answer, contrast, generate, chat, per_step, granularity, spans)
+    fields = _instance(
+        data, image, text, target, answer, contrast, generate, chat, per_step, granularity, spans
+    )
     if methods is None:
         if randomise:
             raise InvalidParameterError("randomise checks several methods: give methods=[...]")

@@ -20,6 +20,7 @@ from attrlab.attribution.explain import explain
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.inputs.features import with_features
 from attrlab.attribution.models.base import Adapter, Inputs
+from attrlab.attribution.models.vlm import ImagePrompt
 from attrlab.attribution.request.answers import AnswerSpec, prompt_inputs
 from attrlab.attribution.request.gate import clear_generation
 from attrlab.attribution.request.run import (
@@ -71,9 +72,11 @@ def prepare_input(
     """
     A request's input on the loaded model: every front end's one way from fields to inputs.
 
-    ``raw`` (a text or an image) is preprocessed and explained for ``target`` (an index or a
-    label, as a record: :func:`~attribution.request.target.target_record`); with ``answer``
-    the text is a decoder LM's prompt, and inputs and target are the answer's
+    ``raw`` (a text, an image, or an :class:`~attribution.models.vlm.ImagePrompt`, whose
+    next token is explained as a one-token answer) is preprocessed and explained for
+    ``target`` (an index or a label, as a record:
+    :func:`~attribution.request.target.target_record`); with ``answer`` the text is a
+    decoder LM's prompt, and inputs and target are the answer's
     (:func:`attribution.request.answers.answer_request`; ``target`` is then the next token that is
     the answer, where none is given or generated: a contrast's, or the chat template's).
     Generating an answer stops at its next forward once ``cancel`` is set. ``budgets``: the
@@ -90,6 +93,9 @@ def prepare_input(
         TooSlowError, TooMuchMemoryError: a generation over ``budgets``, before it starts or
             (seconds) while it goes.
     """
+    if answer is None and isinstance(raw, ImagePrompt):
+        # a vision-language model's next token is a one-token answer (as its methods read it)
+        answer = AnswerSpec()
     if answer is None:
         inputs = with_features(adapter.preprocess(raw), granularity, spans)
         return Prepared(inputs, target_record(adapter, target))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from attrlab.attribution.errors import InvalidInputError
+
 __all__ = ["BUILTIN_MODELS", "DEFAULT_MODELS", "BuiltinModel", "default_model"]
 
 
@@ -69,5 +71,16 @@ DEFAULT_MODELS: dict[str, str] = {
 
 
 def default_model(modality: str, next_token: bool = False) -> str:
-    """The model a request without one uses: by modality, or the LM for a next token."""
+    """
+    The model a request without one uses: by modality, or the LM for a next token.
+
+    Raises:
+        InvalidInputError: a modality without a default (an image and a prompt: no
+            vision-language model is bundled).
+    """
+    if modality not in DEFAULT_MODELS:
+        raise InvalidInputError(
+            "an image and a prompt are explained by a vision-language model: name one "
+            "(a hub id or a model folder); none is bundled"
+        )
     return DEFAULT_MODELS["next-token" if next_token and modality == "text" else modality]

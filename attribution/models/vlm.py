@@ -36,6 +36,7 @@ __all__ = [
     "ImageTextInputs",
     "VisionLanguageAdapter",
     "block_input_of",
+    "vision_language",
     "with_answer",
 ]
 
@@ -195,7 +196,7 @@ def block_input_of(adapter: Adapter, model_kwargs: dict[str, torch.Tensor]) -> t
     def keep(_m: nn.Module, args: tuple, kwargs: dict) -> None:
         seen.append((args[0] if args else kwargs["hidden_states"]).detach())
 
-    decoder = _vision_language(adapter)
+    decoder = vision_language(adapter)
     handle = decoder.blocks()[0].register_forward_pre_hook(keep, with_kwargs=True)
     try:
         with torch.no_grad():
@@ -348,7 +349,7 @@ def with_answer(adapter: Adapter, inputs: ImageTextInputs, answer: Answer) -> Im
     Raises:
         InvalidInputError: an empty answer, or more tokens than the model reads.
     """
-    decoder = _vision_language(adapter)
+    decoder = vision_language(adapter)
     if not answer.ids:
         raise InvalidInputError("the answer is empty: give at least one token to explain")
     count = len(answer.ids)
@@ -386,7 +387,8 @@ def with_answer(adapter: Adapter, inputs: ImageTextInputs, answer: Answer) -> Im
     )
 
 
-def _vision_language(adapter: Adapter) -> VisionLanguageAdapter:
+def vision_language(adapter: Adapter) -> VisionLanguageAdapter:
+    """``adapter`` as a vision-language model's, refused where it is not one."""
     if not isinstance(adapter, VisionLanguageAdapter):
         raise UnsupportedMethodError(f"model '{adapter.model_id}' does not take an image and text")
     return adapter

@@ -233,11 +233,10 @@ def image_patching_problem(
             "as answer="
         )
     corrupted = _corrupted_prompt(model, prompt, corruption.apply(prompt.image))
-    # the next-token answer reads only the prompt's model inputs, which image inputs have too
     said = (
         given_answer(model, answer)
         if answer is not None
-        else next_token_answer(model, prompt, None)  # type: ignore[arg-type]
+        else next_token_answer(model, prompt, None)
     )
     clean_inputs = with_answer(model, prompt, said)
     labels = tuple(clean_inputs.token_texts[-len(said.ids) :])

@@ -20,6 +20,7 @@ from attrlab.attribution.inputs.runs import Prepared, prepare_input
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.catalog import DEFAULT_MODELS
 from attrlab.attribution.models.images import load_image
+from attrlab.attribution.models.vlm import ImagePrompt
 from attrlab.attribution.request.bounds import RequestBounds
 from attrlab.attribution.request.gate import check_modality, checked_params
 from attrlab.attribution.request.records import Instance, JobContext, Request
@@ -63,7 +64,7 @@ def resolve(
     Raises:
         InvalidInputError: a next token asked of a model that is not a decoder LM.
     """
-    if request.next_token and adapter.family != "decoder-lm":
+    if request.next_token and adapter.family not in ("decoder-lm", "vision-language"):
         raise InvalidInputError(
             f"a next-token explanation needs a decoder LM; model '{adapter.model_id}' is a "
             f"{adapter.family} (the default LM is '{DEFAULT_MODELS['next-token']}')"
@@ -76,9 +77,10 @@ def resolve(
             raise InvalidInputError(instance.problem)
         bounds.check_fields(instance.text, None, instance.target, request.seed, instance.answer)
         check_modality(adapter, instance.modality)
-        if instance.text is not None:
+        if instance.image is None:
             return instance.text
-        return load_image(instance.image, max_pixels=bounds.max_image_pixels)
+        image = load_image(instance.image, max_pixels=bounds.max_image_pixels)
+        return image if instance.text is None else ImagePrompt(image, instance.text)
 
     def targeted(instance: Instance) -> Prepared:
         return prepare_input(

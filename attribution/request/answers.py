@@ -18,17 +18,27 @@ per-step log-probabilities from a forward's logits is the target record's own
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import accumulate
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import torch
 
-from attrlab.attribution.errors import InvalidInputError, InvalidParameterError, require_unicode
+from attrlab.attribution.errors import (
+    InvalidInputError,
+    InvalidParameterError,
+    UnsupportedMethodError,
+    require_unicode,
+)
 from attrlab.attribution.inputs.tokens import continuation_texts, token_texts
 from attrlab.attribution.models.base import TextInputs
-from attrlab.attribution.models.vlm import ImageTextInputs
+from attrlab.attribution.models.vlm import (
+    ImagePrompt,
+    ImageTextInputs,
+    vision_language,
+    with_answer,
+)
 from attrlab.attribution.request.target import AnswerTarget, ContrastTarget, Target, decoder_adapter
 
 if TYPE_CHECKING:
@@ -139,8 +149,8 @@ class AnswerSpec:
         return self.answer is None and self.generate is None
 
     def request(
-        self, adapter: Adapter, prompt: str, token: int | str | None = None
-    ) -> tuple[TextInputs, Target]:
+        self, adapter: Adapter, prompt: str | ImagePrompt, token: int | str | None = None
+    ) -> tuple[TextInputs | ImageTextInputs, Target]:
         """
         The inputs and target of ``prompt`` and this answer on ``adapter``.
 
@@ -427,7 +437,9 @@ def given_answer(adapter: Adapter, text: str) -> Answer:
     return Answer(tuple(int(i) for i in ids), text, offsets=offsets)
 
 
-def next_token_answer(adapter: Adapter, prompt: TextInputs, token: int | str | None) -> Answer:
+def next_token_answer(
+    adapter: Adapter, prompt: TextInputs | ImageTextInputs, token: int | str | None
+) -> Answer:
     """
     The next token ``token`` of ``prompt`` as a one-token answer.
 
@@ -572,12 +584,29 @@ def _inputs(
     )
 
 
-def answer_target(adapter: Adapter, inputs: TextInputs, answer: Answer) -> AnswerTarget:
+def answer_target(
+    adapter: Adapter, inputs: TextInputs | ImageTextInputs, answer: Answer
+) -> AnswerTarget:
     """The target of ``answer`` in ``inputs`` (built by :func:`answer_inputs`)."""
     labels = tuple(inputs.token_texts[-len(answer.ids) :])
     return AnswerTarget(answer.ids, labels, answer.text, answer.generated)
 
 
+def _image_prompt_answer(spec: AnswerSpec) -> None:
+    """Refuse what an image and a prompt cannot ask yet: a generated answer, ``chat``."""
+    if spec.generate is not None:
+        raise UnsupportedMethodError(
+            "a generated answer is not explained on an image and a prompt yet (generation "
+            "reads text only): give the answer to explain, or explain the model's next token"
+        )
+    if spec.chat:
+        raise InvalidInputError(
+            "an image and a prompt go through the processor's chat template where it has "
+            "one: leave out chat"
+        )
+
+
+@overload
 def answer_request(
     adapter: Adapter,
     prompt: str,
@@ -587,9 +616,38 @@ def answer_request(
     chat: bool = False,
     stop: str | None = None,
     token: int | str | None = None,
-) -> tuple[TextInputs, Target]:
+) -> tuple[TextInputs, Target]: ...
+
+
+@overload
+def answer_request(
+    adapter: Adapter,
+    prompt: ImagePrompt,
+    answer: str | None = None,
+    generate: int | None = None,
+    contrast: str | None = None,
+    chat: bool = False,
+    stop: str | None = None,
+    token: int | str | None = None,
+) -> tuple[ImageTextInputs, Target]: ...
+
+
+def answer_request(
+    adapter: Adapter,
+    prompt: str | ImagePrompt,
+    answer: str | None = None,
+    generate: int | None = None,
+    contrast: str | None = None,
+    chat: bool = False,
+    stop: str | None = None,
+    token: int | str | None = None,
+) -> tuple[TextInputs | ImageTextInputs, Target]:
     """
     The inputs and target of a request about a decoder LM's answer: what every front end calls.
+
+    ``prompt``: a text, or an image and its prompt (:class:`~attribution.models.vlm.ImagePrompt`,
+    a vision-language model's: a given answer or the next token; a generated answer and
+    ``chat`` are refused).
 
     ``answer``: the continuation to explain (teacher-forced); ``generate``: explain the model's
     own greedy continuation of at most that many tokens instead (ending at ``stop``);
@@ -610,6 +668,15 @@ def answer_request(
         raise InvalidInputError(
             "an answer (given or generated) is itself what is explained: leave out the target"
         )
+    if isinstance(prompt, ImagePrompt):
+        _image_prompt_answer(spec)
+        image_prompt = vision_language(adapter).preprocess(prompt)
+        found = (
+            given_answer(adapter, answer)
+            if answer is not None
+            else next_token_answer(adapter, image_prompt, token)
+        )
+        return _with_contrast(adapter, image_prompt, found, contrast, with_answer)
     prompt_tokens = prompt_inputs(adapter, prompt, chat)
     if answer is not None:
         found = given_answer(adapter, answer)
@@ -617,7 +684,22 @@ def answer_request(
         found = generate_answer(adapter, prompt_tokens, generate, stop)
     else:
         found = next_token_answer(adapter, prompt_tokens, token)
-    inputs = answer_inputs(adapter, prompt_tokens, found)
+    return _with_contrast(adapter, prompt_tokens, found, contrast, answer_inputs)
+
+
+#: A prompt's tokens: a text's, or an image and a prompt's.
+_Prompt = TypeVar("_Prompt", TextInputs, ImageTextInputs)
+
+
+def _with_contrast(
+    adapter: Adapter,
+    prompt: _Prompt,
+    found: Answer,
+    contrast: str | None,
+    followed: Callable[[Adapter, _Prompt, Answer], _Prompt],
+) -> tuple[_Prompt, Target]:
+    """``prompt`` ``followed`` by ``found`` and its target, against ``contrast`` if given."""
+    inputs = followed(adapter, prompt, found)
     target: Target = answer_target(adapter, inputs, found)
     if contrast is not None:
         alternative = given_answer(adapter, contrast)
@@ -625,7 +707,7 @@ def answer_request(
             raise InvalidInputError(
                 f"the contrast {contrast!r} is the answer itself: give another continuation"
             )
-        alternative_inputs = answer_inputs(adapter, prompt_tokens, alternative)
+        alternative_inputs = followed(adapter, prompt, alternative)
         target = ContrastTarget(
             answer_target(adapter, inputs, found),
             answer_target(adapter, alternative_inputs, alternative),

@@ -71,11 +71,11 @@ ATTENTION_MAPS = 3
 
 def reference_input(adapter: Adapter) -> Inputs:
     """The fixed input of the model's own that its calibration times (never a request's)."""
-    # resized to the model's own input size by its transform, as every image is
+    # resized to the model's own input size by its transform or processor, as every image is
     image = Image.new("RGB", (224, 224), (124, 116, 104))
     if adapter.modality == "image":
         return adapter.preprocess(image)
-    if adapter.modality == "image-text":  # a vision-language model reads both
+    if adapter.modality == "image-text":
         return adapter.preprocess(ImagePrompt(image, REFERENCE_TEXT))
     return adapter.preprocess(REFERENCE_TEXT)
 
@@ -120,7 +120,7 @@ class Calibration:
         linear = line[0] * size / self.size
         adapter = self.adapter
         growth = 0
-        if inputs.modality == "text" and adapter.num_heads:
+        if inputs.modality in ("text", "image-text") and adapter.num_heads:
             itemsize = next(adapter.model.parameters()).element_size()
             maps = ATTENTION_MAPS * adapter.num_layers * adapter.num_heads * itemsize
             growth = maps * max(0, size * size - size * self.size)
@@ -246,8 +246,18 @@ class Calibration:
 
 
 def _forward_pass(adapter: Adapter, inputs: Inputs, width: int) -> Callable[[], Any]:
-    """A forward pass of ``width`` copies of ``inputs``, without gradients."""
-    rows = {key: repeated(value, width) for key, value in inputs.model_kwargs().items()}
+    """
+    A forward pass of ``width`` copies of ``inputs``, without gradients, as methods batch them.
+
+    Where the inputs hold keywords every row shares (an image and a prompt: the vision tower
+    runs once per pass), the attributed input is repeated beside one row of them.
+    """
+    held = inputs.held_kwargs()
+    if held:
+        tensor, _ = inputs.attributed()
+        rows = {**held, inputs.forward_keys[0]: repeated(tensor.detach(), width)}
+    else:
+        rows = {key: repeated(value, width) for key, value in inputs.model_kwargs().items()}
 
     def forward() -> None:
         with torch.no_grad():
@@ -273,7 +283,10 @@ def _gradient_pass(adapter: Adapter, inputs: Inputs, width: int) -> Callable[[],
             tensor = layer(tensor)
         keys = ("inputs_embeds", *keys[1:])
     leaf = repeated(tensor.detach(), width).requires_grad_(True)
-    rows = dict(zip(keys, (leaf, *(repeated(e, width) for e in extra)), strict=True))
+    rows = {
+        **inputs.held_kwargs(),
+        **dict(zip(keys, (leaf, *(repeated(e, width) for e in extra)), strict=True)),
+    }
 
     def gradient() -> None:
         with torch.enable_grad():

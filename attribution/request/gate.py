@@ -126,11 +126,17 @@ def checked_params(
 
 def check_modality(adapter: Adapter, modality: str) -> None:
     """
-    Refuse an input (``"text"`` or ``"image"``) of another modality than the model's.
+    Refuse an input of another modality than the model's (``"text"``, ``"image"``, both).
 
     Raises:
         InvalidInputError: naming both.
     """
+    if adapter.modality != modality and modality == "image-text":
+        raise InvalidInputError(
+            f"give exactly one input: a text or an image; model '{adapter.model_id}' takes "
+            f"{an_input(adapter.modality)} (an image with a prompt is a vision-language "
+            "model's input)"
+        )
     if adapter.modality != modality:
         raise InvalidInputError(
             f"model '{adapter.model_id}' takes {an_input(adapter.modality)} as input, "

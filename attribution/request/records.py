@@ -113,10 +113,12 @@ class InstanceFailedError(AttrlabError):
 @dataclass(frozen=True, kw_only=True)
 class Instance:
     """
-    One input: a text or an image, and the output to explain.
+    One input: a text, an image, or both (an image and its prompt), and the output to explain.
 
-    ``image`` holds encoded image bytes or a decoded array, never a path: front ends that read
-    files (the CLI) read them before building the request. With ``answer`` the text is a
+    An image with a text is a vision-language model's input, the text its prompt
+    (:class:`~attribution.models.vlm.ImagePrompt`). ``image`` holds encoded image bytes or a
+    decoded array, never a path: front ends that read files (the CLI) read them before
+    building the request. With ``answer`` the text is a
     decoder LM's prompt, and what is explained is the answer it asks about (given, generated,
     contrasted: :class:`~attribution.request.answers.AnswerSpec`), not ``target``. A text is
     explained at ``granularity`` (``spans``: the character spans of ``span``;
@@ -134,10 +136,12 @@ class Instance:
 
     @property
     def modality(self) -> str:
-        """``"text"`` or ``"image"``, refusing inputs that give both or neither."""
-        if (self.text is None) == (self.image is None):
+        """``"text"``, ``"image"`` or both, ``"image-text"``; refusing an input of neither."""
+        if self.text is None and self.image is None:
             raise InvalidInputError("give exactly one input: a text or an image")
-        return "text" if self.text is not None else "image"
+        if self.image is None:
+            return "text"
+        return "image" if self.text is None else "image-text"
 
 
 def check_instance_features(
@@ -247,12 +251,11 @@ class InputRequest(Request[Result], Instance):
 
     def _asks(self) -> tuple[str, bool]:
         """An image's model or a text's, a decoder LM's for a next token or an answer."""
-        modality = "image" if self.image is not None else "text"
-        return modality, self.next_token or self.answer is not None
+        return self.modality, self.next_token or self.answer is not None
 
     def check(self, bounds: RequestBounds) -> None:
-        """Exactly one input, and every field within this server's bounds."""
-        self.modality  # noqa: B018 - raises for both or neither
+        """An input, and every field within this server's bounds."""
+        self.modality  # noqa: B018 - raises for neither
         bounds.check_fields(self.text, self.labels, self.target, self.seed, self.answer)
         check_features(self.granularity, self.spans, self.text)
 
@@ -515,6 +518,8 @@ class PruneRequest(Request["PruningStudy"]):
 
     def check(self, bounds: RequestBounds) -> None:
         """Every text within this server's bounds, and no more dataset texts than a study takes."""
+        if self._ranked().modality == "image-text":
+            raise InvalidInputError("give exactly one input: a text or an image")
         if self._ranked().modality == "image" and (
             self.answer is not None or self.corrupted is not None or self.texts is not None
         ):
@@ -1054,5 +1059,7 @@ def _answer_texts(answer: AnswerSpec | None) -> tuple[str | None, str | None]:
 
 
 def _first_modality(instances: Sequence[Instance]) -> str:
-    """The modality of the first of ``instances`` (text when there are none)."""
-    return "image" if instances and instances[0].image is not None else "text"
+    """The modality of the first of ``instances`` (text when there are none or it has none)."""
+    if not instances or instances[0].image is None:
+        return "text"
+    return "image" if instances[0].text is None else "image-text"

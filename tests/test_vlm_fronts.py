@@ -1,0 +1,251 @@
+"""An image and a prompt explained through REST, batches and jobs, the CLI and the Python API."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from _jobs import job_settings, wait_for_job
+from _tiny_vlm import tiny_llava
+from fastapi.testclient import TestClient
+from PIL import Image
+
+import attrlab
+from attrlab.app.cli import main
+from attrlab.app.server import create_app
+from attrlab.app.worker import ExplainWorker
+from attrlab.attribution.errors import TooSlowError
+from attrlab.attribution.explain import explain
+from attrlab.attribution.explanation import Explanation
+from attrlab.attribution.models.hub import load_pretrained
+from attrlab.attribution.models.vlm import (
+    ImagePrompt,
+    ImageTextInputs,
+    VisionLanguageAdapter,
+    with_answer,
+)
+from attrlab.attribution.request import EstimateRequest, ExplainRequest, RequestBounds, run_request
+from attrlab.attribution.request.answers import answer_target, given_answer
+
+PROMPT = "what is in the picture"
+ANSWER = " a cat sits"
+HEIGHT, WIDTH = 32, 48  # LLaVA's processor crops the centre square: the sides stay blank
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random LLaVA saved as a model folder, as a server serves one."""
+    root = tmp_path_factory.mktemp("models").resolve()
+    adapter = tiny_llava()
+    adapter.model.save_pretrained(root / "llava")
+    adapter.processor.save_pretrained(root / "llava")
+    return root / "llava"
+
+
+@pytest.fixture(scope="module")
+def library(folder: Path) -> VisionLanguageAdapter:
+    """The same folder loaded in the test, to compute the expected maps with the library."""
+    loaded = load_pretrained(str(folder), model_id="library", within=[folder])
+    assert isinstance(loaded, VisionLanguageAdapter)
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def png() -> bytes:
+    pixels = np.random.default_rng(0).integers(0, 256, (HEIGHT, WIDTH, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def served(folder: Path, tmp_path_factory: pytest.TempPathFactory):
+    settings = job_settings(
+        tmp_path_factory.mktemp("data"), "tiny-random-gpt2", model_roots=(folder.parent,)
+    )
+    worker = ExplainWorker(device="cpu", settings=settings)
+    with TestClient(create_app(worker)) as client:
+        yield client
+    worker.close()
+
+
+def _expected(adapter: VisionLanguageAdapter, png: bytes, method: str) -> Explanation:
+    """The library's own explanation of ``ANSWER`` after the image and the prompt."""
+    answer = given_answer(adapter, ANSWER)
+    inputs = with_answer(adapter, adapter.preprocess(ImagePrompt(png, PROMPT)), answer)
+    return explain(adapter, method, inputs, answer_target(adapter, inputs, answer))
+
+
+def _body(folder: Path, png: bytes, **fields: object) -> dict:
+    image = base64.b64encode(png).decode()
+    return {"model": str(folder), "method": "gradient_x_input", "image_base64": image, **fields}
+
+
+def _assert_same_map(found: dict, expected: Explanation) -> None:
+    np.testing.assert_allclose(found["scores"], expected.scores, rtol=1e-5, atol=1e-9)
+    heat = np.array(found["maps"]["image_heatmap"], dtype=float)  # null -> NaN
+    np.testing.assert_allclose(heat, expected.maps["image_heatmap"], rtol=1e-5, atol=1e-9)
+
+
+def test_rest_explains_an_image_and_a_prompt_as_the_library_does(served, folder, library, png):
+    response = served.post(
+        "/api/v1/explain", json=_body(folder, png, text=PROMPT, answer=ANSWER, per_step=True)
+    )
+    assert response.status_code == 200, response.text
+    found = response.json()
+    expected = _expected(library, png, "gradient_x_input")
+    _assert_same_map(found, expected)
+    heat = np.array(found["maps"]["image_heatmap"], dtype=float)
+    assert heat.shape == (HEIGHT, WIDTH)
+    assert np.isnan(heat[:, :8]).all() and np.isfinite(heat[:, 8:40]).all()  # the crop's sides
+    visual = np.array(found["maps"]["visual_mask"]) == 1
+    scores = np.abs(np.array(found["scores"]))
+    metrics = found["metrics"]
+    assert metrics["image_share"] == pytest.approx(scores[visual].sum() / scores.sum())
+    assert metrics["image_share"] + metrics["text_share"] == pytest.approx(1.0)
+    assert len(found["maps"]["step_image_share"]) == len(given_answer(library, ANSWER).ids)
+    assert found["target_record"]["kind"] == "answer"
+
+
+def test_rest_without_an_answer_explains_the_models_own_next_token(served, folder, library, png):
+    response = served.post("/api/v1/explain", json=_body(folder, png, text=PROMPT))
+    assert response.status_code == 200, response.text
+    prompt: ImageTextInputs = library.preprocess(ImagePrompt(png, PROMPT))
+    with torch.no_grad():  # the next-token logits read in the test, from the model itself
+        logits = library.model(**prompt.model_kwargs()).logits[0, -1]
+    assert response.json()["target"]["index"] == int(logits.argmax())
+
+
+@pytest.mark.parametrize(
+    ("fields", "code", "words"),
+    [
+        ({"text": PROMPT, "generate": 3}, "method_not_applicable", "a generated answer is not"),
+        (
+            {"text": PROMPT, "answer": " a cat", "contrast": " the big dog"},
+            "method_not_applicable",
+            "needs a sequence of its own",
+        ),
+        ({}, "invalid_input", "takes an image and a prompt as input, but the request gives an"),
+        ({"text": PROMPT, "chat": True}, "invalid_input", "leave out chat"),
+        ({"text": PROMPT, "model": "tiny-random-gpt2"}, "invalid_input", "takes text (an image"),
+        ({"text": PROMPT, "model": None}, "invalid_input", "name one"),
+    ],
+)
+def test_rest_refuses_in_words(served, folder, png, fields, code, words):
+    response = served.post("/api/v1/explain", json={**_body(folder, png), **fields})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["code"] == code
+    assert words in response.json()["error"]["message"]
+
+
+def test_rest_refuses_a_prompt_alone_and_an_undecodable_image(served, folder):
+    alone = served.post(
+        "/api/v1/explain", json={"model": str(folder), "method": "occlusion", "text": PROMPT}
+    )
+    assert "takes an image and a prompt as input, but the request gives text" in alone.text
+    broken = _body(folder, b"not an image", text=PROMPT)
+    response = served.post("/api/v1/explain", json=broken)
+    assert response.status_code == 400
+    assert "not a readable image" in response.json()["error"]["message"]
+
+
+def test_a_batch_and_a_job_take_instances_of_both_fields(served, folder, library, png):
+    image = base64.b64encode(png).decode()
+    body = {
+        "model": str(folder),
+        "method": "gradient_x_input",
+        "instances": [
+            {"text": PROMPT, "image_base64": image, "answer": ANSWER},
+            {"image_base64": image},
+        ],
+    }
+    batch = served.post("/api/v1/explain", json=body)
+    assert batch.status_code == 200, batch.text
+    first, bad = (row["gradient_x_input"] for row in batch.json()["explanations"])
+    _assert_same_map(first, _expected(library, png, "gradient_x_input"))
+    assert "takes an image and a prompt" in bad["error"]["message"]
+    submitted = served.post("/api/v1/jobs", json=body)
+    assert submitted.status_code == 202, submitted.text
+    status = wait_for_job(served, submitted.json()["job_id"])
+    assert status["status"] == "done" and status["instance_errors"] == 1
+    results = served.get(f"/api/v1/jobs/{submitted.json()['job_id']}/results").text
+    row = json.loads(results.splitlines()[0])
+    assert row["explanations"]["gradient_x_input"]["scores"] == first["scores"]
+
+
+def test_the_cli_explains_an_image_and_a_prompt(capsys, folder, library, png, tmp_path):
+    image = tmp_path / "picture.png"
+    image.write_bytes(png)
+    common = ["explain", "--model", str(folder), "--method", "gradient_x_input", "--device", "cpu"]
+    asked = [*common, "--image", str(image), "--text", PROMPT, "--answer", ANSWER]
+    assert main([*asked, "--format", "json", "--figures", str(tmp_path / "figures")]) == 0
+    found = json.loads(capsys.readouterr().out)
+    _assert_same_map(found, _expected(library, png, "gradient_x_input"))
+    assert (tmp_path / "figures" / "gradient_x_input_image_and_text.html").is_file()
+    assert main(asked) == 0
+    assert "image_share=" in capsys.readouterr().out
+    assert main([*common, "--text", PROMPT]) == 2
+    assert "takes an image and a prompt as input" in capsys.readouterr().err
+
+
+def test_the_python_api_takes_an_image_and_a_prompt(library, png, tmp_path):
+    expected = _expected(library, png, "occlusion")
+    path = tmp_path / "picture.png"
+    path.write_bytes(png)
+    for image in (png, path, Image.open(io.BytesIO(png))):
+        found = attrlab.explain(
+            library, image=image, text=PROMPT, method="occlusion", answer=ANSWER
+        )
+        assert isinstance(found, Explanation)
+        np.testing.assert_allclose(found.scores, expected.scores, rtol=1e-5, atol=1e-9)
+    shown = found._repr_html_()
+    assert shown is not None and 'class="attrlab-image-part"' in shown
+    assert f"image: {expected.metrics['image_share']:.0%}" in shown
+
+
+def test_an_image_and_a_prompt_is_priced_and_refused_over_budget(library, png):
+    fields = {"model": "library", "text": PROMPT, "image": png, "method": "occlusion"}
+    estimate = run_request(EstimateRequest(**fields), library)
+    inputs: ImageTextInputs = library.preprocess(ImagePrompt(png, PROMPT))
+    hidden = int((~inputs.fixed_tokens).sum())  # each hideable position, one forward each
+    assert estimate.forward_passes >= hidden and estimate.seconds > 0
+    with pytest.raises(TooSlowError, match="this server allows"):
+        run_request(ExplainRequest(**fields), library, RequestBounds(max_seconds=1e-6))
+
+
+def test_pricing_runs_the_vision_tower_once_per_pass_as_the_methods_do(folder, png):
+    adapter = load_pretrained(str(folder), model_id="priced", within=[folder])  # uncalibrated
+    modules = dict(adapter.model.named_modules())
+    tower = next(m for name, m in modules.items() if name.endswith("vision_tower"))
+    # the second block: the first one's input is replaced by the rows in its own pre-hook
+    block = next(m for name, m in modules.items() if name.endswith("language_model.layers.1"))
+    rows: dict[str, list[int]] = {"tower": [], "block": []}
+    handles = [
+        tower.register_forward_pre_hook(
+            lambda _m, args, kwargs: rows["tower"].append(
+                (args[0] if args else kwargs["pixel_values"]).shape[0]
+            ),
+            with_kwargs=True,
+        ),
+        block.register_forward_pre_hook(
+            lambda _m, args, kwargs: rows["block"].append(
+                (args[0] if args else kwargs["hidden_states"]).shape[0]
+            ),
+            with_kwargs=True,
+        ),
+    ]
+    try:
+        estimate = run_request(
+            EstimateRequest(model="priced", text=PROMPT, image=png, method="rise"), adapter
+        )
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert estimate.seconds > 0
+    assert max(rows["block"]) > 1  # passes of many rows were timed...
+    assert set(rows["tower"]) == {1}  # ...each with one image through the vision tower
