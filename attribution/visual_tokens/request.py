@@ -160,8 +160,7 @@ def visual_item(adapter: Adapter, request: VisualTokenRequest) -> tuple[ImageTex
     said = (
         given_answer(model, request.answer)
         if request.answer is not None
-        # the next-token answer reads only the prompt's model inputs, which image inputs have too
-        else next_token_answer(model, prompt, None)  # type: ignore[arg-type]
+        else next_token_answer(model, prompt, None)
     )
     return with_answer(model, prompt, said), said
 
