@@ -1,4 +1,4 @@
-"""The random draws' band every curve against random orders is drawn with."""
+"""The random draws' band every curve against random orders is drawn with, and those curves."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import pandas as pd
 import plotly.graph_objects as go
 
-__all__ = ["add_random_band"]
+__all__ = ["add_random_band", "agreement_bars", "orders_against_random"]
 
 #: The band's fill: grey, faint, under every curve.
 BAND = "rgba(127, 127, 127, 0.2)"
@@ -45,3 +45,37 @@ def add_random_band(
             line={"dash": "dash", "color": _GREY},
         )
     )
+
+
+def orders_against_random(
+    rows: pd.DataFrame, random_order: str, title: str, x_title: str, y_title: str
+) -> go.Figure:
+    """
+    One metric's curves: each order's ``value`` against ``removed``, over the random band.
+
+    ``rows``: a study's curve rows of one metric (``order``, ``removed``, ``value``, ``low``,
+    ``high``), the random draws' under the order named ``random_order``.
+    """
+    figure = go.Figure()
+    random = rows[rows["order"] == random_order].sort_values("removed")
+    add_random_band(figure, random["removed"], random)
+    for name, order in rows[rows["order"] != random_order].groupby("order", sort=False):
+        order = order.sort_values("removed")
+        figure.add_trace(
+            go.Scatter(x=order["removed"], y=order["value"], mode="markers+lines", name=name)
+        )
+    figure.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title)
+    return figure
+
+
+def agreement_bars(agreement: pd.DataFrame, title: str) -> go.Figure:
+    """Each scorer's Spearman ρ and top-k overlap with the exact effects (``agreement`` rows)."""
+    names = [f"{s} ({a})" for s, a in zip(agreement["scorer"], agreement["awareness"], strict=True)]
+    figure = go.Figure(
+        [
+            go.Bar(x=names, y=agreement["spearman"], name="Spearman ρ"),
+            go.Bar(x=names, y=agreement["top_k_overlap"], name="top-10% overlap"),
+        ]
+    )
+    figure.update_layout(title=title, barmode="group", yaxis={"range": [-1, 1]})
+    return figure

@@ -19,7 +19,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from attrlab.attribution.engine.verification import RANDOM
-from attrlab.viz.bands import add_random_band
+from attrlab.viz.bands import agreement_bars, orders_against_random
 from attrlab.viz.text import diverging_colour, text_colour
 from attrlab.viz.tokens import token_html
 
@@ -52,47 +52,22 @@ def eviction_figures(study: EvictionStudy) -> dict[str, go.Figure]:
     """
     curves = study.curves.curves
     figures = {
-        f"eviction_{metric}": _curve_figure(study, rows, str(metric))
+        f"eviction_{metric}": orders_against_random(
+            rows,
+            RANDOM,
+            f"{_TITLES.get(str(metric), metric)} as the cache loses entries ({study.unit}, "
+            f"{study.split} split; {study.items} items)",
+            "share of the context evicted",
+            _TITLES.get(str(metric), str(metric)),
+        )
         for metric, rows in curves.groupby("metric", sort=False)
     }
     if not study.agreement.empty:
-        figures["eviction_agreement"] = _agreement_figure(study.agreement)
-    return figures
-
-
-def _curve_figure(study: EvictionStudy, rows: pd.DataFrame, metric: str) -> go.Figure:
-    figure = go.Figure()
-    random = rows[rows["order"] == RANDOM].sort_values("removed")
-    add_random_band(figure, random["removed"], random)
-    for name, order in rows[rows["order"] != RANDOM].groupby("order", sort=False):
-        order = order.sort_values("removed")
-        figure.add_trace(
-            go.Scatter(x=order["removed"], y=order["value"], mode="markers+lines", name=name)
+        figures["eviction_agreement"] = agreement_bars(
+            study.agreement,
+            "each scorer's agreement with evicting each token alone (exact effects)",
         )
-    figure.update_layout(
-        title=f"{_TITLES.get(metric, metric)} as the cache loses entries ({study.unit}, "
-        f"{study.split} split; {study.items} items)",
-        xaxis_title="share of the context evicted",
-        yaxis_title=_TITLES.get(metric, metric),
-    )
-    return figure
-
-
-def _agreement_figure(agreement: pd.DataFrame) -> go.Figure:
-    """Each scorer's Spearman ρ and top-k overlap with the exact effects."""
-    names = [f"{s} ({a})" for s, a in zip(agreement["scorer"], agreement["awareness"], strict=True)]
-    figure = go.Figure(
-        [
-            go.Bar(x=names, y=agreement["spearman"], name="Spearman ρ"),
-            go.Bar(x=names, y=agreement["top_k_overlap"], name="top-10% overlap"),
-        ]
-    )
-    figure.update_layout(
-        title="each scorer's agreement with evicting each token alone (exact effects)",
-        barmode="group",
-        yaxis={"range": [-1, 1]},
-    )
-    return figure
+    return figures
 
 
 def verdict_lines(study: EvictionStudy) -> list[str]:

@@ -16,7 +16,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from attrlab.attribution.engine.verification import RANDOM
-from attrlab.viz.bands import add_random_band
+from attrlab.viz.bands import agreement_bars, orders_against_random
 
 if TYPE_CHECKING:
     from attrlab.attribution.visual_tokens.request import VisualTokenReport
@@ -47,48 +47,23 @@ def visual_tokens_figures(report: VisualTokenReport) -> dict[str, go.Figure]:
     """
     study = report.study
     figures = {
-        f"visual_tokens_{metric}": _curve_figure(report, rows, str(metric))
+        f"visual_tokens_{metric}": orders_against_random(
+            rows,
+            RANDOM,
+            f"{_TITLES.get(str(metric), metric)} as visual tokens are dropped ({_where(report)})",
+            "share of the visual tokens dropped",
+            _TITLES.get(str(metric), str(metric)),
+        )
         for metric, rows in study.curves.curves.groupby("metric", sort=False)
     }
     if not study.agreement.empty:
-        figures["visual_tokens_agreement"] = _agreement_figure(study.agreement)
+        figures["visual_tokens_agreement"] = agreement_bars(
+            study.agreement,
+            "each scorer's agreement with dropping each visual token alone (exact effects)",
+        )
     if report.layers is not None:
         figures["shortv"] = _shortv_figure(report.layers)
     return figures
-
-
-def _curve_figure(report: VisualTokenReport, rows: pd.DataFrame, metric: str) -> go.Figure:
-    figure = go.Figure()
-    random = rows[rows["order"] == RANDOM].sort_values("removed")
-    add_random_band(figure, random["removed"], random)
-    for name, order in rows[rows["order"] != RANDOM].groupby("order", sort=False):
-        order = order.sort_values("removed")
-        figure.add_trace(
-            go.Scatter(x=order["removed"], y=order["value"], mode="markers+lines", name=name)
-        )
-    figure.update_layout(
-        title=f"{_TITLES.get(metric, metric)} as visual tokens are dropped ({_where(report)})",
-        xaxis_title="share of the visual tokens dropped",
-        yaxis_title=_TITLES.get(metric, metric),
-    )
-    return figure
-
-
-def _agreement_figure(agreement: pd.DataFrame) -> go.Figure:
-    """Each scorer's Spearman ρ and top-k overlap with the exact effects."""
-    names = [f"{s} ({a})" for s, a in zip(agreement["scorer"], agreement["awareness"], strict=True)]
-    figure = go.Figure(
-        [
-            go.Bar(x=names, y=agreement["spearman"], name="Spearman ρ"),
-            go.Bar(x=names, y=agreement["top_k_overlap"], name="top-10% overlap"),
-        ]
-    )
-    figure.update_layout(
-        title="each scorer's agreement with dropping each visual token alone (exact effects)",
-        barmode="group",
-        yaxis={"range": [-1, 1]},
-    )
-    return figure
 
 
 def _shortv_figure(layers: pd.DataFrame) -> go.Figure:
