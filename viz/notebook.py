@@ -18,7 +18,7 @@ interactive figures are Plotly's (``Explanation.figure()``), which notebooks dra
 from __future__ import annotations
 
 import html
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -28,6 +28,7 @@ from attrlab.attribution.engine.study import PruningStudy
 from attrlab.attribution.eviction.study import EvictionStudy
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.metrics.check import MethodCheck
+from attrlab.attribution.verdicts import Verdict
 from attrlab.attribution.visual_tokens.request import VisualTokenReport
 from attrlab.viz.answer import answer_html, answer_layout
 from attrlab.viz.bits import sensitivity_grids
@@ -229,15 +230,11 @@ def pruning_html(study: PruningStudy) -> str:
         + f", removal: {html.escape(study.removal or 'each kind its default')}</div>"
     ]
     for unit, curves in study.labelled_curves().items():
-        verdicts = "".join(
-            f'<li data-status="{html.escape(v.status)}">{html.escape(v.summary())}</li>'
-            for v in curves.verdicts
-        )
         parts.append(
             f'<div class="attrlab-pruning-unit" data-unit="{html.escape(unit)}">'
             f'<div style="font-weight:600">{html.escape(unit)}: area under each curve</div>'
             f"{_table_html(curves.scores.drop(columns='p_value'), 'attrlab-pruning-scores')}"
-            f'<ul class="attrlab-verdicts">{verdicts}</ul></div>'
+            f"{_verdicts_html(curves.verdicts)}</div>"
         )
     for unit, agreement in study.agreements.items():
         sampled = " (a sample and each estimator's extremes)" if agreement.sampled else ""
@@ -251,6 +248,15 @@ def pruning_html(study: PruningStudy) -> str:
     if warnings:
         parts.append(f'<ul class="attrlab-warnings">{warnings}</ul>')
     return f'<div class="attrlab-pruning">{"".join(parts)}</div>'
+
+
+def _verdicts_html(verdicts: Iterable[Verdict]) -> str:
+    """Each verdict in words, one list item per check, its status as data."""
+    items = "".join(
+        f'<li data-status="{html.escape(v.status)}">{html.escape(v.summary())}</li>'
+        for v in verdicts
+    )
+    return f'<ul class="attrlab-verdicts">{items}</ul>'
 
 
 def _section(title: str, body: str, css_class: str) -> str:
@@ -300,11 +306,7 @@ def bits_html(study: BitsStudy) -> str:
             "attrlab-bits-allocations",
         )
     )
-    verdicts = "".join(
-        f'<li data-status="{html.escape(v.status)}">{html.escape(v.summary())}</li>'
-        for v in study.verdicts.values()
-    )
-    parts.append(f'<ul class="attrlab-verdicts">{verdicts}</ul>')
+    parts.append(_verdicts_html(study.verdicts.values()))
     warnings = "".join(f"<li>{html.escape(w)}</li>" for w in study.warnings)
     if warnings:
         parts.append(f'<ul class="attrlab-warnings">{warnings}</ul>')
@@ -338,11 +340,7 @@ def eviction_html(study: EvictionStudy) -> str:
                 "attrlab-eviction-agreement",
             )
         )
-    verdicts = "".join(
-        f'<li data-status="{html.escape(v.status)}">{html.escape(v.summary())}</li>'
-        for v in study.curves.verdicts
-    )
-    parts.append(f'<ul class="attrlab-verdicts">{verdicts}</ul>')
+    parts.append(_verdicts_html(study.curves.verdicts))
     return f'<div class="attrlab-eviction">{"".join(parts)}</div>'
 
 
@@ -377,11 +375,7 @@ def visual_tokens_html(report: VisualTokenReport) -> str:
                 "attrlab-visual-agreement",
             )
         )
-    verdicts = "".join(
-        f'<li data-status="{html.escape(v.status)}">{html.escape(v.summary())}</li>'
-        for v in study.curves.verdicts
-    )
-    parts.append(f'<ul class="attrlab-verdicts">{verdicts}</ul>')
+    parts.append(_verdicts_html(study.curves.verdicts))
     skipped = "".join(
         f"<li>{html.escape(name)}: {html.escape(why)}</li>"
         for name, why in study.not_applicable.items()
