@@ -31,6 +31,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from attrlab.attribution.explanation import Explanation
+from attrlab.viz.stills import write_stills
 from attrlab.viz.view import View
 
 __all__ = [
@@ -241,18 +242,16 @@ def _write_stills(figures: Mapping[str, go.Figure], files: dict[str, list[Path]]
     A PNG, or a JPEG for a figure that draws its picture as one (a photograph: a fifth of the
     PNG's bytes).
     """
-    import plotly.io as pio
-
     targets = {
         name: files[name][0].with_suffix(".jpg" if _draws_a_jpeg(figure) else ".png")
         for name, figure in figures.items()
     }
     try:
-        pio.write_images(
+        write_stills(
             list(figures.values()),
             list(targets.values()),
-            width=[f.layout.width for f in figures.values()],
-            height=[f.layout.height for f in figures.values()],
+            [f.layout.width for f in figures.values()],
+            [f.layout.height for f in figures.values()],
         )
     except Exception as error:  # kaleido without a Chromium: keep the HTML, say why
         for target in targets.values():

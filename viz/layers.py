@@ -20,6 +20,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from attrlab.attribution.layers.agreement import head_ranking
+from attrlab.viz.stills import write_stills
 from attrlab.viz.theme import TEMPLATE
 from attrlab.viz.tokens import token_label, token_tick, token_ticks
 
@@ -527,7 +528,7 @@ def export_figure(figure: go.Figure, path: str | Path) -> Path:
     if suffix == ".html":
         figure.write_html(target, include_plotlyjs=True, full_html=True)
     elif suffix == ".png":
-        figure.write_image(target, format="png")
+        write_stills([figure], [target], [None], [None])
     else:
         raise ValueError(f"export to .html or .png; got {target.name!r}")
     return target
