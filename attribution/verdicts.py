@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -131,6 +131,9 @@ def _smallest_sign_trials(alpha: float) -> int:
 #: Below this many untied items no two-sided sign test at :data:`ALPHA` can pass (4 items: its
 #: smallest p is 0.125).
 MIN_SIGN_TRIALS = _smallest_sign_trials(ALPHA)
+#: Redraws of an item set's margins, each moved by its own noise, that a sign test's pass or
+#: fail must survive (all but :data:`ALPHA` of them) to be given: :func:`items_sign_test`.
+VERDICT_REDRAWS = 400
 
 
 @dataclass(frozen=True)
@@ -481,6 +484,59 @@ def sign_test(score: str, wins: int, losses: int) -> Verdict:
         status, reason = "fail", f"worse than random: {counts}"
         advice = "its maps rank the inputs' parts worse than chance"
     return Verdict(score, title, status, p, ALPHA, reason, advice)
+
+
+def items_sign_test(
+    score: str,
+    values: np.ndarray,
+    means: np.ndarray,
+    errors: np.ndarray,
+    higher: bool,
+    seed: int = 0,
+) -> tuple[Verdict, np.ndarray]:
+    """
+    A method against random orders over items, and each item's outcome (1, -1 or 0).
+
+    ``values``: the method's score on each item; ``means`` / ``errors``: each item's random
+    reference and the standard error of its margin over it (the reference's and the map's own
+    together; 0 where both are exact). The items' outcomes (:func:`item_outcome`) feed a sign
+    test (:func:`sign_test`). Where some margin has an error, the count of decided items can
+    move with the draw that made it, and a verdict at the edge of the test with it. So a pass
+    or a fail is given only if it survives :data:`VERDICT_REDRAWS` redraws of the set, each
+    item's value moved by independent normal noise of its error (a parametric bootstrap of
+    the verdict from where this draw landed) on all but :data:`ALPHA` of them; otherwise the
+    verdict is inconclusive and says how often it held. Exact margins are never redrawn.
+    """
+    values, means = np.asarray(values, np.float64), np.asarray(means, np.float64)
+    errors = np.broadcast_to(np.asarray(errors, np.float64), values.shape)
+
+    def outcomes_of(moved: np.ndarray) -> np.ndarray:
+        return np.array(
+            [item_outcome(v, m, e, higher) for v, m, e in zip(moved, means, errors, strict=True)]
+        )
+
+    outcomes = outcomes_of(values)
+    verdict = sign_test(score, int((outcomes == 1).sum()), int((outcomes == -1).sum()))
+    noisy = np.isfinite(errors) & (errors > 0)
+    if verdict.status not in ("pass", "fail") or not noisy.any():
+        return verdict, outcomes
+    rng = np.random.default_rng(seed)
+    counted: dict[tuple[int, int], str] = {}  # (wins, losses) -> the test's status
+    held = 0
+    for _ in range(VERDICT_REDRAWS):
+        moved = values + np.where(noisy, rng.standard_normal(values.shape) * errors, 0.0)
+        again = outcomes_of(moved)
+        key = (int((again == 1).sum()), int((again == -1).sum()))
+        if key not in counted:
+            counted[key] = sign_test(score, *key).status
+        held += counted[key] == verdict.status
+    share = held / VERDICT_REDRAWS
+    where = f"{share:.0%} of {VERDICT_REDRAWS} redraws of the items within their noise"
+    if share >= 1 - ALPHA:
+        return replace(verdict, reason=f"{verdict.reason}; it holds on {where}"), outcomes
+    reason = f"at the edge of the test: {verdict.reason}, but it holds on only {where}"
+    advice = "more samples for a sampled method (RISE's masks, Sobol's designs), or more items"
+    return replace(verdict, status="inconclusive", reason=reason, advice=advice), outcomes
 
 
 def randomisation(method: str, last: float, last_abs: float, layer: str) -> Verdict:

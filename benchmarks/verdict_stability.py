@@ -2,7 +2,7 @@
 Do the evaluation's verdicts survive a change of seed (issue 41 report)?
 
 Run: ``.venv/bin/python benchmarks/verdict_stability.py [--seeds 5] [--before 3] [--most 100]
-[--modality text|image] [--methods a,b]``
+[--modality text|image] [--methods a,b] [--rules before,after]``
 
 ``attrlab evaluate`` on the bundled set (MiniLM zero-shot on the sentences, EfficientNet-Lite0
 on the images), every method that applies, once per seed, twice: as before issue 41 (each map
@@ -133,12 +133,14 @@ def main() -> None:
     parser.add_argument("--before", type=int, default=3)
     parser.add_argument("--most", type=int, default=EVALUATION_ORDERS)
     parser.add_argument("--methods", default=None)
+    parser.add_argument("--rules", default="before,after", help="before, after or both")
     args = parser.parse_args()
     torch.manual_seed(0)
     methods = args.methods.split(",") if args.methods else None
     verdicts: dict[tuple[str, str, str], list[str]] = {}
     costs = []
-    for rule, orders, old in (("before", args.before, True), ("after", args.most, False)):
+    rules = (("before", args.before, True), ("after", args.most, False))
+    for rule, orders, old in [r for r in rules if r[0] in args.rules.split(",")]:
         drawn, seconds, items, scoring = [], 0.0, 0, 0
         for seed in range(args.seeds):
             per_item, summary, took, rows = run(args.modality, methods, seed, orders, old)
@@ -161,7 +163,7 @@ def main() -> None:
     rows = []
     names = sorted({(m, s) for m, s, _ in verdicts})
     for method, score in names:
-        before, after = verdicts[(method, score, "before")], verdicts[(method, score, "after")]
+        before, after = (verdicts.get((method, score, rule), ["-"]) for rule in ("before", "after"))
         rows.append(
             [
                 method,

@@ -30,8 +30,10 @@ from attrlab.attribution.request.run import RunContext, RunSettings
 from attrlab.attribution.request.target import output_target
 from attrlab.attribution.verdicts import (
     MIN_SIGN_TRIALS,
+    VERDICT_REDRAWS,
     draw_until_settled,
     item_outcome,
+    items_sign_test,
     settled,
     sign_test,
 )
@@ -112,6 +114,54 @@ def test_too_few_items_to_decide_is_said_so():
     assert "too few items to decide (need ≥ 6)" in four.reason
     six = sign_test("deletion_morf_auc", 6, 0)
     assert six.status == "pass" and six.value == pytest.approx(2 / 64)
+
+
+def test_exact_margins_give_the_plain_sign_test():
+    values = np.array([0.4, 0.5, 0.3, 0.6, 0.2, 0.45, 0.35, 0.105, 0.1])
+    verdict, outcomes = items_sign_test("comprehensiveness", values, np.full(9, 0.1), 0.0, True)
+    # eight margins of at least 0.01 over 0.1, all wins; 0.105 and 0.1 tie
+    assert outcomes.tolist() == [1, 1, 1, 1, 1, 1, 1, 0, 0]
+    assert verdict.status == "pass" and verdict.value == pytest.approx(2 / 2**7)
+    assert "redraws" not in verdict.reason  # nothing to redraw
+
+
+def _share_held(reason: str) -> float:
+    return float(reason.split("holds on ")[1].split("% of")[0].removeprefix("only ")) / 100
+
+
+def test_a_verdict_at_the_edge_of_the_test_is_not_given():
+    # six margins of 3.2 standard errors (each decided, barely) and four ties: 6 of 6, p 0.031
+    errors = np.full(10, 0.02)
+    values = np.r_[np.full(6, 3.2 * 0.02), np.zeros(4)]
+    verdict, outcomes = items_sign_test("sufficiency", -values, np.zeros(10), errors, False)
+    assert outcomes.tolist() == [1] * 6 + [0] * 4
+    assert verdict.status == "inconclusive" and "at the edge of the test" in verdict.reason
+    # a redraw keeps the pass only if all six stay decided: P(N(3.2, 1) ≥ 3)⁶ = Φ(0.2)⁶ (a tie
+    # turning into a win or loss, 2·Φ(−3) each, is left out of the reference)
+    expected = stats.norm.cdf(0.2) ** 6
+    assert _share_held(verdict.reason) == pytest.approx(expected, abs=4 / VERDICT_REDRAWS**0.5)
+    # the same six margins at ten standard errors: every redraw keeps them
+    clear, _ = items_sign_test("sufficiency", -values * 10 / 3.2, np.zeros(10), errors, False)
+    assert clear.status == "pass" and _share_held(clear.reason) == 1.0
+
+
+def test_a_sampled_methods_verdict_moves_less_with_its_draw():
+    # a method whose score on each item is drawn around a true margin, rerun under five seeds:
+    # how many item sets get a different verdict from one seed to another, by the plain sign
+    # test over the decided items and by the rule that gives only verdicts its redraws keep
+    rng = np.random.default_rng(1)
+    moved = {"plain": 0, "redrawn": 0}
+    for _ in range(30):
+        true, errors = rng.uniform(-0.02, 0.12, 10), rng.uniform(0.005, 0.03, 10)
+        plain, redrawn = set(), set()
+        for seed in range(5):
+            drawn = true + rng.standard_normal(10) * errors
+            outcomes = [item_outcome(v, 0.0, e, True) for v, e in zip(drawn, errors, strict=True)]
+            plain.add(sign_test("s", outcomes.count(1), outcomes.count(-1)).status)
+            redrawn.add(items_sign_test("s", drawn, np.zeros(10), errors, True, seed)[0].status)
+        moved["plain"] += len(plain) > 1
+        moved["redrawn"] += len(redrawn) > 1
+    assert moved["redrawn"] * 2 <= moved["plain"], moved
 
 
 def _cat_reader(load_model):

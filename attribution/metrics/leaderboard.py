@@ -5,7 +5,7 @@ Each (item, method) pair gives one row with the faithfulness scores of the metho
 random orders, the forward passes and seconds it took. :func:`summarise` turns the rows into
 one line per method: the mean of each score with a 95 % bootstrap interval (SciPy), the share
 of items on which the method beats random orders with a sign test over the items and its
-verdict (:func:`~attribution.verdicts.sign_test`), and the cost per item.
+verdict (:func:`~attribution.verdicts.items_sign_test`), and the cost per item.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from attrlab.attribution.metrics.faithfulness import (
 from attrlab.attribution.models.base import Adapter
 from attrlab.attribution.request.defaults import EVALUATION_ORDERS, EVALUATION_STEPS
 from attrlab.attribution.request.run import ProgressCallback, RunContext, RunSettings
-from attrlab.attribution.verdicts import item_outcome, sign_test
+from attrlab.attribution.verdicts import items_sign_test
 
 __all__ = [
     "MAP_DRAWS",
@@ -245,7 +245,9 @@ def summarise(per_item: pd.DataFrame, modality: str, seed: int = 0) -> pd.DataFr
     that won or lost (``*_untied``), the two-sided sign test of wins against losses over them
     (``*_sign_p``) and its verdict (``*_verdict``: pass = better than random, fail = worse,
     inconclusive; under :data:`~attribution.verdicts.MIN_SIGN_TRIALS` untied items always
-    inconclusive), and the mean forward passes and seconds per item.
+    inconclusive, and inconclusive too where redraws of the items' margins within their noise
+    would not keep a pass or fail: :func:`~attribution.verdicts.items_sign_test`), and the mean
+    forward passes and seconds per item.
     """
     rows = []
     for method, group in per_item.groupby("method", sort=False):
@@ -262,15 +264,11 @@ def summarise(per_item: pd.DataFrame, modality: str, seed: int = 0) -> pd.DataFr
                 # a sampled map's own noise adds to the reference's (independent draws)
                 own = group.get(f"{score}_map_se", pd.Series(0.0, index=group.index)).fillna(0.0)
                 errors = np.sqrt(errors**2 + own**2)
-                outcomes = np.array(
-                    [
-                        item_outcome(v, m, e, higher)
-                        for v, m, e in zip(values, randoms, errors.to_numpy(float), strict=True)
-                    ]
+                verdict, outcomes = items_sign_test(
+                    score, values, randoms, errors.to_numpy(float), higher, seed
                 )
                 row[f"{score}_wins"] = float(np.mean(outcomes == 1))
                 row[f"{score}_untied"] = int((outcomes != 0).sum())
-                verdict = sign_test(score, int((outcomes == 1).sum()), int((outcomes == -1).sum()))
                 row[f"{score}_sign_p"] = verdict.value
                 row[f"{score}_verdict"] = verdict.status
         row["forward_passes"] = float(group["forward_passes"].mean())
