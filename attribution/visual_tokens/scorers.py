@@ -26,9 +26,12 @@ import torch.nn.functional as F
 from attrlab.attribution.alteration import altered
 from attrlab.attribution.errors import InvalidParameterError, UnsupportedMethodError
 from attrlab.attribution.eviction.scorers import AWARENESS
+from attrlab.attribution.explain import explain
 from attrlab.attribution.layers.hooks import block_io
+from attrlab.attribution.methods.registry import get_method
 from attrlab.attribution.models.layouts import layout_for
 from attrlab.attribution.models.vlm import ImageTextInputs, VisionLanguageAdapter
+from attrlab.attribution.request.target import AnswerTarget
 from attrlab.attribution.visual_tokens.removal import (
     answer_scores,
     batched_kwargs,
@@ -291,6 +294,18 @@ def _gradient_x_input(scoring: Scoring) -> np.ndarray:
     return per_token[scoring.inputs.visual_positions].detach().cpu().numpy()
 
 
+def _attnlrp(scoring: Scoring) -> np.ndarray:
+    inputs = scoring.inputs
+    count = inputs.answer_length
+    if count < 1:
+        raise InvalidParameterError("AttnLRP scores visual tokens for an answer: give one")
+    ids = tuple(int(i) for i in inputs.input_ids[0, -count:])
+    labels = tuple(inputs.token_texts[-count:])
+    target = AnswerTarget(ids, labels, "".join(labels), False)
+    explanation = explain(scoring.adapter, "attnlrp", inputs, target)
+    return np.asarray(explanation.maps["visual_tokens"], dtype=np.float64)
+
+
 def _atp(scoring: Scoring) -> np.ndarray:
     model = scoring.adapter
     blocks = range(scoring.layer, model.num_layers)
@@ -377,6 +392,16 @@ def _register() -> None:
             "Shrikumar et al. 2016, arXiv:1605.01713",
             "answer-aware",
             _gradient_x_input,
+        ),
+        VisualScorer(
+            "attnlrp",
+            "AttnLRP relevance of the answer's logits at the first language-model block's "
+            "input, summed over each visual token's features (the relevance stops at the "
+            "visual tokens: the vision tower is not traversed)",
+            "Achtibat et al. 2024, AttnLRP, arXiv:2402.05602",
+            "answer-aware",
+            _attnlrp,
+            get_method("attnlrp").unsupported_reason,
         ),
         VisualScorer(
             "atp",
