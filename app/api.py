@@ -859,8 +859,8 @@ class VisualTokensBody(BaseModel):
     Which visual tokens a vision-language model's answer needs, by each scorer, checked.
 
     ``image_base64`` and ``prompt``: the image file's bytes and the prompt about it; ``answer``
-    the answer measured, teacher-forced (default: the model's own next token; several greedy
-    tokens are not generated on an image and a prompt). Each scorer keeps its highest-scoring
+    the answer measured, teacher-forced (default: the model's own next token; the study does
+    not generate an answer of several tokens). Each scorer keeps its highest-scoring
     visual tokens at each of ``ratios`` and drops the others, at the input (``layer`` 0) or
     from block ``layer`` on; the answer is measured beside ``draws`` random orders at most,
     and each scorer is ranked against dropping each visual token alone. ``attention_layer``:

@@ -30,7 +30,7 @@ from attrlab.attribution.models.vlm import (
     with_answer,
 )
 from attrlab.attribution.request import EstimateRequest, ExplainRequest, RequestBounds, run_request
-from attrlab.attribution.request.answers import answer_target, given_answer
+from attrlab.attribution.request.answers import Answer, answer_target, given_answer
 
 PROMPT = "what is in the picture"
 ANSWER = " a cat sits"
@@ -121,10 +121,29 @@ def test_rest_without_an_answer_explains_the_models_own_next_token(served, folde
     assert response.json()["target"]["index"] == int(logits.argmax())
 
 
+def test_rest_explains_the_models_own_generated_answer(served, folder, library, png):
+    response = served.post("/api/v1/explain", json=_body(folder, png, text=PROMPT, generate=3))
+    assert response.status_code == 200, response.text
+    found = response.json()
+    # greedy, token by token, from plain forwards of the image, prompt and answer so far
+    prompt: ImageTextInputs = library.preprocess(ImagePrompt(png, PROMPT))
+    ids: list[int] = []
+    for _ in range(3):
+        sequence = with_answer(library, prompt, Answer(tuple(ids), "")) if ids else prompt
+        with torch.no_grad():
+            ids.append(int(library.model(**sequence.model_kwargs()).logits[0, -1].argmax()))
+    assert found["target_record"]["kind"] == "answer"
+    assert found["target_record"]["generated"] is True
+    assert found["target_record"]["tokens"] == ids
+    answer = Answer(tuple(ids), "", generated=True)
+    inputs = with_answer(library, prompt, answer)
+    expected = explain(library, "gradient_x_input", inputs, answer_target(library, inputs, answer))
+    _assert_same_map(found, expected)
+
+
 @pytest.mark.parametrize(
     ("fields", "code", "words"),
     [
-        ({"text": PROMPT, "generate": 3}, "method_not_applicable", "a generated answer is not"),
         (
             {"text": PROMPT, "answer": " a cat", "contrast": " the big dog"},
             "method_not_applicable",

@@ -32,7 +32,12 @@ from attrlab.attribution.models.vlm import (
     VisionLanguageAdapter,
     with_answer,
 )
-from attrlab.attribution.request.answers import Answer, answer_target, given_answer
+from attrlab.attribution.request.answers import (
+    Answer,
+    answer_request,
+    answer_target,
+    given_answer,
+)
 from attrlab.attribution.request.target import AnswerTarget, ContrastTarget, Target
 
 PROMPT = "what is in the picture"
@@ -484,3 +489,25 @@ def test_pixels_a_centre_crop_drops_stay_blank_and_travel_as_json_null() -> None
     back = Explanation.from_json(text)
     np.testing.assert_array_equal(back.maps["image_heatmap"], heat)  # NaN where NaN
     np.testing.assert_array_equal(back.maps["visual_tokens"], explanation.maps["visual_tokens"])
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "idefics3"])
+def test_a_generated_answer_is_the_greedy_token_of_the_sequence_explained(family: str) -> None:
+    adapter = _adapter(family)
+    image = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    prompt = adapter.preprocess(ImagePrompt(image, PROMPT))
+    inputs, target = answer_request(adapter, ImagePrompt(image, PROMPT), generate=4)
+    assert isinstance(target, AnswerTarget) and target.generated
+    # each token the argmax of one plain forward of the image, prompt and answer before it:
+    # no key/value cache, the multimodal positions and pixel-shuffled tokens recomputed
+    ids: list[int] = []
+    for _ in range(4):
+        sequence = with_answer(adapter, prompt, Answer(tuple(ids), "")) if ids else prompt
+        with torch.no_grad():
+            ids.append(int(adapter.model(**sequence.model_kwargs()).logits[0, -1].argmax()))
+    assert list(target.tokens) == ids
+    assert inputs.input_ids[0, -4:].tolist() == ids and inputs.answer_length == 4
+    # a stop text ends the answer at the token completing it, kept
+    second = "".join(inputs.token_texts[-4:-2])
+    _, stopped = answer_request(adapter, ImagePrompt(image, PROMPT), generate=4, stop=second)
+    assert isinstance(stopped, AnswerTarget) and list(stopped.tokens) == ids[:2]

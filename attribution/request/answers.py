@@ -18,7 +18,7 @@ per-step log-probabilities from a forward's logits is the target record's own
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any, TypeVar, overload
@@ -28,7 +28,6 @@ import torch
 from attrlab.attribution.errors import (
     InvalidInputError,
     InvalidParameterError,
-    UnsupportedMethodError,
     require_unicode,
 )
 from attrlab.attribution.inputs.tokens import continuation_texts, token_texts
@@ -56,6 +55,7 @@ __all__ = [
     "answer_target",
     "check_answer_fits",
     "generate_answer",
+    "generate_image_answer",
     "given_answer",
     "next_token_answer",
     "prompt_inputs",
@@ -477,25 +477,79 @@ def generate_answer(
     room = decoder.max_length - int(prompt.input_ids.shape[1])
     if room < 1:
         raise InvalidInputError("the prompt fills the model's context: no room for an answer")
-    eos = _eos_ids(decoder)
-    ids: list[int] = []
-    reason = "length"
-    step_ids, mask = prompt.input_ids, prompt.attention_mask
-    past: Any = None
-    with torch.no_grad():
-        for _ in range(min(int(max_new_tokens), room)):
+    most = min(int(max_new_tokens), room)
+
+    def tokens() -> Iterator[int]:
+        step_ids, mask = prompt.input_ids, prompt.attention_mask
+        past: Any = None
+        for _ in range(most):
             out = decoder.model(input_ids=step_ids, attention_mask=mask, cache=past, use_cache=True)
             past = out.cache
             token = int(out.logits[0, -1].argmax())
-            if token in eos:
-                reason = "eos"
-                break
-            ids.append(token)
-            if stop and stop in "".join(continuation_texts(decoder.tokenizer, ids)):
-                reason = "stop"
-                break
+            yield token
             step_ids = torch.tensor([[token]], device=mask.device)
             mask = torch.cat([mask, mask.new_ones(1, 1)], dim=1)
+
+    with torch.no_grad():
+        return _greedy(decoder, tokens(), stop)
+
+
+def generate_image_answer(
+    adapter: Adapter, prompt: ImageTextInputs, max_new_tokens: int, stop: str | None = None
+) -> Answer:
+    """
+    A vision-language model's greedy continuation of an image and its prompt.
+
+    As :func:`generate_answer`, by the model's own ``generate`` (greedy, with its key/value
+    cache: each family continues its image inputs and positions, Qwen2-VL's multimodal
+    rotary ones included, as Hugging Face does), ending where :func:`generate_answer` ends.
+
+    Raises:
+        InvalidParameterError: ``max_new_tokens`` outside 1..:data:`MAX_NEW_TOKENS`.
+    """
+    from transformers import GenerationConfig
+
+    decoder = vision_language(adapter)
+    _check_generate(max_new_tokens)
+    room = decoder.max_length - int(prompt.input_ids.shape[1])
+    if room < 1:
+        raise InvalidInputError("the prompt fills the model's context: no room for an answer")
+    eos = sorted(_eos_ids(decoder))
+    pad = decoder.tokenizer.pad_token_id
+    config = GenerationConfig(  # greedy, whatever the checkpoint's own generation settings
+        max_new_tokens=min(int(max_new_tokens), room),
+        do_sample=False,
+        num_beams=1,
+        eos_token_id=eos or None,
+        pad_token_id=pad if pad is not None else (eos[0] if eos else None),
+    )
+    model: Any = decoder.model
+    with torch.no_grad():
+        out = model.generate(**prompt.model_kwargs(), generation_config=config)
+        return _greedy(decoder, iter(out[0, prompt.input_ids.shape[1] :].tolist()), stop)
+
+
+def _greedy(decoder: DecoderLMAdapter, tokens: Iterator[int], stop: str | None) -> Answer:
+    """
+    A greedy answer from the model's next ``tokens``, taken until one ends it.
+
+    It ends at the end-of-sequence token (not kept), once the text contains ``stop`` (the
+    token completing it kept), or when ``tokens`` run out.
+
+    Raises:
+        InvalidInputError: the model ends its answer at once.
+    """
+    eos = _eos_ids(decoder)
+    ids: list[int] = []
+    reason = "length"
+    for token in tokens:
+        if token in eos:
+            reason = "eos"
+            break
+        ids.append(token)
+        if stop and stop in "".join(continuation_texts(decoder.tokenizer, ids)):
+            reason = "stop"
+            break
     if not ids:
         raise InvalidInputError(
             "the model ends its answer at once (end of sequence): nothing to explain"
@@ -593,12 +647,7 @@ def answer_target(
 
 
 def _image_prompt_answer(spec: AnswerSpec) -> None:
-    """Refuse what an image and a prompt cannot ask yet: a generated answer, ``chat``."""
-    if spec.generate is not None:
-        raise UnsupportedMethodError(
-            "a generated answer is not explained on an image and a prompt yet (generation "
-            "reads text only): give the answer to explain, or explain the model's next token"
-        )
+    """Refuse what an image and a prompt cannot ask: ``chat`` (the processor's template is used)."""
     if spec.chat:
         raise InvalidInputError(
             "an image and a prompt go through the processor's chat template where it has "
@@ -646,8 +695,7 @@ def answer_request(
     The inputs and target of a request about a decoder LM's answer: what every front end calls.
 
     ``prompt``: a text, or an image and its prompt (:class:`~attribution.models.vlm.ImagePrompt`,
-    a vision-language model's: a given answer or the next token; a generated answer and
-    ``chat`` are refused).
+    a vision-language model's: ``chat`` is refused, its processor's template is used).
 
     ``answer``: the continuation to explain (teacher-forced); ``generate``: explain the model's
     own greedy continuation of at most that many tokens instead (ending at ``stop``);
@@ -671,11 +719,12 @@ def answer_request(
     if isinstance(prompt, ImagePrompt):
         _image_prompt_answer(spec)
         image_prompt = vision_language(adapter).preprocess(prompt)
-        found = (
-            given_answer(adapter, answer)
-            if answer is not None
-            else next_token_answer(adapter, image_prompt, token)
-        )
+        if answer is not None:
+            found = given_answer(adapter, answer)
+        elif generate is not None:
+            found = generate_image_answer(adapter, image_prompt, generate, stop)
+        else:
+            found = next_token_answer(adapter, image_prompt, token)
         return _with_contrast(adapter, image_prompt, found, contrast, with_answer)
     prompt_tokens = prompt_inputs(adapter, prompt, chat)
     if answer is not None:
