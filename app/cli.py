@@ -322,7 +322,7 @@ def _dataset_texts(path: str) -> tuple[str, ...]:
     """The texts of a JSONL dataset, refusing images and targets (each text's is its top one)."""
     texts = []
     for line in _dataset_lines(path):
-        if line.text is None or line.target is not None:
+        if line.text is None or line.image is not None or line.target is not None:
             raise InvalidInputError(
                 f"{path}: row '{line.id}' gives an image or a target; pruning measures texts, "
                 "each on the unpruned model's top prediction"
@@ -599,7 +599,10 @@ def _batch(args: argparse.Namespace) -> int:
         else:
             worker = _worker(args)
             try:
-                _load_model(worker, config.model, args, bar)
+                adapter = _load_model(worker, config.model, args, bar)
+                request_records.check_instance_modalities(  # exit 2, before work
+                    adapter, [row.instance() for row in rows], lambda n, _: f"row '{rows[n].id}'"
+                )
                 bar.stage("batch")
                 for start in range(0, len(rows), args.batch_size):
                     chunk = rows[start : start + args.batch_size]
@@ -622,8 +625,9 @@ def _batch_rows(path: str) -> Iterator[Any]:
     """
     The dataset's rows: one per JSONL line, or one per image file of a folder.
 
-    A line is ``{"id"?, "text" | "image": path relative to the file, "target"?}``; a row that
-    cannot be read carries its problem, recorded as its result.
+    A line is ``{"id"?, "text" | "image": path relative to the file, "target"?}``, or both
+    ``"image"`` and ``"text"`` (an image and its prompt); a row that cannot be read carries its
+    problem, recorded as its result.
     """
     source = Path(path).expanduser()
     if source.is_dir():
@@ -687,7 +691,10 @@ def _dataset_instances(
         item_target = target if line.target is None else line.target
         if line.image is not None:
             image = _read_image_file(str(folder / line.image))
-            instances.append(request_records.Instance(image=image, target=item_target))
+            # with a text: the image's prompt (a vision-language model's input)
+            instances.append(
+                request_records.Instance(text=line.text, image=image, target=item_target)
+            )
             names.append(line.image)
         else:
             instances.append(request_records.Instance(text=line.text, target=item_target))
@@ -1561,7 +1568,8 @@ def _add_batch_command(sub: _Subcommands) -> None:
     batch.add_argument(
         "--input",
         required=True,
-        help='JSONL ({"id"?, "text" | "image": path, "target"?} per line) or a folder of images',
+        help='JSONL ({"id"?, "text" | "image": path | both, "target"?} per line) or a folder of '
+        "images",
     )
     batch.add_argument(
         "--output", required=True, help="out.jsonl or out.parquet (resumed when it exists)"

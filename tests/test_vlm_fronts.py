@@ -249,3 +249,79 @@ def test_pricing_runs_the_vision_tower_once_per_pass_as_the_methods_do(folder, p
     assert estimate.seconds > 0
     assert max(rows["block"]) > 1  # passes of many rows were timed...
     assert set(rows["tower"]) == {1}  # ...each with one image through the vision tower
+
+
+def _batch_lines(tmp_path: Path, png: bytes, lines: list[dict]) -> Path:
+    """A JSONL dataset beside ``picture.png`` (its lines name the image by that file name)."""
+    (tmp_path / "picture.png").write_bytes(png)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    return data
+
+
+def test_batch_lines_of_an_image_and_a_prompt_equal_the_single_explain_call(
+    capsys, folder, library, png, tmp_path
+):
+    lines = [
+        {"id": "given", "image": "picture.png", "text": PROMPT, "answer": ANSWER},
+        {"id": "next", "image": "picture.png", "text": PROMPT},
+    ]
+    data, out = _batch_lines(tmp_path, png, lines), tmp_path / "out.jsonl"
+    argv = ["batch", "--model", str(folder), "--methods", "gradient_x_input", "--device", "cpu"]
+    assert main([*argv, "--input", str(data), "--output", str(out)]) == 0
+    rows = {row["id"]: row for row in map(json.loads, out.read_text().splitlines())}
+    assert rows["given"]["error"] is None and rows["next"]["error"] is None
+    single = ["explain", "--model", str(folder), "--method", "gradient_x_input", "--device", "cpu"]
+    picture = str(tmp_path / "picture.png")
+    for key, answer in (("given", ["--answer", ANSWER]), ("next", [])):
+        capsys.readouterr()
+        assert (
+            main([*single, "--image", picture, "--text", PROMPT, *answer, "--format", "json"]) == 0
+        )
+        alone = json.loads(capsys.readouterr().out)
+        found = json.loads(rows[key]["explanation_json"])
+        np.testing.assert_allclose(found["scores"], alone["scores"], rtol=1e-6, atol=1e-12)
+        heat, alone_heat = (np.array(f["maps"]["image_heatmap"], float) for f in (found, alone))
+        np.testing.assert_allclose(heat, alone_heat, rtol=1e-6, atol=1e-12)
+        assert found["target_record"] == alone["target_record"]
+        assert found["tokens"] == alone["tokens"]
+        assert found["metrics"]["image_share"] == pytest.approx(alone["metrics"]["image_share"])
+    # and the given answer's map is the library's own
+    _assert_same_map(
+        json.loads(rows["given"]["explanation_json"]), _expected(library, png, "gradient_x_input")
+    )
+
+
+@pytest.mark.parametrize(
+    ("model", "lines", "words"),
+    [
+        (
+            "tiny-random-gpt2",
+            [{"id": "both", "image": "picture.png", "text": PROMPT}],
+            "row 'both': give exactly one input: a text or an image; model 'tiny-random-gpt2' "
+            "takes text (an image with a prompt is a vision-language model's input)",
+        ),
+        (
+            "tiny-random-vit",
+            [{"id": "both", "image": "picture.png", "text": PROMPT}],
+            "row 'both': give exactly one input: a text or an image; model 'tiny-random-vit' "
+            "takes an image",
+        ),
+        (
+            "{folder}",
+            [{"id": "ok", "image": "picture.png", "text": PROMPT}, {"id": "t", "text": PROMPT}],
+            "row 't': model '{folder}' takes an image and a prompt as input, but the request "
+            "gives text",
+        ),
+    ],
+)
+def test_batch_lines_the_model_does_not_take_are_refused_before_any_work(
+    capsys, folder, png, tmp_path, model, lines, words
+):
+    model, words = model.format(folder=folder), words.format(folder=folder)
+    data, out = _batch_lines(tmp_path, png, lines), tmp_path / "out.jsonl"
+    argv = ["batch", "--model", model, "--methods", "gradient_x_input", "--device", "cpu"]
+    assert main([*argv, "--input", str(data), "--output", str(out)]) == 2
+    error = capsys.readouterr().err
+    assert words in error and "Traceback" not in error
+    assert not out.exists() or not out.read_text().strip()  # nothing was explained

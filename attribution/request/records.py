@@ -98,6 +98,7 @@ __all__ = [
     "Request",
     "VisualTokensRequest",
     "check_instance_features",
+    "check_instance_modalities",
 ]
 
 #: What a request computes: an Explanation, a check of several methods, a preview, a table.
@@ -167,6 +168,28 @@ def check_instance_features(
             except AttrlabError as err:
                 named = name(number, instance) if name else f"instances[{number}]"
                 raise type(err)(f"{named}: {err}") from None
+
+
+def check_instance_modalities(
+    adapter: Adapter, instances: Sequence[Instance], name: Callable[[int, Instance], str]
+) -> None:
+    """
+    Refuse the first of a batch's instances whose input ``adapter`` does not take.
+
+    A batch runs on one model, and a model takes one kind of input (a text, an image, or an
+    image and its prompt): a dataset row of another kind is refused before any work, named
+    by ``name(number, instance)``; instances that carry their ``problem`` are left to report it.
+
+    Raises:
+        InvalidInputError: as :func:`~attribution.request.gate.check_modality`, prefixed with
+            the instance's name.
+    """
+    for number, instance in enumerate(instances):
+        if instance.problem is None:
+            try:
+                check_modality(adapter, instance.modality)
+            except InvalidInputError as err:
+                raise InvalidInputError(f"{name(number, instance)}: {err}") from None
 
 
 @dataclass(frozen=True, kw_only=True)
