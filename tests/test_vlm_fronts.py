@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from _jobs import job_settings, wait_for_job
@@ -19,7 +20,7 @@ import attrlab
 from attrlab.app.cli import main
 from attrlab.app.server import create_app
 from attrlab.app.worker import ExplainWorker
-from attrlab.attribution.errors import TooSlowError
+from attrlab.attribution.errors import InvalidInputError, TooSlowError
 from attrlab.attribution.explain import explain
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.models.hub import load_pretrained
@@ -29,7 +30,21 @@ from attrlab.attribution.models.vlm import (
     VisionLanguageAdapter,
     with_answer,
 )
-from attrlab.attribution.request import EstimateRequest, ExplainRequest, RequestBounds, run_request
+from attrlab.attribution.patching import (
+    Blurred,
+    Masked,
+    Noised,
+    OtherImage,
+    PatchingReport,
+    image_patching_report,
+)
+from attrlab.attribution.request import (
+    EstimateRequest,
+    ExplainRequest,
+    PatchRequest,
+    RequestBounds,
+    run_request,
+)
 from attrlab.attribution.request.answers import answer_target, given_answer
 
 PROMPT = "what is in the picture"
@@ -325,3 +340,186 @@ def test_batch_lines_the_model_does_not_take_are_refused_before_any_work(
     error = capsys.readouterr().err
     assert words in error and "Traceback" not in error
     assert not out.exists() or not out.read_text().strip()  # nothing was explained
+
+
+# Patching with a corrupted image, through every front end, against the library's own report.
+#: The study the front ends are asked for: cheap (the residual, exact and AtP), on the answer.
+STUDY = {"components": ["residual"], "estimators": ["exact", "atp"]}
+
+
+@pytest.fixture(scope="module")
+def other_png() -> bytes:
+    """Another image of the clean one's size (the corrupted side of OtherImage)."""
+    pixels = np.random.default_rng(1).integers(0, 256, (HEIGHT, WIDTH, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _patch_body(folder: Path, png: bytes, corruption: dict | None, **fields: object) -> dict:
+    body = {"model": str(folder), "clean": PROMPT, "image_base64": _b64(png), "answer": ANSWER}
+    return {**body, **STUDY, "image_corruption": corruption, **fields}
+
+
+def _library_report(library, png: bytes, corruption) -> PatchingReport:
+    """The library's own study of the same request."""
+    prompt = ImagePrompt(png, PROMPT)
+    return image_patching_report(
+        library, prompt, corruption, STUDY["components"], STUDY["estimators"], answer=ANSWER
+    )
+
+
+def _assert_same_report(found: dict, expected: PatchingReport) -> None:
+    assert found["clean_score"] == pytest.approx(expected.clean_score, rel=1e-5)
+    assert found["corrupted_score"] == pytest.approx(expected.corrupted_score, rel=1e-5)
+    assert found["corrupted_score"] != pytest.approx(found["clean_score"])  # it was corrupted
+    table = pd.DataFrame(found["table"])
+    keys = ["estimator", "direction", "component", "layer", "position", "token"]
+    assert table[keys].values.tolist() == expected.table[keys].values.tolist()
+    for column in ("effect", "normalised"):
+        np.testing.assert_allclose(table[column], expected.table[column], rtol=1e-4, atol=1e-7)
+    assert found["visual"] == expected.visual.to_dict()
+    assert found["target"] == expected.target
+
+
+def _corruptions(other_png: bytes) -> dict[str, tuple[dict, object]]:
+    """Each corruption as REST sends it, and as the library's record."""
+    return {
+        "blur": ({"kind": "blur", "sigma": 2.0}, Blurred(2.0)),
+        "noise": ({"kind": "noise", "sigma": 40.0, "seed": 3}, Noised(40.0, 3)),
+        "mask": ({"kind": "mask", "box": [8, 0, 24, 16], "fill": 0}, Masked((8, 0, 24, 16), 0)),
+        "other": ({"kind": "other_image", "image_base64": _b64(other_png)}, OtherImage(other_png)),
+    }
+
+
+@pytest.mark.parametrize("kind", ["blur", "noise", "mask", "other"])
+def test_rest_patches_a_corrupted_image_as_the_library_does(
+    served, folder, library, png, other_png, kind
+):
+    sent, corruption = _corruptions(other_png)[kind]
+    response = served.post("/api/v1/patch", json=_patch_body(folder, png, sent))
+    assert response.status_code == 200, response.text
+    _assert_same_report(response.json(), _library_report(library, png, corruption))
+
+
+def test_a_patching_job_of_an_image_gives_the_reports_of_the_route(served, folder, png):
+    body = _patch_body(folder, png, {"kind": "blur", "sigma": 2.0})
+    direct = served.post("/api/v1/patch", json=body).json()
+    submitted = served.post("/api/v1/patch/jobs", json=body)
+    assert submitted.status_code == 202, submitted.text
+    status = wait_for_job(served, submitted.json()["job_id"])
+    assert status["status"] == "done", status
+    results = served.get(f"/api/v1/jobs/{submitted.json()['job_id']}/results").text
+    (line,) = results.splitlines()
+    found = json.loads(line)["report"]
+    assert found["table"] == direct["table"] and found["visual"] == direct["visual"]
+
+
+#: What needs the image or the model is refused when the study runs; the rest before queueing.
+_NEEDS_THE_MODEL = ("leaves the", "at most the image's longer", "takes text")
+
+
+@pytest.mark.parametrize(
+    ("fields", "status", "words"),
+    [
+        ({"image_base64": None}, 400, "needs the clean image and how it is corrupted"),
+        ({"image_corruption": None}, 400, "needs the clean image and how it is corrupted"),
+        ({"corrupted": "what is in the box"}, 400, "give no corrupted prompt or noise"),
+        ({"contrast": " a dog"}, 400, "a class target or a contrast is not offered"),
+        ({"image_corruption": {"kind": "blur", "sigma": 0}}, 422, "the blur's sigma is positive"),
+        ({"image_corruption": {"kind": "blur", "sigma": 90}}, 422, "at most the image's longer"),
+        ({"image_corruption": {"kind": "noise", "sigma": 5, "seed": -1}}, 422, "seed"),
+        ({"image_corruption": {"kind": "swirl"}}, 422, "kind"),
+        ({"image_corruption": {"kind": "mask", "box": [1, 2, 3]}}, 422, "box"),
+        ({"image_corruption": {"kind": "mask", "box": [40, 0, 49, 5]}}, 400, "leaves the 48 × 32"),
+        ({"image_corruption": {"kind": "blur", "sigma": 1, "seed": 2}}, 422, "seed"),
+        ({"image_corruption": {"kind": "other_image", "image_base64": "%%%"}}, 400, "not valid"),
+        ({"image_base64": _b64(b"not an image")}, 400, "not a readable image"),
+        ({"model": "tiny-random-gpt2"}, 400, "model 'tiny-random-gpt2' takes text (an image"),
+        ({"model": None}, 400, "name one"),
+    ],
+)
+def test_rest_refuses_a_bad_image_patching_request_in_words(
+    served, folder, png, fields, status, words
+):
+    body = {**_patch_body(folder, png, {"kind": "blur", "sigma": 2.0}), **fields}
+    body = {key: value for key, value in body.items() if value is not None}
+    response = served.post("/api/v1/patch", json=body)
+    assert response.status_code == status, response.text
+    assert words in response.json()["error"]["message"]
+    if not any(late in words for late in _NEEDS_THE_MODEL):  # a job is refused before queueing
+        queued = served.post("/api/v1/patch/jobs", json=body)
+        assert queued.status_code == status and words in queued.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("kind", ["mask", "other"])
+def test_the_cli_patches_a_corrupted_image_as_the_library_does(
+    capsys, folder, library, png, other_png, tmp_path, kind
+):
+    clean, other = tmp_path / "clean.png", tmp_path / "other.png"
+    clean.write_bytes(png)
+    other.write_bytes(other_png)
+    flags = {
+        "mask": ["--mask", "8,0,24,16", "--mask-fill", "0"],
+        "other": ["--corrupt-image", str(other)],
+    }
+    argv = ["patch", "--model", str(folder), "--image", str(clean), "--text", PROMPT]
+    argv += [*flags[kind], "--answer", ANSWER, "--components", "residual"]
+    argv += ["--estimators", "exact,atp", "--device", "cpu", "--format", "json"]
+    assert main(argv) == 0
+    found = json.loads(capsys.readouterr().out)
+    _assert_same_report(found, _library_report(library, png, _corruptions(other_png)[kind][1]))
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--blur", "2"], "needs the clean image and how it is corrupted"),
+        (["--image", "{clean}", "--corrupt", "what is in the box"], "needs the clean image"),
+        (["--image", "{clean}", "--mask", "1,2,3"], "--mask is a box x0,y0,x1,y1"),
+        (["--image", "{clean}", "--mask", "0,0,4,4", "--mask-fill", "median"], "fill is 'mean'"),
+        (["--image", "{clean}", "--blur", "0"], "the blur's sigma is positive"),
+        (["--image", "{clean}", "--image-noise", "4", "--image-noise-seed", "-2"], "seed is 0"),
+        (["--image", "/no/such.png", "--blur", "2"], "does not exist or is not a regular file"),
+        (["--image", "{clean}", "--blur", "2", "--model", "tiny-random-gpt2"], "takes text (an"),
+    ],
+)
+def test_the_cli_refuses_a_bad_image_patching_request_in_words(
+    capsys, folder, png, tmp_path, flags, words
+):
+    clean = tmp_path / "clean.png"
+    clean.write_bytes(png)
+    flags = [flag.format(clean=clean) for flag in flags]
+    model = [] if "--model" in flags else ["--model", str(folder)]
+    argv = ["patch", *model, "--text", PROMPT, *flags, "--answer", ANSWER, "--device", "cpu"]
+    assert main([*argv, "--components", "residual", "--estimators", "exact"]) == 2
+    error = capsys.readouterr().err
+    assert words in error and "Traceback" not in error
+
+
+def test_the_python_api_patches_a_corrupted_image_as_the_library_does(library, png, tmp_path):
+    path = tmp_path / "picture.png"
+    path.write_bytes(png)
+    found = attrlab.patch(
+        library, PROMPT, image=path, corruption=Noised(40.0, 3), answer=ANSWER, **STUDY
+    )
+    _assert_same_report(found.to_dict(), _library_report(library, png, Noised(40.0, 3)))
+    with pytest.raises(InvalidInputError, match="needs the clean image"):
+        attrlab.patch(library, PROMPT, corruption=Blurred(1.0), answer=ANSWER, **STUDY)
+
+
+def test_an_image_patching_request_is_priced_and_refused_over_the_servers_seconds(library, png):
+    request = PatchRequest(
+        model="library",
+        clean=PROMPT,
+        image=png,
+        image_corruption=Blurred(2.0),
+        components=("residual",),
+        estimators=("exact",),
+    )
+    with pytest.raises(TooSlowError, match="this patching study would take"):
+        run_request(request, library, RequestBounds(max_seconds=1e-6))
