@@ -1601,11 +1601,9 @@ def _add_job_submit_routes(
         ``total`` patching stages); its results are one JSON line, ``{"index": 0, "report":
         ...}`` with the report of ``POST /patch``, or with ``format=parquet`` the report's
         ``table``. Cancelling stops it at its next batch of patched runs (the model is left
-        unpatched); a restart runs it again from the start. Names and the corruption (an
-        image's too, and the images within the server's pixels) are checked here (4xx); what
-        needs the model (the prompts' token lengths, a target they do not hold, a model that
-        does not take an image and a prompt, a study over the server's seconds) ends the job
-        ``failed`` with the reason in ``message``.
+        unpatched); a restart runs it again from the start. Names, the corruption and the
+        images are checked here (4xx); what needs the model (token lengths, a target, a model
+        not taking an image, a study over the server's seconds) ends it ``failed``.
         """
         gate_study_job(body, worker)  # the gate a run of the stored job passes again
         return _queued_job(jobs, {"kind": "patch", "body": body.model_dump(mode="json")}, 1)
