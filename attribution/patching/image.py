@@ -287,9 +287,9 @@ def image_patching_report(
     Raises:
         InvalidInputError: as :func:`image_patching_problem`; a corruption that leaves the
             answer's score as it was.
-        InvalidParameterError: as :func:`patching_report`.
-        UnsupportedMethodError, BudgetExceededError, TooSlowError, TooMuchMemoryError,
-            JobCancelledError: as :func:`patching_report`.
+        InvalidParameterError, UnsupportedMethodError, BudgetExceededError: as
+            :func:`patching_report`.
+        TooSlowError, TooMuchMemoryError, JobCancelledError: as :func:`patching_report`.
     """
     settings = settings or RunSettings()
     problem = image_patching_problem(adapter, clean, corruption, answer)
