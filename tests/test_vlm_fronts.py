@@ -72,7 +72,12 @@ def library(folder: Path) -> VisionLanguageAdapter:
 
 @pytest.fixture(scope="module")
 def png() -> bytes:
-    pixels = np.random.default_rng(0).integers(0, 256, (HEIGHT, WIDTH, 3), dtype=np.uint8)
+    return _random_png(0)
+
+
+def _random_png(seed: int) -> bytes:
+    """A PNG file of random pixels, HEIGHT × WIDTH."""
+    pixels = np.random.default_rng(seed).integers(0, 256, (HEIGHT, WIDTH, 3), dtype=np.uint8)
     buffer = io.BytesIO()
     Image.fromarray(pixels).save(buffer, format="PNG")
     return buffer.getvalue()
@@ -350,10 +355,7 @@ STUDY = {"components": ["residual"], "estimators": ["exact", "atp"]}
 @pytest.fixture(scope="module")
 def other_png() -> bytes:
     """Another image of the clean one's size (the corrupted side of OtherImage)."""
-    pixels = np.random.default_rng(1).integers(0, 256, (HEIGHT, WIDTH, 3), dtype=np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="PNG")
-    return buffer.getvalue()
+    return _random_png(1)
 
 
 def _b64(data: bytes) -> str:
