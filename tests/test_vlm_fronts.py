@@ -75,9 +75,9 @@ def png() -> bytes:
     return _random_png(0)
 
 
-def _random_png(seed: int) -> bytes:
-    """A PNG file of random pixels, HEIGHT × WIDTH."""
-    pixels = np.random.default_rng(seed).integers(0, 256, (HEIGHT, WIDTH, 3), dtype=np.uint8)
+def _random_png(seed: int, height: int = HEIGHT, width: int = WIDTH) -> bytes:
+    """A PNG file of random pixels."""
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
     buffer = io.BytesIO()
     Image.fromarray(pixels).save(buffer, format="PNG")
     return buffer.getvalue()
@@ -458,23 +458,28 @@ def test_rest_refuses_a_bad_image_patching_request_in_words(
         assert queued.status_code == status and words in queued.json()["error"]["message"]
 
 
-@pytest.mark.parametrize("kind", ["mask", "other"])
+@pytest.mark.parametrize("kind", ["mask", "other", "kept"])
 def test_the_cli_patches_a_corrupted_image_as_the_library_does(
     capsys, folder, library, png, other_png, tmp_path, kind
 ):
-    clean, other = tmp_path / "clean.png", tmp_path / "other.png"
+    clean, other, square = tmp_path / "clean.png", tmp_path / "other.png", tmp_path / "sq.png"
     clean.write_bytes(png)
     other.write_bytes(other_png)
-    flags = {
-        "mask": ["--mask", "8,0,24,16", "--mask-fill", "0"],
-        "other": ["--corrupt-image", str(other)],
-    }
+    square.write_bytes(_random_png(2, 40, 40))  # LLaVA lays another size out alike
+    flags, corruption = {
+        "mask": (["--mask", "8,0,24,16", "--mask-fill", "0"], _corruptions(other_png)["mask"][1]),
+        "other": (["--corrupt-image", str(other)], OtherImage(other_png)),
+        "kept": (
+            ["--corrupt-image", str(square), "--keep-size"],
+            OtherImage(square.read_bytes(), resize=False),
+        ),
+    }[kind]
     argv = ["patch", "--model", str(folder), "--image", str(clean), "--text", PROMPT]
-    argv += [*flags[kind], "--answer", ANSWER, "--components", "residual"]
+    argv += [*flags, "--answer", ANSWER, "--components", "residual"]
     argv += ["--estimators", "exact,atp", "--device", "cpu", "--format", "json"]
     assert main(argv) == 0
     found = json.loads(capsys.readouterr().out)
-    _assert_same_report(found, _library_report(library, png, _corruptions(other_png)[kind][1]))
+    _assert_same_report(found, _library_report(library, png, corruption))
 
 
 @pytest.mark.parametrize(
