@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import pandas as pd
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Response
@@ -47,7 +47,7 @@ from attrlab.app.errors import error_status, public_message, validation_problems
 from attrlab.app.jobs import DamagedResultsError, JobRunner, JobWork, batch_work, instance_json
 from attrlab.app.settings import ServerSettings
 from attrlab.app.worker import ExplainWorker
-from attrlab.attribution import eviction, visual_tokens
+from attrlab.attribution import eviction, patching, visual_tokens
 from attrlab.attribution.bits.sensitivity import TABLE_COLUMNS
 from attrlab.attribution.engine import CURVE_COLUMNS, SPARSITIES, engine_catalog, model_unit_kinds
 from attrlab.attribution.engine.allocation import allocation_names
@@ -917,6 +917,72 @@ class VisualTokensBody(BaseModel):
         return VisualTokensRequest(model=self.model, seed=self.seed, study=study)
 
 
+class OtherImageBody(BaseModel):
+    """Another image as the corrupted one (resized to the clean one's size unless ``resize``)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    kind: Literal["other_image"]
+    image_base64: str = Field(
+        ..., min_length=1, description="The other image file's bytes, base64-encoded"
+    )
+    resize: bool = Field(True, description="Resized to the clean image's size first")
+
+    def corruption(self) -> patching.OtherImage:
+        """The library's corruption (the image decoded to its file's bytes)."""
+        return patching.OtherImage(_decoded(self.image_base64) or b"", self.resize)
+
+
+class BlurredBody(BaseModel):
+    """The clean image blurred by a Gaussian of ``sigma`` pixels."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    kind: Literal["blur"]
+    sigma: float = Field(..., description="Pixels, above 0, at most the image's longer side")
+
+    def corruption(self) -> patching.Blurred:
+        """The library's corruption."""
+        return patching.Blurred(self.sigma)
+
+
+class NoisedBody(BaseModel):
+    """The clean image plus Gaussian noise of ``sigma`` pixel values (0…255), seeded."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    kind: Literal["noise"]
+    sigma: float = Field(..., description="In pixel values (0…255), above 0")
+    seed: _WholeNumber = Field(0, ge=0, le=2**32 - 1)
+
+    def corruption(self) -> patching.Noised:
+        """The library's corruption."""
+        return patching.Noised(self.sigma, self.seed)
+
+
+class MaskedBody(BaseModel):
+    """The clean image with the box ``[x0, y0, x1, y1]`` of its pixels filled."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    kind: Literal["mask"]
+    box: list[float] = Field(
+        ..., min_length=4, max_length=4, description="x0, y0, x1, y1 in the image's pixels"
+    )
+    fill: Literal["mean"] | float = Field("mean", description='"mean" or a value 0…255')
+
+    def corruption(self) -> patching.Masked:
+        """The library's corruption."""
+        x0, y0, x1, y1 = self.box
+        return patching.Masked((x0, y0, x1, y1), self.fill)
+
+
+#: How a vision-language study's corrupted image is made, by ``kind``.
+ImageCorruptionBody = Annotated[
+    OtherImageBody | BlurredBody | NoisedBody | MaskedBody, Field(discriminator="kind")
+]
+
+
 class PatchBody(BaseModel):
     """
     Activation patching of a transformer, and AtP, AtP* and RelP scored against it.
@@ -924,7 +990,10 @@ class PatchBody(BaseModel):
     Exactly one corruption: ``corrupted`` (a text of the clean one's token length) or
     ``noise_positions`` (causal tracing: Gaussian noise on those tokens' embeddings). A decoder
     LM's target is ``answer`` (and ``contrast``); a text classifier's is ``target``, a class
-    (then the default model is the default text classifier).
+    (then the default model is the default text classifier). A vision-language model's input is
+    ``image_base64`` with ``clean`` its prompt, and its corruption ``image_corruption`` (another
+    image, sent as base64 too, a blur, noise or a masked box), on ``answer`` (default: the next
+    token).
     """
 
     model_config = ConfigDict(
@@ -948,9 +1017,19 @@ class PatchBody(BaseModel):
         None,
         min_length=1,
         max_length=500,
-        description="A decoder LM or text classifier (default: smollm2-135m)",
+        description="A decoder LM or text classifier (default: smollm2-135m), or a "
+        "vision-language model (named) with image_base64",
     )
     clean: str = Field(..., min_length=1, description="The clean prompt")
+    image_base64: str | None = Field(
+        None,
+        min_length=1,
+        description="A vision-language model's clean image (its file's bytes, base64-encoded); "
+        "clean is its prompt",
+    )
+    image_corruption: ImageCorruptionBody | None = Field(
+        None, description="How the corrupted image is made from the clean one"
+    )
     corrupted: str | None = Field(None, min_length=1, description="The corrupted prompt")
     noise_positions: list[_WholeNumber] | None = Field(
         None, min_length=1, max_length=64, description="Clean prompt's token positions to noise"
@@ -994,6 +1073,10 @@ class PatchBody(BaseModel):
             estimators=names(self.estimators),
             directions=names(self.directions),
             top_k=self.top_k,
+            image=_decoded(self.image_base64),
+            image_corruption=None
+            if self.image_corruption is None
+            else self.image_corruption.corruption(),
         )
 
 
@@ -1390,7 +1473,10 @@ def _add_study_routes(router: APIRouter, worker: ExplainWorker) -> None:
         ``relp``), direction, component and site, with the raw ``effect`` and the
         ``normalised`` one (0 = corrupted, 1 = clean on the target); ``agreement``: each
         estimator against exact patching (Pearson, Spearman, top-k overlap) per direction and
-        component. The server's forward-pass budget covers the whole study.
+        component; ``visual`` (an image and a prompt, else ``null``): whether each position
+        is one of the ``visual_tokens``, each one's ``regions`` of the image, its
+        ``image_size``. The server's forward-pass budget covers the whole study, priced first
+        against its seconds and memory.
         """
         return JSONResponse((await _outcome(worker, body.to_request(), request)).to_dict())
 
@@ -1515,9 +1601,9 @@ def _add_job_submit_routes(
         ``total`` patching stages); its results are one JSON line, ``{"index": 0, "report":
         ...}`` with the report of ``POST /patch``, or with ``format=parquet`` the report's
         ``table``. Cancelling stops it at its next batch of patched runs (the model is left
-        unpatched); a restart runs it again from the start. Names and the corruption are
-        checked here (4xx); what needs the model (the prompts' token lengths, a target they do
-        not hold) ends the job ``failed`` with the reason in ``message``.
+        unpatched); a restart runs it again from the start. Names, the corruption and the
+        images are checked here (4xx); what needs the model (token lengths, a target, a model
+        not taking an image, a study over the server's seconds) ends it ``failed``.
         """
         gate_study_job(body, worker)  # the gate a run of the stored job passes again
         return _queued_job(jobs, {"kind": "patch", "body": body.model_dump(mode="json")}, 1)

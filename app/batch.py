@@ -77,9 +77,10 @@ RESULT_COLUMNS = list(RESULT_TYPES)
 @dataclass(frozen=True)
 class DatasetRow:
     """
-    One input of a dataset: its id, a text or the image file's bytes, an optional target.
+    One input of a dataset: its id, a text, the image file's bytes or both, an optional target.
 
-    A text row may instead ask about a decoder LM's answer (``answer``), and be explained
+    An image with a text is a vision-language model's image and prompt. A row with a text may
+    instead ask about a decoder LM's answer (``answer``), and be explained
     by its words, sentences or spans (``granularity``, ``spans``).
     """
 
@@ -143,7 +144,13 @@ def dataset_rows(
             yield DatasetRow(id=row.id, problem=f"line {number}: {err}")
             continue
         yield DatasetRow(
-            id=row.id, image=image, target=row.target, granularity=row.granularity, spans=row.spans
+            id=row.id,
+            text=row.text,  # an image's prompt, for a vision-language model
+            image=image,
+            target=row.target,
+            answer=row.answer,
+            granularity=row.granularity,
+            spans=row.spans,
         )
 
 

@@ -15,7 +15,7 @@ from typing import Any, TypeAlias
 
 from attrlab import app, attribution, viz
 from attrlab.app.progress import CommandProgress
-from attrlab.attribution import bits, engine, eviction, metrics, models, visual_tokens
+from attrlab.attribution import bits, engine, eviction, metrics, models, patching, visual_tokens
 from attrlab.attribution import request as request_records
 from attrlab.attribution.errors import AttrlabError, InvalidInputError, InvalidParameterError
 from attrlab.attribution.methods.catalog import catalog_entries
@@ -156,6 +156,7 @@ def _layers(args: argparse.Namespace) -> int:
 def _patch(args: argparse.Namespace) -> int:
     """``attrlab patch``: activation patching and its estimators on one pair of prompts."""
     figures = _study_paths(args)
+    image = None if args.image is None else _read_image_file(args.image)
     request = request_records.PatchRequest(
         model=args.model,
         seed=args.seed,
@@ -169,10 +170,36 @@ def _patch(args: argparse.Namespace) -> int:
         estimators=_optional_names(args.estimators),
         directions=_optional_names(args.directions),
         top_k=args.top_k,
+        image=image,
+        image_corruption=_image_corruption(args),
     )
     (report,) = _on_worker(args, [request], "study")
 
     return _write_study(report, args, figures, "patching_figures", report.table, viz.patching_text)
+
+
+def _image_corruption(args: argparse.Namespace) -> Any:
+    """``attrlab patch``'s corruption of the image, or ``None`` (a text's corruption)."""
+    if args.corrupt_image is not None:
+        return patching.OtherImage(_read_image_file(args.corrupt_image), not args.keep_size)
+    if args.blur is not None:
+        return patching.Blurred(args.blur)
+    if args.image_noise is not None:
+        return patching.Noised(args.image_noise, args.image_noise_seed)
+    if args.mask is None:
+        return None
+    box = _numbers(args.mask, float, "--mask")
+    if len(box) != 4:
+        raise _usage_error(f"--mask is a box x0,y0,x1,y1 in the image's pixels; got {args.mask!r}")
+    return patching.Masked((box[0], box[1], box[2], box[3]), _fill(args.mask_fill))
+
+
+def _fill(text: str) -> str | float:
+    """``--mask-fill``: a value, or a name (``mean``; another is refused by the library)."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def _study_answer(args: argparse.Namespace) -> Any:
@@ -322,7 +349,7 @@ def _dataset_texts(path: str) -> tuple[str, ...]:
     """The texts of a JSONL dataset, refusing images and targets (each text's is its top one)."""
     texts = []
     for line in _dataset_lines(path):
-        if line.text is None or line.target is not None:
+        if line.text is None or line.image is not None or line.target is not None:
             raise InvalidInputError(
                 f"{path}: row '{line.id}' gives an image or a target; pruning measures texts, "
                 "each on the unpruned model's top prediction"
@@ -599,7 +626,10 @@ def _batch(args: argparse.Namespace) -> int:
         else:
             worker = _worker(args)
             try:
-                _load_model(worker, config.model, args, bar)
+                adapter = _load_model(worker, config.model, args, bar)
+                request_records.check_instance_modalities(  # exit 2, before work
+                    adapter, [row.instance() for row in rows], lambda n, _: f"row '{rows[n].id}'"
+                )
                 bar.stage("batch")
                 for start in range(0, len(rows), args.batch_size):
                     chunk = rows[start : start + args.batch_size]
@@ -622,8 +652,9 @@ def _batch_rows(path: str) -> Iterator[Any]:
     """
     The dataset's rows: one per JSONL line, or one per image file of a folder.
 
-    A line is ``{"id"?, "text" | "image": path relative to the file, "target"?}``; a row that
-    cannot be read carries its problem, recorded as its result.
+    A line is ``{"id"?, "text" | "image": path relative to the file, "target"?}``, or both
+    ``"image"`` and ``"text"`` (an image and its prompt); a row that cannot be read carries its
+    problem, recorded as its result.
     """
     source = Path(path).expanduser()
     if source.is_dir():
@@ -687,7 +718,10 @@ def _dataset_instances(
         item_target = target if line.target is None else line.target
         if line.image is not None:
             image = _read_image_file(str(folder / line.image))
-            instances.append(request_records.Instance(image=image, target=item_target))
+            # with a text: the image's prompt (a vision-language model's input)
+            instances.append(
+                request_records.Instance(text=line.text, image=image, target=item_target)
+            )
             names.append(line.image)
         else:
             instances.append(request_records.Instance(text=line.text, target=item_target))
@@ -1202,19 +1236,50 @@ def _add_patch_command(sub: _Subcommands) -> None:
     """``attrlab patch``: activation patching and the estimators against it."""
     patch = sub.add_parser(
         "patch",
-        help="activation patching of a decoder LM or text classifier: which layers, positions "
-        "and heads carry the difference a corrupted text makes, and how far AtP, AtP* and RelP "
-        "agree with it",
+        help="activation patching of a decoder LM, text classifier or vision-language model: "
+        "which layers, positions and heads carry the difference a corrupted text (or image) "
+        "makes, and how far AtP, AtP* and RelP agree with it",
     )
     patch.add_argument(
-        "--model", default=None, help="alias, hub id or local folder (a decoder LM or classifier)"
+        "--model",
+        default=None,
+        help="alias, hub id or local folder (a decoder LM or classifier; a vision-language "
+        "model, named, with --image)",
     )
-    patch.add_argument("--clean", required=True, help="the clean text")
+    patch.add_argument(
+        "--clean", "--text", required=True, help="the clean text (with --image: its prompt)"
+    )
+    patch.add_argument("--image", help="a vision-language model's clean image file")
     corruption = patch.add_mutually_exclusive_group(required=True)
     corruption.add_argument("--corrupt", help="the corrupted prompt (the same token length)")
     corruption.add_argument(
         "--noise-positions",
         help="causal tracing instead: the clean prompt's token positions to noise, e.g. 2,3",
+    )
+    corruption.add_argument(
+        "--corrupt-image", help="with --image: another image file as the corrupted one"
+    )
+    corruption.add_argument(
+        "--blur", type=float, help="with --image: the image blurred by a Gaussian of SIGMA px"
+    )
+    corruption.add_argument(
+        "--image-noise",
+        type=float,
+        help="with --image: Gaussian noise of SIGMA pixel values (0-255) added to the image",
+    )
+    corruption.add_argument(
+        "--mask", help="with --image: the box x0,y0,x1,y1 of the image's pixels filled"
+    )
+    patch.add_argument(
+        "--keep-size",
+        action="store_true",
+        help="--corrupt-image is not resized to the clean image's size",
+    )
+    patch.add_argument(
+        "--image-noise-seed", type=int, default=0, help="--image-noise's seed (default 0)"
+    )
+    patch.add_argument(
+        "--mask-fill", default="mean", help="--mask's fill: mean (per channel) or a value 0-255"
     )
     patch.add_argument("--noise-seeds", type=_positive_int, default=NOISE_SEEDS, help="noise draws")
     patch.add_argument("--answer", help="a decoder LM's answer (default: its next token)")
@@ -1561,7 +1626,8 @@ def _add_batch_command(sub: _Subcommands) -> None:
     batch.add_argument(
         "--input",
         required=True,
-        help='JSONL ({"id"?, "text" | "image": path, "target"?} per line) or a folder of images',
+        help='JSONL ({"id"?, "text" | "image": path | both, "target"?} per line) or a folder of '
+        "images",
     )
     batch.add_argument(
         "--output", required=True, help="out.jsonl or out.parquet (resumed when it exists)"

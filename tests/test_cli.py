@@ -195,7 +195,7 @@ def test_layers_over_a_jsonl_dataset_to_parquet(tmp_path, capsys):
     ("lines", "extra", "words"),
     [
         ("oops\n", [], "line 1: not JSON"),
-        ('{"text": "a", "image": "b.png"}\n', [], "line 1: give an object"),
+        ('{"id": "a", "target": 1}\n', [], "line 1: give an object"),  # neither input
         ('{"image": "missing.png"}\n', [], "does not exist"),
         ('{"text": "a"}\n', ["--format", "parquet"], "give --output"),
         ('{"text": "a"}\n', ["--measures", "nope"], "unknown measure"),

@@ -285,6 +285,8 @@ def test_answer_fields_survive_a_dataset_line_and_the_ray_engines_rows():
         DatasetRow(id="a", text=PROMPT, answer=line.answer),
         DatasetRow(id="b", text=PROMPT, target=2),
         DatasetRow(id="c", text=PROMPT, answer=AnswerSpec(answer=ANSWER, per_step=True)),
+        # an image and its prompt (a vision-language model's row), with an answer
+        DatasetRow(id="d", text=PROMPT, image=b"\x89PNG...", answer=AnswerSpec(answer=ANSWER)),
     ]
     # as Ray hands a batch to an actor: the items through Arrow, then pandas
     batch = pa.Table.from_pylist(ray_items(rows)).to_pandas()

@@ -309,10 +309,23 @@ def test_every_line_reads_as_a_row_of_the_documented_types_or_as_its_problem(lin
             assert read.problem.startswith(f"line {number}: ")
             assert read.text is read.image is read.target is None
             continue
-        assert (read.text is None) != (read.image is None)
-        assert isinstance(read.text if read.image is None else read.image, str)  # '' too
+        # a text, an image's name, or both: an image and its prompt (a vision-language model's)
+        assert read.text is not None or read.image is not None
+        assert all(isinstance(v, str) for v in (read.text, read.image) if v is not None)  # ''
         assert target_problem(read.target) is None
         assert read.target is None or type(read.target) in (int, str)
         record = json.loads(line)  # what was read is what the line says
         assert read.target == record.get("target")
         assert read.text == record.get("text") and read.image == record.get("image")
+
+
+def test_a_line_with_an_image_and_a_text_is_an_image_and_its_prompt():
+    both = dataset_line(1, json.dumps({"image": "a.png", "text": "what is it", "answer": " a cat"}))
+    assert both.problem is None
+    assert (both.image, both.text, both.answer.answer) == ("a.png", "what is it", " a cat")
+    alone = dataset_line(2, json.dumps({"image": "a.png", "answer": " a cat"}))
+    assert "line 2: an answer follows a text, not an image" in alone.problem
+    neither = dataset_line(3, json.dumps({"target": 1}))
+    assert 'line 3: give an object with "text" or "image" (a path), or both' in neither.problem
+    wrong = dataset_line(4, json.dumps({"image": "a.png", "text": 5}))
+    assert wrong.problem == "line 4: text must be a string"

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from _jobs import job_settings, wait_for_job
@@ -19,7 +20,7 @@ import attrlab
 from attrlab.app.cli import main
 from attrlab.app.server import create_app
 from attrlab.app.worker import ExplainWorker
-from attrlab.attribution.errors import TooSlowError
+from attrlab.attribution.errors import InvalidInputError, TooSlowError
 from attrlab.attribution.explain import explain
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.models.hub import load_pretrained
@@ -29,7 +30,21 @@ from attrlab.attribution.models.vlm import (
     VisionLanguageAdapter,
     with_answer,
 )
-from attrlab.attribution.request import EstimateRequest, ExplainRequest, RequestBounds, run_request
+from attrlab.attribution.patching import (
+    Blurred,
+    Masked,
+    Noised,
+    OtherImage,
+    PatchingReport,
+    image_patching_report,
+)
+from attrlab.attribution.request import (
+    EstimateRequest,
+    ExplainRequest,
+    PatchRequest,
+    RequestBounds,
+    run_request,
+)
 from attrlab.attribution.request.answers import Answer, answer_target, given_answer
 
 PROMPT = "what is in the picture"
@@ -57,7 +72,12 @@ def library(folder: Path) -> VisionLanguageAdapter:
 
 @pytest.fixture(scope="module")
 def png() -> bytes:
-    pixels = np.random.default_rng(0).integers(0, 256, (HEIGHT, WIDTH, 3), dtype=np.uint8)
+    return _random_png(0)
+
+
+def _random_png(seed: int, height: int = HEIGHT, width: int = WIDTH) -> bytes:
+    """A PNG file of random pixels."""
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
     buffer = io.BytesIO()
     Image.fromarray(pixels).save(buffer, format="PNG")
     return buffer.getvalue()
@@ -268,3 +288,264 @@ def test_pricing_runs_the_vision_tower_once_per_pass_as_the_methods_do(folder, p
     assert estimate.seconds > 0
     assert max(rows["block"]) > 1  # passes of many rows were timed...
     assert set(rows["tower"]) == {1}  # ...each with one image through the vision tower
+
+
+def _batch_lines(tmp_path: Path, png: bytes, lines: list[dict]) -> Path:
+    """A JSONL dataset beside ``picture.png`` (its lines name the image by that file name)."""
+    (tmp_path / "picture.png").write_bytes(png)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    return data
+
+
+def test_batch_lines_of_an_image_and_a_prompt_equal_the_single_explain_call(
+    capsys, folder, library, png, tmp_path
+):
+    lines = [
+        {"id": "given", "image": "picture.png", "text": PROMPT, "answer": ANSWER},
+        {"id": "next", "image": "picture.png", "text": PROMPT},
+    ]
+    data, out = _batch_lines(tmp_path, png, lines), tmp_path / "out.jsonl"
+    argv = ["batch", "--model", str(folder), "--methods", "gradient_x_input", "--device", "cpu"]
+    assert main([*argv, "--input", str(data), "--output", str(out)]) == 0
+    rows = {row["id"]: row for row in map(json.loads, out.read_text().splitlines())}
+    assert rows["given"]["error"] is None and rows["next"]["error"] is None
+    single = ["explain", "--model", str(folder), "--method", "gradient_x_input", "--device", "cpu"]
+    picture = str(tmp_path / "picture.png")
+    for key, answer in (("given", ["--answer", ANSWER]), ("next", [])):
+        capsys.readouterr()
+        assert (
+            main([*single, "--image", picture, "--text", PROMPT, *answer, "--format", "json"]) == 0
+        )
+        alone = json.loads(capsys.readouterr().out)
+        found = json.loads(rows[key]["explanation_json"])
+        np.testing.assert_allclose(found["scores"], alone["scores"], rtol=1e-6, atol=1e-12)
+        heat, alone_heat = (np.array(f["maps"]["image_heatmap"], float) for f in (found, alone))
+        np.testing.assert_allclose(heat, alone_heat, rtol=1e-6, atol=1e-12)
+        assert found["target_record"] == alone["target_record"]
+        assert found["tokens"] == alone["tokens"]
+        assert found["metrics"]["image_share"] == pytest.approx(alone["metrics"]["image_share"])
+    # and the given answer's map is the library's own
+    _assert_same_map(
+        json.loads(rows["given"]["explanation_json"]), _expected(library, png, "gradient_x_input")
+    )
+
+
+@pytest.mark.parametrize(
+    ("model", "lines", "words"),
+    [
+        (
+            "tiny-random-gpt2",
+            [{"id": "both", "image": "picture.png", "text": PROMPT}],
+            "row 'both': give exactly one input: a text or an image; model 'tiny-random-gpt2' "
+            "takes text (an image with a prompt is a vision-language model's input)",
+        ),
+        (
+            "tiny-random-vit",
+            [{"id": "both", "image": "picture.png", "text": PROMPT}],
+            "row 'both': give exactly one input: a text or an image; model 'tiny-random-vit' "
+            "takes an image",
+        ),
+        (
+            "{folder}",
+            [{"id": "ok", "image": "picture.png", "text": PROMPT}, {"id": "t", "text": PROMPT}],
+            "row 't': model '{folder}' takes an image and a prompt as input, but the request "
+            "gives text",
+        ),
+    ],
+)
+def test_batch_lines_the_model_does_not_take_are_refused_before_any_work(
+    capsys, folder, png, tmp_path, model, lines, words
+):
+    model, words = model.format(folder=folder), words.format(folder=folder)
+    data, out = _batch_lines(tmp_path, png, lines), tmp_path / "out.jsonl"
+    argv = ["batch", "--model", model, "--methods", "gradient_x_input", "--device", "cpu"]
+    assert main([*argv, "--input", str(data), "--output", str(out)]) == 2
+    error = capsys.readouterr().err
+    assert words in error and "Traceback" not in error
+    assert not out.exists() or not out.read_text().strip()  # nothing was explained
+
+
+# Patching with a corrupted image, through every front end, against the library's own report.
+#: The study the front ends are asked for: cheap (the residual, exact and AtP), on the answer.
+STUDY = {"components": ["residual"], "estimators": ["exact", "atp"]}
+
+
+@pytest.fixture(scope="module")
+def other_png() -> bytes:
+    """Another image of the clean one's size (the corrupted side of OtherImage)."""
+    return _random_png(1)
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _patch_body(folder: Path, png: bytes, corruption: dict | None, **fields: object) -> dict:
+    body = {"model": str(folder), "clean": PROMPT, "image_base64": _b64(png), "answer": ANSWER}
+    return {**body, **STUDY, "image_corruption": corruption, **fields}
+
+
+def _library_report(library, png: bytes, corruption) -> PatchingReport:
+    """The library's own study of the same request."""
+    prompt = ImagePrompt(png, PROMPT)
+    return image_patching_report(
+        library, prompt, corruption, STUDY["components"], STUDY["estimators"], answer=ANSWER
+    )
+
+
+def _assert_same_report(found: dict, expected: PatchingReport) -> None:
+    assert found["clean_score"] == pytest.approx(expected.clean_score, rel=1e-5)
+    assert found["corrupted_score"] == pytest.approx(expected.corrupted_score, rel=1e-5)
+    assert found["corrupted_score"] != pytest.approx(found["clean_score"])  # it was corrupted
+    table = pd.DataFrame(found["table"])
+    keys = ["estimator", "direction", "component", "layer", "position", "token"]
+    assert table[keys].values.tolist() == expected.table[keys].values.tolist()
+    for column in ("effect", "normalised"):
+        np.testing.assert_allclose(table[column], expected.table[column], rtol=1e-4, atol=1e-7)
+    assert found["visual"] == expected.visual.to_dict()
+    assert found["target"] == expected.target
+
+
+def _corruptions(other_png: bytes) -> dict[str, tuple[dict, object]]:
+    """Each corruption as REST sends it, and as the library's record."""
+    return {
+        "blur": ({"kind": "blur", "sigma": 2.0}, Blurred(2.0)),
+        "noise": ({"kind": "noise", "sigma": 40.0, "seed": 3}, Noised(40.0, 3)),
+        "mask": ({"kind": "mask", "box": [8, 0, 24, 16], "fill": 0}, Masked((8, 0, 24, 16), 0)),
+        "other": ({"kind": "other_image", "image_base64": _b64(other_png)}, OtherImage(other_png)),
+    }
+
+
+@pytest.mark.parametrize("kind", ["blur", "noise", "mask", "other"])
+def test_rest_patches_a_corrupted_image_as_the_library_does(
+    served, folder, library, png, other_png, kind
+):
+    sent, corruption = _corruptions(other_png)[kind]
+    response = served.post("/api/v1/patch", json=_patch_body(folder, png, sent))
+    assert response.status_code == 200, response.text
+    _assert_same_report(response.json(), _library_report(library, png, corruption))
+
+
+def test_a_patching_job_of_an_image_gives_the_reports_of_the_route(served, folder, png):
+    body = _patch_body(folder, png, {"kind": "blur", "sigma": 2.0})
+    direct = served.post("/api/v1/patch", json=body).json()
+    submitted = served.post("/api/v1/patch/jobs", json=body)
+    assert submitted.status_code == 202, submitted.text
+    status = wait_for_job(served, submitted.json()["job_id"])
+    assert status["status"] == "done", status
+    results = served.get(f"/api/v1/jobs/{submitted.json()['job_id']}/results").text
+    (line,) = results.splitlines()
+    found = json.loads(line)["report"]
+    assert found["table"] == direct["table"] and found["visual"] == direct["visual"]
+
+
+#: What needs the image or the model is refused when the study runs; the rest before queueing.
+_NEEDS_THE_MODEL = ("leaves the", "at most the image's longer", "takes text")
+
+
+@pytest.mark.parametrize(
+    ("fields", "status", "words"),
+    [
+        ({"image_base64": None}, 400, "needs the clean image and how it is corrupted"),
+        ({"image_corruption": None}, 400, "needs the clean image and how it is corrupted"),
+        ({"corrupted": "what is in the box"}, 400, "give no corrupted prompt or noise"),
+        ({"contrast": " a dog"}, 400, "a class target or a contrast is not offered"),
+        ({"image_corruption": {"kind": "blur", "sigma": 0}}, 422, "the blur's sigma is positive"),
+        ({"image_corruption": {"kind": "blur", "sigma": 90}}, 422, "at most the image's longer"),
+        ({"image_corruption": {"kind": "noise", "sigma": 5, "seed": -1}}, 422, "seed"),
+        ({"image_corruption": {"kind": "swirl"}}, 422, "kind"),
+        ({"image_corruption": {"kind": "mask", "box": [1, 2, 3]}}, 422, "box"),
+        ({"image_corruption": {"kind": "mask", "box": [40, 0, 49, 5]}}, 400, "leaves the 48 × 32"),
+        ({"image_corruption": {"kind": "blur", "sigma": 1, "seed": 2}}, 422, "seed"),
+        ({"image_corruption": {"kind": "other_image", "image_base64": "%%%"}}, 400, "not valid"),
+        ({"image_base64": _b64(b"not an image")}, 400, "not a readable image"),
+        ({"model": "tiny-random-gpt2"}, 400, "model 'tiny-random-gpt2' takes text (an image"),
+        ({"model": None}, 400, "name one"),
+    ],
+)
+def test_rest_refuses_a_bad_image_patching_request_in_words(
+    served, folder, png, fields, status, words
+):
+    body = {**_patch_body(folder, png, {"kind": "blur", "sigma": 2.0}), **fields}
+    body = {key: value for key, value in body.items() if value is not None}
+    response = served.post("/api/v1/patch", json=body)
+    assert response.status_code == status, response.text
+    assert words in response.json()["error"]["message"]
+    if not any(late in words for late in _NEEDS_THE_MODEL):  # a job is refused before queueing
+        queued = served.post("/api/v1/patch/jobs", json=body)
+        assert queued.status_code == status and words in queued.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("kind", ["mask", "other", "kept"])
+def test_the_cli_patches_a_corrupted_image_as_the_library_does(
+    capsys, folder, library, png, other_png, tmp_path, kind
+):
+    clean, other, square = tmp_path / "clean.png", tmp_path / "other.png", tmp_path / "sq.png"
+    clean.write_bytes(png)
+    other.write_bytes(other_png)
+    square.write_bytes(_random_png(2, 40, 40))  # LLaVA lays another size out alike
+    flags, corruption = {
+        "mask": (["--mask", "8,0,24,16", "--mask-fill", "0"], _corruptions(other_png)["mask"][1]),
+        "other": (["--corrupt-image", str(other)], OtherImage(other_png)),
+        "kept": (
+            ["--corrupt-image", str(square), "--keep-size"],
+            OtherImage(square.read_bytes(), resize=False),
+        ),
+    }[kind]
+    argv = ["patch", "--model", str(folder), "--image", str(clean), "--text", PROMPT]
+    argv += [*flags, "--answer", ANSWER, "--components", "residual"]
+    argv += ["--estimators", "exact,atp", "--device", "cpu", "--format", "json"]
+    assert main(argv) == 0
+    found = json.loads(capsys.readouterr().out)
+    _assert_same_report(found, _library_report(library, png, corruption))
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--blur", "2"], "needs the clean image and how it is corrupted"),
+        (["--image", "{clean}", "--corrupt", "what is in the box"], "needs the clean image"),
+        (["--image", "{clean}", "--mask", "1,2,3"], "--mask is a box x0,y0,x1,y1"),
+        (["--image", "{clean}", "--mask", "0,0,4,4", "--mask-fill", "median"], "fill is 'mean'"),
+        (["--image", "{clean}", "--blur", "0"], "the blur's sigma is positive"),
+        (["--image", "{clean}", "--image-noise", "4", "--image-noise-seed", "-2"], "seed is 0"),
+        (["--image", "/no/such.png", "--blur", "2"], "does not exist or is not a regular file"),
+        (["--image", "{clean}", "--blur", "2", "--model", "tiny-random-gpt2"], "takes text (an"),
+    ],
+)
+def test_the_cli_refuses_a_bad_image_patching_request_in_words(
+    capsys, folder, png, tmp_path, flags, words
+):
+    clean = tmp_path / "clean.png"
+    clean.write_bytes(png)
+    flags = [flag.format(clean=clean) for flag in flags]
+    model = [] if "--model" in flags else ["--model", str(folder)]
+    argv = ["patch", *model, "--text", PROMPT, *flags, "--answer", ANSWER, "--device", "cpu"]
+    assert main([*argv, "--components", "residual", "--estimators", "exact"]) == 2
+    error = capsys.readouterr().err
+    assert words in error and "Traceback" not in error
+
+
+def test_the_python_api_patches_a_corrupted_image_as_the_library_does(library, png, tmp_path):
+    path = tmp_path / "picture.png"
+    path.write_bytes(png)
+    found = attrlab.patch(
+        library, PROMPT, image=path, corruption=Noised(40.0, 3), answer=ANSWER, **STUDY
+    )
+    _assert_same_report(found.to_dict(), _library_report(library, png, Noised(40.0, 3)))
+    with pytest.raises(InvalidInputError, match="needs the clean image"):
+        attrlab.patch(library, PROMPT, corruption=Blurred(1.0), answer=ANSWER, **STUDY)
+
+
+def test_an_image_patching_request_is_priced_and_refused_over_the_servers_seconds(library, png):
+    request = PatchRequest(
+        model="library",
+        clean=PROMPT,
+        image=png,
+        image_corruption=Blurred(2.0),
+        components=("residual",),
+        estimators=("exact",),
+    )
+    with pytest.raises(TooSlowError, match="this patching study would take"):
+        run_request(request, library, RequestBounds(max_seconds=1e-6))

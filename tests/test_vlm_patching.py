@@ -19,7 +19,7 @@ from _tiny_vlm import (
     tiny_qwen2_vl,
 )
 
-from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
+from attrlab.attribution.errors import InvalidInputError, InvalidParameterError, TooSlowError
 from attrlab.attribution.layers.analysis import ModelParts
 from attrlab.attribution.models.vlm import ImagePrompt, VisionLanguageAdapter
 from attrlab.attribution.patching import ESTIMATORS, GaussianNoise, PatchingProblem, patched_score
@@ -346,9 +346,12 @@ def test_each_corruption_changes_only_what_it_should():
     assert (constant[0] == 0).all() and np.array_equal(constant[1:], image[1:])
     with pytest.raises(InvalidInputError, match="leaves the 40 × 24 image"):
         Masked((30, 0, 41, 5)).apply(image)
+    with pytest.raises(InvalidParameterError, match="at most the image's longer side"):
+        Blurred(41.0).apply(image)  # a kernel many times the image
     for bad in (
         lambda: Blurred(0),
         lambda: Noised(-1),
+        lambda: Noised(1.0, seed=-1),
         lambda: Masked((5, 5, 5, 9)),
         lambda: Masked((0, 0, 1, 1), fill="median"),
         lambda: Masked((0, 0, 1, 1), 300),
@@ -391,8 +394,17 @@ def test_images_the_processor_lays_out_differently_are_refused_in_words(problems
     noise = GaussianNoise((visual,), seeds=2)
     with pytest.raises(InvalidInputError, match="corrupt the image instead"):
         PatchingProblem(problem.clean, problem.target, noise=noise).check(adapter)
-    with pytest.raises(InvalidParameterError, match="not priced in memory or seconds"):
-        image_patching_report(adapter, prompt, Blurred(1.0), settings=RunSettings(max_seconds=9))
+    # priced as a text's study, from the model's calibration on an image and a prompt
+    with pytest.raises(TooSlowError, match="this patching study would take"):
+        image_patching_report(
+            adapter,
+            prompt,
+            Blurred(1.0),
+            ["residual"],
+            ["exact"],
+            answer=ANSWER,
+            settings=RunSettings(max_seconds=1e-6),
+        )
 
 
 def test_every_hook_is_undone_after_a_forced_error(problems):

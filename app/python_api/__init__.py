@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     from attrlab.attribution.inputs.long_context import ContextTask
     from attrlab.attribution.metrics.check import MethodCheck
     from attrlab.attribution.models.base import Adapter
-    from attrlab.attribution.patching import PatchingReport
+    from attrlab.attribution.patching import ImageCorruption, PatchingReport
     from attrlab.attribution.visual_tokens.request import VisualTokenReport
 
 __all__ = [
@@ -330,6 +330,8 @@ def patch(
     directions: Sequence[str] | None = None,
     top_k: int = PATCHING_TOP_K,
     seed: int = 0,
+    image: bytes | Path | Image.Image | np.ndarray | None = None,
+    corruption: ImageCorruption | None = None,
 ) -> PatchingReport:
     """
     Activation patching of a transformer, and AtP, AtP* and RelP scored against it.
@@ -342,8 +344,16 @@ def patch(
     ``attention``, ``mlp``, ``head``, ``head_position``), ``estimators`` (``exact``, ``atp``,
     ``atp_star``, ``relp``) and ``directions`` (``denoising``, ``noising``): ``None`` for all.
 
+    A vision-language model: ``image`` (a file's bytes, a :class:`~pathlib.Path`, a PIL image
+    or an H×W×3 array) with ``clean`` its prompt, and ``corruption``, how the corrupted image
+    is made (:class:`~attrlab.attribution.patching.OtherImage`, ``Blurred``, ``Noised``,
+    ``Masked``); the target is ``answer`` (default: the next token). The report's ``visual``
+    marks the visual positions and their regions of the image
+    (:func:`~attrlab.attribution.patching.image_patching_report`).
+
     Raises:
-        InvalidInputError: prompts of different lengths, both or neither corruption.
+        InvalidInputError: prompts of different lengths, both or neither corruption; an image
+            without its corruption or the reverse.
 
     Example:
         >>> import attrlab
@@ -372,6 +382,9 @@ def patch(
         estimators=None if estimators is None else tuple(estimators),
         directions=None if directions is None else tuple(directions),
         top_k=top_k,
+        # a local file is the caller's to name: this is not a server
+        image=image.read_bytes() if isinstance(image, Path) else image,
+        image_corruption=corruption,
     )
     return attribution_request.run_request(request, adapter)
 

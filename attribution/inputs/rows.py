@@ -1,9 +1,12 @@
 """
 The one reader of dataset lines: JSON Lines, one ``{"id"?, "text" | "image", "target"?}`` each.
 
-A text line may also ask about a decoder LM's answer: ``answer`` or ``generate`` (with
-``stop``), ``contrast``, ``chat``, ``per_step`` (:class:`~attribution.request.answers.AnswerSpec`),
-and be explained by its words, sentences or spans: ``granularity`` and ``spans``
+A line with both ``"image"`` and ``"text"`` is an image and its prompt, a vision-language
+model's input (whether the batch's model takes it is checked where the rows run:
+:func:`~attribution.request.records.check_instance_modalities`). A line with a text may also
+ask about a decoder LM's answer: ``answer`` or ``generate`` (with ``stop``), ``contrast``,
+``chat``, ``per_step`` (:class:`~attribution.request.answers.AnswerSpec`), and be explained by
+its words, sentences or spans: ``granularity`` and ``spans``
 (:mod:`attribution.inputs.features`; whether the spans fit the text is checked where it is
 explained, or up front by :func:`~attribution.inputs.features.check_features`).
 
@@ -52,7 +55,7 @@ def target_problem(target: Any) -> str | None:
 
 @dataclass(frozen=True)
 class DatasetLine:
-    """One JSONL line as read: its row's id, a text or an image's name, a target, or a problem."""
+    """One JSONL line as read: its id, a text, an image's name or both, a target, or a problem."""
 
     id: str
     text: str | None = None
@@ -72,7 +75,8 @@ def dataset_line(number: int, line: str) -> DatasetLine:
     """
     Line ``number`` of a JSONL dataset: ``{"id"?, "text" | "image": name, "target"?}``.
 
-    A text line may carry the fields of an :class:`~attribution.request.answers.AnswerSpec`.
+    ``"text"`` and ``"image"`` together are an image and its prompt. A line with a text may
+    carry the fields of an :class:`~attribution.request.answers.AnswerSpec`.
 
     It never raises: a line that is not JSON (nested too deeply to read, too), not an object,
     or has a field of the wrong type or a string that is not valid Unicode (a lone surrogate,
@@ -84,9 +88,11 @@ def dataset_line(number: int, line: str) -> DatasetLine:
         record = parse_json(line, f"line {number}")
     except InvalidInputError as err:
         return DatasetLine(id=key, problem=str(err))
-    if not isinstance(record, dict) or ("text" in record) == ("image" in record):
+    if not isinstance(record, dict) or not ("text" in record or "image" in record):
         return DatasetLine(
-            id=key, problem=f'line {number}: give an object with "text" or "image" (a path)'
+            id=key,
+            problem=f'line {number}: give an object with "text" or "image" (a path), or both '
+            "(an image and its prompt)",
         )
     given = record.get("id")
     if given is not None:
@@ -97,11 +103,12 @@ def dataset_line(number: int, line: str) -> DatasetLine:
     problem = target_problem(target)
     if problem is not None:
         return DatasetLine(id=key, problem=f"line {number}: {problem}")
-    field = "text" if "text" in record else "image"
-    if not isinstance(record[field], str):
-        return DatasetLine(id=key, problem=f"line {number}: {field} must be a string")
+    given_fields = [name for name in ("text", "image") if name in record]
+    for name in given_fields:
+        if not isinstance(record[name], str):
+            return DatasetLine(id=key, problem=f"line {number}: {name} must be a string")
     try:  # JSON's "\ud800" escapes make strings no file name, tokenizer or Parquet can hold
-        for name in ("id", field, "target", "answer", "stop", "contrast"):
+        for name in ("id", *given_fields, "target", "answer", "stop", "contrast"):
             if isinstance(record.get(name), str):
                 require_unicode(record[name], f"line {number}: the {name}")
     except InvalidInputError as err:
@@ -114,7 +121,7 @@ def dataset_line(number: int, line: str) -> DatasetLine:
         check_features(granularity, spans)  # each span, and its fit to the text: later
     except AttrlabError as err:
         return DatasetLine(id=key, problem=f"line {number}: {err}")
-    if answer is not None and field == "image":
+    if answer is not None and "text" not in record:
         return DatasetLine(id=key, problem=f"line {number}: an answer follows a text, not an image")
     return DatasetLine(
         id=key,
@@ -122,5 +129,5 @@ def dataset_line(number: int, line: str) -> DatasetLine:
         answer=answer,
         granularity=granularity,
         spans=spans,
-        **{field: record[field]},
+        **{name: record[name] for name in given_fields},
     )

@@ -38,6 +38,7 @@ from attrlab.attribution.patching.report import PatchingReport, patching_report
 from attrlab.attribution.patching.visual import VisualPositions
 from attrlab.attribution.request.answers import given_answer, next_token_answer
 from attrlab.attribution.request.defaults import PATCHING_TOP_K
+from attrlab.attribution.request.gate import memory_rows
 from attrlab.attribution.request.run import RunSettings
 from attrlab.attribution.request.target import AnswerTarget
 from attrlab.attribution.visual_tokens.removal import visual_adapter
@@ -91,7 +92,18 @@ class Blurred:
             raise InvalidParameterError(f"the blur's sigma is positive; got {self.sigma}")
 
     def apply(self, image: np.ndarray) -> np.ndarray:
-        """Each channel blurred (truncated at 4 sigma, as scipy does)."""
+        """
+        Each channel blurred (truncated at 4 sigma, as scipy does).
+
+        Raises:
+            InvalidParameterError: a sigma over the image's longer side (its kernel would
+                outgrow the image many times over; such a blur is the image's mean already).
+        """
+        side = max(image.shape[:2])
+        if self.sigma > side:
+            raise InvalidParameterError(
+                f"the blur's sigma is at most the image's longer side ({side} px); got {self.sigma}"
+            )
         blurred = gaussian_filter(image.astype(np.float64), (self.sigma, self.sigma, 0))
         return _pixels(blurred)
 
@@ -111,6 +123,8 @@ class Noised:
     def __post_init__(self) -> None:
         if not self.sigma > 0:
             raise InvalidParameterError(f"the noise's sigma is positive; got {self.sigma}")
+        if self.seed < 0:
+            raise InvalidParameterError(f"the noise's seed is 0 or more; got {self.seed}")
 
     def apply(self, image: np.ndarray) -> np.ndarray:
         """The noised copy."""
@@ -264,28 +278,25 @@ def image_patching_report(
     The study of :func:`~attribution.patching.report.patching_report` (every component,
     estimator and direction by default; the answer's log-probability as its score) on
     :func:`image_patching_problem`, with :attr:`PatchingReport.visual` saying which positions
-    are visual tokens and where each lies in the image. ``batch_size``: most rows per forward
-    (default: as many as 64 rows of 128 tokens on a CPU, a layer's sites on a GPU, halved on
-    out-of-memory).
+    are visual tokens and where each lies in the image. Priced and gated as a text's study
+    (:func:`patching_report`: its forward rows, and its seconds and memory from the model's
+    calibration on an image and a prompt). ``batch_size``: most rows per forward (default: as
+    many as 64 rows of 128 tokens on a CPU, a layer's sites on a GPU, within the settings'
+    memory bound, halved on out-of-memory).
 
     Raises:
         InvalidInputError: as :func:`image_patching_problem`; a corruption that leaves the
             answer's score as it was.
-        InvalidParameterError: as :func:`patching_report`; settings that bound the study's
-            memory or seconds (not priced for an image and a prompt yet).
-        UnsupportedMethodError, BudgetExceededError, JobCancelledError: as
+        InvalidParameterError, UnsupportedMethodError, BudgetExceededError: as
             :func:`patching_report`.
+        TooSlowError, TooMuchMemoryError, JobCancelledError: as :func:`patching_report`.
     """
     settings = settings or RunSettings()
-    if settings.max_memory_bytes is not None or settings.max_seconds is not None:
-        raise InvalidParameterError(
-            "a patching study of an image and a prompt is not priced in memory or seconds yet: "
-            "leave max_memory_bytes and max_seconds unset (max_forward_passes bounds it)"
-        )
     problem = image_patching_problem(adapter, clean, corruption, answer)
     inputs = problem.clean
     length = int(inputs.input_ids.shape[1])
     default = 2048 if adapter.device.type == "cuda" else max(1, 64 * 128 // length)
+    default = min(default, memory_rows(adapter, inputs, settings) or default)
     report = patching_report(
         adapter,
         problem,

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
         Request,
         VisualTokensRequest,
         check_instance_features,
+        check_instance_modalities,
     )
 
 __all__ = [
@@ -90,6 +91,7 @@ __all__ = [
     "VisualTokensRequest",
     "admit",
     "check_instance_features",
+    "check_instance_modalities",
     "check_modality",
     "resolve",
     "run_request",
@@ -130,6 +132,7 @@ __getattr__, __dir__ = lazy_exports(
         "Request": "attrlab.attribution.request.records",
         "VisualTokensRequest": "attrlab.attribution.request.records",
         "check_instance_features": "attrlab.attribution.request.records",
+        "check_instance_modalities": "attrlab.attribution.request.records",
         "check_modality": "attrlab.attribution.request.gate",
     },
 )

@@ -69,7 +69,7 @@ if TYPE_CHECKING:
     from attrlab.attribution.layers import HeadAblation
     from attrlab.attribution.metrics import EvalItem
     from attrlab.attribution.metrics.check import MethodCheck
-    from attrlab.attribution.patching import PatchingReport
+    from attrlab.attribution.patching import ImageCorruption, PatchingReport
     from attrlab.attribution.request.estimate import Estimate
     from attrlab.attribution.visual_tokens.request import VisualTokenReport, VisualTokenRequest
 
@@ -98,6 +98,7 @@ __all__ = [
     "Request",
     "VisualTokensRequest",
     "check_instance_features",
+    "check_instance_modalities",
 ]
 
 #: What a request computes: an Explanation, a check of several methods, a preview, a table.
@@ -167,6 +168,28 @@ def check_instance_features(
             except AttrlabError as err:
                 named = name(number, instance) if name else f"instances[{number}]"
                 raise type(err)(f"{named}: {err}") from None
+
+
+def check_instance_modalities(
+    adapter: Adapter, instances: Sequence[Instance], name: Callable[[int, Instance], str]
+) -> None:
+    """
+    Refuse the first of a batch's instances whose input ``adapter`` does not take.
+
+    A batch runs on one model, and a model takes one kind of input (a text, an image, or an
+    image and its prompt): a dataset row of another kind is refused before any work, named
+    by ``name(number, instance)``; instances that carry their ``problem`` are left to report it.
+
+    Raises:
+        InvalidInputError: as :func:`~attribution.request.gate.check_modality`, prefixed with
+            the instance's name.
+    """
+    for number, instance in enumerate(instances):
+        if instance.problem is None:
+            try:
+                check_modality(adapter, instance.modality)
+            except InvalidInputError as err:
+                raise InvalidInputError(f"{name(number, instance)}: {err}") from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -428,6 +451,12 @@ class PatchRequest(Request["PatchingReport"]):
     model's next token), or that rather than its contrast; on a text classifier the class ``target``
     (default: the clean text's top class). ``components``, ``estimators``, ``directions``:
     ``None`` for all.
+
+    On a vision-language model, ``image`` (the clean image: encoded bytes or a decoded array,
+    never a path) with ``clean`` its prompt, and ``image_corruption``, how the corrupted image
+    is made (:data:`~attribution.patching.image.ImageCorruption`: another image, given as data
+    too, a blurred, noised or masked copy); the target is ``answer``'s answer (default: the
+    next token); :func:`~attribution.patching.image.image_patching_report` runs it.
     """
 
     clean: str
@@ -440,9 +469,17 @@ class PatchRequest(Request["PatchingReport"]):
     estimators: tuple[str, ...] | None = None
     directions: tuple[str, ...] | None = None
     top_k: int = PATCHING_TOP_K
+    image: Any = None
+    image_corruption: ImageCorruption | None = None
 
     def _asks(self) -> tuple[str, bool]:
-        """A decoder LM's answer, unless a text classifier's class is the target."""
+        """
+        A decoder LM's answer, unless a text classifier's class is the target.
+
+        With an image: a vision-language model, which has no default (one must be named).
+        """
+        if self.image is not None:
+            return "image-text", True
         return "text", self.target is None
 
     def check(self, bounds: RequestBounds) -> None:
@@ -450,7 +487,9 @@ class PatchRequest(Request["PatchingReport"]):
         _given_answer(self.answer, "patching")
         bounds.check_fields(self.corrupted, None, None, self.seed)
         bounds.check_fields(self.clean, self.labels, self.target, self.seed, self.answer)
-        if (self.corrupted is None) == (self.noise_positions is None):
+        if self.image is not None or self.image_corruption is not None:
+            self._check_images(bounds)
+        elif (self.corrupted is None) == (self.noise_positions is None):
             raise InvalidInputError(
                 "give a corrupted prompt, or noise positions of the clean one (causal tracing)"
             )
@@ -458,8 +497,50 @@ class PatchRequest(Request["PatchingReport"]):
             self.estimators, self.components, self.directions
         )  # before any queueing
 
+    def _check_images(self, bounds: RequestBounds) -> None:
+        """
+        An image, its corruption and nothing of a text's: the images read within the bounds.
+
+        Raises:
+            InvalidInputError: an image without a corruption or the reverse, a text's
+                corruption or a class target or a contrast beside them, an image that cannot
+                be read.
+            InputTooLargeError: an image over the bounds' pixels.
+        """
+        if self.image is None or self.image_corruption is None:
+            raise InvalidInputError(
+                "patching an image needs the clean image and how it is corrupted: give both "
+                "(the corruption: another image, a blur, noise or a masked box)"
+            )
+        if self.corrupted is not None or self.noise_positions is not None:
+            raise InvalidInputError(
+                "an image's corruption is the corrupted side: give no corrupted prompt or noise "
+                "positions with it"
+            )
+        if self.target is not None or (self.answer is not None and self.answer.contrast):
+            raise InvalidInputError(
+                "an image and a prompt are patched on an answer (default: the model's next "
+                "token): a class target or a contrast is not offered on them yet"
+            )
+        load_image(self.image, max_pixels=bounds.max_image_pixels)
+        if isinstance(self.image_corruption, patching.OtherImage):
+            load_image(self.image_corruption.image, max_pixels=bounds.max_image_pixels)
+
     def run_on(self, adapter: Adapter, run: JobContext) -> PatchingReport:
         """The study under the job's budget, progress and cancel switch."""
+        if self.image_corruption is not None:  # an image and its prompt, read as every one is
+            prompt = run.read(Instance(text=self.clean, image=self.image))
+            return patching.image_patching_report(
+                adapter,
+                prompt,
+                self.image_corruption,
+                self.components,
+                self.estimators,
+                self.directions,
+                _answer_texts(self.answer)[0],
+                run.settings_for(self.seed),
+                self.top_k,
+            )
         noise = None
         if self.noise_positions is not None:
             noise = patching.GaussianNoise(self.noise_positions, self.noise_seeds, seed=self.seed)
