@@ -16,12 +16,12 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from attrlab.attribution.engine.verification import RANDOM
-from attrlab.viz.bands import agreement_bars, orders_against_random
+from attrlab.viz.bands import agreement_bars, orders_against_random, study_files
 
 if TYPE_CHECKING:
     from attrlab.attribution.visual_tokens.request import VisualTokenReport
 
-__all__ = ["visual_tokens_figures", "visual_tokens_text"]
+__all__ = ["visual_tokens_figures", "visual_tokens_files", "visual_tokens_text"]
 
 #: Each metric's axis title.
 _TITLES = {
@@ -64,6 +64,20 @@ def visual_tokens_figures(report: VisualTokenReport) -> dict[str, go.Figure]:
     if report.layers is not None:
         figures["shortv"] = _shortv_figure(report.layers)
     return figures
+
+
+def visual_tokens_files(report: VisualTokenReport) -> dict[str, str]:
+    """
+    A visual-token study's data as an export's files (:func:`~viz.bands.study_files`).
+
+    ``visual_tokens_study.json`` (the record of ``POST /api/v1/visual-tokens``), its curves,
+    areas, agreement and verdicts as CSV, and ShortV's layer table as ``shortv.csv`` when asked.
+    """
+    study = report.study
+    files = study_files("visual_tokens", report.to_dict(), study.curves, study.agreement)
+    if report.layers is not None:
+        files["shortv.csv"] = report.layers.to_csv(index=False)
+    return files
 
 
 def _shortv_figure(layers: pd.DataFrame) -> go.Figure:

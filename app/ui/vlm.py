@@ -1,0 +1,531 @@
+"""
+The Vision-language tab: what in an image and a prompt an answer rests on; its visual tokens.
+
+Each method ticked runs as an :class:`~attribution.request.ExplainRequest` with the image and
+the prompt (the answer given, or the model's own next token; a contrast one token apart), and
+the visual-token study as a :class:`~attribution.request.VisualTokensRequest`: both go through
+the page's runner and the library's gate, priced and refused over the server's budgets as
+``POST /api/v1/explain`` and ``POST /api/v1/visual-tokens`` are. It shows each method's map
+over the image with the text map beside it (the whole answer's, or one step's, chosen without
+rerunning), the image's and the text's shares, the visual-token curves with their verdicts in
+words, each scorer's agreement with exact removal and ShortV's layers, an export and a link.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+
+from attrlab.app.settings import ServerSettings
+from attrlab.app.ui.files import (
+    EXAMPLE_PREFIX,
+    example_images,
+    example_of,
+    page_folder,
+    received_input,
+    uploaded_image,
+)
+from attrlab.app.ui.link import LinkedTab, page_base, share_query
+from attrlab.app.ui.runner import PageRunner
+from attrlab.app.ui.shared import (
+    format_ratios,
+    in_order,
+    method_names,
+    parse_ratios,
+    readable,
+    session,
+    study_buttons,
+    study_export_row,
+    whole,
+    wire_study,
+)
+from attrlab.attribution.explanation import Explanation
+from attrlab.attribution.models import BUILTIN_MODELS
+from attrlab.attribution.request import MAX_ORDERS, ExplainRequest, VisualTokensRequest
+from attrlab.attribution.request.answers import AnswerSpec
+from attrlab.attribution.visual_tokens import VisualTokenRequest
+from attrlab.attribution.visual_tokens.request import VisualTokenReport
+from attrlab.attribution.visual_tokens.scorers import VISUAL_SCORERS
+from attrlab.viz.answer import answer_layout
+from attrlab.viz.bundle import write_bundle
+from attrlab.viz.image_text import image_text_figure
+from attrlab.viz.visual_tokens import visual_tokens_figures, visual_tokens_files
+
+__all__ = [
+    "VisionLanguageResult",
+    "VisionLanguageTab",
+    "export_vision_language",
+    "served_image_text_models",
+    "vision_language_tab",
+]
+
+#: The tab key of a run (its Cancel stops only its own requests) and of its links.
+_TAB = "vlm"
+#: The methods ticked when the tab opens (one pass and a backward each).
+_FIRST_METHODS = ("gradient_x_input",)
+#: The visual-token study's figures shown, by their names in
+#: :func:`viz.visual_tokens.visual_tokens_figures`.
+_TOKEN_FIGURES = (
+    "visual_tokens_log_prob",
+    "visual_tokens_exact_match",
+    "visual_tokens_kl",
+    "visual_tokens_agreement",
+    "shortv",
+)
+#: The step dropdown's choice for the whole answer's map.
+_WHOLE = "whole"
+
+
+@dataclass(frozen=True)
+class VisionLanguageResult:
+    """A run shown on the page: each method's Explanation, the study, the fields asked."""
+
+    explanations: dict[str, Explanation]
+    report: VisualTokenReport | None
+    fields: dict[str, Any]
+
+
+def served_image_text_models(settings: ServerSettings) -> list[str]:
+    """
+    The models of the server's list that may take an image and a prompt.
+
+    Every listed model but the built-in ones of another modality (none built in takes an image
+    and a prompt); a server that serves any model lists none, and the field takes any name.
+    """
+    return sorted(
+        spec
+        for spec in settings.models or ()
+        if spec not in BUILTIN_MODELS or BUILTIN_MODELS[spec].modality == "image-text"
+    )
+
+
+def vision_language_tab(runner: PageRunner) -> LinkedTab:
+    """Build the tab inside a ``gr.Tab``; what a shared link fills on it."""
+    return VisionLanguageTab(runner).linked_tab
+
+
+class VisionLanguageTab:
+    """The Vision-language tab: its components, and its handlers as methods."""
+
+    def __init__(self, runner: PageRunner) -> None:
+        self.runner = runner
+        self.last = gr.State(None)  # VisionLanguageResult
+        self.linked = gr.State(False)  # a shared link filled the tab: run it once loaded
+        self.asked = gr.State(True)  # Run always runs
+        gr.Markdown(
+            "**Which part of the image and which words does the answer rest on, and which "
+            "visual tokens does the model need?** Each method's map is split into its image "
+            "part, drawn over the pixels each visual token stands for, and its text part. The "
+            "study drops the visual tokens each scorer ranks lowest, at the input or from a "
+            "block on, beside random orders, and ranks each scorer against dropping each token "
+            "alone. The answer is the one given (teacher-forced), or the model's own next "
+            "token; an answer of several generated tokens is not offered on an image and a "
+            "prompt (the library generates from text alone)."
+        )
+        self._inputs()
+        self._study_settings()
+        self.run, self.cancel = study_buttons(_TAB, "Run")
+        self.summary = gr.Markdown("", elem_id="vlm-summary")
+        self.step = gr.Dropdown(
+            [("whole answer", _WHOLE)], value=_WHOLE, label="Answer step", elem_id="vlm-step"
+        )
+        self.maps = {
+            name: gr.Plot(visible=False, show_label=False, elem_id=f"vlm-{name}-plot")
+            for name in [value for _, value in self.methods.choices]
+        }
+        self.shares = gr.Dataframe(
+            interactive=False,
+            label="The image's and the text's shares of |relevance|, per method and step",
+            elem_id="vlm-shares",
+        )
+        self.plots = {
+            name: gr.Plot(visible=False, show_label=False, elem_id=f"{name}-plot")
+            for name in _TOKEN_FIGURES
+        }
+        self.agreement = gr.Dataframe(
+            interactive=False,
+            label="Each scorer's agreement with dropping each visual token alone",
+            elem_id="vlm-agreement",
+            wrap=True,
+        )
+        self.export, self.bundle, self.link = study_export_row(_TAB, "vision-language run")
+        #: What a run reads, in :meth:`study`'s order.
+        self.fields = [self.model, self.image, self.prompt, self.answer, self.contrast]
+        self.fields += [self.per_step, self.methods, self.seed, self.scorers, self.layer]
+        self.fields += [self.attention_layer, self.ratios, self.draws, self.shortv]
+        #: What a run fills, in its order.
+        self.outputs = [self.summary, self.step, *self.maps.values(), self.shares]
+        self.outputs += [*self.plots.values(), self.agreement, self.link, self.last]
+        self._wire()
+
+    def _inputs(self) -> None:
+        """The model, the image, the prompt, the answer (and contrast), the methods."""
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=1, min_width=280):
+                self.model = gr.Dropdown(
+                    served_image_text_models(self.runner.worker.settings),
+                    value=None,
+                    label="Model: a vision-language model (hub id or folder, as the server allows)",
+                    allow_custom_value=True,
+                    elem_id="vlm-model",
+                )
+                # the upload's own file, undecoded: the library decodes it after checking its
+                # size from the header
+                self.image = received_input(
+                    gr.Image(
+                        label="Image",
+                        type="filepath",
+                        image_mode=None,
+                        height=240,
+                        elem_id="vlm-image",
+                    )
+                )
+                gr.Examples(
+                    [[str(p)] for p in example_images().values()],
+                    [self.image],
+                    label="Examples",
+                    elem_id="vlm-examples",
+                )
+            with gr.Column(scale=2, min_width=400):
+                self.prompt = gr.Textbox(
+                    "What is in the picture?", label="Prompt", lines=2, elem_id="vlm-prompt"
+                )
+                with gr.Row():
+                    self.answer = gr.Textbox(
+                        "",
+                        label="Answer to explain (empty: the model's own next token)",
+                        elem_id="vlm-answer",
+                    )
+                    self.contrast = gr.Textbox(
+                        "",
+                        label="Rather than (a contrast one token apart from the answer)",
+                        elem_id="vlm-contrast",
+                    )
+                self.per_step = gr.Checkbox(
+                    True, label="A map per answer step", elem_id="vlm-per-step"
+                )
+                self.methods = gr.CheckboxGroup(
+                    method_names("image-text"),
+                    value=list(_FIRST_METHODS),
+                    label="Methods (maps over the image and the prompt)",
+                    elem_id="vlm-methods",
+                )
+                self.seed = gr.Number(0, precision=0, minimum=0, label="Seed", elem_id="vlm-seed")
+
+    def _study_settings(self) -> None:
+        """The visual-token study: scorers, where tokens are dropped, ratios, draws, ShortV."""
+        asked = VisualTokenRequest
+        with gr.Accordion("Visual tokens: which ones the answer needs", open=True):
+            self.scorers = gr.CheckboxGroup(
+                [(f"{n} ({s.awareness})", n) for n, s in VISUAL_SCORERS.items()],
+                value=list(VISUAL_SCORERS),
+                label="Scorers (none ticked: no study)",
+                elem_id="vlm-scorers",
+            )
+            with gr.Row():
+                self.layer = gr.Number(
+                    asked.layer,
+                    precision=0,
+                    minimum=0,
+                    label="Drop at block (0: the input)",
+                    elem_id="vlm-layer",
+                )
+                self.attention_layer = gr.Number(
+                    asked.attention_layer,
+                    precision=0,
+                    minimum=0,
+                    label="Attention scorers read block",
+                    elem_id="vlm-attention-layer",
+                )
+                self.ratios = gr.Textbox(
+                    format_ratios(asked.ratios),
+                    label="Keep ratios (1 first, falling)",
+                    elem_id="vlm-ratios",
+                )
+                self.draws = gr.Number(
+                    asked.draws,
+                    precision=0,
+                    minimum=2,
+                    maximum=MAX_ORDERS,
+                    label="Random orders (at most)",
+                    elem_id="vlm-draws",
+                )
+                self.shortv = gr.Checkbox(
+                    asked.shortv, label="ShortV's layer contribution", elem_id="vlm-shortv"
+                )
+
+    def _wire(self) -> None:
+        wire_study(
+            self.run,
+            self.linked,
+            self.cancel,
+            self.runner.cancel_handler(_TAB),
+            self.study,
+            (self.asked, self.fields),
+            self.outputs,
+            _TAB,
+        )
+        self.step.change(
+            self.view, [self.last, self.step], list(self.maps.values()), api_name="vlm_view"
+        )
+        self.export.click(self.download, [self.last], self.bundle, api_name="vlm_export")
+
+    @property
+    def linked_tab(self) -> LinkedTab:
+        """What a shared link fills on this tab, and the flag that runs it."""
+        names = ["model", "image", "prompt", "answer", "contrast", "per_step", "methods", "seed"]
+        names += ["scorers", "layer", "attention_layer", "ratios", "draws", "shortv"]
+        return LinkedTab(
+            dict(zip(names, self.fields, strict=True)),
+            [],
+            self.linked,
+            cleared=("answer", "contrast"),
+        )
+
+    @readable
+    def study(
+        self,
+        asked_: bool,
+        model_: str | None,
+        image_: str | None,
+        prompt_: str | None,
+        answer_: str | None,
+        contrast_: str | None,
+        per_step_: bool,
+        methods_: list[str],
+        seed_: float | None,
+        scorers_: list[str],
+        layer_: float | None,
+        attention_layer_: float | None,
+        ratios_: str,
+        draws_: float | None,
+        shortv_: bool,
+        request: gr.Request,
+        progress=gr.Progress(),  # noqa: B008
+    ):
+        """Explain the image and prompt by each method, and study its visual tokens."""
+        if not asked_:  # the page's load set another tab's link flag
+            return [gr.skip()] * len(self.outputs)
+        if not (model_ or "").strip():
+            raise gr.Error("name a vision-language model: none of the built-in models takes one")
+        if not methods_ and not scorers_:
+            raise gr.Error("tick a method (maps) or a scorer (the visual-token study)")
+        image = uploaded_image(image_)
+        prompt = prompt_ or ""
+        answer = (answer_ or "").strip() and answer_
+        contrast = (contrast_ or "").strip() and contrast_
+        if contrast and not answer:
+            raise gr.Error("a contrast is against an answer: give the answer too")
+        spec = (
+            AnswerSpec(answer=answer, contrast=contrast or None, per_step=bool(per_step_))
+            if answer
+            else None
+        )
+        seed = 0 if seed_ is None else whole(seed_)
+        asked = VisualTokenRequest
+        tokens = VisualTokenRequest(
+            image=image,
+            prompt=prompt,
+            answer=answer or None,
+            scorers=tuple(scorers_ or ()),
+            layer=asked.layer if layer_ is None else whole(layer_),
+            attention_layer=(
+                asked.attention_layer if attention_layer_ is None else whole(attention_layer_)
+            ),
+            ratios=parse_ratios(ratios_),
+            draws=asked.draws if draws_ is None else whole(draws_),
+            shortv=bool(shortv_),
+        )
+        if scorers_:  # refused before any method runs
+            tokens.check()
+        where = (session(request), _TAB)
+        explanations = {
+            method: self.runner(
+                ExplainRequest(
+                    model=model_, image=image, text=prompt, method=method, answer=spec, seed=seed
+                ),
+                progress,
+                *where,
+            )
+            for method in methods_ or ()
+        }
+        report = None
+        if scorers_:
+            study = VisualTokensRequest(model=model_, seed=seed, study=tokens)
+            report = self.runner(study, progress, *where)
+        example = example_of(image)
+        fields = {
+            "tab": _TAB,
+            "model": model_,
+            "image": EXAMPLE_PREFIX + example if example else None,
+            "prompt": prompt,
+            "answer": answer or "",
+            "contrast": contrast or "",
+            "per_step": bool(per_step_),
+            "methods": list(methods_ or ()),
+            "seed": seed,
+            "scorers": list(scorers_ or ()),
+            "layer": tokens.layer,
+            "attention_layer": tokens.attention_layer,
+            "ratios": format_ratios(tokens.ratios),
+            "draws": tokens.draws,
+            "shortv": tokens.shortv,
+        }
+        result = VisionLanguageResult(explanations, report, fields)
+        return in_order(self.outputs, self._shown(result, request))
+
+    def _shown(self, result: VisionLanguageResult, request: gr.Request) -> dict[Any, Any]:
+        """What a run fills: the summary, the maps, the shares, the study, the link."""
+        report = result.report
+        figures = visual_tokens_figures(report) if report is not None else {}
+        return {
+            self.summary: _summary(result),
+            self.step: gr.update(choices=_steps(result.explanations), value=_WHOLE),
+            **self._maps(result, None),
+            self.shares: shares_table(result.explanations),
+            **{
+                plot: gr.update(value=figures.get(name), visible=name in figures)
+                for name, plot in self.plots.items()
+            },
+            self.agreement: (
+                report.study.agreement.round(4) if report is not None else pd.DataFrame()
+            ),
+            self.link: page_base(request) + share_query(result.fields),
+            self.last: result,
+        }
+
+    def _maps(self, result: VisionLanguageResult, step: int | None) -> dict[Any, Any]:
+        """Each method's map over the image (``step``: one answer step's; else the whole)."""
+        return {
+            plot: gr.update(
+                value=map_figure(result.explanations[name], step)
+                if name in result.explanations
+                else None,
+                visible=name in result.explanations,
+            )
+            for name, plot in self.maps.items()
+        }
+
+    @readable
+    def view(self, result: VisionLanguageResult | None, step_: str | None) -> list[Any]:
+        # no docstring: Gradio would show it as the API's description of the call
+        if result is None:
+            return [gr.skip()] * len(self.maps)
+        step = None if step_ in (None, "", _WHOLE) else int(str(step_))
+        return list(self._maps(result, step).values())
+
+    @readable
+    def download(self, result: VisionLanguageResult | None) -> str:
+        # no docstring: Gradio would show it as the API's description of the call
+        if result is None:
+            raise gr.Error("run the tab first; the export holds its maps and study")
+        return str(export_vision_language(result))
+
+
+def map_figure(explanation: Explanation, step: int | None) -> Any:
+    """One method's map over its image (the whole answer's, or that step's when it has steps)."""
+    steps = explanation.maps.get("steps")
+    if step is not None and steps is None:
+        step = None  # a method run without steps shows its whole map
+    return image_text_figure(explanation, explanation.image, step=step)
+
+
+def _steps(explanations: dict[str, Explanation]) -> list[tuple[str, str]]:
+    """The step dropdown's choices: the whole answer, then each step of the first layout."""
+    choices = [("whole answer", _WHOLE)]
+    for explanation in explanations.values():
+        layout = answer_layout(explanation)
+        if layout is not None and "steps" in explanation.maps:
+            labels = [s.label for s in layout.steps]
+            return choices + [
+                (f"step {k + 1}: {label!r}", str(k)) for k, label in enumerate(labels)
+            ]
+    return choices
+
+
+def shares_table(explanations: dict[str, Explanation]) -> pd.DataFrame:
+    """Each method's image and text shares: the whole answer's, then each step's."""
+    rows = []
+    for method, explanation in explanations.items():
+        maps, metrics = explanation.maps, explanation.metrics
+        rows.append(
+            {
+                "method": method,
+                "step": "whole answer",
+                "image share": metrics.get("image_share"),
+                "text share": metrics.get("text_share"),
+            }
+        )
+        for k, (image, text) in enumerate(
+            zip(maps.get("step_image_share", ()), maps.get("step_text_share", ()), strict=True)
+        ):
+            rows.append(
+                {"method": method, "step": str(k + 1), "image share": image, "text share": text}
+            )
+    return pd.DataFrame(rows, columns=["method", "step", "image share", "text share"]).round(4)
+
+
+def _summary(result: VisionLanguageResult) -> str:
+    """What was explained, each method's shares, the study's full model and verdicts."""
+    lines = []
+    for method, explanation in result.explanations.items():
+        metrics = explanation.metrics
+        lines.append(
+            f"- **{method}** → {_escaped(explanation.target.label)}: image "
+            f"{metrics.get('image_share', float('nan')):.0%}, text "
+            f"{metrics.get('text_share', float('nan')):.0%} of |relevance|"
+        )
+    text = "Maps:\n" + "\n".join(lines) if lines else "No method ticked: no maps."
+    report = result.report
+    if report is None:
+        return text + "\n\nNo scorer ticked: no visual-token study."
+    study = report.study
+    how = "the model's next token" if report.answer["generated"] else "given"
+    where = "at the input" if study.layer == 0 else f"from block {study.layer} on"
+    text += (
+        f"\n\nVisual tokens dropped {where} (answer {_escaped(repr(report.answer['text']))}, "
+        f"{how}): the full model's answer log-prob **{study.full['log_prob']:.4g}**, exact "
+        f"match {study.full['exact_match']:.3g}; {study.forward_passes:,} forward passes. "
+        "Each scorer's curve against random orders:"
+    )
+    text += "".join(f"\n- {_escaped(v.summary())}" for v in study.curves.verdicts)
+    text += "".join(
+        f"\n- {_escaped(name)}: not for this model ({_escaped(why)})"
+        for name, why in study.not_applicable.items()
+    )
+    return text
+
+
+def _escaped(text: str) -> str:
+    return html.escape(text, quote=False)
+
+
+def export_vision_language(result: VisionLanguageResult, png: bool = True) -> Path:
+    """
+    The run as a zip: each method's Explanation and map, the study's data and figures.
+
+    The manifest's ``extra.inputs`` are the fields a link carries.
+    """
+    report = result.report
+    figures = {
+        f"{method}_image_and_text": map_figure(explanation, None)
+        for method, explanation in result.explanations.items()
+    }
+    if report is not None:
+        figures.update(visual_tokens_figures(report))
+    fields = result.fields
+    return write_bundle(
+        result.explanations,
+        figures,
+        page_folder("export") / "attrlab-vision-language",
+        extra={"inputs": fields},
+        png=png,
+        input_label=f"an image and the prompt {fields.get('prompt', '')!r}"[:300],
+        data=visual_tokens_files(report) if report is not None else None,
+        model=fields.get("model"),
+    )
