@@ -41,8 +41,8 @@ __all__ = [
     "page_folder",
     "received_file",
     "received_input",
-    "uploaded_image",
     "upload_folder",
+    "uploaded_image",
     "uploaded_rows",
 ]
 

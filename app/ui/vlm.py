@@ -125,7 +125,10 @@ class VisionLanguageTab:
             "block on, beside random orders, and ranks each scorer against dropping each token "
             "alone. The answer is the one given (teacher-forced), or the model's own next "
             "token; an answer of several generated tokens is not offered on an image and a "
-            "prompt (the library generates from text alone)."
+            "prompt (the library generates from text alone). Patching with a corrupted image "
+            "is not on the page yet: the library's study of an image and a prompt is not "
+            "priced in memory or seconds, which a server bounds (`image_patching_report` in "
+            "Python runs it)."
         )
         self._inputs()
         self._study_settings()
@@ -429,9 +432,10 @@ class VisionLanguageTab:
 
 def map_figure(explanation: Explanation, step: int | None) -> Any:
     """One method's map over its image (the whole answer's, or that step's when it has steps)."""
-    steps = explanation.maps.get("steps")
-    if step is not None and steps is None:
-        step = None  # a method run without steps shows its whole map
+    if explanation.image is None:  # an image and a prompt's Explanation holds its image
+        raise ValueError(f"{explanation.method}'s map holds no image to draw it over")
+    if "steps" not in explanation.maps:
+        step = None  # a method that gives no map per step shows its whole map
     return image_text_figure(explanation, explanation.image, step=step)
 
 
