@@ -34,6 +34,7 @@ from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.image_text import map_parts
 from attrlab.attribution.models.hub import load_pretrained
 from attrlab.attribution.models.vlm import ImagePrompt, VisionLanguageAdapter, with_answer
+from attrlab.attribution.patching import Masked, Noised, image_patching_report
 from attrlab.attribution.request.answers import answer_target, given_answer
 from attrlab.attribution.visual_tokens import VisualTokenRequest, run_visual_tokens
 
@@ -271,9 +272,84 @@ def test_a_study_over_the_servers_passes_is_refused_with_its_price(folder, uploa
         tight.close()
 
 
-def test_the_export_holds_the_maps_and_the_study(shown, library, tmp_path):
+def _patch_fields(folder: Path, uploaded: str, **changed: Any) -> list[Any]:
+    """The patching section's fields in the order ``vlm_patch_run`` takes them."""
+    fields = {
+        "model": str(folder),
+        "image": uploaded,
+        "prompt": PROMPT,
+        "answer": ANSWER,
+        "seed": 0,
+        "corruption": "noised",
+        "sigma": 32.0,
+        "box": "",
+        "other": None,
+        "components": ["residual"],
+        "estimators": ["exact", "atp"],
+        "directions": ["denoising"],
+    }
+    return list({**fields, **changed}.values())
+
+
+@pytest.fixture(scope="module")
+def patched(page_of, folder, uploaded):
+    request = gr.Request(session_hash="vlm-patch")
+    return page_of["vlm_patch_run"](*_patch_fields(folder, uploaded), request, **QUIET)
+
+
+def test_patching_with_a_corrupted_image_is_the_librarys_study(
+    patched, page_of, library, folder, uploaded
+):
+    summary, agreement, *plots, report = patched
+    prompt = ImagePrompt(IMAGE, PROMPT)
+    direct = image_patching_report(
+        library, prompt, Noised(32.0, 0), ["residual"], ["exact", "atp"], ["denoising"], ANSWER
+    )
+    pd.testing.assert_frame_equal(report.table, direct.table, rtol=1e-5, atol=1e-9)
+    assert f"score {direct.clean_score:.4g} on the clean prompt" in summary
+    assert agreement["estimator"].tolist() == direct.agreement["estimator"].tolist()
+    assert report.visual is not None and report.visual.mask.sum() == 16  # 4 × 4 patches
+    shown = [p for p in plots if p["visible"]]
+    assert shown and all(p["value"] is not None for p in shown)
+    masked = page_of["vlm_patch_run"](
+        *_patch_fields(folder, uploaded, corruption="masked", box="0, 0, 16, 16"),
+        gr.Request(session_hash="vlm-patch"),
+        **QUIET,
+    )[-1]
+    by_hand = image_patching_report(
+        library,
+        prompt,
+        Masked((0, 0, 16, 16)),
+        ["residual"],
+        ["exact", "atp"],
+        ["denoising"],
+        ANSWER,
+    )
+    pd.testing.assert_frame_equal(masked.table, by_hand.table, rtol=1e-5, atol=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("changed", "named"),
+    [
+        ({"corruption": "masked", "box": "0, 0, half"}, "a masked box is x0, y0, x1, y1"),
+        ({"corruption": "masked", "box": "0, 0, 99, 99"}, "leaves the 32 × 32 image"),
+        ({"corruption": "another image"}, "upload the other image first"),
+        ({"corruption": "blurred", "sigma": 0}, "the blur's sigma is positive"),
+        ({"corruption": "torn"}, "the corrupted image is one of"),
+        ({"components": ["nope"]}, "nope"),
+        ({"image": None}, "upload an image first"),
+        ({"prompt": ""}, "the prompt is empty"),
+    ],
+)
+def test_bad_patching_input_is_refused_in_words(page_of, folder, uploaded, changed, named):
+    request = gr.Request(session_hash="vlm-patch-bad")
+    with pytest.raises(gr.Error, match=named):
+        page_of["vlm_patch_run"](*_patch_fields(folder, uploaded, **changed), request, **QUIET)
+
+
+def test_the_export_holds_the_maps_and_the_study(shown, patched, library, tmp_path):
     result: VisionLanguageResult = shown[-1]
-    archive = zipfile.ZipFile(export_vision_language(result, png=False))
+    archive = zipfile.ZipFile(export_vision_language(result, png=False, patched=patched[-1]))
     names = archive.namelist()
 
     def read(name: str) -> bytes:
@@ -288,6 +364,8 @@ def test_the_export_holds_the_maps_and_the_study(shown, library, tmp_path):
     assert curves["value"].tolist() == pytest.approx(study.curves.curves["value"].tolist())
     verdicts = pd.read_csv(io.BytesIO(read("data/visual_tokens_verdicts.csv")))
     assert verdicts["status"].tolist() == [v.status for v in study.curves.verdicts]
+    table = pd.read_csv(io.BytesIO(read("data/patching_table.csv")))
+    assert table["effect"].tolist() == pytest.approx(patched[-1].table["effect"].tolist())
     for name in ("gradient_x_input_image_and_text", "visual_tokens_kl", "shortv"):
         assert any(n.endswith(f"figures/{name}.html") for n in names), name
     assert json.loads(read("manifest.json"))["extra"]["inputs"] == result.fields

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from attrlab.attribution.engine.study import PruningStudy
     from attrlab.attribution.patching import PatchingReport
 
-__all__ = ["PatchingResult", "PatchingView", "export_patching", "patching_view"]
+__all__ = ["PatchingResult", "PatchingView", "export_patching", "patching_summary", "patching_view"]
 
 #: The tab key of a run (its Cancel stops only its own view's study; pruning has its own).
 _TAB = "patching"
@@ -295,7 +295,7 @@ class PatchingView:
         }
         lines = agreement_reading(report)
         views: dict[gr.components.Component, Any] = {
-            self.summary: _summary(report),
+            self.summary: patching_summary(report),
             self.reading: "\n".join(f"- {line}" for line in lines) if lines else "",
             self.agreement: report.agreement.round(4),
             **{
@@ -317,7 +317,7 @@ class PatchingView:
         return str(export_patching(result, pruned=pruned))
 
 
-def _summary(report: PatchingReport) -> str:
+def patching_summary(report: PatchingReport) -> str:
     """The scores patching moves between, what it cost, and the library's warnings."""
     gap = report.clean_score - report.corrupted_score
     target = html.escape(report.target, quote=False)

@@ -14,6 +14,7 @@ words, each scorer's agreement with exact removal and ShortV's layers, an export
 from __future__ import annotations
 
 import html
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from attrlab.app.ui.files import (
     uploaded_image,
 )
 from attrlab.app.ui.link import LinkedTab, page_base, share_query
+from attrlab.app.ui.patching import patching_summary
 from attrlab.app.ui.runner import PageRunner
 from attrlab.app.ui.shared import (
     format_ratios,
@@ -44,9 +46,27 @@ from attrlab.app.ui.shared import (
     whole,
     wire_study,
 )
+from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.models import BUILTIN_MODELS
-from attrlab.attribution.request import MAX_ORDERS, ExplainRequest, VisualTokensRequest
+from attrlab.attribution.patching import (
+    COMPONENTS,
+    DIRECTIONS,
+    ESTIMATORS,
+    Blurred,
+    ImageCorruption,
+    Masked,
+    Noised,
+    OtherImage,
+    PatchingReport,
+    agreement_reading,
+)
+from attrlab.attribution.request import (
+    MAX_ORDERS,
+    ExplainRequest,
+    ImagePatchRequest,
+    VisualTokensRequest,
+)
 from attrlab.attribution.request.answers import AnswerSpec
 from attrlab.attribution.visual_tokens import VisualTokenRequest
 from attrlab.attribution.visual_tokens.request import VisualTokenReport
@@ -54,6 +74,7 @@ from attrlab.attribution.visual_tokens.scorers import VISUAL_SCORERS
 from attrlab.viz.answer import answer_layout
 from attrlab.viz.bundle import write_bundle
 from attrlab.viz.image_text import image_text_figure
+from attrlab.viz.patching import patching_figure_names, patching_figures, patching_files
 from attrlab.viz.visual_tokens import visual_tokens_figures, visual_tokens_files
 
 __all__ = [
@@ -79,6 +100,10 @@ _TOKEN_FIGURES = (
 )
 #: The step dropdown's choice for the whole answer's map.
 _WHOLE = "whole"
+#: The key of a patching study's runs (its Cancel stops only them).
+_PATCH_TAB = "vlm-patch"
+#: How the corrupted image is made, as the patching section offers it.
+_CORRUPTIONS = ("blurred", "noised", "masked", "another image")
 
 
 @dataclass(frozen=True)
@@ -125,10 +150,8 @@ class VisionLanguageTab:
             "block on, beside random orders, and ranks each scorer against dropping each token "
             "alone. The answer is the one given (teacher-forced), or the model's own next "
             "token; an answer of several generated tokens is not offered on an image and a "
-            "prompt (the library generates from text alone). Patching with a corrupted image "
-            "is not on the page yet: the library's study of an image and a prompt is not "
-            "priced in memory or seconds, which a server bounds (`image_patching_report` in "
-            "Python runs it)."
+            "prompt (the library generates from text alone). Under them, patching with a "
+            "corrupted image (blurred, noised, masked, or another image) for the same prompt."
         )
         self._inputs()
         self._study_settings()
@@ -156,6 +179,7 @@ class VisionLanguageTab:
             elem_id="vlm-agreement",
             wrap=True,
         )
+        self._patching()
         self.export, self.bundle, self.link = study_export_row(_TAB, "vision-language run")
         #: What a run reads, in :meth:`study`'s order.
         self.fields = [self.model, self.image, self.prompt, self.answer, self.contrast]
@@ -262,7 +286,99 @@ class VisionLanguageTab:
                     asked.shortv, label="ShortV's layer contribution", elem_id="vlm-shortv"
                 )
 
+    def _patching(self) -> None:
+        """Patching with a corrupted image: how it is corrupted, the study's names, results."""
+        with gr.Accordion("Patching with a corrupted image", open=False):
+            gr.Markdown(
+                "The same prompt and answer with the image above and a corrupted one: each "
+                "residual, attention and MLP site at every visual and text position of the "
+                "language model patched exactly, and AtP, AtP* and RelP against it. The "
+                "corrupted image must be laid out as the clean one (as many visual tokens): "
+                "another image is resized to the clean one's size."
+            )
+            with gr.Row():
+                self.corruption = gr.Radio(
+                    list(_CORRUPTIONS),
+                    value="blurred",
+                    label="Corrupted image",
+                    elem_id="vlm-corruption",
+                )
+                self.sigma = gr.Number(
+                    4.0,
+                    minimum=0,
+                    label="Sigma (blur: pixels; noise: pixel values 0…255)",
+                    elem_id="vlm-sigma",
+                )
+                self.box = gr.Textbox(
+                    "", label="Masked box: x0, y0, x1, y1 (pixels)", elem_id="vlm-box"
+                )
+            self.other = received_input(
+                gr.Image(
+                    label="Another image",
+                    type="filepath",
+                    image_mode=None,
+                    height=160,
+                    elem_id="vlm-other-image",
+                )
+            )
+            self.components = gr.CheckboxGroup(
+                [(f"{c.name}: {c.description}", c.name) for c in COMPONENTS.values()],
+                # a head at each position is the costliest by far: asked for, not a default
+                value=[c.name for c in COMPONENTS.values() if not (c.per_head and c.per_position)],
+                label="Components",
+                elem_id="vlm-components",
+            )
+            with gr.Row():
+                self.estimators = gr.CheckboxGroup(
+                    [(f"{e.title}: {e.cost}", e.name) for e in ESTIMATORS.values()],
+                    value=list(ESTIMATORS),
+                    label="Estimators (exact patching is the reference)",
+                    elem_id="vlm-estimators",
+                )
+                self.directions = gr.CheckboxGroup(
+                    list(DIRECTIONS),
+                    value=list(DIRECTIONS),
+                    label="Directions (denoising: clean into corrupted; noising: the reverse)",
+                    elem_id="vlm-directions",
+                )
+            self.patch, self.patch_cancel = study_buttons("vlm-patch", "Patch")
+            self.patch_summary = gr.Markdown("", elem_id="vlm-patch-summary")
+            self.patch_agreement = gr.Dataframe(
+                interactive=False,
+                label="Each estimator against exact patching",
+                elem_id="vlm-patch-agreement",
+                wrap=True,
+            )
+            self.patch_plots = {
+                name: gr.Plot(
+                    visible=False, show_label=False, elem_id="vlm-" + name.replace("_", "-")
+                )
+                for name in patching_figure_names()
+            }
+        self.patched = gr.State(None)  # PatchingReport
+        #: What a patching study reads, in :meth:`patching`'s order.
+        self.patch_fields = [self.model, self.image, self.prompt, self.answer, self.seed]
+        self.patch_fields += [self.corruption, self.sigma, self.box, self.other]
+        self.patch_fields += [self.components, self.estimators, self.directions]
+        #: What it fills.
+        self.patch_outputs = [self.patch_summary, self.patch_agreement]
+        self.patch_outputs += [*self.patch_plots.values(), self.patched]
+
     def _wire(self) -> None:
+        patching = self.patch.click(
+            self.patching,
+            self.patch_fields,
+            self.patch_outputs,
+            api_name="vlm_patch_run",
+            concurrency_id="run-vlm_patch",
+        )
+        self.patch_cancel.click(
+            self.runner.cancel_handler(_PATCH_TAB),
+            [],
+            [],
+            cancels=[patching],
+            api_name="vlm_patch_cancel",
+        )
         wire_study(
             self.run,
             self.linked,
@@ -276,7 +392,9 @@ class VisionLanguageTab:
         self.step.change(
             self.view, [self.last, self.step], list(self.maps.values()), api_name="vlm_view"
         )
-        self.export.click(self.download, [self.last], self.bundle, api_name="vlm_export")
+        self.export.click(
+            self.download, [self.last, self.patched], self.bundle, api_name="vlm_export"
+        )
 
     @property
     def linked_tab(self) -> LinkedTab:
@@ -415,6 +533,54 @@ class VisionLanguageTab:
         }
 
     @readable
+    def patching(
+        self,
+        model_: str | None,
+        image_: str | None,
+        prompt_: str | None,
+        answer_: str | None,
+        seed_: float | None,
+        corruption_: str | None,
+        sigma_: float | None,
+        box_: str | None,
+        other_: str | None,
+        components_: list[str],
+        estimators_: list[str],
+        directions_: list[str],
+        request: gr.Request,
+        progress=gr.Progress(),  # noqa: B008
+    ):
+        """Patch the model's sites between the image and its corruption (Patch)."""
+        image = uploaded_image(image_)
+        seed = 0 if seed_ is None else whole(seed_)
+        corruption = _corruption(corruption_ or "blurred", sigma_, box_, other_, seed)
+        study = ImagePatchRequest(
+            model=model_,
+            seed=seed,
+            image=image,
+            prompt=prompt_ or "",
+            corruption=corruption,
+            answer=answer_ if (answer_ or "").strip() else None,
+            components=tuple(components_ or ()),
+            estimators=tuple(estimators_ or ()),
+            directions=tuple(directions_ or ()),
+        )
+        report: PatchingReport = self.runner(study, progress, session(request), _PATCH_TAB)
+        figures = patching_figures(report)
+        lines = agreement_reading(report)
+        reading = "".join(f"\n- {_escaped(line)}" for line in lines)
+        views: dict[Any, Any] = {
+            self.patch_summary: patching_summary(report) + ("\n" + reading if lines else ""),
+            self.patch_agreement: report.agreement.round(4),
+            **{
+                plot: gr.update(value=figures.get(name), visible=name in figures)
+                for name, plot in self.patch_plots.items()
+            },
+            self.patched: report,
+        }
+        return in_order(self.patch_outputs, views)
+
+    @readable
     def view(self, result: VisionLanguageResult | None, step_: str | None) -> list[Any]:
         # no docstring: Gradio would show it as the API's description of the call
         if result is None:
@@ -423,11 +589,40 @@ class VisionLanguageTab:
         return list(self._maps(result, step).values())
 
     @readable
-    def download(self, result: VisionLanguageResult | None) -> str:
+    def download(self, result: VisionLanguageResult | None, patched: PatchingReport | None) -> str:
         # no docstring: Gradio would show it as the API's description of the call
         if result is None:
             raise gr.Error("run the tab first; the export holds its maps and study")
-        return str(export_vision_language(result))
+        return str(export_vision_language(result, patched=patched))
+
+
+def _corruption(
+    kind: str, sigma: float | None, box: str | None, other: str | None, seed: int
+) -> ImageCorruption:
+    """
+    The corruption the fields ask for (the library checks its sigma and box).
+
+    Raises:
+        InvalidParameterError: an unknown kind, or a box that is not four numbers.
+        gr.Error: another image asked for and none uploaded.
+    """
+    if kind not in _CORRUPTIONS:
+        raise InvalidParameterError(f"the corrupted image is one of {', '.join(_CORRUPTIONS)}")
+    if kind == "another image":
+        if not other:
+            raise gr.Error("upload the other image first (under Corrupted image)")
+        return OtherImage(uploaded_image(other))
+    if kind == "masked":
+        parts = [part.strip() for part in (box or "").split(",")]
+        if len(parts) != 4 or not all(re.fullmatch(r"[0-9]{1,5}(\.[0-9]{1,3})?", p) for p in parts):
+            raise InvalidParameterError(
+                "a masked box is x0, y0, x1, y1 in pixels, e.g. 0, 0, 16, 16; got "
+                f"{(box or '')[:40]!r}"
+            )
+        x0, y0, x1, y1 = (float(part) for part in parts)
+        return Masked((x0, y0, x1, y1))
+    amount = 0.0 if sigma is None else float(sigma)
+    return Blurred(amount) if kind == "blurred" else Noised(amount, seed)
 
 
 def map_figure(explanation: Explanation, step: int | None) -> Any:
@@ -509,19 +704,27 @@ def _escaped(text: str) -> str:
     return html.escape(text, quote=False)
 
 
-def export_vision_language(result: VisionLanguageResult, png: bool = True) -> Path:
+def export_vision_language(
+    result: VisionLanguageResult, png: bool = True, patched: PatchingReport | None = None
+) -> Path:
     """
     The run as a zip: each method's Explanation and map, the study's data and figures.
 
-    The manifest's ``extra.inputs`` are the fields a link carries.
+    The manifest's ``extra.inputs`` are the fields a link carries. With ``patched`` (the
+    patching study run beside it) its figures and its report and tables too.
     """
     report = result.report
     figures = {
         f"{method}_image_and_text": map_figure(explanation, None)
         for method, explanation in result.explanations.items()
     }
+    data: dict[str, str] = {}
     if report is not None:
         figures.update(visual_tokens_figures(report))
+        data.update(visual_tokens_files(report))
+    if patched is not None:
+        figures.update(patching_figures(patched))
+        data.update(patching_files(patched))
     fields = result.fields
     return write_bundle(
         result.explanations,
@@ -530,6 +733,6 @@ def export_vision_language(result: VisionLanguageResult, png: bool = True) -> Pa
         extra={"inputs": fields},
         png=png,
         input_label=f"an image and the prompt {fields.get('prompt', '')!r}"[:300],
-        data=visual_tokens_files(report) if report is not None else None,
+        data=data,
         model=fields.get("model"),
     )

@@ -266,22 +266,17 @@ def image_patching_report(
     :func:`image_patching_problem`, with :attr:`PatchingReport.visual` saying which positions
     are visual tokens and where each lies in the image. ``batch_size``: most rows per forward
     (default: as many as 64 rows of 128 tokens on a CPU, a layer's sites on a GPU, halved on
-    out-of-memory).
+    out-of-memory). It is priced as a text's study is (:func:`patching_report`: its planned
+    rows and gradient passes from the model's calibration on an image and a prompt, scaled by
+    the sequence's length) and refused over the settings' passes, seconds or memory.
 
     Raises:
         InvalidInputError: as :func:`image_patching_problem`; a corruption that leaves the
             answer's score as it was.
-        InvalidParameterError: as :func:`patching_report`; settings that bound the study's
-            memory or seconds (not priced for an image and a prompt yet).
-        UnsupportedMethodError, BudgetExceededError, JobCancelledError: as
-            :func:`patching_report`.
+        InvalidParameterError, UnsupportedMethodError, BudgetExceededError, TooSlowError,
+            TooMuchMemoryError, JobCancelledError: as :func:`patching_report`.
     """
     settings = settings or RunSettings()
-    if settings.max_memory_bytes is not None or settings.max_seconds is not None:
-        raise InvalidParameterError(
-            "a patching study of an image and a prompt is not priced in memory or seconds yet: "
-            "leave max_memory_bytes and max_seconds unset (max_forward_passes bounds it)"
-        )
     problem = image_patching_problem(adapter, clean, corruption, answer)
     inputs = problem.clean
     length = int(inputs.input_ids.shape[1])
