@@ -273,8 +273,10 @@ def image_patching_report(
     Raises:
         InvalidInputError: as :func:`image_patching_problem`; a corruption that leaves the
             answer's score as it was.
-        InvalidParameterError, UnsupportedMethodError, BudgetExceededError, TooSlowError,
-            TooMuchMemoryError, JobCancelledError: as :func:`patching_report`.
+        InvalidParameterError: as :func:`patching_report`.
+        TooSlowError, TooMuchMemoryError, BudgetExceededError: over the settings' seconds,
+            memory or forward passes, before any patched row.
+        UnsupportedMethodError, JobCancelledError: as :func:`patching_report`.
     """
     settings = settings or RunSettings()
     problem = image_patching_problem(adapter, clean, corruption, answer)
