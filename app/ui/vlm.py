@@ -32,7 +32,7 @@ from attrlab.app.ui.files import (
     uploaded_image,
 )
 from attrlab.app.ui.link import LinkedTab, page_base, share_query
-from attrlab.app.ui.patching import patching_summary
+from attrlab.app.ui.patching import patching_choices, patching_summary
 from attrlab.app.ui.runner import PageRunner
 from attrlab.app.ui.shared import (
     format_ratios,
@@ -50,9 +50,6 @@ from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.models import BUILTIN_MODELS
 from attrlab.attribution.patching import (
-    COMPONENTS,
-    DIRECTIONS,
-    ESTIMATORS,
     Blurred,
     ImageCorruption,
     Masked,
@@ -75,7 +72,11 @@ from attrlab.viz.answer import answer_layout
 from attrlab.viz.bundle import write_bundle
 from attrlab.viz.image_text import image_text_figure
 from attrlab.viz.patching import patching_figure_names, patching_figures, patching_files
-from attrlab.viz.visual_tokens import visual_tokens_figures, visual_tokens_files
+from attrlab.viz.visual_tokens import (
+    dropped_where,
+    visual_tokens_figures,
+    visual_tokens_files,
+)
 
 __all__ = [
     "VisionLanguageResult",
@@ -321,26 +322,7 @@ class VisionLanguageTab:
                     elem_id="vlm-other-image",
                 )
             )
-            self.components = gr.CheckboxGroup(
-                [(f"{c.name}: {c.description}", c.name) for c in COMPONENTS.values()],
-                # a head at each position is the costliest by far: asked for, not a default
-                value=[c.name for c in COMPONENTS.values() if not (c.per_head and c.per_position)],
-                label="Components",
-                elem_id="vlm-components",
-            )
-            with gr.Row():
-                self.estimators = gr.CheckboxGroup(
-                    [(f"{e.title}: {e.cost}", e.name) for e in ESTIMATORS.values()],
-                    value=list(ESTIMATORS),
-                    label="Estimators (exact patching is the reference)",
-                    elem_id="vlm-estimators",
-                )
-                self.directions = gr.CheckboxGroup(
-                    list(DIRECTIONS),
-                    value=list(DIRECTIONS),
-                    label="Directions (denoising: clean into corrupted; noising: the reverse)",
-                    elem_id="vlm-directions",
-                )
+            self.components, self.estimators, self.directions = patching_choices("vlm")
             self.patch, self.patch_cancel = study_buttons("vlm-patch", "Patch")
             self.patch_summary = gr.Markdown("", elem_id="vlm-patch-summary")
             self.patch_agreement = gr.Dataframe(
@@ -685,9 +667,9 @@ def _summary(result: VisionLanguageResult) -> str:
         return text + "\n\nNo scorer ticked: no visual-token study."
     study = report.study
     how = "the model's next token" if report.answer["generated"] else "given"
-    where = "at the input" if study.layer == 0 else f"from block {study.layer} on"
+    said = _escaped(repr(report.answer["text"]))
     text += (
-        f"\n\nVisual tokens dropped {where} (answer {_escaped(repr(report.answer['text']))}, "
+        f"\n\nVisual tokens dropped {dropped_where(report)} (answer {said}, "
         f"{how}): the full model's answer log-prob **{study.full['log_prob']:.4g}**, exact "
         f"match {study.full['exact_match']:.3g}; {study.forward_passes:,} forward passes. "
         "Each scorer's curve against random orders:"
