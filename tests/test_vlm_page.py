@@ -244,7 +244,8 @@ def test_the_link_fills_the_same_inputs(served, shown, folder):
     ("changed", "named"),
     [
         ({"image": None}, "upload an image first"),
-        ({"model": ""}, "name a vision-language model"),
+        ({"model": ""}, "vision-language model: name one"),
+        ({"model": "", "methods": []}, "name a vision-language model"),
         ({"model": "tiny-random-gpt2"}, "takes text"),
         ({"ratios": "1, half"}, "keep ratios are shares"),
         ({"ratios": "0.5, 0.2"}, "keep ratios start at 1.0"),
@@ -339,6 +340,7 @@ def test_patching_with_a_corrupted_image_is_the_librarys_study(
         ({"components": ["nope"]}, "nope"),
         ({"image": None}, "upload an image first"),
         ({"prompt": ""}, "the prompt is empty"),
+        ({"model": " "}, "name a vision-language model"),
     ],
 )
 def test_bad_patching_input_is_refused_in_words(page_of, folder, uploaded, changed, named):

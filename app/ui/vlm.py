@@ -414,8 +414,6 @@ class VisionLanguageTab:
         """Explain the image and prompt by each method, and study its visual tokens."""
         if not asked_:  # the page's load set another tab's link flag
             return [gr.skip()] * len(self.outputs)
-        if not (model_ or "").strip():
-            raise gr.Error("name a vision-language model: none of the built-in models takes one")
         if not methods_ and not scorers_:
             raise gr.Error("tick a method (maps) or a scorer (the visual-token study)")
         image = uploaded_image(image_)
@@ -446,11 +444,12 @@ class VisionLanguageTab:
         )
         if scorers_:  # refused before any method runs
             tokens.check()
+        model = (model_ or "").strip() or None  # none: the library asks for one
         where = (session(request), _TAB)
         explanations = {
             method: self.runner(
                 ExplainRequest(
-                    model=model_, image=image, text=prompt, method=method, answer=spec, seed=seed
+                    model=model, image=image, text=prompt, method=method, answer=spec, seed=seed
                 ),
                 progress,
                 *where,
@@ -459,12 +458,12 @@ class VisionLanguageTab:
         }
         report = None
         if scorers_:
-            study = VisualTokensRequest(model=model_, seed=seed, study=tokens)
+            study = VisualTokensRequest(model=model, seed=seed, study=tokens)
             report = self.runner(study, progress, *where)
         example = example_of(image)
         fields = {
             "tab": _TAB,
-            "model": model_,
+            "model": model,
             "image": EXAMPLE_PREFIX + example if example else None,
             "prompt": prompt,
             "answer": answer or "",
@@ -537,7 +536,7 @@ class VisionLanguageTab:
         seed = 0 if seed_ is None else whole(seed_)
         corruption = _corruption(corruption_ or "blurred", sigma_, box_, other_, seed)
         study = ImagePatchRequest(
-            model=model_,
+            model=(model_ or "").strip() or None,  # none: the library asks for one
             seed=seed,
             image=image,
             prompt=prompt_ or "",
