@@ -726,12 +726,7 @@ class ImagePatchRequest(_VisionLanguageStudy["PatchingReport"]):
         """
         super().check(bounds)
         self.chosen_model  # noqa: B018 - raises without a model
-        if not self.prompt.strip():
-            raise InvalidInputError("the prompt is empty: ask something about the image")
-        if self.answer is not None and not self.answer.strip():
-            raise InvalidInputError(
-                "the answer is empty: give it, or leave it out for the model's next token"
-            )
+        visual_tokens.check_prompt_and_answer(self.prompt, self.answer)
         for text in (self.prompt, self.answer):
             bounds.check_fields(text, None, None, self.seed)
         patching.check_study(self.estimators, self.components, self.directions)
