@@ -185,7 +185,8 @@ def _split_image_and_text(inputs: ImageTextInputs, result: Attribution) -> None:
     A vision-language map's image part and shares added to ``result``.
 
     ``maps["visual_mask"]`` (1 at the visual positions, 0 elsewhere),
-    ``maps["visual_tokens"]`` (one value per visual token), ``maps["image_heatmap"]`` (over
+    ``maps["visual_tokens"]`` (one value per visual token), ``maps["visual_regions"]`` (each
+    one's box in the original image, NaN for none), ``maps["image_heatmap"]`` (over
     the original image's pixels), the image's and the text's shares and signed sums in
     ``metrics``, and with a per-step matrix each step's shares
     (:mod:`attribution.image_text`).
@@ -193,6 +194,7 @@ def _split_image_and_text(inputs: ImageTextInputs, result: Attribution) -> None:
     parts = image_text_parts(inputs, result.scores)
     result.maps["visual_mask"] = inputs.visual_tokens.double().cpu().numpy()
     result.maps["visual_tokens"] = parts.visual
+    result.maps["visual_regions"] = np.asarray(inputs.regions, dtype=np.float64)
     result.maps["image_heatmap"] = parts.heatmap
     result.metrics.update(parts.metrics())
     if "steps" in result.maps:

@@ -10,13 +10,14 @@ visual token, painted over the pixels its region stands for
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from attrlab.attribution.models.vlm import ImageTextInputs
 
-__all__ = ["ImageTextParts", "image_text_parts", "region_heatmap", "step_shares"]
+__all__ = ["ImageTextParts", "image_text_parts", "map_parts", "region_heatmap", "step_shares"]
 
 
 @dataclass(frozen=True)
@@ -86,13 +87,39 @@ def _shares(values: np.ndarray, visual: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 def image_text_parts(inputs: ImageTextInputs, scores: np.ndarray) -> ImageTextParts:
     """``scores`` ``(T,)`` (one per position of ``inputs``) split into image and text."""
-    values = np.asarray(scores, dtype=np.float64)
     visual = inputs.visual_tokens.cpu().numpy()
+    return _parts(np.asarray(scores, dtype=np.float64), visual, inputs.regions, inputs.image.shape)
+
+
+def map_parts(maps: Mapping[str, np.ndarray], scores: np.ndarray) -> ImageTextParts:
+    """
+    ``scores`` ``(T,)`` split as the Explanation whose ``maps`` these are splits its own.
+
+    ``maps``: an image and a prompt's Explanation's (``visual_mask``, ``visual_regions``,
+    ``image_heatmap`` for the image's size); ``scores``: one value per position, such as a row
+    of ``maps["steps"]`` (one answer step's map).
+
+    Raises:
+        ValueError: maps without an image part, or scores of another length.
+    """
+    if not {"visual_mask", "visual_regions", "image_heatmap"} <= maps.keys():
+        raise ValueError("an image part needs the Explanation of an image and a prompt")
+    visual = np.asarray(maps["visual_mask"]) == 1
+    values = np.asarray(scores, dtype=np.float64)
+    if values.shape != visual.shape:
+        raise ValueError(f"{values.shape[-1]} scores for a map of {visual.shape[0]} positions")
+    return _parts(values, visual, maps["visual_regions"], maps["image_heatmap"].shape)
+
+
+def _parts(
+    values: np.ndarray, visual: np.ndarray, regions: np.ndarray, shape: tuple[int, ...]
+) -> ImageTextParts:
+    """``values`` split at the ``visual`` positions, painted over ``regions`` (image ``shape``)."""
     image_share, text_share = _shares(values, visual)
     text = np.where(visual, 0.0, values)
     return ImageTextParts(
         visual=values[visual],
-        heatmap=region_heatmap(inputs.regions, values[visual], inputs.image.shape[:2]),
+        heatmap=region_heatmap(np.asarray(regions), values[visual], (shape[0], shape[1])),
         text=text,
         image_share=float(image_share),
         text_share=float(text_share),

@@ -25,6 +25,7 @@ from torch import nn
 from attrlab.attribution.errors import InvalidParameterError, UnsupportedMethodError
 from attrlab.attribution.explain import explain
 from attrlab.attribution.explanation import Explanation
+from attrlab.attribution.image_text import map_parts
 from attrlab.attribution.metrics.faithfulness import faithfulness
 from attrlab.attribution.models.vlm import (
     ImagePrompt,
@@ -419,6 +420,30 @@ def test_the_figure_draws_the_image_part_over_the_image_and_the_text_beside() ->
     text = ~inputs.visual_tokens.numpy()
     np.testing.assert_allclose(np.asarray(bars.y), explanation.scores[text])
     assert f"{explanation.metrics['image_share']:.0%}" in figure.layout.annotations[0].text
+
+
+def test_each_steps_map_is_painted_over_the_image_from_the_explanation_alone() -> None:
+    """
+    Idefics3's tiles overlap the whole image's tokens: a pixel takes the mean of its boxes.
+
+    That mean is linear, and gradient × input of the whole answer is the sum of its steps'
+    (log p of the answer is the sum of its tokens'): the steps' heatmaps, drawn from the
+    Explanation read back from JSON, sum to the whole map's, where a box reaches.
+    """
+    adapter, inputs, answer, target = _case("idefics3")
+    explanation = explain(adapter, "gradient_x_input", inputs, target, per_step=True)
+    back = Explanation.from_json(explanation.to_json())
+    steps = back.maps["steps"]
+    assert len(steps) == len(answer.ids) > 1
+    parts = [map_parts(back.maps, row) for row in steps]
+    whole = explanation.maps["image_heatmap"]
+    painted = ~np.isnan(whole)
+    summed = np.sum([p.heatmap for p in parts], axis=0)
+    np.testing.assert_allclose(summed[painted], whole[painted], rtol=1e-4, atol=1e-9)
+    shares = [p.image_share for p in parts]
+    np.testing.assert_allclose(shares, explanation.maps["step_image_share"], rtol=1e-9)
+    with pytest.raises(ValueError, match="scores for a map of"):
+        map_parts(back.maps, steps[0][:-1])
 
 
 def test_a_one_token_contrast_reads_the_answers_own_sequence() -> None:

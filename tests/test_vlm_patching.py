@@ -19,7 +19,12 @@ from _tiny_vlm import (
     tiny_qwen2_vl,
 )
 
-from attrlab.attribution.errors import InvalidInputError, InvalidParameterError, TooSlowError
+from attrlab.attribution.errors import (
+    InvalidInputError,
+    InvalidParameterError,
+    TooMuchMemoryError,
+    TooSlowError,
+)
 from attrlab.attribution.layers.analysis import ModelParts
 from attrlab.attribution.models.vlm import ImagePrompt, VisionLanguageAdapter
 from attrlab.attribution.patching import ESTIMATORS, GaussianNoise, PatchingProblem, patched_score
@@ -394,17 +399,29 @@ def test_images_the_processor_lays_out_differently_are_refused_in_words(problems
     noise = GaussianNoise((visual,), seeds=2)
     with pytest.raises(InvalidInputError, match="corrupt the image instead"):
         PatchingProblem(problem.clean, problem.target, noise=noise).check(adapter)
-    # priced as a text's study, from the model's calibration on an image and a prompt
-    with pytest.raises(TooSlowError, match="this patching study would take"):
-        image_patching_report(
-            adapter,
-            prompt,
-            Blurred(1.0),
-            ["residual"],
-            ["exact"],
-            answer=ANSWER,
-            settings=RunSettings(max_seconds=1e-6),
-        )
+    # priced as a text's study is, and refused over the settings' seconds or memory before
+    # any patched row runs
+    for bound, error in (
+        ({"max_seconds": 1e-9}, TooSlowError),
+        ({"max_memory_bytes": 1}, TooMuchMemoryError),
+    ):
+        with pytest.raises(error, match="this patching study"):
+            image_patching_report(
+                adapter,
+                prompt,
+                Blurred(1.0),
+                ["residual"],
+                ["exact"],
+                settings=RunSettings(**bound),
+            )
+    bounded = RunSettings(max_seconds=600, max_memory_bytes=2**34)
+    found = image_patching_report(
+        adapter, prompt, Blurred(1.0), ["residual"], ["exact"], None, ANSWER, bounded
+    )
+    plain = image_patching_report(
+        adapter, prompt, Blurred(1.0), ["residual"], ["exact"], None, ANSWER
+    )
+    np.testing.assert_allclose(found.table["effect"], plain.table["effect"], rtol=1e-6, atol=1e-9)
 
 
 def test_every_hook_is_undone_after_a_forced_error(problems):

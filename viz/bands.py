@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import plotly.graph_objects as go
 
-__all__ = ["add_random_band", "agreement_bars", "orders_against_random"]
+if TYPE_CHECKING:
+    from attrlab.attribution.engine.verification import PruningCurves
+
+__all__ = ["add_random_band", "agreement_bars", "orders_against_random", "study_files"]
 
 #: The band's fill: grey, faint, under every curve.
 BAND = "rgba(127, 127, 127, 0.2)"
@@ -79,3 +84,25 @@ def agreement_bars(agreement: pd.DataFrame, title: str) -> go.Figure:
     )
     figure.update_layout(title=title, barmode="group", yaxis={"range": [-1, 1]})
     return figure
+
+
+def study_files(
+    name: str, record: Mapping[str, Any], curves: PruningCurves, agreement: pd.DataFrame
+) -> dict[str, str]:
+    """
+    A study's data as an export's files: its JSON ``record``, and its tables as CSV.
+
+    ``<name>_study.json``, ``<name>_curves.csv``, ``<name>_areas.csv`` (each order's area and
+    verdict), ``<name>_agreement.csv`` and ``<name>_verdicts.csv``.
+    """
+    verdicts = pd.DataFrame(
+        [v.to_dict() for v in curves.verdicts],
+        columns=["check", "status", "value", "threshold", "reason", "advice"],
+    )
+    return {
+        f"{name}_study.json": json.dumps(record, indent=1, allow_nan=False),
+        f"{name}_curves.csv": curves.curves.to_csv(index=False),
+        f"{name}_areas.csv": curves.scores.to_csv(index=False),
+        f"{name}_agreement.csv": agreement.to_csv(index=False),
+        f"{name}_verdicts.csv": verdicts.to_csv(index=False),
+    }

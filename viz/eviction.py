@@ -11,15 +11,13 @@ keep ratio.
 from __future__ import annotations
 
 import html
-import json
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import plotly.graph_objects as go
 
 from attrlab.attribution.engine.verification import RANDOM
-from attrlab.viz.bands import agreement_bars, orders_against_random
+from attrlab.viz.bands import agreement_bars, orders_against_random, study_files
 from attrlab.viz.text import diverging_colour, text_colour
 from attrlab.viz.tokens import token_html
 
@@ -79,20 +77,11 @@ def eviction_files(study: EvictionStudy) -> dict[str, str]:
     """
     An eviction study's data as an export's files: its JSON, and each table as CSV.
 
-    ``eviction_curves.csv``, ``eviction_areas.csv`` (each order's area and verdict),
-    ``eviction_agreement.csv`` and ``eviction_verdicts.csv``.
+    ``eviction_study.json``, ``eviction_curves.csv``, ``eviction_areas.csv`` (each order's area
+    and verdict), ``eviction_agreement.csv`` and ``eviction_verdicts.csv``
+    (:func:`~viz.bands.study_files`).
     """
-    verdicts = pd.DataFrame(
-        [v.to_dict() for v in study.curves.verdicts],
-        columns=["check", "status", "value", "threshold", "reason", "advice"],
-    )
-    return {
-        "eviction_study.json": json.dumps(study.to_dict(), indent=1, allow_nan=False),
-        "eviction_curves.csv": study.curves.curves.to_csv(index=False),
-        "eviction_areas.csv": study.curves.scores.to_csv(index=False),
-        "eviction_agreement.csv": study.agreement.to_csv(index=False),
-        "eviction_verdicts.csv": verdicts.to_csv(index=False),
-    }
+    return study_files("eviction", study.to_dict(), study.curves, study.agreement)
 
 
 def eviction_text(study: EvictionStudy) -> str:

@@ -7,6 +7,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from attrlab.attribution.explanation import Explanation
+from attrlab.attribution.image_text import map_parts
+from attrlab.viz.answer import answer_layout
 from attrlab.viz.image import (
     HOVER_DECIMALS,
     _map_trace,
@@ -23,7 +25,7 @@ __all__ = ["image_part_html", "image_text_figure"]
 
 
 def image_text_figure(
-    explanation: Explanation, image: np.ndarray, view: View = IMAGE_VIEW
+    explanation: Explanation, image: np.ndarray, view: View = IMAGE_VIEW, step: int | None = None
 ) -> go.Figure:
     """
     Left: ``image`` with the visual tokens' values over their regions; right: the text tokens.
@@ -31,13 +33,30 @@ def image_text_figure(
     The heatmap is ``maps["image_heatmap"]`` (:mod:`attribution.image_text`), in ``view``'s
     scale; pixels no region reaches stay bare. The bars are the other positions' scores (the
     visual ones left out). The title gives the image's and the text's shares of |relevance|.
+    ``step``: that answer step's map instead (a row of ``maps["steps"]``, split by
+    :func:`~attribution.image_text.map_parts`).
 
     Raises:
-        ValueError: an Explanation without an image part (not of an image and a prompt).
+        ValueError: an Explanation without an image part (not of an image and a prompt), or
+            without that step.
     """
     heat = explanation.maps.get("image_heatmap")
     if heat is None or "visual_mask" not in explanation.maps or explanation.token_texts is None:
         raise ValueError("image_text_figure needs the Explanation of an image and a prompt")
+    scores = explanation.scores
+    shares = [explanation.metrics.get(f"{part}_share", float("nan")) for part in ("image", "text")]
+    target = token_tick(explanation.target.label)
+    if step is not None:
+        steps = explanation.maps.get("steps")
+        if steps is None or not 0 <= step < len(steps):
+            count = 0 if steps is None else len(steps)
+            raise ValueError(f"the map has {count} answer steps; there is no step {step + 1}")
+        parts = map_parts(explanation.maps, steps[step])
+        heat, scores = parts.heatmap, steps[step]
+        shares = [parts.image_share, parts.text_share]
+        layout = answer_layout(explanation)
+        said = layout.steps[step].label if layout and step < len(layout.steps) else ""
+        target = f"step {step + 1}: {token_tick(said)}"
     picture = display_copy(image)
     shape = picture.shape[:2]
     reached = ~np.isnan(heat)
@@ -49,8 +68,8 @@ def image_text_figure(
         cols=2,
         column_widths=[0.45, 0.55],
         subplot_titles=(
-            f"image: {explanation.metrics.get('image_share', float('nan')):.0%} of |relevance|",
-            f"text: {explanation.metrics.get('text_share', float('nan')):.0%} of |relevance|",
+            f"image: {shares[0]:.0%} of |relevance|",
+            f"text: {shares[1]:.0%} of |relevance|",
         ),
     )
     figure.add_trace(go.Image(source=picture_uri(picture), hoverinfo="skip"), row=1, col=1)
@@ -71,7 +90,7 @@ def image_text_figure(
     )
     positions = np.flatnonzero(explanation.maps["visual_mask"] == 0).tolist()
     ticks = token_ticks(explanation.token_texts)
-    scores = explanation.scores[positions]
+    scores = scores[positions]
     figure.add_trace(
         go.Bar(
             x=list(range(len(positions))),
@@ -93,7 +112,7 @@ def image_text_figure(
     )
     figure.update_layout(
         template=TEMPLATE,
-        title=f"{explanation.method} → {token_tick(explanation.target.label)}",
+        title=f"{explanation.method} → {target}",
         showlegend=False,
         margin={"l": 10, "r": 10, "t": 60, "b": 80},
         height=420,

@@ -16,12 +16,17 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from attrlab.attribution.engine.verification import RANDOM
-from attrlab.viz.bands import agreement_bars, orders_against_random
+from attrlab.viz.bands import agreement_bars, orders_against_random, study_files
 
 if TYPE_CHECKING:
     from attrlab.attribution.visual_tokens.request import VisualTokenReport
 
-__all__ = ["visual_tokens_figures", "visual_tokens_text"]
+__all__ = [
+    "dropped_where",
+    "visual_tokens_figures",
+    "visual_tokens_files",
+    "visual_tokens_text",
+]
 
 #: Each metric's axis title.
 _TITLES = {
@@ -31,7 +36,7 @@ _TITLES = {
 }
 
 
-def _where(report: VisualTokenReport) -> str:
+def dropped_where(report: VisualTokenReport) -> str:
     """Where the tokens are dropped, in words."""
     layer = report.study.layer
     return "at the input" if layer == 0 else f"from block {layer} on"
@@ -46,11 +51,12 @@ def visual_tokens_figures(report: VisualTokenReport) -> dict[str, go.Figure]:
     layer table's ``shortv_kl`` per block.
     """
     study = report.study
+    where = dropped_where(report)
     figures = {
         f"visual_tokens_{metric}": orders_against_random(
             rows,
             RANDOM,
-            f"{_TITLES.get(str(metric), metric)} as visual tokens are dropped ({_where(report)})",
+            f"{_TITLES.get(str(metric), metric)} as visual tokens are dropped ({where})",
             "share of the visual tokens dropped",
             _TITLES.get(str(metric), str(metric)),
         )
@@ -64,6 +70,20 @@ def visual_tokens_figures(report: VisualTokenReport) -> dict[str, go.Figure]:
     if report.layers is not None:
         figures["shortv"] = _shortv_figure(report.layers)
     return figures
+
+
+def visual_tokens_files(report: VisualTokenReport) -> dict[str, str]:
+    """
+    A visual-token study's data as an export's files (:func:`~viz.bands.study_files`).
+
+    ``visual_tokens_study.json`` (the record of ``POST /api/v1/visual-tokens``), its curves,
+    areas, agreement and verdicts as CSV, and ShortV's layer table as ``shortv.csv`` when asked.
+    """
+    study = report.study
+    files = study_files("visual_tokens", report.to_dict(), study.curves, study.agreement)
+    if report.layers is not None:
+        files["shortv.csv"] = report.layers.to_csv(index=False)
+    return files
 
 
 def _shortv_figure(layers: pd.DataFrame) -> go.Figure:
@@ -88,8 +108,9 @@ def visual_tokens_text(report: VisualTokenReport) -> str:
     """
     study = report.study
     how = "the model's next token" if report.answer["generated"] else "given"
+    where = dropped_where(report)
     lines = [
-        f"visual tokens  dropped {_where(report)}, attention of block {study.attention_layer}, "
+        f"visual tokens  dropped {where}, attention of block {study.attention_layer}, "
         "keep ratios " + ", ".join(f"{r:g}" for r in study.ratios),
         f"answer    {report.answer['text']!r} ({how})",
         f"full      log_prob {study.full['log_prob']:.4g}, exact_match "

@@ -22,8 +22,8 @@ from attrlab.app.ui.files import (
     EXAMPLE_PREFIX,
     example_images,
     example_of,
-    received_file,
     received_input,
+    uploaded_image,
 )
 from attrlab.app.ui.link import LinkedTab, page_base, share_query, view_fields
 from attrlab.app.ui.methods import MethodControls
@@ -579,7 +579,7 @@ class ExplainTab:
     ) -> dict[str, Any]:
         """The request's input and model fields from the page."""
         if self.image:
-            data: dict[str, Any] = {"image": _uploaded_image(source_)}
+            data: dict[str, Any] = {"image": uploaded_image(source_)}
         else:
             data = {"text": source_ or ""}
         return {
@@ -646,7 +646,7 @@ class ExplainTab:
         if image is None or not isinstance(evt.index, list | tuple) or len(evt.index) != 2:
             return gr.skip()  # a selection that is not a click on a shown image
         x, y = evt.index
-        picture = load_image(_uploaded_image(image), self.runner.worker.settings.max_image_pixels)
+        picture = load_image(uploaded_image(image), self.runner.worker.settings.max_image_pixels)
         return occluded(np.asarray(picture), int(x), int(y), int(size))
 
     def forget_model(self, chosen: list[str] | None) -> list[Any]:
@@ -933,23 +933,6 @@ class ExplainTab:
         # the check re-runs each method once per randomised layer: not priced here
         unpriced = " (the randomisation check's re-runs are not counted)" if randomise_ else ""
         return "Cost before Run: " + "; ".join(lines) + unpriced
-
-
-def _uploaded_image(path: str | None) -> bytes:
-    """
-    The bytes of the tab's image: Gradio's copy of an upload, checked by :func:`received_file`.
-
-    Raises:
-        gr.Error: no image yet, or it is gone.
-        InvalidInputError: a file this process did not receive.
-    """
-    file = received_file(path or None)
-    if file is None:
-        raise gr.Error("upload an image first")
-    try:
-        return file.read_bytes()
-    except OSError:  # Gradio's cache emptied under the page
-        raise gr.Error("the uploaded image is gone from the server; upload it again") from None
 
 
 def _example_texts(next_token: bool) -> list[list[str]]:

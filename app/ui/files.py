@@ -42,6 +42,7 @@ __all__ = [
     "received_file",
     "received_input",
     "upload_folder",
+    "uploaded_image",
     "uploaded_rows",
 ]
 
@@ -142,6 +143,23 @@ def received_input(component: FileInput) -> FileInput:
     component.preprocess = preprocess  # type: ignore[method-assign]
     component.async_move_resource_to_block_cache = move_to_cache  # type: ignore[method-assign]
     return component
+
+
+def uploaded_image(path: str | None) -> bytes:
+    """
+    The bytes of a tab's image: Gradio's copy of an upload, checked by :func:`received_file`.
+
+    Raises:
+        gr.Error: no image yet, or it is gone.
+        InvalidInputError: a file this process did not receive.
+    """
+    file = received_file(path or None)
+    if file is None:
+        raise gr.Error("upload an image first")
+    try:
+        return file.read_bytes()
+    except OSError:  # Gradio's cache emptied under the page
+        raise gr.Error("the uploaded image is gone from the server; upload it again") from None
 
 
 def _is_data_url(url: str | None) -> bool:

@@ -107,6 +107,10 @@ LINK_FIELDS = (
     "split",
     "ratios",
     "all_items",
+    "prompt",
+    "layer",
+    "attention_layer",
+    "shortv",
 )
 #: Link fields that are on/off flags, written ``1`` (a flag that is off is left out).
 _FLAGS = (
@@ -120,7 +124,7 @@ _FLAGS = (
     "all_items",
 )
 #: Flags that are on unless a link says ``0`` (written only when off).
-_ON_FLAGS = ("per_step",)
+_ON_FLAGS = ("per_step", "shortv")
 #: Fields that count something, from 1 to their most.
 _COUNTS = {
     "max_new_tokens": MAX_NEW_TOKENS,
@@ -129,6 +133,10 @@ _COUNTS = {
     "count": MAX_ITEMS,
     "max_tokens": TASK_SIZES[1],
 }
+#: Fields that name a block, from 0 (the Vision-language tab's).
+_BLOCKS = ("layer", "attention_layer")
+#: The most digits a block a link names has.
+_BLOCK_DIGITS = 4
 #: Fields that list choices of a tab's checkbox group: the known ones are kept.
 _LISTS = (
     "methods",
@@ -437,6 +445,10 @@ def _link_field(name: str, value: str) -> Any:
         digits = value.isascii() and value.isdigit() and len(value) <= len(str(most))
         if not digits or not 1 <= int(value) <= most:
             raise ValueError(f"{name} {_quoted(value)} is not a whole number from 1 to {most}")
+        return int(value)
+    if name in _BLOCKS:
+        if not (value.isascii() and value.isdigit() and len(value) <= _BLOCK_DIGITS):
+            raise ValueError(f"{name} {_quoted(value)} is not a block: a whole number from 0")
         return int(value)
     if name in _FLAGS or name in _ON_FLAGS:
         if value not in ("0", "1"):

@@ -27,6 +27,7 @@ from attrlab.app.ui.layers import layers_tab
 from attrlab.app.ui.link import LinkedTab, open_shared_link
 from attrlab.app.ui.patching import patching_view
 from attrlab.app.ui.runner import PageRunner, Runner, queued_cost
+from attrlab.app.ui.vlm import vision_language_tab
 from attrlab.app.worker import ExplainWorker
 from attrlab.attribution.request import ExplainRequest
 from attrlab.viz.theme import dark_figures_js
@@ -76,6 +77,8 @@ def build_ui(
                 if spec.next_token:  # a decoder's cache, beside its answers
                     with gr.Tab("KV cache", id="evict"):
                         filled["evict"] = eviction_tab(runner)
+            with gr.Tab("Vision-language", id="vlm"):
+                filled["vlm"] = vision_language_tab(runner)
             with gr.Tab("Layers & heads", id="layers"), gr.Tabs() as layer_views:
                 with gr.Tab("Layer and head measures", id="layers-measures-view"):
                     filled["layers"] = layers_tab(runner)

@@ -50,7 +50,14 @@ if TYPE_CHECKING:
     from attrlab.attribution.engine.study import PruningStudy
     from attrlab.attribution.patching import PatchingReport
 
-__all__ = ["PatchingResult", "PatchingView", "export_patching", "patching_view"]
+__all__ = [
+    "PatchingResult",
+    "PatchingView",
+    "export_patching",
+    "patching_choices",
+    "patching_summary",
+    "patching_view",
+]
 
 #: The tab key of a run (its Cancel stops only its own view's study; pruning has its own).
 _TAB = "patching"
@@ -167,25 +174,7 @@ class PatchingView:
 
     def _choices(self) -> None:
         """The components, estimators and directions: the library's own."""
-        self.components = gr.CheckboxGroup(
-            [(f"{c.name}: {c.description}", c.name) for c in COMPONENTS.values()],
-            # a head at each position is the costliest by far: asked for, not a default
-            value=[c.name for c in COMPONENTS.values() if not (c.per_head and c.per_position)],
-            label="Components",
-            elem_id="patching-components",
-        )
-        self.estimators = gr.CheckboxGroup(
-            [(f"{e.title}: {e.cost}", e.name) for e in ESTIMATORS.values()],
-            value=list(ESTIMATORS),
-            label="Estimators (exact patching is the reference)",
-            elem_id="patching-estimators",
-        )
-        self.directions = gr.CheckboxGroup(
-            list(DIRECTIONS),
-            value=list(DIRECTIONS),
-            label="Directions (denoising: clean into corrupted; noising: the reverse)",
-            elem_id="patching-directions",
-        )
+        self.components, self.estimators, self.directions = patching_choices("patching")
 
     def _results(self) -> None:
         """The study's summary, its reading in words, the agreement table and the figures."""
@@ -295,7 +284,7 @@ class PatchingView:
         }
         lines = agreement_reading(report)
         views: dict[gr.components.Component, Any] = {
-            self.summary: _summary(report),
+            self.summary: patching_summary(report),
             self.reading: "\n".join(f"- {line}" for line in lines) if lines else "",
             self.agreement: report.agreement.round(4),
             **{
@@ -317,7 +306,35 @@ class PatchingView:
         return str(export_patching(result, pruned=pruned))
 
 
-def _summary(report: PatchingReport) -> str:
+def patching_choices(prefix: str) -> tuple[gr.CheckboxGroup, gr.CheckboxGroup, gr.CheckboxGroup]:
+    """
+    A patching study's components, estimators and directions: the library's own.
+
+    Every estimator and direction ticked, every component but a head at each position (the
+    costliest by far: asked for, not a default); ids ``{prefix}-components`` and so on.
+    """
+    components = gr.CheckboxGroup(
+        [(f"{c.name}: {c.description}", c.name) for c in COMPONENTS.values()],
+        value=[c.name for c in COMPONENTS.values() if not (c.per_head and c.per_position)],
+        label="Components",
+        elem_id=f"{prefix}-components",
+    )
+    estimators = gr.CheckboxGroup(
+        [(f"{e.title}: {e.cost}", e.name) for e in ESTIMATORS.values()],
+        value=list(ESTIMATORS),
+        label="Estimators (exact patching is the reference)",
+        elem_id=f"{prefix}-estimators",
+    )
+    directions = gr.CheckboxGroup(
+        list(DIRECTIONS),
+        value=list(DIRECTIONS),
+        label="Directions (denoising: clean into corrupted; noising: the reverse)",
+        elem_id=f"{prefix}-directions",
+    )
+    return components, estimators, directions
+
+
+def patching_summary(report: PatchingReport) -> str:
     """The scores patching moves between, what it cost, and the library's warnings."""
     gap = report.clean_score - report.corrupted_score
     target = html.escape(report.target, quote=False)

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from attrlab.attribution.visual_tokens.request import (
         VisualTokenReport,
         VisualTokenRequest,
+        check_prompt_and_answer,
         run_visual_tokens,
     )
     from attrlab.attribution.visual_tokens.scorers import VISUAL_SCORERS
@@ -33,6 +34,7 @@ __all__ = [
     "VisualTokenReport",
     "VisualTokenRequest",
     "VisualTokenStudy",
+    "check_prompt_and_answer",
     "layer_contribution",
     "run_visual_tokens",
     "visual_token_study",
@@ -46,6 +48,7 @@ __getattr__, __dir__ = lazy_exports(
         "VisualTokenReport": "attrlab.attribution.visual_tokens.request",
         "VisualTokenRequest": "attrlab.attribution.visual_tokens.request",
         "VisualTokenStudy": "attrlab.attribution.visual_tokens.study",
+        "check_prompt_and_answer": "attrlab.attribution.visual_tokens.request",
         "layer_contribution": "attrlab.attribution.visual_tokens.layers",
         "run_visual_tokens": "attrlab.attribution.visual_tokens.request",
         "visual_token_study": "attrlab.attribution.visual_tokens.study",

@@ -32,7 +32,13 @@ from attrlab.attribution.visual_tokens.removal import visual_adapter, visual_inp
 from attrlab.attribution.visual_tokens.scorers import VISUAL_SCORERS, check_visual_scorers
 from attrlab.attribution.visual_tokens.study import VisualTokenStudy, visual_token_study
 
-__all__ = ["VisualTokenReport", "VisualTokenRequest", "run_visual_tokens", "visual_item"]
+__all__ = [
+    "VisualTokenReport",
+    "VisualTokenRequest",
+    "check_prompt_and_answer",
+    "run_visual_tokens",
+    "visual_item",
+]
 
 #: Scorers that take one backward pass (with its forward) each.
 _GRADIENT_SCORERS = ("gradient_x_input", "attnlrp", "atp")
@@ -82,12 +88,7 @@ class VisualTokenRequest:
             raise InvalidInputError(
                 "give the image as data: its file's bytes (PNG, JPEG), an array or a PIL image"
             )
-        if not self.prompt.strip():
-            raise InvalidInputError("the prompt is empty: ask something about the image")
-        if self.answer is not None and not self.answer.strip():
-            raise InvalidInputError(
-                "the answer is empty: give it, or leave it out for the model's next token"
-            )
+        check_prompt_and_answer(self.prompt, self.answer)
         check_visual_scorers(list(VISUAL_SCORERS) if self.scorers is None else list(self.scorers))
         for name, block in (("layer", self.layer), ("attention_layer", self.attention_layer)):
             if block < 0:
@@ -145,6 +146,21 @@ class VisualTokenReport(DrawnStudy):
             plain = self.layers.astype(object).where(self.layers.notna(), None)
             layers = plain.to_dict(orient="records")
         return {**self.study.to_dict(), "answer": self.answer, "layers": layers}
+
+
+def check_prompt_and_answer(prompt: str, answer: str | None) -> None:
+    """
+    Refuse a blank prompt about an image, or a blank answer (``None``: the next token).
+
+    Raises:
+        InvalidInputError: either is blank.
+    """
+    if not prompt.strip():
+        raise InvalidInputError("the prompt is empty: ask something about the image")
+    if answer is not None and not answer.strip():
+        raise InvalidInputError(
+            "the answer is empty: give it, or leave it out for the model's next token"
+        )
 
 
 def visual_item(adapter: Adapter, request: VisualTokenRequest) -> tuple[ImageTextInputs, Answer]:
