@@ -150,8 +150,8 @@ class VisionLanguageTab:
             "study drops the visual tokens each scorer ranks lowest, at the input or from a "
             "block on, beside random orders, and ranks each scorer against dropping each token "
             "alone. The answer is the one given (teacher-forced), or the model's own next "
-            "token; an answer of several generated tokens is not offered on an image and a "
-            "prompt (the library generates from text alone). Under them, patching with a "
+            "token (a generated answer of several tokens is explained through REST, the CLI "
+            "and Python, not here yet). Under them, patching with a "
             "corrupted image (blurred, noised, masked, or another image) for the same prompt."
         )
         self._inputs()
