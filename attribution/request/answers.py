@@ -473,11 +473,7 @@ def generate_answer(
         InvalidParameterError: ``max_new_tokens`` outside 1..:data:`MAX_NEW_TOKENS`.
     """
     decoder = decoder_adapter(adapter)
-    _check_generate(max_new_tokens)
-    room = decoder.max_length - int(prompt.input_ids.shape[1])
-    if room < 1:
-        raise InvalidInputError("the prompt fills the model's context: no room for an answer")
-    most = min(int(max_new_tokens), room)
+    most = _new_tokens(decoder, prompt, max_new_tokens)
 
     def tokens() -> Iterator[int]:
         step_ids, mask = prompt.input_ids, prompt.attention_mask
@@ -510,14 +506,11 @@ def generate_image_answer(
     from transformers import GenerationConfig
 
     decoder = vision_language(adapter)
-    _check_generate(max_new_tokens)
-    room = decoder.max_length - int(prompt.input_ids.shape[1])
-    if room < 1:
-        raise InvalidInputError("the prompt fills the model's context: no room for an answer")
+    most = _new_tokens(decoder, prompt, max_new_tokens)
     eos = sorted(_eos_ids(decoder))
     pad = decoder.tokenizer.pad_token_id
     config = GenerationConfig(  # greedy, whatever the checkpoint's own generation settings
-        max_new_tokens=min(int(max_new_tokens), room),
+        max_new_tokens=most,
         do_sample=False,
         num_beams=1,
         eos_token_id=eos or None,
@@ -527,6 +520,23 @@ def generate_image_answer(
     with torch.no_grad():
         out = model.generate(**prompt.model_kwargs(), generation_config=config)
         return _greedy(decoder, iter(out[0, prompt.input_ids.shape[1] :].tolist()), stop)
+
+
+def _new_tokens(
+    decoder: DecoderLMAdapter, prompt: TextInputs | ImageTextInputs, max_new_tokens: int
+) -> int:
+    """
+    How many tokens a greedy answer may have: ``max_new_tokens``, within the model's context.
+
+    Raises:
+        InvalidParameterError: ``max_new_tokens`` outside 1..:data:`MAX_NEW_TOKENS`.
+        InvalidInputError: the prompt fills the context.
+    """
+    _check_generate(max_new_tokens)
+    room = decoder.max_length - int(prompt.input_ids.shape[1])
+    if room < 1:
+        raise InvalidInputError("the prompt fills the model's context: no room for an answer")
+    return min(int(max_new_tokens), room)
 
 
 def _greedy(decoder: DecoderLMAdapter, tokens: Iterator[int], stop: str | None) -> Answer:
