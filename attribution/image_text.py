@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from attrlab.attribution.models.regions import box_pixels
 from attrlab.attribution.models.vlm import ImageTextInputs
 
 __all__ = ["ImageTextParts", "image_text_parts", "map_parts", "region_heatmap", "step_shares"]
@@ -61,14 +62,12 @@ def region_heatmap(regions: np.ndarray, values: np.ndarray, size: tuple[int, int
     boxes overlap (a tile's token and the whole image's, in tiled layouts); NaN where no box
     does (pixels a centre crop drops). Tokens of no region (NaN boxes) are left out.
     """
-    height, width = size
     total = np.zeros(size)
     count = np.zeros(size)
-    rows, cols = np.arange(height) + 0.5, np.arange(width) + 0.5
-    for (x0, y0, x1, y1), value in zip(regions, values, strict=True):
-        if np.isnan(x0):
+    for box, value in zip(regions, values, strict=True):
+        if np.isnan(box[0]):
             continue
-        inside = ((rows >= y0) & (rows < y1))[:, None] & ((cols >= x0) & (cols < x1))[None, :]
+        inside = box_pixels(box, size)
         total[inside] += value
         count[inside] += 1
     with np.errstate(invalid="ignore", divide="ignore"):

@@ -173,6 +173,7 @@ def test_same_seed_same_map():
         ({"n_designs": 0}, "'n_designs' must be between 2"),
         ({"grid": 1}, "'grid' must be between 2"),
         ({"perturbation": "smudge"}, "'perturbation' must be one of"),
+        ({"segments": "slic"}, "segments=slic applies to an image and a prompt; use segments=grid"),
     ],
 )
 def test_bad_parameters_give_clear_errors(params, message):

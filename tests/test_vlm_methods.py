@@ -26,6 +26,7 @@ from attrlab.attribution.errors import InvalidParameterError, UnsupportedMethodE
 from attrlab.attribution.explain import explain
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.image_text import map_parts
+from attrlab.attribution.inputs.perturb import superpixel_regions
 from attrlab.attribution.metrics.faithfulness import faithfulness
 from attrlab.attribution.models.vlm import (
     ImagePrompt,
@@ -303,6 +304,103 @@ def test_regions_of_visual_tokens_are_hidden_together() -> None:
     assert len(np.unique(rise[positions])) == 4
 
 
+#: The column where the flat halves' colours meet, inside a token's 8-px box (see below).
+EDGE = 29
+
+
+def _halves_case(
+    adapter: VisionLanguageAdapter,
+) -> tuple[ImageTextInputs, Answer, Target]:
+    """
+    A 32 × 64 image of two flat colours meeting at column ``EDGE``, with the prompt and answer.
+
+    Tiny LLaVA keeps its middle 32 columns (16 to 48) as 4 × 4 tokens of 8 px: the column of
+    tokens over 24 to 32 has 5 pixel columns of the left colour and 3 of the right one.
+    """
+    image = np.empty((32, 64, 3), dtype=np.uint8)
+    image[:, :EDGE] = (220, 40, 40)
+    image[:, EDGE:] = (40, 60, 220)
+    answer = given_answer(adapter, ANSWER)
+    inputs = with_answer(adapter, adapter.preprocess(ImagePrompt(image, PROMPT)), answer)
+    return inputs, answer, answer_target(adapter, inputs, answer)
+
+
+def _left_of_edge(inputs: ImageTextInputs) -> np.ndarray:
+    """Bool per visual token: most of its box's pixel columns lie left of ``EDGE``."""
+    x0, x1 = inputs.regions[:, 0], inputs.regions[:, 2]
+    return np.minimum(x1, EDGE) - x0 > x1 - np.maximum(x0, EDGE)
+
+
+SUPERPIXELS = {"segments": "slic", "n_segments": 2}
+
+
+def test_superpixels_group_the_visual_tokens_of_each_flat_half() -> None:
+    adapter = _adapter("llava")
+    inputs, _, _ = _halves_case(adapter)
+    left = _left_of_edge(inputs)
+    assert left.sum() == 8 and inputs.regions[left, 2].max() == 32  # the 24-32 column: left
+    groups = np.array(superpixel_regions(inputs, 2))
+    assert len(set(groups[left])) == 1 and len(set(groups[~left])) == 1
+    assert groups[left][0] != groups[~left][0]
+
+
+def test_occlusion_of_a_superpixel_is_the_drop_with_its_tokens_zeroed_by_hand() -> None:
+    adapter = _adapter("llava")
+    inputs, answer, target = _halves_case(adapter)
+    explanation = explain(adapter, "occlusion", inputs, target, SUPERPIXELS)
+    scores, positions = explanation.scores, inputs.visual_positions.numpy()
+    left = _left_of_edge(inputs)
+    with torch.no_grad():
+        clean = float(_log_p(adapter, inputs, answer))
+        drops = []
+        for half in (positions[left], positions[~left]):
+
+            def hide(hidden: torch.Tensor, at: np.ndarray = half) -> torch.Tensor:
+                hidden = hidden.clone()
+                hidden[:, at] = 0
+                return hidden
+
+            with _block_input_edited(adapter, hide):
+                drops.append(clean - float(_log_p(adapter, inputs, answer)))
+    rounding = 8 * float(torch.finfo(torch.float32).eps) * abs(clean)
+    # each half's drop, shared evenly among its eight tokens
+    for half, drop in zip((left, ~left), drops, strict=True):
+        assert abs(drop) > 10 * rounding
+        np.testing.assert_allclose(scores[positions[half]], drop / 8, atol=rounding / 8)
+    # the image's share counts each half's drop once, beside the text tokens' own drops
+    text = np.abs(scores[~inputs.visual_tokens.numpy()]).sum()
+    image = abs(drops[0]) + abs(drops[1])
+    metrics = explanation.metrics
+    assert metrics["image_share"] == pytest.approx(image / (image + text), rel=1e-5)
+    assert metrics["image_share"] + metrics["text_share"] == pytest.approx(1.0)
+    # the heatmap paints each token's value over its box: one value per half
+    heat = explanation.maps["image_heatmap"]
+    np.testing.assert_allclose(heat[:, 16:32], drops[0] / 8, atol=rounding / 8)
+    np.testing.assert_allclose(heat[:, 32:48], drops[1] / 8, atol=rounding / 8)
+    # RISE and Sobol keep or hide each half whole: one value per half
+    for method, params in (("rise", {"n_masks": 32}), ("sobol", {"n_designs": 4})):
+        found = explain(adapter, method, inputs, target, {**params, **SUPERPIXELS})
+        visual = found.scores[positions]
+        assert (visual[left] == visual[left][0]).all(), method
+        assert (visual[~left] == visual[~left][0]).all(), method
+        assert found.metrics["image_share"] + found.metrics["text_share"] == pytest.approx(1.0)
+
+
+def test_a_planted_patchs_superpixel_comes_first() -> None:
+    adapter = _adapter("llava")
+    plain, _, _ = _halves_case(adapter)
+    left = _left_of_edge(plain)
+    keep = 5  # row 1, column 1: the box over columns 24 to 32, mostly left of the edge
+    assert left[keep] and plain.regions[keep, 0] == 24
+    with _reads_one_visual_token(adapter, plain.visual_positions, keep):
+        inputs, _, target = _halves_case(adapter)  # the block input of the planted model
+        for method, params in (("occlusion", {}), ("sobol", {"n_designs": 8})):
+            explanation = explain(adapter, method, inputs, target, {**params, **SUPERPIXELS})
+            visual = np.abs(explanation.maps["visual_tokens"])
+            assert left[int(visual.argmax())], method
+            assert visual[left].min() > 10 * visual[~left].max(initial=0.0), method
+
+
 def test_row_end_tokens_of_no_region_stay_off_the_pixels() -> None:
     adapter, inputs, _, target = _case("llava_next")
     explanation = explain(adapter, "occlusion", inputs, target)
@@ -405,6 +503,8 @@ def test_methods_that_do_not_apply_say_so() -> None:
         explain(adapter, "integrated_gradients", inputs, target, {"baseline": "pad"})
     with pytest.raises(InvalidParameterError, match="stride"):
         explain(adapter, "occlusion", inputs, target, {"window": 16, "stride": 8})
+    with pytest.raises(InvalidParameterError, match="leave window empty, or set segments=grid"):
+        explain(adapter, "occlusion", inputs, target, {"window": 16, "segments": "slic"})
 
 
 def test_the_figure_draws_the_image_part_over_the_image_and_the_text_beside() -> None:

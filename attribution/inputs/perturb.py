@@ -35,6 +35,7 @@ from attrlab.attribution.inputs.masks import (
     upsample,
 )
 from attrlab.attribution.models.base import Adapter, Inputs, TextInputs, text_adapter
+from attrlab.attribution.models.regions import box_pixels
 from attrlab.attribution.models.vlm import ImageTextInputs
 from attrlab.attribution.request.run import RunContext
 
@@ -64,6 +65,7 @@ __all__ = [
     "hidden_tokens",
     "perturbation_for",
     "repeated",
+    "superpixel_regions",
     "top_decile_error",
 ]
 
@@ -407,10 +409,12 @@ class ImageTextPerturbation:
     """
     Apply keep masks over the features of an image and a prompt, at the first block's input.
 
-    A feature is one text token, and one visual token or, with ``cell`` ``(height, width)`` in
-    pixels, a region: the visual tokens whose boxes have their centres in one cell of that
-    size, cells tiling the original image from its top left corner (a token of no region stays
-    a feature of its own). Special and answer
+    A feature is one text token, and one visual token or a region of them: with ``cell``
+    ``(height, width)`` in pixels, the visual tokens whose boxes have their centres in one cell
+    of that size, cells tiling the original image from its top left corner; with
+    ``superpixels``, the visual tokens of one SLIC superpixel of the original image
+    (:func:`superpixel_regions`; ``superpixels`` replace ``cell``). A token of no region stays a
+    feature of its own. Special and answer
     tokens always stay (:attr:`~attribution.models.vlm.ImageTextInputs.fixed_tokens`).
     Features come in sequence order of their first token. A hidden feature's rows of the
     language model's first block input are set to zero, the reference integrated gradients
@@ -424,6 +428,7 @@ class ImageTextPerturbation:
         inputs: ImageTextInputs,
         kind: str = "zero",
         cell: tuple[float, float] | None = None,
+        superpixels: int | None = None,
     ) -> None:
         if kind not in IMAGE_TEXT_PERTURBATIONS:
             raise InvalidParameterError(
@@ -436,10 +441,11 @@ class ImageTextPerturbation:
         device = self.hidden.device
         free = (~inputs.fixed_tokens).nonzero()[:, 0].cpu().numpy()
         key = {int(i): ("position", int(i)) for i in free}
-        if cell is not None:
-            for position, region in zip(
-                inputs.visual_positions.tolist(), _region_cells(inputs, cell), strict=True
-            ):
+        regions = None if cell is None else _region_cells(inputs, cell)
+        if superpixels is not None:
+            regions = superpixel_regions(inputs, superpixels)
+        if regions is not None:
+            for position, region in zip(inputs.visual_positions.tolist(), regions, strict=True):
                 if region >= 0 and position in key:
                     key[position] = ("region", region)
         order = list(dict.fromkeys(key[i] for i in sorted(key)))  # by first position
@@ -470,12 +476,11 @@ class ImageTextPerturbation:
         device: torch.device,
         superpixels: int | None = None,
     ) -> MaskBatches:
-        """Each feature kept with probability ``p``."""
-        if superpixels is not None:
-            raise InvalidParameterError(
-                "segments=slic applies to images; an image and a prompt are masked per token "
-                "or per grid cell"
-            )
+        """
+        Each feature kept with probability ``p``.
+
+        Its superpixel regions, if any, were set at construction (:func:`perturbation_for`).
+        """
         keep = torch.rand(n, self.n_cells(grid), generator=generator) < p
         return CellMasks(keep, device)
 
@@ -515,6 +520,26 @@ def _region_cells(inputs: ImageTextInputs, cell: tuple[float, float]) -> list[in
         row, column = int((y0 + y1) / 2 // cell_height), int((x0 + x1) / 2 // cell_width)
         cells.append(row * columns + min(column, columns - 1))
     return cells
+
+
+def superpixel_regions(inputs: ImageTextInputs, n_segments: int) -> list[int]:
+    """
+    Each visual token's superpixel: the SLIC one covering most of its box's pixels.
+
+    ``n_segments`` SLIC superpixels (about; :func:`~attribution.inputs.masks.slic_segments`)
+    of the original image; a token's pixels are those whose centres lie in its box
+    (:func:`~attribution.models.regions.box_pixels`, as the image heatmap paints it), and it
+    goes to the superpixel holding most of them, the lowest label on a tie. ``-1`` (a feature
+    of its own) for a token of no region or whose box holds no pixel centre (pure padding,
+    clipped to nothing; a box narrower than a pixel).
+    """
+    labels = slic_segments(inputs.image, n_segments).numpy()
+    size = (int(labels.shape[0]), int(labels.shape[1]))
+    regions = []
+    for box in inputs.regions:
+        inside = labels[:0] if np.isnan(box[0]) else labels[box_pixels(box, size)].ravel()
+        regions.append(int(np.bincount(inside).argmax()) if inside.size else -1)
+    return regions
 
 
 def grid_cell(inputs: ImageTextInputs, grid: int) -> tuple[float, float]:
@@ -559,18 +584,21 @@ def perturbation_for(
     image_kind: str = "inpainting",
     text_kind: str = "mask",
     grid: int | None = None,
+    superpixels: int | None = None,
 ) -> Perturbation:
     """
     The perturbation matching the input's modality (text: over its features, if any).
 
     An image and a prompt: its visual tokens in the regions of a ``grid × grid`` split of the
-    image (each on its own without ``grid``), its text tokens one by one.
+    image, or of about ``superpixels`` SLIC superpixels (:func:`superpixel_regions`), or each
+    on its own without either; its text tokens one by one. An image takes its superpixels in
+    :meth:`ImagePerturbation.random_masks`.
     """
     if isinstance(inputs, TextInputs):  # over the features the inputs are explained at
         return TextPerturbation(adapter, inputs, text_kind, inputs.features)
     if isinstance(inputs, ImageTextInputs):
         cell = None if grid is None else grid_cell(inputs, grid)
-        return ImageTextPerturbation(inputs, cell=cell)
+        return ImageTextPerturbation(inputs, cell=cell, superpixels=superpixels)
     return ImagePerturbation(inputs.pixel_values, image_kind, image=inputs.image)
 
 

@@ -43,7 +43,9 @@ TEXT_PERTURBATION: Spec[str] = Spec(
 )
 SEGMENTS: Spec[str] = Spec(
     "grid",
-    "Images: mask the method's regular grid, or SLIC superpixels (scikit-image).",
+    "Images: mask the method's regular grid, or SLIC superpixels (scikit-image); an image and "
+    "a prompt: its visual tokens by grid cell, or by the superpixel covering most of each "
+    "token's box.",
     choices=("grid", "slic"),
 )
 N_SEGMENTS: Spec[int] = Spec(50, "Approximate number of SLIC superpixels (segments=slic).", 2, 5000)
@@ -55,10 +57,18 @@ def generator_for(run: RunContext, seed: int | None) -> torch.Generator:
     return run.generator if seed is None else torch.Generator().manual_seed(seed)
 
 
-def check_segments(inputs: Inputs, segments: str) -> None:
-    """Superpixels exist for images only."""
-    if segments == "slic" and inputs.modality != "image":
-        raise InvalidParameterError("segments=slic applies to images; text is masked per token")
+#: Where superpixels apply, in words.
+_SUPERPIXELS_OF = {"image": "images", "image-text": "an image and a prompt"}
+
+
+def check_segments(
+    inputs: Inputs, segments: str, modalities: tuple[str, ...] = ("image", "image-text")
+) -> None:
+    """Superpixels exist for images and for an image and a prompt (``modalities`` of them)."""
+    if segments == "slic" and inputs.modality not in modalities:
+        where = " and to ".join(_SUPERPIXELS_OF[m] for m in modalities)
+        rest = "text is masked per token" if inputs.modality == "text" else "use segments=grid"
+        raise InvalidParameterError(f"segments=slic applies to {where}; {rest}")
 
 
 def noise_ratio(std_error: np.ndarray, scores: np.ndarray) -> float:

@@ -72,7 +72,8 @@ class Occlusion(AttributionMethod[OcclusionParams]):
     (:mod:`attribution.inputs.features`) has each feature occluded once instead, its drop shared
     evenly among its tokens. An image and a prompt: each text token and each visual token
     (with ``window``: the visual tokens of each ``window × window``-pixel cell of the image
-    together, the drop shared evenly among them) hidden once, its rows of the language model's
+    together; with ``segments=slic``: those of each superpixel; the drop shared evenly among
+    them) hidden once, its rows of the language model's
     first block input set to zero (special and answer tokens stay;
     :class:`~attribution.inputs.perturb.ImageTextPerturbation`).
     Paper: https://arxiv.org/abs/1311.2901
@@ -185,12 +186,20 @@ def _positions(inputs: ImageTextInputs, params: OcclusionParams) -> ImageTextPer
     An image and a prompt, occluded feature by feature at the first block's input.
 
     Each text token on its own; each visual token on its own, or with ``window`` the visual
-    tokens in each ``window × window``-pixel cell of the image together.
+    tokens in each ``window × window``-pixel cell of the image together, or with
+    ``segments=slic`` those of each SLIC superpixel
+    (:func:`~attribution.inputs.perturb.superpixel_regions`).
 
     Raises:
-        InvalidParameterError: a stride other than the window (cells do not overlap) or a
-            baseline other than zero.
+        InvalidParameterError: a stride other than the window (cells do not overlap), a
+            window with superpixels, or a baseline other than zero.
     """
+    superpixels = params.n_segments if params.segments == "slic" else None
+    if superpixels is not None and params.window is not None:
+        raise InvalidParameterError(
+            "window groups the visual tokens into cells and segments=slic into superpixels: "
+            "leave window empty, or set segments=grid"
+        )
     if params.stride not in (None, params.window):
         raise InvalidParameterError(
             "an image and a prompt are occluded in cells of window × window pixels that do "
@@ -201,7 +210,7 @@ def _positions(inputs: ImageTextInputs, params: OcclusionParams) -> ImageTextPer
             f"baseline '{params.baseline}' does not apply to an image and a prompt; use zero"
         )
     cell = None if params.window is None else (float(params.window), float(params.window))
-    return ImageTextPerturbation(inputs, cell=cell)
+    return ImageTextPerturbation(inputs, cell=cell, superpixels=superpixels)
 
 
 def _occluded(

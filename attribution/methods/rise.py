@@ -134,7 +134,10 @@ class RISE(AttributionMethod[RiseParams]):
     Images: binary ``grid×grid`` grids kept with probability ``p``, bilinearly upsampled and
     randomly shifted; hidden pixels take the dataset mean colour (normalised zero) or a blurred
     copy; optionally SLIC superpixels kept with probability ``p`` instead of the grid. Text:
-    each non-special token kept with probability ``p``. ``S = Σ f(x⊙M)·M / (N·p)`` with ``f``
+    each non-special token kept with probability ``p``. An image and a prompt: each text token
+    and each region of visual tokens (a cell of a ``grid × grid`` split of the image, or with
+    ``segments=slic`` a superpixel) kept with probability ``p``, a region's value shared
+    evenly among its tokens. ``S = Σ f(x⊙M)·M / (N·p)`` with ``f``
     the class probabilities (or logits). ``maps.std_error`` is the per-pixel standard error,
     ``metrics.noise_ratio`` its mean over the map's spread; ``maps.class_<i>`` hold the maps of
     the top predicted classes. Paper: https://arxiv.org/abs/1806.07421
@@ -165,17 +168,13 @@ class RISE(AttributionMethod[RiseParams]):
         run: RunContext,
     ) -> Attribution:
         check_segments(inputs, params.segments)
+        superpixels = params.n_segments if params.segments == "slic" else None
         perturbation = perturbation_for(
-            adapter, inputs, params.perturbation, params.text_perturbation, params.grid
+            adapter, inputs, params.perturbation, params.text_perturbation, params.grid, superpixels
         )
         generator = generator_for(run, params.seed)
         masks = perturbation.random_masks(
-            params.n_masks,
-            params.p,
-            params.grid,
-            generator,
-            adapter.device,
-            params.n_segments if params.segments == "slic" else None,
+            params.n_masks, params.p, params.grid, generator, adapter.device, superpixels
         )
         targets = _targets(adapter, run, inputs, target)
         first = masks.batch(0, 1)

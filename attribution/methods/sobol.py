@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -14,14 +14,18 @@ from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.inputs.perturb import (
     TOP_DECILE,
     BatchRunner,
+    Perturbation,
     auto_batch_size,
     perturbation_for,
     top_decile_error,
 )
 from attrlab.attribution.methods._masks import (
     BATCH_SIZE,
+    N_SEGMENTS,
     PRECISION,
+    SEGMENTS,
     TEXT_PERTURBATION,
+    check_segments,
     noise_ratio,
 )
 from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
@@ -141,6 +145,12 @@ class SobolParams(MethodParams):
         True,
     )
     text_perturbation: str = TEXT_PERTURBATION.as_field()
+    segments: str = replace(
+        SEGMENTS,
+        help="An image and a prompt: its visual tokens grouped by grid cell, or by the SLIC "
+        "superpixel (scikit-image) covering most of each token's box (images: the grid).",
+    ).as_field()
+    n_segments: int = N_SEGMENTS.as_field()
     batch_size: int | None = BATCH_SIZE.as_field()
     precision: str = PRECISION.as_field()
     bootstrap: int = param(100, "Bootstrap replicates for the standard error (0 = off).", 0, 10_000)
@@ -155,10 +165,13 @@ class Sobol(AttributionMethod[SobolParams]):
     upsampled (nearest) and applied by inpainting ``x⊙M`` (hidden pixels tend to the mean
     colour), blurring or amplitude scaling; the target logit is scored and Jansen's estimator
     gives each cell's total-order index, upsampled bicubically to the image. For text a token
-    is kept when its mask value is ≥ 0.5. ``maps.std_error`` is a bootstrap over designs.
-    Costs ``n_designs·(cells + 2)`` forwards; with a ``tolerance`` the designs are scored in
-    doubling blocks and the run stops once the top decile's relative standard error (of the
-    cell indices, from the bootstrap) is at most the tolerance, reporting ``designs_used``.
+    is kept when its mask value is ≥ 0.5; an image and a prompt: each text token and each
+    region of visual tokens (a cell of a ``grid × grid`` split of the image, or with
+    ``segments=slic`` a superpixel), its index shared evenly among its tokens.
+    ``maps.std_error`` is a bootstrap over designs. Costs ``n_designs·(cells + 2)`` forwards;
+    with a ``tolerance`` the designs are scored in doubling blocks and the run stops once the
+    top decile's relative standard error (of the cell indices, from the bootstrap) is at most
+    the tolerance, reporting ``designs_used``.
     Paper: https://arxiv.org/abs/2111.04138
     """
 
@@ -173,9 +186,7 @@ class Sobol(AttributionMethod[SobolParams]):
     @classmethod
     def _passes(cls, adapter: Adapter, inputs: Inputs, params: SobolParams) -> Passes:
         """The model passes :meth:`attribute` spends on ``inputs``."""
-        perturbation = perturbation_for(
-            adapter, inputs, params.perturbation, params.text_perturbation, params.grid
-        )
+        perturbation = _perturbation(adapter, inputs, params)
         count = params.n_designs * (perturbation.n_cells(params.grid) + 2)
         batch = params.batch_size or auto_batch_size(adapter, inputs)
         return Passes(count, batch=batch, exact=params.tolerance is None)
@@ -194,9 +205,7 @@ class Sobol(AttributionMethod[SobolParams]):
             raise InvalidParameterError(
                 "a Sobol tolerance needs the bootstrap's standard error: set bootstrap to 2 or more"
             )
-        perturbation = perturbation_for(
-            adapter, inputs, params.perturbation, params.text_perturbation, params.grid
-        )
+        perturbation = _perturbation(adapter, inputs, params)
         dimension = perturbation.n_cells(params.grid)
         run.plan(n * (dimension + 2), "n_designs or grid")  # before the design is built
         points = qmc.Sobol(2 * dimension, scramble=False).random(n)
@@ -253,6 +262,15 @@ class Sobol(AttributionMethod[SobolParams]):
                 "output_variance": float(np.var(y_a, ddof=1)),
             },
         )
+
+
+def _perturbation(adapter: Adapter, inputs: Inputs, params: SobolParams) -> Perturbation:
+    """What the designs mask: an image's grid cells, tokens, regions of visual tokens."""
+    check_segments(inputs, params.segments, ("image-text",))
+    superpixels = params.n_segments if params.segments == "slic" else None
+    return perturbation_for(
+        adapter, inputs, params.perturbation, params.text_perturbation, params.grid, superpixels
+    )
 
 
 def _blocks(n_designs: int, stopping: bool) -> list[tuple[int, int]]:

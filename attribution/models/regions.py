@@ -35,7 +35,7 @@ import torch
 
 from attrlab.attribution.errors import UnsupportedMethodError
 
-__all__ = ["visual_regions"]
+__all__ = ["box_pixels", "visual_regions"]
 
 
 @dataclass(frozen=True)
@@ -285,6 +285,24 @@ _REGIONS = {
     "pooled_grid": _pooled_grid,
     "tiled_grid": _tiled_grid,
 }
+
+
+def box_pixels(box: np.ndarray, size: tuple[int, int]) -> tuple[slice, slice]:
+    """
+    The rows and columns of the pixels whose centres lie in ``box`` ``(x0, y0, x1, y1)``.
+
+    Pixel ``(r, c)`` has its centre at ``(r + 0.5, c + 0.5)``; a box holds it when
+    ``x0 ≤ c + 0.5 < x1`` and ``y0 ≤ r + 0.5 < y1``, within an image of ``size`` ``(H, W)``.
+    A box narrower than a pixel may hold none (empty slices).
+    """
+    x0, y0, x1, y1 = (float(v) for v in box)
+    height, width = size
+
+    def span(low: float, high: float, end: int) -> slice:
+        start, stop = (min(end, max(0, math.ceil(edge - 0.5))) for edge in (low, high))
+        return slice(start, stop)
+
+    return span(y0, y1, height), span(x0, x1, width)
 
 
 def visual_regions(
