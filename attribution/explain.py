@@ -222,7 +222,7 @@ def attribute(
         and method_cls.category == "attribution"  # an analysis's tables do not subtract
     )
     apart = target.apart() if by_parts else None
-    if apart is not None and isinstance(inputs, TextInputs):
+    if apart is not None and isinstance(inputs, TextInputs | ImageTextInputs):
         if per_step:
             raise InvalidInputError(
                 "a per-step matrix of a contrast between answers that differ before their last "
@@ -296,7 +296,7 @@ def _steps_in_rows(
 def _contrast_by_parts(
     method_cls: type[AttributionMethod],
     adapter: Adapter,
-    inputs: TextInputs,
+    inputs: TextInputs | ImageTextInputs,
     answer: AnswerTarget,
     alternative: AnswerTarget,
     params: dict[str, Any],
@@ -307,13 +307,14 @@ def _contrast_by_parts(
 
     Exact for a method whose map is linear in the explained score (gradients, their
     integrals, DeepLIFT's multipliers, LRP's relevance: the two forwards share no operation,
-    so the contrast's graph is their difference). The prompt's tokens get the difference; the
+    so the contrast's graph is their difference). The prompt's tokens (an image's visual
+    tokens among them) get the difference; the
     answer's tokens their own values; the alternative's tokens, absent from the input, give
     their values in ``maps["alternative_answer"]``. Metrics and verdicts come from both runs,
     named ``answer.*`` and ``alternative.*``.
     """
     ours = method_cls.compute(adapter, inputs, answer, params, run)
-    alternative_inputs = with_alternative(adapter, inputs, alternative)
+    alternative_inputs = with_alternative(adapter, inputs, answer, alternative)
     other = RunContext(seed=run.seed, cancel=run.cancel)
     theirs = method_cls.compute(adapter, alternative_inputs, alternative, params, other)
     run.count(forward=other.forward_passes, backward=other.backward_passes)

@@ -161,14 +161,36 @@ def test_rest_explains_the_models_own_generated_answer(served, folder, library, 
     _assert_same_map(found, expected)
 
 
+def test_rest_explains_a_contrast_whose_alternative_has_a_sequence_of_its_own(
+    served, folder, library, png
+):
+    contrast = " the big dog"  # differs from the answer before its last token
+    response = served.post(
+        "/api/v1/explain", json=_body(folder, png, text=PROMPT, answer=ANSWER, contrast=contrast)
+    )
+    assert response.status_code == 200, response.text
+    found = response.json()
+    # each answer explained on its own, after the same image and prompt, then subtracted
+    prompt = library.preprocess(ImagePrompt(png, PROMPT))
+    maps = []
+    for text in (ANSWER, contrast):
+        answer = given_answer(library, text)
+        inputs = with_answer(library, prompt, answer)
+        maps.append(
+            explain(library, "gradient_x_input", inputs, answer_target(library, inputs, answer))
+        )
+    kept = len(prompt.tokens)
+    expected = np.array(maps[0].scores)
+    expected[:kept] -= maps[1].scores[:kept]
+    assert found["target_record"]["kind"] == "contrast"
+    np.testing.assert_allclose(found["scores"], expected, rtol=1e-5, atol=1e-9)
+    alternative = np.array(found["maps"]["alternative_answer"])
+    np.testing.assert_allclose(alternative, -maps[1].scores[kept:], rtol=1e-5, atol=1e-9)
+
+
 @pytest.mark.parametrize(
     ("fields", "code", "words"),
     [
-        (
-            {"text": PROMPT, "answer": " a cat", "contrast": " the big dog"},
-            "method_not_applicable",
-            "needs a sequence of its own",
-        ),
         ({}, "invalid_input", "takes an image and a prompt as input, but the request gives an"),
         ({"text": PROMPT, "chat": True}, "invalid_input", "leave out chat"),
         ({"text": PROMPT, "model": "tiny-random-gpt2"}, "invalid_input", "takes text (an image"),

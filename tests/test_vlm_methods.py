@@ -571,15 +571,74 @@ def test_a_one_token_contrast_reads_the_answers_own_sequence() -> None:
     np.testing.assert_allclose(found, expected, rtol=1e-4, atol=1e-6 * np.abs(expected).max())
 
 
-def test_a_contrast_needing_its_own_sequence_is_refused_on_an_image_and_a_prompt() -> None:
-    adapter, inputs, answer, target = _case("llava")
+def _contrast_apart(family: str) -> tuple[ContrastTarget, Answer, ImageTextInputs]:
+    """A contrast whose alternative differs before its last token, and its own sequence."""
+    adapter, _, answer, target = _case(family)
     other = given_answer(adapter, " the dog runs")
     assert other.ids[:-1] != answer.ids[: len(other.ids) - 1]
-    alternative = AnswerTarget(tokens=other.ids, token_labels=("",) * len(other.ids))
-    contrast = ContrastTarget(target, alternative)
-    for method in ("occlusion", "gradient_x_input"):
-        with pytest.raises(UnsupportedMethodError, match="sequence of its own"):
-            explain(adapter, method, inputs, contrast)
+    alternative = AnswerTarget(other.ids, ("",) * len(other.ids), other.text)
+    assert isinstance(target, AnswerTarget)
+    # the alternative's sequence built from the image and prompt, not from the answer's inputs
+    image = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    prompt = adapter.preprocess(ImagePrompt(image, PROMPT))
+    return ContrastTarget(target, alternative), other, with_answer(adapter, prompt, other)
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen2_vl", "paligemma"])
+def test_a_contrast_of_its_own_sequence_is_the_difference_of_two_autograds(family: str) -> None:
+    adapter, inputs, answer, _ = _case(family)
+    contrast, other, theirs = _contrast_apart(family)
+    grads = []
+    for sequence, said in ((inputs, answer), (theirs, other)):
+        seen: list[torch.Tensor] = []
+
+        def leaf(hidden: torch.Tensor, into: list[torch.Tensor] = seen) -> torch.Tensor:
+            into.append(hidden.detach().clone().requires_grad_(True))
+            return into[-1]
+
+        with _block_input_edited(adapter, leaf):
+            _log_p(adapter, sequence, said).backward()
+        (x,) = seen
+        assert x.grad is not None
+        grads.append((x.grad * x).sum(-1)[0].detach().double().numpy())
+    prompt = len(inputs.tokens) - len(answer.ids)
+    expected = grads[0].copy()
+    expected[:prompt] -= grads[1][:prompt]
+    found = explain(adapter, "gradient_x_input", inputs, contrast)
+    assert expected[inputs.visual_tokens.numpy()].any()
+    scale = np.abs(expected).max()
+    np.testing.assert_allclose(found.scores, expected, rtol=1e-4, atol=1e-6 * scale)
+    np.testing.assert_allclose(
+        found.maps["alternative_answer"], -grads[1][prompt:], rtol=1e-4, atol=1e-6 * scale
+    )
+    assert found.metrics["image_share"] > 0
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen2_vl", "paligemma"])
+def test_occlusion_of_a_contrast_of_its_own_sequence_hides_the_token_in_both(family: str) -> None:
+    adapter, inputs, answer, _ = _case(family)
+    contrast, other, theirs = _contrast_apart(family)
+    scores = explain(adapter, "occlusion", inputs, contrast).scores
+
+    def difference() -> float:
+        return float(_log_p(adapter, inputs, answer) - _log_p(adapter, theirs, other))
+
+    visual = inputs.visual_positions.tolist()
+    with torch.no_grad():
+        clean = difference()
+        for position in (visual[0], visual[len(visual) // 2]):
+
+            def hide(hidden: torch.Tensor, at: int = position) -> torch.Tensor:
+                hidden = hidden.clone()
+                hidden[:, at] = 0
+                return hidden
+
+            with _block_input_edited(adapter, hide):
+                drop = clean - difference()
+            rounding = 16 * float(torch.finfo(torch.float32).eps) * max(abs(clean), 1.0)
+            assert abs(drop) > 10 * rounding
+            assert scores[position] == pytest.approx(drop, abs=rounding)
+    assert not scores[-len(answer.ids) :].any()
 
 
 def test_rollout_runs_through_the_language_models_attention_over_visual_tokens() -> None:

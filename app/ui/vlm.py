@@ -2,7 +2,7 @@
 The Vision-language tab: what in an image and a prompt an answer rests on; its visual tokens.
 
 Each method ticked runs as an :class:`~attribution.request.ExplainRequest` with the image and
-the prompt (the answer given, or the model's own next token; a contrast one token apart), and
+the prompt (the answer given, or the model's own next token; against a contrast if given), and
 the visual-token study as a :class:`~attribution.request.VisualTokensRequest`: both go through
 the page's runner and the library's gate, priced and refused over the server's budgets as
 ``POST /api/v1/explain`` and ``POST /api/v1/visual-tokens`` are. It shows each method's map
@@ -231,7 +231,7 @@ class VisionLanguageTab:
                     )
                     self.contrast = gr.Textbox(
                         "",
-                        label="Rather than (a contrast one token apart from the answer)",
+                        label="Rather than (a contrast)",
                         elem_id="vlm-contrast",
                     )
                 self.per_step = gr.Checkbox(

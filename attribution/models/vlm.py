@@ -11,7 +11,7 @@ which positions are visual and which region of the original image each one stand
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -35,7 +35,9 @@ __all__ = [
     "ImagePrompt",
     "ImageTextInputs",
     "VisionLanguageAdapter",
+    "alternative_kwargs",
     "block_input_of",
+    "prompt_of_image",
     "vision_language",
     "with_answer",
 ]
@@ -164,20 +166,29 @@ class ImageTextInputs:
 @contextmanager
 def _first_block_reads(adapter: VisionLanguageAdapter, hidden: torch.Tensor) -> Iterator[None]:
     """
-    The language model's first block reads ``hidden`` ``(B, T, D)`` in the passes inside.
+    The language model's first block reads ``hidden`` ``(B, P, D)`` in the passes inside.
 
     The model runs one row of its other inputs; the ``B`` rows broadcast from that block on
-    (attention masks and rotary positions have one row).
+    (attention masks and rotary positions have one row). ``hidden`` gives the first ``P``
+    positions of the block's input; positions after them (a sequence's answer, where ``hidden``
+    holds its prompt's rows) keep the model's own rows.
     """
 
     def replace_input(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         given = args[0] if args else kwargs["hidden_states"]
-        if given.shape[1:] != hidden.shape[1:] or given.shape[0] not in (1, hidden.shape[0]):
+        if (
+            given.shape[2:] != hidden.shape[2:]
+            or given.shape[1] < hidden.shape[1]
+            or given.shape[0] not in (1, hidden.shape[0])
+        ):
             raise InvalidInputError(
                 f"a block input of shape {tuple(hidden.shape)} does not fit the model's "
                 f"{tuple(given.shape)}: give one row of the other inputs"
             )
         value = hidden.to(given.dtype)
+        rest = given[:, hidden.shape[1] :]
+        if rest.shape[1]:
+            value = torch.cat([value, rest.expand(value.shape[0], *rest.shape[1:])], dim=1)
         if args:
             return (value, *args[1:]), kwargs
         return args, {**kwargs, "hidden_states": value}
@@ -236,7 +247,9 @@ class VisionLanguageAdapter(DecoderLMAdapter):
         """
         The model's forward; ``block_input`` ``(B, T, D)``, if given, replaces the first block's.
 
-        The other keywords are one row (:meth:`ImageTextInputs.held_kwargs`), run once.
+        The other keywords are one row (:meth:`ImageTextInputs.held_kwargs`), run once. A
+        ``block_input`` of fewer positions than the sequence replaces the first ones only (a
+        prompt's rows before another answer, :func:`alternative_kwargs`).
         """
         hidden = model_kwargs.pop("block_input", None)
         if hidden is None:
@@ -360,17 +373,9 @@ def with_answer(adapter: Adapter, inputs: ImageTextInputs, answer: Answer) -> Im
             f"reads at most {decoder.max_length}"
         )
     ids = torch.cat([inputs.input_ids, inputs.input_ids.new_tensor([answer.ids])], dim=1)
-
-    def run_on(tensor: torch.Tensor, fill: int) -> torch.Tensor:
-        return torch.cat([tensor, tensor.new_full((1, count), fill)], dim=1)
-
-    answer_values = dict(decoder.reading.token_inputs)
-    image_kwargs = {
-        key: run_on(value, answer_values[key]) if key in answer_values else value
-        for key, value in inputs.image_kwargs.items()
-    }
+    image_kwargs = _token_inputs_run_on(decoder, inputs.image_kwargs, count)
     no = torch.zeros(count, dtype=torch.bool, device=ids.device)
-    attention_mask = run_on(inputs.attention_mask, 1)
+    attention_mask = torch.cat([inputs.attention_mask, inputs.attention_mask.new_ones(1, count)], 1)
     model_kwargs = {"input_ids": ids, "attention_mask": attention_mask, **image_kwargs}
     return replace(
         inputs,
@@ -385,6 +390,94 @@ def with_answer(adapter: Adapter, inputs: ImageTextInputs, answer: Answer) -> Im
         block_input=block_input_of(adapter, model_kwargs),
         answer_length=count,
     )
+
+
+def _token_inputs_run_on(
+    decoder: VisionLanguageAdapter, image_kwargs: dict[str, torch.Tensor], count: int
+) -> dict[str, torch.Tensor]:
+    """``image_kwargs`` with the per-token ones run on over ``count`` answer tokens."""
+    answer_values = dict(decoder.reading.token_inputs)
+    return {
+        key: torch.cat([value, value.new_full((1, count), answer_values[key])], dim=1)
+        if key in answer_values
+        else value
+        for key, value in image_kwargs.items()
+    }
+
+
+def _token_inputs_cut(
+    decoder: VisionLanguageAdapter, image_kwargs: dict[str, torch.Tensor], keep: int
+) -> dict[str, torch.Tensor]:
+    """``image_kwargs`` with the per-token ones cut to their first ``keep`` positions."""
+    answer_values = dict(decoder.reading.token_inputs)
+    return {
+        key: value[:, :keep] if key in answer_values else value
+        for key, value in image_kwargs.items()
+    }
+
+
+def prompt_of_image(adapter: Adapter, inputs: ImageTextInputs, answer_text: str) -> ImageTextInputs:
+    """
+    ``inputs`` without their answer: the image and the prompt alone.
+
+    The first block's input of the prompt is the answer's sequence's first rows (each row is
+    one position's, before any attention). ``answer_text`` is the answer's text
+    :func:`with_answer` appended.
+
+    Raises:
+        InvalidInputError: ``inputs.text`` does not end with ``answer_text``.
+    """
+    decoder = vision_language(adapter)
+    if not inputs.text.endswith(answer_text):
+        raise InvalidInputError(
+            f"the answer {answer_text!r} is not the end of the input's text: it is not the "
+            "answer these inputs hold"
+        )
+    keep = int(inputs.input_ids.shape[1]) - inputs.answer_length
+    return replace(
+        inputs,
+        text=inputs.text[: len(inputs.text) - len(answer_text)],
+        input_ids=inputs.input_ids[:, :keep],
+        attention_mask=inputs.attention_mask[:, :keep],
+        tokens=inputs.tokens[:keep],
+        token_texts=inputs.token_texts[:keep],
+        special_tokens=inputs.special_tokens[:keep],
+        visual_tokens=inputs.visual_tokens[:keep],
+        image_kwargs=_token_inputs_cut(decoder, inputs.image_kwargs, keep),
+        block_input=inputs.block_input[:, :keep],
+        answer_length=0,
+    )
+
+
+def alternative_kwargs(
+    adapter: Adapter, model_kwargs: dict[str, torch.Tensor], length: int, tokens: Sequence[int]
+) -> dict[str, torch.Tensor]:
+    """
+    Model keywords of the same image and (perturbed) prompt followed by ``tokens`` instead.
+
+    ``model_kwargs`` are an image and a prompt followed by an answer of ``length`` tokens, as a
+    method runs them: one row of the ids, the mask and the image's inputs, and ``block_input``
+    ``(B, T, D)``. The first block's input is per position, before any attention, so the
+    prompt's rows are the same in both sequences: the alternative keeps the given rows of the
+    prompt, perturbed or not, and its own tokens' rows are the model's (:meth:`run_model`
+    reads a ``block_input`` shorter than the sequence as its first positions). The ids, the
+    mask and the per-token image inputs are the prompt's followed by the alternative's.
+    """
+    decoder = vision_language(adapter)
+    ids, mask = model_kwargs["input_ids"], model_kwargs["attention_mask"]
+    prompt = int(ids.shape[1]) - length
+    others = {
+        key: value
+        for key, value in model_kwargs.items()
+        if key not in ("input_ids", "attention_mask", "block_input")
+    }
+    count = len(tokens)
+    return {
+        "input_ids": torch.cat([ids[:, :prompt], ids.new_tensor([list(tokens)])], dim=1),
+        "attention_mask": torch.cat([mask[:, :prompt], mask.new_ones(1, count)], dim=1),
+        **_token_inputs_run_on(decoder, _token_inputs_cut(decoder, others, prompt), count),
+        "block_input": model_kwargs["block_input"][:, :prompt],
+    }
 
 
 def vision_language(adapter: Adapter) -> VisionLanguageAdapter:

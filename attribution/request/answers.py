@@ -35,6 +35,7 @@ from attrlab.attribution.models.base import TextInputs
 from attrlab.attribution.models.vlm import (
     ImagePrompt,
     ImageTextInputs,
+    prompt_of_image,
     vision_language,
     with_answer,
 )
@@ -393,17 +394,37 @@ def prompt_of(inputs: TextInputs, answer_text: str) -> TextInputs:
     )
 
 
-def with_alternative(adapter: Adapter, inputs: TextInputs, alternative: Any) -> TextInputs:
-    """
-    The same prompt followed by ``alternative`` (an answer target) instead of the answer.
+@overload
+def with_alternative(
+    adapter: Adapter, inputs: TextInputs, answer: AnswerTarget, alternative: AnswerTarget
+) -> TextInputs: ...
 
-    The answer's text is the part of ``inputs.text`` after the prompt's characters.
+
+@overload
+def with_alternative(
+    adapter: Adapter, inputs: ImageTextInputs, answer: AnswerTarget, alternative: AnswerTarget
+) -> ImageTextInputs: ...
+
+
+def with_alternative(
+    adapter: Adapter,
+    inputs: TextInputs | ImageTextInputs,
+    answer: AnswerTarget,
+    alternative: AnswerTarget,
+) -> TextInputs | ImageTextInputs:
     """
+    The same prompt (or image and prompt) followed by ``alternative`` instead of ``answer``.
+
+    A text's answer is the part of ``inputs.text`` after the prompt's characters; an image
+    and a prompt's is ``answer``'s label, the text :func:`~attribution.models.vlm.with_answer`
+    appended (:func:`~attribution.models.vlm.prompt_of_image`).
+    """
+    other = Answer(tuple(alternative.tokens), alternative.label)
+    if isinstance(inputs, ImageTextInputs):
+        return with_answer(adapter, prompt_of_image(adapter, inputs, answer.label), other)
     prompt_chars = inputs.offsets[-inputs.answer_length - 1][1] if inputs.offsets else None
     answer_text = inputs.text[prompt_chars:] if prompt_chars is not None else ""
-    prompt = prompt_of(inputs, answer_text)
-    answer = Answer(tuple(alternative.tokens), alternative.label)
-    return answer_inputs(adapter, prompt, answer)
+    return answer_inputs(adapter, prompt_of(inputs, answer_text), other)
 
 
 def prompt_prediction(

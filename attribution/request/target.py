@@ -32,6 +32,7 @@ import torch
 
 from attrlab.attribution.errors import InvalidInputError, UnsupportedMethodError
 from attrlab.attribution.models.text import DecoderLMAdapter
+from attrlab.attribution.models.vlm import alternative_kwargs
 
 if TYPE_CHECKING:
     from attrlab.attribution.models.base import Adapter
@@ -564,9 +565,11 @@ class ContrastTarget(Target):
     The input holds ``answer`` (teacher-forced). Where the alternative's steps read positions
     that do not depend on how it differs (one token; or its earlier tokens are the answer's),
     both come from the same forward. Otherwise the alternative needs its own sequence: scored
-    here by a second forward of the same perturbed prompt with the alternative in place
-    (token ids only); gradient methods, whose maps are linear in the score, attribute each
-    answer in its own sequence and subtract (:func:`attribution.explain`).
+    here by a second forward of the same perturbed prompt with the alternative in place (token
+    ids; an image and a prompt's perturbed first-block rows of the prompt, followed by the
+    alternative's own: :func:`~attribution.models.vlm.alternative_kwargs`); gradient methods,
+    whose maps are linear in the score, attribute each answer in its own sequence and
+    subtract (:func:`attribution.explain`).
 
     For one token each, this is also the logit difference (the softmax's normaliser cancels).
 
@@ -603,14 +606,13 @@ class ContrastTarget(Target):
         logits = model(**model_kwargs).logits
         if self.shares_input:
             return self.from_logits(adapter, logits, model_kwargs)
-        if "block_input" in model_kwargs:  # it holds the answer's embeddings, not the other's
-            raise UnsupportedMethodError(
-                "a contrast whose answers differ before their last token needs a sequence of "
-                "its own, which an image and a prompt's first-block input does not have: "
-                "explain each answer instead"
-            )
         ours = self.answer.from_logits(adapter, logits, model_kwargs)
-        swapped = _with_answer(model_kwargs, len(self.answer.tokens), self.alternative.tokens)
+        length, tokens = len(self.answer.tokens), self.alternative.tokens
+        swapped = (
+            alternative_kwargs(adapter, model_kwargs, length, tokens)
+            if "block_input" in model_kwargs  # an image and a prompt at the first block
+            else _with_answer(model_kwargs, length, tokens)
+        )
         theirs = self.alternative.from_logits(adapter, model(**swapped).logits, swapped)
         return torch.cat([ours, theirs], dim=1)
 
