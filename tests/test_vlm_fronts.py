@@ -518,9 +518,12 @@ def test_the_cli_patches_a_corrupted_image_as_the_library_does(
     argv = ["patch", "--model", str(folder), "--image", str(clean), "--text", PROMPT]
     argv += [*flags, "--answer", ANSWER, "--components", "residual"]
     argv += ["--estimators", "exact,atp", "--device", "cpu", "--format", "json"]
-    assert main(argv) == 0
+    assert main([*argv, "--figures", str(tmp_path / "figures")]) == 0
     found = json.loads(capsys.readouterr().out)
     _assert_same_report(found, _library_report(library, png, corruption))
+    # the effects drawn over the image beside the text study's figures
+    written = {path.name for path in (tmp_path / "figures").iterdir()}
+    assert {"patching_image.html", "patching_residual.html"} <= written
 
 
 @pytest.mark.parametrize(

@@ -312,6 +312,13 @@ def test_patching_with_a_corrupted_image_is_the_librarys_study(
     assert report.visual is not None and report.visual.mask.sum() == 16  # 4 × 4 patches
     shown = [p for p in plots if p["visible"]]
     assert shown and all(p["value"] is not None for p in shown)
+    assert plots[0] is shown[0]  # the effects over the image come first
+    over = [t for t in shown[0]["value"].data if t.type == "heatmap"]
+    layer = report.table[report.table["estimator"] == "exact"].query("layer == 0")
+    effects = layer.sort_values("position")["normalised"].to_numpy()
+    np.testing.assert_allclose(
+        np.asarray(over[0].z, float), report.visual.heatmap(effects), rtol=1e-6, atol=1e-7
+    )
     masked = page_of["vlm_patch_run"](
         *_patch_fields(folder, uploaded, corruption="masked", box="0, 0, 16, 16"),
         gr.Request(session_hash="vlm-patch"),
@@ -368,6 +375,6 @@ def test_the_export_holds_the_maps_and_the_study(shown, patched, library, tmp_pa
     assert verdicts["status"].tolist() == [v.status for v in study.curves.verdicts]
     table = pd.read_csv(io.BytesIO(read("data/patching_table.csv")))
     assert table["effect"].tolist() == pytest.approx(patched[-1].table["effect"].tolist())
-    for name in ("gradient_x_input_image_and_text", "visual_tokens_kl", "shortv"):
+    for name in ("gradient_x_input_image_and_text", "visual_tokens_kl", "shortv", "patching_image"):
         assert any(n.endswith(f"figures/{name}.html") for n in names), name
     assert json.loads(read("manifest.json"))["extra"]["inputs"] == result.fields

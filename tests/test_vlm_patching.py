@@ -39,6 +39,7 @@ from attrlab.attribution.patching.image import (
 )
 from attrlab.attribution.patching.visual import VisualPositions, position_effects
 from attrlab.attribution.request.run import RunSettings
+from attrlab.viz.patching import patching_figure_names, patching_figures, patching_image_figure
 
 PROMPT, ANSWER = "what is on the table", " a red cup"
 
@@ -260,6 +261,49 @@ def test_a_report_marks_the_visual_positions_and_draws_them_over_the_image(probl
     record = json.loads(json.dumps(report.to_dict()))
     assert record["visual"]["visual_tokens"] == [bool(v) for v in report.visual.mask]
     assert len(record["visual"]["regions"]) == int(report.visual.mask.sum())
+
+
+def test_the_image_figure_paints_each_layers_effects_over_the_tokens_boxes(problems):
+    adapter, problem = problems["qwen"]
+    image = problem.clean.image
+    report = image_patching_report(
+        adapter, ImagePrompt(image, PROMPT), Blurred(2.0), ["residual"], ["exact"], answer=ANSWER
+    )
+    figures = patching_figures(report)
+    assert next(iter(figures)) == "patching_image"
+    assert set(figures) <= set(patching_figure_names(image=True))
+    figure = figures["patching_image"]
+    heatmaps = [t for t in figure.data if t.type == "heatmap"]
+    clean = problem.clean
+    visual = clean.visual_tokens.numpy()
+    table = report.table
+    drawn = {}
+    for trace in heatmaps:
+        direction = "denoising" if trace.xaxis == "x" else "noising"
+        drawn[direction, int(trace.name.removeprefix("layer "))] = np.asarray(trace.z, float)
+    assert set(drawn) == {(d, layer) for d in ("denoising", "noising") for layer in (0, 1)}
+    for (direction, layer), z in drawn.items():
+        rows = table[(table["direction"] == direction) & (table["layer"] == layer)]
+        normalised = rows.sort_values("position")["normalised"].to_numpy()
+        expected = np.full(image.shape[:2], np.nan)  # each visual token's value over its box
+        for box, value in zip(clean.regions, normalised[visual], strict=True):
+            x0, y0, x1, y1 = box.astype(int)
+            expected[y0:y1, x0:x1] = value
+        assert not np.isnan(expected).any() and np.ptp(expected) > 0
+        np.testing.assert_allclose(z, expected, rtol=1e-6, atol=1e-7)
+    # the slider shows one layer at a time, over the image in both panels
+    for step, layer in zip(figure.layout.sliders[0].steps, (0, 1), strict=True):
+        shown = step.args[0]["visible"]
+        for trace, visible in zip(figure.data, shown, strict=True):
+            assert visible == (trace.type == "image" or trace.name == f"layer {layer}")
+    # a study read back from JSON holds no image: no figure over it, unless one is given
+    bare = copy.copy(report)
+    bare.visual = VisualPositions(report.visual.mask, report.visual.regions, report.visual.size)
+    assert "patching_image" not in patching_figures(bare)
+    again = patching_image_figure(bare, image)
+    np.testing.assert_array_equal(np.asarray(again.data[1].z), np.asarray(figure.data[1].z))
+    with pytest.raises(ValueError, match="the study's 48 × 32"):
+        patching_image_figure(bare, image[:16])
 
 
 def test_a_heatmap_averages_overlapping_boxes_and_leaves_out_text_and_no_region():

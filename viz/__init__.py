@@ -62,6 +62,7 @@ if TYPE_CHECKING:
         patching_figures,
         patching_head_grid,
         patching_heatmaps,
+        patching_image_figure,
         pruning_figure,
         pruning_figures,
     )
@@ -131,6 +132,7 @@ __all__ = [
     "patching_figures",
     "patching_head_grid",
     "patching_heatmaps",
+    "patching_image_figure",
     "patching_text",
     "positional_figure",
     "positional_figure_tokens",
@@ -211,6 +213,7 @@ __getattr__, __dir__ = lazy_exports(
         "patching_figures": "attrlab.viz.patching",
         "patching_head_grid": "attrlab.viz.patching",
         "patching_heatmaps": "attrlab.viz.patching",
+        "patching_image_figure": "attrlab.viz.patching",
         "pruning_figure": "attrlab.viz.patching",
         "pruning_figures": "attrlab.viz.patching",
         "positional_figure_tokens": "attrlab.viz.text",

@@ -24,6 +24,8 @@ from attrlab.attribution.engine import PruningCurves
 from attrlab.attribution.engine.score_views import effect_scatters, ranking_table, score_grids
 from attrlab.attribution.engine.study import PruningStudy
 from attrlab.attribution.patching import COMPONENTS, DIRECTIONS, ESTIMATORS, PatchingReport
+from attrlab.attribution.patching.visual import position_effects
+from attrlab.viz.image import _map_trace, display_copy, picture_uri
 from attrlab.viz.layers import _DIVERGING, _token_axis
 from attrlab.viz.theme import TEMPLATE
 from attrlab.viz.tokens import token_tick
@@ -37,6 +39,7 @@ __all__ = [
     "patching_files",
     "patching_head_grid",
     "patching_heatmaps",
+    "patching_image_figure",
     "pruning_figure",
     "pruning_figure_names",
     "pruning_figures",
@@ -95,9 +98,13 @@ def _position_ticks(report: PatchingReport) -> list[str]:
     ]
 
 
-def _span(panels: Sequence[_Panel]) -> float:
-    """Half the colour range: the largest distance from a baseline, at least the gap 0 → 1."""
-    peaks = [np.nanmax(np.abs(p.z - _BASELINE[p.direction]), initial=0.0) for p in panels]
+def _span(values: Sequence[tuple[str, np.ndarray]]) -> float:
+    """
+    Half the colour range: the largest distance from a baseline, at least the gap 0 → 1.
+
+    ``values``: each direction's normalised effects.
+    """
+    peaks = [np.nanmax(np.abs(z - _BASELINE[direction]), initial=0.0) for direction, z in values]
     return float(max(1.0, *peaks))
 
 
@@ -120,10 +127,9 @@ def _panels_figure(
         vertical_spacing=min(0.12, 90 / height) if stacked else 0.0,  # about 90 px
         horizontal_spacing=0.0 if stacked else 0.2,
     )
-    span = _span(panels)
+    span = _span([(p.direction, p.z) for p in panels])
     labelled = all(p.z.size <= _MOST_LABELLED for p in panels)
     for index, panel in enumerate(panels):
-        base = _BASELINE[panel.direction]
         axis = "coloraxis" if index == 0 else f"coloraxis{index + 1}"
         figure.add_trace(
             go.Heatmap(
@@ -143,31 +149,7 @@ def _panels_figure(
             row=index + 1 if stacked else 1,
             col=1 if stacked else index + 1,
         )
-        # each colour bar just right of its panel
-        reference = "" if index == 0 else str(index + 1)
-        x_domain = figure.layout[f"xaxis{reference}"].domain
-        y_domain = figure.layout[f"yaxis{reference}"].domain
-        middle, length = (y_domain[0] + y_domain[1]) / 2, y_domain[1] - y_domain[0]
-        place = {"x": x_domain[1] + 0.01, "y": middle, "len": length, "xanchor": "left"}
-        ticks = {0.0: "0 corrupted", 1.0: "1 clean"}
-        for end in (base - span, base + span):
-            if min(abs(end), abs(end - 1.0)) > 0.3:
-                ticks[end] = f"{end:.2g}"
-        figure.update_layout(
-            {
-                axis: {
-                    "colorscale": _DIVERGING,
-                    "cmin": base - span,
-                    "cmax": base + span,
-                    "colorbar": {
-                        **place,
-                        "thickness": 12,
-                        "tickvals": list(ticks),
-                        "ticktext": list(ticks.values()),
-                    },
-                }
-            }
-        )
+        _direction_colours(figure, index, panel.direction, span)
     figure.update_annotations(font_size=13)
     figure.update_layout(
         title={"text": title, "font": {"size": 15}},
@@ -177,6 +159,39 @@ def _panels_figure(
         template=TEMPLATE,
     )
     return figure
+
+
+def _direction_colours(figure: go.Figure, index: int, direction: str, span: float) -> None:
+    """
+    Panel ``index``'s colour axis: diverging, centred on ``direction``'s baseline, ± ``span``.
+
+    Its colour bar stands just right of the panel (the subplot's axes ``index + 1``).
+    """
+    base = _BASELINE[direction]
+    reference = "" if index == 0 else str(index + 1)
+    x_domain = figure.layout[f"xaxis{reference}"].domain
+    y_domain = figure.layout[f"yaxis{reference}"].domain
+    middle, length = (y_domain[0] + y_domain[1]) / 2, y_domain[1] - y_domain[0]
+    place = {"x": x_domain[1] + 0.01, "y": middle, "len": length, "xanchor": "left"}
+    ticks = {0.0: "0 corrupted", 1.0: "1 clean"}
+    for end in (base - span, base + span):
+        if min(abs(end), abs(end - 1.0)) > 0.3:
+            ticks[end] = f"{end:.2g}"
+    figure.update_layout(
+        {
+            f"coloraxis{reference}": {
+                "colorscale": _DIVERGING,
+                "cmin": base - span,
+                "cmax": base + span,
+                "colorbar": {
+                    **place,
+                    "thickness": 12,
+                    "tickvals": list(ticks),
+                    "ticktext": list(ticks.values()),
+                },
+            }
+        }
+    )
 
 
 def _grids(
@@ -316,6 +331,119 @@ def patching_head_grid(report: PatchingReport, estimator: str = "exact") -> go.F
     figure.update_xaxes(title_text="head", dtick=1 if heads <= 16 else None)
     figure.update_yaxes(dtick=1 if layers <= 16 else None)
     figure.update_yaxes(title_text="layer", col=1)
+    return figure
+
+
+def _image_component(report: PatchingReport, estimator: str) -> str | None:
+    """The component an image figure draws: the first per-position one of whole layers."""
+    present = set(report.table.loc[report.table["estimator"] == estimator, "component"])
+    return next(
+        (
+            c.name
+            for c in COMPONENTS.values()
+            if c.per_position and not c.per_head and c.name in present
+        ),
+        None,
+    )
+
+
+def patching_image_figure(
+    report: PatchingReport, image: np.ndarray | None = None, estimator: str = "exact"
+) -> go.Figure:
+    """
+    One component's normalised effect at each visual position, painted over the image.
+
+    A vision-language study's (:attr:`PatchingReport.visual`): each visual token's effect over
+    its box of ``image`` (:meth:`~attribution.patching.visual.VisualPositions.heatmap`), one
+    panel per direction with the colours of the heatmaps (centred on the direction's
+    baseline), a slider over the layers. The component is the residual stream where the
+    study patched it, else the first per-position one it did (attention, MLP). ``image``:
+    the clean image (default: the one the study holds).
+
+    Raises:
+        ValueError: not a vision-language study, no image, an image of another size than the
+            study's, or no per-position component of whole layers for ``estimator``.
+    """
+    visual = report.visual
+    image = image if image is not None or visual is None else visual.image
+    if visual is None or image is None:
+        raise ValueError("patching_image_figure draws a vision-language study over its image")
+    component = _image_component(report, estimator)
+    if component is None:
+        raise ValueError(f"the report has no per-position rows of {estimator!r} to draw")
+    if tuple(image.shape[:2]) != tuple(visual.size):
+        raise ValueError(
+            f"the image is {image.shape[1]} × {image.shape[0]} px; the study's "
+            f"{visual.size[1]} × {visual.size[0]}"
+        )
+    rows = _rows(report, estimator, component)
+    directions = _directions(rows)
+    layers = sorted(int(layer) for layer in set(rows["layer"]))
+    heat = {
+        (direction, layer): visual.heatmap(
+            position_effects(rows, estimator, direction, component, layer, column="normalised")
+        )
+        for direction in directions
+        for layer in layers
+    }
+    span = _span([(d, h) for (d, _), h in heat.items()])
+    picture = display_copy(image)
+    figure = make_subplots(
+        rows=1,
+        cols=len(directions),
+        subplot_titles=[f"{d} ({_BASELINE[d]:g} = unpatched)" for d in directions],
+        horizontal_spacing=0.16,
+    )
+    layer_of: list[int | None] = []
+    for column, direction in enumerate(directions, start=1):
+        figure.add_trace(go.Image(source=picture_uri(picture), hoverinfo="skip"), row=1, col=column)
+        layer_of.append(None)
+        for layer in layers:
+            figure.add_trace(
+                _map_trace(
+                    heat[direction, layer],
+                    picture.shape[:2],
+                    None,
+                    coloraxis="coloraxis" if column == 1 else f"coloraxis{column}",
+                    opacity=0.6,
+                    visible=layer == layers[0],
+                    name=f"layer {layer}",
+                    hovertemplate=(
+                        f"{direction}, layer {layer}, (%{{x:.0f}}, %{{y:.0f}}): "
+                        "normalised %{z:.3f}<extra></extra>"
+                    ),
+                ),
+                row=1,
+                col=column,
+            )
+            layer_of.append(layer)
+        figure.update_xaxes(visible=False, row=1, col=column)
+        figure.update_yaxes(
+            autorange="reversed",
+            scaleanchor=f"x{'' if column == 1 else column}",
+            visible=False,
+            row=1,
+            col=column,
+        )
+        _direction_colours(figure, column - 1, direction, span)
+    steps = [
+        {
+            "label": str(layer),
+            "method": "update",
+            "args": [{"visible": [shown in (None, layer) for shown in layer_of]}],
+        }
+        for layer in layers
+    ]
+    name = COMPONENTS[component].description
+    figure.update_layout(
+        template=TEMPLATE,
+        title={"text": f"{name}, over the image: {_what(report, estimator)}", "font": {"size": 15}},
+        sliders=[{"active": 0, "currentvalue": {"prefix": "layer "}, "steps": steps}]
+        if len(layers) > 1
+        else [],
+        margin={"l": 10, "r": 110, "t": 80, "b": 60},
+        height=480,
+    )
     return figure
 
 
@@ -537,10 +665,15 @@ def pruning_figure(curves: PruningCurves) -> go.Figure:
     return figure
 
 
-def patching_figure_names() -> list[str]:
-    """Every name :func:`patching_figures` may give, in its order (a front end's places)."""
+def patching_figure_names(image: bool = False) -> list[str]:
+    """
+    Every name :func:`patching_figures` may give, in its order (a front end's places).
+
+    ``image``: a vision-language study's, whose effects are drawn over the image first.
+    """
     heatmaps = [f"patching_{c.name}" for c in COMPONENTS.values() if c.per_position]
-    return [*heatmaps, "patching_heads", *(f"estimators_{d}" for d in DIRECTIONS)]
+    over = ["patching_image"] if image else []
+    return [*over, *heatmaps, "patching_heads", *(f"estimators_{d}" for d in DIRECTIONS)]
 
 
 def patching_files(report: PatchingReport) -> dict[str, str]:
@@ -622,6 +755,8 @@ def patching_figures(report: PatchingReport) -> dict[str, go.Figure]:
     Exact patching's heatmaps (``patching_<component>``; an estimator's where the study ran
     no exact patching), its head grid (``patching_heads``) when heads were patched, and with
     exact patching and an estimator, one scatter per direction (``estimators_<direction>``).
+    A vision-language study that holds its image (:attr:`PatchingReport.visual`) draws the
+    effects over the image first (``patching_image``, :func:`patching_image_figure`).
     """
     table = report.table
     ran = list(dict.fromkeys(table["estimator"]))
@@ -630,6 +765,9 @@ def patching_figures(report: PatchingReport) -> dict[str, go.Figure]:
     shown = "exact" if "exact" in ran else ran[0]
     components = set(table.loc[table["estimator"] == shown, "component"])
     figures: dict[str, go.Figure] = {}
+    visual = report.visual
+    if visual is not None and visual.image is not None and _image_component(report, shown):
+        figures["patching_image"] = patching_image_figure(report, estimator=shown)
     if any(COMPONENTS[c].per_position for c in components):
         heatmaps = patching_heatmaps(report, shown)
         figures |= {f"patching_{name}": figure for name, figure in heatmaps.items()}

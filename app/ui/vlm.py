@@ -335,7 +335,7 @@ class VisionLanguageTab:
                 name: gr.Plot(
                     visible=False, show_label=False, elem_id="vlm-" + name.replace("_", "-")
                 )
-                for name in patching_figure_names()
+                for name in patching_figure_names(image=True)
             }
         self.patched = gr.State(None)  # PatchingReport
         #: What a patching study reads, in :meth:`patching`'s order.

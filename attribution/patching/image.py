@@ -309,6 +309,6 @@ def image_patching_report(
     )
     height, width = inputs.image.shape[:2]
     report.visual = VisualPositions(
-        inputs.visual_tokens.cpu().numpy(), inputs.regions, (int(height), int(width))
+        inputs.visual_tokens.cpu().numpy(), inputs.regions, (int(height), int(width)), inputs.image
     )
     return report

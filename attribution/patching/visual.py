@@ -4,12 +4,13 @@ Which positions of a patching study are visual, and a per-position effect drawn 
 A study of a vision-language model (:mod:`~attribution.patching.image`) patches visual and text
 positions alike; :class:`VisualPositions` says which are visual and which box of the original
 image each stands for (:mod:`attribution.models.regions`), so that a front end can sum a
-component's effects over the image part and draw them over the pixels (:meth:`heatmap`).
+component's effects over the image part and paint them over the pixels (:meth:`heatmap`;
+``attrlab.viz``'s ``patching_image_figure`` draws them over the image).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -31,11 +32,15 @@ class VisualPositions:
         regions: ``(N, 4)`` ``(x0, y0, x1, y1)`` box of each visual token, in position order
             (NaN: a token that stands for no region, such as LLaVA-NeXT's row ends).
         size: The original image's ``(height, width)``.
+        image: The clean image as decoded (``size`` × 3, uint8), kept in memory so that effects
+            can be drawn over it (``attrlab.viz.patching_figures``); :meth:`to_dict` does
+            not carry it (the caller has the image), and a study read back draws none.
     """
 
     mask: np.ndarray
     regions: np.ndarray
     size: tuple[int, int]
+    image: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     def heatmap(self, effects: np.ndarray) -> np.ndarray:
         """
