@@ -89,6 +89,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/kv_tasks.py
 	$(BIN)/python benchmarks/eviction.py
 	$(BIN)/python benchmarks/vlm_tokens.py
+	$(BIN)/python benchmarks/vlm_methods.py
 
 # A Hugging Face Space's files: the committed tree with the Space's README (its metadata) and
 # a requirements.txt listing pyproject's runtime, app and embedded dependencies and ZeroGPU's
