@@ -859,13 +859,14 @@ class VisualTokensBody(BaseModel):
     Which visual tokens a vision-language model's answer needs, by each scorer, checked.
 
     ``image_base64`` and ``prompt``: the image file's bytes and the prompt about it; ``answer``
-    the answer measured, teacher-forced (default: the model's own next token; the study does
-    not generate an answer of several tokens). Each scorer keeps its highest-scoring
-    visual tokens at each of ``ratios`` and drops the others, at the input (``layer`` 0) or
-    from block ``layer`` on; the answer is measured beside ``draws`` random orders at most,
-    and each scorer is ranked against dropping each visual token alone. ``attention_layer``:
-    the block whose attention FastV and TransPrune read. ``shortv``: ShortV's contribution of
-    each block too.
+    the answer measured, teacher-forced (default: the model's own next token); ``generate``:
+    the model's own greedy answer of at most that many tokens instead, generated once and
+    priced first (ending at ``stop``), checked as an explanation's answer is. Each scorer keeps
+    its highest-scoring visual tokens at each of ``ratios`` and drops the others, at the input
+    (``layer`` 0) or from block ``layer`` on; the answer is measured beside ``draws`` random
+    orders at most, and each scorer is ranked against dropping each visual token alone.
+    ``attention_layer``: the block whose attention FastV and TransPrune read. ``shortv``:
+    ShortV's contribution of each block too.
     """
 
     model_config = ConfigDict(
@@ -889,6 +890,13 @@ class VisualTokensBody(BaseModel):
     )
     prompt: str = Field(..., min_length=1, description="The prompt about the image")
     answer: str | None = Field(None, min_length=1, description="Default: the next token")
+    generate: _WholeNumber | None = Field(
+        None,
+        description="Measure the model's own greedy answer of at most this many tokens "
+        f"(1 to {MAX_NEW_TOKENS}) instead of a given one",
+        json_schema_extra={"minimum": 1, "maximum": MAX_NEW_TOKENS},
+    )
+    stop: str | None = Field(None, min_length=1, description="With generate: text that ends it")
     scorers: list[Name] | None = Field(
         None, min_length=1, max_length=MAX_NAMES, description="Default: every scorer"
     )
@@ -907,6 +915,8 @@ class VisualTokensBody(BaseModel):
             image=_decoded(self.image_base64) or b"",
             prompt=self.prompt,
             answer=self.answer,
+            generate=self.generate,
+            stop=self.stop,
             scorers=None if self.scorers is None else tuple(self.scorers),
             layer=self.layer,
             attention_layer=self.attention_layer,

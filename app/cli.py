@@ -322,6 +322,8 @@ def _visual_tokens(args: argparse.Namespace) -> int:
         image=_read_image_file(args.image),
         prompt=args.text,
         answer=args.answer,
+        generate=args.generate,
+        stop=args.stop,
         scorers=_optional_names(args.scorers),
         layer=args.layer,
         attention_layer=args.attention_layer,
@@ -1493,6 +1495,15 @@ def _add_visual_tokens_command(sub: _Subcommands) -> None:
     command.add_argument(
         "--answer",
         help="the answer measured, teacher-forced (default: the model's next token)",
+    )
+    command.add_argument(
+        "--generate",
+        type=int,
+        metavar="N",
+        help="measure the model's own greedy answer of at most N tokens (generated once)",
+    )
+    command.add_argument(
+        "--stop", metavar="TEXT", help="with --generate: text that ends the answer"
     )
     command.add_argument(
         "--scorers", help="comma-separated scorers (default: every one; see docs/vlm_tokens.md)"

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from _jobs import job_settings, wait_for_job
 from _tiny_vlm import tiny_llava
 from fastapi.testclient import TestClient
@@ -30,7 +31,11 @@ import attrlab
 from attrlab.app.cli import main
 from attrlab.app.server import create_app
 from attrlab.app.worker import ExplainWorker
+from attrlab.attribution.errors import TooMuchMemoryError
 from attrlab.attribution.models.hub import load_pretrained
+from attrlab.attribution.models.vlm import ImagePrompt, with_answer
+from attrlab.attribution.request.answers import Answer
+from attrlab.attribution.request.run import RunSettings
 from attrlab.attribution.visual_tokens import VisualTokenRequest, run_visual_tokens
 from attrlab.attribution.visual_tokens.request import VisualTokenReport
 
@@ -109,10 +114,6 @@ def _same_study(study: dict, expected: VisualTokenReport) -> None:
 
 def test_the_answer_is_the_models_next_token_and_shortv_reads_every_block(adapter, expected):
     """Beside the fronts: the answer is the argmax after the prompt, as the model computes it."""
-    import torch
-
-    from attrlab.attribution.models.vlm import ImagePrompt
-
     prompt = adapter.preprocess(ImagePrompt(IMAGE, PROMPT))
     with torch.no_grad():
         logits = adapter.model(**prompt.model_kwargs()).logits[0, -1]
@@ -121,6 +122,42 @@ def test_the_answer_is_the_models_next_token_and_shortv_reads_every_block(adapte
     assert said == [int(logits.argmax())] and expected.answer["generated"] is True
     assert expected.layers is not None
     assert sorted(set(expected.layers["layer"])) == list(range(adapter.num_layers))
+
+
+def test_a_generated_answer_is_the_greedy_one_generated_once_then_studied_as_given(
+    adapter, served, folder
+):
+    response = served.post(
+        "/api/v1/visual-tokens", json={**BODY, "model": str(folder), "generate": 3}
+    )
+    assert response.status_code == 200, response.text
+    found = response.json()
+    # greedy, token by token, from plain forwards of the image, prompt and answer so far
+    prompt = adapter.preprocess(ImagePrompt(IMAGE, PROMPT))
+    ids: list[int] = []
+    for _ in range(3):
+        sequence = with_answer(adapter, prompt, Answer(tuple(ids), "")) if ids else prompt
+        with torch.no_grad():
+            ids.append(int(adapter.model(**sequence.model_kwargs()).logits[0, -1].argmax()))
+    text = found["answer"]["text"]
+    assert adapter.processor.tokenizer(text, add_special_tokens=False)["input_ids"] == ids
+    assert found["answer"]["generated"] is True and found["answer"]["origin"] == "generated"
+    # the study is that answer's, teacher-forced, with the generation's forwards counted
+    given = run_visual_tokens(adapter, _asked(answer=text))
+    assert given.answer["origin"] == "given"
+    _same(pd.DataFrame(found["curves"]["curves"]), given.study.curves.curves, "value")
+    assert found["forward_passes"] == given.study.forward_passes + len(ids)
+    # priced before it starts, as an explanation's generation is
+    with pytest.raises(TooMuchMemoryError, match="generating up to 200 tokens"):
+        run_visual_tokens(adapter, _asked(generate=200), RunSettings(max_memory_bytes=1))
+    for bad, named in (
+        ({"generate": 0}, "generate takes 1 to 256 new tokens"),
+        ({"generate": 2, "answer": " a cat"}, "give an answer or ask to generate one, not both"),
+        ({"stop": "."}, "'stop' ends a generated answer"),
+    ):
+        response = served.post("/api/v1/visual-tokens", json={**BODY, "model": str(folder), **bad})
+        assert 400 <= response.status_code < 500, response.text
+        assert named in json.dumps(response.json()["error"]), response.text
 
 
 def test_rest_answers_the_direct_study_and_refuses_bad_bodies(served, folder, expected):
@@ -169,6 +206,7 @@ def test_the_cli_prints_the_direct_study(capsys, tmp_path, folder, expected):
         (["--ratios", "1,half"], "--ratios takes comma-separated numbers"),
         (["--layer", "-1"], "layer is a block, 0 or more"),
         (["--answer", " "], "the answer is empty"),
+        (["--stop", "."], "'stop' ends a generated answer: give it with 'generate'"),
     ],
 )
 def test_the_cli_refuses_bad_studies_in_words(capsys, tmp_path, folder, extra, message):

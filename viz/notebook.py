@@ -46,6 +46,7 @@ from attrlab.viz.text import (
 from attrlab.viz.tokens import token_html
 from attrlab.viz.trust import trust_card_html
 from attrlab.viz.view import IMAGE_VIEW
+from attrlab.viz.visual_tokens import answer_origin, dropped_where
 
 __all__ = [
     "bits_html",
@@ -352,8 +353,8 @@ def visual_tokens_html(report: VisualTokenReport) -> str:
     apply, and ShortV's measures per block (the figures are ``report.figure(name)``).
     """
     study = report.study
-    where = "at the input" if study.layer == 0 else f"from block {study.layer} on"
-    how = "the model's next token" if report.answer["generated"] else "given"
+    where = dropped_where(report)
+    how = answer_origin(report)
     parts = [
         '<div class="attrlab-heading" style="font-size:0.9em;margin-bottom:4px">'
         f"<b>visual-token study</b> (dropped {where}): answer "

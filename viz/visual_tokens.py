@@ -22,12 +22,19 @@ if TYPE_CHECKING:
     from attrlab.attribution.visual_tokens.request import VisualTokenReport
 
 __all__ = [
+    "answer_origin",
     "dropped_where",
     "visual_tokens_figures",
     "visual_tokens_files",
     "visual_tokens_text",
 ]
 
+#: Where a study's answer came from (its ``answer["origin"]``), in words.
+_ORIGINS = {
+    "given": "given",
+    "next_token": "the model's next token",
+    "generated": "the model's greedy answer",
+}
 #: Each metric's axis title.
 _TITLES = {
     "log_prob": "answer log-probability",
@@ -40,6 +47,11 @@ def dropped_where(report: VisualTokenReport) -> str:
     """Where the tokens are dropped, in words."""
     layer = report.study.layer
     return "at the input" if layer == 0 else f"from block {layer} on"
+
+
+def answer_origin(report: VisualTokenReport) -> str:
+    """Where the study's answer came from, in words: given, the next token, generated."""
+    return _ORIGINS[report.answer["origin"]]
 
 
 def visual_tokens_figures(report: VisualTokenReport) -> dict[str, go.Figure]:
@@ -107,7 +119,7 @@ def visual_tokens_text(report: VisualTokenReport) -> str:
     verdicts, then ShortV's contribution of each block.
     """
     study = report.study
-    how = "the model's next token" if report.answer["generated"] else "given"
+    how = answer_origin(report)
     where = dropped_where(report)
     lines = [
         f"visual tokens  dropped {where}, attention of block {study.attention_layer}, "

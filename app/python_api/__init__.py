@@ -573,6 +573,8 @@ def visual_tokens(
     prompt: str,
     *,
     answer: str | None = None,
+    generate: int | None = None,
+    stop: str | None = None,
     scorers: Sequence[str] | None = None,
     layer: int = 0,
     attention_layer: int = 1,
@@ -586,7 +588,8 @@ def visual_tokens(
 
     ``image`` (a file's bytes, a :class:`~pathlib.Path`, a PIL image or an H×W×3 array) and
     ``prompt``: the input; ``answer``: the answer measured, teacher-forced (default: the
-    model's own next token; several greedy tokens are not generated on an image and a prompt).
+    model's own next token); ``generate``: measure the model's own greedy answer of at most
+    that many tokens instead (generated once, ending at ``stop``).
     ``scorers`` (default: every one), ``layer`` (the block tokens are dropped from; 0: the
     input), ``attention_layer``, ``ratios`` (1.0 first, falling) and ``draws`` (random orders)
     as :func:`~attrlab.attribution.visual_tokens.visual_token_study` takes them; ``shortv``:
@@ -606,6 +609,8 @@ def visual_tokens(
         image=image.read_bytes() if isinstance(image, Path) else image,
         prompt=prompt,
         answer=answer,
+        generate=generate,
+        stop=stop,
         scorers=None if scorers is None else tuple(scorers),
         layer=layer,
         attention_layer=attention_layer,

@@ -767,7 +767,7 @@ class VisualTokensRequest(_VisionLanguageStudy["VisualTokenReport"]):
         super().check(bounds)
         self.chosen_model  # noqa: B018 - raises without a model
         self.study.check()
-        for text in (self.study.prompt, self.study.answer):
+        for text in (self.study.prompt, self.study.answer, self.study.stop):
             bounds.check_fields(text, None, None, self.seed)
         load_image(self.study.image, max_pixels=bounds.max_image_pixels)
 

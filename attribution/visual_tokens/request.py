@@ -3,11 +3,11 @@ A visual-token study as the front ends ask for it: one image and prompt, checked
 
 The CLI, REST and Python build one :class:`VisualTokenRequest`; :meth:`VisualTokenRequest.check`
 refuses what cannot run before a model loads, and :func:`run_visual_tokens` reads the image and
-prompt, takes the answer (given, or the model's next token: greedy generation of several tokens
-is not offered on an image and a prompt, the library's generation reads text inputs only),
-prices the study (:func:`~attribution.request.gate.clear_study`: the exact removals, the curve
-points, the random draws at their most and ShortV's rows) and runs it, refused over the
-settings' budgets.
+prompt, takes the answer (given, the model's next token, or its greedy answer of at most
+``generate`` tokens, generated once and priced first as an explanation's is:
+:func:`~attribution.inputs.runs.prepare_input`), prices the study
+(:func:`~attribution.request.gate.clear_study`: the exact removals, the curve points, the random
+draws at their most and ShortV's rows) and runs it, refused over the settings' budgets.
 """
 
 from __future__ import annotations
@@ -20,13 +20,15 @@ import pandas as pd
 
 from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
 from attrlab.attribution.eviction.study import check_ratios
+from attrlab.attribution.inputs.runs import prepare_input
 from attrlab.attribution.models.base import Adapter
-from attrlab.attribution.models.vlm import ImagePrompt, ImageTextInputs, with_answer
+from attrlab.attribution.models.vlm import ImagePrompt, ImageTextInputs
 from attrlab.attribution.rendering import DrawnStudy, Renderer
-from attrlab.attribution.request.answers import Answer, given_answer, next_token_answer
+from attrlab.attribution.request.answers import AnswerSpec
 from attrlab.attribution.request.defaults import KEEP_RATIOS, PRUNING_DRAWS
 from attrlab.attribution.request.gate import clear_study
 from attrlab.attribution.request.run import RunContext, RunSettings
+from attrlab.attribution.request.target import AnswerTarget
 from attrlab.attribution.visual_tokens.layers import layer_contribution
 from attrlab.attribution.visual_tokens.removal import visual_adapter, visual_inputs
 from attrlab.attribution.visual_tokens.scorers import VISUAL_SCORERS, check_visual_scorers
@@ -56,7 +58,10 @@ class VisualTokenRequest:
             image; data, never a path (the front ends that read files read them first).
         prompt: The prompt about it.
         answer: The answer to measure, teacher-forced after the prompt (``None``: the model's
-            own next token after the prompt).
+            own next token after the prompt, or the answer it generates).
+        generate: Measure the model's own greedy answer of at most this many tokens (generated
+            once, before the study), as :class:`~attribution.request.answers.AnswerSpec` takes
+            it; ``stop``: text that ends it.
         scorers: The scorers (``None``: every registered one).
         layer, attention_layer, ratios, draws: As
             :func:`~attribution.visual_tokens.study.visual_token_study` takes them.
@@ -66,6 +71,8 @@ class VisualTokenRequest:
     image: Any
     prompt: str
     answer: str | None = None
+    generate: int | None = None
+    stop: str | None = None
     scorers: tuple[str, ...] | None = None
     layer: int = 0
     attention_layer: int = 1
@@ -79,9 +86,9 @@ class VisualTokenRequest:
 
         Raises:
             InvalidInputError: no image (or a path instead of one), a blank prompt or a blank
-                answer.
-            InvalidParameterError: an unknown scorer, a negative block, ratios that do not
-                start at 1.0 and fall, fewer than 2 draws.
+                answer, an answer beside ``generate``, ``stop`` without it.
+            InvalidParameterError: ``generate`` out of range, an unknown scorer, a negative
+                block, ratios that do not start at 1.0 and fall, fewer than 2 draws.
         """
         empty = isinstance(self.image, bytes | bytearray) and not self.image
         if self.image is None or isinstance(self.image, str) or empty:
@@ -89,6 +96,7 @@ class VisualTokenRequest:
                 "give the image as data: its file's bytes (PNG, JPEG), an array or a PIL image"
             )
         check_prompt_and_answer(self.prompt, self.answer)
+        self.answer_spec()
         check_visual_scorers(list(VISUAL_SCORERS) if self.scorers is None else list(self.scorers))
         for name, block in (("layer", self.layer), ("attention_layer", self.attention_layer)):
             if block < 0:
@@ -99,11 +107,22 @@ class VisualTokenRequest:
                 f"draws is at least 2 (a spread to judge against); got {self.draws}"
             )
 
+    def answer_spec(self) -> AnswerSpec:
+        """
+        The answer asked for, as every request about an answer asks for it.
+
+        Raises:
+            InvalidInputError, InvalidParameterError: as :class:`AnswerSpec` refuses them.
+        """
+        return AnswerSpec(answer=self.answer, generate=self.generate, stop=self.stop)
+
     def to_json(self) -> dict[str, Any]:
         """What was asked, JSON-ready (the image left out)."""
         return {
             "prompt": self.prompt,
             "answer": self.answer,
+            "generate": self.generate,
+            "stop": self.stop,
             "scorers": list(self.scorers or VISUAL_SCORERS),
             "layer": self.layer,
             "attention_layer": self.attention_layer,
@@ -120,8 +139,9 @@ class VisualTokenReport(DrawnStudy):
 
     Attributes:
         study: The study (curves, verdicts, agreement).
-        answer: The answer's ``text``, its ``tokens`` and whether the model ``generated`` it
-            (its own next token) or it was given.
+        answer: The answer's ``text``, its ``tokens``, whether the model ``generated`` it and
+            its ``origin``: ``given``, ``next_token`` (the model's own next token) or
+            ``generated`` (its greedy answer).
         layers: ShortV's layer contribution (the layer table), or ``None`` when not asked.
 
     In a notebook it shows its areas, verdicts and agreement (:meth:`_repr_html_`); :meth:`figure`
@@ -163,22 +183,35 @@ def check_prompt_and_answer(prompt: str, answer: str | None) -> None:
         )
 
 
-def visual_item(adapter: Adapter, request: VisualTokenRequest) -> tuple[ImageTextInputs, Answer]:
+def visual_item(
+    adapter: Adapter, request: VisualTokenRequest, settings: RunSettings | None = None
+) -> tuple[ImageTextInputs, AnswerTarget]:
     """
-    The request's image and prompt on ``adapter``, followed by its answer.
+    The request's image and prompt on ``adapter``, followed by its answer, and its target.
+
+    A generated answer is priced first and bounded by ``settings``' seconds and cancel switch,
+    as an explanation's is (:func:`~attribution.inputs.runs.prepare_input`).
 
     Raises:
         InvalidInputError: a model that does not take an image and text, an image that cannot
-            be read, a prompt without the image's tokens, an answer too long for the model.
+            be read, a prompt without the image's tokens, an answer too long for the model, a
+            model that ends its generated answer at once.
+        TooSlowError, TooMuchMemoryError, JobCancelledError: a generation over ``settings``'
+            bounds, or cancelled.
     """
     model = visual_adapter(adapter)
-    prompt = visual_inputs(model.preprocess(ImagePrompt(request.image, request.prompt)))
-    said = (
-        given_answer(model, request.answer)
-        if request.answer is not None
-        else next_token_answer(model, prompt, None)
+    settings = settings or RunSettings()
+    prepared = prepare_input(
+        model,
+        ImagePrompt(request.image, request.prompt),
+        None,
+        request.answer_spec(),
+        settings.cancel,
+        budgets=settings,
     )
-    return with_answer(model, prompt, said), said
+    target = prepared.target
+    assert isinstance(target, AnswerTarget)  # no contrast is asked: one answer's target
+    return visual_inputs(prepared.inputs), target
 
 
 def _study_rows(
@@ -221,8 +254,9 @@ def run_visual_tokens(
             )
     settings = settings or RunSettings()
     run = RunContext.of(settings)
-    inputs, said = visual_item(model, request)
-    run.count(forward=int(request.answer is None))  # the next token's forward
+    inputs, said = visual_item(model, request, settings)
+    # the next token's forward, or a generated answer's, one per token
+    run.count(forward=0 if request.answer is not None else len(said.tokens))
     chosen = check_visual_scorers(list(request.scorers or VISUAL_SCORERS))
     applicable = [s.name for s in chosen if s.applies_to(model) is None]
     forwards, backwards = _study_rows(
@@ -250,8 +284,15 @@ def run_visual_tokens(
     )
     layers = layer_contribution(model, inputs) if request.shortv else None
     answer = {
-        "text": said.text,
-        "tokens": list(inputs.token_texts[-len(said.ids) :]),
+        "text": said.label,
+        "tokens": list(said.token_labels),
         "generated": said.generated,
+        "origin": (
+            "given"
+            if request.answer is not None
+            else "next_token"
+            if request.generate is None
+            else "generated"
+        ),
     }
     return VisualTokenReport(study, answer, layers)
