@@ -25,7 +25,7 @@ from PIL import Image
 
 from attrlab.app.settings import ServerSettings
 from attrlab.app.ui import build_ui
-from attrlab.app.ui.files import upload_folder
+from attrlab.app.ui.files import example_images, upload_folder
 from attrlab.app.ui.shared import method_names
 from attrlab.app.ui.vlm import VisionLanguageResult, export_vision_language
 from attrlab.app.worker import ExplainWorker
@@ -35,7 +35,7 @@ from attrlab.attribution.image_text import map_parts
 from attrlab.attribution.models.hub import load_pretrained
 from attrlab.attribution.models.vlm import ImagePrompt, VisionLanguageAdapter, with_answer
 from attrlab.attribution.patching import Masked, Noised, image_patching_report
-from attrlab.attribution.request.answers import answer_target, given_answer
+from attrlab.attribution.request.answers import answer_request, answer_target, given_answer
 from attrlab.attribution.visual_tokens import VisualTokenRequest, run_visual_tokens
 
 PROMPT = "what is in the picture"
@@ -102,6 +102,9 @@ def _fields(folder: Path, uploaded: str, **changed: Any) -> list[Any]:
         "prompt": PROMPT,
         "answer": ANSWER,
         "contrast": "",
+        "generate": False,
+        "max_new_tokens": 16,
+        "stop": "",
         "per_step": True,
         "methods": ["gradient_x_input", "occlusion"],
         "seed": 0,
@@ -111,6 +114,13 @@ def _fields(folder: Path, uploaded: str, **changed: Any) -> list[Any]:
         "ratios": "1, 0.5, 0.2",
         "draws": 3,
         "shortv": True,
+        # the patching section's, which the link carries
+        "corruption": "masked",
+        "sigma": 4.0,
+        "box": "0,0, 16 ,16",
+        "patch_components": ["residual"],
+        "patch_estimators": ["exact", "atp"],
+        "patch_directions": ["denoising"],
     }
     return list({**fields, **changed}.values())
 
@@ -231,6 +241,17 @@ def test_the_link_fills_the_same_inputs(served, shown, folder):
         "1, 0.5, 0.2",
     ]
     assert opened["vlm-attention-layer"]["value"] == 1 and opened["vlm-draws"]["value"] == 3
+    # the patching section's fields, the box as four numbers; no sigma beside a masked box
+    patching = ("vlm-corruption", "vlm-box", "vlm-components", "vlm-estimators")
+    assert [opened[name]["value"] for name in patching] == [
+        "masked",
+        "0, 0, 16, 16",
+        ["residual"],
+        ["exact", "atp"],
+    ]
+    assert opened["vlm-directions"]["value"] == ["denoising"]
+    assert "value" not in opened["vlm-sigma"] and opened["vlm-stop"]["value"] == ""
+    assert opened["vlm-generate"] == {"__type__": "update"}  # off: left as the tab has it
     flags = [u for u in opened.values() if isinstance(u, bool)]
     assert flags.count(True) == 0  # an uploaded image does not travel: the tab waits for one
     opened = _opened(demo, "?tab=vlm&layer=-1&shortv=2&image=picture.png")
@@ -238,6 +259,77 @@ def test_the_link_fills_the_same_inputs(served, shown, folder):
     assert "layer '-1' is not a block" in problems
     assert "shortv '2' is not 1 (on) or 0 (off)" in problems
     assert "a link carries only a bundled example by name" in problems
+
+
+def test_a_link_with_patching_fields_fills_them_and_runs_on_an_example(served):
+    demo, _ = served
+    name = next(iter(example_images()))
+    query = (
+        f"?tab=vlm&image=example:{name}&corruption=noised&sigma=8.5&components=residual,mlp"
+        "&directions=noising&generate=1&max_new_tokens=4&stop=."
+    )
+    opened = _opened(demo, query)
+    assert opened["link-problems"]["visible"] is False
+    shown = Path(opened["vlm-image"]["value"])  # a copy the page may serve
+    assert shown.read_bytes() == example_images()[name].read_bytes()
+    fields = ("vlm-corruption", "vlm-sigma", "vlm-components", "vlm-directions")
+    assert [opened[f]["value"] for f in fields] == ["noised", 8.5, ["residual", "mlp"], ["noising"]]
+    assert [opened[f]["value"] for f in ("vlm-generate", "vlm-max-new-tokens", "vlm-stop")] == [
+        True,
+        4,
+        ".",
+    ]
+    assert opened["vlm-box"]["value"] == ""  # a text field the link leaves out is emptied
+    flags = [u for u in opened.values() if isinstance(u, bool)]
+    assert flags.count(True) == 1  # the bundled example travels: the tab runs
+    bad = "?tab=vlm&corruption=torn&sigma=-1&box=0,0,half&estimators=exact,guess"
+    problems = _opened(demo, bad)["link-problems"]["value"].replace("\\", "")
+    assert "corruption 'torn' is not one of blurred, noised, masked, another image" in problems
+    assert "sigma '-1' is not a number from 0" in problems
+    assert "box '0,0,half' is not a masked box written x0,y0,x1,y1 in pixels" in problems
+    assert "estimators 'guess': not on this tab" in problems
+
+
+def test_a_generated_answer_is_explained_and_studied_as_the_library_does(
+    page_of, folder, uploaded, library
+):
+    fields = _fields(
+        folder,
+        uploaded,
+        answer=" left out",
+        generate=True,
+        max_new_tokens=3,
+        methods=["gradient_x_input"],
+        scorers=["fastv", "exact"],
+    )
+    shown = page_of["vlm_run"](True, *fields, gr.Request(session_hash="vlm-gen"), **QUIET)
+    result: VisionLanguageResult = shown[-1]
+    inputs, target = answer_request(library, ImagePrompt(IMAGE, PROMPT), generate=3)
+    expected = explain(library, "gradient_x_input", inputs, target, per_step=True)
+    found = result.explanations["gradient_x_input"]
+    assert found.target_record == target and target.generated
+    np.testing.assert_allclose(found.scores, expected.scores, rtol=1e-5, atol=1e-9)
+    np.testing.assert_allclose(found.maps["steps"], expected.maps["steps"], rtol=1e-5)
+    labels = [label for label, _ in shown[1]["choices"]][1:]
+    assert labels == [f"step {k + 1}: {t!r}" for k, t in enumerate(target.token_labels)]
+    # the study measures the same generated answer, as the library's own request does
+    asked = VisualTokenRequest(
+        image=IMAGE,
+        prompt=PROMPT,
+        generate=3,
+        scorers=("fastv", "exact"),
+        ratios=(1.0, 0.5, 0.2),
+        draws=3,
+    )
+    study = run_visual_tokens(library, asked)
+    assert result.report.answer == study.answer and study.answer["text"] == target.label
+    pd.testing.assert_frame_equal(
+        result.report.study.curves.curves, study.study.curves.curves, rtol=1e-6
+    )
+    assert f"{target.label!r}, the model's greedy answer" in shown[0]
+    query = dict(parse_qsl(shown[-2].removeprefix("?")))
+    assert query["generate"] == "1" and query["max_new_tokens"] == "3"
+    assert "answer" not in query  # the answer box is left out when generating
 
 
 @pytest.mark.parametrize(
@@ -249,7 +341,8 @@ def test_the_link_fills_the_same_inputs(served, shown, folder):
         ({"model": "tiny-random-gpt2"}, "takes text"),
         ({"ratios": "1, half"}, "keep ratios are shares"),
         ({"ratios": "0.5, 0.2"}, "keep ratios start at 1.0"),
-        ({"answer": "", "contrast": " a dog"}, "a contrast is against an answer"),
+        ({"generate": True, "max_new_tokens": 0}, "generate takes 1 to 256 new tokens"),
+        ({"answer": " a cat", "contrast": " a cat"}, "is the answer itself"),
         ({"methods": [], "scorers": []}, "tick a method"),
         ({"layer": 9}, "has blocks 0 to 1"),
         ({"prompt": " "}, "prompt is empty"),
@@ -280,6 +373,7 @@ def _patch_fields(folder: Path, uploaded: str, **changed: Any) -> list[Any]:
         "image": uploaded,
         "prompt": PROMPT,
         "answer": ANSWER,
+        "generate": False,
         "seed": 0,
         "corruption": "noised",
         "sigma": 32.0,
@@ -348,6 +442,7 @@ def test_patching_with_a_corrupted_image_is_the_librarys_study(
         ({"image": None}, "upload an image first"),
         ({"prompt": ""}, "the prompt is empty"),
         ({"model": " "}, "name a vision-language model"),
+        ({"generate": True}, "patching reads a given answer or the model's next token"),
     ],
 )
 def test_bad_patching_input_is_refused_in_words(page_of, folder, uploaded, changed, named):

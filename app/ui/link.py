@@ -3,7 +3,7 @@ A shared link: a tab's inputs in the page's address, and the page's load that re
 
 Values are data (never paths); each field of a link is read on its own, and a bad one is named.
 An image travels only as a bundled example's name (``image=example:chelsea``); an uploaded
-image cannot be carried.
+image cannot be carried (nor the Vision-language tab's other image, a patching corruption).
 """
 
 from __future__ import annotations
@@ -22,10 +22,13 @@ import gradio as gr
 from attrlab.app.ui.files import EXAMPLE_PREFIX, example_images, example_named
 from attrlab.app.ui.shared import (
     GROUP_CHOICES,
+    IMAGE_CORRUPTIONS,
+    format_box,
     format_budgets,
     format_heads,
     format_ratios,
     labels_for,
+    parse_box,
     parse_budgets,
     parse_heads,
     parse_positions,
@@ -82,6 +85,9 @@ LINK_FIELDS = (
     "granularity",
     "spans",
     "corrupted",
+    "corruption",
+    "sigma",
+    "box",
     "noise_positions",
     "noise_seeds",
     "components",
@@ -158,6 +164,7 @@ _CHOICES: dict[str, Callable[[], list[str]]] = {
     "task": lambda: list(TASK_KINDS),
     "unit": lambda: list(EVICTION_UNITS),
     "split": lambda: list(SPLITS),
+    "corruption": lambda: list(IMAGE_CORRUPTIONS),
     "removal": lambda: list(
         dict.fromkeys(
             r for kind in model_unit_kinds() for r in unit_kind(kind).describe()["removals"]
@@ -433,6 +440,19 @@ def _link_field(name: str, value: str) -> Any:
             raise ValueError(f"ratios {_quoted(value)} are not keep ratios written 1,0.5") from None
     if name == "tasks":  # JSON Lines, the blank ones dropped; read whole when the tab runs
         return "\n".join(line for line in value.splitlines() if line.strip())
+    if name == "sigma":  # plain ASCII decimals, as clip; the library checks it is positive
+        if not re.fullmatch(r"[0-9]{1,4}(\.[0-9]{1,6})?", value):
+            raise ValueError(
+                f"sigma {_quoted(value)} is not a number from 0 (blur: pixels; noise: pixel values)"
+            )
+        return float(value)
+    if name == "box":
+        try:
+            return format_box(parse_box(value))
+        except InvalidParameterError:
+            raise ValueError(
+                f"box {_quoted(value)} is not a masked box written x0,y0,x1,y1 in pixels"
+            ) from None
     if name == "budgets":
         try:
             return format_budgets(parse_budgets(value))

@@ -17,11 +17,13 @@ from attrlab.attribution.models import BUILTIN_MODELS
 __all__ = [
     "BIT_CHOICES",
     "GROUP_CHOICES",
+    "IMAGE_CORRUPTIONS",
     "IOI_CORRUPTED",
     "IOI_PROMPT",
     "SAMPLE_LABELS",
     "SAMPLE_PROMPT",
     "SAMPLE_TEXT",
+    "format_box",
     "format_budgets",
     "format_heads",
     "format_ratios",
@@ -30,6 +32,7 @@ __all__ = [
     "labels_for",
     "method_entries",
     "method_names",
+    "parse_box",
     "parse_budgets",
     "parse_heads",
     "parse_positions",
@@ -55,6 +58,8 @@ SAMPLE_LABELS = "positive, negative"
 BIT_CHOICES = ("16", "8", "6", "4", "3", "2")
 #: The bits section's group sizes; ``channel``: one scale per output channel.
 GROUP_CHOICES = (("per output channel", "channel"), *((str(g), str(g)) for g in (16, 32, 64, 128)))
+#: How the Vision-language tab's patching makes the corrupted image (its choices, a link's).
+IMAGE_CORRUPTIONS = ("blurred", "noised", "masked", "another image")
 _HEAD = re.compile(r"^\s*L?\s*(\d+)\s*[H:./ ]\s*(\d+)\s*$", re.IGNORECASE)
 
 
@@ -240,6 +245,23 @@ def parse_ratios(text: str | None) -> tuple[float, ...]:
             f"keep ratios are shares written 1, 0.5, 0.2; got {(text or '')[:40]!r}"
         )
     return tuple(float(part) for part in parts)
+
+
+def parse_box(text: str | None) -> tuple[float, float, float, float]:
+    """``"0, 0, 16, 16"`` -> a masked box ``(x0, y0, x1, y1)`` in pixels; a clear error else."""
+    parts = [part.strip() for part in (text or "").split(",")]
+    if len(parts) != 4 or not all(re.fullmatch(r"[0-9]{1,5}(\.[0-9]{1,3})?", p) for p in parts):
+        raise InvalidParameterError(
+            "a masked box is x0, y0, x1, y1 in pixels, e.g. 0, 0, 16, 16; got "
+            f"{(text or '')[:40]!r}"
+        )
+    x0, y0, x1, y1 = (float(part) for part in parts)
+    return x0, y0, x1, y1
+
+
+def format_box(box: tuple[float, ...]) -> str:
+    """The inverse of :func:`parse_box`."""
+    return ", ".join(f"{edge:g}" for edge in box)
 
 
 def format_ratios(ratios: tuple[float, ...] | list[float]) -> str:

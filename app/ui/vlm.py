@@ -2,19 +2,22 @@
 The Vision-language tab: what in an image and a prompt an answer rests on; its visual tokens.
 
 Each method ticked runs as an :class:`~attribution.request.ExplainRequest` with the image and
-the prompt (the answer given, or the model's own next token; against a contrast if given), and
-the visual-token study as a :class:`~attribution.request.VisualTokensRequest`: both go through
-the page's runner and the library's gate, priced and refused over the server's budgets as
-``POST /api/v1/explain`` and ``POST /api/v1/visual-tokens`` are. It shows each method's map
-over the image with the text map beside it (the whole answer's, or one step's, chosen without
-rerunning), the image's and the text's shares, the visual-token curves with their verdicts in
-words, each scorer's agreement with exact removal and ShortV's layers, an export and a link.
+the prompt (the answer given, the model's own greedy answer, or its next token; against a
+contrast if given: the answer fields become the library's
+:class:`~attribution.request.answers.AnswerSpec` as on the Language model tab), and the
+visual-token study, of the same answer, as a :class:`~attribution.request.VisualTokensRequest`:
+both go through the page's runner and the library's gate, priced and refused over the server's
+budgets as ``POST /api/v1/explain`` and ``POST /api/v1/visual-tokens`` are. It shows each
+method's map over the image with the text map beside it (the whole answer's, or one step's,
+chosen without rerunning), the image's and the text's shares, the visual-token curves with their
+verdicts in words, each scorer's agreement with exact removal and ShortV's layers, an export and
+a link (which carries the patching section's fields too, but not its other image: an upload).
 """
 
 from __future__ import annotations
 
+import contextlib
 import html
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +26,7 @@ import gradio as gr
 import pandas as pd
 
 from attrlab.app.settings import ServerSettings
+from attrlab.app.ui.answers import AskedAnswer
 from attrlab.app.ui.files import (
     EXAMPLE_PREFIX,
     example_images,
@@ -35,9 +39,12 @@ from attrlab.app.ui.link import LinkedTab, page_base, share_query
 from attrlab.app.ui.patching import patching_choices, patching_summary
 from attrlab.app.ui.runner import PageRunner
 from attrlab.app.ui.shared import (
+    IMAGE_CORRUPTIONS,
+    format_box,
     format_ratios,
     in_order,
     method_names,
+    parse_box,
     parse_ratios,
     readable,
     session,
@@ -64,7 +71,7 @@ from attrlab.attribution.request import (
     ImagePatchRequest,
     VisualTokensRequest,
 )
-from attrlab.attribution.request.answers import AnswerSpec
+from attrlab.attribution.request.answers import MAX_NEW_TOKENS
 from attrlab.attribution.visual_tokens import VisualTokenRequest
 from attrlab.attribution.visual_tokens.request import VisualTokenReport
 from attrlab.attribution.visual_tokens.scorers import VISUAL_SCORERS
@@ -73,6 +80,7 @@ from attrlab.viz.bundle import write_bundle
 from attrlab.viz.image_text import image_text_figure
 from attrlab.viz.patching import patching_figure_names, patching_figures, patching_files
 from attrlab.viz.visual_tokens import (
+    answer_origin,
     dropped_where,
     visual_tokens_figures,
     visual_tokens_files,
@@ -103,8 +111,6 @@ _TOKEN_FIGURES = (
 _WHOLE = "whole"
 #: The key of a patching study's runs (its Cancel stops only them).
 _PATCH_TAB = "vlm-patch"
-#: How the corrupted image is made, as the patching section offers it.
-_CORRUPTIONS = ("blurred", "noised", "masked", "another image")
 
 
 @dataclass(frozen=True)
@@ -149,10 +155,10 @@ class VisionLanguageTab:
             "part, drawn over the pixels each visual token stands for, and its text part. The "
             "study drops the visual tokens each scorer ranks lowest, at the input or from a "
             "block on, beside random orders, and ranks each scorer against dropping each token "
-            "alone. The answer is the one given (teacher-forced), or the model's own next "
-            "token (a generated answer of several tokens is explained through REST, the CLI "
-            "and Python, not here yet). Under them, patching with a "
-            "corrupted image (blurred, noised, masked, or another image) for the same prompt."
+            "alone. The answer is the one given (teacher-forced), the model's own greedy "
+            "answer (generated once per run of a method or the study, then explained and "
+            "studied as if given), or its next token. Under them, patching with a corrupted "
+            "image (blurred, noised, masked, or another image) for the same prompt."
         )
         self._inputs()
         self._study_settings()
@@ -184,8 +190,12 @@ class VisionLanguageTab:
         self.export, self.bundle, self.link = study_export_row(_TAB, "vision-language run")
         #: What a run reads, in :meth:`study`'s order.
         self.fields = [self.model, self.image, self.prompt, self.answer, self.contrast]
+        self.fields += [self.generate, self.max_new_tokens, self.stop]
         self.fields += [self.per_step, self.methods, self.seed, self.scorers, self.layer]
         self.fields += [self.attention_layer, self.ratios, self.draws, self.shortv]
+        #: The patching section's, read only for the link (the other image cannot travel).
+        self.fields += [self.corruption, self.sigma, self.box]
+        self.fields += [self.components, self.estimators, self.directions]
         #: What a run fills, in its order.
         self.outputs = [self.summary, self.step, *self.maps.values(), self.shares]
         self.outputs += [*self.plots.values(), self.agreement, self.link, self.last]
@@ -227,12 +237,33 @@ class VisionLanguageTab:
                     self.answer = gr.Textbox(
                         "",
                         label="Answer to explain (empty: the model's own next token)",
+                        info="Left out when generating.",
                         elem_id="vlm-answer",
                     )
                     self.contrast = gr.Textbox(
                         "",
                         label="Rather than (a contrast)",
                         elem_id="vlm-contrast",
+                    )
+                with gr.Row(equal_height=True):
+                    self.generate = gr.Checkbox(
+                        False,
+                        label="Generate the answer (greedy)",
+                        scale=2,
+                        elem_id="vlm-generate",
+                    )
+                    self.max_new_tokens = gr.Number(
+                        AskedAnswer.max_new_tokens,
+                        label="Max new tokens",
+                        precision=0,
+                        minimum=1,
+                        maximum=MAX_NEW_TOKENS,
+                        scale=1,
+                        min_width=100,
+                        elem_id="vlm-max-new-tokens",
+                    )
+                    self.stop = gr.Textbox(
+                        "", label="Stop at", scale=1, min_width=100, elem_id="vlm-stop"
                     )
                 self.per_step = gr.Checkbox(
                     True, label="A map per answer step", elem_id="vlm-per-step"
@@ -291,15 +322,17 @@ class VisionLanguageTab:
         """Patching with a corrupted image: how it is corrupted, the study's names, results."""
         with gr.Accordion("Patching with a corrupted image", open=False):
             gr.Markdown(
-                "The same prompt and answer with the image above and a corrupted one: each "
+                "The same prompt and answer (given, or the next token: a generated one is not "
+                "patched here) with the image above and a corrupted one: each "
                 "residual, attention and MLP site at every visual and text position of the "
                 "language model patched exactly, and AtP, AtP* and RelP against it. The "
                 "corrupted image must be laid out as the clean one (as many visual tokens): "
-                "another image is resized to the clean one's size."
+                "another image is resized to the clean one's size. The tab's link carries these "
+                "fields, but not the other image (an upload)."
             )
             with gr.Row():
                 self.corruption = gr.Radio(
-                    list(_CORRUPTIONS),
+                    list(IMAGE_CORRUPTIONS),
                     value="blurred",
                     label="Corrupted image",
                     elem_id="vlm-corruption",
@@ -339,7 +372,8 @@ class VisionLanguageTab:
             }
         self.patched = gr.State(None)  # PatchingReport
         #: What a patching study reads, in :meth:`patching`'s order.
-        self.patch_fields = [self.model, self.image, self.prompt, self.answer, self.seed]
+        self.patch_fields = [self.model, self.image, self.prompt, self.answer, self.generate]
+        self.patch_fields += [self.seed]
         self.patch_fields += [self.corruption, self.sigma, self.box, self.other]
         self.patch_fields += [self.components, self.estimators, self.directions]
         #: What it fills.
@@ -381,13 +415,15 @@ class VisionLanguageTab:
     @property
     def linked_tab(self) -> LinkedTab:
         """What a shared link fills on this tab, and the flag that runs it."""
-        names = ["model", "image", "prompt", "answer", "contrast", "per_step", "methods", "seed"]
-        names += ["scorers", "layer", "attention_layer", "ratios", "draws", "shortv"]
+        names = ["model", "image", "prompt", "answer", "contrast", "generate", "max_new_tokens"]
+        names += ["stop", "per_step", "methods", "seed", "scorers", "layer", "attention_layer"]
+        names += ["ratios", "draws", "shortv", "corruption", "sigma", "box", "components"]
+        names += ["estimators", "directions"]
         return LinkedTab(
             dict(zip(names, self.fields, strict=True)),
             [],
             self.linked,
-            cleared=("answer", "contrast"),
+            cleared=("answer", "contrast", "stop", "box"),
         )
 
     @readable
@@ -399,6 +435,9 @@ class VisionLanguageTab:
         prompt_: str | None,
         answer_: str | None,
         contrast_: str | None,
+        generate_: bool,
+        max_new_tokens_: float | None,
+        stop_: str | None,
         per_step_: bool,
         methods_: list[str],
         seed_: float | None,
@@ -408,6 +447,12 @@ class VisionLanguageTab:
         ratios_: str,
         draws_: float | None,
         shortv_: bool,
+        corruption_: str | None,
+        sigma_: float | None,
+        box_: str | None,
+        components_: list[str],
+        estimators_: list[str],
+        directions_: list[str],
         request: gr.Request,
         progress=gr.Progress(),  # noqa: B008
     ):
@@ -418,21 +463,23 @@ class VisionLanguageTab:
             raise gr.Error("tick a method (maps) or a scorer (the visual-token study)")
         image = uploaded_image(image_)
         prompt = prompt_ or ""
-        answer = (answer_ or "").strip() and answer_
-        contrast = (contrast_ or "").strip() and contrast_
-        if contrast and not answer:
-            raise gr.Error("a contrast is against an answer: give the answer too")
-        spec = (
-            AnswerSpec(answer=answer, contrast=contrast or None, per_step=bool(per_step_))
-            if answer
-            else None
+        asked_answer = AskedAnswer(
+            answer=((answer_ or "").strip() and answer_) or "",
+            contrast=((contrast_ or "").strip() and contrast_) or "",
+            generate=bool(generate_),
+            max_new_tokens=max_new_tokens_,
+            stop=stop_ or "",
+            per_step=bool(per_step_),
         )
+        spec = asked_answer.spec()  # None: the model's next token
         seed = 0 if seed_ is None else whole(seed_)
         asked = VisualTokenRequest
         tokens = VisualTokenRequest(
             image=image,
             prompt=prompt,
-            answer=answer or None,
+            answer=None if spec is None else spec.answer,
+            generate=None if spec is None else spec.generate,
+            stop=None if spec is None else spec.stop,
             scorers=tuple(scorers_ or ()),
             layer=asked.layer if layer_ is None else whole(layer_),
             attention_layer=(
@@ -466,9 +513,7 @@ class VisionLanguageTab:
             "model": model,
             "image": EXAMPLE_PREFIX + example if example else None,
             "prompt": prompt,
-            "answer": answer or "",
-            "contrast": contrast or "",
-            "per_step": bool(per_step_),
+            **asked_answer.link_fields(),
             "methods": list(methods_ or ()),
             "seed": seed,
             "scorers": list(scorers_ or ()),
@@ -477,6 +522,7 @@ class VisionLanguageTab:
             "ratios": format_ratios(tokens.ratios),
             "draws": tokens.draws,
             "shortv": tokens.shortv,
+            **_patching_link(corruption_, sigma_, box_, components_, estimators_, directions_),
         }
         result = VisionLanguageResult(explanations, report, fields)
         return in_order(self.outputs, self._shown(result, request))
@@ -520,6 +566,7 @@ class VisionLanguageTab:
         image_: str | None,
         prompt_: str | None,
         answer_: str | None,
+        generate_: bool,
         seed_: float | None,
         corruption_: str | None,
         sigma_: float | None,
@@ -532,6 +579,11 @@ class VisionLanguageTab:
         progress=gr.Progress(),  # noqa: B008
     ):
         """Patch the model's sites between the image and its corruption (Patch)."""
+        if generate_:
+            raise gr.Error(
+                "patching reads a given answer or the model's next token, not a generated one: "
+                "untick Generate (and give the answer, or leave it empty)"
+            )
         image = uploaded_image(image_)
         seed = 0 if seed_ is None else whole(seed_)
         corruption = _corruption(corruption_ or "blurred", sigma_, box_, other_, seed)
@@ -587,23 +639,39 @@ def _corruption(
         InvalidParameterError: an unknown kind, or a box that is not four numbers.
         gr.Error: another image asked for and none uploaded.
     """
-    if kind not in _CORRUPTIONS:
-        raise InvalidParameterError(f"the corrupted image is one of {', '.join(_CORRUPTIONS)}")
+    if kind not in IMAGE_CORRUPTIONS:
+        raise InvalidParameterError(f"the corrupted image is one of {', '.join(IMAGE_CORRUPTIONS)}")
     if kind == "another image":
         if not other:
             raise gr.Error("upload the other image first (under Corrupted image)")
         return OtherImage(uploaded_image(other))
     if kind == "masked":
-        parts = [part.strip() for part in (box or "").split(",")]
-        if len(parts) != 4 or not all(re.fullmatch(r"[0-9]{1,5}(\.[0-9]{1,3})?", p) for p in parts):
-            raise InvalidParameterError(
-                "a masked box is x0, y0, x1, y1 in pixels, e.g. 0, 0, 16, 16; got "
-                f"{(box or '')[:40]!r}"
-            )
-        x0, y0, x1, y1 = (float(part) for part in parts)
-        return Masked((x0, y0, x1, y1))
+        return Masked(parse_box(box))
     amount = 0.0 if sigma is None else float(sigma)
     return Blurred(amount) if kind == "blurred" else Noised(amount, seed)
+
+
+def _patching_link(
+    kind: str | None,
+    sigma: float | None,
+    box: str | None,
+    components: list[str],
+    estimators: list[str],
+    directions: list[str],
+) -> dict[str, Any]:
+    """
+    The patching section's link fields, as they stand: its corruption and its sigma or box.
+
+    A box that is not four numbers is left out (the section refuses it when Patch is pressed).
+    """
+    fields: dict[str, Any] = {"corruption": kind}
+    if kind in ("blurred", "noised") and sigma is not None:
+        fields["sigma"] = float(sigma)
+    if kind == "masked":
+        with contextlib.suppress(InvalidParameterError):  # not the run's input: left out
+            fields["box"] = format_box(parse_box(box))
+    lists = {"components": components, "estimators": estimators, "directions": directions}
+    return fields | {name: list(chosen or ()) for name, chosen in lists.items()}
 
 
 def map_figure(explanation: Explanation, step: int | None) -> Any:
@@ -665,7 +733,7 @@ def _summary(result: VisionLanguageResult) -> str:
     if report is None:
         return text + "\n\nNo scorer ticked: no visual-token study."
     study = report.study
-    how = "the model's next token" if report.answer["generated"] else "given"
+    how = answer_origin(report)
     said = _escaped(repr(report.answer["text"]))
     text += (
         f"\n\nVisual tokens dropped {dropped_where(report)} (answer {said}, "
