@@ -89,10 +89,11 @@ def _spans(html: str, method: str) -> list[tuple[str, float]]:
 def test_each_tab_opens_on_its_embedded_default_model(worker):
     demo = build_ui(worker)
     shown = {
-        c["props"]["elem_id"]: c["props"]["value"]
+        c["props"]["elem_id"]: c["props"].get("value")
         for c in demo.config["components"]
         if str(c.get("props", {}).get("elem_id", "")).endswith("-model")
     }
+    assert not shown["vlm-model"]  # no embedded model takes an image and a prompt: none chosen
     assert shown["text-model"] == "minilm-zeroshot"
     assert shown["next-model"] == "smollm2-135m"
     assert shown["image-model"] == "efficientnet-lite0"
