@@ -101,7 +101,7 @@ def image_heatmaps(maps: Mapping[str, np.ndarray]) -> list[np.ndarray]:
     """An Explanation's heatmaps, one per image in order (none: not an image's Explanation)."""
     if "image_heatmap" in maps:
         return [maps["image_heatmap"]]
-    found = []
+    found: list[np.ndarray] = []
     while f"image_heatmap_{len(found) + 1}" in maps:
         found.append(maps[f"image_heatmap_{len(found) + 1}"])
     return found
