@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from functools import cache
 
 import numpy as np
 import pytest
 import torch
 from _tiny_vlm import (
+    first_block,
+    reads_one_visual_token,
     tiny_gemma3,
     tiny_idefics3,
     tiny_llava,
@@ -63,11 +64,6 @@ def _alone(family: str, image: np.ndarray) -> ImageTextInputs:
     return _adapter(family).preprocess(ImagePrompt(image, PROMPT))
 
 
-def _first_block(adapter: VisionLanguageAdapter) -> nn.Module:
-    pattern = r"(language_model|text_model)\.layers\.0$"
-    return next(m for n, m in adapter.model.named_modules() if re.search(pattern, n))
-
-
 @pytest.mark.parametrize("family", list(SEVERAL))
 def test_each_images_tokens_are_that_image_read_alone(family: str) -> None:
     """
@@ -89,26 +85,6 @@ def test_each_images_tokens_are_that_image_read_alone(family: str) -> None:
     assert inputs.images[0].shape == FIRST.shape and inputs.images[1].shape == SECOND.shape
 
 
-@contextmanager
-def _reads_one_visual_token(
-    adapter: VisionLanguageAdapter, positions: torch.Tensor, keep: int
-) -> Iterator[None]:
-    """A model whose answer reads the images through one visual token: the others zeroed."""
-
-    def hook(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        embeds = kwargs["inputs_embeds"].clone()
-        embeds[:, torch.cat([positions[:keep], positions[keep + 1 :]])] = 0
-        return args, {**kwargs, "inputs_embeds": embeds}
-
-    pattern = r"^model\.(language_model|text_model)$"
-    language_model = next(m for n, m in adapter.model.named_modules() if re.search(pattern, n))
-    handle = language_model.register_forward_pre_hook(hook, with_kwargs=True)
-    try:
-        yield
-    finally:
-        handle.remove()
-
-
 @pytest.mark.parametrize("family", list(SEVERAL))
 def test_a_planted_patch_of_the_second_image_lands_on_that_image(family: str) -> None:
     adapter = _adapter(family)
@@ -117,7 +93,7 @@ def test_a_planted_patch_of_the_second_image_lands_on_that_image(family: str) ->
     count = int(first.visual_tokens.sum())
     # a token of the second image, in the middle of its whole-image part (Idefics3's last tile)
     keep = count + len(second.regions) - 2
-    with _reads_one_visual_token(adapter, plain.visual_positions, keep):
+    with reads_one_visual_token(adapter, plain.visual_positions, keep):
         _, inputs, target = _case(family)  # the block input of the planted model
         for method in ("gradient_x_input", "occlusion"):
             explanation = explain(adapter, method, inputs, target)
@@ -147,7 +123,7 @@ def test_gradient_x_input_is_autograd_and_the_shares_add_up(family: str) -> None
         seen.append(args[0].detach().clone().requires_grad_(True))
         return (seen[-1], *args[1:]), kwargs
 
-    handle = _first_block(adapter).register_forward_pre_hook(leaf, with_kwargs=True)
+    handle = first_block(adapter).register_forward_pre_hook(leaf, with_kwargs=True)
     try:
         logits = adapter.model(**inputs.model_kwargs()).logits[0].double()
     finally:

@@ -321,9 +321,15 @@ class VisionLanguageAdapter(DecoderLMAdapter):
         """
         An :class:`ImagePrompt` as model inputs, its visual tokens and their regions.
 
+        Several images are placed in their order before the prompt; each visual token's box
+        is in its own image (:attr:`ImageTextInputs.region_images`).
+
         Raises:
-            InvalidInputError: not an image and a prompt, an empty prompt, a prompt holding
-                the image placeholder, or more tokens than the model reads.
+            InvalidInputError: not an image and a prompt, no image, an empty prompt, a prompt
+                holding the image placeholder, or more tokens than the model reads.
+            UnsupportedMethodError: several images for a family that reads one
+                (:attr:`~attribution.models.families.VisionLanguage.one_image`), or a
+                processing whose visual tokens are not mapped.
         """
         if not isinstance(raw, ImagePrompt):
             raise InvalidInputError("a vision-language model takes an image and a prompt")
