@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, overload
 
 import pandas as pd
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Response
@@ -358,10 +358,11 @@ class _InputBody(_AnswerBody, _FeaturesBody):
         description="Default: minilm-zeroshot for text, smollm2-135m with next_token, "
         "efficientnet-lite0 for images",
     )
-    image_base64: str | None = Field(
+    image_base64: str | Annotated[list[str], Field(min_length=1, max_length=16)] | None = Field(
         None,
         description="The image file's bytes (PNG, JPEG, ...), base64-encoded; with text, a "
-        "vision-language model's image and prompt",
+        "vision-language model's image and prompt. A list of them: several images before the "
+        "prompt, for the families that read several (one heatmap and one share each)",
     )
     labels: list[Annotated[str, Field(max_length=200)]] | None = Field(None, max_length=100)
     target: _Target = None
@@ -384,10 +385,22 @@ class _InputBody(_AnswerBody, _FeaturesBody):
         }
 
 
-def _decoded(image_base64: str | None) -> bytes | None:
-    """The image file's bytes (not the image: the worker decodes that)."""
-    if image_base64 is None:
-        return None
+@overload
+def _decoded(image_base64: str | None) -> bytes | None: ...
+
+
+@overload
+def _decoded(image_base64: str | list[str] | None) -> bytes | list[bytes] | None: ...
+
+
+def _decoded(image_base64: str | list[str] | None) -> bytes | list[bytes] | None:
+    """The image file's bytes (not the image: the worker decodes that); a list's, each."""
+    if isinstance(image_base64, list):
+        return [_file_bytes(one) for one in image_base64]
+    return None if image_base64 is None else _file_bytes(image_base64)
+
+
+def _file_bytes(image_base64: str) -> bytes:
     try:
         return base64.b64decode(image_base64, validate=True)
     except (binascii.Error, ValueError):

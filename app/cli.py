@@ -108,11 +108,15 @@ def _explain_params(pairs: Sequence[str], methods: Sequence[str]) -> dict[str, d
 
 
 def _explanation_figures(
-    explanations: Sequence[Any], image_bytes: bytes | None
+    explanations: Sequence[Any], image_bytes: bytes | list[bytes] | None
 ) -> dict[str, Callable[[], Any]]:
-    """Each explanation's figures (the library's rule), named ``method_figure``."""
+    """
+    Each explanation's figures (the library's rule), named ``method_figure``.
+
+    Several images are drawn from the Explanations, which hold them.
+    """
     image = None
-    if image_bytes is not None:  # the maps are drawn on the image's display copy
+    if isinstance(image_bytes, bytes):  # the maps are drawn on the image's display copy
         image = viz.display_copy(models.load_image(image_bytes))
     return {
         f"{e.method}_{name}": draw
@@ -398,7 +402,7 @@ def _input_fields(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "model": args.model,
         "text": args.text,
-        "image": None if args.image is None else _read_image_file(args.image),
+        "image": _image_files(args.image),
         "labels": _labels(args.labels),
         "target": args.target,
         "seed": args.seed,
@@ -407,6 +411,14 @@ def _input_fields(args: argparse.Namespace) -> dict[str, Any]:
         "granularity": getattr(args, "granularity", "token"),
         "spans": _spans(getattr(args, "spans", None)),
     }
+
+
+def _image_files(paths: str | list[str] | None) -> bytes | list[bytes] | None:
+    """The image file's bytes; ``explain --image`` repeated: each file's, in order."""
+    if isinstance(paths, list):
+        files = [_read_image_file(path) for path in paths]
+        return files[0] if len(files) == 1 else files
+    return None if paths is None else _read_image_file(paths)
 
 
 def _answer_spec(args: argparse.Namespace) -> Any:
@@ -1070,7 +1082,10 @@ def _add_explain_command(sub: _Subcommands) -> None:
         "--text", help="the text to explain (with --image: the prompt about the image)"
     )
     explain.add_argument(
-        "--image", help="path of an image file (with --text: a vision-language model's input)"
+        "--image",
+        action="append",
+        help="path of an image file (with --text: a vision-language model's input); repeat it "
+        "for several images before the prompt, where the model's family reads several",
     )
     explain.add_argument(
         "--next-token",

@@ -176,8 +176,21 @@ def _explained(
         # own value per feature, which it spread over the feature's tokens)
         feature_scores=None if features is None else feature_scores(result.scores, features),
         special_tokens=sequence.special_tokens.tolist() if sequence else None,
-        image=None if isinstance(inputs, TextInputs) else getattr(inputs, "image", None),
+        image=_one_image(inputs),
+        images=inputs.images if isinstance(inputs, ImageTextInputs) and _several(inputs) else (),
     )
+
+
+def _several(inputs: ImageTextInputs) -> bool:
+    return len(inputs.images) > 1
+
+
+def _one_image(inputs: Inputs) -> np.ndarray | None:
+    """The image the Explanation is drawn on: ``None`` for a text, or several images."""
+    several = isinstance(inputs, ImageTextInputs) and _several(inputs)
+    if isinstance(inputs, TextInputs) or several:
+        return None
+    return getattr(inputs, "image", None)
 
 
 def _split_image_and_text(inputs: ImageTextInputs, result: Attribution) -> None:
@@ -186,16 +199,19 @@ def _split_image_and_text(inputs: ImageTextInputs, result: Attribution) -> None:
 
     ``maps["visual_mask"]`` (1 at the visual positions, 0 elsewhere),
     ``maps["visual_tokens"]`` (one value per visual token), ``maps["visual_regions"]`` (each
-    one's box in the original image, NaN for none), ``maps["image_heatmap"]`` (over
-    the original image's pixels), the image's and the text's shares and signed sums in
-    ``metrics``, and with a per-step matrix each step's shares
+    one's box in its original image, NaN for none), ``maps["image_heatmap"]`` (over
+    the original image's pixels; with several images ``maps["image_heatmap_1"]``, ... and
+    ``maps["visual_image"]``, each visual token's image from 1), the images' and the text's
+    shares and signed sums in ``metrics``, and with a per-step matrix each step's shares
     (:mod:`attribution.image_text`).
     """
     parts = image_text_parts(inputs, result.scores)
     result.maps["visual_mask"] = inputs.visual_tokens.double().cpu().numpy()
     result.maps["visual_tokens"] = parts.visual
     result.maps["visual_regions"] = np.asarray(inputs.regions, dtype=np.float64)
-    result.maps["image_heatmap"] = parts.heatmap
+    if len(inputs.images) > 1:
+        result.maps["visual_image"] = inputs.region_images.astype(np.float64) + 1
+    result.maps.update(parts.heatmap_maps())
     result.metrics.update(parts.metrics())
     if "steps" in result.maps:
         result.maps.update(step_shares(inputs, result.maps["steps"]))

@@ -175,7 +175,8 @@ class Explanation:
     views show greyed, outside the colour scale (``None``: not recorded, as in older files).
     ``image`` is the explained image as the model saw it (H×W×3 uint8), kept in memory so that
     the map can be drawn over it (a notebook, :meth:`figure`); files do not carry it (the
-    caller has the image), and an Explanation read from a file draws its map alone.
+    caller has the image), and an Explanation read from a file draws its map alone. Several
+    images in one prompt are ``images`` instead (``image`` is ``None`` then), kept alike.
 
     In a notebook an Explanation shows itself (:meth:`_repr_html_`: coloured tokens or the map
     over the image, the target and the trust card; a layer analysis its head grid). Drawing is
@@ -207,6 +208,7 @@ class Explanation:
     feature_scores: np.ndarray | None = None
     special_tokens: list[bool] | None = None
     image: np.ndarray | None = field(default=None, repr=False)
+    images: tuple[np.ndarray, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         self.scores = np.asarray(self.scores, dtype=np.float64)

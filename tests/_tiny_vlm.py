@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 import transformers as tf
+from torch import nn
 
 from attrlab.attribution.models.builtin import _minilm_dir, _minilm_tokenizer
 from attrlab.attribution.models.vlm import VisionLanguageAdapter
@@ -285,3 +289,39 @@ def tiny_llava_next() -> VisionLanguageAdapter:
         num_additional_image_tokens=1,
     )
     return VisionLanguageAdapter(model, processor, "tiny-random-llava-next")
+
+
+def model_module(adapter: VisionLanguageAdapter, pattern: str) -> nn.Module:
+    """A module found by its name in the model (not through attrlab's layouts)."""
+    return next(m for n, m in adapter.model.named_modules() if re.search(pattern, n))
+
+
+def first_block(adapter: VisionLanguageAdapter) -> nn.Module:
+    """The language model's first block, found by its name."""
+    return model_module(adapter, r"(language_model|text_model)\.layers\.0$")
+
+
+@contextmanager
+def reads_one_visual_token(
+    adapter: VisionLanguageAdapter, positions: torch.Tensor, keep: int
+) -> Iterator[None]:
+    """
+    A model whose answer reads the image through one visual token: the others are zeroed.
+
+    The language model's input embeddings (visual features in place) get every visual row
+    (at ``positions``) but the ``keep``-th set to zero, so nothing of the images but that
+    token reaches the answer.
+    """
+
+    def hook(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        embeds = kwargs["inputs_embeds"].clone()
+        dropped = torch.cat([positions[:keep], positions[keep + 1 :]])
+        embeds[:, dropped] = 0
+        return args, {**kwargs, "inputs_embeds": embeds}
+
+    language_model = model_module(adapter, r"^model\.(language_model|text_model)$")
+    handle = language_model.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()

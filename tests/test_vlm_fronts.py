@@ -574,3 +574,45 @@ def test_an_image_patching_request_is_priced_and_refused_over_the_servers_second
     )
     with pytest.raises(TooSlowError, match="this patching study would take"):
         run_request(request, library, RequestBounds(max_seconds=1e-6))
+
+
+def test_several_images_go_through_rest_the_cli_and_the_python_api_as_in_the_library(
+    served, folder, library, png, capsys, tmp_path
+):
+    second = _random_png(1, 40, 24)
+    answer = given_answer(library, ANSWER)
+    prompt = library.preprocess(ImagePrompt([png, second], PROMPT))
+    inputs = with_answer(library, prompt, answer)
+    expected = explain(library, "gradient_x_input", inputs, answer_target(library, inputs, answer))
+    encoded = [base64.b64encode(one).decode() for one in (png, second)]
+    response = served.post(
+        "/api/v1/explain",
+        json={**_body(folder, png, text=PROMPT, answer=ANSWER), "image_base64": encoded},
+    )
+    assert response.status_code == 200, response.text
+    paths = [tmp_path / "first.png", tmp_path / "second.png"]
+    for path, data in zip(paths, (png, second), strict=True):
+        path.write_bytes(data)
+    common = ["explain", "--model", str(folder), "--method", "gradient_x_input", "--device", "cpu"]
+    images = ["--image", str(paths[0]), "--image", str(paths[1])]
+    assert main([*common, *images, "--text", PROMPT, "--answer", ANSWER, "--format", "json"]) == 0
+    python = attrlab.explain(
+        library, image=paths, text=PROMPT, method="gradient_x_input", answer=ANSWER
+    )
+    assert isinstance(python, Explanation)
+    for found in (response.json(), json.loads(capsys.readouterr().out), python.to_dict()):
+        np.testing.assert_allclose(found["scores"], expected.scores, rtol=1e-5, atol=1e-9)
+        for number, size in ((1, (HEIGHT, WIDTH)), (2, (40, 24))):
+            heat = np.array(found["maps"][f"image_heatmap_{number}"], dtype=float)
+            assert heat.shape == size
+            key = f"image_heatmap_{number}"
+            np.testing.assert_allclose(heat, expected.maps[key], rtol=1e-5, atol=1e-9)
+        metrics = found["metrics"]
+        total = metrics["image_1_share"] + metrics["image_2_share"] + metrics["text_share"]
+        assert total == pytest.approx(1.0)
+    # each image is decoded on its own, and named when it is not base64
+    refused = served.post(
+        "/api/v1/explain",
+        json={**_body(folder, png, text=PROMPT), "image_base64": [encoded[0], "not base64!"]},
+    )
+    assert refused.status_code == 400 and "image_base64 is not valid base64" in refused.text

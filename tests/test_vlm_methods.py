@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cache
@@ -12,6 +11,9 @@ import numpy as np
 import pytest
 import torch
 from _tiny_vlm import (
+    first_block,
+    model_module,
+    reads_one_visual_token,
     tiny_gemma3,
     tiny_idefics3,
     tiny_llava,
@@ -69,15 +71,6 @@ def _case(family: str) -> tuple[VisionLanguageAdapter, ImageTextInputs, Answer, 
     return adapter, inputs, answer, answer_target(adapter, inputs, answer)
 
 
-def _module(adapter: VisionLanguageAdapter, pattern: str) -> nn.Module:
-    """A module found by its name in the model (not through attrlab's layouts)."""
-    return next(m for n, m in adapter.model.named_modules() if re.search(pattern, n))
-
-
-def _first_block(adapter: VisionLanguageAdapter) -> nn.Module:
-    return _module(adapter, r"(language_model|text_model)\.layers\.0$")
-
-
 @contextmanager
 def _block_input_edited(
     adapter: VisionLanguageAdapter, edit: Callable[[torch.Tensor], torch.Tensor]
@@ -85,7 +78,7 @@ def _block_input_edited(
     def hook(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         return (edit(args[0]), *args[1:]), kwargs
 
-    handle = _first_block(adapter).register_forward_pre_hook(hook, with_kwargs=True)
+    handle = first_block(adapter).register_forward_pre_hook(hook, with_kwargs=True)
     try:
         yield
     finally:
@@ -150,32 +143,6 @@ def test_occlusion_is_the_drop_when_a_position_is_hidden_by_hand(family: str) ->
     assert not scores[-len(answer.ids) :].any()
 
 
-@contextmanager
-def _reads_one_visual_token(
-    adapter: VisionLanguageAdapter, positions: torch.Tensor, keep: int
-) -> Iterator[None]:
-    """
-    A model whose answer reads the image through one visual token: the others are zeroed.
-
-    The language model's input embeddings (visual features in place) get every visual row
-    (at ``positions``) but the ``keep``-th set to zero, so nothing of the image but that token
-    reaches the answer.
-    """
-
-    def hook(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        embeds = kwargs["inputs_embeds"].clone()
-        dropped = torch.cat([positions[:keep], positions[keep + 1 :]])
-        embeds[:, dropped] = 0
-        return args, {**kwargs, "inputs_embeds": embeds}
-
-    language_model = _module(adapter, r"^model\.(language_model|text_model)$")
-    handle = language_model.register_forward_pre_hook(hook, with_kwargs=True)
-    try:
-        yield
-    finally:
-        handle.remove()
-
-
 PLANTED = [
     ("gradient_x_input", {}),
     ("occlusion", {}),
@@ -201,7 +168,7 @@ def test_a_planted_patch_comes_first(family: str, methods: list[tuple[str, dict]
     _, plain, _, _ = _case(family)
     regions = plain.regions
     keep = int(np.flatnonzero(~np.isnan(regions[:, 0]))[len(regions) // 3])
-    with _reads_one_visual_token(adapter, plain.visual_positions, keep):
+    with reads_one_visual_token(adapter, plain.visual_positions, keep):
         _, inputs, _, target = _case(family)  # the block input of the planted model
         for method, params in methods:
             explanation = explain(adapter, method, inputs, target, params)
@@ -392,7 +359,7 @@ def test_a_planted_patchs_superpixel_comes_first() -> None:
     left = _left_of_edge(plain)
     keep = 5  # row 1, column 1: the box over columns 24 to 32, mostly left of the edge
     assert left[keep] and plain.regions[keep, 0] == 24
-    with _reads_one_visual_token(adapter, plain.visual_positions, keep):
+    with reads_one_visual_token(adapter, plain.visual_positions, keep):
         inputs, _, target = _halves_case(adapter)  # the block input of the planted model
         for method, params in (("occlusion", {}), ("sobol", {"n_designs": 8})):
             explanation = explain(adapter, method, inputs, target, {**params, **SUPERPIXELS})
@@ -480,7 +447,7 @@ def test_every_hook_is_undone_after_an_error(method: str, params: dict) -> None:
         if len(calls) > 1:  # the prediction passes, the method's forward fails
             raise RuntimeError("forced")
 
-    last = _module(adapter, r"language_model\.layers\.1$")
+    last = model_module(adapter, r"language_model\.layers\.1$")
     handle = last.register_forward_hook(fail)
     try:
         with pytest.raises(RuntimeError, match="forced"):

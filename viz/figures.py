@@ -122,7 +122,9 @@ def _attribution_figures(
     figures: dict[str, FigureBuilder] = {}
     if text:
         figures[SCORES] = lambda: token_figure(explanation)
-        if "image_heatmap" in explanation.maps:
+        if explanation.images:  # several images: the Explanation holds them
+            figures[IMAGE_AND_TEXT] = lambda: image_text_figure(explanation, explanation.images)
+        elif "image_heatmap" in explanation.maps:
             figures[IMAGE_AND_TEXT] = on_image(image_text_figure)
     else:
         figures[MAP] = on_image(functools.partial(image_figure, view=view or IMAGE_VIEW))

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from attrlab.attribution.explanation import Explanation
-from attrlab.attribution.image_text import map_parts
+from attrlab.attribution.image_text import image_heatmaps, map_parts
 from attrlab.viz.answer import answer_layout
 from attrlab.viz.image import (
     HOVER_DECIMALS,
@@ -25,26 +27,36 @@ __all__ = ["image_part_html", "image_text_figure"]
 
 
 def image_text_figure(
-    explanation: Explanation, image: np.ndarray, view: View = IMAGE_VIEW, step: int | None = None
+    explanation: Explanation,
+    image: np.ndarray | Sequence[np.ndarray],
+    view: View = IMAGE_VIEW,
+    step: int | None = None,
 ) -> go.Figure:
     """
-    Left: ``image`` with the visual tokens' values over their regions; right: the text tokens.
+    Left: each image with its visual tokens' values over their regions; right: the text tokens.
 
-    The heatmap is ``maps["image_heatmap"]`` (:mod:`attribution.image_text`), in ``view``'s
-    scale; pixels no region reaches stay bare. The bars are the other positions' scores (the
-    visual ones left out). The title gives the image's and the text's shares of |relevance|.
-    ``step``: that answer step's map instead (a row of ``maps["steps"]``, split by
-    :func:`~attribution.image_text.map_parts`).
+    ``image``: the image, or the images of a prompt that holds several (one panel each). The
+    heatmaps are ``maps["image_heatmap"]`` (``maps["image_heatmap_1"]``, ... for several:
+    :mod:`attribution.image_text`), in ``view``'s scale; pixels no region reaches stay bare.
+    The bars are the other positions' scores (the visual ones left out). The panels' titles
+    give each image's and the text's shares of |relevance|. ``step``: that answer step's map
+    instead (a row of ``maps["steps"]``, split by :func:`~attribution.image_text.map_parts`).
 
     Raises:
-        ValueError: an Explanation without an image part (not of an image and a prompt), or
-            without that step.
+        ValueError: an Explanation without an image part (not of an image and a prompt), as
+            many images as its map has heatmaps, or without that step.
     """
-    heat = explanation.maps.get("image_heatmap")
-    if heat is None or "visual_mask" not in explanation.maps or explanation.token_texts is None:
+    heats = image_heatmaps(explanation.maps)
+    if not heats or "visual_mask" not in explanation.maps or explanation.token_texts is None:
         raise ValueError("image_text_figure needs the Explanation of an image and a prompt")
+    pictures = [image] if isinstance(image, np.ndarray) else list(image)
+    if len(pictures) != len(heats):
+        raise ValueError(f"{len(pictures)} images given for a map of {len(heats)}")
+    several = len(heats) > 1
+    keys = [f"image_{n}" for n in range(1, len(heats) + 1)] if several else ["image"]
+    nan = float("nan")
+    shares = [explanation.metrics.get(f"{key}_share", nan) for key in [*keys, "text"]]
     scores = explanation.scores
-    shares = [explanation.metrics.get(f"{part}_share", float("nan")) for part in ("image", "text")]
     target = token_tick(explanation.target.label)
     if step is not None:
         steps = explanation.maps.get("steps")
@@ -52,42 +64,49 @@ def image_text_figure(
             count = 0 if steps is None else len(steps)
             raise ValueError(f"the map has {count} answer steps; there is no step {step + 1}")
         parts = map_parts(explanation.maps, steps[step])
-        heat, scores = parts.heatmap, steps[step]
-        shares = [parts.image_share, parts.text_share]
+        heats, scores = list(parts.heatmaps), steps[step]
+        shares = [*parts.image_shares, parts.text_share]
         layout = answer_layout(explanation)
         said = layout.steps[step].label if layout and step < len(layout.steps) else ""
         target = f"step {step + 1}: {token_tick(said)}"
-    picture = display_copy(image)
-    shape = picture.shape[:2]
-    reached = ~np.isnan(heat)
-    scaled = view.scaled({"": np.where(reached, heat, 0.0)})[""]
-    cells = np.where(reached, scaled, np.nan).astype(np.float32)
     low, high = view.colour_range
+    names = [key.replace("_", " ") for key in keys]
     figure = make_subplots(
         rows=1,
-        cols=2,
-        column_widths=[0.45, 0.55],
-        subplot_titles=(
-            f"image: {shares[0]:.0%} of |relevance|",
-            f"text: {shares[1]:.0%} of |relevance|",
-        ),
+        cols=len(heats) + 1,
+        column_widths=[0.45 / len(heats)] * len(heats) + [0.55],
+        subplot_titles=[
+            f"{name}: {share:.0%} of |relevance|"
+            for name, share in zip([*names, "text"], shares, strict=True)
+        ],
     )
-    figure.add_trace(go.Image(source=picture_uri(picture), hoverinfo="skip"), row=1, col=1)
-    figure.add_trace(
-        _map_trace(
-            cells,
-            shape,
-            None,
-            colorscale=view.colorscale,
-            zmin=low,
-            zmax=high,
-            opacity=0.55,
-            showscale=False,
-            hovertemplate=f"(%{{x:.0f}}, %{{y:.0f}}): %{{z:.{HOVER_DECIMALS}f}}<extra></extra>",
-        ),
-        row=1,
-        col=1,
-    )
+    for col, (picture, heat) in enumerate(zip(pictures, heats, strict=True), 1):
+        shown = display_copy(picture)
+        reached = ~np.isnan(heat)
+        scaled = view.scaled({"": np.where(reached, heat, 0.0)})[""]
+        cells = np.where(reached, scaled, np.nan).astype(np.float32)
+        figure.add_trace(go.Image(source=picture_uri(shown), hoverinfo="skip"), row=1, col=col)
+        figure.add_trace(
+            _map_trace(
+                cells,
+                shown.shape[:2],
+                None,
+                colorscale=view.colorscale,
+                zmin=low,
+                zmax=high,
+                opacity=0.55,
+                showscale=False,
+                hovertemplate=(
+                    f"(%{{x:.0f}}, %{{y:.0f}}): %{{z:.{HOVER_DECIMALS}f}}<extra></extra>"
+                ),
+            ),
+            row=1,
+            col=col,
+        )
+        figure.update_xaxes(visible=False, row=1, col=col)
+        anchor = "x" if col == 1 else f"x{col}"
+        figure.update_yaxes(autorange="reversed", scaleanchor=anchor, visible=False, row=1, col=col)
+    text_col = len(heats) + 1
     positions = np.flatnonzero(explanation.maps["visual_mask"] == 0).tolist()
     ticks = token_ticks(explanation.token_texts)
     scores = scores[positions]
@@ -99,16 +118,14 @@ def image_text_figure(
             hovertext=[ticks[i] for i in positions],
         ),
         row=1,
-        col=2,
+        col=text_col,
     )
-    figure.update_xaxes(visible=False, row=1, col=1)
-    figure.update_yaxes(autorange="reversed", scaleanchor="x", visible=False, row=1, col=1)
     figure.update_xaxes(
         tickmode="array",
         tickvals=list(range(len(positions))),
         ticktext=[ticks[i] for i in positions],
         row=1,
-        col=2,
+        col=text_col,
     )
     figure.update_layout(
         template=TEMPLATE,
@@ -120,21 +137,30 @@ def image_text_figure(
     return figure
 
 
-def image_part_html(explanation: Explanation, image: np.ndarray, view: View = IMAGE_VIEW) -> str:
+def image_part_html(
+    explanation: Explanation, image: np.ndarray | Sequence[np.ndarray], view: View = IMAGE_VIEW
+) -> str:
     """
-    The image part for a notebook: ``maps["image_heatmap"]`` blended over ``image``, the shares.
+    The image part for a notebook: each heatmap blended over its image, the shares.
 
-    Pixels no region reaches stay bare, as in :func:`image_text_figure`.
+    ``image``: the image, or the images of a prompt that holds several. Pixels no region
+    reaches stay bare, as in :func:`image_text_figure`.
     """
-    heat = explanation.maps["image_heatmap"]
-    picture = display_copy(image)
-    uri = picture_uri(scores_overlay(np.where(np.isnan(heat), 0.0, heat), picture, view=view))
+    heats = image_heatmaps(explanation.maps)
+    pictures = [image] if isinstance(image, np.ndarray) else list(image)
+    several = len(heats) > 1
+    nan = float("nan")
+    shown = []
+    for number, (heat, picture) in enumerate(zip(heats, pictures, strict=True), 1):
+        copy = display_copy(picture)
+        uri = picture_uri(scores_overlay(np.where(np.isnan(heat), 0.0, heat), copy, view=view))
+        share = explanation.metrics.get(f"image_{number}_share", nan)
+        caption = f"<figcaption>image {number}: {share:.0%}</figcaption>" if several else ""
+        shown.append(f'<img src="{uri}" alt="image part of the map" style="width:224px">{caption}')
     shares = ", ".join(
-        f"{part}: {explanation.metrics.get(part + '_share', float('nan')):.0%}"
-        for part in ("image", "text")
+        f"{part}: {explanation.metrics.get(part + '_share', nan):.0%}" for part in ("image", "text")
     )
     return (
         '<figure class="attrlab-image-part" style="margin:0 0 8px 0">'
-        f'<img src="{uri}" alt="image part of the map" style="width:224px">'
-        f"<figcaption>{shares} of |relevance|</figcaption></figure>"
+        f"{''.join(shown)}<figcaption>{shares} of |relevance|</figcaption></figure>"
     )

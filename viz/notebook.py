@@ -153,7 +153,9 @@ def explanation_html(explanation: Explanation) -> str:
         body = answer_html(explanation)
     else:
         body = token_columns_html({explanation.method: explanation})
-    if "image_heatmap" in explanation.maps and explanation.image is not None:
+    if explanation.images:  # several images and a prompt
+        body = image_part_html(explanation, explanation.images) + body
+    elif "image_heatmap" in explanation.maps and explanation.image is not None:
         body = image_part_html(explanation, explanation.image) + body  # an image and a prompt
     card = trust_card_html(explanation) if explanation.verdicts or explanation.metrics else ""
     return (

@@ -123,7 +123,7 @@ def _model(model: Adapter | str) -> Adapter:
 
 def _instance(
     data: str | Path | Image.Image | np.ndarray | None,
-    image: Path | Image.Image | np.ndarray | bytes | None,
+    image: Path | Image.Image | np.ndarray | bytes | list[Any] | None,
     text: str | None,
     target: int | str | None,
     answer: str | None,
@@ -146,8 +146,12 @@ def _instance(
                 "give the input as data, or as image= and text= (an image and its prompt), not both"
             )
         text, image = (data, None) if isinstance(data, str) else (None, data)
+
     # a local file is the caller's to name: this is not a server
-    raw_image = image.read_bytes() if isinstance(image, Path) else image
+    def read(one: Any) -> Any:
+        return one.read_bytes() if isinstance(one, Path) else one
+
+    raw_image = [read(one) for one in image] if isinstance(image, list | tuple) else read(image)
     asked = answer is not None or contrast is not None or generate is not None or chat
     spec = (
         attribution.AnswerSpec(answer, generate, None, contrast, chat, per_step)
@@ -169,7 +173,7 @@ def explain(
     data: str | Path | Image.Image | np.ndarray | None = None,
     method: str | None = None,
     *,
-    image: Path | Image.Image | np.ndarray | bytes | None = None,
+    image: Path | Image.Image | np.ndarray | bytes | list[Any] | None = None,
     text: str | None = None,
     methods: Sequence[str] | None = None,
     target: int | str | None = None,
@@ -197,7 +201,9 @@ def explain(
             :class:`~pathlib.Path`, a PIL image, an H×W×3 array or encoded bytes) and its
             prompt; its next token, or ``answer``, is explained over the image's visual tokens
             and the prompt's tokens together (``maps["image_heatmap"]``,
-            ``metrics["image_share"]``).
+            ``metrics["image_share"]``). A list of images, for the families that read several
+            in one prompt: one heatmap and one share each (``maps["image_heatmap_1"]``, ...,
+            ``metrics["image_1_share"]``, ...).
         text: The text to explain, as ``data`` is, or with ``image`` the prompt.
         method: One method (``attrlab.attribution.available_methods()``); default
             :data:`~attribution.methods.catalog.DEFAULT_METHOD`.

@@ -508,10 +508,14 @@ class ImageTextPerturbation:
         return {**self.held, "block_input": hidden}
 
 
+#: What reads one image of an image and a prompt here (several are refused, naming it).
+_GROUPING = "grouping visual tokens by grid cell or superpixel"
+
+
 def _region_cells(inputs: ImageTextInputs, cell: tuple[float, float]) -> list[int]:
     """Each visual token's cell: the one of ``(height, width)`` pixels holding its centre."""
     cell_height, cell_width = cell
-    columns = math.ceil(inputs.image.shape[1] / cell_width)
+    columns = math.ceil(inputs.one_image(_GROUPING).shape[1] / cell_width)
     cells = []
     for x0, y0, x1, y1 in inputs.regions:
         if np.isnan(x0):  # a token of no region
@@ -533,7 +537,7 @@ def superpixel_regions(inputs: ImageTextInputs, n_segments: int) -> list[int]:
     of its own) for a token of no region or whose box holds no pixel centre (pure padding,
     clipped to nothing; a box narrower than a pixel).
     """
-    labels = slic_segments(inputs.image, n_segments).numpy()
+    labels = slic_segments(inputs.one_image(_GROUPING), n_segments).numpy()
     size = (int(labels.shape[0]), int(labels.shape[1]))
     regions = []
     for box in inputs.regions:
@@ -544,7 +548,7 @@ def superpixel_regions(inputs: ImageTextInputs, n_segments: int) -> list[int]:
 
 def grid_cell(inputs: ImageTextInputs, grid: int) -> tuple[float, float]:
     """The cell of a ``grid × grid`` split of ``inputs``' image, ``(height, width)`` pixels."""
-    height, width = inputs.image.shape[:2]
+    height, width = inputs.one_image(_GROUPING).shape[:2]
     return height / grid, width / grid
 
 
@@ -591,7 +595,8 @@ def perturbation_for(
 
     An image and a prompt: its visual tokens in the regions of a ``grid × grid`` split of the
     image, or of about ``superpixels`` SLIC superpixels (:func:`superpixel_regions`), or each
-    on its own without either; its text tokens one by one. An image takes its superpixels in
+    on its own without either (a prompt of several images: each on its own only); its text
+    tokens one by one. An image takes its superpixels in
     :meth:`ImagePerturbation.random_masks`.
     """
     if isinstance(inputs, TextInputs):  # over the features the inputs are explained at

@@ -243,7 +243,8 @@ class VisionLanguage:
     Attributes:
         prompt: Where the image goes in a prompt without a chat template: ``{image}`` is the
             processor's image placeholder token (which it expands to the visual tokens),
-            ``{prompt}`` the user's text.
+            ``{prompt}`` the user's text. With several images, the text before ``{prompt}`` is
+            one image's and is repeated once per image.
         regions: How visual tokens map back to the image (:mod:`attribution.models.regions`):
             ``"patch_grid"``, one token per vision-tower patch in row-major order (LLaVA 1.5);
             ``"merged_grid"``, one token per ``m × m`` block of patches (Qwen2-VL's merger);
@@ -255,11 +256,14 @@ class VisionLanguage:
             token types: 0 is the prefix it reads both ways, 1 the answer it reads causally;
             Gemma 3's: 1 marks image tokens, which read each other both ways).
             Other per-token outputs (a text tokenizer's own token types, labels) are dropped.
+        one_image: Why a prompt holds one image only, in words (``None``: it may hold
+            several, each image's visual tokens mapped to that image).
     """
 
     prompt: str
     regions: str
     token_inputs: tuple[tuple[str, int], ...] = ()
+    one_image: str | None = None
 
 
 @dataclass(frozen=True)
@@ -331,7 +335,11 @@ FAMILIES: dict[str, Family] = {
         "vision-language",
         "rope",
         _VLM_LANGUAGE_MODEL,
-        VisionLanguage("{image}\n{prompt}", "anyres_grid"),
+        VisionLanguage(
+            "{image}\n{prompt}",
+            "anyres_grid",
+            one_image="LLaVA-NeXT's tiles are mapped for one image a prompt",
+        ),
     ),
     "qwen2_vl": Family("vision-language", "rope", _VLM_LANGUAGE_MODEL, _QWEN2_VL),
     # the same tokens; its tower's window attention is undone before the merger's output
@@ -341,14 +349,24 @@ FAMILIES: dict[str, Family] = {
         "vision-language",
         "rope",
         _VLM_LANGUAGE_MODEL,
-        VisionLanguage("{image}{prompt}", "patch_grid", (("token_type_ids", 1),)),
+        VisionLanguage(
+            "{image}{prompt}",
+            "patch_grid",
+            (("token_type_ids", 1),),
+            "PaliGemma is trained on one image before its prompt",
+        ),
     ),
     # its image placeholder (begin-of-image) expands to the pooled tokens between BOI and EOI
     "gemma3": Family(
         "vision-language",
         "rope",
         _VLM_LANGUAGE_MODEL,
-        VisionLanguage("{image}{prompt}", "pooled_grid", (("token_type_ids", 0),)),
+        VisionLanguage(
+            "{image}{prompt}",
+            "pooled_grid",
+            (("token_type_ids", 0),),
+            "Gemma 3's several images (and their pan-and-scan crops) are not mapped yet",
+        ),
     ),
     "idefics3": Family(
         "vision-language",

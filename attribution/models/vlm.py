@@ -45,21 +45,33 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ImagePrompt:
-    """What a vision-language request gives: an image (bytes, array or PIL) and a prompt."""
+    """
+    What a vision-language request gives: an image (bytes, array or PIL) and a prompt.
+
+    ``image`` may be a list (or tuple) of images, for the families that read several in one
+    prompt (:attr:`~attribution.models.families.VisionLanguage.one_image` says why the others
+    do not): they are placed in their order, before the prompt.
+    """
 
     image: Any
     prompt: str
+
+    @property
+    def images(self) -> tuple[Any, ...]:
+        """The images, one or several, in their order."""
+        return tuple(self.image) if isinstance(self.image, list | tuple) else (self.image,)
 
 
 @dataclass(frozen=True)
 class ImageTextInputs:
     """
-    One image and a prompt as the model reads them (batch dimension 1).
+    Images and a prompt as the model reads them (batch dimension 1): one image, or several.
 
-    ``input_ids`` hold the prompt with the image placeholder expanded to ``visual_tokens``
-    (bool ``(T,)``); ``regions[i]`` is the ``(x0, y0, x1, y1)`` box of ``image`` (the original,
-    as decoded) that the ``i``-th visual token stands for (NaN: a token that stands for no
-    region, such as LLaVA-NeXT's row ends). ``image_kwargs`` are the processor's
+    ``input_ids`` hold the prompt with each image's placeholder expanded to ``visual_tokens``
+    (bool ``(T,)``); ``regions[i]`` is the ``(x0, y0, x1, y1)`` box that the ``i``-th visual
+    token stands for in the image ``region_images[i]`` of ``images`` (the originals, as
+    decoded; NaN: a token that stands for no region, such as LLaVA-NeXT's row ends).
+    ``image_kwargs`` are the processor's
     other model inputs (``pixel_values``, Qwen2-VL's ``image_grid_thw``) and the per-token ones
     the family names (:attr:`~attribution.models.families.VisionLanguage.token_inputs`), which
     run along ``input_ids``. A teacher-forced answer is the last
@@ -82,8 +94,9 @@ class ImageTextInputs:
     special_tokens: torch.Tensor
     visual_tokens: torch.Tensor
     image_kwargs: dict[str, torch.Tensor]
-    image: np.ndarray
+    images: tuple[np.ndarray, ...]
     regions: np.ndarray
+    region_images: np.ndarray
     block_input: torch.Tensor
     answer_length: int = 0
 
@@ -113,6 +126,24 @@ class ImageTextInputs:
         tower runs once, and the rows broadcast from the first block on.
         """
         return self.model_kwargs()
+
+    def one_image(self, what: str) -> np.ndarray:
+        """
+        The image, where ``what`` reads one image only.
+
+        Raises:
+            UnsupportedMethodError: the prompt holds several images.
+        """
+        if len(self.images) != 1:
+            raise UnsupportedMethodError(
+                f"{what} reads one image; this prompt holds {len(self.images)}: give one image"
+            )
+        return self.images[0]
+
+    @property
+    def image(self) -> np.ndarray:
+        """The one image (refused for several: :meth:`one_image`)."""
+        return self.one_image("this step")
 
     @property
     def pixel_values(self) -> torch.Tensor:
@@ -274,25 +305,31 @@ class VisionLanguageAdapter(DecoderLMAdapter):
         cap = getattr(self.text_config, "final_logit_softcapping", None)
         return float(cap) if cap else None
 
-    def prompt_text(self, prompt: str) -> str:
-        """``prompt`` with the image placeholder: in the chat template if there is one."""
+    def prompt_text(self, prompt: str, images: int = 1) -> str:
+        """``prompt`` after ``images`` image placeholders: in the chat template if there is one."""
         if getattr(self.processor, "chat_template", None):
-            turn = [
-                {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}
-            ]
+            content = [*([{"type": "image"}] * images), {"type": "text", "text": prompt}]
+            turn = [{"role": "user", "content": content}]
             return str(
                 self.processor.apply_chat_template(turn, add_generation_prompt=True, tokenize=False)
             )
-        return self.reading.prompt.format(image=self.processor.image_token, prompt=prompt)
+        one, rest = self.reading.prompt.split("{prompt}")
+        return one.format(image=self.processor.image_token) * images + prompt + rest
 
     # A decoder LM's preprocess gives text; this one an image and a prompt (both are Inputs).
     def preprocess(self, raw: Any) -> ImageTextInputs:  # type: ignore[override]
         """
         An :class:`ImagePrompt` as model inputs, its visual tokens and their regions.
 
+        Several images are placed in their order before the prompt; each visual token's box
+        is in its own image (:attr:`ImageTextInputs.region_images`).
+
         Raises:
-            InvalidInputError: not an image and a prompt, an empty prompt, a prompt holding
-                the image placeholder, or more tokens than the model reads.
+            InvalidInputError: not an image and a prompt, no image, an empty prompt, a prompt
+                holding the image placeholder, or more tokens than the model reads.
+            UnsupportedMethodError: several images for a family that reads one
+                (:attr:`~attribution.models.families.VisionLanguage.one_image`), or a
+                processing whose visual tokens are not mapped.
         """
         if not isinstance(raw, ImagePrompt):
             raise InvalidInputError("a vision-language model takes an image and a prompt")
@@ -304,9 +341,18 @@ class VisionLanguageAdapter(DecoderLMAdapter):
                 f"the prompt holds the image placeholder {self.processor.image_token!r}; "
                 "the image is placed for you: give the text alone"
             )
-        image = np.array(load_image(raw.image))  # a writable copy, as torch wants
-        text = self.prompt_text(raw.prompt)
-        encoded = dict(self.processor(images=image, text=text, return_tensors="pt"))
+        given = raw.images
+        if not given:
+            raise InvalidInputError("no image given: a vision-language model takes at least one")
+        if len(given) > 1 and self.reading.one_image:
+            raise UnsupportedMethodError(
+                f"model '{self.model_id}' takes one image a prompt ({self.reading.one_image}); "
+                f"{len(given)} were given"
+            )
+        images = tuple(np.array(load_image(one)) for one in given)  # writable, as torch wants
+        text = self.prompt_text(raw.prompt, len(images))
+        shown = images[0] if len(images) == 1 else list(images)
+        encoded = dict(self.processor(images=shown, text=text, return_tensors="pt"))
         ids = encoded.pop("input_ids")
         mask = encoded.pop("attention_mask")
         token_inputs = dict(self.reading.token_inputs)
@@ -321,9 +367,14 @@ class VisionLanguageAdapter(DecoderLMAdapter):
                 f"at most {self.max_length}"
             )
         visual = ids[0] == self.image_token_id
-        regions = visual_regions(
-            self.reading.regions, self.processor, self.config, image.shape[:2], encoded
-        )
+        # one image: the processor's own outputs; several: each image's alone, as the
+        # processor makes them for it (its visual tokens follow the previous image's)
+        each = [encoded] if len(images) == 1 else [self._image_outputs(i) for i in images]
+        per_image = [
+            visual_regions(self.reading.regions, self.processor, self.config, i.shape[:2], out)
+            for i, out in zip(images, each, strict=True)
+        ]
+        regions = np.concatenate(per_image)
         if len(regions) != int(visual.sum()):
             raise UnsupportedMethodError(
                 f"the processor gave {int(visual.sum())} visual tokens, its layout "
@@ -344,12 +395,17 @@ class VisionLanguageAdapter(DecoderLMAdapter):
             special_tokens=torch.tensor(special, device=device),
             visual_tokens=visual.to(device),
             image_kwargs=image_kwargs,
-            image=image,
+            images=images,
             regions=regions,
+            region_images=np.repeat(np.arange(len(images)), [len(r) for r in per_image]),
             block_input=block_input_of(
                 self, {"input_ids": ids, "attention_mask": mask, **image_kwargs}
             ),
         )
+
+    def _image_outputs(self, image: np.ndarray) -> dict[str, torch.Tensor]:
+        """The image processor's outputs for ``image`` alone (its grid, its tiles)."""
+        return dict(self.processor.image_processor(images=image, return_tensors="pt"))
 
 
 def with_answer(adapter: Adapter, inputs: ImageTextInputs, answer: Answer) -> ImageTextInputs:

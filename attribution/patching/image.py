@@ -217,7 +217,13 @@ def _corrupted_prompt(
         model.reading.regions, model.processor, model.config, image.shape[:2], encoded
     )
     kwargs = {key: encoded[key].to(value.device) for key, value in clean.image_kwargs.items()}
-    return replace(clean, image=image, image_kwargs=kwargs, regions=regions)
+    return replace(
+        clean,
+        images=(image,),
+        image_kwargs=kwargs,
+        regions=regions,
+        region_images=np.zeros(len(regions), dtype=int),
+    )
 
 
 def image_patching_problem(
@@ -238,6 +244,7 @@ def image_patching_problem(
         InvalidInputError: not a vision-language model, inputs that already hold an answer,
             an image pair the processor lays out differently, a box outside the image, an
             empty answer or one too long.
+        UnsupportedMethodError: a prompt of several images.
     """
     model = visual_adapter(adapter)
     prompt = model.preprocess(clean) if isinstance(clean, ImagePrompt) else clean
@@ -246,7 +253,7 @@ def image_patching_problem(
             "the clean inputs already hold an answer: give the prompt's inputs and the answer "
             "as answer="
         )
-    corrupted = _corrupted_prompt(model, prompt, corruption.apply(prompt.image))
+    corrupted = _corrupted_prompt(model, prompt, corruption.apply(prompt.one_image("patching")))
     said = (
         given_answer(model, answer)
         if answer is not None

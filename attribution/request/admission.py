@@ -79,7 +79,12 @@ def resolve(
         check_modality(adapter, instance.modality)
         if instance.image is None:
             return instance.text
-        image = load_image(instance.image, max_pixels=bounds.max_image_pixels)
+        several = isinstance(instance.image, list | tuple)
+        if several and instance.text is None:
+            raise InvalidInputError("several images are read with a prompt: give text= too")
+        given = instance.image if several else [instance.image]
+        images = [load_image(one, max_pixels=bounds.max_image_pixels) for one in given]
+        image = images if several else images[0]
         return image if instance.text is None else ImagePrompt(image, instance.text)
 
     def targeted(instance: Instance) -> Prepared:

@@ -60,9 +60,10 @@ def visual_adapter(adapter: Adapter) -> VisionLanguageAdapter:
 
 
 def visual_inputs(inputs: Inputs | ImageTextInputs | None) -> ImageTextInputs:
-    """``inputs`` as an image and a prompt holding visual tokens, or why not."""
+    """``inputs`` as one image and a prompt holding visual tokens, or why not."""
     if not isinstance(inputs, ImageTextInputs) or not bool(inputs.visual_tokens.any()):
         raise InvalidInputError("a visual-token site is a visual position of an image and prompt")
+    inputs.one_image("the visual-token study")
     return inputs
 
 

@@ -85,8 +85,8 @@ class VisualTokenRequest:
         Refuse, before a model loads, what the study cannot run.
 
         Raises:
-            InvalidInputError: no image (or a path instead of one), a blank prompt or a blank
-                answer, an answer beside ``generate``, ``stop`` without it.
+            InvalidInputError: no image (or a path instead of one), several images, a blank
+                prompt or a blank answer, an answer beside ``generate``, ``stop`` without it.
             InvalidParameterError: ``generate`` out of range, an unknown scorer, a negative
                 block, ratios that do not start at 1.0 and fall, fewer than 2 draws.
         """
@@ -94,6 +94,10 @@ class VisualTokenRequest:
         if self.image is None or isinstance(self.image, str) or empty:
             raise InvalidInputError(
                 "give the image as data: its file's bytes (PNG, JPEG), an array or a PIL image"
+            )
+        if isinstance(self.image, list | tuple):
+            raise InvalidInputError(
+                f"the visual-token study reads one image; {len(self.image)} were given"
             )
         check_prompt_and_answer(self.prompt, self.answer)
         self.answer_spec()

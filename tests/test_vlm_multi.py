@@ -1,0 +1,204 @@
+"""Several images in one prompt, on tiny random LLaVA, Qwen2-VL and Idefics3 models."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from functools import cache
+
+import numpy as np
+import pytest
+import torch
+from _tiny_vlm import (
+    first_block,
+    reads_one_visual_token,
+    tiny_gemma3,
+    tiny_idefics3,
+    tiny_llava,
+    tiny_llava_next,
+    tiny_paligemma,
+    tiny_qwen2_vl,
+)
+from torch import nn
+
+from attrlab.attribution.errors import InvalidInputError, UnsupportedMethodError
+from attrlab.attribution.explain import explain
+from attrlab.attribution.models.vlm import (
+    ImagePrompt,
+    ImageTextInputs,
+    VisionLanguageAdapter,
+    with_answer,
+)
+from attrlab.attribution.patching.image import Blurred, image_patching_problem
+from attrlab.attribution.request.answers import answer_target, given_answer
+from attrlab.attribution.request.target import Target
+from attrlab.attribution.visual_tokens.request import VisualTokenRequest
+
+PROMPT = "which picture holds the cat"
+ANSWER = " the second"
+SEVERAL: dict[str, Callable[[], VisionLanguageAdapter]] = {
+    "llava": tiny_llava,
+    "qwen2_vl": tiny_qwen2_vl,
+    "idefics3": tiny_idefics3,
+}
+_RNG = np.random.default_rng(3)
+# two images of different sizes (Qwen2-VL and Idefics3 give them different token counts)
+FIRST = _RNG.integers(0, 256, (32, 40, 3), dtype=np.uint8)
+SECOND = _RNG.integers(0, 256, (48, 32, 3), dtype=np.uint8)
+
+
+@cache
+def _adapter(family: str) -> VisionLanguageAdapter:
+    return SEVERAL[family]()
+
+
+def _case(family: str) -> tuple[VisionLanguageAdapter, ImageTextInputs, Target]:
+    adapter = _adapter(family)
+    answer = given_answer(adapter, ANSWER)
+    prompt = adapter.preprocess(ImagePrompt([FIRST, SECOND], PROMPT))
+    inputs = with_answer(adapter, prompt, answer)
+    return adapter, inputs, answer_target(adapter, inputs, answer)
+
+
+def _alone(family: str, image: np.ndarray) -> ImageTextInputs:
+    return _adapter(family).preprocess(ImagePrompt(image, PROMPT))
+
+
+@pytest.mark.parametrize("family", list(SEVERAL))
+def test_each_images_tokens_are_that_image_read_alone(family: str) -> None:
+    """
+    The visual tokens of each image are the ones the image gives on its own, in order.
+
+    The first block's input is per position, before any attention: each image's visual rows
+    (the vision tower's features of that image) and their boxes are those of a prompt holding
+    that image alone, whose mapping the one-image tests check pixel by pixel.
+    """
+    _, inputs, _ = _case(family)
+    first, second = _alone(family, FIRST), _alone(family, SECOND)
+    count = int(first.visual_tokens.sum())
+    assert int(inputs.visual_tokens.sum()) == count + int(second.visual_tokens.sum())
+    rows = inputs.block_input[0, inputs.visual_positions]
+    for alone, part in ((first, slice(0, count)), (second, slice(count, None))):
+        expected = alone.block_input[0, alone.visual_positions]
+        torch.testing.assert_close(rows[part], expected, rtol=1e-4, atol=1e-5)
+        np.testing.assert_array_equal(inputs.regions[part], alone.regions)
+    assert inputs.images[0].shape == FIRST.shape and inputs.images[1].shape == SECOND.shape
+
+
+@pytest.mark.parametrize("family", list(SEVERAL))
+def test_a_planted_patch_of_the_second_image_lands_on_that_image(family: str) -> None:
+    adapter = _adapter(family)
+    _, plain, _ = _case(family)
+    first, second = _alone(family, FIRST), _alone(family, SECOND)
+    count = int(first.visual_tokens.sum())
+    # a token of the second image, in the middle of its whole-image part (Idefics3's last tile)
+    keep = count + len(second.regions) - 2
+    with reads_one_visual_token(adapter, plain.visual_positions, keep):
+        _, inputs, target = _case(family)  # the block input of the planted model
+        for method in ("gradient_x_input", "occlusion"):
+            explanation = explain(adapter, method, inputs, target)
+            visual = np.abs(explanation.maps["visual_tokens"])
+            assert int(visual.argmax()) == keep, method
+            np.testing.assert_array_equal(
+                explanation.maps["visual_image"], [1] * count + [2] * len(second.regions)
+            )
+            heat_first = np.abs(explanation.maps["image_heatmap_1"])
+            heat_second = np.abs(explanation.maps["image_heatmap_2"])
+            assert "image_heatmap" not in explanation.maps
+            assert heat_first.shape == FIRST.shape[:2] and heat_second.shape == SECOND.shape[:2]
+            row, col = np.unravel_index(np.nanargmax(heat_second), heat_second.shape)
+            x0, y0, x1, y1 = second.regions[len(second.regions) - 2]  # its box, read alone
+            assert x0 <= col + 0.5 < x1 and y0 <= row + 0.5 < y1, method
+            assert np.nanmax(heat_first) < 0.1 * heat_second[row, col], method
+            metrics = explanation.metrics
+            assert metrics["image_2_share"] > 10 * metrics["image_1_share"], method
+
+
+@pytest.mark.parametrize("family", list(SEVERAL))
+def test_gradient_x_input_is_autograd_and_the_shares_add_up(family: str) -> None:
+    adapter, inputs, target = _case(family)
+    seen: list[torch.Tensor] = []
+
+    def leaf(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        seen.append(args[0].detach().clone().requires_grad_(True))
+        return (seen[-1], *args[1:]), kwargs
+
+    handle = first_block(adapter).register_forward_pre_hook(leaf, with_kwargs=True)
+    try:
+        logits = adapter.model(**inputs.model_kwargs()).logits[0].double()
+    finally:
+        handle.remove()
+    n = int(inputs.answer_length)
+    ids = inputs.input_ids[0, -n:]
+    read = logits[-n - 1 : -1].log_softmax(-1)
+    read[torch.arange(n), ids].sum().backward()
+    (x,) = seen
+    assert x.grad is not None
+    expected = (x.grad * x).sum(-1)[0].detach().double().numpy()
+    explanation = explain(adapter, "gradient_x_input", inputs, target, per_step=True)
+    scale = np.abs(expected).max()
+    np.testing.assert_allclose(explanation.scores, expected, rtol=1e-4, atol=1e-6 * scale)
+    # the shares, from the positions as the two prompts read alone place them
+    count = int(_alone(family, FIRST).visual_tokens.sum())
+    positions = inputs.visual_positions.numpy()
+    total = np.abs(expected).sum()
+    metrics = explanation.metrics
+    for number, part in ((1, positions[:count]), (2, positions[count:])):
+        share = np.abs(expected[part]).sum() / total
+        assert metrics[f"image_{number}_share"] == pytest.approx(share, rel=1e-4)
+    shares = metrics["image_1_share"] + metrics["image_2_share"] + metrics["text_share"]
+    assert shares == pytest.approx(1.0)
+    assert metrics["image_share"] == pytest.approx(
+        metrics["image_1_share"] + metrics["image_2_share"]
+    )
+    steps = explanation.maps
+    np.testing.assert_allclose(
+        steps["step_image_1_share"] + steps["step_image_2_share"] + steps["step_text_share"], 1.0
+    )
+
+
+def test_the_figure_draws_one_panel_per_image_and_the_text_beside() -> None:
+    adapter, inputs, target = _case("qwen2_vl")
+    explanation = explain(adapter, "gradient_x_input", inputs, target)
+    assert explanation.image is None and len(explanation.images) == 2
+    figure = explanation.figure("image and text")
+    first, heat_first, second, heat_second, bars = figure.data
+    assert first.source.startswith("data:image/") and second.source.startswith("data:image/")
+    for heat, key in ((heat_first, "image_heatmap_1"), (heat_second, "image_heatmap_2")):
+        values = np.asarray(heat.z, dtype=np.float64)
+        assert values.shape == explanation.maps[key].shape
+    text = ~inputs.visual_tokens.numpy()
+    np.testing.assert_allclose(np.asarray(bars.y), explanation.scores[text])
+    titles = [a.text for a in figure.layout.annotations]
+    assert titles[0] == f"image 1: {explanation.metrics['image_1_share']:.0%} of |relevance|"
+    assert titles[1] == f"image 2: {explanation.metrics['image_2_share']:.0%} of |relevance|"
+    assert titles[2] == f"text: {explanation.metrics['text_share']:.0%} of |relevance|"
+    assert explanation._repr_html_().count("<img") == 2
+
+
+@pytest.mark.parametrize(
+    ("make", "why"),
+    [
+        (tiny_paligemma, "PaliGemma is trained on one image"),
+        (tiny_gemma3, "Gemma 3's several images"),
+        (tiny_llava_next, "LLaVA-NeXT's tiles are mapped for one image"),
+    ],
+    ids=["paligemma", "gemma3", "llava_next"],
+)
+def test_families_that_read_one_image_say_so(
+    make: Callable[[], VisionLanguageAdapter], why: str
+) -> None:
+    with pytest.raises(UnsupportedMethodError, match=re.escape(why)):
+        make().preprocess(ImagePrompt([FIRST, SECOND], PROMPT))
+
+
+def test_what_reads_one_image_refuses_several_in_words() -> None:
+    adapter, inputs, target = _case("llava")
+    with pytest.raises(UnsupportedMethodError, match="grid cell or superpixel reads one image"):
+        explain(adapter, "occlusion", inputs, target, {"segments": "slic"})
+    with pytest.raises(UnsupportedMethodError, match=r"patching reads one image; .* holds 2"):
+        image_patching_problem(adapter, ImagePrompt([FIRST, SECOND], PROMPT), Blurred(2.0))
+    with pytest.raises(InvalidInputError, match="visual-token study reads one image; 2 were"):
+        VisualTokenRequest(image=[FIRST, SECOND], prompt=PROMPT).check()
+    with pytest.raises(InvalidInputError, match="no image given"):
+        adapter.preprocess(ImagePrompt([], PROMPT))
