@@ -22,7 +22,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import numpy as np
 import torch
 from _tables import print_table
-from _timing import best_seconds, timing_run
+from _timing import interleaved_seconds, timing_run
 from stand_ins import load_for_benchmark
 
 from attrlab.attribution.context import context_attribution
@@ -94,7 +94,7 @@ def bench(adapter, case: str, repeats: int) -> list[tuple[object, ...]]:
         "KV cache": lambda: context_attribution(adapter, inputs, target, features),
         "plain": lambda: context_attribution(adapter, inputs, target, features, reuse_cache=False),
     }
-    seconds = best_seconds(runs, repeats)
+    seconds = interleaved_seconds(runs, repeats)
     results = {name: run() for name, run in runs.items()}
     plain = results["plain"]
     gap = float(np.abs(results["KV cache"].scores - plain.scores).max())

@@ -31,7 +31,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import numpy as np
 import torch
 from _tables import print_table
-from _timing import best_seconds, method_call, text_of
+from _timing import interleaved_seconds, method_call, text_of
 from stand_ins import load_for_benchmark
 
 from attrlab.attribution import explain
@@ -103,7 +103,7 @@ def cost_rows(device: str, tokens: int, repeats: int) -> list[tuple[str, ...]]:
             logits = adapter.logits(**inputs.model_kwargs())[0]
         target = int(logits.argmax())
         calls = {m: method_call(m, adapter, inputs, target, logits) for m in TIMED_METHODS}
-        seconds = best_seconds({m: c for m, c in calls.items() if c is not None}, repeats)
+        seconds = interleaved_seconds({m: c for m, c in calls.items() if c is not None}, repeats)
         plain, lifted = seconds["gradient_x_input"], seconds["deeplift"]
         rows.append(
             (

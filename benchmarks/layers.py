@@ -21,7 +21,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch
 from _tables import print_table
-from _timing import best_seconds, forward, forward_backward, text_of, timing_run
+from _timing import forward, forward_backward, interleaved_seconds, text_of, timing_run
 from stand_ins import load_for_benchmark
 
 from attrlab.attribution.layers import MEASURES, analyze_layers
@@ -52,7 +52,7 @@ def bench(
         ),
         "all measures": analysis(adapter, inputs, target, None),
     }
-    seconds = best_seconds(calls, repeats)
+    seconds = interleaved_seconds(calls, repeats)
     unit = seconds["forward+backward"]
     layers = adapter.num_layers
     rows = [

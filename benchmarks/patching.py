@@ -25,7 +25,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import pandas as pd
 import torch
 from _tables import print_table
-from _timing import best_seconds, forward_backward
+from _timing import forward_backward, interleaved_seconds
 
 from attrlab.attribution.engine.agreement import agreement_with_exact
 from attrlab.attribution.models import load
@@ -123,7 +123,7 @@ def _costs(adapter: Any, problem: Any, components: list[str]) -> None:
     calls = {"fb": forward_backward(adapter, problem.clean, 0), "wide": plain_forward}
     calls |= {name: estimator(name, components) for name in ESTIMATORS if name != "exact"}
     calls["exact"] = estimator("exact", ["head"], ["denoising"])
-    best = best_seconds(calls, repeats=2)
+    best = interleaved_seconds(calls, 2)
     fb, per_row = best["fb"], best["wide"] / width
     rows = planned_passes(adapter, problem, ["exact"], ["head"], ["denoising"])[0]
     print(

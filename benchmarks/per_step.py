@@ -23,7 +23,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch
 from _tables import print_table
-from _timing import best_seconds, forward_backward, text_of
+from _timing import forward_backward, interleaved_seconds, text_of
 from stand_ins import load_for_benchmark
 
 from attrlab.attribution import get_method
@@ -62,7 +62,7 @@ def main() -> None:
         )
         for k in steps
     ]
-    seconds = best_seconds(calls, args.repeats)
+    seconds = interleaved_seconds(calls, args.repeats)
     unit = seconds["16 × forward+backward"]
     where = torch.cuda.get_device_name() if device == "cuda" else f"{args.threads} threads, CPU"
     print(f"\n{model}, {len(inputs.tokens)} tokens ({target.steps} answered)  ({where})\n")

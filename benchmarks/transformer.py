@@ -33,7 +33,7 @@ os.environ.setdefault("KINETO_LOG_LEVEL", "5")
 
 import torch
 from _tables import print_table
-from _timing import best_seconds, forward, forward_backward, method_call, text_of
+from _timing import forward, forward_backward, interleaved_seconds, method_call, text_of
 from torch.profiler import ProfilerActivity, profile
 
 from attrlab.attribution.models import load
@@ -70,7 +70,7 @@ def bench(spec: str, tokens: int, repeats: int) -> list[tuple[str, str, str, str
         call = method_call(name, adapter, use, target)
         if call is not None:
             calls[name] = call
-    seconds = best_seconds(calls, repeats)
+    seconds = interleaved_seconds(calls, repeats)
     t_fwd, t_fb = seconds["forward"], seconds["forward+backward"]
     rows = [
         (f"forward ({len(inputs.tokens)} tok)", f"{t_fwd * 1e3:.1f}", f"{t_fwd / t_fb:.2f}", ""),

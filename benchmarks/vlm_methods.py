@@ -8,8 +8,10 @@ tokens, a 2-block LLaMA-like language model), an image and prompt followed by a 
 explained for that answer. Two tables, each measured side by side in one run:
 
 * the gradient methods and AttnLRP against one forward + backward of the answer's
-  log-probability to the first language-model block's input (where the methods attribute),
-  seconds of the whole ``explain`` call; the target: AttnLRP ≤ 1.5 × forward + backward;
+  log-probability to the first language-model block's input (where the methods attribute):
+  seconds of the whole ``explain`` call (its prediction and gate included), and of the
+  method's own ``attribute`` alone, as ``benchmarks/transformer.py`` times the text methods;
+  the target: AttnLRP ≤ 1.5 × forward + backward;
 * the perturbation methods' forward passes per second against plain batched inference of the
   same number of rows (the image and prompt repeated, at the methods' default batch size), the
   target: ≥ 0.9 of plain inference.
@@ -34,8 +36,10 @@ from _tiny_vlm import tiny_llava
 
 from attrlab.attribution.explain import explain
 from attrlab.attribution.inputs.perturb import auto_batch_size
+from attrlab.attribution.methods.registry import get_method
 from attrlab.attribution.models.vlm import ImagePrompt, with_answer
 from attrlab.attribution.request.answers import answer_target, given_answer
+from attrlab.attribution.request.run import RunContext
 from attrlab.attribution.visual_tokens.removal import answer_scores, batched_kwargs
 
 #: Gradient methods: (name, parameters), against one forward + backward.
@@ -90,11 +94,19 @@ def main() -> None:
     def run(name: str, params: dict) -> int:
         return explain(adapter, name, item, target, params).timings.forward_passes
 
+    def alone(name: str, params: dict) -> None:
+        """The method's own ``attribute`` (no prediction, gate or Explanation around it)."""
+        method = get_method(name)
+        method.attribute(adapter, item, target, method.resolve(adapter, params), RunContext())
+
     base = best_seconds(forward_backward, args.repeats)
     gradient_rows = []
     for name, params in GRADIENTS:
         seconds = best_seconds(lambda n=name, p=params: run(n, p), args.repeats)
-        gradient_rows.append([name, f"{seconds * 1e3:.1f}", f"{seconds / base:.2f}"])
+        own = best_seconds(lambda n=name, p=params: alone(n, p), args.repeats)
+        gradient_rows.append(
+            [name, f"{seconds * 1e3:.1f}", f"{seconds / base:.2f}", f"{own / base:.2f}"]
+        )
 
     perturbation_rows = []
     for name, params in PERTURBATIONS:
@@ -121,7 +133,10 @@ def main() -> None:
     count = int(item.visual_tokens.sum())
     print(f"tiny LLaVA, {count} visual tokens, {item.input_ids.shape[1]} tokens in all\n")
     print(f"one forward + backward to the first block's input: {base * 1e3:.1f} ms\n")
-    print_table(["method", "ms", "× forward + backward"], gradient_rows)
+    print_table(
+        ["method", "explain (ms)", "× forward + backward", "its attribute alone ×"],
+        gradient_rows,
+    )
     print()
     print_table(
         ["method", "forward passes", "passes/s", "plain inference passes/s", "ratio"],

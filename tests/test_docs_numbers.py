@@ -7,6 +7,7 @@ Every ``benchmarks/NAME.py`` named in README.md or a page of docs/ is there, and
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -45,3 +46,31 @@ def test_make_bench_runs_every_benchmark_script():
     scripts = {path.name for path in (ROOT / "benchmarks").glob("[!_]*.py")}
     assert set(NOT_IN_BENCH) <= scripts
     assert _bench_target() == scripts - set(NOT_IN_BENCH)
+
+
+def test_every_name_a_script_takes_from_the_shared_helpers_is_there():
+    # a script importing a helper the shared modules no longer define fails only when run
+    helpers = {
+        path.stem: {
+            node.name
+            for node in ast.parse(path.read_text(encoding="utf-8")).body
+            if isinstance(node, ast.FunctionDef | ast.ClassDef)
+        }
+        | {
+            target.id
+            for node in ast.parse(path.read_text(encoding="utf-8")).body
+            if isinstance(node, ast.Assign)
+            for target in node.targets
+            if isinstance(target, ast.Name)
+        }
+        for path in (ROOT / "benchmarks").glob("_*.py")
+    }
+    missing = [
+        f"{script.name}: {node.module}.{alias.name}"
+        for script in sorted((ROOT / "benchmarks").glob("[!_]*.py"))
+        for node in ast.walk(ast.parse(script.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ImportFrom) and node.module in helpers
+        for alias in node.names
+        if alias.name not in helpers[node.module]
+    ]
+    assert not missing
