@@ -750,25 +750,30 @@ def answer_request(
     if isinstance(prompt, ImagePrompt):
         _image_prompt_answer(spec)
         image_prompt = vision_language(adapter).preprocess(prompt)
-        if answer is not None:
-            found = given_answer(adapter, answer)
-        elif generate is not None:
-            found = generate_image_answer(adapter, image_prompt, generate, stop)
-        else:
-            found = next_token_answer(adapter, image_prompt, token)
+        found = _found(adapter, image_prompt, spec, token, generate_image_answer)
         return _with_contrast(adapter, image_prompt, found, contrast, with_answer)
     prompt_tokens = prompt_inputs(adapter, prompt, chat)
-    if answer is not None:
-        found = given_answer(adapter, answer)
-    elif generate is not None:
-        found = generate_answer(adapter, prompt_tokens, generate, stop)
-    else:
-        found = next_token_answer(adapter, prompt_tokens, token)
+    found = _found(adapter, prompt_tokens, spec, token, generate_answer)
     return _with_contrast(adapter, prompt_tokens, found, contrast, answer_inputs)
 
 
 #: A prompt's tokens: a text's, or an image and a prompt's.
 _Prompt = TypeVar("_Prompt", TextInputs, ImageTextInputs)
+
+
+def _found(
+    adapter: Adapter,
+    prompt: _Prompt,
+    spec: AnswerSpec,
+    token: int | str | None,
+    generated: Callable[[Adapter, _Prompt, int, str | None], Answer],
+) -> Answer:
+    """The answer ``spec`` asks for after ``prompt``: given, ``generated``, or the next token."""
+    if spec.answer is not None:
+        return given_answer(adapter, spec.answer)
+    if spec.generate is not None:
+        return generated(adapter, prompt, spec.generate, spec.stop)
+    return next_token_answer(adapter, prompt, token)
 
 
 def _with_contrast(
