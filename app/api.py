@@ -953,7 +953,7 @@ class OtherImageBody(BaseModel):
 
     def corruption(self) -> patching.OtherImage:
         """The library's corruption (the image decoded to its file's bytes)."""
-        return patching.OtherImage(_decoded(self.image_base64) or b"", self.resize)
+        return patching.OtherImage(_file_bytes(self.image_base64), self.resize)
 
 
 class BlurredBody(BaseModel):

@@ -147,11 +147,9 @@ def _instance(
             )
         text, image = (data, None) if isinstance(data, str) else (None, data)
 
-    # a local file is the caller's to name: this is not a server
-    def read(one: Any) -> Any:
-        return one.read_bytes() if isinstance(one, Path) else one
-
-    raw_image = [read(one) for one in image] if isinstance(image, list | tuple) else read(image)
+    raw_image = (
+        [_file_data(one) for one in image] if isinstance(image, list | tuple) else _file_data(image)
+    )
     asked = answer is not None or contrast is not None or generate is not None or chat
     spec = (
         attribution.AnswerSpec(answer, generate, None, contrast, chat, per_step)
@@ -389,7 +387,7 @@ def patch(
         directions=None if directions is None else tuple(directions),
         top_k=top_k,
         # a local file is the caller's to name: this is not a server
-        image=image.read_bytes() if isinstance(image, Path) else image,
+        image=_file_data(image),
         image_corruption=corruption,
     )
     return attribution_request.run_request(request, adapter)
@@ -612,7 +610,7 @@ def visual_tokens(
     asked = attribution_visual_tokens.VisualTokenRequest  # its defaults stand for what is not given
     study = asked(
         # a local file is the caller's to name: this is not a server
-        image=image.read_bytes() if isinstance(image, Path) else image,
+        image=_file_data(image),
         prompt=prompt,
         answer=answer,
         generate=generate,
@@ -653,3 +651,8 @@ def _tasks(
             )
         found.append(task)
     return tuple(found)
+
+
+def _file_data(value: Any) -> Any:
+    """A ``Path``'s bytes (a local file is the caller's to name: this is not a server), else it."""
+    return value.read_bytes() if isinstance(value, Path) else value

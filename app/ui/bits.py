@@ -12,7 +12,6 @@ section with the run's inputs and runs it.
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +24,7 @@ from attrlab.app.ui.runner import PageRunner
 from attrlab.app.ui.shared import (
     BIT_CHOICES,
     GROUP_CHOICES,
+    escaped,
     format_budgets,
     in_order,
     parse_budgets,
@@ -235,13 +235,9 @@ def _summary(study: BitsStudy) -> str:
         f"{study.forward_passes:,} forward passes, {study.backward_passes:,} backward. "
         f"Sensitivity: {'the loss change' if study.measure == 'loss' else 'the KL'}."
     )
-    verdicts = "".join(f"\n- {_escaped(v.summary())}" for v in study.verdicts.values())
-    warnings = "".join(f"\n\n⚠ {_escaped(w)}" for w in study.warnings)
+    verdicts = "".join(f"\n- {escaped(v.summary())}" for v in study.verdicts.values())
+    warnings = "".join(f"\n\n⚠ {escaped(w)}" for w in study.warnings)
     return text + ("\n\nEach proxy's allocation against random ones:" + verdicts) + warnings
-
-
-def _escaped(text: str) -> str:
-    return html.escape(text, quote=False)
 
 
 def export_bits(result: BitsResult, png: bool = True) -> Path:

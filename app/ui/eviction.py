@@ -25,6 +25,7 @@ from attrlab.app.ui.files import page_folder
 from attrlab.app.ui.link import LinkedTab, page_base, share_query
 from attrlab.app.ui.runner import PageRunner
 from attrlab.app.ui.shared import (
+    escaped,
     format_ratios,
     in_order,
     parse_ratios,
@@ -376,12 +377,8 @@ def _summary(study: EvictionStudy) -> str:
         f"{len(study.views)} (contexts {', '.join(map(str, study.context))} tokens); "
         f"{study.unit}, {study.split} split; {study.forward_passes:,} forward passes."
     )
-    verdicts = "".join(f"\n- {_escaped(line)}" for line in verdict_lines(study))
+    verdicts = "".join(f"\n- {escaped(line)}" for line in verdict_lines(study))
     return text + "\n\nEach scorer's curve against random evictions:" + verdicts
-
-
-def _escaped(text: str) -> str:
-    return html.escape(text, quote=False)
 
 
 def export_eviction(result: EvictionResult, png: bool = True) -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import html
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -23,6 +24,7 @@ __all__ = [
     "SAMPLE_LABELS",
     "SAMPLE_PROMPT",
     "SAMPLE_TEXT",
+    "escaped",
     "format_box",
     "format_budgets",
     "format_heads",
@@ -61,6 +63,11 @@ GROUP_CHOICES = (("per output channel", "channel"), *((str(g), str(g)) for g in 
 #: How the Vision-language tab's patching makes the corrupted image (its choices, a link's).
 IMAGE_CORRUPTIONS = ("blurred", "noised", "masked", "another image")
 _HEAD = re.compile(r"^\s*L?\s*(\d+)\s*[H:./ ]\s*(\d+)\s*$", re.IGNORECASE)
+
+
+def escaped(text: str) -> str:
+    """``text`` safe inside a Markdown component (HTML's special characters escaped)."""
+    return html.escape(text, quote=False)
 
 
 def readable(handler: Callable[..., Any]) -> Callable[..., Any]:

@@ -17,7 +17,6 @@ a link (which carries the patching section's fields too, but not its other image
 from __future__ import annotations
 
 import contextlib
-import html
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ from attrlab.app.ui.patching import patching_choices, patching_summary
 from attrlab.app.ui.runner import PageRunner
 from attrlab.app.ui.shared import (
     IMAGE_CORRUPTIONS,
+    escaped,
     format_box,
     format_ratios,
     in_order,
@@ -601,7 +601,7 @@ class VisionLanguageTab:
         report: PatchingReport = self.runner(study, progress, session(request), _PATCH_TAB)
         figures = patching_figures(report)
         lines = agreement_reading(report)
-        reading = "".join(f"\n- {_escaped(line)}" for line in lines)
+        reading = "".join(f"\n- {escaped(line)}" for line in lines)
         views: dict[Any, Any] = {
             self.patch_summary: patching_summary(report) + ("\n" + reading if lines else ""),
             self.patch_agreement: report.agreement.round(4),
@@ -724,7 +724,7 @@ def _summary(result: VisionLanguageResult) -> str:
     for method, explanation in result.explanations.items():
         metrics = explanation.metrics
         lines.append(
-            f"- **{method}** → {_escaped(explanation.target.label)}: image "
+            f"- **{method}** → {escaped(explanation.target.label)}: image "
             f"{metrics.get('image_share', float('nan')):.0%}, text "
             f"{metrics.get('text_share', float('nan')):.0%} of |relevance|"
         )
@@ -734,23 +734,19 @@ def _summary(result: VisionLanguageResult) -> str:
         return text + "\n\nNo scorer ticked: no visual-token study."
     study = report.study
     how = answer_origin(report)
-    said = _escaped(repr(report.answer["text"]))
+    said = escaped(repr(report.answer["text"]))
     text += (
         f"\n\nVisual tokens dropped {dropped_where(report)} (answer {said}, "
         f"{how}): the full model's answer log-prob **{study.full['log_prob']:.4g}**, exact "
         f"match {study.full['exact_match']:.3g}; {study.forward_passes:,} forward passes. "
         "Each scorer's curve against random orders:"
     )
-    text += "".join(f"\n- {_escaped(v.summary())}" for v in study.curves.verdicts)
+    text += "".join(f"\n- {escaped(v.summary())}" for v in study.curves.verdicts)
     text += "".join(
-        f"\n- {_escaped(name)}: not for this model ({_escaped(why)})"
+        f"\n- {escaped(name)}: not for this model ({escaped(why)})"
         for name, why in study.not_applicable.items()
     )
     return text
-
-
-def _escaped(text: str) -> str:
-    return html.escape(text, quote=False)
 
 
 def export_vision_language(
