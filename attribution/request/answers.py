@@ -536,10 +536,13 @@ def generate_image_answer(
         num_beams=1,
         eos_token_id=eos or None,
         pad_token_id=pad if pad is not None else (eos[0] if eos else None),
+        stop_strings=stop,  # ends where :func:`_greedy` ends, with no forward beyond it
     )
     model: Any = decoder.model
     with torch.no_grad():
-        out = model.generate(**prompt.model_kwargs(), generation_config=config)
+        out = model.generate(
+            **prompt.model_kwargs(), generation_config=config, tokenizer=decoder.tokenizer
+        )
         return _greedy(decoder, iter(out[0, prompt.input_ids.shape[1] :].tolist()), stop)
 
 
