@@ -346,6 +346,7 @@ def test_a_generated_answer_is_explained_and_studied_as_the_library_does(
         ({"methods": [], "scorers": []}, "tick a method"),
         ({"layer": 9}, "has blocks 0 to 1"),
         ({"prompt": " "}, "prompt is empty"),
+        ({"answer": "  "}, "answer is empty"),  # not silently the model's next token
     ],
 )
 def test_bad_input_is_refused_in_words(page_of, folder, uploaded, changed, named):
@@ -443,6 +444,7 @@ def test_patching_with_a_corrupted_image_is_the_librarys_study(
         ({"prompt": ""}, "the prompt is empty"),
         ({"model": " "}, "name a vision-language model"),
         ({"generate": True}, "patching reads a given answer or the model's next token"),
+        ({"answer": "  "}, "answer is empty"),
     ],
 )
 def test_bad_patching_input_is_refused_in_words(page_of, folder, uploaded, changed, named):

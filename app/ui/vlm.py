@@ -464,8 +464,8 @@ class VisionLanguageTab:
         image = uploaded_image(image_)
         prompt = prompt_ or ""
         asked_answer = AskedAnswer(
-            answer=((answer_ or "").strip() and answer_) or "",
-            contrast=((contrast_ or "").strip() and contrast_) or "",
+            answer=answer_ or "",
+            contrast=contrast_ or "",
             generate=bool(generate_),
             max_new_tokens=max_new_tokens_,
             stop=stop_ or "",
@@ -593,7 +593,7 @@ class VisionLanguageTab:
             image=image,
             prompt=prompt_ or "",
             corruption=corruption,
-            answer=answer_ if (answer_ or "").strip() else None,
+            answer=answer_ or None,
             components=tuple(components_ or ()),
             estimators=tuple(estimators_ or ()),
             directions=tuple(directions_ or ()),
