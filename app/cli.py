@@ -184,18 +184,32 @@ def _patch(args: argparse.Namespace) -> int:
 
 def _image_corruption(args: argparse.Namespace) -> Any:
     """``attrlab patch``'s corruption of the image, or ``None`` (a text's corruption)."""
+    for flag, given, partner, asked in (
+        ("--keep-size", args.keep_size, "--corrupt-image", args.corrupt_image),
+        (
+            "--image-noise-seed",
+            args.image_noise_seed is not None,
+            "--image-noise",
+            args.image_noise,
+        ),
+        ("--mask-fill", args.mask_fill is not None, "--mask", args.mask),
+    ):
+        if given and asked is None:
+            raise _usage_error(f"{flag} goes with {partner}: give {partner} too, or leave it out")
     if args.corrupt_image is not None:
         return patching.OtherImage(_read_image_file(args.corrupt_image), not args.keep_size)
     if args.blur is not None:
         return patching.Blurred(args.blur)
     if args.image_noise is not None:
-        return patching.Noised(args.image_noise, args.image_noise_seed)
+        seed = 0 if args.image_noise_seed is None else args.image_noise_seed
+        return patching.Noised(args.image_noise, seed)
     if args.mask is None:
         return None
     box = _numbers(args.mask, float, "--mask")
     if len(box) != 4:
         raise _usage_error(f"--mask is a box x0,y0,x1,y1 in the image's pixels; got {args.mask!r}")
-    return patching.Masked((box[0], box[1], box[2], box[3]), _fill(args.mask_fill))
+    fill = _fill("mean" if args.mask_fill is None else args.mask_fill)
+    return patching.Masked((box[0], box[1], box[2], box[3]), fill)
 
 
 def _fill(text: str) -> str | float:
@@ -1293,10 +1307,12 @@ def _add_patch_command(sub: _Subcommands) -> None:
         help="--corrupt-image is not resized to the clean image's size",
     )
     patch.add_argument(
-        "--image-noise-seed", type=int, default=0, help="--image-noise's seed (default 0)"
+        "--image-noise-seed", type=int, default=None, help="--image-noise's seed (default 0)"
     )
     patch.add_argument(
-        "--mask-fill", default="mean", help="--mask's fill: mean (per channel) or a value 0-255"
+        "--mask-fill",
+        default=None,
+        help="--mask's fill: mean (per channel, the default) or a value 0-255",
     )
     patch.add_argument("--noise-seeds", type=_positive_int, default=NOISE_SEEDS, help="noise draws")
     patch.add_argument("--answer", help="a decoder LM's answer (default: its next token)")

@@ -537,6 +537,9 @@ def test_the_cli_patches_a_corrupted_image_as_the_library_does(
         (["--image", "{clean}", "--image-noise", "4", "--image-noise-seed", "-2"], "seed is 0"),
         (["--image", "/no/such.png", "--blur", "2"], "does not exist or is not a regular file"),
         (["--image", "{clean}", "--blur", "2", "--model", "tiny-random-gpt2"], "takes text (an"),
+        (["--image", "{clean}", "--blur", "2", "--keep-size"], "--keep-size goes with"),
+        (["--image", "{clean}", "--blur", "2", "--mask-fill", "0"], "--mask-fill goes with"),
+        (["--image", "{clean}", "--blur", "2", "--image-noise-seed", "1"], "seed goes with"),
     ],
 )
 def test_the_cli_refuses_a_bad_image_patching_request_in_words(
