@@ -195,21 +195,24 @@ class ImageTextInputs:
 
 
 @contextmanager
-def _first_block_reads(adapter: VisionLanguageAdapter, hidden: torch.Tensor) -> Iterator[None]:
+def _first_block_reads(
+    adapter: VisionLanguageAdapter, hidden: torch.Tensor, prefix: bool
+) -> Iterator[None]:
     """
     The language model's first block reads ``hidden`` ``(B, P, D)`` in the passes inside.
 
     The model runs one row of its other inputs; the ``B`` rows broadcast from that block on
-    (attention masks and rotary positions have one row). ``hidden`` gives the first ``P``
-    positions of the block's input; positions after them (a sequence's answer, where ``hidden``
-    holds its prompt's rows) keep the model's own rows.
+    (attention masks and rotary positions have one row). ``hidden`` gives every position of
+    the block's input, or with ``prefix`` the first ``P``: positions after them (a sequence's
+    answer, where ``hidden`` holds its prompt's rows) keep the model's own rows.
     """
 
     def replace_input(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         given = args[0] if args else kwargs["hidden_states"]
+        length = given.shape[1] >= hidden.shape[1] if prefix else given.shape[1] == hidden.shape[1]
         if (
             given.shape[2:] != hidden.shape[2:]
-            or given.shape[1] < hidden.shape[1]
+            or not length
             or given.shape[0] not in (1, hidden.shape[0])
         ):
             raise InvalidInputError(
@@ -278,14 +281,15 @@ class VisionLanguageAdapter(DecoderLMAdapter):
         """
         The model's forward; ``block_input`` ``(B, T, D)``, if given, replaces the first block's.
 
-        The other keywords are one row (:meth:`ImageTextInputs.held_kwargs`), run once. A
-        ``block_input`` of fewer positions than the sequence replaces the first ones only (a
+        The other keywords are one row (:meth:`ImageTextInputs.held_kwargs`), run once.
+        ``block_prefix`` ``(B, P, D)`` instead replaces the first ``P`` positions only (a
         prompt's rows before another answer, :func:`alternative_kwargs`).
         """
         hidden = model_kwargs.pop("block_input", None)
-        if hidden is None:
+        prefix = model_kwargs.pop("block_prefix", None)
+        if hidden is None and prefix is None:
             return self.model(**model_kwargs)
-        with _first_block_reads(self, hidden):
+        with _first_block_reads(self, prefix if hidden is None else hidden, hidden is None):
             return self.model(**model_kwargs)
 
     @property
@@ -515,8 +519,8 @@ def alternative_kwargs(
     method runs them: one row of the ids, the mask and the image's inputs, and ``block_input``
     ``(B, T, D)``. The first block's input is per position, before any attention, so the
     prompt's rows are the same in both sequences: the alternative keeps the given rows of the
-    prompt, perturbed or not, and its own tokens' rows are the model's (:meth:`run_model`
-    reads a ``block_input`` shorter than the sequence as its first positions). The ids, the
+    prompt, perturbed or not, as ``block_prefix``, and its own tokens' rows are the model's
+    (:meth:`VisionLanguageAdapter.run_model`). The ids, the
     mask and the per-token image inputs are the prompt's followed by the alternative's.
     """
     decoder = vision_language(adapter)
@@ -532,7 +536,7 @@ def alternative_kwargs(
         "input_ids": torch.cat([ids[:, :prompt], ids.new_tensor([list(tokens)])], dim=1),
         "attention_mask": torch.cat([mask[:, :prompt], mask.new_ones(1, count)], dim=1),
         **_token_inputs_run_on(decoder, _token_inputs_cut(decoder, others, prompt), count),
-        "block_input": model_kwargs["block_input"][:, :prompt],
+        "block_prefix": model_kwargs["block_input"][:, :prompt],
     }
 
 
