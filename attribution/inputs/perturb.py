@@ -441,9 +441,11 @@ class ImageTextPerturbation:
         device = self.hidden.device
         free = (~inputs.fixed_tokens).nonzero()[:, 0].cpu().numpy()
         key = {int(i): ("position", int(i)) for i in free}
-        regions = None if cell is None else _region_cells(inputs, cell)
-        if superpixels is not None:
+        regions: list[int] | None
+        if superpixels is not None:  # the superpixels, when given, group instead of the grid
             regions = superpixel_regions(inputs, superpixels)
+        else:
+            regions = None if cell is None else _region_cells(inputs, cell)
         if regions is not None:
             for position, region in zip(inputs.visual_positions.tolist(), regions, strict=True):
                 if region >= 0 and position in key:
@@ -602,7 +604,7 @@ def perturbation_for(
     if isinstance(inputs, TextInputs):  # over the features the inputs are explained at
         return TextPerturbation(adapter, inputs, text_kind, inputs.features)
     if isinstance(inputs, ImageTextInputs):
-        cell = None if grid is None else grid_cell(inputs, grid)
+        cell = None if grid is None or superpixels is not None else grid_cell(inputs, grid)
         return ImageTextPerturbation(inputs, cell=cell, superpixels=superpixels)
     return ImagePerturbation(inputs.pixel_values, image_kind, image=inputs.image)
 
