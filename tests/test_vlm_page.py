@@ -442,7 +442,7 @@ def test_patching_with_a_corrupted_image_is_the_librarys_study(
         ({"components": ["nope"]}, "nope"),
         ({"image": None}, "upload an image first"),
         ({"prompt": ""}, "the prompt is empty"),
-        ({"model": " "}, "name a vision-language model"),
+        ({"model": " "}, "vision-language model: name one"),
         ({"generate": True}, "patching reads a given answer or the model's next token"),
         ({"answer": "  "}, "answer is empty"),
     ],

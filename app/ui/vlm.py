@@ -68,10 +68,10 @@ from attrlab.attribution.patching import (
 from attrlab.attribution.request import (
     MAX_ORDERS,
     ExplainRequest,
-    ImagePatchRequest,
+    PatchRequest,
     VisualTokensRequest,
 )
-from attrlab.attribution.request.answers import MAX_NEW_TOKENS
+from attrlab.attribution.request.answers import MAX_NEW_TOKENS, AnswerSpec
 from attrlab.attribution.visual_tokens import VisualTokenRequest
 from attrlab.attribution.visual_tokens.request import VisualTokenReport
 from attrlab.attribution.visual_tokens.scorers import VISUAL_SCORERS
@@ -587,13 +587,13 @@ class VisionLanguageTab:
         image = uploaded_image(image_)
         seed = 0 if seed_ is None else whole(seed_)
         corruption = _corruption(corruption_ or "blurred", sigma_, box_, other_, seed)
-        study = ImagePatchRequest(
+        study = PatchRequest(
             model=(model_ or "").strip() or None,  # none: the library asks for one
             seed=seed,
+            clean=prompt_ or "",
+            answer=AnswerSpec(answer=answer_ or None),
             image=image,
-            prompt=prompt_ or "",
-            corruption=corruption,
-            answer=answer_ or None,
+            image_corruption=corruption,
             components=tuple(components_ or ()),
             estimators=tuple(estimators_ or ()),
             directions=tuple(directions_ or ()),

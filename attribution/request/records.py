@@ -37,7 +37,6 @@ from attrlab.attribution.inputs.runs import Prepared, explain_rows
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.catalog import default_model
 from attrlab.attribution.models.images import load_image
-from attrlab.attribution.models.vlm import ImagePrompt
 from attrlab.attribution.request.answers import AnswerSpec
 from attrlab.attribution.request.bounds import RequestBounds
 from attrlab.attribution.request.calibration import calibrate, calibrated
@@ -87,7 +86,6 @@ __all__ = [
     "EvaluateRequest",
     "EvictRequest",
     "ExplainRequest",
-    "ImagePatchRequest",
     "InputRequest",
     "Instance",
     "InstanceFailedError",
@@ -505,8 +503,8 @@ class PatchRequest(Request["PatchingReport"]):
 
         Raises:
             InvalidInputError: an image without a corruption or the reverse, a text's
-                corruption or a class target or a contrast beside them, an image that cannot
-                be read.
+                corruption or a class target or a contrast beside them, a blank prompt or
+                answer, an image that cannot be read.
             InputTooLargeError: an image over the bounds' pixels.
         """
         if self.image is None or self.image_corruption is None:
@@ -524,6 +522,9 @@ class PatchRequest(Request["PatchingReport"]):
                 "an image and a prompt are patched on an answer (default: the model's next "
                 "token): a class target or a contrast is not offered on them yet"
             )
+        visual_tokens.check_prompt_and_answer(
+            self.clean, None if self.answer is None else self.answer.answer
+        )
         load_image(self.image, max_pixels=bounds.max_image_pixels)
         if isinstance(self.image_corruption, patching.OtherImage):
             load_image(self.image_corruption.image, max_pixels=bounds.max_image_pixels)
@@ -774,60 +775,6 @@ class VisualTokensRequest(_VisionLanguageStudy["VisualTokenReport"]):
     def run_on(self, adapter: Adapter, run: JobContext) -> VisualTokenReport:
         """The study, priced and refused over the job's budgets before any work."""
         return visual_tokens.run_visual_tokens(adapter, self.study, run.settings_for(self.seed))
-
-
-@dataclass(frozen=True, kw_only=True)
-class ImagePatchRequest(_VisionLanguageStudy["PatchingReport"]):
-    """
-    Activation patching of a vision-language model: one prompt, a clean and a corrupted image.
-
-    ``image`` (its file's bytes, never a path) and ``prompt``; ``corruption`` makes the
-    corrupted image (:data:`~attribution.patching.image.ImageCorruption`: another image, a
-    blurred, noised or masked copy); ``answer``: the answer whose log-probability is read
-    (``None``: the model's own next token). ``components``, ``estimators``, ``directions``:
-    ``None`` for all. :func:`attribution.patching.image.image_patching_report` runs it, priced
-    and refused over the job's budgets before any patched row.
-    """
-
-    image: Any
-    prompt: str
-    corruption: patching.ImageCorruption
-    answer: str | None = None
-    components: tuple[str, ...] | None = None
-    estimators: tuple[str, ...] | None = None
-    directions: tuple[str, ...] | None = None
-    top_k: int = PATCHING_TOP_K
-
-    def check(self, bounds: RequestBounds) -> None:
-        """
-        A model, a prompt and an answer that are not blank, known study names, images in bounds.
-
-        Each image (the clean one, and another one given as the corruption) is read as the
-        explain path reads one: its pixels from its header first.
-        """
-        super().check(bounds)
-        self.chosen_model  # noqa: B018 - raises without a model
-        visual_tokens.check_prompt_and_answer(self.prompt, self.answer)
-        for text in (self.prompt, self.answer):
-            bounds.check_fields(text, None, None, self.seed)
-        patching.check_study(self.estimators, self.components, self.directions)
-        load_image(self.image, max_pixels=bounds.max_image_pixels)
-        if isinstance(self.corruption, patching.OtherImage):
-            load_image(self.corruption.image, max_pixels=bounds.max_image_pixels)
-
-    def run_on(self, adapter: Adapter, run: JobContext) -> PatchingReport:
-        """The study under the job's budget, progress and cancel switch."""
-        return patching.image_patching_report(
-            adapter,
-            ImagePrompt(self.image, self.prompt),
-            self.corruption,
-            self.components,
-            self.estimators,
-            self.directions,
-            self.answer,
-            run.settings_for(self.seed),
-            self.top_k,
-        )
 
 
 @dataclass(frozen=True, kw_only=True)
