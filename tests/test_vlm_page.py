@@ -342,11 +342,13 @@ def test_a_generated_answer_is_explained_and_studied_as_the_library_does(
         ({"ratios": "1, half"}, "keep ratios are shares"),
         ({"ratios": "0.5, 0.2"}, "keep ratios start at 1.0"),
         ({"generate": True, "max_new_tokens": 0}, "generate takes 1 to 256 new tokens"),
-        ({"answer": " a cat", "contrast": " a cat"}, "is the answer itself"),
+        ({"answer": " a cat", "contrast": " a cat", "scorers": []}, "is the answer itself"),
         ({"methods": [], "scorers": []}, "tick a method"),
         ({"layer": 9}, "has blocks 0 to 1"),
         ({"prompt": " "}, "prompt is empty"),
         ({"answer": "  "}, "answer is empty"),  # not silently the model's next token
+        # the study measures one answer: a contrast is refused, not dropped
+        ({"answer": " a cat", "contrast": " a dog"}, "not a contrast"),
     ],
 )
 def test_bad_input_is_refused_in_words(page_of, folder, uploaded, changed, named):

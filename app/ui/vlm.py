@@ -474,12 +474,10 @@ class VisionLanguageTab:
         spec = asked_answer.spec()  # None: the model's next token
         seed = 0 if seed_ is None else whole(seed_)
         asked = VisualTokenRequest
-        tokens = VisualTokenRequest(
+        tokens = VisualTokenRequest.for_answer(
+            spec if scorers_ else None,  # no scorer ticked: no study, only its link fields
             image=image,
             prompt=prompt,
-            answer=None if spec is None else spec.answer,
-            generate=None if spec is None else spec.generate,
-            stop=None if spec is None else spec.stop,
             scorers=tuple(scorers_ or ()),
             layer=asked.layer if layer_ is None else whole(layer_),
             attention_layer=(

@@ -111,6 +111,26 @@ class VisualTokenRequest:
                 f"draws is at least 2 (a spread to judge against); got {self.draws}"
             )
 
+    @classmethod
+    def for_answer(cls, spec: AnswerSpec | None, **fields: Any) -> VisualTokenRequest:
+        """
+        The study of the answer an explanation asks about (``None``: the next token).
+
+        ``fields``: the other attributes. A per-step split is the maps' only (the study
+        measures the whole answer).
+
+        Raises:
+            InvalidInputError: a contrast (the curves measure one answer's log-probability).
+        """
+        if spec is not None and spec.contrast is not None:
+            raise InvalidInputError(
+                "the visual-token study measures one answer's log-probability, not a contrast: "
+                "clear the contrast, or tick no scorer (the maps explain the contrast)"
+            )
+        if spec is None:
+            return cls(**fields)
+        return cls(answer=spec.answer, generate=spec.generate, stop=spec.stop, **fields)
+
     def answer_spec(self) -> AnswerSpec:
         """
         The answer asked for, as every request about an answer asks for it.
