@@ -1,11 +1,14 @@
 """
 The attribution methods on an image and a prompt (issue 40): their cost beside plain passes.
 
-Run: ``nice .venv/bin/python -u benchmarks/vlm_methods.py [--image 64] [--repeats 3]``.
+Run: ``nice .venv/bin/python -u benchmarks/vlm_methods.py [--image 64] [--repeats 3]
+[--language-model tiny|smollm2] [--gradients-only]``.
 
 On the tiny random LLaVA of the tests (a CLIP tower of 8-px patches: ``(image / 8)²`` visual
-tokens, a 2-block LLaMA-like language model), an image and prompt followed by a 3-token answer,
-explained for that answer. Two tables, each measured side by side in one run:
+tokens, a 2-block LLaMA-like language model of width 32), or with ``--language-model smollm2``
+the same tower before a random LLaMA of SmolLM2-135M's sizes (30 blocks of width 576, 9 heads
+over 3 key/value heads; the tests' small vocabulary), an image and prompt followed by a 3-token
+answer, explained for that answer. Two tables, each measured side by side in one run:
 
 * the gradient methods and AttnLRP against one forward + backward of the answer's
   log-probability to the first language-model block's input (where the methods attribute):
@@ -42,6 +45,17 @@ from attrlab.attribution.request.answers import answer_target, given_answer
 from attrlab.attribution.request.run import RunContext
 from attrlab.attribution.visual_tokens.removal import answer_scores, batched_kwargs
 
+#: The language model's sizes: the tests' own, or SmolLM2-135M's (its vocabulary aside).
+LANGUAGE_MODELS: dict[str, dict[str, int] | None] = {
+    "tiny": None,
+    "smollm2": {
+        "hidden_size": 576,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "intermediate_size": 1536,
+    },
+}
 #: Gradient methods: (name, parameters), against one forward + backward.
 GRADIENTS = [
     ("gradient", {}),
@@ -62,9 +76,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--image", type=int, default=64, help="image side in pixels")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--language-model", choices=list(LANGUAGE_MODELS), default="tiny")
+    parser.add_argument(
+        "--gradients-only", action="store_true", help="the first table alone (the larger model's)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
-    adapter = tiny_llava(image_size=args.image)
+    adapter = tiny_llava(image_size=args.image, language_model=LANGUAGE_MODELS[args.language_model])
     image = (np.random.default_rng(0).random((args.image, args.image, 3)) * 255).astype(np.uint8)
     answer = given_answer(adapter, " a red cup")
     item = with_answer(
@@ -109,7 +127,7 @@ def main() -> None:
         )
 
     perturbation_rows = []
-    for name, params in PERTURBATIONS:
+    for name, params in [] if args.gradients_only else PERTURBATIONS:
         started = time.perf_counter()
         passes = run(name, params)
         seconds = time.perf_counter() - started
@@ -131,12 +149,17 @@ def main() -> None:
             ]
         )
     count = int(item.visual_tokens.sum())
-    print(f"tiny LLaVA, {count} visual tokens, {item.input_ids.shape[1]} tokens in all\n")
+    print(
+        f"LLaVA ({args.language_model} language model), {count} visual tokens, "
+        f"{item.input_ids.shape[1]} tokens in all\n"
+    )
     print(f"one forward + backward to the first block's input: {base * 1e3:.1f} ms\n")
     print_table(
         ["method", "explain (ms)", "× forward + backward", "its attribute alone ×"],
         gradient_rows,
     )
+    if args.gradients_only:
+        return
     print()
     print_table(
         ["method", "forward passes", "passes/s", "plain inference passes/s", "ratio"],

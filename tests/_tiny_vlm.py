@@ -35,12 +35,16 @@ def _tokenizer(extra: list[str]) -> Any:
 
 
 def tiny_llava(
-    image_size: int = 32, strategy: str = "default", pad: bool = False
+    image_size: int = 32,
+    strategy: str = "default",
+    pad: bool = False,
+    language_model: dict[str, Any] | None = None,
 ) -> VisionLanguageAdapter:
     """
     LLaVA 1.5 layout: a CLIP tower (8-px patches), a 2-layer MLP projector, a tiny LLaMA.
 
     ``pad``: LLaVA's own image processor, which pads the image to a square before resizing.
+    ``language_model``: sizes of the LLaMA that replace the tiny ones (the benchmarks').
     """
     tokenizer = _tokenizer(["<image>"])
     config = tf.LlavaConfig(
@@ -52,7 +56,9 @@ def tiny_llava(
             num_attention_heads=2,
             intermediate_size=32,
         ),
-        text_config=tf.LlamaConfig(vocab_size=len(tokenizer), **_LANGUAGE_MODEL),
+        text_config=tf.LlamaConfig(
+            vocab_size=len(tokenizer), **{**_LANGUAGE_MODEL, **(language_model or {})}
+        ),
         image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
         vision_feature_layer=-2,
         vision_feature_select_strategy=strategy,
