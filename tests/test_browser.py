@@ -115,7 +115,7 @@ def test_a_shared_link_reopens_the_view_and_runs_it(blank_page, page_url):
     page = blank_page  # the link is its first load
     page.goto(
         page_url + "?tab=next&model=tiny-random-llama&text=the+cat+sat&methods=rise"
-        '&params={"rise":{"n_masks":64}}'
+        '&params={"rise":{"n_masks":64,"every_pattern":false}}'
     )
     expect(page.locator("#next-input textarea")).to_have_value("the cat sat", timeout=30_000)
     expect(page.locator("#next-model input")).to_have_value("tiny-random-llama")

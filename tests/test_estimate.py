@@ -62,8 +62,12 @@ def test_an_upper_bound_with_a_tolerance_and_the_trust_cards_passes(load_model):
     adapter = load_model("tiny-random-bert")
     inputs = adapter.preprocess("a long and winding road through the hills")
     params = {"n_masks": 2000, "tolerance": 0.5}
-    cost = estimate(adapter, "rise", inputs, params)
-    spent = explain(adapter, "rise", inputs, params=params).timings.forward_passes
+    # 8 tokens: their 256 keep patterns, each taken once (no early stop), priced exactly
+    short = estimate(adapter, "rise", inputs, params)
+    assert short.exact and short.forward_passes == 2**8 + 1
+    longer = adapter.preprocess("a long and winding road through the hills and over the far sea")
+    cost = estimate(adapter, "rise", longer, params)
+    spent = explain(adapter, "rise", longer, params=params).timings.forward_passes
     assert not cost.exact and spent < cost.forward_passes == 2001  # masks + the prediction
     carded = estimate(adapter, "gradient_x_input", inputs, settings=RunSettings(evaluate=True))
     explained = explain(adapter, "gradient_x_input", inputs, settings=RunSettings(evaluate=True))
@@ -89,9 +93,11 @@ def test_estimates_over_rest_and_the_cli_and_a_too_slow_request_is_refused(tmp_p
     worker = ExplainWorker(device="cpu", settings=ServerSettings.for_server(env, max_seconds=1))
     body = {"model": "tiny-random-bert", "method": "rise", "text": "a fine day"}
     with TestClient(create_app(worker)) as client:
-        cost = client.post("/api/v1/estimate", json={**body, "params": {"n_masks": 100}}).json()
+        cost = client.post(
+            "/api/v1/estimate", json={**body, "params": {"n_masks": 100, "every_pattern": False}}
+        ).json()
         assert cost["forward_passes"] == 101 and cost["exact"] and cost["device"] == "cpu"
-        too_long = {**body, "params": {"n_masks": 8000, "batch_size": 1}}
+        too_long = {**body, "params": {"n_masks": 8000, "batch_size": 1, "every_pattern": False}}
         seconds = client.post("/api/v1/estimate", json=too_long).json()["seconds"]
         refused = client.post("/api/v1/explain", json=too_long)
         assert seconds > 1  # 8,000 forwards one at a time

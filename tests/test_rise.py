@@ -88,6 +88,48 @@ def test_toy_text_model_ranks_the_token_it_reads_first(tokenizer, kind):
     assert not explanation.scores[special].any()  # never hidden, so no score
 
 
+def test_a_short_texts_map_is_the_expectation_over_every_mask(load_model):
+    """Few enough tokens: every keep pattern once, weighted by its probability (no sampling)."""
+    adapter = load_model("tiny-random-bert")
+    inputs = adapter.preprocess("a fine small cat")
+    free = [i for i, special in enumerate(inputs.special_tokens.tolist()) if not special]
+    n, p = len(free), 0.3
+    params = {"n_masks": 2**n, "p": p, "text_perturbation": "mask"}
+    target = output_target(adapter, 1)
+    explanation = attribution.explain(adapter, "rise", inputs, target=target, params=params)
+    # written out: S_i = Σ over the 2^n subsets kept of P(subset) · f(x with the rest masked)
+    # · [i kept] / p, f the class-1 probability
+    expected = np.zeros(inputs.input_ids.shape[1])
+    mask_id = adapter.tokenizer.mask_token_id
+    for code in range(2**n):
+        kept = [free[j] for j in range(n) if code >> j & 1]
+        ids = inputs.input_ids.clone()
+        for i in set(free) - set(kept):
+            ids[0, i] = mask_id
+        with torch.no_grad():
+            logits = adapter.model(input_ids=ids, attention_mask=inputs.attention_mask).logits
+        f = float(logits.double().softmax(-1)[0, 1])
+        weight = p ** len(kept) * (1 - p) ** (n - len(kept))
+        for i in kept:
+            expected[i] += weight * f / p
+    assert np.allclose(explanation.scores, expected, atol=1e-6)
+    assert explanation.timings.forward_passes == 2**n + 1  # the patterns and the prediction
+    assert explanation.metrics["exact_expectation"] == 1.0
+    assert not explanation.maps["std_error"].any()
+    reseeded = attribution.explain(
+        adapter, "rise", inputs, target=target, params=params, settings=RunSettings(seed=9)
+    )
+    assert np.array_equal(reseeded.scores, explanation.scores)  # nothing was drawn
+    sampled = attribution.explain(
+        adapter, "rise", inputs, target=target, params={**params, "n_masks": 2**n - 1}
+    )
+    assert sampled.metrics["exact_expectation"] == 0.0 and sampled.maps["std_error"].any()
+    asked = attribution.explain(
+        adapter, "rise", inputs, target=target, params={**params, "every_pattern": False}
+    )
+    assert asked.metrics["exact_expectation"] == 0.0 and asked.timings.forward_passes == 2**n + 1
+
+
 def test_same_seed_same_map_other_seed_other_map():
     adapter = toys.image_adapter(toys.QuadrantModel("top-left"))
     inputs = adapter.preprocess(toys.white_image())
