@@ -200,12 +200,13 @@ def _redrawn_maps(
 
     A method that samples (RISE's masks, Sobol's designs) reports each element's standard
     error (``maps["std_error"]``); each redrawn map adds independent normal noise of that size
-    to every element, a parametric bootstrap of the map. Deterministic maps get none.
+    to every element, a parametric bootstrap of the map. Deterministic maps get none, nor do
+    maps of no error (RISE's expectation taken exactly).
     """
     redrawn = {}
     for name, explanation in explanations.items():
         error = explanation.maps.get("std_error")
-        if error is None:
+        if error is None or not np.any(error):  # an exact map (RISE's on a short text)
             continue
         scores = np.asarray(explanation.scores, dtype=np.float64)
         spread = np.broadcast_to(np.asarray(error, dtype=np.float64), scores.shape)
