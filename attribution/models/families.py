@@ -331,15 +331,12 @@ FAMILIES: dict[str, Family] = {
         _VLM_LANGUAGE_MODEL,
         VisionLanguage("{image}\n{prompt}", "patch_grid"),
     ),
+    # each image its whole view and its any-resolution tiles (the model packs them per image)
     "llava_next": Family(
         "vision-language",
         "rope",
         _VLM_LANGUAGE_MODEL,
-        VisionLanguage(
-            "{image}\n{prompt}",
-            "anyres_grid",
-            one_image="LLaVA-NeXT's tiles are mapped for one image a prompt",
-        ),
+        VisionLanguage("{image}\n{prompt}", "anyres_grid"),
     ),
     "qwen2_vl": Family("vision-language", "rope", _VLM_LANGUAGE_MODEL, _QWEN2_VL),
     # the same tokens; its tower's window attention is undone before the merger's output
@@ -356,17 +353,13 @@ FAMILIES: dict[str, Family] = {
             "PaliGemma is trained on one image before its prompt",
         ),
     ),
-    # its image placeholder (begin-of-image) expands to the pooled tokens between BOI and EOI
+    # each image placeholder (begin-of-image) expands to its pooled tokens between BOI and EOI;
+    # pan-and-scan crops are refused by the map (regions.py)
     "gemma3": Family(
         "vision-language",
         "rope",
         _VLM_LANGUAGE_MODEL,
-        VisionLanguage(
-            "{image}{prompt}",
-            "pooled_grid",
-            (("token_type_ids", 0),),
-            "Gemma 3's several images (and their pan-and-scan crops) are not mapped yet",
-        ),
+        VisionLanguage("{image}{prompt}", "pooled_grid", (("token_type_ids", 0),)),
     ),
     "idefics3": Family(
         "vision-language",

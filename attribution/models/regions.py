@@ -147,8 +147,11 @@ def _pooled_grid(
     processor: Any, config: Any, size: tuple[int, int], outputs: Mapping[str, torch.Tensor]
 ) -> np.ndarray:
     image_processor = processor.image_processor
-    if getattr(image_processor, "do_pan_and_scan", False):
-        raise UnsupportedMethodError("pan and scan crops are not mapped: turn them off")
+    if outputs["pixel_values"].shape[0] != 1:  # the image, then its crops
+        raise UnsupportedMethodError(
+            "Gemma 3's pan-and-scan crops are not mapped back to pixels: turn pan and scan "
+            "off (do_pan_and_scan)"
+        )
     to_original, processed = _clip_processing(image_processor, size)
     per_side = round(int(config.mm_tokens_per_image) ** 0.5)
     if processed[0] != processed[1] or processed[0] % per_side:
