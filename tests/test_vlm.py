@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -17,9 +18,11 @@ from _tiny_vlm import (
     tiny_paligemma,
     tiny_qwen2_5_vl,
     tiny_qwen2_vl,
+    tiny_smolvlm,
 )
 
-from attrlab.attribution.errors import InvalidInputError
+from attrlab.attribution.errors import InvalidInputError, ModelLoadError
+from attrlab.attribution.models.families import FAMILIES
 from attrlab.attribution.models.hub import load_pretrained
 from attrlab.attribution.models.layouts import find_module
 from attrlab.attribution.models.vlm import (
@@ -40,6 +43,7 @@ BUILDS = [
     tiny_paligemma,
     tiny_gemma3,
     tiny_idefics3,
+    tiny_smolvlm,
 ]
 
 
@@ -105,6 +109,8 @@ CASES: dict[str, tuple[Callable[[], VisionLanguageAdapter], int, int, int]] = {
     "idefics3 2×2 tiles and the whole": (tiny_idefics3, 64, 64, 4),
     "idefics3 resized tiles and the whole": (tiny_idefics3, 40, 64, 4),
     "idefics3 no tiles": (lambda: tiny_idefics3(splitting=False), 64, 64, 4),
+    "smolvlm resized tiles and the whole": (tiny_smolvlm, 40, 64, 4),
+    "smolvlm no tiles": (lambda: tiny_smolvlm(splitting=False), 64, 64, 4),
     "llava-next 1×2 canvas": (tiny_llava_next, 64, 128, 4),
     "llava-next padded 2×2 canvas": (tiny_llava_next, 96, 128, 4),
 }
@@ -327,3 +333,19 @@ def test_loads_from_a_served_folder(
         expected = adapter.logits(**ours.model_kwargs())
         got = loaded.logits(**theirs.model_kwargs())
     assert torch.allclose(expected, got, atol=1e-5)
+
+
+def test_a_family_whose_processor_needs_a_missing_package_is_refused_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SmolVLM's processor imports num2words: without it, the load names it and the extra."""
+    adapter = tiny_smolvlm()
+    adapter.model.save_pretrained(tmp_path)
+    adapter.processor.save_pretrained(tmp_path)
+    row = FAMILIES["smolvlm"]
+    assert row.vision_language is not None
+    assert row.vision_language.packages == ("num2words",)
+    missing = replace(row.vision_language, packages=("attrlab_no_such_package",))
+    monkeypatch.setitem(FAMILIES, "smolvlm", replace(row, vision_language=missing))
+    with pytest.raises(ModelLoadError, match=r"needs the package attrlab_no_such_package .*vlm"):
+        load_pretrained(str(tmp_path), model_id="served", within=[tmp_path])

@@ -1,4 +1,5 @@
-"""Several images in one prompt, on tiny random LLaVA, LLaVA-NeXT, Qwen2-VL, Gemma 3, Idefics3."""
+"""Several images in one prompt, on tiny random LLaVA, LLaVA-NeXT, Qwen2-VL, Gemma 3, Idefics3
+and SmolVLM models."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from _tiny_vlm import (
     tiny_llava_next,
     tiny_paligemma,
     tiny_qwen2_vl,
+    tiny_smolvlm,
 )
 from torch import nn
 
@@ -41,9 +43,10 @@ SEVERAL: dict[str, Callable[[], VisionLanguageAdapter]] = {
     "qwen2_vl": tiny_qwen2_vl,
     "gemma3": lambda: tiny_gemma3(sliding_window=64),  # the answer reads both images
     "idefics3": tiny_idefics3,
+    "smolvlm": tiny_smolvlm,
 }
 _RNG = np.random.default_rng(3)
-# two images of different sizes (Qwen2-VL and Idefics3 give them different token counts)
+# two images of different sizes (Qwen2-VL, Idefics3 and SmolVLM give them different token counts)
 FIRST = _RNG.integers(0, 256, (32, 40, 3), dtype=np.uint8)
 SECOND = _RNG.integers(0, 256, (48, 32, 3), dtype=np.uint8)
 # LLaVA-NeXT: a 2 × 2 canvas (four tiles and the whole image), then a 1 × 2 one (two and the
@@ -105,8 +108,8 @@ def test_a_planted_patch_of_the_second_image_lands_on_that_image(family: str) ->
     _, plain, _ = _case(family)
     first, second = _alone(family, 0), _alone(family, 1)
     count = int(first.visual_tokens.sum())
-    # a token of the second image: its last but one (Idefics3's whole image; LLaVA-NeXT's last
-    # canvas row, before its row end)
+    # a token of the second image: its last but one (Idefics3's and SmolVLM's whole image;
+    # LLaVA-NeXT's last canvas row, before its row end)
     keep = count + len(second.regions) - 2
     with reads_one_visual_token(adapter, plain.visual_positions, keep):
         _, inputs, target = _case(family)  # the block input of the planted model

@@ -258,12 +258,15 @@ class VisionLanguage:
             Other per-token outputs (a text tokenizer's own token types, labels) are dropped.
         one_image: Why a prompt holds one image only, in words (``None``: it may hold
             several, each image's visual tokens mapped to that image).
+        packages: Python modules its processor imports beyond transformers (the ``vlm``
+            extra installs them): a load without them is refused by name.
     """
 
     prompt: str
     regions: str
     token_inputs: tuple[tuple[str, int], ...] = ()
     one_image: str | None = None
+    packages: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -366,6 +369,14 @@ FAMILIES: dict[str, Family] = {
         "rope",
         _IDEFICS3_TEXT_MODEL,
         VisionLanguage("{image}{prompt}", "tiled_grid"),
+    ),
+    # Idefics3's tiles, pixel shuffle and text model; its checkpoints' chat template places
+    # the image ("User:<image>..."), the pattern serves a folder without one
+    "smolvlm": Family(
+        "vision-language",
+        "rope",
+        _IDEFICS3_TEXT_MODEL,
+        VisionLanguage("{image}{prompt}", "tiled_grid", packages=("num2words",)),
     ),
 }
 

@@ -18,7 +18,7 @@ VisionLanguage`):
   Qwen2.5-VL);
 - ``pooled_grid``: the patches average-pooled to ``n × n`` tokens, row-major (Gemma 3);
 - ``tiled_grid``: tiles of the image, then the whole image, each pixel-shuffled into ``s × s``
-  patch blocks, so a pixel reaches a tile's token and the whole image's (Idefics3);
+  patch blocks, so a pixel reaches a tile's token and the whole image's (Idefics3, SmolVLM);
 - ``anyres_grid``: the whole image's patches, then the any-resolution canvas's, with row-end
   newline tokens that stand for no region: rows of NaN (LLaVA-NeXT).
 """
