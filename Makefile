@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 HOST ?= 127.0.0.1
 PORT ?= 7860
 # Runtime extras, the same in the Dockerfile (a test checks it); `make test` adds dev.
-EXTRAS := app,embedded,ray
+EXTRAS := app,embedded,ray,vlm
 
 .PHONY: install run test test-fast lint links docs docs-serve browser bench space clean
 

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 import transformers as tf
 from torch import nn
+from transformers.models.smolvlm.processing_smolvlm import DEFAULT_CHAT_TEMPLATE
 
 from attrlab.attribution.models.builtin import _minilm_dir, _minilm_tokenizer
 from attrlab.attribution.models.vlm import VisionLanguageAdapter
@@ -257,6 +258,55 @@ def tiny_idefics3(splitting: bool = True) -> VisionLanguageAdapter:
     torch.manual_seed(0)
     model = tf.Idefics3ForConditionalGeneration(config).eval()
     return VisionLanguageAdapter(model, processor, "tiny-random-idefics3")
+
+
+def tiny_smolvlm(splitting: bool = True) -> VisionLanguageAdapter:
+    """
+    SmolVLM layout: Idefics3's tiles, pixel shuffle and text model, with SmolVLM's classes.
+
+    Its processor reads its image tokens from the tokenizer (Idefics3's adds its own) and its
+    prompt from the chat template transformers gives SmolVLM (``User:<image>...Assistant:``).
+    """
+    special = {
+        "fake_image_token": "<fake_token_around_image>",
+        "image_token": "<image>",
+        "global_image_token": "<global-img>",
+        "end_of_utterance_token": "<end_of_utterance>",
+    }
+    rows = [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
+    tokenizer = _tokenizer([*special.values(), "<|im_start|>", *rows])
+    for name, token in special.items():
+        setattr(tokenizer, name, token)
+    sizes = {"size": {"longest_edge": 64}, "max_image_size": {"longest_edge": 32}}
+    image_processor = tf.SmolVLMImageProcessor(
+        **sizes,
+        do_image_splitting=splitting,
+        resample=tf.image_utils.PILImageResampling.BILINEAR,  # Lanczos reaches 3 px a scale
+    )
+    processor = tf.SmolVLMProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        video_processor=tf.SmolVLMVideoProcessor(**sizes),
+        image_seq_len=4,
+        chat_template=DEFAULT_CHAT_TEMPLATE,
+    )
+    config = tf.SmolVLMConfig(
+        vision_config=tf.SmolVLMVisionConfig(
+            image_size=32,
+            patch_size=8,
+            hidden_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=32,
+        ).to_dict(),
+        text_config=tf.LlamaConfig(vocab_size=len(tokenizer), **_LANGUAGE_MODEL).to_dict(),
+        scale_factor=2,
+        image_token_id=processor.image_token_id,
+        attn_implementation="eager",
+    )
+    torch.manual_seed(0)
+    model = tf.SmolVLMForConditionalGeneration(config).eval()
+    return VisionLanguageAdapter(model, processor, "tiny-random-smolvlm")
 
 
 def tiny_llava_next() -> VisionLanguageAdapter:

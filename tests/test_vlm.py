@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -17,9 +18,11 @@ from _tiny_vlm import (
     tiny_paligemma,
     tiny_qwen2_5_vl,
     tiny_qwen2_vl,
+    tiny_smolvlm,
 )
 
-from attrlab.attribution.errors import InvalidInputError
+from attrlab.attribution.errors import InvalidInputError, ModelLoadError
+from attrlab.attribution.models.families import FAMILIES
 from attrlab.attribution.models.hub import load_pretrained
 from attrlab.attribution.models.layouts import find_module
 from attrlab.attribution.models.vlm import (
@@ -40,6 +43,7 @@ BUILDS = [
     tiny_paligemma,
     tiny_gemma3,
     tiny_idefics3,
+    tiny_smolvlm,
 ]
 
 
@@ -74,8 +78,11 @@ def _embeddings_read(adapter: VisionLanguageAdapter) -> Iterator[list[torch.Tens
         handle.remove()
 
 
-def _lm_embeddings(adapter: VisionLanguageAdapter, image: np.ndarray) -> torch.Tensor:
-    inputs = adapter.preprocess(ImagePrompt(image, PROMPT))
+def _lm_embeddings(
+    adapter: VisionLanguageAdapter, image: np.ndarray, before: np.ndarray | None = None
+) -> torch.Tensor:
+    """The language model's input embeddings for ``image`` (after the image ``before``)."""
+    inputs = adapter.preprocess(ImagePrompt(image if before is None else [before, image], PROMPT))
     with _embeddings_read(adapter) as seen, torch.no_grad():
         adapter.logits(**inputs.model_kwargs())
     return seen[0]
@@ -102,6 +109,8 @@ CASES: dict[str, tuple[Callable[[], VisionLanguageAdapter], int, int, int]] = {
     "idefics3 2×2 tiles and the whole": (tiny_idefics3, 64, 64, 4),
     "idefics3 resized tiles and the whole": (tiny_idefics3, 40, 64, 4),
     "idefics3 no tiles": (lambda: tiny_idefics3(splitting=False), 64, 64, 4),
+    "smolvlm resized tiles and the whole": (tiny_smolvlm, 40, 64, 4),
+    "smolvlm no tiles": (lambda: tiny_smolvlm(splitting=False), 64, 64, 4),
     "llava-next 1×2 canvas": (tiny_llava_next, 64, 128, 4),
     "llava-next padded 2×2 canvas": (tiny_llava_next, 96, 128, 4),
 }
@@ -123,40 +132,65 @@ def _within(regions: np.ndarray, token: int) -> set[int]:
     return {int(i) for i in np.nonzero(inside)[0]}
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_planted_patch_reaches_exactly_the_tokens_its_region_names(case: str) -> None:
+# Several images: (model, the first image's height and width, then the second's as above);
+# the second is the one changed. LLaVA-NeXT's canvases: 2 × 2 then 1 × 2 (the processor pads
+# the second's tiles to the first's count in the batch), and 1 × 2 then 2 × 2. Its first
+# case takes 147 tokens, past the 128 at which the tiny tokenizer's own file truncates: the
+# processor is told not to (a cut would drop visual tokens).
+SECOND_OF_TWO: dict[str, tuple[Callable[[], VisionLanguageAdapter], int, int, int, int, int]] = {
+    "llava-next after a 2×2 canvas": (tiny_llava_next, 64, 64, 64, 128, 4),
+    "llava-next after a 1×2 canvas": (tiny_llava_next, 32, 64, 96, 128, 4),
+    "gemma3 after another image": (tiny_gemma3, 32, 48, 64, 64, 4),
+}
+
+
+def _planted_patches(
+    adapter: VisionLanguageAdapter, image: np.ndarray, margin: int, before: np.ndarray | None
+) -> None:
     """
     Changing the pixels of a token's region changes the visual tokens whose regions overlap it
     and no other (on a grid: that token alone), and changing every pixel outside it changes
-    every visual token with pixels but those whose regions lie inside it.
+    every visual token of that image with pixels but those whose regions lie inside it; after
+    an image ``before``, that image's tokens change in neither case.
     """
-    build, height, width, margin = CASES[case]
-    adapter = build()
     _local_vision(adapter)
-    image = _image(height, width)
-    inputs = adapter.preprocess(ImagePrompt(image, PROMPT))
-    positions = np.array(inputs.visual_positions.tolist())
-    clean = _lm_embeddings(adapter, image)
-    count = len(positions)
-    assert count == len(inputs.regions) >= 4
+    inputs = adapter.preprocess(ImagePrompt(image if before is None else [before, image], PROMPT))
+    mine = inputs.region_images == (0 if before is None else 1)
+    positions = np.array(inputs.visual_positions.tolist())[mine]
+    regions = inputs.regions[mine]
+    clean = _lm_embeddings(adapter, image, before)
+    assert len(positions) == len(regions) >= 4
     # tokens of pure padding and LLaVA-NeXT's row ends stand for no pixel: an empty or NaN box
-    sides = inputs.regions[:, 2:] - inputs.regions[:, :2]
+    sides = regions[:, 2:] - regions[:, :2]
     placed = (sides > 0).all(axis=1)
     for token in np.nonzero(placed)[0]:
-        x0, y0, x1, y1 = inputs.regions[token]
+        x0, y0, x1, y1 = regions[token]
         inside = image.copy()
         top, left = int(np.ceil(y0)) + margin, int(np.ceil(x0)) + margin
         inside[top : int(y1) - margin, left : int(x1) - margin] ^= 0xFF
-        changed = _changed(clean, _lm_embeddings(adapter, inside))
-        expected = set(positions[sorted(_overlapping(inputs.regions, token))].tolist())
+        changed = _changed(clean, _lm_embeddings(adapter, inside, before))
+        expected = set(positions[sorted(_overlapping(regions, token))].tolist())
         assert changed == expected, f"token {token} ({x0}, {y0}, {x1}, {y1})"
         outside = image ^ 0xFF
         outer = slice(max(int(y0) - margin, 0), int(np.ceil(y1)) + margin)
         outer_x = slice(max(int(x0) - margin, 0), int(np.ceil(x1)) + margin)
         outside[outer, outer_x] = image[outer, outer_x]
-        changed = _changed(clean, _lm_embeddings(adapter, outside))
-        kept = set(positions[sorted(_within(inputs.regions, token))].tolist())
+        changed = _changed(clean, _lm_embeddings(adapter, outside, before))
+        kept = set(positions[sorted(_within(regions, token))].tolist())
         assert changed == set(positions[placed].tolist()) - kept, f"token {token}"
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_planted_patch_reaches_exactly_the_tokens_its_region_names(case: str) -> None:
+    build, height, width, margin = CASES[case]
+    _planted_patches(build(), _image(height, width), margin, None)
+
+
+@pytest.mark.parametrize("case", list(SECOND_OF_TWO))
+def test_a_second_images_planted_patch_reaches_exactly_its_tokens(case: str) -> None:
+    """As for one image, with the changed image second in the prompt: the first's untouched."""
+    build, first_h, first_w, height, width, margin = SECOND_OF_TWO[case]
+    _planted_patches(build(), _image(height, width), margin, _image(first_h, first_w, seed=1))
 
 
 def test_pixels_the_crop_drops_reach_no_token() -> None:
@@ -301,3 +335,19 @@ def test_loads_from_a_served_folder(
         expected = adapter.logits(**ours.model_kwargs())
         got = loaded.logits(**theirs.model_kwargs())
     assert torch.allclose(expected, got, atol=1e-5)
+
+
+def test_a_family_whose_processor_needs_a_missing_package_is_refused_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SmolVLM's processor imports num2words: without it, the load names it and the extra."""
+    adapter = tiny_smolvlm()
+    adapter.model.save_pretrained(tmp_path)
+    adapter.processor.save_pretrained(tmp_path)
+    row = FAMILIES["smolvlm"]
+    assert row.vision_language is not None
+    assert row.vision_language.packages == ("num2words",)
+    missing = replace(row.vision_language, packages=("attrlab_no_such_package",))
+    monkeypatch.setitem(FAMILIES, "smolvlm", replace(row, vision_language=missing))
+    with pytest.raises(ModelLoadError, match=r"needs the package attrlab_no_such_package .*vlm"):
+        load_pretrained(str(tmp_path), model_id="served", within=[tmp_path])

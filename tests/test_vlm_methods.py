@@ -21,6 +21,7 @@ from _tiny_vlm import (
     tiny_paligemma,
     tiny_qwen2_5_vl,
     tiny_qwen2_vl,
+    tiny_smolvlm,
 )
 from torch import nn
 
@@ -55,6 +56,7 @@ FAMILIES: dict[str, Callable[[], VisionLanguageAdapter]] = {
     # a window wide enough for the answer to read the image (the default 4 does not reach it)
     "gemma3": lambda: tiny_gemma3(sliding_window=64),
     "idefics3": tiny_idefics3,
+    "smolvlm": tiny_smolvlm,
 }
 
 
@@ -160,8 +162,10 @@ PLANTED = [
         ("paligemma", PLANTED),
         ("gemma3", PLANTED),
         ("idefics3", PLANTED),
+        # Idefics3's layout: SHAP, the slowest, is run there only
+        ("smolvlm", [(method, params) for method, params in PLANTED if method != "shap"]),
     ],
-    ids=["llava", "qwen2_vl", "paligemma", "gemma3", "idefics3"],
+    ids=["llava", "qwen2_vl", "paligemma", "gemma3", "idefics3", "smolvlm"],
 )
 def test_a_planted_patch_comes_first(family: str, methods: list[tuple[str, dict]]) -> None:
     adapter = _adapter(family)
@@ -642,7 +646,7 @@ def test_pixels_a_centre_crop_drops_stay_blank_and_travel_as_json_null() -> None
     np.testing.assert_array_equal(back.maps["visual_tokens"], explanation.maps["visual_tokens"])
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "idefics3"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "idefics3", "smolvlm"])
 def test_a_generated_answer_is_the_greedy_token_of_the_sequence_explained(family: str) -> None:
     adapter = _adapter(family)
     image = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)

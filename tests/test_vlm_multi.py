@@ -1,8 +1,8 @@
-"""Several images in one prompt, on tiny random LLaVA, Qwen2-VL and Idefics3 models."""
+"""Several images in one prompt, on tiny random LLaVA, LLaVA-NeXT, Qwen2-VL, Gemma 3, Idefics3
+and SmolVLM models."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from functools import cache
 
@@ -18,6 +18,7 @@ from _tiny_vlm import (
     tiny_llava_next,
     tiny_paligemma,
     tiny_qwen2_vl,
+    tiny_smolvlm,
 )
 from torch import nn
 
@@ -38,13 +39,28 @@ PROMPT = "which picture holds the cat"
 ANSWER = " the second"
 SEVERAL: dict[str, Callable[[], VisionLanguageAdapter]] = {
     "llava": tiny_llava,
+    "llava_next": tiny_llava_next,
     "qwen2_vl": tiny_qwen2_vl,
+    "gemma3": lambda: tiny_gemma3(sliding_window=64),  # the answer reads both images
     "idefics3": tiny_idefics3,
+    "smolvlm": tiny_smolvlm,
 }
 _RNG = np.random.default_rng(3)
-# two images of different sizes (Qwen2-VL and Idefics3 give them different token counts)
+# two images of different sizes (Qwen2-VL, Idefics3 and SmolVLM give them different token counts)
 FIRST = _RNG.integers(0, 256, (32, 40, 3), dtype=np.uint8)
 SECOND = _RNG.integers(0, 256, (48, 32, 3), dtype=np.uint8)
+# LLaVA-NeXT: a 2 × 2 canvas (four tiles and the whole image), then a 1 × 2 one (two and the
+# whole), whose tiles the processor pads to the first's count
+IMAGES = {
+    "llava_next": (
+        _RNG.integers(0, 256, (64, 64, 3), dtype=np.uint8),
+        _RNG.integers(0, 256, (32, 64, 3), dtype=np.uint8),
+    )
+}
+
+
+def _images(family: str) -> tuple[np.ndarray, np.ndarray]:
+    return IMAGES.get(family, (FIRST, SECOND))
 
 
 @cache
@@ -55,13 +71,13 @@ def _adapter(family: str) -> VisionLanguageAdapter:
 def _case(family: str) -> tuple[VisionLanguageAdapter, ImageTextInputs, Target]:
     adapter = _adapter(family)
     answer = given_answer(adapter, ANSWER)
-    prompt = adapter.preprocess(ImagePrompt([FIRST, SECOND], PROMPT))
+    prompt = adapter.preprocess(ImagePrompt(list(_images(family)), PROMPT))
     inputs = with_answer(adapter, prompt, answer)
     return adapter, inputs, answer_target(adapter, inputs, answer)
 
 
-def _alone(family: str, image: np.ndarray) -> ImageTextInputs:
-    return _adapter(family).preprocess(ImagePrompt(image, PROMPT))
+def _alone(family: str, which: int) -> ImageTextInputs:
+    return _adapter(family).preprocess(ImagePrompt(_images(family)[which], PROMPT))
 
 
 @pytest.mark.parametrize("family", list(SEVERAL))
@@ -74,7 +90,7 @@ def test_each_images_tokens_are_that_image_read_alone(family: str) -> None:
     that image alone, whose mapping the one-image tests check pixel by pixel.
     """
     _, inputs, _ = _case(family)
-    first, second = _alone(family, FIRST), _alone(family, SECOND)
+    first, second = _alone(family, 0), _alone(family, 1)
     count = int(first.visual_tokens.sum())
     assert int(inputs.visual_tokens.sum()) == count + int(second.visual_tokens.sum())
     rows = inputs.block_input[0, inputs.visual_positions]
@@ -82,16 +98,18 @@ def test_each_images_tokens_are_that_image_read_alone(family: str) -> None:
         expected = alone.block_input[0, alone.visual_positions]
         torch.testing.assert_close(rows[part], expected, rtol=1e-4, atol=1e-5)
         np.testing.assert_array_equal(inputs.regions[part], alone.regions)
-    assert inputs.images[0].shape == FIRST.shape and inputs.images[1].shape == SECOND.shape
+    shapes = [image.shape for image in _images(family)]
+    assert [image.shape for image in inputs.images] == shapes
 
 
 @pytest.mark.parametrize("family", list(SEVERAL))
 def test_a_planted_patch_of_the_second_image_lands_on_that_image(family: str) -> None:
     adapter = _adapter(family)
     _, plain, _ = _case(family)
-    first, second = _alone(family, FIRST), _alone(family, SECOND)
+    first, second = _alone(family, 0), _alone(family, 1)
     count = int(first.visual_tokens.sum())
-    # a token of the second image, in the middle of its whole-image part (Idefics3's last tile)
+    # a token of the second image: its last but one (Idefics3's and SmolVLM's whole image;
+    # LLaVA-NeXT's last canvas row, before its row end)
     keep = count + len(second.regions) - 2
     with reads_one_visual_token(adapter, plain.visual_positions, keep):
         _, inputs, target = _case(family)  # the block input of the planted model
@@ -105,7 +123,8 @@ def test_a_planted_patch_of_the_second_image_lands_on_that_image(family: str) ->
             heat_first = np.abs(explanation.maps["image_heatmap_1"])
             heat_second = np.abs(explanation.maps["image_heatmap_2"])
             assert "image_heatmap" not in explanation.maps
-            assert heat_first.shape == FIRST.shape[:2] and heat_second.shape == SECOND.shape[:2]
+            assert heat_first.shape == first.images[0].shape[:2]
+            assert heat_second.shape == second.images[0].shape[:2]
             row, col = np.unravel_index(np.nanargmax(heat_second), heat_second.shape)
             x0, y0, x1, y1 = second.regions[len(second.regions) - 2]  # its box, read alone
             assert x0 <= col + 0.5 < x1 and y0 <= row + 0.5 < y1, method
@@ -139,7 +158,7 @@ def test_gradient_x_input_is_autograd_and_the_shares_add_up(family: str) -> None
     scale = np.abs(expected).max()
     np.testing.assert_allclose(explanation.scores, expected, rtol=1e-4, atol=1e-6 * scale)
     # the shares, from the positions as the two prompts read alone place them
-    count = int(_alone(family, FIRST).visual_tokens.sum())
+    count = int(_alone(family, 0).visual_tokens.sum())
     positions = inputs.visual_positions.numpy()
     total = np.abs(expected).sum()
     metrics = explanation.metrics
@@ -176,20 +195,23 @@ def test_the_figure_draws_one_panel_per_image_and_the_text_beside() -> None:
     assert explanation._repr_html_().count("<img") == 2
 
 
-@pytest.mark.parametrize(
-    ("make", "why"),
-    [
-        (tiny_paligemma, "PaliGemma is trained on one image"),
-        (tiny_gemma3, "Gemma 3's several images"),
-        (tiny_llava_next, "LLaVA-NeXT's tiles are mapped for one image"),
-    ],
-    ids=["paligemma", "gemma3", "llava_next"],
-)
-def test_families_that_read_one_image_say_so(
-    make: Callable[[], VisionLanguageAdapter], why: str
-) -> None:
-    with pytest.raises(UnsupportedMethodError, match=re.escape(why)):
-        make().preprocess(ImagePrompt([FIRST, SECOND], PROMPT))
+def test_families_that_read_one_image_say_so() -> None:
+    with pytest.raises(UnsupportedMethodError, match="PaliGemma is trained on one image"):
+        tiny_paligemma().preprocess(ImagePrompt([FIRST, SECOND], PROMPT))
+
+
+def test_gemma3_pan_and_scan_crops_are_refused_in_words() -> None:
+    """A wide image the processor crops (two 300 × 256 crops besides the whole) is refused."""
+    adapter = tiny_gemma3()
+    adapter.processor.images_kwargs = {**adapter.processor.images_kwargs, "do_pan_and_scan": True}
+    wide = np.zeros((256, 600, 3), dtype=np.uint8)
+    crops = adapter.processor(images=wide, text=adapter.prompt_text(PROMPT), return_tensors="pt")
+    assert crops["pixel_values"].shape[0] == 3
+    for images in (wide, [FIRST, wide]):
+        with pytest.raises(UnsupportedMethodError, match="Gemma 3's pan-and-scan crops are not"):
+            adapter.preprocess(ImagePrompt(images, PROMPT))
+    # an image too small to crop is read as without pan and scan
+    assert len(adapter.preprocess(ImagePrompt([FIRST, SECOND], PROMPT)).regions) == 32
 
 
 def test_what_reads_one_image_refuses_several_in_words() -> None:

@@ -258,12 +258,15 @@ class VisionLanguage:
             Other per-token outputs (a text tokenizer's own token types, labels) are dropped.
         one_image: Why a prompt holds one image only, in words (``None``: it may hold
             several, each image's visual tokens mapped to that image).
+        packages: Python modules its processor imports beyond transformers (the ``vlm``
+            extra installs them): a load without them is refused by name.
     """
 
     prompt: str
     regions: str
     token_inputs: tuple[tuple[str, int], ...] = ()
     one_image: str | None = None
+    packages: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -331,15 +334,12 @@ FAMILIES: dict[str, Family] = {
         _VLM_LANGUAGE_MODEL,
         VisionLanguage("{image}\n{prompt}", "patch_grid"),
     ),
+    # each image its whole view and its any-resolution tiles (the model packs them per image)
     "llava_next": Family(
         "vision-language",
         "rope",
         _VLM_LANGUAGE_MODEL,
-        VisionLanguage(
-            "{image}\n{prompt}",
-            "anyres_grid",
-            one_image="LLaVA-NeXT's tiles are mapped for one image a prompt",
-        ),
+        VisionLanguage("{image}\n{prompt}", "anyres_grid"),
     ),
     "qwen2_vl": Family("vision-language", "rope", _VLM_LANGUAGE_MODEL, _QWEN2_VL),
     # the same tokens; its tower's window attention is undone before the merger's output
@@ -356,23 +356,27 @@ FAMILIES: dict[str, Family] = {
             "PaliGemma is trained on one image before its prompt",
         ),
     ),
-    # its image placeholder (begin-of-image) expands to the pooled tokens between BOI and EOI
+    # each image placeholder (begin-of-image) expands to its pooled tokens between BOI and EOI;
+    # pan-and-scan crops are refused by the map (regions.py)
     "gemma3": Family(
         "vision-language",
         "rope",
         _VLM_LANGUAGE_MODEL,
-        VisionLanguage(
-            "{image}{prompt}",
-            "pooled_grid",
-            (("token_type_ids", 0),),
-            "Gemma 3's several images (and their pan-and-scan crops) are not mapped yet",
-        ),
+        VisionLanguage("{image}{prompt}", "pooled_grid", (("token_type_ids", 0),)),
     ),
     "idefics3": Family(
         "vision-language",
         "rope",
         _IDEFICS3_TEXT_MODEL,
         VisionLanguage("{image}{prompt}", "tiled_grid"),
+    ),
+    # Idefics3's tiles, pixel shuffle and text model; its checkpoints' chat template places
+    # the image ("User:<image>..."), the pattern serves a folder without one
+    "smolvlm": Family(
+        "vision-language",
+        "rope",
+        _IDEFICS3_TEXT_MODEL,
+        VisionLanguage("{image}{prompt}", "tiled_grid", packages=("num2words",)),
     ),
 }
 

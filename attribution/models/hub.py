@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,12 @@ from attrlab.attribution.errors import AttrlabError, ModelLoadError, UnknownMode
 from attrlab.attribution.models.base import Adapter
 from attrlab.attribution.models.builtin import imagenet_labels
 from attrlab.attribution.models.catalog import BUILTIN_MODELS
-from attrlab.attribution.models.families import FAMILIES, family_of, loadable
+from attrlab.attribution.models.families import (
+    FAMILIES,
+    family_of,
+    loadable,
+    vision_language_of,
+)
 from attrlab.attribution.models.folders import CONFIG_FILE, check_inside, read_config
 from attrlab.attribution.models.images import ImageTransform
 from attrlab.attribution.models.placement import Placement, pretrained_kwargs
@@ -123,6 +129,7 @@ def _load_transformers(
         if family == "zero-shot-image":
             return _load_clip(spec, kwargs)
         if family == "vision-language":
+            _check_packages(name, config.model_type)
             model = tf.AutoModelForImageTextToText.from_pretrained(spec, **kwargs)
             processor = tf.AutoProcessor.from_pretrained(spec, revision=revision)
             return VisionLanguageAdapter(model, processor, name, revision)
@@ -191,6 +198,17 @@ def _unsupported(name: str, model_type: str) -> ModelLoadError:
         "row of FAMILIES in attribution/models/families.py (with a layout of its modules for LRP, "
         "layer analysis and the importance engine)"
     )
+
+
+def _check_packages(name: str, model_type: str) -> None:
+    """Refuse, by name, a vision-language family whose processor needs a missing package."""
+    reading = vision_language_of(model_type)
+    missing = [p for p in (reading.packages if reading else ()) if find_spec(p) is None]
+    if missing:
+        raise ModelLoadError(
+            f"model '{name}' ({model_type}) needs the package {', '.join(missing)} for its "
+            "processor: pip install 'attrlab[vlm]'"
+        )
 
 
 def _config(spec: str, name: str, revision: str | None, from_folder: bool) -> Any:

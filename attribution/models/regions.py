@@ -18,7 +18,7 @@ VisionLanguage`):
   Qwen2.5-VL);
 - ``pooled_grid``: the patches average-pooled to ``n × n`` tokens, row-major (Gemma 3);
 - ``tiled_grid``: tiles of the image, then the whole image, each pixel-shuffled into ``s × s``
-  patch blocks, so a pixel reaches a tile's token and the whole image's (Idefics3);
+  patch blocks, so a pixel reaches a tile's token and the whole image's (Idefics3, SmolVLM);
 - ``anyres_grid``: the whole image's patches, then the any-resolution canvas's, with row-end
   newline tokens that stand for no region: rows of NaN (LLaVA-NeXT).
 """
@@ -147,8 +147,11 @@ def _pooled_grid(
     processor: Any, config: Any, size: tuple[int, int], outputs: Mapping[str, torch.Tensor]
 ) -> np.ndarray:
     image_processor = processor.image_processor
-    if getattr(image_processor, "do_pan_and_scan", False):
-        raise UnsupportedMethodError("pan and scan crops are not mapped: turn them off")
+    if outputs["pixel_values"].shape[0] != 1:  # the image, then its crops
+        raise UnsupportedMethodError(
+            "Gemma 3's pan-and-scan crops are not mapped back to pixels: turn pan and scan "
+            "off (do_pan_and_scan)"
+        )
     to_original, processed = _clip_processing(image_processor, size)
     per_side = round(int(config.mm_tokens_per_image) ** 0.5)
     if processed[0] != processed[1] or processed[0] % per_side:

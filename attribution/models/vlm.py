@@ -355,8 +355,7 @@ class VisionLanguageAdapter(DecoderLMAdapter):
             )
         images = tuple(np.array(load_image(one)) for one in given)  # writable, as torch wants
         text = self.prompt_text(raw.prompt, len(images))
-        shown = images[0] if len(images) == 1 else list(images)
-        encoded = dict(self.processor(images=shown, text=text, return_tensors="pt"))
+        encoded = self._process(images[0] if len(images) == 1 else list(images), text)
         ids = encoded.pop("input_ids")
         mask = encoded.pop("attention_mask")
         token_inputs = dict(self.reading.token_inputs)
@@ -373,7 +372,9 @@ class VisionLanguageAdapter(DecoderLMAdapter):
         visual = ids[0] == self.image_token_id
         # one image: the processor's own outputs; several: each image's alone, as the
         # processor makes them for it (its visual tokens follow the previous image's)
-        each = [encoded] if len(images) == 1 else [self._image_outputs(i) for i in images]
+        each = [encoded]
+        if len(images) > 1:
+            each = [self._process(i, self.prompt_text(raw.prompt)) for i in images]
         per_image = [
             visual_regions(self.reading.regions, self.processor, self.config, i.shape[:2], out)
             for i, out in zip(images, each, strict=True)
@@ -407,9 +408,14 @@ class VisionLanguageAdapter(DecoderLMAdapter):
             ),
         )
 
-    def _image_outputs(self, image: np.ndarray) -> dict[str, torch.Tensor]:
-        """The image processor's outputs for ``image`` alone (its grid, its tiles)."""
-        return dict(self.processor.image_processor(images=image, return_tensors="pt"))
+    def _process(self, images: np.ndarray | list[np.ndarray], text: str) -> dict[str, torch.Tensor]:
+        """
+        The processor's outputs for ``images`` in ``text``, with its own image settings.
+
+        Never truncated: a tokenizer's own truncation would drop visual tokens (the length is
+        checked after).
+        """
+        return dict(self.processor(images=images, text=text, return_tensors="pt", truncation=False))
 
 
 def with_answer(adapter: Adapter, inputs: ImageTextInputs, answer: Answer) -> ImageTextInputs:
