@@ -30,9 +30,11 @@ answer's is often under 1e-20), and a contrast's ``p(A) / p(B)`` has no bound. T
 tokens are never removed (:attr:`~attribution.models.base.TextInputs.fixed_tokens`).
 
 An image and a prompt (:class:`~attribution.models.vlm.ImageTextInputs`) is scored as a text
-whose tokens are its visual and text tokens together, each removed by zeroing its row of the
-language model's first block input, the way occlusion hides it
-(:class:`~attribution.inputs.perturb.ImageTextPerturbation`).
+whose units are its image regions and text tokens together, each removed by zeroing its rows of
+the language model's first block input, the way occlusion hides it
+(:class:`~attribution.inputs.perturb.ImageTextPerturbation`): a region is each visual token, or
+with ``superpixels`` the visual tokens of one SLIC superpixel of the image (as a map's
+``segments=slic``), and the map summed within each unit ranks them.
 
 Every measure comes with the same measure for seeded random orders (their mean), so that a
 number means something; each score of :data:`SCORES` also with the 95 % range of one random
@@ -65,6 +67,7 @@ from attrlab.attribution.inputs.perturb import (
     TextPerturbation,
     auto_batch_size,
 )
+from attrlab.attribution.methods._masks import N_SEGMENTS
 from attrlab.attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
 from attrlab.attribution.models.vlm import ImageTextInputs
 from attrlab.attribution.request.run import RunContext
@@ -83,6 +86,7 @@ __all__ = [
     "TEXT_REMOVALS",
     "Faithfulness",
     "check_options",
+    "check_superpixels",
     "faithfulness",
     "faithfulness_of_maps",
     "faithfulness_passes",
@@ -214,12 +218,23 @@ def _image_counts(size: int, steps: int) -> list[int]:
     return [min(size, i * step) for i in range(math.ceil(size / step) + 1)]
 
 
-def faithfulness_passes(inputs: Inputs, steps: int = 50, random_orders: int = RANDOM_ORDERS) -> int:
-    """Forward passes :func:`faithfulness` spends: two curves per order, MoRF, LeRF, random."""
+def faithfulness_passes(
+    inputs: Inputs,
+    steps: int = 50,
+    random_orders: int = RANDOM_ORDERS,
+    superpixels: int | None = None,
+) -> int:
+    """
+    Forward passes :func:`faithfulness` spends: two curves per order, MoRF, LeRF, random.
+
+    Raises:
+        InvalidParameterError: ``superpixels`` for an input other than an image and a prompt.
+    """
+    check_superpixels(inputs, superpixels)
     if inputs.modality == "image":
         points = len(_image_counts(math.prod(inputs.map_shape), steps))
     elif isinstance(inputs, ImageTextInputs):
-        points = int((~inputs.fixed_tokens).sum()) + 1
+        points = len(ImageTextPerturbation(inputs, superpixels=superpixels).sizes) + 1
     else:
         text = cast(TextInputs, inputs)
         features = text.features
@@ -244,6 +259,25 @@ def check_options(image_fill: str, text_removal: str) -> None:
         )
 
 
+def check_superpixels(inputs: Inputs, superpixels: int | None) -> None:
+    """
+    Superpixels group an image and a prompt's visual tokens, as many as ``n_segments`` allows.
+
+    Raises:
+        InvalidParameterError: for another input, or a count out of that range.
+    """
+    if superpixels is None:
+        return
+    if not isinstance(inputs, ImageTextInputs):
+        raise InvalidParameterError(
+            "superpixels group the visual tokens of an image and a prompt; this input is "
+            f"{inputs.modality}: leave them empty"
+        )
+    low, high = int(N_SEGMENTS.minimum or 1), int(N_SEGMENTS.maximum or superpixels)
+    if not low <= superpixels <= high:
+        raise InvalidParameterError(f"superpixels must be {low} to {high}; got {superpixels}")
+
+
 def faithfulness(
     adapter: Adapter,
     inputs: Inputs,
@@ -255,6 +289,7 @@ def faithfulness(
     batch_size: int | None = None,
     run: RunContext | None = None,
     image_fill: str = "rise",
+    superpixels: int | None = None,
 ) -> Faithfulness:
     """
     Deletion / insertion and (text) comprehensiveness / sufficiency of ``scores``.
@@ -267,11 +302,13 @@ def faithfulness(
 
     ``steps``: points per image curve beyond the first (the pixels removed per step are
     ``ceil(H·W / steps)``); text curves take one token (or feature) per step. ``image_fill``: one of
-    :data:`IMAGE_FILLS`; ``text_removal``: one of :data:`TEXT_REMOVALS`.
+    :data:`IMAGE_FILLS`; ``text_removal``: one of :data:`TEXT_REMOVALS`. ``superpixels``: an image
+    and a prompt's regions are the visual tokens of about that many SLIC superpixels
+    (:func:`~attribution.inputs.perturb.superpixel_regions`); ``None``: each visual token.
 
     Raises:
-        InvalidParameterError: for a bad ``steps``, ``random_orders``, ``image_fill`` or
-            ``text_removal``.
+        InvalidParameterError: for a bad ``steps``, ``random_orders``, ``image_fill``,
+            ``text_removal`` or ``superpixels`` (:func:`check_superpixels`).
         InvalidInputError: when ``scores`` do not match the input, or a text has no tokens.
     """
     return faithfulness_of_maps(
@@ -285,6 +322,7 @@ def faithfulness(
         batch_size,
         run,
         image_fill,
+        superpixels=superpixels,
     )["map"]
 
 
@@ -300,6 +338,7 @@ def faithfulness_of_maps(
     run: RunContext | None = None,
     image_fill: str = "rise",
     expected: bool = False,
+    superpixels: int | None = None,
 ) -> dict[str, Faithfulness]:
     """
     :func:`faithfulness` of several maps of one input and target, against one set of orders.
@@ -320,6 +359,7 @@ def faithfulness_of_maps(
     if steps < 1 or random_orders < 0:
         raise InvalidParameterError("steps must be at least 1 and random_orders at least 0")
     check_options(image_fill, text_removal)
+    check_superpixels(inputs, superpixels)
     run = run or RunContext()
     values = {name: np.asarray(scores, dtype=np.float64) for name, scores in maps.items()}
     for scores in values.values():
@@ -334,7 +374,7 @@ def faithfulness_of_maps(
         image = cast(ImageInputs, inputs)
         parts = _image_parts(image, steps, run, image_fill)
     elif isinstance(inputs, ImageTextInputs):
-        parts, values = _image_text_parts(inputs, values)
+        parts, values = _image_text_parts(inputs, values, superpixels)
     else:
         parts, values = _text_parts(adapter, cast(TextInputs, inputs), values, text_removal)
     exact = _exact_rows(parts, random_orders) if expected else None
@@ -570,12 +610,15 @@ def _image_parts(inputs: ImageInputs, steps: int, run: RunContext, fill: str) ->
 
 
 def _image_text_parts(
-    inputs: ImageTextInputs, maps: dict[str, np.ndarray]
+    inputs: ImageTextInputs, maps: dict[str, np.ndarray], superpixels: int | None
 ) -> tuple[_Parts, dict[str, np.ndarray]]:
-    """An image and a prompt's curve points: each free visual or text token, as a text's."""
-    perturbation = ImageTextPerturbation(inputs)
-    free = perturbation.free.cpu().numpy()
-    values = {name: v[free] for name, v in maps.items()}
+    """
+    An image and a prompt's curve points, as a text's, and each map summed within each unit.
+
+    The units: each text token, and each visual token or (``superpixels``) each region of them.
+    """
+    perturbation = ImageTextPerturbation(inputs, superpixels=superpixels)
+    values = {name: perturbation.feature_scores(v) for name, v in maps.items()}
     n = perturbation.n_cells(0)
     ks = sorted({int(k * n) for k in AOPC_FRACTIONS} - {0}) or [1]
     return _Parts((n,), list(range(n + 1)), perturbation, perturbation, ks), values
