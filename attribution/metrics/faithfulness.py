@@ -70,7 +70,7 @@ from attrlab.attribution.inputs.perturb import (
 from attrlab.attribution.methods._masks import N_SEGMENTS
 from attrlab.attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
 from attrlab.attribution.models.vlm import ImageTextInputs
-from attrlab.attribution.request.run import RunContext
+from attrlab.attribution.request.run import RunContext, RunSettings
 from attrlab.attribution.request.target import Target
 from attrlab.attribution.verdicts import (
     Verdict,
@@ -87,6 +87,7 @@ __all__ = [
     "Faithfulness",
     "check_options",
     "check_superpixels",
+    "check_trust_regions",
     "faithfulness",
     "faithfulness_of_maps",
     "faithfulness_passes",
@@ -276,6 +277,24 @@ def check_superpixels(inputs: Inputs, superpixels: int | None) -> None:
     low, high = int(N_SEGMENTS.minimum or 1), int(N_SEGMENTS.maximum or superpixels)
     if not low <= superpixels <= high:
         raise InvalidParameterError(f"superpixels must be {low} to {high}; got {superpixels}")
+
+
+def check_trust_regions(inputs: Inputs, settings: RunSettings) -> None:
+    """
+    The trust card's superpixels: asked with the trust card, on an image and a prompt.
+
+    Raises:
+        InvalidParameterError: superpixels without ``evaluate``, on another input, or too few
+            or too many (:func:`check_superpixels`).
+    """
+    if settings.evaluate_superpixels is None:
+        return
+    if not settings.evaluate:
+        raise InvalidParameterError(
+            "evaluate_superpixels sets the trust card's regions: ask for the trust card "
+            "(evaluate) too, or leave them empty"
+        )
+    check_superpixels(inputs, settings.evaluate_superpixels)
 
 
 def faithfulness(
