@@ -82,6 +82,8 @@ from attrlab.attribution.verdicts import (
 __all__ = [
     "AOPC_FRACTIONS",
     "IMAGE_FILLS",
+    "MAX_SUPERPIXELS",
+    "MIN_SUPERPIXELS",
     "RANDOM_ORDERS",
     "TEXT_REMOVALS",
     "Faithfulness",
@@ -106,6 +108,8 @@ TEXT_REMOVALS = ("delete", "mask")
 #: The most random orders a map is scored against by default: drawn five at first and more
 #: while its margin over them is unsettled (:func:`~attribution.verdicts.draw_until_settled`).
 RANDOM_ORDERS = 20
+#: The superpixels an image and a prompt's regions may ask for: as a map's ``n_segments``.
+MIN_SUPERPIXELS, MAX_SUPERPIXELS = int(N_SEGMENTS.minimum or 1), int(N_SEGMENTS.maximum or 1)
 
 #: Per modality: (score, its random-order counterpart, True if higher is better).
 SCORES: dict[str, tuple[tuple[str, str, bool], ...]] = {
@@ -274,9 +278,10 @@ def check_superpixels(inputs: Inputs, superpixels: int | None) -> None:
             "superpixels group the visual tokens of an image and a prompt; this input is "
             f"{inputs.modality}: leave them empty"
         )
-    low, high = int(N_SEGMENTS.minimum or 1), int(N_SEGMENTS.maximum or superpixels)
-    if not low <= superpixels <= high:
-        raise InvalidParameterError(f"superpixels must be {low} to {high}; got {superpixels}")
+    if not MIN_SUPERPIXELS <= superpixels <= MAX_SUPERPIXELS:
+        raise InvalidParameterError(
+            f"superpixels must be {MIN_SUPERPIXELS} to {MAX_SUPERPIXELS}; got {superpixels}"
+        )
 
 
 def check_trust_regions(inputs: Inputs, settings: RunSettings) -> None:
