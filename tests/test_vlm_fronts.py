@@ -375,6 +375,22 @@ def test_the_trust_cards_superpixels_are_priced(library):
     assert by_token.forward_passes - by_region.forward_passes == fewer
 
 
+def test_the_cli_prices_the_trust_cards_superpixels_and_refuses_them_alone(
+    capsys, folder, tmp_path
+):
+    image = tmp_path / "halves.png"
+    image.write_bytes(_halves_png())
+    asked = ["explain", "--model", str(folder), "--method", "gradient_x_input", "--device", "cpu"]
+    asked += ["--image", str(image), "--text", PROMPT, "--estimate", "--format", "json"]
+    passes = []
+    for regions in ([], ["--evaluate-superpixels", "2"]):
+        assert main([*asked, "--evaluate", *regions]) == 0
+        passes.append(json.loads(capsys.readouterr().out)["forward_passes"])
+    assert passes[0] - passes[1] == 2 * (2 + RANDOM_ORDERS) * (16 - 2)  # as the estimate's
+    assert main([*asked, "--evaluate-superpixels", "2"]) == 2
+    assert "ask for the trust card (evaluate) too" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("fields", "words"),
     [
