@@ -270,6 +270,7 @@ def check_superpixels(inputs: Inputs, superpixels: int | None) -> None:
 
     Raises:
         InvalidParameterError: for another input, or a count out of that range.
+        UnsupportedMethodError: a prompt of several images (superpixels read one).
     """
     if superpixels is None:
         return
@@ -282,6 +283,7 @@ def check_superpixels(inputs: Inputs, superpixels: int | None) -> None:
         raise InvalidParameterError(
             f"superpixels must be {MIN_SUPERPIXELS} to {MAX_SUPERPIXELS}; got {superpixels}"
         )
+    inputs.one_image("the trust card's superpixels")
 
 
 def check_trust_regions(inputs: Inputs, settings: RunSettings) -> None:
