@@ -500,6 +500,12 @@ class ExplainBody(_InputBody):
     evaluate: bool = Field(
         False, description="Add the map's faithfulness scores (deletion/insertion or ERASER)"
     )
+    evaluate_superpixels: _WholeNumber | None = Field(
+        None,
+        description="With evaluate, on an image and a prompt: the faithfulness scores remove the "
+        "visual tokens of about this many SLIC superpixels together (as a map's segments=slic "
+        "with n_segments); empty: each visual token",
+    )
     per_step: _PerStep = False
 
     @model_validator(mode="after")
@@ -531,6 +537,7 @@ class ExplainBody(_InputBody):
             method=self.method or "",
             params=self.params,
             evaluate=self.evaluate,
+            evaluate_superpixels=self.evaluate_superpixels,
         )
 
     def to_batch(self, indices: Sequence[int] | None = None) -> BatchRequest:
@@ -552,6 +559,7 @@ class ExplainBody(_InputBody):
             methods=methods,
             params=params,
             evaluate=self.evaluate,
+            evaluate_superpixels=self.evaluate_superpixels,
         )
         if self.model is not None or indices is None or list(indices[:1]) == [0]:
             return request
@@ -1451,6 +1459,7 @@ def _add_explain_routes(router: APIRouter, worker: ExplainWorker) -> None:
             method=body.method or "",
             params=body.params,
             evaluate=body.evaluate,
+            evaluate_superpixels=body.evaluate_superpixels,
         )
         cost = await _outcome(worker, submitted, request)
         return {**cost.to_dict(), "summary": cost.summary()}

@@ -57,7 +57,14 @@ def _explain(args: argparse.Namespace) -> int:
     kind = request_records.EstimateRequest if args.estimate else request_records.ExplainRequest
     fields = _input_fields(args)
     requests = [
-        kind(**fields, method=m, params=params.get(m, {}), evaluate=args.evaluate) for m in methods
+        kind(
+            **fields,
+            method=m,
+            params=params.get(m, {}),
+            evaluate=args.evaluate,
+            evaluate_superpixels=args.evaluate_superpixels,
+        )
+        for m in methods
     ]
     results = _on_worker(args, requests, "method")
     if figures is not None:
@@ -1151,6 +1158,14 @@ def _add_explain_command(sub: _Subcommands) -> None:
         "--evaluate",
         action="store_true",
         help="add the map's faithfulness scores beside random orders (deletion/insertion, ERASER)",
+    )
+    explain.add_argument(
+        "--evaluate-superpixels",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="with --evaluate, an image and a prompt: remove the visual tokens of about N SLIC "
+        "superpixels together (as a map's segments=slic); default each visual token",
     )
     explain.add_argument(
         "--figures",

@@ -124,7 +124,8 @@ def _explained(
         run.warn(f"the text was truncated to the model's limit of {len(inputs.tokens)} tokens")
     card_progress = run.progress
     if settings.evaluate and run.progress is not None:
-        run.progress, card_progress = _one_count(run.progress, faithfulness_passes(inputs))
+        passes = faithfulness_passes(inputs, superpixels=settings.evaluate_superpixels)
+        run.progress, card_progress = _one_count(run.progress, passes)
     # Each forward of the method and of its scoring stops the run once it is cancelled.
     with cancellable_forwards(adapter.model, settings.cancel):
         run.stop_if_cancelled()  # a method reading only the prediction stops here
@@ -136,7 +137,14 @@ def _explained(
         run.attentions = None  # every layer's T × T maps: not kept through the trust scoring
         if settings.evaluate:
             run.progress = card_progress
-            scored = faithfulness(adapter, inputs, result.scores, explained, run=run)
+            scored = faithfulness(
+                adapter,
+                inputs,
+                result.scores,
+                explained,
+                run=run,
+                superpixels=settings.evaluate_superpixels,
+            )
             result.metrics.update(scored.metrics)
             result.verdicts += scored.verdicts
     if isinstance(inputs, ImageTextInputs):

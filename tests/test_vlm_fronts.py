@@ -23,6 +23,7 @@ from attrlab.app.worker import ExplainWorker
 from attrlab.attribution.errors import InvalidInputError, TooSlowError
 from attrlab.attribution.explain import explain
 from attrlab.attribution.explanation import Explanation
+from attrlab.attribution.metrics.faithfulness import RANDOM_ORDERS, faithfulness
 from attrlab.attribution.models.hub import load_pretrained
 from attrlab.attribution.models.vlm import (
     ImagePrompt,
@@ -310,6 +311,106 @@ def test_pricing_runs_the_vision_tower_once_per_pass_as_the_methods_do(folder, p
     assert estimate.seconds > 0
     assert max(rows["block"]) > 1  # passes of many rows were timed...
     assert set(rows["tower"]) == {1}  # ...each with one image through the vision tower
+
+
+def _halves_png() -> bytes:
+    """
+    A 32 × 64 PNG of two flat colours meeting at column 29.
+
+    LLaVA keeps its middle 32 columns as 4 × 4 tokens: two superpixels, each over half of them.
+    """
+    pixels = np.empty((32, 64, 3), dtype=np.uint8)
+    pixels[:, :29] = (220, 40, 40)
+    pixels[:, 29:] = (40, 60, 220)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+#: The trust card's scores that rank the map's own units (no random order in them).
+_OWN_SCORES = ("comprehensiveness", "sufficiency", "deletion_morf_auc", "insertion_morf_auc")
+
+
+def test_the_trust_card_over_superpixels_through_rest_and_the_python_api(served, folder, library):
+    png = _halves_png()
+    answer = given_answer(library, ANSWER)
+    inputs = with_answer(library, library.preprocess(ImagePrompt(png, PROMPT)), answer)
+    target = answer_target(library, inputs, answer)
+    scores = explain(library, "gradient_x_input", inputs, target).scores
+    # the library's scores over the two halves and the text tokens
+    expected = faithfulness(library, inputs, scores, target, random_orders=0, superpixels=2)
+    per_token = faithfulness(library, inputs, scores, target, random_orders=0)
+    assert expected.metrics["comprehensiveness"] != per_token.metrics["comprehensiveness"]
+    asked = {"text": PROMPT, "answer": ANSWER, "evaluate": True, "evaluate_superpixels": 2}
+    response = served.post("/api/v1/explain", json=_body(folder, png, **asked))
+    assert response.status_code == 200, response.text
+    found = attrlab.explain(
+        library,
+        image=png,
+        text=PROMPT,
+        method="gradient_x_input",
+        answer=ANSWER,
+        evaluate=True,
+        evaluate_superpixels=2,
+    )
+    assert isinstance(found, Explanation)
+    for metrics in (response.json()["metrics"], found.metrics):
+        for name in _OWN_SCORES:
+            assert metrics[name] == pytest.approx(expected.metrics[name], rel=1e-5), name
+
+
+def test_the_trust_cards_superpixels_are_priced(library):
+    png = _halves_png()
+    fields = {"model": "library", "text": PROMPT, "image": png, "method": "gradient_x_input"}
+    by_token = run_request(EstimateRequest(**fields, evaluate=True), library)
+    by_region = run_request(
+        EstimateRequest(**fields, evaluate=True, evaluate_superpixels=2), library
+    )
+    inputs: ImageTextInputs = library.preprocess(ImagePrompt(png, PROMPT))
+    visual = int(inputs.visual_tokens.sum())
+    assert visual == 16
+    # two curves per order (the map's two and the random ones), one point fewer per unit
+    # fewer: the 16 visual tokens become two halves
+    fewer = 2 * (2 + RANDOM_ORDERS) * (visual - 2)
+    assert by_token.forward_passes - by_region.forward_passes == fewer
+
+
+def test_the_cli_prices_the_trust_cards_superpixels_and_refuses_them_alone(
+    capsys, folder, tmp_path
+):
+    image = tmp_path / "halves.png"
+    image.write_bytes(_halves_png())
+    asked = ["explain", "--model", str(folder), "--method", "gradient_x_input", "--device", "cpu"]
+    asked += ["--image", str(image), "--text", PROMPT, "--estimate", "--format", "json"]
+    passes = []
+    for regions in ([], ["--evaluate-superpixels", "2"]):
+        assert main([*asked, "--evaluate", *regions]) == 0
+        passes.append(json.loads(capsys.readouterr().out)["forward_passes"])
+    assert passes[0] - passes[1] == 2 * (2 + RANDOM_ORDERS) * (16 - 2)  # as the estimate's
+    assert main([*asked, "--evaluate-superpixels", "2"]) == 2
+    assert "ask for the trust card (evaluate) too" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"evaluate_superpixels": 2}, "ask for the trust card (evaluate) too"),
+        ({"evaluate": True, "evaluate_superpixels": 1}, "superpixels must be 2 to 5000"),
+        (
+            {"evaluate": True, "evaluate_superpixels": 2, "model": "tiny-random-gpt2"},
+            "superpixels group the visual tokens of an image and a prompt",
+        ),
+    ],
+)
+def test_rest_refuses_the_trust_cards_superpixels_in_words(served, folder, png, fields, words):
+    body = _body(folder, png, text=PROMPT, **fields)
+    if fields.get("model") == "tiny-random-gpt2":
+        del body["image_base64"]
+    for route in ("/api/v1/explain", "/api/v1/estimate"):
+        response = served.post(route, json=body)
+        assert response.status_code == 422, response.text
+        error = response.json()["error"]
+        assert error["code"] == "invalid_parameter" and words in error["message"], route
 
 
 def _batch_lines(tmp_path: Path, png: bytes, lines: list[dict]) -> Path:

@@ -29,7 +29,7 @@ from attrlab.attribution.errors import InvalidParameterError, UnsupportedMethodE
 from attrlab.attribution.explain import explain
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.image_text import map_parts
-from attrlab.attribution.inputs.perturb import superpixel_regions
+from attrlab.attribution.inputs.perturb import ImageTextPerturbation, superpixel_regions
 from attrlab.attribution.metrics.faithfulness import faithfulness
 from attrlab.attribution.models.vlm import (
     ImagePrompt,
@@ -365,7 +365,11 @@ def test_a_planted_patchs_superpixel_comes_first() -> None:
     assert left[keep] and plain.regions[keep, 0] == 24
     with reads_one_visual_token(adapter, plain.visual_positions, keep):
         inputs, _, target = _halves_case(adapter)  # the block input of the planted model
-        for method, params in (("occlusion", {}), ("sobol", {"n_designs": 8})):
+        for method, params in (
+            ("occlusion", {}),
+            ("sobol", {"n_designs": 8}),
+            ("shap", {"max_evals": 200}),
+        ):
             explanation = explain(adapter, method, inputs, target, {**params, **SUPERPIXELS})
             visual = np.abs(explanation.maps["visual_tokens"])
             assert left[int(visual.argmax())], method
@@ -395,23 +399,100 @@ def test_faithfulness_removes_visual_and_text_tokens_as_occlusion_hides_them() -
     order = sorted(free, key=lambda i: -scores[i])
     assert inputs.visual_tokens[free].any() and not inputs.visual_tokens[free].all()
 
-    def score_without(hidden_positions: list[int]) -> float:
-        def hide(hidden: torch.Tensor) -> torch.Tensor:
-            hidden = hidden.clone()
-            hidden[:, hidden_positions] = 0
-            return hidden
-
-        with torch.no_grad(), _block_input_edited(adapter, hide):
-            return float(_log_p(adapter, inputs, answer))
-
     deletion, insertion = scored.curves["deletion_morf"], scored.curves["insertion_morf"]
     assert len(deletion) == len(free) + 1
     rounding = 8 * float(torch.finfo(torch.float32).eps) * abs(deletion[0])
     for k in range(3):  # the k most relevant tokens removed, visual or text alike
-        assert deletion[k] == pytest.approx(score_without(order[:k]), abs=rounding)
+        assert deletion[k] == pytest.approx(
+            _hidden_log_p(adapter, inputs, answer, order[:k]), abs=rounding
+        )
     # only the most relevant token shown
-    assert insertion[1] == pytest.approx(score_without(order[1:]), abs=rounding)
+    assert insertion[1] == pytest.approx(
+        _hidden_log_p(adapter, inputs, answer, order[1:]), abs=rounding
+    )
     assert {"comprehensiveness", "sufficiency"} <= set(scored.metrics)
+
+
+def _hidden_log_p(
+    adapter: VisionLanguageAdapter, inputs: ImageTextInputs, answer: Answer, positions: list[int]
+) -> float:
+    """``log p(answer)`` with the rows of ``positions`` zeroed at the first block's input."""
+
+    def hide(hidden: torch.Tensor) -> torch.Tensor:
+        hidden = hidden.clone()
+        hidden[:, positions] = 0
+        return hidden
+
+    with torch.no_grad(), _block_input_edited(adapter, hide):
+        return float(_log_p(adapter, inputs, answer))
+
+
+def _halves_units(inputs: ImageTextInputs) -> list[list[int]]:
+    """The halves' visual positions (left, then right) and each free text position alone."""
+    positions = inputs.visual_positions.numpy()
+    left = _left_of_edge(inputs)
+    text = [
+        i
+        for i in range(len(inputs.tokens))
+        if not inputs.fixed_tokens[i] and not inputs.visual_tokens[i]
+    ]
+    return [positions[left].tolist(), positions[~left].tolist(), *[[i] for i in text]]
+
+
+def test_shap_over_superpixels_adds_up_to_the_drop_with_every_unit_hidden() -> None:
+    adapter = _adapter("llava")
+    inputs, answer, target = _halves_case(adapter)
+    explanation = explain(adapter, "shap", inputs, target, {"max_evals": 500, **SUPERPIXELS})
+    scores = explanation.scores
+    units = _halves_units(inputs)
+    with torch.no_grad():
+        clean = float(_log_p(adapter, inputs, answer))
+    hidden = _hidden_log_p(adapter, inputs, answer, [i for unit in units for i in unit])
+    rounding = 8 * float(torch.finfo(torch.float32).eps) * abs(clean)
+    assert scores.sum() == pytest.approx(clean - hidden, abs=rounding)
+    assert explanation.metrics["base_value"] == pytest.approx(hidden, abs=rounding)
+    # a half's value shared evenly among its eight tokens; nothing on the fixed tokens
+    for half in units[:2]:
+        assert len(half) == 8 and (scores[half] == scores[half[0]]).all()
+    assert scores[units[0]].any()
+    assert not scores[inputs.fixed_tokens.numpy()].any()
+
+
+def test_a_units_score_is_the_sum_of_its_tokens_map_values() -> None:
+    adapter = _adapter("llava")
+    inputs, _, _ = _halves_case(adapter)
+    values = np.random.default_rng(1).normal(size=len(inputs.tokens))
+    units = _halves_units(inputs)
+    summed = ImageTextPerturbation(inputs, superpixels=2).feature_scores(values)
+    np.testing.assert_allclose(summed, [values[unit].sum() for unit in units])
+    # each visual token on its own without superpixels
+    alone = ImageTextPerturbation(inputs).feature_scores(values)
+    free = [i for i in range(len(inputs.tokens)) if not inputs.fixed_tokens[i]]
+    np.testing.assert_allclose(alone, values[free])
+
+
+def test_faithfulness_over_superpixels_removes_whole_regions_in_the_maps_order() -> None:
+    adapter = _adapter("llava")
+    inputs, answer, target = _halves_case(adapter)
+    scores = explain(adapter, "gradient_x_input", inputs, target).scores
+    scored = faithfulness(adapter, inputs, scores, target, random_orders=0, superpixels=2)
+    units = _halves_units(inputs)
+    order = sorted(units, key=lambda unit: -scores[unit].sum())  # each unit's summed value
+    deletion, insertion = scored.curves["deletion_morf"], scored.curves["insertion_morf"]
+    assert len(deletion) == len(units) + 1
+    rounding = 8 * float(torch.finfo(torch.float32).eps) * abs(deletion[0])
+    everything = [i for unit in units for i in unit]
+    for k in range(4):  # the k most relevant units removed, a half's eight tokens at once
+        removed = [i for unit in order[:k] for i in unit]
+        assert deletion[k] == pytest.approx(
+            _hidden_log_p(adapter, inputs, answer, removed), abs=rounding
+        )
+    shown = set(order[0])  # only the most relevant unit shown
+    kept = _hidden_log_p(adapter, inputs, answer, [i for i in everything if i not in shown])
+    assert insertion[1] == pytest.approx(kept, abs=rounding)
+    assert any(len(unit) == 8 for unit in order[:4])  # a whole half among the removed
+    with pytest.raises(InvalidParameterError, match="superpixels"):
+        faithfulness(adapter, inputs, scores, target, random_orders=0, superpixels=1)
 
 
 def _hooks(model: nn.Module) -> list[int]:

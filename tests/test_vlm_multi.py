@@ -32,6 +32,7 @@ from attrlab.attribution.models.vlm import (
 )
 from attrlab.attribution.patching.image import Blurred, image_patching_problem
 from attrlab.attribution.request.answers import answer_target, given_answer
+from attrlab.attribution.request.run import RunSettings
 from attrlab.attribution.request.target import Target
 from attrlab.attribution.visual_tokens.request import VisualTokenRequest
 
@@ -218,6 +219,11 @@ def test_what_reads_one_image_refuses_several_in_words() -> None:
     adapter, inputs, target = _case("llava")
     with pytest.raises(UnsupportedMethodError, match="grid cell or superpixel reads one image"):
         explain(adapter, "occlusion", inputs, target, {"segments": "slic"})
+    with pytest.raises(UnsupportedMethodError, match="grid cell or superpixel reads one image"):
+        explain(adapter, "shap", inputs, target, {"segments": "slic"})
+    trust = RunSettings(evaluate=True, evaluate_superpixels=4)  # the trust card's regions
+    with pytest.raises(UnsupportedMethodError, match="trust card's superpixels reads one"):
+        explain(adapter, "gradient_x_input", inputs, target, settings=trust)
     with pytest.raises(UnsupportedMethodError, match=r"patching reads one image; .* holds 2"):
         image_patching_problem(adapter, ImagePrompt([FIRST, SECOND], PROMPT), Blurred(2.0))
     with pytest.raises(InvalidInputError, match="visual-token study reads one image; 2 were"):

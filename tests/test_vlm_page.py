@@ -32,6 +32,7 @@ from attrlab.app.worker import ExplainWorker
 from attrlab.attribution.explain import explain
 from attrlab.attribution.explanation import Explanation
 from attrlab.attribution.image_text import map_parts
+from attrlab.attribution.metrics.faithfulness import faithfulness
 from attrlab.attribution.models.hub import load_pretrained
 from attrlab.attribution.models.vlm import ImagePrompt, VisionLanguageAdapter, with_answer
 from attrlab.attribution.patching import Masked, Noised, image_patching_report
@@ -121,6 +122,8 @@ def _fields(folder: Path, uploaded: str, **changed: Any) -> list[Any]:
         "patch_components": ["residual"],
         "patch_estimators": ["exact", "atp"],
         "patch_directions": ["denoising"],
+        "trust": False,
+        "trust_superpixels": None,
     }
     return list({**fields, **changed}.values())
 
@@ -190,6 +193,33 @@ def test_the_maps_shares_and_study_are_the_librarys(shown, library):
     assert rows["image share"].tolist() == pytest.approx(
         [expected.metrics["image_share"], *expected.maps["step_image_share"]], abs=1e-4
     )
+
+
+def test_the_trust_cards_score_the_map_over_the_superpixels_asked(
+    served, page_of, folder, uploaded, library
+):
+    fields = _fields(
+        folder, uploaded, methods=["gradient_x_input"], scorers=[], trust=True, trust_superpixels=4
+    )
+    shown = page_of["vlm_run"](True, *fields, gr.Request(session_hash="vlm-trust"), **QUIET)
+    found = shown[-1].explanations["gradient_x_input"]
+    answer = given_answer(library, ANSWER)
+    inputs = with_answer(library, library.preprocess(ImagePrompt(IMAGE, PROMPT)), answer)
+    target = answer_target(library, inputs, answer)
+    scores = explain(library, "gradient_x_input", inputs, target).scores
+    scored = faithfulness(library, inputs, scores, target, random_orders=0, superpixels=4)
+    for name in ("comprehensiveness", "sufficiency", "deletion_morf_auc"):
+        assert found.metrics[name] == pytest.approx(scored.metrics[name], rel=1e-5), name
+    cards = next(o for o in shown if isinstance(o, str) and 'class="trust-card"' in o)
+    assert 'data-method="gradient_x_input"' in cards
+    link = shown[-2]
+    assert dict(parse_qsl(link.removeprefix("?")))["trust_superpixels"] == "4"
+    opened = _opened(served[0], link)
+    assert opened["vlm-trust"]["value"] is True
+    assert opened["vlm-trust-superpixels"]["value"] == 4
+    opened = _opened(served[0], "?tab=vlm&trust_superpixels=many")
+    problems = opened["link-problems"]["value"].replace("\\", "")
+    assert "trust_superpixels 'many' is not a whole number" in problems
 
 
 def test_a_steps_map_paints_each_visual_tokens_value_over_its_own_box(shown, page_of, library):

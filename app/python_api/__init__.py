@@ -183,6 +183,7 @@ def explain(
     granularity: str = "token",
     spans: Sequence[Sequence[int]] | None = None,
     evaluate: bool = False,
+    evaluate_superpixels: int | None = None,
     randomise: bool = False,
     seed: int = 0,
     params: dict[str, Any] | None = None,
@@ -216,6 +217,10 @@ def explain(
         granularity: ``"token"``, ``"word"``, ``"sentence"`` or ``"span"``.
         spans: With ``granularity="span"``: character ``(start, stop)`` ranges of the text.
         evaluate: Add the trust card's faithfulness scores against random orders.
+        evaluate_superpixels: With ``evaluate`` and ``image``: the trust card removes the
+            visual tokens of about this many SLIC superpixels of the image together (as a
+            map's ``segments="slic"``, ``n_segments``), each map summed within each; default
+            each visual token on its own.
         randomise: With ``methods``: each map's randomisation sanity check.
         seed: Seeds every random draw of the run.
         params: The method's parameters (``{"n_steps": 32}``); with ``methods``, per method
@@ -261,6 +266,7 @@ def explain(
             method=method or DEFAULT_METHOD,
             params=params or {},
             evaluate=evaluate,
+            evaluate_superpixels=evaluate_superpixels,
         )
         return attribution_request.run_request(one, adapter)
     several = attribution_request.CheckRequest(
@@ -271,6 +277,7 @@ def explain(
         params=params or {},
         randomise=randomise,
         evaluate=evaluate,
+        evaluate_superpixels=evaluate_superpixels,
     )
     return attribution_request.run_request(several, adapter)
 

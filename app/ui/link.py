@@ -41,6 +41,7 @@ from attrlab.attribution.eviction.request import MAX_ITEMS, TASK_KINDS, TASK_SIZ
 from attrlab.attribution.eviction.study import EVICTION_UNITS, SPLITS
 from attrlab.attribution.inputs.features import GRANULARITIES
 from attrlab.attribution.methods import get_method
+from attrlab.attribution.metrics.faithfulness import MAX_SUPERPIXELS
 from attrlab.attribution.patching.problem import MAX_SEEDS
 from attrlab.attribution.request import MAX_ORDERS, MAX_SEED
 from attrlab.attribution.request.answers import MAX_NEW_TOKENS
@@ -117,6 +118,7 @@ LINK_FIELDS = (
     "layer",
     "attention_layer",
     "shortv",
+    "trust_superpixels",
 )
 #: Link fields that are on/off flags, written ``1`` (a flag that is off is left out).
 _FLAGS = (
@@ -138,6 +140,7 @@ _COUNTS = {
     "draws": MAX_ORDERS,
     "count": MAX_ITEMS,
     "max_tokens": TASK_SIZES[1],
+    "trust_superpixels": MAX_SUPERPIXELS,
 }
 #: Fields that name a block, from 0 (the Vision-language tab's).
 _BLOCKS = ("layer", "attention_layer")

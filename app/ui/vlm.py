@@ -9,9 +9,11 @@ visual-token study, of the same answer, as a :class:`~attribution.request.Visual
 both go through the page's runner and the library's gate, priced and refused over the server's
 budgets as ``POST /api/v1/explain`` and ``POST /api/v1/visual-tokens`` are. It shows each
 method's map over the image with the text map beside it (the whole answer's, or one step's,
-chosen without rerunning), the image's and the text's shares, the visual-token curves with their
-verdicts in words, each scorer's agreement with exact removal and ShortV's layers, an export and
-a link (which carries the patching section's fields too, but not its other image: an upload).
+chosen without rerunning), the image's and the text's shares, with Trust cards each map's
+faithfulness over image regions (each visual token, or SLIC superpixels) and text tokens, the
+visual-token curves with their verdicts in words, each scorer's agreement with exact removal and
+ShortV's layers, an export and a link (which carries the patching section's fields too, but not
+its other image: an upload).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from attrlab.app.ui.shared import (
 )
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.explanation import Explanation
+from attrlab.attribution.metrics.faithfulness import MAX_SUPERPIXELS
 from attrlab.attribution.models import BUILTIN_MODELS
 from attrlab.attribution.patching import (
     Blurred,
@@ -79,6 +82,7 @@ from attrlab.viz.answer import answer_layout
 from attrlab.viz.bundle import write_bundle
 from attrlab.viz.image_text import image_text_figure
 from attrlab.viz.patching import patching_figure_names, patching_figures, patching_files
+from attrlab.viz.trust import trust_card_html
 from attrlab.viz.visual_tokens import (
     answer_origin,
     dropped_where,
@@ -176,6 +180,7 @@ class VisionLanguageTab:
             label="The image's and the text's shares of |relevance|, per method and step",
             elem_id="vlm-shares",
         )
+        self.trust_cards = gr.HTML("", elem_id="vlm-trust-cards")
         self.plots = {
             name: gr.Plot(visible=False, show_label=False, elem_id=f"{name}-plot")
             for name in _TOKEN_FIGURES
@@ -196,8 +201,10 @@ class VisionLanguageTab:
         #: The patching section's, read only for the link (the other image cannot travel).
         self.fields += [self.corruption, self.sigma, self.box]
         self.fields += [self.components, self.estimators, self.directions]
+        self.fields += [self.trust, self.trust_superpixels]
         #: What a run fills, in its order.
         self.outputs = [self.summary, self.step, *self.maps.values(), self.shares]
+        self.outputs += [self.trust_cards]
         self.outputs += [*self.plots.values(), self.agreement, self.link, self.last]
         self._wire()
 
@@ -274,6 +281,21 @@ class VisionLanguageTab:
                     label="Methods (maps over the image and the prompt)",
                     elem_id="vlm-methods",
                 )
+                with gr.Row():
+                    self.trust = gr.Checkbox(
+                        False,
+                        label="Trust cards (faithfulness vs random orders)",
+                        elem_id="vlm-trust",
+                    )
+                    self.trust_superpixels = gr.Number(
+                        None,
+                        precision=0,
+                        minimum=0,
+                        maximum=MAX_SUPERPIXELS,
+                        label="Trust cards' image regions: SLIC superpixels (empty: each visual "
+                        "token)",
+                        elem_id="vlm-trust-superpixels",
+                    )
                 self.seed = gr.Number(0, precision=0, minimum=0, label="Seed", elem_id="vlm-seed")
 
     def _study_settings(self) -> None:
@@ -418,7 +440,7 @@ class VisionLanguageTab:
         names = ["model", "image", "prompt", "answer", "contrast", "generate", "max_new_tokens"]
         names += ["stop", "per_step", "methods", "seed", "scorers", "layer", "attention_layer"]
         names += ["ratios", "draws", "shortv", "corruption", "sigma", "box", "components"]
-        names += ["estimators", "directions"]
+        names += ["estimators", "directions", "trust", "trust_superpixels"]
         return LinkedTab(
             dict(zip(names, self.fields, strict=True)),
             [],
@@ -453,6 +475,8 @@ class VisionLanguageTab:
         components_: list[str],
         estimators_: list[str],
         directions_: list[str],
+        trust_: bool,
+        trust_superpixels_: float | None,
         request: gr.Request,
         progress=gr.Progress(),  # noqa: B008
     ):
@@ -491,10 +515,20 @@ class VisionLanguageTab:
             tokens.check()
         model = (model_ or "").strip() or None  # none: the library asks for one
         where = (session(request), _TAB)
+        trust = bool(trust_)
+        # the regions are the trust cards': read only when they are asked for
+        superpixels = whole(trust_superpixels_) if trust and trust_superpixels_ else None
         explanations = {
             method: self.runner(
                 ExplainRequest(
-                    model=model, image=image, text=prompt, method=method, answer=spec, seed=seed
+                    model=model,
+                    image=image,
+                    text=prompt,
+                    method=method,
+                    answer=spec,
+                    seed=seed,
+                    evaluate=trust,
+                    evaluate_superpixels=superpixels,
                 ),
                 progress,
                 *where,
@@ -521,6 +555,8 @@ class VisionLanguageTab:
             "draws": tokens.draws,
             "shortv": tokens.shortv,
             **_patching_link(corruption_, sigma_, box_, components_, estimators_, directions_),
+            "trust": trust,
+            "trust_superpixels": superpixels,
         }
         result = VisionLanguageResult(explanations, report, fields)
         return in_order(self.outputs, self._shown(result, request))
@@ -534,6 +570,11 @@ class VisionLanguageTab:
             self.step: gr.update(choices=_steps(result.explanations), value=_WHOLE),
             **self._maps(result, None),
             self.shares: shares_table(result.explanations),
+            self.trust_cards: (
+                "".join(trust_card_html(e) for e in result.explanations.values())
+                if result.fields.get("trust")
+                else ""
+            ),
             **{
                 plot: gr.update(value=figures.get(name), visible=name in figures)
                 for name, plot in self.plots.items()

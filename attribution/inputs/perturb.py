@@ -501,6 +501,18 @@ class ImageTextPerturbation:
         scores[..., self.free.cpu().numpy()] = values[..., self.column.cpu().numpy()]
         return scores
 
+    def feature_scores(self, scores: np.ndarray) -> np.ndarray:
+        """
+        Per-position ``scores`` ``(..., T)`` summed within each feature: ``(..., n_features)``.
+
+        A region gets the sum of its visual tokens' scores; fixed positions count in none
+        (:meth:`element_map` of the sums gives a map whose sums are these again).
+        """
+        scores = np.asarray(scores, dtype=np.float64)[..., self.free.cpu().numpy()]
+        member = np.zeros((scores.shape[-1], len(self.sizes)), dtype=np.float64)
+        member[np.arange(scores.shape[-1]), self.column.cpu().numpy()] = 1.0
+        return scores @ member
+
     def __call__(self, masks: torch.Tensor) -> dict[str, torch.Tensor]:
         """Model kwargs for a batch of ``(b, n_features)`` keep masks."""
         b = masks.shape[0]

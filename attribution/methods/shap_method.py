@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import numpy as np
@@ -22,7 +22,13 @@ from attrlab.attribution.inputs.perturb import (
     box_blur,
     top_decile_error,
 )
-from attrlab.attribution.methods._masks import BATCH_SIZE, PRECISION
+from attrlab.attribution.methods._masks import (
+    BATCH_SIZE,
+    N_SEGMENTS,
+    PRECISION,
+    SEGMENTS,
+    check_segments,
+)
 from attrlab.attribution.methods.base import Attribution, AttributionMethod, Passes
 from attrlab.attribution.methods.registry import register
 from attrlab.attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs, text_adapter
@@ -52,6 +58,12 @@ class ShapParams(MethodParams):
         True,
     )
     blur: int = param(128, "Images: side of the box blur hiding masked regions.", 1, 4096)
+    segments: str = replace(
+        SEGMENTS,
+        help="An image and a prompt: each visual token on its own (grid), or its visual tokens "
+        "grouped by the SLIC superpixel (scikit-image) covering most of each token's box.",
+    ).as_field()
+    n_segments: int = N_SEGMENTS.as_field()
     batch_size: int | None = BATCH_SIZE.as_field()
     precision: str = PRECISION.as_field()
 
@@ -69,9 +81,11 @@ class Shap(AttributionMethod[ShapParams]):
     ``shap.maskers.Image`` hiding regions with a box-blurred copy of the image
     (``blur×blur``, as the masker's ``"blur(k,k)"`` option, computed without OpenCV) over
     axis-aligned splits; pixel values are summed over colour channels. An image and a prompt:
-    its visual and text tokens in sequence order (visual tokens row by row) over a balanced
-    tree of neighbours, a hidden one zeroed at the language model's first block input (as
-    :class:`~attribution.inputs.perturb.ImageTextPerturbation` hides it). Scores explain the
+    the features occlusion hides (:class:`~attribution.inputs.perturb.ImageTextPerturbation`),
+    each visual token, or with ``segments=slic`` the visual tokens of each SLIC superpixel
+    together, and each text token, in sequence order of their first token over a balanced tree
+    of neighbours; a hidden feature's rows of the language model's first block input are
+    zeroed, and a region's value is shared evenly among its visual tokens. Scores explain the
     target logit. The explainer spends at most ``max_evals`` forward passes. An answer's steps
     are explained together, one column each: the whole map is their sum, a per-step row
     (:class:`~attribution.request.target.StepTarget`) one column.
@@ -97,6 +111,7 @@ class Shap(AttributionMethod[ShapParams]):
     @classmethod
     def _passes(cls, adapter: Adapter, inputs: Inputs, params: ShapParams) -> Passes:
         """At most the model passes :meth:`attribute` spends on ``inputs``."""
+        check_segments(inputs, params.segments, ("image-text",))
         # the Partition explainer stops early once its cluster tree is fully expanded
         batch = params.batch_size or auto_batch_size(adapter, inputs)
         # shap adds masks in pairs, so an odd budget can be passed by up to two evaluations
@@ -111,6 +126,7 @@ class Shap(AttributionMethod[ShapParams]):
         params: ShapParams,
         run: RunContext,
     ) -> Attribution:
+        check_segments(inputs, params.segments, ("image-text",))
         batch_size = params.batch_size or auto_batch_size(adapter, inputs)
         max_evals, tolerance = params.max_evals, params.tolerance
         if tolerance is not None and max_evals <= MIN_EVALS_BEFORE_STOPPING:
@@ -321,8 +337,14 @@ def _image_text(
     params: ShapParams,
     remember: bool,
 ) -> tuple[Any, Any, Callable[[np.ndarray], np.ndarray]]:
-    """Partition explainer over an image and a prompt's positions: 1 keeps one, 0 zeroes it."""
-    perturbation = ImageTextPerturbation(cast(ImageTextInputs, inputs))
+    """
+    Partition explainer over an image and a prompt's features: 1 keeps one, 0 zeroes it.
+
+    Its features as occlusion's: each text token, each visual token or (``segments=slic``) the
+    visual tokens of each superpixel.
+    """
+    superpixels = params.n_segments if params.segments == "slic" else None
+    perturbation = ImageTextPerturbation(cast(ImageTextInputs, inputs), superpixels=superpixels)
     n = perturbation.n_cells(0)
     masker = shap.maskers.Partition(np.zeros((1, n)), clustering=_neighbour_tree(n))
 

@@ -169,6 +169,7 @@ def check_methods(
                     cancel=settings.cancel,
                     max_forward_passes=left,
                     evaluate=scored,
+                    evaluate_superpixels=settings.evaluate_superpixels if scored else None,
                 ),
                 per_step=steps,
             )

@@ -30,9 +30,11 @@ answer's is often under 1e-20), and a contrast's ``p(A) / p(B)`` has no bound. T
 tokens are never removed (:attr:`~attribution.models.base.TextInputs.fixed_tokens`).
 
 An image and a prompt (:class:`~attribution.models.vlm.ImageTextInputs`) is scored as a text
-whose tokens are its visual and text tokens together, each removed by zeroing its row of the
-language model's first block input, the way occlusion hides it
-(:class:`~attribution.inputs.perturb.ImageTextPerturbation`).
+whose units are its image regions and text tokens together, each removed by zeroing its rows of
+the language model's first block input, the way occlusion hides it
+(:class:`~attribution.inputs.perturb.ImageTextPerturbation`): a region is each visual token, or
+with ``superpixels`` the visual tokens of one SLIC superpixel of the image (as a map's
+``segments=slic``), and the map summed within each unit ranks them.
 
 Every measure comes with the same measure for seeded random orders (their mean), so that a
 number means something; each score of :data:`SCORES` also with the 95 % range of one random
@@ -65,9 +67,10 @@ from attrlab.attribution.inputs.perturb import (
     TextPerturbation,
     auto_batch_size,
 )
+from attrlab.attribution.methods._masks import N_SEGMENTS
 from attrlab.attribution.models.base import Adapter, ImageInputs, Inputs, TextInputs
 from attrlab.attribution.models.vlm import ImageTextInputs
-from attrlab.attribution.request.run import RunContext
+from attrlab.attribution.request.run import RunContext, RunSettings
 from attrlab.attribution.request.target import Target
 from attrlab.attribution.verdicts import (
     Verdict,
@@ -79,10 +82,14 @@ from attrlab.attribution.verdicts import (
 __all__ = [
     "AOPC_FRACTIONS",
     "IMAGE_FILLS",
+    "MAX_SUPERPIXELS",
+    "MIN_SUPERPIXELS",
     "RANDOM_ORDERS",
     "TEXT_REMOVALS",
     "Faithfulness",
     "check_options",
+    "check_superpixels",
+    "check_trust_regions",
     "faithfulness",
     "faithfulness_of_maps",
     "faithfulness_passes",
@@ -101,6 +108,8 @@ TEXT_REMOVALS = ("delete", "mask")
 #: The most random orders a map is scored against by default: drawn five at first and more
 #: while its margin over them is unsettled (:func:`~attribution.verdicts.draw_until_settled`).
 RANDOM_ORDERS = 20
+#: The superpixels an image and a prompt's regions may ask for: as a map's ``n_segments``.
+MIN_SUPERPIXELS, MAX_SUPERPIXELS = int(N_SEGMENTS.minimum or 1), int(N_SEGMENTS.maximum or 1)
 
 #: Per modality: (score, its random-order counterpart, True if higher is better).
 SCORES: dict[str, tuple[tuple[str, str, bool], ...]] = {
@@ -214,12 +223,23 @@ def _image_counts(size: int, steps: int) -> list[int]:
     return [min(size, i * step) for i in range(math.ceil(size / step) + 1)]
 
 
-def faithfulness_passes(inputs: Inputs, steps: int = 50, random_orders: int = RANDOM_ORDERS) -> int:
-    """Forward passes :func:`faithfulness` spends: two curves per order, MoRF, LeRF, random."""
+def faithfulness_passes(
+    inputs: Inputs,
+    steps: int = 50,
+    random_orders: int = RANDOM_ORDERS,
+    superpixels: int | None = None,
+) -> int:
+    """
+    Forward passes :func:`faithfulness` spends: two curves per order, MoRF, LeRF, random.
+
+    Raises:
+        InvalidParameterError: ``superpixels`` for an input other than an image and a prompt.
+    """
+    check_superpixels(inputs, superpixels)
     if inputs.modality == "image":
         points = len(_image_counts(math.prod(inputs.map_shape), steps))
     elif isinstance(inputs, ImageTextInputs):
-        points = int((~inputs.fixed_tokens).sum()) + 1
+        points = len(ImageTextPerturbation(inputs, superpixels=superpixels).sizes) + 1
     else:
         text = cast(TextInputs, inputs)
         features = text.features
@@ -244,6 +264,46 @@ def check_options(image_fill: str, text_removal: str) -> None:
         )
 
 
+def check_superpixels(inputs: Inputs, superpixels: int | None) -> None:
+    """
+    Superpixels group an image and a prompt's visual tokens, as many as ``n_segments`` allows.
+
+    Raises:
+        InvalidParameterError: for another input, or a count out of that range.
+        UnsupportedMethodError: a prompt of several images (superpixels read one).
+    """
+    if superpixels is None:
+        return
+    if not isinstance(inputs, ImageTextInputs):
+        raise InvalidParameterError(
+            "superpixels group the visual tokens of an image and a prompt; this input is "
+            f"{inputs.modality}: leave them empty"
+        )
+    if not MIN_SUPERPIXELS <= superpixels <= MAX_SUPERPIXELS:
+        raise InvalidParameterError(
+            f"superpixels must be {MIN_SUPERPIXELS} to {MAX_SUPERPIXELS}; got {superpixels}"
+        )
+    inputs.one_image("the trust card's superpixels")
+
+
+def check_trust_regions(inputs: Inputs, settings: RunSettings) -> None:
+    """
+    The trust card's superpixels: asked with the trust card, on an image and a prompt.
+
+    Raises:
+        InvalidParameterError: superpixels without ``evaluate``, on another input, or too few
+            or too many (:func:`check_superpixels`).
+    """
+    if settings.evaluate_superpixels is None:
+        return
+    if not settings.evaluate:
+        raise InvalidParameterError(
+            "evaluate_superpixels sets the trust card's regions: ask for the trust card "
+            "(evaluate) too, or leave them empty"
+        )
+    check_superpixels(inputs, settings.evaluate_superpixels)
+
+
 def faithfulness(
     adapter: Adapter,
     inputs: Inputs,
@@ -255,6 +315,7 @@ def faithfulness(
     batch_size: int | None = None,
     run: RunContext | None = None,
     image_fill: str = "rise",
+    superpixels: int | None = None,
 ) -> Faithfulness:
     """
     Deletion / insertion and (text) comprehensiveness / sufficiency of ``scores``.
@@ -267,11 +328,13 @@ def faithfulness(
 
     ``steps``: points per image curve beyond the first (the pixels removed per step are
     ``ceil(H·W / steps)``); text curves take one token (or feature) per step. ``image_fill``: one of
-    :data:`IMAGE_FILLS`; ``text_removal``: one of :data:`TEXT_REMOVALS`.
+    :data:`IMAGE_FILLS`; ``text_removal``: one of :data:`TEXT_REMOVALS`. ``superpixels``: an image
+    and a prompt's regions are the visual tokens of about that many SLIC superpixels
+    (:func:`~attribution.inputs.perturb.superpixel_regions`); ``None``: each visual token.
 
     Raises:
-        InvalidParameterError: for a bad ``steps``, ``random_orders``, ``image_fill`` or
-            ``text_removal``.
+        InvalidParameterError: for a bad ``steps``, ``random_orders``, ``image_fill``,
+            ``text_removal`` or ``superpixels`` (:func:`check_superpixels`).
         InvalidInputError: when ``scores`` do not match the input, or a text has no tokens.
     """
     return faithfulness_of_maps(
@@ -285,6 +348,7 @@ def faithfulness(
         batch_size,
         run,
         image_fill,
+        superpixels=superpixels,
     )["map"]
 
 
@@ -300,6 +364,7 @@ def faithfulness_of_maps(
     run: RunContext | None = None,
     image_fill: str = "rise",
     expected: bool = False,
+    superpixels: int | None = None,
 ) -> dict[str, Faithfulness]:
     """
     :func:`faithfulness` of several maps of one input and target, against one set of orders.
@@ -320,6 +385,7 @@ def faithfulness_of_maps(
     if steps < 1 or random_orders < 0:
         raise InvalidParameterError("steps must be at least 1 and random_orders at least 0")
     check_options(image_fill, text_removal)
+    check_superpixels(inputs, superpixels)
     run = run or RunContext()
     values = {name: np.asarray(scores, dtype=np.float64) for name, scores in maps.items()}
     for scores in values.values():
@@ -334,7 +400,7 @@ def faithfulness_of_maps(
         image = cast(ImageInputs, inputs)
         parts = _image_parts(image, steps, run, image_fill)
     elif isinstance(inputs, ImageTextInputs):
-        parts, values = _image_text_parts(inputs, values)
+        parts, values = _image_text_parts(inputs, values, superpixels)
     else:
         parts, values = _text_parts(adapter, cast(TextInputs, inputs), values, text_removal)
     exact = _exact_rows(parts, random_orders) if expected else None
@@ -570,12 +636,15 @@ def _image_parts(inputs: ImageInputs, steps: int, run: RunContext, fill: str) ->
 
 
 def _image_text_parts(
-    inputs: ImageTextInputs, maps: dict[str, np.ndarray]
+    inputs: ImageTextInputs, maps: dict[str, np.ndarray], superpixels: int | None
 ) -> tuple[_Parts, dict[str, np.ndarray]]:
-    """An image and a prompt's curve points: each free visual or text token, as a text's."""
-    perturbation = ImageTextPerturbation(inputs)
-    free = perturbation.free.cpu().numpy()
-    values = {name: v[free] for name, v in maps.items()}
+    """
+    An image and a prompt's curve points, as a text's, and each map summed within each unit.
+
+    The units: each text token, and each visual token or (``superpixels``) each region of them.
+    """
+    perturbation = ImageTextPerturbation(inputs, superpixels=superpixels)
+    values = {name: perturbation.feature_scores(v) for name, v in maps.items()}
     n = perturbation.n_cells(0)
     ks = sorted({int(k * n) for k in AOPC_FRACTIONS} - {0}) or [1]
     return _Parts((n,), list(range(n + 1)), perturbation, perturbation, ks), values

@@ -21,7 +21,11 @@ from attrlab.attribution.inputs.perturb import auto_batch_size
 from attrlab.attribution.methods import get_method
 from attrlab.attribution.methods.base import AttributionMethod
 from attrlab.attribution.methods.smoothing import smoothing_requested
-from attrlab.attribution.metrics.faithfulness import RANDOM_ORDERS, faithfulness_passes
+from attrlab.attribution.metrics.faithfulness import (
+    RANDOM_ORDERS,
+    check_trust_regions,
+    faithfulness_passes,
+)
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.request.calibration import calibrate
 from attrlab.attribution.request.run import RunSettings
@@ -115,7 +119,8 @@ def estimate(
     """
     The cost of ``explain(adapter, method, inputs, target, params, settings, per_step)``.
 
-    Of the settings only ``evaluate`` changes the cost (the trust card's curves). ``target``:
+    Of the settings only ``evaluate`` and ``evaluate_superpixels`` change the cost (the trust
+    card's curves). ``target``:
     a target record (an answer, a contrast), whose values on the input may take a forward of
     their own and whose per-step matrix (``per_step``) is priced by :func:`per_step_runs`; a
     class or a next token (or ``None``, the top prediction) costs the same whichever it is.
@@ -125,8 +130,18 @@ def estimate(
     """
     method_cls = get_method(method)
     resolved = method_cls.resolve(adapter, params)
-    evaluate = (settings or RunSettings()).evaluate
-    return priced(adapter, method_cls, inputs, resolved, evaluate, target, per_step)
+    settings = settings or RunSettings()
+    check_trust_regions(inputs, settings)
+    return priced(
+        adapter,
+        method_cls,
+        inputs,
+        resolved,
+        settings.evaluate,
+        target,
+        per_step,
+        superpixels=settings.evaluate_superpixels,
+    )
 
 
 def priced(
@@ -138,12 +153,15 @@ def priced(
     target: Target | None = None,
     per_step: bool = False,
     max_rows: int | None = None,
+    superpixels: int | None = None,
 ) -> Estimate:
     """
     :func:`estimate` of a method with parameters already resolved (by its ``resolve``).
 
     ``max_rows``: the most rows of one pass the run holds beside its own batch (a per-step
     matrix's batch of steps, the trust card's scoring batch), as the gate bounds them.
+    ``superpixels``: the trust card's regions of an image and a prompt
+    (:attr:`RunSettings.evaluate_superpixels`).
     """
     passes = method_cls.planned_passes(adapter, inputs, params)
     steps = target.steps if per_step and target is not None else 1
@@ -177,7 +195,7 @@ def priced(
         forward += 1
         seconds += calibration.seconds("forward", 1)
     if evaluate:  # the trust card's curves, scored in batches
-        scoring = faithfulness_passes(inputs)
+        scoring = faithfulness_passes(inputs, superpixels=superpixels)
         scoring_batch = auto_batch_size(adapter, inputs)
         if max_rows is not None:
             scoring_batch = min(scoring_batch, max_rows)

@@ -27,6 +27,7 @@ from attrlab.attribution.errors import (
 )
 from attrlab.attribution.methods import get_method
 from attrlab.attribution.methods.base import AttributionMethod
+from attrlab.attribution.metrics.faithfulness import check_trust_regions
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.request.calibration import calibrate
 from attrlab.attribution.request.estimate import Estimate, priced, study_estimate
@@ -178,6 +179,7 @@ def clear(
     """
     method_cls = get_method(method)
     check_modality(adapter, inputs.modality)
+    check_trust_regions(inputs, settings)
     resolved = method_cls.resolve(adapter, params)
     rows = None
     if settings.max_memory_bytes is not None:
@@ -186,7 +188,15 @@ def clear(
         )
     if settings.max_seconds is not None:
         cost = priced(
-            adapter, method_cls, inputs, resolved, settings.evaluate, target, per_step, rows
+            adapter,
+            method_cls,
+            inputs,
+            resolved,
+            settings.evaluate,
+            target,
+            per_step,
+            rows,
+            settings.evaluate_superpixels,
         )
         if cost.seconds * runs > settings.max_seconds:
             times = f" ({runs} runs of it)" if runs > 1 else ""
@@ -221,7 +231,16 @@ def _within_memory(
     rows = memory_rows(adapter, inputs, settings)
     if rows is None:  # no bound, or the CPU's peak cannot be read here
         return params, None
-    cost = priced(adapter, method_cls, inputs, params, settings.evaluate, target, per_step)
+    cost = priced(
+        adapter,
+        method_cls,
+        inputs,
+        params,
+        settings.evaluate,
+        target,
+        per_step,
+        superpixels=settings.evaluate_superpixels,
+    )
     if (cost.peak_memory_bytes or 0) <= _usable(settings):
         return params, rows
     fitted = dict(params)
@@ -229,7 +248,17 @@ def _within_memory(
         planned = method_cls.planned_passes(adapter, inputs, fitted).batch
         if planned is not None:
             fitted[name] = min(planned, rows)
-    cost = priced(adapter, method_cls, inputs, fitted, settings.evaluate, target, per_step, rows)
+    cost = priced(
+        adapter,
+        method_cls,
+        inputs,
+        fitted,
+        settings.evaluate,
+        target,
+        per_step,
+        rows,
+        settings.evaluate_superpixels,
+    )
     _refuse_over_memory("this request", cost, settings, lighter(method_cls.name, fitted))
     return fitted, rows
 

@@ -290,6 +290,8 @@ class ExplainRequest(_OneMethod, InputRequest[Explanation]):
     method: str
     params: dict[str, Any] = field(default_factory=dict)
     evaluate: bool = False  # add the map's faithfulness scores (the trust card) to metrics
+    #: The trust card's regions of an image and a prompt: about this many superpixels.
+    evaluate_superpixels: int | None = None
 
     def costs(self) -> list[EstimateRequest]:
         """The estimate of this explanation."""
@@ -305,7 +307,7 @@ class ExplainRequest(_OneMethod, InputRequest[Explanation]):
             ready.inputs,
             target=ready.target,
             params=self.params,
-            settings=run.settings_for(self.seed, self.evaluate),
+            settings=run.settings_for(self.seed, self.evaluate, self.evaluate_superpixels),
             per_step=ready.per_step,
         )
 
@@ -317,6 +319,7 @@ class EstimateRequest(_OneMethod, InputRequest["Estimate"]):
     method: str
     params: dict[str, Any] = field(default_factory=dict)
     evaluate: bool = False
+    evaluate_superpixels: int | None = None
 
     def reads_only(self, adapter: Adapter) -> bool:
         """
@@ -329,7 +332,7 @@ class EstimateRequest(_OneMethod, InputRequest["Estimate"]):
 
     def run_on(self, adapter: Adapter, run: JobContext) -> Estimate:
         """The estimate; the first on a model calibrates every batch width of its device."""
-        settings = run.settings_for(self.seed, self.evaluate)
+        settings = run.settings_for(self.seed, self.evaluate, self.evaluate_superpixels)
         ready = run.targeted(self)
         calibrate(adapter).measure_all()  # later estimates run no pass: light
         return estimate(
@@ -351,6 +354,7 @@ class CheckRequest(_SeveralMethods, InputRequest["MethodCheck"]):
     randomise: bool = False
     top_fraction: float = TOP_FRACTION
     evaluate: bool = False  # each map's faithfulness scores (the trust card) in its metrics
+    evaluate_superpixels: int | None = None  # the trust cards' regions (an image and a prompt)
 
     def check(self, bounds: RequestBounds) -> None:
         """The input within bounds, and methods a check can compare (no model needed)."""
@@ -368,7 +372,7 @@ class CheckRequest(_SeveralMethods, InputRequest["MethodCheck"]):
             self.params,
             self.randomise,
             self.top_fraction,
-            run.settings_for(self.seed, self.evaluate),
+            run.settings_for(self.seed, self.evaluate, self.evaluate_superpixels),
             ready.per_step,
         )
 
@@ -1020,6 +1024,7 @@ class BatchRequest(_SeveralMethods, Request[list[InstanceResults]]):
     methods: tuple[str, ...]
     params: dict[str, dict[str, Any]] = field(default_factory=dict)  # per method
     evaluate: bool = False
+    evaluate_superpixels: int | None = None  # the trust cards' regions (an image and a prompt)
 
     def _asks(self) -> tuple[str, bool]:
         """The first instance's model: of its modality, a decoder LM's for an answer."""
@@ -1057,6 +1062,7 @@ class BatchRequest(_SeveralMethods, Request[list[InstanceResults]]):
                 method=method,
                 params=self.params.get(method, {}),
                 evaluate=self.evaluate,
+                evaluate_superpixels=self.evaluate_superpixels,
             )
             for instance in self.instances
             for method in self.methods
@@ -1085,7 +1091,7 @@ class BatchRequest(_SeveralMethods, Request[list[InstanceResults]]):
             self.methods,
             run.targeted,
             params=self.params,
-            settings=run.settings_for(self.seed, self.evaluate),
+            settings=run.settings_for(self.seed, self.evaluate, self.evaluate_superpixels),
             progress=lambda done: run.progress(done * len(self.methods), total),
             record_errors=failed,
         )
@@ -1105,9 +1111,17 @@ class JobContext:
     #: The same, decoded only: a text, or an image within the server's pixel limit.
     read: Callable[[Instance], Any]
 
-    def settings_for(self, seed: int, evaluate: bool = False) -> RunSettings:
-        """The settings of a run of this job: its seed and trust card, the job's budgets."""
-        return replace(self.settings, seed=seed, evaluate=evaluate)
+    def settings_for(
+        self, seed: int, evaluate: bool = False, superpixels: int | None = None
+    ) -> RunSettings:
+        """
+        The settings of a run of this job: its seed and trust card, the job's budgets.
+
+        ``superpixels``: the trust card's regions (:attr:`RunSettings.evaluate_superpixels`).
+        """
+        return replace(
+            self.settings, seed=seed, evaluate=evaluate, evaluate_superpixels=superpixels
+        )
 
     def progress(self, done: int, total: int) -> None:
         """Report the job's progress."""

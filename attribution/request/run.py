@@ -65,6 +65,9 @@ class RunSettings:
             (:class:`TooMuchMemoryError`).
         evaluate: Add the map's faithfulness scores and their random-order counterparts to its
             metrics (the trust card).
+        evaluate_superpixels: With ``evaluate``, on an image and a prompt: the trust card
+            removes the visual tokens of about this many SLIC superpixels of the image together
+            (as a map's ``segments=slic`` with ``n_segments``); ``None``: each visual token.
     """
 
     seed: int = 0
@@ -74,6 +77,7 @@ class RunSettings:
     max_seconds: float | None = None
     max_memory_bytes: int | None = None
     evaluate: bool = False
+    evaluate_superpixels: int | None = None
 
 
 @dataclass
