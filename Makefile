@@ -54,8 +54,9 @@ browser:
 # on 2 cores the waits of one file (a browser drawing, a server starting) run beside the other's
 # work. Three were tried on the whole suite (2026-12-02): 26 min 49 s, against 21 min 3 s for two
 # the run before, and browser tests timed out with the cores shared three ways.
+# --durations: the slowest tests in every run's log (CI's too), where the 18 minutes go.
 test: lint docs browser
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=30
 
 # Day-to-day loop: lint and the tests without the slow, browser and live-server ones (CI runs
 # `make test`, every test).
