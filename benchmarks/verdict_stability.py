@@ -162,22 +162,19 @@ def main() -> None:
         )
     rows = []
     names = sorted({(m, s) for m, s, _ in verdicts})
+    ran = [rule for rule in ("before", "after") if rule in args.rules.split(",")]
+
+    def stable(seen: list[str]) -> str:
+        return "-" if not seen else "yes" if len(set(seen)) == 1 else "**no**"
+
     for method, score in names:
-        before, after = (verdicts.get((method, score, rule), ["-"]) for rule in ("before", "after"))
-        rows.append(
-            [
-                method,
-                score,
-                " ".join(before),
-                "yes" if len(set(before)) == 1 else "**no**",
-                " ".join(after),
-                "yes" if len(set(after)) == 1 else "**no**",
-            ]
-        )
+        before, after = (verdicts.get((method, score, rule), []) for rule in ("before", "after"))
+        seen = [" ".join(before) or "-", stable(before), " ".join(after) or "-", stable(after)]
+        rows.append([method, score, *seen])
     print(f"{MODELS[args.modality]}, bundled {args.modality} items, seeds 0–{args.seeds - 1}")
     print_table(["method", "score", "before: verdict per seed", "stable", "after", "stable"], rows)
-    stable = [sum(r[i] == "yes" for r in rows) for i in (3, 5)]
-    print(f"\nstable verdicts: before {stable[0]}/{len(rows)}, after {stable[1]}/{len(rows)}\n")
+    counts = {rule: sum(r[i] == "yes" for r in rows) for rule, i in (("before", 3), ("after", 5))}
+    print("\nstable verdicts: " + ", ".join(f"{r} {counts[r]}/{len(rows)}" for r in ran) + "\n")
     print_table(
         [
             "rule",
