@@ -12,7 +12,7 @@ which positions are visual and which region of the original image each one stand
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -234,17 +234,26 @@ def _first_block_reads(
         handle.remove()
 
 
+class _BlockInputTaken(Exception):
+    """Ends a forward once the first block's input is taken: the blocks need not run."""
+
+
 def block_input_of(adapter: Adapter, model_kwargs: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The input of the language model's first block on ``model_kwargs``, ``(B, T, D)``."""
+    """
+    The input of the language model's first block on ``model_kwargs``, ``(B, T, D)``.
+
+    The forward stops there: the vision tower, the projector and the embeddings run, no block.
+    """
     seen: list[torch.Tensor] = []
 
     def keep(_m: nn.Module, args: tuple, kwargs: dict) -> None:
         seen.append((args[0] if args else kwargs["hidden_states"]).detach())
+        raise _BlockInputTaken
 
     decoder = vision_language(adapter)
     handle = decoder.blocks()[0].register_forward_pre_hook(keep, with_kwargs=True)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), suppress(_BlockInputTaken):
             decoder.model(**model_kwargs)
     finally:
         handle.remove()
