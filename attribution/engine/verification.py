@@ -42,6 +42,7 @@ from attrlab.attribution.layers.analysis import checked_target
 from attrlab.attribution.metrics.faithfulness import measured
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.text import DecoderLMAdapter
+from attrlab.attribution.models.vlm import ImageTextInputs
 from attrlab.attribution.request.defaults import PRUNING_DRAWS
 from attrlab.attribution.request.run import RunContext, RunSettings
 from attrlab.attribution.request.target import Target, decoder_adapter
@@ -53,6 +54,7 @@ from attrlab.attribution.verdicts import (
     draw_until_settled,
     first_round,
 )
+from attrlab.attribution.visual_tokens.answer import batched_kwargs
 
 __all__ = [
     "ALLOCATION_SPREAD",
@@ -329,7 +331,10 @@ def removed_scores(
     """
     target = checked_target(adapter, inputs, target)
     rows = [[], *sets]
-    kwargs = {k: repeated(v, len(rows)) for k, v in inputs.model_kwargs().items()}
+    if isinstance(inputs, ImageTextInputs):  # a processor's flattened patches: one image a row
+        kwargs = batched_kwargs(inputs, len(rows))
+    else:
+        kwargs = {k: repeated(v, len(rows)) for k, v in inputs.model_kwargs().items()}
     remove = unit_kind(unit).removal(removal)
     with altered(adapter.model), torch.no_grad(), remove(adapter, rows):
         values = measured(target, target.outputs(adapter, **kwargs))
