@@ -41,8 +41,8 @@ ANSWER = " a red cup"
 TEXT_ONLY = "tiny-random-gpt2"
 
 
-def _png() -> bytes:
-    pixels = np.random.default_rng(5).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+def _png(seed: int = 5) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, (32, 32, 3), dtype=np.uint8)
     buffer = io.BytesIO()
     Image.fromarray(pixels).save(buffer, format="PNG")
     return buffer.getvalue()
@@ -51,8 +51,8 @@ def _png() -> bytes:
 IMAGE = _png()
 
 
-def _answered(adapter):
-    prompt = adapter.preprocess(ImagePrompt(IMAGE, PROMPT))
+def _answered(adapter, image: bytes | list[bytes] = IMAGE):
+    prompt = adapter.preprocess(ImagePrompt(image, PROMPT))
     answer = given_answer(adapter, ANSWER)
     item = with_answer(adapter, prompt, answer)
     return prompt, item, answer_target(adapter, item, answer)
@@ -113,15 +113,31 @@ def test_skip_is_the_answers_log_probability_with_the_block_bypassed_by_hand(vlm
         assert got == pytest.approx(expected, abs=1e-5)
 
 
-def test_the_recheck_zeroes_the_top_head_as_its_ablation_did(vlm):
-    """The re-check batches the image's rows (Qwen2-VL's flattened patches, one image a row)."""
-    _, item, target = _answered(vlm)
-    params = {"measures": "ablation", "top_k": 1, "recheck_draws": 1}
-    explained = explain(vlm, "layers", item, target, params)
+def _rechecks_its_top_head(explained) -> None:
+    """With ``top_k=1``, the re-check's top head of ``ablation_zero`` moves as its ablation."""
     zeroed = explained.layers[explained.layers.measure == "ablation_zero"]
     top = zeroed.loc[zeroed["value"].abs().idxmax(), "value"]
     assert abs(top) > 1e-6
     assert explained.metrics["recheck:ablation_zero"] == pytest.approx(top, abs=1e-5)
+
+
+def test_the_recheck_zeroes_the_top_head_as_its_ablation_did(vlm):
+    """The re-check's rows part at the first block (Qwen2-VL's patches are flattened)."""
+    _, item, target = _answered(vlm)
+    params = {"measures": "ablation", "top_k": 1, "recheck_draws": 1}
+    _rechecks_its_top_head(explain(vlm, "layers", item, target, params))
+
+
+def test_a_prompt_of_two_images_leaves_shortv_out_in_words():
+    adapter = tiny_llava()
+    _, item, target = _answered(adapter, [IMAGE, _png(6)])
+    params = {"top_k": 1, "recheck_draws": 1}
+    explained = explain(adapter, "layers", item, target, params)
+    assert not set(SHORTV_MEASURES) & set(explained.layers.measure)
+    assert "measure shortv reads one image; this prompt holds 2" in " ".join(explained.warnings)
+    _rechecks_its_top_head(explained)
+    with pytest.raises(InvalidInputError, match="shortv reads one image"):
+        analyze_layers(adapter, item, target, ["shortv"])
 
 
 def test_shortv_is_priced_counted_and_refused_without_an_answer_in_words(vlm):

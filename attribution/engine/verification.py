@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -39,6 +40,7 @@ from attrlab.attribution.engine.units import Site
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.inputs.perturb import BatchRunner, repeated
 from attrlab.attribution.layers.analysis import checked_target
+from attrlab.attribution.layers.hooks import widened
 from attrlab.attribution.metrics.faithfulness import measured
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.text import DecoderLMAdapter
@@ -54,7 +56,6 @@ from attrlab.attribution.verdicts import (
     draw_until_settled,
     first_round,
 )
-from attrlab.attribution.visual_tokens.answer import batched_kwargs
 
 __all__ = [
     "ALLOCATION_SPREAD",
@@ -331,12 +332,16 @@ def removed_scores(
     """
     target = checked_target(adapter, inputs, target)
     rows = [[], *sets]
-    if isinstance(inputs, ImageTextInputs):  # a processor's flattened patches: one image a row
-        kwargs = batched_kwargs(inputs, len(rows))
+    rows_from: AbstractContextManager[None]
+    if isinstance(inputs, ImageTextInputs):
+        # the images (one or several) run the vision tower once, in one row; the rows part at
+        # the language model's first block, before the units act
+        kwargs, rows_from = inputs.model_kwargs(), widened(adapter.blocks()[0], len(rows))
     else:
         kwargs = {k: repeated(v, len(rows)) for k, v in inputs.model_kwargs().items()}
+        rows_from = nullcontext()
     remove = unit_kind(unit).removal(removal)
-    with altered(adapter.model), torch.no_grad(), remove(adapter, rows):
+    with altered(adapter.model), torch.no_grad(), rows_from, remove(adapter, rows):
         values = measured(target, target.outputs(adapter, **kwargs))
     return values.cpu().numpy()
 

@@ -124,13 +124,15 @@ class Measure:
 
     def lacking(self, inputs: Inputs) -> str | None:
         """What ``inputs`` lack for it, in words, or ``None``."""
-        if self.image_answer and not (
-            isinstance(inputs, ImageTextInputs) and inputs.answer_length > 0
-        ):
+        if not self.image_answer:
+            return None
+        if not (isinstance(inputs, ImageTextInputs) and inputs.answer_length > 0):
             return (
                 f"measure {self.name} reads an answer on an image and a prompt (give one: "
                 "answer, or generate for the model's own)"
             )
+        if len(inputs.images) != 1:
+            return f"measure {self.name} reads one image; this prompt holds {len(inputs.images)}"
         return None
 
 
