@@ -150,6 +150,10 @@ def test_shortv_is_priced_counted_and_refused_without_an_answer_in_words(vlm):
     counted = RunContext()
     analyze(vlm, item, target, ["shortv"], counted)
     assert counted.forward_passes == layers + 1
+    every = RunContext()  # every measure: the price is what the run counts
+    analyze(vlm, item, target, None, every)
+    priced = analysis.planned_passes(vlm, None, item)
+    assert priced[:2] == (every.forward_passes, every.backward_passes)
     # a prompt without an answer (the front ends make a next token a one-token answer): named,
     # refused; by default, left out in words
     next_token = output_target(vlm, 0)
