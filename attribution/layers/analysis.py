@@ -131,8 +131,10 @@ class Measure:
                 f"measure {self.name} reads an answer on an image and a prompt (give one: "
                 "answer, or generate for the model's own)"
             )
-        if len(inputs.images) != 1:
-            return f"measure {self.name} reads one image; this prompt holds {len(inputs.images)}"
+        try:
+            inputs.one_image(f"measure {self.name}")
+        except UnsupportedMethodError as several:
+            return str(several)
         return None
 
 
