@@ -568,7 +568,7 @@ class ExplainBody(_InputBody):
 
 
 class LayersBody(_InputBody):
-    """One layer and head analysis (exactly one of ``text`` and ``image_base64``)."""
+    """One layer and head analysis: a ``text``, an ``image_base64``, or both (image and prompt)."""
 
     model_config = ConfigDict(
         json_schema_extra={

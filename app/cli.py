@@ -138,6 +138,8 @@ def _layers(args: argparse.Namespace) -> int:
     _output_path(args.output)
     figures = _output_path(args.figures, folder=True)
     if args.input is not None:
+        if args.text is not None or args.image is not None:
+            raise _usage_error("--input is a dataset: give it without --text and --image")
         if _asks_answer(args):
             raise _usage_error(
                 "--answer, --generate, --contrast and --chat explain one --text; a dataset's "
@@ -1244,10 +1246,12 @@ def _add_layers_command(sub: _Subcommands) -> None:
         "layers", help="which layers and heads carried a prediction (one input or a dataset)"
     )
     layers.add_argument("--model", default=None, help="alias, hub id or local folder")
-    source = layers.add_mutually_exclusive_group(required=True)
-    source.add_argument("--text")
-    source.add_argument("--image", help="path of an image file")
-    source.add_argument(
+    # --text, --image or both (a vision-language model's prompt and image); or --input
+    layers.add_argument("--text", help="the text (with --image: the prompt about the image)")
+    layers.add_argument(
+        "--image", help="path of an image file (with --text: a vision-language model's input)"
+    )
+    layers.add_argument(
         "--input", help='JSONL file, one {"text": ...} or {"image": path} (+ "target") per line'
     )
     layers.add_argument(

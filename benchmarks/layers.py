@@ -42,7 +42,7 @@ def bench(
     with torch.no_grad():
         index = int(adapter.logits(**inputs.model_kwargs())[0].argmax())
     target = output_target(adapter, index)
-    groups = [m for m in MEASURES.values() if adapter.family == "decoder-lm" or not m.decoders_only]
+    groups = [m for m in MEASURES.values() if m.applies_to(adapter)]
     calls = {
         "forward": forward(adapter, inputs),
         "forward+backward": forward_backward(adapter, inputs, index),

@@ -43,7 +43,7 @@ from attrlab.attribution.methods.registry import get_method
 from attrlab.attribution.models.vlm import ImagePrompt, with_answer
 from attrlab.attribution.request.answers import answer_target, given_answer
 from attrlab.attribution.request.run import RunContext
-from attrlab.attribution.visual_tokens.removal import answer_scores, batched_kwargs
+from attrlab.attribution.visual_tokens.answer import answer_scores, batched_kwargs
 
 #: The language model's sizes: the tests' own, or SmolLM2-135M's (its vocabulary aside).
 LANGUAGE_MODELS: dict[str, dict[str, int] | None] = {

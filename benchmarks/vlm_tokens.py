@@ -30,11 +30,8 @@ from _tiny_vlm import tiny_llava
 from attrlab.attribution.layers.hooks import skip_blocks_at
 from attrlab.attribution.models.vlm import ImagePrompt, with_answer
 from attrlab.attribution.request.answers import given_answer
-from attrlab.attribution.visual_tokens.removal import (
-    batched_kwargs,
-    dropped_rows,
-    visual_attention,
-)
+from attrlab.attribution.visual_tokens.answer import batched_kwargs
+from attrlab.attribution.visual_tokens.removal import dropped_rows, visual_attention
 
 BATCH = 32
 

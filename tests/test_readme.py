@@ -53,6 +53,8 @@ DOCS_NOT_RUN = {
     "test_vlm.py makes these calls on tiny random LLaVA and Qwen2-VL models",
     ("vlm_tokens.md", "visual_token_study(adapter, [item]"): "no vision-language weights can "
     "be fetched here; test_vlm_tokens.py makes these calls on tiny random models",
+    ("layers.md", 'image=Path("cat.png")'): "no vision-language weights can be fetched here; "
+    "test_vlm_layers.py makes these calls on tiny random models",
     ("vlm_patching.md", "ImagePrompt(image_bytes"): "no vision-language weights can be fetched "
     "here; test_vlm_patching.py makes these calls on tiny random models of each family",
     ("large-models.md", "long_text"): "a long text is the point (minutes on a CPU); "

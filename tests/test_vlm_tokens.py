@@ -20,13 +20,9 @@ from attrlab.attribution.errors import InvalidInputError, InvalidParameterError
 from attrlab.attribution.explain import explain
 from attrlab.attribution.models.vlm import ImagePrompt, with_answer
 from attrlab.attribution.request.answers import answer_target, given_answer
+from attrlab.attribution.visual_tokens.answer import batched_kwargs
 from attrlab.attribution.visual_tokens.layers import layer_contribution
-from attrlab.attribution.visual_tokens.removal import (
-    VISUAL_TOKEN,
-    batched_kwargs,
-    dropped_rows,
-    visual_attention,
-)
+from attrlab.attribution.visual_tokens.removal import VISUAL_TOKEN, dropped_rows, visual_attention
 from attrlab.attribution.visual_tokens.scorers import VISUAL_SCORERS, Scoring
 from attrlab.attribution.visual_tokens.study import visual_token_study
 

@@ -286,9 +286,11 @@ def layers(
     model: Adapter | str,
     text: str,
     *,
+    image: Path | Image.Image | np.ndarray | bytes | None = None,
     target: int | str | None = None,
     answer: str | None = None,
     contrast: str | None = None,
+    generate: int | None = None,
     chat: bool = False,
     seed: int = 0,
     **params: Any,
@@ -299,6 +301,9 @@ def layers(
     ``params`` are the method's (``measures``, ``top_k``, ``recheck_draws``, ...:
     ``attrlab methods``). The Explanation's ``layers`` table holds one row per layer, head and
     measure; its verdicts re-check each head estimator's top heads against random heads.
+    With ``image``, ``text`` is a vision-language model's prompt about it: the blocks are its
+    language model's, and with an ``answer`` (or ``generate``) ShortV's layer contribution
+    (``shortv_kl``, ``shortv_log_prob``, ``shortv_exact_match``) joins the table.
 
     Raises:
         InvalidParameterError, InvalidInputError: as :func:`explain`.
@@ -311,14 +316,17 @@ def layers(
         ['head_gradient', 'lens_probability', 'lens_rank']
     """
     if not isinstance(text, str):
-        raise InvalidInputError("the layers analysis reads a text")
+        raise InvalidInputError("the layers analysis reads a text (with image=, its prompt)")
     explained = explain(
         model,
-        text,
+        None,
         attribution_methods.LayerAnalysis.name,
+        image=image,
+        text=text,
         target=target,
         answer=answer,
         contrast=contrast,
+        generate=generate,
         chat=chat,
         seed=seed,
         params=params,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -39,9 +40,11 @@ from attrlab.attribution.engine.units import Site
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.inputs.perturb import BatchRunner, repeated
 from attrlab.attribution.layers.analysis import checked_target
+from attrlab.attribution.layers.hooks import widened
 from attrlab.attribution.metrics.faithfulness import measured
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.text import DecoderLMAdapter
+from attrlab.attribution.models.vlm import ImageTextInputs
 from attrlab.attribution.request.defaults import PRUNING_DRAWS
 from attrlab.attribution.request.run import RunContext, RunSettings
 from attrlab.attribution.request.target import Target, decoder_adapter
@@ -329,9 +332,16 @@ def removed_scores(
     """
     target = checked_target(adapter, inputs, target)
     rows = [[], *sets]
-    kwargs = {k: repeated(v, len(rows)) for k, v in inputs.model_kwargs().items()}
+    rows_from: AbstractContextManager[None]
+    if isinstance(inputs, ImageTextInputs):
+        # the images (one or several) run the vision tower once, in one row; the rows part at
+        # the language model's first block, before the units act
+        kwargs, rows_from = inputs.model_kwargs(), widened(adapter.blocks()[0], len(rows))
+    else:
+        kwargs = {k: repeated(v, len(rows)) for k, v in inputs.model_kwargs().items()}
+        rows_from = nullcontext()
     remove = unit_kind(unit).removal(removal)
-    with altered(adapter.model), torch.no_grad(), remove(adapter, rows):
+    with altered(adapter.model), torch.no_grad(), rows_from, remove(adapter, rows):
         values = measured(target, target.outputs(adapter, **kwargs))
     return values.cpu().numpy()
 

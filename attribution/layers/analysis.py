@@ -34,6 +34,13 @@ Definitions (METHODS.md, "Layer and head importance"):
 * ``entropy``: attention entropy of each query normalised by the log of its visible keys
   (causal and sliding-window queries see fewer), averaged over queries seeing more than one.
 * ``sink``: attention mass on the first token, averaged over queries.
+* ``shortv`` (an image and a prompt holding an answer): ShortV's layer contribution, each block
+  left out of the visual tokens (:mod:`attribution.visual_tokens.layers`): ``shortv_kl``,
+  ``shortv_log_prob``, ``shortv_exact_match`` of the answer the input holds.
+
+On a vision-language model the blocks are its language model's, the sequence its visual and
+text tokens together; the vision tower runs once per forward (batched measures widen the batch
+at the first block they change).
 
 Query heads are reported; ``kv_head`` names the key/value head each shares (GQA).
 """
@@ -42,14 +49,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 import torch
 from torch import nn
 
 from attrlab.attribution.alteration import altered
-from attrlab.attribution.errors import InvalidParameterError, UnsupportedMethodError
+from attrlab.attribution.errors import (
+    InvalidInputError,
+    InvalidParameterError,
+    UnsupportedMethodError,
+)
 from attrlab.attribution.explanation import LAYER_COLUMNS, layer_table
 from attrlab.attribution.inputs.perturb import BatchRunner
 from attrlab.attribution.layers.hooks import (
@@ -58,6 +69,7 @@ from attrlab.attribution.layers.hooks import (
     block_io,
     gate_heads,
     skip_blocks,
+    widened,
 )
 from attrlab.attribution.methods.lrp.relevance import LRPResult, lrp
 from attrlab.attribution.methods.lrp.settings import resolve_settings
@@ -65,12 +77,11 @@ from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.families import Layout
 from attrlab.attribution.models.layouts import layout_for
 from attrlab.attribution.models.text import DecoderLMAdapter
+from attrlab.attribution.models.vlm import ImageTextInputs
 from attrlab.attribution.request.answers import check_answer_fits
 from attrlab.attribution.request.run import RunContext, RunSettings
 from attrlab.attribution.request.target import Target, decoder_adapter
-
-if TYPE_CHECKING:
-    from attrlab.attribution.models.vlm import ImageTextInputs
+from attrlab.attribution.visual_tokens.layers import SHORTV_MEASURES, shortv_rows
 
 __all__ = [
     "COLUMNS",
@@ -85,6 +96,8 @@ __all__ = [
     "chosen_measures",
     "head_estimators",
     "head_projections",
+    "left_out",
+    "planned_passes",
 ]
 
 #: Columns of the long table; ``head`` and ``kv_head`` are null on layer rows.
@@ -100,7 +113,34 @@ class Measure:
     produces: tuple[str, ...]
     cost: str
     description: str
-    decoders_only: bool = False
+    #: The model families it applies to; ``None``: every family.
+    families: frozenset[str] | None = None
+    #: It reads the teacher-forced answer an image and a prompt hold (ShortV).
+    image_answer: bool = False
+
+    def applies_to(self, adapter: Adapter) -> bool:
+        """Whether it applies to ``adapter``'s family."""
+        return self.families is None or adapter.family in self.families
+
+    def lacking(self, inputs: Inputs) -> str | None:
+        """What ``inputs`` lack for it, in words, or ``None``."""
+        if not self.image_answer:
+            return None
+        if not (isinstance(inputs, ImageTextInputs) and inputs.answer_length > 0):
+            return (
+                f"measure {self.name} reads an answer on an image and a prompt (give one: "
+                "answer, or generate for the model's own)"
+            )
+        try:
+            inputs.one_image(f"measure {self.name}")
+        except UnsupportedMethodError as several:
+            return str(several)
+        return None
+
+
+#: Decoder LMs, a vision-language model's language model among them.
+_DECODERS = frozenset({"decoder-lm", "vision-language"})
+_FAMILY_WORDS = {"decoder-lm": "decoder LMs", "vision-language": "vision-language models"}
 
 
 #: Every measure group, in the order they run; ``measures=`` picks by ``name``.
@@ -125,7 +165,7 @@ MEASURES: dict[str, Measure] = {
             ("lens_probability", "lens_rank", "lens_score"),
             "1 forward (shared)",
             "target probability and rank (an answer's log-probability) from each block's residual",
-            decoders_only=True,
+            families=_DECODERS,
         ),
         Measure(
             "skip",
@@ -150,6 +190,15 @@ MEASURES: dict[str, Measure] = {
             ("ablation_zero", "ablation_mean"),
             "L forwards, 2H+1 rows from the ablated block on",
             "Δ target score (a logit; an answer's log p) with a head zeroed or mean-ablated",
+        ),
+        Measure(
+            "shortv",
+            SHORTV_MEASURES,
+            "1 forward of L+1 rows",
+            "ShortV: KL, Δ log p and exact match of the answer with a block left out of the "
+            "visual tokens (an image and a prompt with an answer)",
+            families=frozenset({"vision-language"}),
+            image_answer=True,
         ),
     )
 }
@@ -194,12 +243,21 @@ class ModelParts:
         return [(layer, h, self.adapter.kv_head(h)) for h in range(self.heads)]
 
 
-def chosen_measures(adapter: Adapter, measures: Collection[str] | None) -> list[str]:
+def chosen_measures(
+    adapter: Adapter,
+    measures: Collection[str] | None,
+    inputs: Inputs | None = None,
+) -> list[str]:
     """
     The measure groups ``measures`` names (``None``: all that apply to ``adapter``), checked.
 
+    With ``inputs``, the default leaves out what they lack (ShortV without an answer on an
+    image and a prompt: :func:`left_out` says so), and a named measure they lack is refused.
+
     Raises:
-        InvalidParameterError: for unknown measures, or decoder-only ones on other models.
+        InvalidParameterError: for unknown measures, or ones that do not apply to the model's
+            family (the logit lens to an encoder, ShortV to a text model).
+        InvalidInputError: a named measure that ``inputs`` lack what it reads for.
     """
     chosen = list(MEASURES) if measures is None else list(dict.fromkeys(measures))
     unknown = [m for m in chosen if m not in MEASURES]
@@ -207,20 +265,36 @@ def chosen_measures(adapter: Adapter, measures: Collection[str] | None) -> list[
         raise InvalidParameterError(
             f"unknown measure(s) {', '.join(map(repr, unknown))}; choose from {', '.join(MEASURES)}"
         )
-    decoder = adapter.family == "decoder-lm"
     if measures is None:
-        return [m for m in chosen if decoder or not MEASURES[m].decoders_only]
-    refused = [m for m in chosen if MEASURES[m].decoders_only and not decoder]
+        return [
+            m
+            for m in chosen
+            if MEASURES[m].applies_to(adapter)
+            and (inputs is None or not MEASURES[m].lacking(inputs))
+        ]
+    refused = [m for m in chosen if not MEASURES[m].applies_to(adapter)]
     if refused:
+        families = sorted({f for m in refused for f in MEASURES[m].families or ()})
         raise InvalidParameterError(
-            f"measure(s) {', '.join(refused)} apply to decoder LMs; model "
+            f"measure(s) {', '.join(refused)} apply to "
+            f"{' and '.join(_FAMILY_WORDS[f] for f in families)}; model "
             f"'{adapter.model_id}' is a {adapter.family}"
         )
+    lacking = [
+        reason for m in chosen if inputs is not None and (reason := MEASURES[m].lacking(inputs))
+    ]
+    if lacking:
+        raise InvalidInputError("; ".join(lacking))
     return chosen
 
 
-def _repeat(kwargs: dict[str, torch.Tensor], rows: int) -> dict[str, torch.Tensor]:
-    return {k: v.expand(rows, *v.shape[1:]).contiguous() for k, v in kwargs.items()}
+def left_out(adapter: Adapter, inputs: Inputs) -> list[str]:
+    """Why the default measures leave out some that apply to ``adapter``, in words."""
+    return [
+        f"{reason}; its rows are left out"
+        for m in chosen_measures(adapter, None)
+        if (reason := MEASURES[m].lacking(inputs))
+    ]
 
 
 def _visible(inputs: Inputs, tokens: int) -> torch.Tensor:
@@ -339,9 +413,12 @@ def _skip(
     kwargs = inputs.model_kwargs()
 
     def forward(start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
-        # row 0 unchanged, row 1 + i skips block start + i
-        with skip_blocks(model.blocks[start:stop], range(1, stop - start + 1)):
-            return _read(model.adapter, target, _repeat(kwargs, 1 + stop - start))
+        # row 0 unchanged, row 1 + i skips block start + i; one row up to block start
+        with (
+            widened(model.blocks[start], 1 + stop - start),
+            skip_blocks(model.blocks[start:stop], range(1, stop - start + 1)),
+        ):
+            return _read(model.adapter, target, kwargs)
 
     rows = []
     runner = BatchRunner(model.adapter, run, layers, layers, report=False)
@@ -417,7 +494,8 @@ def _lrp(
     tick()
     adapter = model.adapter
     settings = resolve_settings(adapter)
-    pe_aware = adapter.positional_encoding is not None
+    # PA-LRP's positions are a text's or an image's, not an image and a prompt's (pa_lrp)
+    pe_aware = adapter.positional_encoding is not None and inputs.modality != "image-text"
     probes = []
     for layer, (projection, mlp) in enumerate(zip(model.projections, model.mlps, strict=True)):
         probes += [
@@ -455,11 +533,25 @@ def _lrp(
     return rows
 
 
+def _shortv(
+    model: ModelParts,
+    inputs: Inputs,
+    target: Target,
+    run: RunContext,
+    tick: Callable[[], None],
+) -> list[tuple]:
+    tick()
+    rows = shortv_rows(model.adapter, inputs)
+    run.count(forward=len(model.blocks) + 1)
+    return rows
+
+
 _RUNNERS = {
     "skip": _skip,
     "gradient": _gradient,
     "lrp": _lrp,
     "ablation": _ablation,
+    "shortv": _shortv,
 }
 
 
@@ -476,20 +568,30 @@ _SHARED = ("block_influence", "entropy", "sink", "logit_lens")
 
 
 def planned_passes(
-    adapter: Adapter, measures: Collection[str] | None = None
+    adapter: Adapter,
+    measures: Collection[str] | None = None,
+    inputs: Inputs | None = None,
 ) -> tuple[int, int, int]:
     """
-    ``(forward, backward, widest batch)`` of :func:`analyze` on one input for ``measures``.
+    ``(forward, backward, widest batch)`` of :func:`analyze` on ``inputs`` for ``measures``.
+
+    Without ``inputs``, the default counts every measure that applies to ``adapter``.
 
     Raises:
-        InvalidParameterError, UnsupportedMethodError: as :func:`analyze`.
+        InvalidParameterError, InvalidInputError, UnsupportedMethodError: as :func:`analyze`.
     """
-    chosen = chosen_measures(adapter, measures)
+    chosen = chosen_measures(adapter, measures, inputs)
     model = ModelParts.of(adapter)
     layers, heads = len(model.blocks), model.heads
-    forward = {"skip": layers + 1, "gradient": 1, "lrp": 1, "ablation": layers * (1 + 2 * heads)}
+    forward = {
+        "skip": layers + 1,
+        "gradient": 1,
+        "lrp": 1,
+        "ablation": layers * (1 + 2 * heads),
+        "shortv": layers + 1,
+    }
     backward = {"gradient": 1, "lrp": 1}
-    width = {"skip": layers + 1, "ablation": 1 + 2 * heads}
+    width = {"skip": layers + 1, "ablation": 1 + 2 * heads, "shortv": layers + 1}
     shared = int(bool(set(_SHARED) & set(chosen)))
     return (
         shared + sum(forward.get(name, 0) for name in chosen),
@@ -507,11 +609,14 @@ def analyze(
 ) -> LayerReport:
     """:func:`analyze_layers`, keeping the LRP pass's token relevance too."""
     run = run or RunContext()
-    chosen = chosen_measures(adapter, measures)
+    chosen = chosen_measures(adapter, measures, inputs)
+    if measures is None:
+        for reason in left_out(adapter, inputs):
+            run.warn(reason)
     target = checked_target(adapter, inputs, target)
     model = ModelParts.of(adapter)
     layers = len(model.blocks)
-    run.plan(planned_passes(adapter, chosen)[0], "the measures (ablation)")
+    run.plan(planned_passes(adapter, chosen, inputs)[0], "the measures (ablation)")
     steps = 1 + sum(layers if name == "ablation" else 1 for name in chosen if name in _RUNNERS)
     done = iter(range(steps))
 
@@ -544,7 +649,9 @@ def analyze_layers(
 
     ``target``: a :class:`~attribution.request.target.Target` (a class, a next token, or a
     decoder's answer or contrast on inputs holding that answer,
-    :func:`attribution.request.answers.answer_request`).
+    :func:`attribution.request.answers.answer_request`). ``inputs``: a text, an image, or a
+    vision-language model's image and prompt (``shortv`` then joins the default when they hold
+    an answer).
 
     Returns:
         A long table with :data:`COLUMNS`: one row per layer (``head`` null) or per query head
@@ -553,13 +660,14 @@ def analyze_layers(
     Raises:
         UnsupportedMethodError: For models without transformer blocks attrlab knows, or a
             contrast whose alternative needs a sequence of its own.
-        InvalidParameterError: For unknown measures, or decoder-only ones on other models.
-        InvalidInputError: A target whose answer the input does not hold.
+        InvalidParameterError: For unknown measures, or ones for other model families.
+        InvalidInputError: A target whose answer the input does not hold; ``shortv`` named
+            on an input without an answer on an image and a prompt.
     """
     return analyze(adapter, inputs, target, measures, RunContext.of(settings)).table
 
 
-def checked_target(adapter: Adapter, inputs: Inputs | ImageTextInputs, target: Target) -> Target:
+def checked_target(adapter: Adapter, inputs: Inputs, target: Target) -> Target:
     """``target``, checked to fit ``inputs`` and to be read from one forward."""
     check_answer_fits(inputs, target)
     if not target.shares_input:

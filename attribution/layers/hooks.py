@@ -29,6 +29,7 @@ __all__ = [
     "gate_heads",
     "skip_blocks",
     "skip_blocks_at",
+    "widened",
     "zeroed_heads",
 ]
 
@@ -168,17 +169,33 @@ def ablate_heads(
         split[where, :, at] = replaced
         return (split.reshape(x.shape), *args[1:])
 
+    with ExitStack() as stack:
+        if widen_at is not None:
+            stack.enter_context(widened(widen_at, count))
+        stack.callback(projection.register_forward_pre_hook(ablate).remove)
+        yield
+
+
+@contextmanager
+def widened(block: nn.Module, count: int) -> Iterator[None]:
+    """
+    ``block``'s input, one batch row, repeated into ``count`` rows.
+
+    The modules before ``block`` run once on one input (an image's vision tower too); the rows
+    part from ``block`` on, where the hooks that differ per row act.
+    """
+
     def widen(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         if args:
             return (args[0].expand(count, *args[0].shape[1:]), *args[1:]), kwargs
         hidden = kwargs["hidden_states"]
         return args, {**kwargs, "hidden_states": hidden.expand(count, *hidden.shape[1:])}
 
-    with ExitStack() as stack:
-        if widen_at is not None:
-            stack.callback(widen_at.register_forward_pre_hook(widen, with_kwargs=True).remove)
-        stack.callback(projection.register_forward_pre_hook(ablate).remove)
+    handle = block.register_forward_pre_hook(widen, with_kwargs=True)
+    try:
         yield
+    finally:
+        handle.remove()
 
 
 def check_heads(chosen: Collection[tuple[int, int]], layers: int, heads: int) -> None:

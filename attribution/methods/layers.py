@@ -84,7 +84,9 @@ class LayerAnalysis(AttributionMethod[LayerAnalysisParams]):
     relevance sits). Each head estimator's top ``top_k`` heads are then zeroed together beside
     ``recheck_draws`` random sets of as many heads (:mod:`attribution.engine.recheck`): the
     target's change goes to ``metrics`` (``recheck:<estimator>``, ``recheck:random``), a
-    verdict per estimator to ``verdicts``.
+    verdict per estimator to ``verdicts``. On a vision-language model's image and prompt the
+    blocks are its language model's, and ShortV's layer contribution (``shortv``) joins the
+    measures when the input holds an answer; PA-LRP's positional relevance is left out there.
     """
 
     alters_model = False  # each measure holds the model altered for its own hooks (analyze)
@@ -95,6 +97,7 @@ class LayerAnalysis(AttributionMethod[LayerAnalysisParams]):
     category = "analysis"
     requires = frozenset({"gradients", "attentions"})
     param_record = LayerAnalysisParams
+    modalities = frozenset({"text", "image", "image-text"})
 
     @classmethod
     def unsupported_reason(cls, adapter: Adapter) -> str | None:
@@ -107,7 +110,7 @@ class LayerAnalysis(AttributionMethod[LayerAnalysisParams]):
     def _passes(cls, adapter: Adapter, inputs: Inputs, params: LayerAnalysisParams) -> Passes:
         """The model passes :meth:`attribute` spends on ``inputs``."""
         measures = measure_names(params.measures)
-        forward, backward, width = planned_passes(adapter, measures)
+        forward, backward, width = planned_passes(adapter, measures, inputs)
         exact = True
         if params.recheck_draws and (estimators := head_estimators(adapter, measures)):
             rechecked = recheck_passes(len(estimators), params.recheck_draws)

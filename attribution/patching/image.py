@@ -41,7 +41,7 @@ from attrlab.attribution.request.defaults import PATCHING_TOP_K
 from attrlab.attribution.request.gate import memory_rows
 from attrlab.attribution.request.run import RunSettings
 from attrlab.attribution.request.target import AnswerTarget
-from attrlab.attribution.visual_tokens.removal import visual_adapter
+from attrlab.attribution.visual_tokens.answer import visual_adapter
 
 __all__ = [
     "Blurred",

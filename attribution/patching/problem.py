@@ -26,7 +26,7 @@ from attrlab.attribution.patching.hooks import noised
 from attrlab.attribution.request.answers import Answer, answer_inputs, answer_request, prompt_inputs
 from attrlab.attribution.request.defaults import NOISE_SEEDS
 from attrlab.attribution.request.target import Target, resolve_target
-from attrlab.attribution.visual_tokens.removal import batched_kwargs
+from attrlab.attribution.visual_tokens.answer import batched_kwargs
 
 __all__ = [
     "MAX_SEEDS",

@@ -23,16 +23,16 @@ import torch
 from attrlab.attribution.alteration import altered
 from attrlab.attribution.explanation import layer_table
 from attrlab.attribution.layers.hooks import skip_blocks_at
-from attrlab.attribution.models.base import Adapter
+from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.vlm import ImageTextInputs
-from attrlab.attribution.visual_tokens.removal import (
+from attrlab.attribution.visual_tokens.answer import (
     answer_scores,
     batched_kwargs,
     visual_adapter,
     visual_inputs,
 )
 
-__all__ = ["SHORTV_MEASURES", "layer_contribution"]
+__all__ = ["SHORTV_MEASURES", "layer_contribution", "shortv_rows"]
 
 #: The measures, as the layer table names them.
 SHORTV_MEASURES = ("shortv_kl", "shortv_log_prob", "shortv_exact_match")
@@ -49,6 +49,16 @@ def layer_contribution(adapter: Adapter, inputs: ImageTextInputs) -> pd.DataFram
     Raises:
         InvalidInputError: a model that does not take images, an input without visual tokens
             or without an answer.
+    """
+    return layer_table(shortv_rows(adapter, inputs))
+
+
+def shortv_rows(adapter: Adapter, inputs: Inputs) -> list[tuple]:
+    """
+    :func:`layer_contribution`'s rows, as the layer analysis gathers its measures' rows.
+
+    Raises:
+        InvalidInputError: as :func:`layer_contribution`.
     """
     model = visual_adapter(adapter)
     inputs = visual_inputs(inputs)
@@ -70,4 +80,4 @@ def layer_contribution(adapter: Adapter, inputs: ImageTextInputs) -> pd.DataFram
             (block, None, None, "block", measure, float(value))
             for measure, value in zip(SHORTV_MEASURES, values, strict=True)
         ]
-    return layer_table(records)
+    return records

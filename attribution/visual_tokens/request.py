@@ -29,8 +29,8 @@ from attrlab.attribution.request.defaults import KEEP_RATIOS, PRUNING_DRAWS
 from attrlab.attribution.request.gate import clear_study
 from attrlab.attribution.request.run import RunContext, RunSettings
 from attrlab.attribution.request.target import AnswerTarget
+from attrlab.attribution.visual_tokens.answer import visual_adapter, visual_inputs
 from attrlab.attribution.visual_tokens.layers import layer_contribution
-from attrlab.attribution.visual_tokens.removal import visual_adapter, visual_inputs
 from attrlab.attribution.visual_tokens.scorers import VISUAL_SCORERS, check_visual_scorers
 from attrlab.attribution.visual_tokens.study import VisualTokenStudy, visual_token_study
 

@@ -32,11 +32,9 @@ from attrlab.attribution.methods.registry import get_method
 from attrlab.attribution.models.layouts import layout_for
 from attrlab.attribution.models.vlm import ImageTextInputs, VisionLanguageAdapter
 from attrlab.attribution.request.target import AnswerTarget
+from attrlab.attribution.visual_tokens.answer import answer_scores, batched_kwargs, prompt_end
 from attrlab.attribution.visual_tokens.removal import (
-    answer_scores,
-    batched_kwargs,
     dropped_rows,
-    prompt_end,
     reading_attention,
     visual_attention,
 )

@@ -40,14 +40,13 @@ from attrlab.attribution.models.vlm import ImageTextInputs
 from attrlab.attribution.request.defaults import KEEP_RATIOS, PRUNING_DRAWS
 from attrlab.attribution.request.run import RunContext, RunSettings
 from attrlab.attribution.verdicts import Draws, draw_until_settled, first_round
-from attrlab.attribution.visual_tokens.removal import (
+from attrlab.attribution.visual_tokens.answer import (
     answer_scores,
     batched_kwargs,
-    dropped_rows,
     visual_adapter,
-    visual_attention,
     visual_inputs,
 )
+from attrlab.attribution.visual_tokens.removal import dropped_rows, visual_attention
 from attrlab.attribution.visual_tokens.scorers import (
     VISUAL_SCORERS,
     Scoring,
