@@ -21,11 +21,12 @@ import numpy as np
 import pandas as pd
 import pytest
 from _tiny_vlm import reads_one_visual_token, tiny_llava
+from gradio.data_classes import FileData, ListFiles
 from PIL import Image
 
 from attrlab.app.settings import ServerSettings
 from attrlab.app.ui import build_ui
-from attrlab.app.ui.files import example_images, upload_folder
+from attrlab.app.ui.files import NOT_RECEIVED, example_images, upload_folder
 from attrlab.app.ui.shared import method_names
 from attrlab.app.ui.vlm import VisionLanguageResult, export_vision_language
 from attrlab.app.worker import ExplainWorker
@@ -633,3 +634,24 @@ def test_what_reads_one_image_refuses_two_in_words(page_of, folder, uploaded, se
     patch = _patch_fields(folder, uploaded, **two)
     with pytest.raises(gr.Error, match="patching reads one image; 2 were given: give one"):
         page_of["vlm_patch_run"](*patch, request, **QUIET)
+
+
+def test_more_images_take_only_files_this_page_received(served, page_of, folder, uploaded, second):
+    demo, _ = served
+    (more,) = [b for b in demo.blocks.values() if getattr(b, "elem_id", "") == "vlm-more-images"]
+    elsewhere = Path(upload_folder()).parent / "not-uploaded.png"  # outside the upload folder
+    elsewhere.write_bytes(SECOND)
+    try:
+        received = ListFiles([FileData(path=second)])
+        assert more.preprocess(received) == [second]
+        for files in (
+            [FileData(path=str(elsewhere))],
+            [FileData(path=second), FileData(path="/etc/hostname")],
+        ):
+            with pytest.raises(gr.Error, match=NOT_RECEIVED):
+                more.preprocess(ListFiles(files))
+        fields = _fields(folder, uploaded, more_images=[str(elsewhere)], scorers=[])
+        with pytest.raises(gr.Error, match=NOT_RECEIVED):
+            page_of["vlm_run"](True, *fields, gr.Request(session_hash="vlm-foreign"), **QUIET)
+    finally:
+        elsewhere.unlink()
