@@ -184,9 +184,13 @@ def test_the_figure_draws_one_panel_per_image_and_the_text_beside() -> None:
     figure = explanation.figure("image and text")
     first, heat_first, second, heat_second, bars = figure.data
     assert first.source.startswith("data:image/") and second.source.startswith("data:image/")
-    for heat, key in ((heat_first, "image_heatmap_1"), (heat_second, "image_heatmap_2")):
+    # one map, one colour scale: its end the larger of the two images' 99th percentiles of |map|
+    keys = ("image_heatmap_1", "image_heatmap_2")
+    peak = max(np.percentile(np.abs(np.nan_to_num(explanation.maps[key])), 99) for key in keys)
+    for heat, key in zip((heat_first, heat_second), keys, strict=True):
         values = np.asarray(heat.z, dtype=np.float64)
-        assert values.shape == explanation.maps[key].shape
+        expected = np.clip(explanation.maps[key] / peak, -1.0, 1.0)
+        np.testing.assert_allclose(values, expected, rtol=1e-5, atol=1e-6)
     text = ~inputs.visual_tokens.numpy()
     np.testing.assert_allclose(np.asarray(bars.y), explanation.scores[text])
     titles = [a.text for a in figure.layout.annotations]

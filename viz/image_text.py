@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import plotly.graph_objects as go
@@ -37,7 +38,8 @@ def image_text_figure(
 
     ``image``: the image, or the images of a prompt that holds several (one panel each). The
     heatmaps are ``maps["image_heatmap"]`` (``maps["image_heatmap_1"]``, ... for several:
-    :mod:`attribution.image_text`), in ``view``'s scale; pixels no region reaches stay bare.
+    :mod:`attribution.image_text`), in ``view``'s scale, one for all the panels of the map (an
+    image the answer rests on less looks paler); pixels no region reaches stay bare.
     The bars are the other positions' scores (the visual ones left out). The panels' titles
     give each image's and the text's shares of |relevance|. ``step``: that answer step's map
     instead (a row of ``maps["steps"]``, split by :func:`~attribution.image_text.map_parts`).
@@ -80,11 +82,13 @@ def image_text_figure(
             for name, share in zip([*names, "text"], shares, strict=True)
         ],
     )
-    for col, (picture, heat) in enumerate(zip(pictures, heats, strict=True), 1):
+    bare = [np.isnan(heat) for heat in heats]
+    # one map: its panels share one scale (the largest of their ends)
+    cleared = {str(k): np.where(bare[k], 0.0, heat) for k, heat in enumerate(heats)}
+    scaled = replace(view, shared_scale=True).scaled(cleared)
+    for col, picture in enumerate(pictures, 1):
         shown = display_copy(picture)
-        reached = ~np.isnan(heat)
-        scaled = view.scaled({"": np.where(reached, heat, 0.0)})[""]
-        cells = np.where(reached, scaled, np.nan).astype(np.float32)
+        cells = np.where(bare[col - 1], np.nan, scaled[str(col - 1)]).astype(np.float32)
         figure.add_trace(go.Image(source=picture_uri(shown), hoverinfo="skip"), row=1, col=col)
         figure.add_trace(
             _map_trace(
