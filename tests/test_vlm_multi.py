@@ -31,6 +31,7 @@ from attrlab.attribution.models.vlm import (
     with_answer,
 )
 from attrlab.attribution.patching.image import Blurred, image_patching_problem
+from attrlab.attribution.request import PatchRequest, RequestBounds
 from attrlab.attribution.request.answers import answer_target, given_answer
 from attrlab.attribution.request.run import RunSettings
 from attrlab.attribution.request.target import Target
@@ -232,5 +233,8 @@ def test_what_reads_one_image_refuses_several_in_words() -> None:
         image_patching_problem(adapter, ImagePrompt([FIRST, SECOND], PROMPT), Blurred(2.0))
     with pytest.raises(InvalidInputError, match="visual-token study reads one image; 2 were"):
         VisualTokenRequest(image=[FIRST, SECOND], prompt=PROMPT).check()
+    asked = PatchRequest(clean=PROMPT, image=[FIRST, SECOND], image_corruption=Blurred(2.0))
+    with pytest.raises(InvalidInputError, match="patching reads one image; 2 were given"):
+        asked.check(RequestBounds())  # before any image is read
     with pytest.raises(InvalidInputError, match="no image given"):
         adapter.preprocess(ImagePrompt([], PROMPT))
