@@ -3,6 +3,10 @@ and SmolVLM models."""
 
 from __future__ import annotations
 
+import base64
+import dataclasses
+import io
+import re
 from collections.abc import Callable
 from functools import cache
 
@@ -20,6 +24,7 @@ from _tiny_vlm import (
     tiny_qwen2_vl,
     tiny_smolvlm,
 )
+from PIL import Image
 from torch import nn
 
 from attrlab.attribution.errors import InvalidInputError, UnsupportedMethodError
@@ -36,6 +41,8 @@ from attrlab.attribution.request.answers import answer_target, given_answer
 from attrlab.attribution.request.run import RunSettings
 from attrlab.attribution.request.target import Target
 from attrlab.attribution.visual_tokens.request import VisualTokenRequest
+from attrlab.viz.image import picture_uri
+from attrlab.viz.image_text import image_part_html
 
 PROMPT = "which picture holds the cat"
 ANSWER = " the second"
@@ -59,6 +66,12 @@ IMAGES = {
         _RNG.integers(0, 256, (32, 64, 3), dtype=np.uint8),
     )
 }
+
+
+def _decoded(uri: str) -> np.ndarray:
+    """A data URI's picture, as an array."""
+    data = base64.b64decode(uri.split(",", 1)[1])
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), dtype=np.float64)
 
 
 def _images(family: str) -> tuple[np.ndarray, np.ndarray]:
@@ -199,6 +212,17 @@ def test_the_figure_draws_one_panel_per_image_and_the_text_beside() -> None:
     assert titles[1] == f"image 2: {explanation.metrics['image_2_share']:.0%} of |relevance|"
     assert titles[2] == f"text: {explanation.metrics['text_share']:.0%} of |relevance|"
     assert explanation._repr_html_().count("<img") == 2
+    # the notebook's images share one scale too: a second image of a thousandth the relevance
+    # stays (nearly) its own picture, as the page encodes it, while the first is painted over
+    faint = dataclasses.replace(
+        explanation,
+        maps={**explanation.maps, "image_heatmap_2": explanation.maps["image_heatmap_2"] * 1e-3},
+    )
+    html = image_part_html(faint, list(_images("qwen2_vl")))
+    painted = [_decoded(uri) for uri in re.findall(r'src="([^"]+)"', html)]
+    plain = [_decoded(picture_uri(picture)) for picture in _images("qwen2_vl")]
+    changed = [np.abs(p - q).mean() for p, q in zip(painted, plain, strict=True)]
+    assert changed[1] < 0.1 * changed[0], changed
 
 
 def test_families_that_read_one_image_say_so() -> None:
