@@ -1,8 +1,9 @@
 """
-The Vision-language tab in headless Debian Chromium: an upload, a run, the library's numbers.
+The Vision-language tab in headless Debian Chromium: uploads, runs, the library's numbers.
 
 Expected numbers come from the library run in the test on the same tiny random LLaVA folder,
-image, prompt and answer (:mod:`test_vlm_page`), never from the page's own output.
+image (then two: a second under More images), prompt and answer (:mod:`test_vlm_page`), never
+from the page's own output.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pytest
 from _browser import no_errors, tab
 from _tiny_vlm import tiny_llava
 from playwright.sync_api import expect
-from test_vlm_page import ANSWER, IMAGE, PROMPT, _expected
+from test_vlm_page import ANSWER, IMAGE, PROMPT, SECOND, _expected
 
 from attrlab.attribution.models.hub import load_pretrained
 
@@ -26,7 +27,8 @@ def test_the_tab_draws_the_librarys_map_over_the_image_and_the_studys_verdicts(p
     built = tiny_llava()
     built.model.save_pretrained(folder)
     built.processor.save_pretrained(folder)
-    expected = _expected(load_pretrained(str(folder), within=[folder]), "gradient_x_input")
+    library = load_pretrained(str(folder), within=[folder])
+    expected = _expected(library, "gradient_x_input")
     picture = tmp_path / "picture.png"
     picture.write_bytes(IMAGE)
     page.set_default_timeout(60_000)
@@ -56,4 +58,26 @@ def test_the_tab_draws_the_librarys_map_over_the_image_and_the_studys_verdicts(p
     assert f"image {expected.metrics['image_share']:.0%}" in summary
     assert "fastv's kl area against random drop orders" in summary
     assert "tab=vlm" in page.locator("#vlm-link textarea").input_value()
+    # a second image under More images (no scorer: the study reads one image): a panel each
+    both = _expected(library, "gradient_x_input", [IMAGE, SECOND])
+    other = tmp_path / "second.png"
+    other.write_bytes(SECOND)
+    page.locator("#vlm-more-images input[type=file]").set_input_files(str(other))
+    for box in page.locator("#vlm-scorers input[type=checkbox]").all():
+        box.set_checked(False)
+    page.locator("#vlm-run").click()
+    expect(page.locator("#vlm-summary")).to_contain_text("images ", timeout=LONG)
+    drawn = page.evaluate(
+        f"""() => Array.from(document.querySelector('{plot}')._fullData).map((t) => t.type)"""
+    )
+    assert drawn == ["image", "heatmap", "image", "heatmap", "bar"]
+    bars = page.evaluate(
+        f"""() => Array.from(document.querySelector('{plot}')._fullData)
+                 .filter((t) => t.type === 'bar').map((t) => Array.from(t.y))[0]"""
+    )
+    text = np.flatnonzero(both.maps["visual_mask"] == 0)
+    np.testing.assert_allclose(bars, both.scores[text], rtol=1e-4, atol=1e-9)
+    each = ", ".join(f"{n}: {both.metrics[f'image_{n}_share']:.0%}" for n in (1, 2))
+    summary = page.locator("#vlm-summary").inner_text()
+    assert f"images {both.metrics['image_share']:.0%} ({each})" in summary
     no_errors(page)

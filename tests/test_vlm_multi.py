@@ -3,6 +3,10 @@ and SmolVLM models."""
 
 from __future__ import annotations
 
+import base64
+import dataclasses
+import io
+import re
 from collections.abc import Callable
 from functools import cache
 
@@ -20,6 +24,7 @@ from _tiny_vlm import (
     tiny_qwen2_vl,
     tiny_smolvlm,
 )
+from PIL import Image
 from torch import nn
 
 from attrlab.attribution.errors import InvalidInputError, UnsupportedMethodError
@@ -31,10 +36,13 @@ from attrlab.attribution.models.vlm import (
     with_answer,
 )
 from attrlab.attribution.patching.image import Blurred, image_patching_problem
+from attrlab.attribution.request import PatchRequest, RequestBounds
 from attrlab.attribution.request.answers import answer_target, given_answer
 from attrlab.attribution.request.run import RunSettings
 from attrlab.attribution.request.target import Target
 from attrlab.attribution.visual_tokens.request import VisualTokenRequest
+from attrlab.viz.image import picture_uri
+from attrlab.viz.image_text import image_part_html
 
 PROMPT = "which picture holds the cat"
 ANSWER = " the second"
@@ -58,6 +66,12 @@ IMAGES = {
         _RNG.integers(0, 256, (32, 64, 3), dtype=np.uint8),
     )
 }
+
+
+def _decoded(uri: str) -> np.ndarray:
+    """A data URI's picture, as an array."""
+    data = base64.b64decode(uri.split(",", 1)[1])
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), dtype=np.float64)
 
 
 def _images(family: str) -> tuple[np.ndarray, np.ndarray]:
@@ -184,9 +198,13 @@ def test_the_figure_draws_one_panel_per_image_and_the_text_beside() -> None:
     figure = explanation.figure("image and text")
     first, heat_first, second, heat_second, bars = figure.data
     assert first.source.startswith("data:image/") and second.source.startswith("data:image/")
-    for heat, key in ((heat_first, "image_heatmap_1"), (heat_second, "image_heatmap_2")):
+    # one map, one colour scale: its end the larger of the two images' 99th percentiles of |map|
+    keys = ("image_heatmap_1", "image_heatmap_2")
+    peak = max(np.percentile(np.abs(np.nan_to_num(explanation.maps[key])), 99) for key in keys)
+    for heat, key in zip((heat_first, heat_second), keys, strict=True):
         values = np.asarray(heat.z, dtype=np.float64)
-        assert values.shape == explanation.maps[key].shape
+        expected = np.clip(explanation.maps[key] / peak, -1.0, 1.0)
+        np.testing.assert_allclose(values, expected, rtol=1e-5, atol=1e-6)
     text = ~inputs.visual_tokens.numpy()
     np.testing.assert_allclose(np.asarray(bars.y), explanation.scores[text])
     titles = [a.text for a in figure.layout.annotations]
@@ -194,6 +212,17 @@ def test_the_figure_draws_one_panel_per_image_and_the_text_beside() -> None:
     assert titles[1] == f"image 2: {explanation.metrics['image_2_share']:.0%} of |relevance|"
     assert titles[2] == f"text: {explanation.metrics['text_share']:.0%} of |relevance|"
     assert explanation._repr_html_().count("<img") == 2
+    # the notebook's images share one scale too: a second image of a thousandth the relevance
+    # stays (nearly) its own picture, as the page encodes it, while the first is painted over
+    faint = dataclasses.replace(
+        explanation,
+        maps={**explanation.maps, "image_heatmap_2": explanation.maps["image_heatmap_2"] * 1e-3},
+    )
+    html = image_part_html(faint, list(_images("qwen2_vl")))
+    painted = [_decoded(uri) for uri in re.findall(r'src="([^"]+)"', html)]
+    plain = [_decoded(picture_uri(picture)) for picture in _images("qwen2_vl")]
+    changed = [np.abs(p - q).mean() for p, q in zip(painted, plain, strict=True)]
+    assert changed[1] < 0.1 * changed[0], changed
 
 
 def test_families_that_read_one_image_say_so() -> None:
@@ -228,5 +257,8 @@ def test_what_reads_one_image_refuses_several_in_words() -> None:
         image_patching_problem(adapter, ImagePrompt([FIRST, SECOND], PROMPT), Blurred(2.0))
     with pytest.raises(InvalidInputError, match="visual-token study reads one image; 2 were"):
         VisualTokenRequest(image=[FIRST, SECOND], prompt=PROMPT).check()
+    asked = PatchRequest(clean=PROMPT, image=[FIRST, SECOND], image_corruption=Blurred(2.0))
+    with pytest.raises(InvalidInputError, match="patching reads one image; 2 were given"):
+        asked.check(RequestBounds())  # before any image is read
     with pytest.raises(InvalidInputError, match="no image given"):
         adapter.preprocess(ImagePrompt([], PROMPT))

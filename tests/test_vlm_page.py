@@ -20,12 +20,13 @@ import gradio as gr
 import numpy as np
 import pandas as pd
 import pytest
-from _tiny_vlm import tiny_llava
+from _tiny_vlm import reads_one_visual_token, tiny_llava
+from gradio.data_classes import FileData, ListFiles
 from PIL import Image
 
 from attrlab.app.settings import ServerSettings
 from attrlab.app.ui import build_ui
-from attrlab.app.ui.files import example_images, upload_folder
+from attrlab.app.ui.files import NOT_RECEIVED, example_images, upload_folder
 from attrlab.app.ui.shared import method_names
 from attrlab.app.ui.vlm import VisionLanguageResult, export_vision_language
 from attrlab.app.worker import ExplainWorker
@@ -45,14 +46,15 @@ SCORERS = ["fastv", "atp", "exact"]
 QUIET = {"progress": lambda *a, **k: None}
 
 
-def _png() -> bytes:
-    pixels = np.random.default_rng(3).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+def _png(height: int = 32, width: int = 32, seed: int = 3) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
     buffer = io.BytesIO()
     Image.fromarray(pixels).save(buffer, format="PNG")
     return buffer.getvalue()
 
 
 IMAGE = _png()
+SECOND = _png(48, 32, seed=5)  # a second image of another size, uploaded under the first
 
 
 @pytest.fixture(scope="module")
@@ -72,17 +74,26 @@ def library(folder) -> VisionLanguageAdapter:
     return loaded
 
 
-@pytest.fixture(scope="module")
-def uploaded() -> str:
-    """The image as the page hands an upload to a handler: a file in its upload folder."""
-    path = upload_folder() / "vlm-page" / "picture.png"
+def _upload(name: str, data: bytes) -> str:
+    """An image as the page hands an upload to a handler: a file in its upload folder."""
+    path = upload_folder() / "vlm-page" / name
     path.parent.mkdir(exist_ok=True)
-    path.write_bytes(IMAGE)
+    path.write_bytes(data)
     return str(path)
 
 
 @pytest.fixture(scope="module")
-def served(folder, tmp_path_factory):
+def uploaded() -> str:
+    return _upload("picture.png", IMAGE)
+
+
+@pytest.fixture(scope="module")
+def second() -> str:
+    return _upload("second.png", SECOND)
+
+
+@pytest.fixture(scope="module")
+def worker(folder, tmp_path_factory):
     """A server's settings: a text LM and the folder listed, served from its model root."""
     env = {
         "ATTRLAB_DATA": str(tmp_path_factory.mktemp("data")),
@@ -90,9 +101,14 @@ def served(folder, tmp_path_factory):
     }
     settings = ServerSettings.for_server(env, model_roots=(folder.parent,))
     worker = ExplainWorker(device="cpu", max_models=1, settings=settings)
-    demo = build_ui(worker)
-    yield demo, {fn.api_name: fn.fn for fn in demo.fns.values() if fn.api_name}
+    yield worker
     worker.close()
+
+
+@pytest.fixture(scope="module")
+def served(worker):
+    demo = build_ui(worker)
+    return demo, {fn.api_name: fn.fn for fn in demo.fns.values() if fn.api_name}
 
 
 def _fields(folder: Path, uploaded: str, **changed: Any) -> list[Any]:
@@ -100,6 +116,7 @@ def _fields(folder: Path, uploaded: str, **changed: Any) -> list[Any]:
     fields = {
         "model": str(folder),
         "image": uploaded,
+        "more_images": None,
         "prompt": PROMPT,
         "answer": ANSWER,
         "contrast": "",
@@ -136,10 +153,10 @@ def shown(served, folder, uploaded):
     )
 
 
-def _expected(adapter: VisionLanguageAdapter, method: str) -> Explanation:
-    """The library's own per-step explanation of ``ANSWER`` after the image and the prompt."""
+def _expected(adapter: VisionLanguageAdapter, method: str, image: Any = IMAGE) -> Explanation:
+    """The library's own per-step explanation of ``ANSWER`` after the image(s) and the prompt."""
     answer = given_answer(adapter, ANSWER)
-    inputs = with_answer(adapter, adapter.preprocess(ImagePrompt(IMAGE, PROMPT)), answer)
+    inputs = with_answer(adapter, adapter.preprocess(ImagePrompt(image, PROMPT)), answer)
     target = answer_target(adapter, inputs, answer)
     return explain(adapter, method, inputs, target, per_step=True)
 
@@ -404,6 +421,7 @@ def _patch_fields(folder: Path, uploaded: str, **changed: Any) -> list[Any]:
     fields = {
         "model": str(folder),
         "image": uploaded,
+        "more_images": None,
         "prompt": PROMPT,
         "answer": ANSWER,
         "generate": False,
@@ -507,3 +525,133 @@ def test_the_export_holds_the_maps_and_the_study(shown, patched, library, tmp_pa
     for name in ("gradient_x_input_image_and_text", "visual_tokens_kl", "shortv", "patching_image"):
         assert any(n.endswith(f"figures/{name}.html") for n in names), name
     assert json.loads(read("manifest.json"))["extra"]["inputs"] == result.fields
+
+
+def _map_plot(shown: list[Any], method: str) -> Any:
+    """A method's map as the page shows it: its plot's figure (after the summary and step)."""
+    return shown[2 + method_names("image-text").index(method)]["value"]
+
+
+def _heatmaps(figure: Any) -> list[np.ndarray]:
+    """The figure's heatmaps over its images, one per panel in order."""
+    return [np.asarray(t.z, dtype=np.float64) for t in figure.data if t.type == "heatmap"]
+
+
+@pytest.fixture(scope="module")
+def two_shown(page_of, folder, uploaded, second):
+    fields = _fields(folder, uploaded, more_images=[second], scorers=[])
+    return page_of["vlm_run"](True, *fields, gr.Request(session_hash="vlm-two"), **QUIET)
+
+
+def test_two_images_maps_and_shares_are_the_librarys(two_shown, page_of, library):
+    result: VisionLanguageResult = two_shown[-1]
+    shares = next(o for o in two_shown if isinstance(o, pd.DataFrame))
+    for method in ("gradient_x_input", "occlusion"):
+        expected = _expected(library, method, [IMAGE, SECOND])
+        found = result.explanations[method]
+        np.testing.assert_allclose(found.scores, expected.scores, rtol=1e-5, atol=1e-9)
+        np.testing.assert_allclose(found.maps["steps"], expected.maps["steps"], rtol=1e-5)
+        for key, size in (("image_heatmap_1", (32, 32)), ("image_heatmap_2", (48, 32))):
+            assert found.maps[key].shape == size
+            np.testing.assert_allclose(found.maps[key], expected.maps[key], rtol=1e-5, atol=1e-9)
+        rows = shares[shares["method"] == method]
+        for n in (1, 2):
+            assert rows[f"image {n} share"].tolist() == pytest.approx(
+                [expected.metrics[f"image_{n}_share"], *expected.maps[f"step_image_{n}_share"]],
+                abs=1e-4,
+            )
+        each = ", ".join(f"{n}: {expected.metrics[f'image_{n}_share']:.0%}" for n in (1, 2))
+        assert f"images {expected.metrics['image_share']:.0%} ({each})" in two_shown[0]
+        figure = _map_plot(two_shown, method)
+        assert [t.type for t in figure.data] == ["image", "heatmap", "image", "heatmap", "bar"]
+        assert [h.shape for h in _heatmaps(figure)] == [(32, 32), (48, 32)]
+    # a step's panels: each image's share of that step's |map|, from its visual positions
+    found = result.explanations["gradient_x_input"]
+    row = np.abs(found.maps["steps"][1])
+    visual = np.flatnonzero(found.maps["visual_mask"] == 1)
+    image_of = np.asarray(found.maps["visual_image"])
+    plot = method_names("image-text").index("gradient_x_input")
+    step = page_of["vlm_view"](result, "1")[plot]["value"]
+    titles = [a.text for a in step.layout.annotations]
+    for n in (1, 2):
+        share = row[visual[image_of == n]].sum() / row.sum()
+        assert titles[n - 1] == f"image {n}: {share:.0%} of |relevance|"
+
+
+def test_a_link_of_two_images_carries_neither_and_waits(two_shown, served):
+    query = dict(parse_qsl(two_shown[-2].removeprefix("?")))
+    assert "image" not in query and query["prompt"] == PROMPT
+    opened = _opened(served[0], two_shown[-2])
+    assert [u for u in opened.values() if isinstance(u, bool)].count(True) == 0  # not run
+
+
+def test_the_export_of_two_images_holds_both_maps(two_shown, library, tmp_path):
+    result: VisionLanguageResult = two_shown[-1]
+    archive = zipfile.ZipFile(export_vision_language(result, png=False))
+    names = archive.namelist()
+    saved_npz = next(n for n in names if n.endswith("gradient_x_input.npz"))
+    (tmp_path / "map.npz").write_bytes(archive.read(saved_npz))
+    saved = Explanation.load_npz(tmp_path / "map.npz")
+    expected = _expected(library, "gradient_x_input", [IMAGE, SECOND])
+    for key in ("image_heatmap_1", "image_heatmap_2", "step_image_1_share", "step_image_2_share"):
+        np.testing.assert_allclose(saved.maps[key], expected.maps[key], rtol=1e-5, atol=1e-9)
+    assert any(n.endswith("figures/gradient_x_input_image_and_text.html") for n in names)
+
+
+def test_a_token_of_the_second_image_the_model_reads_shows_in_its_panel(
+    worker, page_of, folder, uploaded, second
+):
+    adapter = worker.adapter(str(folder))  # the page's own model
+    assert isinstance(adapter, VisionLanguageAdapter)
+    both = adapter.preprocess(ImagePrompt([IMAGE, SECOND], PROMPT))
+    first_alone = adapter.preprocess(ImagePrompt(IMAGE, PROMPT))
+    second_alone = adapter.preprocess(ImagePrompt(SECOND, PROMPT))
+    count = int(first_alone.visual_tokens.sum())
+    keep = count + len(second_alone.regions) - 2  # a token of the second image
+    fields = _fields(
+        folder, uploaded, more_images=[second], methods=["gradient_x_input"], scorers=[]
+    )
+    with reads_one_visual_token(adapter, both.visual_positions, keep):
+        shown = page_of["vlm_run"](True, *fields, gr.Request(session_hash="vlm-plant"), **QUIET)
+    first_panel, second_panel = _heatmaps(_map_plot(shown, "gradient_x_input"))
+    row, col = np.unravel_index(np.nanargmax(np.abs(second_panel)), second_panel.shape)
+    x0, y0, x1, y1 = second_alone.regions[-2]  # its box, read alone
+    assert x0 <= col + 0.5 < x1 and y0 <= row + 0.5 < y1
+    assert np.nanmax(np.abs(first_panel)) < 0.1 * abs(second_panel[row, col])
+    shares = next(o for o in shown if isinstance(o, pd.DataFrame)).iloc[0]
+    assert shares["image 2 share"] > 10 * shares["image 1 share"]
+
+
+def test_what_reads_one_image_refuses_two_in_words(page_of, folder, uploaded, second):
+    request = gr.Request(session_hash="vlm-two-bad")
+    two = {"more_images": [second]}
+    study = _fields(folder, uploaded, **two, methods=["gradient_x_input"])
+    with pytest.raises(gr.Error, match="visual-token study reads one image; 2 were given"):
+        page_of["vlm_run"](True, *study, request, **QUIET)
+    trust = _fields(folder, uploaded, **two, scorers=[], trust=True, trust_superpixels=4)
+    with pytest.raises(gr.Error, match="trust card's superpixels reads one image; this prompt"):
+        page_of["vlm_run"](True, *trust, request, **QUIET)
+    patch = _patch_fields(folder, uploaded, **two)
+    with pytest.raises(gr.Error, match="patching reads one image; 2 were given: give one"):
+        page_of["vlm_patch_run"](*patch, request, **QUIET)
+
+
+def test_more_images_take_only_files_this_page_received(served, page_of, folder, uploaded, second):
+    demo, _ = served
+    (more,) = [b for b in demo.blocks.values() if getattr(b, "elem_id", "") == "vlm-more-images"]
+    elsewhere = Path(upload_folder()).parent / "not-uploaded.png"  # outside the upload folder
+    elsewhere.write_bytes(SECOND)
+    try:
+        received = ListFiles([FileData(path=second)])
+        assert more.preprocess(received) == [second]
+        for files in (
+            [FileData(path=str(elsewhere))],
+            [FileData(path=second), FileData(path="/etc/hostname")],
+        ):
+            with pytest.raises(gr.Error, match=NOT_RECEIVED):
+                more.preprocess(ListFiles(files))
+        fields = _fields(folder, uploaded, more_images=[str(elsewhere)], scorers=[])
+        with pytest.raises(gr.Error, match=NOT_RECEIVED):
+            page_of["vlm_run"](True, *fields, gr.Request(session_hash="vlm-foreign"), **QUIET)
+    finally:
+        elsewhere.unlink()

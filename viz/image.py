@@ -36,6 +36,7 @@ __all__ = [
     "map_panels_figure",
     "picture_uri",
     "robust_peak",
+    "scaled_overlay",
     "scores_overlay",
     "std_error_figure",
 ]
@@ -95,6 +96,13 @@ def scores_overlay(
 ) -> np.ndarray:
     """A map of ``scores`` (any H×W, resized to ``image``) blended as :func:`heatmap_overlay`."""
     scaled = view.scaled({"": fit_map(scores, image.shape[:2])})[""]
+    return scaled_overlay(scaled, image, alpha, view)
+
+
+def scaled_overlay(
+    scaled: np.ndarray, image: np.ndarray, alpha: float = 0.6, view: View = IMAGE_VIEW
+) -> np.ndarray:
+    """Values already in ``view``'s scale (H×W of ``image``) blended as :func:`heatmap_overlay`."""
     weight = alpha * np.abs(scaled)[..., None]
     blended = image.astype(np.float64) * (1 - weight) + view.colours(scaled) * weight
     return blended.clip(0, 255).astype(np.uint8)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import plotly.graph_objects as go
@@ -15,8 +16,9 @@ from attrlab.viz.image import (
     HOVER_DECIMALS,
     _map_trace,
     display_copy,
+    fit_map,
     picture_uri,
-    scores_overlay,
+    scaled_overlay,
 )
 from attrlab.viz.text import diverging_colour
 from attrlab.viz.theme import TEMPLATE
@@ -37,7 +39,8 @@ def image_text_figure(
 
     ``image``: the image, or the images of a prompt that holds several (one panel each). The
     heatmaps are ``maps["image_heatmap"]`` (``maps["image_heatmap_1"]``, ... for several:
-    :mod:`attribution.image_text`), in ``view``'s scale; pixels no region reaches stay bare.
+    :mod:`attribution.image_text`), in ``view``'s scale, one for all the panels of the map (an
+    image the answer rests on less looks paler); pixels no region reaches stay bare.
     The bars are the other positions' scores (the visual ones left out). The panels' titles
     give each image's and the text's shares of |relevance|. ``step``: that answer step's map
     instead (a row of ``maps["steps"]``, split by :func:`~attribution.image_text.map_parts`).
@@ -80,11 +83,10 @@ def image_text_figure(
             for name, share in zip([*names, "text"], shares, strict=True)
         ],
     )
+    scaled = _one_scale(heats, view)
     for col, (picture, heat) in enumerate(zip(pictures, heats, strict=True), 1):
         shown = display_copy(picture)
-        reached = ~np.isnan(heat)
-        scaled = view.scaled({"": np.where(reached, heat, 0.0)})[""]
-        cells = np.where(reached, scaled, np.nan).astype(np.float32)
+        cells = np.where(np.isnan(heat), np.nan, scaled[col - 1]).astype(np.float32)
         figure.add_trace(go.Image(source=picture_uri(shown), hoverinfo="skip"), row=1, col=col)
         figure.add_trace(
             _map_trace(
@@ -144,16 +146,21 @@ def image_part_html(
     The image part for a notebook: each heatmap blended over its image, the shares.
 
     ``image``: the image, or the images of a prompt that holds several. Pixels no region
-    reaches stay bare, as in :func:`image_text_figure`.
+    reaches stay bare, and the images share one scale, as in :func:`image_text_figure`.
     """
     heats = image_heatmaps(explanation.maps)
     pictures = [image] if isinstance(image, np.ndarray) else list(image)
     several = len(heats) > 1
     nan = float("nan")
+    copies = [display_copy(picture) for picture in pictures]
+    fitted = [
+        fit_map(np.where(np.isnan(heat), 0.0, heat), copy.shape[:2])
+        for heat, copy in zip(heats, copies, strict=True)
+    ]
     shown = []
-    for number, (heat, picture) in enumerate(zip(heats, pictures, strict=True), 1):
-        copy = display_copy(picture)
-        uri = picture_uri(scores_overlay(np.where(np.isnan(heat), 0.0, heat), copy, view=view))
+    scales = _one_scale(fitted, view)
+    for number, (scaled, copy) in enumerate(zip(scales, copies, strict=True), 1):
+        uri = picture_uri(scaled_overlay(scaled, copy, view=view))
         share = explanation.metrics.get(f"image_{number}_share", nan)
         caption = f"<figcaption>image {number}: {share:.0%}</figcaption>" if several else ""
         shown.append(f'<img src="{uri}" alt="image part of the map" style="width:224px">{caption}')
@@ -164,3 +171,15 @@ def image_part_html(
         '<figure class="attrlab-image-part" style="margin:0 0 8px 0">'
         f"{''.join(shown)}<figcaption>{shares} of |relevance|</figcaption></figure>"
     )
+
+
+def _one_scale(heats: Sequence[np.ndarray], view: View) -> list[np.ndarray]:
+    """
+    One map's image parts (NaN as 0) in ``view``'s scale, one for all the images.
+
+    The scale ends at the largest of their ends, so an image the answer rests on less looks
+    paler than the others.
+    """
+    cleared = {str(k): np.where(np.isnan(heat), 0.0, heat) for k, heat in enumerate(heats)}
+    scaled = replace(view, shared_scale=True).scaled(cleared)
+    return [scaled[str(k)] for k in range(len(heats))]

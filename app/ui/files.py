@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 import gradio as gr
 from gradio import processing_utils
+from gradio.data_classes import ListFiles
 from gradio_client import utils as client_utils
 
 from attrlab.app.batch import IMAGE_SUFFIXES, DatasetRow, dataset_rows, numbered_lines, unique_ids
@@ -109,7 +110,7 @@ def received_file(value: Any) -> Path | None:
 
 def received_input(component: FileInput) -> FileInput:
     """
-    A file input (``gr.Image``, ``gr.File``), made to take only what this process received.
+    A file input (``gr.Image``, ``gr.File`` of one or more), taking only what this process received.
 
     Gradio checks a file named in a request only when the request marks it as a file
     (``meta``), and it downloads one named by an ``http(s)`` address (or a ``data:`` URL, which
@@ -130,7 +131,8 @@ def received_input(component: FileInput) -> FileInput:
                 data_url = _is_data_url(payload.url)
                 file = _data_url_file(payload.url) if data_url else received_file(payload.path)
                 return None if file is None else str(file)
-            received_file(payload.path)
+            for one in payload if isinstance(payload, ListFiles) else [payload]:
+                received_file(one.path)  # each file of a multiple upload
         except InvalidInputError as err:
             raise gr.Error(str(err)) from None
         return process(payload)

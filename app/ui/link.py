@@ -3,7 +3,8 @@ A shared link: a tab's inputs in the page's address, and the page's load that re
 
 Values are data (never paths); each field of a link is read on its own, and a bad one is named.
 An image travels only as a bundled example's name (``image=example:chelsea``); an uploaded
-image cannot be carried (nor the Vision-language tab's other image, a patching corruption).
+image cannot be carried (nor the Vision-language tab's more images or its other image, a
+patching corruption).
 """
 
 from __future__ import annotations

@@ -1,19 +1,21 @@
 """
 The Vision-language tab: what in an image and a prompt an answer rests on; its visual tokens.
 
-Each method ticked runs as an :class:`~attribution.request.ExplainRequest` with the image and
-the prompt (the answer given, the model's own greedy answer, or its next token; against a
-contrast if given: the answer fields become the library's
-:class:`~attribution.request.answers.AnswerSpec` as on the Language model tab), and the
+Each method ticked runs as an :class:`~attribution.request.ExplainRequest` with the image (or
+the images, in order, when more are uploaded) and the prompt (the answer given, the model's own
+greedy answer, or its next token; against a contrast if given: the answer fields become the
+library's :class:`~attribution.request.answers.AnswerSpec` as on the Language model tab), and the
 visual-token study, of the same answer, as a :class:`~attribution.request.VisualTokensRequest`:
 both go through the page's runner and the library's gate, priced and refused over the server's
 budgets as ``POST /api/v1/explain`` and ``POST /api/v1/visual-tokens`` are. It shows each
-method's map over the image with the text map beside it (the whole answer's, or one step's,
-chosen without rerunning), the image's and the text's shares, with Trust cards each map's
+method's map over each image with the text map beside it (the whole answer's, or one step's,
+chosen without rerunning), each image's and the text's shares, with Trust cards each map's
 faithfulness over image regions (each visual token, or SLIC superpixels) and text tokens, the
 visual-token curves with their verdicts in words, each scorer's agreement with exact removal and
-ShortV's layers, an export and a link (which carries the patching section's fields too, but not
-its other image: an upload).
+ShortV's layers, an export and a link (which carries the patching section's fields too, but no
+upload: neither the further images nor the patching section's other image). What reads one
+image (the study, patching, the trust cards' superpixels) is refused by the library in words
+when more images are uploaded.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from attrlab.app.ui.shared import (
 )
 from attrlab.attribution.errors import InvalidParameterError
 from attrlab.attribution.explanation import Explanation
+from attrlab.attribution.image_text import image_heatmaps
 from attrlab.attribution.metrics.faithfulness import MAX_SUPERPIXELS
 from attrlab.attribution.models import BUILTIN_MODELS
 from attrlab.attribution.patching import (
@@ -194,8 +197,8 @@ class VisionLanguageTab:
         self._patching()
         self.export, self.bundle, self.link = study_export_row(_TAB, "vision-language run")
         #: What a run reads, in :meth:`study`'s order.
-        self.fields = [self.model, self.image, self.prompt, self.answer, self.contrast]
-        self.fields += [self.generate, self.max_new_tokens, self.stop]
+        self.fields = [self.model, self.image, self.more_images, self.prompt, self.answer]
+        self.fields += [self.contrast, self.generate, self.max_new_tokens, self.stop]
         self.fields += [self.per_step, self.methods, self.seed, self.scorers, self.layer]
         self.fields += [self.attention_layer, self.ratios, self.draws, self.shortv]
         #: The patching section's, read only for the link (the other image cannot travel).
@@ -235,6 +238,17 @@ class VisionLanguageTab:
                     [self.image],
                     label="Examples",
                     elem_id="vlm-examples",
+                )
+                # each upload's own file, undecoded, as the first image's
+                self.more_images = received_input(
+                    gr.File(
+                        label="More images, after the first in this order (the families that "
+                        "take several; no link carries them)",
+                        file_count="multiple",
+                        file_types=["image"],
+                        type="filepath",
+                        elem_id="vlm-more-images",
+                    )
                 )
             with gr.Column(scale=2, min_width=400):
                 self.prompt = gr.Textbox(
@@ -394,8 +408,8 @@ class VisionLanguageTab:
             }
         self.patched = gr.State(None)  # PatchingReport
         #: What a patching study reads, in :meth:`patching`'s order.
-        self.patch_fields = [self.model, self.image, self.prompt, self.answer, self.generate]
-        self.patch_fields += [self.seed]
+        self.patch_fields = [self.model, self.image, self.more_images, self.prompt, self.answer]
+        self.patch_fields += [self.generate, self.seed]
         self.patch_fields += [self.corruption, self.sigma, self.box, self.other]
         self.patch_fields += [self.components, self.estimators, self.directions]
         #: What it fills.
@@ -441,8 +455,9 @@ class VisionLanguageTab:
         names += ["stop", "per_step", "methods", "seed", "scorers", "layer", "attention_layer"]
         names += ["ratios", "draws", "shortv", "corruption", "sigma", "box", "components"]
         names += ["estimators", "directions", "trust", "trust_superpixels"]
+        carried = [field for field in self.fields if field is not self.more_images]  # uploads
         return LinkedTab(
-            dict(zip(names, self.fields, strict=True)),
+            dict(zip(names, carried, strict=True)),
             [],
             self.linked,
             cleared=("answer", "contrast", "stop", "box"),
@@ -454,6 +469,7 @@ class VisionLanguageTab:
         asked_: bool,
         model_: str | None,
         image_: str | None,
+        more_images_: list[str] | None,
         prompt_: str | None,
         answer_: str | None,
         contrast_: str | None,
@@ -485,7 +501,7 @@ class VisionLanguageTab:
             return [gr.skip()] * len(self.outputs)
         if not methods_ and not scorers_:
             raise gr.Error("tick a method (maps) or a scorer (the visual-token study)")
-        image = uploaded_image(image_)
+        image = _images(image_, more_images_)
         prompt = prompt_ or ""
         asked_answer = AskedAnswer(
             answer=answer_ or "",
@@ -539,7 +555,7 @@ class VisionLanguageTab:
         if scorers_:
             study = VisualTokensRequest(model=model, seed=seed, study=tokens)
             report = self.runner(study, progress, *where)
-        example = example_of(image)
+        example = example_of(image) if isinstance(image, bytes) else None  # no upload travels
         fields = {
             "tab": _TAB,
             "model": model,
@@ -603,6 +619,7 @@ class VisionLanguageTab:
         self,
         model_: str | None,
         image_: str | None,
+        more_images_: list[str] | None,
         prompt_: str | None,
         answer_: str | None,
         generate_: bool,
@@ -623,7 +640,7 @@ class VisionLanguageTab:
                 "patching reads a given answer or the model's next token, not a generated one: "
                 "untick Generate (and give the answer, or leave it empty)"
             )
-        image = uploaded_image(image_)
+        image = _images(image_, more_images_)  # the library refuses several
         seed = 0 if seed_ is None else whole(seed_)
         corruption = _corruption(corruption_ or "blurred", sigma_, box_, other_, seed)
         study = PatchRequest(
@@ -666,6 +683,18 @@ class VisionLanguageTab:
         if result is None:
             raise gr.Error("run the tab first; the export holds its maps and study")
         return str(export_vision_language(result, patched=patched))
+
+
+def _images(first: str | None, more: list[str] | None) -> bytes | list[bytes]:
+    """
+    The tab's image's bytes, or every image's in order when more are uploaded.
+
+    Raises:
+        gr.Error: no first image, or an upload gone.
+        InvalidInputError: a file this process did not receive.
+    """
+    image = uploaded_image(first)
+    return [image, *(uploaded_image(path) for path in more)] if more else image
 
 
 def _corruption(
@@ -714,12 +743,14 @@ def _patching_link(
 
 
 def map_figure(explanation: Explanation, step: int | None) -> Any:
-    """One method's map over its image (the whole answer's, or that step's when it has steps)."""
-    if explanation.image is None:  # an image and a prompt's Explanation holds its image
+    """One method's map over its image or a panel per image (the whole answer's, or a step's)."""
+    # an image and a prompt's Explanation holds its image, or its images for several
+    pictures = explanation.images or explanation.image
+    if pictures is None:
         raise ValueError(f"{explanation.method}'s map holds no image to draw it over")
     if "steps" not in explanation.maps:
         step = None  # a method that gives no map per step shows its whole map
-    return image_text_figure(explanation, explanation.image, step=step)
+    return image_text_figure(explanation, pictures, step=step)
 
 
 def _steps(explanations: dict[str, Explanation]) -> list[tuple[str, str]]:
@@ -736,36 +767,46 @@ def _steps(explanations: dict[str, Explanation]) -> list[tuple[str, str]]:
 
 
 def shares_table(explanations: dict[str, Explanation]) -> pd.DataFrame:
-    """Each method's image and text shares: the whole answer's, then each step's."""
+    """
+    Each method's image and text shares: the whole answer's, then each step's.
+
+    With several images, each image's share beside the images' (``image 1 share``, ...).
+    """
+    count = max((len(image_heatmaps(e.maps)) for e in explanations.values()), default=1)
+    each = [(f"image_{n}", f"image {n} share") for n in range(1, count + 1)] if count > 1 else []
+    # each part's key in the metrics (``{key}_share``) and the step maps, and its column
+    parts = [("image", "image share"), *each, ("text", "text share")]
     rows = []
     for method, explanation in explanations.items():
         maps, metrics = explanation.maps, explanation.metrics
         rows.append(
-            {
-                "method": method,
-                "step": "whole answer",
-                "image share": metrics.get("image_share"),
-                "text share": metrics.get("text_share"),
-            }
+            {"method": method, "step": "whole answer"}
+            | {column: metrics.get(f"{key}_share") for key, column in parts}
         )
-        for k, (image, text) in enumerate(
-            zip(maps.get("step_image_share", ()), maps.get("step_text_share", ()), strict=True)
-        ):
+        for k in range(len(maps.get("step_image_share", ()))):
             rows.append(
-                {"method": method, "step": str(k + 1), "image share": image, "text share": text}
+                {"method": method, "step": str(k + 1)}
+                | {column: maps[f"step_{key}_share"][k] for key, column in parts}
             )
-    return pd.DataFrame(rows, columns=["method", "step", "image share", "text share"]).round(4)
+    columns = ["method", "step", *(column for _, column in parts)]
+    return pd.DataFrame(rows, columns=columns).round(4)
 
 
 def _summary(result: VisionLanguageResult) -> str:
     """What was explained, each method's shares, the study's full model and verdicts."""
     lines = []
+    nan = float("nan")
     for method, explanation in result.explanations.items():
         metrics = explanation.metrics
+        count = len(image_heatmaps(explanation.maps))
+        share = f"{metrics.get('image_share', nan):.0%}"
+        each = ", ".join(
+            f"{n}: {metrics.get(f'image_{n}_share', nan):.0%}" for n in range(1, count + 1)
+        )
+        image = f"images {share} ({each})" if count > 1 else f"image {share}"
         lines.append(
-            f"- **{method}** → {escaped(explanation.target.label)}: image "
-            f"{metrics.get('image_share', float('nan')):.0%}, text "
-            f"{metrics.get('text_share', float('nan')):.0%} of |relevance|"
+            f"- **{method}** → {escaped(explanation.target.label)}: {image}, text "
+            f"{metrics.get('text_share', nan):.0%} of |relevance|"
         )
     text = "Maps:\n" + "\n".join(lines) if lines else "No method ticked: no maps."
     report = result.report

@@ -508,7 +508,7 @@ class PatchRequest(Request["PatchingReport"]):
         Raises:
             InvalidInputError: an image without a corruption or the reverse, a text's
                 corruption or a class target or a contrast beside them, a blank prompt or
-                answer, an image that cannot be read.
+                answer, several images, an image that cannot be read.
             InputTooLargeError: an image over the bounds' pixels.
         """
         if self.image is None or self.image_corruption is None:
@@ -529,6 +529,10 @@ class PatchRequest(Request["PatchingReport"]):
         visual_tokens.check_prompt_and_answer(
             self.clean, None if self.answer is None else self.answer.answer
         )
+        if isinstance(self.image, list | tuple):  # what one_image refuses, before any load
+            raise InvalidInputError(
+                f"patching reads one image; {len(self.image)} were given: give one image"
+            )
         load_image(self.image, max_pixels=bounds.max_image_pixels)
         if isinstance(self.image_corruption, patching.OtherImage):
             load_image(self.image_corruption.image, max_pixels=bounds.max_image_pixels)
