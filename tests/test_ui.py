@@ -625,7 +625,7 @@ def test_a_slow_jobs_progress_is_sent_once_per_count(worker, monkeypatch):
     moves, progress = _moves()
     request = ExplainRequest(
         model="tiny-random-bert", method="rise", text="a fine day",
-        params={"n_masks": 12, "batch_size": 2},
+        params={"n_masks": 12, "batch_size": 2, "every_pattern": False},  # 12 drawn masks
     )  # fmt: skip
     PageRunner(worker)(request, progress, "a session")
     assert moves[-1][0] - moves[0][0] > 2  # six batches
