@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from _model_state import model_state
 from _tiny_vlm import (
+    model_module,
     tiny_gemma3,
     tiny_idefics3,
     tiny_llava,
@@ -13,6 +15,7 @@ from _tiny_vlm import (
     tiny_paligemma,
     tiny_qwen2_5_vl,
     tiny_qwen2_vl,
+    tiny_smolvlm,
 )
 from scipy.stats import spearmanr
 
@@ -56,59 +59,186 @@ def qwen_item(qwen):
     return _answered(qwen, _image(32, 48))
 
 
+#: Every tiny family but LLaVA and Qwen2-VL (the fixtures above), built once per module.
+_OTHER_FAMILIES = {
+    "llava_next": tiny_llava_next,
+    "qwen2_5_vl": tiny_qwen2_5_vl,
+    "paligemma": tiny_paligemma,
+    # Gemma 3's sliding windows count positions in the sequence: a window wider than it here
+    # (a narrower one: test_gemma3_windows_count_the_positions_of_the_full_sequence)
+    "gemma3": lambda: tiny_gemma3(sliding_window=256),
+    "idefics3": tiny_idefics3,
+    "smolvlm": tiny_smolvlm,
+}
+FAMILIES = ["llava", "qwen2_vl", *_OTHER_FAMILIES]
+
+
+@pytest.fixture(scope="module")
+def families(llava, llava_item, qwen, qwen_item):
+    """A family's name -> its tiny adapter and an answered item on a 32-px image."""
+    built = {"llava": (llava, llava_item), "qwen2_vl": (qwen, qwen_item)}
+
+    def family(name: str):
+        if name not in built:
+            adapter = _OTHER_FAMILIES[name]()
+            built[name] = (adapter, _answered(adapter, _image(32, 32)))
+        return built[name]
+
+    return family
+
+
 def _embeddings_and_positions(adapter, inputs):
-    """The first block's input and the position ids the model gives (Qwen2-VL: 3 rows)."""
-    model = adapter.model
-    with torch.no_grad():
-        hidden = model(**inputs.model_kwargs(), output_hidden_states=True).hidden_states[0]
-    length = inputs.input_ids.shape[1]
-    if "image_grid_thw" in inputs.image_kwargs:
-        positions, _ = model.model.get_rope_index(
-            inputs.input_ids,
-            inputs.image_kwargs["mm_token_type_ids"],
-            inputs.image_kwargs["image_grid_thw"],
-            attention_mask=inputs.attention_mask,
-        )
-    else:
-        positions = torch.arange(length)[None]
-    return hidden, positions
+    """
+    What the model gives its language model in a plain run: embeddings and position ids.
+
+    The embeddings hold the visual features in place; the position ids are the family's (one
+    row per rotary section for Qwen2-VL, from 1 for PaliGemma; from 0 where the model leaves
+    them to the language model).
+    """
+    seen: dict = {}
+    language_model = model_module(adapter, r"^model\.(language_model|text_model)$")
+    handle = language_model.register_forward_pre_hook(
+        lambda _m, _a, kwargs: seen.update(kwargs), with_kwargs=True
+    )
+    try:
+        with torch.no_grad():
+            adapter.model(**inputs.model_kwargs())
+    finally:
+        handle.remove()
+    positions = seen.get("position_ids")
+    if positions is None:
+        positions = torch.arange(inputs.input_ids.shape[1])[None]
+    return seen["inputs_embeds"], positions
 
 
-def _removed_logits(adapter, hidden, positions, kept: torch.Tensor) -> torch.Tensor:
-    """The language model run on the kept positions alone, each with its own position id."""
-    model = adapter.model
+def _kept_run(adapter, inputs, kept: torch.Tensor, positions, **given) -> torch.Tensor:
+    """
+    The family's model on the kept positions alone, each with its position id.
+
+    ``given``: ``input_ids`` or ``inputs_embeds`` of the kept positions. The per-token inputs
+    (PaliGemma's and Gemma 3's token types: the prefix read both ways, the image block) are
+    cut to them; no image input is given.
+    """
+    per_token = {
+        key: value[:, kept]
+        for key, value in inputs.image_kwargs.items()
+        if value.shape == inputs.input_ids.shape
+    }
     # an attention mask, else transformers reads a gap in the position ids as packed sequences
     ones = torch.ones(1, int(kept.sum()), dtype=torch.long)
     with torch.no_grad():
-        out = model.model.language_model(
-            inputs_embeds=hidden[:, kept],
+        return adapter.model(
             attention_mask=ones,
             position_ids=positions[..., kept],
             use_cache=False,
-        )
-        return model.lm_head(out.last_hidden_state)
+            **per_token,
+            **given,
+        ).logits
 
 
-@pytest.mark.parametrize("family", ["llava", "qwen"])
-def test_masking_keys_equals_removing_the_tokens(family, request):
-    adapter = request.getfixturevalue(family)
-    inputs = request.getfixturevalue(f"{family}_item")
+def _removed_logits(adapter, inputs, hidden, positions, kept: torch.Tensor) -> torch.Tensor:
+    """The model run on the kept rows of its language model's input ``hidden`` alone."""
+    return _kept_run(adapter, inputs, kept, positions, inputs_embeds=hidden[:, kept])
+
+
+def _text_only_logits(adapter, inputs) -> torch.Tensor:
+    """The family's own text-only run: the prompt's text tokens, no image, same position ids."""
+    _, positions = _embeddings_and_positions(adapter, inputs)
+    text = ~inputs.visual_tokens
+    return _kept_run(adapter, inputs, text, positions, input_ids=inputs.input_ids[:, text])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_masking_keys_equals_removing_the_tokens(family, families):
+    adapter, inputs = families(family)
     count = int(inputs.visual_tokens.sum())
-    chosen = [[0, 3, 5], list(range(count))]  # some, then every visual token (a text-only run)
+    chosen = [[0, 3, 5], list(range(count))]  # some, then every visual token
     dropped = dropped_rows(inputs, chosen)
     with torch.no_grad(), visual_attention(adapter, dropped):
         logits = adapter.model(**batched_kwargs(inputs, len(chosen))).logits
     hidden, positions = _embeddings_and_positions(adapter, inputs)
     for row in range(len(chosen)):
         kept = ~dropped[row]
-        reference = _removed_logits(adapter, hidden, positions, kept)
+        reference = _removed_logits(adapter, inputs, hidden, positions, kept)
         torch.testing.assert_close(logits[row, kept][None], reference, atol=1e-5, rtol=1e-5)
-    # dropping nothing is the plain model
+    # every visual token dropped is the family's own run on the text alone, without the image
+    text = ~inputs.visual_tokens
+    text_only = _text_only_logits(adapter, inputs)
+    torch.testing.assert_close(logits[1, text][None], text_only, atol=1e-5, rtol=1e-5)
+    # dropping nothing is the plain model, whose text positions read the image
     with torch.no_grad(), visual_attention(adapter, dropped_rows(inputs, [[]])):
         same = adapter.model(**inputs.model_kwargs()).logits
     with torch.no_grad():
         plain = adapter.model(**inputs.model_kwargs()).logits
     torch.testing.assert_close(same, plain, atol=1e-6, rtol=1e-6)
+    assert not torch.allclose(plain[:, text], text_only, atol=1e-4)
+
+
+def test_gemma3_windows_count_the_positions_of_the_full_sequence():
+    # Gemma 3 with windows narrower than the sequence has no text-only run equal to dropping
+    # every visual token: masking keeps each window where the full sequence puts it (a text
+    # token just after the image reads only what its window held there, the image's keys
+    # masked), while the family's own text-only run slides its windows over the text alone,
+    # back past where the image was. Dropping every visual token equals the run on the text
+    # alone with each window counted over the full sequence's positions (masks written here).
+    adapter = tiny_gemma3()  # both blocks slide a window of 4 tokens
+    inputs = _answered(adapter, _image(32, 32))
+    text = ~inputs.visual_tokens
+    every = list(range(int(inputs.visual_tokens.sum())))
+    with torch.no_grad(), visual_attention(adapter, dropped_rows(inputs, [every])):
+        logits = adapter.model(**inputs.model_kwargs()).logits[:, text]
+    origin = torch.nonzero(text)[:, 0]  # each text token's position in the full sequence
+    behind = origin[:, None] - origin[None, :]  # how far each key is behind each query
+
+    def additive(allowed: torch.Tensor) -> torch.Tensor:
+        blocked = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+        return blocked[None, None]
+
+    windows = {
+        "full_attention": additive(behind >= 0),
+        "sliding_attention": additive((behind >= 0) & (behind < 4)),
+    }
+    _, positions = _embeddings_and_positions(adapter, inputs)
+    with torch.no_grad():
+        reference = adapter.model(
+            input_ids=inputs.input_ids[:, text],
+            attention_mask=windows,
+            position_ids=positions[..., text],
+            use_cache=False,
+        ).logits
+    torch.testing.assert_close(logits, reference, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(logits, _text_only_logits(adapter, inputs), atol=1e-4)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_route_is_undone_after_a_forced_error(family, families):
+    adapter, inputs = families(family)
+    kwargs = batched_kwargs(inputs, 2)
+    with torch.no_grad():
+        before = adapter.model(**kwargs).logits
+    state = model_state(adapter.model)  # transformers' own hooks included
+    kernels = [a.config._attn_implementation for a in adapter.attention_modules()]
+    seen: list[list[str]] = []
+
+    def fail(*_args):
+        seen.append([a.config._attn_implementation for a in adapter.attention_modules()])
+        raise RuntimeError("forced")
+
+    handle = adapter.blocks()[-1].register_forward_hook(fail)
+    try:
+        dropped = dropped_rows(inputs, [[0, 1], []])
+        with (
+            pytest.raises(RuntimeError, match="forced"),
+            torch.no_grad(),
+            visual_attention(adapter, dropped, layer=1, read={0}),
+        ):
+            adapter.model(**kwargs)
+    finally:
+        handle.remove()
+    assert len(seen) == 1 and all(a != b for a, b in zip(seen[0], kernels, strict=True))
+    assert model_state(adapter.model) == state
+    with torch.no_grad():
+        torch.testing.assert_close(adapter.model(**kwargs).logits, before, atol=0, rtol=0)
 
 
 def test_dropping_at_a_layer_equals_removing_the_tokens_from_that_layer_on(llava, llava_item):
@@ -122,7 +252,9 @@ def test_dropping_at_a_layer_equals_removing_the_tokens_from_that_layer_on(llava
     kept = ~dropped[0]
     language_model.layers = layers[1:]  # block 0 ran on every token; blocks 1 on without them
     try:
-        reference = _removed_logits(llava, hidden[1], torch.arange(len(kept))[None], kept)
+        reference = _removed_logits(
+            llava, llava_item, hidden[1], torch.arange(len(kept))[None], kept
+        )
     finally:
         language_model.layers = layers
     torch.testing.assert_close(logits[0, kept][None], reference, atol=1e-5, rtol=1e-5)
@@ -247,14 +379,14 @@ def test_exact_is_the_drop_with_each_token_removed(llava, llava_item):
     hidden, positions = _embeddings_and_positions(llava, llava_item)
     length = llava_item.input_ids.shape[1]
     full = _answer_log_prob(
-        _removed_logits(llava, hidden, positions, torch.ones(length) > 0), llava_item
+        _removed_logits(llava, llava_item, hidden, positions, torch.ones(length) > 0), llava_item
     )
     expected = []
     for j in llava_item.visual_positions.tolist():
         kept = torch.ones(length, dtype=torch.bool)
         kept[j] = False
         logits = torch.zeros(1, length, llava.model.lm_head.out_features)
-        logits[:, kept] = _removed_logits(llava, hidden, positions, kept)
+        logits[:, kept] = _removed_logits(llava, llava_item, hidden, positions, kept)
         expected.append(float(full - _answer_log_prob(logits, llava_item)))
     scored = VISUAL_SCORERS["exact"].score(Scoring(llava, llava_item))
     np.testing.assert_allclose(scored, expected, rtol=1e-4, atol=1e-5)
@@ -289,7 +421,7 @@ def test_the_study_measures_each_point_as_removing_the_tokens(llava, llava_item)
             kept = torch.ones(length, dtype=torch.bool)
             kept[visual[np.argsort(-scores, kind="stable")[keep:]]] = False
             logits = torch.zeros(1, length, llava.model.lm_head.out_features)
-            logits[:, kept] = _removed_logits(llava, hidden, positions, kept)
+            logits[:, kept] = _removed_logits(llava, llava_item, hidden, positions, kept)
             expected = float(_answer_log_prob(logits, llava_item))
             row = curves[
                 (curves.order == name)
@@ -409,30 +541,6 @@ def test_shortv_equals_a_hand_written_identity_on_the_visual_tokens(family, requ
         # no block after the last reads the visual tokens: only the earlier ones move the answer
         last = block_index == len(adapter.blocks()) - 1
         assert (expected["shortv_kl"] == 0) if last else (expected["shortv_kl"] > 0)
-
-
-@pytest.mark.parametrize(
-    "build",
-    [
-        tiny_paligemma,
-        tiny_gemma3,
-        tiny_idefics3,
-        tiny_llava_next,
-        tiny_qwen2_5_vl,
-    ],
-)
-def test_without_its_visual_tokens_no_family_reads_the_image(build):
-    adapter = build()
-    items = [_answered(adapter, _image(32, 32, seed)) for seed in (1, 2)]
-    assert torch.equal(items[0].input_ids, items[1].input_ids)
-    text = ~items[0].visual_tokens
-    every = list(range(int(text.logical_not().sum())))
-    logits = []
-    for item in items:
-        with torch.no_grad(), visual_attention(adapter, dropped_rows(item, [[], every])):
-            logits.append(adapter.model(**batched_kwargs(item, 2)).logits[:, text])
-    assert not torch.allclose(logits[0][0], logits[1][0], atol=1e-4)  # with them, it does
-    torch.testing.assert_close(logits[0][1], logits[1][1], atol=1e-5, rtol=1e-5)
 
 
 def test_each_curve_point_is_one_forward_row(llava, llava_item):

@@ -7,15 +7,18 @@ from block ``K`` on (``K = 0``: at the input, from the first block on) masks the
 other query in those blocks, as transformers masks a position (the attention logit set to the
 dtype's lowest value): no later position reads them, and every position keeps its position id,
 as FastV keeps them (Chen et al. 2024, arXiv:2403.06764). That equals removing the tokens from
-the sequence with the same position ids (tested on LLaVA and Qwen2-VL's multimodal rotary
-positions); a dropped token still reads itself, so its own row stays defined, and nothing reads
-it. Each batch row drops its own set, so many removals run in one forward.
+the sequence with the same position ids, and dropping them all equals the family's text-only
+run (tested on every tiny family, Qwen2-VL's multimodal rotary positions included); a dropped
+token still reads itself, so its own row stays defined, and nothing reads it. Each batch row
+drops its own set, so many removals run in one forward.
 
 The route (:func:`visual_attention`) sends each language-model block's attention through the
 family's own eager attention (:func:`~attribution.methods._routing.route_attention`), edits the
 mask the model built (a sliding window, Gemma 3's bidirectional image block and PaliGemma's prefix
-stay as they are), and can add a bias to the attention logits (its gradient is AtP's) and keep a
-layer's attention probabilities for the scorers that read them.
+stay as they are: a window narrower than the sequence stays where the full sequence puts it,
+where removing the tokens would slide it further back), and can add a bias to the attention
+logits (its gradient is AtP's) and keep a layer's attention probabilities for the scorers that
+read them.
 """
 
 from __future__ import annotations
