@@ -26,6 +26,13 @@ _LANGUAGE_MODEL = {
     "eos_token_id": None,
     "pad_token_id": 0,
 }
+#: Every tiny vision tower's sizes (its image and patch sizes are the family's own).
+_TOWER = {
+    "hidden_size": 16,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 32,
+}
 _QWEN2_VL_TOKENS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
 
 
@@ -52,10 +59,7 @@ def tiny_llava(
         vision_config=tf.CLIPVisionConfig(
             image_size=image_size,
             patch_size=8,
-            hidden_size=16,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=32,
+            **_TOWER,
         ),
         text_config=tf.LlamaConfig(
             vocab_size=len(tokenizer), **{**_LANGUAGE_MODEL, **(language_model or {})}
@@ -155,10 +159,7 @@ def tiny_paligemma(image_size: int = 32) -> VisionLanguageAdapter:
         vision_config=tf.SiglipVisionConfig(
             image_size=image_size,
             patch_size=8,
-            hidden_size=16,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=32,
+            **_TOWER,
         ).to_dict(),
         text_config=tf.GemmaConfig(
             vocab_size=len(tokenizer), head_dim=8, **_LANGUAGE_MODEL
@@ -194,10 +195,7 @@ def tiny_gemma3(image_size: int = 32, sliding_window: int = 4) -> VisionLanguage
         vision_config=tf.SiglipVisionConfig(
             image_size=image_size,
             patch_size=image_size // 8,
-            hidden_size=16,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=32,
+            **_TOWER,
         ).to_dict(),
         text_config=tf.Gemma3TextConfig(
             vocab_size=len(tokenizer),
@@ -245,10 +243,7 @@ def tiny_idefics3(splitting: bool = True) -> VisionLanguageAdapter:
         vision_config=tf.Idefics3VisionConfig(
             image_size=32,
             patch_size=8,
-            hidden_size=16,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=32,
+            **_TOWER,
         ).to_dict(),
         text_config=tf.LlamaConfig(vocab_size=len(tokenizer), **_LANGUAGE_MODEL).to_dict(),
         scale_factor=2,
@@ -294,10 +289,7 @@ def tiny_smolvlm(splitting: bool = True) -> VisionLanguageAdapter:
         vision_config=tf.SmolVLMVisionConfig(
             image_size=32,
             patch_size=8,
-            hidden_size=16,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=32,
+            **_TOWER,
         ).to_dict(),
         text_config=tf.LlamaConfig(vocab_size=len(tokenizer), **_LANGUAGE_MODEL).to_dict(),
         scale_factor=2,
@@ -317,10 +309,7 @@ def tiny_llava_next() -> VisionLanguageAdapter:
         vision_config=tf.CLIPVisionConfig(
             image_size=32,
             patch_size=8,
-            hidden_size=16,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=32,
+            **_TOWER,
         ).to_dict(),
         text_config=tf.LlamaConfig(vocab_size=len(tokenizer), **_LANGUAGE_MODEL).to_dict(),
         image_grid_pinpoints=pinpoints,
