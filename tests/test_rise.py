@@ -128,6 +128,12 @@ def test_a_short_texts_map_is_the_expectation_over_every_mask(load_model):
         adapter, "rise", inputs, target=target, params={**params, "every_pattern": False}
     )
     assert asked.metrics["exact_expectation"] == 0.0 and asked.timings.forward_passes == 2**n + 1
+    # with a tolerance, only as many patterns as the masks a sampled run may stop at
+    tolerant = attribution.explain(
+        adapter, "rise", inputs, target=target, params={**params, "tolerance": 0.5}
+    )
+    assert tolerant.metrics["exact_expectation"] == float(2**n <= MIN_MASKS_BEFORE_STOPPING)
+    assert tolerant.metrics["top_decile_error"] == 0.0
 
 
 def test_same_seed_same_map_other_seed_other_map():

@@ -120,12 +120,15 @@ def _enumerated_cells(perturbation: object, params: RiseParams) -> int | None:
     A text's RISE masks keep each feature with probability ``p`` independently, so their
     ``2**cells`` patterns can be taken once each, weighted by their probability: the map is
     then RISE's expectation itself, for no more passes than the sampled estimate asked.
-    ``None``: sampled (an image's shifted grids, too many cells, or not asked).
+    ``None``: sampled (an image's shifted grids, too many cells, or not asked). With a
+    ``tolerance`` the sampled estimate may stop from :data:`MIN_MASKS_BEFORE_STOPPING` masks
+    on, so the patterns are taken only where they are no more than that.
     """
     if not params.every_pattern or not isinstance(perturbation, TextPerturbation):
         return None
     cells = perturbation.n_cells(params.grid)
-    return cells if 2**cells <= params.n_masks else None
+    most = params.n_masks if params.tolerance is None else MIN_MASKS_BEFORE_STOPPING
+    return cells if 2**cells <= min(most, params.n_masks) else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,14 +137,16 @@ class RiseParams(MethodParams):
 
     n_masks: int = param(
         4000,
-        "Number of random masks (forward passes); the cap when a tolerance is set.",
+        "Number of random masks (forward passes); the cap when a tolerance is set; a short "
+        "text's keep patterns when fewer (every_pattern).",
         1,
         200_000,
     )
     every_pattern: bool = param(
         True,
-        "Text: when its 2^tokens keep patterns number no more than n_masks, take each once, "
-        "weighted by its probability (RISE's expectation exactly, in fewer passes).",
+        "Text: when the 2^n keep patterns of its n features number no more than n_masks (with "
+        f"a tolerance: {MIN_MASKS_BEFORE_STOPPING}), take each once, weighted by its probability "
+        "(RISE's expectation exactly, in fewer passes).",
     )
     tolerance: float | None = param(
         None,
@@ -267,7 +272,9 @@ class RISE(AttributionMethod[RiseParams]):
         maps = estimator.saliency().reshape(len(targets), *first.shape[1:])
         std_error = estimator.std_error().reshape(first.shape[1:])
         metrics = {"masks_used": float(estimator.n), "exact_expectation": float(cells is not None)}
-        if tolerance is not None and cells is None:
+        if tolerance is not None and cells is not None:
+            metrics["top_decile_error"] = 0.0  # the expectation itself: nothing to converge
+        elif tolerance is not None:
             error = top_decile_error(maps[0], std_error)
             metrics["top_decile_error"] = error
             if error > tolerance:
