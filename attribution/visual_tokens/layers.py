@@ -22,12 +22,11 @@ import torch
 
 from attrlab.attribution.alteration import altered
 from attrlab.attribution.explanation import layer_table
-from attrlab.attribution.layers.hooks import skip_blocks_at
+from attrlab.attribution.layers.hooks import skip_blocks_at, widened
 from attrlab.attribution.models.base import Adapter, Inputs
 from attrlab.attribution.models.vlm import ImageTextInputs
 from attrlab.attribution.visual_tokens.answer import (
     answer_scores,
-    batched_kwargs,
     visual_adapter,
     visual_inputs,
 )
@@ -67,9 +66,10 @@ def shortv_rows(adapter: Adapter, inputs: Inputs) -> list[tuple]:
     with (
         altered(model.model),
         torch.no_grad(),
+        widened(blocks[0], rows),  # the vision tower once, the rows parting at the first block
         skip_blocks_at(blocks, list(range(1, rows)), inputs.visual_tokens),
     ):
-        logits = model.model(**batched_kwargs(inputs, rows)).logits
+        logits = model.model(**inputs.model_kwargs()).logits
     log_prob, exact, log_probs = answer_scores(logits, inputs)
     full = log_probs[0]
     kl = (full.exp() * (full - log_probs)).sum(-1).mean(1)
