@@ -357,6 +357,16 @@ def test_the_trust_card_over_superpixels_through_rest_and_the_python_api(served,
     for metrics in (response.json()["metrics"], found.metrics):
         for name in _OWN_SCORES:
             assert metrics[name] == pytest.approx(expected.metrics[name], rel=1e-5), name
+    # several methods (a check) without the trust card: refused, not silently dropped
+    with pytest.raises(attrlab.AttrlabError, match=r"ask for the trust card \(evaluate\) too"):
+        attrlab.explain(
+            library,
+            image=png,
+            text=PROMPT,
+            methods=["gradient_x_input", "gradient"],
+            answer=ANSWER,
+            evaluate_superpixels=2,
+        )
 
 
 def test_the_trust_cards_superpixels_are_priced(library):

@@ -22,6 +22,7 @@ from attrlab.attribution.agreement import map_agreement
 from attrlab.attribution.errors import BudgetExceededError, InvalidParameterError
 from attrlab.attribution.explain import explain
 from attrlab.attribution.explanation import Explanation
+from attrlab.attribution.metrics.faithfulness import check_trust_regions
 from attrlab.attribution.metrics.randomisation import (
     cascading_units,
     randomisation_check,
@@ -131,7 +132,9 @@ def check_methods(
 
     Raises:
         InvalidParameterError: for fewer than two methods without ``randomise``, a method named
-            twice, parameters for a method not checked, or a ``top_fraction`` outside (0, 1].
+            twice, parameters for a method not checked, a ``top_fraction`` outside (0, 1], or
+            the trust card's superpixels asked without it
+            (:func:`~attribution.metrics.faithfulness.check_trust_regions`).
         TooSlowError: a method estimated over its share of ``max_seconds``.
         JobCancelledError: once ``cancel`` is set (weights are restored first).
     """
@@ -139,6 +142,7 @@ def check_methods(
     budget, progress = SharedPasses(settings.max_forward_passes), settings.progress
     methods = list(methods)
     check_choice(methods, params, randomise, top_fraction)
+    check_trust_regions(inputs, settings)  # superpixels without the trust card: refused
     steps = len(cascading_units(adapter)) if randomise else 0
     clear_shares(adapter, methods, inputs, params, settings, runs=1 + steps)
     planned = len(methods) * (1 + steps)
