@@ -532,8 +532,8 @@ class VisionLanguageTab:
         model = (model_ or "").strip() or None  # none: the library asks for one
         where = (session(request), _TAB)
         trust = bool(trust_)
-        # the regions are the trust cards': read only when they are asked for
-        superpixels = whole(trust_superpixels_) if trust and trust_superpixels_ else None
+        # the trust cards' regions: refused by the library without the trust cards, in words
+        superpixels = None if trust_superpixels_ is None else whole(trust_superpixels_)
         explanations = {
             method: self.runner(
                 ExplainRequest(
