@@ -396,8 +396,6 @@ def test_a_generated_answer_is_explained_and_studied_as_the_library_does(
         ({"answer": "  "}, "answer is empty"),  # not silently the model's next token
         # the study measures one answer: a contrast is refused, not dropped
         ({"answer": " a cat", "contrast": " a dog"}, "not a contrast"),
-        # the trust cards' regions without the trust cards: refused, not dropped
-        ({"trust_superpixels": 4}, r"ask for the trust card \(evaluate\) too"),
     ],
 )
 def test_bad_input_is_refused_in_words(page_of, folder, uploaded, changed, named):

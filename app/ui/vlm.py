@@ -532,8 +532,9 @@ class VisionLanguageTab:
         model = (model_ or "").strip() or None  # none: the library asks for one
         where = (session(request), _TAB)
         trust = bool(trust_)
-        # the trust cards' regions: refused by the library without the trust cards, in words
-        superpixels = None if trust_superpixels_ is None else whole(trust_superpixels_)
+        # the trust cards' regions, read with the trust cards only (the browser sends an empty
+        # box as 0: each visual token)
+        superpixels = whole(trust_superpixels_) if trust and trust_superpixels_ else None
         explanations = {
             method: self.runner(
                 ExplainRequest(

@@ -144,9 +144,9 @@ class RiseParams(MethodParams):
     )
     every_pattern: bool = param(
         True,
-        "Text: when the 2^n keep patterns of its n features number no more than n_masks (with "
-        f"a tolerance: {MIN_MASKS_BEFORE_STOPPING}), take each once, weighted by its probability "
-        "(RISE's expectation exactly, in fewer passes).",
+        "Text: take each of the 2^n keep patterns of its n features once, weighted by its "
+        "probability (RISE's expectation exactly, in fewer passes), where they number no more "
+        f"than the masks asked (with a tolerance: {MIN_MASKS_BEFORE_STOPPING}).",
     )
     tolerance: float | None = param(
         None,
