@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,6 +41,13 @@ def _tokenizer(extra: list[str]) -> Any:
     tokenizer = _minilm_tokenizer()
     tokenizer.add_special_tokens({"additional_special_tokens": extra})
     return tokenizer
+
+
+def saved(adapter: VisionLanguageAdapter, folder: Path) -> Path:
+    """``adapter``'s weights and processor saved in ``folder``, as a served model folder is."""
+    adapter.model.save_pretrained(folder)
+    adapter.processor.save_pretrained(folder)
+    return folder.resolve()
 
 
 def tiny_llava(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from _browser import no_errors, tab
-from _tiny_vlm import tiny_llava
+from _tiny_vlm import saved, tiny_llava
 from playwright.sync_api import expect
 from test_vlm_page import ANSWER, IMAGE, PROMPT, SECOND, _expected
 
@@ -23,10 +23,7 @@ LONG = 120_000
 
 
 def test_the_tab_draws_the_librarys_map_over_the_image_and_the_studys_verdicts(page, tmp_path):
-    folder = (tmp_path / "llava").resolve()
-    built = tiny_llava()
-    built.model.save_pretrained(folder)
-    built.processor.save_pretrained(folder)
+    folder = saved(tiny_llava(), tmp_path / "llava")
     library = load_pretrained(str(folder), within=[folder])
     expected = _expected(library, "gradient_x_input")
     picture = tmp_path / "picture.png"

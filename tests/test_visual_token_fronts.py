@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 import torch
 from _jobs import job_settings, wait_for_job
-from _tiny_vlm import tiny_llava
+from _tiny_vlm import saved, tiny_llava
 from fastapi.testclient import TestClient
 from PIL import Image
 from test_bits_fronts import _Tables
@@ -60,11 +60,7 @@ BODY = {"image_base64": base64.b64encode(IMAGE).decode(), "prompt": PROMPT, **AS
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
     """The tiny LLaVA's weights and processor, saved as a served model folder is."""
-    root = tmp_path_factory.mktemp("served")
-    adapter = tiny_llava()
-    adapter.model.save_pretrained(root)
-    adapter.processor.save_pretrained(root)
-    return root.resolve()
+    return saved(tiny_llava(), tmp_path_factory.mktemp("served"))
 
 
 @pytest.fixture(scope="module")

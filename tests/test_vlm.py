@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from _tiny_vlm import (
+    saved,
     tiny_gemma3,
     tiny_idefics3,
     tiny_llava,
@@ -322,8 +323,7 @@ def test_loads_from_a_served_folder(
 ) -> None:
     """Model and processor saved to a folder load back through the safe loader, same logits."""
     adapter = build()
-    adapter.model.save_pretrained(tmp_path)
-    adapter.processor.save_pretrained(tmp_path)
+    saved(adapter, tmp_path)
     loaded = load_pretrained(str(tmp_path), model_id="served", within=[tmp_path])
     assert isinstance(loaded, VisionLanguageAdapter) and loaded.model_id == "served"
     raw = ImagePrompt(_image(32, 48), PROMPT)
@@ -341,9 +341,7 @@ def test_a_family_whose_processor_needs_a_missing_package_is_refused_by_name(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """SmolVLM's processor imports num2words: without it, the load names it and the extra."""
-    adapter = tiny_smolvlm()
-    adapter.model.save_pretrained(tmp_path)
-    adapter.processor.save_pretrained(tmp_path)
+    saved(tiny_smolvlm(), tmp_path)
     row = FAMILIES["smolvlm"]
     assert row.vision_language is not None
     assert row.vision_language.packages == ("num2words",)

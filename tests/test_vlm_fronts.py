@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import torch
 from _jobs import job_settings, wait_for_job
-from _tiny_vlm import tiny_llava
+from _tiny_vlm import saved, tiny_llava
 from fastapi.testclient import TestClient
 from PIL import Image
 
@@ -57,9 +57,7 @@ HEIGHT, WIDTH = 32, 48  # LLaVA's processor crops the centre square: the sides s
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random LLaVA saved as a model folder, as a server serves one."""
     root = tmp_path_factory.mktemp("models").resolve()
-    adapter = tiny_llava()
-    adapter.model.save_pretrained(root / "llava")
-    adapter.processor.save_pretrained(root / "llava")
+    saved(tiny_llava(), root / "llava")
     return root / "llava"
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from _tiny_vlm import tiny_llava, tiny_qwen2_vl
+from _tiny_vlm import saved, tiny_llava, tiny_qwen2_vl
 from PIL import Image
 
 import attrlab
@@ -193,11 +193,7 @@ def test_the_hooks_are_undone_after_an_error_mid_measure(monkeypatch):
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
     """The tiny LLaVA saved as a served model folder is."""
-    root = tmp_path_factory.mktemp("served")
-    adapter = tiny_llava()
-    adapter.model.save_pretrained(root)
-    adapter.processor.save_pretrained(root)
-    return root.resolve()
+    return saved(tiny_llava(), tmp_path_factory.mktemp("served"))
 
 
 @pytest.fixture(scope="module")

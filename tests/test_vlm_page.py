@@ -20,7 +20,7 @@ import gradio as gr
 import numpy as np
 import pandas as pd
 import pytest
-from _tiny_vlm import reads_one_visual_token, tiny_llava
+from _tiny_vlm import reads_one_visual_token, saved, tiny_llava
 from gradio.data_classes import FileData, ListFiles
 from PIL import Image
 
@@ -61,9 +61,7 @@ SECOND = _png(48, 32, seed=5)  # a second image of another size, uploaded under 
 def folder(tmp_path_factory) -> Path:
     """The tiny LLaVA's weights and processor, saved as a served model folder is."""
     root = tmp_path_factory.mktemp("served").resolve()
-    adapter = tiny_llava()
-    adapter.model.save_pretrained(root / "llava")
-    adapter.processor.save_pretrained(root / "llava")
+    saved(tiny_llava(), root / "llava")
     return root / "llava"
 
 
